@@ -1,0 +1,32 @@
+// Element types and the host-side bf16/f16 conversions every CPU reference uses.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace longctx {
+
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8 };
+
+size_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);  // "f32", "bf16", ...
+// Parses both our names and Hugging Face / safetensors names ("bfloat16", "BF16", "F32", ...).
+// Throws Error(kUnsupported) naming the string when unknown.
+DType parse_dtype(std::string_view name);
+
+inline float bf16_to_f32(uint16_t v) { return std::bit_cast<float>(uint32_t(v) << 16); }
+
+// Round to nearest even, NaN kept quiet (matches torch's float -> bfloat16).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+float f16_to_f32(uint16_t v);
+uint16_t f32_to_f16(float f);  // round to nearest even
+
+}  // namespace longctx

@@ -1,0 +1,53 @@
+// A Hugging Face checkpoint folder: config.json (+ generation_config.json), and one
+// model.safetensors or shards listed by model.safetensors.index.json. Files are memory-mapped
+// and every weight is a CPU Tensor viewing the mapping in place (no copy).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "longctx/core/tensor.h"
+#include "longctx/loader/model_config.h"
+
+namespace longctx {
+
+class SafetensorsFile;
+
+// Named weights. Real checkpoints view mmaps; dummy ones own random data.
+class WeightStore {
+ public:
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // Throws Error(kNotFound) naming the tensor.
+  const Tensor& get(const std::string& name) const;
+  std::vector<std::string> names() const;
+  void add(const std::string& name, Tensor t);
+  const std::map<std::string, Tensor>& all() const { return tensors_; }
+  int64_t num_parameters() const;
+  size_t num_bytes() const;
+
+ private:
+  std::map<std::string, Tensor> tensors_;
+};
+
+struct Checkpoint {
+  std::string dir;  // empty for dummy checkpoints
+  ModelConfig config;
+  WeightStore weights;
+  std::vector<std::shared_ptr<SafetensorsFile>> files;  // keeps the mmaps alive
+};
+
+// Opens and validates a checkpoint folder: every tensor the architecture expects is present
+// with the shape the config implies and a floating dtype (missing ones listed), no unexpected
+// tensor (listed). Throws Error naming the file and the problem.
+Checkpoint load_checkpoint(const std::string& dir);
+
+// Built-in shape presets for --load-format dummy ("llama-3.1-8b", "qwen3-0.6b", "qwen3-8b", ...).
+std::vector<std::string> dummy_presets();
+ModelConfig dummy_preset_config(const std::string& preset);
+// Random weights of the config's shapes (deterministic in seed), bf16 unless dtype given.
+// Norm weights are near 1 so activations stay sane.
+Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed = 0);
+
+}  // namespace longctx

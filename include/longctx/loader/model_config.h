@@ -1,0 +1,65 @@
+// The subset of a Hugging Face config.json that the decoder-only architectures longctx runs
+// need, normalized: rope settings from either `rope_scaling` (older transformers) or
+// `rope_parameters` (transformers 5), dtype from `dtype` or `torch_dtype`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "longctx/core/dtype.h"
+
+namespace longctx {
+
+enum class RopeType { kDefault, kLinear, kLlama3 };
+
+struct RopeConfig {
+  RopeType type = RopeType::kDefault;
+  double theta = 10000.0;
+  double factor = 1.0;  // linear and llama3
+  // llama3 only
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  std::string architecture;  // "LlamaForCausalLM", ...
+  std::string model_type;    // "llama", "qwen2", "qwen3", "mistral"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // explicit in config or hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  RopeConfig rope;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // bias on q/k/v (and o for Llama's attention_bias)
+  bool o_proj_bias = false;     // Llama: attention_bias puts a bias on o_proj too; Qwen2 does not
+  bool mlp_bias = false;
+  bool qk_norm = false;  // Qwen3: RMSNorm over each head of q and k before RoPE
+  DType dtype = DType::kBF16;  // the checkpoint's declared dtype
+  int64_t bos_token_id = -1;
+  std::vector<int64_t> eos_token_ids;  // from config.json, replaced by generation_config.json's
+
+  int64_t q_size() const { return num_attention_heads * head_dim; }
+  int64_t kv_size() const { return num_key_value_heads * head_dim; }
+  // Bytes of K and V for one token across all layers in `kv_dtype`.
+  int64_t kv_bytes_per_token(DType kv_dtype) const;
+};
+
+// Parses and validates a config.json object; `source` names it in errors (a path). Throws
+// Error naming the field on missing/invalid fields, an unsupported architecture (listing the
+// supported ones) or an unsupported rope type.
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
+ModelConfig load_model_config(const std::string& config_json_path);
+
+// Architectures with a registered model (for error messages and `longctx info`).
+std::vector<std::string> supported_architectures();
+
+}  // namespace longctx

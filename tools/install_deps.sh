@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages longctx builds with (idempotent; needs root or sudo).
+set -euo pipefail
+pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+      libpcre2-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev npm ca-certificates)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

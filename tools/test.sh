@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command: builds the CPU configuration and runs every CPU test under ctest, then
+# builds the CUDA configuration (compile-only where there is no GPU) so CUDA breaks show in CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${LONGCTX_JOBS:-$(nproc)}
+bash tools/install_deps.sh
+bash tools/fetch_test_data.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs"
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=$PATH:/usr/local/cuda/bin
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGCTX_CUDA=ON >/dev/null
+  cmake --build build-cuda -j "$jobs"
+else
+  echo "nvcc not found: skipping the CUDA build" >&2
+fi
+ctest --test-dir build -L cpu --output-on-failure -j "$jobs"
