@@ -1,0 +1,36 @@
+// A causal LM built from a checkpoint. One file per architecture under src/models/ implements
+// it, reading top to bottom like the Hugging Face modeling file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "longctx/core/tensor.h"
+#include "longctx/kv/kv_cache.h"
+#include "longctx/loader/checkpoint.h"
+
+namespace longctx {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+
+  // Runs `ids` (one sequence) at `positions`, appending their K/V to `cache` after the tokens
+  // already there. Returns f32 logits [n, vocab], or [1, vocab] for the last token when
+  // last_only. Throws Error(kOutOfRange) when the cache has no room (nothing is appended then).
+  virtual Tensor forward(std::span<const int32_t> ids, std::span<const int64_t> positions,
+                         KVCache& cache, bool last_only = false) = 0;
+
+  // A cache sized for max_tokens tokens of this model.
+  std::unique_ptr<KVCache> make_cache(int64_t max_tokens) const {
+    return std::make_unique<KVCache>(config(), max_tokens);
+  }
+};
+
+// Builds the model registered for checkpoint.config.architecture (CPU reference backend).
+// Throws Error(kUnsupported) listing the supported architectures.
+std::unique_ptr<Model> create_model(std::shared_ptr<const Checkpoint> checkpoint);
+
+}  // namespace longctx
