@@ -1,0 +1,63 @@
+// CUDA batch prefill over a paged KV cache (FlashAttention-2 style, mma.sync m16n8k16 tensor
+// cores, cp.async double-buffered K/V tiles gathered through the page table), dense or
+// block-sparse (see PagedPrefillParams in kernels/attention_params.h).
+//
+// Usage: plan once per batch shape (host; may synchronize), then run once per layer (no host
+// sync, no allocation, no host reads: safe inside a CUDA graph as long as the plan and the
+// workspace outlive it):
+//
+//   size_t ws = paged_prefill_workspace_bytes(batch, total_q, num_qo_heads / num_kv_heads);
+//   PrefillPlan plan = paged_prefill_plan(qo_indptr_host, kv_len_host, batch, num_qo_heads,
+//                                         num_kv_heads, head_dim, mask_mode, d_ws, ws, stream);
+//   for (layer ...) paged_prefill_run(params, plan, stream);
+//
+// GQA: the q heads of one kv group are packed into the query tile (tile row r of request b is
+// token r / group, q head kv_head * group + r % group), so K/V tiles are loaded once per group
+// and short query segments (q_len 1..16) still fill a tile.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention_params.h"
+
+namespace longctx::kernels::cuda {
+
+// Rows (packed (token, q head) pairs) per CTA and keys per K/V tile of the kernel.
+inline constexpr int kPrefillTileRows = 128;
+inline constexpr int kPrefillTileKeys = 64;
+
+// What run() needs from plan(). Plain values + a device pointer into the caller's workspace.
+struct PrefillPlan {
+  int num_work_items = 0;               // grid.x of the launch (x num_kv_heads in grid.y)
+  const int32_t* work_items = nullptr;  // device, [num_work_items, 2]: (request, row tile)
+  int num_qo_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  MaskMode mask_mode = MaskMode::kNone;
+};
+
+// Upper bound of the workspace plan() writes, for any batch with these totals.
+size_t paged_prefill_workspace_bytes(int batch_size, int64_t total_q, int group_size);
+
+// Builds the per-CTA work list (request, row tile), heaviest tiles first for causal masks, and
+// copies it into the caller-owned device workspace on `stream`. Host inputs:
+//   qo_indptr_host [batch_size + 1], kv_len_host [batch_size].
+// Throws Error(kInvalidArgument) on inconsistent shapes, Error(kUnsupported) for head_dim other
+// than 64/128 or a non-integral GQA ratio.
+PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_len_host,
+                               int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
+                               MaskMode mask_mode, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+
+// True when the kernel handles these params (head_dim 64/128, bf16/f16, integral GQA ratio,
+// page_size 1..256). run() throws Error(kUnsupported) otherwise.
+bool paged_prefill_supported(const PagedPrefillParams& params);
+
+// Launches the kernel. params' pointers are device pointers; params' shapes must match the plan.
+void paged_prefill_run(const PagedPrefillParams& params, const PrefillPlan& plan,
+                       cudaStream_t stream);
+
+}  // namespace longctx::kernels::cuda
