@@ -60,8 +60,8 @@ struct PagedPrefillParams {
   int batch_size = 0;
   int num_qo_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;   // 64 or 128
-  int page_size = 0;  // 1 .. 256
+  int head_dim = 0;            // 64 or 128
+  int page_size = 0;           // 1 .. 256
   DType dtype = DType::kBF16;  // of q, k_cache, v_cache, o
   MaskMode mask_mode = MaskMode::kNone;
   float sm_scale = 0.f;  // usually 1/sqrt(head_dim)

@@ -34,10 +34,9 @@ void check_paged_prefill_params(const PagedPrefillParams& params, int64_t num_pa
 //   mask [num_qo_heads, n_q, n_k]  (nonzero = query may see key)
 //   o    [n_q, num_qo_heads, head_dim]; lse [n_q, num_qo_heads] (optional)
 // Fully masked rows get o = 0, lse = -inf.
-void dense_attention_masked_ref(const float* q, const float* k, const float* v,
-                                const uint8_t* mask, int n_q, int n_k, int num_qo_heads,
-                                int num_kv_heads, int head_dim, float sm_scale, float* o,
-                                float* lse);
+void dense_attention_masked_ref(const float* q, const float* k, const float* v, const uint8_t* mask,
+                                int n_q, int n_k, int num_qo_heads, int num_kv_heads, int head_dim,
+                                float sm_scale, float* o, float* lse);
 
 // Element load/store helpers for bf16 / f16 buffers (shared by the references and the tests).
 float load_elem(const void* base, int64_t index, DType dtype);

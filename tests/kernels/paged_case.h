@@ -1,0 +1,148 @@
+// A batch prefill test case over a paged KV cache, built on the host: random unit-variance
+// q/k/v (bf16 or f16), a shuffled page table (pages deliberately out of order, with unused pages
+// in between) and, optionally, a random block-sparse mask. Shared by the CPU reference tests
+// (tests/kernels) and the GPU op-test harness (tests/gpu_kernels).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/attention_params.h"
+#include "kernels/cpu/attention_ref.h"
+#include "longctx/core/parallel.h"
+
+namespace longctx::testing {
+
+struct PagedCaseShape {
+  std::vector<int32_t> q_lens;
+  std::vector<int32_t> kv_lens;
+  int num_qo_heads = 4;
+  int num_kv_heads = 1;
+  int head_dim = 64;
+  int page_size = 16;
+  DType dtype = DType::kBF16;
+  kernels::MaskMode mask_mode = kernels::MaskMode::kNone;
+  bool with_lse = true;
+  // Block-sparse: 0 = dense; else the fraction of (q block, k block) pairs kept, per head
+  // (sparse_per_head) or shared. Diagonal blocks are always kept so no row is fully masked by
+  // accident (fully masked rows are tested separately).
+  double sparse_keep = 0.0;
+  bool sparse_per_head = false;
+  uint64_t seed = 1;
+};
+
+// Uniform in [-sqrt(3), sqrt(3)) (unit variance) from a counter-based hash: fast and parallel.
+inline float hashed_unit(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (float(z >> 40) / float(1ull << 24) * 2.f - 1.f) * 1.7320508f;
+}
+
+inline void fill_random(std::vector<uint16_t>& v, DType dtype, uint64_t seed) {
+  parallel_for(
+      int64_t(v.size()),
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const float x = hashed_unit(seed, uint64_t(i));
+          v[i] = dtype == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
+        }
+      },
+      1 << 16);
+}
+
+struct PagedCase {
+  PagedCaseShape shape;
+  int64_t num_pages = 0;
+  std::vector<uint16_t> q, k_cache, v_cache;  // element bits
+  std::vector<int32_t> qo_indptr, kv_indptr, kv_indices, kv_last_page_len;
+  std::vector<uint8_t> block_mask;
+  std::vector<int64_t> block_mask_indptr;
+  int64_t total_q = 0;
+
+  explicit PagedCase(const PagedCaseShape& s) : shape(s) {
+    const int batch = int(s.q_lens.size());
+    std::mt19937_64 rng(s.seed);
+    qo_indptr.assign(1, 0);
+    kv_indptr.assign(1, 0);
+    int64_t pages_needed = 0;
+    for (int b = 0; b < batch; ++b) {
+      qo_indptr.push_back(qo_indptr.back() + s.q_lens[b]);
+      const int32_t pages = (s.kv_lens[b] + s.page_size - 1) / s.page_size;
+      kv_indptr.push_back(kv_indptr.back() + pages);
+      kv_last_page_len.push_back(pages == 0 ? 0 : s.kv_lens[b] - (pages - 1) * s.page_size);
+      pages_needed += pages;
+    }
+    total_q = qo_indptr.back();
+    // A quarter more pages than needed, handed out in random order: the kernels must gather.
+    num_pages = pages_needed + pages_needed / 4 + 1;
+    std::vector<int32_t> ids(num_pages);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    kv_indices.assign(ids.begin(), ids.begin() + pages_needed);
+
+    const int64_t kv_elems = num_pages * s.page_size * s.num_kv_heads * s.head_dim;
+    q.resize(total_q * s.num_qo_heads * s.head_dim);
+    k_cache.resize(kv_elems);
+    v_cache.resize(kv_elems);
+    fill_random(q, s.dtype, s.seed * 3 + 1);
+    fill_random(k_cache, s.dtype, s.seed * 3 + 2);
+    fill_random(v_cache, s.dtype, s.seed * 3 + 3);
+
+    if (s.sparse_keep > 0.0) {
+      std::bernoulli_distribution keep(s.sparse_keep);
+      const int mh = s.sparse_per_head ? s.num_qo_heads : 1;
+      block_mask_indptr.assign(1, 0);
+      for (int b = 0; b < batch; ++b) {
+        const int64_t nqb = (s.q_lens[b] + kernels::kSparseBlock - 1) / kernels::kSparseBlock;
+        const int64_t nkb = (s.kv_lens[b] + kernels::kSparseBlock - 1) / kernels::kSparseBlock;
+        // The key block holding the last key a query block's first query may see (causal
+        // diagonal, aligned to the end of the KV like the causal rule).
+        for (int h = 0; h < mh; ++h) {
+          for (int64_t qb = 0; qb < nqb; ++qb) {
+            const int64_t diag_key =
+                std::max<int64_t>(0, s.kv_lens[b] - s.q_lens[b] + qb * kernels::kSparseBlock);
+            for (int64_t kb = 0; kb < nkb; ++kb) {
+              block_mask.push_back(keep(rng) || kb == diag_key / kernels::kSparseBlock);
+            }
+          }
+        }
+        block_mask_indptr.push_back(int64_t(block_mask.size()));
+      }
+    }
+  }
+
+  // The params over this case's host buffers; o/lse are the caller's.
+  kernels::PagedPrefillParams params(void* o, float* lse) const {
+    kernels::PagedPrefillParams p;
+    p.q = q.data();
+    p.k_cache = k_cache.data();
+    p.v_cache = v_cache.data();
+    p.o = o;
+    p.lse = shape.with_lse ? lse : nullptr;
+    p.qo_indptr = qo_indptr.data();
+    p.kv_indptr = kv_indptr.data();
+    p.kv_indices = kv_indices.data();
+    p.kv_last_page_len = kv_last_page_len.data();
+    if (!block_mask.empty()) {
+      p.block_mask = block_mask.data();
+      p.block_mask_indptr = block_mask_indptr.data();
+      p.block_mask_heads = shape.sparse_per_head ? shape.num_qo_heads : 1;
+    }
+    p.batch_size = int(shape.q_lens.size());
+    p.num_qo_heads = shape.num_qo_heads;
+    p.num_kv_heads = shape.num_kv_heads;
+    p.head_dim = shape.head_dim;
+    p.page_size = shape.page_size;
+    p.dtype = shape.dtype;
+    p.mask_mode = shape.mask_mode;
+    p.sm_scale = 1.f / std::sqrt(float(shape.head_dim));
+    return p;
+  }
+};
+
+}  // namespace longctx::testing
