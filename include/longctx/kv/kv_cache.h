@@ -1,6 +1,8 @@
 // The KV cache of one sequence for the CPU reference backend: per layer, keys and values of
 // every token so far, contiguous by position slot. (The paged GPU cache and host offload build
-// on the same notion: slot i holds the token at position i of the sequence.)
+// on the same notion: slot i holds the i-th token of the sequence.) Each slot also records the
+// token's position, which attention compares against query positions (causal by position); for
+// an ordinary sequence slot i holds position i.
 #pragma once
 
 #include <cstdint>
@@ -26,10 +28,12 @@ class KVCache {
 
   Tensor& k(int64_t layer) { return k_[layer]; }  // [capacity, n_kv_heads, head_dim] f32
   Tensor& v(int64_t layer) { return v_[layer]; }  // [capacity, n_kv_heads, head_dim] f32
+  Tensor& positions() { return positions_; }      // [capacity] i64, shared by all layers
 
  private:
   std::vector<Tensor> k_;  // per layer [capacity, n_kv_heads, head_dim]
   std::vector<Tensor> v_;  // per layer [capacity, n_kv_heads, head_dim]
+  Tensor positions_;       // [capacity] i64
   int64_t capacity_ = 0;
   int64_t length_ = 0;
 };

@@ -1,0 +1,24 @@
+// Rotary position embedding, non-interleaved ("rotate_half") convention of transformers:
+//   out = x * cos + rotate_half(x) * sin,  rotate_half(x) = cat(-x[d/2:], x[:d/2]),
+//   cos/sin = cos/sin(cat(freqs, freqs)),  freqs[i] = float(position) * inv_freq[i]  (float32).
+// inv_freq comes from rope_inv_freq(), which follows transformers' rope initializers exactly.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "longctx/core/tensor.h"
+#include "longctx/loader/model_config.h"
+
+namespace longctx::ops {
+
+// The rope frequencies [head_dim / 2] in float32, computed with the float32 operations of
+// transformers' _compute_default_rope_parameters, _compute_linear_scaling_rope_parameters and
+// _compute_llama3_parameters. Throws Error(kInvalidArgument) for an odd head_dim.
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim);
+
+// In place. x: [n, heads, head_dim] f32; positions: [n] i64; inv_freq: [head_dim / 2] f32.
+void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+void rope_cpu(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+
+}  // namespace longctx::ops
