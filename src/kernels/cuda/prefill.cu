@@ -1,0 +1,509 @@
+// Paged batch prefill, FlashAttention-2 style (see prefill.h for the interface).
+//
+// One CTA = 8 warps = one tile of 128 packed rows (row r of request b: token r / group, q head
+// kv_head * group + r % group) for one kv head; each warp owns 16 rows. The CTA walks the key
+// tiles (64 keys each) that its rows may see, gathering each K/V tile through the page table with
+// cp.async into a double buffer (tile i+1 loads while tile i computes). Per tile:
+//   S = Q K^T    mma.sync m16n8k16 (Q fragments held in registers, K via ldmatrix),
+//   online softmax in fp32 (exp2 with the scale folded in), masking only on boundary tiles,
+//   O += P V     mma.sync (P straight from the S accumulators, V via ldmatrix.trans).
+// Shared-memory tiles are XOR-swizzled by 16-byte chunk so ldmatrix and cp.async are free of
+// bank conflicts. Causal: key tiles past the tile's last token are never visited. Block-sparse:
+// the CTA first ORs the mask bytes of its (head, query block) rows into a bitmap of needed key
+// blocks and skips the others; rows are then masked element-wise for exactness.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda/prefill.h"
+#include "longctx/core/cuda_check.h"
+#include "longctx/core/error.h"
+
+namespace longctx::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = kPrefillTileRows;  // 128 = 16 rows x 8 warps
+constexpr int kKeys = kPrefillTileKeys;  // 64
+static_assert(kRows == 16 * kWarps && kSparseBlock % kKeys == 0);
+// Block-sparse bitmap of needed key blocks: 1024 words cover 32768 blocks = 4M keys.
+constexpr int kMaskWords = 1024;
+constexpr int64_t kMaxSparseKv = int64_t(kMaskWords) * 32 * kSparseBlock;
+
+// ---- PTX wrappers -------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; src_bytes = 0 zero-fills (rows past the end).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  // c (16x8 f32) += a (16x16) * b (16x8)
+  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Element offset of (row, 16-byte chunk) in a [rows][D] tile, chunks XOR-swizzled by row % 8.
+template <int D>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// ---- the kernel -----------------------------------------------------------------------------
+
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)
+    paged_prefill_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  extern __shared__ __align__(128) uint8_t smem[];
+  T* s_q = reinterpret_cast<T*>(smem);                                  // [kRows][D]
+  T* s_k = s_q + kRows * D;                                             // [2][kKeys][D]
+  T* s_v = s_k + 2 * kKeys * D;                                         // [2][kKeys][D]
+  uint32_t* s_bits = reinterpret_cast<uint32_t*>(s_v + 2 * kKeys * D);  // [kMaskWords]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int kvh = blockIdx.x % p.num_kv_heads;
+  const int item = blockIdx.x / p.num_kv_heads;
+  const int b = work[2 * item], tile = work[2 * item + 1];
+  const int group = p.num_qo_heads / p.num_kv_heads;
+  const int q_start = p.qo_indptr[b];
+  const int q_len = p.qo_indptr[b + 1] - q_start;
+  const int n_pages = p.kv_indptr[b + 1] - p.kv_indptr[b];
+  const int kv_len = n_pages == 0 ? 0 : (n_pages - 1) * p.page_size + p.kv_last_page_len[b];
+  const int32_t* __restrict__ pages = p.kv_indices + p.kv_indptr[b];
+  const int num_rows = q_len * group;
+  const int row0 = tile * kRows;
+  const int tok_min = row0 / group;
+  const int tok_max = (min(row0 + kRows, num_rows) - 1) / group;
+  const bool causal = p.mask_mode == MaskMode::kCausal;
+  const T* __restrict__ q = static_cast<const T*>(p.q);
+  const T* __restrict__ kc = static_cast<const T*>(p.k_cache);
+  const T* __restrict__ vc = static_cast<const T*>(p.v_cache);
+
+  // Keys [0, kv_end) are the most any row of this tile sees; [0, full_end) every row sees.
+  int kv_end = kv_len, full_end = kv_len;
+  if (causal) {
+    kv_end = min(kv_len, max(0, kv_len - q_len + tok_max + 1));
+    full_end = min(kv_len, max(0, kv_len - q_len + tok_min + 1));
+  }
+  const int num_tiles = (kv_end + kKeys - 1) / kKeys;
+
+  // This thread's two rows (g and g + 8 of its warp's 16).
+  const int g = lane >> 2, t4 = lane & 3;
+  int lim[2];  // last visible key per row (-1: none / padding row)
+  const uint8_t* mask_row[2] = {nullptr, nullptr};  // block-mask bytes of the row's q block
+  const bool sparse = p.block_mask != nullptr;
+  const int nqb = (q_len + kSparseBlock - 1) / kSparseBlock;
+  const int nkb = (kv_len + kSparseBlock - 1) / kSparseBlock;
+  const uint8_t* mask_base = sparse ? p.block_mask + p.block_mask_indptr[b] : nullptr;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = row0 + warp * 16 + g + i * 8;
+    const int tok = r / group;
+    lim[i] = r < num_rows ? (causal ? min(kv_len - 1, kv_len - q_len + tok) : kv_len - 1) : -1;
+    if (sparse && r < num_rows) {
+      const int mh = p.block_mask_heads == 1 ? 0 : kvh * group + r % group;
+      mask_row[i] = mask_base + (int64_t(mh) * nqb + tok / kSparseBlock) * nkb;
+    }
+  }
+
+  // Block-sparse: bitmap of key blocks any row of the tile needs (superset: all heads of the
+  // group x the query blocks the tile touches).
+  if (sparse) {
+    const int nkb_need = (kv_end + kSparseBlock - 1) / kSparseBlock;
+    const int words = (nkb_need + 31) / 32;
+    for (int w = tid; w < words; w += kThreads) s_bits[w] = 0;
+    __syncthreads();
+    const int h_lo = p.block_mask_heads == 1 ? 0 : kvh * group;
+    const int h_n = p.block_mask_heads == 1 ? 1 : group;
+    const int qb_lo = tok_min / kSparseBlock, qb_hi = tok_max / kSparseBlock;
+    for (int kb = tid; kb < nkb_need; kb += kThreads) {
+      bool any = false;
+      for (int h = h_lo; h < h_lo + h_n && !any; ++h)
+        for (int qb = qb_lo; qb <= qb_hi; ++qb)
+          any |= mask_base[(int64_t(h) * nqb + qb) * nkb + kb] != 0;
+      if (any) atomicOr(&s_bits[kb >> 5], 1u << (kb & 31));
+    }
+    __syncthreads();
+  }
+  // First key tile >= kt that some row needs (num_tiles when none).
+  auto next_tile = [&](int kt) -> int {
+    if (!sparse || kt >= num_tiles) return kt;
+    constexpr int kTilesPerBlock = kSparseBlock / kKeys;
+    const int nwords = (((kv_end + kSparseBlock - 1) / kSparseBlock) + 31) / 32;
+    int kb = kt / kTilesPerBlock;
+    int w = kb >> 5;
+    uint32_t bits = s_bits[w] & (~0u << (kb & 31));
+    while (bits == 0) {
+      if (++w >= nwords) return num_tiles;
+      bits = s_bits[w];
+    }
+    kb = (w << 5) + __ffs(bits) - 1;
+    return min(num_tiles, max(kt, kb * kTilesPerBlock));
+  };
+
+  // ---- async loads ----
+  {  // Q tile: row r -> (token, head); padding rows zero-filled.
+    for (int id = tid; id < kRows * kChunks; id += kThreads) {
+      const int r = id / kChunks, c = id % kChunks;
+      const int pr = row0 + r;
+      const bool ok = pr < num_rows;
+      const int tok = ok ? pr / group : 0, h = kvh * group + (ok ? pr % group : 0);
+      const T* src = q + ((int64_t(q_start + tok) * p.num_qo_heads + h) * D + c * 8);
+      cp_async_16(smem_addr(s_q + swz<D>(r, c)), ok ? src : q, ok ? 16 : 0);
+    }
+    cp_async_commit();
+  }
+  auto load_kv = [&](int kt, int stage) {
+    const int k0 = kt * kKeys;
+    T* dk = s_k + stage * kKeys * D;
+    T* dv = s_v + stage * kKeys * D;
+#pragma unroll
+    for (int id = tid; id < kKeys * kChunks; id += kThreads) {
+      const int r = id / kChunks, c = id % kChunks;
+      const int key = k0 + r;
+      const bool ok = key < kv_len;
+      int64_t off = 0;
+      if (ok) {
+        const int64_t page = pages[key / p.page_size];
+        off = ((page * p.page_size + key % p.page_size) * p.num_kv_heads + kvh) * D + c * 8;
+      }
+      cp_async_16(smem_addr(dk + swz<D>(r, c)), kc + off, ok ? 16 : 0);
+      cp_async_16(smem_addr(dv + swz<D>(r, c)), vc + off, ok ? 16 : 0);
+    }
+  };
+
+  int kt = next_tile(0);
+  if (kt < num_tiles) load_kv(kt, 0);
+  cp_async_commit();
+
+  // Q fragments in registers: A operand of S = Q K^T, one x4 ldmatrix per 16 columns of D.
+  cp_async_wait<1>();
+  __syncthreads();
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int r = warp * 16 + (lane & 15);
+    ldmatrix_x4(qf[kk], smem_addr(s_q + swz<D>(r, kk * 2 + (lane >> 4))));
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float scale_log2 = p.sm_scale * 1.4426950408889634f;
+
+  int stage = 0;
+  while (kt < num_tiles) {
+    const int nxt = next_tile(kt + 1);
+    if (nxt < num_tiles) load_kv(nxt, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    const T* sk = s_k + stage * kKeys * D;
+    const T* sv = s_v + stage * kKeys * D;
+    const int k0 = kt * kKeys;
+
+    // S = Q K^T for this warp's 16 rows x 64 keys.
+    float s[kKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int nj = 0; nj < kKeys / 16; ++nj) {
+        uint32_t bf[4];
+        const int key = nj * 16 + ((lane >> 4) << 3) + (lane & 7);
+        ldmatrix_x4(bf, smem_addr(sk + swz<D>(key, kk * 2 + ((lane >> 3) & 1))));
+        Mma<T>::run(s[2 * nj], qf[kk], bf[0], bf[1]);
+        Mma<T>::run(s[2 * nj + 1], qf[kk], bf[2], bf[3]);
+      }
+    }
+
+    // Scale to log2 units; mask boundary tiles (causal edge, KV end, block-sparse rows).
+    const bool need_mask = sparse || k0 + kKeys > full_end;
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= scale_log2;
+    if (need_mask) {
+      bool blk[2] = {true, true};
+      if (sparse) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) blk[i] = mask_row[i] && mask_row[i][k0 / kSparseBlock];
+      }
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + j * 8 + t4 * 2 + (e & 1);
+          const int i = e >> 1;
+          if (!blk[i] || key > lim[i]) s[j][e] = -INFINITY;
+        }
+    }
+
+    // Online softmax per row; a row's 64 scores live in the 4 threads of a quad.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = m[i];
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: keep zeros, no NaN
+      const float corr = fast_exp2(m[i] - base);
+      m[i] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        s[j][2 * i] = fast_exp2(s[j][2 * i] - base);
+        s[j][2 * i + 1] = fast_exp2(s[j][2 * i + 1] - base);
+        sum += s[j][2 * i] + s[j][2 * i + 1];
+      }
+      l[i] = l[i] * corr + sum;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[j][2 * i] *= corr;
+        o[j][2 * i + 1] *= corr;
+      }
+    }
+
+    // O += P V: P's A fragments come straight from the S accumulator layout.
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dn = 0; dn < D / 16; ++dn) {
+        uint32_t bf[4];
+        const int key = kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+        ldmatrix_x4_trans(bf, smem_addr(sv + swz<D>(key, dn * 2 + (lane >> 4))));
+        Mma<T>::run(o[2 * dn], a, bf[0], bf[1]);
+        Mma<T>::run(o[2 * dn + 1], a, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();  // the next iteration's prefetch overwrites this stage
+    kt = nxt;
+    stage ^= 1;
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: normalize, stage this warp's rows in s_q (its own 16 rows), store ----
+  T* out = static_cast<T*>(p.o);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    const int r = warp * 16 + g + i * 8;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const uint32_t v = Mma<T>::pack(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+      *reinterpret_cast<uint32_t*>(s_q + swz<D>(r, j) + t4 * 2) = v;
+    }
+    const int pr = row0 + r;
+    if (p.lse && t4 == 0 && pr < num_rows) {
+      const int tok = pr / group, h = kvh * group + pr % group;
+      p.lse[int64_t(q_start + tok) * p.num_qo_heads + h] =
+          l[i] > 0.f ? (m[i] + __log2f(l[i])) * 0.6931471805599453f : -INFINITY;
+    }
+  }
+  __syncwarp();
+  for (int id = lane; id < 16 * kChunks; id += 32) {
+    const int r = warp * 16 + id / kChunks, c = id % kChunks;
+    const int pr = row0 + r;
+    if (pr >= num_rows) continue;
+    const int tok = pr / group, h = kvh * group + pr % group;
+    *reinterpret_cast<uint4*>(out + (int64_t(q_start + tok) * p.num_qo_heads + h) * D + c * 8) =
+        *reinterpret_cast<const uint4*>(s_q + swz<D>(r, c));
+  }
+}
+
+template <int D>
+constexpr size_t smem_bytes() {
+  return size_t(kRows + 4 * kKeys) * D * 2 + kMaskWords * 4;
+}
+
+template <int D, typename T>
+void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_kernel<D, T>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(smem_bytes<D>())));
+  });
+  const int64_t blocks = int64_t(plan.num_work_items) * p.num_kv_heads;
+  if (blocks == 0) return;
+  paged_prefill_kernel<D, T>
+      <<<unsigned(blocks), kThreads, smem_bytes<D>(), stream>>>(p, plan.work_items);
+  LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_kernel");
+}
+
+}  // namespace
+
+size_t paged_prefill_workspace_bytes(int batch_size, int64_t total_q, int group_size) {
+  const int64_t tiles = (total_q * group_size + kRows - 1) / kRows + batch_size;
+  return size_t(tiles) * 2 * sizeof(int32_t);
+}
+
+PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_len_host,
+                               int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
+                               MaskMode mask_mode, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  using E = ErrorCode;
+  LONGCTX_CHECK(num_kv_heads > 0 && num_qo_heads > 0 && num_qo_heads % num_kv_heads == 0,
+                E::kUnsupported,
+                "paged prefill plan: num_qo_heads {} not a multiple of "
+                "num_kv_heads {}",
+                num_qo_heads, num_kv_heads);
+  LONGCTX_CHECK(head_dim == 64 || head_dim == 128, E::kUnsupported,
+                "paged prefill plan: head_dim {} (supported: 64, 128)", head_dim);
+  const int group = num_qo_heads / num_kv_heads;
+  struct Item {
+    int32_t b, tile;
+    int64_t cost;  // key tiles visited, for heaviest-first ordering
+  };
+  std::vector<Item> items;
+  for (int b = 0; b < batch_size; ++b) {
+    const int64_t q_len = qo_indptr_host[b + 1] - qo_indptr_host[b];
+    const int64_t kv_len = kv_len_host[b];
+    LONGCTX_CHECK(q_len >= 0 && kv_len >= 0, E::kInvalidArgument,
+                  "paged prefill plan: request {} has q_len {} kv_len {}", b, q_len, kv_len);
+    LONGCTX_CHECK(kv_len <= kMaxSparseKv, E::kUnsupported,
+                  "paged prefill plan: request {} kv_len {} above {}", b, kv_len, kMaxSparseKv);
+    const int64_t rows = q_len * group;
+    for (int64_t tile = 0; tile * kRows < rows; ++tile) {
+      int64_t end = kv_len;
+      if (mask_mode == MaskMode::kCausal) {
+        const int64_t tok_max = (std::min(rows, (tile + 1) * kRows) - 1) / group;
+        end = std::clamp<int64_t>(kv_len - q_len + tok_max + 1, 0, kv_len);
+      }
+      items.push_back({int32_t(b), int32_t(tile), (end + kKeys - 1) / kKeys});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  std::vector<int32_t> flat;
+  flat.reserve(items.size() * 2);
+  for (const Item& it : items) {
+    flat.push_back(it.b);
+    flat.push_back(it.tile);
+  }
+  const size_t bytes = flat.size() * sizeof(int32_t);
+  LONGCTX_CHECK(bytes <= workspace_bytes, E::kInvalidArgument,
+                "paged prefill plan: workspace of {} bytes, need {}", workspace_bytes, bytes);
+  LONGCTX_CHECK(int64_t(items.size()) * num_kv_heads < (int64_t(1) << 31), E::kUnsupported,
+                "paged prefill plan: {} CTAs is too many for one launch",
+                int64_t(items.size()) * num_kv_heads);
+  if (bytes > 0) {
+    // Pageable source: the copy is staged before cudaMemcpyAsync returns, so `flat` may die.
+    LONGCTX_CUDA_CHECK(
+        cudaMemcpyAsync(workspace, flat.data(), bytes, cudaMemcpyHostToDevice, stream));
+  }
+  PrefillPlan plan;
+  plan.num_work_items = int(items.size());
+  plan.work_items = static_cast<const int32_t*>(workspace);
+  plan.num_qo_heads = num_qo_heads;
+  plan.num_kv_heads = num_kv_heads;
+  plan.head_dim = head_dim;
+  plan.mask_mode = mask_mode;
+  return plan;
+}
+
+bool paged_prefill_supported(const PagedPrefillParams& p) {
+  return (p.head_dim == 64 || p.head_dim == 128) &&
+         (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.num_kv_heads > 0 &&
+         p.num_qo_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0 && p.page_size >= 1 &&
+         p.page_size <= 256 &&
+         (p.block_mask == nullptr || p.block_mask_heads == 1 ||
+          p.block_mask_heads == p.num_qo_heads);
+}
+
+void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  LONGCTX_CHECK(paged_prefill_supported(p), ErrorCode::kUnsupported,
+                "paged prefill: unsupported params (head_dim {}, dtype {}, heads {}/{}, page "
+                "size {}, block_mask_heads {})",
+                p.head_dim, int(p.dtype), p.num_qo_heads, p.num_kv_heads, p.page_size,
+                p.block_mask_heads);
+  LONGCTX_CHECK(plan.num_qo_heads == p.num_qo_heads && plan.num_kv_heads == p.num_kv_heads &&
+                    plan.head_dim == p.head_dim && plan.mask_mode == p.mask_mode,
+                ErrorCode::kInvalidArgument, "paged prefill: params do not match the plan");
+  if (p.dtype == DType::kBF16) {
+    if (p.head_dim == 64)
+      launch<64, __nv_bfloat16>(p, plan, stream);
+    else
+      launch<128, __nv_bfloat16>(p, plan, stream);
+  } else {
+    if (p.head_dim == 64)
+      launch<64, __half>(p, plan, stream);
+    else
+      launch<128, __half>(p, plan, stream);
+  }
+}
+
+}  // namespace longctx::kernels::cuda
