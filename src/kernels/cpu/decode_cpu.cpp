@@ -1,0 +1,72 @@
+#include "kernels/cpu/decode_cpu.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/decode_elem.h"
+#include "longctx/core/error.h"
+#include "longctx/core/parallel.h"
+
+namespace longctx::kernels::cpu {
+using decode_detail::load_f32;
+using decode_detail::store_f32;
+
+void decode_attention(const DecodeParams& p) {
+  LONGCTX_CHECK(p.num_qo_heads > 0 && p.num_kv_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0,
+                ErrorCode::kInvalidArgument,
+                "decode: num_qo_heads {} is not a positive multiple of num_kv_heads {}",
+                p.num_qo_heads, p.num_kv_heads);
+  LONGCTX_CHECK(p.page_size >= 1 && p.head_dim >= 1, ErrorCode::kInvalidArgument,
+                "decode: page_size {} and head_dim {} must be >= 1", p.page_size, p.head_dim);
+  const int group = p.num_qo_heads / p.num_kv_heads;
+  const int64_t D = p.head_dim;
+  for (int b = 0; b < p.batch_size; ++b) {
+    int32_t pages = p.kv_indptr[b + 1] - p.kv_indptr[b];
+    LONGCTX_CHECK(pages >= 0, ErrorCode::kInvalidArgument, "decode: kv_indptr decreases at {}", b);
+    LONGCTX_CHECK(
+        pages == 0 || (p.kv_last_page_len[b] >= 1 && p.kv_last_page_len[b] <= p.page_size),
+        ErrorCode::kInvalidArgument, "decode: kv_last_page_len[{}] = {} not in [1, {}]", b,
+        p.kv_last_page_len[b], p.page_size);
+  }
+  parallel_for(int64_t(p.batch_size) * p.num_qo_heads, [&](int64_t begin, int64_t end) {
+    std::vector<float> s, acc(D);
+    for (int64_t item = begin; item < end; ++item) {
+      const int b = int(item / p.num_qo_heads), h = int(item % p.num_qo_heads);
+      const int kvh = h / group;
+      const int32_t pages = p.kv_indptr[b + 1] - p.kv_indptr[b];
+      const int64_t kv_len =
+          pages == 0 ? 0 : int64_t(pages - 1) * p.page_size + p.kv_last_page_len[b];
+      const int64_t q_off = (int64_t(b) * p.num_qo_heads + h) * D;
+      auto kv_offset = [&](int64_t j) {
+        int64_t page = p.kv_indices[p.kv_indptr[b] + j / p.page_size];
+        return ((page * p.page_size + j % p.page_size) * p.num_kv_heads + kvh) * D;
+      };
+      s.assign(kv_len, 0.f);
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < kv_len; ++j) {
+        int64_t k_off = kv_offset(j);
+        float dot = 0.f;
+        for (int64_t d = 0; d < D; ++d)
+          dot += load_f32(p.q, q_off + d, p.dtype) * load_f32(p.k_cache, k_off + d, p.dtype);
+        s[j] = dot * p.sm_scale;
+        m = std::max(m, s[j]);
+      }
+      float l = 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < kv_len; ++j) {
+        float w = std::exp(s[j] - m);
+        l += w;
+        int64_t v_off = kv_offset(j);
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * load_f32(p.v_cache, v_off + d, p.dtype);
+      }
+      for (int64_t d = 0; d < D; ++d)
+        store_f32(p.o, q_off + d, kv_len == 0 ? 0.f : acc[d] / l, p.dtype);
+      if (p.lse)
+        p.lse[int64_t(b) * p.num_qo_heads + h] =
+            kv_len == 0 ? -std::numeric_limits<float>::infinity() : m + std::log(l);
+    }
+  });
+}
+
+}  // namespace longctx::kernels::cpu

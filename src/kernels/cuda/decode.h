@@ -1,0 +1,60 @@
+// CUDA batch decode over a paged KV cache, split-KV (flash-decoding): plan() cuts each request's
+// KV into chunks so that even ONE request at 32K+ keys spreads over every SM; each CTA handles one
+// (chunk, kv head) and all q heads of that kv group at once (so each K/V byte is read once, up to
+// 8 q heads per CTA), writes a partial (o, lse) in fp32, and a merge kernel folds the partials of
+// split requests into o. Requests that fit in one chunk write o directly.
+//
+//   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
+//   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
+//                                 num_qo_heads, num_kv_heads, head_dim, d_ws, ws, stream);
+//   for (layer ...) decode_run(params, plan, stream);   // no host sync, graph-safe
+//
+// run() reads only device memory written by plan() (work list + partial buffers in the caller's
+// workspace), so it can be captured in a CUDA graph that replays while the plan is unchanged.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/decode_params.h"
+
+namespace longctx::kernels::cuda {
+
+struct DecodePlan {
+  int batch_size = 0;
+  int num_qo_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int page_size = 0;
+  int chunk_tokens = 0;                   // keys per split
+  int num_work_items = 0;                 // grid.x of the split kernel
+  int num_partials = 0;                   // partial states (0: no request was split)
+  const int32_t* work_items = nullptr;    // device [num_work_items, 4]: request, kv begin, kv end,
+                                          // partial slot (-1: write o/lse directly)
+  const int32_t* merge_indptr = nullptr;  // device [batch_size + 1] partial slots per request
+  float* partial_o = nullptr;             // device [num_partials, num_qo_heads, head_dim]
+  float* partial_lse = nullptr;           // device [num_partials, num_qo_heads]
+};
+
+// Workspace plan() may use for any batch of at most max_batch requests. num_sms = 0: the current
+// device's SM count.
+size_t decode_workspace_bytes(int max_batch, int num_qo_heads, int num_kv_heads, int head_dim,
+                              int num_sms = 0);
+
+// Host inputs: kv_indptr_host [batch_size + 1], kv_last_page_len_host [batch_size]. Picks the
+// chunk size from the total KV length, the kv head count and the SM count; copies the work list
+// into the workspace on `stream` (async; the host arrays may be reused when this returns).
+// Throws Error(kInvalidArgument) on a malformed page table or a too small workspace,
+// Error(kUnsupported) for head_dim other than 64/128 or a non-integral GQA ratio.
+DecodePlan decode_plan(const int32_t* kv_indptr_host, const int32_t* kv_last_page_len_host,
+                       int batch_size, int page_size, int num_qo_heads, int num_kv_heads,
+                       int head_dim, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                       int num_sms = 0, int min_chunk_tokens = 256);
+
+// Launches the split kernel (+ the merge when a request was split). params' pointers are
+// device pointers; shapes must match the plan; dtype bf16 or f16.
+void decode_run(const DecodeParams& params, const DecodePlan& plan, cudaStream_t stream);
+
+}  // namespace longctx::kernels::cuda

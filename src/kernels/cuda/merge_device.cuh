@@ -1,0 +1,68 @@
+// Device helpers shared by the merge and decode kernels: element conversion and the stable
+// N-state merge of one (row, head).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace longctx::kernels::cuda::detail {
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) {
+  return __half2float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// One warp merges the states of one (row, head): lse(s) gives state s's lse, o(s) its [D] vector.
+// Writes out[0..D) and returns the merged lse (natural log; -inf when every state is empty).
+template <typename TIn, typename TOut, typename LseAt, typename OAt>
+__device__ __forceinline__ float merge_row_warp(int num_states, int head_dim, LseAt lse_at,
+                                                OAt o_at, TOut* out) {
+  const int lane = threadIdx.x & 31;
+  float m = -INFINITY;
+  for (int s = 0; s < num_states; ++s) m = fmaxf(m, lse_at(s));
+  if (m == -INFINITY) {
+    for (int d = lane; d < head_dim; d += 32) out[d] = from_f32<TOut>(0.f);
+    return -INFINITY;
+  }
+  float sum = 0.f;
+  for (int s = 0; s < num_states; ++s) sum += __expf(lse_at(s) - m);
+  const float inv = 1.f / sum;
+  for (int d = lane; d < head_dim; d += 32) {
+    float acc = 0.f;
+    for (int s = 0; s < num_states; ++s) {
+      float l = lse_at(s);
+      if (l != -INFINITY) acc += __expf(l - m) * to_f32<TIn>(o_at(s)[d]);
+    }
+    out[d] = from_f32<TOut>(acc * inv);
+  }
+  return m + __logf(sum);
+}
+
+}  // namespace longctx::kernels::cuda::detail

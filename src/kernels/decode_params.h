@@ -1,0 +1,68 @@
+// Parameter structs of batch decode over a paged KV cache and of attention-state merging, shared
+// by the CPU references (src/kernels/cpu/decode_cpu.h, merge_cpu.h) and the CUDA kernels
+// (src/kernels/cuda/decode.h, merge.h). Raw pointers and plain integers only, same conventions as
+// kernels/attention_params.h: int32 index arrays, bf16/f16 element tensors, fp32 accumulation,
+// lse in natural log, and a row that sees no key gets o = 0, lse = -inf.
+#pragma once
+
+#include <cstdint>
+
+#include "longctx/core/dtype.h"
+
+namespace longctx::kernels {
+
+// Batch decode: request b has ONE query token and the pages kv_indices[kv_indptr[b] ..
+// kv_indptr[b+1]); kv_len = (pages - 1) * page_size + kv_last_page_len[b] (0 with no page).
+// Key j lives at page kv_indices[kv_indptr[b] + j / page_size], slot j % page_size. q head h reads
+// kv head h / (num_qo_heads / num_kv_heads).
+struct DecodeParams {
+  const void* q = nullptr;        // [batch_size, num_qo_heads, head_dim]
+  const void* k_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim]
+  const void* v_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim]
+  void* o = nullptr;              // [batch_size, num_qo_heads, head_dim]
+  float* lse = nullptr;           // [batch_size, num_qo_heads] fp32, natural log; optional
+
+  const int32_t* kv_indptr = nullptr;         // [batch_size + 1] into kv_indices
+  const int32_t* kv_indices = nullptr;        // [kv_indptr[batch_size]] page ids
+  const int32_t* kv_last_page_len = nullptr;  // [batch_size], in [1, page_size] (or 0: no page)
+
+  int batch_size = 0;
+  int num_qo_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;            // 64 or 128 on CUDA; any on the CPU reference
+  int page_size = 0;           // >= 1
+  DType dtype = DType::kBF16;  // of q, k_cache, v_cache, o
+  float sm_scale = 0.f;        // usually 1/sqrt(head_dim)
+};
+
+// Merge of attention states computed over disjoint key sets of the same queries. State s of row
+// r, head h is (o_s[r, h, :], lse_s[r, h]); the merged state is
+//   lse = log(sum_s exp(lse_s)),   o = sum_s o_s * exp(lse_s - lse),
+// computed stably (max-subtracted). States with lse = -inf (no key) contribute nothing; when all
+// are -inf the result is o = 0, lse = -inf.
+//
+// States are read as o_s = o_in + s * state_stride_o (elements), lse_s = lse_in + s *
+// state_stride_lse, i.e. [num_states, num_rows, num_heads, head_dim] when the strides are
+// num_rows * num_heads * head_dim and num_rows * num_heads; or, when o_ptrs != nullptr, from the
+// device/host pointer arrays o_ptrs[s] / lse_ptrs[s] (each [num_rows, num_heads, head_dim] and
+// [num_rows, num_heads]).
+struct MergeParams {
+  const void* o_in = nullptr;     // [num_states, num_rows, num_heads, head_dim] (strided, above)
+  const float* lse_in = nullptr;  // [num_states, num_rows, num_heads]
+  int64_t state_stride_o = 0;     // elements between states in o_in
+  int64_t state_stride_lse = 0;   // elements between states in lse_in
+  const void* const* o_ptrs = nullptr;     // [num_states] alternative to o_in; nullptr = unused
+  const float* const* lse_ptrs = nullptr;  // [num_states]
+
+  void* o_out = nullptr;     // [num_rows, num_heads, head_dim]
+  float* lse_out = nullptr;  // [num_rows, num_heads]; optional
+
+  int num_states = 0;
+  int num_rows = 0;
+  int num_heads = 0;
+  int head_dim = 0;
+  DType in_dtype = DType::kF32;   // f32, bf16 or f16
+  DType out_dtype = DType::kF32;  // f32, bf16 or f16
+};
+
+}  // namespace longctx::kernels

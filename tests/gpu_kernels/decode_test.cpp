@@ -1,0 +1,247 @@
+// CUDA split-KV decode against the CPU decode reference, through the op-test harness: KV lengths
+// 0 .. 40K, page sizes 1/16/128, GQA 1/4/8 (and 3, 6, 12), head_dim 64/128, bf16/f16, with and
+// without LSE. Tolerances (unit-variance q/k/v, sm_scale = 1/sqrt(head_dim)):
+//   output max-abs <= 1e-2 (bf16) / 2e-3 (f16): both round an fp32 result once; the kernel sums
+//     in another order (split chunks, lane groups) and uses exp2f;
+//   lse max-abs <= 1e-3; an empty request must give o == 0 and lse == -inf exactly.
+#include "kernels/cuda/decode.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <sstream>
+
+#include "gpu_kernels/harness.h"
+#include "kernels/cpu/decode_cpu.h"
+#include "kernels/paged_case.h"
+
+namespace longctx::gpu_test {
+namespace {
+
+using testing::PagedCase;
+using testing::PagedCaseShape;
+
+template <typename T>
+GuardedBuffer upload_vec(const std::vector<T>& v) {
+  GuardedBuffer b(std::max<size_t>(v.size() * sizeof(T), 1), 0);
+  if (!v.empty()) b.upload(v.data());
+  return b;
+}
+
+kernels::DecodeParams host_params(const PagedCase& c, void* o, float* lse) {
+  kernels::DecodeParams p;
+  p.q = c.q.data();
+  p.k_cache = c.k_cache.data();
+  p.v_cache = c.v_cache.data();
+  p.o = o;
+  p.lse = lse;
+  p.kv_indptr = c.kv_indptr.data();
+  p.kv_indices = c.kv_indices.data();
+  p.kv_last_page_len = c.kv_last_page_len.data();
+  p.batch_size = int(c.shape.kv_lens.size());
+  p.num_qo_heads = c.shape.num_qo_heads;
+  p.num_kv_heads = c.shape.num_kv_heads;
+  p.head_dim = c.shape.head_dim;
+  p.page_size = c.shape.page_size;
+  p.dtype = c.shape.dtype;
+  p.sm_scale = 1.f / std::sqrt(float(c.shape.head_dim));
+  return p;
+}
+
+class DecodeCase : public OpCase {
+ public:
+  DecodeCase(PagedCaseShape s, bool perf_only = false) : s_(std::move(s)), perf_only_(perf_only) {
+    s_.q_lens.assign(s_.kv_lens.size(), 1);
+  }
+  std::string name() const override {
+    std::ostringstream os;
+    os << "decode(batch=" << s_.kv_lens.size() << " kv=[";
+    for (size_t i = 0; i < s_.kv_lens.size() && i < 6; ++i) os << (i ? "," : "") << s_.kv_lens[i];
+    os << (s_.kv_lens.size() > 6 ? ",...]" : "]") << " h=" << s_.num_qo_heads << "/"
+       << s_.num_kv_heads << " d=" << s_.head_dim << " page=" << s_.page_size << " "
+       << dtype_name(s_.dtype) << (s_.with_lse ? " lse" : "") << ")";
+    return os.str();
+  }
+  bool supported() const override { return s_.head_dim == 64 || s_.head_dim == 128; }
+  bool perf_only() const override { return perf_only_; }
+
+  void prepare(cudaStream_t stream) override {
+    host_ = std::make_unique<PagedCase>(s_);
+    const PagedCase& h = *host_;
+    d_q_ = upload_vec(h.q);
+    d_k_ = upload_vec(h.k_cache);
+    d_v_ = upload_vec(h.v_cache);
+    d_kvp_ = upload_vec(h.kv_indptr);
+    d_kvi_ = upload_vec(h.kv_indices);
+    d_last_ = upload_vec(h.kv_last_page_len);
+    const int batch = int(s_.kv_lens.size());
+    d_o_ = GuardedBuffer(h.q.size() * 2, 0xFF);  // NaN bytes: every row must be written
+    d_lse_ = GuardedBuffer(size_t(batch) * s_.num_qo_heads * 4, 0xFF);
+    params_ =
+        host_params(h, d_o_.data(), s_.with_lse ? static_cast<float*>(d_lse_.data()) : nullptr);
+    params_.q = d_q_.data();
+    params_.k_cache = d_k_.data();
+    params_.v_cache = d_v_.data();
+    params_.kv_indptr = static_cast<const int32_t*>(d_kvp_.data());
+    params_.kv_indices = static_cast<const int32_t*>(d_kvi_.data());
+    params_.kv_last_page_len = static_cast<const int32_t*>(d_last_.data());
+    d_ws_ = GuardedBuffer(
+        kernels::cuda::decode_workspace_bytes(batch, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim),
+        0);
+    plan_ = kernels::cuda::decode_plan(h.kv_indptr.data(), h.kv_last_page_len.data(), batch,
+                                       s_.page_size, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim,
+                                       d_ws_.data(), d_ws_.bytes(), stream);
+  }
+  void launch(cudaStream_t stream) override { kernels::cuda::decode_run(params_, plan_, stream); }
+  void reset_outputs() {
+    LONGCTX_CUDA_CHECK(cudaMemset(d_o_.data(), 0xFF, d_o_.bytes()));
+    LONGCTX_CUDA_CHECK(cudaMemset(d_lse_.data(), 0xFF, d_lse_.bytes()));
+  }
+
+  CaseResult check() override {
+    const PagedCase& h = *host_;
+    const int batch = int(s_.kv_lens.size());
+    std::vector<uint16_t> o = d_o_.download<uint16_t>();
+    std::vector<float> lse = d_lse_.download<float>();
+    std::vector<uint16_t> o_ref(o.size());
+    std::vector<float> lse_ref(size_t(batch) * s_.num_qo_heads);
+    kernels::cpu::decode_attention(host_params(h, o_ref.data(), lse_ref.data()));
+    CaseResult r;
+    const int64_t row = int64_t(s_.num_qo_heads) * s_.head_dim;
+    HalfCompare co = compare_half_rows(o, o_ref, s_.dtype, row, {});
+    r.max_abs_out = co.max_abs;
+    const double tol = s_.dtype == DType::kBF16 ? 1e-2 : 2e-3;
+    std::ostringstream why;
+    why << "[chunk " << plan_.chunk_tokens << ", " << plan_.num_work_items << " items, "
+        << plan_.num_partials << " partials] ";
+    bool ok = true;
+    if (co.non_finite) ok = false, why << co.non_finite << " non-finite outputs; ";
+    if (co.max_abs > tol) ok = false, why << "out max-abs " << co.max_abs << " > " << tol << "; ";
+    for (int b = 0; b < batch; ++b)  // empty requests: exactly zero
+      if (s_.kv_lens[b] == 0)
+        for (int64_t e = 0; e < row; ++e)
+          if (o[b * row + e] != 0 && o[b * row + e] != 0x8000) {
+            ok = false, why << "empty request " << b << " not zero; ";
+            break;
+          }
+    if (s_.with_lse) {
+      LseCompare cl = compare_lse_rows(lse, lse_ref, s_.num_qo_heads, {});
+      r.max_abs_lse = cl.max_abs;
+      if (cl.bad) ok = false, why << cl.bad << " bad lse; ";
+      if (cl.max_abs > 1e-3) ok = false, why << "lse max-abs " << cl.max_abs << "; ";
+    }
+    if (!d_o_.guards_intact()) ok = false, why << "output guard bytes overwritten; ";
+    if (!d_lse_.guards_intact()) ok = false, why << "lse guard bytes overwritten; ";
+    if (!d_ws_.guards_intact()) ok = false, why << "workspace guard bytes overwritten; ";
+    r.status = ok ? Status::kOk : Status::kFailed;
+    r.detail = why.str();
+    return r;
+  }
+  // 4 * head_dim FLOPs per (q head, key).
+  double flops() const override {
+    double keys = 0;
+    for (int32_t l : s_.kv_lens) keys += l;
+    return 4.0 * s_.head_dim * s_.num_qo_heads * keys;
+  }
+  double kv_bytes() const {
+    double keys = 0;
+    for (int32_t l : s_.kv_lens) keys += l;
+    return 2.0 * keys * s_.num_kv_heads * s_.head_dim * 2;
+  }
+
+ private:
+  PagedCaseShape s_;
+  bool perf_only_;
+  std::unique_ptr<PagedCase> host_;
+  GuardedBuffer d_q_, d_k_, d_v_, d_kvp_, d_kvi_, d_last_, d_o_, d_lse_, d_ws_;
+  kernels::DecodeParams params_;
+  kernels::cuda::DecodePlan plan_;
+};
+
+PagedCaseShape dshape(std::vector<int32_t> kv, int hq, int hk, int d, int page, DType dt,
+                      bool lse = true, uint64_t seed = 1) {
+  PagedCaseShape s;
+  s.kv_lens = std::move(kv);
+  s.num_qo_heads = hq;
+  s.num_kv_heads = hk;
+  s.head_dim = d;
+  s.page_size = page;
+  s.dtype = dt;
+  s.with_lse = lse;
+  s.seed = seed;
+  return s;
+}
+
+// Every page size x GQA ratio x head_dim x dtype over a mixed batch (empty, 1 key, odd lengths,
+// lengths that split into several chunks).
+TEST(DecodeGpu, MixedBatchesOverTheGrid) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 1;
+  for (int page : {1, 16, 128})
+    for (int group : {1, 4, 8})
+      for (int d : {64, 128})
+        for (DType dt : {DType::kBF16, DType::kF16}) {
+          cases.push_back(std::make_unique<DecodeCase>(
+              dshape({0, 1, 7, 300, 1025, 4097}, 2 * group, 2, d, page, dt, seed % 3 != 0, seed)));
+          ++seed;
+        }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, 36);
+}
+
+// Long single requests (one request must spread over the GPU) and odd GQA ratios.
+TEST(DecodeGpu, LongAndOddGroups) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  cases.push_back(std::make_unique<DecodeCase>(dshape({40000}, 32, 8, 128, 16, DType::kBF16)));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({40000}, 8, 1, 64, 1, DType::kF16)));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({32768}, 8, 8, 128, 128, DType::kBF16)));
+  cases.push_back(
+      std::make_unique<DecodeCase>(dshape({40000, 3, 12000}, 32, 8, 128, 128, DType::kF16)));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({5000, 17}, 6, 2, 128, 16, DType::kBF16)));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({5000, 17}, 12, 1, 64, 16, DType::kBF16)));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({2000, 9}, 24, 2, 128, 7, DType::kF16)));
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, 7);
+}
+
+// A reduced set for compute-sanitizer.
+TEST(DecodeGpu, Small) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  cases.push_back(
+      std::make_unique<DecodeCase>(dshape({0, 1, 300, 700}, 8, 2, 128, 16, DType::kBF16)));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({513, 5}, 3, 1, 64, 1, DType::kF16)));
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, 2);
+}
+
+TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
+  DecodeCase c(dshape({9000, 3, 700}, 32, 8, 128, 16, DType::kBF16));
+  cudaStream_t stream;
+  LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  c.prepare(stream);
+  c.launch(stream);
+  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  CaseResult direct = c.check();
+  EXPECT_EQ(direct.status, Status::kOk) << direct.detail;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  c.launch(stream);
+  LONGCTX_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  c.reset_outputs();  // NaN bytes again: the replay must write every row
+  LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  CaseResult replay = c.check();
+  EXPECT_EQ(replay.status, Status::kOk) << replay.detail;
+  EXPECT_EQ(replay.max_abs_out, direct.max_abs_out);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace longctx::gpu_test
