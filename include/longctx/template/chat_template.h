@@ -18,6 +18,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "longctx/core/error.h"
+
 namespace longctx {
 
 namespace jinja {
