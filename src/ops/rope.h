@@ -17,6 +17,13 @@ namespace longctx::ops {
 // _compute_llama3_parameters. Throws Error(kInvalidArgument) for an odd head_dim.
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim);
 
+// rope_inv_freq() as a transformers model loaded in `model_dtype` holds it: inv_freq is a module
+// buffer, so loading a bf16/f16 checkpoint at its dtype rounds it to that dtype (the rotary
+// embedding upcasts it back to float32 before use). The reference logits of bf16 checkpoints
+// carry this rounding, and it moves logits visibly at long positions, so the models use it.
+std::vector<float> rope_inv_freq_as_transformers(const RopeConfig& rope, int64_t head_dim,
+                                                 DType model_dtype);
+
 // In place. x: [n, heads, head_dim] f32; positions: [n] i64; inv_freq: [head_dim / 2] f32.
 void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
 void rope_cpu(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);

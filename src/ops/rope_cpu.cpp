@@ -61,6 +61,16 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
   LONGCTX_THROW(ErrorCode::kUnsupported, "rope: unknown rope type {}", int(rope.type));
 }
 
+std::vector<float> rope_inv_freq_as_transformers(const RopeConfig& rope, int64_t head_dim,
+                                                 DType model_dtype) {
+  std::vector<float> inv_freq = rope_inv_freq(rope, head_dim);
+  if (model_dtype == DType::kBF16)
+    for (float& f : inv_freq) f = bf16_to_f32(f32_to_bf16(f));
+  else if (model_dtype == DType::kF16)
+    for (float& f : inv_freq) f = f16_to_f32(f32_to_f16(f));
+  return inv_freq;
+}
+
 void rope_cpu(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
   constexpr const char* kOp = "rope";
   check_contiguous(kOp, "x", x);

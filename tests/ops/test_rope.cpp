@@ -101,3 +101,20 @@ TEST(Rope, DotProductDependsOnlyOnRelativePosition) {
   EXPECT_NEAR(dot_at(10, 3), dot_at(17, 10), 1e-5);
   EXPECT_NEAR(dot_at(5, 5), dot_at(0, 0), 1e-5);
 }
+
+TEST(RopeInvFreq, TransformersBufferRoundsToModelDtype) {
+  RopeConfig rc;
+  rc.theta = 1e6;
+  std::vector<float> exact = ops::rope_inv_freq(rc, 32);
+  std::vector<float> bf = ops::rope_inv_freq_as_transformers(rc, 32, DType::kBF16);
+  std::vector<float> f32 = ops::rope_inv_freq_as_transformers(rc, 32, DType::kF32);
+  bool any_rounded = false;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    EXPECT_EQ(f32[i], exact[i]);
+    EXPECT_EQ(bf[i], bf16_to_f32(f32_to_bf16(exact[i])));
+    any_rounded |= bf[i] != exact[i];
+  }
+  EXPECT_TRUE(any_rounded);
+  // 1e6^(-2/32) = 0.42169650..., bf16 keeps 8 significant bits: 0.421875.
+  EXPECT_EQ(bf[1], 0.421875f);
+}

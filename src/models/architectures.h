@@ -1,0 +1,15 @@
+// Constructors of the registered architectures (one file each); registry.cpp maps
+// config.architecture to them.
+#pragma once
+
+#include <memory>
+
+#include "longctx/models/model.h"
+
+namespace longctx::models {
+
+std::unique_ptr<Model> make_llama(std::shared_ptr<const Checkpoint> checkpoint);  // + Mistral
+std::unique_ptr<Model> make_qwen2(std::shared_ptr<const Checkpoint> checkpoint);
+std::unique_ptr<Model> make_qwen3(std::shared_ptr<const Checkpoint> checkpoint);
+
+}  // namespace longctx::models

@@ -1,0 +1,76 @@
+// Qwen3ForCausalLM, following transformers/models/qwen3/modeling_qwen3.py: Llama's graph with an
+// RMSNorm over each head of q and k (q_norm, k_norm) before RoPE, and head_dim set independently
+// of hidden_size / num_attention_heads (so q_proj may be wider than hidden).
+#include "models/architectures.h"
+#include "models/decoder_common.h"
+#include "ops/add.h"
+
+namespace longctx::models {
+
+namespace {
+
+class Qwen3ForCausalLM : public DecoderModel {
+ public:
+  explicit Qwen3ForCausalLM(std::shared_ptr<const Checkpoint> checkpoint)
+      : DecoderModel(std::move(checkpoint)) {
+    for (size_t i = 0; i < layers_.size(); ++i)
+      LONGCTX_CHECK(layers_[i].q_norm.defined() && layers_[i].k_norm.defined(),
+                    ErrorCode::kNotFound, "Qwen3: layer {} lacks self_attn.q_norm/k_norm", i);
+  }
+
+  // Qwen3ForCausalLM.forward -> Qwen3Model.forward, then the lm_head.
+  Tensor forward(std::span<const int32_t> ids, std::span<const int64_t> positions, KVCache& cache,
+                 bool last_only) override {
+    Step step = begin_step(ids, positions, cache);
+    Tensor hidden_states = embed_tokens(step);
+    for (int64_t i = 0; i < config().num_hidden_layers; ++i)
+      hidden_states = decoder_layer(hidden_states, i, step);
+    Tensor logits = final_logits(hidden_states, last_only);  // norm, lm_head
+    end_step(step);
+    return logits;
+  }
+
+ private:
+  // Qwen3DecoderLayer.forward
+  Tensor decoder_layer(const Tensor& hidden_states, int64_t i, const Step& step) {
+    const LayerWeights& w = layers_[i];
+    Tensor residual = hidden_states;
+    Tensor h = rms_norm(hidden_states, w.input_layernorm);
+    h = self_attn(h, i, step);
+    ops::add(residual, h, h);
+    residual = h;
+    h = rms_norm(h, w.post_attention_layernorm);
+    h = gated_mlp(h, w);  // Qwen3MLP
+    ops::add(residual, h, h);
+    return h;
+  }
+
+  // Qwen3Attention.forward:
+  //   q = q_norm(q_proj(x).view(n, Hq, head_dim)); k = k_norm(k_proj(x).view(n, Hkv, head_dim))
+  //   then RoPE on q and k, attention, o_proj.
+  Tensor self_attn(const Tensor& hidden_states, int64_t i, const Step& step) {
+    const ModelConfig& c = config();
+    const LayerWeights& w = layers_[i];
+    const int64_t n = step.n, d = c.head_dim;
+    Tensor q = linear(hidden_states, w.q_proj, w.q_bias).view({n, c.num_attention_heads, d});
+    q = rms_norm(q, w.q_norm);  // per head: rows of head_dim
+    Tensor k = cache_k_slots(i, step);
+    Tensor v = cache_v_slots(i, step);
+    linear_into(hidden_states, w.k_proj, w.k_bias, k);
+    linear_into(hidden_states, w.v_proj, w.v_bias, v);
+    Tensor k_heads = k.view({n, c.num_key_value_heads, d});
+    rms_norm_in_place(k_heads, w.k_norm);
+    apply_rope(q, step);
+    apply_rope(k_heads, step);
+    Tensor attn_output = cache_attention(q, i, step);
+    return linear(attn_output, w.o_proj, w.o_bias);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen3(std::shared_ptr<const Checkpoint> checkpoint) {
+  return std::make_unique<Qwen3ForCausalLM>(std::move(checkpoint));
+}
+
+}  // namespace longctx::models

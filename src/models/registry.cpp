@@ -1,0 +1,37 @@
+// create_model: config.architecture -> the architecture's constructor. The list of names must
+// stay identical to the loader's supported_architectures().
+#include <string>
+#include <utility>
+
+#include "longctx/models/model.h"
+#include "models/architectures.h"
+
+namespace longctx {
+
+namespace {
+
+using Factory = std::unique_ptr<Model> (*)(std::shared_ptr<const Checkpoint>);
+
+const std::pair<const char*, Factory> kArchitectures[] = {
+    {"LlamaForCausalLM", models::make_llama},
+    {"MistralForCausalLM", models::make_llama},
+    {"Qwen2ForCausalLM", models::make_qwen2},
+    {"Qwen3ForCausalLM", models::make_qwen3},
+};
+
+}  // namespace
+
+std::unique_ptr<Model> create_model(std::shared_ptr<const Checkpoint> checkpoint) {
+  LONGCTX_CHECK(checkpoint != nullptr, ErrorCode::kInvalidArgument,
+                "create_model: null checkpoint");
+  const std::string& arch = checkpoint->config.architecture;
+  std::string supported;
+  for (const auto& [name, factory] : kArchitectures) {
+    if (arch == name) return factory(std::move(checkpoint));
+    supported += (supported.empty() ? "" : ", ") + std::string(name);
+  }
+  LONGCTX_THROW(ErrorCode::kUnsupported, "create_model: architecture '{}' is not supported ({})",
+                arch, supported);
+}
+
+}  // namespace longctx

@@ -1,0 +1,76 @@
+// Loading the tiny fixture models and their transformers reference (reference.json + logits).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/test_data.h"
+#include "longctx/core/npy.h"
+#include "longctx/loader/checkpoint.h"
+#include "longctx/models/model.h"
+
+namespace longctx::testing {
+
+inline std::string fixture_dir(const std::string& model) {
+  return test_data_dir() + "/fixtures/" + model;
+}
+
+inline std::unique_ptr<Model> load_fixture_model(const std::string& model) {
+  auto ckpt = std::make_shared<Checkpoint>(load_checkpoint(fixture_dir(model)));
+  return create_model(std::move(ckpt));
+}
+
+struct ReferenceCase {
+  std::vector<int32_t> input_ids;
+  std::vector<int64_t> logits_positions;
+  Tensor logits;  // [logits_positions.size(), vocab] f32
+  std::vector<int32_t> greedy_new_tokens;
+  std::vector<double> greedy_margins;
+};
+
+// The case of `reference.json` with prompt_len == len.
+inline ReferenceCase reference_case(const std::string& model, int64_t len) {
+  std::ifstream f(fixture_dir(model) + "/reference.json");
+  nlohmann::json j = nlohmann::json::parse(f);
+  for (const auto& c : j.at("cases")) {
+    if (c.at("prompt_len").get<int64_t>() != len) continue;
+    ReferenceCase r;
+    r.input_ids = c.at("input_ids").get<std::vector<int32_t>>();
+    r.logits_positions = c.at("logits_positions").get<std::vector<int64_t>>();
+    r.logits = read_npy(fixture_dir(model) + "/" + c.at("logits_file").get<std::string>());
+    if (c.contains("greedy_new_tokens")) {
+      r.greedy_new_tokens = c.at("greedy_new_tokens").get<std::vector<int32_t>>();
+      r.greedy_margins = c.at("greedy_margins").get<std::vector<double>>();
+    }
+    return r;
+  }
+  ADD_FAILURE() << model << ": no reference case of length " << len;
+  return {};
+}
+
+inline std::vector<int64_t> iota_positions(int64_t from, int64_t n) {
+  std::vector<int64_t> p(n);
+  std::iota(p.begin(), p.end(), from);
+  return p;
+}
+
+// Logits [n, vocab] of one forward over all of ids in a fresh cache.
+inline Tensor full_forward(Model& model, const std::vector<int32_t>& ids) {
+  auto cache = model.make_cache(static_cast<int64_t>(ids.size()));
+  std::vector<int64_t> pos = iota_positions(0, static_cast<int64_t>(ids.size()));
+  return model.forward(ids, pos, *cache);
+}
+
+inline int32_t argmax_row(const Tensor& logits, int64_t row) {
+  const int64_t v = logits.size(1);
+  const float* p = logits.data<float>() + row * v;
+  return static_cast<int32_t>(std::max_element(p, p + v) - p);
+}
+
+}  // namespace longctx::testing

@@ -1,0 +1,135 @@
+// The tiny fixture models (tiny-llama3, tiny-qwen3, tiny-qwen2) against transformers' logits and
+// greedy continuations, and incremental decoding against one full forward.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "model_test_util.h"
+
+using namespace longctx;
+using namespace longctx::testing;
+
+namespace {
+
+class FixtureModel : public ::testing::TestWithParam<std::string> {};
+
+// max |ours - reference| over the stored rows of a case, ours being [n, vocab] logits.
+double max_logit_error(const Tensor& ours, const ReferenceCase& ref) {
+  const int64_t vocab = ours.size(1);
+  EXPECT_EQ(ref.logits.size(0), int64_t(ref.logits_positions.size()));
+  EXPECT_EQ(ref.logits.size(1), vocab);
+  double m = 0;
+  for (size_t r = 0; r < ref.logits_positions.size(); ++r) {
+    const float* a = ours.data<float>() + ref.logits_positions[r] * vocab;
+    const float* b = ref.logits.data<float>() + r * vocab;
+    for (int64_t i = 0; i < vocab; ++i) {
+      double d = std::abs(double(a[i]) - double(b[i]));
+      if (!(d <= m)) m = d;  // keeps NaN
+    }
+  }
+  return m;
+}
+
+void expect_logits_match(const std::string& model_name, int64_t len) {
+  auto model = load_fixture_model(model_name);
+  ReferenceCase ref = reference_case(model_name, len);
+  Tensor logits = full_forward(*model, ref.input_ids);
+  ASSERT_EQ(logits.size(0), len);
+  ASSERT_EQ(logits.size(1), model->config().vocab_size);
+  EXPECT_LE(max_logit_error(logits, ref), 1e-3) << model_name << " length " << len;
+}
+
+// Prefill n - k tokens, then k single-token steps; every row must equal the full forward's.
+void expect_incremental_matches_full(Model& model, const std::vector<int32_t>& ids, int64_t k) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  Tensor full = full_forward(model, ids);
+  const int64_t vocab = full.size(1);
+  auto cache = model.make_cache(n);
+  std::vector<int32_t> head(ids.begin(), ids.end() - k);
+  Tensor prefill = model.forward(head, iota_positions(0, n - k), *cache);
+  double m = 0;
+  for (int64_t i = 0; i < (n - k) * vocab; ++i)
+    m = std::max(m, std::abs(double(prefill.data<float>()[i]) - full.data<float>()[i]));
+  for (int64_t s = n - k; s < n; ++s) {
+    std::vector<int32_t> one = {ids[s]};
+    std::vector<int64_t> pos = {s};
+    Tensor step = model.forward(one, pos, *cache);
+    ASSERT_EQ(step.size(0), 1);
+    for (int64_t i = 0; i < vocab; ++i)
+      m = std::max(m, std::abs(double(step.data<float>()[i]) - full.data<float>()[s * vocab + i]));
+  }
+  EXPECT_EQ(cache->length(), n);
+  EXPECT_LE(m, 1e-4) << "n=" << n << " k=" << k;
+}
+
+}  // namespace
+
+TEST_P(FixtureModel, LogitsMatchTransformersShortCases) {
+  for (int64_t len : {1, 7, 64, 515}) expect_logits_match(GetParam(), len);
+}
+
+TEST_P(FixtureModel, LogitsMatchTransformers2048) { expect_logits_match(GetParam(), 2048); }
+
+TEST_P(FixtureModel, IncrementalDecodeEqualsFullForward) {
+  auto model = load_fixture_model(GetParam());
+  expect_incremental_matches_full(*model, reference_case(GetParam(), 64).input_ids, 5);
+  expect_incremental_matches_full(*model, reference_case(GetParam(), 515).input_ids, 5);
+}
+
+TEST_P(FixtureModel, ChunkedPrefillEqualsFullForward) {
+  // Three uneven chunks over a cached prefix, compared row by row with one forward.
+  auto model = load_fixture_model(GetParam());
+  std::vector<int32_t> ids = reference_case(GetParam(), 515).input_ids;
+  Tensor full = full_forward(*model, ids);
+  const int64_t vocab = full.size(1);
+  auto cache = model->make_cache(515);
+  double m = 0;
+  for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 200}, {200, 333}, {333, 515}}) {
+    std::vector<int32_t> chunk(ids.begin() + b, ids.begin() + e);
+    Tensor out = model->forward(chunk, iota_positions(b, e - b), *cache);
+    for (int64_t i = 0; i < (e - b) * vocab; ++i)
+      m = std::max(m, std::abs(double(out.data<float>()[i]) - full.data<float>()[b * vocab + i]));
+  }
+  EXPECT_LE(m, 1e-4);
+}
+
+TEST_P(FixtureModel, GreedyTokensMatchTransformers) {
+  auto model = load_fixture_model(GetParam());
+  for (int64_t len : {7, 515}) {
+    ReferenceCase ref = reference_case(GetParam(), len);
+    ASSERT_EQ(ref.greedy_new_tokens.size(), 24u);
+    auto cache = model->make_cache(len + 24);
+    Tensor logits = model->forward(ref.input_ids, iota_positions(0, len), *cache, true);
+    ASSERT_EQ(logits.size(0), 1);
+    for (size_t step = 0; step < ref.greedy_new_tokens.size(); ++step) {
+      // Past a near tie, transformers and we may legitimately diverge: stop comparing there.
+      if (ref.greedy_margins[step] < 1e-3) break;
+      const int32_t token = argmax_row(logits, 0);
+      ASSERT_EQ(token, ref.greedy_new_tokens[step])
+          << GetParam() << " len " << len << " step " << step;
+      std::vector<int32_t> one = {token};
+      std::vector<int64_t> pos = {len + int64_t(step)};
+      logits = model->forward(one, pos, *cache, true);
+    }
+  }
+}
+
+TEST_P(FixtureModel, LastOnlyIsTheLastRow) {
+  auto model = load_fixture_model(GetParam());
+  std::vector<int32_t> ids = reference_case(GetParam(), 64).input_ids;
+  Tensor full = full_forward(*model, ids);
+  auto cache = model->make_cache(64);
+  Tensor last = model->forward(ids, iota_positions(0, 64), *cache, true);
+  ASSERT_EQ(last.shape(), (Shape{1, full.size(1)}));
+  for (int64_t i = 0; i < full.size(1); ++i)
+    EXPECT_EQ(last.data<float>()[i], full.data<float>()[63 * full.size(1) + i]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, FixtureModel,
+                         ::testing::Values("tiny-llama3", "tiny-qwen3", "tiny-qwen2"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
