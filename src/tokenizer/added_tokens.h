@@ -40,7 +40,7 @@ class AddedTokenMatcher {
     return it == edges_.end() ? -1 : it->second;
   }
   std::vector<const AddedToken*> tokens_;
-  std::vector<int32_t> node_token_;  // per trie node: index into tokens_ or -1
+  std::vector<int32_t> node_token_;              // per trie node: index into tokens_ or -1
   std::unordered_map<uint64_t, int32_t> edges_;  // (node << 8 | byte) -> child node
   bool first_byte_[256] = {};
 };

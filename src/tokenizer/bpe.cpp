@@ -10,7 +10,7 @@
 
 namespace longctx::tokenizer {
 
-size_t StringHash::operator()(std::string_view s) const noexcept {
+size_t StringHash::operator()(std::string_view s) const {
   return static_cast<size_t>(XXH3_64bits(s.data(), s.size()));
 }
 
@@ -95,10 +95,9 @@ BpeModel::BpeModel(StringIdMap vocab,
     auto m = vocab_.find(joined);
     LONGCTX_CHECK(a != vocab_.end() && b != vocab_.end() && m != vocab_.end(),
                   ErrorCode::kInvalidArgument,
-                  "tokenizer.json: model.merges[{}] uses a token that is not in model.vocab",
-                  rank);
-    entries.push_back({MergeTable::pack(a->second, b->second),
-                       {static_cast<int32_t>(rank), m->second}});
+                  "tokenizer.json: model.merges[{}] uses a token that is not in model.vocab", rank);
+    entries.push_back(
+        {MergeTable::pack(a->second, b->second), {static_cast<int32_t>(rank), m->second}});
   }
   merges_.build(entries);
 }
@@ -120,17 +119,15 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
     }
     return;
   }
-  if (options_.ignore_merges) {
-    auto it = vocab_.find(word);
-    if (it != vocab_.end()) {
-      out.push_back(it->second);
-      return;
-    }
-  }
   uint64_t hash = XXH3_64bits(word.data(), word.size());
   if (cache_.lookup(word, hash, out)) return;
   size_t start = out.size();
-  merge_word(word, out);
+  auto it = options_.ignore_merges ? vocab_.find(word) : vocab_.end();
+  if (it != vocab_.end()) {
+    out.push_back(it->second);  // ignore_merges: a word that is a token is taken whole
+  } else {
+    merge_word(word, out);
+  }
   cache_.insert(word, hash, out.data() + start, out.size() - start);
 }
 

@@ -15,9 +15,11 @@
 
 namespace longctx::tokenizer {
 
+// Deliberately not noexcept: libstdc++ then caches each node's hash, so bucket scans compare
+// cached hashes instead of rehashing every key in the chain.
 struct StringHash {
   using is_transparent = void;
-  size_t operator()(std::string_view s) const noexcept;
+  size_t operator()(std::string_view s) const;
 };
 using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 

@@ -1,9 +1,8 @@
 // Small helpers that turn missing or mistyped tokenizer.json fields into Errors naming the field.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "longctx/core/error.h"
 

@@ -195,8 +195,8 @@ std::unique_ptr<PreTokenizer> make(const json& j, const std::string& where, bool
                   "tokenizer.json: {}.pretokenizers must be an array", where);
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (size_t i = 0; i < list.size(); ++i)
-      steps.push_back(make(list[i], where + ".pretokenizers[" + std::to_string(i) + "]",
-                           has_byte_level));
+      steps.push_back(
+          make(list[i], where + ".pretokenizers[" + std::to_string(i) + "]", has_byte_level));
     return std::make_unique<SequencePreTokenizer>(std::move(steps));
   }
   if (type == "Split") {
@@ -206,8 +206,8 @@ std::unique_ptr<PreTokenizer> make(const json& j, const std::string& where, bool
       re = std::make_unique<Regex>(json_util::require_string(pattern, "Regex", where + ".pattern"),
                                    false, where);
     } else if (pattern.is_object() && pattern.contains("String")) {
-      re = std::make_unique<Regex>(
-          json_util::require_string(pattern, "String", where + ".pattern"), true, where);
+      re = std::make_unique<Regex>(json_util::require_string(pattern, "String", where + ".pattern"),
+                                   true, where);
     } else {
       LONGCTX_THROW(ErrorCode::kInvalidArgument,
                     "tokenizer.json: {}.pattern must be {{\"Regex\": ...}} or {{\"String\": ...}}",
@@ -254,9 +254,9 @@ bool Regex::next_match(std::string_view subject, size_t offset, size_t* start, s
   pcre2_match_data* md = thread_match_data();
   auto* subj = reinterpret_cast<PCRE2_SPTR>(subject.data());
   while (offset < subject.size()) {
-    int rc = jit_ ? pcre2_jit_match(code, subj, subject.size(), offset, 0, md, nullptr)
-                  : pcre2_match(code, subj, subject.size(), offset, PCRE2_NO_UTF_CHECK, md,
-                                nullptr);
+    int rc = jit_
+                 ? pcre2_jit_match(code, subj, subject.size(), offset, 0, md, nullptr)
+                 : pcre2_match(code, subj, subject.size(), offset, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     LONGCTX_CHECK(rc >= 0, ErrorCode::kInternal, "PCRE2 match failed with code {}", rc);
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);

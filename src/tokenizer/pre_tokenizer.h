@@ -6,11 +6,10 @@
 
 #include <deque>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace longctx::tokenizer {
 

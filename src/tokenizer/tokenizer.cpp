@@ -3,9 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "longctx/core/error.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -105,8 +104,7 @@ auto with_origin(const std::string& origin, F&& f) {
     if (msg.rfind(generic, 0) == 0) msg.erase(0, generic.size());
     throw Error(e.code(), origin + ": " + msg);
   } catch (const nlohmann::json::exception& e) {  // a type error the checks did not anticipate
-    LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: unexpected JSON content: {}", origin,
-                  e.what());
+    LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: unexpected JSON content: {}", origin, e.what());
   }
 }
 

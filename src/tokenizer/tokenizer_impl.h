@@ -2,11 +2,10 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "longctx/tokenizer/tokenizer.h"
 #include "tokenizer/added_tokens.h"
@@ -24,8 +23,8 @@ struct TokenizerImpl {
   NormalizerKind normalizer = NormalizerKind::kNone;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
   std::vector<AddedToken> added_tokens;
-  AddedTokenMatcher raw_matcher;         // added tokens with normalized == false
-  AddedTokenMatcher normalized_matcher;  // added tokens with normalized == true
+  AddedTokenMatcher raw_matcher;                // added tokens with normalized == false
+  AddedTokenMatcher normalized_matcher;         // added tokens with normalized == true
   std::vector<TokenId> prefix_ids, suffix_ids;  // post-processor, single sequence
 
   // Per id.

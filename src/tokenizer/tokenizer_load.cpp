@@ -25,7 +25,8 @@ NormalizerKind parse_normalizer(const json& j, const std::string& where) {
                   "tokenizer.json: {}.normalizers must be an array", where);
     NormalizerKind kind = NormalizerKind::kNone;
     for (size_t i = 0; i < list.size(); ++i) {
-      NormalizerKind k = parse_normalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]");
+      NormalizerKind k =
+          parse_normalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]");
       if (k != NormalizerKind::kNone) kind = k;  // NFC is idempotent: repeats collapse
     }
     return kind;
@@ -76,8 +77,7 @@ void parse_post_processor(TokenizerImpl& impl, const json& j, const std::string&
         seen_sequence = true;
         continue;
       }
-      LONGCTX_CHECK(item.is_object() && item.contains("SpecialToken"),
-                    ErrorCode::kInvalidArgument,
+      LONGCTX_CHECK(item.is_object() && item.contains("SpecialToken"), ErrorCode::kInvalidArgument,
                     "tokenizer.json: {} must be {{\"SpecialToken\": ...}} or {{\"Sequence\": ...}}",
                     item_where);
       std::string name = json_util::require_string(item["SpecialToken"], "id", item_where);
@@ -98,8 +98,8 @@ void parse_post_processor(TokenizerImpl& impl, const json& j, const std::string&
     for (const char* key : {"cls", "sep"}) {
       const json& pair = json_util::require(j, key, where);
       LONGCTX_CHECK(pair.is_array() && pair.size() == 2 && pair[1].is_number_integer(),
-                    ErrorCode::kInvalidArgument,
-                    "tokenizer.json: {}.{} must be [token, id]", where, key);
+                    ErrorCode::kInvalidArgument, "tokenizer.json: {}.{} must be [token, id]", where,
+                    key);
       (std::string(key) == "cls" ? impl.prefix_ids : impl.suffix_ids)
           .push_back(pair[1].get<TokenId>());
     }
@@ -127,10 +127,11 @@ std::pair<std::string, std::string> parse_merge(const json& m, size_t rank) {
   if (m.is_string()) {
     const std::string& s = m.get_ref<const std::string&>();
     size_t sp = s.find(' ', 1);
-    LONGCTX_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos,
-                  ErrorCode::kInvalidArgument,
-                  "tokenizer.json: model.merges[{}] \"{}\" is not two tokens separated by one space",
-                  rank, s);
+    LONGCTX_CHECK(
+        sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos,
+        ErrorCode::kInvalidArgument,
+        "tokenizer.json: model.merges[{}] \"{}\" is not two tokens separated by one space", rank,
+        s);
     return {s.substr(0, sp), s.substr(sp + 1)};
   }
   LONGCTX_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(),
@@ -171,8 +172,7 @@ void build_model(TokenizerImpl& impl, const json& m) {
     LONGCTX_CHECK(v.value().is_number_integer() && v.value().get<int64_t>() >= 0 &&
                       v.value().get<int64_t>() < (int64_t{1} << 30),
                   ErrorCode::kInvalidArgument,
-                  "tokenizer.json: model.vocab[\"{}\"] must be a non-negative integer id",
-                  v.key());
+                  "tokenizer.json: model.vocab[\"{}\"] must be a non-negative integer id", v.key());
     TokenId id = v.value().get<TokenId>();
     set_token(impl, id, v.key(), kTokenExists);
     impl.string_to_id[v.key()] = id;
@@ -212,10 +212,9 @@ void build_added_tokens(TokenizerImpl& impl, const json& list) {
     const json& t = list[i];
     AddedToken a;
     const json& id = json_util::require(t, "id", where);
-    LONGCTX_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
-                      id.get<int64_t>() < (int64_t{1} << 30),
-                  ErrorCode::kInvalidArgument, "tokenizer.json: {}.id must be a non-negative integer",
-                  where);
+    LONGCTX_CHECK(
+        id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (int64_t{1} << 30),
+        ErrorCode::kInvalidArgument, "tokenizer.json: {}.id must be a non-negative integer", where);
     a.id = id.get<TokenId>();
     a.content = json_util::require_string(t, "content", where);
     LONGCTX_CHECK(!a.content.empty(), ErrorCode::kInvalidArgument,
@@ -225,8 +224,7 @@ void build_added_tokens(TokenizerImpl& impl, const json& list) {
     a.rstrip = json_util::optional_bool(t, "rstrip", false, where);
     a.normalized = json_util::optional_bool(t, "normalized", false, where);
     a.special = json_util::optional_bool(t, "special", false, where);
-    set_token(impl, a.id, a.content,
-              kTokenExists | kTokenAdded | (a.special ? kTokenSpecial : 0));
+    set_token(impl, a.id, a.content, kTokenExists | kTokenAdded | (a.special ? kTokenSpecial : 0));
     impl.string_to_id[a.content] = a.id;
     impl.added_tokens.push_back(std::move(a));
   }
@@ -274,15 +272,15 @@ std::unique_ptr<TokenizerImpl> build_tokenizer(const json& j, const std::string&
   build_added_tokens(*impl, field_or_null(j, "added_tokens"));
   parse_post_processor(*impl, field_or_null(j, "post_processor"), "post_processor");
   for (TokenId id : impl->prefix_ids)
-    LONGCTX_CHECK(id >= 0 && static_cast<size_t>(id) < impl->token_flags.size() &&
-                      impl->token_flags[id] != 0,
-                  ErrorCode::kInvalidArgument,
-                  "tokenizer.json: post_processor adds id {} which names no token", id);
+    LONGCTX_CHECK(
+        id >= 0 && static_cast<size_t>(id) < impl->token_flags.size() && impl->token_flags[id] != 0,
+        ErrorCode::kInvalidArgument,
+        "tokenizer.json: post_processor adds id {} which names no token", id);
   for (TokenId id : impl->suffix_ids)
-    LONGCTX_CHECK(id >= 0 && static_cast<size_t>(id) < impl->token_flags.size() &&
-                      impl->token_flags[id] != 0,
-                  ErrorCode::kInvalidArgument,
-                  "tokenizer.json: post_processor adds id {} which names no token", id);
+    LONGCTX_CHECK(
+        id >= 0 && static_cast<size_t>(id) < impl->token_flags.size() && impl->token_flags[id] != 0,
+        ErrorCode::kInvalidArgument,
+        "tokenizer.json: post_processor adds id {} which names no token", id);
   return impl;
 }
 

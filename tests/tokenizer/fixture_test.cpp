@@ -121,7 +121,7 @@ TEST_P(RealTokenizerTest, NfcOrNotAsTheFileSays) {
   LONGCTX_REQUIRE_TOKENIZER(tok, GetParam());
   std::string composed = "caf\xC3\xA9 \xC3\x85ngstr\xC3\xB6m";       // é, Å, ö precomposed
   std::string decomposed = "cafe\xCC\x81 A\xCC\x8Angstro\xCC\x88m";  // base + combining marks
-  if (GetParam() == "qwen3") {  // normalizer NFC
+  if (GetParam() == "qwen3") {                                       // normalizer NFC
     EXPECT_EQ(tok->encode(decomposed), tok->encode(composed));
   } else {  // no normalizer: the combining marks stay
     EXPECT_NE(tok->encode(decomposed), tok->encode(composed));

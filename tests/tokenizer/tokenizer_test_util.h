@@ -1,14 +1,14 @@
 // Shared helpers for the tokenizer tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <string>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "common/test_data.h"
 #include "longctx/core/error.h"
@@ -54,8 +54,8 @@ inline bool utf8_valid(const std::string& s) {
 
 }  // namespace longctx::testing
 
-#define LONGCTX_REQUIRE_TOKENIZER(var, name)                                                   \
-  const ::longctx::Tokenizer* var = ::longctx::testing::real_tokenizer(name);                  \
-  ASSERT_NE(var, nullptr) << "real tokenizer files missing under "                             \
-                          << ::longctx::testing::real_tokenizer_dir(name)                      \
+#define LONGCTX_REQUIRE_TOKENIZER(var, name)                                  \
+  const ::longctx::Tokenizer* var = ::longctx::testing::real_tokenizer(name); \
+  ASSERT_NE(var, nullptr) << "real tokenizer files missing under "            \
+                          << ::longctx::testing::real_tokenizer_dir(name)     \
                           << " (run tools/fetch_test_data.sh)"

@@ -1,9 +1,9 @@
 // A small byte-level BPE tokenizer written in the test, exercising added-token flags, the GPT-2
 // ByteLevel regex, add_prefix_space, ignore_merges and TemplateProcessing; and malformed files.
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "longctx/core/error.h"
@@ -23,23 +23,30 @@ json toy_json() {
   }
   vocab["ab"] = 256;
   vocab["abc"] = 257;
-  vocab["\xC4\xA0" "a"] = 258;  // "Ġa"
-  vocab["xyz"] = 259;           // no merge produces it
+  vocab
+      ["\xC4\xA0"
+       "a"] = 258;     // "Ġa"
+  vocab["xyz"] = 259;  // no merge produces it
   json j;
   j["version"] = "1.0";
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                        {"trim_offsets", true}, {"use_regex", true}};
+  j["pre_tokenizer"] = {{"type", "ByteLevel"},
+                        {"add_prefix_space", false},
+                        {"trim_offsets", true},
+                        {"use_regex", true}};
   j["decoder"] = {{"type", "ByteLevel"}};
   j["post_processor"] = nullptr;
-  j["model"] = {{"type", "BPE"},         {"dropout", nullptr},  {"unk_token", nullptr},
-                {"ignore_merges", false}, {"byte_fallback", false},
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"ignore_merges", false},
+                {"byte_fallback", false},
                 {"vocab", vocab},
                 {"merges", json::array({"a b", "ab c", "\xC4\xA0 a"})}};
   auto added = [](int id, const char* content, bool lstrip, bool rstrip, bool single_word,
                   bool special) {
-    return json{{"id", id},         {"content", content}, {"single_word", single_word},
-                {"lstrip", lstrip}, {"rstrip", rstrip},   {"normalized", false},
+    return json{{"id", id},          {"content", content}, {"single_word", single_word},
+                {"lstrip", lstrip},  {"rstrip", rstrip},   {"normalized", false},
                 {"special", special}};
   };
   j["added_tokens"] = json::array({added(300, "<x>", true, false, false, true),
@@ -60,7 +67,9 @@ TEST(ToyTokenizer, MergesByRankAndGpt2Regex) {
   EXPECT_EQ(t.encode(" a"), (Ids{258}));
   EXPECT_EQ(t.encode("xyz"), (Ids{120, 121, 122}));
   EXPECT_EQ(t.decode(t.encode("ab c \n\t x")), "ab c \n\t x");
-  EXPECT_EQ(t.id_to_token(258), "\xC4\xA0" "a");
+  EXPECT_EQ(t.id_to_token(258),
+            "\xC4\xA0"
+            "a");
 }
 
 TEST(ToyTokenizer, AddedTokenFlags) {
@@ -94,10 +103,9 @@ TEST(ToyTokenizer, TemplateProcessingAndSplitBehaviors) {
   json j = toy_json();
   j["post_processor"] = {
       {"type", "TemplateProcessing"},
-      {"single",
-       json::array({json{{"SpecialToken", {{"id", "<x>"}, {"type_id", 0}}}},
-                    json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-                    json{{"SpecialToken", {{"id", "<xx>"}, {"type_id", 0}}}}})},
+      {"single", json::array({json{{"SpecialToken", {{"id", "<x>"}, {"type_id", 0}}}},
+                              json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                              json{{"SpecialToken", {{"id", "<xx>"}, {"type_id", 0}}}}})},
       {"pair", json::array()},
       {"special_tokens",
        {{"<x>", {{"id", "<x>"}, {"ids", {300}}, {"tokens", {"<x>"}}}},
@@ -110,12 +118,12 @@ TEST(ToyTokenizer, TemplateProcessingAndSplitBehaviors) {
   j["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
-       json::array({json{{"type", "Split"},
-                         {"pattern", {{"String", "-"}}},
-                         {"behavior", "Removed"},
-                         {"invert", false}},
-                    json{{"type", "ByteLevel"}, {"add_prefix_space", false},
-                         {"use_regex", false}}})}};
+       json::array(
+           {json{{"type", "Split"},
+                 {"pattern", {{"String", "-"}}},
+                 {"behavior", "Removed"},
+                 {"invert", false}},
+            json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
   EXPECT_EQ(toy(j).encode("ab-c"), (Ids{256, 99}));
   j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "MergedWithPrevious";
   EXPECT_EQ(toy(j).encode("ab-c"), (Ids{256, 45, 99}));
@@ -151,7 +159,8 @@ TEST(ToyTokenizer, MalformedAndUnsupportedFiles) {
   j["pre_tokenizer"] = {{"type", "Whitespace"}};
   expect_error(j.dump(), "Whitespace");
   j = toy_json();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "[a-"}}}, {"behavior", "Isolated"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "[a-"}}}, {"behavior", "Isolated"}};
   expect_error(j.dump(), "cannot compile regex");
   j = toy_json();
   j["decoder"] = {{"type", "WordPiece"}};
@@ -175,9 +184,7 @@ TEST(ToyTokenizer, FilesAndFolders) {
   fs::path dir = fs::temp_directory_path() / ("longctx_tok_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   EXPECT_THROW(Tokenizer::load(dir.string()), Error);  // no tokenizer.json
-  {
-    std::ofstream(dir / "tokenizer.json") << "{ not json";
-  }
+  { std::ofstream(dir / "tokenizer.json") << "{ not json"; }
   try {
     Tokenizer::load(dir.string());
     ADD_FAILURE();

@@ -53,8 +53,7 @@ class Tokenizer {
   // add_special_tokens applies the post-processor (e.g. Llama-3's BOS). Added and special
   // tokens written in the text are always recognized.
   std::vector<TokenId> encode(std::string_view text, bool add_special_tokens = false) const;
-  void encode_into(std::string_view text, bool add_special_tokens,
-                   std::vector<TokenId>& out) const;
+  void encode_into(std::string_view text, bool add_special_tokens, std::vector<TokenId>& out) const;
 
   // Throws Error(kOutOfRange) for an id that names no token.
   std::string decode(std::span<const TokenId> ids, bool skip_special_tokens = false) const;
