@@ -15,7 +15,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/prefill.h"
@@ -25,11 +27,9 @@
 namespace longctx::kernels::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
 constexpr int kRows = kPrefillTileRows;  // 128 = 16 rows x 8 warps
-constexpr int kKeys = kPrefillTileKeys;  // 64
-static_assert(kRows == 16 * kWarps && kSparseBlock % kKeys == 0);
+constexpr int kKeys = kPrefillTileKeys;  // 64, the plan's cost unit
+constexpr int kDefaultTiling = 1;
 // Block-sparse bitmap of needed key blocks: 1024 words cover 32768 blocks = 4M keys.
 constexpr int kMaskWords = 1024;
 constexpr int64_t kMaxSparseKv = int64_t(kMaskWords) * 32 * kSparseBlock;
@@ -112,15 +112,31 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 
 // ---- the kernel -----------------------------------------------------------------------------
 
-template <int D, typename T>
-__global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)
+// Tiling variants (all cover kRows = 128 rows per CTA, so plans do not depend on them):
+//   MT    16-row m-tiles per warp (1: 8 warps; 2: 4 warps, each K/V fragment read from shared
+//         memory feeds two MMAs, halving shared-memory traffic per MMA);
+//   KEYS  keys per K/V tile (64 or 32);
+//   QREG  Q fragments held in registers for the whole CTA (else re-read with ldmatrix).
+template <int MT, int KEYS, bool QREG>
+struct Tiling {
+  static constexpr int kMt = MT, kKeys = KEYS;
+  static constexpr bool kQreg = QREG;
+  static constexpr int kWarps = 8 / MT;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpRows = 16 * MT;
+  static_assert(kWarps * kWarpRows == kRows && kSparseBlock % KEYS == 0);
+};
+
+template <int D, typename T, typename Tl>
+__global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 1)
     paged_prefill_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  constexpr int MT = Tl::kMt, KEYS = Tl::kKeys, kThreads = Tl::kThreads;
   extern __shared__ __align__(128) uint8_t smem[];
-  T* s_q = reinterpret_cast<T*>(smem);                                  // [kRows][D]
-  T* s_k = s_q + kRows * D;                                             // [2][kKeys][D]
-  T* s_v = s_k + 2 * kKeys * D;                                         // [2][kKeys][D]
-  uint32_t* s_bits = reinterpret_cast<uint32_t*>(s_v + 2 * kKeys * D);  // [kMaskWords]
+  T* s_q = reinterpret_cast<T*>(smem);                                 // [kRows][D]
+  T* s_k = s_q + kRows * D;                                            // [2][KEYS][D]
+  T* s_v = s_k + 2 * KEYS * D;                                         // [2][KEYS][D]
+  uint32_t* s_bits = reinterpret_cast<uint32_t*>(s_v + 2 * KEYS * D);  // [kMaskWords]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kvh = blockIdx.x % p.num_kv_heads;
@@ -147,26 +163,28 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)
     kv_end = min(kv_len, max(0, kv_len - q_len + tok_max + 1));
     full_end = min(kv_len, max(0, kv_len - q_len + tok_min + 1));
   }
-  const int num_tiles = (kv_end + kKeys - 1) / kKeys;
+  const int num_tiles = (kv_end + KEYS - 1) / KEYS;
 
-  // This thread's two rows (g and g + 8 of its warp's 16).
+  // This thread's rows: g and g + 8 of each of its warp's MT m-tiles.
   const int g = lane >> 2, t4 = lane & 3;
-  int lim[2];  // last visible key per row (-1: none / padding row)
-  const uint8_t* mask_row[2] = {nullptr, nullptr};  // block-mask bytes of the row's q block
+  const int warp_row0 = warp * Tl::kWarpRows;
   const bool sparse = p.block_mask != nullptr;
   const int nqb = (q_len + kSparseBlock - 1) / kSparseBlock;
   const int nkb = (kv_len + kSparseBlock - 1) / kSparseBlock;
   const uint8_t* mask_base = sparse ? p.block_mask + p.block_mask_indptr[b] : nullptr;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = row0 + warp * 16 + g + i * 8;
-    const int tok = r / group;
-    lim[i] = r < num_rows ? (causal ? min(kv_len - 1, kv_len - q_len + tok) : kv_len - 1) : -1;
-    if (sparse && r < num_rows) {
-      const int mh = p.block_mask_heads == 1 ? 0 : kvh * group + r % group;
-      mask_row[i] = mask_base + (int64_t(mh) * nqb + tok / kSparseBlock) * nkb;
+  // Last visible key of tile row r (-1: padding row) and, when block-sparse, whether key block
+  // kb is on for it. Recomputed on masked tiles only, to keep registers for the accumulators.
+  auto row_limit = [&](int r, int kb, bool& blk) -> int {
+    const int pr = row0 + r;
+    blk = true;
+    if (pr >= num_rows) return -1;
+    const int tok = pr / group;
+    if (sparse) {
+      const int mh = p.block_mask_heads == 1 ? 0 : kvh * group + pr % group;
+      blk = mask_base[(int64_t(mh) * nqb + tok / kSparseBlock) * nkb + kb] != 0;
     }
-  }
+    return causal ? min(kv_len - 1, kv_len - q_len + tok) : kv_len - 1;
+  };
 
   // Block-sparse: bitmap of key blocks any row of the tile needs (superset: all heads of the
   // group x the query blocks the tile touches).
@@ -190,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)
   // First key tile >= kt that some row needs (num_tiles when none).
   auto next_tile = [&](int kt) -> int {
     if (!sparse || kt >= num_tiles) return kt;
-    constexpr int kTilesPerBlock = kSparseBlock / kKeys;
+    constexpr int kTilesPerBlock = kSparseBlock / KEYS;
     const int nwords = (((kv_end + kSparseBlock - 1) / kSparseBlock) + 31) / 32;
     int kb = kt / kTilesPerBlock;
     int w = kb >> 5;
@@ -216,11 +234,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)
     cp_async_commit();
   }
   auto load_kv = [&](int kt, int stage) {
-    const int k0 = kt * kKeys;
-    T* dk = s_k + stage * kKeys * D;
-    T* dv = s_v + stage * kKeys * D;
+    const int k0 = kt * KEYS;
+    T* dk = s_k + stage * KEYS * D;
+    T* dv = s_v + stage * KEYS * D;
 #pragma unroll
-    for (int id = tid; id < kKeys * kChunks; id += kThreads) {
+    for (int id = tid; id < KEYS * kChunks; id += kThreads) {
       const int r = id / kChunks, c = id % kChunks;
       const int key = k0 + r;
       const bool ok = key < kv_len;
@@ -238,20 +256,29 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)
   if (kt < num_tiles) load_kv(kt, 0);
   cp_async_commit();
 
-  // Q fragments in registers: A operand of S = Q K^T, one x4 ldmatrix per 16 columns of D.
-  cp_async_wait<1>();
+  cp_async_wait<1>();  // the Q group
   __syncthreads();
-  uint32_t qf[D / 16][4];
+  // A operand of S = Q K^T for m-tile mt, columns [16 kk, 16 kk + 16).
+  auto q_frag_addr = [&](int mt, int kk) {
+    const int r = warp_row0 + mt * 16 + (lane & 15);
+    return smem_addr(s_q + swz<D>(r, kk * 2 + (lane >> 4)));
+  };
+  uint32_t qf[Tl::kQreg ? MT : 1][Tl::kQreg ? D / 16 : 1][4];
+  if constexpr (Tl::kQreg) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const int r = warp * 16 + (lane & 15);
-    ldmatrix_x4(qf[kk], smem_addr(s_q + swz<D>(r, kk * 2 + (lane >> 4))));
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_frag_addr(mt, kk));
   }
 
-  float o[D / 8][4];
+  float o[MT][D / 8][4];
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
   const float scale_log2 = p.sm_scale * 1.4426950408889634f;
 
   int stage = 0;
@@ -262,89 +289,120 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)
     cp_async_wait<1>();
     __syncthreads();
 
-    const T* sk = s_k + stage * kKeys * D;
-    const T* sv = s_v + stage * kKeys * D;
-    const int k0 = kt * kKeys;
+    const T* sk = s_k + stage * KEYS * D;
+    const T* sv = s_v + stage * KEYS * D;
+    const int k0 = kt * KEYS;
 
-    // S = Q K^T for this warp's 16 rows x 64 keys.
-    float s[kKeys / 8][4];
+    // S = Q K^T for this warp's rows x KEYS keys; one K fragment feeds MT MMAs.
+    float s[MT][KEYS / 8][4];
 #pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < KEYS / 8; ++j)
+        s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[MT][4];
 #pragma unroll
-      for (int nj = 0; nj < kKeys / 16; ++nj) {
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (Tl::kQreg) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mt][e] = qf[mt][kk][e];
+        } else {
+          ldmatrix_x4(qa[mt], q_frag_addr(mt, kk));
+        }
+      }
+#pragma unroll
+      for (int nj = 0; nj < KEYS / 16; ++nj) {
         uint32_t bf[4];
         const int key = nj * 16 + ((lane >> 4) << 3) + (lane & 7);
         ldmatrix_x4(bf, smem_addr(sk + swz<D>(key, kk * 2 + ((lane >> 3) & 1))));
-        Mma<T>::run(s[2 * nj], qf[kk], bf[0], bf[1]);
-        Mma<T>::run(s[2 * nj + 1], qf[kk], bf[2], bf[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<T>::run(s[mt][2 * nj], qa[mt], bf[0], bf[1]);
+          Mma<T>::run(s[mt][2 * nj + 1], qa[mt], bf[2], bf[3]);
+        }
       }
     }
 
     // Scale to log2 units; mask boundary tiles (causal edge, KV end, block-sparse rows).
-    const bool need_mask = sparse || k0 + kKeys > full_end;
+    const bool need_mask = sparse || k0 + KEYS > full_end;
 #pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] *= scale_log2;
+      for (int j = 0; j < KEYS / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
     if (need_mask) {
-      bool blk[2] = {true, true};
-      if (sparse) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) blk[i] = mask_row[i] && mask_row[i][k0 / kSparseBlock];
+      for (int mt = 0; mt < MT; ++mt) {
+        bool blk[2];
+        int lim[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          lim[i] = row_limit(warp_row0 + mt * 16 + g + i * 8, k0 / kSparseBlock, blk[i]);
+#pragma unroll
+        for (int j = 0; j < KEYS / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + j * 8 + t4 * 2 + (e & 1);
+            const int i = e >> 1;
+            if (!blk[i] || key > lim[i]) s[mt][j][e] = -INFINITY;
+          }
       }
+    }
+
+    // Online softmax per row; a row's KEYS scores live in the 4 threads of a quad.
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + j * 8 + t4 * 2 + (e & 1);
-          const int i = e >> 1;
-          if (!blk[i] || key > lim[i]) s[j][e] = -INFINITY;
+      for (int i = 0; i < 2; ++i) {
+        float mx = m[mt][i];
+#pragma unroll
+        for (int j = 0; j < KEYS / 8; ++j)
+          mx = fmaxf(mx, fmaxf(s[mt][j][2 * i], s[mt][j][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: zeros, no NaN
+        const float corr = fast_exp2(m[mt][i] - base);
+        m[mt][i] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < KEYS / 8; ++j) {
+          s[mt][j][2 * i] = fast_exp2(s[mt][j][2 * i] - base);
+          s[mt][j][2 * i + 1] = fast_exp2(s[mt][j][2 * i + 1] - base);
+          sum += s[mt][j][2 * i] + s[mt][j][2 * i + 1];
         }
-    }
-
-    // Online softmax per row; a row's 64 scores live in the 4 threads of a quad.
+        l[mt][i] = l[mt][i] * corr + sum;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = m[i];
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: keep zeros, no NaN
-      const float corr = fast_exp2(m[i] - base);
-      m[i] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-        s[j][2 * i] = fast_exp2(s[j][2 * i] - base);
-        s[j][2 * i + 1] = fast_exp2(s[j][2 * i + 1] - base);
-        sum += s[j][2 * i] + s[j][2 * i + 1];
+        for (int j = 0; j < D / 8; ++j) {
+          o[mt][j][2 * i] *= corr;
+          o[mt][j][2 * i + 1] *= corr;
+        }
       }
-      l[i] = l[i] * corr + sum;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[j][2 * i] *= corr;
-        o[j][2 * i + 1] *= corr;
-      }
-    }
 
-    // O += P V: P's A fragments come straight from the S accumulator layout.
+      // O += P V: P's A fragments come straight from the S accumulator layout; one V fragment
+      // feeds MT MMAs.
 #pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    for (int kk = 0; kk < KEYS / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t bf[4];
         const int key = kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
         ldmatrix_x4_trans(bf, smem_addr(sv + swz<D>(key, dn * 2 + (lane >> 4))));
-        Mma<T>::run(o[2 * dn], a, bf[0], bf[1]);
-        Mma<T>::run(o[2 * dn + 1], a, bf[2], bf[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<T>::run(o[mt][2 * dn], a[mt], bf[0], bf[1]);
+          Mma<T>::run(o[mt][2 * dn + 1], a[mt], bf[2], bf[3]);
+        }
       }
     }
     __syncthreads();  // the next iteration's prefetch overwrites this stage
@@ -353,29 +411,32 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: normalize, stage this warp's rows in s_q (its own 16 rows), store ----
+  // ---- epilogue: normalize, stage this warp's own rows in s_q, store 16-byte chunks ----
   T* out = static_cast<T*>(p.o);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-    const int r = warp * 16 + g + i * 8;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const uint32_t v = Mma<T>::pack(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
-      *reinterpret_cast<uint32_t*>(s_q + swz<D>(r, j) + t4 * 2) = v;
+    for (int i = 0; i < 2; ++i) {
+      float li = l[mt][i];
+      li += __shfl_xor_sync(0xffffffffu, li, 1);
+      li += __shfl_xor_sync(0xffffffffu, li, 2);
+      const float inv = li > 0.f ? 1.f / li : 0.f;
+      const int r = warp_row0 + mt * 16 + g + i * 8;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const uint32_t v = Mma<T>::pack(o[mt][j][2 * i] * inv, o[mt][j][2 * i + 1] * inv);
+        *reinterpret_cast<uint32_t*>(s_q + swz<D>(r, j) + t4 * 2) = v;
+      }
+      const int pr = row0 + r;
+      if (p.lse && t4 == 0 && pr < num_rows) {
+        const int tok = pr / group, h = kvh * group + pr % group;
+        p.lse[int64_t(q_start + tok) * p.num_qo_heads + h] =
+            li > 0.f ? (m[mt][i] + __log2f(li)) * 0.6931471805599453f : -INFINITY;
+      }
     }
-    const int pr = row0 + r;
-    if (p.lse && t4 == 0 && pr < num_rows) {
-      const int tok = pr / group, h = kvh * group + pr % group;
-      p.lse[int64_t(q_start + tok) * p.num_qo_heads + h] =
-          l[i] > 0.f ? (m[i] + __log2f(l[i])) * 0.6931471805599453f : -INFINITY;
-    }
-  }
   __syncwarp();
-  for (int id = lane; id < 16 * kChunks; id += 32) {
-    const int r = warp * 16 + id / kChunks, c = id % kChunks;
+  for (int id = lane; id < Tl::kWarpRows * kChunks; id += 32) {
+    const int r = warp_row0 + id / kChunks, c = id % kChunks;
     const int pr = row0 + r;
     if (pr >= num_rows) continue;
     const int tok = pr / group, h = kvh * group + pr % group;
@@ -384,24 +445,50 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)
   }
 }
 
-template <int D>
+template <int D, typename Tl>
 constexpr size_t smem_bytes() {
-  return size_t(kRows + 4 * kKeys) * D * 2 + kMaskWords * 4;
+  return size_t(kRows + 4 * Tl::kKeys) * D * 2 + kMaskWords * 4;
+}
+
+template <int D, typename T, typename Tl>
+void launch_tiling(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_kernel<D, T, Tl>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(smem_bytes<D, Tl>())));
+  });
+  const int64_t blocks = int64_t(plan.num_work_items) * p.num_kv_heads;
+  if (blocks == 0) return;
+  paged_prefill_kernel<D, T, Tl>
+      <<<unsigned(blocks), Tl::kThreads, smem_bytes<D, Tl>(), stream>>>(p, plan.work_items);
+  LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_kernel");
+}
+
+// Tiling choice. LONGCTX_PREFILL_TILING (read once; a tuning knob for the harness's perf mode,
+// not an API): 0 = 8 warps x 16 rows, Q in registers; 1 = 4 warps x 32 rows, 64-key tiles;
+// 2 = 4 warps x 32 rows, 32-key tiles, Q in registers.
+int tiling_choice() {
+  static const int choice = [] {
+    const char* v = std::getenv("LONGCTX_PREFILL_TILING");
+    return v ? std::atoi(v) : kDefaultTiling;
+  }();
+  return choice;
 }
 
 template <int D, typename T>
 void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_kernel<D, T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(smem_bytes<D>())));
-  });
-  const int64_t blocks = int64_t(plan.num_work_items) * p.num_kv_heads;
-  if (blocks == 0) return;
-  paged_prefill_kernel<D, T>
-      <<<unsigned(blocks), kThreads, smem_bytes<D>(), stream>>>(p, plan.work_items);
-  LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_kernel");
+  if constexpr (D == 128 && std::is_same_v<T, __nv_bfloat16>) {
+    switch (tiling_choice()) {
+      case 0:
+        return launch_tiling<D, T, Tiling<1, 64, true>>(p, plan, stream);
+      case 2:
+        return launch_tiling<D, T, Tiling<2, 32, true>>(p, plan, stream);
+      default:
+        break;
+    }
+  }
+  launch_tiling<D, T, Tiling<2, 64, false>>(p, plan, stream);
 }
 
 }  // namespace
