@@ -14,11 +14,20 @@ ChatTemplate ChatTemplate::parse(std::string source) {
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
+  LONGCTX_CHECK(program_, ErrorCode::kInvalidArgument,
+                "empty ChatTemplate: use ChatTemplate::parse");
   return jinja::Renderer(*program_, jinja::from_json(context)).render();
 }
 
 std::string ChatTemplate::render(const nlohmann::json& context) const {
+  LONGCTX_CHECK(program_, ErrorCode::kInvalidArgument,
+                "empty ChatTemplate: use ChatTemplate::parse");
   return jinja::Renderer(*program_, jinja::from_json(context)).render();
+}
+
+const std::string& ChatTemplate::source() const {
+  static const std::string kEmpty;
+  return source_ ? *source_ : kEmpty;
 }
 
 std::string chat_template_source(const nlohmann::ordered_json& config) {

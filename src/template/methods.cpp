@@ -92,6 +92,14 @@ int64_t floor_div(int64_t a, int64_t b) {
        "'");
 }
 
+// Python ints are unbounded; ours are int64, so overflow is an error rather than a wrap.
+template <typename Op>
+Value checked(int64_t a, int64_t b, Op op) {
+  int64_t r;
+  if (op(a, b, &r)) fail("integer overflow");
+  return Value(r);
+}
+
 Value repeat(const Value& seq, int64_t times) {
   if (seq.is_string()) {
     std::string out;
@@ -112,7 +120,10 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   bool nums = a.is_number() && b.is_number();
   bool ints = nums && !a.is_float() && !b.is_float();
   if (op == "+") {
-    if (ints) return Value(a.as_int() + b.as_int());
+    if (ints)
+      return checked(a.as_int(), b.as_int(), [](int64_t x, int64_t y, int64_t* r) {
+        return __builtin_add_overflow(x, y, r);
+      });
     if (nums) return Value(a.as_float() + b.as_float());
     if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
     if (a.is_array() && b.is_array() && a.is_tuple() == b.is_tuple()) {
@@ -121,10 +132,16 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
       return Value::array(std::move(out), a.is_tuple());
     }
   } else if (op == "-") {
-    if (ints) return Value(a.as_int() - b.as_int());
+    if (ints)
+      return checked(a.as_int(), b.as_int(), [](int64_t x, int64_t y, int64_t* r) {
+        return __builtin_sub_overflow(x, y, r);
+      });
     if (nums) return Value(a.as_float() - b.as_float());
   } else if (op == "*") {
-    if (ints) return Value(a.as_int() * b.as_int());
+    if (ints)
+      return checked(a.as_int(), b.as_int(), [](int64_t x, int64_t y, int64_t* r) {
+        return __builtin_mul_overflow(x, y, r);
+      });
     if (nums) return Value(a.as_float() * b.as_float());
     if ((a.is_string() || a.is_array()) && (b.is_int() || b.is_bool()))
       return repeat(a, b.as_int());
@@ -147,7 +164,8 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   } else if (op == "**") {
     if (ints && b.as_int() >= 0) {
       int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
+      for (int64_t i = 0; i < b.as_int(); ++i)
+        if (__builtin_mul_overflow(r, a.as_int(), &r)) fail("integer overflow in **");
       return Value(r);
     }
     if (nums) return Value(std::pow(a.as_float(), b.as_float()));

@@ -158,7 +158,9 @@ class Parser {
       if (is_name("recursive"))
         syntax_error(cur().line, cur().column, "recursive for-loops are not supported");
       expect_block_end();
+      ++loop_depth_;
       s->body = parse_body({"endfor", "else"}, "for", s->line, &m);
+      --loop_depth_;
       if (m == "else") {
         expect_block_end();
         s->else_body = parse_body({"endfor"}, "for", s->line, &m);
@@ -187,8 +189,13 @@ class Parser {
       }
       expect_op(")");
       expect_block_end();
+      int saved_depth = loop_depth_;  // a loop around a macro definition is not its loop
+      loop_depth_ = 0;
       s->body = parse_body({"endmacro"}, "macro", s->line, &m);
+      loop_depth_ = saved_depth;
     } else if (name == "break" || name == "continue") {
+      if (loop_depth_ == 0)
+        syntax_error(tag.line, tag.column, "'" + name + "' outside of a for-loop");
       s->kind = name == "break" ? StmtKind::kBreak : StmtKind::kContinue;
     } else if (name == "generation") {
       s->kind = StmtKind::kScope;
@@ -533,6 +540,7 @@ class Parser {
 
   const std::vector<Token>& t_;
   size_t pos_ = 0;
+  int loop_depth_ = 0;  // for-loops around the current position (break/continue need one)
   std::vector<std::string> expected_;
 };
 

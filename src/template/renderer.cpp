@@ -173,6 +173,13 @@ Value Renderer::call_macro(const Stmt& macro, const CallArgs& args) {
   if (args.positional.size() > macro.params.size())
     fail("macro '" + macro.name + "' takes not more than " + std::to_string(macro.params.size()) +
          " argument(s)");
+  // Recursive macros (e.g. JSON-schema-to-type helpers) are fine; runaway recursion is not.
+  if (macro_depth_ >= kMaxMacroDepth) fail("macro '" + macro.name + "' recursed too deeply");
+  struct DepthGuard {
+    int& d;
+    explicit DepthGuard(int& depth) : d(depth) { ++d; }
+    ~DepthGuard() { --d; }
+  } guard(macro_depth_);
   Frame scope{{}, root_};
   for (size_t i = 0; i < macro.params.size(); ++i) {
     const auto& [name, dflt] = macro.params[i];

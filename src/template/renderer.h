@@ -33,6 +33,8 @@ class Renderer {
   Object globals_;
   Value context_;
   Frame* root_ = nullptr;
+  int macro_depth_ = 0;
+  static constexpr int kMaxMacroDepth = 256;
 };
 
 }  // namespace longctx::jinja

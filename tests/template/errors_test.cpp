@@ -84,6 +84,18 @@ TEST(TemplateErrors, RenderErrorsNameTheLine) {
   EXPECT_CONTAINS(error_of("{{ 1 / 0 }}"), "division by zero");
   EXPECT_CONTAINS(error_of("{{ [1].append(2) }}"), "unsafe");
   EXPECT_CONTAINS(error_of("{{ x }}", Json::array()), "JSON object");
+  EXPECT_CONTAINS(error_of("{{ 9223372036854775807 + 1 }}"), "integer overflow");
+  EXPECT_CONTAINS(error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"),
+                  "recursed too deeply");
+}
+
+TEST(TemplateErrors, LoopControlOutsideLoop) {
+  EXPECT_CONTAINS(error_of("{% break %}"), "'break' outside of a for-loop");
+  EXPECT_CONTAINS(
+      error_of("{% for x in [1] %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}"),
+      "'continue' outside of a for-loop");
+  EXPECT_EQ(ChatTemplate().source(), "");
+  EXPECT_THROW(ChatTemplate().render(Json::object()), Error);
 }
 
 }  // namespace

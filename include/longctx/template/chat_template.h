@@ -35,7 +35,7 @@ class ChatTemplate {
   std::string render(const nlohmann::ordered_json& context) const;
   std::string render(const nlohmann::json& context) const;
 
-  const std::string& source() const { return *source_; }
+  const std::string& source() const;  // "" for a default-constructed (empty) template
 
  private:
   std::shared_ptr<const jinja::Program> program_;
