@@ -116,7 +116,7 @@ Tokenizer::Tokenizer(std::shared_ptr<const tokenizer::TokenizerImpl> impl)
 Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& origin) {
   return with_origin(origin, [&] {
     nlohmann::json j = parse_json(json_text, origin);
-    return Tokenizer(tokenizer::build_tokenizer(j, origin));
+    return Tokenizer(tokenizer::build_tokenizer(j));
   });
 }
 
@@ -140,7 +140,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   std::string text = read_file(path, "tokenizer file");
   auto impl = with_origin(path, [&] {
     nlohmann::json j = parse_json(text, path);
-    return tokenizer::build_tokenizer(j, path);
+    return tokenizer::build_tokenizer(j);
   });
   fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
   if (fs::exists(config)) {

@@ -42,8 +42,9 @@ struct TokenizerImpl {
   void encode_pre_tokenized(std::string_view text, std::vector<TokenId>& out) const;
 };
 
-// Builds the pipeline from parsed tokenizer.json; `origin` names the file in errors.
-std::unique_ptr<TokenizerImpl> build_tokenizer(const nlohmann::json& j, const std::string& origin);
+// Builds the pipeline from parsed tokenizer.json. Its errors start "tokenizer.json: "; the
+// caller replaces that with the real file name.
+std::unique_ptr<TokenizerImpl> build_tokenizer(const nlohmann::json& j);
 
 // Fills impl->config from parsed tokenizer_config.json.
 void apply_tokenizer_config(TokenizerImpl& impl, const nlohmann::json& j,

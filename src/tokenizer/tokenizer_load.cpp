@@ -252,8 +252,7 @@ const json& field_or_null(const json& j, const char* key) {
 
 }  // namespace
 
-std::unique_ptr<TokenizerImpl> build_tokenizer(const json& j, const std::string& origin) {
-  (void)origin;
+std::unique_ptr<TokenizerImpl> build_tokenizer(const json& j) {
   LONGCTX_CHECK(j.is_object(), ErrorCode::kInvalidArgument,
                 "tokenizer.json: the top level must be an object");
   auto impl = std::make_unique<TokenizerImpl>();

@@ -1,6 +1,8 @@
 // The real Qwen3 and Llama-3 tokenizer files against encodings made by Hugging Face tokenizers.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "tokenizer_test_util.h"
 
 namespace longctx {
@@ -160,6 +162,24 @@ TEST_P(RealTokenizerTest, LongAndRepetitiveInputs) {
     EXPECT_EQ(tok->decode(ids), t);
     EXPECT_EQ(tok->encode(t), ids);  // second call goes through the cache
   }
+}
+
+TEST_P(RealTokenizerTest, ConcurrentEncodeSharesTheCacheSafely) {
+  LONGCTX_REQUIRE_TOKENIZER(tok, GetParam());
+  nlohmann::json fx = testing::load_fixture(GetParam());
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 20; ++rep)
+        for (const auto& c : fx["cases"])
+          if (tok->encode(c["text"].get<std::string>(), true) !=
+              c["ids_with_special"].get<std::vector<TokenId>>())
+            ++mismatches[t];
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
 INSTANTIATE_TEST_SUITE_P(Real, RealTokenizerTest, ::testing::Values("qwen3", "llama3"));
