@@ -1,0 +1,211 @@
+"""Evaluates the needle model with Hugging Face transformers (GPU) and writes reference logits.
+
+Accuracy: a sample is correct when greedy decoding reproduces the expected answer text (all
+expected values, in the trained format) -- RULER's string_match_all is then 1. It is computed
+exactly and cheaply by one teacher-forced forward over prompt + expected answer: greedy decoding
+emits the expected answer iff at every answer position the argmax is the expected token (greedy
+is deterministic; only fp rounding between a full forward and incremental decoding can differ,
+so a subset is re-run with `generate()` and the agreement is reported). Whether EOS follows is
+reported separately. Failed samples are re-run with `generate()` while time allows, to give
+RULER's partial score (fraction of expected strings found in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bpe import ByteLevelBPE  # noqa: E402
+from needle_data import EVAL_SETTINGS, TASKS, Generator, eval_rng  # noqa: E402
+
+BOS, EOS = 2045, 2046
+
+
+def load_model(model_dir: str, dtype, attn: str = "sdpa"):
+    import torch
+    from transformers import AutoModelForCausalLM
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+    return m.to(torch.device("cuda")).eval()
+
+
+def teacher_forced(model, samples, max_batch_tokens: int):
+    """Per sample: (answer all argmax-correct, EOS argmax-correct)."""
+    import torch
+    out = []
+    dev = next(model.parameters()).device
+    L = max(2 + len(s.ids) + len(s.answer_ids) for s in samples)
+    bs = max(1, max_batch_tokens // L)
+    for i in range(0, len(samples), bs):
+        chunk = samples[i:i + bs]
+        Lc = max(2 + len(s.ids) + len(s.answer_ids) for s in chunk)
+        ids = torch.full((len(chunk), Lc), EOS, dtype=torch.long)
+        rows, pos, tgt = [], [], []
+        for b, s in enumerate(chunk):
+            seq = [BOS] + s.ids + s.answer_ids + [EOS]
+            ids[b, :len(seq)] = torch.tensor(seq)
+            p0 = 1 + len(s.ids)
+            for t in range(p0 - 1, len(seq) - 1):
+                rows.append(b)
+                pos.append(t)
+                tgt.append(seq[t + 1])
+        with torch.no_grad():
+            h = model.model(input_ids=ids.to(dev), use_cache=False).last_hidden_state
+            hs = h[torch.tensor(rows, device=dev), torch.tensor(pos, device=dev)]
+            pred = model.lm_head(hs).float().argmax(-1).cpu().tolist()
+        k = 0
+        for b, s in enumerate(chunk):
+            n = len(s.answer_ids) + 1
+            p = pred[k:k + n]
+            t = tgt[k:k + n]
+            k += n
+            out.append((p[:-1] == t[:-1], p[-1] == t[-1]))
+    return out
+
+
+def greedy_generate(model, s, max_new: int):
+    import torch
+    dev = next(model.parameters()).device
+    ids = torch.tensor([[BOS] + s.ids], device=dev)
+    with torch.no_grad():
+        g = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                           do_sample=False, eos_token_id=EOS, pad_token_id=EOS)
+    new = g[0, ids.shape[1]:].tolist()
+    if EOS in new:
+        new = new[:new.index(EOS)]
+    return new
+
+
+def ruler_score(text: str, outputs) -> float:
+    return sum(o.lower() in text.lower() for o in outputs) / len(outputs)
+
+
+def evaluate(a, log=print) -> dict:
+    import torch
+    tok = ByteLevelBPE.from_file(os.path.join(a.model, "tokenizer.json"))
+    gen = Generator(tok, a.essays)
+    model = load_model(a.model, torch.bfloat16)
+    lengths = [int(x) for x in a.lengths.split(",")]
+    tasks = a.tasks.split(",") if a.tasks else TASKS
+    deadline = time.time() + a.seconds
+    res = {t: {str(L): {"n": 0, "correct": 0, "eos": 0, "generate_checked": 0,
+                         "generate_agree": 0, "failed_generated": 0, "failed_ruler_sum": 0.0}
+               for L in lengths} for t in tasks}
+    failures = []
+    # Passes of `chunk` samples over every (length, task) cell, so a time-out still leaves
+    # every cell with samples.
+    for start in range(0, a.num, a.chunk):
+        for L in lengths:
+            for task in tasks:
+                if time.time() > deadline:
+                    break
+                idx = list(range(start, min(a.num, start + a.chunk)))
+                ss = [gen.make_sample(eval_rng(a.seed, task, L, i), task, L,
+                                      **EVAL_SETTINGS[task]) for i in idx]
+                t1 = time.time()
+                tf = teacher_forced(model, ss, a.batch_tokens)
+                r = res[task][str(L)]
+                r["n"] += len(ss)
+                r["correct"] += sum(c for c, _ in tf)
+                r["eos"] += sum(e for _, e in tf)
+                for s, (c, _) in zip(ss, tf):
+                    if not c:
+                        failures.append((task, L, s))
+                # Spot-check the teacher-forced verdict against real greedy decoding.
+                if L <= a.generate_max_len and start == 0:
+                    for s, (c, _) in list(zip(ss, tf))[:a.generate_checks]:
+                        new = greedy_generate(model, s, len(s.answer_ids) + 4)
+                        r["generate_checked"] += 1
+                        r["generate_agree"] += int((new[:len(s.answer_ids)] == s.answer_ids) == c)
+                log(f"eval L={L} {task}: {r['correct']}/{r['n']} correct, eos {r['eos']}/{r['n']} "
+                    f"({time.time() - t1:.1f}s)")
+    # RULER partial scores of failures (shortest first) while time allows.
+    failures.sort(key=lambda f: f[1])
+    for task, L, s in failures:
+        if time.time() > deadline + a.failure_seconds:
+            break
+        new = greedy_generate(model, s, len(s.answer_ids) + 8)
+        r = res[task][str(L)]
+        r["failed_generated"] += 1
+        r["failed_ruler_sum"] += ruler_score(tok.decode(new), s.outputs)
+        if r["failed_generated"] <= 2:
+            log(f"failure {task} L={L}: expected {s.answer!r} got {tok.decode(new)!r}")
+    return res
+
+
+def reference(a, out_dir: str, log=print) -> None:
+    """float32 transformers logits (eager attention, bf16 weights upcast) for a ~1K prompt."""
+    import torch
+    tok = ByteLevelBPE.from_file(os.path.join(a.model, "tokenizer.json"))
+    gen = Generator(tok, a.essays)
+    import random
+    s = gen.make_sample(random.Random("reference/1k"), "niah_single", 1024, text=True,
+                        **EVAL_SETTINGS["niah_single"])
+    ids = [BOS] + s.ids
+    model = load_model(a.model, torch.float32, attn="eager")
+    with torch.no_grad():
+        logits = model(torch.tensor([ids], device="cuda")).logits[0].float().cpu().numpy()
+        g = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=12,
+                           do_sample=False, eos_token_id=EOS, pad_token_id=EOS,
+                           output_scores=True, return_dict_in_generate=True)
+    n = len(ids)
+    positions = sorted(set(list(range(0, n, 61)) + list(range(n - 8, n))))
+    os.makedirs(out_dir, exist_ok=True)
+    np.save(os.path.join(out_dir, "logits_1k.npy"), logits[positions].astype(np.float32))
+    new = g.sequences[0, n:].tolist()
+    margins = []
+    for sc in g.scores:
+        top = torch.topk(sc[0].float(), 2).values
+        margins.append(float(top[0] - top[1]))
+    import transformers
+    ref = {"model": "needle", "transformers": transformers.__version__,
+           "torch": torch.__version__, "dtype": "float32 (bf16 weights upcast), eager attention",
+           "prompt_len": n, "input_ids": ids, "logits_file": "logits_1k.npy",
+           "logits_positions": positions, "greedy_new_tokens": new, "greedy_margins": margins,
+           "greedy_text": tok.decode([t for t in new if t != EOS]),
+           "expected_answer": s.answer, "prompt_text": s.text}
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        json.dump(ref, f)
+    log(f"reference: {n} tokens, greedy {tok.decode(new)!r} (expected {s.answer!r}), "
+        f"max |logit| {np.abs(logits).max():.2f}")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default=os.path.join(HERE, "../../models/needle"))
+    ap.add_argument("--essays", default=os.path.join(HERE, "../../../shared/data/PaulGrahamEssays.json"))
+    ap.add_argument("--lengths", default="4096,8192,16384,32768,65536")
+    ap.add_argument("--tasks", default="")
+    ap.add_argument("--num", type=int, default=100)
+    ap.add_argument("--chunk", type=int, default=25)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--failure-seconds", type=float, default=15)
+    ap.add_argument("--batch-tokens", type=int, default=262144)
+    ap.add_argument("--generate-checks", type=int, default=3)
+    ap.add_argument("--generate-max-len", type=int, default=8192)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--reference-out", default="")
+    return ap
+
+
+def main() -> None:
+    a = parser().parse_args()
+    res = evaluate(a)
+    print(json.dumps(res, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    if a.reference_out:
+        reference(a, a.reference_out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""One GPU-machine session: checks, smoke test, training, evaluation, reference logits.
+
+  PYTHONUNBUFFERED=1 python3 tools/needle_model/gpu_run.py --out $OUT --budget 560
+
+Phases (each logged to $OUT/log.txt):
+  1. the tokenizer: HF `tokenizers` / `AutoTokenizer` encode the generator's texts to the same
+     ids as the generator (which joins pre-tokenized pieces), chat template, decode;
+  2. smoke: 2 training steps at each length 1K..64K, save, a 2-sample eval and the reference
+     path on the smoke model (any failure stops here, before the long run);
+  3. training for what the budget leaves after evaluation (checkpoints copied to $OUT);
+  4. evaluation (eval_results.json) and reference logits for tests (logits_1k.npy,
+     reference.json).
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import eval as needle_eval  # noqa: E402
+import train as needle_train  # noqa: E402
+from bpe import ByteLevelBPE  # noqa: E402
+from needle_data import EVAL_SETTINGS, TASKS, Generator  # noqa: E402
+
+T0 = time.time()
+LOG = None
+
+
+def log(msg: str) -> None:
+    line = f"[{time.time() - T0:6.1f}s] {msg}"
+    print(line, flush=True)
+    if LOG:
+        with open(LOG, "a") as f:
+            f.write(line + "\n")
+
+
+def check_tokenizer(tok_dir: str, gen: Generator) -> None:
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+    hf = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+    try:
+        auto = AutoTokenizer.from_pretrained(tok_dir)
+    except Exception as e:  # noqa: BLE001
+        warn(False, f"AutoTokenizer failed: {e}")
+        auto = None
+    n = 0
+    for task in TASKS:
+        for length in (512, 2048, 8192):
+            for hs in ("essay", "noise"):
+                rng = random.Random(f"tokcheck/{task}/{length}/{hs}")
+                s = gen.make_sample(rng, task, length, text=True,
+                                    **{**EVAL_SETTINGS[task], "haystack": hs})
+                ids = hf.encode(s.text, add_special_tokens=False).ids
+                assert ids == s.ids, f"tokenizers disagrees on {task} {length} {hs}"
+                assert hf.encode(s.text + s.answer, add_special_tokens=False).ids == \
+                    s.ids + s.answer_ids
+                n += 1
+                if auto is not None and (n == 1 or length == 512):
+                    warn(auto(s.text).input_ids == [needle_train.BOS] + s.ids,
+                         "AutoTokenizer ids != [BOS] + generator ids")
+                    warn(hf.decode(ids, skip_special_tokens=False) == s.text, "decode != text")
+    try:
+        assert auto is not None
+        chat = auto.apply_chat_template([{"role": "user", "content": "Hi there."}],
+                                        tokenize=False, add_generation_prompt=True)
+        warn(chat == "<|bos|>Hi there.", f"chat template rendered {chat!r}")
+    except Exception as e:  # noqa: BLE001
+        warn(False, f"chat template failed: {e}")
+    odd = "Tab\there, two  spaces, 3.14159 and 'quotes' don't\n\nnew lines  \n end."
+    warn(hf.encode(odd, add_special_tokens=False).ids == gen.tok.encode(odd), "odd text differs")
+    log(f"tokenizer: {n} samples encode to the generator's ids with HF tokenizers")
+
+
+def warn(ok: bool, msg: str) -> None:
+    if not ok:
+        log("WARNING: " + msg)
+
+
+def main() -> None:
+    global LOG
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=float, default=560, help="seconds for everything")
+    ap.add_argument("--eval-seconds", type=float, default=110)
+    ap.add_argument("--max-train-seconds", type=float, default=400)
+    ap.add_argument("--skip-train", default="", help="evaluate this model folder instead")
+    ap.add_argument("--smoke-only", action="store_true")
+    ap.add_argument("--skip-smoke", action="store_true")
+    ap.add_argument("--init", default="", help="continue training from this checkpoint")
+    ap.add_argument("--stages", default="default")
+    ap.add_argument("--copies", type=int, default=0)
+    ap.add_argument("--tokens-per-step", type=int, default=65536)
+    ap.add_argument("--eval-num", type=int, default=100)
+    ap.add_argument("--essays", default=os.path.join(HERE, "../../../shared/data/PaulGrahamEssays.json"))
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    LOG = os.path.join(a.out, "log.txt")
+    tok_dir = os.path.join(HERE, "../../models/needle")
+    essays = a.essays
+    import torch
+    log(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+
+    needle_train.init_generator(os.path.join(tok_dir, "tokenizer.json"), essays)
+    gen = needle_train._GEN
+    if not a.skip_smoke:
+        check_tokenizer(tok_dir, gen)
+
+    work = "/tmp/needle_work"
+    shutil.rmtree(work, ignore_errors=True)
+    targs = needle_train.parser().parse_args([])
+    targs.tokenizer_dir = tok_dir
+    targs.essays = essays
+    targs.init, targs.stages, targs.copies = a.init, a.stages, a.copies
+    targs.tokens_per_step = a.tokens_per_step
+    eargs = needle_eval.parser().parse_args([])
+    eargs.essays = essays
+    eargs.num = a.eval_num
+
+    model_dir = a.skip_train
+    if not a.skip_train and not a.skip_smoke:
+        # ---- smoke ----
+        smoke = argparse.Namespace(**vars(targs))
+        smoke.out = os.path.join(work, "smoke")
+        smoke.force_length = "1024,4096,16384,32768,65536"
+        smoke.max_steps = 10
+        smoke.log_every = 1
+        smoke.copy_to = ""
+        needle_train.finish_args(smoke)
+        torch.cuda.reset_peak_memory_stats()
+        needle_train.train(smoke, log=log)
+        log(f"smoke peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB; files "
+            f"{sorted(os.listdir(smoke.out))}")
+        e = argparse.Namespace(**vars(eargs))
+        e.model = smoke.out
+        e.num, e.chunk, e.lengths, e.seconds, e.failure_seconds = 2, 2, "4096,65536", 60, 5
+        e.generate_checks = 1
+        r = needle_eval.evaluate(e, log=log)
+        log("smoke eval: " + json.dumps({t: {L: (v["correct"], v["n"]) for L, v in x.items()}
+                                         for t, x in r.items()}))
+        needle_eval.reference(e, os.path.join(work, "smoke_ref"), log=log)
+        log("smoke ok")
+        if a.smoke_only:
+            return
+    if not a.skip_train:
+        # ---- training ----
+        left = a.budget - (time.time() - T0)
+        targs.train_seconds = min(a.max_train_seconds, left - a.eval_seconds - 45)
+        targs.out = os.path.join(work, "model")
+        targs.copy_to = a.out
+        needle_train.finish_args(targs)
+        log(f"training for {targs.train_seconds:.0f}s")
+        info = needle_train.train(targs, log=log)
+        info.pop("model")
+        with open(os.path.join(a.out, "train_info.json"), "w") as f:
+            json.dump(info, f, indent=1)
+        model_dir = targs.out
+    # ---- evaluation ----
+    eargs.model = model_dir
+    left = a.budget - (time.time() - T0)
+    eargs.seconds = max(20.0, min(a.eval_seconds, left - 35))
+    eargs.failure_seconds = min(15.0, max(0.0, left - eargs.seconds - 25))
+    log(f"evaluating for {eargs.seconds:.0f}s (+{eargs.failure_seconds:.0f}s of failure replays)")
+    needle_eval.reference(eargs, a.out, log=log)
+    res = needle_eval.evaluate(eargs, log=log)
+    with open(os.path.join(a.out, "eval_results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
