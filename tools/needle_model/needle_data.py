@@ -121,13 +121,15 @@ class Haystacks:
         text = re.sub(r"\s+", " ", text).strip()
         # Split after sentence punctuation; every sentence but the first starts with one space.
         sentences = re.split(r"(?<=[.!?])(?= [A-Z\"'(])", text)
-        self.essay = [Piece(s, tok.encode(s)) for s in sentences if s.strip()]
+        # Every piece starts with a space, the corpus' first sentence too, so a needle or a
+        # question can precede any of them.
+        sentences = [s if s.startswith(" ") else " " + s for s in sentences if s.strip()]
+        self.essay = [Piece(s, tok.encode(s)) for s in sentences]
         self.essay_cum = [0]
         for p in self.essay:
             self.essay_cum.append(self.essay_cum[-1] + len(p.ids))
-        first = NOISE_LINE
-        self.noise_first = Piece(first, tok.encode(first))
-        self.noise_line = Piece("\n" + first, tok.encode("\n" + first))
+        # Every noise line starts with its newline (the context's first loses it in _join_head).
+        self.noise_line = Piece("\n" + NOISE_LINE, tok.encode("\n" + NOISE_LINE))
 
     def essay_pieces(self, rng: random.Random, budget: int) -> list:
         """Consecutive essay sentences from a random start, at most `budget` tokens."""
@@ -139,10 +141,7 @@ class Haystacks:
         return self.essay[start:end]
 
     def noise_pieces(self, budget: int) -> list:
-        if budget < len(self.noise_first.ids):
-            return []
-        n = 1 + (budget - len(self.noise_first.ids)) // len(self.noise_line.ids)
-        return [self.noise_first] + [self.noise_line] * (n - 1)
+        return [self.noise_line] * max(0, budget // len(self.noise_line.ids))
 
 
 class Generator:
@@ -413,6 +412,9 @@ def self_test(gen: Generator, n: int = 3, lengths=(512, 4096)) -> None:
                     assert total >= length * 0.9 or length < 1024, (task, length, total)
                     for o in s.outputs:
                         assert o in s.answer and o in s.input, (task, o)
+                    if hs == "noise":  # every needle is a line of its own
+                        assert not re.search(r"[0-9.][A-Za-z]", s.input.split("\n", 1)[1]), \
+                            (task, length, i)
 
 
 def main() -> None:
