@@ -59,6 +59,9 @@ struct ModelConfig {
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
 ModelConfig load_model_config(const std::string& config_json_path);
 
+// An int or a list of ints (eos_token_id in config.json / generation_config.json).
+std::vector<int64_t> parse_token_id_list(const nlohmann::json& v, const std::string& where);
+
 // Architectures with a registered model (for error messages and `longctx info`).
 std::vector<std::string> supported_architectures();
 

@@ -1,0 +1,176 @@
+// --load-format dummy: random weights of real models' shapes, so engines and benchmarks run
+// without a checkpoint (as vLLM's dummy load format does).
+#include <map>
+
+#include "loader/weight_spec.h"
+#include "longctx/core/parallel.h"
+#include "longctx/loader/checkpoint.h"
+
+namespace longctx {
+
+namespace {
+
+ModelConfig llama31_8b() {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.model_type = "llama";
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.max_position_embeddings = 131072;
+  c.rms_norm_eps = 1e-5;
+  c.rope = {RopeType::kLlama3, 500000.0, 8.0, 1.0, 4.0, 8192};
+  c.bos_token_id = 128000;
+  c.eos_token_ids = {128001, 128008, 128009};
+  return c;
+}
+
+ModelConfig qwen3(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, bool tied) {
+  ModelConfig c;
+  c.architecture = "Qwen3ForCausalLM";
+  c.model_type = "qwen3";
+  c.vocab_size = 151936;
+  c.hidden_size = hidden;
+  c.intermediate_size = inter;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.max_position_embeddings = 40960;
+  c.rms_norm_eps = 1e-6;
+  c.rope.theta = 1000000.0;
+  c.tie_word_embeddings = tied;
+  c.qk_norm = true;
+  c.bos_token_id = 151643;
+  c.eos_token_ids = {151645, 151643};
+  return c;
+}
+
+ModelConfig qwen2_7b() {
+  ModelConfig c;
+  c.architecture = "Qwen2ForCausalLM";
+  c.model_type = "qwen2";
+  c.vocab_size = 152064;
+  c.hidden_size = 3584;
+  c.intermediate_size = 18944;
+  c.num_hidden_layers = 28;
+  c.num_attention_heads = 28;
+  c.num_key_value_heads = 4;
+  c.head_dim = 128;
+  c.max_position_embeddings = 32768;
+  c.rms_norm_eps = 1e-6;
+  c.rope.theta = 1000000.0;
+  c.attention_bias = true;
+  c.bos_token_id = 151643;
+  c.eos_token_ids = {151645, 151643};
+  return c;
+}
+
+// A few-MB Llama for tests and smoke runs.
+ModelConfig tiny_llama() {
+  ModelConfig c = llama31_8b();
+  c.vocab_size = 512;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.rope.original_max_position_embeddings = 256;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+const std::map<std::string, ModelConfig (*)()>& presets() {
+  static const std::map<std::string, ModelConfig (*)()> p = {
+      {"llama-3.1-8b", llama31_8b},
+      {"qwen3-0.6b", [] { return qwen3(1024, 3072, 28, 16, true); }},
+      {"qwen3-8b", [] { return qwen3(4096, 12288, 36, 32, false); }},
+      {"qwen2-7b", qwen2_7b},
+      {"tiny-llama", tiny_llama},
+  };
+  return p;
+}
+
+// splitmix64: a fast, well-mixed counter-based generator, so parallel fills are deterministic.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+void fill_uniform(Tensor& t, uint64_t seed, float center, float half_width) {
+  auto store = [&](int64_t i, float v) {
+    switch (t.dtype()) {
+      case DType::kF32:
+        t.data<float>()[i] = v;
+        break;
+      case DType::kBF16:
+        t.data<uint16_t>()[i] = f32_to_bf16(v);
+        break;
+      case DType::kF16:
+        t.data<uint16_t>()[i] = f32_to_f16(v);
+        break;
+      default:
+        LONGCTX_ASSERT(false, "dummy weights must be floating");
+    }
+  };
+  parallel_for(
+      t.numel(),
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          double u =
+              double(splitmix64(seed ^ (uint64_t(i) * 0x632be59bd9b4e019ull)) >> 11) * 0x1p-53;
+          store(i, center + half_width * float(2.0 * u - 1.0));
+        }
+      },
+      1 << 16);
+}
+
+}  // namespace
+
+std::vector<std::string> dummy_presets() {
+  std::vector<std::string> n;
+  for (const auto& [name, f] : presets()) n.push_back(name);
+  return n;
+}
+
+ModelConfig dummy_preset_config(const std::string& preset) {
+  auto it = presets().find(preset);
+  if (it == presets().end()) {
+    std::string list;
+    for (const auto& n : dummy_presets()) list += (list.empty() ? "" : ", ") + n;
+    LONGCTX_THROW(ErrorCode::kNotFound, "unknown dummy preset '{}' (known: {})", preset, list);
+  }
+  ModelConfig c = it->second();
+  c.o_proj_bias = c.attention_bias && c.architecture != "Qwen2ForCausalLM";
+  return c;
+}
+
+Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed) {
+  Checkpoint ck;
+  ck.config = config;
+  uint64_t k = 0;
+  for (const auto& [name, shape] : expected_weights(config)) {
+    Tensor t = Tensor::empty(shape, config.dtype);
+    const uint64_t s = splitmix64(seed + ++k);
+    if (shape.size() == 1 && name.ends_with("norm.weight")) {
+      fill_uniform(t, s, 1.0f, 0.1f);  // norms near 1 keep activations sane
+    } else if (shape.size() == 1) {
+      fill_uniform(t, s, 0.0f, 0.02f);  // biases
+    } else {
+      // std 0.02 (as HF's initializer_range) from a uniform of the same variance
+      fill_uniform(t, s, 0.0f, 0.02f * 1.7320508f);
+    }
+    ck.weights.add(name, std::move(t));
+  }
+  return ck;
+}
+
+}  // namespace longctx

@@ -1,0 +1,214 @@
+// config.json -> ModelConfig. Every field the models need is read here once and validated, so
+// the model code can trust the config.
+#include "longctx/loader/model_config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+using nlohmann::json;
+
+namespace {
+
+const char* const kSupported[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                  "Qwen3ForCausalLM"};
+
+std::string supported_list() {
+  std::string s;
+  for (const char* a : kSupported) s += (s.empty() ? "" : ", ") + std::string(a);
+  return s;
+}
+
+// Reads a required positive integer field.
+int64_t req_int(const json& j, const char* key, const std::string& src) {
+  LONGCTX_CHECK(j.contains(key) && !j[key].is_null(), ErrorCode::kInvalidArgument,
+                "{}: missing required field '{}'", src, key);
+  LONGCTX_CHECK(j[key].is_number_integer(), ErrorCode::kInvalidArgument,
+                "{}: field '{}' must be an integer, got {}", src, key, j[key].dump());
+  int64_t v = j[key].get<int64_t>();
+  LONGCTX_CHECK(v > 0, ErrorCode::kInvalidArgument, "{}: field '{}' must be positive, got {}", src,
+                key, v);
+  return v;
+}
+
+int64_t opt_int(const json& j, const char* key, int64_t dflt, const std::string& src) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  LONGCTX_CHECK(j[key].is_number_integer(), ErrorCode::kInvalidArgument,
+                "{}: field '{}' must be an integer, got {}", src, key, j[key].dump());
+  return j[key].get<int64_t>();
+}
+
+double opt_num(const json& j, const char* key, double dflt, const std::string& src) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  LONGCTX_CHECK(j[key].is_number(), ErrorCode::kInvalidArgument,
+                "{}: field '{}' must be a number, got {}", src, key, j[key].dump());
+  return j[key].get<double>();
+}
+
+bool opt_bool(const json& j, const char* key, bool dflt, const std::string& src) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  LONGCTX_CHECK(j[key].is_boolean(), ErrorCode::kInvalidArgument,
+                "{}: field '{}' must be true or false, got {}", src, key, j[key].dump());
+  return j[key].get<bool>();
+}
+
+// transformers 5 writes `rope_parameters` (with rope_theta inside); older files write
+// `rope_scaling` (null for default) plus a top-level `rope_theta`.
+RopeConfig parse_rope(const json& j, const std::string& src) {
+  RopeConfig r;
+  r.theta = opt_num(j, "rope_theta", 10000.0, src);
+  const json* p = nullptr;
+  const char* which = "rope_parameters";
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    p = &j["rope_parameters"];
+  } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    p = &j["rope_scaling"];
+    which = "rope_scaling";
+  }
+  if (!p) return r;
+  LONGCTX_CHECK(p->is_object(), ErrorCode::kInvalidArgument, "{}: '{}' must be an object", src,
+                which);
+  const std::string ctx = src + " " + which;
+  r.theta = opt_num(*p, "rope_theta", r.theta, ctx);
+  std::string type = "default";
+  if (p->contains("rope_type") && (*p)["rope_type"].is_string())
+    type = (*p)["rope_type"].get<std::string>();
+  else if (p->contains("type") && (*p)["type"].is_string())
+    type = (*p)["type"].get<std::string>();
+  if (type == "default") {
+    r.type = RopeType::kDefault;
+  } else if (type == "linear") {
+    r.type = RopeType::kLinear;
+    r.factor = opt_num(*p, "factor", 1.0, ctx);
+  } else if (type == "llama3") {
+    r.type = RopeType::kLlama3;
+    r.factor = opt_num(*p, "factor", 8.0, ctx);
+    r.low_freq_factor = opt_num(*p, "low_freq_factor", 1.0, ctx);
+    r.high_freq_factor = opt_num(*p, "high_freq_factor", 4.0, ctx);
+    r.original_max_position_embeddings = opt_int(*p, "original_max_position_embeddings", 8192, ctx);
+    LONGCTX_CHECK(r.high_freq_factor > r.low_freq_factor, ErrorCode::kInvalidArgument,
+                  "{}: llama3 rope needs high_freq_factor > low_freq_factor", ctx);
+  } else {
+    LONGCTX_THROW(ErrorCode::kUnsupported,
+                  "{}: unsupported rope type '{}' (supported: default, linear, llama3)", ctx, type);
+  }
+  LONGCTX_CHECK(r.factor > 0, ErrorCode::kInvalidArgument, "{}: rope factor must be positive", ctx);
+  LONGCTX_CHECK(r.theta > 0, ErrorCode::kInvalidArgument, "{}: rope_theta must be positive", ctx);
+  return r;
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_token_id_list(const json& v, const std::string& where) {
+  std::vector<int64_t> ids;
+  if (v.is_null()) return ids;
+  if (v.is_number_integer()) return {v.get<int64_t>()};
+  LONGCTX_CHECK(v.is_array(), ErrorCode::kInvalidArgument,
+                "{}: must be an integer or a list of integers, got {}", where, v.dump());
+  for (const auto& e : v) {
+    LONGCTX_CHECK(e.is_number_integer(), ErrorCode::kInvalidArgument,
+                  "{}: must hold integers, got {}", where, e.dump());
+    ids.push_back(e.get<int64_t>());
+  }
+  return ids;
+}
+
+std::vector<std::string> supported_architectures() {
+  return {std::begin(kSupported), std::end(kSupported)};
+}
+
+int64_t ModelConfig::kv_bytes_per_token(DType kv_dtype) const {
+  return 2 * num_hidden_layers * num_key_value_heads * head_dim *
+         static_cast<int64_t>(dtype_size(kv_dtype));
+}
+
+ModelConfig parse_model_config(const json& j, const std::string& src) {
+  LONGCTX_CHECK(j.is_object(), ErrorCode::kInvalidArgument, "{}: config must be a JSON object",
+                src);
+  ModelConfig c;
+  LONGCTX_CHECK(j.contains("architectures") && j["architectures"].is_array() &&
+                    !j["architectures"].empty() && j["architectures"][0].is_string(),
+                ErrorCode::kInvalidArgument, "{}: missing 'architectures' (a list of names)", src);
+  c.architecture = j["architectures"][0].get<std::string>();
+  bool known = false;
+  for (const char* a : kSupported) known |= c.architecture == a;
+  LONGCTX_CHECK(known, ErrorCode::kUnsupported, "{}: unsupported architecture '{}' (supported: {})",
+                src, c.architecture, supported_list());
+  c.model_type = j.value("model_type", std::string());
+
+  c.vocab_size = req_int(j, "vocab_size", src);
+  c.hidden_size = req_int(j, "hidden_size", src);
+  c.intermediate_size = req_int(j, "intermediate_size", src);
+  c.num_hidden_layers = req_int(j, "num_hidden_layers", src);
+  c.num_attention_heads = req_int(j, "num_attention_heads", src);
+  c.num_key_value_heads = opt_int(j, "num_key_value_heads", c.num_attention_heads, src);
+  LONGCTX_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
+                ErrorCode::kInvalidArgument,
+                "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", src,
+                c.num_attention_heads, c.num_key_value_heads);
+  c.head_dim = opt_int(j, "head_dim", 0, src);
+  if (c.head_dim <= 0) {
+    LONGCTX_CHECK(c.hidden_size % c.num_attention_heads == 0, ErrorCode::kInvalidArgument,
+                  "{}: hidden_size {} is not a multiple of num_attention_heads {} and no head_dim "
+                  "is given",
+                  src, c.hidden_size, c.num_attention_heads);
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  LONGCTX_CHECK(c.head_dim % 2 == 0, ErrorCode::kInvalidArgument,
+                "{}: head_dim {} must be even for RoPE", src, c.head_dim);
+  c.max_position_embeddings = opt_int(j, "max_position_embeddings", 4096, src);
+  c.rms_norm_eps = opt_num(j, "rms_norm_eps", 1e-6, src);
+  c.rope = parse_rope(j, src);
+  c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings", false, src);
+
+  const std::string& a = c.architecture;
+  if (a == "Qwen2ForCausalLM") {
+    c.attention_bias = true;  // q/k/v carry a bias, o_proj does not
+    c.o_proj_bias = false;
+  } else {
+    c.attention_bias = opt_bool(j, "attention_bias", false, src);
+    c.o_proj_bias = c.attention_bias;
+  }
+  if (a == "LlamaForCausalLM" || a == "MistralForCausalLM")
+    c.mlp_bias = opt_bool(j, "mlp_bias", false, src);
+  c.qk_norm = a == "Qwen3ForCausalLM";
+
+  // Sliding-window attention is a different graph; refuse it rather than run it wrongly.
+  bool sliding = false;
+  if (a == "MistralForCausalLM")
+    sliding = j.contains("sliding_window") && !j["sliding_window"].is_null();
+  else if (a != "LlamaForCausalLM")
+    sliding = opt_bool(j, "use_sliding_window", false, src);
+  LONGCTX_CHECK(!sliding, ErrorCode::kUnsupported,
+                "{}: sliding-window attention (sliding_window={}) is not supported", src,
+                j.value("sliding_window", json()).dump());
+
+  std::string dt;
+  if (j.contains("dtype") && j["dtype"].is_string())
+    dt = j["dtype"].get<std::string>();
+  else if (j.contains("torch_dtype") && j["torch_dtype"].is_string())
+    dt = j["torch_dtype"].get<std::string>();
+  c.dtype = dt.empty() ? DType::kF32 : parse_dtype(dt);
+  LONGCTX_CHECK(c.dtype == DType::kF32 || c.dtype == DType::kBF16 || c.dtype == DType::kF16,
+                ErrorCode::kUnsupported, "{}: model dtype '{}' is not f32/bf16/f16", src, dt);
+
+  c.bos_token_id = j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()
+                       ? j["bos_token_id"].get<int64_t>()
+                       : -1;
+  if (j.contains("eos_token_id"))
+    c.eos_token_ids = parse_token_id_list(j["eos_token_id"], src + " eos_token_id");
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& path) {
+  std::ifstream f(path);
+  LONGCTX_CHECK(f, ErrorCode::kNotFound, "{}: cannot open config file", path);
+  json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
+  LONGCTX_CHECK(!j.is_discarded(), ErrorCode::kInvalidArgument, "{}: not valid JSON", path);
+  return parse_model_config(j, path);
+}
+
+}  // namespace longctx

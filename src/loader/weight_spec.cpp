@@ -1,0 +1,48 @@
+#include "loader/weight_spec.h"
+
+#include <fmt/format.h>
+
+namespace longctx {
+
+std::map<std::string, Shape> expected_weights(const ModelConfig& c) {
+  std::map<std::string, Shape> w;
+  const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
+  w["model.embed_tokens.weight"] = {c.vocab_size, h};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string l = fmt::format("model.layers.{}.", i);
+    w[l + "input_layernorm.weight"] = {h};
+    w[l + "post_attention_layernorm.weight"] = {h};
+    w[l + "self_attn.q_proj.weight"] = {q, h};
+    w[l + "self_attn.k_proj.weight"] = {kv, h};
+    w[l + "self_attn.v_proj.weight"] = {kv, h};
+    w[l + "self_attn.o_proj.weight"] = {h, q};
+    if (c.attention_bias) {
+      w[l + "self_attn.q_proj.bias"] = {q};
+      w[l + "self_attn.k_proj.bias"] = {kv};
+      w[l + "self_attn.v_proj.bias"] = {kv};
+    }
+    if (c.o_proj_bias) w[l + "self_attn.o_proj.bias"] = {h};
+    if (c.qk_norm) {
+      w[l + "self_attn.q_norm.weight"] = {c.head_dim};
+      w[l + "self_attn.k_norm.weight"] = {c.head_dim};
+    }
+    w[l + "mlp.gate_proj.weight"] = {inter, h};
+    w[l + "mlp.up_proj.weight"] = {inter, h};
+    w[l + "mlp.down_proj.weight"] = {h, inter};
+    if (c.mlp_bias) {
+      w[l + "mlp.gate_proj.bias"] = {inter};
+      w[l + "mlp.up_proj.bias"] = {inter};
+      w[l + "mlp.down_proj.bias"] = {h};
+    }
+  }
+  w["model.norm.weight"] = {h};
+  if (!c.tie_word_embeddings) w["lm_head.weight"] = {c.vocab_size, h};
+  return w;
+}
+
+bool is_ignorable_weight(const std::string& name, const ModelConfig& c) {
+  if (name.ends_with(".rotary_emb.inv_freq")) return true;
+  return c.tie_word_embeddings && name == "lm_head.weight";
+}
+
+}  // namespace longctx

@@ -1,0 +1,84 @@
+// longctx info: what a checkpoint is and what it costs to run.
+#include <cstdio>
+#include <map>
+
+#include "command.h"
+#include "loader/weight_spec.h"
+#include "longctx/loader/checkpoint.h"
+#include "model_options.h"
+
+namespace longctx::cli {
+namespace {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+void run_info(const ModelOptions& opts) {
+  // A dummy model is described from its shapes alone: allocating 16 GB of random weights just
+  // to count them would be absurd.
+  std::shared_ptr<const Checkpoint> ck;
+  ModelConfig c;
+  std::map<std::string, int64_t> by_dtype;
+  int64_t params = 0;
+  size_t bytes = 0;
+  if (opts.load_format == "dummy") {
+    LONGCTX_CHECK(!opts.preset.empty(), ErrorCode::kInvalidArgument,
+                  "--load-format dummy needs --preset NAME");
+    c = dummy_preset_config(opts.preset);
+    for (const auto& [name, shape] : expected_weights(c)) {
+      by_dtype[std::string(dtype_name(c.dtype))] += shape_numel(shape);
+      params += shape_numel(shape);
+      bytes += shape_numel(shape) * dtype_size(c.dtype);
+    }
+  } else {
+    ck = opts.load();
+    c = ck->config;
+    for (const auto& [name, t] : ck->weights.all())
+      by_dtype[std::string(dtype_name(t.dtype()))] += t.numel();
+    params = ck->weights.num_parameters();
+    bytes = ck->weights.num_bytes();
+  }
+  std::string dtypes;
+  for (const auto& [d, n] : by_dtype)
+    dtypes += fmt::format("{}{} ({} params)", dtypes.empty() ? "" : ", ", d, n);
+  const char* rope = c.rope.type == RopeType::kLlama3   ? "llama3"
+                     : c.rope.type == RopeType::kLinear ? "linear"
+                                                        : "default";
+  const int64_t kv_tok = c.kv_bytes_per_token(DType::kBF16);
+  std::printf("model:              %s\n", ck ? ck->dir.c_str() : ("dummy:" + opts.preset).c_str());
+  std::printf("architecture:       %s\n", c.architecture.c_str());
+  std::printf("layers:             %lld\n", (long long)c.num_hidden_layers);
+  std::printf("hidden / ffn:       %lld / %lld\n", (long long)c.hidden_size,
+              (long long)c.intermediate_size);
+  std::printf("heads (q / kv):     %lld / %lld, head_dim %lld\n", (long long)c.num_attention_heads,
+              (long long)c.num_key_value_heads, (long long)c.head_dim);
+  std::printf("vocab:              %lld%s\n", (long long)c.vocab_size,
+              c.tie_word_embeddings ? " (tied embeddings)" : "");
+  std::printf("rope:               %s, theta %g, factor %g\n", rope, c.rope.theta, c.rope.factor);
+  std::printf("parameters:         %lld (%.3f B)\n", (long long)params, params / 1e9);
+  std::printf("dtypes:             %s\n", dtypes.c_str());
+  std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
+  std::printf("KV bytes per token: %lld (bf16 K+V, all layers)\n", (long long)kv_tok);
+  std::printf("max context:        %lld tokens (KV at max context: %s)\n",
+              (long long)c.max_position_embeddings,
+              human_bytes(double(kv_tok) * double(c.max_position_embeddings)).c_str());
+  for (int64_t n : {32768LL, 131072LL, 1048576LL})
+    std::printf("KV at %7lld tok:   %s\n", (long long)n, human_bytes(double(kv_tok) * n).c_str());
+}
+
+CommandRegistration reg("info", [](CLI::App& app) {
+  auto opts = std::make_shared<ModelOptions>();
+  CLI::App* cmd = app.add_subcommand("info", "Describe a checkpoint: shapes, sizes, KV cost");
+  opts->add_to(cmd);
+  cmd->callback([opts] { run_info(*opts); });
+});
+
+}  // namespace
+}  // namespace longctx::cli
