@@ -110,7 +110,12 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeArgs a) {
 
   const int32_t* pages = a.kv_indices + a.kv_indptr[b];
   const int ps = a.page_size;
-  for (int t0 = kv_begin + grp * kTile; t0 < kv_end; t0 += STEP) {
+  // The loop bound is warp-uniform (the warp's first token), so every lane reaches the
+  // shuffles below; lane groups past kv_end just see masked tokens.
+  const int warp_first = kv_begin + warp * TPW * kTile;
+  const int grp_off = (lane / LPT) * kTile;
+  for (int tw = warp_first; tw < kv_end; tw += STEP) {
+    const int t0 = tw + grp_off;
     uint4 kr[kTile], vr[kTile];
 #pragma unroll
     for (int i = 0; i < kTile; ++i) {
@@ -155,14 +160,16 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeArgs a) {
     for (int g = 0; g < GT; ++g) {
       float mx = m[g];
 #pragma unroll
-      for (int i = 0; i < kTile; ++i) mx = fmaxf(mx, s[g][i]);  // finite: token t0 is valid
-      const float scale = exp2f(m[g] - mx);
+      for (int i = 0; i < kTile; ++i) mx = fmaxf(mx, s[g][i]);
+      // -inf when this group has seen no token yet (all masked): keep exp2 away from NaN.
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float scale = exp2f(m[g] - base);
       m[g] = mx;
       float p[kTile];
       float psum = 0.f;
 #pragma unroll
       for (int i = 0; i < kTile; ++i) {
-        p[i] = exp2f(s[g][i] - mx);
+        p[i] = exp2f(s[g][i] - base);
         psum += p[i];
       }
       l[g] = l[g] * scale + psum;
@@ -215,21 +222,57 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeArgs a) {
   }
 }
 
-// Folds the partial states of every split request into o/lse: one warp per (request, q head).
+// Folds the partial states of every split request into o/lse: one CTA per (request, q head).
+// Requests split into many chunks have tens of states, so the states are spread over the CTA's
+// threads (each of kParts partitions of the threads sums a strided subset of the states for its
+// head_dim slice) instead of one long dependent loop per lane.
 template <typename T>
 __global__ void __launch_bounds__(128)
     decode_merge_kernel(const float* partial_o, const float* partial_lse,
-                        const int32_t* merge_indptr, T* o, float* lse, int batch, int num_heads,
+                        const int32_t* merge_indptr, T* o, float* lse, int num_heads,
                         int head_dim) {
-  const int64_t item = int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5);
-  if (item >= int64_t(batch) * num_heads) return;
-  const int b = int(item / num_heads), h = int(item % num_heads);
+  __shared__ float s_part[128];
+  __shared__ float s_red[2];
+  const int b = blockIdx.x / num_heads, h = blockIdx.x % num_heads;
   const int s0 = merge_indptr[b], n = merge_indptr[b + 1] - s0;
   if (n == 0) return;  // written directly by the split kernel
+  const int tid = threadIdx.x;
   auto lse_at = [&](int s) { return partial_lse[int64_t(s0 + s) * num_heads + h]; };
-  auto o_at = [&](int s) { return partial_o + (int64_t(s0 + s) * num_heads + h) * head_dim; };
-  float l = detail::merge_row_warp<float, T>(n, head_dim, lse_at, o_at, o + item * head_dim);
-  if (lse && (threadIdx.x & 31) == 0) lse[item] = l;
+  if (tid < 32) {  // max and sum of weights over the states, one warp
+    float mx = -INFINITY;
+    for (int s = tid; s < n; s += 32) mx = fmaxf(mx, lse_at(s));
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.f;
+    if (mx != -INFINITY)
+      for (int s = tid; s < n; s += 32) sum += __expf(lse_at(s) - mx);
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (tid == 0) {
+      s_red[0] = mx;
+      s_red[1] = sum;
+    }
+  }
+  __syncthreads();
+  const float mx = s_red[0], sum = s_red[1];
+  const int parts = 128 / head_dim;  // 1 (D = 128) or 2 (D = 64)
+  const int part = tid / head_dim, d = tid % head_dim;
+  float acc = 0.f;
+  if (mx != -INFINITY && part < parts) {
+#pragma unroll 8
+    for (int s = part; s < n; s += parts) {
+      const float l = lse_at(s);
+      if (l != -INFINITY)
+        acc += __expf(l - mx) * partial_o[(int64_t(s0 + s) * num_heads + h) * head_dim + d];
+    }
+  }
+  s_part[tid] = acc;
+  __syncthreads();
+  if (tid < head_dim) {
+    float total = 0.f;
+    for (int q = 0; q < parts; ++q) total += s_part[q * head_dim + tid];
+    const int64_t row = int64_t(b) * num_heads + h;
+    o[row * head_dim + tid] = detail::from_f32<T>(mx == -INFINITY ? 0.f : total / sum);
+    if (tid == 0 && lse) lse[row] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
+  }
 }
 
 int current_sm_count() {
@@ -316,9 +359,9 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
     launch_split<T, 128>(a, grid, group, stream);
   if (plan.num_partials > 0) {
     const int64_t items = int64_t(p.batch_size) * p.num_qo_heads;
-    decode_merge_kernel<T><<<unsigned((items + 3) / 4), 128, 0, stream>>>(
+    decode_merge_kernel<T><<<unsigned(items), 128, 0, stream>>>(
         plan.partial_o, plan.partial_lse, plan.merge_indptr, static_cast<T*>(p.o), p.lse,
-        p.batch_size, p.num_qo_heads, p.head_dim);
+        p.num_qo_heads, p.head_dim);
     LONGCTX_CUDA_CHECK_LAUNCH("decode_merge_kernel");
   }
 }
@@ -368,11 +411,14 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   std::vector<int32_t> merge_indptr(batch + 1, 0);
   int32_t slots = 0;
   for (int b = 0; b < batch; ++b) {
-    const int64_t splits = std::max<int64_t>(1, (len[b] + chunk - 1) / chunk);
+    // Even splits of this request (not chunk, chunk, ..., remainder): same count, no straggler.
+    int64_t splits = std::max<int64_t>(1, (len[b] + chunk - 1) / chunk);
+    const int64_t sub = std::max<int64_t>(64, ((len[b] + splits - 1) / splits + 63) / 64 * 64);
+    splits = std::max<int64_t>(1, (len[b] + sub - 1) / sub);
     for (int64_t s = 0; s < splits; ++s) {
       work.push_back(b);
-      work.push_back(int32_t(s * chunk));
-      work.push_back(int32_t(std::min(len[b], (s + 1) * chunk)));
+      work.push_back(int32_t(s * sub));
+      work.push_back(int32_t(std::min(len[b], (s + 1) * sub)));
       work.push_back(splits == 1 ? -1 : slots + int32_t(s));
     }
     if (splits > 1) slots += int32_t(splits);

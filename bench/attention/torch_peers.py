@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""PyTorch peers of bench_attention, same shapes (32 q / 8 kv heads, head_dim 128, bf16):
+SDPA with the FLASH_ATTENTION and CUDNN_ATTENTION backends, and for block-causal
+torch.nn.attention.flex_attention (torch.compile'd) with a block-causal BlockMask plus dense SDPA
+with a boolean mask. Prints one line per case: name, ms (median), TFLOP/s of useful work
+(causal = visible half, block-causal = attended blocks only) and GB/s of KV read for decode.
+Each case is wrapped so an unsupported backend prints a reason instead of stopping the run."""
+import math
+import sys
+import traceback
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HQ, HK, D = 32, 8, 128
+DT = torch.bfloat16
+DEV = "cuda"
+SCALE = 1.0 / math.sqrt(D)
+
+
+def time_ms(fn, iters=10, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def report(name, ms, flops, nbytes=0.0):
+    line = f"{name:<64} {ms:9.3f} ms {flops / (ms * 1e9):8.1f} TFLOP/s"
+    if nbytes:
+        line += f" {nbytes / (ms * 1e6):8.1f} GB/s"
+    print(line, flush=True)
+
+
+def attempt(name, fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
+        print(f"{name:<64} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+
+
+def rand(*shape):
+    return torch.empty(*shape, device=DEV, dtype=DT).uniform_(-1, 1)
+
+
+def sdpa(backend, q, k, v, causal):
+    """SDPA under one backend; GQA through enable_gqa, else K/V expanded once outside timing."""
+    with sdpa_kernel([backend]):
+        try:
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=SCALE, enable_gqa=True)
+            return lambda: F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, scale=SCALE, enable_gqa=True), "gqa"
+        except Exception:  # noqa: BLE001
+            ke = k.repeat_interleave(HQ // HK, dim=1)
+            ve = v.repeat_interleave(HQ // HK, dim=1)
+            F.scaled_dot_product_attention(q, ke, ve, is_causal=causal, scale=SCALE)
+            return lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=causal,
+                                                          scale=SCALE), "expanded kv"
+
+
+BACKENDS = [("FLASH", SDPBackend.FLASH_ATTENTION), ("CUDNN", SDPBackend.CUDNN_ATTENTION)]
+
+
+def causal_prefill(S):
+    q, k, v = rand(1, HQ, S, D), rand(1, HK, S, D), rand(1, HK, S, D)
+    flops = 4.0 * D * HQ * S * (S + 1) / 2
+    for bname, be in BACKENDS:
+        def run():
+            fn, how = sdpa(be, q, k, v, True)
+            with sdpa_kernel([be]):
+                ms = time_ms(fn)
+            report(f"sdpa {bname} causal S={S} ({how})", ms, flops)
+        attempt(f"sdpa {bname} causal S={S}", run)
+
+
+def chunk_with_lse():
+    """2K queries against 30K keys, non-causal, with the LSE (the aten ops return it)."""
+    q, k, v = rand(1, HQ, 2048, D), rand(1, HK, 30720, D), rand(1, HK, 30720, D)
+    ke, ve = k.repeat_interleave(HQ // HK, dim=1), v.repeat_interleave(HQ // HK, dim=1)
+    flops = 4.0 * D * HQ * 2048 * 30720
+
+    def flash():
+        fn = lambda: torch.ops.aten._scaled_dot_product_flash_attention(  # noqa: E731
+            q, ke, ve, 0.0, False, False, scale=SCALE)
+        out = fn()
+        assert out[1].shape[-1] == 2048, "no lse"
+        report("sdpa FLASH chunk q=2048 kv=30720 +lse (aten, expanded kv)", time_ms(fn), flops)
+
+    def cudnn():
+        fn = lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(  # noqa: E731
+            q, ke, ve, None, True, 0.0, False, False, scale=SCALE)
+        out = fn()
+        assert out[1].numel() > 0, "no lse"
+        report("sdpa CUDNN chunk q=2048 kv=30720 +lse (aten, expanded kv)", time_ms(fn), flops)
+
+    attempt("sdpa FLASH chunk +lse", flash)
+    attempt("sdpa CUDNN chunk +lse", cudnn)
+
+
+def decode(B, kv):
+    q, k, v = rand(B, HQ, 1, D), rand(B, HK, kv, D), rand(B, HK, kv, D)
+    flops = 4.0 * D * HQ * B * kv
+    nbytes = 2.0 * B * kv * HK * D * 2
+    for bname, be in BACKENDS:
+        def run():
+            fn, how = sdpa(be, q, k, v, False)
+            with sdpa_kernel([be]):
+                ms = time_ms(fn, iters=30)
+            report(f"sdpa {bname} decode B={B} kv={kv} ({how})", ms, flops, nbytes)
+        attempt(f"sdpa {bname} decode B={B}", run)
+
+
+def block_causal_meta(total, span, block):
+    segs = [span] * (total // span) + ([total % span] if total % span else [])
+    seg_id = torch.empty(total, dtype=torch.int32)
+    pos = torch.empty(total, dtype=torch.int32)
+    off = 0
+    pairs = 0
+    for i, L in enumerate(segs):
+        seg_id[off:off + L] = i
+        pos[off:off + L] = torch.arange(L, dtype=torch.int32)
+        for s in range(0, L, block):
+            e = min(s + block, L)
+            pairs += (e - s) * e
+        off += L
+    return segs, seg_id.to(DEV), pos.to(DEV), pairs
+
+
+def block_causal(total, span, block):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    segs, seg_id, pos, pairs = block_causal_meta(total, span, block)
+    flops = 4.0 * D * HQ * pairs
+    q, k, v = rand(1, HQ, total, D), rand(1, HK, total, D), rand(1, HK, total, D)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (seg_id[q_idx] == seg_id[kv_idx]) & (pos[kv_idx] // block <= pos[q_idx] // block)
+
+    def flex():
+        bm = create_block_mask(mask_mod, None, None, total, total, device=DEV)
+        compiled = torch.compile(flex_attention)
+        fn = lambda: compiled(q, k, v, block_mask=bm, scale=SCALE, enable_gqa=True)  # noqa: E731
+        fn()
+        report(f"flex_attention block-causal total={total} span={span} block={block}",
+               time_ms(fn), flops)
+
+    def dense_masked():
+        i = torch.arange(total, device=DEV)
+        mask = mask_mod(None, None, i[:, None], i[None, :])
+        ke, ve = k.repeat_interleave(HQ // HK, dim=1), v.repeat_interleave(HQ // HK, dim=1)
+        fn = lambda: F.scaled_dot_product_attention(q, ke, ve, attn_mask=mask,  # noqa: E731
+                                                    scale=SCALE)
+        report(f"sdpa bool-mask block-causal total={total} span={span} block={block}",
+               time_ms(fn, iters=3, warmup=1), flops)
+        del mask
+
+    attempt(f"flex_attention block-causal block={block}", flex)
+    if block == 64:
+        attempt("sdpa bool-mask block-causal", dense_masked)
+
+
+def main():
+    print(f"# torch {torch.__version__} on {torch.cuda.get_device_name()}; "
+          f"{HQ} q / {HK} kv heads, head_dim {D}, bf16", flush=True)
+    for what in sys.argv[1:] or ["prefill", "chunk", "decode", "block"]:
+        if what == "prefill":
+            for S in (8192, 32768):
+                causal_prefill(S)
+        elif what == "chunk":
+            chunk_with_lse()
+        elif what == "decode":
+            for B in (1, 16, 64):
+                decode(B, 32768)
+        elif what == "block":
+            for block in (64, 128):
+                block_causal(32768, 1500, block)
+                torch.cuda.empty_cache()
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        sys.exit(1)
