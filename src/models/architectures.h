@@ -8,8 +8,11 @@
 
 namespace longctx::models {
 
-std::unique_ptr<Model> make_llama(std::shared_ptr<const Checkpoint> checkpoint);  // + Mistral
-std::unique_ptr<Model> make_qwen2(std::shared_ptr<const Checkpoint> checkpoint);
-std::unique_ptr<Model> make_qwen3(std::shared_ptr<const Checkpoint> checkpoint);
+std::unique_ptr<Model> make_llama(std::shared_ptr<const Checkpoint> checkpoint,
+                                  const ModelBuildOptions& options);  // + Mistral
+std::unique_ptr<Model> make_qwen2(std::shared_ptr<const Checkpoint> checkpoint,
+                                  const ModelBuildOptions& options);
+std::unique_ptr<Model> make_qwen3(std::shared_ptr<const Checkpoint> checkpoint,
+                                  const ModelBuildOptions& options);
 
 }  // namespace longctx::models

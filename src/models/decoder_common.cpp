@@ -23,7 +23,8 @@ Tensor optional_weight(const WeightStore& w, const std::string& name) {
 
 }  // namespace
 
-DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint)
+DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
+                           const ModelBuildOptions& options)
     : checkpoint_(std::move(checkpoint)) {
   LONGCTX_CHECK(checkpoint_ != nullptr, ErrorCode::kInvalidArgument,
                 "create_model: null checkpoint");
@@ -55,8 +56,9 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint)
   }
   norm_ = w.get("model.norm.weight");
   lm_head_ = c.tie_word_embeddings ? embed_tokens_ : w.get("lm_head.weight");
-  // Rounded to the checkpoint's dtype like transformers' inv_freq buffer (see rope.h).
-  std::vector<float> inv = ops::rope_inv_freq_as_transformers(c.rope, c.head_dim, c.dtype);
+  // Rounded like transformers' inv_freq buffer in a model loaded at that dtype (see model.h).
+  std::vector<float> inv = ops::rope_inv_freq_as_transformers(
+      c.rope, c.head_dim, options.rope_inv_freq_dtype.value_or(c.dtype));
   inv_freq_ = Tensor::empty({int64_t(inv.size())}, DType::kF32);
   std::memcpy(inv_freq_.data_ptr(), inv.data(), inv.size() * sizeof(float));
   attention_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim));

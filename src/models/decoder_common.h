@@ -36,7 +36,7 @@ struct LayerWeights {
 // role, and the rope frequencies. Architectures derive from it and implement forward().
 class DecoderModel : public Model {
  public:
-  explicit DecoderModel(std::shared_ptr<const Checkpoint> checkpoint);
+  DecoderModel(std::shared_ptr<const Checkpoint> checkpoint, const ModelBuildOptions& options);
   const ModelConfig& config() const override { return checkpoint_->config; }
 
  protected:

@@ -59,8 +59,9 @@ class LlamaForCausalLM : public DecoderModel {
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama(std::shared_ptr<const Checkpoint> checkpoint) {
-  return std::make_unique<LlamaForCausalLM>(std::move(checkpoint));
+std::unique_ptr<Model> make_llama(std::shared_ptr<const Checkpoint> checkpoint,
+                                  const ModelBuildOptions& options) {
+  return std::make_unique<LlamaForCausalLM>(std::move(checkpoint), options);
 }
 
 }  // namespace longctx::models

@@ -10,8 +10,8 @@ namespace {
 
 class Qwen2ForCausalLM : public DecoderModel {
  public:
-  explicit Qwen2ForCausalLM(std::shared_ptr<const Checkpoint> checkpoint)
-      : DecoderModel(std::move(checkpoint)) {
+  Qwen2ForCausalLM(std::shared_ptr<const Checkpoint> checkpoint, const ModelBuildOptions& options)
+      : DecoderModel(std::move(checkpoint), options) {
     for (size_t i = 0; i < layers_.size(); ++i)
       LONGCTX_CHECK(
           layers_[i].q_bias.defined() && layers_[i].k_bias.defined() && layers_[i].v_bias.defined(),
@@ -64,8 +64,9 @@ class Qwen2ForCausalLM : public DecoderModel {
 
 }  // namespace
 
-std::unique_ptr<Model> make_qwen2(std::shared_ptr<const Checkpoint> checkpoint) {
-  return std::make_unique<Qwen2ForCausalLM>(std::move(checkpoint));
+std::unique_ptr<Model> make_qwen2(std::shared_ptr<const Checkpoint> checkpoint,
+                                  const ModelBuildOptions& options) {
+  return std::make_unique<Qwen2ForCausalLM>(std::move(checkpoint), options);
 }
 
 }  // namespace longctx::models

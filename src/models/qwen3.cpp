@@ -11,8 +11,8 @@ namespace {
 
 class Qwen3ForCausalLM : public DecoderModel {
  public:
-  explicit Qwen3ForCausalLM(std::shared_ptr<const Checkpoint> checkpoint)
-      : DecoderModel(std::move(checkpoint)) {
+  Qwen3ForCausalLM(std::shared_ptr<const Checkpoint> checkpoint, const ModelBuildOptions& options)
+      : DecoderModel(std::move(checkpoint), options) {
     for (size_t i = 0; i < layers_.size(); ++i)
       LONGCTX_CHECK(layers_[i].q_norm.defined() && layers_[i].k_norm.defined(),
                     ErrorCode::kNotFound, "Qwen3: layer {} lacks self_attn.q_norm/k_norm", i);
@@ -69,8 +69,9 @@ class Qwen3ForCausalLM : public DecoderModel {
 
 }  // namespace
 
-std::unique_ptr<Model> make_qwen3(std::shared_ptr<const Checkpoint> checkpoint) {
-  return std::make_unique<Qwen3ForCausalLM>(std::move(checkpoint));
+std::unique_ptr<Model> make_qwen3(std::shared_ptr<const Checkpoint> checkpoint,
+                                  const ModelBuildOptions& options) {
+  return std::make_unique<Qwen3ForCausalLM>(std::move(checkpoint), options);
 }
 
 }  // namespace longctx::models

@@ -10,7 +10,8 @@ namespace longctx {
 
 namespace {
 
-using Factory = std::unique_ptr<Model> (*)(std::shared_ptr<const Checkpoint>);
+using Factory = std::unique_ptr<Model> (*)(std::shared_ptr<const Checkpoint>,
+                                           const ModelBuildOptions&);
 
 const std::pair<const char*, Factory> kArchitectures[] = {
     {"LlamaForCausalLM", models::make_llama},
@@ -21,13 +22,14 @@ const std::pair<const char*, Factory> kArchitectures[] = {
 
 }  // namespace
 
-std::unique_ptr<Model> create_model(std::shared_ptr<const Checkpoint> checkpoint) {
+std::unique_ptr<Model> create_model(std::shared_ptr<const Checkpoint> checkpoint,
+                                    const ModelBuildOptions& options) {
   LONGCTX_CHECK(checkpoint != nullptr, ErrorCode::kInvalidArgument,
                 "create_model: null checkpoint");
   const std::string& arch = checkpoint->config.architecture;
   std::string supported;
   for (const auto& [name, factory] : kArchitectures) {
-    if (arch == name) return factory(std::move(checkpoint));
+    if (arch == name) return factory(std::move(checkpoint), options);
     supported += (supported.empty() ? "" : ", ") + std::string(name);
   }
   LONGCTX_THROW(ErrorCode::kUnsupported, "create_model: architecture '{}' is not supported ({})",

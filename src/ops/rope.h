@@ -19,8 +19,8 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim);
 
 // rope_inv_freq() as a transformers model loaded in `model_dtype` holds it: inv_freq is a module
 // buffer, so loading a bf16/f16 checkpoint at its dtype rounds it to that dtype (the rotary
-// embedding upcasts it back to float32 before use). The reference logits of bf16 checkpoints
-// carry this rounding, and it moves logits visibly at long positions, so the models use it.
+// embedding upcasts it back to float32 before use). This rounding moves logits visibly at long
+// positions; see ModelBuildOptions::rope_inv_freq_dtype. kF32 gives rope_inv_freq() unchanged.
 std::vector<float> rope_inv_freq_as_transformers(const RopeConfig& rope, int64_t head_dim,
                                                  DType model_dtype);
 

@@ -21,9 +21,10 @@ inline std::string fixture_dir(const std::string& model) {
   return test_data_dir() + "/fixtures/" + model;
 }
 
-inline std::unique_ptr<Model> load_fixture_model(const std::string& model) {
+inline std::unique_ptr<Model> load_fixture_model(const std::string& model,
+                                                 const ModelBuildOptions& options = {}) {
   auto ckpt = std::make_shared<Checkpoint>(load_checkpoint(fixture_dir(model)));
-  return create_model(std::move(ckpt));
+  return create_model(std::move(ckpt), options);
 }
 
 struct ReferenceCase {

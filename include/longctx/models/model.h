@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "longctx/core/tensor.h"
@@ -29,8 +30,20 @@ class Model {
   }
 };
 
+// Numerics choices that depend on which reference a model should reproduce.
+struct ModelBuildOptions {
+  // The dtype rope's inv_freq is rounded to before use (then upcast to float32 for the angles).
+  // transformers keeps inv_freq as a module buffer, so a model loaded at its checkpoint's dtype
+  // (transformers 5's default dtype="auto") and then upcast rotates with inv_freq rounded to bf16
+  // (the tiny fixtures' reference logits were made that way), while a model loaded directly with
+  // dtype=float32 (or vLLM, or the training code) uses exact float32 inv_freq. Unset: the
+  // checkpoint's dtype (config.dtype), i.e. transformers' default load; DType::kF32: exact.
+  std::optional<DType> rope_inv_freq_dtype;
+};
+
 // Builds the model registered for checkpoint.config.architecture (CPU reference backend).
 // Throws Error(kUnsupported) listing the supported architectures.
-std::unique_ptr<Model> create_model(std::shared_ptr<const Checkpoint> checkpoint);
+std::unique_ptr<Model> create_model(std::shared_ptr<const Checkpoint> checkpoint,
+                                    const ModelBuildOptions& options = {});
 
 }  // namespace longctx
