@@ -74,6 +74,7 @@ class PrefillCase : public OpCase {
     p.head_dim = s_.head_dim;
     p.page_size = s_.page_size;
     p.dtype = s_.dtype;
+    p.sm_scale = 1.f / std::sqrt(float(s_.head_dim));
     return kernels::cuda::paged_prefill_supported(p);
   }
 

@@ -29,7 +29,7 @@ namespace {
 
 constexpr int kRows = kPrefillTileRows;  // 128 = 16 rows x 8 warps
 constexpr int kKeys = kPrefillTileKeys;  // 64, the plan's cost unit
-constexpr int kDefaultTiling = 1;
+constexpr int kDefaultTiling = 0;
 // Block-sparse bitmap of needed key blocks: 1024 words cover 32768 blocks = 4M keys.
 constexpr int kMaskWords = 1024;
 constexpr int64_t kMaxSparseKv = int64_t(kMaskWords) * 32 * kSparseBlock;
@@ -116,11 +116,14 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 //   MT    16-row m-tiles per warp (1: 8 warps; 2: 4 warps, each K/V fragment read from shared
 //         memory feeds two MMAs, halving shared-memory traffic per MMA);
 //   KEYS  keys per K/V tile (64 or 32);
-//   QREG  Q fragments held in registers for the whole CTA (else re-read with ldmatrix).
-template <int MT, int KEYS, bool QREG>
+//   QREG  Q fragments held in registers for the whole CTA (else re-read with ldmatrix);
+//   FOLD, ROWLOAD  see below (they trade registers for instructions; measured, not guessed).
+template <int MT, int KEYS, bool QREG, bool FOLD = true, bool ROWLOAD = true>
 struct Tiling {
   static constexpr int kMt = MT, kKeys = KEYS;
   static constexpr bool kQreg = QREG;
+  static constexpr bool kFold = FOLD;        // scale folded into the exp2 FFMA
+  static constexpr bool kRowLoad = ROWLOAD;  // 8 threads per K/V row (one page lookup per row)
   static constexpr int kWarps = 8 / MT;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = 16 * MT;
@@ -233,7 +236,35 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
     }
     cp_async_commit();
   }
-  auto load_kv = [&](int kt, int stage) {
+  // K/V tile: 8 threads per key row (a 128-byte run: coalesced, and conflict-free in the
+  // swizzled layout), so each thread looks the page table up once per row it copies.
+  auto load_kv_rows = [&](int kt, int stage) {
+    constexpr int kRowsPerPass = kThreads / 8;
+    static_assert(KEYS % kRowsPerPass == 0 && kChunks % 8 == 0);
+    const int k0 = kt * KEYS;
+    T* dk = s_k + stage * KEYS * D;
+    T* dv = s_v + stage * KEYS * D;
+#pragma unroll
+    for (int rp = 0; rp < KEYS / kRowsPerPass; ++rp) {
+      const int r = (tid >> 3) + rp * kRowsPerPass;
+      const int key = k0 + r;
+      const bool ok = key < kv_len;
+      int64_t off = 0;
+      if (ok) {
+        const int64_t page = pages[key / p.page_size];
+        off = ((page * p.page_size + key % p.page_size) * p.num_kv_heads + kvh) * D;
+      }
+#pragma unroll
+      for (int half = 0; half < kChunks / 8; ++half) {
+        const int c = (tid & 7) + 8 * half;
+        cp_async_16(smem_addr(dk + swz<D>(r, c)), kc + off + c * 8, ok ? 16 : 0);
+        cp_async_16(smem_addr(dv + swz<D>(r, c)), vc + off + c * 8, ok ? 16 : 0);
+      }
+    }
+  };
+
+  // K/V tile, 16-byte chunks dealt round-robin (a page lookup per chunk).
+  auto load_kv_chunks = [&](int kt, int stage) {
     const int k0 = kt * KEYS;
     T* dk = s_k + stage * KEYS * D;
     T* dv = s_v + stage * KEYS * D;
@@ -249,6 +280,14 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
       }
       cp_async_16(smem_addr(dk + swz<D>(r, c)), kc + off, ok ? 16 : 0);
       cp_async_16(smem_addr(dv + swz<D>(r, c)), vc + off, ok ? 16 : 0);
+    }
+  };
+
+  auto load_kv = [&](int kt, int stage) {
+    if constexpr (Tl::kRowLoad) {
+      load_kv_rows(kt, stage);
+    } else {
+      load_kv_chunks(kt, stage);
     }
   };
 
@@ -325,14 +364,18 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
       }
     }
 
-    // Scale to log2 units; mask boundary tiles (causal edge, KV end, block-sparse rows).
+    // Mask boundary tiles (causal edge, KV end, block-sparse rows). With FOLD the scores stay
+    // raw and the scale goes into the exp2 FFMA (sm_scale > 0, so max commutes with it).
+    if constexpr (!Tl::kFold) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < KEYS / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
+    }
+    const float fold = Tl::kFold ? scale_log2 : 1.f;  // scale still to apply to s and m
     const bool need_mask = sparse || k0 + KEYS > full_end;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < KEYS / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
     if (need_mask) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -363,14 +406,15 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
           mx = fmaxf(mx, fmaxf(s[mt][j][2 * i], s[mt][j][2 * i + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: zeros, no NaN
-        const float corr = fast_exp2(m[mt][i] - base);
+        // All masked so far: base 0 keeps exp2(-inf) = 0 and avoids -inf - -inf = NaN.
+        const float base = mx == -INFINITY ? 0.f : mx * fold;
+        const float corr = fast_exp2(fmaf(m[mt][i], fold, -base));
         m[mt][i] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < KEYS / 8; ++j) {
-          s[mt][j][2 * i] = fast_exp2(s[mt][j][2 * i] - base);
-          s[mt][j][2 * i + 1] = fast_exp2(s[mt][j][2 * i + 1] - base);
+          s[mt][j][2 * i] = fast_exp2(fmaf(s[mt][j][2 * i], fold, -base));
+          s[mt][j][2 * i + 1] = fast_exp2(fmaf(s[mt][j][2 * i + 1], fold, -base));
           sum += s[mt][j][2 * i] + s[mt][j][2 * i + 1];
         }
         l[mt][i] = l[mt][i] * corr + sum;
@@ -413,6 +457,7 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
 
   // ---- epilogue: normalize, stage this warp's own rows in s_q, store 16-byte chunks ----
   T* out = static_cast<T*>(p.o);
+  const float fold_lse = Tl::kFold ? scale_log2 : 1.f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -431,7 +476,7 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
       if (p.lse && t4 == 0 && pr < num_rows) {
         const int tok = pr / group, h = kvh * group + pr % group;
         p.lse[int64_t(q_start + tok) * p.num_qo_heads + h] =
-            li > 0.f ? (m[mt][i] + __log2f(li)) * 0.6931471805599453f : -INFINITY;
+            li > 0.f ? (m[mt][i] * fold_lse + __log2f(li)) * 0.6931471805599453f : -INFINITY;
       }
     }
   __syncwarp();
@@ -466,8 +511,8 @@ void launch_tiling(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStr
 }
 
 // Tiling choice. LONGCTX_PREFILL_TILING (read once; a tuning knob for the harness's perf mode,
-// not an API): 0 = 8 warps x 16 rows, Q in registers; 1 = 4 warps x 32 rows, 64-key tiles;
-// 2 = 4 warps x 32 rows, 32-key tiles, Q in registers.
+// not an API; head_dim 128 bf16 only): 0 = default (4 warps x 32 rows, 64-key tiles, FOLD,
+// ROWLOAD); 1 = the same without FOLD/ROWLOAD; 2 = 32-key tiles.
 int tiling_choice() {
   static const int choice = [] {
     const char* v = std::getenv("LONGCTX_PREFILL_TILING");
@@ -480,10 +525,10 @@ template <int D, typename T>
 void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   if constexpr (D == 128 && std::is_same_v<T, __nv_bfloat16>) {
     switch (tiling_choice()) {
-      case 0:
-        return launch_tiling<D, T, Tiling<1, 64, true>>(p, plan, stream);
+      case 1:
+        return launch_tiling<D, T, Tiling<2, 64, false, false, false>>(p, plan, stream);
       case 2:
-        return launch_tiling<D, T, Tiling<2, 32, true>>(p, plan, stream);
+        return launch_tiling<D, T, Tiling<2, 32, false>>(p, plan, stream);
       default:
         break;
     }
@@ -563,7 +608,7 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
 }
 
 bool paged_prefill_supported(const PagedPrefillParams& p) {
-  return (p.head_dim == 64 || p.head_dim == 128) &&
+  return (p.head_dim == 64 || p.head_dim == 128) && p.sm_scale > 0.f &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.num_kv_heads > 0 &&
          p.num_qo_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0 && p.page_size >= 1 &&
          p.page_size <= 256 &&

@@ -53,7 +53,7 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
                                cudaStream_t stream);
 
 // True when the kernel handles these params (head_dim 64/128, bf16/f16, integral GQA ratio,
-// page_size 1..256). run() throws Error(kUnsupported) otherwise.
+// page_size 1..256, sm_scale > 0). run() throws Error(kUnsupported) otherwise.
 bool paged_prefill_supported(const PagedPrefillParams& params);
 
 // Launches the kernel. params' pointers are device pointers; params' shapes must match the plan.
