@@ -1,23 +1,23 @@
 // Paged batch prefill, FlashAttention-2 style (see prefill.h for the interface).
 //
-// One CTA = 8 warps = one tile of 128 packed rows (row r of request b: token r / group, q head
-// kv_head * group + r % group) for one kv head; each warp owns 16 rows. The CTA walks the key
-// tiles (64 keys each) that its rows may see, gathering each K/V tile through the page table with
-// cp.async into a double buffer (tile i+1 loads while tile i computes). Per tile:
-//   S = Q K^T    mma.sync m16n8k16 (Q fragments held in registers, K via ldmatrix),
+// One CTA = 4 warps = one tile of 128 packed rows (row r of request b: token r / group, q head
+// kv_head * group + r % group) for one kv head; each warp owns 32 rows (two 16-row m-tiles).
+// The CTA walks the key tiles (64 keys each) that its rows may see, gathering each K/V tile
+// through the page table with cp.async into a double buffer (tile i+1 loads while tile i
+// computes). Per tile:
+//   S = Q K^T    mma.sync m16n8k16 (Q and K fragments via ldmatrix from shared memory),
 //   online softmax in fp32 (exp2 with the scale folded in), masking only on boundary tiles,
 //   O += P V     mma.sync (P straight from the S accumulators, V via ldmatrix.trans).
 // Shared-memory tiles are XOR-swizzled by 16-byte chunk so ldmatrix and cp.async are free of
 // bank conflicts. Causal: key tiles past the tile's last token are never visited. Block-sparse:
 // the CTA first ORs the mask bytes of its (head, query block) rows into a bitmap of needed key
 // blocks and skips the others; rows are then masked element-wise for exactness.
+// Plain mma.sync (no wgmma/TMA), so the same code runs on sm_80 and sm_90a.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/prefill.h"
@@ -27,9 +27,8 @@
 namespace longctx::kernels::cuda {
 namespace {
 
-constexpr int kRows = kPrefillTileRows;  // 128 = 16 rows x 8 warps
+constexpr int kRows = kPrefillTileRows;  // 128 = 32 rows x 4 warps
 constexpr int kKeys = kPrefillTileKeys;  // 64, the plan's cost unit
-constexpr int kDefaultTiling = 0;
 // Block-sparse bitmap of needed key blocks: 1024 words cover 32768 blocks = 4M keys.
 constexpr int kMaskWords = 1024;
 constexpr int64_t kMaxSparseKv = int64_t(kMaskWords) * 32 * kSparseBlock;
@@ -112,23 +111,25 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 
 // ---- the kernel -----------------------------------------------------------------------------
 
-// Tiling variants (all cover kRows = 128 rows per CTA, so plans do not depend on them):
-//   MT    16-row m-tiles per warp (1: 8 warps; 2: 4 warps, each K/V fragment read from shared
-//         memory feeds two MMAs, halving shared-memory traffic per MMA);
-//   KEYS  keys per K/V tile (64 or 32);
-//   QREG  Q fragments held in registers for the whole CTA (else re-read with ldmatrix);
-//   FOLD, ROWLOAD  see below (they trade registers for instructions; measured, not guessed).
-template <int MT, int KEYS, bool QREG, bool FOLD = true, bool ROWLOAD = true>
+// Tiling: MT 16-row m-tiles per warp and KEYS keys per K/V tile, always 128 rows per CTA (plans
+// do not depend on it). Measured on H200 (causal S = 32K, 32/8 heads, head_dim 128, bf16):
+//   MT = 2, KEYS = 64, Q re-read from shared memory            290 TFLOP/s  (used)
+//   MT = 2, KEYS = 32                                          281
+//   and in an earlier build (scale not folded, a page lookup per 16-byte chunk):
+//   MT = 2, KEYS = 64                                          251
+//   MT = 1 (8 warps x 16 rows), KEYS = 64, Q in registers      224
+// MT = 2 wins because each K/V fragment read from shared memory feeds two MMAs (shared-memory
+// bandwidth, not the tensor cores, bounds mma.sync attention on Hopper). Holding Q in registers
+// as well does not fit next to the 32-row O accumulators (255 registers, spills).
+template <int MT, int KEYS>
 struct Tiling {
   static constexpr int kMt = MT, kKeys = KEYS;
-  static constexpr bool kQreg = QREG;
-  static constexpr bool kFold = FOLD;        // scale folded into the exp2 FFMA
-  static constexpr bool kRowLoad = ROWLOAD;  // 8 threads per K/V row (one page lookup per row)
   static constexpr int kWarps = 8 / MT;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = 16 * MT;
   static_assert(kWarps * kWarpRows == kRows && kSparseBlock % KEYS == 0);
 };
+using DefaultTiling = Tiling<2, 64>;
 
 template <int D, typename T, typename Tl>
 __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 1)
@@ -238,7 +239,7 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
   }
   // K/V tile: 8 threads per key row (a 128-byte run: coalesced, and conflict-free in the
   // swizzled layout), so each thread looks the page table up once per row it copies.
-  auto load_kv_rows = [&](int kt, int stage) {
+  auto load_kv = [&](int kt, int stage) {
     constexpr int kRowsPerPass = kThreads / 8;
     static_assert(KEYS % kRowsPerPass == 0 && kChunks % 8 == 0);
     const int k0 = kt * KEYS;
@@ -263,34 +264,6 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
     }
   };
 
-  // K/V tile, 16-byte chunks dealt round-robin (a page lookup per chunk).
-  auto load_kv_chunks = [&](int kt, int stage) {
-    const int k0 = kt * KEYS;
-    T* dk = s_k + stage * KEYS * D;
-    T* dv = s_v + stage * KEYS * D;
-#pragma unroll
-    for (int id = tid; id < KEYS * kChunks; id += kThreads) {
-      const int r = id / kChunks, c = id % kChunks;
-      const int key = k0 + r;
-      const bool ok = key < kv_len;
-      int64_t off = 0;
-      if (ok) {
-        const int64_t page = pages[key / p.page_size];
-        off = ((page * p.page_size + key % p.page_size) * p.num_kv_heads + kvh) * D + c * 8;
-      }
-      cp_async_16(smem_addr(dk + swz<D>(r, c)), kc + off, ok ? 16 : 0);
-      cp_async_16(smem_addr(dv + swz<D>(r, c)), vc + off, ok ? 16 : 0);
-    }
-  };
-
-  auto load_kv = [&](int kt, int stage) {
-    if constexpr (Tl::kRowLoad) {
-      load_kv_rows(kt, stage);
-    } else {
-      load_kv_chunks(kt, stage);
-    }
-  };
-
   int kt = next_tile(0);
   if (kt < num_tiles) load_kv(kt, 0);
   cp_async_commit();
@@ -302,14 +275,6 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
     const int r = warp_row0 + mt * 16 + (lane & 15);
     return smem_addr(s_q + swz<D>(r, kk * 2 + (lane >> 4)));
   };
-  uint32_t qf[Tl::kQreg ? MT : 1][Tl::kQreg ? D / 16 : 1][4];
-  if constexpr (Tl::kQreg) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[mt][kk], q_frag_addr(mt, kk));
-  }
-
   float o[MT][D / 8][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -343,14 +308,7 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t qa[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (Tl::kQreg) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qa[mt][e] = qf[mt][kk][e];
-        } else {
-          ldmatrix_x4(qa[mt], q_frag_addr(mt, kk));
-        }
-      }
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], q_frag_addr(mt, kk));
 #pragma unroll
       for (int nj = 0; nj < KEYS / 16; ++nj) {
         uint32_t bf[4];
@@ -364,17 +322,8 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
       }
     }
 
-    // Mask boundary tiles (causal edge, KV end, block-sparse rows). With FOLD the scores stay
-    // raw and the scale goes into the exp2 FFMA (sm_scale > 0, so max commutes with it).
-    if constexpr (!Tl::kFold) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < KEYS / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
-    }
-    const float fold = Tl::kFold ? scale_log2 : 1.f;  // scale still to apply to s and m
+    // Mask boundary tiles (causal edge, KV end, block-sparse rows). Scores stay raw: the scale
+    // goes into the exp2 FFMA below (sm_scale > 0, so max commutes with it).
     const bool need_mask = sparse || k0 + KEYS > full_end;
     if (need_mask) {
 #pragma unroll
@@ -407,14 +356,14 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         // All masked so far: base 0 keeps exp2(-inf) = 0 and avoids -inf - -inf = NaN.
-        const float base = mx == -INFINITY ? 0.f : mx * fold;
-        const float corr = fast_exp2(fmaf(m[mt][i], fold, -base));
+        const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float corr = fast_exp2(fmaf(m[mt][i], scale_log2, -base));
         m[mt][i] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < KEYS / 8; ++j) {
-          s[mt][j][2 * i] = fast_exp2(fmaf(s[mt][j][2 * i], fold, -base));
-          s[mt][j][2 * i + 1] = fast_exp2(fmaf(s[mt][j][2 * i + 1], fold, -base));
+          s[mt][j][2 * i] = fast_exp2(fmaf(s[mt][j][2 * i], scale_log2, -base));
+          s[mt][j][2 * i + 1] = fast_exp2(fmaf(s[mt][j][2 * i + 1], scale_log2, -base));
           sum += s[mt][j][2 * i] + s[mt][j][2 * i + 1];
         }
         l[mt][i] = l[mt][i] * corr + sum;
@@ -457,7 +406,6 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
 
   // ---- epilogue: normalize, stage this warp's own rows in s_q, store 16-byte chunks ----
   T* out = static_cast<T*>(p.o);
-  const float fold_lse = Tl::kFold ? scale_log2 : 1.f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -476,7 +424,7 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
       if (p.lse && t4 == 0 && pr < num_rows) {
         const int tok = pr / group, h = kvh * group + pr % group;
         p.lse[int64_t(q_start + tok) * p.num_qo_heads + h] =
-            li > 0.f ? (m[mt][i] * fold_lse + __log2f(li)) * 0.6931471805599453f : -INFINITY;
+            li > 0.f ? (m[mt][i] * scale_log2 + __log2f(li)) * 0.6931471805599453f : -INFINITY;
       }
     }
   __syncwarp();
@@ -510,30 +458,9 @@ void launch_tiling(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStr
   LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_kernel");
 }
 
-// Tiling choice. LONGCTX_PREFILL_TILING (read once; a tuning knob for the harness's perf mode,
-// not an API; head_dim 128 bf16 only): 0 = default (4 warps x 32 rows, 64-key tiles, FOLD,
-// ROWLOAD); 1 = the same without FOLD/ROWLOAD; 2 = 32-key tiles.
-int tiling_choice() {
-  static const int choice = [] {
-    const char* v = std::getenv("LONGCTX_PREFILL_TILING");
-    return v ? std::atoi(v) : kDefaultTiling;
-  }();
-  return choice;
-}
-
 template <int D, typename T>
 void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  if constexpr (D == 128 && std::is_same_v<T, __nv_bfloat16>) {
-    switch (tiling_choice()) {
-      case 1:
-        return launch_tiling<D, T, Tiling<2, 64, false, false, false>>(p, plan, stream);
-      case 2:
-        return launch_tiling<D, T, Tiling<2, 32, false>>(p, plan, stream);
-      default:
-        break;
-    }
-  }
-  launch_tiling<D, T, Tiling<2, 64, false>>(p, plan, stream);
+  launch_tiling<D, T, DefaultTiling>(p, plan, stream);
 }
 
 }  // namespace
