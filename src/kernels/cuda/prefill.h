@@ -30,8 +30,12 @@ inline constexpr int kPrefillTileRows = 128;
 inline constexpr int kPrefillTileKeys = 64;
 
 // What run() needs from plan(). Plain values + a device pointer into the caller's workspace.
+// The work list format is part of the interface: item i = (request b, row tile t) covers packed
+// rows [t * kPrefillTileRows, (t + 1) * kPrefillTileRows) of request b; callers may build their
+// own list (the block-causal wrapper does), and an item of a request with q_len 0 is a no-op
+// (used to pad a CUDA graph's fixed grid).
 struct PrefillPlan {
-  int num_work_items = 0;               // grid.x of the launch (x num_kv_heads in grid.y)
+  int num_work_items = 0;               // the launch has num_work_items x num_kv_heads CTAs
   const int32_t* work_items = nullptr;  // device, [num_work_items, 2]: (request, row tile)
   int num_qo_heads = 0;
   int num_kv_heads = 0;
@@ -42,9 +46,10 @@ struct PrefillPlan {
 // Upper bound of the workspace plan() writes, for any batch with these totals.
 size_t paged_prefill_workspace_bytes(int batch_size, int64_t total_q, int group_size);
 
-// Builds the per-CTA work list (request, row tile), heaviest tiles first for causal masks, and
-// copies it into the caller-owned device workspace on `stream`. Host inputs:
-//   qo_indptr_host [batch_size + 1], kv_len_host [batch_size].
+// Builds the per-CTA work list (request, row tile), heaviest tiles first (by key tiles visited),
+// and copies it into the caller-owned device workspace on `stream` (the copy is enqueued; the
+// host vector is staged before return). Host inputs:
+//   qo_indptr_host [batch_size + 1], kv_len_host [batch_size] (each kv_len <= 4M keys).
 // Throws Error(kInvalidArgument) on inconsistent shapes, Error(kUnsupported) for head_dim other
 // than 64/128 or a non-integral GQA ratio.
 PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_len_host,
