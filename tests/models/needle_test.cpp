@@ -1,5 +1,13 @@
 // The needle model (models/needle, trained by tools/needle_model) against transformers: f32
 // logits of a ~1K-token needle prompt and the greedy continuation (tests/data/needle).
+//
+// The reference was computed by transformers with the checkpoint loaded directly in float32
+// (`from_pretrained(dtype=torch.float32)`), so its RoPE inv_freq was never rounded to bf16.
+// longctx, for a checkpoint whose config says bfloat16, rounds inv_freq to bf16 the way the
+// fixtures' reference path (bf16 load, then upcast) does. The logit comparison therefore runs the
+// model with the config's dtype set to f32 (same bf16 weights, unrounded inv_freq); with the
+// default bf16 rounding the logits differ by up to ~0.16 at position ~1000 (rotary angles differ
+// by ~0.4% there), while the greedy tokens still agree (checked below on the default path).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,15 +44,18 @@ NeedleReference load_reference() {
   return r;
 }
 
-std::unique_ptr<Model> load_needle_model() {
+// f32_rope: run as if the config declared float32 (the reference's inv_freq, see above).
+std::unique_ptr<Model> load_needle_model(bool f32_rope) {
   auto ckpt = std::make_shared<Checkpoint>(load_checkpoint(needle_model_dir()));
+  EXPECT_EQ(ckpt->config.dtype, DType::kBF16);
+  if (f32_rope) ckpt->config.dtype = DType::kF32;
   return create_model(std::move(ckpt));
 }
 
 }  // namespace
 
 TEST(NeedleModel, ConfigIsTheCommittedShape) {
-  auto model = load_needle_model();
+  auto model = load_needle_model(false);
   const ModelConfig& c = model->config();
   EXPECT_EQ(c.architecture, "LlamaForCausalLM");
   EXPECT_EQ(c.vocab_size, 2048);
@@ -59,7 +70,7 @@ TEST(NeedleModel, ConfigIsTheCommittedShape) {
 }
 
 TEST(NeedleModel, LogitsMatchTransformers1K) {
-  auto model = load_needle_model();
+  auto model = load_needle_model(/*f32_rope=*/true);
   NeedleReference ref = load_reference();
   ASSERT_GT(ref.input_ids.size(), 900u);
   Tensor logits = full_forward(*model, ref.input_ids);
@@ -68,19 +79,27 @@ TEST(NeedleModel, LogitsMatchTransformers1K) {
   ASSERT_EQ(ref.logits.size(0), int64_t(ref.logits_positions.size()));
   ASSERT_EQ(ref.logits.size(1), vocab);
   double max_err = 0;
+  int64_t worst_pos = -1;
+  std::string rows;  // per-row max error, reported on failure
   for (size_t r = 0; r < ref.logits_positions.size(); ++r) {
     const float* a = logits.data<float>() + ref.logits_positions[r] * vocab;
     const float* b = ref.logits.data<float>() + r * vocab;
+    double row_err = 0;
     for (int64_t i = 0; i < vocab; ++i) {
       double d = std::abs(double(a[i]) - double(b[i]));
-      if (!(d <= max_err)) max_err = d;  // keeps NaN
+      if (!(d <= row_err)) row_err = d;  // keeps NaN
+    }
+    rows += " " + std::to_string(ref.logits_positions[r]) + ":" + std::to_string(row_err);
+    if (!(row_err <= max_err)) {
+      max_err = row_err;
+      worst_pos = ref.logits_positions[r];
     }
   }
-  EXPECT_LE(max_err, 1e-3);
+  EXPECT_LE(max_err, 1e-3) << "worst at position " << worst_pos << "; per position:" << rows;
 }
 
 TEST(NeedleModel, GreedyTokensMatchTransformers) {
-  auto model = load_needle_model();
+  auto model = load_needle_model(/*f32_rope=*/false);  // the default path
   NeedleReference ref = load_reference();
   const int64_t len = static_cast<int64_t>(ref.input_ids.size());
   auto cache = model->make_cache(len + int64_t(ref.greedy_new_tokens.size()));
