@@ -433,6 +433,9 @@ def main() -> None:
     ap.add_argument("--haystack", choices=["essay", "noise"], default=None,
                     help="default: RULER's choice for the task")
     ap.add_argument("--self-test", action="store_true")
+    ap.add_argument("--print-prompt", action="store_true",
+                    help="print sample 0's prompt text (input + answer_prefix) instead of JSONL; "
+                         "its expected answer goes to stderr")
     args = ap.parse_args()
     gen = Generator(ByteLevelBPE.from_file(args.tokenizer), args.essays)
     if args.self_test:
@@ -441,6 +444,13 @@ def main() -> None:
     settings = dict(EVAL_SETTINGS[args.task])
     if args.haystack:
         settings["haystack"] = args.haystack
+    if args.print_prompt:
+        s = gen.make_sample(eval_rng(args.seed, args.task, args.length, 0), args.task,
+                            args.length, text=True, **settings)
+        sys.stdout.write(s.text)
+        print(f"expected answer: {s.answer!r} ({len(s.ids) + 1} prompt tokens with BOS)",
+              file=sys.stderr)
+        return
     for i in range(args.num):
         s = gen.make_sample(eval_rng(args.seed, args.task, args.length, i), args.task,
                             args.length, text=True, **settings)
