@@ -1,0 +1,107 @@
+// The offline API, after vLLM's LLM class:
+//
+//   longctx::LLM llm({.model = "path/to/Qwen3-0.6B"});
+//   longctx::SamplingParams sp;  sp.temperature = 0;  sp.max_tokens = 64;
+//   for (auto& out : llm.generate({"Hello"}, sp)) std::cout << out.text;
+//
+// Requests run through the CPU reference model one after another (first come, first served);
+// outputs come back in prompt order with tokens, text, finish reason, logprobs and timings.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "longctx/engine/executor.h"
+#include "longctx/engine/request_output.h"
+#include "longctx/engine/sampling_params.h"
+
+namespace longctx {
+
+class Tokenizer;
+struct ModelConfig;
+
+struct EngineConfig {
+  std::string model;         // Hugging Face checkpoint folder
+  std::string dummy_preset;  // instead of `model`: random weights of a preset ("qwen3-0.6b", ...)
+  std::string tokenizer;     // folder with tokenizer.json; empty: the model folder's, if it has one
+  int64_t max_model_len = 0;   // tokens per sequence; 0: the model's max_position_embeddings
+  std::string device = "cpu";  // only "cpu" so far
+  uint64_t seed = 0;           // seeds the requests that bring no seed of their own
+};
+
+// A prompt is text (needs a tokenizer; encoded with the tokenizer's special tokens, e.g. BOS,
+// unless add_special_tokens is false, as for a rendered chat template) or token ids used as
+// they are.
+struct Prompt {
+  Prompt(std::string text) : text(std::move(text)) {}  // NOLINT: implicit on purpose
+  Prompt(const char* text) : text(text) {}             // NOLINT
+  Prompt(std::vector<int32_t> ids) : token_ids(std::move(ids)), is_ids(true) {}  // NOLINT
+  std::string text;
+  std::vector<int32_t> token_ids;
+  bool is_ids = false;
+  bool add_special_tokens = true;
+};
+
+// One streaming update: new text of request `index` (may be empty while text is held back),
+// its newly generated token ids, and the complete output once it finished.
+struct StreamEvent {
+  size_t index = 0;
+  std::string_view text;
+  std::span<const int32_t> new_token_ids;
+  bool finished = false;
+  const RequestOutput* output = nullptr;  // set when finished
+};
+using StreamCallback = std::function<void(const StreamEvent&)>;
+
+class LLM {
+ public:
+  // Loads the checkpoint (or builds the dummy one) and its tokenizer. Throws Error naming the
+  // problem (missing folder, unsupported architecture, max_model_len over the model's limit).
+  explicit LLM(const EngineConfig& config);
+  // Any backend, e.g. scripted logits in tests; `tokenizer` may be null (token-id prompts only).
+  LLM(std::unique_ptr<Executor> executor, std::shared_ptr<const Tokenizer> tokenizer,
+      int64_t max_model_len, std::vector<int64_t> eos_token_ids, uint64_t seed = 0);
+  ~LLM();
+  LLM(const LLM&) = delete;
+  LLM& operator=(const LLM&) = delete;
+
+  // Every prompt is checked before any runs: an empty prompt (no tokens) or one longer than
+  // max_model_len throws Error and nothing is generated. A progress bar goes to stderr when
+  // use_progress_bar and stderr is a terminal.
+  std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
+                                      const SamplingParams& params, bool use_progress_bar = true);
+  // One SamplingParams per prompt.
+  std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
+                                      const std::vector<SamplingParams>& params,
+                                      bool use_progress_bar = true);
+  // As generate(), calling on_event after every generated token (no progress bar).
+  std::vector<RequestOutput> generate_stream(const std::vector<Prompt>& prompts,
+                                             const SamplingParams& params,
+                                             const StreamCallback& on_event);
+
+  // The tokenizer_config.json chat template applied to `messages` ([{role, content}, ...]), as
+  // transformers' apply_chat_template(tokenize=False); extra_vars e.g. {"enable_thinking":
+  // false}. Encode the result with add_special_tokens = false. Throws Error(kNotFound) when the
+  // tokenizer folder has no chat template.
+  std::string render_chat(
+      const nlohmann::ordered_json& messages, bool add_generation_prompt = true,
+      const nlohmann::ordered_json& extra_vars = nlohmann::ordered_json::object()) const;
+
+  // The prompt's token ids as generate() would feed them.
+  std::vector<int32_t> encode(const Prompt& prompt) const;
+  const Tokenizer* tokenizer() const;       // null when there is none
+  const ModelConfig* model_config() const;  // null for a custom executor
+  int64_t max_model_len() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace longctx

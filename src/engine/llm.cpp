@@ -1,0 +1,193 @@
+// LLM: builds the backend (checkpoint or dummy weights -> CPU model -> executor) and the
+// tokenizer, then drives EngineCore until every request finished.
+#include "longctx/llm.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/engine_core.h"
+#include "engine/progress_bar.h"
+#include "engine/text_stream.h"
+#include "longctx/core/error.h"
+#include "longctx/loader/checkpoint.h"
+#include "longctx/models/model.h"
+#include "longctx/template/chat_template.h"
+
+namespace longctx {
+
+struct LLM::Impl {
+  std::shared_ptr<const Checkpoint> checkpoint;  // null for a custom executor
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::string tokenizer_dir;
+  nlohmann::ordered_json tokenizer_config;  // tokenizer_config.json, null when absent
+  std::unique_ptr<EngineCore> core;
+};
+
+namespace {
+
+namespace fs = std::filesystem;
+
+int64_t resolve_max_model_len(const ModelConfig& config, int64_t requested) {
+  const int64_t limit = config.max_position_embeddings;
+  if (requested == 0) return limit;
+  LONGCTX_CHECK(requested > 0, ErrorCode::kInvalidArgument, "max_model_len must be > 0, got {}",
+                requested);
+  // As vLLM: a longer context than the model was built for is refused, not silently allowed.
+  LONGCTX_CHECK(limit <= 0 || requested <= limit, ErrorCode::kInvalidArgument,
+                "max_model_len {} is greater than the model's max_position_embeddings {}",
+                requested, limit);
+  return requested;
+}
+
+}  // namespace
+
+LLM::LLM(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
+  LONGCTX_CHECK(config.device == "cpu", ErrorCode::kUnsupported,
+                "device '{}' is not supported by the engine yet (only 'cpu')", config.device);
+  LONGCTX_CHECK(config.model.empty() != config.dummy_preset.empty(), ErrorCode::kInvalidArgument,
+                "give exactly one of a model folder or a dummy preset");
+  if (!config.model.empty()) {
+    impl_->checkpoint = std::make_shared<const Checkpoint>(load_checkpoint(config.model));
+  } else {
+    impl_->checkpoint = std::make_shared<const Checkpoint>(
+        make_dummy_checkpoint(dummy_preset_config(config.dummy_preset), config.seed));
+  }
+  std::string tok_dir = config.tokenizer;
+  if (tok_dir.empty() && !config.model.empty() &&
+      fs::exists(fs::path(config.model) / "tokenizer.json")) {
+    tok_dir = config.model;
+  }
+  if (!tok_dir.empty()) {
+    impl_->tokenizer = load_tokenizer_for_engine(tok_dir);
+    impl_->tokenizer_dir = tok_dir;
+    const fs::path cfg = fs::path(tok_dir) / "tokenizer_config.json";
+    if (fs::exists(cfg)) {
+      std::ifstream in(cfg);
+      try {
+        impl_->tokenizer_config = nlohmann::ordered_json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: invalid JSON: {}", cfg.string(), e.what());
+      }
+    }
+  }
+  const ModelConfig& mc = impl_->checkpoint->config;
+  EngineCoreOptions options;
+  options.max_model_len = resolve_max_model_len(mc, config.max_model_len);
+  options.eos_token_ids = mc.eos_token_ids;
+  options.seed = config.seed;
+  std::shared_ptr<Model> model = create_model(impl_->checkpoint);
+  impl_->core = std::make_unique<EngineCore>(make_cpu_executor(std::move(model)),
+                                             impl_->tokenizer.get(), std::move(options));
+}
+
+LLM::LLM(std::unique_ptr<Executor> executor, std::shared_ptr<const Tokenizer> tokenizer,
+         int64_t max_model_len, std::vector<int64_t> eos_token_ids, uint64_t seed)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->tokenizer = std::move(tokenizer);
+  EngineCoreOptions options{max_model_len, std::move(eos_token_ids), seed};
+  impl_->core =
+      std::make_unique<EngineCore>(std::move(executor), impl_->tokenizer.get(), std::move(options));
+}
+
+LLM::~LLM() = default;
+
+const Tokenizer* LLM::tokenizer() const { return impl_->tokenizer.get(); }
+
+const ModelConfig* LLM::model_config() const {
+  return impl_->checkpoint ? &impl_->checkpoint->config : nullptr;
+}
+
+int64_t LLM::max_model_len() const { return impl_->core->options().max_model_len; }
+
+std::string LLM::render_chat(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                             const nlohmann::ordered_json& extra_vars) const {
+  LONGCTX_CHECK(impl_->tokenizer_config.is_object(), ErrorCode::kNotFound,
+                "no tokenizer_config.json (with a chat_template) in the tokenizer folder '{}'",
+                impl_->tokenizer_dir);
+  return longctx::render_chat(impl_->tokenizer_config, messages, add_generation_prompt, extra_vars);
+}
+
+std::vector<int32_t> LLM::encode(const Prompt& prompt) const {
+  if (prompt.is_ids) return prompt.token_ids;
+  LONGCTX_CHECK(impl_->tokenizer != nullptr, ErrorCode::kInvalidArgument,
+                "a text prompt needs a tokenizer, and this model has none (no tokenizer.json in "
+                "the model folder and no tokenizer folder given): pass token ids instead");
+  return encode_prompt(*impl_->tokenizer, prompt.text, prompt.add_special_tokens);
+}
+
+namespace {
+
+std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<int32_t>>& ids,
+                               const std::vector<SamplingParams>& params, bool progress,
+                               const StreamCallback* on_event) {
+  // Check every request before running any, so a bad one leaves nothing half done.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    try {
+      core.check_request(ids[i], params[i]);
+    } catch (const Error& e) {
+      if (ids.size() == 1) throw;
+      throw Error(e.code(), fmt::format("prompt {}: {}", i, e.what()));
+    }
+  }
+  std::vector<RequestOutput> outputs(ids.size());
+  try {
+    const double arrival = now_seconds();
+    for (size_t i = 0; i < ids.size(); ++i) core.add_request(i, ids[i], params[i], arrival);
+    ProgressBar bar(static_cast<int64_t>(ids.size()), progress && on_event == nullptr);
+    while (core.has_unfinished()) {
+      StepStats stats;
+      auto updates = core.step(&stats);
+      bar.add_tokens(stats.prefill_tokens, stats.prefill_tokens > 0 ? stats.seconds : 0.0,
+                     stats.decode_tokens, stats.decode_tokens > 0 ? stats.seconds : 0.0);
+      for (const StepUpdate& u : updates) {
+        if (on_event != nullptr) {
+          const auto& toks = u.seq->output.token_ids;
+          StreamEvent ev;
+          ev.index = u.seq->output.index;
+          ev.text = u.text;
+          ev.new_token_ids = std::span<const int32_t>(toks).last(u.num_new_tokens);
+          ev.finished = u.finished;
+          ev.output = u.finished ? &u.seq->output : nullptr;
+          (*on_event)(ev);
+        }
+      }
+      for (RequestOutput& out : core.take_finished()) {
+        bar.add_done(1);
+        const size_t index = out.index;
+        outputs[index] = std::move(out);
+      }
+    }
+  } catch (...) {
+    core.abort_all();
+    throw;
+  }
+  return outputs;
+}
+
+}  // namespace
+
+std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
+                                         const std::vector<SamplingParams>& params,
+                                         bool use_progress_bar) {
+  LONGCTX_CHECK(params.size() == prompts.size(), ErrorCode::kInvalidArgument,
+                "{} prompts but {} sampling parameter sets", prompts.size(), params.size());
+  std::vector<std::vector<int32_t>> ids;
+  for (const Prompt& p : prompts) ids.push_back(encode(p));
+  return run(*impl_->core, ids, params, use_progress_bar, nullptr);
+}
+
+std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
+                                         const SamplingParams& params, bool use_progress_bar) {
+  return generate(prompts, std::vector<SamplingParams>(prompts.size(), params), use_progress_bar);
+}
+
+std::vector<RequestOutput> LLM::generate_stream(const std::vector<Prompt>& prompts,
+                                                const SamplingParams& params,
+                                                const StreamCallback& on_event) {
+  std::vector<std::vector<int32_t>> ids;
+  for (const Prompt& p : prompts) ids.push_back(encode(p));
+  return run(*impl_->core, ids, std::vector<SamplingParams>(prompts.size(), params), false,
+             &on_event);
+}
+
+}  // namespace longctx

@@ -1,0 +1,194 @@
+// Sampling, step by step as vLLM's V1 sampler: penalties on the raw logits, then (unless greedy)
+// temperature, min_p, top_k, top_p, and a draw from what is left. Probabilities are computed in
+// double so a filter's threshold does not depend on float rounding of the exponentials.
+#include "longctx/engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+float max_finite(std::span<const float> logits) {
+  float m = kNegInf;
+  for (float x : logits) m = std::max(m, x);
+  return m;
+}
+
+int32_t argmax(std::span<const float> logits) {
+  // First index of the maximum, like torch.argmax.
+  int64_t best = 0;
+  for (int64_t i = 1; i < static_cast<int64_t>(logits.size()); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+void check_logits(std::span<const float> logits) {
+  LONGCTX_CHECK(!logits.empty(), ErrorCode::kInvalidArgument, "sampling from empty logits");
+  bool any_finite = false;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    LONGCTX_CHECK(!std::isnan(logits[i]), ErrorCode::kInvalidArgument,
+                  "the model produced a NaN logit (token {})", i);
+    LONGCTX_CHECK(logits[i] != -kNegInf, ErrorCode::kInvalidArgument,
+                  "the model produced a +inf logit (token {})", i);
+    any_finite = any_finite || logits[i] != kNegInf;
+  }
+  LONGCTX_CHECK(any_finite, ErrorCode::kInvalidArgument,
+                "every logit is -inf: no token can be sampled");
+}
+
+int32_t draw(std::span<const float> logits, std::mt19937_64& rng) {
+  const double m = max_finite(logits);
+  double total = 0.0;
+  for (float x : logits) total += x == kNegInf ? 0.0 : std::exp(x - m);
+  const double target = uniform01(rng) * total;
+  double cum = 0.0;
+  int32_t last = -1;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] == kNegInf) continue;
+    cum += std::exp(logits[i] - m);
+    last = static_cast<int32_t>(i);
+    if (target < cum) return last;
+  }
+  return last;  // rounding left target at the very top: the last token with mass
+}
+
+TokenLogprobs compute_logprobs(std::span<const float> raw, int32_t token, int n_top) {
+  std::vector<double> lp = log_softmax(raw);
+  TokenLogprobs out;
+  out.token = token;
+  out.logprob = static_cast<float>(lp[token]);
+  out.rank = 1;
+  for (double v : lp) out.rank += v > lp[token] ? 1 : 0;
+  if (n_top > 0) {
+    std::vector<int32_t> idx(lp.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    const size_t n = std::min(static_cast<size_t>(n_top), idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+      return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+    });
+    for (size_t i = 0; i < n; ++i) out.top.emplace_back(idx[i], static_cast<float>(lp[idx[i]]));
+  }
+  return out;
+}
+
+}  // namespace
+
+SamplerState::SamplerState(const SamplingParams& params, uint64_t seed,
+                           std::span<const int32_t> prompt)
+    : rng_(seed), track_seen_(params.repetition_penalty != 1.0) {
+  if (track_seen_) seen_.insert(prompt.begin(), prompt.end());
+}
+
+void SamplerState::append_output(int32_t token) {
+  ++output_counts_[token];
+  if (track_seen_) seen_.insert(token);
+}
+
+void apply_penalties(std::span<float> logits, const SamplingParams& params,
+                     const SamplerState& state) {
+  const auto vocab = static_cast<int32_t>(logits.size());
+  if (params.repetition_penalty != 1.0) {
+    const auto r = static_cast<float>(params.repetition_penalty);
+    for (int32_t t : state.seen()) {
+      if (t < 0 || t >= vocab) continue;
+      logits[t] = logits[t] > 0 ? logits[t] / r : logits[t] * r;
+    }
+  }
+  if (params.frequency_penalty != 0.0 || params.presence_penalty != 0.0) {
+    for (const auto& [t, count] : state.output_counts()) {
+      if (t < 0 || t >= vocab) continue;
+      logits[t] -= static_cast<float>(params.frequency_penalty * count + params.presence_penalty);
+    }
+  }
+}
+
+void apply_temperature(std::span<float> logits, double temperature) {
+  if (temperature == 1.0) return;
+  const auto inv = static_cast<float>(1.0 / temperature);
+  for (float& x : logits) x *= inv;  // -inf stays -inf
+}
+
+void apply_min_p(std::span<float> logits, double min_p) {
+  if (min_p <= 0.0) return;
+  // p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p)
+  const double threshold = max_finite(logits) + std::log(min_p);
+  for (float& x : logits) {
+    if (x < threshold) x = kNegInf;
+  }
+}
+
+void apply_top_k(std::span<float> logits, int64_t top_k) {
+  if (top_k <= 0 || top_k >= static_cast<int64_t>(logits.size())) return;
+  std::vector<float> sorted(logits.begin(), logits.end());
+  std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
+  const float kth = sorted[top_k - 1];
+  // Ties with the k-th value are kept, as vLLM's mask (logits < kth) does.
+  for (float& x : logits) {
+    if (x < kth) x = kNegInf;
+  }
+}
+
+void apply_top_p(std::span<float> logits, double top_p) {
+  if (top_p >= 1.0) return;
+  std::vector<int32_t> idx;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] != kNegInf) idx.push_back(static_cast<int32_t>(i));
+  }
+  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  const double m = logits[idx[0]];
+  double total = 0.0;
+  for (int32_t i : idx) total += std::exp(logits[i] - m);
+  // Keep a token while the mass ranked above it is below top_p: the smallest prefix whose mass
+  // reaches top_p (the top token always stays).
+  double above = 0.0;
+  size_t keep = 0;
+  while (keep < idx.size() && above < top_p * total) {
+    above += std::exp(logits[idx[keep]] - m);
+    ++keep;
+  }
+  for (size_t j = keep; j < idx.size(); ++j) logits[idx[j]] = kNegInf;
+}
+
+std::vector<double> log_softmax(std::span<const float> logits) {
+  const double m = max_finite(logits);
+  double total = 0.0;
+  for (float x : logits) total += x == kNegInf ? 0.0 : std::exp(x - m);
+  const double log_z = m + std::log(total);
+  std::vector<double> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    out[i] = logits[i] == kNegInf ? -std::numeric_limits<double>::infinity() : logits[i] - log_z;
+  }
+  return out;
+}
+
+SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
+                          SamplerState& state) {
+  check_logits(logits);
+  std::vector<float> work(logits.begin(), logits.end());
+  apply_penalties(work, params, state);
+  SampleResult result;
+  if (params.greedy()) {
+    result.token = argmax(work);
+  } else {
+    apply_temperature(work, params.temperature);
+    apply_min_p(work, params.min_p);
+    apply_top_k(work, params.top_k);
+    apply_top_p(work, params.top_p);
+    result.token = draw(work, state.rng());
+  }
+  if (params.logprobs) result.logprobs = compute_logprobs(logits, result.token, *params.logprobs);
+  return result;
+}
+
+}  // namespace longctx

@@ -1,0 +1,36 @@
+// A request inside the engine: its tokens, where it stands with the model (tokens computed), its
+// sampler and stop state, and the output built so far. The sequential loop in EngineCore runs
+// one at a time; a batching scheduler moves the same objects between its queues.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/text_stream.h"
+#include "longctx/engine/request_output.h"
+#include "longctx/engine/sampler.h"
+#include "longctx/engine/sampling_params.h"
+#include "longctx/engine/stop_strings.h"
+
+namespace longctx {
+
+enum class SequenceStatus { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  uint64_t id = 0;
+  SequenceStatus status = SequenceStatus::kWaiting;
+  SamplingParams params;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t num_prompt_tokens = 0;
+  int64_t num_computed = 0;      // tokens whose K/V the executor holds
+  int64_t max_total_tokens = 0;  // cap on tokens: min(prompt + max_tokens, max_model_len)
+  SamplerState sampler;
+  StopStringMatcher stop_matcher;
+  std::unique_ptr<TextStream> text_stream;  // null without a tokenizer
+  RequestOutput output;
+
+  int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - num_prompt_tokens; }
+};
+
+}  // namespace longctx

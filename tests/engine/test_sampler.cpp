@@ -1,0 +1,276 @@
+// Sampler tests: the empirical distribution of sampled tokens against the distribution each
+// setting should give (computed here independently), seeds, penalties, logprobs, validation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "longctx/core/error.h"
+#include "longctx/engine/sampler.h"
+
+namespace longctx {
+namespace {
+
+// Unsorted on purpose so index bookkeeping matters; no ties.
+const std::vector<float> kLogits = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f, -3.0f, 1.0f, -0.5f};
+
+// The target distribution, written the plain way: probabilities, then each filter on the set of
+// kept tokens, in vLLM's order (temperature, min_p, top_k, top_p), renormalizing at the end.
+std::vector<double> expected_distribution(const std::vector<float>& logits, double t, int k,
+                                          double top_p, double min_p) {
+  const size_t n = logits.size();
+  std::vector<double> p(n);
+  double z = 0;
+  for (size_t i = 0; i < n; ++i) z += p[i] = std::exp(logits[i] / t);
+  for (double& x : p) x /= z;
+  std::vector<bool> keep(n, true);
+  const double pmax = *std::max_element(p.begin(), p.end());
+  for (size_t i = 0; i < n; ++i) keep[i] = p[i] >= min_p * pmax;
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p[a] > p[b]; });
+  if (k > 0) {
+    int seen = 0;
+    for (size_t i : order) {
+      if (keep[i] && ++seen > k) keep[i] = false;
+    }
+  }
+  double kept_mass = 0;
+  for (size_t i = 0; i < n; ++i) kept_mass += keep[i] ? p[i] : 0;
+  double cum = 0;
+  for (size_t i : order) {
+    if (!keep[i]) continue;
+    if (cum >= top_p) {
+      keep[i] = false;
+    } else {
+      cum += p[i] / kept_mass;
+    }
+  }
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += keep[i] ? p[i] : 0;
+  std::vector<double> q(n);
+  for (size_t i = 0; i < n; ++i) q[i] = keep[i] ? p[i] / s : 0;
+  return q;
+}
+
+// Upper 0.1% points of the chi-square distribution for 1..9 degrees of freedom (standard
+// tables, e.g. NIST/SEMATECH e-Handbook 1.3.6.7.4).
+double chi2_critical_p001(int df) {
+  static const double kTable[] = {10.828, 13.816, 16.266, 18.467, 20.515,
+                                  22.458, 24.322, 26.124, 27.877};
+  EXPECT_GE(df, 1);
+  EXPECT_LE(df, 9);
+  return kTable[df - 1];
+}
+
+std::vector<int64_t> sample_counts(const SamplingParams& params, int n, uint64_t seed) {
+  SamplerState state(params, seed, {});
+  std::vector<int64_t> counts(kLogits.size(), 0);
+  for (int i = 0; i < n; ++i) ++counts[sample_token(kLogits, params, state).token];
+  return counts;
+}
+
+// Pearson's statistic over tokens with expected mass; tokens without must never appear.
+// Returns {statistic, degrees of freedom}.
+std::pair<double, int> chi_square(const std::vector<int64_t>& counts,
+                                  const std::vector<double>& expected, int n) {
+  double stat = 0;
+  int cells = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (expected[i] == 0) {
+      EXPECT_EQ(counts[i], 0) << "token " << i << " was filtered out but sampled";
+      continue;
+    }
+    const double e = expected[i] * n;
+    stat += (counts[i] - e) * (counts[i] - e) / e;
+    ++cells;
+  }
+  return {stat, cells - 1};
+}
+
+struct DistCase {
+  const char* name;
+  double temperature;
+  int top_k;
+  double top_p;
+  double min_p;
+  int expected_support;  // tokens left after filtering (guards the expectation itself)
+};
+
+TEST(Sampler, FollowsTheIntendedDistribution) {
+  const DistCase cases[] = {
+      {"t=1", 1.0, 0, 1.0, 0.0, 8},
+      {"t=0.5", 0.5, 0, 1.0, 0.0, 8},
+      {"t=2", 2.0, 0, 1.0, 0.0, 8},
+      {"top_k=3", 1.0, 3, 1.0, 0.0, 3},
+      {"top_p=0.75", 1.0, 0, 0.75, 0.0, 3},
+      {"min_p=0.2", 1.0, 0, 1.0, 0.2, 4},
+      {"t=0.7,top_k=5,top_p=0.9,min_p=0.05", 0.7, 5, 0.9, 0.05, 3},
+      {"t=1.3,top_k=6,top_p=0.7", 1.3, 6, 0.7, 0.0, 3},
+  };
+  constexpr int kDraws = 20000;
+  for (const DistCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    SamplingParams params;
+    params.temperature = c.temperature;
+    params.top_k = c.top_k;
+    params.top_p = c.top_p;
+    params.min_p = c.min_p;
+    const auto expected = expected_distribution(kLogits, c.temperature, c.top_k, c.top_p, c.min_p);
+    EXPECT_EQ(std::count_if(expected.begin(), expected.end(), [](double x) { return x > 0; }),
+              c.expected_support);
+    const auto counts = sample_counts(params, kDraws, 1234);
+    const auto [stat, df] = chi_square(counts, expected, kDraws);
+    EXPECT_LT(stat, chi2_critical_p001(df)) << "df " << df;
+  }
+}
+
+TEST(Sampler, ChiSquareRejectsAWrongDistribution) {
+  // The test above has power: samples at t=0.7 do not pass as t=1.
+  SamplingParams params;
+  params.temperature = 0.7;
+  constexpr int kDraws = 20000;
+  const auto counts = sample_counts(params, kDraws, 99);
+  const auto [stat, df] =
+      chi_square(counts, expected_distribution(kLogits, 1.0, 0, 1.0, 0.0), kDraws);
+  EXPECT_GT(stat, chi2_critical_p001(df));
+}
+
+TEST(Sampler, GreedyTakesTheArgmaxAndIgnoresFilters) {
+  SamplingParams params;
+  params.temperature = 0.0;
+  params.top_k = 2;
+  params.top_p = 0.1;
+  SamplerState state(params, 7, {});
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(sample_token(kLogits, params, state).token, 2);
+  // Ties go to the lowest index, like torch.argmax.
+  std::vector<float> tied = {0.0f, 3.0f, 3.0f, 1.0f};
+  EXPECT_EQ(sample_token(tied, params, state).token, 1);
+}
+
+TEST(Sampler, SeedReproducesAndDifferentSeedsDiffer) {
+  SamplingParams params;
+  params.temperature = 1.0;
+  auto run = [&](uint64_t seed) {
+    SamplerState state(params, seed, {});
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(sample_token(kLogits, params, state).token);
+    return out;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+}
+
+TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
+  SamplingParams params;
+  params.repetition_penalty = 2.0;
+  const std::vector<int32_t> prompt = {0, 1};
+  SamplerState state(params, 0, prompt);
+  state.append_output(3);
+  std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, -4.0f};
+  apply_penalties(logits, params, state);
+  EXPECT_FLOAT_EQ(logits[0], 1.0f);   // prompt token, positive: divided
+  EXPECT_FLOAT_EQ(logits[1], -2.0f);  // prompt token, negative: multiplied
+  EXPECT_FLOAT_EQ(logits[2], 0.5f);   // unseen
+  EXPECT_FLOAT_EQ(logits[3], 1.5f);   // generated token
+  EXPECT_FLOAT_EQ(logits[4], -4.0f);  // unseen
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
+  SamplingParams params;
+  params.presence_penalty = 0.25;
+  params.frequency_penalty = 0.5;
+  const std::vector<int32_t> prompt = {0};
+  SamplerState state(params, 0, prompt);
+  state.append_output(2);
+  state.append_output(2);
+  state.append_output(3);
+  std::vector<float> logits = {1.0f, 1.0f, 1.0f, 1.0f};
+  apply_penalties(logits, params, state);
+  EXPECT_FLOAT_EQ(logits[0], 1.0f);                 // in the prompt only: untouched
+  EXPECT_FLOAT_EQ(logits[1], 1.0f);                 // never seen
+  EXPECT_FLOAT_EQ(logits[2], 1.0f - 0.25f - 1.0f);  // twice
+  EXPECT_FLOAT_EQ(logits[3], 1.0f - 0.25f - 0.5f);  // once
+}
+
+TEST(Sampler, PenaltiesApplyBeforeGreedy) {
+  SamplingParams params;
+  params.temperature = 0;
+  params.frequency_penalty = 2.0;
+  SamplerState state(params, 0, {});
+  std::vector<float> logits = {0.0f, 1.0f, 0.5f};
+  EXPECT_EQ(sample_token(logits, params, state).token, 1);
+  state.append_output(1);
+  EXPECT_EQ(sample_token(logits, params, state).token, 2);  // 1 - 2 < 0.5
+}
+
+TEST(Sampler, LogprobsAreThoseOfTheRawDistribution) {
+  SamplingParams params;
+  params.temperature = 0.5;  // logprobs ignore temperature (vLLM's raw logprobs)
+  params.logprobs = 3;
+  SamplerState state(params, 5, {});
+  const SampleResult r = sample_token(kLogits, params, state);
+  double z = 0;
+  for (float x : kLogits) z += std::exp(x);
+  EXPECT_NEAR(r.logprobs.logprob, kLogits[r.token] - std::log(z), 1e-6);
+  EXPECT_EQ(r.logprobs.token, r.token);
+  int64_t rank = 1;
+  for (float x : kLogits) rank += x > kLogits[r.token] ? 1 : 0;
+  EXPECT_EQ(r.logprobs.rank, rank);
+  ASSERT_EQ(r.logprobs.top.size(), 3u);
+  EXPECT_EQ(r.logprobs.top[0].first, 2);
+  EXPECT_EQ(r.logprobs.top[1].first, 4);
+  EXPECT_EQ(r.logprobs.top[2].first, 6);
+  EXPECT_NEAR(r.logprobs.top[0].second, 2.0 - std::log(z), 1e-6);
+}
+
+TEST(Sampler, RejectsNaNLogits) {
+  SamplingParams params;
+  SamplerState state(params, 0, {});
+  std::vector<float> logits = {0.0f, std::numeric_limits<float>::quiet_NaN()};
+  EXPECT_THROW(sample_token(logits, params, state), Error);
+}
+
+void expect_invalid(const SamplingParams& p, const std::string& field) {
+  try {
+    p.validate();
+    ADD_FAILURE() << "no error for " << field;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+}
+
+TEST(SamplingParams, Validation) {
+  SamplingParams ok;
+  EXPECT_NO_THROW(ok.validate());
+  ok.top_k = -1;  // -1 and 0 both mean "all tokens"
+  EXPECT_NO_THROW(ok.validate());
+  auto with = [](auto f) {
+    SamplingParams p;
+    f(p);
+    return p;
+  };
+  expect_invalid(with([](auto& p) { p.temperature = -0.1; }), "temperature");
+  expect_invalid(with([](auto& p) { p.temperature = NAN; }), "temperature");
+  expect_invalid(with([](auto& p) { p.top_k = -2; }), "top_k");
+  expect_invalid(with([](auto& p) { p.top_p = 0.0; }), "top_p");
+  expect_invalid(with([](auto& p) { p.top_p = 1.5; }), "top_p");
+  expect_invalid(with([](auto& p) { p.min_p = -0.1; }), "min_p");
+  expect_invalid(with([](auto& p) { p.min_p = 1.1; }), "min_p");
+  expect_invalid(with([](auto& p) { p.repetition_penalty = 0.0; }), "repetition_penalty");
+  expect_invalid(with([](auto& p) { p.presence_penalty = 2.5; }), "presence_penalty");
+  expect_invalid(with([](auto& p) { p.frequency_penalty = -3; }), "frequency_penalty");
+  expect_invalid(with([](auto& p) { p.max_tokens = 0; }), "max_tokens");
+  expect_invalid(with([](auto& p) { p.max_tokens = -5; }), "max_tokens");
+  expect_invalid(with([](auto& p) { p.stop = {"ok", ""}; }), "stop string");
+  expect_invalid(with([](auto& p) { p.stop_token_ids = {-1}; }), "stop_token_ids");
+  expect_invalid(with([](auto& p) { p.logprobs = 21; }), "logprobs");
+  expect_invalid(with([](auto& p) { p.logprobs = -1; }), "logprobs");
+}
+
+}  // namespace
+}  // namespace longctx

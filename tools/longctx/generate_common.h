@@ -1,0 +1,37 @@
+// Shared by `longctx generate` and `longctx chat`: the engine and sampling options, and the
+// streaming printer (UTF-8-safe text to stdout, a summary line to stderr).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "longctx/llm.h"
+
+namespace longctx::cli {
+
+struct GenerateOptions {
+  EngineConfig engine;
+  SamplingParams sampling;
+  std::string log_level;
+};
+
+// Adds --model, --dummy, --tokenizer, --max-model-len, --device, sampling flags.
+void add_engine_options(CLI::App& cmd, GenerateOptions& opts);
+void add_sampling_options(CLI::App& cmd, SamplingParams& sp);
+
+// Builds the LLM (after validating the sampling parameters, so a typo fails before loading).
+std::unique_ptr<LLM> make_llm(const GenerateOptions& opts);
+
+// Runs one prompt, streaming its text (or, without a tokenizer, its token ids) to stdout.
+RequestOutput stream_one(LLM& llm, const Prompt& prompt, const SamplingParams& sp);
+
+// "12 prompt + 34 generated tokens, finish: length; TTFT 5.1 ms, prefill 2345 tok/s, ..."
+std::string summary_line(const RequestOutput& out);
+
+// "1,2, 3" -> {1, 2, 3}; throws Error naming the bad item.
+std::vector<int32_t> parse_ids(const std::string& text);
+
+}  // namespace longctx::cli
