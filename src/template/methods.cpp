@@ -56,7 +56,7 @@ Value slice(const Value& object, const Value* start, const Value* stop, const Va
     chars = utf8_decode(object.as_string());
   else if (object.is_array())
     items = &object.as_array();
-  else
+  else  // Jinja compiles slices to a plain Python subscript, so this raises
     fail("'" + object.type_name() + "' object is not subscriptable");
   int64_t n = items ? static_cast<int64_t>(items->size()) : static_cast<int64_t>(chars.size());
   auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
@@ -288,8 +288,8 @@ std::optional<Value> string_method(const std::string& s, const std::string& name
     return Value(
         py_replace(s, need_str(a0, "(old)"), need_str(a1, "(new)"), count ? count->as_int() : -1));
   }
-  if (name == "upper") return Value(ascii_upper(s));
-  if (name == "lower") return Value(ascii_lower(s));
+  if (name == "upper") return Value(str_upper(s));
+  if (name == "lower") return Value(str_lower(s));
   if (name == "title") return Value(py_title(s));
   if (name == "capitalize") return Value(py_capitalize(s));
   if (name == "format") return Value(str_format(s, a));
@@ -330,8 +330,8 @@ std::optional<Value> string_method(const std::string& s, const std::string& name
       return name == "isdigit" ? digit : name == "isalpha" ? alpha : digit || alpha;
     }));
   }
-  if (name == "islower") return Value(ascii_lower(s) == s && ascii_upper(s) != s);
-  if (name == "isupper") return Value(ascii_upper(s) == s && ascii_lower(s) != s);
+  if (name == "islower") return Value(str_lower(s) == s && str_upper(s) != s);
+  if (name == "isupper") return Value(str_upper(s) == s && str_lower(s) != s);
   if (name == "splitlines") {
     Array lines;
     size_t start = 0;

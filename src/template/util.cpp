@@ -5,30 +5,87 @@
 
 namespace longctx::jinja {
 
-std::string ascii_upper(std::string s) {
-  for (char& c : s)
-    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
-  return s;
+namespace {
+
+// Simple (one-to-one) case mapping for Latin-1, Latin Extended-A, Greek, Cyrillic and
+// full-width Latin, which covers what templates meet; other scripts are left unchanged.
+struct CaseRange {
+  char32_t lo, hi;  // lowercase range
+  int32_t delta;    // upper = lower + delta
+};
+constexpr CaseRange kRanges[] = {
+    {'a', 'z', -32},     {0xE0, 0xF6, -32},     {0xF8, 0xFE, -32},   {0x3B1, 0x3C1, -32},
+    {0x3C3, 0x3CB, -32}, {0x3AD, 0x3AF, -37},   {0x3CD, 0x3CE, -63}, {0x430, 0x44F, -32},
+    {0x450, 0x45F, -80}, {0xFF41, 0xFF5A, -32},
+};
+constexpr std::pair<char32_t, char32_t> kSingles[] = {  // {lower, upper}
+    {0xFF, 0x178},
+    {0x3AC, 0x386},
+    {0x3CC, 0x38C},
+    {0x3C2, 0x3A3}};
+
+// Latin Extended-A and Cyrillic pair blocks alternate upper (even) / lower (odd) code points,
+// except 0x139..0x148 and 0x179..0x17E where the upper case is odd.
+bool in_pair_block(char32_t c, bool* odd_upper) {
+  *odd_upper = (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E);
+  return (c >= 0x100 && c <= 0x137) || *odd_upper || (c >= 0x14A && c <= 0x177) ||
+         (c >= 0x460 && c <= 0x481) || (c >= 0x48A && c <= 0x4BF);
 }
 
-std::string ascii_lower(std::string s) {
-  for (char& c : s)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  return s;
+char32_t to_upper(char32_t c) {
+  for (const auto& r : kRanges)
+    if (c >= r.lo && c <= r.hi) return static_cast<char32_t>(c + r.delta);
+  for (const auto& [lo, up] : kSingles)
+    if (c == lo) return up;
+  bool odd_upper;
+  if (in_pair_block(c, &odd_upper) && (c % 2 == 1) != odd_upper) return c - 1;
+  return c;
 }
+
+char32_t to_lower(char32_t c) {
+  for (const auto& r : kRanges) {
+    char32_t lo = static_cast<char32_t>(r.lo + r.delta), hi = static_cast<char32_t>(r.hi + r.delta);
+    if (c >= lo && c <= hi) return static_cast<char32_t>(c - r.delta);
+  }
+  for (const auto& [lo, up] : kSingles)
+    if (c == up && lo != 0x3C2) return lo;
+  bool odd_upper;
+  if (in_pair_block(c + 1, &odd_upper) && (c % 2 == 1) == odd_upper) return c + 1;
+  return c;
+}
+
+std::string map_case(const std::string& s, bool upper) {
+  std::u32string u = utf8_decode(s);
+  std::u32string out;
+  for (char32_t c : u) {
+    if (upper && c == 0xDF) {  // Python: "ß".upper() == "SS"
+      out += U"SS";
+      continue;
+    }
+    out += upper ? to_upper(c) : to_lower(c);
+  }
+  return utf8_encode(out);
+}
+
+}  // namespace
+
+std::string str_upper(const std::string& s) { return map_case(s, true); }
+std::string str_lower(const std::string& s) { return map_case(s, false); }
 
 std::string py_capitalize(const std::string& s) {
   if (s.empty()) return s;
-  return ascii_upper(s.substr(0, 1)) + ascii_lower(s.substr(1));
+  std::u32string u = utf8_decode(s);
+  return str_upper(utf8_encode(u.substr(0, 1))) + str_lower(utf8_encode(u.substr(1)));
 }
 
 std::string py_title(const std::string& s) {
   // Jinja capitalizes each word, a word starting after whitespace, '-', or an opening bracket.
   std::string out;
   bool start = true;
-  for (char c : s) {
-    out += start ? ascii_upper(std::string(1, c)) : ascii_lower(std::string(1, c));
-    start = std::string_view(" \t\n\r\v\f-([{<").find(c) != std::string_view::npos;
+  for (char32_t c : utf8_decode(s)) {
+    std::string ch = utf8_encode(std::u32string_view(&c, 1));
+    out += start ? str_upper(ch) : str_lower(ch);
+    start = is_py_space(c) || std::u32string_view(U"-([{<").find(c) != std::u32string_view::npos;
   }
   return out;
 }

@@ -1,5 +1,5 @@
-// String helpers with Python semantics (case mapping is ASCII-only; strip and replace work on
-// code points so multi-byte characters are never split).
+// String helpers with Python semantics, working on code points so multi-byte characters are
+// never split. Case mapping covers Latin, Greek and Cyrillic (one-to-one, plus "ß" -> "SS").
 #pragma once
 
 #include <cstdint>
@@ -9,8 +9,8 @@
 
 namespace longctx::jinja {
 
-std::string ascii_upper(std::string s);
-std::string ascii_lower(std::string s);
+std::string str_upper(const std::string& s);
+std::string str_lower(const std::string& s);
 std::string py_capitalize(const std::string& s);  // first character upper, the rest lower
 std::string py_title(const std::string& s);       // Jinja's title filter
 // str.strip(chars) / lstrip / rstrip; chars == nullptr strips Unicode whitespace.

@@ -49,10 +49,20 @@ Value Value::function(std::string name, std::function<Value(const CallArgs&)> fn
   return v;
 }
 
-int64_t Value::as_int() const { return is_bool() ? (as_bool() ? 1 : 0) : std::get<int64_t>(v_); }
+void Value::type_error(const char* expected) const {
+  if (is_undefined()) require_defined();
+  fail(std::string("expected ") + expected + ", got " + type_name());
+}
+
+int64_t Value::as_int() const {
+  if (is_bool()) return as_bool() ? 1 : 0;
+  return get<int64_t>("int");
+}
 
 double Value::as_float() const {
-  return is_float() ? std::get<double>(v_) : static_cast<double>(as_int());
+  if (is_float()) return std::get<double>(v_);
+  if (!is_int() && !is_bool()) type_error("a number");
+  return static_cast<double>(as_int());
 }
 
 void Value::require_defined() const {
@@ -119,6 +129,7 @@ std::string py_repr_string(const std::string& s) {
 }  // namespace
 
 std::string Value::repr() const {
+  if (is_undefined()) return "Undefined";  // how Jinja's Undefined prints inside a list
   if (is_string()) return py_repr_string(as_string());
   if (is_array()) {
     const Array& items = as_array();

@@ -94,15 +94,16 @@ class Value {
   bool is_namespace() const { return is_object() && as_object().is_namespace; }
   bool is_callable() const { return std::holds_alternative<std::shared_ptr<Callable>>(v_); }
 
-  bool as_bool() const { return std::get<bool>(v_); }
+  bool as_bool() const { return get<bool>("bool"); }
+  // Typed access; a value of another type is a RenderError naming both types (not a crash).
   int64_t as_int() const;   // int or bool
   double as_float() const;  // any number
-  const std::string& as_string() const { return std::get<std::string>(v_); }
+  const std::string& as_string() const { return get<std::string>("str"); }
   const Array& as_array() const { return array_box().items; }
-  const ArrayBox& array_box() const { return *std::get<std::shared_ptr<ArrayBox>>(v_); }
-  const Object& as_object() const { return *std::get<std::shared_ptr<Object>>(v_); }
-  Object& mutable_object() const { return *std::get<std::shared_ptr<Object>>(v_); }
-  const Callable& as_callable() const { return *std::get<std::shared_ptr<Callable>>(v_); }
+  const ArrayBox& array_box() const { return *get<std::shared_ptr<ArrayBox>>("list"); }
+  const Object& as_object() const { return *get<std::shared_ptr<Object>>("dict"); }
+  Object& mutable_object() const { return *get<std::shared_ptr<Object>>("dict"); }
+  const Callable& as_callable() const { return *get<std::shared_ptr<Callable>>("function"); }
   const std::string& undefined_hint() const { return std::get<Undefined>(v_).hint; }
 
   bool truthy() const;
@@ -114,6 +115,12 @@ class Value {
 
  private:
   explicit Value(Undefined u) : v_(std::move(u)) {}
+  [[noreturn]] void type_error(const char* expected) const;
+  template <typename T>
+  const T& get(const char* expected) const {
+    if (!std::holds_alternative<T>(v_)) type_error(expected);
+    return std::get<T>(v_);
+  }
   std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::string,
                std::shared_ptr<ArrayBox>, std::shared_ptr<Object>, std::shared_ptr<Callable>>
       v_;

@@ -209,6 +209,21 @@ TEST(TemplateFilters, Common) {
             "l1\n  l2\n\n  l4|  a\n  b");
 }
 
+TEST(TemplateFilters, UnicodeCaseAndNumbers) {
+  // Python's str.upper/lower beyond ASCII (Latin, Greek, Cyrillic; "ß" -> "SS").
+  EXPECT_EQ(render("{{ 'h\u00e9llo w\u00f6rld'|upper }} {{ '\u00c0\u00c9\u00ce "
+                   "\u03a9\u03bc\u03ad\u03b3\u03b1 "
+                   "\u041f\u0420\u0418\u0412\u0415\u0422'|lower }} {{ 'stra\u00dfe'|upper }} "
+                   "{{ '\u00e9lan vital'|title }} {{ '\u0141\u00f3d\u017a'.lower() }} "
+                   "{{ '\u0142\u00f3d\u017a'|capitalize }}"),
+            "H\u00c9LLO W\u00d6RLD \u00e0\u00e9\u00ee \u03c9\u03bc\u03ad\u03b3\u03b1 "
+            "\u043f\u0440\u0438\u0432\u0435\u0442 STRASSE \u00c9lan Vital \u0142\u00f3d\u017a "
+            "\u0141\u00f3d\u017a");
+  // round() of an int stays an int; odd/even/divisibleby are `value % n` tests.
+  EXPECT_EQ(render("{{ 3|round }} {{ 2.5 is odd }} {{ 3.0 is odd }} {{ 10 is divisibleby 2.5 }}"),
+            "3 False True True");
+}
+
 TEST(TemplateFilters, ToJsonMatchesTransformers) {
   // transformers' tojson is json.dumps(ensure_ascii=False): ", " and ": " separators, non-ASCII
   // kept, no HTML escaping, key order as given; indent switches to "," item separators.
