@@ -1,0 +1,125 @@
+// longctx forward: the numerics debugging tool. Runs token ids through the CPU reference model in
+// one forward pass and writes the float32 logits as .npy ([n, vocab], or [1, vocab] with
+// --positions last), to compare against transformers or another backend offline.
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "longctx/core/error.h"
+#include "longctx/core/npy.h"
+#include "longctx/models/model.h"
+#include "model_options.h"
+
+namespace longctx::cli {
+namespace {
+
+struct Options {
+  ModelOptions model;
+  std::string ids;
+  std::string ids_file;
+  std::string out;
+  std::string positions = "all";
+  std::string rope_inv_freq_dtype = "checkpoint";
+};
+
+int32_t parse_id(const std::string& tok, const std::string& where) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(tok, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  LONGCTX_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, ErrorCode::kInvalidArgument,
+                "{}: '{}' is not a token id", where, tok);
+  return static_cast<int32_t>(v);
+}
+
+// "1,2,3", "1 2 3" or a mix of commas and whitespace.
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& where) {
+  std::vector<int32_t> ids;
+  std::string tok;
+  for (char ch : text + " ") {
+    if (ch == ',' || std::isspace(static_cast<unsigned char>(ch))) {
+      if (!tok.empty()) ids.push_back(parse_id(tok, where));
+      tok.clear();
+    } else {
+      tok += ch;
+    }
+  }
+  return ids;
+}
+
+// A JSON array of ints, or comma/whitespace-separated ids.
+std::vector<int32_t> read_ids_file(const std::string& path) {
+  std::ifstream f(path);
+  LONGCTX_CHECK(f, ErrorCode::kNotFound, "--ids-file {}: cannot open", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '[') {
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    LONGCTX_CHECK(j.is_array(), ErrorCode::kInvalidArgument, "--ids-file {}: not a JSON array",
+                  path);
+    std::vector<int32_t> ids;
+    for (const auto& v : j) {
+      LONGCTX_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX,
+                    ErrorCode::kInvalidArgument, "--ids-file {}: {} is not a token id", path,
+                    v.dump());
+      ids.push_back(v.get<int32_t>());
+    }
+    return ids;
+  }
+  return parse_id_list(text, "--ids-file " + path);
+}
+
+void run(const Options& o) {
+  LONGCTX_CHECK(o.ids.empty() != o.ids_file.empty(), ErrorCode::kInvalidArgument,
+                "give exactly one of --ids and --ids-file");
+  std::vector<int32_t> ids =
+      o.ids.empty() ? read_ids_file(o.ids_file) : parse_id_list(o.ids, "--ids");
+  LONGCTX_CHECK(!ids.empty(), ErrorCode::kInvalidArgument, "no token ids given");
+  ModelBuildOptions build;
+  if (o.rope_inv_freq_dtype == "f32") build.rope_inv_freq_dtype = DType::kF32;
+  std::unique_ptr<Model> model = create_model(o.model.load(), build);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<int64_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 0);
+  auto cache = model->make_cache(n);
+  const auto t0 = std::chrono::steady_clock::now();
+  Tensor logits = model->forward(ids, positions, *cache, o.positions == "last");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_npy(o.out, logits);
+  std::fprintf(stderr, "forward: %lld tokens in %.3f s, wrote logits %s to %s\n",
+               static_cast<long long>(n), secs, logits.shape_str().c_str(), o.out.c_str());
+}
+
+CommandRegistration reg("forward", [](CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand(
+      "forward", "Run token ids through the CPU reference model; write f32 logits as .npy");
+  o->model.add_to(cmd);
+  cmd->add_option("--ids", o->ids, "token ids, e.g. 1,2,3");
+  cmd->add_option("--ids-file", o->ids_file,
+                  "file of token ids: comma/whitespace separated, or a JSON array");
+  cmd->add_option("--out,-o", o->out, "output .npy file (float32 [n, vocab] or [1, vocab])")
+      ->required();
+  cmd->add_option("--positions", o->positions, "logits of all positions or only the last")
+      ->check(CLI::IsMember({"all", "last"}));
+  cmd->add_option("--rope-inv-freq-dtype", o->rope_inv_freq_dtype,
+                  "checkpoint: rope inv_freq rounded to the checkpoint dtype, as transformers "
+                  "loading at that dtype; f32: exact, as transformers loading with dtype=float32")
+      ->check(CLI::IsMember({"checkpoint", "f32"}));
+  cmd->callback([o] { run(*o); });
+});
+
+}  // namespace
+}  // namespace longctx::cli
