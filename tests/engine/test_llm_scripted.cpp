@@ -256,6 +256,25 @@ TEST(LLMScripted, LogprobsOnePerToken) {
   }
 }
 
+TEST(LLMScripted, PenaltiesSeeTheTokensGeneratedSoFar) {
+  // Token 5 leads token 6 by 0.5; a frequency penalty of 1 per occurrence makes greedy alternate.
+  auto fn = [](const StepInput&) {
+    std::vector<float> l(kVocab, -5.0f);
+    l[5] = 1.0f;
+    l[6] = 0.5f;
+    return l;
+  };
+  LLM llm(make_function_executor(kVocab, fn), nullptr, 64, std::vector<int64_t>{});
+  auto p = greedy(5);
+  p.frequency_penalty = 1.0;
+  EXPECT_EQ(llm.generate({kPrompt}, p, false)[0].token_ids, (std::vector<int32_t>{5, 6, 5, 6, 5}));
+  // repetition_penalty also counts the prompt: with 5 in the prompt, 6 wins from the start.
+  p = greedy(1);
+  p.repetition_penalty = 3.0;
+  EXPECT_EQ(llm.generate({std::vector<int32_t>{5}}, p, false)[0].token_ids,
+            (std::vector<int32_t>{6}));
+}
+
 // A fixed, flat-ish distribution: sampled runs depend on the seed only.
 std::unique_ptr<LLM> flat_llm(uint64_t engine_seed) {
   auto fn = [](const StepInput& in) {
