@@ -1,5 +1,6 @@
-// longctx generate: one prompt (text, chat message or token ids), streamed to stdout; a summary
-// line on stderr.
+// longctx generate: one prompt (text, chat message or token ids) streamed to stdout with a
+// summary line on stderr; several prompts (repeat --prompt or --ids) run as one batch with a
+// progress bar on stderr, each output printed when all are done.
 #include <cstdio>
 
 #include "command.h"
@@ -11,48 +12,72 @@ namespace {
 
 struct Options {
   GenerateOptions gen;
-  std::string prompt;
-  std::string ids;
+  std::vector<std::string> prompts;
+  std::vector<std::string> ids;
   bool chat = false;
   bool no_summary = false;
-  bool has_prompt = false;  // --prompt given (possibly empty: the engine reports that)
-  bool has_ids = false;
 };
 
-void run(Options& o) {
-  LONGCTX_CHECK(o.has_prompt != o.has_ids, ErrorCode::kInvalidArgument,
-                "give --prompt TEXT or --ids 1,2,3");
-  auto llm = make_llm(o.gen);
-  Prompt prompt = o.has_prompt ? Prompt(o.prompt) : Prompt(parse_ids(o.ids));
-  if (o.chat) {
-    LONGCTX_CHECK(!prompt.is_ids, ErrorCode::kInvalidArgument, "--chat needs --prompt text");
-    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    messages.push_back({{"role", "user"}, {"content", o.prompt}});
-    prompt = Prompt(llm->render_chat(messages, /*add_generation_prompt=*/true));
-    prompt.add_special_tokens = false;  // the template wrote them
+void print_output(const LLM& llm, const RequestOutput& out) {
+  if (llm.tokenizer() != nullptr) {
+    std::fwrite(out.text.data(), 1, out.text.size(), stdout);
+  } else {
+    for (size_t i = 0; i < out.token_ids.size(); ++i) {
+      std::fprintf(stdout, i == 0 ? "%d" : " %d", out.token_ids[i]);
+    }
   }
-  RequestOutput out = stream_one(*llm, prompt, o.gen.sampling);
   std::fputc('\n', stdout);
+}
+
+void run(Options& o) {
+  LONGCTX_CHECK(o.prompts.empty() != o.ids.empty(), ErrorCode::kInvalidArgument,
+                "give --prompt TEXT or --ids 1,2,3 (not both)");
+  auto llm = make_llm(o.gen);
+  std::vector<Prompt> prompts;
+  for (const auto& text : o.prompts) {
+    if (!o.chat) {
+      prompts.emplace_back(text);
+      continue;
+    }
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    messages.push_back({{"role", "user"}, {"content", text}});
+    Prompt p(llm->render_chat(messages, /*add_generation_prompt=*/true));
+    p.add_special_tokens = false;  // the template wrote them
+    prompts.push_back(std::move(p));
+  }
+  LONGCTX_CHECK(!o.chat || o.ids.empty(), ErrorCode::kInvalidArgument,
+                "--chat needs --prompt text");
+  for (const auto& ids : o.ids) prompts.emplace_back(parse_ids(ids));
+
+  if (prompts.size() == 1) {
+    RequestOutput out = stream_one(*llm, prompts[0], o.gen.sampling);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    if (!o.no_summary) std::fprintf(stderr, "%s\n", summary_line(out).c_str());
+    return;
+  }
+  auto outs = llm->generate(prompts, o.gen.sampling, /*use_progress_bar=*/true);
+  for (const RequestOutput& out : outs) {
+    std::fprintf(stdout, "=== prompt %zu ===\n", out.index);
+    print_output(*llm, out);
+    if (!o.no_summary) std::fprintf(stderr, "[%zu] %s\n", out.index, summary_line(out).c_str());
+  }
   std::fflush(stdout);
-  if (!o.no_summary) std::fprintf(stderr, "%s\n", summary_line(out).c_str());
 }
 
 CommandRegistration reg("generate", [](CLI::App& app) {
   auto o = std::make_shared<Options>();
   o->gen.sampling.max_tokens = 256;
-  auto* cmd = app.add_subcommand("generate", "Generate text from one prompt (streams to stdout)");
+  auto* cmd = app.add_subcommand("generate", "Generate text (one prompt streams to stdout)");
   add_engine_options(*cmd, o->gen);
-  auto* prompt = cmd->add_option("--prompt,-p", o->prompt, "prompt text");
-  auto* ids = cmd->add_option("--ids", o->ids, "prompt token ids, comma separated");
-  prompt->excludes(ids);
-  cmd->add_flag("--chat", o->chat, "wrap the prompt as a user message in the chat template");
+  cmd->add_option("--prompt,-p", o->prompts, "prompt text (repeat for a batch)")
+      ->allow_extra_args(false);
+  cmd->add_option("--ids", o->ids, "prompt token ids, comma separated (repeat for a batch)")
+      ->allow_extra_args(false);
+  cmd->add_flag("--chat", o->chat, "wrap each prompt as a user message in the chat template");
   cmd->add_flag("--no-summary", o->no_summary, "no summary line on stderr");
   add_sampling_options(*cmd, o->gen.sampling);
-  cmd->callback([o, cmd] {
-    o->has_prompt = cmd->count("--prompt") > 0;
-    o->has_ids = cmd->count("--ids") > 0;
-    run(*o);
-  });
+  cmd->callback([o] { run(*o); });
 });
 
 }  // namespace
