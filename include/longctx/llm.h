@@ -24,6 +24,7 @@
 namespace longctx {
 
 class Tokenizer;
+struct Checkpoint;
 struct ModelConfig;
 
 struct EngineConfig {
@@ -64,6 +65,9 @@ class LLM {
   // Loads the checkpoint (or builds the dummy one) and its tokenizer. Throws Error naming the
   // problem (missing folder, unsupported architecture, max_model_len over the model's limit).
   explicit LLM(const EngineConfig& config);
+  // An already loaded (or dummy) checkpoint; config.model / dummy_preset are ignored, the
+  // tokenizer comes from config.tokenizer, else from the checkpoint's folder.
+  LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& config);
   // Any backend, e.g. scripted logits in tests; `tokenizer` may be null (token-id prompts only).
   LLM(std::unique_ptr<Executor> executor, std::shared_ptr<const Tokenizer> tokenizer,
       int64_t max_model_len, std::vector<int64_t> eos_token_ids, uint64_t seed = 0);

@@ -41,21 +41,31 @@ int64_t resolve_max_model_len(const ModelConfig& config, int64_t requested) {
 
 }  // namespace
 
-LLM::LLM(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
-  LONGCTX_CHECK(config.device == "cpu", ErrorCode::kUnsupported,
-                "device '{}' is not supported by the engine yet (only 'cpu')", config.device);
+namespace {
+
+std::shared_ptr<const Checkpoint> load_for(const EngineConfig& config) {
   LONGCTX_CHECK(config.model.empty() != config.dummy_preset.empty(), ErrorCode::kInvalidArgument,
                 "give exactly one of a model folder or a dummy preset");
-  if (!config.model.empty()) {
-    impl_->checkpoint = std::make_shared<const Checkpoint>(load_checkpoint(config.model));
-  } else {
-    impl_->checkpoint = std::make_shared<const Checkpoint>(
-        make_dummy_checkpoint(dummy_preset_config(config.dummy_preset), config.seed));
-  }
+  if (!config.model.empty())
+    return std::make_shared<const Checkpoint>(load_checkpoint(config.model));
+  return std::make_shared<const Checkpoint>(
+      make_dummy_checkpoint(dummy_preset_config(config.dummy_preset), config.seed));
+}
+
+}  // namespace
+
+LLM::LLM(const EngineConfig& config) : LLM(load_for(config), config) {}
+
+LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& config)
+    : impl_(std::make_unique<Impl>()) {
+  LONGCTX_CHECK(checkpoint != nullptr, ErrorCode::kInvalidArgument, "null checkpoint");
+  LONGCTX_CHECK(config.device == "cpu", ErrorCode::kUnsupported,
+                "device '{}' is not supported by the engine yet (only 'cpu')", config.device);
+  impl_->checkpoint = std::move(checkpoint);
   std::string tok_dir = config.tokenizer;
-  if (tok_dir.empty() && !config.model.empty() &&
-      fs::exists(fs::path(config.model) / "tokenizer.json")) {
-    tok_dir = config.model;
+  const std::string& model_dir = impl_->checkpoint->dir;
+  if (tok_dir.empty() && !model_dir.empty() && fs::exists(fs::path(model_dir) / "tokenizer.json")) {
+    tok_dir = model_dir;
   }
   if (!tok_dir.empty()) {
     impl_->tokenizer = load_tokenizer_for_engine(tok_dir);

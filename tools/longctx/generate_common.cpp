@@ -10,10 +10,7 @@
 namespace longctx::cli {
 
 void add_engine_options(CLI::App& cmd, GenerateOptions& opts) {
-  auto* model = cmd.add_option("--model,-m", opts.engine.model, "Hugging Face checkpoint folder");
-  auto* dummy = cmd.add_option("--dummy", opts.engine.dummy_preset,
-                               "random weights of a preset's shapes instead of --model");
-  model->excludes(dummy);
+  opts.model.add_to(&cmd);
   cmd.add_option("--tokenizer", opts.engine.tokenizer,
                  "folder with tokenizer.json (default: the model folder's)");
   cmd.add_option("--max-model-len", opts.engine.max_model_len,
@@ -49,9 +46,7 @@ void add_sampling_options(CLI::App& cmd, SamplingParams& sp) {
 std::unique_ptr<LLM> make_llm(const GenerateOptions& opts) {
   if (!opts.log_level.empty()) set_log_level(opts.log_level);
   opts.sampling.validate();
-  LONGCTX_CHECK(!opts.engine.model.empty() || !opts.engine.dummy_preset.empty(),
-                ErrorCode::kInvalidArgument, "give --model DIR (or --dummy PRESET)");
-  return std::make_unique<LLM>(opts.engine);
+  return std::make_unique<LLM>(opts.model.load(), opts.engine);
 }
 
 RequestOutput stream_one(LLM& llm, const Prompt& prompt, const SamplingParams& sp) {

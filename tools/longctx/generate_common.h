@@ -9,16 +9,18 @@
 #include <vector>
 
 #include "longctx/llm.h"
+#include "model_options.h"
 
 namespace longctx::cli {
 
 struct GenerateOptions {
+  ModelOptions model;  // --model DIR | --load-format dummy --preset NAME
   EngineConfig engine;
   SamplingParams sampling;
   std::string log_level;
 };
 
-// Adds --model, --dummy, --tokenizer, --max-model-len, --device, sampling flags.
+// Adds the model options, --tokenizer, --max-model-len, --device, --engine-seed, --log-level.
 void add_engine_options(CLI::App& cmd, GenerateOptions& opts);
 void add_sampling_options(CLI::App& cmd, SamplingParams& sp);
 
