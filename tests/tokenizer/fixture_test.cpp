@@ -1,8 +1,10 @@
 // The real Qwen3 and Llama-3 tokenizer files against encodings made by Hugging Face tokenizers.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <thread>
 
+#include "tokenizer/unicode.h"
 #include "tokenizer_test_util.h"
 
 namespace longctx {
@@ -180,6 +182,55 @@ TEST_P(RealTokenizerTest, ConcurrentEncodeSharesTheCacheSafely) {
   }
   for (auto& th : threads) th.join();
   for (int t = 0; t < 4; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+}
+
+TEST_P(RealTokenizerTest, RandomTextRoundTripsAndRandomBytesDoNotCrash) {
+  LONGCTX_REQUIRE_TOKENIZER(tok, GetParam());
+  const char* pieces[] = {"a",
+                          "Z",
+                          " ",
+                          "  ",
+                          "\n",
+                          "\r\n",
+                          "\t",
+                          "7",
+                          "42",
+                          "'s",
+                          "'LL",
+                          "é",
+                          "e\xCC\x81",
+                          "ß",
+                          "中",
+                          "文",
+                          "😀",
+                          "🏽",
+                          "\xE2\x80\xA8",
+                          "\xC2\xA0",
+                          "<|im_end|>",
+                          "<|eot_id|>",
+                          "<|begin_of_text|>",
+                          "ﬁ",
+                          "Å",
+                          "\xEA\xB0\x80",
+                          "\xE1\x84\x80",
+                          "\xE1\x85\xA1",
+                          "-",
+                          "...",
+                          "{",
+                          "}"};
+  const char* bad[] = {"\xFF", "\xC3", "\xE2\x82", "\xF0\x9F\x98", "\x80", "\xED\xA0\x80"};
+  std::mt19937 rng(1234);
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string text;
+    int n = 1 + rng() % 40;
+    for (int k = 0; k < n; ++k) text += pieces[rng() % (sizeof(pieces) / sizeof(pieces[0]))];
+    std::string expected = GetParam() == "qwen3" ? tokenizer::unicode::nfc(text) : text;
+    ASSERT_EQ(tok->decode(tok->encode(text)), expected) << text;
+    std::string broken = text;
+    broken.insert(rng() % (broken.size() + 1), bad[rng() % 6]);
+    auto ids = tok->encode(broken, true);  // must not crash; output is valid UTF-8
+    EXPECT_TRUE(testing::utf8_valid(tok->decode(ids)));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Real, RealTokenizerTest, ::testing::Values("qwen3", "llama3"));
