@@ -2,7 +2,8 @@
 // of that KV head's group, so a converted key chunk serves group * kQueries rows). Keys are
 // visited in chunks of kChunk with the online softmax (running max m, running sum l, rescaled
 // accumulator), which equals softmax-then-matmul up to fp32 rounding and needs O(chunk) memory.
-// Inner loops have fixed widths (kSub keys for q.k, kDBlock dims for p.v) so -O2 vectorizes them.
+// Inner loops have fixed widths (kSub keys for q.k, kDBlock dims for p.v) with accumulators held
+// in vector registers.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "longctx/core/parallel.h"
 #include "ops/attention.h"
 #include "ops/op_utils.h"
+#include "ops/simd.h"
 
 namespace longctx::ops {
 
@@ -64,13 +66,15 @@ void attention_task(const AttentionArgs& a, const Dims& dm, int64_t g, int64_t q
       const int64_t p = qpos[q0 + r / group];
       // s = scale * (q . k) for the chunk's keys; keys the row may not see get -inf.
       for (int64_t sb = 0; sb < len; sb += kSub) {
-        float dot[kSub];
-        for (int64_t j = 0; j < kSub; ++j) dot[j] = 0.0f;
+        f32x4 acc[kSub / 4] = {};
         for (int64_t dd = 0; dd < d; ++dd) {
           const float qv = qr[dd];
           const float* kr = kt.data() + dd * kChunk + sb;
-          for (int64_t j = 0; j < kSub; ++j) dot[j] += qv * kr[j];
+#pragma GCC unroll 8
+          for (int64_t j = 0; j < kSub / 4; ++j) acc[j] += qv * load4(kr + 4 * j);
         }
+        float dot[kSub];
+        for (int64_t j = 0; j < kSub / 4; ++j) store4(dot + 4 * j, acc[j]);
         const int64_t n_sub = std::min(kSub, len - sb);
         for (int64_t j = 0; j < n_sub; ++j)
           s[sb + j] = kpos[j0 + sb + j] <= p ? dot[j] * a.scale : kNegInf;
@@ -92,14 +96,15 @@ void attention_task(const AttentionArgs& a, const Dims& dm, int64_t g, int64_t q
       float* ar = acc.data() + r * d;
       int64_t d0 = 0;
       for (; d0 + kDBlock <= d; d0 += kDBlock) {
-        float o[kDBlock];
-        for (int64_t t = 0; t < kDBlock; ++t) o[t] = ar[d0 + t] * alpha;
+        f32x4 o[kDBlock / 4];
+        for (int64_t t = 0; t < kDBlock / 4; ++t) o[t] = load4(ar + d0 + 4 * t) * alpha;
         for (int64_t j = 0; j < len; ++j) {
           const float pj = s[j];
           const float* vj = v + (j0 + j) * kv_stride + g * d + d0;
-          for (int64_t t = 0; t < kDBlock; ++t) o[t] += pj * vj[t];
+#pragma GCC unroll 4
+          for (int64_t t = 0; t < kDBlock / 4; ++t) o[t] += pj * load4(vj + 4 * t);
         }
-        for (int64_t t = 0; t < kDBlock; ++t) ar[d0 + t] = o[t];
+        for (int64_t t = 0; t < kDBlock / 4; ++t) store4(ar + d0 + 4 * t, o[t]);
       }
       for (; d0 < d; ++d0) {  // head_dim not a multiple of kDBlock: scalar tail
         float o = ar[d0] * alpha;

@@ -1,13 +1,14 @@
 // CPU linear: the output is cut into tiles of kCols output features x kTokens tokens. A task
 // converts its kCols weight rows to f32 once, transposed to [in][kCols], so the inner loop is a
-// fixed-width multiply-add over kCols accumulators that the compiler vectorizes at -O2 (no
-// float reduction to reassociate). Each output element is a plain sequential fp32 sum over `in`.
+// fixed-width multiply-add over kCols accumulators held in vector registers (no float reduction
+// to reassociate). Each output element is a plain sequential fp32 sum over `in`.
 #include <algorithm>
 #include <vector>
 
 #include "longctx/core/parallel.h"
 #include "ops/linear.h"
 #include "ops/op_utils.h"
+#include "ops/simd.h"
 
 namespace longctx::ops {
 
@@ -31,15 +32,17 @@ void linear_tile(const float* x, const Tensor& weight, const float* bias, float*
   for (int64_t j = 0; j < cols; ++j) init[j] = bias ? bias[c0 + j] : 0.0f;
   for (int64_t t = t0; t < t1; ++t) {
     const float* xt = x + t * in;
-    float acc[kCols];
-    for (int64_t j = 0; j < kCols; ++j) acc[j] = 0.0f;
+    f32x4 acc[kCols / 4] = {};
     for (int64_t k = 0; k < in; ++k) {
       const float xv = xt[k];
       const float* wk = wt.data() + k * kCols;
-      for (int64_t j = 0; j < kCols; ++j) acc[j] += xv * wk[j];
+#pragma GCC unroll 8
+      for (int64_t v = 0; v < kCols / 4; ++v) acc[v] += xv * load4(wk + 4 * v);
     }
+    float sum[kCols];
+    for (int64_t v = 0; v < kCols / 4; ++v) store4(sum + 4 * v, acc[v]);
     float* ot = out + t * out_features + c0;
-    for (int64_t j = 0; j < cols; ++j) ot[j] = acc[j] + init[j];
+    for (int64_t j = 0; j < cols; ++j) ot[j] = sum[j] + init[j];
   }
 }
 
