@@ -141,3 +141,19 @@ TEST_F(ForwardCli, BadIdsFailWithAMessage) {
       << read_text(dir_ / "log");
   EXPECT_FALSE(fs::exists(dir_ / "x.npy"));
 }
+
+TEST_F(ForwardCli, DummyPresetRunsAndIsDeterministic) {
+  const std::string args = "forward --load-format dummy --preset tiny-llama --ids 1,2,3,4,5 ";
+  ASSERT_EQ(run_cli(args + "--out '" + (dir_ / "a.npy").string() + "'", dir_ / "log"), 0)
+      << read_text(dir_ / "log");
+  ASSERT_EQ(
+      run_cli(args + "--positions last --out '" + (dir_ / "b.npy").string() + "'", dir_ / "log"), 0)
+      << read_text(dir_ / "log");
+  Tensor a = read_npy((dir_ / "a.npy").string()), b = read_npy((dir_ / "b.npy").string());
+  ASSERT_EQ(a.rank(), 2);
+  ASSERT_EQ(a.size(0), 5);
+  ASSERT_EQ(b.shape(), (Shape{1, a.size(1)}));
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_TRUE(std::isfinite(a.data<float>()[i])) << i;
+  // Same seed, same weights: the last row of the full run is the last-position run.
+  EXPECT_EQ(max_abs_diff_rows(a, 4, b, 0), 0.0);
+}
