@@ -61,21 +61,31 @@ int32_t draw(std::span<const float> logits, std::mt19937_64& rng) {
   return last;  // rounding left target at the very top: the last token with mass
 }
 
+double log_sum_exp(std::span<const float> logits) {
+  const double m = max_finite(logits);
+  double total = 0.0;
+  for (float x : logits) total += x == kNegInf ? 0.0 : std::exp(x - m);
+  return m + std::log(total);
+}
+
 TokenLogprobs compute_logprobs(std::span<const float> raw, int32_t token, int n_top) {
-  std::vector<double> lp = log_softmax(raw);
+  // logprob_i = logit_i - logsumexp: ranks and the top N follow from the raw logits directly.
+  const double log_z = log_sum_exp(raw);
   TokenLogprobs out;
   out.token = token;
-  out.logprob = static_cast<float>(lp[token]);
+  out.logprob = static_cast<float>(raw[token] - log_z);
   out.rank = 1;
-  for (double v : lp) out.rank += v > lp[token] ? 1 : 0;
+  for (float v : raw) out.rank += v > raw[token] ? 1 : 0;
   if (n_top > 0) {
-    std::vector<int32_t> idx(lp.size());
+    std::vector<int32_t> idx(raw.size());
     std::iota(idx.begin(), idx.end(), 0);
     const size_t n = std::min(static_cast<size_t>(n_top), idx.size());
     std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
-      return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+      return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
     });
-    for (size_t i = 0; i < n; ++i) out.top.emplace_back(idx[i], static_cast<float>(lp[idx[i]]));
+    for (size_t i = 0; i < n; ++i) {
+      out.top.emplace_back(idx[i], static_cast<float>(raw[idx[i]] - log_z));
+    }
   }
   return out;
 }
@@ -143,33 +153,27 @@ void apply_top_p(std::span<float> logits, double top_p) {
   for (size_t i = 0; i < logits.size(); ++i) {
     if (logits[i] != kNegInf) idx.push_back(static_cast<int32_t>(i));
   }
-  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+  auto before = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  const double m = logits[idx[0]];
+  };
+  const double m = max_finite(logits);
   double total = 0.0;
   for (int32_t i : idx) total += std::exp(logits[i] - m);
   // Keep a token while the mass ranked above it is below top_p: the smallest prefix whose mass
-  // reaches top_p (the top token always stays).
-  double above = 0.0;
+  // reaches top_p (the top token always stays). Sorting all of a 150k vocabulary costs tens of
+  // ms, so sort only the best `head` tokens, growing it until the prefix ends inside it.
   size_t keep = 0;
-  while (keep < idx.size() && above < top_p * total) {
-    above += std::exp(logits[idx[keep]] - m);
-    ++keep;
+  for (size_t head = std::min<size_t>(1024, idx.size());; head = std::min(head * 8, idx.size())) {
+    std::partial_sort(idx.begin(), idx.begin() + head, idx.end(), before);
+    double above = 0.0;
+    keep = 0;
+    while (keep < head && above < top_p * total) {
+      above += std::exp(logits[idx[keep]] - m);
+      ++keep;
+    }
+    if (keep < head || above >= top_p * total || head == idx.size()) break;
   }
   for (size_t j = keep; j < idx.size(); ++j) logits[idx[j]] = kNegInf;
-}
-
-std::vector<double> log_softmax(std::span<const float> logits) {
-  const double m = max_finite(logits);
-  double total = 0.0;
-  for (float x : logits) total += x == kNegInf ? 0.0 : std::exp(x - m);
-  const double log_z = m + std::log(total);
-  std::vector<double> out(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    out[i] = logits[i] == kNegInf ? -std::numeric_limits<double>::infinity() : logits[i] - log_z;
-  }
-  return out;
 }
 
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,

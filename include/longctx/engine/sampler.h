@@ -61,8 +61,6 @@ void apply_temperature(std::span<float> logits, double temperature);
 void apply_min_p(std::span<float> logits, double min_p);
 void apply_top_k(std::span<float> logits, int64_t top_k);
 void apply_top_p(std::span<float> logits, double top_p);
-// log_softmax in double precision.
-std::vector<double> log_softmax(std::span<const float> logits);
 
 // A uniform double in [0, 1) from 53 bits of the generator (portable, unlike
 // std::uniform_real_distribution whose output differs between standard libraries).
