@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "longctx/core/error.h"
@@ -137,6 +138,33 @@ TEST(Sampler, ChiSquareRejectsAWrongDistribution) {
   const auto [stat, df] =
       chi_square(counts, expected_distribution(kLogits, 1.0, 0, 1.0, 0.0), kDraws);
   EXPECT_GT(stat, chi2_critical_p001(df));
+}
+
+TEST(Sampler, TopPOnALargeFlatVocabularyKeepsExactlyTheNucleus) {
+  // Thousands of tokens in the nucleus: the kept set must still be exactly the smallest prefix
+  // (by probability) whose mass reaches top_p, compared with a full sort here.
+  std::vector<float> logits(5000);
+  std::mt19937_64 rng(3);
+  for (float& x : logits) x = static_cast<float>(uniform01(rng) * 0.5);
+  for (double top_p : {0.3, 0.6, 0.95}) {
+    std::vector<float> got = logits;
+    apply_top_p(got, top_p);
+    std::vector<size_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+    double total = 0;
+    for (float x : logits) total += std::exp(x);
+    double above = 0;
+    size_t kept = 0;
+    for (size_t i : order) {
+      const bool keep = above < top_p * total;
+      above += std::exp(logits[i]);
+      kept += keep ? 1 : 0;
+      ASSERT_EQ(got[i] != -std::numeric_limits<float>::infinity(), keep) << "token " << i;
+    }
+    EXPECT_GT(kept, 1024u) << top_p;  // beyond the first sorted head
+  }
 }
 
 TEST(Sampler, GreedyTakesTheArgmaxAndIgnoresFilters) {
