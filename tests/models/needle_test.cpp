@@ -48,8 +48,9 @@ NeedleReference load_reference() {
 std::unique_ptr<Model> load_needle_model(bool f32_rope) {
   auto ckpt = std::make_shared<Checkpoint>(load_checkpoint(needle_model_dir()));
   EXPECT_EQ(ckpt->config.dtype, DType::kBF16);
-  if (f32_rope) ckpt->config.dtype = DType::kF32;
-  return create_model(std::move(ckpt));
+  ModelBuildOptions options;
+  if (f32_rope) options.rope_inv_freq_dtype = DType::kF32;
+  return create_model(std::move(ckpt), options);
 }
 
 }  // namespace

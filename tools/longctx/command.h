@@ -4,11 +4,10 @@
 // (with its own options and a final_callback/callback that runs it).
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 namespace longctx::cli {
 
