@@ -82,9 +82,11 @@ Renderer::Flow Renderer::exec_unlocated(const Stmt& s, Frame& frame, std::string
     case StmtKind::kText:
       out += s.text;
       break;
-    case StmtKind::kOutput:
-      out += eval(*s.expr, frame).str();
+    case StmtKind::kOutput: {
+      Value v = eval(*s.expr, frame);
+      out += v.is_string() ? v.as_string() : v.str();
       break;
+    }
     case StmtKind::kIf:
       for (const auto& [cond, body] : s.branches)
         if (eval(*cond, frame).truthy()) return exec_body(body, frame, out);

@@ -90,18 +90,41 @@ std::string py_title(const std::string& s) {
   return out;
 }
 
+// Decodes the code point starting at byte i (lengths as utf8_decode, invalid bytes one byte).
+static char32_t code_point_at(const std::string& s, size_t i, size_t* len) {
+  size_t n = 1;
+  auto b = static_cast<unsigned char>(s[i]);
+  if (b >= 0xC0) n = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+  if (i + n > s.size()) n = 1;
+  std::u32string c = utf8_decode(std::string_view(s).substr(i, n));
+  *len = c.size() == 1 ? n : 1;
+  return c[0];
+}
+
+// Scans by code point without decoding the whole string: chat messages can be long.
 std::string py_strip(const std::string& s, const std::string* chars, bool left, bool right) {
-  std::u32string u = utf8_decode(s);
   std::u32string set = chars ? utf8_decode(*chars) : std::u32string();
   auto strip_it = [&](char32_t c) {
     return chars ? set.find(c) != std::u32string::npos : is_py_space(c);
   };
-  size_t b = 0, e = u.size();
+  size_t b = 0, e = s.size(), len = 0;
   if (left)
-    while (b < e && strip_it(u[b])) ++b;
-  if (right)
-    while (e > b && strip_it(u[e - 1])) --e;
-  return utf8_encode(std::u32string_view(u).substr(b, e - b));
+    while (b < e && strip_it(code_point_at(s, b, &len))) b += len;
+  if (right) {
+    while (e > b) {
+      size_t start = e - 1;  // back up over continuation bytes to the code point's first byte
+      while (start > b && e - start < 4 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80)
+        --start;
+      char32_t c = code_point_at(s, start, &len);
+      if (start + len != e) {  // not a well-formed sequence ending at e: take the last byte alone
+        start = e - 1;
+        c = code_point_at(s, start, &len);
+      }
+      if (!strip_it(c)) break;
+      e = start;
+    }
+  }
+  return s.substr(b, e - b);
 }
 
 std::string py_replace(const std::string& s, const std::string& old, const std::string& repl,

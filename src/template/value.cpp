@@ -251,7 +251,11 @@ Array iterate(const Value& v) {
 
 int64_t length(const Value& v) {
   if (v.is_undefined()) return 0;
-  if (v.is_string()) return static_cast<int64_t>(utf8_decode(v.as_string()).size());
+  if (v.is_string()) {
+    const std::string& s = v.as_string();
+    bool ascii = std::all_of(s.begin(), s.end(), [](char c) { return (c & 0x80) == 0; });
+    return static_cast<int64_t>(ascii ? s.size() : utf8_decode(s).size());
+  }
   if (v.is_array()) return static_cast<int64_t>(v.as_array().size());
   if (v.is_mapping()) return static_cast<int64_t>(v.as_object().entries.size());
   fail("object of type '" + v.type_name() + "' has no len()");

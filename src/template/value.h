@@ -73,8 +73,9 @@ class Value {
   Value(int i) : v_(static_cast<int64_t>(i)) {}
   Value(int64_t i) : v_(i) {}
   Value(double d) : v_(d) {}
-  Value(std::string s) : v_(std::move(s)) {}
-  Value(const char* s) : v_(std::string(s)) {}
+  // Strings are shared and immutable: templates copy message contents around a lot.
+  Value(std::string s) : v_(std::make_shared<const std::string>(std::move(s))) {}
+  Value(const char* s) : Value(std::string(s)) {}
   static Value undefined(std::string hint) { return Value(Undefined{std::move(hint)}); }
   static Value array(Array items, bool tuple = false);
   static Value object(Object object);
@@ -86,7 +87,7 @@ class Value {
   bool is_int() const { return std::holds_alternative<int64_t>(v_); }
   bool is_float() const { return std::holds_alternative<double>(v_); }
   bool is_number() const { return is_bool() || is_int() || is_float(); }  // bool is an int
-  bool is_string() const { return std::holds_alternative<std::string>(v_); }
+  bool is_string() const { return std::holds_alternative<std::shared_ptr<const std::string>>(v_); }
   bool is_array() const { return std::holds_alternative<std::shared_ptr<ArrayBox>>(v_); }
   bool is_tuple() const { return is_array() && array_box().tuple; }
   bool is_object() const { return std::holds_alternative<std::shared_ptr<Object>>(v_); }
@@ -98,7 +99,7 @@ class Value {
   // Typed access; a value of another type is a RenderError naming both types (not a crash).
   int64_t as_int() const;   // int or bool
   double as_float() const;  // any number
-  const std::string& as_string() const { return get<std::string>("str"); }
+  const std::string& as_string() const { return *get<std::shared_ptr<const std::string>>("str"); }
   const Array& as_array() const { return array_box().items; }
   const ArrayBox& array_box() const { return *get<std::shared_ptr<ArrayBox>>("list"); }
   const Object& as_object() const { return *get<std::shared_ptr<Object>>("dict"); }
@@ -121,7 +122,7 @@ class Value {
     if (!std::holds_alternative<T>(v_)) type_error(expected);
     return std::get<T>(v_);
   }
-  std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::string,
+  std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::shared_ptr<const std::string>,
                std::shared_ptr<ArrayBox>, std::shared_ptr<Object>, std::shared_ptr<Callable>>
       v_;
 };
