@@ -1,11 +1,22 @@
 // Chat templates: renders the Jinja `chat_template` of a tokenizer_config.json the way
 // transformers' apply_chat_template does (jinja2 ImmutableSandboxedEnvironment with
-// trim_blocks=True, lstrip_blocks=True, the loopcontrols extension, transformers' tojson and
-// raise_exception). The interpreter covers the Jinja subset real chat templates use; see
-// src/template/ for what is supported.
+// trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False, the loopcontrols extension,
+// transformers' tojson (json.dumps, ensure_ascii=False), raise_exception and strftime_now).
 //
-//   ChatTemplate t = ChatTemplate::parse(config["chat_template"]);
+//   ChatTemplate t = ChatTemplate::parse(config["chat_template"]);   // parse once, render often
 //   std::string prompt = t.render({{"messages", msgs}, {"add_generation_prompt", true}});
+//
+// Supported (src/template/): if/elif/else; for (loop.index/index0/revindex/first/last/length/
+// previtem/nextitem/cycle, `else`, `if` filter, tuple unpacking, break/continue); set (incl.
+// `ns.attr = ...` on namespace(), `set a, b = ...`, set blocks); macros; raw; {% generation %};
+// whitespace control -, +; Python literals, operators, slicing, str/dict/list methods
+// (split, strip, startswith, replace, format, get, items, ...); Jinja's built-in filters and
+// tests used by chat templates; undefined values behave like jinja2's default Undefined (print
+// as "", falsy, iterate as empty; attribute access or arithmetic on them is an error).
+// Not supported (clear error at parse time): call/filter/with blocks, include/import/extends,
+// recursive loops, *args/**kwargs at call sites. Known differences from jinja2: filters that
+// return lazy generators in Python (select, map, unique, ...) are eager here, dict views print
+// as lists, case mapping covers Latin/Greek/Cyrillic only.
 //
 // Errors: a syntax error throws longctx::Error naming line, column and what was expected; a
 // render error (undefined variable used, type error) names the template line;
