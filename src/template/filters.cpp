@@ -225,11 +225,13 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
       return v.is_float() ? Value(std::fabs(v.as_float()))
                           : Value(static_cast<int64_t>(std::llabs(v.as_int())));
     };
-    f["attr"] = [](const Value& v,
-                   const CallArgs& a) {  // getattr only: dict keys are not attributes
+    // getattr only: dict keys are not attributes, dict methods are.
+    f["attr"] = [](const Value& v, const CallArgs& a) {
       std::string name = arg(a, 0, "name").str();
-      if (v.is_mapping()) return Value::undefined("'dict object' has no attribute '" + name + "'");
-      return get_attribute(v, name);
+      Value r = get_attribute(v, name);
+      if (v.is_mapping() && !r.is_callable())
+        return Value::undefined("'dict object' has no attribute '" + name + "'");
+      return r;
     };
     f["capitalize"] = [](const Value& v, const CallArgs&) { return Value(py_capitalize(v.str())); };
     f["length"] = [](const Value& v, const CallArgs&) { return Value(length(v)); };

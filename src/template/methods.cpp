@@ -12,6 +12,13 @@ namespace longctx::jinja {
 
 Value get_attribute(const Value& object, const std::string& attr) {
   object.require_defined();
+  // Jinja's `d.items` is Python's getattr first: the dict method wins over a key of that name
+  // (a JSON schema's "items" key is reached with d['items']).
+  if (object.is_mapping() &&
+      (attr == "items" || attr == "keys" || attr == "values" || attr == "get"))
+    return Value::function("dict." + attr, [object, attr](const CallArgs& a) {
+      return *call_method(object, attr, a);
+    });
   if (object.is_object()) {
     if (const Value* v = object.as_object().find(attr)) return *v;
   }
@@ -37,7 +44,11 @@ Value get_item(const Value& object, const Value& index) {
     return Value::undefined(object.type_name() + " object has no element " +
                             std::to_string(index.as_int()));
   }
-  if (index.is_string()) return get_attribute(object, index.as_string());
+  if (index.is_string()) {  // d['k'] is the key first, then the attribute
+    if (object.is_object())
+      if (const Value* v = object.as_object().find(index.as_string())) return *v;
+    return get_attribute(object, index.as_string());
+  }
   return Value::undefined("'" + object.type_name() + " object' has no attribute " + index.repr());
 }
 
@@ -290,7 +301,7 @@ std::optional<Value> string_method(const std::string& s, const std::string& name
   }
   if (name == "upper") return Value(str_upper(s));
   if (name == "lower") return Value(str_lower(s));
-  if (name == "title") return Value(py_title(s));
+  if (name == "title") return Value(py_str_title(s));
   if (name == "capitalize") return Value(py_capitalize(s));
   if (name == "format") return Value(str_format(s, a));
   if (name == "join") {

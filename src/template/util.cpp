@@ -102,6 +102,19 @@ static char32_t code_point_at(const std::string& s, size_t i, size_t* len) {
 }
 
 // Scans by code point without decoding the whole string: chat messages can be long.
+std::string py_str_title(const std::string& s) {
+  // Python str.title(): a cased character is upper after an uncased one, lower after a cased one.
+  std::string out;
+  bool prev_cased = false;
+  for (char32_t c : utf8_decode(s)) {
+    bool cased = to_upper(c) != c || to_lower(c) != c || c == 0xDF;
+    std::string ch = utf8_encode(std::u32string_view(&c, 1));
+    out += cased ? (prev_cased ? str_lower(ch) : str_upper(ch)) : ch;
+    prev_cased = cased;
+  }
+  return out;
+}
+
 std::string py_strip(const std::string& s, const std::string* chars, bool left, bool right) {
   std::u32string set = chars ? utf8_decode(*chars) : std::u32string();
   auto strip_it = [&](char32_t c) {

@@ -13,6 +13,7 @@ std::string str_upper(const std::string& s);
 std::string str_lower(const std::string& s);
 std::string py_capitalize(const std::string& s);  // first character upper, the rest lower
 std::string py_title(const std::string& s);       // Jinja's title filter
+std::string py_str_title(const std::string& s);   // Python's str.title()
 // str.strip(chars) / lstrip / rstrip; chars == nullptr strips Unicode whitespace.
 std::string py_strip(const std::string& s, const std::string* chars, bool left, bool right);
 // str.replace(old, new, count); count < 0 replaces all.

@@ -173,6 +173,17 @@ TEST(TemplateExpressions, AccessAndSlicing) {
             "5 \xc3\xa9 \xc3\xa9h");
 }
 
+TEST(TemplateExpressions, DictMethodsWinOverKeysForDotAccess) {
+  // A JSON schema's "items" key: d.items is the dict method (getattr first), d['items'] the key.
+  Json ctx = {{"d", Json::parse(R"({"type": "array", "items": {"type": "string"}})")},
+              {"e", Json::object()}};
+  EXPECT_EQ(
+      render("{{ d.items is defined }} {{ d['items'] }} [{{ d.items.type }}] "
+             "{{ e.items is defined }} {{ d.get is defined }} {{ d.type }} {{ d.get('type') }}",
+             ctx),
+      "True {'type': 'string'} [] True True array array");
+}
+
 TEST(TemplateExpressions, UndefinedBehavesLikeJinjaDefault) {
   EXPECT_EQ(render("[{{ nope }}] {{ nope|length }} {{ nope is defined }} {{ nope is undefined }} "
                    "{% if not nope %}falsy{% endif %} {{ nope|default('d') }}"),
