@@ -264,6 +264,9 @@ TEST(TemplateMethods, StringAndDict) {
           "{{ 'abab'.replace('a', 'c', 1) }}|{{ 'aB'.upper() }}{{ 'aB'.lower() }}|"
           "{{ '{}-{name}'.format(1, name='n') }}|{{ ', '.join(['a', 'b']) }}"),
       "x|x  |x|TrueTrueFalse|cbab|ABab|1-n|a, b");
+  // str.title() (Python: after any uncased character) differs from the title filter (Jinja:
+  // after whitespace, hyphens and brackets).
+  EXPECT_EQ(render("{{ 'a,b a1b'.title() }} {{ 'a,b a1b'|title }}"), "A,B A1B A,b A1b");
   Json ctx = {{"d", Json::parse(R"({"a": 1, "b": [2]})")}};
   EXPECT_EQ(render("{{ d.get('a') }} {{ d.get('z') }} {{ d.get('z', 5) }} {{ d.keys()|list }} "
                    "{{ d.values()|list }} {{ d.items()|list }}",
