@@ -58,8 +58,8 @@ class Lexer {
       if (!text.empty()) emit(Tok::kData, text, pos);
       if (kind == '#') {
         pos = lex_comment(p, body);
-      } else if (size_t after = raw_begin(body); kind == '%' && after != std::string::npos) {
-        pos = lex_raw(after);
+      } else if (kind == '%' && raw_begin(body) != std::string::npos) {
+        pos = lex_raw(raw_begin(body));
       } else {
         pos = lex_tag(p, body, kind);
       }
