@@ -9,24 +9,36 @@ namespace longctx {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
   }
   LONGCTX_ASSERT(false, "bad dtype {}", int(dtype));
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -76,10 +88,10 @@ uint16_t f32_to_f16(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);
   uint32_t sign = (u >> 16) & 0x8000;
   uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return uint16_t(sign | 0x7e00);  // NaN
+  if (absu > 0x7f800000u) return uint16_t(sign | 0x7e00);   // NaN
   if (absu >= 0x477ff000u) return uint16_t(sign | 0x7c00);  // overflow (after rounding) -> inf
-  if (absu < 0x38800000u) {                                   // subnormal or zero in f16
-    if (absu < 0x33000000u) return uint16_t(sign);            // rounds to zero
+  if (absu < 0x38800000u) {                                 // subnormal or zero in f16
+    if (absu < 0x33000000u) return uint16_t(sign);          // rounds to zero
     uint32_t exp = absu >> 23;
     uint32_t mant = (absu & 0x7fffff) | 0x800000;
     // value = mant * 2^(exp - 150) = m * 2^-24  =>  m = mant >> (126 - exp), rounded to even.

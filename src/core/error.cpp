@@ -4,13 +4,20 @@ namespace longctx {
 
 const char* error_code_name(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid argument";
-    case ErrorCode::kNotFound: return "not found";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kOutOfRange: return "out of range";
-    case ErrorCode::kIo: return "I/O error";
-    case ErrorCode::kCuda: return "CUDA error";
-    case ErrorCode::kInternal: return "internal error";
+    case ErrorCode::kInvalidArgument:
+      return "invalid argument";
+    case ErrorCode::kNotFound:
+      return "not found";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kOutOfRange:
+      return "out of range";
+    case ErrorCode::kIo:
+      return "I/O error";
+    case ErrorCode::kCuda:
+      return "CUDA error";
+    case ErrorCode::kInternal:
+      return "internal error";
   }
   return "unknown";
 }

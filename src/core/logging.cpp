@@ -1,8 +1,8 @@
 #include "longctx/core/logging.h"
 
-#include <cstdlib>
-
 #include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <cstdlib>
 
 namespace longctx {
 

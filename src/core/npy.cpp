@@ -19,12 +19,18 @@ DType dtype_from_descr(const std::string& d, const std::string& path) {
 
 const char* descr_of(DType t) {
   switch (t) {
-    case DType::kF32: return "<f4";
-    case DType::kF16: return "<f2";
-    case DType::kI32: return "<i4";
-    case DType::kI64: return "<i8";
-    case DType::kU8: return "|u1";
-    case DType::kBF16: break;
+    case DType::kF32:
+      return "<f4";
+    case DType::kF16:
+      return "<f2";
+    case DType::kI32:
+      return "<i4";
+    case DType::kI64:
+      return "<i8";
+    case DType::kU8:
+      return "|u1";
+    case DType::kBF16:
+      break;
   }
   LONGCTX_THROW(ErrorCode::kUnsupported, ".npy has no bf16; convert to f32 first");
 }
@@ -77,9 +83,8 @@ void write_npy(const std::string& path, const Tensor& t) {
   std::string shape;
   for (int64_t d : c.shape()) shape += std::to_string(d) + ",";
   if (c.rank() > 1) shape.pop_back();
-  std::string header =
-      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", descr_of(c.dtype()),
-                  shape);
+  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}",
+                                   descr_of(c.dtype()), shape);
   // Pad so the data starts on a 64-byte boundary, newline-terminated, as numpy writes it.
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');

@@ -156,7 +156,8 @@ void gather_cpu(const Tensor& src, char* dst) {
       std::memcpy(dst, p, inner * es);
       dst += inner * es;
     } else {
-      for (int64_t j = 0; j < inner; ++j, dst += es) std::memcpy(dst, p + j * inner_stride * es, es);
+      for (int64_t j = 0; j < inner; ++j, dst += es)
+        std::memcpy(dst, p + j * inner_stride * es, es);
     }
     for (int64_t d = r - 2; d >= 0; --d) {
       if (++idx[d] < src.shape()[d]) break;
@@ -205,19 +206,30 @@ Tensor Tensor::to_dtype(DType dtype) const {
   Tensor out = empty(shape_, dtype, device_);
   auto load = [&](int64_t i) -> float {
     switch (dtype_) {
-      case DType::kF32: return src.data<float>()[i];
-      case DType::kBF16: return bf16_to_f32(src.data<uint16_t>()[i]);
-      case DType::kF16: return f16_to_f32(src.data<uint16_t>()[i]);
-      default: LONGCTX_THROW(ErrorCode::kUnsupported, "to_dtype from {}", dtype_name(dtype_));
+      case DType::kF32:
+        return src.data<float>()[i];
+      case DType::kBF16:
+        return bf16_to_f32(src.data<uint16_t>()[i]);
+      case DType::kF16:
+        return f16_to_f32(src.data<uint16_t>()[i]);
+      default:
+        LONGCTX_THROW(ErrorCode::kUnsupported, "to_dtype from {}", dtype_name(dtype_));
     }
   };
   for (int64_t i = 0; i < numel_; ++i) {
     float v = load(i);
     switch (dtype) {
-      case DType::kF32: out.data<float>()[i] = v; break;
-      case DType::kBF16: out.data<uint16_t>()[i] = f32_to_bf16(v); break;
-      case DType::kF16: out.data<uint16_t>()[i] = f32_to_f16(v); break;
-      default: LONGCTX_THROW(ErrorCode::kUnsupported, "to_dtype to {}", dtype_name(dtype));
+      case DType::kF32:
+        out.data<float>()[i] = v;
+        break;
+      case DType::kBF16:
+        out.data<uint16_t>()[i] = f32_to_bf16(v);
+        break;
+      case DType::kF16:
+        out.data<uint16_t>()[i] = f32_to_f16(v);
+        break;
+      default:
+        LONGCTX_THROW(ErrorCode::kUnsupported, "to_dtype to {}", dtype_name(dtype));
     }
   }
   return out;

@@ -11,11 +11,11 @@ namespace longctx {
 [[noreturn]] void throw_cuda_error(const char* file, int line, const char* call, const char* what);
 }  // namespace longctx
 
-#define LONGCTX_CUDA_CHECK(call)                                                          \
-  do {                                                                                    \
-    cudaError_t err_ = (call);                                                            \
-    if (err_ != cudaSuccess)                                                              \
-      ::longctx::throw_cuda_error(__FILE__, __LINE__, #call, cudaGetErrorString(err_));   \
+#define LONGCTX_CUDA_CHECK(call)                                                        \
+  do {                                                                                  \
+    cudaError_t err_ = (call);                                                          \
+    if (err_ != cudaSuccess)                                                            \
+      ::longctx::throw_cuda_error(__FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
   } while (0)
 
 // After a kernel launch: reports launch-configuration errors without synchronizing.

@@ -54,8 +54,7 @@ const char* error_code_name(ErrorCode code);
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& message)
-      : std::runtime_error(message), code_(code) {}
+  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
   ErrorCode code() const { return code_; }
 
  private:
@@ -73,15 +72,16 @@ class InternalError : public Error {
 }  // namespace longctx
 
 // Throws longctx::Error(code, formatted message) when cond is false.
-#define LONGCTX_CHECK(cond, code, ...)                                       \
-  do {                                                                       \
+#define LONGCTX_CHECK(cond, code, ...)                                        \
+  do {                                                                        \
     if (!(cond)) throw ::longctx::Error((code), LONGCTX_FORMAT(__VA_ARGS__)); \
   } while (0)
 
 #define LONGCTX_THROW(code, ...) throw ::longctx::Error((code), LONGCTX_FORMAT(__VA_ARGS__))
 
 // Invariant: throws InternalError "file:line: assertion `cond` failed: message".
-#define LONGCTX_ASSERT(cond, ...)                                                 \
-  do {                                                                            \
-    if (!(cond)) ::longctx::throw_internal(__FILE__, __LINE__, #cond, LONGCTX_FORMAT("" __VA_ARGS__)); \
+#define LONGCTX_ASSERT(cond, ...)                                                           \
+  do {                                                                                      \
+    if (!(cond))                                                                            \
+      ::longctx::throw_internal(__FILE__, __LINE__, #cond, LONGCTX_FORMAT("" __VA_ARGS__)); \
   } while (0)

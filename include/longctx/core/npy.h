@@ -8,7 +8,7 @@
 
 namespace longctx {
 
-Tensor read_npy(const std::string& path);              // CPU tensor; throws Error naming path
+Tensor read_npy(const std::string& path);                  // CPU tensor; throws Error naming path
 void write_npy(const std::string& path, const Tensor& t);  // t must be on the CPU
 
 }  // namespace longctx

@@ -4,10 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "longctx/core/dtype.h"
 
@@ -42,7 +41,7 @@ struct ModelConfig {
   bool attention_bias = false;  // bias on q/k/v (and o for Llama's attention_bias)
   bool o_proj_bias = false;     // Llama: attention_bias puts a bias on o_proj too; Qwen2 does not
   bool mlp_bias = false;
-  bool qk_norm = false;  // Qwen3: RMSNorm over each head of q and k before RoPE
+  bool qk_norm = false;        // Qwen3: RMSNorm over each head of q and k before RoPE
   DType dtype = DType::kBF16;  // the checkpoint's declared dtype
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;  // from config.json, replaced by generation_config.json's
