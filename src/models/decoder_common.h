@@ -33,11 +33,17 @@ struct LayerWeights {
 };
 
 // What a decoder-only model owns: the checkpoint (its mmaps back every weight), the weights by
-// role, and the rope frequencies. Architectures derive from it and implement forward().
+// role, and the rope frequencies. forward() and the decoder layer are the same in every HF file
+// of this family (LlamaModel / Qwen2Model / Qwen3Model); an architecture overrides self_attn()
+// where its attention differs.
 class DecoderModel : public Model {
  public:
   DecoderModel(std::shared_ptr<const Checkpoint> checkpoint, const ModelBuildOptions& options);
   const ModelConfig& config() const override { return checkpoint_->config; }
+
+  // *ForCausalLM.forward -> *Model.forward (embed, decoder layers), then norm and lm_head.
+  Tensor forward(std::span<const int32_t> ids, std::span<const int64_t> positions, KVCache& cache,
+                 bool last_only) override;
 
  protected:
   // Per-call views of forward()'s arguments, checked: ids and positions agree in length, the
@@ -49,6 +55,12 @@ class DecoderModel : public Model {
     Tensor positions;   // [n] i64
     KVCache* cache = nullptr;
   };
+  // *DecoderLayer.forward: pre-norm attention and MLP, each with a residual.
+  Tensor decoder_layer(const Tensor& hidden_states, int64_t i, const Step& step);
+  // LlamaAttention.forward: project (bias where the checkpoint has one), rotate q and k, attend
+  // over the cache, project back. K and V are projected straight into the cache slots.
+  virtual Tensor self_attn(const Tensor& hidden_states, int64_t i, const Step& step);
+
   Step begin_step(std::span<const int32_t> ids, std::span<const int64_t> positions,
                   KVCache& cache) const;
   // Records the step's tokens in the cache (after every layer wrote its K/V).

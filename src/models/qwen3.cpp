@@ -3,7 +3,6 @@
 // of hidden_size / num_attention_heads (so q_proj may be wider than hidden).
 #include "models/architectures.h"
 #include "models/decoder_common.h"
-#include "ops/add.h"
 
 namespace longctx::models {
 
@@ -18,37 +17,12 @@ class Qwen3ForCausalLM : public DecoderModel {
                     ErrorCode::kNotFound, "Qwen3: layer {} lacks self_attn.q_norm/k_norm", i);
   }
 
-  // Qwen3ForCausalLM.forward -> Qwen3Model.forward, then the lm_head.
-  Tensor forward(std::span<const int32_t> ids, std::span<const int64_t> positions, KVCache& cache,
-                 bool last_only) override {
-    Step step = begin_step(ids, positions, cache);
-    Tensor hidden_states = embed_tokens(step);
-    for (int64_t i = 0; i < config().num_hidden_layers; ++i)
-      hidden_states = decoder_layer(hidden_states, i, step);
-    Tensor logits = final_logits(hidden_states, last_only);  // norm, lm_head
-    end_step(step);
-    return logits;
-  }
-
- private:
-  // Qwen3DecoderLayer.forward
-  Tensor decoder_layer(const Tensor& hidden_states, int64_t i, const Step& step) {
-    const LayerWeights& w = layers_[i];
-    Tensor residual = hidden_states;
-    Tensor h = rms_norm(hidden_states, w.input_layernorm);
-    h = self_attn(h, i, step);
-    ops::add(residual, h, h);
-    residual = h;
-    h = rms_norm(h, w.post_attention_layernorm);
-    h = gated_mlp(h, w);  // Qwen3MLP
-    ops::add(residual, h, h);
-    return h;
-  }
-
+ protected:
+  // forward and Qwen3DecoderLayer are Llama's (DecoderModel); the attention differs.
   // Qwen3Attention.forward:
   //   q = q_norm(q_proj(x).view(n, Hq, head_dim)); k = k_norm(k_proj(x).view(n, Hkv, head_dim))
   //   then RoPE on q and k, attention, o_proj.
-  Tensor self_attn(const Tensor& hidden_states, int64_t i, const Step& step) {
+  Tensor self_attn(const Tensor& hidden_states, int64_t i, const Step& step) override {
     const ModelConfig& c = config();
     const LayerWeights& w = layers_[i];
     const int64_t n = step.n, d = c.head_dim;
