@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <set>
 #include <sstream>
+#include <string>
 
 #include "gpu_kernels/harness.h"
 #include "kernels/cpu/attention_ref.h"
@@ -326,6 +328,44 @@ TEST(PrefillHarness, Small) {
   s.sparse_per_head = true;
   cases.push_back(std::make_unique<PrefillCase>(s));
   expect_no_failures(run_cases(cases), 3);
+}
+
+// Each kernel path forced through LONGCTX_PREFILL_KERNEL (the mma.sync kernel, and the sm_90a
+// wgmma kernel where the device has it; elsewhere "sm90" falls back to mma.sync), on a mix of
+// page sizes (1 = the block-causal layout), GQA ratios, masks, dtypes and block-sparse rows.
+// The other tests use the default dispatch.
+TEST(PrefillHarness, EachKernelPath) {
+  const char* saved = std::getenv("LONGCTX_PREFILL_KERNEL");
+  const std::string restore = saved ? saved : "";
+  for (const char* path : {"fa2", "sm90"}) {
+    setenv("LONGCTX_PREFILL_KERNEL", path, 1);
+    std::printf("LONGCTX_PREFILL_KERNEL=%s\n", path);
+    std::vector<std::unique_ptr<OpCase>> cases;
+    uint64_t seed = 5000;
+    for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
+      for (DType dt : {DType::kBF16, DType::kF16}) {
+        cases.push_back(
+            std::make_unique<PrefillCase>(shape({1, 7, 0, 300, 129, 5}, {1, 3, 10, 1000, 5000, 0},
+                                                8, 2, 128, 16, dt, mode, true, seed++)));
+        cases.push_back(std::make_unique<PrefillCase>(
+            shape({64, 200, 1000}, {64, 700, 1517}, 32, 8, 128, 1, dt, mode, true, seed++)));
+      }
+      cases.push_back(std::make_unique<PrefillCase>(
+          shape({33, 200}, {700, 199}, 6, 2, 128, 7, DType::kBF16, mode, true, seed++)));
+      cases.push_back(std::make_unique<PrefillCase>(
+          shape({129}, {40000}, 4, 4, 128, 256, DType::kBF16, mode, true, seed++)));
+      PagedCaseShape s =
+          shape({130, 1000}, {300, 4000}, 8, 2, 128, 16, DType::kBF16, mode, true, seed++);
+      s.sparse_keep = 0.3;
+      s.sparse_per_head = true;
+      cases.push_back(std::make_unique<PrefillCase>(s));
+    }
+    expect_no_failures(run_cases(cases), 14);
+  }
+  if (saved)
+    setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
+  else
+    unsetenv("LONGCTX_PREFILL_KERNEL");
 }
 
 // run() must be capturable in a CUDA graph and replay to the same bits.

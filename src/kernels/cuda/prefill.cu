@@ -12,15 +12,19 @@
 // bank conflicts. Causal: key tiles past the tile's last token are never visited. Block-sparse:
 // the CTA first ORs the mask bytes of its (head, query block) rows into a bitmap of needed key
 // blocks and skips the others; rows are then masked element-wise for exactness.
-// Plain mma.sync (no wgmma/TMA), so the same code runs on sm_80 and sm_90a.
+// Plain mma.sync (no wgmma/TMA), so the same code runs on sm_80 and sm_90a; on sm_90 with
+// head_dim 128, paged_prefill_run() uses the wgmma kernel of prefill_sm90.cu instead.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
 #include "kernels/cuda/prefill.h"
+#include "kernels/cuda/prefill_sm90.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -543,6 +547,22 @@ bool paged_prefill_supported(const PagedPrefillParams& p) {
           p.block_mask_heads == p.num_qo_heads);
 }
 
+namespace {
+
+// Whether paged_prefill_run() takes the Hopper kernel by default where it is available.
+constexpr bool kSm90ByDefault = false;
+
+// LONGCTX_PREFILL_KERNEL=fa2 forces the mma.sync kernel above, =sm90 the Hopper kernel where it
+// is available (A/B measurement, tests); unset: kSm90ByDefault. Read on every run() so tests can
+// switch it (a getenv is noise next to a launch).
+bool use_sm90_path(const PagedPrefillParams& p) {
+  const char* e = std::getenv("LONGCTX_PREFILL_KERNEL");
+  const bool want = e == nullptr ? kSm90ByDefault : std::strcmp(e, "sm90") == 0;
+  return want && paged_prefill_sm90_available(p);
+}
+
+}  // namespace
+
 void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   LONGCTX_CHECK(paged_prefill_supported(p), ErrorCode::kUnsupported,
                 "paged prefill: unsupported params (head_dim {}, dtype {}, heads {}/{}, page "
@@ -552,6 +572,10 @@ void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cud
   LONGCTX_CHECK(plan.num_qo_heads == p.num_qo_heads && plan.num_kv_heads == p.num_kv_heads &&
                     plan.head_dim == p.head_dim && plan.mask_mode == p.mask_mode,
                 ErrorCode::kInvalidArgument, "paged prefill: params do not match the plan");
+  if (use_sm90_path(p)) {
+    paged_prefill_sm90_run(p, plan, stream);
+    return;
+  }
   if (p.dtype == DType::kBF16) {
     if (p.head_dim == 64)
       launch<64, __nv_bfloat16>(p, plan, stream);

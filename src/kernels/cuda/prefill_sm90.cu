@@ -1,0 +1,609 @@
+// Paged batch prefill for Hopper (sm_90a): warpgroup MMA (wgmma) + warp specialization. Same
+// interface, work list and semantics as the mma.sync kernel of prefill.cu (see prefill.h);
+// paged_prefill_run() picks this path on sm_90 for head_dim 128 (prefill_sm90.h).
+//
+// One CTA = 3 warpgroups for one (request, 128-row tile, kv head) work item:
+//   warpgroup 2 (producer, 40 registers): gathers each K and V tile (KEYS keys) through the page
+//     table with cp.async row copies (any page size 1..256; TMA cannot gather one-token pages)
+//     into a STAGES-deep ring; cp.async.mbarrier.arrive.noinc signals the "full" mbarrier of a
+//     stage when the copies land, and the producer waits on the stage's "empty" mbarrier before
+//     reusing it. K and V have separate barriers, so K of tile i+STAGES loads while P V of tile
+//     i still reads V.
+//   warpgroups 0, 1 (consumers, 232 registers): 64 packed rows each (the kernel's 128-row tile),
+//     S = Q K^T with wgmma m64nKEYSk16 (Q and K from 128B-swizzled shared memory, K-major),
+//     online softmax in fp32 on the accumulators (exp2, scale folded into the FFMA), then
+//     O += P V with wgmma m64n128k16, P from registers (the S accumulator layout converted to A
+//     fragments) and V from shared memory as an MN-major (transposed) operand.
+// The two consumer warpgroups wait on the barriers independently, so one's softmax overlaps the
+// other's MMAs.
+//
+// Shared-memory tiles are [2 column halves][rows][64 elements]: each 128-byte row holds 64
+// elements of one half, its 16-byte chunks XOR-swizzled by row % 8 (the wgmma 128B swizzle,
+// atoms of 8 rows = 1024 bytes, tile bases 1024-aligned). K-major operands (Q, K): 8-row groups
+// 1024 bytes apart (SBO), the k16 slice selected by a 32-byte start offset within the row. V as
+// the MN-major B of P V: keys are rows (8-key groups 1024 apart = SBO), the two 64-dim halves
+// are LBO = KEYS * 128 bytes apart.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "kernels/cuda/prefill_sm90.h"
+#include "longctx/core/cuda_check.h"
+#include "longctx/core/error.h"
+
+// Hopper-only PTX (wgmma, setmaxnreg) is compiled only for the sm_90a target; other targets get
+// an empty kernel body, and the host never launches it there (prefill_sm90_available()).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LONGCTX_SM90A_DEVICE 1
+#endif
+
+namespace longctx::kernels::cuda {
+namespace {
+
+constexpr int kRows = kPrefillTileRows;  // 128 = 2 consumer warpgroups x 64 rows
+constexpr int kD = 128;                  // head_dim of this path
+constexpr int kMaskWords = 1024;         // block-sparse bitmap, as in prefill.cu (4M keys)
+constexpr int kThreads = 384;            // 2 consumer warpgroups + 1 producer warpgroup
+constexpr int kConsumerThreads = 256;
+constexpr int kQBytes = kRows * kD * 2;
+
+template <int KEYS, int STAGES>
+struct Sm90Tiling {
+  static constexpr int kKeys = KEYS, kStages = STAGES;
+  static constexpr int kKvBytes = KEYS * kD * 2;  // one K (or V) stage
+  static constexpr int kKOff = kQBytes;
+  static constexpr int kVOff = kKOff + STAGES * kKvBytes;
+  static constexpr int kBitsOff = kVOff + STAGES * kKvBytes;
+  static constexpr int kBarOff = kBitsOff + kMaskWords * 4;
+  // k_full, k_empty, v_full, v_empty per stage; + 1024 bytes of slack to align the base.
+  static constexpr int kSmemBytes = kBarOff + 4 * STAGES * 8 + 1024;
+  static_assert(kSparseBlock % KEYS == 0 && KEYS % 16 == 0);
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+#ifdef LONGCTX_SM90A_DEVICE
+
+// Byte offset of (row, 16-byte chunk 0..15) in a [2][rows][128 B] swizzled tile.
+__device__ __forceinline__ uint32_t swz(int rows, int r, int c) {
+  return uint32_t((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+// ---- mbarriers ----
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_LOOP:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_LOOP;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// cp.async (generic proxy) writes must be ordered before wgmma (async proxy) reads.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- wgmma ----
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across the async MMA window.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128B swizzle: start >> 4 (bits 0-13), leading byte offset
+// >> 4 (16-29), stride byte offset >> 4 (32-45), swizzle mode 1 = 128B (62-63).
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// clang-format off
+__device__ __forceinline__ void wgmma_ss_n64_bf16(float* d, uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_ss_n128_bf16(float* d, uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_rs_n128_bf16(float* d, const uint32_t* a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "{%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+}
+__device__ __forceinline__ void wgmma_ss_n64_f16(float* d, uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_ss_n128_f16(float* d, uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_rs_n128_f16(float* d, const uint32_t* a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "{%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+}
+// clang-format on
+
+template <typename T, int N>
+struct Wgmma;
+template <>
+struct Wgmma<__nv_bfloat16, 64> {
+  static __device__ __forceinline__ void ss(float* d, uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n64_bf16(d, a, b, acc);
+  }
+};
+template <>
+struct Wgmma<__nv_bfloat16, 128> {
+  static __device__ __forceinline__ void ss(float* d, uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n128_bf16(d, a, b, acc);
+  }
+  static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b) {
+    wgmma_rs_n128_bf16(d, a, b);
+  }
+};
+template <>
+struct Wgmma<__half, 64> {
+  static __device__ __forceinline__ void ss(float* d, uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n64_f16(d, a, b, acc);
+  }
+};
+template <>
+struct Wgmma<__half, 128> {
+  static __device__ __forceinline__ void ss(float* d, uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n128_f16(d, a, b, acc);
+  }
+  static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b) {
+    wgmma_rs_n128_f16(d, a, b);
+  }
+};
+
+#endif  // LONGCTX_SM90A_DEVICE
+
+template <typename T, typename Tl>
+__global__ void __launch_bounds__(kThreads, 1)
+    paged_prefill_sm90_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work) {
+#ifdef LONGCTX_SM90A_DEVICE
+  constexpr int KEYS = Tl::kKeys, STAGES = Tl::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw);
+  const uint32_t s_q = base;
+  const uint32_t s_k = base + Tl::kKOff;
+  const uint32_t s_v = base + Tl::kVOff;
+  uint32_t* s_bits = reinterpret_cast<uint32_t*>(smem + Tl::kBitsOff);
+  const uint32_t bars = base + Tl::kBarOff;
+  auto k_full = [&](int s) { return bars + 8 * s; };
+  auto k_empty = [&](int s) { return bars + 8 * (STAGES + s); };
+  auto v_full = [&](int s) { return bars + 8 * (2 * STAGES + s); };
+  auto v_empty = [&](int s) { return bars + 8 * (3 * STAGES + s); };
+
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int kvh = blockIdx.x % p.num_kv_heads;
+  const int item = blockIdx.x / p.num_kv_heads;
+  const int b = work[2 * item], tile = work[2 * item + 1];
+  const int group = p.num_qo_heads / p.num_kv_heads;
+  const int q_start = p.qo_indptr[b];
+  const int q_len = p.qo_indptr[b + 1] - q_start;
+  const int n_pages = p.kv_indptr[b + 1] - p.kv_indptr[b];
+  const int kv_len = n_pages == 0 ? 0 : (n_pages - 1) * p.page_size + p.kv_last_page_len[b];
+  const int32_t* __restrict__ pages = p.kv_indices + p.kv_indptr[b];
+  const int num_rows = q_len * group;
+  const int row0 = tile * kRows;
+  const int tok_min = row0 / group;
+  const int tok_max = (min(row0 + kRows, num_rows) - 1) / group;
+  const bool causal = p.mask_mode == MaskMode::kCausal;
+
+  // Keys [0, kv_end) are the most any row of this tile sees; [0, full_end) every row sees.
+  int kv_end = kv_len, full_end = kv_len;
+  if (causal) {
+    kv_end = min(kv_len, max(0, kv_len - q_len + tok_max + 1));
+    full_end = min(kv_len, max(0, kv_len - q_len + tok_min + 1));
+  }
+  const int num_tiles = (kv_end + KEYS - 1) / KEYS;
+  const bool sparse = p.block_mask != nullptr;
+  const int nqb = (q_len + kSparseBlock - 1) / kSparseBlock;
+  const int nkb = (kv_len + kSparseBlock - 1) / kSparseBlock;
+  const uint8_t* mask_base = sparse ? p.block_mask + p.block_mask_indptr[b] : nullptr;
+
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full(s), kThreads - kConsumerThreads);
+      mbar_init(v_full(s), kThreads - kConsumerThreads);
+      mbar_init(k_empty(s), kConsumerThreads);
+      mbar_init(v_empty(s), kConsumerThreads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // Block-sparse: bitmap of key blocks any row of the tile needs (as in prefill.cu).
+  if (sparse) {
+    const int nkb_need = (kv_end + kSparseBlock - 1) / kSparseBlock;
+    const int words = (nkb_need + 31) / 32;
+    for (int w = tid; w < words; w += kThreads) s_bits[w] = 0;
+    __syncthreads();
+    const int h_lo = p.block_mask_heads == 1 ? 0 : kvh * group;
+    const int h_n = p.block_mask_heads == 1 ? 1 : group;
+    const int qb_lo = tok_min / kSparseBlock, qb_hi = tok_max / kSparseBlock;
+    for (int kb = tid; kb < nkb_need; kb += kThreads) {
+      bool any = false;
+      for (int h = h_lo; h < h_lo + h_n && !any; ++h)
+        for (int qb = qb_lo; qb <= qb_hi; ++qb)
+          any |= mask_base[(int64_t(h) * nqb + qb) * nkb + kb] != 0;
+      if (any) atomicOr(&s_bits[kb >> 5], 1u << (kb & 31));
+    }
+  }
+  __syncthreads();
+  // First key tile >= kt that some row needs (num_tiles when none).
+  auto next_tile = [&](int kt) -> int {
+    if (!sparse || kt >= num_tiles) return kt;
+    constexpr int kTilesPerBlock = kSparseBlock / KEYS;
+    const int nwords = (((kv_end + kSparseBlock - 1) / kSparseBlock) + 31) / 32;
+    int kb = kt / kTilesPerBlock;
+    int w = kb >> 5;
+    uint32_t bits = s_bits[w] & (~0u << (kb & 31));
+    while (bits == 0) {
+      if (++w >= nwords) return num_tiles;
+      bits = s_bits[w];
+    }
+    kb = (w << 5) + __ffs(bits) - 1;
+    return min(num_tiles, max(kt, kb * kTilesPerBlock));
+  };
+
+  if (warp >= kConsumerThreads / 32) {
+    // ================= producer warpgroup =================
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const int pt = tid - kConsumerThreads;
+    const T* __restrict__ kc = static_cast<const T*>(p.k_cache);
+    const T* __restrict__ vc = static_cast<const T*>(p.v_cache);
+    // 8 threads per key row (a 128-byte half-row each pass: coalesced, conflict-free).
+    auto load_rows = [&](uint32_t dst, const T* __restrict__ src, int k0) {
+#pragma unroll 4
+      for (int rp = 0; rp < KEYS / 16; ++rp) {
+        const int r = (pt >> 3) + rp * 16;
+        const int key = k0 + r;
+        const bool ok = key < kv_len;
+        int64_t off = 0;
+        if (ok) {
+          const int64_t page = pages[key / p.page_size];
+          off = ((page * p.page_size + key % p.page_size) * p.num_kv_heads + kvh) * kD;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = (pt & 7) + 8 * h;
+          cp_async_16(dst + swz(KEYS, r, c), src + off + c * 8, ok ? 16 : 0);
+        }
+      }
+    };
+    int n = 0;
+    for (int kt = next_tile(0); kt < num_tiles; kt = next_tile(kt + 1), ++n) {
+      const int s = n % STAGES;
+      const uint32_t ph = (n / STAGES) & 1;
+      mbar_wait(k_empty(s), ph ^ 1);
+      load_rows(s_k + s * Tl::kKvBytes, kc, kt * KEYS);
+      mbar_arrive_cp_async(k_full(s));
+      mbar_wait(v_empty(s), ph ^ 1);
+      load_rows(s_v + s * Tl::kKvBytes, vc, kt * KEYS);
+      mbar_arrive_cp_async(v_full(s));
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+  } else {
+    // ================= consumer warpgroups =================
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int wg = warp >> 2;  // 0 or 1: rows [64 wg, 64 wg + 64)
+    const int wt = tid & 127;  // thread within the warpgroup
+    const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int r_base = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows: r_base, r_base + 8
+    const T* __restrict__ q = static_cast<const T*>(p.q);
+
+    // Q rows of this warpgroup: row r -> (token, head); padding rows zero-filled.
+    for (int id = wt; id < 64 * 16; id += 128) {
+      const int r = wg * 64 + id / 16, c = id % 16;
+      const int pr = row0 + r;
+      const bool ok = pr < num_rows;
+      const int tok = ok ? pr / group : 0, h = kvh * group + (ok ? pr % group : 0);
+      const T* src = q + ((int64_t(q_start + tok) * p.num_qo_heads + h) * kD + c * 8);
+      cp_async_16(s_q + swz(kRows, r, c), ok ? src : q, ok ? 16 : 0);
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    fence_proxy_async();
+    named_barrier(1 + wg, 128);
+
+    // Last visible key of tile row r (-1: padding row) and, when block-sparse, whether key
+    // block kb is on for it.
+    auto row_limit = [&](int r, int kb, bool& blk) -> int {
+      const int pr = row0 + r;
+      blk = true;
+      if (pr >= num_rows) return -1;
+      const int tok = pr / group;
+      if (sparse) {
+        const int mh = p.block_mask_heads == 1 ? 0 : kvh * group + pr % group;
+        blk = mask_base[(int64_t(mh) * nqb + tok / kSparseBlock) * nkb + kb] != 0;
+      }
+      return causal ? min(kv_len - 1, kv_len - q_len + tok) : kv_len - 1;
+    };
+
+    float o[kD / 2];  // 64 rows x 128 dims / 128 threads, m16n8 accumulator layout per warp
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const float scale_log2 = p.sm_scale * 1.4426950408889634f;
+    const uint32_t q_wg = s_q + wg * 64 * 128;
+
+    int n = 0;
+    for (int kt = next_tile(0); kt < num_tiles; kt = next_tile(kt + 1), ++n) {
+      const int s = n % STAGES;
+      const uint32_t ph = (n / STAGES) & 1;
+      const int k0 = kt * KEYS;
+      const uint32_t sk = s_k + s * Tl::kKvBytes;
+      const uint32_t sv = s_v + s * Tl::kKvBytes;
+
+      // ---- S = Q K^T ----
+      float sc[KEYS / 2];
+      mbar_wait(k_full(s), ph);
+      fence_proxy_async();
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint64_t da = make_desc(q_wg + (kk >> 2) * (kRows * 128) + (kk & 3) * 32, 16, 1024);
+        const uint64_t db = make_desc(sk + (kk >> 2) * (KEYS * 128) + (kk & 3) * 32, 16, 1024);
+        Wgmma<T, KEYS>::ss(sc, da, db, kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      reg_fence(sc);
+      mbar_arrive(k_empty(s));
+
+      // ---- mask boundary tiles (causal edge, KV end, block-sparse rows) ----
+      if (sparse || k0 + KEYS > full_end) {
+        bool blk[2];
+        int lim[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) lim[i] = row_limit(r_base + 8 * i, k0 / kSparseBlock, blk[i]);
+#pragma unroll
+        for (int j = 0; j < KEYS / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + j * 8 + t4 * 2 + (e & 1);
+            const int i = e >> 1;
+            if (!blk[i] || key > lim[i]) sc[4 * j + e] = -INFINITY;
+          }
+      }
+
+      // ---- online softmax; a row's scores live in the 4 threads of a quad ----
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = m[i];
+#pragma unroll
+        for (int j = 0; j < KEYS / 8; ++j)
+          mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * i], sc[4 * j + 2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // All masked so far: base 0 keeps exp2(-inf) = 0 and avoids -inf - -inf = NaN.
+        const float base_i = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float corr = fast_exp2(fmaf(m[i], scale_log2, -base_i));
+        m[i] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < KEYS / 8; ++j) {
+          sc[4 * j + 2 * i] = fast_exp2(fmaf(sc[4 * j + 2 * i], scale_log2, -base_i));
+          sc[4 * j + 2 * i + 1] = fast_exp2(fmaf(sc[4 * j + 2 * i + 1], scale_log2, -base_i));
+          sum += sc[4 * j + 2 * i] + sc[4 * j + 2 * i + 1];
+        }
+        l[i] = l[i] * corr + sum;
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+          o[4 * j + 2 * i] *= corr;
+          o[4 * j + 2 * i + 1] *= corr;
+        }
+      }
+      // P as A fragments: k-slice kk (keys 16 kk ..) = accumulator column blocks 2 kk, 2 kk + 1.
+      uint32_t pa[KEYS / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < KEYS / 16; ++kk)
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          pa[kk][x] = pack2<T>(sc[8 * kk + 2 * x], sc[8 * kk + 2 * x + 1]);
+
+      // ---- O += P V ----
+      mbar_wait(v_full(s), ph);
+      fence_proxy_async();
+      reg_fence(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KEYS / 16; ++kk)
+        Wgmma<T, 128>::rs(o, pa[kk], make_desc(sv + kk * 16 * 128, KEYS * 128, 1024));
+      wgmma_commit();
+      wgmma_wait_all();
+      reg_fence(o);
+      mbar_arrive(v_empty(s));
+    }
+
+    // ---- epilogue: normalize, stage this warpgroup's rows in its Q rows, 16-byte stores ----
+    T* out = static_cast<T*>(p.o);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float li = l[i];
+      li += __shfl_xor_sync(0xffffffffu, li, 1);
+      li += __shfl_xor_sync(0xffffffffu, li, 2);
+      const float inv = li > 0.f ? 1.f / li : 0.f;
+      const int r = r_base + 8 * i;
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const uint32_t v = pack2<T>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        *reinterpret_cast<uint32_t*>(smem + swz(kRows, r, j) + t4 * 4) = v;
+      }
+      const int pr = row0 + r;
+      if (p.lse && t4 == 0 && pr < num_rows) {
+        const int tok = pr / group, h = kvh * group + pr % group;
+        p.lse[int64_t(q_start + tok) * p.num_qo_heads + h] =
+            li > 0.f ? (m[i] * scale_log2 + __log2f(li)) * 0.6931471805599453f : -INFINITY;
+      }
+    }
+    named_barrier(1 + wg, 128);
+    for (int id = wt; id < 64 * 16; id += 128) {
+      const int r = wg * 64 + id / 16, c = id % 16;
+      const int pr = row0 + r;
+      if (pr >= num_rows) continue;
+      const int tok = pr / group, h = kvh * group + pr % group;
+      *reinterpret_cast<uint4*>(out + (int64_t(q_start + tok) * p.num_qo_heads + h) * kD + c * 8) =
+          *reinterpret_cast<const uint4*>(smem + swz(kRows, r, c));
+    }
+  }
+#endif  // LONGCTX_SM90A_DEVICE
+}
+
+template <typename T, typename Tl>
+void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_sm90_kernel<T, Tl>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            Tl::kSmemBytes));
+  });
+  const int64_t blocks = int64_t(plan.num_work_items) * p.num_kv_heads;
+  if (blocks == 0) return;
+  paged_prefill_sm90_kernel<T, Tl>
+      <<<unsigned(blocks), kThreads, Tl::kSmemBytes, stream>>>(p, plan.work_items);
+  LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_sm90_kernel");
+}
+
+// Key-tile variants (LONGCTX_PREFILL_SM90_KEYS, for measurement): 128 keys x 2 stages (default)
+// or 64 keys x 4 stages; both use 160 KB of K/V/Q shared memory.
+using Keys128 = Sm90Tiling<128, 2>;
+using Keys64 = Sm90Tiling<64, 4>;
+
+int keys_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("LONGCTX_PREFILL_SM90_KEYS");
+    return (e && std::strcmp(e, "64") == 0) ? 64 : 128;
+  }();
+  return v;
+}
+
+}  // namespace
+
+bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
+  if (p.head_dim != kD) return false;
+  // The device must be sm_90 and this binary must carry the sm_90a kernel (not a JIT from PTX
+  // of another target, where the body is empty).
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major != 9 || minor != 0) return false;
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, paged_prefill_sm90_kernel<__nv_bfloat16, Keys128>) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return attr.binaryVersion == 90;
+  }();
+  return ok;
+}
+
+void paged_prefill_sm90_run(const PagedPrefillParams& p, const PrefillPlan& plan,
+                            cudaStream_t stream) {
+  const bool k64 = keys_variant() == 64;
+  if (p.dtype == DType::kBF16) {
+    if (k64)
+      launch<__nv_bfloat16, Keys64>(p, plan, stream);
+    else
+      launch<__nv_bfloat16, Keys128>(p, plan, stream);
+  } else {
+    if (k64)
+      launch<__half, Keys64>(p, plan, stream);
+    else
+      launch<__half, Keys128>(p, plan, stream);
+  }
+}
+
+}  // namespace longctx::kernels::cuda
