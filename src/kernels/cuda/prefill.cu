@@ -550,7 +550,7 @@ bool paged_prefill_supported(const PagedPrefillParams& p) {
 namespace {
 
 // Whether paged_prefill_run() takes the Hopper kernel by default where it is available.
-constexpr bool kSm90ByDefault = false;
+constexpr bool kSm90ByDefault = true;
 
 // LONGCTX_PREFILL_KERNEL=fa2 forces the mma.sync kernel above, =sm90 the Hopper kernel where it
 // is available (A/B measurement, tests); unset: kSm90ByDefault. Read on every run() so tests can

@@ -50,9 +50,10 @@ constexpr int kThreads = 384;            // 2 consumer warpgroups + 1 producer w
 constexpr int kConsumerThreads = 256;
 constexpr int kQBytes = kRows * kD * 2;
 
-template <int KEYS, int STAGES>
+template <int KEYS, int STAGES, bool OVERLAP>
 struct Sm90Tiling {
   static constexpr int kKeys = KEYS, kStages = STAGES;
+  static constexpr bool kOverlap = OVERLAP;       // software-pipelined consumer (see the kernel)
   static constexpr int kKvBytes = KEYS * kD * 2;  // one K (or V) stage
   static constexpr int kKOff = kQBytes;
   static constexpr int kVOff = kKOff + STAGES * kKvBytes;
@@ -62,6 +63,8 @@ struct Sm90Tiling {
   static constexpr int kSmemBytes = kBarOff + 4 * STAGES * 8 + 1024;
   static_assert(kSparseBlock % KEYS == 0 && KEYS % 16 == 0);
 };
+
+#ifdef LONGCTX_SM90A_DEVICE
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -85,8 +88,6 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-
-#ifdef LONGCTX_SM90A_DEVICE
 
 // Byte offset of (row, 16-byte chunk 0..15) in a [2][rows][128 B] swizzled tile.
 __device__ __forceinline__ uint32_t swz(int rows, int r, int c) {
@@ -137,14 +138,23 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+// Waits until at most N committed wgmma groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accumulator reads/writes across the async MMA window.
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) asm volatile("" : "+r"(r[i][x])::"memory");
 }
 
 // Shared-memory matrix descriptor, 128B swizzle: start >> 4 (bits 0-13), leading byte offset
@@ -342,34 +352,50 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int pt = tid - kConsumerThreads;
     const T* __restrict__ kc = static_cast<const T*>(p.k_cache);
     const T* __restrict__ vc = static_cast<const T*>(p.v_cache);
-    // 8 threads per key row (a 128-byte half-row each pass: coalesced, conflict-free).
-    auto load_rows = [&](uint32_t dst, const T* __restrict__ src, int k0) {
-#pragma unroll 4
-      for (int rp = 0; rp < KEYS / 16; ++rp) {
-        const int r = (pt >> 3) + rp * 16;
-        const int key = k0 + r;
-        const bool ok = key < kv_len;
-        int64_t off = 0;
-        if (ok) {
-          const int64_t page = pages[key / p.page_size];
-          off = ((page * p.page_size + key % p.page_size) * p.num_kv_heads + kvh) * kD;
-        }
+    // 4 threads per key row, each copying 4 of its 16 chunks (64-byte runs: coalesced; a warp's
+    // 8 rows x 4 chunks spread evenly over the banks in the swizzled layout); this thread copies
+    // rows (pt >> 2) + 32 rp. Their cache slots (page * page_size + offset, -1 past kv_len) are
+    // looked up once per tile, all lookups in flight together (a dependent lookup per row
+    // serialized the producer: 268 TF), and serve both K and V. Few rows per thread keep the
+    // producer within its 40 registers.
+    constexpr int kRowPasses = KEYS / 32;
+    auto lookup = [&](int k0, int(&slot)[kRowPasses]) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = (pt & 7) + 8 * h;
-          cp_async_16(dst + swz(KEYS, r, c), src + off + c * 8, ok ? 16 : 0);
-        }
+      for (int rp = 0; rp < kRowPasses; ++rp) {
+        const int key = k0 + (pt >> 2) + rp * 32;
+        slot[rp] = key < kv_len ? pages[key / p.page_size] * p.page_size + key % p.page_size : -1;
+      }
+    };
+    // Row (pt >> 2) + 32 rp has the swizzle phase (pt >> 2) & 7 for every rp, so this thread's
+    // destination of chunk pass h in row pass rp is dst_off[h] + 4096 rp.
+    uint32_t dst_off[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const int c = (pt & 3) + 4 * h;
+      dst_off[h] = swz(KEYS, pt >> 2, c);
+    }
+    auto copy_rows = [&](uint32_t dst, const T* __restrict__ src, const int(&slot)[kRowPasses]) {
+#pragma unroll
+      for (int rp = 0; rp < kRowPasses; ++rp) {
+        const bool ok = slot[rp] >= 0;
+        const T* row =
+            src + (ok ? (int64_t(slot[rp]) * p.num_kv_heads + kvh) * kD : 0) + (pt & 3) * 8;
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+          cp_async_16(dst + dst_off[h] + rp * 32 * 128, row + 32 * h, ok ? 16 : 0);
       }
     };
     int n = 0;
     for (int kt = next_tile(0); kt < num_tiles; kt = next_tile(kt + 1), ++n) {
       const int s = n % STAGES;
       const uint32_t ph = (n / STAGES) & 1;
+      int slot[kRowPasses];
+      lookup(kt * KEYS, slot);  // in flight while waiting for the stage
       mbar_wait(k_empty(s), ph ^ 1);
-      load_rows(s_k + s * Tl::kKvBytes, kc, kt * KEYS);
+      copy_rows(s_k + s * Tl::kKvBytes, kc, slot);
       mbar_arrive_cp_async(k_full(s));
       mbar_wait(v_empty(s), ph ^ 1);
-      load_rows(s_v + s * Tl::kKvBytes, vc, kt * KEYS);
+      copy_rows(s_v + s * Tl::kKvBytes, vc, slot);
       mbar_arrive_cp_async(v_full(s));
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -416,16 +442,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale_log2 = p.sm_scale * 1.4426950408889634f;
     const uint32_t q_wg = s_q + wg * 64 * 128;
 
-    int n = 0;
-    for (int kt = next_tile(0); kt < num_tiles; kt = next_tile(kt + 1), ++n) {
-      const int s = n % STAGES;
-      const uint32_t ph = (n / STAGES) & 1;
-      const int k0 = kt * KEYS;
+    // S = Q K^T for stage s into sc (issued and committed, not waited for).
+    auto issue_qk = [&](float(&sc)[KEYS / 2], int s, uint32_t ph) {
       const uint32_t sk = s_k + s * Tl::kKvBytes;
-      const uint32_t sv = s_v + s * Tl::kKvBytes;
-
-      // ---- S = Q K^T ----
-      float sc[KEYS / 2];
       mbar_wait(k_full(s), ph);
       fence_proxy_async();
       wgmma_fence();
@@ -436,11 +455,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         Wgmma<T, KEYS>::ss(sc, da, db, kk > 0);
       }
       wgmma_commit();
-      wgmma_wait_all();
-      reg_fence(sc);
-      mbar_arrive(k_empty(s));
-
-      // ---- mask boundary tiles (causal edge, KV end, block-sparse rows) ----
+    };
+    // O += P V for stage s (issued and committed, not waited for).
+    auto issue_pv = [&](const uint32_t(&pa)[KEYS / 16][4], int s, uint32_t ph) {
+      const uint32_t sv = s_v + s * Tl::kKvBytes;
+      mbar_wait(v_full(s), ph);
+      fence_proxy_async();
+      reg_fence(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KEYS / 16; ++kk)
+        Wgmma<T, 128>::rs(o, pa[kk], make_desc(sv + kk * 16 * 128, KEYS * 128, 1024));
+      wgmma_commit();
+    };
+    // Masks the tile if needed, turns sc into P = exp2(scaled s - running max) in place, updates
+    // m and l, and returns the factor the old O must be scaled by.
+    auto softmax = [&](float(&sc)[KEYS / 2], int k0, float(&corr)[2]) {
+      // Mask boundary tiles (causal edge, KV end, block-sparse rows). Scores stay raw: the scale
+      // goes into the exp2 FFMA (sm_scale > 0, so max commutes with it).
       if (sparse || k0 + KEYS > full_end) {
         bool blk[2];
         int lim[2];
@@ -455,8 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (!blk[i] || key > lim[i]) sc[4 * j + e] = -INFINITY;
           }
       }
-
-      // ---- online softmax; a row's scores live in the 4 threads of a quad ----
+      // A row's scores live in the 4 threads of a quad.
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float mx = m[i];
@@ -467,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         // All masked so far: base 0 keeps exp2(-inf) = 0 and avoids -inf - -inf = NaN.
         const float base_i = mx == -INFINITY ? 0.f : mx * scale_log2;
-        const float corr = fast_exp2(fmaf(m[i], scale_log2, -base_i));
+        corr[i] = fast_exp2(fmaf(m[i], scale_log2, -base_i));
         m[i] = mx;
         float sum = 0.f;
 #pragma unroll
@@ -476,33 +507,95 @@ __global__ void __launch_bounds__(kThreads, 1)
           sc[4 * j + 2 * i + 1] = fast_exp2(fmaf(sc[4 * j + 2 * i + 1], scale_log2, -base_i));
           sum += sc[4 * j + 2 * i] + sc[4 * j + 2 * i + 1];
         }
-        l[i] = l[i] * corr + sum;
-#pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          o[4 * j + 2 * i] *= corr;
-          o[4 * j + 2 * i + 1] *= corr;
-        }
+        l[i] = l[i] * corr[i] + sum;
       }
-      // P as A fragments: k-slice kk (keys 16 kk ..) = accumulator column blocks 2 kk, 2 kk + 1.
-      uint32_t pa[KEYS / 16][4];
+    };
+    auto rescale_o = [&](const float(&corr)[2]) {
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        o[4 * j] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+      }
+    };
+    // P as A fragments: k-slice kk (keys 16 kk ..) = accumulator column blocks 2 kk, 2 kk + 1.
+    auto pack_p = [&](const float(&sc)[KEYS / 2], uint32_t(&pa)[KEYS / 16][4]) {
 #pragma unroll
       for (int kk = 0; kk < KEYS / 16; ++kk)
 #pragma unroll
         for (int x = 0; x < 4; ++x)
           pa[kk][x] = pack2<T>(sc[8 * kk + 2 * x], sc[8 * kk + 2 * x + 1]);
+    };
 
-      // ---- O += P V ----
-      mbar_wait(v_full(s), ph);
-      fence_proxy_async();
-      reg_fence(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KEYS / 16; ++kk)
-        Wgmma<T, 128>::rs(o, pa[kk], make_desc(sv + kk * 16 * 128, KEYS * 128, 1024));
-      wgmma_commit();
-      wgmma_wait_all();
-      reg_fence(o);
-      mbar_arrive(v_empty(s));
+    int n = 0;
+    if constexpr (!Tl::kOverlap) {
+      // Per tile: S, softmax, P V, each waited for before the next.
+      for (int kt = next_tile(0); kt < num_tiles; kt = next_tile(kt + 1), ++n) {
+        const int s = n % STAGES;
+        const uint32_t ph = (n / STAGES) & 1;
+        float sc[KEYS / 2];
+        issue_qk(sc, s, ph);
+        wgmma_wait<0>();
+        reg_fence(sc);
+        mbar_arrive(k_empty(s));
+        float corr[2];
+        softmax(sc, kt * KEYS, corr);
+        rescale_o(corr);
+        uint32_t pa[KEYS / 16][4];
+        pack_p(sc, pa);
+        issue_pv(pa, s, ph);
+        wgmma_wait<0>();
+        reg_fence(o);
+        mbar_arrive(v_empty(s));
+      }
+    } else {
+      // Software-pipelined (FA3's intra-warpgroup overlap): S of tile n is issued, then P V of
+      // tile n - 1, and the softmax of tile n runs while the tensor cores do that P V. The first
+      // tile is peeled so that no branch decides whether a P V is in flight (ptxas would
+      // otherwise serialize every wgmma of the kernel).
+      int kt = next_tile(0);
+      if (kt < num_tiles) {
+        uint32_t pa[KEYS / 16][4];
+        {
+          float sc[KEYS / 2];
+          issue_qk(sc, 0, 0);
+          wgmma_wait<0>();
+          reg_fence(sc);
+          mbar_arrive(k_empty(0));
+          float corr[2];
+          softmax(sc, kt * KEYS, corr);
+          pack_p(sc, pa);
+        }
+        int prev_s = 0;
+        uint32_t prev_ph = 0;
+        n = 1;
+        for (kt = next_tile(kt + 1); kt < num_tiles; kt = next_tile(kt + 1), ++n) {
+          const int s = n % STAGES;
+          const uint32_t ph = (n / STAGES) & 1;
+          float sc[KEYS / 2];
+          issue_qk(sc, s, ph);
+          issue_pv(pa, prev_s, prev_ph);
+          wgmma_wait<1>();  // S of tile n (groups complete in order)
+          reg_fence(sc);
+          mbar_arrive(k_empty(s));
+          float corr[2];
+          softmax(sc, kt * KEYS, corr);
+          wgmma_wait<0>();  // P V of tile n - 1: O and pa are free again
+          reg_fence(o);
+          reg_fence(pa);
+          mbar_arrive(v_empty(prev_s));
+          rescale_o(corr);
+          pack_p(sc, pa);
+          prev_s = s;
+          prev_ph = ph;
+        }
+        issue_pv(pa, prev_s, prev_ph);
+        wgmma_wait<0>();
+        reg_fence(o);
+        reg_fence(pa);
+        mbar_arrive(v_empty(prev_s));
+      }
     }
 
     // ---- epilogue: normalize, stage this warpgroup's rows in its Q rows, 16-byte stores ----
@@ -536,6 +629,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<const uint4*>(smem + swz(kRows, r, c));
     }
   }
+#else
+  // Other targets: never launched (see paged_prefill_sm90_available); references keep the
+  // compiler quiet about the constants only the sm_90a body uses.
+  static_assert(Tl::kKeys > 0 && Tl::kStages > 0 && (Tl::kOverlap || !Tl::kOverlap) &&
+                kConsumerThreads > 0 && kQBytes > 0);
 #endif  // LONGCTX_SM90A_DEVICE
 }
 
@@ -554,17 +652,24 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_sm90_kernel");
 }
 
-// Key-tile variants (LONGCTX_PREFILL_SM90_KEYS, for measurement): 128 keys x 2 stages (default)
-// or 64 keys x 4 stages; both use 160 KB of K/V/Q shared memory.
-using Keys128 = Sm90Tiling<128, 2>;
-using Keys64 = Sm90Tiling<64, 4>;
+// Variants (LONGCTX_PREFILL_SM90_VARIANT, for measurement; read per run so tests can switch):
+//   k128o  128-key tiles x 2 stages, software-pipelined consumers (default)
+//   k128   128-key tiles x 2 stages, each tile's S, softmax, P V in sequence
+//   k64o   64-key tiles x 4 stages, software-pipelined
+// All use 160 KB of Q/K/V shared memory (one CTA per SM).
+using K128Overlap = Sm90Tiling<128, 2, true>;
+using K128 = Sm90Tiling<128, 2, false>;
+using K64Overlap = Sm90Tiling<64, 4, true>;
 
-int keys_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("LONGCTX_PREFILL_SM90_KEYS");
-    return (e && std::strcmp(e, "64") == 0) ? 64 : 128;
-  }();
-  return v;
+template <typename T>
+void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  const char* e = std::getenv("LONGCTX_PREFILL_SM90_VARIANT");
+  if (e != nullptr && std::strcmp(e, "k128") == 0)
+    launch<T, K128>(p, plan, stream);
+  else if (e != nullptr && std::strcmp(e, "k64o") == 0)
+    launch<T, K64Overlap>(p, plan, stream);
+  else
+    launch<T, K128Overlap>(p, plan, stream);
 }
 
 }  // namespace
@@ -580,7 +685,7 @@ bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (major != 9 || minor != 0) return false;
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, paged_prefill_sm90_kernel<__nv_bfloat16, Keys128>) !=
+    if (cudaFuncGetAttributes(&attr, paged_prefill_sm90_kernel<__nv_bfloat16, K128Overlap>) !=
         cudaSuccess) {
       cudaGetLastError();
       return false;
@@ -592,18 +697,10 @@ bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
 
 void paged_prefill_sm90_run(const PagedPrefillParams& p, const PrefillPlan& plan,
                             cudaStream_t stream) {
-  const bool k64 = keys_variant() == 64;
-  if (p.dtype == DType::kBF16) {
-    if (k64)
-      launch<__nv_bfloat16, Keys64>(p, plan, stream);
-    else
-      launch<__nv_bfloat16, Keys128>(p, plan, stream);
-  } else {
-    if (k64)
-      launch<__half, Keys64>(p, plan, stream);
-    else
-      launch<__half, Keys128>(p, plan, stream);
-  }
+  if (p.dtype == DType::kBF16)
+    launch_variant<__nv_bfloat16>(p, plan, stream);
+  else
+    launch_variant<__half>(p, plan, stream);
 }
 
 }  // namespace longctx::kernels::cuda
