@@ -1,6 +1,8 @@
-// CUDA batch prefill over a paged KV cache (FlashAttention-2 style, mma.sync m16n8k16 tensor
-// cores, cp.async double-buffered K/V tiles gathered through the page table), dense or
-// block-sparse (see PagedPrefillParams in kernels/attention_params.h).
+// CUDA batch prefill over a paged KV cache, dense or block-sparse (see PagedPrefillParams in
+// kernels/attention_params.h). Two kernels behind one interface: on sm_90 with head_dim 128 a
+// Hopper kernel (prefill_sm90.cu: wgmma, warp-specialized cp.async page gathers), elsewhere
+// FlashAttention-2 style mma.sync m16n8k16 with cp.async double-buffered K/V tiles (prefill.cu).
+// LONGCTX_PREFILL_KERNEL=fa2|sm90 forces one (sm90 only where available).
 //
 // Usage: plan once per batch shape (host; may synchronize), then run once per layer (no host
 // sync, no allocation, no host reads: safe inside a CUDA graph as long as the plan and the
