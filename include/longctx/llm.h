@@ -20,6 +20,7 @@
 #include "longctx/engine/executor.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
+#include "longctx/models/model.h"
 
 namespace longctx {
 
@@ -31,9 +32,10 @@ struct EngineConfig {
   std::string model;         // Hugging Face checkpoint folder
   std::string dummy_preset;  // instead of `model`: random weights of a preset ("qwen3-0.6b", ...)
   std::string tokenizer;     // folder with tokenizer.json; empty: the model folder's, if it has one
-  int64_t max_model_len = 0;   // tokens per sequence; 0: the model's max_position_embeddings
-  std::string device = "cpu";  // only "cpu" so far
-  uint64_t seed = 0;           // seeds the requests that bring no seed of their own
+  int64_t max_model_len = 0;        // tokens per sequence; 0: the model's max_position_embeddings
+  std::string device = "cpu";       // only "cpu" so far
+  uint64_t seed = 0;                // seeds the requests that bring no seed of their own
+  ModelBuildOptions model_options;  // numerics choices of the model (see ModelBuildOptions)
 };
 
 // A prompt is text (needs a tokenizer; encoded with the tokenizer's special tokens, e.g. BOS,

@@ -85,7 +85,7 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   options.max_model_len = resolve_max_model_len(mc, config.max_model_len);
   options.eos_token_ids = mc.eos_token_ids;
   options.seed = config.seed;
-  std::shared_ptr<Model> model = create_model(impl_->checkpoint);
+  std::shared_ptr<Model> model = create_model(impl_->checkpoint, config.model_options);
   impl_->core = std::make_unique<EngineCore>(make_cpu_executor(std::move(model)),
                                              impl_->tokenizer.get(), std::move(options));
 }

@@ -58,7 +58,7 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   lm_head_ = c.tie_word_embeddings ? embed_tokens_ : w.get("lm_head.weight");
   // Rounded like transformers' inv_freq buffer in a model loaded at that dtype (see model.h).
   std::vector<float> inv = ops::rope_inv_freq_as_transformers(
-      c.rope, c.head_dim, options.rope_inv_freq_dtype.value_or(c.dtype));
+      c.rope, c.head_dim, options.rope_inv_freq_dtype.value_or(DType::kF32));
   inv_freq_ = Tensor::empty({int64_t(inv.size())}, DType::kF32);
   std::memcpy(inv_freq_.data_ptr(), inv.data(), inv.size() * sizeof(float));
   attention_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim));

@@ -78,10 +78,10 @@ TEST_F(ForwardCli, IdsOnCommandLineReproduceFixtureLogits) {
   std::string ids;
   for (const auto& v : c.at("input_ids")) ids += (ids.empty() ? "" : ",") + v.dump();
   const fs::path out = dir_ / "logits.npy";
-  ASSERT_EQ(
-      run_cli("forward --model '" + model + "' --ids " + ids + " --out '" + out.string() + "'",
-              dir_ / "log"),
-      0)
+  ASSERT_EQ(run_cli("forward --rope-inv-freq-dtype checkpoint --model '" + model + "' --ids " +
+                        ids + " --out '" + out.string() + "'",
+                    dir_ / "log"),
+            0)
       << read_text(dir_ / "log");
   Tensor ours = read_npy(out.string());
   Tensor ref = read_npy(model + "/" + c.at("logits_file").get<std::string>());
@@ -96,10 +96,11 @@ TEST_F(ForwardCli, JsonIdsFileAndLastPosition) {
   const fs::path ids_file = dir_ / "ids.json";
   std::ofstream(ids_file) << c.at("input_ids").dump();
   const fs::path out = dir_ / "last.npy";
-  ASSERT_EQ(run_cli("forward --model '" + model + "' --ids-file '" + ids_file.string() +
-                        "' --positions last --out '" + out.string() + "'",
-                    dir_ / "log"),
-            0)
+  ASSERT_EQ(
+      run_cli("forward --rope-inv-freq-dtype checkpoint --model '" + model + "' --ids-file '" +
+                  ids_file.string() + "' --positions last --out '" + out.string() + "'",
+              dir_ / "log"),
+      0)
       << read_text(dir_ / "log");
   Tensor ours = read_npy(out.string());
   Tensor ref = read_npy(model + "/" + c.at("logits_file").get<std::string>());
@@ -110,13 +111,14 @@ TEST_F(ForwardCli, JsonIdsFileAndLastPosition) {
 TEST_F(ForwardCli, WhitespaceIdsFileMatchesCommandLineIds) {
   const std::string model = longctx::testing::test_data_dir() + "/fixtures/tiny-qwen2";
   std::ofstream(dir_ / "ids.txt") << "965 336\n552,582  951\n";
-  ASSERT_EQ(run_cli("forward --model '" + model + "' --ids-file '" + (dir_ / "ids.txt").string() +
-                        "' --out '" + (dir_ / "a.npy").string() + "'",
-                    dir_ / "log"),
-            0)
+  ASSERT_EQ(
+      run_cli("forward --rope-inv-freq-dtype checkpoint --model '" + model + "' --ids-file '" +
+                  (dir_ / "ids.txt").string() + "' --out '" + (dir_ / "a.npy").string() + "'",
+              dir_ / "log"),
+      0)
       << read_text(dir_ / "log");
-  ASSERT_EQ(run_cli("forward --model '" + model + "' --ids 965,336,552,582,951 --out '" +
-                        (dir_ / "b.npy").string() + "'",
+  ASSERT_EQ(run_cli("forward --rope-inv-freq-dtype checkpoint --model '" + model +
+                        "' --ids 965,336,552,582,951 --out '" + (dir_ / "b.npy").string() + "'",
                     dir_ / "log"),
             0)
       << read_text(dir_ / "log");
@@ -127,14 +129,14 @@ TEST_F(ForwardCli, WhitespaceIdsFileMatchesCommandLineIds) {
 
 TEST_F(ForwardCli, BadIdsFailWithAMessage) {
   const std::string model = longctx::testing::test_data_dir() + "/fixtures/tiny-qwen2";
-  EXPECT_NE(run_cli("forward --model '" + model + "' --ids 1,x,3 --out '" +
-                        (dir_ / "x.npy").string() + "'",
+  EXPECT_NE(run_cli("forward --rope-inv-freq-dtype checkpoint --model '" + model +
+                        "' --ids 1,x,3 --out '" + (dir_ / "x.npy").string() + "'",
                     dir_ / "log"),
             0);
   EXPECT_NE(read_text(dir_ / "log").find("'x' is not a token id"), std::string::npos)
       << read_text(dir_ / "log");
-  EXPECT_NE(run_cli("forward --model '" + model + "' --ids 1,99999 --out '" +
-                        (dir_ / "x.npy").string() + "'",
+  EXPECT_NE(run_cli("forward --rope-inv-freq-dtype checkpoint --model '" + model +
+                        "' --ids 1,99999 --out '" + (dir_ / "x.npy").string() + "'",
                     dir_ / "log"),
             0);
   EXPECT_NE(read_text(dir_ / "log").find("outside the vocabulary"), std::string::npos)

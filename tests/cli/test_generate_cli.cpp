@@ -33,10 +33,13 @@ std::string slurp(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
+// Every model here is a tiny fixture: run it with the fixtures' rope convention (see
+// ModelBuildOptions::rope_inv_freq_dtype).
 CliResult generate(const std::string& args) {
   const fs::path dir = fs::temp_directory_path() / ("longctx_gen_cli_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  const std::string cmd = "'" + generate_cli_path() + "' generate " + args + " > '" +
+  const std::string cmd = "'" + generate_cli_path() +
+                          "' generate --rope-inv-freq-dtype checkpoint " + args + " > '" +
                           (dir / "out").string() + "' 2> '" + (dir / "err").string() + "'";
   const int rc = std::system(cmd.c_str());
   CliResult r{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(dir / "out"), slurp(dir / "err")};

@@ -24,7 +24,8 @@ TEST_P(LLMFixtures, GreedyMatchesTransformers) {
   std::ifstream in(dir + "/reference.json");
   ASSERT_TRUE(in) << dir;
   const auto ref = nlohmann::json::parse(in);
-  LLM llm(EngineConfig{.model = dir});
+  // The fixtures' rope convention (see ModelBuildOptions::rope_inv_freq_dtype).
+  LLM llm(EngineConfig{.model = dir, .model_options = {.rope_inv_freq_dtype = DType::kBF16}});
   ASSERT_NE(llm.model_config(), nullptr);
   EXPECT_EQ(llm.model_config()->eos_token_ids, (std::vector<int64_t>{2}));
   EXPECT_EQ(llm.max_model_len(), 32768);

@@ -21,9 +21,12 @@ inline std::string fixture_dir(const std::string& model) {
   return test_data_dir() + "/fixtures/" + model;
 }
 
+// The fixtures' reference was made from a model cast to bf16 with .to(), which rounds RoPE's
+// inv_freq buffer: unless the caller chooses, the model reproduces that (see ModelBuildOptions).
 inline std::unique_ptr<Model> load_fixture_model(const std::string& model,
-                                                 const ModelBuildOptions& options = {}) {
+                                                 ModelBuildOptions options = {}) {
   auto ckpt = std::make_shared<Checkpoint>(load_checkpoint(fixture_dir(model)));
+  if (!options.rope_inv_freq_dtype) options.rope_inv_freq_dtype = ckpt->config.dtype;
   return create_model(std::move(ckpt), options);
 }
 

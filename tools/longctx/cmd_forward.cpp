@@ -26,7 +26,6 @@ struct Options {
   std::string ids_file;
   std::string out;
   std::string positions = "all";
-  std::string rope_inv_freq_dtype = "checkpoint";
 };
 
 int32_t parse_id(const std::string& tok, const std::string& where) {
@@ -87,9 +86,8 @@ void run(const Options& o) {
   std::vector<int32_t> ids =
       o.ids.empty() ? read_ids_file(o.ids_file) : parse_id_list(o.ids, "--ids");
   LONGCTX_CHECK(!ids.empty(), ErrorCode::kInvalidArgument, "no token ids given");
-  ModelBuildOptions build;
-  if (o.rope_inv_freq_dtype == "f32") build.rope_inv_freq_dtype = DType::kF32;
-  std::unique_ptr<Model> model = create_model(o.model.load(), build);
+  std::shared_ptr<const Checkpoint> checkpoint = o.model.load();
+  std::unique_ptr<Model> model = create_model(checkpoint, o.model.build_options(*checkpoint));
   const int64_t n = static_cast<int64_t>(ids.size());
   std::vector<int64_t> positions(n);
   std::iota(positions.begin(), positions.end(), 0);
@@ -114,10 +112,6 @@ CommandRegistration reg("forward", [](CLI::App& app) {
       ->required();
   cmd->add_option("--positions", o->positions, "logits of all positions or only the last")
       ->check(CLI::IsMember({"all", "last"}));
-  cmd->add_option("--rope-inv-freq-dtype", o->rope_inv_freq_dtype,
-                  "checkpoint: rope inv_freq rounded to the checkpoint dtype, as transformers "
-                  "loading at that dtype; f32: exact, as transformers loading with dtype=float32")
-      ->check(CLI::IsMember({"checkpoint", "f32"}));
   cmd->callback([o] { run(*o); });
 });
 

@@ -46,7 +46,10 @@ void add_sampling_options(CLI::App& cmd, SamplingParams& sp) {
 std::unique_ptr<LLM> make_llm(const GenerateOptions& opts) {
   if (!opts.log_level.empty()) set_log_level(opts.log_level);
   opts.sampling.validate();
-  return std::make_unique<LLM>(opts.model.load(), opts.engine);
+  std::shared_ptr<const Checkpoint> checkpoint = opts.model.load();
+  EngineConfig engine = opts.engine;
+  engine.model_options = opts.model.build_options(*checkpoint);
+  return std::make_unique<LLM>(std::move(checkpoint), engine);
 }
 
 RequestOutput stream_one(LLM& llm, const Prompt& prompt, const SamplingParams& sp) {

@@ -10,6 +10,18 @@ void ModelOptions::add_to(CLI::App* cmd) {
       ->check(CLI::IsMember({"auto", "dummy"}));
   cmd->add_option("--preset", preset, "shape preset for --load-format dummy (e.g. qwen3-0.6b)");
   cmd->add_option("--dummy-seed", seed, "seed of the dummy weights");
+  cmd->add_option("--rope-inv-freq-dtype", rope_inv_freq_dtype,
+                  "f32: exact rope inv_freq (transformers from_pretrained, vLLM); checkpoint: "
+                  "rounded to the checkpoint dtype, as a model cast with .to(dtype)")
+      ->check(CLI::IsMember({"checkpoint", "f32"}))
+      ->capture_default_str();
+}
+
+ModelBuildOptions ModelOptions::build_options(const Checkpoint& checkpoint) const {
+  ModelBuildOptions options;
+  options.rope_inv_freq_dtype =
+      rope_inv_freq_dtype == "checkpoint" ? checkpoint.config.dtype : DType::kF32;
+  return options;
 }
 
 std::shared_ptr<const Checkpoint> ModelOptions::load() const {

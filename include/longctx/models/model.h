@@ -33,11 +33,11 @@ class Model {
 // Numerics choices that depend on which reference a model should reproduce.
 struct ModelBuildOptions {
   // The dtype rope's inv_freq is rounded to before use (then upcast to float32 for the angles).
-  // transformers keeps inv_freq as a module buffer, so a model loaded at its checkpoint's dtype
-  // (transformers 5's default dtype="auto") and then upcast rotates with inv_freq rounded to bf16
-  // (the tiny fixtures' reference logits were made that way), while a model loaded directly with
-  // dtype=float32 (or vLLM, or the training code) uses exact float32 inv_freq. Unset: the
-  // checkpoint's dtype (config.dtype), i.e. transformers' default load; DType::kF32: exact.
+  // Unset (or DType::kF32): exact float32, as transformers 5.17's from_pretrained (also at
+  // dtype=bfloat16: the buffer stays float32), vLLM and the training code. DType::kBF16
+  // reproduces a model whose buffers were cast with .to(torch.bfloat16): the tiny fixtures'
+  // reference logits were made that way, and at long context the difference matters (a model
+  // trained with exact inv_freq, models/needle, moves by up to 7.6 logits at 1K tokens).
   std::optional<DType> rope_inv_freq_dtype;
 };
 
