@@ -155,10 +155,17 @@ def reference(a, out_dir: str, log=print) -> None:
         g = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=12,
                            do_sample=False, eos_token_id=EOS, pad_token_id=EOS,
                            output_scores=True, return_dict_in_generate=True)
+    # The variant the fixtures use (bf16 load, then upcast): RoPE's inv_freq buffer is then
+    # rounded to bf16, which is longctx's default for a bf16 checkpoint.
+    model = load_model(a.model, torch.bfloat16, attn="eager").float()
+    with torch.no_grad():
+        logits_bf16rope = model(torch.tensor([ids], device="cuda")).logits[0].float().cpu().numpy()
     n = len(ids)
     positions = sorted(set(list(range(0, n, 61)) + list(range(n - 8, n))))
     os.makedirs(out_dir, exist_ok=True)
     np.save(os.path.join(out_dir, "logits_1k.npy"), logits[positions].astype(np.float32))
+    np.save(os.path.join(out_dir, "logits_1k_bf16rope.npy"),
+            logits_bf16rope[positions].astype(np.float32))
     new = g.sequences[0, n:].tolist()
     margins = []
     for sc in g.scores:
@@ -168,13 +175,15 @@ def reference(a, out_dir: str, log=print) -> None:
     ref = {"model": "needle", "transformers": transformers.__version__,
            "torch": torch.__version__, "dtype": "float32 (bf16 weights upcast), eager attention",
            "prompt_len": n, "input_ids": ids, "logits_file": "logits_1k.npy",
+           "logits_file_bf16rope": "logits_1k_bf16rope.npy",
            "logits_positions": positions, "greedy_new_tokens": new, "greedy_margins": margins,
            "greedy_text": tok.decode([t for t in new if t != EOS]),
            "expected_answer": s.answer, "prompt_text": s.text}
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump(ref, f)
     log(f"reference: {n} tokens, greedy {tok.decode(new)!r} (expected {s.answer!r}), "
-        f"max |logit| {np.abs(logits).max():.2f}")
+        f"max |logit| {np.abs(logits).max():.2f}, bf16-rope variant differs by "
+        f"{np.abs(logits - logits_bf16rope).max():.3g}")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -5,18 +5,24 @@
 Phases (each logged to $OUT/log.txt):
   1. the tokenizer: HF `tokenizers` / `AutoTokenizer` encode the generator's texts to the same
      ids as the generator (which joins pre-tokenized pieces), chat template, decode;
-  2. smoke: 2 training steps at each length 1K..64K, save, a 2-sample eval and the reference
+  2. smoke: a few training steps at 1K and 64K, save, a 2-sample eval and the reference
      path on the smoke model (any failure stops here, before the long run);
-  3. training for what the budget leaves after evaluation (checkpoints copied to $OUT);
-  4. evaluation (eval_results.json) and reference logits for tests (logits_1k.npy,
-     reference.json).
+  3. with --population: several training recipes run side by side on the GPU for
+     --population-seconds (a 4.7M-parameter model leaves the H200 mostly idle, so they cost little
+     more than one); the one that got furthest through the accuracy-gated curriculum (stage,
+     then training accuracy) continues;
+  4. training for what the budget leaves after evaluation (checkpoints copied to $OUT);
+  5. evaluation (eval_results.json) and reference logits for tests (logits_1k.npy,
+     logits_1k_bf16rope.npy, reference.json).
 """
 
 import argparse
 import json
 import os
 import random
+import shlex
 import shutil
+import subprocess
 import sys
 import time
 
@@ -82,6 +88,51 @@ def warn(ok: bool, msg: str) -> None:
         log("WARNING: " + msg)
 
 
+def race(a, targs, essays: str, tok_dir: str):
+    """Runs the population's recipes side by side; returns targs continuing the winner."""
+    recipes = [r.split(":", 1) for r in a.population.split(";") if r.strip()]
+    workers = max(2, (os.cpu_count() or 8) // len(recipes) - 1)
+    procs = {}
+    for name, extra in recipes:
+        d = f"/tmp/needle_pop/{name}"
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        cmd = [sys.executable, os.path.join(HERE, "train.py"), "--out", d + "/model",
+               "--essays", essays, "--tokenizer-dir", tok_dir, "--stages", a.stages,
+               "--train-seconds", str(a.population_seconds), "--workers", str(workers),
+               "--summary-out", d + "/summary.json", "--log-every", "100",
+               "--tokens-per-step", str(a.tokens_per_step), "--seed", "1"] + shlex.split(extra)
+        log(f"population {name}: {' '.join(cmd[2:])}")
+        procs[name] = (subprocess.Popen(cmd, stdout=open(d + "/log.txt", "w"),
+                                        stderr=subprocess.STDOUT), d, extra)
+    best = None
+    for name, (p, d, extra) in procs.items():
+        rc = p.wait()
+        with open(d + "/log.txt") as f:
+            tail = f.read().splitlines()[-3:]
+        shutil.copy(d + "/log.txt", os.path.join(a.out, f"pop_{name}_log.txt"))
+        if rc != 0 or not os.path.exists(d + "/summary.json"):
+            log(f"population {name}: failed (rc {rc}): {tail}")
+            continue
+        with open(d + "/summary.json") as f:
+            info = json.load(f)
+        acc = info["final_train_acc"]
+        score = (info["last_stage"], acc.get("niah_single", 0) + acc.get("niah_multikey", 0))
+        log(f"population {name}: {info['steps']} steps, stage {info['last_stage']}, acc {acc}")
+        if best is None or score > best[0]:
+            best = (score, name, d, extra, info["last_stage"])
+    if best is None:
+        raise RuntimeError("every population recipe failed")
+    _, name, d, extra, stage = best
+    log(f"population winner: {name} ({extra}) at stage {stage}")
+    t = needle_train.parser().parse_args(shlex.split(extra))
+    for k in ("tokenizer_dir", "essays", "stages", "tokens_per_step"):
+        setattr(t, k, getattr(targs, k))
+    t.init = d + "/model"
+    t.start_stage = stage
+    return t
+
+
 def main() -> None:
     global LOG
     ap = argparse.ArgumentParser()
@@ -93,8 +144,14 @@ def main() -> None:
     ap.add_argument("--smoke-only", action="store_true")
     ap.add_argument("--skip-smoke", action="store_true")
     ap.add_argument("--init", default="", help="continue training from this checkpoint")
-    ap.add_argument("--stages", default="default")
+    ap.add_argument("--stages", default="gated")
     ap.add_argument("--copies", type=int, default=0)
+    ap.add_argument("--lm-weight", type=float, default=0.0)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--population", default="",
+                    help="recipes to race, 'name:train.py args;name:args' (e.g. "
+                         "'a:--lm-weight 0;b:--lm-weight 0.1')")
+    ap.add_argument("--population-seconds", type=float, default=90)
     ap.add_argument("--tokens-per-step", type=int, default=65536)
     ap.add_argument("--eval-num", type=int, default=100)
     ap.add_argument("--essays", default=os.path.join(HERE, "../../../shared/data/PaulGrahamEssays.json"))
@@ -117,7 +174,7 @@ def main() -> None:
     targs.tokenizer_dir = tok_dir
     targs.essays = essays
     targs.init, targs.stages, targs.copies = a.init, a.stages, a.copies
-    targs.tokens_per_step = a.tokens_per_step
+    targs.tokens_per_step, targs.lm_weight, targs.lr = a.tokens_per_step, a.lm_weight, a.lr
     eargs = needle_eval.parser().parse_args([])
     eargs.essays = essays
     eargs.num = a.eval_num
@@ -127,8 +184,9 @@ def main() -> None:
         # ---- smoke ----
         smoke = argparse.Namespace(**vars(targs))
         smoke.out = os.path.join(work, "smoke")
-        smoke.force_length = "1024,4096,16384,32768,65536"
-        smoke.max_steps = 10
+        smoke.force_length = "1024,65536"
+        smoke.max_steps = 4
+        smoke.lm_weight = 0.1  # logits at every position: the largest activation footprint
         smoke.log_every = 1
         smoke.copy_to = ""
         needle_train.finish_args(smoke)
@@ -147,12 +205,15 @@ def main() -> None:
         log("smoke ok")
         if a.smoke_only:
             return
+    if not a.skip_train and a.population:
+        targs = race(a, targs, essays, tok_dir)
     if not a.skip_train:
         # ---- training ----
         left = a.budget - (time.time() - T0)
         targs.train_seconds = min(a.max_train_seconds, left - a.eval_seconds - 45)
         targs.out = os.path.join(work, "model")
         targs.copy_to = a.out
+        targs.stage_checkpoints = os.path.join(a.out, "stages")
         needle_train.finish_args(targs)
         log(f"training for {targs.train_seconds:.0f}s")
         info = needle_train.train(targs, log=log)
