@@ -11,7 +11,10 @@ Phases (each logged to $OUT/log.txt):
      --population-seconds (a 4.7M-parameter model leaves the H200 mostly idle, so they cost little
      more than one); the one that got furthest through the accuracy-gated curriculum (stage,
      then training accuracy) continues;
-  4. training for what the budget leaves after evaluation (checkpoints copied to $OUT);
+  4. training for what the budget leaves after evaluation (checkpoints copied to $OUT), saving
+     the model at the end of every curriculum stage; the final model and the stage checkpoints
+     from 4K tokens on are scored on 25 niah_single samples at 4K/16K/32K and the best one is
+     evaluated (and copied to $OUT) — a late collapse does not cost the run;
   5. evaluation (eval_results.json) and reference logits for tests (logits_1k.npy,
      logits_1k_bf16rope.npy, reference.json).
 """
@@ -31,7 +34,6 @@ sys.path.insert(0, HERE)
 
 import eval as needle_eval  # noqa: E402
 import train as needle_train  # noqa: E402
-from bpe import ByteLevelBPE  # noqa: E402
 from needle_data import EVAL_SETTINGS, TASKS, Generator  # noqa: E402
 
 T0 = time.time()
@@ -133,6 +135,36 @@ def race(a, targs, essays: str, tok_dir: str):
     return t
 
 
+def select_checkpoint(a, eargs, final_dir: str, stages_dir: str) -> str:
+    """The final model vs the stage checkpoints from stage 5 (1K-4K tokens) on: the one with the
+    most niah_single answers right at 4K/16K/32K (25 samples each, eval seed) wins; ties go to
+    the later model. Its files are copied to a.out."""
+    stages = sorted((int(d[5:]), os.path.join(stages_dir, d)) for d in os.listdir(stages_dir)
+                    if d.startswith("stage")) if os.path.isdir(stages_dir) else []
+    cands = [d for k, d in stages if k >= 5] + [final_dir]
+    deadline = time.time() + a.select_seconds
+    best = (-1, final_dir)
+    for d in cands:
+        if time.time() > deadline:
+            log(f"select: out of time before {d}")
+            break
+        e = argparse.Namespace(**vars(eargs))
+        e.model, e.tasks, e.lengths = d, "niah_single", "4096,16384,32768"
+        e.num = e.chunk = 25
+        e.seconds, e.failure_seconds, e.generate_checks = 20, 0, 0
+        r = needle_eval.evaluate(e, log=lambda m: None)["niah_single"]
+        score = sum(v["correct"] for v in r.values())
+        log(f"select: {d}: niah_single " +
+            ", ".join(f"{L}: {v['correct']}/{v['n']}" for L, v in r.items()))
+        if score >= best[0]:
+            best = (score, d)
+    log(f"select: {best[1]}")
+    if best[1] != final_dir:
+        for f in ("model.safetensors", "config.json", "generation_config.json"):
+            shutil.copy(os.path.join(best[1], f), os.path.join(a.out, f))
+    return best[1]
+
+
 def main() -> None:
     global LOG
     ap = argparse.ArgumentParser()
@@ -152,6 +184,8 @@ def main() -> None:
                     help="recipes to race, 'name:train.py args;name:args' (e.g. "
                          "'a:--lm-weight 0;b:--lm-weight 0.1')")
     ap.add_argument("--population-seconds", type=float, default=90)
+    ap.add_argument("--select-seconds", type=float, default=30,
+                    help="time to score the stage checkpoints (0: keep the final model)")
     ap.add_argument("--tokens-per-step", type=int, default=65536)
     ap.add_argument("--eval-num", type=int, default=100)
     ap.add_argument("--essays", default=os.path.join(HERE, "../../../shared/data/PaulGrahamEssays.json"))
@@ -210,10 +244,12 @@ def main() -> None:
     if not a.skip_train:
         # ---- training ----
         left = a.budget - (time.time() - T0)
-        targs.train_seconds = min(a.max_train_seconds, left - a.eval_seconds - 45)
+        targs.train_seconds = min(a.max_train_seconds,
+                                  left - a.eval_seconds - a.select_seconds - 45)
         targs.out = os.path.join(work, "model")
         targs.copy_to = a.out
-        targs.stage_checkpoints = os.path.join(a.out, "stages")
+        # Not under $OUT: nine 9 MB checkpoints would not come back (16 MiB per file).
+        targs.stage_checkpoints = os.path.join(work, "stages")
         needle_train.finish_args(targs)
         log(f"training for {targs.train_seconds:.0f}s")
         info = needle_train.train(targs, log=log)
@@ -221,6 +257,8 @@ def main() -> None:
         with open(os.path.join(a.out, "train_info.json"), "w") as f:
             json.dump(info, f, indent=1)
         model_dir = targs.out
+        if a.select_seconds > 0:
+            model_dir = select_checkpoint(a, eargs, targs.out, targs.stage_checkpoints)
     # ---- evaluation ----
     eargs.model = model_dir
     left = a.budget - (time.time() - T0)

@@ -381,7 +381,8 @@ def train(a, log=print, model_factory=build_model) -> dict:
                 pending.pop(i)
             next_submit = step
             if a.stage_checkpoints:  # the model as the finished stage left it
-                save_model(model, os.path.join(a.stage_checkpoints, f"stage{cur_stage}"))
+                save_model(model, os.path.join(a.stage_checkpoints, f"stage{cur_stage}"),
+                           a.tokenizer_dir)
                 log(f"stage {cur_stage} checkpoint: train acc {json.dumps(tracker_at_end)}")
             cur_stage, stage_begin = st, step
             stage_log.append({"stage": st, "step": step, "time_s": round(elapsed, 1)})
