@@ -176,6 +176,9 @@ def main() -> None:
     ap.add_argument("--smoke-only", action="store_true")
     ap.add_argument("--skip-smoke", action="store_true")
     ap.add_argument("--init", default="", help="continue training from this checkpoint")
+    ap.add_argument("--start-stage", type=int, default=0,
+                    help="with --init: the curriculum stage to continue at (train_info.json's "
+                         "last_stage of the run that made the checkpoint)")
     ap.add_argument("--stages", default="gated")
     ap.add_argument("--copies", type=int, default=0)
     ap.add_argument("--lm-weight", type=float, default=0.0)
@@ -208,6 +211,7 @@ def main() -> None:
     targs.tokenizer_dir = tok_dir
     targs.essays = essays
     targs.init, targs.stages, targs.copies = a.init, a.stages, a.copies
+    targs.start_stage = a.start_stage
     targs.tokens_per_step, targs.lm_weight, targs.lr = a.tokens_per_step, a.lm_weight, a.lr
     eargs = needle_eval.parser().parse_args([])
     eargs.essays = essays
@@ -254,11 +258,14 @@ def main() -> None:
         log(f"training for {targs.train_seconds:.0f}s")
         info = needle_train.train(targs, log=log)
         info.pop("model")
-        with open(os.path.join(a.out, "train_info.json"), "w") as f:
-            json.dump(info, f, indent=1)
         model_dir = targs.out
         if a.select_seconds > 0:
             model_dir = select_checkpoint(a, eargs, targs.out, targs.stage_checkpoints)
+        # "selected": the model in $OUT ("final", or "stageK": the model as stage K ended; to
+        # continue it, --init it with --start-stage K + 1, or last_stage for the final one).
+        info["selected"] = os.path.basename(model_dir) if model_dir != targs.out else "final"
+        with open(os.path.join(a.out, "train_info.json"), "w") as f:
+            json.dump(info, f, indent=1)
     # ---- evaluation ----
     eargs.model = model_dir
     left = a.budget - (time.time() - T0)

@@ -62,6 +62,7 @@ class Stage:
     tasks: dict = field(default_factory=lambda: dict(ALL_TASKS))  # {task: probability}
     gate: dict = field(default_factory=dict)  # {task: accuracy}: advance early when all pass
     tokens: int = 0   # tokens per step in this stage (0: --tokens-per-step)
+    seconds: float = 0  # also ends after this many seconds in the stage (0: no limit)
 
 
 # Advance early once single- and multi-key retrieval work at this length.
@@ -72,20 +73,22 @@ STAGES_SETS = {
     # Induction warm-up (copy task only), then the tasks from 128-256 tokens up, each stage
     # ending early once retrieval works at its lengths.
     "gated": [
-        # Run 4 (2026-11-30): the copy loss fell from 6.4 to 3.6 nats in 2K steps of 128 x 256
-        # tokens; retrieval followed after ~2K steps of short tasks (niah_single 0.95 at 256,
-        # 0.92 at 512, 0.84 at 1K tokens), then stages of ~27 s each from 2K tokens on were too
-        # short and it collapsed at 4K. Hence the longer later stages and larger batches there.
-        Stage(0.10, {256: 1.0}, COPY_ONLY, {"copy": 0.5}),
-        Stage(0.24, {128: 0.4, 256: 0.6}, SHORT_TASKS, GATE),
-        Stage(0.30, {256: 0.3, 512: 0.7}, SHORT_TASKS, GATE),
-        Stage(0.36, {512: 0.3, 1024: 0.7}, gate=GATE),
-        Stage(0.43, {512: 0.2, 1024: 0.3, 2048: 0.5}, gate=GATE),
-        Stage(0.51, {1024: 0.2, 2048: 0.3, 4096: 0.5}, gate=GATE, tokens=65536),
-        Stage(0.60, {2048: 0.2, 4096: 0.3, 8192: 0.5}, gate=GATE, tokens=65536),
-        Stage(0.71, {4096: 0.2, 8192: 0.3, 16384: 0.5}, gate=GATE, tokens=65536),
-        Stage(0.85, {4096: 0.15, 16384: 0.35, 32768: 0.5}, gate=GATE, tokens=65536),
-        Stage(1.00, {8192: 0.2, 16384: 0.2, 32768: 0.4, 65536: 0.2}, tokens=65536),
+        # Run 4 (2026-11-30): the copy loss fell from 6.4 to 3.6 nats in ~2K steps (~60 s) of
+        # 128 x 256 tokens; retrieval followed after ~2.2K more steps of short tasks (niah_single
+        # 0.95 at 256-512 tokens, 0.92 at 512-1K, 0.84 at 1K-2K), then stages of ~27 s each from
+        # 2K tokens on were too short and it collapsed at 4K. So the limits are seconds per stage
+        # (a run that ends early continues with --init and --start-stage), the short phase keeps
+        # run 4's durations, and the later stages get 2-3x run 4's time with larger batches.
+        Stage(1.0, {256: 1.0}, COPY_ONLY, {"copy": 0.5}, seconds=70),
+        Stage(1.0, {128: 0.4, 256: 0.6}, SHORT_TASKS, GATE, seconds=70),
+        Stage(1.0, {256: 0.3, 512: 0.7}, SHORT_TASKS, GATE, seconds=60),
+        Stage(1.0, {512: 0.3, 1024: 0.7}, gate=GATE, seconds=60),
+        Stage(1.0, {512: 0.2, 1024: 0.3, 2048: 0.5}, gate=GATE, seconds=60),
+        Stage(1.0, {1024: 0.2, 2048: 0.3, 4096: 0.5}, gate=GATE, tokens=65536, seconds=70),
+        Stage(1.0, {2048: 0.2, 4096: 0.3, 8192: 0.5}, gate=GATE, tokens=65536, seconds=80),
+        Stage(1.0, {4096: 0.2, 8192: 0.3, 16384: 0.5}, gate=GATE, tokens=65536, seconds=90),
+        Stage(1.0, {4096: 0.15, 16384: 0.35, 32768: 0.5}, gate=GATE, tokens=65536, seconds=100),
+        Stage(1.0, {8192: 0.2, 16384: 0.2, 32768: 0.4, 65536: 0.2}, tokens=65536),
     ],
     # run 4's schedule (the committed checkpoint; replay with --stage-steps
     # 2273,4496,5567,6508,7490,8372,9178,10010,10761 --tokens-per-step 32768)
@@ -314,8 +317,9 @@ def train(a, log=print, model_factory=build_model) -> dict:
         # Continuing a run that reached stage k: the time caps of stages k.. are rescaled to
         # this run's training time.
         base = STAGES[a.start_stage - 1].until
-        STAGES = [Stage(max(0.0, (st.until - base) / (1 - base)), st.lengths, st.tasks, st.gate)
-                  for st in STAGES]
+        if base < 1.0:
+            STAGES = [Stage(max(0.0, (st.until - base) / (1 - base)), st.lengths, st.tasks,
+                            st.gate, st.tokens, st.seconds) for st in STAGES]
     COPIES, LM_WEIGHT = a.copies, a.lm_weight
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
@@ -345,6 +349,7 @@ def train(a, log=print, model_factory=build_model) -> dict:
     last_save = t0
     cur_stage = a.start_stage
     stage_begin = 0
+    stage_t0 = 0.0
     loss_ema = None
     restrict_sdpa = cuda  # flash / mem-efficient only; dropped if this torch refuses
 
@@ -360,10 +365,16 @@ def train(a, log=print, model_factory=build_model) -> dict:
             return sum(1 for s in stage_steps if step >= s)
         st = cur_stage
         tracker_at_end = tracker.summary()
-        # Time cap passed, or the gate passed after a minimum number of steps in the stage.
-        while st < len(STAGES) - 1 and (frac >= STAGES[st].until or (
+        # The stage's own time limit passed, or its gate after a minimum number of steps; then
+        # any stage whose share of the training time is already over is skipped.
+        last = len(STAGES) - 1
+        in_stage = frac * a.train_seconds - stage_t0
+        if st < last and ((STAGES[st].seconds and in_stage >= STAGES[st].seconds) or (
                 step - stage_begin >= a.min_stage_steps and tracker.passes(STAGES[st].gate))):
             st += 1
+        while st < last and frac >= STAGES[st].until:
+            st += 1
+        if st != cur_stage:
             tracker.reset()
         return st
 
@@ -384,7 +395,7 @@ def train(a, log=print, model_factory=build_model) -> dict:
                 save_model(model, os.path.join(a.stage_checkpoints, f"stage{cur_stage}"),
                            a.tokenizer_dir)
                 log(f"stage {cur_stage} checkpoint: train acc {json.dumps(tracker_at_end)}")
-            cur_stage, stage_begin = st, step
+            cur_stage, stage_begin, stage_t0 = st, step, elapsed
             stage_log.append({"stage": st, "step": step, "time_s": round(elapsed, 1)})
             log(f"stage {st} from step {step} ({elapsed:.0f}s)")
         while next_submit < step + a.prefetch:
