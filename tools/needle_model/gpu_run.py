@@ -165,6 +165,15 @@ def select_checkpoint(a, eargs, final_dir: str, stages_dir: str) -> str:
     return best[1]
 
 
+def continuation(prev_out: str) -> tuple:
+    """(--init, --start-stage) continuing the model a previous call left in prev_out."""
+    with open(os.path.join(prev_out, "train_info.json")) as f:
+        info = json.load(f)
+    sel = info.get("selected", "final")
+    stage = info["last_stage"] if sel == "final" else int(sel[len("stage"):]) + 1
+    return prev_out, stage
+
+
 def main() -> None:
     global LOG
     ap = argparse.ArgumentParser()
@@ -176,6 +185,9 @@ def main() -> None:
     ap.add_argument("--smoke-only", action="store_true")
     ap.add_argument("--skip-smoke", action="store_true")
     ap.add_argument("--init", default="", help="continue training from this checkpoint")
+    ap.add_argument("--continue-from", default="",
+                    help="a previous call's output folder (model + train_info.json): continue "
+                         "its selected model at the stage after it (sets --init/--start-stage)")
     ap.add_argument("--start-stage", type=int, default=0,
                     help="with --init: the curriculum stage to continue at (train_info.json's "
                          "last_stage of the run that made the checkpoint)")
@@ -193,6 +205,8 @@ def main() -> None:
     ap.add_argument("--eval-num", type=int, default=100)
     ap.add_argument("--essays", default=os.path.join(HERE, "../../../shared/data/PaulGrahamEssays.json"))
     a = ap.parse_args()
+    if a.continue_from:
+        a.init, a.start_stage = continuation(a.continue_from)
     os.makedirs(a.out, exist_ok=True)
     LOG = os.path.join(a.out, "log.txt")
     tok_dir = os.path.join(HERE, "../../models/needle")
