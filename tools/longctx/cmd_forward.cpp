@@ -16,6 +16,7 @@
 #include "longctx/core/npy.h"
 #include "longctx/models/model.h"
 #include "model_options.h"
+#include "token_ids.h"
 
 namespace longctx::cli {
 namespace {
@@ -28,26 +29,13 @@ struct Options {
   std::string positions = "all";
 };
 
-int32_t parse_id(const std::string& tok, const std::string& where) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(tok, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  LONGCTX_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, ErrorCode::kInvalidArgument,
-                "{}: '{}' is not a token id", where, tok);
-  return static_cast<int32_t>(v);
-}
-
 // "1,2,3", "1 2 3" or a mix of commas and whitespace.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& where) {
   std::vector<int32_t> ids;
   std::string tok;
   for (char ch : text + " ") {
     if (ch == ',' || std::isspace(static_cast<unsigned char>(ch))) {
-      if (!tok.empty()) ids.push_back(parse_id(tok, where));
+      if (!tok.empty()) ids.push_back(parse_token_id(tok, where));
       tok.clear();
     } else {
       tok += ch;

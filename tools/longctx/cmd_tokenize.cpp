@@ -9,6 +9,7 @@
 #include "command.h"
 #include "longctx/core/error.h"
 #include "longctx/tokenizer/tokenizer.h"
+#include "token_ids.h"
 
 namespace longctx::cli {
 namespace {
@@ -32,17 +33,7 @@ std::vector<TokenId> parse_ids(const std::string& s) {
   while (std::getline(in, item, ',')) {
     size_t b = item.find_first_not_of(" \t[]"), e = item.find_last_not_of(" \t[]");
     if (b == std::string::npos) continue;
-    item = item.substr(b, e - b + 1);
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    LONGCTX_CHECK(used == item.size() && v >= 0 && v < (1ll << 31), ErrorCode::kInvalidArgument,
-                  "--ids: \"{}\" is not a token id", item);
-    ids.push_back(static_cast<TokenId>(v));
+    ids.push_back(parse_token_id(item.substr(b, e - b + 1), "--ids"));
   }
   return ids;
 }

@@ -6,6 +6,7 @@
 
 #include "longctx/core/error.h"
 #include "longctx/core/logging.h"
+#include "token_ids.h"
 
 namespace longctx::cli {
 
@@ -89,18 +90,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     std::string item = text.substr(pos, end - pos);
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
-    if (!item.empty() || end < text.size()) {
-      size_t used = 0;
-      long long v = 0;
-      try {
-        v = std::stoll(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      LONGCTX_CHECK(used == item.size() && !item.empty() && v >= 0 && v <= INT32_MAX,
-                    ErrorCode::kInvalidArgument, "--ids: '{}' is not a token id", item);
-      ids.push_back(static_cast<int32_t>(v));
-    }
+    if (!item.empty() || end < text.size()) ids.push_back(parse_token_id(item, "--ids"));
     pos = end + 1;
   }
   return ids;
