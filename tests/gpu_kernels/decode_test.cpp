@@ -21,33 +21,6 @@ namespace {
 using testing::PagedCase;
 using testing::PagedCaseShape;
 
-template <typename T>
-GuardedBuffer upload_vec(const std::vector<T>& v) {
-  GuardedBuffer b(std::max<size_t>(v.size() * sizeof(T), 1), 0);
-  if (!v.empty()) b.upload(v.data());
-  return b;
-}
-
-kernels::DecodeParams host_params(const PagedCase& c, void* o, float* lse) {
-  kernels::DecodeParams p;
-  p.q = c.q.data();
-  p.k_cache = c.k_cache.data();
-  p.v_cache = c.v_cache.data();
-  p.o = o;
-  p.lse = lse;
-  p.kv_indptr = c.kv_indptr.data();
-  p.kv_indices = c.kv_indices.data();
-  p.kv_last_page_len = c.kv_last_page_len.data();
-  p.batch_size = int(c.shape.kv_lens.size());
-  p.num_qo_heads = c.shape.num_qo_heads;
-  p.num_kv_heads = c.shape.num_kv_heads;
-  p.head_dim = c.shape.head_dim;
-  p.page_size = c.shape.page_size;
-  p.dtype = c.shape.dtype;
-  p.sm_scale = 1.f / std::sqrt(float(c.shape.head_dim));
-  return p;
-}
-
 class DecodeCase : public OpCase {
  public:
   DecodeCase(PagedCaseShape s, bool perf_only = false) : s_(std::move(s)), perf_only_(perf_only) {
@@ -68,17 +41,17 @@ class DecodeCase : public OpCase {
   void prepare(cudaStream_t stream) override {
     host_ = std::make_unique<PagedCase>(s_);
     const PagedCase& h = *host_;
-    d_q_ = upload_vec(h.q);
-    d_k_ = upload_vec(h.k_cache);
-    d_v_ = upload_vec(h.v_cache);
-    d_kvp_ = upload_vec(h.kv_indptr);
-    d_kvi_ = upload_vec(h.kv_indices);
-    d_last_ = upload_vec(h.kv_last_page_len);
+    d_q_ = upload_vector(h.q);
+    d_k_ = upload_vector(h.k_cache);
+    d_v_ = upload_vector(h.v_cache);
+    d_kvp_ = upload_vector(h.kv_indptr);
+    d_kvi_ = upload_vector(h.kv_indices);
+    d_last_ = upload_vector(h.kv_last_page_len);
     const int batch = int(s_.kv_lens.size());
     d_o_ = GuardedBuffer(h.q.size() * 2, 0xFF);  // NaN bytes: every row must be written
     d_lse_ = GuardedBuffer(size_t(batch) * s_.num_qo_heads * 4, 0xFF);
     params_ =
-        host_params(h, d_o_.data(), s_.with_lse ? static_cast<float*>(d_lse_.data()) : nullptr);
+        h.decode_params(d_o_.data(), s_.with_lse ? static_cast<float*>(d_lse_.data()) : nullptr);
     params_.q = d_q_.data();
     params_.k_cache = d_k_.data();
     params_.v_cache = d_v_.data();
@@ -105,7 +78,7 @@ class DecodeCase : public OpCase {
     std::vector<float> lse = d_lse_.download<float>();
     std::vector<uint16_t> o_ref(o.size());
     std::vector<float> lse_ref(size_t(batch) * s_.num_qo_heads);
-    kernels::cpu::decode_attention(host_params(h, o_ref.data(), lse_ref.data()));
+    kernels::cpu::decode_attention(h.decode_params(o_ref.data(), lse_ref.data()));
     CaseResult r;
     const int64_t row = int64_t(s_.num_qo_heads) * s_.head_dim;
     HalfCompare co = compare_half_rows(o, o_ref, s_.dtype, row, {});

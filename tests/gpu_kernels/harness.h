@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -92,6 +93,15 @@ class GuardedBuffer {
   void* base_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// A device copy of a host vector (at least one byte, so an empty vector still gets a valid,
+// guarded pointer).
+template <typename T>
+GuardedBuffer upload_vector(const std::vector<T>& v) {
+  GuardedBuffer b(std::max<size_t>(v.size() * sizeof(T), 1), 0);
+  if (!v.empty()) b.upload(v.data());
+  return b;
+}
 
 enum class Status { kOk, kFailed, kUnsupported };
 

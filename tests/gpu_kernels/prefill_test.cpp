@@ -36,13 +36,6 @@ constexpr double kLseTol = 1e-3;
 constexpr double kFullCheckBudget = 3e8;  // q*kv*heads*head_dim MACs checked in full
 constexpr int kSampledTokensPerRequest = 48;
 
-template <typename T>
-GuardedBuffer upload(const std::vector<T>& v) {
-  GuardedBuffer b(std::max<size_t>(v.size() * sizeof(T), 1), 0);
-  if (!v.empty()) b.upload(v.data());
-  return b;
-}
-
 class PrefillCase : public OpCase {
  public:
   explicit PrefillCase(PagedCaseShape s, bool perf_only = false)
@@ -85,15 +78,15 @@ class PrefillCase : public OpCase {
   void prepare(cudaStream_t stream) override {
     host_ = std::make_unique<PagedCase>(s_);
     const PagedCase& h = *host_;
-    d_q_ = upload(h.q);
-    d_k_ = upload(h.k_cache);
-    d_v_ = upload(h.v_cache);
-    d_qo_ = upload(h.qo_indptr);
-    d_kvp_ = upload(h.kv_indptr);
-    d_kvi_ = upload(h.kv_indices);
-    d_last_ = upload(h.kv_last_page_len);
-    d_mask_ = upload(h.block_mask);
-    d_mask_indptr_ = upload(h.block_mask_indptr);
+    d_q_ = upload_vector(h.q);
+    d_k_ = upload_vector(h.k_cache);
+    d_v_ = upload_vector(h.v_cache);
+    d_qo_ = upload_vector(h.qo_indptr);
+    d_kvp_ = upload_vector(h.kv_indptr);
+    d_kvi_ = upload_vector(h.kv_indices);
+    d_last_ = upload_vector(h.kv_last_page_len);
+    d_mask_ = upload_vector(h.block_mask);
+    d_mask_indptr_ = upload_vector(h.block_mask_indptr);
     // Outputs pre-filled with 0xFF bytes (NaN in bf16, f16 and f32).
     d_o_ = GuardedBuffer(h.q.size() * 2, 0xFF);
     d_lse_ = GuardedBuffer(std::max<size_t>(h.total_q * s_.num_qo_heads * 4, 4), 0xFF);

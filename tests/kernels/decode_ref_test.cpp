@@ -19,26 +19,6 @@ namespace {
 using testing::PagedCase;
 using testing::PagedCaseShape;
 
-kernels::DecodeParams decode_params(const PagedCase& c, void* o, float* lse) {
-  kernels::DecodeParams p;
-  p.q = c.q.data();
-  p.k_cache = c.k_cache.data();
-  p.v_cache = c.v_cache.data();
-  p.o = o;
-  p.lse = lse;
-  p.kv_indptr = c.kv_indptr.data();
-  p.kv_indices = c.kv_indices.data();
-  p.kv_last_page_len = c.kv_last_page_len.data();
-  p.batch_size = int(c.shape.kv_lens.size());
-  p.num_qo_heads = c.shape.num_qo_heads;
-  p.num_kv_heads = c.shape.num_kv_heads;
-  p.head_dim = c.shape.head_dim;
-  p.page_size = c.shape.page_size;
-  p.dtype = c.shape.dtype;
-  p.sm_scale = 1.f / std::sqrt(float(c.shape.head_dim));
-  return p;
-}
-
 // Output tolerance: one rounding of a |o| <= ~1.7 value to bf16/f16 plus accumulation noise.
 double out_tol(DType dt) { return dt == DType::kBF16 ? 8e-3 : 1.5e-3; }
 
@@ -48,7 +28,7 @@ void check(const PagedCaseShape& s) {
   const int batch = int(s.kv_lens.size());
   std::vector<uint16_t> o(int64_t(batch) * hq * D, 0x7fff);
   std::vector<float> lse(int64_t(batch) * hq, 12345.f);
-  kernels::cpu::decode_attention(decode_params(c, o.data(), lse.data()));
+  kernels::cpu::decode_attention(c.decode_params(o.data(), lse.data()));
   const double scale = 1.0 / std::sqrt(double(D));
   double max_o = 0, max_lse = 0;
   for (int b = 0; b < batch; ++b) {
@@ -126,7 +106,7 @@ TEST(DecodeRef, RejectsBadParams) {
   s.num_kv_heads = 2;
   PagedCase c(s);
   std::vector<uint16_t> o(3 * 64);
-  auto p = decode_params(c, o.data(), nullptr);
+  auto p = c.decode_params(o.data(), nullptr);
   EXPECT_THROW(kernels::cpu::decode_attention(p), Error);  // 3 q heads over 2 kv heads
   p.num_qo_heads = 2;
   std::vector<int32_t> bad_last = {0};

@@ -12,6 +12,7 @@
 
 #include "kernels/attention_params.h"
 #include "kernels/cpu/attention_ref.h"
+#include "kernels/decode_params.h"
 #include "longctx/core/parallel.h"
 
 namespace longctx::testing {
@@ -140,6 +141,27 @@ struct PagedCase {
     p.page_size = shape.page_size;
     p.dtype = shape.dtype;
     p.mask_mode = shape.mask_mode;
+    p.sm_scale = 1.f / std::sqrt(float(shape.head_dim));
+    return p;
+  }
+
+  // The same case as a decode batch (q_lens must all be 1): host pointers as above.
+  kernels::DecodeParams decode_params(void* o, float* lse) const {
+    kernels::DecodeParams p;
+    p.q = q.data();
+    p.k_cache = k_cache.data();
+    p.v_cache = v_cache.data();
+    p.o = o;
+    p.lse = lse;
+    p.kv_indptr = kv_indptr.data();
+    p.kv_indices = kv_indices.data();
+    p.kv_last_page_len = kv_last_page_len.data();
+    p.batch_size = int(shape.kv_lens.size());
+    p.num_qo_heads = shape.num_qo_heads;
+    p.num_kv_heads = shape.num_kv_heads;
+    p.head_dim = shape.head_dim;
+    p.page_size = shape.page_size;
+    p.dtype = shape.dtype;
     p.sm_scale = 1.f / std::sqrt(float(shape.head_dim));
     return p;
   }
