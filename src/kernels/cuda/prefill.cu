@@ -23,6 +23,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cuda/block_sparse_device.cuh"
 #include "kernels/cuda/prefill.h"
 #include "kernels/cuda/prefill_sm90.h"
 #include "longctx/core/cuda_check.h"
@@ -197,36 +198,16 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
   // Block-sparse: bitmap of key blocks any row of the tile needs (superset: all heads of the
   // group x the query blocks the tile touches).
   if (sparse) {
-    const int nkb_need = (kv_end + kSparseBlock - 1) / kSparseBlock;
-    const int words = (nkb_need + 31) / 32;
-    for (int w = tid; w < words; w += kThreads) s_bits[w] = 0;
-    __syncthreads();
-    const int h_lo = p.block_mask_heads == 1 ? 0 : kvh * group;
-    const int h_n = p.block_mask_heads == 1 ? 1 : group;
-    const int qb_lo = tok_min / kSparseBlock, qb_hi = tok_max / kSparseBlock;
-    for (int kb = tid; kb < nkb_need; kb += kThreads) {
-      bool any = false;
-      for (int h = h_lo; h < h_lo + h_n && !any; ++h)
-        for (int qb = qb_lo; qb <= qb_hi; ++qb)
-          any |= mask_base[(int64_t(h) * nqb + qb) * nkb + kb] != 0;
-      if (any) atomicOr(&s_bits[kb >> 5], 1u << (kb & 31));
-    }
+    detail::mark_needed_key_blocks(mask_base, nqb, nkb, (kv_end + kSparseBlock - 1) / kSparseBlock,
+                                   p.block_mask_heads == 1 ? 0 : kvh * group,
+                                   p.block_mask_heads == 1 ? 1 : group, tok_min / kSparseBlock,
+                                   tok_max / kSparseBlock, tid, kThreads, s_bits);
     __syncthreads();
   }
   // First key tile >= kt that some row needs (num_tiles when none).
   auto next_tile = [&](int kt) -> int {
     if (!sparse || kt >= num_tiles) return kt;
-    constexpr int kTilesPerBlock = kSparseBlock / KEYS;
-    const int nwords = (((kv_end + kSparseBlock - 1) / kSparseBlock) + 31) / 32;
-    int kb = kt / kTilesPerBlock;
-    int w = kb >> 5;
-    uint32_t bits = s_bits[w] & (~0u << (kb & 31));
-    while (bits == 0) {
-      if (++w >= nwords) return num_tiles;
-      bits = s_bits[w];
-    }
-    kb = (w << 5) + __ffs(bits) - 1;
-    return min(num_tiles, max(kt, kb * kTilesPerBlock));
+    return detail::next_marked_tile<KEYS>(s_bits, kt, num_tiles, kv_end);
   };
 
   // ---- async loads ----

@@ -33,6 +33,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "kernels/cuda/block_sparse_device.cuh"
 #include "kernels/cuda/prefill_sm90.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
@@ -318,36 +319,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int nqb = (it.q_len + kSparseBlock - 1) / kSparseBlock;
     const int nkb = (it.kv_len + kSparseBlock - 1) / kSparseBlock;
     const uint8_t* mask_base = p.block_mask + p.block_mask_indptr[it.b];
-    const int nkb_need = (it.kv_end + kSparseBlock - 1) / kSparseBlock;
-    const int words = (nkb_need + 31) / 32;
-    for (int w = tid; w < words; w += kThreads) s_bits[w] = 0;
-    __syncthreads();
-    const int h_lo = p.block_mask_heads == 1 ? 0 : it.kvh * group;
-    const int h_n = p.block_mask_heads == 1 ? 1 : group;
-    const int qb_lo = it.tok_min / kSparseBlock, qb_hi = it.tok_max / kSparseBlock;
-    for (int kb = tid; kb < nkb_need; kb += kThreads) {
-      bool any = false;
-      for (int h = h_lo; h < h_lo + h_n && !any; ++h)
-        for (int qb = qb_lo; qb <= qb_hi; ++qb)
-          any |= mask_base[(int64_t(h) * nqb + qb) * nkb + kb] != 0;
-      if (any) atomicOr(&s_bits[kb >> 5], 1u << (kb & 31));
-    }
+    detail::mark_needed_key_blocks(
+        mask_base, nqb, nkb, (it.kv_end + kSparseBlock - 1) / kSparseBlock,
+        p.block_mask_heads == 1 ? 0 : it.kvh * group, p.block_mask_heads == 1 ? 1 : group,
+        it.tok_min / kSparseBlock, it.tok_max / kSparseBlock, tid, kThreads, s_bits);
   }
   __syncthreads();
   // First key tile >= kt that some row of `it` needs (num_tiles when none).
   auto next_tile = [&](const Sm90Item& it, int kt) -> int {
     if (!sparse || kt >= it.num_tiles) return kt;
-    constexpr int kTilesPerBlock = kSparseBlock / KEYS;
-    const int nwords = (((it.kv_end + kSparseBlock - 1) / kSparseBlock) + 31) / 32;
-    int kb = kt / kTilesPerBlock;
-    int w = kb >> 5;
-    uint32_t bits = s_bits[w] & (~0u << (kb & 31));
-    while (bits == 0) {
-      if (++w >= nwords) return it.num_tiles;
-      bits = s_bits[w];
-    }
-    kb = (w << 5) + __ffs(bits) - 1;
-    return min(it.num_tiles, max(kt, kb * kTilesPerBlock));
+    return detail::next_marked_tile<KEYS>(s_bits, kt, it.num_tiles, it.kv_end);
   };
 
   if (warp >= kConsumerThreads / 32) {

@@ -1,0 +1,50 @@
+// Device helpers shared by the two paged prefill kernels (prefill.cu, prefill_sm90.cu) for
+// block-sparse masks: a shared-memory bitmap of the 128-key blocks a CTA's tile needs, and the
+// search for the next key tile to visit.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention_params.h"
+
+namespace longctx::kernels::cuda::detail {
+
+// Marks in `bits` (shared memory, one bit per key block, ceil(nkb_need / 32) words) every key block
+// kb < nkb_need that some head in [h_lo, h_lo + h_n) keeps for some query block in [qb_lo, qb_hi]:
+// a superset of what the tile's rows need. `mask` is the request's [heads, nqb, nkb] uint8 mask.
+// Every thread of the CTA calls it (it synchronizes once, after zeroing); the caller synchronizes
+// before reading the bits.
+__device__ __forceinline__ void mark_needed_key_blocks(const uint8_t* mask, int nqb, int nkb,
+                                                       int nkb_need, int h_lo, int h_n, int qb_lo,
+                                                       int qb_hi, int tid, int num_threads,
+                                                       uint32_t* bits) {
+  const int words = (nkb_need + 31) / 32;
+  for (int w = tid; w < words; w += num_threads) bits[w] = 0;
+  __syncthreads();
+  for (int kb = tid; kb < nkb_need; kb += num_threads) {
+    bool any = false;
+    for (int h = h_lo; h < h_lo + h_n && !any; ++h)
+      for (int qb = qb_lo; qb <= qb_hi; ++qb) any |= mask[(int64_t(h) * nqb + qb) * nkb + kb] != 0;
+    if (any) atomicOr(&bits[kb >> 5], 1u << (kb & 31));
+  }
+}
+
+// First key tile (of KEYS keys) >= kt whose key block is marked in `bits`; num_tiles when none.
+// kv_end bounds the keys the tile may see (the bitmap covers ceil(kv_end / 128) blocks).
+template <int KEYS>
+__device__ __forceinline__ int next_marked_tile(const uint32_t* bits, int kt, int num_tiles,
+                                                int kv_end) {
+  constexpr int kTilesPerBlock = kSparseBlock / KEYS;
+  const int nwords = (((kv_end + kSparseBlock - 1) / kSparseBlock) + 31) / 32;
+  int kb = kt / kTilesPerBlock;
+  int w = kb >> 5;
+  uint32_t word = bits[w] & (~0u << (kb & 31));
+  while (word == 0) {
+    if (++w >= nwords) return num_tiles;
+    word = bits[w];
+  }
+  kb = (w << 5) + __ffs(word) - 1;
+  return min(num_tiles, max(kt, kb * kTilesPerBlock));
+}
+
+}  // namespace longctx::kernels::cuda::detail
