@@ -30,6 +30,18 @@ struct Span {
   bool is_match;
 };
 
+// Appends every match of `re` in `piece` and every gap between matches as its own piece (the
+// "isolated" behavior, and the GPT-2 regex split of ByteLevel).
+void split_isolated(const Regex& re, std::string_view piece, std::vector<std::string_view>& out) {
+  size_t pos = 0, s, e;
+  while (re.next_match(piece, pos, &s, &e)) {
+    if (s > pos) out.push_back(piece.substr(pos, s - pos));
+    out.push_back(piece.substr(s, e - s));
+    pos = e;
+  }
+  if (pos < piece.size()) out.push_back(piece.substr(pos));
+}
+
 class SplitPreTokenizer : public PreTokenizer {
  public:
   SplitPreTokenizer(std::unique_ptr<Regex> re, Behavior behavior, bool invert)
@@ -41,7 +53,7 @@ class SplitPreTokenizer : public PreTokenizer {
     out.clear();
     for (std::string_view piece : pieces) {
       if (behavior_ == Behavior::kIsolated) {  // hot path: every match and gap is a piece
-        split_isolated(piece, out);
+        split_isolated(*re_, piece, out);
         continue;
       }
       spans.clear();
@@ -58,16 +70,6 @@ class SplitPreTokenizer : public PreTokenizer {
   }
 
  private:
-  void split_isolated(std::string_view piece, std::vector<std::string_view>& out) const {
-    size_t pos = 0, s, e;
-    while (re_->next_match(piece, pos, &s, &e)) {
-      if (s > pos) out.push_back(piece.substr(pos, s - pos));
-      out.push_back(piece.substr(s, e - s));
-      pos = e;
-    }
-    if (pos < piece.size()) out.push_back(piece.substr(pos));
-  }
-
   // The same folds as Hugging Face's SplitDelimiterBehavior over (span, is_match) lists.
   void apply_behavior(std::string_view piece, std::vector<std::string_view>& out) const {
     thread_local std::vector<Span> spans_out;
@@ -148,15 +150,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
     if (!re_) return;
     thread_local std::vector<std::string_view> out;
     out.clear();
-    for (std::string_view piece : pieces) {
-      size_t pos = 0, s, e;
-      while (re_->next_match(piece, pos, &s, &e)) {
-        if (s > pos) out.push_back(piece.substr(pos, s - pos));
-        out.push_back(piece.substr(s, e - s));
-        pos = e;
-      }
-      if (pos < piece.size()) out.push_back(piece.substr(pos));
-    }
+    for (std::string_view piece : pieces) split_isolated(*re_, piece, out);
     pieces.swap(out);
   }
 
