@@ -195,6 +195,9 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=0)
     ap.add_argument("--lm-weight", type=float, default=0.0)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--decay-start", type=float, default=0.7,
+                    help="train.py's: cosine decay from this fraction (>= 1: none, for a call "
+                         "that another continues)")
     ap.add_argument("--population", default="",
                     help="recipes to race, 'name:train.py args;name:args' (e.g. "
                          "'a:--lm-weight 0;b:--lm-weight 0.1')")
@@ -227,6 +230,7 @@ def main() -> None:
     targs.init, targs.stages, targs.copies = a.init, a.stages, a.copies
     targs.start_stage = a.start_stage
     targs.tokens_per_step, targs.lm_weight, targs.lr = a.tokens_per_step, a.lm_weight, a.lr
+    targs.decay_start = a.decay_start
     eargs = needle_eval.parser().parse_args([])
     eargs.essays = essays
     eargs.num = a.eval_num
