@@ -65,8 +65,9 @@ class Stage:
     seconds: float = 0  # also ends after this many seconds in the stage (0: no limit)
 
 
-# Advance early once single- and multi-key retrieval work at this length.
-GATE = {"niah_single": 0.95, "niah_multikey": 0.7}
+# Advance early once single-needle retrieval works at this length. (Run 5's call A also asked
+# multikey >= 0.7: it stayed at 0.2-0.55, so every stage ran to its time limit.)
+GATE = {"niah_single": 0.95}
 GATE_RUN4 = {"niah_single": 0.95, "niah_multikey": 0.85}
 
 STAGES_SETS = {
