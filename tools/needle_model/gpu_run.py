@@ -141,7 +141,8 @@ def select_checkpoint(a, eargs, final_dir: str, stages_dir: str) -> str:
     the later model. Its files are copied to a.out."""
     stages = sorted((int(d[5:]), os.path.join(stages_dir, d)) for d in os.listdir(stages_dir)
                     if d.startswith("stage")) if os.path.isdir(stages_dir) else []
-    cands = [d for k, d in stages if k >= 5] + [final_dir]
+    # Latest first: when time runs out, the models trained longest have been scored.
+    cands = [final_dir] + [d for k, d in reversed(stages) if k >= 5]
     deadline = time.time() + a.select_seconds
     best = (-1, final_dir)
     for d in cands:
@@ -156,9 +157,13 @@ def select_checkpoint(a, eargs, final_dir: str, stages_dir: str) -> str:
         score = sum(v["correct"] for v in r.values())
         log(f"select: {d}: niah_single " +
             ", ".join(f"{L}: {v['correct']}/{v['n']}" for L, v in r.items()))
-        if score >= best[0]:
+        if score > best[0]:
             best = (score, d)
     log(f"select: {best[1]}")
+    # The final model also comes back (final/) whichever is selected: a later call may continue it.
+    os.makedirs(os.path.join(a.out, "final"), exist_ok=True)
+    for f in ("model.safetensors", "config.json", "generation_config.json"):
+        shutil.copy(os.path.join(final_dir, f), os.path.join(a.out, "final", f))
     if best[1] != final_dir:
         for f in ("model.safetensors", "config.json", "generation_config.json"):
             shutil.copy(os.path.join(best[1], f), os.path.join(a.out, f))
