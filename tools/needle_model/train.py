@@ -94,7 +94,12 @@ STAGES_SETS = {
         Stage(1.0, {4096: 0.15, 8192: 0.15, 16384: 0.25, 32768: 0.35, 65536: 0.1},
               tokens=65536),
     ],
-    # run 4's schedule (the committed checkpoint; replay with --stage-steps
+    # Continuing a model that retrieves up to 32K (run 5's): the evaluated lengths 4K-32K only
+    # (run 5's final stage spent ~20% of its time on 64K samples it never got right).
+    "polish": [
+        Stage(1.0, {4096: 0.15, 8192: 0.15, 16384: 0.3, 32768: 0.4}, tokens=65536),
+    ],
+    # run 4's schedule (run 4's checkpoint; replay with --stage-steps
     # 2273,4496,5567,6508,7490,8372,9178,10010,10761 --tokens-per-step 32768)
     "run4": [
         Stage(0.18, {256: 1.0}, COPY_ONLY, {"copy": 0.5}),
