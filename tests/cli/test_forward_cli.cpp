@@ -1,6 +1,4 @@
 // `longctx forward` end to end: the built binary reproduces a fixture's transformers logits.
-// The binary is found next to the test's build folder (build/tests/test_cli -> build/longctx),
-// or at $LONGCTX_CLI.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_runner.h"
 #include "common/test_data.h"
 #include "longctx/core/npy.h"
 
@@ -19,10 +18,8 @@ using namespace longctx;
 
 namespace {
 
-std::string cli_path() {
-  if (const char* env = std::getenv("LONGCTX_CLI")) return env;
-  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "longctx").string();
-}
+using longctx::testing::cli_path;
+using longctx::testing::slurp;
 
 fs::path temp_dir() {
   fs::path d = fs::temp_directory_path() / ("longctx_cli_test_" + std::to_string(getpid()));
@@ -35,11 +32,6 @@ int run_cli(const std::string& args, const fs::path& log) {
   const std::string cmd = "'" + cli_path() + "' " + args + " > '" + log.string() + "' 2>&1";
   const int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 nlohmann::json reference_case(const std::string& model, int64_t len) {
@@ -82,7 +74,7 @@ TEST_F(ForwardCli, IdsOnCommandLineReproduceFixtureLogits) {
                         ids + " --out '" + out.string() + "'",
                     dir_ / "log"),
             0)
-      << read_text(dir_ / "log");
+      << slurp(dir_ / "log");
   Tensor ours = read_npy(out.string());
   Tensor ref = read_npy(model + "/" + c.at("logits_file").get<std::string>());
   ASSERT_EQ(ours.dtype(), DType::kF32);
@@ -101,7 +93,7 @@ TEST_F(ForwardCli, JsonIdsFileAndLastPosition) {
                   ids_file.string() + "' --positions last --out '" + out.string() + "'",
               dir_ / "log"),
       0)
-      << read_text(dir_ / "log");
+      << slurp(dir_ / "log");
   Tensor ours = read_npy(out.string());
   Tensor ref = read_npy(model + "/" + c.at("logits_file").get<std::string>());
   ASSERT_EQ(ours.shape(), (Shape{1, ref.size(1)}));
@@ -116,12 +108,12 @@ TEST_F(ForwardCli, WhitespaceIdsFileMatchesCommandLineIds) {
                   (dir_ / "ids.txt").string() + "' --out '" + (dir_ / "a.npy").string() + "'",
               dir_ / "log"),
       0)
-      << read_text(dir_ / "log");
+      << slurp(dir_ / "log");
   ASSERT_EQ(run_cli("forward --rope-inv-freq-dtype checkpoint --model '" + model +
                         "' --ids 965,336,552,582,951 --out '" + (dir_ / "b.npy").string() + "'",
                     dir_ / "log"),
             0)
-      << read_text(dir_ / "log");
+      << slurp(dir_ / "log");
   Tensor a = read_npy((dir_ / "a.npy").string()), b = read_npy((dir_ / "b.npy").string());
   ASSERT_EQ(a.shape(), (Shape{5, 1024}));
   for (int64_t r = 0; r < 5; ++r) EXPECT_EQ(max_abs_diff_rows(a, r, b, r), 0.0);
@@ -133,24 +125,24 @@ TEST_F(ForwardCli, BadIdsFailWithAMessage) {
                         "' --ids 1,x,3 --out '" + (dir_ / "x.npy").string() + "'",
                     dir_ / "log"),
             0);
-  EXPECT_NE(read_text(dir_ / "log").find("'x' is not a token id"), std::string::npos)
-      << read_text(dir_ / "log");
+  EXPECT_NE(slurp(dir_ / "log").find("'x' is not a token id"), std::string::npos)
+      << slurp(dir_ / "log");
   EXPECT_NE(run_cli("forward --rope-inv-freq-dtype checkpoint --model '" + model +
                         "' --ids 1,99999 --out '" + (dir_ / "x.npy").string() + "'",
                     dir_ / "log"),
             0);
-  EXPECT_NE(read_text(dir_ / "log").find("outside the vocabulary"), std::string::npos)
-      << read_text(dir_ / "log");
+  EXPECT_NE(slurp(dir_ / "log").find("outside the vocabulary"), std::string::npos)
+      << slurp(dir_ / "log");
   EXPECT_FALSE(fs::exists(dir_ / "x.npy"));
 }
 
 TEST_F(ForwardCli, DummyPresetRunsAndIsDeterministic) {
   const std::string args = "forward --load-format dummy --preset tiny-llama --ids 1,2,3,4,5 ";
   ASSERT_EQ(run_cli(args + "--out '" + (dir_ / "a.npy").string() + "'", dir_ / "log"), 0)
-      << read_text(dir_ / "log");
+      << slurp(dir_ / "log");
   ASSERT_EQ(
       run_cli(args + "--positions last --out '" + (dir_ / "b.npy").string() + "'", dir_ / "log"), 0)
-      << read_text(dir_ / "log");
+      << slurp(dir_ / "log");
   Tensor a = read_npy((dir_ / "a.npy").string()), b = read_npy((dir_ / "b.npy").string());
   ASSERT_EQ(a.rank(), 2);
   ASSERT_EQ(a.size(0), 5);

@@ -1,7 +1,6 @@
 // `longctx generate` end to end: greedy tokens of a fixture model on stdout, the summary on
 // stderr, stop strings cut from the streamed text, and clear errors for bad prompts.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cctype>
 #include <cstdlib>
@@ -11,40 +10,20 @@
 #include <sstream>
 #include <string>
 
+#include "cli_runner.h"
 #include "common/test_data.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string generate_cli_path() {
-  if (const char* env = std::getenv("LONGCTX_CLI")) return env;
-  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "longctx").string();
-}
-
-struct CliResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+using longctx::testing::cli_path;
+using longctx::testing::CliResult;
 
 // Every model here is a tiny fixture: run it with the fixtures' rope convention (see
 // ModelBuildOptions::rope_inv_freq_dtype).
 CliResult generate(const std::string& args) {
-  const fs::path dir = fs::temp_directory_path() / ("longctx_gen_cli_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string cmd = "'" + generate_cli_path() +
-                          "' generate --rope-inv-freq-dtype checkpoint " + args + " > '" +
-                          (dir / "out").string() + "' 2> '" + (dir / "err").string() + "'";
-  const int rc = std::system(cmd.c_str());
-  CliResult r{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(dir / "out"), slurp(dir / "err")};
-  fs::remove_all(dir);
-  return r;
+  return longctx::testing::run_cli("generate --rope-inv-freq-dtype checkpoint " + args);
 }
 
 std::string fixture(const std::string& name) {
@@ -54,7 +33,7 @@ std::string fixture(const std::string& name) {
 class GenerateCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(generate_cli_path())) GTEST_SKIP() << "no " << generate_cli_path();
+    if (!fs::exists(cli_path())) GTEST_SKIP() << "no " << cli_path();
   }
 };
 
