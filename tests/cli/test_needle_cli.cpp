@@ -61,9 +61,10 @@ class NeedleCli : public ::testing::Test {
 
 }  // namespace
 
-// The model finds the single needle in all four 2K samples (transformers: 99-100% at 2K-4K),
-// and fills in only part of the multi-value answers (0% exact there): each verdict in --out
-// must follow from its prediction, and the table must add them up.
+// The model finds the single needle in all four 2K samples (a capability of this checkpoint,
+// 99% at 4K in transformers) and gets the multi-value samples partly right (string_match_all
+// 0.25 each today); each verdict in --out must follow from its prediction, and the table must
+// add them up.
 TEST_F(NeedleCli, ScoresTheCommittedModel) {
   const std::string out = (dir_ / "res.json").string();
   const auto r = needle("-s '" + data("niah_single_2k.jsonl") + "' -s '" +
@@ -73,6 +74,7 @@ TEST_F(NeedleCli, ScoresTheCommittedModel) {
   ASSERT_EQ(res.size(), 6u);
   std::ifstream f(data("niah_multivalue_2k.jsonl"));
   double ruler_multivalue = 0;
+  int exact_multivalue = 0;
   for (const auto& s : res) {
     const std::string pred = s.at("prediction");
     EXPECT_EQ(s.at("exact").get<bool>(), pred == s.at("answer").get<std::string>()) << s.dump();
@@ -90,12 +92,13 @@ TEST_F(NeedleCli, ScoresTheCommittedModel) {
       found += lower(pred).find(lower(o.get<std::string>())) != std::string::npos ? 1 : 0;
     EXPECT_DOUBLE_EQ(s.at("ruler").get<double>(), found / sample.at("outputs").size()) << pred;
     ruler_multivalue += s.at("ruler").get<double>();
+    exact_multivalue += s.at("exact").get<bool>() ? 1 : 0;
   }
   EXPECT_NE(r.out.find("niah_single            2048     4    100.0    100.0"), std::string::npos)
       << r.out;
   char row[128];
-  std::snprintf(row, sizeof(row), "niah_multivalue        2048     2 %8.1f %8.1f", 0.0,
-                100.0 * ruler_multivalue / 2);
+  std::snprintf(row, sizeof(row), "niah_multivalue        2048     2 %8.1f %8.1f",
+                100.0 * exact_multivalue / 2, 100.0 * ruler_multivalue / 2);
   EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
 }
 
