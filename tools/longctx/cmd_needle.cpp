@@ -119,13 +119,14 @@ void run(Options& o) {
                 "needle samples are text: the model needs a tokenizer (--tokenizer DIR)");
   std::vector<Prompt> prompts;
   for (const Sample& s : samples) {
-    Prompt p(s.prompt);
-    const auto n = static_cast<int64_t>(llm->encode(p).size());
+    // Encoded once here (the check needs the length) and passed on as ids.
+    std::vector<int32_t> ids = llm->encode(Prompt(s.prompt));
+    const auto n = static_cast<int64_t>(ids.size());
     // A too-long sample would otherwise fail the whole batch without saying which one.
     LONGCTX_CHECK(n + o.gen.sampling.max_tokens <= llm->max_model_len(), ErrorCode::kOutOfRange,
                   "{}: {} prompt tokens + {} to generate exceed the context ({} tokens)", s.where,
                   n, o.gen.sampling.max_tokens, llm->max_model_len());
-    prompts.push_back(std::move(p));
+    prompts.emplace_back(std::move(ids));
   }
   auto outs = llm->generate(prompts, o.gen.sampling, /*use_progress_bar=*/true);
 
