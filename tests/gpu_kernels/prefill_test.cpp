@@ -64,12 +64,7 @@ class PrefillCase : public OpCase {
 
   bool supported() const override {
     kernels::PagedPrefillParams p;
-    p.num_qo_heads = s_.num_qo_heads;
-    p.num_kv_heads = s_.num_kv_heads;
-    p.head_dim = s_.head_dim;
-    p.page_size = s_.page_size;
-    p.dtype = s_.dtype;
-    p.sm_scale = 1.f / std::sqrt(float(s_.head_dim));
+    s_.set_head_fields(p);
     return kernels::cuda::paged_prefill_supported(p);
   }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -33,6 +34,18 @@ struct PagedCaseShape {
   double sparse_keep = 0.0;
   bool sparse_per_head = false;
   uint64_t seed = 1;
+
+  // The head and page fields that PagedPrefillParams and DecodeParams share, with the scale
+  // every case uses (1/sqrt(head_dim)).
+  template <typename Params>
+  void set_head_fields(Params& p) const {
+    p.num_qo_heads = num_qo_heads;
+    p.num_kv_heads = num_kv_heads;
+    p.head_dim = head_dim;
+    p.page_size = page_size;
+    p.dtype = dtype;
+    p.sm_scale = 1.f / std::sqrt(float(head_dim));
+  }
 };
 
 // Uniform in [-sqrt(3), sqrt(3)) (unit variance) from a counter-based hash: fast and parallel.
@@ -135,13 +148,8 @@ struct PagedCase {
       p.block_mask_heads = shape.sparse_per_head ? shape.num_qo_heads : 1;
     }
     p.batch_size = int(shape.q_lens.size());
-    p.num_qo_heads = shape.num_qo_heads;
-    p.num_kv_heads = shape.num_kv_heads;
-    p.head_dim = shape.head_dim;
-    p.page_size = shape.page_size;
-    p.dtype = shape.dtype;
+    shape.set_head_fields(p);
     p.mask_mode = shape.mask_mode;
-    p.sm_scale = 1.f / std::sqrt(float(shape.head_dim));
     return p;
   }
 
@@ -157,12 +165,7 @@ struct PagedCase {
     p.kv_indices = kv_indices.data();
     p.kv_last_page_len = kv_last_page_len.data();
     p.batch_size = int(shape.kv_lens.size());
-    p.num_qo_heads = shape.num_qo_heads;
-    p.num_kv_heads = shape.num_kv_heads;
-    p.head_dim = shape.head_dim;
-    p.page_size = shape.page_size;
-    p.dtype = shape.dtype;
-    p.sm_scale = 1.f / std::sqrt(float(shape.head_dim));
+    shape.set_head_fields(p);
     return p;
   }
 };
