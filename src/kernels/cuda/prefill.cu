@@ -318,14 +318,7 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
 #pragma unroll
         for (int i = 0; i < 2; ++i)
           lim[i] = row_limit(warp_row0 + mt * 16 + g + i * 8, k0 / kSparseBlock, blk[i]);
-#pragma unroll
-        for (int j = 0; j < KEYS / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + j * 8 + t4 * 2 + (e & 1);
-            const int i = e >> 1;
-            if (!blk[i] || key > lim[i]) s[mt][j][e] = -INFINITY;
-          }
+        detail::mask_score_fragment<KEYS>(&s[mt][0][0], k0, t4, lim, blk);
       }
     }
 

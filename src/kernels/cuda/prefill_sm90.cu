@@ -464,14 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           int lim[2];
 #pragma unroll
           for (int i = 0; i < 2; ++i) lim[i] = row_limit(r_base + 8 * i, k0 / kSparseBlock, blk[i]);
-#pragma unroll
-          for (int j = 0; j < KEYS / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = k0 + j * 8 + t4 * 2 + (e & 1);
-              const int i = e >> 1;
-              if (!blk[i] || key > lim[i]) sc[4 * j + e] = -INFINITY;
-            }
+          detail::mask_score_fragment<KEYS>(sc, k0, t4, lim, blk);
         }
         // A row's scores live in the 4 threads of a quad.
 #pragma unroll
