@@ -161,13 +161,16 @@ def select_checkpoint(a, eargs, final_dir: str, stages_dir: str) -> str:
             best = (score, d)
     log(f"select: {best[1]}")
     # The final model also comes back (final/) whichever is selected: a later call may continue it.
-    os.makedirs(os.path.join(a.out, "final"), exist_ok=True)
-    for f in ("model.safetensors", "config.json", "generation_config.json"):
-        shutil.copy(os.path.join(final_dir, f), os.path.join(a.out, "final", f))
+    copy_model(final_dir, os.path.join(a.out, "final"))
     if best[1] != final_dir:
-        for f in ("model.safetensors", "config.json", "generation_config.json"):
-            shutil.copy(os.path.join(best[1], f), os.path.join(a.out, f))
+        copy_model(best[1], a.out)
     return best[1]
+
+
+def copy_model(src: str, dst: str) -> None:
+    os.makedirs(dst, exist_ok=True)
+    for f in needle_train.MODEL_FILES:
+        shutil.copy(os.path.join(src, f), os.path.join(dst, f))
 
 
 def continuation(prev_out: str) -> tuple:

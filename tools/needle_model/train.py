@@ -205,6 +205,7 @@ def sample_arrays(s, prefix_len: int, length: int):
 
 
 _GEN: Generator | None = None
+MODEL_FILES = ("model.safetensors", "config.json", "generation_config.json")  # save_pretrained's
 
 
 def build_batch(args):
@@ -259,7 +260,7 @@ def save_model(model, out_dir: str, tokenizer_dir: str | None = None,
             shutil.copy(os.path.join(tokenizer_dir, f), os.path.join(out_dir, f))
     if copy_to:  # the model files only (a checkpoint that survives a time-out)
         os.makedirs(copy_to, exist_ok=True)
-        for f in ("model.safetensors", "config.json", "generation_config.json"):
+        for f in MODEL_FILES:
             if os.path.exists(os.path.join(out_dir, f)):
                 shutil.copy(os.path.join(out_dir, f), os.path.join(copy_to, f + ".tmp"))
                 os.replace(os.path.join(copy_to, f + ".tmp"), os.path.join(copy_to, f))
@@ -424,7 +425,7 @@ def train(a, log=print, model_factory=build_model) -> dict:
         w = torch.from_numpy(w_np).to(dev, non_blocking=True)
         for g in opt.param_groups:
             g["lr"] = lr_at(frac, step, a.lr, a.warmup, a.decay_start,
-                            step - stage_begin if cur_stage else None, a.stage_ramp)
+                            step - stage_begin if stage_begin else None, a.stage_ramp)
         try:
             with contextlib.ExitStack() as stack:
                 if cuda:
