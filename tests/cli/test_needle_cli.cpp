@@ -8,6 +8,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -61,10 +62,11 @@ class NeedleCli : public ::testing::Test {
 
 }  // namespace
 
-// The model finds the single needle in all four 2K samples (a capability of this checkpoint,
-// 99% at 4K in transformers) and gets the multi-value samples partly right (string_match_all
-// 0.25 each today); each verdict in --out must follow from its prediction, and the table must
-// add them up.
+// The model finds the single needle in at least three of the four 2K samples (today's checkpoint
+// drops one of the three 3s of " 2433349.", as does an independent float32 forward of it,
+// tools/needle_model/reference_forward.py) and gets the multi-value samples partly right; each
+// verdict and score in --out must follow from its prediction and the sample it names (`where`:
+// file:line), and the table must add them up.
 TEST_F(NeedleCli, ScoresTheCommittedModel) {
   const std::string out = (dir_ / "res.json").string();
   const auto r = needle("-s '" + data("niah_single_2k.jsonl") + "' -s '" +
@@ -72,34 +74,34 @@ TEST_F(NeedleCli, ScoresTheCommittedModel) {
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto res = nlohmann::json::parse(slurp(out));
   ASSERT_EQ(res.size(), 6u);
-  std::ifstream f(data("niah_multivalue_2k.jsonl"));
-  double ruler_multivalue = 0;
-  int exact_multivalue = 0;
+  std::map<std::string, std::pair<int, double>> cells;  // task -> (exact, sum of ruler)
   for (const auto& s : res) {
     const std::string pred = s.at("prediction");
     EXPECT_EQ(s.at("exact").get<bool>(), pred == s.at("answer").get<std::string>()) << s.dump();
-    if (s.at("task") == "niah_single") {
-      EXPECT_TRUE(s.at("exact").get<bool>()) << s.dump();
-      EXPECT_EQ(s.at("ruler").get<double>(), 1.0) << s.dump();
-      continue;
-    }
-    // RULER's string_match_all recomputed from the sample's own outputs.
+    // RULER's string_match_all recomputed from the outputs of the sample the result names.
+    const std::string where = s.at("where");
+    const size_t colon = where.rfind(':');
+    std::ifstream f(where.substr(0, colon));
     std::string line;
-    std::getline(f, line);
+    for (int i = std::stoi(where.substr(colon + 1)); i > 0; --i) std::getline(f, line);
     const auto sample = nlohmann::json::parse(line);
+    ASSERT_EQ(sample.at("answer"), s.at("answer")) << where;
     double found = 0;
     for (const auto& o : sample.at("outputs"))
       found += lower(pred).find(lower(o.get<std::string>())) != std::string::npos ? 1 : 0;
     EXPECT_DOUBLE_EQ(s.at("ruler").get<double>(), found / sample.at("outputs").size()) << pred;
-    ruler_multivalue += s.at("ruler").get<double>();
-    exact_multivalue += s.at("exact").get<bool>() ? 1 : 0;
+    auto& cell = cells[s.at("task")];
+    cell.first += s.at("exact").get<bool>() ? 1 : 0;
+    cell.second += s.at("ruler").get<double>();
   }
-  EXPECT_NE(r.out.find("niah_single            2048     4    100.0    100.0"), std::string::npos)
-      << r.out;
-  char row[128];
-  std::snprintf(row, sizeof(row), "niah_multivalue        2048     2 %8.1f %8.1f",
-                100.0 * exact_multivalue / 2, 100.0 * ruler_multivalue / 2);
-  EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  EXPECT_GE(cells["niah_single"].first, 3) << r.out;
+  for (const auto& [task, n] :
+       {std::pair<std::string, int>{"niah_single", 4}, {"niah_multivalue", 2}}) {
+    char row[128];
+    std::snprintf(row, sizeof(row), "%-20s %6d %5d %8.1f %8.1f", task.c_str(), 2048, n,
+                  100.0 * cells[task].first / n, 100.0 * cells[task].second / n);
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  }
 }
 
 // A sample whose expected answer is not what the model says fails its cell; --fail-below turns

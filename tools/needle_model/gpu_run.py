@@ -206,6 +206,8 @@ def main() -> None:
     ap.add_argument("--decay-start", type=float, default=0.7,
                     help="train.py's: cosine decay from this fraction (>= 1: none, for a call "
                          "that another continues)")
+    ap.add_argument("--attn", choices=("cudnn", "flash"), default="cudnn",
+                    help="train.py's preferred SDPA kernel")
     ap.add_argument("--population", default="",
                     help="recipes to race, 'name:train.py args;name:args' (e.g. "
                          "'a:--lm-weight 0;b:--lm-weight 0.1')")
@@ -238,7 +240,7 @@ def main() -> None:
     targs.init, targs.stages, targs.copies = a.init, a.stages, a.copies
     targs.start_stage = a.start_stage
     targs.tokens_per_step, targs.lm_weight, targs.lr = a.tokens_per_step, a.lm_weight, a.lr
-    targs.decay_start = a.decay_start
+    targs.decay_start, targs.attn = a.decay_start, a.attn
     eargs = needle_eval.parser().parse_args([])
     eargs.essays = essays
     eargs.num = a.eval_num

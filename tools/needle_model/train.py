@@ -63,6 +63,7 @@ class Stage:
     gate: dict = field(default_factory=dict)  # {task: accuracy}: advance early when all pass
     tokens: int = 0   # tokens per step in this stage (0: --tokens-per-step)
     seconds: float = 0  # also ends after this many seconds in the stage (0: no limit)
+    lr: float = 0     # peak learning rate in this stage (0: --lr)
 
 
 # Advance early once single-needle retrieval works at this length. (Run 5's call A also asked
@@ -86,13 +87,19 @@ STAGES_SETS = {
         Stage(1.0, {256: 0.3, 512: 0.7}, SHORT_TASKS, GATE, seconds=60),
         Stage(1.0, {512: 0.3, 1024: 0.7}, gate=GATE, seconds=60),
         Stage(1.0, {512: 0.2, 1024: 0.3, 2048: 0.5}, gate=GATE, seconds=60),
-        Stage(1.0, {1024: 0.2, 2048: 0.3, 4096: 0.5}, gate=GATE, tokens=65536, seconds=70),
-        Stage(1.0, {2048: 0.2, 4096: 0.3, 8192: 0.5}, gate=GATE, tokens=65536, seconds=80),
-        Stage(1.0, {4096: 0.2, 8192: 0.3, 16384: 0.5}, gate=GATE, tokens=65536, seconds=90),
-        Stage(1.0, {4096: 0.15, 16384: 0.35, 32768: 0.5}, gate=GATE, tokens=65536, seconds=100),
-        # the evaluated lengths, 64K rarely (a 64K step costs ~4 of 32K)
-        Stage(1.0, {4096: 0.15, 8192: 0.15, 16384: 0.25, 32768: 0.35, 65536: 0.1},
-              tokens=65536),
+        # Lower rates from here on: run 5's call B (1.5e-3 from 4K-16K on) lost at 16K-32K what
+        # call C (1e-3) kept.
+        Stage(1.0, {1024: 0.2, 2048: 0.3, 4096: 0.5}, gate=GATE, tokens=65536, seconds=70,
+              lr=1.5e-3),
+        Stage(1.0, {2048: 0.2, 4096: 0.3, 8192: 0.5}, gate=GATE, tokens=65536, seconds=80,
+              lr=1.5e-3),
+        Stage(1.0, {4096: 0.2, 8192: 0.3, 16384: 0.5}, gate=GATE, tokens=65536, seconds=90,
+              lr=1e-3),
+        Stage(1.0, {4096: 0.15, 16384: 0.35, 32768: 0.5}, gate=GATE, tokens=65536, seconds=100,
+              lr=1e-3),
+        # The evaluated lengths 4K-32K to the end (run 5's call C also drew 10% of 64K samples:
+        # ~20% of its time, and 0% right at 64K after it).
+        Stage(1.0, {4096: 0.15, 8192: 0.15, 16384: 0.3, 32768: 0.4}, tokens=65536, lr=1e-3),
     ],
     # Continuing a model that retrieves up to 32K (run 5's): the evaluated lengths 4K-32K only
     # (run 5's final stage spent ~20% of its time on 64K samples it never got right).
@@ -338,7 +345,7 @@ def train(a, log=print, model_factory=build_model) -> dict:
         base = STAGES[a.start_stage - 1].until
         if base < 1.0:
             STAGES = [Stage(max(0.0, (st.until - base) / (1 - base)), st.lengths, st.tasks,
-                            st.gate, st.tokens, st.seconds) for st in STAGES]
+                            st.gate, st.tokens, st.seconds, st.lr) for st in STAGES]
     COPIES, LM_WEIGHT = a.copies, a.lm_weight
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
@@ -370,7 +377,10 @@ def train(a, log=print, model_factory=build_model) -> dict:
     stage_begin = 0
     stage_t0 = 0.0
     loss_ema = None
-    restrict_sdpa = cuda  # flash / mem-efficient only; dropped if this torch refuses
+    # SDPA kernels (bench_attention.py, H200, torch 2.11): cuDNN's takes 55 / 82 ms per 65,536-
+    # token step at 16K / 32K tokens where flash takes 72 / 112; never the math fallback (it
+    # materializes L x L scores). Dropped if this torch refuses the restriction.
+    restrict_sdpa = cuda
 
     def submit(i: int, st: int):
         pending[i] = pool.apply_async(build_batch, ((i, st, a.seed, a.tokens_per_step,
@@ -397,6 +407,9 @@ def train(a, log=print, model_factory=build_model) -> dict:
             tracker.reset()
         return st
 
+    if cuda:
+        log(f"SDPA: {a.attn} first" + (" (cuDNN " + str(torch.backends.cudnn.version()) + ")"
+                                       if a.attn == "cudnn" else ""))
     stage_log.append({"stage": cur_stage, "step": 0, "time_s": 0.0})
     log(f"stage {cur_stage} from step 0 (0s)")
     while True:
@@ -424,7 +437,7 @@ def train(a, log=print, model_factory=build_model) -> dict:
         ids = torch.from_numpy(ids_np).to(dev, non_blocking=True).long()
         w = torch.from_numpy(w_np).to(dev, non_blocking=True)
         for g in opt.param_groups:
-            g["lr"] = lr_at(frac, step, a.lr, a.warmup, a.decay_start,
+            g["lr"] = lr_at(frac, step, STAGES[cur_stage].lr or a.lr, a.warmup, a.decay_start,
                             step - stage_begin if stage_begin else None, a.stage_ramp)
         try:
             with contextlib.ExitStack() as stack:
@@ -432,8 +445,13 @@ def train(a, log=print, model_factory=build_model) -> dict:
                     from torch.nn.attention import SDPBackend, sdpa_kernel
                     stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
                     if restrict_sdpa:
-                        stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION,
-                                                         SDPBackend.EFFICIENT_ATTENTION]))
+                        order = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+                        if a.attn == "cudnn":
+                            order.insert(0, SDPBackend.CUDNN_ATTENTION)
+                        try:  # the list is an order of preference (torch >= 2.6)
+                            stack.enter_context(sdpa_kernel(order, set_priority=True))
+                        except TypeError:
+                            stack.enter_context(sdpa_kernel(order))
                 h = model.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, L, H]
                 sel = w[:, :-1] > 0  # [B, L-1]
                 hs = h[:, :-1][sel]  # [N, H]
@@ -502,6 +520,8 @@ def parser() -> argparse.ArgumentParser:
                     help="samples per task in the running training accuracy")
     ap.add_argument("--acc-every", type=int, default=5, help="steps between accuracy updates")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--attn", choices=("cudnn", "flash"), default="cudnn",
+                    help="preferred SDPA kernel on CUDA (flash and mem-efficient follow)")
     ap.add_argument("--start-stage", type=int, default=0, help="begin at this stage")
     ap.add_argument("--summary-out", default="", help="write the training summary (JSON) here")
     ap.add_argument("--stage-checkpoints", default="",
