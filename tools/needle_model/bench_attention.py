@@ -7,7 +7,8 @@ attention kernel sets the training speed of the long-context stages. For each ba
 length: a step = forward, loss on the last 16 positions of each row, backward, AdamW, on 65,536
 tokens, bf16 autocast as in train.py; median of --steps timed steps after 3 warm-up steps.
 `gqa` = SDPA's enable_gqa (transformers' default on CUDA), `repeat` = K/V repeated to the query
-heads first (some backends refuse enable_gqa). Also checks that the backends agree: loss and
+heads first (some backends refuse enable_gqa); registered flash-attention implementations (FA3,
+FA4 on torch >= 2.9) are tried where their modules are installed. Also checks that the backends agree: loss and
 gradient norm of one batch from the same weights, relative to flash.
 """
 
@@ -15,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
-import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -125,24 +126,24 @@ def main() -> None:
         runs = [(n, be, m) for n, be in backends.items() for m in ("gqa", "repeat")]
         runs += [(impl, SDPBackend.FLASH_ATTENTION, "gqa") for impl in impls]
         for name, be, mode in runs:
-                model, opt = fresh()
-                try:
-                    with sdpa_kernel([be]), kv_mode(mode), flash_impl(name, impls):
-                        for _ in range(3):
-                            step_fn(model, opt, ids)
+            model, opt = fresh()
+            try:
+                with sdpa_kernel([be]), kv_mode(mode), flash_impl(name, impls):
+                    for _ in range(3):
+                        step_fn(model, opt, ids)
+                    torch.cuda.synchronize()
+                    times = []
+                    for _ in range(a.steps):
+                        t = time.perf_counter()
+                        step_fn(model, opt, ids)
                         torch.cuda.synchronize()
-                        times = []
-                        for _ in range(a.steps):
-                            t = time.perf_counter()
-                            step_fn(model, opt, ids)
-                            torch.cuda.synchronize()
-                            times.append(time.perf_counter() - t)
-                except Exception as e:  # noqa: BLE001 (a backend or impl this machine lacks)
-                    print(f"L={L} B={B} {name}/{mode}: refused ({str(e).splitlines()[0][:100]})")
-                    continue
-                ms = statistics.median(times) * 1e3
-                print(f"L={L} B={B} {name}/{mode}: {ms:.1f} ms/step "
-                      f"({B * L / ms / 1e3:.2f} M tokens/s)", flush=True)
+                        times.append(time.perf_counter() - t)
+            except Exception as e:  # noqa: BLE001 (a backend or impl this machine lacks)
+                print(f"L={L} B={B} {name}/{mode}: refused ({str(e).splitlines()[0][:100]})")
+                continue
+            ms = statistics.median(times) * 1e3
+            print(f"L={L} B={B} {name}/{mode}: {ms:.1f} ms/step "
+                  f"({B * L / ms / 1e3:.2f} M tokens/s)", flush=True)
 
 
 if __name__ == "__main__":
