@@ -8,8 +8,8 @@ length: a step = forward, loss on the last 16 positions of each row, backward, A
 tokens, bf16 autocast as in train.py; median of --steps timed steps after 3 warm-up steps.
 `gqa` = SDPA's enable_gqa (transformers' default on CUDA), `repeat` = K/V repeated to the query
 heads first (some backends refuse enable_gqa); registered flash-attention implementations (FA3,
-FA4 on torch >= 2.9) are tried where their modules are installed. Also checks that the backends agree: loss and
-gradient norm of one batch from the same weights, relative to flash.
+FA4 on torch >= 2.9) are tried where their modules are installed. Also checks that the backends
+agree: loss and gradient norm of one batch from the same weights, relative to flash.
 """
 
 from __future__ import annotations
