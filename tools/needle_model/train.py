@@ -53,6 +53,8 @@ ALL_TASKS = {"niah_single": 0.25, "niah_multikey": 0.25, "niah_multivalue": 0.1,
 SHORT_TASKS = {"niah_single": 0.35, "niah_multikey": 0.25, "niah_multiquery": 0.1,
                "niah_multivalue": 0.1, "copy": 0.2}
 COPY_ONLY = {"copy": 1.0}
+# The evaluated lengths 4K-32K, longer ones weighted up (the last stage of a long run).
+EVAL_MIX = {4096: 0.15, 8192: 0.15, 16384: 0.3, 32768: 0.4}
 
 
 @dataclass
@@ -99,12 +101,12 @@ STAGES_SETS = {
               lr=1e-3),
         # The evaluated lengths 4K-32K to the end (run 5's call C also drew 10% of 64K samples:
         # ~20% of its time, and 0% right at 64K after it).
-        Stage(1.0, {4096: 0.15, 8192: 0.15, 16384: 0.3, 32768: 0.4}, tokens=65536, lr=1e-3),
+        Stage(1.0, EVAL_MIX, tokens=65536, lr=1e-3),
     ],
     # Continuing a model that retrieves up to 32K (run 5's): the evaluated lengths 4K-32K only
     # (run 5's final stage spent ~20% of its time on 64K samples it never got right).
     "polish": [
-        Stage(1.0, {4096: 0.15, 8192: 0.15, 16384: 0.3, 32768: 0.4}, tokens=65536),
+        Stage(1.0, EVAL_MIX, tokens=65536),
     ],
     # run 4's schedule (run 4's checkpoint; replay with --stage-steps
     # 2273,4496,5567,6508,7490,8372,9178,10010,10761 --tokens-per-step 32768)
