@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import inspect
 import json
 import math
 import multiprocessing as mp
@@ -383,6 +384,14 @@ def train(a, log=print, model_factory=build_model) -> dict:
     # token step at 16K / 32K tokens where flash takes 72 / 112; never the math fallback (it
     # materializes L x L scores). Dropped if this torch refuses the restriction.
     restrict_sdpa = cuda
+    if cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        sdpa_order = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+        if a.attn == "cudnn":
+            sdpa_order.insert(0, SDPBackend.CUDNN_ATTENTION)
+        # The list is an order of preference where this torch can say so (>= 2.6).
+        sdpa_kwargs = ({"set_priority": True}
+                       if "set_priority" in inspect.signature(sdpa_kernel).parameters else {})
 
     def submit(i: int, st: int):
         pending[i] = pool.apply_async(build_batch, ((i, st, a.seed, a.tokens_per_step,
@@ -444,16 +453,9 @@ def train(a, log=print, model_factory=build_model) -> dict:
         try:
             with contextlib.ExitStack() as stack:
                 if cuda:
-                    from torch.nn.attention import SDPBackend, sdpa_kernel
                     stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
                     if restrict_sdpa:
-                        order = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
-                        if a.attn == "cudnn":
-                            order.insert(0, SDPBackend.CUDNN_ATTENTION)
-                        try:  # the list is an order of preference (torch >= 2.6)
-                            stack.enter_context(sdpa_kernel(order, set_priority=True))
-                        except TypeError:
-                            stack.enter_context(sdpa_kernel(order))
+                        stack.enter_context(sdpa_kernel(sdpa_order, **sdpa_kwargs))
                 h = model.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, L, H]
                 sel = w[:, :-1] > 0  # [B, L-1]
                 hs = h[:, :-1][sel]  # [N, H]
