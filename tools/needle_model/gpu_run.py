@@ -178,7 +178,9 @@ def continuation(prev_out: str) -> tuple:
     with open(os.path.join(prev_out, "train_info.json")) as f:
         info = json.load(f)
     sel = info.get("selected", "final")
-    stage = info["last_stage"] if sel == "final" else int(sel[len("stage"):]) + 1
+    # next_stage: the stage after the last one (--stop-after-stage), or the one time ran out in.
+    stage = (info.get("next_stage", info["last_stage"]) if sel == "final"
+             else int(sel[len("stage"):]) + 1)
     return prev_out, stage
 
 
@@ -208,6 +210,14 @@ def main() -> None:
                          "that another continues)")
     ap.add_argument("--attn", choices=("cudnn", "flash"), default="cudnn",
                     help="train.py's preferred SDPA kernel")
+    ap.add_argument("--stop-after-stage", type=int, default=-1,
+                    help="train.py's: end training when this stage ends")
+    ap.add_argument("--skip-spikes", type=float, default=0, help="train.py's (0: off)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="train.py's (batches are a function of seed and step: a continuing "
+                         "call takes another seed)")
+    ap.add_argument("--save-state", default="", help="train.py's (float32 weights + AdamW)")
+    ap.add_argument("--resume-state", default="", help="train.py's (used if the file exists)")
     ap.add_argument("--population", default="",
                     help="recipes to race, 'name:train.py args;name:args' (e.g. "
                          "'a:--lm-weight 0;b:--lm-weight 0.1')")
@@ -241,6 +251,9 @@ def main() -> None:
     targs.start_stage = a.start_stage
     targs.tokens_per_step, targs.lm_weight, targs.lr = a.tokens_per_step, a.lm_weight, a.lr
     targs.decay_start, targs.attn = a.decay_start, a.attn
+    targs.stop_after_stage, targs.skip_spikes = a.stop_after_stage, a.skip_spikes
+    targs.save_state, targs.resume_state = a.save_state, a.resume_state
+    targs.seed = a.seed
     eargs = needle_eval.parser().parse_args([])
     eargs.essays = essays
     eargs.num = a.eval_num
