@@ -16,6 +16,8 @@ const char* error_code_name(ErrorCode code) {
       return "I/O error";
     case ErrorCode::kCuda:
       return "CUDA error";
+    case ErrorCode::kOutOfMemory:
+      return "out of memory";
     case ErrorCode::kInternal:
       return "internal error";
   }

@@ -47,6 +47,7 @@ enum class ErrorCode {
   kOutOfRange,       // a length or index past a limit (prompt longer than the context, ...)
   kIo,               // the OS refused (open, mmap, read)
   kCuda,             // a CUDA / cuBLAS call failed
+  kOutOfMemory,      // an allocation past a memory budget (device pool, host)
   kInternal,         // a broken invariant
 };
 
