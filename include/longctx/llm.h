@@ -4,7 +4,8 @@
 //   longctx::SamplingParams sp;  sp.temperature = 0;  sp.max_tokens = 64;
 //   for (auto& out : llm.generate({"Hello"}, sp)) std::cout << out.text;
 //
-// Requests run through the CPU reference model one after another (first come, first served);
+// Requests run through the model on the GPU (paged KV cache) or the CPU reference, one after
+// another (first come, first served);
 // outputs come back in prompt order with tokens, text, finish reason, logprobs and timings.
 #pragma once
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "longctx/engine/executor.h"
+#include "longctx/engine/gpu_runner.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
 #include "longctx/models/model.h"
@@ -33,7 +35,11 @@ struct EngineConfig {
   std::string dummy_preset;  // instead of `model`: random weights of a preset ("qwen3-0.6b", ...)
   std::string tokenizer;     // folder with tokenizer.json; empty: the model folder's, if it has one
   int64_t max_model_len = 0;        // tokens per sequence; 0: the model's max_position_embeddings
-  std::string device = "cpu";       // only "cpu" so far
+  // "auto" (a GPU when one is present, else the CPU reference), "cpu", "cuda" or "cuda:N".
+  std::string device = "auto";
+  int64_t gpu_memory_limit = 0;         // bytes the device pool may take; 0: no hard limit
+  double gpu_memory_utilization = 0.9;  // fraction of the GPU's memory the pool may take
+  GpuRunnerOptions gpu;                 // KV block size, batch limits (GPU only)
   uint64_t seed = 0;                // seeds the requests that bring no seed of their own
   ModelBuildOptions model_options;  // numerics choices of the model (see ModelBuildOptions)
 };
@@ -103,6 +109,9 @@ class LLM {
   std::vector<int32_t> encode(const Prompt& prompt) const;
   const Tokenizer* tokenizer() const;       // null when there is none
   const ModelConfig* model_config() const;  // null for a custom executor
+  // The device the model runs on, and its memory plan (null on the CPU).
+  Device device() const;
+  const GpuMemoryPlan* memory_plan() const;
   int64_t max_model_len() const;
 
  private:

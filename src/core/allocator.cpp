@@ -7,6 +7,7 @@
 #include <new>
 
 #include "core/cuda_runtime.h"
+#include "core/device_pool.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -27,15 +28,18 @@ class CpuAllocator final : public Allocator {
   Device device() const override { return Device::cpu(); }
 };
 
+// Every device allocation goes through the device's caching pool (core/device_pool.h): the
+// budget of configure_device_memory() holds and freed blocks are reused at stable addresses.
 class CudaAllocator final : public Allocator {
  public:
-  explicit CudaAllocator(int index) : index_(index) {}
-  void* allocate(size_t bytes) override { return detail::cuda_malloc(bytes, index_); }
-  void deallocate(void* ptr, size_t) override { detail::cuda_free(ptr, index_); }
+  explicit CudaAllocator(int index) : index_(index), pool_(&detail::device_pool(index)) {}
+  void* allocate(size_t bytes) override { return pool_->allocate(bytes); }
+  void deallocate(void* ptr, size_t) override { pool_->free(ptr); }
   Device device() const override { return Device::cuda(index_); }
 
  private:
   int index_;
+  detail::DevicePool* pool_;
 };
 
 class PinnedAllocator final : public Allocator {

@@ -3,7 +3,9 @@
 #include <cstring>
 
 #include "core/cuda_runtime.h"
+#include "core/strided_copy.h"
 #include "longctx/core/allocator.h"
+#include "longctx/core/stream.h"
 
 namespace longctx {
 
@@ -29,7 +31,7 @@ std::string shape_to_string(const Shape& shape) {
   return s + "]";
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+Tensor Tensor::allocate(const Shape& shape, DType dtype, Device device, Allocator& alloc) {
   for (int64_t d : shape)
     LONGCTX_CHECK(d >= 0, ErrorCode::kInvalidArgument, "negative dimension in shape {}",
                   shape_to_string(shape));
@@ -40,12 +42,20 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.dtype_ = dtype;
   t.device_ = device;
   t.defined_ = true;
-  Allocator* alloc = &default_allocator(device);
+  Allocator* a = &alloc;
   size_t bytes = t.nbytes();
-  void* p = alloc->allocate(bytes);
+  void* p = a->allocate(bytes);
   t.data_ = p;
-  t.storage_ = std::shared_ptr<void>(p, [alloc, bytes](void* q) { alloc->deallocate(q, bytes); });
+  t.storage_ = std::shared_ptr<void>(p, [a, bytes](void* q) { a->deallocate(q, bytes); });
   return t;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  return allocate(shape, dtype, device, default_allocator(device));
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  return allocate(shape, dtype, Device::cpu(), pinned_host_allocator());
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
@@ -134,46 +144,41 @@ Tensor Tensor::select(int64_t dim, int64_t idx) const {
 
 namespace {
 
-// Copies a strided CPU tensor into contiguous bytes at dst, element by element per inner row.
-void gather_cpu(const Tensor& src, char* dst) {
-  const size_t es = src.element_size();
-  const int64_t r = src.rank();
-  if (src.numel() == 0) return;
-  if (r == 0) {
-    std::memcpy(dst, src.data_ptr(), es);
-    return;
-  }
-  std::vector<int64_t> idx(r, 0);
-  const int64_t inner = src.shape()[r - 1];
-  const int64_t inner_stride = src.strides()[r - 1];
-  const int64_t rows = src.numel() / inner;
-  const char* base = static_cast<const char*>(src.data_ptr());
-  for (int64_t row = 0; row < rows; ++row) {
-    int64_t off = 0;
-    for (int64_t d = 0; d < r - 1; ++d) off += idx[d] * src.strides()[d];
-    const char* p = base + off * int64_t(es);
-    if (inner_stride == 1) {
-      std::memcpy(dst, p, inner * es);
-      dst += inner * es;
-    } else {
-      for (int64_t j = 0; j < inner; ++j, dst += es)
-        std::memcpy(dst, p + j * inner_stride * es, es);
-    }
-    for (int64_t d = r - 2; d >= 0; --d) {
-      if (++idx[d] < src.shape()[d]) break;
-      idx[d] = 0;
-    }
-  }
+// Element-wise copy between two views on the same device (CPU reference or CUDA kernel).
+void strided_copy(const Tensor& dst, const Tensor& src) {
+  const auto p = detail::make_strided_copy_params(
+      dst.data_ptr(), dst.strides().data(), src.data_ptr(), src.strides().data(),
+      src.shape().data(), static_cast<int>(src.rank()), src.element_size());
+  if (dst.device().is_cpu())
+    detail::strided_copy_cpu(p);
+  else
+    detail::strided_copy_cuda(p, dst.device().index);
 }
 
 }  // namespace
 
+Tensor Tensor::unflatten(int64_t dim, const Shape& sizes) const {
+  const int64_t r = rank();
+  if (dim < 0) dim += r;
+  LONGCTX_ASSERT(dim >= 0 && dim < r, "unflatten dim {} of rank {}", dim, r);
+  LONGCTX_ASSERT(shape_numel(sizes) == shape_[dim], "unflatten {} of size {}",
+                 shape_to_string(sizes), shape_[dim]);
+  Tensor t = *this;
+  t.shape_.erase(t.shape_.begin() + dim);
+  t.strides_.erase(t.strides_.begin() + dim);
+  int64_t stride = strides_[dim];
+  for (size_t k = sizes.size(); k-- > 0;) {
+    t.shape_.insert(t.shape_.begin() + dim, sizes[k]);
+    t.strides_.insert(t.strides_.begin() + dim, stride);
+    stride *= sizes[k];
+  }
+  return t;
+}
+
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
-  LONGCTX_CHECK(device_.is_cpu(), ErrorCode::kUnsupported,
-                "contiguous() of a strided {} tensor is CPU-only", device_.str());
   Tensor out = empty(shape_, dtype_, device_);
-  gather_cpu(*this, static_cast<char*>(out.data_));
+  strided_copy(out, *this);
   return out;
 }
 
@@ -186,17 +191,43 @@ Tensor Tensor::to(Device device) const {
 void Tensor::copy_from(const Tensor& src) {
   LONGCTX_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, ErrorCode::kInvalidArgument,
                 "copy_from: {} into {}", src.str(), str());
-  LONGCTX_CHECK(is_contiguous(), ErrorCode::kUnsupported, "copy_from into a strided tensor");
-  if (device_.is_cpu() && src.device_.is_cpu()) {
-    if (src.is_contiguous())
-      std::memcpy(data_, src.data_, nbytes());
-    else
-      gather_cpu(src, static_cast<char*>(data_));
+  if (numel_ == 0) return;
+  if (device_ == src.device_) {
+    if (is_contiguous() && src.is_contiguous()) {
+      if (device_.is_cpu())
+        std::memcpy(data_, src.data_, nbytes());
+      else
+        detail::cuda_copy_async(data_, device_, src.data_, src.device_, nbytes(),
+                                current_stream(device_.index));
+    } else {
+      strided_copy(*this, src);
+    }
     return;
   }
-  Tensor s = src.device_.is_cpu() ? src.contiguous() : src;
-  LONGCTX_CHECK(s.is_contiguous(), ErrorCode::kUnsupported, "copy_from a strided CUDA tensor");
-  detail::cuda_copy(data_, device_, s.data_, s.device_, nbytes());
+  // Across devices the bytes move contiguous: gather on the source's device, copy, scatter on
+  // ours. Temporaries are freed after the copy is ordered on the same stream (pool contract).
+  Tensor s = src.contiguous();
+  if (is_contiguous()) {
+    detail::cuda_copy(data_, device_, s.data_, s.device_, nbytes());
+    return;
+  }
+  Tensor staged = empty(shape_, dtype_, device_);
+  detail::cuda_copy(staged.data_, device_, s.data_, s.device_, nbytes());
+  strided_copy(*this, staged);
+}
+
+void Tensor::copy_from_async(const Tensor& src, void* stream) {
+  LONGCTX_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, ErrorCode::kInvalidArgument,
+                "copy_from_async: {} into {}", src.str(), str());
+  LONGCTX_CHECK(is_contiguous() && src.is_contiguous(), ErrorCode::kInvalidArgument,
+                "copy_from_async needs contiguous tensors (use contiguous() first): {} into {}",
+                src.str(), str());
+  if (numel_ == 0) return;
+  if (device_.is_cpu() && src.device_.is_cpu()) {
+    std::memcpy(data_, src.data_, nbytes());
+    return;
+  }
+  detail::cuda_copy_async(data_, device_, src.data_, src.device_, nbytes(), stream);
 }
 
 Tensor Tensor::to_dtype(DType dtype) const {

@@ -4,6 +4,7 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "attention/backends/cpu_backend.h"
 #include "longctx/core/error.h"
 #include "longctx/models/model.h"
 
@@ -17,12 +18,12 @@ class CpuExecutor final : public Executor {
 
   int64_t vocab_size() const override { return model_->config().vocab_size; }
 
+  // Every input in one batched forward (each sequence over its own cache).
   Tensor execute(std::span<const StepInput> inputs) override {
     const int64_t vocab = vocab_size();
-    Tensor out = Tensor::empty({static_cast<int64_t>(inputs.size()), vocab}, DType::kF32);
-    // One sequence at a time: the CPU model runs one sequence per forward.
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const StepInput& in = inputs[i];
+    ForwardBatch batch;
+    std::vector<KVCache*> caches;
+    for (const StepInput& in : inputs) {
       auto it = caches_.find(in.seq_id);
       if (it == caches_.end()) {
         LONGCTX_ASSERT(in.num_computed == 0, "sequence {} has no cache but {} computed tokens",
@@ -34,16 +35,17 @@ class CpuExecutor final : public Executor {
                      cache.length(), in.num_computed);
       auto ids = in.all_tokens.subspan(in.num_computed);
       LONGCTX_ASSERT(!ids.empty(), "nothing to run for sequence {}", in.seq_id);
-      std::vector<int64_t> positions(ids.size());
-      std::iota(positions.begin(), positions.end(), in.num_computed);
-      Tensor logits = model_->forward(ids, positions, cache, /*last_only=*/true);
-      LONGCTX_ASSERT(logits.numel() == vocab, "model returned {} logits, vocab is {}",
-                     logits.shape_str(), vocab);
-      Tensor row =
-          logits.dtype() == DType::kF32 ? logits.contiguous() : logits.to_dtype(DType::kF32);
-      std::memcpy(out.data<float>() + i * vocab, row.data<float>(), vocab * sizeof(float));
+      batch.add_sequence(in.seq_id, ids.data(), static_cast<int64_t>(ids.size()),
+                         in.num_computed, /*want_logits=*/true);
+      caches.push_back(&cache);
     }
-    return out;
+    CpuAttentionBackend attention(std::move(caches), model_->attention_scale());
+    Tensor logits = model_->forward(batch, attention);
+    attention.commit();
+    LONGCTX_ASSERT(logits.numel() == vocab * static_cast<int64_t>(inputs.size()),
+                   "model returned {} logits for {} rows of vocab {}", logits.shape_str(),
+                   inputs.size(), vocab);
+    return logits;
   }
 
   void release(uint64_t seq_id) override { caches_.erase(seq_id); }

@@ -8,6 +8,7 @@
 #include "engine/engine_core.h"
 #include "engine/progress_bar.h"
 #include "engine/text_stream.h"
+#include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
@@ -20,6 +21,8 @@ struct LLM::Impl {
   std::shared_ptr<const Tokenizer> tokenizer;
   std::string tokenizer_dir;
   nlohmann::ordered_json tokenizer_config;  // tokenizer_config.json, null when absent
+  Device device;                       // where the model runs
+  std::shared_ptr<GpuRunner> runner;   // null on the CPU
   std::unique_ptr<EngineCore> core;
 };
 
@@ -59,8 +62,6 @@ LLM::LLM(const EngineConfig& config) : LLM(load_for(config), config) {}
 LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& config)
     : impl_(std::make_unique<Impl>()) {
   LONGCTX_CHECK(checkpoint != nullptr, ErrorCode::kInvalidArgument, "null checkpoint");
-  LONGCTX_CHECK(config.device == "cpu", ErrorCode::kUnsupported,
-                "device '{}' is not supported by the engine yet (only 'cpu')", config.device);
   impl_->checkpoint = std::move(checkpoint);
   std::string tok_dir = config.tokenizer;
   const std::string& model_dir = impl_->checkpoint->dir;
@@ -85,9 +86,22 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   options.max_model_len = resolve_max_model_len(mc, config.max_model_len);
   options.eos_token_ids = mc.eos_token_ids;
   options.seed = config.seed;
-  std::shared_ptr<Model> model = create_model(impl_->checkpoint, config.model_options);
-  impl_->core = std::make_unique<EngineCore>(make_cpu_executor(std::move(model)),
-                                             impl_->tokenizer.get(), std::move(options));
+  impl_->device = resolve_device(config.device);
+  ModelBuildOptions build = config.model_options;
+  build.device = impl_->device;
+  std::unique_ptr<Executor> executor;
+  if (impl_->device.is_cuda()) {
+    configure_device_memory(impl_->device.index, config.gpu_memory_limit,
+                            config.gpu_memory_utilization);
+    GpuRunnerOptions gpu = config.gpu;
+    gpu.max_model_len = options.max_model_len;
+    impl_->runner = std::make_shared<GpuRunner>(create_model(impl_->checkpoint, build), gpu);
+    executor = make_gpu_executor(impl_->runner);
+  } else {
+    executor = make_cpu_executor(create_model(impl_->checkpoint, build));
+  }
+  impl_->core = std::make_unique<EngineCore>(std::move(executor), impl_->tokenizer.get(),
+                                             std::move(options));
 }
 
 LLM::LLM(std::unique_ptr<Executor> executor, std::shared_ptr<const Tokenizer> tokenizer,
@@ -105,6 +119,12 @@ const Tokenizer* LLM::tokenizer() const { return impl_->tokenizer.get(); }
 
 const ModelConfig* LLM::model_config() const {
   return impl_->checkpoint ? &impl_->checkpoint->config : nullptr;
+}
+
+Device LLM::device() const { return impl_->device; }
+
+const GpuMemoryPlan* LLM::memory_plan() const {
+  return impl_->runner ? &impl_->runner->memory_plan() : nullptr;
 }
 
 int64_t LLM::max_model_len() const { return impl_->core->options().max_model_len; }

@@ -5,9 +5,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "ops/add.h"
+#include "models/weight_loader.h"
 #include "ops/attention.h"
 #include "ops/embedding.h"
+#include "ops/gather_rows.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
@@ -25,181 +26,163 @@ Tensor optional_weight(const WeightStore& w, const std::string& name) {
 
 DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
                            const ModelBuildOptions& options)
-    : checkpoint_(std::move(checkpoint)) {
+    : checkpoint_(std::move(checkpoint)), device_(options.device) {
   LONGCTX_CHECK(checkpoint_ != nullptr, ErrorCode::kInvalidArgument,
                 "create_model: null checkpoint");
+  act_dtype_ = device_.is_cpu() ? DType::kF32 : DType::kBF16;
   const ModelConfig& c = checkpoint_->config;
   const WeightStore& w = checkpoint_->weights;
-  embed_tokens_ = w.get("model.embed_tokens.weight");
+  WeightLoader load(device_);
+  embed_tokens_ = load.load(w.get("model.embed_tokens.weight"));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
+    auto get = [&](const std::string& name) { return w.get(p + name); };
+    auto opt = [&](const std::string& name) { return optional_weight(w, p + name); };
     LayerWeights l;
-    l.input_layernorm = w.get(p + "input_layernorm.weight");
-    l.q_proj = w.get(p + "self_attn.q_proj.weight");
-    l.k_proj = w.get(p + "self_attn.k_proj.weight");
-    l.v_proj = w.get(p + "self_attn.v_proj.weight");
-    l.o_proj = w.get(p + "self_attn.o_proj.weight");
-    l.q_bias = optional_weight(w, p + "self_attn.q_proj.bias");
-    l.k_bias = optional_weight(w, p + "self_attn.k_proj.bias");
-    l.v_bias = optional_weight(w, p + "self_attn.v_proj.bias");
-    l.o_bias = optional_weight(w, p + "self_attn.o_proj.bias");
-    l.q_norm = optional_weight(w, p + "self_attn.q_norm.weight");
-    l.k_norm = optional_weight(w, p + "self_attn.k_norm.weight");
-    l.post_attention_layernorm = w.get(p + "post_attention_layernorm.weight");
-    l.gate_proj = w.get(p + "mlp.gate_proj.weight");
-    l.up_proj = w.get(p + "mlp.up_proj.weight");
-    l.down_proj = w.get(p + "mlp.down_proj.weight");
-    l.gate_bias = optional_weight(w, p + "mlp.gate_proj.bias");
-    l.up_bias = optional_weight(w, p + "mlp.up_proj.bias");
-    l.down_bias = optional_weight(w, p + "mlp.down_proj.bias");
+    l.input_layernorm = load.load(get("input_layernorm.weight"));
+    l.qkv_proj = load.load_fused({get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"),
+                                  get("self_attn.v_proj.weight")});
+    Tensor q_bias = opt("self_attn.q_proj.bias"), k_bias = opt("self_attn.k_proj.bias"),
+           v_bias = opt("self_attn.v_proj.bias");
+    if (q_bias.defined() || k_bias.defined() || v_bias.defined())
+      l.qkv_bias = load.load_fused({q_bias, k_bias, v_bias});
+    l.o_proj = load.load(get("self_attn.o_proj.weight"));
+    l.o_bias = load.load(opt("self_attn.o_proj.bias"));
+    l.q_norm = load.load(opt("self_attn.q_norm.weight"));
+    l.k_norm = load.load(opt("self_attn.k_norm.weight"));
+    l.post_attention_layernorm = load.load(get("post_attention_layernorm.weight"));
+    l.gate_up_proj = load.load_fused({get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")});
+    Tensor gate_bias = opt("mlp.gate_proj.bias"), up_bias = opt("mlp.up_proj.bias");
+    if (gate_bias.defined() || up_bias.defined())
+      l.gate_up_bias = load.load_fused({gate_bias, up_bias});
+    l.down_proj = load.load(get("mlp.down_proj.weight"));
+    l.down_bias = load.load(opt("mlp.down_proj.bias"));
     layers_.push_back(std::move(l));
   }
-  norm_ = w.get("model.norm.weight");
-  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : w.get("lm_head.weight");
+  norm_ = load.load(w.get("model.norm.weight"));
+  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : load.load(w.get("lm_head.weight"));
   // Rounded like transformers' inv_freq buffer in a model loaded at that dtype (see model.h).
   std::vector<float> inv = ops::rope_inv_freq_as_transformers(
       c.rope, c.head_dim, options.rope_inv_freq_dtype.value_or(DType::kF32));
-  inv_freq_ = Tensor::empty({int64_t(inv.size())}, DType::kF32);
-  std::memcpy(inv_freq_.data_ptr(), inv.data(), inv.size() * sizeof(float));
-  attention_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  Tensor inv_host =
+      Tensor::from_blob(inv.data(), {static_cast<int64_t>(inv.size())}, DType::kF32);
+  inv_freq_ = inv_host.to(device_);
+  load.finish();
+  load_seconds_ = load.seconds();
+  load_bytes_ = load.bytes();
 }
 
-DecoderModel::Step DecoderModel::begin_step(std::span<const int32_t> ids,
-                                            std::span<const int64_t> positions,
-                                            KVCache& cache) const {
-  const ModelConfig& c = config();
-  const int64_t n = static_cast<int64_t>(ids.size());
-  LONGCTX_CHECK(n > 0, ErrorCode::kInvalidArgument, "forward: no input tokens");
-  LONGCTX_CHECK(positions.size() == ids.size(), ErrorCode::kInvalidArgument,
-                "forward: {} ids but {} positions", ids.size(), positions.size());
-  LONGCTX_CHECK(cache.num_layers() == c.num_hidden_layers &&
-                    cache.k(0).size(1) == c.num_key_value_heads && cache.k(0).size(2) == c.head_dim,
-                ErrorCode::kInvalidArgument,
-                "forward: the KV cache ({} layers of {}) was not made for this model",
-                cache.num_layers(), cache.k(0).str());
-  LONGCTX_CHECK(cache.length() + n <= cache.capacity(), ErrorCode::kOutOfRange,
-                "forward: {} new tokens do not fit the KV cache ({} of {} slots used)", n,
-                cache.length(), cache.capacity());
-  Step s;
-  s.n = n;
-  s.start = cache.length();
-  s.cache = &cache;
-  s.ids = Tensor::from_blob(const_cast<int32_t*>(ids.data()), {n}, DType::kI32);
-  s.positions = Tensor::from_blob(const_cast<int64_t*>(positions.data()), {n}, DType::kI64);
-  // Slots past length() are free, so writing the new tokens' positions appends nothing yet.
-  std::memcpy(cache.positions().data<int64_t>() + s.start, positions.data(), n * sizeof(int64_t));
-  return s;
+Tensor DecoderModel::act_empty(const Shape& shape) const {
+  return Tensor::empty(shape, act_dtype_, device_);
 }
 
-void DecoderModel::end_step(const Step& step) const { step.cache->advance(step.n); }
-
-Tensor DecoderModel::embed_tokens(const Step& step) const {
-  Tensor h = Tensor::empty({step.n, config().hidden_size}, DType::kF32);
-  ops::embedding(step.ids, embed_tokens_, h);
-  return h;
+StepInputs DecoderModel::upload_inputs(const ForwardBatch& batch) const {
+  StepInputs in;
+  in.num_tokens = batch.num_tokens();
+  auto view = [&](const void* data, int64_t n, DType dtype) {
+    Tensor host = Tensor::from_blob(const_cast<void*>(data), {n}, dtype);
+    return device_.is_cpu() ? host : host.to(device_);
+  };
+  in.input_ids = view(batch.input_ids.data(), in.num_tokens, DType::kI32);
+  in.positions = view(batch.positions.data(), in.num_tokens, DType::kI64);
+  in.logits_indices = view(batch.logits_indices.data(),
+                           static_cast<int64_t>(batch.logits_indices.size()), DType::kI32);
+  return in;
 }
 
 Tensor DecoderModel::rms_norm(const Tensor& x, const Tensor& weight) const {
-  Tensor out = Tensor::empty(x.shape(), DType::kF32);
-  const int64_t d = weight.size(0);
-  ops::rms_norm(x.view({-1, d}), weight, static_cast<float>(config().rms_norm_eps),
-                out.view({-1, d}));
+  Tensor out = act_empty(x.shape());
+  ops::rms_norm(x, weight, static_cast<float>(config().rms_norm_eps), out);
   return out;
 }
 
 void DecoderModel::rms_norm_in_place(const Tensor& x, const Tensor& weight) const {
-  const int64_t d = weight.size(0);
-  ops::rms_norm(x.view({-1, d}), weight, static_cast<float>(config().rms_norm_eps),
-                x.view({-1, d}));
+  ops::rms_norm(x, weight, static_cast<float>(config().rms_norm_eps), x);
 }
 
-Tensor DecoderModel::linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  Tensor out = Tensor::empty({x.size(0), weight.size(0)}, DType::kF32);
+Tensor DecoderModel::add_rms_norm(const Tensor& x, const Tensor& residual,
+                                  const Tensor& weight) const {
+  Tensor out = act_empty(x.shape());
+  ops::add_rms_norm(x, residual, weight, static_cast<float>(config().rms_norm_eps), out);
+  return out;
+}
+
+Tensor DecoderModel::linear(const Tensor& x, const Tensor& weight, const Tensor& bias) const {
+  Tensor out = act_empty({x.size(0), weight.size(0)});
   ops::linear(x, weight, bias, out);
   return out;
 }
 
-void DecoderModel::linear_into(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                               const Tensor& out) {
-  ops::linear(x, weight, bias, out);
-}
-
-Tensor DecoderModel::gated_mlp(const Tensor& x, const LayerWeights& w) {
-  Tensor gate = linear(x, w.gate_proj, w.gate_bias);
-  Tensor up = linear(x, w.up_proj, w.up_bias);
-  ops::silu_and_mul(gate, up, gate);
-  return linear(gate, w.down_proj, w.down_bias);
-}
-
-void DecoderModel::apply_rope(const Tensor& x, const Step& step) const {
-  ops::rope(x, step.positions, inv_freq_);
-}
-
-Tensor DecoderModel::cache_k_slots(int64_t layer, const Step& step) const {
-  return step.cache->k(layer).slice(0, step.start, step.start + step.n).view({step.n, -1});
-}
-
-Tensor DecoderModel::cache_v_slots(int64_t layer, const Step& step) const {
-  return step.cache->v(layer).slice(0, step.start, step.start + step.n).view({step.n, -1});
-}
-
-Tensor DecoderModel::cache_attention(const Tensor& q, int64_t layer, const Step& step) const {
-  ops::AttentionArgs a;
-  a.q = q;
-  a.k = step.cache->k(layer);
-  a.v = step.cache->v(layer);
-  a.q_positions = step.positions;
-  a.k_positions = step.cache->positions();
-  a.kv_len = step.start + step.n;
-  a.scale = attention_scale_;
-  a.out = Tensor::empty(q.shape(), DType::kF32);
-  ops::attention(a);
-  return a.out.view({step.n, -1});
-}
-
-Tensor DecoderModel::forward(std::span<const int32_t> ids, std::span<const int64_t> positions,
-                             KVCache& cache, bool last_only) {
-  Step step = begin_step(ids, positions, cache);
-  Tensor hidden_states = embed_tokens(step);
-  for (int64_t i = 0; i < config().num_hidden_layers; ++i)
-    hidden_states = decoder_layer(hidden_states, i, step);
-  Tensor logits = final_logits(hidden_states, last_only);  // norm, lm_head
-  end_step(step);
-  return logits;
-}
-
-Tensor DecoderModel::decoder_layer(const Tensor& hidden_states, int64_t i, const Step& step) {
-  const LayerWeights& w = layers_[i];
-  Tensor residual = hidden_states;
-  Tensor h = rms_norm(hidden_states, w.input_layernorm);
-  h = self_attn(h, i, step);
-  ops::add(residual, h, h);
-  residual = h;
-  h = rms_norm(h, w.post_attention_layernorm);
-  h = gated_mlp(h, w);
-  ops::add(residual, h, h);
-  return h;
-}
-
-Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const Step& step) {
+DecoderModel::QKV DecoderModel::split_qkv(const Tensor& qkv) const {
   const ModelConfig& c = config();
+  const int64_t d = c.head_dim, hq = c.num_attention_heads, hkv = c.num_key_value_heads;
+  QKV r;
+  r.q = qkv.slice(1, 0, hq * d).unflatten(1, {hq, d});
+  r.k = qkv.slice(1, hq * d, (hq + hkv) * d).unflatten(1, {hkv, d});
+  r.v = qkv.slice(1, (hq + hkv) * d, (hq + 2 * hkv) * d).unflatten(1, {hkv, d});
+  return r;
+}
+
+Tensor DecoderModel::gated_mlp(const Tensor& x, const LayerWeights& w) const {
+  Tensor gate_up = linear(x, w.gate_up_proj, w.gate_up_bias);  // [T, 2 intermediate]
+  const int64_t inter = gate_up.size(1) / 2;
+  Tensor act = act_empty({x.size(0), inter});
+  ops::silu_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
+  return linear(act, w.down_proj, w.down_bias);
+}
+
+void DecoderModel::apply_rope(const Tensor& x, const StepInputs& in) const {
+  ops::rope(x, in.positions, inv_freq_);
+}
+
+Tensor DecoderModel::forward(const ForwardBatch& batch, AttentionBackend& attention) {
+  const ModelConfig& c = config();
+  batch.validate(c.vocab_size, c.max_position_embeddings);
+  attention.plan(batch);
+  StepInputs in = upload_inputs(batch);
+  Tensor residual = Tensor::empty({in.num_tokens, c.hidden_size}, DType::kF32, device_);
+  ops::embedding(in.input_ids, embed_tokens_, residual);
+  Tensor mlp_out;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    decoder_layer(i, residual, mlp_out, in, attention);
+  return final_logits(residual, mlp_out, in);  // norm, lm_head
+}
+
+void DecoderModel::decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out,
+                                 const StepInputs& in, AttentionBackend& attention) {
   const LayerWeights& w = layers_[i];
-  const int64_t n = step.n, d = c.head_dim;
-  Tensor q = linear(hidden_states, w.q_proj, w.q_bias).view({n, c.num_attention_heads, d});
-  Tensor k = cache_k_slots(i, step);
-  Tensor v = cache_v_slots(i, step);
-  linear_into(hidden_states, w.k_proj, w.k_bias, k);
-  linear_into(hidden_states, w.v_proj, w.v_bias, v);
-  apply_rope(q, step);
-  apply_rope(k.view({n, c.num_key_value_heads, d}), step);
-  Tensor attn_output = cache_attention(q, i, step);
+  // hidden_states = input_layernorm(residual + previous mlp output)
+  Tensor h = mlp_out.defined() ? add_rms_norm(mlp_out, residual, w.input_layernorm)
+                               : rms_norm(residual, w.input_layernorm);
+  h = self_attn(h, i, in, attention);
+  // hidden_states = post_attention_layernorm(residual + attention output)
+  h = add_rms_norm(h, residual, w.post_attention_layernorm);
+  mlp_out = gated_mlp(h, w);
+}
+
+Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const StepInputs& in,
+                               AttentionBackend& attention) {
+  const LayerWeights& w = layers_[i];
+  Tensor qkv = linear(hidden_states, w.qkv_proj, w.qkv_bias);
+  QKV s = split_qkv(qkv);
+  apply_rope(s.q, in);
+  apply_rope(s.k, in);
+  attention.store_kv(i, s.k, s.v);
+  Tensor attn_output = attention.attend(i, s.q);
   return linear(attn_output, w.o_proj, w.o_bias);
 }
 
-Tensor DecoderModel::final_logits(const Tensor& hidden, bool last_only) const {
-  const int64_t n = hidden.size(0);
-  Tensor rows = last_only ? hidden.slice(0, n - 1, n) : hidden;
-  return linear(rms_norm(rows, norm_), lm_head_, Tensor());
+Tensor DecoderModel::final_logits(const Tensor& residual, const Tensor& mlp_out,
+                                  const StepInputs& in) const {
+  const int64_t rows = in.logits_indices.numel();
+  Tensor res_rows = Tensor::empty({rows, residual.size(1)}, DType::kF32, device_);
+  Tensor mlp_rows = act_empty({rows, mlp_out.size(1)});
+  ops::gather_rows(residual, in.logits_indices, res_rows);
+  ops::gather_rows(mlp_out, in.logits_indices, mlp_rows);
+  Tensor h = add_rms_norm(mlp_rows, res_rows, norm_);
+  Tensor logits = Tensor::empty({rows, lm_head_.size(0)}, DType::kF32, device_);
+  ops::linear(h, lm_head_, Tensor(), logits);
+  return logits;
 }
 
 }  // namespace longctx::models

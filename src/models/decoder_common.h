@@ -1,18 +1,20 @@
 // Building blocks shared by the decoder-only architectures (Llama, Mistral, Qwen2, Qwen3): the
-// weights of a layer by their Hugging Face names, and the pieces every HF modeling file repeats
-// ("Copied from transformers.models.llama..."): RMSNorm, the gated SiLU MLP, projections with
-// optional bias, rotary embedding, and attention over the KV cache. Each architecture file
-// composes them in the order of its HF forward().
+// weights of a layer, and the pieces every HF modeling file repeats ("Copied from
+// transformers.models.llama..."): RMSNorm, the gated SiLU MLP, projections with optional bias,
+// rotary embedding, attention. Each architecture file composes them in the order of its HF
+// forward(). The code is one for every device: ops dispatch on the tensors' device, and the
+// AttentionBackend decides where K/V live.
+//
+// Loaded differently from the checkpoint in one way: q/k/v_proj are fused into one qkv_proj and
+// gate/up_proj into gate_up_proj (rows concatenated), so each is one GEMM; q, k, v and gate, up
+// are strided views of its output.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <span>
-#include <string>
 #include <vector>
 
 #include "longctx/core/tensor.h"
-#include "longctx/kv/kv_cache.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 
@@ -20,82 +22,84 @@ namespace longctx::models {
 
 // One decoder layer. Optional tensors (biases, q/k norms) are undefined when absent.
 struct LayerWeights {
-  Tensor input_layernorm;           // [hidden]
-  Tensor q_proj, q_bias;            // [q_size, hidden], [q_size]
-  Tensor k_proj, k_bias;            // [kv_size, hidden], [kv_size]
-  Tensor v_proj, v_bias;            // [kv_size, hidden], [kv_size]
-  Tensor o_proj, o_bias;            // [hidden, q_size], [hidden]
-  Tensor q_norm, k_norm;            // [head_dim] each (Qwen3)
-  Tensor post_attention_layernorm;  // [hidden]
-  Tensor gate_proj, gate_bias;      // [intermediate, hidden], [intermediate]
-  Tensor up_proj, up_bias;          // [intermediate, hidden], [intermediate]
-  Tensor down_proj, down_bias;      // [hidden, intermediate], [hidden]
+  Tensor input_layernorm;             // [hidden]
+  Tensor qkv_proj, qkv_bias;          // [q_size + 2 kv_size, hidden], [q_size + 2 kv_size]
+  Tensor o_proj, o_bias;              // [hidden, q_size], [hidden]
+  Tensor q_norm, k_norm;              // [head_dim] each (Qwen3)
+  Tensor post_attention_layernorm;    // [hidden]
+  Tensor gate_up_proj, gate_up_bias;  // [2 intermediate, hidden], [2 intermediate]
+  Tensor down_proj, down_bias;        // [hidden, intermediate], [hidden]
 };
 
-// What a decoder-only model owns: the checkpoint (its mmaps back every weight), the weights by
-// role, and the rope frequencies. forward() and the decoder layer are the same in every HF file
-// of this family (LlamaModel / Qwen2Model / Qwen3Model); an architecture overrides self_attn()
-// where its attention differs.
+// The step's inputs on the model's device.
+struct StepInputs {
+  int64_t num_tokens = 0;
+  Tensor input_ids;       // [T] i32
+  Tensor positions;       // [T] i64
+  Tensor logits_indices;  // [R] i32
+};
+
+// What a decoder-only model owns: the checkpoint (its mmaps back every CPU weight), the weights
+// by role on the model's device, and the rope frequencies. forward() and the decoder layer are
+// the same in every HF file of this family (LlamaModel / Qwen2Model / Qwen3Model); an
+// architecture overrides self_attn() where its attention differs.
 class DecoderModel : public Model {
  public:
   DecoderModel(std::shared_ptr<const Checkpoint> checkpoint, const ModelBuildOptions& options);
   const ModelConfig& config() const override { return checkpoint_->config; }
+  Device device() const override { return device_; }
+  DType activation_dtype() const override { return act_dtype_; }
 
-  // *ForCausalLM.forward -> *Model.forward (embed, decoder layers), then norm and lm_head.
-  Tensor forward(std::span<const int32_t> ids, std::span<const int64_t> positions, KVCache& cache,
-                 bool last_only) override;
+  using Model::forward;
+  // *ForCausalLM.forward -> *Model.forward (embed, decoder layers), then norm and lm_head on the
+  // rows that need logits.
+  Tensor forward(const ForwardBatch& batch, AttentionBackend& attention) override;
 
  protected:
-  // Per-call views of forward()'s arguments, checked: ids and positions agree in length, the
-  // cache belongs to this model and has room (Error(kOutOfRange) otherwise, nothing appended).
-  struct Step {
-    int64_t n = 0;      // new tokens
-    int64_t start = 0;  // cache slot of the first new token
-    Tensor ids;         // [n] i32
-    Tensor positions;   // [n] i64
-    KVCache* cache = nullptr;
-  };
-  // *DecoderLayer.forward: pre-norm attention and MLP, each with a residual.
-  Tensor decoder_layer(const Tensor& hidden_states, int64_t i, const Step& step);
-  // LlamaAttention.forward: project (bias where the checkpoint has one), rotate q and k, attend
-  // over the cache, project back. K and V are projected straight into the cache slots.
-  virtual Tensor self_attn(const Tensor& hidden_states, int64_t i, const Step& step);
+  // *DecoderLayer.forward: pre-norm attention and MLP, each with a residual. The residual stream
+  // is fp32 on every device and the adds are fused into the next norm (vLLM's fused_add_rms_norm):
+  // on entry `residual` is the layer's input and `mlp_out` the previous layer's MLP output
+  // (undefined for layer 0); on return `mlp_out` is this layer's and `residual` the sum before it.
+  void decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out, const StepInputs& in,
+                     AttentionBackend& attention);
+  // LlamaAttention.forward: project (bias where the checkpoint has one), rotate q and k, store
+  // k and v, attend, project back.
+  virtual Tensor self_attn(const Tensor& hidden_states, int64_t i, const StepInputs& in,
+                           AttentionBackend& attention);
 
-  Step begin_step(std::span<const int32_t> ids, std::span<const int64_t> positions,
-                  KVCache& cache) const;
-  // Records the step's tokens in the cache (after every layer wrote its K/V).
-  void end_step(const Step& step) const;
-
-  // hidden [n, hidden] f32 from token ids.
-  Tensor embed_tokens(const Step& step) const;
-  // RMSNorm over the last dim of x (weight's length): a new tensor, or in place.
+  // The step's ids, positions and logits rows on device_ (views of the batch on the CPU).
+  StepInputs upload_inputs(const ForwardBatch& batch) const;
+  // A new activation-dtype tensor on the model's device.
+  Tensor act_empty(const Shape& shape) const;
+  // RMSNorm over the last dim of x (weight's length) into a new activation tensor, or in place.
   Tensor rms_norm(const Tensor& x, const Tensor& weight) const;
   void rms_norm_in_place(const Tensor& x, const Tensor& weight) const;
-  // x @ weight^T + bias (bias may be undefined), a new [n, out] tensor.
-  static Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
-  // The same, written into `out` (e.g. the cache slots of the new tokens).
-  static void linear_into(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                          const Tensor& out);
+  // residual += x; returns rms_norm(residual) (fused add + norm).
+  Tensor add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight) const;
+  // x @ weight^T + bias (bias may be undefined), a new [n, out] activation tensor.
+  Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) const;
+  // q, k, v of a fused projection output qkv [T, (Hq + 2 Hkv) head_dim]: [T, H, head_dim] views.
+  struct QKV {
+    Tensor q, k, v;
+  };
+  QKV split_qkv(const Tensor& qkv) const;
   // down_proj(silu(gate_proj(x)) * up_proj(x)): LlamaMLP / Qwen2MLP / Qwen3MLP.
-  static Tensor gated_mlp(const Tensor& x, const LayerWeights& w);
-  // In place on x [n, heads, head_dim] at the step's positions.
-  void apply_rope(const Tensor& x, const Step& step) const;
-  // Softmax(q k^T * scale) v over the cache's keys [0, start + n) that are at positions <= each
-  // query's; q: [n, Hq, head_dim]; returns [n, Hq * head_dim].
-  Tensor cache_attention(const Tensor& q, int64_t layer, const Step& step) const;
-  // The new tokens' K or V slots of `layer`: [n, kv_size] views into the cache.
-  Tensor cache_k_slots(int64_t layer, const Step& step) const;
-  Tensor cache_v_slots(int64_t layer, const Step& step) const;
-  // Final norm and lm_head over all rows of hidden, or the last one when last_only.
-  Tensor final_logits(const Tensor& hidden, bool last_only) const;
+  Tensor gated_mlp(const Tensor& x, const LayerWeights& w) const;
+  // In place on x [T, heads, head_dim] at the step's positions.
+  void apply_rope(const Tensor& x, const StepInputs& in) const;
+  // Final norm (after the last residual add) and lm_head over the rows that need logits: f32.
+  Tensor final_logits(const Tensor& residual, const Tensor& mlp_out, const StepInputs& in) const;
 
   std::shared_ptr<const Checkpoint> checkpoint_;
-  Tensor embed_tokens_;  // [vocab, hidden]
+  Device device_;
+  DType act_dtype_ = DType::kF32;  // activations (CPU f32, CUDA bf16); the residual is f32
+  Tensor embed_tokens_;            // [vocab, hidden]
   std::vector<LayerWeights> layers_;
-  Tensor norm_;                  // [hidden]
-  Tensor lm_head_;               // [vocab, hidden]; embed_tokens_ when tied
-  Tensor inv_freq_;              // [head_dim / 2] f32
-  float attention_scale_ = 0.f;  // 1 / sqrt(head_dim)
+  Tensor norm_;      // [hidden]
+  Tensor lm_head_;   // [vocab, hidden]; embed_tokens_ when tied
+  Tensor inv_freq_;  // [head_dim / 2] f32
+  double load_seconds_ = 0;  // weights to the device
+  int64_t load_bytes_ = 0;
 };
 
 }  // namespace longctx::models

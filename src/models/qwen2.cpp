@@ -11,10 +11,10 @@ class Qwen2ForCausalLM : public DecoderModel {
  public:
   Qwen2ForCausalLM(std::shared_ptr<const Checkpoint> checkpoint, const ModelBuildOptions& options)
       : DecoderModel(std::move(checkpoint), options) {
+    // The loader fuses q/k/v biases only when all three are present.
     for (size_t i = 0; i < layers_.size(); ++i)
-      LONGCTX_CHECK(
-          layers_[i].q_bias.defined() && layers_[i].k_bias.defined() && layers_[i].v_bias.defined(),
-          ErrorCode::kNotFound, "Qwen2: layer {} lacks a q/k/v projection bias", i);
+      LONGCTX_CHECK(layers_[i].qkv_bias.defined(), ErrorCode::kNotFound,
+                    "Qwen2: layer {} lacks a q/k/v projection bias", i);
   }
   // forward, Qwen2DecoderLayer and Qwen2Attention are Llama's (DecoderModel): q/k/v carry the
   // bias checked above, o_proj has none (the loader admits no o_proj.bias for Qwen2).

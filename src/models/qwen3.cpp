@@ -22,21 +22,17 @@ class Qwen3ForCausalLM : public DecoderModel {
   // Qwen3Attention.forward:
   //   q = q_norm(q_proj(x).view(n, Hq, head_dim)); k = k_norm(k_proj(x).view(n, Hkv, head_dim))
   //   then RoPE on q and k, attention, o_proj.
-  Tensor self_attn(const Tensor& hidden_states, int64_t i, const Step& step) override {
-    const ModelConfig& c = config();
+  Tensor self_attn(const Tensor& hidden_states, int64_t i, const StepInputs& in,
+                   AttentionBackend& attention) override {
     const LayerWeights& w = layers_[i];
-    const int64_t n = step.n, d = c.head_dim;
-    Tensor q = linear(hidden_states, w.q_proj, w.q_bias).view({n, c.num_attention_heads, d});
-    q = rms_norm(q, w.q_norm);  // per head: rows of head_dim
-    Tensor k = cache_k_slots(i, step);
-    Tensor v = cache_v_slots(i, step);
-    linear_into(hidden_states, w.k_proj, w.k_bias, k);
-    linear_into(hidden_states, w.v_proj, w.v_bias, v);
-    Tensor k_heads = k.view({n, c.num_key_value_heads, d});
-    rms_norm_in_place(k_heads, w.k_norm);
-    apply_rope(q, step);
-    apply_rope(k_heads, step);
-    Tensor attn_output = cache_attention(q, i, step);
+    Tensor qkv = linear(hidden_states, w.qkv_proj, w.qkv_bias);
+    QKV s = split_qkv(qkv);
+    rms_norm_in_place(s.q, w.q_norm);  // per head: rows of head_dim
+    rms_norm_in_place(s.k, w.k_norm);
+    apply_rope(s.q, in);
+    apply_rope(s.k, in);
+    attention.store_kv(i, s.k, s.v);
+    Tensor attn_output = attention.attend(i, s.q);
     return linear(attn_output, w.o_proj, w.o_bias);
   }
 };

@@ -1,10 +1,12 @@
 // Device dispatch of every op: checks that an op's tensors share one device and calls the twin
-// for it. A CUDA twin (`<op>_cuda.cu`) declares `<op>_cuda` in the op's header and replaces the
-// matching no_cuda_twin() call below.
+// for it. A CUDA twin (`<op>_cuda`, in `<op>_cuda.cu`) is called only in a CUDA build; a CPU-only
+// build has no .cu files and rejects device tensors with a clear error.
 #include "longctx/core/error.h"
 #include "ops/add.h"
 #include "ops/attention.h"
+#include "ops/cast.h"
 #include "ops/embedding.h"
+#include "ops/gather_rows.h"
 #include "ops/linear.h"
 #include "ops/op_utils.h"
 #include "ops/rms_norm.h"
@@ -19,36 +21,70 @@ namespace {
   LONGCTX_THROW(ErrorCode::kUnsupported, "{}: no CUDA implementation yet (CPU tensors only)", op);
 }
 
+[[maybe_unused]] [[noreturn]] void no_cuda_build(const char* op) {
+  LONGCTX_THROW(ErrorCode::kUnsupported,
+                "{}: CUDA tensors need a build with LONGCTX_CUDA=ON (this one is CPU-only)", op);
+}
+
 }  // namespace
 
+#ifdef LONGCTX_WITH_CUDA
+#define LONGCTX_CUDA_TWIN(op, call) return call
+#else
+#define LONGCTX_CUDA_TWIN(op, call) no_cuda_build(op)
+#endif
+
 void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
-  if (common_device("embedding", {&ids, &table, &out}).is_cuda()) no_cuda_twin("embedding");
+  if (common_device("embedding", {&ids, &table, &out}).is_cuda())
+    LONGCTX_CUDA_TWIN("embedding", embedding_cuda(ids, table, out));
   embedding_cpu(ids, table, out);
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
-  if (common_device("rms_norm", {&x, &weight, &out}).is_cuda()) no_cuda_twin("rms_norm");
+  if (common_device("rms_norm", {&x, &weight, &out}).is_cuda())
+    LONGCTX_CUDA_TWIN("rms_norm", rms_norm_cuda(x, weight, eps, out));
   rms_norm_cpu(x, weight, eps, out);
 }
 
+void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                  const Tensor& out) {
+  if (common_device("add_rms_norm", {&x, &residual, &weight, &out}).is_cuda())
+    LONGCTX_CUDA_TWIN("add_rms_norm", add_rms_norm_cuda(x, residual, weight, eps, out));
+  add_rms_norm_cpu(x, residual, weight, eps, out);
+}
+
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
-  if (common_device("linear", {&x, &weight, &bias, &out}).is_cuda()) no_cuda_twin("linear");
+  if (common_device("linear", {&x, &weight, &bias, &out}).is_cuda())
+    LONGCTX_CUDA_TWIN("linear", linear_cuda(x, weight, bias, out));
   linear_cpu(x, weight, bias, out);
 }
 
 void silu_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  if (common_device("silu_and_mul", {&gate, &up, &out}).is_cuda()) no_cuda_twin("silu_and_mul");
+  if (common_device("silu_and_mul", {&gate, &up, &out}).is_cuda())
+    LONGCTX_CUDA_TWIN("silu_and_mul", silu_and_mul_cuda(gate, up, out));
   silu_and_mul_cpu(gate, up, out);
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
-  if (common_device("add", {&a, &b, &out}).is_cuda()) no_cuda_twin("add");
+  if (common_device("add", {&a, &b, &out}).is_cuda()) LONGCTX_CUDA_TWIN("add", add_cuda(a, b, out));
   add_cpu(a, b, out);
 }
 
 void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
-  if (common_device("rope", {&x, &positions, &inv_freq}).is_cuda()) no_cuda_twin("rope");
+  if (common_device("rope", {&x, &positions, &inv_freq}).is_cuda())
+    LONGCTX_CUDA_TWIN("rope", rope_cuda(x, positions, inv_freq));
   rope_cpu(x, positions, inv_freq);
+}
+
+void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
+  if (common_device("gather_rows", {&x, &rows, &out}).is_cuda())
+    LONGCTX_CUDA_TWIN("gather_rows", gather_rows_cuda(x, rows, out));
+  gather_rows_cpu(x, rows, out);
+}
+
+void cast(const Tensor& x, const Tensor& out) {
+  if (common_device("cast", {&x, &out}).is_cuda()) LONGCTX_CUDA_TWIN("cast", cast_cuda(x, out));
+  cast_cpu(x, out);
 }
 
 void attention(const AttentionArgs& a) {

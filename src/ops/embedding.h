@@ -1,13 +1,33 @@
-// Token embedding: out[i, :] = table[ids[i], :] converted to f32 (nn.Embedding lookup).
+// Token embedding: out[i, :] = table[ids[i], :] converted to out's dtype (nn.Embedding lookup).
 #pragma once
 
+#include <cstdint>
+
 #include "longctx/core/tensor.h"
+#include "ops/op_params.h"
 
 namespace longctx::ops {
 
-// ids: [n] i32; table: [vocab, hidden] f32/bf16/f16; out: [n, hidden] f32.
-// Throws Error(kOutOfRange) naming the first id outside [0, vocab).
+// ids: [n] i32; table: [vocab, hidden] f32/bf16/f16 (contiguous); out: [n, hidden] f32/bf16/f16
+// (rows may be strided). All on one device.
+// CPU: throws Error(kOutOfRange) naming the first id outside [0, vocab).
+// CUDA: the ids are device memory, so they are not checked there (that would need a device ->
+// host copy and a sync); the caller validates them on the host before uploading. The kernel
+// writes a row of zeros for an id outside [0, vocab) so a bad id can never fault.
 void embedding(const Tensor& ids, const Tensor& table, const Tensor& out);
 void embedding_cpu(const Tensor& ids, const Tensor& table, const Tensor& out);
+void embedding_cuda(const Tensor& ids, const Tensor& table, const Tensor& out);
+
+struct EmbeddingParams {
+  const int32_t* ids = nullptr;  // [n]
+  int64_t n = 0;
+  const void* table = nullptr;  // [vocab, hidden], contiguous
+  DType table_dtype = DType::kF32;
+  int64_t vocab = 0, hidden = 0;
+  RowsView out;  // [n, hidden]
+  Device device;
+};
+// Checks the arguments (shapes, dtypes, one device; not the id values) for both twins.
+EmbeddingParams embedding_params(const Tensor& ids, const Tensor& table, const Tensor& out);
 
 }  // namespace longctx::ops

@@ -1,33 +1,52 @@
+#include <vector>
+
 #include "longctx/core/parallel.h"
 #include "ops/embedding.h"
 #include "ops/op_utils.h"
 
 namespace longctx::ops {
 
-void embedding_cpu(const Tensor& ids, const Tensor& table, const Tensor& out) {
+EmbeddingParams embedding_params(const Tensor& ids, const Tensor& table, const Tensor& out) {
   constexpr const char* kOp = "embedding";
   check_contiguous(kOp, "ids", ids);
   check_contiguous(kOp, "table", table);
-  check_contiguous(kOp, "out", out);
   check_dtype(kOp, "ids", ids, DType::kI32);
   check_rank(kOp, "ids", ids, 1);
   check_rank(kOp, "table", table, 2);
   check_float_weight(kOp, "table", table);
-  check_dtype(kOp, "out", out, DType::kF32);
-  const int64_t n = ids.numel(), vocab = table.size(0), hidden = table.size(1);
-  check_shape(kOp, "out", out, {n, hidden});
-  const int32_t* id = ids.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i)
-    LONGCTX_CHECK(id[i] >= 0 && id[i] < vocab, ErrorCode::kOutOfRange,
-                  "embedding: token id {} (at index {}) is outside the vocabulary [0, {})", id[i],
-                  i, vocab);
-  float* o = out.data<float>();
+  check_float_activation(kOp, "out", out);
+  check_rank(kOp, "out", out, 2);
+  EmbeddingParams p;
+  p.n = ids.numel();
+  p.vocab = table.size(0);
+  p.hidden = table.size(1);
+  check_shape(kOp, "out", out, {p.n, p.hidden});
+  p.device = common_device(kOp, {&ids, &table, &out});
+  p.ids = static_cast<const int32_t*>(ids.data_ptr());
+  p.table = table.data_ptr();
+  p.table_dtype = table.dtype();
+  p.out = rows_view(kOp, "out", out);
+  return p;
+}
+
+void embedding_cpu(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  const EmbeddingParams p = embedding_params(ids, table, out);
+  LONGCTX_CHECK(p.device.is_cpu(), ErrorCode::kInvalidArgument, "embedding_cpu: tensors are on {}",
+                p.device.str());
+  for (int64_t i = 0; i < p.n; ++i)
+    LONGCTX_CHECK(p.ids[i] >= 0 && p.ids[i] < p.vocab, ErrorCode::kOutOfRange,
+                  "embedding: token id {} (at index {}) is outside the vocabulary [0, {})",
+                  p.ids[i], i, p.vocab);
+  const int64_t row_bytes = p.hidden * int64_t(dtype_size(p.table_dtype));
   parallel_for(
-      n,
+      p.n,
       [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i)
-          convert_to_f32(element_ptr(table, int64_t(id[i]) * hidden), table.dtype(), hidden,
-                         o + i * hidden);
+        std::vector<float> row(p.hidden);
+        for (int64_t i = b; i < e; ++i) {
+          const char* src = static_cast<const char*>(p.table) + p.ids[i] * row_bytes;
+          convert_to_f32(src, p.table_dtype, p.hidden, row.data());
+          store_row_f32(p.out, i, row.data());
+        }
       },
       64);
 }

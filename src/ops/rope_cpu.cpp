@@ -71,41 +71,58 @@ std::vector<float> rope_inv_freq_as_transformers(const RopeConfig& rope, int64_t
   return inv_freq;
 }
 
-void rope_cpu(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+RopeParams rope_params(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
   constexpr const char* kOp = "rope";
-  check_contiguous(kOp, "x", x);
   check_contiguous(kOp, "positions", positions);
   check_contiguous(kOp, "inv_freq", inv_freq);
-  check_dtype(kOp, "x", x, DType::kF32);
+  check_float_activation(kOp, "x", x);
   check_dtype(kOp, "positions", positions, DType::kI64);
   check_dtype(kOp, "inv_freq", inv_freq, DType::kF32);
   check_rank(kOp, "x", x, 3);
-  const int64_t n = x.size(0), heads = x.size(1), d = x.size(2), half = d / 2;
-  LONGCTX_CHECK(d % 2 == 0, ErrorCode::kInvalidArgument, "rope: odd head_dim in {}", x.str());
-  check_shape(kOp, "positions", positions, {n});
-  check_shape(kOp, "inv_freq", inv_freq, {half});
-  float* xs = x.data<float>();
-  const int64_t* pos = positions.data<int64_t>();
-  const float* inv = inv_freq.data<float>();
+  RopeParams p;
+  p.n = x.size(0);
+  p.heads = x.size(1);
+  p.head_dim = x.size(2);
+  LONGCTX_CHECK(p.head_dim % 2 == 0, ErrorCode::kInvalidArgument, "rope: odd head_dim in {}",
+                x.str());
+  check_shape(kOp, "positions", positions, {p.n});
+  check_shape(kOp, "inv_freq", inv_freq, {p.head_dim / 2});
+  p.x = rows_view(kOp, "x", x);
+  p.positions = static_cast<const int64_t*>(positions.data_ptr());
+  p.inv_freq = static_cast<const float*>(inv_freq.data_ptr());
+  p.device = common_device(kOp, {&x, &positions, &inv_freq});
+  return p;
+}
+
+void rope_cpu(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  const RopeParams p = rope_params(x, positions, inv_freq);
+  LONGCTX_CHECK(p.device.is_cpu(), ErrorCode::kInvalidArgument, "rope_cpu: tensors are on {}",
+                p.device.str());
+  const int64_t heads = p.heads, d = p.head_dim, half = d / 2;
+  const int64_t* pos = p.positions;
+  const float* inv = p.inv_freq;
   parallel_for(
-      n,
+      p.n,
       [&](int64_t b, int64_t e) {
-        std::vector<float> cos_t(half), sin_t(half);
+        std::vector<float> cos_t(half), sin_t(half), buf(d), rotated(d);
         for (int64_t t = b; t < e; ++t) {
           // freqs = inv_freq @ position in float32 (one rounded product), as transformers does.
-          const float p = static_cast<float>(pos[t]);
+          const float pf = static_cast<float>(pos[t]);
           for (int64_t i = 0; i < half; ++i) {
-            const float angle = p * inv[i];
+            const float angle = pf * inv[i];
             cos_t[i] = static_cast<float>(std::cos(double(angle)));
             sin_t[i] = static_cast<float>(std::sin(double(angle)));
           }
           for (int64_t h = 0; h < heads; ++h) {
-            float* v = xs + (t * heads + h) * d;
+            const int64_t row = t * heads + h;
+            const float* src = load_row_f32(p.x, row, buf.data());
+            float* v = rotated.data();
             for (int64_t i = 0; i < half; ++i) {
-              const float x1 = v[i], x2 = v[i + half];
+              const float x1 = src[i], x2 = src[i + half];
               v[i] = x1 * cos_t[i] + (-x2) * sin_t[i];
               v[i + half] = x2 * cos_t[i] + x1 * sin_t[i];
             }
+            store_row_f32(p.x, row, v);
           }
         }
       },

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <vector>
 
 #include "longctx/core/parallel.h"
 #include "ops/op_utils.h"
@@ -6,23 +7,37 @@
 
 namespace longctx::ops {
 
-void silu_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+SiluAndMulParams silu_and_mul_params(const Tensor& gate, const Tensor& up, const Tensor& out) {
   constexpr const char* kOp = "silu_and_mul";
-  for (auto [name, t] : {std::pair{"gate", &gate}, {"up", &up}, {"out", &out}}) {
-    check_contiguous(kOp, name, *t);
-    check_dtype(kOp, name, *t, DType::kF32);
-  }
+  for (auto [name, t] : {std::pair{"gate", &gate}, {"up", &up}, {"out", &out}})
+    check_float_activation(kOp, name, *t);
   check_shape(kOp, "up", up, gate.shape());
   check_shape(kOp, "out", out, gate.shape());
-  const float* g = gate.data<float>();
-  const float* u = up.data<float>();
-  float* o = out.data<float>();
+  SiluAndMulParams p;
+  p.gate = rows_view(kOp, "gate", gate);
+  p.up = rows_view(kOp, "up", up);
+  p.out = rows_view(kOp, "out", out);
+  p.device = common_device(kOp, {&gate, &up, &out});
+  return p;
+}
+
+void silu_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const SiluAndMulParams p = silu_and_mul_params(gate, up, out);
+  LONGCTX_CHECK(p.device.is_cpu(), ErrorCode::kInvalidArgument,
+                "silu_and_mul_cpu: tensors are on {}", p.device.str());
+  const int64_t cols = p.gate.cols;
   parallel_for(
-      gate.numel(),
+      p.gate.rows,
       [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        std::vector<float> gb(cols), ub(cols), ob(cols);
+        for (int64_t r = b; r < e; ++r) {
+          const float* g = load_row_f32(p.gate, r, gb.data());
+          const float* u = load_row_f32(p.up, r, ub.data());
+          for (int64_t i = 0; i < cols; ++i) ob[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+          store_row_f32(p.out, r, ob.data());
+        }
       },
-      1 << 14);
+      std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(cols, 1)));
 }
 
 }  // namespace longctx::ops

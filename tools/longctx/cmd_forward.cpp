@@ -75,13 +75,25 @@ void run(const Options& o) {
       o.ids.empty() ? read_ids_file(o.ids_file) : parse_id_list(o.ids, "--ids");
   LONGCTX_CHECK(!ids.empty(), ErrorCode::kInvalidArgument, "no token ids given");
   std::shared_ptr<const Checkpoint> checkpoint = o.model.load();
-  std::unique_ptr<Model> model = create_model(checkpoint, o.model.build_options(*checkpoint));
+  std::shared_ptr<Model> model = o.model.create(checkpoint);
   const int64_t n = static_cast<int64_t>(ids.size());
-  std::vector<int64_t> positions(n);
-  std::iota(positions.begin(), positions.end(), 0);
-  auto cache = model->make_cache(n);
-  const auto t0 = std::chrono::steady_clock::now();
-  Tensor logits = model->forward(ids, positions, *cache, o.positions == "last");
+  const bool last = o.positions == "last";
+  Tensor logits;
+  std::chrono::steady_clock::time_point t0;
+  if (model->device().is_cuda()) {
+    GpuRunnerOptions gpu = o.model.gpu;
+    gpu.max_model_len = n;
+    GpuRunner runner(model, gpu);
+    t0 = std::chrono::steady_clock::now();
+    logits = runner.prompt_logits(ids);
+    if (last) logits = logits.slice(0, n - 1, n).contiguous();
+  } else {
+    std::vector<int64_t> positions(n);
+    std::iota(positions.begin(), positions.end(), 0);
+    auto cache = model->make_cache(n);
+    t0 = std::chrono::steady_clock::now();
+    logits = model->forward(ids, positions, *cache, last);
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_npy(o.out, logits);
   std::fprintf(stderr, "forward: %lld tokens in %.3f s, wrote logits %s to %s\n",
@@ -91,7 +103,7 @@ void run(const Options& o) {
 CommandRegistration reg("forward", [](CLI::App& app) {
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
-      "forward", "Run token ids through the CPU reference model; write f32 logits as .npy");
+      "forward", "Run token ids through the model (GPU or CPU reference); write f32 logits as .npy");
   o->model.add_to(cmd);
   cmd->add_option("--ids", o->ids, "token ids, e.g. 1,2,3");
   cmd->add_option("--ids-file", o->ids_file,

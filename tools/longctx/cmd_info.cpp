@@ -4,6 +4,8 @@
 
 #include "command.h"
 #include "loader/weight_spec.h"
+#include "longctx/core/device_memory.h"
+#include "longctx/engine/gpu_runner.h"
 #include "longctx/loader/checkpoint.h"
 #include "model_options.h"
 
@@ -71,6 +73,26 @@ void run_info(const ModelOptions& opts) {
               human_bytes(double(kv_tok) * double(c.max_position_embeddings)).c_str());
   for (int64_t n : {32768LL, 131072LL, 1048576LL})
     std::printf("KV at %7lld tok:   %s\n", (long long)n, human_bytes(double(kv_tok) * n).c_str());
+  // The GPU memory plan: of the device this would run on, or of a GPU of --gpu-memory-limit
+  // bytes (planning for a card this machine does not have).
+  const Device device = resolve_device(opts.device);
+  int64_t budget = opts.gpu_memory_limit_bytes();
+  if (device.is_cuda()) {
+    configure_device_memory(device.index, budget, opts.gpu_memory_utilization);
+    budget = device_memory_stats(device.index).budget;
+  }
+  if (budget > 0) {
+    try {
+      const GpuMemoryPlan plan = plan_gpu_memory(c, opts.gpu, budget);
+      std::printf("GPU memory plan:    %s%s\n", device.is_cuda() ? "" : "(no GPU here) ",
+                  plan.str().c_str());
+    } catch (const Error& e) {
+      std::printf("GPU memory plan:    does not fit: %s\n", e.what());
+    }
+  } else {
+    std::printf("GPU memory plan:    none (running on the CPU; give --gpu-memory-limit to plan "
+                "for a GPU)\n");
+  }
 }
 
 CommandRegistration reg("info", [](CLI::App& app) {

@@ -16,7 +16,6 @@ void add_engine_options(CLI::App& cmd, GenerateOptions& opts) {
                  "folder with tokenizer.json (default: the model folder's)");
   cmd.add_option("--max-model-len", opts.engine.max_model_len,
                  "tokens per sequence (default: max_position_embeddings)");
-  cmd.add_option("--device", opts.engine.device, "cpu")->capture_default_str();
   cmd.add_option("--engine-seed", opts.engine.seed, "seed for requests without --seed");
   cmd.add_option("--log-level", opts.log_level, "trace, debug, info, warn, error, off");
 }
@@ -50,6 +49,7 @@ std::unique_ptr<LLM> make_llm(const GenerateOptions& opts) {
   std::shared_ptr<const Checkpoint> checkpoint = opts.model.load();
   EngineConfig engine = opts.engine;
   engine.model_options = opts.model.build_options(*checkpoint);
+  opts.model.apply_to(engine);
   return std::make_unique<LLM>(std::move(checkpoint), engine);
 }
 

@@ -20,7 +20,7 @@ struct GenerateOptions {
   std::string log_level;
 };
 
-// Adds the model options, --tokenizer, --max-model-len, --device, --engine-seed, --log-level.
+// Adds the model options, --tokenizer, --max-model-len, --engine-seed, --log-level.
 void add_engine_options(CLI::App& cmd, GenerateOptions& opts);
 void add_sampling_options(CLI::App& cmd, SamplingParams& sp);
 

@@ -1,8 +1,38 @@
 #include "model_options.h"
 
+#include <cctype>
+#include <cmath>
+
+#include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
 
 namespace longctx::cli {
+
+int64_t parse_byte_size(const std::string& text, const std::string& what) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  std::string unit = text.substr(pos);
+  for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double scale = 0;
+  if (unit.empty() || unit == "b") scale = 1;
+  else if (unit == "k" || unit == "kib") scale = 1024.0;
+  else if (unit == "m" || unit == "mib") scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "kb") scale = 1e3;
+  else if (unit == "mb") scale = 1e6;
+  else if (unit == "gb") scale = 1e9;
+  LONGCTX_CHECK(pos > 0 && scale > 0 && std::isfinite(value) && value > 0 &&
+                    value * scale < 9.0e18,
+                ErrorCode::kInvalidArgument,
+                "{} '{}': expected a positive size such as 24GiB, 500MB or 1073741824", what,
+                text);
+  return static_cast<int64_t>(value * scale);
+}
 
 void ModelOptions::add_to(CLI::App* cmd) {
   cmd->add_option("--model,-m", model, "Hugging Face checkpoint folder");
@@ -15,6 +45,40 @@ void ModelOptions::add_to(CLI::App* cmd) {
                   "rounded to the checkpoint dtype, as a model cast with .to(dtype)")
       ->check(CLI::IsMember({"checkpoint", "f32"}))
       ->capture_default_str();
+  cmd->add_option("--device", device, "auto (a GPU when present), cpu, cuda or cuda:N")
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-limit", gpu_memory_limit,
+                  "hard limit of the GPU memory longctx takes, e.g. 24GiB (emulates a smaller "
+                  "GPU)");
+  cmd->add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                  "fraction of the GPU's memory longctx may take")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--block-size", gpu.block_size, "KV cache block size in tokens (GPU)");
+  cmd->add_option("--max-num-batched-tokens", gpu.max_num_batched_tokens,
+                  "tokens per forward (prefill chunk size, GPU)")
+      ->capture_default_str();
+}
+
+int64_t ModelOptions::gpu_memory_limit_bytes() const {
+  if (gpu_memory_limit.empty()) return 0;
+  return parse_byte_size(gpu_memory_limit, "--gpu-memory-limit");
+}
+
+void ModelOptions::apply_to(EngineConfig& engine) const {
+  engine.device = device;
+  engine.gpu_memory_limit = gpu_memory_limit_bytes();
+  engine.gpu_memory_utilization = gpu_memory_utilization;
+  engine.gpu = gpu;
+}
+
+std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint) const {
+  ModelBuildOptions options = build_options(*checkpoint);
+  options.device = resolve_device(device);
+  if (options.device.is_cuda())
+    configure_device_memory(options.device.index, gpu_memory_limit_bytes(),
+                            gpu_memory_utilization);
+  return create_model(std::move(checkpoint), options);
 }
 
 ModelBuildOptions ModelOptions::build_options(const Checkpoint& checkpoint) const {

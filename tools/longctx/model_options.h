@@ -6,10 +6,15 @@
 #include <memory>
 #include <string>
 
+#include "longctx/engine/gpu_runner.h"
+#include "longctx/llm.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 
 namespace longctx::cli {
+
+// "24GiB", "500MB", "1073741824" -> bytes; throws Error(kInvalidArgument) naming `what`.
+int64_t parse_byte_size(const std::string& text, const std::string& what);
 
 struct ModelOptions {
   std::string model;                        // checkpoint folder
@@ -17,12 +22,22 @@ struct ModelOptions {
   std::string preset;                       // dummy preset name
   uint64_t seed = 0;                        // dummy weights' seed
   std::string rope_inv_freq_dtype = "f32";  // f32 | checkpoint
+  std::string device = "auto";              // auto | cpu | cuda | cuda:N
+  std::string gpu_memory_limit;             // bytes, e.g. 24GiB; empty: none
+  double gpu_memory_utilization = 0.9;
+  GpuRunnerOptions gpu;
 
   void add_to(CLI::App* cmd);
   // Loads (or makes) the checkpoint; throws Error naming what is wrong with the options.
   std::shared_ptr<const Checkpoint> load() const;
   // The model's numerics options for this checkpoint.
   ModelBuildOptions build_options(const Checkpoint& checkpoint) const;
+  // --gpu-memory-limit in bytes (0 when not given); throws Error naming a malformed value.
+  int64_t gpu_memory_limit_bytes() const;
+  // The device and memory options into an engine config.
+  void apply_to(EngineConfig& engine) const;
+  // The model on the resolved device; for CUDA also sets the device pool's budget.
+  std::shared_ptr<Model> create(std::shared_ptr<const Checkpoint> checkpoint) const;
 };
 
 }  // namespace longctx::cli

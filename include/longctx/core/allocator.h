@@ -1,5 +1,6 @@
 // Allocators own raw bytes for tensors. The CPU allocator returns 64-byte aligned memory; the
-// CUDA allocator (CUDA builds) wraps cudaMalloc/cudaFree; the pinned allocator cudaMallocHost.
+// CUDA allocator is the caching device pool of device_memory.h (CUDA builds); the pinned
+// allocator wraps cudaMallocHost.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +18,8 @@ class Allocator {
 };
 
 Allocator& cpu_allocator();
-// Throws Error(kUnsupported) in a build without CUDA.
+// The device pool of cuda:device_index; its allocate() throws Error(kUnsupported) in a build
+// without CUDA and Error(kOutOfMemory) past the budget.
 Allocator& cuda_allocator(int device_index = 0);
 Allocator& pinned_host_allocator();
 Allocator& default_allocator(Device device);

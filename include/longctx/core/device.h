@@ -1,6 +1,8 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace longctx {
 
@@ -20,5 +22,10 @@ struct Device {
 
 // True when this build has CUDA and a device is visible.
 bool cuda_available();
+
+// "auto" (cuda:0 when a GPU is visible, else cpu), "cpu", "cuda" (= cuda:0) or "cuda:N". Throws
+// Error(kInvalidArgument) for another spelling, Error(kUnsupported) for a CUDA device this build
+// or machine does not have.
+Device resolve_device(std::string_view spec);
 
 }  // namespace longctx

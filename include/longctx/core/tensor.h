@@ -16,13 +16,19 @@ namespace longctx {
 
 using Shape = std::vector<int64_t>;
 
+class Allocator;
+
 class Tensor {
  public:
   Tensor() = default;
 
-  // Uninitialized owning tensor from default_allocator(device).
+  // Uninitialized owning tensor from default_allocator(device) (the device pool for CUDA).
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
+  // On CUDA the zero-fill is enqueued on current_stream(device.index), without a host wait.
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
+  // Uninitialized page-locked host memory (Device::cpu(), pinned_host_allocator()): the source
+  // or destination of truly asynchronous copies. Throws Error(kUnsupported) without CUDA.
+  static Tensor empty_pinned(const Shape& shape, DType dtype);
   // A view over memory longctx does not own. `keepalive` (may be null) is held for as long as
   // any view exists, e.g. the mmap of a checkpoint. Empty `strides` means contiguous.
   static Tensor from_blob(void* data, const Shape& shape, DType dtype,
@@ -56,12 +62,23 @@ class Tensor {
   Tensor slice(int64_t dim, int64_t start, int64_t end) const;
   // Drops dim, taking index idx.
   Tensor select(int64_t dim, int64_t idx) const;
-  // A contiguous copy (or *this when already contiguous).
+  // Splits dim into `sizes` (their product must equal size(dim)); works on strided views, e.g.
+  // [T, Hq * d] columns of a fused QKV output -> [T, Hq, d].
+  Tensor unflatten(int64_t dim, const Shape& sizes) const;
+  // A contiguous copy (or *this when already contiguous). On CUDA the gather is enqueued on
+  // current_stream() (rank <= 6 after merging contiguous dims).
   Tensor contiguous() const;
   // A copy on `device` (always a new tensor).
   Tensor to(Device device) const;
-  // Element-wise copy; shapes and dtypes must match; any devices.
+  // Element-wise copy; shapes and dtypes must match; any devices, either side may be strided.
+  // Copies that touch host memory have finished on return; device-to-device ones are enqueued on
+  // current_stream() of the destination's device (no host wait, like cudaMemcpy D2D).
   void copy_from(const Tensor& src);
+  // cudaMemcpyAsync of src's bytes into this tensor on `stream` (a cudaStream_t; nullptr = the
+  // legacy default stream). Both contiguous, same shape and dtype, any device pair; CPU -> CPU is
+  // a plain memcpy. Asynchronous for host memory only when it is pinned (empty_pinned); both
+  // tensors must stay alive until the stream has run the copy.
+  void copy_from_async(const Tensor& src, void* stream);
   // A copy converted to another dtype (CPU only; f32/bf16/f16 among themselves).
   Tensor to_dtype(DType dtype) const;
 
@@ -69,6 +86,8 @@ class Tensor {
   std::string str() const;        // "Tensor(bf16, [2, 3], cpu)"
 
  private:
+  static Tensor allocate(const Shape& shape, DType dtype, Device device, Allocator& alloc);
+
   std::shared_ptr<void> storage_;  // keeps the bytes alive; null for borrowed memory
   void* data_ = nullptr;
   Shape shape_;

@@ -10,6 +10,7 @@
 #include "longctx/core/tensor.h"
 #include "longctx/kv/kv_cache.h"
 #include "longctx/loader/checkpoint.h"
+#include "longctx/models/forward_batch.h"
 
 namespace longctx {
 
@@ -17,12 +18,24 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
+  // Where the weights live and the forward runs (CPU reference: fp32 activations; CUDA: bf16
+  // activations, fp32 residual stream and logits).
+  virtual Device device() const = 0;
+  virtual DType activation_dtype() const = 0;
+  // Softmax scale of the attention (1 / sqrt(head_dim) for every supported architecture).
+  float attention_scale() const;
 
-  // Runs `ids` (one sequence) at `positions`, appending their K/V to `cache` after the tokens
-  // already there. Returns f32 logits [n, vocab], or [1, vocab] for the last token when
-  // last_only. Throws Error(kOutOfRange) when the cache has no room (nothing is appended then).
-  virtual Tensor forward(std::span<const int32_t> ids, std::span<const int64_t> positions,
-                         KVCache& cache, bool last_only = false) = 0;
+  // Runs every sequence of `batch` through the model; `attention` stores and reads K/V.
+  // Returns f32 logits [batch.logits_indices.size(), vocab] on device(). Throws Error naming the
+  // problem for a malformed batch (before anything is written to the KV).
+  virtual Tensor forward(const ForwardBatch& batch, AttentionBackend& attention) = 0;
+
+  // CPU reference convenience: runs `ids` (one sequence) at `positions`, appending their K/V to
+  // `cache` after the tokens already there. Returns f32 logits [n, vocab], or [1, vocab] for the
+  // last token when last_only. Throws Error(kOutOfRange) when the cache has no room (nothing is
+  // appended then).
+  Tensor forward(std::span<const int32_t> ids, std::span<const int64_t> positions, KVCache& cache,
+                 bool last_only = false);
 
   // A cache sized for max_tokens tokens of this model.
   std::unique_ptr<KVCache> make_cache(int64_t max_tokens) const {
@@ -39,9 +52,12 @@ struct ModelBuildOptions {
   // reference logits were made that way, and at long context the difference matters (a model
   // trained with exact inv_freq, models/needle, moves by up to 7.6 logits at 1K tokens).
   std::optional<DType> rope_inv_freq_dtype;
+  // Device of the weights and the forward. CUDA: weights are uploaded as bf16 (QKV and gate/up
+  // fused), through pinned staging.
+  Device device = Device::cpu();
 };
 
-// Builds the model registered for checkpoint.config.architecture (CPU reference backend).
+// Builds the model registered for checkpoint.config.architecture on options.device.
 // Throws Error(kUnsupported) listing the supported architectures.
 std::unique_ptr<Model> create_model(std::shared_ptr<const Checkpoint> checkpoint,
                                     const ModelBuildOptions& options = {});

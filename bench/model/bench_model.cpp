@@ -1,0 +1,124 @@
+// Prefill throughput and decode latency of a model on the GPU runner (paged KV, bf16):
+//   bench_model --preset llama-3.1-8b --contexts 32768,131072 --decode-steps 64
+//   bench_model --model DIR ...
+// For each context length N: a random prompt of N tokens is prefilled (chunks of
+// --max-num-batched-tokens) and timed; after the first context only, batch-1 decode steps are
+// timed (each step = one forward of one token, logits copied to the host, as the engine does).
+// Prints one line per measurement; the peer is hf_peer.py.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "longctx/core/device_memory.h"
+#include "longctx/core/error.h"
+#include "longctx/core/stream.h"
+#include "longctx/engine/gpu_runner.h"
+#include "longctx/loader/checkpoint.h"
+#include "longctx/models/model.h"
+
+using namespace longctx;
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("longctx model benchmark (GPU)");
+  std::string model_dir, preset = "llama-3.1-8b";
+  std::vector<int64_t> contexts = {32768};
+  int decode_steps = 32;
+  GpuRunnerOptions opts;
+  double util = 0.92;
+  app.add_option("--model", model_dir, "checkpoint folder (else dummy weights of --preset)");
+  app.add_option("--preset", preset, "dummy preset")->capture_default_str();
+  app.add_option("--contexts", contexts, "prompt lengths")->delimiter(',');
+  app.add_option("--decode-steps", decode_steps, "decode steps timed after the first context");
+  app.add_option("--max-num-batched-tokens", opts.max_num_batched_tokens, "prefill chunk")
+      ->capture_default_str();
+  app.add_option("--block-size", opts.block_size, "KV block size");
+  app.add_option("--gpu-memory-utilization", util)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const double t_load = now();
+    auto ckpt = std::make_shared<const Checkpoint>(
+        model_dir.empty() ? make_dummy_checkpoint(dummy_preset_config(preset), 1)
+                          : load_checkpoint(model_dir));
+    const double t_host = now() - t_load;
+    configure_device_memory(0, 0, util);
+    ModelBuildOptions mo;
+    mo.device = Device::cuda(0);
+    const double t_up = now();
+    std::shared_ptr<Model> model = create_model(ckpt, mo);
+    const double t_upload = now() - t_up;
+    const ModelConfig& c = model->config();
+    int64_t max_ctx = 0;
+    for (int64_t n : contexts) max_ctx = std::max(max_ctx, n);
+    opts.max_model_len = max_ctx + decode_steps + 1;
+    GpuRunner runner(model, opts);
+    const int64_t weight_bytes = runner.memory_plan().weights;
+    std::printf("model %s: %s weights on %s; host build %.1f s, upload %.2f s (%.1f GB/s)\n",
+                model_dir.empty() ? ("dummy:" + preset).c_str() : model_dir.c_str(),
+                format_bytes(weight_bytes).c_str(), device_properties(0).name, t_host, t_upload,
+                weight_bytes / t_upload / 1e9);
+    std::printf("memory plan: %s\n", runner.memory_plan().str().c_str());
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
+    // Warm-up (kernels' first launch, cuBLASLt heuristics, pool growth).
+    {
+      std::vector<int32_t> ids(std::min<int64_t>(4096, contexts[0]));
+      for (auto& t : ids) t = tok(rng);
+      StepInput in{999, ids, 0, static_cast<int64_t>(ids.size()) + 1};
+      runner.execute({&in, 1});
+      runner.release(999);
+    }
+    uint64_t seq = 1;
+    for (size_t ci = 0; ci < contexts.size(); ++ci) {
+      const int64_t n = contexts[ci];
+      std::vector<int32_t> ids(n);
+      for (auto& t : ids) t = tok(rng);
+      ids.reserve(n + decode_steps + 1);
+      StepInput in{seq, ids, 0, n + decode_steps + 1};
+      device_synchronize(0);
+      const double t0 = now();
+      runner.execute({&in, 1});
+      const double dt = now() - t0;
+      std::printf("prefill %7lld tokens: %.3f s  %.0f tok/s  (chunk %lld, block %lld)\n",
+                  static_cast<long long>(n), dt, n / dt,
+                  static_cast<long long>(opts.max_num_batched_tokens),
+                  static_cast<long long>(runner.memory_plan().block_size));
+      std::fflush(stdout);
+      if (ci == 0 && decode_steps > 0) {
+        std::vector<double> times;
+        for (int s = 0; s < decode_steps; ++s) {
+          ids.push_back(tok(rng));
+          StepInput d{seq, ids, static_cast<int64_t>(ids.size()) - 1, n + decode_steps + 1};
+          const double t1 = now();
+          runner.execute({&d, 1});
+          times.push_back(now() - t1);
+        }
+        std::sort(times.begin(), times.end());
+        double sum = 0;
+        for (double t : times) sum += t;
+        std::printf("decode after %lld tokens, batch 1: %.3f ms/token mean, %.3f median, %.3f min "
+                    "(%d steps, no CUDA graphs)\n",
+                    static_cast<long long>(n), 1e3 * sum / times.size(),
+                    1e3 * times[times.size() / 2], 1e3 * times.front(), decode_steps);
+        std::fflush(stdout);
+      }
+      runner.release(seq++);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_model: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

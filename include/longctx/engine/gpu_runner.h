@@ -1,0 +1,77 @@
+// The GPU model runner: a model on a CUDA device, its paged KV pool (sized by an explicit memory
+// plan) and the paged attention backend. It runs Executor steps (each sequence's new tokens,
+// long prompts cut into chunks of at most max_num_batched_tokens, every sequence of a step in
+// one batched forward) and keeps each live sequence's blocks until release().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "longctx/core/tensor.h"
+#include "longctx/engine/executor.h"
+
+namespace longctx {
+
+class Model;
+struct ModelConfig;
+
+struct GpuRunnerOptions {
+  int64_t block_size = 0;               // tokens per KV block; 0: kDefaultBlockSize
+  int64_t max_num_batched_tokens = 16384;  // tokens per forward (prefill chunk size)
+  int64_t max_num_seqs = 256;              // sequences per forward
+  int64_t max_model_len = 0;               // tokens per sequence; 0: max_position_embeddings
+  int64_t num_gpu_blocks = 0;              // 0: as many as the memory plan leaves
+};
+
+// See docs/architecture.md for the measurement behind the default.
+inline constexpr int64_t kDefaultBlockSize = 128;
+
+// Bytes of one forward's activations per token (bf16 activations, f32 residual; the peak of
+// what is live at once, with headroom for the caching pool's rounding).
+int64_t activation_bytes_per_token(const ModelConfig& config);
+
+// Where the device's memory goes.
+struct GpuMemoryPlan {
+  int64_t budget = 0;           // device pool budget (--gpu-memory-utilization / -limit)
+  int64_t weights = 0;          // bf16 weights on the device
+  int64_t activations = 0;      // max_num_batched_tokens x activation_bytes_per_token
+  int64_t workspaces = 0;       // GEMM, attention plans, logits
+  int64_t kv_block_bytes = 0;   // K + V of every layer for one block
+  int64_t num_kv_blocks = 0;
+  int64_t block_size = 0;
+  int64_t max_model_len = 0;
+  int64_t kv_bytes() const { return num_kv_blocks * kv_block_bytes; }
+  int64_t kv_tokens() const { return num_kv_blocks * block_size; }
+  std::string str() const;  // a few lines for `longctx info`
+};
+
+// The plan for `config` on a device pool of `budget` bytes (before anything is allocated).
+// Throws Error(kOutOfMemory) when not even one max_model_len sequence fits, naming the numbers.
+GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions& options,
+                              int64_t budget);
+
+class GpuRunner {
+ public:
+  // `model` must be on a CUDA device. Allocates the KV pool and the backend's buffers.
+  GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& options);
+  ~GpuRunner();
+
+  const GpuMemoryPlan& memory_plan() const;
+  int64_t vocab_size() const;
+  // Executor::execute: f32 logits [inputs.size(), vocab] (host) of each input's last token.
+  Tensor execute(std::span<const StepInput> inputs);
+  // Logits of every position of `ids` as a fresh sequence (host f32 [n, vocab]): `forward`
+  // and tests. The sequence is released afterwards.
+  Tensor prompt_logits(std::span<const int32_t> ids);
+  void release(uint64_t seq_id);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+std::unique_ptr<Executor> make_gpu_executor(std::shared_ptr<GpuRunner> runner);
+
+}  // namespace longctx

@@ -1,0 +1,61 @@
+// One step of the model over many sequences, as flat host arrays (the ModelRunner builds it, the
+// AttentionBackend plans from it, the model reads its ids and positions), and the attention seam
+// the model calls per layer without knowing where K/V live (CPU caches, a paged GPU pool, host
+// memory through a ring, ...).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "longctx/core/tensor.h"
+
+namespace longctx {
+
+struct ForwardBatch {
+  std::vector<int32_t> input_ids;  // [T] the new tokens of every sequence, sequence by sequence
+  std::vector<int64_t> positions;  // [T] position of each token in its sequence
+  std::vector<int32_t> qo_indptr;  // [S + 1] sequence s owns tokens [qo_indptr[s], qo_indptr[s+1])
+  std::vector<int32_t> kv_lens;    // [S] tokens in s's KV after this step (cached + new)
+  // Paged backends: sequence s's blocks are block_tables[block_table_indptr[s] ..
+  // block_table_indptr[s + 1]) in order; token j of s (0 = its first cached token) lives in block
+  // block_tables[... + j / block_size] at offset j % block_size.
+  std::vector<int32_t> block_table_indptr;  // [S + 1]
+  std::vector<int32_t> block_tables;        // [block_table_indptr[S]] block ids
+  std::vector<int64_t> slot_mapping;        // [T] block * block_size + offset of each new token
+  std::vector<int32_t> logits_indices;      // [R] rows of the T tokens that need logits
+  std::vector<uint64_t> seq_ids;            // [S] the engine's ids (backends keyed by sequence)
+
+  int64_t num_tokens() const { return static_cast<int64_t>(input_ids.size()); }
+  int64_t num_seqs() const { return static_cast<int64_t>(kv_lens.size()); }
+  int32_t q_len(int64_t s) const { return qo_indptr[s + 1] - qo_indptr[s]; }
+
+  // Appends sequence `seq_id` with new tokens `ids` after `num_cached` tokens already in its KV,
+  // at positions num_cached, num_cached + 1, ...; its logits row (the last new token) is
+  // requested when want_logits.
+  void add_sequence(uint64_t seq_id, const int32_t* ids, int64_t n, int64_t num_cached,
+                    bool want_logits);
+
+  // Throws Error(kInvalidArgument) naming the first inconsistency: array lengths, empty
+  // sequences, kv_len < q_len, logits rows out of range or not ascending, token ids outside
+  // [0, vocab_size), positions outside [0, max_positions) (max_positions <= 0: unchecked).
+  // Paged fields are checked by the paged backend (it knows the block size and pool).
+  void validate(int64_t vocab_size, int64_t max_positions) const;
+};
+
+// What Model::forward needs from attention. plan() runs once per step on the host before the
+// first layer; store_kv() then attend() once per layer, in layer order.
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  // Checks the batch against what the backend holds (throws Error naming the problem; nothing
+  // is written then) and prepares index buffers for every layer.
+  virtual void plan(const ForwardBatch& batch) = 0;
+  // The step's new keys and values, after RoPE: k, v [T, Hkv, head_dim] (last dim contiguous,
+  // rows may be strided views of a fused QKV output), in the model's activation dtype.
+  virtual void store_kv(int64_t layer, const Tensor& k, const Tensor& v) = 0;
+  // Causal (by position) attention of q [T, Hq, head_dim] over each sequence's KV (the new
+  // tokens' own keys included). Returns o [T, Hq * head_dim] in q's dtype, contiguous.
+  virtual Tensor attend(int64_t layer, const Tensor& q) = 0;
+};
+
+}  // namespace longctx

@@ -1,0 +1,238 @@
+#include <cstring>
+#include <vector>
+
+#include "attention/backends/paged_backend.h"
+#include "core/cuda_stream.h"
+#include "kernels/cuda/decode.h"
+#include "kernels/cuda/kv_store.h"
+#include "kernels/cuda/paged_generic.h"
+#include "kernels/cuda/prefill.h"
+#include "longctx/core/cuda_check.h"
+#include "longctx/core/error.h"
+#include "longctx/core/stream.h"
+
+namespace longctx {
+
+namespace {
+
+using kernels::DecodeParams;
+using kernels::KvStoreParams;
+using kernels::MaskMode;
+using kernels::PagedPrefillParams;
+
+enum class Path { kDecode, kPrefill, kGeneric };
+
+// Offsets (in int32 words) of the index arrays inside the one staging buffer.
+struct IndexLayout {
+  int64_t qo_indptr = 0, kv_indptr = 0, kv_indices = 0, last_page_len = 0, slots = 0, total = 0;
+  IndexLayout(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks) {
+    auto align = [](int64_t x) { return (x + 3) / 4 * 4; };  // 16-byte aligned arrays
+    qo_indptr = 0;
+    kv_indptr = align(qo_indptr + max_seqs + 1);
+    kv_indices = align(kv_indptr + max_seqs + 1);
+    last_page_len = align(kv_indices + max_blocks);
+    slots = align(last_page_len + max_seqs);  // int64 slots: 2 words each
+    total = slots + 2 * max_tokens;
+  }
+};
+
+class PagedAttentionBackend final : public AttentionBackend {
+ public:
+  PagedAttentionBackend(const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale,
+                        const PagedBackendLimits& limits)
+      : pool_(pool),
+        device_(pool.config().device),
+        num_qo_heads_(static_cast<int>(num_qo_heads)),
+        sm_scale_(sm_scale),
+        limits_(limits),
+        layout_(limits.max_tokens, limits.max_seqs, limits.max_blocks),
+        done_(device_) {
+    const PagedKVPoolConfig& c = pool.config();
+    LONGCTX_CHECK(device_.is_cuda(), ErrorCode::kUnsupported,
+                  "paged attention: the KV pool is on {}, not a CUDA device", device_.str());
+    LONGCTX_CHECK(limits.max_tokens > 0 && limits.max_seqs > 0 && limits.max_blocks > 0,
+                  ErrorCode::kInvalidArgument, "paged attention: limits must be positive");
+    LONGCTX_CHECK(num_qo_heads % c.num_kv_heads == 0, ErrorCode::kUnsupported,
+                  "paged attention: {} q heads are not a multiple of {} kv heads", num_qo_heads,
+                  c.num_kv_heads);
+    host_ = Tensor::empty_pinned({layout_.total}, DType::kI32);
+    indices_ = Tensor::empty({layout_.total}, DType::kI32, device_);
+    const int group = num_qo_heads_ / static_cast<int>(c.num_kv_heads);
+    prefill_ws_bytes_ = kernels::cuda::paged_prefill_workspace_bytes(
+        static_cast<int>(limits.max_seqs), limits.max_tokens, group);
+    decode_ws_bytes_ = kernels::cuda::decode_workspace_bytes(
+        static_cast<int>(limits.max_seqs), num_qo_heads_, static_cast<int>(c.num_kv_heads),
+        static_cast<int>(c.head_dim));
+    workspace_ = Tensor::empty({static_cast<int64_t>(std::max(prefill_ws_bytes_, decode_ws_bytes_))},
+                               DType::kU8, device_);
+  }
+
+  void plan(const ForwardBatch& batch) override {
+    const PagedKVPoolConfig& c = pool_.config();
+    check_paged_batch(batch, c.block_size, c.num_blocks, limits_);
+    done_.synchronize();  // the previous step's copy out of the staging buffer has finished
+    const int64_t s = batch.num_seqs(), t = batch.num_tokens();
+    int32_t* h = host_.data<int32_t>();
+    std::memcpy(h + layout_.qo_indptr, batch.qo_indptr.data(), (s + 1) * sizeof(int32_t));
+    std::memcpy(h + layout_.kv_indptr, batch.block_table_indptr.data(), (s + 1) * sizeof(int32_t));
+    std::memcpy(h + layout_.kv_indices, batch.block_tables.data(),
+                batch.block_tables.size() * sizeof(int32_t));
+    bool all_decode = true;
+    for (int64_t q = 0; q < s; ++q) {
+      const int32_t kv = batch.kv_lens[q];
+      h[layout_.last_page_len + q] = kv == 0 ? 0 : (kv - 1) % int32_t(c.block_size) + 1;
+      all_decode = all_decode && batch.q_len(q) == 1;
+    }
+    std::memcpy(h + layout_.slots, batch.slot_mapping.data(), t * sizeof(int64_t));
+    cudaStream_t stream = current_cuda_stream(device_.index);
+    const size_t used_bytes = (layout_.slots + 2 * t) * sizeof(int32_t);
+    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_.data_ptr(), used_bytes,
+                                       cudaMemcpyHostToDevice, stream));
+    done_.record_on(stream);
+
+    num_seqs_ = static_cast<int>(s);
+    num_tokens_ = static_cast<int>(t);
+    params_ = PagedPrefillParams{};
+    params_.qo_indptr = dev(layout_.qo_indptr);
+    params_.kv_indptr = dev(layout_.kv_indptr);
+    params_.kv_indices = dev(layout_.kv_indices);
+    params_.kv_last_page_len = dev(layout_.last_page_len);
+    params_.batch_size = num_seqs_;
+    params_.num_qo_heads = num_qo_heads_;
+    params_.num_kv_heads = static_cast<int>(c.num_kv_heads);
+    params_.head_dim = static_cast<int>(c.head_dim);
+    params_.page_size = static_cast<int>(c.block_size);
+    params_.dtype = c.dtype;
+    params_.mask_mode = MaskMode::kCausal;
+    params_.sm_scale = sm_scale_;
+    params_.q = params_.k_cache = params_.v_cache = reinterpret_cast<const void*>(16);
+    params_.o = reinterpret_cast<void*>(16);  // placeholders for the support checks
+    const bool fast = kernels::cuda::paged_prefill_supported(params_);
+    if (fast && all_decode) {
+      path_ = Path::kDecode;
+      decode_plan_ = kernels::cuda::decode_plan(
+          batch.block_table_indptr.data(), h + layout_.last_page_len, num_seqs_,
+          params_.page_size, num_qo_heads_, params_.num_kv_heads, params_.head_dim,
+          workspace_.data_ptr(), decode_ws_bytes_, stream);
+    } else if (fast) {
+      path_ = Path::kPrefill;
+      prefill_plan_ = kernels::cuda::paged_prefill_plan(
+          batch.qo_indptr.data(), batch.kv_lens.data(), num_seqs_, num_qo_heads_,
+          params_.num_kv_heads, params_.head_dim, MaskMode::kCausal, workspace_.data_ptr(),
+          prefill_ws_bytes_, stream);
+    } else {
+      LONGCTX_CHECK(kernels::cuda::paged_generic_supported(params_), ErrorCode::kUnsupported,
+                    "paged attention: no kernel for head_dim {} with {} q / {} kv heads, page "
+                    "size {}",
+                    params_.head_dim, num_qo_heads_, params_.num_kv_heads, params_.page_size);
+      path_ = Path::kGeneric;
+    }
+    planned_ = true;
+  }
+
+  void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override {
+    check_layer_input("store_kv", layer, k);
+    check_layer_input("store_kv", layer, v);
+    const PagedKVPoolConfig& c = pool_.config();
+    KvStoreParams p;
+    p.k = k.data_ptr();
+    p.v = v.data_ptr();
+    p.k_token_stride = k.strides()[0];
+    p.v_token_stride = v.strides()[0];
+    p.k_cache = pool_.k(layer).data_ptr();
+    p.v_cache = pool_.v(layer).data_ptr();
+    p.slot_mapping = reinterpret_cast<const int64_t*>(dev(layout_.slots));
+    // plan() checked every slot against the block tables, so kv_store's device-side range flag
+    // (error_flag) is not needed.
+    p.num_tokens = num_tokens_;
+    p.num_kv_heads = static_cast<int>(c.num_kv_heads);
+    p.head_dim = static_cast<int>(c.head_dim);
+    p.page_size = static_cast<int>(c.block_size);
+    p.num_pages = static_cast<int>(c.num_blocks);
+    p.dtype = c.dtype;
+    kernels::cuda::kv_store_run(p, current_cuda_stream(device_.index));
+  }
+
+  Tensor attend(int64_t layer, const Tensor& q) override {
+    check_layer_input("attend", layer, q);
+    Tensor qc = q.contiguous();  // q is a view of the fused QKV output; the kernels read [T, H, d]
+    Tensor o = Tensor::empty(q.shape(), q.dtype(), device_);
+    cudaStream_t stream = current_cuda_stream(device_.index);
+    if (path_ == Path::kDecode) {
+      DecodeParams d;
+      d.q = qc.data_ptr();
+      d.k_cache = pool_.k(layer).data_ptr();
+      d.v_cache = pool_.v(layer).data_ptr();
+      d.o = o.data_ptr();
+      d.kv_indptr = params_.kv_indptr;
+      d.kv_indices = params_.kv_indices;
+      d.kv_last_page_len = params_.kv_last_page_len;
+      d.batch_size = num_seqs_;
+      d.num_qo_heads = num_qo_heads_;
+      d.num_kv_heads = params_.num_kv_heads;
+      d.head_dim = params_.head_dim;
+      d.page_size = params_.page_size;
+      d.dtype = params_.dtype;
+      d.sm_scale = sm_scale_;
+      kernels::cuda::decode_run(d, decode_plan_, stream);
+    } else {
+      PagedPrefillParams p = params_;
+      p.q = qc.data_ptr();
+      p.k_cache = pool_.k(layer).data_ptr();
+      p.v_cache = pool_.v(layer).data_ptr();
+      p.o = o.data_ptr();
+      if (path_ == Path::kPrefill)
+        kernels::cuda::paged_prefill_run(p, prefill_plan_, stream);
+      else
+        kernels::cuda::paged_generic_run(p, num_tokens_, stream);
+    }
+    return o.view({q.size(0), -1});
+  }
+
+ private:
+  const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
+
+  void check_layer_input(const char* what, int64_t layer, const Tensor& x) const {
+    const PagedKVPoolConfig& c = pool_.config();
+    LONGCTX_CHECK(planned_, ErrorCode::kInternal, "paged attention: {} before plan", what);
+    LONGCTX_CHECK(layer >= 0 && layer < c.num_layers, ErrorCode::kInvalidArgument,
+                  "paged attention: layer {} of {}", layer, c.num_layers);
+    LONGCTX_CHECK(x.device() == device_ && x.dtype() == c.dtype && x.rank() == 3 &&
+                      x.size(0) == num_tokens_ && x.size(2) == c.head_dim &&
+                      x.strides()[2] == 1 && x.strides()[1] == c.head_dim,
+                  ErrorCode::kInvalidArgument,
+                  "paged attention: {} got {} (strides {}, {}), expected [{}, H, {}] {} rows of "
+                  "contiguous heads on {}",
+                  what, x.str(), x.strides()[0], x.strides()[1], num_tokens_, c.head_dim,
+                  dtype_name(c.dtype), device_.str());
+  }
+
+  const PagedKVPool& pool_;
+  Device device_;
+  int num_qo_heads_;
+  float sm_scale_;
+  PagedBackendLimits limits_;
+  IndexLayout layout_;
+  Tensor host_;        // [layout_.total] i32 pinned staging of the index arrays
+  Tensor indices_;     // [layout_.total] i32 their device copy
+  Tensor workspace_;   // [bytes] u8: the prefill or decode plan's work lists and partials
+  size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;
+  Event done_;  // recorded after the staging copy
+  Path path_ = Path::kPrefill;
+  PagedPrefillParams params_;
+  kernels::cuda::PrefillPlan prefill_plan_;
+  kernels::cuda::DecodePlan decode_plan_;
+  int num_seqs_ = 0, num_tokens_ = 0;
+  bool planned_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
+                                                               int64_t num_qo_heads,
+                                                               float sm_scale,
+                                                               const PagedBackendLimits& limits) {
+  return std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits);
+}
+
+}  // namespace longctx

@@ -1,0 +1,56 @@
+#include "kv/paged_kv_pool.h"
+
+#include <limits>
+
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+int64_t PagedKVPoolConfig::bytes_per_block() const {
+  return 2 * num_layers * block_size * num_kv_heads * head_dim *
+         static_cast<int64_t>(dtype_size(dtype));
+}
+
+PagedKVPool::PagedKVPool(const PagedKVPoolConfig& config) : config_(config) {
+  LONGCTX_CHECK(config.num_layers > 0 && config.num_kv_heads > 0 && config.head_dim > 0 &&
+                    config.block_size > 0 && config.num_blocks > 0,
+                ErrorCode::kInvalidArgument,
+                "KV pool: layers {}, kv heads {}, head_dim {}, block size {}, blocks {} must all "
+                "be positive",
+                config.num_layers, config.num_kv_heads, config.head_dim, config.block_size,
+                config.num_blocks);
+  LONGCTX_CHECK(config.num_blocks <= std::numeric_limits<int32_t>::max() / config.block_size,
+                ErrorCode::kOutOfRange, "KV pool: {} blocks of {} tokens overflow int32 slots",
+                config.num_blocks, config.block_size);
+  const Shape shape = {config.num_blocks, config.block_size, config.num_kv_heads,
+                       config.head_dim};
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    k_.push_back(Tensor::empty(shape, config.dtype, config.device));
+    v_.push_back(Tensor::empty(shape, config.dtype, config.device));
+  }
+  free_.reserve(config.num_blocks);
+  for (int64_t b = config.num_blocks; b-- > 0;) free_.push_back(static_cast<int32_t>(b));
+  used_.assign(config.num_blocks, 0);
+}
+
+std::vector<int32_t> PagedKVPool::allocate(int64_t n) {
+  LONGCTX_CHECK(n >= 0, ErrorCode::kInvalidArgument, "KV pool: allocate {} blocks", n);
+  LONGCTX_CHECK(n <= num_free_blocks(), ErrorCode::kOutOfMemory,
+                "KV pool: {} blocks of {} tokens needed, {} of {} free", n, config_.block_size,
+                num_free_blocks(), config_.num_blocks);
+  std::vector<int32_t> out(free_.rbegin(), free_.rbegin() + n);
+  free_.resize(free_.size() - n);
+  for (int32_t b : out) used_[b] = 1;
+  return out;
+}
+
+void PagedKVPool::free(const std::vector<int32_t>& blocks) {
+  for (int32_t b : blocks) {
+    LONGCTX_CHECK(b >= 0 && b < config_.num_blocks && used_[b], ErrorCode::kInternal,
+                  "KV pool: freeing block {} that is not allocated", b);
+    used_[b] = 0;
+    free_.push_back(b);
+  }
+}
+
+}  // namespace longctx

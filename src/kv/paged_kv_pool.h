@@ -1,0 +1,52 @@
+// The paged KV pool of one device: per layer K and V, each [num_blocks, block_size, kv_heads,
+// head_dim] (the layout the paged prefill / decode kernels read), allocated once from the device
+// pool so their addresses never change. Block ids are handed out by a free list; the
+// BlockManager (prefix caching, ref counts) builds on top of it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "longctx/core/tensor.h"
+
+namespace longctx {
+
+struct PagedKVPoolConfig {
+  int64_t num_layers = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 0;  // tokens per block
+  int64_t num_blocks = 0;
+  DType dtype = DType::kBF16;
+  Device device = Device::cpu();
+
+  // K and V of every layer for one block.
+  int64_t bytes_per_block() const;
+};
+
+class PagedKVPool {
+ public:
+  // Throws Error(kInvalidArgument) for a non-positive size, Error(kOutOfMemory) (from the device
+  // pool) when the blocks do not fit the device budget.
+  explicit PagedKVPool(const PagedKVPoolConfig& config);
+
+  const PagedKVPoolConfig& config() const { return config_; }
+  int64_t block_size() const { return config_.block_size; }
+  int64_t num_blocks() const { return config_.num_blocks; }
+  const Tensor& k(int64_t layer) const { return k_[layer]; }  // [blocks, block_size, Hkv, d]
+  const Tensor& v(int64_t layer) const { return v_[layer]; }  // [blocks, block_size, Hkv, d]
+
+  int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  // n block ids (lowest first); throws Error(kOutOfMemory) naming the shortfall, allocating none.
+  std::vector<int32_t> allocate(int64_t n);
+  void free(const std::vector<int32_t>& blocks);
+
+ private:
+  PagedKVPoolConfig config_;
+  std::vector<Tensor> k_;      // per layer [num_blocks, block_size, Hkv, d]
+  std::vector<Tensor> v_;      // per layer [num_blocks, block_size, Hkv, d]
+  std::vector<int32_t> free_;  // free block ids, popped from the back
+  std::vector<uint8_t> used_;  // [num_blocks] 1 while allocated (double-free check)
+};
+
+}  // namespace longctx

@@ -1,0 +1,81 @@
+#include "models/weight_loader.h"
+
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "longctx/core/error.h"
+#include "longctx/core/pinned_upload.h"
+
+namespace longctx::models {
+
+namespace {
+// Weights on a GPU are bf16 whatever the checkpoint's dtype (the kernels' element type).
+constexpr DType kDeviceDType = DType::kBF16;
+}  // namespace
+
+WeightLoader::WeightLoader(Device device) : device_(device) {
+  if (device_.is_cuda()) uploader_ = std::make_unique<PinnedUploader>(device_.index);
+}
+
+WeightLoader::~WeightLoader() = default;
+
+void WeightLoader::upload_into(const Tensor& src, const Tensor& dst) {
+  Tensor s = src.dtype() == kDeviceDType ? src.contiguous() : src.to_dtype(kDeviceDType);
+  LONGCTX_ASSERT(s.nbytes() == dst.nbytes(), "upload of {} into {}", s.str(), dst.str());
+  uploader_->upload(s.data_ptr(), dst.data_ptr(), s.nbytes());
+  // A converted copy must outlive its asynchronous upload: the uploader has read it into pinned
+  // memory once upload() returns, so nothing needs keeping here.
+  bytes_ += static_cast<int64_t>(s.nbytes());
+}
+
+Tensor WeightLoader::load(const Tensor& w) {
+  if (!w.defined()) return w;
+  if (device_.is_cpu()) return w;
+  Tensor d = Tensor::empty(w.shape(), kDeviceDType, device_);
+  upload_into(w, d);
+  return d;
+}
+
+Tensor WeightLoader::load_fused(std::initializer_list<Tensor> parts) {
+  std::vector<Tensor> ps(parts);
+  int64_t defined = 0, rows = 0;
+  for (const Tensor& p : ps) {
+    if (!p.defined()) continue;
+    ++defined;
+    // Matrices share their column count; biases (rank 1) are simply concatenated.
+    LONGCTX_CHECK(p.rank() == ps[0].rank() && p.dtype() == ps[0].dtype() &&
+                      (p.rank() == 1 || p.size(-1) == ps[0].size(-1)),
+                  ErrorCode::kInvalidArgument, "fusing weights of different shapes: {} and {}",
+                  ps[0].str(), p.str());
+    rows += p.size(0);
+  }
+  if (defined == 0) return Tensor();
+  LONGCTX_CHECK(defined == static_cast<int64_t>(ps.size()), ErrorCode::kInvalidArgument,
+                "fusing weights: {} of {} parts are missing (e.g. a bias on q_proj but not "
+                "k_proj)",
+                ps.size() - defined, ps.size());
+  Shape shape = ps[0].shape();
+  shape[0] = rows;
+  const DType dtype = device_.is_cpu() ? ps[0].dtype() : kDeviceDType;
+  Tensor out = Tensor::empty(shape, dtype, device_);
+  int64_t row = 0;
+  for (const Tensor& p : ps) {
+    Tensor dst = out.slice(0, row, row + p.size(0));
+    if (device_.is_cpu())
+      dst.copy_from(p);
+    else
+      upload_into(p, dst);
+    row += p.size(0);
+  }
+  return out;
+}
+
+void WeightLoader::finish() {
+  if (uploader_) {
+    uploader_->finish();
+    seconds_ = uploader_->seconds();
+  }
+}
+
+}  // namespace longctx::models

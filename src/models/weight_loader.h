@@ -1,0 +1,44 @@
+// Puts checkpoint weights on the model's device. CPU: weights stay views of the checkpoint's
+// mmaps (no copy) except fused ones, which are concatenated once. CUDA: every weight is copied
+// to the device pool as bf16 through pinned staging buffers (PinnedUploader: the mmap is read
+// into pinned chunks while earlier chunks cross PCIe), f32/f16 checkpoints converted on the host.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+
+#include "longctx/core/tensor.h"
+
+namespace longctx {
+class PinnedUploader;
+}
+
+namespace longctx::models {
+
+class WeightLoader {
+ public:
+  explicit WeightLoader(Device device);
+  ~WeightLoader();
+
+  // `w` on the device (undefined stays undefined).
+  Tensor load(const Tensor& w);
+  // The rows of `parts` (each [rows_i, cols], same cols) concatenated: [sum rows_i, cols].
+  // Undefined parts are not allowed; returns undefined when every part is undefined.
+  Tensor load_fused(std::initializer_list<Tensor> parts);
+  // Waits for every copy; afterwards seconds() / bytes() describe the whole load.
+  void finish();
+  double seconds() const { return seconds_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  // Copies host tensor `src` (contiguous) into `dst` (contiguous, device_, bf16) at row offset.
+  void upload_into(const Tensor& src, const Tensor& dst);
+
+  Device device_;
+  std::unique_ptr<PinnedUploader> uploader_;
+  double seconds_ = 0;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace longctx::models

@@ -1,0 +1,464 @@
+// CUDA linear: out[n, out] = x[n, in] @ W[out, in]^T (+ bias), fp32 accumulation.
+//
+// cuBLASLt is column-major. A row-major [r, c] matrix with row stride ld is the column-major
+// [c, r] matrix with leading dimension ld, so out (row-major [n, out], ld ldo) is the
+// column-major D = [out, n] = W x^T = op(A) * B with A = W read as column-major [in, out]
+// (ld ldw) and transa = T, B = x read as column-major [in, n] (ld ldx) and transb = N: the
+// "TN" layout cuBLASLt's tensor-core kernels prefer. The bias runs over D's rows (the out
+// features): CUBLASLT_EPILOGUE_BIAS.
+//
+// Per device: one cuBLASLt handle; per (device, stream) one 32 MiB workspace allocated once
+// through Tensor::empty (so a GEMM never allocates, and two streams never share a workspace);
+// per problem (sizes, strides, dtypes, operand alignments, epilogue) the matmul descriptor,
+// layouts and the heuristic's algorithm, cached in a map (cleared when it reaches kMaxPlans).
+//
+// Decode (n <= kGemvAutoRows) uses gemv_kernel instead: each warp streams one weight row once
+// with 16-byte loads (4 in flight per lane) and dots it with the n x rows, which stay in L1.
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/stream_limits.h"
+#include "longctx/core/stream.h"
+#include "ops/linear.h"
+#include "ops/ops_device.cuh"
+
+namespace longctx::ops {
+
+namespace {
+
+using namespace cuda_detail;
+
+#define LONGCTX_CUBLASLT_CHECK(call)                                                        \
+  do {                                                                                      \
+    const cublasStatus_t st_ = (call);                                                      \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      ::longctx::throw_cuda_error(__FILE__, __LINE__, #call, cublasLtGetStatusString(st_)); \
+  } while (0)
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr size_t kMaxPlans = 1024;
+constexpr int64_t kGemvAutoRows = 4;  // kAuto picks the GEMV up to this n
+constexpr int64_t kGemvMaxRows = 8;   // the GEMV kernel's limit
+constexpr int kGemvWarps = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Arguments.
+
+struct LinearArgs {
+  const void* x = nullptr;     // [n, in], row stride ldx
+  const void* w = nullptr;     // [out, in], row stride ldw
+  const void* bias = nullptr;  // [out] or nullptr
+  void* out = nullptr;         // [n, out], row stride ldo
+  int64_t n = 0, in = 0, out_features = 0, ldx = 0, ldw = 0, ldo = 0;
+  DType x_dtype = DType::kBF16, w_dtype = DType::kBF16, out_dtype = DType::kBF16;
+  DType bias_dtype = DType::kF32;
+  Device device;
+};
+
+std::string describe(const LinearArgs& a) {
+  return LONGCTX_FORMAT(
+      "x [{}, {}] {} (row stride {}) @ weight [{}, {}] {}^T -> out {} (row "
+      "stride {})",
+      a.n, a.in, dtype_name(a.x_dtype), a.ldx, a.out_features, a.in, dtype_name(a.w_dtype),
+      dtype_name(a.out_dtype), a.ldo);
+}
+
+// Row stride of a rank-2 operand: strides()[0], or the width when there is a single row (a
+// size-1 dim may carry any stride).
+int64_t row_stride(const Tensor& t) { return t.size(0) > 1 ? t.strides()[0] : t.size(1); }
+
+LinearArgs linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Tensor& out) {
+  for (auto [name, t] : {std::pair{"x", &x}, {"weight", &weight}, {"out", &out}}) {
+    LONGCTX_CHECK(t->defined(), ErrorCode::kInvalidArgument, "linear: {} is undefined", name);
+    LONGCTX_CHECK(t->rank() == 2, ErrorCode::kInvalidArgument,
+                  "linear: {} must have rank 2, got {}", name, t->str());
+    LONGCTX_CHECK(t->strides()[1] == 1 || t->size(1) <= 1, ErrorCode::kInvalidArgument,
+                  "linear: {} {} must have a contiguous last dim", name, t->str());
+    LONGCTX_CHECK(t->device().is_cuda() && t->device() == x.device(), ErrorCode::kInvalidArgument,
+                  "linear_cuda: {} {} is not on x's CUDA device", name, t->str());
+  }
+  LONGCTX_CHECK(weight.is_contiguous(), ErrorCode::kInvalidArgument,
+                "linear: weight {} must be contiguous", weight.str());
+  LinearArgs a;
+  a.n = x.size(0);
+  a.in = x.size(1);
+  a.out_features = weight.size(0);
+  LONGCTX_CHECK(weight.size(1) == a.in, ErrorCode::kInvalidArgument,
+                "linear: x {} does not match weight {} (in_features {})", x.str(), weight.str(),
+                weight.size(1));
+  LONGCTX_CHECK(out.size(0) == a.n && out.size(1) == a.out_features, ErrorCode::kInvalidArgument,
+                "linear: out must have shape [{}, {}], got {}", a.n, a.out_features, out.str());
+  a.x_dtype = x.dtype();
+  a.w_dtype = weight.dtype();
+  a.out_dtype = out.dtype();
+  const bool pair_ok = (a.x_dtype == DType::kBF16 && a.w_dtype == DType::kBF16) ||
+                       (a.x_dtype == DType::kF16 && a.w_dtype == DType::kF16) ||
+                       (a.x_dtype == DType::kF32 && a.w_dtype == DType::kF32);
+  LONGCTX_CHECK(pair_ok, ErrorCode::kUnsupported,
+                "linear (CUDA): x {} and weight {} must both be bf16, f16 or f32", x.str(),
+                weight.str());
+  LONGCTX_CHECK(a.out_dtype == DType::kF32 || a.out_dtype == a.x_dtype, ErrorCode::kUnsupported,
+                "linear (CUDA): out {} must be f32 or x's dtype {}", out.str(),
+                dtype_name(a.x_dtype));
+  if (bias.defined()) {
+    LONGCTX_CHECK(bias.is_contiguous() && bias.rank() == 1 && bias.size(0) == a.out_features,
+                  ErrorCode::kInvalidArgument, "linear: bias must be a contiguous [{}], got {}",
+                  a.out_features, bias.str());
+    const DType bt = bias.dtype();
+    LONGCTX_CHECK(bt == DType::kF32 || bt == DType::kBF16 || bt == DType::kF16,
+                  ErrorCode::kInvalidArgument, "linear: bias must be f32, bf16 or f16, got {}",
+                  bias.str());
+    LONGCTX_CHECK(bias.device() == x.device(), ErrorCode::kInvalidArgument,
+                  "linear: bias {} is not on x's device", bias.str());
+    a.bias = bias.data_ptr();
+    a.bias_dtype = bias.dtype();
+  }
+  a.ldx = row_stride(x);
+  a.ldo = row_stride(out);
+  a.ldw = a.in;
+  LONGCTX_CHECK(a.ldx >= a.in && a.ldo >= a.out_features, ErrorCode::kInvalidArgument,
+                "linear: row strides of x {} ({}) and out {} ({}) must be at least their widths",
+                x.str(), a.ldx, out.str(), a.ldo);
+  a.x = x.data_ptr();
+  a.w = weight.data_ptr();
+  a.out = out.data_ptr();
+  a.device = x.device();
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias add for the dtype pairs the epilogue does not take: out[r, c] += bias[c] in fp32.
+
+template <typename TO>
+struct BiasAddRow {
+  void* out;
+  int64_t ldo;
+  const void* bias;
+  DType bias_dtype;
+  __device__ void operator()(int64_t r, int64_t c) const {
+    TO* o = static_cast<TO*>(out) + r * ldo + c;
+    *o = from_f32<TO>(to_f32(*o) + load_any(bias, bias_dtype, c));
+  }
+};
+
+void launch_bias_add(const LinearArgs& a, cudaStream_t stream) {
+  visit_float(a.out_dtype, "linear", [&](auto to) {
+    using TO = decltype(to);
+    launch_rows(BiasAddRow<TO>{a.out, a.ldo, a.bias, a.bias_dtype}, a.n, a.out_features, stream);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV for decode: out[j, o] = sum_k x[j, k] w[o, k] (+ bias[o]), j < N.
+
+struct GemvParams {
+  const void* x;  // [N, in], row stride ldx (16-byte aligned rows)
+  int64_t ldx;
+  const void* w;  // [out, in], row stride ldw (16-byte aligned rows)
+  int64_t ldw;
+  const void* bias;  // [out] or nullptr
+  DType bias_dtype;
+  void* out;  // [N, out], row stride ldo
+  int64_t ldo;
+  int64_t in, out_features;
+};
+
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
+  const uint32_t wv[4] = {w.x, w.y, w.z, w.w}, xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = unpack2<T>(wv[i]), b = unpack2<T>(xv[i]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
+template <int N, typename T, typename TO>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t o = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (o >= p.out_features) return;
+  const uint4* w = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + o * p.ldw);
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t chunks = p.in / 8;
+  float acc[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc[j] = 0.f;
+  int64_t c = lane;
+  // Four 16-byte weight loads in flight per lane before they are used (streaming: evict first).
+  for (; c + 3 * 32 < chunks; c += 4 * 32) {
+    uint4 wv[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) wv[u] = __ldcs(w + c + u * 32);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int j = 0; j < N; ++j)
+        acc[j] = dot8<T>(wv[u], __ldg(reinterpret_cast<const uint4*>(x + j * p.ldx) + c + u * 32),
+                         acc[j]);
+  }
+  for (; c < chunks; c += 32) {
+    const uint4 wv = __ldcs(w + c);
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      acc[j] = dot8<T>(wv, __ldg(reinterpret_cast<const uint4*>(x + j * p.ldx) + c), acc[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], s);
+  if (lane == 0) {
+    const float b = p.bias ? load_any(p.bias, p.bias_dtype, o) : 0.f;
+#pragma unroll
+    for (int j = 0; j < N; ++j) static_cast<TO*>(p.out)[j * p.ldo + o] = from_f32<TO>(acc[j] + b);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Why the GEMV cannot run these arguments ("" when it can).
+std::string gemv_refusal(const LinearArgs& a) {
+  if (a.x_dtype == DType::kF32) return "f32 x/weight";
+  if (a.n < 1 || a.n > kGemvMaxRows)
+    return LONGCTX_FORMAT("n = {} outside [1, {}]", a.n, kGemvMaxRows);
+  if (a.in % 8 != 0 || a.ldw % 8 != 0 || (a.n > 1 && a.ldx % 8 != 0) || !aligned16(a.x) ||
+      !aligned16(a.w))
+    return "x/weight rows not 16-byte aligned";
+  return "";
+}
+
+template <int N>
+void launch_gemv_n(const LinearArgs& a, cudaStream_t stream) {
+  const GemvParams p{a.x,          a.ldx, a.w,   a.ldw, a.bias,
+                     a.bias_dtype, a.out, a.ldo, a.in,  a.out_features};
+  const int64_t blocks = (a.out_features + kGemvWarps - 1) / kGemvWarps;
+  LONGCTX_CHECK(blocks <= 0x7fffffff, ErrorCode::kInvalidArgument, "linear: {} outputs",
+                a.out_features);
+  visit_float(a.out_dtype, "linear", [&](auto to) {
+    using TO = decltype(to);
+    if (a.x_dtype == DType::kBF16)
+      gemv_kernel<N, __nv_bfloat16, TO><<<unsigned(blocks), kGemvWarps * 32, 0, stream>>>(p);
+    else
+      gemv_kernel<N, __half, TO><<<unsigned(blocks), kGemvWarps * 32, 0, stream>>>(p);
+    LONGCTX_CUDA_CHECK_LAUNCH("gemv_kernel");
+  });
+}
+
+void launch_gemv(const LinearArgs& a, cudaStream_t stream) {
+  switch (a.n) {
+    case 1:
+      return launch_gemv_n<1>(a, stream);
+    case 2:
+      return launch_gemv_n<2>(a, stream);
+    case 3:
+      return launch_gemv_n<3>(a, stream);
+    case 4:
+      return launch_gemv_n<4>(a, stream);
+    case 5:
+      return launch_gemv_n<5>(a, stream);
+    case 6:
+      return launch_gemv_n<6>(a, stream);
+    case 7:
+      return launch_gemv_n<7>(a, stream);
+    default:
+      return launch_gemv_n<8>(a, stream);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cuBLASLt.
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// Largest power of two <= 256 dividing the address (cuBLASLt's alignment preference).
+uint32_t alignment(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+// Everything a cached plan depends on.
+struct GemmKey {
+  int64_t n, in, out, ldx, ldw, ldo;
+  DType x, w, o;
+  bool bias_epilogue;
+  uint32_t align_x, align_w, align_o, align_bias;
+  bool operator==(const GemmKey&) const = default;
+};
+
+struct GemmKeyHash {
+  size_t operator()(const GemmKey& k) const {
+    size_t h = 1469598103934665603ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    for (int64_t v : {k.n, k.in, k.out, k.ldx, k.ldw, k.ldo}) mix(uint64_t(v));
+    mix(uint64_t(k.x) | uint64_t(k.w) << 8 | uint64_t(k.o) << 16 | uint64_t(k.bias_epilogue) << 24);
+    mix(uint64_t(k.align_x) | uint64_t(k.align_w) << 16 | uint64_t(k.align_o) << 32 |
+        uint64_t(k.align_bias) << 48);
+    return h;
+  }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+struct DeviceContext {
+  std::mutex mu;  // guards everything below, and a plan's bias pointer until its launch
+  cublasLtHandle_t handle = nullptr;
+  std::unordered_map<cudaStream_t, Tensor> workspaces;
+  std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans;
+};
+
+// Never destroyed: process exit tears the CUDA context down first, after which cuBLASLt handle
+// and device memory frees would fail.
+DeviceContext& device_context(int device) {
+  static std::mutex mu;
+  static DeviceContext* contexts[kMaxCudaDevices] = {};
+  LONGCTX_CHECK(device >= 0 && device < kMaxCudaDevices, ErrorCode::kInvalidArgument,
+                "linear: device index {} out of range", device);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!contexts[device]) {
+    auto* ctx = new DeviceContext();
+    LONGCTX_CUBLASLT_CHECK(cublasLtCreate(&ctx->handle));
+    contexts[device] = ctx;
+  }
+  return *contexts[device];
+}
+
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  LONGCTX_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
+}
+
+std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmKey& k, const LinearArgs& a) {
+  auto plan = std::make_unique<Plan>();
+  LONGCTX_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(CUBLAS_OP_T));
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
+  if (k.bias_epilogue) {
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(CUBLASLT_EPILOGUE_BIAS));
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(cuda_type(k.o)));
+    // The heuristic reads the pointer's alignment; launches set their own pointer.
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias);
+  }
+  LONGCTX_CUBLASLT_CHECK(
+      cublasLtMatrixLayoutCreate(&plan->a, cuda_type(k.w), uint64_t(k.in), uint64_t(k.out), k.ldw));
+  LONGCTX_CUBLASLT_CHECK(
+      cublasLtMatrixLayoutCreate(&plan->b, cuda_type(k.x), uint64_t(k.in), uint64_t(k.n), k.ldx));
+  LONGCTX_CUBLASLT_CHECK(
+      cublasLtMatrixLayoutCreate(&plan->c, cuda_type(k.o), uint64_t(k.out), uint64_t(k.n), k.ldo));
+  cublasLtMatmulPreference_t pref = nullptr;
+  LONGCTX_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
+    return cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v);
+  };
+  cublasStatus_t st = set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_w);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_x);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_o);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_o);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c,
+                                        pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
+    LONGCTX_THROW(ErrorCode::kUnsupported,
+                  "linear: cuBLASLt has no kernel for {} (operand alignments x {} B, weight {} B, "
+                  "out {} B; rows that are multiples of 16 bytes always work)",
+                  describe(a), k.align_x, k.align_w, k.align_o);
+  LONGCTX_CUBLASLT_CHECK(st);
+  plan->algo = result.algo;
+  return plan;
+}
+
+void run_cublaslt(const LinearArgs& a, bool bias_epilogue, cudaStream_t stream) {
+  LONGCTX_CHECK(a.in > 0, ErrorCode::kInvalidArgument,
+                "linear (CUDA): in_features must be positive for {}", describe(a));
+  DeviceContext& ctx = device_context(a.device.index);
+  const GemmKey key{a.n,
+                    a.in,
+                    a.out_features,
+                    a.ldx,
+                    a.ldw,
+                    a.ldo,
+                    a.x_dtype,
+                    a.w_dtype,
+                    a.out_dtype,
+                    bias_epilogue,
+                    alignment(a.x),
+                    alignment(a.w),
+                    alignment(a.out),
+                    bias_epilogue ? alignment(a.bias) : 0u};
+  std::lock_guard<std::mutex> lock(ctx.mu);
+  Tensor& workspace = ctx.workspaces[stream];
+  if (!workspace.defined())
+    workspace = Tensor::empty({int64_t(kWorkspaceBytes)}, DType::kU8, a.device);
+  auto it = ctx.plans.find(key);
+  if (it == ctx.plans.end()) {
+    if (ctx.plans.size() >= kMaxPlans) ctx.plans.clear();
+    it = ctx.plans.emplace(key, make_plan(ctx.handle, key, a)).first;
+  }
+  const Plan& plan = *it->second;
+  if (bias_epilogue) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias);
+  const float alpha = 1.0f, beta = 0.0f;
+  LONGCTX_CUBLASLT_CHECK(cublasLtMatmul(ctx.handle, plan.desc, &alpha, a.w, plan.a, a.x, plan.b,
+                                        &beta, a.out, plan.c, a.out, plan.c, &plan.algo,
+                                        workspace.data_ptr(), kWorkspaceBytes, stream));
+}
+
+}  // namespace
+
+void linear_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+                 LinearBackend backend) {
+  const LinearArgs a = linear_args(x, weight, bias, out);
+  DeviceGuard guard(a.device.index);
+  cudaStream_t stream = op_stream(a.device, "linear");
+  if (a.n == 0 || a.out_features == 0) return;
+  const std::string refusal = gemv_refusal(a);
+  if (backend == LinearBackend::kGemv)
+    LONGCTX_CHECK(refusal.empty(), ErrorCode::kUnsupported, "linear: GEMV cannot run {}: {}",
+                  describe(a), refusal);
+  const bool gemv = backend == LinearBackend::kGemv ||
+                    (backend == LinearBackend::kAuto && refusal.empty() && a.n <= kGemvAutoRows);
+  if (gemv) return launch_gemv(a, stream);
+  const bool bias_epilogue =
+      a.bias != nullptr && a.bias_dtype == a.out_dtype && alignment(a.bias) >= 16;
+  run_cublaslt(a, bias_epilogue, stream);
+  if (a.bias && !bias_epilogue) launch_bias_add(a, stream);
+}
+
+}  // namespace longctx::ops

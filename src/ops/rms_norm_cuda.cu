@@ -1,0 +1,130 @@
+// CUDA rms_norm / add_rms_norm: kThreadsPerRow threads share a row (a warp for short rows such
+// as Qwen3's per-head norms, a block for hidden-size rows). Pass 1 reads x (and for
+// add_rms_norm adds it into the fp32 residual, storing it) and sums the squares in double like
+// the CPU twin; pass 2 rereads the row (x, or the residual this thread just wrote) and stores
+// w * (r * inv_rms). A thread's pass-2 elements are the ones it read in pass 1 and every read of
+// pass 1 precedes the reduction, so out may alias x.
+#include "longctx/core/stream.h"
+#include "ops/ops_device.cuh"
+#include "ops/rms_norm.h"
+
+namespace longctx::ops {
+
+namespace {
+
+using namespace cuda_detail;
+
+constexpr int kBlock = 256;
+
+// Sum of v over the kThreadsPerRow threads of a row (all threads of the block call it).
+template <int kThreadsPerRow>
+__device__ __forceinline__ double row_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if constexpr (kThreadsPerRow > 32) {
+    constexpr int kWarps = kThreadsPerRow / 32;
+    __shared__ double partial[kBlock / 32];
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) partial[warp] = v;
+    __syncthreads();
+    const int first = warp / kWarps * kWarps;  // the row's first warp
+    v = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += partial[first + w];
+  }
+  return v;
+}
+
+template <int N, int kThreadsPerRow, typename TX, typename TO, bool kResidual>
+__global__ void __launch_bounds__(kBlock) rms_norm_kernel(RmsNormParams p) {
+  constexpr int kRowsPerBlock = kBlock / kThreadsPerRow;
+  const int lane = threadIdx.x % kThreadsPerRow;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
+  const bool active = row < p.x.rows;  // idle threads still take part in the reduction
+  const int64_t d = p.x.cols, chunks = d / N;
+  const TX* x = active ? row_of<const TX>(p.x, row) : nullptr;
+  float* res = kResidual && active ? row_of<float>(p.residual, row) : nullptr;
+  double ss = 0;
+  if (active) {
+    for (int64_t c = lane; c < chunks; c += kThreadsPerRow) {
+      float v[N];
+      load<N>(x + c * N, v);
+      if constexpr (kResidual) {
+        float r[N];
+        load<N>(res + c * N, r);
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = r[i] + v[i];
+        store<N>(res + c * N, v);
+      }
+#pragma unroll
+      for (int i = 0; i < N; ++i) ss += double(v[i]) * double(v[i]);
+    }
+  }
+  ss = row_sum<kThreadsPerRow>(ss);
+  if (!active) return;
+  const float variance = static_cast<float>(ss / double(d));
+  const float inv_rms = 1.0f / sqrtf(variance + p.eps);
+  TO* out = row_of<TO>(p.out, row);
+  for (int64_t c = lane; c < chunks; c += kThreadsPerRow) {
+    float v[N], o[N];
+    if constexpr (kResidual)
+      load<N>(res + c * N, v);
+    else
+      load<N>(x + c * N, v);
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      o[i] = __fmul_rn(load_any(p.weight, p.weight_dtype, c * N + i), __fmul_rn(v[i], inv_rms));
+    store<N>(out + c * N, o);
+  }
+}
+
+template <int N, typename TX, typename TO, bool kResidual>
+void launch_width(const RmsNormParams& p, cudaStream_t stream) {
+  const int64_t chunks = p.x.cols / N;
+  auto launch = [&](auto tpr) {
+    constexpr int kTpr = decltype(tpr)::value;
+    const int64_t rows_per_block = kBlock / kTpr;
+    const int64_t blocks = (p.x.rows + rows_per_block - 1) / rows_per_block;
+    LONGCTX_CHECK(blocks <= 0x7fffffff, ErrorCode::kInvalidArgument, "rms_norm: {} rows", p.x.rows);
+    rms_norm_kernel<N, kTpr, TX, TO, kResidual><<<unsigned(blocks), kBlock, 0, stream>>>(p);
+    LONGCTX_CUDA_CHECK_LAUNCH("rms_norm_kernel");
+  };
+  if (chunks <= 64)
+    launch(std::integral_constant<int, 32>{});
+  else if (chunks <= 256)
+    launch(std::integral_constant<int, 128>{});
+  else
+    launch(std::integral_constant<int, 256>{});
+}
+
+template <bool kResidual>
+void run(const RmsNormParams& p, const char* op) {
+  DeviceGuard guard(p.device.index);
+  cudaStream_t stream = op_stream(p.device, op);
+  if (p.x.rows == 0) return;
+  const bool vec = p.x.cols % kVec == 0 && rows_aligned16(p.x) && rows_aligned16(p.out) &&
+                   (!kResidual || rows_aligned16(p.residual));
+  visit_float(p.x.dtype, op, [&](auto tx) {
+    visit_float(p.out.dtype, op, [&](auto to) {
+      using TX = decltype(tx);
+      using TO = decltype(to);
+      if (vec)
+        launch_width<kVec, TX, TO, kResidual>(p, stream);
+      else
+        launch_width<1, TX, TO, kResidual>(p, stream);
+    });
+  });
+}
+
+}  // namespace
+
+void rms_norm_cuda(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+  run<false>(rms_norm_params(x, weight, eps, out), "rms_norm");
+}
+
+void add_rms_norm_cuda(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                       const Tensor& out) {
+  run<true>(add_rms_norm_params(x, residual, weight, eps, out), "add_rms_norm");
+}
+
+}  // namespace longctx::ops

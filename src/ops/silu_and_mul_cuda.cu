@@ -1,0 +1,51 @@
+// CUDA silu_and_mul: out = g / (1 + expf(-g)) * u in fp32 (expf, not __expf), one thread per
+// kVec (or 1) elements of a row; out may be gate or up exactly (same thread reads and writes).
+#include "longctx/core/stream.h"
+#include "ops/ops_device.cuh"
+#include "ops/silu_and_mul.h"
+
+namespace longctx::ops {
+
+namespace {
+
+using namespace cuda_detail;
+
+template <int N, typename TG, typename TU, typename TO>
+struct SiluAndMulRow {
+  SiluAndMulParams p;
+  __device__ void operator()(int64_t r, int64_t chunk) const {
+    const int64_t col = chunk * N;
+    float g[N], u[N], o[N];
+    load<N>(row_of<const TG>(p.gate, r) + col, g);
+    load<N>(row_of<const TU>(p.up, r) + col, u);
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] = __fmul_rn(__fdiv_rn(g[i], 1.0f + expf(-g[i])), u[i]);
+    store<N>(row_of<TO>(p.out, r) + col, o);
+  }
+};
+
+}  // namespace
+
+void silu_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const SiluAndMulParams p = silu_and_mul_params(gate, up, out);
+  DeviceGuard guard(p.device.index);
+  cudaStream_t stream = op_stream(p.device, "silu_and_mul");
+  const int64_t rows = p.gate.rows, cols = p.gate.cols;
+  const bool vec =
+      cols % kVec == 0 && rows_aligned16(p.gate) && rows_aligned16(p.up) && rows_aligned16(p.out);
+  visit_float(p.gate.dtype, "silu_and_mul", [&](auto tg) {
+    visit_float(p.up.dtype, "silu_and_mul", [&](auto tu) {
+      visit_float(p.out.dtype, "silu_and_mul", [&](auto to) {
+        using TG = decltype(tg);
+        using TU = decltype(tu);
+        using TO = decltype(to);
+        if (vec)
+          launch_rows(SiluAndMulRow<kVec, TG, TU, TO>{p}, rows, cols / kVec, stream);
+        else
+          launch_rows(SiluAndMulRow<1, TG, TU, TO>{p}, rows, cols, stream);
+      });
+    });
+  });
+}
+
+}  // namespace longctx::ops
