@@ -1,0 +1,54 @@
+// The GPU memory plan is arithmetic on the config: testable without a GPU.
+#include <gtest/gtest.h>
+
+#include "longctx/core/error.h"
+#include "longctx/engine/gpu_runner.h"
+#include "longctx/loader/checkpoint.h"
+
+namespace longctx {
+namespace {
+
+constexpr int64_t kGiB = 1ll << 30;
+
+TEST(GpuMemoryPlan, Llama8BOnAnH200SizedBudget) {
+  const ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  GpuRunnerOptions o;
+  const GpuMemoryPlan p = plan_gpu_memory(c, o, 120 * kGiB);
+  EXPECT_EQ(p.weights, 8030261248ll * 2);  // 8.03 B parameters in bf16
+  EXPECT_EQ(p.block_size, kDefaultBlockSize);
+  EXPECT_EQ(p.kv_block_bytes, 2ll * 32 * kDefaultBlockSize * 8 * 128 * 2);
+  EXPECT_EQ(p.max_model_len, 131072);
+  EXPECT_LE(p.weights + p.activations + p.workspaces + p.kv_bytes(), p.budget);
+  EXPECT_GT(p.budget - (p.weights + p.activations + p.workspaces + p.kv_bytes()), -1);
+  EXPECT_GE(p.kv_tokens(), 4 * 131072);  // ~90 GiB of KV: over 700K tokens
+}
+
+TEST(GpuMemoryPlan, A24GiBCardCannotHoldA128KSequenceButHolds32K) {
+  const ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  GpuRunnerOptions o;
+  try {
+    plan_gpu_memory(c, o, 24 * kGiB);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("max_model_len 131072"), std::string::npos) << e.what();
+  }
+  o.max_model_len = 32768;
+  const GpuMemoryPlan p = plan_gpu_memory(c, o, 24 * kGiB);
+  EXPECT_GE(p.kv_tokens(), 32768);
+  EXPECT_LE(p.weights + p.activations + p.workspaces + p.kv_bytes(), 24 * kGiB);
+}
+
+TEST(GpuMemoryPlan, ExplicitBlockCountIsKept) {
+  const ModelConfig c = dummy_preset_config("qwen3-0.6b");
+  GpuRunnerOptions o;
+  o.num_gpu_blocks = 1000;
+  o.block_size = 16;
+  o.max_model_len = 8192;  // 512 blocks per sequence
+  const GpuMemoryPlan p = plan_gpu_memory(c, o, 40 * kGiB);
+  EXPECT_EQ(p.num_kv_blocks, 1000);
+  EXPECT_EQ(p.kv_tokens(), 16000);
+}
+
+}  // namespace
+}  // namespace longctx

@@ -1,0 +1,68 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "gpu_ops/device_fill.h"
+#include "longctx/core/cuda_check.h"
+
+namespace longctx::gpu_ops_test {
+
+namespace {
+
+__device__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_kernel(void* dst, int64_t count, DType dtype, uint64_t seed, float lo,
+                            float hi) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(i));
+    const float u = float(h >> 40) * (1.0f / 16777216.0f);  // 24 bits: [0, 1)
+    const float v = lo + (hi - lo) * u;
+    switch (dtype) {
+      case DType::kBF16:
+        static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16_rn(v);
+        break;
+      case DType::kF16:
+        static_cast<__half*>(dst)[i] = __float2half_rn(v);
+        break;
+      case DType::kI32: {
+        const int span = int(hi) - int(lo);
+        static_cast<int32_t*>(dst)[i] = int(lo) + int(h % uint64_t(span > 0 ? span : 1));
+        break;
+      }
+      default:
+        static_cast<float*>(dst)[i] = v;
+    }
+  }
+}
+
+__device__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void spin_kernel(uint64_t ns) {
+  const uint64_t start = global_ns();
+  while (global_ns() - start < ns) __nanosleep(1000);
+}
+
+}  // namespace
+
+void fill_uniform(void* dst, int64_t count, DType dtype, uint64_t seed, float lo, float hi,
+                  cudaStream_t stream) {
+  if (count <= 0) return;
+  const int64_t blocks = std::min<int64_t>((count + 255) / 256, 65536);
+  fill_kernel<<<unsigned(blocks), 256, 0, stream>>>(dst, count, dtype, seed, lo, hi);
+  LONGCTX_CUDA_CHECK_LAUNCH("fill_kernel");
+}
+
+void launch_spin(cudaStream_t stream, uint64_t ns) {
+  spin_kernel<<<1, 1, 0, stream>>>(ns);
+  LONGCTX_CUDA_CHECK_LAUNCH("spin_kernel");
+}
+
+}  // namespace longctx::gpu_ops_test

@@ -1,0 +1,22 @@
+// Device-side helpers of the op tests: deterministic random fills (so multi-GB inputs need no
+// host generation or upload) and a kernel that keeps a stream busy (stream-order tests).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "longctx/core/dtype.h"
+
+namespace longctx::gpu_ops_test {
+
+// dst[i] = lo + (hi - lo) * u(seed, i), u uniform in [0, 1) from a hash of (seed, i), rounded to
+// dtype (f32/bf16/f16). For i32, values in [int(lo), int(hi)). Deterministic for any launch
+// shape.
+void fill_uniform(void* dst, int64_t count, DType dtype, uint64_t seed, float lo, float hi,
+                  cudaStream_t stream = nullptr);
+
+// One thread sleeps on the global timer for `ns` nanoseconds.
+void launch_spin(cudaStream_t stream, uint64_t ns);
+
+}  // namespace longctx::gpu_ops_test
