@@ -189,7 +189,7 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   m.plan = plan_gpu_memory(c, options, st.budget - st.in_use + weight_bytes(c));
   m.plan.weights = st.in_use;
   PagedKVPoolConfig kv{c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
-                       m.plan.block_size, m.plan.num_kv_blocks, DType::kBF16,
+                       m.plan.block_size, m.plan.num_kv_blocks, m.model->activation_dtype(),
                        m.model->device()};
   m.pool = std::make_unique<PagedKVPool>(kv);
   PagedBackendLimits limits;

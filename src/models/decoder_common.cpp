@@ -29,10 +29,10 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
     : checkpoint_(std::move(checkpoint)), device_(options.device) {
   LONGCTX_CHECK(checkpoint_ != nullptr, ErrorCode::kInvalidArgument,
                 "create_model: null checkpoint");
-  act_dtype_ = device_.is_cpu() ? DType::kF32 : DType::kBF16;
+  act_dtype_ = device_.is_cpu() ? DType::kF32 : options.activation_dtype;
   const ModelConfig& c = checkpoint_->config;
   const WeightStore& w = checkpoint_->weights;
-  WeightLoader load(device_);
+  WeightLoader load(device_, act_dtype_);
   embed_tokens_ = load.load(w.get("model.embed_tokens.weight"));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
@@ -175,12 +175,13 @@ Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const Ste
 Tensor DecoderModel::final_logits(const Tensor& residual, const Tensor& mlp_out,
                                   const StepInputs& in) const {
   const int64_t rows = in.logits_indices.numel();
+  Tensor logits = Tensor::empty({rows, lm_head_.size(0)}, DType::kF32, device_);
+  if (rows == 0) return logits;  // a prefill chunk that ends before the prompt does
   Tensor res_rows = Tensor::empty({rows, residual.size(1)}, DType::kF32, device_);
   Tensor mlp_rows = act_empty({rows, mlp_out.size(1)});
   ops::gather_rows(residual, in.logits_indices, res_rows);
   ops::gather_rows(mlp_out, in.logits_indices, mlp_rows);
   Tensor h = add_rms_norm(mlp_rows, res_rows, norm_);
-  Tensor logits = Tensor::empty({rows, lm_head_.size(0)}, DType::kF32, device_);
   ops::linear(h, lm_head_, Tensor(), logits);
   return logits;
 }

@@ -9,19 +9,18 @@
 
 namespace longctx::models {
 
-namespace {
-// Weights on a GPU are bf16 whatever the checkpoint's dtype (the kernels' element type).
-constexpr DType kDeviceDType = DType::kBF16;
-}  // namespace
-
-WeightLoader::WeightLoader(Device device) : device_(device) {
+WeightLoader::WeightLoader(Device device, DType device_dtype)
+    : device_(device), device_dtype_(device_dtype) {
+  LONGCTX_CHECK(device_.is_cpu() || device_dtype == DType::kBF16 || device_dtype == DType::kF16,
+                ErrorCode::kUnsupported, "GPU weights must be bf16 or f16, not {}",
+                dtype_name(device_dtype));
   if (device_.is_cuda()) uploader_ = std::make_unique<PinnedUploader>(device_.index);
 }
 
 WeightLoader::~WeightLoader() = default;
 
 void WeightLoader::upload_into(const Tensor& src, const Tensor& dst) {
-  Tensor s = src.dtype() == kDeviceDType ? src.contiguous() : src.to_dtype(kDeviceDType);
+  Tensor s = src.dtype() == device_dtype_ ? src.contiguous() : src.to_dtype(device_dtype_);
   LONGCTX_ASSERT(s.nbytes() == dst.nbytes(), "upload of {} into {}", s.str(), dst.str());
   uploader_->upload(s.data_ptr(), dst.data_ptr(), s.nbytes());
   // A converted copy must outlive its asynchronous upload: the uploader has read it into pinned
@@ -32,7 +31,7 @@ void WeightLoader::upload_into(const Tensor& src, const Tensor& dst) {
 Tensor WeightLoader::load(const Tensor& w) {
   if (!w.defined()) return w;
   if (device_.is_cpu()) return w;
-  Tensor d = Tensor::empty(w.shape(), kDeviceDType, device_);
+  Tensor d = Tensor::empty(w.shape(), device_dtype_, device_);
   upload_into(w, d);
   return d;
 }
@@ -57,7 +56,7 @@ Tensor WeightLoader::load_fused(std::initializer_list<Tensor> parts) {
                 ps.size() - defined, ps.size());
   Shape shape = ps[0].shape();
   shape[0] = rows;
-  const DType dtype = device_.is_cpu() ? ps[0].dtype() : kDeviceDType;
+  const DType dtype = device_.is_cpu() ? ps[0].dtype() : device_dtype_;
   Tensor out = Tensor::empty(shape, dtype, device_);
   int64_t row = 0;
   for (const Tensor& p : ps) {

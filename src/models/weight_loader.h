@@ -1,7 +1,8 @@
 // Puts checkpoint weights on the model's device. CPU: weights stay views of the checkpoint's
 // mmaps (no copy) except fused ones, which are concatenated once. CUDA: every weight is copied
-// to the device pool as bf16 through pinned staging buffers (PinnedUploader: the mmap is read
-// into pinned chunks while earlier chunks cross PCIe), f32/f16 checkpoints converted on the host.
+// to the device pool in the activation dtype (bf16, or f16) through pinned staging buffers
+// (PinnedUploader: the mmap is read into pinned chunks while earlier chunks cross PCIe), other
+// checkpoint dtypes converted on the host.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,8 @@ namespace longctx::models {
 
 class WeightLoader {
  public:
-  explicit WeightLoader(Device device);
+  // device_dtype: the dtype of weights on a CUDA device (bf16 or f16); unused on the CPU.
+  WeightLoader(Device device, DType device_dtype);
   ~WeightLoader();
 
   // `w` on the device (undefined stays undefined).
@@ -36,6 +38,7 @@ class WeightLoader {
   void upload_into(const Tensor& src, const Tensor& dst);
 
   Device device_;
+  DType device_dtype_;
   std::unique_ptr<PinnedUploader> uploader_;
   double seconds_ = 0;
   int64_t bytes_ = 0;

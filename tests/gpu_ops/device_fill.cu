@@ -33,10 +33,39 @@ __global__ void fill_kernel(void* dst, int64_t count, DType dtype, uint64_t seed
         static_cast<int32_t*>(dst)[i] = int(lo) + int(h % uint64_t(span > 0 ? span : 1));
         break;
       }
+      case DType::kU8:
+        static_cast<uint8_t*>(dst)[i] = uint8_t(h >> 56);
+        break;
+      case DType::kI64:
+        static_cast<int64_t*>(dst)[i] = int64_t(h >> 1);
+        break;
       default:
         static_cast<float*>(dst)[i] = v;
     }
   }
+}
+
+__global__ void count_non_finite_kernel(const void* p, DType dtype, int64_t rows, int64_t cols,
+                                        int64_t ld, unsigned long long* count) {
+  unsigned long long local = 0;
+  const int64_t total = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t at = (i / cols) * ld + i % cols;
+    float v;
+    switch (dtype) {
+      case DType::kBF16:
+        v = __bfloat162float(static_cast<const __nv_bfloat16*>(p)[at]);
+        break;
+      case DType::kF16:
+        v = __half2float(static_cast<const __half*>(p)[at]);
+        break;
+      default:
+        v = static_cast<const float*>(p)[at];
+    }
+    local += !isfinite(v);
+  }
+  if (local) atomicAdd(count, local);
 }
 
 __device__ uint64_t global_ns() {
@@ -58,6 +87,20 @@ void fill_uniform(void* dst, int64_t count, DType dtype, uint64_t seed, float lo
   const int64_t blocks = std::min<int64_t>((count + 255) / 256, 65536);
   fill_kernel<<<unsigned(blocks), 256, 0, stream>>>(dst, count, dtype, seed, lo, hi);
   LONGCTX_CUDA_CHECK_LAUNCH("fill_kernel");
+}
+
+int64_t count_non_finite(const void* p, DType dtype, int64_t rows, int64_t cols, int64_t ld) {
+  if (rows <= 0 || cols <= 0) return 0;
+  unsigned long long* d = nullptr;
+  LONGCTX_CUDA_CHECK(cudaMalloc(&d, sizeof *d));
+  LONGCTX_CUDA_CHECK(cudaMemset(d, 0, sizeof *d));
+  const int64_t blocks = std::min<int64_t>((rows * cols + 255) / 256, 8192);
+  count_non_finite_kernel<<<unsigned(blocks), 256>>>(p, dtype, rows, cols, ld, d);
+  LONGCTX_CUDA_CHECK_LAUNCH("count_non_finite_kernel");
+  unsigned long long h = 0;
+  LONGCTX_CUDA_CHECK(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+  cudaFree(d);
+  return int64_t(h);
 }
 
 void launch_spin(cudaStream_t stream, uint64_t ns) {

@@ -99,8 +99,8 @@ class Mirror {
     int64_t last = offset;
     for (size_t i = 0; i < shape.size(); ++i) last += (shape[i] - 1) * st[i];
     LONGCTX_ASSERT(shape_numel(shape) == 0 || last < elems_, "view past the mirror's end");
-    return Tensor::from_blob(static_cast<char*>(base) + offset * int64_t(dtype_size(dtype_)),
-                             shape, dtype_, d, nullptr, st);
+    return Tensor::from_blob(static_cast<char*>(base) + offset * int64_t(dtype_size(dtype_)), shape,
+                             dtype_, d, nullptr, st);
   }
 
   int64_t elems_;
@@ -239,7 +239,7 @@ inline double time_ms(const TestStream& s, const std::function<void()>& op) {
 // call of `gpu`.
 struct CaseSpec {
   std::string name;
-  std::function<void()> gpu;         // the CUDA op once (async)
+  std::function<void()> gpu;          // the CUDA op once (async)
   std::function<Comparison()> check;  // the CPU twin + compare (after gpu and a sync)
   double bytes = 0;                   // moved per call (GB/s), or
   double flops = 0;                   // useful flops per call (TFLOP/s)
@@ -251,6 +251,9 @@ inline void run_case(const TestStream& s, const CaseSpec& c, Summary& sum) {
   Comparison cmp;
   std::string failure;
   try {
+    // Buffer set-up ran on the legacy default stream (cudaMemset, pageable uploads), which the
+    // non-blocking test stream does not wait for.
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
     c.gpu();
     s.sync();
     if (c.check) cmp = c.check();

@@ -47,6 +47,9 @@ void ModelOptions::add_to(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_option("--device", device, "auto (a GPU when present), cpu, cuda or cuda:N")
       ->capture_default_str();
+  cmd->add_option("--dtype", dtype, "GPU weights/activations/KV: bfloat16 or float16")
+      ->check(CLI::IsMember({"bfloat16", "float16"}))
+      ->capture_default_str();
   cmd->add_option("--gpu-memory-limit", gpu_memory_limit,
                   "hard limit of the GPU memory longctx takes, e.g. 24GiB (emulates a smaller "
                   "GPU)");
@@ -83,6 +86,7 @@ std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> ch
 
 ModelBuildOptions ModelOptions::build_options(const Checkpoint& checkpoint) const {
   ModelBuildOptions options;
+  options.activation_dtype = parse_dtype(dtype);
   options.rope_inv_freq_dtype =
       rope_inv_freq_dtype == "checkpoint" ? checkpoint.config.dtype : DType::kF32;
   return options;

@@ -23,6 +23,7 @@ struct ModelOptions {
   uint64_t seed = 0;                        // dummy weights' seed
   std::string rope_inv_freq_dtype = "f32";  // f32 | checkpoint
   std::string device = "auto";              // auto | cpu | cuda | cuda:N
+  std::string dtype = "bfloat16";           // GPU activations: bfloat16 | float16
   std::string gpu_memory_limit;             // bytes, e.g. 24GiB; empty: none
   double gpu_memory_utilization = 0.9;
   GpuRunnerOptions gpu;

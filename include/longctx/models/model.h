@@ -53,8 +53,12 @@ struct ModelBuildOptions {
   // trained with exact inv_freq, models/needle, moves by up to 7.6 logits at 1K tokens).
   std::optional<DType> rope_inv_freq_dtype;
   // Device of the weights and the forward. CUDA: weights are uploaded as bf16 (QKV and gate/up
-  // fused), through pinned staging.
+  // fused), through pinned staging (see activation_dtype).
   Device device = Device::cpu();
+  // Weights, activations and KV on a GPU: bf16 (default) or f16 (3 more mantissa bits, the range
+  // of f16: for models whose activations stay below 65504, and for checking numerics). The CPU
+  // reference is f32 whatever this says.
+  DType activation_dtype = DType::kBF16;
 };
 
 // Builds the model registered for checkpoint.config.architecture on options.device.

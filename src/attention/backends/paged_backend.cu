@@ -60,9 +60,12 @@ class PagedAttentionBackend final : public AttentionBackend {
     const int group = num_qo_heads_ / static_cast<int>(c.num_kv_heads);
     prefill_ws_bytes_ = kernels::cuda::paged_prefill_workspace_bytes(
         static_cast<int>(limits.max_seqs), limits.max_tokens, group);
-    decode_ws_bytes_ = kernels::cuda::decode_workspace_bytes(
-        static_cast<int>(limits.max_seqs), num_qo_heads_, static_cast<int>(c.num_kv_heads),
-        static_cast<int>(c.head_dim));
+    // The split-KV decode kernel exists for head_dim 64 / 128 only (others use the generic one).
+    fast_head_dim_ = c.head_dim == 64 || c.head_dim == 128;
+    if (fast_head_dim_)
+      decode_ws_bytes_ = kernels::cuda::decode_workspace_bytes(
+          static_cast<int>(limits.max_seqs), num_qo_heads_, static_cast<int>(c.num_kv_heads),
+          static_cast<int>(c.head_dim));
     workspace_ = Tensor::empty({static_cast<int64_t>(std::max(prefill_ws_bytes_, decode_ws_bytes_))},
                                DType::kU8, device_);
   }
@@ -107,7 +110,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     params_.sm_scale = sm_scale_;
     params_.q = params_.k_cache = params_.v_cache = reinterpret_cast<const void*>(16);
     params_.o = reinterpret_cast<void*>(16);  // placeholders for the support checks
-    const bool fast = kernels::cuda::paged_prefill_supported(params_);
+    const bool fast = fast_head_dim_ && kernels::cuda::paged_prefill_supported(params_);
     if (fast && all_decode) {
       path_ = Path::kDecode;
       decode_plan_ = kernels::cuda::decode_plan(
@@ -217,6 +220,7 @@ class PagedAttentionBackend final : public AttentionBackend {
   Tensor indices_;     // [layout_.total] i32 their device copy
   Tensor workspace_;   // [bytes] u8: the prefill or decode plan's work lists and partials
   size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;
+  bool fast_head_dim_ = false;  // the prefill / decode kernels serve this head_dim
   Event done_;  // recorded after the staging copy
   Path path_ = Path::kPrefill;
   PagedPrefillParams params_;
