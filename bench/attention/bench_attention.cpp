@@ -6,6 +6,12 @@
 //
 // bench_attention --page-sizes 16,32,64,128,256 runs the page-size sweep instead (see
 // page_size_sweep below) and prints a markdown table.
+//
+// bench_attention --decode [VARIANTS [PAGES]] runs the decode table instead (see decode_table):
+// batch 1 at 1K/4K/32K/128K keys and batches 8/32/64 at 4K and 32K, GB/s of K+V read, for each
+// decode kernel variant (default "v1,v3": LONGCTX_DECODE_KERNEL=v1 and the default kernel, in the
+// same process on the same data; v2 = the SIMT ring; "v3/s=N/o=M" also sets
+// LONGCTX_DECODE_SLOTS / _OVERHEAD) and page size (default 128).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -395,6 +401,137 @@ void page_size_sweep(const std::vector<int>& page_sizes, cudaStream_t stream) {
   cudaFreeHost(host_v);
 }
 
+// The decode table. Per (batch, kv_len, page): one pool of shuffled pages holding `reps`
+// disjoint copies of the batch's KV (at least ~512 MB together, 10x the 50 MB L2), and each timed
+// launch reads the next copy (same plan, another kv_indices array), so small shapes are not
+// served from L2. Two times per variant: "isolated" = median of single launches between events
+// (includes the launch gap, as the other rows of this bench), "stream" = 20 back-to-back launches
+// / 20 (what consecutive layers under a CUDA graph see). GB/s = K+V bytes / time.
+struct DecodeVariant {
+  std::string name;
+  const char* kernel;  // LONGCTX_DECODE_KERNEL
+  int slots = 0, overhead = 0;
+};
+
+std::vector<DecodeVariant> parse_variants(const std::string& list) {
+  std::vector<DecodeVariant> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string v = list.substr(at, comma - at);
+    at = comma + 1;
+    if (v.empty()) continue;
+    DecodeVariant d;
+    d.name = v;
+    d.kernel = v.rfind("v1", 0) == 0 ? "v1" : v.rfind("v2", 0) == 0 ? "v2" : "v3";
+    for (size_t p = v.find('/'); p != std::string::npos; p = v.find('/', p + 1)) {
+      if (v.compare(p + 1, 2, "s=") == 0) d.slots = std::atoi(v.c_str() + p + 3);
+      if (v.compare(p + 1, 2, "o=") == 0) d.overhead = std::atoi(v.c_str() + p + 3);
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
+void set_variant_env(const DecodeVariant& v) {
+  setenv("LONGCTX_DECODE_KERNEL", v.kernel, 1);
+  if (v.slots > 0)
+    setenv("LONGCTX_DECODE_SLOTS", std::to_string(v.slots).c_str(), 1);
+  else
+    unsetenv("LONGCTX_DECODE_SLOTS");
+  if (v.overhead > 0)
+    setenv("LONGCTX_DECODE_OVERHEAD", std::to_string(v.overhead).c_str(), 1);
+  else
+    unsetenv("LONGCTX_DECODE_OVERHEAD");
+}
+
+void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<int>& page_sizes,
+                  cudaStream_t stream) {
+  // (batch, kv_len, q heads): Llama-3.1-8B's 32 q heads, plus batch 1 at 32K with 8 and 64 q
+  // heads (GQA 1 and 8: the same KV bytes with 1/4 and 2x the arithmetic, which shows whether
+  // the kernel is bound by its compute).
+  struct Shape {
+    int batch, kv_len, hq;
+  };
+  const std::vector<Shape> shapes = {{1, 1024, kHq},   {1, 4096, kHq},  {1, 32768, kHq},
+                                     {1, 131072, kHq}, {8, 4096, kHq},  {32, 4096, kHq},
+                                     {64, 4096, kHq},  {8, 32768, kHq}, {32, 32768, kHq},
+                                     {64, 32768, kHq}, {1, 32768, 8},   {1, 32768, 64}};
+  std::printf(
+      "# decode table: pages shuffled; isolated = median single launch, stream = 20 "
+      "back-to-back / 20\n");
+  std::printf(
+      "| batch | kv_len | q heads | page | variant | chunk | CTAs | isolated ms | GB/s | stream ms "
+      "| "
+      "GB/s |\n");
+  std::printf("| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (int page : page_sizes)
+    for (auto [batch, kv_len, hq] : shapes) {
+      const int pages_per = (kv_len + page - 1) / page;
+      const double kv_bytes = double(batch) * kv_len * kHk * kD * 2 * 2;
+      const int reps = int(std::clamp(std::ceil(512e6 / kv_bytes), 1.0, 32.0));
+      const int64_t pool = int64_t(reps) * batch * pages_per;
+      void* q = random_bf16(int64_t(batch) * hq * kD, 4);
+      void* k = random_bf16(pool * page * kHk * kD, 5);
+      void* v = random_bf16(pool * page * kHk * kD, 6);
+      void* o = nullptr;
+      float* l = nullptr;
+      LONGCTX_CUDA_CHECK(cudaMalloc(&o, int64_t(batch) * hq * kD * 2));
+      LONGCTX_CUDA_CHECK(cudaMalloc(&l, int64_t(batch) * hq * 4));
+      std::vector<int32_t> kvp(batch + 1), ids(pool), last(batch, kv_len - (pages_per - 1) * page);
+      for (int b = 0; b <= batch; ++b) kvp[b] = b * pages_per;
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), std::mt19937(7));  // a fragmented cache
+      int32_t* d_ids = upload(ids);  // copy r = ids[r * batch * pages_per, ...)
+      kernels::DecodeParams p;
+      p.q = q;
+      p.k_cache = k;
+      p.v_cache = v;
+      p.o = o;
+      p.lse = l;
+      p.kv_indptr = upload(kvp);
+      p.kv_last_page_len = upload(last);
+      p.batch_size = batch;
+      p.num_qo_heads = hq;
+      p.num_kv_heads = kHk;
+      p.head_dim = kD;
+      p.page_size = page;
+      p.dtype = DType::kBF16;
+      p.sm_scale = 1.f / std::sqrt(float(kD));
+      const size_t ws_bytes = kernels::cuda::decode_workspace_bytes(batch, hq, kHk, kD);
+      void* ws = nullptr;
+      LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+      for (const DecodeVariant& var : variants) {
+        set_variant_env(var);
+        auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, kHk, kD,
+                                               ws, ws_bytes, stream);
+        int rep = 0;
+        auto launch = [&] {
+          p.kv_indices = d_ids + int64_t(rep) * batch * pages_per;
+          rep = (rep + 1) % reps;
+          kernels::cuda::decode_run(p, plan, stream);
+        };
+        const double iso = time_ms(launch, stream, 50);
+        const int kBurst = 20;
+        const double burst = time_ms(
+                                 [&] {
+                                   for (int i = 0; i < kBurst; ++i) launch();
+                                 },
+                                 stream, 9) /
+                             kBurst;
+        std::printf("| %d | %d | %d | %d | %s | %d | %d | %.4f | %.0f | %.4f | %.0f |\n", batch,
+                    kv_len, hq, page, var.name.c_str(), plan.chunk_tokens,
+                    plan.num_work_items * kHk, iso, kv_bytes / (iso * 1e6), burst,
+                    kv_bytes / (burst * 1e6));
+        std::fflush(stdout);
+      }
+      for (void* x : {q, k, v, o, static_cast<void*>(l), ws, (void*)p.kv_indptr, (void*)d_ids,
+                      (void*)p.kv_last_page_len})
+        cudaFree(x);
+    }
+  unsetenv("LONGCTX_DECODE_KERNEL");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -421,8 +558,28 @@ int main(int argc, char** argv) {
     cudaStreamDestroy(stream);
     return 0;
   }
+  if (argc >= 2 && std::strcmp(argv[1], "--decode") == 0) {
+    const std::vector<DecodeVariant> variants = parse_variants(argc >= 3 ? argv[2] : "v1,v3");
+    std::vector<int> pages;
+    for (const char* s = argc >= 4 ? argv[3] : "128"; *s;) {
+      char* end = nullptr;
+      const long v = std::strtol(s, &end, 10);
+      if (end == s || v < 1 || v > 256) {
+        std::fprintf(stderr, "--decode: want page sizes 1..256, got %s\n", argv[3]);
+        return 2;
+      }
+      pages.push_back(int(v));
+      s = *end == ',' ? end + 1 : end;
+    }
+    decode_table(variants, pages, stream);
+    cudaStreamDestroy(stream);
+    return 0;
+  }
   if (argc != 1) {
-    std::fprintf(stderr, "usage: bench_attention [--page-sizes 16,32,64,128,256]\n");
+    std::fprintf(
+        stderr,
+        "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [v1,v2,v3[/s=N/o=M]"
+        " [PAGES]]]\n");
     return 2;
   }
   using kernels::MaskMode;

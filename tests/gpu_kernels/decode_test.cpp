@@ -1,8 +1,12 @@
 // CUDA split-KV decode against the CPU decode reference, through the op-test harness: KV lengths
-// 0 .. 40K, page sizes 1/16/128, GQA 1/4/8 (and 3, 6, 12), head_dim 64/128, bf16/f16, with and
-// without LSE. Tolerances (unit-variance q/k/v, sm_scale = 1/sqrt(head_dim)):
+// 0 .. 128K, page sizes 1/7/16/128/256, GQA 1/4/8/16 (and 3, 6, 12), head_dim 64/128, bf16/f16,
+// with and without LSE, batch 1 .. 64, 1 .. ~130 splits per request. The suites run the default
+// kernel (v3); LONGCTX_DECODE_KERNEL=v2 / v1 run them on the SIMT ring / the old kernel. Tolerances
+// (unit-variance q/k/v, sm_scale = 1/sqrt(head_dim)):
 //   output max-abs <= 1e-2 (bf16) / 2e-3 (f16): both round an fp32 result once; the kernel sums
-//     in another order (split chunks, lane groups) and uses exp2f;
+//     in another order (split chunks, lane groups / warps) and uses exp2f, and v3 rounds the
+//     softmax weights P to the input dtype before P V on the tensor cores (relative 2^-9 bf16,
+//     2^-11 f16 per weight; the max weight, 1, is exact);
 //   lse max-abs <= 1e-3; an empty request must give o == 0 and lse == -inf exactly.
 #include "kernels/cuda/decode.h"
 
@@ -23,7 +27,9 @@ using testing::PagedCaseShape;
 
 class DecodeCase : public OpCase {
  public:
-  DecodeCase(PagedCaseShape s, bool perf_only = false) : s_(std::move(s)), perf_only_(perf_only) {
+  // min_chunk: decode_plan's min_chunk_tokens (small values force many splits on short requests).
+  DecodeCase(PagedCaseShape s, bool perf_only = false, int min_chunk = 256)
+      : s_(std::move(s)), perf_only_(perf_only), min_chunk_(min_chunk) {
     s_.q_lens.assign(s_.kv_lens.size(), 1);
   }
   std::string name() const override {
@@ -63,7 +69,7 @@ class DecodeCase : public OpCase {
         0);
     plan_ = kernels::cuda::decode_plan(h.kv_indptr.data(), h.kv_last_page_len.data(), batch,
                                        s_.page_size, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim,
-                                       d_ws_.data(), d_ws_.bytes(), stream);
+                                       d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_);
   }
   void launch(cudaStream_t stream) override { kernels::cuda::decode_run(params_, plan_, stream); }
   void reset_outputs() {
@@ -106,6 +112,19 @@ class DecodeCase : public OpCase {
     if (!d_o_.guards_intact()) ok = false, why << "output guard bytes overwritten; ";
     if (!d_lse_.guards_intact()) ok = false, why << "lse guard bytes overwritten; ";
     if (!d_ws_.guards_intact()) ok = false, why << "workspace guard bytes overwritten; ";
+    // v2's fused merge must leave its split counters at 0 (the next run, or graph replay, starts
+    // from there).
+    if (plan_.counters != nullptr) {
+      const size_t n =
+          size_t(batch) * s_.num_kv_heads * ((s_.num_qo_heads / s_.num_kv_heads + 7) / 8);
+      std::vector<int32_t> cnt(n);
+      LONGCTX_CUDA_CHECK(cudaMemcpy(cnt.data(), plan_.counters, n * 4, cudaMemcpyDeviceToHost));
+      for (int32_t c : cnt)
+        if (c != 0) {
+          ok = false, why << "split counter left at " << c << "; ";
+          break;
+        }
+    }
     r.status = ok ? Status::kOk : Status::kFailed;
     r.detail = why.str();
     return r;
@@ -125,6 +144,7 @@ class DecodeCase : public OpCase {
  private:
   PagedCaseShape s_;
   bool perf_only_;
+  int min_chunk_;
   std::unique_ptr<PagedCase> host_;
   GuardedBuffer d_q_, d_k_, d_v_, d_kvp_, d_kvi_, d_last_, d_o_, d_lse_, d_ws_;
   kernels::DecodeParams params_;
@@ -179,15 +199,56 @@ TEST(DecodeGpu, LongAndOddGroups) {
   EXPECT_EQ(s.ok, 7);
 }
 
-// A reduced set for compute-sanitizer.
+// The v2 pipeline's edges: lengths around the 32/64-token tile and the 64-token chunk grain,
+// page sizes 1/16/128/256 (a tile inside one page, across pages, one token per page), many
+// splits (min chunk 64), GQA 16 (two head tiles per kv head), batches up to 64.
+TEST(DecodeGpu, PipelineEdges) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  const std::vector<int32_t> edges = {1, 31, 32, 33, 63, 64, 65, 127, 129, 255, 256, 257, 1000};
+  uint64_t seed = 100;
+  for (int page : {1, 16, 128, 256})
+    for (int d : {64, 128}) {
+      cases.push_back(std::make_unique<DecodeCase>(
+          dshape(edges, 8, 2, d, page, DType::kBF16, true, seed++), false, 64));
+      cases.push_back(std::make_unique<DecodeCase>(
+          dshape({4095, 2049, 9}, 32, 8, d, page, DType::kF16, seed % 2 == 0, seed++)));
+    }
+  // GQA 16: head tiles of 8 q heads, two per kv head.
+  cases.push_back(
+      std::make_unique<DecodeCase>(dshape({3000, 70, 0}, 32, 2, 128, 128, DType::kBF16, true, 7)));
+  cases.push_back(
+      std::make_unique<DecodeCase>(dshape({5001}, 16, 1, 64, 16, DType::kF16, true, 8), false, 64));
+  // GQA 1 and 8 with many splits per request.
+  cases.push_back(
+      std::make_unique<DecodeCase>(dshape({20000, 3}, 4, 4, 128, 256, DType::kBF16, true, 9)));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({9000, 4500}, 16, 2, 128, 128, DType::kBF16, false, 10), false, 64));
+  // One request over the whole GPU: ~130 splits merged by the last CTA of each kv head.
+  cases.push_back(
+      std::make_unique<DecodeCase>(dshape({131000}, 8, 2, 128, 128, DType::kBF16, true, 11)));
+  // Batches 1 .. 64 of mixed lengths.
+  for (int batch : {2, 8, 33, 64}) {
+    std::vector<int32_t> kv(batch);
+    for (int b = 0; b < batch; ++b) kv[b] = int32_t((b * 2654435761u) % 3000u) + (b % 5 == 0);
+    cases.push_back(std::make_unique<DecodeCase>(
+        dshape(kv, 32, 8, 128, batch % 2 ? 16 : 128, DType::kBF16, true, 20 + batch)));
+  }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// A reduced set for compute-sanitizer (includes a split request: the fused merge).
 TEST(DecodeGpu, Small) {
   std::vector<std::unique_ptr<OpCase>> cases;
   cases.push_back(
       std::make_unique<DecodeCase>(dshape({0, 1, 300, 700}, 8, 2, 128, 16, DType::kBF16)));
   cases.push_back(std::make_unique<DecodeCase>(dshape({513, 5}, 3, 1, 64, 1, DType::kF16)));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({1000, 65, 0}, 16, 1, 128, 128, DType::kBF16, true, 3), false, 64));
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
-  EXPECT_EQ(s.ok, 2);
+  EXPECT_EQ(s.ok, 3);
 }
 
 TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {

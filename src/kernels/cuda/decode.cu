@@ -1,14 +1,28 @@
-// Split-KV batch decode (see decode.h). Layout of one CTA (128 threads):
-//   a token's head_dim is spread over LPT = D / 8 lanes (16-byte loads, 8 elements per lane), so
-//   a warp covers 32 / LPT tokens at once; each such lane group walks kTile consecutive tokens per
-//   step (independent loads in flight), and keeps its own online-softmax state for every q head
-//   of the CTA's kv group. The groups' states are merged through shared memory at the end.
+// Split-KV batch decode (see decode.h). Three kernels share the plan format (work items of
+// (request, kv range, partial slot) x kv head x head tile of <= 8 q heads):
+//
+// v3 (default) and v2: K/V tiles of 16 KB are copied global -> shared by cp.async in a
+// kV2Stages-deep ring, so each CTA keeps ~48 KB of loads in flight while it computes on the oldest
+// tile (v1 had only 4 tokens x 16 B per thread outstanding, serialized with its own compute: ~1
+// TB/s at batch 1). Page ids are looked up one tile ahead of the copies that need them (the
+// lookup's latency hides under a tile of compute). A split request's partial states are merged
+// by the LAST of its CTAs (an atomic counter per (request, kv head, head tile) in the workspace),
+// not by a second launch. The plan sizes the chunks with a wave model (CTAs resident per SM from
+// the occupancy API), so batch 1 fills the GPU in one even wave and large batches do not end in a
+// mostly empty wave. v3 computes a tile with mma.sync (MmaCompute), v2 with CUDA cores
+// (SimtCompute: measured compute-bound, 1.8 TB/s at batch 1 / 32K keys / GQA 4).
+//
+// v1 (LONGCTX_DECODE_KERNEL=v1, kept for A/B timing): a token's head_dim is spread over D / 8
+// lanes (16-byte loads), loads go straight to registers, kTile tokens per lane group per step,
+// every lane group keeps an online softmax per q head, and a separate kernel merges the splits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cuda/decode.h"
@@ -21,9 +35,11 @@ namespace longctx::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kTile = 4;       // tokens per lane group per step
-constexpr int kMaxGroup = 8;   // q heads per CTA (larger GQA groups take several CTAs)
-constexpr int kCtasPerSm = 8;  // split target: about this many CTAs per SM
+constexpr int kTile = 4;           // tokens per lane group per step
+constexpr int kMaxGroup = 8;       // q heads per CTA (larger GQA groups take several CTAs)
+constexpr int kCtasPerSm = 8;      // v1 split target: about this many CTAs per SM; bounds the items
+constexpr int kV2Stages = 4;       // v2 ring depth: 3 tiles (48 KB) in flight while one is computed
+constexpr int kV2TokPerGroup = 4;  // v2 tokens per lane group per tile (independent smem loads)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -38,6 +54,8 @@ struct DecodeArgs {
   const int32_t* work;  // [num_work, 4]
   float* partial_o;
   float* partial_lse;
+  const int32_t* merge_indptr;  // v2: [batch + 1] partial slots per request
+  int32_t* counters;            // v2: [batch, num_kv_heads * head_tiles] finished splits
   int num_qo_heads, num_kv_heads, group, head_tiles, page_size;
   float scale_log2;  // sm_scale * log2(e): scores live in the log2 domain
 };
@@ -275,6 +293,505 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Ring kernels (v2 SIMT, v3 tensor cores): cp.async ring + fused merge. One kernel template
+// holds the pipeline, the CTA merge and the split merge; a Compute policy holds the math of one
+// tile and the per-thread state.
+
+// Tile geometry for head_dim D: TILE tokens of K and of V per stage, 16 KB together for both
+// head dims, so the ring's bytes in flight do not depend on D.
+template <int D>
+struct V2Shape {
+  static constexpr int LPT = D / 8;                     // 16-byte chunks per token row
+  static constexpr int TPW = 32 / LPT;                  // SIMT lane groups per warp
+  static constexpr int NG = (kThreads / 32) * TPW;      // SIMT lane groups per CTA
+  static constexpr int TILE = NG * kV2TokPerGroup;      // tokens per stage: 32 (D 128) / 64 (D 64)
+  static constexpr int CPT = TILE * LPT / kThreads;     // 16-byte copies per thread per tensor
+  static constexpr int TOK_STRIDE = kThreads / LPT;     // tokens between a thread's copies
+  static constexpr int kStageBytes = 2 * TILE * D * 2;  // K + V, 16-bit elements
+  static constexpr int kSmemBytes = kV2Stages * kStageBytes;
+  static_assert(CPT * kThreads == TILE * LPT, "tile copies must divide over the threads");
+  static_assert(TILE % 32 == 0, "the mma path gives each warp whole 8-token blocks");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros, read nothing
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// mma.sync wrappers (fp32 accumulation): m16n8k16 for S = Q K^T, m16n8k8 for O += P V.
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void k16(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ void k8(float c[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(b));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void k16(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ void k8(float c[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(b));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+// SIMT compute (v2): lane group grp (LPT lanes, 8 dims each) takes tokens grp + i * NG of the
+// tile; for one i a warp reads TPW consecutive rows (512 contiguous bytes): no bank conflicts
+// without a swizzle. Dot products are reduced by shuffles, every lane group keeps an online
+// softmax state per q head: kSources = NG states per CTA.
+template <typename T, int D, int GT>
+struct SimtCompute {
+  using S = V2Shape<D>;
+  static constexpr bool kSwizzle = false;
+  static constexpr int kSources = S::NG;
+  int li, grp;
+  float qf[GT][8], m[GT], l[GT], acc[GT][8];
+
+  __device__ __forceinline__ void init(const DecodeArgs& a, int b, int h0, int nh) {
+    const int lane = threadIdx.x & 31;
+    li = lane % S::LPT;
+    grp = (threadIdx.x >> 5) * S::TPW + lane / S::LPT;
+    const T* q = static_cast<const T*>(a.q);
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      if (g < nh) {
+        uint4 r = *reinterpret_cast<const uint4*>(q + (int64_t(b) * a.num_qo_heads + h0 + g) * D +
+                                                  li * 8);
+        unpack8(r, qf[g], q);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qf[g][e] *= a.scale_log2;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qf[g][e] = 0.f;
+      }
+      m[g] = -INFINITY;
+      l[g] = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+    }
+  }
+
+  __device__ __forceinline__ void tile(const T* sk, const T* sv, int tbase, int kv_end,
+                                       float /*scale_log2*/) {
+    constexpr int NT = kV2TokPerGroup;
+    uint4 kr[NT], vr[NT];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int tt = grp + i * S::NG;
+      kr[i] = *reinterpret_cast<const uint4*>(sk + tt * D + li * 8);
+      vr[i] = *reinterpret_cast<const uint4*>(sv + tt * D + li * 8);
+    }
+    float s[GT][NT];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      float kf[8];
+      unpack8(kr[i], kf, sk);
+#pragma unroll
+      for (int g = 0; g < GT; ++g) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(qf[g][e], kf[e], dot);
+        s[g][i] = dot;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+#pragma unroll
+        for (int off = S::LPT / 2; off > 0; off >>= 1)
+          s[g][i] += __shfl_xor_sync(0xffffffffu, s[g][i], off);
+        if (tbase + grp + i * S::NG >= kv_end) s[g][i] = -INFINITY;
+      }
+    }
+    float vf[NT][8];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) unpack8(vr[i], vf[i], sv);
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int i = 0; i < NT; ++i) mx = fmaxf(mx, s[g][i]);
+      // -inf when this group has seen no token yet (all masked): keep exp2 away from NaN.
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float scale = exp2f(m[g] - base);
+      m[g] = mx;
+      float p[NT];
+      float psum = 0.f;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        p[i] = exp2f(s[g][i] - base);
+        psum += p[i];
+      }
+      l[g] = l[g] * scale + psum;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float x = acc[g][e] * scale;
+#pragma unroll
+        for (int i = 0; i < NT; ++i) x = fmaf(p[i], vf[i][e], x);
+        acc[g][e] = x;
+      }
+    }
+  }
+
+  // State -> shared memory: s_acc [kSources][GT][D], s_m / s_l [kSources][GT].
+  __device__ __forceinline__ void store(float* s_acc, float (*s_m)[GT], float (*s_l)[GT]) {
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      if (li == 0) {
+        s_m[grp][g] = m[g];
+        s_l[grp][g] = l[g];
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s_acc[(grp * GT + g) * D + li * 8 + e] = acc[g][e];
+    }
+  }
+};
+
+// Tensor-core compute (v3, the default): the CTA's q heads are the M rows of mma.sync tiles
+// (rows >= GT are zero padding: the tensor cores have ~50x the throughput this needs), each warp
+// takes 8-token blocks of the tile as the N (S = Q K^T, m16n8k16 over head_dim) and K (O += P V,
+// m16n8k8) dimensions. S's accumulator layout is m16n8k8's A layout, so P goes from registers
+// into the second mma without shuffles; K and V fragments come from the (XOR-swizzled, so
+// conflict-free) ring by ldmatrix / ldmatrix.trans. Per 8 tokens a warp issues ~24 mma + 8
+// ldmatrix + ~40 softmax instructions where the SIMT path needs ~600: the SIMT kernel was
+// compute-bound (GQA 1 ran 1.4x faster than GQA 4 over the same bytes).
+// Thread (g = lane / 4, t = lane % 4) owns row g (q head g) of S for tokens 2t, 2t+1 of each
+// block and of O for dims 8j + 2t, 2t+1: one online-softmax state per warp, kSources = 4.
+template <typename T, int D, int GT>
+struct MmaCompute {
+  using S = V2Shape<D>;
+  static constexpr bool kSwizzle = true;
+  static constexpr int kSources = kThreads / 32;
+  static constexpr int KS = D / 16;         // k-steps of S = Q K^T
+  static constexpr int NTL = D / 8;         // 8-dim n-tiles of O
+  static constexpr int SBW = S::TILE / 32;  // 8-token blocks per warp per tile
+  int g, t4, warp;
+  uint32_t qa[KS][2];  // A fragments of q: (row g, cols 16 ks + 2t..) and (+8); other rows zero
+  float o[NTL][4];     // [.][0..1]: row g; [.][2..3]: padding row g + 8 (stays 0)
+  float m_r, l_r;      // row g: running max (log2 domain) and this thread's partial sum
+
+  __device__ __forceinline__ void init(const DecodeArgs& a, int b, int h0, int nh) {
+    const int lane = threadIdx.x & 31;
+    g = lane >> 2;
+    t4 = lane & 3;
+    warp = threadIdx.x >> 5;
+    const T* q = static_cast<const T*>(a.q);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      if (g < nh) {
+        const T* qr = q + (int64_t(b) * a.num_qo_heads + h0 + g) * D + ks * 16 + 2 * t4;
+        qa[ks][0] = *reinterpret_cast<const uint32_t*>(qr);
+        qa[ks][1] = *reinterpret_cast<const uint32_t*>(qr + 8);
+      } else {
+        qa[ks][0] = qa[ks][1] = 0u;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NTL; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    m_r = -INFINITY;
+    l_r = 0.f;
+  }
+
+  __device__ __forceinline__ void tile(const T* sk, const T* sv, int tbase, int kv_end,
+                                       float scale_log2) {
+    const int lane = threadIdx.x & 31;
+    const int r = lane & 7, mat = lane >> 3;  // ldmatrix: this lane's row and matrix
+#pragma unroll
+    for (int sb = 0; sb < SBW; ++sb) {
+      const int tok0 = (warp * SBW + sb) * 8;  // a multiple of 8: (tok0 + r) & 7 == r
+      const uint32_t krow = smem_u32(sk + (tok0 + r) * D);
+      const uint32_t vrow = smem_u32(sv + (tok0 + r) * D);
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kp = 0; kp < KS / 2; ++kp) {  // 4 chunks = 2 k-steps per ldmatrix.x4
+        uint32_t kb[4];
+        ldmatrix_x4(kb, krow + (((kp * 4 + mat) ^ r) << 4));
+        const uint32_t a0[4] = {qa[2 * kp][0], 0u, qa[2 * kp][1], 0u};
+        Mma<T>::k16(s, a0, kb[0], kb[1]);
+        const uint32_t a1[4] = {qa[2 * kp + 1][0], 0u, qa[2 * kp + 1][1], 0u};
+        Mma<T>::k16(s, a1, kb[2], kb[3]);
+      }
+      const int tk = tbase + tok0 + 2 * t4;
+      const float x0 = tk < kv_end ? s[0] * scale_log2 : -INFINITY;
+      const float x1 = tk + 1 < kv_end ? s[1] * scale_log2 : -INFINITY;
+      float mx = fmaxf(x0, x1);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_r, mx);
+      // -inf while this row has seen no token (all masked): keep exp2 away from NaN.
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      const float scale = exp2f(m_r - base);
+      const float p0 = exp2f(x0 - base), p1 = exp2f(x1 - base);
+      l_r = l_r * scale + p0 + p1;
+      m_r = m_new;
+      // The running max rarely moves after the first blocks: skip the O rescale then.
+      if (__any_sync(0xffffffffu, scale != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < NTL; ++j) {
+          o[j][0] *= scale;
+          o[j][1] *= scale;
+        }
+      }
+      const uint32_t pa = Mma<T>::pack(p0, p1);
+#pragma unroll
+      for (int np = 0; np < NTL / 4; ++np) {  // 4 chunks = 4 n-tiles per ldmatrix.x4.trans
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, vrow + (((np * 4 + mat) ^ r) << 4));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) Mma<T>::k8(o[np * 4 + i], pa, 0u, vb[i]);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(float* s_acc, float (*s_m)[GT], float (*s_l)[GT]) {
+    float l = l_r;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < GT) {
+      if (t4 == 0) {
+        s_m[warp][g] = m_r;
+        s_l[warp][g] = l;
+      }
+#pragma unroll
+      for (int j = 0; j < NTL; ++j) {
+        s_acc[(warp * GT + g) * D + j * 8 + 2 * t4] = o[j][0];
+        s_acc[(warp * GT + g) * D + j * 8 + 2 * t4 + 1] = o[j][1];
+      }
+    }
+  }
+};
+
+template <typename T, int D, int GT, template <typename, int, int> class Compute>
+__global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
+  using S = V2Shape<D>;
+  using C = Compute<T, D, GT>;
+  constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT, NSRC = C::kSources;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float s_m[NSRC][GT];
+  __shared__ float s_l[NSRC][GT];
+  __shared__ float s_hmax[GT], s_hsum[GT];
+  __shared__ int s_last;
+
+  const int4 item = reinterpret_cast<const int4*>(a.work)[blockIdx.x];
+  const int b = item.x, kv_begin = item.y, kv_end = item.z, slot = item.w;
+  if (b < 0) return;  // padding item
+  const int kvh = blockIdx.y / a.head_tiles;
+  const int tile = blockIdx.y % a.head_tiles;
+  const int h0 = kvh * a.group + tile * GT;
+  const int nh = min(GT, a.group - tile * GT);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const T* kc = static_cast<const T*>(a.k);
+  const T* vc = static_cast<const T*>(a.v);
+  const int32_t* pages = a.kv_indices + a.kv_indptr[b];
+  const int ps = a.page_size;
+  const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
+
+  // Copy assignment: thread tid copies the 16-byte chunks tid + j * kThreads of a tile, i.e.
+  // chunk tid % LPT of tokens tid / LPT + j * TOK_STRIDE: a warp's copies of one j cover 512
+  // contiguous bytes of the tile (coalesced reads of whole 256-byte rows), and a thread's K and
+  // V copies share one address computation. The mma path stores chunk c of row r at c ^ (r % 8).
+  const int cp_tok = threadIdx.x / LPT, cp_cc = threadIdx.x % LPT;
+  auto stage_k = [&](int st) { return reinterpret_cast<T*>(smem + st * S::kStageBytes); };
+  auto stage_v = [&](int st) { return stage_k(st) + TILE * D; };
+  // Row (page * ps + slot) of each of the next tile's copies, looked up one tile ahead of the
+  // copies that need it. One integer division per tile: the thread's later tokens are TOK_STRIDE
+  // apart, so their (page index, slot) follow by carrying (once per step for pages >= 8 tokens).
+  int64_t row[CPT];
+  auto load_rows = [&](int t_idx) {
+    const int t0 = kv_begin + t_idx * TILE + cp_tok;
+    int pi = t0 / ps, sl = t0 - pi * ps;
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int t = t0 + j * S::TOK_STRIDE;
+      row[j] = t < kv_end ? int64_t(__ldg(pages + pi)) * ps + sl : 0;
+      sl += S::TOK_STRIDE;
+      while (sl >= ps) sl -= ps, ++pi;
+    }
+  };
+  auto issue = [&](int t_idx) {
+    const int st = t_idx % kV2Stages;
+    T* sk = stage_k(st);
+    T* sv = stage_v(st);
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int tt = cp_tok + j * S::TOK_STRIDE;
+      const bool valid = kv_begin + t_idx * TILE + tt < kv_end;
+      const int64_t off = (row[j] * a.num_kv_heads + kvh) * D + cp_cc * 8;  // row 0 if invalid
+      const int dst = tt * D + (C::kSwizzle ? (cp_cc ^ (tt & 7)) : cp_cc) * 8;
+      cp_async16(sk + dst, kc + off, valid);
+      cp_async16(sv + dst, vc + off, valid);
+    }
+  };
+
+  // Prologue: kV2Stages - 1 tiles in flight before the first compute. One commit per slot even
+  // when there is no tile, so wait_group counts stay uniform.
+#pragma unroll
+  for (int st = 0; st < kV2Stages - 1; ++st) {
+    if (st < n_tiles) {
+      load_rows(st);
+      issue(st);
+    }
+    cp_async_commit();
+  }
+  if (kV2Stages - 1 < n_tiles) load_rows(kV2Stages - 1);
+
+  C c;
+  c.init(a, b, h0, nh);
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait<kV2Stages - 2>();  // tile it has landed (for this thread's copies) ...
+    __syncthreads();                 // ... for every thread's, and tile it - 1 is consumed
+    const int nx = it + kV2Stages - 1;
+    if (nx < n_tiles) issue(nx);  // into the stage tile it - 1 used
+    cp_async_commit();
+    if (nx + 1 < n_tiles) load_rows(nx + 1);  // used by the next iteration's issue
+    const int st = it % kV2Stages;
+    c.tile(stage_k(st), stage_v(st), kv_begin + it * TILE, kv_end, a.scale_log2);
+  }
+  cp_async_wait<0>();  // only empty groups can be left, but the ring is reused below
+  __syncthreads();
+
+  // Merge the CTA's NSRC states; the ring's shared memory holds the accumulators
+  // ([NSRC][GT][D] fp32 = 4 KB x GT for SIMT, 2 KB x GT for mma, <= the ring's 64 KB).
+  float* s_acc = reinterpret_cast<float*>(smem);
+  c.store(s_acc, s_m, s_l);
+  __syncthreads();
+  T* o = static_cast<T*>(a.o);
+  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NSRC; ++j) mx = fmaxf(mx, s_m[j][g]);
+    float sum = 0.f, out = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int j = 0; j < NSRC; ++j) {
+        const float w = exp2f(s_m[j][g] - mx);  // empty sources: exp2(-inf) = 0
+        sum += s_l[j][g] * w;
+        out += s_acc[(j * GT + g) * D + d] * w;
+      }
+      out /= sum;
+    }
+    const float lse = mx == -INFINITY ? -INFINITY : (mx + log2f(sum)) * kLn2;
+    const int h = h0 + g;
+    if (slot < 0) {
+      o[(int64_t(b) * a.num_qo_heads + h) * D + d] = detail::from_f32<T>(out);
+      if (d == 0 && a.lse) a.lse[int64_t(b) * a.num_qo_heads + h] = lse;
+    } else {
+      a.partial_o[(int64_t(slot) * a.num_qo_heads + h) * D + d] = out;
+      if (d == 0) a.partial_lse[int64_t(slot) * a.num_qo_heads + h] = lse;
+    }
+  }
+  if (slot < 0) return;
+
+  // Split request: the CTA that finishes last (of this request's splits for this kv head / head
+  // tile) merges them. Every thread fences its partial writes before thread 0 counts this CTA
+  // in (the threadFenceReduction pattern); the last CTA puts the counter back to 0 for the next
+  // run (plan() zeroes it once), which keeps run() free of memsets and graph-replayable.
+  __threadfence();
+  __syncthreads();
+  const int s0 = a.merge_indptr[b], n = a.merge_indptr[b + 1] - s0;
+  if (threadIdx.x == 0) {
+    int32_t* cnt = a.counters + int64_t(b) * gridDim.y + blockIdx.y;
+    const int prev = atomicAdd(cnt, 1);
+    s_last = prev == n - 1;
+    if (s_last) *cnt = 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // Per-head max and weight sum over the n states, one warp per head. Partials are read with
+  // ld.global.cg (L2): other SMs wrote them during this kernel.
+  for (int g = warp; g < nh; g += kThreads / 32) {
+    const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h0 + g;
+    float mx = -INFINITY;
+    for (int st = lane; st < n; st += 32) mx = fmaxf(mx, __ldcg(pl + int64_t(st) * a.num_qo_heads));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.f;
+    if (mx != -INFINITY)
+      for (int st = lane; st < n; st += 32)
+        sum += __expf(__ldcg(pl + int64_t(st) * a.num_qo_heads) - mx);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) {
+      s_hmax[g] = mx;
+      s_hsum[g] = sum;
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    const int h = h0 + g;
+    const float mx = s_hmax[g], sum = s_hsum[g];
+    float out = 0.f;
+    if (mx != -INFINITY) {
+      const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h;
+      const float* po = a.partial_o + (int64_t(s0) * a.num_qo_heads + h) * D + d;
+#pragma unroll 4
+      for (int st = 0; st < n; ++st) {
+        const float w = __expf(__ldcg(pl + int64_t(st) * a.num_qo_heads) - mx);  // -inf: 0
+        out = fmaf(w, __ldcg(po + int64_t(st) * a.num_qo_heads * D), out);
+      }
+      out /= sum;
+    }
+    const int64_t orow = int64_t(b) * a.num_qo_heads + h;
+    o[orow * D + d] = detail::from_f32<T>(out);
+    if (d == 0 && a.lse) a.lse[orow] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
+  }
+}
+
 int current_sm_count() {
   int dev = 0, sms = 0;
   LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
@@ -283,6 +800,29 @@ int current_sm_count() {
 }
 
 int head_tiles_of(int group) { return (group + kMaxGroup - 1) / kMaxGroup; }
+
+// q heads per CTA: the smallest instantiated size that holds the group (or kMaxGroup).
+int group_tile_of(int group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup;
+}
+
+// Integer knob from the environment (A/B timing and tuning); `fallback` when unset or invalid.
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return (end && *end == 0 && x > 0 && x < (1 << 20)) ? int(x) : fallback;
+}
+
+// LONGCTX_DECODE_KERNEL=v1: register loads + merge launch; =v2: the ring with SIMT math;
+// anything else: the ring with tensor-core math (v3, the default).
+int kernel_version() {
+  const char* v = std::getenv("LONGCTX_DECODE_KERNEL");
+  if (v && std::strcmp(v, "v1") == 0) return 1;
+  if (v && std::strcmp(v, "v2") == 0) return 2;
+  return 3;
+}
 
 // Work items the plan may create: sum_b ceil(len_b / chunk) <= batch + total / chunk, and the
 // chunk is chosen so that total / chunk <= target.
@@ -295,16 +835,19 @@ int64_t max_work_items(int max_batch, int num_kv_heads, int group, int num_sms) 
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
 struct WorkspaceLayout {
-  size_t work = 0, merge = 0, po = 0, plse = 0, total = 0;
+  size_t work = 0, merge = 0, po = 0, plse = 0, counters = 0, total = 0;
 };
 
-WorkspaceLayout layout_of(int batch, int64_t max_items, int num_qo_heads, int head_dim) {
+WorkspaceLayout layout_of(int batch, int64_t max_items, int num_qo_heads, int num_kv_heads,
+                          int head_dim) {
+  const int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(num_qo_heads / num_kv_heads);
   WorkspaceLayout w;
   w.work = 0;
   w.merge = align_up(w.work + sizeof(int32_t) * 4 * max_items);
   w.po = align_up(w.merge + sizeof(int32_t) * (batch + 1));
   w.plse = align_up(w.po + sizeof(float) * max_items * num_qo_heads * head_dim);
-  w.total = align_up(w.plse + sizeof(float) * max_items * num_qo_heads);
+  w.counters = align_up(w.plse + sizeof(float) * max_items * num_qo_heads);
+  w.total = align_up(w.counters + sizeof(int32_t) * std::max<int64_t>(1, batch * ctas_per_item));
   return w;
 }
 
@@ -315,6 +858,63 @@ void check_shape(int num_qo_heads, int num_kv_heads, int head_dim) {
                 num_qo_heads, num_kv_heads);
   LONGCTX_CHECK(head_dim == 64 || head_dim == 128, ErrorCode::kUnsupported,
                 "decode: head_dim {} not supported (64 or 128)", head_dim);
+}
+
+// The ring kernels need > 48 KB of dynamic shared memory: opt in once per instantiation (plan()
+// calls this too, outside any graph capture). Returns resident CTAs per SM.
+template <typename T, int D, int GT, template <typename, int, int> class C>
+int ring_setup() {
+  static const int ctas = [] {
+    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(decode_ring_kernel<T, D, GT, C>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            V2Shape<D>::kSmemBytes));
+    int n = 0;
+    LONGCTX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, decode_ring_kernel<T, D, GT, C>, kThreads, V2Shape<D>::kSmemBytes));
+    return std::max(n, 1);
+  }();
+  return ctas;
+}
+
+// Launches (or, with grid.x == 0, only sets up) the ring kernel of this shape; returns its
+// resident CTAs per SM.
+template <typename T, int D, template <typename, int, int> class C>
+int ring_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
+  auto go = [&](auto kernel, int ctas) {
+    if (a != nullptr) {
+      kernel<<<grid, kThreads, V2Shape<D>::kSmemBytes, stream>>>(*a);
+      LONGCTX_CUDA_CHECK_LAUNCH("decode_ring_kernel");
+    }
+    return ctas;
+  };
+  switch (gt) {
+    case 1:
+      return go(decode_ring_kernel<T, D, 1, C>, ring_setup<T, D, 1, C>());
+    case 2:
+      return go(decode_ring_kernel<T, D, 2, C>, ring_setup<T, D, 2, C>());
+    case 4:
+      return go(decode_ring_kernel<T, D, 4, C>, ring_setup<T, D, 4, C>());
+    default:
+      return go(decode_ring_kernel<T, D, 8, C>, ring_setup<T, D, 8, C>());
+  }
+}
+
+template <typename T, int D>
+int ring_launch_version(const DecodeArgs* a, dim3 grid, int gt, int version, cudaStream_t stream) {
+  return version == 2 ? ring_launch<T, D, SimtCompute>(a, grid, gt, stream)
+                      : ring_launch<T, D, MmaCompute>(a, grid, gt, stream);
+}
+
+// Resident ring CTAs per SM for this shape and kernel version (both dtypes are set up; bf16's
+// count is returned).
+int ring_ctas_per_sm(int head_dim, int group, int version) {
+  const int gt = group_tile_of(group);
+  if (head_dim == 64) {
+    ring_launch_version<__half, 64>(nullptr, dim3(), gt, version, nullptr);
+    return ring_launch_version<__nv_bfloat16, 64>(nullptr, dim3(), gt, version, nullptr);
+  }
+  ring_launch_version<__half, 128>(nullptr, dim3(), gt, version, nullptr);
+  return ring_launch_version<__nv_bfloat16, 128>(nullptr, dim3(), gt, version, nullptr);
 }
 
 template <typename T, int D>
@@ -335,7 +935,7 @@ template <typename T>
 void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t stream) {
   const int group = p.num_qo_heads / p.num_kv_heads;
   // With GT < group (group not a multiple of 8 above 8), head_tiles covers the rest.
-  const int gt = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup;
+  const int gt = group_tile_of(group);
   DecodeArgs a{p.q,
                p.k_cache,
                p.v_cache,
@@ -346,6 +946,8 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                plan.work_items,
                plan.partial_o,
                plan.partial_lse,
+               plan.merge_indptr,
+               plan.counters,
                p.num_qo_heads,
                p.num_kv_heads,
                group,
@@ -353,6 +955,13 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                p.page_size,
                p.sm_scale * kLog2e};
   dim3 grid(unsigned(plan.num_work_items), unsigned(p.num_kv_heads * a.head_tiles));
+  if (plan.kernel_version >= 2) {
+    if (p.head_dim == 64)
+      ring_launch_version<T, 64>(&a, grid, gt, plan.kernel_version, stream);
+    else
+      ring_launch_version<T, 128>(&a, grid, gt, plan.kernel_version, stream);
+    return;
+  }
   if (p.head_dim == 64)
     launch_split<T, 64>(a, grid, group, stream);
   else
@@ -366,6 +975,81 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
   }
 }
 
+// Splits of a request of len keys at chunk size `chunk`: even splits (not chunk, chunk, ...,
+// remainder), in multiples of 64 tokens (a whole number of v2 tiles for both head dims).
+struct Split {
+  int64_t count = 1, sub = 64;
+};
+Split split_of(int64_t len, int64_t chunk) {
+  Split s;
+  s.count = std::max<int64_t>(1, (len + chunk - 1) / chunk);
+  s.sub = std::max<int64_t>(64, ((len + s.count - 1) / s.count + 63) / 64 * 64);
+  s.count = std::max<int64_t>(1, (len + s.sub - 1) / s.sub);
+  return s;
+}
+
+// v1 chunk: spread the total KV over ~target work items, but never below min_chunk_tokens (a
+// chunk's fixed cost: q load, state merge, partial write).
+int64_t v1_chunk(int64_t total, int64_t target, int min_chunk_tokens) {
+  int64_t chunk =
+      std::max<int64_t>(min_chunk_tokens, (total + target - 1) / std::max<int64_t>(target, 1));
+  return (chunk + 63) / 64 * 64;
+}
+
+// Ring-kernel chunk from a wave model: CTAs run in waves of `slots` (resident CTAs on the GPU), a
+// wave lasts as long as its longest chunk plus a fixed cost (pipeline fill, epilogue, merge) worth
+// `overhead` tokens, so the cost of chunk c is ceil(ctas(c) / slots) * (longest split + overhead).
+// Candidates are the chunk sizes that split the longest request into k = 1, 2, ... even parts,
+// down to min_chunk_tokens; the first (fewest splits) of the cheapest wins. At batch 1 this
+// gives one full wave; at batch 64 x 32K it avoids 512 CTAs over 396 slots (1.3 waves).
+int64_t ring_chunk(const std::vector<int64_t>& len, int64_t max_items, int64_t ctas_per_item,
+                   int64_t slots, int64_t overhead, int min_chunk_tokens) {
+  const int64_t max_len = len.empty() ? 0 : *std::max_element(len.begin(), len.end());
+  const int64_t floor_chunk = std::max<int64_t>(64, (int64_t(min_chunk_tokens) + 63) / 64 * 64);
+  int64_t best = std::max<int64_t>(floor_chunk, (max_len + 63) / 64 * 64);
+  double best_cost = INFINITY;
+  int64_t prev = -1;
+  for (int64_t k = 1;; ++k) {
+    const int64_t c = std::max(floor_chunk, ((max_len + k - 1) / k + 63) / 64 * 64);
+    if (c != prev) {
+      prev = c;
+      int64_t items = 0, longest = 0;
+      for (int64_t x : len) {
+        const Split s = split_of(x, c);
+        items += s.count;
+        longest = std::max(longest, std::min(x, s.sub));
+      }
+      if (items > max_items) break;  // items only grow as c shrinks
+      const int64_t waves = (items * ctas_per_item + slots - 1) / slots;
+      const double cost = double(waves) * double(longest + overhead);
+      if (cost < best_cost) best_cost = cost, best = c;
+    }
+    if (c == floor_chunk) break;
+  }
+  return best;
+}
+
+// The ring kernels' chunk. resident = CTAs per SM the hardware holds (3 for the mma kernel at
+// head_dim 128). Measured on the H200 (docs/benchmarks.md): when the whole grid fits in one wave
+// of 2 CTAs per SM, 2 long CTAs per SM beat 3 shorter ones (batch 1, 32K keys: 2265 vs 1981 GB/s;
+// fewer splits to merge, fewer pipeline fills); when it does not (batch 64), the 2-per-SM model
+// would plan 512 CTAs for 396 resident slots (1.3 waves: 2867 vs 3451 GB/s), so the full count
+// is used. slots_override (LONGCTX_DECODE_SLOTS, > 0) forces the model's CTAs per SM (tuning).
+int64_t ring_plan_chunk(const std::vector<int64_t>& len, int64_t max_items, int64_t ctas_per_item,
+                        int num_sms, int resident, int slots_override, int64_t overhead,
+                        int min_chunk_tokens) {
+  if (slots_override > 0)
+    return ring_chunk(len, max_items, ctas_per_item, int64_t(num_sms) * slots_override, overhead,
+                      min_chunk_tokens);
+  const int64_t two = int64_t(num_sms) * std::min(2, resident);
+  const int64_t chunk = ring_chunk(len, max_items, ctas_per_item, two, overhead, min_chunk_tokens);
+  int64_t items = 0;
+  for (int64_t x : len) items += split_of(x, chunk).count;
+  if (items * ctas_per_item <= two || resident <= 2) return chunk;
+  return ring_chunk(len, max_items, ctas_per_item, int64_t(num_sms) * resident, overhead,
+                    min_chunk_tokens);
+}
+
 }  // namespace
 
 size_t decode_workspace_bytes(int max_batch, int num_qo_heads, int num_kv_heads, int head_dim,
@@ -373,7 +1057,7 @@ size_t decode_workspace_bytes(int max_batch, int num_qo_heads, int num_kv_heads,
   check_shape(num_qo_heads, num_kv_heads, head_dim);
   if (num_sms <= 0) num_sms = current_sm_count();
   int64_t items = max_work_items(max_batch, num_kv_heads, num_qo_heads / num_kv_heads, num_sms);
-  return layout_of(max_batch, items, num_qo_heads, head_dim).total;
+  return layout_of(max_batch, items, num_qo_heads, num_kv_heads, head_dim).total;
 }
 
 DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, int batch,
@@ -400,33 +1084,36 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   }
   const int64_t max_items = max_work_items(batch, num_kv_heads, group, num_sms);
   const int64_t target = max_items - batch;
-  // Chunk: spread the total KV over ~target work items, but never below min_chunk_tokens (a
-  // chunk's fixed cost: q load, state merge, partial write) and in whole CTA steps.
-  int64_t chunk =
-      std::max<int64_t>(min_chunk_tokens, (total + target - 1) / std::max<int64_t>(target, 1));
-  chunk = (chunk + 63) / 64 * 64;
-  LONGCTX_ASSERT(total / chunk <= target, "decode chunking exceeds its bound");
+  const int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(group);
+  const int version = kernel_version();
+  int64_t chunk = 0;
+  if (version == 1) {
+    chunk = v1_chunk(total, target, min_chunk_tokens);
+    LONGCTX_ASSERT(total / chunk <= target, "decode chunking exceeds its bound");
+  } else {
+    chunk = ring_plan_chunk(len, max_items, ctas_per_item, num_sms,
+                            ring_ctas_per_sm(head_dim, group, version),
+                            env_int("LONGCTX_DECODE_SLOTS", 0),
+                            env_int("LONGCTX_DECODE_OVERHEAD", 64), min_chunk_tokens);
+  }
 
   std::vector<int32_t> work;
   std::vector<int32_t> merge_indptr(batch + 1, 0);
   int32_t slots = 0;
   for (int b = 0; b < batch; ++b) {
-    // Even splits of this request (not chunk, chunk, ..., remainder): same count, no straggler.
-    int64_t splits = std::max<int64_t>(1, (len[b] + chunk - 1) / chunk);
-    const int64_t sub = std::max<int64_t>(64, ((len[b] + splits - 1) / splits + 63) / 64 * 64);
-    splits = std::max<int64_t>(1, (len[b] + sub - 1) / sub);
-    for (int64_t s = 0; s < splits; ++s) {
+    const Split sp = split_of(len[b], chunk);
+    for (int64_t s = 0; s < sp.count; ++s) {
       work.push_back(b);
-      work.push_back(int32_t(s * sub));
-      work.push_back(int32_t(std::min(len[b], (s + 1) * sub)));
-      work.push_back(splits == 1 ? -1 : slots + int32_t(s));
+      work.push_back(int32_t(s * sp.sub));
+      work.push_back(int32_t(std::min(len[b], (s + 1) * sp.sub)));
+      work.push_back(sp.count == 1 ? -1 : slots + int32_t(s));
     }
-    if (splits > 1) slots += int32_t(splits);
+    if (sp.count > 1) slots += int32_t(sp.count);
     merge_indptr[b + 1] = slots;
   }
   const int64_t items = int64_t(work.size()) / 4;
   LONGCTX_ASSERT(items <= max_items, "decode work items {} exceed the bound {}", items, max_items);
-  const WorkspaceLayout w = layout_of(batch, max_items, num_qo_heads, head_dim);
+  const WorkspaceLayout w = layout_of(batch, max_items, num_qo_heads, num_kv_heads, head_dim);
   LONGCTX_CHECK(workspace != nullptr && workspace_bytes >= w.total, ErrorCode::kInvalidArgument,
                 "decode_plan: workspace of {} bytes, need {} (decode_workspace_bytes)",
                 workspace_bytes, w.total);
@@ -437,12 +1124,15 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   LONGCTX_CUDA_CHECK(cudaMemcpyAsync(base + w.merge, merge_indptr.data(),
                                      sizeof(int32_t) * merge_indptr.size(), cudaMemcpyHostToDevice,
                                      stream));
+  // The fused merge's counters start at 0; each run leaves them at 0 again.
+  LONGCTX_CUDA_CHECK(cudaMemsetAsync(base + w.counters, 0, w.total - w.counters, stream));
   DecodePlan plan;
   plan.batch_size = batch;
   plan.num_qo_heads = num_qo_heads;
   plan.num_kv_heads = num_kv_heads;
   plan.head_dim = head_dim;
   plan.page_size = page_size;
+  plan.kernel_version = version;
   plan.chunk_tokens = int(chunk);
   plan.num_work_items = int(items);
   plan.num_partials = slots;
@@ -450,6 +1140,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.merge_indptr = reinterpret_cast<const int32_t*>(base + w.merge);
   plan.partial_o = reinterpret_cast<float*>(base + w.po);
   plan.partial_lse = reinterpret_cast<float*>(base + w.plse);
+  plan.counters = reinterpret_cast<int32_t*>(base + w.counters);
   return plan;
 }
 

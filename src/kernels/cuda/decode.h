@@ -1,8 +1,13 @@
 // CUDA batch decode over a paged KV cache, split-KV (flash-decoding): plan() cuts each request's
 // KV into chunks so that even ONE request at 32K+ keys spreads over every SM; each CTA handles one
 // (chunk, kv head) and all q heads of that kv group at once (so each K/V byte is read once, up to
-// 8 q heads per CTA), writes a partial (o, lse) in fp32, and a merge kernel folds the partials of
-// split requests into o. Requests that fit in one chunk write o directly.
+// 8 q heads per CTA), and the partial (o, lse) states of a split request are merged in fp32 by the
+// last of its CTAs (fused: one launch per call). Requests that fit in one chunk write o directly.
+//
+// Kernels (decode.cu): the default streams K/V tiles through a 4-stage cp.async ring in shared
+// memory and computes with mma.sync (tensor cores); LONGCTX_DECODE_KERNEL=v2 runs the same ring
+// with CUDA-core math, =v1 the first kernel (register loads, separate merge launch), for A/B
+// timing. LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's wave model (tuning).
 //
 //   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
 //   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
@@ -10,7 +15,8 @@
 //   for (layer ...) decode_run(params, plan, stream);   // no host sync, graph-safe
 //
 // run() reads only device memory written by plan() (work list + partial buffers in the caller's
-// workspace), so it can be captured in a CUDA graph that replays while the plan is unchanged.
+// workspace; the merge counters it increments are back at 0 when it ends), so it can be captured
+// in a CUDA graph that replays while the plan is unchanged. One run at a time per workspace.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,14 +34,17 @@ struct DecodePlan {
   int num_kv_heads = 0;
   int head_dim = 0;
   int page_size = 0;
-  int chunk_tokens = 0;                   // keys per split
-  int num_work_items = 0;                 // grid.x of the split kernel
-  int num_partials = 0;                   // partial states (0: no request was split)
-  const int32_t* work_items = nullptr;    // device [num_work_items, 4]: request, kv begin, kv end,
-                                          // partial slot (-1: write o/lse directly)
+  int kernel_version = 3;               // 3: ring + mma (default); 2: ring + SIMT math; 1: v1 (A/B)
+  int chunk_tokens = 0;                 // keys per split
+  int num_work_items = 0;               // grid.x of the split kernel
+  int num_partials = 0;                 // partial states (0: no request was split)
+  const int32_t* work_items = nullptr;  // device [num_work_items, 4]: request, kv begin, kv end,
+                                        // partial slot (-1: write o/lse directly)
   const int32_t* merge_indptr = nullptr;  // device [batch_size + 1] partial slots per request
   float* partial_o = nullptr;             // device [num_partials, num_qo_heads, head_dim]
   float* partial_lse = nullptr;           // device [num_partials, num_qo_heads]
+  int32_t* counters = nullptr;  // device [batch_size, num_kv_heads * head tiles] finished splits
+                                // (v2's fused merge; zeroed by plan(), left at 0 by each run)
 };
 
 // Workspace plan() may use for any batch of at most max_batch requests. num_sms = 0: the current
@@ -44,8 +53,10 @@ size_t decode_workspace_bytes(int max_batch, int num_qo_heads, int num_kv_heads,
                               int num_sms = 0);
 
 // Host inputs: kv_indptr_host [batch_size + 1], kv_last_page_len_host [batch_size]. Picks the
-// chunk size from the total KV length, the kv head count and the SM count; copies the work list
-// into the workspace on `stream` (async; the host arrays may be reused when this returns).
+// chunk size from the request lengths, the kv head count, the SM count and the kernel's resident
+// CTAs per SM (a wave model: as few even waves as possible); copies the work list into the
+// workspace and zeroes the merge counters on `stream` (async; the host arrays may be reused when
+// this returns).
 // Throws Error(kInvalidArgument) on a malformed page table or a too small workspace,
 // Error(kUnsupported) for head_dim other than 64/128 or a non-integral GQA ratio.
 DecodePlan decode_plan(const int32_t* kv_indptr_host, const int32_t* kv_last_page_len_host,
