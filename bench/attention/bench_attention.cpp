@@ -9,9 +9,9 @@
 //
 // bench_attention --decode [VARIANTS [PAGES]] runs the decode table instead (see decode_table):
 // batch 1 at 1K/4K/32K/128K keys and batches 8/32/64 at 4K and 32K, GB/s of K+V read, for each
-// decode kernel variant (default "v1,v3": LONGCTX_DECODE_KERNEL=v1 and the default kernel, in the
-// same process on the same data; v2 = the SIMT ring; "v3/s=N/o=M" also sets
-// LONGCTX_DECODE_SLOTS / _OVERHEAD) and page size (default 128).
+// plan variant (a comma-separated list, default "default": the plan as shipped; "s=N", "o=M" or
+// "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD, so wave-model settings compare in the same
+// process on the same data) and page size (default 128).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -404,17 +404,17 @@ void page_size_sweep(const std::vector<int>& page_sizes, cudaStream_t stream) {
 // The decode table. Per (batch, kv_len, page): one pool of shuffled pages holding `reps`
 // disjoint copies of the batch's KV (at least ~512 MB together, 10x the 50 MB L2), and each timed
 // launch reads the next copy (same plan, another kv_indices array), so small shapes are not
-// served from L2. Two times per variant: "isolated" = median of single launches between events
+// served from L2. Two times per plan variant: "isolated" = median of single launches between events
 // (includes the launch gap, as the other rows of this bench), "stream" = 20 back-to-back launches
 // / 20 (what consecutive layers under a CUDA graph see). GB/s = K+V bytes / time.
 struct DecodeVariant {
   std::string name;
-  const char* kernel;  // LONGCTX_DECODE_KERNEL
-  int slots = 0, overhead = 0;
+  int slots = 0, overhead = 0;  // 0: the plan's own (LONGCTX_DECODE_SLOTS / _OVERHEAD unset)
 };
 
-std::vector<DecodeVariant> parse_variants(const std::string& list) {
-  std::vector<DecodeVariant> out;
+// "default", "s=N", "o=M", "s=N/o=M", ... ; false on any other field (a typo would otherwise time
+// the default plan under another name).
+bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
   while (at <= list.size()) {
     const size_t comma = std::min(list.find(',', at), list.size());
@@ -423,18 +423,25 @@ std::vector<DecodeVariant> parse_variants(const std::string& list) {
     if (v.empty()) continue;
     DecodeVariant d;
     d.name = v;
-    d.kernel = v.rfind("v1", 0) == 0 ? "v1" : v.rfind("v2", 0) == 0 ? "v2" : "v3";
-    for (size_t p = v.find('/'); p != std::string::npos; p = v.find('/', p + 1)) {
-      if (v.compare(p + 1, 2, "s=") == 0) d.slots = std::atoi(v.c_str() + p + 3);
-      if (v.compare(p + 1, 2, "o=") == 0) d.overhead = std::atoi(v.c_str() + p + 3);
+    size_t f = 0;
+    while (f <= v.size()) {
+      const size_t slash = std::min(v.find('/', f), v.size());
+      const std::string field = v.substr(f, slash - f);
+      f = slash + 1;
+      if (field.rfind("s=", 0) == 0) {
+        d.slots = std::atoi(field.c_str() + 2);
+      } else if (field.rfind("o=", 0) == 0) {
+        d.overhead = std::atoi(field.c_str() + 2);
+      } else if (field != "default") {
+        return false;
+      }
     }
-    out.push_back(d);
+    out->push_back(d);
   }
-  return out;
+  return !out->empty();
 }
 
 void set_variant_env(const DecodeVariant& v) {
-  setenv("LONGCTX_DECODE_KERNEL", v.kernel, 1);
   if (v.slots > 0)
     setenv("LONGCTX_DECODE_SLOTS", std::to_string(v.slots).c_str(), 1);
   else
@@ -529,7 +536,8 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
                       (void*)p.kv_last_page_len})
         cudaFree(x);
     }
-  unsetenv("LONGCTX_DECODE_KERNEL");
+  unsetenv("LONGCTX_DECODE_SLOTS");
+  unsetenv("LONGCTX_DECODE_OVERHEAD");
 }
 
 }  // namespace
@@ -559,7 +567,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc >= 2 && std::strcmp(argv[1], "--decode") == 0) {
-    const std::vector<DecodeVariant> variants = parse_variants(argc >= 3 ? argv[2] : "v1,v3");
+    std::vector<DecodeVariant> variants;
+    if (!parse_variants(argc >= 3 ? argv[2] : "default", &variants)) {
+      std::fprintf(stderr, "--decode: want variants like default,s=2,s=3/o=64, got %s\n", argv[2]);
+      return 2;
+    }
     std::vector<int> pages;
     for (const char* s = argc >= 4 ? argv[3] : "128"; *s;) {
       char* end = nullptr;
@@ -578,7 +590,7 @@ int main(int argc, char** argv) {
   if (argc != 1) {
     std::fprintf(
         stderr,
-        "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [v1,v2,v3[/s=N/o=M]"
+        "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [default,s=N/o=M,..."
         " [PAGES]]]\n");
     return 2;
   }

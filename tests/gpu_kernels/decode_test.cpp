@@ -1,12 +1,11 @@
 // CUDA split-KV decode against the CPU decode reference, through the op-test harness: KV lengths
 // 0 .. 128K, page sizes 1/7/16/128/256, GQA 1/4/8/16 (and 3, 6, 12), head_dim 64/128, bf16/f16,
-// with and without LSE, batch 1 .. 64, 1 .. ~130 splits per request. The suites run the default
-// kernel (v3); LONGCTX_DECODE_KERNEL=v2 / v1 run them on the SIMT ring / the old kernel. Tolerances
-// (unit-variance q/k/v, sm_scale = 1/sqrt(head_dim)):
+// with and without LSE, batch 1 .. 64, 1 .. ~130 splits per request. Tolerances (unit-variance
+// q/k/v, sm_scale = 1/sqrt(head_dim)):
 //   output max-abs <= 1e-2 (bf16) / 2e-3 (f16): both round an fp32 result once; the kernel sums
-//     in another order (split chunks, lane groups / warps) and uses exp2f, and v3 rounds the
-//     softmax weights P to the input dtype before P V on the tensor cores (relative 2^-9 bf16,
-//     2^-11 f16 per weight; the max weight, 1, is exact);
+//     in another order (split chunks, warps) and uses exp2f, and it rounds the softmax weights P
+//     to the input dtype before P V on the tensor cores (relative 2^-9 bf16, 2^-11 f16 per
+//     weight; the max weight, 1, is exact);
 //   lse max-abs <= 1e-3; an empty request must give o == 0 and lse == -inf exactly.
 #include "kernels/cuda/decode.h"
 
@@ -16,6 +15,7 @@
 #include <sstream>
 
 #include "gpu_kernels/harness.h"
+#include "gpu_kernels/paged_prefill_case.h"
 #include "kernels/cpu/decode_cpu.h"
 #include "kernels/paged_case.h"
 
@@ -112,7 +112,7 @@ class DecodeCase : public OpCase {
     if (!d_o_.guards_intact()) ok = false, why << "output guard bytes overwritten; ";
     if (!d_lse_.guards_intact()) ok = false, why << "lse guard bytes overwritten; ";
     if (!d_ws_.guards_intact()) ok = false, why << "workspace guard bytes overwritten; ";
-    // v2's fused merge must leave its split counters at 0 (the next run, or graph replay, starts
+    // The fused merge must leave its split counters at 0 (the next run, or graph replay, starts
     // from there).
     if (plan_.counters != nullptr) {
       const size_t n =
@@ -151,18 +151,10 @@ class DecodeCase : public OpCase {
   kernels::cuda::DecodePlan plan_;
 };
 
+// q_lens are filled in by DecodeCase (one query per request).
 PagedCaseShape dshape(std::vector<int32_t> kv, int hq, int hk, int d, int page, DType dt,
                       bool lse = true, uint64_t seed = 1) {
-  PagedCaseShape s;
-  s.kv_lens = std::move(kv);
-  s.num_qo_heads = hq;
-  s.num_kv_heads = hk;
-  s.head_dim = d;
-  s.page_size = page;
-  s.dtype = dt;
-  s.with_lse = lse;
-  s.seed = seed;
-  return s;
+  return paged_shape({}, std::move(kv), hq, hk, d, page, dt, kernels::MaskMode::kNone, lse, seed);
 }
 
 // Every page size x GQA ratio x head_dim x dtype over a mixed batch (empty, 1 key, odd lengths,
@@ -199,7 +191,7 @@ TEST(DecodeGpu, LongAndOddGroups) {
   EXPECT_EQ(s.ok, 7);
 }
 
-// The v2 pipeline's edges: lengths around the 32/64-token tile and the 64-token chunk grain,
+// The cp.async pipeline's edges: lengths around the 32/64-token tile and the 64-token chunk grain,
 // page sizes 1/16/128/256 (a tile inside one page, across pages, one token per page), many
 // splits (min chunk 64), GQA 16 (two head tiles per kv head), batches up to 64.
 TEST(DecodeGpu, PipelineEdges) {
@@ -260,20 +252,10 @@ TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
   LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
   CaseResult direct = c.check();
   EXPECT_EQ(direct.status, Status::kOk) << direct.detail;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  c.launch(stream);
-  LONGCTX_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  c.reset_outputs();  // NaN bytes again: the replay must write every row
-  LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  replay_in_graph(c, stream, [&] { c.reset_outputs(); });
   CaseResult replay = c.check();
   EXPECT_EQ(replay.status, Status::kOk) << replay.detail;
   EXPECT_EQ(replay.max_abs_out, direct.max_abs_out);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 

@@ -205,6 +205,27 @@ inline double time_launch(OpCase& c, cudaStream_t stream, int iters) {
   return ms / iters;
 }
 
+// Captures c.launch(stream) into a CUDA graph, calls before_replay (e.g. to refill the outputs
+// with NaN bytes, so that the replay must write every row), replays the graph once and waits for
+// it: run() must be graph-safe (no host sync, no host-side state read at launch).
+template <typename BeforeReplay>
+void replay_in_graph(OpCase& c, cudaStream_t stream, BeforeReplay before_replay) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  c.launch(stream);
+  LONGCTX_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  before_replay();
+  // before_replay's cudaMemset runs on the legacy stream, which a non-blocking `stream` does not
+  // wait for.
+  LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+  LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
 // Runs every case: prepare, launch, sync, check; in perf mode also times. Prints one line per
 // case and records a GoogleTest failure for each failed case.
 inline RunSummary run_cases(const std::vector<std::unique_ptr<OpCase>>& cases) {

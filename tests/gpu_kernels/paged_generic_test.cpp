@@ -6,20 +6,18 @@
 // fp32 like it and rounds the output once, like the reference):
 //   output max-abs <= 1e-2 (bf16) / 2e-3 (f16); lse max-abs <= 1e-3;
 //   rows that see no key: o == 0 and lse == -inf exactly (the -inf part by compare_lse_rows).
-// Big cases compare a sample of query tokens (segment edges, 128-block boundaries, an even
-// stride); the NaN/Inf and guard checks always cover the whole output.
+// Big cases compare a sample of query tokens (paged_prefill_case.h).
 #include "kernels/cuda/paged_generic.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <memory>
-#include <set>
 #include <sstream>
 #include <string>
 
 #include "gpu_kernels/harness.h"
-#include "kernels/cpu/attention_ref.h"
+#include "gpu_kernels/paged_prefill_case.h"
 #include "kernels/paged_case.h"
 #include "longctx/core/error.h"
 
@@ -32,35 +30,11 @@ using testing::PagedCaseShape;
 
 constexpr double kOutTolBf16 = 1e-2;
 constexpr double kOutTolF16 = 2e-3;
-constexpr double kLseTol = 1e-3;
-constexpr double kFullCheckBudget = 3e8;  // q*kv*heads*head_dim MACs checked in full
-constexpr int kSampledTokensPerRequest = 48;
 
-class GenericCase : public OpCase {
+class GenericCase : public PagedPrefillCase {
  public:
   explicit GenericCase(PagedCaseShape s, bool perf_only = false)
-      : s_(std::move(s)), perf_only_(perf_only) {}
-
-  std::string name() const override {
-    std::ostringstream os;
-    auto list = [&](const std::vector<int32_t>& v) {
-      os << "[";
-      for (size_t i = 0; i < v.size() && i < 7; ++i) os << (i ? "," : "") << v[i];
-      if (v.size() > 7) os << ",...";
-      os << "]";
-    };
-    os << "generic(q=";
-    list(s_.q_lens);
-    os << " kv=";
-    list(s_.kv_lens);
-    os << " h=" << s_.num_qo_heads << "/" << s_.num_kv_heads << " d=" << s_.head_dim
-       << " page=" << s_.page_size << " " << dtype_name(s_.dtype)
-       << (s_.mask_mode == MaskMode::kCausal ? " causal" : " full") << (s_.with_lse ? " lse" : "");
-    if (s_.sparse_keep > 0)
-      os << " sparse=" << s_.sparse_keep << (s_.sparse_per_head ? "/head" : "");
-    os << ")";
-    return os.str();
-  }
+      : PagedPrefillCase(std::move(s), perf_only, "generic", 7, kOutTolBf16, kOutTolF16) {}
 
   bool supported() const override {
     kernels::PagedPrefillParams p;
@@ -68,121 +42,33 @@ class GenericCase : public OpCase {
     p.mask_mode = s_.mask_mode;
     return kernels::cuda::paged_generic_supported(p);
   }
-  bool perf_only() const override { return perf_only_; }
 
-  void prepare(cudaStream_t) override {
-    host_ = std::make_unique<PagedCase>(s_);
-    const PagedCase& h = *host_;
-    d_q_ = upload_vector(h.q);
-    d_k_ = upload_vector(h.k_cache);
-    d_v_ = upload_vector(h.v_cache);
-    d_qo_ = upload_vector(h.qo_indptr);
-    d_kvp_ = upload_vector(h.kv_indptr);
-    d_kvi_ = upload_vector(h.kv_indices);
-    d_last_ = upload_vector(h.kv_last_page_len);
-    d_mask_ = upload_vector(h.block_mask);
-    d_mask_indptr_ = upload_vector(h.block_mask_indptr);
-    // Outputs pre-filled with 0xFF bytes (NaN in bf16, f16 and f32): every row must be written.
-    d_o_ = GuardedBuffer(std::max<size_t>(h.q.size() * 2, 2), 0xFF);
-    d_lse_ = GuardedBuffer(std::max<size_t>(h.total_q * s_.num_qo_heads * 4, 4), 0xFF);
-    params_ = h.params(d_o_.data(), static_cast<float*>(d_lse_.data()));
-    params_.q = d_q_.data();
-    params_.k_cache = d_k_.data();
-    params_.v_cache = d_v_.data();
-    params_.qo_indptr = static_cast<const int32_t*>(d_qo_.data());
-    params_.kv_indptr = static_cast<const int32_t*>(d_kvp_.data());
-    params_.kv_indices = static_cast<const int32_t*>(d_kvi_.data());
-    params_.kv_last_page_len = static_cast<const int32_t*>(d_last_.data());
-    if (!h.block_mask.empty()) {
-      params_.block_mask = static_cast<const uint8_t*>(d_mask_.data());
-      params_.block_mask_indptr = static_cast<const int64_t*>(d_mask_indptr_.data());
-    }
-  }
+  void prepare(cudaStream_t) override { upload_inputs(); }
 
   void launch(cudaStream_t stream) override {
     kernels::cuda::paged_generic_run(params_, int(host_->total_q), stream);
   }
 
-  void reset_outputs() {
-    LONGCTX_CUDA_CHECK(cudaMemset(d_o_.data(), 0xFF, d_o_.bytes()));
-    LONGCTX_CUDA_CHECK(cudaMemset(d_lse_.data(), 0xFF, d_lse_.bytes()));
-  }
-
-  CaseResult check() override {
-    const PagedCase& h = *host_;
-    CaseResult r;
-    std::vector<uint16_t> o = d_o_.download<uint16_t>();
-    o.resize(h.q.size());
-    std::vector<float> lse = d_lse_.download<float>();
-    lse.resize(h.total_q * s_.num_qo_heads);
-
-    const std::vector<int32_t> tokens = tokens_to_check();
-    std::vector<uint16_t> o_ref(h.q.size(), 0);
-    std::vector<float> lse_ref(lse.size(), 0.f);
-    kernels::cpu::paged_prefill_ref(h.params(o_ref.data(), lse_ref.data()),
-                                    tokens.empty() ? nullptr : tokens.data(),
-                                    int64_t(tokens.size()));
-    const std::vector<int64_t> rows(tokens.begin(), tokens.end());
-    const int64_t row_elems = int64_t(s_.num_qo_heads) * s_.head_dim;
-    const HalfCompare co = compare_half_rows(o, o_ref, s_.dtype, row_elems, rows);
-    r.max_abs_out = co.max_abs;
-    const double tol = s_.dtype == DType::kBF16 ? kOutTolBf16 : kOutTolF16;
-    std::ostringstream why;
-    if (!tokens.empty()) why << "[sampled " << tokens.size() << " of " << h.total_q << " tokens] ";
-    bool ok = true;
-    if (co.non_finite) ok = false, why << co.non_finite << " non-finite outputs; ";
-    if (co.max_abs > tol) ok = false, why << "out max-abs " << co.max_abs << " > " << tol << "; ";
+ private:
+  void check_more(const std::vector<uint16_t>& o, std::ostringstream& why,
+                  bool& ok) const override {
     // Rows that see no key must be exactly zero (+0 or -0), not merely within tolerance.
+    const int64_t row_elems = int64_t(s_.num_qo_heads) * s_.head_dim;
     int64_t nonzero_empty = 0;
-    for (int64_t t = 0; t < h.total_q; ++t) {
+    for (int64_t t = 0; t < host_->total_q; ++t) {
       if (!row_sees_nothing(t)) continue;
       for (int64_t e = t * row_elems; e < (t + 1) * row_elems; ++e)
         nonzero_empty += o[e] != 0 && o[e] != 0x8000;
     }
     if (nonzero_empty) ok = false, why << nonzero_empty << " nonzero outputs of keyless rows; ";
-    if (s_.with_lse) {
-      const LseCompare cl = compare_lse_rows(lse, lse_ref, s_.num_qo_heads, rows);
-      r.max_abs_lse = cl.max_abs;
-      if (cl.bad) ok = false, why << cl.bad << " bad lse (nan/inf mismatch); ";
-      if (cl.max_abs > kLseTol) ok = false, why << "lse max-abs " << cl.max_abs << "; ";
-    } else {
+    if (!s_.with_lse) {
       // lse == nullptr: the buffer must keep its NaN fill.
       const std::vector<uint32_t> bits = d_lse_.download<uint32_t>();
       if (std::any_of(bits.begin(), bits.end(), [](uint32_t b) { return b != 0xFFFFFFFFu; }))
         ok = false, why << "lse written although params.lse == nullptr; ";
     }
-    if (!d_o_.guards_intact()) ok = false, why << "output guard bytes overwritten; ";
-    if (!d_lse_.guards_intact()) ok = false, why << "lse guard bytes overwritten; ";
-    r.status = ok ? Status::kOk : Status::kFailed;
-    r.detail = why.str();
-    return r;
   }
 
-  // 4 * head_dim FLOPs per visible (query, key, q head); causal counts only the visible part,
-  // block-sparse scales by the kept fraction of blocks.
-  double flops() const override {
-    double pairs = 0;
-    for (size_t b = 0; b < s_.q_lens.size(); ++b) {
-      const double q = s_.q_lens[b], kv = s_.kv_lens[b];
-      if (s_.mask_mode == MaskMode::kNone) {
-        pairs += q * kv;
-      } else {
-        for (int64_t i = 0; i < s_.q_lens[b]; ++i)
-          pairs += std::clamp<double>(kv - q + double(i) + 1, 0, kv);
-      }
-    }
-    double keep = 1.0;
-    if (host_ && !host_->block_mask.empty()) {
-      keep = double(std::count_if(host_->block_mask.begin(), host_->block_mask.end(),
-                                  [](uint8_t m) { return m != 0; })) /
-             double(host_->block_mask.size());
-    }
-    return 4.0 * s_.head_dim * s_.num_qo_heads * pairs * keep;
-  }
-
-  const GuardedBuffer& out() const { return d_o_; }
-
- private:
   // Token t sees no key: its request has no KV, or causal with kv_len - q_len + i < 0.
   bool row_sees_nothing(int64_t t) const {
     const PagedCase& h = *host_;
@@ -192,47 +78,11 @@ class GenericCase : public OpCase {
     const int64_t kv = s_.kv_lens[b], q = s_.q_lens[b];
     return kv == 0 || (s_.mask_mode == MaskMode::kCausal && kv - q + i < 0);
   }
-
-  // Empty = all tokens. Otherwise segment edges, block boundaries and an even stride.
-  std::vector<int32_t> tokens_to_check() const {
-    double macs = 0;
-    for (size_t b = 0; b < s_.q_lens.size(); ++b)
-      macs += double(s_.q_lens[b]) * s_.kv_lens[b] * s_.num_qo_heads * s_.head_dim;
-    if (macs <= kFullCheckBudget) return {};
-    std::set<int32_t> picked;
-    for (size_t b = 0; b < s_.q_lens.size(); ++b) {
-      const int32_t q0 = host_->qo_indptr[b], n = s_.q_lens[b];
-      for (int32_t i :
-           {0, 1, 2, 63, 64, 127, 128, 129, n / 2, n - 129, n - 128, n - 3, n - 2, n - 1})
-        if (i >= 0 && i < n) picked.insert(q0 + i);
-      const int32_t stride = std::max(1, n / kSampledTokensPerRequest);
-      for (int32_t i = stride / 2; i < n; i += stride) picked.insert(q0 + i);
-    }
-    return {picked.begin(), picked.end()};
-  }
-
-  PagedCaseShape s_;
-  bool perf_only_;
-  std::unique_ptr<PagedCase> host_;
-  GuardedBuffer d_q_, d_k_, d_v_, d_o_, d_lse_, d_qo_, d_kvp_, d_kvi_, d_last_, d_mask_,
-      d_mask_indptr_;
-  kernels::PagedPrefillParams params_;
 };
 
 PagedCaseShape gshape(std::vector<int32_t> q, std::vector<int32_t> kv, int hq, int hk, int d,
                       int page, DType dt, MaskMode mode, bool lse = true, uint64_t seed = 1) {
-  PagedCaseShape s;
-  s.q_lens = std::move(q);
-  s.kv_lens = std::move(kv);
-  s.num_qo_heads = hq;
-  s.num_kv_heads = hk;
-  s.head_dim = d;
-  s.page_size = page;
-  s.dtype = dt;
-  s.mask_mode = mode;
-  s.with_lse = lse;
-  s.seed = seed;
-  return s;
+  return paged_shape(std::move(q), std::move(kv), hq, hk, d, page, dt, mode, lse, seed);
 }
 
 // head_dim x page size x GQA ratio x mask, each over one mixed batch: decode rows (q_len 1, one
@@ -377,20 +227,10 @@ TEST(PagedGenericGpu, CudaGraphReplayMatchesDirectLaunch) {
   c.launch(stream);
   LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
   const std::vector<uint16_t> direct = c.out().download<uint16_t>();
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  c.launch(stream);
-  LONGCTX_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  c.reset_outputs();  // NaN bytes again: the replay must write every row
-  LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  replay_in_graph(c, stream, [&] { c.reset_outputs(); });
   EXPECT_EQ(c.out().download<uint16_t>(), direct);
   const CaseResult r = c.check();
   EXPECT_EQ(r.status, Status::kOk) << r.detail;
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 

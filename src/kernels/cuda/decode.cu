@@ -1,20 +1,17 @@
-// Split-KV batch decode (see decode.h). Three kernels share the plan format (work items of
-// (request, kv range, partial slot) x kv head x head tile of <= 8 q heads):
+// Split-KV batch decode (see decode.h). The plan's work items are (request, kv range, partial
+// slot); the grid is work items x (kv head, head tile of <= 8 q heads).
 //
-// v3 (default) and v2: K/V tiles of 16 KB are copied global -> shared by cp.async in a
-// kV2Stages-deep ring, so each CTA keeps ~48 KB of loads in flight while it computes on the oldest
-// tile (v1 had only 4 tokens x 16 B per thread outstanding, serialized with its own compute: ~1
-// TB/s at batch 1). Page ids are looked up one tile ahead of the copies that need them (the
-// lookup's latency hides under a tile of compute). A split request's partial states are merged
-// by the LAST of its CTAs (an atomic counter per (request, kv head, head tile) in the workspace),
-// not by a second launch. The plan sizes the chunks with a wave model (CTAs resident per SM from
-// the occupancy API), so batch 1 fills the GPU in one even wave and large batches do not end in a
-// mostly empty wave. v3 computes a tile with mma.sync (MmaCompute), v2 with CUDA cores
-// (SimtCompute: measured compute-bound, 1.8 TB/s at batch 1 / 32K keys / GQA 4).
-//
-// v1 (LONGCTX_DECODE_KERNEL=v1, kept for A/B timing): a token's head_dim is spread over D / 8
-// lanes (16-byte loads), loads go straight to registers, kTile tokens per lane group per step,
-// every lane group keeps an online softmax per q head, and a separate kernel merges the splits.
+// Each CTA streams its K/V range through a kStages-deep ring of 16 KB tiles in shared memory,
+// filled by cp.async, so it keeps ~48 KB of loads in flight while it computes on the oldest tile:
+// batch-1 decode is bound by the bytes in flight per SM, and loads straight into registers,
+// serialized with the compute that consumes them, stay near 1 TB/s. Page ids are looked up one
+// tile ahead of the copies that need them (the lookup's latency hides under a tile of compute).
+// A tile is computed on the tensor cores (MmaCompute), since the same math on CUDA cores makes
+// the kernel compute-bound. A split request's partial states are merged by the LAST of its CTAs
+// (an atomic counter per (request, kv head, head tile) in the workspace), which saves a second
+// launch and its wait for the whole grid. The plan sizes the chunks with a wave model (CTAs
+// resident per SM from the occupancy API), so batch 1 fills the GPU in one even wave and large
+// batches do not end in a mostly empty wave.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -22,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "kernels/cuda/decode.h"
@@ -35,11 +31,9 @@ namespace longctx::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kTile = 4;           // tokens per lane group per step
-constexpr int kMaxGroup = 8;       // q heads per CTA (larger GQA groups take several CTAs)
-constexpr int kCtasPerSm = 8;      // v1 split target: about this many CTAs per SM; bounds the items
-constexpr int kV2Stages = 4;       // v2 ring depth: 3 tiles (48 KB) in flight while one is computed
-constexpr int kV2TokPerGroup = 4;  // v2 tokens per lane group per tile (independent smem loads)
+constexpr int kMaxGroup = 8;   // q heads per CTA (larger GQA groups take several CTAs)
+constexpr int kCtasPerSm = 8;  // bounds the work items (and so the workspace): ~8 CTAs per SM
+constexpr int kStages = 4;     // ring depth: 3 tiles (48 KB) in flight while one is computed
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -54,264 +48,24 @@ struct DecodeArgs {
   const int32_t* work;  // [num_work, 4]
   float* partial_o;
   float* partial_lse;
-  const int32_t* merge_indptr;  // v2: [batch + 1] partial slots per request
-  int32_t* counters;            // v2: [batch, num_kv_heads * head_tiles] finished splits
+  const int32_t* merge_indptr;  // [batch + 1] partial slots per request
+  int32_t* counters;            // [batch, num_kv_heads * head_tiles] finished splits
   int num_qo_heads, num_kv_heads, group, head_tiles, page_size;
   float scale_log2;  // sm_scale * log2(e): scores live in the log2 domain
 };
 
-__device__ __forceinline__ void unpack8(const uint4& r, float* f, const __nv_bfloat16*) {
-  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-__device__ __forceinline__ void unpack8(const uint4& r, float* f, const __half*) {
-  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __half2 h = *reinterpret_cast<const __half2*>(&w[i]);
-    float2 x = __half22float2(h);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
-}
-
-template <typename T, int D, int GT>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeArgs a) {
-  constexpr int LPT = D / 8;                 // lanes per token
-  constexpr int TPW = 32 / LPT;              // lane groups per warp
-  constexpr int NG = (kThreads / 32) * TPW;  // lane groups per CTA
-  constexpr int STEP = NG * kTile;           // tokens per CTA step
-  __shared__ float s_m[NG][GT];
-  __shared__ float s_l[NG][GT];
-  __shared__ float s_acc[NG][GT][D];
-
-  const int4 item = reinterpret_cast<const int4*>(a.work)[blockIdx.x];
-  const int b = item.x, kv_begin = item.y, kv_end = item.z, slot = item.w;
-  if (b < 0) return;  // padding item
-  const int kvh = blockIdx.y / a.head_tiles;
-  const int tile = blockIdx.y % a.head_tiles;
-  const int h0 = kvh * a.group + tile * GT;
-  const int nh = min(GT, a.group - tile * GT);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int li = lane % LPT;
-  const int grp = warp * TPW + lane / LPT;
-  const T* q = static_cast<const T*>(a.q);
-  const T* kc = static_cast<const T*>(a.k);
-  const T* vc = static_cast<const T*>(a.v);
-
-  float qf[GT][8];
-#pragma unroll
-  for (int g = 0; g < GT; ++g) {
-    if (g < nh) {
-      uint4 r =
-          *reinterpret_cast<const uint4*>(q + (int64_t(b) * a.num_qo_heads + h0 + g) * D + li * 8);
-      unpack8(r, qf[g], q);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qf[g][e] *= a.scale_log2;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qf[g][e] = 0.f;
-    }
-  }
-  float m[GT], l[GT], acc[GT][8];
-#pragma unroll
-  for (int g = 0; g < GT; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
-  }
-
-  const int32_t* pages = a.kv_indices + a.kv_indptr[b];
-  const int ps = a.page_size;
-  // The loop bound is warp-uniform (the warp's first token), so every lane reaches the
-  // shuffles below; lane groups past kv_end just see masked tokens.
-  const int warp_first = kv_begin + warp * TPW * kTile;
-  const int grp_off = (lane / LPT) * kTile;
-  for (int tw = warp_first; tw < kv_end; tw += STEP) {
-    const int t0 = tw + grp_off;
-    uint4 kr[kTile], vr[kTile];
-#pragma unroll
-    for (int i = 0; i < kTile; ++i) {
-      const int t = t0 + i;
-      if (t < kv_end) {
-        const int64_t page = pages[t / ps];
-        const int64_t off = ((page * ps + t % ps) * a.num_kv_heads + kvh) * D + li * 8;
-        kr[i] = __ldg(reinterpret_cast<const uint4*>(kc + off));
-        vr[i] = __ldg(reinterpret_cast<const uint4*>(vc + off));
-      } else {
-        kr[i] = make_uint4(0, 0, 0, 0);
-        vr[i] = make_uint4(0, 0, 0, 0);
-      }
-    }
-    float s[GT][kTile];
-#pragma unroll
-    for (int i = 0; i < kTile; ++i) {
-      float kf[8];
-      unpack8(kr[i], kf, q);
-#pragma unroll
-      for (int g = 0; g < GT; ++g) {
-        float dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(qf[g][e], kf[e], dot);
-        s[g][i] = dot;
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < GT; ++g) {
-#pragma unroll
-      for (int i = 0; i < kTile; ++i) {
-#pragma unroll
-        for (int off = LPT / 2; off > 0; off >>= 1)
-          s[g][i] += __shfl_xor_sync(0xffffffffu, s[g][i], off);
-        if (t0 + i >= kv_end) s[g][i] = -INFINITY;
-      }
-    }
-    float vf[kTile][8];
-#pragma unroll
-    for (int i = 0; i < kTile; ++i) unpack8(vr[i], vf[i], q);
-#pragma unroll
-    for (int g = 0; g < GT; ++g) {
-      float mx = m[g];
-#pragma unroll
-      for (int i = 0; i < kTile; ++i) mx = fmaxf(mx, s[g][i]);
-      // -inf when this group has seen no token yet (all masked): keep exp2 away from NaN.
-      const float base = mx == -INFINITY ? 0.f : mx;
-      const float scale = exp2f(m[g] - base);
-      m[g] = mx;
-      float p[kTile];
-      float psum = 0.f;
-#pragma unroll
-      for (int i = 0; i < kTile; ++i) {
-        p[i] = exp2f(s[g][i] - base);
-        psum += p[i];
-      }
-      l[g] = l[g] * scale + psum;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        float x = acc[g][e] * scale;
-#pragma unroll
-        for (int i = 0; i < kTile; ++i) x = fmaf(p[i], vf[i][e], x);
-        acc[g][e] = x;
-      }
-    }
-  }
-
-  // Merge the lane groups' states.
-#pragma unroll
-  for (int g = 0; g < GT; ++g) {
-    if (li == 0) {
-      s_m[grp][g] = m[g];
-      s_l[grp][g] = l[g];
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) s_acc[grp][g][li * 8 + e] = acc[g][e];
-  }
-  __syncthreads();
-  T* o = static_cast<T*>(a.o);
-  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
-    const int g = idx / D, d = idx % D;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < NG; ++j) mx = fmaxf(mx, s_m[j][g]);
-    float sum = 0.f, out = 0.f;
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int j = 0; j < NG; ++j) {
-        const float w = exp2f(s_m[j][g] - mx);  // empty groups: exp2(-inf) = 0
-        sum += s_l[j][g] * w;
-        out += s_acc[j][g][d] * w;
-      }
-      out /= sum;
-    }
-    const float lse = mx == -INFINITY ? -INFINITY : (mx + log2f(sum)) * kLn2;
-    const int h = h0 + g;
-    if (slot < 0) {
-      o[(int64_t(b) * a.num_qo_heads + h) * D + d] = detail::from_f32<T>(out);
-      if (d == 0 && a.lse) a.lse[int64_t(b) * a.num_qo_heads + h] = lse;
-    } else {
-      a.partial_o[(int64_t(slot) * a.num_qo_heads + h) * D + d] = out;
-      if (d == 0) a.partial_lse[int64_t(slot) * a.num_qo_heads + h] = lse;
-    }
-  }
-}
-
-// Folds the partial states of every split request into o/lse: one CTA per (request, q head).
-// Requests split into many chunks have tens of states, so the states are spread over the CTA's
-// threads (each of kParts partitions of the threads sums a strided subset of the states for its
-// head_dim slice) instead of one long dependent loop per lane.
-template <typename T>
-__global__ void __launch_bounds__(128)
-    decode_merge_kernel(const float* partial_o, const float* partial_lse,
-                        const int32_t* merge_indptr, T* o, float* lse, int num_heads,
-                        int head_dim) {
-  __shared__ float s_part[128];
-  __shared__ float s_red[2];
-  const int b = blockIdx.x / num_heads, h = blockIdx.x % num_heads;
-  const int s0 = merge_indptr[b], n = merge_indptr[b + 1] - s0;
-  if (n == 0) return;  // written directly by the split kernel
-  const int tid = threadIdx.x;
-  auto lse_at = [&](int s) { return partial_lse[int64_t(s0 + s) * num_heads + h]; };
-  if (tid < 32) {  // max and sum of weights over the states, one warp
-    float mx = -INFINITY;
-    for (int s = tid; s < n; s += 32) mx = fmaxf(mx, lse_at(s));
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float sum = 0.f;
-    if (mx != -INFINITY)
-      for (int s = tid; s < n; s += 32) sum += __expf(lse_at(s) - mx);
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (tid == 0) {
-      s_red[0] = mx;
-      s_red[1] = sum;
-    }
-  }
-  __syncthreads();
-  const float mx = s_red[0], sum = s_red[1];
-  const int parts = 128 / head_dim;  // 1 (D = 128) or 2 (D = 64)
-  const int part = tid / head_dim, d = tid % head_dim;
-  float acc = 0.f;
-  if (mx != -INFINITY && part < parts) {
-#pragma unroll 8
-    for (int s = part; s < n; s += parts) {
-      const float l = lse_at(s);
-      if (l != -INFINITY)
-        acc += __expf(l - mx) * partial_o[(int64_t(s0 + s) * num_heads + h) * head_dim + d];
-    }
-  }
-  s_part[tid] = acc;
-  __syncthreads();
-  if (tid < head_dim) {
-    float total = 0.f;
-    for (int q = 0; q < parts; ++q) total += s_part[q * head_dim + tid];
-    const int64_t row = int64_t(b) * num_heads + h;
-    o[row * head_dim + tid] = detail::from_f32<T>(mx == -INFINITY ? 0.f : total / sum);
-    if (tid == 0 && lse) lse[row] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Ring kernels (v2 SIMT, v3 tensor cores): cp.async ring + fused merge. One kernel template
-// holds the pipeline, the CTA merge and the split merge; a Compute policy holds the math of one
-// tile and the per-thread state.
-
 // Tile geometry for head_dim D: TILE tokens of K and of V per stage, 16 KB together for both
 // head dims, so the ring's bytes in flight do not depend on D.
 template <int D>
-struct V2Shape {
+struct RingShape {
   static constexpr int LPT = D / 8;                     // 16-byte chunks per token row
-  static constexpr int TPW = 32 / LPT;                  // SIMT lane groups per warp
-  static constexpr int NG = (kThreads / 32) * TPW;      // SIMT lane groups per CTA
-  static constexpr int TILE = NG * kV2TokPerGroup;      // tokens per stage: 32 (D 128) / 64 (D 64)
+  static constexpr int TILE = 4096 / D;                 // tokens per stage: 32 (D 128) / 64 (D 64)
   static constexpr int CPT = TILE * LPT / kThreads;     // 16-byte copies per thread per tensor
   static constexpr int TOK_STRIDE = kThreads / LPT;     // tokens between a thread's copies
   static constexpr int kStageBytes = 2 * TILE * D * 2;  // K + V, 16-bit elements
-  static constexpr int kSmemBytes = kV2Stages * kStageBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
   static_assert(CPT * kThreads == TILE * LPT, "tile copies must divide over the threads");
-  static_assert(TILE % 32 == 0, "the mma path gives each warp whole 8-token blocks");
+  static_assert(TILE % 32 == 0, "each warp takes whole 8-token blocks");
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -386,133 +140,19 @@ struct Mma<__half> {
   }
 };
 
-// SIMT compute (v2): lane group grp (LPT lanes, 8 dims each) takes tokens grp + i * NG of the
-// tile; for one i a warp reads TPW consecutive rows (512 contiguous bytes): no bank conflicts
-// without a swizzle. Dot products are reduced by shuffles, every lane group keeps an online
-// softmax state per q head: kSources = NG states per CTA.
-template <typename T, int D, int GT>
-struct SimtCompute {
-  using S = V2Shape<D>;
-  static constexpr bool kSwizzle = false;
-  static constexpr int kSources = S::NG;
-  int li, grp;
-  float qf[GT][8], m[GT], l[GT], acc[GT][8];
-
-  __device__ __forceinline__ void init(const DecodeArgs& a, int b, int h0, int nh) {
-    const int lane = threadIdx.x & 31;
-    li = lane % S::LPT;
-    grp = (threadIdx.x >> 5) * S::TPW + lane / S::LPT;
-    const T* q = static_cast<const T*>(a.q);
-#pragma unroll
-    for (int g = 0; g < GT; ++g) {
-      if (g < nh) {
-        uint4 r = *reinterpret_cast<const uint4*>(q + (int64_t(b) * a.num_qo_heads + h0 + g) * D +
-                                                  li * 8);
-        unpack8(r, qf[g], q);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) qf[g][e] *= a.scale_log2;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) qf[g][e] = 0.f;
-      }
-      m[g] = -INFINITY;
-      l[g] = 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
-    }
-  }
-
-  __device__ __forceinline__ void tile(const T* sk, const T* sv, int tbase, int kv_end,
-                                       float /*scale_log2*/) {
-    constexpr int NT = kV2TokPerGroup;
-    uint4 kr[NT], vr[NT];
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      const int tt = grp + i * S::NG;
-      kr[i] = *reinterpret_cast<const uint4*>(sk + tt * D + li * 8);
-      vr[i] = *reinterpret_cast<const uint4*>(sv + tt * D + li * 8);
-    }
-    float s[GT][NT];
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      float kf[8];
-      unpack8(kr[i], kf, sk);
-#pragma unroll
-      for (int g = 0; g < GT; ++g) {
-        float dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(qf[g][e], kf[e], dot);
-        s[g][i] = dot;
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < GT; ++g) {
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-#pragma unroll
-        for (int off = S::LPT / 2; off > 0; off >>= 1)
-          s[g][i] += __shfl_xor_sync(0xffffffffu, s[g][i], off);
-        if (tbase + grp + i * S::NG >= kv_end) s[g][i] = -INFINITY;
-      }
-    }
-    float vf[NT][8];
-#pragma unroll
-    for (int i = 0; i < NT; ++i) unpack8(vr[i], vf[i], sv);
-#pragma unroll
-    for (int g = 0; g < GT; ++g) {
-      float mx = m[g];
-#pragma unroll
-      for (int i = 0; i < NT; ++i) mx = fmaxf(mx, s[g][i]);
-      // -inf when this group has seen no token yet (all masked): keep exp2 away from NaN.
-      const float base = mx == -INFINITY ? 0.f : mx;
-      const float scale = exp2f(m[g] - base);
-      m[g] = mx;
-      float p[NT];
-      float psum = 0.f;
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        p[i] = exp2f(s[g][i] - base);
-        psum += p[i];
-      }
-      l[g] = l[g] * scale + psum;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        float x = acc[g][e] * scale;
-#pragma unroll
-        for (int i = 0; i < NT; ++i) x = fmaf(p[i], vf[i][e], x);
-        acc[g][e] = x;
-      }
-    }
-  }
-
-  // State -> shared memory: s_acc [kSources][GT][D], s_m / s_l [kSources][GT].
-  __device__ __forceinline__ void store(float* s_acc, float (*s_m)[GT], float (*s_l)[GT]) {
-#pragma unroll
-    for (int g = 0; g < GT; ++g) {
-      if (li == 0) {
-        s_m[grp][g] = m[g];
-        s_l[grp][g] = l[g];
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) s_acc[(grp * GT + g) * D + li * 8 + e] = acc[g][e];
-    }
-  }
-};
-
-// Tensor-core compute (v3, the default): the CTA's q heads are the M rows of mma.sync tiles
-// (rows >= GT are zero padding: the tensor cores have ~50x the throughput this needs), each warp
-// takes 8-token blocks of the tile as the N (S = Q K^T, m16n8k16 over head_dim) and K (O += P V,
-// m16n8k8) dimensions. S's accumulator layout is m16n8k8's A layout, so P goes from registers
-// into the second mma without shuffles; K and V fragments come from the (XOR-swizzled, so
-// conflict-free) ring by ldmatrix / ldmatrix.trans. Per 8 tokens a warp issues ~24 mma + 8
-// ldmatrix + ~40 softmax instructions where the SIMT path needs ~600: the SIMT kernel was
-// compute-bound (GQA 1 ran 1.4x faster than GQA 4 over the same bytes).
+// Tensor-core compute: the CTA's q heads are the M rows of mma.sync tiles (rows >= GT are zero
+// padding: the tensor cores have ~50x the throughput this needs), each warp takes 8-token blocks
+// of the tile as the N (S = Q K^T, m16n8k16 over head_dim) and K (O += P V, m16n8k8) dimensions.
+// S's accumulator layout is m16n8k8's A layout, so P goes from registers into the second mma
+// without shuffles; K and V fragments come from the (XOR-swizzled, so conflict-free) ring by
+// ldmatrix / ldmatrix.trans. Per 8 tokens a warp issues ~24 mma + 8 ldmatrix + ~40 softmax
+// instructions; the same tile on CUDA cores takes ~600 and is compute-bound at batch 1 (GQA 1
+// runs 1.4x faster than GQA 4 over the same bytes there).
 // Thread (g = lane / 4, t = lane % 4) owns row g (q head g) of S for tokens 2t, 2t+1 of each
 // block and of O for dims 8j + 2t, 2t+1: one online-softmax state per warp, kSources = 4.
 template <typename T, int D, int GT>
 struct MmaCompute {
-  using S = V2Shape<D>;
-  static constexpr bool kSwizzle = true;
+  using S = RingShape<D>;
   static constexpr int kSources = kThreads / 32;
   static constexpr int KS = D / 16;         // k-steps of S = Q K^T
   static constexpr int NTL = D / 8;         // 8-dim n-tiles of O
@@ -613,10 +253,13 @@ struct MmaCompute {
   }
 };
 
-template <typename T, int D, int GT, template <typename, int, int> class Compute>
+// One CTA per (work item, kv head, head tile): the cp.async ring feeding MmaCompute, the merge of
+// the CTA's states into o (or a partial slot), and for a split request the merge of its partial
+// states by its last CTA.
+template <typename T, int D, int GT>
 __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
-  using S = V2Shape<D>;
-  using C = Compute<T, D, GT>;
+  using S = RingShape<D>;
+  using C = MmaCompute<T, D, GT>;
   constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT, NSRC = C::kSources;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float s_m[NSRC][GT];
@@ -641,7 +284,8 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   // Copy assignment: thread tid copies the 16-byte chunks tid + j * kThreads of a tile, i.e.
   // chunk tid % LPT of tokens tid / LPT + j * TOK_STRIDE: a warp's copies of one j cover 512
   // contiguous bytes of the tile (coalesced reads of whole 256-byte rows), and a thread's K and
-  // V copies share one address computation. The mma path stores chunk c of row r at c ^ (r % 8).
+  // V copies share one address computation. Chunk c of row r is stored at c ^ (r % 8), so an
+  // ldmatrix read of one chunk column over 8 rows covers all 32 banks (no conflicts).
   const int cp_tok = threadIdx.x / LPT, cp_cc = threadIdx.x % LPT;
   auto stage_k = [&](int st) { return reinterpret_cast<T*>(smem + st * S::kStageBytes); };
   auto stage_v = [&](int st) { return stage_k(st) + TILE * D; };
@@ -661,7 +305,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
     }
   };
   auto issue = [&](int t_idx) {
-    const int st = t_idx % kV2Stages;
+    const int st = t_idx % kStages;
     T* sk = stage_k(st);
     T* sv = stage_v(st);
 #pragma unroll
@@ -669,41 +313,41 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
       const int tt = cp_tok + j * S::TOK_STRIDE;
       const bool valid = kv_begin + t_idx * TILE + tt < kv_end;
       const int64_t off = (row[j] * a.num_kv_heads + kvh) * D + cp_cc * 8;  // row 0 if invalid
-      const int dst = tt * D + (C::kSwizzle ? (cp_cc ^ (tt & 7)) : cp_cc) * 8;
+      const int dst = tt * D + (cp_cc ^ (tt & 7)) * 8;
       cp_async16(sk + dst, kc + off, valid);
       cp_async16(sv + dst, vc + off, valid);
     }
   };
 
-  // Prologue: kV2Stages - 1 tiles in flight before the first compute. One commit per slot even
+  // Prologue: kStages - 1 tiles in flight before the first compute. One commit per slot even
   // when there is no tile, so wait_group counts stay uniform.
 #pragma unroll
-  for (int st = 0; st < kV2Stages - 1; ++st) {
+  for (int st = 0; st < kStages - 1; ++st) {
     if (st < n_tiles) {
       load_rows(st);
       issue(st);
     }
     cp_async_commit();
   }
-  if (kV2Stages - 1 < n_tiles) load_rows(kV2Stages - 1);
+  if (kStages - 1 < n_tiles) load_rows(kStages - 1);
 
   C c;
   c.init(a, b, h0, nh);
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<kV2Stages - 2>();  // tile it has landed (for this thread's copies) ...
-    __syncthreads();                 // ... for every thread's, and tile it - 1 is consumed
-    const int nx = it + kV2Stages - 1;
+    cp_async_wait<kStages - 2>();  // tile it has landed (for this thread's copies) ...
+    __syncthreads();               // ... for every thread's, and tile it - 1 is consumed
+    const int nx = it + kStages - 1;
     if (nx < n_tiles) issue(nx);  // into the stage tile it - 1 used
     cp_async_commit();
     if (nx + 1 < n_tiles) load_rows(nx + 1);  // used by the next iteration's issue
-    const int st = it % kV2Stages;
+    const int st = it % kStages;
     c.tile(stage_k(st), stage_v(st), kv_begin + it * TILE, kv_end, a.scale_log2);
   }
   cp_async_wait<0>();  // only empty groups can be left, but the ring is reused below
   __syncthreads();
 
   // Merge the CTA's NSRC states; the ring's shared memory holds the accumulators
-  // ([NSRC][GT][D] fp32 = 4 KB x GT for SIMT, 2 KB x GT for mma, <= the ring's 64 KB).
+  // ([NSRC][GT][D] fp32 = 2 KB x GT, <= the ring's 64 KB).
   float* s_acc = reinterpret_cast<float*>(smem);
   c.store(s_acc, s_m, s_l);
   __syncthreads();
@@ -806,7 +450,7 @@ int group_tile_of(int group) {
   return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup;
 }
 
-// Integer knob from the environment (A/B timing and tuning); `fallback` when unset or invalid.
+// Integer knob from the environment (wave-model tuning); `fallback` when unset or invalid.
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -815,17 +459,8 @@ int env_int(const char* name, int fallback) {
   return (end && *end == 0 && x > 0 && x < (1 << 20)) ? int(x) : fallback;
 }
 
-// LONGCTX_DECODE_KERNEL=v1: register loads + merge launch; =v2: the ring with SIMT math;
-// anything else: the ring with tensor-core math (v3, the default).
-int kernel_version() {
-  const char* v = std::getenv("LONGCTX_DECODE_KERNEL");
-  if (v && std::strcmp(v, "v1") == 0) return 1;
-  if (v && std::strcmp(v, "v2") == 0) return 2;
-  return 3;
-}
-
-// Work items the plan may create: sum_b ceil(len_b / chunk) <= batch + total / chunk, and the
-// chunk is chosen so that total / chunk <= target.
+// Work items the plan may create (sizes the workspace): one per request plus about kCtasPerSm
+// CTAs per SM of extra splits; ring_chunk never picks a chunk that would need more.
 int64_t max_work_items(int max_batch, int num_kv_heads, int group, int num_sms) {
   int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(group);
   int64_t target = (int64_t(num_sms) * kCtasPerSm + ctas_per_item - 1) / ctas_per_item;
@@ -860,75 +495,54 @@ void check_shape(int num_qo_heads, int num_kv_heads, int head_dim) {
                 "decode: head_dim {} not supported (64 or 128)", head_dim);
 }
 
-// The ring kernels need > 48 KB of dynamic shared memory: opt in once per instantiation (plan()
-// calls this too, outside any graph capture). Returns resident CTAs per SM.
-template <typename T, int D, int GT, template <typename, int, int> class C>
+// The kernel needs > 48 KB of dynamic shared memory: opt in once per instantiation (plan() calls
+// this too, outside any graph capture). Returns resident CTAs per SM.
+template <typename T, int D, int GT>
 int ring_setup() {
   static const int ctas = [] {
-    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(decode_ring_kernel<T, D, GT, C>,
+    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(decode_ring_kernel<T, D, GT>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            V2Shape<D>::kSmemBytes));
+                                            RingShape<D>::kSmemBytes));
     int n = 0;
     LONGCTX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, decode_ring_kernel<T, D, GT, C>, kThreads, V2Shape<D>::kSmemBytes));
+        &n, decode_ring_kernel<T, D, GT>, kThreads, RingShape<D>::kSmemBytes));
     return std::max(n, 1);
   }();
   return ctas;
 }
 
-// Launches (or, with grid.x == 0, only sets up) the ring kernel of this shape; returns its
-// resident CTAs per SM.
-template <typename T, int D, template <typename, int, int> class C>
+// Launches (or, with a == nullptr, only sets up) the kernel of this shape; returns its resident
+// CTAs per SM.
+template <typename T, int D>
 int ring_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
   auto go = [&](auto kernel, int ctas) {
     if (a != nullptr) {
-      kernel<<<grid, kThreads, V2Shape<D>::kSmemBytes, stream>>>(*a);
+      kernel<<<grid, kThreads, RingShape<D>::kSmemBytes, stream>>>(*a);
       LONGCTX_CUDA_CHECK_LAUNCH("decode_ring_kernel");
     }
     return ctas;
   };
   switch (gt) {
     case 1:
-      return go(decode_ring_kernel<T, D, 1, C>, ring_setup<T, D, 1, C>());
+      return go(decode_ring_kernel<T, D, 1>, ring_setup<T, D, 1>());
     case 2:
-      return go(decode_ring_kernel<T, D, 2, C>, ring_setup<T, D, 2, C>());
+      return go(decode_ring_kernel<T, D, 2>, ring_setup<T, D, 2>());
     case 4:
-      return go(decode_ring_kernel<T, D, 4, C>, ring_setup<T, D, 4, C>());
+      return go(decode_ring_kernel<T, D, 4>, ring_setup<T, D, 4>());
     default:
-      return go(decode_ring_kernel<T, D, 8, C>, ring_setup<T, D, 8, C>());
+      return go(decode_ring_kernel<T, D, 8>, ring_setup<T, D, 8>());
   }
 }
 
-template <typename T, int D>
-int ring_launch_version(const DecodeArgs* a, dim3 grid, int gt, int version, cudaStream_t stream) {
-  return version == 2 ? ring_launch<T, D, SimtCompute>(a, grid, gt, stream)
-                      : ring_launch<T, D, MmaCompute>(a, grid, gt, stream);
-}
-
-// Resident ring CTAs per SM for this shape and kernel version (both dtypes are set up; bf16's
-// count is returned).
-int ring_ctas_per_sm(int head_dim, int group, int version) {
+// Resident CTAs per SM for this shape (both dtypes are set up; bf16's count is returned).
+int ring_ctas_per_sm(int head_dim, int group) {
   const int gt = group_tile_of(group);
   if (head_dim == 64) {
-    ring_launch_version<__half, 64>(nullptr, dim3(), gt, version, nullptr);
-    return ring_launch_version<__nv_bfloat16, 64>(nullptr, dim3(), gt, version, nullptr);
+    ring_launch<__half, 64>(nullptr, dim3(), gt, nullptr);
+    return ring_launch<__nv_bfloat16, 64>(nullptr, dim3(), gt, nullptr);
   }
-  ring_launch_version<__half, 128>(nullptr, dim3(), gt, version, nullptr);
-  return ring_launch_version<__nv_bfloat16, 128>(nullptr, dim3(), gt, version, nullptr);
-}
-
-template <typename T, int D>
-void launch_split(const DecodeArgs& a, dim3 grid, int group, cudaStream_t stream) {
-  const int gt = std::min(group, kMaxGroup);
-  if (gt <= 1)
-    decode_split_kernel<T, D, 1><<<grid, kThreads, 0, stream>>>(a);
-  else if (gt <= 2)
-    decode_split_kernel<T, D, 2><<<grid, kThreads, 0, stream>>>(a);
-  else if (gt <= 4)
-    decode_split_kernel<T, D, 4><<<grid, kThreads, 0, stream>>>(a);
-  else
-    decode_split_kernel<T, D, 8><<<grid, kThreads, 0, stream>>>(a);
-  LONGCTX_CUDA_CHECK_LAUNCH("decode_split_kernel");
+  ring_launch<__half, 128>(nullptr, dim3(), gt, nullptr);
+  return ring_launch<__nv_bfloat16, 128>(nullptr, dim3(), gt, nullptr);
 }
 
 template <typename T>
@@ -955,28 +569,14 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                p.page_size,
                p.sm_scale * kLog2e};
   dim3 grid(unsigned(plan.num_work_items), unsigned(p.num_kv_heads * a.head_tiles));
-  if (plan.kernel_version >= 2) {
-    if (p.head_dim == 64)
-      ring_launch_version<T, 64>(&a, grid, gt, plan.kernel_version, stream);
-    else
-      ring_launch_version<T, 128>(&a, grid, gt, plan.kernel_version, stream);
-    return;
-  }
   if (p.head_dim == 64)
-    launch_split<T, 64>(a, grid, group, stream);
+    ring_launch<T, 64>(&a, grid, gt, stream);
   else
-    launch_split<T, 128>(a, grid, group, stream);
-  if (plan.num_partials > 0) {
-    const int64_t items = int64_t(p.batch_size) * p.num_qo_heads;
-    decode_merge_kernel<T><<<unsigned(items), 128, 0, stream>>>(
-        plan.partial_o, plan.partial_lse, plan.merge_indptr, static_cast<T*>(p.o), p.lse,
-        p.num_qo_heads, p.head_dim);
-    LONGCTX_CUDA_CHECK_LAUNCH("decode_merge_kernel");
-  }
+    ring_launch<T, 128>(&a, grid, gt, stream);
 }
 
 // Splits of a request of len keys at chunk size `chunk`: even splits (not chunk, chunk, ...,
-// remainder), in multiples of 64 tokens (a whole number of v2 tiles for both head dims).
+// remainder), in multiples of 64 tokens (a whole number of ring tiles for both head dims).
 struct Split {
   int64_t count = 1, sub = 64;
 };
@@ -988,17 +588,9 @@ Split split_of(int64_t len, int64_t chunk) {
   return s;
 }
 
-// v1 chunk: spread the total KV over ~target work items, but never below min_chunk_tokens (a
-// chunk's fixed cost: q load, state merge, partial write).
-int64_t v1_chunk(int64_t total, int64_t target, int min_chunk_tokens) {
-  int64_t chunk =
-      std::max<int64_t>(min_chunk_tokens, (total + target - 1) / std::max<int64_t>(target, 1));
-  return (chunk + 63) / 64 * 64;
-}
-
-// Ring-kernel chunk from a wave model: CTAs run in waves of `slots` (resident CTAs on the GPU), a
-// wave lasts as long as its longest chunk plus a fixed cost (pipeline fill, epilogue, merge) worth
-// `overhead` tokens, so the cost of chunk c is ceil(ctas(c) / slots) * (longest split + overhead).
+// Chunk from a wave model: CTAs run in waves of `slots` (resident CTAs on the GPU), a wave lasts
+// as long as its longest chunk plus a fixed cost (pipeline fill, epilogue, merge) worth `overhead`
+// tokens, so the cost of chunk c is ceil(ctas(c) / slots) * (longest split + overhead).
 // Candidates are the chunk sizes that split the longest request into k = 1, 2, ... even parts,
 // down to min_chunk_tokens; the first (fewest splits) of the cheapest wins. At batch 1 this
 // gives one full wave; at batch 64 x 32K it avoids 512 CTAs over 396 slots (1.3 waves).
@@ -1029,12 +621,12 @@ int64_t ring_chunk(const std::vector<int64_t>& len, int64_t max_items, int64_t c
   return best;
 }
 
-// The ring kernels' chunk. resident = CTAs per SM the hardware holds (3 for the mma kernel at
-// head_dim 128). Measured on the H200 (docs/benchmarks.md): when the whole grid fits in one wave
-// of 2 CTAs per SM, 2 long CTAs per SM beat 3 shorter ones (batch 1, 32K keys: 2265 vs 1981 GB/s;
-// fewer splits to merge, fewer pipeline fills); when it does not (batch 64), the 2-per-SM model
-// would plan 512 CTAs for 396 resident slots (1.3 waves: 2867 vs 3451 GB/s), so the full count
-// is used. slots_override (LONGCTX_DECODE_SLOTS, > 0) forces the model's CTAs per SM (tuning).
+// The plan's chunk. resident = CTAs per SM the hardware holds (3 at head_dim 128). Measured on
+// the H200 (docs/benchmarks.md): when the whole grid fits in one wave of 2 CTAs per SM, 2 long
+// CTAs per SM beat 3 shorter ones (batch 1, 32K keys: 2265 vs 1981 GB/s; fewer splits to merge,
+// fewer pipeline fills); when it does not (batch 64), the 2-per-SM model would plan 512 CTAs for
+// 396 resident slots (1.3 waves: 2867 vs 3451 GB/s), so the full count is used. slots_override
+// (LONGCTX_DECODE_SLOTS, > 0) forces the model's CTAs per SM (tuning).
 int64_t ring_plan_chunk(const std::vector<int64_t>& len, int64_t max_items, int64_t ctas_per_item,
                         int num_sms, int resident, int slots_override, int64_t overhead,
                         int min_chunk_tokens) {
@@ -1070,7 +662,6 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   if (num_sms <= 0) num_sms = current_sm_count();
   const int group = num_qo_heads / num_kv_heads;
   std::vector<int64_t> len(batch);
-  int64_t total = 0;
   for (int b = 0; b < batch; ++b) {
     const int32_t pages = kv_indptr[b + 1] - kv_indptr[b];
     LONGCTX_CHECK(pages >= 0, ErrorCode::kInvalidArgument, "decode_plan: kv_indptr decreases at {}",
@@ -1080,22 +671,12 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
                   "decode_plan: kv_last_page_len[{}] = {} not in [1, {}]", b, last_page_len[b],
                   page_size);
     len[b] = pages == 0 ? 0 : int64_t(pages - 1) * page_size + last_page_len[b];
-    total += len[b];
   }
   const int64_t max_items = max_work_items(batch, num_kv_heads, group, num_sms);
-  const int64_t target = max_items - batch;
   const int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(group);
-  const int version = kernel_version();
-  int64_t chunk = 0;
-  if (version == 1) {
-    chunk = v1_chunk(total, target, min_chunk_tokens);
-    LONGCTX_ASSERT(total / chunk <= target, "decode chunking exceeds its bound");
-  } else {
-    chunk = ring_plan_chunk(len, max_items, ctas_per_item, num_sms,
-                            ring_ctas_per_sm(head_dim, group, version),
-                            env_int("LONGCTX_DECODE_SLOTS", 0),
-                            env_int("LONGCTX_DECODE_OVERHEAD", 64), min_chunk_tokens);
-  }
+  const int64_t chunk = ring_plan_chunk(
+      len, max_items, ctas_per_item, num_sms, ring_ctas_per_sm(head_dim, group),
+      env_int("LONGCTX_DECODE_SLOTS", 0), env_int("LONGCTX_DECODE_OVERHEAD", 64), min_chunk_tokens);
 
   std::vector<int32_t> work;
   std::vector<int32_t> merge_indptr(batch + 1, 0);
@@ -1132,7 +713,6 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.num_kv_heads = num_kv_heads;
   plan.head_dim = head_dim;
   plan.page_size = page_size;
-  plan.kernel_version = version;
   plan.chunk_tokens = int(chunk);
   plan.num_work_items = int(items);
   plan.num_partials = slots;

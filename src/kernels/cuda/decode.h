@@ -4,10 +4,10 @@
 // 8 q heads per CTA), and the partial (o, lse) states of a split request are merged in fp32 by the
 // last of its CTAs (fused: one launch per call). Requests that fit in one chunk write o directly.
 //
-// Kernels (decode.cu): the default streams K/V tiles through a 4-stage cp.async ring in shared
-// memory and computes with mma.sync (tensor cores); LONGCTX_DECODE_KERNEL=v2 runs the same ring
-// with CUDA-core math, =v1 the first kernel (register loads, separate merge launch), for A/B
-// timing. LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's wave model (tuning).
+// The kernel (decode.cu) streams K/V tiles through a 4-stage cp.async ring in shared memory (the
+// bytes in flight bound batch-1 decode) and computes with mma.sync (tensor cores: CUDA-core math
+// would make it compute-bound). LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's
+// wave model (tuning).
 //
 //   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
 //   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
@@ -34,17 +34,16 @@ struct DecodePlan {
   int num_kv_heads = 0;
   int head_dim = 0;
   int page_size = 0;
-  int kernel_version = 3;               // 3: ring + mma (default); 2: ring + SIMT math; 1: v1 (A/B)
-  int chunk_tokens = 0;                 // keys per split
-  int num_work_items = 0;               // grid.x of the split kernel
-  int num_partials = 0;                 // partial states (0: no request was split)
-  const int32_t* work_items = nullptr;  // device [num_work_items, 4]: request, kv begin, kv end,
-                                        // partial slot (-1: write o/lse directly)
+  int chunk_tokens = 0;                   // keys per split
+  int num_work_items = 0;                 // grid.x of the split kernel
+  int num_partials = 0;                   // partial states (0: no request was split)
+  const int32_t* work_items = nullptr;    // device [num_work_items, 4]: request, kv begin, kv end,
+                                          // partial slot (-1: write o/lse directly)
   const int32_t* merge_indptr = nullptr;  // device [batch_size + 1] partial slots per request
   float* partial_o = nullptr;             // device [num_partials, num_qo_heads, head_dim]
   float* partial_lse = nullptr;           // device [num_partials, num_qo_heads]
   int32_t* counters = nullptr;  // device [batch_size, num_kv_heads * head tiles] finished splits
-                                // (v2's fused merge; zeroed by plan(), left at 0 by each run)
+                                // (the fused merge's; zeroed by plan(), left at 0 by each run)
 };
 
 // Workspace plan() may use for any batch of at most max_batch requests. num_sms = 0: the current
@@ -64,7 +63,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr_host, const int32_t* kv_last_pag
                        int head_dim, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                        int num_sms = 0, int min_chunk_tokens = 256);
 
-// Launches the split kernel (+ the merge when a request was split). params' pointers are
+// Launches the kernel (one launch; split requests are merged inside it). params' pointers are
 // device pointers; shapes must match the plan; dtype bf16 or f16.
 void decode_run(const DecodeParams& params, const DecodePlan& plan, cudaStream_t stream);
 
