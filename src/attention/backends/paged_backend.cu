@@ -108,8 +108,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     params_.dtype = c.dtype;
     params_.mask_mode = MaskMode::kCausal;
     params_.sm_scale = sm_scale_;
-    params_.q = params_.k_cache = params_.v_cache = reinterpret_cast<const void*>(16);
-    params_.o = reinterpret_cast<void*>(16);  // placeholders for the support checks
+    // q, o and the caches are set per layer in attend(); the support checks read shapes only.
     const bool fast = fast_head_dim_ && kernels::cuda::paged_prefill_supported(params_);
     if (fast && all_decode) {
       path_ = Path::kDecode;
