@@ -9,19 +9,24 @@
 
 namespace longctx {
 
+// Sizes come from files (configs, safetensors headers): a product that overflows would give an
+// undersized buffer that later writes run past, so every product here is checked.
 Shape contiguous_strides(const Shape& shape) {
   Shape s(shape.size());
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     s[i] = acc;
-    acc *= shape[i];
+    LONGCTX_CHECK(!__builtin_mul_overflow(acc, shape[i], &acc), ErrorCode::kInvalidArgument,
+                  "shape {} has more than 2^63 elements", shape_to_string(shape));
   }
   return s;
 }
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    LONGCTX_CHECK(!__builtin_mul_overflow(n, d, &n), ErrorCode::kInvalidArgument,
+                  "shape {} has more than 2^63 elements", shape_to_string(shape));
   return n;
 }
 
@@ -43,8 +48,22 @@ Tensor Tensor::allocate(const Shape& shape, DType dtype, Device device, Allocato
   t.device_ = device;
   t.defined_ = true;
   Allocator* a = &alloc;
-  size_t bytes = t.nbytes();
-  void* p = a->allocate(bytes);
+  int64_t signed_bytes = 0;
+  LONGCTX_CHECK(
+      !__builtin_mul_overflow(t.numel_, static_cast<int64_t>(dtype_size(dtype)), &signed_bytes),
+      ErrorCode::kInvalidArgument, "tensor {} of {} needs more than 2^63 bytes",
+      shape_to_string(shape), dtype_name(dtype));
+  const auto bytes = static_cast<size_t>(signed_bytes);
+  void* p = nullptr;
+  try {
+    p = a->allocate(bytes);
+  } catch (const std::bad_alloc&) {
+    LONGCTX_THROW(ErrorCode::kOutOfMemory,
+                  "cannot allocate {} bytes ({:.1f} GiB) on {} for a {} "
+                  "tensor of shape {}",
+                  bytes, bytes / double(1 << 30), device.str(), dtype_name(dtype),
+                  shape_to_string(shape));
+  }
   t.data_ = p;
   t.storage_ = std::shared_ptr<void>(p, [a, bytes](void* q) { a->deallocate(q, bytes); });
   return t;

@@ -57,8 +57,10 @@ uint64_t EngineCore::add_request(size_t index, std::vector<int32_t> prompt,
   seq->id = next_id_++;
   seq->params = params;
   seq->num_prompt_tokens = static_cast<int64_t>(prompt.size());
-  seq->max_total_tokens =
-      std::min(seq->num_prompt_tokens + params.max_tokens, options_.max_model_len);
+  // Compared as a difference: prompt + max_tokens overflows for max_tokens near INT64_MAX.
+  seq->max_total_tokens = params.max_tokens >= options_.max_model_len - seq->num_prompt_tokens
+                              ? options_.max_model_len
+                              : seq->num_prompt_tokens + params.max_tokens;
   const uint64_t seed = params.seed ? *params.seed : seed_rng_();
   seq->sampler = SamplerState(params, seed, prompt);
   seq->stop_matcher = StopStringMatcher(params.stop);

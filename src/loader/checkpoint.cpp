@@ -6,9 +6,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "loader/safetensors.h"
 #include "loader/weight_spec.h"
+#include "longctx/core/json_limits.h"
 #include "longctx/core/logging.h"
 
 namespace longctx {
@@ -47,13 +49,13 @@ size_t WeightStore::num_bytes() const {
 
 namespace {
 
+// Checkpoint files are untrusted: parsed with a nesting limit (json_limits.h).
 json read_json(const fs::path& path) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   LONGCTX_CHECK(f, ErrorCode::kNotFound, "{}: cannot open", path.string());
-  json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
-  LONGCTX_CHECK(!j.is_discarded(), ErrorCode::kInvalidArgument, "{}: not valid JSON",
-                path.string());
-  return j;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_json(ss.str(), path.string());
 }
 
 std::string join_limited(const std::vector<std::string>& v, size_t limit = 20) {

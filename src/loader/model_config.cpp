@@ -2,10 +2,13 @@
 // the model code can trust the config.
 #include "longctx/loader/model_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "longctx/core/error.h"
+#include "longctx/core/json_limits.h"
 
 namespace longctx {
 
@@ -22,36 +25,57 @@ std::string supported_list() {
   return s;
 }
 
-// Reads a required positive integer field.
-int64_t req_int(const json& j, const char* key, const std::string& src) {
+// Upper bounds on the sizes of a config, each far above any released model (the largest have
+// ~256K vocabularies, 16K-25K hidden sizes, 126 layers, 128 heads, head_dim 256, 10M
+// positions). They keep every size product below 2^63 and turn a typo or a hostile file
+// (num_hidden_layers 1e9) into an error instead of an allocation that runs until killed.
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxHidden = int64_t{1} << 17;
+constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 4096;
+constexpr int64_t kMaxPositions = int64_t{1} << 30;
+
+// An integer field (unsigned values past INT64_MAX are errors, not wrapped).
+int64_t int_field(const json& v, const char* key, const std::string& src) {
+  LONGCTX_CHECK(v.is_number_integer() &&
+                    (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{INT64_MAX}),
+                ErrorCode::kInvalidArgument, "{}: field '{}' must be an integer, got {}", src, key,
+                json_excerpt(v));
+  return v.get<int64_t>();
+}
+
+void check_range(int64_t v, const char* key, int64_t max, const std::string& src) {
+  LONGCTX_CHECK(v > 0 && v <= max, ErrorCode::kInvalidArgument,
+                "{}: field '{}' must be in [1, {}], got {}", src, key, max, v);
+}
+
+// Reads a required integer field in [1, max].
+int64_t req_int(const json& j, const char* key, const std::string& src, int64_t max) {
   LONGCTX_CHECK(j.contains(key) && !j[key].is_null(), ErrorCode::kInvalidArgument,
                 "{}: missing required field '{}'", src, key);
-  LONGCTX_CHECK(j[key].is_number_integer(), ErrorCode::kInvalidArgument,
-                "{}: field '{}' must be an integer, got {}", src, key, j[key].dump());
-  int64_t v = j[key].get<int64_t>();
-  LONGCTX_CHECK(v > 0, ErrorCode::kInvalidArgument, "{}: field '{}' must be positive, got {}", src,
-                key, v);
+  int64_t v = int_field(j[key], key, src);
+  check_range(v, key, max, src);
   return v;
 }
 
 int64_t opt_int(const json& j, const char* key, int64_t dflt, const std::string& src) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
-  LONGCTX_CHECK(j[key].is_number_integer(), ErrorCode::kInvalidArgument,
-                "{}: field '{}' must be an integer, got {}", src, key, j[key].dump());
-  return j[key].get<int64_t>();
+  return int_field(j[key], key, src);
 }
 
 double opt_num(const json& j, const char* key, double dflt, const std::string& src) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
   LONGCTX_CHECK(j[key].is_number(), ErrorCode::kInvalidArgument,
-                "{}: field '{}' must be a number, got {}", src, key, j[key].dump());
+                "{}: field '{}' must be a number, got {}", src, key, json_excerpt(j[key]));
   return j[key].get<double>();
 }
 
 bool opt_bool(const json& j, const char* key, bool dflt, const std::string& src) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
   LONGCTX_CHECK(j[key].is_boolean(), ErrorCode::kInvalidArgument,
-                "{}: field '{}' must be true or false, got {}", src, key, j[key].dump());
+                "{}: field '{}' must be true or false, got {}", src, key, json_excerpt(j[key]));
   return j[key].get<bool>();
 }
 
@@ -74,10 +98,14 @@ RopeConfig parse_rope(const json& j, const std::string& src) {
   const std::string ctx = src + " " + which;
   r.theta = opt_num(*p, "rope_theta", r.theta, ctx);
   std::string type = "default";
-  if (p->contains("rope_type") && (*p)["rope_type"].is_string())
-    type = (*p)["rope_type"].get<std::string>();
-  else if (p->contains("type") && (*p)["type"].is_string())
-    type = (*p)["type"].get<std::string>();
+  for (const char* key : {"rope_type", "type"}) {  // transformers reads rope_type, then type
+    auto it = p->find(key);
+    if (it == p->end() || it->is_null()) continue;
+    LONGCTX_CHECK(it->is_string(), ErrorCode::kInvalidArgument, "{}: '{}' must be a string, got {}",
+                  ctx, key, json_excerpt(*it));
+    type = it->get<std::string>();
+    break;
+  }
   if (type == "default") {
     r.type = RopeType::kDefault;
   } else if (type == "linear") {
@@ -89,14 +117,18 @@ RopeConfig parse_rope(const json& j, const std::string& src) {
     r.low_freq_factor = opt_num(*p, "low_freq_factor", 1.0, ctx);
     r.high_freq_factor = opt_num(*p, "high_freq_factor", 4.0, ctx);
     r.original_max_position_embeddings = opt_int(*p, "original_max_position_embeddings", 8192, ctx);
+    check_range(r.original_max_position_embeddings, "original_max_position_embeddings",
+                kMaxPositions, ctx);
     LONGCTX_CHECK(r.high_freq_factor > r.low_freq_factor, ErrorCode::kInvalidArgument,
                   "{}: llama3 rope needs high_freq_factor > low_freq_factor", ctx);
   } else {
     LONGCTX_THROW(ErrorCode::kUnsupported,
                   "{}: unsupported rope type '{}' (supported: default, linear, llama3)", ctx, type);
   }
-  LONGCTX_CHECK(r.factor > 0, ErrorCode::kInvalidArgument, "{}: rope factor must be positive", ctx);
-  LONGCTX_CHECK(r.theta > 0, ErrorCode::kInvalidArgument, "{}: rope_theta must be positive", ctx);
+  LONGCTX_CHECK(r.factor > 0 && std::isfinite(r.factor), ErrorCode::kInvalidArgument,
+                "{}: rope factor must be a positive finite number", ctx);
+  LONGCTX_CHECK(r.theta > 0 && std::isfinite(r.theta), ErrorCode::kInvalidArgument,
+                "{}: rope_theta must be a positive finite number", ctx);
   return r;
 }
 
@@ -107,10 +139,10 @@ std::vector<int64_t> parse_token_id_list(const json& v, const std::string& where
   if (v.is_null()) return ids;
   if (v.is_number_integer()) return {v.get<int64_t>()};
   LONGCTX_CHECK(v.is_array(), ErrorCode::kInvalidArgument,
-                "{}: must be an integer or a list of integers, got {}", where, v.dump());
+                "{}: must be an integer or a list of integers, got {}", where, json_excerpt(v));
   for (const auto& e : v) {
     LONGCTX_CHECK(e.is_number_integer(), ErrorCode::kInvalidArgument,
-                  "{}: must hold integers, got {}", where, e.dump());
+                  "{}: must hold integers, got {}", where, json_excerpt(e));
     ids.push_back(e.get<int64_t>());
   }
   return ids;
@@ -125,7 +157,9 @@ int64_t ModelConfig::kv_bytes_per_token(DType kv_dtype) const {
          static_cast<int64_t>(dtype_size(kv_dtype));
 }
 
-ModelConfig parse_model_config(const json& j, const std::string& src) {
+// Every field read below is type-checked; parse_model_config still turns any nlohmann type error
+// that slips through into an Error (found by fuzz_config: a numeric model_type).
+static ModelConfig parse_model_config_unguarded(const json& j, const std::string& src) {
   LONGCTX_CHECK(j.is_object(), ErrorCode::kInvalidArgument, "{}: config must be a JSON object",
                 src);
   ModelConfig c;
@@ -137,20 +171,29 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   for (const char* a : kSupported) known |= c.architecture == a;
   LONGCTX_CHECK(known, ErrorCode::kUnsupported, "{}: unsupported architecture '{}' (supported: {})",
                 src, c.architecture, supported_list());
-  c.model_type = j.value("model_type", std::string());
+  if (j.contains("model_type") && !j["model_type"].is_null()) {
+    LONGCTX_CHECK(j["model_type"].is_string(), ErrorCode::kInvalidArgument,
+                  "{}: field 'model_type' must be a string, got {}", src,
+                  json_excerpt(j["model_type"]));
+    c.model_type = j["model_type"].get<std::string>();
+  }
 
-  c.vocab_size = req_int(j, "vocab_size", src);
-  c.hidden_size = req_int(j, "hidden_size", src);
-  c.intermediate_size = req_int(j, "intermediate_size", src);
-  c.num_hidden_layers = req_int(j, "num_hidden_layers", src);
-  c.num_attention_heads = req_int(j, "num_attention_heads", src);
+  c.vocab_size = req_int(j, "vocab_size", src, kMaxVocab);
+  c.hidden_size = req_int(j, "hidden_size", src, kMaxHidden);
+  c.intermediate_size = req_int(j, "intermediate_size", src, kMaxIntermediate);
+  c.num_hidden_layers = req_int(j, "num_hidden_layers", src, kMaxLayers);
+  c.num_attention_heads = req_int(j, "num_attention_heads", src, kMaxHeads);
   c.num_key_value_heads = opt_int(j, "num_key_value_heads", c.num_attention_heads, src);
   LONGCTX_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
                 ErrorCode::kInvalidArgument,
                 "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", src,
                 c.num_attention_heads, c.num_key_value_heads);
+  // transformers derives head_dim when it is absent or null; an explicit 0 or negative one is
+  // a broken file, not a request for the default.
   c.head_dim = opt_int(j, "head_dim", 0, src);
-  if (c.head_dim <= 0) {
+  if (j.contains("head_dim") && !j["head_dim"].is_null())
+    check_range(c.head_dim, "head_dim", kMaxHeadDim, src);
+  if (c.head_dim == 0) {
     LONGCTX_CHECK(c.hidden_size % c.num_attention_heads == 0, ErrorCode::kInvalidArgument,
                   "{}: hidden_size {} is not a multiple of num_attention_heads {} and no head_dim "
                   "is given",
@@ -159,8 +202,13 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   }
   LONGCTX_CHECK(c.head_dim % 2 == 0, ErrorCode::kInvalidArgument,
                 "{}: head_dim {} must be even for RoPE", src, c.head_dim);
+  check_range(c.head_dim, "head_dim", kMaxHeadDim, src);
   c.max_position_embeddings = opt_int(j, "max_position_embeddings", 4096, src);
+  check_range(c.max_position_embeddings, "max_position_embeddings", kMaxPositions, src);
   c.rms_norm_eps = opt_num(j, "rms_norm_eps", 1e-6, src);
+  LONGCTX_CHECK(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), ErrorCode::kInvalidArgument,
+                "{}: field 'rms_norm_eps' must be a positive finite number, got {}", src,
+                c.rms_norm_eps);
   c.rope = parse_rope(j, src);
   c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings", false, src);
 
@@ -184,7 +232,7 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
     sliding = opt_bool(j, "use_sliding_window", false, src);
   LONGCTX_CHECK(!sliding, ErrorCode::kUnsupported,
                 "{}: sliding-window attention (sliding_window={}) is not supported", src,
-                j.value("sliding_window", json()).dump());
+                json_excerpt(j.value("sliding_window", json())));
 
   std::string dt;
   if (j.contains("dtype") && j["dtype"].is_string())
@@ -196,19 +244,27 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
                 ErrorCode::kUnsupported, "{}: model dtype '{}' is not f32/bf16/f16", src, dt);
 
   c.bos_token_id = j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()
-                       ? j["bos_token_id"].get<int64_t>()
+                       ? opt_int(j, "bos_token_id", -1, src)
                        : -1;
   if (j.contains("eos_token_id"))
     c.eos_token_ids = parse_token_id_list(j["eos_token_id"], src + " eos_token_id");
   return c;
 }
 
+ModelConfig parse_model_config(const json& j, const std::string& src) {
+  try {
+    return parse_model_config_unguarded(j, src);
+  } catch (const nlohmann::json::exception& e) {  // a type the checks above did not anticipate
+    LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: unexpected JSON content: {}", src, e.what());
+  }
+}
+
 ModelConfig load_model_config(const std::string& path) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   LONGCTX_CHECK(f, ErrorCode::kNotFound, "{}: cannot open config file", path);
-  json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
-  LONGCTX_CHECK(!j.is_discarded(), ErrorCode::kInvalidArgument, "{}: not valid JSON", path);
-  return parse_model_config(j, path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_model_config(parse_json(ss.str(), path), path);
 }
 
 }  // namespace longctx

@@ -9,7 +9,10 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <vector>
+
+#include "longctx/core/json_limits.h"
 
 namespace longctx {
 
@@ -86,9 +89,10 @@ void SafetensorsFile::parse() {
                 header_len, size_);
   const size_t data_begin = 8 + header_len;
   const size_t data_size = size_ - data_begin;
-  nlohmann::json header = nlohmann::json::parse(reinterpret_cast<const char*>(bytes + 8),
-                                                reinterpret_cast<const char*>(bytes + data_begin),
-                                                nullptr, /*allow_exceptions=*/false);
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes + 8), header_len);
+  check_json_depth(header_text, p + ": safetensors header");
+  nlohmann::json header = nlohmann::json::parse(header_text.begin(), header_text.end(), nullptr,
+                                                /*allow_exceptions=*/false);
   LONGCTX_CHECK(!header.is_discarded() && header.is_object(), ErrorCode::kInvalidArgument,
                 "{}: safetensors header is not a valid JSON object", p);
 
@@ -108,8 +112,10 @@ void SafetensorsFile::parse() {
     DType dtype = safetensors_dtype(e["dtype"].get<std::string>(), where);
     Shape shape;
     for (const auto& d : e["shape"]) {
-      LONGCTX_CHECK(d.is_number_unsigned(), ErrorCode::kInvalidArgument,
-                    "{}: shape entries must be non-negative integers, got {}", where, d.dump());
+      LONGCTX_CHECK(d.is_number_unsigned() && d.get<uint64_t>() <= uint64_t{INT64_MAX},
+                    ErrorCode::kInvalidArgument,
+                    "{}: shape entries must be non-negative integers, got {}", where,
+                    json_excerpt(d));
       shape.push_back(d.get<int64_t>());
     }
     LONGCTX_CHECK(
@@ -119,7 +125,12 @@ void SafetensorsFile::parse() {
     LONGCTX_CHECK(b <= en && en <= data_size, ErrorCode::kInvalidArgument,
                   "{}: data_offsets [{}, {}) lie outside the data section of {} bytes", where, b,
                   en, data_size);
-    size_t expect = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    // shape_numel checks the product; the byte count is checked here (both come from the file).
+    size_t expect = 0;
+    LONGCTX_CHECK(!__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)),
+                                          dtype_size(dtype), &expect),
+                  ErrorCode::kInvalidArgument, "{}: shape {} of {} is too large", where,
+                  shape_to_string(shape), dtype_name(dtype));
     LONGCTX_CHECK(en - b == expect, ErrorCode::kInvalidArgument,
                   "{}: {} bytes of data for shape {} of {} (needs {})", where, en - b,
                   shape_to_string(shape), dtype_name(dtype), expect);

@@ -58,10 +58,16 @@ enum class ExprKind {
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
+// How deep blocks, brackets and operator chains may nest. The parser, the evaluator and the
+// tree's destructor all recurse once per level; at a few hundred bytes of stack per level this
+// keeps them far from the end of a thread's stack (20,000 nested `if`s did overflow it).
+constexpr int kMaxTemplateNesting = 256;
+
 struct Expr {
   ExprKind kind;
   int line = 0;
   int column = 0;
+  int height = 1;  // levels of this subtree (a leaf is 1), at most kMaxTemplateNesting
   Value literal;
   std::string name;
   std::vector<ExprPtr> args;

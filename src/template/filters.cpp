@@ -36,7 +36,9 @@ Value attribute_path(const Value& item, const std::string& path) {
     size_t dot = path.find('.', start);
     std::string part =
         path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
+    // Up to 18 digits: std::stoll throws a non-Error exception on overflow.
+    bool numeric =
+        !part.empty() && part.size() <= 18 && std::all_of(part.begin(), part.end(), ::isdigit);
     v = numeric ? get_item(v, Value(static_cast<int64_t>(std::stoll(part))))
                 : get_attribute(v, part);
     if (dot == std::string::npos) break;
@@ -50,10 +52,18 @@ Value sort_key(const Value& v, bool case_sensitive) {
   return (!case_sensitive && v.is_string()) ? Value(str_lower(v.as_string())) : v;
 }
 
+// float -> int64 truncating like Python's int(); out of range is an error, not undefined behavior.
+int64_t float_to_int(double d) {
+  if (std::isnan(d)) fail("cannot convert float NaN to integer");
+  if (!(d > -9223372036854775808.0 - 1024 && d < 9223372036854775808.0))
+    fail("integer overflow converting " + format_float(d) + " to int");
+  return static_cast<int64_t>(d);
+}
+
 Value to_int(const Value& v, const Value& dflt, int base) {
   v.require_defined();  // int(Undefined) raises in Jinja
   if (v.is_int() || v.is_bool()) return Value(v.as_int());
-  if (v.is_float()) return Value(static_cast<int64_t>(v.as_float()));
+  if (v.is_float()) return Value(float_to_int(v.as_float()));
   if (v.is_string()) {
     std::string s = py_strip(v.as_string(), nullptr, true, true);
     s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
@@ -64,11 +74,13 @@ Value to_int(const Value& v, const Value& dflt, int base) {
         if (used == s.size()) return Value(static_cast<int64_t>(r));
       } catch (const std::exception&) {
       }
+      double d = 0;
       try {
-        double d = std::stod(s, &used);
-        if (used == s.size() && std::isfinite(d)) return Value(static_cast<int64_t>(d));
+        d = std::stod(s, &used);
       } catch (const std::exception&) {
+        used = 0;
       }
+      if (used == s.size() && std::isfinite(d)) return Value(float_to_int(d));
     }
   }
   return dflt;
@@ -95,8 +107,9 @@ Value do_tojson(const Value& v, const CallArgs& a) {
   Value indent = arg(a, 1, "indent", Value(nullptr));
   if (indent.is_string())
     opt.indent_str = indent.as_string();
-  else if (indent.is_number())
-    opt.indent = static_cast<int>(std::max<int64_t>(0, indent.as_int()));
+  else if (indent.is_number())  // clamped to int; the memory budget stops a huge indent
+    opt.indent = static_cast<int>(std::clamp<int64_t>(
+        indent.is_float() ? float_to_int(indent.as_float()) : indent.as_int(), 0, INT32_MAX));
   Value seps = arg(a, 2, "separators", Value(nullptr));
   if (seps.is_array()) {
     if (seps.as_array().size() != 2 || !seps.as_array()[0].is_string() ||
@@ -111,6 +124,7 @@ Value do_tojson(const Value& v, const CallArgs& a) {
 Value do_indent(const Value& v, const CallArgs& a) {
   Value width = arg(a, 0, "width", Value(4));
   if (!v.is_string()) fail("indent expects a string, got " + v.type_name());
+  if (!width.is_string()) charge_bytes(static_cast<uint64_t>(std::max<int64_t>(0, width.as_int())));
   std::string ind =
       width.is_string()
           ? width.as_string()
@@ -129,8 +143,10 @@ Value do_indent(const Value& v, const CallArgs& a) {
   }
   lines.push_back(line);  // Jinja appends "\n" before splitlines, so a trailing "" line is kept
   std::string out = lines[0];
-  for (size_t i = 1; i < lines.size(); ++i)
+  for (size_t i = 1; i < lines.size(); ++i) {
+    charge_bytes(ind.size() + 1);  // the indent repeats on every line
     out += "\n" + ((blank || !lines[i].empty()) ? ind : "") + lines[i];
+  }
   return Value(first ? ind + out : out);
 }
 
@@ -181,6 +197,7 @@ Value do_sort(const Value& v, const CallArgs& a) {
     return sort_key(attr.is_string() ? attribute_path(x, attr.as_string()) : x, cs);
   };
   std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+    charge_steps(1);
     return reverse ? compare(key(y), key(x)) < 0 : compare(key(x), key(y)) < 0;
   });
   return Value::array(std::move(items));
@@ -206,7 +223,7 @@ Value do_map(const Value& v, const CallArgs& a) {
 }
 
 Value do_round(const Value& v, const CallArgs& a) {
-  int64_t precision = arg(a, 0, "precision", Value(0)).as_int();
+  int64_t precision = std::clamp<int64_t>(arg(a, 0, "precision", Value(0)).as_int(), -400, 400);
   std::string method = arg(a, 1, "method", Value("common")).str();
   if (!v.is_number()) fail("round expects a number, got " + v.type_name());
   double x = v.as_float(), scale = std::pow(10.0, static_cast<double>(precision));
@@ -222,8 +239,9 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
     std::map<std::string, FilterFn, std::less<>> f;
     f["abs"] = [](const Value& v, const CallArgs&) {
       if (!v.is_number()) fail("bad operand type for abs(): '" + v.type_name() + "'");
-      return v.is_float() ? Value(std::fabs(v.as_float()))
-                          : Value(static_cast<int64_t>(std::llabs(v.as_int())));
+      if (v.is_float()) return Value(std::fabs(v.as_float()));
+      if (v.as_int() == INT64_MIN) fail("integer overflow in abs()");  // llabs is undefined
+      return Value(static_cast<int64_t>(std::llabs(v.as_int())));
     };
     // getattr only: dict keys are not attributes, dict methods are.
     f["attr"] = [](const Value& v, const CallArgs& a) {
@@ -259,18 +277,23 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
       for (char c : v.str()) {
         switch (c) {
           case '&':
+            charge_bytes(5);
             out += "&amp;";
             break;
           case '<':
+            charge_bytes(5);
             out += "&lt;";
             break;
           case '>':
+            charge_bytes(5);
             out += "&gt;";
             break;
           case '"':
+            charge_bytes(5);
             out += "&#34;";
             break;
           case '\'':
+            charge_bytes(5);
             out += "&#39;";
             break;
           default:
@@ -308,9 +331,12 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
       std::string sep = arg(a, 0, "d", Value("")).str(), out;
       Value attr = arg(a, 1, "attribute", Value(nullptr));
       Array items = iterate(v);
-      for (size_t i = 0; i < items.size(); ++i)
-        out += (i ? sep : "") +
-               (attr.is_string() ? attribute_path(items[i], attr.as_string()) : items[i]).str();
+      for (size_t i = 0; i < items.size(); ++i) {
+        std::string item =
+            (attr.is_string() ? attribute_path(items[i], attr.as_string()) : items[i]).str();
+        charge_bytes(item.size() + (i ? sep.size() : 0));  // the separator repeats per item
+        out += (i ? sep : "") + item;
+      }
       return Value(out);
     };
     f["list"] = [](const Value& v, const CallArgs&) { return Value::array(iterate(v)); };
@@ -369,6 +395,7 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
       Array out, seen;
       for (const Value& x : iterate(v)) {
         Value k = sort_key(attr.is_string() ? attribute_path(x, attr.as_string()) : x, cs);
+        charge_steps(static_cast<int64_t>(seen.size()) + 1);  // quadratic in the items
         if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, k); })) {
           seen.push_back(k);
           out.push_back(x);

@@ -78,9 +78,19 @@ Value slice(const Value& object, const Value* start, const Value* stop, const Va
   };
   int64_t lo = clamp(bound(start), st > 0 ? 0 : n - 1);
   int64_t hi = clamp(bound(stop), st > 0 ? n : -1);
+  // Count the picked indices first: stepping `i += st` past the end overflows for a step near
+  // INT64_MAX. lo and hi lie in [-1, n], so the differences cannot overflow.
+  const uint64_t span = st > 0 ? (hi > lo ? static_cast<uint64_t>(hi - lo) : 0)
+                               : (lo > hi ? static_cast<uint64_t>(lo - hi) : 0);
+  const uint64_t stride = st > 0 ? static_cast<uint64_t>(st) : 0 - static_cast<uint64_t>(st);
+  const uint64_t count = span == 0 ? 0 : (span - 1) / stride + 1;
+  charge_steps(static_cast<int64_t>(count));
   Array out_items;
   std::u32string out_chars;
-  for (int64_t i = lo; st > 0 ? i < hi : i > hi; i += st) {
+  for (uint64_t k = 0; k < count; ++k) {
+    // k * stride <= span - 1 < n, so the index stays inside [0, n).
+    const auto off = static_cast<int64_t>(k * stride);
+    const int64_t i = st > 0 ? lo + off : lo - off;
     if (items)
       out_items.push_back((*items)[static_cast<size_t>(i)]);
     else
@@ -92,7 +102,12 @@ Value slice(const Value& object, const Value* start, const Value* stop, const Va
 
 namespace {
 
+// b != 0. INT64_MIN / -1 overflows (and traps on x86), so -1 is negation, checked.
 int64_t floor_div(int64_t a, int64_t b) {
+  if (b == -1) {
+    if (a == INT64_MIN) fail("integer overflow in //");
+    return -a;
+  }
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -112,6 +127,14 @@ Value checked(int64_t a, int64_t b, Op op) {
 }
 
 Value repeat(const Value& seq, int64_t times) {
+  // Charged before building: `'a' * 10**10` must fail at once, not after allocating 10 GB.
+  const uint64_t unit =
+      seq.is_string() ? seq.as_string().size() : seq.as_array().size() * sizeof(Value);
+  uint64_t total = 0;
+  if (times > 0 && __builtin_mul_overflow(unit, static_cast<uint64_t>(times), &total))
+    fail("repetition too large");
+  charge_bytes(total);
+  if (total == 0) times = 0;  // '' * 10**18 is '', without 10**18 empty appends
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < times; ++i) out += seq.as_string();
@@ -121,6 +144,21 @@ Value repeat(const Value& seq, int64_t times) {
   for (int64_t i = 0; i < times; ++i)
     out.insert(out.end(), seq.as_array().begin(), seq.as_array().end());
   return Value::array(std::move(out), seq.is_tuple());
+}
+
+// Exponentiation by squaring: `1 ** INT64_MAX` must not loop INT64_MAX times.
+int64_t int_pow(int64_t base, int64_t exp) {
+  if (base == 0) return exp == 0 ? 1 : 0;
+  if (base == 1) return 1;
+  if (base == -1) return exp % 2 == 0 ? 1 : -1;
+  int64_t r = 1;
+  while (exp > 0) {
+    if ((exp & 1) && __builtin_mul_overflow(r, base, &r)) fail("integer overflow in **");
+    exp >>= 1;
+    // |base| >= 2 and |r| >= 1: once the square overflows, any further factor overflows too.
+    if (exp > 0 && __builtin_mul_overflow(base, base, &base)) fail("integer overflow in **");
+  }
+  return r;
 }
 
 }  // namespace
@@ -136,8 +174,12 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
         return __builtin_add_overflow(x, y, r);
       });
     if (nums) return Value(a.as_float() + b.as_float());
-    if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
+    if (a.is_string() && b.is_string()) {
+      charge_bytes(a.as_string().size() + b.as_string().size());
+      return Value(a.as_string() + b.as_string());
+    }
     if (a.is_array() && b.is_array() && a.is_tuple() == b.is_tuple()) {
+      charge_bytes((a.as_array().size() + b.as_array().size()) * sizeof(Value));
       Array out = a.as_array();
       out.insert(out.end(), b.as_array().begin(), b.as_array().end());
       return Value::array(std::move(out), a.is_tuple());
@@ -163,8 +205,10 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     if (op == "/" && nums) return Value(a.as_float() / b.as_float());
     if (op == "//" && ints) return Value(floor_div(a.as_int(), b.as_int()));
     if (op == "//" && nums) return Value(std::floor(a.as_float() / b.as_float()));
-    if (op == "%" && ints)
+    if (op == "%" && ints) {
+      if (b.as_int() == -1) return Value(int64_t{0});  // INT64_MIN % -1 traps in C++
       return Value(a.as_int() - floor_div(a.as_int(), b.as_int()) * b.as_int());
+    }
     if (op == "%" && nums) {
       double r = std::fmod(a.as_float(), b.as_float());
       if (r != 0 && ((r < 0) != (b.as_float() < 0))) r += b.as_float();
@@ -173,12 +217,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     if (op == "%" && a.is_string())
       return Value(percent_format(a.as_string(), b.is_tuple() ? b.as_array() : Array{b}));
   } else if (op == "**") {
-    if (ints && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i)
-        if (__builtin_mul_overflow(r, a.as_int(), &r)) fail("integer overflow in **");
-      return Value(r);
-    }
+    if (ints && b.as_int() >= 0) return Value(int_pow(a.as_int(), b.as_int()));
     if (nums) return Value(std::pow(a.as_float(), b.as_float()));
   }
   bad_operands(op, a, b);
@@ -253,12 +292,14 @@ std::string str_format(const std::string& fmt, const CallArgs& args) {
       const Value* v = nullptr;
       if (field.empty())
         v = args.get(auto_index++, "\x01");
-      else if (std::isdigit(static_cast<unsigned char>(field[0])))
-        v = args.get(std::stoul(field), "\x01");
+      else if (std::all_of(field.begin(), field.end(), ::isdigit))  // stoul throws on overflow
+        v = field.size() < 10 ? args.get(std::stoul(field), "\x01") : nullptr;
       else
         v = args.get(SIZE_MAX, field);
       if (!v) fail("str.format: no argument for field '{" + field + "}'");
-      out += v->str();
+      std::string text = v->str();
+      charge_bytes(text.size());  // "{0}{0}{0}..." repeats one argument many times
+      out += text;
       i = close;
     } else {
       out += c;
@@ -307,7 +348,11 @@ std::optional<Value> string_method(const std::string& s, const std::string& name
   if (name == "join") {
     std::string out;
     Array items = iterate(a0 ? *a0 : Value());
-    for (size_t i = 0; i < items.size(); ++i) out += (i ? s : "") + need_str(&items[i], "item");
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::string& item = need_str(&items[i], "item");
+      charge_bytes(item.size() + (i ? s.size() : 0));  // the separator repeats per item
+      out += (i ? s : "") + item;
+    }
     return Value(out);
   }
   if (name == "find" || name == "count") {
@@ -432,11 +477,18 @@ Object make_globals() {
           int64_t start = n.size() > 1 ? n[0] : 0, stop = n.size() > 1 ? n[1] : n[0];
           int64_t step = n.size() > 2 ? n[2] : 1;
           if (step == 0) fail("range() arg 3 must not be zero");
+          // Counted first, in unsigned arithmetic: `i += step` overflows near INT64_MAX.
+          const bool up = step > 0;
+          const uint64_t span =
+              up ? (stop > start ? static_cast<uint64_t>(stop) - static_cast<uint64_t>(start) : 0)
+                 : (start > stop ? static_cast<uint64_t>(start) - static_cast<uint64_t>(stop) : 0);
+          const uint64_t mag = up ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+          const uint64_t count = span == 0 ? 0 : (span - 1) / mag + 1;
+          if (count > 100000) fail("range too big (the sandbox allows 100000 items)");
           Array out;
-          for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-            if (out.size() >= 100000) fail("range too big (the sandbox allows 100000 items)");
-            out.emplace_back(i);
-          }
+          for (uint64_t k = 0; k < count; ++k)
+            out.emplace_back(
+                static_cast<int64_t>(static_cast<uint64_t>(start) + (up ? k * mag : 0 - k * mag)));
           return Value::array(std::move(out));
         }));
   g.set("strftime_now", Value::function("strftime_now", [](const CallArgs& a) {

@@ -74,6 +74,41 @@ class Parser {
     if (cur().type != Tok::kBlockEnd) fail_here("'%}'");
     ++pos_;
   }
+  // Counts one level of parser recursion for the guard's life. Every recursive path (blocks,
+  // brackets, unary operators) passes through one of these.
+  struct NestGuard {
+    int& depth;
+    ~NestGuard() { --depth; }
+  };
+  [[nodiscard]] NestGuard nest() {
+    if (depth_ >= kMaxTemplateNesting)
+      syntax_error(cur().line, cur().column,
+                   "template nested too deeply (more than " + std::to_string(kMaxTemplateNesting) +
+                       " levels of blocks, brackets or operators)");
+    ++depth_;
+    return NestGuard{depth_};
+  }
+
+  // Adds a child (may be null), keeping the tree height bounded: operator and filter chains are
+  // parsed by loops but still build one tree level per link.
+  void add(Expr& parent, ExprPtr child) {
+    if (child) {
+      parent.height = std::max(parent.height, child->height + 1);
+      if (parent.height > kMaxTemplateNesting)
+        syntax_error(parent.line, parent.column,
+                     "expression nested too deeply (more than " +
+                         std::to_string(kMaxTemplateNesting) +
+                         " levels of operators, filters, attributes or brackets)");
+    }
+    parent.args.push_back(std::move(child));
+  }
+  void add_kwarg(Expr& parent, std::string key, ExprPtr value) {
+    parent.height = std::max(parent.height, value->height + 1);
+    if (parent.height > kMaxTemplateNesting)
+      syntax_error(parent.line, parent.column, "expression nested too deeply");
+    parent.kwargs.emplace_back(std::move(key), std::move(value));
+  }
+
   ExprPtr node(ExprKind kind, const Token& at) {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
@@ -85,6 +120,7 @@ class Parser {
   // Statements until one of `end_tags` (left in *matched, positioned after the tag name).
   Body parse_body(const std::vector<std::string>& end_tags, const std::string& opener,
                   int opener_line, std::string* matched) {
+    NestGuard guard = nest();
     Body body;
     auto saved = expected_;
     expected_ = end_tags;
@@ -233,12 +269,13 @@ class Parser {
     ExprPtr first = parse_expression(with_condexpr);
     if (!is_op(",")) return first;
     ExprPtr tuple = node(ExprKind::kTuple, start);
-    tuple->args.push_back(std::move(first));
-    while (skip_op(",") && !tuple_ends()) tuple->args.push_back(parse_expression(with_condexpr));
+    add(*tuple, std::move(first));
+    while (skip_op(",") && !tuple_ends()) add(*tuple, parse_expression(with_condexpr));
     return tuple;
   }
 
   ExprPtr parse_expression(bool with_condexpr) {
+    NestGuard guard = nest();
     ExprPtr expr = parse_or();
     if (!with_condexpr) return expr;
     while (is_name("if")) {
@@ -246,9 +283,9 @@ class Parser {
       ++pos_;
       ExprPtr test = parse_or();
       ExprPtr other = skip_name("else") ? parse_expression(true) : nullptr;
-      cond->args.push_back(std::move(expr));
-      cond->args.push_back(std::move(test));
-      cond->args.push_back(std::move(other));
+      add(*cond, std::move(expr));
+      add(*cond, std::move(test));
+      add(*cond, std::move(other));
       expr = std::move(cond);
     }
     return expr;
@@ -257,8 +294,8 @@ class Parser {
   ExprPtr binary(ExprKind kind, const Token& at, ExprPtr a, ExprPtr b, std::string op = "") {
     ExprPtr e = node(kind, at);
     e->name = std::move(op);
-    e->args.push_back(std::move(a));
-    e->args.push_back(std::move(b));
+    add(*e, std::move(a));
+    add(*e, std::move(b));
     return e;
   }
 
@@ -282,8 +319,9 @@ class Parser {
 
   ExprPtr parse_not() {
     if (!is_name("not")) return parse_compare();
+    NestGuard guard = nest();
     ExprPtr e = node(ExprKind::kNot, t_[pos_++]);
-    e->args.push_back(parse_not());
+    add(*e, parse_not());
     return e;
   }
 
@@ -307,10 +345,10 @@ class Parser {
       }
       if (!cmp) {
         cmp = node(ExprKind::kCompare, start);
-        cmp->args.push_back(std::move(first));
+        add(*cmp, std::move(first));
       }
       cmp->ops.push_back(op);
-      cmp->args.push_back(parse_math1());
+      add(*cmp, parse_math1());
     }
     return cmp ? std::move(cmp) : std::move(first);
   }
@@ -354,9 +392,10 @@ class Parser {
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
+      NestGuard guard = nest();
       e = node(is_op("-") ? ExprKind::kNeg : ExprKind::kPos, cur());
       ++pos_;
-      e->args.push_back(parse_unary(false));
+      add(*e, parse_unary(false));
     } else {
       e = parse_postfix(parse_primary());
     }
@@ -414,7 +453,7 @@ class Parser {
     if (skip_op("[")) {
       e->kind = ExprKind::kList;
       while (!is_op("]")) {
-        e->args.push_back(parse_expression(true));
+        add(*e, parse_expression(true));
         if (!skip_op(",")) break;
       }
       expect_op("]");
@@ -423,9 +462,9 @@ class Parser {
     if (skip_op("{")) {
       e->kind = ExprKind::kDict;
       while (!is_op("}")) {
-        e->args.push_back(parse_expression(true));
+        add(*e, parse_expression(true));
         expect_op(":");
-        e->args.push_back(parse_expression(true));
+        add(*e, parse_expression(true));
         if (!skip_op(",")) break;
       }
       expect_op("}");
@@ -440,19 +479,19 @@ class Parser {
       if (skip_op(".")) {
         if (cur().type == Tok::kInt) {  // x.0 is x[0]
           ExprPtr sub = node(ExprKind::kSubscript, at);
-          sub->args.push_back(std::move(e));
-          sub->args.push_back(parse_primary());
+          add(*sub, std::move(e));
+          add(*sub, parse_primary());
           e = std::move(sub);
         } else {
           ExprPtr attr = node(ExprKind::kAttr, at);
           attr->name = expect_name("an attribute name after '.'");
-          attr->args.push_back(std::move(e));
+          add(*attr, std::move(e));
           e = std::move(attr);
         }
       } else if (skip_op("[")) {
         ExprPtr sub = node(ExprKind::kSubscript, at);
-        sub->args.push_back(std::move(e));
-        sub->args.push_back(parse_subscript());
+        add(*sub, std::move(e));
+        add(*sub, parse_subscript());
         expect_op("]");
         e = std::move(sub);
       } else if (is_op("(")) {
@@ -468,9 +507,9 @@ class Parser {
     ExprPtr start = is_op(":") ? nullptr : parse_expression(true);
     if (!skip_op(":")) return start;
     ExprPtr s = node(ExprKind::kSlice, at);
-    s->args.push_back(std::move(start));
-    s->args.push_back(is_op("]") || is_op(":") ? nullptr : parse_expression(true));
-    s->args.push_back(skip_op(":") && !is_op("]") ? parse_expression(true) : nullptr);
+    add(*s, std::move(start));
+    add(*s, is_op("]") || is_op(":") ? nullptr : parse_expression(true));
+    add(*s, skip_op(":") && !is_op("]") ? parse_expression(true) : nullptr);
     return s;
   }
 
@@ -481,10 +520,10 @@ class Parser {
       if (cur().type == Tok::kName && peek().type == Tok::kOp && peek().text == "=") {
         std::string key = t_[pos_].text;
         pos_ += 2;
-        e->kwargs.emplace_back(key, parse_expression(true));
+        add_kwarg(*e, key, parse_expression(true));
       } else {
         if (!e->kwargs.empty()) fail_here("a keyword argument (positional after keyword)");
-        e->args.push_back(parse_expression(true));
+        add(*e, parse_expression(true));
       }
       if (!skip_op(",")) break;
     }
@@ -493,7 +532,7 @@ class Parser {
 
   ExprPtr parse_call(ExprPtr callee) {
     ExprPtr call = node(ExprKind::kCall, cur());
-    call->args.push_back(std::move(callee));
+    add(*call, std::move(callee));
     parse_call_args(call.get());
     return call;
   }
@@ -507,7 +546,7 @@ class Parser {
         f->name = expect_name("a filter name");
         if (!has_filter(f->name))
           syntax_error(name.line, name.column, "no filter named '" + f->name + "'");
-        f->args.push_back(std::move(e));
+        add(*f, std::move(e));
         if (is_op("(")) parse_call_args(f.get());
         e = std::move(f);
       } else if (is_name("is")) {
@@ -519,7 +558,7 @@ class Parser {
         test->name = expect_name("a test name");
         if (!has_test(test->name))
           syntax_error(name.line, name.column, "no test named '" + test->name + "'");
-        test->args.push_back(std::move(e));
+        add(*test, std::move(e));
         Tok ty = cur().type;
         if (is_op("(")) {
           parse_call_args(test.get());
@@ -527,7 +566,7 @@ class Parser {
                     ty == Tok::kFloat || is_op("[") || is_op("{")) &&
                    !is_name("else") && !is_name("or") && !is_name("and")) {
           if (is_name("is")) fail_here("an argument (tests cannot be chained)");
-          test->args.push_back(parse_postfix(parse_primary()));
+          add(*test, parse_postfix(parse_primary()));
         }
         e = std::move(test);
       } else if (is_op("(")) {
@@ -540,7 +579,9 @@ class Parser {
 
   const std::vector<Token>& t_;
   size_t pos_ = 0;
-  int loop_depth_ = 0;  // for-loops around the current position (break/continue need one)
+  int loop_depth_ = 0;
+  int depth_ = 0;  // current recursion depth (see nest())  // for-loops around the current position
+                   // (break/continue need one)
   std::vector<std::string> expected_;
 };
 

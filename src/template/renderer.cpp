@@ -4,6 +4,8 @@
 // and namespaces (`ns.attr = ...`) are the way to carry state out of a loop.
 #include "template/renderer.h"
 
+#include <algorithm>
+
 #include "template/builtins.h"
 
 namespace longctx::jinja {
@@ -23,8 +25,8 @@ struct Renderer::Frame {
   }
 };
 
-Renderer::Renderer(const Program& program, const Value& context)
-    : program_(program), globals_(make_globals()) {
+Renderer::Renderer(const Program& program, const Value& context, const RenderLimits& limits)
+    : program_(program), limits_(limits), globals_(make_globals()) {
   if (!context.is_mapping()) fail("the template context must be a JSON object");
   context_ = context;
 }
@@ -33,6 +35,7 @@ std::string Renderer::render() {
   Frame root;
   for (const auto& [k, v] : context_.as_object().entries) root.set(k, v);
   root_ = &root;
+  BudgetScope budget(limits_);
   std::string out;
   exec_body(program_.body, root, out);
   root_ = nullptr;
@@ -56,6 +59,8 @@ Renderer::Flow Renderer::exec_body(const Body& body, Frame& frame, std::string& 
 }
 
 Renderer::Flow Renderer::exec(const Stmt& s, Frame& frame, std::string& out) {
+  BudgetScope::Nest nest;
+  charge_steps(1);
   try {
     return exec_unlocated(s, frame, out);
   } catch (const RenderError& e) {
@@ -80,11 +85,14 @@ void Renderer::bind(Frame& frame, const std::vector<std::string>& targets, const
 Renderer::Flow Renderer::exec_unlocated(const Stmt& s, Frame& frame, std::string& out) {
   switch (s.kind) {
     case StmtKind::kText:
+      charge_bytes(s.text.size());
       out += s.text;
       break;
     case StmtKind::kOutput: {
       Value v = eval(*s.expr, frame);
-      out += v.is_string() ? v.as_string() : v.str();
+      const std::string text = v.is_string() ? v.as_string() : v.str();
+      charge_bytes(text.size());  // the output is part of the memory budget
+      out += text;
       break;
     }
     case StmtKind::kIf:
@@ -103,7 +111,16 @@ Renderer::Flow Renderer::exec_unlocated(const Stmt& s, Frame& frame, std::string
       if (!ns.is_namespace())
         fail("cannot assign attribute '" + s.attr + "' on non-namespace object '" + s.targets[0] +
              "'");
-      ns.mutable_object().set(s.attr, std::move(v));
+      // A namespace inside a namespace could hold itself (a cycle: endless printing, a leak).
+      if (v.has_namespace())
+        fail("cannot assign a namespace (or a value holding one) to attribute '" + s.attr +
+             "' of namespace '" + s.targets[0] + "'");
+      Object& obj = ns.mutable_object();
+      if (v.depth() + 1 > kMaxValueDepth)
+        fail("value nested too deeply (more than " + std::to_string(kMaxValueDepth) +
+             " levels of lists and dicts)");
+      obj.depth = std::max(obj.depth, v.depth() + 1);
+      obj.set(s.attr, std::move(v));
       break;
     }
     case StmtKind::kSetBlock: {
@@ -145,6 +162,7 @@ Renderer::Flow Renderer::exec_for(const Stmt& s, Frame& frame, std::string& out)
   if (items.empty()) return exec_body(s.else_body, frame, out);
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
+    charge_steps(1);
     Frame scope{{}, &frame};
     bind(scope, s.targets, items[i]);
     Object loop;
@@ -230,6 +248,8 @@ Value Renderer::eval_call(const Expr& e, Frame& frame) {
 }
 
 Value Renderer::eval(const Expr& e, Frame& frame) {
+  BudgetScope::Nest nest;
+  charge_steps(1);
   switch (e.kind) {
     case ExprKind::kLiteral:
       return e.literal;
@@ -283,7 +303,9 @@ Value Renderer::eval(const Expr& e, Frame& frame) {
         fail("bad operand type for unary " + std::string(e.kind == ExprKind::kNeg ? "-" : "+") +
              ": '" + v.type_name() + "'");
       if (e.kind == ExprKind::kPos) return v.is_float() ? v : Value(v.as_int());
-      return v.is_float() ? Value(-v.as_float()) : Value(-v.as_int());
+      if (v.is_float()) return Value(-v.as_float());
+      if (v.as_int() == INT64_MIN) fail("integer overflow in unary -");
+      return Value(-v.as_int());
     }
     case ExprKind::kNot:
       return Value(!eval(*e.args[0], frame).truthy());
@@ -295,8 +317,12 @@ Value Renderer::eval(const Expr& e, Frame& frame) {
       Value l = eval(*e.args[0], frame);
       return l.truthy() ? l : eval(*e.args[1], frame);
     }
-    case ExprKind::kConcat:
-      return Value(eval(*e.args[0], frame).str() + eval(*e.args[1], frame).str());
+    case ExprKind::kConcat: {
+      std::string left = eval(*e.args[0], frame).str();
+      std::string right = eval(*e.args[1], frame).str();
+      charge_bytes(left.size() + right.size());
+      return Value(left + right);
+    }
     case ExprKind::kBinary:
       return binary_op(e.name, eval(*e.args[0], frame), eval(*e.args[1], frame));
     case ExprKind::kCompare: {

@@ -11,7 +11,7 @@ namespace longctx::jinja {
 class Renderer {
  public:
   // `context` must be a mapping: the template's variables (messages, add_generation_prompt, ...).
-  Renderer(const Program& program, const Value& context);
+  Renderer(const Program& program, const Value& context, const RenderLimits& limits = {});
   std::string render();
 
  private:
@@ -30,11 +30,14 @@ class Renderer {
   CallArgs eval_args(const Expr& e, size_t first, Frame& frame);
 
   const Program& program_;
+  RenderLimits limits_;
   Object globals_;
   Value context_;
   Frame* root_ = nullptr;
   int macro_depth_ = 0;
-  static constexpr int kMaxMacroDepth = 256;
+  // Below RenderLimits::max_depth / 4 (a macro level costs 2-4 nested evaluations), so that plain
+  // runaway recursion is reported as such; real recursive macros (schemas) nest < 20 deep.
+  static constexpr int kMaxMacroDepth = 128;
 };
 
 }  // namespace longctx::jinja

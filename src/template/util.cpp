@@ -148,6 +148,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
     std::u32string u = utf8_decode(s);
     for (char32_t c : u) {
       if (count < 0 || done < count) {
+        charge_bytes(repl.size());  // `repl` is inserted once per character
         out += repl;
         ++done;
       }
@@ -159,6 +160,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
   size_t start = 0;
   for (size_t p = s.find(old); p != std::string::npos && (count < 0 || done < count);
        p = s.find(old, start)) {
+    charge_bytes(p - start + repl.size());
     out += s.substr(start, p - start) + repl;
     start = p + old.size();
     ++done;
@@ -188,26 +190,70 @@ std::string percent_format(const std::string& fmt, const Array& args) {
     }
     if (next >= args.size()) fail("not enough arguments for format string");
     const Value& v = args[next++];
-    char buf[512];
+    // Width and precision come from the template: parsed here (they may be huge) and applied
+    // without fixed-size buffers, so nothing is truncated and a huge width is a budget error.
+    bool left = spec.find('-') != std::string::npos;
+    size_t k = 1;
+    while (k < spec.size() && std::string_view("-+ #0").find(spec[k]) != std::string_view::npos)
+      ++k;
+    auto read_number = [&](size_t& pos) -> int64_t {
+      int64_t n = 0;
+      for (; pos < spec.size() && std::isdigit(static_cast<unsigned char>(spec[pos])); ++pos) {
+        n = n * 10 + (spec[pos] - '0');
+        if (n > (int64_t{1} << 30)) fail("format width or precision too large in '" + fmt + "'");
+      }
+      return n;
+    };
+    const int64_t width = read_number(k);
+    int64_t precision = -1;
+    if (k < spec.size() && spec[k] == '.') {
+      ++k;
+      precision = read_number(k);
+    }
+    if (k != spec.size()) fail("malformed format specifier '" + spec + type + "'");
+    charge_bytes(static_cast<uint64_t>(width));
     if (type == 's' || type == 'r') {
       std::string text = type == 's' ? v.str() : v.repr();
-      std::snprintf(buf, sizeof(buf), (spec + "s").c_str(), text.c_str());
-      out += spec.size() > 1 ? std::string(buf) : text;
-    } else if (std::string_view("dixX").find(type) != std::string_view::npos) {
+      if (precision >= 0 || width > 0) {  // counted in code points, as Python does
+        std::u32string u = utf8_decode(text);
+        if (precision >= 0 && static_cast<size_t>(precision) < u.size()) u.resize(precision);
+        std::string pad(
+            width > static_cast<int64_t>(u.size()) ? width - static_cast<int64_t>(u.size()) : 0,
+            ' ');
+        text = left ? utf8_encode(u) + pad : pad + utf8_encode(u);
+      }
+      out += text;
+      continue;
+    }
+    std::string cspec;
+    if (std::string_view("dixX").find(type) != std::string_view::npos) {
       if (!v.is_number())
         fail("%" + std::string(1, type) + " format: a number is required, not " + v.type_name());
-      std::snprintf(
-          buf, sizeof(buf), (spec + "ll" + (type == 'i' ? 'd' : type)).c_str(),
-          static_cast<long long>(v.is_float() ? static_cast<int64_t>(v.as_float()) : v.as_int()));
-      out += buf;
+      cspec = spec + "ll" + (type == 'i' ? 'd' : type);
     } else if (std::string_view("fFeEgG").find(type) != std::string_view::npos) {
       if (!v.is_number())
         fail("%" + std::string(1, type) + " format: a number is required, not " + v.type_name());
-      std::snprintf(buf, sizeof(buf), (spec + type).c_str(), v.as_float());
-      out += buf;
+      cspec = spec + type;
     } else {
       fail(std::string("unsupported format character '") + type + "'");
     }
+    auto print = [&](char* buf, size_t size) {
+      if (type == 'f' || type == 'F' || type == 'e' || type == 'E' || type == 'g' || type == 'G')
+        return std::snprintf(buf, size, cspec.c_str(), v.as_float());
+      double d = v.is_float() ? v.as_float() : 0;
+      if (v.is_float() && !(d > -9223372036854775808.0 - 1024 && d < 9223372036854775808.0))
+        fail("%" + std::string(1, type) + " format: " + format_float(d) + " is out of range");
+      return std::snprintf(
+          buf, size, cspec.c_str(),
+          static_cast<long long>(v.is_float() ? static_cast<int64_t>(d) : v.as_int()));
+    };
+    int n = print(nullptr, 0);
+    if (n < 0) fail("cannot format with '" + spec + type + "'");
+    charge_bytes(static_cast<uint64_t>(n));
+    std::string piece(static_cast<size_t>(n) + 1, '\0');
+    print(piece.data(), piece.size());
+    piece.resize(static_cast<size_t>(n));
+    out += piece;
   }
   if (next < args.size()) fail("not all arguments converted during string formatting");
   return out;

@@ -8,6 +8,60 @@ namespace longctx::jinja {
 
 void fail(const std::string& message) { throw RenderError(message); }
 
+namespace {
+thread_local BudgetScope* t_budget = nullptr;
+}  // namespace
+
+BudgetScope::BudgetScope(const RenderLimits& limits) : limits_(limits), previous_(t_budget) {
+  t_budget = this;
+}
+
+BudgetScope::~BudgetScope() { t_budget = previous_; }
+
+BudgetScope::Nest::Nest() {
+  BudgetScope* b = t_budget;
+  if (!b) return;
+  if (b->depth_ >= b->limits_.max_depth)
+    fail("template nested too deeply while rendering (more than " +
+         std::to_string(b->limits_.max_depth) + " levels of expressions, blocks and macro calls)");
+  ++b->depth_;
+}
+
+BudgetScope::Nest::~Nest() {
+  if (t_budget) --t_budget->depth_;
+}
+
+void charge_bytes(uint64_t bytes) {
+  BudgetScope* b = t_budget;
+  if (!b) return;
+  const auto limit = static_cast<uint64_t>(b->limits_.max_bytes);
+  if (bytes > limit || b->bytes_ > limit - bytes)
+    fail("template exceeded its memory budget: " + std::to_string(limit) +
+         " bytes of strings and lists in one render");
+  b->bytes_ += bytes;
+}
+
+void charge_steps(int64_t steps) {
+  BudgetScope* b = t_budget;
+  if (!b) return;
+  if (steps > b->limits_.max_steps - b->steps_)
+    fail("template exceeded its step budget: " + std::to_string(b->limits_.max_steps) +
+         " evaluation steps in one render (a runaway loop?)");
+  b->steps_ += steps;
+}
+
+int Value::depth() const {
+  if (is_array()) return array_box().depth;
+  if (is_object()) return as_object().depth;
+  return 0;
+}
+
+bool Value::has_namespace() const {
+  if (is_array()) return array_box().has_namespace;
+  if (is_object()) return as_object().has_namespace;
+  return false;
+}
+
 const Value* Object::find(std::string_view key) const {
   for (const auto& [k, v] : entries)
     if (k == key) return &v;
@@ -31,13 +85,36 @@ const Value* CallArgs::get(size_t i, std::string_view name) const {
   return nullptr;
 }
 
+namespace {
+void check_depth(int depth) {
+  if (depth > kMaxValueDepth)
+    fail("value nested too deeply (more than " + std::to_string(kMaxValueDepth) +
+         " levels of lists and dicts)");
+}
+}  // namespace
+
 Value Value::array(Array items, bool tuple) {
+  charge_bytes(items.size() * sizeof(Value));
+  ArrayBox box{std::move(items), tuple};
+  for (const Value& item : box.items) {
+    box.depth = std::max(box.depth, item.depth() + 1);
+    box.has_namespace = box.has_namespace || item.has_namespace();
+  }
+  check_depth(box.depth);
   Value v;
-  v.v_ = std::make_shared<ArrayBox>(ArrayBox{std::move(items), tuple});
+  v.v_ = std::make_shared<ArrayBox>(std::move(box));
   return v;
 }
 
 Value Value::object(Object object) {
+  charge_bytes(object.entries.size() * (sizeof(Value) + sizeof(std::string)));
+  object.depth = 1;
+  object.has_namespace = object.is_namespace;
+  for (const auto& [k, item] : object.entries) {
+    object.depth = std::max(object.depth, item.depth() + 1);
+    object.has_namespace = object.has_namespace || item.has_namespace();
+  }
+  check_depth(object.depth);
   Value v;
   v.v_ = std::make_shared<Object>(std::move(object));
   return v;
@@ -118,6 +195,8 @@ std::string py_repr_string(const std::string& s) {
       out += "\\t";
     } else if (c < 0x20 || (c >= 0x7f && c < 0xa0)) {
       append_hex(out, "\\x", c, 2);
+    } else if (c < 0x80) {
+      out += static_cast<char>(c);  // fast path: no string per character
     } else {
       out += utf8_encode(std::u32string_view(&c, 1));
     }
@@ -134,7 +213,12 @@ std::string Value::repr() const {
   if (is_array()) {
     const Array& items = as_array();
     std::string out = is_tuple() ? "(" : "[";
-    for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i].repr();
+    for (size_t i = 0; i < items.size(); ++i) {
+      // A list may hold one big string many times over: charge every copy printed.
+      std::string item = items[i].repr();
+      charge_bytes(item.size() + 2);
+      out += (i ? ", " : "") + item;
+    }
     if (is_tuple() && items.size() == 1) out += ",";
     return out + (is_tuple() ? ")" : "]");
   }
@@ -142,7 +226,9 @@ std::string Value::repr() const {
     std::string out = is_namespace() ? "<Namespace {" : "{";
     bool first = true;
     for (const auto& [k, v] : as_object().entries) {
-      out += (first ? "" : ", ") + py_repr_string(k) + ": " + v.repr();
+      std::string item = py_repr_string(k) + ": " + v.repr();
+      charge_bytes(item.size() + 2);
+      out += (first ? "" : ", ") + item;
       first = false;
     }
     return out + (is_namespace() ? "}>" : "}");
@@ -172,6 +258,7 @@ bool equals(const Value& a, const Value& b) {
   if (a.is_array() && b.is_array()) {
     const Array &x = a.as_array(), &y = b.as_array();
     if (a.is_tuple() != b.is_tuple() || x.size() != y.size()) return false;
+    charge_steps(static_cast<int64_t>(x.size()));
     for (size_t i = 0; i < x.size(); ++i)
       if (!equals(x[i], y[i])) return false;
     return true;
@@ -179,6 +266,7 @@ bool equals(const Value& a, const Value& b) {
   if (a.is_mapping() && b.is_mapping()) {
     const auto &x = a.as_object().entries, &y = b.as_object().entries;
     if (x.size() != y.size()) return false;
+    charge_steps(static_cast<int64_t>(x.size() * y.size()));  // find() is a linear scan
     for (const auto& [k, v] : x) {
       const Value* other = b.as_object().find(k);
       if (!other || !equals(v, *other)) return false;
@@ -205,6 +293,7 @@ int compare(const Value& a, const Value& b) {
   }
   if (a.is_array() && b.is_array() && a.is_tuple() == b.is_tuple()) {
     const Array &x = a.as_array(), &y = b.as_array();
+    charge_steps(static_cast<int64_t>(std::min(x.size(), y.size())));
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
       if (equals(x[i], y[i])) continue;
       return compare(x[i], y[i]);
@@ -223,6 +312,7 @@ bool contains(const Value& container, const Value& item) {
     return container.as_string().find(item.as_string()) != std::string::npos;
   }
   if (container.is_array()) {
+    charge_steps(static_cast<int64_t>(container.as_array().size()));
     for (const Value& v : container.as_array())
       if (equals(v, item)) return true;
     return false;
@@ -329,6 +419,8 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
           } else {
             append_hex(out, "\\u", c, 4);
           }
+        } else if (c < 0x80) {
+          out += static_cast<char>(c);
         } else {
           out += utf8_encode(std::u32string_view(&c, 1));
         }
@@ -344,8 +436,15 @@ void json_value(std::string& out, const Value& v, const JsonOptions& opt, int de
   auto newline = [&](int level) {
     if (!pretty) return;
     out += '\n';
-    for (int i = 0; i < level; ++i)
-      out += opt.indent_str.empty() ? std::string(opt.indent, ' ') : opt.indent_str;
+    const std::string one = opt.indent_str.empty() ? std::string() : opt.indent_str;
+    const uint64_t width = opt.indent_str.empty() ? static_cast<uint64_t>(opt.indent) : one.size();
+    charge_bytes(width * static_cast<uint64_t>(level));  // before building: indent can be 2e9
+    for (int i = 0; i < level; ++i) {
+      if (opt.indent_str.empty())
+        out.append(static_cast<size_t>(opt.indent), ' ');
+      else
+        out += one;
+    }
   };
   if (v.is_none()) {
     out += "null";
@@ -400,7 +499,11 @@ void json_value(std::string& out, const Value& v, const JsonOptions& opt, int de
 }
 
 template <typename Json>
-Value convert(const Json& j) {
+Value convert(const Json& j, int depth) {
+  // Checked on the way down: a context nested 300,000 deep must not recurse that far.
+  if (depth > kMaxValueDepth)
+    fail("the template context is nested too deeply (more than " + std::to_string(kMaxValueDepth) +
+         " levels)");
   switch (j.type()) {
     case nlohmann::json::value_t::null:
       return Value(nullptr);
@@ -419,13 +522,13 @@ Value convert(const Json& j) {
       return Value(j.template get<std::string>());
     case nlohmann::json::value_t::array: {
       Array items;
-      for (const auto& e : j) items.push_back(convert(e));
+      for (const auto& e : j) items.push_back(convert(e, depth + 1));
       return Value::array(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Object obj;
       for (auto it = j.begin(); it != j.end(); ++it)
-        obj.entries.emplace_back(it.key(), convert(*it));
+        obj.entries.emplace_back(it.key(), convert(*it, depth + 1));
       return Value::object(std::move(obj));
     }
     default:
@@ -441,11 +544,12 @@ std::string to_json(const Value& v, const JsonOptions& options) {
   return out;
 }
 
-Value from_json(const nlohmann::json& j) { return convert(j); }
-Value from_json(const nlohmann::ordered_json& j) { return convert(j); }
+Value from_json(const nlohmann::json& j) { return convert(j, 1); }
+Value from_json(const nlohmann::ordered_json& j) { return convert(j, 1); }
 
 // Invalid bytes decode to U+DC80..U+DCFF (Python's surrogateescape) so they survive a round trip.
 std::u32string utf8_decode(std::string_view s) {
+  charge_bytes(s.size() * sizeof(char32_t));  // templates index strings by decoding them
   std::u32string out;
   out.reserve(s.size());
   size_t i = 0;

@@ -33,18 +33,67 @@ class RenderError : public Error {
 
 [[noreturn]] void fail(const std::string& message);
 
+// Values nest at most this deep: deeper nesting (a JSON context, or `ns.x = [ns.x]` in a loop)
+// would overflow the stack in the recursive printers, comparisons and destructors.
+constexpr int kMaxValueDepth = 512;
+
+// The work and memory limits of one render. A template is untrusted code: without limits
+// `'a' * 10**10` allocates until the OOM killer comes and nested loops run for hours.
+struct RenderLimits {
+  // Nested evaluations (expressions, blocks, macro calls). An ASan build needs ~5 KB of stack
+  // per level, a release build far less: 512 levels stay inside 4 MB either way.
+  int max_depth = 512;
+  int64_t max_steps = 20'000'000;        // expression evaluations, statements and element visits
+  int64_t max_bytes = int64_t{1} << 30;  // bytes of strings and lists built, output included
+};
+
+// Charges the render running on this thread (a no-op outside a render): `bytes` about to be
+// built, `steps` units of work; throws RenderError when the render's budget is spent.
+void charge_bytes(uint64_t bytes);
+void charge_steps(int64_t steps);
+
+// Installs `limits` as this thread's render budget for its lifetime (renders may nest).
+class BudgetScope {
+ public:
+  explicit BudgetScope(const RenderLimits& limits);
+  ~BudgetScope();
+  BudgetScope(const BudgetScope&) = delete;
+  BudgetScope& operator=(const BudgetScope&) = delete;
+  // Counts one level of evaluation nesting for the scope's life; throws past max_depth.
+  class Nest {
+   public:
+    Nest();
+    ~Nest();
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+  };
+
+ private:
+  friend void charge_bytes(uint64_t);
+  friend void charge_steps(int64_t);
+  RenderLimits limits_;
+  int64_t steps_ = 0;
+  uint64_t bytes_ = 0;
+  int depth_ = 0;
+  BudgetScope* previous_;
+};
+
 class Value;
 using Array = std::vector<Value>;
 
 struct ArrayBox {
   Array items;
   bool tuple = false;  // prints as (a, b) like a Python tuple
+  int depth = 1;       // nesting depth of containers (see kMaxValueDepth)
+  bool has_namespace = false;
 };
 
 // Insertion-ordered string-keyed dict (Python dicts keep insertion order, which tojson shows).
 struct Object {
   std::vector<std::pair<std::string, Value>> entries;
   bool is_namespace = false;
+  int depth = 1;               // filled in by Value::object (and namespace assignment)
+  bool has_namespace = false;  // this object or a value inside it is a namespace
   const Value* find(std::string_view key) const;
   void set(const std::string& key, Value value);
 };
@@ -74,7 +123,10 @@ class Value {
   Value(int64_t i) : v_(i) {}
   Value(double d) : v_(d) {}
   // Strings are shared and immutable: templates copy message contents around a lot.
-  Value(std::string s) : v_(std::make_shared<const std::string>(std::move(s))) {}
+  Value(std::string s) {
+    charge_bytes(s.size() + sizeof(std::string));
+    v_ = std::make_shared<const std::string>(std::move(s));
+  }
   Value(const char* s) : Value(std::string(s)) {}
   static Value undefined(std::string hint) { return Value(Undefined{std::move(hint)}); }
   static Value array(Array items, bool tuple = false);
@@ -94,6 +146,9 @@ class Value {
   bool is_mapping() const { return is_object() && !as_object().is_namespace; }
   bool is_namespace() const { return is_object() && as_object().is_namespace; }
   bool is_callable() const { return std::holds_alternative<std::shared_ptr<Callable>>(v_); }
+  // Container nesting depth (0 for scalars) and whether a namespace is inside (or is this).
+  int depth() const;
+  bool has_namespace() const;
 
   bool as_bool() const { return get<bool>("bool"); }
   // Typed access; a value of another type is a RenderError naming both types (not a crash).

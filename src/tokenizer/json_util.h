@@ -35,6 +35,16 @@ inline bool optional_bool(const json& j, const char* key, bool fallback, const s
   return it->get<bool>();
 }
 
+// Sequences of components (normalizers, pre-tokenizers, decoders, post-processors) may nest
+// this deep; real files nest two levels. Each level recurses and lengthens the `where` path.
+constexpr int kMaxComponentNesting = 16;
+
+inline void check_nesting(int depth, const std::string& where) {
+  LONGCTX_CHECK(depth <= kMaxComponentNesting, ErrorCode::kInvalidArgument,
+                "tokenizer.json: {}: Sequences nested deeper than {} levels", where.substr(0, 120),
+                kMaxComponentNesting);
+}
+
 inline std::string type_of(const json& j, const std::string& where) {
   return require_string(j, "type", where);
 }

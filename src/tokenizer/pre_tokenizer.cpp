@@ -181,7 +181,9 @@ Behavior parse_behavior(const std::string& b, const std::string& where) {
                 where, b);
 }
 
-std::unique_ptr<PreTokenizer> make(const json& j, const std::string& where, bool* has_byte_level) {
+std::unique_ptr<PreTokenizer> make(const json& j, const std::string& where, bool* has_byte_level,
+                                   int depth) {
+  json_util::check_nesting(depth, where);
   std::string type = json_util::type_of(j, where);
   if (type == "Sequence") {
     const json& list = json_util::require(j, "pretokenizers", where);
@@ -189,8 +191,8 @@ std::unique_ptr<PreTokenizer> make(const json& j, const std::string& where, bool
                   "tokenizer.json: {}.pretokenizers must be an array", where);
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (size_t i = 0; i < list.size(); ++i)
-      steps.push_back(
-          make(list[i], where + ".pretokenizers[" + std::to_string(i) + "]", has_byte_level));
+      steps.push_back(make(list[i], where + ".pretokenizers[" + std::to_string(i) + "]",
+                           has_byte_level, depth + 1));
     return std::make_unique<SequencePreTokenizer>(std::move(steps));
   }
   if (type == "Split") {
@@ -223,7 +225,7 @@ std::unique_ptr<PreTokenizer> make(const json& j, const std::string& where, bool
 
 }  // namespace
 
-Regex::Regex(const std::string& pattern, bool literal, const std::string& what) {
+Regex::Regex(const std::string& pattern, bool literal, const std::string& what) : what_(what) {
   int err = 0;
   PCRE2_SIZE err_off = 0;
   // PCRE2 refuses UCP together with LITERAL; a literal needs no character classes anyway.
@@ -252,7 +254,19 @@ bool Regex::next_match(std::string_view subject, size_t offset, size_t* start, s
                  ? pcre2_jit_match(code, subj, subject.size(), offset, 0, md, nullptr)
                  : pcre2_match(code, subj, subject.size(), offset, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
-    LONGCTX_CHECK(rc >= 0, ErrorCode::kInternal, "PCRE2 match failed with code {}", rc);
+    if (rc < 0) {
+      // Match and depth limits (and the JIT stack) are hit by patterns that backtrack
+      // catastrophically on this text: an input problem, named as such.
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof(msg));
+      const bool limit = rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+                         rc == PCRE2_ERROR_HEAPLIMIT || rc == PCRE2_ERROR_JIT_STACKLIMIT;
+      LONGCTX_THROW(limit ? ErrorCode::kInvalidArgument : ErrorCode::kInternal,
+                    "tokenizer.json: {}: the regex {} on a {}-byte piece of text ({}){}", what_,
+                    limit ? "gave up" : "failed", subject.size(),
+                    reinterpret_cast<const char*>(msg),
+                    limit ? ": the pattern backtracks too much for this input" : "");
+    }
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     if (ov[1] > ov[0]) {
       *start = ov[0];
@@ -269,7 +283,7 @@ bool Regex::next_match(std::string_view subject, size_t offset, size_t* start, s
 
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, bool* has_byte_level) {
   *has_byte_level = false;
-  return make(j, "pre_tokenizer", has_byte_level);
+  return make(j, "pre_tokenizer", has_byte_level, 0);
 }
 
 }  // namespace longctx::tokenizer

@@ -27,6 +27,7 @@ class Regex {
  private:
   void* code_ = nullptr;  // pcre2_code*
   bool jit_ = false;
+  std::string what_;  // names the pattern in match errors
 };
 
 // Scratch storage for pieces that are not substrings of the input (add_prefix_space).

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "longctx/core/error.h"
+#include "longctx/core/json_limits.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode.h"
 
@@ -84,7 +85,8 @@ std::string read_file(const std::string& path, const char* what) {
   return ss.str();
 }
 
-nlohmann::json parse_json(std::string_view text, const std::string& origin) {
+nlohmann::json parse_tokenizer_json(std::string_view text, const std::string& origin) {
+  check_json_depth(text, origin);  // the loader and error paths recurse per nesting level
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
@@ -115,7 +117,7 @@ Tokenizer::Tokenizer(std::shared_ptr<const tokenizer::TokenizerImpl> impl)
 
 Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& origin) {
   return with_origin(origin, [&] {
-    nlohmann::json j = parse_json(json_text, origin);
+    nlohmann::json j = parse_tokenizer_json(json_text, origin);
     return Tokenizer(tokenizer::build_tokenizer(j));
   });
 }
@@ -139,7 +141,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
   std::string text = read_file(path, "tokenizer file");
   auto impl = with_origin(path, [&] {
-    nlohmann::json j = parse_json(text, path);
+    nlohmann::json j = parse_tokenizer_json(text, path);
     return tokenizer::build_tokenizer(j);
   });
   fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
@@ -147,7 +149,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
     std::string origin = config.string();
     std::string ctext = read_file(origin, "tokenizer config");
     with_origin(origin, [&] {
-      tokenizer::apply_tokenizer_config(*impl, parse_json(ctext, origin), origin);
+      tokenizer::apply_tokenizer_config(*impl, parse_tokenizer_json(ctext, origin), origin);
       return 0;
     });
   }

@@ -15,7 +15,8 @@ bool is_null_or_empty_string(const json& j) {
   return j.is_null() || (j.is_string() && j.get<std::string>().empty());
 }
 
-NormalizerKind parse_normalizer(const json& j, const std::string& where) {
+NormalizerKind parse_normalizer(const json& j, const std::string& where, int depth = 0) {
+  json_util::check_nesting(depth, where);
   if (j.is_null()) return NormalizerKind::kNone;
   std::string type = json_util::type_of(j, where);
   if (type == "NFC") return NormalizerKind::kNfc;
@@ -26,7 +27,7 @@ NormalizerKind parse_normalizer(const json& j, const std::string& where) {
     NormalizerKind kind = NormalizerKind::kNone;
     for (size_t i = 0; i < list.size(); ++i) {
       NormalizerKind k =
-          parse_normalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]");
+          parse_normalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]", depth + 1);
       if (k != NormalizerKind::kNone) kind = k;  // NFC is idempotent: repeats collapse
     }
     return kind;
@@ -35,7 +36,8 @@ NormalizerKind parse_normalizer(const json& j, const std::string& where) {
                 type);
 }
 
-void check_decoder(const json& j, const std::string& where) {
+void check_decoder(const json& j, const std::string& where, int depth = 0) {
+  json_util::check_nesting(depth, where);
   LONGCTX_CHECK(!j.is_null(), ErrorCode::kUnsupported,
                 "tokenizer.json: {} is null; byte-level BPE needs the ByteLevel decoder", where);
   std::string type = json_util::type_of(j, where);
@@ -45,14 +47,16 @@ void check_decoder(const json& j, const std::string& where) {
     LONGCTX_CHECK(list.is_array() && !list.empty(), ErrorCode::kInvalidArgument,
                   "tokenizer.json: {}.decoders must be a non-empty array", where);
     for (size_t i = 0; i < list.size(); ++i)
-      check_decoder(list[i], where + ".decoders[" + std::to_string(i) + "]");
+      check_decoder(list[i], where + ".decoders[" + std::to_string(i) + "]", depth + 1);
     return;
   }
   LONGCTX_THROW(ErrorCode::kUnsupported, "tokenizer.json: {} type \"{}\" is not supported", where,
                 type);
 }
 
-void parse_post_processor(TokenizerImpl& impl, const json& j, const std::string& where) {
+void parse_post_processor(TokenizerImpl& impl, const json& j, const std::string& where,
+                          int depth = 0) {
+  json_util::check_nesting(depth, where);
   if (j.is_null()) return;
   std::string type = json_util::type_of(j, where);
   if (type == "ByteLevel") return;  // only adjusts offsets
@@ -61,7 +65,8 @@ void parse_post_processor(TokenizerImpl& impl, const json& j, const std::string&
     LONGCTX_CHECK(list.is_array(), ErrorCode::kInvalidArgument,
                   "tokenizer.json: {}.processors must be an array", where);
     for (size_t i = 0; i < list.size(); ++i)
-      parse_post_processor(impl, list[i], where + ".processors[" + std::to_string(i) + "]");
+      parse_post_processor(impl, list[i], where + ".processors[" + std::to_string(i) + "]",
+                           depth + 1);
     return;
   }
   if (type == "TemplateProcessing") {
@@ -109,6 +114,19 @@ void parse_post_processor(TokenizerImpl& impl, const json& j, const std::string&
                 type);
 }
 
+// Ids index dense tables, so an id far past the number of tokens (2^30 in a 10-token file)
+// would size them by the id. Real files number their tokens 0..n-1 with added tokens after
+// them; a gap this large is a broken or hostile file.
+constexpr int64_t kMaxIdGap = 1 << 16;
+
+void check_id(int64_t id, size_t num_tokens, const std::string& where) {
+  const int64_t limit = static_cast<int64_t>(num_tokens) + kMaxIdGap;
+  LONGCTX_CHECK(id >= 0 && id < limit, ErrorCode::kInvalidArgument,
+                "tokenizer.json: {} id {} is out of range: ids must be below the number of "
+                "tokens plus {} ({})",
+                where, id, kMaxIdGap, limit);
+}
+
 void set_token(TokenizerImpl& impl, TokenId id, const std::string& s, uint8_t flags) {
   if (static_cast<size_t>(id) >= impl.token_strings.size()) {
     impl.token_strings.resize(id + 1);
@@ -140,7 +158,7 @@ std::pair<std::string, std::string> parse_merge(const json& m, size_t rank) {
   return {m[0].get<std::string>(), m[1].get<std::string>()};
 }
 
-void build_model(TokenizerImpl& impl, const json& m) {
+void build_model(TokenizerImpl& impl, const json& m, size_t num_tokens) {
   const std::string where = "model";
   LONGCTX_CHECK(m.is_object(), ErrorCode::kInvalidArgument,
                 "tokenizer.json: \"model\" must be an object");
@@ -173,6 +191,8 @@ void build_model(TokenizerImpl& impl, const json& m) {
                       v.value().get<int64_t>() < (int64_t{1} << 30),
                   ErrorCode::kInvalidArgument,
                   "tokenizer.json: model.vocab[\"{}\"] must be a non-negative integer id", v.key());
+    check_id(v.value().get<int64_t>(), num_tokens,
+             "model.vocab[\"" + v.key().substr(0, 64) + "\"]");
     TokenId id = v.value().get<TokenId>();
     set_token(impl, id, v.key(), kTokenExists);
     impl.string_to_id[v.key()] = id;
@@ -203,7 +223,7 @@ void build_model(TokenizerImpl& impl, const json& m) {
   impl.model = std::make_unique<BpeModel>(std::move(bytes_to_id), raw_merges, opt);
 }
 
-void build_added_tokens(TokenizerImpl& impl, const json& list) {
+void build_added_tokens(TokenizerImpl& impl, const json& list, size_t num_tokens) {
   if (list.is_null()) return;
   LONGCTX_CHECK(list.is_array(), ErrorCode::kInvalidArgument,
                 "tokenizer.json: added_tokens must be an array");
@@ -215,6 +235,7 @@ void build_added_tokens(TokenizerImpl& impl, const json& list) {
     LONGCTX_CHECK(
         id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (int64_t{1} << 30),
         ErrorCode::kInvalidArgument, "tokenizer.json: {}.id must be a non-negative integer", where);
+    check_id(id.get<int64_t>(), num_tokens, where);
     a.id = id.get<TokenId>();
     a.content = json_util::require_string(t, "content", where);
     LONGCTX_CHECK(!a.content.empty(), ErrorCode::kInvalidArgument,
@@ -267,8 +288,14 @@ std::unique_ptr<TokenizerImpl> build_tokenizer(const json& j) {
                 "tokenizer.json: pre_tokenizer has no ByteLevel step; only byte-level BPE is "
                 "supported");
   check_decoder(field_or_null(j, "decoder"), "decoder");
-  build_model(*impl, json_util::require(j, "model", "the top level"));
-  build_added_tokens(*impl, field_or_null(j, "added_tokens"));
+  const json& model = json_util::require(j, "model", "the top level");
+  const json& added = field_or_null(j, "added_tokens");
+  // The number of tokens the file names bounds the ids (see check_id).
+  const json& vocab = model.is_object() ? field_or_null(model, "vocab") : model;
+  const size_t num_tokens =
+      (vocab.is_object() ? vocab.size() : 0) + (added.is_array() ? added.size() : 0);
+  build_model(*impl, model, num_tokens);
+  build_added_tokens(*impl, added, num_tokens);
   parse_post_processor(*impl, field_or_null(j, "post_processor"), "post_processor");
   for (TokenId id : impl->prefix_ids)
     LONGCTX_CHECK(

@@ -13,6 +13,7 @@
 
 #include "command.h"
 #include "longctx/core/error.h"
+#include "longctx/core/json_limits.h"
 #include "longctx/core/npy.h"
 #include "longctx/models/model.h"
 #include "model_options.h"
@@ -53,6 +54,7 @@ std::vector<int32_t> read_ids_file(const std::string& path) {
   const std::string text = ss.str();
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '[') {
+    check_json_depth(text, "--ids-file " + path);  // messages and parsing recurse per level
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     LONGCTX_CHECK(j.is_array(), ErrorCode::kInvalidArgument, "--ids-file {}: not a JSON array",
                   path);
@@ -60,7 +62,7 @@ std::vector<int32_t> read_ids_file(const std::string& path) {
     for (const auto& v : j) {
       LONGCTX_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX,
                     ErrorCode::kInvalidArgument, "--ids-file {}: {} is not a token id", path,
-                    v.dump());
+                    json_excerpt(v));
       ids.push_back(v.get<int32_t>());
     }
     return ids;

@@ -21,6 +21,7 @@
 #include "command.h"
 #include "generate_common.h"
 #include "longctx/core/error.h"
+#include "longctx/core/json_limits.h"
 
 namespace longctx::cli {
 namespace {
@@ -65,6 +66,7 @@ std::vector<Sample> read_samples(const std::string& path, int64_t limit) {
     const std::string where = path + ":" + std::to_string(n);
     nlohmann::json j;
     try {
+      check_json_depth(line, where);  // field() errors recurse over deep values
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
       LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: not JSON ({})", where, e.what());
@@ -123,7 +125,8 @@ void run(Options& o) {
     std::vector<int32_t> ids = llm->encode(Prompt(s.prompt));
     const auto n = static_cast<int64_t>(ids.size());
     // A too-long sample would otherwise fail the whole batch without saying which one.
-    LONGCTX_CHECK(n + o.gen.sampling.max_tokens <= llm->max_model_len(), ErrorCode::kOutOfRange,
+    // As a difference: n + max_tokens overflows for --max-tokens near INT64_MAX.
+    LONGCTX_CHECK(o.gen.sampling.max_tokens <= llm->max_model_len() - n, ErrorCode::kOutOfRange,
                   "{}: {} prompt tokens + {} to generate exceed the context ({} tokens)", s.where,
                   n, o.gen.sampling.max_tokens, llm->max_model_len());
     prompts.emplace_back(std::move(ids));

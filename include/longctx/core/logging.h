@@ -1,5 +1,5 @@
 // Logging through spdlog (header-only). One named logger, level from LONGCTX_LOG_LEVEL
-// (trace, debug, info, warn, error, off; default warn so CLI output stays clean).
+// (trace, debug, info, warn, error, critical, off; default warn so CLI output stays clean).
 #pragma once
 
 #include <spdlog/spdlog.h>
@@ -7,6 +7,7 @@
 namespace longctx {
 
 spdlog::logger& logger();
+// Throws Error(kInvalidArgument) for a name that is not a level (rather than turning logging off).
 void set_log_level(const std::string& level);
 
 }  // namespace longctx
