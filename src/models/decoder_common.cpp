@@ -68,8 +68,6 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
       Tensor::from_blob(inv.data(), {static_cast<int64_t>(inv.size())}, DType::kF32);
   inv_freq_ = inv_host.to(device_);
   load.finish();
-  load_seconds_ = load.seconds();
-  load_bytes_ = load.bytes();
 }
 
 Tensor DecoderModel::act_empty(const Shape& shape) const {

@@ -98,8 +98,6 @@ class DecoderModel : public Model {
   Tensor norm_;      // [hidden]
   Tensor lm_head_;   // [vocab, hidden]; embed_tokens_ when tied
   Tensor inv_freq_;  // [head_dim / 2] f32
-  double load_seconds_ = 0;  // weights to the device
-  int64_t load_bytes_ = 0;
 };
 
 }  // namespace longctx::models

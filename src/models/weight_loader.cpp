@@ -1,6 +1,5 @@
 #include "models/weight_loader.h"
 
-#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -25,7 +24,6 @@ void WeightLoader::upload_into(const Tensor& src, const Tensor& dst) {
   uploader_->upload(s.data_ptr(), dst.data_ptr(), s.nbytes());
   // A converted copy must outlive its asynchronous upload: the uploader has read it into pinned
   // memory once upload() returns, so nothing needs keeping here.
-  bytes_ += static_cast<int64_t>(s.nbytes());
 }
 
 Tensor WeightLoader::load(const Tensor& w) {
@@ -71,10 +69,7 @@ Tensor WeightLoader::load_fused(std::initializer_list<Tensor> parts) {
 }
 
 void WeightLoader::finish() {
-  if (uploader_) {
-    uploader_->finish();
-    seconds_ = uploader_->seconds();
-  }
+  if (uploader_) uploader_->finish();
 }
 
 }  // namespace longctx::models

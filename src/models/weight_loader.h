@@ -28,10 +28,8 @@ class WeightLoader {
   // The rows of `parts` (each [rows_i, cols], same cols) concatenated: [sum rows_i, cols].
   // Undefined parts are not allowed; returns undefined when every part is undefined.
   Tensor load_fused(std::initializer_list<Tensor> parts);
-  // Waits for every copy; afterwards seconds() / bytes() describe the whole load.
+  // Waits for every copy.
   void finish();
-  double seconds() const { return seconds_; }
-  int64_t bytes() const { return bytes_; }
 
  private:
   // Copies host tensor `src` (contiguous) into `dst` (contiguous, device_, bf16) at row offset.
@@ -40,8 +38,6 @@ class WeightLoader {
   Device device_;
   DType device_dtype_;
   std::unique_ptr<PinnedUploader> uploader_;
-  double seconds_ = 0;
-  int64_t bytes_ = 0;
 };
 
 }  // namespace longctx::models
