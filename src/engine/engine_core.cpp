@@ -173,6 +173,31 @@ void EngineCore::finish(Sequence& seq, FinishReason reason, double now) {
   seq.output.metrics.num_generated_tokens = seq.num_generated();
 }
 
+bool EngineCore::abort(uint64_t id) {
+  const double now = now_seconds();
+  if (running_ != nullptr && running_->id == id) {
+    executor_->release(id);
+    finish(*running_, FinishReason::kAbort, now);
+    finished_.push_back(std::move(running_));
+    return true;
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if ((*it)->id != id) continue;
+    finish(**it, FinishReason::kAbort, now);
+    finished_.push_back(std::move(*it));
+    waiting_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+EngineStats EngineCore::stats() const {
+  EngineStats s;
+  s.num_running = running_ != nullptr ? 1 : 0;
+  s.num_waiting = static_cast<int64_t>(waiting_.size());
+  return s;
+}
+
 void EngineCore::abort_all() {
   if (running_ != nullptr) executor_->release(running_->id);
   running_.reset();

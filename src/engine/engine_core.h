@@ -32,6 +32,20 @@ struct StepUpdate {
   bool finished = false;
 };
 
+// Counters for metrics (the server's /metrics, `longctx bench`). Token counts are totals since
+// the core was made; the block counts are a snapshot.
+struct EngineStats {
+  int64_t num_running = 0;            // sequences holding KV blocks
+  int64_t num_waiting = 0;            // queued (new or preempted)
+  int64_t kv_blocks_total = 0;        // 0 for executors without a block pool
+  int64_t kv_blocks_used = 0;
+  int64_t prefix_cache_queries = 0;   // prompt tokens looked up in the prefix cache
+  int64_t prefix_cache_hits = 0;      // of those, tokens found cached
+  int64_t num_preemptions = 0;
+  int64_t prompt_tokens = 0;          // prompt tokens computed (hits excluded)
+  int64_t generation_tokens = 0;      // tokens sampled
+};
+
 struct StepStats {
   int64_t prefill_tokens = 0;  // prompt tokens run this step
   int64_t decode_tokens = 0;   // single-token decode steps run
@@ -56,8 +70,13 @@ class EngineCore {
   std::vector<StepUpdate> step(StepStats* stats = nullptr);
   // Outputs of the sequences finished so far (their Sequence objects are freed).
   std::vector<RequestOutput> take_finished();
+  // Aborts request `id` at any point of its life: its blocks are freed at once and it finishes
+  // with FinishReason::kAbort (its output, tokens so far, comes out of take_finished()).
+  // Unknown or already finished ids are ignored. Returns whether it was live.
+  bool abort(uint64_t id);
   // Drops every request (after an error), freeing what the executor holds for them.
   void abort_all();
+  EngineStats stats() const;
 
   const EngineCoreOptions& options() const { return options_; }
   int64_t vocab_size() const { return executor_->vocab_size(); }

@@ -10,6 +10,8 @@ const char* finish_reason_name(FinishReason reason) {
       return "stop";
     case FinishReason::kLength:
       return "length";
+    case FinishReason::kAbort:
+      return "abort";
     case FinishReason::kNone:
       break;
   }

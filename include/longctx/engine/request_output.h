@@ -10,9 +10,10 @@
 namespace longctx {
 
 // vLLM / OpenAI naming: "stop" = the model ended it (EOS, a stop token or a stop string),
-// "length" = max_tokens or the context length ran out. StopReason says which stop it was.
-enum class FinishReason { kNone, kStop, kLength };
-const char* finish_reason_name(FinishReason reason);  // "", "stop", "length"
+// "length" = max_tokens or the context length ran out, "abort" = the caller aborted it (a
+// client that went away, a server shutting down). StopReason says which stop it was.
+enum class FinishReason { kNone, kStop, kLength, kAbort };
+const char* finish_reason_name(FinishReason reason);  // "", "stop", "length", "abort"
 
 struct StopReason {
   enum class Kind { kNone, kEos, kStopToken, kStopString };
