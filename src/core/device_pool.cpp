@@ -80,6 +80,7 @@ void DevicePool::split_locked(Block* b, size_t size, FreeList& list) {
   tail->ptr = b->ptr + size;
   tail->size = b->size - size;
   tail->small = b->small;
+  tail->owner = b->owner;
   tail->prev = b;
   tail->next = b->next;
   if (b->next) b->next->prev = tail;
@@ -88,8 +89,17 @@ void DevicePool::split_locked(Block* b, size_t size, FreeList& list) {
   list.insert(tail);
 }
 
-DevicePool::Block* DevicePool::new_segment_locked(size_t segment_bytes, size_t request,
-                                                  bool small) {
+DevicePool::FreeList& DevicePool::list_of_locked(uint64_t owner, bool small) {
+  FreeLists& l = owner == 0 ? shared_ : private_.at(owner);
+  return small ? l.small : l.large;
+}
+
+uint64_t DevicePool::allocation_owner_locked() const {
+  return active_private_ != 0 && std::this_thread::get_id() == active_thread_ ? active_private_ : 0;
+}
+
+DevicePool::Block* DevicePool::new_segment_locked(size_t segment_bytes, size_t request, bool small,
+                                                  uint64_t owner) {
   const int64_t budget = budget_locked();
   if (reserved_ + static_cast<int64_t>(segment_bytes) > budget) release_cached_locked();
   if (reserved_ + static_cast<int64_t>(segment_bytes) > budget) throw_oom_locked(request, "");
@@ -108,7 +118,8 @@ DevicePool::Block* DevicePool::new_segment_locked(size_t segment_bytes, size_t r
   b->ptr = static_cast<char*>(p);
   b->size = segment_bytes;
   b->small = small;
-  segments_[b->ptr] = Segment{b, segment_bytes};
+  b->owner = owner;
+  segments_[b->ptr] = Segment{b, segment_bytes, owner};
   reserved_ += static_cast<int64_t>(segment_bytes);
   return b;
 }
@@ -120,12 +131,13 @@ void* DevicePool::allocate(size_t bytes) {
   const size_t size = round_size(bytes);
   const bool small = size < kSmallLimit;
   std::lock_guard<std::mutex> lock(mu_);
-  FreeList& list = small ? small_free_ : large_free_;
+  const uint64_t owner = allocation_owner_locked();
+  FreeList& list = list_of_locked(owner, small);
   Block* b = take_free_locked(list, size);
   if (!b) {
     const size_t seg =
         small ? kSmallSegment : (size + kLargeRounding - 1) / kLargeRounding * kLargeRounding;
-    b = new_segment_locked(seg, bytes, small);
+    b = new_segment_locked(seg, bytes, small, owner);
   }
   // A small tail is worth keeping at any size; a large segment's tail only from 1 MiB on, so the
   // large list does not fill with slivers no large request can use.
@@ -148,7 +160,7 @@ void DevicePool::free(void* ptr) {
   live_.erase(it);
   in_use_ -= static_cast<int64_t>(b->size);
   b->allocated = false;
-  FreeList& list = b->small ? small_free_ : large_free_;
+  FreeList& list = list_of_locked(b->owner, b->small);
   if (b->prev && !b->prev->allocated) {
     Block* p = b->prev;
     list.erase(p);
@@ -173,8 +185,9 @@ size_t DevicePool::release_cached_locked() {
   size_t released = 0;
   for (auto it = segments_.begin(); it != segments_.end();) {
     Block* first = it->second.first;
-    if (!first->allocated && first->size == it->second.size) {
-      (first->small ? small_free_ : large_free_).erase(first);
+    // A private segment stays: a captured graph may still use its addresses.
+    if (it->second.owner == 0 && !first->allocated && first->size == it->second.size) {
+      (first->small ? shared_.small : shared_.large).erase(first);
       backend_->raw_free(first->ptr);
       reserved_ -= static_cast<int64_t>(it->second.size);
       released += it->second.size;
@@ -241,6 +254,74 @@ size_t DevicePool::block_size(const void* ptr) {
 int64_t DevicePool::num_segments() {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(segments_.size());
+}
+
+uint64_t DevicePool::create_private_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_private_++;
+  private_[id];
+  return id;
+}
+
+void DevicePool::begin_private(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LONGCTX_CHECK(private_.count(id) == 1, ErrorCode::kInvalidArgument,
+                "device pool on {}: private pool {} does not exist (or was released)",
+                backend_->device_name(), id);
+  LONGCTX_CHECK(active_private_ == 0, ErrorCode::kInvalidArgument,
+                "device pool on {}: private pool {} is active already; one at a time",
+                backend_->device_name(), active_private_);
+  active_private_ = id;
+  active_thread_ = std::this_thread::get_id();
+}
+
+void DevicePool::end_private() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (active_private_ != 0 && std::this_thread::get_id() == active_thread_) active_private_ = 0;
+}
+
+void DevicePool::release_private_pool(uint64_t id) {
+  if (id == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto pool = private_.find(id);
+  if (pool == private_.end()) return;
+  if (active_private_ == id) active_private_ = 0;
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    Segment& seg = it->second;
+    if (seg.owner != id) {
+      ++it;
+      continue;
+    }
+    seg.owner = 0;
+    for (Block* b = seg.first; b; b = b->next) {
+      b->owner = 0;
+      if (!b->allocated) (b->small ? shared_.small : shared_.large).insert(b);
+    }
+    if (!seg.first->allocated && seg.first->size == seg.size) {
+      (seg.first->small ? shared_.small : shared_.large).erase(seg.first);
+      backend_->raw_free(seg.first->ptr);
+      reserved_ -= static_cast<int64_t>(seg.size);
+      delete seg.first;
+      it = segments_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  private_.erase(pool);
+}
+
+int64_t DevicePool::private_reserved(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const auto& [base, seg] : segments_)
+    if (id != 0 && seg.owner == id) n += static_cast<int64_t>(seg.size);
+  return n;
+}
+
+uint64_t DevicePool::owner_of(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(const_cast<void*>(ptr));
+  return it == live_.end() ? 0 : it->second->owner;
 }
 
 }  // namespace detail

@@ -21,6 +21,16 @@
 // per device). Memory another stream still reads must be kept alive by its owner until an event
 // says that stream is done.
 //
+// CUDA-graph pools (as PyTorch's graph memory pools). A captured graph keeps the addresses of
+// every buffer its kernels touched, so that memory must never be handed to anyone else while the
+// graph lives. While a private pool is active on a thread (begin_private .. end_private), that
+// thread's allocations come from segments of the private pool only; a private block goes back to
+// its own pool's free lists whenever it is freed (during or after the capture), and
+// release_cached() never returns a private segment to the backend. Graphs captured one after
+// another may share a pool when they never run at the same time. Private segments count in the
+// budget like any other. release_private_pool() turns the pool's segments into ordinary ones
+// (blocks still live stay valid) and returns the wholly free ones to the backend.
+//
 // Thread-safe: one mutex per pool.
 #pragma once
 
@@ -30,6 +40,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "longctx/core/device_memory.h"
@@ -76,12 +87,28 @@ class DevicePool {
   size_t block_size(const void* ptr);
   int64_t num_segments();
 
+  // A new, empty private pool (see the header comment); ids are never reused.
+  uint64_t create_private_pool();
+  // Routes the calling thread's allocations to private pool `id` until end_private(). One private
+  // pool is active at a time; throws Error(kInvalidArgument) for an unknown or released id, or
+  // while another pool (or thread) is active.
+  void begin_private(uint64_t id);
+  // Ends the active private pool of the calling thread (no-op when there is none).
+  void end_private();
+  // See the header comment; unknown ids are ignored.
+  void release_private_pool(uint64_t id);
+  // Bytes of segments private pool `id` holds from the backend.
+  int64_t private_reserved(uint64_t id);
+  // The private pool ptr's block belongs to (0: the shared pool or not live).
+  uint64_t owner_of(const void* ptr);
+
  private:
   struct Block {
     char* ptr = nullptr;
     size_t size = 0;
     bool allocated = false;
     bool small = false;     // from a small segment
+    uint64_t owner = 0;     // private pool of its segment (0: shared)
     Block* prev = nullptr;  // neighbours in the same segment, by address
     Block* next = nullptr;
   };
@@ -91,23 +118,33 @@ class DevicePool {
     }
   };
   using FreeList = std::set<Block*, BlockLess>;
+  struct FreeLists {
+    FreeList small, large;
+  };
   struct Segment {
     Block* first = nullptr;  // lowest-address block; the chain covers the whole segment
     size_t size = 0;
+    uint64_t owner = 0;  // private pool (0: shared)
   };
 
   static size_t round_size(size_t bytes);
   int64_t budget_locked();  // computes and caches the device total on first use
   std::string budget_origin_locked();
   Block* take_free_locked(FreeList& list, size_t size);
-  Block* new_segment_locked(size_t segment_bytes, size_t request, bool small);
+  Block* new_segment_locked(size_t segment_bytes, size_t request, bool small, uint64_t owner);
   void split_locked(Block* b, size_t size, FreeList& list);
+  FreeList& list_of_locked(uint64_t owner, bool small);
+  uint64_t allocation_owner_locked() const;
   size_t release_cached_locked();
   [[noreturn]] void throw_oom_locked(size_t request, const std::string& why);
 
   DevicePoolBackend* backend_;
   std::mutex mu_;
-  FreeList small_free_, large_free_;
+  FreeLists shared_;
+  std::unordered_map<uint64_t, FreeLists> private_;  // live private pools by id
+  uint64_t next_private_ = 1;
+  uint64_t active_private_ = 0;  // 0: none
+  std::thread::id active_thread_;
   std::unordered_map<void*, Block*> live_;  // allocated blocks by address
   std::map<char*, Segment> segments_;       // by base address
   int64_t limit_bytes_ = 0;

@@ -12,13 +12,27 @@ double now_seconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
+namespace {
+
+KVBlockLayout layout_of(const Executor* executor) {
+  LONGCTX_CHECK(executor != nullptr, ErrorCode::kInvalidArgument, "null executor");
+  const KVBlockLayout l = executor->kv_layout();
+  LONGCTX_CHECK(l.num_blocks > 0 && l.block_size > 0, ErrorCode::kInvalidArgument,
+                "executor offers {} KV blocks of {} tokens", l.num_blocks, l.block_size);
+  return l;
+}
+
+}  // namespace
+
 EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* tokenizer,
                        EngineCoreOptions options)
     : executor_(std::move(executor)),
       tokenizer_(tokenizer),
       options_(std::move(options)),
+      blocks_(layout_of(executor_.get()).num_blocks, layout_of(executor_.get()).block_size,
+              options_.enable_prefix_caching),
+      scheduler_(options_.scheduler, blocks_),
       seed_rng_(options_.seed) {
-  LONGCTX_CHECK(executor_ != nullptr, ErrorCode::kInvalidArgument, "null executor");
   LONGCTX_CHECK(options_.max_model_len > 0, ErrorCode::kInvalidArgument,
                 "max_model_len must be > 0, got {}", options_.max_model_len);
 }
@@ -48,6 +62,20 @@ void EngineCore::check_request(std::span<const int32_t> prompt,
   }
   LONGCTX_CHECK(params.stop.empty() || tokenizer_ != nullptr, ErrorCode::kInvalidArgument,
                 "stop strings need a tokenizer (this engine has none: use stop_token_ids)");
+  // Every sequence must fit the pool alone, or the scheduler could never finish it.
+  const int64_t most = max_total_tokens(n, params);
+  LONGCTX_CHECK(blocks_.blocks_for(most) <= blocks_.num_blocks(), ErrorCode::kOutOfMemory,
+                "the request may need KV for {} tokens (a {}-token prompt + max_tokens {}, capped "
+                "by max_model_len {}), more than the whole KV cache holds ({} blocks of {} "
+                "tokens = {} tokens): lower max_tokens or give the KV cache more memory",
+                most, n, params.max_tokens, options_.max_model_len, blocks_.num_blocks(),
+                blocks_.block_size(), blocks_.num_blocks() * blocks_.block_size());
+}
+
+int64_t EngineCore::max_total_tokens(int64_t prompt_len, const SamplingParams& params) const {
+  // Compared as a difference: prompt + max_tokens overflows for max_tokens near INT64_MAX.
+  return params.max_tokens >= options_.max_model_len - prompt_len ? options_.max_model_len
+                                                                  : prompt_len + params.max_tokens;
 }
 
 uint64_t EngineCore::add_request(size_t index, std::vector<int32_t> prompt,
@@ -57,10 +85,7 @@ uint64_t EngineCore::add_request(size_t index, std::vector<int32_t> prompt,
   seq->id = next_id_++;
   seq->params = params;
   seq->num_prompt_tokens = static_cast<int64_t>(prompt.size());
-  // Compared as a difference: prompt + max_tokens overflows for max_tokens near INT64_MAX.
-  seq->max_total_tokens = params.max_tokens >= options_.max_model_len - seq->num_prompt_tokens
-                              ? options_.max_model_len
-                              : seq->num_prompt_tokens + params.max_tokens;
+  seq->max_total_tokens = max_total_tokens(seq->num_prompt_tokens, params);
   const uint64_t seed = params.seed ? *params.seed : seed_rng_();
   seq->sampler = SamplerState(params, seed, prompt);
   seq->stop_matcher = StopStringMatcher(params.stop);
@@ -73,41 +98,79 @@ uint64_t EngineCore::add_request(size_t index, std::vector<int32_t> prompt,
   seq->output.metrics.num_prompt_tokens = seq->num_prompt_tokens;
   seq->tokens = std::move(prompt);
   const uint64_t id = seq->id;
-  waiting_.push_back(std::move(seq));
+  scheduler_.add(seq.get());
+  live_.emplace(id, std::move(seq));
   return id;
 }
 
 std::vector<StepUpdate> EngineCore::step(StepStats* stats) {
   std::vector<StepUpdate> updates;
   const double t0 = now_seconds();
-  if (running_ == nullptr) {
-    if (waiting_.empty()) return updates;
-    running_ = std::move(waiting_.front());
-    waiting_.pop_front();
-    running_->status = SequenceStatus::kRunning;
-    running_->output.metrics.scheduled = t0;
+  SchedulerOutput out = scheduler_.schedule();
+  if (out.empty()) {
+    // Every live sequence fits the pool alone, so an empty step with work left is a bug.
+    LONGCTX_CHECK(scheduler_.empty(), ErrorCode::kInternal,
+                  "scheduler: nothing runnable with {} running and {} waiting sequences",
+                  scheduler_.num_running(), scheduler_.num_waiting());
+    return updates;
   }
-  Sequence& seq = *running_;
-  StepInput input{seq.id, seq.tokens, seq.num_computed, seq.max_total_tokens};
-  const int64_t fed = static_cast<int64_t>(seq.tokens.size()) - seq.num_computed;
-  Tensor logits = executor_->execute(std::span<const StepInput>(&input, 1));
-  seq.num_computed = static_cast<int64_t>(seq.tokens.size());
-  const int64_t vocab = vocab_size();
-  SampleResult sample =
-      sample_token(std::span<const float>(logits.data<float>(), vocab), seq.params, seq.sampler);
+  std::vector<StepInput> inputs;
+  inputs.reserve(out.seqs.size());
+  int64_t prefill = 0, decode = 0;
+  for (const ScheduledSeq& s : out.seqs) {
+    Sequence& seq = *s.seq;
+    if (seq.output.metrics.scheduled == 0) seq.output.metrics.scheduled = t0;
+    const int64_t end = seq.num_computed + s.num_new;
+    inputs.push_back({seq.id, seq.tokens, seq.num_computed, s.num_new,
+                      blocks_.table(seq.id).first(blocks_.blocks_for(end)), s.sample});
+    const bool is_decode = s.num_new == 1 && seq.num_generated() > 0 &&
+                           seq.num_computed == static_cast<int64_t>(seq.tokens.size()) - 1;
+    (is_decode ? decode : prefill) += s.num_new;
+  }
+  Tensor logits;
+  try {
+    logits = executor_->execute(inputs, out.copies);
+  } catch (...) {
+    scheduler_.fail(out);
+    throw;
+  }
+  scheduler_.complete(out);
+  prompt_tokens_ += prefill;
+
+  std::vector<Sequence*> rows;
+  std::vector<const SamplingParams*> params;
+  std::vector<SamplerState*> states;
+  for (const ScheduledSeq& s : out.seqs) {
+    if (!s.sample) continue;
+    rows.push_back(s.seq);
+    params.push_back(&s.seq->params);
+    states.push_back(&s.seq->sampler);
+  }
+  std::vector<SampleResult> samples = executor_->sample(logits, params, states);
+  LONGCTX_CHECK(samples.size() == rows.size(), ErrorCode::kInternal,
+                "executor sampled {} tokens for {} rows", samples.size(), rows.size());
   const double t1 = now_seconds();
+  generation_tokens_ += static_cast<int64_t>(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    updates.push_back(postprocess(*rows[i], samples[i], t1));
+    if (updates.back().finished) {
+      scheduler_.remove(rows[i]);
+      retire(rows[i]->id);
+    }
+  }
   if (stats != nullptr) {
-    const bool prefill = seq.num_generated() == 0;
-    stats->prefill_tokens += prefill ? fed : 0;
-    stats->decode_tokens += prefill ? 0 : 1;
+    stats->prefill_tokens += prefill;
+    stats->decode_tokens += decode;
     stats->seconds += t1 - t0;
   }
-  updates.push_back(postprocess(seq, sample, t1));
-  if (updates.back().finished) {
-    executor_->release(seq.id);
-    finished_.push_back(std::move(running_));
-  }
   return updates;
+}
+
+void EngineCore::retire(uint64_t id) {
+  auto it = live_.find(id);
+  LONGCTX_CHECK(it != live_.end(), ErrorCode::kInternal, "engine: sequence {} is not live", id);
+  finished_.push_back(std::move(it->second));
+  live_.erase(it);
 }
 
 StepUpdate EngineCore::postprocess(Sequence& seq, const SampleResult& sample, double now) {
@@ -174,34 +237,34 @@ void EngineCore::finish(Sequence& seq, FinishReason reason, double now) {
 }
 
 bool EngineCore::abort(uint64_t id) {
-  const double now = now_seconds();
-  if (running_ != nullptr && running_->id == id) {
-    executor_->release(id);
-    finish(*running_, FinishReason::kAbort, now);
-    finished_.push_back(std::move(running_));
-    return true;
-  }
-  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-    if ((*it)->id != id) continue;
-    finish(**it, FinishReason::kAbort, now);
-    finished_.push_back(std::move(*it));
-    waiting_.erase(it);
-    return true;
-  }
-  return false;
+  auto it = live_.find(id);
+  if (it == live_.end()) return false;
+  Sequence& seq = *it->second;
+  scheduler_.remove(&seq);
+  seq.output.text = seq.stop_matcher.text();
+  finish(seq, FinishReason::kAbort, now_seconds());
+  retire(id);
+  return true;
 }
 
 EngineStats EngineCore::stats() const {
   EngineStats s;
-  s.num_running = running_ != nullptr ? 1 : 0;
-  s.num_waiting = static_cast<int64_t>(waiting_.size());
+  s.num_running = scheduler_.num_running();
+  s.num_waiting = scheduler_.num_waiting();
+  const BlockManagerStats b = blocks_.stats();
+  s.kv_blocks_total = b.num_blocks;
+  s.kv_blocks_used = b.used_blocks;
+  s.prefix_cache_queries = b.queries;
+  s.prefix_cache_hits = b.hits;
+  s.num_preemptions = scheduler_.num_preemptions();
+  s.prompt_tokens = prompt_tokens_;
+  s.generation_tokens = generation_tokens_;
   return s;
 }
 
 void EngineCore::abort_all() {
-  if (running_ != nullptr) executor_->release(running_->id);
-  running_.reset();
-  waiting_.clear();
+  for (auto& [id, seq] : live_) scheduler_.remove(seq.get());
+  live_.clear();
   finished_.clear();
 }
 

@@ -1,7 +1,8 @@
-// The request loop: admits requests (validated up front), runs them through an Executor, samples,
-// detokenizes and applies the stop rules. Scheduling is first-come first-served, one sequence per
-// step (the CPU model runs one sequence per forward); step() is the seam where a batching
-// scheduler takes over.
+// The request loop: admits requests (validated up front), and each step() asks the Scheduler for
+// the next batch (continuous batching: sequences join and leave between steps), runs it through
+// the Executor, samples, detokenizes and applies the stop rules. KV blocks come from the
+// BlockManager (prefix caching); the executor only reads the block tables it is given.
+// Single-threaded: one thread owns a core (EngineLoop drives one from a thread of its own).
 #pragma once
 
 #include <cstdint>
@@ -10,9 +11,12 @@
 #include <random>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "kv/block_manager.h"
 #include "longctx/engine/executor.h"
 
 namespace longctx {
@@ -23,6 +27,8 @@ struct EngineCoreOptions {
   int64_t max_model_len = 0;           // tokens per sequence (prompt + generated)
   std::vector<int64_t> eos_token_ids;  // the model's EOS tokens (generation_config.json)
   uint64_t seed = 0;                   // seeds requests that bring none
+  SchedulerConfig scheduler;           // token and sequence budgets per step
+  bool enable_prefix_caching = true;
 };
 
 struct StepUpdate {
@@ -35,15 +41,15 @@ struct StepUpdate {
 // Counters for metrics (the server's /metrics, `longctx bench`). Token counts are totals since
 // the core was made; the block counts are a snapshot.
 struct EngineStats {
-  int64_t num_running = 0;            // sequences holding KV blocks
-  int64_t num_waiting = 0;            // queued (new or preempted)
-  int64_t kv_blocks_total = 0;        // 0 for executors without a block pool
+  int64_t num_running = 0;  // sequences holding KV blocks
+  int64_t num_waiting = 0;  // queued (new or preempted)
+  int64_t kv_blocks_total = 0;
   int64_t kv_blocks_used = 0;
-  int64_t prefix_cache_queries = 0;   // prompt tokens looked up in the prefix cache
-  int64_t prefix_cache_hits = 0;      // of those, tokens found cached
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up in the prefix cache
+  int64_t prefix_cache_hits = 0;     // of those, tokens found cached
   int64_t num_preemptions = 0;
-  int64_t prompt_tokens = 0;          // prompt tokens computed (hits excluded)
-  int64_t generation_tokens = 0;      // tokens sampled
+  int64_t prompt_tokens = 0;      // prompt tokens computed (hits excluded)
+  int64_t generation_tokens = 0;  // tokens sampled
 };
 
 struct StepStats {
@@ -60,13 +66,14 @@ class EngineCore {
   ~EngineCore();
 
   // Throws Error naming the problem: empty prompt, prompt longer than max_model_len, token ids
-  // outside the vocabulary, invalid sampling parameters.
+  // outside the vocabulary, invalid sampling parameters, a request whose KV (prompt + max_tokens,
+  // capped by max_model_len) could never fit the executor's whole KV pool (kOutOfMemory).
   void check_request(std::span<const int32_t> prompt, const SamplingParams& params) const;
   // Queues a request (checked first); `index` is echoed in its output. Returns its id.
   uint64_t add_request(size_t index, std::vector<int32_t> prompt, const SamplingParams& params,
                        double arrival_time);
 
-  bool has_unfinished() const { return !waiting_.empty() || running_ != nullptr; }
+  bool has_unfinished() const { return !scheduler_.empty(); }
   std::vector<StepUpdate> step(StepStats* stats = nullptr);
   // Outputs of the sequences finished so far (their Sequence objects are freed).
   std::vector<RequestOutput> take_finished();
@@ -80,20 +87,28 @@ class EngineCore {
 
   const EngineCoreOptions& options() const { return options_; }
   int64_t vocab_size() const { return executor_->vocab_size(); }
+  Executor& executor() { return *executor_; }
+  // For tests: every block-manager invariant holds (throws Error(kInternal) otherwise).
+  void check_consistency() const { blocks_.check_consistency(); }
 
  private:
+  int64_t max_total_tokens(int64_t prompt_len, const SamplingParams& params) const;
   // Appends a sampled token and applies stops and detokenization.
   StepUpdate postprocess(Sequence& seq, const SampleResult& sample, double now);
   void finish(Sequence& seq, FinishReason reason, double now);
+  // Moves a finished sequence out of the live set (its blocks already freed).
+  void retire(uint64_t id);
 
   std::unique_ptr<Executor> executor_;
   const Tokenizer* tokenizer_;
   EngineCoreOptions options_;
+  BlockManager blocks_;
+  Scheduler scheduler_;
   std::mt19937_64 seed_rng_;
   uint64_t next_id_ = 0;
-  std::deque<std::unique_ptr<Sequence>> waiting_;
-  std::unique_ptr<Sequence> running_;
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> live_;  // queued or running
   std::vector<std::unique_ptr<Sequence>> finished_;
+  int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
 };
 
 double now_seconds();  // steady clock

@@ -1,91 +1,112 @@
 #include "longctx/engine/executor.h"
 
 #include <cstring>
-#include <numeric>
-#include <unordered_map>
 
-#include "attention/backends/cpu_backend.h"
+#include "attention/backends/cpu_paged_backend.h"
+#include "engine/step_batch.h"
+#include "kv/paged_kv_pool.h"
 #include "longctx/core/error.h"
 #include "longctx/models/model.h"
 
 namespace longctx {
 
+std::vector<SampleResult> Executor::sample(const Tensor& logits,
+                                           std::span<const SamplingParams* const> params,
+                                           std::span<SamplerState* const> states) {
+  LONGCTX_CHECK(params.size() == states.size(), ErrorCode::kInternal,
+                "sample: {} parameter sets for {} states", params.size(), states.size());
+  std::vector<SampleResult> out;
+  if (params.empty()) return out;
+  const Tensor host = logits.device().is_cpu() ? logits : logits.to(Device::cpu());
+  const int64_t vocab = vocab_size();
+  LONGCTX_CHECK(host.dtype() == DType::kF32 && host.numel() == vocab * int64_t(params.size()),
+                ErrorCode::kInternal, "sample: logits {} for {} rows of vocab {}", host.str(),
+                params.size(), vocab);
+  out.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    out.push_back(sample_token(std::span<const float>(host.data<float>() + i * vocab, vocab),
+                               *params[i], *states[i]));
+  }
+  return out;
+}
+
 namespace {
+
+constexpr int64_t kDefaultCpuKvBytes = 4ll << 30;
 
 class CpuExecutor final : public Executor {
  public:
-  explicit CpuExecutor(std::shared_ptr<Model> model) : model_(std::move(model)) {}
-
-  int64_t vocab_size() const override { return model_->config().vocab_size; }
-
-  // Every input in one batched forward (each sequence over its own cache).
-  Tensor execute(std::span<const StepInput> inputs) override {
-    const int64_t vocab = vocab_size();
-    ForwardBatch batch;
-    std::vector<KVCache*> caches;
-    for (const StepInput& in : inputs) {
-      auto it = caches_.find(in.seq_id);
-      if (it == caches_.end()) {
-        LONGCTX_ASSERT(in.num_computed == 0, "sequence {} has no cache but {} computed tokens",
-                       in.seq_id, in.num_computed);
-        it = caches_.emplace(in.seq_id, model_->make_cache(in.max_tokens)).first;
-      }
-      KVCache& cache = *it->second;
-      LONGCTX_ASSERT(cache.length() == in.num_computed, "cache holds {} tokens, expected {}",
-                     cache.length(), in.num_computed);
-      auto ids = in.all_tokens.subspan(in.num_computed);
-      LONGCTX_ASSERT(!ids.empty(), "nothing to run for sequence {}", in.seq_id);
-      batch.add_sequence(in.seq_id, ids.data(), static_cast<int64_t>(ids.size()),
-                         in.num_computed, /*want_logits=*/true);
-      caches.push_back(&cache);
-    }
-    CpuAttentionBackend attention(std::move(caches), model_->attention_scale());
-    Tensor logits = model_->forward(batch, attention);
-    attention.commit();
-    LONGCTX_ASSERT(logits.numel() == vocab * static_cast<int64_t>(inputs.size()),
-                   "model returned {} logits for {} rows of vocab {}", logits.shape_str(),
-                   inputs.size(), vocab);
-    return logits;
+  CpuExecutor(std::shared_ptr<Model> model, const CpuExecutorOptions& o)
+      : model_(std::move(model)) {
+    const ModelConfig& c = model_->config();
+    PagedKVPoolConfig kv{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, o.block_size, 1,
+                         DType::kF32,         Device::cpu()};
+    LONGCTX_CHECK(o.block_size > 0, ErrorCode::kInvalidArgument,
+                  "CPU executor: block size must be positive, got {}", o.block_size);
+    const int64_t bytes = o.kv_cache_bytes > 0 ? o.kv_cache_bytes : kDefaultCpuKvBytes;
+    kv.num_blocks = o.num_blocks > 0 ? o.num_blocks : bytes / kv.bytes_per_block();
+    LONGCTX_CHECK(kv.num_blocks > 0, ErrorCode::kOutOfMemory,
+                  "CPU KV cache of {} bytes holds no block of {} tokens ({} bytes each)", bytes,
+                  o.block_size, kv.bytes_per_block());
+    pool_ = std::make_unique<PagedKVPool>(kv);
   }
 
-  void release(uint64_t seq_id) override { caches_.erase(seq_id); }
+  int64_t vocab_size() const override { return model_->config().vocab_size; }
+  KVBlockLayout kv_layout() const override { return {pool_->num_blocks(), pool_->block_size()}; }
+
+  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
+    for (const KVBlockCopy& c : copies) copy_kv_block_cpu(*pool_, c.src, c.dst);
+    ForwardBatch batch = make_forward_batch(inputs, pool_->block_size());
+    CpuPagedBackend attention(*pool_, model_->attention_scale());
+    return model_->forward(batch, attention);
+  }
 
  private:
   std::shared_ptr<Model> model_;
-  std::unordered_map<uint64_t, std::unique_ptr<KVCache>> caches_;
+  std::unique_ptr<PagedKVPool> pool_;
 };
 
 class FunctionExecutor final : public Executor {
  public:
-  FunctionExecutor(int64_t vocab, LogitsFn fn) : vocab_(vocab), fn_(std::move(fn)) {}
+  FunctionExecutor(int64_t vocab, LogitsFn fn, KVBlockLayout layout)
+      : vocab_(vocab), fn_(std::move(fn)), layout_(layout) {}
   int64_t vocab_size() const override { return vocab_; }
-  Tensor execute(std::span<const StepInput> inputs) override {
-    Tensor out = Tensor::empty({static_cast<int64_t>(inputs.size()), vocab_}, DType::kF32);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      std::vector<float> row = fn_(inputs[i]);
+  KVBlockLayout kv_layout() const override { return layout_; }
+  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy>) override {
+    int64_t rows = 0;
+    for (const StepInput& in : inputs) rows += in.want_logits ? 1 : 0;
+    Tensor out = Tensor::empty({rows, vocab_}, DType::kF32);
+    int64_t r = 0;
+    for (const StepInput& in : inputs) {
+      if (!in.want_logits) continue;
+      std::vector<float> row = fn_(in);
       LONGCTX_CHECK(static_cast<int64_t>(row.size()) == vocab_, ErrorCode::kInvalidArgument,
                     "logits function returned {} values, vocab is {}", row.size(), vocab_);
-      std::memcpy(out.data<float>() + i * vocab_, row.data(), vocab_ * sizeof(float));
+      std::memcpy(out.data<float>() + r++ * vocab_, row.data(), vocab_ * sizeof(float));
     }
     return out;
   }
-  void release(uint64_t) override {}
 
  private:
   int64_t vocab_;
   LogitsFn fn_;
+  KVBlockLayout layout_;
 };
 
 }  // namespace
 
-std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<Model> model) {
+std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<Model> model,
+                                            const CpuExecutorOptions& options) {
   LONGCTX_CHECK(model != nullptr, ErrorCode::kInvalidArgument, "null model");
-  return std::make_unique<CpuExecutor>(std::move(model));
+  return std::make_unique<CpuExecutor>(std::move(model), options);
 }
 
-std::unique_ptr<Executor> make_function_executor(int64_t vocab_size, LogitsFn fn) {
+std::unique_ptr<Executor> make_function_executor(int64_t vocab_size, LogitsFn fn,
+                                                 KVBlockLayout layout) {
   LONGCTX_CHECK(vocab_size > 0, ErrorCode::kInvalidArgument, "vocab_size must be > 0");
-  return std::make_unique<FunctionExecutor>(vocab_size, std::move(fn));
+  LONGCTX_CHECK(layout.num_blocks > 0 && layout.block_size > 0, ErrorCode::kInvalidArgument,
+                "function executor: {} blocks of {} tokens", layout.num_blocks, layout.block_size);
+  return std::make_unique<FunctionExecutor>(vocab_size, std::move(fn), layout);
 }
 
 }  // namespace longctx

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "attention/backends/paged_backend.h"
+#include "engine/cuda_graphs.h"
+#include "engine/gpu_sampler.h"
+#include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
 #include "loader/weight_spec.h"
 #include "longctx/core/device_memory.h"
@@ -49,11 +52,11 @@ int64_t activation_bytes_per_token(const ModelConfig& c) {
 
 std::string GpuMemoryPlan::str() const {
   return fmt::format(
-      "budget {}: weights {}, activations {}, workspaces {}, KV pool {} ({} blocks of {} "
-      "tokens, {} per block, {} tokens = {} max_model_len sequences)",
+      "budget {}: weights {}, activations {}, workspaces {}, CUDA graphs {}, KV pool {} ({} "
+      "blocks of {} tokens, {} per block, {} tokens = {} max_model_len sequences)",
       format_bytes(budget), format_bytes(weights), format_bytes(activations),
-      format_bytes(workspaces), format_bytes(kv_bytes()), num_kv_blocks, block_size,
-      format_bytes(kv_block_bytes), kv_tokens(),
+      format_bytes(workspaces), format_bytes(graphs), format_bytes(kv_bytes()), num_kv_blocks,
+      block_size, format_bytes(kv_block_bytes), kv_tokens(),
       max_model_len > 0 ? kv_tokens() / max_model_len : 0);
 }
 
@@ -65,11 +68,18 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   p.block_size = resolve_block_size(options);
   p.max_model_len = resolve_max_model_len(config, options);
   p.activations = options.max_num_batched_tokens * activation_bytes_per_token(config);
-  p.workspaces = kWorkspaceBytes + options.max_num_seqs * config.vocab_size * 4;
-  PagedKVPoolConfig kv{config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                       p.block_size, 1, DType::kBF16, Device::cuda()};
+  // Logits rows, and the sampler's copies of penalized rows.
+  p.workspaces = kWorkspaceBytes + 2 * options.max_num_seqs * config.vocab_size * 4;
+  p.graphs = options.enforce_eager ? 0 : decode_graph_memory_bytes(config, options.max_num_seqs);
+  PagedKVPoolConfig kv{config.num_hidden_layers,
+                       config.num_key_value_heads,
+                       config.head_dim,
+                       p.block_size,
+                       1,
+                       DType::kBF16,
+                       Device::cuda()};
   p.kv_block_bytes = kv.bytes_per_block();
-  const int64_t left = budget - p.weights - p.activations - p.workspaces;
+  const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs;
   const int64_t per_seq = (p.max_model_len + p.block_size - 1) / p.block_size;
   p.num_kv_blocks = options.num_gpu_blocks > 0 ? options.num_gpu_blocks
                                                : std::max<int64_t>(0, left / p.kv_block_bytes);
@@ -83,17 +93,10 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
 }
 
 struct GpuRunner::Impl {
-  struct Seq {
+  // Standalone use (no engine): the runner keeps each sequence's blocks itself.
+  struct OwnedSeq {
     std::vector<int32_t> blocks;
     int64_t num_tokens = 0;  // tokens whose K/V are in the pool
-  };
-  // A piece of one input's new tokens run in one forward.
-  struct Piece {
-    size_t input = 0;
-    uint64_t seq_id = 0;
-    std::span<const int32_t> tokens;  // the whole sequence so far
-    int64_t begin = 0, n = 0;         // run tokens [begin, begin + n)
-    bool want_logits = false;         // the input's last token is in this piece
   };
 
   std::shared_ptr<Model> model;
@@ -101,48 +104,58 @@ struct GpuRunner::Impl {
   GpuMemoryPlan plan;
   std::unique_ptr<PagedKVPool> pool;
   std::unique_ptr<AttentionBackend> attention;
-  std::unordered_map<uint64_t, Seq> seqs;
+  std::unordered_map<uint64_t, OwnedSeq> owned;
   uint64_t next_scratch_id = ~uint64_t(0);
+  bool engine_attached = false;
+  std::unique_ptr<GpuSampler> sampler;   // engine mode
+  std::unique_ptr<DecodeGraphs> graphs;  // engine mode, unless enforce_eager
+  int64_t max_blocks = 0;                // block-table entries per step (backend limit)
 
-  void ensure_blocks(Seq& s, int64_t tokens) {
-    const int64_t need = (tokens + pool->block_size() - 1) / pool->block_size();
-    if (need <= static_cast<int64_t>(s.blocks.size())) return;
-    std::vector<int32_t> more = pool->allocate(need - static_cast<int64_t>(s.blocks.size()));
-    s.blocks.insert(s.blocks.end(), more.begin(), more.end());
+  void check_standalone() const {
+    LONGCTX_CHECK(!engine_attached, ErrorCode::kInvalidArgument,
+                  "GPU runner: an engine owns this runner's KV blocks; standalone calls "
+                  "(execute_standalone, prompt_logits) need a runner of their own");
   }
 
-  // One forward over `pieces` (distinct sequences); returns device f32 logits of the rows asked
-  // for (`all_rows`: every token of every piece, else the pieces with want_logits).
-  Tensor run(const std::vector<Piece>& pieces, bool all_rows) {
-    ForwardBatch batch;
-    batch.block_table_indptr.push_back(0);
-    const int64_t bs = pool->block_size();
-    for (const Piece& p : pieces) {
-      Seq& s = seqs[p.seq_id];
-      LONGCTX_CHECK(s.num_tokens == p.begin, ErrorCode::kInternal,
-                    "GPU runner: sequence {} holds {} tokens, the step starts at {}", p.seq_id,
-                    s.num_tokens, p.begin);
-      ensure_blocks(s, p.begin + p.n);
-      const int64_t row0 = batch.num_tokens();
-      batch.add_sequence(p.seq_id, p.tokens.data() + p.begin, p.n, p.begin,
-                         p.want_logits && !all_rows);
-      if (all_rows)
-        for (int64_t i = 0; i < p.n; ++i) batch.logits_indices.push_back(int32_t(row0 + i));
-      const int64_t blocks = (p.begin + p.n + bs - 1) / bs;
-      batch.block_tables.insert(batch.block_tables.end(), s.blocks.begin(),
-                                s.blocks.begin() + blocks);
-      batch.block_table_indptr.push_back(static_cast<int32_t>(batch.block_tables.size()));
-      for (int64_t j = p.begin; j < p.begin + p.n; ++j)
-        batch.slot_mapping.push_back(int64_t(s.blocks[j / bs]) * bs + j % bs);
+  void copy_blocks(std::span<const KVBlockCopy> copies) {
+    for (const KVBlockCopy& c : copies) {
+      LONGCTX_CHECK(
+          c.src >= 0 && c.src < pool->num_blocks() && c.dst >= 0 && c.dst < pool->num_blocks(),
+          ErrorCode::kInternal, "GPU runner: KV block copy {} -> {} outside {} blocks", c.src,
+          c.dst, pool->num_blocks());
+      for (int64_t l = 0; l < pool->config().num_layers; ++l) {
+        pool->k(l).select(0, c.dst).copy_from(pool->k(l).select(0, c.src));
+        pool->v(l).select(0, c.dst).copy_from(pool->v(l).select(0, c.src));
+      }
     }
-    Tensor logits = model->forward(batch, *attention);
-    for (const Piece& p : pieces) seqs[p.seq_id].num_tokens = p.begin + p.n;
-    return logits;
   }
 
-  // Cuts the inputs' new tokens into forwards of at most max_num_batched_tokens tokens and
-  // max_num_seqs sequences; a piece cut short continues in the next forward.
-  std::vector<std::vector<Piece>> schedule(std::span<const StepInput> inputs) const {
+  // One forward; device f32 logits of the rows the batch asks for.
+  Tensor forward(const ForwardBatch& batch) {
+    LONGCTX_CHECK(batch.num_tokens() <= options.max_num_batched_tokens &&
+                      batch.num_seqs() <= options.max_num_seqs,
+                  ErrorCode::kInvalidArgument,
+                  "GPU runner: a step of {} tokens in {} sequences exceeds the runner's limits "
+                  "({} tokens, {} sequences)",
+                  batch.num_tokens(), batch.num_seqs(), options.max_num_batched_tokens,
+                  options.max_num_seqs);
+    for (int32_t len : batch.kv_lens) {
+      LONGCTX_CHECK(len <= plan.max_model_len, ErrorCode::kOutOfRange,
+                    "GPU runner: a sequence reaches {} tokens, past max_model_len {}", len,
+                    plan.max_model_len);
+    }
+    return model->forward(batch, *attention);
+  }
+
+  // Standalone: the inputs' new tokens (num_new 0 = all the rest) cut into forwards of at most
+  // max_num_batched_tokens tokens and max_num_seqs sequences, over the runner's own blocks.
+  // `all_rows`: logits of every new token, else of each input's last.
+  std::vector<std::pair<std::vector<size_t>, Tensor>> run_owned(std::span<const StepInput> inputs,
+                                                                bool all_rows) {
+    struct Piece {
+      size_t input;
+      StepInput step;
+    };
     std::vector<std::vector<Piece>> batches(1);
     int64_t room = options.max_num_batched_tokens;
     auto flush = [&] {
@@ -151,24 +164,64 @@ struct GpuRunner::Impl {
     };
     for (size_t i = 0; i < inputs.size(); ++i) {
       const StepInput& in = inputs[i];
-      const int64_t end = static_cast<int64_t>(in.all_tokens.size());
-      LONGCTX_CHECK(in.num_computed < end, ErrorCode::kInvalidArgument,
-                    "GPU runner: nothing to run for sequence {}", in.seq_id);
-      LONGCTX_CHECK(end <= plan.max_model_len, ErrorCode::kOutOfRange,
-                    "GPU runner: sequence {} reaches {} tokens, past max_model_len {}",
-                    in.seq_id, end, plan.max_model_len);
+      const int64_t end = in.num_new > 0 ? in.num_computed + in.num_new
+                                         : static_cast<int64_t>(in.all_tokens.size());
+      LONGCTX_CHECK(in.num_computed < end && end <= static_cast<int64_t>(in.all_tokens.size()),
+                    ErrorCode::kInvalidArgument,
+                    "GPU runner: sequence {} runs tokens [{}, {}) of {}", in.seq_id,
+                    in.num_computed, end, in.all_tokens.size());
       for (int64_t begin = in.num_computed; begin < end;) {
         if (room == 0 || static_cast<int64_t>(batches.back().size()) == options.max_num_seqs)
           flush();
         const int64_t n = std::min(end - begin, room);
-        batches.back().push_back({i, in.seq_id, in.all_tokens, begin, n, begin + n == end});
+        StepInput p = in;
+        p.num_computed = begin;
+        p.num_new = n;
+        p.want_logits = all_rows || begin + n == end;
+        batches.back().push_back({i, p});
         begin += n;
         room -= n;
         if (begin < end) flush();
       }
     }
     if (batches.back().empty()) batches.pop_back();
-    return batches;
+    std::vector<std::pair<std::vector<size_t>, Tensor>> results;
+    const int64_t bs = pool->block_size();
+    for (auto& pieces : batches) {
+      std::vector<StepInput> steps;
+      std::vector<size_t> rows;
+      for (Piece& p : pieces) {
+        OwnedSeq& s = owned[p.step.seq_id];
+        LONGCTX_CHECK(s.num_tokens == p.step.num_computed, ErrorCode::kInvalidArgument,
+                      "GPU runner: sequence {} holds {} tokens, the step starts at {}",
+                      p.step.seq_id, s.num_tokens, p.step.num_computed);
+        const int64_t need = (p.step.num_computed + p.step.num_new + bs - 1) / bs;
+        if (need > static_cast<int64_t>(s.blocks.size())) {
+          std::vector<int32_t> more = pool->allocate(need - static_cast<int64_t>(s.blocks.size()));
+          s.blocks.insert(s.blocks.end(), more.begin(), more.end());
+        }
+        p.step.block_table = s.blocks;
+        steps.push_back(p.step);
+        if (p.step.want_logits) rows.push_back(p.input);
+      }
+      ForwardBatch batch = make_forward_batch(steps, bs);
+      if (all_rows) {
+        batch.logits_indices.clear();
+        for (int64_t t = 0; t < batch.num_tokens(); ++t)
+          batch.logits_indices.push_back(static_cast<int32_t>(t));
+      }
+      Tensor logits = forward(batch);
+      for (const StepInput& st : steps) owned[st.seq_id].num_tokens = st.num_computed + st.num_new;
+      results.emplace_back(std::move(rows), std::move(logits));
+    }
+    return results;
+  }
+
+  void release_owned(uint64_t seq_id) {
+    auto it = owned.find(seq_id);
+    if (it == owned.end()) return;
+    pool->free(it->second.blocks);
+    owned.erase(it);
   }
 };
 
@@ -189,15 +242,16 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   m.plan = plan_gpu_memory(c, options, st.budget - st.in_use + weight_bytes(c));
   m.plan.weights = st.in_use;
   PagedKVPoolConfig kv{c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
-                       m.plan.block_size, m.plan.num_kv_blocks, m.model->activation_dtype(),
+                       m.plan.block_size,   m.plan.num_kv_blocks,  m.model->activation_dtype(),
                        m.model->device()};
   m.pool = std::make_unique<PagedKVPool>(kv);
   PagedBackendLimits limits;
   limits.max_tokens = options.max_num_batched_tokens;
   limits.max_seqs = options.max_num_seqs;
-  limits.max_blocks = std::min<int64_t>(
-      m.plan.num_kv_blocks,
-      options.max_num_seqs * ((m.plan.max_model_len + m.plan.block_size - 1) / m.plan.block_size));
+  // Entries, not distinct blocks: shared prefix blocks and the graphs' padding block repeat.
+  limits.max_blocks =
+      options.max_num_seqs * ((m.plan.max_model_len + m.plan.block_size - 1) / m.plan.block_size);
+  m.max_blocks = limits.max_blocks;
   m.attention = make_paged_attention_backend(*m.pool, c.num_attention_heads,
                                              m.model->attention_scale(), limits);
 }
@@ -208,59 +262,110 @@ const GpuMemoryPlan& GpuRunner::memory_plan() const { return impl_->plan; }
 
 int64_t GpuRunner::vocab_size() const { return impl_->model->config().vocab_size; }
 
-Tensor GpuRunner::execute(std::span<const StepInput> inputs) {
+KVBlockLayout GpuRunner::kv_layout() const {
+  // With graphs the last block is the padding sequences' scratch block, never handed out.
+  const int64_t reserved = impl_->options.enforce_eager ? 0 : 1;
+  return {impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};
+}
+
+Tensor GpuRunner::execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) {
   Impl& m = *impl_;
+  m.copy_blocks(copies);
+  ForwardBatch batch = make_forward_batch(inputs, m.pool->block_size());
+  if (m.graphs != nullptr && m.graphs->can_run(batch)) return m.graphs->run(batch);
+  return m.forward(batch);
+}
+
+std::vector<SampleResult> GpuRunner::sample(const Tensor& logits,
+                                            std::span<const SamplingParams* const> params,
+                                            std::span<SamplerState* const> states) {
+  Impl& m = *impl_;
+  LONGCTX_CHECK(m.sampler != nullptr, ErrorCode::kInvalidArgument,
+                "GPU runner: sampling on the device needs an engine-attached runner");
+  if (params.empty()) return {};
+  return m.sampler->sample(logits, states, params);
+}
+
+int64_t GpuRunner::graph_memory_bytes() const {
+  return impl_->graphs != nullptr ? impl_->graphs->memory_bytes() : 0;
+}
+
+Tensor GpuRunner::execute_standalone(std::span<const StepInput> inputs) {
+  Impl& m = *impl_;
+  m.check_standalone();
   const int64_t vocab = vocab_size();
   Tensor out = Tensor::empty({static_cast<int64_t>(inputs.size()), vocab}, DType::kF32);
-  for (const auto& pieces : m.schedule(inputs)) {
-    Tensor logits = m.run(pieces, /*all_rows=*/false);
+  for (auto& [rows, logits] : m.run_owned(inputs, /*all_rows=*/false)) {
     Tensor host = logits.to(Device::cpu());
-    int64_t row = 0;
-    for (const Impl::Piece& p : pieces) {
-      if (!p.want_logits) continue;
-      std::memcpy(out.data<float>() + p.input * vocab, host.data<float>() + row * vocab,
+    for (size_t r = 0; r < rows.size(); ++r)
+      std::memcpy(out.data<float>() + rows[r] * vocab, host.data<float>() + r * vocab,
                   vocab * sizeof(float));
-      ++row;
-    }
   }
   return out;
 }
 
 Tensor GpuRunner::prompt_logits(std::span<const int32_t> ids) {
   Impl& m = *impl_;
+  m.check_standalone();
   const int64_t n = static_cast<int64_t>(ids.size()), vocab = vocab_size();
   LONGCTX_CHECK(n > 0, ErrorCode::kInvalidArgument, "forward: no input tokens");
+  LONGCTX_CHECK(n <= m.plan.max_model_len, ErrorCode::kOutOfRange,
+                "forward: {} tokens, past max_model_len {}", n, m.plan.max_model_len);
   const uint64_t id = m.next_scratch_id--;
   Tensor out = Tensor::empty({n, vocab}, DType::kF32);
   try {
-    for (int64_t begin = 0; begin < n; begin += m.options.max_num_batched_tokens) {
-      const int64_t len = std::min(n - begin, m.options.max_num_batched_tokens);
-      Tensor logits = m.run({{0, id, ids, begin, len, true}}, /*all_rows=*/true);
-      out.slice(0, begin, begin + len).copy_from(logits.to(Device::cpu()));
+    StepInput in{id, ids, 0, n, {}, true};
+    int64_t row = 0;
+    for (auto& [rows, logits] : m.run_owned({&in, 1}, /*all_rows=*/true)) {
+      const int64_t r = logits.size(0);
+      out.slice(0, row, row + r).copy_from(logits.to(Device::cpu()));
+      row += r;
     }
   } catch (...) {
-    release(id);
+    m.release_owned(id);
     throw;
   }
-  release(id);
+  m.release_owned(id);
   return out;
 }
 
-void GpuRunner::release(uint64_t seq_id) {
-  auto it = impl_->seqs.find(seq_id);
-  if (it == impl_->seqs.end()) return;
-  impl_->pool->free(it->second.blocks);
-  impl_->seqs.erase(it);
+void GpuRunner::release(uint64_t seq_id) { impl_->release_owned(seq_id); }
+
+void GpuRunner::attach_engine() {
+  Impl& m = *impl_;
+  LONGCTX_CHECK(!m.engine_attached, ErrorCode::kInvalidArgument,
+                "GPU runner: already driven by an engine");
+  LONGCTX_CHECK(m.owned.empty(), ErrorCode::kInvalidArgument,
+                "GPU runner: {} standalone sequences still hold blocks", m.owned.size());
+  m.engine_attached = true;
+  m.sampler = std::make_unique<GpuSampler>(m.options.max_num_seqs, vocab_size(), m.model->device());
+  if (!m.options.enforce_eager) {
+    DecodeGraphOptions g;
+    g.max_num_seqs = m.options.max_num_seqs;
+    g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine
+    g.max_blocks = m.max_blocks;
+    m.graphs = std::make_unique<DecodeGraphs>(*m.model, *m.attention, *m.pool, g);
+    m.graphs->capture();
+  }
 }
 
 namespace {
 
 class GpuExecutor final : public Executor {
  public:
-  explicit GpuExecutor(std::shared_ptr<GpuRunner> runner) : runner_(std::move(runner)) {}
+  explicit GpuExecutor(std::shared_ptr<GpuRunner> runner) : runner_(std::move(runner)) {
+    runner_->attach_engine();
+  }
   int64_t vocab_size() const override { return runner_->vocab_size(); }
-  Tensor execute(std::span<const StepInput> inputs) override { return runner_->execute(inputs); }
-  void release(uint64_t seq_id) override { runner_->release(seq_id); }
+  KVBlockLayout kv_layout() const override { return runner_->kv_layout(); }
+  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
+    return runner_->execute(inputs, copies);
+  }
+  std::vector<SampleResult> sample(const Tensor& logits,
+                                   std::span<const SamplingParams* const> params,
+                                   std::span<SamplerState* const> states) override {
+    return runner_->sample(logits, params, states);
+  }
 
  private:
   std::shared_ptr<GpuRunner> runner_;

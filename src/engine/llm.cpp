@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "engine/engine_core.h"
+#include "engine/llm_internal.h"
 #include "engine/progress_bar.h"
 #include "engine/text_stream.h"
 #include "longctx/core/device_memory.h"
@@ -86,6 +87,9 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   options.max_model_len = resolve_max_model_len(mc, config.max_model_len);
   options.eos_token_ids = mc.eos_token_ids;
   options.seed = config.seed;
+  options.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
+  options.scheduler.max_num_seqs = config.max_num_seqs;
+  options.enable_prefix_caching = config.enable_prefix_caching;
   impl_->device = resolve_device(config.device);
   ModelBuildOptions build = config.model_options;
   build.device = impl_->device;
@@ -93,12 +97,20 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   if (impl_->device.is_cuda()) {
     configure_device_memory(impl_->device.index, config.gpu_memory_limit,
                             config.gpu_memory_utilization);
-    GpuRunnerOptions gpu = config.gpu;
+    GpuRunnerOptions gpu;
+    gpu.block_size = config.block_size;
+    gpu.max_num_batched_tokens = config.max_num_batched_tokens;
+    gpu.max_num_seqs = config.max_num_seqs;
     gpu.max_model_len = options.max_model_len;
+    gpu.num_gpu_blocks = config.num_gpu_blocks;
+    gpu.enforce_eager = config.enforce_eager;
     impl_->runner = std::make_shared<GpuRunner>(create_model(impl_->checkpoint, build), gpu);
     executor = make_gpu_executor(impl_->runner);
   } else {
-    executor = make_cpu_executor(create_model(impl_->checkpoint, build));
+    CpuExecutorOptions cpu;
+    if (config.block_size > 0) cpu.block_size = config.block_size;
+    cpu.kv_cache_bytes = config.cpu_kv_cache_bytes;
+    executor = make_cpu_executor(create_model(impl_->checkpoint, build), cpu);
   }
   impl_->core = std::make_unique<EngineCore>(std::move(executor), impl_->tokenizer.get(),
                                              std::move(options));
@@ -108,12 +120,17 @@ LLM::LLM(std::unique_ptr<Executor> executor, std::shared_ptr<const Tokenizer> to
          int64_t max_model_len, std::vector<int64_t> eos_token_ids, uint64_t seed)
     : impl_(std::make_unique<Impl>()) {
   impl_->tokenizer = std::move(tokenizer);
-  EngineCoreOptions options{max_model_len, std::move(eos_token_ids), seed};
+  EngineCoreOptions options;
+  options.max_model_len = max_model_len;
+  options.eos_token_ids = std::move(eos_token_ids);
+  options.seed = seed;
   impl_->core =
       std::make_unique<EngineCore>(std::move(executor), impl_->tokenizer.get(), std::move(options));
 }
 
 LLM::~LLM() = default;
+
+EngineCore& engine_core(LLM& llm) { return *llm.impl_->core; }
 
 const Tokenizer* LLM::tokenizer() const { return impl_->tokenizer.get(); }
 

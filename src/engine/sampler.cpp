@@ -1,6 +1,8 @@
 // Sampling, step by step as vLLM's V1 sampler: penalties on the raw logits, then (unless greedy)
-// temperature, min_p, top_k, top_p, and a draw from what is left. Probabilities are computed in
-// double so a filter's threshold does not depend on float rounding of the exponentials.
+// temperature, min_p, top_k, top_p, and a draw from what is left. This is also the reference of
+// the CUDA sampler: top_p and the draw count probability in exact integer masses
+// (kernels/sampling_math.h) and the draw's uniform comes from (seed, step), so the GPU picks
+// the same token bit for bit.
 #include "longctx/engine/sampler.h"
 
 #include <algorithm>
@@ -8,6 +10,8 @@
 #include <limits>
 #include <numeric>
 
+#include "kernels/philox.h"
+#include "kernels/sampling_math.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -33,6 +37,9 @@ int32_t argmax(std::span<const float> logits) {
 
 void check_logits(std::span<const float> logits) {
   LONGCTX_CHECK(!logits.empty(), ErrorCode::kInvalidArgument, "sampling from empty logits");
+  LONGCTX_CHECK(static_cast<int64_t>(logits.size()) <= kernels::kMaxSamplingVocab,
+                ErrorCode::kInvalidArgument, "sampling: vocabulary of {} tokens, at most {}",
+                logits.size(), kernels::kMaxSamplingVocab);
   bool any_finite = false;
   for (size_t i = 0; i < logits.size(); ++i) {
     LONGCTX_CHECK(!std::isnan(logits[i]), ErrorCode::kInvalidArgument,
@@ -45,20 +52,31 @@ void check_logits(std::span<const float> logits) {
                 "every logit is -inf: no token can be sampled");
 }
 
-int32_t draw(std::span<const float> logits, std::mt19937_64& rng) {
-  const double m = max_finite(logits);
-  double total = 0.0;
-  for (float x : logits) total += x == kNegInf ? 0.0 : std::exp(x - m);
-  const double target = uniform01(rng) * total;
-  double cum = 0.0;
-  int32_t last = -1;
+// After penalties and temperature: a finite logit may have overflowed, or all become -inf.
+void check_transformed(std::span<const float> logits) {
+  bool any_finite = false;
   for (size_t i = 0; i < logits.size(); ++i) {
-    if (logits[i] == kNegInf) continue;
-    cum += std::exp(logits[i] - m);
-    last = static_cast<int32_t>(i);
-    if (target < cum) return last;
+    LONGCTX_CHECK(logits[i] != -kNegInf, ErrorCode::kInvalidArgument,
+                  "the logit of token {} overflows to +inf after penalties and temperature", i);
+    any_finite = any_finite || logits[i] != kNegInf;
   }
-  return last;  // rounding left target at the very top: the last token with mass
+  LONGCTX_CHECK(any_finite, ErrorCode::kInvalidArgument,
+                "every logit is -inf after penalties and temperature: no token can be sampled");
+}
+
+// The first token (in id order) whose cumulative mass exceeds u * total.
+int32_t draw(std::span<const float> logits, double u) {
+  const float m = max_finite(logits);
+  uint64_t total = 0;
+  for (float x : logits) total += kernels::token_mass(kernels::sub_rn(x, m));
+  const uint64_t target = kernels::draw_target(u, total);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    cum += kernels::token_mass(kernels::sub_rn(logits[i], m));
+    if (target < cum) return static_cast<int32_t>(i);
+  }
+  LONGCTX_ASSERT(false, "draw: target {} past the total mass {}", target, total);
+  return -1;
 }
 
 double log_sum_exp(std::span<const float> logits) {
@@ -94,7 +112,7 @@ TokenLogprobs compute_logprobs(std::span<const float> raw, int32_t token, int n_
 
 SamplerState::SamplerState(const SamplingParams& params, uint64_t seed,
                            std::span<const int32_t> prompt)
-    : rng_(seed), track_seen_(params.repetition_penalty != 1.0) {
+    : seed_(seed), track_seen_(params.repetition_penalty != 1.0) {
   if (track_seen_) seen_.insert(prompt.begin(), prompt.end());
 }
 
@@ -153,28 +171,36 @@ void apply_top_p(std::span<float> logits, double top_p) {
   for (size_t i = 0; i < logits.size(); ++i) {
     if (logits[i] != kNegInf) idx.push_back(static_cast<int32_t>(i));
   }
+  if (idx.empty()) return;
   auto before = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  const double m = max_finite(logits);
-  double total = 0.0;
-  for (int32_t i : idx) total += std::exp(logits[i] - m);
+  const float m = max_finite(logits);
+  auto mass = [&](int32_t i) { return kernels::token_mass(kernels::sub_rn(logits[i], m)); };
+  uint64_t total = 0;
+  for (int32_t i : idx) total += mass(i);
   // Keep a token while the mass ranked above it is below top_p: the smallest prefix whose mass
   // reaches top_p (the top token always stays). Sorting all of a 150k vocabulary costs tens of
   // ms, so sort only the best `head` tokens, growing it until the prefix ends inside it.
   size_t keep = 0;
   for (size_t head = std::min<size_t>(1024, idx.size());; head = std::min(head * 8, idx.size())) {
     std::partial_sort(idx.begin(), idx.begin() + head, idx.end(), before);
-    double above = 0.0;
+    uint64_t above = 0;
     keep = 0;
-    while (keep < head && above < top_p * total) {
-      above += std::exp(logits[idx[keep]] - m);
+    while (keep < head && kernels::top_p_keeps(above, total, top_p)) {
+      above += mass(idx[keep]);
       ++keep;
     }
-    if (keep < head || above >= top_p * total || head == idx.size()) break;
+    if (keep < head || !kernels::top_p_keeps(above, total, top_p) || head == idx.size()) break;
   }
   for (size_t j = keep; j < idx.size(); ++j) logits[idx[j]] = kNegInf;
 }
+
+double sampling_uniform(uint64_t seed, uint64_t step) {
+  return kernels::sampling_uniform(seed, step);
+}
+
+uint64_t sampling_token_mass(float d) { return kernels::token_mass(d); }
 
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
                           SamplerState& state) {
@@ -183,15 +209,18 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   apply_penalties(work, params, state);
   SampleResult result;
   if (params.greedy()) {
+    check_transformed(work);
     result.token = argmax(work);
   } else {
     apply_temperature(work, params.temperature);
+    check_transformed(work);
     apply_min_p(work, params.min_p);
     apply_top_k(work, params.top_k);
     apply_top_p(work, params.top_p);
-    result.token = draw(work, state.rng());
+    result.token = draw(work, sampling_uniform(state.seed(), state.step()));
   }
   if (params.logprobs) result.logprobs = compute_logprobs(logits, result.token, *params.logprobs);
+  state.advance();
   return result;
 }
 

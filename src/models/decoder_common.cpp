@@ -138,12 +138,44 @@ Tensor DecoderModel::forward(const ForwardBatch& batch, AttentionBackend& attent
   batch.validate(c.vocab_size, c.max_position_embeddings);
   attention.plan(batch);
   StepInputs in = upload_inputs(batch);
+  Tensor logits =
+      Tensor::empty({in.logits_indices.numel(), lm_head_.size(0)}, DType::kF32, device_);
+  run_layers(in, attention, logits);
+  return logits;
+}
+
+void DecoderModel::forward_on_device(const Tensor& input_ids, const Tensor& positions,
+                                     const Tensor& logits_indices, AttentionBackend& attention,
+                                     const Tensor& logits) {
+  const int64_t t = input_ids.numel(), r = logits_indices.numel();
+  auto on_device = [&](const Tensor& x, DType dtype, int64_t n) {
+    return x.defined() && x.device() == device_ && x.dtype() == dtype && x.rank() == 1 &&
+           x.is_contiguous() && x.numel() == n;
+  };
+  LONGCTX_CHECK(t > 0 && on_device(input_ids, DType::kI32, t) &&
+                    on_device(positions, DType::kI64, t) &&
+                    on_device(logits_indices, DType::kI32, r),
+                ErrorCode::kInvalidArgument,
+                "forward_on_device: ids {}, positions {}, logits rows {} must be contiguous "
+                "[T] i32, [T] i64, [R] i32 on {}",
+                input_ids.str(), positions.str(), logits_indices.str(), device_.str());
+  LONGCTX_CHECK(logits.defined() && logits.device() == device_ && logits.dtype() == DType::kF32 &&
+                    logits.rank() == 2 && logits.size(0) == r && logits.size(1) == lm_head_.size(0),
+                ErrorCode::kInvalidArgument,
+                "forward_on_device: logits must be [{}, {}] f32 on {}, got {}", r, lm_head_.size(0),
+                device_.str(), logits.str());
+  run_layers(StepInputs{t, input_ids, positions, logits_indices}, attention, logits);
+}
+
+void DecoderModel::run_layers(const StepInputs& in, AttentionBackend& attention,
+                              const Tensor& logits) {
+  const ModelConfig& c = config();
   Tensor residual = Tensor::empty({in.num_tokens, c.hidden_size}, DType::kF32, device_);
   ops::embedding(in.input_ids, embed_tokens_, residual);
   Tensor mlp_out;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     decoder_layer(i, residual, mlp_out, in, attention);
-  return final_logits(residual, mlp_out, in);  // norm, lm_head
+  final_logits(residual, mlp_out, in, logits);  // norm, lm_head
 }
 
 void DecoderModel::decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out,
@@ -170,18 +202,16 @@ Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const Ste
   return linear(attn_output, w.o_proj, w.o_bias);
 }
 
-Tensor DecoderModel::final_logits(const Tensor& residual, const Tensor& mlp_out,
-                                  const StepInputs& in) const {
+void DecoderModel::final_logits(const Tensor& residual, const Tensor& mlp_out,
+                                const StepInputs& in, const Tensor& logits) const {
   const int64_t rows = in.logits_indices.numel();
-  Tensor logits = Tensor::empty({rows, lm_head_.size(0)}, DType::kF32, device_);
-  if (rows == 0) return logits;  // a prefill chunk that ends before the prompt does
+  if (rows == 0) return;  // a prefill chunk that ends before the prompt does
   Tensor res_rows = Tensor::empty({rows, residual.size(1)}, DType::kF32, device_);
   Tensor mlp_rows = act_empty({rows, mlp_out.size(1)});
   ops::gather_rows(residual, in.logits_indices, res_rows);
   ops::gather_rows(mlp_out, in.logits_indices, mlp_rows);
   Tensor h = add_rms_norm(mlp_rows, res_rows, norm_);
   ops::linear(h, lm_head_, Tensor(), logits);
-  return logits;
 }
 
 }  // namespace longctx::models

@@ -54,8 +54,14 @@ class DecoderModel : public Model {
   // *ForCausalLM.forward -> *Model.forward (embed, decoder layers), then norm and lm_head on the
   // rows that need logits.
   Tensor forward(const ForwardBatch& batch, AttentionBackend& attention) override;
+  void forward_on_device(const Tensor& input_ids, const Tensor& positions,
+                         const Tensor& logits_indices, AttentionBackend& attention,
+                         const Tensor& logits) override;
 
  protected:
+  // Embedding, every layer, final norm and lm_head into logits [R, vocab] f32: the part of
+  // forward() after plan() and the input upload.
+  void run_layers(const StepInputs& in, AttentionBackend& attention, const Tensor& logits);
   // *DecoderLayer.forward: pre-norm attention and MLP, each with a residual. The residual stream
   // is fp32 on every device and the adds are fused into the next norm (vLLM's fused_add_rms_norm):
   // on entry `residual` is the layer's input and `mlp_out` the previous layer's MLP output
@@ -87,8 +93,10 @@ class DecoderModel : public Model {
   Tensor gated_mlp(const Tensor& x, const LayerWeights& w) const;
   // In place on x [T, heads, head_dim] at the step's positions.
   void apply_rope(const Tensor& x, const StepInputs& in) const;
-  // Final norm (after the last residual add) and lm_head over the rows that need logits: f32.
-  Tensor final_logits(const Tensor& residual, const Tensor& mlp_out, const StepInputs& in) const;
+  // Final norm (after the last residual add) and lm_head over the rows that need logits, into
+  // logits [R, vocab] f32.
+  void final_logits(const Tensor& residual, const Tensor& mlp_out, const StepInputs& in,
+                    const Tensor& logits) const;
 
   std::shared_ptr<const Checkpoint> checkpoint_;
   Device device_;

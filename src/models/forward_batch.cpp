@@ -37,6 +37,9 @@ void ForwardBatch::validate(int64_t vocab_size, int64_t max_positions) const {
   LONGCTX_CHECK(seq_ids.empty() || static_cast<int64_t>(seq_ids.size()) == s,
                 ErrorCode::kInvalidArgument, "forward: {} sequence ids for {} sequences",
                 seq_ids.size(), s);
+  LONGCTX_CHECK(num_padding_seqs >= 0 && num_padding_seqs < s, ErrorCode::kInvalidArgument,
+                "forward: {} padding sequences of {} (at least one must be real)", num_padding_seqs,
+                s);
   for (int64_t i = 0; i < s; ++i) {
     const int32_t n = q_len(i);
     LONGCTX_CHECK(n > 0, ErrorCode::kInvalidArgument,

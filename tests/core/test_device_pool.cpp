@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/device_pool.h"
@@ -357,6 +358,102 @@ TEST(DevicePool, RandomStressInvariants) {
   EXPECT_EQ(pool.stats().peak_in_use, peak);
   EXPECT_GT(ooms, 0) << "the stress should reach the budget";
   for (auto& [a, sz] : live) pool.free(reinterpret_cast<void*>(a));
+  pool.release_cached();
+  EXPECT_EQ(be.held, 0);
+}
+
+// CUDA-graph pools: memory a captured graph uses is never handed to anyone else while the graph
+// lives, whenever it is freed; graphs captured one after another share their pool's blocks.
+TEST(DevicePool, PrivatePoolKeepsItsBlocksApart) {
+  FakeBackend be(8 * kGiB);
+  DevicePool pool(&be);
+  void* shared_a = pool.allocate(size_t(4 * kMiB));
+  const uint64_t g = pool.create_private_pool();
+  pool.begin_private(g);
+  void* p_small = pool.allocate(4096);
+  void* p_large = pool.allocate(size_t(3 * kMiB));
+  pool.end_private();
+  EXPECT_EQ(pool.owner_of(p_small), g);
+  EXPECT_EQ(pool.owner_of(p_large), g);
+  EXPECT_EQ(pool.owner_of(shared_a), 0u);
+  EXPECT_EQ(pool.private_reserved(g), int64_t(DevicePool::kSmallSegment + 4 * kMiB));
+  // The shared pool had a free 4 MiB block: a private request never takes it.
+  pool.free(shared_a);
+  EXPECT_EQ(pool.num_segments(), 3);
+  // Freed after the capture: the blocks go back to the private pool, not to later shared users.
+  pool.free(p_small);
+  pool.free(p_large);
+  void* s1 = pool.allocate(4096);
+  void* s2 = pool.allocate(size_t(3 * kMiB));
+  EXPECT_NE(s1, p_small);
+  EXPECT_NE(s2, p_large);
+  EXPECT_EQ(pool.owner_of(s1), 0u);
+  EXPECT_EQ(pool.owner_of(s2), 0u);
+  EXPECT_EQ(s2, shared_a);  // the shared cached block, reused
+  // release_cached() keeps the wholly free private segments (a graph may still use them).
+  pool.free(s1);
+  pool.free(s2);
+  pool.release_cached();
+  EXPECT_EQ(pool.private_reserved(g), int64_t(DevicePool::kSmallSegment + 4 * kMiB));
+  EXPECT_EQ(pool.stats().reserved, pool.private_reserved(g));
+  // The next capture in the same pool gets the same addresses (no new segment).
+  const int calls = be.alloc_calls;
+  pool.begin_private(g);
+  EXPECT_EQ(pool.allocate(4096), p_small);
+  EXPECT_EQ(pool.allocate(size_t(3 * kMiB)), p_large);
+  pool.end_private();
+  EXPECT_EQ(be.alloc_calls, calls);
+  // Release with one block still live: the free segment goes back at once, the live block stays
+  // valid and, once freed, is an ordinary shared block.
+  pool.free(p_small);
+  pool.release_private_pool(g);
+  EXPECT_EQ(pool.private_reserved(g), 0);
+  EXPECT_EQ(pool.owner_of(p_large), 0u);
+  EXPECT_EQ(pool.stats().reserved, 4 * kMiB);
+  EXPECT_EQ(be.segments.size(), 1u);
+  pool.free(p_large);
+  EXPECT_EQ(pool.allocate(size_t(3 * kMiB)), p_large);  // shared now
+  pool.free(p_large);
+  pool.release_cached();
+  EXPECT_EQ(be.held, 0);
+  EXPECT_EQ(pool.stats().in_use, 0);
+}
+
+TEST(DevicePool, PrivatePoolScopeRules) {
+  FakeBackend be(8 * kGiB);
+  DevicePool pool(&be);
+  const uint64_t a = pool.create_private_pool(), b = pool.create_private_pool();
+  EXPECT_NE(a, b);
+  EXPECT_THROW(pool.begin_private(a + b + 100), Error);  // unknown
+  pool.begin_private(a);
+  try {
+    pool.begin_private(b);
+    ADD_FAILURE() << "two active private pools";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("active already"), std::string::npos) << e.what();
+  }
+  // Another thread's allocations during the capture stay shared.
+  void* other = nullptr;
+  std::thread t([&] { other = pool.allocate(1000); });
+  t.join();
+  EXPECT_EQ(pool.owner_of(other), 0u);
+  void* mine = pool.allocate(1000);
+  EXPECT_EQ(pool.owner_of(mine), a);
+  pool.end_private();
+  pool.end_private();  // no-op
+  // Private segments count in the budget like any other.
+  pool.configure(64 * kMiB, 1.0);
+  pool.begin_private(b);
+  void* big = pool.allocate(size_t(50 * kMiB));
+  pool.end_private();
+  EXPECT_EQ(pool.stats().reserved, 2 * DevicePool::kSmallSegment + 50 * kMiB);
+  oom_message(pool, size_t(20 * kMiB));
+  pool.release_private_pool(a);
+  EXPECT_THROW(pool.begin_private(a), Error);  // released
+  pool.release_private_pool(a);                // twice: ignored
+  for (void* p : {other, mine, big}) pool.free(p);
+  pool.release_private_pool(b);
   pool.release_cached();
   EXPECT_EQ(be.held, 0);
 }

@@ -30,28 +30,28 @@ class ScriptExecutor : public Executor {
   ScriptExecutor(size_t prompt_len, std::vector<int32_t> script)
       : prompt_len_(prompt_len), script_(std::move(script)) {}
   int64_t vocab_size() const override { return kVocab; }
-  Tensor execute(std::span<const StepInput> inputs) override {
+  KVBlockLayout kv_layout() const override { return {64, 4}; }
+  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy>) override {
     Tensor out = Tensor::empty({static_cast<int64_t>(inputs.size()), kVocab}, DType::kF32);
     for (size_t i = 0; i < inputs.size(); ++i) {
       const StepInput& in = inputs[i];
-      calls.push_back(
-          {in.seq_id, static_cast<int64_t>(in.all_tokens.size()), in.num_computed, in.max_tokens});
+      calls.push_back({in.seq_id, static_cast<int64_t>(in.all_tokens.size()), in.num_computed,
+                       in.num_new, static_cast<int64_t>(in.block_table.size())});
       const size_t step = in.all_tokens.size() - prompt_len_;
       auto l = peak(script_[std::min(step, script_.size() - 1)]);
       std::copy(l.begin(), l.end(), out.data<float>() + i * kVocab);
     }
     return out;
   }
-  void release(uint64_t seq_id) override { released.push_back(seq_id); }
 
   struct Call {
     uint64_t seq_id;
     int64_t total;
     int64_t computed;
-    int64_t max_tokens;
+    int64_t num_new;
+    int64_t blocks;
   };
   std::vector<Call> calls;
-  std::vector<uint64_t> released;
 
  private:
   size_t prompt_len_;
@@ -100,9 +100,10 @@ TEST(LLMScripted, ExecutorGetsThePromptOnceThenOneTokenPerStep) {
   for (size_t i = 0; i < c.size(); ++i) {
     EXPECT_EQ(c[i].total, 3 + static_cast<int64_t>(i));
     EXPECT_EQ(c[i].computed, i == 0 ? 0 : 3 + static_cast<int64_t>(i) - 1);
-    EXPECT_EQ(c[i].max_tokens, 3 + 4);
+    EXPECT_EQ(c[i].num_new, i == 0 ? 3 : 1);
+    EXPECT_EQ(c[i].blocks, (c[i].computed + c[i].num_new + 3) / 4);  // blocks of 4 tokens
+    EXPECT_EQ(c[i].seq_id, c[0].seq_id);
   }
-  EXPECT_EQ(h.executor->released, (std::vector<uint64_t>{c[0].seq_id}));
 }
 
 TEST(LLMScripted, EosStopsAndIsKeptInTokens) {
@@ -148,7 +149,7 @@ TEST(LLMScripted, MaxTokensIsClippedToTheContext) {
   EXPECT_EQ(out.finish_reason, FinishReason::kLength);
   for (const auto& c : h.executor->calls) {
     EXPECT_LE(c.total, 8);
-    EXPECT_EQ(c.max_tokens, 8);
+    EXPECT_LE(c.blocks, 2);  // 8 tokens in blocks of 4
   }
 }
 
@@ -221,7 +222,6 @@ TEST(LLMScripted, OutputsComeBackInPromptOrder) {
     EXPECT_EQ(outs[i].index, i);
     EXPECT_EQ(outs[i].token_ids, (std::vector<int32_t>{5, 6}));
   }
-  EXPECT_EQ(h.executor->released.size(), 3u);
 }
 
 TEST(LLMScripted, StreamingDeliversEveryTokenThenTheFinalOutput) {

@@ -142,10 +142,12 @@ TEST(Sampler, ChiSquareRejectsAWrongDistribution) {
 
 TEST(Sampler, TopPOnALargeFlatVocabularyKeepsExactlyTheNucleus) {
   // Thousands of tokens in the nucleus: the kept set must still be exactly the smallest prefix
-  // (by probability) whose mass reaches top_p, compared with a full sort here.
+  // (by probability) whose mass reaches top_p, compared with a full sort here. Masses are the
+  // sampler's integer ones (sampling_token_mass), the exact definition top_p works with.
   std::vector<float> logits(5000);
   std::mt19937_64 rng(3);
-  for (float& x : logits) x = static_cast<float>(uniform01(rng) * 0.5);
+  for (float& x : logits) x = static_cast<float>(static_cast<double>(rng() >> 11) * 0x1.0p-54);
+  const float m = *std::max_element(logits.begin(), logits.end());
   for (double top_p : {0.3, 0.6, 0.95}) {
     std::vector<float> got = logits;
     apply_top_p(got, top_p);
@@ -153,18 +155,54 @@ TEST(Sampler, TopPOnALargeFlatVocabularyKeepsExactlyTheNucleus) {
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(),
               [&](size_t a, size_t b) { return logits[a] > logits[b]; });
-    double total = 0;
-    for (float x : logits) total += std::exp(x);
-    double above = 0;
+    uint64_t total = 0;
+    for (float x : logits) total += sampling_token_mass(x - m);
+    uint64_t above = 0;
     size_t kept = 0;
     for (size_t i : order) {
-      const bool keep = above < top_p * total;
-      above += std::exp(logits[i]);
+      const bool keep = static_cast<double>(above) < top_p * static_cast<double>(total);
+      above += sampling_token_mass(logits[i] - m);
       kept += keep ? 1 : 0;
       ASSERT_EQ(got[i] != -std::numeric_limits<float>::infinity(), keep) << "token " << i;
     }
     EXPECT_GT(kept, 1024u) << top_p;  // beyond the first sorted head
   }
+}
+
+TEST(Sampler, TokenMassFollowsExp) {
+  // The integer mass is exp(d) * 2^43 within float rounding, and 0 past the window.
+  for (float d = 0.0f; d >= -32.0f; d -= 0.0371f) {
+    const double want = std::exp(static_cast<double>(d)) * 0x1.0p43;
+    EXPECT_NEAR(static_cast<double>(sampling_token_mass(d)), want, want * 1e-6 + 0.5) << d;
+  }
+  EXPECT_EQ(sampling_token_mass(0.0f), uint64_t(1) << 43);
+  EXPECT_EQ(sampling_token_mass(-32.01f), 0u);
+  EXPECT_EQ(sampling_token_mass(-std::numeric_limits<float>::infinity()), 0u);
+}
+
+TEST(Sampler, TheUniformIsAFunctionOfSeedAndStep) {
+  // Counter-based: the k-th draw's uniform depends on (seed, k) only, and sample_token uses it.
+  EXPECT_EQ(sampling_uniform(5, 17), sampling_uniform(5, 17));
+  EXPECT_NE(sampling_uniform(5, 17), sampling_uniform(5, 18));
+  EXPECT_NE(sampling_uniform(5, 17), sampling_uniform(6, 17));
+  double sum = 0;
+  for (uint64_t k = 0; k < 10000; ++k) {
+    const double u = sampling_uniform(42, k);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / 10000, 0.5, 0.01);  // 3.5 sigma of the mean of 10k uniforms
+  // Two tokens of mass 1 : 1: token 0 exactly when u < 1/2.
+  const std::vector<float> two = {0.0f, 0.0f};
+  SamplingParams params;
+  SamplerState state(params, 77, {});
+  for (uint64_t k = 0; k < 64; ++k) {
+    ASSERT_EQ(state.step(), k);
+    const int32_t want = sampling_uniform(77, k) < 0.5 ? 0 : 1;
+    EXPECT_EQ(sample_token(two, params, state).token, want) << k;
+  }
+  EXPECT_EQ(state.step(), 64u);
 }
 
 TEST(Sampler, GreedyTakesTheArgmaxAndIgnoresFilters) {
@@ -260,6 +298,21 @@ TEST(Sampler, RejectsNaNLogits) {
   SamplerState state(params, 0, {});
   std::vector<float> logits = {0.0f, std::numeric_limits<float>::quiet_NaN()};
   EXPECT_THROW(sample_token(logits, params, state), Error);
+  EXPECT_EQ(state.step(), 0u);  // a failed draw does not advance the request
+}
+
+TEST(Sampler, RejectsLogitsThatOverflowUnderTemperature) {
+  SamplingParams params;
+  params.temperature = 1e-4;
+  SamplerState state(params, 0, {});
+  std::vector<float> logits = {0.0f, 1e35f};
+  try {
+    sample_token(logits, params, state);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("token 1 overflows"), std::string::npos) << e.what();
+  }
 }
 
 void expect_invalid(const SamplingParams& p, const std::string& field) {

@@ -160,9 +160,12 @@ TEST(GpuModels, FixtureGreedyTokensReproduced) {
     cfg.device = "cuda";
     cfg.model_options.rope_inv_freq_dtype = DType::kBF16;
     cfg.model_options.activation_dtype = DType::kF16;  // see the KL cases above
-    cfg.gpu = small_runner(0);
+    const GpuRunnerOptions ro = small_runner(0);
+    cfg.block_size = ro.block_size;
+    cfg.max_num_batched_tokens = ro.max_num_batched_tokens;
+    cfg.max_num_seqs = ro.max_num_seqs;
     cfg.max_model_len = 4096;
-    cfg.gpu.num_gpu_blocks = 512;
+    cfg.num_gpu_blocks = 512;
     LLM llm(cfg);
     SamplingParams sp;
     sp.temperature = 0;
@@ -193,12 +196,12 @@ TEST(GpuModels, MixedLengthBatchEqualsOneAtATime) {
   }
   std::vector<StepInput> batch;
   for (size_t i = 0; i < prompts.size(); ++i)
-    batch.push_back({100 + i, prompts[i], 0, 4096});
-  Tensor together = runner.execute(batch);
+    batch.push_back({100 + i, prompts[i], 0});
+  Tensor together = runner.execute_standalone(batch);
   for (size_t i = 0; i < prompts.size(); ++i) runner.release(100 + i);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    StepInput one{200 + i, prompts[i], 0, 4096};
-    Tensor alone = runner.execute({&one, 1});
+    StepInput one{200 + i, prompts[i], 0};
+    Tensor alone = runner.execute_standalone({&one, 1});
     runner.release(200 + i);
     const int64_t v = alone.size(1);
     double max_diff = 0, max_abs = 0;

@@ -83,7 +83,7 @@ void run(const Options& o) {
   Tensor logits;
   std::chrono::steady_clock::time_point t0;
   if (model->device().is_cuda()) {
-    GpuRunnerOptions gpu = o.model.gpu;
+    GpuRunnerOptions gpu = o.model.runner_options();
     gpu.max_model_len = n;
     GpuRunner runner(model, gpu);
     t0 = std::chrono::steady_clock::now();

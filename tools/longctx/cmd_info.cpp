@@ -83,7 +83,7 @@ void run_info(const ModelOptions& opts) {
   }
   if (budget > 0) {
     try {
-      const GpuMemoryPlan plan = plan_gpu_memory(c, opts.gpu, budget);
+      const GpuMemoryPlan plan = plan_gpu_memory(c, opts.runner_options(), budget);
       std::printf("GPU memory plan:    %s%s\n", device.is_cuda() ? "" : "(no GPU here) ",
                   plan.str().c_str());
     } catch (const Error& e) {

@@ -19,18 +19,23 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
   std::string unit = text.substr(pos);
   for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   double scale = 0;
-  if (unit.empty() || unit == "b") scale = 1;
-  else if (unit == "k" || unit == "kib") scale = 1024.0;
-  else if (unit == "m" || unit == "mib") scale = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "kb") scale = 1e3;
-  else if (unit == "mb") scale = 1e6;
-  else if (unit == "gb") scale = 1e9;
-  LONGCTX_CHECK(pos > 0 && scale > 0 && std::isfinite(value) && value > 0 &&
-                    value * scale < 9.0e18,
+  if (unit.empty() || unit == "b")
+    scale = 1;
+  else if (unit == "k" || unit == "kib")
+    scale = 1024.0;
+  else if (unit == "m" || unit == "mib")
+    scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "kb")
+    scale = 1e3;
+  else if (unit == "mb")
+    scale = 1e6;
+  else if (unit == "gb")
+    scale = 1e9;
+  LONGCTX_CHECK(pos > 0 && scale > 0 && std::isfinite(value) && value > 0 && value * scale < 9.0e18,
                 ErrorCode::kInvalidArgument,
-                "{} '{}': expected a positive size such as 24GiB, 500MB or 1073741824", what,
-                text);
+                "{} '{}': expected a positive size such as 24GiB, 500MB or 1073741824", what, text);
   return static_cast<int64_t>(value * scale);
 }
 
@@ -57,10 +62,30 @@ void ModelOptions::add_to(CLI::App* cmd) {
                   "fraction of the GPU's memory longctx may take")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
-  cmd->add_option("--block-size", gpu.block_size, "KV cache block size in tokens (GPU)");
-  cmd->add_option("--max-num-batched-tokens", gpu.max_num_batched_tokens,
-                  "tokens per forward (prefill chunk size, GPU)")
+  cmd->add_option("--block-size", block_size,
+                  "KV cache block size in tokens (default 128 on a GPU, 16 on the CPU)");
+  cmd->add_option("--max-num-batched-tokens", max_num_batched_tokens,
+                  "tokens per engine step (the prefill chunk size)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--max-num-seqs", max_num_seqs, "sequences per engine step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", enable_prefix_caching,
+                "reuse the KV cache of earlier prompts' full blocks")
+      ->capture_default_str();
+  cmd->add_flag("--enforce-eager", enforce_eager, "no CUDA graphs for decode steps");
+  cmd->add_option("--kv-cache-memory", kv_cache_memory,
+                  "bytes of the CPU KV cache, e.g. 8GiB (default 4GiB)");
+}
+
+GpuRunnerOptions ModelOptions::runner_options() const {
+  GpuRunnerOptions r;
+  r.block_size = block_size;
+  r.max_num_batched_tokens = max_num_batched_tokens;
+  r.max_num_seqs = max_num_seqs;
+  r.enforce_eager = enforce_eager;
+  return r;
 }
 
 int64_t ModelOptions::gpu_memory_limit_bytes() const {
@@ -72,15 +97,20 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.device = device;
   engine.gpu_memory_limit = gpu_memory_limit_bytes();
   engine.gpu_memory_utilization = gpu_memory_utilization;
-  engine.gpu = gpu;
+  engine.block_size = block_size;
+  engine.max_num_batched_tokens = max_num_batched_tokens;
+  engine.max_num_seqs = max_num_seqs;
+  engine.enable_prefix_caching = enable_prefix_caching;
+  engine.enforce_eager = enforce_eager;
+  engine.cpu_kv_cache_bytes =
+      kv_cache_memory.empty() ? 0 : parse_byte_size(kv_cache_memory, "--kv-cache-memory");
 }
 
 std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint) const {
   ModelBuildOptions options = build_options(*checkpoint);
   options.device = resolve_device(device);
   if (options.device.is_cuda())
-    configure_device_memory(options.device.index, gpu_memory_limit_bytes(),
-                            gpu_memory_utilization);
+    configure_device_memory(options.device.index, gpu_memory_limit_bytes(), gpu_memory_utilization);
   return create_model(std::move(checkpoint), options);
 }
 

@@ -26,7 +26,12 @@ struct ModelOptions {
   std::string dtype = "bfloat16";           // GPU activations: bfloat16 | float16
   std::string gpu_memory_limit;             // bytes, e.g. 24GiB; empty: none
   double gpu_memory_utilization = 0.9;
-  GpuRunnerOptions gpu;
+  int64_t block_size = 0;  // 0: the device's default
+  int64_t max_num_batched_tokens = 16384;
+  int64_t max_num_seqs = 256;
+  bool enable_prefix_caching = true;
+  bool enforce_eager = false;
+  std::string kv_cache_memory;  // CPU KV pool bytes, e.g. 8GiB; empty: 4 GiB
 
   void add_to(CLI::App* cmd);
   // Loads (or makes) the checkpoint; throws Error naming what is wrong with the options.
@@ -35,8 +40,10 @@ struct ModelOptions {
   ModelBuildOptions build_options(const Checkpoint& checkpoint) const;
   // --gpu-memory-limit in bytes (0 when not given); throws Error naming a malformed value.
   int64_t gpu_memory_limit_bytes() const;
-  // The device and memory options into an engine config.
+  // The device, memory and scheduling options into an engine config.
   void apply_to(EngineConfig& engine) const;
+  // The same for a GPU runner built directly (forward, info).
+  GpuRunnerOptions runner_options() const;
   // The model on the resolved device; for CUDA also sets the device pool's budget.
   std::shared_ptr<Model> create(std::shared_ptr<const Checkpoint> checkpoint) const;
 };

@@ -1,6 +1,8 @@
-// What the engine asks of a model backend: feed each scheduled sequence its new tokens and give
-// back the next-token logits. The CPU reference model sits behind it now; the GPU runner (paged
-// KV, continuous batching) and test scripts implement the same interface.
+// What the engine asks of a model backend: run one step (each scheduled sequence's next tokens,
+// their K/V written into the blocks the engine's block manager gave them), give back the
+// next-token logits of the sequences that reached their end, and sample from them.
+// Implementations: the CPU reference model (a CPU paged KV pool), the GPU runner (a device
+// paged pool) and scripted logits for tests.
 #pragma once
 
 #include <cstdint>
@@ -10,34 +12,63 @@
 #include <vector>
 
 #include "longctx/core/tensor.h"
+#include "longctx/engine/sampler.h"
+#include "longctx/kv/block_copy.h"
 
 namespace longctx {
 
 class Model;
 
+// One sequence's part of a step: run tokens all_tokens[num_computed, num_computed + num_new).
 struct StepInput {
   uint64_t seq_id = 0;
   std::span<const int32_t> all_tokens;  // prompt + generated so far
-  int64_t num_computed =
-      0;  // tokens already in this sequence's cache; feed all_tokens[num_computed:]
-  int64_t max_tokens = 0;  // the most tokens this sequence will ever hold (sizes its cache)
+  int64_t num_computed = 0;             // tokens whose K/V are in the sequence's blocks
+  int64_t num_new = 0;                  // tokens to run now (>= 1)
+  // The sequence's KV blocks, covering at least num_computed + num_new tokens.
+  std::span<const int32_t> block_table;
+  bool want_logits = true;  // logits of the last new token (the sequence reached its end)
+};
+
+// The KV blocks an executor offers the engine's block manager.
+struct KVBlockLayout {
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;  // tokens per block
 };
 
 class Executor {
  public:
   virtual ~Executor() = default;
   virtual int64_t vocab_size() const = 0;
-  // Runs every input and returns f32 logits [inputs.size(), vocab] of each one's last token.
-  virtual Tensor execute(std::span<const StepInput> inputs) = 0;
-  // The sequence finished or was dropped: free what it holds.
-  virtual void release(uint64_t seq_id) = 0;
+  virtual KVBlockLayout kv_layout() const = 0;
+  // Runs one step: first the copies (copy-on-write of shared blocks), then every input in one
+  // batched forward. Returns f32 logits [rows, vocab], one row per input with want_logits, in
+  // input order; on the host or on the executor's device (sample() takes it as it is).
+  virtual Tensor execute(std::span<const StepInput> inputs,
+                         std::span<const KVBlockCopy> copies) = 0;
+  // Samples one token per row of execute()'s logits. The default samples on the host.
+  virtual std::vector<SampleResult> sample(const Tensor& logits,
+                                           std::span<const SamplingParams* const> params,
+                                           std::span<SamplerState* const> states);
 };
 
-// The CPU reference model; one KVCache per live sequence.
-std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<Model> model);
+struct CpuExecutorOptions {
+  int64_t block_size = 16;
+  // Bytes of the CPU KV pool (f32 K and V of every layer); its pages are touched only as
+  // blocks fill. 0: 4 GiB (as vLLM's CPU backend's default VLLM_CPU_KVCACHE_SPACE).
+  int64_t kv_cache_bytes = 0;
+  // Blocks, instead of kv_cache_bytes (tests).
+  int64_t num_blocks = 0;
+};
 
-// Logits from a function (tests, tools): fn(input) -> [vocab] f32.
+// The CPU reference model over a CPU paged KV pool.
+std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<Model> model,
+                                            const CpuExecutorOptions& options = {});
+
+// Logits from a function (tests, tools): fn(input) -> [vocab] f32 for each input that wants
+// logits. It holds no K/V, so `layout` only sizes the engine's block bookkeeping.
 using LogitsFn = std::function<std::vector<float>(const StepInput& input)>;
-std::unique_ptr<Executor> make_function_executor(int64_t vocab_size, LogitsFn fn);
+std::unique_ptr<Executor> make_function_executor(int64_t vocab_size, LogitsFn fn,
+                                                 KVBlockLayout layout = {1 << 20, 16});
 
 }  // namespace longctx

@@ -1,7 +1,8 @@
 // The GPU model runner: a model on a CUDA device, its paged KV pool (sized by an explicit memory
-// plan) and the paged attention backend. It runs Executor steps (each sequence's new tokens,
-// long prompts cut into chunks of at most max_num_batched_tokens, every sequence of a step in
-// one batched forward) and keeps each live sequence's blocks until release().
+// plan) and the paged attention backend. Driven by the engine (make_gpu_executor), it runs each
+// step's sequences in one batched forward over the block tables the engine's block manager
+// gives. Standalone (benchmarks, `longctx forward`, tests) it keeps blocks per sequence itself
+// and cuts long prompts into chunks of max_num_batched_tokens.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +19,12 @@ class Model;
 struct ModelConfig;
 
 struct GpuRunnerOptions {
-  int64_t block_size = 0;               // tokens per KV block; 0: kDefaultBlockSize
+  int64_t block_size = 0;                  // tokens per KV block; 0: kDefaultBlockSize
   int64_t max_num_batched_tokens = 16384;  // tokens per forward (prefill chunk size)
   int64_t max_num_seqs = 256;              // sequences per forward
   int64_t max_model_len = 0;               // tokens per sequence; 0: max_position_embeddings
   int64_t num_gpu_blocks = 0;              // 0: as many as the memory plan leaves
+  bool enforce_eager = false;              // no CUDA graphs for decode steps
 };
 
 // See docs/architecture.md for the measurement behind the default.
@@ -34,11 +36,12 @@ int64_t activation_bytes_per_token(const ModelConfig& config);
 
 // Where the device's memory goes.
 struct GpuMemoryPlan {
-  int64_t budget = 0;           // device pool budget (--gpu-memory-utilization / -limit)
-  int64_t weights = 0;          // bf16 weights on the device
-  int64_t activations = 0;      // max_num_batched_tokens x activation_bytes_per_token
-  int64_t workspaces = 0;       // GEMM, attention plans, logits
-  int64_t kv_block_bytes = 0;   // K + V of every layer for one block
+  int64_t budget = 0;          // device pool budget (--gpu-memory-utilization / -limit)
+  int64_t weights = 0;         // bf16 weights on the device
+  int64_t activations = 0;     // max_num_batched_tokens x activation_bytes_per_token
+  int64_t workspaces = 0;      // GEMM, attention plans, logits, sampler
+  int64_t graphs = 0;          // CUDA graphs of decode steps (their private pool)
+  int64_t kv_block_bytes = 0;  // K + V of every layer for one block
   int64_t num_kv_blocks = 0;
   int64_t block_size = 0;
   int64_t max_model_len = 0;
@@ -60,12 +63,27 @@ class GpuRunner {
 
   const GpuMemoryPlan& memory_plan() const;
   int64_t vocab_size() const;
-  // Executor::execute: f32 logits [inputs.size(), vocab] (host) of each input's last token.
-  Tensor execute(std::span<const StepInput> inputs);
+  KVBlockLayout kv_layout() const;
+  // Executor::execute: the block copies, then one forward of every input over its block table
+  // (the step must fit max_num_batched_tokens / max_num_seqs). Device f32 logits [rows, vocab].
+  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies);
+  // Executor::sample on the device (one row per logits row); engine mode only.
+  std::vector<SampleResult> sample(const Tensor& logits,
+                                   std::span<const SamplingParams* const> params,
+                                   std::span<SamplerState* const> states);
+  int64_t graph_memory_bytes() const;  // held by the decode graphs (0 without)
+
+  // Standalone use, refused once an engine drives the runner. Inputs' block tables are ignored
+  // (the runner keeps each seq_id's blocks until release()); num_new 0 runs all the rest.
+  // Host f32 logits [inputs.size(), vocab] of each input's last token.
+  Tensor execute_standalone(std::span<const StepInput> inputs);
   // Logits of every position of `ids` as a fresh sequence (host f32 [n, vocab]): `forward`
   // and tests. The sequence is released afterwards.
   Tensor prompt_logits(std::span<const int32_t> ids);
   void release(uint64_t seq_id);
+  // From now on an engine's block manager owns the KV blocks (make_gpu_executor calls it):
+  // makes the device sampler and, unless enforce_eager, captures the decode graphs.
+  void attach_engine();
 
  private:
   struct Impl;

@@ -30,6 +30,7 @@ struct RequestMetrics {
   double first_token = 0;  // its first token was sampled
   double finished = 0;
   int64_t num_prompt_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache
   int64_t num_generated_tokens = 0;
 
   double ttft() const { return first_token - arrival; }  // includes queueing, as vLLM

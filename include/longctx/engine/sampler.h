@@ -1,10 +1,10 @@
 // Token sampling from f32 logits, in vLLM's order: penalties -> temperature -> min_p -> top_k ->
-// top_p -> draw. Every request owns its generator (SamplerState), so a seed reproduces a request
-// whatever else runs beside it.
+// top_p -> draw. The draw's uniform is counter-based: for a request's k-th sampled token it is a
+// function of (seed, k) alone (Philox4x32-10), so a seed reproduces a request whatever else runs
+// beside it, and the GPU sampler (src/engine/gpu_sampler.h) draws the same number and token.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <unordered_map>
 #include <unordered_set>
@@ -32,13 +32,18 @@ class SamplerState {
   // Records a generated token (for the penalties).
   void append_output(int32_t token);
 
-  std::mt19937_64& rng() { return rng_; }
+  uint64_t seed() const { return seed_; }
+  // Tokens sampled so far: the counter of the next draw's uniform.
+  uint64_t step() const { return step_; }
+  // Moves to the next draw; sample_token and GpuSampler::sample call it once per token.
+  void advance() { ++step_; }
   const std::unordered_map<int32_t, int32_t>& output_counts() const { return output_counts_; }
   // Tokens seen in prompt or output (for repetition_penalty); empty when that penalty is off.
   const std::unordered_set<int32_t>& seen() const { return seen_; }
 
  private:
-  std::mt19937_64 rng_;
+  uint64_t seed_ = 0;
+  uint64_t step_ = 0;
   bool track_seen_ = false;
   std::unordered_map<int32_t, int32_t> output_counts_;  // token -> times generated
   std::unordered_set<int32_t> seen_;                    // prompt + generated tokens
@@ -49,8 +54,11 @@ struct SampleResult {
   TokenLogprobs logprobs;  // filled when params.logprobs is set
 };
 
-// Samples one token from `logits` ([vocab] f32, not modified). Throws Error(kInvalidArgument) on
-// NaN logits or when nothing has finite probability.
+// Samples one token from `logits` ([vocab] f32, not modified) with the uniform
+// sampling_uniform(state.seed(), state.step()), then advances the state. Throws
+// Error(kInvalidArgument) on NaN or +inf logits, when nothing has finite probability, when the
+// penalties or the temperature overflow a logit, or past 2^20 tokens of vocabulary; the state
+// does not advance then.
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
                           SamplerState& state);
 
@@ -60,12 +68,14 @@ void apply_penalties(std::span<float> logits, const SamplingParams& params,
 void apply_temperature(std::span<float> logits, double temperature);
 void apply_min_p(std::span<float> logits, double min_p);
 void apply_top_k(std::span<float> logits, int64_t top_k);
+// top_p over integer token masses (see sampling_token_mass): keeps the smallest prefix of the
+// tokens ranked by logit (ties: lower id first) whose mass reaches top_p of the total.
 void apply_top_p(std::span<float> logits, double top_p);
 
-// A uniform double in [0, 1) from 53 bits of the generator (portable, unlike
-// std::uniform_real_distribution whose output differs between standard libraries).
-inline double uniform01(std::mt19937_64& rng) {
-  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
-}
+// The draw's uniform in [0, 1) for (seed, step): Philox4x32-10, 53 bits.
+double sampling_uniform(uint64_t seed, uint64_t step);
+// A token's probability mass as the sampler counts it: round(exp(d) * 2^43) for d = logit - max
+// (one float subtraction), 0 below d = -32. Exact integer sums make CPU and GPU agree.
+uint64_t sampling_token_mass(float d);
 
 }  // namespace longctx

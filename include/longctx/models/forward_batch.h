@@ -24,6 +24,12 @@ struct ForwardBatch {
   std::vector<int64_t> slot_mapping;        // [T] block * block_size + offset of each new token
   std::vector<int32_t> logits_indices;      // [R] rows of the T tokens that need logits
   std::vector<uint64_t> seq_ids;            // [S] the engine's ids (backends keyed by sequence)
+  // CUDA-graph replay (engine/cuda_graphs.h): every device address and launch shape of the step
+  // must follow from num_tokens() / num_seqs() alone, or be reported by the backend for the graph
+  // to update; the last num_padding_seqs sequences only fill the graph's batch size (their results
+  // are dropped), so backends keep them from changing how the real sequences' work is split.
+  bool fixed_launch_shapes = false;
+  int32_t num_padding_seqs = 0;
 
   int64_t num_tokens() const { return static_cast<int64_t>(input_ids.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(kv_lens.size()); }
@@ -37,7 +43,8 @@ struct ForwardBatch {
 
   // Throws Error(kInvalidArgument) naming the first inconsistency: array lengths, empty
   // sequences, kv_len < q_len, logits rows out of range or not ascending, token ids outside
-  // [0, vocab_size), positions outside [0, max_positions) (max_positions <= 0: unchecked).
+  // [0, vocab_size), positions outside [0, max_positions) (max_positions <= 0: unchecked),
+  // num_padding_seqs outside [0, S).
   // Paged fields are checked by the paged backend (it knows the block size and pool).
   void validate(int64_t vocab_size, int64_t max_positions) const;
 };

@@ -30,6 +30,15 @@ class Model {
   // problem for a malformed batch (before anything is written to the KV).
   virtual Tensor forward(const ForwardBatch& batch, AttentionBackend& attention) = 0;
 
+  // The device half of forward(), for CUDA-graph capture (engine/cuda_graphs.h): the batch was
+  // validated and attention.plan()ned already, and its input_ids [T] i32, positions [T] i64 and
+  // logits_indices [R] i32 are on device(). Writes f32 logits [R, vocab] into `logits`. Only
+  // launches work on the current stream and allocates from the device pool: no host sync, no
+  // host-to-device copy, so it can be captured.
+  virtual void forward_on_device(const Tensor& input_ids, const Tensor& positions,
+                                 const Tensor& logits_indices, AttentionBackend& attention,
+                                 const Tensor& logits) = 0;
+
   // CPU reference convenience: runs `ids` (one sequence) at `positions`, appending their K/V to
   // `cache` after the tokens already there. Returns f32 logits [n, vocab], or [1, vocab] for the
   // last token when last_only. Throws Error(kOutOfRange) when the cache has no room (nothing is

@@ -1,4 +1,5 @@
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "attention/backends/paged_backend.h"
@@ -112,11 +113,17 @@ class PagedAttentionBackend final : public AttentionBackend {
     const bool fast = fast_head_dim_ && kernels::cuda::paged_prefill_supported(params_);
     if (fast && all_decode) {
       path_ = Path::kDecode;
+      kernels::cuda::DecodeGraphMode graph;
+      graph.num_padding = batch.num_padding_seqs;
       decode_plan_ = kernels::cuda::decode_plan(
-          batch.block_table_indptr.data(), h + layout_.last_page_len, num_seqs_,
-          params_.page_size, num_qo_heads_, params_.num_kv_heads, params_.head_dim,
-          workspace_.data_ptr(), decode_ws_bytes_, stream);
+          batch.block_table_indptr.data(), h + layout_.last_page_len, num_seqs_, params_.page_size,
+          num_qo_heads_, params_.num_kv_heads, params_.head_dim, workspace_.data_ptr(),
+          decode_ws_bytes_, stream, /*num_sms=*/0, /*min_chunk_tokens=*/256, graph);
     } else if (fast) {
+      // The prefill plan's grid follows the query lengths: no fixed shapes to replay.
+      LONGCTX_CHECK(!batch.fixed_launch_shapes, ErrorCode::kUnsupported,
+                    "paged attention: fixed launch shapes (CUDA graphs) need a decode-only batch "
+                    "(every sequence one new token)");
       path_ = Path::kPrefill;
       prefill_plan_ = kernels::cuda::paged_prefill_plan(
           batch.qo_indptr.data(), batch.kv_lens.data(), num_seqs_, num_qo_heads_,
@@ -131,6 +138,11 @@ class PagedAttentionBackend final : public AttentionBackend {
     }
     planned_ = true;
   }
+
+  int64_t decode_grid() const {
+    return planned_ && path_ == Path::kDecode ? kernels::cuda::decode_grid_ctas(decode_plan_) : 0;
+  }
+  std::vector<void*> take_captured_decode_nodes() { return std::exchange(captured_decode_, {}); }
 
   void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override {
     check_layer_input("store_kv", layer, k);
@@ -177,6 +189,7 @@ class PagedAttentionBackend final : public AttentionBackend {
       d.dtype = params_.dtype;
       d.sm_scale = sm_scale_;
       kernels::cuda::decode_run(d, decode_plan_, stream);
+      note_captured_decode(stream);
     } else {
       PagedPrefillParams p = params_;
       p.q = qc.data_ptr();
@@ -193,6 +206,18 @@ class PagedAttentionBackend final : public AttentionBackend {
 
  private:
   const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
+
+  // While `stream` is being captured, the decode kernel just launched is the capture's one
+  // current dependency: its node, which a graph updates when the grid changes.
+  void note_captured_decode(cudaStream_t stream) {
+    if (stream == nullptr) return;  // the legacy default stream is never captured
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaGraphNode_t* deps = nullptr;
+    size_t n = 0;
+    LONGCTX_CUDA_CHECK(
+        cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, nullptr, &n));
+    if (status == cudaStreamCaptureStatusActive && n == 1) captured_decode_.push_back(deps[0]);
+  }
 
   void check_layer_input(const char* what, int64_t layer, const Tensor& x) const {
     const PagedKVPoolConfig& c = pool_.config();
@@ -225,11 +250,22 @@ class PagedAttentionBackend final : public AttentionBackend {
   PagedPrefillParams params_;
   kernels::cuda::PrefillPlan prefill_plan_;
   kernels::cuda::DecodePlan decode_plan_;
+  std::vector<void*> captured_decode_;  // cudaGraphNode_t of decode launches under capture
   int num_seqs_ = 0, num_tokens_ = 0;
   bool planned_ = false;
 };
 
 }  // namespace
+
+int64_t paged_decode_grid(const AttentionBackend& backend) {
+  const auto* paged = dynamic_cast<const PagedAttentionBackend*>(&backend);
+  return paged ? paged->decode_grid() : 0;
+}
+
+std::vector<void*> take_captured_decode_nodes(AttentionBackend& backend) {
+  auto* paged = dynamic_cast<PagedAttentionBackend*>(&backend);
+  return paged ? paged->take_captured_decode_nodes() : std::vector<void*>{};
+}
 
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
                                                                int64_t num_qo_heads,

@@ -5,11 +5,16 @@
 //   every sequence decoding (q_len 1) and head_dim 64/128 -> split-KV decode (decode.h);
 //   head_dim 64/128 otherwise                               -> paged prefill (prefill.h);
 //   any other head_dim (8..256)                             -> the generic kernel (paged_generic.h).
-// Nothing after plan() reads host memory or synchronizes.
+// Nothing after plan() reads host memory or synchronizes. With ForwardBatch::fixed_launch_shapes
+// (decode batches, or any batch on the generic kernel) every device address and launch shape
+// depends on the batch size alone, except the split-KV decode kernel's grid
+// (paged_decode_grid()): a CUDA graph captured after one plan() replays any later plan() of the
+// same size once its decode kernel nodes get that grid.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kv/paged_kv_pool.h"
 #include "longctx/models/forward_batch.h"
@@ -27,6 +32,13 @@ std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool
                                                                int64_t num_qo_heads,
                                                                float sm_scale,
                                                                const PagedBackendLimits& limits);
+
+// CTAs of the split-KV decode kernel's grid in the last plan() of `backend` (a paged backend);
+// 0 when that plan takes another kernel, or for any other backend.
+int64_t paged_decode_grid(const AttentionBackend& backend);
+// The graph nodes (cudaGraphNode_t) of the split-KV decode kernels `backend` launched on streams
+// under capture since the last call, in launch order; empty for any other backend.
+std::vector<void*> take_captured_decode_nodes(AttentionBackend& backend);
 
 // The checks plan() makes on the host, exposed for tests: block ids inside the pool, each
 // sequence's table long enough for its kv_len, every new token's slot equal to the one its

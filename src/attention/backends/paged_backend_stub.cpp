@@ -12,5 +12,8 @@ std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool
                 "-DLONGCTX_CUDA=ON)");
 }
 
+int64_t paged_decode_grid(const AttentionBackend&) { return 0; }
+std::vector<void*> take_captured_decode_nodes(AttentionBackend&) { return {}; }
+
 }  // namespace longctx
 #endif

@@ -16,7 +16,10 @@
 //
 // run() reads only device memory written by plan() (work list + partial buffers in the caller's
 // workspace; the merge counters it increments are back at 0 when it ends), so it can be captured
-// in a CUDA graph that replays while the plan is unchanged. One run at a time per workspace.
+// in a CUDA graph. Every workspace address depends on the batch size alone (decode_plan rewrites
+// the work list in place), so a graph captured for one plan replays any later plan of the same
+// batch size once its decode kernel nodes get the new plan's grid (decode_grid_ctas; the nodes
+// are the ones is_decode_kernel() names). One run at a time per workspace.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,7 +38,7 @@ struct DecodePlan {
   int head_dim = 0;
   int page_size = 0;
   int chunk_tokens = 0;                   // keys per split
-  int num_work_items = 0;                 // grid.x of the split kernel
+  int num_work_items = 0;                 // items of the grid (CTAs: items x kv heads x tiles)
   int num_partials = 0;                   // partial states (0: no request was split)
   const int32_t* work_items = nullptr;    // device [num_work_items, 4]: request, kv begin, kv end,
                                           // partial slot (-1: write o/lse directly)
@@ -44,6 +47,14 @@ struct DecodePlan {
   float* partial_lse = nullptr;           // device [num_partials, num_qo_heads]
   int32_t* counters = nullptr;  // device [batch_size, num_kv_heads * head tiles] finished splits
                                 // (the fused merge's; zeroed by plan(), left at 0 by each run)
+};
+
+// CUDA-graph replay (engine/cuda_graphs.h): the last num_padding requests only fill a graph's
+// batch size; each gets one work item over all its keys (meant for a key or two) and they do not
+// change the chunk the real requests get, so those are split exactly as in a plan of the real
+// requests alone.
+struct DecodeGraphMode {
+  int num_padding = 0;
 };
 
 // Workspace plan() may use for any batch of at most max_batch requests. num_sms = 0: the current
@@ -61,7 +72,13 @@ size_t decode_workspace_bytes(int max_batch, int num_qo_heads, int num_kv_heads,
 DecodePlan decode_plan(const int32_t* kv_indptr_host, const int32_t* kv_last_page_len_host,
                        int batch_size, int page_size, int num_qo_heads, int num_kv_heads,
                        int head_dim, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                       int num_sms = 0, int min_chunk_tokens = 256);
+                       int num_sms = 0, int min_chunk_tokens = 256,
+                       const DecodeGraphMode& graph = {});
+
+// CTAs of decode_run's (one-dimensional) grid for `plan`.
+int64_t decode_grid_ctas(const DecodePlan& plan);
+// True when `func` (a kernel node's function) is one of decode_run's kernels.
+bool is_decode_kernel(const void* func);
 
 // Launches the kernel (one launch; split requests are merged inside it). params' pointers are
 // device pointers; shapes must match the plan; dtype bf16 or f16.

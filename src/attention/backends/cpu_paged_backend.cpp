@@ -1,0 +1,107 @@
+#include "attention/backends/cpu_paged_backend.h"
+
+#include <cstring>
+#include <limits>
+
+#include "attention/backends/paged_backend.h"
+#include "longctx/core/error.h"
+#include "ops/attention.h"
+
+namespace longctx {
+
+namespace {
+
+// Row `slot` of a pool tensor [blocks, block_size, Hkv, d] as [Hkv, d] floats.
+float* slot_row(const Tensor& pool_kv, int64_t slot) {
+  const int64_t row = pool_kv.size(2) * pool_kv.size(3);
+  return pool_kv.data<float>() + slot * row;
+}
+
+void store(const Tensor& pool_kv, const Tensor& x, const std::vector<int64_t>& slots) {
+  // x [T, Hkv, d] f32 with a contiguous last dimension (may be a strided view of fused QKV).
+  const int64_t hkv = x.size(1), d = x.size(2);
+  LONGCTX_CHECK(x.dtype() == DType::kF32 && x.strides()[2] == 1 && hkv == pool_kv.size(2) &&
+                    d == pool_kv.size(3),
+                ErrorCode::kInvalidArgument, "CPU paged attention: K/V {} do not match the pool {}",
+                x.str(), pool_kv.str());
+  for (size_t t = 0; t < slots.size(); ++t) {
+    float* dst = slot_row(pool_kv, slots[t]);
+    for (int64_t h = 0; h < hkv; ++h) {
+      const float* src = x.data<float>() + t * x.strides()[0] + h * x.strides()[1];
+      std::memcpy(dst + h * d, src, d * sizeof(float));
+    }
+  }
+}
+
+}  // namespace
+
+CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale)
+    : pool_(pool), sm_scale_(sm_scale) {
+  LONGCTX_CHECK(pool.config().device.is_cpu() && pool.config().dtype == DType::kF32,
+                ErrorCode::kInvalidArgument, "CPU paged attention needs an f32 pool on the CPU");
+}
+
+void CpuPagedBackend::plan(const ForwardBatch& batch) {
+  batch_ = nullptr;
+  PagedBackendLimits limits;
+  limits.max_tokens = std::numeric_limits<int32_t>::max();
+  limits.max_seqs = std::numeric_limits<int32_t>::max();
+  limits.max_blocks = std::numeric_limits<int32_t>::max();
+  check_paged_batch(batch, pool_.block_size(), pool_.num_blocks(), limits);
+  batch_ = &batch;
+}
+
+void CpuPagedBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) {
+  LONGCTX_CHECK(batch_ != nullptr, ErrorCode::kInternal, "CPU paged attention: store before plan");
+  store(pool_.k(layer), k, batch_->slot_mapping);
+  store(pool_.v(layer), v, batch_->slot_mapping);
+}
+
+Tensor CpuPagedBackend::attend(int64_t layer, const Tensor& q) {
+  LONGCTX_CHECK(batch_ != nullptr, ErrorCode::kInternal, "CPU paged attention: attend before plan");
+  const ForwardBatch& b = *batch_;
+  const int64_t bs = pool_.block_size(), hkv = pool_.config().num_kv_heads,
+                d = pool_.config().head_dim, row = hkv * d;
+  Tensor out = Tensor::empty(q.shape(), DType::kF32);
+  for (int64_t s = 0; s < b.num_seqs(); ++s) {
+    const int64_t kv_len = b.kv_lens[s], q0 = b.qo_indptr[s], n = b.q_len(s);
+    // Gather the sequence's keys and values out of its blocks, in token order.
+    Tensor k = Tensor::empty({kv_len, hkv, d}, DType::kF32);
+    Tensor v = Tensor::empty({kv_len, hkv, d}, DType::kF32);
+    Tensor kpos = Tensor::empty({kv_len}, DType::kI64);
+    const int32_t* table = b.block_tables.data() + b.block_table_indptr[s];
+    for (int64_t j = 0; j < kv_len; j += bs) {
+      const int64_t len = std::min(bs, kv_len - j);
+      const int64_t slot = int64_t(table[j / bs]) * bs;
+      std::memcpy(k.data<float>() + j * row, slot_row(pool_.k(layer), slot),
+                  len * row * sizeof(float));
+      std::memcpy(v.data<float>() + j * row, slot_row(pool_.v(layer), slot),
+                  len * row * sizeof(float));
+    }
+    for (int64_t j = 0; j < kv_len; ++j) kpos.data<int64_t>()[j] = j;
+    ops::AttentionArgs a;
+    a.q = q.slice(0, q0, q0 + n).contiguous();
+    a.k = k;
+    a.v = v;
+    a.q_positions =
+        Tensor::from_blob(const_cast<int64_t*>(b.positions.data() + q0), {n}, DType::kI64);
+    a.k_positions = kpos;
+    a.kv_len = kv_len;
+    a.scale = sm_scale_;
+    a.out = out.slice(0, q0, q0 + n);
+    ops::attention(a);
+  }
+  return out.view({q.size(0), -1});
+}
+
+void copy_kv_block_cpu(PagedKVPool& pool, int32_t src, int32_t dst) {
+  LONGCTX_CHECK(src >= 0 && src < pool.num_blocks() && dst >= 0 && dst < pool.num_blocks(),
+                ErrorCode::kInvalidArgument, "KV block copy {} -> {} outside a pool of {} blocks",
+                src, dst, pool.num_blocks());
+  for (int64_t l = 0; l < pool.config().num_layers; ++l) {
+    pool.k(l).select(0, dst).copy_from(pool.k(l).select(0, src));
+    pool.v(l).select(0, dst).copy_from(pool.v(l).select(0, src));
+  }
+}
+
+}  // namespace longctx

@@ -1,0 +1,301 @@
+// DecodeGraphs (see cuda_graphs.h): capture per bucket, replay per step.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "attention/backends/paged_backend.h"
+#include "core/cuda_stream.h"
+#include "core/device_pool.h"
+#include "core/stream_limits.h"
+#include "engine/cuda_graphs.h"
+#include "kernels/cuda/decode.h"
+#include "longctx/core/cuda_check.h"
+#include "longctx/core/error.h"
+#include "longctx/core/stream.h"
+#include "longctx/models/model.h"
+
+namespace longctx {
+
+namespace {
+
+// One capture stream per device for the whole process: cuBLASLt keeps a workspace per stream
+// (ops/linear_cuda.cu) that the captured GEMMs use, so a stream per DecodeGraphs would leave a
+// workspace behind for each. Never destroyed, as the cuBLASLt contexts: process exit tears the
+// CUDA context down first.
+const Stream& capture_stream(int device) {
+  static std::mutex mu;
+  static Stream* streams[kMaxCudaDevices] = {};
+  LONGCTX_CHECK(device >= 0 && device < kMaxCudaDevices, ErrorCode::kInvalidArgument,
+                "decode graphs: device index {} out of range", device);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!streams[device]) streams[device] = new Stream(Device::cuda(device));
+  return *streams[device];
+}
+
+// The calling thread's allocations go to a private pool for the scope.
+class PrivatePoolScope {
+ public:
+  PrivatePoolScope(int device, uint64_t id) : pool_(detail::device_pool(device)) {
+    pool_.begin_private(id);
+  }
+  ~PrivatePoolScope() { pool_.end_private(); }
+  PrivatePoolScope(const PrivatePoolScope&) = delete;
+  PrivatePoolScope& operator=(const PrivatePoolScope&) = delete;
+
+ private:
+  detail::DevicePool& pool_;
+};
+
+// One bucket's graph. The split-KV decode kernel's grid follows the step's plan (a grid padded to
+// a fixed size was 19-22% slower, see decode.cu), so its nodes are updated when it changes.
+struct BucketGraph {
+  cudaGraph_t graph = nullptr;  // kept: the decode nodes are its nodes
+  cudaGraphExec_t exec = nullptr;
+  std::vector<cudaGraphNode_t> decode_nodes;  // one per layer on the split-KV decode path
+  int64_t decode_ctas = 0;                    // their grid in `exec` now
+};
+
+}  // namespace
+
+struct DecodeGraphs::Impl {
+  Model& model;
+  AttentionBackend& attention;
+  PagedKVPool& pool;
+  std::vector<int64_t> buckets;
+  int64_t max_blocks = 0;
+  int32_t scratch = -1;
+  bool own_scratch = false;  // taken from the pool's free list: given back at destruction
+  Device device;
+  uint64_t private_pool = 0;  // device-pool id of the graphs' memory
+  Tensor ids;                 // [max bucket] i32: the graphs' input ids
+  Tensor positions;           // [max bucket] i64
+  Tensor rows;                // [max bucket] i32: 0, 1, ... (every row's logits)
+  Tensor logits;              // [max bucket, vocab] f32: the graphs' output
+  Tensor host_ids;            // [max bucket] i32 pinned staging of ids
+  Tensor host_positions;      // [max bucket] i64 pinned staging of positions
+  Event staged;               // recorded after the last copies out of the staging buffers
+  std::map<int64_t, BucketGraph> graphs;  // by bucket
+  int64_t grid_updates = 0;
+  double capture_seconds = 0;
+
+  Impl(Model& m, AttentionBackend& a, PagedKVPool& p, Device d)
+      : model(m), attention(a), pool(p), device(d), staged(d) {}
+
+  ~Impl() {
+    drop_graphs();
+    // Views of `logits` the caller still holds keep their block; it turns into an ordinary one.
+    ids = positions = rows = logits = Tensor();
+    if (private_pool != 0) detail::device_pool(device.index).release_private_pool(private_pool);
+    if (own_scratch) pool.free({scratch});
+  }
+
+  void drop_graphs() {
+    for (auto& [b, g] : graphs) {
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+      if (g.graph) cudaGraphDestroy(g.graph);
+    }
+    graphs.clear();
+  }
+
+  // Points the bucket's decode nodes at a grid of `ctas` CTAs (the plan just made).
+  void set_decode_grid(BucketGraph& g, int64_t ctas) {
+    if (ctas == g.decode_ctas) return;
+    LONGCTX_CHECK(ctas >= 1 && ctas <= 0x7fffffff && !g.decode_nodes.empty(), ErrorCode::kInternal,
+                  "decode graphs: a decode grid of {} CTAs for a graph with {} decode nodes", ctas,
+                  g.decode_nodes.size());
+    for (cudaGraphNode_t node : g.decode_nodes) {
+      cudaKernelNodeParams p{};
+      LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &p));
+      p.gridDim = dim3(static_cast<unsigned>(ctas));
+      LONGCTX_CUDA_CHECK(cudaGraphExecKernelNodeSetParams(g.exec, node, &p));
+    }
+    g.decode_ctas = ctas;
+    ++grid_updates;
+  }
+
+  // The ids and positions of a padded batch into the graphs' input buffers, on `stream`.
+  void upload(const ForwardBatch& padded, cudaStream_t stream) {
+    const int64_t b = padded.num_tokens();
+    staged.synchronize();  // the previous step's copies out of the staging buffers are done
+    std::memcpy(host_ids.data_ptr(), padded.input_ids.data(), b * sizeof(int32_t));
+    std::memcpy(host_positions.data_ptr(), padded.positions.data(), b * sizeof(int64_t));
+    ids.slice(0, 0, b).copy_from_async(host_ids.slice(0, 0, b), stream);
+    positions.slice(0, 0, b).copy_from_async(host_positions.slice(0, 0, b), stream);
+    staged.record_on(stream);
+  }
+
+  // Validates and plans a padded batch exactly as Model::forward does, then uploads its inputs.
+  void prepare(const ForwardBatch& padded, cudaStream_t stream) {
+    const ModelConfig& c = model.config();
+    padded.validate(c.vocab_size, c.max_position_embeddings);
+    attention.plan(padded);
+    upload(padded, stream);
+  }
+
+  void forward(int64_t b) {
+    model.forward_on_device(ids.slice(0, 0, b), positions.slice(0, 0, b), rows.slice(0, 0, b),
+                            attention, logits.slice(0, 0, b));
+  }
+
+  void capture_bucket(int64_t b) {
+    const Stream& cs = capture_stream(device.index);
+    cudaStream_t s = cuda_handle(cs);
+    StreamGuard on_capture_stream(cs);
+    // Every sequence is padding in the scratch block (the first one "real" as validate() wants):
+    // the capture writes no real sequence's KV; shapes are all a graph keeps.
+    ForwardBatch one;
+    const int32_t zero = 0;
+    one.add_sequence(~uint64_t(0), &zero, 1, 0, true);
+    one.block_table_indptr = {0, 1};
+    one.block_tables = {scratch};
+    one.slot_mapping = {int64_t(scratch) * pool.block_size()};
+    prepare(pad_decode_batch(one, b, scratch, pool.block_size()), s);
+    const int64_t decode_ctas = paged_decode_grid(attention);
+    cudaGraph_t graph = nullptr;
+    {
+      PrivatePoolScope scope(device.index, private_pool);
+      // Warm-up: loads every kernel, makes cuBLASLt's plans (and the capture stream's
+      // workspace) and the private pool's segments, so the capture itself allocates nothing
+      // from the driver.
+      forward(b);
+      LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
+      take_captured_decode_nodes(attention);  // the warm-up's: none (not captured)
+      LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      try {
+        forward(b);
+      } catch (...) {
+        // Leave the stream out of capture mode before the error travels on.
+        if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        throw;
+      }
+      LONGCTX_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    }
+    BucketGraph& g = graphs[b];
+    g.graph = graph;
+    LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
+    for (void* node : take_captured_decode_nodes(attention)) {
+      cudaKernelNodeParams p{};
+      LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(static_cast<cudaGraphNode_t>(node), &p));
+      LONGCTX_CHECK(kernels::cuda::is_decode_kernel(p.func), ErrorCode::kInternal,
+                    "decode graphs: a recorded decode node runs another kernel");
+      g.decode_nodes.push_back(static_cast<cudaGraphNode_t>(node));
+    }
+    const size_t want = decode_ctas > 0 ? size_t(model.config().num_hidden_layers) : 0;
+    LONGCTX_CHECK(g.decode_nodes.size() == want, ErrorCode::kInternal,
+                  "decode graphs: the graph of {} holds {} decode kernels, expected {}", b,
+                  g.decode_nodes.size(), want);
+    g.decode_ctas = decode_ctas;
+    // The first launch of a fresh graph pays for uploading it: do that now, not in a step.
+    LONGCTX_CUDA_CHECK(cudaGraphUpload(g.exec, s));
+    LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+};
+
+DecodeGraphs::DecodeGraphs(Model& model, AttentionBackend& attention, PagedKVPool& pool,
+                           const DecodeGraphOptions& options) {
+  LONGCTX_CHECK(model.device().is_cuda(), ErrorCode::kInvalidArgument,
+                "decode graphs: the model is on {}, not a CUDA device", model.device().str());
+  LONGCTX_CHECK(pool.config().device == model.device(), ErrorCode::kInvalidArgument,
+                "decode graphs: the KV pool is on {}, the model on {}", pool.config().device.str(),
+                model.device().str());
+  std::vector<int64_t> buckets =
+      options.buckets.empty() ? decode_graph_buckets(options.max_num_seqs) : options.buckets;
+  for (size_t i = 0; i < buckets.size(); ++i)
+    LONGCTX_CHECK(buckets[i] >= 1 && (i == 0 || buckets[i] > buckets[i - 1]) &&
+                      (options.max_num_seqs <= 0 || buckets[i] <= options.max_num_seqs),
+                  ErrorCode::kInvalidArgument,
+                  "decode graphs: buckets must ascend from >= 1 up to max_num_seqs {} (bucket {} "
+                  "is {})",
+                  options.max_num_seqs, i, buckets[i]);
+  LONGCTX_CHECK(options.scratch_block >= -1 && options.scratch_block < pool.num_blocks(),
+                ErrorCode::kInvalidArgument,
+                "decode graphs: scratch block {} outside the pool's {} blocks",
+                options.scratch_block, pool.num_blocks());
+  impl_ = std::make_unique<Impl>(model, attention, pool, model.device());
+  Impl& m = *impl_;
+  m.buckets = std::move(buckets);
+  m.max_blocks = options.max_blocks;
+  if (options.scratch_block >= 0) {
+    m.scratch = options.scratch_block;
+  } else {
+    m.scratch = pool.allocate(1)[0];
+    m.own_scratch = true;
+  }
+  const int64_t n = m.buckets.back();
+  m.ids = Tensor::empty({n}, DType::kI32, m.device);
+  m.positions = Tensor::empty({n}, DType::kI64, m.device);
+  m.logits = Tensor::empty({n, model.config().vocab_size}, DType::kF32, m.device);
+  std::vector<int32_t> rows(n);
+  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i);
+  m.rows = Tensor::from_blob(rows.data(), {n}, DType::kI32).to(m.device);
+  m.host_ids = Tensor::empty_pinned({n}, DType::kI32);
+  m.host_positions = Tensor::empty_pinned({n}, DType::kI64);
+}
+
+DecodeGraphs::~DecodeGraphs() = default;
+
+void DecodeGraphs::capture() {
+  Impl& m = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  m.drop_graphs();
+  if (m.private_pool == 0)
+    m.private_pool = detail::device_pool(m.device.index).create_private_pool();
+  DeviceGuard guard(m.device.index);
+  // The capture stream does not wait for the legacy default stream (weights, KV pool set-up).
+  device_synchronize(m.device.index);
+  // Largest first: the smaller buckets' intermediates fit in the blocks the largest left.
+  for (auto it = m.buckets.rbegin(); it != m.buckets.rend(); ++it) {
+    try {
+      m.capture_bucket(*it);
+    } catch (const Error& e) {
+      m.drop_graphs();
+      LONGCTX_THROW(e.code(), "decode graphs: capturing the batch of {}: {}", *it, e.what());
+    }
+  }
+  device_synchronize(m.device.index);
+  m.capture_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool DecodeGraphs::captured() const { return !impl_->graphs.empty(); }
+
+const std::vector<int64_t>& DecodeGraphs::buckets() const { return impl_->buckets; }
+
+int32_t DecodeGraphs::scratch_block() const { return impl_->scratch; }
+
+bool DecodeGraphs::can_run(const ForwardBatch& batch) const {
+  return captured() &&
+         decode_graph_refusal(batch, impl_->buckets, impl_->scratch, impl_->max_blocks).empty();
+}
+
+Tensor DecodeGraphs::run(const ForwardBatch& batch) {
+  Impl& m = *impl_;
+  LONGCTX_CHECK(captured(), ErrorCode::kInvalidArgument, "decode graphs: run() before capture()");
+  const std::string why = decode_graph_refusal(batch, m.buckets, m.scratch, m.max_blocks);
+  LONGCTX_CHECK(why.empty(), ErrorCode::kInvalidArgument, "decode graphs: cannot replay {}", why);
+  const int64_t s = batch.num_seqs(), b = pick_decode_bucket(m.buckets, s);
+  DeviceGuard guard(m.device.index);
+  cudaStream_t stream = current_cuda_stream(m.device.index);
+  m.prepare(pad_decode_batch(batch, b, m.scratch, m.pool.block_size()), stream);
+  BucketGraph& g = m.graphs.at(b);
+  if (!g.decode_nodes.empty()) m.set_decode_grid(g, paged_decode_grid(m.attention));
+  LONGCTX_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  return m.logits.slice(0, 0, s);
+}
+
+int64_t DecodeGraphs::memory_bytes() const {
+  const Impl& m = *impl_;
+  const int64_t fixed = m.ids.nbytes() + m.positions.nbytes() + m.rows.nbytes() + m.logits.nbytes();
+  return fixed + (m.private_pool
+                      ? detail::device_pool(m.device.index).private_reserved(m.private_pool)
+                      : 0);
+}
+
+double DecodeGraphs::capture_seconds() const { return impl_->capture_seconds; }
+
+int64_t DecodeGraphs::grid_updates() const { return impl_->grid_updates; }
+
+}  // namespace longctx

@@ -1,0 +1,246 @@
+// GpuSampler: packs the batch's per-row parameters and penalty entries (the union of the
+// repetition set and the output counts, as apply_penalties reads them) into one pinned buffer,
+// uploads it, runs kernels/cuda/sampling.cu, and reads the results back.
+#include "engine/gpu_sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/sampling_kernel_params.h"
+#include "kernels/sampling_math.h"
+#include "longctx/core/error.h"
+#include "longctx/core/stream.h"
+
+#ifdef LONGCTX_WITH_CUDA
+#include "core/cuda_stream.h"
+#include "kernels/cuda/sampling.h"
+#include "longctx/core/cuda_check.h"
+#endif
+
+namespace longctx {
+
+#ifdef LONGCTX_WITH_CUDA
+
+namespace {
+
+constexpr int64_t kInitialPenaltyEntries = 1 << 16;
+
+int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+int64_t params_bytes(int64_t rows) {
+  return align_up(rows * static_cast<int64_t>(sizeof(kernels::SamplingRowParams)), 16);
+}
+int64_t penalized_offset(int64_t rows) { return params_bytes(rows); }
+int64_t entries_offset(int64_t rows) {
+  return penalized_offset(rows) + align_up(rows * static_cast<int64_t>(sizeof(int32_t)), 16);
+}
+
+// The row's penalty entries, one per token, exactly the tokens apply_penalties touches.
+void penalty_entries(const SamplingParams& p, const SamplerState& s, int64_t vocab,
+                     std::vector<kernels::SamplingPenaltyEntry>& out) {
+  const bool repetition = p.repetition_penalty != 1.0;
+  const bool counted = p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+  auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
+  if (repetition) {
+    for (int32_t t : s.seen()) {
+      if (!in_vocab(t)) continue;
+      int32_t count = 0;
+      if (counted) {
+        const auto it = s.output_counts().find(t);
+        if (it != s.output_counts().end()) count = it->second;
+      }
+      out.push_back({t, count, 1, 0});
+    }
+  }
+  if (counted) {
+    for (const auto& [t, count] : s.output_counts()) {
+      if (!in_vocab(t) || (repetition && s.seen().count(t) != 0)) continue;
+      out.push_back({t, count, 0, 0});
+    }
+  }
+}
+
+[[noreturn]] void throw_row_error(const kernels::SamplingRowResult& r, size_t row) {
+  constexpr auto kBad = ErrorCode::kInvalidArgument;
+  switch (r.status) {
+    case kernels::kSamplingNaN:
+      LONGCTX_THROW(kBad, "the model produced a NaN logit (token {}, batch row {})", r.bad_index,
+                    row);
+    case kernels::kSamplingPosInf:
+      LONGCTX_THROW(kBad, "the model produced a +inf logit (token {}, batch row {})", r.bad_index,
+                    row);
+    case kernels::kSamplingAllNegInf:
+      LONGCTX_THROW(kBad, "every logit is -inf: no token can be sampled (batch row {})", row);
+    case kernels::kSamplingOverflow:
+      LONGCTX_THROW(kBad,
+                    "the logit of token {} overflows to +inf after penalties and temperature "
+                    "(batch row {})",
+                    r.bad_index, row);
+    case kernels::kSamplingAllNegInfAfter:
+      LONGCTX_THROW(kBad,
+                    "every logit is -inf after penalties and temperature: no token can be "
+                    "sampled (batch row {})",
+                    row);
+    default:
+      LONGCTX_THROW(ErrorCode::kInternal, "GPU sampler: unknown status {} (batch row {})", r.status,
+                    row);
+  }
+}
+
+}  // namespace
+
+GpuSampler::GpuSampler(int64_t max_rows, int64_t vocab, Device device)
+    : max_rows_(max_rows), vocab_(vocab), device_(device) {
+  LONGCTX_CHECK(device.is_cuda(), ErrorCode::kInvalidArgument,
+                "GpuSampler needs a CUDA device, got {}", device.str());
+  LONGCTX_CHECK(max_rows >= 1, ErrorCode::kInvalidArgument, "GpuSampler: max_rows {} < 1",
+                max_rows);
+  LONGCTX_CHECK(vocab >= 1 && vocab <= kernels::kMaxSamplingVocab, ErrorCode::kInvalidArgument,
+                "GpuSampler: vocabulary {} not in [1, {}]", vocab, kernels::kMaxSamplingVocab);
+  const int64_t result_bytes = max_rows * static_cast<int64_t>(sizeof(kernels::SamplingRowResult));
+  results_host_ = Tensor::empty_pinned({result_bytes}, DType::kU8);
+  results_dev_ = Tensor::empty({result_bytes}, DType::kU8, device);
+  work_ = Tensor::empty({max_rows, vocab}, DType::kF32, device);
+  reserve_penalties(kInitialPenaltyEntries);
+}
+
+void GpuSampler::reserve_penalties(int64_t entries) {
+  if (entries <= penalty_capacity_) return;
+  penalty_capacity_ = std::max(entries, 2 * penalty_capacity_);
+  const int64_t bytes =
+      entries_offset(max_rows_) +
+      penalty_capacity_ * static_cast<int64_t>(sizeof(kernels::SamplingPenaltyEntry));
+  upload_host_ = Tensor::empty_pinned({bytes}, DType::kU8);
+  upload_dev_ = Tensor::empty({bytes}, DType::kU8, device_);
+}
+
+int64_t GpuSampler::device_bytes() const {
+  return static_cast<int64_t>(upload_dev_.nbytes() + results_dev_.nbytes() + work_.nbytes());
+}
+
+std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
+                                             std::span<SamplerState* const> states,
+                                             std::span<const SamplingParams* const> params) {
+  constexpr auto kBad = ErrorCode::kInvalidArgument;
+  LONGCTX_CHECK(logits.defined() && logits.device() == device_, kBad,
+                "GpuSampler: logits must be on {}, got {}", device_.str(),
+                logits.defined() ? logits.str() : std::string("an undefined tensor"));
+  LONGCTX_CHECK(logits.dtype() == DType::kF32 && logits.rank() == 2 && logits.size(1) == vocab_ &&
+                    logits.strides()[1] == 1,
+                kBad, "GpuSampler: logits must be f32 [B, {}] with contiguous rows, got {}", vocab_,
+                logits.str());
+  const int64_t rows = logits.size(0);
+  LONGCTX_CHECK(rows <= max_rows_, kBad, "GpuSampler: {} rows, at most {}", rows, max_rows_);
+  LONGCTX_CHECK(
+      static_cast<int64_t>(states.size()) == rows && static_cast<int64_t>(params.size()) == rows,
+      kBad, "GpuSampler: {} logits rows but {} states and {} params", rows, states.size(),
+      params.size());
+  if (rows == 0) return {};
+
+  std::vector<kernels::SamplingPenaltyEntry> entries;
+  std::vector<kernels::SamplingRowParams> rp(static_cast<size_t>(rows));
+  std::vector<int32_t> penalized;
+  for (int64_t i = 0; i < rows; ++i) {
+    LONGCTX_CHECK(states[i] != nullptr && params[i] != nullptr, kBad,
+                  "GpuSampler: row {} has no state or params", i);
+    const SamplingParams& p = *params[i];
+    p.validate();
+    kernels::SamplingRowParams& r = rp[i];
+    r.seed = states[i]->seed();
+    r.step = states[i]->step();
+    r.greedy = p.greedy() ? 1 : 0;
+    r.inv_temperature = p.greedy() ? 1.0f : static_cast<float>(1.0 / p.temperature);
+    r.top_k = p.top_k > 0 && p.top_k < vocab_ ? static_cast<int32_t>(p.top_k) : 0;
+    r.top_p = p.top_p;
+    r.use_min_p = p.min_p > 0.0 ? 1 : 0;
+    r.log_min_p = p.min_p > 0.0 ? std::log(p.min_p) : 0.0;
+    r.repetition_penalty = static_cast<float>(p.repetition_penalty);
+    r.frequency_penalty = p.frequency_penalty;
+    r.presence_penalty = p.presence_penalty;
+    r.logprobs = p.logprobs ? *p.logprobs : -1;
+    const size_t begin = entries.size();
+    penalty_entries(p, *states[i], vocab_, entries);
+    if (entries.size() > begin) {
+      r.work_row = static_cast<int32_t>(penalized.size());
+      r.penalty_begin = static_cast<int32_t>(begin);
+      r.penalty_count = static_cast<int32_t>(entries.size() - begin);
+      penalized.push_back(static_cast<int32_t>(i));
+    }
+  }
+  reserve_penalties(static_cast<int64_t>(entries.size()));
+
+  auto* up = static_cast<uint8_t*>(upload_host_.data_ptr());
+  std::memcpy(up, rp.data(), rp.size() * sizeof(rp[0]));
+  std::memcpy(up + penalized_offset(max_rows_), penalized.data(),
+              penalized.size() * sizeof(int32_t));
+  std::memcpy(up + entries_offset(max_rows_), entries.data(), entries.size() * sizeof(entries[0]));
+  const size_t upload_bytes = static_cast<size_t>(entries_offset(max_rows_)) +
+                              entries.size() * sizeof(kernels::SamplingPenaltyEntry);
+
+  DeviceGuard guard(device_.index);
+  cudaStream_t stream = current_cuda_stream(device_.index);
+  auto* dev = static_cast<uint8_t*>(upload_dev_.data_ptr());
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev, up, upload_bytes, cudaMemcpyHostToDevice, stream));
+  kernels::SamplingBatch batch;
+  batch.logits = logits.data<float>();
+  batch.logits_stride = logits.strides()[0];
+  batch.num_rows = static_cast<int32_t>(rows);
+  batch.vocab = static_cast<int32_t>(vocab_);
+  batch.rows = reinterpret_cast<const kernels::SamplingRowParams*>(dev);
+  batch.work = work_.data<float>();
+  batch.penalized_rows = reinterpret_cast<const int32_t*>(dev + penalized_offset(max_rows_));
+  batch.num_penalized = static_cast<int32_t>(penalized.size());
+  batch.penalties =
+      reinterpret_cast<const kernels::SamplingPenaltyEntry*>(dev + entries_offset(max_rows_));
+  batch.results = static_cast<kernels::SamplingRowResult*>(results_dev_.data_ptr());
+  kernels::cuda::sample_rows(batch, stream);
+  const size_t result_bytes = static_cast<size_t>(rows) * sizeof(kernels::SamplingRowResult);
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(results_host_.data_ptr(), batch.results, result_bytes,
+                                     cudaMemcpyDeviceToHost, stream));
+  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  const auto* res = static_cast<const kernels::SamplingRowResult*>(results_host_.data_ptr());
+  for (int64_t i = 0; i < rows; ++i) {
+    if (res[i].status != kernels::kSamplingOk) throw_row_error(res[i], static_cast<size_t>(i));
+    LONGCTX_ASSERT(res[i].token >= 0 && res[i].token < vocab_, "GPU sampler: token {} of row {}",
+                   res[i].token, i);
+  }
+  std::vector<SampleResult> out(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    out[i].token = res[i].token;
+    if (params[i]->logprobs) {
+      TokenLogprobs& lp = out[i].logprobs;
+      lp.token = res[i].token;
+      lp.logprob = res[i].logprob;
+      lp.rank = res[i].rank;
+      for (int j = 0; j < res[i].num_top; ++j) {
+        lp.top.emplace_back(res[i].top_ids[j], res[i].top_logprobs[j]);
+      }
+    }
+    states[i]->advance();
+  }
+  return out;
+}
+
+#else  // no CUDA
+
+GpuSampler::GpuSampler(int64_t max_rows, int64_t vocab, Device device)
+    : max_rows_(max_rows), vocab_(vocab), device_(device) {
+  LONGCTX_THROW(ErrorCode::kUnsupported,
+                "GpuSampler: this build of longctx has no CUDA backend (configure with "
+                "-DLONGCTX_CUDA=ON)");
+}
+
+void GpuSampler::reserve_penalties(int64_t) {}
+
+int64_t GpuSampler::device_bytes() const { return 0; }
+
+std::vector<SampleResult> GpuSampler::sample(const Tensor&, std::span<SamplerState* const>,
+                                             std::span<const SamplingParams* const>) {
+  LONGCTX_THROW(ErrorCode::kUnsupported, "GpuSampler: this build of longctx has no CUDA backend");
+}
+
+#endif
+
+}  // namespace longctx

@@ -1,0 +1,111 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks)
+    : config_(config), blocks_(blocks) {
+  LONGCTX_CHECK(config.max_num_batched_tokens > 0 && config.max_num_seqs > 0,
+                ErrorCode::kInvalidArgument,
+                "scheduler: max_num_batched_tokens ({}) and max_num_seqs ({}) must be positive",
+                config.max_num_batched_tokens, config.max_num_seqs);
+}
+
+void Scheduler::add(Sequence* seq) {
+  seq->status = SequenceStatus::kWaiting;
+  waiting_.push_back(seq);
+}
+
+void Scheduler::preempt(Sequence* seq) {
+  blocks_.free(seq->id);
+  seq->num_computed = 0;
+  seq->status = SequenceStatus::kWaiting;
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  waiting_.push_front(seq);
+  ++num_preemptions_;
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int64_t budget = config_.max_num_batched_tokens;
+  auto add_to_step = [&](Sequence* seq, int64_t n) {
+    const bool last = seq->num_computed + n == static_cast<int64_t>(seq->tokens.size());
+    out.seqs.push_back({seq, n, last});
+    out.num_tokens += n;
+    budget -= n;
+  };
+  // Running sequences: decodes (one token left) in the first pass, prefill chunks in the second.
+  for (const bool decodes : {true, false}) {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Sequence* seq = running_[i];
+      const int64_t remaining = static_cast<int64_t>(seq->tokens.size()) - seq->num_computed;
+      if ((remaining == 1) != decodes) continue;
+      const int64_t n = std::min(remaining, budget);
+      bool preempted_self = false;
+      while (!blocks_.append(seq->id, seq->num_computed, n, &out.copies)) {
+        Sequence* victim = running_.back();
+        auto it = std::find_if(out.seqs.begin(), out.seqs.end(),
+                               [&](const ScheduledSeq& s) { return s.seq == victim; });
+        if (it != out.seqs.end()) {  // scheduled earlier in this step: take it back out
+          budget += it->num_new;
+          out.num_tokens -= it->num_new;
+          out.seqs.erase(it);
+        }
+        preempt(victim);
+        ++out.num_preempted;
+        if (victim == seq) {
+          preempted_self = true;
+          break;
+        }
+      }
+      if (preempted_self) break;  // it was the newest: nothing runs after it
+      add_to_step(seq, n);
+    }
+  }
+  // Waiting sequences, first come first served, while blocks, tokens and sequence slots last.
+  while (out.num_preempted == 0 && !waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    Sequence* seq = waiting_.front();
+    const BlockManager::Start r = blocks_.start(seq->id, seq->tokens, budget, &out.copies);
+    if (r.num_cached < 0) break;
+    waiting_.pop_front();
+    seq->num_computed = r.num_cached;
+    if (seq->output.metrics.scheduled == 0) seq->output.metrics.num_cached_tokens = r.num_cached;
+    seq->status = SequenceStatus::kRunning;
+    running_.push_back(seq);
+    add_to_step(seq, r.num_new);
+  }
+  return out;
+}
+
+void Scheduler::complete(const SchedulerOutput& out) {
+  for (const ScheduledSeq& s : out.seqs) {
+    s.seq->num_computed += s.num_new;
+    blocks_.commit(s.seq->id, s.seq->tokens, s.seq->num_computed);
+  }
+  blocks_.end_step();
+}
+
+void Scheduler::fail(const SchedulerOutput&) { blocks_.end_step(); }
+
+void Scheduler::remove(Sequence* seq) {
+  auto r = std::find(running_.begin(), running_.end(), seq);
+  if (r != running_.end()) {
+    running_.erase(r);
+  } else {
+    auto w = std::find(waiting_.begin(), waiting_.end(), seq);
+    if (w != waiting_.end()) waiting_.erase(w);
+  }
+  blocks_.free(seq->id);
+}
+
+std::vector<Sequence*> Scheduler::all() const {
+  std::vector<Sequence*> v(running_.begin(), running_.end());
+  v.insert(v.end(), waiting_.begin(), waiting_.end());
+  return v;
+}
+
+}  // namespace longctx

@@ -1,0 +1,123 @@
+// The KV block manager: which KV blocks each sequence holds, shared blocks by reference count,
+// and the prefix cache (as vLLM's v1 KVCacheManager, over full blocks).
+//
+// Block ids name blocks of an executor's KV pool (PagedKVPool on the GPU or the CPU); this class
+// only does the bookkeeping, so it is plain C++ and tested without a model.
+//
+// Prefix cache. A full block is identified by a hash chain: h_i = xxhash64(tokens of block i,
+// seed h_{i-1}), h_{-1} = 0, and a cached block keeps its tokens so a hash collision can never
+// hand a sequence the wrong K/V. When a sequence's block becomes full (its K/V all computed)
+// it is registered under its hash; from then on it is immutable. A new (or preempted) sequence
+// looks its prompt up block by block and holds every hit with a reference. Blocks whose count
+// drops to zero stay cached (evictable, least recently used first) until a fresh block is needed
+// and no uncached free block is left.
+//
+// Copy-on-write. At least one token must be computed to get logits, so when every block of a
+// prompt hits, the last token is recomputed: its K/V would be written into a cached (shared,
+// immutable) block. The sequence then gets a fresh block, and the step copies the cached one
+// into it first (KVBlockCopy) before anything is written. The source keeps a reference until the
+// next step begins (end_step), so no allocation in the same step can reuse it before the copy.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "longctx/kv/block_copy.h"
+
+namespace longctx {
+
+struct BlockManagerStats {
+  int64_t num_blocks = 0;
+  int64_t used_blocks = 0;    // held by at least one sequence
+  int64_t cached_blocks = 0;  // registered in the prefix cache (used or evictable)
+  int64_t queries = 0;        // prompt tokens looked up
+  int64_t hits = 0;           // of those, tokens whose K/V were found cached
+};
+
+class BlockManager {
+ public:
+  // Throws Error(kInvalidArgument) for non-positive sizes.
+  BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching);
+
+  int64_t block_size() const { return block_size_; }
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  bool prefix_caching() const { return prefix_caching_; }
+  // Blocks a new allocation can take: uncached free ones plus evictable cached ones.
+  int64_t num_free_blocks() const;
+  int64_t blocks_for(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
+  BlockManagerStats stats() const;
+
+  // Whether `seq` holds blocks (was allocated and not freed since).
+  bool holds(uint64_t seq) const { return seqs_.count(seq) != 0; }
+  // The blocks of `seq`, in token order.
+  std::span<const int32_t> table(uint64_t seq) const;
+
+  // Starts a sequence that holds nothing: looks its tokens up in the prefix cache (at most
+  // tokens.size() - 1 of them count as computed), then takes blocks for the cached tokens and
+  // num_new = min(tokens.size() - num_cached, max_new) more. num_cached is -1 when there are
+  // not enough free blocks (nothing changes then). A copy-on-write goes to `copies`.
+  struct Start {
+    int64_t num_cached = -1;  // -1: not enough blocks
+    int64_t num_new = 0;
+  };
+  Start start(uint64_t seq, std::span<const int32_t> tokens, int64_t max_new,
+              std::vector<KVBlockCopy>* copies);
+  // Makes room for tokens [num_computed, num_computed + num_new) of a sequence that holds
+  // blocks. False (and nothing changes) when the free blocks do not suffice.
+  bool append(uint64_t seq, int64_t num_computed, int64_t num_new,
+              std::vector<KVBlockCopy>* copies);
+  // After a step computed K/V up to `num_computed` tokens: registers the blocks that became
+  // full in the prefix cache (their tokens are tokens[block * block_size, ...)).
+  void commit(uint64_t seq, std::span<const int32_t> tokens, int64_t num_computed);
+  // Drops every block the sequence holds (tail first, so the prefix stays cached longest).
+  // Unknown ids are ignored.
+  void free(uint64_t seq);
+  // Releases the sources of this step's copies (call once the step ran or failed).
+  void end_step();
+
+  // Checks every invariant (reference counts equal the tables' references, free lists and the
+  // hash table consistent); throws Error(kInternal) naming the first broken one. For tests.
+  void check_consistency() const;
+
+ private:
+  struct Block {
+    int32_t ref = 0;
+    bool cached = false;  // registered under `hash`
+    uint64_t hash = 0;
+    uint64_t parent = 0;          // hash of the previous block of its chain (0 for the first)
+    std::vector<int32_t> tokens;  // [block_size] when cached
+    std::list<int32_t>::iterator lru_pos;  // valid while cached with ref == 0
+  };
+  struct SeqState {
+    std::vector<int32_t> blocks;
+    std::vector<uint64_t> hashes;   // chain hash of each of its full (computed) blocks
+    int64_t num_cached_blocks = 0;  // leading blocks registered (or hit) in the prefix cache
+  };
+
+  // Takes one block for writing: an uncached free block, else the least recently used cached
+  // one (dropping it from the cache). -1 when none.
+  int32_t take_block();
+  void acquire(int32_t block);  // ref++ (leaving the LRU if it was there)
+  void release(int32_t block);  // ref--; at 0 to the LRU (cached) or the free list
+  // The block holding tokens with this chain hash and these tokens, or -1.
+  int32_t lookup(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens) const;
+  uint64_t hash_block(uint64_t parent, std::span<const int32_t> tokens) const;
+  // Gives `seq` fresh blocks until it has `n`; copy-on-write of the block at index `first_write`
+  // when it is cached. False (undoing nothing: callers check counts first) when out of blocks.
+  bool grow(SeqState& s, int64_t n, int64_t first_write, std::vector<KVBlockCopy>* copies);
+
+  int64_t block_size_;
+  bool prefix_caching_;
+  std::vector<Block> blocks_;                      // [num_blocks]
+  std::vector<int32_t> free_;                      // uncached, ref 0 (popped from the back)
+  std::list<int32_t> lru_;                         // cached, ref 0, least recent first
+  std::unordered_map<uint64_t, int32_t> by_hash_;  // chain hash -> cached block
+  std::unordered_map<uint64_t, SeqState> seqs_;
+  std::vector<int32_t> pending_release_;  // copy sources held until end_step()
+  int64_t queries_ = 0, hits_ = 0;
+};
+
+}  // namespace longctx

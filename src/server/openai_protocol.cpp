@@ -1,0 +1,467 @@
+#include "server/openai_protocol.h"
+
+#include <chrono>
+#include <limits>
+#include <random>
+
+#include "longctx/core/json_limits.h"
+#include "longctx/tokenizer/tokenizer.h"
+
+namespace longctx::server {
+
+const char* error_type(int status) {
+  if (status == 401) return "authentication_error";
+  if (status == 503) return "service_unavailable";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+std::string error_body(int status, std::string_view message, std::string_view param,
+                       std::string_view code) {
+  Json err = {
+      {"message", message}, {"type", error_type(status)}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) err["param"] = param;
+  if (!code.empty()) err["code"] = code;
+  // Replaces invalid UTF-8 (an excerpt of a hostile body) instead of throwing.
+  return Json{{"error", err}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string error_body(const ApiError& e) {
+  return error_body(e.status(), e.what(), e.param(), e.code());
+}
+
+ApiError to_api_error(const Error& e) {
+  switch (e.code()) {
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kOutOfRange:
+    case ErrorCode::kUnsupported:
+    case ErrorCode::kNotFound: {
+      // validate()'s messages start with the field's name ("top_p must be in (0, 1], ...").
+      std::string msg = e.what();
+      std::string param = msg.substr(0, msg.find(' '));
+      const bool is_field =
+          param.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") == std::string::npos &&
+          msg.find(" must ") == param.size();
+      const bool context = msg.find("max_model_len") != std::string::npos;
+      return ApiError(400, msg, is_field ? param : "", context ? "context_length_exceeded" : "");
+    }
+    case ErrorCode::kOutOfMemory:
+      return ApiError(400, e.what(), "", "kv_cache_exceeded");
+    default:
+      return ApiError(500, e.what());
+  }
+}
+
+namespace {
+
+const char* type_name(const Json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+[[noreturn]] void wrong_type(const std::string& field, const char* expected, const Json& v) {
+  throw ApiError(422,
+                 "'" + field + "' must be " + expected + ", got " + type_name(v) + " (" +
+                     json_excerpt(v) + ")",
+                 field);
+}
+
+const Json* field(const Json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> opt_number(const Json& body, const char* name) {
+  const Json* v = field(body, name);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_number()) wrong_type(name, "a number", *v);
+  return v->get<double>();
+}
+
+int64_t as_int(const std::string& name, const Json& v) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      throw ApiError(400, "'" + name + "' is too large: " + v.dump(), name);
+    return static_cast<int64_t>(v.get<uint64_t>());
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  // JSON has one number type; 4.0 is accepted as 4, 4.5 is not an integer.
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d == static_cast<double>(static_cast<int64_t>(d)) && d > -9.0e18 && d < 9.0e18)
+      return static_cast<int64_t>(d);
+  }
+  wrong_type(name, "an integer", v);
+}
+
+std::optional<int64_t> opt_int(const Json& body, const char* name) {
+  const Json* v = field(body, name);
+  if (v == nullptr) return std::nullopt;
+  return as_int(name, *v);
+}
+
+std::optional<bool> opt_bool(const Json& body, const char* name) {
+  const Json* v = field(body, name);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_boolean()) wrong_type(name, "a boolean", *v);
+  return v->get<bool>();
+}
+
+int32_t as_token(const std::string& name, const Json& v) {
+  const int64_t t = as_int(name, v);
+  if (t < 0 || t > std::numeric_limits<int32_t>::max())
+    throw ApiError(
+        400, "'" + name + "' holds token id " + std::to_string(t) + ", outside [0, 2^31)", name);
+  return static_cast<int32_t>(t);
+}
+
+std::vector<int32_t> token_list(const std::string& name, const Json& v) {
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (const Json& t : v) ids.push_back(as_token(name, t));
+  return ids;
+}
+
+void parse_prompt(const Json& body, GenerationRequest& req) {
+  const Json* p = field(body, "prompt");
+  if (p == nullptr) throw ApiError(422, "'prompt' is required", "prompt");
+  const Json* one = p;
+  if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
+    // A list of prompts; one is supported (n = 1, one choice per response).
+    if (p->size() != 1)
+      throw ApiError(400,
+                     "'prompt' holds " + std::to_string(p->size()) +
+                         " prompts; this server takes one prompt per request",
+                     "prompt");
+    one = &p->front();
+  }
+  if (one->is_string()) {
+    req.prompt_text = one->get<std::string>();
+  } else if (one->is_array()) {
+    for (const Json& t : *one) {
+      if (!t.is_number())
+        wrong_type("prompt",
+                   "a string, an array of token ids or a list of one "
+                   "of those",
+                   *p);
+    }
+    req.prompt_ids = token_list("prompt", *one);
+    req.prompt_is_ids = true;
+  } else {
+    wrong_type("prompt", "a string, an array of token ids or a list of one of those", *p);
+  }
+}
+
+void parse_messages(const Json& body, GenerationRequest& req) {
+  const Json* m = field(body, "messages");
+  if (m == nullptr) throw ApiError(422, "'messages' is required", "messages");
+  if (!m->is_array()) wrong_type("messages", "an array", *m);
+  if (m->empty()) throw ApiError(400, "'messages' is empty", "messages");
+  for (size_t i = 0; i < m->size(); ++i) {
+    const Json& msg = (*m)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) wrong_type(where, "an object", msg);
+    const Json* role = field(msg, "role");
+    if (role == nullptr) throw ApiError(422, "'" + where + ".role' is required", where + ".role");
+    if (!role->is_string()) wrong_type(where + ".role", "a string", *role);
+    Json out = msg;
+    const Json* content = field(msg, "content");
+    if (content == nullptr) {
+      out["content"] = "";
+    } else if (content->is_array()) {
+      // Content parts: text parts are joined, as vLLM does for text-only models.
+      std::string text;
+      for (const Json& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          throw ApiError(400,
+                         "'" + where +
+                             ".content' parts must be {\"type\": \"text\", "
+                             "\"text\": ...} (this model reads text only)",
+                         where + ".content");
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      out["content"] = text;
+    } else if (!content->is_string()) {
+      wrong_type(where + ".content", "a string or an array of text parts", *content);
+    }
+    req.messages.push_back(std::move(out));
+  }
+}
+
+void parse_stop(const Json& body, SamplingParams& sp) {
+  const Json* s = field(body, "stop");
+  if (s == nullptr) return;
+  if (s->is_string()) {
+    sp.stop.push_back(s->get<std::string>());
+    return;
+  }
+  if (!s->is_array()) wrong_type("stop", "a string or an array of strings", *s);
+  for (const Json& x : *s) {
+    if (!x.is_string()) wrong_type("stop", "a string or an array of strings", *s);
+    sp.stop.push_back(x.get<std::string>());
+  }
+}
+
+// Fields this server refuses rather than silently ignores: they change what a client gets.
+void check_unsupported(const Json& body, Endpoint endpoint) {
+  if (auto n = opt_int(body, "n"); n && *n != 1)
+    throw ApiError(400, "'n' must be 1 (one choice per request), got " + std::to_string(*n), "n");
+  if (auto b = opt_int(body, "best_of"); b && *b != 1)
+    throw ApiError(400, "'best_of' must be 1, got " + std::to_string(*b), "best_of");
+  if (auto e = opt_bool(body, "echo"); e && *e)
+    throw ApiError(400, "'echo' is not supported", "echo");
+  for (const char* name : {"logit_bias", "suffix", "tools", "functions", "guided_json",
+                           "guided_regex", "guided_choice", "guided_grammar"}) {
+    const Json* v = field(body, name);
+    if (v != nullptr && !(v->is_array() && v->empty()) && !(v->is_object() && v->empty()))
+      throw ApiError(400, std::string("'") + name + "' is not supported", name);
+  }
+  if (endpoint == Endpoint::kChat) {
+    if (const Json* rf = field(body, "response_format")) {
+      if (!rf->is_object() || rf->value("type", "") != "text")
+        throw ApiError(400, "'response_format' other than {\"type\": \"text\"} is not supported",
+                       "response_format");
+    }
+  }
+}
+
+}  // namespace
+
+GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) {
+  if (!body.is_object()) wrong_type("the request body", "a JSON object", body);
+  GenerationRequest req;
+  req.endpoint = endpoint;
+  if (const Json* m = field(body, "model")) {
+    if (!m->is_string()) wrong_type("model", "a string", *m);
+    req.model = m->get<std::string>();
+  }
+  check_unsupported(body, endpoint);
+  SamplingParams& sp = req.params;
+  if (endpoint == Endpoint::kCompletions) {
+    parse_prompt(body, req);
+    req.add_special_tokens = opt_bool(body, "add_special_tokens").value_or(true);
+  } else {
+    parse_messages(body, req);
+    req.add_special_tokens = opt_bool(body, "add_special_tokens").value_or(false);
+    req.add_generation_prompt = opt_bool(body, "add_generation_prompt").value_or(true);
+    if (const Json* k = field(body, "chat_template_kwargs")) {
+      if (!k->is_object()) wrong_type("chat_template_kwargs", "an object", *k);
+      req.chat_template_kwargs = *k;
+    }
+  }
+  // max_completion_tokens is the chat name; max_tokens its older alias.
+  std::optional<int64_t> max_tokens = opt_int(body, "max_completion_tokens");
+  if (!max_tokens) max_tokens = opt_int(body, "max_tokens");
+  if (max_tokens) {
+    sp.max_tokens = *max_tokens;
+    req.max_tokens_given = true;
+  }
+  if (auto v = opt_number(body, "temperature")) sp.temperature = *v;
+  if (auto v = opt_number(body, "top_p")) sp.top_p = *v;
+  if (auto v = opt_int(body, "top_k")) sp.top_k = *v;
+  if (auto v = opt_number(body, "min_p")) sp.min_p = *v;
+  if (auto v = opt_int(body, "seed")) sp.seed = static_cast<uint64_t>(*v);
+  if (auto v = opt_number(body, "presence_penalty")) sp.presence_penalty = *v;
+  if (auto v = opt_number(body, "frequency_penalty")) sp.frequency_penalty = *v;
+  if (auto v = opt_number(body, "repetition_penalty")) sp.repetition_penalty = *v;
+  if (auto v = opt_bool(body, "ignore_eos")) sp.ignore_eos = *v;
+  if (auto v = opt_bool(body, "skip_special_tokens")) sp.skip_special_tokens = *v;
+  parse_stop(body, sp);
+  if (const Json* ids = field(body, "stop_token_ids")) {
+    if (!ids->is_array()) wrong_type("stop_token_ids", "an array of token ids", *ids);
+    sp.stop_token_ids = token_list("stop_token_ids", *ids);
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto lp = opt_int(body, "logprobs")) {
+      if (*lp < 0 || *lp > SamplingParams::kMaxLogprobs)
+        throw ApiError(400,
+                       "'logprobs' must be in [0, " + std::to_string(SamplingParams::kMaxLogprobs) +
+                           "], got " + std::to_string(*lp),
+                       "logprobs");
+      sp.logprobs = static_cast<int>(*lp);
+      req.logprobs = true;
+    }
+  } else {
+    req.logprobs = opt_bool(body, "logprobs").value_or(false);
+    const auto top = opt_int(body, "top_logprobs");
+    if (top && !req.logprobs && *top > 0)
+      throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    if (top && (*top < 0 || *top > SamplingParams::kMaxLogprobs))
+      throw ApiError(400,
+                     "'top_logprobs' must be in [0, " +
+                         std::to_string(SamplingParams::kMaxLogprobs) + "], got " +
+                         std::to_string(*top),
+                     "top_logprobs");
+    if (req.logprobs) sp.logprobs = static_cast<int>(top.value_or(0));
+  }
+  req.stream = opt_bool(body, "stream").value_or(false);
+  if (const Json* so = field(body, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    if (!req.stream)
+      throw ApiError(400, "'stream_options' is only allowed with 'stream': true", "stream_options");
+    req.include_usage = opt_bool(*so, "include_usage").value_or(false);
+  }
+  return req;
+}
+
+const char* openai_finish_reason(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    default:
+      return "";
+  }
+}
+
+Json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+namespace {
+
+std::string random_id(const char* prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += kHex[rng() % 16];
+  return id;
+}
+
+std::string sse(const Json& j) {
+  return "data: " + j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace
+
+ResponseBuilder::ResponseBuilder(Endpoint endpoint, std::string model, const Tokenizer* tokenizer,
+                                 bool logprobs)
+    : endpoint_(endpoint),
+      model_(std::move(model)),
+      tokenizer_(tokenizer),
+      logprobs_(logprobs),
+      id_(random_id(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-")),
+      created_(std::chrono::duration_cast<std::chrono::seconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count()) {}
+
+Json ResponseBuilder::chunk_base() {
+  return {{"id", id_},
+          {"object", endpoint_ == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created_},
+          {"model", model_}};
+}
+
+std::string ResponseBuilder::token_text(int32_t token) const {
+  if (tokenizer_ == nullptr || !tokenizer_->is_valid_id(token)) return "";
+  const int32_t ids[1] = {token};
+  return tokenizer_->decode(ids);
+}
+
+Json ResponseBuilder::logprobs_json(std::span<const TokenLogprobs> lps) {
+  if (endpoint_ == Endpoint::kChat) {
+    auto bytes = [&](int32_t t) {
+      Json b = Json::array();
+      if (tokenizer_ != nullptr && tokenizer_->is_valid_id(t)) {
+        for (unsigned char c : tokenizer_->token_bytes(t)) b.push_back(static_cast<int>(c));
+      }
+      return b;
+    };
+    Json content = Json::array();
+    for (const TokenLogprobs& lp : lps) {
+      Json top = Json::array();
+      for (const auto& [t, l] : lp.top)
+        top.push_back({{"token", token_text(t)}, {"logprob", l}, {"bytes", bytes(t)}});
+      content.push_back({{"token", token_text(lp.token)},
+                         {"logprob", lp.logprob},
+                         {"bytes", bytes(lp.token)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
+       offsets = Json::array();
+  for (const TokenLogprobs& lp : lps) {
+    const std::string text = token_text(lp.token);
+    tokens.push_back(text);
+    token_logprobs.push_back(lp.logprob);
+    Json t = Json::object();
+    for (const auto& [id, l] : lp.top) t[token_text(id)] = l;
+    top.push_back(t);
+    offsets.push_back(text_offset_);
+    text_offset_ += static_cast<int64_t>(text.size());
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
+std::string ResponseBuilder::role_chunk() {
+  Json j = chunk_base();
+  j["choices"] = Json::array({{{"index", 0},
+                               {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
+  return sse(j);
+}
+
+std::string ResponseBuilder::delta_chunk(std::string_view text,
+                                         std::span<const TokenLogprobs> logprobs,
+                                         std::string_view finish_reason) {
+  Json j = chunk_base();
+  Json choice = {{"index", 0}};
+  if (endpoint_ == Endpoint::kChat) {
+    choice["delta"] = text.empty() ? Json::object() : Json{{"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  choice["logprobs"] = logprobs_ && !logprobs.empty() ? logprobs_json(logprobs) : Json(nullptr);
+  choice["finish_reason"] = finish_reason.empty() ? Json(nullptr) : Json(finish_reason);
+  j["choices"] = Json::array({choice});
+  return sse(j);
+}
+
+std::string ResponseBuilder::usage_chunk(int64_t prompt_tokens, int64_t completion_tokens) {
+  Json j = chunk_base();
+  j["choices"] = Json::array();
+  j["usage"] = usage_json(prompt_tokens, completion_tokens);
+  return sse(j);
+}
+
+std::string ResponseBuilder::error_event(const ApiError& e) {
+  return "data: " + error_body(e) + "\n\n";
+}
+
+std::string ResponseBuilder::full_response(const RequestOutput& out) {
+  Json j = {{"id", id_},
+            {"object", endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion"},
+            {"created", created_},
+            {"model", model_}};
+  Json choice = {{"index", 0}};
+  if (endpoint_ == Endpoint::kChat) {
+    choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+  } else {
+    choice["text"] = out.text;
+  }
+  choice["logprobs"] = logprobs_ ? logprobs_json(out.logprobs) : Json(nullptr);
+  choice["finish_reason"] = openai_finish_reason(out.finish_reason);
+  j["choices"] = Json::array({choice});
+  j["usage"] = usage_json(static_cast<int64_t>(out.prompt_token_ids.size()),
+                          static_cast<int64_t>(out.token_ids.size()));
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+}  // namespace longctx::server

@@ -1,0 +1,41 @@
+// `longctx bench throughput | latency` on the CPU with the embedded needle model: the workload
+// runs to the end and the numbers are printed; bad shapes are clear errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli/cli_runner.h"
+
+namespace longctx {
+namespace {
+
+using testing::run_cli;
+
+const std::string kModel =
+    std::string("--device cpu --model '") + LONGCTX_SOURCE_DIR + "/models/needle' ";
+
+TEST(BenchCli, ThroughputRunsNanoVllmsWorkload) {
+  auto r = run_cli("bench throughput " + kModel +
+                   "--num-seqs 6 --min-input-len 10 --max-input-len 40 --min-output-len 3 "
+                   "--max-output-len 9 --max-num-seqs 4 --max-num-batched-tokens 64");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("throughput: 6 requests"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("output tok/s"), std::string::npos) << r.out;
+}
+
+TEST(BenchCli, LatencyPrintsTtftAndTpot) {
+  auto r = run_cli("bench latency " + kModel +
+                   "--input-len 50 --output-len 4 --batch-size 2 --num-iters 1 --num-warmup 0");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("TTFT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("TPOT"), std::string::npos) << r.out;
+}
+
+TEST(BenchCli, BadWorkloadIsAClearError) {
+  auto r = run_cli("bench throughput " + kModel + "--min-input-len 50 --max-input-len 10");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("min <= max"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace longctx

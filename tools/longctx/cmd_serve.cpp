@@ -1,0 +1,80 @@
+// longctx serve: the OpenAI-compatible HTTP server (docs/server.md), with vLLM's flag names.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "generate_common.h"
+#include "longctx/core/error.h"
+#include "longctx/core/json_limits.h"
+#include "longctx/core/logging.h"
+#include "server/server.h"
+
+namespace longctx::cli {
+namespace {
+
+struct Options {
+  GenerateOptions gen;
+  server::ServeOptions serve;
+  std::vector<std::string> served_model_names;
+  std::string default_chat_template_kwargs;
+  std::string max_request_body = "32MiB";
+};
+
+void run(Options& o) {
+  // Before any thread starts, so that only serve_until_signal receives SIGINT/SIGTERM (a
+  // signal during loading waits and shuts the server down as soon as it is up).
+  server::block_shutdown_signals();
+  if (o.serve.api.api_key.empty()) {
+    if (const char* key = std::getenv("LONGCTX_API_KEY")) o.serve.api.api_key = key;
+  }
+  o.serve.transport.max_body_bytes = parse_byte_size(o.max_request_body, "--max-request-body");
+  if (!o.default_chat_template_kwargs.empty()) {
+    o.serve.api.default_chat_template_kwargs =
+        parse_ordered_json(o.default_chat_template_kwargs, "--default-chat-template-kwargs");
+    LONGCTX_CHECK(o.serve.api.default_chat_template_kwargs.is_object(), ErrorCode::kInvalidArgument,
+                  "--default-chat-template-kwargs must be a JSON object, e.g. '{}'",
+                  R"({"enable_thinking": false})");
+  }
+  const ModelOptions& m = o.gen.model;
+  if (o.served_model_names.empty())
+    o.served_model_names.push_back(m.load_format == "dummy" ? m.preset : m.model);
+  o.serve.api.served_model_names = o.served_model_names;
+  o.serve.api.model_root = m.load_format == "dummy" ? m.preset : m.model;
+  auto llm = make_llm(o.gen);
+  server::Server srv(*llm, o.serve);
+  std::fprintf(stderr, "longctx serve: listening on http://%s:%d (model %s, context %lld)\n",
+               o.serve.transport.host.c_str(), srv.port(), o.served_model_names[0].c_str(),
+               static_cast<long long>(llm->max_model_len()));
+  std::fflush(stderr);
+  server::serve_until_signal(srv, o.serve.drain_timeout_s);
+  std::fprintf(stderr, "longctx serve: stopped\n");
+}
+
+CommandRegistration reg("serve", [](CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
+  add_engine_options(*cmd, o->gen);
+  cmd->add_option("--host", o->serve.transport.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->serve.transport.port, "port (0: any free port)")
+      ->capture_default_str();
+  cmd->add_option("--api-key", o->serve.api.api_key,
+                  "require 'Authorization: Bearer KEY' on /v1 (default: $LONGCTX_API_KEY)");
+  cmd->add_option("--served-model-name", o->served_model_names,
+                  "model names the API answers to (default: --model); the first is shown");
+  cmd->add_option("--default-chat-template-kwargs", o->default_chat_template_kwargs,
+                  "JSON object passed to every chat template, e.g. '{\"enable_thinking\": false}'");
+  cmd->add_option("--max-request-body", o->max_request_body,
+                  "largest request body (413 past it), e.g. 32MiB")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", o->serve.transport.threads, "HTTP I/O threads")
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout", o->serve.drain_timeout_s,
+                  "seconds requests in flight get to finish on SIGINT/SIGTERM")
+      ->capture_default_str();
+  cmd->callback([o] { run(*o); });
+});
+
+}  // namespace
+}  // namespace longctx::cli
