@@ -1,6 +1,6 @@
 // A request inside the engine: its tokens, where it stands with the model (tokens computed), its
-// sampler and stop state, and the output built so far. The sequential loop in EngineCore runs
-// one at a time; a batching scheduler moves the same objects between its queues.
+// sampler and stop state, and the output built so far. EngineCore owns it; the Scheduler moves
+// it between its waiting and running queues (its KV blocks are the BlockManager's, by id).
 #pragma once
 
 #include <cstdint>

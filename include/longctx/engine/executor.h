@@ -69,6 +69,6 @@ std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<Model> model,
 // logits. It holds no K/V, so `layout` only sizes the engine's block bookkeeping.
 using LogitsFn = std::function<std::vector<float>(const StepInput& input)>;
 std::unique_ptr<Executor> make_function_executor(int64_t vocab_size, LogitsFn fn,
-                                                 KVBlockLayout layout = {1 << 20, 16});
+                                                 KVBlockLayout layout = {1 << 16, 16});
 
 }  // namespace longctx
