@@ -13,7 +13,7 @@ shift || true
 jobs=${LONGCTX_JOBS:-$(nproc)}
 build=build-fuzz
 all=(fuzz_token_ids fuzz_config fuzz_safetensors fuzz_tokenizer_json fuzz_tokenize
-     fuzz_chat_template)
+     fuzz_chat_template fuzz_openai_request)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 

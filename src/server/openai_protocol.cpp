@@ -1,6 +1,7 @@
 #include "server/openai_protocol.h"
 
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <random>
 
@@ -93,8 +94,10 @@ int64_t as_int(const std::string& name, const Json& v) {
   // JSON has one number type; 4.0 is accepted as 4, 4.5 is not an integer.
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d)) && d > -9.0e18 && d < 9.0e18)
-      return static_cast<int64_t>(d);
+    // Range first: converting a double outside int64 is undefined behaviour.
+    if (d == std::trunc(d) && !(d > -9.0e18 && d < 9.0e18))
+      throw ApiError(400, "'" + name + "' is too large: " + v.dump(), name);
+    if (d == std::trunc(d)) return static_cast<int64_t>(d);
   }
   wrong_type(name, "an integer", v);
 }
