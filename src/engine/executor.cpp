@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "attention/backends/cpu_paged_backend.h"
+#include "attention/backends/offload_backend.h"
 #include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
 #include "longctx/core/error.h"
@@ -48,22 +49,45 @@ class CpuExecutor final : public Executor {
     LONGCTX_CHECK(kv.num_blocks > 0, ErrorCode::kOutOfMemory,
                   "CPU KV cache of {} bytes holds no block of {} tokens ({} bytes each)", bytes,
                   o.block_size, kv.bytes_per_block());
-    pool_ = std::make_unique<PagedKVPool>(kv);
+    if (o.offload_gpu_blocks > 0) {
+      OffloadDeviceConfig d;
+      d.geometry = {c.num_hidden_layers,  o.block_size,    kv.num_blocks,
+                    o.offload_gpu_blocks, o.offload_slots, o.offload_slot_blocks};
+      d.num_qo_heads = c.num_attention_heads;
+      d.num_kv_heads = c.num_key_value_heads;
+      d.head_dim = c.head_dim;
+      d.dtype = DType::kF32;
+      d.sm_scale = model_->attention_scale();
+      d.cpu_write_back_lag = o.offload_write_back_lag;
+      offload_ = std::make_unique<OffloadAttentionBackend>(d.geometry, make_cpu_offload_device(d));
+      offload_->set_layer_block_bytes(d.layer_block_bytes());
+      num_blocks_ = kv.num_blocks;
+    } else {
+      pool_ = std::make_unique<PagedKVPool>(kv);
+      num_blocks_ = pool_->num_blocks();
+    }
+    block_size_ = o.block_size;
   }
 
   int64_t vocab_size() const override { return model_->config().vocab_size; }
-  KVBlockLayout kv_layout() const override { return {pool_->num_blocks(), pool_->block_size()}; }
+  KVBlockLayout kv_layout() const override { return {num_blocks_, block_size_}; }
 
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
+    ForwardBatch batch = make_forward_batch(inputs, block_size_);
+    if (offload_ != nullptr) {
+      offload_->set_copies(copies);
+      return model_->forward(batch, *offload_);
+    }
     for (const KVBlockCopy& c : copies) copy_kv_block_cpu(*pool_, c.src, c.dst);
-    ForwardBatch batch = make_forward_batch(inputs, pool_->block_size());
     CpuPagedBackend attention(*pool_, model_->attention_scale());
     return model_->forward(batch, attention);
   }
 
  private:
   std::shared_ptr<Model> model_;
-  std::unique_ptr<PagedKVPool> pool_;
+  std::unique_ptr<PagedKVPool> pool_;                 // resident
+  std::unique_ptr<OffloadAttentionBackend> offload_;  // or offloaded (simulated)
+  int64_t num_blocks_ = 0, block_size_ = 0;
 };
 
 class FunctionExecutor final : public Executor {

@@ -65,4 +65,22 @@ struct MergeParams {
   DType out_dtype = DType::kF32;  // f32, bf16 or f16
 };
 
+// In-place accumulation of one attention state into an fp32 running state (the offload path
+// merges many partial states into one without rounding between them): for each row r < num_rows
+// and head h, with the new state (o[r, h, :] of dtype, lse[r, h]):
+//   init:  acc = new state (converted to fp32);
+//   else:  acc = merge(acc, new state), as MergeParams with two states.
+// Rows are contiguous: row r of o starts at element r * num_heads * head_dim.
+struct StateAccumulateParams {
+  float* acc_o = nullptr;      // [num_rows, num_heads, head_dim] f32
+  float* acc_lse = nullptr;    // [num_rows, num_heads] f32
+  const void* o = nullptr;     // [num_rows, num_heads, head_dim] of dtype
+  const float* lse = nullptr;  // [num_rows, num_heads]
+  int num_rows = 0;
+  int num_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kBF16;  // f32, bf16 or f16
+  bool init = false;
+};
+
 }  // namespace longctx::kernels

@@ -59,6 +59,12 @@ struct CpuExecutorOptions {
   int64_t kv_cache_bytes = 0;
   // Blocks, instead of kv_cache_bytes (tests).
   int64_t num_blocks = 0;
+  // KV offload simulated on the CPU (docs/offload.md; tests of the planner and the ring): the
+  // pool above is the host pool and a cache of offload_gpu_blocks blocks plays the GPU's.
+  int64_t offload_gpu_blocks = 0;  // 0: no offload
+  int64_t offload_slots = 4;
+  int64_t offload_slot_blocks = 4;
+  int64_t offload_write_back_lag = 1;  // steps until a write-back lands (unless waited for)
 };
 
 // The CPU reference model over a CPU paged KV pool.

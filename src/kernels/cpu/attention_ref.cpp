@@ -6,37 +6,18 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/decode_elem.h"
 #include "longctx/core/error.h"
 #include "longctx/core/parallel.h"
 
 namespace longctx::kernels::cpu {
 
 float load_elem(const void* base, int64_t index, DType dtype) {
-  const uint16_t bits = static_cast<const uint16_t*>(base)[index];
-  switch (dtype) {
-    case DType::kBF16:
-      return bf16_to_f32(bits);
-    case DType::kF16:
-      return f16_to_f32(bits);
-    default:
-      LONGCTX_THROW(ErrorCode::kUnsupported, "attention: dtype {} (want bf16 or f16)",
-                    dtype_name(dtype));
-  }
+  return decode_detail::load_f32(base, index, dtype);
 }
 
 void store_elem(void* base, int64_t index, DType dtype, float value) {
-  uint16_t* p = static_cast<uint16_t*>(base) + index;
-  switch (dtype) {
-    case DType::kBF16:
-      *p = f32_to_bf16(value);
-      return;
-    case DType::kF16:
-      *p = f32_to_f16(value);
-      return;
-    default:
-      LONGCTX_THROW(ErrorCode::kUnsupported, "attention: dtype {} (want bf16 or f16)",
-                    dtype_name(dtype));
-  }
+  decode_detail::store_f32(base, index, value, dtype);
 }
 
 void check_paged_prefill_params(const PagedPrefillParams& p, int64_t num_pages) {
@@ -54,8 +35,9 @@ void check_paged_prefill_params(const PagedPrefillParams& p, int64_t num_pages) 
   LONGCTX_CHECK(p.head_dim > 0, E::kInvalidArgument, "paged prefill: head_dim {} <= 0", p.head_dim);
   LONGCTX_CHECK(p.page_size >= 1 && p.page_size <= 256, E::kInvalidArgument,
                 "paged prefill: page_size {} outside [1, 256]", p.page_size);
-  LONGCTX_CHECK(p.dtype == DType::kBF16 || p.dtype == DType::kF16, E::kUnsupported,
-                "paged prefill: dtype {} (want bf16 or f16)", dtype_name(p.dtype));
+  LONGCTX_CHECK(p.dtype == DType::kBF16 || p.dtype == DType::kF16 || p.dtype == DType::kF32,
+                E::kUnsupported, "paged prefill: dtype {} (want bf16, f16 or f32)",
+                dtype_name(p.dtype));
   LONGCTX_CHECK(p.qo_indptr[0] == 0 && p.kv_indptr[0] == 0, E::kInvalidArgument,
                 "paged prefill: qo_indptr[0] and kv_indptr[0] must be 0");
   for (int b = 0; b < p.batch_size; ++b) {

@@ -38,7 +38,8 @@ void dense_attention_masked_ref(const float* q, const float* k, const float* v, 
                                 int n_q, int n_k, int num_qo_heads, int num_kv_heads, int head_dim,
                                 float sm_scale, float* o, float* lse);
 
-// Element load/store helpers for bf16 / f16 buffers (shared by the references and the tests).
+// Element load/store helpers for f32 / bf16 / f16 buffers (shared by the references and the
+// tests).
 float load_elem(const void* base, int64_t index, DType dtype);
 void store_elem(void* base, int64_t index, DType dtype, float value);
 

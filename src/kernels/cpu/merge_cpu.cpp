@@ -60,4 +60,27 @@ void merge_two_states(const void* o_a, const float* lse_a, const void* o_b, cons
   merge_states(p);
 }
 
+void accumulate_state(const StateAccumulateParams& p) {
+  LONGCTX_CHECK(p.num_rows >= 0 && p.num_heads >= 1 && p.head_dim >= 1 && p.acc_o && p.acc_lse &&
+                    (p.num_rows == 0 || (p.o && p.lse)),
+                ErrorCode::kInvalidArgument, "accumulate_state: bad shape or null pointers");
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t D = p.head_dim;
+  for (int64_t row = 0; row < int64_t(p.num_rows) * p.num_heads; ++row) {
+    float* acc = p.acc_o + row * D;
+    const float b = p.lse[row];
+    if (p.init) {
+      for (int64_t d = 0; d < D; ++d) acc[d] = load_f32(p.o, row * D + d, p.dtype);
+      p.acc_lse[row] = b;
+      continue;
+    }
+    const float a = p.acc_lse[row], m = std::max(a, b);
+    if (m == kNegInf) continue;  // both empty: acc stays (0, -inf)
+    const float wa = std::exp(a - m), wb = std::exp(b - m), inv = 1.f / (wa + wb);
+    for (int64_t d = 0; d < D; ++d)
+      acc[d] = (wa * acc[d] + wb * load_f32(p.o, row * D + d, p.dtype)) * inv;
+    p.acc_lse[row] = m + std::log(wa + wb);
+  }
+}
+
 }  // namespace longctx::kernels::cpu

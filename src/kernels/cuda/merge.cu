@@ -102,4 +102,56 @@ void merge_two_states(const void* o_a, const float* lse_a, const void* o_b, cons
   merge_states(p, stream);
 }
 
+namespace {
+
+// One warp per (row, head): the two weights once, then head_dim / 32 elements per lane.
+template <typename T>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    accumulate_state_kernel(StateAccumulateParams p) {
+  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (item >= int64_t(p.num_rows) * p.num_heads) return;
+  const int lane = threadIdx.x & 31;
+  const T* o = static_cast<const T*>(p.o) + item * p.head_dim;
+  float* acc = p.acc_o + item * p.head_dim;
+  const float b = p.lse[item];
+  if (p.init) {
+    for (int d = lane; d < p.head_dim; d += 32) acc[d] = detail::to_f32<T>(o[d]);
+    if (lane == 0) p.acc_lse[item] = b;
+    return;
+  }
+  const float a = p.acc_lse[item], m = fmaxf(a, b);
+  if (m == -INFINITY) return;
+  const float wa = __expf(a - m), wb = __expf(b - m), inv = 1.f / (wa + wb);
+  for (int d = lane; d < p.head_dim; d += 32)
+    acc[d] = (wa * acc[d] + wb * detail::to_f32<T>(o[d])) * inv;
+  __syncwarp();
+  if (lane == 0) p.acc_lse[item] = m + __logf(wa + wb);
+}
+
+}  // namespace
+
+void accumulate_state(const StateAccumulateParams& p, cudaStream_t stream) {
+  LONGCTX_CHECK(p.num_rows >= 0 && p.num_heads >= 1 && p.head_dim >= 1 && p.acc_o && p.acc_lse &&
+                    (p.num_rows == 0 || (p.o && p.lse)),
+                ErrorCode::kInvalidArgument, "accumulate_state: bad shape or null pointers");
+  if (p.num_rows == 0) return;
+  const int64_t items = int64_t(p.num_rows) * p.num_heads;
+  dim3 grid(unsigned((items + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  switch (p.dtype) {
+    case DType::kF32:
+      accumulate_state_kernel<float><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+      break;
+    case DType::kBF16:
+      accumulate_state_kernel<__nv_bfloat16><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+      break;
+    case DType::kF16:
+      accumulate_state_kernel<__half><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+      break;
+    default:
+      LONGCTX_THROW(ErrorCode::kUnsupported, "accumulate_state: dtype {} not f32/bf16/f16",
+                    dtype_name(p.dtype));
+  }
+  LONGCTX_CUDA_CHECK_LAUNCH("accumulate_state_kernel");
+}
+
 }  // namespace longctx::kernels::cuda

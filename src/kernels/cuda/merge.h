@@ -17,4 +17,7 @@ void merge_two_states(const void* o_a, const float* lse_a, const void* o_b, cons
                       void* o_out, float* lse_out, int num_rows, int num_heads, int head_dim,
                       DType dtype, cudaStream_t stream);
 
+// See StateAccumulateParams; device pointers.
+void accumulate_state(const StateAccumulateParams& params, cudaStream_t stream);
+
 }  // namespace longctx::kernels::cuda

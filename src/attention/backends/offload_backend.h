@@ -1,0 +1,116 @@
+// Attention over a KV cache offloaded to host memory (docs/offload.md). The backend plans each
+// step with the OffloadPlanner (which blocks are resident on the GPU, which stream from the host)
+// and drives an OffloadDevice through it:
+//   plan():      pre-step moves (evicted dirty blocks out, copy-on-write, reloads), then the
+//                ring's first num_slots loads;
+//   store_kv(l): the new tokens into their resident blocks;
+//   attend(l):   in-place attention over the resident blocks (causal, with LSE), then each ring
+//                item of layer l: wait for its slot, attend (not causal, LSE), accumulate,
+//                release the slot and queue the load num_slots items ahead (the next layer's
+//                blocks load while this layer computes); the merged state is the output;
+//   after the last layer: write-back of the blocks the step filled.
+// The device is the CUDA one (copy streams, events; offload_device_cuda.cu) or the CPU
+// simulation (offload_device_cpu.cpp: memcpy as the copy engine, a ring that throws when a slot
+// is overwritten before its reader released it, write-backs that land late), which runs the same
+// plans in CI.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kv/offload_planner.h"
+#include "longctx/core/tensor.h"
+#include "longctx/kv/block_copy.h"
+#include "longctx/models/forward_batch.h"
+
+namespace longctx {
+
+struct OffloadDeviceConfig {
+  OffloadGeometry geometry;
+  int64_t num_qo_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  DType dtype = DType::kBF16;  // of K/V and q
+  float sm_scale = 0.f;
+  Device device = Device::cpu();
+  int64_t max_tokens = 0;  // tokens per step
+  int64_t max_seqs = 0;    // sequences per step
+  // CPU simulation only: a write-back lands this many steps after it was issued, unless a load
+  // or a reuse waits for it first (tests the planner's tickets).
+  int64_t cpu_write_back_lag = 1;
+
+  int64_t page_elems() const { return geometry.block_size * num_kv_heads * head_dim; }
+  // K and V of one block of one layer.
+  int64_t layer_block_bytes() const {
+    return 2 * page_elems() * static_cast<int64_t>(dtype_size(dtype));
+  }
+};
+
+// Cumulative counters of an offload backend.
+struct OffloadStats {
+  int64_t steps = 0;
+  int64_t ring_blocks_loaded = 0;  // blocks x layers through the ring
+  int64_t blocks_written_back = 0;
+  int64_t blocks_reloaded = 0;  // host -> GPU before a step (all layers)
+  int64_t host_bytes_loaded = 0;
+  int64_t host_bytes_written = 0;
+};
+
+// What differs between the CUDA offload and the CPU simulation. Calls come in the order the
+// file comment gives; the device keeps a pointer to the plan of begin_step until the next one.
+class OffloadDevice {
+ public:
+  virtual ~OffloadDevice() = default;
+  virtual bool ticket_done(uint64_t ticket) = 0;
+  virtual void begin_step(const OffloadStepPlan& plan) = 0;
+  // Ring slot `slot` <- layer `layer`'s host blocks of plans' item `item`; waits until the
+  // slot's last reader released it and for write-back ticket `wait` (0: none).
+  virtual void load_slot(int64_t slot, int64_t layer, int64_t item, uint64_t wait) = 0;
+  virtual void store_kv(int64_t layer, const Tensor& k, const Tensor& v) = 0;
+  virtual void attend_resident(int64_t layer, const Tensor& q) = 0;
+  // Waits for the slot's load, attends item `item` over it, merges into the layer's state and
+  // releases the slot.
+  virtual void attend_slot(int64_t slot, int64_t layer, int64_t item, const Tensor& q) = 0;
+  // The layer's merged output [T, Hq * head_dim] in q's dtype.
+  virtual Tensor finish_layer(int64_t layer, const Tensor& q) = 0;
+  // After the last layer: the plan's write-backs.
+  virtual void end_step() = 0;
+};
+
+std::unique_ptr<OffloadDevice> make_cpu_offload_device(const OffloadDeviceConfig& config);
+// Throws Error(kUnsupported) in a build without CUDA; Error(kOutOfMemory) naming the pool when
+// the pinned host pool or the GPU buffers cannot be had.
+std::unique_ptr<OffloadDevice> make_cuda_offload_device(const OffloadDeviceConfig& config);
+
+class OffloadAttentionBackend final : public AttentionBackend {
+ public:
+  OffloadAttentionBackend(const OffloadGeometry& geometry, std::unique_ptr<OffloadDevice> device);
+
+  // The engine's copy-on-write for the next plan().
+  void set_copies(std::span<const KVBlockCopy> copies);
+  void plan(const ForwardBatch& batch) override;
+  void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override;
+  Tensor attend(int64_t layer, const Tensor& q) override;
+
+  const OffloadPlanner& planner() const { return planner_; }
+  const OffloadStepPlan& last_plan() const { return plan_; }
+  const OffloadStats& stats() const { return stats_; }
+  int64_t layer_block_bytes() const { return layer_block_bytes_; }
+  void set_layer_block_bytes(int64_t bytes) { layer_block_bytes_ = bytes; }
+
+ private:
+  void issue_load(int64_t g);
+
+  OffloadPlanner planner_;
+  std::unique_ptr<OffloadDevice> device_;
+  std::vector<KVBlockCopy> copies_;
+  OffloadStepPlan plan_;
+  OffloadStats stats_;
+  int64_t layer_block_bytes_ = 0;
+  int64_t total_loads_ = 0, next_load_ = 0, next_layer_ = 0;
+  bool planned_ = false;
+};
+
+}  // namespace longctx

@@ -1,0 +1,235 @@
+// The CPU simulation of the offload device: the same plans as the CUDA device, with plain memory
+// for the host pool, the GPU cache and the ring, memcpy as the copy engine and the reference
+// kernels. It checks what the GPU cannot see: a slot loaded while its last reader has not
+// released it, or read before its load, throws; a write-back lands cpu_write_back_lag steps late
+// (reading the GPU block then), unless a load or a reuse waits for its ticket first, so a missing
+// wait in a plan gives stale K/V and the tests that compare with the resident path fail.
+#include <cstring>
+#include <deque>
+#include <limits>
+
+#include "attention/backends/offload_backend.h"
+#include "kernels/cpu/attention_ref.h"
+#include "kernels/cpu/merge_cpu.h"
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+namespace {
+
+using kernels::MaskMode;
+using kernels::PagedPrefillParams;
+
+class CpuOffloadDevice final : public OffloadDevice {
+ public:
+  explicit CpuOffloadDevice(const OffloadDeviceConfig& c) : c_(c), g_(c.geometry) {
+    LONGCTX_CHECK(c.device.is_cpu() && c.dtype == DType::kF32, ErrorCode::kInvalidArgument,
+                  "KV offload (CPU): needs f32 K/V on the CPU, got {} on {}", dtype_name(c.dtype),
+                  c.device.str());
+    page_ = c.page_elems();
+    // Untouched until used (the host pool may be large); rows are read only once written.
+    host_ = Tensor::empty({g_.num_layers * g_.num_host_blocks * 2 * page_}, DType::kF32);
+    gpu_ = Tensor::empty({g_.num_layers * g_.num_gpu_blocks * 2 * page_}, DType::kF32);
+    ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * 2 * page_}, DType::kF32);
+    slots_.resize(g_.num_slots);
+  }
+
+  bool ticket_done(uint64_t ticket) override { return ticket <= landed_; }
+
+  void begin_step(const OffloadStepPlan& plan) override {
+    plan_ = &plan;
+    ++step_;
+    // Write-backs issued cpu_write_back_lag steps ago land now.
+    while (!pending_.empty() && pending_.front().step + c_.cpu_write_back_lag <= step_) land_next();
+    if (plan.compute_wait_ticket) land_until(plan.compute_wait_ticket);
+    if (!plan.evict_write_backs.empty()) {
+      pending_.push_back({plan.evict_write_back_ticket, step_, plan.evict_write_backs});
+      // The step's compute overwrites these GPU blocks, so the planner made it wait.
+      land_until(plan.evict_write_back_ticket);
+    }
+    for (auto [src, dst] : plan.gpu_copies)
+      for (int64_t l = 0; l < g_.num_layers; ++l)
+        std::memcpy(gpu_block(l, dst), gpu_block(l, src), 2 * page_ * sizeof(float));
+    if (!plan.loads.empty() && plan.load_wait_ticket) land_until(plan.load_wait_ticket);
+    for (const BlockMove& m : plan.loads)
+      for (int64_t l = 0; l < g_.num_layers; ++l)
+        std::memcpy(gpu_block(l, m.gpu), host_block(l, m.host), 2 * page_ * sizeof(float));
+    const int64_t t = static_cast<int64_t>(plan.slots.size());
+    acc_o_.assign(t * c_.num_qo_heads * c_.head_dim, 0.f);
+    acc_lse_.assign(t * c_.num_qo_heads, 0.f);
+  }
+
+  void load_slot(int64_t slot, int64_t layer, int64_t item, uint64_t wait) override {
+    Slot& s = slots_[slot];
+    LONGCTX_CHECK(!s.loaded, ErrorCode::kInternal,
+                  "KV offload ring: slot {} loaded with layer {} item {} while layer {} item {} "
+                  "has not released it",
+                  slot, layer, item, s.layer, s.item);
+    if (wait) land_until(wait);
+    const RingItem& it = plan_->items[item];
+    for (const SlotRun& r : it.runs)
+      std::memcpy(slot_block(slot, r.slot_begin), host_block(layer, r.host_begin),
+                  r.count * 2 * page_ * sizeof(float));
+    s = {true, layer, item};
+  }
+
+  void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override {
+    const int64_t hkv = c_.num_kv_heads, d = c_.head_dim, bs = g_.block_size;
+    for (size_t t = 0; t < plan_->slots.size(); ++t) {
+      const int64_t slot = plan_->slots[t];
+      float* base = gpu_block(layer, static_cast<int32_t>(slot / bs)) + (slot % bs) * hkv * d;
+      for (int64_t h = 0; h < hkv; ++h) {
+        std::memcpy(base + h * d, k.data<float>() + t * k.strides()[0] + h * k.strides()[1],
+                    d * sizeof(float));
+        std::memcpy(base + page_ + h * d, v.data<float>() + t * v.strides()[0] + h * v.strides()[1],
+                    d * sizeof(float));
+      }
+    }
+  }
+
+  void attend_resident(int64_t layer, const Tensor& q) override {
+    const int64_t s = static_cast<int64_t>(plan_->kv_lens.size());
+    q_ = q.contiguous();
+    std::vector<int32_t> pages(plan_->kv_indices.size());
+    for (size_t i = 0; i < pages.size(); ++i) pages[i] = 2 * plan_->kv_indices[i];
+    std::vector<int32_t> last(s);
+    for (int64_t i = 0; i < s; ++i) last[i] = last_page_len(plan_->kv_lens[i]);
+    const std::vector<int32_t>& qo = plan_->qo_indptr;
+    part_o_.assign(acc_o_.size(), 0.f);
+    part_lse_.assign(acc_lse_.size(), 0.f);
+    PagedPrefillParams p = params(q_.data<float>(), gpu_block(layer, 0), qo, plan_->kv_indptr,
+                                  pages, last, MaskMode::kCausal);
+    kernels::cpu::paged_prefill_ref(p);
+    accumulate(0, static_cast<int>(qo.back()), /*init=*/true);
+  }
+
+  void attend_slot(int64_t slot, int64_t layer, int64_t item, const Tensor& q) override {
+    Slot& s = slots_[slot];
+    LONGCTX_CHECK(s.loaded && s.layer == layer && s.item == item, ErrorCode::kInternal,
+                  "KV offload ring: slot {} read for layer {} item {} but holds {}", slot, layer,
+                  item, s.loaded ? fmt::format("layer {} item {}", s.layer, s.item) : "nothing");
+    const RingItem& it = plan_->items[item];
+    std::vector<int32_t> pages(it.kv_indices.size());
+    for (size_t i = 0; i < pages.size(); ++i) pages[i] = 2 * it.kv_indices[i];
+    std::vector<int32_t> last(it.kv_lens.size());
+    for (size_t i = 0; i < last.size(); ++i) last[i] = last_page_len(it.kv_lens[i]);
+    const int64_t row = c_.num_qo_heads * c_.head_dim;
+    PagedPrefillParams p = params(q_.data<float>() + it.row_begin * row, slot_block(slot, 0),
+                                  it.qo_indptr, it.kv_indptr, pages, last, MaskMode::kNone);
+    p.o = part_o_.data() + it.row_begin * row;
+    p.lse = part_lse_.data() + it.row_begin * c_.num_qo_heads;
+    kernels::cpu::paged_prefill_ref(p);
+    accumulate(it.row_begin, it.row_end - it.row_begin, /*init=*/false);
+    s.loaded = false;
+  }
+
+  Tensor finish_layer(int64_t, const Tensor& q) override {
+    Tensor o = Tensor::empty({q.size(0), c_.num_qo_heads * c_.head_dim}, DType::kF32);
+    std::memcpy(o.data<float>(), acc_o_.data(), acc_o_.size() * sizeof(float));
+    return o;
+  }
+
+  void end_step() override {
+    if (!plan_->write_backs.empty())
+      pending_.push_back({plan_->write_back_ticket, step_, plan_->write_backs});
+  }
+
+ private:
+  struct Slot {
+    bool loaded = false;
+    int64_t layer = -1, item = -1;
+  };
+  struct PendingWriteBack {
+    uint64_t ticket;
+    uint64_t step;
+    std::vector<BlockMove> moves;
+  };
+
+  float* host_block(int64_t layer, int32_t b) {
+    return host_.data<float>() + (layer * g_.num_host_blocks + b) * 2 * page_;
+  }
+  float* gpu_block(int64_t layer, int32_t b) {
+    return gpu_.data<float>() + (layer * g_.num_gpu_blocks + b) * 2 * page_;
+  }
+  float* slot_block(int64_t slot, int32_t b) {
+    return ring_.data<float>() + (slot * g_.slot_blocks + b) * 2 * page_;
+  }
+  int32_t last_page_len(int32_t kv_len) const {
+    const int32_t bs = static_cast<int32_t>(g_.block_size);
+    return kv_len == 0 ? 0 : (kv_len - 1) % bs + 1;
+  }
+
+  // The write-back queue in issue order (the copy engine is one stream).
+  void land_next() {
+    PendingWriteBack& w = pending_.front();
+    for (const BlockMove& m : w.moves)
+      for (int64_t l = 0; l < g_.num_layers; ++l)
+        std::memcpy(host_block(l, m.host), gpu_block(l, m.gpu), 2 * page_ * sizeof(float));
+    landed_ = std::max(landed_, w.ticket);
+    pending_.pop_front();
+  }
+  void land_until(uint64_t ticket) {
+    while (!pending_.empty() && pending_.front().ticket <= ticket) land_next();
+  }
+
+  PagedPrefillParams params(const float* q, float* cache, const std::vector<int32_t>& qo,
+                            const std::vector<int32_t>& kv_indptr,
+                            const std::vector<int32_t>& pages, const std::vector<int32_t>& last,
+                            MaskMode mask) {
+    PagedPrefillParams p;
+    p.q = q;
+    p.k_cache = cache;
+    p.v_cache = cache + page_;  // K and V of a block are adjacent: page 2b is K, 2b + 1 V
+    p.o = part_o_.data();
+    p.lse = part_lse_.data();
+    p.qo_indptr = qo.data();
+    p.kv_indptr = kv_indptr.data();
+    p.kv_indices = pages.data();
+    p.kv_last_page_len = last.data();
+    p.batch_size = static_cast<int>(last.size());
+    p.num_qo_heads = static_cast<int>(c_.num_qo_heads);
+    p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
+    p.head_dim = static_cast<int>(c_.head_dim);
+    p.page_size = static_cast<int>(g_.block_size);
+    p.dtype = DType::kF32;
+    p.mask_mode = mask;
+    p.sm_scale = c_.sm_scale;
+    return p;
+  }
+
+  void accumulate(int64_t row_begin, int num_rows, bool init) {
+    kernels::StateAccumulateParams a;
+    a.acc_o = acc_o_.data() + row_begin * c_.num_qo_heads * c_.head_dim;
+    a.acc_lse = acc_lse_.data() + row_begin * c_.num_qo_heads;
+    a.o = part_o_.data() + row_begin * c_.num_qo_heads * c_.head_dim;
+    a.lse = part_lse_.data() + row_begin * c_.num_qo_heads;
+    a.num_rows = num_rows;
+    a.num_heads = static_cast<int>(c_.num_qo_heads);
+    a.head_dim = static_cast<int>(c_.head_dim);
+    a.dtype = DType::kF32;
+    a.init = init;
+    kernels::cpu::accumulate_state(a);
+  }
+
+  OffloadDeviceConfig c_;
+  OffloadGeometry g_;
+  int64_t page_ = 0;
+  Tensor host_;  // [layers * host blocks * 2 * page] f32: [layer][block][K, V][bs, Hkv, d]
+  Tensor gpu_;   // [layers * gpu blocks * 2 * page] f32, the same layout
+  Tensor ring_;  // [slots * slot_blocks * 2 * page] f32: [slot][block][K, V][bs, Hkv, d]
+  std::vector<Slot> slots_;
+  std::deque<PendingWriteBack> pending_;
+  uint64_t landed_ = 0;
+  uint64_t step_ = 0;
+  const OffloadStepPlan* plan_ = nullptr;
+  Tensor q_;
+  std::vector<float> acc_o_, acc_lse_, part_o_, part_lse_;
+};
+
+}  // namespace
+
+std::unique_ptr<OffloadDevice> make_cpu_offload_device(const OffloadDeviceConfig& config) {
+  return std::make_unique<CpuOffloadDevice>(config);
+}
+
+}  // namespace longctx
