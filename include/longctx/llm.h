@@ -48,6 +48,13 @@ struct EngineConfig {
   bool enforce_eager = false;              // no CUDA graphs (GPU)
   int64_t num_gpu_blocks = 0;              // GPU KV blocks; 0: what the memory plan leaves
   int64_t cpu_kv_cache_bytes = 0;          // CPU KV pool; 0: 4 GiB
+  // KV offload to pinned host memory (GPU only; docs/offload.md): the KV cache lives in a host
+  // pool, the GPU keeps a cache of blocks and streams the rest through a ring of slots.
+  bool kv_offload = false;
+  int64_t host_kv_budget = 0;           // host pool bytes; 0: half the machine's memory
+  int64_t gpu_kv_budget = 0;            // GPU cache bytes; 0: what the memory plan leaves
+  int64_t offload_slots = 4;            // ring slots
+  int64_t offload_slot_tokens = 32768;  // tokens of one layer per slot
   uint64_t seed = 0;                       // seeds the requests that bring no seed of their own
   ModelBuildOptions model_options;         // numerics choices of the model (see ModelBuildOptions)
 };

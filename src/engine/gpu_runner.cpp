@@ -1,12 +1,14 @@
 #include "longctx/engine/gpu_runner.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
 
+#include "attention/backends/offload_backend.h"
 #include "attention/backends/paged_backend.h"
 #include "engine/cuda_graphs.h"
 #include "engine/gpu_sampler.h"
@@ -51,6 +53,18 @@ int64_t activation_bytes_per_token(const ModelConfig& c) {
 }
 
 std::string GpuMemoryPlan::str() const {
+  if (offload())
+    return fmt::format(
+        "budget {}: weights {}, activations {}, workspaces {}, KV offload: GPU cache {} ({} "
+        "blocks of {} tokens, {} per block), ring {} ({} blocks of one layer per slot), merge "
+        "buffers {}; host KV pool {} (pinned, {} blocks = {} tokens = {} max_model_len "
+        "sequences)",
+        format_bytes(budget), format_bytes(weights), format_bytes(activations),
+        format_bytes(workspaces), format_bytes(kv_bytes()), num_kv_blocks, block_size,
+        format_bytes(kv_block_bytes), format_bytes(ring_bytes), slot_blocks,
+        format_bytes(offload_buffers), format_bytes(host_kv_bytes()), num_host_blocks,
+        num_host_blocks * block_size,
+        max_model_len > 0 ? num_host_blocks * block_size / max_model_len : 0);
   return fmt::format(
       "budget {}: weights {}, activations {}, workspaces {}, CUDA graphs {}, KV pool {} ({} "
       "blocks of {} tokens, {} per block, {} tokens = {} max_model_len sequences)",
@@ -59,6 +73,57 @@ std::string GpuMemoryPlan::str() const {
       block_size, format_bytes(kv_block_bytes), kv_tokens(),
       max_model_len > 0 ? kv_tokens() / max_model_len : 0);
 }
+
+namespace {
+
+int64_t default_host_kv_bytes() {
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? pages * page / 2 : (8ll << 30);
+}
+
+// With offload the engine's blocks are host blocks; the GPU holds a cache of them, the ring and
+// the buffers the partial attentions merge in. The cache must hold every block one step writes:
+// the chunk's blocks plus, per sequence, a straddled block and a copy-on-write target.
+GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& options,
+                           GpuMemoryPlan p, int64_t per_seq) {
+  LONGCTX_CHECK(options.offload_slots > 0 && options.offload_slot_tokens > 0,
+                ErrorCode::kInvalidArgument,
+                "KV offload: --offload-slots ({}) and the slot size ({} tokens) must be positive",
+                options.offload_slots, options.offload_slot_tokens);
+  p.graphs = 0;
+  const int64_t layers = config.num_hidden_layers;
+  const int64_t layer_block = p.kv_block_bytes / layers;
+  p.slot_blocks = std::max<int64_t>(1, options.offload_slot_tokens / p.block_size);
+  p.ring_bytes = options.offload_slots * p.slot_blocks * layer_block;
+  const int64_t rows = options.max_num_batched_tokens * config.num_attention_heads;
+  p.offload_buffers = rows * config.head_dim * (kBf16 + 4) + rows * 8;
+  const int64_t host = options.host_kv_bytes > 0 ? options.host_kv_bytes : default_host_kv_bytes();
+  p.num_host_blocks = host / p.kv_block_bytes;
+  const int64_t left =
+      p.budget - p.weights - p.activations - p.workspaces - p.ring_bytes - p.offload_buffers;
+  p.num_kv_blocks =
+      options.num_gpu_blocks > 0
+          ? options.num_gpu_blocks
+          : std::max<int64_t>(
+                0, (options.gpu_kv_bytes > 0 ? std::min(options.gpu_kv_bytes, left) : left) /
+                       p.kv_block_bytes);
+  const int64_t need =
+      (options.max_num_batched_tokens + p.block_size - 1) / p.block_size + 2 * options.max_num_seqs;
+  LONGCTX_CHECK(p.num_kv_blocks >= need, ErrorCode::kOutOfMemory,
+                "KV offload: the GPU cache holds {} blocks, a step may write {} ({} tokens per "
+                "step, {} sequences); lower --max-num-batched-tokens or --max-num-seqs, or raise "
+                "--gpu-kv-budget / --gpu-memory-limit ({})",
+                p.num_kv_blocks, need, options.max_num_batched_tokens, options.max_num_seqs,
+                p.str());
+  LONGCTX_CHECK(p.num_host_blocks >= per_seq && p.num_host_blocks < (1ll << 30),
+                ErrorCode::kOutOfMemory,
+                "KV offload: the host KV pool holds {} tokens, less than one sequence of "
+                "max_model_len {} (or too many blocks); raise --host-kv-budget ({})",
+                p.num_host_blocks * p.block_size, p.max_model_len, p.str());
+  return p;
+}
+
+}  // namespace
 
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions& options,
                               int64_t budget) {
@@ -79,8 +144,9 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
                        DType::kBF16,
                        Device::cuda()};
   p.kv_block_bytes = kv.bytes_per_block();
-  const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs;
   const int64_t per_seq = (p.max_model_len + p.block_size - 1) / p.block_size;
+  if (options.kv_offload) return plan_offload(config, options, p, per_seq);
+  const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs;
   p.num_kv_blocks = options.num_gpu_blocks > 0 ? options.num_gpu_blocks
                                                : std::max<int64_t>(0, left / p.kv_block_bytes);
   // As vLLM: refuse a configuration that cannot hold even one sequence of max_model_len.
@@ -102,7 +168,9 @@ struct GpuRunner::Impl {
   std::shared_ptr<Model> model;
   GpuRunnerOptions options;
   GpuMemoryPlan plan;
-  std::unique_ptr<PagedKVPool> pool;
+  std::unique_ptr<PagedKVPool> pool;           // resident KV
+  OffloadAttentionBackend* offload = nullptr;  // or offloaded KV (owned by `attention`)
+  std::vector<int32_t> free_ids;               // offload, standalone: free host blocks
   std::unique_ptr<AttentionBackend> attention;
   std::unordered_map<uint64_t, OwnedSeq> owned;
   uint64_t next_scratch_id = ~uint64_t(0);
@@ -117,7 +185,25 @@ struct GpuRunner::Impl {
                   "(execute_standalone, prompt_logits) need a runner of their own");
   }
 
+  int64_t num_blocks() const { return pool ? pool->num_blocks() : plan.num_host_blocks; }
+  int64_t block_size() const { return plan.block_size; }
+
+  std::vector<int32_t> allocate(int64_t n) {
+    if (pool) return pool->allocate(n);
+    LONGCTX_CHECK(n <= static_cast<int64_t>(free_ids.size()), ErrorCode::kOutOfMemory,
+                  "KV offload: {} host blocks needed, {} free", n, free_ids.size());
+    std::vector<int32_t> out(free_ids.end() - n, free_ids.end());
+    std::reverse(out.begin(), out.end());  // ascending ids: long runs for the ring's copies
+    free_ids.resize(free_ids.size() - n);
+    return out;
+  }
+  void free(const std::vector<int32_t>& blocks) {
+    if (pool) return pool->free(blocks);
+    free_ids.insert(free_ids.end(), blocks.rbegin(), blocks.rend());
+  }
+
   void copy_blocks(std::span<const KVBlockCopy> copies) {
+    if (offload != nullptr) return offload->set_copies(copies);
     for (const KVBlockCopy& c : copies) {
       LONGCTX_CHECK(
           c.src >= 0 && c.src < pool->num_blocks() && c.dst >= 0 && c.dst < pool->num_blocks(),
@@ -186,7 +272,7 @@ struct GpuRunner::Impl {
     }
     if (batches.back().empty()) batches.pop_back();
     std::vector<std::pair<std::vector<size_t>, Tensor>> results;
-    const int64_t bs = pool->block_size();
+    const int64_t bs = block_size();
     for (auto& pieces : batches) {
       std::vector<StepInput> steps;
       std::vector<size_t> rows;
@@ -197,7 +283,7 @@ struct GpuRunner::Impl {
                       p.step.seq_id, s.num_tokens, p.step.num_computed);
         const int64_t need = (p.step.num_computed + p.step.num_new + bs - 1) / bs;
         if (need > static_cast<int64_t>(s.blocks.size())) {
-          std::vector<int32_t> more = pool->allocate(need - static_cast<int64_t>(s.blocks.size()));
+          std::vector<int32_t> more = allocate(need - static_cast<int64_t>(s.blocks.size()));
           s.blocks.insert(s.blocks.end(), more.begin(), more.end());
         }
         p.step.block_table = s.blocks;
@@ -220,7 +306,7 @@ struct GpuRunner::Impl {
   void release_owned(uint64_t seq_id) {
     auto it = owned.find(seq_id);
     if (it == owned.end()) return;
-    pool->free(it->second.blocks);
+    free(it->second.blocks);
     owned.erase(it);
   }
 };
@@ -241,6 +327,27 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   // The weights are already in the pool: plan the rest of the budget around what they took.
   m.plan = plan_gpu_memory(c, options, st.budget - st.in_use + weight_bytes(c));
   m.plan.weights = st.in_use;
+  if (m.plan.offload()) {
+    OffloadDeviceConfig d;
+    d.geometry = {c.num_hidden_layers,  m.plan.block_size,     m.plan.num_host_blocks,
+                  m.plan.num_kv_blocks, options.offload_slots, m.plan.slot_blocks};
+    d.num_qo_heads = c.num_attention_heads;
+    d.num_kv_heads = c.num_key_value_heads;
+    d.head_dim = c.head_dim;
+    d.dtype = m.model->activation_dtype();
+    d.sm_scale = m.model->attention_scale();
+    d.device = m.model->device();
+    d.max_tokens = options.max_num_batched_tokens;
+    d.max_seqs = options.max_num_seqs;
+    auto backend =
+        std::make_unique<OffloadAttentionBackend>(d.geometry, make_cuda_offload_device(d));
+    backend->set_layer_block_bytes(d.layer_block_bytes());
+    m.offload = backend.get();
+    m.attention = std::move(backend);
+    for (int64_t b = m.plan.num_host_blocks; b-- > 0;)
+      m.free_ids.push_back(static_cast<int32_t>(b));
+    return;
+  }
   PagedKVPoolConfig kv{c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
                        m.plan.block_size,   m.plan.num_kv_blocks,  m.model->activation_dtype(),
                        m.model->device()};
@@ -263,15 +370,29 @@ const GpuMemoryPlan& GpuRunner::memory_plan() const { return impl_->plan; }
 int64_t GpuRunner::vocab_size() const { return impl_->model->config().vocab_size; }
 
 KVBlockLayout GpuRunner::kv_layout() const {
+  if (impl_->offload != nullptr) return {impl_->plan.num_host_blocks, impl_->plan.block_size};
   // With graphs the last block is the padding sequences' scratch block, never handed out.
   const int64_t reserved = impl_->options.enforce_eager ? 0 : 1;
   return {impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};
 }
 
+GpuRunner::OffloadCounters GpuRunner::offload_counters() const {
+  OffloadCounters c;
+  if (impl_->offload == nullptr) return c;
+  const OffloadStats& s = impl_->offload->stats();
+  c.steps = s.steps;
+  c.ring_blocks_loaded = s.ring_blocks_loaded;
+  c.blocks_written_back = s.blocks_written_back;
+  c.blocks_reloaded = s.blocks_reloaded;
+  c.host_bytes_loaded = s.host_bytes_loaded;
+  c.host_bytes_written = s.host_bytes_written;
+  return c;
+}
+
 Tensor GpuRunner::execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) {
   Impl& m = *impl_;
   m.copy_blocks(copies);
-  ForwardBatch batch = make_forward_batch(inputs, m.pool->block_size());
+  ForwardBatch batch = make_forward_batch(inputs, m.block_size());
   if (m.graphs != nullptr && m.graphs->can_run(batch)) return m.graphs->run(batch);
   return m.forward(batch);
 }
@@ -339,7 +460,7 @@ void GpuRunner::attach_engine() {
                 "GPU runner: {} standalone sequences still hold blocks", m.owned.size());
   m.engine_attached = true;
   m.sampler = std::make_unique<GpuSampler>(m.options.max_num_seqs, vocab_size(), m.model->device());
-  if (!m.options.enforce_eager) {
+  if (!m.options.enforce_eager && m.pool != nullptr) {  // offload steps are not graph-shaped
     DecodeGraphOptions g;
     g.max_num_seqs = m.options.max_num_seqs;
     g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine

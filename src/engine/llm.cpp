@@ -104,9 +104,17 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     gpu.max_model_len = options.max_model_len;
     gpu.num_gpu_blocks = config.num_gpu_blocks;
     gpu.enforce_eager = config.enforce_eager;
+    gpu.kv_offload = config.kv_offload;
+    gpu.host_kv_bytes = config.host_kv_budget;
+    gpu.gpu_kv_bytes = config.gpu_kv_budget;
+    gpu.offload_slots = config.offload_slots;
+    gpu.offload_slot_tokens = config.offload_slot_tokens;
     impl_->runner = std::make_shared<GpuRunner>(create_model(impl_->checkpoint, build), gpu);
     executor = make_gpu_executor(impl_->runner);
   } else {
+    LONGCTX_CHECK(!config.kv_offload, ErrorCode::kUnsupported,
+                  "--kv-offload needs a CUDA device (the CPU engine's KV cache is in host memory "
+                  "already)");
     CpuExecutorOptions cpu;
     if (config.block_size > 0) cpu.block_size = config.block_size;
     cpu.kv_cache_bytes = config.cpu_kv_cache_bytes;

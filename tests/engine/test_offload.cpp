@@ -70,11 +70,9 @@ class OffloadTokenExecutor final : public Executor {
     planner_.check_consistency();
     // Pre-step moves, in the plan's order.
     while (!pending_.empty() && pending_.front().step + lag_ <= step_) land_next();
+    if (!plan.evict_write_backs.empty())
+      issue(plan.evict_write_back_ticket, plan.evict_write_backs);
     if (plan.compute_wait_ticket) land_until(plan.compute_wait_ticket);
-    if (!plan.evict_write_backs.empty()) {
-      pending_.push_back({plan.evict_write_back_ticket, step_, plan.evict_write_backs});
-      land_until(plan.evict_write_back_ticket);
-    }
     for (auto [src, dst] : plan.gpu_copies)
       std::copy_n(gpu_.begin() + src * bs, bs, gpu_.begin() + dst * bs);
     if (plan.load_wait_ticket) land_until(plan.load_wait_ticket);
@@ -107,8 +105,7 @@ class OffloadTokenExecutor final : public Executor {
               base[it.kv_indices[it.kv_indptr[k] + j / bs] * bs + j % bs]);
       }
     }
-    if (!plan.write_backs.empty())
-      pending_.push_back({plan.write_back_ticket, step_, plan.write_backs});
+    if (!plan.write_backs.empty()) issue(plan.write_back_ticket, plan.write_backs);
 
     int64_t rows = 0;
     for (const StepInput& in : inputs) rows += in.want_logits ? 1 : 0;
@@ -163,7 +160,14 @@ class OffloadTokenExecutor final : public Executor {
     landed_ = std::max(landed_, pending_.front().ticket);
     pending_.pop_front();
   }
+  void issue(uint64_t ticket, const std::vector<BlockMove>& moves) {
+    LONGCTX_CHECK(ticket > issued_, ErrorCode::kInternal, "ticket {} after {}", ticket, issued_);
+    issued_ = ticket;
+    pending_.push_back({ticket, step_, moves});
+  }
   void land_until(uint64_t ticket) {
+    LONGCTX_CHECK(ticket <= issued_, ErrorCode::kInternal,
+                  "wait for write-back ticket {} before it was issued (last {})", ticket, issued_);
     while (!pending_.empty() && pending_.front().ticket <= ticket) land_next();
   }
 
@@ -172,7 +176,7 @@ class OffloadTokenExecutor final : public Executor {
   OffloadPlanner planner_;
   std::vector<Kv> host_, gpu_, ring_;
   std::deque<Pending> pending_;
-  uint64_t landed_ = 0, step_ = 0;
+  uint64_t landed_ = 0, issued_ = 0, step_ = 0;
 };
 
 SamplingParams greedy(int64_t max_tokens) {

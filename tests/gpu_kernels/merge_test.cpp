@@ -6,13 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <random>
 #include <sstream>
 
 #include "gpu_kernels/harness.h"
+#include "kernels/cpu/attention_ref.h"
 #include "kernels/cpu/merge_cpu.h"
 #include "kernels/decode_test_util.h"
+#include "longctx/core/tensor.h"
 
 namespace longctx::gpu_test {
 namespace {
@@ -194,6 +197,59 @@ TEST(MergeGpu, Small) {
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, 2);
+}
+
+// accumulate_state on the device against the CPU reference: bf16 / f16 / f32 partial states
+// folded one by one into an fp32 state, empty (-inf) rows included.
+TEST(MergeGpu, AccumulateStateMatchesTheReference) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-3.f, 3.f);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const int rows = 77, heads = 8, dim = 128, states = 4;
+    const size_t n = size_t(rows) * heads * dim, m = size_t(rows) * heads;
+    std::vector<float> ref_o(n, 0.f), ref_lse(m, 0.f);
+    Tensor d_acc = Tensor::empty({int64_t(n)}, DType::kF32, Device::cuda(0));
+    Tensor d_lse = Tensor::empty({int64_t(m)}, DType::kF32, Device::cuda(0));
+    for (int st = 0; st < states; ++st) {
+      std::vector<uint8_t> o(n * dtype_size(dt));
+      std::vector<float> lse(m);
+      for (size_t i = 0; i < n; ++i) kernels::cpu::store_elem(o.data(), i, dt, u(rng));
+      for (size_t i = 0; i < m; ++i) lse[i] = (i % 11 == 0) ? -INFINITY : 4 * u(rng);
+      Tensor d_o = Tensor::empty({int64_t(o.size())}, DType::kU8, Device::cuda(0));
+      Tensor d_l = Tensor::empty({int64_t(m)}, DType::kF32, Device::cuda(0));
+      d_o.copy_from(Tensor::from_blob(o.data(), {int64_t(o.size())}, DType::kU8));
+      d_l.copy_from(Tensor::from_blob(lse.data(), {int64_t(m)}, DType::kF32));
+      kernels::StateAccumulateParams a;
+      a.num_rows = rows;
+      a.num_heads = heads;
+      a.head_dim = dim;
+      a.dtype = dt;
+      a.init = st == 0;
+      a.acc_o = ref_o.data();
+      a.acc_lse = ref_lse.data();
+      a.o = o.data();
+      a.lse = lse.data();
+      kernels::cpu::accumulate_state(a);
+      a.acc_o = d_acc.data<float>();
+      a.acc_lse = d_lse.data<float>();
+      a.o = d_o.data_ptr();
+      a.lse = d_l.data<float>();
+      kernels::cuda::accumulate_state(a, nullptr);
+    }
+    const Tensor got_o = d_acc.to(Device::cpu()), got_lse = d_lse.to(Device::cpu());
+    double worst = 0;
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(std::isfinite(got_o.data<float>()[i])) << i;
+      worst = std::max<double>(worst, std::fabs(got_o.data<float>()[i] - ref_o[i]));
+    }
+    for (size_t i = 0; i < m; ++i) {
+      if (std::isinf(ref_lse[i]))
+        EXPECT_EQ(got_lse.data<float>()[i], ref_lse[i]) << i;
+      else
+        EXPECT_NEAR(got_lse.data<float>()[i], ref_lse[i], 1e-4) << i;
+    }
+    EXPECT_LT(worst, 1e-4) << dtype_name(dt);
+  }
 }
 
 }  // namespace

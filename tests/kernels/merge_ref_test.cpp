@@ -175,5 +175,29 @@ TEST(MergeRef, HalfPrecisionInOut) {
   }
 }
 
+// Accumulating the states one by one into an fp32 state (the offload path) gives the N-way
+// merge: attention over the union.
+TEST(MergeRef, AccumulateStateEqualsTheNWayMerge) {
+  for (int n : {1, 2, 5}) {
+    const States s = make_states(n, 9, 3, 20, 40 + n);
+    std::vector<float> acc_o(size_t(s.rows) * s.heads * s.dim, 7.f),
+        acc_lse(size_t(s.rows) * s.heads, 7.f);
+    for (int st = 0; st < n; ++st) {
+      kernels::StateAccumulateParams a;
+      a.acc_o = acc_o.data();
+      a.acc_lse = acc_lse.data();
+      a.o = s.o.data() + size_t(st) * s.rows * s.heads * s.dim;
+      a.lse = s.lse.data() + size_t(st) * s.rows * s.heads;
+      a.num_rows = s.rows;
+      a.num_heads = s.heads;
+      a.head_dim = s.dim;
+      a.dtype = DType::kF32;
+      a.init = st == 0;
+      kernels::cpu::accumulate_state(a);
+    }
+    expect_matches_union(s, acc_o, acc_lse);
+  }
+}
+
 }  // namespace
 }  // namespace longctx

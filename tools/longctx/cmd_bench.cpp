@@ -1,14 +1,16 @@
-// longctx bench throughput | latency: the serving engine's own benchmarks.
+// longctx bench throughput | latency | offload: the serving engine's own benchmarks.
 //   throughput: nano-vllm's bench.py shape (256 requests, random token prompts of 100-1024
 //     tokens, outputs of 100-1024 tokens, temperature 0.6, EOS ignored), all submitted at once;
 //     prints requests/s, output tok/s and total tok/s.
 //   latency: a batch of fixed-length random prompts; prints TTFT, TPOT and end-to-end time.
+//   offload: bench_offload.cpp.
 // bench/engine/hf_peer.py runs transformers on the same workloads.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
 
+#include "bench_offload.h"
 #include "command.h"
 #include "generate_common.h"
 #include "longctx/core/error.h"
@@ -165,6 +167,8 @@ CommandRegistration reg("bench", [](CLI::App& app) {
   lc->add_option("--num-warmup", l->num_warmup)->capture_default_str();
   lc->add_option("--seed", l->seed, "workload seed")->capture_default_str();
   lc->callback([l] { run_latency(*l); });
+
+  add_bench_offload(bench);
 });
 
 }  // namespace

@@ -157,6 +157,7 @@ void run(Options& o) {
                        {"prompt_tokens", out.metrics.num_prompt_tokens},
                        {"answer", s.answer},
                        {"prediction", out.text},
+                       {"token_ids", out.token_ids},
                        {"exact", exact},
                        {"ruler", ruler}});
   }

@@ -77,6 +77,22 @@ void ModelOptions::add_to(CLI::App* cmd) {
   cmd->add_flag("--enforce-eager", enforce_eager, "no CUDA graphs for decode steps");
   cmd->add_option("--kv-cache-memory", kv_cache_memory,
                   "bytes of the CPU KV cache, e.g. 8GiB (default 4GiB)");
+  cmd->add_flag("--kv-offload", kv_offload,
+                "keep the KV cache in pinned host memory, a GPU cache of blocks and a ring of "
+                "slots on the GPU (docs/offload.md)");
+  cmd->add_option("--host-kv-budget", host_kv_budget,
+                  "bytes of the pinned host KV pool with --kv-offload, e.g. 64GiB (default: half "
+                  "the machine's memory)");
+  cmd->add_option("--gpu-kv-budget", gpu_kv_budget,
+                  "bytes of the GPU's cache of KV blocks with --kv-offload, e.g. 4GiB (default: "
+                  "what the memory plan leaves)");
+  cmd->add_option("--offload-slots", offload_slots, "ring slots with --kv-offload")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--offload-slot-tokens", offload_slot_tokens,
+                  "tokens of one layer per ring slot with --kv-offload")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 }
 
 GpuRunnerOptions ModelOptions::runner_options() const {
@@ -85,6 +101,12 @@ GpuRunnerOptions ModelOptions::runner_options() const {
   r.max_num_batched_tokens = max_num_batched_tokens;
   r.max_num_seqs = max_num_seqs;
   r.enforce_eager = enforce_eager;
+  r.kv_offload = kv_offload;
+  r.host_kv_bytes =
+      host_kv_budget.empty() ? 0 : parse_byte_size(host_kv_budget, "--host-kv-budget");
+  r.gpu_kv_bytes = gpu_kv_budget.empty() ? 0 : parse_byte_size(gpu_kv_budget, "--gpu-kv-budget");
+  r.offload_slots = offload_slots;
+  r.offload_slot_tokens = offload_slot_tokens;
   return r;
 }
 
@@ -104,6 +126,12 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.enforce_eager = enforce_eager;
   engine.cpu_kv_cache_bytes =
       kv_cache_memory.empty() ? 0 : parse_byte_size(kv_cache_memory, "--kv-cache-memory");
+  const GpuRunnerOptions r = runner_options();
+  engine.kv_offload = r.kv_offload;
+  engine.host_kv_budget = r.host_kv_bytes;
+  engine.gpu_kv_budget = r.gpu_kv_bytes;
+  engine.offload_slots = r.offload_slots;
+  engine.offload_slot_tokens = r.offload_slot_tokens;
 }
 
 std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint) const {

@@ -32,6 +32,11 @@ struct ModelOptions {
   bool enable_prefix_caching = true;
   bool enforce_eager = false;
   std::string kv_cache_memory;  // CPU KV pool bytes, e.g. 8GiB; empty: 4 GiB
+  bool kv_offload = false;
+  std::string host_kv_budget;  // e.g. 64GiB; empty: half the machine's memory
+  std::string gpu_kv_budget;   // e.g. 4GiB; empty: what the memory plan leaves
+  int64_t offload_slots = 4;
+  int64_t offload_slot_tokens = 32768;
 
   void add_to(CLI::App* cmd);
   // Loads (or makes) the checkpoint; throws Error naming what is wrong with the options.

@@ -25,6 +25,15 @@ struct GpuRunnerOptions {
   int64_t max_model_len = 0;               // tokens per sequence; 0: max_position_embeddings
   int64_t num_gpu_blocks = 0;              // 0: as many as the memory plan leaves
   bool enforce_eager = false;              // no CUDA graphs for decode steps
+  // KV offload to pinned host memory (docs/offload.md): the engine's blocks live in a host pool
+  // of host_kv_bytes (0: half the machine's memory); the GPU keeps a cache of gpu_kv_bytes of them
+  // (0: what the memory plan leaves) and a ring of offload_slots slots, each offload_slot_tokens
+  // tokens of one layer. Decode steps run without CUDA graphs.
+  bool kv_offload = false;
+  int64_t host_kv_bytes = 0;
+  int64_t gpu_kv_bytes = 0;
+  int64_t offload_slots = 4;
+  int64_t offload_slot_tokens = 32768;
 };
 
 // See docs/architecture.md for the measurement behind the default.
@@ -42,11 +51,18 @@ struct GpuMemoryPlan {
   int64_t workspaces = 0;      // GEMM, attention plans, logits, sampler
   int64_t graphs = 0;          // CUDA graphs of decode steps (their private pool)
   int64_t kv_block_bytes = 0;  // K + V of every layer for one block
-  int64_t num_kv_blocks = 0;
+  int64_t num_kv_blocks = 0;   // the GPU pool (with offload: the GPU cache of host blocks)
   int64_t block_size = 0;
   int64_t max_model_len = 0;
+  // KV offload (0 without): the host pool, the ring and the offload merge buffers.
+  int64_t num_host_blocks = 0;
+  int64_t ring_bytes = 0;
+  int64_t offload_buffers = 0;
+  int64_t slot_blocks = 0;
   int64_t kv_bytes() const { return num_kv_blocks * kv_block_bytes; }
   int64_t kv_tokens() const { return num_kv_blocks * block_size; }
+  int64_t host_kv_bytes() const { return num_host_blocks * kv_block_bytes; }
+  bool offload() const { return num_host_blocks > 0; }
   std::string str() const;  // a few lines for `longctx info`
 };
 
@@ -72,6 +88,12 @@ class GpuRunner {
                                    std::span<const SamplingParams* const> params,
                                    std::span<SamplerState* const> states);
   int64_t graph_memory_bytes() const;  // held by the decode graphs (0 without)
+  // KV offload counters (zeros without offload): blocks through the ring, written back, ...
+  struct OffloadCounters {
+    int64_t steps = 0, ring_blocks_loaded = 0, blocks_written_back = 0, blocks_reloaded = 0;
+    int64_t host_bytes_loaded = 0, host_bytes_written = 0;
+  };
+  OffloadCounters offload_counters() const;
 
   // Standalone use, refused once an engine drives the runner. Inputs' block tables are ignored
   // (the runner keeps each seq_id's blocks until release()); num_new 0 runs all the rest.

@@ -84,6 +84,10 @@ std::unique_ptr<OffloadDevice> make_cpu_offload_device(const OffloadDeviceConfig
 // the pinned host pool or the GPU buffers cannot be had.
 std::unique_ptr<OffloadDevice> make_cuda_offload_device(const OffloadDeviceConfig& config);
 
+// One pinned host -> device copy of `bytes` on `device`, timed (the link's peak for the bench's
+// bound). Throws Error(kUnsupported) without CUDA.
+double measure_host_to_device_gbps(Device device, int64_t bytes);
+
 class OffloadAttentionBackend final : public AttentionBackend {
  public:
   OffloadAttentionBackend(const OffloadGeometry& geometry, std::unique_ptr<OffloadDevice> device);

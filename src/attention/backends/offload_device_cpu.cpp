@@ -41,12 +41,9 @@ class CpuOffloadDevice final : public OffloadDevice {
     ++step_;
     // Write-backs issued cpu_write_back_lag steps ago land now.
     while (!pending_.empty() && pending_.front().step + c_.cpu_write_back_lag <= step_) land_next();
+    // As the CUDA device: evicted dirty blocks out first, then the waits (which may name them).
+    if (!plan.evict_write_backs.empty()) issue(plan.evict_write_back_ticket, plan.evict_write_backs);
     if (plan.compute_wait_ticket) land_until(plan.compute_wait_ticket);
-    if (!plan.evict_write_backs.empty()) {
-      pending_.push_back({plan.evict_write_back_ticket, step_, plan.evict_write_backs});
-      // The step's compute overwrites these GPU blocks, so the planner made it wait.
-      land_until(plan.evict_write_back_ticket);
-    }
     for (auto [src, dst] : plan.gpu_copies)
       for (int64_t l = 0; l < g_.num_layers; ++l)
         std::memcpy(gpu_block(l, dst), gpu_block(l, src), 2 * page_ * sizeof(float));
@@ -130,8 +127,7 @@ class CpuOffloadDevice final : public OffloadDevice {
   }
 
   void end_step() override {
-    if (!plan_->write_backs.empty())
-      pending_.push_back({plan_->write_back_ticket, step_, plan_->write_backs});
+    if (!plan_->write_backs.empty()) issue(plan_->write_back_ticket, plan_->write_backs);
   }
 
  private:
@@ -168,7 +164,17 @@ class CpuOffloadDevice final : public OffloadDevice {
     landed_ = std::max(landed_, w.ticket);
     pending_.pop_front();
   }
+  void issue(uint64_t ticket, const std::vector<BlockMove>& moves) {
+    LONGCTX_CHECK(ticket > issued_, ErrorCode::kInternal,
+                  "KV offload: write-back ticket {} issued after ticket {}", ticket, issued_);
+    issued_ = ticket;
+    pending_.push_back({ticket, step_, moves});
+  }
+  // A wait on a ticket not issued yet is a planning bug (the GPU could not wait on it).
   void land_until(uint64_t ticket) {
+    LONGCTX_CHECK(ticket <= issued_, ErrorCode::kInternal,
+                  "KV offload: wait for write-back ticket {} before it was issued (last {})",
+                  ticket, issued_);
     while (!pending_.empty() && pending_.front().ticket <= ticket) land_next();
   }
 
@@ -219,7 +225,7 @@ class CpuOffloadDevice final : public OffloadDevice {
   Tensor ring_;  // [slots * slot_blocks * 2 * page] f32: [slot][block][K, V][bs, Hkv, d]
   std::vector<Slot> slots_;
   std::deque<PendingWriteBack> pending_;
-  uint64_t landed_ = 0;
+  uint64_t landed_ = 0, issued_ = 0;
   uint64_t step_ = 0;
   const OffloadStepPlan* plan_ = nullptr;
   Tensor q_;

@@ -1,0 +1,447 @@
+// The CUDA offload device (see offload_backend.h). Memory:
+//   host pool (pinned) [layers][host blocks][K, V][block_size, Hkv, d]: layer-major, so a run of
+//     consecutive blocks of one layer is one contiguous copy into a ring slot, and a block across
+//     all layers is one strided 2D copy;
+//   GPU cache [layers][gpu blocks][K, V][block_size, Hkv, d] and ring [slots][slot_blocks][K, V]
+//     [...]: K and V of a block are adjacent, so the paged kernels see page 2b as K and (v_cache =
+//     k_cache + one page) page 2b as V;
+// Streams: the compute stream (the caller's), one H2D copy stream for the ring, one D2H stream for
+// write-backs. Events: per slot "ready" (load done) and "free" (the attention that read it done);
+// per write-back ticket one event.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "attention/backends/offload_backend.h"
+#include "core/cuda_stream.h"
+#include "kernels/cuda/decode.h"
+#include "kernels/cuda/kv_store.h"
+#include "kernels/cuda/merge.h"
+#include "kernels/cuda/prefill.h"
+#include "longctx/core/cuda_check.h"
+#include "longctx/core/device_memory.h"
+#include "longctx/core/error.h"
+#include "longctx/core/stream.h"
+
+namespace longctx {
+
+namespace {
+
+using kernels::DecodeParams;
+using kernels::MaskMode;
+using kernels::PagedPrefillParams;
+
+// One attention call's index arrays (offsets into the staged int32 buffer) and plan.
+struct CallPlan {
+  int64_t qo = 0, kv_indptr = 0, kv_indices = 0, last = 0;  // word offsets
+  int batch = 0;
+  bool decode = false;
+  kernels::cuda::PrefillPlan prefill;
+  kernels::cuda::DecodePlan dec;
+};
+
+class CudaOffloadDevice final : public OffloadDevice {
+ public:
+  explicit CudaOffloadDevice(const OffloadDeviceConfig& c)
+      : c_(c),
+        g_(c.geometry),
+        device_(c.device),
+        h2d_(c.device, /*priority=*/-1),
+        d2h_(c.device),
+        staged_(c.device) {
+    LONGCTX_CHECK(device_.is_cuda(), ErrorCode::kInvalidArgument,
+                  "KV offload: the CUDA device needs a CUDA device, got {}", device_.str());
+    LONGCTX_CHECK(c.head_dim == 64 || c.head_dim == 128, ErrorCode::kUnsupported,
+                  "KV offload: head_dim {} (the offload kernels take 64 or 128)", c.head_dim);
+    LONGCTX_CHECK(c.num_qo_heads % c.num_kv_heads == 0, ErrorCode::kUnsupported,
+                  "KV offload: {} q heads are not a multiple of {} kv heads", c.num_qo_heads,
+                  c.num_kv_heads);
+    esize_ = static_cast<int64_t>(dtype_size(c.dtype));
+    block_bytes_ = c.layer_block_bytes();
+    page_ = c.page_elems();
+    const int64_t host_bytes = g_.num_layers * g_.num_host_blocks * block_bytes_;
+    try {
+      host_ = Tensor::empty_pinned({host_bytes}, DType::kU8);
+    } catch (const Error& e) {
+      LONGCTX_THROW(ErrorCode::kOutOfMemory,
+                    "KV offload: cannot pin {} of host memory for the host KV pool ({} blocks); "
+                    "lower --host-kv-budget ({})",
+                    format_bytes(host_bytes), g_.num_host_blocks, e.what());
+    }
+    gpu_ = Tensor::empty({g_.num_layers * g_.num_gpu_blocks * block_bytes_}, DType::kU8, device_);
+    ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * block_bytes_}, DType::kU8, device_);
+    const int64_t rows = c.max_tokens * c.num_qo_heads;
+    part_o_ = Tensor::empty({rows * c.head_dim}, c.dtype, device_);
+    part_lse_ = Tensor::empty({rows}, DType::kF32, device_);
+    acc_o_ = Tensor::empty({rows * c.head_dim}, DType::kF32, device_);
+    acc_lse_ = Tensor::empty({rows}, DType::kF32, device_);
+    for (int64_t s = 0; s < g_.num_slots; ++s) {
+      ready_.emplace_back(device_);
+      free_.emplace_back(device_);
+    }
+  }
+
+  ~CudaOffloadDevice() override {
+    // Copies in flight read or write the pools: let them land before the memory goes.
+    h2d_.synchronize();
+    d2h_.synchronize();
+  }
+
+  bool ticket_done(uint64_t ticket) override {
+    // Tickets land in issue order (one D2H stream); one not issued yet has not landed.
+    while (landed_ < ticket && !tickets_.empty() && tickets_.begin()->second.query()) {
+      landed_ = tickets_.begin()->first;
+      tickets_.erase(tickets_.begin());
+    }
+    return landed_ >= ticket;
+  }
+
+  void begin_step(const OffloadStepPlan& plan) override {
+    plan_ = &plan;
+    cudaStream_t compute = stream();
+    stage_indices(plan, compute);
+    // Evicted dirty blocks out first: the step's waits may name their ticket.
+    if (!plan.evict_write_backs.empty())
+      write_back(plan.evict_write_backs, plan.evict_write_back_ticket);
+    if (plan.compute_wait_ticket) wait_ticket(compute, plan.compute_wait_ticket);
+    const size_t w = static_cast<size_t>(block_bytes_);
+    const size_t gpu_pitch = static_cast<size_t>(g_.num_gpu_blocks * block_bytes_);
+    const size_t host_pitch = static_cast<size_t>(g_.num_host_blocks * block_bytes_);
+    for (auto [src, dst] : plan.gpu_copies)
+      LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(gpu_at(0, dst), gpu_pitch, gpu_at(0, src), gpu_pitch, w,
+                                           g_.num_layers, cudaMemcpyDeviceToDevice, compute));
+    if (!plan.loads.empty() && plan.load_wait_ticket) wait_ticket(compute, plan.load_wait_ticket);
+    for (const BlockMove& m : plan.loads)
+      LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(gpu_at(0, m.gpu), gpu_pitch, host_at(0, m.host),
+                                           host_pitch, w, g_.num_layers, cudaMemcpyHostToDevice,
+                                           compute));
+  }
+
+  void load_slot(int64_t slot, int64_t layer, int64_t item, uint64_t wait) override {
+    cudaStream_t s = cuda_handle(h2d_);
+    h2d_.wait(free_[slot]);
+    if (wait) wait_ticket(s, wait);
+    for (const SlotRun& r : plan_->items[item].runs)
+      LONGCTX_CUDA_CHECK(cudaMemcpyAsync(slot_at(slot, r.slot_begin), host_at(layer, r.host_begin),
+                                         static_cast<size_t>(r.count * block_bytes_),
+                                         cudaMemcpyHostToDevice, s));
+    ready_[slot].record(h2d_);
+  }
+
+  void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override {
+    kernels::KvStoreParams p;
+    p.k = k.data_ptr();
+    p.v = v.data_ptr();
+    p.k_token_stride = k.strides()[0];
+    p.v_token_stride = v.strides()[0];
+    p.k_cache = gpu_at(layer, 0);
+    p.v_cache = static_cast<char*>(gpu_at(layer, 0)) + page_ * esize_;
+    p.slot_mapping = reinterpret_cast<const int64_t*>(dev(slots_));
+    p.num_tokens = static_cast<int>(plan_->slots.size());
+    p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
+    p.head_dim = static_cast<int>(c_.head_dim);
+    p.page_size = static_cast<int>(g_.block_size);
+    p.num_pages = static_cast<int>(2 * g_.num_gpu_blocks - 1);
+    p.dtype = c_.dtype;
+    kernels::cuda::kv_store_run(p, stream());
+  }
+
+  void attend_resident(int64_t layer, const Tensor& q) override {
+    q_ = q.contiguous();
+    const int64_t t = q.size(0);
+    out_ = Tensor::empty({t, c_.num_qo_heads * c_.head_dim}, c_.dtype, device_);
+    const bool direct = plan_->items.empty();  // no host blocks: the output directly
+    run(resident_, q_.data_ptr(), gpu_at(layer, 0), direct ? out_.data_ptr() : part_o_.data_ptr(),
+        direct ? nullptr : part_lse_.data<float>(), MaskMode::kCausal);
+    if (!direct) accumulate(0, static_cast<int>(t), /*init=*/true);
+  }
+
+  void attend_slot(int64_t slot, int64_t, int64_t item, const Tensor&) override {
+    cudaStream_t compute = stream();
+    LONGCTX_CUDA_CHECK(cudaStreamWaitEvent(compute, cuda_handle(ready_[slot]), 0));
+    const RingItem& it = plan_->items[item];
+    const int64_t row = c_.num_qo_heads * c_.head_dim;
+    run(items_[item], static_cast<const char*>(q_.data_ptr()) + it.row_begin * row * esize_,
+        slot_at(slot, 0), static_cast<char*>(part_o_.data_ptr()) + it.row_begin * row * esize_,
+        part_lse_.data<float>() + it.row_begin * c_.num_qo_heads, MaskMode::kNone);
+    accumulate(it.row_begin, it.row_end - it.row_begin, /*init=*/false);
+    free_[slot].record_on(compute);
+  }
+
+  Tensor finish_layer(int64_t, const Tensor& q) override {
+    if (!plan_->items.empty()) {
+      kernels::MergeParams m;  // one fp32 state -> the output dtype
+      m.o_in = acc_o_.data_ptr();
+      m.lse_in = acc_lse_.data<float>();
+      m.o_out = out_.data_ptr();
+      m.num_states = 1;
+      m.num_rows = static_cast<int>(q.size(0));
+      m.num_heads = static_cast<int>(c_.num_qo_heads);
+      m.head_dim = static_cast<int>(c_.head_dim);
+      m.in_dtype = DType::kF32;
+      m.out_dtype = c_.dtype;
+      kernels::cuda::merge_states(m, stream());
+    }
+    return std::move(out_);
+  }
+
+  void end_step() override {
+    if (!plan_->write_backs.empty()) write_back(plan_->write_backs, plan_->write_back_ticket);
+  }
+
+ private:
+  cudaStream_t stream() const { return current_cuda_stream(device_.index); }
+  void* gpu_at(int64_t layer, int64_t b) const {
+    return static_cast<char*>(gpu_.data_ptr()) + (layer * g_.num_gpu_blocks + b) * block_bytes_;
+  }
+  void* host_at(int64_t layer, int64_t b) const {
+    return static_cast<char*>(host_.data_ptr()) + (layer * g_.num_host_blocks + b) * block_bytes_;
+  }
+  void* slot_at(int64_t slot, int64_t b) const {
+    return static_cast<char*>(ring_.data_ptr()) + (slot * g_.slot_blocks + b) * block_bytes_;
+  }
+  const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
+
+  void wait_ticket(cudaStream_t s, uint64_t ticket) {
+    if (ticket_done(ticket)) return;
+    auto it = tickets_.find(ticket);
+    LONGCTX_CHECK(it != tickets_.end(), ErrorCode::kInternal,
+                  "KV offload: write-back ticket {} was never issued", ticket);
+    LONGCTX_CUDA_CHECK(cudaStreamWaitEvent(s, cuda_handle(it->second), 0));
+  }
+
+  // Blocks of every layer, GPU cache -> host pool, on the D2H stream after the compute so far.
+  void write_back(const std::vector<BlockMove>& moves, uint64_t ticket) {
+    Event after(device_);
+    after.record_on(stream());
+    d2h_.wait(after);
+    cudaStream_t s = cuda_handle(d2h_);
+    const size_t gpu_pitch = static_cast<size_t>(g_.num_gpu_blocks * block_bytes_);
+    const size_t host_pitch = static_cast<size_t>(g_.num_host_blocks * block_bytes_);
+    for (const BlockMove& m : moves)
+      LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(host_at(0, m.host), host_pitch, gpu_at(0, m.gpu),
+                                           gpu_pitch, static_cast<size_t>(block_bytes_),
+                                           g_.num_layers, cudaMemcpyDeviceToHost, s));
+    auto [it, fresh] = tickets_.emplace(ticket, Event(device_));
+    LONGCTX_CHECK(fresh, ErrorCode::kInternal, "KV offload: ticket {} issued twice", ticket);
+    it->second.record(d2h_);
+  }
+
+  // Index arrays of the resident call and every ring item in one staged buffer, one copy; the
+  // kernels' plans (work lists into per-call workspaces).
+  void stage_indices(const OffloadStepPlan& plan, cudaStream_t compute) {
+    staged_.synchronize();  // the previous step's copy out of the staging buffer has finished
+    words_.clear();
+    auto put = [&](const std::vector<int32_t>& v, int32_t scale = 1) {
+      while (words_.size() % 4) words_.push_back(0);  // 16-byte aligned arrays
+      const int64_t at = static_cast<int64_t>(words_.size());
+      for (int32_t x : v) words_.push_back(x * scale);
+      return at;
+    };
+    auto last_lens = [&](const std::vector<int32_t>& kv_lens) {
+      std::vector<int32_t> last(kv_lens.size());
+      const int32_t bs = static_cast<int32_t>(g_.block_size);
+      for (size_t i = 0; i < last.size(); ++i)
+        last[i] = kv_lens[i] == 0 ? 0 : (kv_lens[i] - 1) % bs + 1;
+      return last;
+    };
+    auto stage_call =
+        [&](CallPlan& cp, const std::vector<int32_t>& qo, const std::vector<int32_t>& kv_indptr,
+            const std::vector<int32_t>& kv_indices, const std::vector<int32_t>& kv_lens) {
+          cp.batch = static_cast<int>(kv_lens.size());
+          cp.qo = put(qo);
+          cp.kv_indptr = put(kv_indptr);
+          cp.kv_indices = put(kv_indices, 2);  // page 2b is block b's K (and, from v_cache, its V)
+          cp.last = put(last_lens(kv_lens));
+        };
+    stage_call(resident_, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_lens);
+    items_.resize(plan.items.size());
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+      const RingItem& it = plan.items[i];
+      stage_call(items_[i], it.qo_indptr, it.kv_indptr, it.kv_indices, it.kv_lens);
+    }
+    {  // slots, as int64 of the doubled page ids
+      std::vector<int32_t> none;
+      slots_ = put(none);
+      const int64_t bs = g_.block_size;
+      for (int64_t s : plan.slots) {
+        const int64_t doubled = (s / bs) * 2 * bs + s % bs;
+        int32_t w[2];
+        std::memcpy(w, &doubled, sizeof(doubled));
+        words_.push_back(w[0]);
+        words_.push_back(w[1]);
+      }
+    }
+    const int64_t n = static_cast<int64_t>(words_.size());
+    if (host_staging_.numel() < n) {
+      host_staging_ = Tensor::empty_pinned({n * 2}, DType::kI32);
+      indices_ = Tensor::empty({n * 2}, DType::kI32, device_);
+    }
+    std::memcpy(host_staging_.data_ptr(), words_.data(), n * sizeof(int32_t));
+    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_staging_.data_ptr(),
+                                       n * sizeof(int32_t), cudaMemcpyHostToDevice, compute));
+    staged_.record_on(compute);
+
+    // Plans, each into its own workspace region.
+    const int group = static_cast<int>(c_.num_qo_heads / c_.num_kv_heads);
+    std::vector<size_t> offsets;
+    size_t total = 0;
+    std::vector<CallPlan*> calls = {&resident_};
+    std::vector<const std::vector<int32_t>*> qos = {&plan.qo_indptr};
+    bool all_decode = true;
+    for (size_t i = 1; i < plan.qo_indptr.size(); ++i)
+      all_decode = all_decode && plan.qo_indptr[i] - plan.qo_indptr[i - 1] == 1;
+    std::vector<bool> decode = {all_decode};
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+      calls.push_back(&items_[i]);
+      qos.push_back(&plan.items[i].qo_indptr);
+      decode.push_back(plan.items[i].all_decode);
+    }
+    std::vector<size_t> bytes(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      calls[i]->decode = decode[i];
+      bytes[i] = decode[i] ? kernels::cuda::decode_workspace_bytes(
+                                 calls[i]->batch, static_cast<int>(c_.num_qo_heads),
+                                 static_cast<int>(c_.num_kv_heads), static_cast<int>(c_.head_dim))
+                           : kernels::cuda::paged_prefill_workspace_bytes(calls[i]->batch,
+                                                                          qos[i]->back(), group);
+      bytes[i] = (bytes[i] + 255) / 256 * 256;
+      offsets.push_back(total);
+      total += bytes[i];
+    }
+    if (workspace_.numel() < static_cast<int64_t>(total))
+      workspace_ = Tensor::empty({static_cast<int64_t>(total * 5 / 4)}, DType::kU8, device_);
+    const int32_t* host = words_.data();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      CallPlan& cp = *calls[i];
+      void* ws = static_cast<char*>(workspace_.data_ptr()) + offsets[i];
+      if (cp.decode) {
+        cp.dec = kernels::cuda::decode_plan(
+            host + cp.kv_indptr, host + cp.last, cp.batch, static_cast<int>(g_.block_size),
+            static_cast<int>(c_.num_qo_heads), static_cast<int>(c_.num_kv_heads),
+            static_cast<int>(c_.head_dim), ws, bytes[i], compute);
+      } else {
+        std::vector<int32_t> kv_lens(cp.batch);
+        const std::vector<int32_t>& lens = i == 0 ? plan.kv_lens : plan.items[i - 1].kv_lens;
+        std::copy(lens.begin(), lens.end(), kv_lens.begin());
+        cp.prefill = kernels::cuda::paged_prefill_plan(
+            host + cp.qo, kv_lens.data(), cp.batch, static_cast<int>(c_.num_qo_heads),
+            static_cast<int>(c_.num_kv_heads), static_cast<int>(c_.head_dim),
+            i == 0 ? MaskMode::kCausal : MaskMode::kNone, ws, bytes[i], compute);
+      }
+    }
+  }
+
+  void run(const CallPlan& cp, const void* q, void* cache, void* o, float* lse, MaskMode mask) {
+    void* v_cache = static_cast<char*>(cache) + page_ * esize_;
+    if (cp.decode) {
+      DecodeParams d;
+      d.q = q;
+      d.k_cache = cache;
+      d.v_cache = v_cache;
+      d.o = o;
+      d.lse = lse;
+      d.kv_indptr = dev(cp.kv_indptr);
+      d.kv_indices = dev(cp.kv_indices);
+      d.kv_last_page_len = dev(cp.last);
+      d.batch_size = cp.batch;
+      d.num_qo_heads = static_cast<int>(c_.num_qo_heads);
+      d.num_kv_heads = static_cast<int>(c_.num_kv_heads);
+      d.head_dim = static_cast<int>(c_.head_dim);
+      d.page_size = static_cast<int>(g_.block_size);
+      d.dtype = c_.dtype;
+      d.sm_scale = c_.sm_scale;
+      kernels::cuda::decode_run(d, cp.dec, stream());
+      return;
+    }
+    PagedPrefillParams p;
+    p.q = q;
+    p.k_cache = cache;
+    p.v_cache = v_cache;
+    p.o = o;
+    p.lse = lse;
+    p.qo_indptr = dev(cp.qo);
+    p.kv_indptr = dev(cp.kv_indptr);
+    p.kv_indices = dev(cp.kv_indices);
+    p.kv_last_page_len = dev(cp.last);
+    p.batch_size = cp.batch;
+    p.num_qo_heads = static_cast<int>(c_.num_qo_heads);
+    p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
+    p.head_dim = static_cast<int>(c_.head_dim);
+    p.page_size = static_cast<int>(g_.block_size);
+    p.dtype = c_.dtype;
+    p.mask_mode = mask;
+    p.sm_scale = c_.sm_scale;
+    kernels::cuda::paged_prefill_run(p, cp.prefill, stream());
+  }
+
+  void accumulate(int64_t row_begin, int num_rows, bool init) {
+    const int64_t row = c_.num_qo_heads * c_.head_dim;
+    kernels::StateAccumulateParams a;
+    a.acc_o = acc_o_.data<float>() + row_begin * row;
+    a.acc_lse = acc_lse_.data<float>() + row_begin * c_.num_qo_heads;
+    a.o = static_cast<const char*>(part_o_.data_ptr()) + row_begin * row * esize_;
+    a.lse = part_lse_.data<float>() + row_begin * c_.num_qo_heads;
+    a.num_rows = num_rows;
+    a.num_heads = static_cast<int>(c_.num_qo_heads);
+    a.head_dim = static_cast<int>(c_.head_dim);
+    a.dtype = c_.dtype;
+    a.init = init;
+    kernels::cuda::accumulate_state(a, stream());
+  }
+
+  OffloadDeviceConfig c_;
+  OffloadGeometry g_;
+  Device device_;
+  int64_t esize_ = 2, block_bytes_ = 0, page_ = 0;
+  Tensor host_;      // [layers * host blocks * block_bytes_] u8, pinned
+  Tensor gpu_;       // [layers * gpu blocks * block_bytes_] u8
+  Tensor ring_;      // [slots * slot_blocks * block_bytes_] u8
+  Tensor part_o_;    // [max_tokens * Hq * d] of dtype: one call's output
+  Tensor part_lse_;  // [max_tokens * Hq] f32
+  Tensor acc_o_;     // [max_tokens * Hq * d] f32: the layer's merged state
+  Tensor acc_lse_;   // [max_tokens * Hq] f32
+  Tensor q_, out_;   // the layer's contiguous q [T, Hq, d] and output [T, Hq * d]
+  Stream h2d_, d2h_;
+  std::vector<Event> ready_, free_;    // [slots]
+  std::map<uint64_t, Event> tickets_;  // write-backs in flight, by ticket
+  uint64_t landed_ = 0;
+  Event staged_;         // after the index copy
+  Tensor host_staging_;  // [words] i32 pinned
+  Tensor indices_;       // [words] i32 device
+  Tensor workspace_;     // [bytes] u8: the calls' plans
+  std::vector<int32_t> words_;
+  CallPlan resident_;
+  std::vector<CallPlan> items_;
+  int64_t slots_ = 0;  // word offset of the int64 slots
+  const OffloadStepPlan* plan_ = nullptr;
+};
+
+}  // namespace
+
+double measure_host_to_device_gbps(Device device, int64_t bytes) {
+  Tensor host = Tensor::empty_pinned({bytes}, DType::kU8);
+  std::memset(host.data_ptr(), 1, static_cast<size_t>(bytes));
+  Tensor dev = Tensor::empty({bytes}, DType::kU8, device);
+  Stream s(device);
+  Event start(device, true), stop(device, true);
+  float best_ms = 1e30f;
+  for (int i = 0; i < 3; ++i) {
+    start.record(s);
+    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), static_cast<size_t>(bytes),
+                                       cudaMemcpyHostToDevice, cuda_handle(s)));
+    stop.record(s);
+    stop.synchronize();
+    float ms = 0;
+    LONGCTX_CUDA_CHECK(cudaEventElapsedTime(&ms, cuda_handle(start), cuda_handle(stop)));
+    best_ms = std::min(best_ms, ms);
+  }
+  return double(bytes) / (best_ms * 1e-3) / 1e9;
+}
+
+std::unique_ptr<OffloadDevice> make_cuda_offload_device(const OffloadDeviceConfig& config) {
+  return std::make_unique<CudaOffloadDevice>(config);
+}
+
+}  // namespace longctx

@@ -1,0 +1,207 @@
+// KV offload on the GPU (H200) against the resident KV cache: the needle model's logits of every
+// position of a long prompt over random geometries (block size, chunk size, ring slots and their
+// size, GPU cache), and the engine (batching, prefix caching with copy-on-write, preemption)
+// generating the same greedy tokens. Offload merges more partial attentions than the resident
+// path (in fp32), so logits are compared by KL and top-1, as test_gpu_models does for GPU vs CPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "common/test_data.h"
+#include "engine/engine_core.h"
+#include "engine/llm_internal.h"
+#include "longctx/core/error.h"
+#include "longctx/engine/gpu_runner.h"
+#include "longctx/llm.h"
+#include "longctx/loader/checkpoint.h"
+#include "longctx/models/model.h"
+
+namespace longctx::testing {
+namespace {
+
+std::string needle_dir() { return test_data_dir() + "/../../models/needle"; }
+
+std::shared_ptr<const Checkpoint> needle() {
+  static auto ck = std::make_shared<const Checkpoint>(load_checkpoint(needle_dir()));
+  return ck;
+}
+
+std::shared_ptr<Model> gpu_model() {
+  ModelBuildOptions o;
+  o.device = Device::cuda(0);
+  return create_model(needle(), o);
+}
+
+struct Diff {
+  double max_kl = 0, mean_kl = 0, max_abs = 0;
+  int64_t agree = 0, compared = 0;
+};
+
+// Per position: KL(ref || got) of the softmaxes, |logit| differences, top-1 where ref's margin
+// is over 0.05.
+Diff compare(const Tensor& ref, const Tensor& got) {
+  Diff d;
+  const int64_t n = ref.size(0), v = ref.size(1);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* a = ref.data<float>() + r * v;
+    const float* b = got.data<float>() + r * v;
+    double ma = a[0], mb = b[0];
+    for (int64_t i = 0; i < v; ++i)
+      ma = std::max<double>(ma, a[i]), mb = std::max<double>(mb, b[i]);
+    double sa = 0, sb = 0;
+    for (int64_t i = 0; i < v; ++i) sa += std::exp(a[i] - ma), sb += std::exp(b[i] - mb);
+    double kl = 0;
+    int64_t top1 = 0, top2 = -1, got1 = 0;
+    for (int64_t i = 0; i < v; ++i) {
+      const double la = a[i] - ma - std::log(sa), lb = b[i] - mb - std::log(sb);
+      kl += std::exp(la) * (la - lb);
+      d.max_abs = std::max<double>(d.max_abs, std::fabs(a[i] - b[i]));
+      if (a[i] > a[top1]) top1 = i;
+      if (b[i] > b[got1]) got1 = i;
+    }
+    for (int64_t i = 0; i < v; ++i)
+      if (i != top1 && (top2 < 0 || a[i] > a[top2])) top2 = i;
+    d.max_kl = std::max(d.max_kl, kl);
+    d.mean_kl += kl / n;
+    if (a[top1] - a[top2] > 0.05) {
+      ++d.compared;
+      d.agree += got1 == top1;
+    }
+  }
+  return d;
+}
+
+std::vector<int32_t> prompt(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % 2000);
+  return ids;
+}
+
+TEST(GpuOffload, RandomGeometriesMatchTheResidentCache) {
+  std::mt19937 rng(17);
+  const auto ids = prompt(3000, 1);
+  // LONGCTX_OFFLOAD_DRAWS: fewer draws (compute-sanitizer runs).
+  const char* env = std::getenv("LONGCTX_OFFLOAD_DRAWS");
+  const int draws = env != nullptr ? std::atoi(env) : 12;
+  for (int draw = 0; draw < draws; ++draw) {
+    GpuRunnerOptions r;
+    const int64_t block_sizes[] = {16, 32, 64, 128};
+    const int64_t chunks[] = {128, 256, 512, 1000};
+    r.block_size = block_sizes[rng() % 4];
+    r.max_num_batched_tokens = chunks[rng() % 4];
+    r.max_num_seqs = 4;
+    r.max_model_len = 4096;
+    r.num_gpu_blocks = 4096 / r.block_size + 4;
+    r.enforce_eager = true;
+    GpuRunner resident(gpu_model(), r);
+    const Tensor ref = resident.prompt_logits(ids);
+
+    GpuRunnerOptions o = r;
+    o.kv_offload = true;
+    o.host_kv_bytes = 64ll << 20;
+    o.offload_slots = 1 + rng() % 8;
+    o.offload_slot_tokens = r.block_size * (1 + rng() % 8);
+    const int64_t need = (r.max_num_batched_tokens + r.block_size - 1) / r.block_size + 2 * 4;
+    o.num_gpu_blocks = need + rng() % 8;  // most of the prompt streams through the ring
+    GpuRunner off(gpu_model(), o);
+    const Tensor got = off.prompt_logits(ids);
+    const GpuRunner::OffloadCounters c = off.offload_counters();
+    const Diff d = compare(ref, got);
+    std::printf(
+        "block %lld chunk %lld slots %lld x %lld tokens, GPU cache %lld blocks: ring loads %lld "
+        "blocks, KL max %.2e mean %.2e, |dlogit| max %.3f, top-1 %lld/%lld\n",
+        (long long)r.block_size, (long long)r.max_num_batched_tokens, (long long)o.offload_slots,
+        (long long)o.offload_slot_tokens, (long long)o.num_gpu_blocks,
+        (long long)c.ring_blocks_loaded, d.max_kl, d.mean_kl, d.max_abs, (long long)d.agree,
+        (long long)d.compared);
+    EXPECT_GT(c.ring_blocks_loaded, 0);
+    EXPECT_LE(d.max_kl, 1e-3);
+    ASSERT_GT(d.compared, 0);
+    EXPECT_GE(double(d.agree) / d.compared, 0.999);
+  }
+}
+
+EngineConfig engine_config(bool offload) {
+  EngineConfig c;
+  c.model = needle_dir();
+  c.device = "cuda";
+  c.max_model_len = 2048;
+  c.block_size = 16;
+  c.max_num_batched_tokens = 256;
+  c.max_num_seqs = 8;
+  c.enforce_eager = true;
+  c.kv_offload = offload;
+  if (offload) {
+    c.num_gpu_blocks = 256 / 16 + 2 * 8 + 6;  // a tight GPU cache
+    c.host_kv_budget = 400 * 49152;           // ~400 blocks: preemption with 12 long requests
+    c.offload_slots = 3;
+    c.offload_slot_tokens = 64;
+  } else {
+    c.num_gpu_blocks = 4096;
+  }
+  return c;
+}
+
+TEST(GpuOffload, EngineGeneratesTheResidentTokens) {
+  std::mt19937 rng(5);
+  std::vector<int32_t> shared = prompt(700, 9);
+  std::vector<Prompt> ps;
+  for (int i = 0; i < 12; ++i) {
+    auto p = shared;
+    p.resize(100 + 50 * i);
+    for (int k = 0, n = 20 + rng() % 300; k < n; ++k)
+      p.push_back(static_cast<int32_t>(rng() % 2000));
+    ps.emplace_back(p);
+  }
+  ps.emplace_back(std::vector<int32_t>(shared.begin(), shared.begin() + 32));  // whole blocks
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 40;
+  sp.ignore_eos = true;
+  sp.logprobs = 2;
+  LLM resident(engine_config(false));
+  const auto ref = resident.generate(ps, sp, false);
+  LLM off(engine_config(true));
+  const auto got = off.generate(ps, sp, false);
+  size_t same = 0, total = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_EQ(ref[i].token_ids.size(), got[i].token_ids.size());
+    size_t k = 0;
+    while (k < ref[i].token_ids.size() && ref[i].token_ids[k] == got[i].token_ids[k]) ++k;
+    if (k < ref[i].token_ids.size()) {
+      const auto& top = ref[i].logprobs.at(k).top;
+      EXPECT_LT(top.at(0).second - top.at(1).second, 0.02) << "request " << i << " token " << k;
+    }
+    same += k;
+    total += ref[i].token_ids.size();
+  }
+  std::printf("offload engine: %zu of %zu tokens equal the resident run's\n", same, total);
+  const EngineStats st = engine_core(off).stats();
+  std::printf("offload engine: %lld preemptions, %lld prefix-cache hits\n",
+              (long long)st.num_preemptions, (long long)st.prefix_cache_hits);
+  EXPECT_GT(st.prefix_cache_hits, 0);
+}
+
+TEST(GpuOffload, UnpinnableHostPoolIsAClearError) {
+  GpuRunnerOptions o;
+  o.block_size = 16;
+  o.max_num_batched_tokens = 256;
+  o.max_num_seqs = 2;
+  o.max_model_len = 2048;
+  o.kv_offload = true;
+  o.num_gpu_blocks = 64;
+  o.host_kv_bytes = 16ll << 40;  // 16 TiB
+  try {
+    GpuRunner r(gpu_model(), o);
+    FAIL() << "16 TiB of pinned memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("host-kv-budget"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace longctx::testing
