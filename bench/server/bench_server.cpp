@@ -2,6 +2,8 @@
 // server's API handler behind each HTTP library, with a scripted engine that costs ~nothing (so
 // the HTTP layer is what is measured). Prints one markdown table row per (library, N).
 //   bench_server [--tokenizer models/needle] [--tokens 16] [--clients 1,16,64,256]
+// With --port P it loads a running server instead (`longctx serve`, e.g. the GPU engine):
+//   bench_server --port P --clients 200 --tokens 128 --total 800 [--prompt-len 256]
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -59,14 +61,19 @@ Setup make_setup(std::shared_ptr<const Tokenizer> tok) {
   return s;
 }
 
-void run(const char* library, int port, int clients, int tokens) {
+void run(const char* library, int port, int clients, int tokens, int total = 0,
+         int prompt_len = 4) {
   server::LoadOptions o;
   o.port = port;
   o.concurrency = clients;
-  o.total = std::max(200, clients * 4);
-  o.body = [tokens](int i) {
-    return nlohmann::json{{"prompt", nlohmann::json::array({1 + i % 100, 2, 3, 4})},
+  o.total = total > 0 ? total : std::max(200, clients * 4);
+  o.timeout_s = 600;
+  o.body = [tokens, prompt_len](int i) {
+    nlohmann::json prompt = nlohmann::json::array({1 + i % 100});
+    for (int k = 1; k < prompt_len; ++k) prompt.push_back(1 + (i * 7919 + k * 104729) % 30000);
+    return nlohmann::json{{"prompt", prompt},
                           {"max_tokens", tokens},
+                          {"ignore_eos", true},
                           {"stream", true}}
         .dump();
   };
@@ -79,6 +86,8 @@ void run(const char* library, int port, int clients, int tokens) {
               1e3 * server::LoadResult::percentile(r.ttft_s, 0.99),
               1e3 * server::LoadResult::percentile(r.e2e_s, 0.99),
               r.completed > 0 ? 1e3 * cpu / r.completed : 0.0);
+  std::printf("  %d streams in %.2f s: %.0f output tok/s (%d tokens each)\n", r.completed,
+              r.wall_s, r.wall_s > 0 ? double(r.completed) * tokens / r.wall_s : 0.0, tokens);
   for (const auto& f : r.failures) std::printf("  failure: %s\n", f.c_str());
   std::fflush(stdout);
 }
@@ -89,8 +98,15 @@ int main(int argc, char** argv) {
   std::string tok_dir = "models/needle";
   int tokens = 16;
   std::vector<int> clients = {1, 16, 64, 256};
+  int port = 0, total = 0, prompt_len = 4;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--tokenizer")) {
+    if (!std::strcmp(argv[i], "--port")) {
+      port = std::atoi(argv[i + 1]);
+    } else if (!std::strcmp(argv[i], "--total")) {
+      total = std::atoi(argv[i + 1]);
+    } else if (!std::strcmp(argv[i], "--prompt-len")) {
+      prompt_len = std::max(1, std::atoi(argv[i + 1]));
+    } else if (!std::strcmp(argv[i], "--tokenizer")) {
       tok_dir = argv[i + 1];
     } else if (!std::strcmp(argv[i], "--tokens")) {
       tokens = std::atoi(argv[i + 1]);
@@ -99,6 +115,14 @@ int main(int argc, char** argv) {
       std::stringstream ss(argv[i + 1]);
       for (std::string x; std::getline(ss, x, ',');) clients.push_back(std::atoi(x.c_str()));
     }
+  }
+  if (port > 0) {  // a running server (`longctx serve`), e.g. the GPU engine
+    std::printf("%d tokens per request, prompts of %d tokens\n\n", tokens, prompt_len);
+    std::printf(
+        "| server | clients | completed | failed | req/s | TTFT p50 ms | TTFT p99 ms | "
+        "e2e p99 ms | client CPU ms/req |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (int n : clients) run("longctx serve", port, n, tokens, total, prompt_len);
+    return 0;
   }
   auto tok = load_tokenizer_for_engine(tok_dir);
   std::printf("%d tokens per request, requests = max(200, 4 x clients)\n\n", tokens);

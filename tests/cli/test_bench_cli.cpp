@@ -1,4 +1,4 @@
-// `longctx bench throughput | latency` on the CPU with the embedded needle model: the workload
+// `longctx bench throughput | latency | offload` on the CPU with the embedded needle model: the workload
 // runs to the end and the numbers are printed; bad shapes are clear errors.
 #include <gtest/gtest.h>
 
@@ -35,6 +35,15 @@ TEST(BenchCli, BadWorkloadIsAClearError) {
   auto r = run_cli("bench throughput " + kModel + "--min-input-len 50 --max-input-len 10");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("min <= max"), std::string::npos) << r.err;
+}
+
+TEST(BenchCli, OffloadOnTheCpuIsAClearError) {
+  auto r = run_cli("bench offload " + kModel + "--context-len 64");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("CUDA device"), std::string::npos) << r.err;
+  r = run_cli("generate " + kModel + "--kv-offload --prompt hi --max-tokens 2");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--kv-offload needs a CUDA device"), std::string::npos) << r.err;
 }
 
 }  // namespace
