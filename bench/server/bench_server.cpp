@@ -71,10 +71,8 @@ void run(const char* library, int port, int clients, int tokens, int total = 0,
   o.body = [tokens, prompt_len](int i) {
     nlohmann::json prompt = nlohmann::json::array({1 + i % 100});
     for (int k = 1; k < prompt_len; ++k) prompt.push_back(1 + (i * 7919 + k * 104729) % 30000);
-    return nlohmann::json{{"prompt", prompt},
-                          {"max_tokens", tokens},
-                          {"ignore_eos", true},
-                          {"stream", true}}
+    return nlohmann::json{
+        {"prompt", prompt}, {"max_tokens", tokens}, {"ignore_eos", true}, {"stream", true}}
         .dump();
   };
   const double cpu0 = cpu_seconds();
@@ -86,8 +84,8 @@ void run(const char* library, int port, int clients, int tokens, int total = 0,
               1e3 * server::LoadResult::percentile(r.ttft_s, 0.99),
               1e3 * server::LoadResult::percentile(r.e2e_s, 0.99),
               r.completed > 0 ? 1e3 * cpu / r.completed : 0.0);
-  std::printf("  %d streams in %.2f s: %.0f output tok/s (%d tokens each)\n", r.completed,
-              r.wall_s, r.wall_s > 0 ? double(r.completed) * tokens / r.wall_s : 0.0, tokens);
+  std::printf("  %d streams in %.2f s: %.0f output tok/s (%d tokens each)\n", r.completed, r.wall_s,
+              r.wall_s > 0 ? double(r.completed) * tokens / r.wall_s : 0.0, tokens);
   for (const auto& f : r.failures) std::printf("  failure: %s\n", f.c_str());
   std::fflush(stdout);
 }

@@ -17,6 +17,7 @@
 
 #include "common/test_data.h"
 #include "engine/engine_core.h"
+#include "engine/engine_test_util.h"
 #include "kv/offload_planner.h"
 #include "longctx/core/error.h"
 #include "longctx/loader/checkpoint.h"
@@ -25,13 +26,11 @@
 namespace longctx {
 namespace {
 
-constexpr int64_t kVocab = 61;
-
-int32_t next_token_of(std::span<const int32_t> tokens) {
-  uint64_t h = 1469598103934665603ull;
-  for (int32_t t : tokens) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
-  return static_cast<int32_t>(h % kVocab);
-}
+using testing::core_options;
+using testing::greedy;
+using testing::next_token_of;
+using testing::tiny_model;
+constexpr int64_t kVocab = testing::kTokenVocab;
 
 struct Kv {
   int32_t pos = -1, token = -1;
@@ -179,23 +178,6 @@ class OffloadTokenExecutor final : public Executor {
   uint64_t landed_ = 0, issued_ = 0, step_ = 0;
 };
 
-SamplingParams greedy(int64_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
-
-EngineCoreOptions options(int64_t batched_tokens, int64_t max_seqs, bool caching) {
-  EngineCoreOptions o;
-  o.max_model_len = 512;
-  o.scheduler.max_num_batched_tokens = batched_tokens;
-  o.scheduler.max_num_seqs = max_seqs;
-  o.enable_prefix_caching = caching;
-  return o;
-}
-
 TEST(OffloadPlanner, ThousandRandomRequestsReadExactlyTheirKeys) {
   std::mt19937 rng(11);
   int64_t total_host_keys = 0, preemptions = 0, hits = 0;
@@ -215,7 +197,7 @@ TEST(OffloadPlanner, ThousandRandomRequestsReadExactlyTheirKeys) {
     const int64_t lag = 1 + rng() % 3;
     auto exec = std::make_unique<OffloadTokenExecutor>(g, lag);
     OffloadTokenExecutor* x = exec.get();
-    EngineCore core(std::move(exec), nullptr, options(batched, seqs, rng() % 4 != 0));
+    EngineCore core(std::move(exec), nullptr, core_options(batched, seqs, rng() % 4 != 0));
     std::vector<int32_t> shared(20 + rng() % 40);
     for (auto& t : shared) t = static_cast<int32_t>(rng() % kVocab);
     int64_t next_id = 0;
@@ -299,18 +281,10 @@ TEST(OffloadPlanner, EvictedPartialBlockIsWrittenBackAndReloaded) {
 
 // ---- The CPU reference model through the simulated offload device --------------------------
 
-std::shared_ptr<Model> tiny_model() {
-  static auto ck = std::make_shared<const Checkpoint>(
-      load_checkpoint(testing::test_data_dir() + "/fixtures/tiny-llama3"));
-  ModelBuildOptions o;
-  o.rope_inv_freq_dtype = DType::kBF16;
-  return create_model(ck, o);
-}
-
 std::vector<RequestOutput> run_model(const std::vector<std::vector<int32_t>>& prompts,
                                      const CpuExecutorOptions& x, int64_t batched, int64_t max_seqs,
                                      bool caching) {
-  EngineCore core(make_cpu_executor(tiny_model(), x), nullptr, options(batched, max_seqs, caching));
+  EngineCore core(make_cpu_executor(tiny_model(), x), nullptr, core_options(batched, max_seqs, caching));
   SamplingParams sp = greedy(10);
   sp.logprobs = 2;
   for (size_t i = 0; i < prompts.size(); ++i) core.add_request(i, prompts[i], sp, 0);

@@ -15,6 +15,7 @@
 
 #include "common/test_data.h"
 #include "engine/engine_core.h"
+#include "engine/engine_test_util.h"
 #include "longctx/core/error.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
@@ -22,12 +23,13 @@
 namespace longctx {
 namespace {
 
-constexpr int64_t kVocab = 61;
+using testing::greedy;
+using testing::next_token_of;
+using testing::tiny_model;
+constexpr int64_t kVocab = testing::kTokenVocab;
 
-int32_t next_token_of(std::span<const int32_t> tokens) {
-  uint64_t h = 1469598103934665603ull;
-  for (int32_t t : tokens) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
-  return static_cast<int32_t>(h % kVocab);
+EngineCoreOptions options(int64_t batched_tokens, int64_t max_seqs, bool caching = true) {
+  return testing::core_options(batched_tokens, max_seqs, caching);
 }
 
 class TokenKvExecutor final : public Executor {
@@ -82,14 +84,6 @@ class TokenKvExecutor final : public Executor {
   std::vector<int32_t> kv_;  // [num_blocks * block_size] token id per slot
 };
 
-SamplingParams greedy(int64_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
-
 std::vector<int32_t> expected_tokens(std::vector<int32_t> tokens, int64_t n) {
   std::vector<int32_t> out;
   for (int64_t i = 0; i < n; ++i) {
@@ -97,15 +91,6 @@ std::vector<int32_t> expected_tokens(std::vector<int32_t> tokens, int64_t n) {
     tokens.push_back(out.back());
   }
   return out;
-}
-
-EngineCoreOptions options(int64_t batched_tokens, int64_t max_seqs, bool caching = true) {
-  EngineCoreOptions o;
-  o.max_model_len = 512;
-  o.scheduler.max_num_batched_tokens = batched_tokens;
-  o.scheduler.max_num_seqs = max_seqs;
-  o.enable_prefix_caching = caching;
-  return o;
 }
 
 // 1,000 requests arriving over time with random lengths and shared prefixes, random aborts, a
@@ -249,14 +234,6 @@ TEST(Scheduler, FailedStepLeavesTheEngineUsable) {
 }
 
 // ---- The CPU reference model --------------------------------------------------------------
-
-std::shared_ptr<Model> tiny_model() {
-  static auto ck = std::make_shared<const Checkpoint>(
-      load_checkpoint(testing::test_data_dir() + "/fixtures/tiny-llama3"));
-  ModelBuildOptions o;
-  o.rope_inv_freq_dtype = DType::kBF16;
-  return create_model(ck, o);
-}
 
 struct EngineRun {
   std::vector<RequestOutput> outs;  // by request index

@@ -1,0 +1,52 @@
+// Helpers shared by the engine suites: greedy sampling, core options, the tiny CPU model and the
+// token-hash "model" of the token-KV executors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "common/test_data.h"
+#include "engine/engine_core.h"
+#include "longctx/loader/checkpoint.h"
+#include "longctx/models/model.h"
+
+namespace longctx::testing {
+
+inline constexpr int64_t kTokenVocab = 61;
+
+// The next token of a token-KV executor: a hash of everything its blocks read back.
+inline int32_t next_token_of(std::span<const int32_t> tokens) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : tokens) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+  return static_cast<int32_t>(h % kTokenVocab);
+}
+
+inline SamplingParams greedy(int64_t max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+inline EngineCoreOptions core_options(int64_t batched_tokens, int64_t max_seqs,
+                                      bool caching = true) {
+  EngineCoreOptions o;
+  o.max_model_len = 512;
+  o.scheduler.max_num_batched_tokens = batched_tokens;
+  o.scheduler.max_num_seqs = max_seqs;
+  o.enable_prefix_caching = caching;
+  return o;
+}
+
+// tests/data/fixtures/tiny-llama3 on the CPU (rope as the fixture's reference).
+inline std::shared_ptr<Model> tiny_model() {
+  static auto ck = std::make_shared<const Checkpoint>(
+      load_checkpoint(test_data_dir() + "/fixtures/tiny-llama3"));
+  ModelBuildOptions o;
+  o.rope_inv_freq_dtype = DType::kBF16;
+  return create_model(ck, o);
+}
+
+}  // namespace longctx::testing
