@@ -33,15 +33,20 @@ def main() -> None:
         "--max-num-seqs", "8", "--max-num-batched-tokens", "4096", "--max-tokens", "16"])
     ap.add_argument("--offload-flags", nargs="*", default=[
         "--kv-offload", "--gpu-kv-budget", "32MiB", "--host-kv-budget", "8GiB"])
-    ap.add_argument("--control", action="store_true",
+    ap.add_argument("--control", choices=["chunk", "batch"],
                     help="instead of offload, a resident run with another prefill chunk size "
-                         "(2048): how many greedy tokens bf16 rounding alone moves")
+                         "(4096 vs 2048) or batch size (8 vs 3 sequences per step, so the "
+                         "decode kernel splits the keys differently)")
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
-    if a.control:
+    if a.control == "chunk":
         a.common_flags = ["--max-num-seqs", "8", "--max-tokens", "16"]
         a.offload_flags = ["--max-num-batched-tokens", "2048"]
         a.common_flags_res = ["--max-num-batched-tokens", "4096"]
+    elif a.control == "batch":
+        a.common_flags = ["--max-num-batched-tokens", "4096", "--max-tokens", "16"]
+        a.offload_flags = ["--max-num-seqs", "3"]
+        a.common_flags_res = ["--max-num-seqs", "8"]
     else:
         a.common_flags_res = []
     Path(a.out).mkdir(parents=True, exist_ok=True)
@@ -55,6 +60,14 @@ def main() -> None:
         t_off = run(a.longctx, f, off, a.common_flags + a.offload_flags)
         r, o = json.load(open(res)), json.load(open(off))
         same = sum(x["token_ids"] == y["token_ids"] for x, y in zip(r, o))
+        for i, (x, y) in enumerate(zip(r, o)):
+            if x["token_ids"] == y["token_ids"]:
+                continue
+            k = next(k for k, (u, v) in enumerate(zip(x["token_ids"], y["token_ids"])) if u != v)
+            m = x.get("top2_margins", [])
+            print(f"  {name} sample {i}: token {k} differs; the reference's top-2 logprob margin "
+                  f"there {m[k] if k < len(m) else float('nan'):.4f} (smallest of the sample "
+                  f"{min(m) if m else float('nan'):.4f})")
         bad += len(r) - same
         er = 100 * sum(x["exact"] for x in r) / len(r)
         eo = 100 * sum(x["exact"] for x in o) / len(o)

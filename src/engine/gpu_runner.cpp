@@ -96,7 +96,7 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
   p.slot_blocks = std::max<int64_t>(1, options.offload_slot_tokens / p.block_size);
   p.ring_bytes = options.offload_slots * p.slot_blocks * layer_block;
   const int64_t rows = options.max_num_batched_tokens * config.num_attention_heads;
-  p.offload_buffers = rows * config.head_dim * (kBf16 + 4) + rows * 8;
+  p.offload_buffers = rows * config.head_dim * 8 + rows * 8;  // fp32 partial and merged states
   const int64_t host = options.host_kv_bytes > 0 ? options.host_kv_bytes : default_host_kv_bytes();
   p.num_host_blocks = host / p.kv_block_bytes;
   const int64_t left =

@@ -47,6 +47,9 @@ struct PagedPrefillParams {
   const void* v_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim]
   void* o = nullptr;              // [total_q, num_qo_heads, head_dim]
   float* lse = nullptr;           // [total_q, num_qo_heads] fp32, natural log; optional
+  // Instead of o: the output in fp32, unrounded (partial states merged later, e.g. the offload
+  // path's). When set, o is not written. The paged generic kernel does not take it.
+  float* o_f32 = nullptr;  // [total_q, num_qo_heads, head_dim]
 
   const int32_t* qo_indptr = nullptr;         // [batch_size + 1]
   const int32_t* kv_indptr = nullptr;         // [batch_size + 1] into kv_indices

@@ -21,6 +21,7 @@ struct DecodeParams {
   const void* v_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim]
   void* o = nullptr;              // [batch_size, num_qo_heads, head_dim]
   float* lse = nullptr;           // [batch_size, num_qo_heads] fp32, natural log; optional
+  float* o_f32 = nullptr;  // instead of o: the output in fp32, unrounded (o is not written)
 
   const int32_t* kv_indptr = nullptr;         // [batch_size + 1] into kv_indices
   const int32_t* kv_indices = nullptr;        // [kv_indptr[batch_size]] page ids

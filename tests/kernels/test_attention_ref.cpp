@@ -181,6 +181,29 @@ TEST(AttentionRef, RowSubsetLeavesOtherRowsUntouched) {
   }
 }
 
+// o_f32 gives the output before its one rounding: bf16(o_f32) is exactly the bf16 output.
+TEST(AttentionRef, F32OutputIsTheUnroundedOutput) {
+  testing::PagedCaseShape sh;
+  sh.q_lens = {3, 17};
+  sh.kv_lens = {40, 17};
+  sh.num_qo_heads = 4;
+  sh.num_kv_heads = 2;
+  sh.head_dim = 16;
+  sh.page_size = 8;
+  sh.dtype = DType::kBF16;
+  sh.mask_mode = kernels::MaskMode::kCausal;
+  const testing::PagedCase c(sh);
+  const size_t n = size_t(c.total_q) * 4 * 16;
+  std::vector<uint16_t> o(n);
+  std::vector<float> o32(n, NAN), lse(c.total_q * 4), lse32(c.total_q * 4);
+  kernels::cpu::paged_prefill_ref(c.params(o.data(), lse.data()));
+  kernels::PagedPrefillParams p = c.params(nullptr, lse32.data());
+  p.o_f32 = o32.data();
+  kernels::cpu::paged_prefill_ref(p);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(f32_to_bf16(o32[i]), o[i]) << i;
+  EXPECT_EQ(lse, lse32);
+}
+
 TEST(AttentionRef, RejectsMalformedParams) {
   PagedCaseShape s{{3}, {10}, 4, 1, 64, 4, DType::kBF16, MaskMode::kNone, true};
   PagedCase c(s);

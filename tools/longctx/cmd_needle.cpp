@@ -116,6 +116,7 @@ void run(Options& o) {
                    std::make_move_iterator(s.end()));
   }
   o.gen.sampling.temperature = 0;  // greedy, as RULER and eval.py
+  o.gen.sampling.logprobs = 2;     // the top-2 margin of every token goes into --out
   auto llm = make_llm(o.gen);
   LONGCTX_CHECK(llm->tokenizer() != nullptr, ErrorCode::kInvalidArgument, "{}",
                 "needle samples are text: the model needs a tokenizer (--tokenizer DIR)");
@@ -151,6 +152,9 @@ void run(Options& o) {
                    s.where.c_str(), s.task.c_str(), static_cast<long long>(s.length),
                    s.answer.c_str(), out.text.c_str(), finish_reason_name(out.finish_reason));
     }
+    std::vector<double> margins;  // top-1 minus top-2 logprob per generated token
+    for (const TokenLogprobs& lp : out.logprobs)
+      margins.push_back(lp.top.size() >= 2 ? lp.top[0].second - lp.top[1].second : 0.0);
     results.push_back({{"where", s.where},
                        {"task", s.task},
                        {"length", s.length},
@@ -158,6 +162,7 @@ void run(Options& o) {
                        {"answer", s.answer},
                        {"prediction", out.text},
                        {"token_ids", out.token_ids},
+                       {"top2_margins", margins},
                        {"exact", exact},
                        {"ruler", ruler}});
   }

@@ -72,7 +72,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     gpu_ = Tensor::empty({g_.num_layers * g_.num_gpu_blocks * block_bytes_}, DType::kU8, device_);
     ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * block_bytes_}, DType::kU8, device_);
     const int64_t rows = c.max_tokens * c.num_qo_heads;
-    part_o_ = Tensor::empty({rows * c.head_dim}, c.dtype, device_);
+    part_o_ = Tensor::empty({rows * c.head_dim}, DType::kF32, device_);
     part_lse_ = Tensor::empty({rows}, DType::kF32, device_);
     acc_o_ = Tensor::empty({rows * c.head_dim}, DType::kF32, device_);
     acc_lse_ = Tensor::empty({rows}, DType::kF32, device_);
@@ -152,8 +152,10 @@ class CudaOffloadDevice final : public OffloadDevice {
     const int64_t t = q.size(0);
     out_ = Tensor::empty({t, c_.num_qo_heads * c_.head_dim}, c_.dtype, device_);
     const bool direct = plan_->items.empty();  // no host blocks: the output directly
-    run(resident_, q_.data_ptr(), gpu_at(layer, 0), direct ? out_.data_ptr() : part_o_.data_ptr(),
-        direct ? nullptr : part_lse_.data<float>(), MaskMode::kCausal);
+    // With host blocks too, every partial stays fp32 until the merged state is rounded once.
+    run(resident_, q_.data_ptr(), gpu_at(layer, 0), direct ? out_.data_ptr() : nullptr,
+        direct ? nullptr : part_o_.data<float>(), direct ? nullptr : part_lse_.data<float>(),
+        MaskMode::kCausal);
     if (!direct) accumulate(0, static_cast<int>(t), /*init=*/true);
   }
 
@@ -163,7 +165,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     const RingItem& it = plan_->items[item];
     const int64_t row = c_.num_qo_heads * c_.head_dim;
     run(items_[item], static_cast<const char*>(q_.data_ptr()) + it.row_begin * row * esize_,
-        slot_at(slot, 0), static_cast<char*>(part_o_.data_ptr()) + it.row_begin * row * esize_,
+        slot_at(slot, 0), nullptr, part_o_.data<float>() + it.row_begin * row,
         part_lse_.data<float>() + it.row_begin * c_.num_qo_heads, MaskMode::kNone);
     accumulate(it.row_begin, it.row_end - it.row_begin, /*init=*/false);
     free_[slot].record_on(compute);
@@ -333,7 +335,9 @@ class CudaOffloadDevice final : public OffloadDevice {
     }
   }
 
-  void run(const CallPlan& cp, const void* q, void* cache, void* o, float* lse, MaskMode mask) {
+  // Output o (q's dtype) or, when o_f32 is set, fp32.
+  void run(const CallPlan& cp, const void* q, void* cache, void* o, float* o_f32, float* lse,
+           MaskMode mask) {
     void* v_cache = static_cast<char*>(cache) + page_ * esize_;
     if (cp.decode) {
       DecodeParams d;
@@ -341,6 +345,7 @@ class CudaOffloadDevice final : public OffloadDevice {
       d.k_cache = cache;
       d.v_cache = v_cache;
       d.o = o;
+      d.o_f32 = o_f32;
       d.lse = lse;
       d.kv_indptr = dev(cp.kv_indptr);
       d.kv_indices = dev(cp.kv_indices);
@@ -360,6 +365,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.k_cache = cache;
     p.v_cache = v_cache;
     p.o = o;
+    p.o_f32 = o_f32;
     p.lse = lse;
     p.qo_indptr = dev(cp.qo);
     p.kv_indptr = dev(cp.kv_indptr);
@@ -381,12 +387,12 @@ class CudaOffloadDevice final : public OffloadDevice {
     kernels::StateAccumulateParams a;
     a.acc_o = acc_o_.data<float>() + row_begin * row;
     a.acc_lse = acc_lse_.data<float>() + row_begin * c_.num_qo_heads;
-    a.o = static_cast<const char*>(part_o_.data_ptr()) + row_begin * row * esize_;
+    a.o = part_o_.data<float>() + row_begin * row;
     a.lse = part_lse_.data<float>() + row_begin * c_.num_qo_heads;
     a.num_rows = num_rows;
     a.num_heads = static_cast<int>(c_.num_qo_heads);
     a.head_dim = static_cast<int>(c_.head_dim);
-    a.dtype = c_.dtype;
+    a.dtype = DType::kF32;
     a.init = init;
     kernels::cuda::accumulate_state(a, stream());
   }
@@ -398,7 +404,7 @@ class CudaOffloadDevice final : public OffloadDevice {
   Tensor host_;      // [layers * host blocks * block_bytes_] u8, pinned
   Tensor gpu_;       // [layers * gpu blocks * block_bytes_] u8
   Tensor ring_;      // [slots * slot_blocks * block_bytes_] u8
-  Tensor part_o_;    // [max_tokens * Hq * d] of dtype: one call's output
+  Tensor part_o_;    // [max_tokens * Hq * d] f32: one call's output, unrounded
   Tensor part_lse_;  // [max_tokens * Hq] f32
   Tensor acc_o_;     // [max_tokens * Hq * d] f32: the layer's merged state
   Tensor acc_lse_;   // [max_tokens * Hq] f32

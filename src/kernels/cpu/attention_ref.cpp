@@ -22,8 +22,8 @@ void store_elem(void* base, int64_t index, DType dtype, float value) {
 
 void check_paged_prefill_params(const PagedPrefillParams& p, int64_t num_pages) {
   using E = ErrorCode;
-  LONGCTX_CHECK(p.q && p.k_cache && p.v_cache && p.o, E::kInvalidArgument,
-                "paged prefill: q, k_cache, v_cache and o must be non-null");
+  LONGCTX_CHECK(p.q && p.k_cache && p.v_cache && (p.o || p.o_f32), E::kInvalidArgument,
+                "paged prefill: q, k_cache, v_cache and o (or o_f32) must be non-null");
   LONGCTX_CHECK(p.qo_indptr && p.kv_indptr && p.kv_indices && p.kv_last_page_len,
                 E::kInvalidArgument, "paged prefill: index arrays must be non-null");
   LONGCTX_CHECK(p.batch_size >= 0, E::kInvalidArgument, "paged prefill: batch_size {} < 0",
@@ -134,7 +134,13 @@ void prefill_row(const PagedPrefillParams& p, int b, int32_t t, int h, std::vect
       for (int c = 0; c < d; ++c) acc[c] += w * load_elem(p.v_cache, off + c, p.dtype);
     }
   }
-  for (int c = 0; c < d; ++c) store_elem(p.o, row * d + c, p.dtype, sum > 0.f ? acc[c] / sum : 0.f);
+  for (int c = 0; c < d; ++c) {
+    const float v = sum > 0.f ? acc[c] / sum : 0.f;
+    if (p.o_f32)
+      p.o_f32[row * d + c] = v;
+    else
+      store_elem(p.o, row * d + c, p.dtype, v);
+  }
   if (p.lse) {
     p.lse[row] = sum > 0.f ? max_s + std::log(sum) : -std::numeric_limits<float>::infinity();
   }

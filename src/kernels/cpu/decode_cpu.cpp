@@ -61,7 +61,10 @@ void decode_attention(const DecodeParams& p) {
         for (int64_t d = 0; d < D; ++d) acc[d] += w * load_f32(p.v_cache, v_off + d, p.dtype);
       }
       for (int64_t d = 0; d < D; ++d)
-        store_f32(p.o, q_off + d, kv_len == 0 ? 0.f : acc[d] / l, p.dtype);
+        if (p.o_f32)
+          p.o_f32[q_off + d] = kv_len == 0 ? 0.f : acc[d] / l;
+        else
+          store_f32(p.o, q_off + d, kv_len == 0 ? 0.f : acc[d] / l, p.dtype);
       if (p.lse)
         p.lse[int64_t(b) * p.num_qo_heads + h] =
             kv_len == 0 ? -std::numeric_limits<float>::infinity() : m + std::log(l);

@@ -46,6 +46,7 @@ struct DecodeArgs {
   const void* v;
   void* o;
   float* lse;
+  float* o_f32;  // instead of o when set
   const int32_t* kv_indptr;
   const int32_t* kv_indices;
   const int32_t* work;  // [num_work, 4]
@@ -375,7 +376,11 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
     const float lse = mx == -INFINITY ? -INFINITY : (mx + log2f(sum)) * kLn2;
     const int h = h0 + g;
     if (slot < 0) {
-      o[(int64_t(b) * a.num_qo_heads + h) * D + d] = detail::from_f32<T>(out);
+      const int64_t oi = (int64_t(b) * a.num_qo_heads + h) * D + d;
+      if (a.o_f32)
+        a.o_f32[oi] = out;
+      else
+        o[oi] = detail::from_f32<T>(out);
       if (d == 0 && a.lse) a.lse[int64_t(b) * a.num_qo_heads + h] = lse;
     } else {
       a.partial_o[(int64_t(slot) * a.num_qo_heads + h) * D + d] = out;
@@ -436,7 +441,10 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
       out /= sum;
     }
     const int64_t orow = int64_t(b) * a.num_qo_heads + h;
-    o[orow * D + d] = detail::from_f32<T>(out);
+    if (a.o_f32)
+      a.o_f32[orow * D + d] = out;
+    else
+      o[orow * D + d] = detail::from_f32<T>(out);
     if (d == 0 && a.lse) a.lse[orow] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
   }
 }
@@ -560,6 +568,7 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                p.v_cache,
                p.o,
                p.lse,
+               p.o_f32,
                p.kv_indptr,
                p.kv_indices,
                plan.work_items,

@@ -393,12 +393,23 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
       li += __shfl_xor_sync(0xffffffffu, li, 2);
       const float inv = li > 0.f ? 1.f / li : 0.f;
       const int r = warp_row0 + mt * 16 + g + i * 8;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const uint32_t v = Mma<T>::pack(o[mt][j][2 * i] * inv, o[mt][j][2 * i + 1] * inv);
-        *reinterpret_cast<uint32_t*>(s_q + swz<D>(r, j) + t4 * 2) = v;
-      }
       const int pr = row0 + r;
+      if (p.o_f32) {  // unrounded: straight from the accumulators
+        if (pr < num_rows) {
+          const int tok = pr / group, h = kvh * group + pr % group;
+          float* dst = p.o_f32 + (int64_t(q_start + tok) * p.num_qo_heads + h) * D + t4 * 2;
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j)
+            *reinterpret_cast<float2*>(dst + j * 8) =
+                make_float2(o[mt][j][2 * i] * inv, o[mt][j][2 * i + 1] * inv);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          const uint32_t v = Mma<T>::pack(o[mt][j][2 * i] * inv, o[mt][j][2 * i + 1] * inv);
+          *reinterpret_cast<uint32_t*>(s_q + swz<D>(r, j) + t4 * 2) = v;
+        }
+      }
       if (p.lse && t4 == 0 && pr < num_rows) {
         const int tok = pr / group, h = kvh * group + pr % group;
         p.lse[int64_t(q_start + tok) * p.num_qo_heads + h] =
@@ -406,6 +417,7 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
       }
     }
   __syncwarp();
+  if (p.o_f32) return;
   for (int id = lane; id < Tl::kWarpRows * kChunks; id += 32) {
     const int r = warp_row0 + id / kChunks, c = id % kChunks;
     const int pr = row0 + r;

@@ -577,12 +577,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         li += __shfl_xor_sync(0xffffffffu, li, 2);
         const float inv = li > 0.f ? 1.f / li : 0.f;
         const int r = r_base + 8 * i;
-#pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          const uint32_t v = pack2<T>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-          *reinterpret_cast<uint32_t*>(s_o + swz(kRows, r, j) + t4 * 4) = v;
-        }
         const int pr = it.row0 + r;
+        if (p.o_f32) {  // unrounded: straight from the accumulators
+          if (pr < it.num_rows) {
+            const int tok = pr / group, h = it.kvh * group + pr % group;
+            float* dst =
+                p.o_f32 + (int64_t(it.q_start + tok) * p.num_qo_heads + h) * kD + t4 * 2;
+#pragma unroll
+            for (int j = 0; j < kD / 8; ++j)
+              *reinterpret_cast<float2*>(dst + j * 8) =
+                  make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kD / 8; ++j) {
+            const uint32_t v = pack2<T>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+            *reinterpret_cast<uint32_t*>(s_o + swz(kRows, r, j) + t4 * 4) = v;
+          }
+        }
         if (p.lse && t4 == 0 && pr < it.num_rows) {
           const int tok = pr / group, h = it.kvh * group + pr % group;
           p.lse[int64_t(it.q_start + tok) * p.num_qo_heads + h] =
@@ -590,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       named_barrier(1 + wg, 128);
-      for (int id = wt; id < 64 * 16; id += 128) {
+      for (int id = wt; id < (p.o_f32 ? 0 : 64 * 16); id += 128) {
         const int r = wg * 64 + id / 16, c = id % 16;
         const int pr = it.row0 + r;
         if (pr >= it.num_rows) continue;
