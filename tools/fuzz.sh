@@ -2,6 +2,7 @@
 # Builds the libFuzzer targets (fuzz/, clang + ASan + UBSan, in build-fuzz/) and runs each one
 # after the other for a bounded time:
 #   tools/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]     e.g. tools/fuzz.sh 3600 fuzz_config
+# LONGCTX_FUZZ_RUNS=N also stops a target after N executions (issue 15's bar: 10M or an hour).
 # The corpus of each target grows in build-fuzz/corpus/<target> across runs, seeded from
 # fuzz/seeds/<target> and from the project's real files (checkpoint configs, the needle model's
 # tokenizer, chat templates). A crash, a hang over 1 s, more than 2 GB of memory or a sanitizer
@@ -59,7 +60,9 @@ for t in "${targets[@]}"; do
   log=$build/$t.log
   start=$(date +%s)
   rc=0
-  "$build/fuzz/$t" -max_total_time="$seconds" -timeout=1 -rss_limit_mb=2048 -max_len=131072 \
+  runs=()
+  [ -n "${LONGCTX_FUZZ_RUNS:-}" ] && runs=(-runs="$LONGCTX_FUZZ_RUNS")
+  "$build/fuzz/$t" -max_total_time="$seconds" "${runs[@]}" -timeout=1 -rss_limit_mb=2048 -max_len=131072 \
     -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "$corpus" "${seeds[@]}" \
     >"$log" 2>&1 || rc=$?
   elapsed=$(($(date +%s) - start))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: builds the CPU configuration and runs every CPU test under ctest, then
-# builds the CUDA configuration (compile-only where there is no GPU) so CUDA breaks show in CI.
+# builds the CUDA configuration (compile-only where there is no GPU) so CUDA breaks show in CI,
+# then runs every libFuzzer target for LONGCTX_FUZZ_SECONDS (default 30) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${LONGCTX_JOBS:-$(nproc)}
@@ -16,3 +17,6 @@ else
   echo "nvcc not found: skipping the CUDA build" >&2
 fi
 ctest --test-dir build -L cpu --output-on-failure -j "$jobs"
+# Every fuzz target for a short bounded time; a crash, hang, OOM or sanitizer report fails the
+# run (docs/fuzzing.md; the long runs: tools/fuzz.sh 3600).
+LONGCTX_JOBS=$jobs bash tools/fuzz.sh "${LONGCTX_FUZZ_SECONDS:-30}"
