@@ -3,25 +3,41 @@ resident and offloaded (a tiny GPU cache, so most blocks stream from the host), 
 token ids of every sample compared. Prints a table per file and exits 1 on any difference.
 
   python3 bench/offload/exactness.py --longctx build-cuda/longctx --out DIR FILE.jsonl ...
-  (--common-flags for both runs, --offload-flags for the offload run)
+  (--common-flags for both runs, --offload-flags for the offload run, --env K=V for both runs'
+  environment)
+
+--reference-env LONGCTX_ATTENTION_KERNEL=generic adds a third run, resident under that
+environment (the generic kernel: P and every sum in fp32), and says for each sample where the
+two runs part which of them agrees with it: the tie-breaker of which one is nearer exact
+attention. --control runs two resident configurations instead of resident vs offload.
 """
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 
-def run(longctx, samples, out, extra):
+def env_of(pairs):
+    return dict(p.split("=", 1) for p in pairs or [])
+
+
+def run(longctx, samples, out, extra, env):
     cmd = [longctx, "needle", "--model", "models/needle", "--device", "cuda", "--samples",
            samples, "--out", out] + extra
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       env={**os.environ, **env})
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)}\nfailed ({p.returncode}): {p.stderr[-2000:]}")
     return time.perf_counter() - t0
+
+
+def first_difference(x, y):
+    return next((k for k, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
 
 
 def main() -> None:
@@ -33,22 +49,25 @@ def main() -> None:
         "--max-num-seqs", "8", "--max-num-batched-tokens", "4096", "--max-tokens", "16"])
     ap.add_argument("--offload-flags", nargs="*", default=[
         "--kv-offload", "--gpu-kv-budget", "32MiB", "--host-kv-budget", "8GiB"])
+    ap.add_argument("--env", action="append", help="K=V for both runs' environment")
+    ap.add_argument("--reference-env", action="append",
+                    help="K=V: a third, resident run under this environment breaks ties")
     ap.add_argument("--control", choices=["chunk", "batch"],
                     help="instead of offload, a resident run with another prefill chunk size "
                          "(4096 vs 2048) or batch size (8 vs 3 sequences per step, so the "
                          "decode kernel splits the keys differently)")
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
+    res_flags = []
     if a.control == "chunk":
         a.common_flags = ["--max-num-seqs", "8", "--max-tokens", "16"]
         a.offload_flags = ["--max-num-batched-tokens", "2048"]
-        a.common_flags_res = ["--max-num-batched-tokens", "4096"]
+        res_flags = ["--max-num-batched-tokens", "4096"]
     elif a.control == "batch":
         a.common_flags = ["--max-num-batched-tokens", "4096", "--max-tokens", "16"]
         a.offload_flags = ["--max-num-seqs", "3"]
-        a.common_flags_res = ["--max-num-seqs", "8"]
-    else:
-        a.common_flags_res = []
+        res_flags = ["--max-num-seqs", "8"]
+    env = env_of(a.env)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     bad = 0
     print(f"{'samples':28s} {'n':>3s} {'same':>5s} {'exact% res':>10s} {'exact% off':>10s} "
@@ -56,23 +75,43 @@ def main() -> None:
     for f in a.files:
         name = Path(f).stem
         res, off = f"{a.out}/{name}.resident.json", f"{a.out}/{name}.offload.json"
-        t_res = run(a.longctx, f, res, a.common_flags + a.common_flags_res)
-        t_off = run(a.longctx, f, off, a.common_flags + a.offload_flags)
+        t_res = run(a.longctx, f, res, a.common_flags + res_flags, env)
+        t_off = run(a.longctx, f, off, a.common_flags + a.offload_flags, env)
         r, o = json.load(open(res)), json.load(open(off))
+        ref = None
+        if a.reference_env:
+            path = f"{a.out}/{name}.reference.json"
+            run(a.longctx, f, path, a.common_flags + res_flags, {**env, **env_of(a.reference_env)})
+            ref = json.load(open(path))
         same = sum(x["token_ids"] == y["token_ids"] for x, y in zip(r, o))
+        sides = {"resident": 0, "offload": 0, "neither": 0}
         for i, (x, y) in enumerate(zip(r, o)):
             if x["token_ids"] == y["token_ids"]:
                 continue
-            k = next(k for k, (u, v) in enumerate(zip(x["token_ids"], y["token_ids"])) if u != v)
+            k = first_difference(x["token_ids"], y["token_ids"])
             m = x.get("top2_margins", [])
-            print(f"  {name} sample {i}: token {k} differs; the reference's top-2 logprob margin "
-                  f"there {m[k] if k < len(m) else float('nan'):.4f} (smallest of the sample "
-                  f"{min(m) if m else float('nan'):.4f})")
+            line = (f"  {name} sample {i}: token {k} differs; the resident run's top-2 logprob "
+                    f"margin there {m[k] if k < len(m) else float('nan'):.4f}")
+            if ref is not None:
+                z = ref[i]["token_ids"]
+                dr, do = first_difference(z, x["token_ids"]), first_difference(z, y["token_ids"])
+                side = "resident" if dr > do else "offload" if do > dr else "neither"
+                sides[side] += 1
+                line += f"; the reference agrees longer with: {side}"
+            print(line)
         bad += len(r) - same
         er = 100 * sum(x["exact"] for x in r) / len(r)
         eo = 100 * sum(x["exact"] for x in o) / len(o)
         print(f"{name:28s} {len(r):3d} {same:5d} {er:10.1f} {eo:10.1f} {t_res:6.1f} {t_off:6.1f}",
               flush=True)
+        if ref is not None:
+            ez = 100 * sum(x["exact"] for x in ref) / len(ref)
+            sr = sum(x["token_ids"] == z["token_ids"] for x, z in zip(r, ref))
+            so = sum(y["token_ids"] == z["token_ids"] for y, z in zip(o, ref))
+            print(f"  reference ({' '.join(a.reference_env)}): exact {ez:.1f}%, the same tokens "
+                  f"as resident {sr}/{len(r)}, as offload {so}/{len(o)}; where the runs part it "
+                  f"sides with resident {sides['resident']}, offload {sides['offload']}, neither "
+                  f"{sides['neither']}", flush=True)
     sys.exit(1 if bad else 0)
 
 

@@ -48,7 +48,7 @@ struct PagedPrefillParams {
   void* o = nullptr;              // [total_q, num_qo_heads, head_dim]
   float* lse = nullptr;           // [total_q, num_qo_heads] fp32, natural log; optional
   // Instead of o: the output in fp32, unrounded (partial states merged later, e.g. the offload
-  // path's). When set, o is not written. The paged generic kernel does not take it.
+  // path's). When set, o is not written.
   float* o_f32 = nullptr;  // [total_q, num_qo_heads, head_dim]
 
   const int32_t* qo_indptr = nullptr;         // [batch_size + 1]

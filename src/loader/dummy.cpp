@@ -70,6 +70,16 @@ ModelConfig qwen2_7b() {
   return c;
 }
 
+// Llama-3-8B shapes with a 1M-position context, as the 1M-context Llama-3 fine-tunes have it
+// (plain RoPE with a large theta): the longest-context offload runs.
+ModelConfig llama3_8b_1m() {
+  ModelConfig c = llama31_8b();
+  c.max_position_embeddings = 1048576;
+  c.rope = {};
+  c.rope.theta = 3.58e9;
+  return c;
+}
+
 // A few-MB Llama for tests and smoke runs.
 ModelConfig tiny_llama() {
   ModelConfig c = llama31_8b();
@@ -89,6 +99,7 @@ ModelConfig tiny_llama() {
 const std::map<std::string, ModelConfig (*)()>& presets() {
   static const std::map<std::string, ModelConfig (*)()> p = {
       {"llama-3.1-8b", llama31_8b},
+      {"llama-3-8b-1m", llama3_8b_1m},
       {"qwen3-0.6b", [] { return qwen3(1024, 3072, 28, 16, true); }},
       {"qwen3-8b", [] { return qwen3(4096, 12288, 36, 32, false); }},
       {"qwen2-7b", qwen2_7b},

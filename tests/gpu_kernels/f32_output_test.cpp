@@ -1,8 +1,9 @@
 // The fp32 output (o_f32) of the paged prefill kernels (FA2 for head_dim 64, the sm90 kernel for
-// 128 on Hopper) and of the split-KV decode kernel against the CPU reference's fp32 output: the
-// offload path merges these partial states before rounding. Checked: values (fp32 accumulation
-// in another order, bf16 P in the PV product: 3e-3 prefill, measured 2.1e-3; 2e-3 decode), lse, no
-// NaN, and o left unwritten.
+// 128 on Hopper), of the split-KV decode kernel and of the generic paged kernel (other head dims)
+// against the CPU reference's fp32 output: the offload path merges these partial states before
+// rounding. Checked: values (fp32 accumulation in another order, bf16 P in the PV product: 3e-3
+// prefill, measured 2.1e-3; 2e-3 decode; the generic kernel keeps P in fp32: 1e-3), lse, no NaN,
+// and o left unwritten.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include "kernels/cpu/attention_ref.h"
 #include "kernels/cpu/decode_cpu.h"
 #include "kernels/cuda/decode.h"
+#include "kernels/cuda/paged_generic.h"
 #include "kernels/cuda/prefill.h"
 #include "kernels/paged_case.h"
 #include "longctx/core/tensor.h"
@@ -97,6 +99,43 @@ TEST(F32Output, PagedPrefillWritesUnroundedOutput) {
       kernels::cuda::paged_prefill_run(p, plan, nullptr);
       expect_close(ref_o, o, 3e-3, "prefill o_f32");
       expect_close(ref_lse, lse, 1e-3, "prefill lse");
+      const Tensor untouched = o16.to(Device::cpu());
+      for (int64_t i = 0; i < rows * d; ++i)
+        ASSERT_EQ(untouched.data<uint16_t>()[i], 0) << "o written at " << i;
+    }
+  }
+}
+
+TEST(F32Output, PagedGenericWritesUnroundedOutput) {
+  for (int d : {16, 32, 64, 96}) {
+    for (auto mode : {kernels::MaskMode::kCausal, kernels::MaskMode::kNone}) {
+      const PagedCase c(shape({1, 37, 200, 5}, {300, 37, 700, 90}, d, mode));
+      const int64_t rows = c.total_q * 8;
+      std::vector<float> ref_o(rows * d), ref_lse(rows);
+      kernels::PagedPrefillParams h = c.params(nullptr, ref_lse.data());
+      h.o_f32 = ref_o.data();
+      kernels::cpu::paged_prefill_ref(h);
+
+      Tensor q = upload(c.q), k = upload(c.k_cache), v = upload(c.v_cache);
+      Tensor qo = upload(c.qo_indptr), kvi = upload(c.kv_indptr), idx = upload(c.kv_indices),
+             last = upload(c.kv_last_page_len);
+      Tensor o = Tensor::empty({rows * d}, DType::kF32, Device::cuda(0));
+      Tensor lse = Tensor::empty({rows}, DType::kF32, Device::cuda(0));
+      Tensor o16 = Tensor::zeros({rows * d}, DType::kBF16).to(Device::cuda(0));
+      kernels::PagedPrefillParams p = h;
+      p.q = q.data_ptr();
+      p.k_cache = k.data_ptr();
+      p.v_cache = v.data_ptr();
+      p.o = o16.data_ptr();  // must stay untouched
+      p.o_f32 = o.data<float>();
+      p.lse = lse.data<float>();
+      p.qo_indptr = static_cast<const int32_t*>(qo.data_ptr());
+      p.kv_indptr = static_cast<const int32_t*>(kvi.data_ptr());
+      p.kv_indices = static_cast<const int32_t*>(idx.data_ptr());
+      p.kv_last_page_len = static_cast<const int32_t*>(last.data_ptr());
+      kernels::cuda::paged_generic_run(p, static_cast<int>(c.total_q), nullptr);
+      expect_close(ref_o, o, 1e-3, "generic o_f32");
+      expect_close(ref_lse, lse, 1e-3, "generic lse");
       const Tensor untouched = o16.to(Device::cpu());
       for (int64_t i = 0; i < rows * d; ++i)
         ASSERT_EQ(untouched.data<uint16_t>()[i], 0) << "o written at " << i;

@@ -8,6 +8,8 @@
 // Streams: the compute stream (the caller's), one H2D copy stream for the ring, one D2H stream for
 // write-backs. Events: per slot "ready" (load done) and "free" (the attention that read it done);
 // per write-back ticket one event.
+// Kernels: the paged prefill and split-KV decode kernels for head_dim 64 / 128, the generic paged
+// kernel for the other head dims (8..256), as the resident paged backend chooses them.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -18,6 +20,7 @@
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/kv_store.h"
 #include "kernels/cuda/merge.h"
+#include "kernels/cuda/paged_generic.h"
 #include "kernels/cuda/prefill.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/device_memory.h"
@@ -35,8 +38,8 @@ using kernels::PagedPrefillParams;
 // One attention call's index arrays (offsets into the staged int32 buffer) and plan.
 struct CallPlan {
   int64_t qo = 0, kv_indptr = 0, kv_indices = 0, last = 0;  // word offsets
-  int batch = 0;
-  bool decode = false;
+  int batch = 0, total_q = 0;
+  bool decode = false;  // the split-KV decode kernel (else prefill, or the generic kernel)
   kernels::cuda::PrefillPlan prefill;
   kernels::cuda::DecodePlan dec;
 };
@@ -52,11 +55,17 @@ class CudaOffloadDevice final : public OffloadDevice {
         staged_(c.device) {
     LONGCTX_CHECK(device_.is_cuda(), ErrorCode::kInvalidArgument,
                   "KV offload: the CUDA device needs a CUDA device, got {}", device_.str());
-    LONGCTX_CHECK(c.head_dim == 64 || c.head_dim == 128, ErrorCode::kUnsupported,
-                  "KV offload: head_dim {} (the offload kernels take 64 or 128)", c.head_dim);
     LONGCTX_CHECK(c.num_qo_heads % c.num_kv_heads == 0, ErrorCode::kUnsupported,
                   "KV offload: {} q heads are not a multiple of {} kv heads", c.num_qo_heads,
                   c.num_kv_heads);
+    generic_ = !(c.head_dim == 64 || c.head_dim == 128) || kernels::cuda::paged_generic_forced();
+    if (generic_) {
+      PagedPrefillParams p = shape_params(MaskMode::kNone);
+      LONGCTX_CHECK(kernels::cuda::paged_generic_supported(p), ErrorCode::kUnsupported,
+                    "KV offload: no attention kernel for head_dim {} with {} q / {} kv heads, "
+                    "block size {}",
+                    c.head_dim, c.num_qo_heads, c.num_kv_heads, g_.block_size);
+    }
     esize_ = static_cast<int64_t>(dtype_size(c.dtype));
     block_bytes_ = c.layer_block_bytes();
     page_ = c.page_elems();
@@ -252,6 +261,7 @@ class CudaOffloadDevice final : public OffloadDevice {
         [&](CallPlan& cp, const std::vector<int32_t>& qo, const std::vector<int32_t>& kv_indptr,
             const std::vector<int32_t>& kv_indices, const std::vector<int32_t>& kv_lens) {
           cp.batch = static_cast<int>(kv_lens.size());
+          cp.total_q = qo.empty() ? 0 : qo.back();
           cp.qo = put(qo);
           cp.kv_indptr = put(kv_indptr);
           cp.kv_indices = put(kv_indices, 2);  // page 2b is block b's K (and, from v_cache, its V)
@@ -284,6 +294,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_staging_.data_ptr(),
                                        n * sizeof(int32_t), cudaMemcpyHostToDevice, compute));
     staged_.record_on(compute);
+    if (generic_) return;  // the generic kernel takes no plan (CallPlan::decode stays false)
 
     // Plans, each into its own workspace region.
     const int group = static_cast<int>(c_.num_qo_heads / c_.num_kv_heads);
@@ -360,7 +371,7 @@ class CudaOffloadDevice final : public OffloadDevice {
       kernels::cuda::decode_run(d, cp.dec, stream());
       return;
     }
-    PagedPrefillParams p;
+    PagedPrefillParams p = shape_params(mask);
     p.q = q;
     p.k_cache = cache;
     p.v_cache = v_cache;
@@ -372,6 +383,15 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.kv_indices = dev(cp.kv_indices);
     p.kv_last_page_len = dev(cp.last);
     p.batch_size = cp.batch;
+    if (generic_)
+      kernels::cuda::paged_generic_run(p, cp.total_q, stream());
+    else
+      kernels::cuda::paged_prefill_run(p, cp.prefill, stream());
+  }
+
+  // The params' shape fields (no pointers).
+  PagedPrefillParams shape_params(MaskMode mask) const {
+    PagedPrefillParams p;
     p.num_qo_heads = static_cast<int>(c_.num_qo_heads);
     p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
     p.head_dim = static_cast<int>(c_.head_dim);
@@ -379,7 +399,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.dtype = c_.dtype;
     p.mask_mode = mask;
     p.sm_scale = c_.sm_scale;
-    kernels::cuda::paged_prefill_run(p, cp.prefill, stream());
+    return p;
   }
 
   void accumulate(int64_t row_begin, int num_rows, bool init) {
@@ -401,14 +421,15 @@ class CudaOffloadDevice final : public OffloadDevice {
   OffloadGeometry g_;
   Device device_;
   int64_t esize_ = 2, block_bytes_ = 0, page_ = 0;
-  Tensor host_;      // [layers * host blocks * block_bytes_] u8, pinned
-  Tensor gpu_;       // [layers * gpu blocks * block_bytes_] u8
-  Tensor ring_;      // [slots * slot_blocks * block_bytes_] u8
-  Tensor part_o_;    // [max_tokens * Hq * d] f32: one call's output, unrounded
-  Tensor part_lse_;  // [max_tokens * Hq] f32
-  Tensor acc_o_;     // [max_tokens * Hq * d] f32: the layer's merged state
-  Tensor acc_lse_;   // [max_tokens * Hq] f32
-  Tensor q_, out_;   // the layer's contiguous q [T, Hq, d] and output [T, Hq * d]
+  bool generic_ = false;  // head_dim other than 64 / 128: the generic paged kernel
+  Tensor host_;           // [layers * host blocks * block_bytes_] u8, pinned
+  Tensor gpu_;            // [layers * gpu blocks * block_bytes_] u8
+  Tensor ring_;           // [slots * slot_blocks * block_bytes_] u8
+  Tensor part_o_;         // [max_tokens * Hq * d] f32: one call's output, unrounded
+  Tensor part_lse_;       // [max_tokens * Hq] f32
+  Tensor acc_o_;          // [max_tokens * Hq * d] f32: the layer's merged state
+  Tensor acc_lse_;        // [max_tokens * Hq] f32
+  Tensor q_, out_;        // the layer's contiguous q [T, Hq, d] and output [T, Hq * d]
   Stream h2d_, d2h_;
   std::vector<Event> ready_, free_;    // [slots]
   std::map<uint64_t, Event> tickets_;  // write-backs in flight, by ticket

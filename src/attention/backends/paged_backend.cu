@@ -61,14 +61,16 @@ class PagedAttentionBackend final : public AttentionBackend {
     const int group = num_qo_heads_ / static_cast<int>(c.num_kv_heads);
     prefill_ws_bytes_ = kernels::cuda::paged_prefill_workspace_bytes(
         static_cast<int>(limits.max_seqs), limits.max_tokens, group);
-    // The split-KV decode kernel exists for head_dim 64 / 128 only (others use the generic one).
-    fast_head_dim_ = c.head_dim == 64 || c.head_dim == 128;
+    // The split-KV decode kernel exists for head_dim 64 / 128 only (others use the generic one,
+    // as every head_dim does under LONGCTX_ATTENTION_KERNEL=generic).
+    fast_head_dim_ =
+        (c.head_dim == 64 || c.head_dim == 128) && !kernels::cuda::paged_generic_forced();
     if (fast_head_dim_)
       decode_ws_bytes_ = kernels::cuda::decode_workspace_bytes(
           static_cast<int>(limits.max_seqs), num_qo_heads_, static_cast<int>(c.num_kv_heads),
           static_cast<int>(c.head_dim));
-    workspace_ = Tensor::empty({static_cast<int64_t>(std::max(prefill_ws_bytes_, decode_ws_bytes_))},
-                               DType::kU8, device_);
+    workspace_ = Tensor::empty(
+        {static_cast<int64_t>(std::max(prefill_ws_bytes_, decode_ws_bytes_))}, DType::kU8, device_);
   }
 
   void plan(const ForwardBatch& batch) override {
@@ -225,8 +227,8 @@ class PagedAttentionBackend final : public AttentionBackend {
     LONGCTX_CHECK(layer >= 0 && layer < c.num_layers, ErrorCode::kInvalidArgument,
                   "paged attention: layer {} of {}", layer, c.num_layers);
     LONGCTX_CHECK(x.device() == device_ && x.dtype() == c.dtype && x.rank() == 3 &&
-                      x.size(0) == num_tokens_ && x.size(2) == c.head_dim &&
-                      x.strides()[2] == 1 && x.strides()[1] == c.head_dim,
+                      x.size(0) == num_tokens_ && x.size(2) == c.head_dim && x.strides()[2] == 1 &&
+                      x.strides()[1] == c.head_dim,
                   ErrorCode::kInvalidArgument,
                   "paged attention: {} got {} (strides {}, {}), expected [{}, H, {}] {} rows of "
                   "contiguous heads on {}",
@@ -240,12 +242,12 @@ class PagedAttentionBackend final : public AttentionBackend {
   float sm_scale_;
   PagedBackendLimits limits_;
   IndexLayout layout_;
-  Tensor host_;        // [layout_.total] i32 pinned staging of the index arrays
-  Tensor indices_;     // [layout_.total] i32 their device copy
-  Tensor workspace_;   // [bytes] u8: the prefill or decode plan's work lists and partials
+  Tensor host_;       // [layout_.total] i32 pinned staging of the index arrays
+  Tensor indices_;    // [layout_.total] i32 their device copy
+  Tensor workspace_;  // [bytes] u8: the prefill or decode plan's work lists and partials
   size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;
   bool fast_head_dim_ = false;  // the prefill / decode kernels serve this head_dim
-  Event done_;  // recorded after the staging copy
+  Event done_;                  // recorded after the staging copy
   Path path_ = Path::kPrefill;
   PagedPrefillParams params_;
   kernels::cuda::PrefillPlan prefill_plan_;
@@ -268,8 +270,7 @@ std::vector<void*> take_captured_decode_nodes(AttentionBackend& backend) {
 }
 
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
-                                                               int64_t num_qo_heads,
-                                                               float sm_scale,
+                                                               int64_t num_qo_heads, float sm_scale,
                                                                const PagedBackendLimits& limits) {
   return std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits);
 }

@@ -13,6 +13,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/merge_device.cuh"
 #include "kernels/cuda/paged_generic.h"
@@ -34,7 +36,8 @@ struct GenericArgs {
   const void* q;                     // [total_q, num_qo_heads, head_dim]
   const void* k;                     // [num_pages, page_size, num_kv_heads, head_dim]
   const void* v;                     // [num_pages, page_size, num_kv_heads, head_dim]
-  void* o;                           // [total_q, num_qo_heads, head_dim]
+  void* o;                           // [total_q, num_qo_heads, head_dim] (unless o_f32)
+  float* o_f32;                      // [total_q, num_qo_heads, head_dim] or nullptr
   float* lse;                        // [total_q, num_qo_heads] or nullptr
   const int32_t* qo_indptr;          // [batch_size + 1]
   const int32_t* kv_indptr;          // [batch_size + 1]
@@ -253,7 +256,10 @@ __global__ void __launch_bounds__(kThreads) paged_generic_kernel(GenericArgs a) 
       out /= sum;
     }
     const int64_t row = int64_t(t) * a.num_qo_heads + h0 + g;
-    o[row * D + d] = detail::from_f32<T>(out);
+    if (a.o_f32)
+      a.o_f32[row * D + d] = out;
+    else
+      o[row * D + d] = detail::from_f32<T>(out);
     if (d == 0 && a.lse) a.lse[row] = mx == -INFINITY ? -INFINITY : (mx + log2f(sum)) * kLn2;
   }
 }
@@ -323,6 +329,11 @@ bool paged_generic_supported(const PagedPrefillParams& p) {
           p.block_mask_heads == p.num_qo_heads);
 }
 
+bool paged_generic_forced() {
+  const char* e = std::getenv("LONGCTX_ATTENTION_KERNEL");
+  return e != nullptr && std::strcmp(e, "generic") == 0;
+}
+
 void paged_generic_run(const PagedPrefillParams& p, int total_q, cudaStream_t stream) {
   using E = ErrorCode;
   LONGCTX_CHECK(paged_generic_supported(p), E::kUnsupported,
@@ -337,10 +348,10 @@ void paged_generic_run(const PagedPrefillParams& p, int total_q, cudaStream_t st
                 "qo_indptr[batch_size])",
                 total_q, p.batch_size);
   if (total_q == 0) return;
-  LONGCTX_CHECK(p.q && p.k_cache && p.v_cache && p.o && p.qo_indptr && p.kv_indptr &&
+  LONGCTX_CHECK(p.q && p.k_cache && p.v_cache && (p.o || p.o_f32) && p.qo_indptr && p.kv_indptr &&
                     p.kv_indices && p.kv_last_page_len && (!p.block_mask || p.block_mask_indptr),
                 E::kInvalidArgument,
-                "paged generic attention: q, k_cache, v_cache, o, the index arrays (and "
+                "paged generic attention: q, k_cache, v_cache, o (or o_f32), the index arrays (and "
                 "block_mask_indptr with a block_mask) must be non-null");
   LONGCTX_CHECK(aligned16(p.q) && aligned16(p.k_cache) && aligned16(p.v_cache), E::kInvalidArgument,
                 "paged generic attention: q, k_cache and v_cache must be 16-byte aligned");
@@ -351,6 +362,7 @@ void paged_generic_run(const PagedPrefillParams& p, int total_q, cudaStream_t st
                 p.k_cache,
                 p.v_cache,
                 p.o,
+                p.o_f32,
                 p.lse,
                 p.qo_indptr,
                 p.kv_indptr,
