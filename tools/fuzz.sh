@@ -7,6 +7,8 @@
 # fuzz/seeds/<target> and from the project's real files (checkpoint configs, the needle model's
 # tokenizer, chat templates). A crash, a hang over 1 s, more than 2 GB of memory or a sanitizer
 # report stops that target, leaves the input in build-fuzz/artifacts/ and fails the script.
+# LONGCTX_FUZZ_TIMEOUT=S raises the hang limit for runs beside other work on a shared machine;
+# every input over 1 s is still saved (slow-unit-*) so it can be re-timed alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -62,8 +64,9 @@ for t in "${targets[@]}"; do
   rc=0
   runs=()
   [ -n "${LONGCTX_FUZZ_RUNS:-}" ] && runs=(-runs="$LONGCTX_FUZZ_RUNS")
-  "$build/fuzz/$t" -max_total_time="$seconds" "${runs[@]}" -timeout=1 -rss_limit_mb=2048 -max_len=131072 \
-    -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "$corpus" "${seeds[@]}" \
+  "$build/fuzz/$t" -max_total_time="$seconds" "${runs[@]}" -timeout="${LONGCTX_FUZZ_TIMEOUT:-1}" \
+    -report_slow_units=1 -rss_limit_mb=2048 -max_len=131072 -print_final_stats=1 \
+    -artifact_prefix="$build/artifacts/$t-" "$corpus" "${seeds[@]}" \
     >"$log" 2>&1 || rc=$?
   elapsed=$(($(date +%s) - start))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

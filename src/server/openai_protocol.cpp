@@ -180,15 +180,17 @@ void parse_messages(const Json& body, GenerationRequest& req) {
       // Content parts: text parts are joined, as vLLM does for text-only models.
       std::string text;
       for (const Json& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string())
+        const Json* type = part.is_object() ? field(part, "type") : nullptr;
+        const Json* part_text = part.is_object() ? field(part, "text") : nullptr;
+        if (type == nullptr || !type->is_string() || *type != "text" || part_text == nullptr ||
+            !part_text->is_string())
           throw ApiError(400,
                          "'" + where +
                              ".content' parts must be {\"type\": \"text\", "
                              "\"text\": ...} (this model reads text only)",
                          where + ".content");
         if (!text.empty()) text += "\n";
-        text += part["text"].get<std::string>();
+        text += part_text->get<std::string>();
       }
       out["content"] = text;
     } else if (!content->is_string()) {

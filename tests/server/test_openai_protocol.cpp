@@ -28,5 +28,22 @@ TEST(OpenAIProtocol, HugeIntegralFloatsAreTooLargeNotUndefined) {
   EXPECT_EQ(status_of(R"({"prompt":"hi","max_tokens":4.0})", Endpoint::kCompletions), 200);
 }
 
+TEST(OpenAIProtocol, ContentPartsOfTheWrongTypeAre400) {
+  // A part whose "type" was not a string escaped as json::type_error (a crash in the server).
+  for (const char* part : {R"({"type":["text"],"text":"hi"})", R"({"type":7,"text":"hi"})",
+                           R"({"type":"text","text":["hi"]})", R"({"type":"text"})",
+                           R"({"type":"image_url","text":"hi"})", R"("hi")", "null"}) {
+    const std::string body =
+        std::string(R"({"messages":[{"role":"user","content":[)") + part + "]}]}";
+    EXPECT_EQ(status_of(body, Endpoint::kChat), 400) << part;
+  }
+  const GenerationRequest r = parse_generation_request(
+      Json::parse(R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},)"
+                  R"({"type":"text","text":"b"}]}]})"),
+      Endpoint::kChat);
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0]["content"], "a\nb");
+}
+
 }  // namespace
 }  // namespace longctx::server
