@@ -180,10 +180,11 @@ Value min_max(const Value& v, const CallArgs& a, bool want_max) {
   auto key = [&](const Value& x) {
     return sort_key(attr.is_string() ? attribute_path(x, attr.as_string()) : x, cs);
   };
-  Value best = items[0];
+  Value best = items[0], best_key = key(best);
   for (const Value& x : items) {
-    int c = compare(key(x), key(best));
-    if (want_max ? c > 0 : c < 0) best = x;
+    Value k = key(x);
+    int c = compare(k, best_key);
+    if (want_max ? c > 0 : c < 0) best = x, best_key = std::move(k);
   }
   return best;
 }
@@ -196,11 +197,18 @@ Value do_sort(const Value& v, const CallArgs& a) {
   auto key = [&](const Value& x) {
     return sort_key(attr.is_string() ? attribute_path(x, attr.as_string()) : x, cs);
   };
-  std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+  // Keys once per item (lowering a string per comparison made sorts of long strings crawl).
+  std::vector<std::pair<Value, size_t>> keyed;
+  keyed.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) keyed.emplace_back(key(items[i]), i);
+  std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
     charge_steps(1);
-    return reverse ? compare(key(y), key(x)) < 0 : compare(key(x), key(y)) < 0;
+    return reverse ? compare(y.first, x.first) < 0 : compare(x.first, y.first) < 0;
   });
-  return Value::array(std::move(items));
+  Array out;
+  out.reserve(items.size());
+  for (const auto& [k, i] : keyed) out.push_back(std::move(items[i]));
+  return Value::array(std::move(out));
 }
 
 Value do_map(const Value& v, const CallArgs& a) {

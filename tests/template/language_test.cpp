@@ -193,6 +193,18 @@ TEST(TemplateExpressions, UndefinedBehavesLikeJinjaDefault) {
             "None d z");
 }
 
+// sort computes each item's key once (fuzz_chat_template: lowering per comparison crawled); the
+// order must stay Jinja's: stable, case-insensitive unless asked, reverse, by attribute.
+TEST(TemplateFilters, SortMinMaxOrder) {
+  EXPECT_EQ(render("{{ ['b','B','a','A']|sort }} {{ ['b','B','a','A']|sort(case_sensitive=true) }} "
+                   "{{ ['b','B','a','A']|sort(reverse=true) }} {{ ['bX','ax','Ay']|max }} "
+                   "{{ ['bX','ax','Ay']|min }}"),
+            "['a', 'A', 'b', 'B'] ['A', 'B', 'a', 'b'] ['b', 'B', 'a', 'A'] bX ax");
+  Json ctx = {{"xs", Json::array({{{"n", "b"}, {"i", 1}}, {{"n", "A"}, {"i", 2}},
+                                  {{"n", "a"}, {"i", 3}}})}};
+  EXPECT_EQ(render("{% for x in xs|sort(attribute='n') %}{{ x.i }}{% endfor %}", ctx), "231");
+}
+
 TEST(TemplateFilters, Common) {
   Json ctx = {{"messages", kMessages}};
   EXPECT_EQ(
