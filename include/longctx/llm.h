@@ -23,6 +23,7 @@
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
+#include "longctx/kv/sparse_options.h"
 #include "longctx/models/model.h"
 
 namespace longctx {
@@ -55,8 +56,9 @@ struct EngineConfig {
   int64_t gpu_kv_budget = 0;            // GPU cache bytes; 0: what the memory plan leaves
   int64_t offload_slots = 4;            // ring slots
   int64_t offload_slot_tokens = 32768;  // tokens of one layer per slot
-  uint64_t seed = 0;                       // seeds the requests that bring no seed of their own
-  ModelBuildOptions model_options;         // numerics choices of the model (see ModelBuildOptions)
+  SparseOptions sparse;  // sparse attention policy (docs/sparse.md; the CPU engine so far)
+  uint64_t seed = 0;     // seeds the requests that bring no seed of their own
+  ModelBuildOptions model_options;  // numerics choices of the model (see ModelBuildOptions)
 };
 
 // A prompt is text (needs a tokenizer; encoded with the tokenizer's special tokens, e.g. BOS,

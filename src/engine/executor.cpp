@@ -6,6 +6,7 @@
 #include "attention/backends/offload_backend.h"
 #include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
+#include "kv/sparse/sparse_policy.h"
 #include "longctx/core/error.h"
 #include "longctx/models/model.h"
 
@@ -62,9 +63,16 @@ class CpuExecutor final : public Executor {
       offload_ = std::make_unique<OffloadAttentionBackend>(d.geometry, make_cpu_offload_device(d));
       offload_->set_layer_block_bytes(d.layer_block_bytes());
       num_blocks_ = kv.num_blocks;
+      LONGCTX_CHECK(o.sparse.policy == "full", ErrorCode::kUnsupported,
+                    "--sparse-policy {} with the simulated offload: not built yet",
+                    o.sparse.policy);
     } else {
       pool_ = std::make_unique<PagedKVPool>(kv);
       num_blocks_ = pool_->num_blocks();
+      sparse::KvShape shape{c.num_hidden_layers,      kv.num_blocks,         o.block_size,
+                            c.num_attention_heads,    c.num_key_value_heads, c.head_dim,
+                            model_->attention_scale()};
+      policy_ = sparse::make_sparse_policy(o.sparse, shape);
     }
     block_size_ = o.block_size;
   }
@@ -78,8 +86,11 @@ class CpuExecutor final : public Executor {
       offload_->set_copies(copies);
       return model_->forward(batch, *offload_);
     }
-    for (const KVBlockCopy& c : copies) copy_kv_block_cpu(*pool_, c.src, c.dst);
-    CpuPagedBackend attention(*pool_, model_->attention_scale());
+    for (const KVBlockCopy& c : copies) {
+      copy_kv_block_cpu(*pool_, c.src, c.dst);
+      policy_->on_block_copied(c.src, c.dst);
+    }
+    CpuPagedBackend attention(*pool_, model_->attention_scale(), policy_.get());
     return model_->forward(batch, attention);
   }
 
@@ -87,6 +98,7 @@ class CpuExecutor final : public Executor {
   std::shared_ptr<Model> model_;
   std::unique_ptr<PagedKVPool> pool_;                 // resident
   std::unique_ptr<OffloadAttentionBackend> offload_;  // or offloaded (simulated)
+  std::unique_ptr<sparse::SparsePolicy> policy_;      // with the resident pool (Full: dense)
   int64_t num_blocks_ = 0, block_size_ = 0;
 };
 

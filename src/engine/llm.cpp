@@ -22,8 +22,8 @@ struct LLM::Impl {
   std::shared_ptr<const Tokenizer> tokenizer;
   std::string tokenizer_dir;
   nlohmann::ordered_json tokenizer_config;  // tokenizer_config.json, null when absent
-  Device device;                       // where the model runs
-  std::shared_ptr<GpuRunner> runner;   // null on the CPU
+  Device device;                            // where the model runs
+  std::shared_ptr<GpuRunner> runner;        // null on the CPU
   std::unique_ptr<EngineCore> core;
 };
 
@@ -97,6 +97,11 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   if (impl_->device.is_cuda()) {
     configure_device_memory(impl_->device.index, config.gpu_memory_limit,
                             config.gpu_memory_utilization);
+    config.sparse.validate();
+    LONGCTX_CHECK(config.sparse.policy == "full", ErrorCode::kUnsupported,
+                  "--sparse-policy {} runs on the CPU engine so far (--device cpu); the GPU "
+                  "path is not built yet",
+                  config.sparse.policy);
     GpuRunnerOptions gpu;
     gpu.block_size = config.block_size;
     gpu.max_num_batched_tokens = config.max_num_batched_tokens;
@@ -118,10 +123,11 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     CpuExecutorOptions cpu;
     if (config.block_size > 0) cpu.block_size = config.block_size;
     cpu.kv_cache_bytes = config.cpu_kv_cache_bytes;
+    cpu.sparse = config.sparse;
     executor = make_cpu_executor(create_model(impl_->checkpoint, build), cpu);
   }
-  impl_->core = std::make_unique<EngineCore>(std::move(executor), impl_->tokenizer.get(),
-                                             std::move(options));
+  impl_->core =
+      std::make_unique<EngineCore>(std::move(executor), impl_->tokenizer.get(), std::move(options));
 }
 
 LLM::LLM(std::unique_ptr<Executor> executor, std::shared_ptr<const Tokenizer> tokenizer,

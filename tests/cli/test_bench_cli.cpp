@@ -1,5 +1,5 @@
-// `longctx bench throughput | latency | offload` on the CPU with the embedded needle model: the workload
-// runs to the end and the numbers are printed; bad shapes are clear errors.
+// `longctx bench throughput | latency | offload` on the CPU with the embedded needle model: the
+// workload runs to the end and the numbers are printed; bad shapes are clear errors.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -44,6 +44,22 @@ TEST(BenchCli, OffloadOnTheCpuIsAClearError) {
   r = run_cli("generate " + kModel + "--kv-offload --prompt hi --max-tokens 2");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--kv-offload needs a CUDA device"), std::string::npos) << r.err;
+}
+
+TEST(BenchCli, SparsePoliciesRunAndBadOnesAreClearErrors) {
+  auto r = run_cli("generate " + kModel +
+                   "--sparse-policy quest --sparse-budget 64 --sparse-sink 16 --sparse-window 32 "
+                   "--ids 1,2,3,4,5,6,7,8,9,10 --max-tokens 4");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = run_cli("generate " + kModel + "--sparse-policy magic --prompt hi --max-tokens 2");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--sparse-policy 'magic' is unknown"), std::string::npos) << r.err;
+  r = run_cli("generate " + kModel + "--sparse-policy quest --sparse-budget 0 --prompt hi");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--sparse-budget 0 must be more than"), std::string::npos) << r.err;
+  r = run_cli("forward " + kModel + "--sparse-policy quest --ids 1,2,3 --out /dev/null");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("sparse policies run in the engine's commands"), std::string::npos) << r.err;
 }
 
 }  // namespace

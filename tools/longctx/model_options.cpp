@@ -93,6 +93,25 @@ void ModelOptions::add_to(CLI::App* cmd) {
                   "tokens of one layer per ring slot with --kv-offload")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--sparse-policy", sparse.policy,
+                  "attention over selected KV blocks: full (exact), quest (decode) or xattention "
+                  "(prefill); docs/sparse.md")
+      ->capture_default_str();
+  cmd->add_option("--sparse-budget", sparse.budget_tokens,
+                  "quest: KV tokens read per KV head per decode step (sink and window included)")
+      ->capture_default_str();
+  cmd->add_option("--sparse-sink", sparse.sink_tokens, "quest: first tokens always read")
+      ->capture_default_str();
+  cmd->add_option("--sparse-window", sparse.window_tokens, "quest: last tokens always read")
+      ->capture_default_str();
+  cmd->add_flag(
+      "--sparse-head-averaged", [this](int64_t) { sparse.per_head = false; },
+      "quest: one block list from scores averaged over heads (default: per KV head)");
+  cmd->add_option("--xattn-threshold", sparse.threshold,
+                  "xattention: attention mass each query block keeps")
+      ->capture_default_str();
+  cmd->add_option("--xattn-stride", sparse.stride, "xattention: antidiagonal stride")
+      ->capture_default_str();
 }
 
 GpuRunnerOptions ModelOptions::runner_options() const {
@@ -132,9 +151,14 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.gpu_kv_budget = r.gpu_kv_bytes;
   engine.offload_slots = r.offload_slots;
   engine.offload_slot_tokens = r.offload_slot_tokens;
+  engine.sparse = sparse;
 }
 
 std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint) const {
+  LONGCTX_CHECK(sparse.policy == "full", ErrorCode::kUnsupported,
+                "--sparse-policy {}: this command runs the model directly; sparse policies run in "
+                "the engine's commands (generate, needle, ruler, serve, bench throughput)",
+                sparse.policy);
   ModelBuildOptions options = build_options(*checkpoint);
   options.device = resolve_device(device);
   if (options.device.is_cuda())

@@ -37,6 +37,7 @@ struct ModelOptions {
   std::string gpu_kv_budget;   // e.g. 4GiB; empty: what the memory plan leaves
   int64_t offload_slots = 4;
   int64_t offload_slot_tokens = 32768;
+  SparseOptions sparse;  // --sparse-policy and its parameters
 
   void add_to(CLI::App* cmd);
   // Loads (or makes) the checkpoint; throws Error naming what is wrong with the options.

@@ -14,6 +14,7 @@
 #include "longctx/core/tensor.h"
 #include "longctx/engine/sampler.h"
 #include "longctx/kv/block_copy.h"
+#include "longctx/kv/sparse_options.h"
 
 namespace longctx {
 
@@ -65,6 +66,7 @@ struct CpuExecutorOptions {
   int64_t offload_slots = 4;
   int64_t offload_slot_blocks = 4;
   int64_t offload_write_back_lag = 1;  // steps until a write-back lands (unless waited for)
+  SparseOptions sparse;                // the sparse attention policy (resident pool only)
 };
 
 // The CPU reference model over a CPU paged KV pool.

@@ -1,9 +1,11 @@
 #include "attention/backends/cpu_paged_backend.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "attention/backends/paged_backend.h"
+#include "kernels/cpu/attention_ref.h"
 #include "longctx/core/error.h"
 #include "ops/attention.h"
 
@@ -35,8 +37,8 @@ void store(const Tensor& pool_kv, const Tensor& x, const std::vector<int64_t>& s
 
 }  // namespace
 
-CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale)
-    : pool_(pool), sm_scale_(sm_scale) {
+CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::SparsePolicy* policy)
+    : pool_(pool), sm_scale_(sm_scale), policy_(policy) {
   LONGCTX_CHECK(pool.config().device.is_cpu() && pool.config().dtype == DType::kF32,
                 ErrorCode::kInvalidArgument, "CPU paged attention needs an f32 pool on the CPU");
 }
@@ -55,6 +57,11 @@ void CpuPagedBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) 
   LONGCTX_CHECK(batch_ != nullptr, ErrorCode::kInternal, "CPU paged attention: store before plan");
   store(pool_.k(layer), k, batch_->slot_mapping);
   store(pool_.v(layer), v, batch_->slot_mapping);
+  if (policy_ != nullptr) {
+    const Tensor kc = k.strides()[1] == k.size(2) ? k : k.contiguous();
+    policy_->on_keys_written(layer, kc.data<float>(), kc.strides()[0], batch_->slot_mapping.data(),
+                             kc.size(0));
+  }
 }
 
 Tensor CpuPagedBackend::attend(int64_t layer, const Tensor& q) {
@@ -63,8 +70,28 @@ Tensor CpuPagedBackend::attend(int64_t layer, const Tensor& q) {
   const int64_t bs = pool_.block_size(), hkv = pool_.config().num_kv_heads,
                 d = pool_.config().head_dim, row = hkv * d;
   Tensor out = Tensor::empty(q.shape(), DType::kF32);
+  const Tensor qc = policy_ != nullptr ? q.contiguous() : q;
+  const int64_t q_row = q.size(1) * q.size(2);
   for (int64_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t kv_len = b.kv_lens[s], q0 = b.qo_indptr[s], n = b.q_len(s);
+    if (policy_ != nullptr) {
+      const sparse::SeqKeys keys{b.block_tables.data() + b.block_table_indptr[s], kv_len,
+                                 pool_.k(layer).data<float>()};
+      const float* qs = qc.data<float>() + q0 * q_row;
+      if (n == 1 && policy_->selects(sparse::Phase::kDecode)) {
+        const sparse::DecodeSelection sel = policy_->select_decode(layer, qs, keys);
+        if (!sel.all()) {
+          attend_selected(layer, qc, s, sel, out);
+          continue;
+        }
+      } else if (n > 1 && policy_->selects(sparse::Phase::kPrefill)) {
+        const sparse::PrefillMask mask = policy_->select_prefill(layer, qs, q_row, n, keys);
+        if (!mask.all()) {
+          attend_masked(layer, qc, s, mask, out);
+          continue;
+        }
+      }
+    }
     // Gather the sequence's keys and values out of its blocks, in token order.
     Tensor k = Tensor::empty({kv_len, hkv, d}, DType::kF32);
     Tensor v = Tensor::empty({kv_len, hkv, d}, DType::kF32);
@@ -92,6 +119,71 @@ Tensor CpuPagedBackend::attend(int64_t layer, const Tensor& q) {
     ops::attention(a);
   }
   return out.view({q.size(0), -1});
+}
+
+void CpuPagedBackend::attend_selected(int64_t layer, const Tensor& q, int64_t s,
+                                      const sparse::DecodeSelection& sel, Tensor& out) const {
+  const ForwardBatch& b = *batch_;
+  const int64_t bs = pool_.block_size(), hkv = pool_.config().num_kv_heads,
+                d = pool_.config().head_dim, hq = q.size(1), group = hq / hkv;
+  const int64_t kv_len = b.kv_lens[s], t = b.qo_indptr[s];
+  const int32_t* table = b.block_tables.data() + b.block_table_indptr[s];
+  const float* kp = pool_.k(layer).data<float>();
+  const float* vp = pool_.v(layer).data<float>();
+  std::vector<float> acc(d);
+  for (int64_t h = 0; h < hkv; ++h) {
+    for (int64_t g = h * group; g < (h + 1) * group; ++g) {
+      const float* qr = q.data<float>() + (t * hq + g) * d;
+      float mx = -INFINITY, sum = 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int32_t j : sel.per_kv_head[h]) {  // online softmax over the selected blocks' keys
+        for (int64_t r = j * bs; r < std::min(kv_len, (j + 1) * bs); ++r) {
+          const int64_t at = ((int64_t(table[j]) * bs + r % bs) * hkv + h) * d;
+          float dot = 0.f;
+          for (int64_t e = 0; e < d; ++e) dot += qr[e] * kp[at + e];
+          const float sc = dot * sm_scale_, nmx = std::max(mx, sc);
+          const float rescale = std::exp(mx - nmx), w = std::exp(sc - nmx);
+          sum = sum * rescale + w;
+          for (int64_t e = 0; e < d; ++e) acc[e] = acc[e] * rescale + w * vp[at + e];
+          mx = nmx;
+        }
+      }
+      float* o = out.data<float>() + (t * hq + g) * d;
+      for (int64_t e = 0; e < d; ++e) o[e] = sum > 0.f ? acc[e] / sum : 0.f;
+    }
+  }
+}
+
+void CpuPagedBackend::attend_masked(int64_t layer, const Tensor& q, int64_t s,
+                                    const sparse::PrefillMask& mask, Tensor& out) const {
+  const ForwardBatch& b = *batch_;
+  const int64_t bs = pool_.block_size(), kv_len = b.kv_lens[s];
+  const int32_t q0 = b.qo_indptr[s], n = b.q_len(s);
+  const int32_t pages = static_cast<int32_t>((kv_len + bs - 1) / bs);
+  const int32_t qo[2] = {0, n}, kv_indptr[2] = {0, pages};
+  const int32_t last = static_cast<int32_t>(kv_len - int64_t(pages - 1) * bs);
+  const int64_t mask_indptr[2] = {0, static_cast<int64_t>(mask.mask.size())};
+  kernels::PagedPrefillParams p;
+  p.q = q.data<float>() + int64_t(q0) * q.size(1) * q.size(2);
+  p.k_cache = pool_.k(layer).data<float>();
+  p.v_cache = pool_.v(layer).data<float>();
+  p.o = out.data<float>() + int64_t(q0) * q.size(1) * q.size(2);
+  p.qo_indptr = qo;
+  p.kv_indptr = kv_indptr;
+  p.kv_indices = b.block_tables.data() + b.block_table_indptr[s];
+  p.kv_last_page_len = &last;
+  p.block_mask = mask.mask.data();
+  p.block_mask_indptr = mask_indptr;
+  p.block_mask_heads = static_cast<int>(q.size(1));
+  p.batch_size = 1;
+  p.num_qo_heads = static_cast<int>(q.size(1));
+  p.num_kv_heads = static_cast<int>(pool_.config().num_kv_heads);
+  p.head_dim = static_cast<int>(pool_.config().head_dim);
+  p.page_size = static_cast<int>(bs);
+  p.dtype = DType::kF32;
+  p.mask_mode = kernels::MaskMode::kCausal;
+  p.sm_scale = sm_scale_;
+  kernels::cpu::paged_prefill_ref(p);
 }
 
 void copy_kv_block_cpu(PagedKVPool& pool, int32_t src, int32_t dst) {

@@ -1,0 +1,26 @@
+// The sparse attention policy of an engine and its parameters (docs/sparse.md; the policies are
+// in src/kv/sparse). Defaults: full attention.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace longctx {
+
+struct SparseOptions {
+  std::string policy = "full";  // full | quest | xattention
+  // quest
+  int64_t budget_tokens = 4096;  // tokens read per KV head (whole blocks), sink and window included
+  int64_t sink_tokens = 64;      // the first tokens, always read
+  int64_t window_tokens = 256;   // the last tokens, always read
+  bool per_head = true;          // per KV head block lists, else one list from head-averaged scores
+  // xattention
+  double threshold = 0.9;  // attention mass each query block keeps, in (0, 1]
+  int64_t stride = 8;      // antidiagonal stride of the estimate
+
+  // Throws Error(kInvalidArgument) naming the flag: an unknown policy, a budget <= 0 or not above
+  // sink + window, a threshold outside (0, 1], a stride < 1.
+  void validate() const;
+};
+
+}  // namespace longctx
