@@ -74,10 +74,10 @@ std::vector<float> direct(const Tensor& q, int64_t q0, int64_t n, const std::vec
                           const std::vector<float>& v, int64_t kv_len,
                           const std::vector<uint8_t>& mask) {
   std::vector<float> o(n * SmallPool::kHq * SmallPool::kD);
-  kernels::cpu::dense_attention_masked_ref(q.data<float>() + q0 * SmallPool::kHq * SmallPool::kD, k.data(),
-                                           v.data(), mask.data(), int(n), int(kv_len), SmallPool::kHq,
-                                           SmallPool::kHkv, SmallPool::kD,
-                                           1.f / std::sqrt(float(SmallPool::kD)), o.data(), nullptr);
+  kernels::cpu::dense_attention_masked_ref(
+      q.data<float>() + q0 * SmallPool::kHq * SmallPool::kD, k.data(), v.data(), mask.data(),
+      int(n), int(kv_len), SmallPool::kHq, SmallPool::kHkv, SmallPool::kD,
+      1.f / std::sqrt(float(SmallPool::kD)), o.data(), nullptr);
   return o;
 }
 
