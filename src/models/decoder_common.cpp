@@ -26,46 +26,72 @@ Tensor optional_weight(const WeightStore& w, const std::string& name) {
 
 DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
                            const ModelBuildOptions& options)
-    : checkpoint_(std::move(checkpoint)), device_(options.device) {
+    : checkpoint_(std::move(checkpoint)), comm_(options.communicator), device_(options.device) {
   LONGCTX_CHECK(checkpoint_ != nullptr, ErrorCode::kInvalidArgument,
                 "create_model: null checkpoint");
   act_dtype_ = device_.is_cpu() ? DType::kF32 : options.activation_dtype;
   const ModelConfig& c = checkpoint_->config;
+  config_ = c;
+  shard_ = tp_shard(c, 0, 1);
+  if (sharded()) {
+    LONGCTX_CHECK(device_.is_cpu(), ErrorCode::kUnsupported,
+                  "tensor parallel on {}: only the CPU reference (thread communicators) is built "
+                  "so far",
+                  device_.str());
+    shard_ = tp_shard(c, comm_->rank(), comm_->size());
+    config_ = tp_local_config(c, shard_);
+  }
+  const TpShard& s = shard_;
+  const int64_t d = c.head_dim;
+  // The rank's rows (column-parallel) or input columns (row-parallel) of a weight; biases of
+  // row-parallel layers on rank 0 only (they are added once, before the all-reduce).
+  auto rows = [](const Tensor& t, int64_t a, int64_t n) {
+    return t.defined() ? t.slice(0, a, a + n) : t;
+  };
+  auto cols = [](const Tensor& t, int64_t a, int64_t n) {
+    return t.size(1) == n ? t : t.slice(1, a, a + n).contiguous();
+  };
+  auto q_rows = [&](const Tensor& t) { return rows(t, s.q_head0 * d, s.num_q_heads * d); };
+  auto kv_rows = [&](const Tensor& t) { return rows(t, s.kv_head0 * d, s.num_kv_heads * d); };
+  auto mlp_rows = [&](const Tensor& t) { return rows(t, s.inter0, s.inter); };
+  auto rank0 = [&](const Tensor& t) { return s.rank == 0 ? t : Tensor(); };
   const WeightStore& w = checkpoint_->weights;
   WeightLoader load(device_, act_dtype_);
-  embed_tokens_ = load.load(w.get("model.embed_tokens.weight"));
+  embed_tokens_ = load.load(rows(w.get("model.embed_tokens.weight"), s.vocab0, s.vocab));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     auto get = [&](const std::string& name) { return w.get(p + name); };
     auto opt = [&](const std::string& name) { return optional_weight(w, p + name); };
     LayerWeights l;
     l.input_layernorm = load.load(get("input_layernorm.weight"));
-    l.qkv_proj = load.load_fused({get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"),
-                                  get("self_attn.v_proj.weight")});
+    l.qkv_proj = load.load_fused({q_rows(get("self_attn.q_proj.weight")),
+                                  kv_rows(get("self_attn.k_proj.weight")),
+                                  kv_rows(get("self_attn.v_proj.weight"))});
     Tensor q_bias = opt("self_attn.q_proj.bias"), k_bias = opt("self_attn.k_proj.bias"),
            v_bias = opt("self_attn.v_proj.bias");
     if (q_bias.defined() || k_bias.defined() || v_bias.defined())
-      l.qkv_bias = load.load_fused({q_bias, k_bias, v_bias});
-    l.o_proj = load.load(get("self_attn.o_proj.weight"));
-    l.o_bias = load.load(opt("self_attn.o_proj.bias"));
+      l.qkv_bias = load.load_fused({q_rows(q_bias), kv_rows(k_bias), kv_rows(v_bias)});
+    l.o_proj = load.load(cols(get("self_attn.o_proj.weight"), s.q_head0 * d, s.num_q_heads * d));
+    l.o_bias = load.load(rank0(opt("self_attn.o_proj.bias")));
     l.q_norm = load.load(opt("self_attn.q_norm.weight"));
     l.k_norm = load.load(opt("self_attn.k_norm.weight"));
     l.post_attention_layernorm = load.load(get("post_attention_layernorm.weight"));
-    l.gate_up_proj = load.load_fused({get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")});
+    l.gate_up_proj = load.load_fused(
+        {mlp_rows(get("mlp.gate_proj.weight")), mlp_rows(get("mlp.up_proj.weight"))});
     Tensor gate_bias = opt("mlp.gate_proj.bias"), up_bias = opt("mlp.up_proj.bias");
     if (gate_bias.defined() || up_bias.defined())
-      l.gate_up_bias = load.load_fused({gate_bias, up_bias});
-    l.down_proj = load.load(get("mlp.down_proj.weight"));
-    l.down_bias = load.load(opt("mlp.down_proj.bias"));
+      l.gate_up_bias = load.load_fused({mlp_rows(gate_bias), mlp_rows(up_bias)});
+    l.down_proj = load.load(cols(get("mlp.down_proj.weight"), s.inter0, s.inter));
+    l.down_bias = load.load(rank0(opt("mlp.down_proj.bias")));
     layers_.push_back(std::move(l));
   }
   norm_ = load.load(w.get("model.norm.weight"));
-  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : load.load(w.get("lm_head.weight"));
+  lm_head_ = c.tie_word_embeddings ? embed_tokens_
+                                   : load.load(rows(w.get("lm_head.weight"), s.vocab0, s.vocab));
   // Rounded like transformers' inv_freq buffer in a model loaded at that dtype (see model.h).
   std::vector<float> inv = ops::rope_inv_freq_as_transformers(
       c.rope, c.head_dim, options.rope_inv_freq_dtype.value_or(DType::kF32));
-  Tensor inv_host =
-      Tensor::from_blob(inv.data(), {static_cast<int64_t>(inv.size())}, DType::kF32);
+  Tensor inv_host = Tensor::from_blob(inv.data(), {static_cast<int64_t>(inv.size())}, DType::kF32);
   inv_freq_ = inv_host.to(device_);
   load.finish();
 }
@@ -138,8 +164,7 @@ Tensor DecoderModel::forward(const ForwardBatch& batch, AttentionBackend& attent
   batch.validate(c.vocab_size, c.max_position_embeddings);
   attention.plan(batch);
   StepInputs in = upload_inputs(batch);
-  Tensor logits =
-      Tensor::empty({in.logits_indices.numel(), lm_head_.size(0)}, DType::kF32, device_);
+  Tensor logits = Tensor::empty({in.logits_indices.numel(), c.vocab_size}, DType::kF32, device_);
   run_layers(in, attention, logits);
   return logits;
 }
@@ -159,11 +184,11 @@ void DecoderModel::forward_on_device(const Tensor& input_ids, const Tensor& posi
                 "forward_on_device: ids {}, positions {}, logits rows {} must be contiguous "
                 "[T] i32, [T] i64, [R] i32 on {}",
                 input_ids.str(), positions.str(), logits_indices.str(), device_.str());
-  LONGCTX_CHECK(logits.defined() && logits.device() == device_ && logits.dtype() == DType::kF32 &&
-                    logits.rank() == 2 && logits.size(0) == r && logits.size(1) == lm_head_.size(0),
-                ErrorCode::kInvalidArgument,
-                "forward_on_device: logits must be [{}, {}] f32 on {}, got {}", r, lm_head_.size(0),
-                device_.str(), logits.str());
+  LONGCTX_CHECK(
+      logits.defined() && logits.device() == device_ && logits.dtype() == DType::kF32 &&
+          logits.rank() == 2 && logits.size(0) == r && logits.size(1) == config_.vocab_size,
+      ErrorCode::kInvalidArgument, "forward_on_device: logits must be [{}, {}] f32 on {}, got {}",
+      r, config_.vocab_size, device_.str(), logits.str());
   run_layers(StepInputs{t, input_ids, positions, logits_indices}, attention, logits);
 }
 
@@ -171,23 +196,51 @@ void DecoderModel::run_layers(const StepInputs& in, AttentionBackend& attention,
                               const Tensor& logits) {
   const ModelConfig& c = config();
   Tensor residual = Tensor::empty({in.num_tokens, c.hidden_size}, DType::kF32, device_);
-  ops::embedding(in.input_ids, embed_tokens_, residual);
+  embed(in, residual);
   Tensor mlp_out;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     decoder_layer(i, residual, mlp_out, in, attention);
   final_logits(residual, mlp_out, in, logits);  // norm, lm_head
 }
 
-void DecoderModel::decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out,
-                                 const StepInputs& in, AttentionBackend& attention) {
+void DecoderModel::decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out, const StepInputs& in,
+                                 AttentionBackend& attention) {
   const LayerWeights& w = layers_[i];
   // hidden_states = input_layernorm(residual + previous mlp output)
   Tensor h = mlp_out.defined() ? add_rms_norm(mlp_out, residual, w.input_layernorm)
                                : rms_norm(residual, w.input_layernorm);
   h = self_attn(h, i, in, attention);
+  reduce(h);  // o_proj is row-parallel
   // hidden_states = post_attention_layernorm(residual + attention output)
   h = add_rms_norm(h, residual, w.post_attention_layernorm);
   mlp_out = gated_mlp(h, w);
+  reduce(mlp_out);  // down_proj is row-parallel
+}
+
+void DecoderModel::embed(const StepInputs& in, const Tensor& residual) const {
+  if (!sharded()) {
+    ops::embedding(in.input_ids, embed_tokens_, residual);
+    return;
+  }
+  // Vocab-parallel: the rank's rows for its ids (others looked up at row 0, then zeroed).
+  const int64_t n = in.num_tokens, hidden = residual.size(1);
+  Tensor local = Tensor::empty({n}, DType::kI32);
+  const int32_t* ids = in.input_ids.data<int32_t>();
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t id = ids[t] - shard_.vocab0;
+    local.data<int32_t>()[t] = id >= 0 && id < shard_.vocab ? static_cast<int32_t>(id) : -1;
+  }
+  Tensor safe = Tensor::empty({n}, DType::kI32);
+  for (int64_t t = 0; t < n; ++t) safe.data<int32_t>()[t] = std::max(0, local.data<int32_t>()[t]);
+  if (shard_.vocab > 0) ops::embedding(safe, embed_tokens_, residual);
+  for (int64_t t = 0; t < n; ++t)
+    if (local.data<int32_t>()[t] < 0)
+      std::memset(residual.data<float>() + t * hidden, 0, hidden * sizeof(float));
+  comm_->all_reduce_sum(residual);
+}
+
+void DecoderModel::reduce(const Tensor& x) const {
+  if (sharded()) comm_->all_reduce_sum(x);
 }
 
 Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const StepInputs& in,
@@ -202,8 +255,8 @@ Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const Ste
   return linear(attn_output, w.o_proj, w.o_bias);
 }
 
-void DecoderModel::final_logits(const Tensor& residual, const Tensor& mlp_out,
-                                const StepInputs& in, const Tensor& logits) const {
+void DecoderModel::final_logits(const Tensor& residual, const Tensor& mlp_out, const StepInputs& in,
+                                const Tensor& logits) const {
   const int64_t rows = in.logits_indices.numel();
   if (rows == 0) return;  // a prefill chunk that ends before the prompt does
   Tensor res_rows = Tensor::empty({rows, residual.size(1)}, DType::kF32, device_);
@@ -211,7 +264,13 @@ void DecoderModel::final_logits(const Tensor& residual, const Tensor& mlp_out,
   ops::gather_rows(residual, in.logits_indices, res_rows);
   ops::gather_rows(mlp_out, in.logits_indices, mlp_rows);
   Tensor h = add_rms_norm(mlp_rows, res_rows, norm_);
-  ops::linear(h, lm_head_, Tensor(), logits);
+  if (!sharded()) {
+    ops::linear(h, lm_head_, Tensor(), logits);
+    return;
+  }
+  Tensor local = Tensor::empty({rows, shard_.vocab}, DType::kF32, device_);  // vocab-parallel
+  if (shard_.vocab > 0) ops::linear(h, lm_head_, Tensor(), local);
+  comm_->all_gather_columns(local, logits);
 }
 
 }  // namespace longctx::models

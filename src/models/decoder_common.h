@@ -17,6 +17,7 @@
 #include "longctx/core/tensor.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
+#include "models/tensor_parallel.h"
 
 namespace longctx::models {
 
@@ -46,7 +47,8 @@ struct StepInputs {
 class DecoderModel : public Model {
  public:
   DecoderModel(std::shared_ptr<const Checkpoint> checkpoint, const ModelBuildOptions& options);
-  const ModelConfig& config() const override { return checkpoint_->config; }
+  // The checkpoint's config, or a tensor-parallel rank's (tp_local_config).
+  const ModelConfig& config() const override { return config_; }
   Device device() const override { return device_; }
   DType activation_dtype() const override { return act_dtype_; }
 
@@ -98,13 +100,22 @@ class DecoderModel : public Model {
   void final_logits(const Tensor& residual, const Tensor& mlp_out, const StepInputs& in,
                     const Tensor& logits) const;
 
+  bool sharded() const { return comm_ != nullptr && comm_->size() > 1; }
+  // residual [T, hidden] f32 = embed_tokens[input_ids] (vocab-parallel: summed over the ranks).
+  void embed(const StepInputs& in, const Tensor& residual) const;
+  // x summed over the ranks (row-parallel outputs); nothing without tensor parallelism.
+  void reduce(const Tensor& x) const;
+
   std::shared_ptr<const Checkpoint> checkpoint_;
+  ModelConfig config_;
+  TpShard shard_;                       // the whole model when not sharded
+  std::shared_ptr<Communicator> comm_;  // null: not sharded
   Device device_;
   DType act_dtype_ = DType::kF32;  // activations (CPU f32, CUDA bf16); the residual is f32
-  Tensor embed_tokens_;            // [vocab, hidden]
+  Tensor embed_tokens_;            // [vocab (the rank's rows), hidden]
   std::vector<LayerWeights> layers_;
   Tensor norm_;      // [hidden]
-  Tensor lm_head_;   // [vocab, hidden]; embed_tokens_ when tied
+  Tensor lm_head_;   // [vocab (the rank's rows), hidden]; embed_tokens_ when tied
   Tensor inv_freq_;  // [head_dim / 2] f32
 };
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 
+#include "longctx/core/communicator.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/kv_cache.h"
 #include "longctx/loader/checkpoint.h"
@@ -68,6 +69,11 @@ struct ModelBuildOptions {
   // of f16: for models whose activations stay below 65504, and for checking numerics). The CPU
   // reference is f32 whatever this says.
   DType activation_dtype = DType::kBF16;
+  // Tensor parallelism (docs/tensor_parallel.md): with a communicator of size > 1 the model is
+  // rank communicator->rank(), holding its slice of every weight; config() is then the rank's
+  // (its q / KV heads and MLP width), the logits the whole vocabulary's. Every rank must run the
+  // same forwards. The CPU reference (thread communicators) so far.
+  std::shared_ptr<Communicator> communicator;
 };
 
 // Builds the model registered for checkpoint.config.architecture on options.device.
