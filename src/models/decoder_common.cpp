@@ -34,10 +34,6 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   config_ = c;
   shard_ = tp_shard(c, 0, 1);
   if (sharded()) {
-    LONGCTX_CHECK(device_.is_cpu(), ErrorCode::kUnsupported,
-                  "tensor parallel on {}: only the CPU reference (thread communicators) is built "
-                  "so far",
-                  device_.str());
     shard_ = tp_shard(c, comm_->rank(), comm_->size());
     config_ = tp_local_config(c, shard_);
   }
@@ -222,20 +218,8 @@ void DecoderModel::embed(const StepInputs& in, const Tensor& residual) const {
     ops::embedding(in.input_ids, embed_tokens_, residual);
     return;
   }
-  // Vocab-parallel: the rank's rows for its ids (others looked up at row 0, then zeroed).
-  const int64_t n = in.num_tokens, hidden = residual.size(1);
-  Tensor local = Tensor::empty({n}, DType::kI32);
-  const int32_t* ids = in.input_ids.data<int32_t>();
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t id = ids[t] - shard_.vocab0;
-    local.data<int32_t>()[t] = id >= 0 && id < shard_.vocab ? static_cast<int32_t>(id) : -1;
-  }
-  Tensor safe = Tensor::empty({n}, DType::kI32);
-  for (int64_t t = 0; t < n; ++t) safe.data<int32_t>()[t] = std::max(0, local.data<int32_t>()[t]);
-  if (shard_.vocab > 0) ops::embedding(safe, embed_tokens_, residual);
-  for (int64_t t = 0; t < n; ++t)
-    if (local.data<int32_t>()[t] < 0)
-      std::memset(residual.data<float>() + t * hidden, 0, hidden * sizeof(float));
+  // Vocab-parallel: the rank's rows, zeros for ids another rank holds, summed over the ranks.
+  ops::embedding_shard(in.input_ids, embed_tokens_, shard_.vocab0, residual);
   comm_->all_reduce_sum(residual);
 }
 

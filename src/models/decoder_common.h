@@ -100,7 +100,8 @@ class DecoderModel : public Model {
   void final_logits(const Tensor& residual, const Tensor& mlp_out, const StepInputs& in,
                     const Tensor& logits) const;
 
-  bool sharded() const { return comm_ != nullptr && comm_->size() > 1; }
+  // With any communicator (one rank too: its collectives run, NCCL's included).
+  bool sharded() const { return comm_ != nullptr; }
   // residual [T, hidden] f32 = embed_tokens[input_ids] (vocab-parallel: summed over the ranks).
   void embed(const StepInputs& in, const Tensor& residual) const;
   // x summed over the ranks (row-parallel outputs); nothing without tensor parallelism.

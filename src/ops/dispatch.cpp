@@ -34,6 +34,12 @@ namespace {
 #define LONGCTX_CUDA_TWIN(op, call) no_cuda_build(op)
 #endif
 
+void embedding_shard(const Tensor& ids, const Tensor& table, int64_t first_row, const Tensor& out) {
+  if (common_device("embedding", {&ids, &table, &out}).is_cuda())
+    LONGCTX_CUDA_TWIN("embedding", embedding_shard_cuda(ids, table, first_row, out));
+  embedding_shard_cpu(ids, table, first_row, out);
+}
+
 void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
   if (common_device("embedding", {&ids, &table, &out}).is_cuda())
     LONGCTX_CUDA_TWIN("embedding", embedding_cuda(ids, table, out));

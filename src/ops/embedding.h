@@ -18,6 +18,14 @@ void embedding(const Tensor& ids, const Tensor& table, const Tensor& out);
 void embedding_cpu(const Tensor& ids, const Tensor& table, const Tensor& out);
 void embedding_cuda(const Tensor& ids, const Tensor& table, const Tensor& out);
 
+// Vocab-parallel lookup (tensor parallelism): `table` holds rows [first_row, first_row + vocab)
+// of the whole vocabulary; an id outside them gives a row of zeros (another rank holds it).
+void embedding_shard(const Tensor& ids, const Tensor& table, int64_t first_row, const Tensor& out);
+void embedding_shard_cpu(const Tensor& ids, const Tensor& table, int64_t first_row,
+                         const Tensor& out);
+void embedding_shard_cuda(const Tensor& ids, const Tensor& table, int64_t first_row,
+                          const Tensor& out);
+
 struct EmbeddingParams {
   const int32_t* ids = nullptr;  // [n]
   int64_t n = 0;
@@ -26,6 +34,8 @@ struct EmbeddingParams {
   int64_t vocab = 0, hidden = 0;
   RowsView out;  // [n, hidden]
   Device device;
+  int64_t first_row = 0;       // the table's first row in the whole vocabulary
+  bool zeros_outside = false;  // an id outside the table: zeros (else an error on the CPU)
 };
 // Checks the arguments (shapes, dtypes, one device; not the id values) for both twins.
 EmbeddingParams embedding_params(const Tensor& ids, const Tensor& table, const Tensor& out);

@@ -29,11 +29,12 @@ EmbeddingParams embedding_params(const Tensor& ids, const Tensor& table, const T
   return p;
 }
 
-void embedding_cpu(const Tensor& ids, const Tensor& table, const Tensor& out) {
-  const EmbeddingParams p = embedding_params(ids, table, out);
+namespace {
+
+void lookup_cpu(const EmbeddingParams& p) {
   LONGCTX_CHECK(p.device.is_cpu(), ErrorCode::kInvalidArgument, "embedding_cpu: tensors are on {}",
                 p.device.str());
-  for (int64_t i = 0; i < p.n; ++i)
+  for (int64_t i = 0; i < p.n && !p.zeros_outside; ++i)
     LONGCTX_CHECK(p.ids[i] >= 0 && p.ids[i] < p.vocab, ErrorCode::kOutOfRange,
                   "embedding: token id {} (at index {}) is outside the vocabulary [0, {})",
                   p.ids[i], i, p.vocab);
@@ -43,12 +44,31 @@ void embedding_cpu(const Tensor& ids, const Tensor& table, const Tensor& out) {
       [&](int64_t b, int64_t e) {
         std::vector<float> row(p.hidden);
         for (int64_t i = b; i < e; ++i) {
-          const char* src = static_cast<const char*>(p.table) + p.ids[i] * row_bytes;
-          convert_to_f32(src, p.table_dtype, p.hidden, row.data());
+          const int64_t id = int64_t(p.ids[i]) - p.first_row;
+          if (id >= 0 && id < p.vocab) {
+            convert_to_f32(static_cast<const char*>(p.table) + id * row_bytes, p.table_dtype,
+                           p.hidden, row.data());
+          } else {
+            std::fill(row.begin(), row.end(), 0.f);
+          }
           store_row_f32(p.out, i, row.data());
         }
       },
       64);
+}
+
+}  // namespace
+
+void embedding_cpu(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  lookup_cpu(embedding_params(ids, table, out));
+}
+
+void embedding_shard_cpu(const Tensor& ids, const Tensor& table, int64_t first_row,
+                         const Tensor& out) {
+  EmbeddingParams p = embedding_params(ids, table, out);
+  p.first_row = first_row;
+  p.zeros_outside = true;
+  lookup_cpu(p);
 }
 
 }  // namespace longctx::ops

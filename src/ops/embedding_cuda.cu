@@ -15,7 +15,7 @@ struct EmbeddingRow {
   EmbeddingParams p;
   __device__ void operator()(int64_t r, int64_t chunk) const {
     const int64_t col = chunk * N;
-    const int32_t id = p.ids[r];
+    const int64_t id = int64_t(p.ids[r]) - p.first_row;
     float v[N];
     if (id >= 0 && id < p.vocab) {
       load<N>(static_cast<const TT*>(p.table) + int64_t(id) * p.hidden + col, v);
@@ -27,10 +27,7 @@ struct EmbeddingRow {
   }
 };
 
-}  // namespace
-
-void embedding_cuda(const Tensor& ids, const Tensor& table, const Tensor& out) {
-  const EmbeddingParams p = embedding_params(ids, table, out);
+void lookup_cuda(const EmbeddingParams& p) {
   DeviceGuard guard(p.device.index);
   cudaStream_t stream = op_stream(p.device, "embedding");
   const bool vec = p.hidden % kVec == 0 && reinterpret_cast<uintptr_t>(p.table) % 16 == 0 &&
@@ -45,6 +42,20 @@ void embedding_cuda(const Tensor& ids, const Tensor& table, const Tensor& out) {
         launch_rows(EmbeddingRow<1, TT, TO>{p}, p.n, p.hidden, stream);
     });
   });
+}
+
+}  // namespace
+
+void embedding_shard_cuda(const Tensor& ids, const Tensor& table, int64_t first_row,
+                          const Tensor& out) {
+  EmbeddingParams p = embedding_params(ids, table, out);
+  p.first_row = first_row;
+  p.zeros_outside = true;
+  lookup_cuda(p);
+}
+
+void embedding_cuda(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  lookup_cuda(embedding_params(ids, table, out));
 }
 
 }  // namespace longctx::ops

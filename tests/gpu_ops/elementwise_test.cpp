@@ -79,6 +79,28 @@ CaseSpec embedding_case(int64_t n, int64_t hidden, DType tdt, DType odt, int64_t
   return c;
 }
 
+// The vocab-parallel lookup: rows [first_row, first_row + 1000) of a 3001-token vocabulary, ids
+// over all of it (and past it): zeros outside the shard on both twins.
+CaseSpec embedding_shard_case(int64_t n, int64_t hidden, DType tdt, uint64_t seed) {
+  const int64_t rows = 1000, first = 1500;
+  M table = random_mirror(rows * hidden, tdt, seed);
+  M ids = mirror(n, DType::kI32);
+  ids->random(seed + 1, -10, 3100);
+  M out = mirror(n * hidden, DType::kF32);
+  CaseSpec c;
+  c.name = fmt::format("embedding_shard(n={} hidden={} {})", n, hidden, dn(tdt));
+  c.gpu = [=] {
+    ops::embedding_shard(ids->dev({n}), table->dev({rows, hidden}), first, out->dev({n, hidden}));
+  };
+  c.check = [=] {
+    ops::embedding_shard_cpu(ids->host({n}), table->host({rows, hidden}), first,
+                             out->host({n, hidden}));
+    return compare_all({{out.get(), kExact}});
+  };
+  c.bytes = double(n * hidden) * (es(tdt) + 4);
+  return c;
+}
+
 // Ids outside the vocabulary: the CPU twin throws; the CUDA kernel writes zero rows and never
 // faults.
 CaseSpec embedding_bad_ids_case() {
@@ -132,6 +154,8 @@ void embedding_cases(bool small) {
       ++k;
     }
   run_case(s, embedding_bad_ids_case(), sum);
+  run_case(s, embedding_shard_case(small ? 37 : 4096, 96, DType::kBF16, 11), sum);
+  run_case(s, embedding_shard_case(5, 64, DType::kF16, 12), sum);
 }
 
 // ---------------------------------------------------------------------------------------------

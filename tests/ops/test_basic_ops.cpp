@@ -41,6 +41,21 @@ TEST(Embedding, RejectsIdOutsideVocabulary) {
   }
 }
 
+// Vocab-parallel lookup: the table holds rows [first_row, first_row + vocab) of the vocabulary;
+// ids outside them (another rank's, or no row at all) give zeros, never an error.
+TEST(Embedding, ShardLooksUpItsRowsAndZerosTheRest) {
+  Tensor table = random_tensor({10, 4}, DType::kBF16, 3);  // rows 20..29 of the vocabulary
+  std::vector<int32_t> id = {20, 29, 19, 30, 25, -1, INT32_MAX};
+  Tensor out = Tensor::empty({7, 4}, DType::kF32);
+  ops::embedding_shard(Tensor::from_blob(id.data(), {7}, DType::kI32), table, 20, out);
+  for (int64_t i = 0; i < 7; ++i)
+    for (int64_t c = 0; c < 4; ++c) {
+      const bool mine = id[i] >= 20 && id[i] < 30;
+      ASSERT_EQ(out.data<float>()[i * 4 + c], mine ? value_at(table, (id[i] - 20) * 4 + c) : 0.f)
+          << i;
+    }
+}
+
 TEST(RmsNorm, HandComputedRow) {
   // x = [1, 2, 3, 4]: mean(x^2) = 30 / 4 = 7.5, so x_hat = x / sqrt(7.5 + eps).
   std::vector<float> x = {1, 2, 3, 4};

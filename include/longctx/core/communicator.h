@@ -27,4 +27,10 @@ class Communicator {
 // tensors. Sums run in rank order, so every rank gets the same bits.
 std::vector<std::shared_ptr<Communicator>> make_thread_communicators(int size);
 
+// One NCCL communicator per GPU of `devices` (rank i on devices[i]), for one thread per GPU of one
+// process; collectives on the calling thread's current stream of the rank's device. f32, bf16 and
+// f16 tensors; all_gather_columns needs equal column counts on every rank. NVLink multicast is
+// off (NCCL_NVLS_ENABLE=0 unless set). Throws Error(kUnsupported) in a build without NCCL.
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices);
+
 }  // namespace longctx

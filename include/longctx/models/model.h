@@ -72,7 +72,7 @@ struct ModelBuildOptions {
   // Tensor parallelism (docs/tensor_parallel.md): with a communicator of size > 1 the model is
   // rank communicator->rank(), holding its slice of every weight; config() is then the rank's
   // (its q / KV heads and MLP width), the logits the whole vocabulary's. Every rank must run the
-  // same forwards. The CPU reference (thread communicators) so far.
+  // same forwards: thread communicators (CPU) or NCCL (one thread per GPU).
   std::shared_ptr<Communicator> communicator;
 };
 
