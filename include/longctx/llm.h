@@ -57,6 +57,9 @@ struct EngineConfig {
   int64_t offload_slots = 4;            // ring slots
   int64_t offload_slot_tokens = 32768;  // tokens of one layer per slot
   SparseOptions sparse;  // sparse attention policy (docs/sparse.md; the CPU engine so far)
+  // Ranks of a tensor-parallel model (docs/tensor_parallel.md): the CPU runs them as threads
+  // (thread communicators), a GPU engine on cuda:i .. cuda:i+N-1 over NCCL.
+  int64_t tensor_parallel_size = 1;
   uint64_t seed = 0;     // seeds the requests that bring no seed of their own
   ModelBuildOptions model_options;  // numerics choices of the model (see ModelBuildOptions)
 };

@@ -8,12 +8,16 @@
 #include "engine/engine_core.h"
 #include "engine/llm_internal.h"
 #include "engine/progress_bar.h"
+#include "engine/tensor_parallel_executor.h"
 #include "engine/text_stream.h"
+#include "longctx/core/communicator.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
+#include "longctx/core/stream.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 #include "longctx/template/chat_template.h"
+#include "models/tensor_parallel.h"
 
 namespace longctx {
 
@@ -94,6 +98,10 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   ModelBuildOptions build = config.model_options;
   build.device = impl_->device;
   std::unique_ptr<Executor> executor;
+  const int64_t tp = config.tensor_parallel_size;
+  LONGCTX_CHECK(tp >= 1 && tp <= 64, ErrorCode::kInvalidArgument,
+                "--tensor-parallel-size {} must be in [1, 64]", tp);
+  if (tp > 1) models::tp_shard(impl_->checkpoint->config, 0, static_cast<int>(tp));  // divisible
   if (impl_->device.is_cuda()) {
     configure_device_memory(impl_->device.index, config.gpu_memory_limit,
                             config.gpu_memory_utilization);
@@ -114,8 +122,33 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     gpu.gpu_kv_bytes = config.gpu_kv_budget;
     gpu.offload_slots = config.offload_slots;
     gpu.offload_slot_tokens = config.offload_slot_tokens;
-    impl_->runner = std::make_shared<GpuRunner>(create_model(impl_->checkpoint, build), gpu);
-    executor = make_gpu_executor(impl_->runner);
+    if (tp == 1) {
+      impl_->runner = std::make_shared<GpuRunner>(create_model(impl_->checkpoint, build), gpu);
+      executor = make_gpu_executor(impl_->runner);
+    } else {
+      const int first = impl_->device.index;
+      LONGCTX_CHECK(first + tp <= cuda_device_count(), ErrorCode::kInvalidArgument,
+                    "--tensor-parallel-size {} needs cuda:{}..cuda:{}; {} GPUs are visible", tp,
+                    first, first + tp - 1, cuda_device_count());
+      std::vector<int> ids;
+      for (int64_t r = 0; r < tp; ++r) ids.push_back(first + static_cast<int>(r));
+      auto comms = make_nccl_communicators(ids);
+      std::vector<std::unique_ptr<Executor>> ranks;
+      std::vector<Device> devices;
+      for (int64_t r = 0; r < tp; ++r) {
+        DeviceGuard guard(ids[r]);
+        if (r > 0)
+          configure_device_memory(ids[r], config.gpu_memory_limit, config.gpu_memory_utilization);
+        ModelBuildOptions b = build;
+        b.device = Device::cuda(ids[r]);
+        b.communicator = comms[r];
+        auto runner = std::make_shared<GpuRunner>(create_model(impl_->checkpoint, b), gpu);
+        if (r == 0) impl_->runner = runner;
+        ranks.push_back(make_gpu_executor(runner));
+        devices.push_back(b.device);
+      }
+      executor = make_tensor_parallel_executor(std::move(ranks), std::move(devices));
+    }
   } else {
     LONGCTX_CHECK(!config.kv_offload, ErrorCode::kUnsupported,
                   "--kv-offload needs a CUDA device (the CPU engine's KV cache is in host memory "
@@ -124,7 +157,19 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     if (config.block_size > 0) cpu.block_size = config.block_size;
     cpu.kv_cache_bytes = config.cpu_kv_cache_bytes;
     cpu.sparse = config.sparse;
-    executor = make_cpu_executor(create_model(impl_->checkpoint, build), cpu);
+    if (tp == 1) {
+      executor = make_cpu_executor(create_model(impl_->checkpoint, build), cpu);
+    } else {
+      auto comms = make_thread_communicators(static_cast<int>(tp));
+      std::vector<std::unique_ptr<Executor>> ranks;
+      for (int64_t r = 0; r < tp; ++r) {
+        ModelBuildOptions b = build;
+        b.communicator = comms[r];
+        ranks.push_back(make_cpu_executor(create_model(impl_->checkpoint, b), cpu));
+      }
+      executor =
+          make_tensor_parallel_executor(std::move(ranks), std::vector<Device>(tp, Device::cpu()));
+    }
   }
   impl_->core =
       std::make_unique<EngineCore>(std::move(executor), impl_->tokenizer.get(), std::move(options));

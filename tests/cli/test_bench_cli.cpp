@@ -62,5 +62,19 @@ TEST(BenchCli, SparsePoliciesRunAndBadOnesAreClearErrors) {
   EXPECT_NE(r.err.find("sparse policies run in the engine's commands"), std::string::npos) << r.err;
 }
 
+TEST(BenchCli, TensorParallelRanksRunAsThreadsOnTheCpu) {
+  auto one = run_cli("generate " + kModel + "--ids 1,2,3,4,5,6,7,8 --max-tokens 6");
+  auto two = run_cli("generate " + kModel +
+                     "--tensor-parallel-size 2 --ids 1,2,3,4,5,6,7,8 "
+                     "--max-tokens 6");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  ASSERT_EQ(two.rc, 0) << two.err;
+  EXPECT_EQ(two.out, one.out);
+  auto r = run_cli("forward " + kModel + "--tensor-parallel-size 2 --ids 1,2,3 --out /dev/null");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("tensor parallelism runs in the engine's commands"), std::string::npos)
+      << r.err;
+}
+
 }  // namespace
 }  // namespace longctx

@@ -93,6 +93,10 @@ void ModelOptions::add_to(CLI::App* cmd) {
                   "tokens of one layer per ring slot with --kv-offload")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--tensor-parallel-size,--tp", tensor_parallel_size,
+                  "ranks of a tensor-parallel model: CPU threads, or GPUs from --device's index on "
+                  "(docs/tensor_parallel.md)")
+      ->capture_default_str();
   cmd->add_option("--sparse-policy", sparse.policy,
                   "attention over selected KV blocks: full (exact), quest (decode) or xattention "
                   "(prefill); docs/sparse.md")
@@ -152,6 +156,7 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.offload_slots = r.offload_slots;
   engine.offload_slot_tokens = r.offload_slot_tokens;
   engine.sparse = sparse;
+  engine.tensor_parallel_size = tensor_parallel_size;
 }
 
 std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint) const {
@@ -159,6 +164,11 @@ std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> ch
                 "--sparse-policy {}: this command runs the model directly; sparse policies run in "
                 "the engine's commands (generate, needle, ruler, serve, bench throughput)",
                 sparse.policy);
+  LONGCTX_CHECK(tensor_parallel_size == 1, ErrorCode::kUnsupported,
+                "--tensor-parallel-size {}: this command runs the model directly; tensor "
+                "parallelism runs in the engine's commands (generate, needle, ruler, serve, bench "
+                "throughput)",
+                tensor_parallel_size);
   ModelBuildOptions options = build_options(*checkpoint);
   options.device = resolve_device(device);
   if (options.device.is_cuda())

@@ -38,6 +38,7 @@ struct ModelOptions {
   int64_t offload_slots = 4;
   int64_t offload_slot_tokens = 32768;
   SparseOptions sparse;  // --sparse-policy and its parameters
+  int64_t tensor_parallel_size = 1;
 
   void add_to(CLI::App* cmd);
   // Loads (or makes) the checkpoint; throws Error naming what is wrong with the options.
