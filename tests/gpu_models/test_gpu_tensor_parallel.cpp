@@ -1,8 +1,9 @@
 // Tensor parallelism's GPU pieces with the one GPU this machine has: an NCCL communicator of one
 // rank (its all-reduce and column gather), and a model holding it (every collective of a sharded
 // forward runs through NCCL: the vocab-parallel embedding, the row-parallel all-reduces, the
-// gathered logits) equal to the whole model bit for bit, eagerly and with the engine's CUDA
-// graphs capturing the collectives. Two ranks need two GPUs (docs/tensor_parallel.md).
+// gathered logits) equal to the whole model bit for bit, eagerly, with the engine's CUDA graphs
+// capturing the collectives, and with the KV offloaded. Two ranks need two GPUs
+// (docs/tensor_parallel.md).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -107,6 +108,36 @@ TEST(GpuTensorParallel, OneNcclRankModelEqualsTheWholeModel) {
         EXPECT_EQ(a[i].logprobs[k].logprob, b[i].logprobs[k].logprob) << name << " " << k;
     }
   }
+}
+
+// Offload per rank: a rank's runner keeps its KV heads in its own host pool; with one NCCL rank
+// and a GPU cache of a few blocks (most of the prompt through the ring) the logits are the whole
+// model's offloaded logits, bit for bit.
+TEST(GpuTensorParallel, OffloadWithOneNcclRank) {
+  auto ck = std::make_shared<const Checkpoint>(load_checkpoint(fixture_dir("tiny-qwen3")));
+  ModelBuildOptions o;
+  o.device = Device::cuda(0);
+  o.rope_inv_freq_dtype = DType::kBF16;
+  o.activation_dtype = DType::kF16;
+  GpuRunnerOptions r;
+  r.block_size = 16;
+  r.max_model_len = 1024;
+  r.max_num_batched_tokens = 128;
+  r.max_num_seqs = 4;
+  r.enforce_eager = true;
+  r.kv_offload = true;
+  r.host_kv_bytes = 64ll << 20;
+  r.offload_slots = 2;
+  r.offload_slot_tokens = 48;
+  r.num_gpu_blocks = 128 / 16 + 2 * 4 + 2;
+  const ReferenceCase ref = reference_case("tiny-qwen3", 515);
+  GpuRunner whole(create_model(ck, o), r);
+  const Tensor want = whole.prompt_logits(ref.input_ids);
+  ModelBuildOptions t = o;
+  t.communicator = make_nccl_communicators({0})[0];
+  GpuRunner one_rank(create_model(ck, t), r);
+  EXPECT_TRUE(same_bits(want, one_rank.prompt_logits(ref.input_ids)));
+  EXPECT_GT(one_rank.offload_counters().ring_blocks_loaded, 0);
 }
 
 }  // namespace
