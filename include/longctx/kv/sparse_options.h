@@ -18,8 +18,9 @@ struct SparseOptions {
   double threshold = 0.9;  // attention mass each query block keeps, in (0, 1]
   int64_t stride = 8;      // antidiagonal stride of the estimate
 
-  // Throws Error(kInvalidArgument) naming the flag: an unknown policy, a budget <= 0 or not above
-  // sink + window, a threshold outside (0, 1], a stride < 1.
+  // Throws Error(kInvalidArgument) naming the flag: an unknown policy; for quest a budget not
+  // above sink + window (or a negative sink, a window < 1); a threshold outside (0, 1], a stride
+  // outside [1, 128].
   void validate() const;
 };
 

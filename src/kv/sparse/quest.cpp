@@ -6,7 +6,6 @@
 // the score is the mean bound over all q heads and every KV head reads the same list.
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 #include "kv/sparse/policies.h"
 #include "longctx/core/error.h"

@@ -46,13 +46,15 @@ void SparseOptions::validate() const {
     LONGCTX_THROW(ErrorCode::kInvalidArgument, "--sparse-policy '{}' is unknown (known: {})",
                   policy, known);
   }
-  LONGCTX_CHECK(sink_tokens >= 0 && window_tokens >= 1, ErrorCode::kInvalidArgument,
-                "--sparse-sink {} must be >= 0 and --sparse-window {} >= 1", sink_tokens,
-                window_tokens);
-  LONGCTX_CHECK(budget_tokens > sink_tokens + window_tokens, ErrorCode::kInvalidArgument,
-                "--sparse-budget {} must be more than --sparse-sink {} + --sparse-window {} "
-                "(those are always read)",
-                budget_tokens, sink_tokens, window_tokens);
+  if (policy == "quest") {  // the other policies do not read the budget
+    LONGCTX_CHECK(sink_tokens >= 0 && window_tokens >= 1, ErrorCode::kInvalidArgument,
+                  "--sparse-sink {} must be >= 0 and --sparse-window {} >= 1", sink_tokens,
+                  window_tokens);
+    LONGCTX_CHECK(budget_tokens > sink_tokens + window_tokens, ErrorCode::kInvalidArgument,
+                  "--sparse-budget {} must be more than --sparse-sink {} + --sparse-window {} "
+                  "(those are always read)",
+                  budget_tokens, sink_tokens, window_tokens);
+  }
   LONGCTX_CHECK(std::isfinite(threshold) && threshold > 0 && threshold <= 1,
                 ErrorCode::kInvalidArgument, "--xattn-threshold {} must be in (0, 1]", threshold);
   LONGCTX_CHECK(stride >= 1 && stride <= 128, ErrorCode::kInvalidArgument,

@@ -7,7 +7,6 @@
 // then the heaviest other blocks until the kept mass reaches `threshold` of its total.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "kernels/attention_params.h"
 #include "kv/sparse/policies.h"
