@@ -94,6 +94,17 @@ double metric(const std::string& text, const std::string& name_and_labels) {
   return std::stod(text.substr(p + name_and_labels.size() + 2));
 }
 
+// /metrics once `name_and_labels` reads `want`, or after 5 s: a finish is counted by the request's
+// event handler, which may run just after the engine goes idle.
+std::string metrics_when(int port, const std::string& name_and_labels, double want) {
+  std::string m = http_request(port, "GET", "/metrics").body;
+  for (int i = 0; i < 500 && metric(m, name_and_labels) != want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    m = http_request(port, "GET", "/metrics").body;
+  }
+  return m;
+}
+
 void expect_error(const testing::HttpResult& r, int status, const std::string& type,
                   const std::string& param = "") {
   EXPECT_EQ(r.status, status) << r.body;
@@ -351,10 +362,10 @@ TEST(ServerScripted, DisconnectMidStreamAbortsAndFrees) {
   ASSERT_TRUE(s.wait_idle()) << "the aborted request still holds the engine";
   // It stopped long before its 200 tokens (5 ms each): the abort, not the length, ended it.
   EXPECT_LT(s.steps.load(), 150);
-  const std::string m = http_request(s.port(), "GET", "/metrics").body;
-  EXPECT_EQ(
-      metric(m, "longctx:request_success_total{model_name=\"scripted\",finished_reason=\"abort\"}"),
-      1);
+  const std::string aborted =
+      "longctx:request_success_total{model_name=\"scripted\",finished_reason=\"abort\"}";
+  const std::string m = metrics_when(s.port(), aborted, 1);
+  EXPECT_EQ(metric(m, aborted), 1);
   EXPECT_EQ(metric(m, "longctx:kv_blocks_used{model_name=\"scripted\"}"), 0);
   // A non-streamed request whose client leaves is aborted too.
   {
@@ -368,11 +379,7 @@ TEST(ServerScripted, DisconnectMidStreamAbortsAndFrees) {
     sock.close();
   }
   ASSERT_TRUE(s.wait_idle());
-  const std::string m2 = http_request(s.port(), "GET", "/metrics").body;
-  EXPECT_EQ(
-      metric(m2,
-             "longctx:request_success_total{model_name=\"scripted\",finished_reason=\"abort\"}"),
-      2);
+  EXPECT_EQ(metric(metrics_when(s.port(), aborted, 2), aborted), 2);
 }
 
 TEST(ServerScripted, MetricsCountRequestsAndTokens) {
