@@ -7,19 +7,14 @@
 // LONGCTX_NPM_DIR (the folder whose node_modules holds puppeteer-core; tools/fetch_test_data.sh),
 // LONGCTX_ARTIFACT_DIR (where the screenshot goes), LONGCTX_CHROMIUM (the browser; default
 // /usr/bin/chromium, Debian's `chromium` package, tools/install_deps.sh).
-import { spawn } from "node:child_process";
-import { once } from "node:events";
 import { existsSync, mkdirSync, readFileSync, statSync } from "node:fs";
 import { createRequire } from "node:module";
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
 
-const env = (name) => {
-  const v = process.env[name];
-  assert.ok(v, `${name} must be set (see the header of this file)`);
-  return v;
-};
+import { env, startServer } from "./serve_helper.mjs";
+
 
 // Missing pieces fail the test (CI installs both), with what to install.
 const chromium = process.env.LONGCTX_CHROMIUM || "/usr/bin/chromium";
@@ -33,33 +28,6 @@ try {
 } catch (e) {
   assert.fail(`puppeteer-core not found under ${env("LONGCTX_NPM_DIR")} (${e.code || e.message}): ` +
               "run tools/fetch_test_data.sh");
-}
-
-async function startServer(args, extraEnv = {}) {
-  const proc = spawn(
-    env("LONGCTX_BIN"),
-    ["serve", "--model", env("LONGCTX_MODEL_DIR"), "--device", "cpu", "--port", "0",
-     "--max-model-len", "4096", "--served-model-name", "needle", ...args],
-    { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...extraEnv } });
-  let stderr = "";
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error("no 'listening' line in 60 s: " + stderr)), 60000);
-    proc.stderr.on("data", (d) => {
-      stderr += d;
-      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(stderr);
-      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
-    });
-    proc.on("exit", (code) => reject(new Error(`serve exited with ${code}: ${stderr}`)));
-  });
-  return {
-    proc, port, url: `http://127.0.0.1:${port}`,
-    async stop() {
-      const exited = once(proc, "exit");
-      proc.kill("SIGTERM");
-      const [code, signal] = await exited;
-      return { code, signal };
-    },
-  };
 }
 
 describe("chat page in headless Chromium (needle, CPU)", () => {

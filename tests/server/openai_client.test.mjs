@@ -3,46 +3,14 @@
 // bodies, the API key, and a clean exit on SIGTERM.
 // Environment: LONGCTX_BIN (the longctx binary), LONGCTX_MODEL_DIR (models/needle),
 // LONGCTX_NPM_DIR (the folder whose node_modules holds openai; tools/fetch_test_data.sh).
-import { spawn } from "node:child_process";
-import { once } from "node:events";
 import { createRequire } from "node:module";
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 
-const env = (name) => {
-  const v = process.env[name];
-  assert.ok(v, `${name} must be set (see the header of this file)`);
-  return v;
-};
+import { env, startServer } from "./serve_helper.mjs";
+
 const require = createRequire(env("LONGCTX_NPM_DIR") + "/package.json");
 const OpenAI = require("openai");
-
-async function startServer(args, extraEnv = {}) {
-  const proc = spawn(
-    env("LONGCTX_BIN"),
-    ["serve", "--model", env("LONGCTX_MODEL_DIR"), "--device", "cpu", "--port", "0",
-     "--max-model-len", "4096", "--served-model-name", "needle", ...args],
-    { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...extraEnv } });
-  let stderr = "";
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error("no 'listening' line in 60 s: " + stderr)), 60000);
-    proc.stderr.on("data", (d) => {
-      stderr += d;
-      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(stderr);
-      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
-    });
-    proc.on("exit", (code) => reject(new Error(`serve exited with ${code}: ${stderr}`)));
-  });
-  return {
-    proc, port, url: `http://127.0.0.1:${port}`,
-    async stop() {
-      const exited = once(proc, "exit");
-      proc.kill("SIGTERM");
-      const [code, signal] = await exited;
-      return { code, signal };
-    },
-  };
-}
 
 const client = (server, apiKey = "unused") =>
   new OpenAI({ baseURL: server.url + "/v1", apiKey, maxRetries: 0, timeout: 60000 });
