@@ -13,6 +13,7 @@
 #include "engine/cuda_graphs.h"
 #include "engine/gpu_sampler.h"
 #include "engine/step_batch.h"
+#include "kernels/quest_params.h"
 #include "kv/paged_kv_pool.h"
 #include "loader/weight_spec.h"
 #include "longctx/core/device_memory.h"
@@ -33,6 +34,26 @@ int64_t resolve_block_size(const GpuRunnerOptions& o) {
 
 int64_t resolve_max_model_len(const ModelConfig& c, const GpuRunnerOptions& o) {
   return o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
+}
+
+bool quest(const GpuRunnerOptions& o) { return o.sparse.policy == "quest"; }
+
+// Quest's device bytes for `num_blocks` engine blocks.
+int64_t quest_bytes(const ModelConfig& c, const GpuRunnerOptions& o, int64_t block_size,
+                    int64_t max_model_len, int64_t num_blocks) {
+  if (!quest(o)) return 0;
+  kernels::QuestBudget b;
+  b.page_tokens = static_cast<int>(o.sparse.page_tokens);
+  b.budget_tokens = static_cast<int>(std::min<int64_t>(o.sparse.budget_tokens, 1 << 30));
+  b.sink_tokens = static_cast<int>(std::min<int64_t>(o.sparse.sink_tokens, 1 << 30));
+  b.window_tokens = static_cast<int>(std::min<int64_t>(o.sparse.window_tokens, 1 << 30));
+  LONGCTX_CHECK(b.page_tokens >= 1 && block_size % b.page_tokens == 0, ErrorCode::kInvalidArgument,
+                "--sparse-page {} must be positive and divide the KV block size {}",
+                o.sparse.page_tokens, block_size);
+  const kernels::QuestBytes q =
+      kernels::quest_gpu_bytes(b, c.num_hidden_layers, block_size, c.num_key_value_heads,
+                               c.head_dim, kBf16, o.max_num_seqs, max_model_len);
+  return q.per_block * num_blocks + q.fixed;
 }
 
 int64_t weight_bytes(const ModelConfig& config) {
@@ -57,19 +78,21 @@ std::string GpuMemoryPlan::str() const {
     return fmt::format(
         "budget {}: weights {}, activations {}, workspaces {}, KV offload: GPU cache {} ({} "
         "blocks of {} tokens, {} per block), ring {} ({} blocks of one layer per slot), merge "
-        "buffers {}; host KV pool {} (pinned, {} blocks = {} tokens = {} max_model_len "
-        "sequences)",
+        "buffers {}, sparse {}; host KV pool {} (pinned, {} blocks = {} tokens = {} "
+        "max_model_len sequences)",
         format_bytes(budget), format_bytes(weights), format_bytes(activations),
         format_bytes(workspaces), format_bytes(kv_bytes()), num_kv_blocks, block_size,
         format_bytes(kv_block_bytes), format_bytes(ring_bytes), slot_blocks,
-        format_bytes(offload_buffers), format_bytes(host_kv_bytes()), num_host_blocks,
+        format_bytes(offload_buffers), format_bytes(sparse), format_bytes(host_kv_bytes()),
+        num_host_blocks,
         num_host_blocks * block_size,
         max_model_len > 0 ? num_host_blocks * block_size / max_model_len : 0);
   return fmt::format(
-      "budget {}: weights {}, activations {}, workspaces {}, CUDA graphs {}, KV pool {} ({} "
-      "blocks of {} tokens, {} per block, {} tokens = {} max_model_len sequences)",
+      "budget {}: weights {}, activations {}, workspaces {}, CUDA graphs {}, sparse {}, KV pool "
+      "{} ({} blocks of {} tokens, {} per block, {} tokens = {} max_model_len sequences)",
       format_bytes(budget), format_bytes(weights), format_bytes(activations),
-      format_bytes(workspaces), format_bytes(graphs), format_bytes(kv_bytes()), num_kv_blocks,
+      format_bytes(workspaces), format_bytes(graphs), format_bytes(sparse), format_bytes(kv_bytes()),
+      num_kv_blocks,
       block_size, format_bytes(kv_block_bytes), kv_tokens(),
       max_model_len > 0 ? kv_tokens() / max_model_len : 0);
 }
@@ -99,8 +122,9 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
   p.offload_buffers = rows * config.head_dim * 8 + rows * 8;  // fp32 partial and merged states
   const int64_t host = options.host_kv_bytes > 0 ? options.host_kv_bytes : default_host_kv_bytes();
   p.num_host_blocks = host / p.kv_block_bytes;
-  const int64_t left =
-      p.budget - p.weights - p.activations - p.workspaces - p.ring_bytes - p.offload_buffers;
+  p.sparse = quest_bytes(config, options, p.block_size, p.max_model_len, p.num_host_blocks);
+  const int64_t left = p.budget - p.weights - p.activations - p.workspaces - p.ring_bytes -
+                       p.offload_buffers - p.sparse;
   p.num_kv_blocks =
       options.num_gpu_blocks > 0
           ? options.num_gpu_blocks
@@ -135,7 +159,9 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   p.activations = options.max_num_batched_tokens * activation_bytes_per_token(config);
   // Logits rows, and the sampler's copies of penalized rows.
   p.workspaces = kWorkspaceBytes + 2 * options.max_num_seqs * config.vocab_size * 4;
-  p.graphs = options.enforce_eager ? 0 : decode_graph_memory_bytes(config, options.max_num_seqs);
+  p.graphs = options.enforce_eager || quest(options)
+                 ? 0
+                 : decode_graph_memory_bytes(config, options.max_num_seqs);
   PagedKVPoolConfig kv{config.num_hidden_layers,
                        config.num_key_value_heads,
                        config.head_dim,
@@ -146,9 +172,14 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   p.kv_block_bytes = kv.bytes_per_block();
   const int64_t per_seq = (p.max_model_len + p.block_size - 1) / p.block_size;
   if (options.kv_offload) return plan_offload(config, options, p, per_seq);
-  const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs;
+  const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs -
+                       quest_bytes(config, options, p.block_size, p.max_model_len, 0);
+  const int64_t per_block =
+      p.kv_block_bytes + quest_bytes(config, options, p.block_size, p.max_model_len, 1) -
+      quest_bytes(config, options, p.block_size, p.max_model_len, 0);
   p.num_kv_blocks = options.num_gpu_blocks > 0 ? options.num_gpu_blocks
-                                               : std::max<int64_t>(0, left / p.kv_block_bytes);
+                                               : std::max<int64_t>(0, left / per_block);
+  p.sparse = quest_bytes(config, options, p.block_size, p.max_model_len, p.num_kv_blocks);
   // As vLLM: refuse a configuration that cannot hold even one sequence of max_model_len.
   LONGCTX_CHECK(p.num_kv_blocks >= per_seq, ErrorCode::kOutOfMemory,
                 "GPU memory plan: the KV cache holds {} tokens, less than one sequence of "
@@ -214,6 +245,7 @@ struct GpuRunner::Impl {
         pool->v(l).select(0, c.dst).copy_from(pool->v(l).select(0, c.src));
       }
     }
+    paged_backend_copy_blocks(*attention, copies);
   }
 
   // One forward; device f32 logits of the rows the batch asks for.
@@ -339,6 +371,8 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
     d.device = m.model->device();
     d.max_tokens = options.max_num_batched_tokens;
     d.max_seqs = options.max_num_seqs;
+    d.sparse = options.sparse;
+    d.max_model_len = m.plan.max_model_len;
     auto backend =
         std::make_unique<OffloadAttentionBackend>(d.geometry, make_cuda_offload_device(d));
     backend->set_layer_block_bytes(d.layer_block_bytes());
@@ -358,9 +392,10 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   // Entries, not distinct blocks: shared prefix blocks and the graphs' padding block repeat.
   limits.max_blocks =
       options.max_num_seqs * ((m.plan.max_model_len + m.plan.block_size - 1) / m.plan.block_size);
+  limits.max_seq_len = m.plan.max_model_len;
   m.max_blocks = limits.max_blocks;
   m.attention = make_paged_attention_backend(*m.pool, c.num_attention_heads,
-                                             m.model->attention_scale(), limits);
+                                             m.model->attention_scale(), limits, options.sparse);
 }
 
 GpuRunner::~GpuRunner() = default;
@@ -372,7 +407,7 @@ int64_t GpuRunner::vocab_size() const { return impl_->model->config().vocab_size
 KVBlockLayout GpuRunner::kv_layout() const {
   if (impl_->offload != nullptr) return {impl_->plan.num_host_blocks, impl_->plan.block_size};
   // With graphs the last block is the padding sequences' scratch block, never handed out.
-  const int64_t reserved = impl_->options.enforce_eager ? 0 : 1;
+  const int64_t reserved = impl_->options.enforce_eager || quest(impl_->options) ? 0 : 1;
   return {impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};
 }
 
@@ -460,7 +495,8 @@ void GpuRunner::attach_engine() {
                 "GPU runner: {} standalone sequences still hold blocks", m.owned.size());
   m.engine_attached = true;
   m.sampler = std::make_unique<GpuSampler>(m.options.max_num_seqs, vocab_size(), m.model->device());
-  if (!m.options.enforce_eager && m.pool != nullptr) {  // offload steps are not graph-shaped
+  // Offload steps are not graph-shaped; quest's decode steps run eagerly.
+  if (!m.options.enforce_eager && m.pool != nullptr && !quest(m.options)) {
     DecodeGraphOptions g;
     g.max_num_seqs = m.options.max_num_seqs;
     g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine

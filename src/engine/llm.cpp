@@ -106,9 +106,10 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     configure_device_memory(impl_->device.index, config.gpu_memory_limit,
                             config.gpu_memory_utilization);
     config.sparse.validate();
-    LONGCTX_CHECK(config.sparse.policy == "full", ErrorCode::kUnsupported,
-                  "--sparse-policy {} runs on the CPU engine so far (--device cpu); the GPU "
-                  "path is not built yet",
+    LONGCTX_CHECK(config.sparse.policy == "full" || config.sparse.policy == "quest",
+                  ErrorCode::kUnsupported,
+                  "--sparse-policy {} runs on the CPU engine so far (--device cpu); on the GPU "
+                  "quest is built",
                   config.sparse.policy);
     GpuRunnerOptions gpu;
     gpu.block_size = config.block_size;
@@ -122,6 +123,7 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     gpu.gpu_kv_bytes = config.gpu_kv_budget;
     gpu.offload_slots = config.offload_slots;
     gpu.offload_slot_tokens = config.offload_slot_tokens;
+    gpu.sparse = config.sparse;
     if (tp == 1) {
       impl_->runner = std::make_shared<GpuRunner>(create_model(impl_->checkpoint, build), gpu);
       executor = make_gpu_executor(impl_->runner);

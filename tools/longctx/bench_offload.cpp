@@ -37,7 +37,7 @@ void run(const Options& o) {
   LONGCTX_CHECK(o.decode_steps > 0 && !o.context_lens.empty(), ErrorCode::kInvalidArgument,
                 "bench offload: --decode-steps and --context-len must be given and positive");
   std::shared_ptr<const Checkpoint> checkpoint = o.model.load();
-  std::shared_ptr<Model> model = o.model.create(checkpoint);
+  std::shared_ptr<Model> model = o.model.create(checkpoint, /*runs_sparse=*/true);
   LONGCTX_CHECK(model->device().is_cuda(), ErrorCode::kUnsupported,
                 "bench offload runs on a CUDA device");
   const int64_t longest = *std::max_element(o.context_lens.begin(), o.context_lens.end());
@@ -48,8 +48,9 @@ void run(const Options& o) {
   GpuRunner runner(model, r);
   const GpuMemoryPlan& plan = runner.memory_plan();
   const double link = r.kv_offload ? measure_host_to_device_gbps(model->device(), 1ll << 30) : 0;
-  std::printf("bench offload: %s, %s\n  plan: %s\n", r.kv_offload ? "KV offload" : "resident KV",
-              model->device().str().c_str(), plan.str().c_str());
+  std::printf("bench offload: %s, %s, sparse policy %s\n  plan: %s\n",
+              r.kv_offload ? "KV offload" : "resident KV", model->device().str().c_str(),
+              r.sparse.policy.c_str(), plan.str().c_str());
   if (r.kv_offload) std::printf("  link: pinned host -> device %.1f GB/s (1 GiB copy)\n", link);
   std::mt19937_64 rng(o.seed);
   const int32_t vocab = static_cast<int32_t>(model->config().vocab_size);

@@ -111,6 +111,9 @@ void ModelOptions::add_to(CLI::App* cmd) {
   cmd->add_flag(
       "--sparse-head-averaged", [this](int64_t) { sparse.per_head = false; },
       "quest: one block list from scores averaged over heads (default: per KV head)");
+  cmd->add_option("--sparse-page", sparse.page_tokens,
+                  "quest on the GPU: tokens per selected page, dividing --block-size")
+      ->capture_default_str();
   cmd->add_option("--xattn-threshold", sparse.threshold,
                   "xattention: attention mass each query block keeps")
       ->capture_default_str();
@@ -130,6 +133,7 @@ GpuRunnerOptions ModelOptions::runner_options() const {
   r.gpu_kv_bytes = gpu_kv_budget.empty() ? 0 : parse_byte_size(gpu_kv_budget, "--gpu-kv-budget");
   r.offload_slots = offload_slots;
   r.offload_slot_tokens = offload_slot_tokens;
+  r.sparse = sparse;
   return r;
 }
 
@@ -159,10 +163,12 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.tensor_parallel_size = tensor_parallel_size;
 }
 
-std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint) const {
-  LONGCTX_CHECK(sparse.policy == "full", ErrorCode::kUnsupported,
+std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint,
+                                            bool runs_sparse) const {
+  LONGCTX_CHECK(runs_sparse || sparse.policy == "full", ErrorCode::kUnsupported,
                 "--sparse-policy {}: this command runs the model directly; sparse policies run in "
-                "the engine's commands (generate, needle, ruler, serve, bench throughput)",
+                "the engine's commands (generate, needle, ruler, serve, bench throughput) and bench "
+                "offload",
                 sparse.policy);
   LONGCTX_CHECK(tensor_parallel_size == 1, ErrorCode::kUnsupported,
                 "--tensor-parallel-size {}: this command runs the model directly; tensor "

@@ -12,6 +12,7 @@
 
 #include "longctx/core/tensor.h"
 #include "longctx/engine/executor.h"
+#include "longctx/kv/sparse_options.h"
 
 namespace longctx {
 
@@ -34,6 +35,9 @@ struct GpuRunnerOptions {
   int64_t gpu_kv_bytes = 0;
   int64_t offload_slots = 4;
   int64_t offload_slot_tokens = 32768;
+  // Sparse attention (docs/sparse.md): full, or quest on decode steps (with or without offload;
+  // decode steps then run without CUDA graphs).
+  SparseOptions sparse;
 };
 
 // See docs/architecture.md for the measurement behind the default.
@@ -50,6 +54,7 @@ struct GpuMemoryPlan {
   int64_t activations = 0;     // max_num_batched_tokens x activation_bytes_per_token
   int64_t workspaces = 0;      // GEMM, attention plans, logits, sampler
   int64_t graphs = 0;          // CUDA graphs of decode steps (their private pool)
+  int64_t sparse = 0;          // a sparse policy's metadata and selection buffers
   int64_t kv_block_bytes = 0;  // K + V of every layer for one block
   int64_t num_kv_blocks = 0;   // the GPU pool (with offload: the GPU cache of host blocks)
   int64_t block_size = 0;

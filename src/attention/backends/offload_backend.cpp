@@ -27,8 +27,21 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   limits.max_blocks = std::numeric_limits<int32_t>::max();
   check_paged_batch(batch, g.block_size, g.num_host_blocks, limits);
   plan_ = planner_.plan(batch, copies_, [this](uint64_t t) { return device_->ticket_done(t); });
-  copies_.clear();
+  sparse_step_ = device_->sparse();
+  for (int64_t s = 0; s < batch.num_seqs() && sparse_step_; ++s)
+    sparse_step_ = batch.q_len(s) == 1;
+  if (sparse_step_) plan_.items.clear();  // the device reads the selected host pages in place
   device_->begin_step(plan_);
+  if (device_->sparse()) {
+    std::vector<int32_t> loc;
+    if (sparse_step_)
+      for (int32_t host : batch.block_tables) {
+        const int32_t gpu = planner_.gpu_block(host);
+        loc.push_back(gpu >= 0 ? gpu : -host - 1);
+      }
+    device_->plan_sparse(batch, loc, copies_);
+  }
+  copies_.clear();
   total_loads_ = g.num_layers * static_cast<int64_t>(plan_.items.size());
   next_load_ = 0;
   next_layer_ = 0;
@@ -43,6 +56,10 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   stats_.host_bytes_loaded +=
       static_cast<int64_t>(plan_.loads.size()) * g.num_layers * layer_block_bytes_;
   planned_ = true;
+}
+
+Tensor OffloadDevice::attend_sparse(int64_t, const Tensor&) {
+  LONGCTX_THROW(ErrorCode::kInternal, "KV offload: this device has no sparse policy");
 }
 
 void OffloadAttentionBackend::issue_load(int64_t g) {
@@ -64,14 +81,19 @@ Tensor OffloadAttentionBackend::attend(int64_t layer, const Tensor& q) {
   LONGCTX_CHECK(planned_ && layer == next_layer_, ErrorCode::kInternal,
                 "KV offload: attend(layer {}) out of order (expected layer {})", layer,
                 next_layer_);
-  device_->attend_resident(layer, q);
-  const int64_t items = static_cast<int64_t>(plan_.items.size());
-  for (int64_t t = 0; t < items; ++t) {
-    const int64_t item = layer * items + t;
-    device_->attend_slot(item % g.num_slots, layer, t, q);
-    if (next_load_ < total_loads_) issue_load(next_load_++);
+  Tensor o;
+  if (sparse_step_) {
+    o = device_->attend_sparse(layer, q);
+  } else {
+    device_->attend_resident(layer, q);
+    const int64_t items = static_cast<int64_t>(plan_.items.size());
+    for (int64_t t = 0; t < items; ++t) {
+      const int64_t item = layer * items + t;
+      device_->attend_slot(item % g.num_slots, layer, t, q);
+      if (next_load_ < total_loads_) issue_load(next_load_++);
+    }
+    o = device_->finish_layer(layer, q);
   }
-  Tensor o = device_->finish_layer(layer, q);
   if (++next_layer_ == g.num_layers) {
     device_->end_step();
     planned_ = false;

@@ -23,6 +23,7 @@
 #include "kv/offload_planner.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/block_copy.h"
+#include "longctx/kv/sparse_options.h"
 #include "longctx/models/forward_batch.h"
 
 namespace longctx {
@@ -37,6 +38,10 @@ struct OffloadDeviceConfig {
   Device device = Device::cpu();
   int64_t max_tokens = 0;  // tokens per step
   int64_t max_seqs = 0;    // sequences per step
+  // CUDA only: quest reads the selected pages of decode steps itself (attention_backends/
+  // quest_cuda.h), host pages in place; other steps run as without it.
+  SparseOptions sparse;
+  int64_t max_model_len = 0;
   // CPU simulation only: a write-back lands this many steps after it was issued, unless a load
   // or a reuse waits for it first (tests the planner's tickets).
   int64_t cpu_write_back_lag = 1;
@@ -77,6 +82,16 @@ class OffloadDevice {
   virtual Tensor finish_layer(int64_t layer, const Tensor& q) = 0;
   // After the last layer: the plan's write-backs.
   virtual void end_step() = 0;
+
+  // A sparse policy (SparseOptions) that reads host blocks itself.
+  virtual bool sparse() const { return false; }
+  // After begin_step, with sparse(): the engine's copies (its metadata follows them) and, on a
+  // decode step the device attends itself, where each batch.block_tables entry is (GPU block
+  // g >= 0, or host block h as -h - 1); empty otherwise (the plan's ring items run).
+  virtual void plan_sparse(const ForwardBatch& /*batch*/, std::span<const int32_t> /*block_loc*/,
+                           std::span<const KVBlockCopy> /*copies*/) {}
+  // Instead of attend_resident .. finish_layer on such a step.
+  virtual Tensor attend_sparse(int64_t layer, const Tensor& q);
 };
 
 std::unique_ptr<OffloadDevice> make_cpu_offload_device(const OffloadDeviceConfig& config);
@@ -115,6 +130,7 @@ class OffloadAttentionBackend final : public AttentionBackend {
   int64_t layer_block_bytes_ = 0;
   int64_t total_loads_ = 0, next_load_ = 0, next_layer_ = 0;
   bool planned_ = false;
+  bool sparse_step_ = false;  // the device attends the selected pages itself (no ring)
 };
 
 }  // namespace longctx

@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "attention/backends/offload_backend.h"
+#include "attention/backends/quest_cuda.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/kv_store.h"
@@ -89,6 +91,50 @@ class CudaOffloadDevice final : public OffloadDevice {
       ready_.emplace_back(device_);
       free_.emplace_back(device_);
     }
+    c.sparse.validate();
+    LONGCTX_CHECK(c.sparse.policy == "full" || c.sparse.policy == "quest", ErrorCode::kUnsupported,
+                  "--sparse-policy {} with KV offload: not built yet (quest is; docs/sparse.md)",
+                  c.sparse.policy);
+    if (c.sparse.policy == "quest") {
+      QuestCudaConfig q;
+      q.options = c.sparse;
+      q.num_layers = g_.num_layers;
+      q.num_blocks = g_.num_host_blocks;  // the engine's block ids
+      q.block_size = g_.block_size;
+      q.num_qo_heads = c.num_qo_heads;
+      q.num_kv_heads = c.num_kv_heads;
+      q.head_dim = c.head_dim;
+      q.dtype = c.dtype;
+      q.sm_scale = c.sm_scale;
+      q.device = device_;
+      q.max_seqs = c.max_seqs;
+      q.max_model_len = c.max_model_len > 0 ? c.max_model_len : g_.num_host_blocks * g_.block_size;
+      quest_ = std::make_unique<QuestCuda>(q);
+      // The gather reads host pages in place: the pool's device view (UVA maps pinned memory).
+      LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev_, host_.data_ptr(), 0));
+    }
+  }
+
+  bool sparse() const override { return quest_ != nullptr; }
+
+  void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
+                   std::span<const KVBlockCopy> copies) override {
+    cudaStream_t compute = stream();
+    quest_->copy_blocks(copies, compute);
+    quest_->plan(batch, plan_->slots, block_loc, compute);
+    // Host pages are read by the compute stream: after write-backs of them still in flight.
+    if (!block_loc.empty() && plan_->load_wait_ticket) wait_ticket(compute, plan_->load_wait_ticket);
+  }
+
+  Tensor attend_sparse(int64_t layer, const Tensor& q) override {
+    q_ = q.contiguous();
+    Tensor out = Tensor::empty({q.size(0), c_.num_qo_heads * c_.head_dim}, c_.dtype, device_);
+    const int64_t v_off = page_ * esize_;
+    const QuestCuda::Memory mem[2] = {
+        {gpu_at(layer, 0), static_cast<char*>(gpu_at(layer, 0)) + v_off, 2 * page_},
+        {host_dev_at(layer), static_cast<char*>(host_dev_at(layer)) + v_off, 2 * page_}};
+    quest_->attend(layer, q_.data_ptr(), out.data_ptr(), nullptr, mem, stream());
+    return out;
   }
 
   ~CudaOffloadDevice() override {
@@ -154,6 +200,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.num_pages = static_cast<int>(2 * g_.num_gpu_blocks - 1);
     p.dtype = c_.dtype;
     kernels::cuda::kv_store_run(p, stream());
+    if (quest_ != nullptr) quest_->update_meta(layer, gpu_at(layer, 0), 2 * page_, stream());
   }
 
   void attend_resident(int64_t layer, const Tensor& q) override {
@@ -213,6 +260,9 @@ class CudaOffloadDevice final : public OffloadDevice {
     return static_cast<char*>(ring_.data_ptr()) + (slot * g_.slot_blocks + b) * block_bytes_;
   }
   const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
+  char* host_dev_at(int64_t layer) const {
+    return static_cast<char*>(host_dev_) + layer * g_.num_host_blocks * block_bytes_;
+  }
 
   void wait_ticket(cudaStream_t s, uint64_t ticket) {
     if (ticket_done(ticket)) return;
@@ -443,6 +493,8 @@ class CudaOffloadDevice final : public OffloadDevice {
   std::vector<CallPlan> items_;
   int64_t slots_ = 0;  // word offset of the int64 slots
   const OffloadStepPlan* plan_ = nullptr;
+  std::unique_ptr<QuestCuda> quest_;  // --sparse-policy quest
+  void* host_dev_ = nullptr;          // host_'s device address (quest reads it in place)
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "attention/backends/paged_backend.h"
+#include "attention/backends/quest_cuda.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/kv_store.h"
@@ -21,7 +22,7 @@ using kernels::KvStoreParams;
 using kernels::MaskMode;
 using kernels::PagedPrefillParams;
 
-enum class Path { kDecode, kPrefill, kGeneric };
+enum class Path { kDecode, kPrefill, kGeneric, kQuest };
 
 // Offsets (in int32 words) of the index arrays inside the one staging buffer.
 struct IndexLayout {
@@ -40,7 +41,7 @@ struct IndexLayout {
 class PagedAttentionBackend final : public AttentionBackend {
  public:
   PagedAttentionBackend(const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale,
-                        const PagedBackendLimits& limits)
+                        const PagedBackendLimits& limits, const SparseOptions& sparse)
       : pool_(pool),
         device_(pool.config().device),
         num_qo_heads_(static_cast<int>(num_qo_heads)),
@@ -71,6 +72,30 @@ class PagedAttentionBackend final : public AttentionBackend {
           static_cast<int>(c.head_dim));
     workspace_ = Tensor::empty(
         {static_cast<int64_t>(std::max(prefill_ws_bytes_, decode_ws_bytes_))}, DType::kU8, device_);
+    sparse.validate();
+    LONGCTX_CHECK(sparse.policy == "full" || sparse.policy == "quest", ErrorCode::kUnsupported,
+                  "--sparse-policy {} on the GPU: not built yet (quest is; docs/sparse.md)",
+                  sparse.policy);
+    if (sparse.policy == "quest") {
+      QuestCudaConfig q;
+      q.options = sparse;
+      q.num_layers = c.num_layers;
+      q.num_blocks = c.num_blocks;
+      q.block_size = c.block_size;
+      q.num_qo_heads = num_qo_heads;
+      q.num_kv_heads = c.num_kv_heads;
+      q.head_dim = c.head_dim;
+      q.dtype = c.dtype;
+      q.sm_scale = sm_scale;
+      q.device = device_;
+      q.max_seqs = limits.max_seqs;
+      q.max_model_len = limits.max_seq_len > 0 ? limits.max_seq_len : c.num_blocks * c.block_size;
+      quest_ = std::make_unique<QuestCuda>(q);
+    }
+  }
+
+  void copy_blocks(std::span<const KVBlockCopy> copies) {
+    if (quest_ != nullptr) quest_->copy_blocks(copies, current_cuda_stream(device_.index));
   }
 
   void plan(const ForwardBatch& batch) override {
@@ -113,7 +138,16 @@ class PagedAttentionBackend final : public AttentionBackend {
     params_.sm_scale = sm_scale_;
     // q, o and the caches are set per layer in attend(); the support checks read shapes only.
     const bool fast = fast_head_dim_ && kernels::cuda::paged_prefill_supported(params_);
-    if (fast && all_decode) {
+    // Quest: decode steps read the selected pages only (graph-shaped batches run dense).
+    const bool quest_decode = quest_ != nullptr && all_decode && !batch.fixed_launch_shapes;
+    if (quest_ != nullptr)
+      quest_->plan(batch, batch.slot_mapping,
+                   quest_decode ? std::span<const int32_t>(batch.block_tables)
+                                : std::span<const int32_t>(),
+                   stream);
+    if (quest_decode) {
+      path_ = Path::kQuest;
+    } else if (fast && all_decode) {
       path_ = Path::kDecode;
       kernels::cuda::DecodeGraphMode graph;
       graph.num_padding = batch.num_padding_seqs;
@@ -167,6 +201,9 @@ class PagedAttentionBackend final : public AttentionBackend {
     p.num_pages = static_cast<int>(c.num_blocks);
     p.dtype = c.dtype;
     kernels::cuda::kv_store_run(p, current_cuda_stream(device_.index));
+    if (quest_ != nullptr)
+      quest_->update_meta(layer, p.k_cache, c.block_size * c.num_kv_heads * c.head_dim,
+                          current_cuda_stream(device_.index));
   }
 
   Tensor attend(int64_t layer, const Tensor& q) override {
@@ -174,7 +211,14 @@ class PagedAttentionBackend final : public AttentionBackend {
     Tensor qc = q.contiguous();  // q is a view of the fused QKV output; the kernels read [T, H, d]
     Tensor o = Tensor::empty(q.shape(), q.dtype(), device_);
     cudaStream_t stream = current_cuda_stream(device_.index);
-    if (path_ == Path::kDecode) {
+    if (path_ == Path::kQuest) {
+      const PagedKVPoolConfig& c = pool_.config();
+      const QuestCuda::Memory mem[2] = {
+          {pool_.k(layer).data_ptr(), pool_.v(layer).data_ptr(),
+           c.block_size * c.num_kv_heads * c.head_dim},
+          {}};
+      quest_->attend(layer, qc.data_ptr(), o.data_ptr(), nullptr, mem, stream);
+    } else if (path_ == Path::kDecode) {
       DecodeParams d;
       d.q = qc.data_ptr();
       d.k_cache = pool_.k(layer).data_ptr();
@@ -253,6 +297,7 @@ class PagedAttentionBackend final : public AttentionBackend {
   kernels::cuda::PrefillPlan prefill_plan_;
   kernels::cuda::DecodePlan decode_plan_;
   std::vector<void*> captured_decode_;  // cudaGraphNode_t of decode launches under capture
+  std::unique_ptr<QuestCuda> quest_;    // --sparse-policy quest
   int num_seqs_ = 0, num_tokens_ = 0;
   bool planned_ = false;
 };
@@ -269,10 +314,15 @@ std::vector<void*> take_captured_decode_nodes(AttentionBackend& backend) {
   return paged ? paged->take_captured_decode_nodes() : std::vector<void*>{};
 }
 
+void paged_backend_copy_blocks(AttentionBackend& backend, std::span<const KVBlockCopy> copies) {
+  if (auto* paged = dynamic_cast<PagedAttentionBackend*>(&backend)) paged->copy_blocks(copies);
+}
+
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
                                                                int64_t num_qo_heads, float sm_scale,
-                                                               const PagedBackendLimits& limits) {
-  return std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits);
+                                                               const PagedBackendLimits& limits,
+                                                               const SparseOptions& sparse) {
+  return std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits, sparse);
 }
 
 }  // namespace longctx

@@ -14,9 +14,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kv/paged_kv_pool.h"
+#include "longctx/kv/block_copy.h"
+#include "longctx/kv/sparse_options.h"
 #include "longctx/models/forward_batch.h"
 
 namespace longctx {
@@ -25,13 +28,20 @@ struct PagedBackendLimits {
   int64_t max_tokens = 0;  // tokens per step
   int64_t max_seqs = 0;    // sequences per step
   int64_t max_blocks = 0;  // block-table entries per step (all sequences)
+  int64_t max_seq_len = 0;  // keys per sequence (sparse policies size their buffers by it)
 };
 
-// Throws Error(kUnsupported) in a build without CUDA or for a pool not on a CUDA device.
+// Throws Error(kUnsupported) in a build without CUDA or for a pool not on a CUDA device, and
+// for a sparse policy other than full or quest (quest: decode steps, attention_backends/
+// quest_cuda.h; other steps and CUDA graphs run dense).
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
                                                                int64_t num_qo_heads,
                                                                float sm_scale,
-                                                               const PagedBackendLimits& limits);
+                                                               const PagedBackendLimits& limits,
+                                                               const SparseOptions& sparse = {});
+// The engine copied whole blocks (copy-on-write): a sparse policy's metadata follows. No-op
+// for any other backend or without a policy.
+void paged_backend_copy_blocks(AttentionBackend& backend, std::span<const KVBlockCopy> copies);
 
 // CTAs of the split-KV decode kernel's grid in the last plan() of `backend` (a paged backend);
 // 0 when that plan takes another kernel, or for any other backend.

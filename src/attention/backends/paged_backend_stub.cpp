@@ -6,7 +6,8 @@
 namespace longctx {
 
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool&, int64_t, float,
-                                                               const PagedBackendLimits&) {
+                                                               const PagedBackendLimits&,
+                                                               const SparseOptions&) {
   LONGCTX_THROW(ErrorCode::kUnsupported,
                 "paged GPU attention: this build of longctx has no CUDA backend (configure with "
                 "-DLONGCTX_CUDA=ON)");
@@ -14,6 +15,7 @@ std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool
 
 int64_t paged_decode_grid(const AttentionBackend&) { return 0; }
 std::vector<void*> take_captured_decode_nodes(AttentionBackend&) { return {}; }
+void paged_backend_copy_blocks(AttentionBackend&, std::span<const KVBlockCopy>) {}
 
 }  // namespace longctx
 #endif

@@ -1,0 +1,289 @@
+#include "attention/backends/quest_cuda.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "kernels/cpu/quest_cpu.h"
+#include "kernels/cuda/paged_generic.h"
+#include "kernels/cuda/quest.h"
+#include "longctx/core/cuda_check.h"
+#include "longctx/core/device_memory.h"
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+namespace {
+
+kernels::QuestBudget budget_of(const SparseOptions& o) {
+  kernels::QuestBudget b;
+  b.page_tokens = static_cast<int>(o.page_tokens);
+  b.budget_tokens = static_cast<int>(std::min<int64_t>(o.budget_tokens, 1 << 30));
+  b.sink_tokens = static_cast<int>(std::min<int64_t>(o.sink_tokens, 1 << 30));
+  b.window_tokens = static_cast<int>(std::min<int64_t>(o.window_tokens, 1 << 30));
+  return b;
+}
+
+struct Sizes {
+  int64_t pages_per_block, max_pages, max_selected, meta_block_bytes;
+};
+
+Sizes sizes_of(const QuestCudaConfig& c) {
+  const kernels::QuestBudget b = budget_of(c.options);
+  kernels::cpu::check_quest_budget(b, static_cast<int>(c.block_size));
+  Sizes s;
+  s.pages_per_block = c.block_size / b.page_tokens;
+  s.max_pages = (c.max_model_len + b.page_tokens - 1) / b.page_tokens;
+  s.max_selected = std::min<int64_t>(kernels::quest_max_selected(b), s.max_pages);
+  s.meta_block_bytes = s.pages_per_block * c.num_kv_heads * 2 * c.head_dim *
+                       static_cast<int64_t>(dtype_size(c.dtype));
+  return s;
+}
+
+int64_t quest_bytes(const QuestCudaConfig& c) {
+  const kernels::QuestBytes b = kernels::quest_gpu_bytes(
+      budget_of(c.options), c.num_layers, c.block_size, c.num_kv_heads, c.head_dim,
+      static_cast<int64_t>(dtype_size(c.dtype)), c.max_seqs, c.max_model_len);
+  return b.per_block * c.num_blocks + b.fixed;
+}
+
+}  // namespace
+
+QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), staged_(c.device) {
+  LONGCTX_CHECK(c.options.policy == "quest", ErrorCode::kInternal,
+                "QuestCuda for policy '{}'", c.options.policy);
+  LONGCTX_CHECK(c.num_layers > 0 && c.num_blocks > 0 && c.max_seqs > 0 && c.max_model_len > 0 &&
+                    c.num_kv_heads > 0 && c.num_qo_heads % c.num_kv_heads == 0,
+                ErrorCode::kInvalidArgument, "quest: bad cache shape");
+  budget_ = budget_of(c.options);
+  const Sizes s = sizes_of(c);
+  pages_per_block_ = s.pages_per_block;
+  max_pages_ = s.max_pages;
+  max_selected_ = s.max_selected;
+  meta_block_bytes_ = s.meta_block_bytes;
+  generic_ = !(c.head_dim == 64 || c.head_dim == 128) || kernels::cuda::paged_generic_forced();
+  const int64_t page = budget_.page_tokens;
+  try {
+    meta_ = Tensor::empty({c.num_layers * c.num_blocks * meta_block_bytes_}, DType::kU8, c.device);
+    scores_ = Tensor::empty({c.max_seqs * c.num_kv_heads * max_pages_}, DType::kF32, c.device);
+    selected_ = Tensor::empty({c.max_seqs * c.num_kv_heads * max_selected_}, DType::kI32, c.device);
+    const int64_t compact = c.max_seqs * max_selected_ * page * c.num_kv_heads * c.head_dim;
+    compact_k_ = Tensor::empty({compact}, c.dtype, c.device);
+    compact_v_ = Tensor::empty({compact}, c.dtype, c.device);
+    if (!generic_)
+      decode_ws_ = Tensor::empty(
+          {static_cast<int64_t>(kernels::cuda::decode_workspace_bytes(
+              static_cast<int>(c.max_seqs), static_cast<int>(c.num_qo_heads),
+              static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim)))},
+          DType::kU8, c.device);
+  } catch (const Error& e) {
+    LONGCTX_THROW(ErrorCode::kOutOfMemory,
+                  "quest: cannot allocate {} of GPU memory for the page metadata and the "
+                  "selection buffers (lower --max-num-seqs or --sparse-budget): {}",
+                  format_bytes(quest_bytes(c)), e.what());
+  }
+}
+
+int64_t QuestCuda::put(std::span<const int32_t> v) {
+  while (words_.size() % 4) words_.push_back(0);  // 16-byte aligned arrays
+  const int64_t at = static_cast<int64_t>(words_.size());
+  words_.insert(words_.end(), v.begin(), v.end());
+  return at;
+}
+
+void* QuestCuda::meta_layer(int64_t layer) const {
+  return static_cast<char*>(meta_.data_ptr()) + layer * c_.num_blocks * meta_block_bytes_;
+}
+
+void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
+                     std::span<const int32_t> block_loc, cudaStream_t stream) {
+  staged_.synchronize();  // the previous step's copy out of the staging buffer has finished
+  words_.clear();
+  const int64_t bs = c_.block_size, page = budget_.page_tokens;
+  LONGCTX_CHECK(cache_slots.size() == batch.slot_mapping.size(), ErrorCode::kInternal,
+                "quest: {} cache slots for {} new tokens", cache_slots.size(),
+                batch.slot_mapping.size());
+  // Touched pages: (cache block, meta block, page) -> rows up to the highest new row.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int32_t> touched;
+  for (size_t t = 0; t < cache_slots.size(); ++t) {
+    const int64_t meta_slot = batch.slot_mapping[t], cache_slot = cache_slots[t];
+    if (meta_slot < 0) continue;
+    const int64_t off = meta_slot % bs;
+    int32_t& rows = touched[{cache_slot / bs, meta_slot / bs, off / page}];
+    rows = std::max<int32_t>(rows, static_cast<int32_t>(off % page + 1));
+  }
+  std::vector<int32_t> pages;
+  for (const auto& [key, rows] : touched) {
+    const auto [cache_block, meta_block, pg] = key;
+    pages.insert(pages.end(), {static_cast<int32_t>(cache_block), static_cast<int32_t>(meta_block),
+                               static_cast<int32_t>(pg), rows});
+  }
+  num_pages_ = static_cast<int64_t>(touched.size());
+  pages_at_ = put(pages);
+
+  decode_ = !block_loc.empty();
+  batch_ = static_cast<int>(batch.num_seqs());
+  if (decode_) {
+    LONGCTX_CHECK(batch.num_seqs() <= c_.max_seqs && block_loc.size() == batch.block_tables.size(),
+                  ErrorCode::kInternal, "quest: {} sequences (max {}), {} block codes for {} blocks",
+                  batch.num_seqs(), c_.max_seqs, block_loc.size(), batch.block_tables.size());
+    indptr_at_ = put(batch.block_table_indptr);
+    tables_at_ = put(batch.block_tables);
+    loc_at_ = put(block_loc);
+    lens_at_ = put(batch.kv_lens);
+    // The compact decode: sequence b is page b of max_selected * page tokens.
+    std::vector<int32_t> indptr(batch_ + 1), indices(batch_), last(batch_), qo(batch_ + 1);
+    for (int b = 0; b < batch_; ++b) {
+      const int32_t kv = batch.kv_lens[b];
+      LONGCTX_CHECK(batch.q_len(b) == 1 && kv >= 1 && kv <= max_pages_ * page,
+                    ErrorCode::kInternal, "quest: sequence {} decodes {} rows over {} keys", b,
+                    batch.q_len(b), kv);
+      const kernels::QuestCount cnt = kernels::quest_count(kv, budget_);
+      indptr[b + 1] = b + 1;
+      indices[b] = b;
+      qo[b + 1] = b + 1;
+      // Every list ends with the sequence's last page (the window is never empty).
+      last[b] = static_cast<int32_t>((cnt.num_selected - 1) * page + (kv - (cnt.num_pages - 1) * page));
+      stats_.pages_read += int64_t(cnt.num_selected) * c_.num_kv_heads * c_.num_layers;
+      stats_.pages_total += int64_t(cnt.num_pages) * c_.num_kv_heads * c_.num_layers;
+    }
+    ++stats_.decode_steps;
+    dec_indptr_at_ = put(indptr);
+    dec_indices_at_ = put(indices);
+    dec_last_at_ = put(last);
+    qo_at_ = put(qo);
+    if (!generic_)
+      decode_plan_ = kernels::cuda::decode_plan(
+          indptr.data(), last.data(), batch_, static_cast<int>(max_selected_ * page),
+          static_cast<int>(c_.num_qo_heads), static_cast<int>(c_.num_kv_heads),
+          static_cast<int>(c_.head_dim), decode_ws_.data_ptr(), decode_ws_.numel(), stream);
+  }
+  const int64_t n = static_cast<int64_t>(words_.size());
+  if (n == 0) return;
+  if (host_words_.numel() < n) {
+    host_words_ = Tensor::empty_pinned({n * 2}, DType::kI32);
+    indices_ = Tensor::empty({n * 2}, DType::kI32, c_.device);
+  }
+  std::memcpy(host_words_.data_ptr(), words_.data(), n * sizeof(int32_t));
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_words_.data_ptr(),
+                                     n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  staged_.record_on(stream);
+}
+
+void QuestCuda::update_meta(int64_t layer, const void* k_cache, int64_t block_stride,
+                            cudaStream_t stream) {
+  kernels::QuestMetaParams p;
+  p.k_cache = k_cache;
+  p.block_stride = block_stride;
+  p.meta = meta_layer(layer);
+  p.pages = dev(pages_at_);
+  p.num_pages = static_cast<int>(num_pages_);
+  p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
+  p.head_dim = static_cast<int>(c_.head_dim);
+  p.page_tokens = budget_.page_tokens;
+  p.pages_per_block = static_cast<int>(pages_per_block_);
+  p.dtype = c_.dtype;
+  kernels::cuda::quest_meta_run(p, stream);
+}
+
+void QuestCuda::copy_blocks(std::span<const KVBlockCopy> copies, cudaStream_t stream) {
+  const size_t pitch = static_cast<size_t>(c_.num_blocks * meta_block_bytes_);
+  char* base = static_cast<char*>(meta_.data_ptr());
+  for (const KVBlockCopy& cp : copies) {
+    LONGCTX_CHECK(cp.src >= 0 && cp.src < c_.num_blocks && cp.dst >= 0 && cp.dst < c_.num_blocks,
+                  ErrorCode::kInternal, "quest: block copy {} -> {} outside {} blocks", cp.src,
+                  cp.dst, c_.num_blocks);
+    LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(base + cp.dst * meta_block_bytes_, pitch,
+                                         base + cp.src * meta_block_bytes_, pitch,
+                                         static_cast<size_t>(meta_block_bytes_), c_.num_layers,
+                                         cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+void QuestCuda::attend(int64_t layer, const void* q, void* o, float* o_f32,
+                       const Memory (&mem)[2], cudaStream_t stream) {
+  LONGCTX_CHECK(decode_, ErrorCode::kInternal, "quest: attend on a step that is not a decode");
+  kernels::QuestSelectParams s;
+  s.q = q;
+  s.meta = meta_layer(layer);
+  s.block_indptr = dev(indptr_at_);
+  s.block_tables = dev(tables_at_);
+  s.kv_lens = dev(lens_at_);
+  s.scores = scores_.data<float>();
+  s.selected = selected_.data<int32_t>();
+  s.batch = batch_;
+  s.num_qo_heads = static_cast<int>(c_.num_qo_heads);
+  s.num_kv_heads = static_cast<int>(c_.num_kv_heads);
+  s.head_dim = static_cast<int>(c_.head_dim);
+  s.pages_per_block = static_cast<int>(pages_per_block_);
+  s.max_pages = static_cast<int>(max_pages_);
+  s.max_selected = static_cast<int>(max_selected_);
+  s.budget = budget_;
+  s.per_head = c_.options.per_head;
+  s.dtype = c_.dtype;
+  kernels::cuda::quest_select_run(s, stream);
+
+  kernels::QuestGatherParams g;
+  for (int m = 0; m < 2; ++m) {
+    g.k_base[m] = mem[m].k;
+    g.v_base[m] = mem[m].v;
+    g.block_stride[m] = mem[m].block_stride;
+  }
+  g.block_indptr = dev(indptr_at_);
+  g.block_loc = dev(loc_at_);
+  g.kv_lens = dev(lens_at_);
+  g.selected = selected_.data<int32_t>();
+  g.out_k = compact_k_.data_ptr();
+  g.out_v = compact_v_.data_ptr();
+  g.batch = batch_;
+  g.num_kv_heads = s.num_kv_heads;
+  g.head_dim = s.head_dim;
+  g.pages_per_block = s.pages_per_block;
+  g.max_selected = s.max_selected;
+  g.budget = budget_;
+  g.dtype = c_.dtype;
+  kernels::cuda::quest_gather_run(g, stream);
+
+  const int page_size = static_cast<int>(max_selected_ * budget_.page_tokens);
+  if (!generic_) {
+    kernels::DecodeParams d;
+    d.q = q;
+    d.k_cache = compact_k_.data_ptr();
+    d.v_cache = compact_v_.data_ptr();
+    d.o = o;
+    d.o_f32 = o_f32;
+    d.kv_indptr = dev(dec_indptr_at_);
+    d.kv_indices = dev(dec_indices_at_);
+    d.kv_last_page_len = dev(dec_last_at_);
+    d.batch_size = batch_;
+    d.num_qo_heads = s.num_qo_heads;
+    d.num_kv_heads = s.num_kv_heads;
+    d.head_dim = s.head_dim;
+    d.page_size = page_size;
+    d.dtype = c_.dtype;
+    d.sm_scale = c_.sm_scale;
+    kernels::cuda::decode_run(d, decode_plan_, stream);
+    return;
+  }
+  kernels::PagedPrefillParams p;
+  p.q = q;
+  p.k_cache = compact_k_.data_ptr();
+  p.v_cache = compact_v_.data_ptr();
+  p.o = o;
+  p.o_f32 = o_f32;
+  p.qo_indptr = dev(qo_at_);
+  p.kv_indptr = dev(dec_indptr_at_);
+  p.kv_indices = dev(dec_indices_at_);
+  p.kv_last_page_len = dev(dec_last_at_);
+  p.batch_size = batch_;
+  p.num_qo_heads = s.num_qo_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.page_size = page_size;
+  p.dtype = c_.dtype;
+  p.mask_mode = kernels::MaskMode::kNone;
+  p.sm_scale = c_.sm_scale;
+  kernels::cuda::paged_generic_run(p, batch_, stream);
+}
+
+}  // namespace longctx

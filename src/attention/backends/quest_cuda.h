@@ -1,0 +1,104 @@
+// Quest's decode path on the GPU (docs/sparse.md), shared by the resident paged backend and the
+// CUDA offload device. Per step, plan() stages the pages the new tokens touch and, on a decode
+// step (every sequence one new token), each sequence's block table twice: as metadata ids (the
+// engine's block ids) and as where its keys are (QuestGatherParams::block_loc). Per layer:
+//   update_meta()  after the keys are stored: the touched pages' key min / max;
+//   attend()       select (per KV head, or head-averaged) -> gather the chosen pages' K / V into a
+//                  compact buffer (host pages read in place over the link) -> the split-KV decode
+//                  kernel (head_dim 64 / 128; the generic kernel otherwise) over it, one page per
+//                  sequence.
+// Nothing after plan() reads host memory or synchronizes. How many pages each sequence reads
+// follows from its length alone (quest_count), so the decode plan is made on the host in plan().
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/cuda/decode.h"
+#include "kernels/quest_params.h"
+#include "longctx/core/stream.h"
+#include "longctx/core/tensor.h"
+#include "longctx/kv/block_copy.h"
+#include "longctx/kv/sparse_options.h"
+#include "longctx/models/forward_batch.h"
+
+namespace longctx {
+
+struct QuestCudaConfig {
+  SparseOptions options;  // policy "quest"
+  int64_t num_layers = 0, num_blocks = 0, block_size = 0;  // num_blocks: the engine's block ids
+  int64_t num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
+  DType dtype = DType::kBF16;
+  float sm_scale = 0.f;
+  Device device = Device::cuda();
+  int64_t max_seqs = 0, max_model_len = 0;
+};
+
+// Pages selected and pages the sequences hold, summed over decode steps and layers.
+struct QuestStats {
+  int64_t decode_steps = 0;
+  int64_t pages_read = 0;
+  int64_t pages_total = 0;
+};
+
+class QuestCuda {
+ public:
+  // Throws Error(kInvalidArgument) for a page size that does not divide the block or a bad
+  // budget, Error(kOutOfMemory) when the buffers cannot be had.
+  explicit QuestCuda(const QuestCudaConfig& c);
+
+  // Before the step's first store_kv. cache_slots [T]: where store_kv writes each new token
+  // (cache block * block_size + offset); block_loc: per batch.block_tables entry its
+  // QuestGatherParams::block_loc code, empty when this step is not a Quest decode step.
+  void plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
+            std::span<const int32_t> block_loc, cudaStream_t stream);
+  bool decodes() const { return decode_; }
+
+  // After layer `layer`'s keys were stored: k_cache's block b at element b * block_stride.
+  void update_meta(int64_t layer, const void* k_cache, int64_t block_stride, cudaStream_t stream);
+  // Copy-on-write of whole blocks: their metadata follows.
+  void copy_blocks(std::span<const KVBlockCopy> copies, cudaStream_t stream);
+
+  struct Memory {  // one of the two memories block_loc codes name
+    const void* k = nullptr;
+    const void* v = nullptr;
+    int64_t block_stride = 0;  // elements between blocks
+  };
+  // q [batch, Hq, d] (contiguous, the cache's dtype); writes o [batch, Hq, d] or, with o_f32,
+  // fp32. mem[1] may be empty when no code names it.
+  void attend(int64_t layer, const void* q, void* o, float* o_f32, const Memory (&mem)[2],
+              cudaStream_t stream);
+
+  const QuestStats& stats() const { return stats_; }
+
+ private:
+  const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
+  int64_t put(std::span<const int32_t> v);
+  void* meta_layer(int64_t layer) const;
+
+  QuestCudaConfig c_;
+  kernels::QuestBudget budget_;
+  int64_t pages_per_block_ = 0, max_pages_ = 0, max_selected_ = 0, meta_block_bytes_ = 0;
+  bool generic_ = false;  // head_dim other than 64 / 128: the generic paged kernel
+  Tensor meta_;      // [layers][blocks][pages_per_block][Hkv][2][d] cache dtype
+  Tensor scores_;    // [max_seqs][Hkv][max_pages] f32
+  Tensor selected_;  // [max_seqs][Hkv][max_selected] i32
+  Tensor compact_k_, compact_v_;  // [max_seqs][max_selected * page][Hkv][d] cache dtype
+  Tensor decode_ws_;              // the compact decode's plan
+  Tensor host_words_;             // [words] i32 pinned staging
+  Tensor indices_;                // [words] i32 on the device
+  Event staged_;
+  std::vector<int32_t> words_;
+  int64_t pages_at_ = 0, num_pages_ = 0;  // the touched pages [num_pages_][4]
+  int64_t indptr_at_ = 0, tables_at_ = 0, loc_at_ = 0, lens_at_ = 0;
+  int64_t dec_indptr_at_ = 0, dec_indices_at_ = 0, dec_last_at_ = 0, qo_at_ = 0;
+  int batch_ = 0;
+  bool decode_ = false;
+  kernels::cuda::DecodePlan decode_plan_;
+  QuestStats stats_;
+};
+
+}  // namespace longctx

@@ -1,0 +1,137 @@
+// Quest's decode kernels on the CPU, written for reading: one (page, head) at a time.
+#include "kernels/cpu/quest_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "kernels/cpu/decode_elem.h"
+#include "longctx/core/error.h"
+
+namespace longctx::kernels::cpu {
+
+using decode_detail::load_f32;
+
+void check_quest_budget(const QuestBudget& b, int block_size) {
+  LONGCTX_CHECK(b.page_tokens >= 1 && block_size >= 1 && block_size % b.page_tokens == 0,
+                ErrorCode::kInvalidArgument,
+                "quest: --sparse-page {} must be positive and divide the KV block size {}",
+                b.page_tokens, block_size);
+  LONGCTX_CHECK(b.sink_tokens >= 0 && b.window_tokens >= 1 &&
+                    b.budget_tokens > b.sink_tokens + b.window_tokens,
+                ErrorCode::kInvalidArgument,
+                "quest: --sparse-budget {} must be more than --sparse-sink {} + --sparse-window {} "
+                "(window >= 1)",
+                b.budget_tokens, b.sink_tokens, b.window_tokens);
+}
+
+void quest_meta_update(const QuestMetaParams& p) {
+  const int64_t d = p.head_dim, hkv = p.num_kv_heads, row = hkv * d;
+  const size_t es = dtype_size(p.dtype);
+  for (int e = 0; e < p.num_pages; ++e) {
+    const int32_t* pg = p.pages + 4 * e;
+    const int64_t src_block = pg[0], meta_block = pg[1], page = pg[2], rows = pg[3];
+    const int64_t first = src_block * p.block_stride + page * p.page_tokens * row;
+    for (int64_t h = 0; h < hkv; ++h) {
+      const int64_t m = ((meta_block * p.pages_per_block + page) * hkv + h) * 2 * d;
+      for (int64_t i = 0; i < d; ++i) {
+        // Copy the extreme element itself: no conversion, so the metadata is the keys' bits.
+        int64_t lo = first + h * d + i, hi = lo;
+        for (int64_t r = 1; r < rows; ++r) {
+          const int64_t at = first + r * row + h * d + i;
+          if (load_f32(p.k_cache, at, p.dtype) < load_f32(p.k_cache, lo, p.dtype)) lo = at;
+          if (load_f32(p.k_cache, at, p.dtype) > load_f32(p.k_cache, hi, p.dtype)) hi = at;
+        }
+        const char* k = static_cast<const char*>(p.k_cache);
+        char* meta = static_cast<char*>(p.meta);
+        std::memcpy(meta + (m + i) * es, k + lo * es, es);
+        std::memcpy(meta + (m + d + i) * es, k + hi * es, es);
+      }
+    }
+  }
+}
+
+float quest_page_score(const QuestSelectParams& p, int b, int h, int page) {
+  const int64_t d = p.head_dim, hkv = p.num_kv_heads, group = p.num_qo_heads / hkv;
+  const int32_t block = p.block_tables[p.block_indptr[b] + page / p.pages_per_block];
+  auto bound = [&](int64_t qh) {
+    const int64_t m = ((int64_t(block) * p.pages_per_block + page % p.pages_per_block) * hkv +
+                       qh / group) * 2 * d;
+    float s = 0.f;
+    for (int64_t i = 0; i < d; ++i) {
+      const float q = load_f32(p.q, (int64_t(b) * p.num_qo_heads + qh) * d + i, p.dtype);
+      s += std::max(q * load_f32(p.meta, m + i, p.dtype), q * load_f32(p.meta, m + d + i, p.dtype));
+    }
+    return s;
+  };
+  if (!p.per_head) {
+    float sum = 0.f;
+    for (int64_t qh = 0; qh < p.num_qo_heads; ++qh) sum += bound(qh);
+    return sum / static_cast<float>(p.num_qo_heads);
+  }
+  float best = bound(h * group);
+  for (int64_t g = 1; g < group; ++g) best = std::max(best, bound(h * group + g));
+  return best;
+}
+
+void quest_select(const QuestSelectParams& p) {
+  for (int b = 0; b < p.batch; ++b) {
+    const QuestCount c = quest_count(p.kv_lens[b], p.budget);
+    LONGCTX_CHECK(c.num_selected <= p.max_selected && c.num_pages <= p.max_pages,
+                  ErrorCode::kInvalidArgument,
+                  "quest select: sequence {} of {} keys selects {} of {} pages (limits {} / {})",
+                  b, p.kv_lens[b], c.num_selected, c.num_pages, p.max_selected, p.max_pages);
+    for (int h = 0; h < p.num_kv_heads; ++h) {
+      int32_t* out = p.selected + (int64_t(b) * p.num_kv_heads + h) * p.max_selected;
+      std::vector<int32_t> pick;
+      if (c.all) {
+        pick.resize(c.num_pages);
+        std::iota(pick.begin(), pick.end(), 0);
+      } else {
+        std::vector<int32_t> cand;
+        std::vector<float> score(c.num_pages);
+        for (int j = 0; j < c.num_pages; ++j) {
+          if (j < c.sink_pages || j >= c.window_first) {
+            pick.push_back(j);
+            continue;
+          }
+          cand.push_back(j);
+          score[j] = quest_page_score(p, b, h, j);
+        }
+        std::stable_sort(cand.begin(), cand.end(),
+                         [&](int32_t x, int32_t y) { return score[x] > score[y]; });
+        pick.insert(pick.end(), cand.begin(), cand.begin() + c.num_free);
+        std::sort(pick.begin(), pick.end());
+      }
+      std::copy(pick.begin(), pick.end(), out);
+    }
+  }
+}
+
+void quest_gather(const QuestGatherParams& p) {
+  const int64_t d = p.head_dim, hkv = p.num_kv_heads, row = hkv * d, pt = p.budget.page_tokens;
+  const size_t es = dtype_size(p.dtype);
+  for (int b = 0; b < p.batch; ++b) {
+    const QuestCount c = quest_count(p.kv_lens[b], p.budget);
+    for (int h = 0; h < hkv; ++h) {
+      const int32_t* sel = p.selected + (int64_t(b) * hkv + h) * p.max_selected;
+      for (int i = 0; i < c.num_selected; ++i) {
+        const int page = sel[i];
+        const int32_t loc = p.block_loc[p.block_indptr[b] + page / p.pages_per_block];
+        const int mem = loc >= 0 ? 0 : 1;
+        const int64_t block = loc >= 0 ? loc : -int64_t(loc) - 1;
+        const int64_t src = block * p.block_stride[mem] + (page % p.pages_per_block) * pt * row;
+        const int64_t dst = (int64_t(b) * p.max_selected + i) * pt * row;
+        for (int64_t r = 0; r < pt; ++r) {
+          const int64_t s = (src + r * row + h * d) * es, t = (dst + r * row + h * d) * es;
+          std::memcpy(static_cast<char*>(p.out_k) + t,
+                      static_cast<const char*>(p.k_base[mem]) + s, d * es);
+          std::memcpy(static_cast<char*>(p.out_v) + t,
+                      static_cast<const char*>(p.v_base[mem]) + s, d * es);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace longctx::kernels::cpu

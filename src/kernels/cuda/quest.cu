@@ -1,0 +1,305 @@
+#include "kernels/cuda/quest.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cub/block/block_scan.cuh>
+#include <cstdint>
+
+#include "longctx/core/cuda_check.h"
+#include "longctx/core/error.h"
+
+namespace longctx::kernels::cuda {
+
+namespace {
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
+// ---- metadata ----
+
+template <typename T>
+__global__ void meta_kernel(QuestMetaParams p) {
+  const int e = blockIdx.x, h = blockIdx.y, d = p.head_dim;
+  const int32_t* pg = p.pages + 4 * e;
+  const int64_t src_block = pg[0], meta_block = pg[1], page = pg[2];
+  const int rows = pg[3];
+  const int64_t row = int64_t(p.num_kv_heads) * d;
+  const T* k = static_cast<const T*>(p.k_cache) + src_block * p.block_stride +
+               page * p.page_tokens * row + int64_t(h) * d;
+  T* m = static_cast<T*>(p.meta) +
+         ((meta_block * p.pages_per_block + page) * p.num_kv_heads + h) * 2 * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    T lo = k[i], hi = lo;
+    float flo = to_f32(lo), fhi = flo;
+    for (int r = 1; r < rows; ++r) {
+      const T v = k[r * row + i];
+      const float f = to_f32(v);
+      if (f < flo) flo = f, lo = v;
+      if (f > fhi) fhi = f, hi = v;
+    }
+    m[i] = lo;
+    m[d + i] = hi;
+  }
+}
+
+// ---- selection ----
+
+constexpr int kSelectThreads = 256;
+constexpr int kWarps = kSelectThreads / 32;
+constexpr int kMaxLaneDims = 8;  // head_dim <= 256
+
+// Orders floats as unsigned integers (larger float, larger key).
+__device__ __forceinline__ uint32_t score_key(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// sum_d max(q_d mn_d, q_d mx_d) of the lane's dims, summed over the warp.
+template <typename T>
+__device__ __forceinline__ float page_bound(const float* q, const T* meta, int d, int lane) {
+  float s = 0.f;
+#pragma unroll
+  for (int t = 0; t < kMaxLaneDims; ++t) {
+    const int i = lane + 32 * t;
+    if (i < d) {
+      const float qi = q[i];
+      s += fmaxf(qi * to_f32(meta[i]), qi * to_f32(meta[d + i]));
+    }
+  }
+  return warp_sum(s);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(QuestSelectParams p) {
+  extern __shared__ float q_s[];  // [heads read][d]
+  __shared__ int hist[256];
+  __shared__ int found_bin, found_remaining;
+  using Scan = cub::BlockScan<int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, d = p.head_dim, hkv = p.num_kv_heads;
+  const int group = p.num_qo_heads / hkv;
+  const QuestCount c = quest_count(p.kv_lens[b], p.budget);
+  int32_t* out = p.selected + (int64_t(b) * hkv + h) * p.max_selected;
+  if (c.all) {
+    for (int j = tid; j < c.num_pages; j += kSelectThreads) out[j] = j;
+    return;
+  }
+  const int cand_begin = c.sink_pages, cand_end = c.window_first;
+  const int candidates = cand_end - cand_begin;
+  float* sc = p.scores + (int64_t(b) * hkv + h) * p.max_pages;
+  const int32_t* table = p.block_tables + p.block_indptr[b];
+  // 0: no candidate is taken, 1: every candidate, 2: those above the threshold key (and the
+  // first `need_equal` equal to it).
+  const int mode = c.num_free == 0 ? 0 : c.num_free == candidates ? 1 : 2;
+
+  if (mode == 2) {
+    const int nq = p.per_head ? group : p.num_qo_heads, q0 = p.per_head ? h * group : 0;
+    const T* q = static_cast<const T*>(p.q) + (int64_t(b) * p.num_qo_heads + q0) * d;
+    for (int i = tid; i < nq * d; i += kSelectThreads) q_s[i] = to_f32(q[i]);
+    __syncthreads();
+    const T* meta = static_cast<const T*>(p.meta);
+    for (int j = cand_begin + warp; j < cand_end; j += kWarps) {
+      const int64_t blk = table[j / p.pages_per_block];
+      const T* mp = meta + (blk * p.pages_per_block + j % p.pages_per_block) * hkv * 2 * d;
+      float score;
+      if (p.per_head) {
+        score = -INFINITY;
+        for (int g = 0; g < group; ++g)
+          score = fmaxf(score, page_bound(q_s + g * d, mp + int64_t(h) * 2 * d, d, lane));
+      } else {
+        float sum = 0.f;
+        for (int qh = 0; qh < p.num_qo_heads; ++qh)
+          sum += page_bound(q_s + qh * d, mp + int64_t(qh / group) * 2 * d, d, lane);
+        score = sum / static_cast<float>(p.num_qo_heads);
+      }
+      if (lane == 0) sc[j] = score;
+    }
+    __syncthreads();  // scores written by this CTA (global memory, block-visible after the barrier)
+  }
+
+  // Radix select of the num_free-th largest key among the candidates.
+  uint32_t prefix = 0, mask = 0;
+  int remaining = c.num_free;
+  if (mode == 2) {
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = tid; i < 256; i += kSelectThreads) hist[i] = 0;
+      __syncthreads();
+      for (int j = cand_begin + tid; j < cand_end; j += kSelectThreads) {
+        const uint32_t key = score_key(__ldcg(sc + j));
+        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+      }
+      __syncthreads();
+      if (warp == 0) {
+        // Lane l holds bins 255 - 8l down to 248 - 8l (descending keys).
+        int counts[8], lane_sum = 0;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) lane_sum += counts[t] = hist[255 - 8 * lane - t];
+        int incl = lane_sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int n = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += n;
+        }
+        const int before = incl - lane_sum;
+        if (before < remaining && incl >= remaining) {
+          int cum = before;
+          for (int t = 0; t < 8; ++t) {
+            if (cum + counts[t] >= remaining) {
+              found_bin = 255 - 8 * lane - t;
+              found_remaining = remaining - cum;
+              break;
+            }
+            cum += counts[t];
+          }
+        }
+      }
+      __syncthreads();
+      prefix |= uint32_t(found_bin) << shift;
+      mask |= 255u << shift;
+      remaining = found_remaining;
+      __syncthreads();  // found_* are rewritten by the next pass
+    }
+  }
+  const uint32_t threshold = prefix;
+  const int need_equal = remaining;
+
+  // Ordered compaction: forced pages, and the candidates the mode takes.
+  int carry_eq = 0, carry_pos = 0;
+  for (int base = 0; base < c.num_pages; base += kSelectThreads) {
+    const int j = base + tid;
+    const bool valid = j < c.num_pages;
+    const bool forced = valid && (j < cand_begin || j >= cand_end);
+    const bool cand = valid && !forced;
+    uint32_t key = 0;
+    if (cand && mode == 2) key = score_key(__ldcg(sc + j));
+    const int eq = cand && mode == 2 && key == threshold;
+    int eq_rank, eq_total;
+    Scan(scan_tmp).ExclusiveSum(eq, eq_rank, eq_total);
+    __syncthreads();
+    const bool take = forced || (cand && mode == 1) ||
+                      (cand && mode == 2 && (key > threshold || (eq && carry_eq + eq_rank < need_equal)));
+    int pos, total;
+    Scan(scan_tmp).ExclusiveSum(int(take), pos, total);
+    __syncthreads();
+    if (take) out[carry_pos + pos] = j;
+    carry_eq += eq_total;
+    carry_pos += total;
+  }
+}
+
+// ---- gather ----
+
+template <typename V>
+__global__ void gather_kernel(QuestGatherParams p, int es) {
+  const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const QuestCount c = quest_count(p.kv_lens[b], p.budget);
+  if (i >= c.num_selected) return;
+  const int hkv = p.num_kv_heads, pt = p.budget.page_tokens;
+  const int page = p.selected[(int64_t(b) * hkv + h) * p.max_selected + i];
+  const int32_t loc = p.block_loc[p.block_indptr[b] + page / p.pages_per_block];
+  const int mem = loc >= 0 ? 0 : 1;
+  const int64_t block = loc >= 0 ? loc : -int64_t(loc) - 1;
+  constexpr int kv = sizeof(V);
+  const int64_t row = int64_t(hkv) * p.head_dim * es / kv;  // in vectors
+  const int words = p.head_dim * es / kv;
+  const int64_t src = (block * p.block_stride[mem] * es) / kv +
+                      int64_t(page % p.pages_per_block) * pt * row + int64_t(h) * words;
+  const int64_t dst = (int64_t(b) * p.max_selected + i) * pt * row + int64_t(h) * words;
+  const V* k = static_cast<const V*>(p.k_base[mem]);
+  const V* v = static_cast<const V*>(p.v_base[mem]);
+  V* ok = static_cast<V*>(p.out_k);
+  V* ov = static_cast<V*>(p.out_v);
+  for (int w = threadIdx.x; w < pt * words; w += blockDim.x) {
+    const int r = w / words, col = w - r * words;
+    const V kx = k[src + r * row + col];
+    const V vx = v[src + r * row + col];
+    ok[dst + r * row + col] = kx;
+    ov[dst + r * row + col] = vx;
+  }
+}
+
+template <typename F>
+void dispatch(DType dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case DType::kBF16:
+      return f(__nv_bfloat16{});
+    case DType::kF16:
+      return f(__half{});
+    case DType::kF32:
+      return f(float{});
+    default:
+      LONGCTX_THROW(ErrorCode::kUnsupported, "{}: dtype {}", what, dtype_name(dtype));
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+void quest_meta_run(const QuestMetaParams& p, cudaStream_t stream) {
+  if (p.num_pages == 0) return;
+  LONGCTX_CHECK(p.head_dim > 0 && p.num_kv_heads > 0 && p.page_tokens > 0,
+                ErrorCode::kInvalidArgument, "quest meta: bad shape");
+  const dim3 grid(p.num_pages, p.num_kv_heads);
+  const int threads = std::min(256, (p.head_dim + 31) / 32 * 32);
+  dispatch(p.dtype, "quest meta", [&](auto t) {
+    meta_kernel<decltype(t)><<<grid, threads, 0, stream>>>(p);
+  });
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void quest_select_run(const QuestSelectParams& p, cudaStream_t stream) {
+  if (p.batch == 0) return;
+  LONGCTX_CHECK(p.head_dim >= 1 && p.head_dim <= 32 * kMaxLaneDims, ErrorCode::kUnsupported,
+                "quest select: head_dim {} (at most {})", p.head_dim, 32 * kMaxLaneDims);
+  LONGCTX_CHECK(p.num_kv_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0,
+                ErrorCode::kInvalidArgument, "quest select: {} q heads for {} kv heads",
+                p.num_qo_heads, p.num_kv_heads);
+  const int nq = p.per_head ? p.num_qo_heads / p.num_kv_heads : p.num_qo_heads;
+  const size_t smem = size_t(nq) * p.head_dim * sizeof(float);
+  LONGCTX_CHECK(smem <= 96 * 1024, ErrorCode::kUnsupported,
+                "quest select: {} q heads x head_dim {} do not fit in shared memory", nq,
+                p.head_dim);
+  const dim3 grid(p.num_kv_heads, p.batch);
+  dispatch(p.dtype, "quest select", [&](auto t) {
+    auto kernel = select_kernel<decltype(t)>;
+    if (smem > 48 * 1024)
+      LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)));
+    kernel<<<grid, kSelectThreads, smem, stream>>>(p);
+  });
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void quest_gather_run(const QuestGatherParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.max_selected == 0) return;
+  const int es = static_cast<int>(dtype_size(p.dtype));
+  LONGCTX_CHECK(es == 2 || es == 4, ErrorCode::kUnsupported, "quest gather: dtype {}",
+                dtype_name(p.dtype));
+  const int64_t row_bytes = int64_t(p.head_dim) * es;
+  bool vec = row_bytes % 16 == 0 && aligned16(p.out_k) && aligned16(p.out_v);
+  for (int m = 0; m < 2; ++m)
+    if (p.k_base[m] != nullptr)
+      vec = vec && aligned16(p.k_base[m]) && aligned16(p.v_base[m]) &&
+            (p.block_stride[m] * es) % 16 == 0;
+  const dim3 grid(p.max_selected, p.num_kv_heads, p.batch);
+  if (vec)
+    gather_kernel<uint4><<<grid, 128, 0, stream>>>(p, es);
+  else if (es == 2)
+    gather_kernel<uint16_t><<<grid, 128, 0, stream>>>(p, es);
+  else
+    gather_kernel<uint32_t><<<grid, 128, 0, stream>>>(p, es);
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace longctx::kernels::cuda

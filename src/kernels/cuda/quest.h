@@ -1,0 +1,28 @@
+// CUDA kernels of Quest's decode path (kernels/quest_params.h; CPU references in
+// kernels/cpu/quest_cpu.h):
+//   quest_meta_run    one CTA per (page, KV head): the page's key min / max (exact: the extreme
+//                     elements themselves), after the step's keys were stored;
+//   quest_select_run  one CTA per (KV head, sequence): each candidate page's bound (a warp per
+//                     page), then the num_free-th largest score by a 4-pass radix select over the
+//                     scores' ordered bits and one ordered compaction (ties: the earlier page), so
+//                     the lists come out ascending with no sort;
+//   quest_gather_run  one CTA per (selected page, KV head, sequence): the page's K and V rows
+//                     into the compact buffers, 16-byte loads where the rows allow; a source in
+//                     pinned host memory is read in place (mapped, zero-copy), which the SMs keep
+//                     at ~92% of the link's rate even for 4 KB pages (docs/sparse.md).
+// All read device memory only (no host sync): safe inside a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/quest_params.h"
+
+namespace longctx::kernels::cuda {
+
+void quest_meta_run(const QuestMetaParams& params, cudaStream_t stream);
+// Throws Error(kUnsupported) for head_dim > 256 or more q heads x head_dim than shared memory
+// holds (the queries of a CTA are staged there).
+void quest_select_run(const QuestSelectParams& params, cudaStream_t stream);
+void quest_gather_run(const QuestGatherParams& params, cudaStream_t stream);
+
+}  // namespace longctx::kernels::cuda

@@ -1,0 +1,152 @@
+// Parameter structs of Quest's decode-time kernels (docs/sparse.md), shared by the CPU references
+// (kernels/cpu/quest_cpu.h) and the CUDA kernels (kernels/cuda/quest.h). Raw pointers and plain
+// integers, as kernels/attention_params.h.
+//
+// Quest selects pages of page_tokens keys (a KV block holds pages_per_block pages). Per page and
+// KV head it keeps the elementwise min and max of the page's keys ("metadata", in the cache's
+// dtype: the min and max of bf16 keys are bf16 keys, so no rounding), laid out
+//   meta [num_blocks][pages_per_block][num_kv_heads][2 (min, max)][head_dim]
+// for one layer, indexed by the engine's block id. A decode query scores each page by
+// sum_d max(q_d min_d, q_d max_d) (the upper bound of q.k over the page's keys) and reads, per
+// KV head, the sink pages, the window pages and the best-scored others within the budget. The
+// selected pages' K and V are gathered into one compact buffer that the split-KV decode kernel
+// reads as one page per sequence.
+#pragma once
+
+#include <cstdint>
+
+#include "longctx/core/dtype.h"
+
+#if defined(__CUDACC__)
+#define LONGCTX_HD __host__ __device__
+#else
+#define LONGCTX_HD
+#endif
+
+namespace longctx::kernels {
+
+// What one sequence of kv_len keys selects (the same for every KV head).
+struct QuestCount {
+  int num_pages = 0;    // ceil(kv_len / page_tokens)
+  int sink_pages = 0;   // pages [0, sink_pages) are forced
+  int window_first = 0; // pages [window_first, num_pages) are forced
+  int num_forced = 0;   // their union
+  int num_free = 0;     // best-scored others picked (0 when all is set)
+  int num_selected = 0; // per KV head
+  bool all = false;     // the budget covers the sequence: every page, in order
+};
+
+struct QuestBudget {
+  int page_tokens = 16;
+  int budget_tokens = 4096;  // per KV head, sink and window included (whole pages)
+  int sink_tokens = 64;
+  int window_tokens = 256;  // >= 1, so the last (partial) page is always read
+};
+
+LONGCTX_HD inline QuestCount quest_count(int kv_len, const QuestBudget& b) {
+  QuestCount c;
+  const int p = b.page_tokens;
+  c.num_pages = (kv_len + p - 1) / p;
+  const int budget_pages = b.budget_tokens / p > 1 ? b.budget_tokens / p : 1;
+  if (b.budget_tokens >= kv_len || budget_pages >= c.num_pages) {
+    c.all = true;
+    c.num_selected = c.num_pages;
+    return c;
+  }
+  const int sink = (b.sink_tokens + p - 1) / p;
+  c.sink_pages = sink < c.num_pages ? sink : c.num_pages;
+  const int wf = (kv_len - b.window_tokens) / p;
+  c.window_first = kv_len > b.window_tokens ? wf : 0;
+  const int window_start = c.window_first > c.sink_pages ? c.window_first : c.sink_pages;
+  c.num_forced = c.sink_pages + (c.num_pages - window_start);
+  const int candidates = c.num_pages - c.num_forced;
+  const int free_pages = budget_pages > c.num_forced ? budget_pages - c.num_forced : 0;
+  c.num_free = free_pages < candidates ? free_pages : candidates;
+  c.num_selected = c.num_forced + c.num_free;
+  return c;
+}
+
+// The most pages quest_count() selects for any kv_len under `b` (the compact buffer's size).
+inline int quest_max_selected(const QuestBudget& b) {
+  const int p = b.page_tokens;
+  const int budget_pages = b.budget_tokens / p > 1 ? b.budget_tokens / p : 1;
+  const int forced = (b.sink_tokens + p - 1) / p + (b.window_tokens + p - 1) / p + 1;
+  // "all" selects at most budget pages + 1 (a budget that is not a whole number of pages).
+  const int all = (b.budget_tokens + p - 1) / p;
+  int m = budget_pages > forced ? budget_pages : forced;
+  return m > all ? m : all;
+}
+
+// Device bytes of Quest's GPU buffers: per KV block its pages' metadata (every layer), and the
+// fixed part (per sequence of a step: the scores, the lists and the compact K / V buffers).
+struct QuestBytes {
+  int64_t per_block = 0;
+  int64_t fixed = 0;
+};
+inline QuestBytes quest_gpu_bytes(const QuestBudget& b, int64_t num_layers, int64_t block_size,
+                                  int64_t num_kv_heads, int64_t head_dim, int64_t elem_size,
+                                  int64_t max_seqs, int64_t max_model_len) {
+  QuestBytes q;
+  const int64_t p = b.page_tokens;
+  q.per_block = num_layers * (block_size / p) * num_kv_heads * 2 * head_dim * elem_size;
+  const int64_t max_pages = (max_model_len + p - 1) / p;
+  const int64_t sel = quest_max_selected(b) < max_pages ? quest_max_selected(b) : max_pages;
+  q.fixed = max_seqs * num_kv_heads * (max_pages + sel) * 4 +
+            2 * max_seqs * sel * p * num_kv_heads * head_dim * elem_size;
+  return q;
+}
+
+// Recomputes the metadata of num_pages pages of one layer from the keys in k_cache. Entry e of
+// `pages` is {cache block, meta block, page in block, rows}: rows [0, rows) of that page (of
+// the cache block's keys, rows num_kv_heads * head_dim elements apart) are the page's keys.
+struct QuestMetaParams {
+  const void* k_cache = nullptr;  // block b's keys at element b * block_stride: [block_size, Hkv, d]
+  int64_t block_stride = 0;       // elements between cache blocks
+  void* meta = nullptr;           // [num_blocks][pages_per_block][Hkv][2][d] (one layer)
+  const int32_t* pages = nullptr; // [num_pages][4]
+  int num_pages = 0;
+  int num_kv_heads = 0, head_dim = 0, page_tokens = 0, pages_per_block = 0;
+  DType dtype = DType::kBF16;  // of k_cache and meta
+};
+
+// Selection of a batch of decoding sequences (one query each): per sequence b and KV head h the
+// ascending logical page indices it reads, selected[(b * Hkv + h) * max_selected + i] for
+// i < quest_count(kv_lens[b]).num_selected. Per KV head, a page's score is the largest bound
+// among the q heads of h's group; head-averaged (per_head = false) it is the mean bound over all
+// q heads and every KV head reads the same list. Ties go to the earlier page.
+struct QuestSelectParams {
+  const void* q = nullptr;             // [batch, Hq, d]
+  const void* meta = nullptr;          // one layer's, as QuestMetaParams::meta
+  const int32_t* block_indptr = nullptr;  // [batch + 1] into block_tables
+  const int32_t* block_tables = nullptr;  // meta block ids of each sequence's logical blocks
+  const int32_t* kv_lens = nullptr;       // [batch]
+  float* scores = nullptr;    // CUDA scratch [batch][Hkv][max_pages] (the CPU reference ignores it)
+  int32_t* selected = nullptr;  // [batch][Hkv][max_selected]
+  int batch = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int pages_per_block = 0, max_pages = 0, max_selected = 0;
+  QuestBudget budget;
+  bool per_head = true;
+  DType dtype = DType::kBF16;  // of q and meta
+};
+
+// Gather of the selected pages of one layer into the compact buffers: page i of (b, h) lands at
+// rows [i * page_tokens, (i + 1) * page_tokens) of sequence b's region of max_selected *
+// page_tokens rows, head h. A logical block's keys are in one of two memories: block_loc >= 0 is
+// block block_loc of memory 0, block_loc < 0 block -block_loc - 1 of memory 1 (with offload: the
+// GPU cache and the host pool, read in place through mapped pinned memory).
+struct QuestGatherParams {
+  const void* k_base[2] = {nullptr, nullptr};  // [blocks][block_size, Hkv, d] at block_stride
+  const void* v_base[2] = {nullptr, nullptr};
+  int64_t block_stride[2] = {0, 0};            // elements between blocks
+  const int32_t* block_indptr = nullptr;  // [batch + 1] into block_loc
+  const int32_t* block_loc = nullptr;     // per logical block, encoded as above
+  const int32_t* kv_lens = nullptr;       // [batch]
+  const int32_t* selected = nullptr;      // as QuestSelectParams::selected
+  void* out_k = nullptr;  // [batch][max_selected * page_tokens][Hkv][d]
+  void* out_v = nullptr;
+  int batch = 0, num_kv_heads = 0, head_dim = 0, pages_per_block = 0, max_selected = 0;
+  QuestBudget budget;
+  DType dtype = DType::kBF16;
+};
+
+}  // namespace longctx::kernels

@@ -1,0 +1,308 @@
+// Quest's CUDA kernels (kernels/cuda/quest.h) against their CPU references (kernels/cpu/
+// quest_cpu.h), whose selection tests/kv/test_quest_reference.cpp checks against the CPU
+// engine's policy:
+//   - metadata: byte-equal (the min / max are the keys' own bf16 values), pages with partial
+//     rows, the offload cache's [K, V]-adjacent layout; untouched metadata stays as it was;
+//   - selection: with integer-valued q and keys every score is exact in fp32 whatever the
+//     summation order, so the lists must be equal (ties are common: the earlier page wins), per
+//     KV head and head-averaged, batches of sequences from 1 key to 40K; with Gaussian data the
+//     lists must be a top-k of the CPU scores up to 1e-4 relative;
+//   - gather: byte-equal, one source on the device and one in pinned host memory read in place.
+// Every output lives in a guarded buffer; the guards must survive.
+#include "kernels/cuda/quest.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "gpu_kernels/harness.h"
+#include "kernels/cpu/quest_cpu.h"
+#include "longctx/core/cuda_check.h"
+
+namespace longctx::gpu_test {
+namespace {
+
+using kernels::QuestBudget;
+using kernels::QuestCount;
+
+struct Shape {
+  int block_size = 128, page = 16, hq = 32, hkv = 8, d = 128;
+  std::vector<int> kv_lens = {5000};
+  QuestBudget budget{16, 1024, 64, 256};
+  bool per_head = true;
+  bool integer = true;  // integer-valued keys and queries
+  uint64_t seed = 1;
+};
+
+uint16_t bf16(float x) { return f32_to_bf16(x); }
+
+// Keys of every sequence in one pool (shuffled blocks), their metadata computed on the CPU and
+// on the GPU, then the selection on both.
+void run_select_case(const Shape& s) {
+  SCOPED_TRACE(::testing::Message() << "hq " << s.hq << " hkv " << s.hkv << " d " << s.d
+                                    << " page " << s.page << " budget " << s.budget.budget_tokens
+                                    << (s.per_head ? " per-head" : " averaged")
+                                    << (s.integer ? " integer" : " gaussian"));
+  std::mt19937 rng(static_cast<uint32_t>(s.seed));
+  const int bs = s.block_size, ppb = bs / s.page, batch = static_cast<int>(s.kv_lens.size());
+  const int64_t row = int64_t(s.hkv) * s.d;
+  std::vector<int32_t> indptr = {0}, table, lens = s.kv_lens;
+  int total_blocks = 0;
+  for (int kv : s.kv_lens) {
+    total_blocks += (kv + bs - 1) / bs;
+    indptr.push_back(total_blocks);
+  }
+  const int num_blocks = total_blocks + 3;
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  table.assign(ids.begin(), ids.begin() + total_blocks);
+
+  std::normal_distribution<float> n01(0.f, 1.f);
+  auto value = [&] { return s.integer ? float(int(rng() % 9) - 4) : n01(rng); };
+  std::vector<uint16_t> keys(size_t(num_blocks) * bs * row), q(size_t(batch) * s.hq * s.d);
+  for (auto& x : keys) x = bf16(value());
+  for (auto& x : q) x = bf16(value());
+
+  // Every page of every sequence, whole or partial.
+  std::vector<int32_t> pages;
+  for (int b = 0; b < batch; ++b)
+    for (int j = 0; j * s.page < lens[b]; ++j)
+      pages.insert(pages.end(), {table[indptr[b] + j / ppb], table[indptr[b] + j / ppb], j % ppb,
+                                 std::min(s.page, lens[b] - j * s.page)});
+  const size_t meta_bytes = size_t(num_blocks) * ppb * row * 2 * 2;
+  std::vector<uint16_t> meta_ref(meta_bytes / 2, 0x7fc0);  // NaN: pages never written stay so
+  kernels::QuestMetaParams m;
+  m.block_stride = bs * row;
+  m.num_pages = static_cast<int>(pages.size() / 4);
+  m.num_kv_heads = s.hkv;
+  m.head_dim = s.d;
+  m.page_tokens = s.page;
+  m.pages_per_block = ppb;
+  m.dtype = DType::kBF16;
+  m.k_cache = keys.data();
+  m.meta = meta_ref.data();
+  m.pages = pages.data();
+  kernels::cpu::quest_meta_update(m);
+
+  GuardedBuffer d_keys(keys.size() * 2), d_pages(pages.size() * 4), d_meta(meta_bytes, 0);
+  d_keys.upload(keys.data());
+  d_pages.upload(pages.data());
+  std::vector<uint16_t> nan_meta(meta_bytes / 2, 0x7fc0);
+  d_meta.upload(nan_meta.data());
+  m.k_cache = d_keys.data();
+  m.meta = d_meta.data();
+  m.pages = static_cast<const int32_t*>(d_pages.data());
+  kernels::cuda::quest_meta_run(m, nullptr);
+  LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+  ASSERT_EQ(d_meta.download<uint16_t>(), meta_ref) << "metadata";
+  ASSERT_TRUE(d_meta.guards_intact());
+
+  int max_pages = 0;
+  for (int kv : lens) max_pages = std::max(max_pages, (kv + s.page - 1) / s.page);
+  const int max_sel = std::min(kernels::quest_max_selected(s.budget), max_pages);
+  kernels::QuestSelectParams p;
+  p.batch = batch;
+  p.num_qo_heads = s.hq;
+  p.num_kv_heads = s.hkv;
+  p.head_dim = s.d;
+  p.pages_per_block = ppb;
+  p.max_pages = max_pages;
+  p.max_selected = max_sel;
+  p.budget = s.budget;
+  p.per_head = s.per_head;
+  p.dtype = DType::kBF16;
+  std::vector<int32_t> sel_ref(size_t(batch) * s.hkv * max_sel, -1);
+  p.q = q.data();
+  p.meta = meta_ref.data();
+  p.block_indptr = indptr.data();
+  p.block_tables = table.data();
+  p.kv_lens = lens.data();
+  p.selected = sel_ref.data();
+  kernels::cpu::quest_select(p);
+
+  GuardedBuffer d_q(q.size() * 2), d_indptr(indptr.size() * 4), d_table(table.size() * 4 + 4),
+      d_lens(lens.size() * 4), d_scores(size_t(batch) * s.hkv * max_pages * 4),
+      d_sel(sel_ref.size() * 4);
+  d_q.upload(q.data());
+  d_indptr.upload(indptr.data());
+  LONGCTX_CUDA_CHECK(cudaMemcpy(d_table.data(), table.data(), table.size() * 4,
+                                cudaMemcpyHostToDevice));
+  d_lens.upload(lens.data());
+  std::vector<int32_t> minus(sel_ref.size(), -1);
+  d_sel.upload(minus.data());
+  p.q = d_q.data();
+  p.meta = d_meta.data();
+  p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+  p.block_tables = static_cast<const int32_t*>(d_table.data());
+  p.kv_lens = static_cast<const int32_t*>(d_lens.data());
+  p.scores = static_cast<float*>(d_scores.data());
+  p.selected = static_cast<int32_t*>(d_sel.data());
+  kernels::cuda::quest_select_run(p, nullptr);
+  LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<int32_t> got = d_sel.download<int32_t>();
+  ASSERT_TRUE(d_sel.guards_intact() && d_scores.guards_intact());
+  p.q = q.data();  // back to host pointers for the scores
+  p.meta = meta_ref.data();
+  p.block_indptr = indptr.data();
+  p.block_tables = table.data();
+  p.kv_lens = lens.data();
+  int64_t differing = 0;
+  for (int b = 0; b < batch; ++b) {
+    const QuestCount c = kernels::quest_count(lens[b], s.budget);
+    for (int h = 0; h < s.hkv; ++h) {
+      const size_t at = (size_t(b) * s.hkv + h) * max_sel;
+      std::vector<int32_t> g(got.begin() + at, got.begin() + at + c.num_selected);
+      std::vector<int32_t> r(sel_ref.begin() + at, sel_ref.begin() + at + c.num_selected);
+      ASSERT_TRUE(std::is_sorted(g.begin(), g.end()) &&
+                  std::adjacent_find(g.begin(), g.end()) == g.end())
+          << "sequence " << b << " head " << h << ": not ascending";
+      for (int i = c.num_selected; i < max_sel; ++i)
+        ASSERT_EQ(got[at + i], -1) << "wrote past its " << c.num_selected << " pages";
+      if (s.integer) {
+        ASSERT_EQ(g, r) << "sequence " << b << " (" << lens[b] << " keys) head " << h;
+        continue;
+      }
+      if (g == r) continue;
+      ++differing;
+      // A top-k of the CPU scores up to rounding: no unchosen candidate beats a chosen one.
+      std::vector<bool> chosen(c.num_pages, false);
+      for (int j : g) chosen[j] = true;
+      float worst_chosen = INFINITY, best_left = -INFINITY;
+      for (int j = c.sink_pages; j < c.window_first; ++j) {
+        const float sc = kernels::cpu::quest_page_score(p, b, h, j);
+        if (chosen[j]) worst_chosen = std::min(worst_chosen, sc);
+        else best_left = std::max(best_left, sc);
+      }
+      EXPECT_GE(worst_chosen, best_left - 1e-4f * (1.f + std::fabs(best_left)))
+          << "sequence " << b << " head " << h;
+    }
+  }
+  if (!s.integer) std::printf("  gaussian case: %lld of %d lists differ (near ties)\n",
+                              static_cast<long long>(differing), batch * s.hkv);
+}
+
+TEST(QuestKernels, SelectionEqualsTheReference) {
+  std::vector<Shape> shapes;
+  {
+    Shape s;  // Llama-3.1-8B heads, a batch from one key to 40K
+    s.kv_lens = {1, 17, 300, 1025, 4096, 4097, 9000, 40000};
+    shapes.push_back(s);
+    s.per_head = false;
+    shapes.push_back(s);
+  }
+  {
+    Shape s;  // the needle model's heads, pages of 8 in blocks of 64
+    s.hq = 4, s.hkv = 2, s.d = 64, s.block_size = 64, s.page = 8;
+    s.budget = {8, 500, 16, 64};
+    s.kv_lens = {70, 600, 3333, 12000};
+    shapes.push_back(s);
+    s.per_head = false;
+    shapes.push_back(s);
+  }
+  {
+    Shape s;  // odd heads: head_dim 40 and 256, MHA, page = block
+    s.hq = 3, s.hkv = 3, s.d = 40, s.block_size = 16, s.page = 16;
+    s.budget = {16, 200, 0, 1};
+    s.kv_lens = {5, 999, 2049};
+    shapes.push_back(s);
+    s.hq = 16, s.hkv = 2, s.d = 256, s.block_size = 32, s.page = 4;
+    s.budget = {4, 97, 5, 7};
+    shapes.push_back(s);
+  }
+  for (Shape s : shapes) {
+    run_select_case(s);
+    s.integer = false;
+    s.seed = 7;
+    run_select_case(s);
+  }
+}
+
+TEST(QuestKernels, GatherReadsDeviceAndPinnedHostPages) {
+  std::mt19937 rng(3);
+  const int bs = 64, page = 16, ppb = 4, hkv = 8, d = 128, nb_dev = 6, nb_host = 9;
+  const int64_t row = int64_t(hkv) * d, blk = int64_t(bs) * row;
+  // Memory 0 (device): blocks of [K, V] adjacent; memory 1 (pinned host): K and V pools apart.
+  std::vector<uint16_t> m0(2 * nb_dev * blk), k1(nb_host * blk), v1(nb_host * blk);
+  for (auto* m : {&m0, &k1, &v1})
+    for (auto& x : *m) x = static_cast<uint16_t>(rng());
+  GuardedBuffer d_m0(m0.size() * 2);
+  d_m0.upload(m0.data());
+  void* host = nullptr;
+  LONGCTX_CUDA_CHECK(cudaMallocHost(&host, 2 * k1.size() * 2));
+  std::memcpy(host, k1.data(), k1.size() * 2);
+  std::memcpy(static_cast<uint16_t*>(host) + k1.size(), v1.data(), v1.size() * 2);
+  void* host_dev = nullptr;
+  LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev, host, 0));
+
+  // Two sequences over both memories.
+  const std::vector<int32_t> lens = {600, 333}, indptr = {0, 10, 16};
+  std::vector<int32_t> loc = {2, -1, -4, 0, -9, 5, -2, 1, -3, 3, -8, 4, -5, -6, -7, 2};
+  QuestBudget b{page, 200, 20, 40};
+  const int max_sel = kernels::quest_max_selected(b);
+  std::vector<int32_t> selected(2 * hkv * max_sel, -1);
+  for (int s = 0; s < 2; ++s) {
+    const QuestCount c = kernels::quest_count(lens[s], b);
+    for (int h = 0; h < hkv; ++h) {
+      std::vector<int32_t> pages(c.num_pages);
+      std::iota(pages.begin(), pages.end(), 0);
+      std::shuffle(pages.begin(), pages.end(), rng);
+      pages.resize(c.num_selected);
+      std::sort(pages.begin(), pages.end());
+      std::copy(pages.begin(), pages.end(), selected.begin() + (s * hkv + h) * max_sel);
+    }
+  }
+  kernels::QuestGatherParams g;
+  g.block_stride[0] = 2 * blk;
+  g.block_stride[1] = blk;
+  g.batch = 2;
+  g.num_kv_heads = hkv;
+  g.head_dim = d;
+  g.pages_per_block = ppb;
+  g.max_selected = max_sel;
+  g.budget = b;
+  g.dtype = DType::kBF16;
+  const size_t out_elems = size_t(2) * max_sel * page * row;
+  std::vector<uint16_t> ref_k(out_elems, 0xAAAA), ref_v(out_elems, 0xAAAA);
+  g.k_base[0] = m0.data();
+  g.v_base[0] = m0.data() + blk;
+  g.k_base[1] = k1.data();
+  g.v_base[1] = v1.data();
+  g.block_indptr = indptr.data();
+  g.block_loc = loc.data();
+  g.kv_lens = lens.data();
+  g.selected = selected.data();
+  g.out_k = ref_k.data();
+  g.out_v = ref_v.data();
+  kernels::cpu::quest_gather(g);
+
+  GuardedBuffer d_indptr(indptr.size() * 4), d_loc(loc.size() * 4), d_lens(lens.size() * 4),
+      d_sel(selected.size() * 4), d_k(out_elems * 2, 0xAA), d_v(out_elems * 2, 0xAA);
+  d_indptr.upload(indptr.data());
+  d_loc.upload(loc.data());
+  d_lens.upload(lens.data());
+  d_sel.upload(selected.data());
+  g.k_base[0] = d_m0.data();
+  g.v_base[0] = static_cast<uint16_t*>(d_m0.data()) + blk;
+  g.k_base[1] = host_dev;
+  g.v_base[1] = static_cast<uint16_t*>(host_dev) + k1.size();
+  g.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+  g.block_loc = static_cast<const int32_t*>(d_loc.data());
+  g.kv_lens = static_cast<const int32_t*>(d_lens.data());
+  g.selected = static_cast<const int32_t*>(d_sel.data());
+  g.out_k = d_k.data();
+  g.out_v = d_v.data();
+  kernels::cuda::quest_gather_run(g, nullptr);
+  LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(d_k.download<uint16_t>(), ref_k);
+  EXPECT_EQ(d_v.download<uint16_t>(), ref_v);
+  EXPECT_TRUE(d_k.guards_intact() && d_v.guards_intact());
+  LONGCTX_CUDA_CHECK(cudaFreeHost(host));
+}
+
+}  // namespace
+}  // namespace longctx::gpu_test

@@ -1,0 +1,253 @@
+// The CPU references of Quest's GPU kernels (kernels/cpu/quest_cpu.h) against the CPU engine's
+// QuestPolicy (kv/sparse), which tests/kv/test_sparse_policy.cpp checks against brute force:
+//   - quest_count (how many pages a sequence reads, the forced ranges) equals a direct count;
+//   - metadata by quest_meta_update, then quest_select, give QuestPolicy's lists exactly, per KV
+//     head and head-averaged, with pages equal to the blocks and with pages smaller than the
+//     blocks (QuestPolicy run on the same keys re-blocked at the page size);
+//   - quest_gather copies exactly the selected pages' rows from two memories;
+//   - bad budgets and page sizes are clear errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "kernels/cpu/quest_cpu.h"
+#include "kv/sparse/sparse_policy.h"
+#include "longctx/core/error.h"
+
+namespace longctx {
+namespace {
+
+using kernels::QuestBudget;
+using kernels::QuestCount;
+
+TEST(QuestReference, CountMatchesADirectCount) {
+  for (int page : {1, 4, 16}) {
+    for (int budget : {2, 17, 64, 100}) {
+      for (int sink : {0, 3, 16}) {
+        for (int window : {1, 5, 16}) {
+          if (budget <= sink + window) continue;
+          QuestBudget b{page, budget, sink, window};
+          for (int kv = 1; kv < 300; kv += 7) {
+            const QuestCount c = kernels::quest_count(kv, b);
+            const int np = (kv + page - 1) / page;
+            ASSERT_EQ(c.num_pages, np);
+            const int budget_pages = std::max(1, budget / page);
+            if (budget >= kv || budget_pages >= np) {
+              EXPECT_TRUE(c.all);
+              EXPECT_EQ(c.num_selected, np);
+              continue;
+            }
+            int forced = 0;
+            for (int j = 0; j < np; ++j) {
+              const bool f = j * page < sink || (j + 1) * page > kv - window;
+              forced += f;
+              EXPECT_EQ(f, j < c.sink_pages || j >= c.window_first) << kv << " page " << j;
+            }
+            EXPECT_EQ(c.num_forced, forced);
+            EXPECT_EQ(c.num_selected, forced + std::min(np - forced, std::max(0, budget_pages - forced)));
+            EXPECT_LE(c.num_selected, kernels::quest_max_selected(b));
+          }
+        }
+      }
+    }
+  }
+}
+
+struct Geometry {
+  int block_size, page, kv_len, hq, hkv, d;
+  SparseOptions options;
+};
+
+// Random f32 keys of one sequence in a shuffled block table; per-page metadata via the reference
+// kernel; the reference selection; QuestPolicy on the same keys blocked at the page size.
+void check_select_matches_policy(const Geometry& g, std::mt19937& rng) {
+  const int bs = g.block_size, page = g.page, ppb = bs / page, d = g.d, hkv = g.hkv;
+  const int nb = (g.kv_len + bs - 1) / bs, num_blocks = nb + 2;
+  const int64_t row = int64_t(hkv) * d;
+  std::vector<float> pool(size_t(num_blocks) * bs * row);
+  std::normal_distribution<float> n01(0.f, 1.f);
+  for (float& x : pool) x = n01(rng);
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> table(ids.begin(), ids.begin() + nb);
+  std::vector<float> q(size_t(g.hq) * d);
+  for (float& x : q) x = n01(rng);
+
+  // Metadata of every page the sequence holds, in random chunks as steps would touch them.
+  std::vector<float> meta(size_t(num_blocks) * ppb * hkv * 2 * d, NAN);
+  for (int t = 0; t < g.kv_len;) {
+    const int n = std::min<int>(g.kv_len - t, 1 + rng() % 50);
+    std::vector<int32_t> pages;
+    for (int j = t / page; j <= (t + n - 1) / page; ++j) {
+      const int rows = std::min(page, t + n - j * page);
+      pages.insert(pages.end(), {table[j / ppb], table[j / ppb], j % ppb, rows});
+    }
+    kernels::QuestMetaParams m;
+    m.k_cache = pool.data();
+    m.block_stride = bs * row;
+    m.meta = meta.data();
+    m.pages = pages.data();
+    m.num_pages = static_cast<int>(pages.size() / 4);
+    m.num_kv_heads = hkv;
+    m.head_dim = d;
+    m.page_tokens = page;
+    m.pages_per_block = ppb;
+    m.dtype = DType::kF32;
+    kernels::cpu::quest_meta_update(m);
+    t += n;
+  }
+
+  QuestBudget b{page, int(g.options.budget_tokens), int(g.options.sink_tokens),
+                int(g.options.window_tokens)};
+  const int max_sel = kernels::quest_max_selected(b);
+  std::vector<int32_t> indptr = {0, nb}, lens = {g.kv_len};
+  std::vector<int32_t> selected(size_t(hkv) * max_sel, -1);
+  kernels::QuestSelectParams s;
+  s.q = q.data();
+  s.meta = meta.data();
+  s.block_indptr = indptr.data();
+  s.block_tables = table.data();
+  s.kv_lens = lens.data();
+  s.selected = selected.data();
+  s.batch = 1;
+  s.num_qo_heads = g.hq;
+  s.num_kv_heads = hkv;
+  s.head_dim = d;
+  s.pages_per_block = ppb;
+  s.max_pages = (g.kv_len + page - 1) / page;
+  s.max_selected = max_sel;
+  s.budget = b;
+  s.per_head = g.options.per_head;
+  s.dtype = DType::kF32;
+  kernels::cpu::quest_select(s);
+
+  // QuestPolicy over the same keys in blocks of `page` tokens: page j of the sequence is block
+  // table[j / ppb] * ppb + j % ppb of the re-blocked pool (the same memory).
+  sparse::KvShape shape{1, int64_t(num_blocks) * ppb, page, g.hq, hkv, d, 1.f / std::sqrt(float(d))};
+  SparseOptions o = g.options;
+  auto policy = sparse::make_sparse_policy(o, shape);
+  const int np = (g.kv_len + page - 1) / page;
+  std::vector<int32_t> paged_table(np);
+  for (int j = 0; j < np; ++j) paged_table[j] = table[j / ppb] * ppb + j % ppb;
+  std::vector<int64_t> slots(g.kv_len);
+  for (int t = 0; t < g.kv_len; ++t) slots[t] = int64_t(paged_table[t / page]) * page + t % page;
+  std::vector<float> keys(size_t(g.kv_len) * row);
+  for (int t = 0; t < g.kv_len; ++t)
+    std::copy_n(pool.data() + slots[t] * row, row, keys.data() + t * row);
+  policy->on_keys_written(0, keys.data(), row, slots.data(), g.kv_len);
+  const sparse::DecodeSelection want =
+      policy->select_decode(0, q.data(), {paged_table.data(), g.kv_len, pool.data()});
+  const QuestCount c = kernels::quest_count(g.kv_len, b);
+  for (int h = 0; h < hkv; ++h) {
+    std::vector<int32_t> got(selected.begin() + h * max_sel,
+                             selected.begin() + h * max_sel + c.num_selected);
+    std::vector<int32_t> expect(np);
+    std::iota(expect.begin(), expect.end(), 0);
+    if (!want.all()) expect = want.per_kv_head[h];
+    ASSERT_EQ(got, expect) << "kv_len " << g.kv_len << " block " << bs << " page " << page
+                           << " head " << h << (g.options.per_head ? " per-head" : " averaged");
+  }
+}
+
+TEST(QuestReference, SelectionEqualsTheCpuPolicy) {
+  std::mt19937 rng(11);
+  int cases = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    Geometry g;
+    g.page = std::vector<int>{1, 2, 4, 16}[rng() % 4];
+    g.block_size = g.page * std::vector<int>{1, 2, 8}[rng() % 3];
+    g.kv_len = 1 + rng() % 700;
+    g.hkv = 1 + rng() % 3;
+    g.hq = g.hkv * (1 + rng() % 4);
+    g.d = 1 + rng() % 40;
+    g.options.policy = "quest";
+    g.options.sink_tokens = rng() % 20;
+    g.options.window_tokens = 1 + rng() % 40;
+    g.options.budget_tokens = g.options.sink_tokens + g.options.window_tokens + 1 + rng() % 200;
+    g.options.per_head = rng() % 2;
+    check_select_matches_policy(g, rng);
+    ++cases;
+  }
+  EXPECT_EQ(cases, 80);
+}
+
+TEST(QuestReference, GatherCopiesTheSelectedPagesFromBothMemories) {
+  std::mt19937 rng(5);
+  const int bs = 8, page = 4, ppb = 2, hkv = 2, d = 3, nb = 5;
+  const int64_t row = hkv * d;
+  // Memory 0 holds blocks as [K, V] adjacent (the offload cache's layout), memory 1 separately.
+  std::vector<float> m0(2 * nb * bs * row), k1(nb * bs * row), v1(nb * bs * row);
+  for (auto* m : {&m0, &k1, &v1})
+    for (float& x : *m) x = float(rng() % 1000);
+  std::vector<int32_t> loc = {3, -2, 0, -5, 1};  // logical blocks: memory 0 block 3, memory 1 block 1, ...
+  const int kv_len = 37;                         // 10 pages
+  QuestBudget b{page, 16, 4, 4};  // 4 pages: 1 sink, 2 window, 1 best-scored
+  const QuestCount c = kernels::quest_count(kv_len, b);
+  ASSERT_FALSE(c.all);
+  const int max_sel = kernels::quest_max_selected(b);
+  std::vector<int32_t> selected(hkv * max_sel);
+  std::vector<int32_t> per_head[2] = {{0, 3, 8, 9}, {0, 5, 8, 9}};
+  ASSERT_EQ(c.num_selected, 4);
+  for (int h = 0; h < hkv; ++h) std::copy(per_head[h].begin(), per_head[h].end(), selected.begin() + h * max_sel);
+  std::vector<int32_t> indptr = {0, 5}, lens = {kv_len};
+  std::vector<float> ok(max_sel * page * row, -1.f), ov(max_sel * page * row, -1.f);
+  kernels::QuestGatherParams g;
+  g.k_base[0] = m0.data();
+  g.v_base[0] = m0.data() + bs * row;
+  g.block_stride[0] = 2 * bs * row;
+  g.k_base[1] = k1.data();
+  g.v_base[1] = v1.data();
+  g.block_stride[1] = bs * row;
+  g.block_indptr = indptr.data();
+  g.block_loc = loc.data();
+  g.kv_lens = lens.data();
+  g.selected = selected.data();
+  g.out_k = ok.data();
+  g.out_v = ov.data();
+  g.batch = 1;
+  g.num_kv_heads = hkv;
+  g.head_dim = d;
+  g.pages_per_block = ppb;
+  g.max_selected = max_sel;
+  g.budget = b;
+  g.dtype = DType::kF32;
+  kernels::cpu::quest_gather(g);
+  for (int h = 0; h < hkv; ++h)
+    for (int i = 0; i < 4; ++i)
+      for (int r = 0; r < page; ++r) {
+        const int token = per_head[h][i] * page + r, l = loc[token / bs];
+        const float* k = l >= 0 ? m0.data() + int64_t(l) * 2 * bs * row
+                                : k1.data() + int64_t(-l - 1) * bs * row;
+        const float* v = l >= 0 ? k + bs * row : v1.data() + int64_t(-l - 1) * bs * row;
+        for (int x = 0; x < d; ++x) {
+          const int64_t at = (int64_t(i) * page + r) * row + h * d + x;
+          const int64_t src = int64_t(token % bs) * row + h * d + x;
+          ASSERT_EQ(ok[at], k[src]) << h << " " << i << " " << r;
+          ASSERT_EQ(ov[at], v[src]);
+        }
+      }
+}
+
+TEST(QuestReference, BadBudgetsAndPagesAreClearErrors) {
+  auto msg = [](const QuestBudget& b, int bs) {
+    try {
+      kernels::cpu::check_quest_budget(b, bs);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(msg({16, 4096, 64, 256}, 24).find("--sparse-page 16 must be positive and divide"),
+            std::string::npos);
+  EXPECT_NE(msg({0, 4096, 64, 256}, 16).find("--sparse-page 0"), std::string::npos);
+  EXPECT_NE(msg({16, 300, 64, 256}, 128).find("--sparse-budget 300 must be more than"),
+            std::string::npos);
+  EXPECT_EQ(msg({16, 4096, 64, 256}, 128), "");
+}
+
+}  // namespace
+}  // namespace longctx
