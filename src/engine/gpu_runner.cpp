@@ -84,17 +84,15 @@ std::string GpuMemoryPlan::str() const {
         format_bytes(workspaces), format_bytes(kv_bytes()), num_kv_blocks, block_size,
         format_bytes(kv_block_bytes), format_bytes(ring_bytes), slot_blocks,
         format_bytes(offload_buffers), format_bytes(sparse), format_bytes(host_kv_bytes()),
-        num_host_blocks,
-        num_host_blocks * block_size,
+        num_host_blocks, num_host_blocks * block_size,
         max_model_len > 0 ? num_host_blocks * block_size / max_model_len : 0);
   return fmt::format(
       "budget {}: weights {}, activations {}, workspaces {}, CUDA graphs {}, sparse {}, KV pool "
       "{} ({} blocks of {} tokens, {} per block, {} tokens = {} max_model_len sequences)",
       format_bytes(budget), format_bytes(weights), format_bytes(activations),
-      format_bytes(workspaces), format_bytes(graphs), format_bytes(sparse), format_bytes(kv_bytes()),
-      num_kv_blocks,
-      block_size, format_bytes(kv_block_bytes), kv_tokens(),
-      max_model_len > 0 ? kv_tokens() / max_model_len : 0);
+      format_bytes(workspaces), format_bytes(graphs), format_bytes(sparse),
+      format_bytes(kv_bytes()), num_kv_blocks, block_size, format_bytes(kv_block_bytes),
+      kv_tokens(), max_model_len > 0 ? kv_tokens() / max_model_len : 0);
 }
 
 namespace {
@@ -174,11 +172,11 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   if (options.kv_offload) return plan_offload(config, options, p, per_seq);
   const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs -
                        quest_bytes(config, options, p.block_size, p.max_model_len, 0);
-  const int64_t per_block =
-      p.kv_block_bytes + quest_bytes(config, options, p.block_size, p.max_model_len, 1) -
-      quest_bytes(config, options, p.block_size, p.max_model_len, 0);
-  p.num_kv_blocks = options.num_gpu_blocks > 0 ? options.num_gpu_blocks
-                                               : std::max<int64_t>(0, left / per_block);
+  const int64_t per_block = p.kv_block_bytes +
+                            quest_bytes(config, options, p.block_size, p.max_model_len, 1) -
+                            quest_bytes(config, options, p.block_size, p.max_model_len, 0);
+  p.num_kv_blocks =
+      options.num_gpu_blocks > 0 ? options.num_gpu_blocks : std::max<int64_t>(0, left / per_block);
   p.sparse = quest_bytes(config, options, p.block_size, p.max_model_len, p.num_kv_blocks);
   // As vLLM: refuse a configuration that cannot hold even one sequence of max_model_len.
   LONGCTX_CHECK(p.num_kv_blocks >= per_seq, ErrorCode::kOutOfMemory,
@@ -421,6 +419,7 @@ GpuRunner::OffloadCounters GpuRunner::offload_counters() const {
   c.blocks_reloaded = s.blocks_reloaded;
   c.host_bytes_loaded = s.host_bytes_loaded;
   c.host_bytes_written = s.host_bytes_written;
+  c.sparse_host_bytes_read = impl_->offload->sparse_host_bytes_read();
   return c;
 }
 

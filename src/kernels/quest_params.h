@@ -27,13 +27,13 @@ namespace longctx::kernels {
 
 // What one sequence of kv_len keys selects (the same for every KV head).
 struct QuestCount {
-  int num_pages = 0;    // ceil(kv_len / page_tokens)
-  int sink_pages = 0;   // pages [0, sink_pages) are forced
-  int window_first = 0; // pages [window_first, num_pages) are forced
-  int num_forced = 0;   // their union
-  int num_free = 0;     // best-scored others picked (0 when all is set)
-  int num_selected = 0; // per KV head
-  bool all = false;     // the budget covers the sequence: every page, in order
+  int num_pages = 0;     // ceil(kv_len / page_tokens)
+  int sink_pages = 0;    // pages [0, sink_pages) are forced
+  int window_first = 0;  // pages [window_first, num_pages) are forced
+  int num_forced = 0;    // their union
+  int num_free = 0;      // best-scored others picked (0 when all is set)
+  int num_selected = 0;  // per KV head
+  bool all = false;      // the budget covers the sequence: every page, in order
 };
 
 struct QuestBudget {
@@ -100,10 +100,11 @@ inline QuestBytes quest_gpu_bytes(const QuestBudget& b, int64_t num_layers, int6
 // `pages` is {cache block, meta block, page in block, rows}: rows [0, rows) of that page (of
 // the cache block's keys, rows num_kv_heads * head_dim elements apart) are the page's keys.
 struct QuestMetaParams {
-  const void* k_cache = nullptr;  // block b's keys at element b * block_stride: [block_size, Hkv, d]
-  int64_t block_stride = 0;       // elements between cache blocks
-  void* meta = nullptr;           // [num_blocks][pages_per_block][Hkv][2][d] (one layer)
-  const int32_t* pages = nullptr; // [num_pages][4]
+  const void* k_cache =
+      nullptr;               // block b's keys at element b * block_stride: [block_size, Hkv, d]
+  int64_t block_stride = 0;  // elements between cache blocks
+  void* meta = nullptr;      // [num_blocks][pages_per_block][Hkv][2][d] (one layer)
+  const int32_t* pages = nullptr;  // [num_pages][4]
   int num_pages = 0;
   int num_kv_heads = 0, head_dim = 0, page_tokens = 0, pages_per_block = 0;
   DType dtype = DType::kBF16;  // of k_cache and meta
@@ -115,12 +116,12 @@ struct QuestMetaParams {
 // among the q heads of h's group; head-averaged (per_head = false) it is the mean bound over all
 // q heads and every KV head reads the same list. Ties go to the earlier page.
 struct QuestSelectParams {
-  const void* q = nullptr;             // [batch, Hq, d]
-  const void* meta = nullptr;          // one layer's, as QuestMetaParams::meta
+  const void* q = nullptr;                // [batch, Hq, d]
+  const void* meta = nullptr;             // one layer's, as QuestMetaParams::meta
   const int32_t* block_indptr = nullptr;  // [batch + 1] into block_tables
   const int32_t* block_tables = nullptr;  // meta block ids of each sequence's logical blocks
   const int32_t* kv_lens = nullptr;       // [batch]
-  float* scores = nullptr;    // CUDA scratch [batch][Hkv][max_pages] (the CPU reference ignores it)
+  float* scores = nullptr;  // CUDA scratch [batch][Hkv][max_pages] (the CPU reference ignores it)
   int32_t* selected = nullptr;  // [batch][Hkv][max_selected]
   int batch = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
   int pages_per_block = 0, max_pages = 0, max_selected = 0;
@@ -137,13 +138,14 @@ struct QuestSelectParams {
 struct QuestGatherParams {
   const void* k_base[2] = {nullptr, nullptr};  // [blocks][block_size, Hkv, d] at block_stride
   const void* v_base[2] = {nullptr, nullptr};
-  int64_t block_stride[2] = {0, 0};            // elements between blocks
+  int64_t block_stride[2] = {0, 0};       // elements between blocks
   const int32_t* block_indptr = nullptr;  // [batch + 1] into block_loc
   const int32_t* block_loc = nullptr;     // per logical block, encoded as above
   const int32_t* kv_lens = nullptr;       // [batch]
   const int32_t* selected = nullptr;      // as QuestSelectParams::selected
-  void* out_k = nullptr;  // [batch][max_selected * page_tokens][Hkv][d]
+  void* out_k = nullptr;                  // [batch][max_selected * page_tokens][Hkv][d]
   void* out_v = nullptr;
+  unsigned long long* memory1_pages = nullptr;  // optional counter: += pages read from memory 1
   int batch = 0, num_kv_heads = 0, head_dim = 0, pages_per_block = 0, max_selected = 0;
   QuestBudget budget;
   DType dtype = DType::kBF16;

@@ -57,6 +57,9 @@ TEST(BenchCli, SparsePoliciesRunAndBadOnesAreClearErrors) {
   r = run_cli("generate " + kModel + "--sparse-policy quest --sparse-budget 0 --prompt hi");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--sparse-budget 0 must be more than"), std::string::npos) << r.err;
+  r = run_cli("generate " + kModel + "--sparse-policy quest --sparse-page 0 --prompt hi");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--sparse-page 0 must be >= 1"), std::string::npos) << r.err;
   r = run_cli("forward " + kModel + "--sparse-policy quest --ids 1,2,3 --out /dev/null");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("sparse policies run in the engine's commands"), std::string::npos) << r.err;

@@ -5,7 +5,8 @@
 //     rows, the offload cache's [K, V]-adjacent layout; untouched metadata stays as it was;
 //   - selection: with integer-valued q and keys every score is exact in fp32 whatever the
 //     summation order, so the lists must be equal (ties are common: the earlier page wins), per
-//     KV head and head-averaged, batches of sequences from 1 key to 40K; with Gaussian data the
+//     KV head and head-averaged, batches of sequences from 1 key to 700K (past what the select
+//     kernel stages in shared memory); with Gaussian data the
 //     lists must be a top-k of the CPU scores up to 1e-4 relative;
 //   - gather: byte-equal, one source on the device and one in pinned host memory read in place.
 // Every output lives in a guarded buffer; the guards must survive.
@@ -43,10 +44,10 @@ uint16_t bf16(float x) { return f32_to_bf16(x); }
 // Keys of every sequence in one pool (shuffled blocks), their metadata computed on the CPU and
 // on the GPU, then the selection on both.
 void run_select_case(const Shape& s) {
-  SCOPED_TRACE(::testing::Message() << "hq " << s.hq << " hkv " << s.hkv << " d " << s.d
-                                    << " page " << s.page << " budget " << s.budget.budget_tokens
-                                    << (s.per_head ? " per-head" : " averaged")
-                                    << (s.integer ? " integer" : " gaussian"));
+  SCOPED_TRACE(::testing::Message()
+               << "hq " << s.hq << " hkv " << s.hkv << " d " << s.d << " page " << s.page
+               << " budget " << s.budget.budget_tokens << (s.per_head ? " per-head" : " averaged")
+               << (s.integer ? " integer" : " gaussian"));
   std::mt19937 rng(static_cast<uint32_t>(s.seed));
   const int bs = s.block_size, ppb = bs / s.page, batch = static_cast<int>(s.kv_lens.size());
   const int64_t row = int64_t(s.hkv) * s.d;
@@ -130,8 +131,8 @@ void run_select_case(const Shape& s) {
       d_sel(sel_ref.size() * 4);
   d_q.upload(q.data());
   d_indptr.upload(indptr.data());
-  LONGCTX_CUDA_CHECK(cudaMemcpy(d_table.data(), table.data(), table.size() * 4,
-                                cudaMemcpyHostToDevice));
+  LONGCTX_CUDA_CHECK(
+      cudaMemcpy(d_table.data(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   d_lens.upload(lens.data());
   std::vector<int32_t> minus(sel_ref.size(), -1);
   d_sel.upload(minus.data());
@@ -175,22 +176,25 @@ void run_select_case(const Shape& s) {
       float worst_chosen = INFINITY, best_left = -INFINITY;
       for (int j = c.sink_pages; j < c.window_first; ++j) {
         const float sc = kernels::cpu::quest_page_score(p, b, h, j);
-        if (chosen[j]) worst_chosen = std::min(worst_chosen, sc);
-        else best_left = std::max(best_left, sc);
+        if (chosen[j])
+          worst_chosen = std::min(worst_chosen, sc);
+        else
+          best_left = std::max(best_left, sc);
       }
       EXPECT_GE(worst_chosen, best_left - 1e-4f * (1.f + std::fabs(best_left)))
           << "sequence " << b << " head " << h;
     }
   }
-  if (!s.integer) std::printf("  gaussian case: %lld of %d lists differ (near ties)\n",
-                              static_cast<long long>(differing), batch * s.hkv);
+  if (!s.integer)
+    std::printf("  gaussian case: %lld of %d lists differ (near ties)\n",
+                static_cast<long long>(differing), batch * s.hkv);
 }
 
 TEST(QuestKernels, SelectionEqualsTheReference) {
   std::vector<Shape> shapes;
   {
     Shape s;  // Llama-3.1-8B heads, a batch from one key to 40K
-    s.kv_lens = {1, 17, 300, 1025, 4096, 4097, 9000, 40000};
+    s.kv_lens = {1, 17, 300, 1025, 4096, 4097, 9000, 40000, 130000};
     shapes.push_back(s);
     s.per_head = false;
     shapes.push_back(s);
@@ -212,6 +216,13 @@ TEST(QuestKernels, SelectionEqualsTheReference) {
     shapes.push_back(s);
     s.hq = 16, s.hkv = 2, s.d = 256, s.block_size = 32, s.page = 4;
     s.budget = {4, 97, 5, 7};
+    shapes.push_back(s);
+  }
+  {
+    Shape s;  // more pages than the select kernel stages in shared memory (it reads L2 then)
+    s.hq = 4, s.hkv = 1, s.d = 32, s.block_size = 128, s.page = 16;
+    s.budget = {16, 4096, 64, 256};
+    s.kv_lens = {700000, 2000};
     shapes.push_back(s);
   }
   for (Shape s : shapes) {

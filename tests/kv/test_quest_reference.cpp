@@ -47,7 +47,8 @@ TEST(QuestReference, CountMatchesADirectCount) {
               EXPECT_EQ(f, j < c.sink_pages || j >= c.window_first) << kv << " page " << j;
             }
             EXPECT_EQ(c.num_forced, forced);
-            EXPECT_EQ(c.num_selected, forced + std::min(np - forced, std::max(0, budget_pages - forced)));
+            EXPECT_EQ(c.num_selected,
+                      forced + std::min(np - forced, std::max(0, budget_pages - forced)));
             EXPECT_LE(c.num_selected, kernels::quest_max_selected(b));
           }
         }
@@ -127,7 +128,8 @@ void check_select_matches_policy(const Geometry& g, std::mt19937& rng) {
 
   // QuestPolicy over the same keys in blocks of `page` tokens: page j of the sequence is block
   // table[j / ppb] * ppb + j % ppb of the re-blocked pool (the same memory).
-  sparse::KvShape shape{1, int64_t(num_blocks) * ppb, page, g.hq, hkv, d, 1.f / std::sqrt(float(d))};
+  sparse::KvShape shape{1, int64_t(num_blocks) * ppb, page, g.hq, hkv,
+                        d, 1.f / std::sqrt(float(d))};
   SparseOptions o = g.options;
   auto policy = sparse::make_sparse_policy(o, shape);
   const int np = (g.kv_len + page - 1) / page;
@@ -183,16 +185,18 @@ TEST(QuestReference, GatherCopiesTheSelectedPagesFromBothMemories) {
   std::vector<float> m0(2 * nb * bs * row), k1(nb * bs * row), v1(nb * bs * row);
   for (auto* m : {&m0, &k1, &v1})
     for (float& x : *m) x = float(rng() % 1000);
-  std::vector<int32_t> loc = {3, -2, 0, -5, 1};  // logical blocks: memory 0 block 3, memory 1 block 1, ...
-  const int kv_len = 37;                         // 10 pages
-  QuestBudget b{page, 16, 4, 4};  // 4 pages: 1 sink, 2 window, 1 best-scored
+  std::vector<int32_t> loc = {3, -2, 0, -5,
+                              1};  // logical blocks: memory 0 block 3, memory 1 block 1, ...
+  const int kv_len = 37;           // 10 pages
+  QuestBudget b{page, 16, 4, 4};   // 4 pages: 1 sink, 2 window, 1 best-scored
   const QuestCount c = kernels::quest_count(kv_len, b);
   ASSERT_FALSE(c.all);
   const int max_sel = kernels::quest_max_selected(b);
   std::vector<int32_t> selected(hkv * max_sel);
   std::vector<int32_t> per_head[2] = {{0, 3, 8, 9}, {0, 5, 8, 9}};
   ASSERT_EQ(c.num_selected, 4);
-  for (int h = 0; h < hkv; ++h) std::copy(per_head[h].begin(), per_head[h].end(), selected.begin() + h * max_sel);
+  for (int h = 0; h < hkv; ++h)
+    std::copy(per_head[h].begin(), per_head[h].end(), selected.begin() + h * max_sel);
   std::vector<int32_t> indptr = {0, 5}, lens = {kv_len};
   std::vector<float> ok(max_sel * page * row, -1.f), ov(max_sel * page * row, -1.f);
   kernels::QuestGatherParams g;
@@ -220,8 +224,8 @@ TEST(QuestReference, GatherCopiesTheSelectedPagesFromBothMemories) {
     for (int i = 0; i < 4; ++i)
       for (int r = 0; r < page; ++r) {
         const int token = per_head[h][i] * page + r, l = loc[token / bs];
-        const float* k = l >= 0 ? m0.data() + int64_t(l) * 2 * bs * row
-                                : k1.data() + int64_t(-l - 1) * bs * row;
+        const float* k =
+            l >= 0 ? m0.data() + int64_t(l) * 2 * bs * row : k1.data() + int64_t(-l - 1) * bs * row;
         const float* v = l >= 0 ? k + bs * row : v1.data() + int64_t(-l - 1) * bs * row;
         for (int x = 0; x < d; ++x) {
           const int64_t at = (int64_t(i) * page + r) * row + h * d + x;

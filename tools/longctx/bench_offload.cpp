@@ -77,8 +77,10 @@ void run(const Options& o) {
     std::sort(sorted.begin(), sorted.end());
     double mean = 0;
     for (double s : steps) mean += s / static_cast<double>(steps.size());
-    const double per_step_bytes =
-        double(c2.host_bytes_loaded - c1.host_bytes_loaded) / double(o.decode_steps);
+    // Through the ring, or read in place by a sparse policy.
+    const double per_step_bytes = double(c2.host_bytes_loaded - c1.host_bytes_loaded +
+                                         c2.sparse_host_bytes_read - c1.sparse_host_bytes_read) /
+                                  double(o.decode_steps);
     std::printf(
         "  context %lld: prefill %.3f s (%.0f tok/s, %.2f GB from the host, %.2f GB written "
         "back), decode %.3f ms/token mean, %.3f median",

@@ -165,11 +165,12 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
 
 std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint,
                                             bool runs_sparse) const {
-  LONGCTX_CHECK(runs_sparse || sparse.policy == "full", ErrorCode::kUnsupported,
-                "--sparse-policy {}: this command runs the model directly; sparse policies run in "
-                "the engine's commands (generate, needle, ruler, serve, bench throughput) and bench "
-                "offload",
-                sparse.policy);
+  LONGCTX_CHECK(
+      runs_sparse || sparse.policy == "full", ErrorCode::kUnsupported,
+      "--sparse-policy {}: this command runs the model directly; sparse policies run in "
+      "the engine's commands (generate, needle, ruler, serve, bench throughput) and bench "
+      "offload",
+      sparse.policy);
   LONGCTX_CHECK(tensor_parallel_size == 1, ErrorCode::kUnsupported,
                 "--tensor-parallel-size {}: this command runs the model directly; tensor "
                 "parallelism runs in the engine's commands (generate, needle, ruler, serve, bench "

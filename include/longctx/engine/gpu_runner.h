@@ -97,6 +97,7 @@ class GpuRunner {
   struct OffloadCounters {
     int64_t steps = 0, ring_blocks_loaded = 0, blocks_written_back = 0, blocks_reloaded = 0;
     int64_t host_bytes_loaded = 0, host_bytes_written = 0;
+    int64_t sparse_host_bytes_read = 0;  // a sparse policy's reads of host pages in place
   };
   OffloadCounters offload_counters() const;
 

@@ -14,14 +14,15 @@ struct SparseOptions {
   int64_t sink_tokens = 64;      // the first tokens, always read
   int64_t window_tokens = 256;   // the last tokens, always read
   bool per_head = true;          // per KV head block lists, else one list from head-averaged scores
-  int64_t page_tokens = 16;      // GPU: the selection's page, dividing the KV block (CPU: the block)
+  int64_t page_tokens = 16;  // GPU: the selection's page, dividing the KV block (CPU: the block)
   // xattention
   double threshold = 0.9;  // attention mass each query block keeps, in (0, 1]
   int64_t stride = 8;      // antidiagonal stride of the estimate
 
   // Throws Error(kInvalidArgument) naming the flag: an unknown policy; for quest a budget not
-  // above sink + window (or a negative sink, a window < 1); a threshold outside (0, 1], a stride
-  // outside [1, 128].
+  // above sink + window (or a negative sink, a window < 1, a page < 1); a threshold outside
+  // (0, 1], a stride outside [1, 128]. (That the page divides the KV block is checked where the
+  // block size is known.)
   void validate() const;
 };
 

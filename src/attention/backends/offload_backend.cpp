@@ -28,8 +28,7 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   check_paged_batch(batch, g.block_size, g.num_host_blocks, limits);
   plan_ = planner_.plan(batch, copies_, [this](uint64_t t) { return device_->ticket_done(t); });
   sparse_step_ = device_->sparse();
-  for (int64_t s = 0; s < batch.num_seqs() && sparse_step_; ++s)
-    sparse_step_ = batch.q_len(s) == 1;
+  for (int64_t s = 0; s < batch.num_seqs() && sparse_step_; ++s) sparse_step_ = batch.q_len(s) == 1;
   if (sparse_step_) plan_.items.clear();  // the device reads the selected host pages in place
   device_->begin_step(plan_);
   if (device_->sparse()) {

@@ -92,6 +92,8 @@ class OffloadDevice {
                            std::span<const KVBlockCopy> /*copies*/) {}
   // Instead of attend_resident .. finish_layer on such a step.
   virtual Tensor attend_sparse(int64_t layer, const Tensor& q);
+  // Host bytes the sparse steps read in place so far (synchronizes).
+  virtual int64_t sparse_host_bytes_read() const { return 0; }
 };
 
 std::unique_ptr<OffloadDevice> make_cpu_offload_device(const OffloadDeviceConfig& config);
@@ -116,6 +118,8 @@ class OffloadAttentionBackend final : public AttentionBackend {
   const OffloadPlanner& planner() const { return planner_; }
   const OffloadStepPlan& last_plan() const { return plan_; }
   const OffloadStats& stats() const { return stats_; }
+  // Host bytes the device's sparse policy read in place (not through the ring); synchronizes.
+  int64_t sparse_host_bytes_read() const { return device_->sparse_host_bytes_read(); }
   int64_t layer_block_bytes() const { return layer_block_bytes_; }
   void set_layer_block_bytes(int64_t bytes) { layer_block_bytes_ = bytes; }
 

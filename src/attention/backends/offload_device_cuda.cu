@@ -116,6 +116,9 @@ class CudaOffloadDevice final : public OffloadDevice {
   }
 
   bool sparse() const override { return quest_ != nullptr; }
+  int64_t sparse_host_bytes_read() const override {
+    return quest_ != nullptr ? quest_->memory1_bytes_read() : 0;
+  }
 
   void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
                    std::span<const KVBlockCopy> copies) override {
@@ -123,7 +126,8 @@ class CudaOffloadDevice final : public OffloadDevice {
     quest_->copy_blocks(copies, compute);
     quest_->plan(batch, plan_->slots, block_loc, compute);
     // Host pages are read by the compute stream: after write-backs of them still in flight.
-    if (!block_loc.empty() && plan_->load_wait_ticket) wait_ticket(compute, plan_->load_wait_ticket);
+    if (!block_loc.empty() && plan_->load_wait_ticket)
+      wait_ticket(compute, plan_->load_wait_ticket);
   }
 
   Tensor attend_sparse(int64_t layer, const Tensor& q) override {

@@ -141,10 +141,10 @@ class PagedAttentionBackend final : public AttentionBackend {
     // Quest: decode steps read the selected pages only (graph-shaped batches run dense).
     const bool quest_decode = quest_ != nullptr && all_decode && !batch.fixed_launch_shapes;
     if (quest_ != nullptr)
-      quest_->plan(batch, batch.slot_mapping,
-                   quest_decode ? std::span<const int32_t>(batch.block_tables)
-                                : std::span<const int32_t>(),
-                   stream);
+      quest_->plan(
+          batch, batch.slot_mapping,
+          quest_decode ? std::span<const int32_t>(batch.block_tables) : std::span<const int32_t>(),
+          stream);
     if (quest_decode) {
       path_ = Path::kQuest;
     } else if (fast && all_decode) {
@@ -213,10 +213,9 @@ class PagedAttentionBackend final : public AttentionBackend {
     cudaStream_t stream = current_cuda_stream(device_.index);
     if (path_ == Path::kQuest) {
       const PagedKVPoolConfig& c = pool_.config();
-      const QuestCuda::Memory mem[2] = {
-          {pool_.k(layer).data_ptr(), pool_.v(layer).data_ptr(),
-           c.block_size * c.num_kv_heads * c.head_dim},
-          {}};
+      const QuestCuda::Memory mem[2] = {{pool_.k(layer).data_ptr(), pool_.v(layer).data_ptr(),
+                                         c.block_size * c.num_kv_heads * c.head_dim},
+                                        {}};
       quest_->attend(layer, qc.data_ptr(), o.data_ptr(), nullptr, mem, stream);
     } else if (path_ == Path::kDecode) {
       DecodeParams d;

@@ -4,7 +4,8 @@
 // writes the new tokens into their slots and attend() runs the paged kernels:
 //   every sequence decoding (q_len 1) and head_dim 64/128 -> split-KV decode (decode.h);
 //   head_dim 64/128 otherwise                               -> paged prefill (prefill.h);
-//   any other head_dim (8..256)                             -> the generic kernel (paged_generic.h).
+//   any other head_dim (8..256)                             -> the generic kernel
+//   (paged_generic.h).
 // Nothing after plan() reads host memory or synchronizes. With ForwardBatch::fixed_launch_shapes
 // (decode batches, or any batch on the generic kernel) every device address and launch shape
 // depends on the batch size alone, except the split-KV decode kernel's grid
@@ -25,9 +26,9 @@
 namespace longctx {
 
 struct PagedBackendLimits {
-  int64_t max_tokens = 0;  // tokens per step
-  int64_t max_seqs = 0;    // sequences per step
-  int64_t max_blocks = 0;  // block-table entries per step (all sequences)
+  int64_t max_tokens = 0;   // tokens per step
+  int64_t max_seqs = 0;     // sequences per step
+  int64_t max_blocks = 0;   // block-table entries per step (all sequences)
   int64_t max_seq_len = 0;  // keys per sequence (sparse policies size their buffers by it)
 };
 
@@ -35,8 +36,7 @@ struct PagedBackendLimits {
 // for a sparse policy other than full or quest (quest: decode steps, attention_backends/
 // quest_cuda.h; other steps and CUDA graphs run dense).
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
-                                                               int64_t num_qo_heads,
-                                                               float sm_scale,
+                                                               int64_t num_qo_heads, float sm_scale,
                                                                const PagedBackendLimits& limits,
                                                                const SparseOptions& sparse = {});
 // The engine copied whole blocks (copy-on-write): a sparse policy's metadata follows. No-op

@@ -1,9 +1,8 @@
-#include "attention/backends/quest_cuda.h"
-
 #include <algorithm>
 #include <cstring>
 #include <map>
 
+#include "attention/backends/quest_cuda.h"
 #include "kernels/cpu/quest_cpu.h"
 #include "kernels/cuda/paged_generic.h"
 #include "kernels/cuda/quest.h"
@@ -50,8 +49,8 @@ int64_t quest_bytes(const QuestCudaConfig& c) {
 }  // namespace
 
 QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), staged_(c.device) {
-  LONGCTX_CHECK(c.options.policy == "quest", ErrorCode::kInternal,
-                "QuestCuda for policy '{}'", c.options.policy);
+  LONGCTX_CHECK(c.options.policy == "quest", ErrorCode::kInternal, "QuestCuda for policy '{}'",
+                c.options.policy);
   LONGCTX_CHECK(c.num_layers > 0 && c.num_blocks > 0 && c.max_seqs > 0 && c.max_model_len > 0 &&
                     c.num_kv_heads > 0 && c.num_qo_heads % c.num_kv_heads == 0,
                 ErrorCode::kInvalidArgument, "quest: bad cache shape");
@@ -71,11 +70,12 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), staged_(c.device) {
     compact_k_ = Tensor::empty({compact}, c.dtype, c.device);
     compact_v_ = Tensor::empty({compact}, c.dtype, c.device);
     if (!generic_)
-      decode_ws_ = Tensor::empty(
-          {static_cast<int64_t>(kernels::cuda::decode_workspace_bytes(
-              static_cast<int>(c.max_seqs), static_cast<int>(c.num_qo_heads),
-              static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim)))},
-          DType::kU8, c.device);
+      decode_ws_ =
+          Tensor::empty({static_cast<int64_t>(kernels::cuda::decode_workspace_bytes(
+                            static_cast<int>(c.max_seqs), static_cast<int>(c.num_qo_heads),
+                            static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim)))},
+                        DType::kU8, c.device);
+    memory1_pages_ = Tensor::zeros({1}, DType::kI64, c.device);
   } catch (const Error& e) {
     LONGCTX_THROW(ErrorCode::kOutOfMemory,
                   "quest: cannot allocate {} of GPU memory for the page metadata and the "
@@ -125,8 +125,9 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
   batch_ = static_cast<int>(batch.num_seqs());
   if (decode_) {
     LONGCTX_CHECK(batch.num_seqs() <= c_.max_seqs && block_loc.size() == batch.block_tables.size(),
-                  ErrorCode::kInternal, "quest: {} sequences (max {}), {} block codes for {} blocks",
-                  batch.num_seqs(), c_.max_seqs, block_loc.size(), batch.block_tables.size());
+                  ErrorCode::kInternal,
+                  "quest: {} sequences (max {}), {} block codes for {} blocks", batch.num_seqs(),
+                  c_.max_seqs, block_loc.size(), batch.block_tables.size());
     indptr_at_ = put(batch.block_table_indptr);
     tables_at_ = put(batch.block_tables);
     loc_at_ = put(block_loc);
@@ -135,15 +136,15 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
     std::vector<int32_t> indptr(batch_ + 1), indices(batch_), last(batch_), qo(batch_ + 1);
     for (int b = 0; b < batch_; ++b) {
       const int32_t kv = batch.kv_lens[b];
-      LONGCTX_CHECK(batch.q_len(b) == 1 && kv >= 1 && kv <= max_pages_ * page,
-                    ErrorCode::kInternal, "quest: sequence {} decodes {} rows over {} keys", b,
-                    batch.q_len(b), kv);
+      LONGCTX_CHECK(batch.q_len(b) == 1 && kv >= 1 && kv <= max_pages_ * page, ErrorCode::kInternal,
+                    "quest: sequence {} decodes {} rows over {} keys", b, batch.q_len(b), kv);
       const kernels::QuestCount cnt = kernels::quest_count(kv, budget_);
       indptr[b + 1] = b + 1;
       indices[b] = b;
       qo[b + 1] = b + 1;
       // Every list ends with the sequence's last page (the window is never empty).
-      last[b] = static_cast<int32_t>((cnt.num_selected - 1) * page + (kv - (cnt.num_pages - 1) * page));
+      last[b] =
+          static_cast<int32_t>((cnt.num_selected - 1) * page + (kv - (cnt.num_pages - 1) * page));
       stats_.pages_read += int64_t(cnt.num_selected) * c_.num_kv_heads * c_.num_layers;
       stats_.pages_total += int64_t(cnt.num_pages) * c_.num_kv_heads * c_.num_layers;
     }
@@ -170,6 +171,13 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
   staged_.record_on(stream);
 }
 
+int64_t QuestCuda::memory1_bytes_read() const {
+  int64_t pages = 0;
+  LONGCTX_CUDA_CHECK(
+      cudaMemcpy(&pages, memory1_pages_.data_ptr(), sizeof(pages), cudaMemcpyDeviceToHost));
+  return pages * 2 * budget_.page_tokens * c_.head_dim * static_cast<int64_t>(dtype_size(c_.dtype));
+}
+
 void QuestCuda::update_meta(int64_t layer, const void* k_cache, int64_t block_stride,
                             cudaStream_t stream) {
   kernels::QuestMetaParams p;
@@ -193,15 +201,14 @@ void QuestCuda::copy_blocks(std::span<const KVBlockCopy> copies, cudaStream_t st
     LONGCTX_CHECK(cp.src >= 0 && cp.src < c_.num_blocks && cp.dst >= 0 && cp.dst < c_.num_blocks,
                   ErrorCode::kInternal, "quest: block copy {} -> {} outside {} blocks", cp.src,
                   cp.dst, c_.num_blocks);
-    LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(base + cp.dst * meta_block_bytes_, pitch,
-                                         base + cp.src * meta_block_bytes_, pitch,
-                                         static_cast<size_t>(meta_block_bytes_), c_.num_layers,
-                                         cudaMemcpyDeviceToDevice, stream));
+    LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(
+        base + cp.dst * meta_block_bytes_, pitch, base + cp.src * meta_block_bytes_, pitch,
+        static_cast<size_t>(meta_block_bytes_), c_.num_layers, cudaMemcpyDeviceToDevice, stream));
   }
 }
 
-void QuestCuda::attend(int64_t layer, const void* q, void* o, float* o_f32,
-                       const Memory (&mem)[2], cudaStream_t stream) {
+void QuestCuda::attend(int64_t layer, const void* q, void* o, float* o_f32, const Memory (&mem)[2],
+                       cudaStream_t stream) {
   LONGCTX_CHECK(decode_, ErrorCode::kInternal, "quest: attend on a step that is not a decode");
   kernels::QuestSelectParams s;
   s.q = q;
@@ -235,6 +242,7 @@ void QuestCuda::attend(int64_t layer, const void* q, void* o, float* o_f32,
   g.selected = selected_.data<int32_t>();
   g.out_k = compact_k_.data_ptr();
   g.out_v = compact_v_.data_ptr();
+  g.memory1_pages = reinterpret_cast<unsigned long long*>(memory1_pages_.data_ptr());
   g.batch = batch_;
   g.num_kv_heads = s.num_kv_heads;
   g.head_dim = s.head_dim;

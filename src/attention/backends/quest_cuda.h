@@ -28,7 +28,7 @@
 namespace longctx {
 
 struct QuestCudaConfig {
-  SparseOptions options;  // policy "quest"
+  SparseOptions options;                                   // policy "quest"
   int64_t num_layers = 0, num_blocks = 0, block_size = 0;  // num_blocks: the engine's block ids
   int64_t num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
   DType dtype = DType::kBF16;
@@ -73,6 +73,8 @@ class QuestCuda {
               cudaStream_t stream);
 
   const QuestStats& stats() const { return stats_; }
+  // K and V bytes the gathers read from memory 1 (the host pool) so far; synchronizes.
+  int64_t memory1_bytes_read() const;
 
  private:
   const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
@@ -82,12 +84,13 @@ class QuestCuda {
   QuestCudaConfig c_;
   kernels::QuestBudget budget_;
   int64_t pages_per_block_ = 0, max_pages_ = 0, max_selected_ = 0, meta_block_bytes_ = 0;
-  bool generic_ = false;  // head_dim other than 64 / 128: the generic paged kernel
-  Tensor meta_;      // [layers][blocks][pages_per_block][Hkv][2][d] cache dtype
-  Tensor scores_;    // [max_seqs][Hkv][max_pages] f32
-  Tensor selected_;  // [max_seqs][Hkv][max_selected] i32
+  bool generic_ = false;          // head_dim other than 64 / 128: the generic paged kernel
+  Tensor meta_;                   // [layers][blocks][pages_per_block][Hkv][2][d] cache dtype
+  Tensor scores_;                 // [max_seqs][Hkv][max_pages] f32
+  Tensor selected_;               // [max_seqs][Hkv][max_selected] i32
   Tensor compact_k_, compact_v_;  // [max_seqs][max_selected * page][Hkv][d] cache dtype
   Tensor decode_ws_;              // the compact decode's plan
+  Tensor memory1_pages_;          // [1] u64: pages the gathers read from memory 1
   Tensor host_words_;             // [words] i32 pinned staging
   Tensor indices_;                // [words] i32 on the device
   Event staged_;

@@ -55,8 +55,9 @@ float quest_page_score(const QuestSelectParams& p, int b, int h, int page) {
   const int64_t d = p.head_dim, hkv = p.num_kv_heads, group = p.num_qo_heads / hkv;
   const int32_t block = p.block_tables[p.block_indptr[b] + page / p.pages_per_block];
   auto bound = [&](int64_t qh) {
-    const int64_t m = ((int64_t(block) * p.pages_per_block + page % p.pages_per_block) * hkv +
-                       qh / group) * 2 * d;
+    const int64_t m =
+        ((int64_t(block) * p.pages_per_block + page % p.pages_per_block) * hkv + qh / group) * 2 *
+        d;
     float s = 0.f;
     for (int64_t i = 0; i < d; ++i) {
       const float q = load_f32(p.q, (int64_t(b) * p.num_qo_heads + qh) * d + i, p.dtype);
@@ -79,8 +80,8 @@ void quest_select(const QuestSelectParams& p) {
     const QuestCount c = quest_count(p.kv_lens[b], p.budget);
     LONGCTX_CHECK(c.num_selected <= p.max_selected && c.num_pages <= p.max_pages,
                   ErrorCode::kInvalidArgument,
-                  "quest select: sequence {} of {} keys selects {} of {} pages (limits {} / {})",
-                  b, p.kv_lens[b], c.num_selected, c.num_pages, p.max_selected, p.max_pages);
+                  "quest select: sequence {} of {} keys selects {} of {} pages (limits {} / {})", b,
+                  p.kv_lens[b], c.num_selected, c.num_pages, p.max_selected, p.max_pages);
     for (int h = 0; h < p.num_kv_heads; ++h) {
       int32_t* out = p.selected + (int64_t(b) * p.num_kv_heads + h) * p.max_selected;
       std::vector<int32_t> pick;
@@ -120,14 +121,15 @@ void quest_gather(const QuestGatherParams& p) {
         const int32_t loc = p.block_loc[p.block_indptr[b] + page / p.pages_per_block];
         const int mem = loc >= 0 ? 0 : 1;
         const int64_t block = loc >= 0 ? loc : -int64_t(loc) - 1;
+        if (mem == 1 && p.memory1_pages != nullptr) ++*p.memory1_pages;
         const int64_t src = block * p.block_stride[mem] + (page % p.pages_per_block) * pt * row;
         const int64_t dst = (int64_t(b) * p.max_selected + i) * pt * row;
         for (int64_t r = 0; r < pt; ++r) {
           const int64_t s = (src + r * row + h * d) * es, t = (dst + r * row + h * d) * es;
-          std::memcpy(static_cast<char*>(p.out_k) + t,
-                      static_cast<const char*>(p.k_base[mem]) + s, d * es);
-          std::memcpy(static_cast<char*>(p.out_v) + t,
-                      static_cast<const char*>(p.v_base[mem]) + s, d * es);
+          std::memcpy(static_cast<char*>(p.out_k) + t, static_cast<const char*>(p.k_base[mem]) + s,
+                      d * es);
+          std::memcpy(static_cast<char*>(p.out_v) + t, static_cast<const char*>(p.v_base[mem]) + s,
+                      d * es);
         }
       }
     }

@@ -1,11 +1,10 @@
-#include "kernels/cuda/quest.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cub/block/block_scan.cuh>
+#include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/quest.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -46,8 +45,14 @@ __global__ void meta_kernel(QuestMetaParams p) {
 
 // ---- selection ----
 
-constexpr int kSelectThreads = 256;
-constexpr int kWarps = kSelectThreads / 32;
+constexpr int kScoreThreads = 256;
+constexpr int kScoreWarps = kScoreThreads / 32;
+// Pages per warp: 8 per KV head; 1 head-averaged (each page costs all q heads there).
+__host__ __device__ constexpr int pages_per_warp(bool per_head) { return per_head ? 8 : 1; }
+// Scores staged in shared memory by the select kernel up to this many pages (640K tokens at
+// pages of 16); longer contexts read them from global memory (L2).
+constexpr int kMaxSharedPages = 40960;
+constexpr int kSelectThreads = 1024;
 constexpr int kMaxLaneDims = 8;  // head_dim <= 256
 
 // Orders floats as unsigned integers (larger float, larger key).
@@ -77,73 +82,114 @@ __device__ __forceinline__ float page_bound(const float* q, const T* meta, int d
   return warp_sum(s);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kSelectThreads) select_kernel(QuestSelectParams p) {
-  extern __shared__ float q_s[];  // [heads read][d]
-  __shared__ int hist[256];
-  __shared__ int found_bin, found_remaining;
-  using Scan = cub::BlockScan<int, kSelectThreads>;
-  __shared__ typename Scan::TempStorage scan_tmp;
+// 0: no candidate is taken, 1: every candidate, 2: those above the threshold key (and the first
+// `need_equal` equal to it): only mode 2 needs scores.
+__device__ __forceinline__ int select_mode(const QuestCount& c) {
+  const int candidates = c.window_first - c.sink_pages;
+  return c.all ? -1 : c.num_free == 0 ? 0 : c.num_free == candidates ? 1 : 2;
+}
 
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+// Scores of the candidate pages: grid (page tiles, KV heads (1 when head-averaged), batch), a
+// warp per page, pages_per_warp() pages per warp. Head-averaged scores go to head 0's row.
+template <typename T>
+__global__ void __launch_bounds__(kScoreThreads) score_kernel(QuestSelectParams p) {
+  extern __shared__ float q_s[];  // [heads read][d]
+  const int h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5, d = p.head_dim, hkv = p.num_kv_heads;
   const int group = p.num_qo_heads / hkv;
   const QuestCount c = quest_count(p.kv_lens[b], p.budget);
+  if (select_mode(c) != 2) return;
+  const int ppw = pages_per_warp(p.per_head);
+  const int first = c.sink_pages + blockIdx.x * kScoreWarps * ppw;
+  if (first >= c.window_first) return;
+  const int nq = p.per_head ? group : p.num_qo_heads, q0 = p.per_head ? h * group : 0;
+  const T* q = static_cast<const T*>(p.q) + (int64_t(b) * p.num_qo_heads + q0) * d;
+  for (int i = tid; i < nq * d; i += kScoreThreads) q_s[i] = to_f32(q[i]);
+  __syncthreads();
+  float* sc = p.scores + (int64_t(b) * hkv + h) * p.max_pages;
+  const int32_t* table = p.block_tables + p.block_indptr[b];
+  const T* meta = static_cast<const T*>(p.meta);
+  for (int k = 0; k < ppw; ++k) {
+    const int j = first + warp * ppw + k;
+    if (j >= c.window_first) break;
+    const int64_t blk = table[j / p.pages_per_block];
+    const T* mp = meta + (blk * p.pages_per_block + j % p.pages_per_block) * hkv * 2 * d;
+    float score;
+    if (p.per_head) {
+      score = -INFINITY;
+      for (int g = 0; g < group; ++g)
+        score = fmaxf(score, page_bound(q_s + g * d, mp + int64_t(h) * 2 * d, d, lane));
+    } else {
+      float sum = 0.f;
+      for (int qh = 0; qh < p.num_qo_heads; ++qh)
+        sum += page_bound(q_s + qh * d, mp + int64_t(qh / group) * 2 * d, d, lane);
+      score = sum / static_cast<float>(p.num_qo_heads);
+    }
+    if (lane == 0) sc[j] = score;
+  }
+}
+
+// The lists from the scores: one CTA per (KV head, sequence). Latency-bound (a handful of CTAs
+// per layer), so every pass keeps the barriers few: warp-private histograms filled by
+// match-aggregated atomics, and an ordered compaction in two ballot passes with one barrier.
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(QuestSelectParams p) {
+  extern __shared__ uint32_t keys_s[];  // [pages] the scores' keys, when they fit
+  constexpr int kSelWarps = kSelectThreads / 32;
+  __shared__ int hist[kSelWarps][256];
+  __shared__ int total[256];
+  __shared__ int found_bin, found_remaining;
+  __shared__ int warp_eq[kSelWarps], warp_take[kSelWarps];
+
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, hkv = p.num_kv_heads;
+  const QuestCount c = quest_count(p.kv_lens[b], p.budget);
   int32_t* out = p.selected + (int64_t(b) * hkv + h) * p.max_selected;
-  if (c.all) {
+  const int mode = select_mode(c);
+  if (mode < 0) {
     for (int j = tid; j < c.num_pages; j += kSelectThreads) out[j] = j;
     return;
   }
   const int cand_begin = c.sink_pages, cand_end = c.window_first;
-  const int candidates = cand_end - cand_begin;
-  float* sc = p.scores + (int64_t(b) * hkv + h) * p.max_pages;
-  const int32_t* table = p.block_tables + p.block_indptr[b];
-  // 0: no candidate is taken, 1: every candidate, 2: those above the threshold key (and the
-  // first `need_equal` equal to it).
-  const int mode = c.num_free == 0 ? 0 : c.num_free == candidates ? 1 : 2;
-
-  if (mode == 2) {
-    const int nq = p.per_head ? group : p.num_qo_heads, q0 = p.per_head ? h * group : 0;
-    const T* q = static_cast<const T*>(p.q) + (int64_t(b) * p.num_qo_heads + q0) * d;
-    for (int i = tid; i < nq * d; i += kSelectThreads) q_s[i] = to_f32(q[i]);
+  const float* sc = p.scores + (int64_t(b) * hkv + (p.per_head ? h : 0)) * p.max_pages;
+  // Every pass below reads each candidate's key: from shared memory when they fit (one pass
+  // over L2 here instead of six).
+  const bool staged = mode == 2 && c.num_pages <= kMaxSharedPages;
+  if (staged) {
+    for (int j = cand_begin + tid; j < cand_end; j += kSelectThreads) keys_s[j] = score_key(sc[j]);
     __syncthreads();
-    const T* meta = static_cast<const T*>(p.meta);
-    for (int j = cand_begin + warp; j < cand_end; j += kWarps) {
-      const int64_t blk = table[j / p.pages_per_block];
-      const T* mp = meta + (blk * p.pages_per_block + j % p.pages_per_block) * hkv * 2 * d;
-      float score;
-      if (p.per_head) {
-        score = -INFINITY;
-        for (int g = 0; g < group; ++g)
-          score = fmaxf(score, page_bound(q_s + g * d, mp + int64_t(h) * 2 * d, d, lane));
-      } else {
-        float sum = 0.f;
-        for (int qh = 0; qh < p.num_qo_heads; ++qh)
-          sum += page_bound(q_s + qh * d, mp + int64_t(qh / group) * 2 * d, d, lane);
-        score = sum / static_cast<float>(p.num_qo_heads);
-      }
-      if (lane == 0) sc[j] = score;
-    }
-    __syncthreads();  // scores written by this CTA (global memory, block-visible after the barrier)
   }
+  auto key_of = [&](int j) { return staged ? keys_s[j] : score_key(sc[j]); };
 
   // Radix select of the num_free-th largest key among the candidates.
   uint32_t prefix = 0, mask = 0;
   int remaining = c.num_free;
   if (mode == 2) {
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int i = tid; i < 256; i += kSelectThreads) hist[i] = 0;
+      for (int i = lane; i < 256; i += 32) hist[warp][i] = 0;
+      __syncwarp();
+      for (int base = cand_begin + warp * 32; base < cand_end; base += kSelectThreads) {
+        const int j = base + lane;
+        int digit = 256 + lane;  // unique: lanes outside the candidates match no one
+        if (j < cand_end) {
+          const uint32_t key = key_of(j);
+          if ((key & mask) == prefix) digit = (key >> shift) & 255u;
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, digit);
+        if (digit < 256 && lane == __ffs(peers) - 1) hist[warp][digit] += __popc(peers);
+        __syncwarp();
+      }
       __syncthreads();
-      for (int j = cand_begin + tid; j < cand_end; j += kSelectThreads) {
-        const uint32_t key = score_key(__ldcg(sc + j));
-        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+      for (int i = tid; i < 256; i += kSelectThreads) {
+        int n = 0;
+        for (int w = 0; w < kSelWarps; ++w) n += hist[w][i];
+        total[i] = n;
       }
       __syncthreads();
       if (warp == 0) {
         // Lane l holds bins 255 - 8l down to 248 - 8l (descending keys).
         int counts[8], lane_sum = 0;
 #pragma unroll
-        for (int t = 0; t < 8; ++t) lane_sum += counts[t] = hist[255 - 8 * lane - t];
+        for (int t = 0; t < 8; ++t) lane_sum += counts[t] = total[255 - 8 * lane - t];
         int incl = lane_sum;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -167,33 +213,55 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(QuestSelectParam
       prefix |= uint32_t(found_bin) << shift;
       mask |= 255u << shift;
       remaining = found_remaining;
-      __syncthreads();  // found_* are rewritten by the next pass
     }
   }
   const uint32_t threshold = prefix;
   const int need_equal = remaining;
 
-  // Ordered compaction: forced pages, and the candidates the mode takes.
-  int carry_eq = 0, carry_pos = 0;
-  for (int base = 0; base < c.num_pages; base += kSelectThreads) {
-    const int j = base + tid;
-    const bool valid = j < c.num_pages;
-    const bool forced = valid && (j < cand_begin || j >= cand_end);
-    const bool cand = valid && !forced;
-    uint32_t key = 0;
-    if (cand && mode == 2) key = score_key(__ldcg(sc + j));
-    const int eq = cand && mode == 2 && key == threshold;
-    int eq_rank, eq_total;
-    Scan(scan_tmp).ExclusiveSum(eq, eq_rank, eq_total);
-    __syncthreads();
-    const bool take = forced || (cand && mode == 1) ||
-                      (cand && mode == 2 && (key > threshold || (eq && carry_eq + eq_rank < need_equal)));
-    int pos, total;
-    Scan(scan_tmp).ExclusiveSum(int(take), pos, total);
-    __syncthreads();
-    if (take) out[carry_pos + pos] = j;
-    carry_eq += eq_total;
-    carry_pos += total;
+  // Ordered compaction. Warp w owns pages [w * seg, (w + 1) * seg); pass 1 counts its sure takes
+  // (forced, above the threshold, or every candidate) and its keys equal to the threshold; after
+  // one barrier each warp knows how many equal keys come before its segment (the first
+  // need_equal equal keys, in page order, are taken) and where its output starts.
+  const int seg = (c.num_pages + kSelWarps - 1) / kSelWarps;
+  const int seg_begin = min(c.num_pages, warp * seg), seg_end = min(c.num_pages, seg_begin + seg);
+  auto classify = [&](int j, bool& sure, bool& eq) {
+    sure = eq = false;
+    if (j >= seg_end) return;
+    if (j < cand_begin || j >= cand_end || mode == 1) {  // forced, or every candidate
+      sure = true;
+      return;
+    }
+    if (mode == 0) return;
+    const uint32_t key = key_of(j);
+    sure = key > threshold;
+    eq = key == threshold;
+  };
+  int n_sure = 0, n_eq = 0;
+  for (int base = seg_begin; base < seg_end; base += 32) {
+    bool sure, eq;
+    classify(base + lane, sure, eq);
+    n_sure += __popc(__ballot_sync(0xffffffffu, sure));
+    n_eq += __popc(__ballot_sync(0xffffffffu, eq));
+  }
+  if (lane == 0) warp_eq[warp] = n_eq, warp_take[warp] = n_sure;
+  __syncthreads();
+  int eq_before = 0, pos = 0;
+  for (int w = 0; w < warp; ++w) {
+    const int eq_taken = max(0, min(warp_eq[w], need_equal - eq_before));
+    pos += warp_take[w] + eq_taken;
+    eq_before += warp_eq[w];
+  }
+  const unsigned below = (1u << lane) - 1;
+  for (int base = seg_begin; base < seg_end; base += 32) {
+    const int j = base + lane;
+    bool sure, eq;
+    classify(j, sure, eq);
+    const unsigned eq_mask = __ballot_sync(0xffffffffu, eq);
+    const bool take = sure || (eq && eq_before + __popc(eq_mask & below) < need_equal);
+    const unsigned take_mask = __ballot_sync(0xffffffffu, take);
+    if (take) out[pos + __popc(take_mask & below)] = j;
+    pos += __popc(take_mask);
+    eq_before += __popc(eq_mask);
   }
 }
 
@@ -209,6 +277,7 @@ __global__ void gather_kernel(QuestGatherParams p, int es) {
   const int32_t loc = p.block_loc[p.block_indptr[b] + page / p.pages_per_block];
   const int mem = loc >= 0 ? 0 : 1;
   const int64_t block = loc >= 0 ? loc : -int64_t(loc) - 1;
+  if (mem == 1 && p.memory1_pages != nullptr && threadIdx.x == 0) atomicAdd(p.memory1_pages, 1ull);
   constexpr int kv = sizeof(V);
   const int64_t row = int64_t(hkv) * p.head_dim * es / kv;  // in vectors
   const int words = p.head_dim * es / kv;
@@ -252,13 +321,12 @@ void quest_meta_run(const QuestMetaParams& p, cudaStream_t stream) {
                 ErrorCode::kInvalidArgument, "quest meta: bad shape");
   const dim3 grid(p.num_pages, p.num_kv_heads);
   const int threads = std::min(256, (p.head_dim + 31) / 32 * 32);
-  dispatch(p.dtype, "quest meta", [&](auto t) {
-    meta_kernel<decltype(t)><<<grid, threads, 0, stream>>>(p);
-  });
+  dispatch(p.dtype, "quest meta",
+           [&](auto t) { meta_kernel<decltype(t)><<<grid, threads, 0, stream>>>(p); });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 
-void quest_select_run(const QuestSelectParams& p, cudaStream_t stream) {
+void quest_score_run(const QuestSelectParams& p, cudaStream_t stream) {
   if (p.batch == 0) return;
   LONGCTX_CHECK(p.head_dim >= 1 && p.head_dim <= 32 * kMaxLaneDims, ErrorCode::kUnsupported,
                 "quest select: head_dim {} (at most {})", p.head_dim, 32 * kMaxLaneDims);
@@ -270,14 +338,27 @@ void quest_select_run(const QuestSelectParams& p, cudaStream_t stream) {
   LONGCTX_CHECK(smem <= 96 * 1024, ErrorCode::kUnsupported,
                 "quest select: {} q heads x head_dim {} do not fit in shared memory", nq,
                 p.head_dim);
-  const dim3 grid(p.num_kv_heads, p.batch);
+  const int pages_per_cta = kScoreWarps * pages_per_warp(p.per_head);
+  const dim3 score_grid((p.max_pages + pages_per_cta - 1) / pages_per_cta,
+                        p.per_head ? p.num_kv_heads : 1, p.batch);
   dispatch(p.dtype, "quest select", [&](auto t) {
-    auto kernel = select_kernel<decltype(t)>;
+    auto kernel = score_kernel<decltype(t)>;
     if (smem > 48 * 1024)
       LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(smem)));
-    kernel<<<grid, kSelectThreads, smem, stream>>>(p);
+    kernel<<<score_grid, kScoreThreads, smem, stream>>>(p);
   });
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void quest_select_run(const QuestSelectParams& p, cudaStream_t stream) {
+  if (p.batch == 0) return;
+  quest_score_run(p, stream);
+  const size_t keys_smem = size_t(std::min(p.max_pages, kMaxSharedPages)) * sizeof(uint32_t);
+  // The static histograms take ~33 KB: any staged keys can pass the default 48 KB in all.
+  LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(
+      select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(keys_smem)));
+  select_kernel<<<dim3(p.num_kv_heads, p.batch), kSelectThreads, keys_smem, stream>>>(p);
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 

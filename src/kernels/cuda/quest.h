@@ -2,10 +2,11 @@
 // kernels/cpu/quest_cpu.h):
 //   quest_meta_run    one CTA per (page, KV head): the page's key min / max (exact: the extreme
 //                     elements themselves), after the step's keys were stored;
-//   quest_select_run  one CTA per (KV head, sequence): each candidate page's bound (a warp per
-//                     page), then the num_free-th largest score by a 4-pass radix select over the
-//                     scores' ordered bits and one ordered compaction (ties: the earlier page), so
-//                     the lists come out ascending with no sort;
+//   quest_select_run  each candidate page's bound (a warp per page, CTAs over page tiles x KV
+//                     heads x sequences: the whole GPU scores), then one CTA per (KV head,
+//                     sequence) finds the num_free-th largest score by a 4-pass radix select over
+//                     the scores' ordered bits and compacts in one ordered pass (ties: the earlier
+//                     page), so the lists come out ascending with no sort;
 //   quest_gather_run  one CTA per (selected page, KV head, sequence): the page's K and V rows
 //                     into the compact buffers, 16-byte loads where the rows allow; a source in
 //                     pinned host memory is read in place (mapped, zero-copy), which the SMs keep
@@ -23,6 +24,8 @@ void quest_meta_run(const QuestMetaParams& params, cudaStream_t stream);
 // Throws Error(kUnsupported) for head_dim > 256 or more q heads x head_dim than shared memory
 // holds (the queries of a CTA are staged there).
 void quest_select_run(const QuestSelectParams& params, cudaStream_t stream);
+// The first of quest_select_run's two launches alone: the candidate pages' scores.
+void quest_score_run(const QuestSelectParams& params, cudaStream_t stream);
 void quest_gather_run(const QuestGatherParams& params, cudaStream_t stream);
 
 }  // namespace longctx::kernels::cuda

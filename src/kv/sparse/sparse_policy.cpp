@@ -50,6 +50,8 @@ void SparseOptions::validate() const {
     LONGCTX_CHECK(sink_tokens >= 0 && window_tokens >= 1, ErrorCode::kInvalidArgument,
                   "--sparse-sink {} must be >= 0 and --sparse-window {} >= 1", sink_tokens,
                   window_tokens);
+    LONGCTX_CHECK(page_tokens >= 1, ErrorCode::kInvalidArgument, "--sparse-page {} must be >= 1",
+                  page_tokens);
     LONGCTX_CHECK(budget_tokens > sink_tokens + window_tokens, ErrorCode::kInvalidArgument,
                   "--sparse-budget {} must be more than --sparse-sink {} + --sparse-window {} "
                   "(those are always read)",
