@@ -60,12 +60,10 @@ class CpuExecutor final : public Executor {
       d.dtype = DType::kF32;
       d.sm_scale = model_->attention_scale();
       d.cpu_write_back_lag = o.offload_write_back_lag;
+      d.sparse = o.sparse;
       offload_ = std::make_unique<OffloadAttentionBackend>(d.geometry, make_cpu_offload_device(d));
       offload_->set_layer_block_bytes(d.layer_block_bytes());
       num_blocks_ = kv.num_blocks;
-      LONGCTX_CHECK(o.sparse.policy == "full", ErrorCode::kUnsupported,
-                    "--sparse-policy {} with the simulated offload: not built yet",
-                    o.sparse.policy);
     } else {
       pool_ = std::make_unique<PagedKVPool>(kv);
       num_blocks_ = pool_->num_blocks();

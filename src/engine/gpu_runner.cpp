@@ -13,7 +13,7 @@
 #include "engine/cuda_graphs.h"
 #include "engine/gpu_sampler.h"
 #include "engine/step_batch.h"
-#include "kernels/quest_params.h"
+#include "kernels/cpu/quest_cpu.h"
 #include "kv/paged_kv_pool.h"
 #include "loader/weight_spec.h"
 #include "longctx/core/device_memory.h"
@@ -42,11 +42,7 @@ bool quest(const GpuRunnerOptions& o) { return o.sparse.policy == "quest"; }
 int64_t quest_bytes(const ModelConfig& c, const GpuRunnerOptions& o, int64_t block_size,
                     int64_t max_model_len, int64_t num_blocks) {
   if (!quest(o)) return 0;
-  kernels::QuestBudget b;
-  b.page_tokens = static_cast<int>(o.sparse.page_tokens);
-  b.budget_tokens = static_cast<int>(std::min<int64_t>(o.sparse.budget_tokens, 1 << 30));
-  b.sink_tokens = static_cast<int>(std::min<int64_t>(o.sparse.sink_tokens, 1 << 30));
-  b.window_tokens = static_cast<int>(std::min<int64_t>(o.sparse.window_tokens, 1 << 30));
+  const kernels::QuestBudget b = kernels::cpu::quest_budget_of(o.sparse);
   LONGCTX_CHECK(b.page_tokens >= 1 && block_size % b.page_tokens == 0, ErrorCode::kInvalidArgument,
                 "--sparse-page {} must be positive and divide the KV block size {}",
                 o.sparse.page_tokens, block_size);

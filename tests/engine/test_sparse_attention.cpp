@@ -157,9 +157,17 @@ TEST(SparseAttention, SelectedBlocksEqualDirectAttentionWithTheRestMasked) {
   }
 }
 
-std::vector<RequestOutput> run_engine(const SparseOptions& sparse, int64_t prompt_len) {
+std::vector<RequestOutput> run_engine(const SparseOptions& sparse, int64_t prompt_len,
+                                      int64_t offload_gpu_blocks = 0) {
   CpuExecutorOptions o;
   o.sparse = sparse;
+  if (offload_gpu_blocks > 0) {  // most blocks on the simulated host, write-backs landing late
+    o.num_blocks = 512;
+    o.offload_gpu_blocks = offload_gpu_blocks;
+    o.offload_slots = 2;
+    o.offload_slot_blocks = 3;
+    o.offload_write_back_lag = 2;
+  }
   EngineCore core(make_cpu_executor(tiny_model(), o), nullptr, core_options(128, 4));
   std::mt19937 rng(3);
   std::vector<int32_t> ids(prompt_len);
@@ -214,6 +222,29 @@ TEST(SparseAttention, QuestAndXAttentionRunInTheEngine) {
       EXPECT_EQ(got[i].token_ids.size(), 24u);
       // The first token comes from the prefill: Quest (decode only) leaves it dense.
       if (o.policy == "quest") EXPECT_EQ(got[i].token_ids[0], dense[i].token_ids[0]);
+    }
+  }
+}
+
+// Quest through the simulated offload (the GPU path's reference kernels, host pages read in
+// place) selects what the resident CPU engine's policy selects: the same tokens, logprobs equal
+// to fp32 rounding (the two sum the softmax in another order).
+TEST(SparseAttention, QuestThroughTheSimulatedOffloadIsTheResidentQuest) {
+  SparseOptions quest;
+  quest.policy = "quest";
+  quest.budget_tokens = 96;
+  quest.sink_tokens = 16;
+  quest.window_tokens = 32;
+  SparseOptions avg = quest;
+  avg.per_head = false;
+  for (const SparseOptions& o : {quest, avg}) {
+    const auto resident = run_engine(o, 400);
+    const auto offload = run_engine(o, 400, /*offload_gpu_blocks=*/20);
+    ASSERT_EQ(offload.size(), resident.size());
+    for (size_t i = 0; i < offload.size(); ++i) {
+      EXPECT_EQ(offload[i].token_ids, resident[i].token_ids) << (o.per_head ? "per-head" : "avg");
+      for (size_t t = 0; t < offload[i].logprobs.size(); ++t)
+        EXPECT_NEAR(offload[i].logprobs[t].logprob, resident[i].logprobs[t].logprob, 1e-4);
     }
   }
 }

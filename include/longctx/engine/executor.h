@@ -66,7 +66,7 @@ struct CpuExecutorOptions {
   int64_t offload_slots = 4;
   int64_t offload_slot_blocks = 4;
   int64_t offload_write_back_lag = 1;  // steps until a write-back lands (unless waited for)
-  SparseOptions sparse;                // the sparse attention policy (resident pool only)
+  SparseOptions sparse;  // the sparse attention policy (with the simulated offload: full or quest)
 };
 
 // The CPU reference model over a CPU paged KV pool.

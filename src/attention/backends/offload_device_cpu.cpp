@@ -4,13 +4,19 @@
 // released it, or read before its load, throws; a write-back lands cpu_write_back_lag steps late
 // (reading the GPU block then), unless a load or a reuse waits for its ticket first, so a missing
 // wait in a plan gives stale K/V and the tests that compare with the resident path fail.
+// Quest (--sparse-policy quest) runs through the reference kernels of the GPU path
+// (kernels/cpu/quest_cpu.h) with pages of one KV block (the CPU engine's granularity): host pages
+// are read from the host pool in place, so a sparse step that forgot a write-back's ticket reads
+// stale keys here too.
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <memory>
 
 #include "attention/backends/offload_backend.h"
 #include "kernels/cpu/attention_ref.h"
 #include "kernels/cpu/merge_cpu.h"
+#include "kernels/cpu/quest_cpu.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -32,6 +38,104 @@ class CpuOffloadDevice final : public OffloadDevice {
     gpu_ = Tensor::empty({g_.num_layers * g_.num_gpu_blocks * 2 * page_}, DType::kF32);
     ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * 2 * page_}, DType::kF32);
     slots_.resize(g_.num_slots);
+    LONGCTX_CHECK(c.sparse.policy == "full" || c.sparse.policy == "quest", ErrorCode::kUnsupported,
+                  "--sparse-policy {} with the simulated offload: not built yet (quest is)",
+                  c.sparse.policy);
+    if (c.sparse.policy == "quest") {
+      SparseOptions o = c.sparse;
+      o.page_tokens = g_.block_size;
+      budget_ = kernels::cpu::quest_budget_of(o);
+      kernels::cpu::check_quest_budget(budget_, static_cast<int>(g_.block_size));
+      quest_ = true;
+      // Uninitialized, as the pool: a page's metadata is written with its first rows.
+      meta_.reset(new float[static_cast<size_t>(g_.num_layers * g_.num_host_blocks * 2 *
+                                                c.num_kv_heads * c.head_dim)]);
+    }
+  }
+
+  bool sparse() const override { return quest_; }
+
+  void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
+                   std::span<const KVBlockCopy> copies) override {
+    const int64_t per_block = 2 * c_.num_kv_heads * c_.head_dim;
+    for (const KVBlockCopy& cp : copies)
+      for (int64_t l = 0; l < g_.num_layers; ++l)
+        std::memcpy(meta_layer(l) + cp.dst * per_block, meta_layer(l) + cp.src * per_block,
+                    per_block * sizeof(float));
+    touched_ = kernels::cpu::quest_touched_pages(
+        batch.slot_mapping, plan_->slots, static_cast<int>(g_.block_size), budget_.page_tokens);
+    batch_ = &batch;
+    block_loc_.assign(block_loc.begin(), block_loc.end());
+    // Host pages are read in place: after write-backs of them still in flight.
+    if (!block_loc.empty() && plan_->load_wait_ticket) land_until(plan_->load_wait_ticket);
+  }
+
+  Tensor attend_sparse(int64_t layer, const Tensor& q) override {
+    const ForwardBatch& b = *batch_;
+    const int n = static_cast<int>(b.num_seqs());
+    const int hkv = static_cast<int>(c_.num_kv_heads), d = static_cast<int>(c_.head_dim);
+    int max_pages = 0;
+    for (int32_t kv : b.kv_lens)
+      max_pages = std::max(max_pages, kernels::quest_count(kv, budget_).num_pages);
+    const int max_sel = std::min(kernels::quest_max_selected(budget_), max_pages);
+    q_ = q.contiguous();
+    std::vector<int32_t> selected(static_cast<size_t>(n) * hkv * max_sel);
+    kernels::QuestSelectParams s;
+    s.q = q_.data<float>();
+    s.meta = meta_layer(layer);
+    s.block_indptr = b.block_table_indptr.data();
+    s.block_tables = b.block_tables.data();
+    s.kv_lens = b.kv_lens.data();
+    s.selected = selected.data();
+    s.batch = n;
+    s.num_qo_heads = static_cast<int>(c_.num_qo_heads);
+    s.num_kv_heads = hkv;
+    s.head_dim = d;
+    s.pages_per_block = 1;
+    s.max_pages = max_pages;
+    s.max_selected = max_sel;
+    s.budget = budget_;
+    s.per_head = c_.sparse.per_head;
+    s.dtype = DType::kF32;
+    kernels::cpu::quest_select(s);
+    const int64_t rows = int64_t(max_sel) * budget_.page_tokens;
+    std::vector<float> ck(static_cast<size_t>(n * rows * hkv * d)), cv(ck.size());
+    kernels::QuestGatherParams g;
+    g.k_base[0] = gpu_block(layer, 0);
+    g.v_base[0] = gpu_block(layer, 0) + page_;
+    g.k_base[1] = host_block(layer, 0);
+    g.v_base[1] = host_block(layer, 0) + page_;
+    g.block_stride[0] = g.block_stride[1] = 2 * page_;
+    g.block_indptr = b.block_table_indptr.data();
+    g.block_loc = block_loc_.data();
+    g.kv_lens = b.kv_lens.data();
+    g.selected = selected.data();
+    g.out_k = ck.data();
+    g.out_v = cv.data();
+    g.batch = n;
+    g.num_kv_heads = hkv;
+    g.head_dim = d;
+    g.pages_per_block = 1;
+    g.max_selected = max_sel;
+    g.budget = budget_;
+    g.dtype = DType::kF32;
+    kernels::cpu::quest_gather(g);
+    // Attention over the compact buffer: sequence b is one page of max_sel blocks.
+    std::vector<int32_t> qo(n + 1), indptr(n + 1), pages(n), last(n);
+    for (int i = 0; i < n; ++i) {
+      qo[i + 1] = indptr[i + 1] = i + 1;
+      pages[i] = i;
+      last[i] = kernels::cpu::quest_compact_len(b.kv_lens[i], budget_);
+    }
+    Tensor o = Tensor::empty({q.size(0), c_.num_qo_heads * c_.head_dim}, DType::kF32);
+    PagedPrefillParams p =
+        params(q_.data<float>(), ck.data(), qo, indptr, pages, last, MaskMode::kNone);
+    p.v_cache = cv.data();
+    p.o = o.data<float>();
+    p.lse = nullptr;
+    p.page_size = static_cast<int>(rows);
+    kernels::cpu::paged_prefill_ref(p);
+    return o;
   }
 
   bool ticket_done(uint64_t ticket) override { return ticket <= landed_; }
@@ -42,7 +146,8 @@ class CpuOffloadDevice final : public OffloadDevice {
     // Write-backs issued cpu_write_back_lag steps ago land now.
     while (!pending_.empty() && pending_.front().step + c_.cpu_write_back_lag <= step_) land_next();
     // As the CUDA device: evicted dirty blocks out first, then the waits (which may name them).
-    if (!plan.evict_write_backs.empty()) issue(plan.evict_write_back_ticket, plan.evict_write_backs);
+    if (!plan.evict_write_backs.empty())
+      issue(plan.evict_write_back_ticket, plan.evict_write_backs);
     if (plan.compute_wait_ticket) land_until(plan.compute_wait_ticket);
     for (auto [src, dst] : plan.gpu_copies)
       for (int64_t l = 0; l < g_.num_layers; ++l)
@@ -82,6 +187,19 @@ class CpuOffloadDevice final : public OffloadDevice {
                     d * sizeof(float));
       }
     }
+    if (!quest_ || touched_.empty()) return;
+    kernels::QuestMetaParams m;
+    m.k_cache = gpu_block(layer, 0);
+    m.block_stride = 2 * page_;
+    m.meta = meta_layer(layer);
+    m.pages = touched_.data();
+    m.num_pages = static_cast<int>(touched_.size() / 4);
+    m.num_kv_heads = static_cast<int>(hkv);
+    m.head_dim = static_cast<int>(d);
+    m.page_tokens = budget_.page_tokens;
+    m.pages_per_block = 1;
+    m.dtype = DType::kF32;
+    kernels::cpu::quest_meta_update(m);
   }
 
   void attend_resident(int64_t layer, const Tensor& q) override {
@@ -141,6 +259,9 @@ class CpuOffloadDevice final : public OffloadDevice {
     std::vector<BlockMove> moves;
   };
 
+  float* meta_layer(int64_t layer) {
+    return meta_.get() + layer * g_.num_host_blocks * 2 * c_.num_kv_heads * c_.head_dim;
+  }
   float* host_block(int64_t layer, int32_t b) {
     return host_.data<float>() + (layer * g_.num_host_blocks + b) * 2 * page_;
   }
@@ -230,6 +351,13 @@ class CpuOffloadDevice final : public OffloadDevice {
   const OffloadStepPlan* plan_ = nullptr;
   Tensor q_;
   std::vector<float> acc_o_, acc_lse_, part_o_, part_lse_;
+  // quest
+  bool quest_ = false;
+  kernels::QuestBudget budget_;
+  std::unique_ptr<float[]> meta_;   // [layers][host blocks][Hkv][min, max][d]
+  std::vector<int32_t> touched_;    // this step's pages (QuestMetaParams::pages)
+  std::vector<int32_t> block_loc_;  // a decode step's block locations
+  const ForwardBatch* batch_ = nullptr;
 };
 
 }  // namespace

@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "attention/backends/quest_cuda.h"
 #include "kernels/cpu/quest_cpu.h"
@@ -14,21 +13,12 @@ namespace longctx {
 
 namespace {
 
-kernels::QuestBudget budget_of(const SparseOptions& o) {
-  kernels::QuestBudget b;
-  b.page_tokens = static_cast<int>(o.page_tokens);
-  b.budget_tokens = static_cast<int>(std::min<int64_t>(o.budget_tokens, 1 << 30));
-  b.sink_tokens = static_cast<int>(std::min<int64_t>(o.sink_tokens, 1 << 30));
-  b.window_tokens = static_cast<int>(std::min<int64_t>(o.window_tokens, 1 << 30));
-  return b;
-}
-
 struct Sizes {
   int64_t pages_per_block, max_pages, max_selected, meta_block_bytes;
 };
 
 Sizes sizes_of(const QuestCudaConfig& c) {
-  const kernels::QuestBudget b = budget_of(c.options);
+  const kernels::QuestBudget b = kernels::cpu::quest_budget_of(c.options);
   kernels::cpu::check_quest_budget(b, static_cast<int>(c.block_size));
   Sizes s;
   s.pages_per_block = c.block_size / b.page_tokens;
@@ -41,8 +31,8 @@ Sizes sizes_of(const QuestCudaConfig& c) {
 
 int64_t quest_bytes(const QuestCudaConfig& c) {
   const kernels::QuestBytes b = kernels::quest_gpu_bytes(
-      budget_of(c.options), c.num_layers, c.block_size, c.num_kv_heads, c.head_dim,
-      static_cast<int64_t>(dtype_size(c.dtype)), c.max_seqs, c.max_model_len);
+      kernels::cpu::quest_budget_of(c.options), c.num_layers, c.block_size, c.num_kv_heads,
+      c.head_dim, static_cast<int64_t>(dtype_size(c.dtype)), c.max_seqs, c.max_model_len);
   return b.per_block * c.num_blocks + b.fixed;
 }
 
@@ -54,7 +44,7 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), staged_(c.device) {
   LONGCTX_CHECK(c.num_layers > 0 && c.num_blocks > 0 && c.max_seqs > 0 && c.max_model_len > 0 &&
                     c.num_kv_heads > 0 && c.num_qo_heads % c.num_kv_heads == 0,
                 ErrorCode::kInvalidArgument, "quest: bad cache shape");
-  budget_ = budget_of(c.options);
+  budget_ = kernels::cpu::quest_budget_of(c.options);
   const Sizes s = sizes_of(c);
   pages_per_block_ = s.pages_per_block;
   max_pages_ = s.max_pages;
@@ -100,25 +90,9 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
   staged_.synchronize();  // the previous step's copy out of the staging buffer has finished
   words_.clear();
   const int64_t bs = c_.block_size, page = budget_.page_tokens;
-  LONGCTX_CHECK(cache_slots.size() == batch.slot_mapping.size(), ErrorCode::kInternal,
-                "quest: {} cache slots for {} new tokens", cache_slots.size(),
-                batch.slot_mapping.size());
-  // Touched pages: (cache block, meta block, page) -> rows up to the highest new row.
-  std::map<std::tuple<int64_t, int64_t, int64_t>, int32_t> touched;
-  for (size_t t = 0; t < cache_slots.size(); ++t) {
-    const int64_t meta_slot = batch.slot_mapping[t], cache_slot = cache_slots[t];
-    if (meta_slot < 0) continue;
-    const int64_t off = meta_slot % bs;
-    int32_t& rows = touched[{cache_slot / bs, meta_slot / bs, off / page}];
-    rows = std::max<int32_t>(rows, static_cast<int32_t>(off % page + 1));
-  }
-  std::vector<int32_t> pages;
-  for (const auto& [key, rows] : touched) {
-    const auto [cache_block, meta_block, pg] = key;
-    pages.insert(pages.end(), {static_cast<int32_t>(cache_block), static_cast<int32_t>(meta_block),
-                               static_cast<int32_t>(pg), rows});
-  }
-  num_pages_ = static_cast<int64_t>(touched.size());
+  const std::vector<int32_t> pages = kernels::cpu::quest_touched_pages(
+      batch.slot_mapping, cache_slots, static_cast<int>(bs), static_cast<int>(page));
+  num_pages_ = static_cast<int64_t>(pages.size() / 4);
   pages_at_ = put(pages);
 
   decode_ = !block_loc.empty();
@@ -142,9 +116,7 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
       indptr[b + 1] = b + 1;
       indices[b] = b;
       qo[b + 1] = b + 1;
-      // Every list ends with the sequence's last page (the window is never empty).
-      last[b] =
-          static_cast<int32_t>((cnt.num_selected - 1) * page + (kv - (cnt.num_pages - 1) * page));
+      last[b] = kernels::cpu::quest_compact_len(kv, budget_);
       stats_.pages_read += int64_t(cnt.num_selected) * c_.num_kv_heads * c_.num_layers;
       stats_.pages_total += int64_t(cnt.num_pages) * c_.num_kv_heads * c_.num_layers;
     }

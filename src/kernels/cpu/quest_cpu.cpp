@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <numeric>
+#include <tuple>
 
 #include "kernels/cpu/decode_elem.h"
 #include "longctx/core/error.h"
@@ -23,6 +25,12 @@ void check_quest_budget(const QuestBudget& b, int block_size) {
                 "quest: --sparse-budget {} must be more than --sparse-sink {} + --sparse-window {} "
                 "(window >= 1)",
                 b.budget_tokens, b.sink_tokens, b.window_tokens);
+}
+
+QuestBudget quest_budget_of(const SparseOptions& o) {
+  auto clamp = [](int64_t v) { return static_cast<int>(std::clamp<int64_t>(v, 0, 1 << 30)); };
+  return {clamp(o.page_tokens), clamp(o.budget_tokens), clamp(o.sink_tokens),
+          clamp(o.window_tokens)};
 }
 
 void quest_meta_update(const QuestMetaParams& p) {
@@ -107,6 +115,36 @@ void quest_select(const QuestSelectParams& p) {
       std::copy(pick.begin(), pick.end(), out);
     }
   }
+}
+
+std::vector<int32_t> quest_touched_pages(std::span<const int64_t> meta_slots,
+                                         std::span<const int64_t> cache_slots, int block_size,
+                                         int page_tokens) {
+  LONGCTX_CHECK(meta_slots.size() == cache_slots.size(), ErrorCode::kInternal,
+                "quest: {} cache slots for {} new tokens", cache_slots.size(), meta_slots.size());
+  // (cache block, meta block, page) -> rows up to the highest new row.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int32_t> touched;
+  for (size_t t = 0; t < meta_slots.size(); ++t) {
+    if (meta_slots[t] < 0) continue;
+    const int64_t off = meta_slots[t] % block_size;
+    int32_t& rows =
+        touched[{cache_slots[t] / block_size, meta_slots[t] / block_size, off / page_tokens}];
+    rows = std::max<int32_t>(rows, static_cast<int32_t>(off % page_tokens + 1));
+  }
+  std::vector<int32_t> pages;
+  for (const auto& [key, rows] : touched) {
+    const auto [cache_block, meta_block, page] = key;
+    pages.insert(pages.end(), {static_cast<int32_t>(cache_block), static_cast<int32_t>(meta_block),
+                               static_cast<int32_t>(page), rows});
+  }
+  return pages;
+}
+
+int quest_compact_len(int kv_len, const QuestBudget& budget) {
+  const QuestCount c = quest_count(kv_len, budget);
+  const int p = budget.page_tokens;
+  // Every list ends with the sequence's last page (the window is never empty).
+  return (c.num_selected - 1) * p + (kv_len - (c.num_pages - 1) * p);
 }
 
 void quest_gather(const QuestGatherParams& p) {

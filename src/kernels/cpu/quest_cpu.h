@@ -2,15 +2,19 @@
 // (kernels/cuda/quest.h) are tested against. fp32 arithmetic on bf16 / f16 / f32 storage.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "kernels/quest_params.h"
+#include "longctx/kv/sparse_options.h"
 
 namespace longctx::kernels::cpu {
 
 // Throws Error(kInvalidArgument) naming the field: a page size that does not divide the block,
 // non-positive shapes, a budget that is not above sink + window.
 void check_quest_budget(const QuestBudget& budget, int block_size);
+// The budget of quest's options (page: options.page_tokens), counts clamped to int.
+QuestBudget quest_budget_of(const SparseOptions& options);
 
 void quest_meta_update(const QuestMetaParams& params);
 
@@ -22,5 +26,15 @@ float quest_page_score(const QuestSelectParams& params, int b, int h, int page);
 void quest_select(const QuestSelectParams& params);
 
 void quest_gather(const QuestGatherParams& params);
+
+// Host planning shared by the GPU path and the CPU offload simulation. The pages a step's new
+// tokens touch, as QuestMetaParams::pages entries (4 ints each): token t is at engine slot
+// meta_slots[t] (its metadata's block; < 0: padding) and cache slot cache_slots[t] (where its
+// keys were stored), each block * block_size + offset.
+std::vector<int32_t> quest_touched_pages(std::span<const int64_t> meta_slots,
+                                         std::span<const int64_t> cache_slots, int block_size,
+                                         int page_tokens);
+// Keys of a sequence's compact buffer: its selected pages, the last one partial.
+int quest_compact_len(int kv_len, const QuestBudget& budget);
 
 }  // namespace longctx::kernels::cpu
