@@ -112,15 +112,11 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
       const int32_t kv = batch.kv_lens[b];
       LONGCTX_CHECK(batch.q_len(b) == 1 && kv >= 1 && kv <= max_pages_ * page, ErrorCode::kInternal,
                     "quest: sequence {} decodes {} rows over {} keys", b, batch.q_len(b), kv);
-      const kernels::QuestCount cnt = kernels::quest_count(kv, budget_);
       indptr[b + 1] = b + 1;
       indices[b] = b;
       qo[b + 1] = b + 1;
       last[b] = kernels::cpu::quest_compact_len(kv, budget_);
-      stats_.pages_read += int64_t(cnt.num_selected) * c_.num_kv_heads * c_.num_layers;
-      stats_.pages_total += int64_t(cnt.num_pages) * c_.num_kv_heads * c_.num_layers;
     }
-    ++stats_.decode_steps;
     dec_indptr_at_ = put(indptr);
     dec_indices_at_ = put(indices);
     dec_last_at_ = put(last);

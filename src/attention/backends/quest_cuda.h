@@ -37,13 +37,6 @@ struct QuestCudaConfig {
   int64_t max_seqs = 0, max_model_len = 0;
 };
 
-// Pages selected and pages the sequences hold, summed over decode steps and layers.
-struct QuestStats {
-  int64_t decode_steps = 0;
-  int64_t pages_read = 0;
-  int64_t pages_total = 0;
-};
-
 class QuestCuda {
  public:
   // Throws Error(kInvalidArgument) for a page size that does not divide the block or a bad
@@ -72,7 +65,6 @@ class QuestCuda {
   void attend(int64_t layer, const void* q, void* o, float* o_f32, const Memory (&mem)[2],
               cudaStream_t stream);
 
-  const QuestStats& stats() const { return stats_; }
   // K and V bytes the gathers read from memory 1 (the host pool) so far; synchronizes.
   int64_t memory1_bytes_read() const;
 
@@ -101,7 +93,6 @@ class QuestCuda {
   int batch_ = 0;
   bool decode_ = false;
   kernels::cuda::DecodePlan decode_plan_;
-  QuestStats stats_;
 };
 
 }  // namespace longctx
