@@ -54,6 +54,10 @@ class CpuOffloadDevice final : public OffloadDevice {
   }
 
   bool sparse() const override { return quest_; }
+  int64_t sparse_host_bytes_read() const override {
+    return static_cast<int64_t>(host_pages_read_) * 2 * budget_.page_tokens * c_.head_dim *
+           static_cast<int64_t>(sizeof(float));
+  }
 
   void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
                    std::span<const KVBlockCopy> copies) override {
@@ -112,6 +116,7 @@ class CpuOffloadDevice final : public OffloadDevice {
     g.selected = selected.data();
     g.out_k = ck.data();
     g.out_v = cv.data();
+    g.memory1_pages = &host_pages_read_;
     g.batch = n;
     g.num_kv_heads = hkv;
     g.head_dim = d;
@@ -358,6 +363,7 @@ class CpuOffloadDevice final : public OffloadDevice {
   std::vector<int32_t> touched_;    // this step's pages (QuestMetaParams::pages)
   std::vector<int32_t> block_loc_;  // a decode step's block locations
   const ForwardBatch* batch_ = nullptr;
+  unsigned long long host_pages_read_ = 0;  // pages (of one KV head) gathered from the host pool
 };
 
 }  // namespace
