@@ -9,8 +9,8 @@
 //   xattention  prefill: strided antidiagonal scores of each (query block, key block) of 128, a
 //               softmax per query group, block sums, per q head the fewest key blocks whose mass
 //               reaches a threshold; the sink and the diagonal blocks always kept.
-// Selections are host data over fp32 keys here (the CPU engine); the GPU paths will compute the
-// same selections on the device.
+// Selections are host data over fp32 keys here (the CPU engine); Quest's GPU path
+// (attention_backends/quest_cuda.h) computes the same selections on the device.
 #pragma once
 
 #include <cstdint>
