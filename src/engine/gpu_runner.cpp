@@ -36,20 +36,19 @@ int64_t resolve_max_model_len(const ModelConfig& c, const GpuRunnerOptions& o) {
   return o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
 }
 
-bool quest(const GpuRunnerOptions& o) { return o.sparse.policy == "quest"; }
+// Decode steps replay CUDA graphs unless eager, or quest (its decode steps run eagerly).
+bool decode_graphs(const GpuRunnerOptions& o) {
+  return !o.enforce_eager && o.sparse.policy != "quest";
+}
 
-// Quest's device bytes for `num_blocks` engine blocks.
-int64_t quest_bytes(const ModelConfig& c, const GpuRunnerOptions& o, int64_t block_size,
-                    int64_t max_model_len, int64_t num_blocks) {
-  if (!quest(o)) return 0;
+// Quest's device bytes per engine block and fixed (zeros for any other policy).
+kernels::QuestBytes quest_bytes(const ModelConfig& c, const GpuRunnerOptions& o, int64_t block_size,
+                                int64_t max_model_len) {
+  if (o.sparse.policy != "quest") return {};
   const kernels::QuestBudget b = kernels::cpu::quest_budget_of(o.sparse);
-  LONGCTX_CHECK(b.page_tokens >= 1 && block_size % b.page_tokens == 0, ErrorCode::kInvalidArgument,
-                "--sparse-page {} must be positive and divide the KV block size {}",
-                o.sparse.page_tokens, block_size);
-  const kernels::QuestBytes q =
-      kernels::quest_gpu_bytes(b, c.num_hidden_layers, block_size, c.num_key_value_heads,
-                               c.head_dim, kBf16, o.max_num_seqs, max_model_len);
-  return q.per_block * num_blocks + q.fixed;
+  kernels::cpu::check_quest_budget(b, static_cast<int>(block_size));
+  return kernels::quest_gpu_bytes(b, c.num_hidden_layers, block_size, c.num_key_value_heads,
+                                  c.head_dim, kBf16, o.max_num_seqs, max_model_len);
 }
 
 int64_t weight_bytes(const ModelConfig& config) {
@@ -116,7 +115,8 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
   p.offload_buffers = rows * config.head_dim * 8 + rows * 8;  // fp32 partial and merged states
   const int64_t host = options.host_kv_bytes > 0 ? options.host_kv_bytes : default_host_kv_bytes();
   p.num_host_blocks = host / p.kv_block_bytes;
-  p.sparse = quest_bytes(config, options, p.block_size, p.max_model_len, p.num_host_blocks);
+  const kernels::QuestBytes q = quest_bytes(config, options, p.block_size, p.max_model_len);
+  p.sparse = q.per_block * p.num_host_blocks + q.fixed;
   const int64_t left = p.budget - p.weights - p.activations - p.workspaces - p.ring_bytes -
                        p.offload_buffers - p.sparse;
   p.num_kv_blocks =
@@ -153,9 +153,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   p.activations = options.max_num_batched_tokens * activation_bytes_per_token(config);
   // Logits rows, and the sampler's copies of penalized rows.
   p.workspaces = kWorkspaceBytes + 2 * options.max_num_seqs * config.vocab_size * 4;
-  p.graphs = options.enforce_eager || quest(options)
-                 ? 0
-                 : decode_graph_memory_bytes(config, options.max_num_seqs);
+  p.graphs = decode_graphs(options) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
   PagedKVPoolConfig kv{config.num_hidden_layers,
                        config.num_key_value_heads,
                        config.head_dim,
@@ -166,14 +164,12 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   p.kv_block_bytes = kv.bytes_per_block();
   const int64_t per_seq = (p.max_model_len + p.block_size - 1) / p.block_size;
   if (options.kv_offload) return plan_offload(config, options, p, per_seq);
-  const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs -
-                       quest_bytes(config, options, p.block_size, p.max_model_len, 0);
-  const int64_t per_block = p.kv_block_bytes +
-                            quest_bytes(config, options, p.block_size, p.max_model_len, 1) -
-                            quest_bytes(config, options, p.block_size, p.max_model_len, 0);
-  p.num_kv_blocks =
-      options.num_gpu_blocks > 0 ? options.num_gpu_blocks : std::max<int64_t>(0, left / per_block);
-  p.sparse = quest_bytes(config, options, p.block_size, p.max_model_len, p.num_kv_blocks);
+  const kernels::QuestBytes q = quest_bytes(config, options, p.block_size, p.max_model_len);
+  const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs - q.fixed;
+  p.num_kv_blocks = options.num_gpu_blocks > 0
+                        ? options.num_gpu_blocks
+                        : std::max<int64_t>(0, left / (p.kv_block_bytes + q.per_block));
+  p.sparse = q.per_block * p.num_kv_blocks + q.fixed;
   // As vLLM: refuse a configuration that cannot hold even one sequence of max_model_len.
   LONGCTX_CHECK(p.num_kv_blocks >= per_seq, ErrorCode::kOutOfMemory,
                 "GPU memory plan: the KV cache holds {} tokens, less than one sequence of "
@@ -401,7 +397,7 @@ int64_t GpuRunner::vocab_size() const { return impl_->model->config().vocab_size
 KVBlockLayout GpuRunner::kv_layout() const {
   if (impl_->offload != nullptr) return {impl_->plan.num_host_blocks, impl_->plan.block_size};
   // With graphs the last block is the padding sequences' scratch block, never handed out.
-  const int64_t reserved = impl_->options.enforce_eager || quest(impl_->options) ? 0 : 1;
+  const int64_t reserved = decode_graphs(impl_->options) ? 1 : 0;
   return {impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};
 }
 
@@ -490,8 +486,7 @@ void GpuRunner::attach_engine() {
                 "GPU runner: {} standalone sequences still hold blocks", m.owned.size());
   m.engine_attached = true;
   m.sampler = std::make_unique<GpuSampler>(m.options.max_num_seqs, vocab_size(), m.model->device());
-  // Offload steps are not graph-shaped; quest's decode steps run eagerly.
-  if (!m.options.enforce_eager && m.pool != nullptr && !quest(m.options)) {
+  if (decode_graphs(m.options) && m.pool != nullptr) {  // offload steps are not graph-shaped
     DecodeGraphOptions g;
     g.max_num_seqs = m.options.max_num_seqs;
     g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine
