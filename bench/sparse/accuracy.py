@@ -2,17 +2,22 @@
 policy, then a markdown table per (task, length): exact match, its difference from full
 attention, how many samples generate full attention's token ids, and the density (the fraction
 of KV pages a decode step reads, per KV head, averaged over every decode step of every sample;
-computed from each sample's prompt and generated lengths by Quest's rule, kernels/quest_params.h).
+computed from each sample's prompt and generated lengths by Quest's rule, kernels/quest_params.h;
+for xattention the fraction of causal key blocks the prefill read, per q head, over every layer
+and chunk, as `longctx needle` reports it).
 
   python3 bench/sparse/accuracy.py --longctx build-cuda/longctx --out DIR FILE.jsonl ... \
       --policies full quest:1024 quest:1024:avg quest:4096
-A policy is `full` or `quest:BUDGET[:avg]` (avg: head-averaged scores); --common-flags go to
-every run (defaults: batching and 16 new tokens as bench/offload/exactness.py).
+A policy is `full`, `quest:BUDGET[:avg]` (avg: head-averaged scores) or
+`xattn:THRESHOLD[:STRIDE][:q]` (q: one mask per q head instead of per KV head);
+--common-flags go to every run (defaults: batching and 16 new tokens as
+bench/offload/exactness.py).
 """
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,8 +41,13 @@ def policy_flags(spec, page, sink, window):
     if spec == "full":
         return []
     parts = spec.split(":")
+    if parts[0] == "xattn" and 2 <= len(parts) <= 4:
+        flags = ["--sparse-policy", "xattention", "--xattn-threshold", parts[1]]
+        for extra in parts[2:]:
+            flags += ["--xattn-per-q-head"] if extra == "q" else ["--xattn-stride", extra]
+        return flags
     if parts[0] != "quest" or len(parts) not in (2, 3):
-        sys.exit(f"policy {spec!r}: want full or quest:BUDGET[:avg]")
+        sys.exit(f"policy {spec!r}: want full, quest:BUDGET[:avg] or xattn:THRESHOLD[:STRIDE][:q]")
     flags = ["--sparse-policy", "quest", "--sparse-budget", parts[1], "--sparse-page", str(page),
              "--sparse-sink", str(sink), "--sparse-window", str(window)]
     if len(parts) == 3:
@@ -47,9 +57,14 @@ def policy_flags(spec, page, sink, window):
     return flags
 
 
-def density(spec, rows, page, sink, window):
+def density(spec, rows, page, sink, window, stdout):
     if spec == "full":
         return 1.0
+    if spec.startswith("xattn"):
+        m = re.search(r"sparse prefill density ([0-9.]+)", stdout)
+        if not m:
+            sys.exit(f"{spec}: longctx needle printed no sparse prefill density")
+        return float(m.group(1))
     budget = int(spec.split(":")[1])
     read = held = 0
     for r in rows:
@@ -88,23 +103,23 @@ def main() -> None:
                    "--samples", samples, "--out", str(path)] + a.common_flags + policy_flags(
                        spec, a.page, a.sink, a.window)
             t0 = time.perf_counter()
-            p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=os.environ)
             if p.returncode != 0:
                 sys.exit(f"{' '.join(cmd)}\nfailed ({p.returncode}): {p.stderr[-2000:]}")
             rows = json.loads(path.read_text())
             rows = rows["samples"] if isinstance(rows, dict) else rows
-            results[spec] = (rows, time.perf_counter() - t0)
+            results[spec] = (rows, time.perf_counter() - t0, p.stdout)
         full_rows = results["full"][0]
         full_exact = 100.0 * sum(r["exact"] for r in full_rows) / len(full_rows)
         print(f"\n{name} ({len(full_rows)} samples)\n")
         print("| policy | exact % | vs full | same tokens as full | density | run s |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for spec in a.policies:
-            rows, secs = results[spec]
+            rows, secs, stdout = results[spec]
             exact = 100.0 * sum(r["exact"] for r in rows) / len(rows)
             same = sum(r["token_ids"] == f["token_ids"] for r, f in zip(rows, full_rows))
-            d = density(spec, rows, a.page, a.sink, a.window)
+            d = density(spec, rows, a.page, a.sink, a.window, stdout)
             print(f"| {spec} | {exact:.1f} | {exact - full_exact:+.1f} | {same}/{len(rows)} | "
                   f"{d:.3f} | {secs:.0f} |")
         sys.stdout.flush()

@@ -60,7 +60,7 @@ struct EngineConfig {
   // Ranks of a tensor-parallel model (docs/tensor_parallel.md): the CPU runs them as threads
   // (thread communicators), a GPU engine on cuda:i .. cuda:i+N-1 over NCCL.
   int64_t tensor_parallel_size = 1;
-  uint64_t seed = 0;     // seeds the requests that bring no seed of their own
+  uint64_t seed = 0;                // seeds the requests that bring no seed of their own
   ModelBuildOptions model_options;  // numerics choices of the model (see ModelBuildOptions)
 };
 
@@ -133,6 +133,12 @@ class LLM {
   Device device() const;
   const GpuMemoryPlan* memory_plan() const;
   int64_t max_model_len() const;
+  // The fraction of causal key blocks a sparse prefill policy (xattention on the GPU) read so
+  // far, as {kept, causal} block counts; zeros without one.
+  struct SparseStats {
+    int64_t prefill_blocks_kept = 0, prefill_blocks_causal = 0;
+  };
+  SparseStats sparse_stats() const;
 
  private:
   friend EngineCore& engine_core(LLM& llm);  // src/engine/llm_internal.h (the server's loop)

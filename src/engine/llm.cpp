@@ -106,11 +106,6 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     configure_device_memory(impl_->device.index, config.gpu_memory_limit,
                             config.gpu_memory_utilization);
     config.sparse.validate();
-    LONGCTX_CHECK(config.sparse.policy == "full" || config.sparse.policy == "quest",
-                  ErrorCode::kUnsupported,
-                  "--sparse-policy {} runs on the CPU engine so far (--device cpu); on the GPU "
-                  "quest is built",
-                  config.sparse.policy);
     GpuRunnerOptions gpu;
     gpu.block_size = config.block_size;
     gpu.max_num_batched_tokens = config.max_num_batched_tokens;
@@ -200,6 +195,12 @@ const ModelConfig* LLM::model_config() const {
 }
 
 Device LLM::device() const { return impl_->device; }
+
+LLM::SparseStats LLM::sparse_stats() const {
+  if (!impl_->runner) return {};
+  const GpuRunner::SparseCounters c = impl_->runner->sparse_counters();
+  return {c.prefill_blocks_kept, c.prefill_blocks_causal};
+}
 
 const GpuMemoryPlan* LLM::memory_plan() const {
   return impl_->runner ? &impl_->runner->memory_plan() : nullptr;

@@ -245,6 +245,7 @@ TEST(SparsePolicy, XAttentionKeepsTheFewestBlocksReachingTheThreshold) {
     o.policy = "xattention";
     o.threshold = trial % 3 == 0 ? 0.95 : 0.9;
     o.stride = trial % 2 ? 8 : 16;
+    o.xattn_per_kv_head = trial % 4 < 2;
     auto p = make_sparse_policy(o, c.shape);
     EXPECT_TRUE(p->selects(Phase::kPrefill));
     EXPECT_FALSE(p->selects(Phase::kDecode));
@@ -256,8 +257,17 @@ TEST(SparsePolicy, XAttentionKeepsTheFewestBlocksReachingTheThreshold) {
     const int64_t qb = (n + B - 1) / B, kb = (kv_len + B - 1) / B, p0 = kv_len - n;
     ASSERT_EQ(m.q_blocks, qb);
     ASSERT_EQ(m.k_blocks, kb);
+    const int64_t group = o.xattn_per_kv_head ? hq / hkv : 1;  // q heads sharing a mask
     for (int64_t h = 0; h < hq; ++h) {
-      const std::vector<double> mass = xattn_mass(c, q, n, h, o.stride);
+      std::vector<double> mass(qb * kb, 0.0);
+      for (int64_t u = h - h % group; u < h - h % group + group; ++u) {
+        const std::vector<double> one = xattn_mass(c, q, n, u, o.stride);
+        for (size_t e = 0; e < mass.size(); ++e) mass[e] += one[e];
+      }
+      if (h % group)
+        EXPECT_TRUE(std::equal(m.mask.begin() + h * qb * kb, m.mask.begin() + (h + 1) * qb * kb,
+                               m.mask.begin() + (h - 1) * qb * kb))
+            << "the q heads of a KV head share its mask, trial " << trial;
       for (int64_t i = 0; i < qb; ++i) {
         const uint8_t* row = m.mask.data() + (h * qb + i) * kb;
         const int64_t lo = (p0 + i * B) / B, hi = (p0 + std::min(n, (i + 1) * B) - 1) / B;

@@ -177,6 +177,12 @@ void run(Options& o) {
               std::to_string(c.exact) + "/" + std::to_string(c.n);
     }
   }
+  const LLM::SparseStats sparse = llm->sparse_stats();
+  if (sparse.prefill_blocks_causal > 0)
+    std::fprintf(stdout, "sparse prefill density %.4f (%lld of %lld causal key blocks read)\n",
+                 double(sparse.prefill_blocks_kept) / double(sparse.prefill_blocks_causal),
+                 static_cast<long long>(sparse.prefill_blocks_kept),
+                 static_cast<long long>(sparse.prefill_blocks_causal));
   std::fflush(stdout);
   if (!o.out.empty()) {
     std::ofstream f(o.out);

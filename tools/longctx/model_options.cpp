@@ -119,6 +119,9 @@ void ModelOptions::add_to(CLI::App* cmd) {
       ->capture_default_str();
   cmd->add_option("--xattn-stride", sparse.stride, "xattention: antidiagonal stride")
       ->capture_default_str();
+  cmd->add_flag(
+      "--xattn-per-q-head", [this](int64_t) { sparse.xattn_per_kv_head = false; },
+      "xattention: one mask per q head (default: per KV head, from its q heads' summed masses)");
 }
 
 GpuRunnerOptions ModelOptions::runner_options() const {

@@ -100,6 +100,12 @@ class GpuRunner {
     int64_t sparse_host_bytes_read = 0;  // a sparse policy's reads of host pages in place
   };
   OffloadCounters offload_counters() const;
+  // Sparse prefill (xattention): key blocks the masks kept and the blocks causal attention would
+  // have read, over every step so far; zeros for other policies. Synchronizes.
+  struct SparseCounters {
+    int64_t prefill_blocks_kept = 0, prefill_blocks_causal = 0;
+  };
+  SparseCounters sparse_counters() const;
 
   // Standalone use, refused once an engine drives the runner. Inputs' block tables are ignored
   // (the runner keeps each seq_id's blocks until release()); num_new 0 runs all the rest.

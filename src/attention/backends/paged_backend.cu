@@ -4,6 +4,7 @@
 
 #include "attention/backends/paged_backend.h"
 #include "attention/backends/quest_cuda.h"
+#include "attention/backends/xattention_cuda.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/kv_store.h"
@@ -73,9 +74,24 @@ class PagedAttentionBackend final : public AttentionBackend {
     workspace_ = Tensor::empty(
         {static_cast<int64_t>(std::max(prefill_ws_bytes_, decode_ws_bytes_))}, DType::kU8, device_);
     sparse.validate();
-    LONGCTX_CHECK(sparse.policy == "full" || sparse.policy == "quest", ErrorCode::kUnsupported,
-                  "--sparse-policy {} on the GPU: not built yet (quest is; docs/sparse.md)",
-                  sparse.policy);
+    const int64_t max_seq_len =
+        limits.max_seq_len > 0 ? limits.max_seq_len : c.num_blocks * c.block_size;
+    if (sparse.policy == "xattention") {
+      LONGCTX_CHECK(fast_head_dim_, ErrorCode::kUnsupported,
+                    "--sparse-policy xattention on the GPU: head_dim {} (the estimate kernel "
+                    "takes 64 and 128)",
+                    c.head_dim);
+      XAttnCudaConfig x;
+      x.options = sparse;
+      x.num_qo_heads = num_qo_heads;
+      x.num_kv_heads = c.num_kv_heads;
+      x.sm_scale = sm_scale;
+      x.device = device_;
+      x.max_tokens = limits.max_tokens;
+      x.max_seqs = limits.max_seqs;
+      x.max_seq_len = max_seq_len;
+      xattn_ = std::make_unique<XAttnCuda>(x);
+    }
     if (sparse.policy == "quest") {
       QuestCudaConfig q;
       q.options = sparse;
@@ -89,7 +105,7 @@ class PagedAttentionBackend final : public AttentionBackend {
       q.sm_scale = sm_scale;
       q.device = device_;
       q.max_seqs = limits.max_seqs;
-      q.max_model_len = limits.max_seq_len > 0 ? limits.max_seq_len : c.num_blocks * c.block_size;
+      q.max_model_len = max_seq_len;
       quest_ = std::make_unique<QuestCuda>(q);
     }
   }
@@ -123,6 +139,7 @@ class PagedAttentionBackend final : public AttentionBackend {
 
     num_seqs_ = static_cast<int>(s);
     num_tokens_ = static_cast<int>(t);
+    xattn_prefill_ = false;
     params_ = PagedPrefillParams{};
     params_.qo_indptr = dev(layout_.qo_indptr);
     params_.kv_indptr = dev(layout_.kv_indptr);
@@ -161,6 +178,7 @@ class PagedAttentionBackend final : public AttentionBackend {
                     "paged attention: fixed launch shapes (CUDA graphs) need a decode-only batch "
                     "(every sequence one new token)");
       path_ = Path::kPrefill;
+      xattn_prefill_ = xattn_ != nullptr && xattn_->plan(batch, stream);
       prefill_plan_ = kernels::cuda::paged_prefill_plan(
           batch.qo_indptr.data(), batch.kv_lens.data(), num_seqs_, num_qo_heads_,
           params_.num_kv_heads, params_.head_dim, MaskMode::kCausal, workspace_.data_ptr(),
@@ -173,6 +191,12 @@ class PagedAttentionBackend final : public AttentionBackend {
       path_ = Path::kGeneric;
     }
     planned_ = true;
+  }
+
+  SparsePrefillCounters xattn_counters() const {
+    if (xattn_ == nullptr) return {};
+    const XAttnCuda::Counters c = xattn_->counters();
+    return {c.kept, c.causal};
   }
 
   int64_t decode_grid() const {
@@ -241,6 +265,7 @@ class PagedAttentionBackend final : public AttentionBackend {
       p.k_cache = pool_.k(layer).data_ptr();
       p.v_cache = pool_.v(layer).data_ptr();
       p.o = o.data_ptr();
+      if (xattn_prefill_) xattn_->select(p, stream);  // the block mask of this layer
       if (path_ == Path::kPrefill)
         kernels::cuda::paged_prefill_run(p, prefill_plan_, stream);
       else
@@ -297,6 +322,8 @@ class PagedAttentionBackend final : public AttentionBackend {
   kernels::cuda::DecodePlan decode_plan_;
   std::vector<void*> captured_decode_;  // cudaGraphNode_t of decode launches under capture
   std::unique_ptr<QuestCuda> quest_;    // --sparse-policy quest
+  std::unique_ptr<XAttnCuda> xattn_;    // --sparse-policy xattention
+  bool xattn_prefill_ = false;          // this step's prefill is block-sparse
   int num_seqs_ = 0, num_tokens_ = 0;
   bool planned_ = false;
 };
@@ -311,6 +338,11 @@ int64_t paged_decode_grid(const AttentionBackend& backend) {
 std::vector<void*> take_captured_decode_nodes(AttentionBackend& backend) {
   auto* paged = dynamic_cast<PagedAttentionBackend*>(&backend);
   return paged ? paged->take_captured_decode_nodes() : std::vector<void*>{};
+}
+
+SparsePrefillCounters paged_backend_sparse_prefill_counters(const AttentionBackend& backend) {
+  const auto* paged = dynamic_cast<const PagedAttentionBackend*>(&backend);
+  return paged ? paged->xattn_counters() : SparsePrefillCounters{};
 }
 
 void paged_backend_copy_blocks(AttentionBackend& backend, std::span<const KVBlockCopy> copies) {

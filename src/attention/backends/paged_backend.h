@@ -32,9 +32,10 @@ struct PagedBackendLimits {
   int64_t max_seq_len = 0;  // keys per sequence (sparse policies size their buffers by it)
 };
 
-// Throws Error(kUnsupported) in a build without CUDA or for a pool not on a CUDA device, and
-// for a sparse policy other than full or quest (quest: decode steps, attention_backends/
-// quest_cuda.h; other steps and CUDA graphs run dense).
+// Throws Error(kUnsupported) in a build without CUDA or for a pool not on a CUDA device. Sparse
+// policies: quest on decode steps (attention/backends/quest_cuda.h; other steps and CUDA graphs
+// run dense), xattention on steps with a prefill (attention/backends/xattention_cuda.h; head_dim
+// 64 / 128).
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
                                                                int64_t num_qo_heads, float sm_scale,
                                                                const PagedBackendLimits& limits,
@@ -42,6 +43,13 @@ std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool
 // The engine copied whole blocks (copy-on-write): a sparse policy's metadata follows. No-op
 // for any other backend or without a policy.
 void paged_backend_copy_blocks(AttentionBackend& backend, std::span<const KVBlockCopy> copies);
+
+// XAttention's key blocks kept by the prefill masks and the blocks causal attention would have
+// read, over every step so far (synchronizes); zeros for any other backend or policy.
+struct SparsePrefillCounters {
+  int64_t kept = 0, causal = 0;
+};
+SparsePrefillCounters paged_backend_sparse_prefill_counters(const AttentionBackend& backend);
 
 // CTAs of the split-KV decode kernel's grid in the last plan() of `backend` (a paged backend);
 // 0 when that plan takes another kernel, or for any other backend.

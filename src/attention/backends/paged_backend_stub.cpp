@@ -16,6 +16,7 @@ std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool
 int64_t paged_decode_grid(const AttentionBackend&) { return 0; }
 std::vector<void*> take_captured_decode_nodes(AttentionBackend&) { return {}; }
 void paged_backend_copy_blocks(AttentionBackend&, std::span<const KVBlockCopy>) {}
+SparsePrefillCounters paged_backend_sparse_prefill_counters(const AttentionBackend&) { return {}; }
 
 }  // namespace longctx
 #endif

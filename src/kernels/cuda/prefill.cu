@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cuda/block_sparse_device.cuh"
+#include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/prefill.h"
 #include "kernels/cuda/prefill_sm90.h"
 #include "longctx/core/cuda_check.h"
@@ -32,87 +33,13 @@
 namespace longctx::kernels::cuda {
 namespace {
 
+using namespace detail;  // NOLINT: the PTX wrappers of mma_device.cuh
+
 constexpr int kRows = kPrefillTileRows;  // 128 = 32 rows x 4 warps
 constexpr int kKeys = kPrefillTileKeys;  // 64, the plan's cost unit
 // Block-sparse bitmap of needed key blocks: 1024 words cover 32768 blocks = 4M keys.
 constexpr int kMaskWords = 1024;
 constexpr int64_t kMaxSparseKv = int64_t(kMaskWords) * 32 * kSparseBlock;
-
-// ---- PTX wrappers -------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy; src_bytes = 0 zero-fills (rows past the end).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-template <typename T>
-struct Mma;
-
-template <>
-struct Mma<__nv_bfloat16> {
-  // c (16x8 f32) += a (16x16) * b (16x8)
-  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
-
-template <>
-struct Mma<__half> {
-  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Element offset of (row, 16-byte chunk) in a [rows][D] tile, chunks XOR-swizzled by row % 8.
-template <int D>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  return row * D + ((chunk ^ (row & 7)) << 3);
-}
 
 // ---- the kernel -----------------------------------------------------------------------------
 
@@ -301,8 +228,8 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
         ldmatrix_x4(bf, smem_addr(sk + swz<D>(key, kk * 2 + ((lane >> 3) & 1))));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Mma<T>::run(s[mt][2 * nj], qa[mt], bf[0], bf[1]);
-          Mma<T>::run(s[mt][2 * nj + 1], qa[mt], bf[2], bf[3]);
+          Mma<T>::k16(s[mt][2 * nj], qa[mt], bf[0], bf[1]);
+          Mma<T>::k16(s[mt][2 * nj + 1], qa[mt], bf[2], bf[3]);
         }
       }
     }
@@ -371,8 +298,8 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
         ldmatrix_x4_trans(bf, smem_addr(sv + swz<D>(key, dn * 2 + (lane >> 4))));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Mma<T>::run(o[mt][2 * dn], a[mt], bf[0], bf[1]);
-          Mma<T>::run(o[mt][2 * dn + 1], a[mt], bf[2], bf[3]);
+          Mma<T>::k16(o[mt][2 * dn], a[mt], bf[0], bf[1]);
+          Mma<T>::k16(o[mt][2 * dn + 1], a[mt], bf[2], bf[3]);
         }
       }
     }

@@ -1,28 +1,20 @@
-// XAttention (prefill): for each q head, the chunk's queries in groups of `stride` rows and the
-// keys in groups of `stride`, a group pair scored by the sum along its antidiagonal,
-//   a(r, c) = sm_scale / stride * sum_s q[r * stride + stride - 1 - s] . k[c * stride + s],
-// a softmax over the key groups each query group may see (key group c visible when its first key
-// is at or before the query group's first position), the probabilities summed per (query block,
-// key block) of 128; each query block keeps the sink block (keys 0..127) and its diagonal blocks,
-// then the heaviest other blocks until the kept mass reaches `threshold` of its total.
-#include <algorithm>
-#include <cmath>
+// XAttention (prefill): the estimate and selection of kernels/xattention_params.h (strided
+// antidiagonal scores, a softmax per query group, block masses, per q head the fewest blocks
+// reaching the threshold after the sink and the diagonal), through their CPU references, the same
+// code the CUDA kernels are tested against.
+#include <vector>
 
-#include "kernels/attention_params.h"
+#include "kernels/cpu/xattention_cpu.h"
 #include "kv/sparse/policies.h"
-#include "longctx/core/error.h"
 
 namespace longctx::sparse {
 
 namespace {
 
-constexpr int64_t kBlock = kernels::kSparseBlock;
-
 class XAttentionPolicy final : public SparsePolicy {
  public:
   XAttentionPolicy(const SparseOptions& o, const KvShape& s) : o_(o), s_(s) {
-    LONGCTX_CHECK(kBlock % o.stride == 0, ErrorCode::kInvalidArgument,
-                  "--xattn-stride {} must divide the mask block of {} tokens", o.stride, kBlock);
+    kernels::cpu::check_xattn_options(static_cast<int>(o.stride), o.threshold);
   }
 
   std::string_view name() const override { return "xattention"; }
@@ -30,80 +22,58 @@ class XAttentionPolicy final : public SparsePolicy {
 
   PrefillMask select_prefill(int64_t, const float* q, int64_t q_stride, int64_t n,
                              const SeqKeys& keys) override {
-    const int64_t kv_len = keys.kv_len, p0 = kv_len - n, S = o_.stride, d = s_.head_dim;
-    const int64_t q_blocks = (n + kBlock - 1) / kBlock, k_blocks = (kv_len + kBlock - 1) / kBlock;
-    if (k_blocks <= 2) return {};  // the sink and the diagonal are all there is
-    const int64_t hq_n = s_.num_qo_heads, group = hq_n / s_.num_kv_heads;
-    const int64_t q_groups = (n + S - 1) / S, k_groups = (kv_len + S - 1) / S;
-    const int64_t bs = s_.block_size, row = s_.num_kv_heads * d;
-    auto key = [&](int64_t j, int64_t h) {
-      return keys.pool_k + (int64_t(keys.blocks[j / bs]) * bs + j % bs) * row + h * d;
-    };
+    const int64_t kv_len = keys.kv_len, k_blocks = kernels::xattn_blocks(kv_len);
+    if (kernels::xattn_dense(n, kv_len)) return {};
+    const int32_t pages = static_cast<int32_t>((kv_len + s_.block_size - 1) / s_.block_size);
+    const int32_t qo[2] = {0, static_cast<int32_t>(n)}, kv_indptr[2] = {0, pages};
+    const int32_t last = static_cast<int32_t>(kv_len - (pages - 1) * s_.block_size);
+    const int32_t q_lens[1] = {qo[1]}, kv_lens[1] = {static_cast<int32_t>(kv_len)};
+    const int64_t lse_indptr[2] = {0,
+                                   kernels::xattn_lse_elems(n, kv_len, s_.num_qo_heads, o_.stride)};
+    const int64_t mask_indptr[2] = {0, kernels::xattn_mask_elems(n, kv_len, s_.num_qo_heads)};
+    std::vector<float> lse(static_cast<size_t>(lse_indptr[1]));
+
+    kernels::XAttnEstimateParams e;
+    e.q = q;
+    e.q_row_stride = q_stride;
+    e.k_cache = keys.pool_k;
+    e.qo_indptr = qo;
+    e.kv_indptr = kv_indptr;
+    e.kv_indices = keys.blocks;
+    e.kv_last_page_len = &last;
+    e.block_lse = lse.data();
+    e.lse_indptr = lse_indptr;
+    e.batch_size = 1;
+    e.num_qo_heads = static_cast<int>(s_.num_qo_heads);
+    e.num_kv_heads = static_cast<int>(s_.num_kv_heads);
+    e.head_dim = static_cast<int>(s_.head_dim);
+    e.page_size = static_cast<int>(s_.block_size);
+    e.stride = static_cast<int>(o_.stride);
+    e.dtype = DType::kF32;
+    e.sm_scale = s_.sm_scale;
+    kernels::cpu::xattn_estimate(e);
+
     PrefillMask m;
-    m.q_blocks = q_blocks;
+    m.q_blocks = kernels::xattn_blocks(n);
     m.k_blocks = k_blocks;
-    m.mask.assign(static_cast<size_t>(hq_n * q_blocks * k_blocks), 0);
-    std::vector<double> mass(static_cast<size_t>(q_blocks * k_blocks));
-    std::vector<float> a(static_cast<size_t>(k_groups));
-    const float scale = s_.sm_scale / static_cast<float>(S);
-    for (int64_t hq = 0; hq < hq_n; ++hq) {
-      const int64_t h = hq / group;
-      std::fill(mass.begin(), mass.end(), 0.0);
-      for (int64_t r = 0; r < q_groups; ++r) {
-        const int64_t visible = std::min(k_groups, (p0 + r * S) / S + 1);
-        float mx = -INFINITY;
-        for (int64_t c = 0; c < visible; ++c) {
-          float dot = 0.f;
-          for (int64_t s = 0; s < S; ++s) {
-            const int64_t qi = r * S + S - 1 - s, kj = c * S + s;
-            if (qi >= n || kj >= kv_len) continue;
-            const float* qr = q + qi * q_stride + hq * d;
-            const float* kr = key(kj, h);
-            for (int64_t e = 0; e < d; ++e) dot += qr[e] * kr[e];
-          }
-          a[c] = dot * scale;
-          mx = std::max(mx, a[c]);
-        }
-        double sum = 0;
-        for (int64_t c = 0; c < visible; ++c) sum += std::exp(double(a[c] - mx));
-        const int64_t i = r * S / kBlock;
-        for (int64_t c = 0; c < visible; ++c)
-          mass[i * k_blocks + c * S / kBlock] += std::exp(double(a[c] - mx)) / sum;
-      }
-      for (int64_t i = 0; i < q_blocks; ++i) choose(hq, i, p0, n, mass.data() + i * k_blocks, m);
-    }
+    m.mask.resize(static_cast<size_t>(mask_indptr[1]));
+    kernels::XAttnSelectParams sel;
+    sel.block_lse = lse.data();
+    sel.lse_indptr = lse_indptr;
+    sel.block_mask = m.mask.data();
+    sel.mask_indptr = mask_indptr;
+    sel.q_lens = q_lens;
+    sel.kv_lens = kv_lens;
+    sel.batch_size = 1;
+    sel.num_qo_heads = e.num_qo_heads;
+    sel.heads_per_mask = o_.xattn_per_kv_head ? e.num_qo_heads / e.num_kv_heads : 1;
+    sel.stride = e.stride;
+    sel.threshold = o_.threshold;
+    kernels::cpu::xattn_select(sel);
     return m;
   }
 
  private:
-  // Query block i of head hq: the sink, the diagonal blocks, then the heaviest others until the
-  // kept mass reaches the threshold.
-  void choose(int64_t hq, int64_t i, int64_t p0, int64_t n, const double* mass,
-              PrefillMask& m) const {
-    uint8_t* out = m.mask.data() + (hq * m.q_blocks + i) * m.k_blocks;
-    const int64_t j_lo = (p0 + i * kBlock) / kBlock;
-    const int64_t j_hi = (p0 + std::min(n, (i + 1) * kBlock) - 1) / kBlock;
-    double total = 0, kept = 0;
-    for (int64_t j = 0; j <= j_hi; ++j) total += mass[j];
-    std::vector<int64_t> rest;
-    for (int64_t j = 0; j <= j_hi; ++j) {
-      if (j == 0 || j >= j_lo) {
-        out[j] = 1;
-        kept += mass[j];
-      } else {
-        rest.push_back(j);
-      }
-    }
-    std::sort(rest.begin(), rest.end(), [&](int64_t a, int64_t b) {
-      return mass[a] > mass[b] || (mass[a] == mass[b] && a < b);
-    });
-    for (int64_t j : rest) {
-      if (kept >= o_.threshold * total) break;
-      out[j] = 1;
-      kept += mass[j];
-    }
-  }
-
   SparseOptions o_;
   KvShape s_;
 };

@@ -1,0 +1,133 @@
+#include <cstring>
+
+#include "attention/backends/xattention_cuda.h"
+#include "kernels/cpu/xattention_cpu.h"
+#include "longctx/core/cuda_check.h"
+#include "longctx/core/device_memory.h"
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+XAttnCuda::XAttnCuda(const XAttnCudaConfig& c) : c_(c), staged_(c.device) {
+  LONGCTX_CHECK(c.options.policy == "xattention", ErrorCode::kInternal, "XAttnCuda for policy '{}'",
+                c.options.policy);
+  LONGCTX_CHECK(c.num_qo_heads > 0 && c.num_kv_heads > 0 && c.num_qo_heads % c.num_kv_heads == 0 &&
+                    c.max_tokens > 0 && c.max_seqs > 0 && c.max_seq_len > 0,
+                ErrorCode::kInvalidArgument, "xattention: bad step limits");
+  kernels::cpu::check_xattn_options(static_cast<int>(c.options.stride), c.options.threshold);
+  LONGCTX_CHECK(kernels::cuda::xattn_stride_supported(static_cast<int>(c.options.stride)),
+                ErrorCode::kUnsupported,
+                "--xattn-stride {} on the GPU: the estimate kernel takes 2, 4, 8 or 16",
+                c.options.stride);
+  LONGCTX_CHECK(c.max_seq_len <= kernels::cuda::kXAttnMaxKvLen, ErrorCode::kUnsupported,
+                "xattention on the GPU: sequences of {} keys; the selection takes up to {}",
+                c.max_seq_len, kernels::cuda::kXAttnMaxKvLen);
+  const kernels::XAttnBuffers sizes = kernels::xattn_buffers(
+      c.num_qo_heads, c.options.stride, c.max_tokens, c.max_seqs, c.max_seq_len);
+  try {
+    lse_ = Tensor::empty({sizes.lse_elems}, DType::kF32, c.device);
+    mask_ = Tensor::empty({sizes.mask_elems}, DType::kU8, c.device);
+    counters_ = Tensor::zeros({2}, DType::kI64, c.device);
+  } catch (const Error& e) {
+    LONGCTX_THROW(ErrorCode::kOutOfMemory,
+                  "xattention: cannot allocate {} of GPU memory for the estimate and the masks "
+                  "(lower --max-num-batched-tokens, --max-num-seqs or --max-model-len): {}",
+                  format_bytes(sizes.bytes()), e.what());
+  }
+}
+
+bool XAttnCuda::plan(const ForwardBatch& batch, cudaStream_t stream) {
+  batch_ = static_cast<int>(batch.num_seqs());
+  bool prefill = false;
+  for (int b = 0; b < batch_; ++b) prefill = prefill || batch.q_len(b) > 1;
+  if (!prefill) return false;
+  staged_.synchronize();  // the previous step's copy out of the staging buffer has finished
+  plan_ = kernels::cuda::xattn_plan(
+      batch.qo_indptr.data(), batch.kv_lens.data(), batch_, static_cast<int>(c_.num_qo_heads),
+      static_cast<int>(c_.num_kv_heads), static_cast<int>(c_.options.stride));
+  LONGCTX_CHECK(
+      plan_.lse_indptr.back() <= lse_.numel() && plan_.mask_indptr.back() <= mask_.numel(),
+      ErrorCode::kInternal, "xattention: a step past the planned limits");
+  std::vector<int32_t> words;
+  auto put = [&](const void* data, size_t bytes) {
+    while (words.size() % 4) words.push_back(0);  // 16-byte aligned arrays
+    const int64_t at = static_cast<int64_t>(words.size());
+    words.resize(words.size() + (bytes + 3) / 4);
+    std::memcpy(words.data() + at, data, bytes);
+    return at;
+  };
+  std::vector<int32_t> q_lens(batch_);
+  for (int b = 0; b < batch_; ++b) q_lens[b] = static_cast<int32_t>(batch.q_len(b));
+  est_at_ = put(plan_.estimate_items.data(), plan_.estimate_items.size() * 4);
+  sel_at_ = put(plan_.select_items.data(), plan_.select_items.size() * 4);
+  lse_indptr_at_ = put(plan_.lse_indptr.data(), plan_.lse_indptr.size() * 8);
+  mask_indptr_at_ = put(plan_.mask_indptr.data(), plan_.mask_indptr.size() * 8);
+  q_lens_at_ = put(q_lens.data(), q_lens.size() * 4);
+  kv_lens_at_ = put(batch.kv_lens.data(), batch.kv_lens.size() * 4);
+  const int64_t n = static_cast<int64_t>(words.size());
+  if (host_.numel() < n) {
+    host_ = Tensor::empty_pinned({n * 2}, DType::kI32);
+    staged_dev_ = Tensor::empty({n * 2}, DType::kI32, c_.device);
+  }
+  std::memcpy(host_.data_ptr(), words.data(), n * sizeof(int32_t));
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(staged_dev_.data_ptr(), host_.data_ptr(), n * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, stream));
+  staged_.record_on(stream);
+  return true;
+}
+
+void XAttnCuda::select(kernels::PagedPrefillParams& p, cudaStream_t stream) {
+  const int32_t* w = staged_dev_.data<int32_t>();
+  const auto* lse_indptr = reinterpret_cast<const int64_t*>(w + lse_indptr_at_);
+  const auto* mask_indptr = reinterpret_cast<const int64_t*>(w + mask_indptr_at_);
+  kernels::XAttnEstimateParams e;
+  e.q = p.q;
+  e.q_row_stride = int64_t(p.num_qo_heads) * p.head_dim;
+  e.k_cache = p.k_cache;
+  e.qo_indptr = p.qo_indptr;
+  e.kv_indptr = p.kv_indptr;
+  e.kv_indices = p.kv_indices;
+  e.kv_last_page_len = p.kv_last_page_len;
+  e.block_lse = lse_.data<float>();
+  e.lse_indptr = lse_indptr;
+  e.work_items = w + est_at_;
+  e.num_work_items = static_cast<int>(plan_.estimate_items.size() / 2);
+  e.batch_size = p.batch_size;
+  e.num_qo_heads = p.num_qo_heads;
+  e.num_kv_heads = p.num_kv_heads;
+  e.head_dim = p.head_dim;
+  e.page_size = p.page_size;
+  e.stride = static_cast<int>(c_.options.stride);
+  e.dtype = p.dtype;
+  e.sm_scale = p.sm_scale;
+  kernels::cuda::xattn_estimate_run(e, stream);
+
+  kernels::XAttnSelectParams s;
+  s.block_lse = e.block_lse;
+  s.lse_indptr = lse_indptr;
+  s.block_mask = mask_.data<uint8_t>();
+  s.mask_indptr = mask_indptr;
+  s.q_lens = w + q_lens_at_;
+  s.kv_lens = w + kv_lens_at_;
+  s.work_items = w + sel_at_;
+  s.num_work_items = static_cast<int>(plan_.select_items.size() / 2);
+  s.counters = reinterpret_cast<unsigned long long*>(counters_.data_ptr());
+  s.batch_size = p.batch_size;
+  s.num_qo_heads = p.num_qo_heads;
+  s.heads_per_mask = c_.options.xattn_per_kv_head ? p.num_qo_heads / p.num_kv_heads : 1;
+  s.stride = e.stride;
+  s.threshold = c_.options.threshold;
+  kernels::cuda::xattn_select_run(s, plan_.max_k_blocks, stream);
+
+  p.block_mask = s.block_mask;
+  p.block_mask_indptr = mask_indptr;
+  p.block_mask_heads = p.num_qo_heads;
+}
+
+XAttnCuda::Counters XAttnCuda::counters() const {
+  int64_t v[2] = {0, 0};
+  LONGCTX_CUDA_CHECK(cudaMemcpy(v, counters_.data_ptr(), sizeof(v), cudaMemcpyDeviceToHost));
+  return {v[0], v[1]};
+}
+
+}  // namespace longctx

@@ -1,0 +1,175 @@
+// The CPU references of XAttention's GPU kernels (kernels/cpu/xattention_cpu.h) beyond what the
+// policy test (test_sparse_policy.cpp) covers through the policy: batches with dense requests
+// (one query, at most two key blocks: dense causal masks, no estimate written), the per-KV-head
+// masks of a batch equal to each request selected alone, the buffer bound of the memory plan,
+// and bad parameters.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/xattention_cpu.h"
+#include "longctx/core/error.h"
+
+namespace longctx::kernels::cpu {
+namespace {
+
+struct Batch {
+  int hq = 4, hkv = 2, d = 16, page = 32, stride = 8;
+  std::vector<std::pair<int, int>> seqs;  // (queries, keys)
+  std::vector<int32_t> qo{0}, kv_indptr{0}, last, pages, q_lens, kv_lens;
+  std::vector<int64_t> lse_indptr{0}, mask_indptr{0};
+  std::vector<float> q, k;
+
+  Batch(std::vector<std::pair<int, int>> s, uint32_t seed) : seqs(std::move(s)) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n01(0.f, 1.f);
+    for (auto [n, kv] : seqs) {
+      qo.push_back(qo.back() + n);
+      const int np = (kv + page - 1) / page;
+      for (int i = 0; i < np; ++i) pages.push_back(static_cast<int32_t>(pages.size()));
+      kv_indptr.push_back(kv_indptr.back() + np);
+      last.push_back((kv - 1) % page + 1);
+      q_lens.push_back(n);
+      kv_lens.push_back(kv);
+      lse_indptr.push_back(lse_indptr.back() +
+                           (xattn_dense(n, kv) ? 0 : xattn_lse_elems(n, kv, hq, stride)));
+      mask_indptr.push_back(mask_indptr.back() + xattn_mask_elems(n, kv, hq));
+    }
+    // Queries share a direction that the keys of every fourth 128-key run carry: uneven masses.
+    std::vector<float> dir(d);
+    for (float& x : dir) x = n01(rng);
+    q.resize(size_t(qo.back()) * hq * d);
+    k.resize(pages.size() * page * hkv * d);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = n01(rng) + dir[i % d];
+    for (size_t i = 0; i < k.size(); ++i)
+      k[i] = n01(rng) + ((i / (hkv * d)) / 128 % 4 == 3 ? 2.f * dir[i % d] : 0.f);
+  }
+
+  std::vector<uint8_t> masks(bool per_kv_head, std::vector<float>* lse_out = nullptr) const {
+    std::vector<float> lse(size_t(lse_indptr.back()) + 1, 12345.f);  // +1: a sentinel
+    XAttnEstimateParams e;
+    e.q = q.data();
+    e.q_row_stride = int64_t(hq) * d;
+    e.k_cache = k.data();
+    e.qo_indptr = qo.data();
+    e.kv_indptr = kv_indptr.data();
+    e.kv_indices = pages.data();
+    e.kv_last_page_len = last.data();
+    e.block_lse = lse.data();
+    e.lse_indptr = lse_indptr.data();
+    e.batch_size = static_cast<int>(seqs.size());
+    e.num_qo_heads = hq;
+    e.num_kv_heads = hkv;
+    e.head_dim = d;
+    e.page_size = page;
+    e.stride = stride;
+    e.dtype = DType::kF32;
+    e.sm_scale = 1.f / std::sqrt(float(d));
+    xattn_estimate(e);
+    EXPECT_EQ(lse.back(), 12345.f) << "the estimate wrote past the batch's block_lse";
+    std::vector<uint8_t> m(size_t(mask_indptr.back()), 7);
+    XAttnSelectParams s;
+    s.block_lse = lse.data();
+    s.lse_indptr = lse_indptr.data();
+    s.block_mask = m.data();
+    s.mask_indptr = mask_indptr.data();
+    s.q_lens = q_lens.data();
+    s.kv_lens = kv_lens.data();
+    s.batch_size = e.batch_size;
+    s.num_qo_heads = hq;
+    s.heads_per_mask = per_kv_head ? hq / hkv : 1;
+    s.stride = stride;
+    s.threshold = 0.9;
+    xattn_select(s);
+    if (lse_out) *lse_out = lse;
+    return m;
+  }
+};
+
+TEST(XAttentionReference, DenseRequestsGetTheCausalMaskAndNoEstimate) {
+  const Batch b({{1, 900}, {200, 200}, {300, 1000}, {1, 1}, {129, 256}}, 1);
+  for (bool per_kv : {true, false}) {
+    const std::vector<uint8_t> m = b.masks(per_kv);
+    for (size_t r = 0; r < b.seqs.size(); ++r) {
+      const auto [n, kv] = b.seqs[r];
+      const int64_t qb = xattn_blocks(n), kb = xattn_blocks(kv);
+      int64_t sparse = 0;
+      for (int h = 0; h < b.hq; ++h)
+        for (int64_t i = 0; i < qb; ++i)
+          for (int64_t j = 0; j < kb; ++j) {
+            const uint8_t v = m[b.mask_indptr[r] + (h * qb + i) * kb + j];
+            const int64_t hi = (kv - n + std::min<int64_t>(n, (i + 1) * 128) - 1) / 128;
+            ASSERT_LE(v, 1);
+            if (xattn_dense(n, kv)) ASSERT_EQ(v, j <= hi ? 1 : 0) << "request " << r;
+            if (j > hi) ASSERT_EQ(v, 0);
+            sparse += j <= hi && v == 0;
+          }
+      if (r == 2) EXPECT_GT(sparse, 0) << "the long request selects";
+    }
+  }
+}
+
+TEST(XAttentionReference, ABatchSelectsAsEachRequestAlone) {
+  const std::vector<std::pair<int, int>> seqs = {{500, 1500}, {1, 700}, {777, 777}};
+  const Batch all(seqs, 2);
+  for (bool per_kv : {true, false}) {
+    const std::vector<uint8_t> m = all.masks(per_kv);
+    for (size_t r = 0; r < seqs.size(); ++r) {
+      Batch one({seqs[r]}, 2);
+      // The same data: take request r's rows out of the batch.
+      one.q.assign(all.q.begin() + int64_t(all.qo[r]) * all.hq * all.d,
+                   all.q.begin() + int64_t(all.qo[r + 1]) * all.hq * all.d);
+      const int64_t row = int64_t(all.page) * all.hkv * all.d;
+      one.k.assign(all.k.begin() + all.kv_indptr[r] * row,
+                   all.k.begin() + all.kv_indptr[r + 1] * row);
+      const std::vector<uint8_t> alone = one.masks(per_kv);
+      EXPECT_TRUE(std::equal(alone.begin(), alone.end(), m.begin() + all.mask_indptr[r]))
+          << "request " << r << (per_kv ? " per KV head" : " per q head");
+    }
+  }
+}
+
+TEST(XAttentionReference, BuffersBoundEveryStepWithinTheLimits) {
+  std::mt19937 rng(3);
+  const int64_t hq = 32, max_tokens = 4096, max_seqs = 8, max_len = 20000;
+  for (int64_t stride : {4, 8, 16}) {
+    const XAttnBuffers cap = xattn_buffers(hq, stride, max_tokens, max_seqs, max_len);
+    for (int trial = 0; trial < 200; ++trial) {
+      int64_t tokens = max_tokens, lse = 0, mask = 0;
+      for (int s = 0; s < max_seqs && tokens > 0; ++s) {
+        const int64_t n = 1 + rng() % tokens, kv = n + rng() % (max_len - n + 1);
+        tokens -= n;
+        lse += xattn_lse_elems(n, kv, hq, stride);
+        mask += xattn_mask_elems(n, kv, hq);
+      }
+      EXPECT_LE(lse, cap.lse_elems);
+      EXPECT_LE(mask, cap.mask_elems);
+    }
+  }
+}
+
+TEST(XAttentionReference, BadParametersAreClearErrors) {
+  EXPECT_THROW(check_xattn_options(3, 0.9), Error);
+  EXPECT_THROW(check_xattn_options(8, 0.0), Error);
+  EXPECT_THROW(check_xattn_options(8, 1.01), Error);
+  check_xattn_options(16, 1.0);
+  const Batch b({{300, 1000}}, 4);
+  XAttnSelectParams s;
+  std::vector<float> lse(b.lse_indptr.back());
+  std::vector<uint8_t> m(b.mask_indptr.back());
+  s.block_lse = lse.data();
+  s.lse_indptr = b.lse_indptr.data();
+  s.block_mask = m.data();
+  s.mask_indptr = b.mask_indptr.data();
+  s.q_lens = b.q_lens.data();
+  s.kv_lens = b.kv_lens.data();
+  s.batch_size = 1;
+  s.num_qo_heads = 4;
+  s.heads_per_mask = 3;  // does not divide 4
+  EXPECT_THROW(xattn_select(s), Error);
+}
+
+}  // namespace
+}  // namespace longctx::kernels::cpu
