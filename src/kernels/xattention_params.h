@@ -63,6 +63,28 @@ struct XAttnEstimateParams {
   float sm_scale = 0.f;
 };
 
+// The estimate over a prefill's queries (contiguous [total_q, Hq, d]), keys and page table; the
+// caller sets block_lse, lse_indptr and the work list.
+inline XAttnEstimateParams xattn_estimate_params(const PagedPrefillParams& p, int stride) {
+  XAttnEstimateParams e;
+  e.q = p.q;
+  e.q_row_stride = int64_t(p.num_qo_heads) * p.head_dim;
+  e.k_cache = p.k_cache;
+  e.qo_indptr = p.qo_indptr;
+  e.kv_indptr = p.kv_indptr;
+  e.kv_indices = p.kv_indices;
+  e.kv_last_page_len = p.kv_last_page_len;
+  e.batch_size = p.batch_size;
+  e.num_qo_heads = p.num_qo_heads;
+  e.num_kv_heads = p.num_kv_heads;
+  e.head_dim = p.head_dim;
+  e.page_size = p.page_size;
+  e.stride = stride;
+  e.dtype = p.dtype;
+  e.sm_scale = p.sm_scale;
+  return e;
+}
+
 // Request b's mask [Hq][q_blocks][k_blocks] at block_mask + mask_indptr[b] (the block-sparse
 // prefill's block_mask / block_mask_indptr), from the estimate's block_lse.
 struct XAttnSelectParams {

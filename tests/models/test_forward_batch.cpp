@@ -110,7 +110,8 @@ ForwardBatch paged_one(int64_t cached, int64_t n, int64_t bs) {
   const int64_t blocks = (cached + n + bs - 1) / bs;
   b.block_table_indptr = {0, static_cast<int32_t>(blocks)};
   for (int64_t i = 0; i < blocks; ++i) b.block_tables.push_back(static_cast<int32_t>(10 + i));
-  for (int64_t j = cached; j < cached + n; ++j) b.slot_mapping.push_back((10 + j / bs) * bs + j % bs);
+  for (int64_t j = cached; j < cached + n; ++j)
+    b.slot_mapping.push_back((10 + j / bs) * bs + j % bs);
   return b;
 }
 
@@ -142,6 +143,9 @@ TEST(PagedBatchCheck, AcceptsConsistentTablesAndRejectsTheRest) {
   b = paged_one(30, 5, 16);
   b.slot_mapping.pop_back();
   expect(b, "slot_mapping shorter than the tokens");
+  const PagedBackendLimits short_seqs{64, 4, 16, 34};  // 35 keys > 34 per sequence
+  EXPECT_THROW(check_paged_batch(paged_one(30, 5, 16), 16, 32, short_seqs), Error);
+  EXPECT_NO_THROW(check_paged_batch(paged_one(29, 5, 16), 16, 32, short_seqs));
 }
 
 TEST(PagedKVPool, AllocatesFreesAndRefusesOverdraft) {

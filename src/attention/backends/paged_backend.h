@@ -29,7 +29,7 @@ struct PagedBackendLimits {
   int64_t max_tokens = 0;   // tokens per step
   int64_t max_seqs = 0;     // sequences per step
   int64_t max_blocks = 0;   // block-table entries per step (all sequences)
-  int64_t max_seq_len = 0;  // keys per sequence (sparse policies size their buffers by it)
+  int64_t max_seq_len = 0;  // keys per sequence, 0: unchecked (sparse policies size buffers by it)
 };
 
 // Throws Error(kUnsupported) in a build without CUDA or for a pool not on a CUDA device. Sparse
@@ -60,8 +60,8 @@ std::vector<void*> take_captured_decode_nodes(AttentionBackend& backend);
 
 // The checks plan() makes on the host, exposed for tests: block ids inside the pool, each
 // sequence's table long enough for its kv_len, every new token's slot equal to the one its
-// table names, sizes within `limits`. Throws Error(kInvalidArgument / kOutOfRange) naming the
-// first problem.
+// table names, sizes within `limits` (keys per sequence too where max_seq_len > 0). Throws
+// Error(kInvalidArgument / kOutOfRange) naming the first problem.
 void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t num_blocks,
                        const PagedBackendLimits& limits);
 

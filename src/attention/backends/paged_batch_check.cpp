@@ -20,14 +20,16 @@ void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t nu
                 ErrorCode::kOutOfRange,
                 "paged attention: {} block-table entries exceed the plan's limit of {}",
                 batch.block_tables.size(), limits.max_blocks);
-  LONGCTX_CHECK(static_cast<int64_t>(batch.slot_mapping.size()) == t,
-                ErrorCode::kInvalidArgument, "paged attention: {} slots for {} tokens",
-                batch.slot_mapping.size(), t);
+  LONGCTX_CHECK(static_cast<int64_t>(batch.slot_mapping.size()) == t, ErrorCode::kInvalidArgument,
+                "paged attention: {} slots for {} tokens", batch.slot_mapping.size(), t);
   for (int64_t q = 0; q < s; ++q) {
     const int32_t b0 = batch.block_table_indptr[q], b1 = batch.block_table_indptr[q + 1];
     LONGCTX_CHECK(b1 >= b0, ErrorCode::kInvalidArgument,
                   "paged attention: block_table_indptr decreases at sequence {}", q);
     const int64_t kv_len = batch.kv_lens[q];
+    LONGCTX_CHECK(limits.max_seq_len <= 0 || kv_len <= limits.max_seq_len, ErrorCode::kOutOfRange,
+                  "paged attention: sequence {} holds {} tokens, past the plan's {} per sequence",
+                  q, kv_len, limits.max_seq_len);
     const int64_t needed = (kv_len + block_size - 1) / block_size;
     LONGCTX_CHECK(b1 - b0 == needed, ErrorCode::kInvalidArgument,
                   "paged attention: sequence {} holds {} tokens, which need {} blocks of {}, but "
@@ -36,13 +38,13 @@ void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t nu
     for (int32_t i = b0; i < b1; ++i)
       LONGCTX_CHECK(batch.block_tables[i] >= 0 && batch.block_tables[i] < num_blocks,
                     ErrorCode::kOutOfRange,
-                    "paged attention: sequence {} names block {}, outside the pool's {} blocks",
-                    q, batch.block_tables[i], num_blocks);
+                    "paged attention: sequence {} names block {}, outside the pool's {} blocks", q,
+                    batch.block_tables[i], num_blocks);
     const int64_t first = kv_len - batch.q_len(q);  // KV index of the first new token
     for (int32_t r = batch.qo_indptr[q]; r < batch.qo_indptr[q + 1]; ++r) {
       const int64_t j = first + (r - batch.qo_indptr[q]);
-      const int64_t want = int64_t(batch.block_tables[b0 + j / block_size]) * block_size +
-                           j % block_size;
+      const int64_t want =
+          int64_t(batch.block_tables[b0 + j / block_size]) * block_size + j % block_size;
       LONGCTX_CHECK(batch.slot_mapping[r] == want, ErrorCode::kInvalidArgument,
                     "paged attention: token {} (sequence {}, KV index {}) maps to slot {} but "
                     "its block table puts it at {}",

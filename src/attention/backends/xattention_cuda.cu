@@ -80,26 +80,12 @@ void XAttnCuda::select(kernels::PagedPrefillParams& p, cudaStream_t stream) {
   const int32_t* w = staged_dev_.data<int32_t>();
   const auto* lse_indptr = reinterpret_cast<const int64_t*>(w + lse_indptr_at_);
   const auto* mask_indptr = reinterpret_cast<const int64_t*>(w + mask_indptr_at_);
-  kernels::XAttnEstimateParams e;
-  e.q = p.q;
-  e.q_row_stride = int64_t(p.num_qo_heads) * p.head_dim;
-  e.k_cache = p.k_cache;
-  e.qo_indptr = p.qo_indptr;
-  e.kv_indptr = p.kv_indptr;
-  e.kv_indices = p.kv_indices;
-  e.kv_last_page_len = p.kv_last_page_len;
+  kernels::XAttnEstimateParams e =
+      kernels::xattn_estimate_params(p, static_cast<int>(c_.options.stride));
   e.block_lse = lse_.data<float>();
   e.lse_indptr = lse_indptr;
   e.work_items = w + est_at_;
   e.num_work_items = static_cast<int>(plan_.estimate_items.size() / 2);
-  e.batch_size = p.batch_size;
-  e.num_qo_heads = p.num_qo_heads;
-  e.num_kv_heads = p.num_kv_heads;
-  e.head_dim = p.head_dim;
-  e.page_size = p.page_size;
-  e.stride = static_cast<int>(c_.options.stride);
-  e.dtype = p.dtype;
-  e.sm_scale = p.sm_scale;
   kernels::cuda::xattn_estimate_run(e, stream);
 
   kernels::XAttnSelectParams s;
