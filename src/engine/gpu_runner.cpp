@@ -44,20 +44,22 @@ bool decode_graphs(const GpuRunnerOptions& o) {
 
 // A sparse policy's device bytes per engine block and fixed: quest's page metadata and
 // selection buffers, xattention's estimate and masks (zeros for full).
-kernels::QuestBytes sparse_bytes(const ModelConfig& c, const GpuRunnerOptions& o,
-                                 int64_t block_size, int64_t max_model_len) {
-  if (o.sparse.policy == "xattention") {
-    kernels::QuestBytes x;
-    x.fixed = kernels::xattn_buffers(c.num_attention_heads, o.sparse.stride,
-                                     o.max_num_batched_tokens, o.max_num_seqs, max_model_len)
-                  .bytes();
-    return x;
-  }
+struct SparseBytes {
+  int64_t per_block = 0, fixed = 0;
+};
+SparseBytes sparse_bytes(const ModelConfig& c, const GpuRunnerOptions& o, int64_t block_size,
+                         int64_t max_model_len) {
+  if (o.sparse.policy == "xattention")
+    return {0, kernels::xattn_buffers(c.num_attention_heads, o.sparse.stride,
+                                      o.max_num_batched_tokens, o.max_num_seqs, max_model_len)
+                   .bytes()};
   if (o.sparse.policy != "quest") return {};
   const kernels::QuestBudget b = kernels::cpu::quest_budget_of(o.sparse);
   kernels::cpu::check_quest_budget(b, static_cast<int>(block_size));
-  return kernels::quest_gpu_bytes(b, c.num_hidden_layers, block_size, c.num_key_value_heads,
-                                  c.head_dim, kBf16, o.max_num_seqs, max_model_len);
+  const kernels::QuestBytes q =
+      kernels::quest_gpu_bytes(b, c.num_hidden_layers, block_size, c.num_key_value_heads,
+                               c.head_dim, kBf16, o.max_num_seqs, max_model_len);
+  return {q.per_block, q.fixed};
 }
 
 int64_t weight_bytes(const ModelConfig& config) {
@@ -124,7 +126,7 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
   p.offload_buffers = rows * config.head_dim * 8 + rows * 8;  // fp32 partial and merged states
   const int64_t host = options.host_kv_bytes > 0 ? options.host_kv_bytes : default_host_kv_bytes();
   p.num_host_blocks = host / p.kv_block_bytes;
-  const kernels::QuestBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
+  const SparseBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
   p.sparse = q.per_block * p.num_host_blocks + q.fixed;
   const int64_t left = p.budget - p.weights - p.activations - p.workspaces - p.ring_bytes -
                        p.offload_buffers - p.sparse;
@@ -173,7 +175,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   p.kv_block_bytes = kv.bytes_per_block();
   const int64_t per_seq = (p.max_model_len + p.block_size - 1) / p.block_size;
   if (options.kv_offload) return plan_offload(config, options, p, per_seq);
-  const kernels::QuestBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
+  const SparseBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
   const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs - q.fixed;
   p.num_kv_blocks = options.num_gpu_blocks > 0
                         ? options.num_gpu_blocks

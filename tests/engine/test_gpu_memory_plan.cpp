@@ -50,5 +50,27 @@ TEST(GpuMemoryPlan, ExplicitBlockCountIsKept) {
   EXPECT_EQ(p.kv_tokens(), 16000);
 }
 
+// A sparse policy's buffers come out of the KV cache's share: xattention's estimate and masks are
+// sized by the step limits and the context, quest's metadata by the blocks.
+TEST(GpuMemoryPlan, SparseBuffersAreReservedBeforeTheKvCache) {
+  const ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  GpuRunnerOptions o;
+  o.max_num_batched_tokens = 8192;
+  o.max_num_seqs = 16;
+  const GpuMemoryPlan full = plan_gpu_memory(c, o, 120 * kGiB);
+  EXPECT_EQ(full.sparse, 0);
+  o.sparse.policy = "xattention";
+  const GpuMemoryPlan x = plan_gpu_memory(c, o, 120 * kGiB);
+  // 32 q heads x (8192 / 8 + 16) query groups x 1024 key blocks x 4 bytes, and the masks.
+  EXPECT_EQ(x.sparse, 32ll * 1024 * ((8192 / 8 + 16) * 4 + (8192 / 128 + 16)));
+  EXPECT_LE(x.num_kv_blocks * x.kv_block_bytes + x.sparse,
+            full.num_kv_blocks * full.kv_block_bytes + x.kv_block_bytes);
+  EXPECT_LT(x.num_kv_blocks, full.num_kv_blocks);
+  o.sparse.policy = "quest";
+  const GpuMemoryPlan q = plan_gpu_memory(c, o, 120 * kGiB);
+  EXPECT_GT(q.sparse, 0);
+  EXPECT_LT(q.num_kv_blocks, full.num_kv_blocks);
+}
+
 }  // namespace
 }  // namespace longctx
