@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cuda/decode.h"
+#include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/merge_device.cuh"
 #include "kernels/cuda/mma_device.cuh"
 #include "longctx/core/cuda_check.h"
@@ -451,10 +452,8 @@ void check_shape(int num_qo_heads, int num_kv_heads, int head_dim) {
 // this too, outside any graph capture). Returns resident CTAs per SM.
 template <typename T, int D, int GT>
 int ring_setup() {
-  static const int ctas = [] {
-    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(decode_ring_kernel<T, D, GT>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            RingShape<D>::kSmemBytes));
+  require_dynamic_smem(decode_ring_kernel<T, D, GT>, RingShape<D>::kSmemBytes);
+  static const int ctas = [] {  // the same on every device of a host (one GPU model)
     int n = 0;
     LONGCTX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &n, decode_ring_kernel<T, D, GT>, kThreads, RingShape<D>::kSmemBytes));

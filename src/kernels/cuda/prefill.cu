@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cuda/block_sparse_device.cuh"
+#include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/prefill.h"
 #include "kernels/cuda/prefill_sm90.h"
@@ -362,12 +363,7 @@ constexpr size_t smem_bytes() {
 
 template <int D, typename T, typename Tl>
 void launch_tiling(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_kernel<D, T, Tl>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(smem_bytes<D, Tl>())));
-  });
+  require_dynamic_smem(paged_prefill_kernel<D, T, Tl>, int(smem_bytes<D, Tl>()));
   const int64_t blocks = int64_t(plan.num_work_items) * p.num_kv_heads;
   if (blocks == 0) return;
   paged_prefill_kernel<D, T, Tl>

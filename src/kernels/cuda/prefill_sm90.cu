@@ -34,6 +34,7 @@
 #include <mutex>
 
 #include "kernels/cuda/block_sparse_device.cuh"
+#include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/prefill_sm90.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
@@ -581,8 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (p.o_f32) {  // unrounded: straight from the accumulators
           if (pr < it.num_rows) {
             const int tok = pr / group, h = it.kvh * group + pr % group;
-            float* dst =
-                p.o_f32 + (int64_t(it.q_start + tok) * p.num_qo_heads + h) * kD + t4 * 2;
+            float* dst = p.o_f32 + (int64_t(it.q_start + tok) * p.num_qo_heads + h) * kD + t4 * 2;
 #pragma unroll
             for (int j = 0; j < kD / 8; ++j)
               *reinterpret_cast<float2*>(dst + j * 8) =
@@ -622,12 +622,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <typename T, typename Tl>
 void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  static int num_sms = 0;
+  require_dynamic_smem(paged_prefill_sm90_kernel<T, Tl>, Tl::kSmemBytes);
+  static int num_sms = 0;  // the same on every device of a host (one GPU model)
   static std::once_flag once;
   std::call_once(once, [] {
-    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_sm90_kernel<T, Tl>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            Tl::kSmemBytes));
     int dev = 0;
     LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
     LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));

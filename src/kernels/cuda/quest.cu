@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/quest.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
@@ -343,9 +344,7 @@ void quest_score_run(const QuestSelectParams& p, cudaStream_t stream) {
                         p.per_head ? p.num_kv_heads : 1, p.batch);
   dispatch(p.dtype, "quest select", [&](auto t) {
     auto kernel = score_kernel<decltype(t)>;
-    if (smem > 48 * 1024)
-      LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(smem)));
+    require_dynamic_smem(kernel, static_cast<int>(smem));
     kernel<<<score_grid, kScoreThreads, smem, stream>>>(p);
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
@@ -356,8 +355,7 @@ void quest_select_run(const QuestSelectParams& p, cudaStream_t stream) {
   quest_score_run(p, stream);
   const size_t keys_smem = size_t(std::min(p.max_pages, kMaxSharedPages)) * sizeof(uint32_t);
   // The static histograms take ~33 KB: any staged keys can pass the default 48 KB in all.
-  LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(
-      select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(keys_smem)));
+  require_dynamic_smem(select_kernel, static_cast<int>(keys_smem));
   select_kernel<<<dim3(p.num_kv_heads, p.batch), kSelectThreads, keys_smem, stream>>>(p);
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }

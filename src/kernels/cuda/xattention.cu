@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/xattention.h"
 #include "longctx/core/cuda_check.h"
@@ -336,12 +337,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(XAttnSelectParam
 template <int D, int S, typename T>
 void launch_estimate(const XAttnEstimateParams& p, cudaStream_t stream) {
   constexpr int smem = estimate_smem_bytes<D, T>();
-  static bool configured = [] {
-    LONGCTX_CUDA_CHECK(cudaFuncSetAttribute(estimate_kernel<D, S, T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)configured;
+  require_dynamic_smem(estimate_kernel<D, S, T>, smem);
   const int hpt = xattn_heads_per_tile(p.num_qo_heads / p.num_kv_heads);
   estimate_kernel<D, S, T>
       <<<dim3(p.num_work_items, p.num_qo_heads / hpt), kThreads, smem, stream>>>(p);
@@ -430,13 +426,7 @@ void xattn_select_run(const XAttnSelectParams& p, int max_k_blocks, cudaStream_t
   int pow2 = 1;
   while (pow2 < max_k_blocks) pow2 <<= 1;
   const int smem = pow2 * static_cast<int>(sizeof(unsigned long long));
-  static bool configured = [] {
-    LONGCTX_CUDA_CHECK(
-        cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(xattn_blocks(kXAttnMaxKvLen)) * int(sizeof(unsigned long long))));
-    return true;
-  }();
-  (void)configured;
+  require_dynamic_smem(select_kernel, smem);
   select_kernel<<<dim3(p.num_work_items, p.num_qo_heads / p.heads_per_mask), kSelectThreads, smem,
                   stream>>>(p);
   LONGCTX_CUDA_CHECK(cudaGetLastError());
