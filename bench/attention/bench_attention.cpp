@@ -7,14 +7,16 @@
 // bench_attention --page-sizes 16,32,64,128,256 runs the page-size sweep instead (see
 // page_size_sweep below) and prints a markdown table.
 //
-// bench_attention --decode [VARIANTS [PAGES]] runs the decode table instead (see decode_table):
-// batch 1 at 1K/4K/32K/128K keys and batches 8/32/64 at 4K and 32K, GB/s of K+V read, for each
-// plan variant (a comma-separated list, default "default": the plan as shipped; "s=N", "o=M" or
-// "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD, so wave-model settings compare in the same
-// process on the same data) and page size (default 128).
+// bench_attention --decode [VARIANTS [PAGES [SHAPES]]] runs the decode table instead (see
+// decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
+// read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
+// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD, so wave-model settings compare
+// in the same process on the same data), page size (default 128) and, optionally, only the
+// shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -452,35 +454,64 @@ void set_variant_env(const DecodeVariant& v) {
     unsetenv("LONGCTX_DECODE_OVERHEAD");
 }
 
+// "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1) selects shapes of the decode table (HK
+// default 8); false on a malformed list.
+bool parse_decode_shapes(const char* list, std::vector<std::array<int, 4>>* out) {
+  for (const char* s = list; *s;) {
+    std::array<int, 4> v{0, 0, 0, kHk};
+    for (int i = 0; i < 4; ++i) {
+      char* end = nullptr;
+      const long x = std::strtol(s, &end, 10);
+      if (end == s || x < 1 || x > (1 << 24)) return false;
+      v[i] = int(x);
+      s = end;
+      if (i == 3 || *s != ':') break;
+      ++s;
+    }
+    out->push_back(v);
+    if (*s == ',')
+      ++s;
+    else if (*s)
+      return false;
+  }
+  return !out->empty();
+}
+
 void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<int>& page_sizes,
-                  cudaStream_t stream) {
+                  const std::vector<std::array<int, 4>>& only, cudaStream_t stream) {
   // (batch, kv_len, q heads): Llama-3.1-8B's 32 q heads, plus batch 1 at 32K with 8 and 64 q
   // heads (GQA 1 and 8: the same KV bytes with 1/4 and 2x the arithmetic, which shows whether
   // the kernel is bound by its compute).
   struct Shape {
-    int batch, kv_len, hq;
+    int batch, kv_len, hq, hk = kHk;
   };
-  const std::vector<Shape> shapes = {{1, 1024, kHq},   {1, 4096, kHq},  {1, 32768, kHq},
-                                     {1, 131072, kHq}, {8, 4096, kHq},  {32, 4096, kHq},
-                                     {64, 4096, kHq},  {8, 32768, kHq}, {32, 32768, kHq},
-                                     {64, 32768, kHq}, {1, 32768, 8},   {1, 32768, 64}};
+  std::vector<Shape> shapes = {
+      {1, 1024, kHq},   {1, 4096, kHq},   {1, 32768, kHq}, {1, 131072, kHq}, {1, 1048576, kHq},
+      {8, 4096, kHq},   {32, 4096, kHq},  {64, 4096, kHq}, {8, 32768, kHq},  {16, 32768, kHq},
+      {32, 32768, kHq}, {64, 32768, kHq}, {1, 32768, 8},   {1, 32768, 64}};
+  if (!only.empty()) {
+    shapes.clear();
+    for (const auto& v : only) shapes.push_back({v[0], v[1], v[2], v[3]});
+  }
   std::printf(
       "# decode table: pages shuffled; isolated = median single launch, stream = 20 "
       "back-to-back / 20\n");
   std::printf(
-      "| batch | kv_len | q heads | page | variant | chunk | CTAs | isolated ms | GB/s | stream ms "
+      "| batch | kv_len | q heads | kv heads | page | variant | chunk | CTAs | isolated ms | GB/s "
+      "| stream ms "
       "| "
       "GB/s |\n");
-  std::printf("| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf(
+      "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int page : page_sizes)
-    for (auto [batch, kv_len, hq] : shapes) {
+    for (auto [batch, kv_len, hq, hk] : shapes) {
       const int pages_per = (kv_len + page - 1) / page;
-      const double kv_bytes = double(batch) * kv_len * kHk * kD * 2 * 2;
+      const double kv_bytes = double(batch) * kv_len * hk * kD * 2 * 2;
       const int reps = int(std::clamp(std::ceil(512e6 / kv_bytes), 1.0, 32.0));
       const int64_t pool = int64_t(reps) * batch * pages_per;
       void* q = random_bf16(int64_t(batch) * hq * kD, 4);
-      void* k = random_bf16(pool * page * kHk * kD, 5);
-      void* v = random_bf16(pool * page * kHk * kD, 6);
+      void* k = random_bf16(pool * page * hk * kD, 5);
+      void* v = random_bf16(pool * page * hk * kD, 6);
       void* o = nullptr;
       float* l = nullptr;
       LONGCTX_CUDA_CHECK(cudaMalloc(&o, int64_t(batch) * hq * kD * 2));
@@ -500,18 +531,18 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
       p.kv_last_page_len = upload(last);
       p.batch_size = batch;
       p.num_qo_heads = hq;
-      p.num_kv_heads = kHk;
+      p.num_kv_heads = hk;
       p.head_dim = kD;
       p.page_size = page;
       p.dtype = DType::kBF16;
       p.sm_scale = 1.f / std::sqrt(float(kD));
-      const size_t ws_bytes = kernels::cuda::decode_workspace_bytes(batch, hq, kHk, kD);
+      const size_t ws_bytes = kernels::cuda::decode_workspace_bytes(batch, hq, hk, kD);
       void* ws = nullptr;
       LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
       for (const DecodeVariant& var : variants) {
         set_variant_env(var);
-        auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, kHk, kD,
-                                               ws, ws_bytes, stream);
+        auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, hk, kD, ws,
+                                               ws_bytes, stream);
         int rep = 0;
         auto launch = [&] {
           p.kv_indices = d_ids + int64_t(rep) * batch * pages_per;
@@ -526,9 +557,9 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
                                  },
                                  stream, 9) /
                              kBurst;
-        std::printf("| %d | %d | %d | %d | %s | %d | %d | %.4f | %.0f | %.4f | %.0f |\n", batch,
-                    kv_len, hq, page, var.name.c_str(), plan.chunk_tokens,
-                    plan.num_work_items * kHk, iso, kv_bytes / (iso * 1e6), burst,
+        std::printf("| %d | %d | %d | %d | %d | %s | %d | %d | %.4f | %.0f | %.4f | %.0f |\n",
+                    batch, kv_len, hq, hk, page, var.name.c_str(), plan.chunk_tokens,
+                    plan.num_work_items * hk, iso, kv_bytes / (iso * 1e6), burst,
                     kv_bytes / (burst * 1e6));
         std::fflush(stdout);
       }
@@ -583,7 +614,12 @@ int main(int argc, char** argv) {
       pages.push_back(int(v));
       s = *end == ',' ? end + 1 : end;
     }
-    decode_table(variants, pages, stream);
+    std::vector<std::array<int, 4>> only;
+    if (argc >= 5 && !parse_decode_shapes(argv[4], &only)) {
+      std::fprintf(stderr, "--decode: want shapes like 1:32768:32,64:32768:4:1, got %s\n", argv[4]);
+      return 2;
+    }
+    decode_table(variants, pages, only, stream);
     cudaStreamDestroy(stream);
     return 0;
   }
@@ -591,7 +627,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [default,s=N/o=M,..."
-        " [PAGES]]]\n");
+        " [PAGES [B:KV:HQ[:HK],...]]]]\n");
     return 2;
   }
   using kernels::MaskMode;

@@ -16,16 +16,20 @@ namespace longctx::kernels {
 // Key j lives at page kv_indices[kv_indptr[b] + j / page_size], slot j % page_size. q head h reads
 // kv head h / (num_qo_heads / num_kv_heads).
 struct DecodeParams {
-  const void* q = nullptr;        // [batch_size, num_qo_heads, head_dim]
+  const void* q = nullptr;        // [batch_size, num_qo_heads, head_dim], rows q_token_stride apart
   const void* k_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim]
   const void* v_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim]
   void* o = nullptr;              // [batch_size, num_qo_heads, head_dim]
   float* lse = nullptr;           // [batch_size, num_qo_heads] fp32, natural log; optional
-  float* o_f32 = nullptr;  // instead of o: the output in fp32, unrounded (o is not written)
+  float* o_f32 = nullptr;         // instead of o: the output in fp32, unrounded (o is not written)
 
   const int32_t* kv_indptr = nullptr;         // [batch_size + 1] into kv_indices
   const int32_t* kv_indices = nullptr;        // [kv_indptr[batch_size]] page ids
   const int32_t* kv_last_page_len = nullptr;  // [batch_size], in [1, page_size] (or 0: no page)
+
+  // Elements from one request's q row to the next (a view of a fused QKV output is wider than
+  // num_qo_heads * head_dim); 0 = num_qo_heads * head_dim (contiguous). Even on CUDA.
+  int64_t q_token_stride = 0;
 
   int batch_size = 0;
   int num_qo_heads = 0;

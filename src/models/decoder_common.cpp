@@ -140,6 +140,7 @@ DecoderModel::QKV DecoderModel::split_qkv(const Tensor& qkv) const {
   r.q = qkv.slice(1, 0, hq * d).unflatten(1, {hq, d});
   r.k = qkv.slice(1, hq * d, (hq + hkv) * d).unflatten(1, {hkv, d});
   r.v = qkv.slice(1, (hq + hkv) * d, (hq + 2 * hkv) * d).unflatten(1, {hkv, d});
+  r.qk = qkv.slice(1, 0, (hq + hkv) * d).unflatten(1, {hq + hkv, d});
   return r;
 }
 
@@ -232,8 +233,7 @@ Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const Ste
   const LayerWeights& w = layers_[i];
   Tensor qkv = linear(hidden_states, w.qkv_proj, w.qkv_bias);
   QKV s = split_qkv(qkv);
-  apply_rope(s.q, in);
-  apply_rope(s.k, in);
+  apply_rope(s.qk, in);
   attention.store_kv(i, s.k, s.v);
   Tensor attn_output = attention.attend(i, s.q);
   return linear(attn_output, w.o_proj, w.o_bias);

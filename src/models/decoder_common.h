@@ -86,9 +86,11 @@ class DecoderModel : public Model {
   Tensor add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight) const;
   // x @ weight^T + bias (bias may be undefined), a new [n, out] activation tensor.
   Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) const;
-  // q, k, v of a fused projection output qkv [T, (Hq + 2 Hkv) head_dim]: [T, H, head_dim] views.
+  // q, k, v of a fused projection output qkv [T, (Hq + 2 Hkv) head_dim]: [T, H, head_dim] views;
+  // qk: q and k together ([T, Hq + Hkv, head_dim], adjacent in each row), so RoPE, which treats
+  // every head alike, runs once over both.
   struct QKV {
-    Tensor q, k, v;
+    Tensor q, k, v, qk;
   };
   QKV split_qkv(const Tensor& qkv) const;
   // down_proj(silu(gate_proj(x)) * up_proj(x)): LlamaMLP / Qwen2MLP / Qwen3MLP.

@@ -1,5 +1,5 @@
 // CUDA split-KV decode against the CPU decode reference, through the op-test harness: KV lengths
-// 0 .. 128K, page sizes 1/7/16/128/256, GQA 1/4/8/16 (and 3, 6, 12), head_dim 64/128, bf16/f16,
+// 0 .. 1M, page sizes 1/7/16/128/256/4096, GQA 1/4/8/16 (and 3, 6, 12), head_dim 64/128, bf16/f16,
 // with and without LSE, batch 1 .. 64, 1 .. ~130 splits per request. Tolerances (unit-variance
 // q/k/v, sm_scale = 1/sqrt(head_dim)):
 //   output max-abs <= 1e-2 (bf16) / 2e-3 (f16): both round an fp32 result once; the kernel sums
@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <sstream>
 
@@ -28,8 +29,9 @@ using testing::PagedCaseShape;
 class DecodeCase : public OpCase {
  public:
   // min_chunk: decode_plan's min_chunk_tokens (small values force many splits on short requests).
-  DecodeCase(PagedCaseShape s, bool perf_only = false, int min_chunk = 256)
-      : s_(std::move(s)), perf_only_(perf_only), min_chunk_(min_chunk) {
+  // q_pad > 0: q rows sit q_pad elements (NaN) apart, as in a view of a fused QKV output.
+  DecodeCase(PagedCaseShape s, bool perf_only = false, int min_chunk = 256, int q_pad = 0)
+      : s_(std::move(s)), perf_only_(perf_only), min_chunk_(min_chunk), q_pad_(q_pad) {
     s_.q_lens.assign(s_.kv_lens.size(), 1);
   }
   std::string name() const override {
@@ -38,7 +40,8 @@ class DecodeCase : public OpCase {
     for (size_t i = 0; i < s_.kv_lens.size() && i < 6; ++i) os << (i ? "," : "") << s_.kv_lens[i];
     os << (s_.kv_lens.size() > 6 ? ",...]" : "]") << " h=" << s_.num_qo_heads << "/"
        << s_.num_kv_heads << " d=" << s_.head_dim << " page=" << s_.page_size << " "
-       << dtype_name(s_.dtype) << (s_.with_lse ? " lse" : "") << ")";
+       << dtype_name(s_.dtype) << (s_.with_lse ? " lse" : "") << (q_pad_ ? " strided q" : "")
+       << ")";
     return os.str();
   }
   bool supported() const override { return s_.head_dim == 64 || s_.head_dim == 128; }
@@ -47,7 +50,15 @@ class DecodeCase : public OpCase {
   void prepare(cudaStream_t stream) override {
     host_ = std::make_unique<PagedCase>(s_);
     const PagedCase& h = *host_;
-    d_q_ = upload_vector(h.q);
+    const int64_t row = int64_t(s_.num_qo_heads) * s_.head_dim;
+    if (q_pad_ > 0) {
+      std::vector<uint16_t> q(h.q.size() / row * (row + q_pad_), 0xFFFF);  // NaN padding
+      for (size_t b = 0; b < h.q.size() / row; ++b)
+        std::copy_n(h.q.begin() + b * row, row, q.begin() + b * (row + q_pad_));
+      d_q_ = upload_vector(q);
+    } else {
+      d_q_ = upload_vector(h.q);
+    }
     d_k_ = upload_vector(h.k_cache);
     d_v_ = upload_vector(h.v_cache);
     d_kvp_ = upload_vector(h.kv_indptr);
@@ -59,6 +70,7 @@ class DecodeCase : public OpCase {
     params_ =
         h.decode_params(d_o_.data(), s_.with_lse ? static_cast<float*>(d_lse_.data()) : nullptr);
     params_.q = d_q_.data();
+    params_.q_token_stride = q_pad_ > 0 ? row + q_pad_ : 0;
     params_.k_cache = d_k_.data();
     params_.v_cache = d_v_.data();
     params_.kv_indptr = static_cast<const int32_t*>(d_kvp_.data());
@@ -145,6 +157,7 @@ class DecodeCase : public OpCase {
   PagedCaseShape s_;
   bool perf_only_;
   int min_chunk_;
+  int q_pad_;
   std::unique_ptr<PagedCase> host_;
   GuardedBuffer d_q_, d_k_, d_v_, d_kvp_, d_kvi_, d_last_, d_o_, d_lse_, d_ws_;
   kernels::DecodeParams params_;
@@ -159,7 +172,7 @@ PagedCaseShape dshape(std::vector<int32_t> kv, int hq, int hk, int d, int page, 
 
 // Every page size x GQA ratio x head_dim x dtype over a mixed batch (empty, 1 key, odd lengths,
 // lengths that split into several chunks).
-TEST(DecodeGpu, MixedBatchesOverTheGrid) {
+std::vector<std::unique_ptr<OpCase>> mixed_batch_cases() {
   std::vector<std::unique_ptr<OpCase>> cases;
   uint64_t seed = 1;
   for (int page : {1, 16, 128})
@@ -170,6 +183,11 @@ TEST(DecodeGpu, MixedBatchesOverTheGrid) {
               dshape({0, 1, 7, 300, 1025, 4097}, 2 * group, 2, d, page, dt, seed % 3 != 0, seed)));
           ++seed;
         }
+  return cases;
+}
+
+TEST(DecodeGpu, MixedBatchesOverTheGrid) {
+  std::vector<std::unique_ptr<OpCase>> cases = mixed_batch_cases();
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, 36);
@@ -186,15 +204,20 @@ TEST(DecodeGpu, LongAndOddGroups) {
   cases.push_back(std::make_unique<DecodeCase>(dshape({5000, 17}, 6, 2, 128, 16, DType::kBF16)));
   cases.push_back(std::make_unique<DecodeCase>(dshape({5000, 17}, 12, 1, 64, 16, DType::kBF16)));
   cases.push_back(std::make_unique<DecodeCase>(dshape({2000, 9}, 24, 2, 128, 7, DType::kF16)));
+  // q read in place from a fused QKV row ([q | k | v] of Llama-3.1-8B / the needle model).
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({3000, 1, 700}, 32, 8, 128, 128, DType::kBF16), false, 256, 2 * 8 * 128));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({513, 77}, 4, 2, 64, 16, DType::kF16), false,
+                                               64, 2 * 2 * 64));
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
-  EXPECT_EQ(s.ok, 7);
+  EXPECT_EQ(s.ok, 9);
 }
 
 // The cp.async pipeline's edges: lengths around the 32/64-token tile and the 64-token chunk grain,
 // page sizes 1/16/128/256 (a tile inside one page, across pages, one token per page), many
 // splits (min chunk 64), GQA 16 (two head tiles per kv head), batches up to 64.
-TEST(DecodeGpu, PipelineEdges) {
+std::vector<std::unique_ptr<OpCase>> pipeline_edge_cases() {
   std::vector<std::unique_ptr<OpCase>> cases;
   const std::vector<int32_t> edges = {1, 31, 32, 33, 63, 64, 65, 127, 129, 255, 256, 257, 1000};
   uint64_t seed = 100;
@@ -225,9 +248,26 @@ TEST(DecodeGpu, PipelineEdges) {
     cases.push_back(std::make_unique<DecodeCase>(
         dshape(kv, 32, 8, 128, batch % 2 ? 16 : 128, DType::kBF16, true, 20 + batch)));
   }
+  return cases;
+}
+
+TEST(DecodeGpu, PipelineEdges) {
+  std::vector<std::unique_ptr<OpCase>> cases = pipeline_edge_cases();
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// Pages of 4096 tokens and one request of 1M keys (a split of ~32K keys per CTA).
+TEST(DecodeGpu, HugePagesAndAMillionKeys) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({100000, 4096, 4097, 5}, 32, 8, 128, 4096, DType::kBF16, true, 31)));
+  cases.push_back(
+      std::make_unique<DecodeCase>(dshape({1 << 20}, 8, 1, 128, 256, DType::kBF16, true, 32)));
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, 2);
 }
 
 // A reduced set for compute-sanitizer (includes a split request: the fused merge).

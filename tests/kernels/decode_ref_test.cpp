@@ -3,6 +3,7 @@
 // 64/128, bf16/f16, shuffled page tables.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -96,6 +97,31 @@ TEST(DecodeRef, OddGroupAndHeadDim) {
   s.head_dim = 40;
   s.page_size = 5;
   check(s);
+}
+
+// q rows q_token_stride apart (a view of a fused QKV output) give the contiguous result exactly.
+TEST(DecodeRef, StridedQEqualsContiguous) {
+  PagedCaseShape s;
+  s.kv_lens = {70, 0, 129};
+  s.q_lens = {1, 1, 1};
+  s.num_qo_heads = 8;
+  s.num_kv_heads = 2;
+  s.head_dim = 64;
+  s.page_size = 16;
+  PagedCase c(s);
+  const int64_t row = 8 * 64, stride = row + 2 * 2 * 64;
+  std::vector<uint16_t> o(3 * row), o_strided(3 * row);
+  std::vector<float> lse(3 * 8), lse_strided(3 * 8);
+  kernels::cpu::decode_attention(c.decode_params(o.data(), lse.data()));
+  std::vector<uint16_t> q(3 * stride, 0x7fc0);  // NaN between the rows: must not be read
+  for (int b = 0; b < 3; ++b) std::copy_n(c.q.begin() + b * row, row, q.begin() + b * stride);
+  auto p = c.decode_params(o_strided.data(), lse_strided.data());
+  p.q = q.data();
+  p.q_token_stride = stride;
+  kernels::cpu::decode_attention(p);
+  EXPECT_EQ(o_strided, o);
+  for (size_t i = 0; i < lse.size(); ++i)
+    EXPECT_TRUE(lse_strided[i] == lse[i] || (std::isinf(lse[i]) && std::isinf(lse_strided[i])));
 }
 
 TEST(DecodeRef, RejectsBadParams) {

@@ -232,7 +232,9 @@ class PagedAttentionBackend final : public AttentionBackend {
 
   Tensor attend(int64_t layer, const Tensor& q) override {
     check_layer_input("attend", layer, q);
-    Tensor qc = q.contiguous();  // q is a view of the fused QKV output; the kernels read [T, H, d]
+    // q is a view of the fused QKV output: the decode kernel reads it in place (rows
+    // q_token_stride apart); the other kernels read a contiguous [T, H, d] copy.
+    Tensor qc = path_ == Path::kDecode ? q : q.contiguous();
     Tensor o = Tensor::empty(q.shape(), q.dtype(), device_);
     cudaStream_t stream = current_cuda_stream(device_.index);
     if (path_ == Path::kQuest) {
@@ -244,6 +246,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     } else if (path_ == Path::kDecode) {
       DecodeParams d;
       d.q = qc.data_ptr();
+      d.q_token_stride = qc.size(0) > 1 ? qc.strides()[0] : 0;
       d.k_cache = pool_.k(layer).data_ptr();
       d.v_cache = pool_.v(layer).data_ptr();
       d.o = o.data_ptr();

@@ -21,6 +21,7 @@ void decode_attention(const DecodeParams& p) {
                 "decode: page_size {} and head_dim {} must be >= 1", p.page_size, p.head_dim);
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int64_t D = p.head_dim;
+  const int64_t q_stride = p.q_token_stride > 0 ? p.q_token_stride : p.num_qo_heads * D;
   for (int b = 0; b < p.batch_size; ++b) {
     int32_t pages = p.kv_indptr[b + 1] - p.kv_indptr[b];
     LONGCTX_CHECK(pages >= 0, ErrorCode::kInvalidArgument, "decode: kv_indptr decreases at {}", b);
@@ -37,7 +38,8 @@ void decode_attention(const DecodeParams& p) {
       const int32_t pages = p.kv_indptr[b + 1] - p.kv_indptr[b];
       const int64_t kv_len =
           pages == 0 ? 0 : int64_t(pages - 1) * p.page_size + p.kv_last_page_len[b];
-      const int64_t q_off = (int64_t(b) * p.num_qo_heads + h) * D;
+      const int64_t q_off = int64_t(b) * q_stride + h * D;
+      const int64_t o_off = (int64_t(b) * p.num_qo_heads + h) * D;
       auto kv_offset = [&](int64_t j) {
         int64_t page = p.kv_indices[p.kv_indptr[b] + j / p.page_size];
         return ((page * p.page_size + j % p.page_size) * p.num_kv_heads + kvh) * D;
@@ -62,9 +64,9 @@ void decode_attention(const DecodeParams& p) {
       }
       for (int64_t d = 0; d < D; ++d)
         if (p.o_f32)
-          p.o_f32[q_off + d] = kv_len == 0 ? 0.f : acc[d] / l;
+          p.o_f32[o_off + d] = kv_len == 0 ? 0.f : acc[d] / l;
         else
-          store_f32(p.o, q_off + d, kv_len == 0 ? 0.f : acc[d] / l, p.dtype);
+          store_f32(p.o, o_off + d, kv_len == 0 ? 0.f : acc[d] / l, p.dtype);
       if (p.lse)
         p.lse[int64_t(b) * p.num_qo_heads + h] =
             kv_len == 0 ? -std::numeric_limits<float>::infinity() : m + std::log(l);

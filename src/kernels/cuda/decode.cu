@@ -5,16 +5,19 @@
 // to a grid fixed per batch size instead measured 19-22% slower at batch 1, 32K / 128K keys.)
 //
 // Each CTA streams its K/V range through a kStages-deep ring of 16 KB tiles in shared memory,
-// filled by cp.async, so it keeps ~48 KB of loads in flight while it computes on the oldest tile:
-// batch-1 decode is bound by the bytes in flight per SM, and loads straight into registers,
-// serialized with the compute that consumes them, stay near 1 TB/s. Page ids are looked up one
-// tile ahead of the copies that need them (the lookup's latency hides under a tile of compute).
-// A tile is computed on the tensor cores (MmaCompute), since the same math on CUDA cores makes
-// the kernel compute-bound. A split request's partial states are merged by the LAST of its CTAs
-// (an atomic counter per (request, kv head, head tile) in the workspace), which saves a second
-// launch and its wait for the whole grid. The plan sizes the chunks with a wave model (CTAs
-// resident per SM from the occupancy API), so batch 1 fills the GPU in one even wave and large
-// batches do not end in a mostly empty wave.
+// filled by cp.async, so it keeps ~48 KB of loads in flight while it computes on the oldest tile
+// (loads straight into registers, serialized with the compute that consumes them, stay near
+// 1 TB/s). Page ids are looked up one tile ahead of the copies that need them (the lookup's
+// latency hides under a tile of compute). A tile is computed on the tensor cores (MmaCompute),
+// since the same math on CUDA cores makes the kernel compute-bound; at 2-3 CTAs of 4 warps per SM
+// the warps' dependent chains are what the kernel waits on (Nsight Compute, batch 1 at 32K keys:
+// 0.33 instructions issued per cycle and scheduler, DRAM 41 % busy; 6 ring stages instead of 4
+// changed nothing), so S = Q K^T runs as two independent mma chains. A split request's partial
+// states are merged by the LAST of its CTAs (an atomic counter per (request, kv head, head tile)
+// in the workspace), which saves a second launch and its wait for the whole grid; that merge
+// issues its L2 loads in batches (a chain of dependent L2 round trips is its whole cost). The plan
+// sizes the chunks with a wave model (CTAs resident per SM from the occupancy API), so batch 1
+// fills the GPU in one even wave and large batches do not end in a mostly empty wave.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -58,6 +61,7 @@ struct DecodeArgs {
   float* partial_lse;
   const int32_t* merge_indptr;  // [batch + 1] partial slots per request
   int32_t* counters;            // [batch, num_kv_heads * head_tiles] finished splits
+  int64_t q_stride;             // elements between requests' q rows
   int num_qo_heads, num_kv_heads, group, head_tiles, page_size;
   float scale_log2;  // sm_scale * log2(e): scores live in the log2 domain
 };
@@ -76,14 +80,6 @@ struct RingShape {
   static_assert(TILE % 32 == 0, "each warp takes whole 8-token blocks");
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros, read nothing
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
-               "r"(src_bytes));
-}
 // Tensor-core compute: the CTA's q heads are the M rows of mma.sync tiles (rows >= GT are zero
 // padding: the tensor cores have ~50x the throughput this needs), each warp takes 8-token blocks
 // of the tile as the N (S = Q K^T, m16n8k16 over head_dim) and K (O += P V, m16n8k8) dimensions.
@@ -96,11 +92,14 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 // block and of O for dims 8j + 2t, 2t+1: one online-softmax state per warp, kSources = 4.
 template <typename T, int D, int GT>
 struct MmaCompute {
-  using S = RingShape<D>;
-  static constexpr int kSources = kThreads / 32;
-  static constexpr int KS = D / 16;         // k-steps of S = Q K^T
-  static constexpr int NTL = D / 8;         // 8-dim n-tiles of O
-  static constexpr int SBW = S::TILE / 32;  // 8-token blocks per warp per tile
+  // Accumulators of S = Q K^T per 8-token block (k-step i adds into i % kChains). One chain of 8
+  // dependent mma.sync (head_dim 128) left the kernel latency-bound; 2 chains with the batched
+  // merge of finish_cta took batch 1 / 32K keys from 1.10x to 1.17x cuDNN's bandwidth (each
+  // measured beside cuDNN, back-to-back launches, H200); 4 chains measured the same as 2.
+  static constexpr int kChains = 2;
+  static constexpr int KS = D / 16;                    // k-steps of S = Q K^T
+  static constexpr int NTL = D / 8;                    // 8-dim n-tiles of O
+  static constexpr int SBW = RingShape<D>::TILE / 32;  // 8-token blocks per warp per tile
   int g, t4, warp;
   uint32_t qa[KS][2];  // A fragments of q: (row g, cols 16 ks + 2t..) and (+8); other rows zero
   float o[NTL][4];     // [.][0..1]: row g; [.][2..3]: padding row g + 8 (stays 0)
@@ -115,7 +114,7 @@ struct MmaCompute {
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       if (g < nh) {
-        const T* qr = q + (int64_t(b) * a.num_qo_heads + h0 + g) * D + ks * 16 + 2 * t4;
+        const T* qr = q + int64_t(b) * a.q_stride + (h0 + g) * D + ks * 16 + 2 * t4;
         qa[ks][0] = *reinterpret_cast<const uint32_t*>(qr);
         qa[ks][1] = *reinterpret_cast<const uint32_t*>(qr + 8);
       } else {
@@ -128,24 +127,38 @@ struct MmaCompute {
     l_r = 0.f;
   }
 
-  __device__ __forceinline__ void tile(const T* sk, const T* sv, int tbase, int kv_end,
+  // 16-byte chunk c of this lane's ldmatrix row r (0..7), XOR-swizzled, in a row at `row`.
+  static __device__ __forceinline__ uint32_t chunk(uint32_t row, int c, int r) {
+    return row + ((c ^ r) << 4);
+  }
+
+  // sk, sv: shared-memory addresses of the tile's K and V rows.
+  __device__ __forceinline__ void tile(uint32_t sk, uint32_t sv, int tbase, int kv_end,
                                        float scale_log2) {
     const int lane = threadIdx.x & 31;
     const int r = lane & 7, mat = lane >> 3;  // ldmatrix: this lane's row and matrix
 #pragma unroll
     for (int sb = 0; sb < SBW; ++sb) {
       const int tok0 = (warp * SBW + sb) * 8;  // a multiple of 8: (tok0 + r) & 7 == r
-      const uint32_t krow = smem_u32(sk + (tok0 + r) * D);
-      const uint32_t vrow = smem_u32(sv + (tok0 + r) * D);
-      float s[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint32_t krow = sk + (tok0 + r) * D * 2;
+      const uint32_t vrow = sv + (tok0 + r) * D * 2;
+      float sc[kChains][4];
+#pragma unroll
+      for (int i = 0; i < kChains; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
 #pragma unroll
       for (int kp = 0; kp < KS / 2; ++kp) {  // 4 chunks = 2 k-steps per ldmatrix.x4
         uint32_t kb[4];
-        ldmatrix_x4(kb, krow + (((kp * 4 + mat) ^ r) << 4));
+        ldmatrix_x4(kb, chunk(krow, kp * 4 + mat, r));
         const uint32_t a0[4] = {qa[2 * kp][0], 0u, qa[2 * kp][1], 0u};
-        Mma<T>::k16(s, a0, kb[0], kb[1]);
+        Mma<T>::k16(sc[(2 * kp) % kChains], a0, kb[0], kb[1]);
         const uint32_t a1[4] = {qa[2 * kp + 1][0], 0u, qa[2 * kp + 1][1], 0u};
-        Mma<T>::k16(s, a1, kb[2], kb[3]);
+        Mma<T>::k16(sc[(2 * kp + 1) % kChains], a1, kb[2], kb[3]);
+      }
+      float s[2] = {sc[0][0], sc[0][1]};
+#pragma unroll
+      for (int i = 1; i < kChains; ++i) {
+        s[0] += sc[i][0];
+        s[1] += sc[i][1];
       }
       const int tk = tbase + tok0 + 2 * t4;
       const float x0 = tk < kv_end ? s[0] * scale_log2 : -INFINITY;
@@ -172,7 +185,7 @@ struct MmaCompute {
 #pragma unroll
       for (int np = 0; np < NTL / 4; ++np) {  // 4 chunks = 4 n-tiles per ldmatrix.x4.trans
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vrow + (((np * 4 + mat) ^ r) << 4));
+        ldmatrix_x4_trans(vb, chunk(vrow, np * 4 + mat, r));
 #pragma unroll
         for (int i = 0; i < 4; ++i) Mma<T>::k8(o[np * 4 + i], pa, 0u, vb[i]);
       }
@@ -197,36 +210,182 @@ struct MmaCompute {
   }
 };
 
-// One CTA per (work item, kv head, head tile): the cp.async ring feeding MmaCompute, the merge of
-// the CTA's states into o (or a partial slot), and for a split request the merge of its partial
-// states by its last CTA.
+// The CTA's shared state besides the K/V tiles: the per-warp softmax states, the per-head merge
+// constants of a split request and the "last CTA" flag.
+template <int GT>
+struct EpilogueSmem {
+  float m[kThreads / 32][GT];
+  float l[kThreads / 32][GT];
+  float hmax[GT], hsum[GT];
+  int last;
+};
+
+// What the kernel does after its K/V range: merges the compute warps' states (already stored
+// by MmaCompute::store into s_acc and e) into o, or into the request's partial slot; then, for a
+// split request, the CTA that finishes last merges the request's partial states into o.
+template <typename T, int D, int GT>
+__device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_acc,
+                                           EpilogueSmem<GT>& e, int b, int slot, int h0, int nh,
+                                           int hslot, int ctas_per_item) {
+  constexpr int NSRC = kThreads / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T* o = static_cast<T*>(a.o);
+  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NSRC; ++j) mx = fmaxf(mx, e.m[j][g]);
+    float sum = 0.f, out = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int j = 0; j < NSRC; ++j) {
+        const float w = exp2f(e.m[j][g] - mx);  // empty sources: exp2(-inf) = 0
+        sum += e.l[j][g] * w;
+        out += s_acc[(j * GT + g) * D + d] * w;
+      }
+      out /= sum;
+    }
+    const float lse = mx == -INFINITY ? -INFINITY : (mx + log2f(sum)) * kLn2;
+    const int h = h0 + g;
+    if (slot < 0) {
+      const int64_t oi = (int64_t(b) * a.num_qo_heads + h) * D + d;
+      if (a.o_f32)
+        a.o_f32[oi] = out;
+      else
+        o[oi] = detail::from_f32<T>(out);
+      if (d == 0 && a.lse) a.lse[int64_t(b) * a.num_qo_heads + h] = lse;
+    } else {
+      a.partial_o[(int64_t(slot) * a.num_qo_heads + h) * D + d] = out;
+      if (d == 0) a.partial_lse[int64_t(slot) * a.num_qo_heads + h] = lse;
+    }
+  }
+  if (slot < 0) return;
+
+  // Split request: the CTA that finishes last (of this request's splits for this kv head / head
+  // tile) merges them. Every thread fences its partial writes before thread 0 counts this CTA
+  // in (the threadFenceReduction pattern); the last CTA puts the counter back to 0 for the next
+  // run (plan() zeroes it once), which keeps run() free of memsets and graph-replayable.
+  __threadfence();
+  __syncthreads();
+  const int s0 = a.merge_indptr[b], n = a.merge_indptr[b + 1] - s0;
+  if (threadIdx.x == 0) {
+    int32_t* cnt = a.counters + int64_t(b) * ctas_per_item + hslot;
+    const int prev = atomicAdd(cnt, 1);
+    e.last = prev == n - 1;
+    if (e.last) *cnt = 0;
+  }
+  __syncthreads();
+  if (!e.last) return;
+  __threadfence();
+  // Per-head max and weight sum over the n states, one warp per head. Partials are read with
+  // ld.global.cg (L2): other SMs wrote them during this kernel.
+  for (int g = warp; g < nh; g += NSRC) {
+    const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h0 + g;
+    float mx = -INFINITY;
+    for (int st = lane; st < n; st += 32) mx = fmaxf(mx, __ldcg(pl + int64_t(st) * a.num_qo_heads));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.f;
+    if (mx != -INFINITY)
+      for (int st = lane; st < n; st += 32)
+        sum += __expf(__ldcg(pl + int64_t(st) * a.num_qo_heads) - mx);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) {
+      e.hmax[g] = mx;
+      e.hsum[g] = sum;
+    }
+  }
+  __syncthreads();
+  // Four dims per thread (float4 partial rows) and kBatch states' loads issued before any is
+  // used: the merge is a chain of L2 round trips, so its length is what it costs.
+  constexpr int kBatch = 8;
+  for (int idx = threadIdx.x; idx < nh * D / 4; idx += kThreads) {
+    const int g = idx / (D / 4), d = (idx % (D / 4)) * 4;
+    const int h = h0 + g;
+    const float mx = e.hmax[g], sum = e.hsum[g];
+    float4 out = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mx != -INFINITY) {
+      const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h;
+      const float* po = a.partial_o + (int64_t(s0) * a.num_qo_heads + h) * D + d;
+      const int64_t lse_step = a.num_qo_heads, o_step = int64_t(a.num_qo_heads) * D;
+      for (int st0 = 0; st0 < n; st0 += kBatch) {
+        float lv[kBatch];
+        float4 ov[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const bool in = st0 + u < n;
+          lv[u] = in ? __ldcg(pl + (st0 + u) * lse_step) : -INFINITY;
+          ov[u] = in ? __ldcg(reinterpret_cast<const float4*>(po + (st0 + u) * o_step))
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const float w = __expf(lv[u] - mx);  // -inf (empty or past n): 0
+          out.x = fmaf(w, ov[u].x, out.x);
+          out.y = fmaf(w, ov[u].y, out.y);
+          out.z = fmaf(w, ov[u].z, out.z);
+          out.w = fmaf(w, ov[u].w, out.w);
+        }
+      }
+      out.x /= sum;
+      out.y /= sum;
+      out.z /= sum;
+      out.w /= sum;
+    }
+    const int64_t orow = int64_t(b) * a.num_qo_heads + h;
+    if (a.o_f32) {
+      *reinterpret_cast<float4*>(a.o_f32 + orow * D + d) = out;
+    } else {
+      T* od = o + orow * D + d;
+      od[0] = detail::from_f32<T>(out.x);
+      od[1] = detail::from_f32<T>(out.y);
+      od[2] = detail::from_f32<T>(out.z);
+      od[3] = detail::from_f32<T>(out.w);
+    }
+    if (d == 0 && a.lse) a.lse[orow] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
+  }
+}
+
+// The CTA's (request, kv range, partial slot, kv head, head tile) from its work item.
+struct CtaWork {
+  int b, kv_begin, kv_end, slot, kvh, hslot, h0, nh, ctas_per_item;
+};
+template <int GT>
+__device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
+  CtaWork w;
+  w.ctas_per_item = a.num_kv_heads * a.head_tiles;
+  w.hslot = blockIdx.x % w.ctas_per_item;  // (kv head, head tile) of this CTA
+  const int4 item = reinterpret_cast<const int4*>(a.work)[blockIdx.x / w.ctas_per_item];
+  w.b = item.x;
+  w.kv_begin = item.y;
+  w.kv_end = item.z;
+  w.slot = item.w;
+  w.kvh = w.hslot / a.head_tiles;
+  const int tile = w.hslot % a.head_tiles;
+  w.h0 = w.kvh * a.group + tile * GT;
+  w.nh = min(GT, a.group - tile * GT);
+  return w;
+}
+
+// One CTA per (work item, kv head, head tile): the cp.async ring feeding MmaCompute, then
+// finish_cta.
 template <typename T, int D, int GT>
 __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   using S = RingShape<D>;
   using C = MmaCompute<T, D, GT>;
-  constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT, NSRC = C::kSources;
+  constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT;
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ float s_m[NSRC][GT];
-  __shared__ float s_l[NSRC][GT];
-  __shared__ float s_hmax[GT], s_hsum[GT];
-  __shared__ int s_last;
+  __shared__ EpilogueSmem<GT> e;
 
-  const int ctas_per_item = a.num_kv_heads * a.head_tiles;
-  const int hslot = blockIdx.x % ctas_per_item;  // (kv head, head tile) of this CTA
-  const int4 item = reinterpret_cast<const int4*>(a.work)[blockIdx.x / ctas_per_item];
-  const int b = item.x, kv_begin = item.y, kv_end = item.z, slot = item.w;
-  if (b < 0) return;  // padding item
-  const int kvh = hslot / a.head_tiles;
-  const int tile = hslot % a.head_tiles;
-  const int h0 = kvh * a.group + tile * GT;
-  const int nh = min(GT, a.group - tile * GT);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const CtaWork w = cta_work<GT>(a);
+  if (w.b < 0) return;  // padding item
+  const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
   const T* kc = static_cast<const T*>(a.k);
   const T* vc = static_cast<const T*>(a.v);
   const int32_t* pages = a.kv_indices + a.kv_indptr[b];
   const int ps = a.page_size;
   const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
-
   // Copy assignment: thread tid copies the 16-byte chunks tid + j * kThreads of a tile, i.e.
   // chunk tid % LPT of tokens tid / LPT + j * TOK_STRIDE: a warp's copies of one j cover 512
   // contiguous bytes of the tile (coalesced reads of whole 256-byte rows), and a thread's K and
@@ -260,8 +419,8 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
       const bool valid = kv_begin + t_idx * TILE + tt < kv_end;
       const int64_t off = (row[j] * a.num_kv_heads + kvh) * D + cp_cc * 8;  // row 0 if invalid
       const int dst = tt * D + (cp_cc ^ (tt & 7)) * 8;
-      cp_async16(sk + dst, kc + off, valid);
-      cp_async16(sv + dst, vc + off, valid);
+      cp_async_16(smem_addr(sk + dst), kc + off, valid ? 16 : 0);  // 0 bytes: zero-fill
+      cp_async_16(smem_addr(sv + dst), vc + off, valid ? 16 : 0);
     }
   };
 
@@ -278,7 +437,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   if (kStages - 1 < n_tiles) load_rows(kStages - 1);
 
   C c;
-  c.init(a, b, h0, nh);
+  c.init(a, b, w.h0, w.nh);
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<kStages - 2>();  // tile it has landed (for this thread's copies) ...
     __syncthreads();               // ... for every thread's, and tile it - 1 is consumed
@@ -287,106 +446,17 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
     cp_async_commit();
     if (nx + 1 < n_tiles) load_rows(nx + 1);  // used by the next iteration's issue
     const int st = it % kStages;
-    c.tile(stage_k(st), stage_v(st), kv_begin + it * TILE, kv_end, a.scale_log2);
+    c.tile(smem_addr(stage_k(st)), smem_addr(stage_v(st)), kv_begin + it * TILE, kv_end,
+           a.scale_log2);
   }
   cp_async_wait<0>();  // only empty groups can be left, but the ring is reused below
   __syncthreads();
-
-  // Merge the CTA's NSRC states; the ring's shared memory holds the accumulators
-  // ([NSRC][GT][D] fp32 = 2 KB x GT, <= the ring's 64 KB).
+  // The ring's shared memory holds the warps' accumulators ([NSRC][GT][D] fp32 = 2 KB x GT,
+  // <= the ring's 64 KB).
   float* s_acc = reinterpret_cast<float*>(smem);
-  c.store(s_acc, s_m, s_l);
+  c.store(s_acc, e.m, e.l);
   __syncthreads();
-  T* o = static_cast<T*>(a.o);
-  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
-    const int g = idx / D, d = idx % D;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < NSRC; ++j) mx = fmaxf(mx, s_m[j][g]);
-    float sum = 0.f, out = 0.f;
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int j = 0; j < NSRC; ++j) {
-        const float w = exp2f(s_m[j][g] - mx);  // empty sources: exp2(-inf) = 0
-        sum += s_l[j][g] * w;
-        out += s_acc[(j * GT + g) * D + d] * w;
-      }
-      out /= sum;
-    }
-    const float lse = mx == -INFINITY ? -INFINITY : (mx + log2f(sum)) * kLn2;
-    const int h = h0 + g;
-    if (slot < 0) {
-      const int64_t oi = (int64_t(b) * a.num_qo_heads + h) * D + d;
-      if (a.o_f32)
-        a.o_f32[oi] = out;
-      else
-        o[oi] = detail::from_f32<T>(out);
-      if (d == 0 && a.lse) a.lse[int64_t(b) * a.num_qo_heads + h] = lse;
-    } else {
-      a.partial_o[(int64_t(slot) * a.num_qo_heads + h) * D + d] = out;
-      if (d == 0) a.partial_lse[int64_t(slot) * a.num_qo_heads + h] = lse;
-    }
-  }
-  if (slot < 0) return;
-
-  // Split request: the CTA that finishes last (of this request's splits for this kv head / head
-  // tile) merges them. Every thread fences its partial writes before thread 0 counts this CTA
-  // in (the threadFenceReduction pattern); the last CTA puts the counter back to 0 for the next
-  // run (plan() zeroes it once), which keeps run() free of memsets and graph-replayable.
-  __threadfence();
-  __syncthreads();
-  const int s0 = a.merge_indptr[b], n = a.merge_indptr[b + 1] - s0;
-  if (threadIdx.x == 0) {
-    int32_t* cnt = a.counters + int64_t(b) * ctas_per_item + hslot;
-    const int prev = atomicAdd(cnt, 1);
-    s_last = prev == n - 1;
-    if (s_last) *cnt = 0;
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  // Per-head max and weight sum over the n states, one warp per head. Partials are read with
-  // ld.global.cg (L2): other SMs wrote them during this kernel.
-  for (int g = warp; g < nh; g += kThreads / 32) {
-    const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h0 + g;
-    float mx = -INFINITY;
-    for (int st = lane; st < n; st += 32) mx = fmaxf(mx, __ldcg(pl + int64_t(st) * a.num_qo_heads));
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float sum = 0.f;
-    if (mx != -INFINITY)
-      for (int st = lane; st < n; st += 32)
-        sum += __expf(__ldcg(pl + int64_t(st) * a.num_qo_heads) - mx);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) {
-      s_hmax[g] = mx;
-      s_hsum[g] = sum;
-    }
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
-    const int g = idx / D, d = idx % D;
-    const int h = h0 + g;
-    const float mx = s_hmax[g], sum = s_hsum[g];
-    float out = 0.f;
-    if (mx != -INFINITY) {
-      const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h;
-      const float* po = a.partial_o + (int64_t(s0) * a.num_qo_heads + h) * D + d;
-#pragma unroll 4
-      for (int st = 0; st < n; ++st) {
-        const float w = __expf(__ldcg(pl + int64_t(st) * a.num_qo_heads) - mx);  // -inf: 0
-        out = fmaf(w, __ldcg(po + int64_t(st) * a.num_qo_heads * D), out);
-      }
-      out /= sum;
-    }
-    const int64_t orow = int64_t(b) * a.num_qo_heads + h;
-    if (a.o_f32)
-      a.o_f32[orow * D + d] = out;
-    else
-      o[orow * D + d] = detail::from_f32<T>(out);
-    if (d == 0 && a.lse) a.lse[orow] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
-  }
+  finish_cta<T, D, GT>(a, s_acc, e, b, w.slot, w.h0, w.nh, w.hslot, w.ctas_per_item);
 }
 
 int current_sm_count() {
@@ -448,8 +518,8 @@ void check_shape(int num_qo_heads, int num_kv_heads, int head_dim) {
                 "decode: head_dim {} not supported (64 or 128)", head_dim);
 }
 
-// The kernel needs > 48 KB of dynamic shared memory: opt in once per instantiation (plan() calls
-// this too, outside any graph capture). Returns resident CTAs per SM.
+// The kernel needs > 48 KB of dynamic shared memory: opt in per (device, instantiation) (plan()
+// calls this too, outside any graph capture). Returns resident CTAs per SM.
 template <typename T, int D, int GT>
 int ring_setup() {
   require_dynamic_smem(decode_ring_kernel<T, D, GT>, RingShape<D>::kSmemBytes);
@@ -514,6 +584,7 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                plan.partial_lse,
                plan.merge_indptr,
                plan.counters,
+               p.q_token_stride > 0 ? p.q_token_stride : int64_t(p.num_qo_heads) * p.head_dim,
                p.num_qo_heads,
                p.num_kv_heads,
                group,
@@ -713,6 +784,11 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
 }
 
 void decode_run(const DecodeParams& p, const DecodePlan& plan, cudaStream_t stream) {
+  LONGCTX_CHECK(p.q_token_stride == 0 || (p.q_token_stride % 2 == 0 &&
+                                          p.q_token_stride >= int64_t(p.num_qo_heads) * p.head_dim),
+                ErrorCode::kInvalidArgument,
+                "decode_run: q_token_stride {} must be 0 or an even number >= {} x {}",
+                p.q_token_stride, p.num_qo_heads, p.head_dim);
   LONGCTX_CHECK(p.batch_size == plan.batch_size && p.num_qo_heads == plan.num_qo_heads &&
                     p.num_kv_heads == plan.num_kv_heads && p.head_dim == plan.head_dim &&
                     p.page_size == plan.page_size,

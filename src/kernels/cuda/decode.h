@@ -4,10 +4,10 @@
 // 8 q heads per CTA), and the partial (o, lse) states of a split request are merged in fp32 by the
 // last of its CTAs (fused: one launch per call). Requests that fit in one chunk write o directly.
 //
-// The kernel (decode.cu) streams K/V tiles through a 4-stage cp.async ring in shared memory (the
-// bytes in flight bound batch-1 decode) and computes with mma.sync (tensor cores: CUDA-core math
-// would make it compute-bound). LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's
-// wave model (tuning).
+// The kernel (decode.cu) streams K/V tiles through a 4-stage cp.async ring in shared memory and
+// computes with mma.sync (tensor cores: CUDA-core math would make it compute-bound). q is read in
+// place from rows q_token_stride apart (a view of the fused QKV output needs no copy).
+// LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's wave model (tuning).
 //
 //   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
 //   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
