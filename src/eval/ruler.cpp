@@ -6,13 +6,12 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "eval/jsonl.h"
 #include "longctx/core/error.h"
-#include "longctx/core/json_limits.h"
 #include "template/util.h"
 
 namespace longctx::eval {
@@ -70,18 +69,6 @@ std::vector<std::string> lowered(const std::vector<std::string>& references) {
   return out;
 }
 
-template <typename T>
-T field(const nlohmann::json& j, const char* name, const std::string& where) {
-  LONGCTX_CHECK(j.contains(name), ErrorCode::kInvalidArgument, "{}: sample has no \"{}\" field",
-                where, name);
-  try {
-    return j.at(name).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: field \"{}\" has the wrong type ({})", where,
-                  name, j.at(name).type_name());
-  }
-}
-
 // A folder name that is a positive decimal number.
 bool parse_length(const std::string& name, int64_t* out) {
   if (name.empty() || name[0] == '0') return false;
@@ -137,34 +124,22 @@ double ruler_score(const RulerTask& task, std::string_view raw_prediction,
 }
 
 std::vector<RulerSample> read_ruler_jsonl(const std::string& path, int64_t limit) {
-  std::ifstream f(path);
-  LONGCTX_CHECK(f.good(), ErrorCode::kNotFound, "cannot open RULER samples file {}", path);
   std::vector<RulerSample> out;
-  std::string line;
-  for (int64_t n = 1; std::getline(f, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(n);
-    nlohmann::json j;
-    try {
-      check_json_depth(line, where);  // field() errors recurse over deep values
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: not JSON ({})", where, e.what());
-    }
-    LONGCTX_CHECK(j.is_object(), ErrorCode::kInvalidArgument, "{}: not a JSON object", where);
-    RulerSample s;
-    s.where = where;
-    s.index = field<int64_t>(j, "index", where);
-    s.input = field<std::string>(j, "input", where);
-    s.answer_prefix = field<std::string>(j, "answer_prefix", where);
-    s.outputs = field<std::vector<std::string>>(j, "outputs", where);
-    if (j.contains("length")) s.length = field<int64_t>(j, "length", where);
-    LONGCTX_CHECK(!s.outputs.empty(), ErrorCode::kInvalidArgument, "{}: \"outputs\" is empty",
-                  where);
-    out.push_back(std::move(s));
-    if (limit > 0 && static_cast<int64_t>(out.size()) >= limit) break;
-  }
-  LONGCTX_CHECK(!out.empty(), ErrorCode::kInvalidArgument, "{}: no samples", path);
+  for_each_jsonl_object(path, "RULER samples",
+                        [&](const nlohmann::json& j, const std::string& where) {
+                          RulerSample s;
+                          s.where = where;
+                          s.index = json_field<int64_t>(j, "index", where);
+                          s.input = json_field<std::string>(j, "input", where);
+                          s.answer_prefix = json_field<std::string>(j, "answer_prefix", where);
+                          s.outputs = json_field<std::vector<std::string>>(j, "outputs", where);
+                          if (j.contains("length"))
+                            s.length = json_field<int64_t>(j, "length", where);
+                          LONGCTX_CHECK(!s.outputs.empty(), ErrorCode::kInvalidArgument,
+                                        "{}: \"outputs\" is empty", where);
+                          out.push_back(std::move(s));
+                          return limit <= 0 || static_cast<int64_t>(out.size()) < limit;
+                        });
   return out;
 }
 

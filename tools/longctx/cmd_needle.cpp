@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "command.h"
+#include "eval/jsonl.h"
 #include "generate_common.h"
 #include "longctx/core/error.h"
-#include "longctx/core/json_limits.h"
 
 namespace longctx::cli {
 namespace {
@@ -44,48 +44,23 @@ struct Options {
   std::string out;
 };
 
-template <typename T>
-T field(const nlohmann::json& j, const char* name, const std::string& where) {
-  LONGCTX_CHECK(j.contains(name), ErrorCode::kInvalidArgument, "{}: sample has no \"{}\" field",
-                where, name);
-  try {
-    return j.at(name).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: field \"{}\" has the wrong type ({})", where,
-                  name, j.at(name).type_name());
-  }
-}
-
 std::vector<Sample> read_samples(const std::string& path, int64_t limit) {
-  std::ifstream f(path);
-  LONGCTX_CHECK(f.good(), ErrorCode::kNotFound, "cannot open samples file {}", path);
   std::vector<Sample> out;
-  std::string line;
-  for (int64_t n = 1; std::getline(f, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(n);
-    nlohmann::json j;
-    try {
-      check_json_depth(line, where);  // field() errors recurse over deep values
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: not JSON ({})", where, e.what());
-    }
-    LONGCTX_CHECK(j.is_object(), ErrorCode::kInvalidArgument, "{}: not a JSON object", where);
-    Sample s;
-    s.where = where;
-    s.task = field<std::string>(j, "task", where);
-    s.length = j.contains("length") ? field<int64_t>(j, "length", where) : 0;
-    s.prompt =
-        field<std::string>(j, "input", where) + field<std::string>(j, "answer_prefix", where);
-    s.outputs = field<std::vector<std::string>>(j, "outputs", where);
-    s.answer = field<std::string>(j, "answer", where);
-    LONGCTX_CHECK(!s.outputs.empty(), ErrorCode::kInvalidArgument, "{}: \"outputs\" is empty",
-                  where);
-    out.push_back(std::move(s));
-    if (limit > 0 && static_cast<int64_t>(out.size()) >= limit) break;
-  }
-  LONGCTX_CHECK(!out.empty(), ErrorCode::kInvalidArgument, "{}: no samples", path);
+  eval::for_each_jsonl_object(
+      path, "samples", [&](const nlohmann::json& j, const std::string& where) {
+        Sample s;
+        s.where = where;
+        s.task = eval::json_field<std::string>(j, "task", where);
+        s.length = j.contains("length") ? eval::json_field<int64_t>(j, "length", where) : 0;
+        s.prompt = eval::json_field<std::string>(j, "input", where) +
+                   eval::json_field<std::string>(j, "answer_prefix", where);
+        s.outputs = eval::json_field<std::vector<std::string>>(j, "outputs", where);
+        s.answer = eval::json_field<std::string>(j, "answer", where);
+        LONGCTX_CHECK(!s.outputs.empty(), ErrorCode::kInvalidArgument, "{}: \"outputs\" is empty",
+                      where);
+        out.push_back(std::move(s));
+        return limit <= 0 || static_cast<int64_t>(out.size()) < limit;
+      });
   return out;
 }
 
