@@ -76,6 +76,8 @@ def main() -> None:
     ap.add_argument("--lengths", default="4096,16384,32768")
     ap.add_argument("--tokens", type=int, default=65536)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--model-shape", choices=list(needle_train.MODEL_SHAPES), default="v1",
+                    help="train.py's model shapes")
     a = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, cuDNN "
           f"{torch.backends.cudnn.version()}", flush=True)
@@ -87,8 +89,9 @@ def main() -> None:
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "cudnn": SDPBackend.CUDNN_ATTENTION}
     torch.manual_seed(0)
-    base = LlamaForCausalLM._from_config(needle_train.model_config(), attn_implementation="sdpa",
-                                         dtype=torch.float32).cuda()
+    base = LlamaForCausalLM._from_config(
+        needle_train.model_config(needle_train.MODEL_SHAPES[a.model_shape]),
+        attn_implementation="sdpa", dtype=torch.float32).cuda()
     state = {k: v.clone() for k, v in base.state_dict().items()}
 
     def fresh():

@@ -181,15 +181,19 @@ class ByteLevelBPE:
             word = out
         return [self.vocab[s] for s in word]
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text` (no special tokens added; special-token strings not parsed)."""
+    def encode(self, text: str, store: bool = True) -> list[int]:
+        """Token ids of `text` (no special tokens added; special-token strings not parsed).
+
+        Pre-tokens are cached; `store=False` reads the cache but adds nothing to it (for text
+        made of one-off pieces such as random numbers and UUIDs, which would only grow it)."""
         ids: list[int] = []
         cache = self._cache
         for pre in PRETOKEN_RE.findall(text):
             got = cache.get(pre)
             if got is None:
                 got = self._bpe(_to_symbols(pre))
-                cache[pre] = got
+                if store:
+                    cache[pre] = got
             ids.extend(got)
         return ids
 

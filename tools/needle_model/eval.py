@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from bpe import ByteLevelBPE  # noqa: E402
-from needle_data import EVAL_SETTINGS, TASKS, Generator, eval_rng  # noqa: E402
+from needle_data import EVAL_SETTINGS, TASKS, Generator, eval_rng, resolve_task  # noqa: E402
 
 BOS, EOS = 2045, 2046
 
@@ -87,50 +87,87 @@ def ruler_score(text: str, outputs) -> float:
     return sum(o.lower() in text.lower() for o in outputs) / len(outputs)
 
 
+# The worker process's generator, set once by the pool's initializer (fork: inherited, not
+# pickled); the main process never reads it.
+_WORKER_GEN: Generator | None = None
+
+
+def _init_worker(gen: Generator) -> None:
+    global _WORKER_GEN
+    _WORKER_GEN = gen
+
+
+def build_samples(gen: Generator, seed: int, cell: str, length: int, indices) -> list:
+    """The evaluation samples `indices` of a cell (a task, variant or 'task@haystack')."""
+    name, kw = resolve_task(cell)
+    return [gen.make_sample(eval_rng(seed, cell, length, i), name, length, **kw)
+            for i in indices]
+
+
+def _build_in_worker(seed: int, cell: str, length: int, indices) -> list:
+    return build_samples(_WORKER_GEN, seed, cell, length, indices)
+
+
 def evaluate(a, log=print) -> dict:
+    import multiprocessing as mp
     import torch
     tok = ByteLevelBPE.from_file(os.path.join(a.model, "tokenizer.json"))
     gen = Generator(tok, a.essays)
     model = load_model(a.model, torch.bfloat16)
     lengths = [int(x) for x in a.lengths.split(",")]
+    # Cells: a task, a RULER variant (niah_single_3, ...) or 'task@haystack' (its RULER
+    # settings on another haystack, e.g. 'niah_multikey_1@heldout'); each cell's samples come
+    # from eval_rng(seed, cell name, length, i).
     tasks = a.tasks.split(",") if a.tasks else TASKS
+    for t in tasks:
+        resolve_task(t)  # an unknown name fails here, not after the first cells
     deadline = time.time() + a.seconds
     res = {t: {str(L): {"n": 0, "correct": 0, "eos": 0, "generate_checked": 0,
                          "generate_agree": 0, "failed_generated": 0, "failed_ruler_sum": 0.0}
                for L in lengths} for t in tasks}
-    failures = []
+    failures = []  # (task, length, index)
     # Passes of `chunk` samples over every (length, task) cell, so a time-out still leaves
-    # every cell with samples.
-    for start in range(0, a.num, a.chunk):
-        for L in lengths:
-            for task in tasks:
-                if time.time() > deadline:
-                    break
-                idx = list(range(start, min(a.num, start + a.chunk)))
-                ss = [gen.make_sample(eval_rng(a.seed, task, L, i), task, L,
-                                      **EVAL_SETTINGS[task]) for i in idx]
-                t1 = time.time()
-                tf = teacher_forced(model, ss, a.batch_tokens)
-                r = res[task][str(L)]
-                r["n"] += len(ss)
-                r["correct"] += sum(c for c, _ in tf)
-                r["eos"] += sum(e for _, e in tf)
-                for s, (c, _) in zip(ss, tf):
-                    if not c:
-                        failures.append((task, L, s))
-                # Spot-check the teacher-forced verdict against real greedy decoding.
-                if L <= a.generate_max_len and start == 0:
-                    for s, (c, _) in list(zip(ss, tf))[:a.generate_checks]:
-                        new = greedy_generate(model, s, len(s.answer_ids) + 4)
-                        r["generate_checked"] += 1
-                        r["generate_agree"] += int((new[:len(s.answer_ids)] == s.answer_ids) == c)
-                log(f"eval L={L} {task}: {r['correct']}/{r['n']} correct, eos {r['eos']}/{r['n']} "
-                    f"({time.time() - t1:.1f}s)")
+    # every cell with samples. Worker processes build the next chunks while the GPU runs (a
+    # 128K-token sample of the needle or held-out haystack takes 0.1-0.15 s to build).
+    chunks = [(start, L, task) for start in range(0, a.num, a.chunk) for L in lengths
+              for task in tasks]
+    pool = mp.get_context("fork").Pool(a.workers, initializer=_init_worker, initargs=(gen,))
+    pending = {}
+    try:
+        for k, (start, L, task) in enumerate(chunks):
+            if time.time() > deadline:
+                break
+            for j in range(k, min(len(chunks), k + 2 * a.workers)):
+                if j not in pending:
+                    s0, Lj, tj = chunks[j]
+                    pending[j] = pool.apply_async(
+                        _build_in_worker, (a.seed, tj, Lj, range(s0, min(a.num, s0 + a.chunk))))
+            ss = pending.pop(k).get()
+            t1 = time.time()
+            tf = teacher_forced(model, ss, a.batch_tokens)
+            r = res[task][str(L)]
+            r["n"] += len(ss)
+            r["correct"] += sum(c for c, _ in tf)
+            r["eos"] += sum(e for _, e in tf)
+            for i, (c, _) in enumerate(tf):
+                if not c:
+                    failures.append((task, L, start + i))
+            # Spot-check the teacher-forced verdict against real greedy decoding.
+            if L <= a.generate_max_len and start == 0:
+                for s, (c, _) in list(zip(ss, tf))[:a.generate_checks]:
+                    new = greedy_generate(model, s, len(s.answer_ids) + 4)
+                    r["generate_checked"] += 1
+                    r["generate_agree"] += int((new[:len(s.answer_ids)] == s.answer_ids) == c)
+            log(f"eval L={L} {task}: {r['correct']}/{r['n']} correct, eos {r['eos']}/{r['n']} "
+                f"({time.time() - t1:.1f}s)")
+    finally:
+        pool.terminate()
     # RULER partial scores of failures (shortest first) while time allows.
     failures.sort(key=lambda f: f[1])
-    for task, L, s in failures:
+    for task, L, i in failures:
         if time.time() > deadline + a.failure_seconds:
             break
+        s = build_samples(gen, a.seed, task, L, [i])[0]
         new = greedy_generate(model, s, len(s.answer_ids) + 8)
         r = res[task][str(L)]
         r["failed_generated"] += 1
@@ -138,6 +175,26 @@ def evaluate(a, log=print) -> dict:
         if r["failed_generated"] <= 2:
             log(f"failure {task} L={L}: expected {s.answer!r} got {tok.decode(new)!r}")
     return res
+
+
+def summarize(res: dict, log=print) -> None:
+    """A table of the results: exact-match % (samples) per cell and length, and RULER's
+    string_match_all over the samples whose score is known (the right ones and the failures
+    replayed with generate())."""
+    lengths = list(next(iter(res.values())))
+    log(f"{'task':32s}" + "".join(f"{L:>22s}" for L in lengths))
+    for task, cells in res.items():
+        row = []
+        for L in lengths:
+            r = cells[L]
+            if not r["n"]:
+                row.append(f"{'-':>22s}")
+                continue
+            known = r["correct"] + r["failed_generated"]
+            ruler = (r["correct"] + r["failed_ruler_sum"]) / known if known else 0.0
+            row.append(f"{100 * r['correct'] / r['n']:6.1f}% ({r['n']:3d}) r{100 * ruler:5.1f}%"
+                       .rjust(22))
+        log(f"{task:32s}" + "".join(row))
 
 
 def reference(a, out_dir: str, log=print) -> None:
@@ -191,7 +248,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default=os.path.join(HERE, "../../models/needle"))
     ap.add_argument("--essays", default=os.path.join(HERE, "../../../shared/data/PaulGrahamEssays.json"))
     ap.add_argument("--lengths", default="4096,8192,16384,32768,65536")
-    ap.add_argument("--tasks", default="")
+    ap.add_argument("--tasks", default="",
+                    help="comma list of tasks, RULER variants or task@haystack (default: the "
+                         "five tasks)")
     ap.add_argument("--num", type=int, default=100)
     ap.add_argument("--chunk", type=int, default=25)
     ap.add_argument("--seed", type=int, default=1234)
@@ -200,6 +259,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-tokens", type=int, default=262144)
     ap.add_argument("--generate-checks", type=int, default=3)
     ap.add_argument("--generate-max-len", type=int, default=8192)
+    ap.add_argument("--workers", type=int, default=12, help="processes building samples")
     ap.add_argument("--out", default="")
     ap.add_argument("--reference-out", default="")
     return ap
@@ -209,6 +269,7 @@ def main() -> None:
     a = parser().parse_args()
     res = evaluate(a)
     print(json.dumps(res, indent=1))
+    summarize(res)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

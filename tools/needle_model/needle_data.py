@@ -1,18 +1,26 @@
 """RULER-style synthetic retrieval tasks, built at the token level (pure standard-library Python).
 
 Tasks (prompts follow RULER's `base` templates; see README.md for the exact text):
-  niah_single      one needle "One of the special magic numbers for {key} is: {7 digits}."
+  niah_single      one needle "One of the special magic numbers for {key} is: {value}."
   niah_multikey    the needle plus distractor needles with other keys
   niah_multivalue  several needles with the same key; the answer lists all values
   niah_multiquery  several keys asked at once; the answer lists one value per key, in order
   vt               variable tracking: "VAR ABCDE = 12345", "VAR FGHIJ = VAR ABCDE", ...;
                    the answer lists every variable of the chain that holds the asked value
 
+Values are 7-digit numbers, `adjective-noun` words or UUIDs (`value_kind`; the templates then
+say "number", "word" or "uuid" as RULER's do); keys are `adjective-noun` words or UUIDs
+(`key_kind`). RULER's task variants are named presets of these settings (`VARIANTS`):
+niah_single_1/2/3 and niah_multikey_1/2/3 as RULER's synthetic.yaml defines them, and
+niah_single_word (word values).
+
 A sample is a prompt (instructions, haystack with needles, question, answer prefix) and an
-answer. The haystack is either Paul Graham essay sentences ("essay": consecutive sentences from
-a random start, whitespace collapsed) or RULER's repeated noise line ("noise"). Every piece of
-text (sentence, needle, template part) is tokenized once and pieces are joined only where the
-GPT-2 pre-tokenizer splits anyway, so ids(sample) == encode(text(sample)) (checked by
+answer. Haystacks: Paul Graham essay sentences ("essay": consecutive sentences from a random
+start, whitespace collapsed), RULER's repeated noise line ("noise"), lines that are all needles
+with other keys ("needle", RULER's niah_multikey_2/3) or prose generated from a grammar and word
+lists of its own ("heldout": text no training sample contains, for evaluation only). Every piece
+of text (sentence, needle, template part) is tokenized once and pieces are joined only where
+the GPT-2 pre-tokenizer splits anyway, so ids(sample) == encode(text(sample)) (checked by
 `self_test`) while a 64K-token sample costs list concatenation, not tokenization.
 
 Everything is a function of (seed, index): `make_sample(rng=random.Random(...))`.
@@ -22,8 +30,11 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import random
 import re
+import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 from bpe import ByteLevelBPE, sanitize
@@ -77,14 +88,120 @@ TEMPLATES = {
 
 TASKS = ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt"]
 
-# RULER's standard settings, used for evaluation.
+VALUE_KINDS = ("number", "word", "uuid")
+KEY_KINDS = ("word", "uuid")
+# Word keys (and word values) from the built-in lists above ("basic", RULER-like adjective-noun
+# pairs) or from words of the essays ("wide": thousands of words, so a model trained on both
+# meets key words it has not seen as keys, as RULER's own samples have).
+KEY_WORDS = ("basic", "wide")
+HAYSTACKS = ("essay", "noise", "needle", "heldout")
+
+# What make_sample does when neither the caller nor the task's variant says otherwise.
+SAMPLE_DEFAULTS = dict(haystack="essay", num_distractors=3, num_values=4, num_queries=4,
+                       num_chains=1, num_hops=4, value_kind="number", key_kind="word",
+                       key_words="basic")
+
+# RULER's niah variants (RULER's scripts/synthetic.yaml: haystack, key and value types, needle
+# counts) and a word-value one: name -> (task, settings). A sample made for a variant carries
+# the variant's name as its task.
+VARIANTS = {
+    "niah_single_1": ("niah_single", dict(haystack="noise")),
+    "niah_single_2": ("niah_single", dict(haystack="essay")),
+    "niah_single_3": ("niah_single", dict(haystack="essay", value_kind="uuid")),
+    "niah_single_word": ("niah_single", dict(haystack="essay", value_kind="word")),
+    "niah_multikey_1": ("niah_multikey", dict(haystack="essay", num_distractors=3)),
+    # "many keys everywhere": every haystack line is a needle with another key.
+    "niah_multikey_2": ("niah_multikey", dict(haystack="needle", num_distractors=0)),
+    "niah_multikey_3": ("niah_multikey", dict(haystack="needle", num_distractors=0,
+                                              key_kind="uuid", value_kind="uuid")),
+}
+
+# RULER's standard settings, used for evaluation (the variants: their own settings).
 EVAL_SETTINGS = {
     "niah_single": dict(haystack="essay"),
     "niah_multikey": dict(haystack="essay", num_distractors=3),
     "niah_multivalue": dict(haystack="essay", num_values=4),
     "niah_multiquery": dict(haystack="essay", num_queries=4),
     "vt": dict(haystack="noise", num_chains=1, num_hops=4),
+    **{name: dict(settings) for name, (_, settings) in VARIANTS.items()},
 }
+
+
+def resolve_task(name: str) -> tuple:
+    """'task' or 'task@haystack' -> (task name, evaluation settings): the task's RULER
+    settings, with the haystack replaced when one is named (e.g. 'niah_multikey_1@heldout')."""
+    task, _, haystack = name.partition("@")
+    if task not in EVAL_SETTINGS:
+        raise ValueError(f"unknown task {task!r}; tasks: {list(EVAL_SETTINGS)}")
+    settings = dict(EVAL_SETTINGS[task])
+    if haystack:
+        if haystack not in HAYSTACKS:
+            raise ValueError(f"unknown haystack {haystack!r}; haystacks: {HAYSTACKS}")
+        settings["haystack"] = haystack
+    return task, settings
+
+
+def kind_templates(family: str, kind: str) -> tuple:
+    """RULER's templates for a value kind: 'number' -> 'word' / 'uuid' ('numbers' -> 'uuids')."""
+    return tuple(t.replace("number", kind) for t in TEMPLATES[family])
+
+
+def needle_sentence(key: str, value: str, kind: str) -> str:
+    return f"One of the special magic {kind}s for {key} is: {value}."
+
+
+# The held-out haystack: sentences from this grammar, whose words are in neither built-in key
+# list (self_test checks it) and about half of which the essays never use. Training never draws
+# it, so its scores show whether the model retrieves needles from text it has never seen rather
+# than from the essays it was trained on.
+PROSE_NAMES = (
+    "Ada Bruno Clara Dmitri Elena Farid Greta Hugo Ines Jonas Kenji Lena Marco Nadia Oskar Priya "
+    "Rosa Stefan Tomas Uma Viktor Wanda Yusuf Zora Alma Boris Celia Dario Edith Felix").split()
+PROSE_NOUNS = (
+    "ferry lantern harvest ledger cart barrel chimney quilt parcel workshop mill tavern balcony "
+    "attic cellar porch notebook saucepan teapot wheelbarrow fiddle gallery library museum stable "
+    "carpenter shepherd fisherman weaver tailor mason miller merchant clerk courier nurse farmer "
+    "gardener neighbor stranger cook captain mayor widow orphan student letterbox stairway "
+    "clock kettledrum sack rope ladle barn fountainhead orchestra envelope postcard suitcase "
+    "umbrella cabinet cupboard wardrobe bench gate roof wall garment sweater scarf boot").split()
+PROSE_PLACES = (
+    "square courtyard granary vineyard quarry marketplace riverbank hillside crossroads "
+    "lighthouse chapel schoolyard railway depot inn bakery dock pier cemetery farmhouse").split()
+PROSE_ADJECTIVES = (
+    "crowded distant dusty faded patient rusty sleepy sunny windy muddy ancient careless cheerful "
+    "chilly cozy dim elderly foggy frozen gloomy hasty idle lofty misty modest noble pale quaint "
+    "restless rural shabby sturdy tangled velvet weary woolen wrinkled crooked bumpy").split()
+PROSE_VERBS = (
+    "carried visited repaired collected followed noticed polished borrowed ordered watched "
+    "cleaned opened counted measured delivered packed washed moved planted painted guarded "
+    "mended locked fetched sorted traded").split()
+PROSE_ADVERBS = (
+    "slowly quietly carefully eagerly patiently briskly gladly rarely often suddenly again "
+    "twice proudly nervously").split()
+PROSE_TIMES = (
+    "at dawn|before noon|after supper|on Sunday|every autumn|that evening|the next morning|"
+    "in the spring|after the rain|at midnight|before the festival|during the harvest").split("|")
+# {R} a name, {N} a noun, {P} a place, {A} an adjective, {V} a verb, {D} an adverb, {T} a time
+# ({Tc} capitalized); "{a}" is the article of the word after it.
+PROSE_SENTENCES = (
+    "{R} {V} the {A} {N} {T}.",
+    "The {N} {V} {a} {A} {N} near the {P}.",
+    "{Tc}, {R} {V} the {N} and {V} it {D}.",
+    "Nobody in the {P} remembered who had {V} the {N}.",
+    "The {A} {N} stood beside the {P} for many years.",
+    "{R} and {R} {V} the {N} {D}.",
+    "Later, the {N} was {V} by {R}.",
+    "It was {A} at the {P} {T}, and the {N} looked {A}.",
+    "{R} once said that the {N} of the {P} was {A}.",
+    "Everyone {V} the {A} {N} {D}.",
+    "{A_cap} and {A}, the {N} {V} the {N} while {R} waited.",
+    "At the {P}, {a} {A} {N} was {V} {T}.",
+)
+
+
+def rand_uuid(rng: random.Random) -> str:
+    """A version-4 UUID from the sample's rng, as RULER makes them."""
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
 @dataclass
@@ -112,7 +229,8 @@ class Sample:
 
 
 class Haystacks:
-    """Pre-tokenized haystack sentences with prefix sums for O(log n) slicing."""
+    """Pre-tokenized haystack sentences with prefix sums for O(log n) slicing, the essays' word
+    list for "wide" keys, and the held-out prose grammar."""
 
     def __init__(self, tok: ByteLevelBPE, essays_path: str):
         self.tok = tok
@@ -130,6 +248,18 @@ class Haystacks:
             self.essay_cum.append(self.essay_cum[-1] + len(p.ids))
         # Every noise line starts with its newline (the context's first loses it in _join_head).
         self.noise_line = Piece("\n" + NOISE_LINE, tok.encode("\n" + NOISE_LINE))
+        # Lower-case words of 4-10 letters that occur at least 3 times (sorted: a fixed list).
+        counts = Counter(re.findall(r"(?<![A-Za-z'-])[a-z]{4,10}(?![A-Za-z'-])", text))
+        template_words = {"special", "magic", "number", "numbers", "word", "words", "uuid"}
+        self.wide_words = sorted(w for w, c in counts.items()
+                                 if c >= 3 and w not in template_words)
+        slots = {"R": PROSE_NAMES, "N": PROSE_NOUNS, "P": PROSE_PLACES, "A": PROSE_ADJECTIVES,
+                 "A_cap": [w.capitalize() for w in PROSE_ADJECTIVES], "V": PROSE_VERBS,
+                 "D": PROSE_ADVERBS, "T": PROSE_TIMES,
+                 "Tc": [t[0].upper() + t[1:] for t in PROSE_TIMES]}
+        # Each sentence template as [literal, slot, literal, slot, ..., literal].
+        self.prose_slots = slots
+        self.prose_templates = [re.split(r"\{(\w+)\}", t) for t in PROSE_SENTENCES]
 
     def essay_pieces(self, rng: random.Random, budget: int) -> list:
         """Consecutive essay sentences from a random start, at most `budget` tokens."""
@@ -143,6 +273,35 @@ class Haystacks:
     def noise_pieces(self, budget: int) -> list:
         return [self.noise_line] * max(0, budget // len(self.noise_line.ids))
 
+    def prose_sentence(self, rng: random.Random) -> Piece:
+        """One held-out sentence (with its leading space)."""
+        parts = rng.choice(self.prose_templates)
+        out, article_at = [], None
+        for i, part in enumerate(parts):
+            if i % 2 == 0:
+                out.append(part)
+            elif part == "a":  # decided by the next word
+                article_at = len(out)
+                out.append("")
+            else:
+                word = rng.choice(self.prose_slots[part])
+                if article_at is not None:
+                    out[article_at] = "an" if word[0] in "aeiou" else "a"
+                    article_at = None
+                out.append(word)
+        text = " " + "".join(out)
+        return Piece(text, self.tok.encode(text))
+
+    def prose_pieces(self, rng: random.Random, budget: int) -> list:
+        """Held-out sentences, at most `budget` tokens."""
+        out, total = [], 0
+        while True:
+            p = self.prose_sentence(rng)
+            if total + len(p.ids) > budget:
+                return out
+            out.append(p)
+            total += len(p.ids)
+
 
 class Generator:
     def __init__(self, tok: ByteLevelBPE, essays_path: str):
@@ -151,6 +310,7 @@ class Generator:
         self._enc_cache: dict[str, list] = {}
 
     def enc(self, text: str) -> list:
+        """Token ids of a text that recurs (a template part), cached."""
         got = self._enc_cache.get(text)
         if got is None:
             got = self.tok.encode(text)
@@ -158,8 +318,15 @@ class Generator:
                 self._enc_cache[text] = got
         return got
 
+    def enc_once(self, text: str) -> list:
+        """Token ids of a text holding random keys or values (no cache grows with it)."""
+        return self.tok.encode(text, store=False)
+
     def piece(self, text: str) -> Piece:
         return Piece(text, self.enc(text))
+
+    def piece_once(self, text: str) -> Piece:
+        return Piece(text, self.enc_once(text))
 
     # ---- random values ----
     @staticmethod
@@ -186,10 +353,37 @@ class Generator:
                 used.add(v)
                 return v
 
+    def rand_word(self, rng, used, words: str) -> str:
+        """An `adjective-noun` pair ("basic") or a pair of essay words ("wide"), unused."""
+        if words == "basic":
+            return self.rand_key(rng, used)
+        pool = self.hay.wide_words
+        while True:
+            w = f"{rng.choice(pool)}-{rng.choice(pool)}"
+            if w not in used:
+                used.add(w)
+                return w
+
+    @staticmethod
+    def rand_uuid(rng, used) -> str:
+        while True:
+            v = rand_uuid(rng)
+            if v not in used:
+                used.add(v)
+                return v
+
+    def rand_of_kind(self, rng, used, kind: str, words: str) -> str:
+        """A key or value of `kind`: number (7 digits), word or uuid."""
+        if kind == "number":
+            return self.rand_number(rng, used)
+        if kind == "word":
+            return self.rand_word(rng, used, words)
+        return self.rand_uuid(rng, used)
+
     # ---- assembly ----
     def _needle_text(self, haystack: str, sentence: str) -> str:
-        # Essay needles sit between sentences (leading space); noise needles are lines.
-        return (" " if haystack == "essay" else "\n") + sentence
+        # Needles in prose sit between sentences (leading space); elsewhere they are lines.
+        return (" " if haystack in ("essay", "heldout") else "\n") + sentence
 
     def _insert(self, rng, hay: list, needles: list, ordered: bool):
         """Inserts needle pieces between haystack pieces at random depths. Returns pieces and
@@ -214,39 +408,68 @@ class Generator:
                 out.append(hay[pos])
         return out, depths, order
 
-    def make_sample(self, rng: random.Random, task: str, length: int, haystack: str = "essay",
-                    num_distractors: int = 3, num_values: int = 4, num_queries: int = 4,
-                    num_chains: int = 1, num_hops: int = 4, text: bool = False,
+    def make_sample(self, rng: random.Random, task: str, length: int,
+                    haystack: str | None = None, num_distractors: int | None = None,
+                    num_values: int | None = None, num_queries: int | None = None,
+                    num_chains: int | None = None, num_hops: int | None = None,
+                    value_kind: str | None = None, key_kind: str | None = None,
+                    key_words: str | None = None, text: bool = False,
                     copies: int = 0) -> Sample:
-        """`copies` > 0 (training only) repeats up to that many random haystack spans later in
-        the haystack; their tokens (after the first two) are listed in Sample.aux_pos as dense
-        copy targets that teach the model induction (find the earlier occurrence, continue)."""
-        used: set = set()
-        if task == "vt":
-            return self._make_vt(rng, length, haystack, num_chains, num_hops, text, copies)
-        needles, outputs = [], []
-        if task == "niah_single":
-            keys = [self.rand_key(rng, used)]
-            vals = [[self.rand_number(rng, used)]]
-            tmpl = TEMPLATES["niah_single"]
-        elif task == "niah_multikey":
-            keys = [self.rand_key(rng, used) for _ in range(1 + num_distractors)]
-            vals = [[self.rand_number(rng, used)] for _ in keys]
-            tmpl = TEMPLATES["niah_single"]
-        elif task == "niah_multivalue":
-            keys = [self.rand_key(rng, used)]
-            vals = [[self.rand_number(rng, used) for _ in range(num_values)]]
-            tmpl = TEMPLATES["niah_multi"]
-        elif task == "niah_multiquery":
-            keys = [self.rand_key(rng, used) for _ in range(num_queries)]
-            vals = [[self.rand_number(rng, used)] for _ in keys]
-            tmpl = TEMPLATES["niah_multi"]
+        """One sample of `task` (a base task or a VARIANTS name). Settings left None come from
+        the variant, then SAMPLE_DEFAULTS. `copies` > 0 (training only) repeats up to that many
+        random haystack spans later in the haystack; their tokens (after the first two) are
+        listed in Sample.aux_pos as dense copy targets that teach the model induction (find the
+        earlier occurrence, continue)."""
+        base, preset = VARIANTS.get(task, (task, {}))
+        given = dict(haystack=haystack, num_distractors=num_distractors, num_values=num_values,
+                     num_queries=num_queries, num_chains=num_chains, num_hops=num_hops,
+                     value_kind=value_kind, key_kind=key_kind, key_words=key_words)
+        c = {**SAMPLE_DEFAULTS, **preset, **{k: v for k, v in given.items() if v is not None}}
+        if base not in TASKS:
+            raise ValueError(f"unknown task {task!r}; tasks: {TASKS + list(VARIANTS)}")
+        for name, allowed in (("haystack", HAYSTACKS), ("value_kind", VALUE_KINDS),
+                              ("key_kind", KEY_KINDS), ("key_words", KEY_WORDS)):
+            if c[name] not in allowed:
+                raise ValueError(f"{name} {c[name]!r} is not one of {allowed}")
+        if base == "vt":
+            if c["haystack"] == "needle":
+                raise ValueError("vt has no needle haystack")
+            s = self._make_vt(rng, length, c["haystack"], c["num_chains"], c["num_hops"], text,
+                              copies)
         else:
-            raise ValueError(f"unknown task {task!r}; tasks: {TASKS}")
-        for k, vs in zip(keys, vals):
-            for v in vs:
-                needles.append(self.piece(self._needle_text(
-                    haystack, f"One of the special magic numbers for {k} is: {v}.")))
+            s = self._make_niah(rng, base, length, c, text, copies)
+        s.task = task
+        return s
+
+    def _make_niah(self, rng, task: str, length: int, c: dict, text: bool, copies: int) -> Sample:
+        haystack, kind = c["haystack"], c["value_kind"]
+        used: set = set()
+
+        def new_key():
+            return self.rand_of_kind(rng, used, c["key_kind"], c["key_words"])
+
+        def new_value():
+            return self.rand_of_kind(rng, used, kind, c["key_words"])
+
+        if task == "niah_single":
+            keys = [new_key()]
+            vals = [[new_value()]]
+            family = "niah_single"
+        elif task == "niah_multikey":
+            keys = [new_key() for _ in range(1 + c["num_distractors"])]
+            vals = [[new_value()] for _ in keys]
+            family = "niah_single"
+        elif task == "niah_multivalue":
+            keys = [new_key()]
+            vals = [[new_value() for _ in range(c["num_values"])]]
+            family = "niah_multi"
+        else:  # niah_multiquery
+            keys = [new_key() for _ in range(c["num_queries"])]
+            vals = [[new_value()] for _ in keys]
+            family = "niah_multi"
+        tmpl = kind_templates(family, kind)
+        needles = [self.piece_once(self._needle_text(haystack, needle_sentence(k, v, kind)))
+                   for k, vs in zip(keys, vals) for v in vs]
         if task == "niah_multiquery":
             query = ", ".join(keys[:-1]) + ", and " + keys[-1] if len(keys) > 2 else \
                 " and ".join(keys)
@@ -255,22 +478,23 @@ class Generator:
             query = keys[0]
             query_keys = keys[:1]
         head = self.piece(tmpl[0])
-        question = self.piece(tmpl[1].format(query=query))
-        prefix = self.piece(tmpl[2].format(query=query))
+        question = self.piece_once(tmpl[1].format(query=query))
+        prefix = self.piece_once(tmpl[2].format(query=query))
         # The answer: values in order of appearance (multivalue) or of the query (multiquery).
-        hay_budget_fn = lambda ans_len: (length - 6 - len(head.ids) - len(question.ids) -
-                                         len(prefix.ids) - ans_len -
-                                         sum(len(p.ids) for p in needles))
         if task == "niah_multivalue":
             # Provisional answer length (the order is known only after insertion).
-            ans_len = len(self.enc(" " + ", ".join(vals[0]) + "."))
+            ans_len = len(self.enc_once(" " + ", ".join(vals[0]) + "."))
         else:
             outs = [vals[keys.index(k)][0] for k in query_keys]
-            ans_len = len(self.enc(" " + ", ".join(outs) + "."))
-        budget = hay_budget_fn(ans_len)
+            ans_len = len(self.enc_once(" " + ", ".join(outs) + "."))
+        budget = (length - 6 - len(head.ids) - len(question.ids) - len(prefix.ids) - ans_len -
+                  sum(len(p.ids) for p in needles))
         if budget < 0:
             raise ValueError(f"length {length} too short for task {task}")
-        hay = self._haystack(rng, haystack, budget, copies)
+        if haystack == "needle":
+            hay = self._needle_lines(rng, budget, used, new_key, new_value, kind)
+        else:
+            hay = self._haystack(rng, haystack, budget, copies)
         body, depths, order = self._insert(rng, hay, needles, ordered=False)
         if task == "niah_multivalue":
             outputs = [vals[0][i] for i in order]
@@ -281,12 +505,25 @@ class Generator:
             outputs = [vals[keys.index(k)][0] for k in query_keys]
         answer = " " + ", ".join(outputs) + "."
         body = self._join_head("\n", body)
+        meta = dict(haystack=haystack, keys=keys, value_kind=kind, key_kind=c["key_kind"])
         return self._finish(task, [head] + body + [question], prefix, answer, outputs, length,
-                            depths, text, dict(haystack=haystack, keys=keys))
+                            depths, text, meta)
+
+    def _needle_lines(self, rng, budget: int, used: set, new_key, new_value, kind: str) -> list:
+        """RULER's "needle" haystack: lines that are needles of other keys, up to `budget`."""
+        out, total = [], 0
+        while True:
+            p = self.piece_once("\n" + needle_sentence(new_key(), new_value(), kind))
+            if total + len(p.ids) > budget:
+                return out
+            out.append(p)
+            total += len(p.ids)
 
     def _haystack(self, rng, haystack: str, budget: int, copies: int) -> list:
-        if haystack != "essay":
+        if haystack == "noise":
             return self.hay.noise_pieces(budget)
+        if haystack == "heldout":
+            return self.hay.prose_pieces(rng, budget)
         if not copies:
             return self.hay.essay_pieces(rng, budget)
         hay = self.hay.essay_pieces(rng, budget - budget // 5)
@@ -317,14 +554,14 @@ class Generator:
         ask = rng.randrange(num_chains)
         names, value, _ = chains[ask]
         head = self.piece(TEMPLATES["vt"][0])
-        question = self.piece(TEMPLATES["vt"][1].format(query=value))
-        prefix = self.piece(TEMPLATES["vt"][2].format(query=value, n=len(names)))
+        question = self.piece_once(TEMPLATES["vt"][1].format(query=value))
+        prefix = self.piece_once(TEMPLATES["vt"][2].format(query=value, n=len(names)))
         answer = " " + " ".join(names)
         needles = []
         for _, _, lines in chains:
-            needles.append([self.piece(self._needle_text(haystack, ln)) for ln in lines])
+            needles.append([self.piece_once(self._needle_text(haystack, ln)) for ln in lines])
         budget = (length - 6 - len(head.ids) - len(question.ids) - len(prefix.ids) -
-                  len(self.enc(answer)) - sum(len(p.ids) for ch in needles for p in ch))
+                  len(self.enc_once(answer)) - sum(len(p.ids) for ch in needles for p in ch))
         if budget < 0:
             raise ValueError(f"length {length} too short for task vt")
         hay = self._haystack(rng, haystack, budget, copies)
@@ -365,7 +602,7 @@ class Generator:
         first = body[0].text.lstrip(" ")
         if first.startswith("\n"):
             first = first[1:]
-        return [Piece(sep + first, self.tok.encode(sep + first))] + body[1:]
+        return [Piece(sep + first, self.enc_once(sep + first))] + body[1:]
 
     def _finish(self, task, pieces, prefix, answer, outputs, length, depths, text, meta):
         ids = [i for p in pieces for i in p.ids] + prefix.ids
@@ -374,9 +611,9 @@ class Generator:
             if p.aux:
                 aux_pos.extend(range(off + 2, off + len(p.ids)))
             off += len(p.ids)
-        s = Sample(aux_pos=aux_pos, task=task, ids=ids, answer_ids=self.enc(answer), outputs=outputs,
-                   answer=answer, length=length, depths=depths, n_prefix=len(prefix.ids),
-                   meta=meta)
+        s = Sample(aux_pos=aux_pos, task=task, ids=ids, answer_ids=self.enc_once(answer),
+                   outputs=outputs, answer=answer, length=length, depths=depths,
+                   n_prefix=len(prefix.ids), meta=meta)
         if text:
             s.input = "".join(p.text for p in pieces)
             s.answer_prefix = prefix.text
@@ -384,54 +621,183 @@ class Generator:
         return s
 
 
+
 def sample_to_json(s: Sample, index: int, seed: int) -> dict:
     """The JSONL record (RULER's fields + ours)."""
-    return {"index": index, "seed": seed, "task": s.task, "input": s.input,
-            "answer_prefix": s.answer_prefix, "outputs": s.outputs, "answer": s.answer,
-            "length": s.length, "num_prompt_tokens": len(s.ids) + 1, "depths": s.depths,
-            "haystack": s.meta.get("haystack")}
+    rec = {"index": index, "seed": seed, "task": s.task, "input": s.input,
+           "answer_prefix": s.answer_prefix, "outputs": s.outputs, "answer": s.answer,
+           "length": s.length, "num_prompt_tokens": len(s.ids) + 1, "depths": s.depths,
+           "haystack": s.meta.get("haystack")}
+    for k in ("value_kind", "key_kind"):  # niah tasks
+        if k in s.meta:
+            rec[k] = s.meta[k]
+    return rec
 
 
 def eval_rng(seed: int, task: str, length: int, index: int) -> random.Random:
     return random.Random(f"eval/{seed}/{task}/{length}/{index}")
 
 
-def self_test(gen: Generator, n: int = 3, lengths=(512, 4096)) -> None:
-    """ids(sample) must equal encode(text(sample)), and lengths must fit."""
+# ---- self test ----
+UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+VALUE_RE = {"number": r"[0-9]{7}", "word": r"[a-z]+-[a-z]+", "uuid": UUID_RE}
+NEEDLE_LINE_RE = re.compile(r"One of the special magic (number|word|uuid)s for (\S+) is: (\S+)\.")
+VT_LINE_RE = re.compile(r"VAR [A-Z]{5} = (VAR [A-Z]{5}|[0-9]{5})")
+
+
+def check_sample(gen: Generator, s: Sample, where) -> None:
+    """The invariants of one sample built with text=True."""
+    assert gen.tok.encode(s.text) == s.ids, where
+    assert gen.tok.encode(s.text + s.answer) == s.ids + s.answer_ids, where
+    total = 1 + len(s.ids) + len(s.answer_ids) + 1
+    assert total <= s.length, (where, total)
+    assert total >= s.length * 0.9 or s.length < 1024, (where, total)
+    assert s.input + s.answer_prefix == s.text and len(gen.tok.encode(s.answer_prefix)) == \
+        s.n_prefix, where
+    for o in s.outputs:
+        assert o in s.answer and o in s.input, (where, o)
+    hs = s.meta["haystack"]
+    lines = s.input.split("\n")
+    context = [ln for ln in lines[1:-1] if ln]  # between the instructions and the question
+    if hs in ("noise", "needle"):  # every needle is a line of its own
+        for ln in context:
+            assert ln == NOISE_LINE or NEEDLE_LINE_RE.fullmatch(ln) or VT_LINE_RE.fullmatch(ln), \
+                (where, ln)
+    if hs == "needle":
+        assert all(NEEDLE_LINE_RE.fullmatch(ln) for ln in context), where
+        # The asked key's needles only (one, or one per value), however many lines there are.
+        key, n_needles = s.meta["keys"][0], len(s.outputs) if len(s.meta["keys"]) == 1 else 1
+        assert sum(f" for {key} is: " in ln for ln in context) == n_needles, where
+    if "value_kind" in s.meta:
+        kind = s.meta["value_kind"]
+        for o in s.outputs:
+            assert re.fullmatch(VALUE_RE[kind], o), (where, o)
+        key_re = UUID_RE if s.meta["key_kind"] == "uuid" else r"[a-z]+-[a-z]+"
+        for key in s.meta["keys"]:
+            assert re.fullmatch(key_re, key), (where, key)
+        for m in NEEDLE_LINE_RE.finditer(s.input):
+            assert m.group(1) == kind and re.fullmatch(key_re, m.group(2)), (where, m.group(0))
+        assert s.answer_prefix.startswith(" The special magic " + kind), where
+    if hs == "heldout":  # no essay sentence; the prose grammar's words only
+        assert "The grass is green" not in s.input, where
+
+
+def ruler_skeleton(rec: dict) -> dict:
+    """A RULER-style record's text with its keys and values replaced by placeholders: what
+    must agree between RULER's samples and ours."""
+    def blank(t: str) -> str:
+        t = re.sub(UUID_RE, "<v>", t)
+        t = re.sub(r"[0-9]+", "<v>", t)
+        t = re.sub(r"(?<= for )[^ ]+(, [^ ]+)*(,? and [^ ]+)?(?= (is:|mentioned))", "<k>", t)
+        t = re.sub(r"(?<=VAR )[A-Z]+", "<x>", t)
+        return t
+    lines = rec["input"].split("\n")
+    needles = sorted({blank(m.group(0)) for m in NEEDLE_LINE_RE.finditer(rec["input"])} |
+                     {blank(m.group(0)) for m in VT_LINE_RE.finditer(rec["input"])})
+    return {"head": lines[0], "question": blank(lines[-1]),
+            "answer_prefix": blank(rec["answer_prefix"]).rstrip(" "), "needles": needles}
+
+
+def self_test(gen: Generator, n: int = 3, lengths=(512, 4096), repo: str | None = None) -> None:
+    """ids(sample) == encode(text(sample)) and the other invariants of check_sample for every
+    task, variant, value and key kind and haystack; samples are pure functions of their rng;
+    the default samples are those of the committed test data; RULER's phrasing."""
+    # The five tasks on the prose haystacks and the noise one (as RULER's settings otherwise).
     for task in TASKS:
         for length in lengths:
             for i in range(n):
-                for hs in ("essay", "noise"):
+                for hs in ("essay", "noise", "heldout"):
                     rng = random.Random(f"selftest/{task}/{length}/{i}/{hs}")
                     s = gen.make_sample(rng, task, length, text=True,
                                         **{**EVAL_SETTINGS[task], "haystack": hs})
-                    assert gen.tok.encode(s.text) == s.ids, (task, length, i, hs)
-                    assert gen.tok.encode(s.text + s.answer) == s.ids + s.answer_ids, (task, i)
-                    total = 1 + len(s.ids) + len(s.answer_ids) + 1
-                    assert total <= length, (task, length, total)
-                    assert total >= length * 0.9 or length < 1024, (task, length, total)
-                    for o in s.outputs:
-                        assert o in s.answer and o in s.input, (task, o)
-                    if hs == "noise":  # every needle is a line of its own
-                        assert not re.search(r"[0-9.][A-Za-z]", s.input.split("\n", 1)[1]), \
-                            (task, length, i)
+                    check_sample(gen, s, (task, length, i, hs))
+    # Every variant, and every value/key kind and word pool on each niah task and haystack
+    # (at the longer length: UUID keys and values do not all fit in 512 tokens).
+    for length in lengths:
+        for name in VARIANTS:
+            for i in range(n):
+                s = gen.make_sample(random.Random(f"selftest/{name}/{length}/{i}"), name, length,
+                                    text=True)
+                assert s.task == name
+                check_sample(gen, s, (name, length, i))
+    for length in lengths[-1:]:
+        for task in TASKS[:4]:
+            for hs in HAYSTACKS:
+                for kind in VALUE_KINDS:
+                    for key_kind in KEY_KINDS:
+                        for words in KEY_WORDS:
+                            where = (task, length, hs, kind, key_kind, words)
+                            s = gen.make_sample(random.Random(f"selftest/{where}"), task, length,
+                                                haystack=hs, value_kind=kind, key_kind=key_kind,
+                                                key_words=words, num_distractors=2, num_values=3,
+                                                num_queries=3, text=True)
+                            check_sample(gen, s, where)
+    # A pure function of the rng (and so of (seed, task, length, index)).
+    for name in ("niah_multikey_3", "niah_single_word", "niah_multiquery", "vt"):
+        for hs in ("needle", "heldout") if name != "vt" else ("heldout",):
+            a, b = (gen.make_sample(eval_rng(7, name, 2048, 3), name, 2048, haystack=hs,
+                                    key_words="wide", text=True) for _ in range(2))
+            assert a == b, name
+    # The word lists of keys, values and held-out prose are disjoint; prose words are short.
+    key_words = set(ADJECTIVES) | set(NOUNS)
+    prose = {w.lower() for ws in (PROSE_NAMES, PROSE_NOUNS, PROSE_PLACES, PROSE_ADJECTIVES,
+                                  PROSE_VERBS, PROSE_ADVERBS) for w in ws}
+    prose |= {w.lower() for t in PROSE_TIMES for w in t.split()}
+    assert not prose & key_words, prose & key_words
+    assert all(len(gen.tok.encode(" " + w)) <= 6 for w in prose)
+    assert len(gen.hay.wide_words) > 2000, len(gen.hay.wide_words)
+    # The defaults are unchanged: the committed test data (tests/data/needle) regenerates.
+    if repo and os.path.isdir(os.path.join(repo, "tests/data/needle")):
+        d = os.path.join(repo, "tests/data/needle")
+        with open(os.path.join(d, "reference.json")) as f:
+            ref = json.load(f)
+        s = gen.make_sample(random.Random("reference/1k"), "niah_single", 1024, text=True,
+                            **EVAL_SETTINGS["niah_single"])
+        assert [2045] + s.ids == ref["input_ids"] and s.answer == ref["expected_answer"]
+        for task in ("niah_single", "niah_multivalue"):
+            with open(os.path.join(d, f"{task}_2k.jsonl")) as f:
+                for line in f:
+                    rec = json.loads(line)
+                    s = gen.make_sample(eval_rng(rec["seed"], task, rec["length"], rec["index"]),
+                                        task, rec["length"], text=True, **EVAL_SETTINGS[task])
+                    new = sample_to_json(s, rec["index"], rec["seed"])
+                    assert {k: new[k] for k in rec} == rec, (task, rec["index"])
+    # RULER's phrasing: instructions, question, answer prefix and needles of each variant agree
+    # with RULER's own samples (tests/data/ruler, evaluation data: read here, never trained on).
+    ruler = os.path.join(repo or "", "tests/data/ruler/4096")
+    if repo and os.path.isdir(ruler):
+        names = [t for t in os.listdir(ruler) if t in EVAL_SETTINGS]
+        assert len(names) >= 9, names
+        for name in names:
+            with open(os.path.join(ruler, name, "validation.jsonl")) as f:
+                theirs = ruler_skeleton(json.loads(f.readline()))
+            s = gen.make_sample(eval_rng(1, name, 4096, 0), name, 4096, text=True,
+                                **EVAL_SETTINGS[name])
+            ours = ruler_skeleton({"input": s.input, "answer_prefix": s.answer_prefix})
+            # (RULER's vt also has a one-shot example first and a space after "they are:".)
+            assert ours == theirs, (name, ours, theirs)
 
 
 def main() -> None:
     import argparse
-    import os
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description="Writes RULER-style samples as JSONL to stdout.")
     ap.add_argument("--tokenizer", default=os.path.join(here, "../../models/needle/tokenizer.json"))
     ap.add_argument("--essays", default=os.path.join(here, "../../../shared/data/PaulGrahamEssays.json"))
-    ap.add_argument("--task", choices=TASKS, required=True)
+    ap.add_argument("--task", choices=TASKS + list(VARIANTS), required=True,
+                    help="a task, or one of RULER's niah variants (and niah_single_word)")
     ap.add_argument("--length", type=int, required=True,
                     help="target tokens: BOS + prompt + answer + EOS <= length")
     ap.add_argument("--num", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--haystack", choices=["essay", "noise"], default=None,
-                    help="default: RULER's choice for the task")
+    ap.add_argument("--haystack", choices=HAYSTACKS, default=None,
+                    help="default: RULER's choice for the task ('heldout': prose no training "
+                         "sample uses)")
+    ap.add_argument("--value-kind", choices=VALUE_KINDS, default=None,
+                    help="default: the task's (number, except niah_single_3/word, multikey_3)")
+    ap.add_argument("--key-kind", choices=KEY_KINDS, default=None,
+                    help="default: the task's (word, except niah_multikey_3)")
     ap.add_argument("--self-test", action="store_true")
     ap.add_argument("--print-prompt", action="store_true",
                     help="print sample 0's prompt text (input + answer_prefix) instead of JSONL; "
@@ -439,11 +805,12 @@ def main() -> None:
     args = ap.parse_args()
     gen = Generator(ByteLevelBPE.from_file(args.tokenizer), args.essays)
     if args.self_test:
-        self_test(gen)
+        self_test(gen, repo=os.path.join(here, "../.."))
         print("self-test ok", file=sys.stderr)
     settings = dict(EVAL_SETTINGS[args.task])
-    if args.haystack:
-        settings["haystack"] = args.haystack
+    for k in ("haystack", "value_kind", "key_kind"):
+        if getattr(args, k) is not None:
+            settings[k] = getattr(args, k)
     if args.print_prompt:
         s = gen.make_sample(eval_rng(args.seed, args.task, args.length, 0), args.task,
                             args.length, text=True, **settings)
