@@ -454,6 +454,18 @@ void set_variant_env(const DecodeVariant& v) {
     unsetenv("LONGCTX_DECODE_OVERHEAD");
 }
 
+// "16,128,..." page sizes in 1..256 (--page-sizes, --decode); false on a malformed list.
+bool parse_page_sizes(const char* list, std::vector<int>* out) {
+  for (const char* s = list; *s;) {
+    char* end = nullptr;
+    const long v = std::strtol(s, &end, 10);
+    if (end == s || v < 1 || v > 256) return false;
+    out->push_back(int(v));
+    s = *end == ',' ? end + 1 : end;
+  }
+  return true;
+}
+
 // "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1) selects shapes of the decode table (HK
 // default 8); false on a malformed list.
 bool parse_decode_shapes(const char* list, std::vector<std::array<int, 4>>* out) {
@@ -582,16 +594,10 @@ int main(int argc, char** argv) {
               prop.name, prop.multiProcessorCount);
   if (argc == 3 && std::strcmp(argv[1], "--page-sizes") == 0) {
     std::vector<int> pages;
-    for (const char* s = argv[2]; *s;) {
-      char* end = nullptr;
-      const long v = std::strtol(s, &end, 10);
-      if (end == s || v < 1 || v > 256) {
-        std::fprintf(stderr, "--page-sizes: want a comma-separated list of 1..256, got %s\n",
-                     argv[2]);
-        return 2;
-      }
-      pages.push_back(int(v));
-      s = *end == ',' ? end + 1 : end;
+    if (!parse_page_sizes(argv[2], &pages)) {
+      std::fprintf(stderr, "--page-sizes: want a comma-separated list of 1..256, got %s\n",
+                   argv[2]);
+      return 2;
     }
     page_size_sweep(pages, stream);
     cudaStreamDestroy(stream);
@@ -604,15 +610,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::vector<int> pages;
-    for (const char* s = argc >= 4 ? argv[3] : "128"; *s;) {
-      char* end = nullptr;
-      const long v = std::strtol(s, &end, 10);
-      if (end == s || v < 1 || v > 256) {
-        std::fprintf(stderr, "--decode: want page sizes 1..256, got %s\n", argv[3]);
-        return 2;
-      }
-      pages.push_back(int(v));
-      s = *end == ',' ? end + 1 : end;
+    if (!parse_page_sizes(argc >= 4 ? argv[3] : "128", &pages)) {
+      std::fprintf(stderr, "--decode: want page sizes 1..256, got %s\n", argv[3]);
+      return 2;
     }
     std::vector<std::array<int, 4>> only;
     if (argc >= 5 && !parse_decode_shapes(argv[4], &only)) {
