@@ -1,9 +1,10 @@
 // CUDA graphs for decode (src/engine/cuda_graphs.h) against the eager forward, on the tiny
 // transformers fixtures (head_dim 16 / 32: the generic paged kernel; 64: split-KV decode),
-// models/needle and a 4-layer dummy Qwen3-0.6B (head_dim 128, long contexts that split).
-// Three copies of the same KV pool run the same steps: E eager on the batch, G graph replay, P
-// eager on the padded batch G replays. Checked, at every step of 24+ decode steps with 1, 3, 8
-// and 17 sequences of lengths across block boundaries (the set of sequences changes mid-way):
+// models/needle v1 (tests/data/needle_v1) and a 4-layer dummy Qwen3-0.6B (head_dim 128, long
+// contexts that split). Three copies of the same KV pool run the same steps: E eager on the batch,
+// G graph replay, P eager on the padded batch G replays. Checked, at every step of 24+ decode steps
+// with 1, 3, 8 and 17 sequences of lengths across block boundaries (the set of sequences changes
+// mid-way):
 //   - G == P bit for bit (the replay is the eager forward of the padded batch);
 //   - G == E bit for bit when the batch size is a bucket (no padding); otherwise within bf16
 //     tolerance (the real rows' GEMMs run with the bucket's row count; whether cuBLASLt's other
@@ -134,8 +135,7 @@ std::shared_ptr<Model> load_model(const std::string& name) {
     c.num_hidden_layers = 4;
     ck = std::make_shared<const Checkpoint>(make_dummy_checkpoint(c, 3));
   } else if (name == "needle") {
-    ck = std::make_shared<const Checkpoint>(
-        load_checkpoint(test_data_dir() + "/../../models/needle"));
+    ck = std::make_shared<const Checkpoint>(load_checkpoint(longctx::testing::needle_v1_dir()));
   } else {
     ck = std::make_shared<const Checkpoint>(load_checkpoint(test_data_dir() + "/fixtures/" + name));
   }

@@ -1,5 +1,6 @@
 // Whole models on the GPU (bf16, paged KV, the GPU runner) against the CPU reference (fp32) of
-// the same model code: the tiny transformers fixtures and models/needle.
+// the same model code: the tiny transformers fixtures and models/needle v1 (tests/data/needle_v1:
+// why v1, in tests/common/test_data.h).
 //   - per position KL(cpu || gpu) <= 1e-3, top-1 agreement >= 99.9% where the reference's
 //     top-1/top-2 margin exceeds 0.05;
 //   - the fixtures' greedy tokens (transformers) reproduced by generate() on the GPU, except at
@@ -23,7 +24,7 @@
 namespace longctx::testing {
 namespace {
 
-std::string needle_dir() { return test_data_dir() + "/../../models/needle"; }
+std::string needle_dir() { return longctx::testing::needle_v1_dir(); }
 
 struct Agreement {
   double max_kl = 0, mean_kl = 0;
@@ -103,7 +104,8 @@ TEST_P(GpuVsCpu, LogitsAgreePerPosition) {
   if (!needle) o.rope_inv_freq_dtype = ck->config.dtype;  // as the fixtures' reference
   std::vector<int32_t> ids;
   if (needle) {
-    for (int64_t i = 0; i < mc.len; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % 2000));
+    for (int64_t i = 0; i < mc.len; ++i)
+      ids.push_back(static_cast<int32_t>((i * 7919 + 13) % 2000));
   } else {
     ids = reference_case(mc.name, mc.len).input_ids;
   }
@@ -132,24 +134,24 @@ TEST_P(GpuVsCpu, LogitsAgreePerPosition) {
 // off): they are held to 2e-3.
 constexpr double kIssueKl = 1e-3, kIssueTop1 = 0.999, kTinyF16Kl = 2e-3;
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuVsCpu,
-                         ::testing::Values(
-                             ModelCase{"needle", 1500, DType::kBF16, kIssueKl, kIssueTop1},
-                             ModelCase{"needle", 1500, DType::kF16, kIssueKl, kIssueTop1},
-                             ModelCase{"tiny-llama3", 515, DType::kF16, kIssueKl, kIssueTop1},
-                             ModelCase{"tiny-qwen3", 515, DType::kF16, kIssueKl, kIssueTop1},
-                             ModelCase{"tiny-qwen2", 515, DType::kF16, kTinyF16Kl, kIssueTop1},
-                             ModelCase{"tiny-llama3", 2048, DType::kF16, kTinyF16Kl, kIssueTop1},
-                             ModelCase{"tiny-llama3", 515, DType::kBF16, 1.22 / 4, 380.0 / 485},
-                             ModelCase{"tiny-qwen3", 515, DType::kBF16, 0.126 / 4, 470.0 / 495},
-                             ModelCase{"tiny-qwen2", 515, DType::kBF16, 0.596 / 4, 428.0 / 481}),
-                         [](const auto& info) {
-                           std::string n = info.param.name + "_" + std::to_string(info.param.len) +
-                                           "_" + std::string(dtype_name(info.param.dtype));
-                           for (char& c : n)
-                             if (c == '-') c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, GpuVsCpu,
+    ::testing::Values(ModelCase{"needle", 1500, DType::kBF16, kIssueKl, kIssueTop1},
+                      ModelCase{"needle", 1500, DType::kF16, kIssueKl, kIssueTop1},
+                      ModelCase{"tiny-llama3", 515, DType::kF16, kIssueKl, kIssueTop1},
+                      ModelCase{"tiny-qwen3", 515, DType::kF16, kIssueKl, kIssueTop1},
+                      ModelCase{"tiny-qwen2", 515, DType::kF16, kTinyF16Kl, kIssueTop1},
+                      ModelCase{"tiny-llama3", 2048, DType::kF16, kTinyF16Kl, kIssueTop1},
+                      ModelCase{"tiny-llama3", 515, DType::kBF16, 1.22 / 4, 380.0 / 485},
+                      ModelCase{"tiny-qwen3", 515, DType::kBF16, 0.126 / 4, 470.0 / 495},
+                      ModelCase{"tiny-qwen2", 515, DType::kBF16, 0.596 / 4, 428.0 / 481}),
+    [](const auto& info) {
+      std::string n = info.param.name + "_" + std::to_string(info.param.len) + "_" +
+                      std::string(dtype_name(info.param.dtype));
+      for (char& c : n)
+        if (c == '-') c = '_';
+      return n;
+    });
 
 TEST(GpuModels, FixtureGreedyTokensReproduced) {
   for (const std::string name : {"tiny-llama3", "tiny-qwen3", "tiny-qwen2"}) {
@@ -175,12 +177,13 @@ TEST(GpuModels, FixtureGreedyTokensReproduced) {
     ASSERT_EQ(out.size(), 1u);
     const auto& got = out[0].token_ids;
     size_t i = 0;
-    while (i < got.size() && i < r.greedy_new_tokens.size() && got[i] == r.greedy_new_tokens[i]) ++i;
+    while (i < got.size() && i < r.greedy_new_tokens.size() && got[i] == r.greedy_new_tokens[i])
+      ++i;
     // A divergence is allowed only where transformers' own top-1/top-2 margin was tiny.
     if (i < r.greedy_new_tokens.size())
       EXPECT_LT(r.greedy_margins[i], 0.05)
-          << name << ": token " << i << " differs (" << got[i] << " vs "
-          << r.greedy_new_tokens[i] << ", margin " << r.greedy_margins[i] << ")";
+          << name << ": token " << i << " differs (" << got[i] << " vs " << r.greedy_new_tokens[i]
+          << ", margin " << r.greedy_margins[i] << ")";
     std::printf("%s: %zu/%zu greedy tokens equal\n", name.c_str(), i, r.greedy_new_tokens.size());
   }
 }
@@ -195,8 +198,7 @@ TEST(GpuModels, MixedLengthBatchEqualsOneAtATime) {
     prompts.push_back(p);
   }
   std::vector<StepInput> batch;
-  for (size_t i = 0; i < prompts.size(); ++i)
-    batch.push_back({100 + i, prompts[i], 0});
+  for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({100 + i, prompts[i], 0});
   Tensor together = runner.execute_standalone(batch);
   for (size_t i = 0; i < prompts.size(); ++i) runner.release(100 + i);
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -206,8 +208,8 @@ TEST(GpuModels, MixedLengthBatchEqualsOneAtATime) {
     const int64_t v = alone.size(1);
     double max_diff = 0, max_abs = 0;
     for (int64_t j = 0; j < v; ++j) {
-      max_diff = std::max<double>(max_diff, std::fabs(alone.data<float>()[j] -
-                                                      together.data<float>()[i * v + j]));
+      max_diff = std::max<double>(
+          max_diff, std::fabs(alone.data<float>()[j] - together.data<float>()[i * v + j]));
       max_abs = std::max<double>(max_abs, std::fabs(alone.data<float>()[j]));
     }
     // bf16 activations: the batched GEMMs may pick other tilings, so rounding differs slightly.
@@ -237,8 +239,8 @@ TEST(GpuModels, MalformedBatchesAreClearErrors) {
   PagedKVPool pool({c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 8, DType::kBF16,
                     Device::cuda(0)});
   PagedBackendLimits limits{64, 4, 8};
-  auto attn = make_paged_attention_backend(pool, c.num_attention_heads, model->attention_scale(),
-                                           limits);
+  auto attn =
+      make_paged_attention_backend(pool, c.num_attention_heads, model->attention_scale(), limits);
   auto expect_error = [&](ForwardBatch b, const char* what) {
     try {
       model->forward(b, *attn);

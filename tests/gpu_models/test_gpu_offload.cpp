@@ -24,7 +24,7 @@
 namespace longctx::testing {
 namespace {
 
-std::string needle_dir() { return test_data_dir() + "/../../models/needle"; }
+std::string needle_dir() { return longctx::testing::needle_v1_dir(); }
 
 std::shared_ptr<const Checkpoint> needle() {
   static auto ck = std::make_shared<const Checkpoint>(load_checkpoint(needle_dir()));

@@ -15,7 +15,7 @@ namespace {
 
 constexpr double kTieMargin = 0.02;
 
-std::string needle_dir() { return test_data_dir() + "/../../models/needle"; }
+std::string needle_dir() { return longctx::testing::needle_v1_dir(); }
 
 EngineConfig gpu_config(int64_t num_gpu_blocks, bool eager, bool caching = true,
                         int64_t max_model_len = 1024) {

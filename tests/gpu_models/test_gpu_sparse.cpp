@@ -286,7 +286,7 @@ TEST(GpuSparse, CoveringBudgetIsTheDenseOutput) {
 TEST(GpuSparse, EngineGeneratesWithQuestResidentAndOffloaded) {
   auto config = [](bool offload) {
     EngineConfig c;
-    c.model = test_data_dir() + "/../../models/needle";
+    c.model = longctx::testing::needle_v1_dir();
     c.device = "cuda";
     c.max_model_len = 4096;
     c.block_size = 32;

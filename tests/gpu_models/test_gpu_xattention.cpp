@@ -182,7 +182,7 @@ TEST(GpuXAttention, ThresholdOneIsDense) {
 TEST(GpuXAttention, EngineGeneratesAndReportsItsDensity) {
   auto config = [](const char* policy) {
     EngineConfig c;
-    c.model = test_data_dir() + "/../../models/needle";
+    c.model = longctx::testing::needle_v1_dir();
     c.device = "cuda";
     c.max_model_len = 4096;
     c.block_size = 32;

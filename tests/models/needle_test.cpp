@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
 #include "model_test_util.h"
@@ -60,13 +61,13 @@ TEST(NeedleModel, ConfigIsTheCommittedShape) {
   EXPECT_EQ(c.architecture, "LlamaForCausalLM");
   EXPECT_EQ(c.vocab_size, 2048);
   EXPECT_EQ(c.hidden_size, 256);
-  EXPECT_EQ(c.num_hidden_layers, 6);
+  EXPECT_EQ(c.num_hidden_layers, 8);
   EXPECT_EQ(c.num_attention_heads, 4);
   EXPECT_EQ(c.num_key_value_heads, 2);
   EXPECT_EQ(c.head_dim, 64);
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_EQ(c.rope.type, RopeType::kDefault);
-  EXPECT_DOUBLE_EQ(c.rope.theta, 1e7);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e8);
 }
 
 struct LogitError {
@@ -107,6 +108,8 @@ TEST(NeedleModel, LogitsMatchTransformers1K) {
   ASSERT_EQ(logits.size(1), 2048);
   for (const Tensor* want : {&ref.logits, &ref.logits_bf16_load}) {
     LogitError e = logit_error(logits, *want, ref.logits_positions);
+    std::printf("max |logit - transformers| = %.2e at position %lld\n", e.max,
+                static_cast<long long>(e.worst_pos));
     EXPECT_LE(e.max, 1e-3) << "worst at position " << e.worst_pos << "; per position:" << e.rows;
   }
 }

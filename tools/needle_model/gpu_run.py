@@ -252,6 +252,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-seed", type=int, default=1234, help="eval.py's --seed")
     ap.add_argument("--failure-seconds", type=float, default=15,
                     help="at most this long replaying failures with generate() (RULER's score)")
+    ap.add_argument("--failure-per-cell", type=int, default=10,
+                    help="failures replayed per cell at most (round-robin over the cells)")
     ap.add_argument("--essays", default=os.path.join(HERE, "../../../shared/data/PaulGrahamEssays.json"))
     return ap
 
@@ -283,6 +285,7 @@ def main() -> None:
     eargs.essays = a.essays
     eargs.num = a.eval_num
     eargs.seed = a.eval_seed
+    eargs.failure_per_cell = a.failure_per_cell
     if a.eval_tasks:
         eargs.tasks = a.eval_tasks
     if a.eval_lengths:

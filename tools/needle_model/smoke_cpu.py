@@ -107,14 +107,17 @@ def stand_in_factory(c, dev):
 
 
 def check_plan_commands(readme: str) -> int:
-    """Every gpu_run.py / train.py / eval.py command line in README.md's "v2 plan" parses."""
+    """Every gpu_run.py / train.py / eval.py command line in README.md's "v2 plan" and "Run 9
+    plan" parses."""
     import gpu_run
     import eval as needle_eval
     with open(readme) as f:
         text = f.read()
-    plan = text[text.index("## v2 plan"):]
-    plan = plan[:plan.index("\n## ", 4)] if "\n## " in plan[4:] else plan
-    blocks = re.findall(r"```sh\n(.*?)```", plan, re.S)
+    blocks = []
+    for header, ends in (("## v2 plan", ("\n## ",)), ("### Run 9 plan", ("\n## ", "\n### "))):
+        plan = text[text.index(header) + len(header):]
+        cut = min((plan.index(e) for e in ends if e in plan), default=len(plan))
+        blocks += re.findall(r"```sh\n(.*?)```", plan[:cut], re.S)
     n = 0
     for block in blocks:
         for cmd in block.replace("\\\n", " ").splitlines():
@@ -130,7 +133,7 @@ def check_plan_commands(readme: str) -> int:
             else:
                 needle_eval.parser().parse_args(argv)
             n += 1
-    assert n >= 3, f"only {n} plan commands found in {readme}"
+    assert n >= 4, f"only {n} plan commands found in {readme}"
     return n
 
 
@@ -172,7 +175,7 @@ def main() -> None:
     print(f"train loop ok: {info['steps']} steps over {n_stages} stages of {a.stages!r}, "
           f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, resumed for {info2['steps']} steps")
     n = check_plan_commands(os.path.join(HERE, "README.md"))
-    print(f"plan commands ok: {n} command lines of README.md's v2 plan parse")
+    print(f"plan commands ok: {n} command lines of README.md's v2 and run 9 plans parse")
 
 
 if __name__ == "__main__":
