@@ -249,5 +249,19 @@ TEST(SparseAttention, QuestThroughTheSimulatedOffloadIsTheResidentQuest) {
   }
 }
 
+TEST(SparseAttention, XAttentionThroughTheSimulatedOffloadIsTheResidentXAttention) {
+  SparseOptions x;
+  x.policy = "xattention";
+  x.threshold = 0.9;
+  const auto resident = run_engine(x, 480);
+  const auto offload = run_engine(x, 480, /*offload_gpu_blocks=*/20);
+  ASSERT_EQ(offload.size(), resident.size());
+  for (size_t i = 0; i < offload.size(); ++i) {
+    EXPECT_EQ(offload[i].token_ids, resident[i].token_ids);
+    for (size_t t = 0; t < offload[i].logprobs.size(); ++t)
+      EXPECT_NEAR(offload[i].logprobs[t].logprob, resident[i].logprobs[t].logprob, 1e-4);
+  }
+}
+
 }  // namespace
 }  // namespace longctx::testing

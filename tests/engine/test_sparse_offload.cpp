@@ -1,6 +1,6 @@
-// Quest through the offload backend on the CPU simulation, at the backend's seam (the GPU twin
-// is tests/gpu_models/test_gpu_sparse.cpp): random K / V / q written by store_kv over prefill
-// chunks of two sequences, then decode steps, through
+// Sparse policies through the offload backend on the CPU simulation, at the backend's seam (the
+// GPU twin of Quest's test is tests/gpu_models/test_gpu_sparse.cpp). Quest: random K / V / q
+// written by store_kv over prefill chunks of two sequences, then decode steps, through
 //   - the resident CPU backend with the CPU engine's QuestPolicy (pages of one block), and
 //   - OffloadAttentionBackend over the simulated device with quest (a GPU cache of a few blocks,
 //     write-backs landing two steps late), which reads the selected host pages in place;
@@ -9,11 +9,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <memory>
 #include <random>
 
 #include "attention/backends/cpu_paged_backend.h"
 #include "attention/backends/offload_backend.h"
 #include "engine/step_batch.h"
+#include "kernels/attention_params.h"
 #include "kv/paged_kv_pool.h"
 #include "kv/sparse/sparse_policy.h"
 
@@ -36,6 +39,116 @@ double max_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+// The same random steps through the resident CPU backend with the CPU engine's policy, the
+// offload backend over the simulated device with that policy (a GPU cache of a few blocks, rings
+// of 2 x 3 blocks, write-backs landing two steps late) and dense resident attention: prefill chunks
+// of each sequence, then decode steps of all.
+class ThreeBackends {
+ public:
+  ThreeBackends(const SparseOptions& sparse, std::vector<int64_t> lens, int64_t chunk, int decodes,
+                int seed, int64_t gpu_blocks = 12)
+      : lens_(std::move(lens)), chunk_(chunk), decodes_(decodes), rng_(seed) {
+    int64_t num_blocks = 0;
+    for (int64_t len : lens_) num_blocks += (len + decodes + kBlock - 1) / kBlock;
+    const float scale = 1.f / std::sqrt(float(kD));
+    PagedKVPoolConfig kv{1, kHkv, kD, kBlock, num_blocks, DType::kF32, Device::cpu()};
+    pool_ = std::make_unique<PagedKVPool>(kv);
+    dense_pool_ = std::make_unique<PagedKVPool>(kv);
+    policy_ = sparse::make_sparse_policy(sparse, {1, num_blocks, kBlock, kHq, kHkv, kD, scale});
+    resident_ = std::make_unique<CpuPagedBackend>(*pool_, scale, policy_.get());
+    dense_ = std::make_unique<CpuPagedBackend>(*dense_pool_, scale);
+    OffloadDeviceConfig d;
+    d.geometry = {1, kBlock, num_blocks, gpu_blocks, /*slots=*/2, /*slot blocks=*/3};
+    d.num_qo_heads = kHq;
+    d.num_kv_heads = kHkv;
+    d.head_dim = kD;
+    d.dtype = DType::kF32;
+    d.sm_scale = scale;
+    d.max_tokens = 2 * chunk;
+    d.max_seqs = 4;
+    d.cpu_write_back_lag = 2;
+    d.sparse = sparse;
+    offload_ = std::make_unique<OffloadAttentionBackend>(d.geometry, make_cpu_offload_device(d));
+    int32_t next = 0;
+    for (int64_t len : lens_) {
+      tables_.emplace_back();
+      for (int64_t b = 0; b < (len + decodes + kBlock - 1) / kBlock; ++b)
+        tables_.back().push_back(next++);
+      tokens_.emplace_back(len + decodes, 1);
+    }
+    done_.assign(lens_.size(), 0);
+  }
+
+  // Outputs {resident, offload, dense} of the next prefill step (every sequence with prompt
+  // left takes a chunk; `decode_rest` adds a decode row for those whose prompt is done);
+  // empty when every prompt is done.
+  std::vector<Tensor> prefill_step(bool decode_rest = false) {
+    std::vector<StepInput> in;
+    std::vector<size_t> decoding;
+    for (size_t s = 0; s < lens_.size(); ++s) {
+      if (done_[s] < lens_[s]) {
+        const int64_t m = std::min(chunk_, lens_[s] - done_[s]);
+        in.push_back({uint64_t(s), tokens_[s], done_[s], m, tables_[s], true});
+        done_[s] += m;
+      } else if (decode_rest && done_[s] < lens_[s] + decodes_) {
+        decoding.push_back(s);
+      }
+    }
+    if (in.empty()) return {};
+    for (size_t s : decoding)
+      in.push_back({uint64_t(s), tokens_[s], done_[s]++, 1, tables_[s], true});
+    return step(in);
+  }
+  std::vector<Tensor> decode_step() {
+    std::vector<StepInput> in;
+    for (size_t s = 0; s < lens_.size(); ++s)
+      in.push_back({uint64_t(s), tokens_[s], done_[s]++, 1, tables_[s], true});
+    return step(in);
+  }
+  const OffloadAttentionBackend& offload() const { return *offload_; }
+  // Attention mass on every n-th key block of 128 (XAttention then drops the others).
+  void set_hot_blocks(int64_t n) { hot_blocks_ = n; }
+
+ private:
+  std::vector<Tensor> step(const std::vector<StepInput>& in) {
+    ForwardBatch batch = make_forward_batch(in, kBlock);
+    const int64_t t = batch.num_tokens();
+    Tensor k = random_rows(t, kHkv, rng_), v = random_rows(t, kHkv, rng_),
+           q = random_rows(t, kHq, rng_);
+    if (hot_blocks_ > 0) {  // keys of every hot_blocks_-th block of 128 share q's direction
+      for (int64_t i = 0; i < t; ++i) {
+        float* qi = q.data<float>() + i * kHq * kD;
+        for (int64_t e = 0; e < kHq * kD; ++e) qi[e] += kBoost;
+        if (batch.positions[i] / kernels::kSparseBlock % hot_blocks_ != 0) continue;
+        float* ki = k.data<float>() + i * kHkv * kD;
+        for (int64_t e = 0; e < kHkv * kD; ++e) ki[e] += kBoost;
+      }
+    }
+    std::vector<Tensor> outs;
+    for (AttentionBackend* be : {static_cast<AttentionBackend*>(resident_.get()),
+                                 static_cast<AttentionBackend*>(offload_.get()),
+                                 static_cast<AttentionBackend*>(dense_.get())}) {
+      be->plan(batch);
+      be->store_kv(0, k, v);
+      outs.push_back(be->attend(0, q));
+    }
+    return outs;
+  }
+
+  std::vector<int64_t> lens_;
+  int64_t chunk_;
+  int decodes_;
+  std::mt19937 rng_;
+  std::unique_ptr<PagedKVPool> pool_, dense_pool_;
+  std::unique_ptr<sparse::SparsePolicy> policy_;
+  std::unique_ptr<CpuPagedBackend> resident_, dense_;
+  std::unique_ptr<OffloadAttentionBackend> offload_;
+  std::vector<std::vector<int32_t>> tables_, tokens_;
+  std::vector<int64_t> done_;
+  int64_t hot_blocks_ = 0;
+  static constexpr float kBoost = 1.5f;
+};
+
 TEST(SparseOffload, QuestThroughTheSimulatedDeviceIsTheResidentPolicy) {
   for (bool per_head : {true, false}) {
     SCOPED_TRACE(per_head ? "per KV head" : "head-averaged");
@@ -45,74 +158,53 @@ TEST(SparseOffload, QuestThroughTheSimulatedDeviceIsTheResidentPolicy) {
     quest.sink_tokens = 16;
     quest.window_tokens = 16;
     quest.per_head = per_head;
-    const std::vector<int64_t> lens = {500, 333};
-    const int decodes = 4;
-    const int64_t num_blocks = 64;
-    const float scale = 1.f / std::sqrt(float(kD));
-
-    PagedKVPoolConfig kv{1, kHkv, kD, kBlock, num_blocks, DType::kF32, Device::cpu()};
-    PagedKVPool pool(kv), dense_pool(kv);
-    sparse::KvShape shape{1, num_blocks, kBlock, kHq, kHkv, kD, scale};
-    auto policy = sparse::make_sparse_policy(quest, shape);
-    CpuPagedBackend resident(pool, scale, policy.get());
-    CpuPagedBackend dense(dense_pool, scale);
-    OffloadDeviceConfig d;
-    d.geometry = {1, kBlock, num_blocks, /*gpu blocks=*/12, /*slots=*/2, /*slot blocks=*/3};
-    d.num_qo_heads = kHq;
-    d.num_kv_heads = kHkv;
-    d.head_dim = kD;
-    d.dtype = DType::kF32;
-    d.sm_scale = scale;
-    d.max_tokens = 2 * kChunk;
-    d.max_seqs = 4;
-    d.cpu_write_back_lag = 2;
-    d.sparse = quest;
-    OffloadAttentionBackend offload(d.geometry, make_cpu_offload_device(d));
-    std::vector<AttentionBackend*> backends = {&resident, &offload, &dense};
-
-    std::mt19937 rng(per_head ? 7 : 8);
-    std::vector<std::vector<int32_t>> tables(lens.size()), tokens(lens.size());
-    int32_t next = 0;
-    for (size_t s = 0; s < lens.size(); ++s) {
-      for (int64_t b = 0; b < (lens[s] + decodes + kBlock - 1) / kBlock; ++b)
-        tables[s].push_back(next++);
-      tokens[s].assign(lens[s] + decodes, 1);
+    ThreeBackends run(quest, {500, 333}, /*chunk=*/48, /*decodes=*/4, per_head ? 7 : 8);
+    while (!run.prefill_step().empty()) {
     }
-    auto step = [&](const std::vector<StepInput>& in) {
-      ForwardBatch batch = make_forward_batch(in, kBlock);
-      const int64_t t = batch.num_tokens();
-      Tensor k = random_rows(t, kHkv, rng), v = random_rows(t, kHkv, rng),
-             q = random_rows(t, kHq, rng);
-      std::vector<Tensor> outs;
-      for (AttentionBackend* be : backends) {
-        be->plan(batch);
-        be->store_kv(0, k, v);
-        outs.push_back(be->attend(0, q));
-      }
-      return outs;
-    };
-    std::vector<int64_t> done(lens.size(), 0);
-    for (bool more = true; more;) {
-      more = false;
-      std::vector<StepInput> in;
-      for (size_t s = 0; s < lens.size(); ++s) {
-        if (done[s] >= lens[s]) continue;
-        const int64_t m = std::min(kChunk, lens[s] - done[s]);
-        in.push_back({uint64_t(s), tokens[s], done[s], m, tables[s], true});
-        done[s] += m;
-        more = true;
-      }
-      if (more) step(in);
-    }
-    for (int k = 0; k < decodes; ++k) {
-      std::vector<StepInput> in;
-      for (size_t s = 0; s < lens.size(); ++s)
-        in.push_back({uint64_t(s), tokens[s], done[s]++, 1, tables[s], true});
-      const std::vector<Tensor> outs = step(in);
+    for (int k = 0; k < 4; ++k) {
+      const std::vector<Tensor> outs = run.decode_step();
       EXPECT_LT(max_diff(outs[1], outs[0]), 1e-5) << "decode step " << k << ": offload vs resident";
       EXPECT_GT(max_diff(outs[0], outs[2]), 1e-3) << "decode step " << k << ": quest vs dense";
     }
-    EXPECT_GT(offload.sparse_host_bytes_read(), 0);
+    EXPECT_GT(run.offload().sparse_host_bytes_read(), 0);
+  }
+}
+
+// XAttention: every prefill chunk (decode rows of a finished sequence mixed in) through the
+// offload device, which reads every host block's keys for the estimate and the values of the
+// blocks the mask keeps only, must equal the resident policy's masked attention. Keys of every
+// third block of 128 lean towards the queries; at threshold 0.6 the masks are sparse (outputs
+// differ from dense, fewer host bytes read than at threshold 1, which keeps every block and equals
+// dense attention).
+TEST(SparseOffload, XAttentionThroughTheSimulatedDeviceIsTheResidentPolicy) {
+  for (bool per_q_head : {false, true}) {
+    SCOPED_TRACE(per_q_head ? "per q head" : "per KV head");
+    int64_t host_bytes[2] = {0, 0};
+    for (int keep_all = 0; keep_all < 2; ++keep_all) {
+      SparseOptions x;
+      x.policy = "xattention";
+      x.threshold = keep_all ? 1.0 : 0.6;
+      x.stride = 8;
+      x.xattn_per_kv_head = !per_q_head;
+      ThreeBackends run(x, {900, 420}, /*chunk=*/160, /*decodes=*/8, per_q_head ? 11 : 12,
+                        /*gpu_blocks=*/24);
+      run.set_hot_blocks(3);
+      int steps = 0, sparse_steps = 0;
+      for (std::vector<Tensor> outs; !(outs = run.prefill_step(/*decode_rest=*/true)).empty();) {
+        EXPECT_LT(max_diff(outs[1], outs[0]), 1e-5) << "prefill step " << steps;
+        if (keep_all) EXPECT_LT(max_diff(outs[1], outs[2]), 1e-5) << "prefill step " << steps;
+        sparse_steps += max_diff(outs[0], outs[2]) > 1e-3;
+        ++steps;
+      }
+      if (!keep_all) EXPECT_GE(sparse_steps, 2) << "of " << steps << " steps";
+      const std::vector<Tensor> outs = run.decode_step();  // no selection: the ring path
+      EXPECT_LT(max_diff(outs[1], outs[2]), 1e-5) << "decode after the prefill";
+      host_bytes[keep_all] = run.offload().sparse_host_bytes_read();
+    }
+    EXPECT_GT(host_bytes[0], 0);
+    EXPECT_LT(host_bytes[0], 0.9 * host_bytes[1]);
+    std::printf("host bytes read: %lld at threshold 0.6, %lld at 1\n", (long long)host_bytes[0],
+                (long long)host_bytes[1]);
   }
 }
 

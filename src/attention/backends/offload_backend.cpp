@@ -27,8 +27,7 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   limits.max_blocks = std::numeric_limits<int32_t>::max();
   check_paged_batch(batch, g.block_size, g.num_host_blocks, limits);
   plan_ = planner_.plan(batch, copies_, [this](uint64_t t) { return device_->ticket_done(t); });
-  sparse_step_ = device_->sparse();
-  for (int64_t s = 0; s < batch.num_seqs() && sparse_step_; ++s) sparse_step_ = batch.q_len(s) == 1;
+  sparse_step_ = device_->sparse_step(batch);
   if (sparse_step_) plan_.items.clear();  // the device reads the selected host pages in place
   device_->begin_step(plan_);
   if (device_->sparse()) {
@@ -55,6 +54,13 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   stats_.host_bytes_loaded +=
       static_cast<int64_t>(plan_.loads.size()) * g.num_layers * layer_block_bytes_;
   planned_ = true;
+}
+
+bool OffloadDevice::sparse_step(const ForwardBatch& batch) const {
+  if (!sparse()) return false;
+  for (int64_t s = 0; s < batch.num_seqs(); ++s)
+    if (batch.q_len(s) != 1) return false;
+  return true;
 }
 
 Tensor OffloadDevice::attend_sparse(int64_t, const Tensor&) {

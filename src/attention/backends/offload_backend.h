@@ -85,6 +85,10 @@ class OffloadDevice {
 
   // A sparse policy (SparseOptions) that reads host blocks itself.
   virtual bool sparse() const { return false; }
+  // Whether the device attends this step itself (attend_sparse, host blocks read in place, no
+  // ring items): by default decode-only steps of a sparse device (quest); a prefill policy
+  // (xattention) takes the steps with a prefill instead.
+  virtual bool sparse_step(const ForwardBatch& batch) const;
   // After begin_step, with sparse(): the engine's copies (its metadata follows them) and, on a
   // decode step the device attends itself, where each batch.block_tables entry is (GPU block
   // g >= 0, or host block h as -h - 1); empty otherwise (the plan's ring items run).

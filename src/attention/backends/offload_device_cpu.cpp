@@ -8,6 +8,12 @@
 // (kernels/cpu/quest_cpu.h) with pages of one KV block (the CPU engine's granularity): host pages
 // are read from the host pool in place, so a sparse step that forgot a write-back's ticket reads
 // stale keys here too.
+// XAttention (--sparse-policy xattention) takes the steps with a prefill: per sequence the
+// estimate reads the keys of every block (host blocks in place), the policy picks the chunk's
+// mask, and only the blocks some head keeps have their values read; the masked attention is the
+// resident CPU engine's (kernels::cpu::paged_prefill_ref with the policy's mask). The GPU device
+// does not run it yet.
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -17,6 +23,7 @@
 #include "kernels/cpu/attention_ref.h"
 #include "kernels/cpu/merge_cpu.h"
 #include "kernels/cpu/quest_cpu.h"
+#include "kv/sparse/sparse_policy.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -38,10 +45,17 @@ class CpuOffloadDevice final : public OffloadDevice {
     gpu_ = Tensor::empty({g_.num_layers * g_.num_gpu_blocks * 2 * page_}, DType::kF32);
     ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * 2 * page_}, DType::kF32);
     slots_.resize(g_.num_slots);
-    LONGCTX_CHECK(c.sparse.policy == "full" || c.sparse.policy == "quest", ErrorCode::kUnsupported,
-                  "--sparse-policy {} with the simulated offload: not built yet (quest is)",
-                  c.sparse.policy);
-    if (c.sparse.policy == "quest") {
+    if (c.sparse.policy == "xattention") {
+      sparse::KvShape shape;
+      shape.num_layers = g_.num_layers;
+      shape.num_blocks = g_.num_host_blocks;
+      shape.block_size = g_.block_size;
+      shape.num_qo_heads = c.num_qo_heads;
+      shape.num_kv_heads = c.num_kv_heads;
+      shape.head_dim = c.head_dim;
+      shape.sm_scale = c.sm_scale;
+      xattn_ = sparse::make_sparse_policy(c.sparse, shape);
+    } else if (c.sparse.policy == "quest") {
       SparseOptions o = c.sparse;
       o.page_tokens = g_.block_size;
       budget_ = kernels::cpu::quest_budget_of(o);
@@ -53,21 +67,30 @@ class CpuOffloadDevice final : public OffloadDevice {
     }
   }
 
-  bool sparse() const override { return quest_; }
+  bool sparse() const override { return quest_ || xattn_ != nullptr; }
+  bool sparse_step(const ForwardBatch& batch) const override {
+    if (xattn_ == nullptr) return OffloadDevice::sparse_step(batch);
+    for (int64_t s = 0; s < batch.num_seqs(); ++s)
+      if (batch.q_len(s) > 1) return true;
+    return false;
+  }
   int64_t sparse_host_bytes_read() const override {
+    if (xattn_ != nullptr) return xattn_host_bytes_;
     return static_cast<int64_t>(host_pages_read_) * 2 * budget_.page_tokens * c_.head_dim *
            static_cast<int64_t>(sizeof(float));
   }
 
   void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
                    std::span<const KVBlockCopy> copies) override {
-    const int64_t per_block = 2 * c_.num_kv_heads * c_.head_dim;
-    for (const KVBlockCopy& cp : copies)
-      for (int64_t l = 0; l < g_.num_layers; ++l)
-        std::memcpy(meta_layer(l) + cp.dst * per_block, meta_layer(l) + cp.src * per_block,
-                    per_block * sizeof(float));
-    touched_ = kernels::cpu::quest_touched_pages(
-        batch.slot_mapping, plan_->slots, static_cast<int>(g_.block_size), budget_.page_tokens);
+    if (quest_) {
+      const int64_t per_block = 2 * c_.num_kv_heads * c_.head_dim;
+      for (const KVBlockCopy& cp : copies)
+        for (int64_t l = 0; l < g_.num_layers; ++l)
+          std::memcpy(meta_layer(l) + cp.dst * per_block, meta_layer(l) + cp.src * per_block,
+                      per_block * sizeof(float));
+      touched_ = kernels::cpu::quest_touched_pages(
+          batch.slot_mapping, plan_->slots, static_cast<int>(g_.block_size), budget_.page_tokens);
+    }
     batch_ = &batch;
     block_loc_.assign(block_loc.begin(), block_loc.end());
     // Host pages are read in place: after write-backs of them still in flight.
@@ -75,6 +98,7 @@ class CpuOffloadDevice final : public OffloadDevice {
   }
 
   Tensor attend_sparse(int64_t layer, const Tensor& q) override {
+    if (xattn_ != nullptr) return attend_xattention(layer, q);
     const ForwardBatch& b = *batch_;
     const int n = static_cast<int>(b.num_seqs());
     const int hkv = static_cast<int>(c_.num_kv_heads), d = static_cast<int>(c_.head_dim);
@@ -253,6 +277,59 @@ class CpuOffloadDevice final : public OffloadDevice {
     if (!plan_->write_backs.empty()) issue(plan_->write_back_ticket, plan_->write_backs);
   }
 
+  // One prefill step under XAttention: per sequence, K of every block (the estimate's read),
+  // the policy's mask, V of the blocks the mask keeps, masked causal attention.
+  Tensor attend_xattention(int64_t layer, const Tensor& q) {
+    const ForwardBatch& b = *batch_;
+    const int64_t bs = g_.block_size, q_row = c_.num_qo_heads * c_.head_dim;
+    q_ = q.contiguous();
+    Tensor o = Tensor::empty({q.size(0), q_row}, DType::kF32);
+    for (int64_t s = 0; s < b.num_seqs(); ++s) {
+      const int64_t kv_len = b.kv_lens[s], n = b.q_len(s), q0 = b.qo_indptr[s];
+      const int32_t nb = static_cast<int32_t>((kv_len + bs - 1) / bs);
+      const int32_t* loc = block_loc_.data() + b.block_table_indptr[s];
+      std::vector<int32_t> blocks(nb);
+      for (int32_t j = 0; j < nb; ++j) blocks[j] = j;
+      // [nb, bs, Hkv, d] each: the sequence's blocks in table order (rows past kv_len unread).
+      std::vector<float> k(static_cast<size_t>(nb * page_)), v(k.size());
+      for (int32_t j = 0; j < nb; ++j) read_half(layer, loc[j], 0, k.data() + j * page_);
+      const float* qs = q_.data<float>() + q0 * q_row;
+      sparse::PrefillMask mask;
+      if (n > 1)
+        mask = xattn_->select_prefill(layer, qs, q_row, n, {blocks.data(), kv_len, k.data()});
+      for (int32_t j = 0; j < nb; ++j)
+        if (mask.all() || mask_keeps(mask, j * bs, std::min<int64_t>((j + 1) * bs, kv_len)))
+          read_half(layer, loc[j], 1, v.data() + j * page_);
+      const int32_t qo[2] = {0, static_cast<int32_t>(n)}, kv_indptr[2] = {0, nb};
+      const int32_t last = last_page_len(static_cast<int32_t>(kv_len));
+      const int64_t mask_indptr[2] = {0, static_cast<int64_t>(mask.mask.size())};
+      PagedPrefillParams p;
+      p.q = qs;
+      p.k_cache = k.data();
+      p.v_cache = v.data();
+      p.o = o.data<float>() + q0 * q_row;
+      p.qo_indptr = qo;
+      p.kv_indptr = kv_indptr;
+      p.kv_indices = blocks.data();
+      p.kv_last_page_len = &last;
+      if (!mask.all()) {
+        p.block_mask = mask.mask.data();
+        p.block_mask_indptr = mask_indptr;
+        p.block_mask_heads = static_cast<int>(c_.num_qo_heads);
+      }
+      p.batch_size = 1;
+      p.num_qo_heads = static_cast<int>(c_.num_qo_heads);
+      p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
+      p.head_dim = static_cast<int>(c_.head_dim);
+      p.page_size = static_cast<int>(bs);
+      p.dtype = DType::kF32;
+      p.mask_mode = MaskMode::kCausal;
+      p.sm_scale = c_.sm_scale;
+      kernels::cpu::paged_prefill_ref(p);
+    }
+    return o;
+  }
+
  private:
   struct Slot {
     bool loaded = false;
@@ -275,6 +352,22 @@ class CpuOffloadDevice final : public OffloadDevice {
   }
   float* slot_block(int64_t slot, int32_t b) {
     return ring_.data<float>() + (slot * g_.slot_blocks + b) * 2 * page_;
+  }
+  // K (half 0) or V (half 1) of a sequence's block at `loc` (GPU block g >= 0, or host block h
+  // as -h - 1; host blocks are read in place and counted).
+  void read_half(int64_t layer, int32_t loc, int half, float* dst) {
+    const float* src = loc >= 0 ? gpu_block(layer, loc) : host_block(layer, -loc - 1);
+    std::memcpy(dst, src + half * page_, page_ * sizeof(float));
+    if (loc < 0) xattn_host_bytes_ += page_ * static_cast<int64_t>(sizeof(float));
+  }
+  // Whether some q head and query block of `mask` keeps a key in [begin, end).
+  static bool mask_keeps(const sparse::PrefillMask& mask, int64_t begin, int64_t end) {
+    const int64_t kb0 = begin / kernels::kSparseBlock, kb1 = (end - 1) / kernels::kSparseBlock;
+    const int64_t rows = static_cast<int64_t>(mask.mask.size()) / mask.k_blocks;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t kb = kb0; kb <= kb1 && kb < mask.k_blocks; ++kb)
+        if (mask.mask[r * mask.k_blocks + kb]) return true;
+    return false;
   }
   int32_t last_page_len(int32_t kv_len) const {
     const int32_t bs = static_cast<int32_t>(g_.block_size);
@@ -356,6 +449,9 @@ class CpuOffloadDevice final : public OffloadDevice {
   const OffloadStepPlan* plan_ = nullptr;
   Tensor q_;
   std::vector<float> acc_o_, acc_lse_, part_o_, part_lse_;
+  // xattention
+  std::unique_ptr<sparse::SparsePolicy> xattn_;
+  int64_t xattn_host_bytes_ = 0;  // host K/V bytes read in place by xattention steps
   // quest
   bool quest_ = false;
   kernels::QuestBudget budget_;
