@@ -10,8 +10,8 @@
 // bench_attention --decode [VARIANTS [PAGES [SHAPES]]] runs the decode table instead (see
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
 // read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
-// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD, so wave-model settings compare
-// in the same process on the same data), page size (default 128) and, optionally, only the
+// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "c=1" LONGCTX_DECODE_COMPUTE,
+// so wave-model settings and tile computes compare in the same process on the same data), page size (default 128) and, optionally, only the
 // shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
 #include <cuda_runtime.h>
 
@@ -412,10 +412,11 @@ void page_size_sweep(const std::vector<int>& page_sizes, cudaStream_t stream) {
 struct DecodeVariant {
   std::string name;
   int slots = 0, overhead = 0;  // 0: the plan's own (LONGCTX_DECODE_SLOTS / _OVERHEAD unset)
+  int compute = 0;              // 1: the swapped tile compute (LONGCTX_DECODE_COMPUTE=1)
 };
 
-// "default", "s=N", "o=M", "s=N/o=M", ... ; false on any other field (a typo would otherwise time
-// the default plan under another name).
+// "default", "s=N", "o=M", "c=1", "s=N/o=M/c=1", ... ; false on any other field (a typo would
+// otherwise time the default plan under another name).
 bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
   while (at <= list.size()) {
@@ -434,6 +435,8 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.slots = std::atoi(field.c_str() + 2);
       } else if (field.rfind("o=", 0) == 0) {
         d.overhead = std::atoi(field.c_str() + 2);
+      } else if (field == "c=1") {
+        d.compute = 1;
       } else if (field != "default") {
         return false;
       }
@@ -452,6 +455,10 @@ void set_variant_env(const DecodeVariant& v) {
     setenv("LONGCTX_DECODE_OVERHEAD", std::to_string(v.overhead).c_str(), 1);
   else
     unsetenv("LONGCTX_DECODE_OVERHEAD");
+  if (v.compute == 1)
+    setenv("LONGCTX_DECODE_COMPUTE", "1", 1);
+  else
+    unsetenv("LONGCTX_DECODE_COMPUTE");
 }
 
 // "16,128,..." page sizes in 1..256 (--page-sizes, --decode); false on a malformed list.
@@ -606,7 +613,8 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--decode") == 0) {
     std::vector<DecodeVariant> variants;
     if (!parse_variants(argc >= 3 ? argv[2] : "default", &variants)) {
-      std::fprintf(stderr, "--decode: want variants like default,s=2,s=3/o=64, got %s\n", argv[2]);
+      std::fprintf(stderr, "--decode: want variants like default,s=2,s=3/o=64,c=1, got %s\n",
+                   argv[2]);
       return 2;
     }
     std::vector<int> pages;

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 
@@ -254,6 +255,20 @@ std::vector<std::unique_ptr<OpCase>> pipeline_edge_cases() {
 TEST(DecodeGpu, PipelineEdges) {
   std::vector<std::unique_ptr<OpCase>> cases = pipeline_edge_cases();
   const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// The swapped tile compute (MmaComputeT, LONGCTX_DECODE_COMPUTE=1: q heads as the mma's N
+// columns) over the same grids as the default one.
+TEST(DecodeGpu, SwappedComputeOverTheGrids) {
+  ASSERT_EQ(setenv("LONGCTX_DECODE_COMPUTE", "1", 1), 0);
+  std::vector<std::unique_ptr<OpCase>> cases = mixed_batch_cases();
+  for (auto& c : pipeline_edge_cases()) cases.push_back(std::move(c));
+  cases.push_back(
+      std::make_unique<DecodeCase>(dshape({1 << 20}, 32, 8, 128, 128, DType::kBF16, true, 33)));
+  const RunSummary s = run_cases(cases);
+  unsetenv("LONGCTX_DECODE_COMPUTE");
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));
 }

@@ -37,7 +37,8 @@ struct DecodePlan {
   int num_kv_heads = 0;
   int head_dim = 0;
   int page_size = 0;
-  int chunk_tokens = 0;                   // keys per split
+  int chunk_tokens = 0;  // keys per split
+  int compute = 0;  // the tile compute: 0 q heads as mma rows, 1 swapped (LONGCTX_DECODE_COMPUTE)
   int num_work_items = 0;                 // items of the grid (CTAs: items x kv heads x tiles)
   int num_partials = 0;                   // partial states (0: no request was split)
   const int32_t* work_items = nullptr;    // device [num_work_items, 4]: request, kv begin, kv end,
