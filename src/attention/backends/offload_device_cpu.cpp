@@ -277,6 +277,17 @@ class CpuOffloadDevice final : public OffloadDevice {
     if (!plan_->write_backs.empty()) issue(plan_->write_back_ticket, plan_->write_backs);
   }
 
+ private:
+  struct Slot {
+    bool loaded = false;
+    int64_t layer = -1, item = -1;
+  };
+  struct PendingWriteBack {
+    uint64_t ticket;
+    uint64_t step;
+    std::vector<BlockMove> moves;
+  };
+
   // One prefill step under XAttention: per sequence, K of every block (the estimate's read),
   // the policy's mask, V of the blocks the mask keeps, masked causal attention.
   Tensor attend_xattention(int64_t layer, const Tensor& q) {
@@ -329,17 +340,6 @@ class CpuOffloadDevice final : public OffloadDevice {
     }
     return o;
   }
-
- private:
-  struct Slot {
-    bool loaded = false;
-    int64_t layer = -1, item = -1;
-  };
-  struct PendingWriteBack {
-    uint64_t ticket;
-    uint64_t step;
-    std::vector<BlockMove> moves;
-  };
 
   float* meta_layer(int64_t layer) {
     return meta_.get() + layer * g_.num_host_blocks * 2 * c_.num_kv_heads * c_.head_dim;
