@@ -12,9 +12,6 @@ inline std::string test_data_dir() {
   return LONGCTX_TEST_DATA_DIR;
 }
 
-// The embedded model (models/needle), as the CLI and CPU tests load it.
-inline std::string needle_model_dir() { return test_data_dir() + "/../../models/needle"; }
-
 // models/needle v1 (run 7, tests/data/needle_v1), for the GPU tests that hold bf16 and f16 runs to
 // fixed bounds (KL <= 1e-3, offload vs resident, graphs vs eager). Two bf16 runs of a model differ
 // by about the model's own bf16 rounding noise, and v2 is ~100x noisier than v1 there: on the

@@ -311,31 +311,18 @@ class CpuOffloadDevice final : public OffloadDevice {
       for (int32_t j = 0; j < nb; ++j)
         if (mask.all() || mask_keeps(mask, j * bs, std::min<int64_t>((j + 1) * bs, kv_len)))
           read_half(layer, loc[j], 1, v.data() + j * page_);
-      const int32_t qo[2] = {0, static_cast<int32_t>(n)}, kv_indptr[2] = {0, nb};
-      const int32_t last = last_page_len(static_cast<int32_t>(kv_len));
+      const std::vector<int32_t> qo = {0, static_cast<int32_t>(n)}, kv_indptr = {0, nb},
+                                 last = {last_page_len(static_cast<int32_t>(kv_len))};
       const int64_t mask_indptr[2] = {0, static_cast<int64_t>(mask.mask.size())};
-      PagedPrefillParams p;
-      p.q = qs;
-      p.k_cache = k.data();
+      PagedPrefillParams p = params(qs, k.data(), qo, kv_indptr, blocks, last, MaskMode::kCausal);
       p.v_cache = v.data();
       p.o = o.data<float>() + q0 * q_row;
-      p.qo_indptr = qo;
-      p.kv_indptr = kv_indptr;
-      p.kv_indices = blocks.data();
-      p.kv_last_page_len = &last;
+      p.lse = nullptr;
       if (!mask.all()) {
         p.block_mask = mask.mask.data();
         p.block_mask_indptr = mask_indptr;
         p.block_mask_heads = static_cast<int>(c_.num_qo_heads);
       }
-      p.batch_size = 1;
-      p.num_qo_heads = static_cast<int>(c_.num_qo_heads);
-      p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
-      p.head_dim = static_cast<int>(c_.head_dim);
-      p.page_size = static_cast<int>(bs);
-      p.dtype = DType::kF32;
-      p.mask_mode = MaskMode::kCausal;
-      p.sm_scale = c_.sm_scale;
       kernels::cpu::paged_prefill_ref(p);
     }
     return o;

@@ -81,6 +81,24 @@ struct RingShape {
   static_assert(TILE % 32 == 0, "each warp takes whole 8-token blocks");
 };
 
+// q head g's dims 16 ks + 2t, + 1 and 16 ks + 8 + 2t, + 1 for every k-step ks (zero for g >= nh):
+// the A fragments of MmaCompute's row g and the B fragments of MmaComputeT's column g alike.
+template <typename T, int D>
+__device__ __forceinline__ void load_q_fragments(const DecodeArgs& a, int b, int h0, int nh, int g,
+                                                 int t4, uint32_t (*frag)[2]) {
+  const T* q = static_cast<const T*>(a.q);
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    if (g < nh) {
+      const T* qr = q + int64_t(b) * a.q_stride + (h0 + g) * D + ks * 16 + 2 * t4;
+      frag[ks][0] = *reinterpret_cast<const uint32_t*>(qr);
+      frag[ks][1] = *reinterpret_cast<const uint32_t*>(qr + 8);
+    } else {
+      frag[ks][0] = frag[ks][1] = 0u;
+    }
+  }
+}
+
 // Tensor-core compute: the CTA's q heads are the M rows of mma.sync tiles (rows >= GT are zero
 // padding: the tensor cores have ~50x the throughput this needs), each warp takes 8-token blocks
 // of the tile as the N (S = Q K^T, m16n8k16 over head_dim) and K (O += P V, m16n8k8) dimensions.
@@ -112,17 +130,7 @@ struct MmaCompute {
     g = lane >> 2;
     t4 = lane & 3;
     warp = threadIdx.x >> 5;
-    const T* q = static_cast<const T*>(a.q);
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      if (g < nh) {
-        const T* qr = q + int64_t(b) * a.q_stride + (h0 + g) * D + ks * 16 + 2 * t4;
-        qa[ks][0] = *reinterpret_cast<const uint32_t*>(qr);
-        qa[ks][1] = *reinterpret_cast<const uint32_t*>(qr + 8);
-      } else {
-        qa[ks][0] = qa[ks][1] = 0u;
-      }
-    }
+    load_q_fragments<T, D>(a, b, h0, nh, g, t4, qa);
 #pragma unroll
     for (int j = 0; j < NTL; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     m_r = -INFINITY;
@@ -245,17 +253,7 @@ struct MmaComputeT {
     t4 = lane & 3;
     blk = warp % BLOCKS;
     half = warp / BLOCKS;
-    const T* q = static_cast<const T*>(a.q);
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      if (g < nh) {
-        const T* qr = q + int64_t(b) * a.q_stride + (h0 + g) * D + ks * 16 + 2 * t4;
-        qb[ks][0] = *reinterpret_cast<const uint32_t*>(qr);
-        qb[ks][1] = *reinterpret_cast<const uint32_t*>(qr + 8);
-      } else {
-        qb[ks][0] = qb[ks][1] = 0u;
-      }
-    }
+    load_q_fragments<T, D>(a, b, h0, nh, g, t4, qb);
 #pragma unroll
     for (int j = 0; j < MT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     m_r[0] = m_r[1] = -INFINITY;
