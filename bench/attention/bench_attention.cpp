@@ -11,8 +11,9 @@
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
 // read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
 // "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "c=1" LONGCTX_DECODE_COMPUTE,
-// so wave-model settings and tile computes compare in the same process on the same data), page size (default 128) and, optionally, only the
-// shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
+// "l=0" / "l=1" LONGCTX_DECODE_LOADER, so wave-model settings and tile computes compare in the same
+// process on the same data), page size (default 128) and, optionally, only the shapes
+// "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -413,10 +414,11 @@ struct DecodeVariant {
   std::string name;
   int slots = 0, overhead = 0;  // 0: the plan's own (LONGCTX_DECODE_SLOTS / _OVERHEAD unset)
   int compute = 0;              // 1: the swapped tile compute (LONGCTX_DECODE_COMPUTE=1)
+  int loader = -1;              // -1: the plan's own; 0 / 1: LONGCTX_DECODE_LOADER=0 / 1
 };
 
-// "default", "s=N", "o=M", "c=1", "s=N/o=M/c=1", ... ; false on any other field (a typo would
-// otherwise time the default plan under another name).
+// "default", "s=N", "o=M", "c=1", "l=0", "l=1", "s=N/o=M/c=1", ... ; false on any other field (a
+// typo would otherwise time the default plan under another name).
 bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
   while (at <= list.size()) {
@@ -437,6 +439,8 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.overhead = std::atoi(field.c_str() + 2);
       } else if (field == "c=1") {
         d.compute = 1;
+      } else if (field == "l=0" || field == "l=1") {
+        d.loader = field[2] - '0';
       } else if (field != "default") {
         return false;
       }
@@ -459,6 +463,10 @@ void set_variant_env(const DecodeVariant& v) {
     setenv("LONGCTX_DECODE_COMPUTE", "1", 1);
   else
     unsetenv("LONGCTX_DECODE_COMPUTE");
+  if (v.loader >= 0)
+    setenv("LONGCTX_DECODE_LOADER", std::to_string(v.loader).c_str(), 1);
+  else
+    unsetenv("LONGCTX_DECODE_LOADER");
 }
 
 // "16,128,..." page sizes in 1..256 (--page-sizes, --decode); false on a malformed list.
@@ -562,6 +570,9 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
         set_variant_env(var);
         auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, hk, kD, ws,
                                                ws_bytes, stream);
+        if ((var.loader >= 0 && plan.loader != var.loader) || plan.compute != var.compute)
+          std::fprintf(stderr, "variant %s: the plan took loader %d / compute %d instead\n",
+                       var.name.c_str(), plan.loader, plan.compute);
         int rep = 0;
         auto launch = [&] {
           p.kv_indices = d_ids + int64_t(rep) * batch * pages_per;
@@ -588,6 +599,8 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
     }
   unsetenv("LONGCTX_DECODE_SLOTS");
   unsetenv("LONGCTX_DECODE_OVERHEAD");
+  unsetenv("LONGCTX_DECODE_COMPUTE");
+  unsetenv("LONGCTX_DECODE_LOADER");
 }
 
 }  // namespace
@@ -613,7 +626,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--decode") == 0) {
     std::vector<DecodeVariant> variants;
     if (!parse_variants(argc >= 3 ? argv[2] : "default", &variants)) {
-      std::fprintf(stderr, "--decode: want variants like default,s=2,s=3/o=64,c=1, got %s\n",
+      std::fprintf(stderr, "--decode: want variants like default,s=2,s=3/o=64,c=1,l=0, got %s\n",
                    argv[2]);
       return 2;
     }

@@ -31,8 +31,15 @@ class DecodeCase : public OpCase {
  public:
   // min_chunk: decode_plan's min_chunk_tokens (small values force many splits on short requests).
   // q_pad > 0: q rows sit q_pad elements (NaN) apart, as in a view of a fused QKV output.
-  DecodeCase(PagedCaseShape s, bool perf_only = false, int min_chunk = 256, int q_pad = 0)
-      : s_(std::move(s)), perf_only_(perf_only), min_chunk_(min_chunk), q_pad_(q_pad) {
+  // nan_tail: the slots past each request's last key in its last page hold NaN in K and V (a
+  // kernel that reads whole pages must keep them out of the result).
+  DecodeCase(PagedCaseShape s, bool perf_only = false, int min_chunk = 256, int q_pad = 0,
+             bool nan_tail = false)
+      : s_(std::move(s)),
+        perf_only_(perf_only),
+        min_chunk_(min_chunk),
+        q_pad_(q_pad),
+        nan_tail_(nan_tail) {
     s_.q_lens.assign(s_.kv_lens.size(), 1);
   }
   std::string name() const override {
@@ -60,8 +67,24 @@ class DecodeCase : public OpCase {
     } else {
       d_q_ = upload_vector(h.q);
     }
-    d_k_ = upload_vector(h.k_cache);
-    d_v_ = upload_vector(h.v_cache);
+    if (nan_tail_) {
+      std::vector<uint16_t> k = h.k_cache, v = h.v_cache;
+      const int64_t slot = int64_t(s_.num_kv_heads) * s_.head_dim;
+      for (size_t b = 0; b + 1 < h.kv_indptr.size(); ++b) {
+        if (h.kv_indptr[b + 1] == h.kv_indptr[b]) continue;
+        const int64_t page = h.kv_indices[h.kv_indptr[b + 1] - 1];
+        for (int sl = h.kv_last_page_len[b]; sl < s_.page_size; ++sl) {
+          const int64_t at = (page * s_.page_size + sl) * slot;
+          std::fill_n(k.begin() + at, slot, uint16_t(0xFFFF));
+          std::fill_n(v.begin() + at, slot, uint16_t(0xFFFF));
+        }
+      }
+      d_k_ = upload_vector(k);
+      d_v_ = upload_vector(v);
+    } else {
+      d_k_ = upload_vector(h.k_cache);
+      d_v_ = upload_vector(h.v_cache);
+    }
     d_kvp_ = upload_vector(h.kv_indptr);
     d_kvi_ = upload_vector(h.kv_indices);
     d_last_ = upload_vector(h.kv_last_page_len);
@@ -159,6 +182,7 @@ class DecodeCase : public OpCase {
   bool perf_only_;
   int min_chunk_;
   int q_pad_;
+  bool nan_tail_;
   std::unique_ptr<PagedCase> host_;
   GuardedBuffer d_q_, d_k_, d_v_, d_kvp_, d_kvi_, d_last_, d_o_, d_lse_, d_ws_;
   kernels::DecodeParams params_;
@@ -273,6 +297,53 @@ TEST(DecodeGpu, SwappedComputeOverTheGrids) {
   EXPECT_EQ(s.ok, int(cases.size()));
 }
 
+// The grids above run the TMA loader where the pages hold whole tiles (the default on sm_90)
+// and cp.async elsewhere; this checks that choice and adds last pages whose unused slots are NaN
+// (the TMA copies whole tiles of a page).
+TEST(DecodeGpu, TmaLoaderOverTheGrids) {
+  unsetenv("LONGCTX_DECODE_LOADER");
+  {
+    const int32_t indptr[2] = {0, 3}, last[1] = {5};
+    GuardedBuffer ws(kernels::cuda::decode_workspace_bytes(1, 32, 8, 128), 0);
+    const kernels::cuda::DecodePlan plan = kernels::cuda::decode_plan(
+        indptr, last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    EXPECT_EQ(plan.loader, 1) << "an H200 with pages of 128 tokens takes the TMA loader";
+    const kernels::cuda::DecodePlan small =
+        kernels::cuda::decode_plan(indptr, last, 1, 16, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    EXPECT_EQ(small.loader, 0) << "pages of 16 tokens are not whole tiles";
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 200;
+  for (int page : {32, 64, 128, 256})
+    for (int d : {64, 128}) {
+      if (page % (4096 / d) != 0) continue;
+      cases.push_back(std::make_unique<DecodeCase>(
+          dshape({1, 33, 65, 500, 3001}, 8, 2, d, page, DType::kBF16, true, seed++), false, 64, 0,
+          true));
+      cases.push_back(std::make_unique<DecodeCase>(
+          dshape({7, 4099}, 32, 8, d, page, DType::kF16, true, seed++), false, 256, 0, true));
+    }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// The cp.async loader (LONGCTX_DECODE_LOADER=0) over the grids, the NaN tails included.
+TEST(DecodeGpu, CpAsyncLoaderOverTheGrids) {
+  ASSERT_EQ(setenv("LONGCTX_DECODE_LOADER", "0", 1), 0);
+  std::vector<std::unique_ptr<OpCase>> cases = mixed_batch_cases();
+  for (auto& c : pipeline_edge_cases()) cases.push_back(std::move(c));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({1, 33, 65, 500, 3001}, 8, 2, 128, 128, DType::kBF16, true, 300), false, 64, 0, true));
+  cases.push_back(
+      std::make_unique<DecodeCase>(dshape({1 << 20}, 32, 8, 128, 128, DType::kBF16, true, 34)));
+  const RunSummary s = run_cases(cases);
+  unsetenv("LONGCTX_DECODE_LOADER");
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
 // Pages of 4096 tokens and one request of 1M keys (a split of ~32K keys per CTA).
 TEST(DecodeGpu, HugePagesAndAMillionKeys) {
   std::vector<std::unique_ptr<OpCase>> cases;
@@ -298,8 +369,8 @@ TEST(DecodeGpu, Small) {
   EXPECT_EQ(s.ok, 3);
 }
 
-TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
-  DecodeCase c(dshape({9000, 3, 700}, 32, 8, 128, 16, DType::kBF16));
+void expect_graph_replay_matches_direct_launch(int page_size) {
+  DecodeCase c(dshape({9000, 3, 700}, 32, 8, 128, page_size, DType::kBF16));
   cudaStream_t stream;
   LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   c.prepare(stream);
@@ -312,6 +383,15 @@ TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
   EXPECT_EQ(replay.status, Status::kOk) << replay.detail;
   EXPECT_EQ(replay.max_abs_out, direct.max_abs_out);
   cudaStreamDestroy(stream);
+}
+
+TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
+  expect_graph_replay_matches_direct_launch(16);
+}
+
+// The TMA loader's tensor maps are kernel parameters: a captured launch replays them.
+TEST(DecodeGpu, TmaLoaderGraphReplayMatchesDirectLaunch) {
+  expect_graph_replay_matches_direct_launch(128);
 }
 
 }  // namespace

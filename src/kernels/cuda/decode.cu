@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -32,6 +33,8 @@
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/merge_device.cuh"
 #include "kernels/cuda/mma_device.cuh"
+#include "kernels/cuda/tensor_map.h"
+#include "kernels/cuda/tma_device.cuh"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -42,9 +45,13 @@ namespace {
 using namespace detail;  // NOLINT: the PTX wrappers of mma_device.cuh
 
 constexpr int kThreads = 128;
-constexpr int kMaxGroup = 8;   // q heads per CTA (larger GQA groups take several CTAs)
-constexpr int kCtasPerSm = 8;  // bounds the work items (and so the workspace): ~8 CTAs per SM
-constexpr int kStages = 4;     // ring depth: 3 tiles (48 KB) in flight while one is computed
+constexpr int kMaxGroup = 8;       // q heads per CTA (larger GQA groups take several CTAs)
+constexpr int kCtasPerSm = 8;      // bounds the work items (and so the workspace): ~8 CTAs per SM
+constexpr int kStages = 4;         // ring depth: 3 tiles (48 KB) in flight while one is computed
+constexpr int kTmaSmemPad = 1024;  // the TMA ring's stages start 1024-aligned (128-byte swizzle)
+// Slots the TMA maps span: the cache's size is not a decode parameter, and no box reaches past
+// a page the request owns, so the bound only has to cover every slot id.
+constexpr int64_t kTmaSlots = (int64_t(1) << 31) - 1;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -81,6 +88,23 @@ struct RingShape {
   static_assert(TILE % 32 == 0, "each warp takes whole 8-token blocks");
 };
 
+// Where 16-byte chunk c (0 .. D / 8 - 1) of token row `tok` of a K or V tile at `base` sits in
+// shared memory. The cp.async ring: [TILE][D] rows, chunks XOR-swizzled by tok % 8 (conflict-free
+// ldmatrix). The TMA ring: the copy engine's 128-byte swizzle of boxes of 64 dims, i.e. [D / 64]
+// [TILE][128 B] with the same XOR inside each 128 bytes (identical to the ring's at D = 64).
+template <int D>
+struct RingLayout {
+  static __device__ __forceinline__ uint32_t addr(uint32_t base, int tok, int c) {
+    return base + tok * D * 2 + ((c ^ (tok & 7)) << 4);
+  }
+};
+template <int D>
+struct TmaLayout {
+  static __device__ __forceinline__ uint32_t addr(uint32_t base, int tok, int c) {
+    return base + (c >> 3) * RingShape<D>::TILE * 128 + tok * 128 + (((c & 7) ^ (tok & 7)) << 4);
+  }
+};
+
 // q head g's dims 16 ks + 2t, + 1 and 16 ks + 8 + 2t, + 1 for every k-step ks (zero for g >= nh):
 // the A fragments of MmaCompute's row g and the B fragments of MmaComputeT's column g alike.
 template <typename T, int D>
@@ -109,7 +133,7 @@ __device__ __forceinline__ void load_q_fragments(const DecodeArgs& a, int b, int
 // runs 1.4x faster than GQA 4 over the same bytes there).
 // Thread (g = lane / 4, t = lane % 4) owns row g (q head g) of S for tokens 2t, 2t+1 of each
 // block and of O for dims 8j + 2t, 2t+1: one online-softmax state per warp, kSources = 4.
-template <typename T, int D, int GT>
+template <typename T, int D, int GT, typename Layout = RingLayout<D>>
 struct MmaCompute {
   // Accumulators of S = Q K^T per 8-token block (k-step i adds into i % kChains). One chain of 8
   // dependent mma.sync (head_dim 128) left the kernel latency-bound; 2 chains with the batched
@@ -137,12 +161,7 @@ struct MmaCompute {
     l_r = 0.f;
   }
 
-  // 16-byte chunk c of this lane's ldmatrix row r (0..7), XOR-swizzled, in a row at `row`.
-  static __device__ __forceinline__ uint32_t chunk(uint32_t row, int c, int r) {
-    return row + ((c ^ r) << 4);
-  }
-
-  // sk, sv: shared-memory addresses of the tile's K and V rows.
+  // sk, sv: shared-memory addresses of the tile's K and V (in Layout).
   __device__ __forceinline__ void tile(uint32_t sk, uint32_t sv, int tbase, int kv_end,
                                        float scale_log2) {
     const int lane = threadIdx.x & 31;
@@ -150,15 +169,13 @@ struct MmaCompute {
 #pragma unroll
     for (int sb = 0; sb < SBW; ++sb) {
       const int tok0 = (warp * SBW + sb) * 8;  // a multiple of 8: (tok0 + r) & 7 == r
-      const uint32_t krow = sk + (tok0 + r) * D * 2;
-      const uint32_t vrow = sv + (tok0 + r) * D * 2;
       float sc[kChains][4];
 #pragma unroll
       for (int i = 0; i < kChains; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
 #pragma unroll
       for (int kp = 0; kp < KS / 2; ++kp) {  // 4 chunks = 2 k-steps per ldmatrix.x4
         uint32_t kb[4];
-        ldmatrix_x4(kb, chunk(krow, kp * 4 + mat, r));
+        ldmatrix_x4(kb, Layout::addr(sk, tok0 + r, kp * 4 + mat));
         const uint32_t a0[4] = {qa[2 * kp][0], 0u, qa[2 * kp][1], 0u};
         Mma<T>::k16(sc[(2 * kp) % kChains], a0, kb[0], kb[1]);
         const uint32_t a1[4] = {qa[2 * kp + 1][0], 0u, qa[2 * kp + 1][1], 0u};
@@ -195,7 +212,7 @@ struct MmaCompute {
 #pragma unroll
       for (int np = 0; np < NTL / 4; ++np) {  // 4 chunks = 4 n-tiles per ldmatrix.x4.trans
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, chunk(vrow, np * 4 + mat, r));
+        ldmatrix_x4_trans(vb, Layout::addr(sv, tok0 + r, np * 4 + mat));
 #pragma unroll
         for (int i = 0; i < 4; ++i) Mma<T>::k8(o[np * 4 + i], pa, 0u, vb[i]);
       }
@@ -609,6 +626,121 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   finish_cta<T, D, GT, C::kSources>(a, s_acc, e, b, w.slot, w.h0, w.nh, w.hslot, w.ctas_per_item);
 }
 
+// The same CTA with the K/V tiles brought by the TMA (the default on sm_90 when pages are a
+// multiple of the tile; LONGCTX_DECODE_LOADER=0 turns it off): one thread issues, per tile, one 3-D
+// box copy of (64 dims, 1 kv head, TILE tokens) per 64 dims of K and of V, which land on the
+// stage's mbarrier; the warps wait on it instead of on their own cp.async groups. A tile never
+// crosses a page (kv ranges start at multiples of 64 tokens, pages are multiples of TILE), so its
+// tokens are consecutive slots of the cache viewed as [slots, kv heads, D]. Slots past kv_end in
+// the last tile hold whatever the cache has there: their scores are masked, and their V rows are
+// zeroed before use (p = 0 times a NaN would still be NaN).
+template <typename T, int D, int GT>
+__global__ void __launch_bounds__(kThreads)
+    decode_tma_kernel(const __grid_constant__ DecodeArgs a,
+                      const __grid_constant__ CUtensorMap tm_k,
+                      const __grid_constant__ CUtensorMap tm_v) {
+#ifdef LONGCTX_TMA_DEVICE
+  using S = RingShape<D>;
+  using L = TmaLayout<D>;
+  using C = MmaCompute<T, D, GT, L>;
+  constexpr int TILE = S::TILE;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ EpilogueSmem<GT> e;
+  __shared__ __align__(8) uint64_t full[kStages];
+  // The 128-byte swizzle repeats every 1024 bytes: stages start 1024-aligned (kTmaSmemPad).
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+
+  const CtaWork w = cta_work<GT>(a);
+  if (w.b < 0) return;  // padding item
+  const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
+  const int32_t* pages = a.kv_indices + a.kv_indptr[b];
+  const int ps = a.page_size;
+  const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
+  const bool leader = threadIdx.x == 0;
+  auto stage_k = [&](int st) { return smem_addr(smem + st * S::kStageBytes); };
+  auto stage_v = [&](int st) { return stage_k(st) + TILE * D * 2; };
+  auto bar = [&](int st) { return smem_addr(&full[st]); };
+  if (leader) {
+    tma_prefetch_map(&tm_k);
+    tma_prefetch_map(&tm_v);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) mbar_init(bar(st), 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  // Tile t's page id and slot offset, looked up a tile before the copy that needs them.
+  auto page_of = [&](int t, int& page, int& off) {
+    const int t0 = kv_begin + t * TILE;
+    const int pi = t0 / ps;
+    page = __ldg(pages + pi);
+    off = t0 - pi * ps;
+  };
+  auto issue = [&](int t, int page, int off) {
+    const int st = t % kStages;
+    const int slot = page * ps + off;
+    mbar_arrive_expect_tx(bar(st), S::kStageBytes);
+#pragma unroll
+    for (int h = 0; h < D / 64; ++h) {
+      tma_load_3d(stage_k(st) + h * TILE * 128, &tm_k, bar(st), h * 64, kvh, slot);
+      tma_load_3d(stage_v(st) + h * TILE * 128, &tm_v, bar(st), h * 64, kvh, slot);
+    }
+  };
+  int next_page = 0, next_off = 0;
+  if (leader) {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < n_tiles) {
+        int pg, of;
+        page_of(st, pg, of);
+        issue(st, pg, of);
+      }
+    }
+    if (kStages - 1 < n_tiles) page_of(kStages - 1, next_page, next_off);
+  }
+
+  C c;
+  c.init(a, b, w.h0, w.nh);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int it = 0; it < n_tiles; ++it) {
+    __syncthreads();  // every warp is done with tile it - 1: its stage can be refilled
+    const int nx = it + kStages - 1;
+    if (leader && nx < n_tiles) {
+      issue(nx, next_page, next_off);
+      if (nx + 1 < n_tiles) page_of(nx + 1, next_page, next_off);
+    }
+    const int st = it % kStages;
+    mbar_wait(bar(st), (it / kStages) & 1);
+    const int tbase = kv_begin + it * TILE;
+    if (tbase + TILE > kv_end) {
+      // Zero this warp's V rows past kv_end (the rows MmaCompute reads are the warp's own).
+#pragma unroll
+      for (int sb = 0; sb < C::SBW; ++sb) {
+        const int tok0 = (warp * C::SBW + sb) * 8;
+        for (int i = lane; i < 8 * (D / 8); i += 32) {
+          const int tok = tok0 + i / (D / 8), cc = i % (D / 8);
+          if (tbase + tok >= kv_end) {
+            const uint32_t adr = L::addr(stage_v(st), tok, cc);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(adr), "r"(0u)
+                         : "memory");
+          }
+        }
+      }
+      __syncwarp();
+    }
+    c.tile(stage_k(st), stage_v(st), tbase, kv_end, a.scale_log2);
+  }
+  __syncthreads();
+  // Every issued copy has been waited for: the ring's shared memory holds the accumulators now.
+  float* s_acc = reinterpret_cast<float*>(smem);
+  c.store(s_acc, e.m, e.l);
+  __syncthreads();
+  finish_cta<T, D, GT, C::kSources>(a, s_acc, e, b, w.slot, w.h0, w.nh, w.hslot, w.ctas_per_item);
+#else
+  __trap();
+#endif
+}
+
 int current_sm_count() {
   int dev = 0, sms = 0;
   LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
@@ -704,21 +836,58 @@ int ring_launch_compute(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t str
       return go(decode_ring_kernel<T, D, 8, kSwap>, ring_setup<T, D, 8, kSwap>());
   }
 }
+// The TMA kernel of this shape: launches it (with a != nullptr) and returns its resident CTAs
+// per SM.
+template <typename T, int D, int GT>
+int tma_go(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = RingShape<D>::kSmemBytes + kTmaSmemPad;
+  require_dynamic_smem(decode_tma_kernel<T, D, GT>, smem);
+  static const int ctas = [] {
+    int n = 0;
+    LONGCTX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, decode_tma_kernel<T, D, GT>, kThreads, smem));
+    return std::max(n, 1);
+  }();
+  if (a != nullptr) {
+    decode_tma_kernel<T, D, GT><<<grid, kThreads, smem, stream>>>(*a, maps[0], maps[1]);
+    LONGCTX_CUDA_CHECK_LAUNCH("decode_tma_kernel");
+  }
+  return ctas;
+}
 template <typename T, int D>
-int ring_launch(const DecodeArgs* a, dim3 grid, int gt, int compute, cudaStream_t stream) {
+int tma_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt,
+               cudaStream_t stream) {
+  switch (gt) {
+    case 1:
+      return tma_go<T, D, 1>(a, maps, grid, stream);
+    case 2:
+      return tma_go<T, D, 2>(a, maps, grid, stream);
+    case 4:
+      return tma_go<T, D, 4>(a, maps, grid, stream);
+    default:
+      return tma_go<T, D, 8>(a, maps, grid, stream);
+  }
+}
+
+// The kernel of (compute, loader): launches it (a != nullptr) or only sets it up; returns its
+// resident CTAs per SM. maps: the K and V tensor maps (loader 1).
+template <typename T, int D>
+int ring_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, int compute,
+                int loader, cudaStream_t stream) {
+  if (loader == 1) return tma_launch<T, D>(a, maps, grid, gt, stream);
   return compute == 1 ? ring_launch_compute<T, D, true>(a, grid, gt, stream)
                       : ring_launch_compute<T, D, false>(a, grid, gt, stream);
 }
 
 // Resident CTAs per SM for this shape (both dtypes are set up; bf16's count is returned).
-int ring_ctas_per_sm(int head_dim, int group, int compute) {
+int ring_ctas_per_sm(int head_dim, int group, int compute, int loader) {
   const int gt = group_tile_of(group);
   if (head_dim == 64) {
-    ring_launch<__half, 64>(nullptr, dim3(), gt, compute, nullptr);
-    return ring_launch<__nv_bfloat16, 64>(nullptr, dim3(), gt, compute, nullptr);
+    ring_launch<__half, 64>(nullptr, nullptr, dim3(), gt, compute, loader, nullptr);
+    return ring_launch<__nv_bfloat16, 64>(nullptr, nullptr, dim3(), gt, compute, loader, nullptr);
   }
-  ring_launch<__half, 128>(nullptr, dim3(), gt, compute, nullptr);
-  return ring_launch<__nv_bfloat16, 128>(nullptr, dim3(), gt, compute, nullptr);
+  ring_launch<__half, 128>(nullptr, nullptr, dim3(), gt, compute, loader, nullptr);
+  return ring_launch<__nv_bfloat16, 128>(nullptr, nullptr, dim3(), gt, compute, loader, nullptr);
 }
 
 template <typename T>
@@ -749,10 +918,16 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
   const int64_t ctas = decode_grid_ctas(plan);
   LONGCTX_CHECK(ctas <= 0x7fffffff, ErrorCode::kInvalidArgument, "decode_run: {} CTAs", ctas);
   const dim3 grid(static_cast<unsigned>(ctas));
+  CUtensorMap maps[2];
+  if (plan.loader == 1) {
+    const int tile = 4096 / p.head_dim;  // RingShape<D>::TILE
+    maps[0] = kv_cache_tensor_map(p.k_cache, kTmaSlots, p.num_kv_heads, p.head_dim, tile, p.dtype);
+    maps[1] = kv_cache_tensor_map(p.v_cache, kTmaSlots, p.num_kv_heads, p.head_dim, tile, p.dtype);
+  }
   if (p.head_dim == 64)
-    ring_launch<T, 64>(&a, grid, gt, plan.compute, stream);
+    ring_launch<T, 64>(&a, maps, grid, gt, plan.compute, plan.loader, stream);
   else
-    ring_launch<T, 128>(&a, grid, gt, plan.compute, stream);
+    ring_launch<T, 128>(&a, maps, grid, gt, plan.compute, plan.loader, stream);
 }
 
 // Splits of a request of len keys at chunk size `chunk`: even splits (not chunk, chunk, ...,
@@ -850,6 +1025,10 @@ template <typename T, int D>
 void add_kernels(std::vector<const void*>& v) {
   add_kernels<T, D, false>(v);
   add_kernels<T, D, true>(v);
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8>));
 }
 }  // namespace
 
@@ -893,10 +1072,18 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   const int real = batch - graph.num_padding;
   const std::vector<int64_t> real_len(len.begin(), len.begin() + real);
   // The tile compute: 0 MmaCompute (the default), 1 MmaComputeT (LONGCTX_DECODE_COMPUTE=1).
+  // The loader: 1 TMA wherever the device has it and the pages hold whole tiles (MmaCompute
+  // only; 12-19 % faster than cp.async on the H200, docs/benchmarks.md), else 0 cp.async by
+  // every thread; LONGCTX_DECODE_LOADER=0 forces cp.async.
   const int compute = env_int("LONGCTX_DECODE_COMPUTE", 0) == 1 ? 1 : 0;
+  const char* loader_env = std::getenv("LONGCTX_DECODE_LOADER");
+  const bool cp_async_forced = loader_env != nullptr && std::string_view(loader_env) == "0";
+  const int loader =
+      compute == 0 && !cp_async_forced && page_size % (4096 / head_dim) == 0 && tma_supported() ? 1
+                                                                                                : 0;
   const int64_t chunk = ring_plan_chunk(
       real_len, max_work_items(real, num_kv_heads, group, num_sms), ctas_per_item, num_sms,
-      ring_ctas_per_sm(head_dim, group, compute), env_int("LONGCTX_DECODE_SLOTS", 0),
+      ring_ctas_per_sm(head_dim, group, compute, loader), env_int("LONGCTX_DECODE_SLOTS", 0),
       env_int("LONGCTX_DECODE_OVERHEAD", 64), min_chunk_tokens);
 
   std::vector<int32_t> work;
@@ -936,6 +1123,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.page_size = page_size;
   plan.chunk_tokens = int(chunk);
   plan.compute = compute;
+  plan.loader = loader;
   plan.num_work_items = int(items);
   plan.num_partials = slots;
   plan.work_items = reinterpret_cast<const int32_t*>(base + w.work);

@@ -1,0 +1,73 @@
+// PTX wrappers for Hopper's tensor memory accelerator (TMA): mbarriers that count the bytes of
+// the copies landing in shared memory, and cp.async.bulk.tensor loads of a 3-D box described by
+// a CUtensorMap (kernels/cuda/tensor_map.h). sm_90 and later only: on older targets the bodies
+// are empty and trap, and the host never launches a kernel that uses them there.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace longctx::kernels::cuda::detail {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LONGCTX_TMA_DEVICE 1
+#endif
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+#ifdef LONGCTX_TMA_DEVICE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+
+// Makes the initialized barriers visible to the async proxy (the TMA unit) before any copy.
+__device__ __forceinline__ void mbar_init_fence() {
+#ifdef LONGCTX_TMA_DEVICE
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+// The one arrival of the phase, announcing `bytes` of copies that complete it.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef LONGCTX_TMA_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#ifdef LONGCTX_TMA_DEVICE
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "TMA_WAIT_LOOP:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra TMA_WAIT_LOOP;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+#ifdef LONGCTX_TMA_DEVICE
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
+// Box at coordinates (c0, c1, c2) of `map` (innermost first) into shared memory at `dst`; the
+// bytes complete the current phase of `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+#ifdef LONGCTX_TMA_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+}  // namespace longctx::kernels::cuda::detail
