@@ -283,18 +283,25 @@ TEST(DecodeGpu, PipelineEdges) {
   EXPECT_EQ(s.ok, int(cases.size()));
 }
 
-// The swapped tile compute (MmaComputeT, LONGCTX_DECODE_COMPUTE=1: q heads as the mma's N
-// columns) over the same grids as the default one.
-TEST(DecodeGpu, SwappedComputeOverTheGrids) {
-  ASSERT_EQ(setenv("LONGCTX_DECODE_COMPUTE", "1", 1), 0);
+// The mixed-batch and pipeline-edge grids plus a NaN-tailed batch and one request of 1M keys,
+// with the environment variable `name` set to `value` (a plan variant) while they run.
+void expect_grids_pass_with(const char* name, const char* value) {
+  ASSERT_EQ(setenv(name, value, 1), 0);
   std::vector<std::unique_ptr<OpCase>> cases = mixed_batch_cases();
   for (auto& c : pipeline_edge_cases()) cases.push_back(std::move(c));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({1, 33, 65, 500, 3001}, 8, 2, 128, 128, DType::kBF16, true, 300), false, 64, 0, true));
   cases.push_back(
       std::make_unique<DecodeCase>(dshape({1 << 20}, 32, 8, 128, 128, DType::kBF16, true, 33)));
   const RunSummary s = run_cases(cases);
-  unsetenv("LONGCTX_DECODE_COMPUTE");
+  unsetenv(name);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// The swapped tile compute (MmaComputeT: q heads as the mma's N columns; cp.async only).
+TEST(DecodeGpu, SwappedComputeOverTheGrids) {
+  expect_grids_pass_with("LONGCTX_DECODE_COMPUTE", "1");
 }
 
 // The grids above run the TMA loader where the pages hold whole tiles (the default on sm_90)
@@ -329,20 +336,8 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
   EXPECT_EQ(s.ok, int(cases.size()));
 }
 
-// The cp.async loader (LONGCTX_DECODE_LOADER=0) over the grids, the NaN tails included.
-TEST(DecodeGpu, CpAsyncLoaderOverTheGrids) {
-  ASSERT_EQ(setenv("LONGCTX_DECODE_LOADER", "0", 1), 0);
-  std::vector<std::unique_ptr<OpCase>> cases = mixed_batch_cases();
-  for (auto& c : pipeline_edge_cases()) cases.push_back(std::move(c));
-  cases.push_back(std::make_unique<DecodeCase>(
-      dshape({1, 33, 65, 500, 3001}, 8, 2, 128, 128, DType::kBF16, true, 300), false, 64, 0, true));
-  cases.push_back(
-      std::make_unique<DecodeCase>(dshape({1 << 20}, 32, 8, 128, 128, DType::kBF16, true, 34)));
-  const RunSummary s = run_cases(cases);
-  unsetenv("LONGCTX_DECODE_LOADER");
-  EXPECT_EQ(s.failed, 0);
-  EXPECT_EQ(s.ok, int(cases.size()));
-}
+// The cp.async loader (LONGCTX_DECODE_LOADER=0) over the grids, where the TMA would run.
+TEST(DecodeGpu, CpAsyncLoaderOverTheGrids) { expect_grids_pass_with("LONGCTX_DECODE_LOADER", "0"); }
 
 // Pages of 4096 tokens and one request of 1M keys (a split of ~32K keys per CTA).
 TEST(DecodeGpu, HugePagesAndAMillionKeys) {
