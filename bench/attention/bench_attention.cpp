@@ -11,8 +11,8 @@
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
 // read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
 // "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "c=1" LONGCTX_DECODE_COMPUTE,
-// "l=0" / "l=1" LONGCTX_DECODE_LOADER, so wave-model settings and tile computes compare in the same
-// process on the same data), page size (default 128) and, optionally, only the shapes
+// "l=0" / "l=1" / "l=2" LONGCTX_DECODE_LOADER, so wave-model settings and tile computes compare in
+// the same process on the same data), page size (default 128) and, optionally, only the shapes
 // "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
 #include <cuda_runtime.h>
 
@@ -414,11 +414,11 @@ struct DecodeVariant {
   std::string name;
   int slots = 0, overhead = 0;  // 0: the plan's own (LONGCTX_DECODE_SLOTS / _OVERHEAD unset)
   int compute = 0;              // 1: the swapped tile compute (LONGCTX_DECODE_COMPUTE=1)
-  int loader = -1;              // -1: the plan's own; 0 / 1: LONGCTX_DECODE_LOADER=0 / 1
+  int loader = -1;              // -1: the plan's own; 0 / 1 / 2: LONGCTX_DECODE_LOADER
 };
 
-// "default", "s=N", "o=M", "c=1", "l=0", "l=1", "s=N/o=M/c=1", ... ; false on any other field (a
-// typo would otherwise time the default plan under another name).
+// "default", "s=N", "o=M", "c=1", "l=0", "l=1", "l=2", "s=N/o=M/c=1", ... ; false on any other
+// field (a typo would otherwise time the default plan under another name).
 bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
   while (at <= list.size()) {
@@ -439,7 +439,7 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.overhead = std::atoi(field.c_str() + 2);
       } else if (field == "c=1") {
         d.compute = 1;
-      } else if (field == "l=0" || field == "l=1") {
+      } else if (field == "l=0" || field == "l=1" || field == "l=2") {
         d.loader = field[2] - '0';
       } else if (field != "default") {
         return false;

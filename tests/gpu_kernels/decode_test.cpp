@@ -318,6 +318,14 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
     const kernels::cuda::DecodePlan small =
         kernels::cuda::decode_plan(indptr, last, 1, 16, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
     EXPECT_EQ(small.loader, 0) << "pages of 16 tokens are not whole tiles";
+    ASSERT_EQ(setenv("LONGCTX_DECODE_LOADER", "2", 1), 0);
+    const kernels::cuda::DecodePlan doubled = kernels::cuda::decode_plan(
+        indptr, last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    const kernels::cuda::DecodePlan single =
+        kernels::cuda::decode_plan(indptr, last, 1, 32, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    unsetenv("LONGCTX_DECODE_LOADER");
+    EXPECT_EQ(doubled.loader, 2) << "pages of 128 tokens hold doubled tiles of 64";
+    EXPECT_EQ(single.loader, 1) << "pages of 32 tokens hold only single tiles";
     LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<std::unique_ptr<OpCase>> cases;
@@ -334,6 +342,11 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// TMA stages of twice the tokens (LONGCTX_DECODE_LOADER=2) over the grids.
+TEST(DecodeGpu, TmaDoubledTilesOverTheGrids) {
+  expect_grids_pass_with("LONGCTX_DECODE_LOADER", "2");
 }
 
 // The cp.async loader (LONGCTX_DECODE_LOADER=0) over the grids, where the TMA would run.

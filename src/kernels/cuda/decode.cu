@@ -45,10 +45,9 @@ namespace {
 using namespace detail;  // NOLINT: the PTX wrappers of mma_device.cuh
 
 constexpr int kThreads = 128;
-constexpr int kMaxGroup = 8;       // q heads per CTA (larger GQA groups take several CTAs)
-constexpr int kCtasPerSm = 8;      // bounds the work items (and so the workspace): ~8 CTAs per SM
-constexpr int kStages = 4;         // ring depth: 3 tiles (48 KB) in flight while one is computed
-constexpr int kTmaSmemPad = 1024;  // the TMA ring's stages start 1024-aligned (128-byte swizzle)
+constexpr int kMaxGroup = 8;   // q heads per CTA (larger GQA groups take several CTAs)
+constexpr int kCtasPerSm = 8;  // bounds the work items (and so the workspace): ~8 CTAs per SM
+constexpr int kStages = 4;     // ring depth: 3 tiles (48 KB) in flight while one is computed
 // Slots the TMA maps span: the cache's size is not a decode parameter, and no box reaches past
 // a page the request owns, so the bound only has to cover every slot id.
 constexpr int64_t kTmaSlots = (int64_t(1) << 31) - 1;
@@ -88,20 +87,34 @@ struct RingShape {
   static_assert(TILE % 32 == 0, "each warp takes whole 8-token blocks");
 };
 
+// The TMA ring's stages: W times the ring's tile (TILE tokens of K and of V), kStages of them
+// (4 for W = 1; 3 for W = 2, so that 2 CTAs still fit an SM), plus 1 KB for the 1024-byte
+// alignment the 128-byte swizzle needs.
+template <int D, int W>
+struct TmaShape {
+  static constexpr int TILE = W * RingShape<D>::TILE;
+  static constexpr int kStages = W == 1 ? 4 : 3;
+  static constexpr int kStageBytes = 2 * TILE * D * 2;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+  static_assert(TILE <= 256, "a TMA box spans at most 256 slots");
+};
+
 // Where 16-byte chunk c (0 .. D / 8 - 1) of token row `tok` of a K or V tile at `base` sits in
 // shared memory. The cp.async ring: [TILE][D] rows, chunks XOR-swizzled by tok % 8 (conflict-free
 // ldmatrix). The TMA ring: the copy engine's 128-byte swizzle of boxes of 64 dims, i.e. [D / 64]
 // [TILE][128 B] with the same XOR inside each 128 bytes (identical to the ring's at D = 64).
 template <int D>
 struct RingLayout {
+  static constexpr int kTile = RingShape<D>::TILE;
   static __device__ __forceinline__ uint32_t addr(uint32_t base, int tok, int c) {
     return base + tok * D * 2 + ((c ^ (tok & 7)) << 4);
   }
 };
-template <int D>
+template <int D, int TILE>
 struct TmaLayout {
+  static constexpr int kTile = TILE;
   static __device__ __forceinline__ uint32_t addr(uint32_t base, int tok, int c) {
-    return base + (c >> 3) * RingShape<D>::TILE * 128 + tok * 128 + (((c & 7) ^ (tok & 7)) << 4);
+    return base + (c >> 3) * TILE * 128 + tok * 128 + (((c & 7) ^ (tok & 7)) << 4);
   }
 };
 
@@ -140,10 +153,10 @@ struct MmaCompute {
   // merge of finish_cta took batch 1 / 32K keys from 1.10x to 1.17x cuDNN's bandwidth (each
   // measured beside cuDNN, back-to-back launches, H200); 4 chains measured the same as 2.
   static constexpr int kChains = 2;
-  static constexpr int KS = D / 16;                    // k-steps of S = Q K^T
-  static constexpr int NTL = D / 8;                    // 8-dim n-tiles of O
-  static constexpr int SBW = RingShape<D>::TILE / 32;  // 8-token blocks per warp per tile
-  static constexpr int kSources = kThreads / 32;       // softmax states store() leaves: a warp's
+  static constexpr int KS = D / 16;               // k-steps of S = Q K^T
+  static constexpr int NTL = D / 8;               // 8-dim n-tiles of O
+  static constexpr int SBW = Layout::kTile / 32;  // 8-token blocks per warp per tile
+  static constexpr int kSources = kThreads / 32;  // softmax states store() leaves: a warp's
   int g, t4, warp;
   uint32_t qa[KS][2];  // A fragments of q: (row g, cols 16 ks + 2t..) and (+8); other rows zero
   float o[NTL][4];     // [.][0..1]: row g; [.][2..3]: padding row g + 8 (stays 0)
@@ -634,20 +647,21 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
 // tokens are consecutive slots of the cache viewed as [slots, kv heads, D]. Slots past kv_end in
 // the last tile hold whatever the cache has there: their scores are masked, and their V rows are
 // zeroed before use (p = 0 times a NaN would still be NaN).
-template <typename T, int D, int GT>
+// W = 1: stages of the ring's tile; W = 2: of twice its tokens (TmaShape).
+template <typename T, int D, int GT, int W>
 __global__ void __launch_bounds__(kThreads)
     decode_tma_kernel(const __grid_constant__ DecodeArgs a,
                       const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v) {
 #ifdef LONGCTX_TMA_DEVICE
-  using S = RingShape<D>;
-  using L = TmaLayout<D>;
+  using S = TmaShape<D, W>;
+  constexpr int TILE = S::TILE, kStages = S::kStages;
+  using L = TmaLayout<D, TILE>;
   using C = MmaCompute<T, D, GT, L>;
-  constexpr int TILE = S::TILE;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ EpilogueSmem<GT> e;
   __shared__ __align__(8) uint64_t full[kStages];
-  // The 128-byte swizzle repeats every 1024 bytes: stages start 1024-aligned (kTmaSmemPad).
+  // The 128-byte swizzle repeats every 1024 bytes: stages start 1024-aligned (TmaShape's pad).
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
   const CtaWork w = cta_work<GT>(a);
@@ -838,35 +852,42 @@ int ring_launch_compute(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t str
 }
 // The TMA kernel of this shape: launches it (with a != nullptr) and returns its resident CTAs
 // per SM.
-template <typename T, int D, int GT>
+template <typename T, int D, int GT, int W>
 int tma_go(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = RingShape<D>::kSmemBytes + kTmaSmemPad;
-  require_dynamic_smem(decode_tma_kernel<T, D, GT>, smem);
+  constexpr int smem = TmaShape<D, W>::kSmemBytes;
+  require_dynamic_smem(decode_tma_kernel<T, D, GT, W>, smem);
   static const int ctas = [] {
     int n = 0;
     LONGCTX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, decode_tma_kernel<T, D, GT>, kThreads, smem));
+        &n, decode_tma_kernel<T, D, GT, W>, kThreads, smem));
     return std::max(n, 1);
   }();
   if (a != nullptr) {
-    decode_tma_kernel<T, D, GT><<<grid, kThreads, smem, stream>>>(*a, maps[0], maps[1]);
+    decode_tma_kernel<T, D, GT, W><<<grid, kThreads, smem, stream>>>(*a, maps[0], maps[1]);
     LONGCTX_CUDA_CHECK_LAUNCH("decode_tma_kernel");
   }
   return ctas;
 }
-template <typename T, int D>
-int tma_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt,
-               cudaStream_t stream) {
+template <typename T, int D, int W>
+int tma_launch_w(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt,
+                 cudaStream_t stream) {
   switch (gt) {
     case 1:
-      return tma_go<T, D, 1>(a, maps, grid, stream);
+      return tma_go<T, D, 1, W>(a, maps, grid, stream);
     case 2:
-      return tma_go<T, D, 2>(a, maps, grid, stream);
+      return tma_go<T, D, 2, W>(a, maps, grid, stream);
     case 4:
-      return tma_go<T, D, 4>(a, maps, grid, stream);
+      return tma_go<T, D, 4, W>(a, maps, grid, stream);
     default:
-      return tma_go<T, D, 8>(a, maps, grid, stream);
+      return tma_go<T, D, 8, W>(a, maps, grid, stream);
   }
+}
+// loader 1: stages of the ring's tile; 2: of twice its tokens.
+template <typename T, int D>
+int tma_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, int loader,
+               cudaStream_t stream) {
+  return loader == 2 ? tma_launch_w<T, D, 2>(a, maps, grid, gt, stream)
+                     : tma_launch_w<T, D, 1>(a, maps, grid, gt, stream);
 }
 
 // The kernel of (compute, loader): launches it (a != nullptr) or only sets it up; returns its
@@ -874,7 +895,7 @@ int tma_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt,
 template <typename T, int D>
 int ring_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, int compute,
                 int loader, cudaStream_t stream) {
-  if (loader == 1) return tma_launch<T, D>(a, maps, grid, gt, stream);
+  if (loader >= 1) return tma_launch<T, D>(a, maps, grid, gt, loader, stream);
   return compute == 1 ? ring_launch_compute<T, D, true>(a, grid, gt, stream)
                       : ring_launch_compute<T, D, false>(a, grid, gt, stream);
 }
@@ -919,8 +940,8 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
   LONGCTX_CHECK(ctas <= 0x7fffffff, ErrorCode::kInvalidArgument, "decode_run: {} CTAs", ctas);
   const dim3 grid(static_cast<unsigned>(ctas));
   CUtensorMap maps[2];
-  if (plan.loader == 1) {
-    const int tile = 4096 / p.head_dim;  // RingShape<D>::TILE
+  if (plan.loader >= 1) {
+    const int tile = plan.loader * 4096 / p.head_dim;  // TmaShape<D, loader>::TILE
     maps[0] = kv_cache_tensor_map(p.k_cache, kTmaSlots, p.num_kv_heads, p.head_dim, tile, p.dtype);
     maps[1] = kv_cache_tensor_map(p.v_cache, kTmaSlots, p.num_kv_heads, p.head_dim, tile, p.dtype);
   }
@@ -1025,10 +1046,14 @@ template <typename T, int D>
 void add_kernels(std::vector<const void*>& v) {
   add_kernels<T, D, false>(v);
   add_kernels<T, D, true>(v);
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1, 1>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1, 2>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2, 1>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2, 2>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4, 1>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4, 2>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8, 1>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8, 2>));
 }
 }  // namespace
 
@@ -1075,12 +1100,14 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   // The loader: 1 TMA wherever the device has it and the pages hold whole tiles (MmaCompute
   // only; 12-19 % faster than cp.async on the H200, docs/benchmarks.md), else 0 cp.async by
   // every thread; LONGCTX_DECODE_LOADER=0 forces cp.async.
+  // LONGCTX_DECODE_LOADER=2 asks for TMA stages of twice the tokens (where the pages hold them).
   const int compute = env_int("LONGCTX_DECODE_COMPUTE", 0) == 1 ? 1 : 0;
   const char* loader_env = std::getenv("LONGCTX_DECODE_LOADER");
-  const bool cp_async_forced = loader_env != nullptr && std::string_view(loader_env) == "0";
-  const int loader =
-      compute == 0 && !cp_async_forced && page_size % (4096 / head_dim) == 0 && tma_supported() ? 1
-                                                                                                : 0;
+  const std::string_view loader_ask = loader_env != nullptr ? loader_env : "";
+  const int tile = 4096 / head_dim;  // RingShape<D>::TILE
+  int loader = 0;
+  if (compute == 0 && loader_ask != "0" && page_size % tile == 0 && tma_supported())
+    loader = loader_ask == "2" && page_size % (2 * tile) == 0 ? 2 : 1;
   const int64_t chunk = ring_plan_chunk(
       real_len, max_work_items(real, num_kv_heads, group, num_sms), ctas_per_item, num_sms,
       ring_ctas_per_sm(head_dim, group, compute, loader), env_int("LONGCTX_DECODE_SLOTS", 0),

@@ -10,8 +10,9 @@
 // On sm_90 with pages a multiple of the tile (32 tokens at head_dim 128, 64 at 64) one thread
 // brings each tile by the TMA instead (decode_tma_kernel); elsewhere every thread copies its part
 // by cp.async. LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's wave model
-// (tuning), LONGCTX_DECODE_LOADER=0 forces cp.async, LONGCTX_DECODE_COMPUTE=1 swaps the mma
-// operands (cp.async only; docs/benchmarks.md has the variants measured).
+// (tuning), LONGCTX_DECODE_LOADER=0 forces cp.async and =2 TMA stages of twice the tokens (3 of
+// them), LONGCTX_DECODE_COMPUTE=1 swaps the mma operands (cp.async only; docs/benchmarks.md has
+// the variants measured).
 //
 //   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
 //   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
@@ -43,7 +44,7 @@ struct DecodePlan {
   int page_size = 0;
   int chunk_tokens = 0;  // keys per split
   int compute = 0;  // the tile compute: 0 q heads as mma rows, 1 swapped (LONGCTX_DECODE_COMPUTE)
-  int loader = 0;   // K/V tiles: 0 cp.async by every thread, 1 TMA (sm_90, whole-tile pages)
+  int loader = 0;   // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
   int num_work_items = 0;                 // items of the grid (CTAs: items x kv heads x tiles)
   int num_partials = 0;                   // partial states (0: no request was split)
   const int32_t* work_items = nullptr;    // device [num_work_items, 4]: request, kv begin, kv end,
