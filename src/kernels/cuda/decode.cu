@@ -647,7 +647,8 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
 // tokens are consecutive slots of the cache viewed as [slots, kv heads, D]. Slots past kv_end in
 // the last tile hold whatever the cache has there: their scores are masked, and their V rows are
 // zeroed before use (p = 0 times a NaN would still be NaN).
-// W = 1: stages of the ring's tile; W = 2: of twice its tokens (TmaShape).
+// W = 1: stages of the ring's tile; W = 2: of twice its tokens (TmaShape; head_dim 128 only, so
+// that a tile of 64 tokens starts where a kv range may: at a multiple of 64).
 template <typename T, int D, int GT, int W>
 __global__ void __launch_bounds__(kThreads)
     decode_tma_kernel(const __grid_constant__ DecodeArgs a,
@@ -886,8 +887,9 @@ int tma_launch_w(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt
 template <typename T, int D>
 int tma_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, int loader,
                cudaStream_t stream) {
-  return loader == 2 ? tma_launch_w<T, D, 2>(a, maps, grid, gt, stream)
-                     : tma_launch_w<T, D, 1>(a, maps, grid, gt, stream);
+  if constexpr (D == 128)
+    if (loader == 2) return tma_launch_w<T, D, 2>(a, maps, grid, gt, stream);
+  return tma_launch_w<T, D, 1>(a, maps, grid, gt, stream);
 }
 
 // The kernel of (compute, loader): launches it (a != nullptr) or only sets it up; returns its
@@ -1047,13 +1049,15 @@ void add_kernels(std::vector<const void*>& v) {
   add_kernels<T, D, false>(v);
   add_kernels<T, D, true>(v);
   v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1, 1>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1, 2>));
   v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2, 1>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2, 2>));
   v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4, 1>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4, 2>));
   v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8, 1>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8, 2>));
+  if constexpr (D == 128) {
+    v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1, 2>));
+    v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2, 2>));
+    v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4, 2>));
+    v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8, 2>));
+  }
 }
 }  // namespace
 
@@ -1100,14 +1104,15 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   // The loader: 1 TMA wherever the device has it and the pages hold whole tiles (MmaCompute
   // only; 12-19 % faster than cp.async on the H200, docs/benchmarks.md), else 0 cp.async by
   // every thread; LONGCTX_DECODE_LOADER=0 forces cp.async.
-  // LONGCTX_DECODE_LOADER=2 asks for TMA stages of twice the tokens (where the pages hold them).
+  // LONGCTX_DECODE_LOADER=2 asks for TMA stages of twice the tokens (head_dim 128, where the pages
+  // hold them: 64 tokens, a multiple of which every kv range starts at).
   const int compute = env_int("LONGCTX_DECODE_COMPUTE", 0) == 1 ? 1 : 0;
   const char* loader_env = std::getenv("LONGCTX_DECODE_LOADER");
   const std::string_view loader_ask = loader_env != nullptr ? loader_env : "";
   const int tile = 4096 / head_dim;  // RingShape<D>::TILE
   int loader = 0;
   if (compute == 0 && loader_ask != "0" && page_size % tile == 0 && tma_supported())
-    loader = loader_ask == "2" && page_size % (2 * tile) == 0 ? 2 : 1;
+    loader = loader_ask == "2" && head_dim == 128 && page_size % (2 * tile) == 0 ? 2 : 1;
   const int64_t chunk = ring_plan_chunk(
       real_len, max_work_items(real, num_kv_heads, group, num_sms), ctas_per_item, num_sms,
       ring_ctas_per_sm(head_dim, group, compute, loader), env_int("LONGCTX_DECODE_SLOTS", 0),

@@ -11,8 +11,8 @@
 // brings each tile by the TMA instead (decode_tma_kernel); elsewhere every thread copies its part
 // by cp.async. LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's wave model
 // (tuning), LONGCTX_DECODE_LOADER=0 forces cp.async and =2 TMA stages of twice the tokens (3 of
-// them), LONGCTX_DECODE_COMPUTE=1 swaps the mma operands (cp.async only; docs/benchmarks.md has
-// the variants measured).
+// them; head_dim 128), LONGCTX_DECODE_COMPUTE=1 swaps the mma operands (cp.async only;
+// docs/benchmarks.md has the variants measured).
 //
 //   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
 //   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
