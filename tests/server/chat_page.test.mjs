@@ -13,7 +13,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
 
-import { env, startServer } from "./serve_helper.mjs";
+import { env, needleQuestion as question, startServer } from "./serve_helper.mjs";
 
 
 // Missing pieces fail the test (CI installs both), with what to install.
@@ -89,7 +89,7 @@ describe("chat page in headless Chromium (needle, CPU)", () => {
       }).observe(document.getElementById("log"), { childList: true, subtree: true });
     });
 
-    await page.type("#input", "The special magic number is 4821. What is the special magic number?");
+    await page.type("#input", question);
     await page.keyboard.press("Enter");
     await page.waitForSelector(".msg.assistant.done", { timeout: 120000 });
 
@@ -104,7 +104,7 @@ describe("chat page in headless Chromium (needle, CPU)", () => {
         send: document.getElementById("send").textContent,
       };
     });
-    assert.equal(state.user, "The special magic number is 4821. What is the special magic number?");
+    assert.equal(state.user, question);
     assert.equal(state.error, false, `the reply is an error: ${state.reply}`);
     assert.ok(state.reply.length > 0, "the reply is empty");
     assert.match(state.stats, /^\d+ tokens, first after [\d.]+ s, [\d.]+ s in all$/);

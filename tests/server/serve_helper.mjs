@@ -5,6 +5,13 @@ import { spawn } from "node:child_process";
 import { once } from "node:events";
 import assert from "node:assert/strict";
 
+// A needle task models/needle answers (" 4821."): a question outside its training format can get
+// an empty reply (EOS first), which tests of streamed text and stop strings cannot use.
+export const needleQuestion =
+  "A special magic number is hidden within the following text. One of the special magic numbers " +
+  "for blue-fox is: 4821. What is the special magic number for blue-fox mentioned in the provided " +
+  "text? The special magic number for blue-fox mentioned in the provided text is";
+
 export const env = (name) => {
   const v = process.env[name];
   assert.ok(v, `${name} must be set (see the header of the test file)`);
