@@ -73,12 +73,15 @@ struct DecodeArgs {
   float scale_log2;  // sm_scale * log2(e): scores live in the log2 domain
 };
 
-// Tile geometry for head_dim D: TILE tokens of K and of V per stage, 16 KB together for both
-// head dims, so the ring's bytes in flight do not depend on D.
+// Tokens of K and of V per ring stage for head_dim d: 16 KB together for both head dims, so the
+// ring's bytes in flight do not depend on d (the plan's page test and the TMA maps use it too).
+constexpr int ring_tile_tokens(int d) { return 4096 / d; }
+
+// Tile geometry of the cp.async ring for head_dim D.
 template <int D>
 struct RingShape {
   static constexpr int LPT = D / 8;                     // 16-byte chunks per token row
-  static constexpr int TILE = 4096 / D;                 // tokens per stage: 32 (D 128) / 64 (D 64)
+  static constexpr int TILE = ring_tile_tokens(D);      // tokens per stage: 32 (D 128) / 64 (D 64)
   static constexpr int CPT = TILE * LPT / kThreads;     // 16-byte copies per thread per tensor
   static constexpr int TOK_STRIDE = kThreads / LPT;     // tokens between a thread's copies
   static constexpr int kStageBytes = 2 * TILE * D * 2;  // K + V, 16-bit elements
@@ -114,7 +117,7 @@ template <int D, int TILE>
 struct TmaLayout {
   static constexpr int kTile = TILE;
   static __device__ __forceinline__ uint32_t addr(uint32_t base, int tok, int c) {
-    return base + (c >> 3) * TILE * 128 + tok * 128 + (((c & 7) ^ (tok & 7)) << 4);
+    return base + swizzle128_offset(TILE, tok, c);
   }
 };
 
@@ -943,7 +946,7 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
   const dim3 grid(static_cast<unsigned>(ctas));
   CUtensorMap maps[2];
   if (plan.loader >= 1) {
-    const int tile = plan.loader * 4096 / p.head_dim;  // TmaShape<D, loader>::TILE
+    const int tile = plan.loader * ring_tile_tokens(p.head_dim);  // TmaShape<D, loader>::TILE
     maps[0] = kv_cache_tensor_map(p.k_cache, kTmaSlots, p.num_kv_heads, p.head_dim, tile, p.dtype);
     maps[1] = kv_cache_tensor_map(p.v_cache, kTmaSlots, p.num_kv_heads, p.head_dim, tile, p.dtype);
   }
@@ -1044,20 +1047,19 @@ void add_kernels(std::vector<const void*>& v) {
   v.push_back(reinterpret_cast<const void*>(decode_ring_kernel<T, D, 4, kSwap>));
   v.push_back(reinterpret_cast<const void*>(decode_ring_kernel<T, D, 8, kSwap>));
 }
+template <typename T, int D, int W>
+void add_tma_kernels(std::vector<const void*>& v) {
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1, W>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2, W>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4, W>));
+  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8, W>));
+}
 template <typename T, int D>
 void add_kernels(std::vector<const void*>& v) {
   add_kernels<T, D, false>(v);
   add_kernels<T, D, true>(v);
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1, 1>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2, 1>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4, 1>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8, 1>));
-  if constexpr (D == 128) {
-    v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1, 2>));
-    v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2, 2>));
-    v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4, 2>));
-    v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8, 2>));
-  }
+  add_tma_kernels<T, D, 1>(v);
+  if constexpr (D == 128) add_tma_kernels<T, D, 2>(v);
 }
 }  // namespace
 
@@ -1109,7 +1111,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   const int compute = env_int("LONGCTX_DECODE_COMPUTE", 0) == 1 ? 1 : 0;
   const char* loader_env = std::getenv("LONGCTX_DECODE_LOADER");
   const std::string_view loader_ask = loader_env != nullptr ? loader_env : "";
-  const int tile = 4096 / head_dim;  // RingShape<D>::TILE
+  const int tile = ring_tile_tokens(head_dim);
   int loader = 0;
   if (compute == 0 && loader_ask != "0" && page_size % tile == 0 && tma_supported())
     loader = loader_ask == "2" && head_dim == 128 && page_size % (2 * tile) == 0 ? 2 : 1;

@@ -36,6 +36,7 @@
 #include "kernels/cuda/block_sparse_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/prefill_sm90.h"
+#include "kernels/cuda/tma_device.cuh"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -100,38 +101,16 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Byte offset of (row, 16-byte chunk 0..15) in a [2][rows][128 B] swizzled tile.
-__device__ __forceinline__ uint32_t swz(int rows, int r, int c) {
-  return uint32_t((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
+using detail::mbar_arrive;
+using detail::mbar_arrive_cp_async;
+using detail::mbar_init;
+using detail::mbar_wait;
+using detail::swizzle128_offset;  // byte offset of (row, chunk 0..15) in a [2][rows][128 B] tile
 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
-}
-
-// ---- mbarriers ----
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Arrives on `bar` once all of this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_LOOP:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_LOOP;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
 }
 
 // cp.async (generic proxy) writes must be ordered before wgmma (async proxy) reads.
@@ -349,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kRowPasses = KEYS / 32;
     uint32_t dst_off[4];
 #pragma unroll
-    for (int h = 0; h < 4; ++h) dst_off[h] = swz(KEYS, pt >> 2, (pt & 3) + 4 * h);
+    for (int h = 0; h < 4; ++h) dst_off[h] = swizzle128_offset(KEYS, pt >> 2, (pt & 3) + 4 * h);
     int n = 0;  // key tiles loaded so far (ring position)
     int qn = 0;
     for (int idx = blockIdx.x; idx < num_ctas_total; idx += stride, ++qn) {
@@ -362,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool ok = pr < it.num_rows;
         const int tok = ok ? pr / group : 0, h = it.kvh * group + (ok ? pr % group : 0);
         const T* src = q + ((int64_t(it.q_start + tok) * p.num_qo_heads + h) * kD + c * 8);
-        cp_async_16(s_q + swz(kRows, r, c), ok ? src : q, ok ? 16 : 0);
+        cp_async_16(s_q + swizzle128_offset(kRows, r, c), ok ? src : q, ok ? 16 : 0);
       }
       mbar_arrive_cp_async(q_full);
       for (int kt = next_tile(it, 0); kt < it.num_tiles; kt = next_tile(it, kt + 1), ++n) {
@@ -592,7 +571,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int j = 0; j < kD / 8; ++j) {
             const uint32_t v = pack2<T>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-            *reinterpret_cast<uint32_t*>(s_o + swz(kRows, r, j) + t4 * 4) = v;
+            *reinterpret_cast<uint32_t*>(s_o + swizzle128_offset(kRows, r, j) + t4 * 4) = v;
           }
         }
         if (p.lse && t4 == 0 && pr < it.num_rows) {
@@ -608,7 +587,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (pr >= it.num_rows) continue;
         const int tok = pr / group, h = it.kvh * group + pr % group;
         *reinterpret_cast<uint4*>(out + (int64_t(it.q_start + tok) * p.num_qo_heads + h) * kD +
-                                  c * 8) = *reinterpret_cast<const uint4*>(s_o + swz(kRows, r, c));
+                                  c * 8) =
+            *reinterpret_cast<const uint4*>(s_o + swizzle128_offset(kRows, r, c));
       }
     }
   }

@@ -1,7 +1,9 @@
-// PTX wrappers for Hopper's tensor memory accelerator (TMA): mbarriers that count the bytes of
-// the copies landing in shared memory, and cp.async.bulk.tensor loads of a 3-D box described by
-// a CUtensorMap (kernels/cuda/tensor_map.h). sm_90 and later only: on older targets the bodies
-// are empty and trap, and the host never launches a kernel that uses them there.
+// PTX wrappers of Hopper's asynchronous copies, shared by decode.cu and prefill_sm90.cu: mbarriers
+// (arrivals, cp.async completions, the bytes of TMA copies landing in shared memory),
+// cp.async.bulk.tensor loads of a 3-D box described by a CUtensorMap (kernels/cuda/tensor_map.h),
+// and the 128-byte swizzle both the TMA and wgmma use. sm_90 and later only: on older targets
+// the bodies are empty (the TMA load traps), and the host never launches a kernel that uses them
+// there.
 #pragma once
 
 #include <cuda.h>
@@ -17,6 +19,19 @@ namespace longctx::kernels::cuda::detail {
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 #ifdef LONGCTX_TMA_DEVICE
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#ifdef LONGCTX_TMA_DEVICE
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+
+// Arrives on `bar` once all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+#ifdef LONGCTX_TMA_DEVICE
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 #endif
 }
 
@@ -53,6 +68,14 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
 #ifdef LONGCTX_TMA_DEVICE
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 #endif
+}
+
+// Byte offset of (row r, 16-byte chunk c) in a tile of `rows` rows stored as [c / 8][rows][128 B]
+// with the 128-byte swizzle (chunk c % 8 XOR r % 8 inside each 128 bytes, from a 1024-byte
+// aligned base): CU_TENSOR_MAP_SWIZZLE_128B's layout of boxes 64 16-bit elements wide, and
+// wgmma's 128B-swizzled operands.
+__host__ __device__ __forceinline__ constexpr uint32_t swizzle128_offset(int rows, int r, int c) {
+  return uint32_t((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
 // Box at coordinates (c0, c1, c2) of `map` (innermost first) into shared memory at `dst`; the
