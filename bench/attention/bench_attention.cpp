@@ -10,8 +10,8 @@
 // bench_attention --decode [VARIANTS [PAGES [SHAPES]]] runs the decode table instead (see
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
 // read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
-// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "c=1" LONGCTX_DECODE_COMPUTE,
-// "l=0" / "l=1" / "l=2" LONGCTX_DECODE_LOADER, so wave-model settings and tile computes compare in
+// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "l=0" / "l=1"
+// LONGCTX_DECODE_LOADER, so wave-model settings and loaders compare in
 // the same process on the same data), page size (default 128) and, optionally, only the shapes
 // "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
 #include <cuda_runtime.h>
@@ -413,11 +413,10 @@ void page_size_sweep(const std::vector<int>& page_sizes, cudaStream_t stream) {
 struct DecodeVariant {
   std::string name;
   int slots = 0, overhead = 0;  // 0: the plan's own (LONGCTX_DECODE_SLOTS / _OVERHEAD unset)
-  int compute = 0;              // 1: the swapped tile compute (LONGCTX_DECODE_COMPUTE=1)
-  int loader = -1;              // -1: the plan's own; 0 / 1 / 2: LONGCTX_DECODE_LOADER
+  int loader = -1;              // -1: the plan's own; 0 / 1: LONGCTX_DECODE_LOADER
 };
 
-// "default", "s=N", "o=M", "c=1", "l=0", "l=1", "l=2", "s=N/o=M/c=1", ... ; false on any other
+// "default", "s=N", "o=M", "l=0", "l=1", "s=N/o=M/l=1", ... ; false on any other
 // field (a typo would otherwise time the default plan under another name).
 bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
@@ -437,9 +436,7 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.slots = std::atoi(field.c_str() + 2);
       } else if (field.rfind("o=", 0) == 0) {
         d.overhead = std::atoi(field.c_str() + 2);
-      } else if (field == "c=1") {
-        d.compute = 1;
-      } else if (field == "l=0" || field == "l=1" || field == "l=2") {
+      } else if (field == "l=0" || field == "l=1") {
         d.loader = field[2] - '0';
       } else if (field != "default") {
         return false;
@@ -459,10 +456,6 @@ void set_variant_env(const DecodeVariant& v) {
     setenv("LONGCTX_DECODE_OVERHEAD", std::to_string(v.overhead).c_str(), 1);
   else
     unsetenv("LONGCTX_DECODE_OVERHEAD");
-  if (v.compute == 1)
-    setenv("LONGCTX_DECODE_COMPUTE", "1", 1);
-  else
-    unsetenv("LONGCTX_DECODE_COMPUTE");
   if (v.loader >= 0)
     setenv("LONGCTX_DECODE_LOADER", std::to_string(v.loader).c_str(), 1);
   else
@@ -570,9 +563,9 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
         set_variant_env(var);
         auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, hk, kD, ws,
                                                ws_bytes, stream);
-        if ((var.loader >= 0 && plan.loader != var.loader) || plan.compute != var.compute)
-          std::fprintf(stderr, "variant %s: the plan took loader %d / compute %d instead\n",
-                       var.name.c_str(), plan.loader, plan.compute);
+        if (var.loader >= 0 && plan.loader != var.loader)
+          std::fprintf(stderr, "variant %s: the plan took loader %d instead\n", var.name.c_str(),
+                       plan.loader);
         int rep = 0;
         auto launch = [&] {
           p.kv_indices = d_ids + int64_t(rep) * batch * pages_per;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/stream_limits.h"
+#include "kernels/cuda/pdl.cuh"
 #include "longctx/core/stream.h"
 #include "ops/linear.h"
 #include "ops/ops_device.cuh"
@@ -202,6 +203,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvParams p) {
 #pragma unroll
   for (int j = 0; j < N; ++j) acc[j] = 0.f;
   int64_t c = lane;
+  // x comes from the kernel before (a norm, the attention), launched as its dependent: wait for
+  // it. Prefetching the first weight bytes into L2 before this wait measured 3-10 % slower per
+  // token (docs/benchmarks.md), so nothing is read before it.
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   // U 16-byte weight loads in flight per lane before they are used (streaming: evict first).
   for (; c + (U - 1) * 32 < chunks; c += U * 32) {
     uint4 wv[U];
@@ -253,11 +259,11 @@ void launch_gemv_n(const LinearArgs& a, cudaStream_t stream) {
                 a.out_features);
   visit_float(a.out_dtype, "linear", [&](auto to) {
     using TO = decltype(to);
+    const dim3 grid{unsigned(blocks)}, block{kGemvWarps * 32};
     if (a.x_dtype == DType::kBF16)
-      gemv_kernel<N, __nv_bfloat16, TO><<<unsigned(blocks), kGemvWarps * 32, 0, stream>>>(p);
+      kernels::cuda::launch_pdl(gemv_kernel<N, __nv_bfloat16, TO>, grid, block, 0, stream, p);
     else
-      gemv_kernel<N, __half, TO><<<unsigned(blocks), kGemvWarps * 32, 0, stream>>>(p);
-    LONGCTX_CUDA_CHECK_LAUNCH("gemv_kernel");
+      kernels::cuda::launch_pdl(gemv_kernel<N, __half, TO>, grid, block, 0, stream, p);
   });
 }
 

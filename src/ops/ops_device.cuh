@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/cuda_stream.h"
+#include "kernels/cuda/pdl.cuh"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 #include "ops/op_params.h"
@@ -126,9 +127,13 @@ __device__ __forceinline__ T* row_of(const RowsView& v, int64_t r) {
 }
 
 // Row-wise launch: threads along x cover a row's chunks, along y rows; blocks of 256 threads
-// loop over rows past gridDim.y. F: a functor with __device__ operator()(row, chunk).
+// loop over rows past gridDim.y. F: a functor with __device__ operator()(row, chunk). Launched
+// with programmatic dependent launch (kernels/cuda/pdl.cuh): it waits for the kernel before it
+// first thing, and lets the next one start.
 template <typename F>
 __global__ void __launch_bounds__(256) rows_kernel(F f, int64_t rows, int64_t chunks) {
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= chunks) return;
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < rows;
@@ -146,8 +151,8 @@ void launch_rows(const F& f, int64_t rows, int64_t chunks, cudaStream_t stream) 
   const int64_t gy = std::min<int64_t>((rows + by - 1) / by, 65535);
   LONGCTX_CHECK(gx <= 0x7fffffff, ErrorCode::kInvalidArgument, "row of {} chunks is too long",
                 chunks);
-  rows_kernel<<<dim3(unsigned(gx), unsigned(gy)), dim3(bx, by), 0, stream>>>(f, rows, chunks);
-  LONGCTX_CUDA_CHECK_LAUNCH("rows_kernel");
+  kernels::cuda::launch_pdl(rows_kernel<F>, dim3(unsigned(gx), unsigned(gy)), dim3(bx, by), 0,
+                            stream, f, rows, chunks);
 }
 
 // True when every row of v starts 16-byte aligned (the kVec path's condition with cols % 8).

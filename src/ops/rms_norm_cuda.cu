@@ -5,6 +5,7 @@
 // w * (r * inv_rms). A thread's pass-2 elements are the ones it read in pass 1 and every read of
 // pass 1 precedes the reduction, so out may alias x.
 #include "longctx/core/stream.h"
+#include "kernels/cuda/pdl.cuh"
 #include "ops/ops_device.cuh"
 #include "ops/rms_norm.h"
 
@@ -37,6 +38,8 @@ __device__ __forceinline__ double row_sum(double v) {
 
 template <int N, int kThreadsPerRow, typename TX, typename TO, bool kResidual>
 __global__ void __launch_bounds__(kBlock) rms_norm_kernel(RmsNormParams p) {
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   constexpr int kRowsPerBlock = kBlock / kThreadsPerRow;
   const int lane = threadIdx.x % kThreadsPerRow;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
@@ -86,8 +89,8 @@ void launch_width(const RmsNormParams& p, cudaStream_t stream) {
     const int64_t rows_per_block = kBlock / kTpr;
     const int64_t blocks = (p.x.rows + rows_per_block - 1) / rows_per_block;
     LONGCTX_CHECK(blocks <= 0x7fffffff, ErrorCode::kInvalidArgument, "rms_norm: {} rows", p.x.rows);
-    rms_norm_kernel<N, kTpr, TX, TO, kResidual><<<unsigned(blocks), kBlock, 0, stream>>>(p);
-    LONGCTX_CUDA_CHECK_LAUNCH("rms_norm_kernel");
+    kernels::cuda::launch_pdl(rms_norm_kernel<N, kTpr, TX, TO, kResidual>, dim3(unsigned(blocks)),
+                              dim3(kBlock), 0, stream, p);
   };
   if (chunks <= 64)
     launch(std::integral_constant<int, 32>{});

@@ -4,6 +4,7 @@
 // products and sums (__fmul_rn/__fadd_rn: no FMA contraction, as the CPU twin and torch's
 // tensor ops round).
 #include "longctx/core/stream.h"
+#include "kernels/cuda/pdl.cuh"
 #include "ops/ops_device.cuh"
 #include "ops/rope.h"
 
@@ -19,6 +20,8 @@ constexpr int64_t kMaxHeadDim = 1024;
 template <typename T>
 __global__ void __launch_bounds__(kBlock) rope_kernel(RopeParams p) {
   __shared__ float cos_t[kMaxHeadDim / 2], sin_t[kMaxHeadDim / 2];
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int half = int(p.head_dim / 2);
   const float pos = __ll2float_rn(p.positions[t]);
@@ -48,8 +51,8 @@ void rope_cuda(const Tensor& x, const Tensor& positions, const Tensor& inv_freq)
   if (p.n == 0 || p.heads == 0 || p.head_dim == 0) return;
   LONGCTX_CHECK(p.n <= 0x7fffffff, ErrorCode::kInvalidArgument, "rope: {} tokens", p.n);
   visit_float(p.x.dtype, "rope", [&](auto tx) {
-    rope_kernel<decltype(tx)><<<unsigned(p.n), kBlock, 0, stream>>>(p);
-    LONGCTX_CUDA_CHECK_LAUNCH("rope_kernel");
+    kernels::cuda::launch_pdl(rope_kernel<decltype(tx)>, dim3(unsigned(p.n)), dim3(kBlock), 0,
+                              stream, p);
   });
 }
 

@@ -299,11 +299,6 @@ void expect_grids_pass_with(const char* name, const char* value) {
   EXPECT_EQ(s.ok, int(cases.size()));
 }
 
-// The swapped tile compute (MmaComputeT: q heads as the mma's N columns; cp.async only).
-TEST(DecodeGpu, SwappedComputeOverTheGrids) {
-  expect_grids_pass_with("LONGCTX_DECODE_COMPUTE", "1");
-}
-
 // The grids above run the TMA loader where the pages hold whole tiles (the default on sm_90)
 // and cp.async elsewhere; this checks that choice and adds last pages whose unused slots are NaN
 // (the TMA copies whole tiles of a page).
@@ -314,18 +309,22 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
     GuardedBuffer ws(kernels::cuda::decode_workspace_bytes(1, 32, 8, 128), 0);
     const kernels::cuda::DecodePlan plan = kernels::cuda::decode_plan(
         indptr, last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
-    EXPECT_EQ(plan.loader, 1) << "an H200 with pages of 128 tokens takes the TMA loader";
+    EXPECT_EQ(plan.loader, 2) << "an H200 with pages of 128 tokens takes TMA stages of 64";
+    const kernels::cuda::DecodePlan single =
+        kernels::cuda::decode_plan(indptr, last, 1, 32, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    EXPECT_EQ(single.loader, 1) << "pages of 32 tokens hold only single tiles";
     const kernels::cuda::DecodePlan small =
         kernels::cuda::decode_plan(indptr, last, 1, 16, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
     EXPECT_EQ(small.loader, 0) << "pages of 16 tokens are not whole tiles";
-    ASSERT_EQ(setenv("LONGCTX_DECODE_LOADER", "2", 1), 0);
-    const kernels::cuda::DecodePlan doubled = kernels::cuda::decode_plan(
+    GuardedBuffer ws64(kernels::cuda::decode_workspace_bytes(1, 32, 8, 64), 0);
+    const kernels::cuda::DecodePlan d64 = kernels::cuda::decode_plan(
+        indptr, last, 1, 128, 32, 8, 64, ws64.data(), ws64.bytes(), nullptr);
+    EXPECT_EQ(d64.loader, 1) << "head_dim 64 has no doubled stages";
+    ASSERT_EQ(setenv("LONGCTX_DECODE_LOADER", "1", 1), 0);
+    const kernels::cuda::DecodePlan capped = kernels::cuda::decode_plan(
         indptr, last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
-    const kernels::cuda::DecodePlan single =
-        kernels::cuda::decode_plan(indptr, last, 1, 32, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
     unsetenv("LONGCTX_DECODE_LOADER");
-    EXPECT_EQ(doubled.loader, 2) << "pages of 128 tokens hold doubled tiles of 64";
-    EXPECT_EQ(single.loader, 1) << "pages of 32 tokens hold only single tiles";
+    EXPECT_EQ(capped.loader, 1) << "LONGCTX_DECODE_LOADER=1 caps the stages at 32 tokens";
     LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<std::unique_ptr<OpCase>> cases;
@@ -344,9 +343,10 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
   EXPECT_EQ(s.ok, int(cases.size()));
 }
 
-// TMA stages of twice the tokens (LONGCTX_DECODE_LOADER=2) over the grids.
-TEST(DecodeGpu, TmaDoubledTilesOverTheGrids) {
-  expect_grids_pass_with("LONGCTX_DECODE_LOADER", "2");
+// TMA stages of the ring's tile only (LONGCTX_DECODE_LOADER=1; the default takes stages of 64
+// tokens at head_dim 128 where the pages hold them) over the grids.
+TEST(DecodeGpu, TmaSingleTilesOverTheGrids) {
+  expect_grids_pass_with("LONGCTX_DECODE_LOADER", "1");
 }
 
 // The cp.async loader (LONGCTX_DECODE_LOADER=0) over the grids, where the TMA would run.

@@ -26,6 +26,8 @@
 #include <set>
 
 #include "gpu_ops/gpu_ops_util.h"
+#include "kernels/cuda/pdl.h"
+#include "ops/cast.h"
 
 namespace longctx::gpu_ops_test {
 namespace {
@@ -315,6 +317,61 @@ TEST(GpuOps, LinearRunsOnTheCurrentStream) {
     s.sync();
     EXPECT_EQ(count_non_finite(y.data(), DType::kF32, n, out, out), 0) << backend_name(b);
   }
+}
+
+// Programmatic dependent launch (kernels/cuda/pdl.cuh): the GEMV may start before the kernel
+// ahead of it ends. It must still see that kernel's writes and the one's before, x and its
+// weights alike: two casts write x and then W right before it
+// (both NaN until then), behind a spin that keeps them queued. Eagerly and in a CUDA graph, the
+// output must equal, bit for bit, the GEMV run after a synchronize.
+TEST(GpuOps, DependentLaunchesSeeTheKernelsBefore) {
+  TestStream s;
+  int major = 0;
+  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major >= 9 && std::getenv("LONGCTX_PDL") == nullptr)
+    EXPECT_TRUE(kernels::cuda::pdl_enabled()) << "sm_90+ launches with PDL by default";
+  const int64_t in = 4096, out = 4096;
+  Mirror x32(in, DType::kF32), w32(out * in, DType::kF32);
+  x32.random(60, -1.f, 1.f);
+  w32.random(61, -0.05f, 0.05f);
+  Mirror x(in, DType::kBF16), w(out * in, DType::kBF16), ref(out, DType::kF32),
+      got(out, DType::kF32);
+  auto produce_and_multiply = [&](const Mirror& y) {
+    LONGCTX_CUDA_CHECK(cudaMemsetAsync(x.dev_ptr(), 0xFF, x.bytes(), s.get()));
+    LONGCTX_CUDA_CHECK(cudaMemsetAsync(w.dev_ptr(), 0xFF, w.bytes(), s.get()));
+    launch_spin(s.get(), 1'000'000);
+    ops::cast(x32.dev({1, in}), x.dev({1, in}));
+    ops::cast(w32.dev({out, in}), w.dev({out, in}));
+    ops::linear_cuda(x.dev({1, in}), w.dev({out, in}), Tensor(), y.dev({1, out}),
+                     LinearBackend::kGemv);
+  };
+  ops::cast(x32.dev({1, in}), x.dev({1, in}));
+  ops::cast(w32.dev({out, in}), w.dev({out, in}));
+  s.sync();
+  ops::linear_cuda(x.dev({1, in}), w.dev({out, in}), Tensor(), ref.dev({1, out}),
+                   LinearBackend::kGemv);
+  s.sync();
+  const std::vector<uint8_t> want = ref.download();
+  ASSERT_EQ(count_non_finite(ref.dev_ptr(), DType::kF32, 1, out, out), 0);
+
+  produce_and_multiply(got);
+  s.sync();
+  EXPECT_EQ(got.download(), want) << "eager";
+
+  LONGCTX_CUDA_CHECK(cudaMemset(got.dev_ptr(), 0xFF, got.bytes()));
+  cudaGraph_t graph = nullptr;
+  LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+  produce_and_multiply(got);
+  LONGCTX_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, s.get()));
+    s.sync();
+    EXPECT_EQ(got.download(), want) << "graph replay " << replay;
+  }
+  LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LONGCTX_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
 TEST(GpuOps, LinearClearErrors) {

@@ -33,6 +33,7 @@
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/merge_device.cuh"
 #include "kernels/cuda/mma_device.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/tma_device.cuh"
 #include "longctx/core/cuda_check.h"
@@ -122,7 +123,7 @@ struct TmaLayout {
 };
 
 // q head g's dims 16 ks + 2t, + 1 and 16 ks + 8 + 2t, + 1 for every k-step ks (zero for g >= nh):
-// the A fragments of MmaCompute's row g and the B fragments of MmaComputeT's column g alike.
+// the A fragments of MmaCompute's row g.
 template <typename T, int D>
 __device__ __forceinline__ void load_q_fragments(const DecodeArgs& a, int b, int h0, int nh, int g,
                                                  int t4, uint32_t (*frag)[2]) {
@@ -253,146 +254,6 @@ struct MmaCompute {
   }
 };
 
-// The same tile with the operands swapped (LONGCTX_DECODE_COMPUTE=1; not the default until it
-// is measured against MmaCompute): the q heads are the N = 8 columns and tokens / head dims the
-// M rows, so no mma row is padding. S^T = K Q^T (m16n8k16: A = 16 tokens x 16 dims of K by
-// ldmatrix, B = q), the softmax runs per column, movmatrix transposes P^T in registers into the
-// B operand of O^T = V^T P^T (A = 16 dims x 16 tokens of V by ldmatrix.trans). Per 16 tokens and
-// 64 dims of O a warp issues KS + 4 mma (MmaCompute: 2 KS + 16 for 16 tokens and all dims), and
-// O takes 16 accumulator registers instead of 64.
-// Warps: the tile's 16-token blocks (TILE / 16: 2 at head_dim 128, 4 at 64) x the head dims in
-// halves of 64 (WPB warps per block); the warps of one block compute the same S (each reads K)
-// and one online-softmax state, and each accumulates its own 64 dims of O. Thread (g, t) holds
-// S^T / P^T for tokens g, g + 8 and heads 2t, 2t + 1 of its block, and O^T for dims 16 mt + g,
-// + 8 of its half and heads 2t, 2t + 1.
-template <typename T, int D, int GT>
-struct MmaComputeT {
-  static constexpr int kChains = 2;
-  static constexpr int KS = D / 16;                       // k-steps of S^T = K Q^T
-  static constexpr int BLOCKS = RingShape<D>::TILE / 16;  // 16-token blocks per tile
-  static constexpr int WPB = (kThreads / 32) / BLOCKS;    // warps per block
-  static constexpr int DW = D / WPB;                      // head dims of O per warp
-  static constexpr int MT = DW / 16;                      // 16-dim m-tiles of O^T per warp
-  static constexpr int kSources = BLOCKS;                 // one softmax state per block
-  static_assert(BLOCKS * WPB == kThreads / 32 && DW % 16 == 0, "warps must tile the tile");
-  int g, t4, blk, half;
-  uint32_t qb[KS][2];    // B fragments of q: head g, dims 16 ks + 2t.. and + 8; heads >= nh zero
-  float o[MT][4];        // O^T: (dim 16mt + g, head 2t), (.., 2t + 1), (dim + 8, 2t), (.., 2t + 1)
-  float m_r[2], l_r[2];  // heads 2t, 2t + 1: running max (log2 domain), this thread's partial sum
-
-  __device__ __forceinline__ void init(const DecodeArgs& a, int b, int h0, int nh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    g = lane >> 2;
-    t4 = lane & 3;
-    blk = warp % BLOCKS;
-    half = warp / BLOCKS;
-    load_q_fragments<T, D>(a, b, h0, nh, g, t4, qb);
-#pragma unroll
-    for (int j = 0; j < MT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    m_r[0] = m_r[1] = -INFINITY;
-    l_r[0] = l_r[1] = 0.f;
-  }
-
-  static __device__ __forceinline__ uint32_t chunk(uint32_t row, int c, int r) {
-    return row + ((c ^ r) << 4);
-  }
-
-  // One head column's online-softmax step over this thread's two tokens (x_lo: token g, x_hi:
-  // token g + 8); returns the O rescale and sets p_lo, p_hi.
-  static __device__ __forceinline__ float softmax_step(float x_lo, float x_hi, float& m_run,
-                                                       float& l_run, float& p_lo, float& p_hi) {
-    float mx = fmaxf(x_lo, x_hi);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));  // over g: lane bits 2-4
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-    const float m_new = fmaxf(m_run, mx);
-    const float base = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: no NaN
-    const float scale = exp2f(m_run - base);
-    p_lo = exp2f(x_lo - base);
-    p_hi = exp2f(x_hi - base);
-    l_run = l_run * scale + p_lo + p_hi;
-    m_run = m_new;
-    return scale;
-  }
-
-  __device__ __forceinline__ void tile(uint32_t sk, uint32_t sv, int tbase, int kv_end,
-                                       float scale_log2) {
-    const int lane = threadIdx.x & 31;
-    const int r = lane & 7, mat = lane >> 3;  // ldmatrix: this lane's row and matrix
-    const int tok0 = blk * 16;
-    // S^T: matrix mat = tokens tok0 + 8 (mat & 1) + 0..7, dims chunk 2 ks + (mat >> 1): a0..a3.
-    const uint32_t krow = sk + (tok0 + r + (mat & 1) * 8) * D * 2;
-    float sc[kChains][4];
-#pragma unroll
-    for (int i = 0; i < kChains; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t ka[4];
-      ldmatrix_x4(ka, chunk(krow, 2 * ks + (mat >> 1), r));
-      Mma<T>::k16(sc[ks % kChains], ka, qb[ks][0], qb[ks][1]);
-    }
-    float s[4] = {sc[0][0], sc[0][1], sc[0][2], sc[0][3]};
-#pragma unroll
-    for (int i = 1; i < kChains; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[e] += sc[i][e];
-    const int tk = tbase + tok0 + g;
-    const bool in_lo = tk < kv_end, in_hi = tk + 8 < kv_end;
-    float p[4];
-    const float scale0 =
-        softmax_step(in_lo ? s[0] * scale_log2 : -INFINITY, in_hi ? s[2] * scale_log2 : -INFINITY,
-                     m_r[0], l_r[0], p[0], p[2]);
-    const float scale1 =
-        softmax_step(in_lo ? s[1] * scale_log2 : -INFINITY, in_hi ? s[3] * scale_log2 : -INFINITY,
-                     m_r[1], l_r[1], p[1], p[3]);
-    if (__any_sync(0xffffffffu, scale0 != 1.f || scale1 != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        o[j][0] *= scale0;
-        o[j][2] *= scale0;
-        o[j][1] *= scale1;
-        o[j][3] *= scale1;
-      }
-    }
-    // P^T (tokens x heads) fragments -> P (heads x tokens): the B operand's layout.
-    const uint32_t b0 = movmatrix_trans(Mma<T>::pack(p[0], p[1]));
-    const uint32_t b1 = movmatrix_trans(Mma<T>::pack(p[2], p[3]));
-    // V^T: matrix mat = tokens tok0 + 8 (mat >> 1) + 0..7, dims chunk 2 mt + (mat & 1), transposed.
-    const uint32_t vrow = sv + (tok0 + r + (mat >> 1) * 8) * D * 2;
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-      uint32_t va[4];
-      ldmatrix_x4_trans(va, chunk(vrow, 2 * (half * MT + j) + (mat & 1), r));
-      Mma<T>::k16(o[j], va, b0, b1);
-    }
-  }
-
-  __device__ __forceinline__ void store(float* s_acc, float (*s_m)[GT], float (*s_l)[GT]) {
-    float l[2] = {l_r[0], l_r[1]};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 4);
-      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 8);
-      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 16);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int h = 2 * t4 + i;
-      if (h >= GT) continue;
-      if (half == 0 && g == 0) {
-        s_m[blk][h] = m_r[i];
-        s_l[blk][h] = l[i];
-      }
-      float* row = s_acc + (blk * GT + h) * D + half * DW + g;
-#pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        row[16 * j] = o[j][i];
-        row[16 * j + 8] = o[j][i + 2];
-      }
-    }
-  }
-};
-
 // The CTA's shared state besides the K/V tiles: the per-warp softmax states, the per-head merge
 // constants of a split request and the "last CTA" flag.
 template <int GT>
@@ -404,7 +265,7 @@ struct EpilogueSmem {
 };
 
 // What the kernel does after its K/V range: merges the NSRC softmax states the compute stored
-// (MmaCompute::store, MmaComputeT::store: into s_acc and e) into o, or into the request's partial
+// (MmaCompute::store: into s_acc and e) into o, or into the request's partial
 // slot; then, for a split request, the CTA that finishes last merges the request's partial states
 // into o.
 template <typename T, int D, int GT, int NSRC>
@@ -553,14 +414,18 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
 
 // One CTA per (work item, kv head, head tile): the cp.async ring feeding MmaCompute, then
 // finish_cta.
-template <typename T, int D, int GT, bool kSwap>
+template <typename T, int D, int GT>
 __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   using S = RingShape<D>;
-  using C = std::conditional_t<kSwap, MmaComputeT<T, D, GT>, MmaCompute<T, D, GT>>;
+  using C = MmaCompute<T, D, GT>;
   constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ EpilogueSmem<GT> e;
 
+  // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): everything below may read
+  // what it wrote. The o_proj GEMV after it may start meanwhile (and wait for it).
+  pdl_wait();
+  pdl_launch_dependents();
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0) return;  // padding item
   const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
@@ -668,16 +533,13 @@ __global__ void __launch_bounds__(kThreads)
   // The 128-byte swizzle repeats every 1024 bytes: stages start 1024-aligned (TmaShape's pad).
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
-  const CtaWork w = cta_work<GT>(a);
-  if (w.b < 0) return;  // padding item
-  const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
-  const int32_t* pages = a.kv_indices + a.kv_indptr[b];
-  const int ps = a.page_size;
-  const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
   const bool leader = threadIdx.x == 0;
   auto stage_k = [&](int st) { return smem_addr(smem + st * S::kStageBytes); };
   auto stage_v = [&](int st) { return stage_k(st) + TILE * D * 2; };
   auto bar = [&](int st) { return smem_addr(&full[st]); };
+  // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): the barriers and the maps
+  // (kernel parameters) are set up while it drains; pdl_wait comes before any global read. The
+  // o_proj GEMV after this kernel may start meanwhile (and wait for it).
   if (leader) {
     tma_prefetch_map(&tm_k);
     tma_prefetch_map(&tm_v);
@@ -685,6 +547,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int st = 0; st < kStages; ++st) mbar_init(bar(st), 1);
     mbar_init_fence();
   }
+  pdl_wait();
+  pdl_launch_dependents();
+  const CtaWork w = cta_work<GT>(a);
+  if (w.b < 0) return;  // padding item
+  const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
+  const int32_t* pages = a.kv_indices + a.kv_indptr[b];
+  const int ps = a.page_size;
+  const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
   __syncthreads();
 
   // Tile t's page id and slot offset, looked up a tile before the copy that needs them.
@@ -820,38 +690,37 @@ void check_shape(int num_qo_heads, int num_kv_heads, int head_dim) {
 
 // The kernel needs > 48 KB of dynamic shared memory: opt in per (device, instantiation) (plan()
 // calls this too, outside any graph capture). Returns resident CTAs per SM.
-template <typename T, int D, int GT, bool kSwap>
+template <typename T, int D, int GT>
 int ring_setup() {
-  require_dynamic_smem(decode_ring_kernel<T, D, GT, kSwap>, RingShape<D>::kSmemBytes);
+  require_dynamic_smem(decode_ring_kernel<T, D, GT>, RingShape<D>::kSmemBytes);
   static const int ctas = [] {  // the same on every device of a host (one GPU model)
     int n = 0;
     LONGCTX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, decode_ring_kernel<T, D, GT, kSwap>, kThreads, RingShape<D>::kSmemBytes));
+        &n, decode_ring_kernel<T, D, GT>, kThreads, RingShape<D>::kSmemBytes));
     return std::max(n, 1);
   }();
   return ctas;
 }
 
-// Launches (or, with a == nullptr, only sets up) the kernel of this shape and compute (swap:
-// MmaComputeT); returns its resident CTAs per SM.
-template <typename T, int D, bool kSwap>
-int ring_launch_compute(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
+// Launches (or, with a == nullptr, only sets up) the cp.async kernel of this shape; returns its
+// resident CTAs per SM.
+template <typename T, int D>
+int cp_async_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
   auto go = [&](auto kernel, int ctas) {
     if (a != nullptr) {
-      kernel<<<grid, kThreads, RingShape<D>::kSmemBytes, stream>>>(*a);
-      LONGCTX_CUDA_CHECK_LAUNCH("decode_ring_kernel");
+      launch_pdl(kernel, grid, dim3(kThreads), RingShape<D>::kSmemBytes, stream, *a);
     }
     return ctas;
   };
   switch (gt) {
     case 1:
-      return go(decode_ring_kernel<T, D, 1, kSwap>, ring_setup<T, D, 1, kSwap>());
+      return go(decode_ring_kernel<T, D, 1>, ring_setup<T, D, 1>());
     case 2:
-      return go(decode_ring_kernel<T, D, 2, kSwap>, ring_setup<T, D, 2, kSwap>());
+      return go(decode_ring_kernel<T, D, 2>, ring_setup<T, D, 2>());
     case 4:
-      return go(decode_ring_kernel<T, D, 4, kSwap>, ring_setup<T, D, 4, kSwap>());
+      return go(decode_ring_kernel<T, D, 4>, ring_setup<T, D, 4>());
     default:
-      return go(decode_ring_kernel<T, D, 8, kSwap>, ring_setup<T, D, 8, kSwap>());
+      return go(decode_ring_kernel<T, D, 8>, ring_setup<T, D, 8>());
   }
 }
 // The TMA kernel of this shape: launches it (with a != nullptr) and returns its resident CTAs
@@ -867,8 +736,8 @@ int tma_go(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, cudaStream_t
     return std::max(n, 1);
   }();
   if (a != nullptr) {
-    decode_tma_kernel<T, D, GT, W><<<grid, kThreads, smem, stream>>>(*a, maps[0], maps[1]);
-    LONGCTX_CUDA_CHECK_LAUNCH("decode_tma_kernel");
+    launch_pdl(decode_tma_kernel<T, D, GT, W>, grid, dim3(kThreads), smem, stream, *a, maps[0],
+               maps[1]);
   }
   return ctas;
 }
@@ -895,25 +764,24 @@ int tma_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, 
   return tma_launch_w<T, D, 1>(a, maps, grid, gt, stream);
 }
 
-// The kernel of (compute, loader): launches it (a != nullptr) or only sets it up; returns its
-// resident CTAs per SM. maps: the K and V tensor maps (loader 1).
+// The kernel of the loader: launches it (a != nullptr) or only sets it up; returns its resident
+// CTAs per SM. maps: the K and V tensor maps (loaders 1 and 2).
 template <typename T, int D>
-int ring_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, int compute,
-                int loader, cudaStream_t stream) {
+int ring_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, int loader,
+                cudaStream_t stream) {
   if (loader >= 1) return tma_launch<T, D>(a, maps, grid, gt, loader, stream);
-  return compute == 1 ? ring_launch_compute<T, D, true>(a, grid, gt, stream)
-                      : ring_launch_compute<T, D, false>(a, grid, gt, stream);
+  return cp_async_launch<T, D>(a, grid, gt, stream);
 }
 
 // Resident CTAs per SM for this shape (both dtypes are set up; bf16's count is returned).
-int ring_ctas_per_sm(int head_dim, int group, int compute, int loader) {
+int ring_ctas_per_sm(int head_dim, int group, int loader) {
   const int gt = group_tile_of(group);
   if (head_dim == 64) {
-    ring_launch<__half, 64>(nullptr, nullptr, dim3(), gt, compute, loader, nullptr);
-    return ring_launch<__nv_bfloat16, 64>(nullptr, nullptr, dim3(), gt, compute, loader, nullptr);
+    ring_launch<__half, 64>(nullptr, nullptr, dim3(), gt, loader, nullptr);
+    return ring_launch<__nv_bfloat16, 64>(nullptr, nullptr, dim3(), gt, loader, nullptr);
   }
-  ring_launch<__half, 128>(nullptr, nullptr, dim3(), gt, compute, loader, nullptr);
-  return ring_launch<__nv_bfloat16, 128>(nullptr, nullptr, dim3(), gt, compute, loader, nullptr);
+  ring_launch<__half, 128>(nullptr, nullptr, dim3(), gt, loader, nullptr);
+  return ring_launch<__nv_bfloat16, 128>(nullptr, nullptr, dim3(), gt, loader, nullptr);
 }
 
 template <typename T>
@@ -951,9 +819,9 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
     maps[1] = kv_cache_tensor_map(p.v_cache, kTmaSlots, p.num_kv_heads, p.head_dim, tile, p.dtype);
   }
   if (p.head_dim == 64)
-    ring_launch<T, 64>(&a, maps, grid, gt, plan.compute, plan.loader, stream);
+    ring_launch<T, 64>(&a, maps, grid, gt, plan.loader, stream);
   else
-    ring_launch<T, 128>(&a, maps, grid, gt, plan.compute, plan.loader, stream);
+    ring_launch<T, 128>(&a, maps, grid, gt, plan.loader, stream);
 }
 
 // Splits of a request of len keys at chunk size `chunk`: even splits (not chunk, chunk, ...,
@@ -1040,26 +908,26 @@ int64_t decode_grid_ctas(const DecodePlan& plan) {
 }
 
 namespace {
-template <typename T, int D, bool kSwap>
-void add_kernels(std::vector<const void*>& v) {
-  v.push_back(reinterpret_cast<const void*>(decode_ring_kernel<T, D, 1, kSwap>));
-  v.push_back(reinterpret_cast<const void*>(decode_ring_kernel<T, D, 2, kSwap>));
-  v.push_back(reinterpret_cast<const void*>(decode_ring_kernel<T, D, 4, kSwap>));
-  v.push_back(reinterpret_cast<const void*>(decode_ring_kernel<T, D, 8, kSwap>));
-}
+// Every instantiation, by group tile: the cp.async ring (W = 0) and the TMA stages (W = 1, 2).
 template <typename T, int D, int W>
-void add_tma_kernels(std::vector<const void*>& v) {
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 1, W>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 2, W>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 4, W>));
-  v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, 8, W>));
+void add_kernels_w(std::vector<const void*>& v) {
+  auto add = [&](auto gt) {
+    constexpr int GT = decltype(gt)::value;
+    if constexpr (W == 0)
+      v.push_back(reinterpret_cast<const void*>(decode_ring_kernel<T, D, GT>));
+    else
+      v.push_back(reinterpret_cast<const void*>(decode_tma_kernel<T, D, GT, W>));
+  };
+  add(std::integral_constant<int, 1>());
+  add(std::integral_constant<int, 2>());
+  add(std::integral_constant<int, 4>());
+  add(std::integral_constant<int, 8>());
 }
 template <typename T, int D>
 void add_kernels(std::vector<const void*>& v) {
-  add_kernels<T, D, false>(v);
-  add_kernels<T, D, true>(v);
-  add_tma_kernels<T, D, 1>(v);
-  if constexpr (D == 128) add_tma_kernels<T, D, 2>(v);
+  add_kernels_w<T, D, 0>(v);
+  add_kernels_w<T, D, 1>(v);
+  if constexpr (D == 128) add_kernels_w<T, D, 2>(v);
 }
 }  // namespace
 
@@ -1102,22 +970,19 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   // The chunk of the real requests alone: padding must not change how they are split.
   const int real = batch - graph.num_padding;
   const std::vector<int64_t> real_len(len.begin(), len.begin() + real);
-  // The tile compute: 0 MmaCompute (the default), 1 MmaComputeT (LONGCTX_DECODE_COMPUTE=1).
-  // The loader: 1 TMA wherever the device has it and the pages hold whole tiles (MmaCompute
-  // only; 12-19 % faster than cp.async on the H200, docs/benchmarks.md), else 0 cp.async by
-  // every thread; LONGCTX_DECODE_LOADER=0 forces cp.async.
-  // LONGCTX_DECODE_LOADER=2 asks for TMA stages of twice the tokens (head_dim 128, where the pages
-  // hold them: 64 tokens, a multiple of which every kv range starts at).
-  const int compute = env_int("LONGCTX_DECODE_COMPUTE", 0) == 1 ? 1 : 0;
+  // The loader: TMA wherever the device has it and the pages hold whole tiles (12-19 % faster
+  // than cp.async by every thread on the H200, docs/benchmarks.md): at head_dim 128 in stages of
+  // 64 tokens (2) where the pages hold them (1-4 % faster than 32), else of the ring's tile (1);
+  // else 0, cp.async. LONGCTX_DECODE_LOADER=0 / 1 caps it (tests and benches pin the variants).
   const char* loader_env = std::getenv("LONGCTX_DECODE_LOADER");
-  const std::string_view loader_ask = loader_env != nullptr ? loader_env : "";
+  const std::string_view loader_cap = loader_env != nullptr ? loader_env : "";
   const int tile = ring_tile_tokens(head_dim);
   int loader = 0;
-  if (compute == 0 && loader_ask != "0" && page_size % tile == 0 && tma_supported())
-    loader = loader_ask == "2" && head_dim == 128 && page_size % (2 * tile) == 0 ? 2 : 1;
+  if (loader_cap != "0" && page_size % tile == 0 && tma_supported())
+    loader = loader_cap != "1" && head_dim == 128 && page_size % (2 * tile) == 0 ? 2 : 1;
   const int64_t chunk = ring_plan_chunk(
       real_len, max_work_items(real, num_kv_heads, group, num_sms), ctas_per_item, num_sms,
-      ring_ctas_per_sm(head_dim, group, compute, loader), env_int("LONGCTX_DECODE_SLOTS", 0),
+      ring_ctas_per_sm(head_dim, group, loader), env_int("LONGCTX_DECODE_SLOTS", 0),
       env_int("LONGCTX_DECODE_OVERHEAD", 64), min_chunk_tokens);
 
   std::vector<int32_t> work;
@@ -1156,7 +1021,6 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.head_dim = head_dim;
   plan.page_size = page_size;
   plan.chunk_tokens = int(chunk);
-  plan.compute = compute;
   plan.loader = loader;
   plan.num_work_items = int(items);
   plan.num_partials = slots;

@@ -8,11 +8,11 @@
 // computes with mma.sync (tensor cores: CUDA-core math would make it compute-bound). q is read in
 // place from rows q_token_stride apart (a view of the fused QKV output needs no copy).
 // On sm_90 with pages a multiple of the tile (32 tokens at head_dim 128, 64 at 64) one thread
-// brings each tile by the TMA instead (decode_tma_kernel); elsewhere every thread copies its part
-// by cp.async. LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's wave model
-// (tuning), LONGCTX_DECODE_LOADER=0 forces cp.async and =2 TMA stages of twice the tokens (3 of
-// them; head_dim 128), LONGCTX_DECODE_COMPUTE=1 swaps the mma operands (cp.async only;
-// docs/benchmarks.md has the variants measured).
+// brings each tile by the TMA instead (decode_tma_kernel; at head_dim 128 in 3 stages of 64
+// tokens where the pages hold them); elsewhere every thread copies its part by cp.async.
+// LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's wave model (tuning),
+// LONGCTX_DECODE_LOADER=0 forces cp.async and =1 the TMA tiles of 32 tokens (docs/benchmarks.md
+// has the variants measured).
 //
 //   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
 //   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
@@ -43,7 +43,6 @@ struct DecodePlan {
   int head_dim = 0;
   int page_size = 0;
   int chunk_tokens = 0;  // keys per split
-  int compute = 0;  // the tile compute: 0 q heads as mma rows, 1 swapped (LONGCTX_DECODE_COMPUTE)
   int loader = 0;   // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
   int num_work_items = 0;                 // items of the grid (CTAs: items x kv heads x tiles)
   int num_partials = 0;                   // partial states (0: no request was split)

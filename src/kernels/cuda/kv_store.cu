@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/kv_store_cpu.h"
 #include "kernels/cuda/kv_store.h"
+#include "kernels/cuda/pdl.cuh"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -35,6 +36,8 @@ struct KvStoreArgs {
 // Vec: the copy unit (uint4 / uint2 / uint32_t / uint16_t). blockDim = (bx, by).
 template <typename Vec>
 __global__ void __launch_bounds__(kThreads) kv_store_kernel(KvStoreArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x * blockDim.y + threadIdx.y;
   if (t >= a.num_tokens) return;
   const int64_t slot = a.slots[t];
@@ -63,8 +66,7 @@ void launch(KvStoreArgs a, cudaStream_t stream) {
   const int by = kThreads / bx;
   const dim3 block{unsigned(bx), unsigned(by)};
   const dim3 grid{unsigned((int64_t(a.num_tokens) + by - 1) / by)};
-  kv_store_kernel<Vec><<<grid, block, 0, stream>>>(a);
-  LONGCTX_CUDA_CHECK_LAUNCH("kv_store_kernel");
+  launch_pdl(kv_store_kernel<Vec>, grid, block, 0, stream, a);
 }
 
 bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
