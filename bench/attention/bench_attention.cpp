@@ -592,7 +592,6 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
     }
   unsetenv("LONGCTX_DECODE_SLOTS");
   unsetenv("LONGCTX_DECODE_OVERHEAD");
-  unsetenv("LONGCTX_DECODE_COMPUTE");
   unsetenv("LONGCTX_DECODE_LOADER");
 }
 
@@ -619,7 +618,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--decode") == 0) {
     std::vector<DecodeVariant> variants;
     if (!parse_variants(argc >= 3 ? argv[2] : "default", &variants)) {
-      std::fprintf(stderr, "--decode: want variants like default,s=2,s=3/o=64,c=1,l=0, got %s\n",
+      std::fprintf(stderr, "--decode: want variants like default,s=2,s=3/o=64,l=1,l=0, got %s\n",
                    argv[2]);
       return 2;
     }

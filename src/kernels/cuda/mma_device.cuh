@@ -1,6 +1,6 @@
 // PTX wrappers shared by the mma.sync kernels (prefill.cu, decode.cu, xattention.cu): cp.async
-// global -> shared copies, ldmatrix, movmatrix, mma.sync m16n8k16 / m16n8k8 with fp32 accumulation,
-// and the XOR swizzle of [rows][D] shared-memory tiles that keeps ldmatrix and cp.async free of
+// global -> shared copies, ldmatrix, mma.sync m16n8k16 / m16n8k8 with fp32 accumulation, and
+// the XOR swizzle of [rows][D] shared-memory tiles that keeps ldmatrix and cp.async free of
 // bank conflicts.
 #pragma once
 
@@ -35,14 +35,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-// The transpose of an 8x8 16-bit matrix held as one fragment (lane l: row l / 4, columns
-// 2 (l % 4) and + 1, low half first), returned in the same layout.
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
 }
 
 // c (16x8 f32) += a (16x16) * b (16x8) [k16], or a (16x8) * b (8x8) [k8].
