@@ -2,8 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <vector>
 
 #include "kernels/cuda/pdl.h"
 #include "longctx/core/cuda_check.h"
@@ -16,18 +14,11 @@ bool pdl_enabled() {
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
   if (!allowed) return false;
-  int device = 0;
+  // The runtime answers attribute queries from its own per-device cache (as tma_supported()).
+  int device = 0, major = 0;
   LONGCTX_CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::vector<int> state;  // per device: -1 unknown, 0 no, 1 yes
-  std::lock_guard<std::mutex> lock(mutex);
-  if (device >= int(state.size())) state.resize(device + 1, -1);
-  if (state[device] < 0) {
-    int major = 0;
-    LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    state[device] = major >= 9 ? 1 : 0;
-  }
-  return state[device] == 1;
+  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9;
 }
 
 }  // namespace longctx::kernels::cuda
