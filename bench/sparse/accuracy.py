@@ -10,14 +10,15 @@ and chunk, as `longctx needle` reports it).
       --policies full quest:1024 quest:1024:avg quest:4096
 A policy is `full`, `quest:BUDGET[:avg]` (avg: head-averaged scores) or
 `xattn:THRESHOLD[:STRIDE][:q]` (q: one mask per q head instead of per KV head);
---common-flags go to every run (defaults: batching and 16 new tokens as
-bench/offload/exactness.py).
+--common-flags='...' go to every run (defaults: batching and 16 new tokens as
+bench/offload/exactness.py; e.g. add --kv-offload and its budgets).
 """
 
 import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -86,8 +87,10 @@ def main() -> None:
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--sink", type=int, default=64)
     ap.add_argument("--window", type=int, default=256)
-    ap.add_argument("--common-flags", nargs="*", default=[
-        "--max-num-seqs", "8", "--max-num-batched-tokens", "8192", "--max-tokens", "16"])
+    ap.add_argument("--common-flags",
+                    default="--max-num-seqs 8 --max-num-batched-tokens 8192 --max-tokens 16",
+                    help="flags for every run, one string given as --common-flags='...' "
+                         "(argparse takes a value that starts with -- only after =)")
     ap.add_argument("samples", nargs="+")
     a = ap.parse_args()
     out = Path(a.out)
@@ -100,7 +103,7 @@ def main() -> None:
         for spec in a.policies:
             path = out / f"{name}.{spec.replace(':', '_')}.json"
             cmd = [a.longctx, "needle", "--model", "models/needle", "--device", "cuda",
-                   "--samples", samples, "--out", str(path)] + a.common_flags + policy_flags(
+                   "--samples", samples, "--out", str(path)] + shlex.split(a.common_flags) + policy_flags(
                        spec, a.page, a.sink, a.window)
             t0 = time.perf_counter()
             p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

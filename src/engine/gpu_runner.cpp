@@ -128,6 +128,13 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
   p.num_host_blocks = host / p.kv_block_bytes;
   const SparseBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
   p.sparse = q.per_block * p.num_host_blocks + q.fixed;
+  if (options.sparse.policy == "xattention") {  // host blocks staged on the GPU per step
+    OffloadGeometry g;
+    g.num_layers = layers;
+    g.block_size = p.block_size;
+    g.num_host_blocks = p.num_host_blocks;
+    p.sparse += xattn_offload_staging(g, p.max_model_len).bytes(layer_block);
+  }
   const int64_t left = p.budget - p.weights - p.activations - p.workspaces - p.ring_bytes -
                        p.offload_buffers - p.sparse;
   p.num_kv_blocks =
@@ -428,7 +435,9 @@ GpuRunner::OffloadCounters GpuRunner::offload_counters() const {
 
 GpuRunner::SparseCounters GpuRunner::sparse_counters() const {
   if (impl_->attention == nullptr) return {};
-  const SparsePrefillCounters c = paged_backend_sparse_prefill_counters(*impl_->attention);
+  const SparsePrefillCounters c = impl_->offload != nullptr
+                                      ? impl_->offload->sparse_prefill_counters()
+                                      : paged_backend_sparse_prefill_counters(*impl_->attention);
   return {c.kept, c.causal};
 }
 

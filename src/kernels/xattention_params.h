@@ -107,6 +107,30 @@ struct XAttnSelectParams {
   double threshold = 0.9;  // in (0, 1]
 };
 
+// The values of the host blocks a step's masks keep (XAttention over an offloaded cache,
+// docs/sparse.md). Item i = (request b, block position j in b's table, source block, destination
+// block): for each KV head h, the rows of the block (keys [j bs, min((j + 1) bs, kv_len)) of
+// request b) that lie in a key block of 128 which some q head of h's group keeps for some query
+// block of b are copied, head h's head_dim elements of each row, from the source block to the
+// destination block (rows [block_size][num_kv_heads][head_dim] at src / dst + block *
+// block_stride bytes). Everything else of the destination is left as it was: the block-sparse
+// prefill reads a KV head's rows of a key block only when some q head of the group keeps it.
+struct XAttnGatherParams {
+  const uint8_t* block_mask = nullptr;   // as XAttnSelectParams: [Hq][q_blocks][k_blocks] per b
+  const int64_t* mask_indptr = nullptr;  // [batch + 1]
+  const int32_t* q_lens = nullptr;       // [batch]
+  const int32_t* kv_lens = nullptr;      // [batch]
+  const int32_t* items = nullptr;        // [num_items][4] (b, j, source block, destination block)
+  int num_items = 0;
+  const void* src = nullptr;  // source block s at src + s * block_stride bytes
+  void* dst = nullptr;        // destination block t at dst + (t + dst_block_offset) * block_stride
+  int64_t block_stride = 0;   // bytes
+  int64_t dst_block_offset = 0;
+  int block_size = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
+  DType dtype = DType::kBF16;
+  unsigned long long* bytes_copied = nullptr;  // optional (CUDA): += bytes copied
+};
+
 // Elements of the GPU path's buffers for steps of up to max_tokens queries in max_seqs sequences
 // of up to max_seq_len keys: the estimate's block_lse (f32) and the mask (u8).
 struct XAttnBuffers {

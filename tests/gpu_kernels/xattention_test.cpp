@@ -11,6 +11,8 @@
 //   - batches mixing long prefills, chunks at an offset, one-query rows and short sequences
 //     (dense masks), strides 4 / 8 / 16, head_dim 64 / 128, GQA 1 / 4 / 8, pages 16 / 128,
 //     and q rows with padding (the fused QKV layout).
+//   - gather (the offload path's values): byte-equal to the reference from mapped pinned host
+//     memory and from device memory, random masks, pages 16 / 64 / 128 / 256, the bytes counter.
 // Every output lives in a guarded buffer pre-filled with NaN bytes; the guards must survive.
 #include "kernels/cuda/xattention.h"
 
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -275,6 +278,95 @@ TEST(XAttentionKernels, EstimateAndSelectMatchTheReference) {
   s.seqs = {{700, 1500}, {2, 900}};
   s.seed = 5;
   run_case(s);
+}
+
+// The gather against its reference: random masks over a batch, every staged block of each
+// request, the source in mapped pinned host memory (as the offload path reads it) or on the
+// device.
+void run_gather(int hq, int hkv, int d, int bs, DType dtype, bool host_src, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "hq " << hq << " hkv " << hkv << " d " << d << " block "
+                                    << bs << (host_src ? " host" : " device") << " source");
+  std::mt19937 rng(seed);
+  const std::vector<std::pair<int, int>> seqs = {{2000, 9000}, {1, 3000}, {300, 300}, {77, 4100}};
+  std::vector<int32_t> q_lens, kv_lens, items;
+  std::vector<int64_t> mask_indptr = {0};
+  int32_t slots = 0;
+  for (int b = 0; b < int(seqs.size()); ++b) {
+    auto [n, kv] = seqs[b];
+    q_lens.push_back(n);
+    kv_lens.push_back(kv);
+    mask_indptr.push_back(mask_indptr.back() + kernels::xattn_mask_elems(n, kv, hq));
+    for (int j = 0; j * bs < kv; ++j)
+      if (rng() % 4 != 0) items.insert(items.end(), {b, j, 0, slots++});
+  }
+  const int num_src = slots + 3;
+  std::vector<int32_t> perm(num_src);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int i = 0; i < slots; ++i) items[4 * i + 2] = perm[i];
+  std::vector<uint8_t> mask(mask_indptr.back());
+  for (auto& m : mask) m = rng() % 7 == 0;
+  const int64_t es = int64_t(dtype_size(dtype)), block = int64_t(bs) * hkv * d * es;
+  const int64_t stride = 2 * block;  // K and V adjacent, as the offload layout
+  std::vector<uint8_t> src(num_src * stride);
+  for (auto& x : src) x = static_cast<uint8_t>(rng());
+  void* host = nullptr;
+  LONGCTX_CUDA_CHECK(cudaHostAlloc(&host, src.size(), cudaHostAllocMapped));
+  std::memcpy(host, src.data(), src.size());
+  GuardedBuffer d_src = upload_vector(src);
+  const int64_t offset = 3;  // destination blocks counted past a base, as the staging is
+  GuardedBuffer d_dst((slots + offset) * stride, 0xFF),
+      d_mask = upload_vector(mask), d_mask_indptr = upload_vector(mask_indptr),
+      d_q = upload_vector(q_lens), d_kv = upload_vector(kv_lens), d_items = upload_vector(items),
+      d_bytes(8, 0);
+  kernels::XAttnGatherParams p;
+  p.block_mask = mask.data();
+  p.mask_indptr = mask_indptr.data();
+  p.q_lens = q_lens.data();
+  p.kv_lens = kv_lens.data();
+  p.items = items.data();
+  p.num_items = slots;
+  p.block_stride = stride;
+  p.dst_block_offset = offset;
+  p.block_size = bs;
+  p.num_qo_heads = hq;
+  p.num_kv_heads = hkv;
+  p.head_dim = d;
+  p.dtype = dtype;
+  std::vector<uint8_t> want((slots + offset) * stride, 0xFF);
+  p.src = src.data() + block;  // V: the second half of each block
+  p.dst = want.data() + block;
+  const int64_t copied = kernels::cpu::xattn_gather_values(p);
+  p.block_mask = static_cast<const uint8_t*>(d_mask.data());
+  p.mask_indptr = static_cast<const int64_t*>(d_mask_indptr.data());
+  p.q_lens = static_cast<const int32_t*>(d_q.data());
+  p.kv_lens = static_cast<const int32_t*>(d_kv.data());
+  p.items = static_cast<const int32_t*>(d_items.data());
+  p.src = static_cast<const char*>(host_src ? host : d_src.data()) + block;
+  p.dst = static_cast<char*>(d_dst.data()) + block;
+  p.bytes_copied = static_cast<unsigned long long*>(d_bytes.data());
+  ASSERT_TRUE(kernels::cuda::xattn_gather_supported(p));
+  kernels::cuda::xattn_gather_run(p, nullptr);
+  LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint8_t> got(want.size());
+  d_dst.download(got.data());
+  int64_t counted = 0;
+  d_bytes.download(&counted);
+  cudaFreeHost(host);
+  EXPECT_TRUE(got == want) << "the gathered blocks differ from the reference";
+  EXPECT_EQ(counted, copied);
+  EXPECT_GT(copied, 0);
+  EXPECT_LT(copied, int64_t(slots) * block);  // sparse masks: not every row
+  EXPECT_TRUE(d_dst.guards_intact());
+  std::printf("    gather: %d blocks, %lld of %lld bytes kept\n", slots,
+              static_cast<long long>(copied), static_cast<long long>(int64_t(slots) * block));
+}
+
+TEST(XAttentionKernels, GatherCopiesTheKeptValues) {
+  run_gather(32, 8, 128, 128, DType::kBF16, true, 1);
+  run_gather(32, 8, 128, 256, DType::kBF16, true, 2);
+  run_gather(16, 2, 64, 16, DType::kF16, false, 3);
+  run_gather(12, 4, 64, 64, DType::kBF16, true, 4);
 }
 
 TEST(XAttentionKernels, BadShapesAreClearErrors) {

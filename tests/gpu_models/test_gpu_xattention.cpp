@@ -5,6 +5,10 @@
 //     attention over the kept blocks in fp32; the mask is sparse (the counters say so) and the
 //     output differs from the dense backend's;
 //   - threshold 1 keeps every block: the dense output;
+//   - through the CUDA offload device (a GPU cache much smaller than the context, three layers:
+//     both staging buffers), every step with a prefill equals the resident backend's bit for bit,
+//     decode rows mixed in included; the host reads are the keys of every host block and the
+//     values of the kept ones only;
 //   - the engine generates with xattention (chunked prefill, decodes mixed into prefill steps)
 //     and reports a density below 1.
 #include <gtest/gtest.h>
@@ -13,6 +17,7 @@
 #include <numeric>
 #include <random>
 
+#include "attention/backends/offload_backend.h"
 #include "attention/backends/paged_backend.h"
 #include "common/test_data.h"
 #include "engine/step_batch.h"
@@ -177,6 +182,104 @@ TEST(GpuXAttention, ThresholdOneIsDense) {
   Geometry g;
   g.xattn.threshold = 1.0;
   check_prefill(g, false);
+}
+
+// Two sequences over three layers: A prefills in chunks, then B prefills in chunks with A's
+// decode rows in the same steps, then decode-only steps (those run dense through the ring).
+TEST(GpuXAttention, OffloadedPrefillIsTheResidentOne) {
+  Geometry g;
+  const int64_t bs = g.block_size, layers = 3, lens[2] = {1700, 1300}, decodes = 6;
+  int64_t blocks = 0;
+  for (int64_t len : lens) blocks += (len + 2 * decodes + bs - 1) / bs;
+  PagedKVPoolConfig kv{layers, g.hkv, g.d, bs, blocks + 1, DType::kBF16, Device::cuda(0)};
+  PagedKVPool pool(kv);
+  PagedBackendLimits limits{g.chunk + 8, 4, 4 * blocks, 4096};
+  const float scale = 1.f / std::sqrt(float(g.d));
+  auto resident = make_paged_attention_backend(pool, g.hq, scale, limits, g.xattn);
+  OffloadDeviceConfig d;
+  const int64_t gpu_blocks = g.chunk / bs + 2 * 4 + 2;  // what a step writes, and little more
+  d.geometry = {layers, bs, blocks + 1, gpu_blocks, 2, 4};
+  d.num_qo_heads = g.hq;
+  d.num_kv_heads = g.hkv;
+  d.head_dim = g.d;
+  d.sm_scale = scale;
+  d.device = Device::cuda(0);
+  d.max_tokens = g.chunk + 8;
+  d.max_seqs = 4;
+  d.sparse = g.xattn;
+  d.max_model_len = 4096;
+  OffloadAttentionBackend offload(d.geometry, make_cuda_offload_device(d));
+
+  std::vector<std::vector<int32_t>> tables(2), tokens(2);
+  int32_t next = 0;
+  for (int s = 0; s < 2; ++s) {
+    for (int64_t b = 0; b < (lens[s] + 2 * decodes + bs - 1) / bs; ++b) tables[s].push_back(next++);
+    tokens[s].assign(lens[s] + 2 * decodes, 1);
+  }
+  Data data(g.d, 13);
+  int64_t done[2] = {0, 0}, prefill_steps = 0, host_k_blocks = 0;
+  double worst_decode = 0;
+  auto step = [&](const std::vector<StepInput>& in) {
+    ForwardBatch batch = make_forward_batch(in, bs);
+    bool prefill = false;
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) prefill = prefill || batch.q_len(s) > 1;
+    resident->plan(batch);
+    offload.plan(batch);
+    for (int64_t l = 0; l < layers; ++l) {
+      const int64_t t = batch.num_tokens(), t0 = batch.kv_lens[0] + 31 * l;
+      Tensor k = data.make(t0, t, g.hkv, g.d, false).to(Device::cuda(0));
+      Tensor v = data.make(t0 + 7, t, g.hkv, g.d, false).to(Device::cuda(0));
+      Tensor q = data.make(t0, t, g.hq, g.d, true).to(Device::cuda(0));
+      AttentionBackend* backends[2] = {resident.get(), &offload};
+      Tensor o[2];
+      for (int i = 0; i < 2; ++i) {
+        backends[i]->store_kv(l, k, v);
+        o[i] = backends[i]->attend(l, q).to(Device::cpu()).to_dtype(DType::kF32);
+      }
+      double diff = 0;
+      for (int64_t i = 0; i < o[0].numel(); ++i)
+        diff = std::max(diff, double(std::fabs(o[0].data<float>()[i] - o[1].data<float>()[i])));
+      if (prefill)
+        ASSERT_EQ(diff, 0.0) << "layer " << l << " of a prefill step at kv " << batch.kv_lens[0];
+      else
+        worst_decode = std::max(worst_decode, diff);
+    }
+    if (prefill) {
+      ++prefill_steps;
+      for (int64_t s = 0; s < batch.num_seqs(); ++s)  // the staged blocks: host ones < kv_len
+        for (int64_t j = 0; j * bs < batch.kv_lens[s]; ++j)
+          host_k_blocks +=
+              offload.planner().gpu_block(batch.block_tables[batch.block_table_indptr[s] + j]) < 0;
+    }
+  };
+  for (int s = 0; s < 2; ++s)
+    while (done[s] < lens[s]) {
+      const int64_t n = std::min(g.chunk, lens[s] - done[s]);
+      std::vector<StepInput> in;
+      if (s == 1) in.push_back({0, tokens[0], done[0]++, 1, tables[0], true});
+      in.push_back({uint64_t(s), tokens[s], done[s], n, tables[s], true});
+      step(in);
+      done[s] += n;
+    }
+  for (int k = 0; k < decodes; ++k)
+    step({{0, tokens[0], done[0]++, 1, tables[0], true},
+          {1, tokens[1], done[1]++, 1, tables[1], true}});
+  const SparsePrefillCounters c = offload.sparse_prefill_counters();
+  const SparsePrefillCounters cr = paged_backend_sparse_prefill_counters(*resident);
+  const int64_t page_bytes = bs * g.hkv * g.d * 2, read = offload.sparse_host_bytes_read();
+  std::printf(
+      "  offloaded xattention: %lld prefill steps equal the resident ones, density %.3f, host "
+      "reads %.2f MB (keys of every host block %.2f MB), decode steps within %.2e\n",
+      static_cast<long long>(prefill_steps), double(c.kept) / double(c.causal), read / 1e6,
+      host_k_blocks * layers * page_bytes / 1e6, worst_decode);
+  EXPECT_EQ(c.kept, cr.kept);
+  EXPECT_EQ(c.causal, cr.causal);
+  EXPECT_LT(c.kept, c.causal);
+  // The keys of every staged block, and the values of fewer (the dense ring reads both of all).
+  EXPECT_GT(read, host_k_blocks * layers * page_bytes);
+  EXPECT_LT(read, 2 * host_k_blocks * layers * page_bytes);
+  EXPECT_LT(worst_decode, 2e-2);
+  EXPECT_GT(prefill_steps, 4);
 }
 
 TEST(GpuXAttention, EngineGeneratesAndReportsItsDensity) {

@@ -2,10 +2,11 @@
 // policy test (test_sparse_policy.cpp) covers through the policy: batches with dense requests
 // (one query, at most two key blocks: dense causal masks, no estimate written), the per-KV-head
 // masks of a batch equal to each request selected alone, the buffer bound of the memory plan,
-// and bad parameters.
+// the gather of kept values (the offload path), and bad parameters.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -147,6 +148,76 @@ TEST(XAttentionReference, BuffersBoundEveryStepWithinTheLimits) {
       EXPECT_LE(lse, cap.lse_elems);
       EXPECT_LE(mask, cap.mask_elems);
     }
+  }
+}
+
+// The gather of the offload path copies exactly the rows of head h whose key block some q head
+// of h's group keeps for some query block, and nothing else; checked against the mask directly.
+TEST(XAttentionReference, GatherCopiesExactlyTheKeptRowsOfEachHead) {
+  for (int bs : {16, 128, 256}) {
+    SCOPED_TRACE(::testing::Message() << "block size " << bs);
+    const int hq = 8, hkv = 2, d = 4, group = hq / hkv;
+    const std::vector<std::pair<int, int>> seqs = {{300, 1000}, {1, 700}, {129, 129}};
+    std::mt19937 rng(bs);
+    std::vector<int32_t> q_lens, kv_lens, items;
+    std::vector<int64_t> mask_indptr = {0};
+    int32_t next = 0;
+    for (int b = 0; b < int(seqs.size()); ++b) {
+      auto [n, kv] = seqs[b];
+      q_lens.push_back(n);
+      kv_lens.push_back(kv);
+      mask_indptr.push_back(mask_indptr.back() + xattn_mask_elems(n, kv, hq));
+      for (int j = 0; j * bs < kv; ++j)
+        if (rng() % 3 != 0) items.insert(items.end(), {b, j, 2 * next + 1, next++});
+    }
+    std::vector<uint8_t> mask(mask_indptr.back());
+    for (auto& m : mask) m = rng() % 5 == 0;
+    const int64_t row = int64_t(hkv) * d, block = bs * row;
+    std::vector<float> src(2 * next * block), dst(next * block, -1.f);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = float(i);
+    XAttnGatherParams p;
+    p.block_mask = mask.data();
+    p.mask_indptr = mask_indptr.data();
+    p.q_lens = q_lens.data();
+    p.kv_lens = kv_lens.data();
+    p.items = items.data();
+    p.num_items = int(items.size() / 4);
+    p.src = src.data();
+    p.dst = dst.data() - 2 * block;  // destination blocks counted from an offset
+    p.dst_block_offset = 2;
+    p.block_stride = block * int64_t(sizeof(float));
+    p.block_size = bs;
+    p.num_qo_heads = hq;
+    p.num_kv_heads = hkv;
+    p.head_dim = d;
+    p.dtype = DType::kF32;
+    const int64_t copied = xattn_gather_values(p);
+    int64_t expect_copied = 0, kept_rows = 0, rows = 0;
+    for (int i = 0; i < p.num_items; ++i) {
+      const int b = items[4 * i], j = items[4 * i + 1], s = items[4 * i + 2], t = items[4 * i + 3];
+      const int nqb = int(xattn_blocks(q_lens[b])), nkb = int(xattn_blocks(kv_lens[b]));
+      for (int r = 0; r < bs; ++r)
+        for (int h = 0; h < hkv; ++h) {
+          const int tok = j * bs + r;
+          bool keep = false;
+          for (int x = 0; x < group * nqb && tok < kv_lens[b]; ++x)
+            keep =
+                keep ||
+                mask[mask_indptr[b] + ((h * group + x / nqb) * nqb + x % nqb) * nkb + tok / 128] !=
+                    0;
+          for (int e = 0; e < d; ++e) {
+            const float want = keep ? src[s * block + r * row + h * d + e] : -1.f;
+            ASSERT_EQ(dst[t * block + r * row + h * d + e], want)
+                << "item " << i << " row " << r << " head " << h;
+          }
+          expect_copied += keep ? d * 4 : 0;
+          kept_rows += keep;
+          rows += tok < kv_lens[b];
+        }
+    }
+    EXPECT_EQ(copied, expect_copied);
+    EXPECT_GT(kept_rows, 0);
+    EXPECT_LT(kept_rows, rows);  // the masks are sparse: some rows stay behind
   }
 }
 

@@ -85,7 +85,9 @@ void run(const Options& o) {
         "  context %lld: prefill %.3f s (%.0f tok/s, %.2f GB from the host, %.2f GB written "
         "back), decode %.3f ms/token mean, %.3f median",
         static_cast<long long>(n), prefill, double(n) / prefill,
-        double(c1.host_bytes_loaded - c0.host_bytes_loaded) / 1e9,
+        double(c1.host_bytes_loaded - c0.host_bytes_loaded + c1.sparse_host_bytes_read -
+               c0.sparse_host_bytes_read) /
+            1e9,
         double(c1.host_bytes_written - c0.host_bytes_written) / 1e9, 1e3 * mean,
         1e3 * sorted[sorted.size() / 2]);
     if (r.kv_offload) {
@@ -96,6 +98,13 @@ void run(const Options& o) {
           double(n) * double(plan.kv_block_bytes) / double(plan.block_size) / 1e9,
           double(plan.kv_bytes()) / 1e9, double(plan.host_kv_bytes()) / 1e9, per_step_bytes / 1e9,
           per_step_bytes / mean / 1e9, bound_ms, bound_ms > 0 ? 1e3 * mean / bound_ms : 0.0);
+    }
+    if (r.sparse.policy == "xattention") {
+      const auto sc = runner.sparse_counters();
+      std::printf("; prefill density %.3f (key blocks kept of causal, all prompts so far)",
+                  sc.prefill_blocks_causal > 0
+                      ? double(sc.prefill_blocks_kept) / double(sc.prefill_blocks_causal)
+                      : 0.0);
     }
     std::printf("\n");
     std::fflush(stdout);

@@ -5,6 +5,7 @@
 
 #include "attention/backends/paged_backend.h"
 #include "longctx/core/error.h"
+#include "longctx/core/logging.h"
 
 namespace longctx {
 
@@ -27,16 +28,17 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   limits.max_blocks = std::numeric_limits<int32_t>::max();
   check_paged_batch(batch, g.block_size, g.num_host_blocks, limits);
   plan_ = planner_.plan(batch, copies_, [this](uint64_t t) { return device_->ticket_done(t); });
-  sparse_step_ = device_->sparse_step(batch);
+  std::vector<int32_t> loc;
+  if (device_->sparse())
+    for (int32_t host : batch.block_tables) {
+      const int32_t gpu = planner_.gpu_block(host);
+      loc.push_back(gpu >= 0 ? gpu : -host - 1);
+    }
+  sparse_step_ = device_->sparse() && device_->sparse_step(batch, loc);
   if (sparse_step_) plan_.items.clear();  // the device reads the selected host pages in place
   device_->begin_step(plan_);
   if (device_->sparse()) {
-    std::vector<int32_t> loc;
-    if (sparse_step_)
-      for (int32_t host : batch.block_tables) {
-        const int32_t gpu = planner_.gpu_block(host);
-        loc.push_back(gpu >= 0 ? gpu : -host - 1);
-      }
+    if (!sparse_step_) loc.clear();
     device_->plan_sparse(batch, loc, copies_);
   }
   copies_.clear();
@@ -56,7 +58,19 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   planned_ = true;
 }
 
-bool OffloadDevice::sparse_step(const ForwardBatch& batch) const {
+XAttnStaging xattn_offload_staging(const OffloadGeometry& g, int64_t max_model_len) {
+  const int64_t tokens = max_model_len > 0 ? max_model_len : g.num_host_blocks * g.block_size;
+  return {std::min<int64_t>((tokens + g.block_size - 1) / g.block_size, g.num_host_blocks),
+          std::min<int64_t>(2, g.num_layers)};
+}
+
+void warn_xattn_staging_full() {
+  LONGCTX_LOG_WARN(
+      "xattention with KV offload: a step's host blocks exceed the GPU staging (one "
+      "max_model_len sequence); such steps run dense attention through the ring");
+}
+
+bool OffloadDevice::sparse_step(const ForwardBatch& batch, std::span<const int32_t>) const {
   if (!sparse()) return false;
   for (int64_t s = 0; s < batch.num_seqs(); ++s)
     if (batch.q_len(s) != 1) return false;

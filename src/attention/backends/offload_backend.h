@@ -20,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "attention/backends/paged_backend.h"
 #include "kv/offload_planner.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/block_copy.h"
@@ -87,8 +88,9 @@ class OffloadDevice {
   virtual bool sparse() const { return false; }
   // Whether the device attends this step itself (attend_sparse, host blocks read in place, no
   // ring items): by default decode-only steps of a sparse device (quest); a prefill policy
-  // (xattention) takes the steps with a prefill instead.
-  virtual bool sparse_step(const ForwardBatch& batch) const;
+  // (xattention) takes the steps with a prefill instead. block_loc: each batch.block_tables
+  // entry as (GPU block g >= 0, or host block h as -h - 1).
+  virtual bool sparse_step(const ForwardBatch& batch, std::span<const int32_t> block_loc) const;
   // After begin_step, with sparse(): the engine's copies (its metadata follows them) and, on a
   // decode step the device attends itself, where each batch.block_tables entry is (GPU block
   // g >= 0, or host block h as -h - 1); empty otherwise (the plan's ring items run).
@@ -98,7 +100,21 @@ class OffloadDevice {
   virtual Tensor attend_sparse(int64_t layer, const Tensor& q);
   // Host bytes the sparse steps read in place so far (synchronizes).
   virtual int64_t sparse_host_bytes_read() const { return 0; }
+  // A prefill policy's key blocks kept and causal so far (synchronizes).
+  virtual SparsePrefillCounters sparse_prefill_counters() const { return {}; }
 };
+
+// XAttention over an offloaded cache on the GPU stages the host blocks of a step: `buffers`
+// buffers (the next layer's keys load while one computes) of `blocks` blocks (one max_model_len
+// sequence's), after the GPU cache (xattention_offload_cuda.h). The memory plan counts them.
+struct XAttnStaging {
+  int64_t blocks = 0;
+  int64_t buffers = 0;
+  int64_t bytes(int64_t layer_block_bytes) const { return blocks * buffers * layer_block_bytes; }
+};
+XAttnStaging xattn_offload_staging(const OffloadGeometry& geometry, int64_t max_model_len);
+// Logs (from host code) that a step did not fit the staging and runs dense through the ring.
+void warn_xattn_staging_full();
 
 std::unique_ptr<OffloadDevice> make_cpu_offload_device(const OffloadDeviceConfig& config);
 // Throws Error(kUnsupported) in a build without CUDA; Error(kOutOfMemory) naming the pool when
@@ -124,6 +140,9 @@ class OffloadAttentionBackend final : public AttentionBackend {
   const OffloadStats& stats() const { return stats_; }
   // Host bytes the device's sparse policy read in place (not through the ring); synchronizes.
   int64_t sparse_host_bytes_read() const { return device_->sparse_host_bytes_read(); }
+  SparsePrefillCounters sparse_prefill_counters() const {
+    return device_->sparse_prefill_counters();
+  }
   int64_t layer_block_bytes() const { return layer_block_bytes_; }
   void set_layer_block_bytes(int64_t bytes) { layer_block_bytes_ = bytes; }
 

@@ -11,8 +11,8 @@
 // XAttention (--sparse-policy xattention) takes the steps with a prefill: per sequence the
 // estimate reads the keys of every block (host blocks in place), the policy picks the chunk's
 // mask, and only the blocks some head keeps have their values read; the masked attention is the
-// resident CPU engine's (kernels::cpu::paged_prefill_ref with the policy's mask). The GPU device
-// does not run it yet.
+// resident CPU engine's (kernels::cpu::paged_prefill_ref with the policy's mask), the plan the
+// CUDA device runs (xattention_offload_cuda.h).
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -68,8 +68,8 @@ class CpuOffloadDevice final : public OffloadDevice {
   }
 
   bool sparse() const override { return quest_ || xattn_ != nullptr; }
-  bool sparse_step(const ForwardBatch& batch) const override {
-    if (xattn_ == nullptr) return OffloadDevice::sparse_step(batch);
+  bool sparse_step(const ForwardBatch& batch, std::span<const int32_t> block_loc) const override {
+    if (xattn_ == nullptr) return OffloadDevice::sparse_step(batch, block_loc);
     for (int64_t s = 0; s < batch.num_seqs(); ++s)
       if (batch.q_len(s) > 1) return true;
     return false;

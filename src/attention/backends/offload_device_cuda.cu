@@ -18,6 +18,7 @@
 
 #include "attention/backends/offload_backend.h"
 #include "attention/backends/quest_cuda.h"
+#include "attention/backends/xattention_offload_cuda.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/kv_store.h"
@@ -80,7 +81,17 @@ class CudaOffloadDevice final : public OffloadDevice {
                     "lower --host-kv-budget ({})",
                     format_bytes(host_bytes), g_.num_host_blocks, e.what());
     }
-    gpu_ = Tensor::empty({g_.num_layers * g_.num_gpu_blocks * block_bytes_}, DType::kU8, device_);
+    c.sparse.validate();
+    LONGCTX_CHECK(
+        c.sparse.policy == "full" || c.sparse.policy == "quest" || c.sparse.policy == "xattention",
+        ErrorCode::kUnsupported, "--sparse-policy {} with KV offload: not built", c.sparse.policy);
+    // XAttention stages host blocks after the cache's last layer (xattention_offload_cuda.h).
+    const XAttnStaging staging = c.sparse.policy == "xattention"
+                                     ? xattn_offload_staging(g_, c.max_model_len)
+                                     : XAttnStaging{};
+    gpu_ = Tensor::empty(
+        {(g_.num_layers * g_.num_gpu_blocks + staging.buffers * staging.blocks) * block_bytes_},
+        DType::kU8, device_);
     ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * block_bytes_}, DType::kU8, device_);
     const int64_t rows = c.max_tokens * c.num_qo_heads;
     part_o_ = Tensor::empty({rows * c.head_dim}, DType::kF32, device_);
@@ -91,10 +102,35 @@ class CudaOffloadDevice final : public OffloadDevice {
       ready_.emplace_back(device_);
       free_.emplace_back(device_);
     }
-    c.sparse.validate();
-    LONGCTX_CHECK(c.sparse.policy == "full" || c.sparse.policy == "quest", ErrorCode::kUnsupported,
-                  "--sparse-policy {} with KV offload: not built yet (quest is; docs/sparse.md)",
-                  c.sparse.policy);
+    if (c.sparse.policy == "xattention") {
+      LONGCTX_CHECK(!generic_, ErrorCode::kUnsupported,
+                    "--sparse-policy xattention with KV offload: head_dim {} (the GPU path takes "
+                    "64 or 128)",
+                    c.head_dim);
+      LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev_, host_.data_ptr(), 0));
+      XAttnOffloadConfig x;
+      x.xattn.options = c.sparse;
+      x.xattn.num_qo_heads = c.num_qo_heads;
+      x.xattn.num_kv_heads = c.num_kv_heads;
+      x.xattn.sm_scale = c.sm_scale;
+      x.xattn.device = device_;
+      x.xattn.max_tokens = c.max_tokens;
+      x.xattn.max_seqs = c.max_seqs;
+      x.xattn.max_seq_len = c.max_model_len > 0 ? c.max_model_len : staging.blocks * g_.block_size;
+      x.num_layers = g_.num_layers;
+      x.num_gpu_blocks = g_.num_gpu_blocks;
+      x.num_host_blocks = g_.num_host_blocks;
+      x.block_size = g_.block_size;
+      x.num_kv_heads = c.num_kv_heads;
+      x.head_dim = c.head_dim;
+      x.dtype = c.dtype;
+      x.staging_blocks = staging.blocks;
+      x.num_buffers = staging.buffers;
+      xattn_ = std::make_unique<XAttnOffloadCuda>(
+          x, XAttnOffloadMemory{static_cast<char*>(gpu_.data_ptr()),
+                                static_cast<const char*>(host_.data_ptr()),
+                                static_cast<const char*>(host_dev_)});
+    }
     if (c.sparse.policy == "quest") {
       QuestCudaConfig q;
       q.options = c.sparse;
@@ -115,14 +151,41 @@ class CudaOffloadDevice final : public OffloadDevice {
     }
   }
 
-  bool sparse() const override { return quest_ != nullptr; }
+  bool sparse() const override { return quest_ != nullptr || xattn_ != nullptr; }
+  bool sparse_step(const ForwardBatch& batch, std::span<const int32_t> block_loc) const override {
+    if (xattn_ == nullptr) return OffloadDevice::sparse_step(batch, block_loc);
+    // Steps with a prefill whose host blocks fit the staging; others run dense through the ring.
+    bool prefill = false;
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) prefill = prefill || batch.q_len(s) > 1;
+    if (!prefill) return false;
+    if (xattn_->fits(batch, block_loc)) return true;
+    if (!staging_warned_) warn_xattn_staging_full();
+    staging_warned_ = true;
+    return false;
+  }
   int64_t sparse_host_bytes_read() const override {
+    if (xattn_ != nullptr) return xattn_->host_bytes_read();
     return quest_ != nullptr ? quest_->memory1_bytes_read() : 0;
+  }
+  SparsePrefillCounters sparse_prefill_counters() const override {
+    if (xattn_ == nullptr) return {};
+    const XAttnCuda::Counters c = xattn_->counters();
+    return {c.kept, c.causal};
   }
 
   void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
                    std::span<const KVBlockCopy> copies) override {
     cudaStream_t compute = stream();
+    if (xattn_ != nullptr) {
+      if (block_loc.empty()) return;  // a step through the ring
+      // Host blocks are read by both streams: after write-backs of them still in flight.
+      if (plan_->load_wait_ticket) {
+        wait_ticket(compute, plan_->load_wait_ticket);
+        wait_ticket(cuda_handle(h2d_), plan_->load_wait_ticket);
+      }
+      xattn_->plan(batch, block_loc, compute, h2d_);
+      return;
+    }
     quest_->copy_blocks(copies, compute);
     quest_->plan(batch, plan_->slots, block_loc, compute);
     // Host pages are read by the compute stream: after write-backs of them still in flight.
@@ -131,6 +194,7 @@ class CudaOffloadDevice final : public OffloadDevice {
   }
 
   Tensor attend_sparse(int64_t layer, const Tensor& q) override {
+    if (xattn_ != nullptr) return xattn_->attend(layer, q, stream(), h2d_);
     q_ = q.contiguous();
     Tensor out = Tensor::empty({q.size(0), c_.num_qo_heads * c_.head_dim}, c_.dtype, device_);
     const int64_t v_off = page_ * esize_;
@@ -497,8 +561,10 @@ class CudaOffloadDevice final : public OffloadDevice {
   std::vector<CallPlan> items_;
   int64_t slots_ = 0;  // word offset of the int64 slots
   const OffloadStepPlan* plan_ = nullptr;
-  std::unique_ptr<QuestCuda> quest_;  // --sparse-policy quest
-  void* host_dev_ = nullptr;          // host_'s device address (quest reads it in place)
+  std::unique_ptr<QuestCuda> quest_;         // --sparse-policy quest
+  std::unique_ptr<XAttnOffloadCuda> xattn_;  // --sparse-policy xattention
+  void* host_dev_ = nullptr;  // host_'s device address (the sparse policies read it in place)
+  mutable bool staging_warned_ = false;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/decode_elem.h"
@@ -149,6 +150,37 @@ void xattn_select(const XAttnSelectParams& p) {
       }
     }
   }
+}
+
+bool xattn_gather_keeps(const XAttnGatherParams& p, int b, int h, int64_t kb) {
+  const int64_t nqb = xattn_blocks(p.q_lens[b]), nkb = xattn_blocks(p.kv_lens[b]);
+  const int group = p.num_qo_heads / p.num_kv_heads;
+  const uint8_t* m = p.block_mask + p.mask_indptr[b];
+  for (int hq = h * group; hq < (h + 1) * group; ++hq)
+    for (int64_t qb = 0; qb < nqb; ++qb)
+      if (m[(hq * nqb + qb) * nkb + kb] != 0) return true;
+  return false;
+}
+
+int64_t xattn_gather_values(const XAttnGatherParams& p) {
+  const int64_t es = static_cast<int64_t>(dtype_size(p.dtype)), bs = p.block_size;
+  const int64_t head_bytes = p.head_dim * es, row_bytes = p.num_kv_heads * head_bytes;
+  int64_t copied = 0;
+  for (int i = 0; i < p.num_items; ++i) {
+    const int32_t* it = p.items + 4 * i;
+    const int b = it[0];
+    const int64_t t0 = int64_t(it[1]) * bs, t1 = std::min<int64_t>(t0 + bs, p.kv_lens[b]);
+    const char* src = static_cast<const char*>(p.src) + int64_t(it[2]) * p.block_stride;
+    char* dst = static_cast<char*>(p.dst) + (it[3] + p.dst_block_offset) * p.block_stride;
+    for (int h = 0; h < p.num_kv_heads; ++h)
+      for (int64_t t = t0; t < t1; ++t) {
+        if (!xattn_gather_keeps(p, b, h, t / kBlock)) continue;
+        const int64_t at = (t - t0) * row_bytes + h * head_bytes;
+        std::memcpy(dst + at, src + at, static_cast<size_t>(head_bytes));
+        copied += head_bytes;
+      }
+  }
+  return copied;
 }
 
 }  // namespace longctx::kernels::cpu

@@ -17,6 +17,12 @@ void check_xattn_options(int stride, double threshold);
 void xattn_estimate(const XAttnEstimateParams& params);
 void xattn_select(const XAttnSelectParams& params);
 
+// Copies what XAttnGatherParams names; returns the bytes copied.
+int64_t xattn_gather_values(const XAttnGatherParams& params);
+// Whether request b's mask keeps key block kb (of 128) for some q head of KV head h's group and
+// some query block.
+bool xattn_gather_keeps(const XAttnGatherParams& params, int b, int h, int64_t kb);
+
 // Request b's masses of (q head h, query block i) per key block [k_blocks], from block_lse.
 std::vector<double> xattn_block_masses(const XAttnSelectParams& params, int b, int h, int64_t i);
 

@@ -334,6 +334,57 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(XAttnSelectParam
     for (int j = tid; j < k_blocks; j += kSelectThreads) out[u * head_stride + j] = out[j];
 }
 
+constexpr int kGatherThreads = 128;
+constexpr int kGatherUnroll = 4;  // 16-byte loads in flight per thread (the source may be host)
+
+// One CTA per (item, KV head): which of the block's key blocks of 128 the KV head's q heads keep
+// (over every query block), then head h's rows of those, 16 bytes a lane.
+__global__ void __launch_bounds__(kGatherThreads) gather_kernel(XAttnGatherParams p) {
+  const int* it = p.items + 4 * blockIdx.x;
+  const int b = it[0], h = blockIdx.y, tid = threadIdx.x;
+  const int kv = p.kv_lens[b], n = p.q_lens[b];
+  const int t0 = it[1] * p.block_size, t1 = min(t0 + p.block_size, kv);
+  if (t0 >= t1) return;
+  const int nqb = (n + kSparseBlock - 1) / kSparseBlock,
+            nkb = (kv + kSparseBlock - 1) / kSparseBlock;
+  const int group = p.num_qo_heads / p.num_kv_heads;
+  const uint8_t* m = p.block_mask + p.mask_indptr[b];
+  const int es = p.dtype == DType::kF32 ? 4 : 2;
+  const int vecs = p.head_dim * es / 16;  // 16-byte vectors of one head's row
+  const int64_t row_vecs = int64_t(p.num_kv_heads) * vecs;
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(p.src) +
+                                                    int64_t(it[2]) * p.block_stride) +
+                     h * vecs;
+  uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.dst) +
+                                        (it[3] + p.dst_block_offset) * p.block_stride) +
+               h * vecs;
+  int copied = 0;
+  for (int kb = t0 / kSparseBlock; kb <= (t1 - 1) / kSparseBlock; ++kb) {
+    int keep = 0;
+    for (int x = tid; x < group * nqb && !keep; x += kGatherThreads)
+      keep = m[(int64_t(h * group + x / nqb) * nqb + x % nqb) * nkb + kb] != 0;
+    if (!__syncthreads_or(keep)) continue;
+    const int r0 = max(t0, kb * kSparseBlock) - t0, r1 = min(t1, (kb + 1) * kSparseBlock) - t0;
+    const int total = (r1 - r0) * vecs;
+    for (int v0 = tid; v0 < total; v0 += kGatherThreads * kGatherUnroll) {
+      uint4 x[kGatherUnroll];
+#pragma unroll
+      for (int u = 0; u < kGatherUnroll; ++u) {
+        const int v = v0 + u * kGatherThreads;
+        if (v < total) x[u] = src[(r0 + v / vecs) * row_vecs + v % vecs];
+      }
+#pragma unroll
+      for (int u = 0; u < kGatherUnroll; ++u) {
+        const int v = v0 + u * kGatherThreads;
+        if (v < total) dst[(r0 + v / vecs) * row_vecs + v % vecs] = x[u];
+      }
+    }
+    copied += total * 16;
+  }
+  if (tid == 0 && p.bytes_copied != nullptr && copied > 0)
+    atomicAdd(p.bytes_copied, static_cast<unsigned long long>(copied));
+}
+
 template <int D, int S, typename T>
 void launch_estimate(const XAttnEstimateParams& p, cudaStream_t stream) {
   constexpr int smem = estimate_smem_bytes<D, T>();
@@ -429,6 +480,24 @@ void xattn_select_run(const XAttnSelectParams& p, int max_k_blocks, cudaStream_t
   require_dynamic_smem(select_kernel, smem);
   select_kernel<<<dim3(p.num_work_items, p.num_qo_heads / p.heads_per_mask), kSelectThreads, smem,
                   stream>>>(p);
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+bool xattn_gather_supported(const XAttnGatherParams& p) {
+  const int64_t es = static_cast<int64_t>(dtype_size(p.dtype));
+  return p.num_kv_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0 && p.block_size > 0 &&
+         (p.head_dim * es) % 16 == 0 && p.block_stride % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.src) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.dst) % 16 == 0 &&
+         (p.dtype == DType::kBF16 || p.dtype == DType::kF16 || p.dtype == DType::kF32);
+}
+
+void xattn_gather_run(const XAttnGatherParams& p, cudaStream_t stream) {
+  LONGCTX_CHECK(xattn_gather_supported(p), ErrorCode::kUnsupported,
+                "xattention gather: head_dim {} of {}, {} q / {} kv heads, block stride {}",
+                p.head_dim, dtype_name(p.dtype), p.num_qo_heads, p.num_kv_heads, p.block_stride);
+  if (p.num_items == 0) return;
+  gather_kernel<<<dim3(p.num_items, p.num_kv_heads), kGatherThreads, 0, stream>>>(p);
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 

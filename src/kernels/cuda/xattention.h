@@ -54,4 +54,10 @@ void xattn_estimate_run(const XAttnEstimateParams& params, cudaStream_t stream);
 // max_k_blocks: XAttnPlan::max_k_blocks of the plan whose items params names.
 void xattn_select_run(const XAttnSelectParams& params, int max_k_blocks, cudaStream_t stream);
 
+// XAttnGatherParams (head_dim * element size a multiple of 16 bytes, blocks 16-byte aligned):
+// one CTA per (item, KV head); src may be mapped pinned host memory (the offload path reads the
+// host pool in place over the link).
+bool xattn_gather_supported(const XAttnGatherParams& params);
+void xattn_gather_run(const XAttnGatherParams& params, cudaStream_t stream);
+
 }  // namespace longctx::kernels::cuda
