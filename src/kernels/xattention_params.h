@@ -105,6 +105,9 @@ struct XAttnSelectParams {
   int heads_per_mask = 1;
   int stride = 8;
   double threshold = 0.9;  // in (0, 1]
+  // Query blocks holding any of the segment's last dense_tail queries get the dense causal mask.
+  int dense_tail = 0;
+  int min_kv_len = 0;  // requests with fewer keys get the dense causal mask
 };
 
 // The values of the host blocks a step's masks keep (XAttention over an offloaded cache,

@@ -214,6 +214,7 @@ TEST(SparseAttention, QuestAndXAttentionRunInTheEngine) {
   avg.per_head = false;
   SparseOptions xattn;
   xattn.policy = "xattention";
+  xattn.xattn_min_len = 0;  // prompts of 400
   const auto dense = run_engine({}, 400);
   for (const SparseOptions& o : {quest, avg, xattn}) {
     const auto got = run_engine(o, 400);
@@ -253,6 +254,7 @@ TEST(SparseAttention, XAttentionThroughTheSimulatedOffloadIsTheResidentXAttentio
   SparseOptions x;
   x.policy = "xattention";
   x.threshold = 0.9;
+  x.xattn_min_len = 0;
   const auto resident = run_engine(x, 480);
   const auto offload = run_engine(x, 480, /*offload_gpu_blocks=*/20);
   ASSERT_EQ(offload.size(), resident.size());

@@ -186,6 +186,8 @@ TEST(SparseOffload, XAttentionThroughTheSimulatedDeviceIsTheResidentPolicy) {
       x.threshold = keep_all ? 1.0 : 0.6;
       x.stride = 8;
       x.xattn_per_kv_head = !per_q_head;
+      x.xattn_dense_tail = 0;  // chunks of 160: a tail of 128 would take both query blocks
+      x.xattn_min_len = 0;
       ThreeBackends run(x, {900, 420}, /*chunk=*/160, /*decodes=*/8, per_q_head ? 11 : 12,
                         /*gpu_blocks=*/24);
       run.set_hot_blocks(3);

@@ -33,7 +33,10 @@ struct Geometry {
   int64_t block_size = 64, hq = 8, hkv = 2, d = 128;
   int64_t len = 1700, chunk = 512;
   SparseOptions xattn;
-  Geometry() { xattn.policy = "xattention"; }
+  Geometry() {
+    xattn.policy = "xattention";
+    xattn.xattn_min_len = 0;  // sequences of 1,700 keys
+  }
 };
 
 // Keys with a few directions the queries share, in some key blocks only, so attention mass is
@@ -176,6 +179,11 @@ TEST(GpuXAttention, PrefillMatchesTheCpuPolicy) {
   g.xattn.threshold = 0.9;
   g.xattn.xattn_per_kv_head = false;
   check_prefill(g, true);
+  g = Geometry();  // one chunk, its last 200 queries dense: the kernel's rule is the policy's
+  g.chunk = g.len;
+  g.xattn.threshold = 0.8;
+  g.xattn.xattn_dense_tail = 200;
+  check_prefill(g, true);
 }
 
 TEST(GpuXAttention, ThresholdOneIsDense) {
@@ -188,6 +196,8 @@ TEST(GpuXAttention, ThresholdOneIsDense) {
 // decode rows in the same steps, then decode-only steps (those run dense through the ring).
 TEST(GpuXAttention, OffloadedPrefillIsTheResidentOne) {
   Geometry g;
+  g.xattn.threshold = 0.6;  // sparse enough that some values stay on the host
+  g.xattn.xattn_dense_tail = 0;
   const int64_t bs = g.block_size, layers = 3, lens[2] = {1700, 1300}, decodes = 6;
   int64_t blocks = 0;
   for (int64_t len : lens) blocks += (len + 2 * decodes + bs - 1) / bs;
@@ -293,6 +303,7 @@ TEST(GpuXAttention, EngineGeneratesAndReportsItsDensity) {
     c.max_num_seqs = 6;
     c.num_gpu_blocks = 1024;
     c.sparse.policy = policy;
+    c.sparse.xattn_min_len = 0;  // prompts of 600 to 3,100 tokens
     return c;
   };
   std::mt19937 rng(5);

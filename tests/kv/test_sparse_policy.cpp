@@ -246,6 +246,8 @@ TEST(SparsePolicy, XAttentionKeepsTheFewestBlocksReachingTheThreshold) {
     o.threshold = trial % 3 == 0 ? 0.95 : 0.9;
     o.stride = trial % 2 ? 8 : 16;
     o.xattn_per_kv_head = trial % 4 < 2;
+    o.xattn_dense_tail = 0;  // the selection itself (XAttentionReference covers the dense tail)
+    o.xattn_min_len = 0;
     auto p = make_sparse_policy(o, c.shape);
     EXPECT_TRUE(p->selects(Phase::kPrefill));
     EXPECT_FALSE(p->selects(Phase::kDecode));
@@ -322,6 +324,14 @@ TEST(SparsePolicy, BadOptionsAreClearErrors) {
   o.policy = "xattention";
   o.stride = 3;
   fails(o, "--xattn-stride");
+  o = {};
+  o.policy = "xattention";
+  o.xattn_dense_tail = -1;
+  fails(o, "--xattn-dense-tail");
+  o = {};
+  o.policy = "xattention";
+  o.xattn_min_len = -1;
+  fails(o, "--xattn-min-len");
   for (const std::string& name : sparse_policy_names()) {
     SparseOptions ok;
     ok.policy = name;

@@ -48,7 +48,8 @@ struct Batch {
       k[i] = n01(rng) + ((i / (hkv * d)) / 128 % 4 == 3 ? 2.f * dir[i % d] : 0.f);
   }
 
-  std::vector<uint8_t> masks(bool per_kv_head, std::vector<float>* lse_out = nullptr) const {
+  std::vector<uint8_t> masks(bool per_kv_head, std::vector<float>* lse_out = nullptr,
+                             int dense_tail = 0, int min_kv_len = 0) const {
     std::vector<float> lse(size_t(lse_indptr.back()) + 1, 12345.f);  // +1: a sentinel
     XAttnEstimateParams e;
     e.q = q.data();
@@ -83,6 +84,8 @@ struct Batch {
     s.heads_per_mask = per_kv_head ? hq / hkv : 1;
     s.stride = stride;
     s.threshold = 0.9;
+    s.dense_tail = dense_tail;
+    s.min_kv_len = min_kv_len;
     xattn_select(s);
     if (lse_out) *lse_out = lse;
     return m;
@@ -109,6 +112,55 @@ TEST(XAttentionReference, DenseRequestsGetTheCausalMaskAndNoEstimate) {
           }
       if (r == 2) EXPECT_GT(sparse, 0) << "the long request selects";
     }
+  }
+}
+
+// --xattn-dense-tail: the query blocks holding a segment's last queries get the dense causal
+// mask; the other blocks select as without it.
+TEST(XAttentionReference, DenseTailBlocksGetTheCausalMask) {
+  const Batch b({{1000, 3000}, {300, 1000}, {1, 900}}, 3);
+  const std::vector<uint8_t> plain = b.masks(true);
+  const std::vector<uint8_t> tail = b.masks(true, nullptr, 200);
+  int64_t densified = 0;
+  for (size_t r = 0; r < b.seqs.size(); ++r) {
+    const auto [n, kv] = b.seqs[r];
+    const int64_t qb = xattn_blocks(n), kb = xattn_blocks(kv);
+    for (int h = 0; h < b.hq; ++h)
+      for (int64_t i = 0; i < qb; ++i) {
+        const bool in_tail = std::min<int64_t>(n, (i + 1) * 128) > n - 200;
+        const int64_t hi = (kv - n + std::min<int64_t>(n, (i + 1) * 128) - 1) / 128;
+        for (int64_t j = 0; j < kb; ++j) {
+          const int64_t at = b.mask_indptr[r] + (h * qb + i) * kb + j;
+          if (in_tail)
+            ASSERT_EQ(tail[at], j <= hi ? 1 : 0) << "request " << r << " block " << i;
+          else
+            ASSERT_EQ(tail[at], plain[at]) << "request " << r << " block " << i;
+          densified += tail[at] != plain[at];
+        }
+      }
+  }
+  EXPECT_GT(densified, 0) << "the tail blocks were sparse without the option";
+}
+
+// --xattn-min-len: requests with fewer keys get the dense causal mask, the others select as
+// without it.
+TEST(XAttentionReference, ShortRequestsAttendDensely) {
+  const Batch b({{1000, 3000}, {300, 1000}}, 4);
+  const std::vector<uint8_t> plain = b.masks(true), min = b.masks(true, nullptr, 0, 2000);
+  for (size_t r = 0; r < b.seqs.size(); ++r) {
+    const auto [n, kv] = b.seqs[r];
+    const int64_t qb = xattn_blocks(n), kb = xattn_blocks(kv);
+    int64_t sparse = 0;
+    for (int64_t e = 0; e < b.hq * qb * kb; ++e) {
+      const int64_t at = b.mask_indptr[r] + e, i = (e / kb) % qb, j = e % kb;
+      const int64_t hi = (kv - n + std::min<int64_t>(n, (i + 1) * 128) - 1) / 128;
+      if (kv < 2000)
+        ASSERT_EQ(min[at], j <= hi ? 1 : 0) << "request " << r;
+      else
+        ASSERT_EQ(min[at], plain[at]) << "request " << r;
+      sparse += j <= hi && plain[at] == 0;
+    }
+    EXPECT_GT(sparse, 0) << "request " << r << " selects without the option";
   }
 }
 

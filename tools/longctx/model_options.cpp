@@ -122,6 +122,13 @@ void ModelOptions::add_to(CLI::App* cmd) {
   cmd->add_flag(
       "--xattn-per-q-head", [this](int64_t) { sparse.xattn_per_kv_head = false; },
       "xattention: one mask per q head (default: per KV head, from its q heads' summed masses)");
+  cmd->add_option("--xattn-dense-tail", sparse.xattn_dense_tail,
+                  "xattention: the query blocks holding a prefill chunk's last N queries attend "
+                  "densely (the prompt's end)")
+      ->capture_default_str();
+  cmd->add_option("--xattn-min-len", sparse.xattn_min_len,
+                  "xattention: prefill chunks that see fewer keys attend densely")
+      ->capture_default_str();
 }
 
 GpuRunnerOptions ModelOptions::runner_options() const {

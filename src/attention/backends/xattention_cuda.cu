@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "attention/backends/xattention_cuda.h"
 #include "kernels/cpu/xattention_cpu.h"
@@ -101,6 +103,10 @@ void XAttnCuda::select(kernels::PagedPrefillParams& p, cudaStream_t stream) {
   s.batch_size = p.batch_size;
   s.num_qo_heads = p.num_qo_heads;
   s.heads_per_mask = c_.options.xattn_per_kv_head ? p.num_qo_heads / p.num_kv_heads : 1;
+  s.dense_tail = static_cast<int>(
+      std::min<int64_t>(c_.options.xattn_dense_tail, std::numeric_limits<int32_t>::max()));
+  s.min_kv_len = static_cast<int>(
+      std::min<int64_t>(c_.options.xattn_min_len, std::numeric_limits<int32_t>::max()));
   s.stride = e.stride;
   s.threshold = c_.options.threshold;
   kernels::cuda::xattn_select_run(s, plan_.max_k_blocks, stream);

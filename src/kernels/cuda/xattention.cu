@@ -222,7 +222,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(XAttnSelectParam
   // Head u of the group's row: out + u * head_stride.
   uint8_t* out = p.block_mask + p.mask_indptr[b] + (int64_t(h0) * q_blocks + i) * k_blocks;
   const int64_t head_stride = int64_t(q_blocks) * k_blocks;
-  const bool dense = n <= 1 || k_blocks <= 2;
+  const bool dense = n <= 1 || k_blocks <= 2 || kv_len < p.min_kv_len ||
+                     min(n, (i + 1) * kSparseBlock) > n - p.dense_tail;
   for (int j = tid; j < k_blocks; j += kSelectThreads)
     out[j] = j <= j_hi && (dense || j == 0 || j >= j_lo) ? 1 : 0;
   if (tid == 0 && p.counters != nullptr) {

@@ -61,6 +61,10 @@ void SparseOptions::validate() const {
                 ErrorCode::kInvalidArgument, "--xattn-threshold {} must be in (0, 1]", threshold);
   LONGCTX_CHECK(stride >= 1 && stride <= 128, ErrorCode::kInvalidArgument,
                 "--xattn-stride {} must be in [1, 128]", stride);
+  LONGCTX_CHECK(xattn_dense_tail >= 0, ErrorCode::kInvalidArgument,
+                "--xattn-dense-tail {} must be >= 0", xattn_dense_tail);
+  LONGCTX_CHECK(xattn_min_len >= 0, ErrorCode::kInvalidArgument, "--xattn-min-len {} must be >= 0",
+                xattn_min_len);
 }
 
 }  // namespace longctx

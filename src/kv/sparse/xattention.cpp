@@ -2,6 +2,7 @@
 // antidiagonal scores, a softmax per query group, block masses, per q head the fewest blocks
 // reaching the threshold after the sink and the diagonal), through their CPU references, the same
 // code the CUDA kernels are tested against.
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/xattention_cpu.h"
@@ -23,7 +24,7 @@ class XAttentionPolicy final : public SparsePolicy {
   PrefillMask select_prefill(int64_t, const float* q, int64_t q_stride, int64_t n,
                              const SeqKeys& keys) override {
     const int64_t kv_len = keys.kv_len, k_blocks = kernels::xattn_blocks(kv_len);
-    if (kernels::xattn_dense(n, kv_len)) return {};
+    if (kernels::xattn_dense(n, kv_len) || kv_len < o_.xattn_min_len) return {};
     const int32_t pages = static_cast<int32_t>((kv_len + s_.block_size - 1) / s_.block_size);
     const int32_t qo[2] = {0, static_cast<int32_t>(n)}, kv_indptr[2] = {0, pages};
     const int32_t last = static_cast<int32_t>(kv_len - (pages - 1) * s_.block_size);
@@ -67,6 +68,7 @@ class XAttentionPolicy final : public SparsePolicy {
     sel.batch_size = 1;
     sel.num_qo_heads = e.num_qo_heads;
     sel.heads_per_mask = o_.xattn_per_kv_head ? e.num_qo_heads / e.num_kv_heads : 1;
+    sel.dense_tail = static_cast<int>(std::min<int64_t>(o_.xattn_dense_tail, n));
     sel.stride = e.stride;
     sel.threshold = o_.threshold;
     kernels::cpu::xattn_select(sel);
