@@ -4,12 +4,15 @@
 //     all layers is one strided 2D copy;
 //   GPU cache [layers][gpu blocks][K, V][block_size, Hkv, d] and ring [slots][slot_blocks][K, V]
 //     [...]: K and V of a block are adjacent, so the paged kernels see page 2b as K and (v_cache =
-//     k_cache + one page) page 2b as V;
+//     k_cache + one page) page 2b as V; under xattention the GPU cache allocation ends with
+//     the staging buffers [buffers][staging blocks][K, V][...] (xattention_offload_cuda.h);
 // Streams: the compute stream (the caller's), one H2D copy stream for the ring, one D2H stream for
 // write-backs. Events: per slot "ready" (load done) and "free" (the attention that read it done);
 // per write-back ticket one event.
 // Kernels: the paged prefill and split-KV decode kernels for head_dim 64 / 128, the generic paged
 // kernel for the other head dims (8..256), as the resident paged backend chooses them.
+// Sparse policies attend their own steps: quest the decode-only ones (quest_cuda.h, host pages
+// read in place), xattention those with a prefill (xattention_offload_cuda.h).
 #include <algorithm>
 #include <cstring>
 #include <map>
