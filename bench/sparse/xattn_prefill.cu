@@ -8,14 +8,17 @@
 // the engine's density on the needle model comes from `longctx needle` (docs/sparse.md).
 // Prints milliseconds (CUDA events, mean of ITERS runs) and the ratios to dense.
 //   bench_xattn_prefill [CONTEXT=131072] [CHUNK=16384] [STRIDE=8] [THRESHOLD=0.9] [ITERS=2]
+//                       [DENSITIES=0.05,0.1,0.25]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/prefill.h"
@@ -95,9 +98,24 @@ int main(int argc, char** argv) {
   LONGCTX_CUDA_CHECK(cudaMalloc(&synth, buf.mask_elems));
   LONGCTX_CUDA_CHECK(cudaMalloc(&counters, 16));
   Timer timer;
-  const double densities[3] = {0.05, 0.10, 0.25};
+  std::vector<double> densities;
+  {
+    std::string list = argc > 6 ? argv[6] : "0.05,0.1,0.25";
+    for (size_t at = 0; at <= list.size();) {
+      const size_t end = std::min(list.find(',', at), list.size());
+      const double d = std::atof(list.substr(at, end - at).c_str());
+      if (d <= 0 || d > 1) {
+        std::fprintf(stderr, "densities: want values in (0, 1], got %s\n", list.c_str());
+        return 2;
+      }
+      densities.push_back(d);
+      at = end + 1;
+    }
+  }
+  const int nd = static_cast<int>(densities.size());
   double t_dense = 0, t_est = 0, t_sel = 0, t_sparse = 0, flops_dense = 0, flops_est = 0;
-  double t_fixed[3][2] = {}, dens_fixed[3][2] = {}, kept_union = 0;
+  std::vector<std::array<double, 2>> t_fixed(nd), dens_fixed(nd);
+  double kept_union = 0;
   unsigned long long kept = 0, causal = 0;
   std::vector<uint8_t> hm;
   for (int c0 = 0; c0 < context; c0 += chunk) {
@@ -178,7 +196,7 @@ int main(int argc, char** argv) {
           kept_union += any ? group : 0;
         }
     // Fixed densities: per q head, or one set per KV group.
-    for (int di = 0; di < 3; ++di)
+    for (int di = 0; di < nd; ++di)
       for (int shared = 0; shared < 2; ++shared) {
         std::vector<uint8_t> m(hm.size(), 0);
         int64_t on = 0, all = 0;
@@ -228,7 +246,7 @@ int main(int argc, char** argv) {
       t_sparse, t_sparse / t_dense, density, kept_union / double(causal));
   std::printf("| estimate + select + sparse | %.2f | %.3f | |\n", t_est + t_sel + t_sparse,
               (t_est + t_sel + t_sparse) / t_dense);
-  for (int di = 0; di < 3; ++di)
+  for (int di = 0; di < nd; ++di)
     for (int shared = 0; shared < 2; ++shared)
       std::printf(
           "| fixed %.0f%% %s: sparse prefill / + estimate + select | %.2f / %.2f | %.3f / "

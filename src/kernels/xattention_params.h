@@ -28,9 +28,12 @@ namespace longctx::kernels {
 
 inline int64_t xattn_q_groups(int64_t n, int64_t stride) { return (n + stride - 1) / stride; }
 inline int64_t xattn_blocks(int64_t len) { return (len + kSparseBlock - 1) / kSparseBlock; }
-// A request with one query or at most two key blocks (the sink and the diagonal are all there
-// is) gets the dense causal mask and no estimate (its block_lse range is empty).
-inline bool xattn_dense(int64_t n, int64_t kv_len) { return n <= 1 || xattn_blocks(kv_len) <= 2; }
+// A request with one query, at most two key blocks (the sink and the diagonal are all there is)
+// or fewer than min_kv_len keys (--xattn-min-len) gets the dense causal mask and no estimate (its
+// block_lse range is empty).
+inline bool xattn_dense(int64_t n, int64_t kv_len, int64_t min_kv_len = 0) {
+  return n <= 1 || xattn_blocks(kv_len) <= 2 || kv_len < min_kv_len;
+}
 // Elements of one request's block_lse and mask.
 inline int64_t xattn_lse_elems(int64_t n, int64_t kv_len, int64_t num_qo_heads, int64_t stride) {
   return num_qo_heads * xattn_q_groups(n, stride) * xattn_blocks(kv_len);

@@ -76,7 +76,8 @@ class PagedPrefillCase : public OpCase {
        << (s_.mask_mode == kernels::MaskMode::kCausal ? " causal" : " full")
        << (s_.with_lse ? " lse" : "");
     if (s_.sparse_keep > 0)
-      os << " sparse=" << s_.sparse_keep << (s_.sparse_per_head ? "/head" : "");
+      os << " sparse=" << s_.sparse_keep << (s_.sparse_per_head ? "/head" : "")
+         << (s_.sparse_same_in_group ? "/group" : "");
     os << ")";
     return os.str();
   }

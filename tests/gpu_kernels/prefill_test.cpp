@@ -14,6 +14,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "gpu_kernels/harness.h"
 #include "gpu_kernels/paged_prefill_case.h"
@@ -140,8 +141,21 @@ TEST(PrefillHarness, BlockSparse) {
     s.sparse_keep = 0.1;
     s.sparse_per_head = true;
     cases.push_back(std::make_unique<PrefillCase>(s));
+    // One mask per KV group written for each of its q heads (XAttention's default): the tiles
+    // whose rows all keep a block skip the per-row masking. GQA 4 and 3 (tiles of 32 and 42.7
+    // tokens, the latter straddling query blocks), dense-ish and sparse masks.
+    for (double keep : {0.3, 0.9}) {
+      for (int hq : {32, 6}) {
+        PagedCaseShape g = shape({300, 2000}, {5000, 2000}, hq, hq == 32 ? 8 : 2, 128, 16,
+                                 DType::kBF16, mode, true, seed++);
+        g.sparse_keep = keep;
+        g.sparse_per_head = true;
+        g.sparse_same_in_group = true;
+        cases.push_back(std::make_unique<PrefillCase>(g));
+      }
+    }
   }
-  expect_no_failures(run_cases(cases), 10);
+  expect_no_failures(run_cases(cases), 18);
 }
 
 TEST(PrefillHarness, UnsupportedShapesAreReportedNotFailed) {
@@ -166,19 +180,27 @@ TEST(PrefillHarness, Small) {
   s.sparse_keep = 0.4;
   s.sparse_per_head = true;
   cases.push_back(std::make_unique<PrefillCase>(s));
-  expect_no_failures(run_cases(cases), 3);
+  s = shape({300}, {700}, 8, 2, 128, 16, DType::kBF16, MaskMode::kCausal, true, 4);
+  s.sparse_keep = 0.7;
+  s.sparse_per_head = true;
+  s.sparse_same_in_group = true;
+  cases.push_back(std::make_unique<PrefillCase>(s));
+  expect_no_failures(run_cases(cases), 4);
 }
 
 // Each kernel path forced through LONGCTX_PREFILL_KERNEL (the mma.sync kernel, and the sm_90a
-// wgmma kernel where the device has it; elsewhere "sm90" falls back to mma.sync), on a mix of
-// page sizes (1 = the block-causal layout), GQA ratios, masks, dtypes and block-sparse rows.
-// The other tests use the default dispatch.
+// wgmma kernel where the device has it, in each of its variants, LONGCTX_PREFILL_SM90_VARIANT;
+// elsewhere "sm90" falls back to mma.sync), on a mix of page sizes (1 = the block-causal layout),
+// GQA ratios, masks, dtypes and block-sparse rows. The other tests use the default dispatch.
 TEST(PrefillHarness, EachKernelPath) {
   const char* saved = std::getenv("LONGCTX_PREFILL_KERNEL");
   const std::string restore = saved ? saved : "";
-  for (const char* path : {"fa2", "sm90"}) {
+  const std::pair<const char*, const char*> paths[] = {
+      {"fa2", ""}, {"sm90", "persistent"}, {"sm90", "grid"}, {"sm90", "pingpong"}};
+  for (const auto& [path, variant] : paths) {
     setenv("LONGCTX_PREFILL_KERNEL", path, 1);
-    std::printf("LONGCTX_PREFILL_KERNEL=%s\n", path);
+    setenv("LONGCTX_PREFILL_SM90_VARIANT", variant, 1);
+    std::printf("LONGCTX_PREFILL_KERNEL=%s LONGCTX_PREFILL_SM90_VARIANT=%s\n", path, variant);
     std::vector<std::unique_ptr<OpCase>> cases;
     uint64_t seed = 5000;
     for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
@@ -198,9 +220,14 @@ TEST(PrefillHarness, EachKernelPath) {
       s.sparse_keep = 0.3;
       s.sparse_per_head = true;
       cases.push_back(std::make_unique<PrefillCase>(s));
+      s.seed = seed++;
+      s.sparse_keep = 0.7;
+      s.sparse_same_in_group = true;
+      cases.push_back(std::make_unique<PrefillCase>(s));
     }
-    expect_no_failures(run_cases(cases), 14);
+    expect_no_failures(run_cases(cases), 16);
   }
+  unsetenv("LONGCTX_PREFILL_SM90_VARIANT");
   if (saved)
     setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
   else
@@ -241,7 +268,10 @@ TEST(PrefillHarness, Perf) {
   PagedCaseShape sp = shape({32768}, {32768}, 32, 8, 128, 128, bf, MaskMode::kCausal, true);
   sp.sparse_keep = 0.25;
   cases.push_back(std::make_unique<PrefillCase>(sp, true));
-  expect_no_failures(run_cases(cases), 6);
+  sp.sparse_per_head = true;  // one mask per KV group, written per q head (XAttention's)
+  sp.sparse_same_in_group = true;
+  cases.push_back(std::make_unique<PrefillCase>(sp, true));
+  expect_no_failures(run_cases(cases), 7);
 }
 
 }  // namespace

@@ -378,5 +378,21 @@ TEST(XAttentionKernels, BadShapesAreClearErrors) {
   EXPECT_THROW(kernels::cuda::xattn_plan(qo, kv3, 1, 4, 2, 8), Error);
 }
 
+// Requests with fewer keys than --xattn-min-len attend densely: no estimate items, no block_lse
+// (the other request of the step keeps both), masks for every request.
+TEST(XAttentionKernels, PlanSkipsTheEstimateBelowTheMinimumLength) {
+  const int32_t qo[3] = {0, 1000, 3000}, kv[2] = {4000, 9000};
+  const auto all = kernels::cuda::xattn_plan(qo, kv, 2, 8, 2, 8, 0);
+  const auto some = kernels::cuda::xattn_plan(qo, kv, 2, 8, 2, 8, 8192);
+  EXPECT_EQ(all.lse_indptr[1], 8 * (1000 / 8) * 32);
+  EXPECT_EQ(some.lse_indptr[1], 0);
+  EXPECT_EQ(some.lse_indptr[2], all.lse_indptr[2] - all.lse_indptr[1]);
+  EXPECT_EQ(some.mask_indptr, all.mask_indptr);
+  EXPECT_EQ(some.select_items, all.select_items);
+  ASSERT_FALSE(some.estimate_items.empty());
+  EXPECT_LT(some.estimate_items.size(), all.estimate_items.size());
+  for (size_t i = 0; i < some.estimate_items.size(); i += 2) EXPECT_EQ(some.estimate_items[i], 1);
+}
+
 }  // namespace
 }  // namespace longctx::gpu_test

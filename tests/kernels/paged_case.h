@@ -33,6 +33,9 @@ struct PagedCaseShape {
   // accident (fully masked rows are tested separately).
   double sparse_keep = 0.0;
   bool sparse_per_head = false;
+  // With sparse_per_head: the q heads of a KV group get the same mask (XAttention's default, one
+  // selection per KV head written for each of its q heads).
+  bool sparse_same_in_group = false;
   uint64_t seed = 1;
 
   // The head and page fields that PagedPrefillParams and DecodeParams share, with the scale
@@ -116,7 +119,15 @@ struct PagedCase {
         const int64_t nkb = (s.kv_lens[b] + kernels::kSparseBlock - 1) / kernels::kSparseBlock;
         // The key block holding the last key a query block's first query may see (causal
         // diagonal, aligned to the end of the KV like the causal rule).
+        const int group = s.num_qo_heads / s.num_kv_heads;
         for (int h = 0; h < mh; ++h) {
+          if (s.sparse_same_in_group && s.sparse_per_head && h % group != 0) {
+            const size_t at = block_mask.size() - size_t(h % group) * nqb * nkb;
+            const std::vector<uint8_t> first(block_mask.begin() + at,
+                                             block_mask.begin() + at + nqb * nkb);
+            block_mask.insert(block_mask.end(), first.begin(), first.end());
+            continue;
+          }
           for (int64_t qb = 0; qb < nqb; ++qb) {
             const int64_t diag_key =
                 std::max<int64_t>(0, s.kv_lens[b] - s.q_lens[b] + qb * kernels::kSparseBlock);

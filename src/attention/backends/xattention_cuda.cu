@@ -44,9 +44,10 @@ bool XAttnCuda::plan(const ForwardBatch& batch, cudaStream_t stream) {
   for (int b = 0; b < batch_; ++b) prefill = prefill || batch.q_len(b) > 1;
   if (!prefill) return false;
   staged_.synchronize();  // the previous step's copy out of the staging buffer has finished
-  plan_ = kernels::cuda::xattn_plan(
-      batch.qo_indptr.data(), batch.kv_lens.data(), batch_, static_cast<int>(c_.num_qo_heads),
-      static_cast<int>(c_.num_kv_heads), static_cast<int>(c_.options.stride));
+  plan_ = kernels::cuda::xattn_plan(batch.qo_indptr.data(), batch.kv_lens.data(), batch_,
+                                    static_cast<int>(c_.num_qo_heads),
+                                    static_cast<int>(c_.num_kv_heads),
+                                    static_cast<int>(c_.options.stride), c_.options.xattn_min_len);
   LONGCTX_CHECK(
       plan_.lse_indptr.back() <= lse_.numel() && plan_.mask_indptr.back() <= mask_.numel(),
       ErrorCode::kInternal, "xattention: a step past the planned limits");

@@ -106,7 +106,7 @@ void xattn_select(const XAttnSelectParams& p) {
   for (int b = 0; b < p.batch_size; ++b) {
     const int64_t n = p.q_lens[b], kv_len = p.kv_lens[b], p0 = kv_len - n;
     const int64_t q_blocks = xattn_blocks(n), k_blocks = xattn_blocks(kv_len);
-    const bool dense = xattn_dense(n, kv_len) || kv_len < p.min_kv_len;
+    const bool dense = xattn_dense(n, kv_len, p.min_kv_len);
     std::vector<int64_t> rest;
     const int hpm = p.heads_per_mask;
     for (int h = 0; h < p.num_qo_heads; h += hpm) {

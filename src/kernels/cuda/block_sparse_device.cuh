@@ -30,6 +30,36 @@ __device__ __forceinline__ void mark_needed_key_blocks(const uint8_t* mask, int 
   }
 }
 
+// Warp-level variant for a subset of the CTA (the Hopper kernel's producer warpgroup): warps
+// [warp, warp + num_warps) fill any_bits (some head in [h_lo, h_lo + h_n) keeps key block kb for
+// some query block in [qb_lo, qb_hi]) and all_bits (every such head keeps it for every such query
+// block: every row of the tile sees the whole block, so the block needs no per-row masking), one
+// ballot per 32 blocks and no atomics. The caller synchronizes the writing warps before the bits
+// are read.
+__device__ __forceinline__ void mark_key_blocks_warps(const uint8_t* mask, int nqb, int nkb,
+                                                      int nkb_need, int h_lo, int h_n, int qb_lo,
+                                                      int qb_hi, int warp, int num_warps, int lane,
+                                                      uint32_t* any_bits, uint32_t* all_bits) {
+  const int words = (nkb_need + 31) / 32;
+  for (int w = warp; w < words; w += num_warps) {
+    const int kb = w * 32 + lane;
+    bool any = false, all = kb < nkb_need;
+    if (kb < nkb_need)
+      for (int h = h_lo; h < h_lo + h_n; ++h)
+        for (int qb = qb_lo; qb <= qb_hi; ++qb) {
+          const bool on = mask[(int64_t(h) * nqb + qb) * nkb + kb] != 0;
+          any |= on;
+          all &= on;
+        }
+    const uint32_t any_word = __ballot_sync(0xffffffffu, any);
+    const uint32_t all_word = __ballot_sync(0xffffffffu, all);
+    if (lane == 0) {
+      any_bits[w] = any_word;
+      all_bits[w] = all_word;
+    }
+  }
+}
+
 // First key tile (of KEYS keys) >= kt whose key block is marked in `bits`; num_tiles when none.
 // kv_end bounds the keys the tile may see (the bitmap covers ceil(kv_end / 128) blocks).
 template <int KEYS>

@@ -222,6 +222,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(XAttnSelectParam
   // Head u of the group's row: out + u * head_stride.
   uint8_t* out = p.block_mask + p.mask_indptr[b] + (int64_t(h0) * q_blocks + i) * k_blocks;
   const int64_t head_stride = int64_t(q_blocks) * k_blocks;
+  // xattn_dense(n, kv_len, min_kv_len) (host-only) or the dense tail.
   const bool dense = n <= 1 || k_blocks <= 2 || kv_len < p.min_kv_len ||
                      min(n, (i + 1) * kSparseBlock) > n - p.dense_tail;
   for (int j = tid; j < k_blocks; j += kSelectThreads)
@@ -415,7 +416,7 @@ void launch_estimate_s(const XAttnEstimateParams& p, cudaStream_t stream) {
 bool xattn_stride_supported(int s) { return s == 2 || s == 4 || s == 8 || s == 16; }
 
 XAttnPlan xattn_plan(const int32_t* qo_indptr, const int32_t* kv_len, int batch, int hq, int hkv,
-                     int stride) {
+                     int stride, int64_t min_kv_len) {
   LONGCTX_CHECK(hkv > 0 && hq % hkv == 0, ErrorCode::kUnsupported,
                 "xattention: {} q heads are not a multiple of {} kv heads", hq, hkv);
   const int rph = kRows / xattn_heads_per_tile(hq / hkv);
@@ -432,7 +433,7 @@ XAttnPlan xattn_plan(const int32_t* qo_indptr, const int32_t* kv_len, int batch,
                   "xattention on the GPU: {} keys in request {}; the selection takes up to {}", kv,
                   b, kXAttnMaxKvLen);
     const int64_t kb = xattn_blocks(kv), qb = xattn_blocks(n);
-    const bool dense = xattn_dense(n, kv);
+    const bool dense = xattn_dense(n, kv, min_kv_len);
     const int64_t groups = xattn_q_groups(n, stride);
     plan.lse_indptr[b + 1] = plan.lse_indptr[b] + (dense ? 0 : int64_t(hq) * groups * kb);
     plan.mask_indptr[b + 1] = plan.mask_indptr[b] + int64_t(hq) * qb * kb;

@@ -41,10 +41,11 @@ struct XAttnPlan {
   int max_k_blocks = 0;                 // sizes the select kernel's shared memory
 };
 
-// Throws Error(kUnsupported) for a stride outside {2, 4, 8, 16} or a kv_len above
-// kXAttnMaxKvLen, Error(kInvalidArgument) for q_len > kv_len.
+// Requests that xattn_dense() calls dense (min_kv_len: --xattn-min-len) get no estimate items
+// and no block_lse. Throws Error(kUnsupported) for a stride outside {2, 4, 8, 16} or a kv_len
+// above kXAttnMaxKvLen, Error(kInvalidArgument) for q_len > kv_len.
 XAttnPlan xattn_plan(const int32_t* qo_indptr_host, const int32_t* kv_len_host, int batch_size,
-                     int num_qo_heads, int num_kv_heads, int stride);
+                     int num_qo_heads, int num_kv_heads, int stride, int64_t min_kv_len = 0);
 
 bool xattn_stride_supported(int stride);  // 2, 4, 8 or 16
 // True when the estimate kernel handles these params (head_dim 64 / 128, bf16 / f16, integral

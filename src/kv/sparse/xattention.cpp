@@ -24,7 +24,7 @@ class XAttentionPolicy final : public SparsePolicy {
   PrefillMask select_prefill(int64_t, const float* q, int64_t q_stride, int64_t n,
                              const SeqKeys& keys) override {
     const int64_t kv_len = keys.kv_len, k_blocks = kernels::xattn_blocks(kv_len);
-    if (kernels::xattn_dense(n, kv_len) || kv_len < o_.xattn_min_len) return {};
+    if (kernels::xattn_dense(n, kv_len, o_.xattn_min_len)) return {};
     const int32_t pages = static_cast<int32_t>((kv_len + s_.block_size - 1) / s_.block_size);
     const int32_t qo[2] = {0, static_cast<int32_t>(n)}, kv_indptr[2] = {0, pages};
     const int32_t last = static_cast<int32_t>(kv_len - (pages - 1) * s_.block_size);
