@@ -61,7 +61,7 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
 XAttnStaging xattn_offload_staging(const OffloadGeometry& g, int64_t max_model_len) {
   const int64_t tokens = max_model_len > 0 ? max_model_len : g.num_host_blocks * g.block_size;
   return {std::min<int64_t>((tokens + g.block_size - 1) / g.block_size, g.num_host_blocks),
-          std::min<int64_t>(2, g.num_layers)};
+          std::min<int64_t>(2, g.num_layers), tokens};
 }
 
 void warn_xattn_staging_full() {

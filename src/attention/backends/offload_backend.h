@@ -108,8 +108,9 @@ class OffloadDevice {
 // buffers (the next layer's keys load while one computes) of `blocks` blocks (one max_model_len
 // sequence's), after the GPU cache (xattention_offload_cuda.h). The memory plan counts them.
 struct XAttnStaging {
-  int64_t blocks = 0;
+  int64_t blocks = 0;  // per buffer: one sequence's blocks
   int64_t buffers = 0;
+  int64_t max_seq_len = 0;  // tokens of that sequence: max_model_len, else the host pool's
   int64_t bytes(int64_t layer_block_bytes) const { return blocks * buffers * layer_block_bytes; }
 };
 XAttnStaging xattn_offload_staging(const OffloadGeometry& geometry, int64_t max_model_len);

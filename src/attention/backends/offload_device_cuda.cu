@@ -21,6 +21,7 @@
 
 #include "attention/backends/offload_backend.h"
 #include "attention/backends/quest_cuda.h"
+#include "attention/backends/staged_words.h"
 #include "attention/backends/xattention_offload_cuda.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/decode.h"
@@ -58,7 +59,7 @@ class CudaOffloadDevice final : public OffloadDevice {
         device_(c.device),
         h2d_(c.device, /*priority=*/-1),
         d2h_(c.device),
-        staged_(c.device) {
+        words_(c.device) {
     LONGCTX_CHECK(device_.is_cuda(), ErrorCode::kInvalidArgument,
                   "KV offload: the CUDA device needs a CUDA device, got {}", device_.str());
     LONGCTX_CHECK(c.num_qo_heads % c.num_kv_heads == 0, ErrorCode::kUnsupported,
@@ -106,10 +107,6 @@ class CudaOffloadDevice final : public OffloadDevice {
       free_.emplace_back(device_);
     }
     if (c.sparse.policy == "xattention") {
-      LONGCTX_CHECK(!generic_, ErrorCode::kUnsupported,
-                    "--sparse-policy xattention with KV offload: head_dim {} (the GPU path takes "
-                    "64 or 128)",
-                    c.head_dim);
       LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev_, host_.data_ptr(), 0));
       XAttnOffloadConfig x;
       x.xattn.options = c.sparse;
@@ -119,7 +116,7 @@ class CudaOffloadDevice final : public OffloadDevice {
       x.xattn.device = device_;
       x.xattn.max_tokens = c.max_tokens;
       x.xattn.max_seqs = c.max_seqs;
-      x.xattn.max_seq_len = c.max_model_len > 0 ? c.max_model_len : staging.blocks * g_.block_size;
+      x.xattn.max_seq_len = staging.max_seq_len;
       x.num_layers = g_.num_layers;
       x.num_gpu_blocks = g_.num_gpu_blocks;
       x.num_host_blocks = g_.num_host_blocks;
@@ -330,7 +327,7 @@ class CudaOffloadDevice final : public OffloadDevice {
   void* slot_at(int64_t slot, int64_t b) const {
     return static_cast<char*>(ring_.data_ptr()) + (slot * g_.slot_blocks + b) * block_bytes_;
   }
-  const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
+  const int32_t* dev(int64_t offset) const { return words_.device_at(offset); }
   char* host_dev_at(int64_t layer) const {
     return static_cast<char*>(host_dev_) + layer * g_.num_host_blocks * block_bytes_;
   }
@@ -363,14 +360,7 @@ class CudaOffloadDevice final : public OffloadDevice {
   // Index arrays of the resident call and every ring item in one staged buffer, one copy; the
   // kernels' plans (work lists into per-call workspaces).
   void stage_indices(const OffloadStepPlan& plan, cudaStream_t compute) {
-    staged_.synchronize();  // the previous step's copy out of the staging buffer has finished
-    words_.clear();
-    auto put = [&](const std::vector<int32_t>& v, int32_t scale = 1) {
-      while (words_.size() % 4) words_.push_back(0);  // 16-byte aligned arrays
-      const int64_t at = static_cast<int64_t>(words_.size());
-      for (int32_t x : v) words_.push_back(x * scale);
-      return at;
-    };
+    words_.begin();
     auto last_lens = [&](const std::vector<int32_t>& kv_lens) {
       std::vector<int32_t> last(kv_lens.size());
       const int32_t bs = static_cast<int32_t>(g_.block_size);
@@ -383,10 +373,11 @@ class CudaOffloadDevice final : public OffloadDevice {
             const std::vector<int32_t>& kv_indices, const std::vector<int32_t>& kv_lens) {
           cp.batch = static_cast<int>(kv_lens.size());
           cp.total_q = qo.empty() ? 0 : qo.back();
-          cp.qo = put(qo);
-          cp.kv_indptr = put(kv_indptr);
-          cp.kv_indices = put(kv_indices, 2);  // page 2b is block b's K (and, from v_cache, its V)
-          cp.last = put(last_lens(kv_lens));
+          cp.qo = words_.put(qo);
+          cp.kv_indptr = words_.put(kv_indptr);
+          cp.kv_indices =
+              words_.put(kv_indices, 2);  // page 2b is block b's K (and, from v_cache, its V)
+          cp.last = words_.put(last_lens(kv_lens));
         };
     stage_call(resident_, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_lens);
     items_.resize(plan.items.size());
@@ -395,26 +386,13 @@ class CudaOffloadDevice final : public OffloadDevice {
       stage_call(items_[i], it.qo_indptr, it.kv_indptr, it.kv_indices, it.kv_lens);
     }
     {  // slots, as int64 of the doubled page ids
-      std::vector<int32_t> none;
-      slots_ = put(none);
+      std::vector<int64_t> doubled;
+      doubled.reserve(plan.slots.size());
       const int64_t bs = g_.block_size;
-      for (int64_t s : plan.slots) {
-        const int64_t doubled = (s / bs) * 2 * bs + s % bs;
-        int32_t w[2];
-        std::memcpy(w, &doubled, sizeof(doubled));
-        words_.push_back(w[0]);
-        words_.push_back(w[1]);
-      }
+      for (int64_t s : plan.slots) doubled.push_back((s / bs) * 2 * bs + s % bs);
+      slots_ = words_.put_bytes(doubled.data(), doubled.size() * sizeof(int64_t));
     }
-    const int64_t n = static_cast<int64_t>(words_.size());
-    if (host_staging_.numel() < n) {
-      host_staging_ = Tensor::empty_pinned({n * 2}, DType::kI32);
-      indices_ = Tensor::empty({n * 2}, DType::kI32, device_);
-    }
-    std::memcpy(host_staging_.data_ptr(), words_.data(), n * sizeof(int32_t));
-    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_staging_.data_ptr(),
-                                       n * sizeof(int32_t), cudaMemcpyHostToDevice, compute));
-    staged_.record_on(compute);
+    words_.upload(compute);
     if (generic_) return;  // the generic kernel takes no plan (CallPlan::decode stays false)
 
     // Plans, each into its own workspace region.
@@ -446,7 +424,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     }
     if (workspace_.numel() < static_cast<int64_t>(total))
       workspace_ = Tensor::empty({static_cast<int64_t>(total * 5 / 4)}, DType::kU8, device_);
-    const int32_t* host = words_.data();
+    const int32_t* host = words_.host();
     for (size_t i = 0; i < calls.size(); ++i) {
       CallPlan& cp = *calls[i];
       void* ws = static_cast<char*>(workspace_.data_ptr()) + offsets[i];
@@ -555,11 +533,8 @@ class CudaOffloadDevice final : public OffloadDevice {
   std::vector<Event> ready_, free_;    // [slots]
   std::map<uint64_t, Event> tickets_;  // write-backs in flight, by ticket
   uint64_t landed_ = 0;
-  Event staged_;         // after the index copy
-  Tensor host_staging_;  // [words] i32 pinned
-  Tensor indices_;       // [words] i32 device
-  Tensor workspace_;     // [bytes] u8: the calls' plans
-  std::vector<int32_t> words_;
+  StagedWords words_;  // the step's index arrays (resident call, ring items, slots)
+  Tensor workspace_;   // [bytes] u8: the calls' plans
   CallPlan resident_;
   std::vector<CallPlan> items_;
   int64_t slots_ = 0;  // word offset of the int64 slots

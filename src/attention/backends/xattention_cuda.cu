@@ -10,7 +10,7 @@
 
 namespace longctx {
 
-XAttnCuda::XAttnCuda(const XAttnCudaConfig& c) : c_(c), staged_(c.device) {
+XAttnCuda::XAttnCuda(const XAttnCudaConfig& c) : c_(c), words_(c.device) {
   LONGCTX_CHECK(c.options.policy == "xattention", ErrorCode::kInternal, "XAttnCuda for policy '{}'",
                 c.options.policy);
   LONGCTX_CHECK(c.num_qo_heads > 0 && c.num_kv_heads > 0 && c.num_qo_heads % c.num_kv_heads == 0 &&
@@ -43,7 +43,7 @@ bool XAttnCuda::plan(const ForwardBatch& batch, cudaStream_t stream) {
   bool prefill = false;
   for (int b = 0; b < batch_; ++b) prefill = prefill || batch.q_len(b) > 1;
   if (!prefill) return false;
-  staged_.synchronize();  // the previous step's copy out of the staging buffer has finished
+  words_.begin();
   plan_ = kernels::cuda::xattn_plan(batch.qo_indptr.data(), batch.kv_lens.data(), batch_,
                                     static_cast<int>(c_.num_qo_heads),
                                     static_cast<int>(c_.num_kv_heads),
@@ -51,36 +51,20 @@ bool XAttnCuda::plan(const ForwardBatch& batch, cudaStream_t stream) {
   LONGCTX_CHECK(
       plan_.lse_indptr.back() <= lse_.numel() && plan_.mask_indptr.back() <= mask_.numel(),
       ErrorCode::kInternal, "xattention: a step past the planned limits");
-  std::vector<int32_t> words;
-  auto put = [&](const void* data, size_t bytes) {
-    while (words.size() % 4) words.push_back(0);  // 16-byte aligned arrays
-    const int64_t at = static_cast<int64_t>(words.size());
-    words.resize(words.size() + (bytes + 3) / 4);
-    std::memcpy(words.data() + at, data, bytes);
-    return at;
-  };
   std::vector<int32_t> q_lens(batch_);
   for (int b = 0; b < batch_; ++b) q_lens[b] = static_cast<int32_t>(batch.q_len(b));
-  est_at_ = put(plan_.estimate_items.data(), plan_.estimate_items.size() * 4);
-  sel_at_ = put(plan_.select_items.data(), plan_.select_items.size() * 4);
-  lse_indptr_at_ = put(plan_.lse_indptr.data(), plan_.lse_indptr.size() * 8);
-  mask_indptr_at_ = put(plan_.mask_indptr.data(), plan_.mask_indptr.size() * 8);
-  q_lens_at_ = put(q_lens.data(), q_lens.size() * 4);
-  kv_lens_at_ = put(batch.kv_lens.data(), batch.kv_lens.size() * 4);
-  const int64_t n = static_cast<int64_t>(words.size());
-  if (host_.numel() < n) {
-    host_ = Tensor::empty_pinned({n * 2}, DType::kI32);
-    staged_dev_ = Tensor::empty({n * 2}, DType::kI32, c_.device);
-  }
-  std::memcpy(host_.data_ptr(), words.data(), n * sizeof(int32_t));
-  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(staged_dev_.data_ptr(), host_.data_ptr(), n * sizeof(int32_t),
-                                     cudaMemcpyHostToDevice, stream));
-  staged_.record_on(stream);
+  est_at_ = words_.put(plan_.estimate_items);
+  sel_at_ = words_.put(plan_.select_items);
+  lse_indptr_at_ = words_.put_bytes(plan_.lse_indptr.data(), plan_.lse_indptr.size() * 8);
+  mask_indptr_at_ = words_.put_bytes(plan_.mask_indptr.data(), plan_.mask_indptr.size() * 8);
+  q_lens_at_ = words_.put(q_lens);
+  kv_lens_at_ = words_.put(batch.kv_lens);
+  words_.upload(stream);
   return true;
 }
 
 void XAttnCuda::select(kernels::PagedPrefillParams& p, cudaStream_t stream) {
-  const int32_t* w = staged_dev_.data<int32_t>();
+  const int32_t* w = words_.device();
   const auto* lse_indptr = reinterpret_cast<const int64_t*>(w + lse_indptr_at_);
   const auto* mask_indptr = reinterpret_cast<const int64_t*>(w + mask_indptr_at_);
   kernels::XAttnEstimateParams e =

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention/backends/staged_words.h"
 #include "kernels/attention_params.h"
 #include "kernels/cuda/xattention.h"
 #include "longctx/core/stream.h"
@@ -50,11 +51,10 @@ class XAttnCuda {
 
  private:
   XAttnCudaConfig c_;
-  Tensor lse_;                // [lse elements] f32: the estimate's block log-sum-exps
-  Tensor mask_;               // [mask elements] u8
-  Tensor counters_;           // [2] u64
-  Tensor host_, staged_dev_;  // [words] i32 pinned staging and its device copy
-  Event staged_;
+  Tensor lse_;         // [lse elements] f32: the estimate's block log-sum-exps
+  Tensor mask_;        // [mask elements] u8
+  Tensor counters_;    // [2] u64
+  StagedWords words_;  // the step's plan arrays
   kernels::cuda::XAttnPlan plan_;
   int64_t est_at_ = 0, sel_at_ = 0, lse_indptr_at_ = 0, mask_indptr_at_ = 0, q_lens_at_ = 0,
           kv_lens_at_ = 0;

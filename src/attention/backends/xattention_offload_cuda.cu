@@ -12,7 +12,7 @@ using kernels::MaskMode;
 using kernels::PagedPrefillParams;
 
 XAttnOffloadCuda::XAttnOffloadCuda(const XAttnOffloadConfig& c, const XAttnOffloadMemory& memory)
-    : c_(c), mem_(memory), xattn_(c.xattn), staged_(c.xattn.device) {
+    : c_(c), mem_(memory), xattn_(c.xattn), words_(c.xattn.device) {
   LONGCTX_CHECK(c.head_dim == 64 || c.head_dim == 128, ErrorCode::kUnsupported,
                 "--sparse-policy xattention with KV offload: head_dim {} (the GPU path takes 64 "
                 "or 128)",
@@ -53,8 +53,6 @@ bool XAttnOffloadCuda::fits(const ForwardBatch& batch, std::span<const int32_t> 
 
 void XAttnOffloadCuda::plan(const ForwardBatch& batch, std::span<const int32_t> block_loc,
                             cudaStream_t compute, const Stream& h2d) {
-  LONGCTX_CHECK(fits(batch, block_loc), ErrorCode::kInternal,
-                "xattention offload: a step past the staging buffer");
   batch_ = static_cast<int>(batch.num_seqs());
   total_q_ = static_cast<int>(batch.num_tokens());
   const int64_t bs = c_.block_size;
@@ -71,6 +69,9 @@ void XAttnOffloadCuda::plan(const ForwardBatch& batch, std::span<const int32_t> 
         loc.push_back(l);
         continue;
       }
+      // The device calls fits() before it routes a step here.
+      LONGCTX_CHECK(slots < c_.staging_blocks, ErrorCode::kInternal,
+                    "xattention offload: a step past the staging buffer");
       const int32_t host = -l - 1, slot = slots++;
       loc.push_back(-slot - 1);
       items.insert(items.end(), {b, static_cast<int32_t>(j), host, slot});
@@ -87,33 +88,18 @@ void XAttnOffloadCuda::plan(const ForwardBatch& batch, std::span<const int32_t> 
   entries_ = static_cast<int64_t>(loc.size());
   num_items_ = static_cast<int>(items.size() / 4);
 
-  staged_.synchronize();  // the previous step's copy out of the staging buffer has finished
-  std::vector<int32_t> words;
-  auto put = [&](const int32_t* data, size_t n) {
-    while (words.size() % 4) words.push_back(0);  // 16-byte aligned arrays
-    const int64_t at = static_cast<int64_t>(words.size());
-    words.insert(words.end(), data, data + n);
-    return at;
-  };
-  tables_at_ = put(nullptr, 0);
+  words_.begin();
+  tables_at_ = words_.put(nullptr, 0);
   for (int64_t layer = 0; layer < c_.num_layers; ++layer)  // doubled ids: page 2b is K, 2b+1 V
     for (int32_t l : loc)
-      words.push_back(static_cast<int32_t>(2 * (l >= 0 ? l : staged_block(layer, -l - 1))));
-  qo_at_ = put(batch.qo_indptr.data(), batch.qo_indptr.size());
-  kv_indptr_at_ = put(kv_indptr.data(), kv_indptr.size());
-  last_at_ = put(last.data(), last.size());
-  q_lens_at_ = put(q_lens.data(), q_lens.size());
-  kv_lens_at_ = put(batch.kv_lens.data(), batch.kv_lens.size());
-  items_at_ = put(items.data(), items.size());
-  const int64_t n = static_cast<int64_t>(words.size());
-  if (host_words_.numel() < n) {
-    host_words_ = Tensor::empty_pinned({n * 2}, DType::kI32);
-    indices_ = Tensor::empty({n * 2}, DType::kI32, c_.xattn.device);
-  }
-  std::memcpy(host_words_.data_ptr(), words.data(), n * sizeof(int32_t));
-  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_words_.data_ptr(),
-                                     n * sizeof(int32_t), cudaMemcpyHostToDevice, compute));
-  staged_.record_on(compute);
+      words_.push(static_cast<int32_t>(2 * (l >= 0 ? l : staged_block(layer, -l - 1))));
+  qo_at_ = words_.put(batch.qo_indptr);
+  kv_indptr_at_ = words_.put(kv_indptr);
+  last_at_ = words_.put(last);
+  q_lens_at_ = words_.put(q_lens);
+  kv_lens_at_ = words_.put(batch.kv_lens);
+  items_at_ = words_.put(items);
+  words_.upload(compute);
 
   const int group = static_cast<int>(c_.xattn.num_qo_heads / c_.num_kv_heads);
   const size_t ws = kernels::cuda::paged_prefill_workspace_bytes(batch_, total_q_, group);

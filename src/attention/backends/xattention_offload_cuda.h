@@ -71,15 +71,14 @@ class XAttnOffloadCuda {
   };
   void load_keys(int64_t layer, const Stream& h2d);
   int64_t staged_block(int64_t layer, int64_t slot) const;  // block index from the layer's base
-  const int32_t* dev(int64_t word) const { return indices_.data<int32_t>() + word; }
+  const int32_t* dev(int64_t word) const { return words_.device_at(word); }
 
   XAttnOffloadConfig c_;
   XAttnOffloadMemory mem_;
   XAttnCuda xattn_;
   int64_t block_bytes_ = 0, page_bytes_ = 0;  // K and V of a block of a layer; K alone
   std::vector<Event> ready_, free_;           // [buffers] keys loaded / last reader done
-  Event staged_;                              // after the index copy
-  Tensor host_words_, indices_;               // [words] i32 pinned staging and its device copy
+  StagedWords words_;                         // the step's page tables and work lists
   Tensor workspace_;                          // [bytes] u8: the prefill plan
   Tensor v_bytes_;                            // [1] u64: V bytes gathered
   kernels::cuda::PrefillPlan prefill_;

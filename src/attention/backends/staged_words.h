@@ -1,0 +1,49 @@
+// A step's index arrays (page tables, indptrs, work lists) for the GPU kernels, staged in one
+// copy: arrays are appended to one int32 word vector, each 16-byte aligned, and upload() copies
+// the words through a pinned buffer to a device buffer on the given stream. The CUDA backends of
+// one step (resident XAttention, XAttention with offload, the offload device) each own one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "longctx/core/device.h"
+#include "longctx/core/stream.h"
+#include "longctx/core/tensor.h"
+
+namespace longctx {
+
+class StagedWords {
+ public:
+  explicit StagedWords(Device device);
+
+  // Starts a step: waits until the previous upload's copy has left the pinned buffer, clears.
+  void begin();
+  // Appends data[0, n) times scale at the next 16-byte boundary; returns its word offset.
+  int64_t put(const int32_t* data, size_t n, int32_t scale = 1);
+  int64_t put(const std::vector<int32_t>& v, int32_t scale = 1) {
+    return put(v.data(), v.size(), scale);
+  }
+  // Appends `bytes` bytes of any array (e.g. int64 indptrs), zero-padded to whole words.
+  int64_t put_bytes(const void* data, size_t bytes);
+  // Appends one word (arrays built in place after an aligned put(nullptr, 0)).
+  void push(int32_t w) { words_.push_back(w); }
+  // Copies the words to the device buffer on `stream` (a cudaStream_t).
+  void upload(void* stream);
+  // Word `at` of the device buffer (valid for kernels queued after upload()).
+  const int32_t* device_at(int64_t at) const { return dev_.data<int32_t>() + at; }
+  const int32_t* device() const { return dev_.data<int32_t>(); }
+  // The host words (host plans read the arrays they stage; valid until the next begin()).
+  const int32_t* host() const { return words_.data(); }
+  int64_t size() const { return static_cast<int64_t>(words_.size()); }
+
+ private:
+  Device device_;
+  std::vector<int32_t> words_;
+  Tensor host_;   // [capacity] i32 pinned
+  Tensor dev_;    // [capacity] i32 on device_
+  Event staged_;  // after the last upload's copy
+};
+
+}  // namespace longctx
