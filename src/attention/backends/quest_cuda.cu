@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstring>
 
 #include "attention/backends/quest_cuda.h"
 #include "kernels/cpu/quest_cpu.h"
@@ -38,7 +37,7 @@ int64_t quest_bytes(const QuestCudaConfig& c) {
 
 }  // namespace
 
-QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), staged_(c.device) {
+QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
   LONGCTX_CHECK(c.options.policy == "quest", ErrorCode::kInternal, "QuestCuda for policy '{}'",
                 c.options.policy);
   LONGCTX_CHECK(c.num_layers > 0 && c.num_blocks > 0 && c.max_seqs > 0 && c.max_model_len > 0 &&
@@ -74,26 +73,18 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), staged_(c.device) {
   }
 }
 
-int64_t QuestCuda::put(std::span<const int32_t> v) {
-  while (words_.size() % 4) words_.push_back(0);  // 16-byte aligned arrays
-  const int64_t at = static_cast<int64_t>(words_.size());
-  words_.insert(words_.end(), v.begin(), v.end());
-  return at;
-}
-
 void* QuestCuda::meta_layer(int64_t layer) const {
   return static_cast<char*>(meta_.data_ptr()) + layer * c_.num_blocks * meta_block_bytes_;
 }
 
 void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
                      std::span<const int32_t> block_loc, cudaStream_t stream) {
-  staged_.synchronize();  // the previous step's copy out of the staging buffer has finished
-  words_.clear();
+  words_.begin();
   const int64_t bs = c_.block_size, page = budget_.page_tokens;
   const std::vector<int32_t> pages = kernels::cpu::quest_touched_pages(
       batch.slot_mapping, cache_slots, static_cast<int>(bs), static_cast<int>(page));
   num_pages_ = static_cast<int64_t>(pages.size() / 4);
-  pages_at_ = put(pages);
+  pages_at_ = words_.put(pages);
 
   decode_ = !block_loc.empty();
   batch_ = static_cast<int>(batch.num_seqs());
@@ -102,10 +93,10 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
                   ErrorCode::kInternal,
                   "quest: {} sequences (max {}), {} block codes for {} blocks", batch.num_seqs(),
                   c_.max_seqs, block_loc.size(), batch.block_tables.size());
-    indptr_at_ = put(batch.block_table_indptr);
-    tables_at_ = put(batch.block_tables);
-    loc_at_ = put(block_loc);
-    lens_at_ = put(batch.kv_lens);
+    indptr_at_ = words_.put(batch.block_table_indptr);
+    tables_at_ = words_.put(batch.block_tables);
+    loc_at_ = words_.put(block_loc);
+    lens_at_ = words_.put(batch.kv_lens);
     // The compact decode: sequence b is page b of max_selected * page tokens.
     std::vector<int32_t> indptr(batch_ + 1), indices(batch_), last(batch_), qo(batch_ + 1);
     for (int b = 0; b < batch_; ++b) {
@@ -117,26 +108,17 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
       qo[b + 1] = b + 1;
       last[b] = kernels::cpu::quest_compact_len(kv, budget_);
     }
-    dec_indptr_at_ = put(indptr);
-    dec_indices_at_ = put(indices);
-    dec_last_at_ = put(last);
-    qo_at_ = put(qo);
+    dec_indptr_at_ = words_.put(indptr);
+    dec_indices_at_ = words_.put(indices);
+    dec_last_at_ = words_.put(last);
+    qo_at_ = words_.put(qo);
     if (!generic_)
       decode_plan_ = kernels::cuda::decode_plan(
           indptr.data(), last.data(), batch_, static_cast<int>(max_selected_ * page),
           static_cast<int>(c_.num_qo_heads), static_cast<int>(c_.num_kv_heads),
           static_cast<int>(c_.head_dim), decode_ws_.data_ptr(), decode_ws_.numel(), stream);
   }
-  const int64_t n = static_cast<int64_t>(words_.size());
-  if (n == 0) return;
-  if (host_words_.numel() < n) {
-    host_words_ = Tensor::empty_pinned({n * 2}, DType::kI32);
-    indices_ = Tensor::empty({n * 2}, DType::kI32, c_.device);
-  }
-  std::memcpy(host_words_.data_ptr(), words_.data(), n * sizeof(int32_t));
-  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_words_.data_ptr(),
-                                     n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-  staged_.record_on(stream);
+  words_.upload(stream);
 }
 
 int64_t QuestCuda::memory1_bytes_read() const {

@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "attention/backends/staged_words.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/quest_params.h"
 #include "longctx/core/stream.h"
@@ -69,8 +70,7 @@ class QuestCuda {
   int64_t memory1_bytes_read() const;
 
  private:
-  const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
-  int64_t put(std::span<const int32_t> v);
+  const int32_t* dev(int64_t offset) const { return words_.device_at(offset); }
   void* meta_layer(int64_t layer) const;
 
   QuestCudaConfig c_;
@@ -83,10 +83,7 @@ class QuestCuda {
   Tensor compact_k_, compact_v_;  // [max_seqs][max_selected * page][Hkv][d] cache dtype
   Tensor decode_ws_;              // the compact decode's plan
   Tensor memory1_pages_;          // [1] u64: pages the gathers read from memory 1
-  Tensor host_words_;             // [words] i32 pinned staging
-  Tensor indices_;                // [words] i32 on the device
-  Event staged_;
-  std::vector<int32_t> words_;
+  StagedWords words_;             // the step's pages, tables and compact-decode arrays
   int64_t pages_at_ = 0, num_pages_ = 0;  // the touched pages [num_pages_][4]
   int64_t indptr_at_ = 0, tables_at_ = 0, loc_at_ = 0, lens_at_ = 0;
   int64_t dec_indptr_at_ = 0, dec_indices_at_ = 0, dec_last_at_ = 0, qo_at_ = 0;

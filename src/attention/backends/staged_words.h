@@ -1,11 +1,12 @@
 // A step's index arrays (page tables, indptrs, work lists) for the GPU kernels, staged in one
 // copy: arrays are appended to one int32 word vector, each 16-byte aligned, and upload() copies
 // the words through a pinned buffer to a device buffer on the given stream. The CUDA backends of
-// one step (resident XAttention, XAttention with offload, the offload device) each own one.
+// one step (Quest, resident XAttention, XAttention with offload, the offload device) each own one.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "longctx/core/device.h"
@@ -22,7 +23,7 @@ class StagedWords {
   void begin();
   // Appends data[0, n) times scale at the next 16-byte boundary; returns its word offset.
   int64_t put(const int32_t* data, size_t n, int32_t scale = 1);
-  int64_t put(const std::vector<int32_t>& v, int32_t scale = 1) {
+  int64_t put(std::span<const int32_t> v, int32_t scale = 1) {
     return put(v.data(), v.size(), scale);
   }
   // Appends `bytes` bytes of any array (e.g. int64 indptrs), zero-padded to whole words.
@@ -33,10 +34,8 @@ class StagedWords {
   void upload(void* stream);
   // Word `at` of the device buffer (valid for kernels queued after upload()).
   const int32_t* device_at(int64_t at) const { return dev_.data<int32_t>() + at; }
-  const int32_t* device() const { return dev_.data<int32_t>(); }
   // The host words (host plans read the arrays they stage; valid until the next begin()).
   const int32_t* host() const { return words_.data(); }
-  int64_t size() const { return static_cast<int64_t>(words_.size()); }
 
  private:
   Device device_;

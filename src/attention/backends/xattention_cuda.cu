@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "attention/backends/xattention_cuda.h"
@@ -64,7 +63,7 @@ bool XAttnCuda::plan(const ForwardBatch& batch, cudaStream_t stream) {
 }
 
 void XAttnCuda::select(kernels::PagedPrefillParams& p, cudaStream_t stream) {
-  const int32_t* w = words_.device();
+  const int32_t* w = words_.device_at(0);
   const auto* lse_indptr = reinterpret_cast<const int64_t*>(w + lse_indptr_at_);
   const auto* mask_indptr = reinterpret_cast<const int64_t*>(w + mask_indptr_at_);
   kernels::XAttnEstimateParams e =

@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstring>
 
 #include "attention/backends/xattention_offload_cuda.h"
 #include "kernels/cuda/xattention.h"
