@@ -96,16 +96,17 @@ void print(const std::string& name, double ms, double flops, double bytes = 0) {
   std::fflush(stdout);
 }
 
-// Paged prefill of one request, q_len queries over kv_len keys (pages in order).
+// Paged prefill of one request, q_len queries over kv_len keys (pages in order), 32 q / 8 kv
+// heads of head_dim.
 void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mode, bool lse,
-                   int page, cudaStream_t stream) {
+                   int page, cudaStream_t stream, int head_dim = kD) {
   const int pages = (kv_len + page - 1) / page;
-  void* q = random_bf16(int64_t(q_len) * kHq * kD, 1);
-  void* k = random_bf16(int64_t(pages) * page * kHk * kD, 2);
-  void* v = random_bf16(int64_t(pages) * page * kHk * kD, 3);
+  void* q = random_bf16(int64_t(q_len) * kHq * head_dim, 1);
+  void* k = random_bf16(int64_t(pages) * page * kHk * head_dim, 2);
+  void* v = random_bf16(int64_t(pages) * page * kHk * head_dim, 3);
   void* o = nullptr;
   float* l = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&o, int64_t(q_len) * kHq * kD * 2));
+  LONGCTX_CUDA_CHECK(cudaMalloc(&o, int64_t(q_len) * kHq * head_dim * 2));
   LONGCTX_CUDA_CHECK(cudaMalloc(&l, int64_t(q_len) * kHq * 4));
   std::vector<int32_t> qo = {0, q_len}, kvp = {0, pages}, idx(pages),
                        last = {kv_len - (pages - 1) * page}, kvl = {kv_len};
@@ -123,23 +124,23 @@ void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mo
   p.batch_size = 1;
   p.num_qo_heads = kHq;
   p.num_kv_heads = kHk;
-  p.head_dim = kD;
+  p.head_dim = head_dim;
   p.page_size = page;
   p.dtype = DType::kBF16;
   p.mask_mode = mode;
-  p.sm_scale = 1.f / std::sqrt(float(kD));
+  p.sm_scale = 1.f / std::sqrt(float(head_dim));
   size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(1, q_len, kHq / kHk);
   void* ws = nullptr;
   LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-  auto plan = kernels::cuda::paged_prefill_plan(qo.data(), kvl.data(), 1, kHq, kHk, kD, mode, ws,
-                                                ws_bytes, stream);
+  auto plan = kernels::cuda::paged_prefill_plan(qo.data(), kvl.data(), 1, kHq, kHk, head_dim, mode,
+                                                ws, ws_bytes, stream);
   const double ms = time_ms([&] { kernels::cuda::paged_prefill_run(p, plan, stream); }, stream);
   double pairs = 0;
   if (mode == kernels::MaskMode::kNone)
     pairs = double(q_len) * kv_len;
   else
     for (int i = 0; i < q_len; ++i) pairs += std::clamp(kv_len - q_len + i + 1, 0, kv_len);
-  print(name, ms, 4.0 * kD * kHq * pairs);
+  print(name, ms, 4.0 * head_dim * kHq * pairs);
   for (void* x : {q, k, v, o, static_cast<void*>(l), ws, (void*)p.qo_indptr, (void*)p.kv_indptr,
                   (void*)p.kv_indices, (void*)p.kv_last_page_len})
     cudaFree(x);
@@ -652,6 +653,10 @@ int main(int argc, char** argv) {
                 stream);
   bench_prefill("chunk q=2048 kv=30720 non-causal +lse (page 16)", 2048, 30720, MaskMode::kNone,
                 true, 16, stream);
+  for (int n : {8192, 32768})  // Llama-3.2-1B class heads: 32 q / 8 kv of head_dim 64
+    bench_prefill(n == 8192 ? "prefill causal S=8192 head_dim 64 (page 16)"
+                            : "prefill causal S=32768 head_dim 64 (page 16)",
+                  n, n, MaskMode::kCausal, false, 16, stream, 64);
   for (int b : {1, 16, 64}) bench_decode(b, 32768, 16, stream);
   bench_decode(1, 32768, 128, stream);
   for (int64_t block : {64, 128}) bench_block_causal(32768, 1500, block, stream);

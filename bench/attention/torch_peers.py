@@ -54,34 +54,35 @@ def rand(*shape):
     return torch.empty(*shape, device=DEV, dtype=DT).uniform_(-1, 1)
 
 
-def sdpa(backend, q, k, v, causal):
+def sdpa(backend, q, k, v, causal, scale=SCALE):
     """SDPA under one backend; GQA through enable_gqa, else K/V expanded once outside timing."""
     with sdpa_kernel([backend]):
         try:
-            F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=SCALE, enable_gqa=True)
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
             return lambda: F.scaled_dot_product_attention(
-                q, k, v, is_causal=causal, scale=SCALE, enable_gqa=True), "gqa"
+                q, k, v, is_causal=causal, scale=scale, enable_gqa=True), "gqa"
         except Exception:  # noqa: BLE001
             ke = k.repeat_interleave(HQ // HK, dim=1)
             ve = v.repeat_interleave(HQ // HK, dim=1)
-            F.scaled_dot_product_attention(q, ke, ve, is_causal=causal, scale=SCALE)
+            F.scaled_dot_product_attention(q, ke, ve, is_causal=causal, scale=scale)
             return lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=causal,
-                                                          scale=SCALE), "expanded kv"
+                                                          scale=scale), "expanded kv"
 
 
 BACKENDS = [("FLASH", SDPBackend.FLASH_ATTENTION), ("CUDNN", SDPBackend.CUDNN_ATTENTION)]
 
 
-def causal_prefill(S):
-    q, k, v = rand(1, HQ, S, D), rand(1, HK, S, D), rand(1, HK, S, D)
-    flops = 4.0 * D * HQ * S * (S + 1) / 2
+def causal_prefill(S, d=D):
+    q, k, v = rand(1, HQ, S, d), rand(1, HK, S, d), rand(1, HK, S, d)
+    flops = 4.0 * d * HQ * S * (S + 1) / 2
+    tag = "" if d == D else f" head_dim {d}"
     for bname, be in BACKENDS:
         def run():
-            fn, how = sdpa(be, q, k, v, True)
+            fn, how = sdpa(be, q, k, v, True, 1.0 / math.sqrt(d))
             with sdpa_kernel([be]):
                 ms = time_ms(fn)
-            report(f"sdpa {bname} causal S={S} ({how})", ms, flops)
-        attempt(f"sdpa {bname} causal S={S}", run)
+            report(f"sdpa {bname} causal S={S}{tag} ({how})", ms, flops)
+        attempt(f"sdpa {bname} causal S={S}{tag}", run)
 
 
 def chunk_with_lse():
@@ -172,10 +173,13 @@ def block_causal(total, span, block):
 def main():
     print(f"# torch {torch.__version__} on {torch.cuda.get_device_name()}; "
           f"{HQ} q / {HK} kv heads, head_dim {D}, bf16", flush=True)
-    for what in sys.argv[1:] or ["prefill", "chunk", "decode", "block"]:
+    for what in sys.argv[1:] or ["prefill", "prefill64", "chunk", "decode", "block"]:
         if what == "prefill":
             for S in (8192, 32768):
                 causal_prefill(S)
+        elif what == "prefill64":  # Llama-3.2-1B class heads: head_dim 64
+            for S in (8192, 32768):
+                causal_prefill(S, 64)
         elif what == "chunk":
             chunk_with_lse()
         elif what == "decode":

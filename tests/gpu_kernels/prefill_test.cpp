@@ -210,6 +210,10 @@ TEST(PrefillHarness, EachKernelPath) {
                                                 8, 2, 128, 16, dt, mode, true, seed++)));
         cases.push_back(std::make_unique<PrefillCase>(
             shape({64, 200, 1000}, {64, 700, 1517}, 32, 8, 128, 1, dt, mode, true, seed++)));
+        for (int page : {1, 16, 256})  // head_dim 64
+          cases.push_back(
+              std::make_unique<PrefillCase>(shape({1, 7, 300, 129, 1000}, {1, 10, 1000, 5000, 1517},
+                                                  8, 2, 64, page, dt, mode, true, seed++)));
       }
       cases.push_back(std::make_unique<PrefillCase>(
           shape({33, 200}, {700, 199}, 6, 2, 128, 7, DType::kBF16, mode, true, seed++)));
@@ -223,6 +227,9 @@ TEST(PrefillHarness, EachKernelPath) {
       s.seed = seed++;
       s.sparse_keep = 0.7;
       s.sparse_same_in_group = true;
+      cases.push_back(std::make_unique<PrefillCase>(s));
+      s.seed = seed++;
+      s.head_dim = 64;
       cases.push_back(std::make_unique<PrefillCase>(s));
     }
     expect_no_failures(run_cases(cases), 16);
@@ -250,7 +257,8 @@ TEST(PrefillHarness, CudaGraphReplayMatchesDirectLaunch) {
   cudaStreamDestroy(stream);
 }
 
-// Perf mode only (LONGCTX_PERF=1): the timing points, 32 q / 8 kv heads, head_dim 128.
+// Perf mode only (LONGCTX_PERF=1): the timing points, 32 q / 8 kv heads, head_dim 128
+// (and 64 where named).
 TEST(PrefillHarness, Perf) {
   if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
   std::vector<std::unique_ptr<OpCase>> cases;
@@ -263,15 +271,16 @@ TEST(PrefillHarness, Perf) {
       shape({32768}, {32768}, 32, 8, 128, 128, bf, MaskMode::kCausal, false), true));
   cases.push_back(std::make_unique<PrefillCase>(
       shape({2048}, {30720}, 32, 8, 128, 16, bf, MaskMode::kNone, true), true));
-  cases.push_back(std::make_unique<PrefillCase>(
-      shape({8192}, {8192}, 32, 8, 64, 16, bf, MaskMode::kCausal, false), true));
+  for (int n : {8192, 32768})  // head_dim 64 (Llama-3.2-1B class heads)
+    cases.push_back(std::make_unique<PrefillCase>(
+        shape({n}, {n}, 32, 8, 64, 16, bf, MaskMode::kCausal, false), true));
   PagedCaseShape sp = shape({32768}, {32768}, 32, 8, 128, 128, bf, MaskMode::kCausal, true);
   sp.sparse_keep = 0.25;
   cases.push_back(std::make_unique<PrefillCase>(sp, true));
   sp.sparse_per_head = true;  // one mask per KV group, written per q head (XAttention's)
   sp.sparse_same_in_group = true;
   cases.push_back(std::make_unique<PrefillCase>(sp, true));
-  expect_no_failures(run_cases(cases), 7);
+  expect_no_failures(run_cases(cases), 8);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 // the CTA first ORs the mask bytes of its (head, query block) rows into a bitmap of needed key
 // blocks and skips the others; rows are then masked element-wise for exactness.
 // Plain mma.sync (no wgmma/TMA), so the same code runs on sm_80 and sm_90a; on sm_90 with
-// head_dim 128, paged_prefill_run() uses the wgmma kernel of prefill_sm90.cu instead.
+// head_dim 64 or 128, paged_prefill_run() uses the wgmma kernel of prefill_sm90.cu instead.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

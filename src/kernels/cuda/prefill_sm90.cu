@@ -1,6 +1,6 @@
 // Paged batch prefill for Hopper (sm_90a): warpgroup MMA (wgmma) + warp specialization. Same
 // interface, work list and semantics as the mma.sync kernel of prefill.cu (see prefill.h);
-// paged_prefill_run() picks this path on sm_90 for head_dim 128 (prefill_sm90.h).
+// paged_prefill_run() picks this path on sm_90 for head_dim 64 and 128 (prefill_sm90.h).
 //
 // A CTA = 3 warpgroups; it processes work items (request, 128-row tile, kv head): one per CTA, or
 // (persistent variants, the default) items blockIdx.x, + gridDim.x, ... with one CTA per SM.
@@ -16,7 +16,7 @@
 //   warpgroups 0, 1 (consumers, 232 registers): 64 packed rows each (the 128-row tile),
 //     S = Q K^T with wgmma m64n128k16 (Q and K from 128B-swizzled shared memory, K-major),
 //     online softmax in fp32 on the accumulators (exp2, scale folded into the FFMA), then
-//     O += P V with wgmma m64n128k16, P from registers (the S accumulator layout converted to A
+//     O += P V with wgmma m64n{head_dim}k16, P from registers (the S accumulator layout converted to A
 //     fragments) and V from shared memory as an MN-major (transposed) operand. S of tile n is
 //     issued before P V of tile n-1, so the softmax overlaps the tensor cores; by default the two
 //     consumer warpgroups take turns issuing their GEMMs (ping-pong), so one's softmax overlaps
@@ -53,14 +53,15 @@ namespace longctx::kernels::cuda {
 namespace {
 
 constexpr int kRows = kPrefillTileRows;  // 128 = 2 consumer warpgroups x 64 rows
-constexpr int kD = 128;                  // head_dim of this path
 constexpr int kMaskWords = 1024;         // block-sparse bitmap, as in prefill.cu (4M keys)
 constexpr int kThreads = 384;            // 2 consumer warpgroups + 1 producer warpgroup
 constexpr int kConsumerThreads = 256;
-constexpr int kQBytes = kRows * kD * 2;
 
-template <int KEYS, int STAGES, bool PERSISTENT, bool PINGPONG>
+template <int HEAD_DIM, int KEYS, int STAGES, bool PERSISTENT, bool PINGPONG>
 struct Sm90Tiling {
+  // head_dim 64 or 128: one or two 64-element (128-byte) column halves per shared-memory row.
+  static constexpr int kD = HEAD_DIM;
+  static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks of a row
   static constexpr int kKeys = KEYS, kStages = STAGES;
   // Persistent: one CTA per SM walks work items blockIdx.x, + gridDim.x, ... so the producer
   // loads the next item's Q and K/V (and builds its block-sparse bitmaps) while the consumers
@@ -70,6 +71,7 @@ struct Sm90Tiling {
   // their GEMMs (named barriers), so one warpgroup's softmax runs while the other's GEMMs use the
   // tensor cores.
   static constexpr bool kPingPong = PINGPONG;
+  static constexpr int kQBytes = kRows * kD * 2;
   static constexpr int kKvBytes = KEYS * kD * 2;  // one K (or V) stage
   static constexpr int kKOff = kQBytes;
   static constexpr int kVOff = kKOff + STAGES * kKvBytes;
@@ -80,6 +82,7 @@ struct Sm90Tiling {
   // the base.
   static constexpr int kSmemBytes = kBarOff + (4 * STAGES + 2) * 8 + 1024;
   static_assert(KEYS == 128);  // the S wgmma is m64n128k16
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128);
 };
 
 #ifdef LONGCTX_SM90A_DEVICE
@@ -200,6 +203,24 @@ __device__ __forceinline__ void wgmma_rs_n128_f16(float* d, const uint32_t* a, u
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
 }
+__device__ __forceinline__ void wgmma_rs_n64_bf16(float* d, const uint32_t* a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+}
+__device__ __forceinline__ void wgmma_rs_n64_f16(float* d, const uint32_t* a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+}
 // clang-format on
 
 template <typename T, int N>
@@ -220,6 +241,19 @@ struct Wgmma<__half, 128> {
   }
   static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b) {
     wgmma_rs_n128_f16(d, a, b);
+  }
+};
+
+template <>
+struct Wgmma<__nv_bfloat16, 64> {
+  static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b) {
+    wgmma_rs_n64_bf16(d, a, b);
+  }
+};
+template <>
+struct Wgmma<__half, 64> {
+  static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b) {
+    wgmma_rs_n64_f16(d, a, b);
   }
 };
 
@@ -267,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     paged_prefill_sm90_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
                               int num_ctas_total) {
 #ifdef LONGCTX_SM90A_DEVICE
-  constexpr int KEYS = Tl::kKeys, STAGES = Tl::kStages;
+  constexpr int KEYS = Tl::kKeys, STAGES = Tl::kStages, kD = Tl::kD, kChunks = Tl::kChunks;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -320,17 +354,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* __restrict__ q = static_cast<const T*>(p.q);
     const T* __restrict__ kc = static_cast<const T*>(p.k_cache);
     const T* __restrict__ vc = static_cast<const T*>(p.v_cache);
-    // K/V: 4 threads per key row, each copying 4 of its 16 chunks (64-byte runs: coalesced; a
-    // warp's 8 rows x 4 chunks spread evenly over the banks in the swizzled layout); this thread
+    // K/V: 4 threads per key row, each copying kChunks / 4 of its chunks (64-byte runs:
+    // coalesced; a warp's 8 rows x 4 chunks spread evenly over the banks in the swizzled
+    // layout); this thread
     // copies rows (pt >> 2) + 32 rp. Their cache slots (page * page_size + offset, -1 past
     // kv_len) are looked up once per tile, all lookups in flight together (a dependent lookup per
     // row serialized the producer: 268 TF), and serve both K and V. Row (pt >> 2) + 32 rp has
     // the swizzle phase (pt >> 2) & 7 for every rp, so the destination of chunk pass h in row
     // pass rp is dst_off[h] + 4096 rp (few live registers: the producer has 40).
     constexpr int kRowPasses = KEYS / 32;
-    uint32_t dst_off[4];
+    constexpr int kChunkPasses = kChunks / 4;
+    uint32_t dst_off[kChunkPasses];
 #pragma unroll
-    for (int h = 0; h < 4; ++h) dst_off[h] = swizzle128_offset(KEYS, pt >> 2, (pt & 3) + 4 * h);
+    for (int h = 0; h < kChunkPasses; ++h) dst_off[h] = swizzle128_offset(KEYS, pt >> 2, (pt & 3) + 4 * h);
     int n = 0;  // key tiles loaded so far (ring position)
     int qn = 0;
     for (int idx = blockIdx.x; idx < num_ctas_total; idx += stride, ++qn) {
@@ -348,9 +384,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       (kThreads - kConsumerThreads) / 32, pt & 31, s_bits, s_all);
         named_barrier(3, kThreads - kConsumerThreads);
       }
-      // Q tile: row r -> (token, head), 16 threads per row; padding rows zero-filled.
-      for (int r = pt >> 4; r < kRows; r += 8) {
-        const int c = pt & 15;
+      // Q tile: row r -> (token, head), a thread per 16-byte chunk; padding rows zero-filled.
+      for (int r = pt / kChunks; r < kRows; r += 128 / kChunks) {
+        const int c = pt % kChunks;
         const int pr = it.row0 + r;
         const bool ok = pr < it.num_rows;
         const int tok = ok ? pr / group : 0, h = it.kvh * group + (ok ? pr % group : 0);
@@ -376,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const T* row =
                 src + (ok ? (int64_t(slot[rp]) * p.num_kv_heads + it.kvh) * kD : 0) + (pt & 3) * 8;
 #pragma unroll
-            for (int h = 0; h < 4; ++h)
+            for (int h = 0; h < kChunkPasses; ++h)
               cp_async_16(dst + dst_off[h] + rp * 32 * 128, row + 32 * h, ok ? 16 : 0);
           }
         };
@@ -411,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     if (wg == 1) turn_pass();
 
-    float o[kD / 2];  // 64 rows x 128 dims / 128 threads, m16n8 accumulator layout per warp
+    float o[kD / 2];  // 64 rows x kD dims / 128 threads, m16n8 accumulator layout per warp
     float m[2], l[2];
     int n = 0;  // key tiles consumed so far (ring position)
     int qn = 0;
@@ -464,7 +500,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KEYS / 16; ++kk)
-          Wgmma<T, 128>::rs(o, pa[kk], make_desc(sv + kk * 16 * 128, KEYS * 128, 1024));
+          Wgmma<T, kD>::rs(o, pa[kk], make_desc(sv + kk * 16 * 128, KEYS * 128, 1024));
         wgmma_commit();
       };
       // Masks the tile if needed, turns sc into P = exp2(scaled s - running max) in place,
@@ -626,8 +662,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       named_barrier(1 + wg, 128);
-      for (int id = wt; id < (p.o_f32 ? 0 : 64 * 16); id += 128) {
-        const int r = wg * 64 + id / 16, c = id % 16;
+      for (int id = wt; id < (p.o_f32 ? 0 : 64 * kChunks); id += 128) {
+        const int r = wg * 64 + id / kChunks, c = id % kChunks;
         const int pr = it.row0 + r;
         if (pr >= it.num_rows) continue;
         const int tok = pr / group, h = it.kvh * group + pr % group;
@@ -641,7 +677,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Other targets: never launched (see paged_prefill_sm90_available); references keep the
   // compiler quiet about the constants only the sm_90a body uses.
   static_assert(Tl::kKeys > 0 && Tl::kStages > 0 && (Tl::kPersistent || !Tl::kPersistent) &&
-                kConsumerThreads > 0 && kQBytes > 0);
+                kConsumerThreads > 0 && Tl::kQBytes > 0);
 #endif  // LONGCTX_SM90A_DEVICE
 }
 
@@ -675,26 +711,33 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
 //   pingpong 3-4% faster than persistent; block-causal block 64: 294 vs 285 TF.
 // Earlier variants, same harness: 64-key tiles x 4 stages 440 TF; no consumer software
 // pipelining 468 TF; a page-table lookup per row in the producer's critical path 268 TF.
-using Grid128 = Sm90Tiling<128, 2, false, false>;
-using Persistent128 = Sm90Tiling<128, 2, true, false>;
-using PingPong128 = Sm90Tiling<128, 2, true, true>;
-
-template <typename T>
+template <typename T, int D>
 void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   const char* e = std::getenv("LONGCTX_PREFILL_SM90_VARIANT");
   const std::string v = e == nullptr ? "" : e;
+  if constexpr (D == 64) {  // 3 stages fit beside a head_dim-64 tile (114 KB + 32 KB)
+    if (v == "pingpong3") return launch<T, Sm90Tiling<D, 128, 3, true, true>>(p, plan, stream);
+  }
   if (v == "grid")
-    launch<T, Grid128>(p, plan, stream);
+    launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
   else if (v == "persistent")
-    launch<T, Persistent128>(p, plan, stream);
+    launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
   else
-    launch<T, PingPong128>(p, plan, stream);
+    launch<T, Sm90Tiling<D, 128, 2, true, true>>(p, plan, stream);
+}
+
+template <typename T>
+void launch_head_dim(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  if (p.head_dim == 64)
+    launch_variant<T, 64>(p, plan, stream);
+  else
+    launch_variant<T, 128>(p, plan, stream);
 }
 
 }  // namespace
 
 bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
-  if (p.head_dim != kD) return false;
+  if (p.head_dim != 64 && p.head_dim != 128) return false;
   // The device must be sm_90 and this binary must carry the sm_90a kernel (not a JIT from PTX
   // of another target, where the body is empty).
   static const bool ok = [] {
@@ -704,7 +747,7 @@ bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (major != 9 || minor != 0) return false;
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, paged_prefill_sm90_kernel<__nv_bfloat16, Persistent128>) !=
+    if (cudaFuncGetAttributes(&attr, paged_prefill_sm90_kernel<__nv_bfloat16, Sm90Tiling<128, 128, 2, true, true>>) !=
         cudaSuccess) {
       cudaGetLastError();
       return false;
@@ -717,9 +760,9 @@ bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
 void paged_prefill_sm90_run(const PagedPrefillParams& p, const PrefillPlan& plan,
                             cudaStream_t stream) {
   if (p.dtype == DType::kBF16)
-    launch_variant<__nv_bfloat16>(p, plan, stream);
+    launch_head_dim<__nv_bfloat16>(p, plan, stream);
   else
-    launch_variant<__half>(p, plan, stream);
+    launch_head_dim<__half>(p, plan, stream);
 }
 
 }  // namespace longctx::kernels::cuda
