@@ -16,8 +16,8 @@
 //   warpgroups 0, 1 (consumers, 232 registers): 64 packed rows each (the 128-row tile),
 //     S = Q K^T with wgmma m64n128k16 (Q and K from 128B-swizzled shared memory, K-major),
 //     online softmax in fp32 on the accumulators (exp2, scale folded into the FFMA), then
-//     O += P V with wgmma m64n{head_dim}k16, P from registers (the S accumulator layout converted to A
-//     fragments) and V from shared memory as an MN-major (transposed) operand. S of tile n is
+//     O += P V with wgmma m64n{head_dim}k16, P from registers (the S accumulator layout converted
+//     to A fragments) and V from shared memory as an MN-major (transposed) operand. S of tile n is
 //     issued before P V of tile n-1, so the softmax overlaps the tensor cores; by default the two
 //     consumer warpgroups take turns issuing their GEMMs (ping-pong), so one's softmax overlaps
 //     the other's GEMMs too.
@@ -366,7 +366,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kChunkPasses = kChunks / 4;
     uint32_t dst_off[kChunkPasses];
 #pragma unroll
-    for (int h = 0; h < kChunkPasses; ++h) dst_off[h] = swizzle128_offset(KEYS, pt >> 2, (pt & 3) + 4 * h);
+    for (int h = 0; h < kChunkPasses; ++h)
+      dst_off[h] = swizzle128_offset(KEYS, pt >> 2, (pt & 3) + 4 * h);
     int n = 0;  // key tiles loaded so far (ring position)
     int qn = 0;
     for (int idx = blockIdx.x; idx < num_ctas_total; idx += stride, ++qn) {
@@ -747,7 +748,8 @@ bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (major != 9 || minor != 0) return false;
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, paged_prefill_sm90_kernel<__nv_bfloat16, Sm90Tiling<128, 128, 2, true, true>>) !=
+    if (cudaFuncGetAttributes(
+            &attr, paged_prefill_sm90_kernel<__nv_bfloat16, Sm90Tiling<128, 128, 2, true, true>>) !=
         cudaSuccess) {
       cudaGetLastError();
       return false;
