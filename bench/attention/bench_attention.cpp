@@ -4,6 +4,8 @@
 // Useful work = 4 * head_dim FLOPs per (q head, query, visible key): causal counts the visible
 // half, block-causal the attended blocks only.
 //
+// bench_attention --prefill HEAD_DIM:S[:PAGE] times one causal prefill (a profiler's target).
+//
 // bench_attention --page-sizes 16,32,64,128,256 runs the page-size sweep instead (see
 // page_size_sweep below) and prints a markdown table.
 //
@@ -637,11 +639,27 @@ int main(int argc, char** argv) {
     cudaStreamDestroy(stream);
     return 0;
   }
+  if (argc == 3 && std::strcmp(argv[1], "--prefill") == 0) {
+    int d = 0, n = 0, page = 16;
+    if (std::sscanf(argv[2], "%d:%d:%d", &d, &n, &page) < 2 || (d != 64 && d != 128) || n < 1 ||
+        page < 1 || page > 256) {
+      std::fprintf(stderr,
+                   "--prefill: want HEAD_DIM:S[:PAGE] (64 or 128, S >= 1, page 1..256), "
+                   "got %s\n",
+                   argv[2]);
+      return 2;
+    }
+    const std::string name = "prefill causal S=" + std::to_string(n) + " head_dim " +
+                             std::to_string(d) + " (page " + std::to_string(page) + ")";
+    bench_prefill(name.c_str(), n, n, kernels::MaskMode::kCausal, false, page, stream, d);
+    cudaStreamDestroy(stream);
+    return 0;
+  }
   if (argc != 1) {
     std::fprintf(
         stderr,
         "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [default,s=N/o=M,..."
-        " [PAGES [B:KV:HQ[:HK],...]]]]\n");
+        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE]]\n");
     return 2;
   }
   using kernels::MaskMode;

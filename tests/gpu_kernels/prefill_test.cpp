@@ -185,7 +185,13 @@ TEST(PrefillHarness, Small) {
   s.sparse_per_head = true;
   s.sparse_same_in_group = true;
   cases.push_back(std::make_unique<PrefillCase>(s));
-  expect_no_failures(run_cases(cases), 4);
+  // Pages of 128 (the TMA at head_dim 128, with a cp.async tail), dense and block-sparse.
+  cases.push_back(std::make_unique<PrefillCase>(
+      shape({7, 200}, {150, 333}, 8, 2, 128, 128, DType::kBF16, MaskMode::kCausal, true, 5)));
+  s.page_size = 128;
+  s.seed = 6;
+  cases.push_back(std::make_unique<PrefillCase>(s));
+  expect_no_failures(run_cases(cases), 6);
 }
 
 // Each kernel path forced through LONGCTX_PREFILL_KERNEL (the mma.sync kernel, and the sm_90a
@@ -195,12 +201,23 @@ TEST(PrefillHarness, Small) {
 TEST(PrefillHarness, EachKernelPath) {
   const char* saved = std::getenv("LONGCTX_PREFILL_KERNEL");
   const std::string restore = saved ? saved : "";
-  const std::pair<const char*, const char*> paths[] = {
-      {"fa2", ""}, {"sm90", "persistent"}, {"sm90", "grid"}, {"sm90", "pingpong"}};
-  for (const auto& [path, variant] : paths) {
+  struct Path {
+    const char* kernel;
+    const char* variant;
+    const char* tma;  // LONGCTX_PREFILL_SM90_TMA (the default variant, pages of 64k tokens)
+  };
+  const Path paths[] = {{"fa2", "", "1"},
+                        {"sm90", "persistent", "1"},
+                        {"sm90", "grid", "1"},
+                        {"sm90", "pingpong", "1"},
+                        {"sm90", "pingpong", "0"}};
+  for (const auto& [path, variant, tma] : paths) {
     setenv("LONGCTX_PREFILL_KERNEL", path, 1);
     setenv("LONGCTX_PREFILL_SM90_VARIANT", variant, 1);
-    std::printf("LONGCTX_PREFILL_KERNEL=%s LONGCTX_PREFILL_SM90_VARIANT=%s\n", path, variant);
+    setenv("LONGCTX_PREFILL_SM90_TMA", tma, 1);
+    std::printf(
+        "LONGCTX_PREFILL_KERNEL=%s LONGCTX_PREFILL_SM90_VARIANT=%s LONGCTX_PREFILL_SM90_TMA=%s\n",
+        path, variant, tma);
     std::vector<std::unique_ptr<OpCase>> cases;
     uint64_t seed = 5000;
     for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
@@ -219,6 +236,10 @@ TEST(PrefillHarness, EachKernelPath) {
           shape({33, 200}, {700, 199}, 6, 2, 128, 7, DType::kBF16, mode, true, seed++)));
       cases.push_back(std::make_unique<PrefillCase>(
           shape({129}, {40000}, 4, 4, 128, 256, DType::kBF16, mode, true, seed++)));
+      for (int page : {64, 128})  // TMA halves beside cp.async tails (kv_len % 64 != 0)
+        cases.push_back(
+            std::make_unique<PrefillCase>(shape({1, 100, 300, 64}, {63, 700, 4133, 64}, 8, 2, 128,
+                                                page, DType::kBF16, mode, true, seed++)));
       PagedCaseShape s =
           shape({130, 1000}, {300, 4000}, 8, 2, 128, 16, DType::kBF16, mode, true, seed++);
       s.sparse_keep = 0.3;
@@ -229,12 +250,16 @@ TEST(PrefillHarness, EachKernelPath) {
       s.sparse_same_in_group = true;
       cases.push_back(std::make_unique<PrefillCase>(s));
       s.seed = seed++;
+      s.page_size = 128;  // the TMA's boxes (head_dim 128)
+      cases.push_back(std::make_unique<PrefillCase>(s));
+      s.seed = seed++;
       s.head_dim = 64;
       cases.push_back(std::make_unique<PrefillCase>(s));
     }
     expect_no_failures(run_cases(cases), 16);
   }
   unsetenv("LONGCTX_PREFILL_SM90_VARIANT");
+  unsetenv("LONGCTX_PREFILL_SM90_TMA");
   if (saved)
     setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
   else

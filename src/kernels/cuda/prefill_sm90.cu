@@ -8,7 +8,8 @@
 //     the key blocks some / every row of the tile keeps (the consumers skip the blocks none
 //     keeps and mask per row only where the rows differ); loads each item's Q tile, then gathers
 //     its K and V tiles (128 keys) through the page table with cp.async row copies (any page
-//     size 1..256; TMA cannot gather one-token pages) into a 2-stage ring;
+//     size 1..256; TMA cannot gather one-token pages; at head_dim 128 with pages of a multiple
+//     of 64 tokens the TMA brings 64-key boxes instead, Sm90Tiling::kTma) into a 2-stage ring;
 //     cp.async.mbarrier.arrive.noinc signals a buffer's "full" mbarrier when its copies land, and
 //     the producer waits on the buffer's "empty" mbarrier before reusing it. K, V and Q have
 //     separate barriers, so K of tile i+2 loads while P V of tile i still reads V, and the next
@@ -33,12 +34,14 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
 #include "kernels/cuda/block_sparse_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/prefill_sm90.h"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/tma_device.cuh"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
@@ -57,7 +60,7 @@ constexpr int kMaskWords = 1024;         // block-sparse bitmap, as in prefill.c
 constexpr int kThreads = 384;            // 2 consumer warpgroups + 1 producer warpgroup
 constexpr int kConsumerThreads = 256;
 
-template <int HEAD_DIM, int KEYS, int STAGES, bool PERSISTENT, bool PINGPONG>
+template <int HEAD_DIM, int KEYS, int STAGES, bool PERSISTENT, bool PINGPONG, bool TMA = false>
 struct Sm90Tiling {
   // head_dim 64 or 128: one or two 64-element (128-byte) column halves per shared-memory row.
   static constexpr int kD = HEAD_DIM;
@@ -71,6 +74,12 @@ struct Sm90Tiling {
   // their GEMMs (named barriers), so one warpgroup's softmax runs while the other's GEMMs use the
   // tensor cores.
   static constexpr bool kPingPong = PINGPONG;
+  // TMA (pages of a multiple of 64 tokens): each 64-key half of a K/V tile that lies below
+  // kv_len comes as one box per 64 dims from one page, issued by one thread; the rest of the
+  // tile (the request's last keys, and zero rows past them) by cp.async as without it. The TMA
+  // unit then moves nearly all of K and V, and the producer threads' issue slots (shared with
+  // the consumers' schedulers) go to the tails only.
+  static constexpr bool kTma = TMA;
   static constexpr int kQBytes = kRows * kD * 2;
   static constexpr int kKvBytes = KEYS * kD * 2;  // one K (or V) stage
   static constexpr int kKOff = kQBytes;
@@ -112,6 +121,7 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 
 using detail::mbar_arrive;
 using detail::mbar_arrive_cp_async;
+using detail::mbar_expect_tx;
 using detail::mbar_init;
 using detail::mbar_wait;
 using detail::swizzle128_offset;  // byte offset of (row, chunk 0..15) in a [2][rows][128 B] tile
@@ -299,7 +309,8 @@ __device__ __forceinline__ Sm90Item make_item(const PagedPrefillParams& p,
 template <typename T, typename Tl>
 __global__ void __launch_bounds__(kThreads, 1)
     paged_prefill_sm90_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
-                              int num_ctas_total) {
+                              int num_ctas_total, const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v) {
 #ifdef LONGCTX_SM90A_DEVICE
   constexpr int KEYS = Tl::kKeys, STAGES = Tl::kStages, kD = Tl::kD, kChunks = Tl::kChunks;
   extern __shared__ uint8_t smem_raw[];
@@ -368,6 +379,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int h = 0; h < kChunkPasses; ++h)
       dst_off[h] = swizzle128_offset(KEYS, pt >> 2, (pt & 3) + 4 * h);
+    if (Tl::kTma && pt == 0) {
+      detail::tma_prefetch_map(&tm_k);
+      detail::tma_prefetch_map(&tm_v);
+    }
     int n = 0;  // key tiles loaded so far (ring position)
     int qn = 0;
     for (int idx = blockIdx.x; idx < num_ctas_total; idx += stride, ++qn) {
@@ -399,16 +414,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kt = next_tile(it, 0); kt < it.num_tiles; kt = next_tile(it, kt + 1), ++n) {
         const int s = n % STAGES;
         const uint32_t ph = (n / STAGES) & 1;
-        int slot[kRowPasses];
+        // 64-key halves of the tile that the TMA brings (bit j: keys [64 j, 64 j + 64)).
+        int tma_halves = 0;
+        if constexpr (Tl::kTma) {
+#pragma unroll
+          for (int j = 0; j < KEYS / 64; ++j)
+            if (kt * KEYS + 64 * (j + 1) <= it.kv_len) tma_halves |= 1 << j;
+        }
+        int slot[kRowPasses];  // -1: zero row (past kv_len); -2: the TMA's row
 #pragma unroll
         for (int rp = 0; rp < kRowPasses; ++rp) {  // in flight while waiting for the stage
           const int key = kt * KEYS + (pt >> 2) + rp * 32;
-          slot[rp] =
-              key < it.kv_len ? it.pages[key / p.page_size] * p.page_size + key % p.page_size : -1;
+          slot[rp] = (tma_halves >> (rp / 2)) & 1 ? -2
+                     : key < it.kv_len
+                         ? it.pages[key / p.page_size] * p.page_size + key % p.page_size
+                         : -1;
         }
+        // Thread 0 announces the TMA bytes and issues the boxes before its own arrival, so the
+        // phase cannot complete without them.
+        auto tma_rows = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar) {
+          if (!Tl::kTma || pt != 0 || tma_halves == 0) return;
+          mbar_expect_tx(bar, __popc(tma_halves) * 64 * kD * 2);
+#pragma unroll
+          for (int j = 0; j < KEYS / 64; ++j) {
+            if (!((tma_halves >> j) & 1)) continue;
+            const int key = kt * KEYS + 64 * j;
+            const int s0 = it.pages[key / p.page_size] * p.page_size + key % p.page_size;
+#pragma unroll
+            for (int h = 0; h < kD / 64; ++h)
+              detail::tma_load_3d(dst + h * KEYS * 128 + j * 64 * 128, map, bar, h * 64, it.kvh,
+                                  s0);
+          }
+        };
         auto copy_rows = [&](uint32_t dst, const T* __restrict__ src) {
 #pragma unroll
           for (int rp = 0; rp < kRowPasses; ++rp) {
+            if (Tl::kTma && slot[rp] == -2) continue;
             const bool ok = slot[rp] >= 0;
             const T* row =
                 src + (ok ? (int64_t(slot[rp]) * p.num_kv_heads + it.kvh) * kD : 0) + (pt & 3) * 8;
@@ -418,9 +459,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         };
         mbar_wait(k_empty(s), ph ^ 1);
+        tma_rows(s_k + s * Tl::kKvBytes, &tm_k, k_full(s));
         copy_rows(s_k + s * Tl::kKvBytes, kc);
         mbar_arrive_cp_async(k_full(s));
         mbar_wait(v_empty(s), ph ^ 1);
+        tma_rows(s_v + s * Tl::kKvBytes, &tm_v, v_full(s));
         copy_rows(s_v + s * Tl::kKvBytes, vc);
         mbar_arrive_cp_async(v_full(s));
       }
@@ -695,8 +738,16 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   const int64_t total = int64_t(plan.num_work_items) * p.num_kv_heads;
   if (total == 0) return;
   const int64_t grid = Tl::kPersistent ? std::min<int64_t>(total, num_sms) : total;
-  paged_prefill_sm90_kernel<T, Tl>
-      <<<unsigned(grid), kThreads, Tl::kSmemBytes, stream>>>(p, plan.work_items, int(total));
+  // Boxes of 64 tokens (the caller checked page_size % 64 == 0). Slot bound: the cache's size is
+  // not a parameter, and no box reaches past a page the request owns.
+  CUtensorMap maps[2] = {};
+  if constexpr (Tl::kTma) {
+    constexpr int64_t kTmaSlots = (int64_t(1) << 31) - 1;
+    maps[0] = kv_cache_tensor_map(p.k_cache, kTmaSlots, p.num_kv_heads, Tl::kD, 64, p.dtype);
+    maps[1] = kv_cache_tensor_map(p.v_cache, kTmaSlots, p.num_kv_heads, Tl::kD, 64, p.dtype);
+  }
+  paged_prefill_sm90_kernel<T, Tl><<<unsigned(grid), kThreads, Tl::kSmemBytes, stream>>>(
+      p, plan.work_items, int(total), maps[0], maps[1]);
   LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_sm90_kernel");
 }
 
@@ -711,18 +762,26 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
 //   grid 495 / 505 / 506 / 547 / 458. bench_xattn_prefill at 128K, 25-28% kept per KV group:
 //   pingpong 3-4% faster than persistent; block-causal block 64: 294 vs 285 TF.
 // Earlier variants, same harness: 64-key tiles x 4 stages 440 TF; no consumer software
-// pipelining 468 TF; a page-table lookup per row in the producer's critical path 268 TF.
+// pipelining 468 TF; a page-table lookup per row in the producer's critical path 268 TF. Head_dim
+// 64 (causal 8K / 32K): pingpong 344 / 376, persistent 311 / 348, pingpong with 3 stages 342 /
+// 377 (not kept).
 template <typename T, int D>
 void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   const char* e = std::getenv("LONGCTX_PREFILL_SM90_VARIANT");
   const std::string v = e == nullptr ? "" : e;
-  if constexpr (D == 64) {  // 3 stages fit beside a head_dim-64 tile (114 KB + 32 KB)
-    if (v == "pingpong3") return launch<T, Sm90Tiling<D, 128, 3, true, true>>(p, plan, stream);
-  }
+  // TMA where the pages allow it, at head_dim 128 (LONGCTX_PREFILL_SM90_TMA=0 turns it off, for
+  // measurement). Causal 32K, pages of 128: 542 TF against 510 with cp.async at head_dim 128,
+  // 362 against 379 at head_dim 64 (there the one thread issuing the boxes costs more than the
+  // row copies it saves).
+  const char* te = std::getenv("LONGCTX_PREFILL_SM90_TMA");
+  const bool tma =
+      D == 128 && p.page_size % 64 == 0 && (te == nullptr || std::strcmp(te, "0") != 0);
   if (v == "grid")
     launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
   else if (v == "persistent")
     launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
+  else if (D == 128 && tma)
+    launch<T, Sm90Tiling<D, 128, 2, true, true, D == 128>>(p, plan, stream);
   else
     launch<T, Sm90Tiling<D, 128, 2, true, true>>(p, plan, stream);
 }

@@ -50,6 +50,15 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 #endif
 }
 
+// Adds `bytes` of copies to the current phase of `bar` without arriving (the arrivals come from
+// elsewhere, e.g. cp.async completions of the same phase).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef LONGCTX_TMA_DEVICE
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #ifdef LONGCTX_TMA_DEVICE
   asm volatile(
