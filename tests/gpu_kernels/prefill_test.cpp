@@ -204,7 +204,7 @@ TEST(PrefillHarness, EachKernelPath) {
   struct Path {
     const char* kernel;
     const char* variant;
-    const char* tma;  // LONGCTX_PREFILL_SM90_TMA (the default variant, pages of 64k tokens)
+    const char* tma;  // LONGCTX_PREFILL_SM90_TMA (default variant, pages of a multiple of 64)
   };
   const Path paths[] = {{"fa2", "", "1"},
                         {"sm90", "persistent", "1"},

@@ -49,9 +49,6 @@ constexpr int kThreads = 128;
 constexpr int kMaxGroup = 8;   // q heads per CTA (larger GQA groups take several CTAs)
 constexpr int kCtasPerSm = 8;  // bounds the work items (and so the workspace): ~8 CTAs per SM
 constexpr int kStages = 4;     // ring depth: 3 tiles (48 KB) in flight while one is computed
-// Slots the TMA maps span: the cache's size is not a decode parameter, and no box reaches past
-// a page the request owns, so the bound only has to cover every slot id.
-constexpr int64_t kTmaSlots = (int64_t(1) << 31) - 1;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -815,8 +812,10 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
   CUtensorMap maps[2];
   if (plan.loader >= 1) {
     const int tile = plan.loader * ring_tile_tokens(p.head_dim);  // TmaShape<D, loader>::TILE
-    maps[0] = kv_cache_tensor_map(p.k_cache, kTmaSlots, p.num_kv_heads, p.head_dim, tile, p.dtype);
-    maps[1] = kv_cache_tensor_map(p.v_cache, kTmaSlots, p.num_kv_heads, p.head_dim, tile, p.dtype);
+    maps[0] = kv_cache_tensor_map(p.k_cache, kKvTensorMapAnySlot, p.num_kv_heads, p.head_dim, tile,
+                                  p.dtype);
+    maps[1] = kv_cache_tensor_map(p.v_cache, kKvTensorMapAnySlot, p.num_kv_heads, p.head_dim, tile,
+                                  p.dtype);
   }
   if (p.head_dim == 64)
     ring_launch<T, 64>(&a, maps, grid, gt, plan.loader, stream);

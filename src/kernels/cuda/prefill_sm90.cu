@@ -367,12 +367,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* __restrict__ vc = static_cast<const T*>(p.v_cache);
     // K/V: 4 threads per key row, each copying kChunks / 4 of its chunks (64-byte runs:
     // coalesced; a warp's 8 rows x 4 chunks spread evenly over the banks in the swizzled
-    // layout); this thread
-    // copies rows (pt >> 2) + 32 rp. Their cache slots (page * page_size + offset, -1 past
-    // kv_len) are looked up once per tile, all lookups in flight together (a dependent lookup per
-    // row serialized the producer: 268 TF), and serve both K and V. Row (pt >> 2) + 32 rp has
-    // the swizzle phase (pt >> 2) & 7 for every rp, so the destination of chunk pass h in row
-    // pass rp is dst_off[h] + 4096 rp (few live registers: the producer has 40).
+    // layout); this thread copies rows (pt >> 2) + 32 rp. Their cache slots
+    // (page * page_size + offset, -1 past kv_len) are looked up once per tile, all lookups in
+    // flight together (a dependent lookup per row serialized the producer: 268 TF), and serve
+    // both K and V. Row (pt >> 2) + 32 rp has the swizzle phase (pt >> 2) & 7 for every rp, so
+    // the destination of chunk pass h in row pass rp is dst_off[h] + 4096 rp (few live
+    // registers: the producer has 40).
     constexpr int kRowPasses = KEYS / 32;
     constexpr int kChunkPasses = kChunks / 4;
     uint32_t dst_off[kChunkPasses];
@@ -749,13 +749,13 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   const int64_t total = int64_t(plan.num_work_items) * p.num_kv_heads;
   if (total == 0) return;
   const int64_t grid = Tl::kPersistent ? std::min<int64_t>(total, num_sms) : total;
-  // Boxes of 64 tokens (the caller checked page_size % 64 == 0). Slot bound: the cache's size is
-  // not a parameter, and no box reaches past a page the request owns.
+  // Boxes of 64 tokens (the caller checked page_size % 64 == 0).
   CUtensorMap maps[2] = {};
   if constexpr (Tl::kTma) {
-    constexpr int64_t kTmaSlots = (int64_t(1) << 31) - 1;
-    maps[0] = kv_cache_tensor_map(p.k_cache, kTmaSlots, p.num_kv_heads, Tl::kD, 64, p.dtype);
-    maps[1] = kv_cache_tensor_map(p.v_cache, kTmaSlots, p.num_kv_heads, Tl::kD, 64, p.dtype);
+    maps[0] =
+        kv_cache_tensor_map(p.k_cache, kKvTensorMapAnySlot, p.num_kv_heads, Tl::kD, 64, p.dtype);
+    maps[1] =
+        kv_cache_tensor_map(p.v_cache, kKvTensorMapAnySlot, p.num_kv_heads, Tl::kD, 64, p.dtype);
   }
   paged_prefill_sm90_kernel<T, Tl><<<unsigned(grid), kThreads, Tl::kSmemBytes, stream>>>(
       p, plan.work_items, int(total), maps[0], maps[1]);
@@ -791,7 +791,7 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
     launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
   else if (v == "persistent")
     launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
-  else if (D == 128 && tma)
+  else if (tma)  // D == 128 (so no TMA variant is built for head_dim 64)
     launch<T, Sm90Tiling<D, 128, 2, true, true, D == 128>>(p, plan, stream);
   else
     launch<T, Sm90Tiling<D, 128, 2, true, true>>(p, plan, stream);

@@ -9,6 +9,11 @@
 
 namespace longctx::kernels::cuda {
 
+// Slot bound for maps over a whole paged cache when the cache's size is not a kernel parameter
+// (decode, prefill): the kernels never put a box past a page the request owns, so the bound
+// only has to cover every slot id.
+constexpr int64_t kKvTensorMapAnySlot = (int64_t(1) << 31) - 1;
+
 // True when the current device can run TMA copies (compute capability 9.x).
 bool tma_supported();
 
