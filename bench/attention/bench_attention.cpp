@@ -5,6 +5,7 @@
 // half, block-causal the attended blocks only.
 //
 // bench_attention --prefill HEAD_DIM:S[:PAGE] times one causal prefill (a profiler's target).
+// bench_attention --block-causal times the two block-causal rows alone.
 //
 // bench_attention --page-sizes 16,32,64,128,256 runs the page-size sweep instead (see
 // page_size_sweep below) and prints a markdown table.
@@ -655,11 +656,16 @@ int main(int argc, char** argv) {
     cudaStreamDestroy(stream);
     return 0;
   }
+  if (argc == 2 && std::strcmp(argv[1], "--block-causal") == 0) {  // a profiler's target
+    for (int64_t block : {64, 128}) bench_block_causal(32768, 1500, block, stream);
+    cudaStreamDestroy(stream);
+    return 0;
+  }
   if (argc != 1) {
     std::fprintf(
         stderr,
         "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [default,s=N/o=M,..."
-        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE]]\n");
+        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] | --block-causal]\n");
     return 2;
   }
   using kernels::MaskMode;
@@ -671,6 +677,8 @@ int main(int argc, char** argv) {
                 stream);
   bench_prefill("chunk q=2048 kv=30720 non-causal +lse (page 16)", 2048, 30720, MaskMode::kNone,
                 true, 16, stream);
+  bench_prefill("chunk q=2048 kv=30720 non-causal +lse (page 128)", 2048, 30720, MaskMode::kNone,
+                true, 128, stream);
   for (int n : {8192, 32768})  // Llama-3.2-1B class heads: 32 q / 8 kv of head_dim 64
     bench_prefill(n == 8192 ? "prefill causal S=8192 head_dim 64 (page 16)"
                             : "prefill causal S=32768 head_dim 64 (page 16)",

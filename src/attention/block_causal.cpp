@@ -316,6 +316,7 @@ void RaggedBlockCausalAttention::run(const Tensor& q, const Tensor& k, const Ten
   p.num_kv_heads = opt_.num_kv_heads;
   p.head_dim = opt_.head_dim;
   p.page_size = 1;
+  p.kv_contiguous = true;  // as on the GPU; the reference checks it
   p.dtype = opt_.q_dtype;
   p.mask_mode = kernels::MaskMode::kNone;
   p.sm_scale = sm_scale_;

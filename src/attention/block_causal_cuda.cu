@@ -168,6 +168,7 @@ void block_causal_cuda_run(BlockCausalCuda* s, const void* q, const void* k, con
   p.num_kv_heads = num_kv_heads;
   p.head_dim = head_dim;
   p.page_size = 1;
+  p.kv_contiguous = true;  // a block's keys are its sequence's tokens [0, end): consecutive rows
   p.dtype = dtype;
   p.mask_mode = kernels::MaskMode::kNone;
   p.sm_scale = sm_scale;

@@ -60,6 +60,13 @@ struct PagedPrefillParams {
   const int64_t* block_mask_indptr = nullptr;  // [batch_size + 1] element offsets into block_mask
   int block_mask_heads = 1;                    // 1 or num_qo_heads
 
+  // A promise that each request's pages are consecutive ids (kv_indices[kv_indptr[b] + j] ==
+  // kv_indices[kv_indptr[b]] + j), so its keys are consecutive cache slots: a packed ragged K/V
+  // (block-causal attention) or a contiguous cache. kv_indices stays valid and complete; a kernel
+  // may read only each request's first id and then copy any run of keys at once (the Hopper
+  // kernel's TMA boxes, at any page size). Others ignore it.
+  bool kv_contiguous = false;
+
   int batch_size = 0;
   int num_qo_heads = 0;
   int num_kv_heads = 0;

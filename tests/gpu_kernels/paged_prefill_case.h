@@ -78,6 +78,7 @@ class PagedPrefillCase : public OpCase {
     if (s_.sparse_keep > 0)
       os << " sparse=" << s_.sparse_keep << (s_.sparse_per_head ? "/head" : "")
          << (s_.sparse_same_in_group ? "/group" : "");
+    if (s_.contiguous_pages) os << " contiguous";
     os << ")";
     return os.str();
   }

@@ -191,7 +191,11 @@ TEST(PrefillHarness, Small) {
   s.page_size = 128;
   s.seed = 6;
   cases.push_back(std::make_unique<PrefillCase>(s));
-  expect_no_failures(run_cases(cases), 6);
+  // Consecutive single-token pages (block-causal's layout: TMA boxes at page size 1).
+  s = shape({64, 3}, {192, 70}, 8, 2, 128, 1, DType::kBF16, MaskMode::kNone, true, 7);
+  s.contiguous_pages = true;
+  cases.push_back(std::make_unique<PrefillCase>(s));
+  expect_no_failures(run_cases(cases), 7);
 }
 
 // Each kernel path forced through LONGCTX_PREFILL_KERNEL (the mma.sync kernel, and the sm_90a
@@ -240,6 +244,16 @@ TEST(PrefillHarness, EachKernelPath) {
         cases.push_back(
             std::make_unique<PrefillCase>(shape({1, 100, 300, 64}, {63, 700, 4133, 64}, 8, 2, 128,
                                                 page, DType::kBF16, mode, true, seed++)));
+      // Consecutive pages (kv_contiguous, the TMA at any page size at head_dim 128): pages of
+      // 1 (the block-causal layout), 7 and 16, runs of 64 keys beside tails.
+      for (int page : {1, 7, 16}) {
+        for (int d : {128, 64}) {
+          PagedCaseShape c = shape({64, 1, 300, 100, 0}, {64, 63, 4133, 1517, 5}, 32, 8, d, page,
+                                   DType::kBF16, mode, true, seed++);
+          c.contiguous_pages = true;
+          cases.push_back(std::make_unique<PrefillCase>(c));
+        }
+      }
       PagedCaseShape s =
           shape({130, 1000}, {300, 4000}, 8, 2, 128, 16, DType::kBF16, mode, true, seed++);
       s.sparse_keep = 0.3;
@@ -254,6 +268,11 @@ TEST(PrefillHarness, EachKernelPath) {
       cases.push_back(std::make_unique<PrefillCase>(s));
       s.seed = seed++;
       s.head_dim = 64;
+      cases.push_back(std::make_unique<PrefillCase>(s));
+      s.seed = seed++;
+      s.head_dim = 128;
+      s.page_size = 1;
+      s.contiguous_pages = true;  // block-sparse over the TMA's boxes of single-token pages
       cases.push_back(std::make_unique<PrefillCase>(s));
     }
     expect_no_failures(run_cases(cases), 16);

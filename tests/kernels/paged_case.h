@@ -36,6 +36,9 @@ struct PagedCaseShape {
   // With sparse_per_head: the q heads of a KV group get the same mask (XAttention's default, one
   // selection per KV head written for each of its q heads).
   bool sparse_same_in_group = false;
+  // Each request's pages are consecutive ids (PagedPrefillParams::kv_contiguous), the requests'
+  // runs in random order with unused pages between them.
+  bool contiguous_pages = false;
   uint64_t seed = 1;
 
   // The head and page fields that PagedPrefillParams and DecodeParams share, with the scale
@@ -97,10 +100,28 @@ struct PagedCase {
     total_q = qo_indptr.back();
     // A quarter more pages than needed, handed out in random order: the kernels must gather.
     num_pages = pages_needed + pages_needed / 4 + 1;
-    std::vector<int32_t> ids(num_pages);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    kv_indices.assign(ids.begin(), ids.begin() + pages_needed);
+    if (s.contiguous_pages) {
+      // Requests' runs placed in a random order, each after a gap of 0..2 unused pages.
+      std::vector<int> order(batch);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<int32_t> first(batch);
+      int64_t next = 0;
+      for (int b : order) {
+        next += int64_t(rng() % 3);
+        first[b] = int32_t(next);
+        next += kv_indptr[b + 1] - kv_indptr[b];
+      }
+      num_pages = std::max<int64_t>(next, 1);
+      for (int b = 0; b < batch; ++b)
+        for (int32_t j = 0; j < kv_indptr[b + 1] - kv_indptr[b]; ++j)
+          kv_indices.push_back(first[b] + j);
+    } else {
+      std::vector<int32_t> ids(num_pages);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      kv_indices.assign(ids.begin(), ids.begin() + pages_needed);
+    }
 
     const int64_t kv_elems = num_pages * s.page_size * s.num_kv_heads * s.head_dim;
     q.resize(total_q * s.num_qo_heads * s.head_dim);
@@ -153,6 +174,7 @@ struct PagedCase {
     p.kv_indptr = kv_indptr.data();
     p.kv_indices = kv_indices.data();
     p.kv_last_page_len = kv_last_page_len.data();
+    p.kv_contiguous = shape.contiguous_pages;
     if (!block_mask.empty()) {
       p.block_mask = block_mask.data();
       p.block_mask_indptr = block_mask_indptr.data();

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/attention_ref.h"
@@ -123,6 +124,23 @@ TEST(AttentionRef, PagedPrefillMatchesDenseOverOddShapes) {
   }
 }
 
+// Consecutive pages per request (kv_contiguous): the case builder keeps the promise the CPU
+// reference checks, and the result is the same attention.
+TEST(AttentionRef, ContiguousPagesMatchDense) {
+  for (int page : {1, 16}) {
+    PagedCaseShape s{{1, 7, 0, 20}, {1, 50, 9, 129},   4,   2, 64, page,
+                     DType::kBF16,  MaskMode::kCausal, true};
+    s.contiguous_pages = true;
+    s.seed = 60 + page;
+    const PagedCase c(s);
+    for (size_t b = 0; b + 1 < c.kv_indptr.size(); ++b)
+      for (int32_t i = c.kv_indptr[b] + 1; i < c.kv_indptr[b + 1]; ++i)
+        ASSERT_EQ(c.kv_indices[i], c.kv_indices[i - 1] + 1) << "request " << b;
+    SCOPED_TRACE(::testing::Message() << "page=" << page);
+    expect_close(c);
+  }
+}
+
 TEST(AttentionRef, BlockSparsePrefillMatchesDense) {
   // Lengths crossing several 128-token blocks, with a partial last block on both axes.
   const std::vector<int32_t> q_lens = {130, 200};
@@ -228,6 +246,20 @@ TEST(AttentionRef, RejectsMalformedParams) {
   EXPECT_THROW(kernels::cpu::paged_prefill_ref(p), Error);
   p.dtype = DType::kF32;
   EXPECT_THROW(kernels::cpu::paged_prefill_ref(p), Error);
+  // kv_contiguous over pages that are not consecutive (the builder shuffles them).
+  PagedCaseShape s3{{2}, {30}, 4, 1, 64, 4, DType::kBF16, MaskMode::kNone, true};
+  PagedCase c3(s3);
+  c3.kv_indices = {5, 2, 3, 4, 0, 1, 6, 7};  // 8 pages of 4 tokens, 5 -> 2 breaks the run
+  p = c3.params(o.data(), lse.data());
+  p.kv_contiguous = true;
+  try {
+    kernels::cpu::paged_prefill_ref(p);
+    ADD_FAILURE() << "no error for pages that are not consecutive";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not consecutive"), std::string::npos) << e.what();
+  }
+  p.kv_contiguous = false;
+  kernels::cpu::paged_prefill_ref(p);  // the same pages are a valid table without the promise
 }
 
 }  // namespace

@@ -51,6 +51,13 @@ void check_paged_prefill_params(const PagedPrefillParams& p, int64_t num_pages) 
                     "paged prefill: kv_last_page_len[{}] = {} outside [1, page_size {}]", b,
                     p.kv_last_page_len[b], p.page_size);
     }
+    if (p.kv_contiguous) {  // the promise the fast kernels rely on
+      for (int32_t i = p.kv_indptr[b] + 1; i < p.kv_indptr[b + 1]; ++i)
+        LONGCTX_CHECK(p.kv_indices[i] == p.kv_indices[i - 1] + 1, E::kInvalidArgument,
+                      "paged prefill: kv_contiguous, but request {}'s pages {} and {} are not "
+                      "consecutive",
+                      b, p.kv_indices[i - 1], p.kv_indices[i]);
+    }
     if (num_pages >= 0) {
       for (int32_t i = p.kv_indptr[b]; i < p.kv_indptr[b + 1]; ++i) {
         LONGCTX_CHECK(p.kv_indices[i] >= 0 && p.kv_indices[i] < num_pages, E::kInvalidArgument,

@@ -9,7 +9,8 @@
 //     keeps and mask per row only where the rows differ); loads each item's Q tile, then gathers
 //     its K and V tiles (128 keys) through the page table with cp.async row copies (any page
 //     size 1..256; TMA cannot gather one-token pages; at head_dim 128 with pages of a multiple
-//     of 64 tokens the TMA brings 64-key boxes instead, Sm90Tiling::kTma) into a 2-stage ring;
+//     of 64 tokens, or consecutive pages (kv_contiguous), the TMA brings 64-key boxes instead,
+//     Sm90Tiling::kTma) into a 2-stage ring;
 //     cp.async.mbarrier.arrive.noinc signals a buffer's "full" mbarrier when its copies land, and
 //     the producer waits on the buffer's "empty" mbarrier before reusing it. K, V and Q have
 //     separate barriers, so K of tile i+2 loads while P V of tile i still reads V, and the next
@@ -74,8 +75,9 @@ struct Sm90Tiling {
   // their GEMMs (named barriers), so one warpgroup's softmax runs while the other's GEMMs use the
   // tensor cores.
   static constexpr bool kPingPong = PINGPONG;
-  // TMA (pages of a multiple of 64 tokens): each 64-key half of a K/V tile that lies below
-  // kv_len comes as one box per 64 dims from one page, issued by one thread; the rest of the
+  // TMA (pages of a multiple of 64 tokens, or consecutive pages): each 64-key half of a K/V tile
+  // that lies below kv_len comes as one box per 64 dims of consecutive slots, issued by one
+  // thread; the rest of the
   // tile (the request's last keys, and zero rows past them) by cp.async as without it. The TMA
   // unit then moves nearly all of K and V, and the producer threads' issue slots (shared with
   // the consumers' schedulers) go to the tails only.
@@ -389,11 +391,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // pages of 128 541.7 -> 589.9 TF, head_dim 64 on pages of 16 379 -> 400 TF (8K: 341 -> 371),
     // but head_dim 128 on pages of 16 (cp.async only) 509 -> 492 TF, so that one keeps the
     // division.
+    // Consecutive pages (p.kv_contiguous): key j sits at the item's first slot + j.
     constexpr bool kShiftLookup = Tl::kD == 64 || Tl::kTma;
     const int page_size = p.page_size;
     const bool pow2_pages = kShiftLookup && (page_size & (page_size - 1)) == 0;
     const int page_shift = __ffs(page_size) - 1;
-    auto slot_of = [&](const Sm90Item& it, int key) -> int {
+    const bool contiguous = p.kv_contiguous;
+    auto slot_of = [&](const Sm90Item& it, int slot0, int key) -> int {
+      if (contiguous) return slot0 + key;
       return pow2_pages ? (it.pages[key >> page_shift] << page_shift) + (key & (page_size - 1))
                         : it.pages[key / page_size] * page_size + key % page_size;
     };
@@ -401,6 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int qn = 0;
     for (int idx = blockIdx.x; idx < num_ctas_total; idx += stride, ++qn) {
       const Sm90Item it = make_item<KEYS>(p, work, idx);
+      const int slot0 = contiguous && it.kv_len > 0 ? it.pages[0] * page_size : 0;
       // The consumers release Q after their last look at the bitmaps, so both can be rewritten.
       mbar_wait(q_empty, (qn & 1) ^ 1);
       if (sparse) {  // superset of what the tile needs: the group's heads x its query blocks
@@ -439,7 +445,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int rp = 0; rp < kRowPasses; ++rp) {  // in flight while waiting for the stage
           const int key = kt * KEYS + (pt >> 2) + rp * 32;
-          slot[rp] = (tma_halves >> (rp / 2)) & 1 ? -2 : key < it.kv_len ? slot_of(it, key) : -1;
+          slot[rp] = (tma_halves >> (rp / 2)) & 1 ? -2
+                     : key < it.kv_len            ? slot_of(it, slot0, key)
+                                                  : -1;
         }
         // Thread 0 announces the TMA bytes and issues the boxes before its own arrival, so the
         // phase cannot complete without them.
@@ -450,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < KEYS / 64; ++j) {
             if (!((tma_halves >> j) & 1)) continue;
             const int key = kt * KEYS + 64 * j;
-            const int s0 = slot_of(it, key);
+            const int s0 = slot_of(it, slot0, key);
 #pragma unroll
             for (int h = 0; h < kD / 64; ++h)
               detail::tma_load_3d(dst + h * KEYS * 128 + j * 64 * 128, map, bar, h * 64, it.kvh,
@@ -749,7 +757,7 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   const int64_t total = int64_t(plan.num_work_items) * p.num_kv_heads;
   if (total == 0) return;
   const int64_t grid = Tl::kPersistent ? std::min<int64_t>(total, num_sms) : total;
-  // Boxes of 64 tokens (the caller checked page_size % 64 == 0).
+  // Boxes of 64 tokens (the caller checked page_size % 64 == 0 or kv_contiguous).
   CUtensorMap maps[2] = {};
   if constexpr (Tl::kTma) {
     maps[0] =
@@ -785,8 +793,8 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
   // 362 against 379 at head_dim 64 (there the one thread issuing the boxes costs more than the
   // row copies it saves).
   const char* te = std::getenv("LONGCTX_PREFILL_SM90_TMA");
-  const bool tma =
-      D == 128 && p.page_size % 64 == 0 && (te == nullptr || std::strcmp(te, "0") != 0);
+  const bool tma = D == 128 && (p.page_size % 64 == 0 || p.kv_contiguous) &&
+                   (te == nullptr || std::strcmp(te, "0") != 0);
   if (v == "grid")
     launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
   else if (v == "persistent")
