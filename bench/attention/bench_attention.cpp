@@ -673,6 +673,8 @@ int main(int argc, char** argv) {
                 stream);
   bench_prefill("prefill causal S=32768 (page 16)", 32768, 32768, MaskMode::kCausal, false, 16,
                 stream);
+  bench_prefill("prefill causal S=8192 (page 128)", 8192, 8192, MaskMode::kCausal, false, 128,
+                stream);
   bench_prefill("prefill causal S=32768 (page 128)", 32768, 32768, MaskMode::kCausal, false, 128,
                 stream);
   bench_prefill("chunk q=2048 kv=30720 non-causal +lse (page 16)", 2048, 30720, MaskMode::kNone,
@@ -683,6 +685,10 @@ int main(int argc, char** argv) {
     bench_prefill(n == 8192 ? "prefill causal S=8192 head_dim 64 (page 16)"
                             : "prefill causal S=32768 head_dim 64 (page 16)",
                   n, n, MaskMode::kCausal, false, 16, stream, 64);
+  for (int n : {8192, 32768})
+    bench_prefill(n == 8192 ? "prefill causal S=8192 head_dim 64 (page 128)"
+                            : "prefill causal S=32768 head_dim 64 (page 128)",
+                  n, n, MaskMode::kCausal, false, 128, stream, 64);
   for (int b : {1, 16, 64}) bench_decode(b, 32768, 16, stream);
   bench_decode(1, 32768, 128, stream);
   for (int64_t block : {64, 128}) bench_block_causal(32768, 1500, block, stream);

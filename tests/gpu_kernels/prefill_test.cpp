@@ -195,7 +195,10 @@ TEST(PrefillHarness, Small) {
   s = shape({64, 3}, {192, 70}, 8, 2, 128, 1, DType::kBF16, MaskMode::kNone, true, 7);
   s.contiguous_pages = true;
   cases.push_back(std::make_unique<PrefillCase>(s));
-  expect_no_failures(run_cases(cases), 7);
+  // Head_dim 64 on pages of 128 (TMA).
+  cases.push_back(std::make_unique<PrefillCase>(
+      shape({7, 130}, {150, 333}, 4, 1, 64, 128, DType::kF16, MaskMode::kCausal, true, 8)));
+  expect_no_failures(run_cases(cases), 8);
 }
 
 // Each kernel path forced through LONGCTX_PREFILL_KERNEL (the mma.sync kernel, and the sm_90a
@@ -208,7 +211,8 @@ TEST(PrefillHarness, EachKernelPath) {
   struct Path {
     const char* kernel;
     const char* variant;
-    const char* tma;  // LONGCTX_PREFILL_SM90_TMA (default variant, pages of a multiple of 64)
+    const char* tma;  // LONGCTX_PREFILL_SM90_TMA (default variant; pages of a multiple of 64
+                      // or consecutive)
   };
   const Path paths[] = {{"fa2", "", "1"},
                         {"sm90", "persistent", "1"},
@@ -240,10 +244,13 @@ TEST(PrefillHarness, EachKernelPath) {
           shape({33, 200}, {700, 199}, 6, 2, 128, 7, DType::kBF16, mode, true, seed++)));
       cases.push_back(std::make_unique<PrefillCase>(
           shape({129}, {40000}, 4, 4, 128, 256, DType::kBF16, mode, true, seed++)));
-      for (int page : {64, 128})  // TMA halves beside cp.async tails (kv_len % 64 != 0)
-        cases.push_back(
-            std::make_unique<PrefillCase>(shape({1, 100, 300, 64}, {63, 700, 4133, 64}, 8, 2, 128,
-                                                page, DType::kBF16, mode, true, seed++)));
+      // TMA halves beside cp.async tails (kv_len % 64 != 0) at pages of 64 / 128; 16 / 32 copy
+      // by cp.async.
+      for (int page : {16, 32, 64, 128})
+        for (int d : {128, 64})
+          cases.push_back(
+              std::make_unique<PrefillCase>(shape({1, 100, 300, 64}, {63, 700, 4133, 64}, 8, 2, d,
+                                                  page, DType::kBF16, mode, true, seed++)));
       // Consecutive pages (kv_contiguous, the TMA at any page size at head_dim 128): pages of
       // 1 (the block-causal layout), 7 and 16, runs of 64 keys beside tails.
       for (int page : {1, 7, 16}) {

@@ -3,18 +3,18 @@
 // paged_prefill_run() picks this path on sm_90 for head_dim 64 and 128 (prefill_sm90.h).
 //
 // A CTA = 3 warpgroups; it processes work items (request, 128-row tile, kv head): one per CTA, or
-// (persistent variants, the default) items blockIdx.x, + gridDim.x, ... with one CTA per SM.
+// (persistent variants, the default) with one CTA per SM, rounds of gridDim.x items in a snake
+// order (item_at).
 //   warpgroup 2 (producer, 40 registers): for a block-sparse item first writes the bitmaps of
 //     the key blocks some / every row of the tile keeps (the consumers skip the blocks none
 //     keeps and mask per row only where the rows differ); loads each item's Q tile, then gathers
 //     its K and V tiles (128 keys) through the page table with cp.async row copies (any page
-//     size 1..256; TMA cannot gather one-token pages; at head_dim 128 with pages of a multiple
-//     of 64 tokens, or consecutive pages (kv_contiguous), the TMA brings 64-key boxes instead,
-//     Sm90Tiling::kTma) into a 2-stage ring;
-//     cp.async.mbarrier.arrive.noinc signals a buffer's "full" mbarrier when its copies land, and
-//     the producer waits on the buffer's "empty" mbarrier before reusing it. K, V and Q have
-//     separate barriers, so K of tile i+2 loads while P V of tile i still reads V, and the next
-//     item's Q and K/V load while the consumers finish the current item.
+//     size 1..256; with pages of a multiple of 64 tokens, or consecutive pages
+//     (kv_contiguous), the TMA brings the tile's whole 64-key halves instead, Sm90Tiling::kTma)
+//     into a 2-stage ring; cp.async.mbarrier.arrive.noinc signals a buffer's "full" mbarrier when
+//     its copies land, and the producer waits on the buffer's "empty" mbarrier before reusing it.
+//     K, V and Q have separate barriers, so K of tile i+2 loads while P V of tile i still reads V,
+//     and the next item's Q and K/V load while the consumers finish the current item.
 //   warpgroups 0, 1 (consumers, 232 registers): 64 packed rows each (the 128-row tile),
 //     S = Q K^T with wgmma m64n128k16 (Q and K from 128B-swizzled shared memory, K-major),
 //     online softmax in fp32 on the accumulators (exp2, scale folded into the FFMA), then
@@ -75,9 +75,9 @@ struct Sm90Tiling {
   // their GEMMs (named barriers), so one warpgroup's softmax runs while the other's GEMMs use the
   // tensor cores.
   static constexpr bool kPingPong = PINGPONG;
-  // TMA (pages of a multiple of 64 tokens, or consecutive pages): each 64-key half of a K/V tile
-  // that lies below kv_len comes as one box per 64 dims of consecutive slots, issued by one
-  // thread; the rest of the
+  // TMA (pages of a multiple of 64 tokens, or consecutive pages): each 64-key half of a K/V
+  // tile that lies below kv_len comes as one box of 64 consecutive slots per 64 dims, issued by
+  // a lane of the producer's first warp; the rest of the
   // tile (the request's last keys, and zero rows past them) by cp.async as without it. The TMA
   // unit then moves nearly all of K and V, and the producer threads' issue slots (shared with
   // the consumers' schedulers) go to the tails only.
@@ -339,6 +339,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool causal = p.mask_mode == MaskMode::kCausal;
   const bool sparse = p.block_mask != nullptr;
   const int stride = Tl::kPersistent ? int(gridDim.x) : num_ctas_total;
+  // The k-th work item of this CTA: rounds of `stride` items, walked forward in even rounds and
+  // backward in odd ones (past the end: none). The plan orders the items heaviest first, so with
+  // a plain stride the low CTAs would take the heaviest item of every round (causal 32K: the
+  // busiest SM ~1.6 % above the mean, 8K ~6 %, by key tiles); the snake evens the sums.
+  auto item_at = [&](int k) -> int {
+    const int r = k * stride;
+    return (k & 1) ? r + stride - 1 - int(blockIdx.x) : r + int(blockIdx.x);
+  };
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -403,8 +411,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                         : it.pages[key / page_size] * page_size + key % page_size;
     };
     int n = 0;  // key tiles loaded so far (ring position)
-    int qn = 0;
-    for (int idx = blockIdx.x; idx < num_ctas_total; idx += stride, ++qn) {
+    int items_done = 0;
+    for (int k = 0; k * stride < num_ctas_total; ++k) {
+      const int idx = item_at(k);
+      if (idx >= num_ctas_total) continue;
+      const int qn = items_done++;
       const Sm90Item it = make_item<KEYS>(p, work, idx);
       const int slot0 = contiguous && it.kv_len > 0 ? it.pages[0] * page_size : 0;
       // The consumers release Q after their last look at the bitmaps, so both can be rewritten.
@@ -449,21 +460,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                      : key < it.kv_len            ? slot_of(it, slot0, key)
                                                   : -1;
         }
-        // Thread 0 announces the TMA bytes and issues the boxes before its own arrival, so the
-        // phase cannot complete without them.
+        // The TMA's boxes: lane j < KEYS / 64 of the producer's first warp brings the tile's
+        // 64-key half j (from one page, or 64 consecutive slots), both 64-dim halves. Lane 0
+        // announces the bytes before its own arrival, so the phase cannot complete without them;
+        // a box may land before the announcement (the tx-count may go below zero meanwhile), so
+        // the lanes need no sync (a __syncwarp here made ptxas spill ~170 bytes).
         auto tma_rows = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar) {
-          if (!Tl::kTma || pt != 0 || tma_halves == 0) return;
-          mbar_expect_tx(bar, __popc(tma_halves) * 64 * kD * 2);
+          if (!Tl::kTma || pt >= 32 || tma_halves == 0) return;  // uniform in the warp
+          if (pt == 0) mbar_expect_tx(bar, __popc(tma_halves) * 64 * kD * 2);
+          if (pt >= KEYS / 64 || !((tma_halves >> pt) & 1)) return;
+          const int s0 = slot_of(it, slot0, kt * KEYS + 64 * pt);
 #pragma unroll
-          for (int j = 0; j < KEYS / 64; ++j) {
-            if (!((tma_halves >> j) & 1)) continue;
-            const int key = kt * KEYS + 64 * j;
-            const int s0 = slot_of(it, slot0, key);
-#pragma unroll
-            for (int h = 0; h < kD / 64; ++h)
-              detail::tma_load_3d(dst + h * KEYS * 128 + j * 64 * 128, map, bar, h * 64, it.kvh,
-                                  s0);
-          }
+          for (int h = 0; h < kD / 64; ++h)
+            detail::tma_load_3d(dst + h * KEYS * 128 + pt * 64 * 128, map, bar, h * 64, it.kvh, s0);
         };
         auto copy_rows = [&](uint32_t dst, const T* __restrict__ src) {
 #pragma unroll
@@ -513,8 +522,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     float o[kD / 2];  // 64 rows x kD dims / 128 threads, m16n8 accumulator layout per warp
     float m[2], l[2];
     int n = 0;  // key tiles consumed so far (ring position)
-    int qn = 0;
-    for (int idx = blockIdx.x; idx < num_ctas_total; idx += stride, ++qn) {
+    int items_done = 0;
+    for (int k = 0; k * stride < num_ctas_total; ++k) {
+      const int idx = item_at(k);
+      if (idx >= num_ctas_total) continue;
+      const int qn = items_done++;
       const Sm90Item it = make_item<KEYS>(p, work, idx);
       const int nqb = (it.q_len + kSparseBlock - 1) / kSparseBlock;
       const int nkb = (it.kv_len + kSparseBlock - 1) / kSparseBlock;
@@ -744,6 +756,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // LONGCTX_SM90A_DEVICE
 }
 
+// Pages the TMA's 64-key boxes can take: pages of a multiple of 64 tokens (a box never crosses
+// one), or any run of consecutive pages (kv_contiguous). Boxes of one page of 16 tokens, issued by
+// 8 lanes, measured slower than the cp.async row copies (H200, causal 32K / 8K and the chunk,
+// head_dim 128: 483 / 462 / 492 TF against 500 / 513 / 533; head_dim 64: 368 / 337 against
+// 403 / 389), so small pages keep cp.async.
+bool sm90_tma_pages(const PagedPrefillParams& p) {
+  return p.kv_contiguous || p.page_size % 64 == 0;
+}
+
 template <typename T, typename Tl>
 void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   require_dynamic_smem(paged_prefill_sm90_kernel<T, Tl>, Tl::kSmemBytes);
@@ -757,7 +778,7 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   const int64_t total = int64_t(plan.num_work_items) * p.num_kv_heads;
   if (total == 0) return;
   const int64_t grid = Tl::kPersistent ? std::min<int64_t>(total, num_sms) : total;
-  // Boxes of 64 tokens (the caller checked page_size % 64 == 0 or kv_contiguous).
+  // Boxes of 64 tokens (the caller checked sm90_tma_pages()).
   CUtensorMap maps[2] = {};
   if constexpr (Tl::kTma) {
     maps[0] =
@@ -783,24 +804,23 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
 // Earlier variants, same harness: 64-key tiles x 4 stages 440 TF; no consumer software
 // pipelining 468 TF; a page-table lookup per row in the producer's critical path 268 TF. Head_dim
 // 64 (causal 8K / 32K): pingpong 344 / 376, persistent 311 / 348, pingpong with 3 stages 342 /
-// 377 (not kept).
+// 377 (not kept). A quarter (half) of the softmax's exp2 on the FMA pipe (a Cody-Waite + degree-4
+// polynomial, 9 instructions for one MUFU ex2): 7 % (18 %) slower at head_dim 64 and 128 alike,
+// so the consumers are bound by issue slots and latency, not by the MUFU unit.
 template <typename T, int D>
 void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   const char* e = std::getenv("LONGCTX_PREFILL_SM90_VARIANT");
   const std::string v = e == nullptr ? "" : e;
-  // TMA where the pages allow it, at head_dim 128 (LONGCTX_PREFILL_SM90_TMA=0 turns it off, for
-  // measurement). Causal 32K, pages of 128: 542 TF against 510 with cp.async at head_dim 128,
-  // 362 against 379 at head_dim 64 (there the one thread issuing the boxes costs more than the
-  // row copies it saves).
+  // TMA where the pages allow it (LONGCTX_PREFILL_SM90_TMA=0 turns it off, for measurement).
+  // H200, causal, pages of 128: head_dim 128 542 TF against 510 with cp.async (32K); head_dim 64
+  // 418 against 403 with the boxes issued by two lanes (one thread issuing them measured 362
+  // against 379).
   const char* te = std::getenv("LONGCTX_PREFILL_SM90_TMA");
-  const bool tma = D == 128 && (p.page_size % 64 == 0 || p.kv_contiguous) &&
-                   (te == nullptr || std::strcmp(te, "0") != 0);
-  if (v == "grid")
-    launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
-  else if (v == "persistent")
-    launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
-  else if (tma)  // D == 128 (so no TMA variant is built for head_dim 64)
-    launch<T, Sm90Tiling<D, 128, 2, true, true, D == 128>>(p, plan, stream);
+  const bool tma = sm90_tma_pages(p) && (te == nullptr || std::strcmp(te, "0") != 0);
+  if (v == "grid") return launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
+  if (v == "persistent") return launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
+  if (tma)
+    launch<T, Sm90Tiling<D, 128, 2, true, true, true>>(p, plan, stream);
   else
     launch<T, Sm90Tiling<D, 128, 2, true, true>>(p, plan, stream);
 }
