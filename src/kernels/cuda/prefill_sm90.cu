@@ -77,10 +77,10 @@ struct Sm90Tiling {
   static constexpr bool kPingPong = PINGPONG;
   // TMA (pages of a multiple of 64 tokens, or consecutive pages): each 64-key half of a K/V
   // tile that lies below kv_len comes as one box of 64 consecutive slots per 64 dims, issued by
-  // a lane of the producer's first warp; the rest of the
-  // tile (the request's last keys, and zero rows past them) by cp.async as without it. The TMA
-  // unit then moves nearly all of K and V, and the producer threads' issue slots (shared with
-  // the consumers' schedulers) go to the tails only.
+  // a lane of the producer's first warp; the rest of the tile (the request's last keys, and zero
+  // rows past them) by cp.async as without it. The TMA unit then moves nearly all of K and V,
+  // and the producer threads' issue slots (shared with the consumers' schedulers) go to the
+  // tails only.
   static constexpr bool kTma = TMA;
   static constexpr int kQBytes = kRows * kD * 2;
   static constexpr int kKvBytes = KEYS * kD * 2;  // one K (or V) stage
