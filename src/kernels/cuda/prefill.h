@@ -1,6 +1,7 @@
 // CUDA batch prefill over a paged KV cache, dense or block-sparse (see PagedPrefillParams in
 // kernels/attention_params.h). Two kernels behind one interface: on sm_90 (head_dim 64 / 128) a
-// Hopper kernel (prefill_sm90.cu: wgmma, warp-specialized cp.async page gathers), elsewhere
+// Hopper kernel (prefill_sm90.cu: wgmma, warp-specialized cp.async page gathers, TMA boxes where
+// pages hold 64-token runs or kv_contiguous promises consecutive pages), elsewhere
 // FlashAttention-2 style mma.sync m16n8k16 with cp.async double-buffered K/V tiles (prefill.cu).
 // LONGCTX_PREFILL_KERNEL=fa2|sm90 forces one (sm90 only where available).
 //
