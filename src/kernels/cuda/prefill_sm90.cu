@@ -809,7 +809,8 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
 // so the consumers are bound by issue slots and latency, not by the MUFU unit. Lazy rescaling
 // (the softmax base moving only when a row's max passes it by 2^8, O rescaled only when some row
 // of the warp moved): +1-2 % on the cp.async path at head_dim 128, unchanged with the TMA, 2-4 %
-// slower at head_dim 64 (not kept).
+// slower at head_dim 64 (not kept). Head_dim 64 row sums from the P V GEMM (m64n72, 8 columns of
+// ones): 2-5 % slower, and its LSE from bf16-rounded P missed the 1e-3 tolerance (not kept).
 template <typename T, int D>
 void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   const char* e = std::getenv("LONGCTX_PREFILL_SM90_VARIANT");
