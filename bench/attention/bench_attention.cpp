@@ -681,14 +681,12 @@ int main(int argc, char** argv) {
                 true, 16, stream);
   bench_prefill("chunk q=2048 kv=30720 non-causal +lse (page 128)", 2048, 30720, MaskMode::kNone,
                 true, 128, stream);
-  for (int n : {8192, 32768})  // Llama-3.2-1B class heads: 32 q / 8 kv of head_dim 64
-    bench_prefill(n == 8192 ? "prefill causal S=8192 head_dim 64 (page 16)"
-                            : "prefill causal S=32768 head_dim 64 (page 16)",
-                  n, n, MaskMode::kCausal, false, 16, stream, 64);
-  for (int n : {8192, 32768})
-    bench_prefill(n == 8192 ? "prefill causal S=8192 head_dim 64 (page 128)"
-                            : "prefill causal S=32768 head_dim 64 (page 128)",
-                  n, n, MaskMode::kCausal, false, 128, stream, 64);
+  for (int page : {16, 128})  // Llama-3.2-1B class heads: 32 q / 8 kv of head_dim 64
+    for (int n : {8192, 32768}) {
+      const std::string name = "prefill causal S=" + std::to_string(n) + " head_dim 64 (page " +
+                               std::to_string(page) + ")";
+      bench_prefill(name.c_str(), n, n, MaskMode::kCausal, false, page, stream, 64);
+    }
   for (int b : {1, 16, 64}) bench_decode(b, 32768, 16, stream);
   bench_decode(1, 32768, 128, stream);
   for (int64_t block : {64, 128}) bench_block_causal(32768, 1500, block, stream);

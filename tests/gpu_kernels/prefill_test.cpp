@@ -251,8 +251,8 @@ TEST(PrefillHarness, EachKernelPath) {
           cases.push_back(
               std::make_unique<PrefillCase>(shape({1, 100, 300, 64}, {63, 700, 4133, 64}, 8, 2, d,
                                                   page, DType::kBF16, mode, true, seed++)));
-      // Consecutive pages (kv_contiguous, the TMA at any page size at head_dim 128): pages of
-      // 1 (the block-causal layout), 7 and 16, runs of 64 keys beside tails.
+      // Consecutive pages (kv_contiguous, the TMA at any page size): pages of 1 (the
+      // block-causal layout), 7 and 16, runs of 64 keys beside tails.
       for (int page : {1, 7, 16}) {
         for (int d : {128, 64}) {
           PagedCaseShape c = shape({64, 1, 300, 100, 0}, {64, 63, 4133, 1517, 5}, 32, 8, d, page,

@@ -98,8 +98,6 @@ struct PagedCase {
       pages_needed += pages;
     }
     total_q = qo_indptr.back();
-    // A quarter more pages than needed, handed out in random order: the kernels must gather.
-    num_pages = pages_needed + pages_needed / 4 + 1;
     if (s.contiguous_pages) {
       // Requests' runs placed in a random order, each after a gap of 0..2 unused pages.
       std::vector<int> order(batch);
@@ -117,6 +115,8 @@ struct PagedCase {
         for (int32_t j = 0; j < kv_indptr[b + 1] - kv_indptr[b]; ++j)
           kv_indices.push_back(first[b] + j);
     } else {
+      // A quarter more pages than needed, handed out in random order: the kernels must gather.
+      num_pages = pages_needed + pages_needed / 4 + 1;
       std::vector<int32_t> ids(num_pages);
       std::iota(ids.begin(), ids.end(), 0);
       std::shuffle(ids.begin(), ids.end(), rng);

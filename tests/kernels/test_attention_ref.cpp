@@ -132,12 +132,8 @@ TEST(AttentionRef, ContiguousPagesMatchDense) {
                      DType::kBF16,  MaskMode::kCausal, true};
     s.contiguous_pages = true;
     s.seed = 60 + page;
-    const PagedCase c(s);
-    for (size_t b = 0; b + 1 < c.kv_indptr.size(); ++b)
-      for (int32_t i = c.kv_indptr[b] + 1; i < c.kv_indptr[b + 1]; ++i)
-        ASSERT_EQ(c.kv_indices[i], c.kv_indices[i - 1] + 1) << "request " << b;
     SCOPED_TRACE(::testing::Message() << "page=" << page);
-    expect_close(c);
+    expect_close(PagedCase(s));  // the reference throws if a request's pages are not consecutive
   }
 }
 
