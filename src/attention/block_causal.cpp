@@ -4,13 +4,10 @@
 #include <cmath>
 #include <limits>
 
+#include "attention/block_causal_cuda.h"
 #include "kernels/attention_params.h"
 #include "kernels/cpu/attention_ref.h"
 #include "longctx/core/error.h"
-
-#if defined(LONGCTX_WITH_CUDA)
-#include "attention/block_causal_cuda.h"
-#endif
 
 namespace longctx {
 
@@ -88,18 +85,14 @@ int64_t max_prefix_tokens(int64_t max_tokens, int64_t block_size) {
 size_t RaggedBlockCausalAttention::workspace_bytes(int num_qo_heads, int num_kv_heads,
                                                    int64_t max_total_tokens, int64_t block_size,
                                                    int64_t max_blocks) {
-#if defined(LONGCTX_WITH_CUDA)
   (void)block_size;
+  // Without CUDA in the build there is no CUDA instance to size (the constructor rejects one).
+  if (!detail::block_causal_cuda_compiled()) return 0;
   int group = num_kv_heads > 0 ? num_qo_heads / num_kv_heads : 1;
   int64_t batch = max_blocks + 1;  // + the no-op block of graph mode
   return detail::block_causal_cuda_workspace_bytes(
       batch, max_total_tokens, group,
       detail::block_causal_cuda_work_cap(batch, max_total_tokens, group));
-#else
-  (void)num_qo_heads, (void)num_kv_heads, (void)max_total_tokens, (void)block_size,
-      (void)max_blocks;
-  return 0;
-#endif
 }
 
 RaggedBlockCausalAttention::RaggedBlockCausalAttention(Tensor workspace,
@@ -130,7 +123,10 @@ RaggedBlockCausalAttention::RaggedBlockCausalAttention(Tensor workspace,
   sm_scale_ = opt_.sm_scale ? *opt_.sm_scale : 1.f / std::sqrt(float(opt_.head_dim));
 
   if (opt_.device.is_cuda()) {
-#if defined(LONGCTX_WITH_CUDA)
+    // First, so a build without CUDA says so rather than failing a check below; the CUDA calls
+    // in plan() and run() rely on it.
+    LONGCTX_CHECK(detail::block_causal_cuda_compiled(), ErrorCode::kUnsupported,
+                  "{}: this build has no CUDA (device {})", who, opt_.device.str());
     int64_t block_cap = 0, index_cap = 0;
     if (opt_.max_total_tokens) {
       int64_t segs = opt_.max_num_segments ? *opt_.max_num_segments : *opt_.max_total_tokens;
@@ -152,10 +148,6 @@ RaggedBlockCausalAttention::RaggedBlockCausalAttention(Tensor workspace,
       out_buf_ = Tensor::empty({*opt_.max_total_tokens, opt_.num_qo_heads, opt_.head_dim},
                                opt_.q_dtype, opt_.device);
     }
-#else
-    LONGCTX_THROW(ErrorCode::kUnsupported, "{}: this build has no CUDA (device {})", who,
-                  opt_.device.str());
-#endif
   } else {
     LONGCTX_CHECK(!opt_.graph_mode, ErrorCode::kInvalidArgument,
                   "{}: graph mode needs a CUDA device", who);
@@ -163,9 +155,7 @@ RaggedBlockCausalAttention::RaggedBlockCausalAttention(Tensor workspace,
 }
 
 RaggedBlockCausalAttention::~RaggedBlockCausalAttention() {
-#if defined(LONGCTX_WITH_CUDA)
   if (cuda_) detail::block_causal_cuda_destroy(cuda_);
-#endif
 }
 
 void RaggedBlockCausalAttention::plan(const std::vector<int64_t>& seg_lens, void* stream) {
@@ -216,7 +206,6 @@ void RaggedBlockCausalAttention::plan(const std::vector<int64_t>& seg_lens, void
   kv_indices32_.assign(layout_.kv_indices.begin(), layout_.kv_indices.end());
 
   if (opt_.device.is_cuda()) {
-#if defined(LONGCTX_WITH_CUDA)
     const int group = opt_.num_qo_heads / opt_.num_kv_heads;
     int64_t work_cap = 0;
     if (opt_.graph_mode) {
@@ -233,7 +222,6 @@ void RaggedBlockCausalAttention::plan(const std::vector<int64_t>& seg_lens, void
                                    nb, num_indices, opt_.num_qo_heads, opt_.num_kv_heads,
                                    opt_.head_dim, work_cap, nb - 1, workspace_.data_ptr(),
                                    workspace_.nbytes(), stream);
-#endif
   } else {
     (void)stream;
   }
@@ -294,11 +282,9 @@ void RaggedBlockCausalAttention::run(const Tensor& q, const Tensor& k, const Ten
                                      void* stream) {
   check_inputs(q, k, v, out);
   if (opt_.device.is_cuda()) {
-#if defined(LONGCTX_WITH_CUDA)
     detail::block_causal_cuda_run(cuda_, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                   opt_.num_qo_heads, opt_.num_kv_heads, opt_.head_dim, opt_.q_dtype,
                                   sm_scale_, stream);
-#endif
     return;
   }
   (void)stream;

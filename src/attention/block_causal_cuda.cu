@@ -59,6 +59,8 @@ int64_t tiles_of(int64_t q_len, int group) {
 
 }  // namespace
 
+bool block_causal_cuda_compiled() { return true; }
+
 BlockCausalCuda* block_causal_cuda_create(int device, int64_t block_cap, int64_t index_cap) {
   auto* s = new BlockCausalCuda;
   s->device = device;

@@ -1,5 +1,6 @@
-// Internal: the CUDA side of RaggedBlockCausalAttention (block_causal_cuda.cu). Only called when
-// LONGCTX_WITH_CUDA is defined.
+// Internal: the CUDA side of RaggedBlockCausalAttention (block_causal_cuda.cu). A build without
+// CUDA links block_causal_cuda_stub.cpp instead, where block_causal_cuda_compiled() is false and
+// every other function throws Error(kUnsupported), so callers check it before anything else.
 #pragma once
 
 #include <cstddef>
@@ -11,8 +12,11 @@ namespace longctx::detail {
 
 struct BlockCausalCuda;
 
+// True when this build has the CUDA side (block_causal_cuda.cu), false with the stub.
+bool block_causal_cuda_compiled();
+
 // Device index buffers for up to block_cap blocks (the launch's batch) and index_cap key indices.
-// Allocated once here; grow() reallocates (eager mode only).
+// Allocated once here; reserve() reallocates (eager mode only).
 BlockCausalCuda* block_causal_cuda_create(int device, int64_t block_cap, int64_t index_cap);
 void block_causal_cuda_destroy(BlockCausalCuda* s);
 void block_causal_cuda_reserve(BlockCausalCuda* s, int64_t block_cap, int64_t index_cap);
