@@ -38,6 +38,7 @@
 #include "longctx/attention/block_causal.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/tensor.h"
+#include "read_ceiling.h"
 
 namespace {
 
@@ -599,6 +600,47 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
   unsetenv("LONGCTX_DECODE_LOADER");
 }
 
+// The ceiling of the decode table: a plain read of the same K+V bytes as the batch-1 rows (1K,
+// 32K, 128K, 1M keys), timed as they are (isolated / stream), from windows of a pool of >= 512 MB
+// so no window is still in the 50 MB L2; and the launch gap alone (an empty kernel).
+void read_table(cudaStream_t stream) {
+  std::printf(
+      "# read ceiling: one launch streaming the bytes once; same timing as the decode table\n");
+  std::printf("| bytes (MB) | as decode B=1 at | CTAs | isolated ms | GB/s | stream ms | GB/s |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  uint32_t* sink = nullptr;
+  LONGCTX_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint32_t) * bench::read_grid_ctas()));
+  LONGCTX_CUDA_CHECK(cudaMemset(sink, 0, sizeof(uint32_t) * bench::read_grid_ctas()));
+  for (int64_t kv : {int64_t(1024), int64_t(32768), int64_t(131072), int64_t(1048576)}) {
+    const int64_t bytes = kv * kHk * kD * 2 * 2;
+    const int64_t reps = std::clamp<int64_t>((int64_t(512) << 20) / bytes, 2, 32);
+    char* pool = nullptr;
+    LONGCTX_CUDA_CHECK(cudaMalloc(&pool, bytes * reps));
+    LONGCTX_CUDA_CHECK(cudaMemset(pool, 1, bytes * reps));
+    int64_t rep = 0;
+    int ctas = 0;
+    auto launch = [&] {
+      ctas = bench::launch_read(pool + rep * bytes, size_t(bytes), sink, stream);
+      rep = (rep + 1) % reps;
+    };
+    const double iso = time_ms(launch, stream, 50);
+    const double burst = time_ms(
+                             [&] {
+                               for (int i = 0; i < 20; ++i) launch();
+                             },
+                             stream, 9) /
+                         20;
+    std::printf("| %.1f | %lld keys | %d | %.4f | %.0f | %.4f | %.0f |\n", bytes / 1e6,
+                static_cast<long long>(kv), ctas, iso, bytes / (iso * 1e6), burst,
+                bytes / (burst * 1e6));
+    std::fflush(stdout);
+    cudaFree(pool);
+  }
+  const double empty = time_ms([&] { bench::launch_empty(stream); }, stream, 50);
+  std::printf("| 0 | empty kernel | 1 | %.4f | | | |\n", empty);
+  cudaFree(sink);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -656,6 +698,11 @@ int main(int argc, char** argv) {
     cudaStreamDestroy(stream);
     return 0;
   }
+  if (argc == 2 && std::strcmp(argv[1], "--read") == 0) {
+    read_table(stream);
+    cudaStreamDestroy(stream);
+    return 0;
+  }
   if (argc == 2 && std::strcmp(argv[1], "--block-causal") == 0) {  // a profiler's target
     for (int64_t block : {64, 128}) bench_block_causal(32768, 1500, block, stream);
     cudaStreamDestroy(stream);
@@ -665,7 +712,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [default,s=N/o=M,..."
-        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] | --block-causal]\n");
+        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] | --block-causal | --read]\n");
     return 2;
   }
   using kernels::MaskMode;

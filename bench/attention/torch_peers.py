@@ -122,6 +122,24 @@ def decode(B, kv):
         attempt(f"sdpa {bname} decode B={B}", run)
 
 
+def read_ceiling():
+    """What one launch can read: torch.sum over the decode shapes' K+V bytes (134 MB = batch 1 at
+    32K keys, 537 MB = 128K, 4.3 GB = 1M), timed like the decode rows (events around one call,
+    median). Two buffers alternate so the 50 MB L2 never holds the one being read."""
+    for nbytes in (134217728, 536870912, 4294967296):
+        n = nbytes // 2
+        bufs = [torch.empty(n, device=DEV, dtype=DT).uniform_(-1, 1) for _ in range(2)]
+        it = [0]
+
+        def fn():
+            it[0] ^= 1
+            return bufs[it[0]].sum(dtype=torch.float32)
+
+        report(f"torch.sum read {nbytes / 1e6:.0f} MB", time_ms(fn, iters=30), 0.0, nbytes)
+        del bufs
+        torch.cuda.empty_cache()
+
+
 def block_causal_meta(total, span, block):
     segs = [span] * (total // span) + ([total % span] if total % span else [])
     seg_id = torch.empty(total, dtype=torch.int32)
@@ -188,6 +206,8 @@ def main():
                           (32, 32768), (64, 32768)):
                 decode(B, kv)
                 torch.cuda.empty_cache()
+        elif what == "read":
+            read_ceiling()
         elif what == "block":
             for block in (64, 128):
                 block_causal(32768, 1500, block)

@@ -51,6 +51,9 @@ constexpr int kCtasPerSm = 8;  // bounds the work items (and so the workspace): 
 constexpr int kStages = 4;     // ring depth: 3 tiles (48 KB) in flight while one is computed
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+// A work item: request, kv begin, kv end, partial slot (-1: write o / lse directly), the
+// request's kv_indptr entry, its first partial slot and partial count (0 unless split), unused.
+constexpr int kWorkInts = 8;
 
 struct DecodeArgs {
   const void* q;
@@ -59,14 +62,12 @@ struct DecodeArgs {
   void* o;
   float* lse;
   float* o_f32;  // instead of o when set
-  const int32_t* kv_indptr;
   const int32_t* kv_indices;
-  const int32_t* work;  // [num_work, 4]
+  const int32_t* work;  // [num_work, kWorkInts] (WorkItem)
   float* partial_o;
   float* partial_lse;
-  const int32_t* merge_indptr;  // [batch + 1] partial slots per request
-  int32_t* counters;            // [batch, num_kv_heads * head_tiles] finished splits
-  int64_t q_stride;             // elements between requests' q rows
+  int32_t* counters;  // [batch, num_kv_heads * head_tiles] finished splits
+  int64_t q_stride;   // elements between requests' q rows
   int num_qo_heads, num_kv_heads, group, head_tiles, page_size;
   float scale_log2;  // sm_scale * log2(e): scores live in the log2 domain
 };
@@ -251,25 +252,53 @@ struct MmaCompute {
   }
 };
 
-// The CTA's shared state besides the K/V tiles: the per-warp softmax states, the per-head merge
-// constants of a split request and the "last CTA" flag.
+// The CTA's shared state besides the K/V tiles: the per-warp softmax states and the "last CTA"
+// flag.
 template <int GT>
 struct EpilogueSmem {
   float m[kThreads / 32][GT];
   float l[kThreads / 32][GT];
-  float hmax[GT], hsum[GT];
   int last;
 };
+
+// The CTA's (request, kv range, partial slot, kv head, head tile) from its work item.
+struct CtaWork {
+  int b, kv_begin, kv_end, slot, kvh, hslot, h0, nh, ctas_per_item;
+  int page_base;                 // kv_indptr[b]: the request's first entry of kv_indices
+  int merge_begin, merge_count;  // the request's partial slots (split requests)
+};
+template <int GT>
+__device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
+  CtaWork w;
+  w.ctas_per_item = a.num_kv_heads * a.head_tiles;
+  w.hslot = blockIdx.x % w.ctas_per_item;  // (kv head, head tile) of this CTA
+  // Both halves of the item in one round trip: nothing the kernel needs before its first copy
+  // is a second, dependent global load.
+  const int4* item =
+      reinterpret_cast<const int4*>(a.work) + kWorkInts / 4 * (blockIdx.x / w.ctas_per_item);
+  const int4 x = item[0], y = item[1];
+  w.b = x.x;
+  w.kv_begin = x.y;
+  w.kv_end = x.z;
+  w.slot = x.w;
+  w.page_base = y.x;
+  w.merge_begin = y.y;
+  w.merge_count = y.z;
+  w.kvh = w.hslot / a.head_tiles;
+  const int tile = w.hslot % a.head_tiles;
+  w.h0 = w.kvh * a.group + tile * GT;
+  w.nh = min(GT, a.group - tile * GT);
+  return w;
+}
 
 // What the kernel does after its K/V range: merges the NSRC softmax states the compute stored
 // (MmaCompute::store: into s_acc and e) into o, or into the request's partial
 // slot; then, for a split request, the CTA that finishes last merges the request's partial states
 // into o.
-template <typename T, int D, int GT, int NSRC>
+template <typename T, int D, int GT, int NSRC, int kBatch>
 __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_acc,
-                                           EpilogueSmem<GT>& e, int b, int slot, int h0, int nh,
-                                           int hslot, int ctas_per_item) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+                                           EpilogueSmem<GT>& e, const CtaWork& w) {
+  const int b = w.b, slot = w.slot, h0 = w.h0, nh = w.nh, s0 = w.merge_begin, n = w.merge_count;
   T* o = static_cast<T*>(a.o);
   for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
     const int g = idx / D, d = idx % D;
@@ -308,9 +337,8 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
   // run (plan() zeroes it once), which keeps run() free of memsets and graph-replayable.
   __threadfence();
   __syncthreads();
-  const int s0 = a.merge_indptr[b], n = a.merge_indptr[b + 1] - s0;
   if (threadIdx.x == 0) {
-    int32_t* cnt = a.counters + int64_t(b) * ctas_per_item + hslot;
+    int32_t* cnt = a.counters + int64_t(b) * w.ctas_per_item + w.hslot;
     const int prev = atomicAdd(cnt, 1);
     e.last = prev == n - 1;
     if (e.last) *cnt = 0;
@@ -318,57 +346,52 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
   __syncthreads();
   if (!e.last) return;
   __threadfence();
-  // Per-head max and weight sum over the n states, one warp per head. Partials are read with
-  // ld.global.cg (L2): other SMs wrote them during this kernel.
-  for (int g = warp; g < nh; g += NSRC) {
-    const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h0 + g;
-    float mx = -INFINITY;
-    for (int st = lane; st < n; st += 32) mx = fmaxf(mx, __ldcg(pl + int64_t(st) * a.num_qo_heads));
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float sum = 0.f;
-    if (mx != -INFINITY)
-      for (int st = lane; st < n; st += 32)
-        sum += __expf(__ldcg(pl + int64_t(st) * a.num_qo_heads) - mx);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) {
-      e.hmax[g] = mx;
-      e.hsum[g] = sum;
-    }
-  }
-  __syncthreads();
-  // Four dims per thread (float4 partial rows) and kBatch states' loads issued before any is
-  // used: the merge is a chain of L2 round trips, so its length is what it costs.
-  constexpr int kBatch = 8;
+  // One pass over the n states: each thread takes four dims of one head (float4 partial rows)
+  // and issues kBatch states' lse and o loads before using any, keeping a running max. The merge
+  // is a chain of L2 round trips (the partials were written by other SMs during this kernel, so
+  // they are read with ld.global.cg), and its length is what it costs: at 32 splits and kBatch
+  // 16, 2 round trips against 6 for a separate max / sum pass before batches of 8. kBatch 16
+  // takes ~250 registers, which only a kernel held to 2 CTAs per SM by its shared memory affords.
   for (int idx = threadIdx.x; idx < nh * D / 4; idx += kThreads) {
     const int g = idx / (D / 4), d = (idx % (D / 4)) * 4;
     const int h = h0 + g;
-    const float mx = e.hmax[g], sum = e.hsum[g];
+    const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h;
+    const float* po = a.partial_o + (int64_t(s0) * a.num_qo_heads + h) * D + d;
+    const int64_t lse_step = a.num_qo_heads, o_step = int64_t(a.num_qo_heads) * D;
+    float mx = -INFINITY, sum = 0.f;
     float4 out = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (mx != -INFINITY) {
-      const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h;
-      const float* po = a.partial_o + (int64_t(s0) * a.num_qo_heads + h) * D + d;
-      const int64_t lse_step = a.num_qo_heads, o_step = int64_t(a.num_qo_heads) * D;
-      for (int st0 = 0; st0 < n; st0 += kBatch) {
-        float lv[kBatch];
-        float4 ov[kBatch];
+    for (int st0 = 0; st0 < n; st0 += kBatch) {
+      float lv[kBatch];
+      float4 ov[kBatch];
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const bool in = st0 + u < n;
-          lv[u] = in ? __ldcg(pl + (st0 + u) * lse_step) : -INFINITY;
-          ov[u] = in ? __ldcg(reinterpret_cast<const float4*>(po + (st0 + u) * o_step))
-                     : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const float w = __expf(lv[u] - mx);  // -inf (empty or past n): 0
-          out.x = fmaf(w, ov[u].x, out.x);
-          out.y = fmaf(w, ov[u].y, out.y);
-          out.z = fmaf(w, ov[u].z, out.z);
-          out.w = fmaf(w, ov[u].w, out.w);
-        }
+      for (int u = 0; u < kBatch; ++u) {
+        const bool in = st0 + u < n;
+        lv[u] = in ? __ldcg(pl + (st0 + u) * lse_step) : -INFINITY;
+        ov[u] = in ? __ldcg(reinterpret_cast<const float4*>(po + (st0 + u) * o_step))
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
       }
+      float bm = mx;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) bm = fmaxf(bm, lv[u]);
+      if (bm == -INFINITY) continue;    // no state so far saw a key
+      const float r = __expf(mx - bm);  // mx = -inf: 0 (sum and out are 0 then)
+      sum *= r;
+      out.x *= r;
+      out.y *= r;
+      out.z *= r;
+      out.w *= r;
+      mx = bm;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const float w = __expf(lv[u] - mx);  // -inf (empty or past n): 0
+        sum += w;
+        out.x = fmaf(w, ov[u].x, out.x);
+        out.y = fmaf(w, ov[u].y, out.y);
+        out.z = fmaf(w, ov[u].z, out.z);
+        out.w = fmaf(w, ov[u].w, out.w);
+      }
+    }
+    if (mx != -INFINITY) {
       out.x /= sum;
       out.y /= sum;
       out.z /= sum;
@@ -386,27 +409,6 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
     }
     if (d == 0 && a.lse) a.lse[orow] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
   }
-}
-
-// The CTA's (request, kv range, partial slot, kv head, head tile) from its work item.
-struct CtaWork {
-  int b, kv_begin, kv_end, slot, kvh, hslot, h0, nh, ctas_per_item;
-};
-template <int GT>
-__device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
-  CtaWork w;
-  w.ctas_per_item = a.num_kv_heads * a.head_tiles;
-  w.hslot = blockIdx.x % w.ctas_per_item;  // (kv head, head tile) of this CTA
-  const int4 item = reinterpret_cast<const int4*>(a.work)[blockIdx.x / w.ctas_per_item];
-  w.b = item.x;
-  w.kv_begin = item.y;
-  w.kv_end = item.z;
-  w.slot = item.w;
-  w.kvh = w.hslot / a.head_tiles;
-  const int tile = w.hslot % a.head_tiles;
-  w.h0 = w.kvh * a.group + tile * GT;
-  w.nh = min(GT, a.group - tile * GT);
-  return w;
 }
 
 // One CTA per (work item, kv head, head tile): the cp.async ring feeding MmaCompute, then
@@ -428,7 +430,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
   const T* kc = static_cast<const T*>(a.k);
   const T* vc = static_cast<const T*>(a.v);
-  const int32_t* pages = a.kv_indices + a.kv_indptr[b];
+  const int32_t* pages = a.kv_indices + w.page_base;
   const int ps = a.page_size;
   const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
   // Copy assignment: thread tid copies the 16-byte chunks tid + j * kThreads of a tile, i.e.
@@ -501,7 +503,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   float* s_acc = reinterpret_cast<float*>(smem);
   c.store(s_acc, e.m, e.l);
   __syncthreads();
-  finish_cta<T, D, GT, C::kSources>(a, s_acc, e, b, w.slot, w.h0, w.nh, w.hslot, w.ctas_per_item);
+  finish_cta<T, D, GT, C::kSources, 8>(a, s_acc, e, w);
 }
 
 // The same CTA with the K/V tiles brought by the TMA (the default on sm_90 when pages are a
@@ -549,7 +551,7 @@ __global__ void __launch_bounds__(kThreads)
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0) return;  // padding item
   const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
-  const int32_t* pages = a.kv_indices + a.kv_indptr[b];
+  const int32_t* pages = a.kv_indices + w.page_base;
   const int ps = a.page_size;
   const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
   __syncthreads();
@@ -620,7 +622,7 @@ __global__ void __launch_bounds__(kThreads)
   float* s_acc = reinterpret_cast<float*>(smem);
   c.store(s_acc, e.m, e.l);
   __syncthreads();
-  finish_cta<T, D, GT, C::kSources>(a, s_acc, e, b, w.slot, w.h0, w.nh, w.hslot, w.ctas_per_item);
+  finish_cta<T, D, GT, C::kSources, W == 2 ? 16 : 8>(a, s_acc, e, w);
 #else
   __trap();
 #endif
@@ -660,7 +662,7 @@ int64_t max_work_items(int max_batch, int num_kv_heads, int group, int num_sms) 
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
 struct WorkspaceLayout {
-  size_t work = 0, merge = 0, po = 0, plse = 0, counters = 0, total = 0;
+  size_t work = 0, po = 0, plse = 0, counters = 0, total = 0;
 };
 
 WorkspaceLayout layout_of(int batch, int64_t max_items, int num_qo_heads, int num_kv_heads,
@@ -668,8 +670,7 @@ WorkspaceLayout layout_of(int batch, int64_t max_items, int num_qo_heads, int nu
   const int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(num_qo_heads / num_kv_heads);
   WorkspaceLayout w;
   w.work = 0;
-  w.merge = align_up(w.work + sizeof(int32_t) * 4 * max_items);
-  w.po = align_up(w.merge + sizeof(int32_t) * (batch + 1));
+  w.po = align_up(w.work + sizeof(int32_t) * kWorkInts * max_items);
   w.plse = align_up(w.po + sizeof(float) * max_items * num_qo_heads * head_dim);
   w.counters = align_up(w.plse + sizeof(float) * max_items * num_qo_heads);
   w.total = align_up(w.counters + sizeof(int32_t) * std::max<int64_t>(1, batch * ctas_per_item));
@@ -792,12 +793,10 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                p.o,
                p.lse,
                p.o_f32,
-               p.kv_indptr,
                p.kv_indices,
                plan.work_items,
                plan.partial_o,
                plan.partial_lse,
-               plan.merge_indptr,
                plan.counters,
                p.q_token_stride > 0 ? p.q_token_stride : int64_t(p.num_qo_heads) * p.head_dim,
                p.num_qo_heads,
@@ -985,20 +984,24 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
       env_int("LONGCTX_DECODE_OVERHEAD", 64), min_chunk_tokens);
 
   std::vector<int32_t> work;
-  std::vector<int32_t> merge_indptr(batch + 1, 0);
   int32_t slots = 0;
   for (int b = 0; b < batch; ++b) {
     const Split sp = b < real ? split_of(len[b], chunk) : Split{1, std::max<int64_t>(len[b], 1)};
+    const int32_t split = sp.count > 1 ? int32_t(sp.count) : 0;
     for (int64_t s = 0; s < sp.count; ++s) {
-      work.push_back(b);
-      work.push_back(int32_t(s * sp.sub));
-      work.push_back(int32_t(std::min(len[b], (s + 1) * sp.sub)));
-      work.push_back(sp.count == 1 ? -1 : slots + int32_t(s));
+      const int32_t item[kWorkInts] = {b,
+                                       int32_t(s * sp.sub),
+                                       int32_t(std::min(len[b], (s + 1) * sp.sub)),
+                                       split ? slots + int32_t(s) : -1,
+                                       kv_indptr[b],
+                                       slots,
+                                       split,
+                                       0};
+      work.insert(work.end(), item, item + kWorkInts);
     }
-    if (sp.count > 1) slots += int32_t(sp.count);
-    merge_indptr[b + 1] = slots;
+    slots += split;
   }
-  const int64_t items = int64_t(work.size()) / 4;
+  const int64_t items = int64_t(work.size()) / kWorkInts;
   LONGCTX_ASSERT(items <= max_items, "decode work items {} exceed the bound {}", items, max_items);
   const WorkspaceLayout w = layout_of(batch, max_items, num_qo_heads, num_kv_heads, head_dim);
   LONGCTX_CHECK(workspace != nullptr && workspace_bytes >= w.total, ErrorCode::kInvalidArgument,
@@ -1008,9 +1011,6 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   if (items > 0)
     LONGCTX_CUDA_CHECK(cudaMemcpyAsync(base + w.work, work.data(), sizeof(int32_t) * work.size(),
                                        cudaMemcpyHostToDevice, stream));
-  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(base + w.merge, merge_indptr.data(),
-                                     sizeof(int32_t) * merge_indptr.size(), cudaMemcpyHostToDevice,
-                                     stream));
   // The fused merge's counters start at 0; each run leaves them at 0 again.
   LONGCTX_CUDA_CHECK(cudaMemsetAsync(base + w.counters, 0, w.total - w.counters, stream));
   DecodePlan plan;
@@ -1024,7 +1024,6 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.num_work_items = int(items);
   plan.num_partials = slots;
   plan.work_items = reinterpret_cast<const int32_t*>(base + w.work);
-  plan.merge_indptr = reinterpret_cast<const int32_t*>(base + w.merge);
   plan.partial_o = reinterpret_cast<float*>(base + w.po);
   plan.partial_lse = reinterpret_cast<float*>(base + w.plse);
   plan.counters = reinterpret_cast<int32_t*>(base + w.counters);

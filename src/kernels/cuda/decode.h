@@ -19,6 +19,10 @@
 //                                 num_qo_heads, num_kv_heads, head_dim, d_ws, ws, stream);
 //   for (layer ...) decode_run(params, plan, stream);   // no host sync, graph-safe
 //
+// The work list carries each request's kv_indptr entry, so the kernel's first page lookup does
+// not wait for a load of kv_indptr: run()'s params.kv_indptr must hold the values plan() was
+// given (it is not read on the device).
+//
 // run() reads only device memory written by plan() (work list + partial buffers in the caller's
 // workspace; the merge counters it increments are back at 0 when it ends), so it can be captured
 // in a CUDA graph. Every workspace address depends on the batch size alone (decode_plan rewrites
@@ -42,15 +46,16 @@ struct DecodePlan {
   int num_kv_heads = 0;
   int head_dim = 0;
   int page_size = 0;
-  int chunk_tokens = 0;  // keys per split
-  int loader = 0;   // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
-  int num_work_items = 0;                 // items of the grid (CTAs: items x kv heads x tiles)
-  int num_partials = 0;                   // partial states (0: no request was split)
-  const int32_t* work_items = nullptr;    // device [num_work_items, 4]: request, kv begin, kv end,
-                                          // partial slot (-1: write o/lse directly)
-  const int32_t* merge_indptr = nullptr;  // device [batch_size + 1] partial slots per request
-  float* partial_o = nullptr;             // device [num_partials, num_qo_heads, head_dim]
-  float* partial_lse = nullptr;           // device [num_partials, num_qo_heads]
+  int chunk_tokens = 0;    // keys per split
+  int loader = 0;          // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
+  int num_work_items = 0;  // items of the grid (CTAs: items x kv heads x tiles)
+  int num_partials = 0;    // partial states (0: no request was split)
+  const int32_t* work_items = nullptr;  // device [num_work_items, 8]: request, kv begin, kv end,
+                                        // partial slot (-1: write o/lse directly), the
+                                        // request's kv_indptr entry, first partial slot,
+                                        // partial count, 0
+  float* partial_o = nullptr;           // device [num_partials, num_qo_heads, head_dim]
+  float* partial_lse = nullptr;         // device [num_partials, num_qo_heads]
   int32_t* counters = nullptr;  // device [batch_size, num_kv_heads * head tiles] finished splits
                                 // (the fused merge's; zeroed by plan(), left at 0 by each run)
 };

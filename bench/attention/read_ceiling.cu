@@ -1,0 +1,56 @@
+#include "longctx/core/cuda_check.h"
+#include "read_ceiling.h"
+
+namespace longctx::bench {
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kCtasPerSm = 4;  // 2048 threads: a full SM
+constexpr int kUnroll = 8;     // 16-byte loads in flight per thread (256 KB per SM)
+
+__global__ void __launch_bounds__(kThreads)
+    read_kernel(const uint4* __restrict__ src, int64_t n, uint32_t* __restrict__ sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(src + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = __ldcs(src + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if ((threadIdx.x & 31) == 0) atomicXor(sink + blockIdx.x, acc);
+}
+
+__global__ void empty_kernel() {}
+
+}  // namespace
+
+int read_grid_ctas() {
+  int dev = 0, sms = 0;
+  LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
+  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms * kCtasPerSm;
+}
+
+int launch_read(const void* src, size_t bytes, uint32_t* sink, cudaStream_t stream) {
+  const int ctas = read_grid_ctas();
+  read_kernel<<<ctas, kThreads, 0, stream>>>(static_cast<const uint4*>(src), int64_t(bytes / 16),
+                                             sink);
+  LONGCTX_CUDA_CHECK_LAUNCH("read_kernel");
+  return ctas;
+}
+
+void launch_empty(cudaStream_t stream) {
+  empty_kernel<<<1, 32, 0, stream>>>();
+  LONGCTX_CUDA_CHECK_LAUNCH("empty_kernel");
+}
+
+}  // namespace longctx::bench

@@ -1,0 +1,23 @@
+// What one kernel launch can read from HBM: the ceiling the decode table's GB/s are held against.
+// A plain streaming read (16-byte loads, 8 in flight per thread, one wave of CTAs), no paging, no
+// compute, timed exactly as the decode rows are.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace longctx::bench {
+
+// Reads `bytes` (a multiple of 16) at `src` once; `sink` [grid CTAs] u32 receives one word per
+// CTA so the loads are not dead code. Returns the CTAs launched.
+int launch_read(const void* src, size_t bytes, uint32_t* sink, cudaStream_t stream);
+
+// An empty kernel: the launch gap alone, as event timing sees it.
+void launch_empty(cudaStream_t stream);
+
+// CTAs launch_read uses (size of its sink).
+int read_grid_ctas();
+
+}  // namespace longctx::bench
