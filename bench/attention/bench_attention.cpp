@@ -13,7 +13,7 @@
 // bench_attention --decode [VARIANTS [PAGES [SHAPES]]] runs the decode table instead (see
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
 // read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
-// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "l=0" / "l=1"
+// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "l=0" .. "l=3"
 // LONGCTX_DECODE_LOADER, so wave-model settings and loaders compare in
 // the same process on the same data), page size (default 128) and, optionally, only the shapes
 // "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
@@ -133,12 +133,16 @@ void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mo
   p.dtype = DType::kBF16;
   p.mask_mode = mode;
   p.sm_scale = 1.f / std::sqrt(float(head_dim));
-  size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(1, q_len, kHq / kHk);
+  // With the split's workspace, as the engine's backend has it (LONGCTX_PREFILL_SPLIT=0: none).
+  size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(1, q_len, kHq / kHk) +
+                    kernels::cuda::paged_prefill_split_workspace_bytes(head_dim);
   void* ws = nullptr;
   LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   auto plan = kernels::cuda::paged_prefill_plan(qo.data(), kvl.data(), 1, kHq, kHk, head_dim, mode,
                                                 ws, ws_bytes, stream);
   const double ms = time_ms([&] { kernels::cuda::paged_prefill_run(p, plan, stream); }, stream);
+  const std::string label = std::string(name) + (plan.split_ctas > 0 ? " [split]" : "");
+  name = label.c_str();
   double pairs = 0;
   if (mode == kernels::MaskMode::kNone)
     pairs = double(q_len) * kv_len;
@@ -287,7 +291,8 @@ double time_pool_prefill(const SweepPool& pool, const void* q, void* o, int q_le
   p.dtype = DType::kBF16;
   p.mask_mode = kernels::MaskMode::kCausal;
   p.sm_scale = 1.f / std::sqrt(float(kD));
-  const size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(1, q_len, kHq / kHk);
+  const size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(1, q_len, kHq / kHk) +
+                          kernels::cuda::paged_prefill_split_workspace_bytes(kD);
   void* ws = nullptr;
   LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   auto plan = kernels::cuda::paged_prefill_plan(qo.data(), kvl.data(), 1, kHq, kHk, kD, p.mask_mode,
@@ -418,10 +423,10 @@ void page_size_sweep(const std::vector<int>& page_sizes, cudaStream_t stream) {
 struct DecodeVariant {
   std::string name;
   int slots = 0, overhead = 0;  // 0: the plan's own (LONGCTX_DECODE_SLOTS / _OVERHEAD unset)
-  int loader = -1;              // -1: the plan's own; 0 / 1: LONGCTX_DECODE_LOADER
+  int loader = -1;              // -1: the plan's own; 0..3: LONGCTX_DECODE_LOADER
 };
 
-// "default", "s=N", "o=M", "l=0", "l=1", "s=N/o=M/l=1", ... ; false on any other
+// "default", "s=N", "o=M", "l=0" .. "l=3", "s=N/o=M/l=1", ... ; false on any other
 // field (a typo would otherwise time the default plan under another name).
 bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
@@ -441,7 +446,8 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.slots = std::atoi(field.c_str() + 2);
       } else if (field.rfind("o=", 0) == 0) {
         d.overhead = std::atoi(field.c_str() + 2);
-      } else if (field == "l=0" || field == "l=1") {
+      } else if (field.size() == 3 && field.rfind("l=", 0) == 0 && field[2] >= '0' &&
+                 field[2] <= '3') {
         d.loader = field[2] - '0';
       } else if (field != "default") {
         return false;
@@ -727,6 +733,9 @@ int main(int argc, char** argv) {
   bench_prefill("chunk q=2048 kv=30720 non-causal +lse (page 16)", 2048, 30720, MaskMode::kNone,
                 true, 16, stream);
   bench_prefill("chunk q=2048 kv=30720 non-causal +lse (page 128)", 2048, 30720, MaskMode::kNone,
+                true, 128, stream);
+  // A short chunk over a long history: 8 row tiles x 8 kv heads, 64 long units.
+  bench_prefill("chunk q=256 kv=262144 non-causal +lse (page 128)", 256, 262144, MaskMode::kNone,
                 true, 128, stream);
   for (int page : {16, 128})  // Llama-3.2-1B class heads: 32 q / 8 kv of head_dim 64
     for (int n : {8192, 32768}) {

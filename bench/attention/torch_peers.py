@@ -85,25 +85,25 @@ def causal_prefill(S, d=D):
         attempt(f"sdpa {bname} causal S={S}{tag}", run)
 
 
-def chunk_with_lse():
-    """2K queries against 30K keys, non-causal, with the LSE (the aten ops return it)."""
-    q, k, v = rand(1, HQ, 2048, D), rand(1, HK, 30720, D), rand(1, HK, 30720, D)
+def chunk_with_lse(nq=2048, nk=30720):
+    """nq queries against nk keys, non-causal, with the LSE (the aten ops return it)."""
+    q, k, v = rand(1, HQ, nq, D), rand(1, HK, nk, D), rand(1, HK, nk, D)
     ke, ve = k.repeat_interleave(HQ // HK, dim=1), v.repeat_interleave(HQ // HK, dim=1)
-    flops = 4.0 * D * HQ * 2048 * 30720
+    flops = 4.0 * D * HQ * nq * nk
 
     def flash():
         fn = lambda: torch.ops.aten._scaled_dot_product_flash_attention(  # noqa: E731
             q, ke, ve, 0.0, False, False, scale=SCALE)
         out = fn()
-        assert out[1].shape[-1] == 2048, "no lse"
-        report("sdpa FLASH chunk q=2048 kv=30720 +lse (aten, expanded kv)", time_ms(fn), flops)
+        assert out[1].shape[-1] == nq, "no lse"
+        report(f"sdpa FLASH chunk q={nq} kv={nk} +lse (aten, expanded kv)", time_ms(fn), flops)
 
     def cudnn():
         fn = lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(  # noqa: E731
             q, ke, ve, None, True, 0.0, False, False, scale=SCALE)
         out = fn()
         assert out[1].numel() > 0, "no lse"
-        report("sdpa CUDNN chunk q=2048 kv=30720 +lse (aten, expanded kv)", time_ms(fn), flops)
+        report(f"sdpa CUDNN chunk q={nq} kv={nk} +lse (aten, expanded kv)", time_ms(fn), flops)
 
     attempt("sdpa FLASH chunk +lse", flash)
     attempt("sdpa CUDNN chunk +lse", cudnn)
@@ -200,6 +200,8 @@ def main():
                 causal_prefill(S, 64)
         elif what == "chunk":
             chunk_with_lse()
+            chunk_with_lse(256, 262144)  # a short chunk over a long history
+            torch.cuda.empty_cache()
         elif what == "decode":
             # Shapes whose K/V (>= 134 MB) cannot sit in the 50 MB L2 between timed calls.
             for B, kv in ((1, 32768), (1, 131072), (1, 1048576), (8, 32768), (16, 32768),

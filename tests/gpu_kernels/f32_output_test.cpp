@@ -63,47 +63,57 @@ void expect_close(const std::vector<float>& ref, const Tensor& dev, double tol, 
   EXPECT_LE(worst, tol) << what;
 }
 
+// Also through the stream-K split (LONGCTX_PREFILL_SPLIT=1, its workspace given): the merge
+// kernel writes o_f32 and lse then.
 TEST(F32Output, PagedPrefillWritesUnroundedOutput) {
-  for (int d : {64, 128}) {
-    for (auto mode : {kernels::MaskMode::kCausal, kernels::MaskMode::kNone}) {
-      const PagedCase c(shape({1, 37, 200, 5}, {300, 37, 700, 90}, d, mode));
-      const int64_t rows = c.total_q * 8;
-      std::vector<float> ref_o(rows * d), ref_lse(rows);
-      kernels::PagedPrefillParams h = c.params(nullptr, ref_lse.data());
-      h.o_f32 = ref_o.data();
-      kernels::cpu::paged_prefill_ref(h);
+  for (const char* split : {"0", "1"})
+    for (int d : {64, 128}) {
+      for (auto mode : {kernels::MaskMode::kCausal, kernels::MaskMode::kNone}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "LONGCTX_PREFILL_SPLIT=" << split << " head_dim " << d);
+        setenv("LONGCTX_PREFILL_SPLIT", split, 1);
+        const PagedCase c(shape({1, 37, 200, 5}, {300, 37, 700, 90}, d, mode));
+        const int64_t rows = c.total_q * 8;
+        std::vector<float> ref_o(rows * d), ref_lse(rows);
+        kernels::PagedPrefillParams h = c.params(nullptr, ref_lse.data());
+        h.o_f32 = ref_o.data();
+        kernels::cpu::paged_prefill_ref(h);
 
-      Tensor q = upload(c.q), k = upload(c.k_cache), v = upload(c.v_cache);
-      Tensor qo = upload(c.qo_indptr), kvi = upload(c.kv_indptr), idx = upload(c.kv_indices),
-             last = upload(c.kv_last_page_len);
-      Tensor o = Tensor::empty({rows * d}, DType::kF32, Device::cuda(0));
-      Tensor lse = Tensor::empty({rows}, DType::kF32, Device::cuda(0));
-      Tensor sentinel = Tensor::zeros({rows * d}, DType::kBF16);
-      Tensor o16 = sentinel.to(Device::cuda(0));
-      const size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(4, c.total_q, 4);
-      Tensor ws = Tensor::empty({int64_t(ws_bytes)}, DType::kU8, Device::cuda(0));
-      std::vector<int32_t> kv_lens = c.shape.kv_lens;
-      const auto plan = kernels::cuda::paged_prefill_plan(
-          c.qo_indptr.data(), kv_lens.data(), 4, 8, 2, d, mode, ws.data_ptr(), ws_bytes, nullptr);
-      kernels::PagedPrefillParams p = h;
-      p.q = q.data_ptr();
-      p.k_cache = k.data_ptr();
-      p.v_cache = v.data_ptr();
-      p.o = o16.data_ptr();  // must stay untouched
-      p.o_f32 = o.data<float>();
-      p.lse = lse.data<float>();
-      p.qo_indptr = static_cast<const int32_t*>(qo.data_ptr());
-      p.kv_indptr = static_cast<const int32_t*>(kvi.data_ptr());
-      p.kv_indices = static_cast<const int32_t*>(idx.data_ptr());
-      p.kv_last_page_len = static_cast<const int32_t*>(last.data_ptr());
-      kernels::cuda::paged_prefill_run(p, plan, nullptr);
-      expect_close(ref_o, o, 3e-3, "prefill o_f32");
-      expect_close(ref_lse, lse, 1e-3, "prefill lse");
-      const Tensor untouched = o16.to(Device::cpu());
-      for (int64_t i = 0; i < rows * d; ++i)
-        ASSERT_EQ(untouched.data<uint16_t>()[i], 0) << "o written at " << i;
+        Tensor q = upload(c.q), k = upload(c.k_cache), v = upload(c.v_cache);
+        Tensor qo = upload(c.qo_indptr), kvi = upload(c.kv_indptr), idx = upload(c.kv_indices),
+               last = upload(c.kv_last_page_len);
+        Tensor o = Tensor::empty({rows * d}, DType::kF32, Device::cuda(0));
+        Tensor lse = Tensor::empty({rows}, DType::kF32, Device::cuda(0));
+        Tensor sentinel = Tensor::zeros({rows * d}, DType::kBF16);
+        Tensor o16 = sentinel.to(Device::cuda(0));
+        const size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(4, c.total_q, 4) +
+                                kernels::cuda::paged_prefill_split_workspace_bytes(d);
+        Tensor ws = Tensor::empty({int64_t(ws_bytes)}, DType::kU8, Device::cuda(0));
+        std::vector<int32_t> kv_lens = c.shape.kv_lens;
+        const auto plan = kernels::cuda::paged_prefill_plan(
+            c.qo_indptr.data(), kv_lens.data(), 4, 8, 2, d, mode, ws.data_ptr(), ws_bytes, nullptr);
+        unsetenv("LONGCTX_PREFILL_SPLIT");
+        if (split[0] == '1' && kernels::cuda::paged_prefill_sm90_path(d))
+          EXPECT_GT(plan.split_ctas, 0) << "the forced split was not planned";
+        kernels::PagedPrefillParams p = h;
+        p.q = q.data_ptr();
+        p.k_cache = k.data_ptr();
+        p.v_cache = v.data_ptr();
+        p.o = o16.data_ptr();  // must stay untouched
+        p.o_f32 = o.data<float>();
+        p.lse = lse.data<float>();
+        p.qo_indptr = static_cast<const int32_t*>(qo.data_ptr());
+        p.kv_indptr = static_cast<const int32_t*>(kvi.data_ptr());
+        p.kv_indices = static_cast<const int32_t*>(idx.data_ptr());
+        p.kv_last_page_len = static_cast<const int32_t*>(last.data_ptr());
+        kernels::cuda::paged_prefill_run(p, plan, nullptr);
+        expect_close(ref_o, o, 3e-3, "prefill o_f32");
+        expect_close(ref_lse, lse, 1e-3, "prefill lse");
+        const Tensor untouched = o16.to(Device::cpu());
+        for (int64_t i = 0; i < rows * d; ++i)
+          ASSERT_EQ(untouched.data<uint16_t>()[i], 0) << "o written at " << i;
+      }
     }
-  }
 }
 
 TEST(F32Output, PagedGenericWritesUnroundedOutput) {

@@ -45,8 +45,12 @@ class PrefillCase : public PagedPrefillCase {
     upload_inputs();
     const PagedCase& h = *host_;
     const int group = s_.num_qo_heads / s_.num_kv_heads;
+    // With the split's workspace: plan() takes the stream-K split wherever its model (or
+    // LONGCTX_PREFILL_SPLIT=1) says so.
     d_ws_ = GuardedBuffer(
-        kernels::cuda::paged_prefill_workspace_bytes(int(s_.q_lens.size()), h.total_q, group), 0);
+        kernels::cuda::paged_prefill_workspace_bytes(int(s_.q_lens.size()), h.total_q, group) +
+            kernels::cuda::paged_prefill_split_workspace_bytes(s_.head_dim),
+        0);
     plan_ = kernels::cuda::paged_prefill_plan(
         h.qo_indptr.data(), s_.kv_lens.data(), int(s_.q_lens.size()), s_.num_qo_heads,
         s_.num_kv_heads, s_.head_dim, s_.mask_mode, d_ws_.data(), d_ws_.bytes(), stream);
@@ -55,6 +59,8 @@ class PrefillCase : public PagedPrefillCase {
   void launch(cudaStream_t stream) override {
     kernels::cuda::paged_prefill_run(params_, plan_, stream);
   }
+
+  const kernels::cuda::PrefillPlan& plan() const { return plan_; }
 
  private:
   void check_more(const std::vector<uint16_t>&, std::ostringstream& why, bool& ok) const override {
@@ -198,7 +204,10 @@ TEST(PrefillHarness, Small) {
   // Head_dim 64 on pages of 128 (TMA).
   cases.push_back(std::make_unique<PrefillCase>(
       shape({7, 130}, {150, 333}, 4, 1, 64, 128, DType::kF16, MaskMode::kCausal, true, 8)));
-  expect_no_failures(run_cases(cases), 8);
+  // Two long units: the stream-K split over every SM and the merge of their pieces.
+  cases.push_back(std::make_unique<PrefillCase>(
+      shape({32}, {20000}, 8, 2, 128, 128, DType::kBF16, MaskMode::kCausal, true, 9)));
+  expect_no_failures(run_cases(cases), 9);
 }
 
 // Each kernel path forced through LONGCTX_PREFILL_KERNEL (the mma.sync kernel, and the sm_90a
@@ -211,21 +220,23 @@ TEST(PrefillHarness, EachKernelPath) {
   struct Path {
     const char* kernel;
     const char* variant;
-    const char* tma;  // LONGCTX_PREFILL_SM90_TMA (default variant; pages of a multiple of 64
-                      // or consecutive)
+    const char* tma;    // LONGCTX_PREFILL_SM90_TMA (default variant; pages of a multiple of 64
+                        // or consecutive)
+    const char* split;  // LONGCTX_PREFILL_SPLIT ("": the model decides)
   };
-  const Path paths[] = {{"fa2", "", "1"},
-                        {"sm90", "persistent", "1"},
-                        {"sm90", "grid", "1"},
-                        {"sm90", "pingpong", "1"},
-                        {"sm90", "pingpong", "0"}};
-  for (const auto& [path, variant, tma] : paths) {
+  const Path paths[] = {{"fa2", "", "1", ""},          {"sm90", "persistent", "1", ""},
+                        {"sm90", "grid", "1", ""},     {"sm90", "pingpong", "1", ""},
+                        {"sm90", "pingpong", "0", ""}, {"sm90", "pingpong", "1", "1"},
+                        {"sm90", "pingpong", "0", "1"}};
+  for (const auto& [path, variant, tma, split] : paths) {
     setenv("LONGCTX_PREFILL_KERNEL", path, 1);
     setenv("LONGCTX_PREFILL_SM90_VARIANT", variant, 1);
     setenv("LONGCTX_PREFILL_SM90_TMA", tma, 1);
+    setenv("LONGCTX_PREFILL_SPLIT", split, 1);
     std::printf(
-        "LONGCTX_PREFILL_KERNEL=%s LONGCTX_PREFILL_SM90_VARIANT=%s LONGCTX_PREFILL_SM90_TMA=%s\n",
-        path, variant, tma);
+        "LONGCTX_PREFILL_KERNEL=%s LONGCTX_PREFILL_SM90_VARIANT=%s LONGCTX_PREFILL_SM90_TMA=%s "
+        "LONGCTX_PREFILL_SPLIT=%s\n",
+        path, variant, tma, split);
     std::vector<std::unique_ptr<OpCase>> cases;
     uint64_t seed = 5000;
     for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
@@ -286,10 +297,43 @@ TEST(PrefillHarness, EachKernelPath) {
   }
   unsetenv("LONGCTX_PREFILL_SM90_VARIANT");
   unsetenv("LONGCTX_PREFILL_SM90_TMA");
+  unsetenv("LONGCTX_PREFILL_SPLIT");
   if (saved)
     setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
   else
     unsetenv("LONGCTX_PREFILL_KERNEL");
+}
+
+// The stream-K split where the model takes it (no LONGCTX_PREFILL_SPLIT): units that leave SMs
+// idle (a few long units; a last round that does not fill the GPU), cut units merged across
+// pieces, with and without LSE, both head dims, the TMA and cp.async loaders, block-sparse; the
+// plan must have split (on sm_90 only: elsewhere the path is the mma.sync kernel).
+TEST(PrefillHarness, StreamKSplitWhereItPays) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  std::vector<PrefillCase*> split_cases;
+  uint64_t seed = 7000;
+  for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
+    for (int d : {128, 64}) {
+      for (int page : {16, 128}) {
+        // 32 tokens x 4 heads = one row tile per kv head over 60K keys: 2 units on 132 SMs.
+        cases.push_back(std::make_unique<PrefillCase>(
+            shape({32}, {60000}, 8, 2, d, page, DType::kBF16, mode, true, seed++)));
+        // 3 requests, 9 row tiles x 8 kv heads of unequal length: 72 units.
+        cases.push_back(
+            std::make_unique<PrefillCase>(shape({200, 64, 70}, {9000, 3000, 20000}, 32, 8, d, page,
+                                                DType::kF16, mode, (seed & 1) != 0, seed++)));
+      }
+    }
+    PagedCaseShape s = shape({130}, {50000}, 8, 2, 128, 128, DType::kBF16, mode, true, seed++);
+    s.sparse_keep = 0.4;
+    s.sparse_per_head = true;
+    cases.push_back(std::make_unique<PrefillCase>(s));
+  }
+  for (auto& c : cases) split_cases.push_back(static_cast<PrefillCase*>(c.get()));
+  expect_no_failures(run_cases(cases), 18);
+  if (kernels::cuda::paged_prefill_sm90_path(128))
+    for (const PrefillCase* c : split_cases)
+      EXPECT_GT(c->plan().split_ctas, 0) << "a shape that leaves SMs idle was not split";
 }
 
 // run() must be capturable in a CUDA graph and replay to the same bits.

@@ -61,12 +61,17 @@ class PagedAttentionBackend final : public AttentionBackend {
     host_ = Tensor::empty_pinned({layout_.total}, DType::kI32);
     indices_ = Tensor::empty({layout_.total}, DType::kI32, device_);
     const int group = num_qo_heads_ / static_cast<int>(c.num_kv_heads);
-    prefill_ws_bytes_ = kernels::cuda::paged_prefill_workspace_bytes(
-        static_cast<int>(limits.max_seqs), limits.max_tokens, group);
     // The split-KV decode kernel exists for head_dim 64 / 128 only (others use the generic one,
     // as every head_dim does under LONGCTX_ATTENTION_KERNEL=generic).
     fast_head_dim_ =
         (c.head_dim == 64 || c.head_dim == 128) && !kernels::cuda::paged_generic_forced();
+    // With room for the prefill's stream-K split (short chunks over long histories).
+    prefill_list_bytes_ = kernels::cuda::paged_prefill_workspace_bytes(
+        static_cast<int>(limits.max_seqs), limits.max_tokens, group);
+    prefill_ws_bytes_ = prefill_list_bytes_;
+    if (fast_head_dim_)
+      prefill_ws_bytes_ +=
+          kernels::cuda::paged_prefill_split_workspace_bytes(static_cast<int>(c.head_dim));
     if (fast_head_dim_)
       decode_ws_bytes_ = kernels::cuda::decode_workspace_bytes(
           static_cast<int>(limits.max_seqs), num_qo_heads_, static_cast<int>(c.num_kv_heads),
@@ -179,10 +184,12 @@ class PagedAttentionBackend final : public AttentionBackend {
                     "(every sequence one new token)");
       path_ = Path::kPrefill;
       xattn_prefill_ = xattn_ != nullptr && xattn_->plan(batch, stream);
+      // The block-sparse prefill gets no split (the list's room only): the plan's costs are the
+      // dense ones, and the offloaded XAttention prefill, which has none, stays bit-identical.
       prefill_plan_ = kernels::cuda::paged_prefill_plan(
           batch.qo_indptr.data(), batch.kv_lens.data(), num_seqs_, num_qo_heads_,
           params_.num_kv_heads, params_.head_dim, MaskMode::kCausal, workspace_.data_ptr(),
-          prefill_ws_bytes_, stream);
+          xattn_prefill_ ? prefill_list_bytes_ : prefill_ws_bytes_, stream);
     } else {
       LONGCTX_CHECK(kernels::cuda::paged_generic_supported(params_), ErrorCode::kUnsupported,
                     "paged attention: no kernel for head_dim {} with {} q / {} kv heads, page "
@@ -316,6 +323,7 @@ class PagedAttentionBackend final : public AttentionBackend {
   Tensor host_;       // [layout_.total] i32 pinned staging of the index arrays
   Tensor indices_;    // [layout_.total] i32 their device copy
   Tensor workspace_;  // [bytes] u8: the prefill or decode plan's work lists and partials
+  size_t prefill_list_bytes_ = 0;  // the prefill's work list alone
   size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;
   bool fast_head_dim_ = false;  // the prefill / decode kernels serve this head_dim
   Event done_;                  // recorded after the staging copy

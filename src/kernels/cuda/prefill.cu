@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/block_sparse_device.cuh"
@@ -28,6 +29,7 @@
 #include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/prefill.h"
 #include "kernels/cuda/prefill_sm90.h"
+#include "kernels/prefill_schedule.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -383,6 +385,63 @@ size_t paged_prefill_workspace_bytes(int batch_size, int64_t total_q, int group_
   return size_t(tiles) * 2 * sizeof(int32_t);
 }
 
+namespace {
+
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+int current_sm_count() {
+  int dev = 0, sms = 0;
+  LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
+  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+// Where the split's arrays sit after the work list (all 256-byte aligned), for P CTAs.
+struct SplitLayout {
+  size_t ranges = 0, merges = 0, lse = 0, o = 0, end = 0;
+};
+SplitLayout split_layout(size_t start, int head_dim, int num_ctas) {
+  const int64_t slots = prefill_split_max_slots(num_ctas);
+  SplitLayout l;
+  l.ranges = align256(start);
+  l.merges = align256(l.ranges + sizeof(int32_t) * kPrefillCtaRangeInts * num_ctas);
+  l.lse = align256(l.merges + sizeof(int32_t) * kPrefillMergeGroupInts * num_ctas);
+  l.o = align256(l.lse + sizeof(float) * slots * kPrefillTileRows);
+  l.end = align256(l.o + sizeof(float) * slots * kPrefillTileRows * head_dim);
+  return l;
+}
+
+// Whether paged_prefill_run() takes the Hopper kernel by default where it is available.
+constexpr bool kSm90ByDefault = true;
+
+// LONGCTX_PREFILL_KERNEL=fa2 forces the mma.sync kernel above, =sm90 the Hopper kernel where it
+// is available (A/B measurement, tests); unset: kSm90ByDefault. Read on every run() so tests can
+// switch it (a getenv is noise next to a launch).
+bool use_sm90_path(const PagedPrefillParams& p) {
+  const char* e = std::getenv("LONGCTX_PREFILL_KERNEL");
+  const bool want = e == nullptr ? kSm90ByDefault : std::strcmp(e, "sm90") == 0;
+  return want && paged_prefill_sm90_available(p);
+}
+
+// Key tiles of the Hopper kernel (the split's cost unit) and what starting a unit costs in them
+// (Q load, pipeline fill, epilogue; the producer overlaps most of it with the previous unit).
+constexpr int kSm90Keys = 128;
+constexpr int kSm90UnitOverhead = 2;
+constexpr double kSm90SplitMinGain = 0.10;
+
+}  // namespace
+
+bool paged_prefill_sm90_path(int head_dim) {
+  PagedPrefillParams probe;
+  probe.head_dim = head_dim;
+  return use_sm90_path(probe);
+}
+
+size_t paged_prefill_split_workspace_bytes(int head_dim, int num_sms) {
+  if (num_sms <= 0) num_sms = current_sm_count();
+  return split_layout(0, head_dim, num_sms).end + 256;  // + the alignment of the start
+}
+
 PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_len_host,
                                int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                MaskMode mask_mode, void* workspace, size_t workspace_bytes,
@@ -399,6 +458,7 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   struct Item {
     int32_t b, tile;
     int64_t cost;  // key tiles visited, for heaviest-first ordering
+    int64_t end;   // keys [0, end) some row of the tile sees
   };
   std::vector<Item> items;
   for (int b = 0; b < batch_size; ++b) {
@@ -415,7 +475,7 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
         const int64_t tok_max = (std::min(rows, (tile + 1) * kRows) - 1) / group;
         end = std::clamp<int64_t>(kv_len - q_len + tok_max + 1, 0, kv_len);
       }
-      items.push_back({int32_t(b), int32_t(tile), (end + kKeys - 1) / kKeys});
+      items.push_back({int32_t(b), int32_t(tile), (end + kKeys - 1) / kKeys, end});
     }
   }
   std::stable_sort(items.begin(), items.end(),
@@ -444,6 +504,48 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   plan.num_kv_heads = num_kv_heads;
   plan.head_dim = head_dim;
   plan.mask_mode = mask_mode;
+
+  // Stream-K split for the Hopper kernel, where the workspace has room for it.
+  const char* split_env = std::getenv("LONGCTX_PREFILL_SPLIT");
+  const std::string split_mode = split_env != nullptr ? split_env : "";
+  if (items.empty() || split_mode == "0" || !paged_prefill_sm90_path(head_dim)) return plan;
+  const int num_ctas = current_sm_count();
+  // Offsets from the workspace's start (cudaMalloc'ed: 256-byte aligned, as every caller's is).
+  const SplitLayout l = split_layout(bytes, head_dim, num_ctas);
+  if (l.end > workspace_bytes) return plan;
+  std::vector<int32_t> tiles;
+  tiles.reserve(items.size() * num_kv_heads);
+  for (const Item& it : items)
+    for (int h = 0; h < num_kv_heads; ++h)
+      tiles.push_back(int32_t((it.end + kSm90Keys - 1) / kSm90Keys));
+  // Only where idle SMs cost more than 10 %: the split desynchronizes the CTAs that read the same
+  // K/V (whole units all start at key tile 0 and share them through L2), which cost 4 % on the
+  // H200 where the model promised 3 % (the 2K chunk over 30K keys: 634 against 661 TF), while 64
+  // units over 256K keys ran 1.86x faster.
+  const PrefillSplit split =
+      plan_prefill_split(tiles, num_ctas, kSm90UnitOverhead, kSm90SplitMinGain,
+                         split_mode == "1" ? PrefillSplitMode::kAlways : PrefillSplitMode::kAuto);
+  if (split.ctas.empty()) return plan;
+  std::vector<int32_t> ranges, merges;
+  for (const PrefillCtaRange& r : split.ctas)
+    ranges.insert(ranges.end(),
+                  {r.unit_begin, r.tile_begin, r.unit_end, r.tile_end, r.slot_first, r.slot_last});
+  for (const PrefillMergeGroup& g : split.merges)
+    merges.insert(merges.end(), {g.unit, g.slot_begin, g.count});
+  char* base = static_cast<char*>(workspace);
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(base + l.ranges, ranges.data(),
+                                     sizeof(int32_t) * ranges.size(), cudaMemcpyHostToDevice,
+                                     stream));
+  if (!merges.empty())
+    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(base + l.merges, merges.data(),
+                                       sizeof(int32_t) * merges.size(), cudaMemcpyHostToDevice,
+                                       stream));
+  plan.split_ctas = num_ctas;
+  plan.split_ranges = reinterpret_cast<const int32_t*>(base + l.ranges);
+  plan.num_merge_groups = int(split.merges.size());
+  plan.merge_groups = reinterpret_cast<const int32_t*>(base + l.merges);
+  plan.partial_lse = reinterpret_cast<float*>(base + l.lse);
+  plan.partial_o = reinterpret_cast<float*>(base + l.o);
   return plan;
 }
 
@@ -455,22 +557,6 @@ bool paged_prefill_supported(const PagedPrefillParams& p) {
          (p.block_mask == nullptr || p.block_mask_heads == 1 ||
           p.block_mask_heads == p.num_qo_heads);
 }
-
-namespace {
-
-// Whether paged_prefill_run() takes the Hopper kernel by default where it is available.
-constexpr bool kSm90ByDefault = true;
-
-// LONGCTX_PREFILL_KERNEL=fa2 forces the mma.sync kernel above, =sm90 the Hopper kernel where it
-// is available (A/B measurement, tests); unset: kSm90ByDefault. Read on every run() so tests can
-// switch it (a getenv is noise next to a launch).
-bool use_sm90_path(const PagedPrefillParams& p) {
-  const char* e = std::getenv("LONGCTX_PREFILL_KERNEL");
-  const bool want = e == nullptr ? kSm90ByDefault : std::strcmp(e, "sm90") == 0;
-  return want && paged_prefill_sm90_available(p);
-}
-
-}  // namespace
 
 void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   LONGCTX_CHECK(paged_prefill_supported(p), ErrorCode::kUnsupported,

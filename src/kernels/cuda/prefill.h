@@ -44,14 +44,30 @@ struct PrefillPlan {
   int num_kv_heads = 0;
   int head_dim = 0;
   MaskMode mask_mode = MaskMode::kNone;
+  // Stream-K split for the Hopper kernel (kernels/prefill_schedule.h), set by plan() when the
+  // workspace holds it and the model says whole units would leave SMs idle; the work list above
+  // stays complete, so a kernel that ignores the split (prefill.cu) is still right.
+  int split_ctas = 0;                     // 0: no split; else the persistent CTAs it was made for
+  const int32_t* split_ranges = nullptr;  // device [split_ctas, 6] (PrefillCtaRange)
+  int num_merge_groups = 0;
+  const int32_t* merge_groups = nullptr;  // device [num_merge_groups, 3] (PrefillMergeGroup)
+  float* partial_o = nullptr;             // device [slots, kPrefillTileRows, head_dim]
+  float* partial_lse = nullptr;           // device [slots, kPrefillTileRows]
 };
 
 // Upper bound of the workspace plan() writes, for any batch with these totals.
 size_t paged_prefill_workspace_bytes(int batch_size, int64_t total_q, int group_size);
 
+// Extra workspace that lets plan() split units over the current device's SMs (stream-K; num_sms
+// = 0: the current device's count). Add it to paged_prefill_workspace_bytes() to opt in: about
+// 17 MB at head_dim 128 on 132 SMs (partial states of 2 pieces per SM).
+size_t paged_prefill_split_workspace_bytes(int head_dim, int num_sms = 0);
+
 // Builds the per-CTA work list (request, row tile), heaviest tiles first (by key tiles visited),
 // and copies it into the caller-owned device workspace on `stream` (the copy is enqueued; the
-// host vector is staged before return). Host inputs:
+// host vector is staged before return). Where the workspace has room for it
+// (paged_prefill_split_workspace_bytes) and the Hopper kernel will run, also the stream-K split;
+// LONGCTX_PREFILL_SPLIT=0 turns that off, =1 takes it wherever it exists (tests). Host inputs:
 //   qo_indptr_host [batch_size + 1], kv_len_host [batch_size] (each kv_len <= 4M keys).
 // Throws Error(kInvalidArgument) on inconsistent shapes, Error(kUnsupported) for head_dim other
 // than 64/128 or a non-integral GQA ratio.
@@ -63,6 +79,10 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
 // True when the kernel handles these params (head_dim 64/128, bf16/f16, integral GQA ratio,
 // page_size 1..256, sm_scale > 0). run() throws Error(kUnsupported) otherwise.
 bool paged_prefill_supported(const PagedPrefillParams& params);
+
+// Whether run() takes the Hopper kernel at this head_dim here (sm_90 device, a binary carrying
+// it, LONGCTX_PREFILL_KERNEL); only then does plan() split.
+bool paged_prefill_sm90_path(int head_dim);
 
 // Launches the kernel. params' pointers are device pointers; params' shapes must match the plan.
 void paged_prefill_run(const PagedPrefillParams& params, const PrefillPlan& plan,

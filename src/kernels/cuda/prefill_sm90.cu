@@ -41,9 +41,11 @@
 
 #include "kernels/cuda/block_sparse_device.cuh"
 #include "kernels/cuda/func_attributes.h"
+#include "kernels/cuda/merge_device.cuh"
 #include "kernels/cuda/prefill_sm90.h"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/tma_device.cuh"
+#include "kernels/prefill_schedule.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -276,8 +278,17 @@ struct Sm90Item {
   int b, tile, kvh, q_start, q_len, kv_len, num_rows, row0, tok_min, tok_max;
   int kv_end;     // keys [0, kv_end) are the most any row of the tile sees
   int full_end;   // keys [0, full_end) every row sees
-  int num_tiles;  // key tiles of KEYS in [0, kv_end)
+  int num_tiles;  // key tiles of KEYS in [0, kv_end); a piece: its end tile
+  int kt_begin;   // first key tile (0 but for a piece of a split unit)
+  int slot;       // a piece's partial slot; -1: the whole unit, written to o / lse
   const int32_t* pages;
+};
+
+// The stream-K split of the plan (PrefillPlan::split_ranges; ranges == nullptr: none).
+struct Sm90Split {
+  const int32_t* ranges;  // [gridDim.x, kPrefillCtaRangeInts] (PrefillCtaRange)
+  float* partial_o;       // [slots, kRows, D]
+  float* partial_lse;     // [slots, kRows]
 };
 
 template <int KEYS>
@@ -305,13 +316,16 @@ __device__ __forceinline__ Sm90Item make_item(const PagedPrefillParams& p,
     it.full_end = min(it.kv_len, max(0, it.kv_len - it.q_len + it.tok_min + 1));
   }
   it.num_tiles = (it.kv_end + KEYS - 1) / KEYS;
+  it.kt_begin = 0;
+  it.slot = -1;
   return it;
 }
 
 template <typename T, typename Tl>
 __global__ void __launch_bounds__(kThreads, 1)
     paged_prefill_sm90_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
-                              int num_ctas_total, const __grid_constant__ CUtensorMap tm_k,
+                              int num_ctas_total, const Sm90Split split,
+                              const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v) {
 #ifdef LONGCTX_SM90A_DEVICE
   constexpr int KEYS = Tl::kKeys, STAGES = Tl::kStages, kD = Tl::kD, kChunks = Tl::kChunks;
@@ -346,6 +360,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto item_at = [&](int k) -> int {
     const int r = k * stride;
     return (k & 1) ? r + stride - 1 - int(blockIdx.x) : r + int(blockIdx.x);
+  };
+  // With a split, this CTA's range of units instead (PrefillCtaRange: whole units but the first,
+  // from key tile tile_begin, and a last one up to tile_end when that is > 0). Its fields are
+  // read where needed (L1 hits), not held: the producer has 40 registers.
+  const int32_t* range =
+      split.ranges != nullptr ? split.ranges + kPrefillCtaRangeInts * int(blockIdx.x) : nullptr;
+  const int num_k = range != nullptr ? __ldg(range + 2) - __ldg(range) + (__ldg(range + 3) > 0)
+                                     : (num_ctas_total + stride - 1) / stride;
+  // The k-th unit of this CTA (the producer and the consumers walk the same ones); false past
+  // the snake's last round.
+  auto unit_at = [&](int k, Sm90Item& it) -> bool {
+    if (range == nullptr) {
+      const int idx = item_at(k);
+      if (idx >= num_ctas_total) return false;
+      it = make_item<KEYS>(p, work, idx);
+      return true;
+    }
+    const int u = __ldg(range) + k;
+    it = make_item<KEYS>(p, work, u);
+    const int kb = k == 0 ? __ldg(range + 1) : 0;
+    const int ke = u == __ldg(range + 2) ? __ldg(range + 3) : it.num_tiles;
+    if (kb > 0 || ke < it.num_tiles) it.slot = __ldg(range + (k == 0 ? 4 : 5));
+    it.kt_begin = kb;
+    it.num_tiles = ke;
+    return true;
   };
 
   if (tid == 0) {
@@ -412,11 +451,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     int n = 0;  // key tiles loaded so far (ring position)
     int items_done = 0;
-    for (int k = 0; k * stride < num_ctas_total; ++k) {
-      const int idx = item_at(k);
-      if (idx >= num_ctas_total) continue;
+    for (int k = 0; k < num_k; ++k) {
+      Sm90Item it;
+      if (!unit_at(k, it)) continue;
       const int qn = items_done++;
-      const Sm90Item it = make_item<KEYS>(p, work, idx);
       const int slot0 = contiguous && it.kv_len > 0 ? it.pages[0] * page_size : 0;
       // The consumers release Q after their last look at the bitmaps, so both can be rewritten.
       mbar_wait(q_empty, (qn & 1) ^ 1);
@@ -442,7 +480,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       mbar_arrive_cp_async(q_full);
       mbar_arrive(q_full);
-      for (int kt = next_tile(it, 0); kt < it.num_tiles; kt = next_tile(it, kt + 1), ++n) {
+      for (int kt = next_tile(it, it.kt_begin); kt < it.num_tiles;
+           kt = next_tile(it, kt + 1), ++n) {
         const int s = n % STAGES;
         const uint32_t ph = (n / STAGES) & 1;
         // 64-key halves of the tile that the TMA brings (bit j: keys [64 j, 64 j + 64)).
@@ -523,11 +562,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     float m[2], l[2];
     int n = 0;  // key tiles consumed so far (ring position)
     int items_done = 0;
-    for (int k = 0; k * stride < num_ctas_total; ++k) {
-      const int idx = item_at(k);
-      if (idx >= num_ctas_total) continue;
+    for (int k = 0; k < num_k; ++k) {
+      Sm90Item it;
+      if (!unit_at(k, it)) continue;
       const int qn = items_done++;
-      const Sm90Item it = make_item<KEYS>(p, work, idx);
       const int nqb = (it.q_len + kSparseBlock - 1) / kSparseBlock;
       const int nkb = (it.kv_len + kSparseBlock - 1) / kSparseBlock;
       const uint8_t* mask_base = sparse ? p.block_mask + p.block_mask_indptr[it.b] : nullptr;
@@ -643,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // first tile is peeled so that no branch decides whether a P V is in flight (ptxas would
       // otherwise serialize every wgmma of the kernel). Q is released to the producer (next
       // item) once the item's last S is done.
-      int kt = next_tile(it, 0);
+      int kt = next_tile(it, it.kt_begin);
       if (kt >= it.num_tiles) {
         mbar_arrive(q_empty);
       } else {
@@ -714,10 +752,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float inv = li > 0.f ? 1.f / li : 0.f;
         const int r = r_base + 8 * i;
         const int pr = it.row0 + r;
-        if (p.o_f32) {  // unrounded: straight from the accumulators
+        if (p.o_f32 || it.slot >= 0) {  // unrounded: straight from the accumulators
           if (pr < it.num_rows) {
             const int tok = pr / group, h = it.kvh * group + pr % group;
-            float* dst = p.o_f32 + (int64_t(it.q_start + tok) * p.num_qo_heads + h) * kD + t4 * 2;
+            float* dst =
+                it.slot >= 0
+                    ? split.partial_o + (int64_t(it.slot) * kRows + r) * kD + t4 * 2
+                    : p.o_f32 + (int64_t(it.q_start + tok) * p.num_qo_heads + h) * kD + t4 * 2;
 #pragma unroll
             for (int j = 0; j < kD / 8; ++j)
               *reinterpret_cast<float2*>(dst + j * 8) =
@@ -730,14 +771,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<uint32_t*>(s_o + swizzle128_offset(kRows, r, j) + t4 * 4) = v;
           }
         }
-        if (p.lse && t4 == 0 && pr < it.num_rows) {
+        if ((p.lse || it.slot >= 0) && t4 == 0 && pr < it.num_rows) {
           const int tok = pr / group, h = it.kvh * group + pr % group;
-          p.lse[int64_t(it.q_start + tok) * p.num_qo_heads + h] =
+          const float lse =
               li > 0.f ? (m[i] * scale_log2 + __log2f(li)) * 0.6931471805599453f : -INFINITY;
+          if (it.slot >= 0)
+            split.partial_lse[int64_t(it.slot) * kRows + r] = lse;
+          else
+            p.lse[int64_t(it.q_start + tok) * p.num_qo_heads + h] = lse;
         }
       }
       named_barrier(1 + wg, 128);
-      for (int id = wt; id < (p.o_f32 ? 0 : 64 * kChunks); id += 128) {
+      for (int id = wt; id < (p.o_f32 || it.slot >= 0 ? 0 : 64 * kChunks); id += 128) {
         const int r = wg * 64 + id / kChunks, c = id % kChunks;
         const int pr = it.row0 + r;
         if (pr >= it.num_rows) continue;
@@ -765,6 +810,62 @@ bool sm90_tma_pages(const PagedPrefillParams& p) {
   return p.kv_contiguous || p.page_size % 64 == 0;
 }
 
+// The pieces of each cut unit (PrefillMergeGroup) merged into o / o_f32 and lse: a CTA per group,
+// four dims of one row per thread. The pieces' states are normalized, so o = sum_j w_j o_j /
+// sum_j w_j with w_j = exp(lse_j - max lse).
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+    prefill_merge_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
+                         const int32_t* __restrict__ groups, const float* __restrict__ po,
+                         const float* __restrict__ plse) {
+  const int unit = groups[kPrefillMergeGroupInts * blockIdx.x];
+  const int s0 = groups[kPrefillMergeGroupInts * blockIdx.x + 1];
+  const int count = groups[kPrefillMergeGroupInts * blockIdx.x + 2];
+  const int kvh = unit % p.num_kv_heads, item = unit / p.num_kv_heads;
+  const int b = work[2 * item], row0 = work[2 * item + 1] * kRows;
+  const int group = p.num_qo_heads / p.num_kv_heads;
+  const int q_start = p.qo_indptr[b];
+  const int num_rows = (p.qo_indptr[b + 1] - q_start) * group;
+  for (int idx = threadIdx.x; idx < kRows * (D / 4); idx += blockDim.x) {
+    const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+    const int pr = row0 + r;
+    if (pr >= num_rows) continue;
+    float mx = -INFINITY;
+    for (int j = 0; j < count; ++j) mx = fmaxf(mx, plse[int64_t(s0 + j) * kRows + r]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float sum = 0.f;
+    if (mx != -INFINITY) {
+      for (int j = 0; j < count; ++j) {
+        const float w = __expf(plse[int64_t(s0 + j) * kRows + r] - mx);
+        const float4 v =
+            *reinterpret_cast<const float4*>(po + (int64_t(s0 + j) * kRows + r) * D + d);
+        sum += w;
+        acc.x = fmaf(w, v.x, acc.x);
+        acc.y = fmaf(w, v.y, acc.y);
+        acc.z = fmaf(w, v.z, acc.z);
+        acc.w = fmaf(w, v.w, acc.w);
+      }
+      const float inv = 1.f / sum;
+      acc.x *= inv;
+      acc.y *= inv;
+      acc.z *= inv;
+      acc.w *= inv;
+    }
+    const int tok = pr / group, h = kvh * group + pr % group;
+    const int64_t row = int64_t(q_start + tok) * p.num_qo_heads + h;
+    if (p.o_f32) {
+      *reinterpret_cast<float4*>(p.o_f32 + row * D + d) = acc;
+    } else {
+      T* o = static_cast<T*>(p.o) + row * D + d;
+      o[0] = detail::from_f32<T>(acc.x);
+      o[1] = detail::from_f32<T>(acc.y);
+      o[2] = detail::from_f32<T>(acc.z);
+      o[3] = detail::from_f32<T>(acc.w);
+    }
+    if (d == 0 && p.lse) p.lse[row] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
+  }
+}
+
 template <typename T, typename Tl>
 void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   require_dynamic_smem(paged_prefill_sm90_kernel<T, Tl>, Tl::kSmemBytes);
@@ -777,7 +878,11 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   });
   const int64_t total = int64_t(plan.num_work_items) * p.num_kv_heads;
   if (total == 0) return;
-  const int64_t grid = Tl::kPersistent ? std::min<int64_t>(total, num_sms) : total;
+  // A split plan fixes the grid (its ranges, one per CTA); it was made for this device's SMs.
+  const bool split = plan.split_ctas > 0;
+  const int64_t grid = split             ? plan.split_ctas
+                       : Tl::kPersistent ? std::min<int64_t>(total, num_sms)
+                                         : total;
   // Boxes of 64 tokens (the caller checked sm90_tma_pages()).
   CUtensorMap maps[2] = {};
   if constexpr (Tl::kTma) {
@@ -786,9 +891,15 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
     maps[1] =
         kv_cache_tensor_map(p.v_cache, kKvTensorMapAnySlot, p.num_kv_heads, Tl::kD, 64, p.dtype);
   }
+  const Sm90Split sp{split ? plan.split_ranges : nullptr, plan.partial_o, plan.partial_lse};
   paged_prefill_sm90_kernel<T, Tl><<<unsigned(grid), kThreads, Tl::kSmemBytes, stream>>>(
-      p, plan.work_items, int(total), maps[0], maps[1]);
+      p, plan.work_items, int(total), sp, maps[0], maps[1]);
   LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_sm90_kernel");
+  if (split && plan.num_merge_groups > 0) {
+    prefill_merge_kernel<T, Tl::kD><<<unsigned(plan.num_merge_groups), 256, 0, stream>>>(
+        p, plan.work_items, plan.merge_groups, plan.partial_o, plan.partial_lse);
+    LONGCTX_CUDA_CHECK_LAUNCH("prefill_merge_kernel");
+  }
 }
 
 // Variants (LONGCTX_PREFILL_SM90_VARIANT, for measurement; read per run so tests can switch):

@@ -1,0 +1,104 @@
+#include "kernels/prefill_schedule.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace longctx::kernels {
+
+double prefill_snake_makespan(const std::vector<int32_t>& tiles, int num_ctas, int unit_overhead) {
+  if (num_ctas <= 0) return 0;
+  std::vector<double> load(num_ctas, 0.0);
+  const int64_t p = num_ctas;
+  for (int64_t u = 0; u < int64_t(tiles.size()); ++u) {
+    const int64_t k = u / p, r = u % p;
+    load[(k & 1) ? p - 1 - r : r] += double(tiles[u]) + unit_overhead;
+  }
+  return *std::max_element(load.begin(), load.end());
+}
+
+namespace {
+
+// A point of the concatenated key tiles: unit u from key tile t (t < tiles[u], or (N, 0)).
+struct Cut {
+  int32_t u = 0, t = 0;
+  bool operator==(const Cut&) const = default;
+};
+
+}  // namespace
+
+PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas, int unit_overhead,
+                                double min_gain, PrefillSplitMode mode) {
+  PrefillSplit out;
+  const int32_t n = int32_t(tiles.size());
+  out.whole_makespan = prefill_snake_makespan(tiles, num_ctas, unit_overhead);
+  if (mode == PrefillSplitMode::kNever || num_ctas <= 0 || n == 0) return out;
+  const double c0 = std::max(unit_overhead, 0);
+
+  // Unit u occupies [start_u, start_u + c0 + tiles[u]) of a line on which every unit first pays
+  // its overhead; the P - 1 inner cuts sit at equal fractions of the line, snapped to a unit's
+  // start or end where the piece on either side would be shorter than the overhead (the snap is
+  // monotone in the position, so the cuts stay ordered).
+  double total = 0;
+  for (int32_t t : tiles) total += c0 + std::max(t, 0);
+  std::vector<Cut> cut(num_ctas + 1);
+  cut[num_ctas] = {n, 0};
+  int32_t u = 0;
+  double start = 0;
+  for (int x = 1; x < num_ctas; ++x) {
+    const double at = total * x / num_ctas;
+    while (u < n && start + c0 + std::max(tiles[u], 0) <= at) start += c0 + std::max(tiles[u++], 0);
+    if (u == n) {
+      cut[x] = {n, 0};
+      continue;
+    }
+    const int32_t len = std::max(tiles[u], 0);
+    int32_t t = int32_t(std::lround(std::clamp(at - start - c0, 0.0, double(len))));
+    if (t < c0) t = 0;
+    if (len - t < c0) t = len;
+    // Two cuts in one unit: no piece between them shorter than the overhead either (this CTA's
+    // range is empty then).
+    const Cut prev = cut[x - 1];
+    if (prev.u == u && t > prev.t && t - prev.t < c0) t = prev.t;
+    cut[x] = t == len ? Cut{u + 1, 0} : Cut{u, t};
+  }
+
+  out.ctas.resize(num_ctas);
+  std::vector<double> load(num_ctas, 0.0);
+  bool any_piece = false;
+  for (int x = 0; x < num_ctas; ++x) {
+    const Cut b = cut[x], e = cut[x + 1];
+    PrefillCtaRange& r = out.ctas[x];
+    if (b == e) continue;  // an empty range: (0, 0, 0, 0), no unit
+    r.unit_begin = b.u;
+    r.tile_begin = b.t;
+    r.unit_end = e.u;
+    r.tile_end = e.t;
+    const int32_t last = e.t > 0 ? e.u : e.u - 1;
+    for (int32_t v = b.u; v <= last; ++v) {
+      const int32_t len = std::max(tiles[v], 0);
+      const int32_t kb = v == b.u ? b.t : 0, ke = v == e.u ? e.t : len;
+      load[x] += c0 + (ke - kb);
+      if (kb == 0 && ke == len) continue;
+      // Pieces are numbered in CTA order, and a CTA's first piece comes before its last, so the
+      // pieces of one unit (on consecutive CTAs) get consecutive slots.
+      any_piece = true;
+      const int32_t slot = out.num_slots++;
+      (v == b.u ? r.slot_first : r.slot_last) = slot;
+      if (v == last && v == b.u) r.slot_last = slot;
+      if (out.merges.empty() || out.merges.back().unit != v) out.merges.push_back({v, slot, 0});
+      ++out.merges.back().count;
+    }
+  }
+  out.split_makespan = *std::max_element(load.begin(), load.end());
+  const bool take = mode == PrefillSplitMode::kAlways
+                        ? true
+                        : any_piece && out.split_makespan < out.whole_makespan * (1.0 - min_gain);
+  if (!take) {
+    out.ctas.clear();
+    out.merges.clear();
+    out.num_slots = 0;
+  }
+  return out;
+}
+
+}  // namespace longctx::kernels

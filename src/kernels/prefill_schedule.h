@@ -1,0 +1,63 @@
+// Work split of the Hopper prefill's persistent CTAs (kernels/cuda/prefill_sm90.cu), host side.
+//
+// The kernel's units of work are (row tile, kv head) pairs of the plan's heaviest-first list; unit
+// u = work entry u / num_kv_heads, kv head u % num_kv_heads, and it visits `tiles[u]` key tiles
+// of 128. By default each of P persistent CTAs takes whole units in a snake order. When that
+// leaves SMs idle (a last round of units that does not fill the GPU: a 2K chunk over 30K keys is
+// 512 units of equal length on 132 SMs, 3.88 rounds; or a few long units: 128 query rows over 1M
+// keys is 8 units), stream-K cuts the units' concatenated key tiles into P nearly equal ranges
+// instead, one per CTA. A unit cut by a range boundary becomes pieces, each written as a partial
+// state (fp32 o normalized by its own sum, and its lse) into a slot, and a merge kernel combines
+// the pieces of each cut unit afterwards.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace longctx::kernels {
+
+// One CTA's range: units [unit_begin, unit_end) whole except that the first starts at key tile
+// tile_begin and, when tile_end > 0, unit unit_end is processed too, up to key tile tile_end
+// (exclusive). A piece that is not its whole unit writes partial slot slot_first (the CTA's first
+// unit) or slot_last (its last unit); -1 where that unit is whole.
+struct PrefillCtaRange {
+  int32_t unit_begin = 0, tile_begin = 0, unit_end = 0, tile_end = 0;
+  int32_t slot_first = -1, slot_last = -1;
+};
+inline constexpr int kPrefillCtaRangeInts = 6;
+
+// The pieces of one cut unit: partial slots [slot_begin, slot_begin + count).
+struct PrefillMergeGroup {
+  int32_t unit = 0, slot_begin = 0, count = 0;
+};
+inline constexpr int kPrefillMergeGroupInts = 3;
+
+struct PrefillSplit {
+  std::vector<PrefillCtaRange> ctas;  // [P] (empty: keep whole units)
+  std::vector<PrefillMergeGroup> merges;
+  int32_t num_slots = 0;
+  // Modelled busiest CTA, in key tiles plus unit_overhead per unit or piece: whole units in
+  // the snake order, and the split (the choice compares them).
+  double whole_makespan = 0, split_makespan = 0;
+};
+
+// How many partial slots a split over num_ctas CTAs may use: each range boundary cuts at most
+// one unit into two, so pieces <= 2 (P - 1).
+inline int64_t prefill_split_max_slots(int num_ctas) { return 2 * int64_t(num_ctas); }
+
+enum class PrefillSplitMode { kAuto, kNever, kAlways };
+
+// The split of `tiles` (key tiles of each unit, in the list's order) over num_ctas persistent
+// CTAs. unit_overhead: what starting a unit or piece costs, in key tiles (Q load, pipeline fill,
+// epilogue). kAuto splits only when the modelled makespan drops by more than min_gain (a
+// fraction); kAlways whenever a split exists (tests); kNever never. Units with 0 tiles are never
+// cut. Pieces shorter than unit_overhead are avoided by snapping the cut to the unit's end.
+PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
+                                int unit_overhead = 2, double min_gain = 0.1,
+                                PrefillSplitMode mode = PrefillSplitMode::kAuto);
+
+// Busiest CTA of whole units in the kernel's snake order: CTA x takes, in round k, unit
+// k * P + x (k even) or k * P + P - 1 - x (k odd).
+double prefill_snake_makespan(const std::vector<int32_t>& tiles, int num_ctas, int unit_overhead);
+
+}  // namespace longctx::kernels
