@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/attention_ref.h"
@@ -63,6 +64,50 @@ void expect_close(const std::vector<float>& ref, const Tensor& dev, double tol, 
   EXPECT_LE(worst, tol) << what;
 }
 
+// One prefill-shaped case: the CPU reference's fp32 o and lse, the inputs on the GPU, fp32 o and
+// lse buffers, and params pointing at them, with o a zeroed bf16 buffer that must stay untouched.
+struct PrefillF32Run {
+  PrefillF32Run(const PagedCase& c, int head_dim) : d(head_dim), rows(c.total_q * 8) {
+    ref_o.resize(rows * d);
+    ref_lse.resize(rows);
+    kernels::PagedPrefillParams h = c.params(nullptr, ref_lse.data());
+    h.o_f32 = ref_o.data();
+    kernels::cpu::paged_prefill_ref(h);
+    q = upload(c.q), k = upload(c.k_cache), v = upload(c.v_cache);
+    qo = upload(c.qo_indptr), kvi = upload(c.kv_indptr), idx = upload(c.kv_indices);
+    last = upload(c.kv_last_page_len);
+    o = Tensor::empty({rows * d}, DType::kF32, Device::cuda(0));
+    lse = Tensor::empty({rows}, DType::kF32, Device::cuda(0));
+    o16 = Tensor::zeros({rows * d}, DType::kBF16).to(Device::cuda(0));
+    p = h;
+    p.q = q.data_ptr();
+    p.k_cache = k.data_ptr();
+    p.v_cache = v.data_ptr();
+    p.o = o16.data_ptr();
+    p.o_f32 = o.data<float>();
+    p.lse = lse.data<float>();
+    p.qo_indptr = static_cast<const int32_t*>(qo.data_ptr());
+    p.kv_indptr = static_cast<const int32_t*>(kvi.data_ptr());
+    p.kv_indices = static_cast<const int32_t*>(idx.data_ptr());
+    p.kv_last_page_len = static_cast<const int32_t*>(last.data_ptr());
+  }
+
+  void expect_matches(double o_tol, const std::string& what) const {
+    expect_close(ref_o, o, o_tol, (what + " o_f32").c_str());
+    expect_close(ref_lse, lse, 1e-3, (what + " lse").c_str());
+    const Tensor untouched = o16.to(Device::cpu());
+    for (int64_t i = 0; i < rows * d; ++i)
+      ASSERT_EQ(untouched.data<uint16_t>()[i], 0) << what << ": o written at " << i;
+  }
+
+  int d;
+  int64_t rows;
+  std::vector<float> ref_o, ref_lse;  // [rows, d], [rows]
+  Tensor q, k, v, qo, kvi, idx, last;
+  Tensor o, lse, o16;  // [rows, d] f32, [rows] f32, [rows, d] bf16
+  kernels::PagedPrefillParams p;
+};
+
 // Also through the stream-K split (LONGCTX_PREFILL_SPLIT=1, its workspace given): the merge
 // kernel writes o_f32 and lse then.
 TEST(F32Output, PagedPrefillWritesUnroundedOutput) {
@@ -71,47 +116,20 @@ TEST(F32Output, PagedPrefillWritesUnroundedOutput) {
       for (auto mode : {kernels::MaskMode::kCausal, kernels::MaskMode::kNone}) {
         SCOPED_TRACE(::testing::Message()
                      << "LONGCTX_PREFILL_SPLIT=" << split << " head_dim " << d);
-        setenv("LONGCTX_PREFILL_SPLIT", split, 1);
         const PagedCase c(shape({1, 37, 200, 5}, {300, 37, 700, 90}, d, mode));
-        const int64_t rows = c.total_q * 8;
-        std::vector<float> ref_o(rows * d), ref_lse(rows);
-        kernels::PagedPrefillParams h = c.params(nullptr, ref_lse.data());
-        h.o_f32 = ref_o.data();
-        kernels::cpu::paged_prefill_ref(h);
-
-        Tensor q = upload(c.q), k = upload(c.k_cache), v = upload(c.v_cache);
-        Tensor qo = upload(c.qo_indptr), kvi = upload(c.kv_indptr), idx = upload(c.kv_indices),
-               last = upload(c.kv_last_page_len);
-        Tensor o = Tensor::empty({rows * d}, DType::kF32, Device::cuda(0));
-        Tensor lse = Tensor::empty({rows}, DType::kF32, Device::cuda(0));
-        Tensor sentinel = Tensor::zeros({rows * d}, DType::kBF16);
-        Tensor o16 = sentinel.to(Device::cuda(0));
+        PrefillF32Run run(c, d);
         const size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(4, c.total_q, 4) +
                                 kernels::cuda::paged_prefill_split_workspace_bytes(d);
         Tensor ws = Tensor::empty({int64_t(ws_bytes)}, DType::kU8, Device::cuda(0));
         std::vector<int32_t> kv_lens = c.shape.kv_lens;
+        setenv("LONGCTX_PREFILL_SPLIT", split, 1);
         const auto plan = kernels::cuda::paged_prefill_plan(
             c.qo_indptr.data(), kv_lens.data(), 4, 8, 2, d, mode, ws.data_ptr(), ws_bytes, nullptr);
         unsetenv("LONGCTX_PREFILL_SPLIT");
         if (split[0] == '1' && kernels::cuda::paged_prefill_sm90_path(d))
           EXPECT_GT(plan.split_ctas, 0) << "the forced split was not planned";
-        kernels::PagedPrefillParams p = h;
-        p.q = q.data_ptr();
-        p.k_cache = k.data_ptr();
-        p.v_cache = v.data_ptr();
-        p.o = o16.data_ptr();  // must stay untouched
-        p.o_f32 = o.data<float>();
-        p.lse = lse.data<float>();
-        p.qo_indptr = static_cast<const int32_t*>(qo.data_ptr());
-        p.kv_indptr = static_cast<const int32_t*>(kvi.data_ptr());
-        p.kv_indices = static_cast<const int32_t*>(idx.data_ptr());
-        p.kv_last_page_len = static_cast<const int32_t*>(last.data_ptr());
-        kernels::cuda::paged_prefill_run(p, plan, nullptr);
-        expect_close(ref_o, o, 3e-3, "prefill o_f32");
-        expect_close(ref_lse, lse, 1e-3, "prefill lse");
-        const Tensor untouched = o16.to(Device::cpu());
-        for (int64_t i = 0; i < rows * d; ++i)
-          ASSERT_EQ(untouched.data<uint16_t>()[i], 0) << "o written at " << i;
+        kernels::cuda::paged_prefill_run(run.p, plan, nullptr);
+        run.expect_matches(3e-3, "prefill");
       }
     }
 }
@@ -120,35 +138,9 @@ TEST(F32Output, PagedGenericWritesUnroundedOutput) {
   for (int d : {16, 32, 64, 96}) {
     for (auto mode : {kernels::MaskMode::kCausal, kernels::MaskMode::kNone}) {
       const PagedCase c(shape({1, 37, 200, 5}, {300, 37, 700, 90}, d, mode));
-      const int64_t rows = c.total_q * 8;
-      std::vector<float> ref_o(rows * d), ref_lse(rows);
-      kernels::PagedPrefillParams h = c.params(nullptr, ref_lse.data());
-      h.o_f32 = ref_o.data();
-      kernels::cpu::paged_prefill_ref(h);
-
-      Tensor q = upload(c.q), k = upload(c.k_cache), v = upload(c.v_cache);
-      Tensor qo = upload(c.qo_indptr), kvi = upload(c.kv_indptr), idx = upload(c.kv_indices),
-             last = upload(c.kv_last_page_len);
-      Tensor o = Tensor::empty({rows * d}, DType::kF32, Device::cuda(0));
-      Tensor lse = Tensor::empty({rows}, DType::kF32, Device::cuda(0));
-      Tensor o16 = Tensor::zeros({rows * d}, DType::kBF16).to(Device::cuda(0));
-      kernels::PagedPrefillParams p = h;
-      p.q = q.data_ptr();
-      p.k_cache = k.data_ptr();
-      p.v_cache = v.data_ptr();
-      p.o = o16.data_ptr();  // must stay untouched
-      p.o_f32 = o.data<float>();
-      p.lse = lse.data<float>();
-      p.qo_indptr = static_cast<const int32_t*>(qo.data_ptr());
-      p.kv_indptr = static_cast<const int32_t*>(kvi.data_ptr());
-      p.kv_indices = static_cast<const int32_t*>(idx.data_ptr());
-      p.kv_last_page_len = static_cast<const int32_t*>(last.data_ptr());
-      kernels::cuda::paged_generic_run(p, static_cast<int>(c.total_q), nullptr);
-      expect_close(ref_o, o, 1e-3, "generic o_f32");
-      expect_close(ref_lse, lse, 1e-3, "generic lse");
-      const Tensor untouched = o16.to(Device::cpu());
-      for (int64_t i = 0; i < rows * d; ++i)
-        ASSERT_EQ(untouched.data<uint16_t>()[i], 0) << "o written at " << i;
+      PrefillF32Run run(c, d);
+      kernels::cuda::paged_generic_run(run.p, static_cast<int>(c.total_q), nullptr);
+      run.expect_matches(1e-3, "generic");
     }
   }
 }

@@ -4,7 +4,9 @@
 //
 // A CTA = 3 warpgroups; it processes work items (request, 128-row tile, kv head): one per CTA, or
 // (persistent variants, the default) with one CTA per SM, rounds of gridDim.x items in a snake
-// order (item_at).
+// order (item_at). With the plan's stream-K split (kernels/prefill_schedule.h) each CTA takes its
+// range of items instead, the first and last possibly a piece (a range of key tiles) that writes
+// an fp32 partial state, and prefill_merge_kernel combines each cut item's pieces afterwards.
 //   warpgroup 2 (producer, 40 registers): for a block-sparse item first writes the bitmaps of
 //     the key blocks some / every row of the tile keeps (the consumers skip the blocks none
 //     keeps and mask per row only where the rows differ); loads each item's Q tile, then gathers
