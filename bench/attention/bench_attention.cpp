@@ -13,7 +13,7 @@
 // bench_attention --decode [VARIANTS [PAGES [SHAPES]]] runs the decode table instead (see
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
 // read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
-// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "l=0" .. "l=3"
+// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "l=0" / "l=1"
 // LONGCTX_DECODE_LOADER, so wave-model settings and loaders compare in
 // the same process on the same data), page size (default 128) and, optionally, only the shapes
 // "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
@@ -423,10 +423,10 @@ void page_size_sweep(const std::vector<int>& page_sizes, cudaStream_t stream) {
 struct DecodeVariant {
   std::string name;
   int slots = 0, overhead = 0;  // 0: the plan's own (LONGCTX_DECODE_SLOTS / _OVERHEAD unset)
-  int loader = -1;              // -1: the plan's own; 0..3: LONGCTX_DECODE_LOADER
+  int loader = -1;              // -1: the plan's own; 0 / 1: LONGCTX_DECODE_LOADER
 };
 
-// "default", "s=N", "o=M", "l=0" .. "l=3", "s=N/o=M/l=1", ... ; false on any other
+// "default", "s=N", "o=M", "l=0", "l=1", "s=N/o=M/l=1", ... ; false on any other
 // field (a typo would otherwise time the default plan under another name).
 bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
@@ -446,8 +446,7 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.slots = std::atoi(field.c_str() + 2);
       } else if (field.rfind("o=", 0) == 0) {
         d.overhead = std::atoi(field.c_str() + 2);
-      } else if (field.size() == 3 && field.rfind("l=", 0) == 0 && field[2] >= '0' &&
-                 field[2] <= '3') {
+      } else if (field == "l=0" || field == "l=1") {
         d.loader = field[2] - '0';
       } else if (field != "default") {
         return false;

@@ -349,12 +349,6 @@ TEST(DecodeGpu, TmaSingleTilesOverTheGrids) {
   expect_grids_pass_with("LONGCTX_DECODE_LOADER", "1");
 }
 
-// The 7-stage TMA ring of one CTA per SM (LONGCTX_DECODE_LOADER=3; stages of 64 tokens at head_dim
-// 128 where the pages hold them, else the default) over the grids, and under graph replay.
-TEST(DecodeGpu, SevenStageLoaderOverTheGrids) {
-  expect_grids_pass_with("LONGCTX_DECODE_LOADER", "3");
-}
-
 // The cp.async loader (LONGCTX_DECODE_LOADER=0) over the grids, where the TMA would run.
 TEST(DecodeGpu, CpAsyncLoaderOverTheGrids) { expect_grids_pass_with("LONGCTX_DECODE_LOADER", "0"); }
 
@@ -406,9 +400,6 @@ TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
 // The TMA loader's tensor maps are kernel parameters: a captured launch replays them.
 TEST(DecodeGpu, TmaLoaderGraphReplayMatchesDirectLaunch) {
   expect_graph_replay_matches_direct_launch(128);
-  setenv("LONGCTX_DECODE_LOADER", "3", 1);
-  expect_graph_replay_matches_direct_launch(128);
-  unsetenv("LONGCTX_DECODE_LOADER");
 }
 
 }  // namespace

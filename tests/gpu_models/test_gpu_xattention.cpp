@@ -113,7 +113,7 @@ void check_prefill(const Geometry& g, bool expect_sparse) {
   table.resize(blocks);
   std::vector<float> kf, vf;  // token rows [t][hkv][d], as stored
   Data data(g.d, 11);
-  double worst = 0, worst_vs_dense = 0;
+  double worst = 0, worst_vs_dense = 0, worst_vs_dense_tol = 0;
   for (int64_t done = 0; done < g.len; done += g.chunk) {
     const int64_t n = std::min(g.chunk, g.len - done), kv_len = done + n;
     const std::vector<StepInput> in = {StepInput{0, tokens, done, n, table, true}};
@@ -140,15 +140,19 @@ void check_prefill(const Geometry& g, bool expect_sparse) {
     const sparse::PrefillMask m = policy->select_prefill(
         0, q32.data<float>(), g.hq * g.d, n, sparse::SeqKeys{table.data(), kv_len, pool_k.data()});
     const std::vector<float> ref = reference(g, kf, vf, q32, kv_len, m);
-    double diff = 0, vs_dense = 0;  // diff: in units of the tolerance, ~2 bf16 ulps
+    // diff, vs_dense_tol: in units of the tolerance, ~2 bf16 ulps (the dense prefill may split
+    // its units and sum in another order, so the same mask agrees to rounding, not to the bit)
+    double diff = 0, vs_dense = 0, vs_dense_tol = 0;
     for (int64_t i = 0; i < outs[0].numel(); ++i) {
-      const double d = std::fabs(outs[0].data<float>()[i] - ref[i]);
-      diff = std::max(diff, d / (1e-2 + 8e-3 * std::fabs(ref[i])));
-      vs_dense = std::max(vs_dense,
-                          double(std::fabs(outs[0].data<float>()[i] - outs[1].data<float>()[i])));
+      const float x = outs[0].data<float>()[i], dense_x = outs[1].data<float>()[i];
+      diff = std::max(diff, std::fabs(x - ref[i]) / (1e-2 + 8e-3 * std::fabs(ref[i])));
+      vs_dense = std::max(vs_dense, double(std::fabs(x - dense_x)));
+      vs_dense_tol =
+          std::max(vs_dense_tol, std::fabs(x - dense_x) / (1e-2 + 8e-3 * std::fabs(dense_x)));
     }
     worst = std::max(worst, diff);
     worst_vs_dense = std::max(worst_vs_dense, vs_dense);
+    worst_vs_dense_tol = std::max(worst_vs_dense_tol, vs_dense_tol);
   }
   const SparsePrefillCounters c = paged_backend_sparse_prefill_counters(*xattn);
   std::printf(
@@ -164,7 +168,7 @@ void check_prefill(const Geometry& g, bool expect_sparse) {
     EXPECT_GT(worst_vs_dense, 5e-2) << "the mask changed nothing";
   } else {
     EXPECT_EQ(c.kept, c.causal);
-    EXPECT_LT(worst_vs_dense, 2e-2);
+    EXPECT_LE(worst_vs_dense_tol, 1.0);
   }
 }
 

@@ -89,14 +89,15 @@ struct RingShape {
   static_assert(TILE % 32 == 0, "each warp takes whole 8-token blocks");
 };
 
-// The TMA ring's stages, plus 1 KB for the 1024-byte alignment the 128-byte swizzle needs.
-// W = 1: 4 stages of the ring's tile (TILE tokens of K and of V); W = 2: 3 stages of twice its
-// tokens, so that 2 CTAs still fit an SM; W = 3: 7 stages of twice its tokens, one CTA per SM
-// with 6 tiles (192 KB) in flight while one is computed, against 2 x 2 for W = 2.
+// The TMA ring's stages: W times the ring's tile (TILE tokens of K and of V), kStages of them
+// (4 for W = 1; 3 for W = 2, so that 2 CTAs still fit an SM), plus 1 KB for the 1024-byte
+// alignment the 128-byte swizzle needs. 7 stages of one CTA per SM (6 tiles, 192 KB, in flight
+// against 2 x 2) measured 1-4 % slower at every shape but batch 1 over 32K keys
+// (docs/benchmarks.md).
 template <int D, int W>
 struct TmaShape {
-  static constexpr int TILE = (W == 1 ? 1 : 2) * RingShape<D>::TILE;
-  static constexpr int kStages = W == 1 ? 4 : W == 2 ? 3 : 7;
+  static constexpr int TILE = W * RingShape<D>::TILE;
+  static constexpr int kStages = W == 1 ? 4 : 3;
   static constexpr int kStageBytes = 2 * TILE * D * 2;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
   static_assert(TILE <= 256, "a TMA box spans at most 256 slots");
@@ -623,7 +624,7 @@ __global__ void __launch_bounds__(kThreads)
   float* s_acc = reinterpret_cast<float*>(smem);
   c.store(s_acc, e.m, e.l);
   __syncthreads();
-  finish_cta<T, D, GT, C::kSources, W >= 2 ? 16 : 8>(a, s_acc, e, w);
+  finish_cta<T, D, GT, C::kSources, W == 2 ? 16 : 8>(a, s_acc, e, w);
 #else
   __trap();
 #endif
@@ -754,14 +755,12 @@ int tma_launch_w(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt
       return tma_go<T, D, 8, W>(a, maps, grid, stream);
   }
 }
-// loader 1: stages of the ring's tile; 2, 3: of twice its tokens (TmaShape).
+// loader 1: stages of the ring's tile; 2: of twice its tokens.
 template <typename T, int D>
 int tma_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, int loader,
                cudaStream_t stream) {
   if constexpr (D == 128)
     if (loader == 2) return tma_launch_w<T, D, 2>(a, maps, grid, gt, stream);
-  if constexpr (D == 128)
-    if (loader == 3) return tma_launch_w<T, D, 3>(a, maps, grid, gt, stream);
   return tma_launch_w<T, D, 1>(a, maps, grid, gt, stream);
 }
 
@@ -813,8 +812,7 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
   const dim3 grid(static_cast<unsigned>(ctas));
   CUtensorMap maps[2];
   if (plan.loader >= 1) {
-    // TmaShape<D, loader>::TILE
-    const int tile = (plan.loader == 1 ? 1 : 2) * ring_tile_tokens(p.head_dim);
+    const int tile = plan.loader * ring_tile_tokens(p.head_dim);  // TmaShape<D, loader>::TILE
     maps[0] = kv_cache_tensor_map(p.k_cache, kKvTensorMapAnySlot, p.num_kv_heads, p.head_dim, tile,
                                   p.dtype);
     maps[1] = kv_cache_tensor_map(p.v_cache, kKvTensorMapAnySlot, p.num_kv_heads, p.head_dim, tile,
@@ -929,10 +927,7 @@ template <typename T, int D>
 void add_kernels(std::vector<const void*>& v) {
   add_kernels_w<T, D, 0>(v);
   add_kernels_w<T, D, 1>(v);
-  if constexpr (D == 128) {
-    add_kernels_w<T, D, 2>(v);
-    add_kernels_w<T, D, 3>(v);
-  }
+  if constexpr (D == 128) add_kernels_w<T, D, 2>(v);
 }
 }  // namespace
 
@@ -978,16 +973,13 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   // The loader: TMA wherever the device has it and the pages hold whole tiles (12-19 % faster
   // than cp.async by every thread on the H200, docs/benchmarks.md): at head_dim 128 in stages of
   // 64 tokens (2) where the pages hold them (1-4 % faster than 32), else of the ring's tile (1);
-  // else 0, cp.async. LONGCTX_DECODE_LOADER=0 / 1 caps it, =3 takes the 7-stage ring of one CTA
-  // per SM where 2 would run (tests and benches pin the variants).
+  // else 0, cp.async. LONGCTX_DECODE_LOADER=0 / 1 caps it (tests and benches pin the variants).
   const char* loader_env = std::getenv("LONGCTX_DECODE_LOADER");
   const std::string_view loader_cap = loader_env != nullptr ? loader_env : "";
   const int tile = ring_tile_tokens(head_dim);
   int loader = 0;
   if (loader_cap != "0" && page_size % tile == 0 && tma_supported())
-    loader = loader_cap != "1" && head_dim == 128 && page_size % (2 * tile) == 0
-                 ? (loader_cap == "3" ? 3 : 2)
-                 : 1;
+    loader = loader_cap != "1" && head_dim == 128 && page_size % (2 * tile) == 0 ? 2 : 1;
   const int64_t chunk = ring_plan_chunk(
       real_len, max_work_items(real, num_kv_heads, group, num_sms), ctas_per_item, num_sms,
       ring_ctas_per_sm(head_dim, group, loader), env_int("LONGCTX_DECODE_SLOTS", 0),

@@ -47,8 +47,7 @@ struct DecodePlan {
   int head_dim = 0;
   int page_size = 0;
   int chunk_tokens = 0;    // keys per split
-  int loader = 0;          // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles,
-                           // 3 the same in 7 stages (one CTA per SM)
+  int loader = 0;          // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
   int num_work_items = 0;  // items of the grid (CTAs: items x kv heads x tiles)
   int num_partials = 0;    // partial states (0: no request was split)
   const int32_t* work_items = nullptr;  // device [num_work_items, 8]: request, kv begin, kv end,
