@@ -65,17 +65,17 @@ class PagedAttentionBackend final : public AttentionBackend {
     // as every head_dim does under LONGCTX_ATTENTION_KERNEL=generic).
     fast_head_dim_ =
         (c.head_dim == 64 || c.head_dim == 128) && !kernels::cuda::paged_generic_forced();
-    // With room for the prefill's stream-K split (short chunks over long histories).
     prefill_list_bytes_ = kernels::cuda::paged_prefill_workspace_bytes(
         static_cast<int>(limits.max_seqs), limits.max_tokens, group);
     prefill_ws_bytes_ = prefill_list_bytes_;
-    if (fast_head_dim_)
+    if (fast_head_dim_) {
+      // With room for the prefill's stream-K split (short chunks over long histories).
       prefill_ws_bytes_ +=
           kernels::cuda::paged_prefill_split_workspace_bytes(static_cast<int>(c.head_dim));
-    if (fast_head_dim_)
       decode_ws_bytes_ = kernels::cuda::decode_workspace_bytes(
           static_cast<int>(limits.max_seqs), num_qo_heads_, static_cast<int>(c.num_kv_heads),
           static_cast<int>(c.head_dim));
+    }
     workspace_ = Tensor::empty(
         {static_cast<int64_t>(std::max(prefill_ws_bytes_, decode_ws_bytes_))}, DType::kU8, device_);
     sparse.validate();

@@ -630,13 +630,6 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-int current_sm_count() {
-  int dev = 0, sms = 0;
-  LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
-  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 int head_tiles_of(int group) { return (group + kMaxGroup - 1) / kMaxGroup; }
 
 // q heads per CTA: the smallest instantiated size that holds the group (or kMaxGroup).

@@ -22,4 +22,11 @@ void require_dynamic_smem(const void* kernel, int bytes) {
   done = bytes;
 }
 
+int current_sm_count() {
+  int dev = 0, sms = 0;
+  LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
+  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
 }  // namespace longctx::kernels::cuda

@@ -1,7 +1,7 @@
-// Kernel attributes that must be set per device. A function's maximum dynamic shared memory is
-// an attribute of the kernel on the current device: a process that launches the same kernel on
-// several GPUs (tensor parallelism, a thread per GPU) must opt in on each, which a once-per-process
-// flag does not do.
+// Per-device kernel attributes, and the current device's SM count. A function's maximum dynamic
+// shared memory is an attribute of the kernel on the current device: a process that launches the
+// same kernel on several GPUs (tensor parallelism, a thread per GPU) must opt in on each, which a
+// once-per-process flag does not do.
 #pragma once
 
 namespace longctx::kernels::cuda {
@@ -17,5 +17,8 @@ template <typename Kernel>
 void require_dynamic_smem(Kernel* kernel, int bytes) {
   require_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
 }
+
+// Multiprocessors of the current device (the plans' wave models and persistent grids).
+int current_sm_count();
 
 }  // namespace longctx::kernels::cuda

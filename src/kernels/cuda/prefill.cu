@@ -389,13 +389,6 @@ namespace {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-int current_sm_count() {
-  int dev = 0, sms = 0;
-  LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
-  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 // Where the split's arrays sit after the work list (all 256-byte aligned), for P CTAs.
 struct SplitLayout {
   size_t ranges = 0, merges = 0, lse = 0, o = 0, end = 0;

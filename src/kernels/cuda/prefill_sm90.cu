@@ -873,11 +873,7 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   require_dynamic_smem(paged_prefill_sm90_kernel<T, Tl>, Tl::kSmemBytes);
   static int num_sms = 0;  // the same on every device of a host (one GPU model)
   static std::once_flag once;
-  std::call_once(once, [] {
-    int dev = 0;
-    LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
-    LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
-  });
+  std::call_once(once, [] { num_sms = current_sm_count(); });
   const int64_t total = int64_t(plan.num_work_items) * p.num_kv_heads;
   if (total == 0) return;
   // A split plan fixes the grid (its ranges, one per CTA); it was made for this device's SMs.
