@@ -29,6 +29,7 @@
 #include "kernels/cuda/merge.h"
 #include "kernels/cuda/paged_generic.h"
 #include "kernels/cuda/prefill.h"
+#include "kernels/cuda/workspace.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
@@ -418,7 +419,7 @@ class CudaOffloadDevice final : public OffloadDevice {
                                  static_cast<int>(c_.num_kv_heads), static_cast<int>(c_.head_dim))
                            : kernels::cuda::paged_prefill_workspace_bytes(calls[i]->batch,
                                                                           qos[i]->back(), group);
-      bytes[i] = (bytes[i] + 255) / 256 * 256;
+      bytes[i] = kernels::cuda::workspace_align(bytes[i]);
       offsets.push_back(total);
       total += bytes[i];
     }

@@ -36,6 +36,7 @@
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/tma_device.cuh"
+#include "kernels/cuda/workspace.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -654,8 +655,6 @@ int64_t max_work_items(int max_batch, int num_kv_heads, int group, int num_sms) 
   return int64_t(max_batch) + target;
 }
 
-size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
-
 struct WorkspaceLayout {
   size_t work = 0, po = 0, plse = 0, counters = 0, total = 0;
 };
@@ -665,10 +664,11 @@ WorkspaceLayout layout_of(int batch, int64_t max_items, int num_qo_heads, int nu
   const int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(num_qo_heads / num_kv_heads);
   WorkspaceLayout w;
   w.work = 0;
-  w.po = align_up(w.work + sizeof(int32_t) * kWorkInts * max_items);
-  w.plse = align_up(w.po + sizeof(float) * max_items * num_qo_heads * head_dim);
-  w.counters = align_up(w.plse + sizeof(float) * max_items * num_qo_heads);
-  w.total = align_up(w.counters + sizeof(int32_t) * std::max<int64_t>(1, batch * ctas_per_item));
+  w.po = workspace_align(w.work + sizeof(int32_t) * kWorkInts * max_items);
+  w.plse = workspace_align(w.po + sizeof(float) * max_items * num_qo_heads * head_dim);
+  w.counters = workspace_align(w.plse + sizeof(float) * max_items * num_qo_heads);
+  w.total =
+      workspace_align(w.counters + sizeof(int32_t) * std::max<int64_t>(1, batch * ctas_per_item));
   return w;
 }
 

@@ -29,6 +29,7 @@
 #include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/prefill.h"
 #include "kernels/cuda/prefill_sm90.h"
+#include "kernels/cuda/workspace.h"
 #include "kernels/prefill_schedule.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
@@ -387,8 +388,6 @@ size_t paged_prefill_workspace_bytes(int batch_size, int64_t total_q, int group_
 
 namespace {
 
-size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
-
 // Where the split's arrays sit after the work list (all 256-byte aligned), for P CTAs.
 struct SplitLayout {
   size_t ranges = 0, merges = 0, lse = 0, o = 0, end = 0;
@@ -396,11 +395,11 @@ struct SplitLayout {
 SplitLayout split_layout(size_t start, int head_dim, int num_ctas) {
   const int64_t slots = prefill_split_max_slots(num_ctas);
   SplitLayout l;
-  l.ranges = align256(start);
-  l.merges = align256(l.ranges + sizeof(int32_t) * kPrefillCtaRangeInts * num_ctas);
-  l.lse = align256(l.merges + sizeof(int32_t) * kPrefillMergeGroupInts * num_ctas);
-  l.o = align256(l.lse + sizeof(float) * slots * kPrefillTileRows);
-  l.end = align256(l.o + sizeof(float) * slots * kPrefillTileRows * head_dim);
+  l.ranges = workspace_align(start);
+  l.merges = workspace_align(l.ranges + sizeof(int32_t) * kPrefillCtaRangeInts * num_ctas);
+  l.lse = workspace_align(l.merges + sizeof(int32_t) * kPrefillMergeGroupInts * num_ctas);
+  l.o = workspace_align(l.lse + sizeof(float) * slots * kPrefillTileRows);
+  l.end = workspace_align(l.o + sizeof(float) * slots * kPrefillTileRows * head_dim);
   return l;
 }
 

@@ -813,8 +813,7 @@ bool sm90_tma_pages(const PagedPrefillParams& p) {
 }
 
 // The pieces of each cut unit (PrefillMergeGroup) merged into o / o_f32 and lse: a CTA per group,
-// four dims of one row per thread. The pieces' states are normalized, so o = sum_j w_j o_j /
-// sum_j w_j with w_j = exp(lse_j - max lse).
+// a warp per row (detail::merge_row_warp, the stable merge of kernels/cuda/merge.cu).
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
     prefill_merge_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
@@ -828,43 +827,17 @@ __global__ void __launch_bounds__(256)
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int q_start = p.qo_indptr[b];
   const int num_rows = (p.qo_indptr[b + 1] - q_start) * group;
-  for (int idx = threadIdx.x; idx < kRows * (D / 4); idx += blockDim.x) {
-    const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+  const int lane = threadIdx.x & 31;
+  for (int r = threadIdx.x >> 5; r < kRows && row0 + r < num_rows; r += blockDim.x >> 5) {
     const int pr = row0 + r;
-    if (pr >= num_rows) continue;
-    float mx = -INFINITY;
-    for (int j = 0; j < count; ++j) mx = fmaxf(mx, plse[int64_t(s0 + j) * kRows + r]);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float sum = 0.f;
-    if (mx != -INFINITY) {
-      for (int j = 0; j < count; ++j) {
-        const float w = __expf(plse[int64_t(s0 + j) * kRows + r] - mx);
-        const float4 v =
-            *reinterpret_cast<const float4*>(po + (int64_t(s0 + j) * kRows + r) * D + d);
-        sum += w;
-        acc.x = fmaf(w, v.x, acc.x);
-        acc.y = fmaf(w, v.y, acc.y);
-        acc.z = fmaf(w, v.z, acc.z);
-        acc.w = fmaf(w, v.w, acc.w);
-      }
-      const float inv = 1.f / sum;
-      acc.x *= inv;
-      acc.y *= inv;
-      acc.z *= inv;
-      acc.w *= inv;
-    }
-    const int tok = pr / group, h = kvh * group + pr % group;
-    const int64_t row = int64_t(q_start + tok) * p.num_qo_heads + h;
-    if (p.o_f32) {
-      *reinterpret_cast<float4*>(p.o_f32 + row * D + d) = acc;
-    } else {
-      T* o = static_cast<T*>(p.o) + row * D + d;
-      o[0] = detail::from_f32<T>(acc.x);
-      o[1] = detail::from_f32<T>(acc.y);
-      o[2] = detail::from_f32<T>(acc.z);
-      o[3] = detail::from_f32<T>(acc.w);
-    }
-    if (d == 0 && p.lse) p.lse[row] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
+    const int64_t row = int64_t(q_start + pr / group) * p.num_qo_heads + kvh * group + pr % group;
+    auto lse_at = [&](int j) { return plse[int64_t(s0 + j) * kRows + r]; };
+    auto o_at = [&](int j) { return po + (int64_t(s0 + j) * kRows + r) * D; };
+    const float lse =
+        p.o_f32 ? detail::merge_row_warp<float, float>(count, D, lse_at, o_at, p.o_f32 + row * D)
+                : detail::merge_row_warp<float, T>(count, D, lse_at, o_at,
+                                                   static_cast<T*>(p.o) + row * D);
+    if (lane == 0 && p.lse) p.lse[row] = lse;
   }
 }
 
