@@ -736,6 +736,9 @@ int main(int argc, char** argv) {
   // A short chunk over a long history: 8 row tiles x 8 kv heads, 64 long units.
   bench_prefill("chunk q=256 kv=262144 non-causal +lse (page 128)", 256, 262144, MaskMode::kNone,
                 true, 128, stream);
+  // 20 row tiles x 8 kv heads = 160 units: 1.2 rounds on 132 SMs.
+  bench_prefill("chunk q=640 kv=30720 non-causal +lse (page 128)", 640, 30720, MaskMode::kNone,
+                true, 128, stream);
   for (int page : {16, 128})  // Llama-3.2-1B class heads: 32 q / 8 kv of head_dim 64
     for (int n : {8192, 32768}) {
       const std::string name = "prefill causal S=" + std::to_string(n) + " head_dim 64 (page " +

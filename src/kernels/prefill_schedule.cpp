@@ -24,25 +24,19 @@ struct Cut {
   bool operator==(const Cut&) const = default;
 };
 
-}  // namespace
-
-PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas, int unit_overhead,
-                                double min_gain, PrefillSplitMode mode) {
-  PrefillSplit out;
+// Stream-K over units [first, n): the P - 1 inner cuts of the line on which every unit first
+// pays its overhead, at equal fractions of it, snapped to a unit's start or end where the piece
+// on either side would be shorter than the overhead (the snap is monotone in the position, so
+// the cuts stay ordered). Fills ctas, merges, num_slots; load[x] += CTA x's share of the line.
+void stream_k(const std::vector<int32_t>& tiles, int32_t first, int num_ctas, double c0,
+              PrefillSplit& out, std::vector<double>& load) {
   const int32_t n = int32_t(tiles.size());
-  out.whole_makespan = prefill_snake_makespan(tiles, num_ctas, unit_overhead);
-  if (mode == PrefillSplitMode::kNever || num_ctas <= 0 || n == 0) return out;
-  const double c0 = std::max(unit_overhead, 0);
-
-  // Unit u occupies [start_u, start_u + c0 + tiles[u]) of a line on which every unit first pays
-  // its overhead; the P - 1 inner cuts sit at equal fractions of the line, snapped to a unit's
-  // start or end where the piece on either side would be shorter than the overhead (the snap is
-  // monotone in the position, so the cuts stay ordered).
   double total = 0;
-  for (int32_t t : tiles) total += c0 + std::max(t, 0);
+  for (int32_t u = first; u < n; ++u) total += c0 + std::max(tiles[u], 0);
   std::vector<Cut> cut(num_ctas + 1);
+  cut[0] = {first, 0};
   cut[num_ctas] = {n, 0};
-  int32_t u = 0;
+  int32_t u = first;
   double start = 0;
   for (int x = 1; x < num_ctas; ++x) {
     const double at = total * x / num_ctas;
@@ -62,9 +56,7 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
     cut[x] = t == len ? Cut{u + 1, 0} : Cut{u, t};
   }
 
-  out.ctas.resize(num_ctas);
-  std::vector<double> load(num_ctas, 0.0);
-  bool any_piece = false;
+  out.ctas.assign(num_ctas, PrefillCtaRange{});
   for (int x = 0; x < num_ctas; ++x) {
     const Cut b = cut[x], e = cut[x + 1];
     PrefillCtaRange& r = out.ctas[x];
@@ -81,7 +73,6 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
       if (kb == 0 && ke == len) continue;
       // Pieces are numbered in CTA order, and a CTA's first piece comes before its last, so the
       // pieces of one unit (on consecutive CTAs) get consecutive slots.
-      any_piece = true;
       const int32_t slot = out.num_slots++;
       (v == b.u ? r.slot_first : r.slot_last) = slot;
       if (v == last && v == b.u) r.slot_last = slot;
@@ -89,14 +80,55 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
       ++out.merges.back().count;
     }
   }
-  out.split_makespan = *std::max_element(load.begin(), load.end());
-  const bool take = mode == PrefillSplitMode::kAlways
-                        ? true
-                        : any_piece && out.split_makespan < out.whole_makespan * (1.0 - min_gain);
+}
+
+}  // namespace
+
+PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas, int unit_overhead,
+                                double min_gain, PrefillSplitMode mode, double range_cost) {
+  PrefillSplit out;
+  const int32_t n = int32_t(tiles.size());
+  out.whole_makespan = prefill_snake_makespan(tiles, num_ctas, unit_overhead);
+  if (mode == PrefillSplitMode::kNever || num_ctas <= 0 || n == 0) return out;
+  const double c0 = std::max(unit_overhead, 0);
+  const int64_t p = num_ctas;
+
+  // Candidates: stream-K over every unit (dp_rounds 0), or whole rounds first and stream-K over
+  // the rest: the partial last round alone, or it and the round before (a tail of one round or
+  // less can leave a CTA with little; one more round evens it out).
+  const int32_t full_rounds = int32_t(n / p);
+  std::vector<int32_t> candidates = {0};
+  for (int32_t r : {full_rounds - 1, full_rounds})
+    if (r > 0 && int64_t(r) * p < n) candidates.push_back(r);
+  bool have = false;
+  for (int32_t rounds : candidates) {
+    PrefillSplit s;
+    s.whole_makespan = out.whole_makespan;
+    s.dp_rounds = rounds;
+    std::vector<double> dp(num_ctas, 0.0), sk(num_ctas, 0.0);
+    for (int64_t u = 0; u < int64_t(rounds) * p; ++u) {
+      const int64_t k = u / p, r = u % p;
+      dp[(k & 1) ? p - 1 - r : r] += double(std::max(tiles[u], 0)) + c0;
+    }
+    stream_k(tiles, int32_t(rounds * p), num_ctas, c0, s, sk);
+    s.split_makespan = 0;
+    for (int x = 0; x < num_ctas; ++x)
+      s.split_makespan = std::max(s.split_makespan, dp[x] + range_cost * sk[x]);
+    // Ties go to more whole rounds (fewer pieces, more CTAs reading K/V in step).
+    if (!have || s.split_makespan <= out.split_makespan) {
+      out = std::move(s);
+      have = true;
+    }
+  }
+  const bool take =
+      mode == PrefillSplitMode::kAlways
+          ? true
+          : out.num_slots > 0 && out.split_makespan < out.whole_makespan * (1.0 - min_gain);
   if (!take) {
     out.ctas.clear();
     out.merges.clear();
     out.num_slots = 0;
+    out.dp_rounds = 0;
   }
   return out;
 }

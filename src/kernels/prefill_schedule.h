@@ -6,9 +6,11 @@
 // leaves SMs idle (a last round of units that does not fill the GPU: a 2K chunk over 30K keys is
 // 512 units of equal length on 132 SMs, 3.88 rounds; or a few long units: 128 query rows over 1M
 // keys is 8 units), stream-K cuts the units' concatenated key tiles into P nearly equal ranges
-// instead, one per CTA. A unit cut by a range boundary becomes pieces, each written as a partial
-// state (fp32 o normalized by its own sum, and its lse) into a slot, and a merge kernel combines
-// the pieces of each cut unit afterwards.
+// instead, one per CTA, optionally after dp_rounds whole rounds of the snake (the hybrid of the
+// Stream-K paper: most CTAs keep whole units that start at key tile 0 together and share K/V
+// through L2, and only the last round's units are cut). A unit cut by a range boundary becomes
+// pieces, each written as a partial state (fp32 o normalized by its own sum, and its lse) into a
+// slot, and a merge kernel combines the pieces of each cut unit afterwards.
 #pragma once
 
 #include <cstdint>
@@ -33,11 +35,14 @@ struct PrefillMergeGroup {
 inline constexpr int kPrefillMergeGroupInts = 3;
 
 struct PrefillSplit {
+  // Units [0, dp_rounds * P) are whole, in the snake order (CTA x's unit of round k as in
+  // prefill_snake_makespan), before each CTA's range; the ranges cover the units after them.
+  int32_t dp_rounds = 0;
   std::vector<PrefillCtaRange> ctas;  // [P] (empty: keep whole units)
   std::vector<PrefillMergeGroup> merges;
   int32_t num_slots = 0;
-  // Modelled busiest CTA, in key tiles plus unit_overhead per unit or piece: whole units in
-  // the snake order, and the split (the choice compares them).
+  // Modelled busiest CTA, in key tiles plus unit_overhead per unit or piece (a range's times
+  // range_cost): whole units in the snake order, and the split (the choice compares them).
   double whole_makespan = 0, split_makespan = 0;
 };
 
@@ -49,12 +54,17 @@ enum class PrefillSplitMode { kAuto, kNever, kAlways };
 
 // The split of `tiles` (key tiles of each unit, in the list's order) over num_ctas persistent
 // CTAs. unit_overhead: what starting a unit or piece costs, in key tiles (Q load, pipeline fill,
-// epilogue). kAuto splits only when the modelled makespan drops by more than min_gain (a
-// fraction); kAlways whenever a split exists (tests); kNever never. Units with 0 tiles are never
-// cut. Pieces shorter than unit_overhead are avoided by snapping the cut to the unit's end.
+// epilogue). range_cost: what a key tile of a range costs against one of a whole unit in the
+// snake (> 1: ranges start at different key tiles, so CTAs that read the same K/V no longer do
+// it together). Of the candidates (stream-K over everything, or after the whole rounds but the
+// last one or two) the one with the least modelled makespan is taken. kAuto splits only when
+// that drops the makespan by more than min_gain (a fraction); kAlways whenever a split exists
+// (tests); kNever never. Units with 0 tiles are never cut. Pieces shorter than unit_overhead are
+// avoided by snapping the cut to the unit's end.
 PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
                                 int unit_overhead = 2, double min_gain = 0.1,
-                                PrefillSplitMode mode = PrefillSplitMode::kAuto);
+                                PrefillSplitMode mode = PrefillSplitMode::kAuto,
+                                double range_cost = 1.0);
 
 // Busiest CTA of whole units in the kernel's snake order: CTA x takes, in round k, unit
 // k * P + x (k even) or k * P + P - 1 - x (k odd).

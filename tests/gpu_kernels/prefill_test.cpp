@@ -18,6 +18,7 @@
 
 #include "gpu_kernels/harness.h"
 #include "gpu_kernels/paged_prefill_case.h"
+#include "kernels/cuda/func_attributes.h"
 #include "kernels/paged_case.h"
 
 namespace longctx::gpu_test {
@@ -330,10 +331,23 @@ TEST(PrefillHarness, StreamKSplitWhereItPays) {
     cases.push_back(std::make_unique<PrefillCase>(s));
   }
   for (auto& c : cases) split_cases.push_back(static_cast<PrefillCase*>(c.get()));
-  expect_no_failures(run_cases(cases), 18);
-  if (kernels::cuda::paged_prefill_sm90_path(128))
+  // 640 tokens x 4 heads = 20 row tiles x 8 kv heads = 160 units, 1.2 rounds on 132 SMs: a whole
+  // round, then the other 28 units cut over every CTA.
+  std::vector<PrefillCase*> hybrid_cases;
+  for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal})
+    for (auto [d, page] : {std::pair{128, 128}, std::pair{64, 16}}) {
+      cases.push_back(std::make_unique<PrefillCase>(
+          shape({640}, {2000}, 32, 8, d, page, DType::kBF16, mode, true, seed++)));
+      hybrid_cases.push_back(static_cast<PrefillCase*>(cases.back().get()));
+    }
+  expect_no_failures(run_cases(cases), 22);
+  if (kernels::cuda::paged_prefill_sm90_path(128)) {
     for (const PrefillCase* c : split_cases)
       EXPECT_GT(c->plan().split_ctas, 0) << "a shape that leaves SMs idle was not split";
+    if (kernels::cuda::current_sm_count() == 132)  // the H100 / H200 count the shapes assume
+      for (const PrefillCase* c : hybrid_cases)
+        EXPECT_GT(c->plan().split_dp_rounds, 0) << "a short last round was not cut alone";
+  }
 }
 
 // run() must be capturable in a CUDA graph and replay to the same bits.

@@ -419,7 +419,16 @@ bool use_sm90_path(const PagedPrefillParams& p) {
 // (Q load, pipeline fill, epilogue; the producer overlaps most of it with the previous unit).
 constexpr int kSm90Keys = 128;
 constexpr int kSm90UnitOverhead = 2;
-constexpr double kSm90SplitMinGain = 0.10;
+// A key tile of a range costs more than one of a whole unit: whole units all start at key tile 0,
+// so the CTAs that read the same head's K/V stay in step and share it through L2, and ranges
+// do not (unshared, a 128-row tile's K/V at the tensor cores' pace is about the H200's whole
+// DRAM bandwidth). 8 % and a 2 % threshold make the H200's choices on every measured shape
+// (docs/benchmarks.md): stream-K over all 512 units of the 2K chunk over 30K keys ran 4 % slower
+// than whole units (modelled 3 % faster without the cost), three whole rounds and the last
+// round's 116 units cut 4 % slower (modelled 1 % faster: not taken), one whole round and 28 cut
+// units of a 640-token chunk 1.50x faster, and 64 units over 256K keys cut 1.84x faster.
+constexpr double kSm90RangeCost = 1.08;
+constexpr double kSm90SplitMinGain = 0.02;
 
 }  // namespace
 
@@ -510,13 +519,9 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   for (const Item& it : items)
     for (int h = 0; h < num_kv_heads; ++h)
       tiles.push_back(int32_t((it.end + kSm90Keys - 1) / kSm90Keys));
-  // Only where idle SMs cost more than 10 %: the split desynchronizes the CTAs that read the same
-  // K/V (whole units all start at key tile 0 and share them through L2), which cost 4 % on the
-  // H200 where the model promised 3 % (the 2K chunk over 30K keys: 634 against 661 TF), while 64
-  // units over 256K keys ran 1.86x faster.
-  const PrefillSplit split =
-      plan_prefill_split(tiles, num_ctas, kSm90UnitOverhead, kSm90SplitMinGain,
-                         split_mode == "1" ? PrefillSplitMode::kAlways : PrefillSplitMode::kAuto);
+  const PrefillSplit split = plan_prefill_split(
+      tiles, num_ctas, kSm90UnitOverhead, kSm90SplitMinGain,
+      split_mode == "1" ? PrefillSplitMode::kAlways : PrefillSplitMode::kAuto, kSm90RangeCost);
   if (split.ctas.empty()) return plan;
   std::vector<int32_t> ranges, merges;
   for (const PrefillCtaRange& r : split.ctas)
@@ -533,6 +538,7 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
                                        sizeof(int32_t) * merges.size(), cudaMemcpyHostToDevice,
                                        stream));
   plan.split_ctas = num_ctas;
+  plan.split_dp_rounds = split.dp_rounds;
   plan.split_ranges = reinterpret_cast<const int32_t*>(base + l.ranges);
   plan.num_merge_groups = int(split.merges.size());
   plan.merge_groups = reinterpret_cast<const int32_t*>(base + l.merges);

@@ -48,6 +48,7 @@ struct PrefillPlan {
   // workspace holds it and the model says whole units would leave SMs idle; the work list above
   // stays complete, so a kernel that ignores the split (prefill.cu) is still right.
   int split_ctas = 0;                     // 0: no split; else the persistent CTAs it was made for
+  int split_dp_rounds = 0;                // whole snake rounds before the ranges (PrefillSplit)
   const int32_t* split_ranges = nullptr;  // device [split_ctas, 6] (PrefillCtaRange)
   int num_merge_groups = 0;
   const int32_t* merge_groups = nullptr;  // device [num_merge_groups, 3] (PrefillMergeGroup)

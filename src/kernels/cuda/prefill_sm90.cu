@@ -4,9 +4,10 @@
 //
 // A CTA = 3 warpgroups; it processes work items (request, 128-row tile, kv head): one per CTA, or
 // (persistent variants, the default) with one CTA per SM, rounds of gridDim.x items in a snake
-// order (item_at). With the plan's stream-K split (kernels/prefill_schedule.h) each CTA takes its
-// range of items instead, the first and last possibly a piece (a range of key tiles) that writes
-// an fp32 partial state, and prefill_merge_kernel combines each cut item's pieces afterwards.
+// order (item_at). With the plan's stream-K split (kernels/prefill_schedule.h) each CTA takes
+// the split's whole snake rounds (often none) and then its range of items, the first and last
+// possibly a piece (a range of key tiles) that writes an fp32 partial state, and
+// prefill_merge_kernel combines each cut item's pieces afterwards.
 //   warpgroup 2 (producer, 40 registers): for a block-sparse item first writes the bitmaps of
 //     the key blocks some / every row of the tile keeps (the consumers skip the blocks none
 //     keeps and mask per row only where the rows differ); loads each item's Q tile, then gathers
@@ -289,6 +290,7 @@ struct Sm90Item {
 // The stream-K split of the plan (PrefillPlan::split_ranges; ranges == nullptr: none).
 struct Sm90Split {
   const int32_t* ranges;  // [gridDim.x, kPrefillCtaRangeInts] (PrefillCtaRange)
+  int dp_rounds;          // whole snake rounds of gridDim.x units before each CTA's range
   float* partial_o;       // [slots, kRows, D]
   float* partial_lse;     // [slots, kRows]
 };
@@ -354,7 +356,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = p.num_qo_heads / p.num_kv_heads;
   const bool causal = p.mask_mode == MaskMode::kCausal;
   const bool sparse = p.block_mask != nullptr;
-  const int stride = Tl::kPersistent ? int(gridDim.x) : num_ctas_total;
+  // With a split, this CTA's range of units after the whole rounds (PrefillCtaRange: whole units
+  // but the first, from key tile tile_begin, and a last one up to tile_end when that is > 0). Its
+  // fields are read where needed (L1 hits), not held: the producer has 40 registers.
+  const int32_t* range =
+      split.ranges != nullptr ? split.ranges + kPrefillCtaRangeInts * int(blockIdx.x) : nullptr;
+  // A split's grid is its CTAs, whatever the variant: its whole rounds are rounds of gridDim.x.
+  const int stride = Tl::kPersistent || range != nullptr ? int(gridDim.x) : num_ctas_total;
   // The k-th work item of this CTA: rounds of `stride` items, walked forward in even rounds and
   // backward in odd ones (past the end: none). The plan orders the items heaviest first, so with
   // a plain stride the low CTAs would take the heaviest item of every round (causal 32K: the
@@ -363,22 +371,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = k * stride;
     return (k & 1) ? r + stride - 1 - int(blockIdx.x) : r + int(blockIdx.x);
   };
-  // With a split, this CTA's range of units instead (PrefillCtaRange: whole units but the first,
-  // from key tile tile_begin, and a last one up to tile_end when that is > 0). Its fields are
-  // read where needed (L1 hits), not held: the producer has 40 registers.
-  const int32_t* range =
-      split.ranges != nullptr ? split.ranges + kPrefillCtaRangeInts * int(blockIdx.x) : nullptr;
-  const int num_k = range != nullptr ? __ldg(range + 2) - __ldg(range) + (__ldg(range + 3) > 0)
-                                     : (num_ctas_total + stride - 1) / stride;
+  const int dp_rounds = range != nullptr ? split.dp_rounds : 0;
+  const int num_k = range != nullptr
+                        ? dp_rounds + __ldg(range + 2) - __ldg(range) + (__ldg(range + 3) > 0)
+                        : (num_ctas_total + stride - 1) / stride;
   // The k-th unit of this CTA (the producer and the consumers walk the same ones); false past
   // the snake's last round.
   auto unit_at = [&](int k, Sm90Item& it) -> bool {
-    if (range == nullptr) {
+    if (range == nullptr || k < dp_rounds) {
       const int idx = item_at(k);
       if (idx >= num_ctas_total) return false;
       it = make_item<KEYS>(p, work, idx);
       return true;
     }
+    k -= dp_rounds;
     const int u = __ldg(range) + k;
     it = make_item<KEYS>(p, work, u);
     const int kb = k == 0 ? __ldg(range + 1) : 0;
@@ -812,10 +818,15 @@ bool sm90_tma_pages(const PagedPrefillParams& p) {
   return p.kv_contiguous || p.page_size % 64 == 0;
 }
 
-// The pieces of each cut unit (PrefillMergeGroup) merged into o / o_f32 and lse: a CTA per group,
-// a warp per row (detail::merge_row_warp, the stable merge of kernels/cuda/merge.cu).
+// The pieces of each cut unit (PrefillMergeGroup) merged into o / o_f32 and lse: a warp per row
+// (detail::merge_row_warp, the stable merge of kernels/cuda/merge.cu), kMergeRowsPerCta rows per
+// CTA, grid (groups, kRows / kMergeRowsPerCta). A row's merge is a chain of dependent L2 loads,
+// so the rows must run side by side: one CTA per group, its 8 warps walking 16 rows each, made
+// the whole prefill 15 % slower (H200: a 640-token chunk over 30K keys 522 against 614 TF, a
+// 256-token chunk over 256K keys 606 against 639).
+constexpr int kMergeRowsPerCta = 4;
 template <typename T, int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(32 * kMergeRowsPerCta)
     prefill_merge_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
                          const int32_t* __restrict__ groups, const float* __restrict__ po,
                          const float* __restrict__ plse) {
@@ -828,7 +839,8 @@ __global__ void __launch_bounds__(256)
   const int q_start = p.qo_indptr[b];
   const int num_rows = (p.qo_indptr[b + 1] - q_start) * group;
   const int lane = threadIdx.x & 31;
-  for (int r = threadIdx.x >> 5; r < kRows && row0 + r < num_rows; r += blockDim.x >> 5) {
+  const int r = blockIdx.y * kMergeRowsPerCta + (threadIdx.x >> 5);
+  if (row0 + r < num_rows) {
     const int pr = row0 + r;
     const int64_t row = int64_t(q_start + pr / group) * p.num_qo_heads + kvh * group + pr % group;
     auto lse_at = [&](int j) { return plse[int64_t(s0 + j) * kRows + r]; };
@@ -862,12 +874,14 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
     maps[1] =
         kv_cache_tensor_map(p.v_cache, kKvTensorMapAnySlot, p.num_kv_heads, Tl::kD, 64, p.dtype);
   }
-  const Sm90Split sp{split ? plan.split_ranges : nullptr, plan.partial_o, plan.partial_lse};
+  const Sm90Split sp{split ? plan.split_ranges : nullptr, plan.split_dp_rounds, plan.partial_o,
+                     plan.partial_lse};
   paged_prefill_sm90_kernel<T, Tl><<<unsigned(grid), kThreads, Tl::kSmemBytes, stream>>>(
       p, plan.work_items, int(total), sp, maps[0], maps[1]);
   LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_sm90_kernel");
   if (split && plan.num_merge_groups > 0) {
-    prefill_merge_kernel<T, Tl::kD><<<unsigned(plan.num_merge_groups), 256, 0, stream>>>(
+    const dim3 grid(unsigned(plan.num_merge_groups), kRows / kMergeRowsPerCta);
+    prefill_merge_kernel<T, Tl::kD><<<grid, 32 * kMergeRowsPerCta, 0, stream>>>(
         p, plan.work_items, plan.merge_groups, plan.partial_o, plan.partial_lse);
     LONGCTX_CUDA_CHECK_LAUNCH("prefill_merge_kernel");
   }
