@@ -56,11 +56,11 @@ enum class PrefillSplitMode { kAuto, kNever, kAlways };
 // CTAs. unit_overhead: what starting a unit or piece costs, in key tiles (Q load, pipeline fill,
 // epilogue). range_cost: what a key tile of a range costs against one of a whole unit in the
 // snake (> 1: ranges start at different key tiles, so CTAs that read the same K/V no longer do
-// it together). Of the candidates (stream-K over everything, or after the whole rounds but the
-// last one or two) the one with the least modelled makespan is taken. kAuto splits only when
-// that drops the makespan by more than min_gain (a fraction); kAlways whenever a split exists
-// (tests); kNever never. Units with 0 tiles are never cut. Pieces shorter than unit_overhead are
-// avoided by snapping the cut to the unit's end.
+// it together). Of three candidates (stream-K over every unit; after every whole round; after
+// every whole round but the last) the one with the least modelled makespan is taken. kAuto splits
+// only when that drops the makespan by more than min_gain (a fraction); kAlways whenever a split
+// exists (tests); kNever never. Units with 0 tiles are never cut. Pieces shorter than unit_overhead
+// are avoided by snapping the cut to the unit's end.
 PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
                                 int unit_overhead = 2, double min_gain = 0.1,
                                 PrefillSplitMode mode = PrefillSplitMode::kAuto,
