@@ -5,14 +5,22 @@
 
 namespace longctx::kernels {
 
+namespace {
+
+// The CTA of p that takes unit u in the kernel's snake order: round k = u / p forward when even,
+// backward when odd (item_at in prefill_sm90.cu).
+int64_t snake_cta(int64_t u, int64_t p) {
+  const int64_t k = u / p, r = u % p;
+  return (k & 1) ? p - 1 - r : r;
+}
+
+}  // namespace
+
 double prefill_snake_makespan(const std::vector<int32_t>& tiles, int num_ctas, int unit_overhead) {
   if (num_ctas <= 0) return 0;
   std::vector<double> load(num_ctas, 0.0);
-  const int64_t p = num_ctas;
-  for (int64_t u = 0; u < int64_t(tiles.size()); ++u) {
-    const int64_t k = u / p, r = u % p;
-    load[(k & 1) ? p - 1 - r : r] += double(tiles[u]) + unit_overhead;
-  }
+  for (int64_t u = 0; u < int64_t(tiles.size()); ++u)
+    load[snake_cta(u, num_ctas)] += double(tiles[u]) + unit_overhead;
   return *std::max_element(load.begin(), load.end());
 }
 
@@ -106,10 +114,8 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
     s.whole_makespan = out.whole_makespan;
     s.dp_rounds = rounds;
     std::vector<double> dp(num_ctas, 0.0), sk(num_ctas, 0.0);
-    for (int64_t u = 0; u < int64_t(rounds) * p; ++u) {
-      const int64_t k = u / p, r = u % p;
-      dp[(k & 1) ? p - 1 - r : r] += double(std::max(tiles[u], 0)) + c0;
-    }
+    for (int64_t u = 0; u < int64_t(rounds) * p; ++u)
+      dp[snake_cta(u, p)] += double(std::max(tiles[u], 0)) + c0;
     stream_k(tiles, int32_t(rounds * p), num_ctas, c0, s, sk);
     s.split_makespan = 0;
     for (int x = 0; x < num_ctas; ++x)
