@@ -53,8 +53,8 @@ void alloc_buffers(BlockCausalCuda* s, int64_t block_cap, int64_t index_cap) {
   cudaSetDevice(prev);
 }
 
-int64_t tiles_of(int64_t q_len, int group) {
-  return (q_len * group + kernels::cuda::kPrefillTileRows - 1) / kernels::cuda::kPrefillTileRows;
+int64_t tiles_of(int64_t q_len, int group, int tile_rows) {
+  return (q_len * group + tile_rows - 1) / tile_rows;
 }
 
 }  // namespace
@@ -80,7 +80,8 @@ void block_causal_cuda_reserve(BlockCausalCuda* s, int64_t block_cap, int64_t in
 
 int64_t block_causal_cuda_work_cap(int64_t num_blocks, int64_t total_tokens, int group) {
   // sum_i ceil(q_i * G / R) <= ceil(T * G / R) + num_blocks over any split of T tokens.
-  return tiles_of(total_tokens, group) + num_blocks;
+  // 128-row tiles: a bound for the 192-row ones too (paged_prefill_tile_rows).
+  return tiles_of(total_tokens, group, kernels::cuda::kPrefillTileRows) + num_blocks;
 }
 
 size_t block_causal_cuda_workspace_bytes(int64_t batch, int64_t total_tokens, int group,
@@ -102,13 +103,14 @@ void block_causal_cuda_plan(BlockCausalCuda* s, const int32_t* qo_indptr, const 
   const int group = num_qo_heads / num_kv_heads;
   // Work list: (block, row tile), heaviest blocks (longest prefix) first so the long tail of a
   // span does not start last.
+  const int tile_rows = kernels::cuda::paged_prefill_tile_rows(head_dim);
   std::vector<int32_t> order(batch);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return kv_len[a] > kv_len[b]; });
   s->work_host.clear();
   for (int32_t b : order) {
-    int64_t tiles = tiles_of(qo_indptr[b + 1] - qo_indptr[b], group);
+    int64_t tiles = tiles_of(qo_indptr[b + 1] - qo_indptr[b], group, tile_rows);
     for (int64_t t = 0; t < tiles; ++t) {
       s->work_host.push_back(b);
       s->work_host.push_back(int32_t(t));
@@ -147,6 +149,7 @@ void block_causal_cuda_plan(BlockCausalCuda* s, const int32_t* qo_indptr, const 
   s->batch = batch;
   s->plan.num_work_items = int(items);
   s->plan.work_items = static_cast<const int32_t*>(workspace);
+  s->plan.tile_rows = tile_rows;
   s->plan.num_qo_heads = num_qo_heads;
   s->plan.num_kv_heads = num_kv_heads;
   s->plan.head_dim = head_dim;

@@ -1,5 +1,5 @@
-// The fp32 output (o_f32) of the paged prefill kernels (FA2 for head_dim 64, the sm90 kernel for
-// 128 on Hopper), of the split-KV decode kernel and of the generic paged kernel (other head dims)
+// The fp32 output (o_f32) of the paged prefill kernels (the sm90 kernel on Hopper, FA2 elsewhere),
+// of the split-KV decode kernel and of the generic paged kernel (other head dims)
 // against the CPU reference's fp32 output: the offload path merges these partial states before
 // rounding. Checked: values (fp32 accumulation in another order, bf16 P in the PV product: 3e-3
 // prefill, measured 2.1e-3; 2e-3 decode; the generic kernel keeps P in fp32: 1e-3), lse, no NaN,
@@ -127,7 +127,10 @@ TEST(F32Output, PagedPrefillWritesUnroundedOutput) {
             c.qo_indptr.data(), kv_lens.data(), 4, 8, 2, d, mode, ws.data_ptr(), ws_bytes, nullptr);
         unsetenv("LONGCTX_PREFILL_SPLIT");
         if (split[0] == '1' && kernels::cuda::paged_prefill_sm90_path(d))
-          EXPECT_GT(plan.split_ctas, 0) << "the forced split was not planned";
+          EXPECT_GT(plan.split_ctas, 0)
+              << "the forced split was not planned (" << plan.num_work_items << " items of "
+              << plan.tile_rows << " rows, mask " << int(mode) << ", workspace " << ws_bytes
+              << " bytes)";
         kernels::cuda::paged_prefill_run(run.p, plan, nullptr);
         run.expect_matches(3e-3, "prefill");
       }

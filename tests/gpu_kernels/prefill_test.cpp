@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "gpu_kernels/paged_prefill_case.h"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/paged_case.h"
+#include "longctx/core/error.h"
 
 namespace longctx::gpu_test {
 namespace {
@@ -205,10 +207,45 @@ TEST(PrefillHarness, Small) {
   // Head_dim 64 on pages of 128 (TMA).
   cases.push_back(std::make_unique<PrefillCase>(
       shape({7, 130}, {150, 333}, 4, 1, 64, 128, DType::kF16, MaskMode::kCausal, true, 8)));
-  // Two long units: the stream-K split over every SM and the merge of their pieces.
+  // Two long units: the stream-K split over every SM and the merge of their pieces; at head_dim
+  // 64 of 192-row tiles on sm_90.
   cases.push_back(std::make_unique<PrefillCase>(
       shape({32}, {20000}, 8, 2, 128, 128, DType::kBF16, MaskMode::kCausal, true, 9)));
-  expect_no_failures(run_cases(cases), 9);
+  cases.push_back(std::make_unique<PrefillCase>(
+      shape({50}, {20000}, 8, 2, 64, 128, DType::kBF16, MaskMode::kCausal, true, 10)));
+  expect_no_failures(run_cases(cases), 10);
+}
+
+// A plan's row tiles belong to the kernel it was made for: run() refuses a plan of tiles the
+// kernel it takes does not use (192-row tiles are the Hopper kernel's at head_dim 64 only).
+TEST(PrefillHarness, PlanOfAnotherTileIsRefused) {
+  const char* saved = std::getenv("LONGCTX_PREFILL_KERNEL");
+  const std::string restore = saved ? saved : "";
+  kernels::PagedPrefillParams p;
+  p.num_qo_heads = 8;
+  p.num_kv_heads = 2;
+  p.page_size = 16;
+  p.dtype = DType::kBF16;
+  p.mask_mode = MaskMode::kCausal;
+  kernels::cuda::PrefillPlan plan;
+  plan.num_qo_heads = 8;
+  plan.num_kv_heads = 2;
+  plan.mask_mode = MaskMode::kCausal;
+  plan.tile_rows = kernels::cuda::kPrefillMaxTileRows;
+  for (const char* kernel : {"fa2", "sm90"})
+    for (int d : {64, 128}) {
+      setenv("LONGCTX_PREFILL_KERNEL", kernel, 1);
+      if (d == 64 && kernels::cuda::paged_prefill_tile_rows(64) == plan.tile_rows)
+        continue;  // the one kernel of 192-row tiles
+      p.head_dim = plan.head_dim = d;
+      p.sm_scale = 1.f / std::sqrt(float(d));
+      EXPECT_THROW(kernels::cuda::paged_prefill_run(p, plan, nullptr), Error)
+          << kernel << " head_dim " << d;
+    }
+  if (saved)
+    setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
+  else
+    unsetenv("LONGCTX_PREFILL_KERNEL");
 }
 
 // Each kernel path forced through LONGCTX_PREFILL_KERNEL (the mma.sync kernel, and the sm_90a
@@ -224,20 +261,26 @@ TEST(PrefillHarness, EachKernelPath) {
     const char* tma;    // LONGCTX_PREFILL_SM90_TMA (default variant; pages of a multiple of 64
                         // or consecutive)
     const char* split;  // LONGCTX_PREFILL_SPLIT ("": the model decides)
+    const char* rows;   // LONGCTX_PREFILL_SM90_ROWS ("": 192-row tiles at head_dim 64 on sm_90)
   };
-  const Path paths[] = {{"fa2", "", "1", ""},          {"sm90", "persistent", "1", ""},
-                        {"sm90", "grid", "1", ""},     {"sm90", "pingpong", "1", ""},
-                        {"sm90", "pingpong", "0", ""}, {"sm90", "pingpong", "1", "1"},
-                        {"sm90", "pingpong", "0", "1"}};
-  for (const auto& [path, variant, tma, split] : paths) {
+  // At head_dim 64 the default rows take the three-warpgroup kernel (pingpong, or persistent
+  // without turns); "128" the two-warpgroup one.
+  const Path paths[] = {
+      {"fa2", "", "1", "", ""},           {"sm90", "persistent", "1", "", ""},
+      {"sm90", "grid", "1", "", "128"},   {"sm90", "pingpong", "1", "", ""},
+      {"sm90", "pingpong", "0", "", ""},  {"sm90", "pingpong", "1", "1", ""},
+      {"sm90", "pingpong", "0", "1", ""}, {"sm90", "pingpong", "1", "", "128"},
+      {"sm90", "persistent", "0", "1", "128"}};
+  for (const auto& [path, variant, tma, split, rows] : paths) {
     setenv("LONGCTX_PREFILL_KERNEL", path, 1);
     setenv("LONGCTX_PREFILL_SM90_VARIANT", variant, 1);
     setenv("LONGCTX_PREFILL_SM90_TMA", tma, 1);
     setenv("LONGCTX_PREFILL_SPLIT", split, 1);
+    setenv("LONGCTX_PREFILL_SM90_ROWS", rows, 1);
     std::printf(
         "LONGCTX_PREFILL_KERNEL=%s LONGCTX_PREFILL_SM90_VARIANT=%s LONGCTX_PREFILL_SM90_TMA=%s "
-        "LONGCTX_PREFILL_SPLIT=%s\n",
-        path, variant, tma, split);
+        "LONGCTX_PREFILL_SPLIT=%s LONGCTX_PREFILL_SM90_ROWS=%s\n",
+        path, variant, tma, split, rows);
     std::vector<std::unique_ptr<OpCase>> cases;
     uint64_t seed = 5000;
     for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
@@ -299,6 +342,7 @@ TEST(PrefillHarness, EachKernelPath) {
   unsetenv("LONGCTX_PREFILL_SM90_VARIANT");
   unsetenv("LONGCTX_PREFILL_SM90_TMA");
   unsetenv("LONGCTX_PREFILL_SPLIT");
+  unsetenv("LONGCTX_PREFILL_SM90_ROWS");
   if (saved)
     setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
   else
@@ -331,13 +375,14 @@ TEST(PrefillHarness, StreamKSplitWhereItPays) {
     cases.push_back(std::make_unique<PrefillCase>(s));
   }
   for (auto& c : cases) split_cases.push_back(static_cast<PrefillCase*>(c.get()));
-  // 640 tokens x 4 heads = 20 row tiles x 8 kv heads = 160 units, 1.2 rounds on 132 SMs: a whole
-  // round, then the other 28 units cut over every CTA.
+  // 5 row tiles of tokens x 4 heads = 20 row tiles x 8 kv heads = 160 units, 1.2 rounds on 132
+  // SMs: a whole round, then the other 28 units cut over every CTA.
   std::vector<PrefillCase*> hybrid_cases;
   for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal})
     for (auto [d, page] : {std::pair{128, 128}, std::pair{64, 16}}) {
+      const int tokens = 5 * kernels::cuda::paged_prefill_tile_rows(d);
       cases.push_back(std::make_unique<PrefillCase>(
-          shape({640}, {2000}, 32, 8, d, page, DType::kBF16, mode, true, seed++)));
+          shape({tokens}, {2000}, 32, 8, d, page, DType::kBF16, mode, true, seed++)));
       hybrid_cases.push_back(static_cast<PrefillCase*>(cases.back().get()));
     }
   expect_no_failures(run_cases(cases), 22);

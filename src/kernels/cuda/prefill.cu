@@ -397,9 +397,10 @@ SplitLayout split_layout(size_t start, int head_dim, int num_ctas) {
   SplitLayout l;
   l.ranges = workspace_align(start);
   l.merges = workspace_align(l.ranges + sizeof(int32_t) * kPrefillCtaRangeInts * num_ctas);
+  // Sized for the larger tile, so a workspace sized before a plan fits whichever it takes.
   l.lse = workspace_align(l.merges + sizeof(int32_t) * kPrefillMergeGroupInts * num_ctas);
-  l.o = workspace_align(l.lse + sizeof(float) * slots * kPrefillTileRows);
-  l.end = workspace_align(l.o + sizeof(float) * slots * kPrefillTileRows * head_dim);
+  l.o = workspace_align(l.lse + sizeof(float) * slots * kPrefillMaxTileRows);
+  l.end = workspace_align(l.o + sizeof(float) * slots * kPrefillMaxTileRows * head_dim);
   return l;
 }
 
@@ -439,6 +440,12 @@ bool paged_prefill_sm90_path(int head_dim) {
   return use_sm90_path(probe);
 }
 
+int paged_prefill_tile_rows(int head_dim) {
+  if (head_dim != 64 || !paged_prefill_sm90_path(head_dim)) return kPrefillTileRows;
+  const char* e = std::getenv("LONGCTX_PREFILL_SM90_ROWS");
+  return e != nullptr && std::strcmp(e, "128") == 0 ? kPrefillTileRows : kPrefillMaxTileRows;
+}
+
 size_t paged_prefill_split_workspace_bytes(int head_dim, int num_sms) {
   if (num_sms <= 0) num_sms = current_sm_count();
   return split_layout(0, head_dim, num_sms).end + 256;  // + the alignment of the start
@@ -457,6 +464,7 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   LONGCTX_CHECK(head_dim == 64 || head_dim == 128, E::kUnsupported,
                 "paged prefill plan: head_dim {} (supported: 64, 128)", head_dim);
   const int group = num_qo_heads / num_kv_heads;
+  const int64_t tile_rows = paged_prefill_tile_rows(head_dim);
   struct Item {
     int32_t b, tile;
     int64_t cost;  // key tiles visited, for heaviest-first ordering
@@ -471,10 +479,10 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
     LONGCTX_CHECK(kv_len <= kMaxSparseKv, E::kUnsupported,
                   "paged prefill plan: request {} kv_len {} above {}", b, kv_len, kMaxSparseKv);
     const int64_t rows = q_len * group;
-    for (int64_t tile = 0; tile * kRows < rows; ++tile) {
+    for (int64_t tile = 0; tile * tile_rows < rows; ++tile) {
       int64_t end = kv_len;
       if (mask_mode == MaskMode::kCausal) {
-        const int64_t tok_max = (std::min(rows, (tile + 1) * kRows) - 1) / group;
+        const int64_t tok_max = (std::min(rows, (tile + 1) * tile_rows) - 1) / group;
         end = std::clamp<int64_t>(kv_len - q_len + tok_max + 1, 0, kv_len);
       }
       items.push_back({int32_t(b), int32_t(tile), (end + kKeys - 1) / kKeys, end});
@@ -502,6 +510,7 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   PrefillPlan plan;
   plan.num_work_items = int(items.size());
   plan.work_items = static_cast<const int32_t*>(workspace);
+  plan.tile_rows = int(tile_rows);
   plan.num_qo_heads = num_qo_heads;
   plan.num_kv_heads = num_kv_heads;
   plan.head_dim = head_dim;
@@ -570,6 +579,10 @@ void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cud
     paged_prefill_sm90_run(p, plan, stream);
     return;
   }
+  LONGCTX_CHECK(plan.tile_rows == kRows, ErrorCode::kInvalidArgument,
+                "paged prefill: the plan's {}-row tiles are the Hopper kernel's, not this "
+                "device's (planned under another LONGCTX_PREFILL_KERNEL?)",
+                plan.tile_rows);
   if (p.dtype == DType::kBF16) {
     if (p.head_dim == 64)
       launch<64, __nv_bfloat16>(p, plan, stream);

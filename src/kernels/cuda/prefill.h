@@ -28,18 +28,21 @@
 
 namespace longctx::kernels::cuda {
 
-// Rows (packed (token, q head) pairs) per CTA and keys per K/V tile of the kernel.
+// Rows (packed (token, q head) pairs) per work item: 128, or 192 where the Hopper kernel runs
+// head_dim 64 (paged_prefill_tile_rows); keys per K/V tile of the mma.sync kernel.
 inline constexpr int kPrefillTileRows = 128;
+inline constexpr int kPrefillMaxTileRows = 192;
 inline constexpr int kPrefillTileKeys = 64;
 
 // What run() needs from plan(). Plain values + a device pointer into the caller's workspace.
 // The work list format is part of the interface: item i = (request b, row tile t) covers packed
-// rows [t * kPrefillTileRows, (t + 1) * kPrefillTileRows) of request b; callers may build their
-// own list (the block-causal wrapper does), and an item of a request with q_len 0 is a no-op
-// (used to pad a CUDA graph's fixed grid).
+// rows [t * tile_rows, (t + 1) * tile_rows) of request b; callers may build their own list (the
+// block-causal wrapper does, with paged_prefill_tile_rows()), and an item of a request with
+// q_len 0 is a no-op (used to pad a CUDA graph's fixed grid).
 struct PrefillPlan {
   int num_work_items = 0;               // the launch has num_work_items x num_kv_heads CTAs
   const int32_t* work_items = nullptr;  // device, [num_work_items, 2]: (request, row tile)
+  int tile_rows = kPrefillTileRows;     // rows per work item; run() takes a kernel of this tile
   int num_qo_heads = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
@@ -52,8 +55,8 @@ struct PrefillPlan {
   const int32_t* split_ranges = nullptr;  // device [split_ctas, 6] (PrefillCtaRange)
   int num_merge_groups = 0;
   const int32_t* merge_groups = nullptr;  // device [num_merge_groups, 3] (PrefillMergeGroup)
-  float* partial_o = nullptr;             // device [slots, kPrefillTileRows, head_dim]
-  float* partial_lse = nullptr;           // device [slots, kPrefillTileRows]
+  float* partial_o = nullptr;             // device [slots, tile_rows, head_dim]
+  float* partial_lse = nullptr;           // device [slots, tile_rows]
 };
 
 // Upper bound of the workspace plan() writes, for any batch with these totals.
@@ -84,6 +87,11 @@ bool paged_prefill_supported(const PagedPrefillParams& params);
 // Whether run() takes the Hopper kernel at this head_dim here (sm_90 device, a binary carrying
 // it, LONGCTX_PREFILL_KERNEL); only then does plan() split.
 bool paged_prefill_sm90_path(int head_dim);
+
+// Rows per work item that plan() uses here at this head_dim: 192 where the Hopper kernel runs
+// head_dim 64 (three consumer warpgroups), else 128. LONGCTX_PREFILL_SM90_ROWS=128 keeps 128 there
+// (measurement). A caller building its own work list must use it and set PrefillPlan::tile_rows.
+int paged_prefill_tile_rows(int head_dim);
 
 // Launches the kernel. params' pointers are device pointers; params' shapes must match the plan.
 void paged_prefill_run(const PagedPrefillParams& params, const PrefillPlan& plan,

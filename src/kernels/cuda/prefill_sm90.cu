@@ -2,30 +2,31 @@
 // interface, work list and semantics as the mma.sync kernel of prefill.cu (see prefill.h);
 // paged_prefill_run() picks this path on sm_90 for head_dim 64 and 128 (prefill_sm90.h).
 //
-// A CTA = 3 warpgroups; it processes work items (request, 128-row tile, kv head): one per CTA, or
-// (persistent variants, the default) with one CTA per SM, rounds of gridDim.x items in a snake
-// order (item_at). With the plan's stream-K split (kernels/prefill_schedule.h) each CTA takes
-// the split's whole snake rounds (often none) and then its range of items, the first and last
-// possibly a piece (a range of key tiles) that writes an fp32 partial state, and
-// prefill_merge_kernel combines each cut item's pieces afterwards.
-//   warpgroup 2 (producer, 40 registers): for a block-sparse item first writes the bitmaps of
-//     the key blocks some / every row of the tile keeps (the consumers skip the blocks none
-//     keeps and mask per row only where the rows differ); loads each item's Q tile, then gathers
-//     its K and V tiles (128 keys) through the page table with cp.async row copies (any page
-//     size 1..256; with pages of a multiple of 64 tokens, or consecutive pages
+// A CTA = 2 or 3 consumer warpgroups + 1 producer warpgroup; it processes work items (request,
+// row tile of 64 rows per consumer warpgroup, kv head): one per CTA, or (persistent variants, the
+// default) with one CTA per SM, rounds of gridDim.x items in a snake order (item_at). With the
+// plan's stream-K split (kernels/prefill_schedule.h) each CTA takes the split's whole snake rounds
+// (often none) and then its range of items, the first and last possibly a piece (a range of key
+// tiles) that writes an fp32 partial state, and prefill_merge_kernel combines each cut item's
+// pieces afterwards.
+//   the producer (the last warpgroup, 40 or 32 registers): for a block-sparse item first writes
+//     the bitmaps of the key blocks some / every row of the tile keeps (the consumers skip the
+//     blocks none keeps and mask per row only where the rows differ); loads each item's Q tile,
+//     then gathers its K and V tiles (128 keys) through the page table with cp.async row copies
+//     (any page size 1..256; with pages of a multiple of 64 tokens, or consecutive pages
 //     (kv_contiguous), the TMA brings the tile's whole 64-key halves instead, Sm90Tiling::kTma)
 //     into a 2-stage ring; cp.async.mbarrier.arrive.noinc signals a buffer's "full" mbarrier when
 //     its copies land, and the producer waits on the buffer's "empty" mbarrier before reusing it.
 //     K, V and Q have separate barriers, so K of tile i+2 loads while P V of tile i still reads V,
 //     and the next item's Q and K/V load while the consumers finish the current item.
-//   warpgroups 0, 1 (consumers, 232 registers): 64 packed rows each (the 128-row tile),
-//     S = Q K^T with wgmma m64n128k16 (Q and K from 128B-swizzled shared memory, K-major),
-//     online softmax in fp32 on the accumulators (exp2, scale folded into the FFMA), then
-//     O += P V with wgmma m64n{head_dim}k16, P from registers (the S accumulator layout converted
-//     to A fragments) and V from shared memory as an MN-major (transposed) operand. S of tile n is
-//     issued before P V of tile n-1, so the softmax overlaps the tensor cores; by default the two
-//     consumer warpgroups take turns issuing their GEMMs (ping-pong), so one's softmax overlaps
-//     the other's GEMMs too.
+//   the consumers (2 x 232 registers for a 128-row tile; 3 x 160 for the 192-row tile at head_dim
+//     64): 64 packed rows each, S = Q K^T with wgmma m64n128k16 (Q and K from 128B-swizzled
+//     shared memory, K-major), online softmax in fp32 on the accumulators (exp2, scale folded
+//     into the FFMA), then O += P V with wgmma m64n{head_dim}k16, P from registers (the S
+//     accumulator layout converted to A fragments) and V from shared memory as an MN-major
+//     (transposed) operand. S of tile n is issued before P V of tile n-1, so the softmax overlaps
+//     the tensor cores; by default the consumer warpgroups take turns issuing their GEMMs
+//     (ping-pong, round robin), so one's softmax overlaps the others' GEMMs too.
 //
 // Shared-memory tiles are [2 column halves][rows][64 elements]: each 128-byte row holds 64
 // elements of one half, its 16-byte chunks XOR-swizzled by row % 8 (the wgmma 128B swizzle,
@@ -61,13 +62,29 @@
 namespace longctx::kernels::cuda {
 namespace {
 
-constexpr int kRows = kPrefillTileRows;  // 128 = 2 consumer warpgroups x 64 rows
-constexpr int kMaskWords = 1024;         // block-sparse bitmap, as in prefill.cu (4M keys)
-constexpr int kThreads = 384;            // 2 consumer warpgroups + 1 producer warpgroup
-constexpr int kConsumerThreads = 256;
+constexpr int kMaskWords = 1024;  // block-sparse bitmap, as in prefill.cu (4M keys)
+constexpr int kProducerThreads = 128;
+// Named barriers (0 is __syncthreads): the producer's bitmap barrier, then per consumer
+// warpgroup its epilogue barrier and its ping-pong turn.
+constexpr int kBarProducer = 1;
+constexpr int kBarEpilogue = 2;  // + warpgroup
+constexpr int kBarTurn = 5;      // + warpgroup
 
-template <int HEAD_DIM, int KEYS, int STAGES, bool PERSISTENT, bool PINGPONG, bool TMA = false>
+template <int HEAD_DIM, int KEYS, int STAGES, bool PERSISTENT, bool PINGPONG, bool TMA = false,
+          int CONSUMERS = 2>
 struct Sm90Tiling {
+  // Consumer warpgroups of 64 query rows each: 2 (a 128-row tile), or 3 (192 rows, head_dim 64:
+  // FA3's tile there). Each K/V tile then serves 192 rows, and a third warpgroup's GEMMs cover
+  // the others' softmax, which at head_dim 64 costs as much as their GEMMs.
+  static constexpr int kConsumers = CONSUMERS;
+  static constexpr int kRows = 64 * CONSUMERS;
+  static constexpr int kConsumerThreads = 128 * CONSUMERS;
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  // setmaxnreg budgets (multiples of 8; 65536 registers per SM): 40 + 2 x 232 or 32 + 3 x 160.
+  static constexpr int kProducerRegs = CONSUMERS == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = CONSUMERS == 2 ? 232 : 160;
+  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536);
+  static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && HEAD_DIM == 64));
   // head_dim 64 or 128: one or two 64-element (128-byte) column halves per shared-memory row.
   static constexpr int kD = HEAD_DIM;
   static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks of a row
@@ -291,11 +308,11 @@ struct Sm90Item {
 struct Sm90Split {
   const int32_t* ranges;  // [gridDim.x, kPrefillCtaRangeInts] (PrefillCtaRange)
   int dp_rounds;          // whole snake rounds of gridDim.x units before each CTA's range
-  float* partial_o;       // [slots, kRows, D]
-  float* partial_lse;     // [slots, kRows]
+  float* partial_o;       // [slots, tile rows, D]
+  float* partial_lse;     // [slots, tile rows]
 };
 
-template <int KEYS>
+template <int KEYS, int ROWS>
 __device__ __forceinline__ Sm90Item make_item(const PagedPrefillParams& p,
                                               const int32_t* __restrict__ work, int idx) {
   Sm90Item it;
@@ -310,9 +327,9 @@ __device__ __forceinline__ Sm90Item make_item(const PagedPrefillParams& p,
   it.kv_len = n_pages == 0 ? 0 : (n_pages - 1) * p.page_size + p.kv_last_page_len[it.b];
   it.pages = p.kv_indices + p.kv_indptr[it.b];
   it.num_rows = it.q_len * group;
-  it.row0 = it.tile * kRows;
+  it.row0 = it.tile * ROWS;
   it.tok_min = it.row0 / group;
-  it.tok_max = (min(it.row0 + kRows, it.num_rows) - 1) / group;
+  it.tok_max = (min(it.row0 + ROWS, it.num_rows) - 1) / group;
   it.kv_end = it.kv_len;
   it.full_end = it.kv_len;
   if (p.mask_mode == MaskMode::kCausal) {
@@ -326,13 +343,15 @@ __device__ __forceinline__ Sm90Item make_item(const PagedPrefillParams& p,
 }
 
 template <typename T, typename Tl>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Tl::kThreads, 1)
     paged_prefill_sm90_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
                               int num_ctas_total, const Sm90Split split,
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v) {
 #ifdef LONGCTX_SM90A_DEVICE
   constexpr int KEYS = Tl::kKeys, STAGES = Tl::kStages, kD = Tl::kD, kChunks = Tl::kChunks;
+  constexpr int kRows = Tl::kRows, kThreads = Tl::kThreads;
+  constexpr int kConsumerThreads = Tl::kConsumerThreads;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -381,12 +400,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (range == nullptr || k < dp_rounds) {
       const int idx = item_at(k);
       if (idx >= num_ctas_total) return false;
-      it = make_item<KEYS>(p, work, idx);
+      it = make_item<KEYS, kRows>(p, work, idx);
       return true;
     }
     k -= dp_rounds;
     const int u = __ldg(range) + k;
-    it = make_item<KEYS>(p, work, u);
+    it = make_item<KEYS, kRows>(p, work, u);
     const int kb = k == 0 ? __ldg(range + 1) : 0;
     const int ke = u == __ldg(range + 2) ? __ldg(range + 3) : it.num_tiles;
     if (kb > 0 || ke < it.num_tiles) it.slot = __ldg(range + (k == 0 ? 4 : 5));
@@ -417,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp >= kConsumerThreads / 32) {
     // ================= producer warpgroup =================
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tl::kProducerRegs));
     const int pt = tid - kConsumerThreads;
     const T* __restrict__ q = static_cast<const T*>(p.q);
     const T* __restrict__ kc = static_cast<const T*>(p.k_cache);
@@ -475,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       p.block_mask_heads == 1 ? 1 : group,
                                       it.tok_min / kSparseBlock, it.tok_max / kSparseBlock, pt >> 5,
                                       (kThreads - kConsumerThreads) / 32, pt & 31, s_bits, s_all);
-        named_barrier(3, kThreads - kConsumerThreads);
+        named_barrier(kBarProducer, kThreads - kConsumerThreads);
       }
       // Q tile: row r -> (token, head), a thread per 16-byte chunk; padding rows zero-filled.
       for (int r = pt / kChunks; r < kRows; r += 128 / kChunks) {
@@ -546,8 +565,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("cp.async.wait_all;\n" ::: "memory");
   } else {
     // ================= consumer warpgroups =================
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int wg = warp >> 2;  // 0 or 1: rows [64 wg, 64 wg + 64)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tl::kConsumerRegs));
+    const int wg = warp >> 2;  // rows [64 wg, 64 wg + 64)
     const int wt = tid & 127;  // thread within the warpgroup
     const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int r_base = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows: r_base, r_base + 8
@@ -555,16 +574,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t q_wg = s_q + wg * 64 * 128;
     T* out = static_cast<T*>(p.o);
 
-    // Ping-pong turns: warpgroup wg issues its GEMMs after bar.sync on barrier 4 + wg, which
-    // completes when the other warpgroup has passed the turn (bar.arrive). Both warpgroups walk
-    // the same items and tiles, so the turns alternate; warpgroup 1 passes first so that 0 starts.
+    // Ping-pong turns: warpgroup wg issues its GEMMs after bar.sync on its turn barrier, which
+    // completes when the previous warpgroup (round robin) has passed the turn (bar.arrive; 2 x 128
+    // threads). All warpgroups walk the same items and tiles, so the turns go round; the last
+    // warpgroup passes first so that 0 starts.
+    constexpr int kWgs = Tl::kConsumers;
     auto turn_wait = [&] {
-      if constexpr (Tl::kPingPong) named_barrier(4 + wg, kConsumerThreads);
+      if constexpr (Tl::kPingPong) named_barrier(kBarTurn + wg, 256);
     };
     auto turn_pass = [&] {
-      if constexpr (Tl::kPingPong) named_barrier_arrive(4 + (wg ^ 1), kConsumerThreads);
+      if constexpr (Tl::kPingPong) named_barrier_arrive(kBarTurn + (wg + 1) % kWgs, 256);
     };
-    if (wg == 1) turn_pass();
+    if (wg == kWgs - 1) turn_pass();
 
     float o[kD / 2];  // 64 rows x kD dims / 128 threads, m16n8 accumulator layout per warp
     float m[2], l[2];
@@ -751,7 +772,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
       // ---- epilogue: normalize, stage this warpgroup's rows in s_o, 16-byte stores ----
-      named_barrier(1 + wg, 128);  // the previous item's reads of s_o are done
+      named_barrier(kBarEpilogue + wg, 128);  // the previous item's reads of s_o are done
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float li = l[i];
@@ -789,7 +810,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             p.lse[int64_t(it.q_start + tok) * p.num_qo_heads + h] = lse;
         }
       }
-      named_barrier(1 + wg, 128);
+      named_barrier(kBarEpilogue + wg, 128);
       for (int id = wt; id < (p.o_f32 || it.slot >= 0 ? 0 : 64 * kChunks); id += 128) {
         const int r = wg * 64 + id / kChunks, c = id % kChunks;
         const int pr = it.row0 + r;
@@ -805,7 +826,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Other targets: never launched (see paged_prefill_sm90_available); references keep the
   // compiler quiet about the constants only the sm_90a body uses.
   static_assert(Tl::kKeys > 0 && Tl::kStages > 0 && (Tl::kPersistent || !Tl::kPersistent) &&
-                kConsumerThreads > 0 && Tl::kQBytes > 0);
+                Tl::kConsumerThreads > 0 && Tl::kQBytes > 0);
 #endif  // LONGCTX_SM90A_DEVICE
 }
 
@@ -820,12 +841,12 @@ bool sm90_tma_pages(const PagedPrefillParams& p) {
 
 // The pieces of each cut unit (PrefillMergeGroup) merged into o / o_f32 and lse: a warp per row
 // (detail::merge_row_warp, the stable merge of kernels/cuda/merge.cu), kMergeRowsPerCta rows per
-// CTA, grid (groups, kRows / kMergeRowsPerCta). A row's merge is a chain of dependent L2 loads,
+// CTA, grid (groups, ROWS / kMergeRowsPerCta). A row's merge is a chain of dependent L2 loads,
 // so the rows must run side by side: one CTA per group, its 8 warps walking 16 rows each, made
 // the whole prefill 15 % slower (H200: a 640-token chunk over 30K keys 522 against 614 TF, a
 // 256-token chunk over 256K keys 606 against 639).
 constexpr int kMergeRowsPerCta = 4;
-template <typename T, int D>
+template <typename T, int D, int ROWS>
 __global__ void __launch_bounds__(32 * kMergeRowsPerCta)
     prefill_merge_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
                          const int32_t* __restrict__ groups, const float* __restrict__ po,
@@ -834,7 +855,7 @@ __global__ void __launch_bounds__(32 * kMergeRowsPerCta)
   const int s0 = groups[kPrefillMergeGroupInts * blockIdx.x + 1];
   const int count = groups[kPrefillMergeGroupInts * blockIdx.x + 2];
   const int kvh = unit % p.num_kv_heads, item = unit / p.num_kv_heads;
-  const int b = work[2 * item], row0 = work[2 * item + 1] * kRows;
+  const int b = work[2 * item], row0 = work[2 * item + 1] * ROWS;
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int q_start = p.qo_indptr[b];
   const int num_rows = (p.qo_indptr[b + 1] - q_start) * group;
@@ -843,8 +864,8 @@ __global__ void __launch_bounds__(32 * kMergeRowsPerCta)
   if (row0 + r < num_rows) {
     const int pr = row0 + r;
     const int64_t row = int64_t(q_start + pr / group) * p.num_qo_heads + kvh * group + pr % group;
-    auto lse_at = [&](int j) { return plse[int64_t(s0 + j) * kRows + r]; };
-    auto o_at = [&](int j) { return po + (int64_t(s0 + j) * kRows + r) * D; };
+    auto lse_at = [&](int j) { return plse[int64_t(s0 + j) * ROWS + r]; };
+    auto o_at = [&](int j) { return po + (int64_t(s0 + j) * ROWS + r) * D; };
     const float lse =
         p.o_f32 ? detail::merge_row_warp<float, float>(count, D, lse_at, o_at, p.o_f32 + row * D)
                 : detail::merge_row_warp<float, T>(count, D, lse_at, o_at,
@@ -876,12 +897,12 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   }
   const Sm90Split sp{split ? plan.split_ranges : nullptr, plan.split_dp_rounds, plan.partial_o,
                      plan.partial_lse};
-  paged_prefill_sm90_kernel<T, Tl><<<unsigned(grid), kThreads, Tl::kSmemBytes, stream>>>(
+  paged_prefill_sm90_kernel<T, Tl><<<unsigned(grid), Tl::kThreads, Tl::kSmemBytes, stream>>>(
       p, plan.work_items, int(total), sp, maps[0], maps[1]);
   LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_sm90_kernel");
   if (split && plan.num_merge_groups > 0) {
-    const dim3 grid(unsigned(plan.num_merge_groups), kRows / kMergeRowsPerCta);
-    prefill_merge_kernel<T, Tl::kD><<<grid, 32 * kMergeRowsPerCta, 0, stream>>>(
+    const dim3 grid(unsigned(plan.num_merge_groups), Tl::kRows / kMergeRowsPerCta);
+    prefill_merge_kernel<T, Tl::kD, Tl::kRows><<<grid, 32 * kMergeRowsPerCta, 0, stream>>>(
         p, plan.work_items, plan.merge_groups, plan.partial_o, plan.partial_lse);
     LONGCTX_CUDA_CHECK_LAUNCH("prefill_merge_kernel");
   }
@@ -907,6 +928,11 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
 // of the warp moved): +1-2 % on the cp.async path at head_dim 128, unchanged with the TMA, 2-4 %
 // slower at head_dim 64 (not kept). Head_dim 64 row sums from the P V GEMM (m64n72, 8 columns of
 // ones): 2-5 % slower, and its LSE from bf16-rounded P missed the 1e-3 tolerance (not kept).
+// Head_dim 64 in 192-row tiles (3 consumer warpgroups, FA3's tile there) against 128-row ones,
+// causal, two rounds in one call (TFLOP/s; cuDNN 414-424 at 8K, 459-463 at 32K): pages of 128,
+// 8K 460-462 against 391-398, 32K 481-484 against 420-422; pages of 16, 8K 438-445 against
+// 385-387, 32K 460 against 399-400. Without the turns ("persistent") 422-424 / 466 / 393-396 /
+// 427-430.
 template <typename T, int D>
 void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   const char* e = std::getenv("LONGCTX_PREFILL_SM90_VARIANT");
@@ -917,6 +943,18 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
   // against 379).
   const char* te = std::getenv("LONGCTX_PREFILL_SM90_TMA");
   const bool tma = sm90_tma_pages(p) && (te == nullptr || std::strcmp(te, "0") != 0);
+  if constexpr (D == 64) {
+    if (plan.tile_rows == 192) {  // three consumer warpgroups (paged_prefill_tile_rows)
+      if (v == "persistent") {
+        if (tma) return launch<T, Sm90Tiling<D, 128, 2, true, false, true, 3>>(p, plan, stream);
+        return launch<T, Sm90Tiling<D, 128, 2, true, false, false, 3>>(p, plan, stream);
+      }
+      if (tma) return launch<T, Sm90Tiling<D, 128, 2, true, true, true, 3>>(p, plan, stream);
+      return launch<T, Sm90Tiling<D, 128, 2, true, true, false, 3>>(p, plan, stream);
+    }
+  }
+  LONGCTX_CHECK(plan.tile_rows == kPrefillTileRows, ErrorCode::kInvalidArgument,
+                "paged prefill: a plan of {}-row tiles at head_dim {}", plan.tile_rows, D);
   if (v == "grid") return launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
   if (v == "persistent") return launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
   if (tma)
