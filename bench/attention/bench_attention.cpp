@@ -745,6 +745,8 @@ int main(int argc, char** argv) {
                                std::to_string(page) + ")";
       bench_prefill(name.c_str(), n, n, MaskMode::kCausal, false, page, stream, 64);
     }
+  bench_prefill("chunk q=2048 kv=30720 head_dim 64 non-causal +lse (page 128)", 2048, 30720,
+                MaskMode::kNone, true, 128, stream, 64);
   for (int b : {1, 16, 64}) bench_decode(b, 32768, 16, stream);
   bench_decode(1, 32768, 128, stream);
   for (int64_t block : {64, 128}) bench_block_causal(32768, 1500, block, stream);

@@ -85,25 +85,27 @@ def causal_prefill(S, d=D):
         attempt(f"sdpa {bname} causal S={S}{tag}", run)
 
 
-def chunk_with_lse(nq=2048, nk=30720):
+def chunk_with_lse(nq=2048, nk=30720, d=D):
     """nq queries against nk keys, non-causal, with the LSE (the aten ops return it)."""
-    q, k, v = rand(1, HQ, nq, D), rand(1, HK, nk, D), rand(1, HK, nk, D)
+    q, k, v = rand(1, HQ, nq, d), rand(1, HK, nk, d), rand(1, HK, nk, d)
     ke, ve = k.repeat_interleave(HQ // HK, dim=1), v.repeat_interleave(HQ // HK, dim=1)
-    flops = 4.0 * D * HQ * nq * nk
+    flops = 4.0 * d * HQ * nq * nk
+    scale = 1.0 / math.sqrt(d)
+    tag = "" if d == D else f" head_dim {d}"
 
     def flash():
         fn = lambda: torch.ops.aten._scaled_dot_product_flash_attention(  # noqa: E731
-            q, ke, ve, 0.0, False, False, scale=SCALE)
+            q, ke, ve, 0.0, False, False, scale=scale)
         out = fn()
         assert out[1].shape[-1] == nq, "no lse"
-        report(f"sdpa FLASH chunk q={nq} kv={nk} +lse (aten, expanded kv)", time_ms(fn), flops)
+        report(f"sdpa FLASH chunk q={nq} kv={nk}{tag} +lse (aten, expanded kv)", time_ms(fn), flops)
 
     def cudnn():
         fn = lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(  # noqa: E731
-            q, ke, ve, None, True, 0.0, False, False, scale=SCALE)
+            q, ke, ve, None, True, 0.0, False, False, scale=scale)
         out = fn()
         assert out[1].numel() > 0, "no lse"
-        report(f"sdpa CUDNN chunk q={nq} kv={nk} +lse (aten, expanded kv)", time_ms(fn), flops)
+        report(f"sdpa CUDNN chunk q={nq} kv={nk}{tag} +lse (aten, expanded kv)", time_ms(fn), flops)
 
     attempt("sdpa FLASH chunk +lse", flash)
     attempt("sdpa CUDNN chunk +lse", cudnn)
@@ -202,6 +204,7 @@ def main():
             chunk_with_lse()
             chunk_with_lse(256, 262144)  # a short chunk over a long history
             chunk_with_lse(640)  # 160 units of work: 1.2 rounds on 132 SMs
+            chunk_with_lse(d=64)
             torch.cuda.empty_cache()
         elif what == "decode":
             # Shapes whose K/V (>= 134 MB) cannot sit in the 50 MB L2 between timed calls.

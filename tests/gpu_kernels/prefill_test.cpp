@@ -376,14 +376,17 @@ TEST(PrefillHarness, StreamKSplitWhereItPays) {
   }
   for (auto& c : cases) split_cases.push_back(static_cast<PrefillCase*>(c.get()));
   // 5 row tiles of tokens x 4 heads = 20 row tiles x 8 kv heads = 160 units, 1.2 rounds on 132
-  // SMs: a whole round, then the other 28 units cut over every CTA.
+  // SMs. Non-causal (equal units) the model must run a whole round, then cut the other 28 units
+  // over every CTA; causal, the units' lengths differ and the model may rather cut every unit
+  // (at head_dim 64's 192-row tiles it does), so those cases check whatever it chose.
   std::vector<PrefillCase*> hybrid_cases;
   for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal})
     for (auto [d, page] : {std::pair{128, 128}, std::pair{64, 16}}) {
       const int tokens = 5 * kernels::cuda::paged_prefill_tile_rows(d);
       cases.push_back(std::make_unique<PrefillCase>(
           shape({tokens}, {2000}, 32, 8, d, page, DType::kBF16, mode, true, seed++)));
-      hybrid_cases.push_back(static_cast<PrefillCase*>(cases.back().get()));
+      if (mode == MaskMode::kNone)
+        hybrid_cases.push_back(static_cast<PrefillCase*>(cases.back().get()));
     }
   expect_no_failures(run_cases(cases), 22);
   if (kernels::cuda::paged_prefill_sm90_path(128)) {
