@@ -265,12 +265,15 @@ TEST(PrefillHarness, EachKernelPath) {
   };
   // At head_dim 64 the default rows take the three-warpgroup kernel (pingpong, or persistent
   // without turns); "128" the two-warpgroup one.
-  const Path paths[] = {
-      {"fa2", "", "1", "", ""},           {"sm90", "persistent", "1", "", ""},
-      {"sm90", "grid", "1", "", "128"},   {"sm90", "pingpong", "1", "", ""},
-      {"sm90", "pingpong", "0", "", ""},  {"sm90", "pingpong", "1", "1", ""},
-      {"sm90", "pingpong", "0", "1", ""}, {"sm90", "pingpong", "1", "", "128"},
-      {"sm90", "persistent", "0", "1", "128"}};
+  const Path paths[] = {{"fa2", "", "1", "", ""},
+                        {"sm90", "persistent", "1", "", ""},
+                        {"sm90", "grid", "1", "", "128"},
+                        {"sm90", "pingpong", "1", "", ""},
+                        {"sm90", "pingpong", "0", "", ""},
+                        {"sm90", "pingpong", "1", "1", ""},
+                        {"sm90", "pingpong", "0", "1", ""},
+                        {"sm90", "pingpong", "1", "", "128"},
+                        {"sm90", "persistent", "0", "1", "128"}};
   for (const auto& [path, variant, tma, split, rows] : paths) {
     setenv("LONGCTX_PREFILL_KERNEL", path, 1);
     setenv("LONGCTX_PREFILL_SM90_VARIANT", variant, 1);
