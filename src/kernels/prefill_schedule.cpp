@@ -3,7 +3,46 @@
 #include <algorithm>
 #include <cmath>
 
+#include "longctx/core/error.h"
+
 namespace longctx::kernels {
+
+std::vector<PrefillWorkItem> prefill_work_items(const int32_t* qo_indptr, const int32_t* kv_len,
+                                                int batch, int group, int tile_rows, bool causal,
+                                                int cost_keys, int64_t max_kv) {
+  std::vector<PrefillWorkItem> items;
+  for (int b = 0; b < batch; ++b) {
+    const int64_t q_len = qo_indptr[b + 1] - qo_indptr[b];
+    const int64_t kv = kv_len[b];
+    LONGCTX_CHECK(q_len >= 0 && kv >= 0, ErrorCode::kInvalidArgument,
+                  "paged prefill plan: request {} has q_len {} kv_len {}", b, q_len, kv);
+    LONGCTX_CHECK(kv <= max_kv, ErrorCode::kUnsupported,
+                  "paged prefill plan: request {} kv_len {} above {}", b, kv, max_kv);
+    const int64_t rows = q_len * group;
+    for (int64_t tile = 0; tile * tile_rows < rows; ++tile) {
+      int64_t end = kv;
+      if (causal) {
+        const int64_t tok_max = (std::min(rows, (tile + 1) * tile_rows) - 1) / group;
+        end = std::clamp<int64_t>(kv - q_len + tok_max + 1, 0, kv);
+      }
+      items.push_back({int32_t(b), int32_t(tile), end});
+    }
+  }
+  std::stable_sort(
+      items.begin(), items.end(), [cost_keys](const PrefillWorkItem& a, const PrefillWorkItem& b) {
+        return (a.end + cost_keys - 1) / cost_keys > (b.end + cost_keys - 1) / cost_keys;
+      });
+  return items;
+}
+
+std::vector<int32_t> prefill_unit_tiles(const std::vector<PrefillWorkItem>& items, int num_kv_heads,
+                                        int keys) {
+  std::vector<int32_t> tiles;
+  tiles.reserve(items.size() * num_kv_heads);
+  for (const PrefillWorkItem& it : items)
+    for (int h = 0; h < num_kv_heads; ++h) tiles.push_back(int32_t((it.end + keys - 1) / keys));
+  return tiles;
+}
 
 namespace {
 

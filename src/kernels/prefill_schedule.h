@@ -1,4 +1,5 @@
-// Work split of the Hopper prefill's persistent CTAs (kernels/cuda/prefill_sm90.cu), host side.
+// The prefill plan's work list, and the work split of the Hopper prefill's persistent CTAs
+// (kernels/cuda/prefill_sm90.cu): host side.
 //
 // The kernel's units of work are (row tile, kv head) pairs of the plan's heaviest-first list; unit
 // u = work entry u / num_kv_heads, kv head u % num_kv_heads, and it visits `tiles[u]` key tiles
@@ -17,6 +18,28 @@
 #include <vector>
 
 namespace longctx::kernels {
+
+// One work item of the prefill plan (PrefillPlan in kernels/cuda/prefill.h): packed rows
+// [tile * tile_rows, (tile + 1) * tile_rows) of request b (row r = token r / group, q head
+// r % group of the kv group), which see keys [0, end) at most.
+struct PrefillWorkItem {
+  int32_t b = 0, tile = 0;
+  int64_t end = 0;
+};
+
+// The plan's work list: every row tile of every request (q_len * group packed rows), heaviest
+// first by key tiles of cost_keys over [0, end), ties in request then tile order. Causal: a row
+// of token t sees keys [0, kv_len - q_len + t + 1), clamped to [0, kv_len]. Host inputs:
+// qo_indptr [batch + 1], kv_len [batch]. Throws Error(kInvalidArgument) on a negative length,
+// Error(kUnsupported) on a kv_len above max_kv.
+std::vector<PrefillWorkItem> prefill_work_items(const int32_t* qo_indptr, const int32_t* kv_len,
+                                                int batch, int group, int tile_rows, bool causal,
+                                                int cost_keys, int64_t max_kv);
+
+// The units of the Hopper kernel over `items` (unit u = item u / num_kv_heads, kv head
+// u % num_kv_heads): the key tiles of `keys` each visits, the split's input.
+std::vector<int32_t> prefill_unit_tiles(const std::vector<PrefillWorkItem>& items, int num_kv_heads,
+                                        int keys);
 
 // One CTA's range: units [unit_begin, unit_end) whole except that the first starts at key tile
 // tile_begin and, when tile_end > 0, unit unit_end is processed too, up to key tile tile_end

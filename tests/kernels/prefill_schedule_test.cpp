@@ -10,7 +10,11 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "longctx/core/error.h"
 
 namespace longctx::kernels {
 namespace {
@@ -230,6 +234,100 @@ TEST(PrefillSchedule, RandomInstancesCoverEveryTileOnce) {
     EXPECT_LE(s.split_makespan, total / p + 3 * overhead + 2 + 1e-9);
   }
   EXPECT_GT(hybrids, 10);
+}
+
+// The visible keys of packed row r of a request (token r / group), as the kernels mask them.
+int64_t row_keys(int64_t r, int group, int64_t q_len, int64_t kv_len, bool causal) {
+  if (!causal) return kv_len;
+  return std::clamp<int64_t>(kv_len - q_len + r / group + 1, 0, kv_len);
+}
+
+TEST(PrefillSchedule, WorkItemsTileEveryRequestHeaviestFirst) {
+  // A token, a GQA group's worth, several tiles, an empty request, a short chunk over history.
+  const std::vector<int32_t> q_lens = {1, 37, 200, 0, 5, 960};
+  const std::vector<int32_t> kv_lens = {300, 37, 700, 50, 90, 2000};
+  std::vector<int32_t> qo_indptr = {0};
+  for (int32_t q : q_lens) qo_indptr.push_back(qo_indptr.back() + q);
+  const int group = 4;
+  for (int rows : {128, 192})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << rows << "-row tiles, causal " << causal);
+      const std::vector<PrefillWorkItem> items = prefill_work_items(
+          qo_indptr.data(), kv_lens.data(), int(q_lens.size()), group, rows, causal, 64, 1 << 22);
+      std::map<std::pair<int32_t, int32_t>, int> seen;
+      for (const PrefillWorkItem& it : items) {
+        ASSERT_GE(it.b, 0);
+        ASSERT_LT(it.b, int32_t(q_lens.size()));
+        ++seen[{it.b, it.tile}];
+        // end: the most keys any row of the tile sees.
+        const int64_t n_rows = int64_t(q_lens[it.b]) * group;
+        int64_t end = 0;
+        for (int64_t r = int64_t(it.tile) * rows; r < std::min(n_rows, int64_t(it.tile + 1) * rows);
+             ++r)
+          end = std::max(end, row_keys(r, group, q_lens[it.b], kv_lens[it.b], causal));
+        EXPECT_EQ(it.end, end) << "request " << it.b << " tile " << it.tile;
+      }
+      for (size_t b = 0; b < q_lens.size(); ++b) {
+        const int tiles = (q_lens[b] * group + rows - 1) / rows;
+        for (int t = 0; t < tiles; ++t)
+          EXPECT_EQ((seen[{int32_t(b), t}]), 1) << "request " << b << " tile " << t;
+      }
+      size_t expected = 0;
+      for (int32_t q : q_lens) expected += (q * group + rows - 1) / rows;
+      EXPECT_EQ(items.size(), expected);
+      // Heaviest first by 64-key tiles; equal costs keep request, then tile order.
+      for (size_t i = 1; i < items.size(); ++i) {
+        const int64_t a = (items[i - 1].end + 63) / 64, c = (items[i].end + 63) / 64;
+        EXPECT_GE(a, c);
+        if (a == c)
+          EXPECT_LT(std::make_pair(items[i - 1].b, items[i - 1].tile),
+                    std::make_pair(items[i].b, items[i].tile));
+      }
+      // The Hopper kernel's units: kv heads inner, key tiles of 128.
+      const std::vector<int32_t> units = prefill_unit_tiles(items, 8, 128);
+      ASSERT_EQ(units.size(), 8 * items.size());
+      for (size_t u = 0; u < units.size(); ++u) EXPECT_EQ(units[u], (items[u / 8].end + 127) / 128);
+    }
+}
+
+TEST(PrefillSchedule, WorkItemsRejectBadLengths) {
+  const int32_t decreasing[] = {0, 5, 3};
+  const int32_t kv[] = {10, 10};
+  try {
+    prefill_work_items(decreasing, kv, 2, 1, 128, false, 64, 1 << 22);
+    ADD_FAILURE() << "a negative q_len was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("request 1 has q_len -2"), std::string::npos) << e.what();
+  }
+  const int32_t qo[] = {0, 5};
+  const int32_t long_kv[] = {(1 << 22) + 1};
+  try {
+    prefill_work_items(qo, long_kv, 1, 1, 128, true, 64, 1 << 22);
+    ADD_FAILURE() << "a kv_len above the maximum was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+  }
+}
+
+TEST(PrefillSchedule, ChunkOfFiveTilesTakesAWholeRoundFirst) {
+  // The GPU split test's shapes (tests/gpu_kernels/prefill_test.cpp): 5 row tiles of tokens x 4
+  // heads over 2000 keys, 8 kv heads, 160 units on 132 CTAs, with prefill.cu's model (overhead
+  // 2, range cost 1.08, 5 % threshold). Equal units take one whole round, then cut the other 28;
+  // causal at 192-row tiles the model cuts every unit instead.
+  for (int rows : {128, 192})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << rows << "-row tiles, causal " << causal);
+      const int32_t qo[] = {0, 5 * rows};
+      const int32_t kv[] = {2000};
+      const std::vector<int32_t> tiles =
+          prefill_unit_tiles(prefill_work_items(qo, kv, 1, 4, rows, causal, 64, 1 << 22), 8, 128);
+      ASSERT_EQ(tiles.size(), 160u);
+      const PrefillSplit s = plan_prefill_split(tiles, 132, 2, 0.05, PrefillSplitMode::kAuto, 1.08);
+      ASSERT_FALSE(s.ctas.empty());
+      EXPECT_EQ(s.dp_rounds, causal && rows == 192 ? 0 : 1);
+      check_split(s, tiles, 132, 2);
+    }
 }
 
 }  // namespace

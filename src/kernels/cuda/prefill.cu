@@ -464,35 +464,13 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   LONGCTX_CHECK(head_dim == 64 || head_dim == 128, E::kUnsupported,
                 "paged prefill plan: head_dim {} (supported: 64, 128)", head_dim);
   const int group = num_qo_heads / num_kv_heads;
-  const int64_t tile_rows = paged_prefill_tile_rows(head_dim);
-  struct Item {
-    int32_t b, tile;
-    int64_t cost;  // key tiles visited, for heaviest-first ordering
-    int64_t end;   // keys [0, end) some row of the tile sees
-  };
-  std::vector<Item> items;
-  for (int b = 0; b < batch_size; ++b) {
-    const int64_t q_len = qo_indptr_host[b + 1] - qo_indptr_host[b];
-    const int64_t kv_len = kv_len_host[b];
-    LONGCTX_CHECK(q_len >= 0 && kv_len >= 0, E::kInvalidArgument,
-                  "paged prefill plan: request {} has q_len {} kv_len {}", b, q_len, kv_len);
-    LONGCTX_CHECK(kv_len <= kMaxSparseKv, E::kUnsupported,
-                  "paged prefill plan: request {} kv_len {} above {}", b, kv_len, kMaxSparseKv);
-    const int64_t rows = q_len * group;
-    for (int64_t tile = 0; tile * tile_rows < rows; ++tile) {
-      int64_t end = kv_len;
-      if (mask_mode == MaskMode::kCausal) {
-        const int64_t tok_max = (std::min(rows, (tile + 1) * tile_rows) - 1) / group;
-        end = std::clamp<int64_t>(kv_len - q_len + tok_max + 1, 0, kv_len);
-      }
-      items.push_back({int32_t(b), int32_t(tile), (end + kKeys - 1) / kKeys, end});
-    }
-  }
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  const int tile_rows = paged_prefill_tile_rows(head_dim);
+  const std::vector<PrefillWorkItem> items =
+      prefill_work_items(qo_indptr_host, kv_len_host, batch_size, group, tile_rows,
+                         mask_mode == MaskMode::kCausal, kKeys, kMaxSparseKv);
   std::vector<int32_t> flat;
   flat.reserve(items.size() * 2);
-  for (const Item& it : items) {
+  for (const PrefillWorkItem& it : items) {
     flat.push_back(it.b);
     flat.push_back(it.tile);
   }
@@ -510,7 +488,7 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   PrefillPlan plan;
   plan.num_work_items = int(items.size());
   plan.work_items = static_cast<const int32_t*>(workspace);
-  plan.tile_rows = int(tile_rows);
+  plan.tile_rows = tile_rows;
   plan.num_qo_heads = num_qo_heads;
   plan.num_kv_heads = num_kv_heads;
   plan.head_dim = head_dim;
@@ -524,11 +502,7 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   // Offsets from the workspace's start (cudaMalloc'ed: 256-byte aligned, as every caller's is).
   const SplitLayout l = split_layout(bytes, head_dim, num_ctas);
   if (l.end > workspace_bytes) return plan;
-  std::vector<int32_t> tiles;
-  tiles.reserve(items.size() * num_kv_heads);
-  for (const Item& it : items)
-    for (int h = 0; h < num_kv_heads; ++h)
-      tiles.push_back(int32_t((it.end + kSm90Keys - 1) / kSm90Keys));
+  const std::vector<int32_t> tiles = prefill_unit_tiles(items, num_kv_heads, kSm90Keys);
   const PrefillSplit split = plan_prefill_split(
       tiles, num_ctas, kSm90UnitOverhead, kSm90SplitMinGain,
       split_mode == "1" ? PrefillSplitMode::kAlways : PrefillSplitMode::kAuto, kSm90RangeCost);
