@@ -221,17 +221,7 @@ TEST(PagedGenericGpu, UnsupportedShapesAreReportedAndRefused) {
 TEST(PagedGenericGpu, CudaGraphReplayMatchesDirectLaunch) {
   GenericCase c(
       gshape({100, 1, 300}, {700, 5000, 300}, 8, 2, 16, 16, DType::kBF16, MaskMode::kCausal));
-  cudaStream_t stream;
-  LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  c.prepare(stream);
-  c.launch(stream);
-  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const std::vector<uint16_t> direct = c.out().download<uint16_t>();
-  replay_in_graph(c, stream, [&] { c.reset_outputs(); });
-  EXPECT_EQ(c.out().download<uint16_t>(), direct);
-  const CaseResult r = c.check();
-  EXPECT_EQ(r.status, Status::kOk) << r.detail;
-  cudaStreamDestroy(stream);
+  expect_graph_replay_matches_direct_launch(c);
 }
 
 // A reduced set for compute-sanitizer.

@@ -221,4 +221,20 @@ class PagedPrefillCase : public OpCase {
   double out_tol_bf16_, out_tol_f16_;
 };
 
+// run() must be capturable in a CUDA graph: a replay (outputs refilled with NaN bytes first)
+// writes the same bits as a direct launch, and passes the reference check.
+inline void expect_graph_replay_matches_direct_launch(PagedPrefillCase& c) {
+  cudaStream_t stream;
+  LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  c.prepare(stream);
+  c.launch(stream);
+  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<uint16_t> direct = c.out().download<uint16_t>();
+  replay_in_graph(c, stream, [&] { c.reset_outputs(); });
+  EXPECT_EQ(c.out().download<uint16_t>(), direct);
+  const CaseResult r = c.check();
+  EXPECT_EQ(r.status, Status::kOk) << r.detail;
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace longctx::gpu_test

@@ -407,17 +407,7 @@ TEST(PrefillHarness, CudaGraphReplayMatchesDirectLaunch) {
   for (int d : {128, 64}) {
     SCOPED_TRACE(::testing::Message() << "head_dim " << d);
     PrefillCase c(shape({100, 300}, {700, 300}, 8, 2, d, 16, DType::kBF16, MaskMode::kCausal));
-    cudaStream_t stream;
-    LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    c.prepare(stream);
-    c.launch(stream);
-    LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const std::vector<uint16_t> direct = c.out().download<uint16_t>();
-    replay_in_graph(c, stream,
-                    [&] { LONGCTX_CUDA_CHECK(cudaMemset(c.out().data(), 0, c.out().bytes())); });
-    EXPECT_EQ(c.out().download<uint16_t>(), direct);
-    EXPECT_EQ(c.check().status, Status::kOk);
-    cudaStreamDestroy(stream);
+    expect_graph_replay_matches_direct_launch(c);
   }
 }
 
