@@ -944,7 +944,7 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
   const char* te = std::getenv("LONGCTX_PREFILL_SM90_TMA");
   const bool tma = sm90_tma_pages(p) && (te == nullptr || std::strcmp(te, "0") != 0);
   if constexpr (D == 64) {
-    if (plan.tile_rows == 192) {  // three consumer warpgroups (paged_prefill_tile_rows)
+    if (plan.tile_rows == kPrefillMaxTileRows) {  // 3 consumer warpgroups (paged_prefill_tile_rows)
       if (v == "persistent") {
         if (tma) return launch<T, Sm90Tiling<D, 128, 2, true, false, true, 3>>(p, plan, stream);
         return launch<T, Sm90Tiling<D, 128, 2, true, false, false, 3>>(p, plan, stream);
