@@ -703,6 +703,23 @@ int main(int argc, char** argv) {
     cudaStreamDestroy(stream);
     return 0;
   }
+  if (argc == 3 && std::strcmp(argv[1], "--chunk") == 0) {
+    int d = 0, q = 0, kv = 0, page = 128;
+    if (std::sscanf(argv[2], "%d:%d:%d:%d", &d, &q, &kv, &page) < 3 || (d != 64 && d != 128) ||
+        q < 1 || kv < q || page < 1 || page > 256) {
+      std::fprintf(stderr,
+                   "--chunk: want HEAD_DIM:Q:KV[:PAGE] (64 or 128, 1 <= Q <= KV, page 1..256), "
+                   "got %s\n",
+                   argv[2]);
+      return 2;
+    }
+    const std::string name = "chunk q=" + std::to_string(q) + " kv=" + std::to_string(kv) +
+                             " head_dim " + std::to_string(d) + " non-causal +lse (page " +
+                             std::to_string(page) + ")";
+    bench_prefill(name.c_str(), q, kv, kernels::MaskMode::kNone, true, page, stream, d);
+    cudaStreamDestroy(stream);
+    return 0;
+  }
   if (argc == 2 && std::strcmp(argv[1], "--read") == 0) {
     read_table(stream);
     cudaStreamDestroy(stream);
@@ -717,7 +734,9 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [default,s=N/o=M,..."
-        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] | --block-causal | --read]\n");
+        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] | --chunk HEAD_DIM:Q:KV[:PAGE] "
+        "| --block-causal | "
+        "--read]\n");
     return 2;
   }
   using kernels::MaskMode;

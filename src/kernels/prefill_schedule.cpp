@@ -36,12 +36,19 @@ std::vector<PrefillWorkItem> prefill_work_items(const int32_t* qo_indptr, const 
 }
 
 std::vector<int32_t> prefill_unit_tiles(const std::vector<PrefillWorkItem>& items, int num_kv_heads,
-                                        int keys) {
-  std::vector<int32_t> tiles;
-  tiles.reserve(items.size() * num_kv_heads);
-  for (const PrefillWorkItem& it : items)
-    for (int h = 0; h < num_kv_heads; ++h) tiles.push_back(int32_t((it.end + keys - 1) / keys));
+                                        int keys, int unit_heads) {
+  LONGCTX_CHECK(unit_heads > 0 && num_kv_heads % unit_heads == 0, ErrorCode::kInvalidArgument,
+                "paged prefill plan: {} kv heads per unit block does not divide {} kv heads",
+                unit_heads, num_kv_heads);
+  const int n = int(items.size());
+  std::vector<int32_t> tiles(size_t(n) * num_kv_heads);
+  for (int u = 0; u < int(tiles.size()); ++u)
+    tiles[u] = int32_t((items[prefill_unit(u, n, unit_heads).item].end + keys - 1) / keys);
   return tiles;
+}
+
+int prefill_unit_heads(int64_t kv_bytes, int64_t l2_bytes, int num_kv_heads) {
+  return kv_bytes > 2 * l2_bytes ? 1 : num_kv_heads;
 }
 
 namespace {

@@ -1,21 +1,23 @@
 // The prefill plan's work list, and the work split of the Hopper prefill's persistent CTAs
 // (kernels/cuda/prefill_sm90.cu): host side.
 //
-// The kernel's units of work are (row tile, kv head) pairs of the plan's heaviest-first list; unit
-// u = work entry u / num_kv_heads, kv head u % num_kv_heads, and it visits `tiles[u]` key tiles
-// of 128. By default each of P persistent CTAs takes whole units in a snake order. When that
-// leaves SMs idle (a last round of units that does not fill the GPU: a 2K chunk over 30K keys is
-// 512 units of equal length on 132 SMs, 3.88 rounds; or a few long units: 128 query rows over 1M
-// keys is 8 units), stream-K cuts the units' concatenated key tiles into P nearly equal ranges
-// instead, one per CTA, optionally after dp_rounds whole rounds of the snake (the hybrid of the
-// Stream-K paper: most CTAs keep whole units that start at key tile 0 together and share K/V
-// through L2, and only the last round's units are cut). A unit cut by a range boundary becomes
-// pieces, each written as a partial state (fp32 o normalized by its own sum, and its lse) into a
-// slot, and a merge kernel combines the pieces of each cut unit afterwards.
+// The kernel's units of work are (row tile, kv head) pairs of the plan's heaviest-first list, in
+// the order of prefill_unit(), and unit u visits `tiles[u]` key tiles of 128. By default each of P
+// persistent CTAs takes whole units in a snake order. When that leaves SMs idle (a last round of
+// units that does not fill the GPU: a 2K chunk over 30K keys is 512 units of equal length on 132
+// SMs, 3.88 rounds; or a few long units: 128 query rows over 1M keys is 8 units), stream-K cuts the
+// units' concatenated key tiles into P nearly equal ranges instead, one per CTA, optionally after
+// dp_rounds whole rounds of the snake (the hybrid of the Stream-K paper: most CTAs keep whole units
+// that start at key tile 0 together and share K/V through L2, and only the last round's units are
+// cut). A unit cut by a range boundary becomes pieces, each written as a partial state (fp32 o
+// normalized by its own sum, and its lse) into a slot, and a merge kernel combines the pieces of
+// each cut unit afterwards.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "kernels/host_device.h"
 
 namespace longctx::kernels {
 
@@ -36,10 +38,33 @@ std::vector<PrefillWorkItem> prefill_work_items(const int32_t* qo_indptr, const 
                                                 int batch, int group, int tile_rows, bool causal,
                                                 int cost_keys, int64_t max_kv);
 
-// The units of the Hopper kernel over `items` (unit u = item u / num_kv_heads, kv head
-// u % num_kv_heads): the key tiles of `keys` each visits, the split's input.
+// Unit u of the Hopper kernel: its work item and kv head. The units come in blocks of unit_heads
+// kv heads (a divisor of num_kv_heads): block u / (num_items * unit_heads) covers heads
+// [block * unit_heads, (block + 1) * unit_heads), its items in list order, their heads inner.
+// unit_heads = num_kv_heads puts every head of an item side by side; fewer heads per block mean
+// the CTAs in flight read the K/V of fewer heads, a working set L2 may hold at long contexts.
+struct PrefillUnit {
+  int32_t item, kv_head;
+};
+LONGCTX_HD inline PrefillUnit prefill_unit(int u, int num_items, int unit_heads) {
+  const int per_block = num_items * unit_heads;
+  const int block = u / per_block, r = u - block * per_block;
+  return {r / unit_heads, block * unit_heads + r % unit_heads};
+}
+
+// The unit order the plan takes: one kv head per block (1) when the batch's K and V (kv_bytes)
+// are more than twice the L2 (l2_bytes), else every head of an item side by side
+// (num_kv_heads). Units of one head in flight together share that head's K/V through L2 where
+// the heads side by side would not fit. H200, causal prefill over 32K keys at head_dim 128 (128
+// MB of K/V): 2 % faster; 8K keys (32 MB) lose balance in the snake order, and head_dim 64 over
+// 32K keys (64 MB) ran 1.5 % slower (docs/benchmarks.md).
+int prefill_unit_heads(int64_t kv_bytes, int64_t l2_bytes, int num_kv_heads);
+
+// The units of the Hopper kernel over `items` in prefill_unit()'s order: the key tiles of `keys`
+// each visits, the split's input. Throws Error(kInvalidArgument) unless unit_heads divides
+// num_kv_heads.
 std::vector<int32_t> prefill_unit_tiles(const std::vector<PrefillWorkItem>& items, int num_kv_heads,
-                                        int keys);
+                                        int keys, int unit_heads);
 
 // One CTA's range: units [unit_begin, unit_end) whole except that the first starts at key tile
 // tile_begin and, when tile_end > 0, unit unit_end is processed too, up to key tile tile_end

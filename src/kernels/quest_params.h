@@ -15,13 +15,8 @@
 
 #include <cstdint>
 
+#include "kernels/host_device.h"
 #include "longctx/core/dtype.h"
-
-#if defined(__CUDACC__)
-#define LONGCTX_HD __host__ __device__
-#else
-#define LONGCTX_HD
-#endif
 
 namespace longctx::kernels {
 

@@ -262,28 +262,32 @@ TEST(PrefillHarness, EachKernelPath) {
                         // or consecutive)
     const char* split;  // LONGCTX_PREFILL_SPLIT ("": the model decides)
     const char* rows;   // LONGCTX_PREFILL_SM90_ROWS ("": 192-row tiles at head_dim 64 on sm_90)
+    const char* heads;  // LONGCTX_PREFILL_UNIT_HEADS ("": the default unit order)
   };
   // At head_dim 64 the default rows take the three-warpgroup kernel (pingpong, or persistent
   // without turns); "128" the two-warpgroup one.
-  const Path paths[] = {{"fa2", "", "1", "", ""},
-                        {"sm90", "persistent", "1", "", ""},
-                        {"sm90", "grid", "1", "", "128"},
-                        {"sm90", "pingpong", "1", "", ""},
-                        {"sm90", "pingpong", "0", "", ""},
-                        {"sm90", "pingpong", "1", "1", ""},
-                        {"sm90", "pingpong", "0", "1", ""},
-                        {"sm90", "pingpong", "1", "", "128"},
-                        {"sm90", "persistent", "0", "1", "128"}};
-  for (const auto& [path, variant, tma, split, rows] : paths) {
+  const Path paths[] = {{"fa2", "", "1", "", "", ""},
+                        {"sm90", "persistent", "1", "", "", ""},
+                        {"sm90", "grid", "1", "", "128", ""},
+                        {"sm90", "pingpong", "1", "", "", ""},
+                        {"sm90", "pingpong", "0", "", "", ""},
+                        {"sm90", "pingpong", "1", "1", "", ""},
+                        {"sm90", "pingpong", "0", "1", "", ""},
+                        {"sm90", "pingpong", "1", "", "128", ""},
+                        {"sm90", "persistent", "0", "1", "128", ""},
+                        {"sm90", "pingpong", "1", "", "", "1"},
+                        {"sm90", "pingpong", "0", "1", "", "2"}};
+  for (const auto& [path, variant, tma, split, rows, heads] : paths) {
     setenv("LONGCTX_PREFILL_KERNEL", path, 1);
     setenv("LONGCTX_PREFILL_SM90_VARIANT", variant, 1);
     setenv("LONGCTX_PREFILL_SM90_TMA", tma, 1);
     setenv("LONGCTX_PREFILL_SPLIT", split, 1);
     setenv("LONGCTX_PREFILL_SM90_ROWS", rows, 1);
+    setenv("LONGCTX_PREFILL_UNIT_HEADS", heads, 1);
     std::printf(
         "LONGCTX_PREFILL_KERNEL=%s LONGCTX_PREFILL_SM90_VARIANT=%s LONGCTX_PREFILL_SM90_TMA=%s "
-        "LONGCTX_PREFILL_SPLIT=%s LONGCTX_PREFILL_SM90_ROWS=%s\n",
-        path, variant, tma, split, rows);
+        "LONGCTX_PREFILL_SPLIT=%s LONGCTX_PREFILL_SM90_ROWS=%s LONGCTX_PREFILL_UNIT_HEADS=%s\n",
+        path, variant, tma, split, rows, heads);
     std::vector<std::unique_ptr<OpCase>> cases;
     uint64_t seed = 5000;
     for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
@@ -346,6 +350,7 @@ TEST(PrefillHarness, EachKernelPath) {
   unsetenv("LONGCTX_PREFILL_SM90_TMA");
   unsetenv("LONGCTX_PREFILL_SPLIT");
   unsetenv("LONGCTX_PREFILL_SM90_ROWS");
+  unsetenv("LONGCTX_PREFILL_UNIT_HEADS");
   if (saved)
     setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
   else

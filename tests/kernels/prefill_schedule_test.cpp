@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -284,7 +285,7 @@ TEST(PrefillSchedule, WorkItemsTileEveryRequestHeaviestFirst) {
                     std::make_pair(items[i].b, items[i].tile));
       }
       // The Hopper kernel's units: kv heads inner, key tiles of 128.
-      const std::vector<int32_t> units = prefill_unit_tiles(items, 8, 128);
+      const std::vector<int32_t> units = prefill_unit_tiles(items, 8, 128, 8);
       ASSERT_EQ(units.size(), 8 * items.size());
       for (size_t u = 0; u < units.size(); ++u) EXPECT_EQ(units[u], (items[u / 8].end + 127) / 128);
     }
@@ -320,14 +321,64 @@ TEST(PrefillSchedule, ChunkOfFiveTilesTakesAWholeRoundFirst) {
       SCOPED_TRACE(::testing::Message() << rows << "-row tiles, causal " << causal);
       const int32_t qo[] = {0, 5 * rows};
       const int32_t kv[] = {2000};
-      const std::vector<int32_t> tiles =
-          prefill_unit_tiles(prefill_work_items(qo, kv, 1, 4, rows, causal, 64, 1 << 22), 8, 128);
+      const std::vector<int32_t> tiles = prefill_unit_tiles(
+          prefill_work_items(qo, kv, 1, 4, rows, causal, 64, 1 << 22), 8, 128, 8);
       ASSERT_EQ(tiles.size(), 160u);
       const PrefillSplit s = plan_prefill_split(tiles, 132, 2, 0.05, PrefillSplitMode::kAuto, 1.08);
       ASSERT_FALSE(s.ctas.empty());
       EXPECT_EQ(s.dp_rounds, causal && rows == 192 ? 0 : 1);
       check_split(s, tiles, 132, 2);
     }
+}
+
+TEST(PrefillSchedule, UnitOrderCoversEveryItemAndHeadOnce) {
+  // 7 items over 8 kv heads in blocks of 1, 2, 4 and 8 heads: a bijection onto (item, head), the
+  // heads of a block inner, the blocks in head order.
+  const int n = 7, heads = 8;
+  for (int block : {1, 2, 4, 8}) {
+    SCOPED_TRACE(::testing::Message() << block << " heads per block");
+    std::set<std::pair<int, int>> seen;
+    for (int u = 0; u < n * heads; ++u) {
+      const PrefillUnit unit = prefill_unit(u, n, block);
+      ASSERT_TRUE(unit.item >= 0 && unit.item < n && unit.kv_head >= 0 && unit.kv_head < heads);
+      EXPECT_TRUE(seen.insert({unit.item, unit.kv_head}).second) << "unit " << u;
+      EXPECT_EQ(unit.kv_head / block, u / (n * block));
+      EXPECT_EQ(unit.kv_head % block, u % block);
+      EXPECT_EQ(unit.item, (u % (n * block)) / block);
+    }
+  }
+  // Every head of an item side by side (block = heads), one head after another (block = 1).
+  EXPECT_EQ(prefill_unit(9, n, heads).item, 1);
+  EXPECT_EQ(prefill_unit(9, n, heads).kv_head, 1);
+  EXPECT_EQ(prefill_unit(9, n, 1).item, 2);
+  EXPECT_EQ(prefill_unit(9, n, 1).kv_head, 1);
+
+  // The split's input follows the same order.
+  std::vector<PrefillWorkItem> items;
+  for (int i = 0; i < n; ++i) items.push_back({0, i, int64_t(1000 - 100 * i)});
+  for (int block : {1, 2, 4, 8}) {
+    const std::vector<int32_t> tiles = prefill_unit_tiles(items, heads, 128, block);
+    ASSERT_EQ(tiles.size(), size_t(n * heads));
+    for (int u = 0; u < n * heads; ++u)
+      EXPECT_EQ(tiles[u], (items[prefill_unit(u, n, block).item].end + 127) / 128) << u;
+  }
+  try {
+    prefill_unit_tiles(items, heads, 128, 3);
+    ADD_FAILURE() << "3 heads per block over 8 heads was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
+}
+
+TEST(PrefillSchedule, OneHeadPerBlockOnlyWhereTheKvOutgrowsL2) {
+  const int64_t l2 = int64_t(50) << 20;       // the H200's
+  const int64_t per_token = 8 * 128 * 2 * 2;  // K and V of 8 kv heads of head_dim 128, bf16
+  EXPECT_EQ(prefill_unit_heads(8192 * per_token, l2, 8), 8);       // 32 MB
+  EXPECT_EQ(prefill_unit_heads(32768 * per_token / 2, l2, 8), 8);  // head_dim 64: 64 MB
+  EXPECT_EQ(prefill_unit_heads(30720 * per_token, l2, 8), 1);      // a chunk over 30K keys: 120 MB
+  EXPECT_EQ(prefill_unit_heads(32768 * per_token, l2, 8), 1);      // 128 MB
+  EXPECT_EQ(prefill_unit_heads(2 * l2, l2, 4), 4);
+  EXPECT_EQ(prefill_unit_heads(2 * l2 + 1, l2, 4), 1);
 }
 
 }  // namespace

@@ -29,4 +29,11 @@ int current_sm_count() {
   return sms;
 }
 
+int64_t current_l2_bytes() {
+  int dev = 0, bytes = 0;
+  LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
+  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev));
+  return bytes;
+}
+
 }  // namespace longctx::kernels::cuda

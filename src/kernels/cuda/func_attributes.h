@@ -4,6 +4,8 @@
 // once-per-process flag does not do.
 #pragma once
 
+#include <cstdint>
+
 namespace longctx::kernels::cuda {
 
 // Opts `kernel` (a __global__ function) into `bytes` of dynamic shared memory on the current
@@ -20,5 +22,8 @@ void require_dynamic_smem(Kernel* kernel, int bytes) {
 
 // Multiprocessors of the current device (the plans' wave models and persistent grids).
 int current_sm_count();
+
+// Bytes of L2 cache of the current device.
+int64_t current_l2_bytes();
 
 }  // namespace longctx::kernels::cuda

@@ -432,6 +432,20 @@ constexpr int kSm90UnitOverhead = 2;
 constexpr double kSm90RangeCost = 1.08;
 constexpr double kSm90SplitMinGain = 0.05;
 
+// KV heads per block of the Hopper kernel's unit order (PrefillPlan::unit_heads) for a batch of
+// kv_tokens keys in all: prefill_unit_heads() against this device's L2.
+// LONGCTX_PREFILL_UNIT_HEADS=n takes the largest divisor of num_kv_heads up to n (measurement).
+int sm90_unit_heads(int64_t kv_tokens, int num_kv_heads, int head_dim) {
+  const char* e = std::getenv("LONGCTX_PREFILL_UNIT_HEADS");
+  if (e == nullptr || *e == '\0') {
+    static const int64_t l2 = current_l2_bytes();  // one GPU model per host
+    return prefill_unit_heads(kv_tokens * num_kv_heads * head_dim * 2 * 2, l2, num_kv_heads);
+  }
+  int want = std::clamp(std::atoi(e), 1, num_kv_heads);
+  while (num_kv_heads % want != 0) --want;
+  return want;
+}
+
 }  // namespace
 
 bool paged_prefill_sm90_path(int head_dim) {
@@ -493,6 +507,9 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   plan.num_kv_heads = num_kv_heads;
   plan.head_dim = head_dim;
   plan.mask_mode = mask_mode;
+  int64_t kv_tokens = 0;
+  for (int b = 0; b < batch_size; ++b) kv_tokens += kv_len_host[b];
+  plan.unit_heads = sm90_unit_heads(kv_tokens, num_kv_heads, head_dim);
 
   // Stream-K split for the Hopper kernel, where the workspace has room for it.
   const char* split_env = std::getenv("LONGCTX_PREFILL_SPLIT");
@@ -502,7 +519,8 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   // Offsets from the workspace's start (cudaMalloc'ed: 256-byte aligned, as every caller's is).
   const SplitLayout l = split_layout(bytes, head_dim, num_ctas);
   if (l.end > workspace_bytes) return plan;
-  const std::vector<int32_t> tiles = prefill_unit_tiles(items, num_kv_heads, kSm90Keys);
+  const std::vector<int32_t> tiles =
+      prefill_unit_tiles(items, num_kv_heads, kSm90Keys, plan.unit_heads);
   const PrefillSplit split = plan_prefill_split(
       tiles, num_ctas, kSm90UnitOverhead, kSm90SplitMinGain,
       split_mode == "1" ? PrefillSplitMode::kAlways : PrefillSplitMode::kAuto, kSm90RangeCost);

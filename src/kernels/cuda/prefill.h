@@ -47,6 +47,9 @@ struct PrefillPlan {
   int num_kv_heads = 0;
   int head_dim = 0;
   MaskMode mask_mode = MaskMode::kNone;
+  // The Hopper kernel's unit order (prefill_unit in kernels/prefill_schedule.h): kv heads per
+  // block, a divisor of num_kv_heads; 0: num_kv_heads (every head of an item side by side).
+  int unit_heads = 0;
   // Stream-K split for the Hopper kernel (kernels/prefill_schedule.h), set by plan() when the
   // workspace holds it and the model says whole units would leave SMs idle; the work list above
   // stays complete, so a kernel that ignores the split (prefill.cu) is still right.

@@ -312,12 +312,20 @@ struct Sm90Split {
   float* partial_lse;     // [slots, tile rows]
 };
 
+// The unit order (prefill_unit in kernels/prefill_schedule.h).
+struct Sm90Units {
+  int num_items;   // the plan's work items
+  int unit_heads;  // kv heads per block of units
+};
+
 template <int KEYS, int ROWS>
 __device__ __forceinline__ Sm90Item make_item(const PagedPrefillParams& p,
-                                              const int32_t* __restrict__ work, int idx) {
+                                              const int32_t* __restrict__ work, Sm90Units units,
+                                              int idx) {
   Sm90Item it;
-  it.kvh = idx % p.num_kv_heads;
-  const int item = idx / p.num_kv_heads;
+  const PrefillUnit unit = prefill_unit(idx, units.num_items, units.unit_heads);
+  it.kvh = unit.kv_head;
+  const int item = unit.item;
   it.b = work[2 * item];
   it.tile = work[2 * item + 1];
   const int group = p.num_qo_heads / p.num_kv_heads;
@@ -345,7 +353,7 @@ __device__ __forceinline__ Sm90Item make_item(const PagedPrefillParams& p,
 template <typename T, typename Tl>
 __global__ void __launch_bounds__(Tl::kThreads, 1)
     paged_prefill_sm90_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
-                              int num_ctas_total, const Sm90Split split,
+                              int num_ctas_total, const Sm90Units units, const Sm90Split split,
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v) {
 #ifdef LONGCTX_SM90A_DEVICE
@@ -400,12 +408,12 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
     if (range == nullptr || k < dp_rounds) {
       const int idx = item_at(k);
       if (idx >= num_ctas_total) return false;
-      it = make_item<KEYS, kRows>(p, work, idx);
+      it = make_item<KEYS, kRows>(p, work, units, idx);
       return true;
     }
     k -= dp_rounds;
     const int u = __ldg(range) + k;
-    it = make_item<KEYS, kRows>(p, work, u);
+    it = make_item<KEYS, kRows>(p, work, units, u);
     const int kb = k == 0 ? __ldg(range + 1) : 0;
     const int ke = u == __ldg(range + 2) ? __ldg(range + 3) : it.num_tiles;
     if (kb > 0 || ke < it.num_tiles) it.slot = __ldg(range + (k == 0 ? 4 : 5));
@@ -849,13 +857,14 @@ constexpr int kMergeRowsPerCta = 4;
 template <typename T, int D, int ROWS>
 __global__ void __launch_bounds__(32 * kMergeRowsPerCta)
     prefill_merge_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work,
-                         const int32_t* __restrict__ groups, const float* __restrict__ po,
-                         const float* __restrict__ plse) {
+                         const Sm90Units units, const int32_t* __restrict__ groups,
+                         const float* __restrict__ po, const float* __restrict__ plse) {
   const int unit = groups[kPrefillMergeGroupInts * blockIdx.x];
   const int s0 = groups[kPrefillMergeGroupInts * blockIdx.x + 1];
   const int count = groups[kPrefillMergeGroupInts * blockIdx.x + 2];
-  const int kvh = unit % p.num_kv_heads, item = unit / p.num_kv_heads;
-  const int b = work[2 * item], row0 = work[2 * item + 1] * ROWS;
+  const PrefillUnit u = prefill_unit(unit, units.num_items, units.unit_heads);
+  const int kvh = u.kv_head;
+  const int b = work[2 * u.item], row0 = work[2 * u.item + 1] * ROWS;
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int q_start = p.qo_indptr[b];
   const int num_rows = (p.qo_indptr[b + 1] - q_start) * group;
@@ -897,13 +906,18 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   }
   const Sm90Split sp{split ? plan.split_ranges : nullptr, plan.split_dp_rounds, plan.partial_o,
                      plan.partial_lse};
+  const Sm90Units units{plan.num_work_items,
+                        plan.unit_heads > 0 ? plan.unit_heads : p.num_kv_heads};
+  LONGCTX_CHECK(p.num_kv_heads % units.unit_heads == 0, ErrorCode::kInvalidArgument,
+                "paged prefill: a plan of {} kv heads per unit block over {} kv heads",
+                units.unit_heads, p.num_kv_heads);
   paged_prefill_sm90_kernel<T, Tl><<<unsigned(grid), Tl::kThreads, Tl::kSmemBytes, stream>>>(
-      p, plan.work_items, int(total), sp, maps[0], maps[1]);
+      p, plan.work_items, int(total), units, sp, maps[0], maps[1]);
   LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_sm90_kernel");
   if (split && plan.num_merge_groups > 0) {
     const dim3 grid(unsigned(plan.num_merge_groups), Tl::kRows / kMergeRowsPerCta);
     prefill_merge_kernel<T, Tl::kD, Tl::kRows><<<grid, 32 * kMergeRowsPerCta, 0, stream>>>(
-        p, plan.work_items, plan.merge_groups, plan.partial_o, plan.partial_lse);
+        p, plan.work_items, units, plan.merge_groups, plan.partial_o, plan.partial_lse);
     LONGCTX_CUDA_CHECK_LAUNCH("prefill_merge_kernel");
   }
 }
