@@ -47,10 +47,6 @@ std::vector<int32_t> prefill_unit_tiles(const std::vector<PrefillWorkItem>& item
   return tiles;
 }
 
-int prefill_unit_heads(int64_t kv_bytes, int64_t l2_bytes, int num_kv_heads) {
-  return kv_bytes > 2 * l2_bytes ? 1 : num_kv_heads;
-}
-
 namespace {
 
 // The CTA of p that takes unit u in the kernel's snake order: round k = u / p forward when even,
@@ -183,6 +179,16 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
     out.dp_rounds = 0;
   }
   return out;
+}
+
+int prefill_unit_heads(const std::vector<PrefillWorkItem>& items, int num_kv_heads, int keys,
+                       int64_t kv_bytes, int64_t l2_bytes, int num_ctas, int unit_overhead) {
+  if (num_kv_heads == 1 || kv_bytes <= 2 * l2_bytes) return num_kv_heads;
+  const double side_by_side = prefill_snake_makespan(
+      prefill_unit_tiles(items, num_kv_heads, keys, num_kv_heads), num_ctas, unit_overhead);
+  const double one_head = prefill_snake_makespan(prefill_unit_tiles(items, num_kv_heads, keys, 1),
+                                                 num_ctas, unit_overhead);
+  return one_head <= 1.01 * side_by_side ? 1 : num_kv_heads;
 }
 
 }  // namespace longctx::kernels

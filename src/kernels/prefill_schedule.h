@@ -52,14 +52,6 @@ LONGCTX_HD inline PrefillUnit prefill_unit(int u, int num_items, int unit_heads)
   return {r / unit_heads, block * unit_heads + r % unit_heads};
 }
 
-// The unit order the plan takes: one kv head per block (1) when the batch's K and V (kv_bytes)
-// are more than twice the L2 (l2_bytes), else every head of an item side by side
-// (num_kv_heads). Units of one head in flight together share that head's K/V through L2 where
-// the heads side by side would not fit. H200, causal prefill over 32K keys at head_dim 128 (128
-// MB of K/V): 2 % faster; 8K keys (32 MB) lose balance in the snake order, and head_dim 64 over
-// 32K keys (64 MB) ran 1.5 % slower (docs/benchmarks.md).
-int prefill_unit_heads(int64_t kv_bytes, int64_t l2_bytes, int num_kv_heads);
-
 // The units of the Hopper kernel over `items` in prefill_unit()'s order: the key tiles of `keys`
 // each visits, the split's input. Throws Error(kInvalidArgument) unless unit_heads divides
 // num_kv_heads.
@@ -113,6 +105,18 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
                                 int unit_overhead = 2, double min_gain = 0.1,
                                 PrefillSplitMode mode = PrefillSplitMode::kAuto,
                                 double range_cost = 1.0);
+
+// The unit order (kv heads per block, prefill_unit) of a plan that keeps whole units: one head per
+// block when the batch's K and V (kv_bytes) are more than twice the L2 (l2_bytes) and the snake
+// order over num_ctas CTAs balances those units within 1 % of every head side by side (the
+// busiest CTA of prefill_snake_makespan); else num_kv_heads. Units of one head in flight together
+// share its K/V through L2 where all heads side by side would not fit. H200 (50 MB of L2): causal
+// prefill over 32K keys at head_dim 128 (128 MB of K/V) 1-2 % faster; at 8K keys (32 MB) the
+// order lost balance (the plan then split, 11 % slower), and head_dim 64 over 32K keys (64 MB) ran
+// 1.5 % slower. A split keeps heads side by side: stream-K over 64 units of 256K keys ran 17 %
+// slower with one head per block (docs/benchmarks.md).
+int prefill_unit_heads(const std::vector<PrefillWorkItem>& items, int num_kv_heads, int keys,
+                       int64_t kv_bytes, int64_t l2_bytes, int num_ctas, int unit_overhead);
 
 // Busiest CTA of whole units in the kernel's snake order: CTA x takes, in round k, unit
 // k * P + x (k even) or k * P + P - 1 - x (k odd).

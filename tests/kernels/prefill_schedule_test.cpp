@@ -371,14 +371,25 @@ TEST(PrefillSchedule, UnitOrderCoversEveryItemAndHeadOnce) {
 }
 
 TEST(PrefillSchedule, OneHeadPerBlockOnlyWhereTheKvOutgrowsL2) {
-  const int64_t l2 = int64_t(50) << 20;       // the H200's
-  const int64_t per_token = 8 * 128 * 2 * 2;  // K and V of 8 kv heads of head_dim 128, bf16
-  EXPECT_EQ(prefill_unit_heads(8192 * per_token, l2, 8), 8);       // 32 MB
-  EXPECT_EQ(prefill_unit_heads(32768 * per_token / 2, l2, 8), 8);  // head_dim 64: 64 MB
-  EXPECT_EQ(prefill_unit_heads(30720 * per_token, l2, 8), 1);      // a chunk over 30K keys: 120 MB
-  EXPECT_EQ(prefill_unit_heads(32768 * per_token, l2, 8), 1);      // 128 MB
-  EXPECT_EQ(prefill_unit_heads(2 * l2, l2, 4), 4);
-  EXPECT_EQ(prefill_unit_heads(2 * l2 + 1, l2, 4), 1);
+  // Causal prefills of 32 q / 8 kv heads (128-row tiles) on 132 CTAs with a 50 MB L2, bf16.
+  const int64_t l2 = int64_t(50) << 20;
+  auto order = [&](int32_t tokens, int head_dim) {
+    const int32_t qo[] = {0, tokens};
+    const int32_t kv[] = {tokens};
+    const std::vector<PrefillWorkItem> items =
+        prefill_work_items(qo, kv, 1, 4, 128, true, 128, 1 << 22);
+    return prefill_unit_heads(items, 8, 128, int64_t(tokens) * 8 * head_dim * 2 * 2, l2, 132, 2);
+  };
+  EXPECT_EQ(order(32768, 128), 1);  // 128 MB of K/V
+  EXPECT_EQ(order(8192, 128), 8);   // 32 MB
+  EXPECT_EQ(order(32768, 64), 8);   // 64 MB
+  // Over the L2 but badly balanced one head at a time: 3 items of 1, 1 and 100 key tiles per
+  // head on 8 CTAs. Heads side by side, the 8 units of the long item go one to each CTA (busiest
+  // 100 + 1 tiles); one head per block, a CTA takes the long units of two heads.
+  std::vector<PrefillWorkItem> items = {{0, 0, 100 * 128}, {0, 1, 128}, {0, 2, 128}};
+  EXPECT_EQ(prefill_unit_heads(items, 8, 128, 3 * l2, l2, 8, 0), 8);
+  EXPECT_EQ(prefill_unit_heads(items, 8, 128, l2, l2, 8, 0), 8);
+  EXPECT_EQ(prefill_unit_heads(items, 1, 128, 3 * l2, l2, 8, 0), 1);
 }
 
 }  // namespace

@@ -432,15 +432,11 @@ constexpr int kSm90UnitOverhead = 2;
 constexpr double kSm90RangeCost = 1.08;
 constexpr double kSm90SplitMinGain = 0.05;
 
-// KV heads per block of the Hopper kernel's unit order (PrefillPlan::unit_heads) for a batch of
-// kv_tokens keys in all: prefill_unit_heads() against this device's L2.
-// LONGCTX_PREFILL_UNIT_HEADS=n takes the largest divisor of num_kv_heads up to n (measurement).
-int sm90_unit_heads(int64_t kv_tokens, int num_kv_heads, int head_dim) {
+// LONGCTX_PREFILL_UNIT_HEADS=n forces the unit order (PrefillPlan::unit_heads) to the largest
+// divisor of num_kv_heads up to n, split or not (measurement); 0 when unset: the plan chooses.
+int forced_unit_heads(int num_kv_heads) {
   const char* e = std::getenv("LONGCTX_PREFILL_UNIT_HEADS");
-  if (e == nullptr || *e == '\0') {
-    static const int64_t l2 = current_l2_bytes();  // one GPU model per host
-    return prefill_unit_heads(kv_tokens * num_kv_heads * head_dim * 2 * 2, l2, num_kv_heads);
-  }
+  if (e == nullptr || *e == '\0') return 0;
   int want = std::clamp(std::atoi(e), 1, num_kv_heads);
   while (num_kv_heads % want != 0) --want;
   return want;
@@ -507,24 +503,34 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   plan.num_kv_heads = num_kv_heads;
   plan.head_dim = head_dim;
   plan.mask_mode = mask_mode;
-  int64_t kv_tokens = 0;
-  for (int b = 0; b < batch_size; ++b) kv_tokens += kv_len_host[b];
-  plan.unit_heads = sm90_unit_heads(kv_tokens, num_kv_heads, head_dim);
+  plan.unit_heads = num_kv_heads;
 
-  // Stream-K split for the Hopper kernel, where the workspace has room for it.
+  // The Hopper kernel's unit order and stream-K split (where the workspace has room for it).
+  if (items.empty() || !paged_prefill_sm90_path(head_dim)) return plan;
+  const int forced = forced_unit_heads(num_kv_heads);
+  if (forced > 0) plan.unit_heads = forced;
   const char* split_env = std::getenv("LONGCTX_PREFILL_SPLIT");
   const std::string split_mode = split_env != nullptr ? split_env : "";
-  if (items.empty() || split_mode == "0" || !paged_prefill_sm90_path(head_dim)) return plan;
   const int num_ctas = current_sm_count();
   // Offsets from the workspace's start (cudaMalloc'ed: 256-byte aligned, as every caller's is).
   const SplitLayout l = split_layout(bytes, head_dim, num_ctas);
-  if (l.end > workspace_bytes) return plan;
-  const std::vector<int32_t> tiles =
-      prefill_unit_tiles(items, num_kv_heads, kSm90Keys, plan.unit_heads);
-  const PrefillSplit split = plan_prefill_split(
-      tiles, num_ctas, kSm90UnitOverhead, kSm90SplitMinGain,
-      split_mode == "1" ? PrefillSplitMode::kAlways : PrefillSplitMode::kAuto, kSm90RangeCost);
-  if (split.ctas.empty()) return plan;
+  PrefillSplit split;
+  if (split_mode != "0" && l.end <= workspace_bytes)
+    split = plan_prefill_split(
+        prefill_unit_tiles(items, num_kv_heads, kSm90Keys, plan.unit_heads), num_ctas,
+        kSm90UnitOverhead, kSm90SplitMinGain,
+        split_mode == "1" ? PrefillSplitMode::kAlways : PrefillSplitMode::kAuto, kSm90RangeCost);
+  if (split.ctas.empty()) {
+    if (forced == 0) {
+      static const int64_t l2 = current_l2_bytes();  // one GPU model per host
+      int64_t kv_tokens = 0;
+      for (int b = 0; b < batch_size; ++b) kv_tokens += kv_len_host[b];
+      plan.unit_heads = prefill_unit_heads(items, num_kv_heads, kSm90Keys,
+                                           kv_tokens * num_kv_heads * head_dim * 2 * 2, l2,
+                                           num_ctas, kSm90UnitOverhead);
+    }
+    return plan;
+  }
   std::vector<int32_t> ranges, merges;
   for (const PrefillCtaRange& r : split.ctas)
     ranges.insert(ranges.end(),
