@@ -4,7 +4,8 @@
 //
 // A CTA = 2 or 3 consumer warpgroups + 1 producer warpgroup; it processes work items (request,
 // row tile of 64 rows per consumer warpgroup, kv head): one per CTA, or (persistent variants, the
-// default) with one CTA per SM, rounds of gridDim.x items in a snake order (item_at). With the
+// default) with one CTA per SM, rounds of gridDim.x items in a snake order (item_at); the items
+// are the plan's (request, row tile) entries times kv heads, in prefill_unit()'s order. With the
 // plan's stream-K split (kernels/prefill_schedule.h) each CTA takes the split's whole snake rounds
 // (often none) and then its range of items, the first and last possibly a piece (a range of key
 // tiles) that writes an fp32 partial state, and prefill_merge_kernel combines each cut item's
