@@ -181,14 +181,29 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
   return out;
 }
 
-int prefill_unit_heads(const std::vector<PrefillWorkItem>& items, int num_kv_heads, int keys,
-                       int64_t kv_bytes, int64_t l2_bytes, int num_ctas, int unit_overhead) {
-  if (num_kv_heads == 1 || kv_bytes <= 2 * l2_bytes) return num_kv_heads;
-  const double side_by_side = prefill_snake_makespan(
-      prefill_unit_tiles(items, num_kv_heads, keys, num_kv_heads), num_ctas, unit_overhead);
-  const double one_head = prefill_snake_makespan(prefill_unit_tiles(items, num_kv_heads, keys, 1),
-                                                 num_ctas, unit_overhead);
-  return one_head <= 1.01 * side_by_side ? 1 : num_kv_heads;
+PrefillSchedule plan_prefill_schedule(const std::vector<PrefillWorkItem>& items, int num_kv_heads,
+                                      int keys, int64_t kv_bytes, const PrefillScheduleModel& m,
+                                      PrefillSplitMode mode, int forced_unit_heads) {
+  auto split_of = [&](int unit_heads, double min_gain, double range_cost) {
+    return plan_prefill_split(prefill_unit_tiles(items, num_kv_heads, keys, unit_heads), m.num_ctas,
+                              m.unit_overhead, min_gain, mode, range_cost);
+  };
+  if (forced_unit_heads > 0)
+    return {forced_unit_heads, split_of(forced_unit_heads, m.min_gain, m.range_cost)};
+  PrefillSchedule side{num_kv_heads, split_of(num_kv_heads, m.min_gain, m.range_cost)};
+  const bool stream_k_only = !side.split.ctas.empty() && side.split.dp_rounds == 0;
+  if (num_kv_heads == 1 || kv_bytes <= 2 * m.l2_bytes || stream_k_only) return side;
+  PrefillSchedule one{1, split_of(1, m.one_head_min_gain, m.one_head_range_cost)};
+  if (!one.split.ctas.empty() && one.split.dp_rounds > 0) return one;
+  if (!side.split.ctas.empty()) return side;
+  // Whole units either way: one head per block where the snake balances them as well.
+  if (one.split.whole_makespan <= 1.01 * side.split.whole_makespan) {
+    const double whole = one.split.whole_makespan;
+    one.split = PrefillSplit{};  // no stream-K over every unit one head at a time
+    one.split.whole_makespan = whole;
+    return one;
+  }
+  return side;
 }
 
 }  // namespace longctx::kernels

@@ -106,20 +106,43 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
                                 PrefillSplitMode mode = PrefillSplitMode::kAuto,
                                 double range_cost = 1.0);
 
-// The unit order (kv heads per block, prefill_unit) of a plan that keeps whole units: one head per
-// block when the batch's K and V (kv_bytes) are more than twice the L2 (l2_bytes) and the snake
-// order over num_ctas CTAs balances those units within 1 % of every head side by side (the
-// busiest CTA of prefill_snake_makespan); else num_kv_heads. Units of one head in flight together
-// share its K/V through L2 where all heads side by side would not fit. H200 (50 MB of L2): causal
-// prefill over 32K keys at head_dim 128 (128 MB of K/V) 1-2 % faster; at 8K keys (32 MB) the
-// order lost balance (the plan then split, 11 % slower), and head_dim 64 over 32K keys (64 MB) ran
-// 1.5 % slower. A split keeps heads side by side: stream-K over 64 units of 256K keys ran 17 %
-// slower with one head per block (docs/benchmarks.md).
-int prefill_unit_heads(const std::vector<PrefillWorkItem>& items, int num_kv_heads, int keys,
-                       int64_t kv_bytes, int64_t l2_bytes, int num_ctas, int unit_overhead);
-
 // Busiest CTA of whole units in the kernel's snake order: CTA x takes, in round k, unit
 // k * P + x (k even) or k * P + P - 1 - x (k odd).
 double prefill_snake_makespan(const std::vector<int32_t>& tiles, int num_ctas, int unit_overhead);
+
+// The plan's cost model of the Hopper kernel's schedule (the H200's numbers:
+// kernels/cuda/prefill.cu).
+struct PrefillScheduleModel {
+  int num_ctas = 0;       // persistent CTAs (the SMs)
+  int unit_overhead = 0;  // key tiles (plan_prefill_split)
+  int64_t l2_bytes = 0;   // the device's L2
+  // plan_prefill_split's threshold and range cost with every kv head of a row tile side by side,
+  // and with one kv head per block of units (a range's neighbours read the same head's K/V).
+  double min_gain = 0, range_cost = 1;
+  double one_head_min_gain = 0, one_head_range_cost = 1;
+};
+
+// A schedule: the unit order (kv heads per block, prefill_unit) and the split over it.
+struct PrefillSchedule {
+  int unit_heads = 0;
+  PrefillSplit split;
+};
+
+// The schedule of `items` (key tiles of `keys`) over num_kv_heads heads whose K and V take
+// kv_bytes. Where they fit twice in the L2, or the heads side by side take stream-K over every
+// unit (a few long units), the heads stay side by side with that split. Otherwise one head per
+// block of units, so the CTAs in flight share one head's K/V through L2, where the model then
+// cuts the last rounds after whole ones, or keeps whole units and the snake balances them within
+// 1 % of the heads side by side; else the heads side by side. forced_unit_heads > 0 takes that
+// order (a divisor of num_kv_heads) and its split (measurement). H200, 50 MB of L2
+// (docs/benchmarks.md): causal 32K keys at head_dim 128 (128 MB of K/V) whole units 1-2 % faster
+// one head at a time (L2 hits 97 % against 72 %); a 2K chunk over 30K keys cut after three whole
+// rounds 2.5 % faster than whole units one head at a time, where heads side by side it ran 4 %
+// slower; causal 8K keys one head at a time balanced worse in the snake (11 % slower as split);
+// head_dim 64 over 32K keys (64 MB) 1.5 % slower; stream-K over the 64 units of 256 queries over
+// 256K keys 17 % slower.
+PrefillSchedule plan_prefill_schedule(const std::vector<PrefillWorkItem>& items, int num_kv_heads,
+                                      int keys, int64_t kv_bytes, const PrefillScheduleModel& model,
+                                      PrefillSplitMode mode, int forced_unit_heads = 0);
 
 }  // namespace longctx::kernels

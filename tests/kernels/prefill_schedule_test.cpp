@@ -370,26 +370,65 @@ TEST(PrefillSchedule, UnitOrderCoversEveryItemAndHeadOnce) {
   }
 }
 
-TEST(PrefillSchedule, OneHeadPerBlockOnlyWhereTheKvOutgrowsL2) {
-  // Causal prefills of 32 q / 8 kv heads (128-row tiles) on 132 CTAs with a 50 MB L2, bf16.
-  const int64_t l2 = int64_t(50) << 20;
-  auto order = [&](int32_t tokens, int head_dim) {
-    const int32_t qo[] = {0, tokens};
-    const int32_t kv[] = {tokens};
-    const std::vector<PrefillWorkItem> items =
-        prefill_work_items(qo, kv, 1, 4, 128, true, 128, 1 << 22);
-    return prefill_unit_heads(items, 8, 128, int64_t(tokens) * 8 * head_dim * 2 * 2, l2, 132, 2);
-  };
-  EXPECT_EQ(order(32768, 128), 1);  // 128 MB of K/V
-  EXPECT_EQ(order(8192, 128), 8);   // 32 MB
-  EXPECT_EQ(order(32768, 64), 8);   // 64 MB
-  // Over the L2 but badly balanced one head at a time: 3 items of 1, 1 and 100 key tiles per
-  // head on 8 CTAs. Heads side by side, the 8 units of the long item go one to each CTA (busiest
-  // 100 + 1 tiles); one head per block, a CTA takes the long units of two heads.
-  std::vector<PrefillWorkItem> items = {{0, 0, 100 * 128}, {0, 1, 128}, {0, 2, 128}};
-  EXPECT_EQ(prefill_unit_heads(items, 8, 128, 3 * l2, l2, 8, 0), 8);
-  EXPECT_EQ(prefill_unit_heads(items, 8, 128, l2, l2, 8, 0), 8);
-  EXPECT_EQ(prefill_unit_heads(items, 1, 128, 3 * l2, l2, 8, 0), 1);
+// prefill.cu's H200 model: 132 CTAs, 50 MB of L2.
+PrefillScheduleModel h200_model() {
+  PrefillScheduleModel m;
+  m.num_ctas = 132;
+  m.unit_overhead = 2;
+  m.l2_bytes = int64_t(50) << 20;
+  m.min_gain = 0.05;
+  m.range_cost = 1.08;
+  m.one_head_min_gain = 0.02;
+  m.one_head_range_cost = 1.0;
+  return m;
+}
+
+// One request of q tokens over kv keys, 32 q / 8 kv heads, bf16, at the Hopper kernel's tiles.
+PrefillSchedule schedule_of(int32_t q, int32_t kv, int head_dim, bool causal,
+                            PrefillSplitMode mode = PrefillSplitMode::kAuto) {
+  const int32_t qo[] = {0, q};
+  const int32_t kv_len[] = {kv};
+  const std::vector<PrefillWorkItem> items =
+      prefill_work_items(qo, kv_len, 1, 4, head_dim == 64 ? 192 : 128, causal, 128, 1 << 22);
+  return plan_prefill_schedule(items, 8, 128, int64_t(kv) * 8 * head_dim * 4, h200_model(), mode);
+}
+
+TEST(PrefillSchedule, OneHeadPerBlockWhereTheKvOutgrowsL2) {
+  // The measured shapes (docs/benchmarks.md).
+  PrefillSchedule s = schedule_of(32768, 32768, 128, true);  // 128 MB of K/V: whole units
+  EXPECT_EQ(s.unit_heads, 1);
+  EXPECT_TRUE(s.split.ctas.empty());
+  s = schedule_of(8192, 8192, 128, true);  // 32 MB
+  EXPECT_EQ(s.unit_heads, 8);
+  EXPECT_TRUE(s.split.ctas.empty());
+  s = schedule_of(32768, 32768, 64, true);  // 64 MB
+  EXPECT_EQ(s.unit_heads, 8);
+  s = schedule_of(2048, 30720, 128, false);  // 120 MB, 3.88 rounds: the last ones cut
+  EXPECT_EQ(s.unit_heads, 1);
+  ASSERT_FALSE(s.split.ctas.empty());
+  EXPECT_EQ(s.split.dp_rounds, 3);
+  s = schedule_of(256, 262144, 128, false);  // 64 long units: stream-K, heads side by side
+  EXPECT_EQ(s.unit_heads, 8);
+  ASSERT_FALSE(s.split.ctas.empty());
+  EXPECT_EQ(s.split.dp_rounds, 0);
+  s = schedule_of(2048, 30720, 128, false, PrefillSplitMode::kNever);
+  EXPECT_EQ(s.unit_heads, 1);
+  EXPECT_TRUE(s.split.ctas.empty());
+
+  // Over the L2 but badly balanced one head at a time: 3 items of 100, 1 and 1 key tiles per head
+  // on 8 CTAs. Heads side by side, the 8 long units go one to each CTA (busiest 102 tiles); one
+  // head per block, a CTA takes the long units of two heads.
+  PrefillScheduleModel m = h200_model();
+  m.num_ctas = 8;
+  m.unit_overhead = 0;
+  const std::vector<PrefillWorkItem> items = {{0, 0, 100 * 128}, {0, 1, 128}, {0, 2, 128}};
+  s = plan_prefill_schedule(items, 8, 128, 3 * m.l2_bytes, m, PrefillSplitMode::kNever);
+  EXPECT_EQ(s.unit_heads, 8);
+  s = plan_prefill_schedule(items, 8, 128, m.l2_bytes, m, PrefillSplitMode::kNever);
+  EXPECT_EQ(s.unit_heads, 8);
+  // A forced order is taken as it is.
+  s = plan_prefill_schedule(items, 8, 128, m.l2_bytes, m, PrefillSplitMode::kNever, 2);
+  EXPECT_EQ(s.unit_heads, 2);
 }
 
 }  // namespace
