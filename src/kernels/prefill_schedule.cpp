@@ -192,7 +192,7 @@ PrefillSchedule plan_prefill_schedule(const std::vector<PrefillWorkItem>& items,
     return {forced_unit_heads, split_of(forced_unit_heads, m.min_gain, m.range_cost)};
   PrefillSchedule side{num_kv_heads, split_of(num_kv_heads, m.min_gain, m.range_cost)};
   const bool stream_k_only = !side.split.ctas.empty() && side.split.dp_rounds == 0;
-  if (num_kv_heads == 1 || kv_bytes <= 2 * m.l2_bytes || stream_k_only) return side;
+  if (num_kv_heads == 1 || 2 * kv_bytes <= 3 * m.l2_bytes || stream_k_only) return side;
   PrefillSchedule one{1, split_of(1, m.one_head_min_gain, m.one_head_range_cost)};
   if (!one.split.ctas.empty() && one.split.dp_rounds > 0) return one;
   if (!side.split.ctas.empty()) return side;

@@ -129,16 +129,16 @@ struct PrefillSchedule {
 };
 
 // The schedule of `items` (key tiles of `keys`) over num_kv_heads heads whose K and V take
-// kv_bytes. Where they fit twice in the L2, or the heads side by side take stream-K over every
-// unit (a few long units), the heads stay side by side with that split. Otherwise one head per
-// block of units, so the CTAs in flight share one head's K/V through L2, where the model then
+// kv_bytes. Where they take at most 1.5 times the L2, or the heads side by side take stream-K over
+// every unit (a few long units), the heads stay side by side with that split. Otherwise one head
+// per block of units, so the CTAs in flight share one head's K/V through L2, where the model then
 // cuts the last rounds after whole ones, or keeps whole units and the snake balances them within
 // 1 % of the heads side by side; else the heads side by side. forced_unit_heads > 0 takes that
-// order (a divisor of num_kv_heads) and its split (measurement). H200, 50 MB of L2
-// (docs/benchmarks.md): causal 32K keys at head_dim 128 (128 MB of K/V) whole units 1-2 % faster
-// one head at a time (L2 hits 97 % against 72 %); a 2K chunk over 30K keys cut after three whole
-// rounds 2.5 % faster than whole units one head at a time, where heads side by side it ran 4 %
-// slower; causal 8K keys one head at a time balanced worse in the snake (11 % slower as split);
+// order (a divisor of num_kv_heads) and its split (measurement). H200 (docs/benchmarks.md):
+// causal 32K keys at head_dim 128 (128 MB of K/V) whole units 1-2 % faster one head at a time
+// (L2 hits 97 % against 72 %); a 2K chunk over 30K keys (120 MB) cut after three whole rounds
+// 2.5 % faster than whole units one head at a time, where heads side by side it ran 4 % slower;
+// causal 8K keys (32 MB) one head at a time balanced worse in the snake (11 % slower as split);
 // head_dim 64 over 32K keys (64 MB) 1.5 % slower; stream-K over the 64 units of 256 queries over
 // 256K keys 17 % slower.
 PrefillSchedule plan_prefill_schedule(const std::vector<PrefillWorkItem>& items, int num_kv_heads,

@@ -370,12 +370,12 @@ TEST(PrefillSchedule, UnitOrderCoversEveryItemAndHeadOnce) {
   }
 }
 
-// prefill.cu's H200 model: 132 CTAs, 50 MB of L2.
+// prefill.cu's H200 model: 132 CTAs, 60 MB of L2 (what the H200 reports).
 PrefillScheduleModel h200_model() {
   PrefillScheduleModel m;
   m.num_ctas = 132;
   m.unit_overhead = 2;
-  m.l2_bytes = int64_t(50) << 20;
+  m.l2_bytes = int64_t(60) << 20;
   m.min_gain = 0.05;
   m.range_cost = 1.08;
   m.one_head_min_gain = 0.02;
@@ -424,7 +424,11 @@ TEST(PrefillSchedule, OneHeadPerBlockWhereTheKvOutgrowsL2) {
   const std::vector<PrefillWorkItem> items = {{0, 0, 100 * 128}, {0, 1, 128}, {0, 2, 128}};
   s = plan_prefill_schedule(items, 8, 128, 3 * m.l2_bytes, m, PrefillSplitMode::kNever);
   EXPECT_EQ(s.unit_heads, 8);
-  s = plan_prefill_schedule(items, 8, 128, m.l2_bytes, m, PrefillSplitMode::kNever);
+  // Balanced units one head at a time: 8 CTAs, 8 items of 5 key tiles (one round per head).
+  const std::vector<PrefillWorkItem> even(8, PrefillWorkItem{0, 0, 5 * 128});
+  s = plan_prefill_schedule(even, 8, 128, m.l2_bytes * 3 / 2 + 1, m, PrefillSplitMode::kNever);
+  EXPECT_EQ(s.unit_heads, 1);
+  s = plan_prefill_schedule(even, 8, 128, m.l2_bytes * 3 / 2, m, PrefillSplitMode::kNever);
   EXPECT_EQ(s.unit_heads, 8);
   // A forced order is taken as it is.
   s = plan_prefill_schedule(items, 8, 128, m.l2_bytes, m, PrefillSplitMode::kNever, 2);
