@@ -396,13 +396,24 @@ TEST(PrefillHarness, StreamKSplitWhereItPays) {
       if (mode == MaskMode::kNone)
         hybrid_cases.push_back(static_cast<PrefillCase*>(cases.back().get()));
     }
-  expect_no_failures(run_cases(cases), 22);
+  // A 2K chunk over 30K keys (K/V 120 MB, over 1.5 times the L2 of an H100 / H200): 512 equal
+  // units, 3.88 rounds, one kv head per block of units and the last rounds cut
+  // (plan_prefill_schedule).
+  cases.push_back(std::make_unique<PrefillCase>(
+      shape({2048}, {30720}, 32, 8, 128, 128, DType::kBF16, MaskMode::kNone, true, seed++)));
+  const PrefillCase* one_head_case = static_cast<PrefillCase*>(cases.back().get());
+  expect_no_failures(run_cases(cases), 23);
   if (kernels::cuda::paged_prefill_sm90_path(128)) {
     for (const PrefillCase* c : split_cases)
       EXPECT_GT(c->plan().split_ctas, 0) << "a shape that leaves SMs idle was not split";
-    if (kernels::cuda::current_sm_count() == 132)  // the H100 / H200 count the shapes assume
+    if (kernels::cuda::current_sm_count() == 132) {  // the H100 / H200 count the shapes assume
       for (const PrefillCase* c : hybrid_cases)
         EXPECT_GT(c->plan().split_dp_rounds, 0) << "a short last round was not cut alone";
+      if (kernels::cuda::current_l2_bytes() <= (int64_t(64) << 20)) {
+        EXPECT_EQ(one_head_case->plan().unit_heads, 1);
+        EXPECT_EQ(one_head_case->plan().split_dp_rounds, 3);
+      }
+    }
   }
 }
 
