@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/cuda_stream.h"
+#include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
@@ -20,24 +21,8 @@ namespace longctx::ops::cuda_detail {
 // Elements per thread on the vector path: 16 bytes of a 16-bit dtype, two float4 of f32.
 constexpr int kVec = 8;
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
-}
+using kernels::cuda::detail::from_f32;
+using kernels::cuda::detail::to_f32;
 
 // Two 16-bit values packed in a 32-bit word -> two floats.
 template <typename T>

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/merge_device.cuh"

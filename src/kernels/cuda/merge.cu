@@ -1,3 +1,4 @@
+#include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/merge.h"
 #include "kernels/cuda/merge_device.cuh"
 #include "longctx/core/cuda_check.h"

@@ -1,5 +1,4 @@
-// Device helpers shared by the merge and decode kernels: element conversion and the stable
-// N-state merge of one (row, head).
+// The stable N-state merge of one (row, head), shared by the merge, decode and prefill kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -7,37 +6,9 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/convert_device.cuh"
+
 namespace longctx::kernels::cuda::detail {
-
-template <typename T>
-__device__ __forceinline__ float to_f32(T v);
-template <>
-__device__ __forceinline__ float to_f32<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) {
-  return __half2float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
-}
 
 // One warp merges the states of one (row, head): lse(s) gives state s's lse, o(s) its [D] vector.
 // Writes out[0..D) and returns the merged lse (natural log; -inf when every state is empty).

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/merge_device.cuh"
 #include "kernels/cuda/paged_generic.h"
 #include "longctx/core/cuda_check.h"

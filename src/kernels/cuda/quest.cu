@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/quest.h"
 #include "longctx/core/cuda_check.h"
@@ -13,9 +14,7 @@ namespace longctx::kernels::cuda {
 
 namespace {
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+using detail::to_f32;
 
 // ---- metadata ----
 
