@@ -7,11 +7,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define LONGCTX_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define LONGCTX_HOST_DEVICE inline
-#endif
+#include "kernels/host_device.h"
 
 namespace longctx::kernels {
 
@@ -22,7 +18,7 @@ struct PhiloxBlock {
 // Rounds is a parameter only so the 7-round known-answer vectors can check the round function
 // too; the sampler uses 10 (the standard Philox4x32-10).
 template <int Rounds>
-LONGCTX_HOST_DEVICE PhiloxBlock philox4x32(PhiloxBlock ctr, uint32_t key0, uint32_t key1) {
+LONGCTX_HD_INLINE PhiloxBlock philox4x32(PhiloxBlock ctr, uint32_t key0, uint32_t key1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;    // round multipliers
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;  // key schedule increments
   for (int r = 0; r < Rounds; ++r) {
@@ -40,7 +36,7 @@ LONGCTX_HOST_DEVICE PhiloxBlock philox4x32(PhiloxBlock ctr, uint32_t key0, uint3
 }
 
 // A double uniform in [0, 1) with 53 random bits: key = seed, counter = (step, 0).
-LONGCTX_HOST_DEVICE double sampling_uniform(uint64_t seed, uint64_t step) {
+LONGCTX_HD_INLINE double sampling_uniform(uint64_t seed, uint64_t step) {
   const PhiloxBlock out =
       philox4x32<10>(PhiloxBlock{{uint32_t(step), uint32_t(step >> 32), 0u, 0u}}, uint32_t(seed),
                      uint32_t(seed >> 32));

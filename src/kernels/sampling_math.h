@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/host_device.h"
 #include "kernels/philox.h"
 
 #if !defined(__CUDA_ARCH__)
@@ -27,56 +28,56 @@ inline constexpr int64_t kMaxSamplingVocab = int64_t(1) << 20;
 
 // Single IEEE operations, rounded to nearest; on the device they keep nvcc from contracting a
 // multiply and an add into one FMA (the host compilers used here do not contract in ISO mode).
-LONGCTX_HOST_DEVICE float mul_rn(float a, float b) {
+LONGCTX_HD_INLINE float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
-LONGCTX_HOST_DEVICE float add_rn(float a, float b) {
+LONGCTX_HD_INLINE float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
-LONGCTX_HOST_DEVICE float sub_rn(float a, float b) {
+LONGCTX_HD_INLINE float sub_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fsub_rn(a, b);
 #else
   return a - b;
 #endif
 }
-LONGCTX_HOST_DEVICE float div_rn(float a, float b) {
+LONGCTX_HD_INLINE float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdiv_rn(a, b);
 #else
   return a / b;
 #endif
 }
-LONGCTX_HOST_DEVICE double dmul_rn(double a, double b) {
+LONGCTX_HD_INLINE double dmul_rn(double a, double b) {
 #if defined(__CUDA_ARCH__)
   return __dmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
-LONGCTX_HOST_DEVICE double dadd_rn(double a, double b) {
+LONGCTX_HD_INLINE double dadd_rn(double a, double b) {
 #if defined(__CUDA_ARCH__)
   return __dadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
-LONGCTX_HOST_DEVICE uint32_t float_bits(float f) {
+LONGCTX_HD_INLINE uint32_t float_bits(float f) {
 #if defined(__CUDA_ARCH__)
   return uint32_t(__float_as_uint(f));
 #else
   return std::bit_cast<uint32_t>(f);
 #endif
 }
-LONGCTX_HOST_DEVICE float bits_float(uint32_t u) {
+LONGCTX_HD_INLINE float bits_float(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
@@ -87,7 +88,7 @@ LONGCTX_HOST_DEVICE float bits_float(uint32_t u) {
 // exp(d) for d in [-kMassWindow, 0]: d = k ln2 + r with |r| <= ln2 / 2 (ln2 split so k * hi is
 // exact), e^r by its degree-7 Taylor polynomial (truncation < 6e-9), times 2^k. Relative error
 // a few float ulps, the same bits on host and device.
-LONGCTX_HOST_DEVICE float sampling_exp(float d) {
+LONGCTX_HD_INLINE float sampling_exp(float d) {
   constexpr float kLog2e = 1.44269502f;
   constexpr float kLn2Hi = 0.693145751953125f;  // 15 significant bits
   constexpr float kLn2Lo = 1.42860682e-06f;     // ln 2 - kLn2Hi
@@ -113,7 +114,7 @@ LONGCTX_HOST_DEVICE float sampling_exp(float d) {
 
 // The mass of a token whose (tempered, penalized) logit is `d` below the row's max: d = y - max
 // as one float subtraction. -inf, NaN and anything below the window give 0.
-LONGCTX_HOST_DEVICE uint64_t token_mass(float d) {
+LONGCTX_HD_INLINE uint64_t token_mass(float d) {
   if (!(d >= -kMassWindow)) return 0;
   const double scaled =
       double(sampling_exp(d < 0.0f ? d : 0.0f)) * double(uint64_t(1) << kMassBits);
@@ -125,7 +126,7 @@ LONGCTX_HOST_DEVICE uint64_t token_mass(float d) {
 }
 
 // top_p keeps a token while the mass ranked above it is below top_p of the total.
-LONGCTX_HOST_DEVICE bool top_p_keeps(uint64_t above, uint64_t total, double top_p) {
+LONGCTX_HD_INLINE bool top_p_keeps(uint64_t above, uint64_t total, double top_p) {
 #if defined(__CUDA_ARCH__)
   return __ull2double_rn(above) < __dmul_rn(top_p, __ull2double_rn(total));
 #else
@@ -135,7 +136,7 @@ LONGCTX_HOST_DEVICE bool top_p_keeps(uint64_t above, uint64_t total, double top_
 
 // The draw picks the first token (in index order) whose cumulative mass exceeds this target.
 // total > 0; the result is in [0, total).
-LONGCTX_HOST_DEVICE uint64_t draw_target(double u, uint64_t total) {
+LONGCTX_HD_INLINE uint64_t draw_target(double u, uint64_t total) {
 #if defined(__CUDA_ARCH__)
   const uint64_t t = __double2ull_rz(__dmul_rn(u, __ull2double_rn(total)));
 #else
@@ -146,11 +147,11 @@ LONGCTX_HOST_DEVICE uint64_t draw_target(double u, uint64_t total) {
 
 // An order-preserving uint32 of a float (larger float, larger key; -0 and +0 share a key, as
 // they compare equal). NaN never reaches it.
-LONGCTX_HOST_DEVICE uint32_t float_order_key(float f) {
+LONGCTX_HD_INLINE uint32_t float_order_key(float f) {
   const uint32_t u = float_bits(f == 0.0f ? 0.0f : f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-LONGCTX_HOST_DEVICE float float_from_order_key(uint32_t k) {
+LONGCTX_HD_INLINE float float_from_order_key(uint32_t k) {
   return bits_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 

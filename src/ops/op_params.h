@@ -5,14 +5,9 @@
 
 #include <cstdint>
 
+#include "kernels/host_device.h"
 #include "longctx/core/device.h"
 #include "longctx/core/dtype.h"
-
-#if defined(__CUDACC__)
-#define LONGCTX_OPS_HD __host__ __device__
-#else
-#define LONGCTX_OPS_HD
-#endif
 
 namespace longctx::ops {
 
@@ -29,7 +24,7 @@ struct RowsView {
   int64_t stride_inner = 0;  // elements between rows of one outer index (rank 3)
 
   // Element offset of row r from data.
-  LONGCTX_OPS_HD int64_t row_offset(int64_t r) const {
+  LONGCTX_HD int64_t row_offset(int64_t r) const {
     return inner == 1 ? r * stride_outer : (r / inner) * stride_outer + (r % inner) * stride_inner;
   }
 };
