@@ -734,9 +734,8 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [default,s=N/o=M,..."
-        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] | --chunk HEAD_DIM:Q:KV[:PAGE] "
-        "| --block-causal | "
-        "--read]\n");
+        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] |"
+        " --chunk HEAD_DIM:Q:KV[:PAGE] | --block-causal | --read]\n");
     return 2;
   }
   using kernels::MaskMode;

@@ -181,6 +181,32 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
   return out;
 }
 
+PrefillScheduleModel hopper_prefill_schedule_model(int num_ctas, int64_t l2_bytes) {
+  PrefillScheduleModel m;
+  m.num_ctas = num_ctas;
+  m.l2_bytes = l2_bytes;
+  // What starting a unit costs in key tiles (Q load, pipeline fill, epilogue; the producer
+  // overlaps most of it with the previous unit).
+  m.unit_overhead = 2;
+  // A key tile of a range costs more than one of a whole unit: whole units all start at key tile
+  // 0, so the CTAs that read the same head's K/V stay in step and share it through L2, and ranges
+  // do not (unshared, a 128-row tile's K/V at the tensor cores' pace is about the H200's whole
+  // DRAM bandwidth). 8 % makes the H200's choices on every measured shape (docs/benchmarks.md):
+  // stream-K over all 512 units of the 2K chunk over 30K keys ran 4 % slower than whole units
+  // (modelled 3 % faster without the cost), three whole rounds and the last round's 116 units cut
+  // 4 % slower (modelled 1 % faster: not taken), one whole round and 28 cut units of a 640-token
+  // chunk 1.50x faster, and 64 units over 256K keys cut 1.84x faster. The model is that coarse,
+  // so a split must promise 5 % (those two: 38 % and 48 %).
+  m.range_cost = 1.08;
+  m.min_gain = 0.05;
+  // With one kv head per block of units the CTAs of neighbouring ranges read the same head's
+  // K/V, and cutting the last rounds paid as modelled without a range cost: the 2K chunk over 30K
+  // keys, modelled 2.8 % faster after three whole rounds, ran 2.5 % faster.
+  m.one_head_range_cost = 1.0;
+  m.one_head_min_gain = 0.02;
+  return m;
+}
+
 PrefillSchedule plan_prefill_schedule(const std::vector<PrefillWorkItem>& items, int num_kv_heads,
                                       int keys, int64_t kv_bytes, const PrefillScheduleModel& m,
                                       PrefillSplitMode mode, int forced_unit_heads) {

@@ -110,8 +110,7 @@ PrefillSplit plan_prefill_split(const std::vector<int32_t>& tiles, int num_ctas,
 // k * P + x (k even) or k * P + P - 1 - x (k odd).
 double prefill_snake_makespan(const std::vector<int32_t>& tiles, int num_ctas, int unit_overhead);
 
-// The plan's cost model of the Hopper kernel's schedule (the H200's numbers:
-// kernels/cuda/prefill.cu).
+// The plan's cost model of the Hopper kernel's schedule.
 struct PrefillScheduleModel {
   int num_ctas = 0;       // persistent CTAs (the SMs)
   int unit_overhead = 0;  // key tiles (plan_prefill_split)
@@ -121,6 +120,10 @@ struct PrefillScheduleModel {
   double min_gain = 0, range_cost = 1;
   double one_head_min_gain = 0, one_head_range_cost = 1;
 };
+
+// The Hopper kernel's model, its numbers measured on the H200 (prefill_schedule.cpp says how),
+// for num_ctas persistent CTAs and l2_bytes of L2.
+PrefillScheduleModel hopper_prefill_schedule_model(int num_ctas, int64_t l2_bytes);
 
 // A schedule: the unit order (kv heads per block, prefill_unit) and the split over it.
 struct PrefillSchedule {

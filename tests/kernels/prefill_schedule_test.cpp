@@ -311,11 +311,14 @@ TEST(PrefillSchedule, WorkItemsRejectBadLengths) {
   }
 }
 
+// The Hopper kernel's model on an H200: 132 CTAs, 60 MB of L2 (what the H200 reports).
+PrefillScheduleModel h200_model() { return hopper_prefill_schedule_model(132, int64_t(60) << 20); }
+
 TEST(PrefillSchedule, ChunkOfFiveTilesTakesAWholeRoundFirst) {
   // The GPU split test's shapes (tests/gpu_kernels/prefill_test.cpp): 5 row tiles of tokens x 4
-  // heads over 2000 keys, 8 kv heads, 160 units on 132 CTAs, with prefill.cu's model (overhead
-  // 2, range cost 1.08, 5 % threshold). Equal units take one whole round, then cut the other 28;
-  // causal at 192-row tiles the model cuts every unit instead.
+  // heads over 2000 keys, 8 kv heads, 160 units on 132 CTAs, with the Hopper kernel's model
+  // (overhead 2, range cost 1.08, 5 % threshold). Equal units take one whole round, then cut the
+  // other 28; causal at 192-row tiles the model cuts every unit instead.
   for (int rows : {128, 192})
     for (bool causal : {false, true}) {
       SCOPED_TRACE(::testing::Message() << rows << "-row tiles, causal " << causal);
@@ -324,7 +327,9 @@ TEST(PrefillSchedule, ChunkOfFiveTilesTakesAWholeRoundFirst) {
       const std::vector<int32_t> tiles = prefill_unit_tiles(
           prefill_work_items(qo, kv, 1, 4, rows, causal, 64, 1 << 22), 8, 128, 8);
       ASSERT_EQ(tiles.size(), 160u);
-      const PrefillSplit s = plan_prefill_split(tiles, 132, 2, 0.05, PrefillSplitMode::kAuto, 1.08);
+      const PrefillScheduleModel m = h200_model();
+      const PrefillSplit s = plan_prefill_split(tiles, m.num_ctas, m.unit_overhead, m.min_gain,
+                                                PrefillSplitMode::kAuto, m.range_cost);
       ASSERT_FALSE(s.ctas.empty());
       EXPECT_EQ(s.dp_rounds, causal && rows == 192 ? 0 : 1);
       check_split(s, tiles, 132, 2);
@@ -368,19 +373,6 @@ TEST(PrefillSchedule, UnitOrderCoversEveryItemAndHeadOnce) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
   }
-}
-
-// prefill.cu's H200 model: 132 CTAs, 60 MB of L2 (what the H200 reports).
-PrefillScheduleModel h200_model() {
-  PrefillScheduleModel m;
-  m.num_ctas = 132;
-  m.unit_overhead = 2;
-  m.l2_bytes = int64_t(60) << 20;
-  m.min_gain = 0.05;
-  m.range_cost = 1.08;
-  m.one_head_min_gain = 0.02;
-  m.one_head_range_cost = 1.0;
-  return m;
 }
 
 // One request of q tokens over kv keys, 32 q / 8 kv heads, bf16, at the Hopper kernel's tiles.

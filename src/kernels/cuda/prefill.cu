@@ -416,27 +416,9 @@ bool use_sm90_path(const PagedPrefillParams& p) {
   return want && paged_prefill_sm90_available(p);
 }
 
-// Key tiles of the Hopper kernel (the split's cost unit) and what starting a unit costs in them
-// (Q load, pipeline fill, epilogue; the producer overlaps most of it with the previous unit).
+// Key tiles of the Hopper kernel (the split's cost unit; its cost model:
+// hopper_prefill_schedule_model).
 constexpr int kSm90Keys = 128;
-constexpr int kSm90UnitOverhead = 2;
-// A key tile of a range costs more than one of a whole unit: whole units all start at key tile 0,
-// so the CTAs that read the same head's K/V stay in step and share it through L2, and ranges
-// do not (unshared, a 128-row tile's K/V at the tensor cores' pace is about the H200's whole
-// DRAM bandwidth). 8 % makes the H200's choices on every measured shape (docs/benchmarks.md):
-// stream-K over all 512 units of the 2K chunk over 30K keys ran 4 % slower than whole units
-// (modelled 3 % faster without the cost), three whole rounds and the last round's 116 units cut 4 %
-// slower (modelled 1 % faster: not taken), one whole round and 28 cut units of a 640-token
-// chunk 1.50x faster, and 64 units over 256K keys cut 1.84x faster. The model is that coarse, so a
-// split must promise 5 % (those two: 38 % and 48 %).
-constexpr double kSm90RangeCost = 1.08;
-constexpr double kSm90SplitMinGain = 0.05;
-// With one kv head per block of units (plan_prefill_schedule) the CTAs of neighbouring ranges
-// read the same head's K/V, and cutting the last rounds paid as modelled without a range cost:
-// the 2K chunk over 30K keys, modelled 2.8 % faster after three whole rounds, ran 2.5 % faster.
-constexpr double kSm90OneHeadRangeCost = 1.0;
-constexpr double kSm90OneHeadSplitMinGain = 0.02;
-
 // LONGCTX_PREFILL_UNIT_HEADS=n forces the unit order (PrefillPlan::unit_heads) to the largest
 // divisor of num_kv_heads up to n, split or not (measurement); 0 when unset: the plan chooses.
 int forced_unit_heads(int num_kv_heads) {
@@ -514,15 +496,8 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   if (items.empty() || !paged_prefill_sm90_path(head_dim)) return plan;
   const char* split_env = std::getenv("LONGCTX_PREFILL_SPLIT");
   const std::string split_mode = split_env != nullptr ? split_env : "";
-  PrefillScheduleModel model;
-  model.num_ctas = current_sm_count();
   static const int64_t l2 = current_l2_bytes();  // one GPU model per host
-  model.l2_bytes = l2;
-  model.unit_overhead = kSm90UnitOverhead;
-  model.min_gain = kSm90SplitMinGain;
-  model.range_cost = kSm90RangeCost;
-  model.one_head_min_gain = kSm90OneHeadSplitMinGain;
-  model.one_head_range_cost = kSm90OneHeadRangeCost;
+  const PrefillScheduleModel model = hopper_prefill_schedule_model(current_sm_count(), l2);
   // Offsets from the workspace's start (cudaMalloc'ed: 256-byte aligned, as every caller's is).
   const SplitLayout l = split_layout(bytes, head_dim, model.num_ctas);
   const PrefillSplitMode mode = split_mode == "0" || l.end > workspace_bytes
