@@ -13,10 +13,14 @@
 // bench_attention --decode [VARIANTS [PAGES [SHAPES]]] runs the decode table instead (see
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
 // read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
-// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD and "l=0" / "l=1"
-// LONGCTX_DECODE_LOADER, so wave-model settings and loaders compare in
+// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD, "l=0" / "l=1"
+// LONGCTX_DECODE_LOADER and "c=0" / "c=1" LONGCTX_DECODE_COPY, so wave-model settings and loaders
+// compare in
 // the same process on the same data), page size (default 128) and, optionally, only the shapes
 // "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
+//
+// bench_attention --loaders KIND:TILE:STAGES:CTAS[:THREADS],... streams a K/V cache through each
+// way of filling shared memory, without compute (loader_ceiling.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +32,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -35,6 +40,7 @@
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/prefill.h"
 #include "kernels/decode_params.h"
+#include "loader_ceiling.h"
 #include "longctx/attention/block_causal.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/tensor.h"
@@ -424,6 +430,7 @@ struct DecodeVariant {
   std::string name;
   int slots = 0, overhead = 0;  // 0: the plan's own (LONGCTX_DECODE_SLOTS / _OVERHEAD unset)
   int loader = -1;              // -1: the plan's own; 0 / 1: LONGCTX_DECODE_LOADER
+  int copy = -1;                // -1: the plan's own; 0 TMA / 1 cp.async: LONGCTX_DECODE_COPY
 };
 
 // "default", "s=N", "o=M", "l=0", "l=1", "s=N/o=M/l=1", ... ; false on any other
@@ -448,6 +455,8 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.overhead = std::atoi(field.c_str() + 2);
       } else if (field == "l=0" || field == "l=1") {
         d.loader = field[2] - '0';
+      } else if (field == "c=0" || field == "c=1") {
+        d.copy = field[2] - '0';
       } else if (field != "default") {
         return false;
       }
@@ -470,6 +479,10 @@ void set_variant_env(const DecodeVariant& v) {
     setenv("LONGCTX_DECODE_LOADER", std::to_string(v.loader).c_str(), 1);
   else
     unsetenv("LONGCTX_DECODE_LOADER");
+  if (v.copy >= 0)
+    setenv("LONGCTX_DECODE_COPY", std::to_string(v.copy).c_str(), 1);
+  else
+    unsetenv("LONGCTX_DECODE_COPY");
 }
 
 // "16,128,..." page sizes in 1..256 (--page-sizes, --decode); false on a malformed list.
@@ -603,47 +616,7 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
   unsetenv("LONGCTX_DECODE_SLOTS");
   unsetenv("LONGCTX_DECODE_OVERHEAD");
   unsetenv("LONGCTX_DECODE_LOADER");
-}
-
-// The ceiling of the decode table: a plain read of the same K+V bytes as the batch-1 rows (1K,
-// 32K, 128K, 1M keys), timed as they are (isolated / stream), from windows of a pool of >= 512 MB
-// so no window is still in the 50 MB L2; and the launch gap alone (an empty kernel).
-void read_table(cudaStream_t stream) {
-  std::printf(
-      "# read ceiling: one launch streaming the bytes once; same timing as the decode table\n");
-  std::printf("| bytes (MB) | as decode B=1 at | CTAs | isolated ms | GB/s | stream ms | GB/s |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  uint32_t* sink = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint32_t) * bench::read_grid_ctas()));
-  LONGCTX_CUDA_CHECK(cudaMemset(sink, 0, sizeof(uint32_t) * bench::read_grid_ctas()));
-  for (int64_t kv : {int64_t(1024), int64_t(32768), int64_t(131072), int64_t(1048576)}) {
-    const int64_t bytes = kv * kHk * kD * 2 * 2;
-    const int64_t reps = std::clamp<int64_t>((int64_t(512) << 20) / bytes, 2, 32);
-    char* pool = nullptr;
-    LONGCTX_CUDA_CHECK(cudaMalloc(&pool, bytes * reps));
-    LONGCTX_CUDA_CHECK(cudaMemset(pool, 1, bytes * reps));
-    int64_t rep = 0;
-    int ctas = 0;
-    auto launch = [&] {
-      ctas = bench::launch_read(pool + rep * bytes, size_t(bytes), sink, stream);
-      rep = (rep + 1) % reps;
-    };
-    const double iso = time_ms(launch, stream, 50);
-    const double burst = time_ms(
-                             [&] {
-                               for (int i = 0; i < 20; ++i) launch();
-                             },
-                             stream, 9) /
-                         20;
-    std::printf("| %.1f | %lld keys | %d | %.4f | %.0f | %.4f | %.0f |\n", bytes / 1e6,
-                static_cast<long long>(kv), ctas, iso, bytes / (iso * 1e6), burst,
-                bytes / (burst * 1e6));
-    std::fflush(stdout);
-    cudaFree(pool);
-  }
-  const double empty = time_ms([&] { bench::launch_empty(stream); }, stream, 50);
-  std::printf("| 0 | empty kernel | 1 | %.4f | | | |\n", empty);
-  cudaFree(sink);
+  unsetenv("LONGCTX_DECODE_COPY");
 }
 
 }  // namespace
@@ -721,7 +694,25 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read") == 0) {
-    read_table(stream);
+    bench::read_table(stream, [&](const std::function<void()>& fn, int iters) {
+      return time_ms(fn, stream, iters);
+    });
+    cudaStreamDestroy(stream);
+    return 0;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "--loaders") == 0) {
+    std::vector<bench::LoaderSpec> specs;
+    std::stringstream ss(argv[2]);
+    for (std::string item; std::getline(ss, item, ',');) {
+      specs.emplace_back();
+      if (!bench::parse_loader_spec(item, &specs.back())) {
+        std::fprintf(stderr, "--loaders: bad spec %s (see loader_ceiling.h)\n", item.c_str());
+        return 2;
+      }
+    }
+    bench::loader_table(specs, stream, [&](const std::function<void()>& fn, int iters) {
+      return time_ms(fn, stream, iters);
+    });
     cudaStreamDestroy(stream);
     return 0;
   }
@@ -735,7 +726,8 @@ int main(int argc, char** argv) {
         stderr,
         "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [default,s=N/o=M,..."
         " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] |"
-        " --chunk HEAD_DIM:Q:KV[:PAGE] | --block-causal | --read]\n");
+        " --chunk HEAD_DIM:Q:KV[:PAGE] | --block-causal | --read | --loaders "
+        "KIND:TILE:STAGES:CTAS,...]\n");
     return 2;
   }
   using kernels::MaskMode;

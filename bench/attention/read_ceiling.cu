@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <cstdio>
+
 #include "longctx/core/cuda_check.h"
 #include "read_ceiling.h"
 
@@ -51,6 +54,44 @@ int launch_read(const void* src, size_t bytes, uint32_t* sink, cudaStream_t stre
 void launch_empty(cudaStream_t stream) {
   empty_kernel<<<1, 32, 0, stream>>>();
   LONGCTX_CUDA_CHECK_LAUNCH("empty_kernel");
+}
+
+void read_table(cudaStream_t stream, const TimeFn& time_ms) {
+  std::printf(
+      "# read ceiling: one launch streaming the bytes once; same timing as the decode table\n");
+  std::printf("| bytes (MB) | as decode B=1 at | CTAs | isolated ms | GB/s | stream ms | GB/s |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  uint32_t* sink = nullptr;
+  LONGCTX_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint32_t) * read_grid_ctas()));
+  LONGCTX_CUDA_CHECK(cudaMemset(sink, 0, sizeof(uint32_t) * read_grid_ctas()));
+  for (int64_t kv : {int64_t(1024), int64_t(32768), int64_t(131072), int64_t(1048576)}) {
+    const int64_t bytes = kv * 8 * 128 * 2 * 2;  // K + V: 8 kv heads, head_dim 128, bf16
+    const int64_t reps = std::clamp<int64_t>((int64_t(512) << 20) / bytes, 2, 32);
+    char* pool = nullptr;
+    LONGCTX_CUDA_CHECK(cudaMalloc(&pool, bytes * reps));
+    LONGCTX_CUDA_CHECK(cudaMemset(pool, 1, bytes * reps));
+    int64_t rep = 0;
+    int ctas = 0;
+    auto launch = [&] {
+      ctas = launch_read(pool + rep * bytes, size_t(bytes), sink, stream);
+      rep = (rep + 1) % reps;
+    };
+    const double iso = time_ms(launch, 50);
+    const double burst = time_ms(
+                             [&] {
+                               for (int i = 0; i < 20; ++i) launch();
+                             },
+                             9) /
+                         20;
+    std::printf("| %.1f | %lld keys | %d | %.4f | %.0f | %.4f | %.0f |\n", bytes / 1e6,
+                static_cast<long long>(kv), ctas, iso, bytes / (iso * 1e6), burst,
+                bytes / (burst * 1e6));
+    std::fflush(stdout);
+    cudaFree(pool);
+  }
+  const double empty = time_ms([&] { launch_empty(stream); }, 50);
+  std::printf("| 0 | empty kernel | 1 | %.4f | | | |\n", empty);
+  cudaFree(sink);
 }
 
 }  // namespace longctx::bench

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace longctx::bench {
 
@@ -19,5 +20,13 @@ void launch_empty(cudaStream_t stream);
 
 // CTAs launch_read uses (size of its sink).
 int read_grid_ctas();
+
+// A timer: the median ms of `iters` timed calls of the function (after warm-up).
+using TimeFn = std::function<double(const std::function<void()>&, int)>;
+
+// The ceiling of the decode table: a plain read of the same K+V bytes as the batch-1 rows (1K,
+// 32K, 128K, 1M keys), timed as they are (isolated / stream), from windows of a pool of >= 512 MB
+// so no window is still in the L2; and the launch gap alone (an empty kernel). Prints markdown.
+void read_table(cudaStream_t stream, const TimeFn& time_ms);
 
 }  // namespace longctx::bench

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <memory>
 #include <sstream>
+#include <string>
 
 #include "gpu_kernels/harness.h"
 #include "gpu_kernels/paged_prefill_case.h"
@@ -325,22 +326,41 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
         indptr, last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
     unsetenv("LONGCTX_DECODE_LOADER");
     EXPECT_EQ(capped.loader, 1) << "LONGCTX_DECODE_LOADER=1 caps the stages at 32 tokens";
+    // The stages' copies: TMA boxes over short splits, every thread's cp.async over long ones.
+    EXPECT_FALSE(plan.cp_async_stages) << "3 pages: one short split per kv head";
+    const int32_t long_indptr[2] = {0, 1024}, long_last[1] = {128};  // 128K keys
+    const kernels::cuda::DecodePlan long_plan = kernels::cuda::decode_plan(
+        long_indptr, long_last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    EXPECT_GE(long_plan.chunk_tokens, 1024);
+    EXPECT_TRUE(long_plan.cp_async_stages) << "128K keys: splits of 4K keys take cp.async";
+    ASSERT_EQ(setenv("LONGCTX_DECODE_COPY", "0", 1), 0);
+    const kernels::cuda::DecodePlan pinned = kernels::cuda::decode_plan(
+        long_indptr, long_last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    unsetenv("LONGCTX_DECODE_COPY");
+    EXPECT_FALSE(pinned.cp_async_stages) << "LONGCTX_DECODE_COPY=0 pins the TMA boxes";
+    EXPECT_FALSE(small.cp_async_stages) << "the cp.async ring (loader 0) has no such choice";
     LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  std::vector<std::unique_ptr<OpCase>> cases;
-  uint64_t seed = 200;
-  for (int page : {32, 64, 128, 256})
-    for (int d : {64, 128}) {
-      if (page % (4096 / d) != 0) continue;
-      cases.push_back(std::make_unique<DecodeCase>(
-          dshape({1, 33, 65, 500, 3001}, 8, 2, d, page, DType::kBF16, true, seed++), false, 64, 0,
-          true));
-      cases.push_back(std::make_unique<DecodeCase>(
-          dshape({7, 4099}, 32, 8, d, page, DType::kF16, true, seed++), false, 256, 0, true));
-    }
-  const RunSummary s = run_cases(cases);
-  EXPECT_EQ(s.failed, 0);
-  EXPECT_EQ(s.ok, int(cases.size()));
+  // Both ways of filling the stages over the same grids.
+  for (const char* copy : {"0", "1"}) {
+    SCOPED_TRACE(std::string("LONGCTX_DECODE_COPY=") + copy);
+    ASSERT_EQ(setenv("LONGCTX_DECODE_COPY", copy, 1), 0);
+    std::vector<std::unique_ptr<OpCase>> cases;
+    uint64_t seed = 200;
+    for (int page : {32, 64, 128, 256})
+      for (int d : {64, 128}) {
+        if (page % (4096 / d) != 0) continue;
+        cases.push_back(std::make_unique<DecodeCase>(
+            dshape({1, 33, 65, 500, 3001}, 8, 2, d, page, DType::kBF16, true, seed++), false, 64, 0,
+            true));
+        cases.push_back(std::make_unique<DecodeCase>(
+            dshape({7, 4099}, 32, 8, d, page, DType::kF16, true, seed++), false, 256, 0, true));
+      }
+    const RunSummary s = run_cases(cases);
+    unsetenv("LONGCTX_DECODE_COPY");
+    EXPECT_EQ(s.failed, 0);
+    EXPECT_EQ(s.ok, int(cases.size()));
+  }
 }
 
 // TMA stages of the ring's tile only (LONGCTX_DECODE_LOADER=1; the default takes stages of 64
@@ -348,6 +368,10 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
 TEST(DecodeGpu, TmaSingleTilesOverTheGrids) {
   expect_grids_pass_with("LONGCTX_DECODE_LOADER", "1");
 }
+
+// The TMA kernel's stages filled by every thread's cp.async (LONGCTX_DECODE_COPY=1; the default
+// for long splits only) over the grids, the million-key request included.
+TEST(DecodeGpu, CpAsyncStagesOverTheGrids) { expect_grids_pass_with("LONGCTX_DECODE_COPY", "1"); }
 
 // The cp.async loader (LONGCTX_DECODE_LOADER=0) over the grids, where the TMA would run.
 TEST(DecodeGpu, CpAsyncLoaderOverTheGrids) { expect_grids_pass_with("LONGCTX_DECODE_LOADER", "0"); }
@@ -397,9 +421,15 @@ TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
   expect_graph_replay_matches_direct_launch(16);
 }
 
-// The TMA loader's tensor maps are kernel parameters: a captured launch replays them.
+// The TMA loader's tensor maps are kernel parameters: a captured launch replays them, with the
+// stages filled by the TMA and by every thread's cp.async.
 TEST(DecodeGpu, TmaLoaderGraphReplayMatchesDirectLaunch) {
-  expect_graph_replay_matches_direct_launch(128);
+  for (const char* copy : {"0", "1"}) {
+    SCOPED_TRACE(std::string("LONGCTX_DECODE_COPY=") + copy);
+    ASSERT_EQ(setenv("LONGCTX_DECODE_COPY", copy, 1), 0);
+    expect_graph_replay_matches_direct_launch(128);
+    unsetenv("LONGCTX_DECODE_COPY");
+  }
 }
 
 }  // namespace

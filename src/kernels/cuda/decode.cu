@@ -51,10 +51,14 @@ constexpr int kThreads = 128;
 constexpr int kMaxGroup = 8;   // q heads per CTA (larger GQA groups take several CTAs)
 constexpr int kCtasPerSm = 8;  // bounds the work items (and so the workspace): ~8 CTAs per SM
 constexpr int kStages = 4;     // ring depth: 3 tiles (48 KB) in flight while one is computed
+// Keys per split from which the TMA kernel's stages are filled by cp.async (decode_plan).
+constexpr int64_t kCpAsyncStagesMinChunk = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 // A work item: request, kv begin, kv end, partial slot (-1: write o / lse directly), the
-// request's kv_indptr entry, its first partial slot and partial count (0 unless split), unused.
+// request's kv_indptr entry, its first partial slot and partial count (0 unless split), and the
+// plan's cp_async_stages (in the work list, not a kernel parameter, so that a CUDA graph's
+// replay takes each new plan's choice).
 constexpr int kWorkInts = 8;
 
 struct DecodeArgs {
@@ -270,6 +274,7 @@ struct CtaWork {
   int b, kv_begin, kv_end, slot, kvh, hslot, h0, nh, ctas_per_item;
   int page_base;                 // kv_indptr[b]: the request's first entry of kv_indices
   int merge_begin, merge_count;  // the request's partial slots (split requests)
+  bool cp_async_stages;          // DecodePlan::cp_async_stages (decode_tma_kernel)
 };
 template <int GT>
 __device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
@@ -288,6 +293,7 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
   w.page_base = y.x;
   w.merge_begin = y.y;
   w.merge_count = y.z;
+  w.cp_async_stages = y.w != 0;
   w.kvh = w.hslot / a.head_tiles;
   const int tile = w.hslot % a.head_tiles;
   w.h0 = w.kvh * a.group + tile * GT;
@@ -517,7 +523,10 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
 // crosses a page (kv ranges start at multiples of 64 tokens, pages are multiples of TILE), so its
 // tokens are consecutive slots of the cache viewed as [slots, kv heads, D]. Slots past kv_end in
 // the last tile hold whatever the cache has there: their scores are masked, and their V rows are
-// zeroed before use (p = 0 times a NaN would still be NaN).
+// zeroed before use (p = 0 times a NaN would still be NaN). With the plan's cp_async_stages the
+// same stages are filled by every thread's 16-byte cp.async instead, each thread arriving on the
+// stage's mbarrier when its copies land: the TMA moves 128-byte box rows at ~4.2 TB/s on the
+// H200, short of the HBM's 4.6, so over long ranges the threads' copies are the faster.
 // W = 1: stages of the ring's tile; W = 2: of twice its tokens (TmaShape; head_dim 128 only, so
 // that a tile of 64 tokens starts where a kv range may: at a multiple of 64).
 template <typename T, int D, int GT, int W>
@@ -540,20 +549,25 @@ __global__ void __launch_bounds__(kThreads)
   auto stage_k = [&](int st) { return smem_addr(smem + st * S::kStageBytes); };
   auto stage_v = [&](int st) { return stage_k(st) + TILE * D * 2; };
   auto bar = [&](int st) { return smem_addr(&full[st]); };
-  // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): the barriers and the maps
-  // (kernel parameters) are set up while it drains; pdl_wait comes before any global read. The
+  // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): the maps (kernel parameters)
+  // are prefetched while it drains; pdl_wait comes before any global read, the work item's
+  // among them (it says how the barriers count arrivals). The
   // o_proj GEMV after this kernel may start meanwhile (and wait for it).
   if (leader) {
     tma_prefetch_map(&tm_k);
     tma_prefetch_map(&tm_v);
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) mbar_init(bar(st), 1);
-    mbar_init_fence();
   }
   pdl_wait();
   pdl_launch_dependents();
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0) return;  // padding item
+  const bool cp_async_stages = w.cp_async_stages;
+  if (leader) {
+    // Arrivals per phase: the leader's expect_tx, or every thread's cp.async completion.
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) mbar_init(bar(st), cp_async_stages ? kThreads : 1);
+    mbar_init_fence();
+  }
   const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
   const int32_t* pages = a.kv_indices + w.page_base;
   const int ps = a.page_size;
@@ -567,28 +581,43 @@ __global__ void __launch_bounds__(kThreads)
     page = __ldg(pages + pi);
     off = t0 - pi * ps;
   };
+  // Called by every thread. TMA: the leader issues the boxes. cp.async: every thread copies its
+  // 16-byte chunks (a warp's 32 cover two whole 256-byte rows) into the same swizzled layout and
+  // arrives on the stage's barrier when they land.
+  constexpr int kChunks = TILE * D / 8 / kThreads;  // per thread per tensor
+  const T* kc = static_cast<const T*>(a.k);
+  const T* vc = static_cast<const T*>(a.v);
   auto issue = [&](int t, int page, int off) {
     const int st = t % kStages;
     const int slot = page * ps + off;
-    mbar_arrive_expect_tx(bar(st), S::kStageBytes);
+    if (cp_async_stages) {
 #pragma unroll
-    for (int h = 0; h < D / 64; ++h) {
-      tma_load_3d(stage_k(st) + h * TILE * 128, &tm_k, bar(st), h * 64, kvh, slot);
-      tma_load_3d(stage_v(st) + h * TILE * 128, &tm_v, bar(st), h * 64, kvh, slot);
+      for (int j = 0; j < kChunks; ++j) {
+        const int i = threadIdx.x + j * kThreads, tok = i / (D / 8), cc = i % (D / 8);
+        const int64_t src = ((int64_t(slot) + tok) * a.num_kv_heads + kvh) * D + cc * 8;
+        cp_async_16(L::addr(stage_k(st), tok, cc), kc + src, 16);
+        cp_async_16(L::addr(stage_v(st), tok, cc), vc + src, 16);
+      }
+      mbar_arrive_cp_async(bar(st));
+    } else if (leader) {
+      mbar_arrive_expect_tx(bar(st), S::kStageBytes);
+#pragma unroll
+      for (int h = 0; h < D / 64; ++h) {
+        tma_load_3d(stage_k(st) + h * TILE * 128, &tm_k, bar(st), h * 64, kvh, slot);
+        tma_load_3d(stage_v(st) + h * TILE * 128, &tm_v, bar(st), h * 64, kvh, slot);
+      }
     }
   };
   int next_page = 0, next_off = 0;
-  if (leader) {
 #pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-      if (st < n_tiles) {
-        int pg, of;
-        page_of(st, pg, of);
-        issue(st, pg, of);
-      }
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_tiles) {
+      int pg, of;
+      page_of(st, pg, of);
+      issue(st, pg, of);
     }
-    if (kStages - 1 < n_tiles) page_of(kStages - 1, next_page, next_off);
   }
+  if (kStages - 1 < n_tiles) page_of(kStages - 1, next_page, next_off);
 
   C c;
   c.init(a, b, w.h0, w.nh);
@@ -596,7 +625,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int it = 0; it < n_tiles; ++it) {
     __syncthreads();  // every warp is done with tile it - 1: its stage can be refilled
     const int nx = it + kStages - 1;
-    if (leader && nx < n_tiles) {
+    if (nx < n_tiles) {
       issue(nx, next_page, next_off);
       if (nx + 1 < n_tiles) page_of(nx + 1, next_page, next_off);
     }
@@ -979,6 +1008,16 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
       ring_ctas_per_sm(head_dim, group, loader), env_int("LONGCTX_DECODE_SLOTS", 0),
       env_int("LONGCTX_DECODE_OVERHEAD", 64), min_chunk_tokens);
 
+  // How the TMA kernel fills its stages. Streaming without any compute (bench_attention
+  // --loaders, docs/benchmarks.md), the TMA's boxes of 128-byte rows top out at 4.2 TB/s on the
+  // H200 where every thread's cp.async into the same stages reads 4.6; with the compute, 4.4-4.5
+  // against 4.2 over long ranges. Over a few tiles per CTA the TMA's one issuing thread starts
+  // sooner (5-10 % faster at 1K-4K keys). LONGCTX_DECODE_COPY=0 / 1 pins TMA / cp.async.
+  const char* copy_env = std::getenv("LONGCTX_DECODE_COPY");
+  const std::string_view copy_pin = copy_env != nullptr ? copy_env : "";
+  const bool cp_async_stages =
+      loader >= 1 && (copy_pin == "1" || (copy_pin != "0" && chunk >= kCpAsyncStagesMinChunk));
+
   std::vector<int32_t> work;
   int32_t slots = 0;
   for (int b = 0; b < batch; ++b) {
@@ -992,7 +1031,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
                                        kv_indptr[b],
                                        slots,
                                        split,
-                                       0};
+                                       cp_async_stages ? 1 : 0};
       work.insert(work.end(), item, item + kWorkInts);
     }
     slots += split;
@@ -1017,6 +1056,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.page_size = page_size;
   plan.chunk_tokens = int(chunk);
   plan.loader = loader;
+  plan.cp_async_stages = cp_async_stages;
   plan.num_work_items = int(items);
   plan.num_partials = slots;
   plan.work_items = reinterpret_cast<const int32_t*>(base + w.work);

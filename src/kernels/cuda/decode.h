@@ -46,10 +46,12 @@ struct DecodePlan {
   int num_kv_heads = 0;
   int head_dim = 0;
   int page_size = 0;
-  int chunk_tokens = 0;    // keys per split
-  int loader = 0;          // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
-  int num_work_items = 0;  // items of the grid (CTAs: items x kv heads x tiles)
-  int num_partials = 0;    // partial states (0: no request was split)
+  int chunk_tokens = 0;  // keys per split
+  int loader = 0;        // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
+  bool cp_async_stages = false;  // loader >= 1: the stages are filled by every thread's cp.async
+                                 // instead of TMA boxes (the faster over long splits)
+  int num_work_items = 0;        // items of the grid (CTAs: items x kv heads x tiles)
+  int num_partials = 0;          // partial states (0: no request was split)
   const int32_t* work_items = nullptr;  // device [num_work_items, 8]: request, kv begin, kv end,
                                         // partial slot (-1: write o/lse directly), the
                                         // request's kv_indptr entry, first partial slot,
