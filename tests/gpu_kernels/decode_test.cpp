@@ -300,9 +300,9 @@ void expect_grids_pass_with(const char* name, const char* value) {
   EXPECT_EQ(s.ok, int(cases.size()));
 }
 
-// The grids above run the TMA loader where the pages hold whole tiles (the default on sm_90)
-// and cp.async elsewhere; this checks that choice and adds last pages whose unused slots are NaN
-// (the TMA copies whole tiles of a page).
+// The grids above run the TMA kernel's stages (the default on sm_90): filled by TMA boxes where
+// the pages hold whole tiles and the splits are short, else by cp.async; this checks those
+// choices and adds last pages whose unused slots are NaN (both copy whole tiles of a page).
 TEST(DecodeGpu, TmaLoaderOverTheGrids) {
   unsetenv("LONGCTX_DECODE_LOADER");
   {
@@ -316,7 +316,7 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
     EXPECT_EQ(single.loader, 1) << "pages of 32 tokens hold only single tiles";
     const kernels::cuda::DecodePlan small =
         kernels::cuda::decode_plan(indptr, last, 1, 16, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
-    EXPECT_EQ(small.loader, 0) << "pages of 16 tokens are not whole tiles";
+    EXPECT_EQ(small.loader, 0) << "pages of 16 tokens are not whole tiles: the cp.async ring";
     GuardedBuffer ws64(kernels::cuda::decode_workspace_bytes(1, 32, 8, 64), 0);
     const kernels::cuda::DecodePlan d64 = kernels::cuda::decode_plan(
         indptr, last, 1, 128, 32, 8, 64, ws64.data(), ws64.bytes(), nullptr);
@@ -338,18 +338,23 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
         long_indptr, long_last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
     unsetenv("LONGCTX_DECODE_COPY");
     EXPECT_FALSE(pinned.cp_async_stages) << "LONGCTX_DECODE_COPY=0 pins the TMA boxes";
-    EXPECT_FALSE(small.cp_async_stages) << "the cp.async ring (loader 0) has no such choice";
+    ASSERT_EQ(setenv("LONGCTX_DECODE_COPY", "1", 1), 0);
+    const kernels::cuda::DecodePlan small_copies =
+        kernels::cuda::decode_plan(indptr, last, 1, 16, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    unsetenv("LONGCTX_DECODE_COPY");
+    EXPECT_EQ(small_copies.loader, 2) << "LONGCTX_DECODE_COPY=1: stages of 64 across pages of 16";
+    EXPECT_TRUE(small_copies.cp_async_stages);
     LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  // Both ways of filling the stages over the same grids.
+  // Both ways of filling the stages over the same grids; pages that are not whole tiles (1, 16,
+  // 48, 96 at head_dim 64) take the ring with "0" and stages across pages by cp.async with "1".
   for (const char* copy : {"0", "1"}) {
     SCOPED_TRACE(std::string("LONGCTX_DECODE_COPY=") + copy);
     ASSERT_EQ(setenv("LONGCTX_DECODE_COPY", copy, 1), 0);
     std::vector<std::unique_ptr<OpCase>> cases;
     uint64_t seed = 200;
-    for (int page : {32, 64, 128, 256})
+    for (int page : {1, 16, 32, 48, 64, 96, 128, 256})
       for (int d : {64, 128}) {
-        if (page % (4096 / d) != 0) continue;
         cases.push_back(std::make_unique<DecodeCase>(
             dshape({1, 33, 65, 500, 3001}, 8, 2, d, page, DType::kBF16, true, seed++), false, 64, 0,
             true));

@@ -587,16 +587,34 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kChunks = TILE * D / 8 / kThreads;  // per thread per tensor
   const T* kc = static_cast<const T*>(a.k);
   const T* vc = static_cast<const T*>(a.v);
+  // Thread tid copies chunk tid % (D / 8) of tokens tid / (D / 8) + j * kTokStep.
+  constexpr int kTokStep = kThreads / (D / 8);
+  const int cp_tok = threadIdx.x / (D / 8), cp_cc = threadIdx.x % (D / 8);
+  // Pages that are not a multiple of the tile (only with cp_async_stages): a tile may span
+  // several pages, so every token looks up its own (carrying from the thread's first), and
+  // tokens past kv_end are zero-filled instead of read from pages the request may not own.
+  const bool whole_pages = ps % TILE == 0;
   auto issue = [&](int t, int page, int off) {
     const int st = t % kStages;
     const int slot = page * ps + off;
     if (cp_async_stages) {
+      int pos = kv_begin + t * TILE + cp_tok;
+      int pi = pos / ps, sl = pos - pi * ps;
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
-        const int i = threadIdx.x + j * kThreads, tok = i / (D / 8), cc = i % (D / 8);
-        const int64_t src = ((int64_t(slot) + tok) * a.num_kv_heads + kvh) * D + cc * 8;
-        cp_async_16(L::addr(stage_k(st), tok, cc), kc + src, 16);
-        cp_async_16(L::addr(stage_v(st), tok, cc), vc + src, 16);
+        const int tok = cp_tok + j * kTokStep;
+        int64_t row = int64_t(slot) + tok;
+        int bytes = 16;
+        if (!whole_pages) {
+          bytes = pos < kv_end ? 16 : 0;
+          row = bytes ? int64_t(__ldg(pages + pi)) * ps + sl : 0;
+          pos += kTokStep;
+          sl += kTokStep;
+          while (sl >= ps) sl -= ps, ++pi;
+        }
+        const int64_t src = (row * a.num_kv_heads + kvh) * D + cp_cc * 8;
+        cp_async_16(L::addr(stage_k(st), tok, cp_cc), kc + src, bytes);
+        cp_async_16(L::addr(stage_v(st), tok, cp_cc), vc + src, bytes);
       }
       mbar_arrive_cp_async(bar(st));
     } else if (leader) {
@@ -993,16 +1011,23 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   // The chunk of the real requests alone: padding must not change how they are split.
   const int real = batch - graph.num_padding;
   const std::vector<int64_t> real_len(len.begin(), len.begin() + real);
-  // The loader: TMA wherever the device has it and the pages hold whole tiles (12-19 % faster
-  // than cp.async by every thread on the H200, docs/benchmarks.md): at head_dim 128 in stages of
-  // 64 tokens (2) where the pages hold them (1-4 % faster than 32), else of the ring's tile (1);
-  // else 0, cp.async. LONGCTX_DECODE_LOADER=0 / 1 caps it (tests and benches pin the variants).
+  // The loader: the TMA kernel's stages wherever the device has them and the pages hold whole
+  // tiles (12-19 % faster than the cp.async ring, docs/benchmarks.md): at head_dim 128 in stages
+  // of 64 tokens (2) where the pages hold them, else of the ring's tile (1); else the ring (0).
+  // LONGCTX_DECODE_COPY=1 also gives other pages the stages, filled by cp.async across pages:
+  // on pages of 16 tokens that measured 1-12 % slower than the ring for single launches (1-20 %
+  // faster back to back), so it is not the default. LONGCTX_DECODE_LOADER=0 / 1 caps the loader
+  // (tests and benches pin the variants).
   const char* loader_env = std::getenv("LONGCTX_DECODE_LOADER");
   const std::string_view loader_cap = loader_env != nullptr ? loader_env : "";
   const int tile = ring_tile_tokens(head_dim);
+  const char* copy_env = std::getenv("LONGCTX_DECODE_COPY");
+  const std::string_view copy_pin = copy_env != nullptr ? copy_env : "";
+  const bool boxes = page_size % tile == 0;  // a TMA box of a tile stays within one page
   int loader = 0;
-  if (loader_cap != "0" && page_size % tile == 0 && tma_supported())
-    loader = loader_cap != "1" && head_dim == 128 && page_size % (2 * tile) == 0 ? 2 : 1;
+  if (loader_cap != "0" && (boxes || copy_pin == "1") && tma_supported())
+    loader =
+        loader_cap != "1" && head_dim == 128 && (!boxes || page_size % (2 * tile) == 0) ? 2 : 1;
   const int64_t chunk = ring_plan_chunk(
       real_len, max_work_items(real, num_kv_heads, group, num_sms), ctas_per_item, num_sms,
       ring_ctas_per_sm(head_dim, group, loader), env_int("LONGCTX_DECODE_SLOTS", 0),
@@ -1012,11 +1037,11 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   // --loaders, docs/benchmarks.md), the TMA's boxes of 128-byte rows top out at 4.2 TB/s on the
   // H200 where every thread's cp.async into the same stages reads 4.6; with the compute, 4.4-4.5
   // against 4.2 over long ranges. Over a few tiles per CTA the TMA's one issuing thread starts
-  // sooner (5-10 % faster at 1K-4K keys). LONGCTX_DECODE_COPY=0 / 1 pins TMA / cp.async.
-  const char* copy_env = std::getenv("LONGCTX_DECODE_COPY");
-  const std::string_view copy_pin = copy_env != nullptr ? copy_env : "";
+  // sooner (5-10 % faster at 1K-4K keys). Pages that are not whole tiles have no boxes, only
+  // copies. LONGCTX_DECODE_COPY=0 / 1 pins TMA / cp.async.
   const bool cp_async_stages =
-      loader >= 1 && (copy_pin == "1" || (copy_pin != "0" && chunk >= kCpAsyncStagesMinChunk));
+      loader >= 1 &&
+      (!boxes || copy_pin == "1" || (copy_pin != "0" && chunk >= kCpAsyncStagesMinChunk));
 
   std::vector<int32_t> work;
   int32_t slots = 0;
