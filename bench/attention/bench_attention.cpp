@@ -595,14 +595,9 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
           rep = (rep + 1) % reps;
           kernels::cuda::decode_run(p, plan, stream);
         };
-        const double iso = time_ms(launch, stream, 50);
-        const int kBurst = 20;
-        const double burst = time_ms(
-                                 [&] {
-                                   for (int i = 0; i < kBurst; ++i) launch();
-                                 },
-                                 stream, 9) /
-                             kBurst;
+        const auto [iso, burst] = bench::time_isolated_and_stream(
+            launch, [&](const std::function<void()>& fn, int n) { return time_ms(fn, stream, n); },
+            50, 9);
         std::printf("| %d | %d | %d | %d | %d | %s | %d | %d | %.4f | %.0f | %.4f | %.0f |\n",
                     batch, kv_len, hq, hk, page, var.name.c_str(), plan.chunk_tokens,
                     plan.num_work_items * hk, iso, kv_bytes / (iso * 1e6), burst,

@@ -180,10 +180,12 @@ size_t smem_bytes(Kind k, const LoaderSpec& s) {
   return size_t(s.stages) * 2 * s.tile * (per_head ? kRowBytes : kTokenBytes) + 1024;
 }
 
-template <typename F>
-void set_smem(F* kernel, size_t bytes) {
+template <Kind K>
+void launch_ring(int grid, int threads, size_t smem, cudaStream_t stream, const LoaderArgs& a,
+                 const CUtensorMap& tm_k, const CUtensorMap& tm_v) {
   LONGCTX_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+      cudaFuncSetAttribute(ring_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  ring_kernel<K><<<grid, threads, smem, stream>>>(a, tm_k, tm_v);
 }
 
 }  // namespace
@@ -249,20 +251,16 @@ void loader_table(const std::vector<LoaderSpec>& specs, cudaStream_t stream,
         w = (w + 1) % windows;
         switch (kind) {
           case Kind::kTma:
-            set_smem(ring_kernel<Kind::kTma>, smem);
-            ring_kernel<Kind::kTma><<<grid, s.threads, smem, stream>>>(a, tm_k, tm_v);
+            launch_ring<Kind::kTma>(grid, s.threads, smem, stream, a, tm_k, tm_v);
             break;
           case Kind::kBulk:
-            set_smem(ring_kernel<Kind::kBulk>, smem);
-            ring_kernel<Kind::kBulk><<<grid, s.threads, smem, stream>>>(a, tm_k, tm_v);
+            launch_ring<Kind::kBulk>(grid, s.threads, smem, stream, a, tm_k, tm_v);
             break;
           case Kind::kCpa:
-            set_smem(ring_kernel<Kind::kCpa>, smem);
-            ring_kernel<Kind::kCpa><<<grid, s.threads, smem, stream>>>(a, tm_k, tm_v);
+            launch_ring<Kind::kCpa>(grid, s.threads, smem, stream, a, tm_k, tm_v);
             break;
           case Kind::kCpaWhole:
-            set_smem(ring_kernel<Kind::kCpaWhole>, smem);
-            ring_kernel<Kind::kCpaWhole><<<grid, s.threads, smem, stream>>>(a, tm_k, tm_v);
+            launch_ring<Kind::kCpaWhole>(grid, s.threads, smem, stream, a, tm_k, tm_v);
             break;
           case Kind::kRegs:
             if (s.tile == 4) regs_kernel<4><<<grid, s.threads, 0, stream>>>(a);
@@ -273,13 +271,7 @@ void loader_table(const std::vector<LoaderSpec>& specs, cudaStream_t stream,
         LONGCTX_CUDA_CHECK_LAUNCH("loader ceiling kernel");
       };
       const double bytes = double(slots) * kTokenBytes * 2;
-      const double iso = time_ms(launch, 30);
-      const double burst = time_ms(
-                               [&] {
-                                 for (int i = 0; i < 20; ++i) launch();
-                               },
-                               5) /
-                           20;
+      const auto [iso, burst] = time_isolated_and_stream(launch, time_ms, 30, 5);
       std::printf("| %s:%d:%d:%d:%d | %zu | %d | %lld | %.4f | %.0f | %.4f | %.0f |\n",
                   s.kind.c_str(), s.tile, s.stages, s.ctas_per_sm, s.threads, smem / 1024, grid,
                   static_cast<long long>(slots), iso, bytes / (iso * 1e6), burst,

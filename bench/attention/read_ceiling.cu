@@ -56,6 +56,19 @@ void launch_empty(cudaStream_t stream) {
   LONGCTX_CUDA_CHECK_LAUNCH("empty_kernel");
 }
 
+std::pair<double, double> time_isolated_and_stream(const std::function<void()>& launch,
+                                                   const TimeFn& time_ms, int iters,
+                                                   int stream_iters) {
+  const double isolated = time_ms(launch, iters);
+  const double stream = time_ms(
+                            [&] {
+                              for (int i = 0; i < 20; ++i) launch();
+                            },
+                            stream_iters) /
+                        20;
+  return {isolated, stream};
+}
+
 void read_table(cudaStream_t stream, const TimeFn& time_ms) {
   std::printf(
       "# read ceiling: one launch streaming the bytes once; same timing as the decode table\n");
@@ -76,13 +89,7 @@ void read_table(cudaStream_t stream, const TimeFn& time_ms) {
       ctas = launch_read(pool + rep * bytes, size_t(bytes), sink, stream);
       rep = (rep + 1) % reps;
     };
-    const double iso = time_ms(launch, 50);
-    const double burst = time_ms(
-                             [&] {
-                               for (int i = 0; i < 20; ++i) launch();
-                             },
-                             9) /
-                         20;
+    const auto [iso, burst] = time_isolated_and_stream(launch, time_ms, 50, 9);
     std::printf("| %.1f | %lld keys | %d | %.4f | %.0f | %.4f | %.0f |\n", bytes / 1e6,
                 static_cast<long long>(kv), ctas, iso, bytes / (iso * 1e6), burst,
                 bytes / (burst * 1e6));

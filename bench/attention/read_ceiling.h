@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <utility>
 
 namespace longctx::bench {
 
@@ -23,6 +24,12 @@ int read_grid_ctas();
 
 // A timer: the median ms of `iters` timed calls of the function (after warm-up).
 using TimeFn = std::function<double(const std::function<void()>&, int)>;
+
+// ms of one launch alone (median of `iters`) and of one of 20 back-to-back launches (median of
+// `stream_iters` bursts, / 20): the decode table's "isolated" and "stream" columns.
+std::pair<double, double> time_isolated_and_stream(const std::function<void()>& launch,
+                                                   const TimeFn& time_ms, int iters,
+                                                   int stream_iters);
 
 // The ceiling of the decode table: a plain read of the same K+V bytes as the batch-1 rows (1K,
 // 32K, 128K, 1M keys), timed as they are (isolated / stream), from windows of a pool of >= 512 MB
