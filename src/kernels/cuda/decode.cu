@@ -16,8 +16,9 @@
 // states are merged by the LAST of its CTAs (an atomic counter per (request, kv head, head tile)
 // in the workspace), which saves a second launch and its wait for the whole grid; that merge
 // issues its L2 loads in batches (a chain of dependent L2 round trips is its whole cost). The plan
-// sizes the chunks with a wave model (CTAs resident per SM from the occupancy API), so batch 1
-// fills the GPU in one even wave and large batches do not end in a mostly empty wave.
+// sizes the chunks with a wave model (kernels/decode_schedule.h; CTAs resident per SM from the
+// occupancy API), so batch 1 fills the GPU in one even wave and large batches do not end in a
+// mostly empty wave.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,7 +26,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -38,6 +38,7 @@
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/tma_device.cuh"
 #include "kernels/cuda/workspace.h"
+#include "kernels/decode_schedule.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -51,15 +52,10 @@ constexpr int kThreads = 128;
 constexpr int kMaxGroup = 8;   // q heads per CTA (larger GQA groups take several CTAs)
 constexpr int kCtasPerSm = 8;  // bounds the work items (and so the workspace): ~8 CTAs per SM
 constexpr int kStages = 4;     // ring depth: 3 tiles (48 KB) in flight while one is computed
-// Keys per split from which the TMA kernel's stages are filled by cp.async (decode_plan).
-constexpr int64_t kCpAsyncStagesMinChunk = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-// A work item: request, kv begin, kv end, partial slot (-1: write o / lse directly), the
-// request's kv_indptr entry, its first partial slot and partial count (0 unless split), and the
-// plan's cp_async_stages (in the work list, not a kernel parameter, so that a CUDA graph's
-// replay takes each new plan's choice).
-constexpr int kWorkInts = 8;
+// A work item: kDecodeWorkInts int32s (kernels/decode_schedule.h).
+constexpr int kWorkInts = kDecodeWorkInts;
 
 struct DecodeArgs {
   const void* q;
@@ -78,15 +74,11 @@ struct DecodeArgs {
   float scale_log2;  // sm_scale * log2(e): scores live in the log2 domain
 };
 
-// Tokens of K and of V per ring stage for head_dim d: 16 KB together for both head dims, so the
-// ring's bytes in flight do not depend on d (the plan's page test and the TMA maps use it too).
-constexpr int ring_tile_tokens(int d) { return 4096 / d; }
-
 // Tile geometry of the cp.async ring for head_dim D.
 template <int D>
 struct RingShape {
   static constexpr int LPT = D / 8;                     // 16-byte chunks per token row
-  static constexpr int TILE = ring_tile_tokens(D);      // tokens per stage: 32 (D 128) / 64 (D 64)
+  static constexpr int TILE = decode_tile_tokens(D);    // tokens per stage: 32 (D 128) / 64 (D 64)
   static constexpr int CPT = TILE * LPT / kThreads;     // 16-byte copies per thread per tensor
   static constexpr int TOK_STRIDE = kThreads / LPT;     // tokens between a thread's copies
   static constexpr int kStageBytes = 2 * TILE * D * 2;  // K + V, 16-bit elements
@@ -696,7 +688,7 @@ int env_int(const char* name, int fallback) {
 }
 
 // Work items the plan may create (sizes the workspace): one per request plus about kCtasPerSm
-// CTAs per SM of extra splits; ring_chunk never picks a chunk that would need more.
+// CTAs per SM of extra splits; decode_chunk never picks a chunk that would need more.
 int64_t max_work_items(int max_batch, int num_kv_heads, int group, int num_sms) {
   int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(group);
   int64_t target = (int64_t(num_sms) * kCtasPerSm + ctas_per_item - 1) / ctas_per_item;
@@ -853,7 +845,7 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
   const dim3 grid(static_cast<unsigned>(ctas));
   CUtensorMap maps[2];
   if (plan.loader >= 1) {
-    const int tile = plan.loader * ring_tile_tokens(p.head_dim);  // TmaShape<D, loader>::TILE
+    const int tile = plan.loader * decode_tile_tokens(p.head_dim);  // TmaShape<D, loader>::TILE
     maps[0] = kv_cache_tensor_map(p.k_cache, kKvTensorMapAnySlot, p.num_kv_heads, p.head_dim, tile,
                                   p.dtype);
     maps[1] = kv_cache_tensor_map(p.v_cache, kKvTensorMapAnySlot, p.num_kv_heads, p.head_dim, tile,
@@ -863,73 +855,6 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
     ring_launch<T, 64>(&a, maps, grid, gt, plan.loader, stream);
   else
     ring_launch<T, 128>(&a, maps, grid, gt, plan.loader, stream);
-}
-
-// Splits of a request of len keys at chunk size `chunk`: even splits (not chunk, chunk, ...,
-// remainder), in multiples of 64 tokens (a whole number of ring tiles for both head dims).
-struct Split {
-  int64_t count = 1, sub = 64;
-};
-Split split_of(int64_t len, int64_t chunk) {
-  Split s;
-  s.count = std::max<int64_t>(1, (len + chunk - 1) / chunk);
-  s.sub = std::max<int64_t>(64, ((len + s.count - 1) / s.count + 63) / 64 * 64);
-  s.count = std::max<int64_t>(1, (len + s.sub - 1) / s.sub);
-  return s;
-}
-
-// Chunk from a wave model: CTAs run in waves of `slots` (resident CTAs on the GPU), a wave lasts
-// as long as its longest chunk plus a fixed cost (pipeline fill, epilogue, merge) worth `overhead`
-// tokens, so the cost of chunk c is ceil(ctas(c) / slots) * (longest split + overhead).
-// Candidates are the chunk sizes that split the longest request into k = 1, 2, ... even parts,
-// down to min_chunk_tokens; the first (fewest splits) of the cheapest wins. At batch 1 this
-// gives one full wave; at batch 64 x 32K it avoids 512 CTAs over 396 slots (1.3 waves).
-int64_t ring_chunk(const std::vector<int64_t>& len, int64_t max_items, int64_t ctas_per_item,
-                   int64_t slots, int64_t overhead, int min_chunk_tokens) {
-  const int64_t max_len = len.empty() ? 0 : *std::max_element(len.begin(), len.end());
-  const int64_t floor_chunk = std::max<int64_t>(64, (int64_t(min_chunk_tokens) + 63) / 64 * 64);
-  int64_t best = std::max<int64_t>(floor_chunk, (max_len + 63) / 64 * 64);
-  double best_cost = INFINITY;
-  int64_t prev = -1;
-  for (int64_t k = 1;; ++k) {
-    const int64_t c = std::max(floor_chunk, ((max_len + k - 1) / k + 63) / 64 * 64);
-    if (c != prev) {
-      prev = c;
-      int64_t items = 0, longest = 0;
-      for (int64_t x : len) {
-        const Split s = split_of(x, c);
-        items += s.count;
-        longest = std::max(longest, std::min(x, s.sub));
-      }
-      if (items > max_items) break;  // items only grow as c shrinks
-      const int64_t waves = (items * ctas_per_item + slots - 1) / slots;
-      const double cost = double(waves) * double(longest + overhead);
-      if (cost < best_cost) best_cost = cost, best = c;
-    }
-    if (c == floor_chunk) break;
-  }
-  return best;
-}
-
-// The plan's chunk. resident = CTAs per SM the hardware holds (3 at head_dim 128). Measured on
-// the H200 (docs/benchmarks.md): when the whole grid fits in one wave of 2 CTAs per SM, 2 long
-// CTAs per SM beat 3 shorter ones (batch 1, 32K keys: 2265 vs 1981 GB/s; fewer splits to merge,
-// fewer pipeline fills); when it does not (batch 64), the 2-per-SM model would plan 512 CTAs for
-// 396 resident slots (1.3 waves: 2867 vs 3451 GB/s), so the full count is used. slots_override
-// (LONGCTX_DECODE_SLOTS, > 0) forces the model's CTAs per SM (tuning).
-int64_t ring_plan_chunk(const std::vector<int64_t>& len, int64_t max_items, int64_t ctas_per_item,
-                        int num_sms, int resident, int slots_override, int64_t overhead,
-                        int min_chunk_tokens) {
-  if (slots_override > 0)
-    return ring_chunk(len, max_items, ctas_per_item, int64_t(num_sms) * slots_override, overhead,
-                      min_chunk_tokens);
-  const int64_t two = int64_t(num_sms) * std::min(2, resident);
-  const int64_t chunk = ring_chunk(len, max_items, ctas_per_item, two, overhead, min_chunk_tokens);
-  int64_t items = 0;
-  for (int64_t x : len) items += split_of(x, chunk).count;
-  if (items * ctas_per_item <= two || resident <= 2) return chunk;
-  return ring_chunk(len, max_items, ctas_per_item, int64_t(num_sms) * resident, overhead,
-                    min_chunk_tokens);
 }
 
 }  // namespace
@@ -995,73 +920,28 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
                 "decode_plan: {} padding requests of {}", graph.num_padding, batch);
   if (num_sms <= 0) num_sms = current_sm_count();
   const int group = num_qo_heads / num_kv_heads;
-  std::vector<int64_t> len(batch);
-  for (int b = 0; b < batch; ++b) {
-    const int32_t pages = kv_indptr[b + 1] - kv_indptr[b];
-    LONGCTX_CHECK(pages >= 0, ErrorCode::kInvalidArgument, "decode_plan: kv_indptr decreases at {}",
-                  b);
-    LONGCTX_CHECK(pages == 0 || (last_page_len[b] >= 1 && last_page_len[b] <= page_size),
-                  ErrorCode::kInvalidArgument,
-                  "decode_plan: kv_last_page_len[{}] = {} not in [1, {}]", b, last_page_len[b],
-                  page_size);
-    len[b] = pages == 0 ? 0 : int64_t(pages - 1) * page_size + last_page_len[b];
-  }
+  const std::vector<int64_t> len = decode_lengths(kv_indptr, last_page_len, batch, page_size);
   const int64_t max_items = max_work_items(batch, num_kv_heads, group, num_sms);
   const int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(group);
   // The chunk of the real requests alone: padding must not change how they are split.
   const int real = batch - graph.num_padding;
   const std::vector<int64_t> real_len(len.begin(), len.begin() + real);
-  // The loader: the TMA kernel's stages wherever the device has them and the pages hold whole
-  // tiles (12-19 % faster than the cp.async ring, docs/benchmarks.md): at head_dim 128 in stages
-  // of 64 tokens (2) where the pages hold them, else of the ring's tile (1); else the ring (0).
-  // LONGCTX_DECODE_COPY=1 also gives other pages the stages, filled by cp.async across pages:
-  // on pages of 16 tokens that measured 1-12 % slower than the ring for single launches (1-20 %
-  // faster back to back), so it is not the default. LONGCTX_DECODE_LOADER=0 / 1 caps the loader
-  // (tests and benches pin the variants).
   const char* loader_env = std::getenv("LONGCTX_DECODE_LOADER");
-  const std::string_view loader_cap = loader_env != nullptr ? loader_env : "";
-  const int tile = ring_tile_tokens(head_dim);
   const char* copy_env = std::getenv("LONGCTX_DECODE_COPY");
-  const std::string_view copy_pin = copy_env != nullptr ? copy_env : "";
-  const bool boxes = page_size % tile == 0;  // a TMA box of a tile stays within one page
-  int loader = 0;
-  if (loader_cap != "0" && (boxes || copy_pin == "1") && tma_supported())
-    loader =
-        loader_cap != "1" && head_dim == 128 && (!boxes || page_size % (2 * tile) == 0) ? 2 : 1;
-  const int64_t chunk = ring_plan_chunk(
-      real_len, max_work_items(real, num_kv_heads, group, num_sms), ctas_per_item, num_sms,
-      ring_ctas_per_sm(head_dim, group, loader), env_int("LONGCTX_DECODE_SLOTS", 0),
-      env_int("LONGCTX_DECODE_OVERHEAD", 64), min_chunk_tokens);
-
-  // How the TMA kernel fills its stages. Streaming without any compute (bench_attention
-  // --loaders, docs/benchmarks.md), the TMA's boxes of 128-byte rows top out at 4.2 TB/s on the
-  // H200 where every thread's cp.async into the same stages reads 4.6; with the compute, 4.4-4.5
-  // against 4.2 over long ranges. Over a few tiles per CTA the TMA's one issuing thread starts
-  // sooner (5-10 % faster at 1K-4K keys). Pages that are not whole tiles have no boxes, only
-  // copies. LONGCTX_DECODE_COPY=0 / 1 pins TMA / cp.async.
-  const bool cp_async_stages =
-      loader >= 1 &&
-      (!boxes || copy_pin == "1" || (copy_pin != "0" && chunk >= kCpAsyncStagesMinChunk));
-
-  std::vector<int32_t> work;
-  int32_t slots = 0;
-  for (int b = 0; b < batch; ++b) {
-    const Split sp = b < real ? split_of(len[b], chunk) : Split{1, std::max<int64_t>(len[b], 1)};
-    const int32_t split = sp.count > 1 ? int32_t(sp.count) : 0;
-    for (int64_t s = 0; s < sp.count; ++s) {
-      const int32_t item[kWorkInts] = {b,
-                                       int32_t(s * sp.sub),
-                                       int32_t(std::min(len[b], (s + 1) * sp.sub)),
-                                       split ? slots + int32_t(s) : -1,
-                                       kv_indptr[b],
-                                       slots,
-                                       split,
-                                       cp_async_stages ? 1 : 0};
-      work.insert(work.end(), item, item + kWorkInts);
-    }
-    slots += split;
-  }
-  const int64_t items = int64_t(work.size()) / kWorkInts;
+  const DecodeLoaderPins pins{loader_env != nullptr ? loader_env : "",
+                              copy_env != nullptr ? copy_env : ""};
+  const int loader = decode_loader(page_size, head_dim, tma_supported(), pins);
+  DecodeWaveModel model;
+  model.num_sms = num_sms;
+  model.resident = ring_ctas_per_sm(head_dim, group, loader);
+  model.slots_override = env_int("LONGCTX_DECODE_SLOTS", 0);
+  model.overhead = env_int("LONGCTX_DECODE_OVERHEAD", 64);
+  model.min_chunk_tokens = min_chunk_tokens;
+  const int64_t chunk = decode_chunk(real_len, max_work_items(real, num_kv_heads, group, num_sms),
+                                     ctas_per_item, model);
+  const bool cp_async_stages = decode_cp_async_stages(loader, page_size, head_dim, chunk, pins);
+  const DecodeWork work = decode_work_items(len, kv_indptr, real, chunk, cp_async_stages);
+  const int64_t items = int64_t(work.items.size()) / kWorkInts;
   LONGCTX_ASSERT(items <= max_items, "decode work items {} exceed the bound {}", items, max_items);
   const WorkspaceLayout w = layout_of(batch, max_items, num_qo_heads, num_kv_heads, head_dim);
   LONGCTX_CHECK(workspace != nullptr && workspace_bytes >= w.total, ErrorCode::kInvalidArgument,
@@ -1069,8 +949,9 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
                 workspace_bytes, w.total);
   char* base = static_cast<char*>(workspace);
   if (items > 0)
-    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(base + w.work, work.data(), sizeof(int32_t) * work.size(),
-                                       cudaMemcpyHostToDevice, stream));
+    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(base + w.work, work.items.data(),
+                                       sizeof(int32_t) * work.items.size(), cudaMemcpyHostToDevice,
+                                       stream));
   // The fused merge's counters start at 0; each run leaves them at 0 again.
   LONGCTX_CUDA_CHECK(cudaMemsetAsync(base + w.counters, 0, w.total - w.counters, stream));
   DecodePlan plan;
@@ -1083,7 +964,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.loader = loader;
   plan.cp_async_stages = cp_async_stages;
   plan.num_work_items = int(items);
-  plan.num_partials = slots;
+  plan.num_partials = work.num_partials;
   plan.work_items = reinterpret_cast<const int32_t*>(base + w.work);
   plan.partial_o = reinterpret_cast<float*>(base + w.po);
   plan.partial_lse = reinterpret_cast<float*>(base + w.plse);

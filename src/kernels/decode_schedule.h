@@ -1,0 +1,91 @@
+// The split-KV decode plan's host side (kernels/cuda/decode.cu's decode_plan): the requests'
+// lengths from the page table, the wave model that sizes the splits, which loader brings the K/V
+// tiles and how its stages are filled, and the work list the kernel reads. Host code only, so
+// the choices are tested on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace longctx::kernels {
+
+// Tokens of K and of V per stage of the cp.async ring for head_dim d: 16 KB together for both
+// head dims, so the ring's bytes in flight do not depend on d. The TMA kernel's stages hold one
+// (loader 1) or two (loader 2) of these tiles.
+constexpr int decode_tile_tokens(int head_dim) { return 4096 / head_dim; }
+
+// Keys per split from which the TMA kernel's stages are filled by every thread's cp.async rather
+// than by TMA boxes (decode_cp_async_stages).
+constexpr int64_t kDecodeCpAsyncStagesMinChunk = 1024;
+
+// Int32s per work item: request, kv begin, kv end, partial slot (-1: write o / lse directly), the
+// request's kv_indptr entry, its first partial slot and partial count (0 unless split), and the
+// plan's cp_async_stages (in the work list, not a kernel parameter, so that a CUDA graph's
+// replay takes each new plan's choice).
+constexpr int kDecodeWorkInts = 8;
+
+// Keys of each request: (pages - 1) * page_size + last_page_len, 0 without pages. Host inputs
+// kv_indptr [batch + 1], last_page_len [batch]. Throws Error(kInvalidArgument) where kv_indptr
+// decreases or a last_page_len is outside [1, page_size].
+std::vector<int64_t> decode_lengths(const int32_t* kv_indptr, const int32_t* last_page_len,
+                                    int batch, int page_size);
+
+// A request of len keys at chunk size `chunk`: `count` even splits of `sub` keys (the last
+// shorter), sub a multiple of 64 (whole tiles for both head dims, and where a 64-token stage may
+// start).
+struct DecodeSplit {
+  int64_t count = 1, sub = 64;
+};
+DecodeSplit decode_split(int64_t len, int64_t chunk);
+
+// The wave model's inputs. resident: CTAs per SM the kernel's occupancy allows; slots_override
+// (> 0) forces the CTAs per SM the model assumes; overhead: a CTA's fixed cost (pipeline fill,
+// epilogue, merge) in keys.
+struct DecodeWaveModel {
+  int num_sms = 0;
+  int resident = 2;
+  int slots_override = 0;
+  int64_t overhead = 64;
+  int min_chunk_tokens = 256;
+};
+
+// The plan's chunk (keys per split) for requests of `len` keys, each split taking
+// ctas_per_item CTAs, at most max_items work items. CTAs run in waves of the resident slots; a
+// wave costs its longest split plus the overhead; candidates split the longest request into
+// k = 1, 2, ... even parts down to min_chunk_tokens, and the first (fewest splits) of the
+// cheapest wins. When one wave of 2 CTAs per SM holds the grid, the model takes 2 CTAs per SM
+// even where 3 fit (longer CTAs, fewer partial states: measured faster at batch 1); otherwise
+// the full resident count.
+int64_t decode_chunk(const std::vector<int64_t>& len, int64_t max_items, int64_t ctas_per_item,
+                     const DecodeWaveModel& model);
+
+// The environment's pins of the plan variants: LONGCTX_DECODE_LOADER ("0" the ring, "1" no
+// doubled stages) and LONGCTX_DECODE_COPY ("0" TMA boxes only, "1" cp.async stages); "" unset.
+struct DecodeLoaderPins {
+  std::string_view loader_cap, copy;
+};
+
+// The loader: 0 the cp.async ring; 1 the TMA kernel's stages of decode_tile_tokens keys; 2 its
+// stages of twice that (head_dim 128). The TMA kernel (where the device has it: `tma`) takes
+// pages that hold whole tiles, at head_dim 128 in stages of 64 tokens where the pages hold
+// those; other pages keep the ring unless pins.copy is "1" (stages filled across pages).
+int decode_loader(int page_size, int head_dim, bool tma, const DecodeLoaderPins& pins);
+
+// Whether the TMA kernel's stages are filled by every thread's cp.async instead of TMA boxes:
+// for splits of kDecodeCpAsyncStagesMinChunk keys and more (the boxes' 128-byte rows top out at
+// ~4.2 TB/s on the H200, the threads' copies at 4.6; over a few tiles the one issuing thread
+// starts sooner), and always for pages that are not whole tiles. False for the ring.
+bool decode_cp_async_stages(int loader, int page_size, int head_dim, int64_t chunk,
+                            const DecodeLoaderPins& pins);
+
+// The work list ([items, kDecodeWorkInts]) and the partial slots it uses. Requests b < real are
+// split at `chunk`; the others (a CUDA graph's padding) get one item over all their keys.
+struct DecodeWork {
+  std::vector<int32_t> items;
+  int32_t num_partials = 0;
+};
+DecodeWork decode_work_items(const std::vector<int64_t>& len, const int32_t* kv_indptr, int real,
+                             int64_t chunk, bool cp_async_stages);
+
+}  // namespace longctx::kernels

@@ -1,0 +1,153 @@
+// The split-KV decode plan's host side (kernels/decode_schedule.h): even splits that cover each
+// request in multiples of 64 keys; the wave model's chunks, held to the ones the H200 ran in
+// docs/benchmarks.md (132 SMs, 8 kv heads of group 4); the loader and copy choices with their
+// pins; the work list's layout; and clear errors on a malformed page table.
+#include "kernels/decode_schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "longctx/core/error.h"
+
+namespace longctx::kernels {
+namespace {
+
+TEST(DecodeSchedule, SplitsAreEvenAndCoverTheRequest) {
+  for (int64_t len : {0, 1, 63, 64, 65, 1000, 4097, 32768, 131072, 1 << 20})
+    for (int64_t chunk : {64, 256, 1000, 1024, 4032, 32768}) {
+      const DecodeSplit s = decode_split(len, chunk);
+      SCOPED_TRACE(testing::Message() << "len " << len << " chunk " << chunk);
+      EXPECT_GE(s.count, 1);
+      EXPECT_EQ(s.sub % 64, 0);
+      EXPECT_GE(s.count * s.sub, len);                              // every key in a split
+      EXPECT_LT((s.count - 1) * s.sub, std::max<int64_t>(len, 1));  // no empty split
+      if (len > 0) EXPECT_LE(s.count, (len + chunk - 1) / chunk);
+    }
+  const DecodeSplit s = decode_split(1000, 256);  // 4 even splits, not 256 x 3 + 232
+  EXPECT_EQ(s.count, 4);
+  EXPECT_EQ(s.sub, 256);
+}
+
+// The H200's decode shapes: 132 SMs, 8 kv heads x 1 head tile (group 4), the work-item bound of
+// decode.cu (batch + 132), 256-key floor.
+int64_t h200_chunk(const std::vector<int64_t>& len, int resident, int slots_override = 0) {
+  DecodeWaveModel m;
+  m.num_sms = 132;
+  m.resident = resident;
+  m.slots_override = slots_override;
+  return decode_chunk(len, int64_t(len.size()) + 132, 8, m);
+}
+
+TEST(DecodeSchedule, ChunksAreTheOnesTheH200Ran) {
+  // The TMA kernel's stages of 64 tokens: 2 CTAs per SM.
+  EXPECT_EQ(h200_chunk({1024}, 2), 256);
+  EXPECT_EQ(h200_chunk({4096}, 2), 256);
+  EXPECT_EQ(h200_chunk({8192}, 2), 256);
+  EXPECT_EQ(h200_chunk({16384}, 2), 512);
+  EXPECT_EQ(h200_chunk({32768}, 2), 1024);  // 256 CTAs: one wave of 264 slots
+  EXPECT_EQ(h200_chunk({131072}, 2), 4032);
+  EXPECT_EQ(h200_chunk({1 << 20}, 2), 31808);
+  EXPECT_EQ(h200_chunk(std::vector<int64_t>(2, 16384), 2), 1024);
+  EXPECT_EQ(h200_chunk(std::vector<int64_t>(2, 32768), 2), 2048);
+  EXPECT_EQ(h200_chunk(std::vector<int64_t>(4, 32768), 2), 4096);
+  EXPECT_EQ(h200_chunk(std::vector<int64_t>(8, 32768), 2), 8192);
+  EXPECT_EQ(h200_chunk(std::vector<int64_t>(16, 32768), 2), 16384);
+  EXPECT_EQ(h200_chunk(std::vector<int64_t>(32, 32768), 2), 32768);
+  EXPECT_EQ(h200_chunk(std::vector<int64_t>(64, 32768), 2), 32768);
+  // The cp.async ring holds 3 CTAs per SM: batch 1 still takes 2 long CTAs per SM, batch 64 the
+  // full count (1536 CTAs in 4 waves of 396 rather than 512 in 2).
+  EXPECT_EQ(h200_chunk({32768}, 3), 1024);
+  EXPECT_EQ(h200_chunk(std::vector<int64_t>(64, 32768), 3), 10944);
+  // LONGCTX_DECODE_SLOTS: the bench's s=1 and s=3 rows.
+  EXPECT_EQ(h200_chunk({32768}, 2, 1), 2048);
+  EXPECT_EQ(h200_chunk({32768}, 2, 3), 704);
+  EXPECT_EQ(h200_chunk({131072}, 2, 3), 2688);
+  EXPECT_EQ(h200_chunk(std::vector<int64_t>(2, 32768), 2, 3), 1408);
+}
+
+TEST(DecodeSchedule, ChunksRespectTheFloorAndTheItemBound) {
+  DecodeWaveModel m;
+  m.num_sms = 132;
+  m.min_chunk_tokens = 1000;  // rounded up to whole 64-key tiles
+  EXPECT_EQ(decode_chunk({1 << 20}, 1 + 132, 8, m) % 64, 0);
+  EXPECT_GE(decode_chunk({4096}, 1 + 132, 8, m), 1024);
+  EXPECT_EQ(decode_chunk({}, 132, 8, m), 1024);  // no request: the floor
+  // At most max_items splits: 1M keys in at most 4 items.
+  m.min_chunk_tokens = 64;
+  const int64_t c = decode_chunk({1 << 20}, 4, 8, m);
+  EXPECT_LE(decode_split(1 << 20, c).count, 4);
+}
+
+TEST(DecodeSchedule, LoaderFollowsPagesHeadDimAndPins) {
+  const DecodeLoaderPins none{"", ""};
+  EXPECT_EQ(decode_loader(128, 128, true, none), 2);  // stages of 64 tokens
+  EXPECT_EQ(decode_loader(4096, 128, true, none), 2);
+  EXPECT_EQ(decode_loader(32, 128, true, none), 1);  // whole 32-token tiles only
+  EXPECT_EQ(decode_loader(96, 128, true, none), 1);
+  EXPECT_EQ(decode_loader(16, 128, true, none), 0);  // no boxes: the ring
+  EXPECT_EQ(decode_loader(1, 128, true, none), 0);
+  EXPECT_EQ(decode_loader(128, 64, true, none), 1);    // no doubled stages at head_dim 64
+  EXPECT_EQ(decode_loader(32, 64, true, none), 0);     // the 64-token tile spans pages
+  EXPECT_EQ(decode_loader(128, 128, false, none), 0);  // no TMA on the device
+  EXPECT_EQ(decode_loader(128, 128, true, {"0", ""}), 0);
+  EXPECT_EQ(decode_loader(128, 128, true, {"1", ""}), 1);
+  // LONGCTX_DECODE_COPY=1: the stages across pages for any page size.
+  EXPECT_EQ(decode_loader(16, 128, true, {"", "1"}), 2);
+  EXPECT_EQ(decode_loader(1, 64, true, {"", "1"}), 1);
+  EXPECT_EQ(decode_loader(16, 128, false, {"", "1"}), 0);
+  EXPECT_EQ(decode_loader(16, 128, true, {"", "0"}), 0);
+}
+
+TEST(DecodeSchedule, StagesTakeCpAsyncOverLongSplits) {
+  const DecodeLoaderPins none{"", ""};
+  EXPECT_FALSE(decode_cp_async_stages(0, 16, 128, 1 << 20, none));  // the ring has no stages
+  EXPECT_FALSE(decode_cp_async_stages(2, 128, 128, 256, none));     // TMA boxes start sooner
+  EXPECT_FALSE(decode_cp_async_stages(2, 128, 128, 512, none));
+  EXPECT_TRUE(decode_cp_async_stages(2, 128, 128, kDecodeCpAsyncStagesMinChunk, none));
+  EXPECT_TRUE(decode_cp_async_stages(1, 128, 64, 31808, none));
+  EXPECT_TRUE(decode_cp_async_stages(2, 16, 128, 256, none));  // no boxes across pages
+  EXPECT_FALSE(decode_cp_async_stages(2, 128, 128, 32768, {"", "0"}));
+  EXPECT_TRUE(decode_cp_async_stages(2, 128, 128, 256, {"", "1"}));
+}
+
+TEST(DecodeSchedule, WorkItemsNameRangesSlotsAndTheCopyMode) {
+  // Request 0: 3000 keys split at 1024 (3 x 1024); request 1: 100 keys, whole; request 2: no
+  // keys; request 3: a graph's padding of 5000 keys, whole although longer than the chunk.
+  const std::vector<int64_t> len = {3000, 100, 0, 5000};
+  const int32_t indptr[5] = {0, 24, 25, 25, 65};
+  const DecodeWork w = decode_work_items(len, indptr, 3, 1024, true);
+  ASSERT_EQ(w.items.size(), size_t(6 * kDecodeWorkInts));
+  EXPECT_EQ(w.num_partials, 3);
+  auto item = [&](int i) { return std::vector<int32_t>(&w.items[i * 8], &w.items[i * 8 + 8]); };
+  EXPECT_EQ(item(0), (std::vector<int32_t>{0, 0, 1024, 0, 0, 0, 3, 1}));
+  EXPECT_EQ(item(1), (std::vector<int32_t>{0, 1024, 2048, 1, 0, 0, 3, 1}));
+  EXPECT_EQ(item(2), (std::vector<int32_t>{0, 2048, 3000, 2, 0, 0, 3, 1}));
+  EXPECT_EQ(item(3), (std::vector<int32_t>{1, 0, 100, -1, 24, 3, 0, 1}));
+  EXPECT_EQ(item(4), (std::vector<int32_t>{2, 0, 0, -1, 25, 3, 0, 1}));
+  EXPECT_EQ(item(5), (std::vector<int32_t>{3, 0, 5000, -1, 25, 3, 0, 1}));
+  const DecodeWork tma = decode_work_items({100}, indptr, 1, 1024, false);
+  EXPECT_EQ(tma.items.back(), 0);
+}
+
+TEST(DecodeSchedule, MalformedPageTablesAreClearErrors) {
+  const int32_t indptr[3] = {0, 2, 5}, last[2] = {16, 1};
+  EXPECT_EQ(decode_lengths(indptr, last, 2, 16), (std::vector<int64_t>{32, 33}));
+  const int32_t empty[2] = {3, 3}, any[1] = {0};
+  EXPECT_EQ(decode_lengths(empty, any, 1, 16), (std::vector<int64_t>{0}));  // no pages: 0 keys
+  const int32_t decreasing[3] = {0, 4, 2};
+  EXPECT_THROW(decode_lengths(decreasing, last, 2, 16), Error);
+  const int32_t too_long[2] = {17, 1};
+  EXPECT_THROW(decode_lengths(indptr, too_long, 2, 16), Error);
+  const int32_t zero[2] = {0, 1};
+  try {
+    decode_lengths(indptr, zero, 2, 16);
+    FAIL() << "a last page of 0 tokens was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("kv_last_page_len[0] = 0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace longctx::kernels
