@@ -15,9 +15,8 @@
 // read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
 // "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD, "l=0" / "l=1"
 // LONGCTX_DECODE_LOADER and "c=0" / "c=1" LONGCTX_DECODE_COPY, so wave-model settings and loaders
-// compare in
-// the same process on the same data), page size (default 128) and, optionally, only the shapes
-// "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
+// compare in the same process on the same data), page size (default 128) and, optionally, only the
+// shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
 //
 // bench_attention --loaders KIND:TILE:STAGES:CTAS[:THREADS],... streams a K/V cache through each
 // way of filling shared memory, without compute (loader_ceiling.h).
@@ -71,6 +70,12 @@ double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters =
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// time_ms on `stream` as the shared tables take it (read_ceiling.h).
+bench::TimeFn stream_timer(cudaStream_t stream) {
+  return
+      [stream](const std::function<void()>& fn, int iters) { return time_ms(fn, stream, iters); };
 }
 
 // Device buffer of n bf16 values, uniform in [-1, 1]: 16M values generated on the host, then
@@ -595,9 +600,8 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
           rep = (rep + 1) % reps;
           kernels::cuda::decode_run(p, plan, stream);
         };
-        const auto [iso, burst] = bench::time_isolated_and_stream(
-            launch, [&](const std::function<void()>& fn, int n) { return time_ms(fn, stream, n); },
-            50, 9);
+        const auto [iso, burst] =
+            bench::time_isolated_and_stream(launch, stream_timer(stream), 50, 9);
         std::printf("| %d | %d | %d | %d | %d | %s | %d | %d | %.4f | %.0f | %.4f | %.0f |\n",
                     batch, kv_len, hq, hk, page, var.name.c_str(), plan.chunk_tokens,
                     plan.num_work_items * hk, iso, kv_bytes / (iso * 1e6), burst,
@@ -689,9 +693,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read") == 0) {
-    bench::read_table(stream, [&](const std::function<void()>& fn, int iters) {
-      return time_ms(fn, stream, iters);
-    });
+    bench::read_table(stream, stream_timer(stream));
     cudaStreamDestroy(stream);
     return 0;
   }
@@ -705,9 +707,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    bench::loader_table(specs, stream, [&](const std::function<void()>& fn, int iters) {
-      return time_ms(fn, stream, iters);
-    });
+    bench::loader_table(specs, stream, stream_timer(stream));
     cudaStreamDestroy(stream);
     return 0;
   }

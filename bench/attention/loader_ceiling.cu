@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/tma_device.cuh"
 #include "loader_ceiling.h"
@@ -14,19 +15,40 @@ namespace longctx::bench {
 
 namespace {
 
+using kernels::cuda::detail::cp_async_16;
 using kernels::cuda::detail::mbar_arrive_cp_async;
 using kernels::cuda::detail::mbar_arrive_expect_tx;
 using kernels::cuda::detail::mbar_init;
 using kernels::cuda::detail::mbar_init_fence;
 using kernels::cuda::detail::mbar_wait;
+using kernels::cuda::detail::smem_addr;
 using kernels::cuda::detail::tma_load_3d;
 
 constexpr int kHeads = 8;
 constexpr int kRowBytes = 256;                   // one kv head's token row (128 dims of bf16)
 constexpr int kTokenBytes = kHeads * kRowBytes;  // a whole token row of the cache
 constexpr int kMaxStages = 8;
+constexpr int kMaxCtasPerSm = 32;  // the SM's limit; sizes the sink
 
 enum class Kind { kTma, kBulk, kCpa, kCpaWhole, kRegs };
+constexpr struct {
+  const char* name;
+  Kind kind;
+} kKinds[] = {{"tma", Kind::kTma},
+              {"bulk", Kind::kBulk},
+              {"cpa", Kind::kCpa},
+              {"cpaw", Kind::kCpaWhole},
+              {"regs", Kind::kRegs}};
+
+// The kind named `name`; false for none.
+bool kind_of(const std::string& name, Kind* out) {
+  for (const auto& k : kKinds)
+    if (name == k.name) {
+      *out = k.kind;
+      return true;
+    }
+  return false;
+}
 
 struct LoaderArgs {
   const uint8_t* k;  // [slots, 8, 128] bf16, the whole buffer
@@ -37,10 +59,6 @@ struct LoaderArgs {
   uint32_t* sink;  // [grid]
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
                                           uint32_t bar) {
 #ifdef LONGCTX_TMA_DEVICE
@@ -50,10 +68,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 #endif
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 // The CTA's tiles: per-head kinds split each head's tiles over gridDim / 8 CTAs, whole-row kinds
@@ -76,11 +90,11 @@ __global__ void ring_kernel(const LoaderArgs a, const __grid_constant__ CUtensor
   constexpr bool kPerHead = K == Kind::kTma || K == Kind::kCpa;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kMaxStages];
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const int tile = a.tile, stages = a.stages;
   const int half = tile * (kPerHead ? kRowBytes : kTokenBytes);  // K (or V) bytes of a stage
-  const uint32_t base = smem_u32(smem);
-  auto bar = [&](int st) { return smem_u32(&full[st]); };
+  const uint32_t base = smem_addr(smem);
+  auto bar = [&](int st) { return smem_addr(&full[st]); };
   if (threadIdx.x == 0) {
     for (int st = 0; st < stages; ++st)
       mbar_init(bar(st), K == Kind::kCpa || K == Kind::kCpaWhole ? int(blockDim.x) : 1);
@@ -118,7 +132,7 @@ __global__ void ring_kernel(const LoaderArgs a, const __grid_constant__ CUtensor
           src += (slot + cc / 16) * kTokenBytes + head * kRowBytes + (cc % 16) * 16;
         else
           src += slot * kTokenBytes + int64_t(cc) * 16;
-        cp_async16(dk + uint32_t(c) * 16, src);
+        cp_async_16(dk + uint32_t(c) * 16, src, 16);
       }
       mbar_arrive_cp_async(bar(st));
     }
@@ -166,14 +180,6 @@ __global__ void regs_kernel(const LoaderArgs a) {
   if ((threadIdx.x & 31) == 0) atomicXor(a.sink + blockIdx.x, acc);
 }
 
-Kind kind_of(const std::string& s) {
-  if (s == "tma") return Kind::kTma;
-  if (s == "bulk") return Kind::kBulk;
-  if (s == "cpa") return Kind::kCpa;
-  if (s == "cpaw") return Kind::kCpaWhole;
-  return Kind::kRegs;
-}
-
 size_t smem_bytes(Kind k, const LoaderSpec& s) {
   if (k == Kind::kRegs) return 0;
   const bool per_head = k == Kind::kTma || k == Kind::kCpa;
@@ -194,15 +200,15 @@ bool parse_loader_spec(const std::string& text, LoaderSpec* out) {
   std::stringstream ss(text);
   std::string kind;
   if (!std::getline(ss, kind, ':')) return false;
-  if (kind != "tma" && kind != "bulk" && kind != "cpa" && kind != "cpaw" && kind != "regs")
-    return false;
+  Kind k;
+  if (!kind_of(kind, &k)) return false;
   LoaderSpec s;
   s.kind = kind;
   const std::string rest = text.substr(kind.size());
   const int got =
       std::sscanf(rest.c_str(), ":%d:%d:%d:%d", &s.tile, &s.stages, &s.ctas_per_sm, &s.threads);
   if (got < 3 || s.tile < 1 || s.stages < 2 || s.stages > kMaxStages || s.ctas_per_sm < 1 ||
-      s.threads < 32 || s.threads % 32 != 0 || s.threads > 1024)
+      s.ctas_per_sm > kMaxCtasPerSm || s.threads < 32 || s.threads % 32 != 0 || s.threads > 1024)
     return false;
   if (kind == "regs" && s.tile != 4 && s.tile != 8 && s.tile != 16) return false;
   if (kind == "tma" && (s.tile > 256 || s.tile % 8 != 0)) return false;
@@ -222,15 +228,16 @@ void loader_table(const std::vector<LoaderSpec>& specs, cudaStream_t stream,
   LONGCTX_CUDA_CHECK(cudaMemset(k, 1, total_slots * kTokenBytes));
   LONGCTX_CUDA_CHECK(cudaMemset(v, 2, total_slots * kTokenBytes));
   uint32_t* sink = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint32_t) * sms * 32));
-  LONGCTX_CUDA_CHECK(cudaMemset(sink, 0, sizeof(uint32_t) * sms * 32));
+  LONGCTX_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint32_t) * sms * kMaxCtasPerSm));
+  LONGCTX_CUDA_CHECK(cudaMemset(sink, 0, sizeof(uint32_t) * sms * kMaxCtasPerSm));
   std::printf(
       "# loader ceilings: K+V of [slots, 8 kv heads, 128 dims] bf16 through each loader,"
       " no compute\n");
   std::printf("| loader | smem/CTA KB | CTAs | slots | isolated ms | GB/s | stream ms | GB/s |\n");
   std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const LoaderSpec& s : specs) {
-    const Kind kind = kind_of(s.kind);
+    Kind kind = Kind::kRegs;
+    kind_of(s.kind, &kind);  // parse_loader_spec checked the name
     const size_t smem = smem_bytes(kind, s);
     if (smem > 227 * 1024) {
       std::printf("| %s:%d:%d:%d:%d | %zu | | | too much shared memory | | | |\n", s.kind.c_str(),

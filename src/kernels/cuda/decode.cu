@@ -543,8 +543,8 @@ __global__ void __launch_bounds__(kThreads)
   auto bar = [&](int st) { return smem_addr(&full[st]); };
   // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): the maps (kernel parameters)
   // are prefetched while it drains; pdl_wait comes before any global read, the work item's
-  // among them (it says how the barriers count arrivals). The
-  // o_proj GEMV after this kernel may start meanwhile (and wait for it).
+  // among them (it says how the barriers count arrivals). The o_proj GEMV after this kernel may
+  // start meanwhile (and wait for it).
   if (leader) {
     tma_prefetch_map(&tm_k);
     tma_prefetch_map(&tm_v);
