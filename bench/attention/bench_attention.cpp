@@ -607,6 +607,17 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
                     plan.num_work_items * hk, iso, kv_bytes / (iso * 1e6), burst,
                     kv_bytes / (burst * 1e6));
         std::fflush(stdout);
+#ifdef LONGCTX_TIMELINE_PROBE
+        // One launch alone, then the last of 20 back to back (its CTAs start while the previous
+        // launch drains: programmatic dependent launch).
+        for (int launches : {1, 20}) {
+          LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+          kernels::cuda::decode_timeline_reset();
+          for (int i = 0; i < launches; ++i) launch();
+          std::printf("#   %s, the last of %d launch(es):\n", var.name.c_str(), launches);
+          kernels::cuda::decode_timeline_print(kernels::cuda::decode_grid_ctas(plan));
+        }
+#endif
       }
       for (void* x : {q, k, v, o, static_cast<void*>(l), ws, (void*)p.kv_indptr, (void*)d_ids,
                       (void*)p.kv_last_page_len})

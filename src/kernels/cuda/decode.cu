@@ -36,6 +36,7 @@
 #include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tensor_map.h"
+#include "kernels/cuda/timeline_probe.cuh"
 #include "kernels/cuda/tma_device.cuh"
 #include "kernels/cuda/workspace.h"
 #include "kernels/decode_schedule.h"
@@ -56,6 +57,16 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 // A work item: kDecodeWorkInts int32s (kernels/decode_schedule.h).
 constexpr int kWorkInts = kDecodeWorkInts;
+
+// Points of the timeline probe (kernels/cuda/timeline_probe.cuh; LONGCTX_TIMELINE_PROBE builds).
+enum DecodeMark {
+  kMarkEntry,
+  kMarkWork,
+  kMarkFirstTile,
+  kMarkRangeDone,
+  kMarkCounted,
+  kMarkMerged
+};
 
 struct DecodeArgs {
   const void* q;
@@ -293,6 +304,15 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
   return w;
 }
 
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int32_t* p, int v) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(p), "r"(v)
+               : "memory");
+  return old;
+}
+
 // What the kernel does after its K/V range: merges the NSRC softmax states the compute stored
 // (MmaCompute::store: into s_acc and e) into o, or into the request's partial
 // slot; then, for a split request, the CTA that finishes last merges the request's partial states
@@ -334,20 +354,22 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
   if (slot < 0) return;
 
   // Split request: the CTA that finishes last (of this request's splits for this kv head / head
-  // tile) merges them. Every thread fences its partial writes before thread 0 counts this CTA
-  // in (the threadFenceReduction pattern); the last CTA puts the counter back to 0 for the next
-  // run (plan() zeroes it once), which keeps run() free of memsets and graph-replayable.
-  __threadfence();
+  // tile) merges them. Thread 0 counts this CTA in with one acquire-release atomic: its release
+  // half publishes the partial stores every thread made before the barrier (cumulativity, as in
+  // CUTLASS's generic barrier), its acquire half makes the other CTAs' partials visible to the
+  // last CTA (read after the next barrier, from L2); separate fences before and after the count
+  // would add a round trip each to the kernel's tail. The last CTA puts the counter back to 0 for
+  // the next run (plan() zeroes it once), which keeps run() free of memsets and graph-replayable.
   __syncthreads();
   if (threadIdx.x == 0) {
     int32_t* cnt = a.counters + int64_t(b) * w.ctas_per_item + w.hslot;
-    const int prev = atomicAdd(cnt, 1);
+    const int prev = atomic_add_acq_rel_gpu(cnt, 1);
     e.last = prev == n - 1;
     if (e.last) *cnt = 0;
   }
   __syncthreads();
+  LONGCTX_TIMELINE_MARK(kMarkCounted);
   if (!e.last) return;
-  __threadfence();
   // One pass over the n states: each thread takes four dims of one head (float4 partial rows)
   // and issues kBatch states' lse and o loads before using any, keeping a running max. The merge
   // is a chain of L2 round trips (the partials were written by other SMs during this kernel, so
@@ -411,6 +433,7 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
     }
     if (d == 0 && a.lse) a.lse[orow] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
   }
+  LONGCTX_TIMELINE_MARK(kMarkMerged);
 }
 
 // One CTA per (work item, kv head, head tile): the cp.async ring feeding MmaCompute, then
@@ -423,12 +446,14 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ EpilogueSmem<GT> e;
 
+  LONGCTX_TIMELINE_MARK(kMarkEntry);
   // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): everything below may read
   // what it wrote. The o_proj GEMV after it may start meanwhile (and wait for it).
   pdl_wait();
   pdl_launch_dependents();
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0) return;  // padding item
+  LONGCTX_TIMELINE_MARK(kMarkWork);
   const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
   const T* kc = static_cast<const T*>(a.k);
   const T* vc = static_cast<const T*>(a.v);
@@ -490,6 +515,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<kStages - 2>();  // tile it has landed (for this thread's copies) ...
     __syncthreads();               // ... for every thread's, and tile it - 1 is consumed
+    if (it == 0) LONGCTX_TIMELINE_MARK(kMarkFirstTile);
     const int nx = it + kStages - 1;
     if (nx < n_tiles) issue(nx);  // into the stage tile it - 1 used
     cp_async_commit();
@@ -498,6 +524,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
     c.tile(smem_addr(stage_k(st)), smem_addr(stage_v(st)), kv_begin + it * TILE, kv_end,
            a.scale_log2);
   }
+  LONGCTX_TIMELINE_MARK(kMarkRangeDone);
   cp_async_wait<0>();  // only empty groups can be left, but the ring is reused below
   __syncthreads();
   // The ring's shared memory holds the warps' accumulators ([NSRC][GT][D] fp32 = 2 KB x GT,
@@ -537,6 +564,7 @@ __global__ void __launch_bounds__(kThreads)
   // The 128-byte swizzle repeats every 1024 bytes: stages start 1024-aligned (TmaShape's pad).
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
+  LONGCTX_TIMELINE_MARK(kMarkEntry);
   const bool leader = threadIdx.x == 0;
   auto stage_k = [&](int st) { return smem_addr(smem + st * S::kStageBytes); };
   auto stage_v = [&](int st) { return stage_k(st) + TILE * D * 2; };
@@ -553,6 +581,7 @@ __global__ void __launch_bounds__(kThreads)
   pdl_launch_dependents();
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0) return;  // padding item
+  LONGCTX_TIMELINE_MARK(kMarkWork);
   const bool cp_async_stages = w.cp_async_stages;
   if (leader) {
     // Arrivals per phase: the leader's expect_tx, or every thread's cp.async completion.
@@ -641,6 +670,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int st = it % kStages;
     mbar_wait(bar(st), (it / kStages) & 1);
+    if (it == 0) LONGCTX_TIMELINE_MARK(kMarkFirstTile);
     const int tbase = kv_begin + it * TILE;
     if (tbase + TILE > kv_end) {
       // Zero this warp's V rows past kv_end (the rows MmaCompute reads are the warp's own).
@@ -660,6 +690,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     c.tile(stage_k(st), stage_v(st), tbase, kv_end, a.scale_log2);
   }
+  LONGCTX_TIMELINE_MARK(kMarkRangeDone);
   __syncthreads();
   // Every issued copy has been waited for: the ring's shared memory holds the accumulators now.
   float* s_acc = reinterpret_cast<float*>(smem);
@@ -995,5 +1026,13 @@ void decode_run(const DecodeParams& p, const DecodePlan& plan, cudaStream_t stre
                     dtype_name(p.dtype));
   }
 }
+
+#ifdef LONGCTX_TIMELINE_PROBE
+void decode_timeline_reset() { timeline::reset(); }
+void decode_timeline_print(int64_t ctas) {
+  timeline::print(int(std::min<int64_t>(ctas, timeline::kCtas)),
+                  {"entry", "work item", "first tile", "range done", "counted in", "merged"});
+}
+#endif
 
 }  // namespace longctx::kernels::cuda

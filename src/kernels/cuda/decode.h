@@ -97,4 +97,11 @@ bool is_decode_kernel(const void* func);
 // device pointers; shapes must match the plan; dtype bf16 or f16.
 void decode_run(const DecodeParams& params, const DecodePlan& plan, cudaStream_t stream);
 
+#ifdef LONGCTX_TIMELINE_PROBE
+// Timeline probe builds (kernels/cuda/timeline_probe.cuh): clear the marks; print, for the
+// decode_run launches since, where the first `ctas` CTAs of the grid spent their time.
+void decode_timeline_reset();
+void decode_timeline_print(int64_t ctas);
+#endif
+
 }  // namespace longctx::kernels::cuda
