@@ -263,31 +263,42 @@ TEST(PrefillHarness, EachKernelPath) {
     const char* split;  // LONGCTX_PREFILL_SPLIT ("": the model decides)
     const char* rows;   // LONGCTX_PREFILL_SM90_ROWS ("": 192-row tiles at head_dim 64 on sm_90)
     const char* heads;  // LONGCTX_PREFILL_UNIT_HEADS ("": the default unit order)
+    const char* lean;   // LONGCTX_PREFILL_SM90_LEAN ("": the default, lean without a block mask
+                        // at head_dim 128; 0: the full tiling; 2 / 3: lean with that many stages)
   };
   // At head_dim 64 the default rows take the three-warpgroup kernel (pingpong, or persistent
   // without turns); "128" the two-warpgroup one.
-  const Path paths[] = {{"fa2", "", "1", "", "", ""},
-                        {"sm90", "persistent", "1", "", "", ""},
-                        {"sm90", "grid", "1", "", "128", ""},
-                        {"sm90", "pingpong", "1", "", "", ""},
-                        {"sm90", "pingpong", "0", "", "", ""},
-                        {"sm90", "pingpong", "1", "1", "", ""},
-                        {"sm90", "pingpong", "0", "1", "", ""},
-                        {"sm90", "pingpong", "1", "", "128", ""},
-                        {"sm90", "persistent", "0", "1", "128", ""},
-                        {"sm90", "pingpong", "1", "", "", "1"},
-                        {"sm90", "pingpong", "0", "1", "", "2"}};
-  for (const auto& [path, variant, tma, split, rows, heads] : paths) {
+  const Path paths[] = {{"fa2", "", "1", "", "", "", ""},
+                        {"sm90", "persistent", "1", "", "", "", ""},
+                        {"sm90", "grid", "1", "", "128", "", ""},
+                        {"sm90", "pingpong", "1", "", "", "", ""},
+                        {"sm90", "pingpong", "0", "", "", "", ""},
+                        {"sm90", "pingpong", "1", "1", "", "", ""},
+                        {"sm90", "pingpong", "0", "1", "", "", ""},
+                        {"sm90", "pingpong", "1", "", "128", "", ""},
+                        {"sm90", "persistent", "0", "1", "128", "", ""},
+                        {"sm90", "pingpong", "1", "", "", "1", ""},
+                        {"sm90", "pingpong", "0", "1", "", "2", ""},
+                        {"sm90", "pingpong", "1", "", "", "", "0"},
+                        {"sm90", "pingpong", "0", "1", "", "", "0"},
+                        {"sm90", "pingpong", "1", "1", "", "", "3"},
+                        {"sm90", "pingpong", "0", "", "", "", "2"}};
+  for (const auto& [path, variant, tma, split, rows, heads, lean] : paths) {
     setenv("LONGCTX_PREFILL_KERNEL", path, 1);
     setenv("LONGCTX_PREFILL_SM90_VARIANT", variant, 1);
     setenv("LONGCTX_PREFILL_SM90_TMA", tma, 1);
     setenv("LONGCTX_PREFILL_SPLIT", split, 1);
     setenv("LONGCTX_PREFILL_SM90_ROWS", rows, 1);
     setenv("LONGCTX_PREFILL_UNIT_HEADS", heads, 1);
+    if (*lean != 0)
+      setenv("LONGCTX_PREFILL_SM90_LEAN", lean, 1);
+    else
+      unsetenv("LONGCTX_PREFILL_SM90_LEAN");
     std::printf(
         "LONGCTX_PREFILL_KERNEL=%s LONGCTX_PREFILL_SM90_VARIANT=%s LONGCTX_PREFILL_SM90_TMA=%s "
-        "LONGCTX_PREFILL_SPLIT=%s LONGCTX_PREFILL_SM90_ROWS=%s LONGCTX_PREFILL_UNIT_HEADS=%s\n",
-        path, variant, tma, split, rows, heads);
+        "LONGCTX_PREFILL_SPLIT=%s LONGCTX_PREFILL_SM90_ROWS=%s LONGCTX_PREFILL_UNIT_HEADS=%s "
+        "LONGCTX_PREFILL_SM90_LEAN=%s\n",
+        path, variant, tma, split, rows, heads, lean);
     std::vector<std::unique_ptr<OpCase>> cases;
     uint64_t seed = 5000;
     for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
@@ -351,6 +362,7 @@ TEST(PrefillHarness, EachKernelPath) {
   unsetenv("LONGCTX_PREFILL_SPLIT");
   unsetenv("LONGCTX_PREFILL_SM90_ROWS");
   unsetenv("LONGCTX_PREFILL_UNIT_HEADS");
+  unsetenv("LONGCTX_PREFILL_SM90_LEAN");
   if (saved)
     setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
   else

@@ -16,10 +16,11 @@
 //     then gathers its K and V tiles (128 keys) through the page table with cp.async row copies
 //     (any page size 1..256; with pages of a multiple of 64 tokens, or consecutive pages
 //     (kv_contiguous), the TMA brings the tile's whole 64-key halves instead, Sm90Tiling::kTma)
-//     into a 2-stage ring; cp.async.mbarrier.arrive.noinc signals a buffer's "full" mbarrier when
-//     its copies land, and the producer waits on the buffer's "empty" mbarrier before reusing it.
-//     K, V and Q have separate barriers, so K of tile i+2 loads while P V of tile i still reads V,
-//     and the next item's Q and K/V load while the consumers finish the current item.
+//     into a ring of 2 or 3 stages; cp.async.mbarrier.arrive.noinc signals a buffer's "full"
+//     mbarrier when its copies land, and the producer waits on the buffer's "empty" mbarrier before
+//     reusing it. K, V and Q have separate barriers, so K of tile i+2 loads while P V of tile i
+//     still reads V, and the next item's Q and K/V load while the consumers finish the current
+//     item.
 //   the consumers (2 x 232 registers for a 128-row tile; 3 x 160 for the 192-row tile at head_dim
 //     64): 64 packed rows each, S = Q K^T with wgmma m64n128k16 (Q and K from 128B-swizzled
 //     shared memory, K-major), online softmax in fp32 on the accumulators (exp2, scale folded
@@ -72,7 +73,7 @@ constexpr int kBarEpilogue = 2;  // + warpgroup
 constexpr int kBarTurn = 5;      // + warpgroup
 
 template <int HEAD_DIM, int KEYS, int STAGES, bool PERSISTENT, bool PINGPONG, bool TMA = false,
-          int CONSUMERS = 2>
+          int CONSUMERS = 2, bool LEAN = false>
 struct Sm90Tiling {
   // Consumer warpgroups of 64 query rows each: 2 (a 128-row tile), or 3 (192 rows, head_dim 64:
   // FA3's tile there). Each K/V tile then serves 192 rows, and a third warpgroup's GEMMs cover
@@ -105,13 +106,20 @@ struct Sm90Tiling {
   // and the producer threads' issue slots (shared with the consumers' schedulers) go to the
   // tails only.
   static constexpr bool kTma = TMA;
+  // Lean (the default without a block mask, lean_stages()): no block-sparse bitmaps and no
+  // output staging (the epilogue stores O from the accumulators, a quad's 16 bytes of a row at a
+  // time). Without the sparse branches ptxas spills nothing (the full tiling spills 8-24 bytes
+  // per thread), and the 40 KB freed make room for a third K/V stage at head_dim 128 (224 KB of
+  // the 227).
+  static constexpr bool kLean = LEAN;
   static constexpr int kQBytes = kRows * kD * 2;
   static constexpr int kKvBytes = KEYS * kD * 2;  // one K (or V) stage
   static constexpr int kKOff = kQBytes;
   static constexpr int kVOff = kKOff + STAGES * kKvBytes;
   static constexpr int kOOff = kVOff + STAGES * kKvBytes;  // output staging, [kRows][kD]
-  static constexpr int kBitsOff = kOOff + kQBytes;         // any-row bitmap, then every-row bitmap
-  static constexpr int kBarOff = kBitsOff + 2 * kMaskWords * 4;
+  // any-row bitmap, then every-row bitmap
+  static constexpr int kBitsOff = kOOff + (LEAN ? 0 : kQBytes);
+  static constexpr int kBarOff = kBitsOff + (LEAN ? 0 : 2 * kMaskWords * 4);
   // k_full, k_empty, v_full, v_empty per stage, q_full, q_empty; + 1024 bytes of slack to align
   // the base.
   static constexpr int kSmemBytes = kBarOff + (4 * STAGES + 2) * 8 + 1024;
@@ -383,7 +391,7 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
   const int tid = threadIdx.x, warp = tid >> 5;
   const int group = p.num_qo_heads / p.num_kv_heads;
   const bool causal = p.mask_mode == MaskMode::kCausal;
-  const bool sparse = p.block_mask != nullptr;
+  const bool sparse = !Tl::kLean && p.block_mask != nullptr;  // the host checked the lean case
   // With a split, this CTA's range of units after the whole rounds (PrefillCtaRange: whole units
   // but the first, from key tile tile_begin, and a last one up to tile_end when that is > 0). Its
   // fields are read where needed (L1 hits), not held: the producer has 40 registers.
@@ -781,7 +789,8 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
       }
 
       // ---- epilogue: normalize, stage this warpgroup's rows in s_o, 16-byte stores ----
-      named_barrier(kBarEpilogue + wg, 128);  // the previous item's reads of s_o are done
+      // the previous item's reads of s_o are done
+      if constexpr (!Tl::kLean) named_barrier(kBarEpilogue + wg, 128);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float li = l[i];
@@ -802,6 +811,15 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
               *reinterpret_cast<float2*>(dst + j * 8) =
                   make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
           }
+        } else if constexpr (Tl::kLean) {  // a quad's 16 bytes of a row per store
+          if (pr < it.num_rows) {
+            const int tok = pr / group, h = it.kvh * group + pr % group;
+            T* dst = out + (int64_t(it.q_start + tok) * p.num_qo_heads + h) * kD + t4 * 2;
+#pragma unroll
+            for (int j = 0; j < kD / 8; ++j)
+              *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                  pack2<T>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+          }
         } else {
 #pragma unroll
           for (int j = 0; j < kD / 8; ++j) {
@@ -819,6 +837,7 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
             p.lse[int64_t(it.q_start + tok) * p.num_qo_heads + h] = lse;
         }
       }
+      if constexpr (Tl::kLean) continue;
       named_barrier(kBarEpilogue + wg, 128);
       for (int id = wt; id < (p.o_f32 || it.slot >= 0 ? 0 : 64 * kChunks); id += 128) {
         const int r = wg * 64 + id / kChunks, c = id % kChunks;
@@ -927,7 +946,8 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
 //   pingpong    persistent, the consumer warpgroups taking turns at the tensor cores (default)
 //   persistent  one CTA per SM walking the work items
 //   grid        one CTA per work item
-// All: 128-key tiles x 2 stages, software-pipelined consumers, 200 KB of shared memory.
+// All: 128-key tiles x 2 stages, software-pipelined consumers, 200 KB of shared memory (the
+// default adds the lean tiling where no block mask is given, see lean_stages).
 // Measured on H200 in one call (harness: causal 8K / 32K page 16 / 32K page 128 / 2K chunk vs
 // 30K keys / 32K block-sparse 25% with one mask per KV group, TFLOP/s):
 //   pingpong 504 / 505 / 509 / 546 / 467; persistent 496 / 505 / 510 / 551 / 449;
@@ -948,6 +968,33 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
 // 8K 460-462 against 391-398, 32K 481-484 against 420-422; pages of 16, 8K 438-445 against
 // 385-387, 32K 460 against 399-400. Without the turns ("persistent") 422-424 / 466 / 393-396 /
 // 427-430. Three K/V stages at 192 rows: within 1 % of two (not kept).
+// The default (pingpong, persistent) kernel, with the TMA or without.
+template <typename T, int D, int STAGES, int CONSUMERS, bool LEAN>
+void launch_pingpong(const PagedPrefillParams& p, const PrefillPlan& plan, bool tma,
+                     cudaStream_t stream) {
+  if (tma)
+    launch<T, Sm90Tiling<D, 128, STAGES, true, true, true, CONSUMERS, LEAN>>(p, plan, stream);
+  else
+    launch<T, Sm90Tiling<D, 128, STAGES, true, true, false, CONSUMERS, LEAN>>(p, plan, stream);
+}
+
+// K/V stages of the lean tiling for this call, 0 for the full one (block-sparse plans need its
+// bitmaps). LONGCTX_PREFILL_SM90_LEAN=0|2|3 overrides, for measurement. H200, one call, against
+// the full tiling (TFLOP/s, docs/benchmarks.md): head_dim 128 causal 32K on pages of 128 (TMA)
+// 608-613 against 590-593 with 2 stages (a third: within 1 % of two), on pages of 16 (cp.async)
+// 529.5 against 510-512 with 3 (2 stages 515-516), the 2K chunk on pages of 16 580-584 against
+// 542 (2 stages 559-560); head_dim 64 (192-row tiles) causal 32K 499 against 482-486, its chunk
+// 528-534 against 505-510, 2 and 3 stages alike.
+int lean_stages(const PagedPrefillParams& p, bool tma) {
+  if (p.block_mask != nullptr) return 0;
+  const char* e = std::getenv("LONGCTX_PREFILL_SM90_LEAN");
+  if (e != nullptr && *e != 0) {
+    const int s = std::atoi(e);
+    return s == 2 || s == 3 ? s : 0;
+  }
+  return p.head_dim == 128 && !tma ? 3 : 2;
+}
+
 template <typename T, int D>
 void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   const char* e = std::getenv("LONGCTX_PREFILL_SM90_VARIANT");
@@ -958,24 +1005,27 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
   // against 379).
   const char* te = std::getenv("LONGCTX_PREFILL_SM90_TMA");
   const bool tma = sm90_tma_pages(p) && (te == nullptr || std::strcmp(te, "0") != 0);
+  const int lean = lean_stages(p, tma);
   if constexpr (D == 64) {
     if (plan.tile_rows == kPrefillMaxTileRows) {  // 3 consumer warpgroups (paged_prefill_tile_rows)
       if (v == "persistent") {
         if (tma) return launch<T, Sm90Tiling<D, 128, 2, true, false, true, 3>>(p, plan, stream);
         return launch<T, Sm90Tiling<D, 128, 2, true, false, false, 3>>(p, plan, stream);
       }
-      if (tma) return launch<T, Sm90Tiling<D, 128, 2, true, true, true, 3>>(p, plan, stream);
-      return launch<T, Sm90Tiling<D, 128, 2, true, true, false, 3>>(p, plan, stream);
+      if (lean == 2) return launch_pingpong<T, D, 2, 3, true>(p, plan, tma, stream);
+      if (lean == 3) return launch_pingpong<T, D, 3, 3, true>(p, plan, tma, stream);
+      return launch_pingpong<T, D, 2, 3, false>(p, plan, tma, stream);
     }
   }
   LONGCTX_CHECK(plan.tile_rows == kPrefillTileRows, ErrorCode::kInvalidArgument,
                 "paged prefill: a plan of {}-row tiles at head_dim {}", plan.tile_rows, D);
   if (v == "grid") return launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
   if (v == "persistent") return launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
-  if (tma)
-    launch<T, Sm90Tiling<D, 128, 2, true, true, true>>(p, plan, stream);
-  else
-    launch<T, Sm90Tiling<D, 128, 2, true, true>>(p, plan, stream);
+  if constexpr (D == 128) {
+    if (lean == 2) return launch_pingpong<T, D, 2, 2, true>(p, plan, tma, stream);
+    if (lean == 3) return launch_pingpong<T, D, 3, 2, true>(p, plan, tma, stream);
+  }
+  launch_pingpong<T, D, 2, 2, false>(p, plan, tma, stream);
 }
 
 template <typename T>
