@@ -263,8 +263,8 @@ TEST(PrefillHarness, EachKernelPath) {
     const char* split;  // LONGCTX_PREFILL_SPLIT ("": the model decides)
     const char* rows;   // LONGCTX_PREFILL_SM90_ROWS ("": 192-row tiles at head_dim 64 on sm_90)
     const char* heads;  // LONGCTX_PREFILL_UNIT_HEADS ("": the default unit order)
-    const char* lean;   // LONGCTX_PREFILL_SM90_LEAN ("": the default, lean without a block mask
-                        // at head_dim 128; 0: the full tiling; 2 / 3: lean with that many stages)
+    const char* lean;   // LONGCTX_PREFILL_SM90_LEAN ("": the default, lean without a block
+                        // mask; 0: the full tiling; 2 / 3: lean with that many stages)
   };
   // At head_dim 64 the default rows take the three-warpgroup kernel (pingpong, or persistent
   // without turns); "128" the two-warpgroup one.

@@ -788,7 +788,8 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
         mbar_arrive(v_empty(prev_s));
       }
 
-      // ---- epilogue: normalize, stage this warpgroup's rows in s_o, 16-byte stores ----
+      // ---- epilogue: normalize, stage this warpgroup's rows in s_o, 16-byte stores (lean:
+      // straight from the accumulators) ----
       // the previous item's reads of s_o are done
       if constexpr (!Tl::kLean) named_barrier(kBarEpilogue + wg, 128);
 #pragma unroll
@@ -942,32 +943,6 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   }
 }
 
-// Variants (LONGCTX_PREFILL_SM90_VARIANT, for measurement; read per run so tests can switch):
-//   pingpong    persistent, the consumer warpgroups taking turns at the tensor cores (default)
-//   persistent  one CTA per SM walking the work items
-//   grid        one CTA per work item
-// All: 128-key tiles x 2 stages, software-pipelined consumers, 200 KB of shared memory (the
-// default adds the lean tiling where no block mask is given, see lean_stages).
-// Measured on H200 in one call (harness: causal 8K / 32K page 16 / 32K page 128 / 2K chunk vs
-// 30K keys / 32K block-sparse 25% with one mask per KV group, TFLOP/s):
-//   pingpong 504 / 505 / 509 / 546 / 467; persistent 496 / 505 / 510 / 551 / 449;
-//   grid 495 / 505 / 506 / 547 / 458. bench_xattn_prefill at 128K, 25-28% kept per KV group:
-//   pingpong 3-4% faster than persistent; block-causal block 64: 294 vs 285 TF.
-// Earlier variants, same harness: 64-key tiles x 4 stages 440 TF; no consumer software
-// pipelining 468 TF; a page-table lookup per row in the producer's critical path 268 TF. Head_dim
-// 64 (causal 8K / 32K): pingpong 344 / 376, persistent 311 / 348, pingpong with 3 stages 342 /
-// 377 (not kept). A quarter (half) of the softmax's exp2 on the FMA pipe (a Cody-Waite + degree-4
-// polynomial, 9 instructions for one MUFU ex2): 7 % (18 %) slower at head_dim 64 and 128 alike,
-// so the consumers are bound by issue slots and latency, not by the MUFU unit. Lazy rescaling
-// (the softmax base moving only when a row's max passes it by 2^8, O rescaled only when some row
-// of the warp moved): +1-2 % on the cp.async path at head_dim 128, unchanged with the TMA, 2-4 %
-// slower at head_dim 64 (not kept). Head_dim 64 row sums from the P V GEMM (m64n72, 8 columns of
-// ones): 2-5 % slower, and its LSE from bf16-rounded P missed the 1e-3 tolerance (not kept).
-// Head_dim 64 in 192-row tiles (3 consumer warpgroups, FA3's tile there) against 128-row ones,
-// causal, two rounds in one call (TFLOP/s; cuDNN 414-424 at 8K, 459-463 at 32K): pages of 128,
-// 8K 460-462 against 391-398, 32K 481-484 against 420-422; pages of 16, 8K 438-445 against
-// 385-387, 32K 460 against 399-400. Without the turns ("persistent") 422-424 / 466 / 393-396 /
-// 427-430. Three K/V stages at 192 rows: within 1 % of two (not kept).
 // The default (pingpong, persistent) kernel, with the TMA or without.
 template <typename T, int D, int STAGES, int CONSUMERS, bool LEAN>
 void launch_pingpong(const PagedPrefillParams& p, const PrefillPlan& plan, bool tma,
@@ -995,6 +970,32 @@ int lean_stages(const PagedPrefillParams& p, bool tma) {
   return p.head_dim == 128 && !tma ? 3 : 2;
 }
 
+// Variants (LONGCTX_PREFILL_SM90_VARIANT, for measurement; read per run so tests can switch):
+//   pingpong    persistent, the consumer warpgroups taking turns at the tensor cores (default)
+//   persistent  one CTA per SM walking the work items
+//   grid        one CTA per work item
+// All: 128-key tiles x 2 stages, software-pipelined consumers, 200 KB of shared memory (the
+// default adds the lean tiling where no block mask is given, see lean_stages).
+// Measured on H200 in one call (harness: causal 8K / 32K page 16 / 32K page 128 / 2K chunk vs
+// 30K keys / 32K block-sparse 25% with one mask per KV group, TFLOP/s):
+//   pingpong 504 / 505 / 509 / 546 / 467; persistent 496 / 505 / 510 / 551 / 449;
+//   grid 495 / 505 / 506 / 547 / 458. bench_xattn_prefill at 128K, 25-28% kept per KV group:
+//   pingpong 3-4% faster than persistent; block-causal block 64: 294 vs 285 TF.
+// Earlier variants, same harness: 64-key tiles x 4 stages 440 TF; no consumer software
+// pipelining 468 TF; a page-table lookup per row in the producer's critical path 268 TF. Head_dim
+// 64 (causal 8K / 32K): pingpong 344 / 376, persistent 311 / 348, pingpong with 3 stages 342 /
+// 377 (not kept). A quarter (half) of the softmax's exp2 on the FMA pipe (a Cody-Waite + degree-4
+// polynomial, 9 instructions for one MUFU ex2): 7 % (18 %) slower at head_dim 64 and 128 alike,
+// so the consumers are bound by issue slots and latency, not by the MUFU unit. Lazy rescaling
+// (the softmax base moving only when a row's max passes it by 2^8, O rescaled only when some row
+// of the warp moved): +1-2 % on the cp.async path at head_dim 128, unchanged with the TMA, 2-4 %
+// slower at head_dim 64 (not kept). Head_dim 64 row sums from the P V GEMM (m64n72, 8 columns of
+// ones): 2-5 % slower, and its LSE from bf16-rounded P missed the 1e-3 tolerance (not kept).
+// Head_dim 64 in 192-row tiles (3 consumer warpgroups, FA3's tile there) against 128-row ones,
+// causal, two rounds in one call (TFLOP/s; cuDNN 414-424 at 8K, 459-463 at 32K): pages of 128,
+// 8K 460-462 against 391-398, 32K 481-484 against 420-422; pages of 16, 8K 438-445 against
+// 385-387, 32K 460 against 399-400. Without the turns ("persistent") 422-424 / 466 / 393-396 /
+// 427-430. Three K/V stages at 192 rows: within 1 % of two (not kept).
 template <typename T, int D>
 void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   const char* e = std::getenv("LONGCTX_PREFILL_SM90_VARIANT");
@@ -1021,7 +1022,7 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
                 "paged prefill: a plan of {}-row tiles at head_dim {}", plan.tile_rows, D);
   if (v == "grid") return launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
   if (v == "persistent") return launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
-  if constexpr (D == 128) {
+  if constexpr (D == 128) {  // head_dim 64 in 128-row tiles (a measurement) keeps the full tiling
     if (lean == 2) return launch_pingpong<T, D, 2, 2, true>(p, plan, tma, stream);
     if (lean == 3) return launch_pingpong<T, D, 3, 2, true>(p, plan, tma, stream);
   }
