@@ -13,24 +13,24 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "longctx/engine/executor.h"
-#include "longctx/engine/gpu_runner.h"
+#include "longctx/core/device.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
 #include "longctx/kv/sparse_options.h"
-#include "longctx/models/model.h"
+#include "longctx/models/build_options.h"
 
 namespace longctx {
 
 class EngineCore;
+class Executor;
 class Tokenizer;
 struct Checkpoint;
+struct GpuMemoryPlan;  // longctx/engine/gpu_runner.h
 struct ModelConfig;
 
 struct EngineConfig {
@@ -117,13 +117,14 @@ class LLM {
                                              const SamplingParams& params,
                                              const StreamCallback& on_event);
 
-  // The tokenizer_config.json chat template applied to `messages` ([{role, content}, ...]), as
-  // transformers' apply_chat_template(tokenize=False); extra_vars e.g. {"enable_thinking":
-  // false}. Encode the result with add_special_tokens = false. Throws Error(kNotFound) when the
-  // tokenizer folder has no chat template.
-  std::string render_chat(
-      const nlohmann::ordered_json& messages, bool add_generation_prompt = true,
-      const nlohmann::ordered_json& extra_vars = nlohmann::ordered_json::object()) const;
+  // The tokenizer_config.json chat template applied to `messages_json` (a JSON array
+  // [{"role": ..., "content": ...}, ...], as OpenAI's API sends it), as transformers'
+  // apply_chat_template(tokenize=False); extra_vars_json a JSON object, e.g.
+  // {"enable_thinking": false}. Encode the result with add_special_tokens = false. Throws
+  // Error(kNotFound) when the tokenizer folder has no chat template, Error(kInvalidArgument)
+  // for malformed JSON. (JSON text, so this header needs no JSON library.)
+  std::string render_chat(std::string_view messages_json, bool add_generation_prompt = true,
+                          std::string_view extra_vars_json = "{}") const;
 
   // The prompt's token ids as generate() would feed them.
   std::vector<int32_t> encode(const Prompt& prompt) const;

@@ -39,7 +39,7 @@
 
 #include "kv/paged_kv_pool.h"
 #include "longctx/core/tensor.h"
-#include "longctx/models/forward_batch.h"
+#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

@@ -1,20 +1,19 @@
-// GpuSampler: packs the batch's per-row parameters and penalty entries (the union of the
-// repetition set and the output counts, as apply_penalties reads them) into one pinned buffer,
-// uploads it, runs kernels/cuda/sampling.cu, and reads the results back.
+// GpuSampler: packs the batch's per-row parameters and penalty entries (engine/sampling_pack.h)
+// into one pinned buffer, uploads it, runs the sampling op (ops/sampling.h) on the device, and
+// reads the results back.
 #include "engine/gpu_sampler.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "kernels/sampling_kernel_params.h"
-#include "kernels/sampling_math.h"
+#include "engine/sampling_pack.h"
 #include "longctx/core/error.h"
 #include "longctx/core/stream.h"
+#include "ops/sampling.h"
 
 #ifdef LONGCTX_WITH_CUDA
 #include "core/cuda_stream.h"
-#include "kernels/cuda/sampling.h"
 #include "longctx/core/cuda_check.h"
 #endif
 
@@ -34,58 +33,6 @@ int64_t params_bytes(int64_t rows) {
 int64_t penalized_offset(int64_t rows) { return params_bytes(rows); }
 int64_t entries_offset(int64_t rows) {
   return penalized_offset(rows) + align_up(rows * static_cast<int64_t>(sizeof(int32_t)), 16);
-}
-
-// The row's penalty entries, one per token, exactly the tokens apply_penalties touches.
-void penalty_entries(const SamplingParams& p, const SamplerState& s, int64_t vocab,
-                     std::vector<kernels::SamplingPenaltyEntry>& out) {
-  const bool repetition = p.repetition_penalty != 1.0;
-  const bool counted = p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
-  auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
-  if (repetition) {
-    for (int32_t t : s.seen()) {
-      if (!in_vocab(t)) continue;
-      int32_t count = 0;
-      if (counted) {
-        const auto it = s.output_counts().find(t);
-        if (it != s.output_counts().end()) count = it->second;
-      }
-      out.push_back({t, count, 1, 0});
-    }
-  }
-  if (counted) {
-    for (const auto& [t, count] : s.output_counts()) {
-      if (!in_vocab(t) || (repetition && s.seen().count(t) != 0)) continue;
-      out.push_back({t, count, 0, 0});
-    }
-  }
-}
-
-[[noreturn]] void throw_row_error(const kernels::SamplingRowResult& r, size_t row) {
-  constexpr auto kBad = ErrorCode::kInvalidArgument;
-  switch (r.status) {
-    case kernels::kSamplingNaN:
-      LONGCTX_THROW(kBad, "the model produced a NaN logit (token {}, batch row {})", r.bad_index,
-                    row);
-    case kernels::kSamplingPosInf:
-      LONGCTX_THROW(kBad, "the model produced a +inf logit (token {}, batch row {})", r.bad_index,
-                    row);
-    case kernels::kSamplingAllNegInf:
-      LONGCTX_THROW(kBad, "every logit is -inf: no token can be sampled (batch row {})", row);
-    case kernels::kSamplingOverflow:
-      LONGCTX_THROW(kBad,
-                    "the logit of token {} overflows to +inf after penalties and temperature "
-                    "(batch row {})",
-                    r.bad_index, row);
-    case kernels::kSamplingAllNegInfAfter:
-      LONGCTX_THROW(kBad,
-                    "every logit is -inf after penalties and temperature: no token can be "
-                    "sampled (batch row {})",
-                    row);
-    default:
-      LONGCTX_THROW(ErrorCode::kInternal, "GPU sampler: unknown status {} (batch row {})", r.status,
-                    row);
-  }
 }
 
 }  // namespace
@@ -147,20 +94,9 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
     const SamplingParams& p = *params[i];
     p.validate();
     kernels::SamplingRowParams& r = rp[i];
-    r.seed = states[i]->seed();
-    r.step = states[i]->step();
-    r.greedy = p.greedy() ? 1 : 0;
-    r.inv_temperature = p.greedy() ? 1.0f : static_cast<float>(1.0 / p.temperature);
-    r.top_k = p.top_k > 0 && p.top_k < vocab_ ? static_cast<int32_t>(p.top_k) : 0;
-    r.top_p = p.top_p;
-    r.use_min_p = p.min_p > 0.0 ? 1 : 0;
-    r.log_min_p = p.min_p > 0.0 ? std::log(p.min_p) : 0.0;
-    r.repetition_penalty = static_cast<float>(p.repetition_penalty);
-    r.frequency_penalty = p.frequency_penalty;
-    r.presence_penalty = p.presence_penalty;
-    r.logprobs = p.logprobs ? *p.logprobs : -1;
+    r = sampling_row_params(p, *states[i], vocab_);
     const size_t begin = entries.size();
-    penalty_entries(p, *states[i], vocab_, entries);
+    append_penalty_entries(p, *states[i], vocab_, entries);
     if (entries.size() > begin) {
       r.work_row = static_cast<int32_t>(penalized.size());
       r.penalty_begin = static_cast<int32_t>(begin);
@@ -194,7 +130,7 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
   batch.penalties =
       reinterpret_cast<const kernels::SamplingPenaltyEntry*>(dev + entries_offset(max_rows_));
   batch.results = static_cast<kernels::SamplingRowResult*>(results_dev_.data_ptr());
-  kernels::cuda::sample_rows(batch, stream);
+  ops::sample_rows(batch, device_);
   const size_t result_bytes = static_cast<size_t>(rows) * sizeof(kernels::SamplingRowResult);
   LONGCTX_CUDA_CHECK(cudaMemcpyAsync(results_host_.data_ptr(), batch.results, result_bytes,
                                      cudaMemcpyDeviceToHost, stream));
@@ -202,22 +138,13 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
 
   const auto* res = static_cast<const kernels::SamplingRowResult*>(results_host_.data_ptr());
   for (int64_t i = 0; i < rows; ++i) {
-    if (res[i].status != kernels::kSamplingOk) throw_row_error(res[i], static_cast<size_t>(i));
+    check_sampling_result(res[i], static_cast<size_t>(i));
     LONGCTX_ASSERT(res[i].token >= 0 && res[i].token < vocab_, "GPU sampler: token {} of row {}",
                    res[i].token, i);
   }
   std::vector<SampleResult> out(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) {
-    out[i].token = res[i].token;
-    if (params[i]->logprobs) {
-      TokenLogprobs& lp = out[i].logprobs;
-      lp.token = res[i].token;
-      lp.logprob = res[i].logprob;
-      lp.rank = res[i].rank;
-      for (int j = 0; j < res[i].num_top; ++j) {
-        lp.top.emplace_back(res[i].top_ids[j], res[i].top_logprobs[j]);
-      }
-    }
+    out[i] = to_sample_result(res[i], *params[i]);
     states[i]->advance();
   }
   return out;

@@ -13,7 +13,10 @@
 #include "longctx/core/communicator.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
+#include "longctx/core/json_limits.h"
 #include "longctx/core/stream.h"
+#include "longctx/engine/executor.h"
+#include "longctx/engine/gpu_runner.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 #include "longctx/template/chat_template.h"
@@ -208,11 +211,13 @@ const GpuMemoryPlan* LLM::memory_plan() const {
 
 int64_t LLM::max_model_len() const { return impl_->core->options().max_model_len; }
 
-std::string LLM::render_chat(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                             const nlohmann::ordered_json& extra_vars) const {
+std::string LLM::render_chat(std::string_view messages_json, bool add_generation_prompt,
+                             std::string_view extra_vars_json) const {
   LONGCTX_CHECK(impl_->tokenizer_config.is_object(), ErrorCode::kNotFound,
                 "no tokenizer_config.json (with a chat_template) in the tokenizer folder '{}'",
                 impl_->tokenizer_dir);
+  const auto messages = parse_ordered_json(messages_json, "chat messages");
+  const auto extra_vars = parse_ordered_json(extra_vars_json, "chat template variables");
   return longctx::render_chat(impl_->tokenizer_config, messages, add_generation_prompt, extra_vars);
 }
 

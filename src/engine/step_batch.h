@@ -6,7 +6,7 @@
 #include <span>
 
 #include "longctx/engine/executor.h"
-#include "longctx/models/forward_batch.h"
+#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

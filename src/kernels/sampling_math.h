@@ -1,4 +1,4 @@
-// The arithmetic the CPU sampler (src/engine/sampler.cpp) and the CUDA sampling kernel
+// The arithmetic the CPU sampler (kernels/cpu/sampling_cpu.cpp) and the CUDA sampling kernel
 // (kernels/cuda/sampling.cu) share, written once so both round every step alike and therefore
 // pick the same token from the same logits and uniform:
 //   - a token's probability mass is an integer, mass = round(exp(logit - max) * 2^kMassBits),

@@ -52,7 +52,6 @@ class DecoderModel : public Model {
   Device device() const override { return device_; }
   DType activation_dtype() const override { return act_dtype_; }
 
-  using Model::forward;
   // *ForCausalLM.forward -> *Model.forward (embed, decoder layers), then norm and lm_head on the
   // rows that need logits.
   Tensor forward(const ForwardBatch& batch, AttentionBackend& attention) override;

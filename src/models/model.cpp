@@ -1,42 +1,11 @@
-#include <cmath>
-
-#include "attention/backends/cpu_backend.h"
-#include "longctx/core/error.h"
 #include "longctx/models/model.h"
+
+#include <cmath>
 
 namespace longctx {
 
 float Model::attention_scale() const {
   return 1.0f / std::sqrt(static_cast<float>(config().head_dim));
-}
-
-Tensor Model::forward(std::span<const int32_t> ids, std::span<const int64_t> positions,
-                      KVCache& cache, bool last_only) {
-  const ModelConfig& c = config();
-  const int64_t n = static_cast<int64_t>(ids.size());
-  LONGCTX_CHECK(n > 0, ErrorCode::kInvalidArgument, "forward: no input tokens");
-  LONGCTX_CHECK(positions.size() == ids.size(), ErrorCode::kInvalidArgument,
-                "forward: {} ids but {} positions", ids.size(), positions.size());
-  LONGCTX_CHECK(cache.num_layers() == c.num_hidden_layers &&
-                    cache.k(0).size(1) == c.num_key_value_heads && cache.k(0).size(2) == c.head_dim,
-                ErrorCode::kInvalidArgument,
-                "forward: the KV cache ({} layers of {}) was not made for this model",
-                cache.num_layers(), cache.k(0).str());
-  LONGCTX_CHECK(device().is_cpu(), ErrorCode::kUnsupported,
-                "forward over a KVCache runs on the CPU model only (this one is on {})",
-                device().str());
-  ForwardBatch batch;
-  batch.input_ids.assign(ids.begin(), ids.end());
-  batch.positions.assign(positions.begin(), positions.end());
-  batch.qo_indptr = {0, static_cast<int32_t>(n)};
-  batch.kv_lens = {static_cast<int32_t>(cache.length() + n)};
-  batch.seq_ids = {0};
-  for (int64_t i = last_only ? n - 1 : 0; i < n; ++i)
-    batch.logits_indices.push_back(static_cast<int32_t>(i));
-  CpuAttentionBackend attention({&cache}, attention_scale());
-  Tensor logits = forward(batch, attention);
-  attention.commit();
-  return logits;
 }
 
 }  // namespace longctx

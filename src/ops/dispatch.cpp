@@ -11,6 +11,7 @@
 #include "ops/op_utils.h"
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
+#include "ops/sampling.h"
 #include "ops/silu_and_mul.h"
 
 namespace longctx::ops {
@@ -97,6 +98,11 @@ void attention(const AttentionArgs& a) {
   Device d = common_device("attention", {&a.q, &a.k, &a.v, &a.q_positions, &a.k_positions, &a.out});
   if (d.is_cuda()) no_cuda_twin("attention");
   attention_cpu(a);
+}
+
+void sample_rows(const kernels::SamplingBatch& batch, Device device) {
+  if (device.is_cuda()) LONGCTX_CUDA_TWIN("sample_rows", sample_rows_cuda(batch, device));
+  sample_rows_cpu(batch);
 }
 
 }  // namespace longctx::ops

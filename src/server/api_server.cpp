@@ -232,7 +232,7 @@ std::vector<int32_t> ApiServer::prompt_ids(const GenerationRequest& g) {
     Json kwargs = options_.default_chat_template_kwargs;
     for (auto& [k, v] : g.chat_template_kwargs.items()) kwargs[k] = v;
     try {
-      text = llm_.render_chat(g.messages, g.add_generation_prompt, kwargs);
+      text = llm_.render_chat(g.messages.dump(), g.add_generation_prompt, kwargs.dump());
     } catch (const Error& e) {
       // A template that raised (roles out of order, ...) or a model without a template.
       throw ApiError(400, std::string("chat template: ") + e.what(), "messages");

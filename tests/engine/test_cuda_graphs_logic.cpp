@@ -13,6 +13,7 @@
 #include "engine/cuda_graphs.h"
 #include "kv/paged_kv_pool.h"
 #include "longctx/core/error.h"
+#include "longctx/engine/reference_forward.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 
@@ -139,7 +140,7 @@ TEST(DecodeGraphModel, ForwardOnDeviceEqualsForward) {
     b.logits_indices = {2, 5};
     return b;
   };
-  auto cache_a = model->make_cache(16), cache_b = model->make_cache(16);
+  auto cache_a = std::make_unique<KVCache>(model->config(), 16), cache_b = std::make_unique<KVCache>(model->config(), 16);
   CpuAttentionBackend a({cache_a.get()}, model->attention_scale());
   Tensor want = model->forward(batch(), a);
   CpuAttentionBackend b({cache_b.get()}, model->attention_scale());
@@ -172,7 +173,7 @@ TEST(DecodeGraphModel, CpuModelIsRefused) {
   const ModelConfig& c = model->config();
   PagedKVPool pool(
       {c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 4, DType::kF32, Device::cpu()});
-  auto cache = model->make_cache(4);
+  auto cache = std::make_unique<KVCache>(model->config(), 4);
   CpuAttentionBackend attn({cache.get()}, model->attention_scale());
   DecodeGraphOptions o;
   o.max_num_seqs = 4;

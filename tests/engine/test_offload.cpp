@@ -18,7 +18,7 @@
 #include "common/test_data.h"
 #include "engine/engine_core.h"
 #include "engine/engine_test_util.h"
-#include "kv/offload_planner.h"
+#include "attention/backends/offload_planner.h"
 #include "longctx/core/error.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"

@@ -9,11 +9,34 @@
 #include <random>
 #include <vector>
 
+#include "engine/sampling_pack.h"
+#include "kernels/cpu/sampling_cpu.h"
+#include "kernels/philox.h"
+#include "kernels/sampling_math.h"
 #include "longctx/core/error.h"
 #include "longctx/engine/sampler.h"
 
 namespace longctx {
 namespace {
+
+using kernels::cpu::apply_top_p;
+
+uint64_t sampling_token_mass(float d) { return kernels::token_mass(d); }
+double sampling_uniform(uint64_t seed, uint64_t step) {
+  return kernels::sampling_uniform(seed, step);
+}
+
+// The penalties as the sampler applies them: the engine's packing of the request's state into
+// penalty entries, then the sampling op's CPU reference step.
+void apply_penalties(std::vector<float>& logits, const SamplingParams& params,
+                     const SamplerState& state) {
+  const auto vocab = static_cast<int64_t>(logits.size());
+  std::vector<kernels::SamplingPenaltyEntry> entries;
+  append_penalty_entries(params, state, vocab, entries);
+  const std::vector<float> raw = logits;
+  kernels::cpu::apply_penalty_entries(logits, raw, entries,
+                                      sampling_row_params(params, state, vocab));
+}
 
 // Unsorted on purpose so index bookkeeping matters; no ties.
 const std::vector<float> kLogits = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f, -3.0f, 1.0f, -0.5f};

@@ -12,6 +12,7 @@
 
 #include "common/test_data.h"
 #include "longctx/core/npy.h"
+#include "longctx/engine/reference_forward.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 
@@ -66,9 +67,9 @@ inline std::vector<int64_t> iota_positions(int64_t from, int64_t n) {
 
 // Logits [n, vocab] of one forward over all of ids in a fresh cache.
 inline Tensor full_forward(Model& model, const std::vector<int32_t>& ids) {
-  auto cache = model.make_cache(static_cast<int64_t>(ids.size()));
+  auto cache = std::make_unique<KVCache>(model.config(), static_cast<int64_t>(ids.size()));
   std::vector<int64_t> pos = iota_positions(0, static_cast<int64_t>(ids.size()));
-  return model.forward(ids, pos, *cache);
+  return reference_forward(model, ids, pos, *cache);
 }
 
 inline int32_t argmax_row(const Tensor& logits, int64_t row) {

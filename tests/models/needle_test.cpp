@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "longctx/engine/reference_forward.h"
 #include "model_test_util.h"
 
 using namespace longctx;
@@ -127,8 +128,8 @@ TEST(NeedleModel, GreedyTokensMatchTransformers) {
   auto model = load_needle_model(/*bf16_rope=*/false);
   NeedleReference ref = load_reference();
   const int64_t len = static_cast<int64_t>(ref.input_ids.size());
-  auto cache = model->make_cache(len + int64_t(ref.greedy_new_tokens.size()));
-  Tensor logits = model->forward(ref.input_ids, iota_positions(0, len), *cache, true);
+  auto cache = std::make_unique<KVCache>(model->config(), len + int64_t(ref.greedy_new_tokens.size()));
+  Tensor logits = reference_forward(*model, ref.input_ids, iota_positions(0, len), *cache, true);
   for (size_t step = 0; step < ref.greedy_new_tokens.size(); ++step) {
     // Past a near tie, transformers and we may legitimately diverge: stop comparing there.
     if (ref.greedy_margins[step] < 1e-3) break;
@@ -136,6 +137,6 @@ TEST(NeedleModel, GreedyTokensMatchTransformers) {
     ASSERT_EQ(token, ref.greedy_new_tokens[step]) << "step " << step;
     std::vector<int32_t> one = {token};
     std::vector<int64_t> pos = {len + int64_t(step)};
-    logits = model->forward(one, pos, *cache, true);
+    logits = reference_forward(*model, one, pos, *cache, true);
   }
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "longctx/engine/reference_forward.h"
 #include "model_test_util.h"
 
 using namespace longctx;
@@ -45,16 +46,16 @@ void expect_incremental_matches_full(Model& model, const std::vector<int32_t>& i
   const int64_t n = static_cast<int64_t>(ids.size());
   Tensor full = full_forward(model, ids);
   const int64_t vocab = full.size(1);
-  auto cache = model.make_cache(n);
+  auto cache = std::make_unique<KVCache>(model.config(), n);
   std::vector<int32_t> head(ids.begin(), ids.end() - k);
-  Tensor prefill = model.forward(head, iota_positions(0, n - k), *cache);
+  Tensor prefill = reference_forward(model, head, iota_positions(0, n - k), *cache);
   double m = 0;
   for (int64_t i = 0; i < (n - k) * vocab; ++i)
     m = std::max(m, std::abs(double(prefill.data<float>()[i]) - full.data<float>()[i]));
   for (int64_t s = n - k; s < n; ++s) {
     std::vector<int32_t> one = {ids[s]};
     std::vector<int64_t> pos = {s};
-    Tensor step = model.forward(one, pos, *cache);
+    Tensor step = reference_forward(model, one, pos, *cache);
     ASSERT_EQ(step.size(0), 1);
     for (int64_t i = 0; i < vocab; ++i)
       m = std::max(m, std::abs(double(step.data<float>()[i]) - full.data<float>()[s * vocab + i]));
@@ -83,11 +84,11 @@ TEST_P(FixtureModel, ChunkedPrefillEqualsFullForward) {
   std::vector<int32_t> ids = reference_case(GetParam(), 515).input_ids;
   Tensor full = full_forward(*model, ids);
   const int64_t vocab = full.size(1);
-  auto cache = model->make_cache(515);
+  auto cache = std::make_unique<KVCache>(model->config(), 515);
   double m = 0;
   for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 200}, {200, 333}, {333, 515}}) {
     std::vector<int32_t> chunk(ids.begin() + b, ids.begin() + e);
-    Tensor out = model->forward(chunk, iota_positions(b, e - b), *cache);
+    Tensor out = reference_forward(*model, chunk, iota_positions(b, e - b), *cache);
     for (int64_t i = 0; i < (e - b) * vocab; ++i)
       m = std::max(m, std::abs(double(out.data<float>()[i]) - full.data<float>()[b * vocab + i]));
   }
@@ -99,8 +100,8 @@ TEST_P(FixtureModel, GreedyTokensMatchTransformers) {
   for (int64_t len : {7, 515}) {
     ReferenceCase ref = reference_case(GetParam(), len);
     ASSERT_EQ(ref.greedy_new_tokens.size(), 24u);
-    auto cache = model->make_cache(len + 24);
-    Tensor logits = model->forward(ref.input_ids, iota_positions(0, len), *cache, true);
+    auto cache = std::make_unique<KVCache>(model->config(), len + 24);
+    Tensor logits = reference_forward(*model, ref.input_ids, iota_positions(0, len), *cache, true);
     ASSERT_EQ(logits.size(0), 1);
     for (size_t step = 0; step < ref.greedy_new_tokens.size(); ++step) {
       // Past a near tie, transformers and we may legitimately diverge: stop comparing there.
@@ -110,7 +111,7 @@ TEST_P(FixtureModel, GreedyTokensMatchTransformers) {
           << GetParam() << " len " << len << " step " << step;
       std::vector<int32_t> one = {token};
       std::vector<int64_t> pos = {len + int64_t(step)};
-      logits = model->forward(one, pos, *cache, true);
+      logits = reference_forward(*model, one, pos, *cache, true);
     }
   }
 }
@@ -119,8 +120,8 @@ TEST_P(FixtureModel, LastOnlyIsTheLastRow) {
   auto model = load_fixture_model(GetParam());
   std::vector<int32_t> ids = reference_case(GetParam(), 64).input_ids;
   Tensor full = full_forward(*model, ids);
-  auto cache = model->make_cache(64);
-  Tensor last = model->forward(ids, iota_positions(0, 64), *cache, true);
+  auto cache = std::make_unique<KVCache>(model->config(), 64);
+  Tensor last = reference_forward(*model, ids, iota_positions(0, 64), *cache, true);
   ASSERT_EQ(last.shape(), (Shape{1, full.size(1)}));
   for (int64_t i = 0; i < full.size(1); ++i)
     EXPECT_EQ(last.data<float>()[i], full.data<float>()[63 * full.size(1) + i]);

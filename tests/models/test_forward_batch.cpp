@@ -9,6 +9,7 @@
 #include "attention/backends/paged_backend.h"
 #include "kv/paged_kv_pool.h"
 #include "longctx/core/error.h"
+#include "longctx/engine/reference_forward.h"
 #include "models/model_test_util.h"
 
 namespace longctx::testing {
@@ -38,12 +39,12 @@ TEST_P(ForwardBatchCpu, MixedLengthsEqualOneAtATime) {
   for (size_t s = 0; s < shapes.size(); ++s) {
     const auto [cached, n] = shapes[s];
     ids.push_back(make_ids(cached + n, s));
-    caches.push_back(model->make_cache(cached + n));
-    alone_caches.push_back(model->make_cache(cached + n));
+    caches.push_back(std::make_unique<KVCache>(model->config(), cached + n));
+    alone_caches.push_back(std::make_unique<KVCache>(model->config(), cached + n));
     if (cached > 0) {  // fill the prefix in both caches
       std::span<const int32_t> prefix(ids[s].data(), cached);
-      model->forward(prefix, iota_positions(0, cached), *caches[s]);
-      model->forward(prefix, iota_positions(0, cached), *alone_caches[s]);
+      reference_forward(*model, prefix, iota_positions(0, cached), *caches[s]);
+      reference_forward(*model, prefix, iota_positions(0, cached), *alone_caches[s]);
     }
   }
   ForwardBatch batch;
@@ -60,7 +61,7 @@ TEST_P(ForwardBatchCpu, MixedLengthsEqualOneAtATime) {
   for (size_t s = 0; s < shapes.size(); ++s) {
     const auto [cached, n] = shapes[s];
     std::span<const int32_t> news(ids[s].data() + cached, n);
-    Tensor alone = model->forward(news, iota_positions(cached, n), *alone_caches[s], true);
+    Tensor alone = reference_forward(*model, news, iota_positions(cached, n), *alone_caches[s], true);
     EXPECT_LE(max_abs_diff(alone.data<float>(), together.data<float>() + s * vocab, vocab), 1e-4)
         << "sequence " << s;
     EXPECT_EQ(caches[s]->length(), cached + n);

@@ -1,7 +1,8 @@
 // Bad calls get clear errors and leave the KV cache as it was; the registry names what it runs.
 #include <gtest/gtest.h>
 
-#include "longctx/kv/kv_cache.h"
+#include "longctx/attention/kv_cache.h"
+#include "longctx/engine/reference_forward.h"
 #include "model_test_util.h"
 
 using namespace longctx;
@@ -25,11 +26,11 @@ TEST(KVCache, ShapesAdvanceAndTruncate) {
 
 TEST(ModelErrors, FullCacheIsOutOfRangeAndAppendsNothing) {
   auto model = load_fixture_model("tiny-qwen3");
-  auto cache = model->make_cache(4);
+  auto cache = std::make_unique<KVCache>(model->config(), 4);
   std::vector<int32_t> ids = {1, 2, 3};
-  model->forward(ids, iota_positions(0, 3), *cache);
+  reference_forward(*model, ids, iota_positions(0, 3), *cache);
   try {
-    model->forward(ids, iota_positions(3, 3), *cache);
+    reference_forward(*model, ids, iota_positions(3, 3), *cache);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kOutOfRange) << e.what();
@@ -39,12 +40,12 @@ TEST(ModelErrors, FullCacheIsOutOfRangeAndAppendsNothing) {
 
 TEST(ModelErrors, BadArgumentsAreRejected) {
   auto model = load_fixture_model("tiny-qwen2");
-  auto cache = model->make_cache(8);
+  auto cache = std::make_unique<KVCache>(model->config(), 8);
   std::vector<int32_t> ids = {1, 2, 3};
-  EXPECT_THROW(model->forward(ids, iota_positions(0, 2), *cache), Error);
+  EXPECT_THROW(reference_forward(*model, ids, iota_positions(0, 2), *cache), Error);
   std::vector<int32_t> bad = {1, 5000};
   try {
-    model->forward(bad, iota_positions(0, 2), *cache);
+    reference_forward(*model, bad, iota_positions(0, 2), *cache);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kOutOfRange) << e.what();
@@ -52,8 +53,8 @@ TEST(ModelErrors, BadArgumentsAreRejected) {
   EXPECT_EQ(cache->length(), 0);
   // A cache made for another model.
   auto other = load_fixture_model("tiny-llama3");
-  auto wrong = other->make_cache(8);
-  EXPECT_THROW(model->forward(ids, iota_positions(0, 3), *wrong), Error);
+  auto wrong = std::make_unique<KVCache>(other->config(), 8);
+  EXPECT_THROW(reference_forward(*model, ids, iota_positions(0, 3), *wrong), Error);
 }
 
 TEST(ModelRegistry, UnknownArchitectureListsSupportedOnes) {

@@ -12,6 +12,7 @@
 
 #include "longctx/core/communicator.h"
 #include "longctx/core/error.h"
+#include "longctx/engine/reference_forward.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 #include "models/model_test_util.h"
@@ -85,13 +86,13 @@ struct Logits {
 Logits run(Model& model, const std::vector<int32_t>& ids) {
   std::vector<int64_t> pos(ids.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i);
-  auto cache = model.make_cache(static_cast<int64_t>(ids.size()) + 1);
+  auto cache = std::make_unique<KVCache>(model.config(), static_cast<int64_t>(ids.size()) + 1);
   Logits l;
-  l.prefill = model.forward(ids, pos, *cache);
+  l.prefill = reference_forward(model, ids, pos, *cache);
   const int32_t next = 5;
   const int64_t p = static_cast<int64_t>(ids.size());
   l.decode =
-      model.forward(std::span<const int32_t>(&next, 1), std::span<const int64_t>(&p, 1), *cache);
+      reference_forward(model, std::span<const int32_t>(&next, 1), std::span<const int64_t>(&p, 1), *cache);
   return l;
 }
 

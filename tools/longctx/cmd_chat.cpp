@@ -39,7 +39,7 @@ void run(Options& o) {
     if (!std::getline(std::cin, line) || line == "/exit") break;
     if (line.empty()) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
-    Prompt prompt(llm->render_chat(messages, /*add_generation_prompt=*/true, extra));
+    Prompt prompt(llm->render_chat(messages.dump(), /*add_generation_prompt=*/true, extra.dump()));
     prompt.add_special_tokens = false;
     // The whole conversation is prefilled again each turn (no prefix cache yet); the reply must
     // fit what is left of the context.

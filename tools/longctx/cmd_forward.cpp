@@ -15,6 +15,7 @@
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
 #include "longctx/core/npy.h"
+#include "longctx/engine/reference_forward.h"
 #include "longctx/models/model.h"
 #include "model_options.h"
 #include "token_ids.h"
@@ -92,9 +93,9 @@ void run(const Options& o) {
   } else {
     std::vector<int64_t> positions(n);
     std::iota(positions.begin(), positions.end(), 0);
-    auto cache = model->make_cache(n);
+    auto cache = std::make_unique<KVCache>(model->config(), n);
     t0 = std::chrono::steady_clock::now();
-    logits = model->forward(ids, positions, *cache, last);
+    logits = reference_forward(*model, ids, positions, *cache, last);
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_npy(o.out, logits);

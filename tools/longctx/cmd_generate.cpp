@@ -41,7 +41,7 @@ void run(Options& o) {
     }
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     messages.push_back({{"role", "user"}, {"content", text}});
-    Prompt p(llm->render_chat(messages, /*add_generation_prompt=*/true));
+    Prompt p(llm->render_chat(messages.dump(), /*add_generation_prompt=*/true));
     p.add_special_tokens = false;  // the template wrote them
     prompts.push_back(std::move(p));
   }

@@ -1,7 +1,8 @@
 // Token sampling from f32 logits, in vLLM's order: penalties -> temperature -> min_p -> top_k ->
-// top_p -> draw. The draw's uniform is counter-based: for a request's k-th sampled token it is a
-// function of (seed, k) alone (Philox4x32-10), so a seed reproduces a request whatever else runs
-// beside it, and the GPU sampler (src/engine/gpu_sampler.h) draws the same number and token.
+// top_p -> draw, by the sampling op (src/ops/sampling.h; its CPU twin is the reference). The
+// draw's uniform is counter-based: for a request's k-th sampled token it is a function of
+// (seed, k) alone (Philox4x32-10), so a seed reproduces a request whatever else runs beside it,
+// and the GPU sampler (src/engine/gpu_sampler.h) draws the same number and token.
 #pragma once
 
 #include <cstdint>
@@ -55,27 +56,11 @@ struct SampleResult {
 };
 
 // Samples one token from `logits` ([vocab] f32, not modified) with the uniform
-// sampling_uniform(state.seed(), state.step()), then advances the state. Throws
+// of (state.seed(), state.step()) (kernels/philox.h), then advances the state. Throws
 // Error(kInvalidArgument) on NaN or +inf logits, when nothing has finite probability, when the
 // penalties or the temperature overflow a logit, or past 2^20 tokens of vocabulary; the state
 // does not advance then.
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
                           SamplerState& state);
-
-// The steps, exposed for tests. `logits` is modified in place; masked entries become -inf.
-void apply_penalties(std::span<float> logits, const SamplingParams& params,
-                     const SamplerState& state);
-void apply_temperature(std::span<float> logits, double temperature);
-void apply_min_p(std::span<float> logits, double min_p);
-void apply_top_k(std::span<float> logits, int64_t top_k);
-// top_p over integer token masses (see sampling_token_mass): keeps the smallest prefix of the
-// tokens ranked by logit (ties: lower id first) whose mass reaches top_p of the total.
-void apply_top_p(std::span<float> logits, double top_p);
-
-// The draw's uniform in [0, 1) for (seed, step): Philox4x32-10, 53 bits.
-double sampling_uniform(uint64_t seed, uint64_t step);
-// A token's probability mass as the sampler counts it: round(exp(d) * 2^43) for d = logit - max
-// (one float subtraction), 0 below d = -32. Exact integer sums make CPU and GPU agree.
-uint64_t sampling_token_mass(float d);
 
 }  // namespace longctx

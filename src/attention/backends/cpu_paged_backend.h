@@ -11,7 +11,7 @@
 
 #include "kv/paged_kv_pool.h"
 #include "kv/sparse/sparse_policy.h"
-#include "longctx/models/forward_batch.h"
+#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "attention/backends/paged_backend.h"
-#include "kv/offload_planner.h"
+#include "attention/backends/offload_planner.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/block_copy.h"
 #include "longctx/kv/sparse_options.h"
-#include "longctx/models/forward_batch.h"
+#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

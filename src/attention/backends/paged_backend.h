@@ -21,7 +21,7 @@
 #include "kv/paged_kv_pool.h"
 #include "longctx/kv/block_copy.h"
 #include "longctx/kv/sparse_options.h"
-#include "longctx/models/forward_batch.h"
+#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

@@ -19,7 +19,7 @@
 #include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/sparse_options.h"
-#include "longctx/models/forward_batch.h"
+#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

@@ -25,7 +25,7 @@
 #include "kernels/cuda/prefill.h"
 #include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
-#include "longctx/models/forward_batch.h"
+#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

@@ -1,6 +1,6 @@
 // The batched sampler: one 1024-thread block per row, passes over the row in global memory (L2
 // resident for a decode batch) and exact integer arithmetic, so the token equals the CPU
-// sampler's (src/engine/sampler.cpp) and nothing depends on the order of a parallel sum.
+// sampler's (kernels/cpu/sampling_cpu.cpp) and nothing depends on the order of a parallel sum.
 //
 // Sampling rows find their kept set as cutoffs in the order (logit desc, id asc):
 //  - a value histogram of the candidates (2048 bins over [lo, max], counts or masses) locates

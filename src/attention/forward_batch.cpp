@@ -1,4 +1,4 @@
-#include "longctx/models/forward_batch.h"
+#include "longctx/attention/forward_batch.h"
 
 #include <limits>
 

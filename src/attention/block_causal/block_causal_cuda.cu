@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "attention/block_causal_cuda.h"
+#include "attention/block_causal/block_causal_cuda.h"
 #include "kernels/attention_params.h"
 #include "kernels/cuda/prefill.h"
 #include "longctx/core/cuda_check.h"

@@ -1,4 +1,4 @@
-#include "longctx/kv/kv_cache.h"
+#include "longctx/attention/kv_cache.h"
 
 namespace longctx {
 

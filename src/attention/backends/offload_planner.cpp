@@ -1,4 +1,4 @@
-#include "kv/offload_planner.h"
+#include "attention/backends/offload_planner.h"
 
 #include <algorithm>
 #include <unordered_map>

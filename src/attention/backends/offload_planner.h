@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "longctx/kv/block_copy.h"
-#include "longctx/models/forward_batch.h"
+#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

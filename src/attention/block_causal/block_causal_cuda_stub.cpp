@@ -2,7 +2,7 @@
 // asks block_causal_cuda_compiled() before anything else here, so the CPU path never reaches
 // these; the throws guard any other caller.
 #ifndef LONGCTX_WITH_CUDA
-#include "attention/block_causal_cuda.h"
+#include "attention/block_causal/block_causal_cuda.h"
 #include "longctx/core/error.h"
 
 namespace longctx::detail {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "attention/block_causal_cuda.h"
+#include "attention/block_causal/block_causal_cuda.h"
 #include "kernels/attention_params.h"
 #include "kernels/cpu/attention_ref.h"
 #include "longctx/core/error.h"
