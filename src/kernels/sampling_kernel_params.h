@@ -7,6 +7,9 @@
 namespace longctx::kernels {
 
 inline constexpr int kSamplingMaxTop = 20;  // SamplingParams::kMaxLogprobs
+// Masses of a whole vocabulary must fit an uint64: 2^kMassBits * vocab < 2^64
+// (kernels/sampling_math.h).
+inline constexpr int64_t kMaxSamplingVocab = int64_t(1) << 20;
 
 // One token's penalty: its logit is divided / multiplied by repetition_penalty when `repeated`
 // (prompt or output), then lowered by frequency * count + presence when count > 0.

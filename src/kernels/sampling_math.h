@@ -13,6 +13,7 @@
 
 #include "kernels/host_device.h"
 #include "kernels/philox.h"
+#include "kernels/sampling_kernel_params.h"
 
 #if !defined(__CUDA_ARCH__)
 #include <bit>
@@ -23,8 +24,6 @@ namespace longctx::kernels {
 
 inline constexpr int kMassBits = 43;
 inline constexpr float kMassWindow = 32.0f;
-// Masses of a whole vocabulary must fit an uint64: 2^kMassBits * vocab < 2^64.
-inline constexpr int64_t kMaxSamplingVocab = int64_t(1) << 20;
 
 // Single IEEE operations, rounded to nearest; on the device they keep nvcc from contracting a
 // multiply and an add into one FMA (the host compilers used here do not contract in ISO mode).

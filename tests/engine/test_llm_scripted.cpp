@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "longctx/core/error.h"
+#include "longctx/engine/executor.h"
 #include "longctx/llm.h"
 
 namespace longctx {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/test_data.h"
+#include "longctx/engine/executor.h"
 #include "longctx/llm.h"
 #include "longctx/tokenizer/tokenizer.h"
 

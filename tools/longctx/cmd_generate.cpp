@@ -2,6 +2,7 @@
 // summary line on stderr; several prompts (repeat --prompt or --ids) run as one batch with a
 // progress bar on stderr, each output printed when all are done.
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "command.h"
 #include "generate_common.h"
