@@ -33,7 +33,10 @@ Tensor Model::forward(std::span<const int32_t> ids, std::span<const int64_t> pos
   batch.seq_ids = {0};
   for (int64_t i = last_only ? n - 1 : 0; i < n; ++i)
     batch.logits_indices.push_back(static_cast<int32_t>(i));
-  CpuAttentionBackend attention({&cache}, attention_scale());
+  std::vector<int64_t> windows;  // sliding layers see their window (the dense reference)
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    windows.push_back(c.layer_type(l) == LayerAttention::kSliding ? c.sliding_window : 0);
+  CpuAttentionBackend attention({&cache}, attention_scale(), std::move(windows));
   Tensor logits = forward(batch, attention);
   attention.commit();
   return logits;
