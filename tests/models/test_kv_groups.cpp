@@ -61,6 +61,8 @@ TEST(KvGroups, SlidingAndFullLayers) {
   EXPECT_EQ(g[0].bytes_per_token, 2 * per_layer);
   EXPECT_EQ(g.block_bytes(8), 8 * 2 * per_layer);
   EXPECT_EQ(g.paged_bytes_per_token(), 4 * per_layer);
+  EXPECT_EQ(g.bytes_per_seq(100), 100 * 2 * per_layer + 20 * 2 * per_layer);
+  EXPECT_EQ(g.bytes_per_seq(10), 10 * 4 * per_layer);
   const auto lines = g.describe();
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[1], fmt::format("group 1: sliding_window (window 20), 2 layers (0,2), f32, {} "

@@ -72,11 +72,13 @@ void run_info(const ModelOptions& opts) {
   // Each layer's attention state, by group: kind, window, layers, bytes per token (or sequence).
   const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
   for (const std::string& g : groups.describe()) std::printf("KV %s\n", g.c_str());
+  // Per sequence, each group as it keeps tokens (a sliding group only its window).
   std::printf("max context:        %lld tokens (KV at max context: %s)\n",
               (long long)c.max_position_embeddings,
-              human_bytes(double(kv_tok) * double(c.max_position_embeddings)).c_str());
+              human_bytes(double(groups.bytes_per_seq(c.max_position_embeddings))).c_str());
   for (int64_t n : {32768LL, 131072LL, 1048576LL})
-    std::printf("KV at %7lld tok:   %s\n", (long long)n, human_bytes(double(kv_tok) * n).c_str());
+    std::printf("KV at %7lld tok:   %s\n", (long long)n,
+                human_bytes(double(groups.bytes_per_seq(n))).c_str());
   // The GPU memory plan: of the device this would run on, or of a GPU of --gpu-memory-limit
   // bytes (planning for a card this machine does not have).
   const Device device = resolve_device(opts.device);

@@ -56,6 +56,9 @@ class KvGroups {
   // K/V bytes of every paged layer per token (what tokens cost when every layer keeps them).
   int64_t paged_bytes_per_token() const;
   int64_t state_bytes_per_seq() const;  // every state group's bytes, per sequence
+  // What one sequence of `tokens` tokens keeps: full groups every token, sliding groups at most
+  // their window, state groups their state.
+  int64_t bytes_per_seq(int64_t tokens) const;
   // What the BlockManager needs, in group order.
   std::vector<KvGroupAlloc> allocs() const;
   // One line per group: "group 0: full, 28 layers (0-27), bf16, 114688 B/token".

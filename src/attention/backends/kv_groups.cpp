@@ -110,6 +110,15 @@ int64_t KvGroups::state_bytes_per_seq() const {
   return n;
 }
 
+int64_t KvGroups::bytes_per_seq(int64_t tokens) const {
+  int64_t n = 0;
+  for (const KvGroup& g : groups_) {
+    const int64_t kept = g.kind == KvGroupKind::kSlidingWindow ? std::min(tokens, g.window) : tokens;
+    n += g.bytes_per_token * kept + g.bytes_per_seq;
+  }
+  return n;
+}
+
 std::vector<KvGroupAlloc> KvGroups::allocs() const {
   std::vector<KvGroupAlloc> a;
   for (const KvGroup& g : groups_) a.push_back({g.kind, g.window});
