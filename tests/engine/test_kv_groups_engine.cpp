@@ -169,14 +169,14 @@ TEST(KvGroupsEngine, MemoryPlanCountsEachGroup) {
   const GpuMemoryPlan full = plan_gpu_memory(c, o, 120ll << 30);
   ASSERT_EQ(full.kv_groups.size(), 1u);
   EXPECT_EQ(full.kv_state_bytes, 0);
-  // Gemma 3's 5 local : 1 global on 32 layers (6 global): a block holds the 26 local layers.
+  // Gemma 3's 5 local : 1 global on 32 layers (5 global): a block holds the 27 local layers.
   c.layer_types.assign(32, LA::kSliding);
   for (int64_t l = 5; l < 32; l += 6) c.layer_types[l] = LA::kFull;
   c.sliding_window = 1024;
   const GpuMemoryPlan gemma = plan_gpu_memory(c, o, 120ll << 30);
   ASSERT_EQ(gemma.kv_groups.size(), 2u);
-  EXPECT_EQ(gemma.kv_block_bytes, full.kv_block_bytes / 32 * 26);
-  EXPECT_NE(gemma.kv_groups[1].find("sliding_window (window 1024), 26 layers"), std::string::npos)
+  EXPECT_EQ(gemma.kv_block_bytes, full.kv_block_bytes / 32 * 27);
+  EXPECT_NE(gemma.kv_groups[1].find("sliding_window (window 1024), 27 layers"), std::string::npos)
       << gemma.kv_groups[1];
   // Qwen3-Next's 3 linear : 1 full: states of max_num_seqs sequences come off the budget.
   c.layer_types.assign(32, LA::kLinear);
