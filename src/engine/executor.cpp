@@ -40,8 +40,7 @@ constexpr int64_t kDefaultCpuKvBytes = 4ll << 30;
 class CpuExecutor final : public Executor {
  public:
   CpuExecutor(std::shared_ptr<Model> model, const CpuExecutorOptions& o)
-      : model_(std::move(model)),
-        groups_(KvGroups::from_config(model_->config(), DType::kF32)) {
+      : model_(std::move(model)), groups_(KvGroups::from_config(model_->config(), DType::kF32)) {
     const ModelConfig& c = model_->config();
     // The pool holds the largest paged group's layers; a block serves one group at a time.
     PagedKVPoolConfig kv{groups_.pool_layers(), c.num_key_value_heads, c.head_dim, o.block_size, 1,

@@ -33,8 +33,8 @@ ForwardBatch make_forward_batch(std::span<const StepInput> inputs, int64_t block
       std::span<const int32_t> table = in.group_tables[g];
       GroupBlockTables& t = batch.group_tables[g];
       LONGCTX_CHECK(static_cast<int64_t>(table.size()) >= blocks, ErrorCode::kInternal,
-                    "step: sequence {} needs {} blocks in KV group {}, its table has {}",
-                    in.seq_id, blocks, g + 1, table.size());
+                    "step: sequence {} needs {} blocks in KV group {}, its table has {}", in.seq_id,
+                    blocks, g + 1, table.size());
       if (t.block_table_indptr.empty()) t.block_table_indptr.push_back(0);
       t.block_tables.insert(t.block_tables.end(), table.begin(), table.begin() + blocks);
       t.block_table_indptr.push_back(static_cast<int32_t>(t.block_tables.size()));

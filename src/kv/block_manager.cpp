@@ -46,8 +46,8 @@ BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_p
                   g.window);
     has_state_ |= g.kind == KvGroupKind::kState;
   }
-  LONGCTX_CHECK(!has_state_ || (num_state_slots > 0 &&
-                                 num_state_slots <= std::numeric_limits<int32_t>::max()),
+  LONGCTX_CHECK(!has_state_ ||
+                    (num_state_slots > 0 && num_state_slots <= std::numeric_limits<int32_t>::max()),
                 ErrorCode::kInvalidArgument,
                 "block manager: a state group needs state slots, got {}", num_state_slots);
   blocks_.resize(num_blocks);

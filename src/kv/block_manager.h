@@ -43,10 +43,10 @@ namespace longctx {
 
 struct BlockManagerStats {
   int64_t num_blocks = 0;
-  int64_t used_blocks = 0;    // held by at least one sequence
-  int64_t cached_blocks = 0;  // registered in the prefix cache (used or evictable)
-  int64_t queries = 0;        // prompt tokens looked up
-  int64_t hits = 0;           // of those, tokens whose K/V were found cached
+  int64_t used_blocks = 0;                 // held by at least one sequence
+  int64_t cached_blocks = 0;               // registered in the prefix cache (used or evictable)
+  int64_t queries = 0;                     // prompt tokens looked up
+  int64_t hits = 0;                        // of those, tokens whose K/V were found cached
   std::vector<int64_t> group_used_blocks;  // [groups] blocks (state slots) held, per group
 };
 
@@ -157,11 +157,11 @@ class BlockManager {
   int64_t block_size_;
   bool prefix_caching_;
   std::vector<KvGroupAlloc> groups_;
-  bool has_state_ = false;                      // a kState group (no prefix hits then)
-  std::vector<Block> blocks_;                   // [num_blocks]
-  std::vector<int32_t> free_;                   // uncached, ref 0 (popped from the back)
-  std::list<int32_t> lru_;                      // cached, ref 0, least recent first
-  std::vector<int32_t> free_slots_;             // state slots no sequence holds
+  bool has_state_ = false;           // a kState group (no prefix hits then)
+  std::vector<Block> blocks_;        // [num_blocks]
+  std::vector<int32_t> free_;        // uncached, ref 0 (popped from the back)
+  std::list<int32_t> lru_;           // cached, ref 0, least recent first
+  std::vector<int32_t> free_slots_;  // state slots no sequence holds
   int64_t num_state_slots_ = 0;
   // [groups] chain hash -> cached block of that group
   std::vector<std::unordered_map<uint64_t, int32_t>> by_hash_;

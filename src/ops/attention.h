@@ -2,9 +2,9 @@
 //   out[i, h] = sum_j softmax_j(scale * q[i, h] . k[j, g]) v[j, g],  g = h / (Hq / Hkv),
 // over the keys j < kv_len with k_positions[j] <= q_positions[i] (causal by position; the new
 // tokens' own keys must already be in the cache), and with a sliding window W only the keys with
-// k_positions[j] > q_positions[i] - W (transformers' sliding_window_overlay). Softmax subtracts the row max (computed
-// online over key chunks, so memory stays O(chunk) for any kv_len). A query that sees no key
-// gets zeros.
+// k_positions[j] > q_positions[i] - W (transformers' sliding_window_overlay). Softmax subtracts the
+// row max (computed online over key chunks, so memory stays O(chunk) for any kv_len). A query that
+// sees no key gets zeros.
 #pragma once
 
 #include <cstdint>

@@ -29,8 +29,7 @@ constexpr int64_t kBlockSize = 8;
 
 // tiny-llama3's shapes, 4 layers: sliding, full, sliding, full (window 20), random weights.
 std::shared_ptr<Model> two_group_model(bool sliding = true) {
-  ModelConfig c =
-      load_model_config(testing::test_data_dir() + "/fixtures/tiny-llama3/config.json");
+  ModelConfig c = load_model_config(testing::test_data_dir() + "/fixtures/tiny-llama3/config.json");
   c.architecture = "MistralForCausalLM";
   c.num_hidden_layers = 4;
   c.dtype = DType::kF32;

@@ -17,8 +17,9 @@ using nlohmann::json;
 using LA = LayerAttention;
 
 json config(const std::string& arch, int64_t layers = 4) {
-  return {{"architectures", {arch}}, {"vocab_size", 64},       {"hidden_size", 32},
-          {"intermediate_size", 64}, {"num_hidden_layers", layers}, {"num_attention_heads", 4},
+  return {{"architectures", {arch}},     {"vocab_size", 64},
+          {"hidden_size", 32},           {"intermediate_size", 64},
+          {"num_hidden_layers", layers}, {"num_attention_heads", 4},
           {"num_key_value_heads", 2}};
 }
 
@@ -70,8 +71,7 @@ TEST(LayerTypes, QwenSlidesOnlyWithUseSlidingWindowFromMaxWindowLayers) {
 TEST(LayerTypes, ExplicitLayerTypesAndPatterns) {
   json j = config("MistralForCausalLM");
   j["sliding_window"] = 20;
-  j["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
-                      "full_attention"};
+  j["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
   ModelConfig c = parse_model_config(j, "c");
   EXPECT_EQ(c.layer_types, (std::vector<LA>{LA::kSliding, LA::kFull, LA::kSliding, LA::kFull}));
   EXPECT_EQ(c.sliding_window, 20);

@@ -1,9 +1,8 @@
 // KvGroups from model configs: Llama/Qwen fixtures are one full group (the pool as before);
 // mixed sliding/full layers, Gemma 3's pattern and Qwen3-Next's linear layers form groups with
 // their layers, pool layers, windows and bytes.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "common/test_data.h"
 #include "longctx/attention/kv_groups.h"

@@ -81,8 +81,7 @@ void check_group_batch(const ForwardBatch& b, const KvGroups& groups, int64_t bl
         const int64_t j = first + (r - b.qo_indptr[q]);
         const int64_t want =
             int64_t(v.block_tables[b0 + j / block_size]) * block_size + j % block_size;
-        LONGCTX_CHECK(v.slot_mapping[r] == want && b.positions[r] == j,
-                      ErrorCode::kInvalidArgument,
+        LONGCTX_CHECK(v.slot_mapping[r] == want && b.positions[r] == j, ErrorCode::kInvalidArgument,
                       "paged attention: token {} (sequence {}, KV index {}, position {}) maps to "
                       "slot {} in KV group {} but its table puts it at {}",
                       r, q, j, b.positions[r], v.slot_mapping[r], g, want);
@@ -97,8 +96,8 @@ CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::Spar
   LONGCTX_CHECK(pool.config().device.is_cpu() && pool.config().dtype == DType::kF32,
                 ErrorCode::kInvalidArgument, "CPU paged attention needs an f32 pool on the CPU");
   if (groups_ != nullptr && groups_->single_full()) groups_ = nullptr;
-  LONGCTX_CHECK(groups_ == nullptr || (policy_ == nullptr && pool.config().num_layers ==
-                                                                 groups_->pool_layers()),
+  LONGCTX_CHECK(groups_ == nullptr ||
+                    (policy_ == nullptr && pool.config().num_layers == groups_->pool_layers()),
                 ErrorCode::kInvalidArgument,
                 "CPU paged attention over {} KV groups needs a pool of {} layers ({}) and no "
                 "sparse policy",

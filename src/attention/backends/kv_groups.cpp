@@ -16,7 +16,8 @@ namespace {
 // (kernel - 1) inputs over the q, k and v channels.
 int64_t linear_state_bytes(const LinearAttentionConfig& l, DType dtype) {
   const int64_t recurrent = l.num_value_heads * l.key_head_dim * l.value_head_dim;
-  const int64_t conv_dim = 2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
+  const int64_t conv_dim =
+      2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
   const int64_t conv = (l.conv_kernel_dim - 1) * conv_dim;
   return (recurrent + conv) * static_cast<int64_t>(dtype_size(dtype));
 }
@@ -113,7 +114,8 @@ int64_t KvGroups::state_bytes_per_seq() const {
 int64_t KvGroups::bytes_per_seq(int64_t tokens) const {
   int64_t n = 0;
   for (const KvGroup& g : groups_) {
-    const int64_t kept = g.kind == KvGroupKind::kSlidingWindow ? std::min(tokens, g.window) : tokens;
+    const int64_t kept =
+        g.kind == KvGroupKind::kSlidingWindow ? std::min(tokens, g.window) : tokens;
     n += g.bytes_per_token * kept + g.bytes_per_seq;
   }
   return n;
@@ -143,8 +145,8 @@ std::vector<std::string> KvGroups::describe() const {
     const std::string bytes = grp.kind == KvGroupKind::kState
                                   ? fmt::format("{} B/sequence", grp.bytes_per_seq)
                                   : fmt::format("{} B/token", grp.bytes_per_token);
-    lines.push_back(fmt::format("group {}: {}, {} layers ({}), {}, {}", g, kind,
-                                grp.layers.size(), layers, dtype_name(grp.dtype), bytes));
+    lines.push_back(fmt::format("group {}: {}, {} layers ({}), {}, {}", g, kind, grp.layers.size(),
+                                layers, dtype_name(grp.dtype), bytes));
   }
   return lines;
 }
