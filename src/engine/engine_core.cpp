@@ -22,6 +22,13 @@ KVBlockLayout layout_of(const Executor* executor) {
   return l;
 }
 
+BlockManager make_block_manager(const Executor* executor, bool prefix_caching) {
+  KVBlockLayout l = layout_of(executor);
+  if (l.groups.empty()) l.groups.push_back(KvGroupAlloc{});
+  return BlockManager(l.num_blocks, l.block_size, prefix_caching, std::move(l.groups),
+                      l.num_state_slots);
+}
+
 }  // namespace
 
 EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* tokenizer,
@@ -29,8 +36,7 @@ EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* toke
     : executor_(std::move(executor)),
       tokenizer_(tokenizer),
       options_(std::move(options)),
-      blocks_(layout_of(executor_.get()).num_blocks, layout_of(executor_.get()).block_size,
-              options_.enable_prefix_caching),
+      blocks_(make_block_manager(executor_.get(), options_.enable_prefix_caching)),
       scheduler_(options_.scheduler, blocks_),
       seed_rng_(options_.seed) {
   LONGCTX_CHECK(options_.max_model_len > 0, ErrorCode::kInvalidArgument,
@@ -64,11 +70,13 @@ void EngineCore::check_request(std::span<const int32_t> prompt,
                 "stop strings need a tokenizer (this engine has none: use stop_token_ids)");
   // Every sequence must fit the pool alone, or the scheduler could never finish it.
   const int64_t most = max_total_tokens(n, params);
-  LONGCTX_CHECK(blocks_.blocks_for(most) <= blocks_.num_blocks(), ErrorCode::kOutOfMemory,
+  const int64_t held = blocks_.max_blocks_held(most, options_.scheduler.max_num_batched_tokens);
+  LONGCTX_CHECK(held <= blocks_.num_blocks(), ErrorCode::kOutOfMemory,
                 "the request may need KV for {} tokens (a {}-token prompt + max_tokens {}, capped "
-                "by max_model_len {}), more than the whole KV cache holds ({} blocks of {} "
-                "tokens = {} tokens): lower max_tokens or give the KV cache more memory",
-                most, n, params.max_tokens, options_.max_model_len, blocks_.num_blocks(),
+                "by max_model_len {}: {} blocks of its KV groups), more than the whole KV cache "
+                "holds ({} blocks of {} tokens = {} tokens): lower max_tokens or give the KV "
+                "cache more memory",
+                most, n, params.max_tokens, options_.max_model_len, held, blocks_.num_blocks(),
                 blocks_.block_size(), blocks_.num_blocks() * blocks_.block_size());
 }
 
@@ -116,13 +124,27 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats) {
   }
   std::vector<StepInput> inputs;
   inputs.reserve(out.seqs.size());
+  // Groups 1..G-1's tables of every input (none with one group), [inputs][G - 1].
+  const int64_t extra = blocks_.num_groups() - 1;
+  std::vector<std::span<const int32_t>> group_tables(out.seqs.size() * extra);
   int64_t prefill = 0, decode = 0;
   for (const ScheduledSeq& s : out.seqs) {
     Sequence& seq = *s.seq;
     if (seq.output.metrics.scheduled == 0) seq.output.metrics.scheduled = t0;
     const int64_t end = seq.num_computed + s.num_new;
+    const int64_t nb = blocks_.blocks_for(end);
+    std::span<const std::span<const int32_t>> extra_tables;
+    if (extra > 0) {
+      std::span<const int32_t>* t = group_tables.data() + inputs.size() * extra;
+      for (int64_t g = 1; g <= extra; ++g) {
+        // A state group's table is its slot, not blocks by token.
+        const std::span<const int32_t> all = blocks_.table(seq.id, g);
+        t[g - 1] = blocks_.group(g).kind == KvGroupKind::kState ? all : all.first(nb);
+      }
+      extra_tables = {t, static_cast<size_t>(extra)};
+    }
     inputs.push_back({seq.id, seq.tokens, seq.num_computed, s.num_new,
-                      blocks_.table(seq.id).first(blocks_.blocks_for(end)), s.sample});
+                      blocks_.table(seq.id).first(nb), s.sample, extra_tables});
     const bool is_decode = s.num_new == 1 && seq.num_generated() > 0 &&
                            seq.num_computed == static_cast<int64_t>(seq.tokens.size()) - 1;
     (is_decode ? decode : prefill) += s.num_new;
@@ -254,6 +276,7 @@ EngineStats EngineCore::stats() const {
   const BlockManagerStats b = blocks_.stats();
   s.kv_blocks_total = b.num_blocks;
   s.kv_blocks_used = b.used_blocks;
+  s.kv_group_blocks_used = b.group_used_blocks;
   s.prefix_cache_queries = b.queries;
   s.prefix_cache_hits = b.hits;
   s.num_preemptions = scheduler_.num_preemptions();

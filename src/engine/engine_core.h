@@ -44,8 +44,9 @@ struct EngineStats {
   int64_t num_waiting = 0;  // queued (new or preempted)
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_used = 0;
-  int64_t prefix_cache_queries = 0;  // prompt tokens looked up in the prefix cache
-  int64_t prefix_cache_hits = 0;     // of those, tokens found cached
+  std::vector<int64_t> kv_group_blocks_used;  // [KV groups] blocks (state slots) held per group
+  int64_t prefix_cache_queries = 0;           // prompt tokens looked up in the prefix cache
+  int64_t prefix_cache_hits = 0;              // of those, tokens found cached
   int64_t num_preemptions = 0;
   int64_t prompt_tokens = 0;      // prompt tokens computed (hits excluded)
   int64_t generation_tokens = 0;  // tokens sampled

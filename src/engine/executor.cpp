@@ -7,6 +7,7 @@
 #include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
 #include "kv/sparse/sparse_policy.h"
+#include "longctx/attention/kv_groups.h"
 #include "longctx/core/error.h"
 #include "longctx/models/model.h"
 
@@ -39,10 +40,18 @@ constexpr int64_t kDefaultCpuKvBytes = 4ll << 30;
 class CpuExecutor final : public Executor {
  public:
   CpuExecutor(std::shared_ptr<Model> model, const CpuExecutorOptions& o)
-      : model_(std::move(model)) {
+      : model_(std::move(model)), groups_(KvGroups::from_config(model_->config(), DType::kF32)) {
     const ModelConfig& c = model_->config();
-    PagedKVPoolConfig kv{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, o.block_size, 1,
-                         DType::kF32,         Device::cpu()};
+    // The pool holds the largest paged group's layers; a block serves one group at a time.
+    PagedKVPoolConfig kv{groups_.pool_layers(), c.num_key_value_heads, c.head_dim, o.block_size, 1,
+                         DType::kF32,           Device::cpu()};
+    LONGCTX_CHECK(!groups_.has_kind(KvGroupKind::kState), ErrorCode::kUnsupported,
+                  "CPU executor: linear-attention layers (a per-sequence state KV group) are not "
+                  "run yet");
+    LONGCTX_CHECK(groups_.single_full() || o.offload_gpu_blocks == 0, ErrorCode::kUnsupported,
+                  "CPU executor: KV offload runs models of one full-attention KV group; this one "
+                  "has {} groups (sliding_window {} in config.json)",
+                  groups_.size(), c.sliding_window);
     LONGCTX_CHECK(o.block_size > 0, ErrorCode::kInvalidArgument,
                   "CPU executor: block size must be positive, got {}", o.block_size);
     const int64_t bytes = o.kv_cache_bytes > 0 ? o.kv_cache_bytes : kDefaultCpuKvBytes;
@@ -71,12 +80,25 @@ class CpuExecutor final : public Executor {
                             c.num_attention_heads,    c.num_key_value_heads, c.head_dim,
                             model_->attention_scale()};
       policy_ = sparse::make_sparse_policy(o.sparse, shape);
+      // A policy selects blocks of one table; sliding windows select by themselves (#44 decides
+      // what a policy does on a window layer).
+      LONGCTX_CHECK(groups_.single_full() || (!policy_->selects(sparse::Phase::kDecode) &&
+                                              !policy_->selects(sparse::Phase::kPrefill)),
+                    ErrorCode::kUnsupported,
+                    "CPU executor: sparse attention runs models of one full-attention KV group; "
+                    "this one has {} groups (sliding_window {} in config.json)",
+                    groups_.size(), c.sliding_window);
+      if (!groups_.single_full()) policy_.reset();
     }
     block_size_ = o.block_size;
   }
 
   int64_t vocab_size() const override { return model_->config().vocab_size; }
-  KVBlockLayout kv_layout() const override { return {num_blocks_, block_size_}; }
+  KVBlockLayout kv_layout() const override {
+    KVBlockLayout l{num_blocks_, block_size_};
+    if (!groups_.single_full()) l.groups = groups_.allocs();
+    return l;
+  }
 
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
     ForwardBatch batch = make_forward_batch(inputs, block_size_);
@@ -86,14 +108,15 @@ class CpuExecutor final : public Executor {
     }
     for (const KVBlockCopy& c : copies) {
       copy_kv_block_cpu(*pool_, c.src, c.dst);
-      policy_->on_block_copied(c.src, c.dst);
+      if (policy_ != nullptr) policy_->on_block_copied(c.src, c.dst);
     }
-    CpuPagedBackend attention(*pool_, model_->attention_scale(), policy_.get());
+    CpuPagedBackend attention(*pool_, model_->attention_scale(), policy_.get(), &groups_);
     return model_->forward(batch, attention);
   }
 
  private:
   std::shared_ptr<Model> model_;
+  KvGroups groups_;                                   // the model's KV groups
   std::unique_ptr<PagedKVPool> pool_;                 // resident
   std::unique_ptr<OffloadAttentionBackend> offload_;  // or offloaded (simulated)
   std::unique_ptr<sparse::SparsePolicy> policy_;      // with the resident pool (Full: dense)

@@ -1,6 +1,7 @@
 #include "longctx/engine/gpu_runner.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,8 +16,10 @@
 #include "engine/step_batch.h"
 #include "kernels/cpu/quest_cpu.h"
 #include "kernels/xattention_params.h"
+#include "kv/block_manager.h"
 #include "kv/paged_kv_pool.h"
 #include "loader/weight_spec.h"
+#include "longctx/attention/kv_groups.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
 #include "longctx/models/model.h"
@@ -172,18 +175,20 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   // Logits rows, and the sampler's copies of penalized rows.
   p.workspaces = kWorkspaceBytes + 2 * options.max_num_seqs * config.vocab_size * 4;
   p.graphs = decode_graphs(options) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
-  PagedKVPoolConfig kv{config.num_hidden_layers,
-                       config.num_key_value_heads,
-                       config.head_dim,
-                       p.block_size,
-                       1,
-                       DType::kBF16,
-                       Device::cuda()};
-  p.kv_block_bytes = kv.bytes_per_block();
-  const int64_t per_seq = (p.max_model_len + p.block_size - 1) / p.block_size;
+  // Per KV group: a pool block holds the largest paged group's layers (one full group: every
+  // layer, as before); state groups take max_num_seqs states up front; a sequence of
+  // max_model_len holds blocks in each paged group (a sliding group only its window's).
+  const KvGroups groups = KvGroups::from_config(config, DType::kBF16);
+  p.kv_block_bytes = groups.block_bytes(p.block_size);
+  p.kv_state_bytes = options.max_num_seqs * groups.state_bytes_per_seq();
+  p.kv_groups = groups.describe();
+  const int64_t per_seq =
+      BlockManager(1, p.block_size, false, groups.allocs(), options.max_num_seqs)
+          .max_blocks_held(p.max_model_len, options.max_num_batched_tokens);
   if (options.kv_offload) return plan_offload(config, options, p, per_seq);
   const SparseBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
-  const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs - q.fixed;
+  const int64_t left =
+      budget - p.weights - p.activations - p.workspaces - p.graphs - q.fixed - p.kv_state_bytes;
   p.num_kv_blocks = options.num_gpu_blocks > 0
                         ? options.num_gpu_blocks
                         : std::max<int64_t>(0, left / (p.kv_block_bytes + q.per_block));
@@ -362,6 +367,15 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   m.model = std::move(model);
   m.options = options;
   const ModelConfig& c = m.model->config();
+  // The paged kernels attend every earlier key: a sliding-window layer would silently read keys
+  // outside its window. Until they take a window (#44), such a model runs on the CPU only.
+  const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
+  LONGCTX_CHECK(groups.single_full(), ErrorCode::kUnsupported,
+                "GPU runner: this model has {} KV groups ({}): sliding-window attention "
+                "(config.json 'sliding_window' = {} on the layers 'layer_types' / "
+                "'use_sliding_window' / 'sliding_window_pattern' mark) is not supported on the GPU "
+                "yet; run it on the CPU (--device cpu)",
+                groups.size(), fmt::join(groups.describe(), "; "), c.sliding_window);
   const int device = m.model->device().index;
   const DeviceMemoryStats st = device_memory_stats(device);
   // The weights are already in the pool: plan the rest of the budget around what they took.

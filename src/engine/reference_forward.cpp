@@ -1,5 +1,8 @@
 #include "longctx/engine/reference_forward.h"
 
+#include <utility>
+#include <vector>
+
 #include "attention/backends/cpu_backend.h"
 #include "longctx/core/error.h"
 
@@ -28,7 +31,10 @@ Tensor reference_forward(Model& model, std::span<const int32_t> ids,
   batch.seq_ids = {0};
   for (int64_t i = last_only ? n - 1 : 0; i < n; ++i)
     batch.logits_indices.push_back(static_cast<int32_t>(i));
-  CpuAttentionBackend attention({&cache}, model.attention_scale());
+  std::vector<int64_t> windows;  // sliding layers see their window (the dense reference)
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    windows.push_back(c.layer_type(l) == LayerAttention::kSliding ? c.sliding_window : 0);
+  CpuAttentionBackend attention({&cache}, model.attention_scale(), std::move(windows));
   Tensor logits = model.forward(batch, attention);
   attention.commit();
   return logits;

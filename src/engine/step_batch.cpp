@@ -24,6 +24,23 @@ ForwardBatch make_forward_batch(std::span<const StepInput> inputs, int64_t block
     for (int64_t j = in.num_computed; j < end; ++j)
       batch.slot_mapping.push_back(int64_t(in.block_table[j / block_size]) * block_size +
                                    j % block_size);
+    // Groups 1..G-1 (a model of several KV groups): the same layout, from their own tables.
+    if (&in == inputs.data()) batch.group_tables.resize(in.group_tables.size());
+    LONGCTX_CHECK(in.group_tables.size() == batch.group_tables.size(), ErrorCode::kInternal,
+                  "step: sequence {} has {} extra KV group tables, the step {}", in.seq_id,
+                  in.group_tables.size(), batch.group_tables.size());
+    for (size_t g = 0; g < in.group_tables.size(); ++g) {
+      std::span<const int32_t> table = in.group_tables[g];
+      GroupBlockTables& t = batch.group_tables[g];
+      LONGCTX_CHECK(static_cast<int64_t>(table.size()) >= blocks, ErrorCode::kInternal,
+                    "step: sequence {} needs {} blocks in KV group {}, its table has {}", in.seq_id,
+                    blocks, g + 1, table.size());
+      if (t.block_table_indptr.empty()) t.block_table_indptr.push_back(0);
+      t.block_tables.insert(t.block_tables.end(), table.begin(), table.begin() + blocks);
+      t.block_table_indptr.push_back(static_cast<int32_t>(t.block_tables.size()));
+      for (int64_t j = in.num_computed; j < end; ++j)
+        t.slot_mapping.push_back(int64_t(table[j / block_size]) * block_size + j % block_size);
+    }
   }
   return batch;
 }

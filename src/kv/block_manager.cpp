@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 #include <limits>
+#include <unordered_set>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -11,48 +12,98 @@
 
 namespace longctx {
 
+const char* kv_group_kind_name(KvGroupKind kind) {
+  switch (kind) {
+    case KvGroupKind::kFull:
+      return "full";
+    case KvGroupKind::kSlidingWindow:
+      return "sliding_window";
+    case KvGroupKind::kState:
+      return "state";
+  }
+  return "?";
+}
+
 BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching)
-    : block_size_(block_size), prefix_caching_(enable_prefix_caching) {
+    : BlockManager(num_blocks, block_size, enable_prefix_caching, {KvGroupAlloc{}}) {}
+
+BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
+                           std::vector<KvGroupAlloc> groups, int64_t num_state_slots)
+    : block_size_(block_size),
+      prefix_caching_(enable_prefix_caching),
+      groups_(std::move(groups)),
+      num_state_slots_(num_state_slots) {
   LONGCTX_CHECK(
       num_blocks > 0 && block_size > 0 && num_blocks <= std::numeric_limits<int32_t>::max(),
       ErrorCode::kInvalidArgument,
       "block manager: {} blocks of {} tokens (both must be positive, blocks < 2^31)", num_blocks,
       block_size);
+  LONGCTX_CHECK(!groups_.empty() && groups_.size() < 1024, ErrorCode::kInvalidArgument,
+                "block manager: {} KV groups (1 to 1023)", groups_.size());
+  for (const KvGroupAlloc& g : groups_) {
+    LONGCTX_CHECK(g.kind != KvGroupKind::kSlidingWindow || g.window > 0,
+                  ErrorCode::kInvalidArgument, "block manager: a sliding window of {} tokens",
+                  g.window);
+    has_state_ |= g.kind == KvGroupKind::kState;
+  }
+  LONGCTX_CHECK(!has_state_ ||
+                    (num_state_slots > 0 && num_state_slots <= std::numeric_limits<int32_t>::max()),
+                ErrorCode::kInvalidArgument,
+                "block manager: a state group needs state slots, got {}", num_state_slots);
   blocks_.resize(num_blocks);
   free_.reserve(num_blocks);
   // Popped from the back: lowest ids first, so small runs use a compact prefix of the pool.
   for (int64_t b = num_blocks; b-- > 0;) free_.push_back(static_cast<int32_t>(b));
+  for (int64_t s = has_state_ ? num_state_slots : 0; s-- > 0;)
+    free_slots_.push_back(static_cast<int32_t>(s));
+  by_hash_.resize(groups_.size());
 }
 
 int64_t BlockManager::num_free_blocks() const {
   return static_cast<int64_t>(free_.size() + lru_.size());
 }
 
+int64_t BlockManager::max_blocks_held(int64_t tokens, int64_t step_tokens) const {
+  int64_t n = 0;
+  for (const KvGroupAlloc& g : groups_) {
+    if (g.kind == KvGroupKind::kFull) n += blocks_for(tokens);
+    if (g.kind == KvGroupKind::kSlidingWindow)  // window - 1 earlier keys + the step, straddled
+      n += std::min(blocks_for(tokens), blocks_for(g.window - 1 + step_tokens) + 1);
+  }
+  return n;
+}
+
 BlockManagerStats BlockManager::stats() const {
   BlockManagerStats s;
   s.num_blocks = num_blocks();
   s.used_blocks = num_blocks() - num_free_blocks();
-  s.cached_blocks = static_cast<int64_t>(by_hash_.size());
+  for (const auto& m : by_hash_) s.cached_blocks += static_cast<int64_t>(m.size());
   s.queries = queries_;
   s.hits = hits_;
+  std::vector<std::unordered_set<int32_t>> held(groups_.size());
+  for (const auto& [id, st] : seqs_)
+    for (size_t g = 0; g < groups_.size(); ++g)
+      for (int32_t b : st.groups[g].blocks)
+        if (b != kNoBlock) held[g].insert(b);
+  for (const auto& h : held) s.group_used_blocks.push_back(static_cast<int64_t>(h.size()));
   return s;
 }
 
-std::span<const int32_t> BlockManager::table(uint64_t seq) const {
+std::span<const int32_t> BlockManager::table(uint64_t seq, int64_t group) const {
   auto it = seqs_.find(seq);
-  LONGCTX_CHECK(it != seqs_.end(), ErrorCode::kInternal,
-                "block manager: sequence {} holds no blocks", seq);
-  return it->second.blocks;
+  LONGCTX_CHECK(it != seqs_.end() && group >= 0 && group < num_groups(), ErrorCode::kInternal,
+                "block manager: sequence {} holds no blocks of group {}", seq, group);
+  return it->second.groups[group].blocks;
 }
 
 uint64_t BlockManager::hash_block(uint64_t parent, std::span<const int32_t> tokens) const {
   return XXH64(tokens.data(), tokens.size_bytes(), parent);
 }
 
-int32_t BlockManager::lookup(uint64_t hash, uint64_t parent,
+int32_t BlockManager::lookup(int64_t g, uint64_t hash, uint64_t parent,
                              std::span<const int32_t> tokens) const {
-  auto it = by_hash_.find(hash);
-  if (it == by_hash_.end()) return -1;
+  auto it = by_hash_[g].find(hash);
+  if (it == by_hash_[g].end()) return -1;
   const Block& b = blocks_[it->second];
   if (b.parent != parent ||
       !std::equal(tokens.begin(), tokens.end(), b.tokens.begin(), b.tokens.end()))
@@ -60,7 +111,7 @@ int32_t BlockManager::lookup(uint64_t hash, uint64_t parent,
   return it->second;
 }
 
-int32_t BlockManager::take_block() {
+int32_t BlockManager::take_block(int32_t g) {
   int32_t id = -1;
   if (!free_.empty()) {
     id = free_.back();
@@ -69,13 +120,14 @@ int32_t BlockManager::take_block() {
     id = lru_.front();
     lru_.pop_front();
     Block& b = blocks_[id];
-    by_hash_.erase(b.hash);
+    by_hash_[b.group].erase(b.hash);
     b.cached = false;
     b.tokens.clear();
   } else {
     return -1;
   }
   blocks_[id].ref = 1;
+  blocks_[id].group = g;
   return id;
 }
 
@@ -99,24 +151,47 @@ void BlockManager::release(int32_t id) {
   }
 }
 
-bool BlockManager::grow(SeqState& s, int64_t n, int64_t first_write,
+int64_t BlockManager::first_live_block(int64_t g, int64_t pos) const {
+  if (groups_[g].kind != KvGroupKind::kSlidingWindow) return 0;
+  return std::max<int64_t>(0, pos - groups_[g].window + 1) / block_size_;
+}
+
+void BlockManager::drop_out_of_window(SeqState& s, int64_t pos) {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].kind != KvGroupKind::kSlidingWindow) continue;
+    GroupTable& t = s.groups[g];
+    const int64_t live =
+        std::min<int64_t>(first_live_block(g, pos), static_cast<int64_t>(t.blocks.size()));
+    for (; t.num_dropped < live; ++t.num_dropped) {
+      int32_t& b = t.blocks[t.num_dropped];
+      if (b != kNoBlock) release(b);
+      b = kNoBlock;
+    }
+  }
+}
+
+bool BlockManager::cached_at(const GroupTable& t, int64_t i) const {
+  return i < static_cast<int64_t>(t.blocks.size()) && t.blocks[i] != kNoBlock &&
+         blocks_[t.blocks[i]].cached;
+}
+
+bool BlockManager::grow(GroupTable& t, int32_t g, int64_t n, int64_t first_write,
                         std::vector<KVBlockCopy>* copies) {
-  if (first_write < static_cast<int64_t>(s.blocks.size()) &&
-      blocks_[s.blocks[first_write]].cached) {
-    const int32_t src = s.blocks[first_write];
-    const int32_t dst = take_block();
+  if (cached_at(t, first_write)) {
+    const int32_t src = t.blocks[first_write];
+    const int32_t dst = take_block(g);
     if (dst < 0) return false;
     LONGCTX_CHECK(copies != nullptr, ErrorCode::kInternal,
                   "block manager: a copy-on-write needs a copy list");
     copies->push_back({src, dst});
     pending_release_.push_back(src);  // the sequence's reference, held until the copy ran
-    s.blocks[first_write] = dst;
-    s.num_cached_blocks = std::min<int64_t>(s.num_cached_blocks, first_write);
+    t.blocks[first_write] = dst;
+    t.num_cached_blocks = std::min<int64_t>(t.num_cached_blocks, first_write);
   }
-  while (static_cast<int64_t>(s.blocks.size()) < n) {
-    const int32_t id = take_block();
+  while (static_cast<int64_t>(t.blocks.size()) < n) {
+    const int32_t id = take_block(g);
     if (id < 0) return false;
-    s.blocks.push_back(id);
+    t.blocks.push_back(id);
   }
   return true;
 }
@@ -125,42 +200,83 @@ BlockManager::Start BlockManager::start(uint64_t seq, std::span<const int32_t> t
                                         int64_t max_new, std::vector<KVBlockCopy>* copies) {
   LONGCTX_CHECK(!holds(seq), ErrorCode::kInternal, "block manager: sequence {} started twice", seq);
   const auto n = static_cast<int64_t>(tokens.size());
+  const auto num_groups = static_cast<int64_t>(groups_.size());
   LONGCTX_CHECK(n > 0 && max_new > 0, ErrorCode::kInternal,
                 "block manager: start with {} tokens, max_new {}", n, max_new);
-  std::vector<int32_t> hits;
+  // The prompt's full blocks that some group has cached: hashes[i] and, per group, the hit.
   std::vector<uint64_t> hashes;
-  if (prefix_caching_) {
+  std::vector<std::vector<int32_t>> found(num_groups);  // [groups][blocks] id or -1
+  int64_t max_hit = 0;  // blocks: the full groups' common cached prefix
+  if (prefix_caching_ && !has_state_) {
     uint64_t parent = 0;
     for (int64_t i = 0; (i + 1) * block_size_ <= n; ++i) {
       auto blk = tokens.subspan(i * block_size_, block_size_);
       const uint64_t h = hash_block(parent, blk);
-      const int32_t id = lookup(h, parent, blk);
-      if (id < 0) break;
-      hits.push_back(id);
+      bool full_hit = true, any = false;
+      for (int64_t g = 0; g < num_groups; ++g) {
+        const int32_t id = lookup(g, h, parent, blk);
+        found[g].push_back(id);
+        any |= id >= 0;
+        if (groups_[g].kind == KvGroupKind::kFull) full_hit &= id >= 0;
+      }
+      if (!full_hit || !any) break;
       hashes.push_back(h);
       parent = h;
+      max_hit = i + 1;
     }
   }
-  const auto num_hits = static_cast<int64_t>(hits.size());
+  // The longest hit every sliding group can serve: each block its window needs at that point.
+  auto num_cached_at = [&](int64_t h) { return std::min(h * block_size_, n - 1); };
+  int64_t num_hits = max_hit;
+  for (; num_hits > 0; --num_hits) {
+    const int64_t c = num_cached_at(num_hits);
+    bool ok = true;
+    for (int64_t g = 0; g < num_groups && ok; ++g)
+      for (int64_t i = first_live_block(g, c); i < num_hits && ok; ++i) ok = found[g][i] >= 0;
+    if (ok) break;
+  }
   Start r;
-  r.num_cached = std::min(num_hits * block_size_, n - 1);
+  r.num_cached = num_hits > 0 ? num_cached_at(num_hits) : 0;
   r.num_new = std::min(n - r.num_cached, max_new);
   const int64_t need = blocks_for(r.num_cached + r.num_new);
   const int64_t first_write = r.num_cached / block_size_;
   const bool cow = first_write < num_hits;
-  int64_t hits_idle = 0;  // hits now evictable: acquiring them takes them off the free count
-  for (int32_t id : hits) hits_idle += blocks_[id].ref == 0 ? 1 : 0;
+  int64_t fresh = 0, hits_idle = 0;  // idle hits: acquiring them takes them off the free count
+  for (int64_t g = 0; g < num_groups; ++g) {
+    if (!paged(g)) continue;
+    const int64_t lo = first_live_block(g, r.num_cached);
+    for (int64_t i = lo; i < num_hits; ++i) hits_idle += blocks_[found[g][i]].ref == 0 ? 1 : 0;
+    fresh += need - std::max(num_hits, lo) + (cow ? 1 : 0);
+  }
   // A block may appear once only in a chain, so every hit is a distinct block.
-  const int64_t fresh = need - num_hits + (cow ? 1 : 0);
   if (fresh > num_free_blocks() - hits_idle) return Start{};
+  const int64_t slots = std::count_if(groups_.begin(), groups_.end(), [](const KvGroupAlloc& g) {
+    return g.kind == KvGroupKind::kState;
+  });
+  if (slots > num_free_state_slots()) return Start{};
   SeqState& s = seqs_[seq];
-  for (int32_t id : hits) acquire(id);
-  s.blocks = std::move(hits);
-  s.num_cached_blocks = num_hits;
+  s.groups.resize(num_groups);
+  hashes.resize(num_hits);
   s.hashes = std::move(hashes);
-  const bool ok = grow(s, need, first_write, copies);
-  LONGCTX_CHECK(ok, ErrorCode::kInternal, "block manager: counted {} free blocks but ran out",
-                fresh);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    GroupTable& t = s.groups[g];
+    if (!paged(g)) {
+      t.blocks = {free_slots_.back()};
+      free_slots_.pop_back();
+      continue;
+    }
+    const int64_t lo = first_live_block(g, r.num_cached);
+    t.blocks.assign(std::min(lo, need), kNoBlock);
+    t.num_dropped = static_cast<int64_t>(t.blocks.size());
+    for (int64_t i = lo; i < num_hits; ++i) {
+      acquire(found[g][i]);
+      t.blocks.push_back(found[g][i]);
+    }
+    t.num_cached_blocks = num_hits;
+    const bool ok = grow(t, static_cast<int32_t>(g), need, first_write, copies);
+    LONGCTX_CHECK(ok, ErrorCode::kInternal, "block manager: counted {} free blocks but ran out",
+                  fresh);
+  }
   queries_ += n;
   hits_ += r.num_cached;
   return r;
@@ -172,56 +288,75 @@ bool BlockManager::append(uint64_t seq, int64_t num_computed, int64_t num_new,
   LONGCTX_CHECK(it != seqs_.end(), ErrorCode::kInternal,
                 "block manager: append to sequence {} that holds no blocks", seq);
   SeqState& s = it->second;
+  drop_out_of_window(s, num_computed);
   const int64_t need = blocks_for(num_computed + num_new);
   const int64_t first_write = num_computed / block_size_;
-  const bool cow =
-      first_write < static_cast<int64_t>(s.blocks.size()) && blocks_[s.blocks[first_write]].cached;
-  const int64_t fresh =
-      std::max<int64_t>(0, need - static_cast<int64_t>(s.blocks.size())) + (cow ? 1 : 0);
+  int64_t fresh = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!paged(g)) continue;
+    const GroupTable& t = s.groups[g];
+    fresh += std::max<int64_t>(0, need - static_cast<int64_t>(t.blocks.size())) +
+             (cached_at(t, first_write) ? 1 : 0);
+  }
   if (fresh > num_free_blocks()) return false;
-  const bool ok = grow(s, need, first_write, copies);
-  LONGCTX_CHECK(ok, ErrorCode::kInternal, "block manager: counted {} free blocks but ran out",
-                fresh);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!paged(g)) continue;
+    const bool ok = grow(s.groups[g], static_cast<int32_t>(g), need, first_write, copies);
+    LONGCTX_CHECK(ok, ErrorCode::kInternal, "block manager: counted {} free blocks but ran out",
+                  fresh);
+  }
   return true;
 }
 
 void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t num_computed) {
-  if (!prefix_caching_) return;
+  if (!prefix_caching_ || has_state_) return;
   auto it = seqs_.find(seq);
   LONGCTX_CHECK(it != seqs_.end(), ErrorCode::kInternal,
                 "block manager: commit of sequence {} that holds no blocks", seq);
   SeqState& s = it->second;
-  LONGCTX_CHECK(num_computed <= static_cast<int64_t>(tokens.size()) &&
-                    blocks_for(num_computed) <= static_cast<int64_t>(s.blocks.size()),
-                ErrorCode::kInternal,
-                "block manager: sequence {} commits {} tokens of {} with {} blocks", seq,
-                num_computed, tokens.size(), s.blocks.size());
   const int64_t full = num_computed / block_size_;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    LONGCTX_CHECK(num_computed <= static_cast<int64_t>(tokens.size()) &&
+                      blocks_for(num_computed) <= static_cast<int64_t>(s.groups[g].blocks.size()),
+                  ErrorCode::kInternal,
+                  "block manager: sequence {} commits {} tokens of {} with {} blocks in group {}",
+                  seq, num_computed, tokens.size(), s.groups[g].blocks.size(), g);
   for (auto i = static_cast<int64_t>(s.hashes.size()); i < full; ++i) {
     const uint64_t parent = i == 0 ? 0 : s.hashes[i - 1];
     s.hashes.push_back(hash_block(parent, tokens.subspan(i * block_size_, block_size_)));
   }
-  for (; s.num_cached_blocks < full; ++s.num_cached_blocks) {
-    const int64_t i = s.num_cached_blocks;
-    const uint64_t h = s.hashes[i];
-    Block& b = blocks_[s.blocks[i]];
-    // Another sequence may have cached the same prefix meanwhile: keep that one, this block
-    // stays private (and goes to the free list when released).
-    if (b.cached || by_hash_.count(h) != 0) continue;
-    b.cached = true;
-    b.hash = h;
-    b.parent = i == 0 ? 0 : s.hashes[i - 1];
-    auto blk = tokens.subspan(i * block_size_, block_size_);
-    b.tokens.assign(blk.begin(), blk.end());
-    by_hash_.emplace(h, s.blocks[i]);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    GroupTable& t = s.groups[g];
+    for (; t.num_cached_blocks < full; ++t.num_cached_blocks) {
+      const int64_t i = t.num_cached_blocks;
+      if (t.blocks[i] == kNoBlock) continue;  // dropped before it was committed (a hit's gap)
+      const uint64_t h = s.hashes[i];
+      Block& b = blocks_[t.blocks[i]];
+      // Another sequence may have cached the same prefix meanwhile: keep that one, this block
+      // stays private (and goes to the free list when released).
+      if (b.cached || by_hash_[g].count(h) != 0) continue;
+      b.cached = true;
+      b.hash = h;
+      b.parent = i == 0 ? 0 : s.hashes[i - 1];
+      auto blk = tokens.subspan(i * block_size_, block_size_);
+      b.tokens.assign(blk.begin(), blk.end());
+      by_hash_[g].emplace(h, t.blocks[i]);
+    }
   }
 }
 
 void BlockManager::free(uint64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  const std::vector<int32_t>& blocks = it->second.blocks;
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) release(*b);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::vector<int32_t>& blocks = it->second.groups[g].blocks;
+    if (!paged(g)) {
+      free_slots_.push_back(blocks[0]);
+      continue;
+    }
+    for (auto b = blocks.rbegin(); b != blocks.rend(); ++b)
+      if (*b != kNoBlock) release(*b);
+  }
   seqs_.erase(it);
 }
 
@@ -232,14 +367,41 @@ void BlockManager::end_step() {
 
 void BlockManager::check_consistency() const {
   std::vector<int32_t> refs(blocks_.size(), 0);
+  std::vector<int32_t> slot_holders(num_state_slots_, 0);
   for (const auto& [id, s] : seqs_) {
-    for (int32_t b : s.blocks) {
-      LONGCTX_CHECK(b >= 0 && b < num_blocks(), ErrorCode::kInternal,
-                    "block manager: sequence {} holds block {} outside the pool", id, b);
-      ++refs[b];
+    LONGCTX_CHECK(s.groups.size() == groups_.size(), ErrorCode::kInternal,
+                  "block manager: sequence {} has {} group tables of {}", id, s.groups.size(),
+                  groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const GroupTable& t = s.groups[g];
+      if (!paged(g)) {
+        LONGCTX_CHECK(t.blocks.size() == 1 && t.blocks[0] >= 0 && t.blocks[0] < num_state_slots_,
+                      ErrorCode::kInternal, "block manager: sequence {} has a bad state slot", id);
+        ++slot_holders[t.blocks[0]];
+        continue;
+      }
+      for (size_t i = 0; i < t.blocks.size(); ++i) {
+        const int32_t b = t.blocks[i];
+        const bool dropped = static_cast<int64_t>(i) < t.num_dropped;
+        LONGCTX_CHECK(dropped == (b == kNoBlock), ErrorCode::kInternal,
+                      "block manager: sequence {} group {} entry {} is {} (dropped up to {})", id,
+                      g, i, b, t.num_dropped);
+        if (dropped) continue;
+        LONGCTX_CHECK(b >= 0 && b < num_blocks(), ErrorCode::kInternal,
+                      "block manager: sequence {} holds block {} outside the pool", id, b);
+        LONGCTX_CHECK(blocks_[b].group == static_cast<int32_t>(g), ErrorCode::kInternal,
+                      "block manager: block {} of group {} is held by group {}", b,
+                      blocks_[b].group, g);
+        ++refs[b];
+      }
     }
   }
   for (int32_t b : pending_release_) ++refs[b];
+  for (int32_t slot : free_slots_) ++slot_holders[slot];
+  for (int64_t i = 0; i < num_state_slots_; ++i)
+    LONGCTX_CHECK(slot_holders[i] == 1, ErrorCode::kInternal,
+                  "block manager: state slot {} has {} holders (free list included)", i,
+                  slot_holders[i]);
   std::vector<int> where(blocks_.size(), 0);  // 1 free list, 2 LRU
   for (int32_t b : free_) where[b] += 1;
   for (int32_t b : lru_) where[b] += 2;
@@ -254,15 +416,18 @@ void BlockManager::check_consistency() const {
                   b.cached, where[i], expect);
     if (b.cached) {
       ++cached;
-      auto it = by_hash_.find(b.hash);
-      LONGCTX_CHECK(it != by_hash_.end() && it->second == i, ErrorCode::kInternal,
+      const auto& m = by_hash_[b.group];
+      auto it = m.find(b.hash);
+      LONGCTX_CHECK(it != m.end() && it->second == i, ErrorCode::kInternal,
                     "block manager: cached block {} is not under its hash", i);
       LONGCTX_CHECK(static_cast<int64_t>(b.tokens.size()) == block_size_, ErrorCode::kInternal,
                     "block manager: cached block {} keeps {} tokens", i, b.tokens.size());
     }
   }
-  LONGCTX_CHECK(cached == static_cast<int64_t>(by_hash_.size()), ErrorCode::kInternal,
-                "block manager: {} cached blocks but {} hashes", cached, by_hash_.size());
+  int64_t hashes = 0;
+  for (const auto& m : by_hash_) hashes += static_cast<int64_t>(m.size());
+  LONGCTX_CHECK(cached == hashes, ErrorCode::kInternal,
+                "block manager: {} cached blocks but {} hashes", cached, hashes);
 }
 
 }  // namespace longctx

@@ -17,6 +17,17 @@
 // immutable) block. The sequence then gets a fresh block, and the step copies the cached one
 // into it first (KVBlockCopy) before anything is written. The source keeps a reference until the
 // next step begins (end_step), so no allocation in the same step can reuse it before the copy.
+//
+// KV groups (attention/kv_groups.h). Each group of layers has its own block table per sequence;
+// block ids of every paged group come from one shared pool (as vLLM's hybrid allocator: a block
+// is used by one group at a time, on that group's layers), and the prefix cache is kept per
+// group (a hit is a block of that group). A sliding-window group drops the blocks wholly before
+// the window as the sequence advances (their table entries become kNoBlock; with prefix caching
+// they stay cached and evictable); a prefix hit is taken only up to where every sliding group
+// still has each block the window needs, so a hit never changes what attention reads. A state
+// group (linear attention / SSM) holds one state slot per sequence (its table is that slot);
+// prefix hits need state snapshots at block boundaries, which do not exist yet, so a manager
+// with a state group takes no prefix hits.
 #pragma once
 
 #include <cstdint>
@@ -26,21 +37,37 @@
 #include <vector>
 
 #include "longctx/kv/block_copy.h"
+#include "longctx/kv/kv_group_kind.h"
 
 namespace longctx {
 
 struct BlockManagerStats {
   int64_t num_blocks = 0;
-  int64_t used_blocks = 0;    // held by at least one sequence
-  int64_t cached_blocks = 0;  // registered in the prefix cache (used or evictable)
-  int64_t queries = 0;        // prompt tokens looked up
-  int64_t hits = 0;           // of those, tokens whose K/V were found cached
+  int64_t used_blocks = 0;                 // held by at least one sequence
+  int64_t cached_blocks = 0;               // registered in the prefix cache (used or evictable)
+  int64_t queries = 0;                     // prompt tokens looked up
+  int64_t hits = 0;                        // of those, tokens whose K/V were found cached
+  std::vector<int64_t> group_used_blocks;  // [groups] blocks (state slots) held, per group
 };
+
+// A block table entry a sliding window dropped (or a prefix hit did not need).
+inline constexpr int32_t kNoBlock = -1;
 
 class BlockManager {
  public:
-  // Throws Error(kInvalidArgument) for non-positive sizes.
+  // One full-attention group. Throws Error(kInvalidArgument) for non-positive sizes.
   BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching);
+  // `groups` in the order of attention/kv_groups.h (group 0 first); num_state_slots: sequences
+  // that may hold state at once (> 0 when a group is kState).
+  BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
+               std::vector<KvGroupAlloc> groups, int64_t num_state_slots = 0);
+
+  int64_t num_groups() const { return static_cast<int64_t>(groups_.size()); }
+  const KvGroupAlloc& group(int64_t g) const { return groups_[g]; }
+  // Blocks a sequence of `tokens` tokens holds at most, all groups together, when a step runs
+  // at most `step_tokens` of its tokens (the window, the step and a straddled block).
+  int64_t max_blocks_held(int64_t tokens, int64_t step_tokens) const;
+  int64_t num_free_state_slots() const { return static_cast<int64_t>(free_slots_.size()); }
 
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
@@ -52,8 +79,10 @@ class BlockManager {
 
   // Whether `seq` holds blocks (was allocated and not freed since).
   bool holds(uint64_t seq) const { return seqs_.count(seq) != 0; }
-  // The blocks of `seq`, in token order.
-  std::span<const int32_t> table(uint64_t seq) const;
+  // The blocks of `seq` in group `group`, in token order (block i holds tokens
+  // [i * block_size, (i + 1) * block_size)); kNoBlock where a sliding window dropped one. A state
+  // group's table is its one state slot.
+  std::span<const int32_t> table(uint64_t seq, int64_t group = 0) const;
 
   // Starts a sequence that holds nothing: looks its tokens up in the prefix cache (at most
   // tokens.size() - 1 of them count as computed), then takes blocks for the cached tokens and
@@ -66,7 +95,8 @@ class BlockManager {
   Start start(uint64_t seq, std::span<const int32_t> tokens, int64_t max_new,
               std::vector<KVBlockCopy>* copies);
   // Makes room for tokens [num_computed, num_computed + num_new) of a sequence that holds
-  // blocks. False (and nothing changes) when the free blocks do not suffice.
+  // blocks, after dropping the blocks its sliding groups no longer need (those stay dropped).
+  // False (and nothing else changes) when the free blocks do not suffice.
   bool append(uint64_t seq, int64_t num_computed, int64_t num_new,
               std::vector<KVBlockCopy>* copies);
   // After a step computed K/V up to `num_computed` tokens: registers the blocks that became
@@ -88,33 +118,53 @@ class BlockManager {
     bool cached = false;  // registered under `hash`
     uint64_t hash = 0;
     uint64_t parent = 0;          // hash of the previous block of its chain (0 for the first)
+    int32_t group = 0;            // the group it was taken for (its cache map, when cached)
     std::vector<int32_t> tokens;  // [block_size] when cached
     std::list<int32_t>::iterator lru_pos;  // valid while cached with ref == 0
   };
-  struct SeqState {
-    std::vector<int32_t> blocks;
-    std::vector<uint64_t> hashes;   // chain hash of each of its full (computed) blocks
+  struct GroupTable {
+    std::vector<int32_t> blocks;    // block ids (kNoBlock: dropped); a state group: {slot}
     int64_t num_cached_blocks = 0;  // leading blocks registered (or hit) in the prefix cache
+    int64_t num_dropped = 0;        // leading entries a sliding window dropped
+  };
+  struct SeqState {
+    std::vector<GroupTable> groups;  // [groups]
+    std::vector<uint64_t> hashes;    // chain hash of each of its full (computed) blocks
   };
 
-  // Takes one block for writing: an uncached free block, else the least recently used cached
-  // one (dropping it from the cache). -1 when none.
-  int32_t take_block();
+  bool paged(int64_t g) const { return groups_[g].kind != KvGroupKind::kState; }
+  // The first block a sliding group still needs when queries start at position `pos` (keys at
+  // positions > pos - window); 0 for a full group.
+  int64_t first_live_block(int64_t g, int64_t pos) const;
+  // Releases the blocks of sliding groups wholly before the window at `pos`.
+  void drop_out_of_window(SeqState& s, int64_t pos);
+  // Takes one block for writing in group g: an uncached free block, else the least recently used
+  // cached one (dropping it from the cache). -1 when none.
+  int32_t take_block(int32_t g);
   void acquire(int32_t block);  // ref++ (leaving the LRU if it was there)
   void release(int32_t block);  // ref--; at 0 to the LRU (cached) or the free list
   // The block holding tokens with this chain hash and these tokens, or -1.
-  int32_t lookup(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens) const;
+  int32_t lookup(int64_t g, uint64_t hash, uint64_t parent, std::span<const int32_t> tokens) const;
   uint64_t hash_block(uint64_t parent, std::span<const int32_t> tokens) const;
-  // Gives `seq` fresh blocks until it has `n`; copy-on-write of the block at index `first_write`
-  // when it is cached. False (undoing nothing: callers check counts first) when out of blocks.
-  bool grow(SeqState& s, int64_t n, int64_t first_write, std::vector<KVBlockCopy>* copies);
+  // Whether group g's block at index i is cached (a copy-on-write target when written).
+  bool cached_at(const GroupTable& t, int64_t i) const;
+  // Gives group g of a sequence fresh blocks until it has `n`; copy-on-write of the block at index
+  // `first_write` when it is cached. False (undoing nothing: callers check counts first) when out
+  // of blocks.
+  bool grow(GroupTable& t, int32_t g, int64_t n, int64_t first_write,
+            std::vector<KVBlockCopy>* copies);
 
   int64_t block_size_;
   bool prefix_caching_;
-  std::vector<Block> blocks_;                      // [num_blocks]
-  std::vector<int32_t> free_;                      // uncached, ref 0 (popped from the back)
-  std::list<int32_t> lru_;                         // cached, ref 0, least recent first
-  std::unordered_map<uint64_t, int32_t> by_hash_;  // chain hash -> cached block
+  std::vector<KvGroupAlloc> groups_;
+  bool has_state_ = false;           // a kState group (no prefix hits then)
+  std::vector<Block> blocks_;        // [num_blocks]
+  std::vector<int32_t> free_;        // uncached, ref 0 (popped from the back)
+  std::list<int32_t> lru_;           // cached, ref 0, least recent first
+  std::vector<int32_t> free_slots_;  // state slots no sequence holds
+  int64_t num_state_slots_ = 0;
+  // [groups] chain hash -> cached block of that group
+  std::vector<std::unordered_map<uint64_t, int32_t>> by_hash_;
   std::unordered_map<uint64_t, SeqState> seqs_;
   std::vector<int32_t> pending_release_;  // copy sources held until end_step()
   int64_t queries_ = 0, hits_ = 0;

@@ -2,6 +2,7 @@
 // the model code can trust the config.
 #include "longctx/loader/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -132,6 +133,80 @@ RopeConfig parse_rope(const json& j, const std::string& src) {
   return r;
 }
 
+// The window of sliding layers as the architecture's transformers config resolves it: Mistral
+// slides whenever `sliding_window` is set; Qwen2/Qwen3 only with `use_sliding_window`; other
+// files (Gemma 3's `sliding_window_pattern`, explicit `layer_types`) whenever it is set. 0: none.
+int64_t effective_window(const json& j, const std::string& arch, const std::string& src) {
+  if (arch == "LlamaForCausalLM") return 0;  // LlamaConfig has no sliding window
+  const int64_t w = opt_int(j, "sliding_window", 0, src);
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null())
+    check_range(w, "sliding_window", kMaxPositions, src);
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM")
+    return opt_bool(j, "use_sliding_window", false, src) ? w : 0;
+  return w;
+}
+
+LayerAttention parse_layer_type(const json& v, int64_t i, const std::string& src) {
+  LONGCTX_CHECK(v.is_string(), ErrorCode::kInvalidArgument,
+                "{}: layer_types[{}] must be a string, got {}", src, i, json_excerpt(v));
+  const std::string t = v.get<std::string>();
+  if (t == "full_attention") return LayerAttention::kFull;
+  if (t == "sliding_attention") return LayerAttention::kSliding;
+  if (t == "linear_attention") return LayerAttention::kLinear;
+  LONGCTX_THROW(ErrorCode::kUnsupported,
+                "{}: layer_types[{}] is '{}' (supported: full_attention, sliding_attention, "
+                "linear_attention)",
+                src, i, t);
+}
+
+// Fills c.layer_types, c.sliding_window and c.linear. Explicit `layer_types` win (transformers
+// writes them into every recent config.json); otherwise the architecture's rule: Mistral slides
+// on every layer, Qwen2/Qwen3 on layers >= max_window_layers, `sliding_window_pattern` N makes
+// every Nth layer full (Gemma 3: layer i slides iff (i + 1) % N != 0).
+void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
+  const std::string& a = c.architecture;
+  const int64_t n = c.num_hidden_layers;
+  const int64_t window = effective_window(j, a, src);
+  c.layer_types.assign(n, LayerAttention::kFull);
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& lt = j["layer_types"];
+    LONGCTX_CHECK(lt.is_array() && static_cast<int64_t>(lt.size()) == n,
+                  ErrorCode::kInvalidArgument,
+                  "{}: 'layer_types' must be a list of num_hidden_layers ({}) strings, got {}", src,
+                  n, json_excerpt(lt));
+    for (int64_t i = 0; i < n; ++i) c.layer_types[i] = parse_layer_type(lt[i], i, src);
+  } else if (window > 0 && j.contains("sliding_window_pattern") &&
+             !j["sliding_window_pattern"].is_null()) {
+    const int64_t pattern = opt_int(j, "sliding_window_pattern", 1, src);
+    check_range(pattern, "sliding_window_pattern", kMaxLayers, src);
+    for (int64_t i = 0; i < n; ++i)
+      if ((i + 1) % pattern != 0) c.layer_types[i] = LayerAttention::kSliding;
+  } else if (window > 0 && (a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM")) {
+    const int64_t first = opt_int(j, "max_window_layers", 28, src);
+    for (int64_t i = std::max<int64_t>(first, 0); i < n; ++i)
+      c.layer_types[i] = LayerAttention::kSliding;
+  } else if (window > 0) {
+    c.layer_types.assign(n, LayerAttention::kSliding);
+  }
+  bool sliding = false, linear = false;
+  for (int64_t i = 0; i < n; ++i) {
+    sliding |= c.layer_types[i] == LayerAttention::kSliding;
+    linear |= c.layer_types[i] == LayerAttention::kLinear;
+  }
+  LONGCTX_CHECK(!sliding || window > 0, ErrorCode::kInvalidArgument,
+                "{}: layer_types has sliding_attention layers but no sliding window is set "
+                "(sliding_window {}{})",
+                src, json_excerpt(j.value("sliding_window", json())),
+                j.contains("use_sliding_window") ? ", use_sliding_window false" : "");
+  c.sliding_window = sliding ? window : 0;
+  // No architecture longctx runs has linear-attention layers yet (Qwen3-Next will): refuse them
+  // here, with the field, rather than run them as full attention.
+  LONGCTX_CHECK(!linear, ErrorCode::kUnsupported,
+                "{}: layer_types has linear_attention layers, which {} does not have (supported "
+                "layer types for it: full_attention, sliding_attention)",
+                src, a);
+}
+
 }  // namespace
 
 std::vector<int64_t> parse_token_id_list(const json& v, const std::string& where) {
@@ -224,15 +299,7 @@ static ModelConfig parse_model_config_unguarded(const json& j, const std::string
     c.mlp_bias = opt_bool(j, "mlp_bias", false, src);
   c.qk_norm = a == "Qwen3ForCausalLM";
 
-  // Sliding-window attention is a different graph; refuse it rather than run it wrongly.
-  bool sliding = false;
-  if (a == "MistralForCausalLM")
-    sliding = j.contains("sliding_window") && !j["sliding_window"].is_null();
-  else if (a != "LlamaForCausalLM")
-    sliding = opt_bool(j, "use_sliding_window", false, src);
-  LONGCTX_CHECK(!sliding, ErrorCode::kUnsupported,
-                "{}: sliding-window attention (sliding_window={}) is not supported", src,
-                json_excerpt(j.value("sliding_window", json())));
+  parse_layer_types(j, src, c);
 
   std::string dt;
   if (j.contains("dtype") && j["dtype"].is_string())

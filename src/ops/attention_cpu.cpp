@@ -43,7 +43,14 @@ void attention_task(const AttentionArgs& a, const Dims& dm, int64_t g, int64_t q
     return q + ((q0 + r / group) * dm.hq + g * group + r % group) * d;
   };
   int64_t max_qpos = std::numeric_limits<int64_t>::min();
-  for (int64_t i = q0; i < q1; ++i) max_qpos = std::max(max_qpos, qpos[i]);
+  int64_t min_qpos = std::numeric_limits<int64_t>::max();
+  for (int64_t i = q0; i < q1; ++i) {
+    max_qpos = std::max(max_qpos, qpos[i]);
+    min_qpos = std::min(min_qpos, qpos[i]);
+  }
+  // A sliding window hides keys at positions <= p - window from the query at p.
+  const int64_t window = a.window > 0 ? a.window : std::numeric_limits<int64_t>::max();
+  auto visible = [&](int64_t kp, int64_t p) { return kp <= p && kp > p - window; };
 
   std::vector<float> m(rows, kNegInf), l(rows, 0.0f), acc(rows * d, 0.0f);
   std::vector<float> kt(d * kChunk);  // [d][kChunk] transposed key chunk
@@ -52,8 +59,13 @@ void attention_task(const AttentionArgs& a, const Dims& dm, int64_t g, int64_t q
   for (int64_t j0 = 0; j0 < dm.kv_len; j0 += kChunk) {
     const int64_t len = std::min(kChunk, dm.kv_len - j0);
     int64_t min_kpos = std::numeric_limits<int64_t>::max();
-    for (int64_t j = 0; j < len; ++j) min_kpos = std::min(min_kpos, kpos[j0 + j]);
+    int64_t max_kpos = std::numeric_limits<int64_t>::min();
+    for (int64_t j = 0; j < len; ++j) {
+      min_kpos = std::min(min_kpos, kpos[j0 + j]);
+      max_kpos = std::max(max_kpos, kpos[j0 + j]);
+    }
     if (min_kpos > max_qpos) continue;  // no query of this tile sees any key of the chunk
+    if (a.window > 0 && max_kpos <= min_qpos - a.window) continue;  // all before every window
 
     std::fill(kt.begin(), kt.end(), 0.0f);
     for (int64_t j = 0; j < len; ++j) {
@@ -77,7 +89,7 @@ void attention_task(const AttentionArgs& a, const Dims& dm, int64_t g, int64_t q
         for (int64_t j = 0; j < kSub / 4; ++j) store4(dot + 4 * j, acc[j]);
         const int64_t n_sub = std::min(kSub, len - sb);
         for (int64_t j = 0; j < n_sub; ++j)
-          s[sb + j] = kpos[j0 + sb + j] <= p ? dot[j] * a.scale : kNegInf;
+          s[sb + j] = visible(kpos[j0 + sb + j], p) ? dot[j] * a.scale : kNegInf;
       }
       float chunk_max = kNegInf;
       for (int64_t j = 0; j < len; ++j) chunk_max = std::max(chunk_max, s[j]);

@@ -4,6 +4,7 @@
 
 #include "command.h"
 #include "loader/weight_spec.h"
+#include "longctx/attention/kv_groups.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/loader/checkpoint.h"
@@ -68,11 +69,16 @@ void run_info(const ModelOptions& opts) {
   std::printf("dtypes:             %s\n", dtypes.c_str());
   std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
   std::printf("KV bytes per token: %lld (bf16 K+V, all layers)\n", (long long)kv_tok);
+  // Each layer's attention state, by group: kind, window, layers, bytes per token (or sequence).
+  const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
+  for (const std::string& g : groups.describe()) std::printf("KV %s\n", g.c_str());
+  // Per sequence, each group as it keeps tokens (a sliding group only its window).
   std::printf("max context:        %lld tokens (KV at max context: %s)\n",
               (long long)c.max_position_embeddings,
-              human_bytes(double(kv_tok) * double(c.max_position_embeddings)).c_str());
+              human_bytes(double(groups.bytes_per_seq(c.max_position_embeddings))).c_str());
   for (int64_t n : {32768LL, 131072LL, 1048576LL})
-    std::printf("KV at %7lld tok:   %s\n", (long long)n, human_bytes(double(kv_tok) * n).c_str());
+    std::printf("KV at %7lld tok:   %s\n", (long long)n,
+                human_bytes(double(groups.bytes_per_seq(n))).c_str());
   // The GPU memory plan: of the device this would run on, or of a GPU of --gpu-memory-limit
   // bytes (planning for a card this machine does not have).
   const Device device = resolve_device(opts.device);

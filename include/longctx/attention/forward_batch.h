@@ -5,11 +5,29 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "longctx/core/tensor.h"
 
 namespace longctx {
+
+// One KV group's block tables and new-token slots in a step (attention/kv_groups.h), laid out as
+// ForwardBatch's own fields (which are group 0's).
+struct GroupBlockTables {
+  std::vector<int32_t> block_table_indptr;  // [S + 1]
+  // [block_table_indptr[S]] block ids; -1 (kNoBlock) where a sliding window dropped a block
+  // (never read: it lies wholly before every query's window)
+  std::vector<int32_t> block_tables;
+  std::vector<int64_t> slot_mapping;  // [T] block * block_size + offset of each new token
+};
+
+// A view of one group's tables, wherever they are stored.
+struct BlockTablesView {
+  std::span<const int32_t> block_table_indptr;  // [S + 1]
+  std::span<const int32_t> block_tables;        // [block_table_indptr[S]]
+  std::span<const int64_t> slot_mapping;        // [T]
+};
 
 struct ForwardBatch {
   std::vector<int32_t> input_ids;  // [T] the new tokens of every sequence, sequence by sequence
@@ -24,6 +42,9 @@ struct ForwardBatch {
   std::vector<int64_t> slot_mapping;        // [T] block * block_size + offset of each new token
   std::vector<int32_t> logits_indices;      // [R] rows of the T tokens that need logits
   std::vector<uint64_t> seq_ids;            // [S] the engine's ids (backends keyed by sequence)
+  // Models of several KV groups: groups 1..G-1's tables (the fields above are group 0's); empty
+  // with one group, so the single-group step carries nothing more than before.
+  std::vector<GroupBlockTables> group_tables;  // [G - 1]
   // CUDA-graph replay (engine/cuda_graphs.h): every device address and launch shape of the step
   // must follow from num_tokens() / num_seqs() alone, or be reported by the backend for the graph
   // to update; the last num_padding_seqs sequences only fill the graph's batch size (their results
@@ -34,6 +55,13 @@ struct ForwardBatch {
   int64_t num_tokens() const { return static_cast<int64_t>(input_ids.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(kv_lens.size()); }
   int32_t q_len(int64_t s) const { return qo_indptr[s + 1] - qo_indptr[s]; }
+  int64_t num_groups() const { return 1 + static_cast<int64_t>(group_tables.size()); }
+  // Group g's tables (g = 0: the fields above).
+  BlockTablesView tables(int64_t g) const {
+    if (g == 0) return {block_table_indptr, block_tables, slot_mapping};
+    const GroupBlockTables& t = group_tables[g - 1];
+    return {t.block_table_indptr, t.block_tables, t.slot_mapping};
+  }
 
   // Appends sequence `seq_id` with new tokens `ids` after `num_cached` tokens already in its KV,
   // at positions num_cached, num_cached + 1, ...; its logits row (the last new token) is

@@ -14,6 +14,7 @@
 #include "longctx/core/tensor.h"
 #include "longctx/engine/sampler.h"
 #include "longctx/kv/block_copy.h"
+#include "longctx/kv/kv_group_kind.h"
 #include "longctx/kv/sparse_options.h"
 
 namespace longctx {
@@ -26,15 +27,21 @@ struct StepInput {
   std::span<const int32_t> all_tokens;  // prompt + generated so far
   int64_t num_computed = 0;             // tokens whose K/V are in the sequence's blocks
   int64_t num_new = 0;                  // tokens to run now (>= 1)
-  // The sequence's KV blocks, covering at least num_computed + num_new tokens.
+  // The sequence's KV blocks, covering at least num_computed + num_new tokens (group 0's).
   std::span<const int32_t> block_table;
   bool want_logits = true;  // logits of the last new token (the sequence reached its end)
+  // Models of several KV groups: groups 1..G-1's tables, each as block_table (a sliding group's
+  // entries before its window are -1); empty with one group.
+  std::span<const std::span<const int32_t>> group_tables;
 };
 
 // The KV blocks an executor offers the engine's block manager.
 struct KVBlockLayout {
   int64_t num_blocks = 0;
   int64_t block_size = 0;  // tokens per block
+  // The model's KV groups in order (attention/kv_groups.h); empty: one full group.
+  std::vector<KvGroupAlloc> groups;
+  int64_t num_state_slots = 0;  // per-sequence states the executor holds (with a kState group)
 };
 
 class Executor {

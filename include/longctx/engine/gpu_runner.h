@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "longctx/core/tensor.h"
 #include "longctx/engine/executor.h"
@@ -55,8 +56,10 @@ struct GpuMemoryPlan {
   int64_t workspaces = 0;      // GEMM, attention plans, logits, sampler
   int64_t graphs = 0;          // CUDA graphs of decode steps (their private pool)
   int64_t sparse = 0;          // a sparse policy's metadata and selection buffers
-  int64_t kv_block_bytes = 0;  // K + V of every layer for one block
-  int64_t num_kv_blocks = 0;   // the GPU pool (with offload: the GPU cache of host blocks)
+  int64_t kv_block_bytes = 0;  // K + V of one block (every layer of the largest KV group)
+  int64_t kv_state_bytes = 0;  // per-sequence states (linear attention) of max_num_seqs sequences
+  std::vector<std::string> kv_groups;  // KvGroups::describe(): kind, window, layers, bytes
+  int64_t num_kv_blocks = 0;           // the GPU pool (with offload: the GPU cache of host blocks)
   int64_t block_size = 0;
   int64_t max_model_len = 0;
   // KV offload (0 without): the host pool, the ring and the offload merge buffers.

@@ -24,6 +24,23 @@ struct RopeConfig {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// How a layer attends (config.json `layer_types`, or what the architecture's config implies).
+// Parsed from strings here only; everything downstream switches on the enum.
+enum class LayerAttention {
+  kFull,     // "full_attention": every earlier key
+  kSliding,  // "sliding_attention": the last sliding_window keys (itself included)
+  kLinear,   // "linear_attention": a fixed-size recurrent state (Qwen3-Next's Gated DeltaNet)
+};
+
+// The sizes of a linear-attention layer's per-sequence state (Qwen3-Next's config names).
+struct LinearAttentionConfig {
+  int64_t num_key_heads = 0;    // linear_num_key_heads
+  int64_t num_value_heads = 0;  // linear_num_value_heads
+  int64_t key_head_dim = 0;     // linear_key_head_dim
+  int64_t value_head_dim = 0;   // linear_value_head_dim
+  int64_t conv_kernel_dim = 0;  // linear_conv_kernel_dim
+};
+
 struct ModelConfig {
   std::string architecture;  // "LlamaForCausalLM", ...
   std::string model_type;    // "llama", "qwen2", "qwen3", "mistral"
@@ -45,6 +62,17 @@ struct ModelConfig {
   DType dtype = DType::kBF16;  // the checkpoint's declared dtype
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;  // from config.json, replaced by generation_config.json's
+  // [num_hidden_layers] each layer's attention (empty means all full: configs built in code).
+  std::vector<LayerAttention> layer_types;
+  // Keys a sliding layer's query sees, itself included (transformers: key j is visible to query i
+  // iff i - sliding_window < j <= i). 0 when no layer slides.
+  int64_t sliding_window = 0;
+  LinearAttentionConfig linear;  // with kLinear layers only
+
+  // Layer i's attention (kFull when layer_types is empty).
+  LayerAttention layer_type(int64_t i) const {
+    return layer_types.empty() ? LayerAttention::kFull : layer_types[i];
+  }
 
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }

@@ -7,8 +7,9 @@
 
 namespace longctx {
 
-CpuAttentionBackend::CpuAttentionBackend(std::vector<KVCache*> caches, float sm_scale)
-    : caches_(std::move(caches)), sm_scale_(sm_scale) {
+CpuAttentionBackend::CpuAttentionBackend(std::vector<KVCache*> caches, float sm_scale,
+                                         std::vector<int64_t> layer_windows)
+    : caches_(std::move(caches)), sm_scale_(sm_scale), layer_windows_(std::move(layer_windows)) {
   for (KVCache* c : caches_)
     LONGCTX_CHECK(c != nullptr, ErrorCode::kInvalidArgument, "CpuAttentionBackend: null cache");
 }
@@ -71,6 +72,7 @@ Tensor CpuAttentionBackend::attend(int64_t layer, const Tensor& q) {
     a.k_positions = c.positions();
     a.kv_len = g.start + g.n;
     a.scale = sm_scale_;
+    a.window = layer < static_cast<int64_t>(layer_windows_.size()) ? layer_windows_[layer] : 0;
     a.out = out.slice(0, g.begin, g.begin + g.n);
     ops::attention(a);
   }

@@ -14,7 +14,10 @@ namespace longctx {
 class CpuAttentionBackend final : public AttentionBackend {
  public:
   // caches[s] holds sequence s of the batches this backend plans (same order as the batch).
-  CpuAttentionBackend(std::vector<KVCache*> caches, float sm_scale);
+  // layer_windows[l] > 0: layer l attends a sliding window of that many keys (empty: none do);
+  // the caches keep every token, so this is the dense reference of a sliding model.
+  CpuAttentionBackend(std::vector<KVCache*> caches, float sm_scale,
+                      std::vector<int64_t> layer_windows = {});
 
   // Checks each cache: made for the model (layers), holds kv_len - q_len tokens, has room for
   // q_len more (Error(kOutOfRange) otherwise); records the new tokens' positions.
@@ -33,6 +36,7 @@ class CpuAttentionBackend final : public AttentionBackend {
   std::vector<Segment> segments_;  // [S] of the planned batch
   Tensor positions_;               // [T] i64 of the planned batch
   float sm_scale_ = 0.f;
+  std::vector<int64_t> layer_windows_;  // [layers] or empty
   bool planned_ = false;
 };
 

@@ -1,8 +1,10 @@
 #include "attention/backends/cpu_paged_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 
 #include "attention/backends/paged_backend.h"
 #include "kernels/cpu/attention_ref.h"
@@ -19,7 +21,7 @@ float* slot_row(const Tensor& pool_kv, int64_t slot) {
   return pool_kv.data<float>() + slot * row;
 }
 
-void store(const Tensor& pool_kv, const Tensor& x, const std::vector<int64_t>& slots) {
+void store(const Tensor& pool_kv, const Tensor& x, std::span<const int64_t> slots) {
   // x [T, Hkv, d] f32 with a contiguous last dimension (may be a strided view of fused QKV).
   const int64_t hkv = x.size(1), d = x.size(2);
   LONGCTX_CHECK(x.dtype() == DType::kF32 && x.strides()[2] == 1 && hkv == pool_kv.size(2) &&
@@ -37,10 +39,70 @@ void store(const Tensor& pool_kv, const Tensor& x, const std::vector<int64_t>& s
 
 }  // namespace
 
-CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::SparsePolicy* policy)
-    : pool_(pool), sm_scale_(sm_scale), policy_(policy) {
+void check_group_batch(const ForwardBatch& b, const KvGroups& groups, int64_t block_size,
+                       int64_t num_blocks) {
+  const int64_t t = b.num_tokens(), s = b.num_seqs();
+  LONGCTX_CHECK(b.num_groups() == groups.size(), ErrorCode::kInvalidArgument,
+                "paged attention: the batch has tables of {} KV groups, the model {}",
+                b.num_groups(), groups.size());
+  for (int64_t g = 0; g < groups.size(); ++g) {
+    LONGCTX_CHECK(groups[g].kind != KvGroupKind::kState, ErrorCode::kUnsupported,
+                  "CPU paged attention: KV group {} keeps a per-sequence state (linear "
+                  "attention), which no CPU backend runs yet",
+                  g);
+    const BlockTablesView v = b.tables(g);
+    const int64_t window = groups[g].window;
+    LONGCTX_CHECK(static_cast<int64_t>(v.block_table_indptr.size()) == s + 1 &&
+                      v.block_table_indptr[0] == 0 &&
+                      v.block_table_indptr[s] == static_cast<int64_t>(v.block_tables.size()) &&
+                      static_cast<int64_t>(v.slot_mapping.size()) == t,
+                  ErrorCode::kInvalidArgument,
+                  "paged attention: KV group {}'s block_table_indptr must have {} entries from 0 "
+                  "to {} and its slots {} entries",
+                  g, s + 1, v.block_tables.size(), t);
+    for (int64_t q = 0; q < s; ++q) {
+      const int32_t b0 = v.block_table_indptr[q], b1 = v.block_table_indptr[q + 1];
+      const int64_t kv_len = b.kv_lens[q], first = kv_len - b.q_len(q);
+      LONGCTX_CHECK(b1 - b0 == (kv_len + block_size - 1) / block_size, ErrorCode::kInvalidArgument,
+                    "paged attention: sequence {} holds {} tokens but its table in KV group {} "
+                    "has {} blocks of {}",
+                    q, kv_len, g, b1 - b0, block_size);
+      // Blocks wholly before the first new token's window may be dropped (-1).
+      const int64_t live = window > 0 ? std::max<int64_t>(0, first - window + 1) / block_size : 0;
+      for (int32_t i = b0; i < b1; ++i) {
+        const int32_t id = v.block_tables[i];
+        LONGCTX_CHECK((id >= 0 && id < num_blocks) || (id == -1 && i - b0 < live),
+                      ErrorCode::kOutOfRange,
+                      "paged attention: sequence {} names block {} at index {} in KV group {} "
+                      "(pool of {} blocks, window from block {})",
+                      q, id, i - b0, g, num_blocks, live);
+      }
+      for (int32_t r = b.qo_indptr[q]; r < b.qo_indptr[q + 1]; ++r) {
+        const int64_t j = first + (r - b.qo_indptr[q]);
+        const int64_t want =
+            int64_t(v.block_tables[b0 + j / block_size]) * block_size + j % block_size;
+        LONGCTX_CHECK(v.slot_mapping[r] == want && b.positions[r] == j, ErrorCode::kInvalidArgument,
+                      "paged attention: token {} (sequence {}, KV index {}, position {}) maps to "
+                      "slot {} in KV group {} but its table puts it at {}",
+                      r, q, j, b.positions[r], v.slot_mapping[r], g, want);
+      }
+    }
+  }
+}
+
+CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::SparsePolicy* policy,
+                                 const KvGroups* groups)
+    : pool_(pool), groups_(groups), sm_scale_(sm_scale), policy_(policy) {
   LONGCTX_CHECK(pool.config().device.is_cpu() && pool.config().dtype == DType::kF32,
                 ErrorCode::kInvalidArgument, "CPU paged attention needs an f32 pool on the CPU");
+  if (groups_ != nullptr && groups_->single_full()) groups_ = nullptr;
+  LONGCTX_CHECK(groups_ == nullptr ||
+                    (policy_ == nullptr && pool.config().num_layers == groups_->pool_layers()),
+                ErrorCode::kInvalidArgument,
+                "CPU paged attention over {} KV groups needs a pool of {} layers ({}) and no "
+                "sparse policy",
+                groups_ != nullptr ? groups_->size() : 1,
+                groups_ != nullptr ? groups_->pool_layers() : 0, pool.config().num_layers);
 }
 
 void CpuPagedBackend::plan(const ForwardBatch& batch) {
@@ -49,12 +111,21 @@ void CpuPagedBackend::plan(const ForwardBatch& batch) {
   limits.max_tokens = std::numeric_limits<int32_t>::max();
   limits.max_seqs = std::numeric_limits<int32_t>::max();
   limits.max_blocks = std::numeric_limits<int32_t>::max();
-  check_paged_batch(batch, pool_.block_size(), pool_.num_blocks(), limits);
+  if (groups_ == nullptr)
+    check_paged_batch(batch, pool_.block_size(), pool_.num_blocks(), limits);
+  else
+    check_group_batch(batch, *groups_, pool_.block_size(), pool_.num_blocks());
   batch_ = &batch;
 }
 
 void CpuPagedBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) {
   LONGCTX_CHECK(batch_ != nullptr, ErrorCode::kInternal, "CPU paged attention: store before plan");
+  if (groups_ != nullptr) {  // the layer's group: its slots, its pool layer
+    const BlockTablesView t = batch_->tables(groups_->group_of(layer));
+    store(pool_.k(groups_->pool_layer(layer)), k, t.slot_mapping);
+    store(pool_.v(groups_->pool_layer(layer)), v, t.slot_mapping);
+    return;
+  }
   store(pool_.k(layer), k, batch_->slot_mapping);
   store(pool_.v(layer), v, batch_->slot_mapping);
   if (policy_ != nullptr) {
@@ -69,6 +140,12 @@ Tensor CpuPagedBackend::attend(int64_t layer, const Tensor& q) {
   const ForwardBatch& b = *batch_;
   const int64_t bs = pool_.block_size(), hkv = pool_.config().num_kv_heads,
                 d = pool_.config().head_dim, row = hkv * d;
+  // The layer's group: its tables, its pool layer and its window (one full group: the layer's
+  // own pool layer, everything visible).
+  const int64_t group = groups_ != nullptr ? groups_->group_of(layer) : 0;
+  const int64_t pl = groups_ != nullptr ? groups_->pool_layer(layer) : layer;
+  const int64_t window = groups_ != nullptr ? groups_->window_of(layer) : 0;
+  const BlockTablesView tables = b.tables(group);
   Tensor out = Tensor::empty(q.shape(), DType::kF32);
   const Tensor qc = policy_ != nullptr ? q.contiguous() : q;
   const int64_t q_row = q.size(1) * q.size(2);
@@ -92,20 +169,24 @@ Tensor CpuPagedBackend::attend(int64_t layer, const Tensor& q) {
         }
       }
     }
-    // Gather the sequence's keys and values out of its blocks, in token order.
-    Tensor k = Tensor::empty({kv_len, hkv, d}, DType::kF32);
-    Tensor v = Tensor::empty({kv_len, hkv, d}, DType::kF32);
-    Tensor kpos = Tensor::empty({kv_len}, DType::kI64);
-    const int32_t* table = b.block_tables.data() + b.block_table_indptr[s];
-    for (int64_t j = 0; j < kv_len; j += bs) {
+    // Gather the sequence's keys and values out of its blocks, in token order: from the block
+    // of the first key the first new token's window holds (a sliding group dropped the ones
+    // before), else from the start.
+    const int64_t first = kv_len - n;
+    const int64_t j0 = window > 0 ? std::max<int64_t>(0, first - window + 1) / bs * bs : 0;
+    Tensor k = Tensor::empty({kv_len - j0, hkv, d}, DType::kF32);
+    Tensor v = Tensor::empty({kv_len - j0, hkv, d}, DType::kF32);
+    Tensor kpos = Tensor::empty({kv_len - j0}, DType::kI64);
+    const int32_t* table = tables.block_tables.data() + tables.block_table_indptr[s];
+    for (int64_t j = j0; j < kv_len; j += bs) {
       const int64_t len = std::min(bs, kv_len - j);
       const int64_t slot = int64_t(table[j / bs]) * bs;
-      std::memcpy(k.data<float>() + j * row, slot_row(pool_.k(layer), slot),
+      std::memcpy(k.data<float>() + (j - j0) * row, slot_row(pool_.k(pl), slot),
                   len * row * sizeof(float));
-      std::memcpy(v.data<float>() + j * row, slot_row(pool_.v(layer), slot),
+      std::memcpy(v.data<float>() + (j - j0) * row, slot_row(pool_.v(pl), slot),
                   len * row * sizeof(float));
     }
-    for (int64_t j = 0; j < kv_len; ++j) kpos.data<int64_t>()[j] = j;
+    for (int64_t j = j0; j < kv_len; ++j) kpos.data<int64_t>()[j - j0] = j;
     ops::AttentionArgs a;
     a.q = q.slice(0, q0, q0 + n).contiguous();
     a.k = k;
@@ -113,8 +194,9 @@ Tensor CpuPagedBackend::attend(int64_t layer, const Tensor& q) {
     a.q_positions =
         Tensor::from_blob(const_cast<int64_t*>(b.positions.data() + q0), {n}, DType::kI64);
     a.k_positions = kpos;
-    a.kv_len = kv_len;
+    a.kv_len = kv_len - j0;
     a.scale = sm_scale_;
+    a.window = window;
     a.out = out.slice(0, q0, q0 + n);
     ops::attention(a);
   }

@@ -5,6 +5,10 @@
 // (kv/sparse), a decode row reads only the blocks the policy selects per KV head, and a prefill
 // chunk runs the block-sparse reference with the policy's mask; Full selects nothing, so the
 // dense path runs unchanged.
+//
+// KV groups (attention/kv_groups.h): a layer reads and writes through its group: the group's
+// block tables and slots in the batch, its pool layer, and a sliding layer only the blocks of
+// its window (keys at positions > q_pos - window).
 #pragma once
 
 #include <cstdint>
@@ -12,14 +16,17 @@
 #include "kv/paged_kv_pool.h"
 #include "kv/sparse/sparse_policy.h"
 #include "longctx/attention/forward_batch.h"
+#include "longctx/attention/kv_groups.h"
 
 namespace longctx {
 
 class CpuPagedBackend final : public AttentionBackend {
  public:
-  // `pool` (on the CPU, f32) and `policy` (optional; its metadata follows the pool's writes) must
-  // outlive the backend.
-  CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::SparsePolicy* policy = nullptr);
+  // `pool` (on the CPU, f32), `policy` (optional; its metadata follows the pool's writes) and
+  // `groups` (optional: null is one full group, pool layer = model layer) must outlive the
+  // backend. A sparse policy needs one full group.
+  CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::SparsePolicy* policy = nullptr,
+                  const KvGroups* groups = nullptr);
 
   // Checks the block tables and slots against the pool (check_paged_batch).
   void plan(const ForwardBatch& batch) override;
@@ -35,10 +42,17 @@ class CpuPagedBackend final : public AttentionBackend {
                      Tensor& out) const;
 
   PagedKVPool& pool_;
+  const KvGroups* groups_ = nullptr;  // null or single_full(): the one-table path
   float sm_scale_ = 0.f;
   sparse::SparsePolicy* policy_ = nullptr;
   const ForwardBatch* batch_ = nullptr;  // the planned batch (outlives the forward)
 };
+
+// check_paged_batch for every KV group of a multi-group batch: each group's tables (a sliding
+// group's may name -1 for blocks wholly before the window of the sequence's first new token),
+// slots and the positions. Throws Error(kInvalidArgument / kOutOfRange) naming the problem.
+void check_group_batch(const ForwardBatch& batch, const KvGroups& groups, int64_t block_size,
+                       int64_t num_blocks);
 
 // Copies every layer's K and V of block src into block dst of a CPU pool.
 void copy_kv_block_cpu(PagedKVPool& pool, int32_t src, int32_t dst);

@@ -1,0 +1,154 @@
+#include "longctx/attention/kv_groups.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+namespace {
+
+// A linear-attention layer's state (Qwen3-Next's Gated DeltaNet, as vLLM sizes it): the
+// recurrent state [value_heads, key_head_dim, value_head_dim] and the causal conv's last
+// (kernel - 1) inputs over the q, k and v channels.
+int64_t linear_state_bytes(const LinearAttentionConfig& l, DType dtype) {
+  const int64_t recurrent = l.num_value_heads * l.key_head_dim * l.value_head_dim;
+  const int64_t conv_dim =
+      2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
+  const int64_t conv = (l.conv_kernel_dim - 1) * conv_dim;
+  return (recurrent + conv) * static_cast<int64_t>(dtype_size(dtype));
+}
+
+// The order groups are listed in: full first (so a one-table consumer reads the full group), then
+// sliding windows by size, then state.
+std::tuple<int, int64_t, int64_t> order_key(const KvGroup& g) {
+  return {static_cast<int>(g.kind), g.window, g.layers.front()};
+}
+
+}  // namespace
+
+KvGroups KvGroups::from_config(const ModelConfig& c, DType kv_dtype) {
+  LONGCTX_CHECK(c.num_hidden_layers > 0 &&
+                    (c.layer_types.empty() ||
+                     static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers),
+                ErrorCode::kInvalidArgument, "KV groups: {} layers with {} layer types",
+                c.num_hidden_layers, c.layer_types.size());
+  KvGroups r;
+  r.kv_bytes_per_layer_token_ =
+      2 * c.num_key_value_heads * c.head_dim * static_cast<int64_t>(dtype_size(kv_dtype));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    KvGroup want;
+    want.dtype = kv_dtype;
+    switch (c.layer_type(l)) {
+      case LayerAttention::kFull:
+        want.kind = KvGroupKind::kFull;
+        break;
+      case LayerAttention::kSliding:
+        want.kind = KvGroupKind::kSlidingWindow;
+        want.window = c.sliding_window;
+        LONGCTX_CHECK(c.sliding_window > 0, ErrorCode::kInvalidArgument,
+                      "KV groups: layer {} slides but sliding_window is {}", l, c.sliding_window);
+        break;
+      case LayerAttention::kLinear:
+        want.kind = KvGroupKind::kState;
+        LONGCTX_CHECK(c.linear.num_key_heads > 0 && c.linear.num_value_heads > 0 &&
+                          c.linear.key_head_dim > 0 && c.linear.value_head_dim > 0 &&
+                          c.linear.conv_kernel_dim > 0,
+                      ErrorCode::kInvalidArgument,
+                      "KV groups: layer {} is linear attention but the linear_* state sizes are "
+                      "not all positive",
+                      l);
+        break;
+    }
+    auto it = std::find_if(r.groups_.begin(), r.groups_.end(), [&](const KvGroup& g) {
+      return g.kind == want.kind && g.window == want.window;
+    });
+    if (it == r.groups_.end()) it = r.groups_.insert(r.groups_.end(), want);
+    it->layers.push_back(l);
+  }
+  std::sort(r.groups_.begin(), r.groups_.end(),
+            [](const KvGroup& a, const KvGroup& b) { return order_key(a) < order_key(b); });
+  r.group_of_.assign(c.num_hidden_layers, 0);
+  r.pool_layer_.assign(c.num_hidden_layers, 0);
+  for (int64_t g = 0; g < r.size(); ++g) {
+    KvGroup& grp = r.groups_[g];
+    const auto n = static_cast<int64_t>(grp.layers.size());
+    for (int64_t j = 0; j < n; ++j) {
+      r.group_of_[grp.layers[j]] = g;
+      r.pool_layer_[grp.layers[j]] = j;
+    }
+    if (grp.kind == KvGroupKind::kState) {
+      grp.bytes_per_seq = n * linear_state_bytes(c.linear, kv_dtype);
+    } else {
+      grp.bytes_per_token = n * r.kv_bytes_per_layer_token_;
+      r.pool_layers_ = std::max(r.pool_layers_, n);
+    }
+  }
+  return r;
+}
+
+bool KvGroups::has_kind(KvGroupKind kind) const {
+  return std::any_of(groups_.begin(), groups_.end(),
+                     [&](const KvGroup& g) { return g.kind == kind; });
+}
+
+int64_t KvGroups::block_bytes(int64_t block_size) const {
+  return pool_layers_ * kv_bytes_per_layer_token_ * block_size;
+}
+
+int64_t KvGroups::paged_bytes_per_token() const {
+  int64_t n = 0;
+  for (const KvGroup& g : groups_) n += g.bytes_per_token;
+  return n;
+}
+
+int64_t KvGroups::state_bytes_per_seq() const {
+  int64_t n = 0;
+  for (const KvGroup& g : groups_) n += g.bytes_per_seq;
+  return n;
+}
+
+int64_t KvGroups::bytes_per_seq(int64_t tokens) const {
+  int64_t n = 0;
+  for (const KvGroup& g : groups_) {
+    const int64_t kept =
+        g.kind == KvGroupKind::kSlidingWindow ? std::min(tokens, g.window) : tokens;
+    n += g.bytes_per_token * kept + g.bytes_per_seq;
+  }
+  return n;
+}
+
+std::vector<KvGroupAlloc> KvGroups::allocs() const {
+  std::vector<KvGroupAlloc> a;
+  for (const KvGroup& g : groups_) a.push_back({g.kind, g.window});
+  return a;
+}
+
+std::vector<std::string> KvGroups::describe() const {
+  std::vector<std::string> lines;
+  for (int64_t g = 0; g < size(); ++g) {
+    const KvGroup& grp = groups_[g];
+    // Layers as ranges: "0-3, 8, 10-11".
+    std::string layers;
+    for (size_t i = 0; i < grp.layers.size();) {
+      size_t j = i;
+      while (j + 1 < grp.layers.size() && grp.layers[j + 1] == grp.layers[j] + 1) ++j;
+      layers += fmt::format("{}{}", layers.empty() ? "" : ",", grp.layers[i]);
+      if (j > i) layers += fmt::format("-{}", grp.layers[j]);
+      i = j + 1;
+    }
+    std::string kind = kv_group_kind_name(grp.kind);
+    if (grp.kind == KvGroupKind::kSlidingWindow) kind += fmt::format(" (window {})", grp.window);
+    const std::string bytes = grp.kind == KvGroupKind::kState
+                                  ? fmt::format("{} B/sequence", grp.bytes_per_seq)
+                                  : fmt::format("{} B/token", grp.bytes_per_token);
+    lines.push_back(fmt::format("group {}: {}, {} layers ({}), {}, {}", g, kind, grp.layers.size(),
+                                layers, dtype_name(grp.dtype), bytes));
+  }
+  return lines;
+}
+
+}  // namespace longctx

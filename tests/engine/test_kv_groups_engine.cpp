@@ -1,0 +1,195 @@
+// A CPU model of two KV groups (full + sliding window) through the engine: continuous batching
+// with chunked prefill, prefix caching and preemption forced by a small pool, checked against
+// its dense reference (the one-sequence forward over a contiguous cache with the window mask,
+// every token computed): greedy tokens equal and logits within 1e-4; the sliding group holds
+// fewer blocks than the full one. And the memory plan of a sliding and a linear-attention model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "common/test_data.h"
+#include "engine/engine_core.h"
+#include "engine_test_util.h"
+#include "longctx/attention/kv_groups.h"
+#include "longctx/core/error.h"
+#include "longctx/engine/executor.h"
+#include "longctx/engine/gpu_runner.h"
+#include "longctx/engine/reference_forward.h"
+#include "longctx/loader/checkpoint.h"
+#include "longctx/models/model.h"
+
+namespace longctx {
+namespace {
+
+using LA = LayerAttention;
+constexpr int64_t kWindow = 20;
+constexpr int64_t kBlockSize = 8;
+
+// tiny-llama3's shapes, 4 layers: sliding, full, sliding, full (window 20), random weights.
+std::shared_ptr<Model> two_group_model(bool sliding = true) {
+  ModelConfig c = load_model_config(testing::test_data_dir() + "/fixtures/tiny-llama3/config.json");
+  c.architecture = "MistralForCausalLM";
+  c.num_hidden_layers = 4;
+  c.dtype = DType::kF32;
+  c.layer_types = sliding ? std::vector<LA>{LA::kSliding, LA::kFull, LA::kSliding, LA::kFull}
+                          : std::vector<LA>(4, LA::kFull);
+  c.sliding_window = sliding ? kWindow : 0;
+  auto ck = std::make_shared<const Checkpoint>(make_dummy_checkpoint(c, 11));
+  return create_model(ck);
+}
+
+// Passes steps to the CPU executor and keeps every logits row: (sequence, position) -> row.
+class RecordingExecutor final : public Executor {
+ public:
+  explicit RecordingExecutor(std::unique_ptr<Executor> inner) : inner_(std::move(inner)) {}
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  KVBlockLayout kv_layout() const override { return inner_->kv_layout(); }
+  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
+    Tensor logits = inner_->execute(inputs, copies);
+    const int64_t vocab = vocab_size();
+    int64_t r = 0;
+    for (const StepInput& in : inputs) {
+      if (!in.want_logits) continue;
+      const float* row = logits.data<float>() + r++ * vocab;
+      rows[{in.seq_id, in.num_computed + in.num_new - 1}].emplace_back(row, row + vocab);
+    }
+    return logits;
+  }
+  std::map<std::pair<uint64_t, int64_t>, std::vector<std::vector<float>>> rows;
+
+ private:
+  std::unique_ptr<Executor> inner_;
+};
+
+// Logits [n - 1, vocab] of the dense reference at positions 0 .. n - 2 of `tokens`.
+Tensor reference_logits(Model& model, const std::vector<int32_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size()) - 1;
+  auto cache = std::make_unique<KVCache>(model.config(), n);
+  std::vector<int64_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = i;
+  return reference_forward(model, std::span<const int32_t>(tokens.data(), n), pos, *cache, false);
+}
+
+int32_t argmax(const float* row, int64_t n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+TEST(KvGroupsEngine, TwoGroupModelMatchesItsDenseReference) {
+  std::shared_ptr<Model> model = two_group_model();
+  const KvGroups groups = KvGroups::from_config(model->config(), DType::kF32);
+  ASSERT_EQ(groups.size(), 2);
+  CpuExecutorOptions eo;
+  eo.block_size = kBlockSize;
+  eo.num_blocks = 36;  // two or three sequences at a time: preemption
+  auto rec = std::make_unique<RecordingExecutor>(make_cpu_executor(model, eo));
+  RecordingExecutor* recorder = rec.get();
+  EngineCore core(std::move(rec), nullptr, testing::core_options(24, 4));
+  const int64_t vocab = model->config().vocab_size;
+
+  // Prompts sharing a 40-token prefix (prefix hits), one repeated whole (a copy-on-write), and
+  // lengths past the window and the chunk.
+  std::mt19937 rng(3);
+  auto random_tokens = [&](int64_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+    return t;
+  };
+  const std::vector<int32_t> prefix = random_tokens(40);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t tail : {9, 23, 0, 31}) {
+    auto p = prefix;
+    auto t = random_tokens(tail);
+    p.insert(p.end(), t.begin(), t.end());
+    prompts.push_back(p);
+  }
+  prompts.push_back(prompts[0]);
+  prompts.push_back(random_tokens(57));
+  prompts.push_back(random_tokens(5));
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    ids.push_back(core.add_request(i, prompts[i], testing::greedy(14), 0));
+
+  std::vector<int64_t> most(2, 0);
+  while (core.has_unfinished()) {
+    core.step();
+    core.check_consistency();
+    const EngineStats st = core.stats();
+    ASSERT_EQ(st.kv_group_blocks_used.size(), 2u);
+    for (int g = 0; g < 2; ++g) most[g] = std::max(most[g], st.kv_group_blocks_used[g]);
+  }
+  const EngineStats st = core.stats();
+  EXPECT_GT(st.num_preemptions, 0);
+  EXPECT_GT(st.prefix_cache_hits, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  // Group 0 is the full group, group 1 the sliding one: it keeps only its window.
+  EXPECT_EQ(groups[1].kind, KvGroupKind::kSlidingWindow);
+  EXPECT_LT(most[1], most[0]);
+
+  std::vector<RequestOutput> outs = core.take_finished();
+  ASSERT_EQ(outs.size(), prompts.size());
+  int64_t rows_checked = 0;
+  for (const RequestOutput& o : outs) {
+    ASSERT_EQ(o.token_ids.size(), 14u);
+    std::vector<int32_t> all = o.prompt_token_ids;
+    all.insert(all.end(), o.token_ids.begin(), o.token_ids.end());
+    const Tensor ref = reference_logits(*model, all);
+    const int64_t p0 = static_cast<int64_t>(o.prompt_token_ids.size()) - 1;
+    for (int64_t p = p0; p + 1 < static_cast<int64_t>(all.size()); ++p) {
+      const float* r = ref.data<float>() + p * vocab;
+      EXPECT_EQ(argmax(r, vocab), all[p + 1]) << "request " << o.index << " position " << p;
+      auto it = recorder->rows.find({ids[o.index], p});
+      ASSERT_NE(it, recorder->rows.end()) << "request " << o.index << " position " << p;
+      for (const std::vector<float>& row : it->second) {  // each time it ran (preemptions)
+        float diff = 0;
+        for (int64_t v = 0; v < vocab; ++v) diff = std::max(diff, std::abs(row[v] - r[v]));
+        EXPECT_LT(diff, 1e-4f) << "request " << o.index << " position " << p;
+        ++rows_checked;
+      }
+    }
+  }
+  EXPECT_GE(rows_checked, static_cast<int64_t>(prompts.size()) * 14);
+
+  // The window matters: all-full attention gives other logits past it.
+  std::shared_ptr<Model> full = two_group_model(false);
+  std::vector<int32_t> all = outs[0].prompt_token_ids;
+  all.insert(all.end(), outs[0].token_ids.begin(), outs[0].token_ids.end());
+  const Tensor a = reference_logits(*model, all), b = reference_logits(*full, all);
+  float diff = 0;
+  for (int64_t i = (kWindow + 5) * vocab; i < a.numel(); ++i)
+    diff = std::max(diff, std::abs(a.data<float>()[i] - b.data<float>()[i]));
+  EXPECT_GT(diff, 1e-3f);
+}
+
+TEST(KvGroupsEngine, MemoryPlanCountsEachGroup) {
+  ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  GpuRunnerOptions o;
+  const GpuMemoryPlan full = plan_gpu_memory(c, o, 120ll << 30);
+  ASSERT_EQ(full.kv_groups.size(), 1u);
+  EXPECT_EQ(full.kv_state_bytes, 0);
+  // Gemma 3's 5 local : 1 global on 32 layers (5 global): a block holds the 27 local layers.
+  c.layer_types.assign(32, LA::kSliding);
+  for (int64_t l = 5; l < 32; l += 6) c.layer_types[l] = LA::kFull;
+  c.sliding_window = 1024;
+  const GpuMemoryPlan gemma = plan_gpu_memory(c, o, 120ll << 30);
+  ASSERT_EQ(gemma.kv_groups.size(), 2u);
+  EXPECT_EQ(gemma.kv_block_bytes, full.kv_block_bytes / 32 * 27);
+  EXPECT_NE(gemma.kv_groups[1].find("sliding_window (window 1024), 27 layers"), std::string::npos)
+      << gemma.kv_groups[1];
+  // Qwen3-Next's 3 linear : 1 full: states of max_num_seqs sequences come off the budget.
+  c.layer_types.assign(32, LA::kLinear);
+  for (int64_t l = 3; l < 32; l += 4) c.layer_types[l] = LA::kFull;
+  c.sliding_window = 0;
+  c.linear = {16, 32, 128, 128, 4};
+  const KvGroups g = KvGroups::from_config(c, DType::kBF16);
+  const int64_t state = 24 * ((32 * 128 * 128) + 3 * (2 * 16 * 128 + 32 * 128)) * 2;
+  EXPECT_EQ(g.state_bytes_per_seq(), state);
+  const GpuMemoryPlan next = plan_gpu_memory(c, o, 120ll << 30);
+  EXPECT_EQ(next.kv_state_bytes, o.max_num_seqs * state);
+  EXPECT_EQ(next.kv_block_bytes, full.kv_block_bytes / 32 * 8);
+}
+
+}  // namespace
+}  // namespace longctx
