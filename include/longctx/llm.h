@@ -23,7 +23,7 @@
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 #include "longctx/models/model.h"
 
 namespace longctx {

@@ -12,7 +12,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/cpu/attention_ref.h"
 #include "kv/paged_kv_pool.h"
-#include "kv/sparse/sparse_policy.h"
+#include "attention/sparse/sparse_policy.h"
 #include "longctx/engine/executor.h"
 
 namespace longctx::testing {

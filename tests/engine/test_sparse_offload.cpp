@@ -18,7 +18,7 @@
 #include "engine/step_batch.h"
 #include "kernels/attention_params.h"
 #include "kv/paged_kv_pool.h"
-#include "kv/sparse/sparse_policy.h"
+#include "attention/sparse/sparse_policy.h"
 
 namespace longctx::testing {
 namespace {

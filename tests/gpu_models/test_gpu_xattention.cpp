@@ -22,7 +22,7 @@
 #include "common/test_data.h"
 #include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
-#include "kv/sparse/sparse_policy.h"
+#include "attention/sparse/sparse_policy.h"
 #include "longctx/engine/sampling_params.h"
 #include "longctx/llm.h"
 

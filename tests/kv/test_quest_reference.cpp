@@ -14,7 +14,7 @@
 #include <random>
 
 #include "kernels/cpu/quest_cpu.h"
-#include "kv/sparse/sparse_policy.h"
+#include "attention/sparse/sparse_policy.h"
 #include "longctx/core/error.h"
 
 namespace longctx {

@@ -14,7 +14,7 @@
 #include "longctx/core/tensor.h"
 #include "longctx/engine/sampler.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 
 namespace longctx {
 

@@ -12,7 +12,7 @@
 
 #include "longctx/core/tensor.h"
 #include "longctx/engine/executor.h"
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 
 namespace longctx {
 

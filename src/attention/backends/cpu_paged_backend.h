@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "kv/paged_kv_pool.h"
-#include "kv/sparse/sparse_policy.h"
+#include "attention/sparse/sparse_policy.h"
 #include "longctx/models/forward_batch.h"
 
 namespace longctx {

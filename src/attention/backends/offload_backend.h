@@ -24,7 +24,7 @@
 #include "kv/offload_planner.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 #include "longctx/models/forward_batch.h"
 
 namespace longctx {

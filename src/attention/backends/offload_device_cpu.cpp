@@ -23,7 +23,7 @@
 #include "kernels/cpu/attention_ref.h"
 #include "kernels/cpu/merge_cpu.h"
 #include "kernels/cpu/quest_cpu.h"
-#include "kv/sparse/sparse_policy.h"
+#include "attention/sparse/sparse_policy.h"
 #include "longctx/core/error.h"
 
 namespace longctx {

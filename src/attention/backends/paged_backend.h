@@ -20,7 +20,7 @@
 
 #include "kv/paged_kv_pool.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 #include "longctx/models/forward_batch.h"
 
 namespace longctx {

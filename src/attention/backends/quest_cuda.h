@@ -23,7 +23,7 @@
 #include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 #include "longctx/models/forward_batch.h"
 
 namespace longctx {

@@ -18,7 +18,7 @@
 #include "kernels/cuda/xattention.h"
 #include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 #include "longctx/models/forward_batch.h"
 
 namespace longctx {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/quest_params.h"
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 
 namespace longctx::kernels::cpu {
 

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "kv/sparse/sparse_policy.h"
+#include "attention/sparse/sparse_policy.h"
 
 namespace longctx::sparse {
 

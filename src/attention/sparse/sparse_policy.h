@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 
 namespace longctx::sparse {
 

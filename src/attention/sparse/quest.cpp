@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kv/sparse/policies.h"
+#include "attention/sparse/policies.h"
 #include "longctx/core/error.h"
 
 namespace longctx::sparse {

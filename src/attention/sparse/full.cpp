@@ -1,5 +1,5 @@
 // Full: every block. It selects nothing, so the backends take their dense path unchanged.
-#include "kv/sparse/policies.h"
+#include "attention/sparse/policies.h"
 
 namespace longctx::sparse {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/xattention_cpu.h"
-#include "kv/sparse/policies.h"
+#include "attention/sparse/policies.h"
 
 namespace longctx::sparse {
 

@@ -1,9 +1,9 @@
-#include "kv/sparse/sparse_policy.h"
+#include "attention/sparse/sparse_policy.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "kv/sparse/policies.h"
+#include "attention/sparse/policies.h"
 #include "longctx/core/error.h"
 
 namespace longctx::sparse {
