@@ -1,20 +1,40 @@
-// The sparse attention policy of an engine and its parameters (docs/sparse.md; the policies are
-// in src/kv/sparse). Defaults: full attention.
+// The sparse attention policy of an engine and its parameters (docs/sparse.md; the policies and
+// their registry are in src/attention/sparse). Defaults: full attention.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace longctx {
 
+// Which policy: parsed once from the user's name (parse_sparse_policy); the code below the option
+// parser asks the registry (src/attention/sparse/sparse_policy.h) what a policy does, never its
+// name. One enumerator per registry line.
+enum class SparsePolicyKind : uint8_t {
+  kFull,        // "full": every key (the dense path, bit for bit)
+  kQuest,       // "quest": decode, top pages by a bound of q.k under a token budget
+  kXAttention,  // "xattention": prefill, antidiagonal estimate and a mass threshold
+  kStreaming,   // "streaming": decode and prefill, the attention sinks and the recent window
+};
+
+// The user-facing name (the registry's). Throws Error(kInternal) for a value outside the registry.
+std::string_view sparse_policy_name(SparsePolicyKind policy);
+// The policy named `name`; throws Error(kInvalidArgument) "--sparse-policy 'NAME' is unknown
+// (known: full, quest, ...)".
+SparsePolicyKind parse_sparse_policy(std::string_view name);
+// The registered names, in registry order.
+std::vector<std::string> sparse_policy_names();
+
 struct SparseOptions {
-  std::string policy = "full";  // full | quest | xattention
-  // quest
-  int64_t budget_tokens = 4096;  // tokens read per KV head (whole blocks), sink and window included
+  SparsePolicyKind policy = SparsePolicyKind::kFull;
+  // quest (sink and window: streaming too)
+  int64_t budget_tokens = 4096;  // tokens read per KV head (whole pages), sink and window included
   int64_t sink_tokens = 64;      // the first tokens, always read
   int64_t window_tokens = 256;   // the last tokens, always read
-  bool per_head = true;          // per KV head block lists, else one list from head-averaged scores
-  int64_t page_tokens = 16;  // GPU: the selection's page, dividing the KV block (CPU: the block)
+  bool per_head = true;          // per KV head page lists, else one list from head-averaged scores
+  int64_t page_tokens = 16;      // the selection's page, dividing the KV block (CPU and GPU)
   // xattention
   double threshold = 0.9;  // attention mass each query block keeps, in (0, 1]
   int64_t stride = 8;      // antidiagonal stride of the estimate
@@ -28,10 +48,11 @@ struct SparseOptions {
   // selection (the needle model keeps ~58 % of the blocks at 4K) and lose the most accuracy.
   int64_t xattn_min_len = 8192;
 
-  // Throws Error(kInvalidArgument) naming the flag: an unknown policy; for quest a budget not
-  // above sink + window (or a negative sink, a window < 1, a page < 1); a threshold outside
-  // (0, 1], a stride outside [1, 128]. (That the page divides the KV block is checked where the
-  // block size is known.)
+  // Throws Error(kInvalidArgument) naming the flag, through the policy's registered check: for
+  // quest a budget not above sink + window (or a negative sink, a window < 1, a page < 1); for
+  // streaming a negative sink, a window < 1 or a page < 1; a threshold outside (0, 1], a stride
+  // outside [1, 128]. (That the page divides the KV block is checked where the block size is
+  // known.)
   void validate() const;
 };
 

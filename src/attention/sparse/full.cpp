@@ -1,4 +1,5 @@
-// Full: every block. It selects nothing, so the backends take their dense path unchanged.
+// Full: every key. It selects nothing, so the backends take their dense path unchanged (no CUDA
+// twin: nothing to select on the device).
 #include "attention/sparse/policies.h"
 
 namespace longctx::sparse {
@@ -7,14 +8,19 @@ namespace {
 
 class FullPolicy final : public SparsePolicy {
  public:
-  std::string_view name() const override { return "full"; }
-  bool selects(Phase) const override { return false; }
+  SparsePolicyKind kind() const override { return SparsePolicyKind::kFull; }
 };
+
+std::unique_ptr<SparsePolicy> make_cpu(const SparseOptions&, const KvShape&) {
+  return std::make_unique<FullPolicy>();
+}
 
 }  // namespace
 
-std::unique_ptr<SparsePolicy> make_full_policy(const SparseOptions&, const KvShape&) {
-  return std::make_unique<FullPolicy>();
-}
+extern const PolicyDef kFullPolicy{
+    .kind = SparsePolicyKind::kFull,
+    .name = "full",
+    .make_cpu = make_cpu,
+};
 
 }  // namespace longctx::sparse

@@ -1,15 +1,16 @@
-// The policies' factories (one file each); the registry in sparse_policy.cpp names them.
+// The policies' registry lines (PolicyDef), each defined in the policy's own file; registry.cpp
+// lists them. Also what the policy files share.
 #pragma once
 
-#include <memory>
-
 #include "attention/sparse/sparse_policy.h"
+#include "kernels/quest_params.h"
 
 namespace longctx::sparse {
 
-std::unique_ptr<SparsePolicy> make_full_policy(const SparseOptions& options, const KvShape& shape);
-std::unique_ptr<SparsePolicy> make_quest_policy(const SparseOptions& options, const KvShape& shape);
-std::unique_ptr<SparsePolicy> make_xattention_policy(const SparseOptions& options,
-                                                     const KvShape& shape);
+extern const PolicyDef kFullPolicy, kQuestPolicy, kXAttentionPolicy, kStreamingPolicy;
+
+// A page-list decode policy's budget in the kernels' terms (kernels/quest_params.h): counts
+// clamped to int. Quest: its budget; streaming: sink + window, so nothing past the forced pages.
+kernels::QuestBudget quest_budget(const SparseOptions& options);
 
 }  // namespace longctx::sparse

@@ -1,5 +1,5 @@
-#include "attention/sparse/sparse_policy.h"
-
+// The registry of sparse policies: one line per policy (its definition, PolicyDef, is in the
+// policy's own file). Everything below the option parser asks it what a policy does.
 #include <algorithm>
 #include <cmath>
 
@@ -10,66 +10,31 @@ namespace longctx::sparse {
 
 namespace {
 
-using Factory = std::unique_ptr<SparsePolicy> (*)(const SparseOptions&, const KvShape&);
-
-struct Entry {
-  const char* name;
-  Factory make;
+const PolicyDef* const kPolicies[] = {
+    &kFullPolicy,        // full.cpp: every key
+    &kQuestPolicy,       // quest.cpp: decode pages by a bound of q.k
+    &kXAttentionPolicy,  // xattention.cpp: prefill masks by an antidiagonal estimate
+    &kStreamingPolicy,   // streaming.cpp: attention sinks + the recent window
 };
 
-constexpr Entry kPolicies[] = {
-    {"full", make_full_policy},
-    {"quest", make_quest_policy},
-    {"xattention", make_xattention_policy},
-};
+std::string known_names() {
+  std::string known;
+  for (const PolicyDef* d : kPolicies) known += (known.empty() ? "" : ", ") + std::string(d->name);
+  return known;
+}
 
 }  // namespace
 
-std::vector<std::string> sparse_policy_names() {
-  std::vector<std::string> n;
-  for (const Entry& e : kPolicies) n.emplace_back(e.name);
-  return n;
+const PolicyDef& policy_def(SparsePolicyKind kind) {
+  for (const PolicyDef* d : kPolicies)
+    if (d->kind == kind) return *d;
+  LONGCTX_THROW(ErrorCode::kInternal, "sparse policy {} is not registered", static_cast<int>(kind));
 }
 
-}  // namespace longctx::sparse
-
-namespace longctx {
-
-void SparseOptions::validate() const {
-  using sparse::Entry;
-  using sparse::kPolicies;
-  const Entry* e = std::find_if(std::begin(kPolicies), std::end(kPolicies),
-                                [&](const Entry& x) { return policy == x.name; });
-  if (e == std::end(kPolicies)) {
-    std::string known;
-    for (const Entry& x : kPolicies) known += (known.empty() ? "" : ", ") + std::string(x.name);
-    LONGCTX_THROW(ErrorCode::kInvalidArgument, "--sparse-policy '{}' is unknown (known: {})",
-                  policy, known);
-  }
-  if (policy == "quest") {  // the other policies do not read the budget
-    LONGCTX_CHECK(sink_tokens >= 0 && window_tokens >= 1, ErrorCode::kInvalidArgument,
-                  "--sparse-sink {} must be >= 0 and --sparse-window {} >= 1", sink_tokens,
-                  window_tokens);
-    LONGCTX_CHECK(page_tokens >= 1, ErrorCode::kInvalidArgument, "--sparse-page {} must be >= 1",
-                  page_tokens);
-    LONGCTX_CHECK(budget_tokens > sink_tokens + window_tokens, ErrorCode::kInvalidArgument,
-                  "--sparse-budget {} must be more than --sparse-sink {} + --sparse-window {} "
-                  "(those are always read)",
-                  budget_tokens, sink_tokens, window_tokens);
-  }
-  LONGCTX_CHECK(std::isfinite(threshold) && threshold > 0 && threshold <= 1,
-                ErrorCode::kInvalidArgument, "--xattn-threshold {} must be in (0, 1]", threshold);
-  LONGCTX_CHECK(stride >= 1 && stride <= 128, ErrorCode::kInvalidArgument,
-                "--xattn-stride {} must be in [1, 128]", stride);
-  LONGCTX_CHECK(xattn_dense_tail >= 0, ErrorCode::kInvalidArgument,
-                "--xattn-dense-tail {} must be >= 0", xattn_dense_tail);
-  LONGCTX_CHECK(xattn_min_len >= 0, ErrorCode::kInvalidArgument, "--xattn-min-len {} must be >= 0",
-                xattn_min_len);
+bool SparsePolicy::selects(Phase phase) const {
+  const PolicyDef& d = policy_def(kind());
+  return phase == Phase::kPrefill ? d.prefill : d.decode;
 }
-
-}  // namespace longctx
-
-namespace longctx::sparse {
 
 std::unique_ptr<SparsePolicy> make_sparse_policy(const SparseOptions& options,
                                                  const KvShape& shape) {
@@ -82,9 +47,13 @@ std::unique_ptr<SparsePolicy> make_sparse_policy(const SparseOptions& options,
                 "{})",
                 shape.num_layers, shape.num_blocks, shape.block_size, shape.num_qo_heads,
                 shape.num_kv_heads, shape.head_dim);
-  for (const Entry& e : kPolicies)
-    if (options.policy == e.name) return e.make(options, shape);
-  LONGCTX_THROW(ErrorCode::kInternal, "sparse policy '{}' not registered", options.policy);
+  return policy_def(options.policy).make_cpu(options, shape);
+}
+
+SparseGpuBytes sparse_gpu_bytes(const SparseOptions& options, const SparseGpuShape& shape) {
+  options.validate();
+  const PolicyDef& d = policy_def(options.policy);
+  return d.gpu_bytes != nullptr ? d.gpu_bytes(options, shape) : SparseGpuBytes{};
 }
 
 float quest_upper_bound(const float* q, const float* kmin, const float* kmax, int64_t head_dim) {
@@ -94,3 +63,41 @@ float quest_upper_bound(const float* q, const float* kmin, const float* kmax, in
 }
 
 }  // namespace longctx::sparse
+
+namespace longctx {
+
+using sparse::kPolicies;
+using sparse::PolicyDef;
+
+std::string_view sparse_policy_name(SparsePolicyKind policy) {
+  return sparse::policy_def(policy).name;
+}
+
+SparsePolicyKind parse_sparse_policy(std::string_view name) {
+  for (const PolicyDef* d : kPolicies)
+    if (name == d->name) return d->kind;
+  LONGCTX_THROW(ErrorCode::kInvalidArgument, "--sparse-policy '{}' is unknown (known: {})", name,
+                sparse::known_names());
+}
+
+std::vector<std::string> sparse_policy_names() {
+  std::vector<std::string> n;
+  for (const PolicyDef* d : kPolicies) n.emplace_back(d->name);
+  return n;
+}
+
+void SparseOptions::validate() const {
+  const PolicyDef& d = sparse::policy_def(policy);
+  if (d.check != nullptr) d.check(*this);
+  // The other policies' flags are parsed for every policy: a bad value is an error anywhere.
+  LONGCTX_CHECK(std::isfinite(threshold) && threshold > 0 && threshold <= 1,
+                ErrorCode::kInvalidArgument, "--xattn-threshold {} must be in (0, 1]", threshold);
+  LONGCTX_CHECK(stride >= 1 && stride <= 128, ErrorCode::kInvalidArgument,
+                "--xattn-stride {} must be in [1, 128]", stride);
+  LONGCTX_CHECK(xattn_dense_tail >= 0, ErrorCode::kInvalidArgument,
+                "--xattn-dense-tail {} must be >= 0", xattn_dense_tail);
+  LONGCTX_CHECK(xattn_min_len >= 0, ErrorCode::kInvalidArgument, "--xattn-min-len {} must be >= 0",
+                xattn_min_len);
+}
+
+}  // namespace longctx

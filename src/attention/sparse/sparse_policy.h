@@ -1,16 +1,14 @@
-// Sparse attention policies (docs/sparse.md): which KV blocks each query attends. A policy never
-// computes attention. It keeps per-block metadata as keys are written and, per layer and phase,
-// selects blocks before anything is read, so a backend reads only those (with offload, only the
-// selected host blocks are to cross the link). Policies:
-//   full        every block (the default; the backends' dense path, bit for bit);
-//   quest       decode: per block and KV head the key min/max; a block's score is the upper bound
-//               of q.k over its keys; the top blocks under a token budget per KV head (or one list
-//               from head-averaged scores), the sink and the recent window always kept;
-//   xattention  prefill: strided antidiagonal scores of each (query block, key block) of 128, a
-//               softmax per query group, block sums, per q head the fewest key blocks whose mass
-//               reaches a threshold; the sink and the diagonal blocks always kept.
-// Selections are host data over fp32 keys here (the CPU engine); Quest's GPU path
-// (attention_backends/quest_cuda.h) computes the same selections on the device.
+// Sparse attention policies (docs/sparse.md): which keys each query attends. A policy never
+// computes attention. It keeps per-page metadata as keys are written and, per layer and phase,
+// selects before anything is read, so a backend reads only what it selected (with offload, only
+// the selected host pages cross the link). Its output is device-agnostic:
+//   decode   per KV head the ascending logical pages (of page_tokens keys, counted from key 0 of
+//            the sequence) its q heads read;
+//   prefill  the block-sparse kernels' mask over query and key blocks of 128.
+// Every policy is one file with a CPU reference (SparsePolicy, host data, what the CPU engine and
+// the simulated offload device run) and a CUDA twin (SparsePolicyCuda, sparse_policy_cuda.h: the
+// same selection on the device), and one line of the registry (registry.cpp), which the engine
+// and the backends ask what a policy does: its phases, its device bytes, its factories.
 #pragma once
 
 #include <cstdint>
@@ -33,17 +31,20 @@ struct KvShape {
 };
 
 // One sequence's keys of one layer, fp32 on the host: key j is row j % block_size of block
-// blocks[j / block_size] in pool_k [num_blocks, block_size, num_kv_heads, head_dim].
+// blocks[j / block_size] in pool_k [num_blocks, block_size, num_kv_heads, head_dim]. (Decode
+// policies read their metadata by block id and may ignore pool_k.)
 struct SeqKeys {
   const int32_t* blocks = nullptr;  // [ceil(kv_len / block_size)] block ids
   int64_t kv_len = 0;
   const float* pool_k = nullptr;
 };
 
-// Decode: per KV head the logical block indices (into the sequence's block table, ascending) its
-// q heads read. Empty: every block (the policy chose not to select, e.g. a budget >= kv_len).
+// Decode: per KV head the logical pages of page_tokens keys (page i: keys [i * page_tokens,
+// (i + 1) * page_tokens) of the sequence, the last one partial), ascending, its q heads read.
+// Empty: every key (the policy chose not to select, e.g. a budget >= kv_len).
 struct DecodeSelection {
-  std::vector<std::vector<int32_t>> per_kv_head;  // [Hkv][chosen]
+  int64_t page_tokens = 0;
+  std::vector<std::vector<int32_t>> per_kv_head;  // [Hkv][chosen pages]
   bool all() const { return per_kv_head.empty(); }
 };
 
@@ -56,11 +57,14 @@ struct PrefillMask {
   bool all() const { return mask.empty(); }
 };
 
+// The CPU reference of a policy.
 class SparsePolicy {
  public:
   virtual ~SparsePolicy() = default;
-  virtual std::string_view name() const = 0;
-  virtual bool selects(Phase phase) const = 0;
+  virtual SparsePolicyKind kind() const = 0;
+  // The registry's name and phases of kind() (virtual for the tests' own policies).
+  virtual std::string_view name() const { return sparse_policy_name(kind()); }
+  virtual bool selects(Phase phase) const;
 
   // Metadata hooks. Rows of `layer` were written: k [n, Hkv, d] fp32 with row stride k_stride
   // floats, row t at slot slots[t] (block * block_size + offset; a block's rows are written in
@@ -81,13 +85,52 @@ class SparsePolicy {
   }
 };
 
-// The policy `options.policy` names (validated) for a cache of `shape`.
+class SparsePolicyCuda;  // sparse_policy_cuda.h (CUDA builds)
+struct SparseCudaConfig;
+
+// What a policy costs on the GPU (the memory plan): per engine block (its metadata over every
+// layer) and fixed (selection buffers for a step).
+struct SparseGpuShape {
+  int64_t num_layers = 0, block_size = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t elem_size = 2;  // of K / V
+  int64_t max_tokens = 0, max_seqs = 0, max_model_len = 0;
+};
+struct SparseGpuBytes {
+  int64_t per_block = 0, fixed = 0;
+};
+
+// One registry line: everything the engine and the backends know of a policy.
+struct PolicyDef {
+  SparsePolicyKind kind;
+  const char* name;              // what users type after --sparse-policy
+  bool prefill = false;          // selects prefill chunks (a block mask)
+  bool decode = false;           // selects decode steps (page lists)
+  bool decode_graphs = true;     // decode steps may replay CUDA graphs (the selection is planned)
+  bool offload_staging = false;  // with KV offload: the GPU stages host keys (xattention)
+  // Checks the policy's options, naming the flags (nullptr: none of its own).
+  void (*check)(const SparseOptions& options) = nullptr;
+  std::unique_ptr<SparsePolicy> (*make_cpu)(const SparseOptions&, const KvShape&) = nullptr;
+  // The CUDA twin; nullptr in a build without CUDA.
+  std::unique_ptr<SparsePolicyCuda> (*make_cuda)(const SparseCudaConfig&) = nullptr;
+  SparseGpuBytes (*gpu_bytes)(const SparseOptions&, const SparseGpuShape&) = nullptr;
+};
+
+// The registry line of `kind` (Error(kInternal) if none).
+const PolicyDef& policy_def(SparsePolicyKind kind);
+inline bool selects(const SparseOptions& o, Phase phase) {
+  const PolicyDef& d = policy_def(o.policy);
+  return phase == Phase::kPrefill ? d.prefill : d.decode;
+}
+
+// The CPU policy `options.policy` names (validated) for a cache of `shape`.
 std::unique_ptr<SparsePolicy> make_sparse_policy(const SparseOptions& options,
                                                  const KvShape& shape);
-std::vector<std::string> sparse_policy_names();
+// The policy's device bytes (zeros for full); throws what the policy's check throws (the page
+// must divide the block).
+SparseGpuBytes sparse_gpu_bytes(const SparseOptions& options, const SparseGpuShape& shape);
 
-// Quest's score of one block for one q head: sum_d max(q_d * min_d, q_d * max_d), an upper bound
-// of q.k over every key of the block (exposed for the tests).
+// Quest's score of one page for one q head: sum_d max(q_d * min_d, q_d * max_d), an upper bound
+// of q.k over every key of the page (exposed for the tests).
 float quest_upper_bound(const float* q, const float* kmin, const float* kmax, int64_t head_dim);
 
 }  // namespace longctx::sparse
