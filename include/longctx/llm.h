@@ -18,10 +18,10 @@
 #include <string_view>
 #include <vector>
 
+#include "longctx/attention/sparse_options.h"
 #include "longctx/core/device.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
-#include "longctx/kv/sparse_options.h"
 #include "longctx/models/build_options.h"
 
 namespace longctx {
@@ -56,7 +56,7 @@ struct EngineConfig {
   int64_t gpu_kv_budget = 0;            // GPU cache bytes; 0: what the memory plan leaves
   int64_t offload_slots = 4;            // ring slots
   int64_t offload_slot_tokens = 32768;  // tokens of one layer per slot
-  SparseOptions sparse;  // sparse attention policy (docs/sparse.md; the CPU engine so far)
+  SparseOptions sparse;  // sparse attention policy (docs/sparse.md; CPU and GPU engines)
   // Ranks of a tensor-parallel model (docs/tensor_parallel.md): the CPU runs them as threads
   // (thread communicators), a GPU engine on cuda:i .. cuda:i+N-1 over NCCL.
   int64_t tensor_parallel_size = 1;

@@ -6,7 +6,7 @@
 #include "attention/backends/offload_backend.h"
 #include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
-#include "kv/sparse/sparse_policy.h"
+#include "attention/sparse/sparse_policy.h"
 #include "longctx/attention/kv_groups.h"
 #include "longctx/core/error.h"
 #include "longctx/models/model.h"

@@ -11,11 +11,10 @@
 
 #include "attention/backends/offload_backend.h"
 #include "attention/backends/paged_backend.h"
+#include "attention/sparse/sparse_policy.h"
 #include "engine/cuda_graphs.h"
 #include "engine/gpu_sampler.h"
 #include "engine/step_batch.h"
-#include "kernels/cpu/quest_cpu.h"
-#include "kernels/xattention_params.h"
 #include "kv/block_manager.h"
 #include "kv/paged_kv_pool.h"
 #include "loader/weight_spec.h"
@@ -40,29 +39,27 @@ int64_t resolve_max_model_len(const ModelConfig& c, const GpuRunnerOptions& o) {
   return o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
 }
 
-// Decode steps replay CUDA graphs unless eager, or quest (its decode steps run eagerly).
+// Decode steps replay CUDA graphs unless eager, or the policy selects decode pages per step
+// (quest, streaming: their decode steps run eagerly).
 bool decode_graphs(const GpuRunnerOptions& o) {
-  return !o.enforce_eager && o.sparse.policy != "quest";
+  return !o.enforce_eager && sparse::policy_def(o.sparse.policy).decode_graphs;
 }
 
-// A sparse policy's device bytes per engine block and fixed: quest's page metadata and
-// selection buffers, xattention's estimate and masks (zeros for full).
-struct SparseBytes {
-  int64_t per_block = 0, fixed = 0;
-};
-SparseBytes sparse_bytes(const ModelConfig& c, const GpuRunnerOptions& o, int64_t block_size,
-                         int64_t max_model_len) {
-  if (o.sparse.policy == "xattention")
-    return {0, kernels::xattn_buffers(c.num_attention_heads, o.sparse.stride,
-                                      o.max_num_batched_tokens, o.max_num_seqs, max_model_len)
-                   .bytes()};
-  if (o.sparse.policy != "quest") return {};
-  const kernels::QuestBudget b = kernels::cpu::quest_budget_of(o.sparse);
-  kernels::cpu::check_quest_budget(b, static_cast<int>(block_size));
-  const kernels::QuestBytes q =
-      kernels::quest_gpu_bytes(b, c.num_hidden_layers, block_size, c.num_key_value_heads,
-                               c.head_dim, kBf16, o.max_num_seqs, max_model_len);
-  return {q.per_block, q.fixed};
+// A sparse policy's device bytes per engine block and fixed (the registry's: quest's page
+// metadata and selection buffers, xattention's estimate and masks; zeros for full).
+sparse::SparseGpuBytes sparse_bytes(const ModelConfig& c, const GpuRunnerOptions& o,
+                                    int64_t block_size, int64_t max_model_len) {
+  sparse::SparseGpuShape s;
+  s.num_layers = c.num_hidden_layers;
+  s.block_size = block_size;
+  s.num_qo_heads = c.num_attention_heads;
+  s.num_kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim;
+  s.elem_size = kBf16;
+  s.max_tokens = o.max_num_batched_tokens;
+  s.max_seqs = o.max_num_seqs;
+  s.max_model_len = max_model_len;
+  return sparse::sparse_gpu_bytes(o.sparse, s);
 }
 
 int64_t weight_bytes(const ModelConfig& config) {
@@ -129,9 +126,9 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
   p.offload_buffers = rows * config.head_dim * 8 + rows * 8;  // fp32 partial and merged states
   const int64_t host = options.host_kv_bytes > 0 ? options.host_kv_bytes : default_host_kv_bytes();
   p.num_host_blocks = host / p.kv_block_bytes;
-  const SparseBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
+  const sparse::SparseGpuBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
   p.sparse = q.per_block * p.num_host_blocks + q.fixed;
-  if (options.sparse.policy == "xattention") {  // host blocks staged on the GPU per step
+  if (sparse::policy_def(options.sparse.policy).offload_staging) {  // host keys staged per step
     OffloadGeometry g;
     g.num_layers = layers;
     g.block_size = p.block_size;
@@ -186,7 +183,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
       BlockManager(1, p.block_size, false, groups.allocs(), options.max_num_seqs)
           .max_blocks_held(p.max_model_len, options.max_num_batched_tokens);
   if (options.kv_offload) return plan_offload(config, options, p, per_seq);
-  const SparseBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
+  const sparse::SparseGpuBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
   const int64_t left =
       budget - p.weights - p.activations - p.workspaces - p.graphs - q.fixed - p.kv_state_bytes;
   p.num_kv_blocks = options.num_gpu_blocks > 0

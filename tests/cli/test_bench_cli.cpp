@@ -51,9 +51,16 @@ TEST(BenchCli, SparsePoliciesRunAndBadOnesAreClearErrors) {
                    "--sparse-policy quest --sparse-budget 64 --sparse-sink 16 --sparse-window 32 "
                    "--ids 1,2,3,4,5,6,7,8,9,10 --max-tokens 4");
   EXPECT_EQ(r.rc, 0) << r.err;
+  r = run_cli("generate " + kModel +
+              "--sparse-policy streaming --sparse-sink 2 --sparse-window 4 --sparse-page 1 "
+              "--ids 1,2,3,4,5,6,7,8,9,10 --max-tokens 4");
+  EXPECT_EQ(r.rc, 0) << r.err;
   r = run_cli("generate " + kModel + "--sparse-policy magic --prompt hi --max-tokens 2");
   EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.err.find("--sparse-policy 'magic' is unknown"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--sparse-policy 'magic' is unknown (known: full, quest, xattention, "
+                       "streaming)"),
+            std::string::npos)
+      << r.err;
   r = run_cli("generate " + kModel + "--sparse-policy quest --sparse-budget 0 --prompt hi");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--sparse-budget 0 must be more than"), std::string::npos) << r.err;

@@ -59,14 +59,14 @@ TEST(GpuMemoryPlan, SparseBuffersAreReservedBeforeTheKvCache) {
   o.max_num_seqs = 16;
   const GpuMemoryPlan full = plan_gpu_memory(c, o, 120 * kGiB);
   EXPECT_EQ(full.sparse, 0);
-  o.sparse.policy = "xattention";
+  o.sparse.policy = SparsePolicyKind::kXAttention;
   const GpuMemoryPlan x = plan_gpu_memory(c, o, 120 * kGiB);
   // 32 q heads x (8192 / 8 + 16) query groups x 1024 key blocks x 4 bytes, and the masks.
   EXPECT_EQ(x.sparse, 32ll * 1024 * ((8192 / 8 + 16) * 4 + (8192 / 128 + 16)));
   EXPECT_LE(x.num_kv_blocks * x.kv_block_bytes + x.sparse,
             full.num_kv_blocks * full.kv_block_bytes + x.kv_block_bytes);
   EXPECT_LT(x.num_kv_blocks, full.num_kv_blocks);
-  o.sparse.policy = "quest";
+  o.sparse.policy = SparsePolicyKind::kQuest;
   const GpuMemoryPlan q = plan_gpu_memory(c, o, 120 * kGiB);
   EXPECT_GT(q.sparse, 0);
   EXPECT_LT(q.num_kv_blocks, full.num_kv_blocks);

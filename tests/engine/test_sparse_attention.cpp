@@ -8,11 +8,11 @@
 #include <random>
 
 #include "attention/backends/cpu_paged_backend.h"
+#include "attention/sparse/sparse_policy.h"
 #include "engine/engine_test_util.h"
 #include "kernels/attention_params.h"
 #include "kernels/cpu/attention_ref.h"
 #include "kv/paged_kv_pool.h"
-#include "kv/sparse/sparse_policy.h"
 #include "longctx/engine/executor.h"
 
 namespace longctx::testing {
@@ -27,10 +27,12 @@ using sparse::SeqKeys;
 class RandomPolicy final : public sparse::SparsePolicy {
  public:
   RandomPolicy(int64_t hq, int64_t hkv, int64_t bs) : hq_(hq), hkv_(hkv), bs_(bs) {}
+  SparsePolicyKind kind() const override { return SparsePolicyKind::kFull; }  // not registered
   std::string_view name() const override { return "random"; }
   bool selects(Phase) const override { return true; }
   DecodeSelection select_decode(int64_t, const float*, const SeqKeys& k) override {
     DecodeSelection s;
+    s.page_tokens = bs_;  // whole blocks
     s.per_kv_head.resize(hkv_);
     const int64_t nb = (k.kv_len + bs_ - 1) / bs_;
     for (auto& l : s.per_kv_head)
@@ -189,31 +191,32 @@ TEST(SparseAttention, FullAndACoveringQuestBudgetAreTheDenseResultExactly) {
   SparseOptions none;
   const auto dense = run_engine(none, 300);
   SparseOptions full;
-  full.policy = "full";
+  full.policy = SparsePolicyKind::kFull;
   SparseOptions quest;
-  quest.policy = "quest";
+  quest.policy = SparsePolicyKind::kQuest;
   quest.budget_tokens = 512;  // >= every context here: Quest selects everything
   for (const SparseOptions& o : {full, quest}) {
     const auto got = run_engine(o, 300);
     ASSERT_EQ(got.size(), dense.size());
     for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_EQ(got[i].token_ids, dense[i].token_ids) << o.policy;
+      EXPECT_EQ(got[i].token_ids, dense[i].token_ids) << sparse_policy_name(o.policy);
       for (size_t t = 0; t < got[i].logprobs.size(); ++t)
-        EXPECT_EQ(got[i].logprobs[t].logprob, dense[i].logprobs[t].logprob) << o.policy;
+        EXPECT_EQ(got[i].logprobs[t].logprob, dense[i].logprobs[t].logprob)
+            << sparse_policy_name(o.policy);
     }
   }
 }
 
 TEST(SparseAttention, QuestAndXAttentionRunInTheEngine) {
   SparseOptions quest;
-  quest.policy = "quest";
+  quest.policy = SparsePolicyKind::kQuest;
   quest.budget_tokens = 96;
   quest.sink_tokens = 16;
   quest.window_tokens = 32;
   SparseOptions avg = quest;
   avg.per_head = false;
   SparseOptions xattn;
-  xattn.policy = "xattention";
+  xattn.policy = SparsePolicyKind::kXAttention;
   xattn.xattn_min_len = 0;  // prompts of 400
   const auto dense = run_engine({}, 400);
   for (const SparseOptions& o : {quest, avg, xattn}) {
@@ -222,7 +225,8 @@ TEST(SparseAttention, QuestAndXAttentionRunInTheEngine) {
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_EQ(got[i].token_ids.size(), 24u);
       // The first token comes from the prefill: Quest (decode only) leaves it dense.
-      if (o.policy == "quest") EXPECT_EQ(got[i].token_ids[0], dense[i].token_ids[0]);
+      if (o.policy == SparsePolicyKind::kQuest)
+        EXPECT_EQ(got[i].token_ids[0], dense[i].token_ids[0]);
     }
   }
 }
@@ -232,7 +236,7 @@ TEST(SparseAttention, QuestAndXAttentionRunInTheEngine) {
 // to fp32 rounding (the two sum the softmax in another order).
 TEST(SparseAttention, QuestThroughTheSimulatedOffloadIsTheResidentQuest) {
   SparseOptions quest;
-  quest.policy = "quest";
+  quest.policy = SparsePolicyKind::kQuest;
   quest.budget_tokens = 96;
   quest.sink_tokens = 16;
   quest.window_tokens = 32;
@@ -252,7 +256,7 @@ TEST(SparseAttention, QuestThroughTheSimulatedOffloadIsTheResidentQuest) {
 
 TEST(SparseAttention, XAttentionThroughTheSimulatedOffloadIsTheResidentXAttention) {
   SparseOptions x;
-  x.policy = "xattention";
+  x.policy = SparsePolicyKind::kXAttention;
   x.threshold = 0.9;
   x.xattn_min_len = 0;
   const auto resident = run_engine(x, 480);

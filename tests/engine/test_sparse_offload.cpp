@@ -15,10 +15,10 @@
 
 #include "attention/backends/cpu_paged_backend.h"
 #include "attention/backends/offload_backend.h"
+#include "attention/sparse/sparse_policy.h"
 #include "engine/step_batch.h"
 #include "kernels/attention_params.h"
 #include "kv/paged_kv_pool.h"
-#include "kv/sparse/sparse_policy.h"
 
 namespace longctx::testing {
 namespace {
@@ -153,7 +153,7 @@ TEST(SparseOffload, QuestThroughTheSimulatedDeviceIsTheResidentPolicy) {
   for (bool per_head : {true, false}) {
     SCOPED_TRACE(per_head ? "per KV head" : "head-averaged");
     SparseOptions quest;
-    quest.policy = "quest";
+    quest.policy = SparsePolicyKind::kQuest;
     quest.budget_tokens = 64;
     quest.sink_tokens = 16;
     quest.window_tokens = 16;
@@ -182,7 +182,7 @@ TEST(SparseOffload, XAttentionThroughTheSimulatedDeviceIsTheResidentPolicy) {
     int64_t host_bytes[2] = {0, 0};
     for (int keep_all = 0; keep_all < 2; ++keep_all) {
       SparseOptions x;
-      x.policy = "xattention";
+      x.policy = SparsePolicyKind::kXAttention;
       x.threshold = keep_all ? 1.0 : 0.6;
       x.stride = 8;
       x.xattn_per_kv_head = !per_q_head;

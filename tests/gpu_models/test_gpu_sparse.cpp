@@ -33,7 +33,7 @@ struct Geometry {
   std::vector<int64_t> lens = {1500, 777};
   int64_t chunk = 256;
   Geometry() {
-    quest.policy = "quest";
+    quest.policy = SparsePolicyKind::kQuest;
     quest.page_tokens = 16;
     quest.budget_tokens = 256;
     quest.sink_tokens = 16;
@@ -292,7 +292,7 @@ TEST(GpuSparse, EngineGeneratesWithQuestResidentAndOffloaded) {
     c.block_size = 32;
     c.max_num_batched_tokens = 512;
     c.max_num_seqs = 6;
-    c.sparse.policy = "quest";
+    c.sparse.policy = SparsePolicyKind::kQuest;
     c.sparse.page_tokens = 8;
     c.sparse.budget_tokens = 384;
     c.sparse.sink_tokens = 16;

@@ -1,6 +1,6 @@
 // XAttention's GPU prefill (attention/backends/xattention_cuda.h) through the resident paged
 // backend, on K / V / q written by the backend's own store_kv over prefill chunks:
-//   - each chunk's output equals a CPU reference: the CPU engine's policy (kv/sparse/
+//   - each chunk's output equals a CPU reference: the CPU engine's policy (attention/sparse/
 //     xattention.cpp) picks the mask from the pool's keys and the chunk's queries, then causal
 //     attention over the kept blocks in fp32; the mask is sparse (the counters say so) and the
 //     output differs from the dense backend's;
@@ -19,10 +19,10 @@
 
 #include "attention/backends/offload_backend.h"
 #include "attention/backends/paged_backend.h"
+#include "attention/sparse/sparse_policy.h"
 #include "common/test_data.h"
 #include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
-#include "kv/sparse/sparse_policy.h"
 #include "longctx/engine/sampling_params.h"
 #include "longctx/llm.h"
 
@@ -34,7 +34,7 @@ struct Geometry {
   int64_t len = 1700, chunk = 512;
   SparseOptions xattn;
   Geometry() {
-    xattn.policy = "xattention";
+    xattn.policy = SparsePolicyKind::kXAttention;
     xattn.xattn_min_len = 0;  // sequences of 1,700 keys
   }
 };
@@ -306,7 +306,7 @@ TEST(GpuXAttention, EngineGeneratesAndReportsItsDensity) {
     c.max_num_batched_tokens = 1024;
     c.max_num_seqs = 6;
     c.num_gpu_blocks = 1024;
-    c.sparse.policy = policy;
+    c.sparse.policy = parse_sparse_policy(policy);
     c.sparse.xattn_min_len = 0;  // prompts of 600 to 3,100 tokens
     return c;
   };

@@ -50,7 +50,7 @@ void run(const Options& o) {
   const double link = r.kv_offload ? measure_host_to_device_gbps(model->device(), 1ll << 30) : 0;
   std::printf("bench offload: %s, %s, sparse policy %s\n  plan: %s\n",
               r.kv_offload ? "KV offload" : "resident KV", model->device().str().c_str(),
-              r.sparse.policy.c_str(), plan.str().c_str());
+              std::string(sparse_policy_name(r.sparse.policy)).c_str(), plan.str().c_str());
   if (r.kv_offload) std::printf("  link: pinned host -> device %.1f GB/s (1 GiB copy)\n", link);
   std::mt19937_64 rng(o.seed);
   const int32_t vocab = static_cast<int32_t>(model->config().vocab_size);
@@ -99,8 +99,8 @@ void run(const Options& o) {
           double(plan.kv_bytes()) / 1e9, double(plan.host_kv_bytes()) / 1e9, per_step_bytes / 1e9,
           per_step_bytes / mean / 1e9, bound_ms, bound_ms > 0 ? 1e3 * mean / bound_ms : 0.0);
     }
-    if (r.sparse.policy == "xattention") {
-      const auto sc = runner.sparse_counters();
+    // A prefill policy that counts its kept blocks (xattention) reports its density.
+    if (const auto sc = runner.sparse_counters(); sc.prefill_blocks_causal > 0) {
       std::printf("; prefill density %.3f (key blocks kept of causal, all prompts so far)",
                   sc.prefill_blocks_causal > 0
                       ? double(sc.prefill_blocks_kept) / double(sc.prefill_blocks_causal)

@@ -97,22 +97,26 @@ void ModelOptions::add_to(CLI::App* cmd) {
                   "ranks of a tensor-parallel model: CPU threads, or GPUs from --device's index on "
                   "(docs/tensor_parallel.md)")
       ->capture_default_str();
-  cmd->add_option("--sparse-policy", sparse.policy,
-                  "attention over selected KV blocks: full (exact), quest (decode) or xattention "
-                  "(prefill); docs/sparse.md")
-      ->capture_default_str();
+  // Parsed here, once: below this the policy is an enum the registry describes.
+  cmd->add_option_function<std::string>(
+         "--sparse-policy",
+         [this](const std::string& name) { sparse.policy = parse_sparse_policy(name); },
+         "attention over selected KV pages: full (exact), quest (decode), xattention (prefill) "
+         "or streaming (sinks + recent window); docs/sparse.md")
+      ->default_str(std::string(sparse_policy_name(sparse.policy)));
   cmd->add_option("--sparse-budget", sparse.budget_tokens,
                   "quest: KV tokens read per KV head per decode step (sink and window included)")
       ->capture_default_str();
-  cmd->add_option("--sparse-sink", sparse.sink_tokens, "quest: first tokens always read")
+  cmd->add_option("--sparse-sink", sparse.sink_tokens, "quest, streaming: first tokens always read")
       ->capture_default_str();
-  cmd->add_option("--sparse-window", sparse.window_tokens, "quest: last tokens always read")
+  cmd->add_option("--sparse-window", sparse.window_tokens,
+                  "quest, streaming: last tokens always read")
       ->capture_default_str();
   cmd->add_flag(
       "--sparse-head-averaged", [this](int64_t) { sparse.per_head = false; },
       "quest: one block list from scores averaged over heads (default: per KV head)");
   cmd->add_option("--sparse-page", sparse.page_tokens,
-                  "quest on the GPU: tokens per selected page, dividing --block-size")
+                  "quest, streaming: tokens per selected page, dividing --block-size")
       ->capture_default_str();
   cmd->add_option("--xattn-threshold", sparse.threshold,
                   "xattention: attention mass each query block keeps")
@@ -176,11 +180,11 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
 std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint,
                                             bool runs_sparse) const {
   LONGCTX_CHECK(
-      runs_sparse || sparse.policy == "full", ErrorCode::kUnsupported,
+      runs_sparse || sparse.policy == SparsePolicyKind::kFull, ErrorCode::kUnsupported,
       "--sparse-policy {}: this command runs the model directly; sparse policies run in "
       "the engine's commands (generate, needle, ruler, serve, bench throughput) and bench "
       "offload",
-      sparse.policy);
+      sparse_policy_name(sparse.policy));
   LONGCTX_CHECK(tensor_parallel_size == 1, ErrorCode::kUnsupported,
                 "--tensor-parallel-size {}: this command runs the model directly; tensor "
                 "parallelism runs in the engine's commands (generate, needle, ruler, serve, bench "

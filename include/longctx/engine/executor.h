@@ -11,11 +11,11 @@
 #include <span>
 #include <vector>
 
+#include "longctx/attention/sparse_options.h"
 #include "longctx/core/tensor.h"
 #include "longctx/engine/sampler.h"
 #include "longctx/kv/block_copy.h"
 #include "longctx/kv/kv_group_kind.h"
-#include "longctx/kv/sparse_options.h"
 
 namespace longctx {
 
@@ -73,7 +73,7 @@ struct CpuExecutorOptions {
   int64_t offload_slots = 4;
   int64_t offload_slot_blocks = 4;
   int64_t offload_write_back_lag = 1;  // steps until a write-back lands (unless waited for)
-  SparseOptions sparse;  // the sparse attention policy (with the simulated offload: full or quest)
+  SparseOptions sparse;  // the sparse attention policy (resident or through the simulated offload)
 };
 
 // The CPU reference model over a CPU paged KV pool.

@@ -13,7 +13,7 @@
 
 #include "longctx/core/tensor.h"
 #include "longctx/engine/executor.h"
-#include "longctx/kv/sparse_options.h"
+#include "longctx/attention/sparse_options.h"
 
 namespace longctx {
 
@@ -36,8 +36,8 @@ struct GpuRunnerOptions {
   int64_t gpu_kv_bytes = 0;
   int64_t offload_slots = 4;
   int64_t offload_slot_tokens = 32768;
-  // Sparse attention (docs/sparse.md): full, or quest on decode steps (with or without offload;
-  // decode steps then run without CUDA graphs).
+  // Sparse attention (docs/sparse.md): any registered policy, with or without offload (a policy
+  // that selects decode pages runs its decode steps without CUDA graphs).
   SparseOptions sparse;
 };
 

@@ -207,33 +207,16 @@ void CpuPagedBackend::attend_selected(int64_t layer, const Tensor& q, int64_t s,
                                       const sparse::DecodeSelection& sel, Tensor& out) const {
   const ForwardBatch& b = *batch_;
   const int64_t bs = pool_.block_size(), hkv = pool_.config().num_kv_heads,
-                d = pool_.config().head_dim, hq = q.size(1), group = hq / hkv;
-  const int64_t kv_len = b.kv_lens[s], t = b.qo_indptr[s];
+                d = pool_.config().head_dim, hq = q.size(1);
+  const int64_t t = b.qo_indptr[s];
   const int32_t* table = b.block_tables.data() + b.block_table_indptr[s];
-  const float* kp = pool_.k(layer).data<float>();
-  const float* vp = pool_.v(layer).data<float>();
-  std::vector<float> acc(d);
-  for (int64_t h = 0; h < hkv; ++h) {
-    for (int64_t g = h * group; g < (h + 1) * group; ++g) {
-      const float* qr = q.data<float>() + (t * hq + g) * d;
-      float mx = -INFINITY, sum = 0.f;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int32_t j : sel.per_kv_head[h]) {  // online softmax over the selected blocks' keys
-        for (int64_t r = j * bs; r < std::min(kv_len, (j + 1) * bs); ++r) {
-          const int64_t at = ((int64_t(table[j]) * bs + r % bs) * hkv + h) * d;
-          float dot = 0.f;
-          for (int64_t e = 0; e < d; ++e) dot += qr[e] * kp[at + e];
-          const float sc = dot * sm_scale_, nmx = std::max(mx, sc);
-          const float rescale = std::exp(mx - nmx), w = std::exp(sc - nmx);
-          sum = sum * rescale + w;
-          for (int64_t e = 0; e < d; ++e) acc[e] = acc[e] * rescale + w * vp[at + e];
-          mx = nmx;
-        }
-      }
-      float* o = out.data<float>() + (t * hq + g) * d;
-      for (int64_t e = 0; e < d; ++e) o[e] = sum > 0.f ? acc[e] / sum : 0.f;
-    }
-  }
+  const Tensor* kv[2] = {&pool_.k(layer), &pool_.v(layer)};
+  attend_selected_pages(
+      q.data<float>() + t * hq * d, sel, b.kv_lens[s], hq, hkv, d, sm_scale_,
+      [&](int64_t j, int half) {
+        return slot_row(*kv[half], int64_t(table[j / bs]) * bs + j % bs);
+      },
+      out.data<float>() + t * hq * d);
 }
 
 void CpuPagedBackend::attend_masked(int64_t layer, const Tensor& q, int64_t s,
@@ -256,7 +239,7 @@ void CpuPagedBackend::attend_masked(int64_t layer, const Tensor& q, int64_t s,
   p.kv_last_page_len = &last;
   p.block_mask = mask.mask.data();
   p.block_mask_indptr = mask_indptr;
-  p.block_mask_heads = static_cast<int>(q.size(1));
+  p.block_mask_heads = static_cast<int>(q.size(1));  // PrefillMask: one mask per q head
   p.batch_size = 1;
   p.num_qo_heads = static_cast<int>(q.size(1));
   p.num_kv_heads = static_cast<int>(pool_.config().num_kv_heads);

@@ -2,19 +2,22 @@
 // the GPU's paged backend, so the engine (block manager, prefix cache, preemption) runs one way
 // on both. K/V are f32 in a CPU PagedKVPool; attention gathers each sequence's keys and values
 // from its blocks and runs ops::attention (fp32, causal by position). With a sparse policy
-// (kv/sparse), a decode row reads only the blocks the policy selects per KV head, and a prefill
-// chunk runs the block-sparse reference with the policy's mask; Full selects nothing, so the
-// dense path runs unchanged.
+// (attention/sparse), a decode row reads only the pages the policy selects per KV head, and a
+// prefill chunk runs the block-sparse reference with the policy's mask; Full selects nothing, so
+// the dense path runs unchanged.
 //
 // KV groups (attention/kv_groups.h): a layer reads and writes through its group: the group's
 // block tables and slots in the batch, its pool layer, and a sliding layer only the blocks of
 // its window (keys at positions > q_pos - window).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
+#include "attention/sparse/sparse_policy.h"
 #include "kv/paged_kv_pool.h"
-#include "kv/sparse/sparse_policy.h"
 #include "longctx/attention/forward_batch.h"
 #include "longctx/attention/kv_groups.h"
 
@@ -34,7 +37,7 @@ class CpuPagedBackend final : public AttentionBackend {
   Tensor attend(int64_t layer, const Tensor& q) override;
 
  private:
-  // Sequence s's rows of out [T, Hq, d] from the blocks `sel` lists per KV head.
+  // Sequence s's row of out [T, Hq, d] from the pages `sel` lists per KV head.
   void attend_selected(int64_t layer, const Tensor& q, int64_t s,
                        const sparse::DecodeSelection& sel, Tensor& out) const;
   // Sequence s's rows through the block-sparse reference under `mask`.
@@ -53,6 +56,38 @@ class CpuPagedBackend final : public AttentionBackend {
 // slots and the positions. Throws Error(kInvalidArgument / kOutOfRange) naming the problem.
 void check_group_batch(const ForwardBatch& batch, const KvGroups& groups, int64_t block_size,
                        int64_t num_blocks);
+// One decode row over the pages `sel` lists per KV head (online softmax in fp32, keys in order):
+// q [Hq, d], out [Hq, d]; row(j, half) is key j's K (half 0) or V (half 1) row [Hkv, d]. The
+// resident backend and the simulated offload device share it, so their outputs are equal.
+template <typename RowFn>
+void attend_selected_pages(const float* q, const sparse::DecodeSelection& sel, int64_t kv_len,
+                           int64_t hq, int64_t hkv, int64_t d, float sm_scale, RowFn&& row,
+                           float* out) {
+  const int64_t group = hq / hkv, pt = sel.page_tokens;
+  std::vector<float> acc(d);
+  for (int64_t h = 0; h < hkv; ++h) {
+    for (int64_t g = h * group; g < (h + 1) * group; ++g) {
+      const float* qr = q + g * d;
+      float mx = -INFINITY, sum = 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int32_t page : sel.per_kv_head[h]) {
+        for (int64_t j = page * pt; j < std::min(kv_len, (page + 1) * pt); ++j) {
+          const float* k = row(j, 0) + h * d;
+          const float* v = row(j, 1) + h * d;
+          float dot = 0.f;
+          for (int64_t e = 0; e < d; ++e) dot += qr[e] * k[e];
+          const float sc = dot * sm_scale, nmx = std::max(mx, sc);
+          const float rescale = std::exp(mx - nmx), w = std::exp(sc - nmx);
+          sum = sum * rescale + w;
+          for (int64_t e = 0; e < d; ++e) acc[e] = acc[e] * rescale + w * v[e];
+          mx = nmx;
+        }
+      }
+      float* o = out + g * d;
+      for (int64_t e = 0; e < d; ++e) o[e] = sum > 0.f ? acc[e] / sum : 0.f;
+    }
+  }
+}
 
 // Copies every layer's K and V of block src into block dst of a CPU pool.
 void copy_kv_block_cpu(PagedKVPool& pool, int32_t src, int32_t dst);

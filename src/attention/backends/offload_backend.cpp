@@ -70,13 +70,6 @@ void warn_xattn_staging_full() {
       "max_model_len sequence); such steps run dense attention through the ring");
 }
 
-bool OffloadDevice::sparse_step(const ForwardBatch& batch, std::span<const int32_t>) const {
-  if (!sparse()) return false;
-  for (int64_t s = 0; s < batch.num_seqs(); ++s)
-    if (batch.q_len(s) != 1) return false;
-  return true;
-}
-
 Tensor OffloadDevice::attend_sparse(int64_t, const Tensor&) {
   LONGCTX_THROW(ErrorCode::kInternal, "KV offload: this device has no sparse policy");
 }

@@ -22,10 +22,10 @@
 
 #include "attention/backends/paged_backend.h"
 #include "attention/backends/offload_planner.h"
+#include "longctx/attention/forward_batch.h"
+#include "longctx/attention/sparse_options.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/kv/sparse_options.h"
-#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 
@@ -39,8 +39,9 @@ struct OffloadDeviceConfig {
   Device device = Device::cpu();
   int64_t max_tokens = 0;  // tokens per step
   int64_t max_seqs = 0;    // sequences per step
-  // CUDA only: quest reads the selected pages of decode steps itself (attention_backends/
-  // quest_cuda.h), host pages in place; other steps run as without it.
+  // The sparse policy (the registry's twin on each device): a decode policy reads the selected
+  // pages of decode steps itself, host pages in place; a prefill policy attends steps with a
+  // prefill over host keys it reads first; other steps run as without it.
   SparseOptions sparse;
   int64_t max_model_len = 0;
   // CPU simulation only: a write-back lands this many steps after it was issued, unless a load
@@ -87,10 +88,14 @@ class OffloadDevice {
   // A sparse policy (SparseOptions) that reads host blocks itself.
   virtual bool sparse() const { return false; }
   // Whether the device attends this step itself (attend_sparse, host blocks read in place, no
-  // ring items): by default decode-only steps of a sparse device (quest); a prefill policy
-  // (xattention) takes the steps with a prefill instead. block_loc: each batch.block_tables
-  // entry as (GPU block g >= 0, or host block h as -h - 1).
-  virtual bool sparse_step(const ForwardBatch& batch, std::span<const int32_t> block_loc) const;
+  // ring items), asked before anything loads: decode-only steps of a decode policy (quest,
+  // streaming), steps with a prefill under a prefill policy (xattention, streaming; on the GPU
+  // when the host keys fit the staging). block_loc: each batch.block_tables entry as (GPU block
+  // g >= 0, or host block h as -h - 1).
+  virtual bool sparse_step(const ForwardBatch& /*batch*/,
+                           std::span<const int32_t> /*block_loc*/) const {
+    return false;
+  }
   // After begin_step, with sparse(): the engine's copies (its metadata follows them) and, on a
   // decode step the device attends itself, where each batch.block_tables entry is (GPU block
   // g >= 0, or host block h as -h - 1); empty otherwise (the plan's ring items run).

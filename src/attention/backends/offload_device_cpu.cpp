@@ -4,26 +4,26 @@
 // released it, or read before its load, throws; a write-back lands cpu_write_back_lag steps late
 // (reading the GPU block then), unless a load or a reuse waits for its ticket first, so a missing
 // wait in a plan gives stale K/V and the tests that compare with the resident path fail.
-// Quest (--sparse-policy quest) runs through the reference kernels of the GPU path
-// (kernels/cpu/quest_cpu.h) with pages of one KV block (the CPU engine's granularity): host pages
-// are read from the host pool in place, so a sparse step that forgot a write-back's ticket reads
-// stale keys here too.
-// XAttention (--sparse-policy xattention) takes the steps with a prefill: per sequence the
-// estimate reads the keys of every block (host blocks in place), the policy picks the chunk's
-// mask, and only the blocks some head keeps have their values read; the masked attention is the
-// resident CPU engine's (kernels::cpu::paged_prefill_ref with the policy's mask), the plan the
-// CUDA device runs (xattention_offload_cuda.h).
+// A sparse policy (the registry's CPU policy, attention/sparse) is asked before anything is read:
+// a decode step of a decode policy (quest, streaming) reads only the pages its lists name, host
+// pages from the host pool in place (so a sparse step that forgot a write-back's ticket reads
+// stale keys here too), and attends them as the resident CPU engine does
+// (attend_selected_pages); a step with a prefill under a prefill policy (xattention, streaming)
+// reads per sequence the keys of every block (host blocks in place), asks the policy for the
+// chunk's mask and reads the values only of the blocks some head keeps; the masked attention is
+// the resident CPU engine's (kernels::cpu::paged_prefill_ref with the policy's mask), the plan
+// the CUDA device runs (xattention_offload_cuda.h).
 #include <algorithm>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <memory>
 
+#include "attention/backends/cpu_paged_backend.h"
 #include "attention/backends/offload_backend.h"
+#include "attention/sparse/sparse_policy.h"
 #include "kernels/cpu/attention_ref.h"
 #include "kernels/cpu/merge_cpu.h"
-#include "kernels/cpu/quest_cpu.h"
-#include "kv/sparse/sparse_policy.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -45,52 +45,32 @@ class CpuOffloadDevice final : public OffloadDevice {
     gpu_ = Tensor::empty({g_.num_layers * g_.num_gpu_blocks * 2 * page_}, DType::kF32);
     ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * 2 * page_}, DType::kF32);
     slots_.resize(g_.num_slots);
-    if (c.sparse.policy == "xattention") {
+    if (sparse::selects(c.sparse, sparse::Phase::kPrefill) ||
+        sparse::selects(c.sparse, sparse::Phase::kDecode)) {
       sparse::KvShape shape;
       shape.num_layers = g_.num_layers;
-      shape.num_blocks = g_.num_host_blocks;
+      shape.num_blocks = g_.num_host_blocks;  // the engine's block ids: the metadata's
       shape.block_size = g_.block_size;
       shape.num_qo_heads = c.num_qo_heads;
       shape.num_kv_heads = c.num_kv_heads;
       shape.head_dim = c.head_dim;
       shape.sm_scale = c.sm_scale;
-      xattn_ = sparse::make_sparse_policy(c.sparse, shape);
-    } else if (c.sparse.policy == "quest") {
-      SparseOptions o = c.sparse;
-      o.page_tokens = g_.block_size;
-      budget_ = kernels::cpu::quest_budget_of(o);
-      kernels::cpu::check_quest_budget(budget_, static_cast<int>(g_.block_size));
-      quest_ = true;
-      // Uninitialized, as the pool: a page's metadata is written with its first rows.
-      meta_.reset(new float[static_cast<size_t>(g_.num_layers * g_.num_host_blocks * 2 *
-                                                c.num_kv_heads * c.head_dim)]);
+      policy_ = sparse::make_sparse_policy(c.sparse, shape);
     }
   }
 
-  bool sparse() const override { return quest_ || xattn_ != nullptr; }
-  bool sparse_step(const ForwardBatch& batch, std::span<const int32_t> block_loc) const override {
-    if (xattn_ == nullptr) return OffloadDevice::sparse_step(batch, block_loc);
-    for (int64_t s = 0; s < batch.num_seqs(); ++s)
-      if (batch.q_len(s) > 1) return true;
-    return false;
+  bool sparse() const override { return policy_ != nullptr; }
+  bool sparse_step(const ForwardBatch& batch, std::span<const int32_t>) const override {
+    if (policy_ == nullptr) return false;
+    bool prefill = false;
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) prefill = prefill || batch.q_len(s) > 1;
+    return policy_->selects(prefill ? sparse::Phase::kPrefill : sparse::Phase::kDecode);
   }
-  int64_t sparse_host_bytes_read() const override {
-    if (xattn_ != nullptr) return xattn_host_bytes_;
-    return static_cast<int64_t>(host_pages_read_) * 2 * budget_.page_tokens * c_.head_dim *
-           static_cast<int64_t>(sizeof(float));
-  }
+  int64_t sparse_host_bytes_read() const override { return host_bytes_read_; }
 
   void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
                    std::span<const KVBlockCopy> copies) override {
-    if (quest_) {
-      const int64_t per_block = 2 * c_.num_kv_heads * c_.head_dim;
-      for (const KVBlockCopy& cp : copies)
-        for (int64_t l = 0; l < g_.num_layers; ++l)
-          std::memcpy(meta_layer(l) + cp.dst * per_block, meta_layer(l) + cp.src * per_block,
-                      per_block * sizeof(float));
-      touched_ = kernels::cpu::quest_touched_pages(
-          batch.slot_mapping, plan_->slots, static_cast<int>(g_.block_size), budget_.page_tokens);
-    }
+    for (const KVBlockCopy& cp : copies) policy_->on_block_copied(cp.src, cp.dst);
     batch_ = &batch;
     block_loc_.assign(block_loc.begin(), block_loc.end());
     // Host pages are read in place: after write-backs of them still in flight.
@@ -98,72 +78,42 @@ class CpuOffloadDevice final : public OffloadDevice {
   }
 
   Tensor attend_sparse(int64_t layer, const Tensor& q) override {
-    if (xattn_ != nullptr) return attend_xattention(layer, q);
     const ForwardBatch& b = *batch_;
-    const int n = static_cast<int>(b.num_seqs());
-    const int hkv = static_cast<int>(c_.num_kv_heads), d = static_cast<int>(c_.head_dim);
-    int max_pages = 0;
-    for (int32_t kv : b.kv_lens)
-      max_pages = std::max(max_pages, kernels::quest_count(kv, budget_).num_pages);
-    const int max_sel = std::min(kernels::quest_max_selected(budget_), max_pages);
+    const int64_t q_row = c_.num_qo_heads * c_.head_dim, bs = g_.block_size;
     q_ = q.contiguous();
-    std::vector<int32_t> selected(static_cast<size_t>(n) * hkv * max_sel);
-    kernels::QuestSelectParams s;
-    s.q = q_.data<float>();
-    s.meta = meta_layer(layer);
-    s.block_indptr = b.block_table_indptr.data();
-    s.block_tables = b.block_tables.data();
-    s.kv_lens = b.kv_lens.data();
-    s.selected = selected.data();
-    s.batch = n;
-    s.num_qo_heads = static_cast<int>(c_.num_qo_heads);
-    s.num_kv_heads = hkv;
-    s.head_dim = d;
-    s.pages_per_block = 1;
-    s.max_pages = max_pages;
-    s.max_selected = max_sel;
-    s.budget = budget_;
-    s.per_head = c_.sparse.per_head;
-    s.dtype = DType::kF32;
-    kernels::cpu::quest_select(s);
-    const int64_t rows = int64_t(max_sel) * budget_.page_tokens;
-    std::vector<float> ck(static_cast<size_t>(n * rows * hkv * d)), cv(ck.size());
-    kernels::QuestGatherParams g;
-    g.k_base[0] = gpu_block(layer, 0);
-    g.v_base[0] = gpu_block(layer, 0) + page_;
-    g.k_base[1] = host_block(layer, 0);
-    g.v_base[1] = host_block(layer, 0) + page_;
-    g.block_stride[0] = g.block_stride[1] = 2 * page_;
-    g.block_indptr = b.block_table_indptr.data();
-    g.block_loc = block_loc_.data();
-    g.kv_lens = b.kv_lens.data();
-    g.selected = selected.data();
-    g.out_k = ck.data();
-    g.out_v = cv.data();
-    g.memory1_pages = &host_pages_read_;
-    g.batch = n;
-    g.num_kv_heads = hkv;
-    g.head_dim = d;
-    g.pages_per_block = 1;
-    g.max_selected = max_sel;
-    g.budget = budget_;
-    g.dtype = DType::kF32;
-    kernels::cpu::quest_gather(g);
-    // Attention over the compact buffer: sequence b is one page of max_sel blocks.
-    std::vector<int32_t> qo(n + 1), indptr(n + 1), pages(n), last(n);
-    for (int i = 0; i < n; ++i) {
-      qo[i + 1] = indptr[i + 1] = i + 1;
-      pages[i] = i;
-      last[i] = kernels::cpu::quest_compact_len(b.kv_lens[i], budget_);
+    Tensor o = Tensor::empty({q.size(0), q_row}, DType::kF32);
+    for (int64_t s = 0; s < b.num_seqs(); ++s) {
+      const float* qs = q_.data<float>() + b.qo_indptr[s] * q_row;
+      float* os = o.data<float>() + b.qo_indptr[s] * q_row;
+      if (b.q_len(s) > 1 || !policy_->selects(sparse::Phase::kDecode)) {
+        attend_prefill(layer, s, qs, os);
+        continue;
+      }
+      // A decode row: the policy's pages (every page when it selects nothing), read where they
+      // are.
+      const int32_t* table = b.block_tables.data() + b.block_table_indptr[s];
+      const int32_t* loc = block_loc_.data() + b.block_table_indptr[s];
+      const int64_t kv_len = b.kv_lens[s];
+      sparse::DecodeSelection sel = policy_->select_decode(layer, qs, {table, kv_len, nullptr});
+      if (sel.all()) {
+        sel.page_tokens = bs;
+        sel.per_kv_head.assign(c_.num_kv_heads, {});
+        for (auto& l : sel.per_kv_head)
+          for (int32_t j = 0; j * bs < kv_len; ++j) l.push_back(j);
+      }
+      for (const auto& l : sel.per_kv_head)
+        for (int32_t page : l)
+          if (loc[page * sel.page_tokens / bs] < 0)
+            host_bytes_read_ += 2 * sel.page_tokens * c_.head_dim * int64_t(sizeof(float));
+      attend_selected_pages(
+          qs, sel, kv_len, c_.num_qo_heads, c_.num_kv_heads, c_.head_dim, c_.sm_scale,
+          [&](int64_t j, int half) {
+            const int32_t l = loc[j / bs];
+            const float* blk = l >= 0 ? gpu_block(layer, l) : host_block(layer, -l - 1);
+            return blk + half * page_ + (j % bs) * c_.num_kv_heads * c_.head_dim;
+          },
+          os);
     }
-    Tensor o = Tensor::empty({q.size(0), c_.num_qo_heads * c_.head_dim}, DType::kF32);
-    PagedPrefillParams p =
-        params(q_.data<float>(), ck.data(), qo, indptr, pages, last, MaskMode::kNone);
-    p.v_cache = cv.data();
-    p.o = o.data<float>();
-    p.lse = nullptr;
-    p.page_size = static_cast<int>(rows);
-    kernels::cpu::paged_prefill_ref(p);
     return o;
   }
 
@@ -216,19 +166,10 @@ class CpuOffloadDevice final : public OffloadDevice {
                     d * sizeof(float));
       }
     }
-    if (!quest_ || touched_.empty()) return;
-    kernels::QuestMetaParams m;
-    m.k_cache = gpu_block(layer, 0);
-    m.block_stride = 2 * page_;
-    m.meta = meta_layer(layer);
-    m.pages = touched_.data();
-    m.num_pages = static_cast<int>(touched_.size() / 4);
-    m.num_kv_heads = static_cast<int>(hkv);
-    m.head_dim = static_cast<int>(d);
-    m.page_tokens = budget_.page_tokens;
-    m.pages_per_block = 1;
-    m.dtype = DType::kF32;
-    kernels::cpu::quest_meta_update(m);
+    if (policy_ == nullptr) return;
+    const Tensor kc = k.strides()[1] == k.size(2) ? k : k.contiguous();
+    policy_->on_keys_written(layer, kc.data<float>(), kc.strides()[0], batch_->slot_mapping.data(),
+                             kc.size(0));
   }
 
   void attend_resident(int64_t layer, const Tensor& q) override {
@@ -288,49 +229,41 @@ class CpuOffloadDevice final : public OffloadDevice {
     std::vector<BlockMove> moves;
   };
 
-  // One prefill step under XAttention: per sequence, K of every block (the estimate's read),
-  // the policy's mask, V of the blocks the mask keeps, masked causal attention.
-  Tensor attend_xattention(int64_t layer, const Tensor& q) {
+  // One sequence of a step with a prefill under a prefill policy: K of every block (what an
+  // estimate may read), the policy's mask, V of the blocks the mask keeps, masked causal
+  // attention into o. Decode rows of a policy that does not select decodes attend every block.
+  void attend_prefill(int64_t layer, int64_t s, const float* qs, float* os) {
     const ForwardBatch& b = *batch_;
     const int64_t bs = g_.block_size, q_row = c_.num_qo_heads * c_.head_dim;
-    q_ = q.contiguous();
-    Tensor o = Tensor::empty({q.size(0), q_row}, DType::kF32);
-    for (int64_t s = 0; s < b.num_seqs(); ++s) {
-      const int64_t kv_len = b.kv_lens[s], n = b.q_len(s), q0 = b.qo_indptr[s];
-      const int32_t nb = static_cast<int32_t>((kv_len + bs - 1) / bs);
-      const int32_t* loc = block_loc_.data() + b.block_table_indptr[s];
-      std::vector<int32_t> blocks(nb);
-      for (int32_t j = 0; j < nb; ++j) blocks[j] = j;
-      // [nb, bs, Hkv, d] each: the sequence's blocks in table order (rows past kv_len unread).
-      std::vector<float> k(static_cast<size_t>(nb * page_)), v(k.size());
-      for (int32_t j = 0; j < nb; ++j) read_half(layer, loc[j], 0, k.data() + j * page_);
-      const float* qs = q_.data<float>() + q0 * q_row;
-      sparse::PrefillMask mask;
-      if (n > 1)
-        mask = xattn_->select_prefill(layer, qs, q_row, n, {blocks.data(), kv_len, k.data()});
-      for (int32_t j = 0; j < nb; ++j)
-        if (mask.all() || mask_keeps(mask, j * bs, std::min<int64_t>((j + 1) * bs, kv_len)))
-          read_half(layer, loc[j], 1, v.data() + j * page_);
-      const std::vector<int32_t> qo = {0, static_cast<int32_t>(n)}, kv_indptr = {0, nb},
-                                 last = {last_page_len(static_cast<int32_t>(kv_len))};
-      const int64_t mask_indptr[2] = {0, static_cast<int64_t>(mask.mask.size())};
-      PagedPrefillParams p = params(qs, k.data(), qo, kv_indptr, blocks, last, MaskMode::kCausal);
-      p.v_cache = v.data();
-      p.o = o.data<float>() + q0 * q_row;
-      p.lse = nullptr;
-      if (!mask.all()) {
-        p.block_mask = mask.mask.data();
-        p.block_mask_indptr = mask_indptr;
-        p.block_mask_heads = static_cast<int>(c_.num_qo_heads);
-      }
-      kernels::cpu::paged_prefill_ref(p);
+    const int64_t kv_len = b.kv_lens[s], n = b.q_len(s);
+    const int32_t nb = static_cast<int32_t>((kv_len + bs - 1) / bs);
+    const int32_t* loc = block_loc_.data() + b.block_table_indptr[s];
+    std::vector<int32_t> blocks(nb);
+    for (int32_t j = 0; j < nb; ++j) blocks[j] = j;
+    // [nb, bs, Hkv, d] each: the sequence's blocks in table order (rows past kv_len unread).
+    std::vector<float> k(static_cast<size_t>(nb * page_)), v(k.size());
+    for (int32_t j = 0; j < nb; ++j) read_half(layer, loc[j], 0, k.data() + j * page_);
+    sparse::PrefillMask mask;
+    if (n > 1)
+      mask = policy_->select_prefill(layer, qs, q_row, n, {blocks.data(), kv_len, k.data()});
+    for (int32_t j = 0; j < nb; ++j)
+      if (mask.all() || mask_keeps(mask, j * bs, std::min<int64_t>((j + 1) * bs, kv_len)))
+        read_half(layer, loc[j], 1, v.data() + j * page_);
+    const std::vector<int32_t> qo = {0, static_cast<int32_t>(n)}, kv_indptr = {0, nb},
+                               last = {last_page_len(static_cast<int32_t>(kv_len))};
+    const int64_t mask_indptr[2] = {0, static_cast<int64_t>(mask.mask.size())};
+    PagedPrefillParams p = params(qs, k.data(), qo, kv_indptr, blocks, last, MaskMode::kCausal);
+    p.v_cache = v.data();
+    p.o = os;
+    p.lse = nullptr;
+    if (!mask.all()) {
+      p.block_mask = mask.mask.data();
+      p.block_mask_indptr = mask_indptr;
+      p.block_mask_heads = static_cast<int>(c_.num_qo_heads);  // PrefillMask: per q head
     }
-    return o;
+    kernels::cpu::paged_prefill_ref(p);
   }
 
-  float* meta_layer(int64_t layer) {
-    return meta_.get() + layer * g_.num_host_blocks * 2 * c_.num_kv_heads * c_.head_dim;
-  }
   float* host_block(int64_t layer, int32_t b) {
     return host_.data<float>() + (layer * g_.num_host_blocks + b) * 2 * page_;
   }
@@ -345,7 +278,7 @@ class CpuOffloadDevice final : public OffloadDevice {
   void read_half(int64_t layer, int32_t loc, int half, float* dst) {
     const float* src = loc >= 0 ? gpu_block(layer, loc) : host_block(layer, -loc - 1);
     std::memcpy(dst, src + half * page_, page_ * sizeof(float));
-    if (loc < 0) xattn_host_bytes_ += page_ * static_cast<int64_t>(sizeof(float));
+    if (loc < 0) host_bytes_read_ += page_ * static_cast<int64_t>(sizeof(float));
   }
   // Whether some q head and query block of `mask` keeps a key in [begin, end).
   static bool mask_keeps(const sparse::PrefillMask& mask, int64_t begin, int64_t end) {
@@ -436,17 +369,11 @@ class CpuOffloadDevice final : public OffloadDevice {
   const OffloadStepPlan* plan_ = nullptr;
   Tensor q_;
   std::vector<float> acc_o_, acc_lse_, part_o_, part_lse_;
-  // xattention
-  std::unique_ptr<sparse::SparsePolicy> xattn_;
-  int64_t xattn_host_bytes_ = 0;  // host K/V bytes read in place by xattention steps
-  // quest
-  bool quest_ = false;
-  kernels::QuestBudget budget_;
-  std::unique_ptr<float[]> meta_;   // [layers][host blocks][Hkv][min, max][d]
-  std::vector<int32_t> touched_;    // this step's pages (QuestMetaParams::pages)
-  std::vector<int32_t> block_loc_;  // a decode step's block locations
+  // the sparse policy (none under full)
+  std::unique_ptr<sparse::SparsePolicy> policy_;
+  int64_t host_bytes_read_ = 0;     // host K / V bytes the sparse steps read in place
+  std::vector<int32_t> block_loc_;  // a sparse step's block locations
   const ForwardBatch* batch_ = nullptr;
-  unsigned long long host_pages_read_ = 0;  // pages (of one KV head) gathered from the host pool
 };
 
 }  // namespace

@@ -11,8 +11,10 @@
 // per write-back ticket one event.
 // Kernels: the paged prefill and split-KV decode kernels for head_dim 64 / 128, the generic paged
 // kernel for the other head dims (8..256), as the resident paged backend chooses them.
-// Sparse policies attend their own steps: quest the decode-only ones (quest_cuda.h, host pages
-// read in place), xattention those with a prefill (xattention_offload_cuda.h).
+// Sparse policies (their CUDA twins, from the registry) attend their own steps, selecting before
+// anything is loaded: a decode policy (quest, streaming) the decode-only ones (host pages read
+// in place), a prefill policy (xattention, streaming) those with a prefill, over host keys staged
+// on the GPU (xattention_offload_cuda.h).
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -20,9 +22,9 @@
 #include <vector>
 
 #include "attention/backends/offload_backend.h"
-#include "attention/backends/quest_cuda.h"
 #include "attention/backends/staged_words.h"
 #include "attention/backends/xattention_offload_cuda.h"
+#include "attention/sparse/sparse_policy_cuda.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/kv_store.h"
@@ -87,13 +89,12 @@ class CudaOffloadDevice final : public OffloadDevice {
                     format_bytes(host_bytes), g_.num_host_blocks, e.what());
     }
     c.sparse.validate();
-    LONGCTX_CHECK(
-        c.sparse.policy == "full" || c.sparse.policy == "quest" || c.sparse.policy == "xattention",
-        ErrorCode::kUnsupported, "--sparse-policy {} with KV offload: not built", c.sparse.policy);
-    // XAttention stages host blocks after the cache's last layer (xattention_offload_cuda.h).
-    const XAttnStaging staging = c.sparse.policy == "xattention"
-                                     ? xattn_offload_staging(g_, c.max_model_len)
-                                     : XAttnStaging{};
+    const sparse::PolicyDef& policy = sparse::policy_def(c.sparse.policy);
+    LONGCTX_CHECK(!policy.prefill || policy.offload_staging, ErrorCode::kUnsupported,
+                  "--sparse-policy {} with KV offload: not built", policy.name);
+    // A prefill policy stages host keys after the cache's last layer (xattention_offload_cuda.h).
+    const XAttnStaging staging =
+        policy.offload_staging ? xattn_offload_staging(g_, c.max_model_len) : XAttnStaging{};
     gpu_ = Tensor::empty(
         {(g_.num_layers * g_.num_gpu_blocks + staging.buffers * staging.blocks) * block_bytes_},
         DType::kU8, device_);
@@ -107,17 +108,30 @@ class CudaOffloadDevice final : public OffloadDevice {
       ready_.emplace_back(device_);
       free_.emplace_back(device_);
     }
-    if (c.sparse.policy == "xattention") {
-      LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev_, host_.data_ptr(), 0));
+    const int64_t max_seq_len =
+        c.max_model_len > 0 ? c.max_model_len : g_.num_host_blocks * g_.block_size;
+    sparse::SparseCudaConfig sc;
+    sc.options = c.sparse;
+    sc.num_layers = g_.num_layers;
+    sc.num_blocks = g_.num_host_blocks;  // the engine's block ids
+    sc.block_size = g_.block_size;
+    sc.num_qo_heads = c.num_qo_heads;
+    sc.num_kv_heads = c.num_kv_heads;
+    sc.head_dim = c.head_dim;
+    sc.dtype = c.dtype;
+    sc.sm_scale = c.sm_scale;
+    sc.device = device_;
+    sc.max_tokens = c.max_tokens;
+    sc.max_seqs = c.max_seqs;
+    sc.max_seq_len = policy.offload_staging ? staging.max_seq_len : max_seq_len;
+    policy_ = sparse::make_sparse_policy_cuda(sc);
+    if (policy_ == nullptr) return;
+    decodes_ = policy.decode;
+    // The policies read host pages in place: the pool's device view (UVA maps pinned memory).
+    LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev_, host_.data_ptr(), 0));
+    if (policy.prefill) {
       XAttnOffloadConfig x;
-      x.xattn.options = c.sparse;
-      x.xattn.num_qo_heads = c.num_qo_heads;
-      x.xattn.num_kv_heads = c.num_kv_heads;
-      x.xattn.sm_scale = c.sm_scale;
-      x.xattn.device = device_;
-      x.xattn.max_tokens = c.max_tokens;
-      x.xattn.max_seqs = c.max_seqs;
-      x.xattn.max_seq_len = staging.max_seq_len;
+      x.xattn = sc;
       x.num_layers = g_.num_layers;
       x.num_gpu_blocks = g_.num_gpu_blocks;
       x.num_host_blocks = g_.num_host_blocks;
@@ -127,82 +141,70 @@ class CudaOffloadDevice final : public OffloadDevice {
       x.dtype = c.dtype;
       x.staging_blocks = staging.blocks;
       x.num_buffers = staging.buffers;
-      xattn_ = std::make_unique<XAttnOffloadCuda>(
-          x, XAttnOffloadMemory{static_cast<char*>(gpu_.data_ptr()),
-                                static_cast<const char*>(host_.data_ptr()),
-                                static_cast<const char*>(host_dev_)});
-    }
-    if (c.sparse.policy == "quest") {
-      QuestCudaConfig q;
-      q.options = c.sparse;
-      q.num_layers = g_.num_layers;
-      q.num_blocks = g_.num_host_blocks;  // the engine's block ids
-      q.block_size = g_.block_size;
-      q.num_qo_heads = c.num_qo_heads;
-      q.num_kv_heads = c.num_kv_heads;
-      q.head_dim = c.head_dim;
-      q.dtype = c.dtype;
-      q.sm_scale = c.sm_scale;
-      q.device = device_;
-      q.max_seqs = c.max_seqs;
-      q.max_model_len = c.max_model_len > 0 ? c.max_model_len : g_.num_host_blocks * g_.block_size;
-      quest_ = std::make_unique<QuestCuda>(q);
-      // The gather reads host pages in place: the pool's device view (UVA maps pinned memory).
-      LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev_, host_.data_ptr(), 0));
+      staged_ = std::make_unique<XAttnOffloadCuda>(
+          x,
+          XAttnOffloadMemory{static_cast<char*>(gpu_.data_ptr()),
+                             static_cast<const char*>(host_.data_ptr()),
+                             static_cast<const char*>(host_dev_)},
+          *policy_);
     }
   }
 
-  bool sparse() const override { return quest_ != nullptr || xattn_ != nullptr; }
+  bool sparse() const override { return policy_ != nullptr; }
   bool sparse_step(const ForwardBatch& batch, std::span<const int32_t> block_loc) const override {
-    if (xattn_ == nullptr) return OffloadDevice::sparse_step(batch, block_loc);
-    // Steps with a prefill whose host blocks fit the staging; others run dense through the ring.
+    if (policy_ == nullptr) return false;
     bool prefill = false;
     for (int64_t s = 0; s < batch.num_seqs(); ++s) prefill = prefill || batch.q_len(s) > 1;
-    if (!prefill) return false;
-    if (xattn_->fits(batch, block_loc)) return true;
+    if (!prefill) return decodes_;
+    if (staged_ == nullptr) return false;
+    // Steps with a prefill whose host blocks fit the staging; others run dense through the ring.
+    if (staged_->fits(batch, block_loc)) return true;
     if (!staging_warned_) warn_xattn_staging_full();
     staging_warned_ = true;
     return false;
   }
   int64_t sparse_host_bytes_read() const override {
-    if (xattn_ != nullptr) return xattn_->host_bytes_read();
-    return quest_ != nullptr ? quest_->memory1_bytes_read() : 0;
+    if (policy_ == nullptr) return 0;
+    return (staged_ != nullptr ? staged_->host_bytes_read() : 0) + policy_->memory1_bytes_read();
   }
   SparsePrefillCounters sparse_prefill_counters() const override {
-    if (xattn_ == nullptr) return {};
-    const XAttnCuda::Counters c = xattn_->counters();
-    return {c.kept, c.causal};
+    return staged_ != nullptr ? staged_->counters() : SparsePrefillCounters{};
   }
 
   void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
                    std::span<const KVBlockCopy> copies) override {
     cudaStream_t compute = stream();
-    if (xattn_ != nullptr) {
-      if (block_loc.empty()) return;  // a step through the ring
+    policy_->copy_blocks(copies, compute);
+    prefill_step_ = false;
+    if (!block_loc.empty() && staged_ != nullptr) {
+      for (int64_t s = 0; s < batch.num_seqs(); ++s)
+        prefill_step_ = prefill_step_ || batch.q_len(s) > 1;
+    }
+    if (prefill_step_) {
       // Host blocks are read by both streams: after write-backs of them still in flight.
       if (plan_->load_wait_ticket) {
         wait_ticket(compute, plan_->load_wait_ticket);
         wait_ticket(cuda_handle(h2d_), plan_->load_wait_ticket);
       }
-      xattn_->plan(batch, block_loc, compute, h2d_);
+      staged_->plan(batch, block_loc, compute, h2d_);
       return;
     }
-    quest_->copy_blocks(copies, compute);
-    quest_->plan(batch, plan_->slots, block_loc, compute);
+    // A decode policy keeps its metadata on every step; it attends decode steps (block_loc).
+    if (decodes_) policy_->plan(batch, plan_->slots, block_loc, compute);
     // Host pages are read by the compute stream: after write-backs of them still in flight.
     if (!block_loc.empty() && plan_->load_wait_ticket)
       wait_ticket(compute, plan_->load_wait_ticket);
   }
 
   Tensor attend_sparse(int64_t layer, const Tensor& q) override {
-    if (xattn_ != nullptr) return xattn_->attend(layer, q, stream(), h2d_);
+    if (prefill_step_) return staged_->attend(layer, q, stream(), h2d_);
     q_ = q.contiguous();
     Tensor out = Tensor::empty({q.size(0), c_.num_qo_heads * c_.head_dim}, c_.dtype, device_);
     const int64_t v_off = page_ * esize_;
-    const QuestCuda::Memory mem[2] = {
+    const sparse::PageMemory mem[2] = {
         {gpu_at(layer, 0), static_cast<char*>(gpu_at(layer, 0)) + v_off, 2 * page_},
         {host_dev_at(layer), static_cast<char*>(host_dev_at(layer)) + v_off, 2 * page_}};
-    quest_->attend(layer, q_.data_ptr(), out.data_ptr(), nullptr, mem, stream());
+    policy_->attend_decode(layer, q_.data_ptr(), out.data_ptr(), nullptr, mem, stream());
     return out;
   }
 
@@ -269,7 +271,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.num_pages = static_cast<int>(2 * g_.num_gpu_blocks - 1);
     p.dtype = c_.dtype;
     kernels::cuda::kv_store_run(p, stream());
-    if (quest_ != nullptr) quest_->update_meta(layer, gpu_at(layer, 0), 2 * page_, stream());
+    if (policy_ != nullptr) policy_->on_keys_stored(layer, gpu_at(layer, 0), 2 * page_, stream());
   }
 
   void attend_resident(int64_t layer, const Tensor& q) override {
@@ -540,8 +542,10 @@ class CudaOffloadDevice final : public OffloadDevice {
   std::vector<CallPlan> items_;
   int64_t slots_ = 0;  // word offset of the int64 slots
   const OffloadStepPlan* plan_ = nullptr;
-  std::unique_ptr<QuestCuda> quest_;         // --sparse-policy quest
-  std::unique_ptr<XAttnOffloadCuda> xattn_;  // --sparse-policy xattention
+  std::unique_ptr<sparse::SparsePolicyCuda> policy_;  // the policy's twin (none under full)
+  std::unique_ptr<XAttnOffloadCuda> staged_;  // a prefill policy's steps over staged host keys
+  bool decodes_ = false;                      // the policy selects decode steps' pages
+  bool prefill_step_ = false;                 // this sparse step is a prefill one (staged_)
   void* host_dev_ = nullptr;  // host_'s device address (the sparse policies read it in place)
   mutable bool staging_warned_ = false;
 };

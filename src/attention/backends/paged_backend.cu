@@ -3,8 +3,7 @@
 #include <vector>
 
 #include "attention/backends/paged_backend.h"
-#include "attention/backends/quest_cuda.h"
-#include "attention/backends/xattention_cuda.h"
+#include "attention/sparse/sparse_policy_cuda.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/kv_store.h"
@@ -23,7 +22,7 @@ using kernels::KvStoreParams;
 using kernels::MaskMode;
 using kernels::PagedPrefillParams;
 
-enum class Path { kDecode, kPrefill, kGeneric, kQuest };
+enum class Path { kDecode, kPrefill, kGeneric, kSparseDecode };
 
 // Offsets (in int32 words) of the index arrays inside the one staging buffer.
 struct IndexLayout {
@@ -81,42 +80,32 @@ class PagedAttentionBackend final : public AttentionBackend {
     sparse.validate();
     const int64_t max_seq_len =
         limits.max_seq_len > 0 ? limits.max_seq_len : c.num_blocks * c.block_size;
-    if (sparse.policy == "xattention") {
+    // The policy's CUDA twin, from the registry (nullptr for full).
+    sparse::SparseCudaConfig sc;
+    sc.options = sparse;
+    sc.num_layers = c.num_layers;
+    sc.num_blocks = c.num_blocks;
+    sc.block_size = c.block_size;
+    sc.num_qo_heads = num_qo_heads;
+    sc.num_kv_heads = c.num_kv_heads;
+    sc.head_dim = c.head_dim;
+    sc.dtype = c.dtype;
+    sc.sm_scale = sm_scale;
+    sc.device = device_;
+    sc.max_tokens = limits.max_tokens;
+    sc.max_seqs = limits.max_seqs;
+    sc.max_seq_len = max_seq_len;
+    if (sparse::selects(sparse, sparse::Phase::kPrefill))
       LONGCTX_CHECK(fast_head_dim_, ErrorCode::kUnsupported,
-                    "--sparse-policy xattention on the GPU: head_dim {} (the estimate kernel "
-                    "takes 64 and 128)",
-                    c.head_dim);
-      XAttnCudaConfig x;
-      x.options = sparse;
-      x.num_qo_heads = num_qo_heads;
-      x.num_kv_heads = c.num_kv_heads;
-      x.sm_scale = sm_scale;
-      x.device = device_;
-      x.max_tokens = limits.max_tokens;
-      x.max_seqs = limits.max_seqs;
-      x.max_seq_len = max_seq_len;
-      xattn_ = std::make_unique<XAttnCuda>(x);
-    }
-    if (sparse.policy == "quest") {
-      QuestCudaConfig q;
-      q.options = sparse;
-      q.num_layers = c.num_layers;
-      q.num_blocks = c.num_blocks;
-      q.block_size = c.block_size;
-      q.num_qo_heads = num_qo_heads;
-      q.num_kv_heads = c.num_kv_heads;
-      q.head_dim = c.head_dim;
-      q.dtype = c.dtype;
-      q.sm_scale = sm_scale;
-      q.device = device_;
-      q.max_seqs = limits.max_seqs;
-      q.max_model_len = max_seq_len;
-      quest_ = std::make_unique<QuestCuda>(q);
-    }
+                    "--sparse-policy {} on the GPU: head_dim {} (the block-sparse prefill takes 64 "
+                    "and 128)",
+                    sparse_policy_name(sparse.policy), c.head_dim);
+    sparse_ = sparse::make_sparse_policy_cuda(sc);
+    sparse_decodes_ = sparse::selects(sparse, sparse::Phase::kDecode);
   }
 
   void copy_blocks(std::span<const KVBlockCopy> copies) {
-    if (quest_ != nullptr) quest_->copy_blocks(copies, current_cuda_stream(device_.index));
+    if (sparse_ != nullptr) sparse_->copy_blocks(copies, current_cuda_stream(device_.index));
   }
 
   void plan(const ForwardBatch& batch) override {
@@ -144,7 +133,7 @@ class PagedAttentionBackend final : public AttentionBackend {
 
     num_seqs_ = static_cast<int>(s);
     num_tokens_ = static_cast<int>(t);
-    xattn_prefill_ = false;
+    sparse_prefill_ = false;
     params_ = PagedPrefillParams{};
     params_.qo_indptr = dev(layout_.qo_indptr);
     params_.kv_indptr = dev(layout_.kv_indptr);
@@ -160,15 +149,17 @@ class PagedAttentionBackend final : public AttentionBackend {
     params_.sm_scale = sm_scale_;
     // q, o and the caches are set per layer in attend(); the support checks read shapes only.
     const bool fast = fast_head_dim_ && kernels::cuda::paged_prefill_supported(params_);
-    // Quest: decode steps read the selected pages only (graph-shaped batches run dense).
-    const bool quest_decode = quest_ != nullptr && all_decode && !batch.fixed_launch_shapes;
-    if (quest_ != nullptr)
-      quest_->plan(
-          batch, batch.slot_mapping,
-          quest_decode ? std::span<const int32_t>(batch.block_tables) : std::span<const int32_t>(),
-          stream);
-    if (quest_decode) {
-      path_ = Path::kQuest;
+    // A decode policy: decode steps read the selected pages only (graph-shaped batches run
+    // dense); a prefill policy: steps with a prefill get its block mask.
+    const bool sparse_decode = sparse_decodes_ && all_decode && !batch.fixed_launch_shapes;
+    const bool sparse_selects =
+        sparse_ != nullptr &&
+        sparse_->plan(batch, batch.slot_mapping,
+                      sparse_decode ? std::span<const int32_t>(batch.block_tables)
+                                    : std::span<const int32_t>(),
+                      stream);
+    if (sparse_decode) {
+      path_ = Path::kSparseDecode;
     } else if (fast && all_decode) {
       path_ = Path::kDecode;
       kernels::cuda::DecodeGraphMode graph;
@@ -183,13 +174,13 @@ class PagedAttentionBackend final : public AttentionBackend {
                     "paged attention: fixed launch shapes (CUDA graphs) need a decode-only batch "
                     "(every sequence one new token)");
       path_ = Path::kPrefill;
-      xattn_prefill_ = xattn_ != nullptr && xattn_->plan(batch, stream);
+      sparse_prefill_ = sparse_selects;
       // The block-sparse prefill gets no split (the list's room only): the plan's costs are the
       // dense ones, and the offloaded XAttention prefill, which has none, stays bit-identical.
       prefill_plan_ = kernels::cuda::paged_prefill_plan(
           batch.qo_indptr.data(), batch.kv_lens.data(), num_seqs_, num_qo_heads_,
           params_.num_kv_heads, params_.head_dim, MaskMode::kCausal, workspace_.data_ptr(),
-          xattn_prefill_ ? prefill_list_bytes_ : prefill_ws_bytes_, stream);
+          sparse_prefill_ ? prefill_list_bytes_ : prefill_ws_bytes_, stream);
     } else {
       LONGCTX_CHECK(kernels::cuda::paged_generic_supported(params_), ErrorCode::kUnsupported,
                     "paged attention: no kernel for head_dim {} with {} q / {} kv heads, page "
@@ -200,10 +191,8 @@ class PagedAttentionBackend final : public AttentionBackend {
     planned_ = true;
   }
 
-  SparsePrefillCounters xattn_counters() const {
-    if (xattn_ == nullptr) return {};
-    const XAttnCuda::Counters c = xattn_->counters();
-    return {c.kept, c.causal};
+  SparsePrefillCounters prefill_counters() const {
+    return sparse_ != nullptr ? sparse_->prefill_counters() : SparsePrefillCounters{};
   }
 
   int64_t decode_grid() const {
@@ -232,9 +221,9 @@ class PagedAttentionBackend final : public AttentionBackend {
     p.num_pages = static_cast<int>(c.num_blocks);
     p.dtype = c.dtype;
     kernels::cuda::kv_store_run(p, current_cuda_stream(device_.index));
-    if (quest_ != nullptr)
-      quest_->update_meta(layer, p.k_cache, c.block_size * c.num_kv_heads * c.head_dim,
-                          current_cuda_stream(device_.index));
+    if (sparse_ != nullptr)
+      sparse_->on_keys_stored(layer, p.k_cache, c.block_size * c.num_kv_heads * c.head_dim,
+                              current_cuda_stream(device_.index));
   }
 
   Tensor attend(int64_t layer, const Tensor& q) override {
@@ -244,12 +233,12 @@ class PagedAttentionBackend final : public AttentionBackend {
     Tensor qc = path_ == Path::kDecode ? q : q.contiguous();
     Tensor o = Tensor::empty(q.shape(), q.dtype(), device_);
     cudaStream_t stream = current_cuda_stream(device_.index);
-    if (path_ == Path::kQuest) {
+    if (path_ == Path::kSparseDecode) {
       const PagedKVPoolConfig& c = pool_.config();
-      const QuestCuda::Memory mem[2] = {{pool_.k(layer).data_ptr(), pool_.v(layer).data_ptr(),
-                                         c.block_size * c.num_kv_heads * c.head_dim},
-                                        {}};
-      quest_->attend(layer, qc.data_ptr(), o.data_ptr(), nullptr, mem, stream);
+      const sparse::PageMemory mem[2] = {{pool_.k(layer).data_ptr(), pool_.v(layer).data_ptr(),
+                                          c.block_size * c.num_kv_heads * c.head_dim},
+                                         {}};
+      sparse_->attend_decode(layer, qc.data_ptr(), o.data_ptr(), nullptr, mem, stream);
     } else if (path_ == Path::kDecode) {
       DecodeParams d;
       d.q = qc.data_ptr();
@@ -275,7 +264,7 @@ class PagedAttentionBackend final : public AttentionBackend {
       p.k_cache = pool_.k(layer).data_ptr();
       p.v_cache = pool_.v(layer).data_ptr();
       p.o = o.data_ptr();
-      if (xattn_prefill_) xattn_->select(p, stream);  // the block mask of this layer
+      if (sparse_prefill_) sparse_->select_prefill(p, stream);  // the block mask of this layer
       if (path_ == Path::kPrefill)
         kernels::cuda::paged_prefill_run(p, prefill_plan_, stream);
       else
@@ -332,9 +321,9 @@ class PagedAttentionBackend final : public AttentionBackend {
   kernels::cuda::PrefillPlan prefill_plan_;
   kernels::cuda::DecodePlan decode_plan_;
   std::vector<void*> captured_decode_;  // cudaGraphNode_t of decode launches under capture
-  std::unique_ptr<QuestCuda> quest_;    // --sparse-policy quest
-  std::unique_ptr<XAttnCuda> xattn_;    // --sparse-policy xattention
-  bool xattn_prefill_ = false;          // this step's prefill is block-sparse
+  std::unique_ptr<sparse::SparsePolicyCuda> sparse_;  // the policy's twin (none under full)
+  bool sparse_decodes_ = false;                       // the policy selects decode steps' pages
+  bool sparse_prefill_ = false;                       // this step's prefill is block-sparse
   int num_seqs_ = 0, num_tokens_ = 0;
   bool planned_ = false;
 };
@@ -353,7 +342,7 @@ std::vector<void*> take_captured_decode_nodes(AttentionBackend& backend) {
 
 SparsePrefillCounters paged_backend_sparse_prefill_counters(const AttentionBackend& backend) {
   const auto* paged = dynamic_cast<const PagedAttentionBackend*>(&backend);
-  return paged ? paged->xattn_counters() : SparsePrefillCounters{};
+  return paged ? paged->prefill_counters() : SparsePrefillCounters{};
 }
 
 void paged_backend_copy_blocks(AttentionBackend& backend, std::span<const KVBlockCopy> copies) {

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "kv/paged_kv_pool.h"
+#include "longctx/attention/sparse_options.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/kv/sparse_options.h"
 #include "longctx/attention/forward_batch.h"
 
 namespace longctx {
@@ -32,9 +32,10 @@ struct PagedBackendLimits {
   int64_t max_seq_len = 0;  // keys per sequence, 0: unchecked (sparse policies size buffers by it)
 };
 
-// Throws Error(kUnsupported) in a build without CUDA or for a pool not on a CUDA device. Sparse
-// policies: quest on decode steps (attention/backends/quest_cuda.h; other steps and CUDA graphs
-// run dense), xattention on steps with a prefill (attention/backends/xattention_cuda.h; head_dim
+// Throws Error(kUnsupported) in a build without CUDA or for a pool not on a CUDA device. The
+// sparse policy's CUDA twin comes from the registry (attention/sparse/sparse_policy_cuda.h): a
+// decode policy (quest, streaming) reads its pages on decode steps (other steps and CUDA graphs
+// run dense), a prefill policy (xattention, streaming) masks steps with a prefill (head_dim
 // 64 / 128).
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
                                                                int64_t num_qo_heads, float sm_scale,

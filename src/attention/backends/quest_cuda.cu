@@ -17,33 +17,58 @@ struct Sizes {
 };
 
 Sizes sizes_of(const QuestCudaConfig& c) {
-  const kernels::QuestBudget b = kernels::cpu::quest_budget_of(c.options);
-  kernels::cpu::check_quest_budget(b, static_cast<int>(c.block_size));
+  const kernels::QuestBudget b = c.budget;
+  if (c.scored)
+    kernels::cpu::check_quest_budget(b, static_cast<int>(c.block_size));
+  else
+    LONGCTX_CHECK(b.page_tokens >= 1 && c.block_size % b.page_tokens == 0 && b.window_tokens >= 1,
+                  ErrorCode::kInvalidArgument,
+                  "--sparse-page {} must be positive and divide the KV block size {}",
+                  b.page_tokens, c.block_size);
   Sizes s;
   s.pages_per_block = c.block_size / b.page_tokens;
   s.max_pages = (c.max_model_len + b.page_tokens - 1) / b.page_tokens;
   s.max_selected = std::min<int64_t>(kernels::quest_max_selected(b), s.max_pages);
-  s.meta_block_bytes = s.pages_per_block * c.num_kv_heads * 2 * c.head_dim *
-                       static_cast<int64_t>(dtype_size(c.dtype));
+  s.meta_block_bytes = c.scored ? s.pages_per_block * c.num_kv_heads * 2 * c.head_dim *
+                                      static_cast<int64_t>(dtype_size(c.dtype))
+                                : 0;
   return s;
 }
 
 int64_t quest_bytes(const QuestCudaConfig& c) {
   const kernels::QuestBytes b = kernels::quest_gpu_bytes(
-      kernels::cpu::quest_budget_of(c.options), c.num_layers, c.block_size, c.num_kv_heads,
-      c.head_dim, static_cast<int64_t>(dtype_size(c.dtype)), c.max_seqs, c.max_model_len);
+      c.budget, c.num_layers, c.block_size, c.num_kv_heads, c.head_dim,
+      static_cast<int64_t>(dtype_size(c.dtype)), c.max_seqs, c.max_model_len);
   return b.per_block * c.num_blocks + b.fixed;
 }
 
 }  // namespace
 
+QuestCudaConfig quest_cuda_config(const sparse::SparseCudaConfig& c,
+                                  const kernels::QuestBudget& budget, bool scored) {
+  QuestCudaConfig q;
+  q.budget = budget;
+  q.per_head = c.options.per_head;
+  q.scored = scored;
+  q.num_layers = c.num_layers;
+  q.num_blocks = c.num_blocks;
+  q.block_size = c.block_size;
+  q.num_qo_heads = c.num_qo_heads;
+  q.num_kv_heads = c.num_kv_heads;
+  q.head_dim = c.head_dim;
+  q.dtype = c.dtype;
+  q.sm_scale = c.sm_scale;
+  q.device = c.device;
+  q.max_seqs = c.max_seqs;
+  q.max_model_len = c.max_seq_len;
+  return q;
+}
+
 QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
-  LONGCTX_CHECK(c.options.policy == "quest", ErrorCode::kInternal, "QuestCuda for policy '{}'",
-                c.options.policy);
   LONGCTX_CHECK(c.num_layers > 0 && c.num_blocks > 0 && c.max_seqs > 0 && c.max_model_len > 0 &&
                     c.num_kv_heads > 0 && c.num_qo_heads % c.num_kv_heads == 0,
                 ErrorCode::kInvalidArgument, "quest: bad cache shape");
-  budget_ = kernels::cpu::quest_budget_of(c.options);
+  budget_ = c.budget;
   const Sizes s = sizes_of(c);
   pages_per_block_ = s.pages_per_block;
   max_pages_ = s.max_pages;
@@ -52,8 +77,11 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
   generic_ = !(c.head_dim == 64 || c.head_dim == 128) || kernels::cuda::paged_generic_forced();
   const int64_t page = budget_.page_tokens;
   try {
-    meta_ = Tensor::empty({c.num_layers * c.num_blocks * meta_block_bytes_}, DType::kU8, c.device);
-    scores_ = Tensor::empty({c.max_seqs * c.num_kv_heads * max_pages_}, DType::kF32, c.device);
+    if (c.scored) {
+      meta_ =
+          Tensor::empty({c.num_layers * c.num_blocks * meta_block_bytes_}, DType::kU8, c.device);
+      scores_ = Tensor::empty({c.max_seqs * c.num_kv_heads * max_pages_}, DType::kF32, c.device);
+    }
     selected_ = Tensor::empty({c.max_seqs * c.num_kv_heads * max_selected_}, DType::kI32, c.device);
     const int64_t compact = c.max_seqs * max_selected_ * page * c.num_kv_heads * c.head_dim;
     compact_k_ = Tensor::empty({compact}, c.dtype, c.device);
@@ -74,10 +102,11 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
 }
 
 void* QuestCuda::meta_layer(int64_t layer) const {
+  if (!c_.scored) return nullptr;  // the select kernel reads no metadata without free pages
   return static_cast<char*>(meta_.data_ptr()) + layer * c_.num_blocks * meta_block_bytes_;
 }
 
-void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
+bool QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
                      std::span<const int32_t> block_loc, cudaStream_t stream) {
   words_.begin();
   const int64_t bs = c_.block_size, page = budget_.page_tokens;
@@ -107,6 +136,11 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
       indices[b] = b;
       qo[b + 1] = b + 1;
       last[b] = kernels::cpu::quest_compact_len(kv, budget_);
+      LONGCTX_CHECK(c_.scored || kernels::quest_count(kv, budget_).num_free == 0,
+                    ErrorCode::kInternal,
+                    "page-list decode without scores: {} keys pick {} free "
+                    "pages",
+                    kv, kernels::quest_count(kv, budget_).num_free);
     }
     dec_indptr_at_ = words_.put(indptr);
     dec_indices_at_ = words_.put(indices);
@@ -119,6 +153,7 @@ void QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
           static_cast<int>(c_.head_dim), decode_ws_.data_ptr(), decode_ws_.numel(), stream);
   }
   words_.upload(stream);
+  return decode_;
 }
 
 int64_t QuestCuda::memory1_bytes_read() const {
@@ -128,8 +163,9 @@ int64_t QuestCuda::memory1_bytes_read() const {
   return pages * 2 * budget_.page_tokens * c_.head_dim * static_cast<int64_t>(dtype_size(c_.dtype));
 }
 
-void QuestCuda::update_meta(int64_t layer, const void* k_cache, int64_t block_stride,
-                            cudaStream_t stream) {
+void QuestCuda::on_keys_stored(int64_t layer, const void* k_cache, int64_t block_stride,
+                               cudaStream_t stream) {
+  if (!c_.scored) return;
   kernels::QuestMetaParams p;
   p.k_cache = k_cache;
   p.block_stride = block_stride;
@@ -145,6 +181,7 @@ void QuestCuda::update_meta(int64_t layer, const void* k_cache, int64_t block_st
 }
 
 void QuestCuda::copy_blocks(std::span<const KVBlockCopy> copies, cudaStream_t stream) {
+  if (!c_.scored) return;
   const size_t pitch = static_cast<size_t>(c_.num_blocks * meta_block_bytes_);
   char* base = static_cast<char*>(meta_.data_ptr());
   for (const KVBlockCopy& cp : copies) {
@@ -157,8 +194,8 @@ void QuestCuda::copy_blocks(std::span<const KVBlockCopy> copies, cudaStream_t st
   }
 }
 
-void QuestCuda::attend(int64_t layer, const void* q, void* o, float* o_f32, const Memory (&mem)[2],
-                       cudaStream_t stream) {
+void QuestCuda::attend_decode(int64_t layer, const void* q, void* o, float* o_f32,
+                              const Memory (&mem)[2], cudaStream_t stream) {
   LONGCTX_CHECK(decode_, ErrorCode::kInternal, "quest: attend on a step that is not a decode");
   kernels::QuestSelectParams s;
   s.q = q;
@@ -166,7 +203,7 @@ void QuestCuda::attend(int64_t layer, const void* q, void* o, float* o_f32, cons
   s.block_indptr = dev(indptr_at_);
   s.block_tables = dev(tables_at_);
   s.kv_lens = dev(lens_at_);
-  s.scores = scores_.data<float>();
+  s.scores = c_.scored ? scores_.data<float>() : nullptr;  // mode 2 only, never without scores
   s.selected = selected_.data<int32_t>();
   s.batch = batch_;
   s.num_qo_heads = static_cast<int>(c_.num_qo_heads);
@@ -176,7 +213,7 @@ void QuestCuda::attend(int64_t layer, const void* q, void* o, float* o_f32, cons
   s.max_pages = static_cast<int>(max_pages_);
   s.max_selected = static_cast<int>(max_selected_);
   s.budget = budget_;
-  s.per_head = c_.options.per_head;
+  s.per_head = c_.per_head;
   s.dtype = c_.dtype;
   kernels::cuda::quest_select_run(s, stream);
 

@@ -1,9 +1,13 @@
-// Quest's decode path on the GPU (docs/sparse.md), shared by the resident paged backend and the
-// CUDA offload device. Per step, plan() stages the pages the new tokens touch and, on a decode
-// step (every sequence one new token), each sequence's block table twice: as metadata ids (the
-// engine's block ids) and as where its keys are (QuestGatherParams::block_loc). Per layer:
-//   update_meta()  after the keys are stored: the touched pages' key min / max;
-//   attend()       select (per KV head, or head-averaged) -> gather the chosen pages' K / V into a
+// Quest's decode path on the GPU (docs/sparse.md): the CUDA twin of the quest policy
+// (attention/sparse/quest.cpp) and, without metadata or scores, the page-list decode of the
+// streaming policy (its select kernel then writes the forced pages only). The registry builds it
+// for the resident paged backend and the CUDA offload device. Per step, plan() stages the pages the
+// new tokens touch and, on a decode step (every sequence one new token), each sequence's block
+// table twice: as metadata ids (the engine's block ids) and as where its keys are
+// (QuestGatherParams::block_loc). Per layer:
+//   on_keys_stored()  after the keys are stored: the touched pages' key min / max;
+//   attend_decode()   select (per KV head, or head-averaged) -> gather the chosen pages' K / V into
+//   a
 //                  compact buffer (host pages read in place over the link) -> the split-KV decode
 //                  kernel (head_dim 64 / 128; the generic kernel otherwise) over it, one page per
 //                  sequence.
@@ -18,18 +22,22 @@
 #include <vector>
 
 #include "attention/backends/staged_words.h"
+#include "attention/sparse/sparse_policy_cuda.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/quest_params.h"
 #include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/kv/sparse_options.h"
 #include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 
 struct QuestCudaConfig {
-  SparseOptions options;                                   // policy "quest"
+  kernels::QuestBudget budget;  // pages, budget, sink, window
+  bool per_head = true;         // per KV head lists, else head-averaged
+  // Quest scores pages from their key min / max; without (streaming) no metadata is kept and the
+  // budget leaves no page past the forced ones (plan() checks it).
+  bool scored = true;
   int64_t num_layers = 0, num_blocks = 0, block_size = 0;  // num_blocks: the engine's block ids
   int64_t num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
   DType dtype = DType::kBF16;
@@ -38,7 +46,11 @@ struct QuestCudaConfig {
   int64_t max_seqs = 0, max_model_len = 0;
 };
 
-class QuestCuda {
+// The config of a page-list decode policy's twin from the registry's.
+QuestCudaConfig quest_cuda_config(const sparse::SparseCudaConfig& c,
+                                  const kernels::QuestBudget& budget, bool scored);
+
+class QuestCuda final : public sparse::SparsePolicyCuda {
  public:
   // Throws Error(kInvalidArgument) for a page size that does not divide the block or a bad
   // budget, Error(kOutOfMemory) when the buffers cannot be had.
@@ -47,27 +59,24 @@ class QuestCuda {
   // Before the step's first store_kv. cache_slots [T]: where store_kv writes each new token
   // (cache block * block_size + offset); block_loc: per batch.block_tables entry its
   // QuestGatherParams::block_loc code, empty when this step is not a Quest decode step.
-  void plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
-            std::span<const int32_t> block_loc, cudaStream_t stream);
-  bool decodes() const { return decode_; }
+  // Returns whether it is a decode step the policy attends (block_loc given).
+  bool plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
+            std::span<const int32_t> block_loc, cudaStream_t stream) override;
 
   // After layer `layer`'s keys were stored: k_cache's block b at element b * block_stride.
-  void update_meta(int64_t layer, const void* k_cache, int64_t block_stride, cudaStream_t stream);
+  void on_keys_stored(int64_t layer, const void* k_cache, int64_t block_stride,
+                      cudaStream_t stream) override;
   // Copy-on-write of whole blocks: their metadata follows.
-  void copy_blocks(std::span<const KVBlockCopy> copies, cudaStream_t stream);
+  void copy_blocks(std::span<const KVBlockCopy> copies, cudaStream_t stream) override;
 
-  struct Memory {  // one of the two memories block_loc codes name
-    const void* k = nullptr;
-    const void* v = nullptr;
-    int64_t block_stride = 0;  // elements between blocks
-  };
+  using Memory = sparse::PageMemory;
   // q [batch, Hq, d] (contiguous, the cache's dtype); writes o [batch, Hq, d] or, with o_f32,
   // fp32. mem[1] may be empty when no code names it.
-  void attend(int64_t layer, const void* q, void* o, float* o_f32, const Memory (&mem)[2],
-              cudaStream_t stream);
+  void attend_decode(int64_t layer, const void* q, void* o, float* o_f32, const Memory (&mem)[2],
+                     cudaStream_t stream) override;
 
   // K and V bytes the gathers read from memory 1 (the host pool) so far; synchronizes.
-  int64_t memory1_bytes_read() const;
+  int64_t memory1_bytes_read() const override;
 
  private:
   const int32_t* dev(int64_t offset) const { return words_.device_at(offset); }
@@ -76,14 +85,14 @@ class QuestCuda {
   QuestCudaConfig c_;
   kernels::QuestBudget budget_;
   int64_t pages_per_block_ = 0, max_pages_ = 0, max_selected_ = 0, meta_block_bytes_ = 0;
-  bool generic_ = false;          // head_dim other than 64 / 128: the generic paged kernel
-  Tensor meta_;                   // [layers][blocks][pages_per_block][Hkv][2][d] cache dtype
-  Tensor scores_;                 // [max_seqs][Hkv][max_pages] f32
-  Tensor selected_;               // [max_seqs][Hkv][max_selected] i32
-  Tensor compact_k_, compact_v_;  // [max_seqs][max_selected * page][Hkv][d] cache dtype
-  Tensor decode_ws_;              // the compact decode's plan
-  Tensor memory1_pages_;          // [1] u64: pages the gathers read from memory 1
-  StagedWords words_;             // the step's pages, tables and compact-decode arrays
+  bool generic_ = false;  // head_dim other than 64 / 128: the generic paged kernel
+  Tensor meta_;           // [layers][blocks][pages_per_block][Hkv][2][d] cache dtype (scored only)
+  Tensor scores_;         // [max_seqs][Hkv][max_pages] f32 (scored only)
+  Tensor selected_;       // [max_seqs][Hkv][max_selected] i32
+  Tensor compact_k_, compact_v_;          // [max_seqs][max_selected * page][Hkv][d] cache dtype
+  Tensor decode_ws_;                      // the compact decode's plan
+  Tensor memory1_pages_;                  // [1] u64: pages the gathers read from memory 1
+  StagedWords words_;                     // the step's pages, tables and compact-decode arrays
   int64_t pages_at_ = 0, num_pages_ = 0;  // the touched pages [num_pages_][4]
   int64_t indptr_at_ = 0, tables_at_ = 0, loc_at_ = 0, lens_at_ = 0;
   int64_t dec_indptr_at_ = 0, dec_indices_at_ = 0, dec_last_at_ = 0, qo_at_ = 0;

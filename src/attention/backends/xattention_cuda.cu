@@ -10,8 +10,6 @@
 namespace longctx {
 
 XAttnCuda::XAttnCuda(const XAttnCudaConfig& c) : c_(c), words_(c.device) {
-  LONGCTX_CHECK(c.options.policy == "xattention", ErrorCode::kInternal, "XAttnCuda for policy '{}'",
-                c.options.policy);
   LONGCTX_CHECK(c.num_qo_heads > 0 && c.num_kv_heads > 0 && c.num_qo_heads % c.num_kv_heads == 0 &&
                     c.max_tokens > 0 && c.max_seqs > 0 && c.max_seq_len > 0,
                 ErrorCode::kInvalidArgument, "xattention: bad step limits");
@@ -37,7 +35,8 @@ XAttnCuda::XAttnCuda(const XAttnCudaConfig& c) : c_(c), words_(c.device) {
   }
 }
 
-bool XAttnCuda::plan(const ForwardBatch& batch, cudaStream_t stream) {
+bool XAttnCuda::plan(const ForwardBatch& batch, std::span<const int64_t>, std::span<const int32_t>,
+                     cudaStream_t stream) {
   batch_ = static_cast<int>(batch.num_seqs());
   bool prefill = false;
   for (int b = 0; b < batch_; ++b) prefill = prefill || batch.q_len(b) > 1;
@@ -62,7 +61,7 @@ bool XAttnCuda::plan(const ForwardBatch& batch, cudaStream_t stream) {
   return true;
 }
 
-void XAttnCuda::select(kernels::PagedPrefillParams& p, cudaStream_t stream) {
+void XAttnCuda::select_prefill(kernels::PagedPrefillParams& p, cudaStream_t stream) {
   const int32_t* w = words_.device_at(0);
   const auto* lse_indptr = reinterpret_cast<const int64_t*>(w + lse_indptr_at_);
   const auto* mask_indptr = reinterpret_cast<const int64_t*>(w + mask_indptr_at_);
@@ -100,7 +99,7 @@ void XAttnCuda::select(kernels::PagedPrefillParams& p, cudaStream_t stream) {
   p.block_mask_heads = p.num_qo_heads;
 }
 
-XAttnCuda::Counters XAttnCuda::counters() const {
+SparsePrefillCounters XAttnCuda::prefill_counters() const {
   int64_t v[2] = {0, 0};
   LONGCTX_CUDA_CHECK(cudaMemcpy(v, counters_.data_ptr(), sizeof(v), cudaMemcpyDeviceToHost));
   return {v[0], v[1]};

@@ -1,4 +1,6 @@
-// XAttention's prefill path on the GPU (docs/sparse.md), for the resident paged backend. Per
+// XAttention's prefill path on the GPU (docs/sparse.md): the CUDA twin of the xattention policy
+// (attention/sparse/xattention.cpp), built by the registry for the resident paged backend and
+// the CUDA offload device (xattention_offload_cuda.h stages host keys for it). Per
 // step, plan() makes the estimate's and the selection's work lists on the host (from the query
 // and key lengths alone) and stages them; per layer, select() runs the estimate over the step's
 // queries and the paged keys (stored already: the chunk sees itself) and the selection, and
@@ -14,40 +16,35 @@
 #include <vector>
 
 #include "attention/backends/staged_words.h"
+#include "attention/sparse/sparse_policy_cuda.h"
 #include "kernels/attention_params.h"
 #include "kernels/cuda/xattention.h"
 #include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
-#include "longctx/kv/sparse_options.h"
 #include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 
-struct XAttnCudaConfig {
-  SparseOptions options;  // policy "xattention"
-  int64_t num_qo_heads = 0, num_kv_heads = 0;
-  float sm_scale = 0.f;
-  Device device = Device::cuda();
-  int64_t max_tokens = 0, max_seqs = 0, max_seq_len = 0;  // per step
-};
+// The options, heads, scale, device and step limits (the registry's config; XAttnCuda reads no
+// cache shape beyond the heads).
+using XAttnCudaConfig = sparse::SparseCudaConfig;
 
-class XAttnCuda {
+class XAttnCuda final : public sparse::SparsePolicyCuda {
  public:
   // Throws Error(kUnsupported) for a stride the kernels do not take, Error(kOutOfMemory) when
   // the buffers cannot be had.
   explicit XAttnCuda(const XAttnCudaConfig& c);
 
-  // Before the step's attention. Returns whether the step selects (some sequence prefills).
-  bool plan(const ForwardBatch& batch, cudaStream_t stream);
+  // Before the step's attention. Returns whether the step selects (some sequence prefills);
+  // cache_slots and block_loc are not read.
+  bool plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
+            std::span<const int32_t> block_loc, cudaStream_t stream) override;
   // After the layer's keys are stored: p (the dense prefill params, with q, k_cache and the page
   // table set) gets the step's block mask.
-  void select(kernels::PagedPrefillParams& p, cudaStream_t stream);
+  void select_prefill(kernels::PagedPrefillParams& p, cudaStream_t stream) override;
 
   // Key blocks the masks kept and that causal attention would have read, so far; synchronizes.
-  struct Counters {
-    int64_t kept = 0, causal = 0;
-  };
-  Counters counters() const;
+  SparsePrefillCounters prefill_counters() const override;
 
  private:
   XAttnCudaConfig c_;

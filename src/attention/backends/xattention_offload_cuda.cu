@@ -10,12 +10,12 @@ namespace longctx {
 using kernels::MaskMode;
 using kernels::PagedPrefillParams;
 
-XAttnOffloadCuda::XAttnOffloadCuda(const XAttnOffloadConfig& c, const XAttnOffloadMemory& memory)
-    : c_(c), mem_(memory), xattn_(c.xattn), words_(c.xattn.device) {
+XAttnOffloadCuda::XAttnOffloadCuda(const XAttnOffloadConfig& c, const XAttnOffloadMemory& memory,
+                                   sparse::SparsePolicyCuda& policy)
+    : c_(c), mem_(memory), policy_(policy), words_(c.xattn.device) {
   LONGCTX_CHECK(c.head_dim == 64 || c.head_dim == 128, ErrorCode::kUnsupported,
-                "--sparse-policy xattention with KV offload: head_dim {} (the GPU path takes 64 "
-                "or 128)",
-                c.head_dim);
+                "--sparse-policy {} with KV offload: head_dim {} (the GPU path takes 64 or 128)",
+                sparse_policy_name(c.xattn.options.policy), c.head_dim);
   LONGCTX_CHECK(c.num_buffers >= 1 && c.staging_blocks > 0, ErrorCode::kInvalidArgument,
                 "xattention offload: {} staging buffers of {} blocks", c.num_buffers,
                 c.staging_blocks);
@@ -109,7 +109,7 @@ void XAttnOffloadCuda::plan(const ForwardBatch& batch, std::span<const int32_t> 
       batch.qo_indptr.data(), batch.kv_lens.data(), batch_, static_cast<int>(c_.xattn.num_qo_heads),
       static_cast<int>(c_.num_kv_heads), static_cast<int>(c_.head_dim), MaskMode::kCausal,
       workspace_.data_ptr(), static_cast<size_t>(workspace_.numel()), compute);
-  const bool selects = xattn_.plan(batch, compute);
+  const bool selects = policy_.plan(batch, {}, {}, compute);
   LONGCTX_CHECK(selects, ErrorCode::kInternal, "xattention offload: a step without a prefill");
   for (int64_t layer = 0; layer < std::min<int64_t>(c_.num_buffers, c_.num_layers); ++layer)
     load_keys(layer, h2d);
@@ -156,7 +156,7 @@ Tensor XAttnOffloadCuda::attend(int64_t layer, const Tensor& q, cudaStream_t com
   p.dtype = c_.dtype;
   p.mask_mode = MaskMode::kCausal;
   p.sm_scale = c_.xattn.sm_scale;
-  xattn_.select(p, compute);  // estimate over GPU and staged keys; p gets the mask
+  policy_.select_prefill(p, compute);  // e.g. the estimate over GPU and staged keys; the mask
 
   kernels::XAttnGatherParams g;
   g.block_mask = p.block_mask;

@@ -1,9 +1,12 @@
-// XAttention's prefill over an offloaded KV cache on the GPU (docs/sparse.md), for the CUDA
-// offload device. A step with a prefill is attended here instead of through the ring; per layer:
+// A prefill policy over an offloaded KV cache on the GPU (docs/sparse.md), for the CUDA offload
+// device: XAttention's (whose estimate reads every key), and streaming's (the same plan, its mask
+// from the lengths alone): the policy's CUDA twin (sparse_policy_cuda.h) selects. A step with a
+// prefill is attended here instead of through the ring; per layer:
 //   keys    K of every host block of the step's sequences, copied (one strided copy per run of
 //           consecutive host blocks, on the copy stream) into a staging buffer on the GPU: the
 //           next layers' keys load while this layer computes (two buffers);
-//   select  the estimate and the selection (XAttnCuda) over one page table that names GPU cache
+//   select  the policy's twin (XAttnCuda: the estimate and the selection) over one page table that
+//   names GPU cache
 //           blocks and staged blocks alike (the staging follows the cache's last layer in one
 //           allocation, so a staged block is a page index past the layer's cache);
 //   values  V of the staged blocks that some q head of a KV head keeps for some query block,
@@ -30,7 +33,7 @@
 namespace longctx {
 
 struct XAttnOffloadConfig {
-  XAttnCudaConfig xattn;  // the policy's options, heads, scale, device and step limits
+  XAttnCudaConfig xattn;  // the policy's config: heads, scale, device and step limits
   int64_t num_layers = 0, num_gpu_blocks = 0, num_host_blocks = 0, block_size = 0;
   int64_t num_kv_heads = 0, head_dim = 0;
   DType dtype = DType::kBF16;
@@ -49,8 +52,10 @@ struct XAttnOffloadMemory {
 
 class XAttnOffloadCuda {
  public:
-  // Throws Error(kUnsupported) for a head_dim or page size the kernels do not take.
-  XAttnOffloadCuda(const XAttnOffloadConfig& c, const XAttnOffloadMemory& memory);
+  // Throws Error(kUnsupported) for a head_dim or page size the kernels do not take. `policy` (a
+  // prefill policy's twin, owned by the device) outlives this.
+  XAttnOffloadCuda(const XAttnOffloadConfig& c, const XAttnOffloadMemory& memory,
+                   sparse::SparsePolicyCuda& policy);
 
   // Whether the step's host blocks (block_loc entries < 0) fit one staging buffer.
   bool fits(const ForwardBatch& batch, std::span<const int32_t> block_loc) const;
@@ -63,7 +68,7 @@ class XAttnOffloadCuda {
 
   // Host bytes read so far: K copied and V gathered (synchronizes).
   int64_t host_bytes_read() const;
-  XAttnCuda::Counters counters() const { return xattn_.counters(); }
+  SparsePrefillCounters counters() const { return policy_.prefill_counters(); }
 
  private:
   struct KeyRun {
@@ -75,7 +80,7 @@ class XAttnOffloadCuda {
 
   XAttnOffloadConfig c_;
   XAttnOffloadMemory mem_;
-  XAttnCuda xattn_;
+  sparse::SparsePolicyCuda& policy_;
   int64_t block_bytes_ = 0, page_bytes_ = 0;  // K and V of a block of a layer; K alone
   std::vector<Event> ready_, free_;           // [buffers] keys loaded / last reader done
   StagedWords words_;                         // the step's page tables and work lists

@@ -27,12 +27,6 @@ void check_quest_budget(const QuestBudget& b, int block_size) {
                 b.budget_tokens, b.sink_tokens, b.window_tokens);
 }
 
-QuestBudget quest_budget_of(const SparseOptions& o) {
-  auto clamp = [](int64_t v) { return static_cast<int>(std::clamp<int64_t>(v, 0, 1 << 30)); };
-  return {clamp(o.page_tokens), clamp(o.budget_tokens), clamp(o.sink_tokens),
-          clamp(o.window_tokens)};
-}
-
 void quest_meta_update(const QuestMetaParams& p) {
   const int64_t d = p.head_dim, hkv = p.num_kv_heads, row = hkv * d;
   const size_t es = dtype_size(p.dtype);

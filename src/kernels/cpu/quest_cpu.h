@@ -6,15 +6,12 @@
 #include <vector>
 
 #include "kernels/quest_params.h"
-#include "longctx/kv/sparse_options.h"
 
 namespace longctx::kernels::cpu {
 
 // Throws Error(kInvalidArgument) naming the field: a page size that does not divide the block,
 // non-positive shapes, a budget that is not above sink + window.
 void check_quest_budget(const QuestBudget& budget, int block_size);
-// The budget of quest's options (page: options.page_tokens), counts clamped to int.
-QuestBudget quest_budget_of(const SparseOptions& options);
 
 void quest_meta_update(const QuestMetaParams& params);
 

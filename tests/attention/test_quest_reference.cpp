@@ -13,8 +13,8 @@
 #include <numeric>
 #include <random>
 
+#include "attention/sparse/sparse_policy.h"
 #include "kernels/cpu/quest_cpu.h"
-#include "kv/sparse/sparse_policy.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -126,23 +126,21 @@ void check_select_matches_policy(const Geometry& g, std::mt19937& rng) {
   s.dtype = DType::kF32;
   kernels::cpu::quest_select(s);
 
-  // QuestPolicy over the same keys in blocks of `page` tokens: page j of the sequence is block
-  // table[j / ppb] * ppb + j % ppb of the re-blocked pool (the same memory).
-  sparse::KvShape shape{1, int64_t(num_blocks) * ppb, page, g.hq, hkv,
-                        d, 1.f / std::sqrt(float(d))};
+  // The CPU engine's QuestPolicy over the same keys, blocks and pages: the same lists.
+  sparse::KvShape shape{1, int64_t(num_blocks), bs, g.hq, hkv, d, 1.f / std::sqrt(float(d))};
   SparseOptions o = g.options;
+  o.page_tokens = page;
   auto policy = sparse::make_sparse_policy(o, shape);
   const int np = (g.kv_len + page - 1) / page;
-  std::vector<int32_t> paged_table(np);
-  for (int j = 0; j < np; ++j) paged_table[j] = table[j / ppb] * ppb + j % ppb;
   std::vector<int64_t> slots(g.kv_len);
-  for (int t = 0; t < g.kv_len; ++t) slots[t] = int64_t(paged_table[t / page]) * page + t % page;
+  for (int t = 0; t < g.kv_len; ++t) slots[t] = int64_t(table[t / bs]) * bs + t % bs;
   std::vector<float> keys(size_t(g.kv_len) * row);
   for (int t = 0; t < g.kv_len; ++t)
     std::copy_n(pool.data() + slots[t] * row, row, keys.data() + t * row);
   policy->on_keys_written(0, keys.data(), row, slots.data(), g.kv_len);
   const sparse::DecodeSelection want =
-      policy->select_decode(0, q.data(), {paged_table.data(), g.kv_len, pool.data()});
+      policy->select_decode(0, q.data(), {table.data(), g.kv_len, pool.data()});
+  if (!want.all()) EXPECT_EQ(want.page_tokens, page);
   const QuestCount c = kernels::quest_count(g.kv_len, b);
   for (int h = 0; h < hkv; ++h) {
     std::vector<int32_t> got(selected.begin() + h * max_sel,
@@ -166,7 +164,7 @@ TEST(QuestReference, SelectionEqualsTheCpuPolicy) {
     g.hkv = 1 + rng() % 3;
     g.hq = g.hkv * (1 + rng() % 4);
     g.d = 1 + rng() % 40;
-    g.options.policy = "quest";
+    g.options.policy = SparsePolicyKind::kQuest;
     g.options.sink_tokens = rng() % 20;
     g.options.window_tokens = 1 + rng() % 40;
     g.options.budget_tokens = g.options.sink_tokens + g.options.window_tokens + 1 + rng() % 200;

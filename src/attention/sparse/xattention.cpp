@@ -1,12 +1,17 @@
 // XAttention (prefill): the estimate and selection of kernels/xattention_params.h (strided
 // antidiagonal scores, a softmax per query group, block masses, per q head the fewest blocks
 // reaching the threshold after the sink and the diagonal), through their CPU references, the same
-// code the CUDA kernels are tested against.
+// code the CUDA kernels are tested against. CUDA twin: XAttnCuda (attention/backends/
+// xattention_cuda.h: the estimate and selection kernels), staged over host keys with offload.
 #include <algorithm>
 #include <vector>
 
+#include "attention/sparse/policies.h"
 #include "kernels/cpu/xattention_cpu.h"
-#include "kv/sparse/policies.h"
+#include "kernels/xattention_params.h"
+#ifdef LONGCTX_WITH_CUDA
+#include "attention/backends/xattention_cuda.h"
+#endif
 
 namespace longctx::sparse {
 
@@ -18,8 +23,7 @@ class XAttentionPolicy final : public SparsePolicy {
     kernels::cpu::check_xattn_options(static_cast<int>(o.stride), o.threshold);
   }
 
-  std::string_view name() const override { return "xattention"; }
-  bool selects(Phase phase) const override { return phase == Phase::kPrefill; }
+  SparsePolicyKind kind() const override { return SparsePolicyKind::kXAttention; }
 
   PrefillMask select_prefill(int64_t, const float* q, int64_t q_stride, int64_t n,
                              const SeqKeys& keys) override {
@@ -80,11 +84,34 @@ class XAttentionPolicy final : public SparsePolicy {
   KvShape s_;
 };
 
-}  // namespace
-
-std::unique_ptr<SparsePolicy> make_xattention_policy(const SparseOptions& options,
-                                                     const KvShape& shape) {
+std::unique_ptr<SparsePolicy> make_cpu(const SparseOptions& options, const KvShape& shape) {
   return std::make_unique<XAttentionPolicy>(options, shape);
 }
+
+SparseGpuBytes gpu_bytes(const SparseOptions& o, const SparseGpuShape& s) {
+  return {
+      0, kernels::xattn_buffers(s.num_qo_heads, o.stride, s.max_tokens, s.max_seqs, s.max_model_len)
+             .bytes()};
+}
+
+#ifdef LONGCTX_WITH_CUDA
+std::unique_ptr<SparsePolicyCuda> make_cuda(const SparseCudaConfig& c) {
+  return std::make_unique<XAttnCuda>(c);
+}
+#endif
+
+}  // namespace
+
+extern const PolicyDef kXAttentionPolicy{
+    .kind = SparsePolicyKind::kXAttention,
+    .name = "xattention",
+    .prefill = true,
+    .offload_staging = true,  // the estimate reads every key: host keys are staged on the GPU
+    .make_cpu = make_cpu,
+#ifdef LONGCTX_WITH_CUDA
+    .make_cuda = make_cuda,
+#endif
+    .gpu_bytes = gpu_bytes,
+};
 
 }  // namespace longctx::sparse

@@ -1,8 +1,8 @@
 // The sparse policies' selections against brute-force references on small random cases:
 //   - Quest's bound is an upper bound of every q.k in the block;
-//   - Quest's block lists (per KV head and head-averaged) are exactly what a reference picks from
-//     min/max recomputed from the keys, with the metadata built by the write hooks as the engine
-//     calls them (chunks, partial blocks, a copy-on-write copy);
+//   - Quest's page lists (per KV head and head-averaged, pages of a block or smaller) are exactly
+//     what a reference picks from min/max recomputed from the keys, with the metadata built by the
+//     write hooks as the engine calls them (chunks, partial blocks, a copy-on-write copy);
 //   - XAttention's mask keeps the sink and the diagonal, reaches the threshold of an
 //     independently computed estimate, and is the fewest blocks that do;
 //   - bad options are clear errors; a budget that covers the context selects everything.
@@ -13,8 +13,8 @@
 #include <numeric>
 #include <random>
 
+#include "attention/sparse/sparse_policy.h"
 #include "kernels/attention_params.h"
-#include "kv/sparse/sparse_policy.h"
 #include "longctx/core/error.h"
 
 namespace longctx::sparse {
@@ -96,11 +96,12 @@ TEST(SparsePolicy, QuestBoundIsAnUpperBoundOfEveryKey) {
   }
 }
 
-// The reference: min/max from the keys, score per KV head (max over its q heads) or averaged
-// over all q heads, the sink and window forced, the best others up to the budget.
+// The reference: per page of o.page_tokens keys the min/max from the keys, score per KV head (max
+// over its q heads) or averaged over all q heads, the sink and window forced, the best others up to
+// the budget.
 std::vector<std::vector<int32_t>> quest_reference(const Case& c, const SparseOptions& o,
                                                   const std::vector<float>& q) {
-  const int64_t bs = c.shape.block_size, d = c.shape.head_dim, hkv = c.shape.num_kv_heads;
+  const int64_t bs = o.page_tokens, d = c.shape.head_dim, hkv = c.shape.num_kv_heads;
   const int64_t hq = c.shape.num_qo_heads, group = hq / hkv;
   const int64_t nb = (c.kv_len + bs - 1) / bs;
   auto ub = [&](int64_t j, int64_t qh) {
@@ -155,11 +156,12 @@ TEST(SparsePolicy, QuestPicksWhatTheReferencePicks) {
     const int64_t kv_len = 20 + rng() % 700;
     Case c = make_case(rng, bs, kv_len, hq, hkv, d);
     SparseOptions o;
-    o.policy = "quest";
+    o.policy = SparsePolicyKind::kQuest;
     o.sink_tokens = rng() % 3 * bs / 2;
     o.window_tokens = 1 + rng() % (2 * bs);
     o.budget_tokens = o.sink_tokens + o.window_tokens + 1 + rng() % 200;
     o.per_head = trial % 2 == 0;
+    o.page_tokens = std::max<int64_t>(1, bs >> (rng() % 3));  // pages inside blocks too
     auto p = make_sparse_policy(o, c.shape);
     EXPECT_TRUE(p->selects(Phase::kDecode));
     EXPECT_FALSE(p->selects(Phase::kPrefill));
@@ -168,12 +170,13 @@ TEST(SparsePolicy, QuestPicksWhatTheReferencePicks) {
     std::normal_distribution<float> n01(0.f, 1.f);
     for (float& x : q) x = n01(rng);
     const DecodeSelection sel = p->select_decode(0, q.data(), c.keys());
-    const int64_t nb = (kv_len + bs - 1) / bs;
-    if (o.budget_tokens >= kv_len || std::max<int64_t>(1, o.budget_tokens / bs) >= nb) {
+    const int64_t pt = o.page_tokens, np = (kv_len + pt - 1) / pt;
+    if (o.budget_tokens >= kv_len || std::max<int64_t>(1, o.budget_tokens / pt) >= np) {
       EXPECT_TRUE(sel.all()) << "trial " << trial;
       continue;
     }
     ASSERT_FALSE(sel.all()) << "trial " << trial;
+    EXPECT_EQ(sel.page_tokens, pt);
     EXPECT_EQ(sel.per_kv_head, quest_reference(c, o, q)) << "trial " << trial;
     if (!o.per_head)
       for (const auto& l : sel.per_kv_head) EXPECT_EQ(l, sel.per_kv_head[0]);
@@ -186,7 +189,7 @@ TEST(SparsePolicy, QuestMetadataFollowsACopiedBlock) {
   std::mt19937 rng(5);
   Case c = make_case(rng, 16, 300, 4, 2, 16);
   SparseOptions o;
-  o.policy = "quest";
+  o.policy = SparsePolicyKind::kQuest;
   o.sink_tokens = 16;
   o.window_tokens = 16;
   o.budget_tokens = 80;
@@ -242,7 +245,7 @@ TEST(SparsePolicy, XAttentionKeepsTheFewestBlocksReachingTheThreshold) {
     const int64_t kv_len = 3 * B + rng() % (6 * B), n = 1 + rng() % std::min<int64_t>(kv_len, 300);
     Case c = make_case(rng, 16, kv_len, hq, hkv, d);
     SparseOptions o;
-    o.policy = "xattention";
+    o.policy = SparsePolicyKind::kXAttention;
     o.threshold = trial % 3 == 0 ? 0.95 : 0.9;
     o.stride = trial % 2 ? 8 : 16;
     o.xattn_per_kv_head = trial % 4 < 2;
@@ -306,11 +309,18 @@ TEST(SparsePolicy, BadOptionsAreClearErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
+  try {
+    parse_sparse_policy("magic");
+    ADD_FAILURE() << "accepted --sparse-policy magic";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("--sparse-policy 'magic' is unknown (known: full, quest, "
+                                         "xattention, streaming)"),
+              std::string::npos)
+        << e.what();
+  }
   SparseOptions o;
-  o.policy = "magic";
-  fails(o, "--sparse-policy");
-  o = {};
-  o.policy = "quest";
+  o.policy = SparsePolicyKind::kQuest;
   o.budget_tokens = 0;
   fails(o, "--sparse-budget");
   o.budget_tokens = o.sink_tokens + o.window_tokens;
@@ -321,21 +331,22 @@ TEST(SparsePolicy, BadOptionsAreClearErrors) {
   o.threshold = 1.5;
   fails(o, "--xattn-threshold");
   o = {};
-  o.policy = "xattention";
+  o.policy = SparsePolicyKind::kXAttention;
   o.stride = 3;
   fails(o, "--xattn-stride");
   o = {};
-  o.policy = "xattention";
+  o.policy = SparsePolicyKind::kXAttention;
   o.xattn_dense_tail = -1;
   fails(o, "--xattn-dense-tail");
   o = {};
-  o.policy = "xattention";
+  o.policy = SparsePolicyKind::kXAttention;
   o.xattn_min_len = -1;
   fails(o, "--xattn-min-len");
   for (const std::string& name : sparse_policy_names()) {
     SparseOptions ok;
-    ok.policy = name;
+    ok.policy = parse_sparse_policy(name);
     EXPECT_EQ(make_sparse_policy(ok, shape)->name(), name);
+    EXPECT_EQ(sparse_policy_name(ok.policy), name);
   }
 }
 

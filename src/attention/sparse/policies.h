@@ -1,0 +1,16 @@
+// The policies' registry lines (PolicyDef), each defined in the policy's own file; registry.cpp
+// lists them. Also what the policy files share.
+#pragma once
+
+#include "attention/sparse/sparse_policy.h"
+#include "kernels/quest_params.h"
+
+namespace longctx::sparse {
+
+extern const PolicyDef kFullPolicy, kQuestPolicy, kXAttentionPolicy, kStreamingPolicy;
+
+// A page-list decode policy's budget in the kernels' terms (kernels/quest_params.h): counts
+// clamped to int. Quest: its budget; streaming: sink + window, so nothing past the forced pages.
+kernels::QuestBudget quest_budget(const SparseOptions& options);
+
+}  // namespace longctx::sparse
