@@ -12,6 +12,7 @@
 
 #include "longctx/core/tensor.h"
 #include "longctx/engine/executor.h"
+#include "longctx/kernels/kernel_tuning.h"
 #include "longctx/kv/sparse_options.h"
 
 namespace longctx {
@@ -38,6 +39,8 @@ struct GpuRunnerOptions {
   // Sparse attention (docs/sparse.md): full, or quest on decode steps (with or without offload;
   // decode steps then run without CUDA graphs).
   SparseOptions sparse;
+  // The attention kernels' choices (defaults: the measured ones; benchmarks override them).
+  kernels::KernelTuning tuning;
 };
 
 // See docs/architecture.md for the measurement behind the default.

@@ -36,6 +36,7 @@ struct QuestCudaConfig {
   float sm_scale = 0.f;
   Device device = Device::cuda();
   int64_t max_seqs = 0, max_model_len = 0;
+  kernels::KernelTuning tuning;  // the decode's plan; attention kGeneric: the generic kernel
 };
 
 class QuestCuda {
