@@ -144,6 +144,12 @@ bool is_kernel_tuning_flag(std::string_view name) {
   return false;
 }
 
+std::vector<KernelTuningFlag> kernel_tuning_flags() {
+  std::vector<KernelTuningFlag> v;
+  for (const Flag& f : kFlags) v.push_back({f.name, f.values, f.help});
+  return v;
+}
+
 std::string kernel_tuning_flags_help() {
   std::string s;
   for (const Flag& f : kFlags) {

@@ -59,7 +59,7 @@ TEST(DecodeSchedule, ChunksAreTheOnesTheH200Ran) {
   // full count (1536 CTAs in 4 waves of 396 rather than 512 in 2).
   EXPECT_EQ(h200_chunk({32768}, 3), 1024);
   EXPECT_EQ(h200_chunk(std::vector<int64_t>(64, 32768), 3), 10944);
-  // LONGCTX_DECODE_SLOTS: the bench's s=1 and s=3 rows.
+  // DecodeTuning::slots: the bench's s=1 and s=3 rows.
   EXPECT_EQ(h200_chunk({32768}, 2, 1), 2048);
   EXPECT_EQ(h200_chunk({32768}, 2, 3), 704);
   EXPECT_EQ(h200_chunk({131072}, 2, 3), 2688);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace longctx::kernels {
 
@@ -84,6 +85,11 @@ bool parse_kernel_tuning_flag(std::string_view name, std::string_view value, Ker
                               std::string* error);
 // Whether `name` (without dashes) is one of parse_kernel_tuning_flag's flags.
 bool is_kernel_tuning_flag(std::string_view name);
+// The flags: name (without dashes), values ("sm90|fa2", "N") and a line of help with the default.
+struct KernelTuningFlag {
+  std::string_view name, values, help;
+};
+std::vector<KernelTuningFlag> kernel_tuning_flags();
 // The flags, their values and defaults, a line each (for a benchmark's --help).
 std::string kernel_tuning_flags_help();
 

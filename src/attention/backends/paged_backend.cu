@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -62,7 +63,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     shape.page_size = static_cast<int>(c.block_size);
     shape.dtype = c.dtype;
     shape.sm_scale = sm_scale;
-    dispatch_->emplace(shape, tuning, device_.index);
+    dispatch_.emplace(shape, tuning, device_.index);
     host_ = Tensor::empty_pinned({layout_.total}, DType::kI32);
     indices_ = Tensor::empty({layout_.total}, DType::kI32, device_);
     // The planned kernels' workspaces (none for the generic kernel); the dense prefill with room
@@ -71,8 +72,10 @@ class PagedAttentionBackend final : public AttentionBackend {
     prefill_list_bytes_ = dispatch_->prefill_workspace_bytes(max_seqs, limits.max_tokens, false);
     prefill_ws_bytes_ = dispatch_->prefill_workspace_bytes(max_seqs, limits.max_tokens, true);
     decode_ws_bytes_ = dispatch_->decode_workspace_bytes(max_seqs);
+    // (At least a little: the generic kernel's steps take none.)
     workspace_ = Tensor::empty(
-        {static_cast<int64_t>(std::max(prefill_ws_bytes_, decode_ws_bytes_))}, DType::kU8, device_);
+        {static_cast<int64_t>(std::max({prefill_ws_bytes_, decode_ws_bytes_, size_t(256)}))},
+        DType::kU8, device_);
     sparse.validate();
     const int64_t max_seq_len =
         limits.max_seq_len > 0 ? limits.max_seq_len : c.num_blocks * c.block_size;

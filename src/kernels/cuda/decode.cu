@@ -536,7 +536,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
 }
 
 // The same CTA with the K/V tiles brought by the TMA (the default on sm_90 when pages are a
-// multiple of the tile; LONGCTX_DECODE_LOADER=0 turns it off): one thread issues, per tile, one 3-D
+// multiple of the tile; DecodeLoader::kCpAsync turns it off): one thread issues, per tile, one 3-D
 // box copy of (64 dims, 1 kv head, TILE tokens) per 64 dims of K and of V, which land on the
 // stage's mbarrier; the warps wait on it instead of on their own cp.async groups. A tile never
 // crosses a page (kv ranges start at multiples of 64 tokens, pages are multiples of TILE), so its
