@@ -12,11 +12,16 @@
 //
 // bench_attention --decode [VARIANTS [PAGES [SHAPES]]] runs the decode table instead (see
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
-// read, for each plan variant (a comma-separated list, default "default": the plan as shipped;
-// "s=N", "o=M" or "s=N/o=M" set LONGCTX_DECODE_SLOTS / _OVERHEAD, "l=0" / "l=1"
-// LONGCTX_DECODE_LOADER and "c=0" / "c=1" LONGCTX_DECODE_COPY, so wave-model settings and loaders
-// compare in the same process on the same data), page size (default 128) and, optionally, only the
-// shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
+// read, for each plan variant (a comma-separated list, default "default": the plan as the flags
+// below tune it; "s=N", "o=M" or "s=N/o=M" set DecodeTuning's slots / overhead, "l=0" / "l=1" its
+// loader and "c=0" / "c=1" its stage copy (as --decode-slots / -overhead / -loader / -copy), so
+// wave-model settings and loaders compare in the same process on the same data), page size
+// (default 128) and, optionally, only the shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32,
+// 64:32768:4:1).
+//
+// Kernel tuning flags, before any of the above (longctx/kernels/kernel_tuning.h; e.g.
+// --prefill-kernel fa2, --prefill-split 0, --decode-loader 0, --pdl 0) pin the plans' choices
+// for every row; --help lists them.
 //
 // bench_attention --loaders KIND:TILE:STAGES:CTAS[:THREADS],... streams a K/V cache through each
 // way of filling shared memory, without compute (loader_ceiling.h).
@@ -38,12 +43,14 @@
 
 #include "kernels/attention_params.h"
 #include "kernels/cuda/decode.h"
+#include "kernels/cuda/pdl.h"
 #include "kernels/cuda/prefill.h"
 #include "kernels/decode_params.h"
 #include "loader_ceiling.h"
 #include "longctx/attention/block_causal.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/tensor.h"
+#include "longctx/kernels/kernel_tuning.h"
 #include "read_ceiling.h"
 
 namespace {
@@ -51,6 +58,9 @@ namespace {
 using namespace longctx;
 
 constexpr int kHq = 32, kHk = 8, kD = 128;
+
+// The kernels' tuning for every plan of this run (the flags; defaults: the measured choices).
+kernels::KernelTuning g_tuning;
 
 double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters = 20) {
   for (int i = 0; i < 3; ++i) fn();
@@ -145,13 +155,13 @@ void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mo
   p.dtype = DType::kBF16;
   p.mask_mode = mode;
   p.sm_scale = 1.f / std::sqrt(float(head_dim));
-  // With the split's workspace, as the engine's backend has it (LONGCTX_PREFILL_SPLIT=0: none).
+  // With the split's workspace, as the engine's backend has it (--prefill-split 0: none).
   size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(1, q_len, kHq / kHk) +
                     kernels::cuda::paged_prefill_split_workspace_bytes(head_dim);
   void* ws = nullptr;
   LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   auto plan = kernels::cuda::paged_prefill_plan(qo.data(), kvl.data(), 1, kHq, kHk, head_dim, mode,
-                                                ws, ws_bytes, stream);
+                                                ws, ws_bytes, stream, g_tuning.prefill);
   const double ms = time_ms([&] { kernels::cuda::paged_prefill_run(p, plan, stream); }, stream);
   const std::string label = std::string(name) + (plan.split_ctas > 0 ? " [split]" : "");
   name = label.c_str();
@@ -200,7 +210,7 @@ void bench_decode(int batch, int kv_len, int page, cudaStream_t stream) {
   void* ws = nullptr;
   LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, kHq, kHk, kD, ws,
-                                         ws_bytes, stream);
+                                         ws_bytes, stream, 0, 256, {}, g_tuning.decode);
   const double ms = time_ms([&] { kernels::cuda::decode_run(p, plan, stream); }, stream, 50);
   const double keys = double(batch) * kv_len;
   char name[128];
@@ -308,7 +318,7 @@ double time_pool_prefill(const SweepPool& pool, const void* q, void* o, int q_le
   void* ws = nullptr;
   LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   auto plan = kernels::cuda::paged_prefill_plan(qo.data(), kvl.data(), 1, kHq, kHk, kD, p.mask_mode,
-                                                ws, ws_bytes, stream);
+                                                ws, ws_bytes, stream, g_tuning.prefill);
   const double ms = time_ms([&] { kernels::cuda::paged_prefill_run(p, plan, stream); }, stream, 10);
   for (void* x :
        {(void*)p.qo_indptr, (void*)p.kv_indptr, (void*)p.kv_indices, (void*)p.kv_last_page_len, ws})
@@ -342,7 +352,7 @@ double time_pool_decode(const SweepPool& pool, const void* q, void* o, float* ls
   void* ws = nullptr;
   LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), 1, pool.page, kHq, kHk, kD, ws,
-                                         ws_bytes, stream);
+                                         ws_bytes, stream, 0, 256, {}, g_tuning.decode);
   const double ms = time_ms([&] { kernels::cuda::decode_run(p, plan, stream); }, stream, 50);
   for (void* x : {(void*)p.kv_indptr, (void*)p.kv_indices, (void*)p.kv_last_page_len, ws})
     cudaFree(x);
@@ -387,9 +397,9 @@ void page_size_sweep(const std::vector<int>& page_sizes, cudaStream_t stream) {
   std::memset(host_v, 0x3c, stream_bytes);
   LONGCTX_CUDA_CHECK(cudaMalloc(&dev_k, stream_bytes));
   LONGCTX_CUDA_CHECK(cudaMalloc(&dev_v, stream_bytes));
-  const char* path = std::getenv("LONGCTX_PREFILL_KERNEL");
-  std::printf("# page-size sweep: pages shuffled in a pool 1.25x the request; prefill kernel %s\n",
-              path ? path : "default (sm90 on sm_90)");
+  std::printf(
+      "# page-size sweep: pages shuffled in a pool 1.25x the request; prefill kernel %s\n",
+      g_tuning.prefill.kernel == kernels::PrefillKernel::kFa2 ? "fa2" : "default (sm90 on sm_90)");
   std::printf(
       "| page | prefill 32K, 1 chunk | prefill 32K, 4 x 8K chunks | decode B=1, 32K | "
       "decode B=1, 128K | H2D page stream, 32K tokens K+V |\n");
@@ -434,9 +444,9 @@ void page_size_sweep(const std::vector<int>& page_sizes, cudaStream_t stream) {
 // / 20 (what consecutive layers under a CUDA graph see). GB/s = K+V bytes / time.
 struct DecodeVariant {
   std::string name;
-  int slots = 0, overhead = 0;  // 0: the plan's own (LONGCTX_DECODE_SLOTS / _OVERHEAD unset)
-  int loader = -1;              // -1: the plan's own; 0 / 1: LONGCTX_DECODE_LOADER
-  int copy = -1;                // -1: the plan's own; 0 TMA / 1 cp.async: LONGCTX_DECODE_COPY
+  int slots = 0, overhead = 0;  // 0: the flags' (DecodeTuning::slots / overhead)
+  int loader = -1;              // -1: the flags'; 0 the cp.async ring / 1 TMA tiles of one tile
+  int copy = -1;                // -1: the flags'; 0 TMA boxes / 1 cp.async
 };
 
 // "default", "s=N", "o=M", "l=0", "l=1", "s=N/o=M/l=1", ... ; false on any other
@@ -472,23 +482,16 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   return !out->empty();
 }
 
-void set_variant_env(const DecodeVariant& v) {
-  if (v.slots > 0)
-    setenv("LONGCTX_DECODE_SLOTS", std::to_string(v.slots).c_str(), 1);
-  else
-    unsetenv("LONGCTX_DECODE_SLOTS");
-  if (v.overhead > 0)
-    setenv("LONGCTX_DECODE_OVERHEAD", std::to_string(v.overhead).c_str(), 1);
-  else
-    unsetenv("LONGCTX_DECODE_OVERHEAD");
+// The decode tuning of a variant: the flags' with its fields pinned.
+kernels::DecodeTuning variant_tuning(const DecodeVariant& v) {
+  kernels::DecodeTuning t = g_tuning.decode;
+  if (v.slots > 0) t.slots = v.slots;
+  if (v.overhead > 0) t.overhead = v.overhead;
   if (v.loader >= 0)
-    setenv("LONGCTX_DECODE_LOADER", std::to_string(v.loader).c_str(), 1);
-  else
-    unsetenv("LONGCTX_DECODE_LOADER");
+    t.loader = v.loader == 0 ? kernels::DecodeLoader::kCpAsync : kernels::DecodeLoader::kTmaTile;
   if (v.copy >= 0)
-    setenv("LONGCTX_DECODE_COPY", std::to_string(v.copy).c_str(), 1);
-  else
-    unsetenv("LONGCTX_DECODE_COPY");
+    t.copy = v.copy == 0 ? kernels::DecodeStageCopy::kTmaBoxes : kernels::DecodeStageCopy::kCpAsync;
+  return t;
 }
 
 // "16,128,..." page sizes in 1..256 (--page-sizes, --decode); false on a malformed list.
@@ -588,9 +591,8 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
       void* ws = nullptr;
       LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
       for (const DecodeVariant& var : variants) {
-        set_variant_env(var);
         auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, hk, kD, ws,
-                                               ws_bytes, stream);
+                                               ws_bytes, stream, 0, 256, {}, variant_tuning(var));
         if (var.loader >= 0 && plan.loader != var.loader)
           std::fprintf(stderr, "variant %s: the plan took loader %d instead\n", var.name.c_str(),
                        plan.loader);
@@ -632,15 +634,31 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
                       (void*)p.kv_last_page_len})
         cudaFree(x);
     }
-  unsetenv("LONGCTX_DECODE_SLOTS");
-  unsetenv("LONGCTX_DECODE_OVERHEAD");
-  unsetenv("LONGCTX_DECODE_LOADER");
-  unsetenv("LONGCTX_DECODE_COPY");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The kernel tuning flags first (--NAME VALUE), then the mode.
+  while (argc >= 2 && std::strncmp(argv[1], "--", 2) == 0) {
+    const std::string name = argv[1] + 2;
+    if (name == "help") {
+      std::printf("kernel tuning flags (before the mode):\n%s",
+                  kernels::kernel_tuning_flags_help().c_str());
+      return 0;
+    }
+    if (!kernels::is_kernel_tuning_flag(name)) break;
+    std::string error;
+    if (argc < 3 || !kernels::parse_kernel_tuning_flag(name, argv[2], &g_tuning, &error)) {
+      std::fprintf(stderr, "%s\n",
+                   argc < 3 ? ("--" + name + ": a value is missing").c_str() : error.c_str());
+      return 2;
+    }
+    argv[2] = argv[0];
+    argv += 2;
+    argc -= 2;
+  }
+  kernels::cuda::set_pdl_allowed(0, g_tuning.pdl);
   cudaStream_t stream;
   LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaDeviceProp prop;
@@ -739,7 +757,8 @@ int main(int argc, char** argv) {
   if (argc != 1) {
     std::fprintf(
         stderr,
-        "usage: bench_attention [--page-sizes 16,32,64,128,256 | --decode [default,s=N/o=M,..."
+        "usage: bench_attention [TUNING FLAGS (--help)] [--page-sizes 16,32,64,128,256 | --decode "
+        "[default,s=N/o=M,..."
         " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] |"
         " --chunk HEAD_DIM:Q:KV[:PAGE] | --block-causal | --read | --loaders "
         "KIND:TILE:STAGES:CTAS,...]\n");

@@ -7,10 +7,13 @@
 // Prints one line per measurement; the peer is hf_peer.py.
 // --cuda-graphs (graph_bench.h): decode with CUDA graphs against eager after the first context,
 //   bench_model --preset llama-3.1-8b --contexts 32768 --cuda-graphs --graph-batches 1,16
+// Kernel tuning flags (longctx/kernels/kernel_tuning.h: --prefill-kernel fa2, --decode-loader 0,
+// --pdl 0, ...) pin the attention kernels' choices (GpuRunnerOptions::tuning); --help lists them.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +23,7 @@
 #include "longctx/core/error.h"
 #include "longctx/core/stream.h"
 #include "longctx/engine/gpu_runner.h"
+#include "longctx/kernels/kernel_tuning.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 
@@ -28,8 +32,7 @@ using namespace longctx;
 namespace {
 
 double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -56,7 +59,20 @@ int main(int argc, char** argv) {
                "(engine/cuda_graphs.h driven directly; no GpuRunner)");
   app.add_option("--graph-batches", graph_batches, "decode batch sizes for --cuda-graphs")
       ->delimiter(',');
+  std::map<std::string, std::string> tuning_values;  // flag name -> value given
+  for (const kernels::KernelTuningFlag& f : kernels::kernel_tuning_flags()) {
+    const std::string name(f.name);
+    app.add_option("--" + name, tuning_values[name],
+                   std::string(f.help) + " (" + std::string(f.values) + ")");
+  }
   CLI11_PARSE(app, argc, argv);
+  for (const auto& [name, value] : tuning_values) {
+    std::string error;
+    if (!value.empty() && !kernels::parse_kernel_tuning_flag(name, value, &opts.tuning, &error)) {
+      std::fprintf(stderr, "%s\n", error.c_str());
+      return 2;
+    }
+  }
   try {
     const double t_load = now();
     auto ckpt = std::make_shared<const Checkpoint>(
@@ -79,6 +95,7 @@ int main(int argc, char** argv) {
       g.decode_steps = decode_steps;
       g.block_size = opts.block_size > 0 ? opts.block_size : kDefaultBlockSize;
       g.max_num_batched_tokens = opts.max_num_batched_tokens;
+      g.tuning = opts.tuning;
       return bench::run_graph_bench(model, g);
     }
     const ModelConfig& c = model->config();
@@ -130,10 +147,11 @@ int main(int argc, char** argv) {
         std::sort(times.begin(), times.end());
         double sum = 0;
         for (double t : times) sum += t;
-        std::printf("decode after %lld tokens, batch 1: %.3f ms/token mean, %.3f median, %.3f min "
-                    "(%d steps, no CUDA graphs)\n",
-                    static_cast<long long>(n), 1e3 * sum / times.size(),
-                    1e3 * times[times.size() / 2], 1e3 * times.front(), decode_steps);
+        std::printf(
+            "decode after %lld tokens, batch 1: %.3f ms/token mean, %.3f median, %.3f min "
+            "(%d steps, no CUDA graphs)\n",
+            static_cast<long long>(n), 1e3 * sum / times.size(), 1e3 * times[times.size() / 2],
+            1e3 * times.front(), decode_steps);
         std::fflush(stdout);
       }
       runner.release(seq++);

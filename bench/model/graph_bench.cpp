@@ -216,8 +216,8 @@ int run_graph_bench(std::shared_ptr<Model> model, const GraphBenchArgs& a) {
     limits.max_tokens = std::max(a.max_num_batched_tokens, max_b);
     limits.max_seqs = max_b;
     limits.max_blocks = num_blocks + max_b;
-    auto attn =
-        make_paged_attention_backend(pool, c.num_attention_heads, model->attention_scale(), limits);
+    auto attn = make_paged_attention_backend(pool, c.num_attention_heads, model->attention_scale(),
+                                             limits, {}, a.tuning);
     const int32_t scratch = pool.allocate(1)[0];
     std::mt19937 rng(7);
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "longctx/kernels/kernel_tuning.h"
 #include "longctx/models/model.h"
 
 namespace longctx::bench {
@@ -16,6 +17,7 @@ struct GraphBenchArgs {
   int decode_steps = 32;               // per mode and batch size
   int64_t block_size = 128;
   int64_t max_num_batched_tokens = 16384;  // prefill chunk
+  kernels::KernelTuning tuning;            // the attention backend's (bench_model's flags)
 };
 
 // Prints one line per (batch, mode). Batches above 1 decode copies of the prompt's KV (each

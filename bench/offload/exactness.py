@@ -6,9 +6,9 @@ token ids of every sample compared. Prints a table per file and exits 1 on any d
   (--common-flags for both runs, --offload-flags for the offload run, --env K=V for both runs'
   environment)
 
---reference-env LONGCTX_ATTENTION_KERNEL=generic adds a third run, resident under that
-environment (the generic kernel: P and every sum in fp32), and says for each sample where the
-two runs part which of them agrees with it: the tie-breaker of which one is nearer exact
+--reference-flags='--attention-kernel generic' adds a third run, resident with those flags (the
+generic kernel: P and every sum in fp32), and says for each sample where the two runs part which
+of them agrees with it: the tie-breaker of which one is nearer exact
 attention. --control runs two resident configurations instead of resident vs offload.
 """
 
@@ -50,8 +50,9 @@ def main() -> None:
     ap.add_argument("--offload-flags", nargs="*", default=[
         "--kv-offload", "--gpu-kv-budget", "32MiB", "--host-kv-budget", "8GiB"])
     ap.add_argument("--env", action="append", help="K=V for both runs' environment")
-    ap.add_argument("--reference-env", action="append",
-                    help="K=V: a third, resident run under this environment breaks ties")
+    ap.add_argument("--reference-flags", default="",
+                    help="a third, resident run with these flags (one string) breaks ties, e.g. "
+                         "--reference-flags='--attention-kernel generic'")
     ap.add_argument("--control", choices=["chunk", "batch"],
                     help="instead of offload, a resident run with another prefill chunk size "
                          "(4096 vs 2048) or batch size (8 vs 3 sequences per step, so the "
@@ -79,9 +80,9 @@ def main() -> None:
         t_off = run(a.longctx, f, off, a.common_flags + a.offload_flags, env)
         r, o = json.load(open(res)), json.load(open(off))
         ref = None
-        if a.reference_env:
+        if a.reference_flags:
             path = f"{a.out}/{name}.reference.json"
-            run(a.longctx, f, path, a.common_flags + res_flags, {**env, **env_of(a.reference_env)})
+            run(a.longctx, f, path, a.common_flags + res_flags + a.reference_flags.split(), env)
             ref = json.load(open(path))
         same = sum(x["token_ids"] == y["token_ids"] for x, y in zip(r, o))
         sides = {"resident": 0, "offload": 0, "neither": 0}
@@ -108,7 +109,7 @@ def main() -> None:
             ez = 100 * sum(x["exact"] for x in ref) / len(ref)
             sr = sum(x["token_ids"] == z["token_ids"] for x, z in zip(r, ref))
             so = sum(y["token_ids"] == z["token_ids"] for y, z in zip(o, ref))
-            print(f"  reference ({' '.join(a.reference_env)}): exact {ez:.1f}%, the same tokens "
+            print(f"  reference ({a.reference_flags}): exact {ez:.1f}%, the same tokens "
                   f"as resident {sr}/{len(r)}, as offload {so}/{len(o)}; where the runs part it "
                   f"sides with resident {sides['resident']}, offload {sides['offload']}, neither "
                   f"{sides['neither']}", flush=True)

@@ -57,6 +57,8 @@ struct EngineConfig {
   int64_t offload_slots = 4;            // ring slots
   int64_t offload_slot_tokens = 32768;  // tokens of one layer per slot
   SparseOptions sparse;  // sparse attention policy (docs/sparse.md; CPU and GPU engines)
+  // The GPU attention kernels' choices (defaults: the measured ones; benchmarks pin them).
+  kernels::KernelTuning kernel_tuning;
   // Ranks of a tensor-parallel model (docs/tensor_parallel.md): the CPU runs them as threads
   // (thread communicators), a GPU engine on cuda:i .. cuda:i+N-1 over NCCL.
   int64_t tensor_parallel_size = 1;

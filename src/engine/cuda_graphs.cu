@@ -4,14 +4,13 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 
-#include "attention/backends/paged_backend.h"
 #include "core/cuda_stream.h"
 #include "core/device_pool.h"
 #include "core/stream_limits.h"
 #include "engine/cuda_graphs.h"
-#include "kernels/cuda/decode.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 #include "longctx/core/stream.h"
@@ -49,13 +48,13 @@ class PrivatePoolScope {
   detail::DevicePool& pool_;
 };
 
-// One bucket's graph. The split-KV decode kernel's grid follows the step's plan (a grid padded to
-// a fixed size was 19-22% slower, see decode.cu), so its nodes are updated when it changes.
+// One bucket's graph. Launches whose shape follows the step's plan (the split-KV decode kernel's
+// grid) are the attention backend's to update after each plan (AttentionBackend::
+// end_graph_capture).
 struct BucketGraph {
-  cudaGraph_t graph = nullptr;  // kept: the decode nodes are its nodes
+  cudaGraph_t graph = nullptr;  // kept: the backend's recorded nodes are its nodes
   cudaGraphExec_t exec = nullptr;
-  std::vector<cudaGraphNode_t> decode_nodes;  // one per layer on the split-KV decode path
-  int64_t decode_ctas = 0;                    // their grid in `exec` now
+  std::unique_ptr<GraphLaunches> launches;  // nullptr: nothing follows the plan
 };
 
 }  // namespace
@@ -100,22 +99,6 @@ struct DecodeGraphs::Impl {
     graphs.clear();
   }
 
-  // Points the bucket's decode nodes at a grid of `ctas` CTAs (the plan just made).
-  void set_decode_grid(BucketGraph& g, int64_t ctas) {
-    if (ctas == g.decode_ctas) return;
-    LONGCTX_CHECK(ctas >= 1 && ctas <= 0x7fffffff && !g.decode_nodes.empty(), ErrorCode::kInternal,
-                  "decode graphs: a decode grid of {} CTAs for a graph with {} decode nodes", ctas,
-                  g.decode_nodes.size());
-    for (cudaGraphNode_t node : g.decode_nodes) {
-      cudaKernelNodeParams p{};
-      LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &p));
-      p.gridDim = dim3(static_cast<unsigned>(ctas));
-      LONGCTX_CUDA_CHECK(cudaGraphExecKernelNodeSetParams(g.exec, node, &p));
-    }
-    g.decode_ctas = ctas;
-    ++grid_updates;
-  }
-
   // The ids and positions of a padded batch into the graphs' input buffers, on `stream`.
   void upload(const ForwardBatch& padded, cudaStream_t stream) {
     const int64_t b = padded.num_tokens();
@@ -153,7 +136,6 @@ struct DecodeGraphs::Impl {
     one.block_tables = {scratch};
     one.slot_mapping = {int64_t(scratch) * pool.block_size()};
     prepare(pad_decode_batch(one, b, scratch, pool.block_size()), s);
-    const int64_t decode_ctas = paged_decode_grid(attention);
     cudaGraph_t graph = nullptr;
     {
       PrivatePoolScope scope(device.index, private_pool);
@@ -162,7 +144,7 @@ struct DecodeGraphs::Impl {
       // from the driver.
       forward(b);
       LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
-      take_captured_decode_nodes(attention);  // the warm-up's: none (not captured)
+      attention.begin_graph_capture();
       LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       try {
         forward(b);
@@ -177,18 +159,7 @@ struct DecodeGraphs::Impl {
     BucketGraph& g = graphs[b];
     g.graph = graph;
     LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
-    for (void* node : take_captured_decode_nodes(attention)) {
-      cudaKernelNodeParams p{};
-      LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(static_cast<cudaGraphNode_t>(node), &p));
-      LONGCTX_CHECK(kernels::cuda::is_decode_kernel(p.func), ErrorCode::kInternal,
-                    "decode graphs: a recorded decode node runs another kernel");
-      g.decode_nodes.push_back(static_cast<cudaGraphNode_t>(node));
-    }
-    const size_t want = decode_ctas > 0 ? size_t(model.config().num_hidden_layers) : 0;
-    LONGCTX_CHECK(g.decode_nodes.size() == want, ErrorCode::kInternal,
-                  "decode graphs: the graph of {} holds {} decode kernels, expected {}", b,
-                  g.decode_nodes.size(), want);
-    g.decode_ctas = decode_ctas;
+    g.launches = attention.end_graph_capture();
     // The first launch of a fresh graph pays for uploading it: do that now, not in a step.
     LONGCTX_CUDA_CHECK(cudaGraphUpload(g.exec, s));
     LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -281,7 +252,7 @@ Tensor DecodeGraphs::run(const ForwardBatch& batch) {
   cudaStream_t stream = current_cuda_stream(m.device.index);
   m.prepare(pad_decode_batch(batch, b, m.scratch, m.pool.block_size()), stream);
   BucketGraph& g = m.graphs.at(b);
-  if (!g.decode_nodes.empty()) m.set_decode_grid(g, paged_decode_grid(m.attention));
+  if (g.launches != nullptr && g.launches->update(g.exec)) ++m.grid_updates;
   LONGCTX_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
   return m.logits.slice(0, 0, s);
 }

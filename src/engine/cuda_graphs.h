@@ -8,8 +8,9 @@
 //    launch; the paged backend's plan() rewrites its index buffers and the decode work list in
 //    place (ForwardBatch::fixed_launch_shapes keeps every device address and launch shape a
 //    function of the batch size alone, but the split-KV decode grid, which follows the step's
-//    kv lengths: when it changes, the graph's decode kernel nodes are set to the new grid before
-//    the launch; a grid padded to a fixed size per bucket cost 19-22% of the kernel's time).
+//    kv lengths: when it changes, the backend's GraphLaunches (AttentionBackend::
+//    end_graph_capture) set the graph's decode kernel nodes to the new grid before the launch; a
+//    grid padded to a fixed size per bucket cost 19-22% of the kernel's time).
 //  - Padding: a batch of S sequences runs the graph of the smallest bucket B >= S; the B - S
 //    padding sequences have one token (id 0, position 0) in a scratch KV block that no sequence
 //    uses, so their K/V writes never touch a real sequence's blocks, and the decode plan splits

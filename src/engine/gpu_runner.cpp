@@ -244,7 +244,7 @@ struct GpuRunner::Impl {
   }
 
   void copy_blocks(std::span<const KVBlockCopy> copies) {
-    if (offload != nullptr) return offload->set_copies(copies);
+    if (offload != nullptr) return attention->copy_blocks(copies);
     for (const KVBlockCopy& c : copies) {
       LONGCTX_CHECK(
           c.src >= 0 && c.src < pool->num_blocks() && c.dst >= 0 && c.dst < pool->num_blocks(),
@@ -255,7 +255,7 @@ struct GpuRunner::Impl {
         pool->v(l).select(0, c.dst).copy_from(pool->v(l).select(0, c.src));
       }
     }
-    paged_backend_copy_blocks(*attention, copies);
+    attention->copy_blocks(copies);  // a sparse policy's block metadata follows
   }
 
   // One forward; device f32 logits of the rows the batch asks for.
@@ -392,6 +392,7 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
     d.max_seqs = options.max_num_seqs;
     d.sparse = options.sparse;
     d.max_model_len = m.plan.max_model_len;
+    d.tuning = options.tuning;
     auto backend =
         std::make_unique<OffloadAttentionBackend>(d.geometry, make_cuda_offload_device(d));
     backend->set_layer_block_bytes(d.layer_block_bytes());
@@ -413,8 +414,9 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
       options.max_num_seqs * ((m.plan.max_model_len + m.plan.block_size - 1) / m.plan.block_size);
   limits.max_seq_len = m.plan.max_model_len;
   m.max_blocks = limits.max_blocks;
-  m.attention = make_paged_attention_backend(*m.pool, c.num_attention_heads,
-                                             m.model->attention_scale(), limits, options.sparse);
+  m.attention =
+      make_paged_attention_backend(*m.pool, c.num_attention_heads, m.model->attention_scale(),
+                                   limits, options.sparse, options.tuning);
 }
 
 GpuRunner::~GpuRunner() = default;
@@ -446,9 +448,7 @@ GpuRunner::OffloadCounters GpuRunner::offload_counters() const {
 
 GpuRunner::SparseCounters GpuRunner::sparse_counters() const {
   if (impl_->attention == nullptr) return {};
-  const SparsePrefillCounters c = impl_->offload != nullptr
-                                      ? impl_->offload->sparse_prefill_counters()
-                                      : paged_backend_sparse_prefill_counters(*impl_->attention);
+  const SparsePrefillCounters c = impl_->attention->sparse_prefill_counters();
   return {c.kept, c.causal};
 }
 

@@ -122,6 +122,7 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     gpu.offload_slots = config.offload_slots;
     gpu.offload_slot_tokens = config.offload_slot_tokens;
     gpu.sparse = config.sparse;
+    gpu.tuning = config.kernel_tuning;
     if (tp == 1) {
       impl_->runner = std::make_shared<GpuRunner>(create_model(impl_->checkpoint, build), gpu);
       executor = make_gpu_executor(impl_->runner);

@@ -89,19 +89,32 @@ int64_t decode_chunk(const std::vector<int64_t>& len, int64_t max_items, int64_t
 // and stages of 64 tokens 1-4 % faster than 32. Filled across pages by cp.async (pages of 16
 // tokens), they measured 1-12 % slower than the ring for single launches (1-20 % faster back to
 // back), hence opt-in there (docs/benchmarks.md).
-int decode_loader(int page_size, int head_dim, bool tma, const DecodeLoaderPins& pins) {
+int decode_loader(int page_size, int head_dim, bool tma, const DecodeTuning& tuning) {
   const int tile = decode_tile_tokens(head_dim);
   const bool boxes = page_size % tile == 0;  // a TMA box of a tile stays within one page
-  if (pins.loader_cap == "0" || !tma || (!boxes && pins.copy != "1")) return 0;
+  const bool copy_stages = tuning.copy == DecodeStageCopy::kCpAsync;
+  if (tuning.loader == DecodeLoader::kCpAsync || !tma || (!boxes && !copy_stages)) return 0;
   const bool doubled = !boxes || page_size % (2 * tile) == 0;
-  return pins.loader_cap != "1" && head_dim == 128 && doubled ? 2 : 1;
+  return tuning.loader != DecodeLoader::kTmaTile && head_dim == 128 && doubled ? 2 : 1;
 }
 
 bool decode_cp_async_stages(int loader, int page_size, int head_dim, int64_t chunk,
-                            const DecodeLoaderPins& pins) {
+                            const DecodeTuning& tuning) {
   if (loader < 1) return false;
-  if (page_size % decode_tile_tokens(head_dim) != 0 || pins.copy == "1") return true;
-  return pins.copy != "0" && chunk >= kDecodeCpAsyncStagesMinChunk;
+  if (page_size % decode_tile_tokens(head_dim) != 0 || tuning.copy == DecodeStageCopy::kCpAsync)
+    return true;
+  return tuning.copy != DecodeStageCopy::kTmaBoxes && chunk >= kDecodeCpAsyncStagesMinChunk;
+}
+
+DecodeWaveModel decode_wave_model(const DecodeTuning& tuning, int num_sms, int resident,
+                                  int min_chunk_tokens) {
+  DecodeWaveModel m;
+  m.num_sms = num_sms;
+  m.resident = resident;
+  m.slots_override = tuning.slots;
+  m.overhead = tuning.overhead > 0 ? tuning.overhead : 64;
+  m.min_chunk_tokens = min_chunk_tokens;
+  return m;
 }
 
 DecodeWork decode_work_items(const std::vector<int64_t>& len, const int32_t* kv_indptr, int real,

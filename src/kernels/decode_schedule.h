@@ -5,8 +5,9 @@
 #pragma once
 
 #include <cstdint>
-#include <string_view>
 #include <vector>
+
+#include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx::kernels {
 
@@ -60,24 +61,25 @@ struct DecodeWaveModel {
 int64_t decode_chunk(const std::vector<int64_t>& len, int64_t max_items, int64_t ctas_per_item,
                      const DecodeWaveModel& model);
 
-// The environment's pins of the plan variants: LONGCTX_DECODE_LOADER ("0" the ring, "1" no
-// doubled stages) and LONGCTX_DECODE_COPY ("0" TMA boxes only, "1" cp.async stages); "" unset.
-struct DecodeLoaderPins {
-  std::string_view loader_cap, copy;
-};
-
 // The loader: 0 the cp.async ring; 1 the TMA kernel's stages of decode_tile_tokens keys; 2 its
 // stages of twice that (head_dim 128). The TMA kernel (where the device has it: `tma`) takes
 // pages that hold whole tiles, at head_dim 128 in stages of 64 tokens where the pages hold
-// those; other pages keep the ring unless pins.copy is "1" (stages filled across pages).
-int decode_loader(int page_size, int head_dim, bool tma, const DecodeLoaderPins& pins);
+// those; other pages keep the ring unless tuning.copy is kCpAsync (stages filled across pages).
+// tuning.loader kCpAsync forces the ring, kTmaTile no doubled stages.
+int decode_loader(int page_size, int head_dim, bool tma, const DecodeTuning& tuning);
 
 // Whether the TMA kernel's stages are filled by every thread's cp.async instead of TMA boxes:
 // for splits of kDecodeCpAsyncStagesMinChunk keys and more (the boxes' 128-byte rows top out at
 // ~4.2 TB/s on the H200, the threads' copies at 4.6; over a few tiles the one issuing thread
-// starts sooner), and always for pages that are not whole tiles. False for the ring.
+// starts sooner), and always for pages that are not whole tiles; tuning.copy pins either. False
+// for the ring.
 bool decode_cp_async_stages(int loader, int page_size, int head_dim, int64_t chunk,
-                            const DecodeLoaderPins& pins);
+                            const DecodeTuning& tuning);
+
+// The wave model of `tuning` (its slots and overhead) for these SMs, resident CTAs per SM and
+// chunk floor.
+DecodeWaveModel decode_wave_model(const DecodeTuning& tuning, int num_sms, int resident,
+                                  int min_chunk_tokens);
 
 // The work list ([items, kDecodeWorkInts]) and the partial slots it uses. Requests b < real are
 // split at `chunk`; the others (a CUDA graph's padding) get one item over all their keys.

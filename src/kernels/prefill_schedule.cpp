@@ -232,4 +232,24 @@ PrefillSchedule plan_prefill_schedule(const std::vector<PrefillWorkItem>& items,
   return side;
 }
 
+int prefill_tile_rows(int head_dim, bool sm90_path, const PrefillTuning& tuning) {
+  if (head_dim != 64 || !sm90_path) return 128;
+  return tuning.head_dim64_rows == 128 ? 128 : 192;
+}
+
+int prefill_lean_stages(bool block_mask, int head_dim, bool tma, PrefillLean lean) {
+  if (block_mask) return 0;
+  switch (lean) {
+    case PrefillLean::kFull:
+      return 0;
+    case PrefillLean::kLean2:
+      return 2;
+    case PrefillLean::kLean3:
+      return 3;
+    case PrefillLean::kAuto:
+      break;
+  }
+  return head_dim == 128 && !tma ? 3 : 2;
+}
+
 }  // namespace longctx::kernels

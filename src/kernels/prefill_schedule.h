@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/host_device.h"
+#include "longctx/kernels/kernel_tuning.h"  // PrefillSplitMode
 
 namespace longctx::kernels {
 
@@ -90,8 +91,6 @@ struct PrefillSplit {
 // one unit into two, so pieces <= 2 (P - 1).
 inline int64_t prefill_split_max_slots(int num_ctas) { return 2 * int64_t(num_ctas); }
 
-enum class PrefillSplitMode { kAuto, kNever, kAlways };
-
 // The split of `tiles` (key tiles of each unit, in the list's order) over num_ctas persistent
 // CTAs. unit_overhead: what starting a unit or piece costs, in key tiles (Q load, pipeline fill,
 // epilogue). range_cost: what a key tile of a range costs against one of a whole unit in the
@@ -147,5 +146,16 @@ struct PrefillSchedule {
 PrefillSchedule plan_prefill_schedule(const std::vector<PrefillWorkItem>& items, int num_kv_heads,
                                       int keys, int64_t kv_bytes, const PrefillScheduleModel& model,
                                       PrefillSplitMode mode, int forced_unit_heads = 0);
+
+// The tuning's host-side choices of the paged prefill (kernels/cuda/prefill.cu, prefill_sm90.cu),
+// here so that the CPU tests pin the defaults.
+//
+// Rows per work item: 192 where the Hopper kernel runs head_dim 64 (three consumer warpgroups;
+// PrefillTuning::head_dim64_rows 128 keeps 128), else 128.
+int prefill_tile_rows(int head_dim, bool sm90_path, const PrefillTuning& tuning);
+// K/V stages of the Hopper kernel's lean tiling for a call, 0 for the full one: block-sparse calls
+// need the full tiling's bitmaps; kAuto takes 3 stages at head_dim 128 under cp.async (no TMA),
+// else 2 (measurements: prefill_sm90.cu's lean_stages).
+int prefill_lean_stages(bool block_mask, int head_dim, bool tma, PrefillLean lean);
 
 }  // namespace longctx::kernels

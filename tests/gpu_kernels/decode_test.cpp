@@ -55,6 +55,8 @@ class DecodeCase : public OpCase {
   }
   bool supported() const override { return s_.head_dim == 64 || s_.head_dim == 128; }
   bool perf_only() const override { return perf_only_; }
+  // The plan's tuning (a variant's pins); the default: the measured choices.
+  void set_tuning(const kernels::DecodeTuning& tuning) { tuning_ = tuning; }
 
   void prepare(cudaStream_t stream) override {
     host_ = std::make_unique<PagedCase>(s_);
@@ -104,9 +106,10 @@ class DecodeCase : public OpCase {
     d_ws_ = GuardedBuffer(
         kernels::cuda::decode_workspace_bytes(batch, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim),
         0);
-    plan_ = kernels::cuda::decode_plan(h.kv_indptr.data(), h.kv_last_page_len.data(), batch,
-                                       s_.page_size, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim,
-                                       d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_);
+    plan_ =
+        kernels::cuda::decode_plan(h.kv_indptr.data(), h.kv_last_page_len.data(), batch,
+                                   s_.page_size, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim,
+                                   d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_, {}, tuning_);
   }
   void launch(cudaStream_t stream) override { kernels::cuda::decode_run(params_, plan_, stream); }
   void reset_outputs() {
@@ -182,6 +185,7 @@ class DecodeCase : public OpCase {
   PagedCaseShape s_;
   bool perf_only_;
   int min_chunk_;
+  kernels::DecodeTuning tuning_;
   int q_pad_;
   bool nan_tail_;
   std::unique_ptr<PagedCase> host_;
@@ -284,18 +288,32 @@ TEST(DecodeGpu, PipelineEdges) {
   EXPECT_EQ(s.ok, int(cases.size()));
 }
 
+// The tuning's pins of the decode plan's loader and stage fill.
+kernels::DecodeTuning decode_pins(kernels::DecodeLoader loader, kernels::DecodeStageCopy copy) {
+  kernels::DecodeTuning t;
+  t.loader = loader;
+  t.copy = copy;
+  return t;
+}
+constexpr kernels::DecodeLoader kAutoLoader = kernels::DecodeLoader::kAuto;
+constexpr kernels::DecodeStageCopy kAutoCopy = kernels::DecodeStageCopy::kAuto;
+
+// Every case of `cases` (DecodeCases) planned under `tuning`.
+void set_tuning(std::vector<std::unique_ptr<OpCase>>& cases, const kernels::DecodeTuning& tuning) {
+  for (auto& c : cases) static_cast<DecodeCase&>(*c).set_tuning(tuning);
+}
+
 // The mixed-batch and pipeline-edge grids plus a NaN-tailed batch and one request of 1M keys,
-// with the environment variable `name` set to `value` (a plan variant) while they run.
-void expect_grids_pass_with(const char* name, const char* value) {
-  ASSERT_EQ(setenv(name, value, 1), 0);
+// planned under `tuning` (a plan variant).
+void expect_grids_pass_with(const kernels::DecodeTuning& tuning) {
   std::vector<std::unique_ptr<OpCase>> cases = mixed_batch_cases();
   for (auto& c : pipeline_edge_cases()) cases.push_back(std::move(c));
   cases.push_back(std::make_unique<DecodeCase>(
       dshape({1, 33, 65, 500, 3001}, 8, 2, 128, 128, DType::kBF16, true, 300), false, 64, 0, true));
   cases.push_back(
       std::make_unique<DecodeCase>(dshape({1 << 20}, 32, 8, 128, 128, DType::kBF16, true, 33)));
+  set_tuning(cases, tuning);
   const RunSummary s = run_cases(cases);
-  unsetenv(name);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));
 }
@@ -304,53 +322,51 @@ void expect_grids_pass_with(const char* name, const char* value) {
 // the pages hold whole tiles and the splits are short, else by cp.async; this checks those
 // choices and adds last pages whose unused slots are NaN (both copy whole tiles of a page).
 TEST(DecodeGpu, TmaLoaderOverTheGrids) {
-  unsetenv("LONGCTX_DECODE_LOADER");
   {
     const int32_t indptr[2] = {0, 3}, last[1] = {5};
     GuardedBuffer ws(kernels::cuda::decode_workspace_bytes(1, 32, 8, 128), 0);
-    const kernels::cuda::DecodePlan plan = kernels::cuda::decode_plan(
-        indptr, last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    auto plan_with = [&](const int32_t* ip, const int32_t* lp, int page, int d, GuardedBuffer& w,
+                         const kernels::DecodeTuning& tuning) {
+      return kernels::cuda::decode_plan(ip, lp, 1, page, 32, 8, d, w.data(), w.bytes(), nullptr, 0,
+                                        256, {}, tuning);
+    };
+    const kernels::DecodeTuning none;
+    const kernels::cuda::DecodePlan plan = plan_with(indptr, last, 128, 128, ws, none);
     EXPECT_EQ(plan.loader, 2) << "an H200 with pages of 128 tokens takes TMA stages of 64";
-    const kernels::cuda::DecodePlan single =
-        kernels::cuda::decode_plan(indptr, last, 1, 32, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    const kernels::cuda::DecodePlan single = plan_with(indptr, last, 32, 128, ws, none);
     EXPECT_EQ(single.loader, 1) << "pages of 32 tokens hold only single tiles";
-    const kernels::cuda::DecodePlan small =
-        kernels::cuda::decode_plan(indptr, last, 1, 16, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    const kernels::cuda::DecodePlan small = plan_with(indptr, last, 16, 128, ws, none);
     EXPECT_EQ(small.loader, 0) << "pages of 16 tokens are not whole tiles: the cp.async ring";
     GuardedBuffer ws64(kernels::cuda::decode_workspace_bytes(1, 32, 8, 64), 0);
-    const kernels::cuda::DecodePlan d64 = kernels::cuda::decode_plan(
-        indptr, last, 1, 128, 32, 8, 64, ws64.data(), ws64.bytes(), nullptr);
+    const kernels::cuda::DecodePlan d64 = plan_with(indptr, last, 128, 64, ws64, none);
     EXPECT_EQ(d64.loader, 1) << "head_dim 64 has no doubled stages";
-    ASSERT_EQ(setenv("LONGCTX_DECODE_LOADER", "1", 1), 0);
-    const kernels::cuda::DecodePlan capped = kernels::cuda::decode_plan(
-        indptr, last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
-    unsetenv("LONGCTX_DECODE_LOADER");
-    EXPECT_EQ(capped.loader, 1) << "LONGCTX_DECODE_LOADER=1 caps the stages at 32 tokens";
+    const kernels::cuda::DecodePlan capped = plan_with(
+        indptr, last, 128, 128, ws, decode_pins(kernels::DecodeLoader::kTmaTile, kAutoCopy));
+    EXPECT_EQ(capped.loader, 1) << "DecodeLoader::kTmaTile caps the stages at 32 tokens";
     // The stages' copies: TMA boxes over short splits, every thread's cp.async over long ones.
     EXPECT_FALSE(plan.cp_async_stages) << "3 pages: one short split per kv head";
     const int32_t long_indptr[2] = {0, 1024}, long_last[1] = {128};  // 128K keys
-    const kernels::cuda::DecodePlan long_plan = kernels::cuda::decode_plan(
-        long_indptr, long_last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
+    const kernels::cuda::DecodePlan long_plan =
+        plan_with(long_indptr, long_last, 128, 128, ws, none);
     EXPECT_GE(long_plan.chunk_tokens, 1024);
     EXPECT_TRUE(long_plan.cp_async_stages) << "128K keys: splits of 4K keys take cp.async";
-    ASSERT_EQ(setenv("LONGCTX_DECODE_COPY", "0", 1), 0);
-    const kernels::cuda::DecodePlan pinned = kernels::cuda::decode_plan(
-        long_indptr, long_last, 1, 128, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
-    unsetenv("LONGCTX_DECODE_COPY");
-    EXPECT_FALSE(pinned.cp_async_stages) << "LONGCTX_DECODE_COPY=0 pins the TMA boxes";
-    ASSERT_EQ(setenv("LONGCTX_DECODE_COPY", "1", 1), 0);
-    const kernels::cuda::DecodePlan small_copies =
-        kernels::cuda::decode_plan(indptr, last, 1, 16, 32, 8, 128, ws.data(), ws.bytes(), nullptr);
-    unsetenv("LONGCTX_DECODE_COPY");
-    EXPECT_EQ(small_copies.loader, 2) << "LONGCTX_DECODE_COPY=1: stages of 64 across pages of 16";
+    const kernels::cuda::DecodePlan pinned =
+        plan_with(long_indptr, long_last, 128, 128, ws,
+                  decode_pins(kAutoLoader, kernels::DecodeStageCopy::kTmaBoxes));
+    EXPECT_FALSE(pinned.cp_async_stages) << "DecodeStageCopy::kTmaBoxes pins the TMA boxes";
+    const kernels::cuda::DecodePlan small_copies = plan_with(
+        indptr, last, 16, 128, ws, decode_pins(kAutoLoader, kernels::DecodeStageCopy::kCpAsync));
+    EXPECT_EQ(small_copies.loader, 2)
+        << "DecodeStageCopy::kCpAsync: stages of 64 across pages of 16";
     EXPECT_TRUE(small_copies.cp_async_stages);
     LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
   }
   // Both ways of filling the stages over the same grids; pages that are not whole tiles (1, 16,
-  // 48, 96 at head_dim 64) take the ring with "0" and stages across pages by cp.async with "1".
-  for (const char* copy : {"0", "1"}) {
-    SCOPED_TRACE(std::string("LONGCTX_DECODE_COPY=") + copy);
-    ASSERT_EQ(setenv("LONGCTX_DECODE_COPY", copy, 1), 0);
+  // 48, 96 at head_dim 64) take the ring with kTmaBoxes and stages across pages by cp.async with
+  // kCpAsync.
+  for (kernels::DecodeStageCopy copy :
+       {kernels::DecodeStageCopy::kTmaBoxes, kernels::DecodeStageCopy::kCpAsync}) {
+    SCOPED_TRACE(copy == kernels::DecodeStageCopy::kTmaBoxes ? "TMA boxes" : "cp.async stages");
     std::vector<std::unique_ptr<OpCase>> cases;
     uint64_t seed = 200;
     for (int page : {1, 16, 32, 48, 64, 96, 128, 256})
@@ -361,25 +377,29 @@ TEST(DecodeGpu, TmaLoaderOverTheGrids) {
         cases.push_back(std::make_unique<DecodeCase>(
             dshape({7, 4099}, 32, 8, d, page, DType::kF16, true, seed++), false, 256, 0, true));
       }
+    set_tuning(cases, decode_pins(kAutoLoader, copy));
     const RunSummary s = run_cases(cases);
-    unsetenv("LONGCTX_DECODE_COPY");
     EXPECT_EQ(s.failed, 0);
     EXPECT_EQ(s.ok, int(cases.size()));
   }
 }
 
-// TMA stages of the ring's tile only (LONGCTX_DECODE_LOADER=1; the default takes stages of 64
+// TMA stages of the ring's tile only (DecodeLoader::kTmaTile; the default takes stages of 64
 // tokens at head_dim 128 where the pages hold them) over the grids.
 TEST(DecodeGpu, TmaSingleTilesOverTheGrids) {
-  expect_grids_pass_with("LONGCTX_DECODE_LOADER", "1");
+  expect_grids_pass_with(decode_pins(kernels::DecodeLoader::kTmaTile, kAutoCopy));
 }
 
-// The TMA kernel's stages filled by every thread's cp.async (LONGCTX_DECODE_COPY=1; the default
-// for long splits only) over the grids, the million-key request included.
-TEST(DecodeGpu, CpAsyncStagesOverTheGrids) { expect_grids_pass_with("LONGCTX_DECODE_COPY", "1"); }
+// The TMA kernel's stages filled by every thread's cp.async (DecodeStageCopy::kCpAsync; the
+// default for long splits only) over the grids, the million-key request included.
+TEST(DecodeGpu, CpAsyncStagesOverTheGrids) {
+  expect_grids_pass_with(decode_pins(kAutoLoader, kernels::DecodeStageCopy::kCpAsync));
+}
 
-// The cp.async loader (LONGCTX_DECODE_LOADER=0) over the grids, where the TMA would run.
-TEST(DecodeGpu, CpAsyncLoaderOverTheGrids) { expect_grids_pass_with("LONGCTX_DECODE_LOADER", "0"); }
+// The cp.async loader (DecodeLoader::kCpAsync) over the grids, where the TMA would run.
+TEST(DecodeGpu, CpAsyncLoaderOverTheGrids) {
+  expect_grids_pass_with(decode_pins(kernels::DecodeLoader::kCpAsync, kAutoCopy));
+}
 
 // Pages of 4096 tokens and one request of 1M keys (a split of ~32K keys per CTA).
 TEST(DecodeGpu, HugePagesAndAMillionKeys) {
@@ -406,8 +426,10 @@ TEST(DecodeGpu, Small) {
   EXPECT_EQ(s.ok, 3);
 }
 
-void expect_graph_replay_matches_direct_launch(int page_size) {
+void expect_graph_replay_matches_direct_launch(int page_size,
+                                               const kernels::DecodeTuning& tuning = {}) {
   DecodeCase c(dshape({9000, 3, 700}, 32, 8, 128, page_size, DType::kBF16));
+  c.set_tuning(tuning);
   cudaStream_t stream;
   LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   c.prepare(stream);
@@ -429,11 +451,10 @@ TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
 // The TMA loader's tensor maps are kernel parameters: a captured launch replays them, with the
 // stages filled by the TMA and by every thread's cp.async.
 TEST(DecodeGpu, TmaLoaderGraphReplayMatchesDirectLaunch) {
-  for (const char* copy : {"0", "1"}) {
-    SCOPED_TRACE(std::string("LONGCTX_DECODE_COPY=") + copy);
-    ASSERT_EQ(setenv("LONGCTX_DECODE_COPY", copy, 1), 0);
-    expect_graph_replay_matches_direct_launch(128);
-    unsetenv("LONGCTX_DECODE_COPY");
+  for (kernels::DecodeStageCopy copy :
+       {kernels::DecodeStageCopy::kTmaBoxes, kernels::DecodeStageCopy::kCpAsync}) {
+    SCOPED_TRACE(copy == kernels::DecodeStageCopy::kTmaBoxes ? "TMA boxes" : "cp.async stages");
+    expect_graph_replay_matches_direct_launch(128, decode_pins(kAutoLoader, copy));
   }
 }
 

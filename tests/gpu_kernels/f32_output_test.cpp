@@ -108,25 +108,28 @@ struct PrefillF32Run {
   kernels::PagedPrefillParams p;
 };
 
-// Also through the stream-K split (LONGCTX_PREFILL_SPLIT=1, its workspace given): the merge
+// Also through the stream-K split (PrefillTuning::split kAlways, its workspace given): the merge
 // kernel writes o_f32 and lse then.
 TEST(F32Output, PagedPrefillWritesUnroundedOutput) {
-  for (const char* split : {"0", "1"})
+  for (kernels::PrefillSplitMode split :
+       {kernels::PrefillSplitMode::kNever, kernels::PrefillSplitMode::kAlways})
     for (int d : {64, 128}) {
       for (auto mode : {kernels::MaskMode::kCausal, kernels::MaskMode::kNone}) {
+        const bool always = split == kernels::PrefillSplitMode::kAlways;
         SCOPED_TRACE(::testing::Message()
-                     << "LONGCTX_PREFILL_SPLIT=" << split << " head_dim " << d);
+                     << (always ? "split always" : "split never") << " head_dim " << d);
         const PagedCase c(shape({1, 37, 200, 5}, {300, 37, 700, 90}, d, mode));
         PrefillF32Run run(c, d);
         const size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(4, c.total_q, 4) +
                                 kernels::cuda::paged_prefill_split_workspace_bytes(d);
         Tensor ws = Tensor::empty({int64_t(ws_bytes)}, DType::kU8, Device::cuda(0));
         std::vector<int32_t> kv_lens = c.shape.kv_lens;
-        setenv("LONGCTX_PREFILL_SPLIT", split, 1);
-        const auto plan = kernels::cuda::paged_prefill_plan(
-            c.qo_indptr.data(), kv_lens.data(), 4, 8, 2, d, mode, ws.data_ptr(), ws_bytes, nullptr);
-        unsetenv("LONGCTX_PREFILL_SPLIT");
-        if (split[0] == '1' && kernels::cuda::paged_prefill_sm90_path(d))
+        kernels::PrefillTuning tuning;
+        tuning.split = split;
+        const auto plan =
+            kernels::cuda::paged_prefill_plan(c.qo_indptr.data(), kv_lens.data(), 4, 8, 2, d, mode,
+                                              ws.data_ptr(), ws_bytes, nullptr, tuning);
+        if (always && kernels::cuda::paged_prefill_sm90_path(d, tuning))
           EXPECT_GT(plan.split_ctas, 0)
               << "the forced split was not planned (" << plan.num_work_items << " items of "
               << plan.tile_rows << " rows, mask " << int(mode) << ", workspace " << ws_bytes

@@ -35,8 +35,10 @@ constexpr double kOutTolF16 = 4e-3;
 
 class PrefillCase : public PagedPrefillCase {
  public:
-  explicit PrefillCase(PagedCaseShape s, bool perf_only = false)
-      : PagedPrefillCase(std::move(s), perf_only, "prefill", 6, kOutTolBf16, kOutTolF16) {}
+  explicit PrefillCase(PagedCaseShape s, bool perf_only = false,
+                       const kernels::PrefillTuning& tuning = {})
+      : PagedPrefillCase(std::move(s), perf_only, "prefill", 6, kOutTolBf16, kOutTolF16),
+        tuning_(tuning) {}
 
   bool supported() const override {
     kernels::PagedPrefillParams p;
@@ -49,14 +51,14 @@ class PrefillCase : public PagedPrefillCase {
     const PagedCase& h = *host_;
     const int group = s_.num_qo_heads / s_.num_kv_heads;
     // With the split's workspace: plan() takes the stream-K split wherever its model (or
-    // LONGCTX_PREFILL_SPLIT=1) says so.
+    // PrefillTuning::split kAlways) says so.
     d_ws_ = GuardedBuffer(
         kernels::cuda::paged_prefill_workspace_bytes(int(s_.q_lens.size()), h.total_q, group) +
             kernels::cuda::paged_prefill_split_workspace_bytes(s_.head_dim),
         0);
     plan_ = kernels::cuda::paged_prefill_plan(
         h.qo_indptr.data(), s_.kv_lens.data(), int(s_.q_lens.size()), s_.num_qo_heads,
-        s_.num_kv_heads, s_.head_dim, s_.mask_mode, d_ws_.data(), d_ws_.bytes(), stream);
+        s_.num_kv_heads, s_.head_dim, s_.mask_mode, d_ws_.data(), d_ws_.bytes(), stream, tuning_);
   }
 
   void launch(cudaStream_t stream) override {
@@ -70,6 +72,7 @@ class PrefillCase : public PagedPrefillCase {
     if (!d_ws_.guards_intact()) ok = false, why << "workspace guard bytes overwritten; ";
   }
 
+  kernels::PrefillTuning tuning_;
   GuardedBuffer d_ws_;
   kernels::cuda::PrefillPlan plan_;
 };
@@ -219,8 +222,6 @@ TEST(PrefillHarness, Small) {
 // A plan's row tiles belong to the kernel it was made for: run() refuses a plan of tiles the
 // kernel it takes does not use (192-row tiles are the Hopper kernel's at head_dim 64 only).
 TEST(PrefillHarness, PlanOfAnotherTileIsRefused) {
-  const char* saved = std::getenv("LONGCTX_PREFILL_KERNEL");
-  const std::string restore = saved ? saved : "";
   kernels::PagedPrefillParams p;
   p.num_qo_heads = 8;
   p.num_kv_heads = 2;
@@ -232,98 +233,102 @@ TEST(PrefillHarness, PlanOfAnotherTileIsRefused) {
   plan.num_kv_heads = 2;
   plan.mask_mode = MaskMode::kCausal;
   plan.tile_rows = kernels::cuda::kPrefillMaxTileRows;
-  for (const char* kernel : {"fa2", "sm90"})
+  for (kernels::PrefillKernel kernel :
+       {kernels::PrefillKernel::kFa2, kernels::PrefillKernel::kSm90})
     for (int d : {64, 128}) {
-      setenv("LONGCTX_PREFILL_KERNEL", kernel, 1);
-      if (d == 64 && kernels::cuda::paged_prefill_tile_rows(64) == plan.tile_rows)
+      plan.tuning.kernel = kernel;
+      if (d == 64 && kernels::cuda::paged_prefill_tile_rows(64, plan.tuning) == plan.tile_rows)
         continue;  // the one kernel of 192-row tiles
       p.head_dim = plan.head_dim = d;
       p.sm_scale = 1.f / std::sqrt(float(d));
       EXPECT_THROW(kernels::cuda::paged_prefill_run(p, plan, nullptr), Error)
-          << kernel << " head_dim " << d;
+          << (kernel == kernels::PrefillKernel::kFa2 ? "fa2" : "sm90") << " head_dim " << d;
     }
-  if (saved)
-    setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
-  else
-    unsetenv("LONGCTX_PREFILL_KERNEL");
 }
 
-// Each kernel path forced through LONGCTX_PREFILL_KERNEL (the mma.sync kernel, and the sm_90a
-// wgmma kernel where the device has it, in each of its variants, LONGCTX_PREFILL_SM90_VARIANT;
-// elsewhere "sm90" falls back to mma.sync), on a mix of page sizes (1 = the block-causal layout),
-// GQA ratios, masks, dtypes and block-sparse rows. The other tests use the default dispatch.
+// Each kernel path forced through PrefillTuning (the mma.sync kernel, and the sm_90a wgmma kernel
+// where the device has it, in each of its variants; elsewhere kSm90 falls back to mma.sync), on a
+// mix of page sizes (1 = the block-causal layout), GQA ratios, masks, dtypes and block-sparse
+// rows. The other tests use the default tuning.
 TEST(PrefillHarness, EachKernelPath) {
-  const char* saved = std::getenv("LONGCTX_PREFILL_KERNEL");
-  const std::string restore = saved ? saved : "";
+  using kernels::PrefillKernel;
+  using kernels::PrefillLean;
+  using kernels::PrefillSm90Variant;
+  using kernels::PrefillSplitMode;
+  constexpr auto kSm90 = PrefillKernel::kSm90;
+  constexpr auto kPingpong = PrefillSm90Variant::kPingpong;
+  constexpr auto kPersistent = PrefillSm90Variant::kPersistent;
+  constexpr auto kAutoSplit = PrefillSplitMode::kAuto;
+  constexpr auto kAlways = PrefillSplitMode::kAlways;
+  constexpr auto kAutoLean = PrefillLean::kAuto;
   struct Path {
-    const char* kernel;
-    const char* variant;
-    const char* tma;    // LONGCTX_PREFILL_SM90_TMA (default variant; pages of a multiple of 64
-                        // or consecutive)
-    const char* split;  // LONGCTX_PREFILL_SPLIT ("": the model decides)
-    const char* rows;   // LONGCTX_PREFILL_SM90_ROWS ("": 192-row tiles at head_dim 64 on sm_90)
-    const char* heads;  // LONGCTX_PREFILL_UNIT_HEADS ("": the default unit order)
-    const char* lean;   // LONGCTX_PREFILL_SM90_LEAN ("": the default, lean without a block
-                        // mask; 0: the full tiling; 2 / 3: lean with that many stages)
+    PrefillKernel kernel;
+    PrefillSm90Variant variant;
+    bool tma;                // the default variant; pages of a multiple of 64 or consecutive
+    PrefillSplitMode split;  // kAuto: the model decides
+    int rows;                // head_dim64_rows: 192-row tiles at head_dim 64 on sm_90, or 128
+    int heads;               // unit_heads (0: the default unit order)
+    PrefillLean lean;  // kAuto: lean without a block mask; kFull; kLean2 / kLean3: that many stages
   };
   // At head_dim 64 the default rows take the three-warpgroup kernel (pingpong, or persistent
-  // without turns); "128" the two-warpgroup one.
-  const Path paths[] = {{"fa2", "", "1", "", "", "", ""},
-                        {"sm90", "persistent", "1", "", "", "", ""},
-                        {"sm90", "grid", "1", "", "128", "", ""},
-                        {"sm90", "pingpong", "1", "", "", "", ""},
-                        {"sm90", "pingpong", "0", "", "", "", ""},
-                        {"sm90", "pingpong", "1", "1", "", "", ""},
-                        {"sm90", "pingpong", "0", "1", "", "", ""},
-                        {"sm90", "pingpong", "1", "", "128", "", ""},
-                        {"sm90", "persistent", "0", "1", "128", "", ""},
-                        {"sm90", "pingpong", "1", "", "", "1", ""},
-                        {"sm90", "pingpong", "0", "1", "", "2", ""},
-                        {"sm90", "pingpong", "1", "", "", "", "0"},
-                        {"sm90", "pingpong", "0", "1", "", "", "0"},
-                        {"sm90", "pingpong", "1", "1", "", "", "3"},
-                        {"sm90", "pingpong", "0", "", "", "", "2"}};
-  for (const auto& [path, variant, tma, split, rows, heads, lean] : paths) {
-    setenv("LONGCTX_PREFILL_KERNEL", path, 1);
-    setenv("LONGCTX_PREFILL_SM90_VARIANT", variant, 1);
-    setenv("LONGCTX_PREFILL_SM90_TMA", tma, 1);
-    setenv("LONGCTX_PREFILL_SPLIT", split, 1);
-    setenv("LONGCTX_PREFILL_SM90_ROWS", rows, 1);
-    setenv("LONGCTX_PREFILL_UNIT_HEADS", heads, 1);
-    if (*lean != 0)
-      setenv("LONGCTX_PREFILL_SM90_LEAN", lean, 1);
-    else
-      unsetenv("LONGCTX_PREFILL_SM90_LEAN");
-    std::printf(
-        "LONGCTX_PREFILL_KERNEL=%s LONGCTX_PREFILL_SM90_VARIANT=%s LONGCTX_PREFILL_SM90_TMA=%s "
-        "LONGCTX_PREFILL_SPLIT=%s LONGCTX_PREFILL_SM90_ROWS=%s LONGCTX_PREFILL_UNIT_HEADS=%s "
-        "LONGCTX_PREFILL_SM90_LEAN=%s\n",
-        path, variant, tma, split, rows, heads, lean);
+  // without turns); 128 the two-warpgroup one.
+  const Path paths[] = {{PrefillKernel::kFa2, kPingpong, true, kAutoSplit, 192, 0, kAutoLean},
+                        {kSm90, kPersistent, true, kAutoSplit, 192, 0, kAutoLean},
+                        {kSm90, PrefillSm90Variant::kGrid, true, kAutoSplit, 128, 0, kAutoLean},
+                        {kSm90, kPingpong, true, kAutoSplit, 192, 0, kAutoLean},
+                        {kSm90, kPingpong, false, kAutoSplit, 192, 0, kAutoLean},
+                        {kSm90, kPingpong, true, kAlways, 192, 0, kAutoLean},
+                        {kSm90, kPingpong, false, kAlways, 192, 0, kAutoLean},
+                        {kSm90, kPingpong, true, kAutoSplit, 128, 0, kAutoLean},
+                        {kSm90, kPersistent, false, kAlways, 128, 0, kAutoLean},
+                        {kSm90, kPingpong, true, kAutoSplit, 192, 1, kAutoLean},
+                        {kSm90, kPingpong, false, kAlways, 192, 2, kAutoLean},
+                        {kSm90, kPingpong, true, kAutoSplit, 192, 0, PrefillLean::kFull},
+                        {kSm90, kPingpong, false, kAlways, 192, 0, PrefillLean::kFull},
+                        {kSm90, kPingpong, true, kAlways, 192, 0, PrefillLean::kLean3},
+                        {kSm90, kPingpong, false, kAutoSplit, 192, 0, PrefillLean::kLean2}};
+  for (const Path& path : paths) {
+    kernels::PrefillTuning tuning;
+    tuning.kernel = path.kernel;
+    tuning.variant = path.variant;
+    tuning.tma = path.tma;
+    tuning.split = path.split;
+    tuning.head_dim64_rows = path.rows;
+    tuning.unit_heads = path.heads;
+    tuning.lean = path.lean;
+    std::printf("kernel %d variant %d tma %d split %d rows %d unit_heads %d lean %d\n",
+                int(path.kernel), int(path.variant), int(path.tma), int(path.split), path.rows,
+                path.heads, int(path.lean));
     std::vector<std::unique_ptr<OpCase>> cases;
     uint64_t seed = 5000;
     for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
       for (DType dt : {DType::kBF16, DType::kF16}) {
         cases.push_back(
             std::make_unique<PrefillCase>(shape({1, 7, 0, 300, 129, 5}, {1, 3, 10, 1000, 5000, 0},
-                                                8, 2, 128, 16, dt, mode, true, seed++)));
+                                                8, 2, 128, 16, dt, mode, true, seed++),
+                                          false, tuning));
         cases.push_back(std::make_unique<PrefillCase>(
-            shape({64, 200, 1000}, {64, 700, 1517}, 32, 8, 128, 1, dt, mode, true, seed++)));
+            shape({64, 200, 1000}, {64, 700, 1517}, 32, 8, 128, 1, dt, mode, true, seed++), false,
+            tuning));
         for (int page : {1, 16, 256})  // head_dim 64
           cases.push_back(
               std::make_unique<PrefillCase>(shape({1, 7, 300, 129, 1000}, {1, 10, 1000, 5000, 1517},
-                                                  8, 2, 64, page, dt, mode, true, seed++)));
+                                                  8, 2, 64, page, dt, mode, true, seed++),
+                                            false, tuning));
       }
       cases.push_back(std::make_unique<PrefillCase>(
-          shape({33, 200}, {700, 199}, 6, 2, 128, 7, DType::kBF16, mode, true, seed++)));
+          shape({33, 200}, {700, 199}, 6, 2, 128, 7, DType::kBF16, mode, true, seed++), false,
+          tuning));
       cases.push_back(std::make_unique<PrefillCase>(
-          shape({129}, {40000}, 4, 4, 128, 256, DType::kBF16, mode, true, seed++)));
+          shape({129}, {40000}, 4, 4, 128, 256, DType::kBF16, mode, true, seed++), false, tuning));
       // TMA halves beside cp.async tails (kv_len % 64 != 0) at pages of 64 / 128; 16 / 32 copy
       // by cp.async.
       for (int page : {16, 32, 64, 128})
         for (int d : {128, 64})
           cases.push_back(
               std::make_unique<PrefillCase>(shape({1, 100, 300, 64}, {63, 700, 4133, 64}, 8, 2, d,
-                                                  page, DType::kBF16, mode, true, seed++)));
+                                                  page, DType::kBF16, mode, true, seed++),
+                                            false, tuning));
       // Consecutive pages (kv_contiguous, the TMA at any page size): pages of 1 (the
       // block-causal layout), 7 and 16, runs of 64 keys beside tails.
       for (int page : {1, 7, 16}) {
@@ -331,46 +336,36 @@ TEST(PrefillHarness, EachKernelPath) {
           PagedCaseShape c = shape({64, 1, 300, 100, 0}, {64, 63, 4133, 1517, 5}, 32, 8, d, page,
                                    DType::kBF16, mode, true, seed++);
           c.contiguous_pages = true;
-          cases.push_back(std::make_unique<PrefillCase>(c));
+          cases.push_back(std::make_unique<PrefillCase>(c, false, tuning));
         }
       }
       PagedCaseShape s =
           shape({130, 1000}, {300, 4000}, 8, 2, 128, 16, DType::kBF16, mode, true, seed++);
       s.sparse_keep = 0.3;
       s.sparse_per_head = true;
-      cases.push_back(std::make_unique<PrefillCase>(s));
+      cases.push_back(std::make_unique<PrefillCase>(s, false, tuning));
       s.seed = seed++;
       s.sparse_keep = 0.7;
       s.sparse_same_in_group = true;
-      cases.push_back(std::make_unique<PrefillCase>(s));
+      cases.push_back(std::make_unique<PrefillCase>(s, false, tuning));
       s.seed = seed++;
       s.page_size = 128;  // the TMA's boxes (head_dim 128)
-      cases.push_back(std::make_unique<PrefillCase>(s));
+      cases.push_back(std::make_unique<PrefillCase>(s, false, tuning));
       s.seed = seed++;
       s.head_dim = 64;
-      cases.push_back(std::make_unique<PrefillCase>(s));
+      cases.push_back(std::make_unique<PrefillCase>(s, false, tuning));
       s.seed = seed++;
       s.head_dim = 128;
       s.page_size = 1;
       s.contiguous_pages = true;  // block-sparse over the TMA's boxes of single-token pages
-      cases.push_back(std::make_unique<PrefillCase>(s));
+      cases.push_back(std::make_unique<PrefillCase>(s, false, tuning));
     }
     expect_no_failures(run_cases(cases), 16);
   }
-  unsetenv("LONGCTX_PREFILL_SM90_VARIANT");
-  unsetenv("LONGCTX_PREFILL_SM90_TMA");
-  unsetenv("LONGCTX_PREFILL_SPLIT");
-  unsetenv("LONGCTX_PREFILL_SM90_ROWS");
-  unsetenv("LONGCTX_PREFILL_UNIT_HEADS");
-  unsetenv("LONGCTX_PREFILL_SM90_LEAN");
-  if (saved)
-    setenv("LONGCTX_PREFILL_KERNEL", restore.c_str(), 1);
-  else
-    unsetenv("LONGCTX_PREFILL_KERNEL");
 }
 
-// The stream-K split where the model takes it (no LONGCTX_PREFILL_SPLIT): units that leave SMs
-// idle (a few long units; a last round that does not fill the GPU), cut units merged across
+// The stream-K split where the model takes it (the default PrefillTuning::split): units that leave
+// SMs idle (a few long units; a last round that does not fill the GPU), cut units merged across
 // pieces, with and without LSE, both head dims, the TMA and cp.async loaders, block-sparse; the
 // plan must have split (on sm_90 only: elsewhere the path is the mma.sync kernel).
 TEST(PrefillHarness, StreamKSplitWhereItPays) {

@@ -154,7 +154,7 @@ void check_prefill(const Geometry& g, bool expect_sparse) {
     worst_vs_dense = std::max(worst_vs_dense, vs_dense);
     worst_vs_dense_tol = std::max(worst_vs_dense_tol, vs_dense_tol);
   }
-  const SparsePrefillCounters c = paged_backend_sparse_prefill_counters(*xattn);
+  const SparsePrefillCounters c = xattn->sparse_prefill_counters();
   std::printf(
       "  xattention d %lld threshold %.2f: max |gpu - reference| / tolerance %.3g, |gpu - dense| "
       "%.3g, density %.3f (%lld of %lld blocks)\n",
@@ -279,7 +279,7 @@ TEST(GpuXAttention, OffloadedPrefillIsTheResidentOne) {
     step({{0, tokens[0], done[0]++, 1, tables[0], true},
           {1, tokens[1], done[1]++, 1, tables[1], true}});
   const SparsePrefillCounters c = offload.sparse_prefill_counters();
-  const SparsePrefillCounters cr = paged_backend_sparse_prefill_counters(*resident);
+  const SparsePrefillCounters cr = resident->sparse_prefill_counters();
   const int64_t page_bytes = bs * g.hkv * g.d * 2, read = offload.sparse_host_bytes_read();
   std::printf(
       "  offloaded xattention: %lld prefill steps equal the resident ones, density %.3f, host "

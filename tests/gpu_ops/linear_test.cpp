@@ -328,7 +328,7 @@ TEST(GpuOps, DependentLaunchesSeeTheKernelsBefore) {
   TestStream s;
   int major = 0;
   LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  if (major >= 9 && std::getenv("LONGCTX_PDL") == nullptr)
+  if (major >= 9)
     EXPECT_TRUE(kernels::cuda::pdl_enabled()) << "sm_90+ launches with PDL by default";
   const int64_t in = 4096, out = 4096;
   Mirror x32(in, DType::kF32), w32(out * in, DType::kF32);

@@ -59,7 +59,7 @@ TEST(DecodeSchedule, ChunksAreTheOnesTheH200Ran) {
   // full count (1536 CTAs in 4 waves of 396 rather than 512 in 2).
   EXPECT_EQ(h200_chunk({32768}, 3), 1024);
   EXPECT_EQ(h200_chunk(std::vector<int64_t>(64, 32768), 3), 10944);
-  // LONGCTX_DECODE_SLOTS: the bench's s=1 and s=3 rows.
+  // DecodeTuning::slots: the bench's s=1 and s=3 rows.
   EXPECT_EQ(h200_chunk({32768}, 2, 1), 2048);
   EXPECT_EQ(h200_chunk({32768}, 2, 3), 704);
   EXPECT_EQ(h200_chunk({131072}, 2, 3), 2688);
@@ -79,8 +79,18 @@ TEST(DecodeSchedule, ChunksRespectTheFloorAndTheItemBound) {
   EXPECT_LE(decode_split(1 << 20, c).count, 4);
 }
 
+// The tuning's pins (DecodeTuning::loader / ::copy).
+DecodeTuning pins(DecodeLoader loader, DecodeStageCopy copy) {
+  DecodeTuning t;
+  t.loader = loader;
+  t.copy = copy;
+  return t;
+}
+constexpr DecodeLoader kAutoLoader = DecodeLoader::kAuto;
+constexpr DecodeStageCopy kAutoCopy = DecodeStageCopy::kAuto;
+
 TEST(DecodeSchedule, LoaderFollowsPagesHeadDimAndPins) {
-  const DecodeLoaderPins none{"", ""};
+  const DecodeTuning none;
   EXPECT_EQ(decode_loader(128, 128, true, none), 2);  // stages of 64 tokens
   EXPECT_EQ(decode_loader(4096, 128, true, none), 2);
   EXPECT_EQ(decode_loader(32, 128, true, none), 1);  // whole 32-token tiles only
@@ -90,25 +100,52 @@ TEST(DecodeSchedule, LoaderFollowsPagesHeadDimAndPins) {
   EXPECT_EQ(decode_loader(128, 64, true, none), 1);    // no doubled stages at head_dim 64
   EXPECT_EQ(decode_loader(32, 64, true, none), 0);     // the 64-token tile spans pages
   EXPECT_EQ(decode_loader(128, 128, false, none), 0);  // no TMA on the device
-  EXPECT_EQ(decode_loader(128, 128, true, {"0", ""}), 0);
-  EXPECT_EQ(decode_loader(128, 128, true, {"1", ""}), 1);
-  // LONGCTX_DECODE_COPY=1: the stages across pages for any page size.
-  EXPECT_EQ(decode_loader(16, 128, true, {"", "1"}), 2);
-  EXPECT_EQ(decode_loader(1, 64, true, {"", "1"}), 1);
-  EXPECT_EQ(decode_loader(16, 128, false, {"", "1"}), 0);
-  EXPECT_EQ(decode_loader(16, 128, true, {"", "0"}), 0);
+  EXPECT_EQ(decode_loader(128, 128, true, pins(DecodeLoader::kCpAsync, kAutoCopy)), 0);
+  EXPECT_EQ(decode_loader(128, 128, true, pins(DecodeLoader::kTmaTile, kAutoCopy)), 1);
+  // Stages filled by cp.async: the TMA kernel across pages for any page size.
+  const DecodeTuning copy = pins(kAutoLoader, DecodeStageCopy::kCpAsync);
+  EXPECT_EQ(decode_loader(16, 128, true, copy), 2);
+  EXPECT_EQ(decode_loader(1, 64, true, copy), 1);
+  EXPECT_EQ(decode_loader(16, 128, false, copy), 0);
+  EXPECT_EQ(decode_loader(16, 128, true, pins(kAutoLoader, DecodeStageCopy::kTmaBoxes)), 0);
 }
 
 TEST(DecodeSchedule, StagesTakeCpAsyncOverLongSplits) {
-  const DecodeLoaderPins none{"", ""};
+  const DecodeTuning none;
   EXPECT_FALSE(decode_cp_async_stages(0, 16, 128, 1 << 20, none));  // the ring has no stages
   EXPECT_FALSE(decode_cp_async_stages(2, 128, 128, 256, none));     // TMA boxes start sooner
   EXPECT_FALSE(decode_cp_async_stages(2, 128, 128, 512, none));
   EXPECT_TRUE(decode_cp_async_stages(2, 128, 128, kDecodeCpAsyncStagesMinChunk, none));
   EXPECT_TRUE(decode_cp_async_stages(1, 128, 64, 31808, none));
   EXPECT_TRUE(decode_cp_async_stages(2, 16, 128, 256, none));  // no boxes across pages
-  EXPECT_FALSE(decode_cp_async_stages(2, 128, 128, 32768, {"", "0"}));
-  EXPECT_TRUE(decode_cp_async_stages(2, 128, 128, 256, {"", "1"}));
+  EXPECT_FALSE(
+      decode_cp_async_stages(2, 128, 128, 32768, pins(kAutoLoader, DecodeStageCopy::kTmaBoxes)));
+  EXPECT_TRUE(
+      decode_cp_async_stages(2, 128, 128, 256, pins(kAutoLoader, DecodeStageCopy::kCpAsync)));
+}
+
+// The default tuning's wave model is the one the plan used before tuning was data (slots from
+// the occupancy, 64 keys of overhead), and an override reaches it.
+TEST(DecodeSchedule, DefaultTuningKeepsTheWaveModel) {
+  const DecodeWaveModel m = decode_wave_model(DecodeTuning{}, 132, 3, 256);
+  EXPECT_EQ(m.num_sms, 132);
+  EXPECT_EQ(m.resident, 3);
+  EXPECT_EQ(m.slots_override, 0);
+  EXPECT_EQ(m.overhead, 64);
+  EXPECT_EQ(m.min_chunk_tokens, 256);
+  DecodeTuning t;
+  t.slots = 2;
+  t.overhead = 128;
+  const DecodeWaveModel o = decode_wave_model(t, 132, 3, 256);
+  EXPECT_EQ(o.slots_override, 2);
+  EXPECT_EQ(o.overhead, 128);
+  // Representative shapes: batch 1 over 32K keys at Llama-3.1-8B's 8 kv heads on an H200.
+  EXPECT_EQ(decode_chunk({32768}, 1 + 132 * 4, 8, m), decode_chunk({32768}, 1 + 132 * 4, 8, [] {
+              DecodeWaveModel w;
+              w.num_sms = 132;
+              w.resident = 3;
+              return w;
+            }()));
 }
 
 TEST(DecodeSchedule, WorkItemsNameRangesSlotsAndTheCopyMode) {

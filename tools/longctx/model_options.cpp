@@ -133,6 +133,25 @@ void ModelOptions::add_to(CLI::App* cmd) {
   cmd->add_option("--xattn-min-len", sparse.xattn_min_len,
                   "xattention: prefill chunks that see fewer keys attend densely")
       ->capture_default_str();
+  // The GPU attention kernels' tuning, for benchmarks and exactness experiments (e.g.
+  // --attention-kernel generic); the defaults are the measured choices.
+  for (const kernels::KernelTuningFlag& f : kernels::kernel_tuning_flags()) {
+    const std::string name(f.name);
+    cmd->add_option("--" + name, kernel_tuning_flags[name],
+                    "kernel tuning: " + std::string(f.help) + " (" + std::string(f.values) + ")")
+        ->group("Kernel tuning");
+  }
+}
+
+kernels::KernelTuning ModelOptions::kernel_tuning() const {
+  kernels::KernelTuning t;
+  for (const auto& [name, value] : kernel_tuning_flags) {
+    std::string error;
+    if (!value.empty())
+      LONGCTX_CHECK(kernels::parse_kernel_tuning_flag(name, value, &t, &error),
+                    ErrorCode::kInvalidArgument, "{}", error);
+  }
+  return t;
 }
 
 GpuRunnerOptions ModelOptions::runner_options() const {
@@ -148,6 +167,7 @@ GpuRunnerOptions ModelOptions::runner_options() const {
   r.offload_slots = offload_slots;
   r.offload_slot_tokens = offload_slot_tokens;
   r.sparse = sparse;
+  r.tuning = kernel_tuning();
   return r;
 }
 
@@ -174,6 +194,7 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.offload_slots = r.offload_slots;
   engine.offload_slot_tokens = r.offload_slot_tokens;
   engine.sparse = sparse;
+  engine.kernel_tuning = r.tuning;
   engine.tensor_parallel_size = tensor_parallel_size;
 }
 

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "longctx/engine/gpu_runner.h"
+#include "longctx/kernels/kernel_tuning.h"
 #include "longctx/llm.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
@@ -39,6 +41,12 @@ struct ModelOptions {
   int64_t offload_slot_tokens = 32768;
   SparseOptions sparse;  // --sparse-policy and its parameters
   int64_t tensor_parallel_size = 1;
+  // Kernel tuning flags as given (name -> value; empty: the default), for benchmarks
+  // (longctx/kernels/kernel_tuning.h).
+  std::map<std::string, std::string> kernel_tuning_flags;
+
+  // The kernel tuning of the flags; throws Error(kInvalidArgument) naming a bad value.
+  kernels::KernelTuning kernel_tuning() const;
 
   void add_to(CLI::App* cmd);
   // Loads (or makes) the checkpoint; throws Error naming what is wrong with the options.

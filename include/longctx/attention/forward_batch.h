@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "longctx/core/tensor.h"
+#include "longctx/kv/block_copy.h"
 
 namespace longctx {
 
@@ -77,6 +79,24 @@ struct ForwardBatch {
   void validate(int64_t vocab_size, int64_t max_positions) const;
 };
 
+// A sparse prefill policy's reads so far (XAttention: key blocks its masks kept, and the blocks
+// causal attention would have read).
+struct SparsePrefillCounters {
+  int64_t kept = 0, causal = 0;
+};
+
+// The launches of a captured CUDA graph whose shape follows the backend's plan (the split-KV
+// decode kernel's grid), recorded by the backend while the engine captured a step. The engine
+// keeps one per graph and, after each later plan(), asks it to bring the instantiated graph up to
+// date; opaque to the engine (no CUDA types in this interface).
+class GraphLaunches {
+ public:
+  virtual ~GraphLaunches() = default;
+  // Points `graph_exec` (the cudaGraphExec_t instantiated from the captured graph) at the last
+  // plan(); returns whether any node changed.
+  virtual bool update(void* graph_exec) = 0;
+};
+
 // What Model::forward needs from attention. plan() runs once per step on the host before the
 // first layer; store_kv() then attend() once per layer, in layer order.
 class AttentionBackend {
@@ -91,6 +111,20 @@ class AttentionBackend {
   // Causal (by position) attention of q [T, Hq, head_dim] over each sequence's KV (the new
   // tokens' own keys included). Returns o [T, Hq * head_dim] in q's dtype, contiguous.
   virtual Tensor attend(int64_t layer, const Tensor& q) = 0;
+
+  // What the engine asks of a backend beside the step (defaults: nothing to do).
+  // The engine copied whole blocks (copy-on-write) before the step: metadata the backend keeps
+  // per block (a sparse policy's) follows.
+  virtual void copy_blocks(std::span<const KVBlockCopy> copies) { (void)copies; }
+  // A sparse prefill policy's counters over every step so far (may synchronize); zeros without.
+  virtual SparsePrefillCounters sparse_prefill_counters() const { return {}; }
+  // CUDA graphs (engine/cuda_graphs.h). begin_graph_capture() before a capture starts (forgets
+  // launches recorded before); end_graph_capture() after it ended: the captured launches that
+  // follow the plan, for the engine to update after each later plan(), or nullptr when the
+  // captured step has none. Throws Error(kInternal) when the capture holds fewer or more of them
+  // than the step launched.
+  virtual void begin_graph_capture() {}
+  virtual std::unique_ptr<GraphLaunches> end_graph_capture() { return nullptr; }
 };
 
 }  // namespace longctx

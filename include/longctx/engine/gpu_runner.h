@@ -14,6 +14,7 @@
 #include "longctx/core/tensor.h"
 #include "longctx/engine/executor.h"
 #include "longctx/attention/sparse_options.h"
+#include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx {
 
@@ -39,6 +40,8 @@ struct GpuRunnerOptions {
   // Sparse attention (docs/sparse.md): any registered policy, with or without offload (a policy
   // that selects decode pages runs its decode steps without CUDA graphs).
   SparseOptions sparse;
+  // The attention kernels' choices (defaults: the measured ones; benchmarks override them).
+  kernels::KernelTuning tuning;
 };
 
 // See docs/architecture.md for the measurement behind the default.

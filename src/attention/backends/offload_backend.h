@@ -25,6 +25,7 @@
 #include "longctx/attention/forward_batch.h"
 #include "longctx/attention/sparse_options.h"
 #include "longctx/core/tensor.h"
+#include "longctx/kernels/kernel_tuning.h"
 #include "longctx/kv/block_copy.h"
 
 namespace longctx {
@@ -44,6 +45,8 @@ struct OffloadDeviceConfig {
   // prefill over host keys it reads first; other steps run as without it.
   SparseOptions sparse;
   int64_t max_model_len = 0;
+  // CUDA only: the paged kernels' choices (paged_dispatch.h; defaults: the measured ones).
+  kernels::KernelTuning tuning;
   // CPU simulation only: a write-back lands this many steps after it was issued, unless a load
   // or a reuse waits for it first (tests the planner's tickets).
   int64_t cpu_write_back_lag = 1;
@@ -137,6 +140,7 @@ class OffloadAttentionBackend final : public AttentionBackend {
 
   // The engine's copy-on-write for the next plan().
   void set_copies(std::span<const KVBlockCopy> copies);
+  void copy_blocks(std::span<const KVBlockCopy> copies) override { set_copies(copies); }
   void plan(const ForwardBatch& batch) override;
   void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override;
   Tensor attend(int64_t layer, const Tensor& q) override;
@@ -146,7 +150,7 @@ class OffloadAttentionBackend final : public AttentionBackend {
   const OffloadStats& stats() const { return stats_; }
   // Host bytes the device's sparse policy read in place (not through the ring); synchronizes.
   int64_t sparse_host_bytes_read() const { return device_->sparse_host_bytes_read(); }
-  SparsePrefillCounters sparse_prefill_counters() const {
+  SparsePrefillCounters sparse_prefill_counters() const override {
     return device_->sparse_prefill_counters();
   }
   int64_t layer_block_bytes() const { return layer_block_bytes_; }

@@ -10,7 +10,8 @@
 // write-backs. Events: per slot "ready" (load done) and "free" (the attention that read it done);
 // per write-back ticket one event.
 // Kernels: the paged prefill and split-KV decode kernels for head_dim 64 / 128, the generic paged
-// kernel for the other head dims (8..256), as the resident paged backend chooses them.
+// kernel for the other head dims (8..256): the resident paged backend's dispatcher
+// (paged_dispatch.h) under the config's KernelTuning.
 // Sparse policies (their CUDA twins, from the registry) attend their own steps, selecting before
 // anything is loaded: a decode policy (quest, streaming) the decode-only ones (host pages read
 // in place), a prefill policy (xattention, streaming) those with a prefill, over host keys staged
@@ -19,18 +20,17 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "attention/backends/offload_backend.h"
+#include "attention/backends/paged_dispatch_cuda.h"
 #include "attention/backends/staged_words.h"
 #include "attention/backends/xattention_offload_cuda.h"
 #include "attention/sparse/sparse_policy_cuda.h"
 #include "core/cuda_stream.h"
-#include "kernels/cuda/decode.h"
 #include "kernels/cuda/kv_store.h"
 #include "kernels/cuda/merge.h"
-#include "kernels/cuda/paged_generic.h"
-#include "kernels/cuda/prefill.h"
 #include "kernels/cuda/workspace.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/device_memory.h"
@@ -41,18 +41,26 @@ namespace longctx {
 
 namespace {
 
-using kernels::DecodeParams;
 using kernels::MaskMode;
 using kernels::PagedPrefillParams;
 
-// One attention call's index arrays (offsets into the staged int32 buffer) and plan.
+// One attention call's index arrays (offsets into the staged int32 buffer), kernel and plan.
 struct CallPlan {
   int64_t qo = 0, kv_indptr = 0, kv_indices = 0, last = 0;  // word offsets
-  int batch = 0, total_q = 0;
-  bool decode = false;  // the split-KV decode kernel (else prefill, or the generic kernel)
-  kernels::cuda::PrefillPlan prefill;
-  kernels::cuda::DecodePlan dec;
+  int batch = 0;
+  PagedCallPlan call;
 };
+
+PagedShape shape_of(const OffloadDeviceConfig& c) {
+  PagedShape s;
+  s.num_qo_heads = static_cast<int>(c.num_qo_heads);
+  s.num_kv_heads = static_cast<int>(c.num_kv_heads);
+  s.head_dim = static_cast<int>(c.head_dim);
+  s.page_size = static_cast<int>(c.geometry.block_size);
+  s.dtype = c.dtype;
+  s.sm_scale = c.sm_scale;
+  return s;
+}
 
 class CudaOffloadDevice final : public OffloadDevice {
  public:
@@ -68,14 +76,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     LONGCTX_CHECK(c.num_qo_heads % c.num_kv_heads == 0, ErrorCode::kUnsupported,
                   "KV offload: {} q heads are not a multiple of {} kv heads", c.num_qo_heads,
                   c.num_kv_heads);
-    generic_ = !(c.head_dim == 64 || c.head_dim == 128) || kernels::cuda::paged_generic_forced();
-    if (generic_) {
-      PagedPrefillParams p = shape_params(MaskMode::kNone);
-      LONGCTX_CHECK(kernels::cuda::paged_generic_supported(p), ErrorCode::kUnsupported,
-                    "KV offload: no attention kernel for head_dim {} with {} q / {} kv heads, "
-                    "block size {}",
-                    c.head_dim, c.num_qo_heads, c.num_kv_heads, g_.block_size);
-    }
+    dispatch_.emplace(shape_of(c), c.tuning, device_.index);
     esize_ = static_cast<int64_t>(dtype_size(c.dtype));
     block_bytes_ = c.layer_block_bytes();
     page_ = c.page_elems();
@@ -124,6 +125,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     sc.max_tokens = c.max_tokens;
     sc.max_seqs = c.max_seqs;
     sc.max_seq_len = policy.offload_staging ? staging.max_seq_len : max_seq_len;
+    sc.tuning = c.tuning;
     policy_ = sparse::make_sparse_policy_cuda(sc);
     if (policy_ == nullptr) return;
     decodes_ = policy.decode;
@@ -141,6 +143,7 @@ class CudaOffloadDevice final : public OffloadDevice {
       x.dtype = c.dtype;
       x.staging_blocks = staging.blocks;
       x.num_buffers = staging.buffers;
+      x.prefill_tuning = c.tuning.prefill;
       staged_ = std::make_unique<XAttnOffloadCuda>(
           x,
           XAttnOffloadMemory{static_cast<char*>(gpu_.data_ptr()),
@@ -375,7 +378,6 @@ class CudaOffloadDevice final : public OffloadDevice {
         [&](CallPlan& cp, const std::vector<int32_t>& qo, const std::vector<int32_t>& kv_indptr,
             const std::vector<int32_t>& kv_indices, const std::vector<int32_t>& kv_lens) {
           cp.batch = static_cast<int>(kv_lens.size());
-          cp.total_q = qo.empty() ? 0 : qo.back();
           cp.qo = words_.put(qo);
           cp.kv_indptr = words_.put(kv_indptr);
           cp.kv_indices =
@@ -396,14 +398,12 @@ class CudaOffloadDevice final : public OffloadDevice {
       slots_ = words_.put_bytes(doubled.data(), doubled.size() * sizeof(int64_t));
     }
     words_.upload(compute);
-    if (generic_) return;  // the generic kernel takes no plan (CallPlan::decode stays false)
 
-    // Plans, each into its own workspace region.
-    const int group = static_cast<int>(c_.num_qo_heads / c_.num_kv_heads);
-    std::vector<size_t> offsets;
-    size_t total = 0;
+    // The calls' kernels and plans, each into its own workspace region (the generic kernel's
+    // take none; the prefill's no stream-K split).
     std::vector<CallPlan*> calls = {&resident_};
     std::vector<const std::vector<int32_t>*> qos = {&plan.qo_indptr};
+    std::vector<const std::vector<int32_t>*> lens = {&plan.kv_lens};
     bool all_decode = true;
     for (size_t i = 1; i < plan.qo_indptr.size(); ++i)
       all_decode = all_decode && plan.qo_indptr[i] - plan.qo_indptr[i - 1] == 1;
@@ -411,17 +411,16 @@ class CudaOffloadDevice final : public OffloadDevice {
     for (size_t i = 0; i < plan.items.size(); ++i) {
       calls.push_back(&items_[i]);
       qos.push_back(&plan.items[i].qo_indptr);
+      lens.push_back(&plan.items[i].kv_lens);
       decode.push_back(plan.items[i].all_decode);
     }
-    std::vector<size_t> bytes(calls.size());
+    std::vector<size_t> offsets, bytes(calls.size());
+    size_t total = 0;
     for (size_t i = 0; i < calls.size(); ++i) {
-      calls[i]->decode = decode[i];
-      bytes[i] = decode[i] ? kernels::cuda::decode_workspace_bytes(
-                                 calls[i]->batch, static_cast<int>(c_.num_qo_heads),
-                                 static_cast<int>(c_.num_kv_heads), static_cast<int>(c_.head_dim))
-                           : kernels::cuda::paged_prefill_workspace_bytes(calls[i]->batch,
-                                                                          qos[i]->back(), group);
-      bytes[i] = kernels::cuda::workspace_align(bytes[i]);
+      const PagedKernel kernel = dispatch_->kernel_for(decode[i]);
+      const int64_t total_q = qos[i]->empty() ? 0 : qos[i]->back();
+      bytes[i] = kernels::cuda::workspace_align(
+          dispatch_->workspace_bytes(kernel, calls[i]->batch, total_q));
       offsets.push_back(total);
       total += bytes[i];
     }
@@ -430,53 +429,26 @@ class CudaOffloadDevice final : public OffloadDevice {
     const int32_t* host = words_.host();
     for (size_t i = 0; i < calls.size(); ++i) {
       CallPlan& cp = *calls[i];
-      void* ws = static_cast<char*>(workspace_.data_ptr()) + offsets[i];
-      if (cp.decode) {
-        cp.dec = kernels::cuda::decode_plan(
-            host + cp.kv_indptr, host + cp.last, cp.batch, static_cast<int>(g_.block_size),
-            static_cast<int>(c_.num_qo_heads), static_cast<int>(c_.num_kv_heads),
-            static_cast<int>(c_.head_dim), ws, bytes[i], compute);
-      } else {
-        std::vector<int32_t> kv_lens(cp.batch);
-        const std::vector<int32_t>& lens = i == 0 ? plan.kv_lens : plan.items[i - 1].kv_lens;
-        std::copy(lens.begin(), lens.end(), kv_lens.begin());
-        cp.prefill = kernels::cuda::paged_prefill_plan(
-            host + cp.qo, kv_lens.data(), cp.batch, static_cast<int>(c_.num_qo_heads),
-            static_cast<int>(c_.num_kv_heads), static_cast<int>(c_.head_dim),
-            i == 0 ? MaskMode::kCausal : MaskMode::kNone, ws, bytes[i], compute);
-      }
+      PagedCallInput in;
+      in.qo_indptr = host + cp.qo;
+      in.kv_indptr = host + cp.kv_indptr;
+      in.last_page_len = host + cp.last;
+      in.kv_lens = lens[i]->data();
+      in.batch = cp.batch;
+      in.all_decode = decode[i];
+      in.mask = i == 0 ? MaskMode::kCausal : MaskMode::kNone;
+      void* ws = bytes[i] > 0 ? static_cast<char*>(workspace_.data_ptr()) + offsets[i] : nullptr;
+      cp.call = dispatch_->plan(in, ws, bytes[i], compute);
     }
   }
 
   // Output o (q's dtype) or, when o_f32 is set, fp32.
   void run(const CallPlan& cp, const void* q, void* cache, void* o, float* o_f32, float* lse,
            MaskMode mask) {
-    void* v_cache = static_cast<char*>(cache) + page_ * esize_;
-    if (cp.decode) {
-      DecodeParams d;
-      d.q = q;
-      d.k_cache = cache;
-      d.v_cache = v_cache;
-      d.o = o;
-      d.o_f32 = o_f32;
-      d.lse = lse;
-      d.kv_indptr = dev(cp.kv_indptr);
-      d.kv_indices = dev(cp.kv_indices);
-      d.kv_last_page_len = dev(cp.last);
-      d.batch_size = cp.batch;
-      d.num_qo_heads = static_cast<int>(c_.num_qo_heads);
-      d.num_kv_heads = static_cast<int>(c_.num_kv_heads);
-      d.head_dim = static_cast<int>(c_.head_dim);
-      d.page_size = static_cast<int>(g_.block_size);
-      d.dtype = c_.dtype;
-      d.sm_scale = c_.sm_scale;
-      kernels::cuda::decode_run(d, cp.dec, stream());
-      return;
-    }
     PagedPrefillParams p = shape_params(mask);
     p.q = q;
     p.k_cache = cache;
-    p.v_cache = v_cache;
+    p.v_cache = static_cast<char*>(cache) + page_ * esize_;
     p.o = o;
     p.o_f32 = o_f32;
     p.lse = lse;
@@ -485,10 +457,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.kv_indices = dev(cp.kv_indices);
     p.kv_last_page_len = dev(cp.last);
     p.batch_size = cp.batch;
-    if (generic_)
-      kernels::cuda::paged_generic_run(p, cp.total_q, stream());
-    else
-      kernels::cuda::paged_prefill_run(p, cp.prefill, stream());
+    dispatch_->run(cp.call, p, /*q_token_stride=*/0, stream());
   }
 
   // The params' shape fields (no pointers).
@@ -523,15 +492,15 @@ class CudaOffloadDevice final : public OffloadDevice {
   OffloadGeometry g_;
   Device device_;
   int64_t esize_ = 2, block_bytes_ = 0, page_ = 0;
-  bool generic_ = false;  // head_dim other than 64 / 128: the generic paged kernel
-  Tensor host_;           // [layers * host blocks * block_bytes_] u8, pinned
-  Tensor gpu_;            // [layers * gpu blocks * block_bytes_] u8
-  Tensor ring_;           // [slots * slot_blocks * block_bytes_] u8
-  Tensor part_o_;         // [max_tokens * Hq * d] f32: one call's output, unrounded
-  Tensor part_lse_;       // [max_tokens * Hq] f32
-  Tensor acc_o_;          // [max_tokens * Hq * d] f32: the layer's merged state
-  Tensor acc_lse_;        // [max_tokens * Hq] f32
-  Tensor q_, out_;        // the layer's contiguous q [T, Hq, d] and output [T, Hq * d]
+  std::optional<PagedDispatcher> dispatch_;  // each call's kernel, plan and launch
+  Tensor host_;                              // [layers * host blocks * block_bytes_] u8, pinned
+  Tensor gpu_;                               // [layers * gpu blocks * block_bytes_] u8
+  Tensor ring_;                              // [slots * slot_blocks * block_bytes_] u8
+  Tensor part_o_;    // [max_tokens * Hq * d] f32: one call's output, unrounded
+  Tensor part_lse_;  // [max_tokens * Hq] f32
+  Tensor acc_o_;     // [max_tokens * Hq * d] f32: the layer's merged state
+  Tensor acc_lse_;   // [max_tokens * Hq] f32
+  Tensor q_, out_;   // the layer's contiguous q [T, Hq, d] and output [T, Hq * d]
   Stream h2d_, d2h_;
   std::vector<Event> ready_, free_;    // [slots]
   std::map<uint64_t, Event> tickets_;  // write-backs in flight, by ticket

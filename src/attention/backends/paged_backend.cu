@@ -1,14 +1,14 @@
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "attention/backends/paged_backend.h"
+#include "attention/backends/paged_dispatch_cuda.h"
 #include "attention/sparse/sparse_policy_cuda.h"
 #include "core/cuda_stream.h"
-#include "kernels/cuda/decode.h"
 #include "kernels/cuda/kv_store.h"
-#include "kernels/cuda/paged_generic.h"
-#include "kernels/cuda/prefill.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 #include "longctx/core/stream.h"
@@ -17,12 +17,9 @@ namespace longctx {
 
 namespace {
 
-using kernels::DecodeParams;
 using kernels::KvStoreParams;
 using kernels::MaskMode;
 using kernels::PagedPrefillParams;
-
-enum class Path { kDecode, kPrefill, kGeneric, kSparseDecode };
 
 // Offsets (in int32 words) of the index arrays inside the one staging buffer.
 struct IndexLayout {
@@ -41,7 +38,8 @@ struct IndexLayout {
 class PagedAttentionBackend final : public AttentionBackend {
  public:
   PagedAttentionBackend(const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale,
-                        const PagedBackendLimits& limits, const SparseOptions& sparse)
+                        const PagedBackendLimits& limits, const SparseOptions& sparse,
+                        const kernels::KernelTuning& tuning)
       : pool_(pool),
         device_(pool.config().device),
         num_qo_heads_(static_cast<int>(num_qo_heads)),
@@ -57,26 +55,26 @@ class PagedAttentionBackend final : public AttentionBackend {
     LONGCTX_CHECK(num_qo_heads % c.num_kv_heads == 0, ErrorCode::kUnsupported,
                   "paged attention: {} q heads are not a multiple of {} kv heads", num_qo_heads,
                   c.num_kv_heads);
+    PagedShape shape;
+    shape.num_qo_heads = num_qo_heads_;
+    shape.num_kv_heads = static_cast<int>(c.num_kv_heads);
+    shape.head_dim = static_cast<int>(c.head_dim);
+    shape.page_size = static_cast<int>(c.block_size);
+    shape.dtype = c.dtype;
+    shape.sm_scale = sm_scale;
+    dispatch_.emplace(shape, tuning, device_.index);
     host_ = Tensor::empty_pinned({layout_.total}, DType::kI32);
     indices_ = Tensor::empty({layout_.total}, DType::kI32, device_);
-    const int group = num_qo_heads_ / static_cast<int>(c.num_kv_heads);
-    // The split-KV decode kernel exists for head_dim 64 / 128 only (others use the generic one,
-    // as every head_dim does under LONGCTX_ATTENTION_KERNEL=generic).
-    fast_head_dim_ =
-        (c.head_dim == 64 || c.head_dim == 128) && !kernels::cuda::paged_generic_forced();
-    prefill_list_bytes_ = kernels::cuda::paged_prefill_workspace_bytes(
-        static_cast<int>(limits.max_seqs), limits.max_tokens, group);
-    prefill_ws_bytes_ = prefill_list_bytes_;
-    if (fast_head_dim_) {
-      // With room for the prefill's stream-K split (short chunks over long histories).
-      prefill_ws_bytes_ +=
-          kernels::cuda::paged_prefill_split_workspace_bytes(static_cast<int>(c.head_dim));
-      decode_ws_bytes_ = kernels::cuda::decode_workspace_bytes(
-          static_cast<int>(limits.max_seqs), num_qo_heads_, static_cast<int>(c.num_kv_heads),
-          static_cast<int>(c.head_dim));
-    }
+    // The planned kernels' workspaces (none for the generic kernel); the dense prefill with room
+    // for the stream-K split (short chunks over long histories).
+    const int max_seqs = static_cast<int>(limits.max_seqs);
+    prefill_list_bytes_ = dispatch_->prefill_workspace_bytes(max_seqs, limits.max_tokens, false);
+    prefill_ws_bytes_ = dispatch_->prefill_workspace_bytes(max_seqs, limits.max_tokens, true);
+    decode_ws_bytes_ = dispatch_->decode_workspace_bytes(max_seqs);
+    // (At least a little: the generic kernel's steps take none.)
     workspace_ = Tensor::empty(
-        {static_cast<int64_t>(std::max(prefill_ws_bytes_, decode_ws_bytes_))}, DType::kU8, device_);
+        {static_cast<int64_t>(std::max({prefill_ws_bytes_, decode_ws_bytes_, size_t(256)}))},
+        DType::kU8, device_);
     sparse.validate();
     const int64_t max_seq_len =
         limits.max_seq_len > 0 ? limits.max_seq_len : c.num_blocks * c.block_size;
@@ -95,8 +93,9 @@ class PagedAttentionBackend final : public AttentionBackend {
     sc.max_tokens = limits.max_tokens;
     sc.max_seqs = limits.max_seqs;
     sc.max_seq_len = max_seq_len;
+    sc.tuning = tuning;
     if (sparse::selects(sparse, sparse::Phase::kPrefill))
-      LONGCTX_CHECK(fast_head_dim_, ErrorCode::kUnsupported,
+      LONGCTX_CHECK(dispatch_->planned_kernels(), ErrorCode::kUnsupported,
                     "--sparse-policy {} on the GPU: head_dim {} (the block-sparse prefill takes 64 "
                     "and 128)",
                     sparse_policy_name(sparse.policy), c.head_dim);
@@ -104,7 +103,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     sparse_decodes_ = sparse::selects(sparse, sparse::Phase::kDecode);
   }
 
-  void copy_blocks(std::span<const KVBlockCopy> copies) {
+  void copy_blocks(std::span<const KVBlockCopy> copies) override {
     if (sparse_ != nullptr) sparse_->copy_blocks(copies, current_cuda_stream(device_.index));
   }
 
@@ -147,8 +146,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     params_.dtype = c.dtype;
     params_.mask_mode = MaskMode::kCausal;
     params_.sm_scale = sm_scale_;
-    // q, o and the caches are set per layer in attend(); the support checks read shapes only.
-    const bool fast = fast_head_dim_ && kernels::cuda::paged_prefill_supported(params_);
+    // q, o and the caches are set per layer in attend().
     // A decode policy: decode steps read the selected pages only (graph-shaped batches run
     // dense); a prefill policy: steps with a prefill get its block mask.
     const bool sparse_decode = sparse_decodes_ && all_decode && !batch.fixed_launch_shapes;
@@ -158,47 +156,47 @@ class PagedAttentionBackend final : public AttentionBackend {
                       sparse_decode ? std::span<const int32_t>(batch.block_tables)
                                     : std::span<const int32_t>(),
                       stream);
+    sparse_decode_ = sparse_decode;
     if (sparse_decode) {
-      path_ = Path::kSparseDecode;
-    } else if (fast && all_decode) {
-      path_ = Path::kDecode;
-      kernels::cuda::DecodeGraphMode graph;
-      graph.num_padding = batch.num_padding_seqs;
-      decode_plan_ = kernels::cuda::decode_plan(
-          batch.block_table_indptr.data(), h + layout_.last_page_len, num_seqs_, params_.page_size,
-          num_qo_heads_, params_.num_kv_heads, params_.head_dim, workspace_.data_ptr(),
-          decode_ws_bytes_, stream, /*num_sms=*/0, /*min_chunk_tokens=*/256, graph);
-    } else if (fast) {
+      call_ = PagedCallPlan{};
+      planned_ = true;
+      return;
+    }
+    PagedCallInput in;
+    in.qo_indptr = batch.qo_indptr.data();
+    in.kv_indptr = batch.block_table_indptr.data();
+    in.last_page_len = h + layout_.last_page_len;
+    in.kv_lens = batch.kv_lens.data();
+    in.batch = num_seqs_;
+    in.all_decode = all_decode;
+    in.mask = MaskMode::kCausal;
+    in.num_padding = batch.num_padding_seqs;
+    size_t ws_bytes = decode_ws_bytes_;
+    if (dispatch_->kernel_for(all_decode) == PagedKernel::kPrefill) {
       // The prefill plan's grid follows the query lengths: no fixed shapes to replay.
       LONGCTX_CHECK(!batch.fixed_launch_shapes, ErrorCode::kUnsupported,
                     "paged attention: fixed launch shapes (CUDA graphs) need a decode-only batch "
                     "(every sequence one new token)");
-      path_ = Path::kPrefill;
       sparse_prefill_ = sparse_selects;
       // The block-sparse prefill gets no split (the list's room only): the plan's costs are the
       // dense ones, and the offloaded XAttention prefill, which has none, stays bit-identical.
-      prefill_plan_ = kernels::cuda::paged_prefill_plan(
-          batch.qo_indptr.data(), batch.kv_lens.data(), num_seqs_, num_qo_heads_,
-          params_.num_kv_heads, params_.head_dim, MaskMode::kCausal, workspace_.data_ptr(),
-          sparse_prefill_ ? prefill_list_bytes_ : prefill_ws_bytes_, stream);
-    } else {
-      LONGCTX_CHECK(kernels::cuda::paged_generic_supported(params_), ErrorCode::kUnsupported,
-                    "paged attention: no kernel for head_dim {} with {} q / {} kv heads, page "
-                    "size {}",
-                    params_.head_dim, num_qo_heads_, params_.num_kv_heads, params_.page_size);
-      path_ = Path::kGeneric;
+      ws_bytes = sparse_prefill_ ? prefill_list_bytes_ : prefill_ws_bytes_;
     }
+    call_ = dispatch_->plan(in, workspace_.data_ptr(), ws_bytes, stream);
     planned_ = true;
   }
 
-  SparsePrefillCounters prefill_counters() const {
+  SparsePrefillCounters sparse_prefill_counters() const override {
     return sparse_ != nullptr ? sparse_->prefill_counters() : SparsePrefillCounters{};
   }
 
+  // CTAs of the split-KV decode kernel's grid in the last plan(); 0 when it takes another kernel.
   int64_t decode_grid() const {
-    return planned_ && path_ == Path::kDecode ? kernels::cuda::decode_grid_ctas(decode_plan_) : 0;
+    return planned_ && !sparse_decode_ ? PagedDispatcher::decode_grid(call_) : 0;
   }
-  std::vector<void*> take_captured_decode_nodes() { return std::exchange(captured_decode_, {}); }
+
+  void begin_graph_capture() override { captured_decode_.clear(); }
+  std::unique_ptr<GraphLaunches> end_graph_capture() override;
 
   void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override {
     check_layer_input("store_kv", layer, k);
@@ -230,45 +228,26 @@ class PagedAttentionBackend final : public AttentionBackend {
     check_layer_input("attend", layer, q);
     // q is a view of the fused QKV output: the decode kernel reads it in place (rows
     // q_token_stride apart); the other kernels read a contiguous [T, H, d] copy.
-    Tensor qc = path_ == Path::kDecode ? q : q.contiguous();
+    const bool decode = !sparse_decode_ && call_.kernel == PagedKernel::kDecode;
+    Tensor qc = decode ? q : q.contiguous();
     Tensor o = Tensor::empty(q.shape(), q.dtype(), device_);
     cudaStream_t stream = current_cuda_stream(device_.index);
-    if (path_ == Path::kSparseDecode) {
+    if (sparse_decode_) {
       const PagedKVPoolConfig& c = pool_.config();
       const sparse::PageMemory mem[2] = {{pool_.k(layer).data_ptr(), pool_.v(layer).data_ptr(),
                                           c.block_size * c.num_kv_heads * c.head_dim},
                                          {}};
       sparse_->attend_decode(layer, qc.data_ptr(), o.data_ptr(), nullptr, mem, stream);
-    } else if (path_ == Path::kDecode) {
-      DecodeParams d;
-      d.q = qc.data_ptr();
-      d.q_token_stride = qc.size(0) > 1 ? qc.strides()[0] : 0;
-      d.k_cache = pool_.k(layer).data_ptr();
-      d.v_cache = pool_.v(layer).data_ptr();
-      d.o = o.data_ptr();
-      d.kv_indptr = params_.kv_indptr;
-      d.kv_indices = params_.kv_indices;
-      d.kv_last_page_len = params_.kv_last_page_len;
-      d.batch_size = num_seqs_;
-      d.num_qo_heads = num_qo_heads_;
-      d.num_kv_heads = params_.num_kv_heads;
-      d.head_dim = params_.head_dim;
-      d.page_size = params_.page_size;
-      d.dtype = params_.dtype;
-      d.sm_scale = sm_scale_;
-      kernels::cuda::decode_run(d, decode_plan_, stream);
-      note_captured_decode(stream);
     } else {
       PagedPrefillParams p = params_;
       p.q = qc.data_ptr();
       p.k_cache = pool_.k(layer).data_ptr();
       p.v_cache = pool_.v(layer).data_ptr();
       p.o = o.data_ptr();
-      if (sparse_prefill_) sparse_->select_prefill(p, stream);  // the block mask of this layer
-      if (path_ == Path::kPrefill)
-        kernels::cuda::paged_prefill_run(p, prefill_plan_, stream);
-      else
-        kernels::cuda::paged_generic_run(p, num_tokens_, stream);
+      if (call_.kernel == PagedKernel::kPrefill && sparse_prefill_)
+        sparse_->select_prefill(p, stream);  // the block mask of this layer
+      dispatch_->run(call_, p, decode && qc.size(0) > 1 ? qc.strides()[0] : 0, stream);
+      if (decode) note_captured_decode(stream);
     }
     return o.view({q.size(0), -1});
   }
@@ -314,12 +293,11 @@ class PagedAttentionBackend final : public AttentionBackend {
   Tensor workspace_;  // [bytes] u8: the prefill or decode plan's work lists and partials
   size_t prefill_list_bytes_ = 0;  // the prefill's work list alone
   size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;
-  bool fast_head_dim_ = false;  // the prefill / decode kernels serve this head_dim
-  Event done_;                  // recorded after the staging copy
-  Path path_ = Path::kPrefill;
+  std::optional<PagedDispatcher> dispatch_;  // the kernel of each step, its plan and launch
+  Event done_;                               // recorded after the staging copy
+  bool sparse_decode_ = false;  // this step is the decode policy's (selected pages only)
+  PagedCallPlan call_;                       // this step's kernel and plan (unless sparse_decode_)
   PagedPrefillParams params_;
-  kernels::cuda::PrefillPlan prefill_plan_;
-  kernels::cuda::DecodePlan decode_plan_;
   std::vector<void*> captured_decode_;  // cudaGraphNode_t of decode launches under capture
   std::unique_ptr<sparse::SparsePolicyCuda> sparse_;  // the policy's twin (none under full)
   bool sparse_decodes_ = false;                       // the policy selects decode steps' pages
@@ -330,30 +308,65 @@ class PagedAttentionBackend final : public AttentionBackend {
 
 }  // namespace
 
-int64_t paged_decode_grid(const AttentionBackend& backend) {
-  const auto* paged = dynamic_cast<const PagedAttentionBackend*>(&backend);
-  return paged ? paged->decode_grid() : 0;
+namespace {
+
+// The decode kernel nodes of one captured step (one per layer), pointed at each later plan's
+// grid: the split-KV decode's grid follows the plan (a grid padded to a fixed size was 19-22%
+// slower, see decode.cu); every other launch shape and address depends on the batch size alone.
+class DecodeGraphLaunches final : public GraphLaunches {
+ public:
+  DecodeGraphLaunches(const PagedAttentionBackend& backend, std::vector<cudaGraphNode_t> nodes,
+                      int64_t ctas)
+      : backend_(backend), nodes_(std::move(nodes)), ctas_(ctas) {}
+
+  bool update(void* graph_exec) override {
+    const int64_t ctas = backend_.decode_grid();
+    if (ctas == ctas_) return false;
+    LONGCTX_CHECK(ctas >= 1 && ctas <= 0x7fffffff, ErrorCode::kInternal,
+                  "decode graphs: a decode grid of {} CTAs for a graph with {} decode nodes", ctas,
+                  nodes_.size());
+    auto exec = static_cast<cudaGraphExec_t>(graph_exec);
+    for (cudaGraphNode_t node : nodes_) {
+      cudaKernelNodeParams p{};
+      LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &p));
+      p.gridDim = dim3(static_cast<unsigned>(ctas));
+      LONGCTX_CUDA_CHECK(cudaGraphExecKernelNodeSetParams(exec, node, &p));
+    }
+    ctas_ = ctas;
+    return true;
+  }
+
+ private:
+  const PagedAttentionBackend& backend_;
+  std::vector<cudaGraphNode_t> nodes_;  // of the captured graph, which outlives this
+  int64_t ctas_ = 0;                    // their grid in the instantiated graph now
+};
+
+std::unique_ptr<GraphLaunches> PagedAttentionBackend::end_graph_capture() {
+  std::vector<cudaGraphNode_t> nodes;
+  for (void* node : std::exchange(captured_decode_, {})) {
+    cudaKernelNodeParams p{};
+    LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(static_cast<cudaGraphNode_t>(node), &p));
+    LONGCTX_CHECK(PagedDispatcher::is_decode_kernel(p.func), ErrorCode::kInternal,
+                  "decode graphs: a recorded decode node runs another kernel");
+    nodes.push_back(static_cast<cudaGraphNode_t>(node));
+  }
+  const int64_t ctas = decode_grid();
+  const size_t want = ctas > 0 ? static_cast<size_t>(pool_.config().num_layers) : 0;
+  LONGCTX_CHECK(nodes.size() == want, ErrorCode::kInternal,
+                "decode graphs: the captured step holds {} decode kernels, expected {}",
+                nodes.size(), want);
+  if (nodes.empty()) return nullptr;
+  return std::make_unique<DecodeGraphLaunches>(*this, std::move(nodes), ctas);
 }
 
-std::vector<void*> take_captured_decode_nodes(AttentionBackend& backend) {
-  auto* paged = dynamic_cast<PagedAttentionBackend*>(&backend);
-  return paged ? paged->take_captured_decode_nodes() : std::vector<void*>{};
-}
+}  // namespace
 
-SparsePrefillCounters paged_backend_sparse_prefill_counters(const AttentionBackend& backend) {
-  const auto* paged = dynamic_cast<const PagedAttentionBackend*>(&backend);
-  return paged ? paged->prefill_counters() : SparsePrefillCounters{};
-}
-
-void paged_backend_copy_blocks(AttentionBackend& backend, std::span<const KVBlockCopy> copies) {
-  if (auto* paged = dynamic_cast<PagedAttentionBackend*>(&backend)) paged->copy_blocks(copies);
-}
-
-std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
-                                                               int64_t num_qo_heads, float sm_scale,
-                                                               const PagedBackendLimits& limits,
-                                                               const SparseOptions& sparse) {
-  return std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits, sparse);
+std::unique_ptr<AttentionBackend> make_paged_attention_backend(
+    const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
+    const SparseOptions& sparse, const kernels::KernelTuning& tuning) {
+  return std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits, sparse,
+                                                 tuning);
 }
 
 }  // namespace longctx

@@ -1,16 +1,17 @@
 // The GPU-resident paged attention backend: K/V of every sequence live in a PagedKVPool; plan()
 // checks the batch's block tables and slot mapping against the pool, stages the index arrays
 // into one pinned buffer and copies them to the device once per step; per layer store_kv()
-// writes the new tokens into their slots and attend() runs the paged kernels:
+// writes the new tokens into their slots and attend() runs the paged kernels the dispatcher
+// (paged_dispatch.h, shared with the CUDA offload device) picks under the backend's KernelTuning:
 //   every sequence decoding (q_len 1) and head_dim 64/128 -> split-KV decode (decode.h);
 //   head_dim 64/128 otherwise                               -> paged prefill (prefill.h);
-//   any other head_dim (8..256)                             -> the generic kernel
+//   any other head_dim (8..256), or KernelTuning::attention kGeneric -> the generic kernel
 //   (paged_generic.h).
 // Nothing after plan() reads host memory or synchronizes. With ForwardBatch::fixed_launch_shapes
 // (decode batches, or any batch on the generic kernel) every device address and launch shape
-// depends on the batch size alone, except the split-KV decode kernel's grid
-// (paged_decode_grid()): a CUDA graph captured after one plan() replays any later plan() of the
-// same size once its decode kernel nodes get that grid.
+// depends on the batch size alone, except the split-KV decode kernel's grid: a CUDA graph
+// captured after one plan() (begin_graph_capture / end_graph_capture) replays any later plan()
+// of the same size once GraphLaunches::update() gave its decode kernel nodes that grid.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 
 #include "kv/paged_kv_pool.h"
 #include "longctx/attention/sparse_options.h"
+#include "longctx/kernels/kernel_tuning.h"
 #include "longctx/kv/block_copy.h"
 #include "longctx/attention/forward_batch.h"
 
@@ -32,33 +34,15 @@ struct PagedBackendLimits {
   int64_t max_seq_len = 0;  // keys per sequence, 0: unchecked (sparse policies size buffers by it)
 };
 
-// Throws Error(kUnsupported) in a build without CUDA or for a pool not on a CUDA device. The
+// Throws Error(kUnsupported) in a build without CUDA, for a pool not on a CUDA device, or for a
+// shape no kernel takes. `tuning` (defaults: the measured choices) steers the kernels. The
 // sparse policy's CUDA twin comes from the registry (attention/sparse/sparse_policy_cuda.h): a
 // decode policy (quest, streaming) reads its pages on decode steps (other steps and CUDA graphs
 // run dense), a prefill policy (xattention, streaming) masks steps with a prefill (head_dim
 // 64 / 128).
-std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool& pool,
-                                                               int64_t num_qo_heads, float sm_scale,
-                                                               const PagedBackendLimits& limits,
-                                                               const SparseOptions& sparse = {});
-// The engine copied whole blocks (copy-on-write): a sparse policy's metadata follows. No-op
-// for any other backend or without a policy.
-void paged_backend_copy_blocks(AttentionBackend& backend, std::span<const KVBlockCopy> copies);
-
-// XAttention's key blocks kept by the prefill masks and the blocks causal attention would have
-// read, over every step so far (synchronizes); zeros for any other backend or policy.
-struct SparsePrefillCounters {
-  int64_t kept = 0, causal = 0;
-};
-SparsePrefillCounters paged_backend_sparse_prefill_counters(const AttentionBackend& backend);
-
-// CTAs of the split-KV decode kernel's grid in the last plan() of `backend` (a paged backend);
-// 0 when that plan takes another kernel, or for any other backend.
-int64_t paged_decode_grid(const AttentionBackend& backend);
-// The graph nodes (cudaGraphNode_t) of the split-KV decode kernels `backend` launched on streams
-// under capture since the last call, in launch order; empty for any other backend.
-std::vector<void*> take_captured_decode_nodes(AttentionBackend& backend);
-
+std::unique_ptr<AttentionBackend> make_paged_attention_backend(
+    const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
+    const SparseOptions& sparse = {}, const kernels::KernelTuning& tuning = {});
 // The checks plan() makes on the host, exposed for tests: block ids inside the pool, each
 // sequence's table long enough for its kv_len, every new token's slot equal to the one its
 // table names, sizes within `limits` (keys per sequence too where max_seq_len > 0). Throws

@@ -61,6 +61,7 @@ QuestCudaConfig quest_cuda_config(const sparse::SparseCudaConfig& c,
   q.device = c.device;
   q.max_seqs = c.max_seqs;
   q.max_model_len = c.max_seq_len;
+  q.tuning = c.tuning;
   return q;
 }
 
@@ -74,7 +75,8 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
   max_pages_ = s.max_pages;
   max_selected_ = s.max_selected;
   meta_block_bytes_ = s.meta_block_bytes;
-  generic_ = !(c.head_dim == 64 || c.head_dim == 128) || kernels::cuda::paged_generic_forced();
+  generic_ = !(c.head_dim == 64 || c.head_dim == 128) ||
+             c.tuning.attention == kernels::AttentionKernel::kGeneric;
   const int64_t page = budget_.page_tokens;
   try {
     if (c.scored) {
@@ -150,7 +152,8 @@ bool QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
       decode_plan_ = kernels::cuda::decode_plan(
           indptr.data(), last.data(), batch_, static_cast<int>(max_selected_ * page),
           static_cast<int>(c_.num_qo_heads), static_cast<int>(c_.num_kv_heads),
-          static_cast<int>(c_.head_dim), decode_ws_.data_ptr(), decode_ws_.numel(), stream);
+          static_cast<int>(c_.head_dim), decode_ws_.data_ptr(), decode_ws_.numel(), stream,
+          /*num_sms=*/0, /*min_chunk_tokens=*/256, {}, c_.tuning.decode);
   }
   words_.upload(stream);
   return decode_;

@@ -44,6 +44,7 @@ struct QuestCudaConfig {
   float sm_scale = 0.f;
   Device device = Device::cuda();
   int64_t max_seqs = 0, max_model_len = 0;
+  kernels::KernelTuning tuning;  // the decode's plan; attention kGeneric: the generic kernel
 };
 
 // The config of a page-list decode policy's twin from the registry's.

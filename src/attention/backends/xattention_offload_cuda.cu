@@ -108,7 +108,7 @@ void XAttnOffloadCuda::plan(const ForwardBatch& batch, std::span<const int32_t> 
   prefill_ = kernels::cuda::paged_prefill_plan(
       batch.qo_indptr.data(), batch.kv_lens.data(), batch_, static_cast<int>(c_.xattn.num_qo_heads),
       static_cast<int>(c_.num_kv_heads), static_cast<int>(c_.head_dim), MaskMode::kCausal,
-      workspace_.data_ptr(), static_cast<size_t>(workspace_.numel()), compute);
+      workspace_.data_ptr(), static_cast<size_t>(workspace_.numel()), compute, c_.prefill_tuning);
   const bool selects = policy_.plan(batch, {}, {}, compute);
   LONGCTX_CHECK(selects, ErrorCode::kInternal, "xattention offload: a step without a prefill");
   for (int64_t layer = 0; layer < std::min<int64_t>(c_.num_buffers, c_.num_layers); ++layer)

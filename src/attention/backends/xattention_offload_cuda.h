@@ -37,7 +37,8 @@ struct XAttnOffloadConfig {
   int64_t num_layers = 0, num_gpu_blocks = 0, num_host_blocks = 0, block_size = 0;
   int64_t num_kv_heads = 0, head_dim = 0;
   DType dtype = DType::kBF16;
-  int64_t staging_blocks = 0;  // per buffer
+  kernels::PrefillTuning prefill_tuning;  // the block-sparse prefill's plan
+  int64_t staging_blocks = 0;             // per buffer
   int num_buffers = 2;
 };
 

@@ -20,6 +20,7 @@
 #include "attention/backends/paged_backend.h"
 #include "attention/sparse/sparse_policy.h"
 #include "kernels/attention_params.h"
+#include "longctx/kernels/kernel_tuning.h"
 #include "longctx/core/device.h"
 #include "longctx/core/dtype.h"
 #include "longctx/kv/block_copy.h"
@@ -36,6 +37,7 @@ struct SparseCudaConfig {
   float sm_scale = 0.f;
   Device device = Device::cuda();
   int64_t max_tokens = 0, max_seqs = 0, max_seq_len = 0;  // per step; keys per sequence
+  kernels::KernelTuning tuning;  // the decode's and the block-sparse prefill's kernel choices
 };
 
 // One of the two memories a decode's block_loc codes name (QuestGatherParams): K and V of block

@@ -536,7 +536,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
 }
 
 // The same CTA with the K/V tiles brought by the TMA (the default on sm_90 when pages are a
-// multiple of the tile; LONGCTX_DECODE_LOADER=0 turns it off): one thread issues, per tile, one 3-D
+// multiple of the tile; DecodeLoader::kCpAsync turns it off): one thread issues, per tile, one 3-D
 // box copy of (64 dims, 1 kv head, TILE tokens) per 64 dims of K and of V, which land on the
 // stage's mbarrier; the warps wait on it instead of on their own cp.async groups. A tile never
 // crosses a page (kv ranges start at multiples of 64 tokens, pages are multiples of TILE), so its
@@ -709,15 +709,6 @@ int group_tile_of(int group) {
   return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup;
 }
 
-// Integer knob from the environment (wave-model tuning); `fallback` when unset or invalid.
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  return (end && *end == 0 && x > 0 && x < (1 << 20)) ? int(x) : fallback;
-}
-
 // Work items the plan may create (sizes the workspace): one per request plus about kCtasPerSm
 // CTAs per SM of extra splits; decode_chunk never picks a chunk that would need more.
 int64_t max_work_items(int max_batch, int num_kv_heads, int group, int num_sms) {
@@ -752,58 +743,43 @@ void check_shape(int num_qo_heads, int num_kv_heads, int head_dim) {
                 "decode: head_dim {} not supported (64 or 128)", head_dim);
 }
 
-// The kernel needs > 48 KB of dynamic shared memory: opt in per (device, instantiation) (plan()
-// calls this too, outside any graph capture). Returns resident CTAs per SM.
-template <typename T, int D, int GT>
-int ring_setup() {
-  require_dynamic_smem(decode_ring_kernel<T, D, GT>, RingShape<D>::kSmemBytes);
-  static const int ctas = [] {  // the same on every device of a host (one GPU model)
-    int n = 0;
-    LONGCTX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, decode_ring_kernel<T, D, GT>, kThreads, RingShape<D>::kSmemBytes));
-    return std::max(n, 1);
-  }();
-  return ctas;
-}
-
 // Launches (or, with a == nullptr, only sets up) the cp.async kernel of this shape; returns its
-// resident CTAs per SM.
+// resident CTAs per SM on the current device (0 when it launched: only plans ask).
 template <typename T, int D>
 int cp_async_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
-  auto go = [&](auto kernel, int ctas) {
+  auto go = [&](auto kernel) {
+    // The kernel needs > 48 KB of dynamic shared memory: opt in per (device, instantiation)
+    // (plan() calls this too, outside any graph capture).
+    require_dynamic_smem(kernel, RingShape<D>::kSmemBytes);
     if (a != nullptr) {
       launch_pdl(kernel, grid, dim3(kThreads), RingShape<D>::kSmemBytes, stream, *a);
+      return 0;
     }
-    return ctas;
+    return std::max(occupancy_per_sm(kernel, kThreads, RingShape<D>::kSmemBytes), 1);
   };
   switch (gt) {
     case 1:
-      return go(decode_ring_kernel<T, D, 1>, ring_setup<T, D, 1>());
+      return go(decode_ring_kernel<T, D, 1>);
     case 2:
-      return go(decode_ring_kernel<T, D, 2>, ring_setup<T, D, 2>());
+      return go(decode_ring_kernel<T, D, 2>);
     case 4:
-      return go(decode_ring_kernel<T, D, 4>, ring_setup<T, D, 4>());
+      return go(decode_ring_kernel<T, D, 4>);
     default:
-      return go(decode_ring_kernel<T, D, 8>, ring_setup<T, D, 8>());
+      return go(decode_ring_kernel<T, D, 8>);
   }
 }
-// The TMA kernel of this shape: launches it (with a != nullptr) and returns its resident CTAs
-// per SM.
+// The TMA kernel of this shape: launches it (with a != nullptr) or returns its resident CTAs per
+// SM on the current device.
 template <typename T, int D, int GT, int W>
 int tma_go(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, cudaStream_t stream) {
   constexpr int smem = TmaShape<D, W>::kSmemBytes;
   require_dynamic_smem(decode_tma_kernel<T, D, GT, W>, smem);
-  static const int ctas = [] {
-    int n = 0;
-    LONGCTX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, decode_tma_kernel<T, D, GT, W>, kThreads, smem));
-    return std::max(n, 1);
-  }();
   if (a != nullptr) {
     launch_pdl(decode_tma_kernel<T, D, GT, W>, grid, dim3(kThreads), smem, stream, *a, maps[0],
                maps[1]);
+    return 0;
   }
-  return ctas;
+  return std::max(occupancy_per_sm(decode_tma_kernel<T, D, GT, W>, kThreads, smem), 1);
 }
 template <typename T, int D, int W>
 int tma_launch_w(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt,
@@ -943,7 +919,8 @@ bool is_decode_kernel(const void* func) {
 DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, int batch,
                        int page_size, int num_qo_heads, int num_kv_heads, int head_dim,
                        void* workspace, size_t workspace_bytes, cudaStream_t stream, int num_sms,
-                       int min_chunk_tokens, const DecodeGraphMode& graph) {
+                       int min_chunk_tokens, const DecodeGraphMode& graph,
+                       const DecodeTuning& tuning) {
   check_shape(num_qo_heads, num_kv_heads, head_dim);
   LONGCTX_CHECK(batch >= 0 && page_size >= 1, ErrorCode::kInvalidArgument,
                 "decode_plan: batch {} / page_size {} invalid", batch, page_size);
@@ -957,20 +934,12 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   // The chunk of the real requests alone: padding must not change how they are split.
   const int real = batch - graph.num_padding;
   const std::vector<int64_t> real_len(len.begin(), len.begin() + real);
-  const char* loader_env = std::getenv("LONGCTX_DECODE_LOADER");
-  const char* copy_env = std::getenv("LONGCTX_DECODE_COPY");
-  const DecodeLoaderPins pins{loader_env != nullptr ? loader_env : "",
-                              copy_env != nullptr ? copy_env : ""};
-  const int loader = decode_loader(page_size, head_dim, tma_supported(), pins);
-  DecodeWaveModel model;
-  model.num_sms = num_sms;
-  model.resident = ring_ctas_per_sm(head_dim, group, loader);
-  model.slots_override = env_int("LONGCTX_DECODE_SLOTS", 0);
-  model.overhead = env_int("LONGCTX_DECODE_OVERHEAD", 64);
-  model.min_chunk_tokens = min_chunk_tokens;
+  const int loader = decode_loader(page_size, head_dim, tma_supported(), tuning);
+  const DecodeWaveModel model = decode_wave_model(
+      tuning, num_sms, ring_ctas_per_sm(head_dim, group, loader), min_chunk_tokens);
   const int64_t chunk = decode_chunk(real_len, max_work_items(real, num_kv_heads, group, num_sms),
                                      ctas_per_item, model);
-  const bool cp_async_stages = decode_cp_async_stages(loader, page_size, head_dim, chunk, pins);
+  const bool cp_async_stages = decode_cp_async_stages(loader, page_size, head_dim, chunk, tuning);
   const DecodeWork work = decode_work_items(len, kv_indptr, real, chunk, cp_async_stages);
   const int64_t items = int64_t(work.items.size()) / kWorkInts;
   LONGCTX_ASSERT(items <= max_items, "decode work items {} exceed the bound {}", items, max_items);

@@ -10,9 +10,9 @@
 // On sm_90 with pages a multiple of the tile (32 tokens at head_dim 128, 64 at 64) one thread
 // brings each tile by the TMA instead (decode_tma_kernel; at head_dim 128 in 3 stages of 64
 // tokens where the pages hold them); elsewhere every thread copies its part by cp.async.
-// LONGCTX_DECODE_SLOTS / LONGCTX_DECODE_OVERHEAD override the plan's wave model (tuning),
-// LONGCTX_DECODE_LOADER=0 forces cp.async and =1 the TMA tiles of 32 tokens (docs/benchmarks.md
-// has the variants measured).
+// DecodeTuning (longctx/kernels/kernel_tuning.h) overrides the plan's wave model (slots,
+// overhead), the loader (the ring, or TMA tiles of 32 tokens) and how the stages are filled
+// (docs/benchmarks.md has the variants measured).
 //
 //   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
 //   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
@@ -37,6 +37,7 @@
 #include <cstdint>
 
 #include "kernels/decode_params.h"
+#include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx::kernels::cuda {
 
@@ -77,7 +78,8 @@ size_t decode_workspace_bytes(int max_batch, int num_qo_heads, int num_kv_heads,
 
 // Host inputs: kv_indptr_host [batch_size + 1], kv_last_page_len_host [batch_size]. Picks the
 // chunk size from the request lengths, the kv head count, the SM count and the kernel's resident
-// CTAs per SM (a wave model: as few even waves as possible); copies the work list into the
+// CTAs per SM (a wave model: as few even waves as possible) and `tuning` (the loader, the
+// stages' fill, the wave model's overrides); copies the work list into the
 // workspace and zeroes the merge counters on `stream` (async; the host arrays may be reused when
 // this returns).
 // Throws Error(kInvalidArgument) on a malformed page table or a too small workspace,
@@ -86,7 +88,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr_host, const int32_t* kv_last_pag
                        int batch_size, int page_size, int num_qo_heads, int num_kv_heads,
                        int head_dim, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                        int num_sms = 0, int min_chunk_tokens = 256,
-                       const DecodeGraphMode& graph = {});
+                       const DecodeGraphMode& graph = {}, const DecodeTuning& tuning = {});
 
 // CTAs of decode_run's (one-dimensional) grid for `plan`.
 int64_t decode_grid_ctas(const DecodePlan& plan);

@@ -2,10 +2,12 @@
 
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "kernels/cuda/func_attributes.h"
 #include "longctx/core/cuda_check.h"
+#include "longctx/core/error.h"
 
 namespace longctx::kernels::cuda {
 
@@ -22,18 +24,47 @@ void require_dynamic_smem(const void* kernel, int bytes) {
   done = bytes;
 }
 
-int current_sm_count() {
-  int dev = 0, sms = 0;
-  LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
-  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
+const DeviceProps& device_props(int device) {
+  constexpr int kMaxDevices = 64;
+  LONGCTX_CHECK(device >= 0 && device < kMaxDevices, ErrorCode::kInvalidArgument,
+                "device properties: device index {} out of range", device);
+  static std::once_flag once[kMaxDevices];
+  static DeviceProps props[kMaxDevices];
+  std::call_once(once[device], [device] {
+    DeviceProps& p = props[device];
+    int l2 = 0;
+    LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device));
+    LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, device));
+    LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, device));
+    p.l2_bytes = l2;
+  });
+  return props[device];
 }
 
-int64_t current_l2_bytes() {
-  int dev = 0, bytes = 0;
+const DeviceProps& current_device_props() {
+  int dev = 0;
   LONGCTX_CUDA_CHECK(cudaGetDevice(&dev));
-  LONGCTX_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev));
-  return bytes;
+  return device_props(dev);
+}
+
+int current_sm_count() { return current_device_props().sm_count; }
+
+int64_t current_l2_bytes() { return current_device_props().l2_bytes; }
+
+int occupancy_per_sm(const void* kernel, int threads, int smem_bytes) {
+  int device = 0;
+  LONGCTX_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, int>, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, kernel, threads, smem_bytes);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  int n = 0;
+  LONGCTX_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, size_t(smem_bytes)));
+  cache[key] = n;
+  return n;
 }
 
 }  // namespace longctx::kernels::cuda

@@ -330,11 +330,6 @@ bool paged_generic_supported(const PagedPrefillParams& p) {
           p.block_mask_heads == p.num_qo_heads);
 }
 
-bool paged_generic_forced() {
-  const char* e = std::getenv("LONGCTX_ATTENTION_KERNEL");
-  return e != nullptr && std::strcmp(e, "generic") == 0;
-}
-
 void paged_generic_run(const PagedPrefillParams& p, int total_q, cudaStream_t stream) {
   using E = ErrorCode;
   LONGCTX_CHECK(paged_generic_supported(p), E::kUnsupported,

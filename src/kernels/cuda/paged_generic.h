@@ -3,7 +3,9 @@
 // optional block-sparse mask, optional lse, the output in q's dtype or in fp32 (o_f32)) for any
 // head_dim in [8, 256] that is a multiple of 8 and any page_size >= 1. It serves the small-head
 // test models (head_dim 16, 32) and is the fallback where paged_prefill_run / decode_run do not
-// support a shape (they take 64 / 128).
+// support a shape (they take 64 / 128). KernelTuning::attention = kGeneric makes the paged backends
+// (resident and offload) take it for every head_dim: P and every sum in fp32 (one rounding, of
+// the output), the precision reference of exactness experiments (bench/offload/exactness.py).
 // Decode (q_len 1 per request) is the same call.
 //
 // CUDA cores, no tensor cores: one CTA per (query token, kv head, tile of up to 8 q heads of that
@@ -30,11 +32,6 @@ namespace longctx::kernels::cuda {
 // num_qo_heads when block_mask is set, num_kv_heads * ceil(group / 8) <= 65535. Looks at no
 // pointer.
 bool paged_generic_supported(const PagedPrefillParams& params);
-
-// LONGCTX_ATTENTION_KERNEL=generic: the paged backends (resident and offload) take this kernel
-// for every head_dim, an attention with P and every sum in fp32 (one rounding, of the output):
-// the precision reference of exactness experiments (bench/offload/exactness.py).
-bool paged_generic_forced();
 
 // params' pointers are device pointers; total_q must equal qo_indptr[batch_size] (the host's
 // copy; token rows at or past qo_indptr[batch_size] are not written). q, k_cache and v_cache must

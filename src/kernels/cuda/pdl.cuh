@@ -8,8 +8,9 @@
 //   - any kernel may call pdl_launch_dependents() to let the next kernel start before it ends
 //     (without it, the next starts as this one's CTAs exit). It is a hint, never a data
 //     dependency: the next kernel's pdl_wait still waits for this whole grid.
-// On older devices and with LONGCTX_PDL=0 launch_pdl is an ordinary launch and both calls are
-// no-ops. Stream capture keeps the programmatic edges in the CUDA graph.
+// On older devices and where KernelTuning::pdl is off (set_pdl_allowed, pdl.h) launch_pdl is an
+// ordinary launch and both calls are no-ops. Stream capture keeps the programmatic edges in the
+// CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>

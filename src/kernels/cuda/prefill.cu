@@ -404,43 +404,36 @@ SplitLayout split_layout(size_t start, int head_dim, int num_ctas) {
   return l;
 }
 
-// Whether paged_prefill_run() takes the Hopper kernel by default where it is available.
-constexpr bool kSm90ByDefault = true;
-
-// LONGCTX_PREFILL_KERNEL=fa2 forces the mma.sync kernel above, =sm90 the Hopper kernel where it
-// is available (A/B measurement, tests); unset: kSm90ByDefault. Read on every run() so tests can
-// switch it (a getenv is noise next to a launch).
-bool use_sm90_path(const PagedPrefillParams& p) {
-  const char* e = std::getenv("LONGCTX_PREFILL_KERNEL");
-  const bool want = e == nullptr ? kSm90ByDefault : std::strcmp(e, "sm90") == 0;
-  return want && paged_prefill_sm90_available(p);
+// Whether paged_prefill_run() takes the Hopper kernel: tuning.kernel kSm90 (the default) where
+// the device and the binary carry it.
+bool use_sm90_path(const PagedPrefillParams& p, const PrefillTuning& tuning) {
+  return tuning.kernel == PrefillKernel::kSm90 && paged_prefill_sm90_available(p);
 }
 
 // Key tiles of the Hopper kernel (the split's cost unit; its cost model:
 // hopper_prefill_schedule_model).
 constexpr int kSm90Keys = 128;
-// LONGCTX_PREFILL_UNIT_HEADS=n forces the unit order (PrefillPlan::unit_heads) to the largest
-// divisor of num_kv_heads up to n, split or not (measurement); 0 when unset: the plan chooses.
-int forced_unit_heads(int num_kv_heads) {
-  const char* e = std::getenv("LONGCTX_PREFILL_UNIT_HEADS");
-  if (e == nullptr || *e == '\0') return 0;
-  int want = std::clamp(std::atoi(e), 1, num_kv_heads);
+// PrefillTuning::unit_heads = n forces the unit order (PrefillPlan::unit_heads) to the largest
+// divisor of num_kv_heads up to n, split or not (measurement); 0: the plan chooses.
+int forced_unit_heads(int num_kv_heads, int want_heads) {
+  if (want_heads <= 0) return 0;
+  int want = std::clamp(want_heads, 1, num_kv_heads);
   while (num_kv_heads % want != 0) --want;
   return want;
 }
 
 }  // namespace
 
-bool paged_prefill_sm90_path(int head_dim) {
+bool paged_prefill_sm90_path(int head_dim, const PrefillTuning& tuning) {
   PagedPrefillParams probe;
   probe.head_dim = head_dim;
-  return use_sm90_path(probe);
+  return use_sm90_path(probe, tuning);
 }
 
-int paged_prefill_tile_rows(int head_dim) {
-  if (head_dim != 64 || !paged_prefill_sm90_path(head_dim)) return kPrefillTileRows;
-  const char* e = std::getenv("LONGCTX_PREFILL_SM90_ROWS");
-  return e != nullptr && std::strcmp(e, "128") == 0 ? kPrefillTileRows : kPrefillMaxTileRows;
+int paged_prefill_tile_rows(int head_dim, const PrefillTuning& tuning) {
+  static_assert(kPrefillTileRows == 128 && kPrefillMaxTileRows == 192);  // prefill_tile_rows
+  return prefill_tile_rows(head_dim, head_dim == 64 && paged_prefill_sm90_path(head_dim, tuning),
+                           tuning);
 }
 
 size_t paged_prefill_split_workspace_bytes(int head_dim, int num_sms) {
@@ -451,7 +444,7 @@ size_t paged_prefill_split_workspace_bytes(int head_dim, int num_sms) {
 PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_len_host,
                                int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                MaskMode mask_mode, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const PrefillTuning& tuning) {
   using E = ErrorCode;
   LONGCTX_CHECK(num_kv_heads > 0 && num_qo_heads > 0 && num_qo_heads % num_kv_heads == 0,
                 E::kUnsupported,
@@ -460,8 +453,12 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
                 num_qo_heads, num_kv_heads);
   LONGCTX_CHECK(head_dim == 64 || head_dim == 128, E::kUnsupported,
                 "paged prefill plan: head_dim {} (supported: 64, 128)", head_dim);
+  LONGCTX_CHECK(
+      tuning.head_dim64_rows == kPrefillTileRows || tuning.head_dim64_rows == kPrefillMaxTileRows,
+      E::kInvalidArgument, "paged prefill plan: head_dim64_rows {} (128 or 192)",
+      tuning.head_dim64_rows);
   const int group = num_qo_heads / num_kv_heads;
-  const int tile_rows = paged_prefill_tile_rows(head_dim);
+  const int tile_rows = paged_prefill_tile_rows(head_dim, tuning);
   const std::vector<PrefillWorkItem> items =
       prefill_work_items(qo_indptr_host, kv_len_host, batch_size, group, tile_rows,
                          mask_mode == MaskMode::kCausal, kKeys, kMaxSparseKv);
@@ -491,24 +488,21 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   plan.head_dim = head_dim;
   plan.mask_mode = mask_mode;
   plan.unit_heads = num_kv_heads;
+  plan.tuning = tuning;
 
   // The Hopper kernel's unit order and stream-K split (where the workspace has room for it).
-  if (items.empty() || !paged_prefill_sm90_path(head_dim)) return plan;
-  const char* split_env = std::getenv("LONGCTX_PREFILL_SPLIT");
-  const std::string split_mode = split_env != nullptr ? split_env : "";
-  static const int64_t l2 = current_l2_bytes();  // one GPU model per host
-  const PrefillScheduleModel model = hopper_prefill_schedule_model(current_sm_count(), l2);
+  if (items.empty() || !paged_prefill_sm90_path(head_dim, tuning)) return plan;
+  const DeviceProps& device = current_device_props();
+  const PrefillScheduleModel model =
+      hopper_prefill_schedule_model(device.sm_count, device.l2_bytes);
   // Offsets from the workspace's start (cudaMalloc'ed: 256-byte aligned, as every caller's is).
   const SplitLayout l = split_layout(bytes, head_dim, model.num_ctas);
-  const PrefillSplitMode mode = split_mode == "0" || l.end > workspace_bytes
-                                    ? PrefillSplitMode::kNever
-                                : split_mode == "1" ? PrefillSplitMode::kAlways
-                                                    : PrefillSplitMode::kAuto;
+  const PrefillSplitMode mode = l.end > workspace_bytes ? PrefillSplitMode::kNever : tuning.split;
   int64_t kv_tokens = 0;
   for (int b = 0; b < batch_size; ++b) kv_tokens += kv_len_host[b];
   const PrefillSchedule schedule =
       plan_prefill_schedule(items, num_kv_heads, kSm90Keys, kv_tokens * num_kv_heads * head_dim * 4,
-                            model, mode, forced_unit_heads(num_kv_heads));
+                            model, mode, forced_unit_heads(num_kv_heads, tuning.unit_heads));
   plan.unit_heads = schedule.unit_heads;
   const PrefillSplit& split = schedule.split;
   if (split.ctas.empty()) return plan;
@@ -554,13 +548,13 @@ void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cud
   LONGCTX_CHECK(plan.num_qo_heads == p.num_qo_heads && plan.num_kv_heads == p.num_kv_heads &&
                     plan.head_dim == p.head_dim && plan.mask_mode == p.mask_mode,
                 ErrorCode::kInvalidArgument, "paged prefill: params do not match the plan");
-  if (use_sm90_path(p)) {
+  if (use_sm90_path(p, plan.tuning)) {
     paged_prefill_sm90_run(p, plan, stream);
     return;
   }
   LONGCTX_CHECK(plan.tile_rows == kRows, ErrorCode::kInvalidArgument,
                 "paged prefill: the plan's {}-row tiles are the Hopper kernel's, not this "
-                "device's (planned under another LONGCTX_PREFILL_KERNEL?)",
+                "device's (planned on another device?)",
                 plan.tile_rows);
   if (p.dtype == DType::kBF16) {
     if (p.head_dim == 64)

@@ -3,7 +3,7 @@
 // Hopper kernel (prefill_sm90.cu: wgmma, warp-specialized cp.async page gathers, TMA boxes where
 // pages hold 64-token runs or kv_contiguous promises consecutive pages), elsewhere
 // FlashAttention-2 style mma.sync m16n8k16 with cp.async double-buffered K/V tiles (prefill.cu).
-// LONGCTX_PREFILL_KERNEL=fa2|sm90 forces one (sm90 only where available).
+// PrefillTuning::kernel (longctx/kernels/kernel_tuning.h) picks one (sm90 only where available).
 //
 // Usage: plan once per batch shape (host; may synchronize), then run once per layer (no host
 // sync, no allocation, no host reads: safe inside a CUDA graph as long as the plan and the
@@ -11,7 +11,8 @@
 //
 //   size_t ws = paged_prefill_workspace_bytes(batch, total_q, num_qo_heads / num_kv_heads);
 //   PrefillPlan plan = paged_prefill_plan(qo_indptr_host, kv_len_host, batch, num_qo_heads,
-//                                         num_kv_heads, head_dim, mask_mode, d_ws, ws, stream);
+//                                         num_kv_heads, head_dim, mask_mode, d_ws, ws, stream,
+//                                         tuning);
 //   for (layer ...) paged_prefill_run(params, plan, stream);
 //
 // GQA: the q heads of one kv group are packed into the query tile (tile row r of request b is
@@ -25,6 +26,7 @@
 #include <cstdint>
 
 #include "kernels/attention_params.h"
+#include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx::kernels::cuda {
 
@@ -60,6 +62,9 @@ struct PrefillPlan {
   const int32_t* merge_groups = nullptr;  // device [num_merge_groups, 3] (PrefillMergeGroup)
   float* partial_o = nullptr;             // device [slots, tile_rows, head_dim]
   float* partial_lse = nullptr;           // device [slots, tile_rows]
+  // The choices plan() made the plan under; run() takes its kernel, variant, TMA and tiling from
+  // here (a caller building its own plan keeps the defaults, as paged_prefill_tile_rows()'s).
+  PrefillTuning tuning;
 };
 
 // Upper bound of the workspace plan() writes, for any batch with these totals.
@@ -73,28 +78,29 @@ size_t paged_prefill_split_workspace_bytes(int head_dim, int num_sms = 0);
 // Builds the per-CTA work list (request, row tile), heaviest tiles first (by key tiles visited),
 // and copies it into the caller-owned device workspace on `stream` (the copy is enqueued; the
 // host vector is staged before return). Where the workspace has room for it
-// (paged_prefill_split_workspace_bytes) and the Hopper kernel will run, also the stream-K split;
-// LONGCTX_PREFILL_SPLIT=0 turns that off, =1 takes it wherever it exists (tests). Host inputs:
+// (paged_prefill_split_workspace_bytes) and the Hopper kernel will run, also the stream-K split
+// (tuning.split: kNever turns it off, kAlways takes it wherever it exists). Host inputs:
 //   qo_indptr_host [batch_size + 1], kv_len_host [batch_size] (each kv_len <= 4M keys).
 // Throws Error(kInvalidArgument) on inconsistent shapes, Error(kUnsupported) for head_dim other
 // than 64/128 or a non-integral GQA ratio.
 PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_len_host,
                                int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                MaskMode mask_mode, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream);
+                               cudaStream_t stream, const PrefillTuning& tuning = {});
 
 // True when the kernel handles these params (head_dim 64/128, bf16/f16, integral GQA ratio,
 // page_size 1..256, sm_scale > 0). run() throws Error(kUnsupported) otherwise.
 bool paged_prefill_supported(const PagedPrefillParams& params);
 
 // Whether run() takes the Hopper kernel at this head_dim here (sm_90 device, a binary carrying
-// it, LONGCTX_PREFILL_KERNEL); only then does plan() split.
-bool paged_prefill_sm90_path(int head_dim);
+// it, tuning.kernel); only then does plan() split.
+bool paged_prefill_sm90_path(int head_dim, const PrefillTuning& tuning = {});
 
 // Rows per work item that plan() uses here at this head_dim: 192 where the Hopper kernel runs
-// head_dim 64 (three consumer warpgroups), else 128. LONGCTX_PREFILL_SM90_ROWS=128 keeps 128 there
-// (measurement). A caller building its own work list must use it and set PrefillPlan::tile_rows.
-int paged_prefill_tile_rows(int head_dim);
+// head_dim 64 (three consumer warpgroups), else 128. tuning.head_dim64_rows = 128 keeps 128 there
+// (measurement). A caller building its own work list must use it and set PrefillPlan::tile_rows
+// (and PrefillPlan::tuning, when not the default).
+int paged_prefill_tile_rows(int head_dim, const PrefillTuning& tuning = {});
 
 // Launches the kernel. params' pointers are device pointers; params' shapes must match the plan.
 void paged_prefill_run(const PagedPrefillParams& params, const PrefillPlan& plan,

@@ -907,9 +907,7 @@ __global__ void __launch_bounds__(32 * kMergeRowsPerCta)
 template <typename T, typename Tl>
 void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   require_dynamic_smem(paged_prefill_sm90_kernel<T, Tl>, Tl::kSmemBytes);
-  static int num_sms = 0;  // the same on every device of a host (one GPU model)
-  static std::once_flag once;
-  std::call_once(once, [] { num_sms = current_sm_count(); });
+  const int num_sms = current_sm_count();  // this device's (cached per device id)
   const int64_t total = int64_t(plan.num_work_items) * p.num_kv_heads;
   if (total == 0) return;
   // A split plan fixes the grid (its ranges, one per CTA); it was made for this device's SMs.
@@ -954,23 +952,17 @@ void launch_pingpong(const PagedPrefillParams& p, const PrefillPlan& plan, bool 
 }
 
 // K/V stages of the lean tiling for this call, 0 for the full one (block-sparse plans need its
-// bitmaps). LONGCTX_PREFILL_SM90_LEAN=0|2|3 overrides, for measurement. H200, one call, against
+// bitmaps). PrefillTuning::lean overrides, for measurement. H200, one call, against
 // the full tiling (TFLOP/s, docs/benchmarks.md): head_dim 128 causal 32K on pages of 128 (TMA)
 // 608-613 against 590-593 with 2 stages (a third: within 1 % of two), on pages of 16 (cp.async)
 // 529.5 against 510-512 with 3 (2 stages 515-516), the 2K chunk on pages of 16 580-584 against
 // 542 (2 stages 559-560); head_dim 64 (192-row tiles) causal 32K 499 against 482-486, its chunk
 // 528-534 against 505-510, 2 and 3 stages alike.
-int lean_stages(const PagedPrefillParams& p, bool tma) {
-  if (p.block_mask != nullptr) return 0;
-  const char* e = std::getenv("LONGCTX_PREFILL_SM90_LEAN");
-  if (e != nullptr && *e != 0) {
-    const int s = std::atoi(e);
-    return s == 2 || s == 3 ? s : 0;
-  }
-  return p.head_dim == 128 && !tma ? 3 : 2;
+int lean_stages(const PagedPrefillParams& p, bool tma, PrefillLean lean) {
+  return prefill_lean_stages(p.block_mask != nullptr, p.head_dim, tma, lean);
 }
 
-// Variants (LONGCTX_PREFILL_SM90_VARIANT, for measurement; read per run so tests can switch):
+// Variants (PrefillTuning::variant, for measurement; the plan carries it):
 //   pingpong    persistent, the consumer warpgroups taking turns at the tensor cores (default)
 //   persistent  one CTA per SM walking the work items
 //   grid        one CTA per work item
@@ -998,18 +990,16 @@ int lean_stages(const PagedPrefillParams& p, bool tma) {
 // 427-430. Three K/V stages at 192 rows: within 1 % of two (not kept).
 template <typename T, int D>
 void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  const char* e = std::getenv("LONGCTX_PREFILL_SM90_VARIANT");
-  const std::string v = e == nullptr ? "" : e;
-  // TMA where the pages allow it (LONGCTX_PREFILL_SM90_TMA=0 turns it off, for measurement).
+  const PrefillSm90Variant v = plan.tuning.variant;
+  // TMA where the pages allow it (PrefillTuning::tma = false turns it off, for measurement).
   // H200, causal, pages of 128: head_dim 128 542 TF against 510 with cp.async (32K); head_dim 64
   // 418 against 403 with the boxes issued by two lanes (one thread issuing them measured 362
   // against 379).
-  const char* te = std::getenv("LONGCTX_PREFILL_SM90_TMA");
-  const bool tma = sm90_tma_pages(p) && (te == nullptr || std::strcmp(te, "0") != 0);
-  const int lean = lean_stages(p, tma);
+  const bool tma = sm90_tma_pages(p) && plan.tuning.tma;
+  const int lean = lean_stages(p, tma, plan.tuning.lean);
   if constexpr (D == 64) {
     if (plan.tile_rows == kPrefillMaxTileRows) {  // 3 consumer warpgroups (paged_prefill_tile_rows)
-      if (v == "persistent") {
+      if (v == PrefillSm90Variant::kPersistent) {
         if (tma) return launch<T, Sm90Tiling<D, 128, 2, true, false, true, 3>>(p, plan, stream);
         return launch<T, Sm90Tiling<D, 128, 2, true, false, false, 3>>(p, plan, stream);
       }
@@ -1020,8 +1010,10 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
   }
   LONGCTX_CHECK(plan.tile_rows == kPrefillTileRows, ErrorCode::kInvalidArgument,
                 "paged prefill: a plan of {}-row tiles at head_dim {}", plan.tile_rows, D);
-  if (v == "grid") return launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
-  if (v == "persistent") return launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
+  if (v == PrefillSm90Variant::kGrid)
+    return launch<T, Sm90Tiling<D, 128, 2, false, false>>(p, plan, stream);
+  if (v == PrefillSm90Variant::kPersistent)
+    return launch<T, Sm90Tiling<D, 128, 2, true, false>>(p, plan, stream);
   if constexpr (D == 128) {  // head_dim 64 in 128-row tiles (a measurement) keeps the full tiling
     if (lean == 2) return launch_pingpong<T, D, 2, 2, true>(p, plan, tma, stream);
     if (lean == 3) return launch_pingpong<T, D, 3, 2, true>(p, plan, tma, stream);
@@ -1043,22 +1035,25 @@ bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
   if (p.head_dim != 64 && p.head_dim != 128) return false;
   // The device must be sm_90 and this binary must carry the sm_90a kernel (not a JIT from PTX
   // of another target, where the body is empty).
-  static const bool ok = [] {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    if (major != 9 || minor != 0) return false;
+  // Per device id: a process may drive GPUs of different models.
+  constexpr int kMaxDevices = 64;
+  static std::once_flag once[kMaxDevices];
+  static bool ok[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+  std::call_once(once[dev], [dev] {
+    const DeviceProps& props = device_props(dev);
+    if (props.major != 9 || props.minor != 0) return;
     cudaFuncAttributes attr{};
     if (cudaFuncGetAttributes(
             &attr, paged_prefill_sm90_kernel<__nv_bfloat16, Sm90Tiling<128, 128, 2, true, true>>) !=
         cudaSuccess) {
       cudaGetLastError();
-      return false;
+      return;
     }
-    return attr.binaryVersion == 90;
-  }();
-  return ok;
+    ok[dev] = attr.binaryVersion == 90;
+  });
+  return ok[dev];
 }
 
 void paged_prefill_sm90_run(const PagedPrefillParams& p, const PrefillPlan& plan,

@@ -1,0 +1,40 @@
+// The paged-kernel choice, one for the resident paged backend (paged_backend.cu) and the CUDA
+// offload device (offload_device_cuda.cu): which kernel reads a call's K/V (the split-KV decode,
+// the paged prefill or the generic kernel), and, through the KernelTuning they hold, which tiling,
+// loader and split the kernels' plans take. The choice is host code (this file, tested on the
+// CPU); planning and launching are paged_dispatch_cuda.h.
+#pragma once
+
+#include <cstdint>
+
+#include "longctx/core/dtype.h"
+#include "longctx/kernels/kernel_tuning.h"
+
+namespace longctx {
+
+enum class PagedKernel : uint8_t {
+  kDecode,   // split-KV decode (kernels/cuda/decode.h): every sequence one query
+  kPrefill,  // paged prefill (kernels/cuda/prefill.h): Hopper or mma.sync, PrefillTuning's
+  kGeneric,  // the generic kernel (kernels/cuda/paged_generic.h): any head_dim 8..256, no plan
+};
+
+// What every call of one backend shares.
+struct PagedShape {
+  int num_qo_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int page_size = 0;  // tokens per page (the engine's block size)
+  DType dtype = DType::kBF16;
+  float sm_scale = 0.f;
+};
+
+// Whether the planned kernels (split-KV decode, paged prefill) serve `shape`: head_dim 64 / 128,
+// bf16 / f16, an integral GQA ratio, pages of 1..256 tokens, sm_scale > 0 (the prefill's
+// paged_prefill_supported), unless tuning.attention is kGeneric.
+bool paged_planned_kernels(const PagedShape& shape, const kernels::KernelTuning& tuning);
+
+// The kernel of one call: with the planned kernels, the split-KV decode when every sequence has
+// one query (all_decode), else the paged prefill; without them the generic kernel.
+PagedKernel choose_paged_kernel(bool planned_kernels, bool all_decode);
+
+}  // namespace longctx

@@ -1,0 +1,123 @@
+#include "attention/backends/paged_dispatch_cuda.h"
+#include "kernels/cuda/paged_generic.h"
+#include "kernels/cuda/pdl.h"
+#include "longctx/core/cuda_check.h"
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+namespace {
+
+kernels::PagedPrefillParams shape_params(const PagedShape& s) {
+  kernels::PagedPrefillParams p;
+  p.num_qo_heads = s.num_qo_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.page_size = s.page_size;
+  p.dtype = s.dtype;
+  p.mask_mode = kernels::MaskMode::kCausal;
+  p.sm_scale = s.sm_scale;
+  return p;
+}
+
+}  // namespace
+
+PagedDispatcher::PagedDispatcher(const PagedShape& shape, const kernels::KernelTuning& tuning,
+                                 int device)
+    : shape_(shape), tuning_(tuning), planned_(paged_planned_kernels(shape, tuning)) {
+  LONGCTX_CHECK(planned_ || kernels::cuda::paged_generic_supported(shape_params(shape)),
+                ErrorCode::kUnsupported,
+                "paged attention: no kernel for head_dim {} with {} q / {} kv heads, page size {}",
+                shape.head_dim, shape.num_qo_heads, shape.num_kv_heads, shape.page_size);
+  kernels::cuda::set_pdl_allowed(device, tuning.pdl);
+}
+
+size_t PagedDispatcher::decode_workspace_bytes(int max_batch) const {
+  if (!planned_) return 0;
+  return kernels::cuda::decode_workspace_bytes(max_batch, shape_.num_qo_heads, shape_.num_kv_heads,
+                                               shape_.head_dim);
+}
+
+size_t PagedDispatcher::prefill_workspace_bytes(int max_batch, int64_t max_q, bool split) const {
+  if (!planned_) return 0;
+  size_t bytes = kernels::cuda::paged_prefill_workspace_bytes(
+      max_batch, max_q, shape_.num_qo_heads / shape_.num_kv_heads);
+  if (split) bytes += kernels::cuda::paged_prefill_split_workspace_bytes(shape_.head_dim);
+  return bytes;
+}
+
+size_t PagedDispatcher::workspace_bytes(PagedKernel kernel, int batch, int64_t total_q) const {
+  switch (kernel) {
+    case PagedKernel::kDecode:
+      return decode_workspace_bytes(batch);
+    case PagedKernel::kPrefill:
+      return prefill_workspace_bytes(batch, total_q, /*split=*/false);
+    case PagedKernel::kGeneric:
+      break;
+  }
+  return 0;
+}
+
+PagedCallPlan PagedDispatcher::plan(const PagedCallInput& in, void* workspace,
+                                    size_t workspace_bytes, cudaStream_t stream) const {
+  PagedCallPlan call;
+  call.kernel = kernel_for(in.all_decode);
+  call.total_q = in.batch > 0 ? in.qo_indptr[in.batch] : 0;
+  if (call.kernel == PagedKernel::kDecode) {
+    kernels::cuda::DecodeGraphMode graph;
+    graph.num_padding = in.num_padding;
+    call.decode = kernels::cuda::decode_plan(
+        in.kv_indptr, in.last_page_len, in.batch, shape_.page_size, shape_.num_qo_heads,
+        shape_.num_kv_heads, shape_.head_dim, workspace, workspace_bytes, stream, /*num_sms=*/0,
+        /*min_chunk_tokens=*/256, graph, tuning_.decode);
+  } else if (call.kernel == PagedKernel::kPrefill) {
+    call.prefill = kernels::cuda::paged_prefill_plan(
+        in.qo_indptr, in.kv_lens, in.batch, shape_.num_qo_heads, shape_.num_kv_heads,
+        shape_.head_dim, in.mask, workspace, workspace_bytes, stream, tuning_.prefill);
+  }
+  return call;
+}
+
+void PagedDispatcher::run(const PagedCallPlan& call, const kernels::PagedPrefillParams& p,
+                          int64_t q_token_stride, cudaStream_t stream) const {
+  switch (call.kernel) {
+    case PagedKernel::kDecode: {
+      kernels::DecodeParams d;
+      d.q = p.q;
+      d.q_token_stride = q_token_stride;
+      d.k_cache = p.k_cache;
+      d.v_cache = p.v_cache;
+      d.o = p.o;
+      d.o_f32 = p.o_f32;
+      d.lse = p.lse;
+      d.kv_indptr = p.kv_indptr;
+      d.kv_indices = p.kv_indices;
+      d.kv_last_page_len = p.kv_last_page_len;
+      d.batch_size = p.batch_size;
+      d.num_qo_heads = p.num_qo_heads;
+      d.num_kv_heads = p.num_kv_heads;
+      d.head_dim = p.head_dim;
+      d.page_size = p.page_size;
+      d.dtype = p.dtype;
+      d.sm_scale = p.sm_scale;
+      kernels::cuda::decode_run(d, call.decode, stream);
+      return;
+    }
+    case PagedKernel::kPrefill:
+      kernels::cuda::paged_prefill_run(p, call.prefill, stream);
+      return;
+    case PagedKernel::kGeneric:
+      kernels::cuda::paged_generic_run(p, call.total_q, stream);
+      return;
+  }
+}
+
+int64_t PagedDispatcher::decode_grid(const PagedCallPlan& call) {
+  return call.kernel == PagedKernel::kDecode ? kernels::cuda::decode_grid_ctas(call.decode) : 0;
+}
+
+bool PagedDispatcher::is_decode_kernel(const void* func) {
+  return kernels::cuda::is_decode_kernel(func);
+}
+
+}  // namespace longctx

@@ -1,0 +1,59 @@
+// The paged-kernel choice the resident paged backend and the CUDA offload device share
+// (attention/backends/paged_dispatch.h), under the default tuning and its pins.
+#include <gtest/gtest.h>
+
+#include "attention/backends/paged_dispatch.h"
+
+namespace longctx {
+namespace {
+
+PagedShape llama_shape(int head_dim = 128, int page_size = 128) {
+  PagedShape s;
+  s.num_qo_heads = 32;
+  s.num_kv_heads = 8;
+  s.head_dim = head_dim;
+  s.page_size = page_size;
+  s.dtype = DType::kBF16;
+  s.sm_scale = 0.088f;
+  return s;
+}
+
+TEST(PagedDispatch, DefaultTuningTakesThePlannedKernelsAtHeadDim64And128) {
+  const kernels::KernelTuning t;
+  for (int d : {64, 128}) {
+    ASSERT_TRUE(paged_planned_kernels(llama_shape(d), t)) << d;
+    EXPECT_EQ(choose_paged_kernel(true, /*all_decode=*/true), PagedKernel::kDecode);
+    EXPECT_EQ(choose_paged_kernel(true, /*all_decode=*/false), PagedKernel::kPrefill);
+  }
+  PagedShape f16 = llama_shape();
+  f16.dtype = DType::kF16;
+  EXPECT_TRUE(paged_planned_kernels(f16, t));
+  EXPECT_TRUE(paged_planned_kernels(llama_shape(128, 1), t));
+  EXPECT_TRUE(paged_planned_kernels(llama_shape(128, 256), t));
+}
+
+TEST(PagedDispatch, OtherShapesTakeTheGenericKernel) {
+  const kernels::KernelTuning t;
+  EXPECT_FALSE(paged_planned_kernels(llama_shape(16), t));  // the test models' small heads
+  EXPECT_FALSE(paged_planned_kernels(llama_shape(96), t));
+  EXPECT_FALSE(paged_planned_kernels(llama_shape(128, 512), t));  // past the prefill's pages
+  PagedShape f32 = llama_shape();
+  f32.dtype = DType::kF32;
+  EXPECT_FALSE(paged_planned_kernels(f32, t));
+  PagedShape gqa = llama_shape();
+  gqa.num_qo_heads = 12;
+  gqa.num_kv_heads = 8;
+  EXPECT_FALSE(paged_planned_kernels(gqa, t));
+  EXPECT_EQ(choose_paged_kernel(false, true), PagedKernel::kGeneric);
+  EXPECT_EQ(choose_paged_kernel(false, false), PagedKernel::kGeneric);
+}
+
+TEST(PagedDispatch, GenericTuningTakesTheGenericKernelEverywhere) {
+  kernels::KernelTuning t;
+  t.attention = kernels::AttentionKernel::kGeneric;
+  EXPECT_FALSE(paged_planned_kernels(llama_shape(128), t));
+  EXPECT_FALSE(paged_planned_kernels(llama_shape(64), t));
+}
+
+}  // namespace
+}  // namespace longctx
