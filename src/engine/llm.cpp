@@ -41,9 +41,10 @@ int64_t resolve_max_model_len(const ModelConfig& config, int64_t requested) {
   LONGCTX_CHECK(requested > 0, ErrorCode::kInvalidArgument, "max_model_len must be > 0, got {}",
                 requested);
   // As vLLM: a longer context than the model was built for is refused, not silently allowed.
-  LONGCTX_CHECK(limit <= 0 || requested <= limit, ErrorCode::kInvalidArgument,
-                "max_model_len {} is greater than the model's max_position_embeddings {} (with rope scaling)",
-                requested, limit);
+  LONGCTX_CHECK(
+      limit <= 0 || requested <= limit, ErrorCode::kInvalidArgument,
+      "max_model_len {} is greater than the model's max_position_embeddings {} (with rope scaling)",
+      requested, limit);
   return requested;
 }
 

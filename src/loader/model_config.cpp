@@ -146,8 +146,8 @@ RopeConfig parse_rope(const json& j, const std::string& src, int64_t head_dim, i
   // partial_rotary_factor: rotary_dim = int(head_dim * partial_rotary_factor), as every
   // transformers rope initializer computes `dim`; rotate_half needs it even.
   const bool partial_in_params = params.contains("partial_rotary_factor");
-  r.partial_rotary_factor =
-      opt_num(partial_in_params ? params : j, "partial_rotary_factor", 1.0, partial_in_params ? ctx : src);
+  r.partial_rotary_factor = opt_num(partial_in_params ? params : j, "partial_rotary_factor", 1.0,
+                                    partial_in_params ? ctx : src);
   {
     const double f = r.partial_rotary_factor;
     const int64_t rotary_dim = static_cast<int64_t>(double(head_dim) * f);
@@ -205,8 +205,10 @@ RopeConfig parse_rope(const json& j, const std::string& src, int64_t head_dim, i
     r.mscale = opt_num(params, "mscale", 0.0, ctx);
     r.mscale_all_dim = opt_num(params, "mscale_all_dim", 0.0, ctx);
     LONGCTX_CHECK(std::isfinite(r.mscale) && std::isfinite(r.mscale_all_dim),
-                  ErrorCode::kInvalidArgument, "{}: fields 'mscale' and 'mscale_all_dim' must be "
-                  "finite numbers", ctx);
+                  ErrorCode::kInvalidArgument,
+                  "{}: fields 'mscale' and 'mscale_all_dim' must be "
+                  "finite numbers",
+                  ctx);
     r.truncate = opt_bool(params, "truncate", true, ctx);
     if (params.contains("attention_factor") && !params["attention_factor"].is_null())
       r.attention_factor = opt_positive(params, "attention_factor", 1.0, ctx);

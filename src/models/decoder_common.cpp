@@ -88,8 +88,8 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   // Rounded like transformers' inv_freq buffer in a model loaded at that dtype (see model.h).
   rope_ = ops::rope_frequencies_as_transformers(c.rope, c.head_dim,
                                                 options.rope_inv_freq_dtype.value_or(DType::kF32));
-  Tensor inv_host = Tensor::from_blob(rope_.inv_freq.data(),
-                                      {rope_.tables(), rope_.rotary_dim / 2}, DType::kF32);
+  Tensor inv_host =
+      Tensor::from_blob(rope_.inv_freq.data(), {rope_.tables(), rope_.rotary_dim / 2}, DType::kF32);
   inv_freq_ = inv_host.to(device_);
   load.finish();
 }

@@ -122,10 +122,10 @@ class DecoderModel : public Model {
   DType act_dtype_ = DType::kF32;  // activations (CPU f32, CUDA bf16); the residual is f32
   Tensor embed_tokens_;            // [vocab (the rank's rows), hidden]
   std::vector<LayerWeights> layers_;
-  Tensor norm_;      // [hidden]
-  Tensor lm_head_;   // [vocab (the rank's rows), hidden]; embed_tokens_ when tied
+  Tensor norm_;                // [hidden]
+  Tensor lm_head_;             // [vocab (the rank's rows), hidden]; embed_tokens_ when tied
   ops::RopeFrequencies rope_;  // the host-side rope (rotary dim, scaling, how rows are picked)
-  Tensor inv_freq_;             // [rope_.tables(), rotary_dim / 2] f32 on device_
+  Tensor inv_freq_;            // [rope_.tables(), rotary_dim / 2] f32 on device_
 };
 
 }  // namespace longctx::models

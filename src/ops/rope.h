@@ -35,9 +35,9 @@ namespace longctx::ops {
 
 // How a token's frequencies are chosen.
 enum class RopeSelect : int32_t {
-  kFixed,    // inv_freq row 0 for every token
-  kLongrope, // row 0 (short_factor) up to switch_len, row 1 (long_factor) past it
-  kDynamic,  // row 0 up to switch_len; past it recomputed from the token's len (dynamic NTK)
+  kFixed,     // inv_freq row 0 for every token
+  kLongrope,  // row 0 (short_factor) up to switch_len, row 1 (long_factor) past it
+  kDynamic,   // row 0 up to switch_len; past it recomputed from the token's len (dynamic NTK)
 };
 
 // A model's rope, resolved once from its RopeConfig and head_dim on the host.
@@ -45,8 +45,9 @@ struct RopeFrequencies {
   int64_t rotary_dim = 0;          // the first rotary_dim dims of a head rotate
   float attention_scaling = 1.0f;  // multiplies cos and sin (yarn's mscale, longrope's factor)
   RopeSelect select = RopeSelect::kFixed;
-  int64_t switch_len = 0;  // longrope: original_max_position_embeddings; dynamic: max_position_embeddings
-  DynamicNtk ntk;          // dynamic only
+  int64_t switch_len =
+      0;           // longrope: original_max_position_embeddings; dynamic: max_position_embeddings
+  DynamicNtk ntk;  // dynamic only
   std::vector<float> inv_freq;  // [tables, rotary_dim / 2]: 1 table, 2 for longrope (short, long)
   int64_t tables() const { return select == RopeSelect::kLongrope ? 2 : 1; }
 };

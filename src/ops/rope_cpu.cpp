@@ -30,8 +30,7 @@ int64_t rotary_dim_of(const RopeConfig& rope, int64_t head_dim) {
 // every step a float32 tensor op (the base rounded to float32 as it meets the tensor).
 std::vector<float> default_table(double base, int64_t dim) {
   std::vector<float> inv(dim / 2);
-  for (int64_t i = 0; i < dim / 2; ++i)
-    inv[i] = default_inv_freq(static_cast<float>(base), i, dim);
+  for (int64_t i = 0; i < dim / 2; ++i) inv[i] = default_inv_freq(static_cast<float>(base), i, dim);
   return inv;
 }
 
@@ -52,8 +51,8 @@ void llama3_scale(const RopeConfig& rope, std::vector<float>& inv_freq) {
     const float scaled = wavelen > low_freq_wavelen ? f / factor : f;
     const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
     if (medium) {
-      const float smooth = ((1.0f / wavelen) * old_len_f - low_freq_factor) /
-                           (high_freq_factor - low_freq_factor);
+      const float smooth =
+          ((1.0f / wavelen) * old_len_f - low_freq_factor) / (high_freq_factor - low_freq_factor);
       f = (1.0f - smooth) * scaled / factor + smooth * scaled;
     } else {
       f = scaled;

@@ -70,7 +70,8 @@ LONGCTX_HD_INLINE float default_inv_freq(float base, int64_t i, int64_t dim) {
 // _compute_dynamic_ntk_parameters' base for seq_len > max_position_embeddings. seq_len reaches
 // it as a 0-dim int64 tensor (torch.max(position_ids) + 1), so every step is a float32 tensor op
 // with the Python scalars rounded to float32 where they meet it:
-//   base = base * ((factor * seq_len / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
+//   base = base * ((factor * seq_len / max_position_embeddings) - (factor - 1)) ** (dim / (dim -
+//   2))
 // (factor - 1 and dim / (dim - 2) are Python floats, i.e. double, before they meet the tensor).
 LONGCTX_HD_INLINE float dynamic_ntk_base(const DynamicNtk& p, int64_t seq_len) {
   const float scaled = mul(static_cast<float>(p.factor), i64_to_f32(seq_len));

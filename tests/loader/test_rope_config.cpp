@@ -90,11 +90,11 @@ TEST(RopeConfig, QwenYarnRecipeLoads) {
   EXPECT_EQ(c.max_positions(), 131072);
   // transformers 5's rope_parameters spelling, every option set.
   j.erase("rope_scaling");
-  j["rope_parameters"] = {{"rope_type", "yarn"},        {"rope_theta", 150000.0},
-                          {"factor", 32.0},             {"original_max_position_embeddings", 4096},
-                          {"beta_fast", 16},            {"beta_slow", 2.0},
-                          {"mscale", 0.707},            {"mscale_all_dim", 1.0},
-                          {"truncate", false},          {"attention_factor", 1.2}};
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 150000.0},
+                          {"factor", 32.0},      {"original_max_position_embeddings", 4096},
+                          {"beta_fast", 16},     {"beta_slow", 2.0},
+                          {"mscale", 0.707},     {"mscale_all_dim", 1.0},
+                          {"truncate", false},   {"attention_factor", 1.2}};
   c = parse_model_config(j, "x");
   EXPECT_EQ(c.rope.theta, 150000.0);
   EXPECT_EQ(c.rope.factor, 32.0);
@@ -169,7 +169,8 @@ TEST(RopeConfig, LongropeErrors) {
                   "field 'short_factor' must be a list of 48 numbers (rotary_dim / 2), got [");
   j["rope_scaling"]["short_factor"] = std::vector<double>(48, 1.0);
   j["rope_scaling"]["short_factor"][3] = "x";
-  EXPECT_CONTAINS(config_error(j), "field 'short_factor' must hold positive finite numbers, got \"x\"");
+  EXPECT_CONTAINS(config_error(j),
+                  "field 'short_factor' must hold positive finite numbers, got \"x\"");
   j["rope_scaling"]["short_factor"][3] = 0.0;
   EXPECT_CONTAINS(config_error(j), "field 'short_factor' must hold positive finite numbers, got 0");
   // With a partial rotary factor the lists cover rotary_dim / 2 (Phi-4-mini: 0.75 of 128 -> 48).
@@ -200,13 +201,15 @@ TEST(RopeConfig, DynamicAndPartial) {
   EXPECT_EQ(parse_model_config(j, "x").rope.partial_rotary_factor, 0.5);
   j.erase("partial_rotary_factor");
   j.erase("rope_scaling");
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}, {"partial_rotary_factor", 0.25}};
+  j["rope_parameters"] = {
+      {"rope_type", "default"}, {"rope_theta", 1e4}, {"partial_rotary_factor", 0.25}};
   c = parse_model_config(j, "x");
   EXPECT_EQ(c.rope.partial_rotary_factor, 0.25);
   EXPECT_EQ(c.rope.theta, 1e4);
   j["rope_parameters"]["partial_rotary_factor"] = 0.34;  // int(128 * 0.34) = 43, odd
-  EXPECT_CONTAINS(config_error(j), "field 'partial_rotary_factor' 0.34 must be in (0, 1] and give "
-                                   "an even rotary_dim >= 2 (int(head_dim 128 * factor) = 43)");
+  EXPECT_CONTAINS(config_error(j),
+                  "field 'partial_rotary_factor' 0.34 must be in (0, 1] and give "
+                  "an even rotary_dim >= 2 (int(head_dim 128 * factor) = 43)");
   j["rope_parameters"]["partial_rotary_factor"] = 1.5;
   EXPECT_CONTAINS(config_error(j), "field 'partial_rotary_factor' 1.5 must be in (0, 1]");
   j["rope_parameters"]["partial_rotary_factor"] = "half";

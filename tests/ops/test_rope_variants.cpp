@@ -40,7 +40,9 @@ std::vector<double> ref_default(double base, int64_t dim) {
 // _compute_yarn_parameters in double.
 std::vector<double> ref_yarn(double base, int64_t dim, double factor, double orig, double beta_fast,
                              double beta_slow, bool truncate) {
-  auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * kPi)) / (2 * std::log(base)); };
+  auto corr = [&](double rot) {
+    return dim * std::log(orig / (rot * 2 * kPi)) / (2 * std::log(base));
+  };
   double low = corr(beta_fast), high = corr(beta_slow);
   if (truncate) low = std::floor(low), high = std::ceil(high);
   low = std::max(low, 0.0);
@@ -343,16 +345,15 @@ TEST(RopeVariants, LongropePicksTablePerTokenLength) {
             ops::rope_args(f, inv_t, Tensor::from_blob(lens.data(), {n}, DType::kI64)));
   std::vector<std::vector<float>> inv;
   for (int64_t t = 0; t < n; ++t) inv.push_back(lens[t] > 64 ? long_t : short_t);
-  EXPECT_LT(max_abs_diff(x, naive_rope(orig, n, heads, d, d, pos, inv, f.attention_scaling)),
-            2e-6);
+  EXPECT_LT(max_abs_diff(x, naive_rope(orig, n, heads, d, d, pos, inv, f.attention_scaling)), 2e-6);
 
   std::vector<int64_t> dpos = {63, 64};
   Tensor y = random_tensor({2, heads, d}, DType::kF32, 53, -2.f, 2.f);
   Tensor yo = y.contiguous().to(Device::cpu());
   ops::rope(y, Tensor::from_blob(dpos.data(), {2}, DType::kI64), ops::rope_args(f, inv_t));
-  EXPECT_LT(max_abs_diff(y, naive_rope(yo, 2, heads, d, d, dpos, {short_t, long_t},
-                                       f.attention_scaling)),
-            2e-6);
+  EXPECT_LT(
+      max_abs_diff(y, naive_rope(yo, 2, heads, d, d, dpos, {short_t, long_t}, f.attention_scaling)),
+      2e-6);
 }
 
 TEST(RopeVariants, DynamicRecomputesPerTokenLength) {
@@ -365,9 +366,9 @@ TEST(RopeVariants, DynamicRecomputesPerTokenLength) {
   ops::RopeFrequencies f = ops::rope_frequencies(rc, d);
   Tensor inv_t = Tensor::from_blob(f.inv_freq.data(), {1, 16}, DType::kF32);
   std::vector<int64_t> pos, lens;
-  for (int64_t p = 0; p < 40; ++p) pos.push_back(p), lens.push_back(40);     // default
-  for (int64_t p = 0; p < 100; ++p) pos.push_back(p), lens.push_back(100);   // base at 100
-  for (int64_t p : {64, 515}) pos.push_back(p), lens.push_back(p + 1);       // decode
+  for (int64_t p = 0; p < 40; ++p) pos.push_back(p), lens.push_back(40);    // default
+  for (int64_t p = 0; p < 100; ++p) pos.push_back(p), lens.push_back(100);  // base at 100
+  for (int64_t p : {64, 515}) pos.push_back(p), lens.push_back(p + 1);      // decode
   const int64_t n = int64_t(pos.size());
   Tensor x = random_tensor({n, heads, d}, DType::kF32, 54, -2.f, 2.f);
   Tensor orig = x.contiguous().to(Device::cpu());
