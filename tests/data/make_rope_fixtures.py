@@ -108,6 +108,14 @@ def rope_init(config, rope_type, seq_len=None):
     return [float(v) for v in inv.float().tolist()], float(scale)
 
 
+def original_max(config):
+    """longrope's switch length: the top-level field (Phi3Config) or the rope parameters'."""
+    v = getattr(config, "original_max_position_embeddings", None)
+    if v is None:
+        v = getattr(config, "rope_parameters", {}).get("original_max_position_embeddings")
+    return v
+
+
 def longrope_lists(half: int):
     # Shaped like Phi-3's: short near 1, long growing over the low frequencies.
     short = [1.0 + 0.05 * (i / (half - 1)) ** 2 for i in range(half)]
@@ -197,8 +205,7 @@ def rope_record(model, config, rope_type, lengths):
     rec = {"rope_type": rope_type, "inv_freq": [float(v) for v in rot.inv_freq.float().tolist()],
            "attention_scaling": float(rot.attention_scaling)}
     if rope_type == "longrope":
-        orig = config.original_max_position_embeddings
-        rec["long_inv_freq"], _ = rope_init(config, "longrope", orig + 1)
+        rec["long_inv_freq"], _ = rope_init(config, "longrope", original_max(config) + 1)
     if rope_type == "dynamic":
         rec["dynamic"] = [{"seq_len": n, "inv_freq": rope_init(config, "dynamic", n)[0]}
                           for n in lengths if n > config.max_position_embeddings]
@@ -214,7 +221,7 @@ def make_model(out_dir, name, config, rope_type, seed, device):
     model = from_config(config)
     randomize(model, seed)
     model = model.to(torch.bfloat16)  # saved in bf16 (the values are already bf16)
-    model.save_pretrained(d, safe_serialization=True)
+    model.save_pretrained(d)  # safetensors, config.json, generation_config.json
     # What the engine loads: from disk, upcast to float32, inv_freq made in float32.
     ref = from_pretrained(d).to(device).eval()
     assert all(t.dtype == torch.bfloat16 for t in load_file(os.path.join(d, "model.safetensors")).values())
@@ -253,8 +260,7 @@ def rope_reference(out_dir):
         # Our loader parses the rope of every supported architecture alike; Phi3 is not one yet.
         e["config"]["architectures"] = ["LlamaForCausalLM"]
         if rope_type == "longrope":
-            e["long_inv_freq"], _ = rope_init(config, rope_type,
-                                              config.original_max_position_embeddings + 1)
+            e["long_inv_freq"], _ = rope_init(config, rope_type, original_max(config) + 1)
         if rope_type == "dynamic":
             e["dynamic"] = [{"seq_len": n, "inv_freq": rope_init(config, rope_type, n)[0]}
                             for n in seq_lens]
