@@ -186,7 +186,12 @@ RopeConfig parse_rope(const json& j, const std::string& src, int64_t head_dim, i
   } else if (type == "yarn") {
     // _compute_yarn_parameters: factor is required; original_max_position_embeddings is
     // `rope_scaling.get("original_max_position_embeddings") or max_position_embeddings`;
-    // beta_fast / beta_slow are `get(...) or 32 / 1`; truncate defaults to true.
+    // beta_fast / beta_slow are `get(...) or 32 / 1`; truncate defaults to true. The explicit
+    // factor is the one used, also where it differs from max_position_embeddings / original
+    // (Qwen's recipe keeps max_position_embeddings 40960 with factor 4 over 32768): transformers
+    // warns there and uses the explicit factor, as vLLM does. (Some 4.5x releases took the
+    // ratio instead; tests/data/make_rope_fixtures.py records transformers' own value for that
+    // config in rope_reference.json, checked by RopeReference.FrequenciesMatchTransformers.)
     r.type = RopeType::kYarn;
     r.factor = req_positive(params, "factor", ctx, type);
     r.original_max_position_embeddings =
