@@ -113,7 +113,7 @@ struct DecodeGraphs::Impl {
   // Validates and plans a padded batch exactly as Model::forward does, then uploads its inputs.
   void prepare(const ForwardBatch& padded, cudaStream_t stream) {
     const ModelConfig& c = model.config();
-    padded.validate(c.vocab_size, c.max_position_embeddings);
+    padded.validate(c.vocab_size, c.max_positions());
     attention.plan(padded);
     upload(padded, stream);
   }

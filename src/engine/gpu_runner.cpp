@@ -36,7 +36,7 @@ int64_t resolve_block_size(const GpuRunnerOptions& o) {
 }
 
 int64_t resolve_max_model_len(const ModelConfig& c, const GpuRunnerOptions& o) {
-  return o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
+  return o.max_model_len > 0 ? o.max_model_len : c.max_positions();
 }
 
 // Decode steps replay CUDA graphs unless eager, or the policy selects decode pages per step

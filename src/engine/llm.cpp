@@ -39,14 +39,15 @@ namespace {
 namespace fs = std::filesystem;
 
 int64_t resolve_max_model_len(const ModelConfig& config, int64_t requested) {
-  const int64_t limit = config.max_position_embeddings;
+  const int64_t limit = config.max_positions();  // max_position_embeddings, or yarn's reach
   if (requested == 0) return limit;
   LONGCTX_CHECK(requested > 0, ErrorCode::kInvalidArgument, "max_model_len must be > 0, got {}",
                 requested);
   // As vLLM: a longer context than the model was built for is refused, not silently allowed.
-  LONGCTX_CHECK(limit <= 0 || requested <= limit, ErrorCode::kInvalidArgument,
-                "max_model_len {} is greater than the model's max_position_embeddings {}",
-                requested, limit);
+  LONGCTX_CHECK(
+      limit <= 0 || requested <= limit, ErrorCode::kInvalidArgument,
+      "max_model_len {} is greater than the model's max_position_embeddings {} (with rope scaling)",
+      requested, limit);
   return requested;
 }
 

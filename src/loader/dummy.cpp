@@ -50,6 +50,18 @@ ModelConfig qwen3(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, 
   return c;
 }
 
+// Qwen3-8B with Qwen's recipe for 128K: "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+// "original_max_position_embeddings": 32768}, max_position_embeddings 131072 (4 x 32768, so
+// every reading of the factor agrees).
+ModelConfig qwen3_8b_yarn_128k() {
+  ModelConfig c = qwen3(4096, 12288, 36, 32, false);
+  c.max_position_embeddings = 131072;
+  c.rope.type = RopeType::kYarn;
+  c.rope.factor = 4.0;
+  c.rope.original_max_position_embeddings = 32768;
+  return c;
+}
+
 ModelConfig qwen2_7b() {
   ModelConfig c;
   c.architecture = "Qwen2ForCausalLM";
@@ -102,6 +114,7 @@ const std::map<std::string, ModelConfig (*)()>& presets() {
       {"llama-3-8b-1m", llama3_8b_1m},
       {"qwen3-0.6b", [] { return qwen3(1024, 3072, 28, 16, true); }},
       {"qwen3-8b", [] { return qwen3(4096, 12288, 36, 32, false); }},
+      {"qwen3-8b-yarn-128k", qwen3_8b_yarn_128k},
       {"qwen2-7b", qwen2_7b},
       {"tiny-llama", tiny_llama},
   };

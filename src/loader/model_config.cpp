@@ -80,9 +80,50 @@ bool opt_bool(const json& j, const char* key, bool dflt, const std::string& src)
   return j[key].get<bool>();
 }
 
+constexpr const char* kSupportedRopeTypes = "default, linear, llama3, yarn, longrope, dynamic";
+
+// A number in (0, inf) when present.
+double opt_positive(const json& j, const char* key, double dflt, const std::string& src) {
+  const double v = opt_num(j, key, dflt, src);
+  LONGCTX_CHECK(v > 0 && std::isfinite(v), ErrorCode::kInvalidArgument,
+                "{}: field '{}' must be a positive finite number, got {}", src, key,
+                json_excerpt(j.value(key, json(v))));
+  return v;
+}
+
+// A required number in (0, inf).
+double req_positive(const json& j, const char* key, const std::string& src,
+                    const std::string& type) {
+  LONGCTX_CHECK(j.contains(key) && !j[key].is_null(), ErrorCode::kInvalidArgument,
+                "{}: rope type '{}' needs field '{}'", src, type, key);
+  return opt_positive(j, key, 0.0, src);
+}
+
+// longrope's short_factor / long_factor: `n` positive finite numbers.
+std::vector<double> factor_list(const json& j, const char* key, int64_t n, const std::string& src) {
+  LONGCTX_CHECK(j.contains(key) && !j[key].is_null(), ErrorCode::kInvalidArgument,
+                "{}: rope type 'longrope' needs field '{}' (a list of {} numbers)", src, key, n);
+  const json& v = j[key];
+  LONGCTX_CHECK(v.is_array() && int64_t(v.size()) == n, ErrorCode::kInvalidArgument,
+                "{}: field '{}' must be a list of {} numbers (rotary_dim / 2), got {}", src, key, n,
+                json_excerpt(v));
+  std::vector<double> out;
+  for (const json& e : v) {
+    LONGCTX_CHECK(e.is_number() && e.get<double>() > 0 && std::isfinite(e.get<double>()),
+                  ErrorCode::kInvalidArgument,
+                  "{}: field '{}' must hold positive finite numbers, got {}", src, key,
+                  json_excerpt(e));
+    out.push_back(e.get<double>());
+  }
+  return out;
+}
+
 // transformers 5 writes `rope_parameters` (with rope_theta inside); older files write
-// `rope_scaling` (null for default) plus a top-level `rope_theta`.
-RopeConfig parse_rope(const json& j, const std::string& src) {
+// `rope_scaling` (null for default) plus a top-level `rope_theta`. Fields transformers reads from
+// the top level of the config (partial_rotary_factor, longrope's original_max_position_embeddings)
+// are read there too, the rope parameters winning. head_dim and max_position_embeddings are the
+// config's (parsed before).
+RopeConfig parse_rope(const json& j, const std::string& src, int64_t head_dim, int64_t max_pos) {
   RopeConfig r;
   r.theta = opt_num(j, "rope_theta", 10000.0, src);
   const json* p = nullptr;
@@ -93,15 +134,34 @@ RopeConfig parse_rope(const json& j, const std::string& src) {
     p = &j["rope_scaling"];
     which = "rope_scaling";
   }
-  if (!p) return r;
-  LONGCTX_CHECK(p->is_object(), ErrorCode::kInvalidArgument, "{}: '{}' must be an object", src,
-                which);
-  const std::string ctx = src + " " + which;
-  r.theta = opt_num(*p, "rope_theta", r.theta, ctx);
+  static const json kEmpty = json::object();
+  LONGCTX_CHECK(!p || p->is_object(), ErrorCode::kInvalidArgument, "{}: '{}' must be an object",
+                src, which);
+  const json& params = p ? *p : kEmpty;
+  const std::string ctx = p ? src + " " + which : src;
+  r.theta = opt_num(params, "rope_theta", r.theta, ctx);
+  LONGCTX_CHECK(r.theta > 0 && std::isfinite(r.theta), ErrorCode::kInvalidArgument,
+                "{}: rope_theta must be a positive finite number", ctx);
+
+  // partial_rotary_factor: rotary_dim = int(head_dim * partial_rotary_factor), as every
+  // transformers rope initializer computes `dim`; rotate_half needs it even.
+  const bool partial_in_params = params.contains("partial_rotary_factor");
+  r.partial_rotary_factor = opt_num(partial_in_params ? params : j, "partial_rotary_factor", 1.0,
+                                    partial_in_params ? ctx : src);
+  {
+    const double f = r.partial_rotary_factor;
+    const int64_t rotary_dim = static_cast<int64_t>(double(head_dim) * f);
+    LONGCTX_CHECK(f > 0 && f <= 1 && rotary_dim >= 2 && rotary_dim % 2 == 0,
+                  ErrorCode::kInvalidArgument,
+                  "{}: field 'partial_rotary_factor' {} must be in (0, 1] and give an even "
+                  "rotary_dim >= 2 (int(head_dim {} * factor) = {})",
+                  partial_in_params ? ctx : src, f, head_dim, rotary_dim);
+  }
+
   std::string type = "default";
   for (const char* key : {"rope_type", "type"}) {  // transformers reads rope_type, then type
-    auto it = p->find(key);
-    if (it == p->end() || it->is_null()) continue;
+    auto it = params.find(key);
+    if (it == params.end() || it->is_null()) continue;
     LONGCTX_CHECK(it->is_string(), ErrorCode::kInvalidArgument, "{}: '{}' must be a string, got {}",
                   ctx, key, json_excerpt(*it));
     type = it->get<std::string>();
@@ -111,25 +171,90 @@ RopeConfig parse_rope(const json& j, const std::string& src) {
     r.type = RopeType::kDefault;
   } else if (type == "linear") {
     r.type = RopeType::kLinear;
-    r.factor = opt_num(*p, "factor", 1.0, ctx);
+    r.factor = opt_num(params, "factor", 1.0, ctx);
   } else if (type == "llama3") {
     r.type = RopeType::kLlama3;
-    r.factor = opt_num(*p, "factor", 8.0, ctx);
-    r.low_freq_factor = opt_num(*p, "low_freq_factor", 1.0, ctx);
-    r.high_freq_factor = opt_num(*p, "high_freq_factor", 4.0, ctx);
-    r.original_max_position_embeddings = opt_int(*p, "original_max_position_embeddings", 8192, ctx);
+    r.factor = opt_num(params, "factor", 8.0, ctx);
+    r.low_freq_factor = opt_num(params, "low_freq_factor", 1.0, ctx);
+    r.high_freq_factor = opt_num(params, "high_freq_factor", 4.0, ctx);
+    r.original_max_position_embeddings =
+        opt_int(params, "original_max_position_embeddings", 8192, ctx);
     check_range(r.original_max_position_embeddings, "original_max_position_embeddings",
                 kMaxPositions, ctx);
     LONGCTX_CHECK(r.high_freq_factor > r.low_freq_factor, ErrorCode::kInvalidArgument,
                   "{}: llama3 rope needs high_freq_factor > low_freq_factor", ctx);
+  } else if (type == "yarn") {
+    // _compute_yarn_parameters: factor is required; original_max_position_embeddings is
+    // `rope_scaling.get("original_max_position_embeddings") or max_position_embeddings`;
+    // beta_fast / beta_slow are `get(...) or 32 / 1`; truncate defaults to true. The explicit
+    // factor is the one used, also where it differs from max_position_embeddings / original
+    // (Qwen's recipe keeps max_position_embeddings 40960 with factor 4 over 32768): transformers
+    // warns there and uses the explicit factor, as vLLM does. (Some 4.5x releases took the
+    // ratio instead; tests/data/make_rope_fixtures.py records transformers' own value for that
+    // config in rope_reference.json, checked by RopeReference.FrequenciesMatchTransformers.)
+    r.type = RopeType::kYarn;
+    r.factor = req_positive(params, "factor", ctx, type);
+    r.original_max_position_embeddings =
+        opt_int(params, "original_max_position_embeddings", max_pos, ctx);
+    check_range(r.original_max_position_embeddings, "original_max_position_embeddings",
+                kMaxPositions, ctx);
+    r.beta_fast = opt_num(params, "beta_fast", 0.0, ctx);
+    r.beta_slow = opt_num(params, "beta_slow", 0.0, ctx);
+    if (r.beta_fast == 0) r.beta_fast = 32;
+    if (r.beta_slow == 0) r.beta_slow = 1;
+    LONGCTX_CHECK(r.beta_fast > 0 && r.beta_slow > 0 && std::isfinite(r.beta_fast) &&
+                      std::isfinite(r.beta_slow),
+                  ErrorCode::kInvalidArgument,
+                  "{}: fields 'beta_fast' {} and 'beta_slow' {} must be positive finite numbers",
+                  ctx, r.beta_fast, r.beta_slow);
+    r.mscale = opt_num(params, "mscale", 0.0, ctx);
+    r.mscale_all_dim = opt_num(params, "mscale_all_dim", 0.0, ctx);
+    LONGCTX_CHECK(std::isfinite(r.mscale) && std::isfinite(r.mscale_all_dim),
+                  ErrorCode::kInvalidArgument,
+                  "{}: fields 'mscale' and 'mscale_all_dim' must be "
+                  "finite numbers",
+                  ctx);
+    r.truncate = opt_bool(params, "truncate", true, ctx);
+    if (params.contains("attention_factor") && !params["attention_factor"].is_null())
+      r.attention_factor = opt_positive(params, "attention_factor", 1.0, ctx);
+  } else if (type == "longrope" || type == "su") {  // "su": Phi-3's first name for it
+    // _compute_longrope_parameters: original_max_position_embeddings from the rope parameters or
+    // the top-level config (Phi-3 keeps it there); with it, factor = max_position_embeddings /
+    // original (the context the lists were fitted for); without, the length is
+    // max_position_embeddings and factor the parameters' own.
+    r.type = RopeType::kLongrope;
+    const bool in_params = params.contains("original_max_position_embeddings") &&
+                           !params["original_max_position_embeddings"].is_null();
+    const bool top = j.contains("original_max_position_embeddings") &&
+                     !j["original_max_position_embeddings"].is_null();
+    if (in_params || top) {
+      r.original_max_position_embeddings =
+          in_params ? opt_int(params, "original_max_position_embeddings", 0, ctx)
+                    : opt_int(j, "original_max_position_embeddings", 0, src);
+      check_range(r.original_max_position_embeddings, "original_max_position_embeddings",
+                  kMaxPositions, in_params ? ctx : src);
+      r.factor = double(max_pos) / double(r.original_max_position_embeddings);
+    } else {
+      r.original_max_position_embeddings = max_pos;
+      r.factor = opt_positive(params, "factor", 1.0, ctx);
+    }
+    const int64_t half = static_cast<int64_t>(double(head_dim) * r.partial_rotary_factor) / 2;
+    r.short_factor = factor_list(params, "short_factor", half, ctx);
+    r.long_factor = factor_list(params, "long_factor", half, ctx);
+    if (params.contains("attention_factor") && !params["attention_factor"].is_null())
+      r.attention_factor = opt_positive(params, "attention_factor", 1.0, ctx);
+  } else if (type == "dynamic") {
+    // _compute_dynamic_ntk_parameters: factor is required; the base is recomputed for sequences
+    // longer than max_position_embeddings.
+    r.type = RopeType::kDynamic;
+    r.factor = req_positive(params, "factor", ctx, type);
+    r.max_position_embeddings = max_pos;
   } else {
-    LONGCTX_THROW(ErrorCode::kUnsupported,
-                  "{}: unsupported rope type '{}' (supported: default, linear, llama3)", ctx, type);
+    LONGCTX_THROW(ErrorCode::kUnsupported, "{}: unsupported rope type '{}' (supported: {})", ctx,
+                  type, kSupportedRopeTypes);
   }
   LONGCTX_CHECK(r.factor > 0 && std::isfinite(r.factor), ErrorCode::kInvalidArgument,
-                "{}: rope factor must be a positive finite number", ctx);
-  LONGCTX_CHECK(r.theta > 0 && std::isfinite(r.theta), ErrorCode::kInvalidArgument,
-                "{}: rope_theta must be a positive finite number", ctx);
+                "{}: rope factor must be a positive finite number, got {}", ctx, r.factor);
   return r;
 }
 
@@ -232,6 +357,33 @@ int64_t ModelConfig::kv_bytes_per_token(DType kv_dtype) const {
          static_cast<int64_t>(dtype_size(kv_dtype));
 }
 
+const char* rope_type_name(RopeType type) {
+  switch (type) {
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kLlama3:
+      return "llama3";
+    case RopeType::kYarn:
+      return "yarn";
+    case RopeType::kLongrope:
+      return "longrope";
+    case RopeType::kDynamic:
+      return "dynamic";
+  }
+  return "?";
+}
+
+int64_t ModelConfig::max_positions() const {
+  double n = double(max_position_embeddings);
+  if (rope.type == RopeType::kYarn)
+    n = std::max(n, rope.factor * double(rope.original_max_position_embeddings));
+  else if (rope.type == RopeType::kDynamic)
+    n = std::max(n, rope.factor * double(max_position_embeddings));
+  return static_cast<int64_t>(std::min(n, double(kMaxPositions)));
+}
+
 // Every field read below is type-checked; parse_model_config still turns any nlohmann type error
 // that slips through into an Error (found by fuzz_config: a numeric model_type).
 static ModelConfig parse_model_config_unguarded(const json& j, const std::string& src) {
@@ -284,7 +436,7 @@ static ModelConfig parse_model_config_unguarded(const json& j, const std::string
   LONGCTX_CHECK(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), ErrorCode::kInvalidArgument,
                 "{}: field 'rms_norm_eps' must be a positive finite number, got {}", src,
                 c.rms_norm_eps);
-  c.rope = parse_rope(j, src);
+  c.rope = parse_rope(j, src, c.head_dim, c.max_position_embeddings);
   c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings", false, src);
 
   const std::string& a = c.architecture;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -85,9 +86,10 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   lm_head_ = c.tie_word_embeddings ? embed_tokens_
                                    : load.load(rows(w.get("lm_head.weight"), s.vocab0, s.vocab));
   // Rounded like transformers' inv_freq buffer in a model loaded at that dtype (see model.h).
-  std::vector<float> inv = ops::rope_inv_freq_as_transformers(
-      c.rope, c.head_dim, options.rope_inv_freq_dtype.value_or(DType::kF32));
-  Tensor inv_host = Tensor::from_blob(inv.data(), {static_cast<int64_t>(inv.size())}, DType::kF32);
+  rope_ = ops::rope_frequencies_as_transformers(c.rope, c.head_dim,
+                                                options.rope_inv_freq_dtype.value_or(DType::kF32));
+  Tensor inv_host =
+      Tensor::from_blob(rope_.inv_freq.data(), {rope_.tables(), rope_.rotary_dim / 2}, DType::kF32);
   inv_freq_ = inv_host.to(device_);
   load.finish();
 }
@@ -107,6 +109,19 @@ StepInputs DecoderModel::upload_inputs(const ForwardBatch& batch) const {
   in.positions = view(batch.positions.data(), in.num_tokens, DType::kI64);
   in.logits_indices = view(batch.logits_indices.data(),
                            static_cast<int64_t>(batch.logits_indices.size()), DType::kI32);
+  if (rope_.select != ops::RopeSelect::kFixed) {
+    // transformers picks longrope's table / dynamic NTK's base once per forward from
+    // max(position_ids) + 1; a step holds many sequences, so each picks by its own length.
+    Tensor lens = Tensor::empty({in.num_tokens}, DType::kI64);
+    int64_t* l = lens.data<int64_t>();
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+      const int32_t a = batch.qo_indptr[s], b = batch.qo_indptr[s + 1];
+      int64_t len = 0;
+      for (int32_t t = a; t < b; ++t) len = std::max(len, batch.positions[t] + 1);
+      std::fill(l + a, l + b, len);
+    }
+    in.rope_lens = device_.is_cpu() ? lens : lens.to(device_);
+  }
   return in;
 }
 
@@ -153,12 +168,12 @@ Tensor DecoderModel::gated_mlp(const Tensor& x, const LayerWeights& w) const {
 }
 
 void DecoderModel::apply_rope(const Tensor& x, const StepInputs& in) const {
-  ops::rope(x, in.positions, inv_freq_);
+  ops::rope(x, in.positions, ops::rope_args(rope_, inv_freq_, in.rope_lens));
 }
 
 Tensor DecoderModel::forward(const ForwardBatch& batch, AttentionBackend& attention) {
   const ModelConfig& c = config();
-  batch.validate(c.vocab_size, c.max_position_embeddings);
+  batch.validate(c.vocab_size, c.max_positions());
   attention.plan(batch);
   StepInputs in = upload_inputs(batch);
   Tensor logits = Tensor::empty({in.logits_indices.numel(), c.vocab_size}, DType::kF32, device_);

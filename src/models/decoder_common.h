@@ -18,6 +18,7 @@
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 #include "models/tensor_parallel.h"
+#include "ops/rope.h"
 
 namespace longctx::models {
 
@@ -38,6 +39,10 @@ struct StepInputs {
   Tensor input_ids;       // [T] i32
   Tensor positions;       // [T] i64
   Tensor logits_indices;  // [R] i32
+  // [T] i64: the length of each token's sequence at the end of the step (its largest position
+  // in the step + 1), which picks longrope's and dynamic NTK's frequencies; undefined for a
+  // fixed rope, or on the device-only path (decode: position + 1 is that length).
+  Tensor rope_lens;
 };
 
 // What a decoder-only model owns: the checkpoint (its mmaps back every CPU weight), the weights
@@ -116,9 +121,10 @@ class DecoderModel : public Model {
   DType act_dtype_ = DType::kF32;  // activations (CPU f32, CUDA bf16); the residual is f32
   Tensor embed_tokens_;            // [vocab (the rank's rows), hidden]
   std::vector<LayerWeights> layers_;
-  Tensor norm_;      // [hidden]
-  Tensor lm_head_;   // [vocab (the rank's rows), hidden]; embed_tokens_ when tied
-  Tensor inv_freq_;  // [head_dim / 2] f32
+  Tensor norm_;                // [hidden]
+  Tensor lm_head_;             // [vocab (the rank's rows), hidden]; embed_tokens_ when tied
+  ops::RopeFrequencies rope_;  // the host-side rope (rotary dim, scaling, how rows are picked)
+  Tensor inv_freq_;            // [rope_.tables(), rotary_dim / 2] f32 on device_
 };
 
 }  // namespace longctx::models

@@ -77,10 +77,16 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   add_cpu(a, b, out);
 }
 
+void rope(const Tensor& x, const Tensor& positions, const RopeArgs& args) {
+  if (common_device("rope", {&x, &positions, &args.inv_freq, &args.lens}).is_cuda())
+    LONGCTX_CUDA_TWIN("rope", rope_cuda(x, positions, args));
+  rope_cpu(x, positions, args);
+}
+
 void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
-  if (common_device("rope", {&x, &positions, &inv_freq}).is_cuda())
-    LONGCTX_CUDA_TWIN("rope", rope_cuda(x, positions, inv_freq));
-  rope_cpu(x, positions, inv_freq);
+  RopeArgs a;
+  a.inv_freq = inv_freq;
+  rope(x, positions, a);
 }
 
 void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {

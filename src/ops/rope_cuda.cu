@@ -1,8 +1,10 @@
-// CUDA rope: one block per token. Its threads first evaluate cos/sin of the token's half
-// head_dim angles (float(position) * inv_freq[i] in fp32, full-precision sincosf) into shared
-// memory, then rotate every (head, i) pair of the token in place with separately rounded
-// products and sums (__fmul_rn/__fadd_rn: no FMA contraction, as the CPU twin and torch's
-// tensor ops round).
+// CUDA rope: one block per token. Its threads first pick the token's frequencies (a table row,
+// or dynamic NTK's recomputed from the token's sequence length with the CPU twin's arithmetic,
+// rope_math.h), evaluate cos/sin of the token's rotary_dim / 2 angles (float(position) *
+// inv_freq[i] in fp32, full-precision sincosf, times attention_scaling) into shared memory, then
+// rotate every (head, i) pair of the token in place with separately rounded products and sums
+// (__fmul_rn/__fadd_rn: no FMA contraction, as the CPU twin and torch's tensor ops round). Dims
+// past rotary_dim are not touched.
 #include "longctx/core/stream.h"
 #include "kernels/cuda/pdl.cuh"
 #include "ops/ops_device.cuh"
@@ -23,10 +25,21 @@ __global__ void __launch_bounds__(kBlock) rope_kernel(RopeParams p) {
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   const int64_t t = blockIdx.x;
-  const int half = int(p.head_dim / 2);
+  const int half = int(p.rotary_dim / 2);
   const float pos = __ll2float_rn(p.positions[t]);
-  for (int i = threadIdx.x; i < half; i += kBlock)
-    sincosf(__fmul_rn(pos, p.inv_freq[i]), &sin_t[i], &cos_t[i]);
+  const int row = rope_row(p, t);
+  const float* inv = p.inv_freq + (row > 0 ? row : 0) * half;
+  // Dynamic NTK past the switch: every thread derives the token's base (a few scalar ops, in
+  // double where the CPU twin is) rather than staging it through shared memory.
+  const float ntk_base =
+      row < 0 ? rope_math::dynamic_ntk_base(p.ntk, p.lens ? p.lens[t] : p.positions[t] + 1) : 0.f;
+  for (int i = threadIdx.x; i < half; i += kBlock) {
+    const float f = row < 0 ? rope_math::default_inv_freq(ntk_base, i, p.rotary_dim) : inv[i];
+    float s, c;
+    sincosf(__fmul_rn(pos, f), &s, &c);
+    sin_t[i] = __fmul_rn(s, p.attention_scaling);
+    cos_t[i] = __fmul_rn(c, p.attention_scaling);
+  }
   __syncthreads();
   const int64_t pairs = p.heads * half;
   for (int64_t k = threadIdx.x; k < pairs; k += kBlock) {
@@ -42,8 +55,8 @@ __global__ void __launch_bounds__(kBlock) rope_kernel(RopeParams p) {
 
 }  // namespace
 
-void rope_cuda(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
-  const RopeParams p = rope_params(x, positions, inv_freq);
+void rope_cuda(const Tensor& x, const Tensor& positions, const RopeArgs& args) {
+  const RopeParams p = rope_params(x, positions, args);
   LONGCTX_CHECK(p.head_dim <= kMaxHeadDim, ErrorCode::kUnsupported,
                 "rope: head_dim {} above the CUDA kernel's {}", p.head_dim, kMaxHeadDim);
   DeviceGuard guard(p.device.index);
@@ -54,6 +67,12 @@ void rope_cuda(const Tensor& x, const Tensor& positions, const Tensor& inv_freq)
     kernels::cuda::launch_pdl(rope_kernel<decltype(tx)>, dim3(unsigned(p.n)), dim3(kBlock), 0,
                               stream, p);
   });
+}
+
+void rope_cuda(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  RopeArgs a;
+  a.inv_freq = inv_freq;
+  rope_cuda(x, positions, a);
 }
 
 }  // namespace longctx::ops

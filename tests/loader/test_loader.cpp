@@ -144,9 +144,10 @@ TEST_F(BrokenCheckpoint, UnsupportedArchitectureListsSupported) {
 }
 
 TEST_F(BrokenCheckpoint, UnsupportedRopeType) {
-  config_["rope_parameters"]["rope_type"] = "yarn";
+  config_["rope_parameters"]["rope_type"] = "mrope";
   write_config();
-  EXPECT_HAS(load_error(), "unsupported rope type 'yarn'");
+  EXPECT_HAS(load_error(), "unsupported rope type 'mrope'");
+  EXPECT_HAS(load_error(), "supported: default, linear, llama3, yarn, longrope, dynamic");
 }
 
 TEST_F(BrokenCheckpoint, OldStyleRopeScalingAndTorchDtype) {

@@ -51,9 +51,7 @@ void run_info(const ModelOptions& opts) {
   std::string dtypes;
   for (const auto& [d, n] : by_dtype)
     dtypes += fmt::format("{}{} ({} params)", dtypes.empty() ? "" : ", ", d, n);
-  const char* rope = c.rope.type == RopeType::kLlama3   ? "llama3"
-                     : c.rope.type == RopeType::kLinear ? "linear"
-                                                        : "default";
+  const char* rope = rope_type_name(c.rope.type);
   const int64_t kv_tok = c.kv_bytes_per_token(DType::kBF16);
   std::printf("model:              %s\n", ck ? ck->dir.c_str() : ("dummy:" + opts.preset).c_str());
   std::printf("architecture:       %s\n", c.architecture.c_str());
@@ -64,7 +62,13 @@ void run_info(const ModelOptions& opts) {
               (long long)c.num_key_value_heads, (long long)c.head_dim);
   std::printf("vocab:              %lld%s\n", (long long)c.vocab_size,
               c.tie_word_embeddings ? " (tied embeddings)" : "");
-  std::printf("rope:               %s, theta %g, factor %g\n", rope, c.rope.theta, c.rope.factor);
+  std::printf("rope:               %s, theta %g, factor %g", rope, c.rope.theta, c.rope.factor);
+  if (c.rope.type == RopeType::kLlama3 || c.rope.type == RopeType::kYarn ||
+      c.rope.type == RopeType::kLongrope)
+    std::printf(", original context %lld", (long long)c.rope.original_max_position_embeddings);
+  if (c.rope.partial_rotary_factor != 1.0)
+    std::printf(", partial rotary %g", c.rope.partial_rotary_factor);
+  std::printf("\n");
   std::printf("parameters:         %lld (%.3f B)\n", (long long)params, params / 1e9);
   std::printf("dtypes:             %s\n", dtypes.c_str());
   std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
@@ -74,8 +78,8 @@ void run_info(const ModelOptions& opts) {
   for (const std::string& g : groups.describe()) std::printf("KV %s\n", g.c_str());
   // Per sequence, each group as it keeps tokens (a sliding group only its window).
   std::printf("max context:        %lld tokens (KV at max context: %s)\n",
-              (long long)c.max_position_embeddings,
-              human_bytes(double(groups.bytes_per_seq(c.max_position_embeddings))).c_str());
+              (long long)c.max_positions(),
+              human_bytes(double(groups.bytes_per_seq(c.max_positions()))).c_str());
   for (int64_t n : {32768LL, 131072LL, 1048576LL})
     std::printf("KV at %7lld tok:   %s\n", (long long)n,
                 human_bytes(double(groups.bytes_per_seq(n))).c_str());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -12,16 +13,43 @@
 
 namespace longctx {
 
-enum class RopeType { kDefault, kLinear, kLlama3 };
+// The rope initializers of transformers' modeling_rope_utils (ROPE_INIT_FUNCTIONS) longctx runs.
+enum class RopeType { kDefault, kLinear, kLlama3, kYarn, kLongrope, kDynamic };
 
+// "default", "linear", "llama3", "yarn", "longrope", "dynamic": transformers' rope_type.
+const char* rope_type_name(RopeType type);
+
+// A config's rope parameters as transformers reads them (rope_parameters / rope_scaling plus the
+// top-level fields it consults); ops::rope_frequencies() turns them into frequencies.
 struct RopeConfig {
   RopeType type = RopeType::kDefault;
   double theta = 10000.0;
-  double factor = 1.0;  // linear and llama3
+  // linear, llama3, yarn (the explicit `factor`), dynamic; longrope: max_position_embeddings /
+  // original_max_position_embeddings, as transformers derives it for the attention factor.
+  double factor = 1.0;
   // llama3 only
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
+  // llama3, yarn (its correction range), longrope (the short/long switch point)
   int64_t original_max_position_embeddings = 8192;
+  // Each head rotates its first int(head_dim * partial_rotary_factor) dims (Phi-3/Phi-4-mini,
+  // GLM, Qwen3-Next); the rest pass through. From the top-level config or the rope parameters.
+  double partial_rotary_factor = 1.0;
+  // yarn: the correction range's rotation counts, the mscale pair (0: absent, as transformers
+  // tests them for truth), whether the range is rounded outwards to whole dims.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  bool truncate = true;
+  // yarn and longrope: the config's attention_factor (multiplies cos and sin); NaN when absent
+  // (then derived from factor).
+  double attention_factor = std::numeric_limits<double>::quiet_NaN();
+  // longrope: per-frequency divisors [rotary_dim / 2] for sequences up to / past
+  // original_max_position_embeddings.
+  std::vector<double> short_factor, long_factor;
+  // dynamic: the config's max_position_embeddings, past which the base is recomputed.
+  int64_t max_position_embeddings = 0;
 };
 
 // How a layer attends (config.json `layer_types`, or what the architecture's config implies).
@@ -78,6 +106,11 @@ struct ModelConfig {
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
   // Bytes of K and V for one token across all layers in `kv_dtype`.
   int64_t kv_bytes_per_token(DType kv_dtype) const;
+  // The positions a sequence may reach: max_position_embeddings, extended as vLLM derives the
+  // context of rope scaling made to extend it (yarn: factor x original_max_position_embeddings,
+  // Qwen's recipe leaving max_position_embeddings at the native length; dynamic: factor x
+  // max_position_embeddings).
+  int64_t max_positions() const;
 };
 
 // Parses and validates a config.json object; `source` names it in errors (a path). Throws

@@ -32,7 +32,9 @@ class Model {
   // validated and attention.plan()ned already, and its input_ids [T] i32, positions [T] i64 and
   // logits_indices [R] i32 are on device(). Writes f32 logits [R, vocab] into `logits`. Only
   // launches work on the current stream and allocates from the device pool: no host sync, no
-  // host-to-device copy, so it can be captured.
+  // host-to-device copy, so it can be captured. Rope that depends on a sequence's length
+  // (longrope, dynamic NTK) takes each token's position + 1 as that length here, which is exact
+  // for the decode batches (one token per sequence) the graphs run.
   virtual void forward_on_device(const Tensor& input_ids, const Tensor& positions,
                                  const Tensor& logits_indices, AttentionBackend& attention,
                                  const Tensor& logits) = 0;
