@@ -22,6 +22,7 @@
 #include "longctx/core/device.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
+#include "longctx/kernels/kernel_tuning.h"
 #include "longctx/models/build_options.h"
 
 namespace longctx {
