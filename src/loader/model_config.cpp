@@ -191,7 +191,7 @@ RopeConfig parse_rope(const json& j, const std::string& src, int64_t head_dim, i
     // (Qwen's recipe keeps max_position_embeddings 40960 with factor 4 over 32768): transformers
     // warns there and uses the explicit factor, as vLLM does. (Some 4.5x releases took the
     // ratio instead; tests/data/make_rope_fixtures.py records transformers' own value for that
-    // config in rope_reference.json, checked by RopeReference.FrequenciesMatchTransformers.)
+    // config in rope_reference.json, not yet made on a machine with transformers.)
     r.type = RopeType::kYarn;
     r.factor = req_positive(params, "factor", ctx, type);
     r.original_max_position_embeddings =

@@ -32,7 +32,7 @@ is the one longctx's CPU reference mirrors.
 Usage (on the GPU machine, from the repository root):
   python3 tests/data/make_rope_fixtures.py --out /tmp/rope-fixtures
   cp -r /tmp/rope-fixtures/* tests/data/fixtures/
-Then tests/ops (RopeReference.*) and tests/models (RopeFixtures.*) pick them up.
+Then add the tests that read them (tests/data/fixtures/README.md, "RoPE variants").
 """
 
 import argparse
