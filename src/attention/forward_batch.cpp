@@ -6,8 +6,8 @@
 
 namespace longctx {
 
-void ForwardBatch::add_sequence(uint64_t seq_id, const int32_t* ids, int64_t n,
-                                int64_t num_cached, bool want_logits) {
+void ForwardBatch::add_sequence(uint64_t seq_id, const int32_t* ids, int64_t n, int64_t num_cached,
+                                bool want_logits) {
   LONGCTX_CHECK(n > 0 && num_cached >= 0, ErrorCode::kInvalidArgument,
                 "ForwardBatch: sequence {} with {} new tokens after {}", seq_id, n, num_cached);
   LONGCTX_CHECK(num_cached + n <= std::numeric_limits<int32_t>::max() &&
@@ -29,11 +29,10 @@ void ForwardBatch::validate(int64_t vocab_size, int64_t max_positions) const {
   LONGCTX_CHECK(t > 0, ErrorCode::kInvalidArgument, "forward: no input tokens");
   LONGCTX_CHECK(static_cast<int64_t>(positions.size()) == t, ErrorCode::kInvalidArgument,
                 "forward: {} ids but {} positions", t, positions.size());
-  LONGCTX_CHECK(static_cast<int64_t>(qo_indptr.size()) == s + 1 && qo_indptr[0] == 0 &&
-                    qo_indptr[s] == t,
-                ErrorCode::kInvalidArgument,
-                "forward: qo_indptr must have {} entries from 0 to {} (has {})", s + 1, t,
-                qo_indptr.size());
+  LONGCTX_CHECK(
+      static_cast<int64_t>(qo_indptr.size()) == s + 1 && qo_indptr[0] == 0 && qo_indptr[s] == t,
+      ErrorCode::kInvalidArgument, "forward: qo_indptr must have {} entries from 0 to {} (has {})",
+      s + 1, t, qo_indptr.size());
   LONGCTX_CHECK(seq_ids.empty() || static_cast<int64_t>(seq_ids.size()) == s,
                 ErrorCode::kInvalidArgument, "forward: {} sequence ids for {} sequences",
                 seq_ids.size(), s);
@@ -49,8 +48,8 @@ void ForwardBatch::validate(int64_t vocab_size, int64_t max_positions) const {
   }
   for (int64_t i = 0; i < t; ++i) {
     LONGCTX_CHECK(input_ids[i] >= 0 && input_ids[i] < vocab_size, ErrorCode::kOutOfRange,
-                  "forward: token id {} at row {} is outside the vocabulary [0, {})",
-                  input_ids[i], i, vocab_size);
+                  "forward: token id {} at row {} is outside the vocabulary [0, {})", input_ids[i],
+                  i, vocab_size);
     LONGCTX_CHECK(positions[i] >= 0 && (max_positions <= 0 || positions[i] < max_positions),
                   ErrorCode::kOutOfRange,
                   "forward: position {} at row {} is outside [0, {}) (max_position_embeddings)",
@@ -58,11 +57,10 @@ void ForwardBatch::validate(int64_t vocab_size, int64_t max_positions) const {
   }
   for (size_t r = 0; r < logits_indices.size(); ++r) {
     LONGCTX_CHECK(logits_indices[r] >= 0 && logits_indices[r] < t, ErrorCode::kInvalidArgument,
-                  "forward: logits row {} is outside the batch's {} tokens", logits_indices[r],
-                  t);
-    LONGCTX_CHECK(r == 0 || logits_indices[r] > logits_indices[r - 1],
-                  ErrorCode::kInvalidArgument, "forward: logits rows must ascend ({} after {})",
-                  logits_indices[r], logits_indices[r - 1]);
+                  "forward: logits row {} is outside the batch's {} tokens", logits_indices[r], t);
+    LONGCTX_CHECK(r == 0 || logits_indices[r] > logits_indices[r - 1], ErrorCode::kInvalidArgument,
+                  "forward: logits rows must ascend ({} after {})", logits_indices[r],
+                  logits_indices[r - 1]);
   }
 }
 

@@ -39,8 +39,8 @@
 #include <vector>
 
 #include "kv/paged_kv_pool.h"
-#include "longctx/core/tensor.h"
 #include "longctx/attention/forward_batch.h"
+#include "longctx/core/tensor.h"
 
 namespace longctx {
 

@@ -4,9 +4,9 @@
 
 #include "attention/backends/cpu_paged_backend.h"
 #include "attention/backends/offload_backend.h"
+#include "attention/sparse/sparse_policy.h"
 #include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
-#include "attention/sparse/sparse_policy.h"
 #include "longctx/attention/kv_groups.h"
 #include "longctx/core/error.h"
 #include "longctx/models/model.h"

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <span>
 
-#include "longctx/engine/executor.h"
 #include "longctx/attention/forward_batch.h"
+#include "longctx/engine/executor.h"
 
 namespace longctx {
 

@@ -5,8 +5,8 @@
 // rotate every (head, i) pair of the token in place with separately rounded products and sums
 // (__fmul_rn/__fadd_rn: no FMA contraction, as the CPU twin and torch's tensor ops round). Dims
 // past rotary_dim are not touched.
-#include "longctx/core/stream.h"
 #include "kernels/cuda/pdl.cuh"
+#include "longctx/core/stream.h"
 #include "ops/ops_device.cuh"
 #include "ops/rope.h"
 

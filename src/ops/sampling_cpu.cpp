@@ -1,4 +1,5 @@
 #include "kernels/cpu/sampling_cpu.h"
+
 #include "ops/sampling.h"
 
 namespace longctx::ops {

@@ -1,5 +1,6 @@
 // The CPU references of Quest's GPU kernels (kernels/cpu/quest_cpu.h) against the CPU engine's
-// QuestPolicy (attention/sparse), which tests/attention/test_sparse_policy.cpp checks against brute force:
+// QuestPolicy (attention/sparse), which tests/attention/test_sparse_policy.cpp checks against brute
+// force:
 //   - quest_count (how many pages a sequence reads, the forced ranges) equals a direct count;
 //   - metadata by quest_meta_update, then quest_select, give QuestPolicy's lists exactly, per KV
 //     head and head-averaged, with pages equal to the blocks and with pages smaller than the

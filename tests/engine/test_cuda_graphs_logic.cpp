@@ -140,7 +140,8 @@ TEST(DecodeGraphModel, ForwardOnDeviceEqualsForward) {
     b.logits_indices = {2, 5};
     return b;
   };
-  auto cache_a = std::make_unique<KVCache>(model->config(), 16), cache_b = std::make_unique<KVCache>(model->config(), 16);
+  auto cache_a = std::make_unique<KVCache>(model->config(), 16),
+       cache_b = std::make_unique<KVCache>(model->config(), 16);
   CpuAttentionBackend a({cache_a.get()}, model->attention_scale());
   Tensor want = model->forward(batch(), a);
   CpuAttentionBackend b({cache_b.get()}, model->attention_scale());

@@ -15,10 +15,10 @@
 #include <map>
 #include <random>
 
+#include "attention/backends/offload_planner.h"
 #include "common/test_data.h"
 #include "engine/engine_core.h"
 #include "engine/engine_test_util.h"
-#include "attention/backends/offload_planner.h"
 #include "longctx/core/error.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
@@ -284,7 +284,8 @@ TEST(OffloadPlanner, EvictedPartialBlockIsWrittenBackAndReloaded) {
 std::vector<RequestOutput> run_model(const std::vector<std::vector<int32_t>>& prompts,
                                      const CpuExecutorOptions& x, int64_t batched, int64_t max_seqs,
                                      bool caching) {
-  EngineCore core(make_cpu_executor(tiny_model(), x), nullptr, core_options(batched, max_seqs, caching));
+  EngineCore core(make_cpu_executor(tiny_model(), x), nullptr,
+                  core_options(batched, max_seqs, caching));
   SamplingParams sp = greedy(10);
   sp.logprobs = 2;
   for (size_t i = 0; i < prompts.size(); ++i) core.add_request(i, prompts[i], sp, 0);

@@ -128,7 +128,8 @@ TEST(NeedleModel, GreedyTokensMatchTransformers) {
   auto model = load_needle_model(/*bf16_rope=*/false);
   NeedleReference ref = load_reference();
   const int64_t len = static_cast<int64_t>(ref.input_ids.size());
-  auto cache = std::make_unique<KVCache>(model->config(), len + int64_t(ref.greedy_new_tokens.size()));
+  auto cache =
+      std::make_unique<KVCache>(model->config(), len + int64_t(ref.greedy_new_tokens.size()));
   Tensor logits = reference_forward(*model, ref.input_ids, iota_positions(0, len), *cache, true);
   for (size_t step = 0; step < ref.greedy_new_tokens.size(); ++step) {
     // Past a near tie, transformers and we may legitimately diverge: stop comparing there.

@@ -117,7 +117,8 @@ TEST(RopeModels, MixedBatchEqualsOneAtATime) {
     for (size_t s = 0; s < shapes.size(); ++s) {
       const auto [cached, n] = shapes[s];
       std::span<const int32_t> news(ids[s].data() + cached, n);
-      Tensor alone = reference_forward(*model, news, iota_positions(cached, n), *alone_caches[s], true);
+      Tensor alone =
+          reference_forward(*model, news, iota_positions(cached, n), *alone_caches[s], true);
       EXPECT_LE(max_abs_diff(alone.data<float>(), together.data<float>() + s * vocab, vocab), 1e-4)
           << "sequence " << s;
     }

@@ -91,8 +91,8 @@ Logits run(Model& model, const std::vector<int32_t>& ids) {
   l.prefill = reference_forward(model, ids, pos, *cache);
   const int32_t next = 5;
   const int64_t p = static_cast<int64_t>(ids.size());
-  l.decode =
-      reference_forward(model, std::span<const int32_t>(&next, 1), std::span<const int64_t>(&p, 1), *cache);
+  l.decode = reference_forward(model, std::span<const int32_t>(&next, 1),
+                               std::span<const int64_t>(&p, 1), *cache);
   return l;
 }
 

@@ -1,10 +1,10 @@
 // longctx chat: an interactive multi-turn conversation through the model's chat template. Reads
 // one user message per stdin line; "/exit" or end of input ends it. Replies stream to stdout.
 #include <unistd.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "command.h"

@@ -106,7 +106,8 @@ void run(const Options& o) {
 CommandRegistration reg("forward", [](CLI::App& app) {
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
-      "forward", "Run token ids through the model (GPU or CPU reference); write f32 logits as .npy");
+      "forward",
+      "Run token ids through the model (GPU or CPU reference); write f32 logits as .npy");
   o->model.add_to(cmd);
   cmd->add_option("--ids", o->ids, "token ids, e.g. 1,2,3");
   cmd->add_option("--ids-file", o->ids_file,

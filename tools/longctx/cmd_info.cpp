@@ -100,8 +100,9 @@ void run_info(const ModelOptions& opts) {
       std::printf("GPU memory plan:    does not fit: %s\n", e.what());
     }
   } else {
-    std::printf("GPU memory plan:    none (running on the CPU; give --gpu-memory-limit to plan "
-                "for a GPU)\n");
+    std::printf(
+        "GPU memory plan:    none (running on the CPU; give --gpu-memory-limit to plan "
+        "for a GPU)\n");
   }
 }
 

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "longctx/attention/sparse_options.h"
 #include "longctx/core/tensor.h"
 #include "longctx/engine/executor.h"
-#include "longctx/attention/sparse_options.h"
 #include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx {

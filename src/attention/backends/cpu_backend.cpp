@@ -37,11 +37,11 @@ void CpuAttentionBackend::plan(const ForwardBatch& batch) {
   // Slots past length() are free, so writing the new tokens' positions appends nothing yet.
   for (int64_t s = 0; s < num_seqs; ++s) {
     const Segment& g = segments_[s];
-    std::memcpy(caches_[s]->positions().data<int64_t>() + g.start,
-                batch.positions.data() + g.begin, g.n * sizeof(int64_t));
+    std::memcpy(caches_[s]->positions().data<int64_t>() + g.start, batch.positions.data() + g.begin,
+                g.n * sizeof(int64_t));
   }
-  positions_ = Tensor::from_blob(const_cast<int64_t*>(batch.positions.data()),
-                                 {batch.num_tokens()}, DType::kI64);
+  positions_ = Tensor::from_blob(const_cast<int64_t*>(batch.positions.data()), {batch.num_tokens()},
+                                 DType::kI64);
   planned_ = true;
 }
 

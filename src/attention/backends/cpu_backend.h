@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "longctx/attention/kv_cache.h"
 #include "longctx/attention/forward_batch.h"
+#include "longctx/attention/kv_cache.h"
 
 namespace longctx {
 

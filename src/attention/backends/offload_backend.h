@@ -20,8 +20,8 @@
 #include <span>
 #include <vector>
 
-#include "attention/backends/paged_backend.h"
 #include "attention/backends/offload_planner.h"
+#include "attention/backends/paged_backend.h"
 #include "longctx/attention/forward_batch.h"
 #include "longctx/attention/sparse_options.h"
 #include "longctx/core/tensor.h"

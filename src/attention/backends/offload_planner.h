@@ -24,8 +24,8 @@
 #include <span>
 #include <vector>
 
-#include "longctx/kv/block_copy.h"
 #include "longctx/attention/forward_batch.h"
+#include "longctx/kv/block_copy.h"
 
 namespace longctx {
 

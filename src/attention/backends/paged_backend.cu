@@ -296,7 +296,7 @@ class PagedAttentionBackend final : public AttentionBackend {
   std::optional<PagedDispatcher> dispatch_;  // the kernel of each step, its plan and launch
   Event done_;                               // recorded after the staging copy
   bool sparse_decode_ = false;  // this step is the decode policy's (selected pages only)
-  PagedCallPlan call_;                       // this step's kernel and plan (unless sparse_decode_)
+  PagedCallPlan call_;          // this step's kernel and plan (unless sparse_decode_)
   PagedPrefillParams params_;
   std::vector<void*> captured_decode_;  // cudaGraphNode_t of decode launches under capture
   std::unique_ptr<sparse::SparsePolicyCuda> sparse_;  // the policy's twin (none under full)

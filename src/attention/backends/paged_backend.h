@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "kv/paged_kv_pool.h"
+#include "longctx/attention/forward_batch.h"
 #include "longctx/attention/sparse_options.h"
 #include "longctx/kernels/kernel_tuning.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

@@ -25,10 +25,10 @@
 #include "attention/sparse/sparse_policy_cuda.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/quest_params.h"
+#include "longctx/attention/forward_batch.h"
 #include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

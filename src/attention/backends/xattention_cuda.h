@@ -19,9 +19,9 @@
 #include "attention/sparse/sparse_policy_cuda.h"
 #include "kernels/attention_params.h"
 #include "kernels/cuda/xattention.h"
+#include "longctx/attention/forward_batch.h"
 #include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
-#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

@@ -26,9 +26,9 @@
 
 #include "attention/backends/xattention_cuda.h"
 #include "kernels/cuda/prefill.h"
+#include "longctx/attention/forward_batch.h"
 #include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
-#include "longctx/attention/forward_batch.h"
 
 namespace longctx {
 

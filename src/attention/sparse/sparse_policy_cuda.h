@@ -20,11 +20,11 @@
 #include "attention/backends/paged_backend.h"
 #include "attention/sparse/sparse_policy.h"
 #include "kernels/attention_params.h"
-#include "longctx/kernels/kernel_tuning.h"
+#include "longctx/attention/forward_batch.h"
 #include "longctx/core/device.h"
 #include "longctx/core/dtype.h"
+#include "longctx/kernels/kernel_tuning.h"
 #include "longctx/kv/block_copy.h"
-#include "longctx/attention/forward_batch.h"
 
 namespace longctx::sparse {
 

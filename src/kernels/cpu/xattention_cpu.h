@@ -1,7 +1,7 @@
 // CPU references of XAttention's estimate and selection (kernels/xattention_params.h): what the
 // CUDA kernels (kernels/cuda/xattention.h) are tested against and what the CPU engine's policy
-// runs (attention/sparse/xattention.cpp). fp32 dot products on bf16 / f16 / f32 storage, the masses in
-// double.
+// runs (attention/sparse/xattention.cpp). fp32 dot products on bf16 / f16 / f32 storage, the masses
+// in double.
 #pragma once
 
 #include <vector>
