@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -70,6 +72,19 @@ inline Tensor full_forward(Model& model, const std::vector<int32_t>& ids) {
   auto cache = std::make_unique<KVCache>(model.config(), static_cast<int64_t>(ids.size()));
   std::vector<int64_t> pos = iota_positions(0, static_cast<int64_t>(ids.size()));
   return reference_forward(model, ids, pos, *cache);
+}
+
+// n deterministic token ids below `vocab` (different `salt`s give different sequences).
+inline std::vector<int32_t> make_ids(int64_t n, int64_t salt, int64_t vocab) {
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 37 + salt * 101) % vocab);
+  return ids;
+}
+
+inline double max_abs_diff(const float* a, const float* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+  return m;
 }
 
 inline int32_t argmax_row(const Tensor& logits, int64_t row) {

@@ -15,18 +15,6 @@
 namespace longctx::testing {
 namespace {
 
-std::vector<int32_t> make_ids(int64_t n, int64_t salt) {
-  std::vector<int32_t> ids(n);
-  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 37 + salt * 101) % 1000);
-  return ids;
-}
-
-double max_abs_diff(const float* a, const float* b, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
-  return m;
-}
-
 class ForwardBatchCpu : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ForwardBatchCpu, MixedLengthsEqualOneAtATime) {
@@ -38,7 +26,7 @@ TEST_P(ForwardBatchCpu, MixedLengthsEqualOneAtATime) {
   std::vector<std::unique_ptr<KVCache>> caches, alone_caches;
   for (size_t s = 0; s < shapes.size(); ++s) {
     const auto [cached, n] = shapes[s];
-    ids.push_back(make_ids(cached + n, s));
+    ids.push_back(make_ids(cached + n, s, 1000));
     caches.push_back(std::make_unique<KVCache>(model->config(), cached + n));
     alone_caches.push_back(std::make_unique<KVCache>(model->config(), cached + n));
     if (cached > 0) {  // fill the prefix in both caches

@@ -57,18 +57,6 @@ RopeConfig yarn() {
   return r;
 }
 
-std::vector<int32_t> make_ids(int64_t n, int64_t salt) {
-  std::vector<int32_t> ids(n);
-  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 37 + salt * 101) % 500);
-  return ids;
-}
-
-double max_abs_diff(const float* a, const float* b, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
-  return m;
-}
-
 struct Variant {
   const char* name;
   RopeConfig rope;
@@ -95,7 +83,7 @@ TEST(RopeModels, MixedBatchEqualsOneAtATime) {
     std::vector<std::unique_ptr<KVCache>> caches, alone_caches;
     for (size_t s = 0; s < shapes.size(); ++s) {
       const auto [cached, n] = shapes[s];
-      ids.push_back(make_ids(cached + n, s));
+      ids.push_back(make_ids(cached + n, s, 500));
       caches.push_back(std::make_unique<KVCache>(model->config(), cached + n));
       alone_caches.push_back(std::make_unique<KVCache>(model->config(), cached + n));
       if (cached > 0) {
@@ -130,7 +118,7 @@ TEST(RopeModels, ChoiceFollowsTheStepsLength) {
     SCOPED_TRACE(v.name);
     auto model = tiny_model(v.rope);
     const int64_t vocab = model->config().vocab_size, n = 30, head = 10;
-    std::vector<int32_t> ids = make_ids(n, 3);
+    std::vector<int32_t> ids = make_ids(n, 3, 500);
     auto one_cache = std::make_unique<KVCache>(model->config(), n);
     Tensor one = reference_forward(*model, ids, iota_positions(0, n), *one_cache, true);
     auto inc_cache = std::make_unique<KVCache>(model->config(), n);
@@ -159,7 +147,7 @@ TEST(RopeModels, PositionsPastTheNativeContext) {
   EXPECT_EQ(c.max_positions(), 64);
   auto model = create_model(std::make_shared<Checkpoint>(make_dummy_checkpoint(c, 12)));
   auto cache = std::make_unique<KVCache>(model->config(), 70);
-  std::vector<int32_t> ids = make_ids(64, 1);
+  std::vector<int32_t> ids = make_ids(64, 1, 500);
   EXPECT_NO_THROW(reference_forward(*model, ids, iota_positions(0, 64), *cache, true));
   std::vector<int32_t> one = {1};
   std::vector<int64_t> pos = {64};
