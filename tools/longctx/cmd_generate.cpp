@@ -1,6 +1,7 @@
 // longctx generate: one prompt (text, chat message or token ids) streamed to stdout with a
 // summary line on stderr; several prompts (repeat --prompt or --ids) run as one batch with a
 // progress bar on stderr, each output printed when all are done.
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -14,6 +15,7 @@ namespace {
 struct Options {
   GenerateOptions gen;
   std::vector<std::string> prompts;
+  std::vector<std::string> prompt_files;  // "-": standard input
   std::vector<std::string> ids;
   bool chat = false;
   bool no_summary = false;
@@ -31,8 +33,20 @@ void print_output(const LLM& llm, const RequestOutput& out) {
 }
 
 void run(Options& o) {
-  LONGCTX_CHECK(o.prompts.empty() != o.ids.empty(), ErrorCode::kInvalidArgument,
-                "give --prompt TEXT or --ids 1,2,3 (not both)");
+  LONGCTX_CHECK((o.prompts.empty() && o.prompt_files.empty()) != o.ids.empty(),
+                ErrorCode::kInvalidArgument,
+                "give --prompt TEXT, --prompt-file PATH (- for standard input) or --ids 1,2,3");
+  LONGCTX_CHECK(std::count(o.prompt_files.begin(), o.prompt_files.end(), "-") <= 1,
+                ErrorCode::kInvalidArgument, "--prompt-file -: standard input can be read once");
+  // An empty prompt is most often a failed $(...) substitution; generating from BOS alone would
+  // print text and exit 0 as if it had worked.
+  for (const std::string& text : o.prompts)
+    LONGCTX_CHECK(!text.empty(), ErrorCode::kInvalidArgument, "--prompt: the prompt is empty");
+  for (const std::string& path : o.prompt_files) {
+    o.prompts.push_back(read_prompt_file(path));
+    LONGCTX_CHECK(!o.prompts.back().empty(), ErrorCode::kInvalidArgument,
+                  "--prompt-file {}: the prompt is empty", path);
+  }
   auto llm = make_llm(o.gen);
   std::vector<Prompt> prompts;
   for (const auto& text : o.prompts) {
@@ -72,6 +86,10 @@ CommandRegistration reg("generate", [](CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate text (one prompt streams to stdout)");
   add_engine_options(*cmd, o->gen);
   cmd->add_option("--prompt,-p", o->prompts, "prompt text (repeat for a batch)")
+      ->allow_extra_args(false);
+  cmd->add_option("--prompt-file,-f", o->prompt_files,
+                  "read a prompt from a file, - for standard input (repeat for a batch; for "
+                  "prompts past the shell's argument limit)")
       ->allow_extra_args(false);
   cmd->add_option("--ids", o->ids, "prompt token ids, comma separated (repeat for a batch)")
       ->allow_extra_args(false);

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <array>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "longctx/core/error.h"
 #include "longctx/core/logging.h"
@@ -79,6 +82,20 @@ std::string summary_line(const RequestOutput& out) {
       "decode {:.1f} tok/s",
       m.num_prompt_tokens, m.num_generated_tokens, reason, m.ttft() * 1e3, m.prefill_tokens_per_s(),
       m.decode_tokens_per_s());
+}
+
+std::string read_prompt_file(const std::string& path) {
+  std::FILE* f = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
+  LONGCTX_CHECK(f != nullptr, ErrorCode::kNotFound, "--prompt-file {}: cannot open ({})", path,
+                std::strerror(errno));
+  std::string text;
+  std::array<char, 1 << 16> buf{};
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) text.append(buf.data(), n);
+  const bool failed = std::ferror(f) != 0;
+  if (f != stdin) std::fclose(f);
+  LONGCTX_CHECK(!failed, ErrorCode::kIo, "--prompt-file {}: read error", path);
+  return text;
 }
 
 std::vector<int32_t> parse_ids(const std::string& text) {

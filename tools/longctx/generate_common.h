@@ -33,6 +33,10 @@ RequestOutput stream_one(LLM& llm, const Prompt& prompt, const SamplingParams& s
 // "12 prompt + 34 generated tokens, finish: length; TTFT 5.1 ms, prefill 2345 tok/s, ..."
 std::string summary_line(const RequestOutput& out);
 
+// The whole text of PATH, or of standard input for "-" (prompts past the argument-list limit);
+// throws Error naming a file that cannot be read.
+std::string read_prompt_file(const std::string& path);
+
 // "1,2, 3" -> {1, 2, 3}; throws Error naming the bad item.
 std::vector<int32_t> parse_ids(const std::string& text);
 

@@ -234,25 +234,9 @@ class Haystacks:
 
     def __init__(self, tok: ByteLevelBPE, essays_path: str):
         self.tok = tok
-        with open(essays_path, encoding="utf-8") as f:
-            text = sanitize(json.load(f)["text"])
-        text = re.sub(r"\s+", " ", text).strip()
-        # Split after sentence punctuation; every sentence but the first starts with one space.
-        sentences = re.split(r"(?<=[.!?])(?= [A-Z\"'(])", text)
-        # Every piece starts with a space, the corpus' first sentence too, so a needle or a
-        # question can precede any of them.
-        sentences = [s if s.startswith(" ") else " " + s for s in sentences if s.strip()]
-        self.essay = [Piece(s, tok.encode(s)) for s in sentences]
-        self.essay_cum = [0]
-        for p in self.essay:
-            self.essay_cum.append(self.essay_cum[-1] + len(p.ids))
+        self.essays_path = essays_path
         # Every noise line starts with its newline (the context's first loses it in _join_head).
         self.noise_line = Piece("\n" + NOISE_LINE, tok.encode("\n" + NOISE_LINE))
-        # Lower-case words of 4-10 letters that occur at least 3 times (sorted: a fixed list).
-        counts = Counter(re.findall(r"(?<![A-Za-z'-])[a-z]{4,10}(?![A-Za-z'-])", text))
-        template_words = {"special", "magic", "number", "numbers", "word", "words", "uuid"}
-        self.wide_words = sorted(w for w, c in counts.items()
-                                 if c >= 3 and w not in template_words)
         slots = {"R": PROSE_NAMES, "N": PROSE_NOUNS, "P": PROSE_PLACES, "A": PROSE_ADJECTIVES,
                  "A_cap": [w.capitalize() for w in PROSE_ADJECTIVES], "V": PROSE_VERBS,
                  "D": PROSE_ADVERBS, "T": PROSE_TIMES,
@@ -260,6 +244,47 @@ class Haystacks:
         # Each sentence template as [literal, slot, literal, slot, ..., literal].
         self.prose_slots = slots
         self.prose_templates = [re.split(r"\{(\w+)\}", t) for t in PROSE_SENTENCES]
+        self._essays = None
+
+    def _essay_state(self):
+        """The essay sentences, their prefix sums and the "wide" key words, read on first use:
+        the noise and held-out haystacks need no essay file (a fresh clone has none)."""
+        if self._essays is not None:
+            return self._essays
+        if not os.path.exists(self.essays_path):
+            raise FileNotFoundError(
+                f"the essay haystack needs Paul Graham's essays as JSON ({{'text': ...}}) at "
+                f"'{self.essays_path}' (--essays PATH); --haystack noise or heldout needs no file")
+        with open(self.essays_path, encoding="utf-8") as f:
+            text = sanitize(json.load(f)["text"])
+        text = re.sub(r"\s+", " ", text).strip()
+        # Split after sentence punctuation; every sentence but the first starts with one space.
+        sentences = re.split(r"(?<=[.!?])(?= [A-Z\"'(])", text)
+        # Every piece starts with a space, the corpus' first sentence too, so a needle or a
+        # question can precede any of them.
+        sentences = [s if s.startswith(" ") else " " + s for s in sentences if s.strip()]
+        essay = [Piece(s, self.tok.encode(s)) for s in sentences]
+        essay_cum = [0]
+        for p in essay:
+            essay_cum.append(essay_cum[-1] + len(p.ids))
+        # Lower-case words of 4-10 letters that occur at least 3 times (sorted: a fixed list).
+        counts = Counter(re.findall(r"(?<![A-Za-z'-])[a-z]{4,10}(?![A-Za-z'-])", text))
+        template_words = {"special", "magic", "number", "numbers", "word", "words", "uuid"}
+        wide_words = sorted(w for w, c in counts.items() if c >= 3 and w not in template_words)
+        self._essays = (essay, essay_cum, wide_words)
+        return self._essays
+
+    @property
+    def essay(self) -> list:
+        return self._essay_state()[0]
+
+    @property
+    def essay_cum(self) -> list:
+        return self._essay_state()[1]
+
+    @property
+    def wide_words(self) -> list:
+        return self._essay_state()[2]
 
     def essay_pieces(self, rng: random.Random, budget: int) -> list:
         """Consecutive essay sentences from a random start, at most `budget` tokens."""
