@@ -28,7 +28,7 @@ bash -c "$cmd" >"$work/out" 2>"$work/err" || fail "the README's command failed" 
 seconds=$(($(date +%s) - start))
 expected=$(sed -n "s/^expected answer: '\(.*\)' (.*/\1/p" "$work/err")
 [ -n "$expected" ] || fail "the generator printed no expected answer" "$work/err"
-got=$(head -n 1 "$work/out")
+got=$(tail -n 1 "$work/out")  # after the build's progress lines
 [ "$got" = "$expected" ] || fail "printed '$got', expected '$expected'" "$work/out"
 echo "quick start in a fresh clone: printed '$got' as expected (${seconds} s, build included)"
 

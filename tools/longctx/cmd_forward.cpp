@@ -108,7 +108,7 @@ CommandRegistration reg("forward", [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "forward",
       "Run token ids through the model (GPU or CPU reference); write f32 logits as .npy");
-  o->model.add_to(cmd);
+  o->model.add_to(cmd, kModelFlags | kEngineFlags | kOffloadFlags | kTuningFlags);
   cmd->add_option("--ids", o->ids, "token ids, e.g. 1,2,3");
   cmd->add_option("--ids-file", o->ids_file,
                   "file of token ids: comma/whitespace separated, or a JSON array");

@@ -109,7 +109,7 @@ void run_info(const ModelOptions& opts) {
 CommandRegistration reg("info", [](CLI::App& app) {
   auto opts = std::make_shared<ModelOptions>();
   CLI::App* cmd = app.add_subcommand("info", "Describe a checkpoint: shapes, sizes, KV cost");
-  opts->add_to(cmd);
+  opts->add_to(cmd, kModelFlags | kEngineFlags | kOffloadFlags);
   cmd->callback([opts] { run_info(*opts); });
 });
 

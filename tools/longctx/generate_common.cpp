@@ -15,15 +15,19 @@ namespace longctx::cli {
 
 void add_engine_options(CLI::App& cmd, GenerateOptions& opts) {
   opts.model.add_to(&cmd);
+  cmd.option_defaults()->group("Model");
   cmd.add_option("--tokenizer", opts.engine.tokenizer,
                  "folder with tokenizer.json (default: the model folder's)");
+  cmd.option_defaults()->group("Engine");
   cmd.add_option("--max-model-len", opts.engine.max_model_len,
                  "tokens per sequence (default: max_position_embeddings)");
   cmd.add_option("--engine-seed", opts.engine.seed, "seed for requests without --seed");
+  cmd.option_defaults()->group("Options");
   cmd.add_option("--log-level", opts.log_level, "trace, debug, info, warn, error, off");
 }
 
 void add_sampling_options(CLI::App& cmd, SamplingParams& sp) {
+  cmd.option_defaults()->group("Sampling");
   cmd.add_option("--max-tokens,-n", sp.max_tokens, "tokens to generate at most")
       ->capture_default_str();
   cmd.add_option("--temperature,-t", sp.temperature, "0 = greedy")->capture_default_str();
@@ -44,6 +48,7 @@ void add_sampling_options(CLI::App& cmd, SamplingParams& sp) {
   cmd.add_option("--stop-token-ids", sp.stop_token_ids, "token ids that end generation")
       ->delimiter(',');
   cmd.add_flag("--ignore-eos", sp.ignore_eos, "keep generating past the model's EOS");
+  cmd.option_defaults()->group("Options");
 }
 
 std::unique_ptr<LLM> make_llm(const GenerateOptions& opts) {
@@ -53,7 +58,21 @@ std::unique_ptr<LLM> make_llm(const GenerateOptions& opts) {
   EngineConfig engine = opts.engine;
   engine.model_options = opts.model.build_options(*checkpoint);
   opts.model.apply_to(engine);
-  return std::make_unique<LLM>(std::move(checkpoint), engine);
+  auto llm = std::make_unique<LLM>(std::move(checkpoint), engine);
+  log_placement(*llm, opts.model);
+  return llm;
+}
+
+void log_placement(const LLM& llm, const ModelOptions& model) {
+  const std::string name = model.load_format == "dummy" ? "dummy:" + model.preset : model.model;
+  const Device device = llm.device();
+  std::string why;
+  if (model.device == "auto")
+    why = device.is_cuda() ? " (--device auto)" : " (--device auto: no CUDA device)";
+  std::fprintf(stderr, "longctx: %s on %s%s, %s\n", name.c_str(), device.str().c_str(), why.c_str(),
+               device.is_cuda() ? model.dtype.c_str() : "float32 reference");
+  if (const GpuMemoryPlan* plan = llm.memory_plan())
+    std::fprintf(stderr, "longctx: memory plan: %s\n", plan->str().c_str());
 }
 
 RequestOutput stream_one(LLM& llm, const Prompt& prompt, const SamplingParams& sp) {

@@ -27,6 +27,10 @@ void add_sampling_options(CLI::App& cmd, SamplingParams& sp);
 // Builds the LLM (after validating the sampling parameters, so a typo fails before loading).
 std::unique_ptr<LLM> make_llm(const GenerateOptions& opts);
 
+// One line on stderr: the model, the device it runs on (and why, for --device auto), the dtype;
+// and the GPU memory plan when there is one.
+void log_placement(const LLM& llm, const ModelOptions& model);
+
 // Runs one prompt, streaming its text (or, without a tokenizer, its token ids) to stdout.
 RequestOutput stream_one(LLM& llm, const Prompt& prompt, const SamplingParams& sp);
 

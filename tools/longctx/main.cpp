@@ -23,8 +23,8 @@ CommandRegistration::CommandRegistration(const std::string& name, CommandAdder a
 int main(int argc, char** argv) {
   CLI::App app{"longctx: long-context transformer inference (CPU reference + CUDA)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("longctx ") + LONGCTX_VERSION + " (" +
-                                        LONGCTX_BUILD_FLAVOR + ")");
+  app.set_version_flag(
+      "--version", std::string("longctx ") + LONGCTX_VERSION + " (" + LONGCTX_BUILD_FLAVOR + ")");
   auto& reg = longctx::cli::command_registry();
   std::sort(reg.begin(), reg.end(), [](auto& a, auto& b) { return a.first < b.first; });
   for (auto& [name, add] : reg) add(app);

@@ -39,108 +39,125 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
   return static_cast<int64_t>(value * scale);
 }
 
-void ModelOptions::add_to(CLI::App* cmd) {
-  cmd->add_option("--model,-m", model, "Hugging Face checkpoint folder");
-  cmd->add_option("--load-format", load_format, "auto (read --model) or dummy (random weights)")
-      ->check(CLI::IsMember({"auto", "dummy"}));
-  cmd->add_option("--preset", preset, "shape preset for --load-format dummy (e.g. qwen3-0.6b)");
-  cmd->add_option("--dummy-seed", seed, "seed of the dummy weights");
-  cmd->add_option("--rope-inv-freq-dtype", rope_inv_freq_dtype,
-                  "f32: exact rope inv_freq (transformers from_pretrained, vLLM); checkpoint: "
-                  "rounded to the checkpoint dtype, as a model cast with .to(dtype)")
-      ->check(CLI::IsMember({"checkpoint", "f32"}))
-      ->capture_default_str();
-  cmd->add_option("--device", device, "auto (a GPU when present), cpu, cuda or cuda:N")
-      ->capture_default_str();
-  cmd->add_option("--dtype", dtype, "GPU weights/activations/KV: bfloat16 or float16")
-      ->check(CLI::IsMember({"bfloat16", "float16"}))
-      ->capture_default_str();
-  cmd->add_option("--gpu-memory-limit", gpu_memory_limit,
-                  "hard limit of the GPU memory longctx takes, e.g. 24GiB (emulates a smaller "
-                  "GPU)");
-  cmd->add_option("--gpu-memory-utilization", gpu_memory_utilization,
-                  "fraction of the GPU's memory longctx may take")
-      ->check(CLI::Range(0.01, 1.0))
-      ->capture_default_str();
-  cmd->add_option("--block-size", block_size,
-                  "KV cache block size in tokens (default 128 on a GPU, 16 on the CPU)");
-  cmd->add_option("--max-num-batched-tokens", max_num_batched_tokens,
-                  "tokens per engine step (the prefill chunk size)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--max-num-seqs", max_num_seqs, "sequences per engine step")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", enable_prefix_caching,
-                "reuse the KV cache of earlier prompts' full blocks")
-      ->capture_default_str();
-  cmd->add_flag("--enforce-eager", enforce_eager, "no CUDA graphs for decode steps");
-  cmd->add_option("--kv-cache-memory", kv_cache_memory,
-                  "bytes of the CPU KV cache, e.g. 8GiB (default 4GiB)");
-  cmd->add_flag("--kv-offload", kv_offload,
-                "keep the KV cache in pinned host memory, a GPU cache of blocks and a ring of "
-                "slots on the GPU (docs/offload.md)");
-  cmd->add_option("--host-kv-budget", host_kv_budget,
-                  "bytes of the pinned host KV pool with --kv-offload, e.g. 64GiB (default: half "
-                  "the machine's memory)");
-  cmd->add_option("--gpu-kv-budget", gpu_kv_budget,
-                  "bytes of the GPU's cache of KV blocks with --kv-offload, e.g. 4GiB (default: "
-                  "what the memory plan leaves)");
-  cmd->add_option("--offload-slots", offload_slots, "ring slots with --kv-offload")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  cmd->add_option("--offload-slot-tokens", offload_slot_tokens,
-                  "tokens of one layer per ring slot with --kv-offload")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--tensor-parallel-size,--tp", tensor_parallel_size,
-                  "ranks of a tensor-parallel model: CPU threads, or GPUs from --device's index on "
-                  "(docs/tensor_parallel.md)")
-      ->capture_default_str();
-  // Parsed here, once: below this the policy is an enum the registry describes.
-  cmd->add_option_function<std::string>(
-         "--sparse-policy",
-         [this](const std::string& name) { sparse.policy = parse_sparse_policy(name); },
-         "attention over selected KV pages: full (exact), quest (decode), xattention (prefill) "
-         "or streaming (sinks + recent window); docs/sparse.md")
-      ->default_str(std::string(sparse_policy_name(sparse.policy)));
-  cmd->add_option("--sparse-budget", sparse.budget_tokens,
-                  "quest: KV tokens read per KV head per decode step (sink and window included)")
-      ->capture_default_str();
-  cmd->add_option("--sparse-sink", sparse.sink_tokens, "quest, streaming: first tokens always read")
-      ->capture_default_str();
-  cmd->add_option("--sparse-window", sparse.window_tokens,
-                  "quest, streaming: last tokens always read")
-      ->capture_default_str();
-  cmd->add_flag(
-      "--sparse-head-averaged", [this](int64_t) { sparse.per_head = false; },
-      "quest: one block list from scores averaged over heads (default: per KV head)");
-  cmd->add_option("--sparse-page", sparse.page_tokens,
-                  "quest, streaming: tokens per selected page, dividing --block-size")
-      ->capture_default_str();
-  cmd->add_option("--xattn-threshold", sparse.threshold,
-                  "xattention: attention mass each query block keeps")
-      ->capture_default_str();
-  cmd->add_option("--xattn-stride", sparse.stride, "xattention: antidiagonal stride")
-      ->capture_default_str();
-  cmd->add_flag(
-      "--xattn-per-q-head", [this](int64_t) { sparse.xattn_per_kv_head = false; },
-      "xattention: one mask per q head (default: per KV head, from its q heads' summed masses)");
-  cmd->add_option("--xattn-dense-tail", sparse.xattn_dense_tail,
-                  "xattention: the query blocks holding a prefill chunk's last N queries attend "
-                  "densely (the prompt's end)")
-      ->capture_default_str();
-  cmd->add_option("--xattn-min-len", sparse.xattn_min_len,
-                  "xattention: prefill chunks that see fewer keys attend densely")
-      ->capture_default_str();
+void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
+  // Each set under its own heading in --help; a command lists only the sets it reads.
+  if ((sets & kModelFlags) != 0U) {
+    cmd->option_defaults()->group("Model");
+    cmd->add_option("--model,-m", model, "Hugging Face checkpoint folder");
+    cmd->add_option("--load-format", load_format, "auto (read --model) or dummy (random weights)")
+        ->check(CLI::IsMember({"auto", "dummy"}));
+    cmd->add_option("--preset", preset, "shape preset for --load-format dummy (e.g. qwen3-0.6b)");
+    cmd->add_option("--dummy-seed", seed, "seed of the dummy weights");
+    cmd->add_option("--rope-inv-freq-dtype", rope_inv_freq_dtype,
+                    "f32: exact rope inv_freq (transformers from_pretrained, vLLM); checkpoint: "
+                    "rounded to the checkpoint dtype, as a model cast with .to(dtype)")
+        ->check(CLI::IsMember({"checkpoint", "f32"}))
+        ->capture_default_str();
+    cmd->add_option("--device", device, "auto (a GPU when present), cpu, cuda or cuda:N")
+        ->capture_default_str();
+    cmd->add_option("--dtype", dtype, "GPU weights/activations/KV: bfloat16 or float16")
+        ->check(CLI::IsMember({"bfloat16", "float16"}))
+        ->capture_default_str();
+  }
+  if ((sets & kEngineFlags) != 0U) {
+    cmd->option_defaults()->group("Engine");
+    cmd->add_option("--gpu-memory-limit", gpu_memory_limit,
+                    "hard limit of the GPU memory longctx takes, e.g. 24GiB (emulates a smaller "
+                    "GPU)");
+    cmd->add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                    "fraction of the GPU's memory longctx may take")
+        ->check(CLI::Range(0.01, 1.0))
+        ->capture_default_str();
+    cmd->add_option("--block-size", block_size,
+                    "KV cache block size in tokens (default 128 on a GPU, 16 on the CPU)");
+    cmd->add_option("--max-num-batched-tokens", max_num_batched_tokens,
+                    "tokens per engine step (the prefill chunk size)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    cmd->add_option("--max-num-seqs", max_num_seqs, "sequences per engine step")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", enable_prefix_caching,
+                  "reuse the KV cache of earlier prompts' full blocks")
+        ->capture_default_str();
+    cmd->add_flag("--enforce-eager", enforce_eager, "no CUDA graphs for decode steps");
+    cmd->add_option("--kv-cache-memory", kv_cache_memory,
+                    "bytes of the CPU KV cache, e.g. 8GiB (default 4GiB)");
+    cmd->add_option(
+           "--tensor-parallel-size,--tp", tensor_parallel_size,
+           "ranks of a tensor-parallel model: CPU threads, or GPUs from --device's index on "
+           "(docs/tensor_parallel.md)")
+        ->capture_default_str();
+  }
+  if ((sets & kOffloadFlags) != 0U) {
+    cmd->option_defaults()->group("KV offload");
+    cmd->add_flag("--kv-offload", kv_offload,
+                  "keep the KV cache in pinned host memory, a GPU cache of blocks and a ring of "
+                  "slots on the GPU (docs/offload.md)");
+    cmd->add_option("--host-kv-budget", host_kv_budget,
+                    "bytes of the pinned host KV pool with --kv-offload, e.g. 64GiB (default: half "
+                    "the machine's memory)");
+    cmd->add_option("--gpu-kv-budget", gpu_kv_budget,
+                    "bytes of the GPU's cache of KV blocks with --kv-offload, e.g. 4GiB (default: "
+                    "what the memory plan leaves)");
+    cmd->add_option("--offload-slots", offload_slots, "ring slots with --kv-offload")
+        ->check(CLI::Range(1, 64))
+        ->capture_default_str();
+    cmd->add_option("--offload-slot-tokens", offload_slot_tokens,
+                    "tokens of one layer per ring slot with --kv-offload")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+  }
+  if ((sets & kSparseFlags) != 0U) {
+    cmd->option_defaults()->group("Sparse attention");
+    // Parsed here, once: below this the policy is an enum the registry describes.
+    cmd->add_option_function<std::string>(
+           "--sparse-policy",
+           [this](const std::string& name) { sparse.policy = parse_sparse_policy(name); },
+           "attention over selected KV pages: full (exact), quest (decode), xattention (prefill) "
+           "or streaming (sinks + recent window); docs/sparse.md")
+        ->default_str(std::string(sparse_policy_name(sparse.policy)));
+    cmd->add_option("--sparse-budget", sparse.budget_tokens,
+                    "quest: KV tokens read per KV head per decode step (sink and window included)")
+        ->capture_default_str();
+    cmd->add_option("--sparse-sink", sparse.sink_tokens,
+                    "quest, streaming: first tokens always read")
+        ->capture_default_str();
+    cmd->add_option("--sparse-window", sparse.window_tokens,
+                    "quest, streaming: last tokens always read")
+        ->capture_default_str();
+    cmd->add_flag(
+        "--sparse-head-averaged", [this](int64_t) { sparse.per_head = false; },
+        "quest: one block list from scores averaged over heads (default: per KV head)");
+    cmd->add_option("--sparse-page", sparse.page_tokens,
+                    "quest, streaming: tokens per selected page, dividing --block-size")
+        ->capture_default_str();
+    cmd->add_option("--xattn-threshold", sparse.threshold,
+                    "xattention: attention mass each query block keeps")
+        ->capture_default_str();
+    cmd->add_option("--xattn-stride", sparse.stride, "xattention: antidiagonal stride")
+        ->capture_default_str();
+    cmd->add_flag(
+        "--xattn-per-q-head", [this](int64_t) { sparse.xattn_per_kv_head = false; },
+        "xattention: one mask per q head (default: per KV head, from its q heads' summed masses)");
+    cmd->add_option("--xattn-dense-tail", sparse.xattn_dense_tail,
+                    "xattention: the query blocks holding a prefill chunk's last N queries attend "
+                    "densely (the prompt's end)")
+        ->capture_default_str();
+    cmd->add_option("--xattn-min-len", sparse.xattn_min_len,
+                    "xattention: prefill chunks that see fewer keys attend densely")
+        ->capture_default_str();
+  }
   // The GPU attention kernels' tuning, for benchmarks and exactness experiments (e.g.
   // --attention-kernel generic); the defaults are the measured choices.
   for (const kernels::KernelTuningFlag& f : kernels::kernel_tuning_flags()) {
+    if ((sets & kTuningFlags) == 0U) break;
     const std::string name(f.name);
     cmd->add_option("--" + name, kernel_tuning_flags[name],
                     "kernel tuning: " + std::string(f.help) + " (" + std::string(f.values) + ")")
         ->group("Kernel tuning");
   }
+  cmd->option_defaults()->group("Options");
 }
 
 kernels::KernelTuning ModelOptions::kernel_tuning() const {

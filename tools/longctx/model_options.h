@@ -18,6 +18,16 @@ namespace longctx::cli {
 // "24GiB", "500MB", "1073741824" -> bytes; throws Error(kInvalidArgument) naming `what`.
 int64_t parse_byte_size(const std::string& text, const std::string& what);
 
+// The sets of flags ModelOptions::add_to adds, each a heading of --help.
+enum ModelFlagSet : unsigned {
+  kModelFlags = 1U << 0,    // the checkpoint, device and dtype
+  kEngineFlags = 1U << 1,   // memory, KV cache, scheduling, tensor parallelism
+  kOffloadFlags = 1U << 2,  // --kv-offload and its budgets
+  kSparseFlags = 1U << 3,   // --sparse-policy and its parameters
+  kTuningFlags = 1U << 4,   // the GPU attention kernels' tuning
+  kAllModelFlags = (1U << 5) - 1,
+};
+
 struct ModelOptions {
   std::string model;                        // checkpoint folder
   std::string load_format = "auto";         // auto | dummy
@@ -48,7 +58,7 @@ struct ModelOptions {
   // The kernel tuning of the flags; throws Error(kInvalidArgument) naming a bad value.
   kernels::KernelTuning kernel_tuning() const;
 
-  void add_to(CLI::App* cmd);
+  void add_to(CLI::App* cmd, unsigned sets = kAllModelFlags);
   // Loads (or makes) the checkpoint; throws Error naming what is wrong with the options.
   std::shared_ptr<const Checkpoint> load() const;
   // The model's numerics options for this checkpoint.
