@@ -107,18 +107,21 @@ class LLM {
   LLM& operator=(const LLM&) = delete;
 
   // Every prompt is checked before any runs: an empty prompt (no tokens) or one longer than
-  // max_model_len throws Error and nothing is generated. A progress bar goes to stderr when
-  // use_progress_bar and stderr is a terminal.
+  // max_model_len throws Error and nothing is generated. With use_progress_bar, progress goes to
+  // stderr: a bar redrawn after every step (prompt tokens prefilled, throughput) on a terminal,
+  // one summary line at the end otherwise.
   std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
                                       const SamplingParams& params, bool use_progress_bar = true);
   // One SamplingParams per prompt.
   std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
                                       const std::vector<SamplingParams>& params,
                                       bool use_progress_bar = true);
-  // As generate(), calling on_event after every generated token (no progress bar).
+  // As generate(), calling on_event after every generated token. With prefill_progress and
+  // stderr a terminal, the prefill's progress is drawn on stderr until the first token.
   std::vector<RequestOutput> generate_stream(const std::vector<Prompt>& prompts,
                                              const SamplingParams& params,
-                                             const StreamCallback& on_event);
+                                             const StreamCallback& on_event,
+                                             bool prefill_progress = false);
 
   // The tokenizer_config.json chat template applied to `messages_json` (a JSON array
   // [{"role": ..., "content": ...}, ...], as OpenAI's API sends it), as transformers'

@@ -249,12 +249,18 @@ std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<i
   try {
     const double arrival = now_seconds();
     for (size_t i = 0; i < ids.size(); ++i) core.add_request(i, ids[i], params[i], arrival);
-    ProgressBar bar(static_cast<int64_t>(ids.size()), progress && on_event == nullptr);
+    int64_t prompt_tokens = 0;
+    for (const auto& p : ids) prompt_tokens += static_cast<int64_t>(p.size());
+    // A streamed request shows its decode as text: the bar shows its prefill only.
+    ProgressBar bar(
+        static_cast<int64_t>(ids.size()), prompt_tokens, progress,
+        on_event == nullptr ? ProgressBar::Mode::kFull : ProgressBar::Mode::kPrefillOnly);
     while (core.has_unfinished()) {
       StepStats stats;
       auto updates = core.step(&stats);
       bar.add_tokens(stats.prefill_tokens, stats.prefill_tokens > 0 ? stats.seconds : 0.0,
                      stats.decode_tokens, stats.decode_tokens > 0 ? stats.seconds : 0.0);
+      if (on_event != nullptr && !updates.empty()) bar.stop();
       for (const StepUpdate& u : updates) {
         if (on_event != nullptr) {
           const auto& toks = u.seq->output.token_ids;
@@ -268,7 +274,7 @@ std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<i
         }
       }
       for (RequestOutput& out : core.take_finished()) {
-        bar.add_done(1);
+        bar.add_done(static_cast<int64_t>(out.token_ids.size()));
         const size_t index = out.index;
         outputs[index] = std::move(out);
       }
@@ -299,11 +305,12 @@ std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
 
 std::vector<RequestOutput> LLM::generate_stream(const std::vector<Prompt>& prompts,
                                                 const SamplingParams& params,
-                                                const StreamCallback& on_event) {
+                                                const StreamCallback& on_event,
+                                                bool prefill_progress) {
   std::vector<std::vector<int32_t>> ids;
   for (const Prompt& p : prompts) ids.push_back(encode(p));
-  return run(*impl_->core, ids, std::vector<SamplingParams>(prompts.size(), params), false,
-             &on_event);
+  return run(*impl_->core, ids, std::vector<SamplingParams>(prompts.size(), params),
+             prefill_progress, &on_event);
 }
 
 }  // namespace longctx

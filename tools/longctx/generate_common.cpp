@@ -78,17 +78,20 @@ void log_placement(const LLM& llm, const ModelOptions& model) {
 RequestOutput stream_one(LLM& llm, const Prompt& prompt, const SamplingParams& sp) {
   const bool has_text = llm.tokenizer() != nullptr;
   bool first_id = true;
-  auto outs = llm.generate_stream({prompt}, sp, [&](const StreamEvent& ev) {
-    if (has_text) {
-      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
-    } else {
-      for (int32_t id : ev.new_token_ids) {
-        std::fprintf(stdout, first_id ? "%d" : " %d", id);
-        first_id = false;
-      }
-    }
-    std::fflush(stdout);
-  });
+  auto outs = llm.generate_stream(
+      {prompt}, sp,
+      [&](const StreamEvent& ev) {
+        if (has_text) {
+          std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+        } else {
+          for (int32_t id : ev.new_token_ids) {
+            std::fprintf(stdout, first_id ? "%d" : " %d", id);
+            first_id = false;
+          }
+        }
+        std::fflush(stdout);
+      },
+      /*prefill_progress=*/true);
   return std::move(outs.at(0));
 }
 
