@@ -10,6 +10,7 @@
 // text, finish reason, logprobs and timings.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -115,10 +116,15 @@ class LLM {
   std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
                                       const std::vector<SamplingParams>& params,
                                       bool use_progress_bar = true);
-  // As generate(), calling on_event after every generated token (no progress bar).
+  // As generate(), calling on_event after every generated token (no progress bar). When `cancel`
+  // is given and becomes true (a signal handler or another thread may set it; it is only read),
+  // every request still running is aborted at the next step boundary: it finishes with
+  // FinishReason::kAbort and the tokens and text generated so far, its final event is sent, and
+  // its KV blocks are freed.
   std::vector<RequestOutput> generate_stream(const std::vector<Prompt>& prompts,
                                              const SamplingParams& params,
-                                             const StreamCallback& on_event);
+                                             const StreamCallback& on_event,
+                                             const std::atomic<bool>* cancel = nullptr);
 
   // The tokenizer_config.json chat template applied to `messages_json` (a JSON array
   // [{"role": ..., "content": ...}, ...], as OpenAI's API sends it), as transformers'
