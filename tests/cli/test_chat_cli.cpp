@@ -371,4 +371,48 @@ TEST_F(ChatCli, PipedFullContextDropsTheOldestTurns) {
   EXPECT_EQ(conv[conv.size() - 2]["content"], "message number 7 about the quick brown fox");
 }
 
+TEST_F(ChatCli, HistoryFileKeepsLinesAcrossSessions) {
+  const std::string history = (dir_ / "history").string();
+  std::vector<std::string> args = kShortReplies;
+  args.insert(args.end(), {"--history-file", history});
+  {
+    auto chat = start(args);
+    chat->type("from last time\r");
+    ASSERT_TRUE(chat->wait_for("6 generated tokens")) << chat->out();
+    ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
+    chat->type("/exit\r");
+    ASSERT_EQ(chat->wait_exit(), 0) << chat->out();
+  }
+  auto chat = start(args);
+  chat->type("\x1b[A\x1b[A\r");  // Up twice (past "/exit"), Enter
+  ASSERT_TRUE(chat->wait_for("6 generated tokens")) << chat->out();
+  ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
+  const fs::path saved = dir_ / "conv.json";
+  chat->type("/save " + saved.string() + "\r");
+  ASSERT_TRUE(chat->wait_for("[saved 2 messages")) << chat->out();
+  chat->type("/exit\r");
+  EXPECT_EQ(chat->wait_exit(), 0) << chat->out();
+  EXPECT_EQ(read_json(saved)[0]["content"], "from last time");
+}
+
+TEST_F(ChatCli, SystemFileIsTheSystemMessage) {
+  const fs::path system = dir_ / "system.txt", saved = dir_ / "conv.json", input = dir_ / "in";
+  std::ofstream(system) << "be brief\n";
+  std::ofstream(input) << "/save " << saved.string() << "\n";
+  const std::string base = "chat --model '" + needle_model() + "' ";
+  auto r = longctx::testing::run_cli(base + "--system-file '" + system.string() + "' < '" +
+                                     input.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(read_json(saved),
+            nlohmann::json::parse(R"([{"role": "system", "content": "be brief"}])"));
+  r = longctx::testing::run_cli(base + "--system x --system-file '" + system.string() + "' < '" +
+                                input.string() + "'");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("excludes"), std::string::npos) << r.err;
+  r = longctx::testing::run_cli(base + "--system-file '" + (dir_ / "missing").string() + "' < '" +
+                                input.string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("cannot read --system-file"), std::string::npos) << r.err;
+}
+
 }  // namespace

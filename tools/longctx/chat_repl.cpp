@@ -93,12 +93,13 @@ Input parse_input(const std::string& line) {
 class Conversation {
  public:
   explicit Conversation(const std::string& system) {
-    if (!system.empty()) system_ = Json{{"role", "system"}, {"content", system}};
-    clear();
+    if (!system.empty()) messages_.push_back({{"role", "system"}, {"content", system}});
   }
+  // Drops every turn; the leading system messages (--system, or those of a loaded file) stay.
   void clear() {
-    messages_ = Json::array();
-    if (!system_.is_null()) messages_.push_back(system_);
+    messages_.erase(std::find_if(messages_.begin(), messages_.end(),
+                                 [](const Json& m) { return m["role"] != "system"; }),
+                    messages_.end());
   }
   const Json& messages() const { return messages_; }
   // The conversation with `message` appended as the next user turn.
@@ -142,8 +143,7 @@ class Conversation {
   }
 
  private:
-  Json system_;
-  Json messages_;
+  Json messages_ = Json::array();
 };
 
 class ChatRepl {
