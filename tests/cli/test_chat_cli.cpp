@@ -415,4 +415,21 @@ TEST_F(ChatCli, SystemFileIsTheSystemMessage) {
   EXPECT_NE(r.err.find("cannot read --system-file"), std::string::npos) << r.err;
 }
 
+TEST_F(ChatCli, NoTokenizerOrTemplateIsAClearErrorAtStart) {
+  const fs::path input = dir_ / "in", tok = dir_ / "tok";
+  std::ofstream(input) << "hello\n";
+  auto r = longctx::testing::run_cli("chat --model '" + longctx::testing::test_data_dir() +
+                                     "/fixtures/tiny-llama3' < '" + input.string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("chat needs a tokenizer"), std::string::npos) << r.err;
+  // A tokenizer folder without tokenizer_config.json: no chat template.
+  fs::create_directories(tok);
+  fs::copy_file(needle_model() + "/tokenizer.json", tok / "tokenizer.json");
+  r = longctx::testing::run_cli("chat --model '" + needle_model() + "' --tokenizer '" +
+                                tok.string() + "' < '" + input.string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("chat needs a chat template"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
 }  // namespace

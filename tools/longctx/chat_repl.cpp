@@ -365,6 +365,13 @@ class ChatRepl {
 void run_chat(LLM& llm, const SamplingParams& sampling, const ChatOptions& options) {
   LONGCTX_CHECK(llm.tokenizer() != nullptr, ErrorCode::kInvalidArgument,
                 "chat needs a tokenizer: the model folder has no tokenizer.json (use --tokenizer)");
+  // A missing or broken chat template fails now, not at every message.
+  try {
+    llm.render_chat(R"([{"role": "user", "content": "hi"}])");
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("chat needs a chat template that renders a user message: {}",
+                                      e.what()));
+  }
   ChatRepl(llm, sampling, options).run();
 }
 
