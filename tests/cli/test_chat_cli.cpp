@@ -335,7 +335,7 @@ TEST_F(ChatCli, FullContextAsksAndDropsTheOldestTurns) {
 
 TEST_F(ChatCli, PipedInputIsReadLineByLine) {
   const fs::path saved = dir_ / "conv.json", input = dir_ / "in.txt";
-  std::ofstream(input) << "hello there\n/bogus\n//etc is a folder\n/save " << saved.string()
+  std::ofstream(input) << "hello\\\nthere\n/bogus\n//etc is a folder\n/save " << saved.string()
                        << "\n";
   const auto r = longctx::testing::run_cli("chat --model '" + needle_model() +
                                            "' --temperature 0 --ignore-eos --max-tokens 5 < '" +
@@ -345,7 +345,7 @@ TEST_F(ChatCli, PipedInputIsReadLineByLine) {
   EXPECT_NE(r.err.find("unknown command /bogus"), std::string::npos) << r.err;
   const auto conv = read_json(saved);
   ASSERT_EQ(conv.size(), 4u) << conv;
-  EXPECT_EQ(conv[0]["content"], "hello there");
+  EXPECT_EQ(conv[0]["content"], "hello\nthere");  // a backslash continues the line
   EXPECT_EQ(conv[2]["content"], "/etc is a folder");
   // The two replies on stdout, each ended by a newline.
   EXPECT_EQ(r.out, conv[1]["content"].get<std::string>() + "\n" +

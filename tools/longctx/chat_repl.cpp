@@ -55,7 +55,8 @@ constexpr const char* kHelp =
     "  /save FILE       write the conversation as a JSON messages array (OpenAI style)\n"
     "  /load FILE       replace the conversation with a saved one\n"
     "  /exit, /quit     leave (Ctrl-D too)\n"
-    "A message that starts with '/' is sent by doubling it: '//etc' sends '/etc'.\n"
+    "A message that starts with '/' is sent by doubling it: '//etc' sends '/etc'. A line that\n"
+    "ends with '\\' continues on the next one.\n"
     "Keys: Up/Down recall earlier lines, Ctrl-R searches them; Ctrl-C stops a reply (the part\n"
     "already written stays in the conversation), clears the line being typed, and at an empty\n"
     "prompt twice in a row quits.\n";
@@ -180,7 +181,9 @@ class ChatRepl {
       interrupted_at_empty_prompt = false;
       if (trim(r.line).empty()) continue;
       editor_.add_history(r.line);
-      const Input in = parse_input(r.line);
+      std::string text = r.line;
+      if (!read_continuation(text)) continue;
+      const Input in = parse_input(text);
       try {
         if (!handle(in)) break;
       } catch (const Error& e) {
@@ -192,6 +195,22 @@ class ChatRepl {
   }
 
  private:
+  // A line ending with a backslash continues on the next one (the backslash becomes a newline),
+  // so a message can span lines. Returns false when Ctrl-C or the end of input cut it short.
+  bool read_continuation(std::string& text) {
+    while (!text.empty() && text.back() == '\\') {
+      text.back() = '\n';
+      const LineEditor::Result r = editor_.read("... ");
+      if (r.status != LineEditor::Status::kLine) {
+        if (r.status == LineEditor::Status::kInterrupted) std::fputs("^C\n", stderr);
+        return false;
+      }
+      editor_.add_history(r.line);
+      text += r.line;
+    }
+    return true;
+  }
+
   // Returns false to end the session.
   bool handle(const Input& in) {
     switch (in.kind) {
