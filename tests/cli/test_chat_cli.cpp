@@ -184,7 +184,7 @@ const std::vector<std::string> kShortReplies = {"--summary", "--ignore-eos", "--
 
 TEST_F(ChatCli, AnswersAndSavesTheConversation) {
   auto chat = start(kShortReplies);
-  chat->type("hello there\r");
+  chat->type("h\u00e9llo w\u00f6rld\r");  // UTF-8 typed in, whatever the locale
   ASSERT_TRUE(chat->wait_for("6 generated tokens, finish: length")) << chat->out();
   ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
   const fs::path saved = dir_ / "conv.json";
@@ -195,7 +195,7 @@ TEST_F(ChatCli, AnswersAndSavesTheConversation) {
   EXPECT_EQ(chat->wait_exit(), 0) << chat->out();
   const auto conv = read_json(saved);
   ASSERT_EQ(conv.size(), 2u) << conv;
-  EXPECT_EQ(conv[0], (nlohmann::json{{"role", "user"}, {"content", "hello there"}}));
+  EXPECT_EQ(conv[0], (nlohmann::json{{"role", "user"}, {"content", "h\u00e9llo w\u00f6rld"}}));
   EXPECT_EQ(conv[1]["role"], "assistant");
   const std::string reply = conv[1]["content"];
   EXPECT_FALSE(reply.empty());

@@ -140,7 +140,7 @@ LineEditor::Result LineEditor::read(const std::string& prompt) {
     return r;  // kEof: Ctrl-D on an empty line, or the terminal went away
   }
   r.status = Status::kLine;
-  r.line.assign(line, static_cast<size_t>(count));
+  r.line = line;  // (count is in characters for some libedit versions, bytes for others)
   while (!r.line.empty() && (r.line.back() == '\n' || r.line.back() == '\r')) r.line.pop_back();
   return r;
 }
