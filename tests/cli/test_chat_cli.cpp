@@ -329,6 +329,40 @@ TEST_F(ChatCli, FullContextAsksAndDropsTheOldestTurns) {
   ASSERT_TRUE(chat->wait_for("[dropped the")) << chat->out();
   ASSERT_TRUE(chat->wait_for("8 generated tokens")) << chat->out();
   ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
+  // Fill it again: "n" leaves the conversation as it was, "c" clears it and sends the message.
+  const fs::path before = dir_ / "before.json", after = dir_ / "after.json";
+  for (const std::string answer : {"n", "c"}) {
+    for (turns = 0; turns < 20; ++turns) {
+      chat->type(msg + "\r");
+      const int got = chat->wait_for_any({"8 generated tokens", "does not fit the context of 96"});
+      ASSERT_GE(got, 0) << chat->out();
+      if (got == 1) break;
+      ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
+    }
+    ASSERT_LT(turns, 20) << chat->out();
+    ASSERT_TRUE(chat->wait_for("[d] ")) << chat->out();
+    if (answer == "n") {
+      chat->type("/save " + before.string() + "\r");  // an unknown answer asks again
+      ASSERT_TRUE(chat->wait_for("[d] ")) << chat->out();
+    }
+    chat->type(answer + "\r");
+    if (answer == "n") {
+      ASSERT_TRUE(chat->wait_for("[not sent; the conversation is unchanged]")) << chat->out();
+      ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
+      chat->type("/save " + before.string() + "\r");
+      ASSERT_TRUE(chat->wait_for("[saved")) << chat->out();
+      ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
+    } else {
+      ASSERT_TRUE(chat->wait_for("[conversation cleared]")) << chat->out();
+      ASSERT_TRUE(chat->wait_for("8 generated tokens")) << chat->out();
+      ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
+      chat->type("/save " + after.string() + "\r");
+      ASSERT_TRUE(chat->wait_for("[saved 2 messages")) << chat->out();
+      ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
+    }
+  }
+  EXPECT_GE(read_json(before).size(), 2u);
+  EXPECT_EQ(read_json(after)[0]["content"], msg);
   chat->type("/exit\r");
   EXPECT_EQ(chat->wait_exit(), 0) << chat->out();
 }
