@@ -10,6 +10,7 @@
 // text, finish reason, logprobs and timings.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -91,6 +92,17 @@ struct StreamEvent {
 };
 using StreamCallback = std::function<void(const StreamEvent&)>;
 
+// How LLM::generate_stream runs, besides its callback.
+struct StreamOptions {
+  // When given and it becomes true (a signal handler or another thread may set it; it is only
+  // read), every request still running is aborted at the next step boundary: it finishes with
+  // FinishReason::kAbort and the tokens and text generated so far, its final event is sent, and
+  // its KV blocks are freed.
+  const std::atomic<bool>* cancel = nullptr;
+  // The prefill's progress drawn on stderr (when it is a terminal) until the first token.
+  bool prefill_progress = false;
+};
+
 class LLM {
  public:
   // Loads the checkpoint (or builds the dummy one) and its tokenizer. Throws Error naming the
@@ -116,12 +128,11 @@ class LLM {
   std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
                                       const std::vector<SamplingParams>& params,
                                       bool use_progress_bar = true);
-  // As generate(), calling on_event after every generated token. With prefill_progress and
-  // stderr a terminal, the prefill's progress is drawn on stderr until the first token.
+  // As generate(), calling on_event after every generated token; see StreamOptions.
   std::vector<RequestOutput> generate_stream(const std::vector<Prompt>& prompts,
                                              const SamplingParams& params,
                                              const StreamCallback& on_event,
-                                             bool prefill_progress = false);
+                                             const StreamOptions& options = {});
 
   // The tokenizer_config.json chat template applied to `messages_json` (a JSON array
   // [{"role": ..., "content": ...}, ...], as OpenAI's API sends it), as transformers'

@@ -235,7 +235,8 @@ namespace {
 
 std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<int32_t>>& ids,
                                const std::vector<SamplingParams>& params, bool progress,
-                               const StreamCallback* on_event) {
+                               const StreamCallback* on_event,
+                               const std::atomic<bool>* cancel = nullptr) {
   // Check every request before running any, so a bad one leaves nothing half done.
   for (size_t i = 0; i < ids.size(); ++i) {
     try {
@@ -248,7 +249,9 @@ std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<i
   std::vector<RequestOutput> outputs(ids.size());
   try {
     const double arrival = now_seconds();
-    for (size_t i = 0; i < ids.size(); ++i) core.add_request(i, ids[i], params[i], arrival);
+    std::vector<uint64_t> request_ids;
+    for (size_t i = 0; i < ids.size(); ++i)
+      request_ids.push_back(core.add_request(i, ids[i], params[i], arrival));
     int64_t prompt_tokens = 0;
     for (const auto& p : ids) prompt_tokens += static_cast<int64_t>(p.size());
     // A streamed request shows its decode as text: the bar shows its prefill only.
@@ -256,6 +259,23 @@ std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<i
         static_cast<int64_t>(ids.size()), prompt_tokens, progress,
         on_event == nullptr ? ProgressBar::Mode::kFull : ProgressBar::Mode::kPrefillOnly);
     while (core.has_unfinished()) {
+      if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+        // Finished requests are no longer live, so this aborts only the ones still running.
+        for (uint64_t id : request_ids) core.abort(id);
+        for (RequestOutput& out : core.take_finished()) {
+          if (on_event != nullptr) {
+            StreamEvent ev;
+            ev.index = out.index;
+            ev.finished = true;
+            ev.output = &out;
+            (*on_event)(ev);
+          }
+          bar.add_done(static_cast<int64_t>(out.token_ids.size()));
+          const size_t index = out.index;
+          outputs[index] = std::move(out);
+        }
+        break;
+      }
       StepStats stats;
       auto updates = core.step(&stats);
       bar.add_tokens(stats.prefill_tokens, stats.prefill_tokens > 0 ? stats.seconds : 0.0,
@@ -306,11 +326,11 @@ std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
 std::vector<RequestOutput> LLM::generate_stream(const std::vector<Prompt>& prompts,
                                                 const SamplingParams& params,
                                                 const StreamCallback& on_event,
-                                                bool prefill_progress) {
+                                                const StreamOptions& options) {
   std::vector<std::vector<int32_t>> ids;
   for (const Prompt& p : prompts) ids.push_back(encode(p));
   return run(*impl_->core, ids, std::vector<SamplingParams>(prompts.size(), params),
-             prefill_progress, &on_event);
+             options.prefill_progress, &on_event, options.cancel);
 }
 
 }  // namespace longctx

@@ -2,6 +2,7 @@
 // prompt checks, seeds, streaming, and what the executor is asked to run.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -240,6 +241,45 @@ TEST(LLMScripted, StreamingDeliversEveryTokenThenTheFinalOutput) {
   });
   EXPECT_EQ(finished_events, 1);
   EXPECT_EQ(streamed, outs[0].token_ids);
+}
+
+TEST(LLMScripted, CancelAbortsAtTheNextStepKeepingTheTokensSoFar) {
+  // Two requests; the flag is set from the callback after the third token of request 0 (as a
+  // SIGINT handler would between steps): both finish with abort, their tokens so far kept,
+  // each with one final event, and the engine takes new requests afterwards.
+  Harness h(3, {5, 6, 7, 8, 9});
+  std::atomic<bool> cancel{false};
+  std::vector<int32_t> streamed0;
+  int finished_events = 0;
+  auto outs = h.llm->generate_stream(
+      {kPrompt, kPrompt}, greedy(50),
+      [&](const StreamEvent& ev) {
+        if (ev.index == 0)
+          streamed0.insert(streamed0.end(), ev.new_token_ids.begin(), ev.new_token_ids.end());
+        if (streamed0.size() == 3) cancel = true;
+        if (ev.finished) {
+          ++finished_events;
+          ASSERT_NE(ev.output, nullptr);
+          EXPECT_EQ(ev.output->finish_reason, FinishReason::kAbort);
+        }
+      },
+      StreamOptions{.cancel = &cancel});
+  EXPECT_EQ(finished_events, 2);
+  ASSERT_EQ(outs.size(), 2u);
+  for (const RequestOutput& out : outs) {
+    EXPECT_EQ(out.finish_reason, FinishReason::kAbort);
+    EXPECT_EQ(out.token_ids, (std::vector<int32_t>{5, 6, 7}));
+  }
+  // A flag already set aborts before any step: no tokens.
+  auto none = h.llm->generate_stream(
+      {kPrompt}, greedy(5), [](const StreamEvent&) {}, StreamOptions{.cancel = &cancel});
+  EXPECT_EQ(none[0].finish_reason, FinishReason::kAbort);
+  EXPECT_TRUE(none[0].token_ids.empty());
+  cancel = false;
+  auto again = h.llm->generate_stream(
+      {kPrompt}, greedy(2), [](const StreamEvent&) {}, StreamOptions{.cancel = &cancel});
+  EXPECT_EQ(again[0].finish_reason, FinishReason::kLength);
+  EXPECT_EQ(again[0].token_ids, (std::vector<int32_t>{5, 6}));
 }
 
 TEST(LLMScripted, LogprobsOnePerToken) {

@@ -91,7 +91,7 @@ RequestOutput stream_one(LLM& llm, const Prompt& prompt, const SamplingParams& s
         }
         std::fflush(stdout);
       },
-      /*prefill_progress=*/true);
+      StreamOptions{.prefill_progress = true});
   return std::move(outs.at(0));
 }
 
