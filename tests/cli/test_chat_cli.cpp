@@ -214,7 +214,9 @@ TEST_F(ChatCli, CtrlCStopsAReplyAndKeepsTheConversation) {
       start({"--summary", "--ignore-eos", "--max-tokens", "100000", "--max-model-len", "8192"});
   chat->type("tell me a long story\r");
   ASSERT_TRUE(chat->wait_for("tell me a long story")) << chat->out();  // the echo
-  ASSERT_TRUE(chat->wait_bytes(40)) << chat->out();                    // the reply is streaming
+  // The prefill's progress line is erased before the reply's first text.
+  ASSERT_TRUE(chat->wait_for("\r\x1b[K")) << chat->out();
+  ASSERT_TRUE(chat->wait_bytes(40)) << chat->out();  // the reply is streaming
   chat->type("\x03");
   ASSERT_TRUE(chat->wait_for("[stopped]")) << chat->out();
   ASSERT_TRUE(chat->wait_for("generated tokens, finish: abort")) << chat->out();
