@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -386,6 +387,34 @@ TEST_F(ChatCli, PipedInputIsReadLineByLine) {
   // The two replies on stdout, each ended by a newline.
   EXPECT_EQ(r.out, conv[1]["content"].get<std::string>() + "\n" +
                        conv[3]["content"].get<std::string>() + "\n");
+}
+
+TEST_F(ChatCli, PromptFileIsTheFirstMessage) {
+  // A document, asked about from a file (then the piped lines), or
+  // sent whole from standard input (which then ends the chat).
+  std::string document;
+  while (document.size() < 6'000) document += "the quick brown fox jumps over the lazy dog. ";
+  const fs::path doc = dir_ / "doc.txt", saved = dir_ / "conv.json", input = dir_ / "in.txt";
+  std::ofstream(doc) << document;
+  std::ofstream(input) << "and then?\n/save " << saved.string() << "\n";
+  const std::string base = "chat --model '" + needle_model() +
+                           "' --temperature 0 --ignore-eos --max-tokens 3 --summary ";
+  auto r = longctx::testing::run_cli(base + "--prompt-file '" + doc.string() + "' < '" +
+                                     input.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto conv = read_json(saved);
+  ASSERT_EQ(conv.size(), 4u) << conv;
+  EXPECT_EQ(conv[0]["content"], document);
+  EXPECT_EQ(conv[2]["content"], "and then?");
+  r = longctx::testing::run_cli(base + "-f - < '" + doc.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex(R"((\d+) prompt \+ 3 generated)"))) << r.err;
+  EXPECT_GT(std::stoll(m[1]), 500);  // the whole document (~10 characters a token here)
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1);  // one reply, then the end
+  r = longctx::testing::run_cli(base + "-f /dev/null < /dev/null");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--prompt-file /dev/null: the prompt is empty"), std::string::npos) << r.err;
 }
 
 TEST_F(ChatCli, PipedFullContextDropsTheOldestTurns) {

@@ -164,6 +164,13 @@ class ChatRepl {
       sigint.emplace();
       std::fputs("longctx chat: /help for commands; Ctrl-C stops a reply, Ctrl-D quits.\n", stderr);
     }
+    if (!options_.first_message.empty()) {
+      try {
+        send(options_.first_message);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+      }
+    }
     bool interrupted_at_empty_prompt = false;
     while (true) {
       g_interrupted = false;

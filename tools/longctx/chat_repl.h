@@ -10,10 +10,11 @@
 namespace longctx::cli {
 
 struct ChatOptions {
-  std::string system;        // the system message; empty: none
-  bool no_thinking = false;  // enable_thinking=false for the template (Qwen3)
-  bool summary = false;      // a timing line on stderr after each reply
-  std::string history_file;  // line history across sessions (terminal only); empty: none
+  std::string system;         // the system message; empty: none
+  bool no_thinking = false;   // enable_thinking=false for the template (Qwen3)
+  bool summary = false;       // a timing line on stderr after each reply
+  std::string history_file;   // line history across sessions (terminal only); empty: none
+  std::string first_message;  // sent before the first prompt (--prompt-file); empty: none
 };
 
 // Runs until /exit, end of input (Ctrl-D), or Ctrl-C twice at an empty prompt.

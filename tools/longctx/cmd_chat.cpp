@@ -17,6 +17,7 @@ struct Options {
   GenerateOptions gen;
   ChatOptions chat;
   std::string system_file;
+  std::string prompt_file;  // the first message; "-": standard input
 };
 
 void run(Options& o) {
@@ -28,6 +29,11 @@ void run(Options& o) {
     o.chat.system = text.str();
     while (!o.chat.system.empty() && (o.chat.system.back() == '\n' || o.chat.system.back() == '\r'))
       o.chat.system.pop_back();
+  }
+  if (!o.prompt_file.empty()) {
+    o.chat.first_message = read_prompt_file(o.prompt_file);
+    LONGCTX_CHECK(!o.chat.first_message.empty(), ErrorCode::kInvalidArgument,
+                  "--prompt-file {}: the prompt is empty", o.prompt_file);
   }
   auto llm = make_llm(o.gen);
   run_chat(*llm, o.gen.sampling, o.chat);
@@ -44,6 +50,9 @@ CommandRegistration reg("chat", [](CLI::App& app) {
   add_sampling_options(*cmd, o->gen.sampling);
   auto* system = cmd->add_option("--system", o->chat.system, "system message");
   cmd->add_option("--system-file", o->system_file, "system message from a file")->excludes(system);
+  cmd->add_option("--prompt-file,-f", o->prompt_file,
+                  "the first message from a file (a document to ask about); - reads it from "
+                  "standard input, which then ends the chat after the reply");
   cmd->add_option("--history-file", o->chat.history_file,
                   "keep the typed lines across sessions in this file (terminal only)");
   cmd->add_flag("--no-thinking", o->chat.no_thinking, "enable_thinking=false (Qwen3 templates)");
