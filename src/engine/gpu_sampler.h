@@ -38,12 +38,15 @@ class GpuSampler {
 
  private:
   void reserve_penalties(int64_t entries);
+  // Where the token masks start in the upload buffers (after the penalty entries' capacity).
+  int64_t masks_offset() const;
 
   int64_t max_rows_ = 0;
   int64_t vocab_ = 0;
   Device device_;
   int64_t penalty_capacity_ = 0;  // entries the upload buffers hold
-  Tensor upload_host_;   // [upload bytes] u8 pinned: row params | penalized rows | penalties
+  // [upload bytes] u8 pinned: row params | penalized rows | penalties | token masks
+  Tensor upload_host_;
   Tensor upload_dev_;    // [upload bytes] u8: the same, on the device
   Tensor results_host_;  // [max_rows * sizeof(SamplingRowResult)] u8 pinned
   Tensor results_dev_;   // [max_rows * sizeof(SamplingRowResult)] u8
