@@ -94,8 +94,9 @@ std::shared_ptr<const structured::CompiledGrammar> EngineCore::grammar_for(
   const std::string key = schema ? "schema:" + output.json_schema : "json_object";
   if (auto it = grammars_.find(key); it != grammars_.end()) return it->second;
   structured::Grammar g =
-      schema ? structured::json_schema_grammar(parse_ordered_json(output.json_schema, "JSON schema"))
-             : structured::any_json_object_grammar();
+      schema
+          ? structured::json_schema_grammar(parse_ordered_json(output.json_schema, "JSON schema"))
+          : structured::any_json_object_grammar();
   if (grammar_vocab_ == nullptr) {
     const int64_t logits = vocab_size();
     const auto n = std::min<int64_t>(static_cast<int64_t>(tokenizer_->vocab_size()), logits);
@@ -110,8 +111,8 @@ std::shared_ptr<const structured::CompiledGrammar> EngineCore::grammar_for(
     for (int64_t e : options_.eos_token_ids) {
       if (e >= 0 && e < logits) eos.push_back(static_cast<int32_t>(e));
     }
-    grammar_vocab_ = std::make_shared<structured::TokenVocabulary>(std::move(bytes),
-                                                                   std::move(eos), logits);
+    grammar_vocab_ =
+        std::make_shared<structured::TokenVocabulary>(std::move(bytes), std::move(eos), logits);
   }
   auto compiled = std::make_shared<const structured::CompiledGrammar>(std::move(g), grammar_vocab_);
   if (grammars_.size() >= kMaxCachedGrammars) grammars_.clear();

@@ -1,6 +1,6 @@
 // GpuSampler: packs the batch's per-row parameters, penalty entries (engine/sampling_pack.h) and
-// the token masks of structured-output rows into one pinned buffer, uploads it, runs the sampling op (ops/sampling.h) on the device, and
-// reads the results back.
+// the token masks of structured-output rows into one pinned buffer, uploads it, runs the sampling
+// op (ops/sampling.h) on the device, and reads the results back.
 #include "engine/gpu_sampler.h"
 
 #include <algorithm>
@@ -55,17 +55,17 @@ GpuSampler::GpuSampler(int64_t max_rows, int64_t vocab, Device device)
 void GpuSampler::reserve_penalties(int64_t entries) {
   if (entries <= penalty_capacity_) return;
   penalty_capacity_ = std::max(entries, 2 * penalty_capacity_);
-  const int64_t bytes =
-      masks_offset() + max_rows_ * kernels::sampling_mask_words(vocab_) *
-                           static_cast<int64_t>(sizeof(uint32_t));
+  const int64_t bytes = masks_offset() + max_rows_ * kernels::sampling_mask_words(vocab_) *
+                                             static_cast<int64_t>(sizeof(uint32_t));
   upload_host_ = Tensor::empty_pinned({bytes}, DType::kU8);
   upload_dev_ = Tensor::empty({bytes}, DType::kU8, device_);
 }
 
 int64_t GpuSampler::masks_offset() const {
-  return align_up(entries_offset(max_rows_) +
-                      penalty_capacity_ * static_cast<int64_t>(sizeof(kernels::SamplingPenaltyEntry)),
-                  16);
+  return align_up(
+      entries_offset(max_rows_) +
+          penalty_capacity_ * static_cast<int64_t>(sizeof(kernels::SamplingPenaltyEntry)),
+      16);
 }
 
 int64_t GpuSampler::device_bytes() const {

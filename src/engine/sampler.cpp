@@ -47,10 +47,10 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   batch.penalties = entries.data();
   batch.results = &result;
   if (!state.token_mask().empty()) {
-    LONGCTX_CHECK(static_cast<int64_t>(state.token_mask().size()) ==
-                      kernels::sampling_mask_words(vocab),
-                  ErrorCode::kInvalidArgument, "sampling: a token mask of {} words for {} logits",
-                  state.token_mask().size(), vocab);
+    LONGCTX_CHECK(
+        static_cast<int64_t>(state.token_mask().size()) == kernels::sampling_mask_words(vocab),
+        ErrorCode::kInvalidArgument, "sampling: a token mask of {} words for {} logits",
+        state.token_mask().size(), vocab);
     row.mask_row = 0;
     batch.masks = state.token_mask().data();
   }

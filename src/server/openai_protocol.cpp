@@ -7,6 +7,7 @@
 
 #include "longctx/core/json_limits.h"
 #include "longctx/tokenizer/tokenizer.h"
+#include "structured/json_schema.h"
 
 namespace longctx::server {
 
@@ -228,18 +229,58 @@ void check_unsupported(const Json& body, Endpoint endpoint) {
     if (v != nullptr && !(v->is_array() && v->empty()) && !(v->is_object() && v->empty()))
       throw ApiError(400, std::string("'") + name + "' is not supported", name);
   }
-  if (endpoint == Endpoint::kChat) {
-    if (const Json* rf = field(body, "response_format")) {
-      if (!rf->is_object() || rf->value("type", "") != "text")
-        throw ApiError(400, "'response_format' other than {\"type\": \"text\"} is not supported",
-                       "response_format");
-    }
+}
+
+// response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
+// "json_schema": {"name", "schema", "strict"}}. The schema is compiled here so an unsupported
+// keyword is a 400 naming it; it is kept as the client wrote it (raw_body, when given, keeps the
+// key order: properties are generated in schema order).
+void parse_response_format(const Json& body, std::string_view raw_body, SamplingParams& sp) {
+  const Json* rf = field(body, "response_format");
+  if (rf == nullptr) return;
+  constexpr const char* kParam = "response_format";
+  if (!rf->is_object()) wrong_type(kParam, "an object", *rf);
+  const Json* type = field(*rf, "type");
+  if (type == nullptr || !type->is_string())
+    throw ApiError(422, "'response_format.type' must be a string", kParam);
+  const std::string t = type->get<std::string>();
+  if (t == "text") return;
+  if (t == "json_object") {
+    sp.structured.kind = StructuredOutput::Kind::kJsonObject;
+    return;
   }
+  if (t != "json_schema")
+    throw ApiError(400,
+                   "'response_format.type' must be \"text\", \"json_object\" or "
+                   "\"json_schema\", got \"" +
+                       t + "\"",
+                   kParam);
+  const Json* js = field(*rf, "json_schema");
+  if (js == nullptr || !js->is_object())
+    throw ApiError(422, "'response_format.json_schema' must be an object", kParam);
+  if (const Json* strict = field(*js, "strict"); strict != nullptr && !strict->is_boolean())
+    wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+  const Json* schema = field(*js, "schema");
+  if (schema == nullptr || !(schema->is_object() || schema->is_boolean()))
+    throw ApiError(422, "'response_format.json_schema.schema' must be a JSON schema object",
+                   kParam);
+  nlohmann::ordered_json ordered;
+  try {
+    ordered = raw_body.empty() ? nlohmann::ordered_json::parse(schema->dump())
+                               : parse_ordered_json(
+                                     raw_body, "the request body")[kParam]["json_schema"]["schema"];
+    structured::json_schema_grammar(ordered);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("response_format: ") + e.what(), kParam);
+  }
+  sp.structured.kind = StructuredOutput::Kind::kJsonSchema;
+  sp.structured.json_schema = ordered.dump();
 }
 
 }  // namespace
 
-GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) {
+GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint,
+                                           std::string_view raw_body) {
   if (!body.is_object()) wrong_type("the request body", "a JSON object", body);
   GenerationRequest req;
   req.endpoint = endpoint;
@@ -279,6 +320,7 @@ GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) 
   if (auto v = opt_bool(body, "ignore_eos")) sp.ignore_eos = *v;
   if (auto v = opt_bool(body, "skip_special_tokens")) sp.skip_special_tokens = *v;
   parse_stop(body, sp);
+  parse_response_format(body, raw_body, sp);
   if (const Json* ids = field(body, "stop_token_ids")) {
     if (!ids->is_array()) wrong_type("stop_token_ids", "an array of token ids", *ids);
     sp.stop_token_ids = token_list("stop_token_ids", *ids);

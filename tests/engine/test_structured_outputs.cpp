@@ -58,7 +58,7 @@ const char* kSchemas[] = {
 TEST(StructuredOutputs, MixedBatchValidatesAndLeavesUnconstrainedUnchanged) {
   LLM& llm = needle();
   const std::vector<Prompt> prompts = {"The key is", "Answer in JSON:", "Once upon a time",
-                                       "List:", "Numbers 1 2 3", "{\"a\":"};
+                                       "List:",      "Numbers 1 2 3",   "{\"a\":"};
   std::vector<SamplingParams> mixed = {
       sampled(1, 24),
       with_schema(sampled(2, 48), kSchemas[0]),
@@ -133,8 +133,7 @@ TEST(StructuredOutputs, ManySeedsAlwaysParseWithinMaxTokens) {
 
 TEST(StructuredOutputs, UnsupportedSchemaIsRefusedBeforeAnythingRuns) {
   LLM& llm = needle();
-  std::vector<SamplingParams> params = {sampled(1, 4),
-                                        with_schema(sampled(2, 8), R"({"not":{}})")};
+  std::vector<SamplingParams> params = {sampled(1, 4), with_schema(sampled(2, 8), R"({"not":{}})")};
   try {
     llm.generate({"a", "b"}, params, false);
     FAIL() << "accepted";

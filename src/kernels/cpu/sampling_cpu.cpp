@@ -104,8 +104,7 @@ void row_logprobs(std::span<const float> raw, int32_t token, int n_top, Sampling
 }
 
 SamplingRowResult sample_row(std::span<const float> raw, const SamplingRowParams& p,
-                             std::span<const SamplingPenaltyEntry> entries,
-                             const uint32_t* mask) {
+                             std::span<const SamplingPenaltyEntry> entries, const uint32_t* mask) {
   SamplingRowResult res;
   if (!check_raw(raw, res)) return res;
   std::vector<float> work(raw.begin(), raw.end());
