@@ -259,7 +259,7 @@ void parse_response_format(const Json& body, std::string_view raw_body, Sampling
   if (js == nullptr || !js->is_object())
     throw ApiError(422, "'response_format.json_schema' must be an object", kParam);
   if (const Json* strict = field(*js, "strict"); strict != nullptr && !strict->is_boolean())
-    wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+    throw ApiError(422, "'response_format.json_schema.strict' must be a boolean", kParam);
   const Json* schema = field(*js, "schema");
   if (schema == nullptr || !(schema->is_object() || schema->is_boolean()))
     throw ApiError(422, "'response_format.json_schema.schema' must be a JSON schema object",

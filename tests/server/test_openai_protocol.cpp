@@ -45,5 +45,47 @@ TEST(OpenAIProtocol, ContentPartsOfTheWrongTypeAre400) {
   EXPECT_EQ(r.messages[0]["content"], "a\nb");
 }
 
+TEST(OpenAIProtocol, ResponseFormat) {
+  auto parse = [](const std::string& rf, Endpoint e = Endpoint::kChat, bool raw = true) {
+    const std::string body =
+        (e == Endpoint::kChat ? R"({"messages":[{"role":"user","content":"hi"}])"
+                              : std::string(R"({"prompt":"hi")")) +
+        std::string(R"(,"response_format":)") + rf + "}";
+    return parse_generation_request(Json::parse(body), e, raw ? body : std::string_view());
+  };
+  EXPECT_FALSE(parse(R"({"type":"text"})").params.structured.enabled());
+  EXPECT_EQ(parse(R"({"type":"json_object"})", Endpoint::kCompletions).params.structured.kind,
+            StructuredOutput::Kind::kJsonObject);
+  // The schema keeps the client's key order from the raw body ("b" before "a").
+  const GenerationRequest r = parse(
+      R"({"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"object",
+          "properties":{"b":{"type":"integer"},"a":{"type":"string"}}}}})");
+  EXPECT_EQ(r.params.structured.kind, StructuredOutput::Kind::kJsonSchema);
+  EXPECT_LT(r.params.structured.json_schema.find("\"b\""),
+            r.params.structured.json_schema.find("\"a\""));
+  // Errors: the status, and the param / keyword they name.
+  const std::vector<std::tuple<std::string, int, std::string>> bad = {
+      {R"("json")", 422, "response_format"},
+      {R"({"type":"yaml"})", 400, "\"yaml\""},
+      {R"({"type":"json_schema"})", 422, "json_schema"},
+      {R"({"type":"json_schema","json_schema":{"name":"x"}})", 422, "schema"},
+      {R"({"type":"json_schema","json_schema":{"schema":{},"strict":"yes"}})", 422, "strict"},
+      {R"({"type":"json_schema","json_schema":{"schema":{"type":"string","format":"email"}}})", 400,
+       "'format'"},
+      {R"({"type":"json_schema","json_schema":{"schema":{"properties":{"x":{"not":{}}}}}})", 400,
+       "'not' (at #/properties/x)"},
+  };
+  for (const auto& [rf, status, needle] : bad) {
+    try {
+      parse(rf);
+      ADD_FAILURE() << rf << " accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), status) << rf << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << rf << ": " << e.what();
+      EXPECT_EQ(e.param(), "response_format") << rf;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace longctx::server
