@@ -245,7 +245,7 @@ std::vector<int32_t> ApiServer::prompt_ids(const GenerationRequest& g) {
 
 HandlerResult ApiServer::generate(const HttpRequest& req, Endpoint endpoint) {
   const Json body = parse_body(req);
-  GenerationRequest g = parse_generation_request(body, endpoint, req.body);
+  GenerationRequest g = parse_generation_request(body, endpoint);
   check_model(g.model);
   std::vector<int32_t> ids = prompt_ids(g);
   const char* prompt_field = endpoint == Endpoint::kChat ? "messages" : "prompt";

@@ -233,9 +233,9 @@ void check_unsupported(const Json& body, Endpoint endpoint) {
 
 // response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
 // "json_schema": {"name", "schema", "strict"}}. The schema is compiled here so an unsupported
-// keyword is a 400 naming it; it is kept as the client wrote it (raw_body, when given, keeps the
-// key order: properties are generated in schema order).
-void parse_response_format(const Json& body, std::string_view raw_body, SamplingParams& sp) {
+// keyword is a 400 naming it; Json keeps the client's key order, so properties are generated in
+// the order the schema lists them.
+void parse_response_format(const Json& body, SamplingParams& sp) {
   const Json* rf = field(body, "response_format");
   if (rf == nullptr) return;
   constexpr const char* kParam = "response_format";
@@ -264,23 +264,18 @@ void parse_response_format(const Json& body, std::string_view raw_body, Sampling
   if (schema == nullptr || !(schema->is_object() || schema->is_boolean()))
     throw ApiError(422, "'response_format.json_schema.schema' must be a JSON schema object",
                    kParam);
-  nlohmann::ordered_json ordered;
   try {
-    ordered = raw_body.empty() ? nlohmann::ordered_json::parse(schema->dump())
-                               : parse_ordered_json(
-                                     raw_body, "the request body")[kParam]["json_schema"]["schema"];
-    structured::json_schema_grammar(ordered);
+    structured::json_schema_grammar(*schema);
   } catch (const Error& e) {
     throw ApiError(400, std::string("response_format: ") + e.what(), kParam);
   }
   sp.structured.kind = StructuredOutput::Kind::kJsonSchema;
-  sp.structured.json_schema = ordered.dump();
+  sp.structured.json_schema = schema->dump();
 }
 
 }  // namespace
 
-GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint,
-                                           std::string_view raw_body) {
+GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) {
   if (!body.is_object()) wrong_type("the request body", "a JSON object", body);
   GenerationRequest req;
   req.endpoint = endpoint;
@@ -320,7 +315,7 @@ GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint,
   if (auto v = opt_bool(body, "ignore_eos")) sp.ignore_eos = *v;
   if (auto v = opt_bool(body, "skip_special_tokens")) sp.skip_special_tokens = *v;
   parse_stop(body, sp);
-  parse_response_format(body, raw_body, sp);
+  parse_response_format(body, sp);
   if (const Json* ids = field(body, "stop_token_ids")) {
     if (!ids->is_array()) wrong_type("stop_token_ids", "an array of token ids", *ids);
     sp.stop_token_ids = token_list("stop_token_ids", *ids);

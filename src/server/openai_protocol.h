@@ -76,10 +76,7 @@ struct GenerationRequest {
   bool logprobs = false;       // the response carries logprobs (params.logprobs = top count)
 };
 
-// raw_body: the body's text, when at hand, for what needs its key order (a response_format
-// schema's properties); without it keys come in nlohmann::json's sorted order.
-GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint,
-                                           std::string_view raw_body = {});
+GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint);
 
 // Builds one request's response: the complete JSON, or its SSE events. Not thread-safe; one
 // builder per request, used on the engine thread.

@@ -46,17 +46,17 @@ TEST(OpenAIProtocol, ContentPartsOfTheWrongTypeAre400) {
 }
 
 TEST(OpenAIProtocol, ResponseFormat) {
-  auto parse = [](const std::string& rf, Endpoint e = Endpoint::kChat, bool raw = true) {
+  auto parse = [](const std::string& rf, Endpoint e = Endpoint::kChat) {
     const std::string body =
         (e == Endpoint::kChat ? R"({"messages":[{"role":"user","content":"hi"}])"
                               : std::string(R"({"prompt":"hi")")) +
         std::string(R"(,"response_format":)") + rf + "}";
-    return parse_generation_request(Json::parse(body), e, raw ? body : std::string_view());
+    return parse_generation_request(Json::parse(body), e);
   };
   EXPECT_FALSE(parse(R"({"type":"text"})").params.structured.enabled());
   EXPECT_EQ(parse(R"({"type":"json_object"})", Endpoint::kCompletions).params.structured.kind,
             StructuredOutput::Kind::kJsonObject);
-  // The schema keeps the client's key order from the raw body ("b" before "a").
+  // The schema keeps the client's key order ("b" before "a": Json is an ordered_json).
   const GenerationRequest r = parse(
       R"({"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"object",
           "properties":{"b":{"type":"integer"},"a":{"type":"string"}}}}})");
