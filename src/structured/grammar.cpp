@@ -34,6 +34,10 @@ int32_t Grammar::add_rule(std::string name) {
 void Grammar::add_alternative(int32_t rule, const Sequence& elements) {
   LONGCTX_ASSERT(!finalized_ && rule >= 0 && rule < static_cast<int32_t>(rules_.size()),
                  "grammar: bad rule {}", rule);
+  LONGCTX_CHECK(elements_.size() + elements.size() < kMaxElements, ErrorCode::kUnsupported,
+                "grammar: the schema needs more than {} grammar elements (too many or too large "
+                "counted repetitions)",
+                kMaxElements);
   rules_[rule].starts.push_back(static_cast<int32_t>(elements_.size()));
   for (const Element& e : elements) {
     LONGCTX_ASSERT(e.kind != Element::Kind::kEnd, "grammar: explicit end element");
@@ -170,8 +174,16 @@ GrammarState Grammar::advance(const GrammarState& state, uint8_t b) const {
     Stack moved = s;
     moved.back() = p + 1;
     expand(std::move(moved), next.stacks);
+    LONGCTX_CHECK(next.stacks.size() <= 4 * kMaxStacks, ErrorCode::kUnsupported,
+                  "grammar: more than {} ways to read the output at once (nested ambiguous "
+                  "anyOf / oneOf?)",
+                  kMaxStacks);
   }
   normalize(next.stacks);
+  LONGCTX_CHECK(next.stacks.size() <= kMaxStacks, ErrorCode::kUnsupported,
+                "grammar: more than {} ways to read the output at once (nested ambiguous anyOf / "
+                "oneOf?)",
+                kMaxStacks);
   return next;
 }
 

@@ -62,6 +62,11 @@ class Grammar {
  public:
   // Effectively unbounded: the distance of a rule with no finite derivation.
   static constexpr int32_t kInfinite = 1 << 30;
+  // Bounds against hostile schemas: elements of the whole grammar (a schema of many large
+  // maxLength / maxItems unrolls), and live stacks at once (nested ambiguous anyOf can multiply
+  // the ways to read the same bytes). Past either, Error(kUnsupported).
+  static constexpr size_t kMaxElements = size_t{1} << 21;
+  static constexpr size_t kMaxStacks = 1024;
 
   int32_t add_rule(std::string name);
   void add_alternative(int32_t rule, const Sequence& elements);

@@ -242,6 +242,30 @@ TEST(JsonSchemaGrammar, UnsupportedKeywordsAreNamed) {
   }
 }
 
+TEST(JsonSchemaGrammar, HostileSchemasHitTheBounds) {
+  // Many large counted repetitions: refused while compiling.
+  OJson props = OJson::object();
+  for (int i = 0; i < 60; ++i)
+    props["p" + std::to_string(i)] = {{"type", "string"}, {"maxLength", 10000}};
+  try {
+    json_schema_grammar(OJson{{"type", "object"}, {"properties", props}});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("grammar elements"), std::string::npos) << e.what();
+  }
+  // Ambiguity that doubles the live stacks with every '[': refused when it passes the bound.
+  const Grammar g = grammar_of(R"({"$ref":"#/$defs/t","$defs":{"t":{"anyOf":[
+      {"type":"array","items":{"$ref":"#/$defs/t"}},
+      {"type":"array","items":{"$ref":"#/$defs/t"},"maxItems":3},{"type":"null"}]}}})");
+  EXPECT_TRUE(g.matches("[[null],[]]"));
+  try {
+    g.advance(g.initial(), std::string(16, '['));
+    ADD_FAILURE() << "no bound";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ways to read"), std::string::npos) << e.what();
+  }
+}
+
 // ---------- masks against brute force ----------
 
 // Every single byte (id = the byte), random multi-byte tokens cut from `docs` and from JSON
