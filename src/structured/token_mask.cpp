@@ -81,13 +81,55 @@ std::pair<int64_t, int64_t> CompiledGrammar::cache_stats() const {
   return {computed_, hits_};
 }
 
+namespace {
+
+// The states one mask walk meets, each interned once with its transitions as they are taken: a
+// lazily built DFA over the walk. Inside a string nearly every token leads back to the same few
+// states, so most bytes cost a hash lookup instead of a stack expansion.
+class StateTable {
+ public:
+  explicit StateTable(const Grammar& g) : g_(g) {}
+
+  int32_t intern(GrammarState s) {
+    std::string key = s.key();
+    if (auto it = ids_.find(key); it != ids_.end()) return it->second;
+    const auto id = static_cast<int32_t>(states_.size());
+    distances_.push_back(g_.distance(s));
+    states_.push_back(std::move(s));
+    ids_.emplace(std::move(key), id);
+    return id;
+  }
+
+  // The state after byte b from state `id`; -1 when dead.
+  int32_t next(int32_t id, uint8_t b) {
+    const uint64_t edge = (static_cast<uint64_t>(id) << 8) | b;
+    if (auto it = edges_.find(edge); it != edges_.end()) return it->second;
+    GrammarState s = g_.advance(states_[id], b);
+    const int32_t to = s.dead() ? -1 : intern(std::move(s));
+    edges_.emplace(edge, to);
+    return to;
+  }
+
+  int32_t distance(int32_t id) const { return distances_[id]; }
+
+ private:
+  const Grammar& g_;
+  std::vector<GrammarState> states_;
+  std::vector<int32_t> distances_;
+  std::unordered_map<std::string, int32_t> ids_;
+  std::unordered_map<uint64_t, int32_t> edges_;
+};
+
+}  // namespace
+
 std::shared_ptr<const TokenMask> CompiledGrammar::compute(const GrammarState& state) const {
   auto m = std::make_shared<TokenMask>();
   const TokenVocabulary& v = *vocab_;
   m->bits.assign(v.mask_words(), 0);
+  StateTable table(grammar_);
   // at[k]: the state after the first k bytes of the current token; valid for k <= alive.
-  std::vector<GrammarState> at(v.max_len_ + 1);
-  at[0] = state;
+  std::vector<int32_t> at(v.max_len_ + 1, -1);
+  at[0] = table.intern(state);
   size_t alive = 0;
   const size_t n = v.sorted_.size();
   for (size_t i = 0; i < n;) {
@@ -96,8 +138,8 @@ std::shared_ptr<const TokenMask> CompiledGrammar::compute(const GrammarState& st
     size_t k = std::min<size_t>(v.lcp_[i], alive);
     bool dead = false;
     for (; k < b.size(); ++k) {
-      at[k + 1] = grammar_.advance(at[k], static_cast<uint8_t>(b[k]));
-      if (at[k + 1].dead()) {
+      at[k + 1] = table.next(at[k], static_cast<uint8_t>(b[k]));
+      if (at[k + 1] < 0) {
         dead = true;
         break;
       }
@@ -110,7 +152,7 @@ std::shared_ptr<const TokenMask> CompiledGrammar::compute(const GrammarState& st
       continue;
     }
     alive = b.size();
-    const int32_t d = grammar_.distance(at[alive]);
+    const int32_t d = table.distance(at[alive]);
     if (d < Grammar::kInfinite) {
       set_bit(m->bits, t);
       m->allowed.emplace_back(t, d);
