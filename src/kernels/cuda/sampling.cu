@@ -494,7 +494,8 @@ __global__ void __launch_bounds__(kThreads) apply_penalties_kernel(SamplingBatch
   }
   if (p.mask_row >= 0) {
     __syncthreads();
-    const uint32_t* __restrict__ mask = b.masks + int64_t(p.mask_row) * sampling_mask_words(b.vocab);
+    const uint32_t* __restrict__ mask =
+        b.masks + int64_t(p.mask_row) * sampling_mask_words(b.vocab);
     for (int i = threadIdx.x; i < b.vocab; i += kThreads) {
       if (((__ldg(mask + (i >> 5)) >> (i & 31)) & 1u) == 0) work[i] = -INFINITY;
     }
