@@ -5,6 +5,7 @@
 
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
+#include "longctx/core/logging.h"
 #include "longctx/tokenizer/tokenizer.h"
 #include "structured/json_schema.h"
 
@@ -205,26 +206,45 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats) {
   std::vector<Sequence*> rows;
   std::vector<const SamplingParams*> params;
   std::vector<SamplerState*> states;
+  std::vector<uint8_t> dropped;  // a grammar past its bounds: the row is sampled, then discarded
   for (const ScheduledSeq& s : out.seqs) {
     if (!s.sample) continue;
     rows.push_back(s.seq);
     params.push_back(&s.seq->params);
     states.push_back(&s.seq->sampler);
-    if (s.seq->grammar != nullptr) {
-      // The tokens the grammar allows, within what the request may still generate.
-      std::vector<uint32_t>& mask = s.seq->sampler.token_mask();
-      mask.resize(static_cast<size_t>(s.seq->grammar->grammar().vocab().mask_words()));
+    dropped.push_back(0);
+    if (s.seq->grammar == nullptr) continue;
+    // The tokens the grammar allows, within what the request may still generate.
+    std::vector<uint32_t>& mask = s.seq->sampler.token_mask();
+    mask.resize(static_cast<size_t>(s.seq->grammar->grammar().vocab().mask_words()));
+    try {
       s.seq->grammar->fill_mask(
           s.seq->max_total_tokens - static_cast<int64_t>(s.seq->tokens.size()), mask);
+    } catch (const Error& e) {
+      // Ends its own request (abort), not the batch.
+      LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", s.seq->output.index,
+                        e.what());
+      mask.clear();
+      dropped.back() = 1;
     }
   }
   std::vector<SampleResult> samples = executor_->sample(logits, params, states);
   LONGCTX_CHECK(samples.size() == rows.size(), ErrorCode::kInternal,
                 "executor sampled {} tokens for {} rows", samples.size(), rows.size());
   const double t1 = now_seconds();
-  generation_tokens_ += static_cast<int64_t>(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
-    updates.push_back(postprocess(*rows[i], samples[i], t1));
+    if (dropped[i]) {
+      Sequence& seq = *rows[i];
+      seq.output.text = seq.stop_matcher.text();
+      finish(seq, FinishReason::kAbort, t1);
+      StepUpdate u;
+      u.seq = &seq;
+      u.finished = true;
+      updates.push_back(std::move(u));
+    } else {
+      ++generation_tokens_;
+      updates.push_back(postprocess(*rows[i], samples[i], t1));
+    }
     if (updates.back().finished) {
       scheduler_.remove(rows[i]);
       retire(rows[i]->id);

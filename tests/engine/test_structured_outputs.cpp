@@ -144,5 +144,18 @@ TEST(StructuredOutputs, UnsupportedSchemaIsRefusedBeforeAnythingRuns) {
   EXPECT_THROW(llm.generate({"a", "b"}, params, false), Error);
 }
 
+TEST(StructuredOutputs, AGrammarPastItsBoundsAbortsOnlyItsRequest) {
+  LLM& llm = needle();
+  // 1,500 values sharing a prefix: after '"' every one is a live reading, past the 1,024 bound.
+  OJson values = OJson::array();
+  for (int i = 0; i < 1500; ++i) values.push_back("v" + std::to_string(10000 + i));
+  const std::vector<SamplingParams> params = {
+      with_schema(sampled(1, 12), OJson{{"enum", values}}.dump()), sampled(2, 12)};
+  const std::vector<RequestOutput> out = llm.generate({"a", "b"}, params, false);
+  EXPECT_EQ(out[0].finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(out[1].finish_reason, FinishReason::kLength);
+  EXPECT_EQ(out[1].token_ids.size(), 12u);
+}
+
 }  // namespace
 }  // namespace longctx
