@@ -23,9 +23,10 @@ class GpuSampler {
   GpuSampler(int64_t max_rows, int64_t vocab, Device device);
 
   // Row i of `logits` (device f32 [B, vocab], last dim contiguous, B <= max_rows) is sampled
-  // with *params[i] and *states[i]; on success every state advances one step. One upload (row
-  // parameters, penalty entries), one download (tokens, logprobs), one stream synchronization,
-  // on current_stream(). Throws Error(kInvalidArgument) for bad shapes or parameters and, like
+  // with *params[i] and *states[i] (and its token_mask(), if any); on success every state
+  // advances one step. One upload (row parameters, penalty entries; the masks, when a row has
+  // one, in a second copy), one download (tokens, logprobs), one stream synchronization, on
+  // current_stream(). Throws Error(kInvalidArgument) for bad shapes or parameters and, like
   // sample_token (naming the batch row too), for NaN / +inf / all -inf logits; no state
   // advances then.
   std::vector<SampleResult> sample(const Tensor& logits, std::span<SamplerState* const> states,
