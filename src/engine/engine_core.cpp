@@ -4,6 +4,10 @@
 #include <chrono>
 
 #include "longctx/core/error.h"
+#include "longctx/core/json_limits.h"
+#include "longctx/core/logging.h"
+#include "longctx/tokenizer/tokenizer.h"
+#include "structured/json_schema.h"
 
 namespace longctx {
 
@@ -68,6 +72,7 @@ void EngineCore::check_request(std::span<const int32_t> prompt,
   }
   LONGCTX_CHECK(params.stop.empty() || tokenizer_ != nullptr, ErrorCode::kInvalidArgument,
                 "stop strings need a tokenizer (this engine has none: use stop_token_ids)");
+  if (params.structured.enabled()) grammar_for(params.structured);
   // Every sequence must fit the pool alone, or the scheduler could never finish it.
   const int64_t most = max_total_tokens(n, params);
   const int64_t held = blocks_.max_blocks_held(most, options_.scheduler.max_num_batched_tokens);
@@ -78,6 +83,42 @@ void EngineCore::check_request(std::span<const int32_t> prompt,
                 "cache more memory",
                 most, n, params.max_tokens, options_.max_model_len, held, blocks_.num_blocks(),
                 blocks_.block_size(), blocks_.num_blocks() * blocks_.block_size());
+}
+
+std::shared_ptr<const structured::CompiledGrammar> EngineCore::grammar_for(
+    const StructuredOutput& output) const {
+  // Schemas kept compiled; past it the cache starts over.
+  constexpr size_t kMaxCachedGrammars = 256;
+  LONGCTX_CHECK(tokenizer_ != nullptr, ErrorCode::kInvalidArgument,
+                "structured outputs need a tokenizer (this engine has none)");
+  const bool schema = output.kind == StructuredOutput::Kind::kJsonSchema;
+  const std::string key = schema ? "schema:" + output.json_schema : "json_object";
+  if (auto it = grammars_.find(key); it != grammars_.end()) return it->second;
+  structured::Grammar g =
+      schema
+          ? structured::json_schema_grammar(parse_ordered_json(output.json_schema, "JSON schema"))
+          : structured::any_json_object_grammar();
+  if (grammar_vocab_ == nullptr) {
+    const int64_t logits = vocab_size();
+    const auto n = std::min<int64_t>(static_cast<int64_t>(tokenizer_->vocab_size()), logits);
+    std::vector<std::string> bytes(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      const auto id = static_cast<TokenId>(t);
+      if (tokenizer_->is_valid_id(id) && !tokenizer_->is_special(id)) {
+        bytes[t] = std::string(tokenizer_->token_bytes(id));
+      }
+    }
+    std::vector<int32_t> eos;
+    for (int64_t e : options_.eos_token_ids) {
+      if (e >= 0 && e < logits) eos.push_back(static_cast<int32_t>(e));
+    }
+    grammar_vocab_ =
+        std::make_shared<structured::TokenVocabulary>(std::move(bytes), std::move(eos), logits);
+  }
+  auto compiled = std::make_shared<const structured::CompiledGrammar>(std::move(g), grammar_vocab_);
+  if (grammars_.size() >= kMaxCachedGrammars) grammars_.clear();
+  grammars_.emplace(key, compiled);
+  return compiled;
 }
 
 int64_t EngineCore::max_total_tokens(int64_t prompt_len, const SamplingParams& params) const {
@@ -97,6 +138,9 @@ uint64_t EngineCore::add_request(size_t index, std::vector<int32_t> prompt,
   const uint64_t seed = params.seed ? *params.seed : seed_rng_();
   seq->sampler = SamplerState(params, seed, prompt);
   seq->stop_matcher = StopStringMatcher(params.stop);
+  if (params.structured.enabled()) {
+    seq->grammar = std::make_unique<structured::GrammarMatcher>(grammar_for(params.structured));
+  }
   if (tokenizer_ != nullptr) {
     seq->text_stream = make_text_stream(*tokenizer_, prompt, params.skip_special_tokens);
   }
@@ -162,19 +206,45 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats) {
   std::vector<Sequence*> rows;
   std::vector<const SamplingParams*> params;
   std::vector<SamplerState*> states;
+  std::vector<uint8_t> dropped;  // a grammar past its bounds: the row is sampled, then discarded
   for (const ScheduledSeq& s : out.seqs) {
     if (!s.sample) continue;
     rows.push_back(s.seq);
     params.push_back(&s.seq->params);
     states.push_back(&s.seq->sampler);
+    dropped.push_back(0);
+    if (s.seq->grammar == nullptr) continue;
+    // The tokens the grammar allows, within what the request may still generate.
+    std::vector<uint32_t>& mask = s.seq->sampler.token_mask();
+    mask.resize(static_cast<size_t>(s.seq->grammar->grammar().vocab().mask_words()));
+    try {
+      s.seq->grammar->fill_mask(
+          s.seq->max_total_tokens - static_cast<int64_t>(s.seq->tokens.size()), mask);
+    } catch (const Error& e) {
+      // Ends its own request (abort), not the batch.
+      LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", s.seq->output.index,
+                        e.what());
+      mask.clear();
+      dropped.back() = 1;
+    }
   }
   std::vector<SampleResult> samples = executor_->sample(logits, params, states);
   LONGCTX_CHECK(samples.size() == rows.size(), ErrorCode::kInternal,
                 "executor sampled {} tokens for {} rows", samples.size(), rows.size());
   const double t1 = now_seconds();
-  generation_tokens_ += static_cast<int64_t>(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
-    updates.push_back(postprocess(*rows[i], samples[i], t1));
+    if (dropped[i]) {
+      Sequence& seq = *rows[i];
+      seq.output.text = seq.stop_matcher.text();
+      finish(seq, FinishReason::kAbort, t1);
+      StepUpdate u;
+      u.seq = &seq;
+      u.finished = true;
+      updates.push_back(std::move(u));
+    } else {
+      ++generation_tokens_;
+      updates.push_back(postprocess(*rows[i], samples[i], t1));
+    }
     if (updates.back().finished) {
       scheduler_.remove(rows[i]);
       retire(rows[i]->id);
@@ -215,6 +285,13 @@ StepUpdate EngineCore::postprocess(Sequence& seq, const SampleResult& sample, do
   } else if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
     out.stop_reason = {StopReason::Kind::kStopToken, token, {}};
   }
+  bool grammar_end = false;
+  if (seq.grammar != nullptr) {
+    // The mask allowed only tokens the grammar takes.
+    LONGCTX_CHECK(seq.grammar->accept(token), ErrorCode::kInternal,
+                  "structured output: sampled token {} is outside the grammar", token);
+    grammar_end = seq.grammar->terminated();
+  }
   const bool token_stop = out.stop_reason.kind != StopReason::Kind::kNone;
   // As vLLM, a stop token's own text is not part of the output.
   if (seq.text_stream != nullptr && !token_stop) {
@@ -226,7 +303,7 @@ StepUpdate EngineCore::postprocess(Sequence& seq, const SampleResult& sample, do
     }
   }
   FinishReason reason = FinishReason::kNone;
-  if (out.stop_reason.kind != StopReason::Kind::kNone) {
+  if (out.stop_reason.kind != StopReason::Kind::kNone || grammar_end) {
     reason = FinishReason::kStop;
   } else if (seq.num_generated() >= seq.params.max_tokens ||
              static_cast<int64_t>(seq.tokens.size()) >= options_.max_model_len) {

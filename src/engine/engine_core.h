@@ -17,6 +17,7 @@
 #include "engine/sequence.h"
 #include "kv/block_manager.h"
 #include "longctx/engine/executor.h"
+#include "structured/token_mask.h"
 
 namespace longctx {
 
@@ -98,6 +99,10 @@ class EngineCore {
   void finish(Sequence& seq, FinishReason reason, double now);
   // Moves a finished sequence out of the live set (its blocks already freed).
   void retire(uint64_t id);
+  // The compiled grammar of a structured output, cached by schema text (compiling throws Error
+  // naming an unsupported keyword); the vocabulary is built from the tokenizer on first use.
+  std::shared_ptr<const structured::CompiledGrammar> grammar_for(
+      const StructuredOutput& output) const;
 
   std::unique_ptr<Executor> executor_;
   const Tokenizer* tokenizer_;
@@ -109,6 +114,9 @@ class EngineCore {
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> live_;  // queued or running
   std::vector<std::unique_ptr<Sequence>> finished_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
+  mutable std::shared_ptr<const structured::TokenVocabulary> grammar_vocab_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const structured::CompiledGrammar>>
+      grammars_;
 };
 
 double now_seconds();  // steady clock

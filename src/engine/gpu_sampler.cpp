@@ -1,6 +1,6 @@
-// GpuSampler: packs the batch's per-row parameters and penalty entries (engine/sampling_pack.h)
-// into one pinned buffer, uploads it, runs the sampling op (ops/sampling.h) on the device, and
-// reads the results back.
+// GpuSampler: packs the batch's per-row parameters, penalty entries (engine/sampling_pack.h) and
+// the token masks of structured-output rows into one pinned buffer, uploads it, runs the sampling
+// op (ops/sampling.h) on the device, and reads the results back.
 #include "engine/gpu_sampler.h"
 
 #include <algorithm>
@@ -55,11 +55,17 @@ GpuSampler::GpuSampler(int64_t max_rows, int64_t vocab, Device device)
 void GpuSampler::reserve_penalties(int64_t entries) {
   if (entries <= penalty_capacity_) return;
   penalty_capacity_ = std::max(entries, 2 * penalty_capacity_);
-  const int64_t bytes =
-      entries_offset(max_rows_) +
-      penalty_capacity_ * static_cast<int64_t>(sizeof(kernels::SamplingPenaltyEntry));
+  const int64_t bytes = masks_offset() + max_rows_ * kernels::sampling_mask_words(vocab_) *
+                                             static_cast<int64_t>(sizeof(uint32_t));
   upload_host_ = Tensor::empty_pinned({bytes}, DType::kU8);
   upload_dev_ = Tensor::empty({bytes}, DType::kU8, device_);
+}
+
+int64_t GpuSampler::masks_offset() const {
+  return align_up(
+      entries_offset(max_rows_) +
+          penalty_capacity_ * static_cast<int64_t>(sizeof(kernels::SamplingPenaltyEntry)),
+      16);
 }
 
 int64_t GpuSampler::device_bytes() const {
@@ -88,6 +94,8 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
   std::vector<kernels::SamplingPenaltyEntry> entries;
   std::vector<kernels::SamplingRowParams> rp(static_cast<size_t>(rows));
   std::vector<int32_t> penalized;
+  std::vector<const uint32_t*> masks;  // of the masked rows, by mask_row
+  const int64_t words = kernels::sampling_mask_words(vocab_);
   for (int64_t i = 0; i < rows; ++i) {
     LONGCTX_CHECK(states[i] != nullptr && params[i] != nullptr, kBad,
                   "GpuSampler: row {} has no state or params", i);
@@ -97,7 +105,16 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
     r = sampling_row_params(p, *states[i], vocab_);
     const size_t begin = entries.size();
     append_penalty_entries(p, *states[i], vocab_, entries);
-    if (entries.size() > begin) {
+    const std::vector<uint32_t>& mask = states[i]->token_mask();
+    LONGCTX_CHECK(mask.empty() || static_cast<int64_t>(mask.size()) == words, kBad,
+                  "GpuSampler: row {} has a token mask of {} words for {} logits", i, mask.size(),
+                  vocab_);
+    if (!mask.empty()) {
+      r.mask_row = static_cast<int32_t>(masks.size());
+      masks.push_back(mask.data());
+    }
+    // A masked row is masked in its work copy, as a penalized one.
+    if (entries.size() > begin || !mask.empty()) {
       r.work_row = static_cast<int32_t>(penalized.size());
       r.penalty_begin = static_cast<int32_t>(begin);
       r.penalty_count = static_cast<int32_t>(entries.size() - begin);
@@ -113,11 +130,19 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
   std::memcpy(up + entries_offset(max_rows_), entries.data(), entries.size() * sizeof(entries[0]));
   const size_t upload_bytes = static_cast<size_t>(entries_offset(max_rows_)) +
                               entries.size() * sizeof(kernels::SamplingPenaltyEntry);
+  const size_t mask_bytes = static_cast<size_t>(words) * sizeof(uint32_t);
+  for (size_t m = 0; m < masks.size(); ++m) {
+    std::memcpy(up + masks_offset() + m * mask_bytes, masks[m], mask_bytes);
+  }
 
   DeviceGuard guard(device_.index);
   cudaStream_t stream = current_cuda_stream(device_.index);
   auto* dev = static_cast<uint8_t*>(upload_dev_.data_ptr());
   LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev, up, upload_bytes, cudaMemcpyHostToDevice, stream));
+  if (!masks.empty()) {
+    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev + masks_offset(), up + masks_offset(),
+                                       masks.size() * mask_bytes, cudaMemcpyHostToDevice, stream));
+  }
   kernels::SamplingBatch batch;
   batch.logits = logits.data<float>();
   batch.logits_stride = logits.strides()[0];
@@ -130,6 +155,7 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
   batch.penalties =
       reinterpret_cast<const kernels::SamplingPenaltyEntry*>(dev + entries_offset(max_rows_));
   batch.results = static_cast<kernels::SamplingRowResult*>(results_dev_.data_ptr());
+  batch.masks = reinterpret_cast<const uint32_t*>(dev + masks_offset());
   ops::sample_rows(batch, device_);
   const size_t result_bytes = static_cast<size_t>(rows) * sizeof(kernels::SamplingRowResult);
   LONGCTX_CUDA_CHECK(cudaMemcpyAsync(results_host_.data_ptr(), batch.results, result_bytes,
@@ -160,6 +186,8 @@ GpuSampler::GpuSampler(int64_t max_rows, int64_t vocab, Device device)
 }
 
 void GpuSampler::reserve_penalties(int64_t) {}
+
+int64_t GpuSampler::masks_offset() const { return 0; }
 
 int64_t GpuSampler::device_bytes() const { return 0; }
 

@@ -23,9 +23,10 @@ class GpuSampler {
   GpuSampler(int64_t max_rows, int64_t vocab, Device device);
 
   // Row i of `logits` (device f32 [B, vocab], last dim contiguous, B <= max_rows) is sampled
-  // with *params[i] and *states[i]; on success every state advances one step. One upload (row
-  // parameters, penalty entries), one download (tokens, logprobs), one stream synchronization,
-  // on current_stream(). Throws Error(kInvalidArgument) for bad shapes or parameters and, like
+  // with *params[i] and *states[i] (and its token_mask(), if any); on success every state
+  // advances one step. One upload (row parameters, penalty entries; the masks, when a row has
+  // one, in a second copy), one download (tokens, logprobs), one stream synchronization, on
+  // current_stream(). Throws Error(kInvalidArgument) for bad shapes or parameters and, like
   // sample_token (naming the batch row too), for NaN / +inf / all -inf logits; no state
   // advances then.
   std::vector<SampleResult> sample(const Tensor& logits, std::span<SamplerState* const> states,
@@ -38,12 +39,15 @@ class GpuSampler {
 
  private:
   void reserve_penalties(int64_t entries);
+  // Where the token masks start in the upload buffers (after the penalty entries' capacity).
+  int64_t masks_offset() const;
 
   int64_t max_rows_ = 0;
   int64_t vocab_ = 0;
   Device device_;
   int64_t penalty_capacity_ = 0;  // entries the upload buffers hold
-  Tensor upload_host_;   // [upload bytes] u8 pinned: row params | penalized rows | penalties
+  // [upload bytes] u8 pinned: row params | penalized rows | penalties | token masks
+  Tensor upload_host_;
   Tensor upload_dev_;    // [upload bytes] u8: the same, on the device
   Tensor results_host_;  // [max_rows * sizeof(SamplingRowResult)] u8 pinned
   Tensor results_dev_;   // [max_rows * sizeof(SamplingRowResult)] u8

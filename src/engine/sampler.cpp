@@ -46,6 +46,14 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   batch.num_penalized = entries.empty() ? 0 : 1;
   batch.penalties = entries.data();
   batch.results = &result;
+  if (!state.token_mask().empty()) {
+    LONGCTX_CHECK(
+        static_cast<int64_t>(state.token_mask().size()) == kernels::sampling_mask_words(vocab),
+        ErrorCode::kInvalidArgument, "sampling: a token mask of {} words for {} logits",
+        state.token_mask().size(), vocab);
+    row.mask_row = 0;
+    batch.masks = state.token_mask().data();
+  }
   ops::sample_rows(batch, Device::cpu());
   check_sampling_result(result, std::nullopt);
   state.advance();

@@ -27,6 +27,9 @@ void SamplingParams::validate() const {
   for (int32_t t : stop_token_ids) {
     LONGCTX_CHECK(t >= 0, kBad, "stop_token_ids must be >= 0, got {}", t);
   }
+  LONGCTX_CHECK(
+      structured.kind != StructuredOutput::Kind::kJsonSchema || !structured.json_schema.empty(),
+      kBad, "a JSON-schema structured output needs a schema");
   if (logprobs) {
     LONGCTX_CHECK(*logprobs >= 0 && *logprobs <= kMaxLogprobs, kBad,
                   "logprobs must be in [0, {}], got {}", kMaxLogprobs, *logprobs);

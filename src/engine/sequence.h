@@ -12,6 +12,7 @@
 #include "longctx/engine/sampler.h"
 #include "longctx/engine/sampling_params.h"
 #include "longctx/engine/stop_strings.h"
+#include "structured/token_mask.h"
 
 namespace longctx {
 
@@ -28,6 +29,8 @@ struct Sequence {
   SamplerState sampler;
   StopStringMatcher stop_matcher;
   std::unique_ptr<TextStream> text_stream;  // null without a tokenizer
+  // Where a structured output stands in its grammar; null without one.
+  std::unique_ptr<structured::GrammarMatcher> grammar;
   RequestOutput output;
 
   int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - num_prompt_tokens; }

@@ -36,7 +36,10 @@ struct SamplingRowParams {
   int32_t work_row = -1;      // this row's penalized copy in SamplingBatch::work; -1: none
   int32_t penalty_begin = 0;  // this row's entries in SamplingBatch::penalties
   int32_t penalty_count = 0;
-  int32_t pad = 0;
+  // This row's allowed-token bitmask in SamplingBatch::masks (structured outputs); -1: none.
+  // Disallowed tokens become -inf after the penalties (logprobs stay the raw distribution's).
+  // On the GPU a masked row is a work row (it needs a copy to mask).
+  int32_t mask_row = -1;
 };
 
 enum SamplingStatus : int32_t {
@@ -72,6 +75,10 @@ struct SamplingBatch {
   int32_t num_penalized = 0;
   const SamplingPenaltyEntry* penalties = nullptr;  // entries of every penalized row
   SamplingRowResult* results = nullptr;             // [num_rows]
+  // [masked rows, sampling_mask_words(vocab)]: bit t of word t / 32 set = token t allowed.
+  const uint32_t* masks = nullptr;
 };
+
+inline constexpr int64_t sampling_mask_words(int64_t vocab) { return (vocab + 31) / 32; }
 
 }  // namespace longctx::kernels

@@ -268,7 +268,7 @@ HandlerResult ApiServer::generate(const HttpRequest& req, Endpoint endpoint) {
   } catch (const Error& e) {
     throw to_api_error(e);
   }
-  ResponseBuilder builder(endpoint, model_name(), llm_.tokenizer(), g.logprobs);
+  ResponseBuilder builder(endpoint, model_name(), llm_.tokenizer(), g.logprobs, g.tool_call);
   auto state = std::make_shared<RequestState>(RequestState{
       std::move(g), std::move(builder), std::make_shared<ResponseStream>(), &metrics_, n});
   std::shared_ptr<ResponseStream> stream = state->stream;

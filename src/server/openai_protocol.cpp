@@ -1,12 +1,15 @@
 #include "server/openai_protocol.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include "longctx/core/json_limits.h"
 #include "longctx/tokenizer/tokenizer.h"
+#include "structured/json_schema.h"
 
 namespace longctx::server {
 
@@ -222,19 +225,145 @@ void check_unsupported(const Json& body, Endpoint endpoint) {
     throw ApiError(400, "'best_of' must be 1, got " + std::to_string(*b), "best_of");
   if (auto e = opt_bool(body, "echo"); e && *e)
     throw ApiError(400, "'echo' is not supported", "echo");
-  for (const char* name : {"logit_bias", "suffix", "tools", "functions", "guided_json",
-                           "guided_regex", "guided_choice", "guided_grammar"}) {
+  if (endpoint != Endpoint::kChat) {
+    if (const Json* v = field(body, "tools"); v != nullptr && !(v->is_array() && v->empty()))
+      throw ApiError(400, "'tools' is for /v1/chat/completions", "tools");
+  }
+  for (const char* name : {"logit_bias", "suffix", "functions", "guided_json", "guided_regex",
+                           "guided_choice", "guided_grammar"}) {
     const Json* v = field(body, name);
     if (v != nullptr && !(v->is_array() && v->empty()) && !(v->is_object() && v->empty()))
       throw ApiError(400, std::string("'") + name + "' is not supported", name);
   }
-  if (endpoint == Endpoint::kChat) {
-    if (const Json* rf = field(body, "response_format")) {
-      if (!rf->is_object() || rf->value("type", "") != "text")
-        throw ApiError(400, "'response_format' other than {\"type\": \"text\"} is not supported",
-                       "response_format");
+}
+
+// tools + tool_choice (chat): "required" or {"type": "function", "function": {"name"}} constrain
+// the output to a call of a declared tool ({"name", "arguments"} with the tool's parameters as
+// the arguments' schema); "none" generates text. "auto" needs a parser of the model's own
+// tool-call format, not written yet: a 400. The tools also go to the chat template (`tools`).
+void parse_tools(const Json& body, GenerationRequest& req) {
+  const Json* tools = field(body, "tools");
+  if (tools == nullptr || (tools->is_array() && tools->empty())) return;
+  if (!tools->is_array()) wrong_type("tools", "an array", *tools);
+  Json choices = Json::array();  // {"name", "arguments"} schemas of the declared tools
+  std::vector<std::string> names;
+  for (const Json& t : *tools) {
+    const Json* fn = t.is_object() ? field(t, "function") : nullptr;
+    const Json* type = t.is_object() ? field(t, "type") : nullptr;
+    const Json* name = fn != nullptr && fn->is_object() ? field(*fn, "name") : nullptr;
+    if (type == nullptr || *type != "function" || name == nullptr || !name->is_string())
+      throw ApiError(422,
+                     "each of 'tools' must be {\"type\": \"function\", \"function\": "
+                     "{\"name\": ..., \"parameters\": ...}}",
+                     "tools");
+    const Json* params = field(*fn, "parameters");
+    if (params != nullptr && !params->is_object())
+      wrong_type("tools.function.parameters", "a JSON schema object", *params);
+    names.push_back(name->get<std::string>());
+    Json schema = {{"type", "object"},
+                   {"properties",
+                    {{"name", {{"const", *name}}},
+                     {"arguments", params != nullptr ? *params : Json{{"type", "object"}}}}},
+                   {"required", {"name", "arguments"}},
+                   {"additionalProperties", false}};
+    choices.push_back(std::move(schema));
+  }
+  std::string choice = "auto";
+  std::optional<std::string> named;
+  if (const Json* tc = field(body, "tool_choice")) {
+    if (tc->is_string()) {
+      choice = tc->get<std::string>();
+    } else if (tc->is_object() && field(*tc, "function") != nullptr &&
+               field(*tc, "function")->is_object() &&
+               field(*field(*tc, "function"), "name") != nullptr &&
+               field(*field(*tc, "function"), "name")->is_string()) {
+      named = field(*field(*tc, "function"), "name")->get<std::string>();
+      choice = "named";
+    } else {
+      throw ApiError(422,
+                     "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                     "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+                     "tool_choice");
     }
   }
+  if (choice == "none") return;
+  if (choice == "auto")
+    throw ApiError(400,
+                   "'tool_choice' \"auto\" (the default with tools) is not supported yet: it "
+                   "needs a parser of the model's tool-call format; send \"required\" or a "
+                   "named function",
+                   "tool_choice");
+  if (choice != "required" && choice != "named")
+    throw ApiError(400,
+                   "'tool_choice' must be \"none\", \"auto\", \"required\" or a named "
+                   "function, got \"" +
+                       choice + "\"",
+                   "tool_choice");
+  if (field(body, "response_format") != nullptr &&
+      field(body, "response_format")->value("type", "text") != "text")
+    throw ApiError(400, "'response_format' and a forced tool call cannot be combined",
+                   "tool_choice");
+  Json schema;
+  if (named) {
+    const auto it = std::find(names.begin(), names.end(), *named);
+    if (it == names.end())
+      throw ApiError(400, "'tool_choice' names \"" + *named + "\", which is not in 'tools'",
+                     "tool_choice");
+    schema = choices[static_cast<size_t>(it - names.begin())];
+  } else {
+    schema = choices.size() == 1 ? choices[0] : Json{{"anyOf", choices}};
+  }
+  try {
+    structured::json_schema_grammar(schema);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("tools: ") + e.what(), "tools");
+  }
+  req.params.structured.kind = StructuredOutput::Kind::kJsonSchema;
+  req.params.structured.json_schema = schema.dump();
+  req.tool_call = true;
+  if (!req.chat_template_kwargs.contains("tools")) req.chat_template_kwargs["tools"] = *tools;
+}
+
+// response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
+// "json_schema": {"name", "schema", "strict"}}. The schema is compiled here so an unsupported
+// keyword is a 400 naming it; Json keeps the client's key order, so properties are generated in
+// the order the schema lists them.
+void parse_response_format(const Json& body, SamplingParams& sp) {
+  const Json* rf = field(body, "response_format");
+  if (rf == nullptr) return;
+  constexpr const char* kParam = "response_format";
+  if (!rf->is_object()) wrong_type(kParam, "an object", *rf);
+  const Json* type = field(*rf, "type");
+  if (type == nullptr || !type->is_string())
+    throw ApiError(422, "'response_format.type' must be a string", kParam);
+  const std::string t = type->get<std::string>();
+  if (t == "text") return;
+  if (t == "json_object") {
+    sp.structured.kind = StructuredOutput::Kind::kJsonObject;
+    return;
+  }
+  if (t != "json_schema")
+    throw ApiError(400,
+                   "'response_format.type' must be \"text\", \"json_object\" or "
+                   "\"json_schema\", got \"" +
+                       t + "\"",
+                   kParam);
+  const Json* js = field(*rf, "json_schema");
+  if (js == nullptr || !js->is_object())
+    throw ApiError(422, "'response_format.json_schema' must be an object", kParam);
+  if (const Json* strict = field(*js, "strict"); strict != nullptr && !strict->is_boolean())
+    throw ApiError(422, "'response_format.json_schema.strict' must be a boolean", kParam);
+  const Json* schema = field(*js, "schema");
+  if (schema == nullptr || !(schema->is_object() || schema->is_boolean()))
+    throw ApiError(422, "'response_format.json_schema.schema' must be a JSON schema object",
+                   kParam);
+  try {
+    structured::json_schema_grammar(*schema);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("response_format: ") + e.what(), kParam);
+  }
+  sp.structured.kind = StructuredOutput::Kind::kJsonSchema;
+  sp.structured.json_schema = schema->dump();
 }
 
 }  // namespace
@@ -279,6 +408,8 @@ GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) 
   if (auto v = opt_bool(body, "ignore_eos")) sp.ignore_eos = *v;
   if (auto v = opt_bool(body, "skip_special_tokens")) sp.skip_special_tokens = *v;
   parse_stop(body, sp);
+  parse_response_format(body, sp);
+  if (endpoint == Endpoint::kChat) parse_tools(body, req);
   if (const Json* ids = field(body, "stop_token_ids")) {
     if (!ids->is_array()) wrong_type("stop_token_ids", "an array of token ids", *ids);
     sp.stop_token_ids = token_list("stop_token_ids", *ids);
@@ -352,7 +483,7 @@ std::string sse(const Json& j) {
 }  // namespace
 
 ResponseBuilder::ResponseBuilder(Endpoint endpoint, std::string model, const Tokenizer* tokenizer,
-                                 bool logprobs)
+                                 bool logprobs, bool tool_call)
     : endpoint_(endpoint),
       model_(std::move(model)),
       tokenizer_(tokenizer),
@@ -360,7 +491,9 @@ ResponseBuilder::ResponseBuilder(Endpoint endpoint, std::string model, const Tok
       id_(random_id(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-")),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
-                   .count()) {}
+                   .count()),
+      tool_call_(tool_call && endpoint == Endpoint::kChat),
+      call_id_(random_id("call_")) {}
 
 Json ResponseBuilder::chunk_base() {
   return {{"id", id_},
@@ -428,7 +561,12 @@ std::string ResponseBuilder::delta_chunk(std::string_view text,
                                          std::string_view finish_reason) {
   Json j = chunk_base();
   Json choice = {{"index", 0}};
-  if (endpoint_ == Endpoint::kChat) {
+  if (tool_call_) {
+    choice["delta"] = tool_call_delta(text, !finish_reason.empty());
+    if (finish_reason == "stop") finish_reason = "tool_calls";
+    // Nothing to send yet (the name is still being written): no event.
+    if (choice["delta"].empty() && finish_reason.empty() && logprobs.empty()) return "";
+  } else if (endpoint_ == Endpoint::kChat) {
     choice["delta"] = text.empty() ? Json::object() : Json{{"content", text}};
   } else {
     choice["text"] = text;
@@ -437,6 +575,43 @@ std::string ResponseBuilder::delta_chunk(std::string_view text,
   choice["finish_reason"] = finish_reason.empty() ? Json(nullptr) : Json(finish_reason);
   j["choices"] = Json::array({choice});
   return sse(j);
+}
+
+Json ResponseBuilder::tool_call_delta(std::string_view text, bool last) {
+  tool_text_ += text;
+  Json call = {{"index", 0}};
+  if (args_begin_ == std::string::npos) {
+    // The grammar writes {"name":"<tool>","arguments":...; the name is complete at the comma.
+    static constexpr std::string_view kArgs = ",\"arguments\":";
+    const size_t at = tool_text_.find(kArgs);
+    if (at == std::string::npos) return Json::object();
+    std::string name;
+    try {
+      name = Json::parse(tool_text_.substr(8, at - 8)).get<std::string>();  // after {"name":
+    } catch (const Json::exception&) {
+      return Json::object();
+    }
+    args_begin_ = at + kArgs.size();
+    call["id"] = call_id_;
+    call["type"] = "function";
+    call["function"] = {{"name", name}, {"arguments", ""}};
+  }
+  // The arguments so far; the last byte is held back until the end: it may be the call
+  // object's closing brace.
+  size_t end = tool_text_.size();
+  if (last) {
+    if (end > args_begin_ && tool_text_.back() == '}') --end;
+  } else {
+    end = end > args_begin_ ? end - 1 : args_begin_;
+  }
+  const size_t from = args_begin_ + args_sent_;
+  if (end > from) {
+    if (!call.contains("function")) call["function"] = Json::object();
+    call["function"]["arguments"] = tool_text_.substr(from, end - from);
+    args_sent_ += end - from;
+  }
+  if (call.size() == 1) return Json::object();
+  return {{"tool_calls", Json::array({call})}};
 }
 
 std::string ResponseBuilder::usage_chunk(int64_t prompt_tokens, int64_t completion_tokens) {
@@ -456,13 +631,31 @@ std::string ResponseBuilder::full_response(const RequestOutput& out) {
             {"created", created_},
             {"model", model_}};
   Json choice = {{"index", 0}};
-  if (endpoint_ == Endpoint::kChat) {
+  std::string finish = openai_finish_reason(out.finish_reason);
+  Json call;
+  if (tool_call_) {
+    // A complete {"name", "arguments"} document (the grammar's); anything else stays text.
+    try {
+      const Json doc = Json::parse(out.text);
+      if (doc.is_object() && doc.contains("name") && doc.contains("arguments")) {
+        call = {{"id", call_id_},
+                {"type", "function"},
+                {"function", {{"name", doc["name"]}, {"arguments", doc["arguments"].dump()}}}};
+      }
+    } catch (const Json::exception&) {
+    }
+  }
+  if (!call.is_null()) {
+    choice["message"] = {
+        {"role", "assistant"}, {"content", nullptr}, {"tool_calls", Json::array({call})}};
+    if (finish == "stop") finish = "tool_calls";
+  } else if (endpoint_ == Endpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", out.text}};
   } else {
     choice["text"] = out.text;
   }
   choice["logprobs"] = logprobs_ ? logprobs_json(out.logprobs) : Json(nullptr);
-  choice["finish_reason"] = openai_finish_reason(out.finish_reason);
+  choice["finish_reason"] = finish;
   j["choices"] = Json::array({choice});
   j["usage"] = usage_json(static_cast<int64_t>(out.prompt_token_ids.size()),
                           static_cast<int64_t>(out.token_ids.size()));

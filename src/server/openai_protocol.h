@@ -74,6 +74,10 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // the response carries logprobs (params.logprobs = top count)
+  // Chat with tools and tool_choice "required" or a named function: the output is constrained
+  // to {"name": <a declared tool>, "arguments": <its parameters>} (params.structured) and
+  // answered as one tool call.
+  bool tool_call = false;
 };
 
 GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint);
@@ -82,12 +86,17 @@ GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint);
 // builder per request, used on the engine thread.
 class ResponseBuilder {
  public:
-  ResponseBuilder(Endpoint endpoint, std::string model, const Tokenizer* tokenizer, bool logprobs);
+  // tool_call: the generated text is a {"name", "arguments"} document answered as tool_calls
+  // (streamed: the call's id and name once the name is complete, then argument fragments).
+  ResponseBuilder(Endpoint endpoint, std::string model, const Tokenizer* tokenizer, bool logprobs,
+                  bool tool_call = false);
 
   const std::string& id() const { return id_; }
   // "data: <json>\n\n" events.
   std::string role_chunk();  // chat's first event: delta {"role": "assistant", "content": ""}
-  // New text (and the logprobs of its tokens); finish_reason empty while running.
+  // New text (and the logprobs of its tokens); finish_reason empty while running. With a tool
+  // call, the call's deltas (empty string while the name is being written) and "tool_calls"
+  // for "stop".
   std::string delta_chunk(std::string_view text, std::span<const TokenLogprobs> logprobs,
                           std::string_view finish_reason);
   std::string usage_chunk(int64_t prompt_tokens, int64_t completion_tokens);
@@ -98,6 +107,7 @@ class ResponseBuilder {
 
  private:
   Json chunk_base();
+  Json tool_call_delta(std::string_view text, bool last);
   Json logprobs_json(std::span<const TokenLogprobs> lps);
   std::string token_text(int32_t token) const;
 
@@ -108,6 +118,13 @@ class ResponseBuilder {
   std::string id_;
   int64_t created_;
   int64_t text_offset_ = 0;  // completions' logprobs.text_offset
+  // tool_call: the text so far, where the arguments start in it (npos until the name is
+  // complete) and how many of their bytes were streamed.
+  bool tool_call_ = false;
+  std::string tool_text_;
+  size_t args_begin_ = std::string::npos;
+  size_t args_sent_ = 0;
+  std::string call_id_;
 };
 
 Json usage_json(int64_t prompt_tokens, int64_t completion_tokens);

@@ -376,5 +376,43 @@ TEST(SamplingParams, Validation) {
   expect_invalid(with([](auto& p) { p.logprobs = -1; }), "logprobs");
 }
 
+TEST(Sampler, TokenMaskKeepsOnlyAllowedTokensAfterPenalties) {
+  const int64_t vocab = 70;  // three mask words, the last partly used
+  std::vector<float> logits(vocab);
+  for (int64_t i = 0; i < vocab; ++i) logits[i] = static_cast<float>(i % 17) * 0.3f;
+  const std::vector<int32_t> allowed = {3, 33, 40, 69};
+  auto masked_state = [&](const SamplingParams& p, uint64_t seed) {
+    SamplerState s(p, seed, {});
+    s.token_mask().assign(kernels::sampling_mask_words(vocab), 0u);
+    for (int32_t t : allowed) s.token_mask()[t >> 5] |= 1u << (t & 31);
+    return s;
+  };
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  SamplerState g = masked_state(greedy, 1);
+  // Unmasked the argmax is 16 (4.8); among the allowed, 33 (33 % 17 = 16) ties 16 and wins.
+  EXPECT_EQ(sample_token(logits, greedy, g).token, 33);
+  // Penalties on 33 (4.8 - 2 - 2 = 0.8) move greedy to the best other allowed token: 40
+  // (40 % 17 = 6: 1.8) over 3 (0.9) and 69 (0.3); 16 and 50 (4.8) stay masked.
+  greedy.presence_penalty = 2.0;
+  greedy.frequency_penalty = 2.0;
+  SamplerState g2 = masked_state(greedy, 1);
+  g2.append_output(33);
+  EXPECT_EQ(sample_token(logits, greedy, g2).token, 40);
+  SamplingParams random;
+  random.temperature = 2.0;
+  SamplerState r = masked_state(random, 7);
+  std::vector<int> seen(vocab, 0);
+  for (int i = 0; i < 400; ++i) ++seen[sample_token(logits, random, r).token];
+  for (int64_t t = 0; t < vocab; ++t) {
+    const bool ok = std::find(allowed.begin(), allowed.end(), t) != allowed.end();
+    if (!ok) EXPECT_EQ(seen[t], 0) << t;
+    if (ok) EXPECT_GT(seen[t], 0) << t;
+  }
+  SamplerState wrong(random, 7, {});
+  wrong.token_mask().assign(2, ~0u);
+  EXPECT_THROW(sample_token(logits, random, wrong), Error);
+}
+
 }  // namespace
 }  // namespace longctx

@@ -10,6 +10,8 @@
 //     a 151936-token row;
 //   - a seeded row gives the same tokens alone, inside batches of 17 and 256 random rows, and on
 //     every run;
+//   - a third of the random rows carry a structured-output token mask (sparse, half, nearly
+//     full): the same tokens as the CPU sampler's masked rows;
 //   - bad logits (NaN, +inf, all -inf, overflow) and bad calls are clear errors, and no state
 //     advances.
 #include "engine/gpu_sampler.h"
@@ -17,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -147,6 +150,19 @@ Batch random_batch(int64_t rows, int64_t vocab, std::mt19937_64& rng) {
     b.logits.insert(b.logits.end(), row.begin(), row.end());
     b.params.push_back(random_params(vocab, rng));
     b.states.push_back(random_state(b.params.back(), vocab, rng));
+    // A third of the rows carry a structured-output token mask: sparse, half or nearly full,
+    // always keeping the row's largest logit so something finite stays.
+    if (rng() % 3 == 0) {
+      const double density = std::array<double, 3>{0.01, 0.5, 0.99}[rng() % 3];
+      std::vector<uint32_t>& mask = b.states.back().token_mask();
+      mask.assign(static_cast<size_t>((vocab + 31) / 32), 0u);
+      std::uniform_real_distribution<double> uni(0.0, 1.0);
+      for (int64_t t = 0; t < vocab; ++t) {
+        if (uni(rng) < density) mask[t >> 5] |= 1u << (t & 31);
+      }
+      const auto best = std::max_element(row.begin(), row.end()) - row.begin();
+      mask[best >> 5] |= 1u << (best & 31);
+    }
   }
   return b;
 }

@@ -41,6 +41,11 @@ class SamplerState {
   const std::unordered_map<int32_t, int32_t>& output_counts() const { return output_counts_; }
   // Tokens seen in prompt or output (for repetition_penalty); empty when that penalty is off.
   const std::unordered_set<int32_t>& seen() const { return seen_; }
+  // The tokens the next draw may take, bit t of word t / 32 ((vocab + 31) / 32 words), set
+  // before each draw for a request with a structured output (the engine's grammar matcher);
+  // empty: every token. Disallowed tokens become -inf after the penalties.
+  std::vector<uint32_t>& token_mask() { return token_mask_; }
+  const std::vector<uint32_t>& token_mask() const { return token_mask_; }
 
  private:
   uint64_t seed_ = 0;
@@ -48,6 +53,7 @@ class SamplerState {
   bool track_seen_ = false;
   std::unordered_map<int32_t, int32_t> output_counts_;  // token -> times generated
   std::unordered_set<int32_t> seen_;                    // prompt + generated tokens
+  std::vector<uint32_t> token_mask_;
 };
 
 struct SampleResult {

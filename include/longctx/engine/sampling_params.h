@@ -9,6 +9,18 @@
 
 namespace longctx {
 
+// Structured output (docs/server.md, "Structured outputs"): the generated text is a compact JSON
+// document (no whitespace) of this kind. Each step the sampler keeps only the tokens the grammar
+// allows, EOS only where the document may end, and generation ends when the document is
+// complete. The document is closed by max_tokens when the vocabulary holds every byte as a token
+// (byte-level BPE) and max_tokens covers the shortest document; docs/server.md says how.
+struct StructuredOutput {
+  enum class Kind { kNone, kJsonObject, kJsonSchema };
+  Kind kind = Kind::kNone;
+  std::string json_schema;  // kJsonSchema: the schema as JSON text
+  bool enabled() const { return kind != Kind::kNone; }
+};
+
 struct SamplingParams {
   // Below kGreedyTemperature the request is greedy: argmax of the penalized logits, and
   // top_k / top_p / min_p / seed play no part (as vLLM's _SAMPLING_EPS).
@@ -46,6 +58,10 @@ struct SamplingParams {
   // likely tokens with theirs. Logprobs are those of the raw model distribution (log_softmax of
   // the logits before penalties and temperature), like vLLM's default logprobs_mode.
   std::optional<int> logprobs;
+
+  // None by default. A request with one needs an engine with a tokenizer; the schema is compiled
+  // (and cached) when the request is checked, an unsupported keyword an Error naming it.
+  StructuredOutput structured;
 
   bool greedy() const { return temperature < kGreedyTemperature; }
 

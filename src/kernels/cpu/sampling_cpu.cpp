@@ -104,11 +104,16 @@ void row_logprobs(std::span<const float> raw, int32_t token, int n_top, Sampling
 }
 
 SamplingRowResult sample_row(std::span<const float> raw, const SamplingRowParams& p,
-                             std::span<const SamplingPenaltyEntry> entries) {
+                             std::span<const SamplingPenaltyEntry> entries, const uint32_t* mask) {
   SamplingRowResult res;
   if (!check_raw(raw, res)) return res;
   std::vector<float> work(raw.begin(), raw.end());
   apply_penalty_entries(work, raw, entries, p);
+  if (mask != nullptr) {
+    for (size_t i = 0; i < work.size(); ++i) {
+      if (((mask[i >> 5] >> (i & 31)) & 1) == 0) work[i] = kNegInf;
+    }
+  }
   if (!p.greedy) {
     for (float& x : work) x *= p.inv_temperature;  // -inf stays -inf
   }
@@ -217,7 +222,11 @@ void sample_rows(const SamplingBatch& b) {
     std::span<const float> raw(b.logits + int64_t{r} * b.logits_stride, b.vocab);
     std::span<const SamplingPenaltyEntry> entries;
     if (p.work_row >= 0) entries = {b.penalties + p.penalty_begin, size_t(p.penalty_count)};
-    b.results[r] = sample_row(raw, p, entries);
+    LONGCTX_CHECK(p.mask_row < 0 || b.masks != nullptr, ErrorCode::kInvalidArgument,
+                  "sample_rows: row {} has a mask row but the batch no masks", r);
+    const uint32_t* mask =
+        p.mask_row >= 0 ? b.masks + int64_t{p.mask_row} * sampling_mask_words(b.vocab) : nullptr;
+    b.results[r] = sample_row(raw, p, entries, mask);
   }
 }
 

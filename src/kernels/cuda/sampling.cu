@@ -470,7 +470,8 @@ __device__ bool sample_small_top_k(const Row& row, Candidates cand, u64 k, doubl
   return true;
 }
 
-// Penalized rows: copy the raw row, then rewrite the penalized tokens (unique per row).
+// Penalized and masked rows: copy the raw row, rewrite the penalized tokens (unique per row),
+// then set the tokens the row's mask leaves out to -inf.
 __global__ void __launch_bounds__(kThreads) apply_penalties_kernel(SamplingBatch b) {
   const int r = b.penalized_rows[blockIdx.x];
   const SamplingRowParams p = b.rows[r];
@@ -490,6 +491,14 @@ __global__ void __launch_bounds__(kThreads) apply_penalties_kernel(SamplingBatch
       x = __fsub_rn(x, __double2float_rn(sub));
     }
     work[pe.token] = x;
+  }
+  if (p.mask_row >= 0) {
+    __syncthreads();
+    const uint32_t* __restrict__ mask =
+        b.masks + int64_t(p.mask_row) * sampling_mask_words(b.vocab);
+    for (int i = threadIdx.x; i < b.vocab; i += kThreads) {
+      if (((__ldg(mask + (i >> 5)) >> (i & 31)) & 1u) == 0) work[i] = -INFINITY;
+    }
   }
 }
 

@@ -1,0 +1,219 @@
+#include "structured/token_mask.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "longctx/core/error.h"
+
+namespace longctx::structured {
+
+namespace {
+
+// Masks kept per grammar; past it the cache starts over (a long random walk through a big
+// grammar must not hold memory without bound).
+constexpr size_t kMaxCachedMasks = 4096;
+
+void set_bit(std::span<uint32_t> words, int32_t t) { words[t >> 5] |= uint32_t{1} << (t & 31); }
+
+}  // namespace
+
+TokenVocabulary::TokenVocabulary(std::vector<std::string> token_bytes, std::vector<int32_t> eos_ids,
+                                 int64_t num_logits)
+    : bytes_(std::move(token_bytes)), eos_(std::move(eos_ids)), num_logits_(num_logits) {
+  LONGCTX_CHECK(num_logits_ >= static_cast<int64_t>(bytes_.size()) && num_logits_ > 0,
+                ErrorCode::kInvalidArgument,
+                "token vocabulary: {} tokens for logits rows of {} entries", bytes_.size(),
+                num_logits_);
+  for (int32_t e : eos_) {
+    LONGCTX_CHECK(e >= 0 && e < num_logits_, ErrorCode::kInvalidArgument,
+                  "token vocabulary: EOS id {} outside [0, {})", e, num_logits_);
+  }
+  for (int32_t t = 0; t < static_cast<int32_t>(bytes_.size()); ++t) {
+    if (!bytes_[t].empty() && !is_eos(t)) sorted_.push_back(t);
+  }
+  std::sort(sorted_.begin(), sorted_.end(),
+            [&](int32_t a, int32_t b) { return bytes_[a] < bytes_[b]; });
+  lcp_.assign(sorted_.size(), 0);
+  for (size_t i = 0; i < sorted_.size(); ++i) {
+    const std::string& s = bytes_[sorted_[i]];
+    max_len_ = std::max(max_len_, s.size());
+    if (i == 0) continue;
+    const std::string& p = bytes_[sorted_[i - 1]];
+    size_t k = 0;
+    while (k < s.size() && k < p.size() && s[k] == p[k]) ++k;
+    lcp_[i] = static_cast<int32_t>(k);
+  }
+}
+
+const std::string& TokenVocabulary::bytes(int32_t token) const {
+  static const std::string kNone;
+  return token >= 0 && token < static_cast<int32_t>(bytes_.size()) ? bytes_[token] : kNone;
+}
+
+bool TokenVocabulary::is_eos(int32_t token) const {
+  return std::find(eos_.begin(), eos_.end(), token) != eos_.end();
+}
+
+CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocab)
+    : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
+  LONGCTX_CHECK(vocab_ != nullptr, ErrorCode::kInvalidArgument, "compiled grammar: no vocabulary");
+}
+
+std::shared_ptr<const TokenMask> CompiledGrammar::mask(const GrammarState& state) const {
+  const std::string key = state.key();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      ++hits_;
+      return it->second;
+    }
+  }
+  std::shared_ptr<const TokenMask> m = compute(state);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cache_.size() >= kMaxCachedMasks) cache_.clear();
+  ++computed_;
+  cache_.emplace(key, m);
+  return m;
+}
+
+std::pair<int64_t, int64_t> CompiledGrammar::cache_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {computed_, hits_};
+}
+
+namespace {
+
+// The states one mask walk meets, each interned once with its transitions as they are taken: a
+// lazily built DFA over the walk. Inside a string nearly every token leads back to the same few
+// states, so most bytes cost a hash lookup instead of a stack expansion.
+class StateTable {
+ public:
+  explicit StateTable(const Grammar& g) : g_(g) {}
+
+  int32_t intern(GrammarState s) {
+    std::string key = s.key();
+    if (auto it = ids_.find(key); it != ids_.end()) return it->second;
+    const auto id = static_cast<int32_t>(states_.size());
+    distances_.push_back(g_.distance(s));
+    states_.push_back(std::move(s));
+    ids_.emplace(std::move(key), id);
+    return id;
+  }
+
+  // The state after byte b from state `id`; -1 when dead.
+  int32_t next(int32_t id, uint8_t b) {
+    const uint64_t edge = (static_cast<uint64_t>(id) << 8) | b;
+    if (auto it = edges_.find(edge); it != edges_.end()) return it->second;
+    GrammarState s = g_.advance(states_[id], b);
+    const int32_t to = s.dead() ? -1 : intern(std::move(s));
+    edges_.emplace(edge, to);
+    return to;
+  }
+
+  int32_t distance(int32_t id) const { return distances_[id]; }
+
+ private:
+  const Grammar& g_;
+  std::vector<GrammarState> states_;
+  std::vector<int32_t> distances_;
+  std::unordered_map<std::string, int32_t> ids_;
+  std::unordered_map<uint64_t, int32_t> edges_;
+};
+
+}  // namespace
+
+std::shared_ptr<const TokenMask> CompiledGrammar::compute(const GrammarState& state) const {
+  auto m = std::make_shared<TokenMask>();
+  const TokenVocabulary& v = *vocab_;
+  m->bits.assign(v.mask_words(), 0);
+  StateTable table(grammar_);
+  // at[k]: the state after the first k bytes of the current token; valid for k <= alive.
+  std::vector<int32_t> at(v.max_len_ + 1, -1);
+  at[0] = table.intern(state);
+  size_t alive = 0;
+  const size_t n = v.sorted_.size();
+  for (size_t i = 0; i < n;) {
+    const int32_t t = v.sorted_[i];
+    const std::string& b = v.bytes_[t];
+    size_t k = std::min<size_t>(v.lcp_[i], alive);
+    bool dead = false;
+    for (; k < b.size(); ++k) {
+      at[k + 1] = table.next(at[k], static_cast<uint8_t>(b[k]));
+      if (at[k + 1] < 0) {
+        dead = true;
+        break;
+      }
+    }
+    if (dead) {
+      // Every following token that shares the dead prefix b[0..k] is dead too.
+      alive = k;
+      ++i;
+      while (i < n && static_cast<size_t>(v.lcp_[i]) >= k + 1) ++i;
+      continue;
+    }
+    alive = b.size();
+    const int32_t d = table.distance(at[alive]);
+    if (d < Grammar::kInfinite) {
+      set_bit(m->bits, t);
+      m->allowed.emplace_back(t, d);
+      m->max_distance = std::max(m->max_distance, d);
+    }
+    ++i;
+  }
+  if (grammar_.accepting(state)) {
+    for (int32_t e : v.eos_) {
+      set_bit(m->bits, e);
+      m->allowed.emplace_back(e, 0);
+    }
+  }
+  return m;
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
+    : grammar_(std::move(grammar)), state_(grammar_->grammar().initial()) {}
+
+void GrammarMatcher::fill_mask(int64_t remaining, std::span<uint32_t> words) const {
+  LONGCTX_CHECK(static_cast<int64_t>(words.size()) == grammar_->vocab().mask_words(),
+                ErrorCode::kInternal, "grammar mask: {} words for {} logits", words.size(),
+                grammar_->vocab().num_logits());
+  std::fill(words.begin(), words.end(), 0u);
+  if (ended_) return;
+  const std::shared_ptr<const TokenMask> m = grammar_->mask(state_);
+  const int64_t budget = std::max<int64_t>(remaining - 1, 0);
+  if (m->max_distance <= budget) {
+    std::copy(m->bits.begin(), m->bits.end(), words.begin());
+    return;
+  }
+  int32_t least = Grammar::kInfinite;
+  for (const auto& [t, d] : m->allowed) {
+    if (d <= budget) set_bit(words, t);
+    least = std::min(least, d);
+  }
+  if (least <= budget) return;
+  // Nothing completes in time: take the tokens that close fastest.
+  for (const auto& [t, d] : m->allowed) {
+    if (d == least) set_bit(words, t);
+  }
+}
+
+bool GrammarMatcher::accept(int32_t token) {
+  if (ended_) return false;
+  const TokenVocabulary& v = grammar_->vocab();
+  if (v.is_eos(token)) {
+    if (!grammar_->grammar().accepting(state_)) return false;
+    ended_ = true;
+    return true;
+  }
+  const std::string& b = v.bytes(token);
+  if (b.empty()) return false;
+  GrammarState next = grammar_->grammar().advance(state_, b);
+  if (next.dead() || grammar_->grammar().distance(next) >= Grammar::kInfinite) return false;
+  state_ = std::move(next);
+  return true;
+}
+
+bool GrammarMatcher::terminated() const { return ended_ || grammar_->grammar().terminated(state_); }
+
+bool GrammarMatcher::accepting() const { return ended_ || grammar_->grammar().accepting(state_); }
+
+}  // namespace longctx::structured

@@ -1,0 +1,100 @@
+// Grammar -> per-token masks over a tokenizer's vocabulary, as xgrammar and llama.cpp do: a
+// token is allowed in a state when the grammar takes every one of its bytes from there. The
+// vocabulary is sorted by bytes, so one walk shares the state of every common prefix and skips
+// every token under a dead prefix. A mask is computed once per state and cached (a grammar
+// state that recurs costs a lookup). EOS tokens are allowed only where a document may end.
+//
+// "Always parses" within max_tokens: with each allowed token the cache keeps the distance of the
+// state it leads to (the fewest bytes that complete a document from there). With `remaining`
+// tokens left, this one included, a token is allowed only when its distance is at most
+// remaining - 1; a vocabulary holding every single byte as a token (byte-level BPE) can then
+// always complete, one byte per token, by the last one. When no token fits (the budget was
+// already short at the start) the tokens of least distance are allowed, closing as fast as the
+// grammar can.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "structured/grammar.h"
+
+namespace longctx::structured {
+
+// The vocabulary as the grammar sees it: each token's bytes as they appear in decoded text.
+// Tokens given no bytes (special tokens) are never allowed; eos_ids end a document.
+class TokenVocabulary {
+ public:
+  // `num_logits`: the width of a logits row (may exceed token_bytes.size(): padding).
+  TokenVocabulary(std::vector<std::string> token_bytes, std::vector<int32_t> eos_ids,
+                  int64_t num_logits);
+  int64_t num_logits() const { return num_logits_; }
+  int64_t mask_words() const { return (num_logits_ + 31) / 32; }
+  const std::string& bytes(int32_t token) const;
+  bool is_eos(int32_t token) const;
+  const std::vector<int32_t>& eos_ids() const { return eos_; }
+
+ private:
+  friend class CompiledGrammar;
+  std::vector<std::string> bytes_;
+  std::vector<int32_t> eos_;
+  int64_t num_logits_ = 0;
+  std::vector<int32_t> sorted_;  // tokens with bytes, by bytes
+  std::vector<int32_t> lcp_;     // common prefix length of sorted_[i] with sorted_[i - 1]
+  size_t max_len_ = 0;
+};
+
+// The tokens allowed in one state.
+struct TokenMask {
+  std::vector<uint32_t> bits;                        // bit t of word t / 32: token t allowed
+  std::vector<std::pair<int32_t, int32_t>> allowed;  // (token, distance after it)
+  int32_t max_distance = 0;                          // over `allowed`
+};
+
+// A grammar with its vocabulary and mask cache: what requests with the same schema share.
+// Thread-safe (the cache is locked); matchers hold it by shared_ptr.
+class CompiledGrammar {
+ public:
+  CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocab);
+  const Grammar& grammar() const { return grammar_; }
+  const TokenVocabulary& vocab() const { return *vocab_; }
+  std::shared_ptr<const TokenMask> mask(const GrammarState& state) const;
+  // Masks computed, masks found in the cache.
+  std::pair<int64_t, int64_t> cache_stats() const;
+
+ private:
+  std::shared_ptr<const TokenMask> compute(const GrammarState& state) const;
+
+  Grammar grammar_;
+  std::shared_ptr<const TokenVocabulary> vocab_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const TokenMask>> cache_;
+  mutable int64_t computed_ = 0, hits_ = 0;
+};
+
+// One request's place in its grammar.
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
+  // The tokens allowed next, bit t of words[t / 32], when at most `remaining` tokens (this one
+  // included) may still be generated. words.size() must be vocab().mask_words().
+  void fill_mask(int64_t remaining, std::span<uint32_t> words) const;
+  // Moves past `token`; false (state unchanged) when the grammar does not take it.
+  bool accept(int32_t token);
+  // The document is complete and nothing may follow (a request ends here).
+  bool terminated() const;
+  bool accepting() const;
+  const CompiledGrammar& grammar() const { return *grammar_; }
+
+ private:
+  std::shared_ptr<const CompiledGrammar> grammar_;
+  GrammarState state_;
+  bool ended_ = false;  // an EOS was accepted
+};
+
+}  // namespace longctx::structured

@@ -1,0 +1,161 @@
+// Structured outputs through the offline API on models/needle (CPU): every constrained output
+// parses and validates within its max_tokens, unconstrained requests batched beside them come out
+// exactly as in a run without them, and a bad schema is refused before anything runs.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "longctx/core/error.h"
+#include "longctx/llm.h"
+#include "structured/json_schema.h"
+#include "structured/schema_oracle.h"
+
+namespace longctx {
+namespace {
+
+using structured::testing::OJson;
+
+std::string needle_dir() { return std::string(LONGCTX_SOURCE_DIR) + "/models/needle"; }
+
+LLM& needle() {
+  static LLM llm([] {
+    EngineConfig c;
+    c.model = needle_dir();
+    c.device = "cpu";
+    c.max_model_len = 2048;
+    c.cpu_kv_cache_bytes = 64ll << 20;
+    return c;
+  }());
+  return llm;
+}
+
+SamplingParams sampled(uint64_t seed, int64_t max_tokens) {
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.seed = seed;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+SamplingParams with_schema(SamplingParams p, const std::string& schema) {
+  p.structured.kind = StructuredOutput::Kind::kJsonSchema;
+  p.structured.json_schema = schema;
+  return p;
+}
+
+const char* kSchemas[] = {
+    R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},
+        "age":{"type":"integer","minimum":0,"maximum":120},
+        "tags":{"type":"array","items":{"enum":["a","b","c"]},"minItems":1,"maxItems":3}},
+        "required":["name","age","tags"],"additionalProperties":false})",
+    R"({"type":"array","items":{"type":"object","properties":{"x":{"type":"number"},
+        "ok":{"type":"boolean"}},"required":["x"]},"maxItems":4})",
+    R"({"anyOf":[{"type":"string","minLength":3},{"type":"null"},
+        {"type":"integer","exclusiveMinimum":-50,"maximum":-7}]})",
+};
+
+TEST(StructuredOutputs, MixedBatchValidatesAndLeavesUnconstrainedUnchanged) {
+  LLM& llm = needle();
+  const std::vector<Prompt> prompts = {"The key is", "Answer in JSON:", "Once upon a time",
+                                       "List:",      "Numbers 1 2 3",   "{\"a\":"};
+  std::vector<SamplingParams> mixed = {
+      sampled(1, 24),
+      with_schema(sampled(2, 48), kSchemas[0]),
+      sampled(3, 24),
+      with_schema(sampled(4, 40), kSchemas[1]),
+      with_schema(sampled(5, 16), kSchemas[2]),
+      sampled(6, 24),
+  };
+  mixed.push_back(sampled(7, 30));
+  mixed.back().structured.kind = StructuredOutput::Kind::kJsonObject;
+  std::vector<Prompt> all = prompts;
+  all.emplace_back("Object:");
+  const std::vector<RequestOutput> out = llm.generate(all, mixed, false);
+  ASSERT_EQ(out.size(), all.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const StructuredOutput& so = mixed[i].structured;
+    if (!so.enabled()) continue;
+    OJson doc;
+    ASSERT_NO_THROW(doc = OJson::parse(out[i].text)) << i << ": " << out[i].text;
+    if (so.kind == StructuredOutput::Kind::kJsonObject) {
+      EXPECT_TRUE(doc.is_object()) << out[i].text;
+    } else {
+      const OJson schema = OJson::parse(so.json_schema);
+      EXPECT_TRUE(structured::testing::validate(schema, schema, doc)) << i << ": " << out[i].text;
+    }
+    EXPECT_LE(static_cast<int64_t>(out[i].token_ids.size()), mixed[i].max_tokens);
+  }
+  // The unconstrained requests alone: the same tokens.
+  std::vector<Prompt> plain_prompts;
+  std::vector<SamplingParams> plain;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < mixed.size(); ++i) {
+    if (mixed[i].structured.enabled()) continue;
+    plain_prompts.push_back(all[i]);
+    plain.push_back(mixed[i]);
+    where.push_back(i);
+  }
+  const std::vector<RequestOutput> alone = llm.generate(plain_prompts, plain, false);
+  for (size_t k = 0; k < where.size(); ++k) {
+    EXPECT_EQ(alone[k].token_ids, out[where[k]].token_ids) << "request " << where[k];
+    EXPECT_EQ(alone[k].text, out[where[k]].text);
+  }
+}
+
+TEST(StructuredOutputs, ManySeedsAlwaysParseWithinMaxTokens) {
+  LLM& llm = needle();
+  std::vector<Prompt> prompts;
+  std::vector<SamplingParams> params;
+  for (uint64_t seed = 0; seed < 24; ++seed) {
+    prompts.emplace_back("JSON " + std::to_string(seed));
+    // max_tokens down to the shortest document's bytes.
+    const char* schema = kSchemas[seed % 3];
+    const structured::Grammar g = structured::json_schema_grammar(OJson::parse(schema));
+    const int64_t max_tokens = g.distance(g.initial()) + static_cast<int64_t>(seed % 6) * 3;
+    SamplingParams p = with_schema(sampled(100 + seed, max_tokens), schema);
+    p.temperature = 1.5;  // wander
+    params.push_back(p);
+  }
+  const std::vector<RequestOutput> out = llm.generate(prompts, params, false);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const OJson schema = OJson::parse(params[i].structured.json_schema);
+    OJson doc;
+    ASSERT_NO_THROW(doc = OJson::parse(out[i].text)) << i << ": " << out[i].text;
+    EXPECT_TRUE(structured::testing::validate(schema, schema, doc)) << i << ": " << out[i].text;
+    // A complete document ends the request (stop) unless max_tokens came first (length, with a
+    // document that may end there, such as a number that could go on).
+    EXPECT_TRUE(out[i].finish_reason == FinishReason::kStop ||
+                static_cast<int64_t>(out[i].token_ids.size()) == params[i].max_tokens)
+        << i;
+  }
+}
+
+TEST(StructuredOutputs, UnsupportedSchemaIsRefusedBeforeAnythingRuns) {
+  LLM& llm = needle();
+  std::vector<SamplingParams> params = {sampled(1, 4), with_schema(sampled(2, 8), R"({"not":{}})")};
+  try {
+    llm.generate({"a", "b"}, params, false);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'not'"), std::string::npos) << e.what();
+  }
+  params[1] = with_schema(sampled(2, 8), "{\"type\":");
+  EXPECT_THROW(llm.generate({"a", "b"}, params, false), Error);
+}
+
+TEST(StructuredOutputs, AGrammarPastItsBoundsAbortsOnlyItsRequest) {
+  LLM& llm = needle();
+  // 1,500 values sharing a prefix: after '"' every one is a live reading, past the 1,024 bound.
+  OJson values = OJson::array();
+  for (int i = 0; i < 1500; ++i) values.push_back("v" + std::to_string(10000 + i));
+  const std::vector<SamplingParams> params = {
+      with_schema(sampled(1, 12), OJson{{"enum", values}}.dump()), sampled(2, 12)};
+  const std::vector<RequestOutput> out = llm.generate({"a", "b"}, params, false);
+  EXPECT_EQ(out[0].finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(out[1].finish_reason, FinishReason::kLength);
+  EXPECT_EQ(out[1].token_ids.size(), 12u);
+}
+
+}  // namespace
+}  // namespace longctx
