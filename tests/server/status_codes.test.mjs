@@ -29,7 +29,12 @@ describe("status codes of longctx serve (status_codes.json)", () => {
       const init = { method: row.method, headers: {} };
       if (row.raw_body !== undefined || row.body !== undefined) {
         init.headers["Content-Type"] = "application/json";
-        init.body = row.raw_body !== undefined ? row.raw_body : JSON.stringify(row.body);
+        let body = row.body;
+        if (row.fill) {
+          const { field, item, count } = row.fill;
+          body = { ...body, [field]: typeof item === "string" ? item.repeat(count) : Array(count).fill(item) };
+        }
+        init.body = row.raw_body !== undefined ? row.raw_body : JSON.stringify(body);
       }
       const r = await fetch(server.url + row.path, init);
       const text = await r.text();
