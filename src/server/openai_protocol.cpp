@@ -305,6 +305,8 @@ GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) 
   if (auto v = opt_number(body, "top_p")) sp.top_p = *v;
   if (auto v = opt_int(body, "top_k")) sp.top_k = *v;
   if (auto v = opt_number(body, "min_p")) sp.min_p = *v;
+  // vLLM's range, a signed 64-bit integer (past it: 400 from as_int); the generator takes its
+  // two's-complement bits, so -1 and 2^64 - 1 are not both accepted.
   if (auto v = opt_int(body, "seed")) sp.seed = static_cast<uint64_t>(*v);
   if (auto v = opt_number(body, "presence_penalty")) sp.presence_penalty = *v;
   if (auto v = opt_number(body, "frequency_penalty")) sp.frequency_penalty = *v;
