@@ -42,15 +42,15 @@ struct EngineConfig {
   int64_t max_model_len = 0;  // tokens per sequence; 0: the model's max_position_embeddings
   // "auto" (a GPU when one is present, else the CPU reference), "cpu", "cuda" or "cuda:N".
   std::string device = "auto";
-  int64_t gpu_memory_limit = 0;            // bytes the device pool may take; 0: no hard limit
-  double gpu_memory_utilization = 0.9;     // fraction of the GPU's memory the pool may take
-  int64_t block_size = 0;                  // tokens per KV block; 0: 128 on a GPU, 16 on the CPU
-  int64_t max_num_batched_tokens = 16384;  // tokens per step (the prefill chunk)
-  int64_t max_num_seqs = 256;              // sequences per step
-  bool enable_prefix_caching = true;       // reuse the KV of full blocks of earlier prompts
-  bool enforce_eager = false;              // no CUDA graphs (GPU)
-  int64_t num_gpu_blocks = 0;              // GPU KV blocks; 0: what the memory plan leaves
-  int64_t cpu_kv_cache_bytes = 0;          // CPU KV pool; 0: 4 GiB
+  int64_t gpu_memory_limit = 0;         // bytes the device pool may take; 0: no hard limit
+  double gpu_memory_utilization = 0.9;  // fraction of the GPU's memory the pool may take
+  int64_t block_size = 0;               // tokens per KV block; 0: 128 on a GPU, 16 on the CPU
+  int64_t max_num_batched_tokens = 0;   // tokens per step (prefill chunk); 0: 16384 GPU, 1024 CPU
+  int64_t max_num_seqs = 256;           // sequences per step
+  bool enable_prefix_caching = true;    // reuse the KV of full blocks of earlier prompts
+  bool enforce_eager = false;           // no CUDA graphs (GPU)
+  int64_t num_gpu_blocks = 0;           // GPU KV blocks; 0: what the memory plan leaves
+  int64_t cpu_kv_cache_bytes = 0;       // CPU KV pool; 0: 4 GiB
   // KV offload to pinned host memory (GPU only; docs/offload.md): the KV cache lives in a host
   // pool, the GPU keeps a cache of blocks and streams the rest through a ring of slots.
   bool kv_offload = false;

@@ -155,7 +155,8 @@ uint64_t EngineCore::add_request(size_t index, std::vector<int32_t> prompt,
   return id;
 }
 
-std::vector<StepUpdate> EngineCore::step(StepStats* stats) {
+std::vector<StepUpdate> EngineCore::step(StepStats* stats,
+                                         const std::function<void()>& on_scheduled) {
   std::vector<StepUpdate> updates;
   const double t0 = now_seconds();
   SchedulerOutput out = scheduler_.schedule();
@@ -193,6 +194,7 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats) {
                            seq.num_computed == static_cast<int64_t>(seq.tokens.size()) - 1;
     (is_decode ? decode : prefill) += s.num_new;
   }
+  if (on_scheduled) on_scheduled();
   Tensor logits;
   try {
     logits = executor_->execute(inputs, out.copies);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -75,7 +76,10 @@ class EngineCore {
                        double arrival_time);
 
   bool has_unfinished() const { return !scheduler_.empty(); }
-  std::vector<StepUpdate> step(StepStats* stats = nullptr);
+  // `on_scheduled`, when given, runs once the step's batch is scheduled and before the model
+  // runs it: a long prefill step's sequences already count as running in stats() there.
+  std::vector<StepUpdate> step(StepStats* stats = nullptr,
+                               const std::function<void()>& on_scheduled = {});
   // Outputs of the sequences finished so far (their Sequence objects are freed).
   std::vector<RequestOutput> take_finished();
   // Aborts request `id` at any point of its life: its blocks are freed at once and it finishes

@@ -127,6 +127,8 @@ void EngineLoop::run() {
     if (abort_everything) {
       for (auto& [loop_id, core_id] : core_id_) core_.abort(core_id);
     }
+    // New requests count as waiting, aborted ones are gone, before a step that may be long.
+    refresh_stats();
     if (core_.has_unfinished()) step_once();
     deliver_finished();
     refresh_stats();
@@ -166,7 +168,8 @@ void EngineLoop::apply_aborts(const std::vector<uint64_t>& ids) {
 void EngineLoop::step_once() {
   std::vector<StepUpdate> updates;
   try {
-    updates = core_.step();
+    // Once scheduled, the step's sequences count as running for as long as the step runs.
+    updates = core_.step(nullptr, [this] { refresh_stats(); });
   } catch (const Error& e) {
     fail_all(e);
     return;

@@ -42,7 +42,9 @@ struct LoopEvent {
 // EngineLoop::abort and stats, not shutdown.
 using LoopCallback = std::function<void(const LoopEvent&)>;
 
-// A consistent snapshot, refreshed after every step (before its outputs reach the callbacks).
+// A consistent snapshot, refreshed when requests were admitted or aborted, when a step's batch
+// is scheduled (before the model runs it) and after every step (before its outputs reach the
+// callbacks).
 struct LoopStats {
   EngineStats engine;
   int64_t num_pending = 0;    // submitted, not yet handed to the core

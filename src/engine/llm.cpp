@@ -36,6 +36,14 @@ struct LLM::Impl {
 
 namespace {
 
+// Tokens per step when EngineConfig::max_num_batched_tokens is 0. The CPU's is small because the
+// engine applies aborts, admits requests and refreshes its stats only between steps, and the
+// CPU reference runs ~10^3 times fewer tokens per second than a GPU: one 16K-token prefill step
+// late in a long prompt took minutes there. A smaller chunk costs the CPU no throughput (the
+// same attention work, cut differently; see docs/server.md for the measurement).
+constexpr int64_t kGpuStepTokens = 16384;
+constexpr int64_t kCpuStepTokens = 1024;
+
 namespace fs = std::filesystem;
 
 int64_t resolve_max_model_len(const ModelConfig& config, int64_t requested) {
@@ -95,10 +103,16 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   options.max_model_len = resolve_max_model_len(mc, config.max_model_len);
   options.eos_token_ids = mc.eos_token_ids;
   options.seed = config.seed;
-  options.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
+  impl_->device = resolve_device(config.device);
+  LONGCTX_CHECK(config.max_num_batched_tokens >= 0, ErrorCode::kInvalidArgument,
+                "max_num_batched_tokens must be > 0 (or 0: the device's default), got {}",
+                config.max_num_batched_tokens);
+  const int64_t step_tokens = config.max_num_batched_tokens > 0 ? config.max_num_batched_tokens
+                              : impl_->device.is_cuda()         ? kGpuStepTokens
+                                                                : kCpuStepTokens;
+  options.scheduler.max_num_batched_tokens = step_tokens;
   options.scheduler.max_num_seqs = config.max_num_seqs;
   options.enable_prefix_caching = config.enable_prefix_caching;
-  impl_->device = resolve_device(config.device);
   ModelBuildOptions build = config.model_options;
   build.device = impl_->device;
   std::unique_ptr<Executor> executor;
@@ -112,7 +126,7 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     config.sparse.validate();
     GpuRunnerOptions gpu;
     gpu.block_size = config.block_size;
-    gpu.max_num_batched_tokens = config.max_num_batched_tokens;
+    gpu.max_num_batched_tokens = step_tokens;
     gpu.max_num_seqs = config.max_num_seqs;
     gpu.max_model_len = options.max_model_len;
     gpu.num_gpu_blocks = config.num_gpu_blocks;

@@ -22,6 +22,12 @@ HttpResponse api_error_response(const ApiError& e) {
   return json_response(e.status(), error_body(e));
 }
 
+// 405 carries the method the path takes (RFC 9110 requires the Allow header).
+struct MethodNotAllowed : ApiError {
+  MethodNotAllowed(ApiError e, std::string m) : ApiError(std::move(e)), allow(std::move(m)) {}
+  std::string allow;
+};
+
 // Compares without an early exit, so the time taken does not reveal how much of a guess was
 // right.
 bool constant_time_equal(std::string_view a, std::string_view b) {
@@ -117,6 +123,9 @@ HandlerResult ApiServer::handle(const HttpRequest& request) {
   HandlerResult r;
   try {
     r = route(request);
+  } catch (const MethodNotAllowed& e) {
+    r.response = api_error_response(e);
+    r.response.headers.emplace_back("Allow", e.allow);
   } catch (const ApiError& e) {
     r.response = api_error_response(e);
   } catch (const Error& e) {
@@ -150,8 +159,11 @@ HandlerResult ApiServer::route(const HttpRequest& req) {
                    "", "invalid_api_key");
   }
   auto method = [&](const char* m) {
-    if (req.method != m)
-      throw ApiError(405, "method " + req.method + " is not allowed on " + p + " (use " + m + ")");
+    if (req.method != m) {
+      throw MethodNotAllowed(
+          ApiError(405, "method " + req.method + " is not allowed on " + p + " (use " + m + ")"),
+          m);
+    }
   };
   HandlerResult r;
   if (p == "/v1/completions") {
@@ -285,14 +297,14 @@ HandlerResult ApiServer::generate(const HttpRequest& req, Endpoint endpoint) {
 
 HttpResponse ApiServer::tokenize(const HttpRequest& req) {
   const Json body = parse_body(req);
-  if (!body.is_object()) throw ApiError(422, "the request body must be a JSON object");
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   GenerationRequest g;
   if (body.contains("model") && body["model"].is_string()) check_model(body["model"]);
   auto flag = [&](const char* name, bool dflt) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null()) return dflt;
     if (!it->is_boolean())
-      throw ApiError(422, std::string("'") + name + "' must be a boolean", name);
+      throw ApiError(400, std::string("'") + name + "' must be a boolean", name);
     return it->get<bool>();
   };
   if (body.contains("messages")) {
@@ -302,7 +314,7 @@ HttpResponse ApiServer::tokenize(const HttpRequest& req) {
   } else {
     auto it = body.find("prompt");
     if (it == body.end() || !it->is_string())
-      throw ApiError(422, "'prompt' (a string) or 'messages' is required", "prompt");
+      throw ApiError(400, "'prompt' (a string) or 'messages' is required", "prompt");
     g.endpoint = Endpoint::kCompletions;
     g.prompt_text = it->get<std::string>();
   }
@@ -322,16 +334,16 @@ HttpResponse ApiServer::tokenize(const HttpRequest& req) {
 
 HttpResponse ApiServer::detokenize(const HttpRequest& req) {
   const Json body = parse_body(req);
-  if (!body.is_object()) throw ApiError(422, "the request body must be a JSON object");
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   if (body.contains("model") && body["model"].is_string()) check_model(body["model"]);
   auto it = body.find("tokens");
   if (it == body.end() || !it->is_array())
-    throw ApiError(422, "'tokens' (an array of token ids) is required", "tokens");
+    throw ApiError(400, "'tokens' (an array of token ids) is required", "tokens");
   const Tokenizer* tok = llm_.tokenizer();
   if (tok == nullptr) throw ApiError(400, "this model has no tokenizer");
   std::vector<int32_t> ids;
   for (const Json& t : *it) {
-    if (!t.is_number_integer()) throw ApiError(422, "'tokens' must hold integers", "tokens");
+    if (!t.is_number_integer()) throw ApiError(400, "'tokens' must hold integers", "tokens");
     const int64_t v = t.get<int64_t>();
     if (v < 0 || v > INT32_MAX || !tok->is_valid_id(static_cast<int32_t>(v)))
       throw ApiError(400, "token id " + std::to_string(v) + " is outside the vocabulary", "tokens");

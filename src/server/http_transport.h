@@ -1,8 +1,11 @@
 // HTTP/1.1 over Boost.Beast/Asio (header-only, Debian's libboost-dev): asynchronous I/O on a
 // few threads, so hundreds of open streams cost no thread each; request bodies past the limit
 // get 413 before they are read; a client that closes its connection while its response is
-// pending (streamed or not) cancels the ResponseStream, which aborts the request. Streamed and
-// deferred responses close the connection when done; immediate ones keep it alive.
+// pending (streamed or not) cancels the ResponseStream, which aborts the request. Connections
+// are persistent (HTTP/1.1's default; `Connection: close` and HTTP/1.0 without keep-alive
+// honoured): streams go out chunked, and the connection then waits for its next request up to
+// the keep-alive timeout. Past max_connections open ones, a new connection gets 503. CORS
+// (cors.h) is answered here, before the handler: preflights need no API key.
 #pragma once
 
 #include <atomic>
@@ -11,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "server/cors.h"
 #include "server/http_types.h"
 
 namespace longctx::server {
@@ -21,7 +25,12 @@ struct TransportOptions {
   int threads = 2;  // I/O threads
   int64_t max_body_bytes = 32 << 20;
   int64_t max_header_bytes = 64 << 10;
-  double idle_timeout_s = 60;  // a connection that sends no (complete) request for this long
+  double idle_timeout_s = 60;  // a new connection that sends no (complete) request for this long
+  // A kept-alive connection idle for this long after a response is closed (uvicorn's and so
+  // vLLM's default).
+  double keep_alive_timeout_s = 5;
+  int64_t max_connections = 4096;  // open at once; more get 503 (descriptors are finite)
+  CorsOptions cors;
 };
 
 // Makes the response for errors the transport finds itself (413 oversized body, 400 bad HTTP).

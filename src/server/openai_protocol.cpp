@@ -68,7 +68,7 @@ const char* type_name(const Json& v) {
 }
 
 [[noreturn]] void wrong_type(const std::string& field, const char* expected, const Json& v) {
-  throw ApiError(422,
+  throw ApiError(400,
                  "'" + field + "' must be " + expected + ", got " + type_name(v) + " (" +
                      json_excerpt(v) + ")",
                  field);
@@ -135,7 +135,7 @@ std::vector<int32_t> token_list(const std::string& name, const Json& v) {
 
 void parse_prompt(const Json& body, GenerationRequest& req) {
   const Json* p = field(body, "prompt");
-  if (p == nullptr) throw ApiError(422, "'prompt' is required", "prompt");
+  if (p == nullptr) throw ApiError(400, "'prompt' is required", "prompt");
   const Json* one = p;
   if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
     // A list of prompts; one is supported (n = 1, one choice per response).
@@ -148,6 +148,8 @@ void parse_prompt(const Json& body, GenerationRequest& req) {
   }
   if (one->is_string()) {
     req.prompt_text = one->get<std::string>();
+    // vLLM refuses an empty prompt even where a BOS token would make it one token long.
+    if (req.prompt_text.empty()) throw ApiError(400, "'prompt' is empty", "prompt");
   } else if (one->is_array()) {
     for (const Json& t : *one) {
       if (!t.is_number())
@@ -158,14 +160,25 @@ void parse_prompt(const Json& body, GenerationRequest& req) {
     }
     req.prompt_ids = token_list("prompt", *one);
     req.prompt_is_ids = true;
+    if (req.prompt_ids.empty())
+      throw ApiError(400, "'prompt' is an empty list of tokens", "prompt");
   } else {
     wrong_type("prompt", "a string, an array of token ids or a list of one of those", *p);
   }
 }
 
+// OpenAI's chat roles (vLLM passes any role to the template, which then renders it as the
+// template decides; a typo such as "usr" should not silently become an odd prompt).
+bool known_role(const std::string& role) {
+  for (const char* r : {"system", "developer", "user", "assistant", "tool", "function"}) {
+    if (role == r) return true;
+  }
+  return false;
+}
+
 void parse_messages(const Json& body, GenerationRequest& req) {
   const Json* m = field(body, "messages");
-  if (m == nullptr) throw ApiError(422, "'messages' is required", "messages");
+  if (m == nullptr) throw ApiError(400, "'messages' is required", "messages");
   if (!m->is_array()) wrong_type("messages", "an array", *m);
   if (m->empty()) throw ApiError(400, "'messages' is empty", "messages");
   for (size_t i = 0; i < m->size(); ++i) {
@@ -173,8 +186,15 @@ void parse_messages(const Json& body, GenerationRequest& req) {
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!msg.is_object()) wrong_type(where, "an object", msg);
     const Json* role = field(msg, "role");
-    if (role == nullptr) throw ApiError(422, "'" + where + ".role' is required", where + ".role");
+    if (role == nullptr) throw ApiError(400, "'" + where + ".role' is required", where + ".role");
     if (!role->is_string()) wrong_type(where + ".role", "a string", *role);
+    if (!known_role(role->get<std::string>()))
+      throw ApiError(400,
+                     "'" + where +
+                         ".role' must be one of system, developer, user, assistant, "
+                         "tool, function; got " +
+                         json_excerpt(*role),
+                     where + ".role");
     Json out = msg;
     const Json* content = field(msg, "content");
     if (content == nullptr) {
@@ -369,7 +389,10 @@ void parse_response_format(const Json& body, SamplingParams& sp) {
 }  // namespace
 
 GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) {
-  if (!body.is_object()) wrong_type("the request body", "a JSON object", body);
+  if (!body.is_object()) {
+    throw ApiError(400, std::string("the request body must be a JSON object, got ") +
+                            type_name(body) + " (" + json_excerpt(body) + ")");
+  }
   GenerationRequest req;
   req.endpoint = endpoint;
   if (const Json* m = field(body, "model")) {
@@ -391,9 +414,19 @@ GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) 
     }
   }
   // max_completion_tokens is the chat name; max_tokens its older alias.
-  std::optional<int64_t> max_tokens = opt_int(body, "max_completion_tokens");
-  if (!max_tokens) max_tokens = opt_int(body, "max_tokens");
+  const char* max_name = "max_completion_tokens";
+  std::optional<int64_t> max_tokens = opt_int(body, max_name);
+  if (!max_tokens) {
+    max_name = "max_tokens";
+    max_tokens = opt_int(body, max_name);
+  }
   if (max_tokens) {
+    if (*max_tokens < 1) {
+      throw ApiError(
+          400,
+          std::string("'") + max_name + "' must be at least 1, got " + std::to_string(*max_tokens),
+          max_name);
+    }
     sp.max_tokens = *max_tokens;
     req.max_tokens_given = true;
   }
@@ -401,6 +434,8 @@ GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) 
   if (auto v = opt_number(body, "top_p")) sp.top_p = *v;
   if (auto v = opt_int(body, "top_k")) sp.top_k = *v;
   if (auto v = opt_number(body, "min_p")) sp.min_p = *v;
+  // vLLM's range, a signed 64-bit integer (past it: 400 from as_int); the generator takes its
+  // two's-complement bits, so -1 and 2^64 - 1 are not both accepted.
   if (auto v = opt_int(body, "seed")) sp.seed = static_cast<uint64_t>(*v);
   if (auto v = opt_number(body, "presence_penalty")) sp.presence_penalty = *v;
   if (auto v = opt_number(body, "frequency_penalty")) sp.frequency_penalty = *v;

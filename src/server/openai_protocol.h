@@ -42,7 +42,7 @@ class ApiError : public std::runtime_error {
   std::string code_;
 };
 
-// "invalid_request_error" (400, 404, 413, 422), "authentication_error" (401),
+// "invalid_request_error" (400, 404, 405, 413), "authentication_error" (401),
 // "service_unavailable" (503), "server_error" (other 5xx).
 const char* error_type(int status);
 std::string error_body(int status, std::string_view message, std::string_view param = {},
@@ -53,9 +53,9 @@ ApiError to_api_error(const Error& e);
 
 enum class Endpoint { kCompletions, kChat };
 
-// A generation request, type-checked: wrong types and missing fields throw ApiError(422),
-// unsupported values ApiError(400); the ranges of the sampling fields are SamplingParams'
-// validate()'s business.
+// A generation request, type-checked: wrong types, missing fields, empty prompts, unknown roles
+// and unsupported values throw ApiError(400) naming the field (OpenAI's and vLLM's status); the
+// ranges of the sampling fields are SamplingParams' validate()'s business.
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;  // as sent; empty when absent

@@ -2,6 +2,9 @@
 // own `tojson` (json.dumps with ensure_ascii=False, optional indent/separators/sort_keys).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 
@@ -230,16 +233,76 @@ Value do_map(const Value& v, const CallArgs& a) {
   return Value::array(std::move(out));
 }
 
+// Python's round(x, n) of a float: the double nearest the exact value of x rounded to n decimal
+// places, ties to even (CPython rounds the exact binary value through its dtoa; glibc's printf
+// does the same).
+double python_round(double x, int64_t n) {
+  if (!std::isfinite(x) || x == 0) return x;
+  // Past every digit a double has: x itself; before its first: a signed zero (as CPython).
+  if (n > 323) return x;
+  if (n < -308) return 0.0 * x;
+  char buf[1024];  // 309 integer digits and 323 decimals at most
+  if (n >= 0) {
+    std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(n), x);
+    return std::strtod(buf, nullptr);
+  }
+  // Rounding to 10^k (k = -n): keep the digits of x down to 10^k, as %e does with e - k of them
+  // after the point (e: x's decimal exponent).
+  std::snprintf(buf, sizeof buf, "%.17e", x);
+  const int64_t e = std::strtol(std::strchr(buf, 'e') + 1, nullptr, 10);
+  const int64_t k = -n;
+  if (e - k >= 0) {
+    std::snprintf(buf, sizeof buf, "%.*e", static_cast<int>(e - k), x);
+    return std::strtod(buf, nullptr);
+  }
+  // |x| < 10^k: 0, or 10^k past the half (the half itself goes to 0, the even side).
+  const double unit = std::pow(10.0, static_cast<double>(k));
+  if (e - k == -1 && std::fabs(x) > unit / 2) return std::copysign(unit, x);
+  return 0.0 * x;
+}
+
+// Python's round(i, n) of an int: i itself for n >= 0, else to a multiple of 10^-n, ties to even.
+int64_t python_round_int(int64_t i, int64_t n) {
+  if (n >= 0) return i;
+  if (n < -18) return 0;  // 10^19 > every int64
+  __int128 p = 1;
+  for (int64_t d = 0; d < -n; ++d) p *= 10;
+  const __int128 x = i;
+  __int128 q = x / p, r = x % p;
+  if (r < 0) {  // floor division, as Python's
+    r += p;
+    q -= 1;
+  }
+  if (2 * r > p || (2 * r == p && q % 2 != 0)) q += 1;
+  const __int128 out = q * p;
+  if (out > INT64_MAX || out < INT64_MIN) fail("round: the result does not fit a 64-bit integer");
+  return static_cast<int64_t>(out);
+}
+
+// Jinja's round(value, precision=0, method='common'): 'common' is Python's round() (an int stays
+// an int); 'ceil' and 'floor' are math.ceil/floor(value * 10**precision) / 10**precision, a
+// float.
 Value do_round(const Value& v, const CallArgs& a) {
-  int64_t precision = std::clamp<int64_t>(arg(a, 0, "precision", Value(0)).as_int(), -400, 400);
-  std::string method = arg(a, 1, "method", Value("common")).str();
   if (!v.is_number()) fail("round expects a number, got " + v.type_name());
-  double x = v.as_float(), scale = std::pow(10.0, static_cast<double>(precision));
-  if (method == "ceil") return Value(std::ceil(x * scale) / scale);
-  if (method == "floor") return Value(std::floor(x * scale) / scale);
-  if (method != "common") fail("round: method must be 'common', 'ceil' or 'floor'");
-  if (!v.is_float() && precision >= 0) return Value(v.as_int());  // Python round(int) is an int
-  return Value(std::nearbyint(x * scale) / scale);                // Python's round(): half to even
+  const Value p = arg(a, 0, "precision", Value(0));
+  if (!p.is_int() && !p.is_bool())
+    fail("round: precision must be an integer, got " + p.type_name());
+  const int64_t precision = p.as_int();
+  const Value m = arg(a, 1, "method", Value("common"));
+  const std::string method = m.is_string() ? m.as_string() : std::string();
+  if (method == "common") {
+    if (!v.is_float()) return Value(python_round_int(v.as_int(), precision));
+    return Value(python_round(v.as_float(), precision));
+  }
+  if (method != "ceil" && method != "floor") fail("round: method must be common, ceil or floor");
+  // Python: an int times 10**precision stays exact, so ceil/floor of it is the int itself.
+  if (!v.is_float() && precision >= 0) return Value(static_cast<double>(v.as_int()));
+  const double scale = std::pow(10.0, static_cast<double>(precision));
+  if (!std::isfinite(scale) || scale == 0)
+    fail("round: precision " + std::to_string(precision) + " is out of range for method " + method);
+  const double x = v.as_float() * scale;
+  if (!std::isfinite(x)) fail("round: the value times 10**precision overflows");
+  return Value((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
 }
 
 const std::map<std::string, FilterFn, std::less<>>& filters() {

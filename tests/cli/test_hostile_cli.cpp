@@ -48,6 +48,29 @@ TEST_F(HostileCli, UnknownLogLevelIsAnError) {
   EXPECT_EQ(r.rc, 0) << r.err;
 }
 
+TEST_F(HostileCli, SeedsOutsideSigned64BitsAreErrorsNotWrapped) {
+  const std::string base =
+      "generate --model '" + fixture("tiny-llama3") + "' --ids 1,2 --max-tokens 2 --temperature 1 ";
+  for (const std::string& flag : {"--seed", "--engine-seed"}) {
+    for (const std::string& bad : {"18446744073709551616", "18446744073709551615",
+                                   "9223372036854775808", "-9223372036854775809", "abc", "1.5"}) {
+      auto r = run_cli(base + flag + "=" + bad);
+      EXPECT_EQ(r.rc, 1) << flag << "=" << bad;
+      EXPECT_CONTAINS(r.err, flag);
+      EXPECT_CONTAINS(r.err, bad);
+    }
+    // The range's ends and a negative seed (vLLM's range) are seeds.
+    for (const std::string& ok : {"-1", "-9223372036854775808", "9223372036854775807", "0"}) {
+      auto r = run_cli(base + flag + "=" + ok);
+      EXPECT_EQ(r.rc, 0) << flag << "=" << ok << ": " << r.err;
+    }
+  }
+  // Same seed, same tokens; -1 is its own seed.
+  auto a = run_cli(base + "--seed=-1");
+  auto b = run_cli(base + "--seed=-1");
+  EXPECT_EQ(a.out, b.out);
+}
+
 TEST_F(HostileCli, HugeMaxTokensIsCappedByTheContext) {
   // prompt + max_tokens used to overflow into "KVCache: negative capacity".
   auto r = run_cli("generate --model '" + fixture("tiny-llama3") +

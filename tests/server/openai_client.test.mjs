@@ -118,7 +118,7 @@ describe("openai client against longctx serve (needle, CPU)", () => {
     await expectApiError(api.completions.create({ model: "needle", prompt: "x", top_p: 1.5 }),
                          400, OpenAI.BadRequestError, (e) => assert.equal(e.param, "top_p"));
     await expectApiError(api.completions.create({ model: "needle", prompt: "x", temperature: "hot" }),
-                         422, OpenAI.UnprocessableEntityError, (e) => assert.equal(e.param, "temperature"));
+                         400, OpenAI.BadRequestError, (e) => assert.equal(e.param, "temperature"));
     await expectApiError(api.chat.completions.create({ model: "gpt-4o", messages: [{ role: "user", content: "x" }] }),
                          404, OpenAI.NotFoundError, (e) => assert.equal(e.code, "model_not_found"));
     await expectApiError(api.completions.create({ model: "needle", prompt: Array(5000).fill(7) }),

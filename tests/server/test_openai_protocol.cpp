@@ -24,7 +24,7 @@ TEST(OpenAIProtocol, HugeIntegralFloatsAreTooLargeNotUndefined) {
   EXPECT_EQ(status_of(R"({"prompt":"hi","max_tokens":-1e300})", Endpoint::kCompletions), 400);
   EXPECT_EQ(status_of(R"({"prompt":"hi","seed":9.3e18})", Endpoint::kCompletions), 400);
   EXPECT_EQ(status_of(R"({"prompt":[1e20]})", Endpoint::kCompletions), 400);
-  EXPECT_EQ(status_of(R"({"prompt":"hi","max_tokens":4.5})", Endpoint::kCompletions), 422);
+  EXPECT_EQ(status_of(R"({"prompt":"hi","max_tokens":4.5})", Endpoint::kCompletions), 400);
   EXPECT_EQ(status_of(R"({"prompt":"hi","max_tokens":4.0})", Endpoint::kCompletions), 200);
 }
 

@@ -200,8 +200,9 @@ TEST(TemplateFilters, SortMinMaxOrder) {
                    "{{ ['b','B','a','A']|sort(reverse=true) }} {{ ['bX','ax','Ay']|max }} "
                    "{{ ['bX','ax','Ay']|min }}"),
             "['a', 'A', 'b', 'B'] ['A', 'B', 'a', 'b'] ['b', 'B', 'a', 'A'] bX ax");
-  Json ctx = {{"xs", Json::array({{{"n", "b"}, {"i", 1}}, {{"n", "A"}, {"i", 2}},
-                                  {{"n", "a"}, {"i", 3}}})}};
+  Json ctx = {
+      {"xs",
+       Json::array({{{"n", "b"}, {"i", 1}}, {{"n", "A"}, {"i", 2}}, {{"n", "a"}, {"i", 3}}})}};
   EXPECT_EQ(render("{% for x in xs|sort(attribute='n') %}{{ x.i }}{% endfor %}", ctx), "231");
 }
 
@@ -245,6 +246,32 @@ TEST(TemplateFilters, UnicodeCaseAndNumbers) {
   // round() of an int stays an int; odd/even/divisibleby are `value % n` tests.
   EXPECT_EQ(render("{{ 3|round }} {{ 2.5 is odd }} {{ 3.0 is odd }} {{ 10 is divisibleby 2.5 }}"),
             "3 False True True");
+}
+
+// Jinja's round: 'common' is Python's round() (ints stay ints, ties to even on the exact binary
+// value, any precision), 'ceil'/'floor' give floats. The expected strings are what jinja2 3.1
+// renders for the same templates.
+TEST(TemplateFilters, RoundAsJinja) {
+  EXPECT_EQ(render("{{ 309|round }} {{ 309.0|round }} {{ 1.5|round(309) }} {{ 309|round(2) }}"),
+            "309 309.0 1.5 309");
+  EXPECT_EQ(render("{{ 2.675|round(2) }} {{ 0.125|round(2) }} {{ 0.375|round(2) }} "
+                   "{{ 2.5|round }} {{ 3.5|round }} {{ -0.4|round }}"),
+            "2.67 0.12 0.38 2.0 4.0 -0.0");
+  EXPECT_EQ(render("{{ 1234.5678|round(-2) }} {{ 1250|round(-2) }} {{ 1350|round(-2) }} "
+                   "{{ -1250|round(-2) }} {{ 1251|round(-2) }} {{ 123456789012345678|round(-5) }}"),
+            "1200.0 1200 1400 -1200 1300 123456789012300000");
+  EXPECT_EQ(render("{{ 1.5|round(-400) }} {{ 1e300|round(-299) }} {{ 5e-324|round(400) }} "
+                   "{{ 60.0|round(-2) }} {{ 40.0|round(-2) }} {{ 50.0|round(-2) }}"),
+            "0.0 1e+300 5e-324 100.0 0.0 0.0");
+  EXPECT_EQ(render("{{ 2.1|round(0, 'ceil') }} {{ 2.9|round(0, 'floor') }} "
+                   "{{ 309|round(0, 'floor') }} {{ 2.123|round(2, 'ceil') }} "
+                   "{{ -2.5|round(0, 'floor') }} {{ 1234|round(-2, 'ceil') }} "
+                   "{{ 2.5|round(method='floor') }} {{ 7|round(precision=1, method='ceil') }}"),
+            "3.0 2.0 309.0 2.13 -3.0 1300.0 2.0 7.0");
+  for (const char* bad : {"{{ 1.5|round(1, 'up') }}", "{{ 1.5|round(1.5) }}", "{{ 'x'|round }}",
+                          "{{ 1.5|round(400, 'ceil') }}"}) {
+    EXPECT_THROW(render(bad), Error) << bad;
+  }
 }
 
 TEST(TemplateFilters, ToJsonMatchesTransformers) {

@@ -17,6 +17,7 @@
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 #include "model_options.h"
+#include "seed_option.h"
 
 namespace longctx::cli {
 namespace {
@@ -125,7 +126,7 @@ void add_bench_offload(CLI::App* bench) {
       ->capture_default_str();
   cmd->add_option("--decode-steps", o->decode_steps, "decode steps after each prefill")
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "prompt seed")->capture_default_str();
+  add_seed_option(*cmd, "--seed", o->seed, "prompt seed (default 0)");
   cmd->callback([o] { run(*o); });
 }
 

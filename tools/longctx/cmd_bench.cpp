@@ -15,6 +15,7 @@
 #include "generate_common.h"
 #include "longctx/core/error.h"
 #include "longctx/loader/model_config.h"
+#include "seed_option.h"
 
 namespace longctx::cli {
 namespace {
@@ -154,7 +155,7 @@ CommandRegistration reg("bench", [](CLI::App& app) {
   tc->add_option("--min-output-len", t->min_output_len)->capture_default_str();
   tc->add_option("--max-output-len", t->max_output_len)->capture_default_str();
   tc->add_option("--temperature", t->temperature)->capture_default_str();
-  tc->add_option("--seed", t->seed, "workload seed")->capture_default_str();
+  add_seed_option(*tc, "--seed", t->seed, "workload seed (default 0)");
   tc->callback([t] { run_throughput(*t); });
 
   auto l = std::make_shared<LatencyOptions>();
@@ -165,7 +166,7 @@ CommandRegistration reg("bench", [](CLI::App& app) {
   lc->add_option("--batch-size", l->batch_size)->capture_default_str();
   lc->add_option("--num-iters", l->num_iters)->capture_default_str();
   lc->add_option("--num-warmup", l->num_warmup)->capture_default_str();
-  lc->add_option("--seed", l->seed, "workload seed")->capture_default_str();
+  add_seed_option(*lc, "--seed", l->seed, "workload seed (default 0)");
   lc->callback([l] { run_latency(*l); });
 
   add_bench_offload(bench);

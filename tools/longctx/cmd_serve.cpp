@@ -20,6 +20,8 @@ struct Options {
   std::vector<std::string> served_model_names;
   std::string default_chat_template_kwargs;
   std::string max_request_body = "32MiB";
+  std::string model_positional;  // `longctx serve MODEL`, as `vllm serve MODEL`
+  std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";
 };
 
 void run(Options& o) {
@@ -30,6 +32,18 @@ void run(Options& o) {
     if (const char* key = std::getenv("LONGCTX_API_KEY")) o.serve.api.api_key = key;
   }
   o.serve.transport.max_body_bytes = parse_byte_size(o.max_request_body, "--max-request-body");
+  if (!o.model_positional.empty()) {
+    LONGCTX_CHECK(o.gen.model.model.empty() || o.gen.model.model == o.model_positional,
+                  ErrorCode::kInvalidArgument,
+                  "the model is given twice: '{}' (positional) and --model '{}'; give one",
+                  o.model_positional, o.gen.model.model);
+    o.gen.model.model = o.model_positional;
+  }
+  server::CorsOptions& cors = o.serve.transport.cors;
+  cors.allowed_origins = server::split_comma_list(o.allowed_origins);
+  cors.allowed_methods = server::split_comma_list(o.allowed_methods);
+  cors.allowed_headers = server::split_comma_list(o.allowed_headers);
+  cors.validate();
   if (!o.default_chat_template_kwargs.empty()) {
     o.serve.api.default_chat_template_kwargs =
         parse_ordered_json(o.default_chat_template_kwargs, "--default-chat-template-kwargs");
@@ -56,7 +70,11 @@ CommandRegistration reg("serve", [](CLI::App& app) {
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
   add_engine_options(*cmd, o->gen);
-  cmd->add_option("--host", o->serve.transport.host, "address to listen on")->capture_default_str();
+  cmd->add_option("model", o->model_positional,
+                  "checkpoint folder (as `vllm serve MODEL`; the same as --model)");
+  cmd->add_option("--host", o->serve.transport.host,
+                  "address or host name to listen on (e.g. 0.0.0.0, ::, localhost)")
+      ->capture_default_str();
   cmd->add_option("--port", o->serve.transport.port, "port (0: any free port)")
       ->capture_default_str();
   cmd->add_option("--api-key", o->serve.api.api_key,
@@ -69,6 +87,23 @@ CommandRegistration reg("serve", [](CLI::App& app) {
                   "largest request body (413 past it), e.g. 32MiB")
       ->capture_default_str();
   cmd->add_option("--http-threads", o->serve.transport.threads, "HTTP I/O threads")
+      ->capture_default_str();
+  cmd->add_option("--keep-alive-timeout", o->serve.transport.keep_alive_timeout_s,
+                  "seconds a kept-alive connection may wait idle for its next request")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-connections", o->serve.transport.max_connections,
+                  "open connections at once; more get 503")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--allowed-origins", o->allowed_origins,
+                  "CORS: comma-separated origins (https://app.example:8080) or * (default: no "
+                  "CORS headers)");
+  cmd->add_option("--allowed-methods", o->allowed_methods,
+                  "CORS: comma-separated methods a preflight may ask for, or *")
+      ->capture_default_str();
+  cmd->add_option("--allowed-headers", o->allowed_headers,
+                  "CORS: comma-separated request headers a preflight may ask for, or *")
       ->capture_default_str();
   cmd->add_option("--drain-timeout", o->serve.drain_timeout_s,
                   "seconds requests in flight get to finish on SIGINT/SIGTERM")

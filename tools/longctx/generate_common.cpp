@@ -9,6 +9,7 @@
 
 #include "longctx/core/error.h"
 #include "longctx/core/logging.h"
+#include "seed_option.h"
 #include "token_ids.h"
 
 namespace longctx::cli {
@@ -21,7 +22,7 @@ void add_engine_options(CLI::App& cmd, GenerateOptions& opts) {
   cmd.option_defaults()->group("Engine");
   cmd.add_option("--max-model-len", opts.engine.max_model_len,
                  "tokens per sequence (default: max_position_embeddings)");
-  cmd.add_option("--engine-seed", opts.engine.seed, "seed for requests without --seed");
+  add_seed_option(cmd, "--engine-seed", opts.engine.seed, "seed for requests without --seed");
   cmd.option_defaults()->group("Options");
   cmd.add_option("--log-level", opts.log_level, "trace, debug, info, warn, error, off");
 }
@@ -36,7 +37,7 @@ void add_sampling_options(CLI::App& cmd, SamplingParams& sp) {
       ->capture_default_str();
   cmd.add_option("--min-p", sp.min_p, "drop tokens below min_p * top probability")
       ->capture_default_str();
-  cmd.add_option("--seed", sp.seed, "per-request seed");
+  add_seed_option(cmd, "--seed", sp.seed, "per-request seed");
   cmd.add_option("--repetition-penalty", sp.repetition_penalty, "HF/vLLM repetition penalty")
       ->capture_default_str();
   cmd.add_option("--presence-penalty", sp.presence_penalty, "OpenAI presence penalty")

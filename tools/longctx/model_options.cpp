@@ -71,9 +71,9 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
     cmd->add_option("--block-size", block_size,
                     "KV cache block size in tokens (default 128 on a GPU, 16 on the CPU)");
     cmd->add_option("--max-num-batched-tokens", max_num_batched_tokens,
-                    "tokens per engine step (the prefill chunk size)")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+                    "tokens per engine step, the prefill chunk size (default 16384 on a GPU, 1024 "
+                    "on the CPU)")
+        ->check(CLI::PositiveNumber);
     cmd->add_option("--max-num-seqs", max_num_seqs, "sequences per engine step")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -174,7 +174,7 @@ kernels::KernelTuning ModelOptions::kernel_tuning() const {
 GpuRunnerOptions ModelOptions::runner_options() const {
   GpuRunnerOptions r;
   r.block_size = block_size;
-  r.max_num_batched_tokens = max_num_batched_tokens;
+  if (max_num_batched_tokens > 0) r.max_num_batched_tokens = max_num_batched_tokens;
   r.max_num_seqs = max_num_seqs;
   r.enforce_eager = enforce_eager;
   r.kv_offload = kv_offload;

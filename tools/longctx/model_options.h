@@ -38,8 +38,8 @@ struct ModelOptions {
   std::string dtype = "bfloat16";           // GPU activations: bfloat16 | float16
   std::string gpu_memory_limit;             // bytes, e.g. 24GiB; empty: none
   double gpu_memory_utilization = 0.9;
-  int64_t block_size = 0;  // 0: the device's default
-  int64_t max_num_batched_tokens = 16384;
+  int64_t block_size = 0;              // 0: the device's default
+  int64_t max_num_batched_tokens = 0;  // 0: the device's default (EngineConfig)
   int64_t max_num_seqs = 256;
   bool enable_prefix_caching = true;
   bool enforce_eager = false;
