@@ -49,6 +49,15 @@ TEST(HelpCli, GenerateGroupsItsFlagsUnderHeadings) {
   EXPECT_NE(r.out.find("--prompt-file"), std::string::npos);
 }
 
+TEST(HelpCli, ServeHasAServerHeading) {
+  const auto r = run_cli("serve --help");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const size_t server = position(r.out, "Server");
+  EXPECT_GT(r.out.find("--allowed-origins"), server);
+  EXPECT_GT(r.out.find("--port"), server);
+  EXPECT_LT(r.out.find("--max-model-len"), server);  // under Engine, before
+}
+
 TEST(HelpCli, InfoListsOnlyTheFlagsItReads) {
   const auto r = run_cli("info --help");
   ASSERT_EQ(r.rc, 0) << r.err;

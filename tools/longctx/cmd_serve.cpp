@@ -72,6 +72,7 @@ CommandRegistration reg("serve", [](CLI::App& app) {
   add_engine_options(*cmd, o->gen);
   cmd->add_option("model", o->model_positional,
                   "checkpoint folder (as `vllm serve MODEL`; the same as --model)");
+  cmd->option_defaults()->group("Server");
   cmd->add_option("--host", o->serve.transport.host,
                   "address or host name to listen on (e.g. 0.0.0.0, ::, localhost)")
       ->capture_default_str();
@@ -108,6 +109,7 @@ CommandRegistration reg("serve", [](CLI::App& app) {
   cmd->add_option("--drain-timeout", o->serve.drain_timeout_s,
                   "seconds requests in flight get to finish on SIGINT/SIGTERM")
       ->capture_default_str();
+  cmd->option_defaults()->group("Options");
   cmd->callback([o] { run(*o); });
 });
 
