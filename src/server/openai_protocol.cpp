@@ -272,7 +272,7 @@ void parse_tools(const Json& body, GenerationRequest& req) {
     const Json* type = t.is_object() ? field(t, "type") : nullptr;
     const Json* name = fn != nullptr && fn->is_object() ? field(*fn, "name") : nullptr;
     if (type == nullptr || *type != "function" || name == nullptr || !name->is_string())
-      throw ApiError(422,
+      throw ApiError(400,
                      "each of 'tools' must be {\"type\": \"function\", \"function\": "
                      "{\"name\": ..., \"parameters\": ...}}",
                      "tools");
@@ -300,7 +300,7 @@ void parse_tools(const Json& body, GenerationRequest& req) {
       named = field(*field(*tc, "function"), "name")->get<std::string>();
       choice = "named";
     } else {
-      throw ApiError(422,
+      throw ApiError(400,
                      "'tool_choice' must be \"none\", \"auto\", \"required\" or "
                      "{\"type\": \"function\", \"function\": {\"name\": ...}}",
                      "tool_choice");
@@ -355,7 +355,7 @@ void parse_response_format(const Json& body, SamplingParams& sp) {
   if (!rf->is_object()) wrong_type(kParam, "an object", *rf);
   const Json* type = field(*rf, "type");
   if (type == nullptr || !type->is_string())
-    throw ApiError(422, "'response_format.type' must be a string", kParam);
+    throw ApiError(400, "'response_format.type' must be a string", kParam);
   const std::string t = type->get<std::string>();
   if (t == "text") return;
   if (t == "json_object") {
@@ -370,12 +370,12 @@ void parse_response_format(const Json& body, SamplingParams& sp) {
                    kParam);
   const Json* js = field(*rf, "json_schema");
   if (js == nullptr || !js->is_object())
-    throw ApiError(422, "'response_format.json_schema' must be an object", kParam);
+    throw ApiError(400, "'response_format.json_schema' must be an object", kParam);
   if (const Json* strict = field(*js, "strict"); strict != nullptr && !strict->is_boolean())
-    throw ApiError(422, "'response_format.json_schema.strict' must be a boolean", kParam);
+    throw ApiError(400, "'response_format.json_schema.strict' must be a boolean", kParam);
   const Json* schema = field(*js, "schema");
   if (schema == nullptr || !(schema->is_object() || schema->is_boolean()))
-    throw ApiError(422, "'response_format.json_schema.schema' must be a JSON schema object",
+    throw ApiError(400, "'response_format.json_schema.schema' must be a JSON schema object",
                    kParam);
   try {
     structured::json_schema_grammar(*schema);

@@ -65,11 +65,11 @@ TEST(OpenAIProtocol, ResponseFormat) {
             r.params.structured.json_schema.find("\"a\""));
   // Errors: the status, and the param / keyword they name.
   const std::vector<std::tuple<std::string, int, std::string>> bad = {
-      {R"("json")", 422, "response_format"},
+      {R"("json")", 400, "response_format"},
       {R"({"type":"yaml"})", 400, "\"yaml\""},
-      {R"({"type":"json_schema"})", 422, "json_schema"},
-      {R"({"type":"json_schema","json_schema":{"name":"x"}})", 422, "schema"},
-      {R"({"type":"json_schema","json_schema":{"schema":{},"strict":"yes"}})", 422, "strict"},
+      {R"({"type":"json_schema"})", 400, "json_schema"},
+      {R"({"type":"json_schema","json_schema":{"name":"x"}})", 400, "schema"},
+      {R"({"type":"json_schema","json_schema":{"schema":{},"strict":"yes"}})", 400, "strict"},
       {R"({"type":"json_schema","json_schema":{"schema":{"type":"string","format":"email"}}})", 400,
        "'format'"},
       {R"({"type":"json_schema","json_schema":{"schema":{"properties":{"x":{"not":{}}}}}})", 400,
@@ -111,7 +111,7 @@ TEST(OpenAIProtocol, ToolChoiceConstrainsToADeclaredToolAndStreamsTheCall) {
            {"", 400},  // auto by default
            {R"(,"tool_choice":"auto")", 400},
            {R"(,"tool_choice":{"type":"function","function":{"name":"h"}})", 400},
-           {R"(,"tool_choice":7)", 422},
+           {R"(,"tool_choice":7)", 400},
            {R"(,"tool_choice":"required","response_format":{"type":"json_object"})", 400}}) {
     try {
       chat(extra);
