@@ -39,6 +39,9 @@ struct EngineConfig {
   std::string model;         // Hugging Face checkpoint folder
   std::string dummy_preset;  // instead of `model`: random weights of a preset ("qwen3-0.6b", ...)
   std::string tokenizer;     // folder with tokenizer.json; empty: the model folder's, if it has one
+  // A Jinja chat template replacing tokenizer_config.json's (vLLM's --chat-template); empty: the
+  // tokenizer folder's.
+  std::string chat_template;
   int64_t max_model_len = 0;  // tokens per sequence; 0: the model's max_position_embeddings
   // "auto" (a GPU when one is present, else the CPU reference), "cpu", "cuda" or "cuda:N".
   std::string device = "auto";

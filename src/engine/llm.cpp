@@ -98,6 +98,11 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
       }
     }
   }
+  if (!config.chat_template.empty()) {
+    if (!impl_->tokenizer_config.is_object())
+      impl_->tokenizer_config = nlohmann::ordered_json::object();
+    impl_->tokenizer_config["chat_template"] = config.chat_template;
+  }
   const ModelConfig& mc = impl_->checkpoint->config;
   EngineCoreOptions options;
   options.max_model_len = resolve_max_model_len(mc, config.max_model_len);

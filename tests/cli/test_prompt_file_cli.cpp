@@ -102,4 +102,28 @@ TEST_F(PromptFileCli, EmptyAndMissingPromptsAreErrors) {
   EXPECT_NE(twice.err.find("standard input can be read once"), std::string::npos) << twice.err;
 }
 
+TEST_F(PromptFileCli, ChatTemplateReplacesTheModels) {
+  // The prompt is what the template renders: its token count is that of the rendered text.
+  const std::string tmpl = "<doc>{{ messages[0]['content'] }}</doc>{{ 'ANSWER:' }}";
+  const std::string path = write("template.jinja", tmpl);
+  const auto rendered =
+      run_cli("tokenize --model '" + model() + "' --text '<doc>hello</doc>ANSWER:'");
+  ASSERT_EQ(rendered.rc, 0) << rendered.err;
+  const auto ids = nlohmann::json::parse(rendered.out);
+  const std::string expected = std::to_string(ids.size()) + " prompt + 1 generated";
+  for (const std::string& value : {path, tmpl}) {  // a file, or the template in one line
+    const auto r =
+        run_cli("generate --device cpu --model '" + model() +
+                "' --chat --prompt hello --max-tokens 1 --chat-template \"" + value + "\"");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.err.find(expected), std::string::npos) << expected << " in " << r.err;
+  }
+  const auto missing = run_cli("generate --device cpu --model '" + model() +
+                               "' --chat --prompt hello --chat-template nope.jinja");
+  EXPECT_EQ(missing.rc, 1);
+  EXPECT_NE(missing.err.find("--chat-template 'nope.jinja': no such file, and not a template"),
+            std::string::npos)
+      << missing.err;
+}
+
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "longctx/core/error.h"
 #include "longctx/core/logging.h"
@@ -19,6 +20,9 @@ void add_engine_options(CLI::App& cmd, GenerateOptions& opts) {
   cmd.option_defaults()->group("Model");
   cmd.add_option("--tokenizer", opts.engine.tokenizer,
                  "folder with tokenizer.json (default: the model folder's)");
+  cmd.add_option("--chat-template", opts.chat_template,
+                 "a Jinja chat template file (or the template itself) instead of "
+                 "tokenizer_config.json's");
   cmd.option_defaults()->group("Engine");
   cmd.add_option("--max-model-len", opts.engine.max_model_len,
                  "tokens per sequence (default: max_position_embeddings)");
@@ -57,6 +61,7 @@ std::unique_ptr<LLM> make_llm(const GenerateOptions& opts) {
   opts.sampling.validate();
   std::shared_ptr<const Checkpoint> checkpoint = opts.model.load();
   EngineConfig engine = opts.engine;
+  if (!opts.chat_template.empty()) engine.chat_template = read_chat_template(opts.chat_template);
   engine.model_options = opts.model.build_options(*checkpoint);
   opts.model.apply_to(engine);
   auto llm = std::make_unique<LLM>(std::move(checkpoint), engine);
@@ -107,9 +112,20 @@ std::string summary_line(const RequestOutput& out) {
       m.decode_tokens_per_s());
 }
 
-std::string read_prompt_file(const std::string& path) {
+std::string read_chat_template(const std::string& file_or_text) {
+  // As vLLM's --chat-template: a file's path, or the template in one line.
+  if (std::filesystem::is_regular_file(file_or_text))
+    return read_prompt_file(file_or_text, "--chat-template");
+  LONGCTX_CHECK(
+      file_or_text.find("{{") != std::string::npos || file_or_text.find("{%") != std::string::npos,
+      ErrorCode::kNotFound,
+      "--chat-template '{}': no such file, and not a template (no {{{{ or {{%)", file_or_text);
+  return file_or_text;
+}
+
+std::string read_prompt_file(const std::string& path, const char* flag) {
   std::FILE* f = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
-  LONGCTX_CHECK(f != nullptr, ErrorCode::kNotFound, "--prompt-file {}: cannot open ({})", path,
+  LONGCTX_CHECK(f != nullptr, ErrorCode::kNotFound, "{} {}: cannot open ({})", flag, path,
                 std::strerror(errno));
   std::string text;
   std::array<char, 1 << 16> buf{};
@@ -117,7 +133,7 @@ std::string read_prompt_file(const std::string& path) {
   while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) text.append(buf.data(), n);
   const bool failed = std::ferror(f) != 0;
   if (f != stdin) std::fclose(f);
-  LONGCTX_CHECK(!failed, ErrorCode::kIo, "--prompt-file {}: read error", path);
+  LONGCTX_CHECK(!failed, ErrorCode::kIo, "{} {}: read error", flag, path);
   return text;
 }
 

@@ -18,6 +18,7 @@ struct GenerateOptions {
   EngineConfig engine;
   SamplingParams sampling;
   std::string log_level;
+  std::string chat_template;  // --chat-template: a file or the template text
 };
 
 // Adds the model options, --tokenizer, --max-model-len, --engine-seed, --log-level.
@@ -39,7 +40,10 @@ std::string summary_line(const RequestOutput& out);
 
 // The whole text of PATH, or of standard input for "-" (prompts past the argument-list limit);
 // throws Error naming a file that cannot be read.
-std::string read_prompt_file(const std::string& path);
+std::string read_prompt_file(const std::string& path, const char* flag = "--prompt-file");
+
+// --chat-template's value: the file's text, or the value itself when it is a template.
+std::string read_chat_template(const std::string& file_or_text);
 
 // "1,2, 3" -> {1, 2, 3}; throws Error naming the bad item.
 std::vector<int32_t> parse_ids(const std::string& text);
