@@ -177,6 +177,16 @@ class ChatCli : public ::testing::Test {
     EXPECT_TRUE(chat->wait_for("> ")) << chat->out();
     return chat;
   }
+  // /save, then quit with `quit`: the conversation as saved, `n` messages long.
+  nlohmann::json save_and_quit(PtyChat& chat, size_t n, const std::string& quit = "/exit\r") {
+    const fs::path saved = dir_ / "conv.json";
+    chat.type("/save " + saved.string() + "\r");
+    EXPECT_TRUE(chat.wait_for("[saved " + std::to_string(n) + " messages")) << chat.out();
+    EXPECT_TRUE(chat.wait_for("> ")) << chat.out();
+    chat.type(quit);
+    EXPECT_EQ(chat.wait_exit(), 0) << chat.out();
+    return read_json(saved);
+  }
   fs::path dir_;
 };
 
@@ -188,13 +198,7 @@ TEST_F(ChatCli, AnswersAndSavesTheConversation) {
   chat->type("h\u00e9llo w\u00f6rld\r");  // UTF-8 typed in, whatever the locale
   ASSERT_TRUE(chat->wait_for("6 generated tokens, finish: length")) << chat->out();
   ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
-  const fs::path saved = dir_ / "conv.json";
-  chat->type("/save " + saved.string() + "\r");
-  ASSERT_TRUE(chat->wait_for("[saved 2 messages")) << chat->out();
-  ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
-  chat->type("/exit\r");
-  EXPECT_EQ(chat->wait_exit(), 0) << chat->out();
-  const auto conv = read_json(saved);
+  const auto conv = save_and_quit(*chat, 2);
   ASSERT_EQ(conv.size(), 2u) << conv;
   EXPECT_EQ(conv[0], (nlohmann::json{{"role", "user"}, {"content", "h\u00e9llo w\u00f6rld"}}));
   EXPECT_EQ(conv[1]["role"], "assistant");
@@ -222,13 +226,7 @@ TEST_F(ChatCli, CtrlCStopsAReplyAndKeepsTheConversation) {
   ASSERT_TRUE(chat->wait_for("[stopped]")) << chat->out();
   ASSERT_TRUE(chat->wait_for("generated tokens, finish: abort")) << chat->out();
   ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
-  const fs::path saved = dir_ / "conv.json";
-  chat->type("/save " + saved.string() + "\r");
-  ASSERT_TRUE(chat->wait_for("[saved 2 messages")) << chat->out();
-  ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
-  chat->type("\x04");  // Ctrl-D
-  EXPECT_EQ(chat->wait_exit(), 0) << chat->out();
-  const auto conv = read_json(saved);
+  const auto conv = save_and_quit(*chat, 2, "\x04");  // Ctrl-D
   ASSERT_EQ(conv.size(), 2u) << conv;
   EXPECT_EQ(conv[0]["content"], "tell me a long story");
   const std::string partial = conv[1]["content"];
@@ -283,12 +281,7 @@ TEST_F(ChatCli, UpArrowRecallsThePreviousLine) {
   chat->type("\x1b[A\r");  // Up, Enter: the same message again
   ASSERT_TRUE(chat->wait_for("6 generated tokens")) << chat->out();
   ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
-  const fs::path saved = dir_ / "conv.json";
-  chat->type("/save " + saved.string() + "\r");
-  ASSERT_TRUE(chat->wait_for("[saved 4 messages")) << chat->out();
-  chat->type("/exit\r");
-  EXPECT_EQ(chat->wait_exit(), 0) << chat->out();
-  const auto conv = read_json(saved);
+  const auto conv = save_and_quit(*chat, 4);
   ASSERT_EQ(conv.size(), 4u) << conv;
   EXPECT_EQ(conv[2]["content"], "first line");
   EXPECT_FALSE(chat->out().find("^[[A") != std::string::npos) << chat->out();
@@ -452,12 +445,7 @@ TEST_F(ChatCli, HistoryFileKeepsLinesAcrossSessions) {
   chat->type("\x1b[A\x1b[A\r");  // Up twice (past "/exit"), Enter
   ASSERT_TRUE(chat->wait_for("6 generated tokens")) << chat->out();
   ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
-  const fs::path saved = dir_ / "conv.json";
-  chat->type("/save " + saved.string() + "\r");
-  ASSERT_TRUE(chat->wait_for("[saved 2 messages")) << chat->out();
-  chat->type("/exit\r");
-  EXPECT_EQ(chat->wait_exit(), 0) << chat->out();
-  EXPECT_EQ(read_json(saved)[0]["content"], "from last time");
+  EXPECT_EQ(save_and_quit(*chat, 2)[0]["content"], "from last time");
 }
 
 TEST_F(ChatCli, SystemFileIsTheSystemMessage) {
