@@ -257,7 +257,7 @@ std::vector<int32_t> ApiServer::prompt_ids(const GenerationRequest& g) {
 
 HandlerResult ApiServer::generate(const HttpRequest& req, Endpoint endpoint) {
   const Json body = parse_body(req);
-  GenerationRequest g = parse_generation_request(body, endpoint);
+  GenerationRequest g = parse_generation_request(body, endpoint, options_.parsers);
   check_model(g.model);
   std::vector<int32_t> ids = prompt_ids(g);
   const char* prompt_field = endpoint == Endpoint::kChat ? "messages" : "prompt";
@@ -280,7 +280,8 @@ HandlerResult ApiServer::generate(const HttpRequest& req, Endpoint endpoint) {
   } catch (const Error& e) {
     throw to_api_error(e);
   }
-  ResponseBuilder builder(endpoint, model_name(), llm_.tokenizer(), g.logprobs, g.tool_call);
+  ResponseBuilder builder(endpoint, model_name(), llm_.tokenizer(), g.logprobs, g.tool_call,
+                          g.parsing);
   auto state = std::make_shared<RequestState>(RequestState{
       std::move(g), std::move(builder), std::make_shared<ResponseStream>(), &metrics_, n});
   std::shared_ptr<ResponseStream> stream = state->stream;
@@ -310,7 +311,7 @@ HttpResponse ApiServer::tokenize(const HttpRequest& req) {
   if (body.contains("messages")) {
     Json chat = body;
     chat.erase("prompt");
-    g = parse_generation_request(chat, Endpoint::kChat);
+    g = parse_generation_request(chat, Endpoint::kChat, options_.parsers);
   } else {
     auto it = body.find("prompt");
     if (it == body.end() || !it->is_string())

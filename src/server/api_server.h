@@ -22,6 +22,8 @@ struct ApiServerOptions {
   std::string api_key;      // empty: no key; else /v1/*, /tokenize, /detokenize need it
   int max_json_depth = 64;  // request bodies nested deeper are refused (400)
   Json default_chat_template_kwargs = Json::object();  // e.g. {"enable_thinking": false}
+  // --tool-call-parser (tool_choice "auto") and --reasoning-parser.
+  OutputParsers parsers;
 };
 
 class ApiServer {

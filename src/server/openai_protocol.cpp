@@ -259,9 +259,11 @@ void check_unsupported(const Json& body, Endpoint endpoint) {
 
 // tools + tool_choice (chat): "required" or {"type": "function", "function": {"name"}} constrain
 // the output to a call of a declared tool ({"name", "arguments"} with the tool's parameters as
-// the arguments' schema); "none" generates text. "auto" needs a parser of the model's own
-// tool-call format, not written yet: a 400. The tools also go to the chat template (`tools`).
-void parse_tools(const Json& body, GenerationRequest& req) {
+// the arguments' schema); "auto" (the default) generates freely and parses the model's own
+// tool-call format (the server's tool parser; none: a 400); "none" generates text without the
+// tools in the prompt (a model shown tools may still write a call, which would reach the client
+// as raw text). The tools go to the chat template (`tools`).
+void parse_tools(const Json& body, GenerationRequest& req, const OutputParsers& parsers) {
   const Json* tools = field(body, "tools");
   if (tools == nullptr || (tools->is_array() && tools->empty())) return;
   if (!tools->is_array()) wrong_type("tools", "an array", *tools);
@@ -306,13 +308,24 @@ void parse_tools(const Json& body, GenerationRequest& req) {
                      "tool_choice");
     }
   }
+  const bool parallel = opt_bool(body, "parallel_tool_calls").value_or(true);
   if (choice == "none") return;
-  if (choice == "auto")
-    throw ApiError(400,
-                   "'tool_choice' \"auto\" (the default with tools) is not supported yet: it "
-                   "needs a parser of the model's tool-call format; send \"required\" or a "
-                   "named function",
-                   "tool_choice");
+  if (choice == "auto") {
+    if (parsers.tool == ToolParserKind::kNone)
+      throw ApiError(400,
+                     "'tool_choice' \"auto\" (the default with tools) needs a parser of the "
+                     "model's tool-call format, and this server has none: start it with "
+                     "--tool-call-parser hermes|llama3_json|mistral (its chat template shows no "
+                     "known format), or send \"required\" or a named function",
+                     "tool_choice");
+    req.parsing.tool = parsers.tool;
+    req.parsing.tool_names = names;
+    req.parsing.parallel_tool_calls = parallel;
+    // [TOOL_CALLS] is a special token of Mistral's tokenizers (vLLM does the same).
+    if (parsers.tool == ToolParserKind::kMistral) req.params.skip_special_tokens = false;
+    if (!req.chat_template_kwargs.contains("tools")) req.chat_template_kwargs["tools"] = *tools;
+    return;
+  }
   if (choice != "required" && choice != "named")
     throw ApiError(400,
                    "'tool_choice' must be \"none\", \"auto\", \"required\" or a named "
@@ -388,7 +401,8 @@ void parse_response_format(const Json& body, SamplingParams& sp) {
 
 }  // namespace
 
-GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) {
+GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint,
+                                           const OutputParsers& parsers) {
   if (!body.is_object()) {
     throw ApiError(400, std::string("the request body must be a JSON object, got ") +
                             type_name(body) + " (" + json_excerpt(body) + ")");
@@ -444,7 +458,12 @@ GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint) 
   if (auto v = opt_bool(body, "skip_special_tokens")) sp.skip_special_tokens = *v;
   parse_stop(body, sp);
   parse_response_format(body, sp);
-  if (endpoint == Endpoint::kChat) parse_tools(body, req);
+  if (endpoint == Endpoint::kChat) {
+    (void)opt_bool(body, "parallel_tool_calls");  // type-checked with or without tools
+    parse_tools(body, req, parsers);
+    // Constrained output (a forced call, a response_format) has no reasoning to split off.
+    if (!req.tool_call && !sp.structured.enabled()) req.parsing.reasoning = parsers.reasoning;
+  }
   if (const Json* ids = field(body, "stop_token_ids")) {
     if (!ids->is_array()) wrong_type("stop_token_ids", "an array of token ids", *ids);
     sp.stop_token_ids = token_list("stop_token_ids", *ids);
@@ -501,8 +520,6 @@ Json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
-namespace {
-
 std::string random_id(const char* prefix) {
   thread_local std::mt19937_64 rng(std::random_device{}());
   static constexpr char kHex[] = "0123456789abcdef";
@@ -511,14 +528,14 @@ std::string random_id(const char* prefix) {
   return id;
 }
 
+namespace {}  // namespace
+
 std::string sse(const Json& j) {
   return "data: " + j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
 }
 
-}  // namespace
-
 ResponseBuilder::ResponseBuilder(Endpoint endpoint, std::string model, const Tokenizer* tokenizer,
-                                 bool logprobs, bool tool_call)
+                                 bool logprobs, bool tool_call, OutputParsing parsing)
     : endpoint_(endpoint),
       model_(std::move(model)),
       tokenizer_(tokenizer),
@@ -528,7 +545,10 @@ ResponseBuilder::ResponseBuilder(Endpoint endpoint, std::string model, const Tok
                    std::chrono::system_clock::now().time_since_epoch())
                    .count()),
       tool_call_(tool_call && endpoint == Endpoint::kChat),
-      call_id_(random_id("call_")) {}
+      call_id_(random_id("call_")),
+      parsing_(tool_call_ || endpoint != Endpoint::kChat ? OutputParsing{} : std::move(parsing)),
+      tool_parser_(parsing_.tool, parsing_.tool_names),
+      reasoning_parser_(parsing_.reasoning) {}
 
 Json ResponseBuilder::chunk_base() {
   return {{"id", id_},
@@ -595,6 +615,7 @@ std::string ResponseBuilder::delta_chunk(std::string_view text,
                                          std::span<const TokenLogprobs> logprobs,
                                          std::string_view finish_reason) {
   Json j = chunk_base();
+  if (parsing_.active()) return parsed_delta_chunks(text, logprobs, finish_reason);
   Json choice = {{"index", 0}};
   if (tool_call_) {
     choice["delta"] = tool_call_delta(text, !finish_reason.empty());
@@ -667,6 +688,15 @@ std::string ResponseBuilder::full_response(const RequestOutput& out) {
             {"model", model_}};
   Json choice = {{"index", 0}};
   std::string finish = openai_finish_reason(out.finish_reason);
+  if (parsing_.active()) {
+    choice["message"] = parsed_message(out.text, finish);
+    choice["logprobs"] = logprobs_ ? logprobs_json(out.logprobs) : Json(nullptr);
+    choice["finish_reason"] = finish;
+    j["choices"] = Json::array({choice});
+    j["usage"] = usage_json(static_cast<int64_t>(out.prompt_token_ids.size()),
+                            static_cast<int64_t>(out.token_ids.size()));
+    return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  }
   Json call;
   if (tool_call_) {
     // A complete {"name", "arguments"} document (the grammar's); anything else stays text.

@@ -14,6 +14,8 @@
 #include "longctx/core/error.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
+#include "server/reasoning_parser.h"
+#include "server/tool_parsers.h"
 
 namespace longctx {
 class Tokenizer;
@@ -53,6 +55,23 @@ ApiError to_api_error(const Error& e);
 
 enum class Endpoint { kCompletions, kChat };
 
+// The server's parsers of model output (--tool-call-parser, --reasoning-parser).
+struct OutputParsers {
+  ToolParserKind tool = ToolParserKind::kNone;
+  ReasoningParserKind reasoning = ReasoningParserKind::kNone;
+};
+
+// What one chat request's output is parsed into: tool calls (tool_choice "auto"), reasoning.
+struct OutputParsing {
+  ToolParserKind tool = ToolParserKind::kNone;
+  std::vector<std::string> tool_names;  // the declared tools; a call to another stays text
+  bool parallel_tool_calls = true;      // false: the first call only
+  ReasoningParserKind reasoning = ReasoningParserKind::kNone;
+  bool active() const {
+    return tool != ToolParserKind::kNone || reasoning != ReasoningParserKind::kNone;
+  }
+};
+
 // A generation request, type-checked: wrong types, missing fields, empty prompts, unknown roles
 // and unsupported values throw ApiError(400) naming the field (OpenAI's and vLLM's status); the
 // ranges of the sampling fields are SamplingParams' validate()'s business.
@@ -78,9 +97,14 @@ struct GenerationRequest {
   // to {"name": <a declared tool>, "arguments": <its parameters>} (params.structured) and
   // answered as one tool call.
   bool tool_call = false;
+  // tool_choice "auto" (with a tool parser) and the reasoning parser: the unconstrained output
+  // parsed into tool_calls, reasoning_content and content.
+  OutputParsing parsing;
 };
 
-GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint);
+// `parsers`: what the server can parse; tool_choice "auto" without a tool parser is a 400.
+GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint,
+                                           const OutputParsers& parsers = {});
 
 // Builds one request's response: the complete JSON, or its SSE events. Not thread-safe; one
 // builder per request, used on the engine thread.
@@ -88,8 +112,9 @@ class ResponseBuilder {
  public:
   // tool_call: the generated text is a {"name", "arguments"} document answered as tool_calls
   // (streamed: the call's id and name once the name is complete, then argument fragments).
+  // parsing: the output split into reasoning, content and tool calls (chat, not with tool_call).
   ResponseBuilder(Endpoint endpoint, std::string model, const Tokenizer* tokenizer, bool logprobs,
-                  bool tool_call = false);
+                  bool tool_call = false, OutputParsing parsing = {});
 
   const std::string& id() const { return id_; }
   // "data: <json>\n\n" events.
@@ -108,6 +133,12 @@ class ResponseBuilder {
  private:
   Json chunk_base();
   Json tool_call_delta(std::string_view text, bool last);
+  std::string parsed_delta_chunks(std::string_view text, std::span<const TokenLogprobs> logprobs,
+                                  std::string_view finish_reason);
+  Json chat_chunk(Json delta, Json logprobs, std::string_view finish_reason);
+  Json parsed_message(std::string_view text, std::string& finish);
+  std::vector<ParsedToolCall> kept_calls(std::vector<ParsedToolCall> calls) const;
+  const std::string& parsed_call_id(int index);
   Json logprobs_json(std::span<const TokenLogprobs> lps);
   std::string token_text(int32_t token) const;
 
@@ -125,9 +156,17 @@ class ResponseBuilder {
   size_t args_begin_ = std::string::npos;
   size_t args_sent_ = 0;
   std::string call_id_;
+  // parsing: the parsers' state and the ids given to the calls so far.
+  OutputParsing parsing_;
+  ToolCallStreamParser tool_parser_;
+  ReasoningStreamParser reasoning_parser_;
+  std::vector<std::string> call_ids_;
+  bool any_call_ = false;
 };
 
 Json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+std::string random_id(const char* prefix);              // prefix + 24 random hex digits
+std::string sse(const Json& j);                         // "data: <json>\n\n"
 const char* openai_finish_reason(FinishReason reason);  // "stop", "length", "abort"
 
 }  // namespace longctx::server

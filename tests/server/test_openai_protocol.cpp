@@ -156,5 +156,149 @@ TEST(OpenAIProtocol, ToolChoiceConstrainsToADeclaredToolAndStreamsTheCall) {
   EXPECT_EQ(r["message"]["tool_calls"][0]["function"]["arguments"], R"({"x":3})");
 }
 
+// tool_choice "auto" and the reasoning parser: which requests parse output, and the 400s.
+TEST(OpenAIProtocol, ToolChoiceAutoNeedsAParser) {
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}},
+        {"type":"function","function":{"name":"g"}}])";
+  auto chat = [&](const std::string& extra, OutputParsers parsers) {
+    return parse_generation_request(
+        Json::parse(R"({"messages":[{"role":"user","content":"hi"}],)" + tools + extra + "}"),
+        Endpoint::kChat, parsers);
+  };
+  const OutputParsers hermes{ToolParserKind::kHermes, ReasoningParserKind::kNone};
+  for (const std::string extra : {std::string(), std::string(R"(,"tool_choice":"auto")")}) {
+    try {
+      chat(extra, {});
+      ADD_FAILURE() << "auto accepted without a parser";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.param(), "tool_choice");
+      EXPECT_NE(std::string(e.what()).find("--tool-call-parser"), std::string::npos) << e.what();
+    }
+    const GenerationRequest r = chat(extra, hermes);
+    EXPECT_FALSE(r.tool_call);
+    EXPECT_FALSE(r.params.structured.enabled());  // generated freely, then parsed
+    EXPECT_EQ(r.parsing.tool, ToolParserKind::kHermes);
+    EXPECT_EQ(r.parsing.tool_names, (std::vector<std::string>{"f", "g"}));
+    EXPECT_TRUE(r.parsing.parallel_tool_calls);
+    EXPECT_TRUE(r.chat_template_kwargs.contains("tools"));
+  }
+  EXPECT_FALSE(chat(R"(,"parallel_tool_calls":false)", hermes).parsing.parallel_tool_calls);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"hi"}],"parallel_tool_calls":1})",
+                      Endpoint::kChat),
+            400);
+  // none: no parsing, no tools in the prompt.
+  const GenerationRequest none = chat(R"(,"tool_choice":"none")", hermes);
+  EXPECT_EQ(none.parsing.tool, ToolParserKind::kNone);
+  EXPECT_FALSE(none.chat_template_kwargs.contains("tools"));
+  // Mistral's [TOOL_CALLS] is a special token: kept in the text.
+  EXPECT_FALSE(
+      chat("", {ToolParserKind::kMistral, ReasoningParserKind::kNone}).params.skip_special_tokens);
+  // Reasoning: parsed unless the output is constrained.
+  const OutputParsers qwen3{ToolParserKind::kNone, ReasoningParserKind::kQwen3};
+  auto plain = [&](const std::string& extra) {
+    return parse_generation_request(
+        Json::parse(R"({"messages":[{"role":"user","content":"hi"}])" + extra + "}"),
+        Endpoint::kChat, qwen3);
+  };
+  EXPECT_EQ(plain("").parsing.reasoning, ReasoningParserKind::kQwen3);
+  EXPECT_EQ(plain(R"(,"response_format":{"type":"json_object"})").parsing.reasoning,
+            ReasoningParserKind::kNone);
+  EXPECT_EQ(chat(R"(,"tool_choice":"required")", qwen3).parsing.reasoning,
+            ReasoningParserKind::kNone);
+}
+
+// A reply with reasoning, text and two Hermes calls, streamed in 3-byte pieces: reasoning
+// deltas, then content deltas, then each call as OpenAI streams it (index, id, type, name; then
+// the arguments); the stream assembles into the non-streamed message.
+TEST(OpenAIProtocol, ParsedToolCallsAndReasoningStreamAsOpenAI) {
+  const std::string text =
+      "<think>\nThe user wants weather.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"f\", "
+      "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", "
+      "\"arguments\": {}}\n</tool_call>";
+  OutputParsing parsing;
+  parsing.tool = ToolParserKind::kHermes;
+  parsing.tool_names = {"f", "g"};
+  parsing.reasoning = ReasoningParserKind::kQwen3;
+
+  RequestOutput out;
+  out.text = text;
+  out.finish_reason = FinishReason::kStop;
+  ResponseBuilder full(Endpoint::kChat, "m", nullptr, false, false, parsing);
+  const Json r = Json::parse(full.full_response(out))["choices"][0];
+  EXPECT_EQ(r["finish_reason"], "tool_calls");
+  const Json& msg = r["message"];
+  EXPECT_EQ(msg["content"], "Checking.\n");
+  EXPECT_EQ(msg["reasoning_content"], "\nThe user wants weather.\n");
+  ASSERT_EQ(msg["tool_calls"].size(), 2u);
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(msg["tool_calls"][1]["function"]["arguments"], "{}");
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  const std::string id0 = msg["tool_calls"][0]["id"], id1 = msg["tool_calls"][1]["id"];
+  EXPECT_TRUE(id0.starts_with("call_") && id1.starts_with("call_") && id0 != id1);
+
+  ResponseBuilder b(Endpoint::kChat, "m", nullptr, false, false, parsing);
+  std::string events;
+  for (size_t i = 0; i < text.size(); i += 3) events += b.delta_chunk(text.substr(i, 3), {}, "");
+  events += b.delta_chunk("", {}, "stop");
+  std::string reasoning, content, finish;
+  Json calls = Json::array();
+  bool content_seen = false;
+  for (size_t at = 0; (at = events.find("data: ", at)) != std::string::npos;) {
+    const size_t end = events.find("\n\n", at);
+    const Json c = Json::parse(events.substr(at + 6, end - at - 6))["choices"][0];
+    at = end;
+    const Json& d = c["delta"];
+    if (d.contains("reasoning_content")) {
+      EXPECT_FALSE(content_seen) << "reasoning after content";
+      reasoning += d["reasoning_content"].get<std::string>();
+    }
+    if (d.contains("content")) {
+      content_seen = true;
+      EXPECT_EQ(calls.size(), 0u) << "content after a call";
+      content += d["content"].get<std::string>();
+    }
+    if (d.contains("tool_calls")) {
+      const Json& tc = d["tool_calls"][0];
+      const size_t index = tc["index"];
+      if (index == calls.size()) {  // a call's first delta
+        EXPECT_TRUE(tc.contains("id") && tc["type"] == "function");
+        EXPECT_EQ(tc["function"]["arguments"], "");
+        calls.push_back({{"id", tc["id"]}, {"name", tc["function"]["name"]}, {"arguments", ""}});
+      } else {
+        ASSERT_EQ(index + 1, calls.size());
+        EXPECT_FALSE(tc.contains("id"));
+        calls[index]["arguments"] = calls[index]["arguments"].get<std::string>() +
+                                    tc["function"]["arguments"].get<std::string>();
+      }
+    }
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  EXPECT_EQ(reasoning, msg["reasoning_content"]);
+  EXPECT_EQ(content, msg["content"]);
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(calls.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(calls[i]["name"], msg["tool_calls"][i]["function"]["name"]);
+    EXPECT_EQ(calls[i]["arguments"], msg["tool_calls"][i]["function"]["arguments"]);
+    EXPECT_TRUE(calls[i]["id"].get<std::string>().starts_with("call_"));
+  }
+
+  // parallel_tool_calls false: the first call only.
+  parsing.parallel_tool_calls = false;
+  ResponseBuilder one(Endpoint::kChat, "m", nullptr, false, false, parsing);
+  EXPECT_EQ(Json::parse(one.full_response(out))["choices"][0]["message"]["tool_calls"].size(), 1u);
+  // No call: plain content, finish_reason stop, no tool_calls.
+  out.text = "It is sunny.";
+  ResponseBuilder plain(Endpoint::kChat, "m", nullptr, false, false, parsing);
+  const Json p = Json::parse(plain.full_response(out))["choices"][0];
+  EXPECT_EQ(p["finish_reason"], "stop");
+  EXPECT_EQ(p["message"]["content"], "It is sunny.");
+  EXPECT_TRUE(p["message"]["reasoning_content"].is_null());
+  EXPECT_FALSE(p["message"].contains("tool_calls"));
+}
+
 }  // namespace
 }  // namespace longctx::server
