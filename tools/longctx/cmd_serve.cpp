@@ -1,6 +1,7 @@
 // longctx serve: the OpenAI-compatible HTTP server (docs/server.md), with vLLM's flag names.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
 #include "longctx/core/logging.h"
+#include "longctx/template/chat_template.h"
 #include "server/server.h"
 
 namespace longctx::cli {
@@ -22,7 +24,48 @@ struct Options {
   std::string max_request_body = "32MiB";
   std::string model_positional;  // `longctx serve MODEL`, as `vllm serve MODEL`
   std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";
+  std::string tool_call_parser, reasoning_parser;
 };
+
+// The chat template the server will render (--chat-template, else the tokenizer folder's
+// tokenizer_config.json); empty when there is none.
+std::string chat_template_text(const Options& o) {
+  if (!o.gen.chat_template.empty()) return read_chat_template(o.gen.chat_template);
+  std::string folder = o.gen.engine.tokenizer;
+  if (folder.empty() && o.gen.model.load_format != "dummy") folder = o.gen.model.model;
+  const std::filesystem::path config = std::filesystem::path(folder) / "tokenizer_config.json";
+  if (folder.empty() || !std::filesystem::is_regular_file(config)) return "";
+  try {
+    return chat_template_source(parse_ordered_json(
+        read_prompt_file(config.string(), "tokenizer_config.json"), config.string()));
+  } catch (const Error&) {
+    return "";  // no template: chat requests say so when they come
+  }
+}
+
+// --tool-call-parser NAME, else the format the chat template shows; --reasoning-parser NAME.
+server::OutputParsers output_parsers(const Options& o) {
+  server::OutputParsers p;
+  if (!o.tool_call_parser.empty()) {
+    const auto kind = server::tool_parser_from_name(o.tool_call_parser);
+    LONGCTX_CHECK(kind.has_value(), ErrorCode::kInvalidArgument,
+                  "--tool-call-parser '{}': must be hermes, llama3_json or mistral",
+                  o.tool_call_parser);
+    p.tool = *kind;
+  } else {
+    p.tool = server::detect_tool_parser(chat_template_text(o));
+    if (p.tool != server::ToolParserKind::kNone)
+      std::fprintf(stderr, "longctx serve: tool-call parser %s (from the chat template)\n",
+                   server::tool_parser_name(p.tool));
+  }
+  if (!o.reasoning_parser.empty()) {
+    const auto kind = server::reasoning_parser_from_name(o.reasoning_parser);
+    LONGCTX_CHECK(kind.has_value(), ErrorCode::kInvalidArgument,
+                  "--reasoning-parser '{}': must be qwen3 or deepseek_r1", o.reasoning_parser);
+    p.reasoning = *kind;
+  }
+  return p;
+}
 
 void run(Options& o) {
   // Before any thread starts, so that only serve_until_signal receives SIGINT/SIGTERM (a
@@ -51,6 +94,7 @@ void run(Options& o) {
                   "--default-chat-template-kwargs must be a JSON object, e.g. '{}'",
                   R"({"enable_thinking": false})");
   }
+  o.serve.api.parsers = output_parsers(o);
   const ModelOptions& m = o.gen.model;
   if (o.served_model_names.empty())
     o.served_model_names.push_back(m.load_format == "dummy" ? m.preset : m.model);
@@ -84,6 +128,12 @@ CommandRegistration reg("serve", [](CLI::App& app) {
                   "model names the API answers to (default: --model); the first is shown");
   cmd->add_option("--default-chat-template-kwargs", o->default_chat_template_kwargs,
                   "JSON object passed to every chat template, e.g. '{\"enable_thinking\": false}'");
+  cmd->add_option("--tool-call-parser", o->tool_call_parser,
+                  "the model's tool-call format, for tool_choice \"auto\": hermes, llama3_json "
+                  "or mistral (default: the one its chat template shows, if any)");
+  cmd->add_option("--reasoning-parser", o->reasoning_parser,
+                  "split <think>...</think> into reasoning_content: qwen3 (the output opens the "
+                  "tag) or deepseek_r1 (the prompt opens it)");
   cmd->add_option("--max-request-body", o->max_request_body,
                   "largest request body (413 past it), e.g. 32MiB")
       ->capture_default_str();
