@@ -1,7 +1,8 @@
 // tool_choice "auto" and the reasoning parser through the official `openai` npm client against
 // `longctx serve --tool-call-parser hermes --reasoning-parser qwen3` on the CPU with
 // models/needle. The tiny model writes no tool calls of its own, so this checks the shape of a
-// reply that has none (streamed and not), parallel_tool_calls, tool_choice "none", and the 400s;
+// reply that has none (streamed and not), parallel_tool_calls, tool_choice "none", the 400s and
+// the parser found in a --chat-template showing <tool_call>;
 // the formats themselves are tests/server/test_tool_parsers.cpp's.
 // Environment: LONGCTX_BIN, LONGCTX_MODEL_DIR (models/needle), LONGCTX_NPM_DIR (openai).
 import { createRequire } from "node:module";
@@ -84,5 +85,23 @@ describe("tool_choice auto without a tool parser (needle's template shows none)"
       api.chat.completions.create({ model: "needle", messages, tools }),
       (err) => err.status === 400 && err.error.param === "tool_choice" &&
                err.error.message.includes("--tool-call-parser"));
+  });
+});
+
+describe("the tool parser detected from the chat template (--chat-template shows <tool_call>)", () => {
+  let server;
+  before(async () => {
+    server = await startServer([
+      "--chat-template",
+      "{% for m in messages %}{{ m.content }}{% endfor %}{% if false %}<tool_call>{% endif %}"]);
+  });
+  after(async () => { await server.stop(); });
+
+  test("auto is accepted without --tool-call-parser", async () => {
+    const api = new OpenAI({ baseURL: server.url + "/v1", apiKey: "unused", maxRetries: 0 });
+    const r = await api.chat.completions.create({
+      model: "needle", messages, tools, max_tokens: 4, temperature: 0 });
+    assert.ok(["stop", "length"].includes(r.choices[0].finish_reason));
+    assert.equal(typeof r.choices[0].message.content, "string");
   });
 });
