@@ -126,8 +126,10 @@ ApiServer::ApiServer(LLM& llm, EngineLoop& loop, ApiServerOptions options)
     : llm_(llm),
       loop_(loop),
       options_(std::move(options)),
+      // The block size from the loop's snapshot (the core belongs to the engine thread); the
+      // core's options never change after it was made.
       metrics_({options_.served_model_names.empty() ? "" : options_.served_model_names.front(),
-                llm_.max_model_len(), engine_core(llm_).stats().kv_block_size,
+                llm_.max_model_len(), loop_.stats().engine.kv_block_size,
                 engine_core(llm_).options().enable_prefix_caching}),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
