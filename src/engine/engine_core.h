@@ -45,6 +45,7 @@ struct EngineStats {
   int64_t num_running = 0;  // sequences holding KV blocks
   int64_t num_waiting = 0;  // queued (new or preempted)
   int64_t kv_blocks_total = 0;
+  int64_t kv_block_size = 0;  // tokens per KV block
   int64_t kv_blocks_used = 0;
   std::vector<int64_t> kv_group_blocks_used;  // [KV groups] blocks (state slots) held per group
   int64_t prefix_cache_queries = 0;           // prompt tokens looked up in the prefix cache

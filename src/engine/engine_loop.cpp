@@ -24,6 +24,8 @@ RequestOutput aborted_output(size_t index, std::vector<int32_t> prompt, double a
 }  // namespace
 
 EngineLoop::EngineLoop(EngineCore& core) : core_(core) {
+  // The KV pool's size is known now: stats read it before the first request.
+  stats_.engine = core_.stats();
   thread_ = std::thread([this] { run(); });
 }
 

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 
+#include "engine/llm_internal.h"
 #include "longctx/core/json_limits.h"
 #include "longctx/core/logging.h"
 #include "longctx/tokenizer/tokenizer.h"
@@ -46,7 +47,24 @@ struct RequestState {
   std::shared_ptr<ResponseStream> stream;
   ServerMetrics* metrics;
   int64_t prompt_tokens = 0;
+  double last_token_time = 0;  // when the previous tokens reached the server (0: none yet)
 };
+
+// The token counters and vLLM's per-token TPOT / inter-token latency: an event's tokens share
+// the interval since the previous event (the first event's tokens start the clock).
+void record_tokens(RequestState& st, size_t n) {
+  if (n == 0) return;
+  const double now = now_seconds();
+  const auto count = static_cast<int64_t>(n);
+  if (st.last_token_time == 0) {
+    st.metrics->record_prompt(st.prompt_tokens);
+    if (count > 1) st.metrics->record_inter_token(0, count - 1);
+  } else {
+    st.metrics->record_inter_token((now - st.last_token_time) / static_cast<double>(count), count);
+  }
+  st.metrics->record_output_tokens(count);
+  st.last_token_time = now;
+}
 
 void on_event(RequestState& st, const LoopEvent& ev) {
   ResponseStream& out = *st.stream;
@@ -66,6 +84,7 @@ void on_event(RequestState& st, const LoopEvent& ev) {
       }
       return;
     case LoopEvent::Kind::kOutput:
+      record_tokens(st, ev.new_token_ids.size());
       break;
   }
   if (st.g.stream) {
@@ -107,11 +126,25 @@ ApiServer::ApiServer(LLM& llm, EngineLoop& loop, ApiServerOptions options)
     : llm_(llm),
       loop_(loop),
       options_(std::move(options)),
+      // The block size from the loop's snapshot (the core belongs to the engine thread); the
+      // core's options never change after it was made.
+      metrics_({options_.served_model_names.empty() ? "" : options_.served_model_names.front(),
+                llm_.max_model_len(), loop_.stats().engine.kv_block_size,
+                engine_core(llm_).options().enable_prefix_caching}),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
                    .count()) {
   LONGCTX_CHECK(!options_.served_model_names.empty(), ErrorCode::kInvalidArgument,
                 "the server needs a model name (--served-model-name)");
+}
+
+HttpResponse ApiServer::health() const {
+  HttpResponse r;
+  const bool ok = loop_.stats().accepting;
+  r.status = ok ? 200 : 503;
+  r.content_type = "text/plain";
+  r.body = ok ? "" : "shutting down\n";
+  return r;
 }
 
 HttpResponse ApiServer::error_response(int status, const std::string& message) {
@@ -179,14 +212,19 @@ HandlerResult ApiServer::route(const HttpRequest& req) {
     r.response = models();
   } else if (p == "/health") {
     method("GET");
-    const bool ok = loop_.stats().accepting;
-    r.response.status = ok ? 200 : 503;
-    r.response.content_type = "text/plain";
-    r.response.body = ok ? "" : "shutting down\n";
+    r.response = health();
+  } else if (p == "/ping") {
+    // vLLM's (SageMaker's) liveness path: /health's answer, for GET and POST.
+    if (req.method != "GET" && req.method != "POST") {
+      throw MethodNotAllowed(
+          ApiError(405, "method " + req.method + " is not allowed on /ping (use GET or POST)"),
+          "GET, POST");
+    }
+    r.response = health();
   } else if (p == "/metrics") {
     method("GET");
     r.response.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.response.body = metrics_.render(loop_.stats(), model_name());
+    r.response.body = metrics_.render(loop_.stats());
   } else if (p == "/tokenize") {
     method("POST");
     r.response = tokenize(req);

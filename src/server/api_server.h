@@ -37,6 +37,9 @@ class ApiServer {
 
   const ServerMetrics& metrics() const { return metrics_; }
   const std::string& model_name() const { return options_.served_model_names.front(); }
+  // /health: 200 while requests are accepted (the model is loaded before the server exists),
+  // 503 once shutdown (a SIGTERM drain) began.
+  HttpResponse health() const;
 
  private:
   HandlerResult route(const HttpRequest& request);

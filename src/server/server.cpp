@@ -25,8 +25,12 @@ Server::Server(LLM& llm, ServeOptions options) : options_(std::move(options)) {
 Server::~Server() { shutdown(EngineLoop::ShutdownMode::kAbort); }
 
 void Server::shutdown(EngineLoop::ShutdownMode mode, double drain_timeout_s) {
-  transport_->stop_accepting();
+  // A drain keeps the listener open until the requests in flight finished: routers and
+  // readiness probes read /health's 503 (and new requests get 503) rather than a refused
+  // connection they may take for a crash.
+  if (mode == EngineLoop::ShutdownMode::kAbort) transport_->stop_accepting();
   loop_->shutdown(mode, drain_timeout_s);
+  transport_->stop_accepting();
   // Every request has its final event now; give the streams a moment to flush it.
   transport_->stop(options_.close_grace_s);
 }

@@ -37,7 +37,7 @@ double metric(const std::string& text, const std::string& name_and_labels) {
   return std::stod(text.substr(p + name_and_labels.size() + 2));
 }
 
-const std::string kRunning = "longctx:num_requests_running{model_name=\"needle\"}";
+const std::string kRunning = "vllm:num_requests_running{model_name=\"needle\",engine=\"0\"}";
 
 class ServerLongSteps : public ::testing::Test {
  protected:
@@ -117,7 +117,7 @@ TEST_F(ServerLongSteps, DisconnectDuringAPrefillAbortsAfterTheChunkInProgress) {
   EXPECT_LT(s.engine.prompt_tokens, n);
   EXPECT_EQ(s.engine.generation_tokens, 0);
   const std::string m = http_request(port, "GET", "/metrics").body;
-  EXPECT_EQ(metric(m, "longctx:kv_blocks_used{model_name=\"needle\"}"), 0);
+  EXPECT_EQ(metric(m, "longctx:kv_blocks_used{model_name=\"needle\",engine=\"0\"}"), 0);
   EXPECT_EQ(metric(m, kRunning), 0);
 }
 

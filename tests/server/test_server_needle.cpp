@@ -205,10 +205,10 @@ TEST_F(ServerNeedle, LoadWithRandomCancels) {
     const size_t p = m.find("\n" + name + " ");
     return p == std::string::npos ? -1.0 : std::stod(m.substr(p + name.size() + 2));
   };
-  EXPECT_EQ(metric("longctx:kv_blocks_used{model_name=\"needle\"}"), 0);
-  EXPECT_GT(metric("longctx:kv_blocks_total{model_name=\"needle\"}"), 0);
-  EXPECT_EQ(metric("longctx:num_requests_running{model_name=\"needle\"}"), 0);
-  EXPECT_EQ(metric("longctx:num_requests_waiting{model_name=\"needle\"}"), 0);
+  EXPECT_EQ(metric("longctx:kv_blocks_used{model_name=\"needle\",engine=\"0\"}"), 0);
+  EXPECT_GT(metric("longctx:kv_blocks_total{model_name=\"needle\",engine=\"0\"}"), 0);
+  EXPECT_EQ(metric("vllm:num_requests_running{model_name=\"needle\",engine=\"0\"}"), 0);
+  EXPECT_EQ(metric("vllm:num_requests_waiting{model_name=\"needle\",engine=\"0\"}"), 0);
   std::printf(
       "load (needle, CPU): %d completed, %d cancelled in %.2f s (%.1f req/s, %.0f "
       "generated chars/s); TTFT p50 %.1f ms p99 %.1f ms\n",

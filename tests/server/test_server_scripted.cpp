@@ -297,10 +297,10 @@ TEST(ServerScripted, DisconnectMidStreamAbortsAndFrees) {
   // It stopped long before its 200 tokens (5 ms each): the abort, not the length, ended it.
   EXPECT_LT(s.steps.load(), 150);
   const std::string aborted =
-      "longctx:request_success_total{model_name=\"scripted\",finished_reason=\"abort\"}";
+      "vllm:request_success_total{model_name=\"scripted\",engine=\"0\",finished_reason=\"abort\"}";
   const std::string m = metrics_when(s.port(), aborted, 1);
   EXPECT_EQ(metric(m, aborted), 1);
-  EXPECT_EQ(metric(m, "longctx:kv_blocks_used{model_name=\"scripted\"}"), 0);
+  EXPECT_EQ(metric(m, "longctx:kv_blocks_used{model_name=\"scripted\",engine=\"0\"}"), 0);
   // A non-streamed request whose client leaves is aborted too.
   {
     testing::net::io_context ioc;
@@ -324,20 +324,25 @@ TEST(ServerScripted, MetricsCountRequestsAndTokens) {
                   .status,
               200);
   const std::string m = http_request(s.port(), "GET", "/metrics").body;
-  const std::string l = "{model_name=\"scripted\"}";
-  EXPECT_EQ(metric(m, "longctx:num_requests_running" + l), 0);
-  EXPECT_EQ(metric(m, "longctx:num_requests_waiting" + l), 0);
-  EXPECT_EQ(metric(m, "longctx:generation_tokens_total" + l), 12);
-  EXPECT_EQ(metric(m, "longctx:time_to_first_token_seconds_count"), 3);
-  EXPECT_EQ(metric(m, "longctx:e2e_request_latency_seconds_count"), 3);
-  EXPECT_EQ(metric(m, "longctx:time_per_output_token_seconds_count"), 3);
-  EXPECT_EQ(
-      metric(m,
-             "longctx:request_success_total{model_name=\"scripted\",finished_reason=\"length\"}"),
-      3);
+  const std::string l = "{model_name=\"scripted\",engine=\"0\"}";
+  EXPECT_EQ(metric(m, "vllm:num_requests_running" + l), 0);
+  EXPECT_EQ(metric(m, "vllm:num_requests_waiting" + l), 0);
+  EXPECT_EQ(metric(m, "vllm:generation_tokens_total" + l), 12);
+  EXPECT_EQ(metric(m, "vllm:time_to_first_token_seconds_count" + l), 3);
+  EXPECT_EQ(metric(m, "vllm:e2e_request_latency_seconds_count" + l), 3);
+  // One inter-token interval per token after the first, as vLLM.
+  EXPECT_EQ(metric(m, "vllm:time_per_output_token_seconds_count" + l), 9);
+  EXPECT_EQ(metric(m, "vllm:inter_token_latency_seconds_count" + l), 9);
+  EXPECT_EQ(metric(m, "vllm:prompt_tokens_total" + l), 9);
+  EXPECT_EQ(metric(m,
+                   "vllm:request_success_total{model_name=\"scripted\",engine=\"0\",finished_"
+                   "reason=\"length\"}"),
+            3);
   EXPECT_GE(metric(m, "longctx:kv_blocks_total" + l), 0);
-  EXPECT_NE(m.find("# TYPE longctx:time_to_first_token_seconds histogram"), std::string::npos);
-  EXPECT_NE(m.find("longctx:time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"), std::string::npos);
+  EXPECT_NE(m.find("# TYPE vllm:time_to_first_token_seconds histogram"), std::string::npos);
+  EXPECT_NE(m.find("vllm:time_to_first_token_seconds_bucket{model_name=\"scripted\",engine=\"0\","
+                   "le=\"+Inf\"} 3"),
+            std::string::npos);
 }
 
 TEST(ServerScripted, ShutdownRefusesNewRequests) {
@@ -349,11 +354,19 @@ TEST(ServerScripted, ShutdownRefusesNewRequests) {
 }
 
 TEST(ServerScripted, ShutdownDrainsStreamsInFlight) {
-  ScriptedServer s(std::chrono::milliseconds(2));
+  ScriptedServer s(std::chrono::milliseconds(10));
   SseStream st(s.port(), "/v1/completions",
                {{"prompt", "x"}, {"max_tokens", 30}, {"stream", true}});
   ASSERT_TRUE(st.next().has_value());
   std::thread stopper([&] { s.srv->shutdown(EngineLoop::ShutdownMode::kDrain, 30); });
+  // While the drain runs the listener stays open and readiness probes read 503.
+  int health = 200;
+  for (int i = 0; i < 200 && health == 200; ++i) {
+    health = http_request(s.port(), "GET", "/health").status;
+    if (health == 200) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(health, 503);
+  EXPECT_EQ(http_request(s.port(), "GET", "/ping").status, 503);
   auto events = st.rest();
   stopper.join();
   ASSERT_FALSE(events.empty());
@@ -383,8 +396,8 @@ TEST(ServerScripted, LoadWithRandomCancels) {
   EXPECT_GT(r.cancelled, 100);
   ASSERT_TRUE(s.wait_idle());
   const std::string m = http_request(s.port(), "GET", "/metrics").body;
-  EXPECT_EQ(metric(m, "longctx:kv_blocks_used{model_name=\"scripted\"}"), 0);
-  EXPECT_EQ(metric(m, "longctx:num_requests_running{model_name=\"scripted\"}"), 0);
+  EXPECT_EQ(metric(m, "longctx:kv_blocks_used{model_name=\"scripted\",engine=\"0\"}"), 0);
+  EXPECT_EQ(metric(m, "vllm:num_requests_running{model_name=\"scripted\",engine=\"0\"}"), 0);
   std::printf(
       "load (scripted): %d completed, %d cancelled in %.2f s (%.0f req/s); TTFT p50 %.1f ms "
       "p99 %.1f ms\n",
