@@ -681,6 +681,18 @@ std::string ResponseBuilder::error_event(const ApiError& e) {
   return "data: " + error_body(e) + "\n\n";
 }
 
+Json ResponseBuilder::forced_tool_call(const std::string& text) const {
+  try {
+    const Json doc = Json::parse(text);
+    if (doc.is_object() && doc.contains("name") && doc.contains("arguments"))
+      return {{"id", call_id_},
+              {"type", "function"},
+              {"function", {{"name", doc["name"]}, {"arguments", doc["arguments"].dump()}}}};
+  } catch (const Json::exception&) {
+  }
+  return nullptr;
+}
+
 std::string ResponseBuilder::full_response(const RequestOutput& out) {
   Json j = {{"id", id_},
             {"object", endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion"},
@@ -690,27 +702,7 @@ std::string ResponseBuilder::full_response(const RequestOutput& out) {
   std::string finish = openai_finish_reason(out.finish_reason);
   if (parsing_.active()) {
     choice["message"] = parsed_message(out.text, finish);
-    choice["logprobs"] = logprobs_ ? logprobs_json(out.logprobs) : Json(nullptr);
-    choice["finish_reason"] = finish;
-    j["choices"] = Json::array({choice});
-    j["usage"] = usage_json(static_cast<int64_t>(out.prompt_token_ids.size()),
-                            static_cast<int64_t>(out.token_ids.size()));
-    return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-  }
-  Json call;
-  if (tool_call_) {
-    // A complete {"name", "arguments"} document (the grammar's); anything else stays text.
-    try {
-      const Json doc = Json::parse(out.text);
-      if (doc.is_object() && doc.contains("name") && doc.contains("arguments")) {
-        call = {{"id", call_id_},
-                {"type", "function"},
-                {"function", {{"name", doc["name"]}, {"arguments", doc["arguments"].dump()}}}};
-      }
-    } catch (const Json::exception&) {
-    }
-  }
-  if (!call.is_null()) {
+  } else if (Json call = tool_call_ ? forced_tool_call(out.text) : Json(); !call.is_null()) {
     choice["message"] = {
         {"role", "assistant"}, {"content", nullptr}, {"tool_calls", Json::array({call})}};
     if (finish == "stop") finish = "tool_calls";

@@ -137,6 +137,9 @@ class ResponseBuilder {
                                   std::string_view finish_reason);
   Json chat_chunk(Json delta, Json logprobs, std::string_view finish_reason);
   Json parsed_message(std::string_view text, std::string& finish);
+  // The forced call's {"id", "type", "function"} when `text` is a complete {"name", "arguments"}
+  // document (the grammar's); null otherwise (the text stays content).
+  Json forced_tool_call(const std::string& text) const;
   std::vector<ParsedToolCall> kept_calls(std::vector<ParsedToolCall> calls) const;
   const std::string& parsed_call_id(int index);
   Json logprobs_json(std::span<const TokenLogprobs> lps);

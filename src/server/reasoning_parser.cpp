@@ -2,19 +2,14 @@
 
 #include <algorithm>
 
+#include "server/marker_suffix.h"
+
 namespace longctx::server {
 
 namespace {
 
 constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
-
-size_t partial_suffix(std::string_view text, std::string_view marker) {
-  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
-    if (text.substr(text.size() - n) == marker.substr(0, n)) return n;
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -61,7 +56,7 @@ void ReasoningStreamParser::step(ReasoningDelta& out, bool at_end) {
       case State::kReasoning: {
         const size_t at = buf_.find(kClose);
         if (at == std::string::npos) {
-          const size_t keep = at_end ? 0 : partial_suffix(buf_, kClose);
+          const size_t keep = at_end ? 0 : partial_marker_suffix(buf_, kClose);
           out.reasoning.append(buf_, 0, buf_.size() - keep);
           buf_.erase(0, buf_.size() - keep);
           return;

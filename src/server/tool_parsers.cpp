@@ -5,6 +5,7 @@
 
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
+#include "server/marker_suffix.h"
 
 namespace longctx::server {
 
@@ -19,15 +20,6 @@ constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
 constexpr int kMaxCallDepth = 64;  // nesting a call's JSON may have
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-
-// How many bytes at the end of `text` could be the start of `marker` (held back from the
-// content until the next piece says whether the marker follows).
-size_t partial_marker_suffix(std::string_view text, std::string_view marker) {
-  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
-    if (text.substr(text.size() - n) == marker.substr(0, n)) return n;
-  }
-  return 0;
-}
 
 }  // namespace
 
