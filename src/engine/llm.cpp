@@ -269,14 +269,20 @@ std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<i
   try {
     const double arrival = now_seconds();
     std::vector<uint64_t> request_ids;
-    for (size_t i = 0; i < ids.size(); ++i)
-      request_ids.push_back(core.add_request(i, ids[i], params[i], arrival));
     int64_t prompt_tokens = 0;
-    for (const auto& p : ids) prompt_tokens += static_cast<int64_t>(p.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      request_ids.push_back(core.add_request(i, ids[i], params[i], arrival));
+      prompt_tokens += static_cast<int64_t>(ids[i].size());
+    }
     // A streamed request shows its decode as text: the bar shows its prefill only.
     ProgressBar bar(
         static_cast<int64_t>(ids.size()), prompt_tokens, progress,
         on_event == nullptr ? ProgressBar::Mode::kFull : ProgressBar::Mode::kPrefillOnly);
+    auto keep = [&](RequestOutput& out) {
+      bar.add_done(static_cast<int64_t>(out.token_ids.size()));
+      const size_t index = out.index;
+      outputs[index] = std::move(out);
+    };
     while (core.has_unfinished()) {
       if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
         // Finished requests are no longer live, so this aborts only the ones still running.
@@ -289,9 +295,7 @@ std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<i
             ev.output = &out;
             (*on_event)(ev);
           }
-          bar.add_done(static_cast<int64_t>(out.token_ids.size()));
-          const size_t index = out.index;
-          outputs[index] = std::move(out);
+          keep(out);
         }
         break;
       }
@@ -312,11 +316,7 @@ std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<i
           (*on_event)(ev);
         }
       }
-      for (RequestOutput& out : core.take_finished()) {
-        bar.add_done(static_cast<int64_t>(out.token_ids.size()));
-        const size_t index = out.index;
-        outputs[index] = std::move(out);
-      }
+      for (RequestOutput& out : core.take_finished()) keep(out);
     }
   } catch (...) {
     core.abort_all();

@@ -38,7 +38,7 @@ void run(const Options& o) {
   LONGCTX_CHECK(o.decode_steps > 0 && !o.context_lens.empty(), ErrorCode::kInvalidArgument,
                 "bench offload: --decode-steps and --context-len must be given and positive");
   std::shared_ptr<const Checkpoint> checkpoint = o.model.load();
-  std::shared_ptr<Model> model = o.model.create(checkpoint, /*runs_sparse=*/true);
+  std::shared_ptr<Model> model = o.model.create(checkpoint);
   LONGCTX_CHECK(model->device().is_cuda(), ErrorCode::kUnsupported,
                 "bench offload runs on a CUDA device");
   const int64_t longest = *std::max_element(o.context_lens.begin(), o.context_lens.end());

@@ -215,14 +215,7 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.tensor_parallel_size = tensor_parallel_size;
 }
 
-std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint,
-                                            bool runs_sparse) const {
-  LONGCTX_CHECK(
-      runs_sparse || sparse.policy == SparsePolicyKind::kFull, ErrorCode::kUnsupported,
-      "--sparse-policy {}: this command runs the model directly; sparse policies run in "
-      "the engine's commands (generate, needle, ruler, serve, bench throughput) and bench "
-      "offload",
-      sparse_policy_name(sparse.policy));
+std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint) const {
   LONGCTX_CHECK(tensor_parallel_size == 1, ErrorCode::kUnsupported,
                 "--tensor-parallel-size {}: this command runs the model directly; tensor "
                 "parallelism runs in the engine's commands (generate, needle, ruler, serve, bench "

@@ -69,10 +69,9 @@ struct ModelOptions {
   void apply_to(EngineConfig& engine) const;
   // The same for a GPU runner built directly (forward, info).
   GpuRunnerOptions runner_options() const;
-  // The model on the resolved device; for CUDA also sets the device pool's budget. Refuses a
-  // sparse policy unless the caller's runner applies it (runs_sparse).
-  std::shared_ptr<Model> create(std::shared_ptr<const Checkpoint> checkpoint,
-                                bool runs_sparse = false) const;
+  // The model on the resolved device; for CUDA also sets the device pool's budget. (A command
+  // whose runner cannot apply a sparse policy does not take the sparse flags: kSparseFlags.)
+  std::shared_ptr<Model> create(std::shared_ptr<const Checkpoint> checkpoint) const;
 };
 
 }  // namespace longctx::cli
