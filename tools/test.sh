@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: builds the CPU configuration and runs every CPU test under ctest, then
 # builds the CUDA configuration (compile-only where there is no GPU) so CUDA breaks show in CI,
-# then runs the README's quick start in a fresh clone, then runs every libFuzzer target for LONGCTX_FUZZ_SECONDS (default 30) each.
+# then runs the README's quick start in a fresh clone, then runs every libFuzzer target for
+# LONGCTX_FUZZ_SECONDS (default 30) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${LONGCTX_JOBS:-$(nproc)}

@@ -309,15 +309,20 @@ TEST_F(ChatCli, FullContextAsksAndDropsTheOldestTurns) {
   // 96 tokens of context, 8 kept for each reply: the third long message does not fit.
   auto chat = start({"--summary", "--ignore-eos", "--max-tokens", "8", "--max-model-len", "96"});
   const std::string msg = "the quick brown fox jumps over the lazy dog again";
+  // Sends `msg` until the next one does not fit; *turns: how many did.
+  const auto fill = [&](int* turns) {
+    for (*turns = 0; *turns < 20; ++*turns) {
+      chat->type(msg + "\r");
+      const int got = chat->wait_for_any({"8 generated tokens", "does not fit the context of 96"});
+      ASSERT_GE(got, 0) << chat->out();
+      if (got == 1) break;
+      ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
+    }
+    ASSERT_LT(*turns, 20) << chat->out();
+  };
   int turns = 0;
-  for (; turns < 20; ++turns) {
-    chat->type(msg + "\r");
-    const int got = chat->wait_for_any({"8 generated tokens", "does not fit the context of 96"});
-    ASSERT_GE(got, 0) << chat->out();
-    if (got == 1) break;
-    ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
-  }
-  ASSERT_LT(turns, 20) << chat->out();
+  fill(&turns);
+  ASSERT_FALSE(HasFatalFailure());
   ASSERT_GE(turns, 1) << chat->out();
   // The question's prompt came up: Enter takes the default, dropping the oldest turns.
   ASSERT_TRUE(chat->wait_for("cancel this message (n)? [d] ")) << chat->out();
@@ -328,14 +333,8 @@ TEST_F(ChatCli, FullContextAsksAndDropsTheOldestTurns) {
   // Fill it again: "n" leaves the conversation as it was, "c" clears it and sends the message.
   const fs::path before = dir_ / "before.json", after = dir_ / "after.json";
   for (const std::string answer : {"n", "c"}) {
-    for (turns = 0; turns < 20; ++turns) {
-      chat->type(msg + "\r");
-      const int got = chat->wait_for_any({"8 generated tokens", "does not fit the context of 96"});
-      ASSERT_GE(got, 0) << chat->out();
-      if (got == 1) break;
-      ASSERT_TRUE(chat->wait_for("> ")) << chat->out();
-    }
-    ASSERT_LT(turns, 20) << chat->out();
+    fill(&turns);
+    ASSERT_FALSE(HasFatalFailure());
     ASSERT_TRUE(chat->wait_for("[d] ")) << chat->out();
     if (answer == "n") {
       chat->type("/save " + before.string() + "\r");  // an unknown answer asks again
