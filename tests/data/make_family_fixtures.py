@@ -1,0 +1,137 @@
+"""Reference fixtures for the model families of issues 44-46 (Gemma 3, Mistral sliding window,
+Qwen3-MoE, Qwen2-MoE's shared expert, Qwen3-Next), made with transformers + torch on a machine
+that has them (the GPU machine: no internet, so every config is built here and every weight is
+random). Same layout, weights and cases as make_rope_fixtures.py (whose helpers this reuses):
+config.json, generation_config.json, model.safetensors (bf16), reference.json and logits_<n>.npy
+for prompts of 1, 7, 64, 515, 2048 tokens, greedy continuations at 7 and 515.
+
+  tiny-gemma3         Gemma3ForCausalLM: 6 layers, five sliding (window 48) to one global, as
+                      Gemma 3's pattern; query_pre_attn_scalar 24 (not head_dim 32), local rope
+                      base 1e4, global 1e6 with linear scaling 8 (Gemma 3 4B-27B's), tied head
+  tiny-mistral-sw     MistralForCausalLM with sliding_window 48
+  tiny-qwen3-moe      Qwen3MoeForCausalLM: 8 experts, top-2 with norm_topk_prob, layer 1 dense
+                      (mlp_only_layers)
+  tiny-qwen2-moe      Qwen2MoeForCausalLM: 8 experts, top-2 without norm_topk_prob, a shared
+                      expert with its sigmoid gate
+  tiny-qwen3-next     Qwen3NextForCausalLM: 3 Gated DeltaNet layers to 1 gated full-attention
+                      layer, partial rope 0.25, MoE with a shared expert (transformers' torch
+                      fallback for the delta rule when flash-linear-attention is not installed)
+
+A family whose class this transformers lacks is reported and skipped; the log lists the Qwen3*
+classes it has. Usage (on the GPU machine, from the repository root):
+  python3 tests/data/make_family_fixtures.py --out /tmp/family-fixtures
+"""
+
+import argparse
+import inspect
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_rope_fixtures as mrf  # noqa: E402  (the shared helpers)
+
+import transformers  # noqa: E402
+
+VOCAB = mrf.VOCAB
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
+
+
+def takes(cls, name):
+    return name in inspect.signature(cls.__init__).parameters
+
+
+def gemma3():
+    from transformers import Gemma3TextConfig
+    kw = dict(COMMON, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
+              query_pre_attn_scalar=24, sliding_window=48, tie_word_embeddings=True,
+              hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
+              attn_logit_softcapping=None, pad_token_id=0)
+    types = ["sliding_attention"] * 5 + ["full_attention"]
+    if takes(Gemma3TextConfig, "layer_types"):
+        kw["layer_types"] = types
+    else:
+        kw["sliding_window_pattern"] = 6
+    glob = {"rope_type": "linear", "factor": 8.0}
+    if takes(Gemma3TextConfig, "rope_local_base_freq"):  # 4.x spelling
+        return Gemma3TextConfig(rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling=glob, **kw)
+    return Gemma3TextConfig(rope_parameters={
+        "full_attention": dict(glob, rope_theta=1e6),
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}, **kw)
+
+
+def mistral_sw():
+    from transformers import MistralConfig
+    return mrf.make_config(MistralConfig, {"rope_type": "default"}, 1e6, **dict(
+        COMMON, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, sliding_window=48,
+        tie_word_embeddings=False))
+
+
+def qwen3_moe():
+    from transformers import Qwen3MoeConfig
+    return mrf.make_config(Qwen3MoeConfig, {"rope_type": "default"}, 1e6, **dict(
+        COMMON, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=4096, tie_word_embeddings=False, use_sliding_window=False))
+
+
+def qwen2_moe():
+    from transformers import Qwen2MoeConfig
+    return mrf.make_config(Qwen2MoeConfig, {"rope_type": "default"}, 1e6, **dict(
+        COMMON, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1,
+        mlp_only_layers=[], num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, tie_word_embeddings=False, use_sliding_window=False))
+
+
+def qwen3_next():
+    from transformers import Qwen3NextConfig
+    kw = dict(COMMON, intermediate_size=96, moe_intermediate_size=32,
+              shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+              max_position_embeddings=4096, tie_word_embeddings=False,
+              linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              linear_num_key_heads=2, linear_num_value_heads=4)
+    types = ["linear_attention"] * 3 + ["full_attention"]
+    if takes(Qwen3NextConfig, "layer_types"):
+        kw["layer_types"] = types
+    else:
+        kw["full_attention_interval"] = 4
+    return mrf.make_config(Qwen3NextConfig, {"rope_type": "default"}, 1e4, partial=0.25, **kw)
+
+
+FAMILIES = [("tiny-gemma3", gemma3, 4501), ("tiny-mistral-sw", mistral_sw, 4502),
+            ("tiny-qwen3-moe", qwen3_moe, 4503), ("tiny-qwen2-moe", qwen2_moe, 4504),
+            ("tiny-qwen3-next", qwen3_next, 4505)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="family-fixtures")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", nargs="*", help="names of FAMILIES to make (default: all)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    print("transformers", transformers.__version__,
+          "Qwen3*/Gemma3* classes:", [n for n in dir(transformers)
+                                     if n.startswith(("Qwen3", "Gemma3")) and n.endswith("ForCausalLM")])
+    failed = []
+    for name, make, seed in FAMILIES:
+        if args.only and name not in args.only:
+            continue
+        try:
+            mrf.make_model(args.out, name, make(), None, seed, args.device)
+        except Exception:  # report and go on: one missing class must not lose the others
+            traceback.print_exc()
+            failed.append(name)
+    if failed:
+        print("FAILED:", failed)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
