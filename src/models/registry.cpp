@@ -18,6 +18,9 @@ const std::pair<const char*, Factory> kArchitectures[] = {
     {"MistralForCausalLM", models::make_llama},
     {"Qwen2ForCausalLM", models::make_qwen2},
     {"Qwen3ForCausalLM", models::make_qwen3},
+    {"Phi3ForCausalLM", models::make_llama},  // fused qkv / gate_up split by the loader
+    {"Gemma3ForCausalLM", models::make_gemma3},
+    {"Gemma3ForConditionalGeneration", models::make_gemma3},  // its text model
 };
 
 }  // namespace
