@@ -556,6 +556,10 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
     c.norm_plus_one = c.sandwich_norms = true;
     c.embed_scale = std::sqrt(double(c.hidden_size));
     c.query_pre_attn_scalar = opt_positive(j, "query_pre_attn_scalar", 256.0, src);
+    LONGCTX_CHECK(!opt_bool(j, "use_bidirectional_attention", false, src), ErrorCode::kUnsupported,
+                  "{}: field 'use_bidirectional_attention' is true (an embedding model's "
+                  "encoder; only causal Gemma 3 runs)",
+                  src);
     // Gemma 2's soft caps: Gemma 3's configs set them null; refuse rather than run without.
     for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"})
       LONGCTX_CHECK(!j.contains(key) || j[key].is_null(), ErrorCode::kUnsupported,

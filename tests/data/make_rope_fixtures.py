@@ -98,8 +98,17 @@ def from_pretrained(d):
                                                     attn_implementation="eager")
 
 
+def default_rope(config, device, seq_len=None):
+    """transformers 5 keeps "default" out of ROPE_INIT_FUNCTIONS: each model's rotary class
+    computes it (compute_default_rope_parameters); Llama's is the one every model copies."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    return LlamaRotaryEmbedding.compute_default_rope_parameters(config, device)
+
+
 def rope_init(config, rope_type, seq_len=None):
-    fn = ROPE_INIT_FUNCTIONS[rope_type]
+    fn = ROPE_INIT_FUNCTIONS.get(rope_type, default_rope if rope_type == "default" else None)
+    if fn is None:
+        raise KeyError(f"transformers {transformers.__version__} has no rope type {rope_type}")
     if seq_len is None:
         inv, scale = fn(config, "cpu")
     else:
@@ -331,10 +340,25 @@ def main():
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    rope_reference(args.out)
-    make_model(args.out, "tiny-qwen3-yarn", qwen3_yarn(), "yarn", 4401, args.device)
-    make_model(args.out, "tiny-llama-dynamic", llama_dynamic(), "dynamic", 4402, args.device)
-    make_model(args.out, "tiny-phi3-longrope", phi3_longrope(), "longrope", 4403, args.device)
+    import traceback
+    failed = []
+    for name, job in (
+            ("tiny-qwen3-yarn", lambda: make_model(args.out, "tiny-qwen3-yarn", qwen3_yarn(),
+                                                   "yarn", 4401, args.device)),
+            ("tiny-llama-dynamic", lambda: make_model(args.out, "tiny-llama-dynamic",
+                                                      llama_dynamic(), "dynamic", 4402,
+                                                      args.device)),
+            ("tiny-phi3-longrope", lambda: make_model(args.out, "tiny-phi3-longrope",
+                                                      phi3_longrope(), "longrope", 4403,
+                                                      args.device)),
+            ("rope_reference.json", lambda: rope_reference(args.out))):
+        try:  # one failure must not lose the others
+            job()
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+    if failed:
+        raise SystemExit(f"FAILED: {failed}")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,9 @@ TEST(Gemma3Config, UnsupportedFieldsAreNamed) {
   j.erase("final_logit_softcapping");
   j["hidden_activation"] = "relu";
   EXPECT_NE(error_of(j).find("'hidden_activation' is 'relu'"), std::string::npos) << error_of(j);
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["use_bidirectional_attention"] = true;
+  EXPECT_NE(error_of(j).find("'use_bidirectional_attention'"), std::string::npos) << error_of(j);
   json m = {{"architectures", {"Gemma3ForConditionalGeneration"}}};
   EXPECT_NE(error_of(m).find("'text_config'"), std::string::npos) << error_of(m);
   json l = {{"architectures", {"LlamaForCausalLM"}},

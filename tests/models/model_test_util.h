@@ -29,7 +29,11 @@ inline std::string fixture_dir(const std::string& model) {
 inline std::unique_ptr<Model> load_fixture_model(const std::string& model,
                                                  ModelBuildOptions options = {}) {
   auto ckpt = std::make_shared<Checkpoint>(load_checkpoint(fixture_dir(model)));
-  if (!options.rope_inv_freq_dtype) options.rope_inv_freq_dtype = ckpt->config.dtype;
+  // Fixtures made by tests/data/make_*_fixtures.py load the reference at float32 and say so.
+  std::ifstream ref(fixture_dir(model) + "/reference.json");
+  const bool f32 = ref && nlohmann::json::parse(ref).value("rope_inv_freq_dtype", "") == "float32";
+  if (!options.rope_inv_freq_dtype)
+    options.rope_inv_freq_dtype = f32 ? DType::kF32 : ckpt->config.dtype;
   return create_model(std::move(ckpt), options);
 }
 

@@ -1,5 +1,7 @@
-// The tiny fixture models (tiny-llama3, tiny-qwen3, tiny-qwen2) against transformers' logits and
-// greedy continuations, and incremental decoding against one full forward.
+// The tiny fixture models (tiny-llama3, tiny-qwen3, tiny-qwen2; tiny-gemma3 and tiny-mistral-sw
+// with sliding windows of 48 keys, so the 64- to 2048-token cases cross them) against
+// transformers' logits and greedy continuations, and incremental decoding against one full
+// forward.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -139,7 +141,8 @@ TEST(FixtureModelRope, ExactInvFreqIsNotWhatTheFixturesUsed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, FixtureModel,
-                         ::testing::Values("tiny-llama3", "tiny-qwen3", "tiny-qwen2"),
+                         ::testing::Values("tiny-llama3", "tiny-qwen3", "tiny-qwen2", "tiny-gemma3",
+                                           "tiny-mistral-sw"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '-', '_');

@@ -68,6 +68,9 @@ void run_info(const ModelOptions& opts) {
     std::printf(", original context %lld", (long long)c.rope.original_max_position_embeddings);
   if (c.rope.partial_rotary_factor != 1.0)
     std::printf(", partial rotary %g", c.rope.partial_rotary_factor);
+  if (c.has_local_rope)
+    std::printf("; sliding layers: %s, theta %g, factor %g", rope_type_name(c.local_rope.type),
+                c.local_rope.theta, c.local_rope.factor);
   std::printf("\n");
   std::printf("parameters:         %lld (%.3f B)\n", (long long)params, params / 1e9);
   std::printf("dtypes:             %s\n", dtypes.c_str());
