@@ -88,6 +88,18 @@ def _device_str(device: Any) -> str:
     return "cuda:0" if s == "cuda" else s
 
 
+def _dlpack_device(t: Any) -> str:
+    """"cpu" or "cuda:N" of any DLPack tensor (None: "cpu")."""
+    if t is None:
+        return "cpu"
+    kind, index = t.__dlpack_device__()
+    if int(kind) == 1:
+        return "cpu"
+    if int(kind) == 2:
+        return f"cuda:{int(index)}"
+    raise ValueError(f"workspace_buffer is on DLPack device type {int(kind)} (CPU or CUDA only)")
+
+
 def _dtype_str(dtype: Any) -> str:
     name = str(dtype).replace("torch.", "")
     table = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "bf16": "bf16", "f16": "f16"}
@@ -101,7 +113,13 @@ def _current_stream(t: Any) -> Optional[int]:
     if type(t).__module__.split(".")[0] != "torch" or not t.is_cuda:
         return None
     import torch
-    return torch.cuda.current_stream(t.device).cuda_stream
+    return _stream_handle(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def _stream_handle(ptr: int) -> int:
+    """A cudaStream_t for DLPack and CUDA alike: the legacy default stream (pointer 0) is 1 in
+    DLPack's __dlpack__(stream=...) and cudaStreamLegacy's value in CUDA."""
+    return ptr if ptr != 0 else 1
 
 
 class RaggedBlockCausalWrapper:
@@ -128,7 +146,7 @@ class RaggedBlockCausalWrapper:
         if backend != "auto":
             raise ValueError(f"backend {backend!r}: longctx has one kernel per device ('auto')")
         if device is None:
-            device = workspace_buffer.device if workspace_buffer is not None else "cpu"
+            device = _dlpack_device(workspace_buffer)
         self._device = _device_str(device)
         self._workspace = workspace_buffer  # the op views its memory
         self._op = _ops.RaggedBlockCausalAttention(
@@ -141,7 +159,7 @@ class RaggedBlockCausalWrapper:
         """Plan one packed layout: seg_lens[i] tokens in span i, end to end."""
         if stream is None and self._device.startswith("cuda"):
             import torch
-            stream = torch.cuda.current_stream(self._device).cuda_stream
+            stream = _stream_handle(torch.cuda.current_stream(self._device).cuda_stream)
         self._op.plan([int(n) for n in seg_lens], stream)
 
     def run(self, q: Any, k: Any, v: Any, out: Any = None, stream: Optional[int] = None) -> Any:
