@@ -22,7 +22,8 @@ class AsyncLLM:
 
     Any number of generate() calls may run concurrently (continuous batching); abort(id), or
     leaving the `async for` early (break, cancellation), aborts a request and frees its KV
-    blocks. Bound to the event loop of its first generate(); close() stops the engine thread.
+    blocks. One event loop at a time (a later asyncio.run() takes it over); close() stops the
+    engine thread.
     """
 
     def __init__(self, model: Optional[str] = None, **engine_args: Any):
@@ -69,7 +70,7 @@ class AsyncLLM:
                 event = await queue.get()
                 out = state.update(*event)
                 if state.error is not None:
-                    raise _longctx.EngineError(state.error)
+                    raise state.error
                 yield out
                 if state.finished:
                     break
@@ -119,11 +120,16 @@ class AsyncLLM:
     # ---- the event loop side ----
     def _attach(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            # A finished asyncio.run() left its loop behind: move to the new one.
+            if self._loop.is_running():
+                raise RuntimeError("AsyncLLM is in use by another running event loop")
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._read_fd)
+            self._loop = None
         if self._loop is None:
             self._loop = loop
             loop.add_reader(self._read_fd, self._on_readable)
-        elif self._loop is not loop:
-            raise RuntimeError("AsyncLLM is bound to another event loop")
 
     def _on_readable(self) -> None:
         try:

@@ -138,7 +138,7 @@ class LLM:
                     out = state.update(*event)
                     if state.error is not None:
                         live.discard(rid)
-                        raise _longctx.EngineError(state.error)
+                        raise state.error
                     if state.finished:
                         live.discard(rid)
                     yield out

@@ -102,7 +102,7 @@ class StreamState:
         self.token_ids: List[int] = []
         self.logprobs: list = []
         self.finished = False
-        self.error: Optional[str] = None
+        self.error: Optional[BaseException] = None
 
     def update(self, text, new_ids, new_logprobs, finished, output, error) -> RequestOutput:
         if error is not None:

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "longctx/core/error.h"
 #include "longctx/core/tensor.h"
 
 namespace longctx::python {
@@ -16,6 +17,8 @@ namespace py = pybind11;
 // The exception classes engine errors become (longctx.EngineError and its subclasses), and the
 // translator that raises them with the engine's message.
 void register_errors(py::module_& m);
+// An instance of the exception class `error` raises (for errors that arrive as events).
+py::object exception_object(const Error& error);
 void register_engine(py::module_& m);
 void register_ops(py::module_& m);
 void register_dlpack(py::module_& m);

@@ -239,7 +239,7 @@ struct QueuedEvent {
   std::vector<TokenLogprobs> new_logprobs;
   bool finished = false;
   std::optional<RequestOutput> output;
-  std::string error;  // a rejected request or an engine failure
+  std::optional<Error> error;  // a rejected request or an engine failure
 };
 
 class EventQueue {
@@ -342,7 +342,7 @@ class PyEngine {
       q.new_logprobs.assign(e.new_logprobs.begin(), e.new_logprobs.end());
       q.finished = e.finished || e.kind == LoopEvent::Kind::kRejected;
       if (e.output) q.output = *e.output;
-      if (e.error) q.error = e.error->what();
+      q.error = e.error;
       queue->push(std::move(q));
     });
     LONGCTX_CHECK(id.has_value(), ErrorCode::kInvalidArgument, "the engine is shutting down");
@@ -355,7 +355,7 @@ class PyEngine {
     if (loop_) loop_->abort(id);
   }
 
-  // [(id, text, new_token_ids, new_logprobs, finished, output dict or None, error or None)]
+  // [(id, text, new_token_ids, new_logprobs, finished, output dict or None, exception or None)]
   py::list drain(double timeout_s) {
     std::deque<QueuedEvent> events;
     {
@@ -368,7 +368,7 @@ class PyEngine {
           py::make_tuple(e.id, py::bytes(e.text).attr("decode")("utf-8", "replace"),
                          e.new_token_ids, logprobs_list(e.new_logprobs), e.finished,
                          e.output ? py::object(output_dict(*e.output)) : py::object(py::none()),
-                         e.error.empty() ? py::object(py::none()) : py::object(py::str(e.error))));
+                         e.error ? exception_object(*e.error) : py::object(py::none())));
     }
     return out;
   }

@@ -43,6 +43,10 @@ PyObject* exception_for(ErrorCode code) {
 
 }  // namespace
 
+py::object exception_object(const Error& error) {
+  return py::reinterpret_borrow<py::object>(exception_for(error.code()))(error.what());
+}
+
 void register_errors(py::module_& m) {
   g_engine_error = new_exception(m, "EngineError",
                                  "An error the longctx engine raised; the message is the engine's.",
