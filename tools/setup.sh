@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine: installs the Debian packages and builds the CPU configuration.
+# Sets up a fresh machine: installs the Debian packages and builds the CPU configuration: the
+# `longctx` CLI and the Python package (build/python: PYTHONPATH=build/python; docs/python.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
@@ -9,4 +10,4 @@ command -v ccache >/dev/null 2>&1 &&
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGCTX_BUILD_TESTS=OFF "${launcher[@]}" \
   >/dev/null
-cmake --build build -j "$(nproc)" --target longctx
+cmake --build build -j "$(nproc)" --target longctx longctx_python
