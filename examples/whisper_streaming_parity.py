@@ -180,14 +180,15 @@ def bench(cfg_name: str, clip_lens: List[int], block: int, iters: int) -> None:
 
     seg = torch.repeat_interleave(torch.arange(len(clip_lens), device=dev),
                                   torch.tensor(clip_lens, device=dev))
-    starts = torch.repeat_interleave(torch.cumsum(torch.tensor([0] + clip_lens[:-1], device=dev), 0),
-                                     torch.tensor(clip_lens, device=dev))
+    offsets = torch.cumsum(torch.tensor([0] + clip_lens[:-1], device=dev), 0)
+    starts = torch.repeat_interleave(offsets, torch.tensor(clip_lens, device=dev))
     blk = (torch.arange(total, device=dev) - starts) // block
 
     def allowed(qi, ki):
         return (seg[qi] == seg[ki]) & (blk[ki] <= blk[qi])
 
-    dense = allowed(torch.arange(total, device=dev)[:, None], torch.arange(total, device=dev)[None, :])
+    idx = torch.arange(total, device=dev)
+    dense = allowed(idx[:, None], idx[None, :])
     qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, H, n, D]
 
     def run_op():
@@ -243,7 +244,8 @@ def main() -> int:
     args = ap.parse_args()
     g = torch.Generator().manual_seed(args.seed)
     lo = max(1, args.max_frames // 4)
-    lens = [int(torch.randint(lo, args.max_frames + 1, (1,), generator=g)) for _ in range(args.clips)]
+    lens = [int(torch.randint(lo, args.max_frames + 1, (1,), generator=g))
+            for _ in range(args.clips)]
     layers = args.layers or CONFIGS[args.config]["layers"]
     r = parity(args.config, layers, lens, args.block, args.device, args.seed)
     rel = r["max_abs_diff"] / r["max_abs_value"]

@@ -47,7 +47,8 @@ def _cmake_args(config_settings: Optional[Dict]) -> List[str]:
         if key.startswith("cmake.define."):
             args.append(f"-D{key[len('cmake.define.'):]}={value}")
         elif key != "build-dir":
-            raise ValueError(f"unknown config setting {key!r} (known: cmake.define.NAME, build-dir)")
+            raise ValueError(
+                f"unknown config setting {key!r} (known: cmake.define.NAME, build-dir)")
     return args
 
 

@@ -36,7 +36,8 @@ def _from_dlpack_like(like: Any, dl: Any) -> Any:
     return lib.from_dlpack(dl)
 
 
-def block_causal_layout(seg_lens: Sequence[int], block_size: int) -> Tuple[List[int], List[int], Any]:
+def block_causal_layout(seg_lens: Sequence[int],
+                        block_size: int) -> Tuple[List[int], List[int], Any]:
     """(qo_indptr, kv_indptr, kv_indices) for spans packed end to end.
 
     One entry per query block. Block i of a span starting at off has queries
@@ -56,7 +57,8 @@ def block_causal_layout(seg_lens: Sequence[int], block_size: int) -> Tuple[List[
         qo, kv, indices = [0], [0], None
     try:
         import torch
-        idx = torch.from_dlpack(indices) if indices is not None else torch.zeros(0, dtype=torch.int32)
+        idx = (torch.from_dlpack(indices) if indices is not None else
+               torch.zeros(0, dtype=torch.int32))
     except ImportError:
         import numpy
         idx = numpy.from_dlpack(indices) if indices is not None else numpy.zeros(0, numpy.int32)

@@ -68,7 +68,8 @@ def _logprob_dicts(raw, wanted: bool) -> Optional[List[Dict[int, Logprob]]]:
     return out
 
 
-def from_engine(raw: dict, request_id: str, prompt: Optional[str], want_logprobs: bool) -> RequestOutput:
+def from_engine(raw: dict, request_id: str, prompt: Optional[str],
+                want_logprobs: bool) -> RequestOutput:
     """A RequestOutput from the engine's finished output (a dict made by the extension)."""
     completion = CompletionOutput(
         index=0,

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-if "longctx" not in sys.modules and not any(p.endswith(os.path.join("build", "python")) for p in sys.path):
+# By hand without PYTHONPATH: the build tree's package.
+if not any(p.endswith(os.path.join("build", "python")) for p in sys.path):
     sys.path.insert(0, os.path.join(ROOT, "build", "python"))
 
 
