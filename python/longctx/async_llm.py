@@ -98,10 +98,21 @@ class AsyncLLM:
         if self._closed:
             return
         self._closed = True
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._read_fd)
+        # Aborts and joins the engine thread: every running request's final event is queued.
         self._engine.shutdown()
         self._engine.set_notify_fd(-1)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self._read_fd)
+            # Hand the final events to the generators still waiting (on the loop's thread).
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                self._on_readable()
+            elif loop.is_running():
+                loop.call_soon_threadsafe(self._on_readable)
         os.close(self._read_fd)
         os.close(self._write_fd)
 
@@ -135,7 +146,7 @@ class AsyncLLM:
         try:
             while os.read(self._read_fd, 4096):
                 pass
-        except BlockingIOError:
+        except (BlockingIOError, OSError):  # empty, or closed by close()
             pass
         for rid, *event in self._engine.drain(0.0):
             queue = self._queues.get(rid)

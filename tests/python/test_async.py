@@ -99,3 +99,24 @@ def test_cancelled_task_aborts(engine):
 
     stats = asyncio.run(main())
     assert stats["num_in_flight"] == 0 and stats["kv_blocks_used"] == 0
+
+
+def test_close_ends_running_streams(needle_dir):
+    async def main():
+        e = longctx.AsyncLLM(needle_dir, device="cpu")
+        outs = []
+
+        async def run():
+            async for out in e.generate("x", longctx.SamplingParams(max_tokens=5000,
+                                                                    ignore_eos=True)):
+                outs.append(out)
+
+        task = asyncio.create_task(run())
+        while not outs:
+            await asyncio.sleep(0.01)
+        e.close()
+        await asyncio.wait_for(task, timeout=10)
+        return outs[-1]
+
+    last = asyncio.run(main())
+    assert last.finished and last.outputs[0].finish_reason == "abort"
