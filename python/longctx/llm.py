@@ -131,7 +131,8 @@ class LLM:
                                           sp.logprobs is not None)
             live = set(states)
             while live:
-                for rid, *event in self._engine.drain(-1.0):
+                # Short waits (without the GIL) so Ctrl-C reaches Python between them.
+                for rid, *event in self._engine.drain(0.1):
                     state = states.get(rid)
                     if state is None:
                         continue
