@@ -14,11 +14,16 @@ export CCACHE_BASEDIR=$PWD
 launcher=()
 command -v ccache >/dev/null 2>&1 &&
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
+# The Python package and its pytest suites use the interpreter Debian's python3-pytest,
+# python3-numpy and python3-torch belong to (a python3 earlier on the PATH may lack them).
+python=()
+[ -x /usr/bin/python3 ] && python=(-DPython3_EXECUTABLE=/usr/bin/python3)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" "${python[@]}" >/dev/null
 cmake --build build -j "$jobs"
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=$PATH:/usr/local/cuda/bin
-  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGCTX_CUDA=ON >/dev/null
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGCTX_CUDA=ON "${python[@]}" \
+    >/dev/null
   cmake --build build-cuda -j "$jobs"
 else
   echo "nvcc not found: skipping the CUDA build" >&2

@@ -111,6 +111,8 @@ TEST(BlockCausalLayout, BoundsAtScale) {
   }
   EXPECT_EQ(max_blocks(10, 3, 64), 3);  // more spans than tokens: spans are non-empty
   EXPECT_EQ(max_blocks(1, 130, 64), 3);
+  EXPECT_EQ(max_blocks(0, 130, 64), 0);  // no span, no block
+  EXPECT_EQ(max_blocks(0, 5, 1), 0);
   EXPECT_EQ(max_prefix_tokens(130, 64), 64 + 128 + 130);
 }
 

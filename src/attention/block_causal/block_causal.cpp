@@ -70,6 +70,7 @@ int64_t max_blocks(int64_t max_segments, int64_t max_tokens, int64_t block_size)
   // A span of c blocks holds >= (c - 1) * B + 1 tokens, so m spans of C blocks in total need
   // >= (C - m) * B + m tokens; more spans never hurt, and spans are non-empty.
   int64_t m = std::min(max_segments, max_tokens);
+  if (m == 0) return 0;  // no span (or no token) has no block
   return m + (max_tokens - m) / block_size;
 }
 
