@@ -329,6 +329,13 @@ void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
                 src, json_excerpt(j.value("sliding_window", json())),
                 j.contains("use_sliding_window") ? ", use_sliding_window false" : "");
   c.sliding_window = sliding ? window : 0;
+  // A window no sequence can outgrow (Phi-4-mini's 262144 over 131072 positions) masks nothing:
+  // those layers are full attention, so they keep every block and run where windows do not.
+  if (sliding && window >= c.max_positions()) {
+    std::replace(c.layer_types.begin(), c.layer_types.end(), LayerAttention::kSliding,
+                 LayerAttention::kFull);
+    c.sliding_window = 0;
+  }
   // No architecture longctx runs has linear-attention layers yet (Qwen3-Next will): refuse them
   // here, with the field, rather than run them as full attention.
   LONGCTX_CHECK(!linear, ErrorCode::kUnsupported,

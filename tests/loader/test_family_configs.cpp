@@ -103,6 +103,21 @@ TEST(Gemma3Config, UnsupportedFieldsAreNamed) {
   EXPECT_NE(error_of(l).find("'hidden_act' is 'gelu'"), std::string::npos) << error_of(l);
 }
 
+TEST(SlidingWindow, AWindowPastEveryPositionIsFullAttention) {
+  // Phi-4-mini: sliding_window 262144 over 131072 positions masks nothing.
+  json j = {{"architectures", {"Phi3ForCausalLM"}}, {"vocab_size", 8},
+            {"hidden_size", 8},                     {"intermediate_size", 8},
+            {"num_hidden_layers", 2},               {"num_attention_heads", 2},
+            {"max_position_embeddings", 131072},    {"sliding_window", 262144}};
+  ModelConfig c = parse_model_config(j, "c");
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(c.layer_types, (std::vector<LA>{LA::kFull, LA::kFull}));
+  j["sliding_window"] = 2047;  // Phi-3-mini-4k's
+  c = parse_model_config(j, "c");
+  EXPECT_EQ(c.sliding_window, 2047);
+  EXPECT_EQ(c.layer_types, (std::vector<LA>{LA::kSliding, LA::kSliding}));
+}
+
 // A WeightStore of f32 tensors filled with their element index + offset.
 Tensor iota(const Shape& shape, float offset) {
   Tensor t = Tensor::empty(shape, DType::kF32);
