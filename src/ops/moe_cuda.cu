@@ -297,6 +297,9 @@ void moe_experts_cuda(const MoeArgs& a) {
   const Device d = a.x.device();
   DeviceGuard guard(d.index);
   cudaStream_t stream = op_stream(d, "moe_experts");
+  LONGCTX_CHECK(a.gate_up.dtype() == a.down.dtype(), ErrorCode::kUnsupported,
+                "moe_experts_cuda: gate_up ({}) and down ({}) must share a dtype",
+                dtype_name(a.gate_up.dtype()), dtype_name(a.down.dtype()));
   if (s.tokens == 0) return;
   const int64_t slots = s.tokens * s.top_k;
   const int k = static_cast<int>(s.top_k), experts = static_cast<int>(s.experts);
