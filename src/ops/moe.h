@@ -8,10 +8,15 @@
 //                over the token's experts e = ids[t, j], plus sigmoid(shared_gate[t]) * shared[t]
 //                when a shared expert's output is given (Qwen2-MoE).
 //
-// Ties: torch.topk promises no order among equal values. Both twins take the larger probability
-// first and, among equal probabilities, the lower expert index (what torch's CUDA radix select
-// returns for the tied values it keeps, and what its CPU sort gives for small rows in practice);
-// an exact tie only changes which of two equally weighted experts is picked.
+// Ties: transformers picks with torch.topk, whose order among equal values is unspecified (its
+// documentation says the indices of tied elements are not guaranteed stable; on the CPU it
+// selects with std::nth_element / std::partial_sort on values alone, and pytorch issue 88184
+// shows topk(k=1) of four equal values returning index 2). So no rule reproduces torch on every
+// tie. Both twins use the stable rule (larger probability first, the lower expert index among
+// equal ones, as tf.math.top_k and ONNX TopK specify), deterministic across devices and batch
+// shapes. A tie needs two of a token's probabilities to be bit-equal (equal router logits, or ones
+// a rounding apart); it changes only which of
+// two equally weighted experts is taken, and random-weight fixtures do not hit one.
 #pragma once
 
 #include <cstdint>
