@@ -15,8 +15,8 @@
 // tie. Both twins use the stable rule (larger probability first, the lower expert index among
 // equal ones, as tf.math.top_k and ONNX TopK specify), deterministic across devices and batch
 // shapes. A tie needs two of a token's probabilities to be bit-equal (equal router logits, or ones
-// a rounding apart); it changes only which of
-// two equally weighted experts is taken, and random-weight fixtures do not hit one.
+// a rounding apart); it changes only which of two equally weighted experts is taken, and
+// random-weight fixtures do not hit one.
 #pragma once
 
 #include <cstdint>
