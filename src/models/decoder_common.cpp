@@ -89,7 +89,6 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
       l.experts_gate_up = load.load_fused(gate_up).view({e, 2 * s.moe_inter, h});
       l.experts_down = load.load_fused(down).view({e, h, s.moe_inter});
     }
-    (void)mi;
     if (m.shared_expert_intermediate_size > 0) {
       auto shared_rows = [&](const Tensor& t) { return rows(t, s.shared_inter0, s.shared_inter); };
       l.shared_gate_up =

@@ -143,11 +143,15 @@ double max_diff(const Tensor& a, const Tensor& b) {
 }
 
 TEST_P(MoeModel, SimulatedTensorParallelRanksEqualTheUnshardedModel) {
-  write_checkpoint_dir(dir_, config_, per_expert_weights(weights_), 2);
-  auto ck = std::make_shared<const Checkpoint>(load_checkpoint(dir_.string()));
+  // Ranks slice the per-expert tensors (2 ranks) and the fused ones (4 ranks).
+  write_checkpoint_dir(dir_ / "per_expert", config_, per_expert_weights(weights_), 2);
+  write_checkpoint_dir(dir_ / "fused", config_, weights_, 1);
   const auto ids = make_ids(33, 1, 320);
-  const Tensor want = full_forward(*create_model(ck, {}), ids);
+  Tensor want;
   for (int size : {2, 4}) {
+    auto ck = std::make_shared<const Checkpoint>(
+        load_checkpoint((dir_ / (size == 2 ? "per_expert" : "fused")).string()));
+    if (!want.defined()) want = full_forward(*create_model(ck, {}), ids);
     auto comms = make_thread_communicators(size);
     std::vector<Tensor> got(size);
     std::vector<std::string> errors(size);
