@@ -343,20 +343,25 @@ constexpr int64_t kMaxExperts = 4096;
 // config.json written by transformers carries every field anyway).
 MoeConfig parse_moe(const json& j, const std::string& src, const ModelConfig& c) {
   MoeConfig m;
-  m.num_experts = opt_int(j, "num_experts", 60, src);
+  const bool qwen2 = c.architecture == "Qwen2MoeForCausalLM";
+  // Newer transformers store Qwen3MoeConfig.num_experts as Mixtral's num_local_experts
+  // (attribute_map), so a config.json may carry either name.
+  const char* experts_key = j.contains("num_experts") || !j.contains("num_local_experts")
+                                ? "num_experts"
+                                : "num_local_experts";
+  m.num_experts = opt_int(j, experts_key, qwen2 ? 60 : 128, src);
   LONGCTX_CHECK(m.num_experts >= 0 && m.num_experts <= kMaxExperts, ErrorCode::kInvalidArgument,
-                "{}: field 'num_experts' must be in [0, {}], got {}", src, kMaxExperts,
+                "{}: field '{}' must be in [0, {}], got {}", src, experts_key, kMaxExperts,
                 m.num_experts);
   if (m.num_experts == 0) return m;  // every layer dense (transformers' rule too)
-  m.num_experts_per_tok = opt_int(j, "num_experts_per_tok", 4, src);
+  m.num_experts_per_tok = opt_int(j, "num_experts_per_tok", qwen2 ? 4 : 8, src);
   LONGCTX_CHECK(m.num_experts_per_tok >= 1 && m.num_experts_per_tok <= m.num_experts,
                 ErrorCode::kInvalidArgument,
                 "{}: field 'num_experts_per_tok' must be in [1, num_experts {}], got {}", src,
                 m.num_experts, m.num_experts_per_tok);
-  m.moe_intermediate_size = opt_int(j, "moe_intermediate_size", 1408, src);
+  m.moe_intermediate_size = opt_int(j, "moe_intermediate_size", qwen2 ? 1408 : 768, src);
   check_range(m.moe_intermediate_size, "moe_intermediate_size", kMaxIntermediate, src);
-  const bool qwen2 = c.architecture == "Qwen2MoeForCausalLM";
-  m.norm_topk_prob = opt_bool(j, "norm_topk_prob", !qwen2, src);
+  m.norm_topk_prob = opt_bool(j, "norm_topk_prob", false, src);
   if (qwen2) {
     m.shared_expert_intermediate_size = opt_int(j, "shared_expert_intermediate_size", 5632, src);
     LONGCTX_CHECK(m.shared_expert_intermediate_size >= 0 &&

@@ -196,6 +196,15 @@ TEST(MoeConfig, SparseLayersFollowStepAndMlpOnlyLayers) {
   j["mlp_only_layers"] = {6};
   EXPECT_NE(error_of([&] { parse_model_config(j, "cfg"); }).find("mlp_only_layers"),
             std::string::npos);
+  // transformers' newest Qwen3MoeConfig may write Mixtral's name for the expert count, and its
+  // class defaults (here norm_topk_prob false) hold for fields a file leaves out.
+  j["mlp_only_layers"] = {1};
+  j.erase("num_experts");
+  j.erase("norm_topk_prob");
+  j["num_local_experts"] = 16;
+  const ModelConfig local = parse_model_config(j, "cfg");
+  EXPECT_EQ(local.moe.num_experts, 16);
+  EXPECT_FALSE(local.moe.norm_topk_prob);
   nlohmann::json q2 = tiny_moe_config_json(true);
   const ModelConfig c2 = parse_model_config(q2, "cfg");
   EXPECT_TRUE(c2.attention_bias);
