@@ -213,7 +213,9 @@ __global__ void __launch_bounds__(256) grouped_gemm_kernel(GemmArgs g) {
 
 // ---- decode: one warp per (slot, output column) ----
 
-template <typename TA, typename TW, bool kGateUp>
+// kVecLoads: 16-byte loads of 8 elements per lane (k % 8 == 0, rows 16-byte aligned), so a warp
+// streams 256 elements of a weight row per step; else one element per lane.
+template <typename TA, typename TW, bool kGateUp, bool kVecLoads>
 __global__ void __launch_bounds__(256)
     decode_gemv_kernel(const void* a_ptr, const void* w_ptr, const int32_t* __restrict__ ids,
                        int experts, int top_k, int64_t n, int64_t k, float* __restrict__ out) {
@@ -230,10 +232,24 @@ __global__ void __launch_bounds__(256)
   const TW* w = static_cast<const TW*>(w_ptr) + int64_t(e) * w_rows * k;
   const TA* a = static_cast<const TA*>(a_ptr) + (kGateUp ? slot / top_k : slot) * k;
   float s0 = 0.f, s1 = 0.f;
-  for (int64_t i = lane; i < k; i += 32) {
-    const float x = to_f32(a[i]);
-    s0 = fmaf(to_f32(w[col * k + i]), x, s0);
-    if constexpr (kGateUp) s1 = fmaf(to_f32(w[(n + col) * k + i]), x, s1);
+  if constexpr (kVecLoads) {
+    for (int64_t i = int64_t(lane) * kVec; i < k; i += 32 * kVec) {
+      float x[kVec], w0[kVec], w1[kVec];
+      load<kVec>(a + i, x);
+      load<kVec>(w + col * k + i, w0);
+      if constexpr (kGateUp) load<kVec>(w + (n + col) * k + i, w1);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        s0 = fmaf(w0[j], x[j], s0);
+        if constexpr (kGateUp) s1 = fmaf(w1[j], x[j], s1);
+      }
+    }
+  } else {
+    for (int64_t i = lane; i < k; i += 32) {
+      const float x = to_f32(a[i]);
+      s0 = fmaf(to_f32(w[col * k + i]), x, s0);
+      if constexpr (kGateUp) s1 = fmaf(to_f32(w[(n + col) * k + i]), x, s1);
+    }
   }
   for (int o = 16; o > 0; o /= 2) {
     s0 += __shfl_xor_sync(0xffffffffu, s0, o);
@@ -241,6 +257,8 @@ __global__ void __launch_bounds__(256)
   }
   if (lane == 0) out[slot * n + col] = kGateUp ? s0 / (1.0f + expf(-s0)) * s1 : s0;
 }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---- combine ----
 
@@ -309,17 +327,30 @@ void moe_experts_cuda(const MoeArgs& a) {
   if (s.tokens <= kDecodeMaxTokens) {
     Tensor act = Tensor::empty({slots, s.inter}, DType::kF32, d);
     y = Tensor::empty({slots, s.hidden}, DType::kF32, d);
+    const bool vec1 =
+        s.hidden % kVec == 0 && aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr());
+    const bool vec2 =
+        s.inter % kVec == 0 && aligned16(act.data_ptr()) && aligned16(a.down.data_ptr());
+    const dim3 grid1(unsigned((s.inter + 7) / 8), unsigned(slots));
+    const dim3 grid2(unsigned((s.hidden + 7) / 8), unsigned(slots));
+    const int32_t* ids = a.topk_ids.data<int32_t>();
     visit_act_weight(a.x.dtype(), a.gate_up.dtype(), [&](auto ta, auto tw) {
       using TA = decltype(ta);
       using TW = decltype(tw);
-      decode_gemv_kernel<TA, TW, true>
-          <<<dim3(unsigned((s.inter + 7) / 8), unsigned(slots)), 256, 0, stream>>>(
-              a.x.data_ptr(), a.gate_up.data_ptr(), a.topk_ids.data<int32_t>(), experts, k, s.inter,
-              s.hidden, act.data<float>());
-      decode_gemv_kernel<float, TW, false>
-          <<<dim3(unsigned((s.hidden + 7) / 8), unsigned(slots)), 256, 0, stream>>>(
-              act.data_ptr(), a.down.data_ptr(), a.topk_ids.data<int32_t>(), experts, k, s.hidden,
-              s.inter, y.data<float>());
+      if (vec1)
+        decode_gemv_kernel<TA, TW, true, true>
+            <<<grid1, 256, 0, stream>>>(a.x.data_ptr(), a.gate_up.data_ptr(), ids, experts, k,
+                                        s.inter, s.hidden, act.data<float>());
+      else
+        decode_gemv_kernel<TA, TW, true, false>
+            <<<grid1, 256, 0, stream>>>(a.x.data_ptr(), a.gate_up.data_ptr(), ids, experts, k,
+                                        s.inter, s.hidden, act.data<float>());
+      if (vec2)
+        decode_gemv_kernel<float, TW, false, true><<<grid2, 256, 0, stream>>>(
+            act.data_ptr(), a.down.data_ptr(), ids, experts, k, s.hidden, s.inter, y.data<float>());
+      else
+        decode_gemv_kernel<float, TW, false, false><<<grid2, 256, 0, stream>>>(
+            act.data_ptr(), a.down.data_ptr(), ids, experts, k, s.hidden, s.inter, y.data<float>());
     });
     LONGCTX_CUDA_CHECK(cudaGetLastError());
   } else {

@@ -1,10 +1,10 @@
 // CUDA MoE ops against their CPU twins: moe_route (ids equal wherever the CPU's probabilities of
 // the two candidates are not within 1e-6 of a tie; weights within 1e-6) and moe_experts (decode
 // path at <= 4 tokens, the aligned grouped GEMMs above) over experts 8-128, top-k 1-8, tokens
-// 1-16384, odd hidden / inter sizes, skewed routing that leaves most experts empty, bf16 and f32
-// operands, with and without a shared expert. Both twins accumulate in fp32 and keep the
-// activation in fp32; they differ in summation order only, so the tolerance per element is
-// 1e-5 x (sum of |terms|) + one ulp of a bf16 out.
+// 1-16384, odd hidden / inter sizes (the decode GEMV's vector and scalar loads), skewed routing
+// that leaves most experts empty, bf16 and f32 operands, with and without a shared expert. Both
+// twins accumulate in fp32 and keep the activation in fp32; they differ in summation order only, so
+// the tolerance per element is 1e-5 x (sum of |terms|) + one ulp of a bf16 out.
 #include "ops/moe.h"
 
 #include <gtest/gtest.h>
@@ -128,6 +128,7 @@ TEST_P(MoeGpu, MatchesCpuTwin) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, MoeGpu,
     ::testing::Values(MoeCase{1, 8, 1, 72, 40, DType::kBF16, false, false},
+                      MoeCase{2, 16, 2, 70, 36, DType::kBF16, false, true},  // scalar GEMV loads
                       MoeCase{1, 128, 8, 256, 96, DType::kBF16, false, false},
                       MoeCase{3, 60, 4, 136, 56, DType::kBF16, false, true},
                       MoeCase{4, 128, 8, 200, 72, DType::kF32, false, false},
