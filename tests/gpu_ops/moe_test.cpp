@@ -1,5 +1,5 @@
-// CUDA MoE ops against their CPU twins: moe_route (ids equal wherever the CPU's probabilities of
-// the two candidates are not within 1e-6 of a tie; weights within 1e-6) and moe_experts (decode
+// CUDA MoE ops against their CPU twins: moe_route (weights within 1e-6 in every slot; ids equal
+// but at near ties, where the weights agree anyway: at most 0.1% of slots) and moe_experts (decode
 // path at <= 4 tokens, the aligned grouped GEMMs above) over experts 8-128, top-k 1-8, tokens
 // 1-16384, odd hidden / inter sizes (the decode GEMV's vector and scalar loads), skewed routing
 // that leaves most experts empty, bf16 and f32 operands, with and without a shared expert. Both
