@@ -337,7 +337,8 @@ void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
                 src, a);
 }
 
-constexpr int64_t kMaxExperts = 4096;
+// Released MoE models have up to 512 routed experts (Qwen3-Next); DeepSeek-V3 256, Kimi K2 384.
+constexpr int64_t kMaxExperts = 1024;
 
 // Qwen2MoeConfig / Qwen3MoeConfig's expert fields; their defaults are those classes' (a
 // config.json written by transformers carries every field anyway).
