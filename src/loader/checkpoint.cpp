@@ -155,6 +155,7 @@ Checkpoint load_checkpoint(const std::string& dir_str) {
           parse_token_id_list(g["eos_token_id"], gen.string() + " eos_token_id");
   }
   load_weights(ck, dir);
+  ck.weights = canonical_weights(ck.weights, ck.config);
   validate_weights(ck, dir_str);
   LONGCTX_LOG_INFO("loaded {} ({} tensors, {:.1f} MB)", dir_str, ck.weights.all().size(),
                    ck.weights.num_bytes() / 1e6);

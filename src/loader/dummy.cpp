@@ -1,6 +1,7 @@
 // --load-format dummy: random weights of real models' shapes, so engines and benchmarks run
 // without a checkpoint (as vLLM's dummy load format does).
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "loader/weight_spec.h"
 #include "longctx/core/parallel.h"
@@ -107,6 +108,42 @@ ModelConfig llama3_8b_1m() {
 }
 
 // A few-MB Llama for tests and smoke runs.
+// Google's gemma-3-12b-it config.json as published (the text model's 8 fields; the rest are
+// Gemma3TextConfig's defaults), parsed as a downloaded checkpoint's would be: 48 layers, five
+// sliding (window 1024) to one global, head_dim 256, vocabulary 262,208.
+ModelConfig gemma3_12b() {
+  const nlohmann::json j = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                            {"model_type", "gemma3"},
+                            {"torch_dtype", "bfloat16"},
+                            {"eos_token_id", {1, 106}},
+                            {"text_config",
+                             {{"hidden_size", 3840},
+                              {"intermediate_size", 15360},
+                              {"model_type", "gemma3_text"},
+                              {"num_attention_heads", 16},
+                              {"num_hidden_layers", 48},
+                              {"num_key_value_heads", 8},
+                              {"rope_scaling", {{"factor", 8.0}, {"rope_type", "linear"}}},
+                              {"sliding_window", 1024}}}};
+  return parse_model_config(j, "preset gemma-3-12b");
+}
+
+// Mistral-7B-v0.1: Llama's shapes with a 4096-token sliding window on every layer.
+ModelConfig mistral_7b_v01() {
+  ModelConfig c = llama31_8b();
+  c.architecture = "MistralForCausalLM";
+  c.model_type = "mistral";
+  c.vocab_size = 32000;
+  c.max_position_embeddings = 32768;
+  c.rope = RopeConfig{};
+  c.rope.theta = 10000.0;
+  c.layer_types.assign(c.num_hidden_layers, LayerAttention::kSliding);
+  c.sliding_window = 4096;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
 ModelConfig tiny_llama() {
   ModelConfig c = llama31_8b();
   c.vocab_size = 512;
@@ -132,6 +169,8 @@ const std::map<std::string, ModelConfig (*)()>& presets() {
       {"qwen2-7b", qwen2_7b},
       {"qwen3-30b-a3b", [] { return qwen3_moe(2048, 768, 48, 32); }},
       {"qwen3-235b-a22b", [] { return qwen3_moe(4096, 1536, 94, 64); }},
+      {"gemma-3-12b", gemma3_12b},
+      {"mistral-7b-v0.1", mistral_7b_v01},
       {"tiny-llama", tiny_llama},
   };
   return p;

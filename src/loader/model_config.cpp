@@ -17,8 +17,10 @@ using nlohmann::json;
 
 namespace {
 
-const char* const kSupported[] = {"LlamaForCausalLM", "MistralForCausalLM",  "Qwen2ForCausalLM",
-                                  "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"};
+const char* const kSupported[] = {
+    "LlamaForCausalLM", "MistralForCausalLM",  "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+    "Phi3ForCausalLM",  "Gemma3ForCausalLM",   "Gemma3ForConditionalGeneration"};
 
 // The Qwen configs that slide only with use_sliding_window, from max_window_layers on.
 bool qwen_window_rule(const std::string& a) {
@@ -391,6 +393,96 @@ MoeConfig parse_moe(const json& j, const std::string& src, const ModelConfig& c)
   return m;
 }
 
+bool is_gemma3(const std::string& arch) {
+  return arch == "Gemma3ForCausalLM" || arch == "Gemma3ForConditionalGeneration";
+}
+
+// Gemma3TextConfig's defaults (transformers' configuration_gemma3.py): Google's checkpoints leave
+// most of them out of config.json (gemma-3-12b-it's text_config names 8 fields), and some differ
+// from what the generic parse would derive (head_dim 256, not hidden / heads).
+json gemma3_text_defaults() {
+  return json{{"vocab_size", 262208},
+              {"hidden_size", 2304},
+              {"intermediate_size", 9216},
+              {"num_hidden_layers", 26},
+              {"num_attention_heads", 8},
+              {"num_key_value_heads", 4},
+              {"head_dim", 256},
+              {"hidden_activation", "gelu_pytorch_tanh"},
+              {"max_position_embeddings", 131072},
+              {"rms_norm_eps", 1e-6},
+              {"bos_token_id", 2},
+              {"eos_token_id", 1},
+              {"tie_word_embeddings", true},
+              {"rope_theta", 1000000.0},
+              {"rope_local_base_freq", 10000.0},
+              {"query_pre_attn_scalar", 256},
+              {"sliding_window", 4096},
+              {"sliding_window_pattern", 6}};
+}
+
+// The text model's config: Gemma3ForConditionalGeneration nests it under `text_config` (the
+// vision tower is not run); fields the top level sets for the whole model (dtype, token ids,
+// tie_word_embeddings) fill what the text config leaves out. Gemma3TextConfig's defaults under
+// both.
+json gemma3_text_config(const json& j, const std::string& arch, const std::string& src) {
+  json t = j;
+  if (arch == "Gemma3ForConditionalGeneration") {
+    LONGCTX_CHECK(j.contains("text_config") && j["text_config"].is_object(),
+                  ErrorCode::kInvalidArgument,
+                  "{}: Gemma3ForConditionalGeneration needs 'text_config' (an object)", src);
+    t = j["text_config"];
+    for (const char* key :
+         {"dtype", "torch_dtype", "bos_token_id", "eos_token_id", "tie_word_embeddings"})
+      if (!t.contains(key) && j.contains(key)) t[key] = j[key];
+  }
+  json out = gemma3_text_defaults();
+  for (auto it = t.begin(); it != t.end(); ++it)
+    if (!it->is_null() || !out.contains(it.key())) out[it.key()] = *it;
+  // transformers 5 writes layer_types; the pattern only stands in where they are absent.
+  if (t.contains("layer_types") && !t["layer_types"].is_null()) out.erase("sliding_window_pattern");
+  out["architectures"] = json::array({arch});
+  return out;
+}
+
+// Gemma 3's two ropes: full layers `rope` (rope_theta and rope_scaling: linear 8 on 4B-27B),
+// sliding layers `local_rope` (rope_local_base_freq, unscaled). transformers 5 writes them as
+// rope_parameters keyed by layer type.
+void parse_gemma3_ropes(const json& j, const std::string& src, ModelConfig& c) {
+  const int64_t d = c.head_dim, mp = c.max_position_embeddings;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      (j["rope_parameters"].contains("full_attention") ||
+       j["rope_parameters"].contains("sliding_attention"))) {
+    const json& rp = j["rope_parameters"];
+    auto one = [&](const char* type, double theta) {
+      json sub = json{{"rope_parameters", rp.value(type, json::object())}};
+      if (!sub["rope_parameters"].contains("rope_theta"))
+        sub["rope_parameters"]["rope_theta"] = theta;
+      return parse_rope(sub, src + " rope_parameters." + type, d, mp);
+    };
+    c.rope = one("full_attention", 1000000.0);
+    c.local_rope = one("sliding_attention", 10000.0);
+  } else {
+    c.rope = parse_rope(j, src, d, mp);
+    c.local_rope.theta = opt_positive(j, "rope_local_base_freq", 10000.0, src);
+  }
+  c.has_local_rope = true;
+}
+
+HiddenAct parse_hidden_act(const json& j, const char* key, const char* dflt,
+                           const std::string& src) {
+  std::string act = dflt;
+  if (j.contains(key) && !j[key].is_null()) {
+    LONGCTX_CHECK(j[key].is_string(), ErrorCode::kInvalidArgument,
+                  "{}: field '{}' must be a string, got {}", src, key, json_excerpt(j[key]));
+    act = j[key].get<std::string>();
+  }
+  if (act == "silu" || act == "swish") return HiddenAct::kSilu;
+  if (act == "gelu_pytorch_tanh" || act == "gelu_tanh") return HiddenAct::kGeluTanh;
+  LONGCTX_THROW(ErrorCode::kUnsupported,
+                "{}: field '{}' is '{}' (supported: silu, gelu_pytorch_tanh)", src, key, act);
+}
+
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int64_t i) const {
@@ -452,18 +544,20 @@ int64_t ModelConfig::max_positions() const {
 
 // Every field read below is type-checked; parse_model_config still turns any nlohmann type error
 // that slips through into an Error (found by fuzz_config: a numeric model_type).
-static ModelConfig parse_model_config_unguarded(const json& j, const std::string& src) {
-  LONGCTX_CHECK(j.is_object(), ErrorCode::kInvalidArgument, "{}: config must be a JSON object",
+static ModelConfig parse_model_config_unguarded(const json& file, const std::string& src) {
+  LONGCTX_CHECK(file.is_object(), ErrorCode::kInvalidArgument, "{}: config must be a JSON object",
                 src);
   ModelConfig c;
-  LONGCTX_CHECK(j.contains("architectures") && j["architectures"].is_array() &&
-                    !j["architectures"].empty() && j["architectures"][0].is_string(),
+  LONGCTX_CHECK(file.contains("architectures") && file["architectures"].is_array() &&
+                    !file["architectures"].empty() && file["architectures"][0].is_string(),
                 ErrorCode::kInvalidArgument, "{}: missing 'architectures' (a list of names)", src);
-  c.architecture = j["architectures"][0].get<std::string>();
+  c.architecture = file["architectures"][0].get<std::string>();
   bool known = false;
   for (const char* a : kSupported) known |= c.architecture == a;
   LONGCTX_CHECK(known, ErrorCode::kUnsupported, "{}: unsupported architecture '{}' (supported: {})",
                 src, c.architecture, supported_list());
+  const bool gemma3 = is_gemma3(c.architecture);
+  const json j = gemma3 ? gemma3_text_config(file, c.architecture, src) : file;
   if (j.contains("model_type") && !j["model_type"].is_null()) {
     LONGCTX_CHECK(j["model_type"].is_string(), ErrorCode::kInvalidArgument,
                   "{}: field 'model_type' must be a string, got {}", src,
@@ -502,7 +596,10 @@ static ModelConfig parse_model_config_unguarded(const json& j, const std::string
   LONGCTX_CHECK(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), ErrorCode::kInvalidArgument,
                 "{}: field 'rms_norm_eps' must be a positive finite number, got {}", src,
                 c.rms_norm_eps);
-  c.rope = parse_rope(j, src, c.head_dim, c.max_position_embeddings);
+  if (gemma3)
+    parse_gemma3_ropes(j, src, c);
+  else
+    c.rope = parse_rope(j, src, c.head_dim, c.max_position_embeddings);
   c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings", false, src);
 
   const std::string& a = c.architecture;
@@ -518,7 +615,20 @@ static ModelConfig parse_model_config_unguarded(const json& j, const std::string
   }
   if (a == "LlamaForCausalLM" || a == "MistralForCausalLM")
     c.mlp_bias = opt_bool(j, "mlp_bias", false, src);
-  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM";
+  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || gemma3;
+  c.hidden_act = gemma3 ? parse_hidden_act(j, "hidden_activation", "gelu_pytorch_tanh", src)
+                        : parse_hidden_act(j, "hidden_act", "silu", src);
+  if (gemma3) {
+    c.norm_plus_one = c.sandwich_norms = true;
+    c.embed_scale = std::sqrt(double(c.hidden_size));
+    c.query_pre_attn_scalar = opt_positive(j, "query_pre_attn_scalar", 256.0, src);
+    // Gemma 2's soft caps: Gemma 3's configs set them null; refuse rather than run without.
+    for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"})
+      LONGCTX_CHECK(!j.contains(key) || j[key].is_null(), ErrorCode::kUnsupported,
+                    "{}: field '{}' is {} (logit soft-capping is not supported; Gemma 3 "
+                    "checkpoints set it null)",
+                    src, key, json_excerpt(j[key]));
+  }
   if (a == "Qwen2MoeForCausalLM" || a == "Qwen3MoeForCausalLM") c.moe = parse_moe(j, src, c);
 
   parse_layer_types(j, src, c);

@@ -2,6 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+#include <vector>
+
+#include "longctx/core/error.h"
+
 namespace longctx {
 
 ExpertLayout detect_expert_layout(const std::vector<std::string>& names) {
@@ -28,6 +33,10 @@ std::map<std::string, Shape> expected_weights(const ModelConfig& c, ExpertLayout
       w[l + "self_attn.v_proj.bias"] = {kv};
     }
     if (c.o_proj_bias) w[l + "self_attn.o_proj.bias"] = {h};
+    if (c.sandwich_norms) {
+      w[l + "pre_feedforward_layernorm.weight"] = {h};
+      w[l + "post_feedforward_layernorm.weight"] = {h};
+    }
     if (c.qk_norm) {
       w[l + "self_attn.q_norm.weight"] = {c.head_dim};
       w[l + "self_attn.k_norm.weight"] = {c.head_dim};
@@ -71,7 +80,60 @@ std::map<std::string, Shape> expected_weights(const ModelConfig& c, ExpertLayout
 
 bool is_ignorable_weight(const std::string& name, const ModelConfig& c) {
   if (name.ends_with(".rotary_emb.inv_freq")) return true;
+  // Gemma3ForConditionalGeneration's vision tower and projector: only the text model runs.
+  if (c.architecture == "Gemma3ForConditionalGeneration")
+    for (const char* p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                          "model.multi_modal_projector."})
+      if (name.starts_with(p)) return true;
   return c.tie_word_embeddings && name == "lm_head.weight";
+}
+
+namespace {
+
+// Rows of fused `t` split at `rows` (each part a view of the same bytes) under `names`.
+void split_rows(WeightStore& out, const std::string& name, const Tensor& t,
+                const std::vector<std::pair<std::string, int64_t>>& parts) {
+  int64_t total = 0;
+  for (const auto& [n, r] : parts) total += r;
+  LONGCTX_CHECK(t.rank() == 2 && t.size(0) == total, ErrorCode::kInvalidArgument,
+                "tensor '{}' has shape {}, but the config implies [{}, hidden] (fused {})", name,
+                t.shape_str(), total, parts.size() == 3 ? "q, k, v" : "gate, up");
+  int64_t row = 0;
+  for (const auto& [n, r] : parts) {
+    out.add(n, t.slice(0, row, row + r));
+    row += r;
+  }
+}
+
+}  // namespace
+
+WeightStore canonical_weights(const WeightStore& raw, const ModelConfig& c) {
+  WeightStore out;
+  for (const auto& [raw_name, t] : raw.all()) {
+    std::string name = raw_name;
+    for (auto [from, to] : {std::pair{"model.language_model.", "model."},
+                            {"language_model.model.", "model."},
+                            {"language_model.lm_head.", "lm_head."}})
+      if (name.starts_with(from)) {
+        name = to + name.substr(std::string(from).size());
+        break;
+      }
+    if (name.ends_with(".self_attn.qkv_proj.weight")) {
+      const std::string p = name.substr(0, name.size() - std::string("qkv_proj.weight").size());
+      split_rows(out, raw_name, t,
+                 {{p + "q_proj.weight", c.q_size()},
+                  {p + "k_proj.weight", c.kv_size()},
+                  {p + "v_proj.weight", c.kv_size()}});
+    } else if (name.ends_with(".mlp.gate_up_proj.weight")) {
+      const std::string p = name.substr(0, name.size() - std::string("gate_up_proj.weight").size());
+      split_rows(out, raw_name, t,
+                 {{p + "gate_proj.weight", c.intermediate_size},
+                  {p + "up_proj.weight", c.intermediate_size}});
+    } else {
+      out.add(name, t);  // throws if two spellings of one tensor are both present
+    }
+  }
+  return out;
 }
 
 }  // namespace longctx

@@ -9,10 +9,12 @@
 namespace longctx::models {
 
 std::unique_ptr<Model> make_llama(std::shared_ptr<const Checkpoint> checkpoint,
-                                  const ModelBuildOptions& options);  // + Mistral
+                                  const ModelBuildOptions& options);  // + Mistral, Phi-3
 std::unique_ptr<Model> make_qwen2(std::shared_ptr<const Checkpoint> checkpoint,
                                   const ModelBuildOptions& options);
 std::unique_ptr<Model> make_qwen3(std::shared_ptr<const Checkpoint> checkpoint,
                                   const ModelBuildOptions& options);
+std::unique_ptr<Model> make_gemma3(std::shared_ptr<const Checkpoint> checkpoint,
+                                   const ModelBuildOptions& options);
 
 }  // namespace longctx::models

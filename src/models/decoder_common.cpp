@@ -24,6 +24,16 @@ Tensor optional_weight(const WeightStore& w, const std::string& name) {
   return w.has(name) ? w.get(name) : Tensor();
 }
 
+// Gemma's RMSNorm scales by (1 + w): the weight loaded as 1 + w, computed in fp32 as
+// Gemma3RMSNorm does.
+Tensor plus_one(const Tensor& w) {
+  Tensor f = Tensor::empty(w.shape(), DType::kF32);  // never written into the checkpoint's mmap
+  f.copy_from(w.dtype() == DType::kF32 ? w : w.to_dtype(DType::kF32));
+  float* p = f.data<float>();
+  for (int64_t i = 0; i < f.numel(); ++i) p[i] += 1.0f;
+  return f;
+}
+
 }  // namespace
 
 DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
@@ -55,6 +65,9 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   auto rank0 = [&](const Tensor& t) { return s.rank == 0 ? t : Tensor(); };
   const WeightStore& w = checkpoint_->weights;
   WeightLoader load(device_, act_dtype_);
+  auto norm = [&](const Tensor& t) {
+    return load.load(c.norm_plus_one && t.defined() ? plus_one(t) : t);
+  };
   embed_tokens_ = load.load(rows(w.get("model.embed_tokens.weight"), s.vocab0, s.vocab));
   // A MoE layer's experts, fused per layer from either checkpoint spelling (weight_spec.h's
   // ExpertLayout) and sliced like the dense MLP when sharded (every rank holds every expert's
@@ -104,7 +117,7 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
     auto get = [&](const std::string& name) { return w.get(p + name); };
     auto opt = [&](const std::string& name) { return optional_weight(w, p + name); };
     LayerWeights l;
-    l.input_layernorm = load.load(get("input_layernorm.weight"));
+    l.input_layernorm = norm(get("input_layernorm.weight"));
     l.qkv_proj = load.load_fused({q_rows(get("self_attn.q_proj.weight")),
                                   kv_rows(get("self_attn.k_proj.weight")),
                                   kv_rows(get("self_attn.v_proj.weight"))});
@@ -114,9 +127,13 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
       l.qkv_bias = load.load_fused({q_rows(q_bias), kv_rows(k_bias), kv_rows(v_bias)});
     l.o_proj = load.load(cols(get("self_attn.o_proj.weight"), s.q_head0 * d, s.num_q_heads * d));
     l.o_bias = load.load(rank0(opt("self_attn.o_proj.bias")));
-    l.q_norm = load.load(opt("self_attn.q_norm.weight"));
-    l.k_norm = load.load(opt("self_attn.k_norm.weight"));
-    l.post_attention_layernorm = load.load(get("post_attention_layernorm.weight"));
+    l.q_norm = norm(opt("self_attn.q_norm.weight"));
+    l.k_norm = norm(opt("self_attn.k_norm.weight"));
+    l.post_attention_layernorm = norm(get("post_attention_layernorm.weight"));
+    if (c.sandwich_norms) {
+      l.pre_feedforward_layernorm = norm(get("pre_feedforward_layernorm.weight"));
+      l.post_feedforward_layernorm = norm(get("post_feedforward_layernorm.weight"));
+    }
     if (c.is_moe_layer(i)) {
       load_moe(l, p);
       layers_.push_back(std::move(l));
@@ -131,15 +148,18 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
     l.down_bias = load.load(rank0(opt("mlp.down_proj.bias")));
     layers_.push_back(std::move(l));
   }
-  norm_ = load.load(w.get("model.norm.weight"));
+  norm_ = norm(w.get("model.norm.weight"));
   lm_head_ = c.tie_word_embeddings ? embed_tokens_
                                    : load.load(rows(w.get("lm_head.weight"), s.vocab0, s.vocab));
   // Rounded like transformers' inv_freq buffer in a model loaded at that dtype (see model.h).
-  rope_ = ops::rope_frequencies_as_transformers(c.rope, c.head_dim,
-                                                options.rope_inv_freq_dtype.value_or(DType::kF32));
-  Tensor inv_host =
-      Tensor::from_blob(rope_.inv_freq.data(), {rope_.tables(), rope_.rotary_dim / 2}, DType::kF32);
-  inv_freq_ = inv_host.to(device_);
+  const DType inv_dtype = options.rope_inv_freq_dtype.value_or(DType::kF32);
+  auto frequencies = [&](const RopeConfig& r, ops::RopeFrequencies& f, Tensor& inv) {
+    f = ops::rope_frequencies_as_transformers(r, c.head_dim, inv_dtype);
+    inv = Tensor::from_blob(f.inv_freq.data(), {f.tables(), f.rotary_dim / 2}, DType::kF32)
+              .to(device_);
+  };
+  frequencies(c.rope, rope_, inv_freq_);
+  if (c.has_local_rope) frequencies(c.local_rope, local_rope_, local_inv_freq_);
   load.finish();
 }
 
@@ -219,7 +239,10 @@ Tensor DecoderModel::gated_mlp(const Tensor& x, const Tensor& gate_up_proj,
   Tensor gate_up = linear(x, gate_up_proj, gate_up_bias);  // [T, 2 intermediate]
   const int64_t inter = gate_up.size(1) / 2;
   Tensor act = act_empty({x.size(0), inter});
-  ops::silu_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
+  if (config().hidden_act == HiddenAct::kGeluTanh)
+    ops::gelu_tanh_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
+  else
+    ops::silu_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
   return linear(act, down_proj, down_bias);
 }
 
@@ -248,7 +271,11 @@ Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) co
   return a.out;
 }
 
-void DecoderModel::apply_rope(const Tensor& x, const StepInputs& in) const {
+void DecoderModel::apply_rope(const Tensor& x, const StepInputs& in, int64_t i) const {
+  if (config().has_local_rope && config().layer_type(i) == LayerAttention::kSliding) {
+    ops::rope(x, in.positions, ops::rope_args(local_rope_, local_inv_freq_, Tensor()));
+    return;
+  }
   ops::rope(x, in.positions, ops::rope_args(rope_, inv_freq_, in.rope_lens));
 }
 
@@ -311,12 +338,13 @@ void DecoderModel::decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out, c
 }
 
 void DecoderModel::embed(const StepInputs& in, const Tensor& residual) const {
+  const float scale = static_cast<float>(config().embed_scale);
   if (!sharded()) {
-    ops::embedding(in.input_ids, embed_tokens_, residual);
+    ops::embedding(in.input_ids, embed_tokens_, residual, scale);
     return;
   }
   // Vocab-parallel: the rank's rows, zeros for ids another rank holds, summed over the ranks.
-  ops::embedding_shard(in.input_ids, embed_tokens_, shard_.vocab0, residual);
+  ops::embedding_shard(in.input_ids, embed_tokens_, shard_.vocab0, residual, scale);
   comm_->all_reduce_sum(residual);
 }
 
@@ -329,7 +357,7 @@ Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const Ste
   const LayerWeights& w = layers_[i];
   Tensor qkv = linear(hidden_states, w.qkv_proj, w.qkv_bias);
   QKV s = split_qkv(qkv);
-  apply_rope(s.qk, in);
+  apply_rope(s.qk, in, i);
   attention.store_kv(i, s.k, s.v);
   Tensor attn_output = attention.attend(i, s.q);
   return linear(attn_output, w.o_proj, w.o_bias);

@@ -1,13 +1,16 @@
-// Building blocks shared by the decoder-only architectures (Llama, Mistral, Qwen2, Qwen3): the
+// Building blocks shared by the decoder-only architectures (Llama, Mistral, Phi-3, Qwen2, Qwen3,
+// Gemma 3): the
 // weights of a layer, and the pieces every HF modeling file repeats ("Copied from
 // transformers.models.llama..."): RMSNorm, the gated SiLU MLP, projections with optional bias,
 // rotary embedding, attention. Each architecture file composes them in the order of its HF
 // forward(). The code is one for every device: ops dispatch on the tensors' device, and the
 // AttentionBackend decides where K/V live.
 //
-// Loaded differently from the checkpoint in one way: q/k/v_proj are fused into one qkv_proj and
+// Loaded differently from the checkpoint in two ways: q/k/v_proj are fused into one qkv_proj and
 // gate/up_proj into gate_up_proj (rows concatenated), so each is one GEMM; q, k, v and gate, up
-// are strided views of its output.
+// are strided views of its output. (The loader gives every checkpoint these names: Phi-3's fused
+// tensors split, a multimodal checkpoint's text model under model.) And Gemma's
+// zero-centred norm weights w are loaded as 1 + w, so one RMSNorm op serves every family.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +30,10 @@ struct LayerWeights {
   Tensor input_layernorm;             // [hidden]
   Tensor qkv_proj, qkv_bias;          // [q_size + 2 kv_size, hidden], [q_size + 2 kv_size]
   Tensor o_proj, o_bias;              // [hidden, q_size], [hidden]
-  Tensor q_norm, k_norm;              // [head_dim] each (Qwen3)
+  Tensor q_norm, k_norm;              // [head_dim] each (Qwen3, Gemma 3)
   Tensor post_attention_layernorm;    // [hidden]
+  Tensor pre_feedforward_layernorm;   // [hidden] (Gemma 3: post_attention_layernorm then
+  Tensor post_feedforward_layernorm;  // [hidden]  normalizes the attention output)
   Tensor gate_up_proj, gate_up_bias;  // [2 intermediate, hidden], [2 intermediate]
   Tensor down_proj, down_bias;        // [hidden, intermediate], [hidden]
   // A mixture-of-experts layer (config.is_moe_layer) instead of gate_up_proj / down_proj:
@@ -78,8 +83,8 @@ class DecoderModel : public Model {
   // is fp32 on every device and the adds are fused into the next norm (vLLM's fused_add_rms_norm):
   // on entry `residual` is the layer's input and `mlp_out` the previous layer's MLP output
   // (undefined for layer 0); on return `mlp_out` is this layer's and `residual` the sum before it.
-  void decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out, const StepInputs& in,
-                     AttentionBackend& attention);
+  virtual void decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out, const StepInputs& in,
+                             AttentionBackend& attention);
   // LlamaAttention.forward: project (bias where the checkpoint has one), rotate q and k, store
   // k and v, attend, project back.
   virtual Tensor self_attn(const Tensor& hidden_states, int64_t i, const StepInputs& in,
@@ -103,14 +108,16 @@ class DecoderModel : public Model {
     Tensor q, k, v, qk;
   };
   QKV split_qkv(const Tensor& qkv) const;
-  // down_proj(silu(gate_proj(x)) * up_proj(x)): LlamaMLP / Qwen2MLP / Qwen3MLP.
+  // down_proj(act(gate_proj(x)) * up_proj(x)): LlamaMLP / Qwen2MLP / Qwen3MLP (silu),
+  // Gemma3MLP (gelu_pytorch_tanh).
   Tensor gated_mlp(const Tensor& x, const LayerWeights& w) const;
   Tensor gated_mlp(const Tensor& x, const Tensor& gate_up, const Tensor& gate_up_bias,
                    const Tensor& down, const Tensor& down_bias) const;
   // Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock: router, top-k experts, the shared expert.
   Tensor sparse_moe_block(const Tensor& x, const LayerWeights& w) const;
-  // In place on x [T, heads, head_dim] at the step's positions.
-  void apply_rope(const Tensor& x, const StepInputs& in) const;
+  // In place on x [T, heads, head_dim] at the step's positions, with layer i's rope (Gemma 3's
+  // sliding layers have their own).
+  void apply_rope(const Tensor& x, const StepInputs& in, int64_t i) const;
   // Final norm (after the last residual add) and lm_head over the rows that need logits, into
   // logits [R, vocab] f32.
   void final_logits(const Tensor& residual, const Tensor& mlp_out, const StepInputs& in,
@@ -135,6 +142,8 @@ class DecoderModel : public Model {
   Tensor lm_head_;             // [vocab (the rank's rows), hidden]; embed_tokens_ when tied
   ops::RopeFrequencies rope_;  // the host-side rope (rotary dim, scaling, how rows are picked)
   Tensor inv_freq_;            // [rope_.tables(), rotary_dim / 2] f32 on device_
+  ops::RopeFrequencies local_rope_;  // sliding layers' (config.has_local_rope)
+  Tensor local_inv_freq_;            // [local_rope_.tables(), rotary_dim / 2] f32 on device_
 };
 
 }  // namespace longctx::models

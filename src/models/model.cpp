@@ -5,7 +5,9 @@
 namespace longctx {
 
 float Model::attention_scale() const {
-  return 1.0f / std::sqrt(static_cast<float>(config().head_dim));
+  const ModelConfig& c = config();
+  const double d = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim);
+  return static_cast<float>(1.0 / std::sqrt(d));
 }
 
 }  // namespace longctx

@@ -30,7 +30,7 @@ class Qwen3ForCausalLM : public DecoderModel {
     QKV s = split_qkv(qkv);
     rms_norm_in_place(s.q, w.q_norm);  // per head: rows of head_dim
     rms_norm_in_place(s.k, w.k_norm);
-    apply_rope(s.qk, in);
+    apply_rope(s.qk, in, i);
     attention.store_kv(i, s.k, s.v);
     Tensor attn_output = attention.attend(i, s.q);
     return linear(attn_output, w.o_proj, w.o_bias);

@@ -14,9 +14,14 @@ using Factory = std::unique_ptr<Model> (*)(std::shared_ptr<const Checkpoint>,
                                            const ModelBuildOptions&);
 
 const std::pair<const char*, Factory> kArchitectures[] = {
-    {"LlamaForCausalLM", models::make_llama},    {"MistralForCausalLM", models::make_llama},
-    {"Qwen2ForCausalLM", models::make_qwen2},    {"Qwen3ForCausalLM", models::make_qwen3},
-    {"Qwen2MoeForCausalLM", models::make_qwen2},  // + the MoE block of decoder_common
+    {"LlamaForCausalLM", models::make_llama},
+    {"MistralForCausalLM", models::make_llama},
+    {"Qwen2ForCausalLM", models::make_qwen2},
+    {"Qwen3ForCausalLM", models::make_qwen3},
+    {"Phi3ForCausalLM", models::make_llama},  // fused qkv / gate_up split by the loader
+    {"Gemma3ForCausalLM", models::make_gemma3},
+    {"Gemma3ForConditionalGeneration", models::make_gemma3},  // its text model
+    {"Qwen2MoeForCausalLM", models::make_qwen2},              // + the MoE block of decoder_common
     {"Qwen3MoeForCausalLM", models::make_qwen3},
 };
 

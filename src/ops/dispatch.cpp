@@ -36,16 +36,17 @@ namespace {
 #define LONGCTX_CUDA_TWIN(op, call) no_cuda_build(op)
 #endif
 
-void embedding_shard(const Tensor& ids, const Tensor& table, int64_t first_row, const Tensor& out) {
+void embedding_shard(const Tensor& ids, const Tensor& table, int64_t first_row, const Tensor& out,
+                     float scale) {
   if (common_device("embedding", {&ids, &table, &out}).is_cuda())
-    LONGCTX_CUDA_TWIN("embedding", embedding_shard_cuda(ids, table, first_row, out));
-  embedding_shard_cpu(ids, table, first_row, out);
+    LONGCTX_CUDA_TWIN("embedding", embedding_shard_cuda(ids, table, first_row, out, scale));
+  embedding_shard_cpu(ids, table, first_row, out, scale);
 }
 
-void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
+void embedding(const Tensor& ids, const Tensor& table, const Tensor& out, float scale) {
   if (common_device("embedding", {&ids, &table, &out}).is_cuda())
-    LONGCTX_CUDA_TWIN("embedding", embedding_cuda(ids, table, out));
-  embedding_cpu(ids, table, out);
+    LONGCTX_CUDA_TWIN("embedding", embedding_cuda(ids, table, out, scale));
+  embedding_cpu(ids, table, out, scale);
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
@@ -86,6 +87,12 @@ void moe_experts(const MoeArgs& a) {
           .is_cuda())
     LONGCTX_CUDA_TWIN("moe_experts", moe_experts_cuda(a));
   moe_experts_cpu(a);
+}
+
+void gelu_tanh_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  if (common_device("gelu_tanh_and_mul", {&gate, &up, &out}).is_cuda())
+    LONGCTX_CUDA_TWIN("gelu_tanh_and_mul", gelu_tanh_and_mul_cuda(gate, up, out));
+  gelu_tanh_and_mul_cpu(gate, up, out);
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {

@@ -48,6 +48,8 @@ void lookup_cpu(const EmbeddingParams& p) {
           if (id >= 0 && id < p.vocab) {
             convert_to_f32(static_cast<const char*>(p.table) + id * row_bytes, p.table_dtype,
                            p.hidden, row.data());
+            if (p.scale != 1.f)
+              for (float& v : row) v *= p.scale;
           } else {
             std::fill(row.begin(), row.end(), 0.f);
           }
@@ -59,13 +61,16 @@ void lookup_cpu(const EmbeddingParams& p) {
 
 }  // namespace
 
-void embedding_cpu(const Tensor& ids, const Tensor& table, const Tensor& out) {
-  lookup_cpu(embedding_params(ids, table, out));
+void embedding_cpu(const Tensor& ids, const Tensor& table, const Tensor& out, float scale) {
+  EmbeddingParams p = embedding_params(ids, table, out);
+  p.scale = scale;
+  lookup_cpu(p);
 }
 
 void embedding_shard_cpu(const Tensor& ids, const Tensor& table, int64_t first_row,
-                         const Tensor& out) {
+                         const Tensor& out, float scale) {
   EmbeddingParams p = embedding_params(ids, table, out);
+  p.scale = scale;
   p.first_row = first_row;
   p.zeros_outside = true;
   lookup_cpu(p);

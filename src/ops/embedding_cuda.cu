@@ -19,6 +19,8 @@ struct EmbeddingRow {
     float v[N];
     if (id >= 0 && id < p.vocab) {
       load<N>(static_cast<const TT*>(p.table) + int64_t(id) * p.hidden + col, v);
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[i] = __fmul_rn(v[i], p.scale);
     } else {
 #pragma unroll
       for (int i = 0; i < N; ++i) v[i] = 0.f;
@@ -47,15 +49,18 @@ void lookup_cuda(const EmbeddingParams& p) {
 }  // namespace
 
 void embedding_shard_cuda(const Tensor& ids, const Tensor& table, int64_t first_row,
-                          const Tensor& out) {
+                          const Tensor& out, float scale) {
   EmbeddingParams p = embedding_params(ids, table, out);
+  p.scale = scale;
   p.first_row = first_row;
   p.zeros_outside = true;
   lookup_cuda(p);
 }
 
-void embedding_cuda(const Tensor& ids, const Tensor& table, const Tensor& out) {
-  lookup_cuda(embedding_params(ids, table, out));
+void embedding_cuda(const Tensor& ids, const Tensor& table, const Tensor& out, float scale) {
+  EmbeddingParams p = embedding_params(ids, table, out);
+  p.scale = scale;
+  lookup_cuda(p);
 }
 
 }  // namespace longctx::ops

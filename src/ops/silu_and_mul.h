@@ -1,5 +1,7 @@
-// The gated MLP activation of Llama/Qwen: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)),
-// in fp32, rounded once to out's dtype.
+// The gated MLP activations, in fp32, rounded once to out's dtype:
+//   silu_and_mul (Llama, Qwen): out = silu(gate) * up, silu(g) = g / (1 + exp(-g));
+//   gelu_tanh_and_mul (Gemma's GeGLU, transformers' gelu_pytorch_tanh):
+//     out = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * up.
 #pragma once
 
 #include "longctx/core/tensor.h"
@@ -13,10 +15,17 @@ namespace longctx::ops {
 void silu_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
 void silu_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out);
 void silu_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out);
+// Same contract.
+void gelu_tanh_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
+void gelu_tanh_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out);
+void gelu_tanh_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out);
+
+enum class GatedAct { kSilu, kGeluTanh };
 
 struct SiluAndMulParams {
   RowsView gate, up, out;  // each [rows, intermediate]
   Device device;
+  GatedAct act = GatedAct::kSilu;
 };
 SiluAndMulParams silu_and_mul_params(const Tensor& gate, const Tensor& up, const Tensor& out);
 

@@ -1,5 +1,6 @@
-// CUDA silu_and_mul: out = g / (1 + expf(-g)) * u in fp32 (expf, not __expf), one thread per
-// kVec (or 1) elements of a row; out may be gate or up exactly (same thread reads and writes).
+// CUDA silu_and_mul: out = g / (1 + expf(-g)) * u in fp32 (expf, not __expf), and
+// gelu_tanh_and_mul with tanhf; one thread per kVec (or 1) elements of a row; out may be gate or
+// up exactly (same thread reads and writes).
 #include "longctx/core/stream.h"
 #include "ops/ops_device.cuh"
 #include "ops/silu_and_mul.h"
@@ -10,7 +11,7 @@ namespace {
 
 using namespace cuda_detail;
 
-template <int N, typename TG, typename TU, typename TO>
+template <GatedAct kAct, int N, typename TG, typename TU, typename TO>
 struct SiluAndMulRow {
   SiluAndMulParams p;
   __device__ void operator()(int64_t r, int64_t chunk) const {
@@ -19,15 +20,21 @@ struct SiluAndMulRow {
     load<N>(row_of<const TG>(p.gate, r) + col, g);
     load<N>(row_of<const TU>(p.up, r) + col, u);
 #pragma unroll
-    for (int i = 0; i < N; ++i) o[i] = __fmul_rn(__fdiv_rn(g[i], 1.0f + expf(-g[i])), u[i]);
+    for (int i = 0; i < N; ++i) {
+      if constexpr (kAct == GatedAct::kSilu) {
+        o[i] = __fmul_rn(__fdiv_rn(g[i], 1.0f + expf(-g[i])), u[i]);
+      } else {
+        constexpr float kSqrt2OverPi = 0.7978845608028654f;
+        const float x = g[i], inner = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+        o[i] = __fmul_rn(0.5f * x * (1.0f + tanhf(inner)), u[i]);
+      }
+    }
     store<N>(row_of<TO>(p.out, r) + col, o);
   }
 };
 
-}  // namespace
-
-void silu_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  const SiluAndMulParams p = silu_and_mul_params(gate, up, out);
+template <GatedAct kAct>
+void gated_act_cuda(const SiluAndMulParams& p) {
   DeviceGuard guard(p.device.index);
   cudaStream_t stream = op_stream(p.device, "silu_and_mul");
   const int64_t rows = p.gate.rows, cols = p.gate.cols;
@@ -40,12 +47,22 @@ void silu_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out) 
         using TU = decltype(tu);
         using TO = decltype(to);
         if (vec)
-          launch_rows(SiluAndMulRow<kVec, TG, TU, TO>{p}, rows, cols / kVec, stream);
+          launch_rows(SiluAndMulRow<kAct, kVec, TG, TU, TO>{p}, rows, cols / kVec, stream);
         else
-          launch_rows(SiluAndMulRow<1, TG, TU, TO>{p}, rows, cols, stream);
+          launch_rows(SiluAndMulRow<kAct, 1, TG, TU, TO>{p}, rows, cols, stream);
       });
     });
   });
+}
+
+}  // namespace
+
+void silu_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  gated_act_cuda<GatedAct::kSilu>(silu_and_mul_params(gate, up, out));
+}
+
+void gelu_tanh_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  gated_act_cuda<GatedAct::kGeluTanh>(silu_and_mul_params(gate, up, out));
 }
 
 }  // namespace longctx::ops

@@ -39,6 +39,9 @@ using M = std::shared_ptr<Mirror>;
 const Tol kExact{};
 Tol norm_tol(DType dt) { return dt == DType::kF32 ? Tol{0, 0, 2} : Tol{0, 0, 1}; }
 Tol silu_tol(DType dt) { return dt == DType::kF32 ? Tol{1e-30, 1e-6, 0} : Tol{1e-30, 0, 1}; }
+// gelu_tanh_and_mul: tanhf within 2 ulp on both sides, where 1 + tanh cancels (g near -3) that is
+// ~1e-7 absolute on the factor, times |g u| <= 64 here.
+Tol gelu_tol(DType dt) { return dt == DType::kF32 ? Tol{1e-5, 1e-6, 0} : Tol{1e-5, 0, 1}; }
 Tol rope_tol(DType dt) { return dt == DType::kF32 ? Tol{1e-6, 0, 2} : Tol{1e-6, 0, 1}; }
 
 M mirror(int64_t elems, DType dt) { return std::make_shared<Mirror>(elems, dt); }
@@ -58,21 +61,23 @@ const DType kActs[] = {DType::kF32, DType::kBF16, DType::kF16};
 
 // ---------------------------------------------------------------------------------------------
 
-CaseSpec embedding_case(int64_t n, int64_t hidden, DType tdt, DType odt, int64_t pad,
-                        uint64_t seed) {
+CaseSpec embedding_case(int64_t n, int64_t hidden, DType tdt, DType odt, int64_t pad, uint64_t seed,
+                        float scale = 1.f) {
   const int64_t vocab = 3001, ld = hidden + pad;
   M table = random_mirror(vocab * hidden, tdt, seed);
   M ids = mirror(n, DType::kI32);
   ids->random(seed + 1, 0, float(vocab));
   M out = mirror(n * ld, odt);
   CaseSpec c;
-  c.name = fmt::format("embedding(n={} hidden={} {}->{} ld={})", n, hidden, dn(tdt), dn(odt), ld);
+  c.name = fmt::format("embedding(n={} hidden={} {}->{} ld={} scale={})", n, hidden, dn(tdt),
+                       dn(odt), ld, scale);
   c.gpu = [=] {
-    ops::embedding(ids->dev({n}), table->dev({vocab, hidden}), out->dev({n, hidden}, {ld, 1}));
+    ops::embedding(ids->dev({n}), table->dev({vocab, hidden}), out->dev({n, hidden}, {ld, 1}),
+                   scale);
   };
   c.check = [=] {
     ops::embedding_cpu(ids->host({n}), table->host({vocab, hidden}),
-                       out->host({n, hidden}, {ld, 1}));
+                       out->host({n, hidden}, {ld, 1}), scale);
     return compare_all({{out.get(), kExact}});
   };
   c.bytes = double(n * hidden) * (es(tdt) + es(odt));
@@ -94,7 +99,7 @@ CaseSpec embedding_shard_case(int64_t n, int64_t hidden, DType tdt, uint64_t see
   };
   c.check = [=] {
     ops::embedding_shard_cpu(ids->host({n}), table->host({rows, hidden}), first,
-                             out->host({n, hidden}));
+                             out->host({n, hidden}), 1.f);
     return compare_all({{out.get(), kExact}});
   };
   c.bytes = double(n * hidden) * (es(tdt) + 4);
@@ -118,7 +123,7 @@ CaseSpec embedding_bad_ids_case() {
   c.check = [=] {
     Comparison cmp;
     try {
-      ops::embedding_cpu(ids->host({n}), table->host({vocab, hidden}), out->host({n, hidden}));
+      ops::embedding_cpu(ids->host({n}), table->host({vocab, hidden}), out->host({n, hidden}), 1.f);
       cmp.bad = 1;
       cmp.first_bad = "CPU twin accepted an id outside the vocabulary";
       return cmp;
@@ -150,7 +155,9 @@ void embedding_cases(bool small) {
     for (int64_t n : small ? kTokensSmall : kTokens) {
       const DType tdt = kActs[(k + 1) % 3], odt = k % 2 ? DType::kBF16 : DType::kF32;
       const int64_t pad = k % 3 == 0 ? 0 : k % 3 == 1 ? 8 : 3;
-      run_case(s, embedding_case(n, hidden, tdt, odt, pad, 100 + k), sum);
+      // Every fourth case scales as Gemma does (sqrt(hidden)).
+      const float scale = k % 4 == 3 ? std::sqrt(float(hidden)) : 1.f;
+      run_case(s, embedding_case(n, hidden, tdt, odt, pad, 100 + k, scale), sum);
       ++k;
     }
   run_case(s, embedding_bad_ids_case(), sum);
@@ -295,13 +302,16 @@ void add_rms_norm_cases(bool small) {
 // ---------------------------------------------------------------------------------------------
 
 // gate/up: halves of an [n, 2I] buffer; out = gate or a separate [n, I].
-CaseSpec silu_case(int64_t n, int64_t inter, DType dt, DType odt, bool in_place, uint64_t seed) {
+CaseSpec silu_case(int64_t n, int64_t inter, DType dt, DType odt, bool in_place, uint64_t seed,
+                   ops::GatedAct act = ops::GatedAct::kSilu) {
+  const bool gelu = act == ops::GatedAct::kGeluTanh;
   if (in_place) odt = dt;
   M gu = random_mirror(n * 2 * inter, dt, seed, -8.f, 8.f);
   M out = in_place ? gu : mirror(n * inter, odt);
   CaseSpec c;
-  c.name = fmt::format("silu_and_mul(n={} I={} halves of {} [n, 2I] -> {}{})", n, inter, dn(dt),
-                       dn(odt), in_place ? " into gate" : "");
+  c.name = fmt::format("{}(n={} I={} halves of {} [n, 2I] -> {}{})",
+                       gelu ? "gelu_tanh_and_mul" : "silu_and_mul", n, inter, dn(dt), dn(odt),
+                       in_place ? " into gate" : "");
   auto g = [=](bool dev) {
     return dev ? gu->dev({n, inter}, {2 * inter, 1}) : gu->host({n, inter}, {2 * inter, 1});
   };
@@ -313,11 +323,20 @@ CaseSpec silu_case(int64_t n, int64_t inter, DType dt, DType odt, bool in_place,
     if (in_place) return g(dev);
     return dev ? out->dev({n, inter}) : out->host({n, inter});
   };
-  c.gpu = [=] { ops::silu_and_mul(g(true), u(true), o(true)); };
+  c.gpu = [=] {
+    if (gelu)
+      ops::gelu_tanh_and_mul(g(true), u(true), o(true));
+    else
+      ops::silu_and_mul(g(true), u(true), o(true));
+  };
   c.check = [=] {
-    ops::silu_and_mul_cpu(g(false), u(false), o(false));
-    return in_place ? compare_all({{gu.get(), silu_tol(odt)}})
-                    : compare_all({{gu.get(), kExact}, {out.get(), silu_tol(odt)}});
+    if (gelu)
+      ops::gelu_tanh_and_mul_cpu(g(false), u(false), o(false));
+    else
+      ops::silu_and_mul_cpu(g(false), u(false), o(false));
+    const Tol tol = gelu ? gelu_tol(odt) : silu_tol(odt);
+    return in_place ? compare_all({{gu.get(), tol}})
+                    : compare_all({{gu.get(), kExact}, {out.get(), tol}});
   };
   c.bytes = double(n * inter) * (2 * es(dt) + es(odt));
   return c;
@@ -334,6 +353,10 @@ void silu_cases(bool small) {
       if (inter == 14336 && n == 4096) continue;  // 235 MB for nothing new
       const DType dt = k % 3 == 2 ? DType::kF32 : DType::kBF16;
       run_case(s, silu_case(n, inter, dt, k % 2 ? DType::kF32 : DType::kBF16, k % 2 == 0, 600 + k),
+               sum);
+      run_case(s,
+               silu_case(n, inter, dt, k % 2 ? DType::kBF16 : DType::kF32, k % 3 == 0, 650 + k,
+                         ops::GatedAct::kGeluTanh),
                sum);
       ++k;
     }

@@ -80,6 +80,12 @@ struct MoeConfig {
   std::vector<int64_t> mlp_only_layers;         // ... and i is not listed here (dense layers)
 };
 
+// The gated MLP's activation (config.json `hidden_act` / Gemma's `hidden_activation`).
+enum class HiddenAct {
+  kSilu,      // "silu": Llama, Mistral, Qwen, Phi-3
+  kGeluTanh,  // "gelu_pytorch_tanh": Gemma 3 (GeGLU)
+};
+
 struct ModelConfig {
   std::string architecture;  // "LlamaForCausalLM", ...
   std::string model_type;    // "llama", "qwen2", "qwen3", "mistral"
@@ -97,7 +103,18 @@ struct ModelConfig {
   bool attention_bias = false;  // bias on q/k/v (and o for Llama's attention_bias)
   bool o_proj_bias = false;     // Llama: attention_bias puts a bias on o_proj too; Qwen2 does not
   bool mlp_bias = false;
-  bool qk_norm = false;        // Qwen3: RMSNorm over each head of q and k before RoPE
+  bool qk_norm = false;  // Qwen3, Gemma 3: RMSNorm over each head of q and k before RoPE
+  HiddenAct hidden_act = HiddenAct::kSilu;
+  // Gemma 3's layout, as transformers' Gemma3DecoderLayer / Gemma3RMSNorm define it: RMSNorms
+  // scale by (1 + weight) (weights stored zero-centred); norms after attention and after the
+  // MLP as well as before each; embeddings scaled by sqrt(hidden_size); the softmax scale
+  // 1 / sqrt(query_pre_attn_scalar); sliding layers rotate with their own base (local_rope).
+  bool norm_plus_one = false;
+  bool sandwich_norms = false;
+  double embed_scale = 1.0;
+  double query_pre_attn_scalar = 0;  // 0: the softmax scale is 1 / sqrt(head_dim)
+  bool has_local_rope = false;       // sliding layers use local_rope, full layers `rope`
+  RopeConfig local_rope;
   DType dtype = DType::kBF16;  // the checkpoint's declared dtype
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;  // from config.json, replaced by generation_config.json's

@@ -20,7 +20,8 @@ class Model {
   // activations, fp32 residual stream and logits).
   virtual Device device() const = 0;
   virtual DType activation_dtype() const = 0;
-  // Softmax scale of the attention (1 / sqrt(head_dim) for every supported architecture).
+  // Softmax scale of the attention: 1 / sqrt(head_dim), or 1 / sqrt(query_pre_attn_scalar) where
+  // the config sets it (Gemma 3).
   float attention_scale() const;
 
   // Runs every sequence of `batch` through the model; `attention` stores and reads K/V.
