@@ -271,10 +271,12 @@ RopeConfig parse_rope(const json& j, const std::string& src, int64_t head_dim, i
 // files (Gemma 3's `sliding_window_pattern`, explicit `layer_types`) whenever it is set. 0: none.
 int64_t effective_window(const json& j, const std::string& arch, const std::string& src) {
   if (arch == "LlamaForCausalLM") return 0;  // LlamaConfig has no sliding window
+  // Qwen's configs drop sliding_window without use_sliding_window (transformers 5 writes
+  // Qwen2-MoE's as 0 there), so its value is not checked then.
+  if (qwen_window_rule(arch) && !opt_bool(j, "use_sliding_window", false, src)) return 0;
   const int64_t w = opt_int(j, "sliding_window", 0, src);
   if (j.contains("sliding_window") && !j["sliding_window"].is_null())
     check_range(w, "sliding_window", kMaxPositions, src);
-  if (qwen_window_rule(arch)) return opt_bool(j, "use_sliding_window", false, src) ? w : 0;
   return w;
 }
 
