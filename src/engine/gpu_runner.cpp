@@ -68,6 +68,20 @@ int64_t weight_bytes(const ModelConfig& config) {
   return n * kBf16;
 }
 
+int64_t expert_weight_bytes(const ModelConfig& config) {
+  int64_t n = 0;
+  for (const auto& [name, shape] : expected_weights(config))
+    if (name.find(".mlp.experts.") != std::string::npos) n += shape_numel(shape);
+  return n * kBf16;
+}
+
+// The MoE op's buffers that do not grow with the tokens: each expert's run of rows is padded to
+// whole 64-row tiles (ops/moe_cuda.cu), up to 63 rows of fp32 activation and output per expert.
+int64_t moe_fixed_bytes(const ModelConfig& c) {
+  if (c.moe.num_experts == 0) return 0;
+  return c.moe.num_experts * 64 * 4 * (c.moe.moe_intermediate_size + c.hidden_size + 1);
+}
+
 }  // namespace
 
 int64_t activation_bytes_per_token(const ModelConfig& c) {
@@ -75,27 +89,41 @@ int64_t activation_bytes_per_token(const ModelConfig& c) {
                 hkv = c.num_key_value_heads, inter = c.intermediate_size;
   // Live at the peak of a layer: the f32 residual, normed input, qkv, contiguous q, attention
   // output, o_proj output, gate_up, the SiLU product and down_proj output.
-  const int64_t live = 4 * h + kBf16 * (3 * h + (hq + 2 * hkv) * d + 2 * hq * d + 3 * inter);
+  int64_t live = 4 * h + kBf16 * (3 * h + (hq + 2 * hkv) * d + 2 * hq * d + 3 * inter);
+  if (const MoeConfig& m = c.moe; m.num_experts > 0) {
+    // A MoE layer instead of the MLP: router logits and top-k (f32), per routed slot the fp32
+    // SiLU product and expert output (ops/moe_cuda.cu) and its row indices, the combined output,
+    // and the shared expert's MLP.
+    const int64_t k = m.num_experts_per_tok, si = m.shared_expert_intermediate_size;
+    const int64_t moe = 4 * m.num_experts + 8 * k + k * (4 * (m.moe_intermediate_size + h) + 8) +
+                        kBf16 * (h + 3 * si + h) + 4;
+    live = std::max(live, 4 * h + kBf16 * (3 * h + (hq + 2 * hkv) * d + 2 * hq * d) + moe);
+  }
   return live * 3 / 2;  // the caching pool's size classes and freed-but-cached blocks
+}
+
+std::string GpuMemoryPlan::experts_note() const {
+  return expert_weights > 0 ? fmt::format(" (routed experts {})", format_bytes(expert_weights))
+                            : std::string();
 }
 
 std::string GpuMemoryPlan::str() const {
   if (offload())
     return fmt::format(
-        "budget {}: weights {}, activations {}, workspaces {}, KV offload: GPU cache {} ({} "
+        "budget {}: weights {}{}, activations {}, workspaces {}, KV offload: GPU cache {} ({} "
         "blocks of {} tokens, {} per block), ring {} ({} blocks of one layer per slot), merge "
         "buffers {}, sparse {}; host KV pool {} (pinned, {} blocks = {} tokens = {} "
         "max_model_len sequences)",
-        format_bytes(budget), format_bytes(weights), format_bytes(activations),
+        format_bytes(budget), format_bytes(weights), experts_note(), format_bytes(activations),
         format_bytes(workspaces), format_bytes(kv_bytes()), num_kv_blocks, block_size,
         format_bytes(kv_block_bytes), format_bytes(ring_bytes), slot_blocks,
         format_bytes(offload_buffers), format_bytes(sparse), format_bytes(host_kv_bytes()),
         num_host_blocks, num_host_blocks * block_size,
         max_model_len > 0 ? num_host_blocks * block_size / max_model_len : 0);
   return fmt::format(
-      "budget {}: weights {}, activations {}, workspaces {}, CUDA graphs {}, sparse {}, KV pool "
+      "budget {}: weights {}{}, activations {}, workspaces {}, CUDA graphs {}, sparse {}, KV pool "
       "{} ({} blocks of {} tokens, {} per block, {} tokens = {} max_model_len sequences)",
-      format_bytes(budget), format_bytes(weights), format_bytes(activations),
+      format_bytes(budget), format_bytes(weights), experts_note(), format_bytes(activations),
       format_bytes(workspaces), format_bytes(graphs), format_bytes(sparse),
       format_bytes(kv_bytes()), num_kv_blocks, block_size, format_bytes(kv_block_bytes),
       kv_tokens(), max_model_len > 0 ? kv_tokens() / max_model_len : 0);
@@ -166,11 +194,13 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   GpuMemoryPlan p;
   p.budget = budget;
   p.weights = weight_bytes(config);
+  p.expert_weights = expert_weight_bytes(config);
   p.block_size = resolve_block_size(options);
   p.max_model_len = resolve_max_model_len(config, options);
   p.activations = options.max_num_batched_tokens * activation_bytes_per_token(config);
   // Logits rows, and the sampler's copies of penalized rows.
-  p.workspaces = kWorkspaceBytes + 2 * options.max_num_seqs * config.vocab_size * 4;
+  p.workspaces =
+      kWorkspaceBytes + 2 * options.max_num_seqs * config.vocab_size * 4 + moe_fixed_bytes(config);
   p.graphs = decode_graphs(options) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
   // Per KV group: a pool block holds the largest paged group's layers (one full group: every
   // layer, as before); state groups take max_num_seqs states up front; a sequence of

@@ -116,7 +116,7 @@ void load_weights(Checkpoint& ck, const fs::path& dir) {
 
 void validate_weights(const Checkpoint& ck, const std::string& where) {
   const ModelConfig& c = ck.config;
-  auto expected = expected_weights(c);
+  auto expected = expected_weights(c, detect_expert_layout(ck.weights.names()));
   std::vector<std::string> missing, unexpected;
   for (const auto& [name, shape] : expected)
     if (!ck.weights.has(name)) missing.push_back(name);

@@ -63,6 +63,20 @@ ModelConfig qwen3_8b_yarn_128k() {
   return c;
 }
 
+// Qwen3-30B-A3B / Qwen3-235B-A22B (and the Coder-30B-A3B, same shapes): 128 experts, top 8 with
+// norm_topk_prob, every layer sparse.
+ModelConfig qwen3_moe(int64_t hidden, int64_t moe_inter, int64_t layers, int64_t heads) {
+  ModelConfig c = qwen3(hidden, hidden * 3, layers, heads, false);
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.model_type = "qwen3_moe";
+  c.num_key_value_heads = 4;
+  c.moe.num_experts = 128;
+  c.moe.num_experts_per_tok = 8;
+  c.moe.moe_intermediate_size = moe_inter;
+  c.moe.norm_topk_prob = true;
+  return c;
+}
+
 ModelConfig qwen2_7b() {
   ModelConfig c;
   c.architecture = "Qwen2ForCausalLM";
@@ -153,6 +167,8 @@ const std::map<std::string, ModelConfig (*)()>& presets() {
       {"qwen3-8b", [] { return qwen3(4096, 12288, 36, 32, false); }},
       {"qwen3-8b-yarn-128k", qwen3_8b_yarn_128k},
       {"qwen2-7b", qwen2_7b},
+      {"qwen3-30b-a3b", [] { return qwen3_moe(2048, 768, 48, 32); }},
+      {"qwen3-235b-a22b", [] { return qwen3_moe(4096, 1536, 94, 64); }},
       {"gemma-3-12b", gemma3_12b},
       {"mistral-7b-v0.1", mistral_7b_v01},
       {"tiny-llama", tiny_llama},
@@ -212,7 +228,8 @@ ModelConfig dummy_preset_config(const std::string& preset) {
     LONGCTX_THROW(ErrorCode::kNotFound, "unknown dummy preset '{}' (known: {})", preset, list);
   }
   ModelConfig c = it->second();
-  c.o_proj_bias = c.attention_bias && c.architecture != "Qwen2ForCausalLM";
+  c.o_proj_bias = c.attention_bias && c.architecture != "Qwen2ForCausalLM" &&
+                  c.architecture != "Qwen2MoeForCausalLM";
   return c;
 }
 

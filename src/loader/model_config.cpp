@@ -17,13 +17,16 @@ using nlohmann::json;
 
 namespace {
 
-const char* const kSupported[] = {"LlamaForCausalLM",
-                                  "MistralForCausalLM",
-                                  "Qwen2ForCausalLM",
-                                  "Qwen3ForCausalLM",
-                                  "Phi3ForCausalLM",
-                                  "Gemma3ForCausalLM",
-                                  "Gemma3ForConditionalGeneration"};
+const char* const kSupported[] = {
+    "LlamaForCausalLM", "MistralForCausalLM",  "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+    "Phi3ForCausalLM",  "Gemma3ForCausalLM",   "Gemma3ForConditionalGeneration"};
+
+// The Qwen configs that slide only with use_sliding_window, from max_window_layers on.
+bool qwen_window_rule(const std::string& a) {
+  return a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM" || a == "Qwen2MoeForCausalLM" ||
+         a == "Qwen3MoeForCausalLM";
+}
 
 std::string supported_list() {
   std::string s;
@@ -268,11 +271,12 @@ RopeConfig parse_rope(const json& j, const std::string& src, int64_t head_dim, i
 // files (Gemma 3's `sliding_window_pattern`, explicit `layer_types`) whenever it is set. 0: none.
 int64_t effective_window(const json& j, const std::string& arch, const std::string& src) {
   if (arch == "LlamaForCausalLM") return 0;  // LlamaConfig has no sliding window
+  // Qwen's configs drop sliding_window without use_sliding_window (transformers 5 writes
+  // Qwen2-MoE's as 0 there), so its value is not checked then.
+  if (qwen_window_rule(arch) && !opt_bool(j, "use_sliding_window", false, src)) return 0;
   const int64_t w = opt_int(j, "sliding_window", 0, src);
   if (j.contains("sliding_window") && !j["sliding_window"].is_null())
     check_range(w, "sliding_window", kMaxPositions, src);
-  if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM")
-    return opt_bool(j, "use_sliding_window", false, src) ? w : 0;
   return w;
 }
 
@@ -311,7 +315,7 @@ void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
     check_range(pattern, "sliding_window_pattern", kMaxLayers, src);
     for (int64_t i = 0; i < n; ++i)
       if ((i + 1) % pattern != 0) c.layer_types[i] = LayerAttention::kSliding;
-  } else if (window > 0 && (a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM")) {
+  } else if (window > 0 && qwen_window_rule(a)) {
     const int64_t first = opt_int(j, "max_window_layers", 28, src);
     for (int64_t i = std::max<int64_t>(first, 0); i < n; ++i)
       c.layer_types[i] = LayerAttention::kSliding;
@@ -342,6 +346,60 @@ void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
                 "{}: layer_types has linear_attention layers, which {} does not have (supported "
                 "layer types for it: full_attention, sliding_attention)",
                 src, a);
+}
+
+// Released MoE models have up to 512 routed experts (Qwen3-Next); DeepSeek-V3 256, Kimi K2 384.
+constexpr int64_t kMaxExperts = 1024;
+
+// Qwen2MoeConfig / Qwen3MoeConfig's expert fields; their defaults are those classes' (a
+// config.json written by transformers carries every field anyway).
+MoeConfig parse_moe(const json& j, const std::string& src, const ModelConfig& c) {
+  MoeConfig m;
+  const bool qwen2 = c.architecture == "Qwen2MoeForCausalLM";
+  // Newer transformers store Qwen3MoeConfig.num_experts as Mixtral's num_local_experts
+  // (attribute_map), so a config.json may carry either name.
+  const char* experts_key = j.contains("num_experts") || !j.contains("num_local_experts")
+                                ? "num_experts"
+                                : "num_local_experts";
+  m.num_experts = opt_int(j, experts_key, qwen2 ? 60 : 128, src);
+  LONGCTX_CHECK(m.num_experts >= 0 && m.num_experts <= kMaxExperts, ErrorCode::kInvalidArgument,
+                "{}: field '{}' must be in [0, {}], got {}", src, experts_key, kMaxExperts,
+                m.num_experts);
+  if (m.num_experts == 0) return m;  // every layer dense (transformers' rule too)
+  m.num_experts_per_tok = opt_int(j, "num_experts_per_tok", qwen2 ? 4 : 8, src);
+  LONGCTX_CHECK(m.num_experts_per_tok >= 1 && m.num_experts_per_tok <= m.num_experts,
+                ErrorCode::kInvalidArgument,
+                "{}: field 'num_experts_per_tok' must be in [1, num_experts {}], got {}", src,
+                m.num_experts, m.num_experts_per_tok);
+  m.moe_intermediate_size = opt_int(j, "moe_intermediate_size", qwen2 ? 1408 : 768, src);
+  check_range(m.moe_intermediate_size, "moe_intermediate_size", kMaxIntermediate, src);
+  m.norm_topk_prob = opt_bool(j, "norm_topk_prob", false, src);
+  if (qwen2) {
+    m.shared_expert_intermediate_size = opt_int(j, "shared_expert_intermediate_size", 5632, src);
+    LONGCTX_CHECK(m.shared_expert_intermediate_size >= 0 &&
+                      m.shared_expert_intermediate_size <= kMaxIntermediate,
+                  ErrorCode::kInvalidArgument,
+                  "{}: field 'shared_expert_intermediate_size' must be in [0, {}], got {}", src,
+                  kMaxIntermediate, m.shared_expert_intermediate_size);
+  }
+  m.decoder_sparse_step = opt_int(j, "decoder_sparse_step", 1, src);
+  check_range(m.decoder_sparse_step, "decoder_sparse_step", kMaxLayers, src);
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    const json& v = j["mlp_only_layers"];
+    LONGCTX_CHECK(v.is_array(), ErrorCode::kInvalidArgument,
+                  "{}: field 'mlp_only_layers' must be a list of layer indices, got {}", src,
+                  json_excerpt(v));
+    for (const json& e : v) {
+      const int64_t i = int_field(e, "mlp_only_layers", src);
+      // transformers tests `layer_idx not in mlp_only_layers`: an index past the last layer
+      // changes nothing there, but is surely a mistake in a file.
+      LONGCTX_CHECK(i >= 0 && i < c.num_hidden_layers, ErrorCode::kInvalidArgument,
+                    "{}: mlp_only_layers holds {}, not a layer of [0, {})", src, i,
+                    c.num_hidden_layers);
+      m.mlp_only_layers.push_back(i);
+    }
+  }
+  return m;
 }
 
 bool is_gemma3(const std::string& arch) {
@@ -435,6 +493,13 @@ HiddenAct parse_hidden_act(const json& j, const char* key, const char* dflt,
 }
 
 }  // namespace
+
+bool ModelConfig::is_moe_layer(int64_t i) const {
+  if (moe.num_experts == 0) return false;
+  for (int64_t d : moe.mlp_only_layers)
+    if (d == i) return false;
+  return (i + 1) % moe.decoder_sparse_step == 0;
+}
 
 std::vector<int64_t> parse_token_id_list(const json& v, const std::string& where) {
   std::vector<int64_t> ids;
@@ -550,13 +615,16 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
   if (a == "Qwen2ForCausalLM") {
     c.attention_bias = true;  // q/k/v carry a bias, o_proj does not
     c.o_proj_bias = false;
+  } else if (a == "Qwen2MoeForCausalLM") {
+    c.attention_bias = opt_bool(j, "qkv_bias", true, src);  // transformers 5's name; always before
+    c.o_proj_bias = false;
   } else {
     c.attention_bias = opt_bool(j, "attention_bias", false, src);
     c.o_proj_bias = c.attention_bias;
   }
   if (a == "LlamaForCausalLM" || a == "MistralForCausalLM")
     c.mlp_bias = opt_bool(j, "mlp_bias", false, src);
-  c.qk_norm = a == "Qwen3ForCausalLM" || gemma3;
+  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || gemma3;
   c.hidden_act = gemma3 ? parse_hidden_act(j, "hidden_activation", "gelu_pytorch_tanh", src)
                         : parse_hidden_act(j, "hidden_act", "silu", src);
   if (gemma3) {
@@ -574,6 +642,7 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
                     "checkpoints set it null)",
                     src, key, json_excerpt(j[key]));
   }
+  if (a == "Qwen2MoeForCausalLM" || a == "Qwen3MoeForCausalLM") c.moe = parse_moe(j, src, c);
 
   parse_layer_types(j, src, c);
 

@@ -9,7 +9,13 @@
 
 namespace longctx {
 
-std::map<std::string, Shape> expected_weights(const ModelConfig& c) {
+ExpertLayout detect_expert_layout(const std::vector<std::string>& names) {
+  for (const std::string& n : names)
+    if (n.ends_with(".mlp.experts.gate_up_proj")) return ExpertLayout::kFused;
+  return ExpertLayout::kPerExpert;
+}
+
+std::map<std::string, Shape> expected_weights(const ModelConfig& c, ExpertLayout experts) {
   std::map<std::string, Shape> w;
   const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
   w["model.embed_tokens.weight"] = {c.vocab_size, h};
@@ -34,6 +40,29 @@ std::map<std::string, Shape> expected_weights(const ModelConfig& c) {
     if (c.qk_norm) {
       w[l + "self_attn.q_norm.weight"] = {c.head_dim};
       w[l + "self_attn.k_norm.weight"] = {c.head_dim};
+    }
+    if (c.is_moe_layer(i)) {
+      const MoeConfig& m = c.moe;
+      const int64_t e = m.num_experts, mi = m.moe_intermediate_size;
+      w[l + "mlp.gate.weight"] = {e, h};  // the router
+      if (experts == ExpertLayout::kFused) {
+        w[l + "mlp.experts.gate_up_proj"] = {e, 2 * mi, h};
+        w[l + "mlp.experts.down_proj"] = {e, h, mi};
+      } else {
+        for (int64_t x = 0; x < e; ++x) {
+          const std::string p = fmt::format("{}mlp.experts.{}.", l, x);
+          w[p + "gate_proj.weight"] = {mi, h};
+          w[p + "up_proj.weight"] = {mi, h};
+          w[p + "down_proj.weight"] = {h, mi};
+        }
+      }
+      if (const int64_t si = m.shared_expert_intermediate_size; si > 0) {
+        w[l + "mlp.shared_expert.gate_proj.weight"] = {si, h};
+        w[l + "mlp.shared_expert.up_proj.weight"] = {si, h};
+        w[l + "mlp.shared_expert.down_proj.weight"] = {h, si};
+        w[l + "mlp.shared_expert_gate.weight"] = {1, h};
+      }
+      continue;
     }
     w[l + "mlp.gate_proj.weight"] = {inter, h};
     w[l + "mlp.up_proj.weight"] = {inter, h};

@@ -3,6 +3,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "longctx/core/tensor.h"
 #include "longctx/loader/checkpoint.h"
@@ -10,8 +11,20 @@
 
 namespace longctx {
 
+// How a checkpoint spells the routed experts of a MoE layer: one tensor per expert and
+// projection (`mlp.experts.{e}.gate_proj.weight` [inter, hidden], up_proj, down_proj
+// [hidden, inter]: what Qwen releases and transformers' save_pretrained writes), or the fused
+// parameters of transformers 5's Qwen2MoeExperts (`mlp.experts.gate_up_proj`
+// [experts, 2 inter, hidden], gate rows first, and `mlp.experts.down_proj`
+// [experts, hidden, inter]).
+enum class ExpertLayout { kPerExpert, kFused };
+
+// kFused when any tensor name ends in `.mlp.experts.gate_up_proj`, else kPerExpert.
+ExpertLayout detect_expert_layout(const std::vector<std::string>& names);
+
 // name -> shape of every tensor a checkpoint of `config` must hold.
-std::map<std::string, Shape> expected_weights(const ModelConfig& config);
+std::map<std::string, Shape> expected_weights(const ModelConfig& config,
+                                              ExpertLayout experts = ExpertLayout::kFused);
 
 // Tensors a checkpoint may hold that longctx does not need (e.g. rotary inv_freq buffers of old
 // exports, or lm_head.weight next to tied embeddings).

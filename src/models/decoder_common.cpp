@@ -11,6 +11,7 @@
 #include "ops/embedding.h"
 #include "ops/gather_rows.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
 #include "ops/silu_and_mul.h"
@@ -68,6 +69,49 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
     return load.load(c.norm_plus_one && t.defined() ? plus_one(t) : t);
   };
   embed_tokens_ = load.load(rows(w.get("model.embed_tokens.weight"), s.vocab0, s.vocab));
+  // A MoE layer's experts, fused per layer from either checkpoint spelling (weight_spec.h's
+  // ExpertLayout) and sliced like the dense MLP when sharded (every rank holds every expert's
+  // columns [moe_inter0, moe_inter0 + moe_inter): tensor_parallel.h says why).
+  auto load_moe = [&](LayerWeights& l, const std::string& p) {
+    const MoeConfig& m = c.moe;
+    const int64_t e = m.num_experts, h = c.hidden_size, mi = m.moe_intermediate_size;
+    l.router = load.load(w.get(p + "mlp.gate.weight"));
+    const bool fused = w.has(p + "mlp.experts.gate_up_proj");
+    if (fused && !sharded()) {
+      l.experts_gate_up = load.load(w.get(p + "mlp.experts.gate_up_proj"));
+      l.experts_down = load.load(w.get(p + "mlp.experts.down_proj"));
+    } else {
+      std::vector<Tensor> gate_up, down;
+      for (int64_t x = 0; x < e; ++x) {
+        Tensor g, u, d;
+        if (fused) {
+          Tensor gu = w.get(p + "mlp.experts.gate_up_proj").select(0, x);  // [2 mi, h]
+          g = gu.slice(0, 0, mi);
+          u = gu.slice(0, mi, 2 * mi);
+          d = w.get(p + "mlp.experts.down_proj").select(0, x);  // [h, mi]
+        } else {
+          const std::string q = fmt::format("{}mlp.experts.{}.", p, x);
+          g = w.get(q + "gate_proj.weight");
+          u = w.get(q + "up_proj.weight");
+          d = w.get(q + "down_proj.weight");
+        }
+        gate_up.push_back(rows(g, s.moe_inter0, s.moe_inter));
+        gate_up.push_back(rows(u, s.moe_inter0, s.moe_inter));
+        down.push_back(cols(d, s.moe_inter0, s.moe_inter));
+      }
+      l.experts_gate_up = load.load_fused(gate_up).view({e, 2 * s.moe_inter, h});
+      l.experts_down = load.load_fused(down).view({e, h, s.moe_inter});
+    }
+    if (m.shared_expert_intermediate_size > 0) {
+      auto shared_rows = [&](const Tensor& t) { return rows(t, s.shared_inter0, s.shared_inter); };
+      l.shared_gate_up =
+          load.load_fused({shared_rows(w.get(p + "mlp.shared_expert.gate_proj.weight")),
+                           shared_rows(w.get(p + "mlp.shared_expert.up_proj.weight"))});
+      l.shared_down = load.load(
+          cols(w.get(p + "mlp.shared_expert.down_proj.weight"), s.shared_inter0, s.shared_inter));
+      l.shared_expert_gate = load.load(w.get(p + "mlp.shared_expert_gate.weight"));
+    }
+  };
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     auto get = [&](const std::string& name) { return w.get(p + name); };
@@ -89,6 +133,11 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
     if (c.sandwich_norms) {
       l.pre_feedforward_layernorm = norm(get("pre_feedforward_layernorm.weight"));
       l.post_feedforward_layernorm = norm(get("post_feedforward_layernorm.weight"));
+    }
+    if (c.is_moe_layer(i)) {
+      load_moe(l, p);
+      layers_.push_back(std::move(l));
+      continue;
     }
     l.gate_up_proj = load.load_fused(
         {mlp_rows(get("mlp.gate_proj.weight")), mlp_rows(get("mlp.up_proj.weight"))});
@@ -180,14 +229,46 @@ DecoderModel::QKV DecoderModel::split_qkv(const Tensor& qkv) const {
 }
 
 Tensor DecoderModel::gated_mlp(const Tensor& x, const LayerWeights& w) const {
-  Tensor gate_up = linear(x, w.gate_up_proj, w.gate_up_bias);  // [T, 2 intermediate]
+  if (w.router.defined()) return sparse_moe_block(x, w);
+  return gated_mlp(x, w.gate_up_proj, w.gate_up_bias, w.down_proj, w.down_bias);
+}
+
+Tensor DecoderModel::gated_mlp(const Tensor& x, const Tensor& gate_up_proj,
+                               const Tensor& gate_up_bias, const Tensor& down_proj,
+                               const Tensor& down_bias) const {
+  Tensor gate_up = linear(x, gate_up_proj, gate_up_bias);  // [T, 2 intermediate]
   const int64_t inter = gate_up.size(1) / 2;
   Tensor act = act_empty({x.size(0), inter});
   if (config().hidden_act == HiddenAct::kGeluTanh)
     ops::gelu_tanh_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
   else
     ops::silu_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
-  return linear(act, w.down_proj, w.down_bias);
+  return linear(act, down_proj, down_bias);
+}
+
+Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) const {
+  const MoeConfig& m = config().moe;
+  const int64_t t = x.size(0);
+  // router_logits = gate(x); softmax in fp32, top-k, renormalized when norm_topk_prob
+  Tensor logits = Tensor::empty({t, m.num_experts}, DType::kF32, device_);
+  ops::linear(x, w.router, Tensor(), logits);
+  ops::MoeArgs a;
+  a.x = x;
+  a.topk_ids = Tensor::empty({t, m.num_experts_per_tok}, DType::kI32, device_);
+  a.topk_weights = Tensor::empty({t, m.num_experts_per_tok}, DType::kF32, device_);
+  ops::moe_route(logits, m.norm_topk_prob, a.topk_ids, a.topk_weights);
+  a.gate_up = w.experts_gate_up;
+  a.down = w.experts_down;
+  if (w.shared_gate_up.defined()) {
+    // Qwen2MoeSparseMoeBlock: + sigmoid(shared_expert_gate(x)) * shared_expert(x), added by the
+    // experts' combine
+    a.shared = gated_mlp(x, w.shared_gate_up, Tensor(), w.shared_down, Tensor());
+    a.shared_gate = Tensor::empty({t, 1}, DType::kF32, device_);
+    ops::linear(x, w.shared_expert_gate, Tensor(), a.shared_gate);
+  }
+  a.out = act_empty({t, x.size(1)});
+  ops::moe_experts(a);
+  return a.out;
 }
 
 void DecoderModel::apply_rope(const Tensor& x, const StepInputs& in, int64_t i) const {

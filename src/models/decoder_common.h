@@ -36,6 +36,12 @@ struct LayerWeights {
   Tensor post_feedforward_layernorm;  // [hidden]  normalizes the attention output)
   Tensor gate_up_proj, gate_up_bias;  // [2 intermediate, hidden], [2 intermediate]
   Tensor down_proj, down_bias;        // [hidden, intermediate], [hidden]
+  // A mixture-of-experts layer (config.is_moe_layer) instead of gate_up_proj / down_proj:
+  Tensor router;  // mlp.gate [experts, hidden]
+  Tensor experts_gate_up,
+      experts_down;  // [experts, 2 moe_inter, hidden], [experts, hidden, moe_inter]
+  Tensor shared_gate_up, shared_down;  // the shared expert (Qwen2-MoE), like gate_up/down_proj
+  Tensor shared_expert_gate;           // [1, hidden]
 };
 
 // The step's inputs on the model's device.
@@ -105,6 +111,10 @@ class DecoderModel : public Model {
   // down_proj(act(gate_proj(x)) * up_proj(x)): LlamaMLP / Qwen2MLP / Qwen3MLP (silu),
   // Gemma3MLP (gelu_pytorch_tanh).
   Tensor gated_mlp(const Tensor& x, const LayerWeights& w) const;
+  Tensor gated_mlp(const Tensor& x, const Tensor& gate_up, const Tensor& gate_up_bias,
+                   const Tensor& down, const Tensor& down_bias) const;
+  // Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock: router, top-k experts, the shared expert.
+  Tensor sparse_moe_block(const Tensor& x, const LayerWeights& w) const;
   // In place on x [T, heads, head_dim] at the step's positions, with layer i's rope (Gemma 3's
   // sliding layers have their own).
   void apply_rope(const Tensor& x, const StepInputs& in, int64_t i) const;

@@ -1,6 +1,7 @@
 // Qwen3ForCausalLM, following transformers/models/qwen3/modeling_qwen3.py: Llama's graph with an
 // RMSNorm over each head of q and k (q_norm, k_norm) before RoPE, and head_dim set independently
-// of hidden_size / num_attention_heads (so q_proj may be wider than hidden).
+// of hidden_size / num_attention_heads (so q_proj may be wider than hidden). Qwen3MoeForCausalLM
+// is this model with Qwen3MoeSparseMoeBlock on its sparse layers (DecoderModel::sparse_moe_block).
 #include "models/architectures.h"
 #include "models/decoder_common.h"
 

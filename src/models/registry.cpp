@@ -21,6 +21,8 @@ const std::pair<const char*, Factory> kArchitectures[] = {
     {"Phi3ForCausalLM", models::make_llama},  // fused qkv / gate_up split by the loader
     {"Gemma3ForCausalLM", models::make_gemma3},
     {"Gemma3ForConditionalGeneration", models::make_gemma3},  // its text model
+    {"Qwen2MoeForCausalLM", models::make_qwen2},              // + the MoE block of decoder_common
+    {"Qwen3MoeForCausalLM", models::make_qwen3},
 };
 
 }  // namespace

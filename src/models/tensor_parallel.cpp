@@ -19,6 +19,14 @@ TpShard tp_shard(const ModelConfig& c, int rank, int size) {
   LONGCTX_CHECK(c.intermediate_size % size == 0, E::kInvalidArgument,
                 "tensor parallel size {}: intermediate_size {} does not split evenly", size,
                 c.intermediate_size);
+  const MoeConfig& m = c.moe;
+  LONGCTX_CHECK(m.moe_intermediate_size % size == 0, E::kInvalidArgument,
+                "tensor parallel size {}: moe_intermediate_size {} does not split evenly", size,
+                m.moe_intermediate_size);
+  LONGCTX_CHECK(m.shared_expert_intermediate_size % size == 0, E::kInvalidArgument,
+                "tensor parallel size {}: shared_expert_intermediate_size {} does not split "
+                "evenly",
+                size, m.shared_expert_intermediate_size);
   TpShard s;
   s.rank = rank;
   s.size = size;
@@ -33,6 +41,10 @@ TpShard tp_shard(const ModelConfig& c, int rank, int size) {
   }
   s.inter = c.intermediate_size / size;
   s.inter0 = rank * s.inter;
+  s.moe_inter = m.moe_intermediate_size / size;
+  s.moe_inter0 = rank * s.moe_inter;
+  s.shared_inter = m.shared_expert_intermediate_size / size;
+  s.shared_inter0 = rank * s.shared_inter;
   const int64_t per = (c.vocab_size + size - 1) / size;
   s.vocab0 = std::min<int64_t>(c.vocab_size, rank * per);
   s.vocab = std::min<int64_t>(c.vocab_size, s.vocab0 + per) - s.vocab0;
@@ -44,6 +56,8 @@ ModelConfig tp_local_config(const ModelConfig& config, const TpShard& s) {
   c.num_attention_heads = s.num_q_heads;
   c.num_key_value_heads = s.num_kv_heads;
   c.intermediate_size = s.inter;
+  c.moe.moe_intermediate_size = s.moe_inter;
+  c.moe.shared_expert_intermediate_size = s.shared_inter;
   return c;
 }
 

@@ -35,7 +35,10 @@ Tensor WeightLoader::load(const Tensor& w) {
 }
 
 Tensor WeightLoader::load_fused(std::initializer_list<Tensor> parts) {
-  std::vector<Tensor> ps(parts);
+  return load_fused(std::vector<Tensor>(parts));
+}
+
+Tensor WeightLoader::load_fused(const std::vector<Tensor>& ps) {
   int64_t defined = 0, rows = 0;
   for (const Tensor& p : ps) {
     if (!p.defined()) continue;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <vector>
 
 #include "longctx/core/tensor.h"
 
@@ -28,6 +29,7 @@ class WeightLoader {
   // The rows of `parts` (each [rows_i, cols], same cols) concatenated: [sum rows_i, cols].
   // Undefined parts are not allowed; returns undefined when every part is undefined.
   Tensor load_fused(std::initializer_list<Tensor> parts);
+  Tensor load_fused(const std::vector<Tensor>& parts);
   // Waits for every copy.
   void finish();
 

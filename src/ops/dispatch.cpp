@@ -8,6 +8,7 @@
 #include "ops/embedding.h"
 #include "ops/gather_rows.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/op_utils.h"
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
@@ -71,6 +72,21 @@ void silu_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
   if (common_device("silu_and_mul", {&gate, &up, &out}).is_cuda())
     LONGCTX_CUDA_TWIN("silu_and_mul", silu_and_mul_cuda(gate, up, out));
   silu_and_mul_cpu(gate, up, out);
+}
+
+void moe_route(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
+               const Tensor& topk_weights) {
+  if (common_device("moe_route", {&logits, &topk_ids, &topk_weights}).is_cuda())
+    LONGCTX_CUDA_TWIN("moe_route", moe_route_cuda(logits, renormalize, topk_ids, topk_weights));
+  moe_route_cpu(logits, renormalize, topk_ids, topk_weights);
+}
+
+void moe_experts(const MoeArgs& a) {
+  if (common_device("moe_experts", {&a.x, &a.topk_ids, &a.topk_weights, &a.gate_up, &a.down,
+                                    &a.shared, &a.shared_gate, &a.out})
+          .is_cuda())
+    LONGCTX_CUDA_TWIN("moe_experts", moe_experts_cuda(a));
+  moe_experts_cpu(a);
 }
 
 void gelu_tanh_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {

@@ -23,6 +23,25 @@ TEST(GpuMemoryPlan, Llama8BOnAnH200SizedBudget) {
   EXPECT_GE(p.kv_tokens(), 4 * 131072);  // ~90 GiB of KV: over 700K tokens
 }
 
+// Qwen3-30B-A3B: 30.53 B parameters, of which the routed experts are 48 layers x 128 experts x
+// 3 x 2048 x 768; the MoE activations (per routed slot, fp32) cost more per token than the
+// unused dense MLP of intermediate_size would.
+TEST(GpuMemoryPlan, Qwen3MoeCountsTheExperts) {
+  const ModelConfig c = dummy_preset_config("qwen3-30b-a3b");
+  GpuRunnerOptions o;
+  o.max_model_len = 32768;
+  const GpuMemoryPlan p = plan_gpu_memory(c, o, 140 * kGiB);
+  EXPECT_EQ(p.weights, 30532122624ll * 2);
+  EXPECT_EQ(p.expert_weights, 48ll * 128 * 3 * 2048 * 768 * 2);
+  EXPECT_NE(p.str().find("routed experts 54.0 GiB"), std::string::npos) << p.str();
+  ModelConfig dense = c;
+  dense.moe = {};
+  EXPECT_GT(activation_bytes_per_token(c), activation_bytes_per_token(dense));
+  EXPECT_GT(p.workspaces, plan_gpu_memory(dense, o, 140 * kGiB).workspaces);
+  EXPECT_LE(p.weights + p.activations + p.workspaces + p.graphs + p.kv_bytes(), p.budget);
+  EXPECT_GE(p.kv_tokens(), 20 * 32768);  // ~78 GiB of KV at 96 KiB per token
+}
+
 TEST(GpuMemoryPlan, A24GiBCardCannotHoldA128KSequenceButHolds32K) {
   const ModelConfig c = dummy_preset_config("llama-3.1-8b");
   GpuRunnerOptions o;

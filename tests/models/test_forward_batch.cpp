@@ -26,7 +26,7 @@ TEST_P(ForwardBatchCpu, MixedLengthsEqualOneAtATime) {
   std::vector<std::unique_ptr<KVCache>> caches, alone_caches;
   for (size_t s = 0; s < shapes.size(); ++s) {
     const auto [cached, n] = shapes[s];
-    ids.push_back(make_ids(cached + n, s, 1000));
+    ids.push_back(make_ids(cached + n, s, std::min<int64_t>(vocab, 1000)));
     caches.push_back(std::make_unique<KVCache>(model->config(), cached + n));
     alone_caches.push_back(std::make_unique<KVCache>(model->config(), cached + n));
     if (cached > 0) {  // fill the prefix in both caches
@@ -58,7 +58,8 @@ TEST_P(ForwardBatchCpu, MixedLengthsEqualOneAtATime) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ForwardBatchCpu,
-                         ::testing::Values("tiny-llama3", "tiny-qwen2", "tiny-qwen3"));
+                         ::testing::Values("tiny-llama3", "tiny-qwen2", "tiny-qwen3",
+                                           "tiny-qwen3-moe", "tiny-qwen2-moe"));
 
 TEST(ForwardBatch, ValidateNamesTheProblem) {
   std::vector<int32_t> ids = {1, 2, 3};

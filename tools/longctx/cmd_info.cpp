@@ -58,6 +58,24 @@ void run_info(const ModelOptions& opts) {
   std::printf("layers:             %lld\n", (long long)c.num_hidden_layers);
   std::printf("hidden / ffn:       %lld / %lld\n", (long long)c.hidden_size,
               (long long)c.intermediate_size);
+  if (const MoeConfig& m = c.moe; m.num_experts > 0) {
+    int64_t sparse = 0, expert_params = 0;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) sparse += c.is_moe_layer(i);
+    for (const auto& [name, shape] : expected_weights(c))
+      if (name.find(".mlp.experts.") != std::string::npos) expert_params += shape_numel(shape);
+    std::printf("experts:            %lld routed, top %lld%s, expert ffn %lld",
+                (long long)m.num_experts, (long long)m.num_experts_per_tok,
+                m.norm_topk_prob ? " (renormalized)" : "", (long long)m.moe_intermediate_size);
+    if (m.shared_expert_intermediate_size > 0)
+      std::printf(", shared expert ffn %lld", (long long)m.shared_expert_intermediate_size);
+    std::printf("; %lld of %lld layers sparse\n", (long long)sparse,
+                (long long)c.num_hidden_layers);
+    const double eb = double(expert_params) * double(dtype_size(c.dtype));
+    std::printf(
+        "expert bytes:       %s in routed experts (%lld params), %s of them read per token\n",
+        human_bytes(eb).c_str(), (long long)expert_params,
+        human_bytes(eb * double(m.num_experts_per_tok) / double(m.num_experts)).c_str());
+  }
   std::printf("heads (q / kv):     %lld / %lld, head_dim %lld\n", (long long)c.num_attention_heads,
               (long long)c.num_key_value_heads, (long long)c.head_dim);
   std::printf("vocab:              %lld%s\n", (long long)c.vocab_size,

@@ -55,6 +55,7 @@ int64_t activation_bytes_per_token(const ModelConfig& config);
 struct GpuMemoryPlan {
   int64_t budget = 0;          // device pool budget (--gpu-memory-utilization / -limit)
   int64_t weights = 0;         // bf16 weights on the device
+  int64_t expert_weights = 0;  // of which the routed experts of MoE layers
   int64_t activations = 0;     // max_num_batched_tokens x activation_bytes_per_token
   int64_t workspaces = 0;      // GEMM, attention plans, logits, sampler
   int64_t graphs = 0;          // CUDA graphs of decode steps (their private pool)
@@ -74,7 +75,8 @@ struct GpuMemoryPlan {
   int64_t kv_tokens() const { return num_kv_blocks * block_size; }
   int64_t host_kv_bytes() const { return num_host_blocks * kv_block_bytes; }
   bool offload() const { return num_host_blocks > 0; }
-  std::string str() const;  // a few lines for `longctx info`
+  std::string str() const;           // a few lines for `longctx info`
+  std::string experts_note() const;  // " (routed experts N)" for a MoE model, else empty
 };
 
 // The plan for `config` on a device pool of `budget` bytes (before anything is allocated).

@@ -69,6 +69,17 @@ struct LinearAttentionConfig {
   int64_t conv_kernel_dim = 0;  // linear_conv_kernel_dim
 };
 
+// A mixture-of-experts feed-forward (Qwen2-MoE / Qwen3-MoE config names). num_experts 0: dense.
+struct MoeConfig {
+  int64_t num_experts = 0;                      // num_experts
+  int64_t num_experts_per_tok = 0;              // top-k
+  int64_t moe_intermediate_size = 0;            // each routed expert's MLP width
+  bool norm_topk_prob = false;                  // renormalize the top-k probabilities to sum 1
+  int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert (Qwen3-MoE)
+  int64_t decoder_sparse_step = 1;              // layer i is sparse iff (i + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;         // ... and i is not listed here (dense layers)
+};
+
 // The gated MLP's activation (config.json `hidden_act` / Gemma's `hidden_activation`).
 enum class HiddenAct {
   kSilu,      // "silu": Llama, Mistral, Qwen, Phi-3
@@ -113,6 +124,11 @@ struct ModelConfig {
   // iff i - sliding_window < j <= i). 0 when no layer slides.
   int64_t sliding_window = 0;
   LinearAttentionConfig linear;  // with kLinear layers only
+  MoeConfig moe;                 // num_experts 0: every layer dense
+
+  // Whether layer i's MLP is the mixture of experts (Qwen2MoeDecoderLayer's rule), else the
+  // dense MLP of intermediate_size.
+  bool is_moe_layer(int64_t i) const;
 
   // Layer i's attention (kFull when layer_types is empty).
   LayerAttention layer_type(int64_t i) const {

@@ -1,0 +1,58 @@
+// The mixture-of-experts feed-forward of Qwen2-MoE / Qwen3-MoE (transformers'
+// Qwen2MoeTopKRouter + Qwen2MoeExperts), in two ops:
+//
+//   moe_route:   probs = softmax(router_logits) in fp32; the top-k experts of each token by
+//                probability; their probabilities as weights, divided by their sum when
+//                `renormalize` (norm_topk_prob).
+//   moe_experts: out[t] = sum_j weight[t, j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t]))
+//                over the token's experts e = ids[t, j], plus sigmoid(shared_gate[t]) * shared[t]
+//                when a shared expert's output is given (Qwen2-MoE).
+//
+// Ties: transformers picks with torch.topk, whose order among equal values is unspecified (its
+// documentation says the indices of tied elements are not guaranteed stable; on the CPU it
+// selects with std::nth_element / std::partial_sort on values alone, and pytorch issue 88184
+// shows topk(k=1) of four equal values returning index 2). So no rule reproduces torch on every
+// tie. Both twins use the stable rule (larger probability first, the lower expert index among
+// equal ones, as tf.math.top_k and ONNX TopK specify), deterministic across devices and batch
+// shapes. A tie needs two of a token's probabilities to be bit-equal (equal router logits, or ones
+// a rounding apart); it changes only which of two equally weighted experts is taken, and
+// random-weight fixtures do not hit one.
+#pragma once
+
+#include <cstdint>
+
+#include "longctx/core/tensor.h"
+
+namespace longctx::ops {
+
+// logits: [T, E] f32/bf16/f16 (rows contiguous); topk_ids: [T, k] i32; topk_weights: [T, k] f32,
+// both contiguous, k <= E. Row t's ids are sorted by descending probability (ties: lower id).
+void moe_route(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
+               const Tensor& topk_weights);
+void moe_route_cpu(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
+                   const Tensor& topk_weights);
+void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
+                    const Tensor& topk_weights);
+
+struct MoeArgs {
+  Tensor x;             // [T, hidden] activations, contiguous
+  Tensor topk_ids;      // [T, k] i32 in [0, E)
+  Tensor topk_weights;  // [T, k] f32
+  Tensor gate_up;       // [E, 2 inter, hidden]: each expert's gate rows, then its up rows
+  Tensor down;          // [E, hidden, inter]
+  Tensor shared;        // optional [T, hidden]: the shared expert's output ...
+  Tensor shared_gate;   // ... [T, 1] f32/act: its gate logit (out += sigmoid(gate) * shared)
+  Tensor out;           // [T, hidden], contiguous, not overlapping the inputs
+};
+void moe_experts(const MoeArgs& args);
+void moe_experts_cpu(const MoeArgs& args);
+void moe_experts_cuda(const MoeArgs& args);
+
+// The shape checks both twins share (T, k, E, hidden, inter), naming the argument at fault.
+struct MoeShape {
+  int64_t tokens = 0, top_k = 0, experts = 0, hidden = 0, inter = 0;
+};
+MoeShape check_moe_args(const MoeArgs& args);
+void check_moe_route_args(const Tensor& logits, const Tensor& topk_ids, const Tensor& topk_weights);
+
+}  // namespace longctx::ops

@@ -1,0 +1,214 @@
+// The MoE ops' CPU reference: routing against a brute-force top-k (ties included), the experts
+// against a per-expert dense computation (transformers' loop over experts), a layer whose experts
+// all equal one dense MLP against that MLP, and bad arguments named in errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "longctx/core/error.h"
+#include "ops/linear.h"
+#include "ops/moe.h"
+#include "ops/silu_and_mul.h"
+#include "ops_test_util.h"
+
+using namespace longctx;
+using namespace longctx::testing;
+
+namespace {
+
+// Brute force: softmax, then k times the first expert of largest probability not yet taken.
+void brute_route(const Tensor& logits, int64_t k, bool renorm, std::vector<int32_t>& ids,
+                 std::vector<float>& w) {
+  const int64_t t_count = logits.size(0), e = logits.size(1);
+  ids.assign(t_count * k, -1);
+  w.assign(t_count * k, 0.f);
+  for (int64_t t = 0; t < t_count; ++t) {
+    const float* l = logits.data<float>() + t * e;
+    float mx = l[0];
+    for (int64_t i = 1; i < e; ++i) mx = std::max(mx, l[i]);
+    std::vector<float> p(e);
+    float sum = 0.f;
+    for (int64_t i = 0; i < e; ++i) sum += p[i] = std::exp(l[i] - mx);
+    for (int64_t i = 0; i < e; ++i) p[i] /= sum;
+    std::vector<bool> taken(e, false);
+    float picked = 0.f;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t i = 0; i < e; ++i)
+        if (!taken[i] && (best < 0 || p[i] > p[best])) best = i;  // strict: first index wins
+      taken[best] = true;
+      ids[t * k + j] = static_cast<int32_t>(best);
+      w[t * k + j] = p[best];
+      picked += p[best];
+    }
+    if (renorm)
+      for (int64_t j = 0; j < k; ++j) w[t * k + j] /= picked;
+  }
+}
+
+struct RouteCase {
+  int64_t tokens, experts, k;
+  bool renorm;
+  int levels;  // > 0: logits drawn from that many values (many exact ties)
+};
+
+class MoeRoute : public ::testing::TestWithParam<RouteCase> {};
+
+TEST_P(MoeRoute, EqualsBruteForce) {
+  const RouteCase c = GetParam();
+  Tensor logits = random_tensor({c.tokens, c.experts}, DType::kF32, 7 + c.experts + c.k, -4, 4);
+  if (c.levels > 0) {
+    std::mt19937 rng(c.tokens + c.levels);
+    for (int64_t i = 0; i < logits.numel(); ++i)
+      logits.data<float>()[i] = 0.5f * float(rng() % c.levels);
+  }
+  Tensor ids = Tensor::empty({c.tokens, c.k}, DType::kI32);
+  Tensor w = Tensor::empty({c.tokens, c.k}, DType::kF32);
+  ops::moe_route(logits, c.renorm, ids, w);
+  std::vector<int32_t> want_ids;
+  std::vector<float> want_w;
+  brute_route(logits, c.k, c.renorm, want_ids, want_w);
+  for (int64_t i = 0; i < c.tokens * c.k; ++i) {
+    ASSERT_EQ(ids.data<int32_t>()[i], want_ids[i]) << "token " << i / c.k << " slot " << i % c.k;
+    ASSERT_NEAR(w.data<float>()[i], want_w[i], 1e-6f) << "token " << i / c.k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, MoeRoute,
+    ::testing::Values(RouteCase{200, 8, 2, true, 0}, RouteCase{200, 60, 4, false, 0},
+                      RouteCase{100, 128, 8, true, 0}, RouteCase{50, 128, 1, false, 0},
+                      RouteCase{300, 8, 2, true, 3}, RouteCase{300, 64, 8, false, 2},
+                      RouteCase{100, 16, 16, true, 0}));
+
+TEST(MoeRoute, TiesTakeTheLowerExpert) {
+  Tensor logits = Tensor::zeros({1, 6}, DType::kF32);  // all equal
+  logits.data<float>()[4] = 1.0f;                      // one clear winner
+  Tensor ids = Tensor::empty({1, 3}, DType::kI32);
+  Tensor w = Tensor::empty({1, 3}, DType::kF32);
+  ops::moe_route(logits, true, ids, w);
+  EXPECT_EQ(ids.data<int32_t>()[0], 4);
+  EXPECT_EQ(ids.data<int32_t>()[1], 0);
+  EXPECT_EQ(ids.data<int32_t>()[2], 1);
+  EXPECT_FLOAT_EQ(w.data<float>()[1], w.data<float>()[2]);
+  EXPECT_NEAR(w.data<float>()[0] + w.data<float>()[1] + w.data<float>()[2], 1.0f, 1e-6f);
+}
+
+// dense(x) = down @ (silu(gate @ x) * (up @ x)) through the dense ops, [T, hidden] f32.
+Tensor dense_mlp(const Tensor& x, const Tensor& gate_up, const Tensor& down) {
+  const int64_t t = x.size(0), n = gate_up.size(0) / 2;
+  Tensor gu = Tensor::empty({t, 2 * n}, DType::kF32);
+  ops::linear(x, gate_up, Tensor(), gu);
+  Tensor act = Tensor::empty({t, n}, DType::kF32);
+  ops::silu_and_mul(gu.slice(1, 0, n), gu.slice(1, n, 2 * n), act);
+  Tensor out = Tensor::empty({t, down.size(0)}, DType::kF32);
+  ops::linear(act, down, Tensor(), out);
+  return out;
+}
+
+TEST(MoeExperts, EveryExpertEqualIsTheDenseMlp) {
+  const int64_t t = 37, h = 48, n = 24, e = 8, k = 3;
+  Tensor x = random_tensor({t, h}, DType::kF32, 1);
+  Tensor gate_up1 = random_tensor({2 * n, h}, DType::kF32, 2, -0.3f, 0.3f);
+  Tensor down1 = random_tensor({h, n}, DType::kF32, 3, -0.3f, 0.3f);
+  Tensor gate_up = Tensor::empty({e, 2 * n, h}, DType::kF32);
+  Tensor down = Tensor::empty({e, h, n}, DType::kF32);
+  for (int64_t i = 0; i < e; ++i) {
+    gate_up.select(0, i).copy_from(gate_up1);
+    down.select(0, i).copy_from(down1);
+  }
+  Tensor router = random_tensor({e, h}, DType::kF32, 4);
+  Tensor logits = Tensor::empty({t, e}, DType::kF32);
+  ops::linear(x, router, Tensor(), logits);
+  ops::MoeArgs a;
+  a.x = x;
+  a.topk_ids = Tensor::empty({t, k}, DType::kI32);
+  a.topk_weights = Tensor::empty({t, k}, DType::kF32);
+  ops::moe_route(logits, /*renormalize=*/true, a.topk_ids, a.topk_weights);
+  a.gate_up = gate_up;
+  a.down = down;
+  a.out = Tensor::empty({t, h}, DType::kF32);
+  ops::moe_experts(a);
+  Tensor want = dense_mlp(x, gate_up1, down1);
+  std::vector<double> wv(want.data<float>(), want.data<float>() + want.numel());
+  EXPECT_LE(max_abs_diff(a.out, wv), 1e-5);
+}
+
+// transformers' Qwen2MoeExperts loop: for each expert, its tokens through a dense MLP, weighted,
+// added (here over all tokens with the weight 0 where not routed), plus the gated shared expert.
+TEST(MoeExperts, EqualsPerExpertDenseLoop) {
+  for (DType wdt : {DType::kF32, DType::kBF16}) {
+    const int64_t t = 29, h = 40, n = 12, e = 16, k = 4;
+    Tensor x = random_tensor({t, h}, DType::kF32, 11);
+    Tensor gate_up = random_tensor({e, 2 * n, h}, wdt, 12, -0.3f, 0.3f);
+    Tensor down = random_tensor({e, h, n}, wdt, 13, -0.3f, 0.3f);
+    Tensor logits = random_tensor({t, e}, DType::kF32, 14, -3, 3);
+    ops::MoeArgs a;
+    a.x = x;
+    a.topk_ids = Tensor::empty({t, k}, DType::kI32);
+    a.topk_weights = Tensor::empty({t, k}, DType::kF32);
+    ops::moe_route(logits, false, a.topk_ids, a.topk_weights);
+    a.gate_up = gate_up;
+    a.down = down;
+    a.shared = random_tensor({t, h}, DType::kF32, 15);
+    a.shared_gate = random_tensor({t, 1}, DType::kF32, 16, -2, 2);
+    a.out = Tensor::empty({t, h}, DType::kF32);
+    ops::moe_experts(a);
+    std::vector<double> want(t * h, 0.0);
+    for (int64_t ex = 0; ex < e; ++ex) {
+      Tensor y = dense_mlp(x, gate_up.select(0, ex).to_dtype(DType::kF32),
+                           down.select(0, ex).contiguous().to_dtype(DType::kF32));
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t j = 0; j < k; ++j)
+          if (a.topk_ids.data<int32_t>()[i * k + j] == ex)
+            for (int64_t c = 0; c < h; ++c)
+              want[i * h + c] +=
+                  double(a.topk_weights.data<float>()[i * k + j]) * y.data<float>()[i * h + c];
+    }
+    for (int64_t i = 0; i < t; ++i) {
+      const double g = a.shared_gate.data<float>()[i];
+      for (int64_t c = 0; c < h; ++c)
+        want[i * h + c] += a.shared.data<float>()[i * h + c] / (1.0 + std::exp(-g));
+    }
+    EXPECT_LE(max_abs_diff(a.out, want), 1e-5) << dtype_name(wdt);
+  }
+}
+
+TEST(MoeExperts, BadArgumentsAreNamed) {
+  const int64_t t = 3, h = 8, n = 4, e = 4, k = 2;
+  ops::MoeArgs a;
+  a.x = Tensor::zeros({t, h}, DType::kF32);
+  a.topk_ids = Tensor::zeros({t, k}, DType::kI32);
+  a.topk_weights = Tensor::zeros({t, k}, DType::kF32);
+  a.gate_up = Tensor::zeros({e, 2 * n, h}, DType::kF32);
+  a.down = Tensor::zeros({e, h, n}, DType::kF32);
+  a.out = Tensor::zeros({t, h}, DType::kF32);
+  auto message = [](const ops::MoeArgs& args) -> std::string {
+    try {
+      ops::moe_experts(args);
+    } catch (const Error& err) {
+      return err.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(message(a), "");
+  ops::MoeArgs b = a;
+  b.down = Tensor::zeros({e, h, n + 1}, DType::kF32);
+  EXPECT_NE(message(b).find("down"), std::string::npos) << message(b);
+  b = a;
+  b.topk_ids = Tensor::zeros({t, k}, DType::kI32);
+  b.topk_ids.data<int32_t>()[3] = e;
+  EXPECT_NE(message(b).find("topk_ids[3] = 4"), std::string::npos) << message(b);
+  b = a;
+  b.shared = Tensor::zeros({t, h}, DType::kF32);
+  EXPECT_NE(message(b).find("shared_gate"), std::string::npos) << message(b);
+  Tensor logits = Tensor::zeros({t, e}, DType::kF32);
+  EXPECT_THROW(ops::moe_route(logits, true, Tensor::zeros({t, e + 1}, DType::kI32),
+                              Tensor::zeros({t, e + 1}, DType::kF32)),
+               Error);
+}
+
+}  // namespace
