@@ -121,6 +121,11 @@ int32_t BlockManager::take_block(int32_t g) {
     lru_.pop_front();
     Block& b = blocks_[id];
     by_hash_[b.group].erase(b.hash);
+    if (record_events_ && b.group == 0) {
+      if (events_.empty() || events_.back().kind != KvCacheEvent::Kind::kRemoved)
+        events_.push_back({.kind = KvCacheEvent::Kind::kRemoved});
+      events_.back().block_hashes.push_back(b.hash);
+    }
     b.cached = false;
     b.tokens.clear();
   } else {
@@ -325,6 +330,8 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
     const uint64_t parent = i == 0 ? 0 : s.hashes[i - 1];
     s.hashes.push_back(hash_block(parent, tokens.subspan(i * block_size_, block_size_)));
   }
+  // Blocks registered one after another in group 0 extend one stored event (as vLLM's).
+  int64_t last_stored = -2;
   for (size_t g = 0; g < groups_.size(); ++g) {
     GroupTable& t = s.groups[g];
     for (; t.num_cached_blocks < full; ++t.num_cached_blocks) {
@@ -341,6 +348,14 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
       auto blk = tokens.subspan(i * block_size_, block_size_);
       b.tokens.assign(blk.begin(), blk.end());
       by_hash_[g].emplace(h, t.blocks[i]);
+      if (!record_events_ || g != 0) continue;
+      if (last_stored != i - 1) {
+        events_.push_back({.kind = KvCacheEvent::Kind::kStored});
+        if (i > 0) events_.back().parent_block_hash = b.parent;
+      }
+      events_.back().block_hashes.push_back(h);
+      events_.back().token_ids.insert(events_.back().token_ids.end(), blk.begin(), blk.end());
+      last_stored = i;
     }
   }
 }
@@ -363,6 +378,25 @@ void BlockManager::free(uint64_t seq) {
 void BlockManager::end_step() {
   for (int32_t id : pending_release_) release(id);
   pending_release_.clear();
+}
+
+void BlockManager::record_events(bool on) {
+  record_events_ = on;
+  if (!on) events_.clear();
+}
+
+std::vector<KvCacheEvent> BlockManager::take_events() {
+  std::vector<KvCacheEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+std::vector<uint64_t> BlockManager::cached_hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(by_hash_[0].size());
+  for (const auto& [h, id] : by_hash_[0]) out.push_back(h);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void BlockManager::check_consistency() const {

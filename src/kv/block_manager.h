@@ -28,6 +28,10 @@
 // group (linear attention / SSM) holds one state slot per sequence (its table is that slot);
 // prefix hits need state snapshots at block boundaries, which do not exist yet, so a manager
 // with a state group takes no prefix hits.
+//
+// Events. With record_events(true) every change of the prefix cache of group 0 (the group
+// routers index; every group caches the same prefixes) is recorded as a KvCacheEvent: a block
+// registered under its hash is stored, an evicted one removed. take_events() hands them over.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +40,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kv/kv_cache_event.h"
 #include "longctx/kv/block_copy.h"
 #include "longctx/kv/kv_group_kind.h"
 
@@ -108,6 +113,13 @@ class BlockManager {
   // Releases the sources of this step's copies (call once the step ran or failed).
   void end_step();
 
+  // Records prefix-cache transitions of group 0 from now on (false: stops and drops any).
+  void record_events(bool on);
+  // The transitions recorded since the last call, in order.
+  std::vector<KvCacheEvent> take_events();
+  // The chain hashes of group 0's cached blocks (used or evictable), sorted. For tests.
+  std::vector<uint64_t> cached_hashes() const;
+
   // Checks every invariant (reference counts equal the tables' references, free lists and the
   // hash table consistent); throws Error(kInternal) naming the first broken one. For tests.
   void check_consistency() const;
@@ -168,6 +180,8 @@ class BlockManager {
   std::unordered_map<uint64_t, SeqState> seqs_;
   std::vector<int32_t> pending_release_;  // copy sources held until end_step()
   int64_t queries_ = 0, hits_ = 0;
+  bool record_events_ = false;
+  std::vector<KvCacheEvent> events_;
 };
 
 }  // namespace longctx
