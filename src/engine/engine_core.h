@@ -17,11 +17,13 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "kv/block_manager.h"
+#include "longctx/engine/kv_events_config.h"
 #include "longctx/engine/executor.h"
 #include "structured/token_mask.h"
 
 namespace longctx {
 
+class KvEventPublisher;
 class Tokenizer;
 
 struct EngineCoreOptions {
@@ -30,6 +32,7 @@ struct EngineCoreOptions {
   uint64_t seed = 0;                   // seeds requests that bring none
   SchedulerConfig scheduler;           // token and sequence budgets per step
   bool enable_prefix_caching = true;
+  KvEventsConfig kv_events;  // the prefix cache's changes, published (kv_event_publisher.h)
 };
 
 struct StepUpdate {
@@ -96,6 +99,8 @@ class EngineCore {
   Executor& executor() { return *executor_; }
   // For tests: every block-manager invariant holds (throws Error(kInternal) otherwise).
   void check_consistency() const { blocks_.check_consistency(); }
+  // For tests: the chain hashes of the blocks in the prefix cache (group 0), sorted.
+  std::vector<uint64_t> cached_block_hashes() const { return blocks_.cached_hashes(); }
 
  private:
   int64_t max_total_tokens(int64_t prompt_len, const SamplingParams& params) const;
@@ -104,6 +109,8 @@ class EngineCore {
   void finish(Sequence& seq, FinishReason reason, double now);
   // Moves a finished sequence out of the live set (its blocks already freed).
   void retire(uint64_t id);
+  // Hands the block manager's events of this step to the publisher (none without one).
+  void publish_kv_events();
   // The compiled grammar of a structured output, cached by schema text (compiling throws Error
   // naming an unsupported keyword); the vocabulary is built from the tokenizer on first use.
   std::shared_ptr<const structured::CompiledGrammar> grammar_for(
@@ -114,6 +121,7 @@ class EngineCore {
   EngineCoreOptions options_;
   BlockManager blocks_;
   Scheduler scheduler_;
+  std::unique_ptr<KvEventPublisher> kv_events_;
   std::mt19937_64 seed_rng_;
   uint64_t next_id_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> live_;  // queued or running

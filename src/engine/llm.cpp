@@ -118,6 +118,7 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   options.scheduler.max_num_batched_tokens = step_tokens;
   options.scheduler.max_num_seqs = config.max_num_seqs;
   options.enable_prefix_caching = config.enable_prefix_caching;
+  options.kv_events = config.kv_events;
   ModelBuildOptions build = config.model_options;
   build.device = impl_->device;
   std::unique_ptr<Executor> executor;
