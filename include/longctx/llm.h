@@ -54,9 +54,11 @@ struct EngineConfig {
   bool enable_prefix_caching = true;    // reuse the KV of full blocks of earlier prompts
   // Publishes the prefix cache's changes for KV-aware routers (docs/fleet.md).
   KvEventsConfig kv_events;
-  bool enforce_eager = false;           // no CUDA graphs (GPU)
-  int64_t num_gpu_blocks = 0;           // GPU KV blocks; 0: what the memory plan leaves
-  int64_t cpu_kv_cache_bytes = 0;       // CPU KV pool; 0: 4 GiB
+  // A KV store shared by replicas, redis://HOST:PORT (docs/fleet.md); empty: none.
+  std::string kv_store;
+  bool enforce_eager = false;      // no CUDA graphs (GPU)
+  int64_t num_gpu_blocks = 0;      // GPU KV blocks; 0: what the memory plan leaves
+  int64_t cpu_kv_cache_bytes = 0;  // CPU KV pool; 0: 4 GiB
   // KV offload to pinned host memory (GPU only; docs/offload.md): the KV cache lives in a host
   // pool, the GPU keeps a cache of blocks and streams the rest through a ring of slots.
   bool kv_offload = false;

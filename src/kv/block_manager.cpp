@@ -355,6 +355,7 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
       }
       events_.back().block_hashes.push_back(h);
       events_.back().token_ids.insert(events_.back().token_ids.end(), blk.begin(), blk.end());
+      events_.back().block_ids.push_back(t.blocks[i]);
       last_stored = i;
     }
   }
@@ -378,6 +379,53 @@ void BlockManager::free(uint64_t seq) {
 void BlockManager::end_step() {
   for (int32_t id : pending_release_) release(id);
   pending_release_.clear();
+}
+
+int64_t BlockManager::cached_prefix(std::span<const int32_t> tokens,
+                                    std::vector<uint64_t>* hashes) const {
+  hashes->clear();
+  int64_t hits = 0;
+  uint64_t parent = 0;
+  for (int64_t i = 0; (i + 1) * block_size_ <= static_cast<int64_t>(tokens.size()); ++i) {
+    auto blk = tokens.subspan(i * block_size_, block_size_);
+    const uint64_t h = hash_block(parent, blk);
+    if (hits == i && prefix_caching_ && !has_state_ && lookup(0, h, parent, blk) >= 0) ++hits;
+    hashes->push_back(h);
+    parent = h;
+  }
+  return hits;
+}
+
+int32_t BlockManager::import_block(uint64_t parent, std::span<const int32_t> tokens, int64_t keep) {
+  LONGCTX_CHECK(groups_.size() == 1 && !has_state_ && prefix_caching_ &&
+                    static_cast<int64_t>(tokens.size()) == block_size_,
+                ErrorCode::kInternal,
+                "block manager: importing a block needs one KV group, prefix caching and a "
+                "full block");
+  const uint64_t h = hash_block(parent, tokens);
+  // Taking a block evicts the least recently used cached one when no uncached block is free;
+  // `keep` counts the blocks the caller imported just before (the most recent of the LRU),
+  // which must not be the one evicted.
+  if (by_hash_[0].count(h) != 0 || num_free_blocks() <= keep) return -1;
+  const int32_t id = take_block(0);
+  if (id < 0) return -1;
+  Block& b = blocks_[id];
+  b.cached = true;
+  b.hash = h;
+  b.parent = parent;
+  b.tokens.assign(tokens.begin(), tokens.end());
+  by_hash_[0].emplace(h, id);
+  release(id);  // ref 0: to the LRU's most recent end
+  if (record_events_) {
+    KvCacheEvent e{.kind = KvCacheEvent::Kind::kStored};
+    if (parent != 0) e.parent_block_hash = parent;
+    e.block_hashes = {h};
+    e.token_ids.assign(tokens.begin(), tokens.end());
+    e.block_ids = {id};
+    e.imported = true;
+    events_.push_back(std::move(e));
+  }
+  return id;
 }
 
 void BlockManager::record_events(bool on) {

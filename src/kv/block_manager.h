@@ -113,6 +113,15 @@ class BlockManager {
   // Releases the sources of this step's copies (call once the step ran or failed).
   void end_step();
 
+  // The chain hashes of the full blocks of `tokens` (group 0's scheme), and how many leading
+  // ones are cached.
+  int64_t cached_prefix(std::span<const int32_t> tokens, std::vector<uint64_t>* hashes) const;
+  // Registers a block whose K/V come from elsewhere (a KV store) as cached and evictable, under
+  // the chain hash of `tokens` after `parent`, when a block can be taken with more than `keep`
+  // blocks free before (blocks imported just before stay). Returns its id (the caller writes
+  // its K/V before the next step), or -1 (nothing changed). One KV group, prefix caching on.
+  int32_t import_block(uint64_t parent, std::span<const int32_t> tokens, int64_t keep);
+
   // Records prefix-cache transitions of group 0 from now on (false: stops and drops any).
   void record_events(bool on);
   // The transitions recorded since the last call, in order.

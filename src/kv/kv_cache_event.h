@@ -18,6 +18,10 @@ struct KvCacheEvent {
   std::vector<uint64_t> block_hashes;
   std::optional<uint64_t> parent_block_hash;  // kStored: the first block's parent (none: first)
   std::vector<int32_t> token_ids;             // kStored: the blocks' tokens, block after block
+  // Not published: kStored's block ids, and whether the blocks came from a KV store (imported)
+  // rather than being computed here.
+  std::vector<int32_t> block_ids;
+  bool imported = false;
 };
 
 }  // namespace longctx

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "longctx/attention/sparse_options.h"
@@ -54,6 +55,13 @@ class Executor {
   // input order; on the host or on the executor's device (sample() takes it as it is).
   virtual Tensor execute(std::span<const StepInput> inputs,
                          std::span<const KVBlockCopy> copies) = 0;
+  // A KV block as bytes, for a KV store shared by replicas (docs/fleet.md): every layer's K, then
+  // V, of one block. kv_block_bytes() 0: this executor cannot (no store is used then);
+  // kv_block_format() names the bytes' layout and numerics, part of the store's keys.
+  virtual int64_t kv_block_bytes() const { return 0; }
+  virtual std::string kv_block_format() const { return {}; }
+  virtual void read_kv_block(int32_t block, std::span<std::byte> out) const;
+  virtual void write_kv_block(int32_t block, std::span<const std::byte> in);
   // Samples one token per row of execute()'s logits. The default samples on the host.
   virtual std::vector<SampleResult> sample(const Tensor& logits,
                                            std::span<const SamplingParams* const> params,
