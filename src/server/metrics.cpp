@@ -251,6 +251,21 @@ std::string ServerMetrics::render(const LoopStats& s) const {
         static_cast<double>(s.num_pending));
   counter("longctx:engine_errors", "Engine steps that failed (their requests got an error).",
           static_cast<double>(s.num_engine_errors));
+  // The shared KV store (--kv-store; zeros without one).
+  counter("longctx:kv_store_hits", "KV blocks read from the shared KV store instead of computed.",
+          static_cast<double>(e.kv_store_hits));
+  counter("longctx:kv_store_misses", "KV blocks looked up in the shared KV store and not found.",
+          static_cast<double>(e.kv_store_misses));
+  counter("longctx:kv_store_errors",
+          "Shared KV store failures (down, timeout, malformed value); each one a recompute.",
+          static_cast<double>(e.kv_store_errors));
+  counter("longctx:kv_store_read_bytes", "Bytes of KV blocks read from the shared KV store.",
+          static_cast<double>(e.kv_store_bytes_read));
+  counter("longctx:kv_store_written_bytes", "Bytes written to the shared KV store.",
+          static_cast<double>(e.kv_store_bytes_written));
+  counter("longctx:kv_store_dropped_writes",
+          "KV blocks not written to the shared KV store because its write queue was full.",
+          static_cast<double>(e.kv_store_writes_dropped));
   std::lock_guard lk(mu_);
   out +=
       "# HELP longctx:http_responses_total HTTP responses by status code.\n"
