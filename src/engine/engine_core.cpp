@@ -434,6 +434,7 @@ EngineStats EngineCore::stats() const {
   s.num_preemptions = scheduler_.num_preemptions();
   s.prompt_tokens = prompt_tokens_;
   s.generation_tokens = generation_tokens_;
+  s.executor = executor_->counters();
   if (kv_store_ != nullptr) {
     const KvStoreStats k = kv_store_->stats();
     s.kv_store_hits = k.hits;

@@ -69,6 +69,7 @@ struct EngineStats {
   int64_t kv_store_bytes_read = 0;
   int64_t kv_store_bytes_written = 0;
   int64_t kv_store_writes_dropped = 0;
+  ExecutorCounters executor;  // KV offload bytes, sparse prefill density
 };
 
 struct StepStats {

@@ -21,7 +21,6 @@ void Executor::write_kv_block(int32_t, std::span<const std::byte>) {
   LONGCTX_THROW(ErrorCode::kUnsupported, "this executor does not import KV blocks");
 }
 
-
 std::vector<SampleResult> Executor::sample(const Tensor& logits,
                                            std::span<const SamplingParams* const> params,
                                            std::span<SamplerState* const> states) {
@@ -119,6 +118,14 @@ class CpuExecutor final : public Executor {
     return 2 * pool_->config().num_layers * static_cast<int64_t>(layer_block_bytes());
   }
   std::string kv_block_format() const override { return "cpu-f32"; }
+  ExecutorCounters counters() const override {
+    ExecutorCounters c;
+    if (offload_ != nullptr) {
+      c.offload_host_bytes_loaded = offload_->stats().host_bytes_loaded;
+      c.offload_host_bytes_written = offload_->stats().host_bytes_written;
+    }
+    return c;
+  }
   void read_kv_block(int32_t block, std::span<std::byte> out) const override {
     check_block_io(block, out.size());
     std::byte* p = out.data();
