@@ -21,6 +21,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "engine/kv_store.h"
 #include "engine/llm_internal.h"
 #include "longctx/core/error.h"
 #include "longctx/llm.h"
@@ -280,6 +281,35 @@ TEST(KvStore, DownKilledOrSilentStoreOnlyCostsARecompute) {
     EXPECT_GT(engine_core(a).stats().kv_store_errors, 0);
     ::close(fd);
   }
+}
+
+// A store that never answers: put() never waits, the queue stays bounded (what does not fit is
+// dropped and counted), and the store shuts down without hanging on what is queued.
+TEST(KvStore, WritesToASilentStoreAreBoundedAndNeverWait) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::vector<int32_t> tokens(kBlock, 7);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    KvStore store("redis://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), "test", kBlock, 4096,
+                  /*timeout_ms=*/100, /*max_queued_writes=*/8);
+    for (uint64_t h = 1; h <= 200; ++h) store.put(h, h - 1, tokens, std::string(4096, 'x'));
+    const double put_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(put_s, 0.5) << "put() waited for the store";
+    const KvStoreStats s = store.stats();
+    EXPECT_GE(s.writes_dropped, 200 - 8 - 1);  // the queue and the one being sent
+    EXPECT_EQ(s.bytes_written, 0);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 3.0) << "shutting down waited on the silent store";
+  ::close(fd);
 }
 
 TEST(KvStore, BadConfigurationIsAClearError) {
