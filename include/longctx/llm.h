@@ -21,6 +21,7 @@
 
 #include "longctx/attention/sparse_options.h"
 #include "longctx/core/device.h"
+#include "longctx/engine/kv_events_config.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
 #include "longctx/kernels/kernel_tuning.h"
@@ -51,9 +52,13 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 0;   // tokens per step (prefill chunk); 0: 16384 GPU, 1024 CPU
   int64_t max_num_seqs = 256;           // sequences per step
   bool enable_prefix_caching = true;    // reuse the KV of full blocks of earlier prompts
-  bool enforce_eager = false;           // no CUDA graphs (GPU)
-  int64_t num_gpu_blocks = 0;           // GPU KV blocks; 0: what the memory plan leaves
-  int64_t cpu_kv_cache_bytes = 0;       // CPU KV pool; 0: 4 GiB
+  // Publishes the prefix cache's changes for KV-aware routers (docs/fleet.md).
+  KvEventsConfig kv_events;
+  // A KV store shared by replicas, redis://HOST:PORT (docs/fleet.md); empty: none.
+  std::string kv_store;
+  bool enforce_eager = false;      // no CUDA graphs (GPU)
+  int64_t num_gpu_blocks = 0;      // GPU KV blocks; 0: what the memory plan leaves
+  int64_t cpu_kv_cache_bytes = 0;  // CPU KV pool; 0: 4 GiB
   // KV offload to pinned host memory (GPU only; docs/offload.md): the KV cache lives in a host
   // pool, the GPU keeps a cache of blocks and streams the rest through a ring of slots.
   bool kv_offload = false;

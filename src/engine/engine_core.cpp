@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "engine/kv_event_publisher.h"
+#include "engine/kv_store.h"
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
 #include "longctx/core/logging.h"
@@ -45,6 +47,73 @@ EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* toke
       seed_rng_(options_.seed) {
   LONGCTX_CHECK(options_.max_model_len > 0, ErrorCode::kInvalidArgument,
                 "max_model_len must be > 0, got {}", options_.max_model_len);
+  if (options_.kv_events.enabled()) {
+    LONGCTX_CHECK(options_.enable_prefix_caching, ErrorCode::kInvalidArgument,
+                  "--kv-events-config enables KV-cache events, but prefix caching is off "
+                  "(--no-enable-prefix-caching): no block would ever be stored");
+    kv_events_ = std::make_unique<KvEventPublisher>(options_.kv_events, blocks_.block_size());
+    blocks_.record_events(true);
+  }
+  if (!options_.kv_store.empty()) {
+    LONGCTX_CHECK(options_.enable_prefix_caching, ErrorCode::kInvalidArgument,
+                  "--kv-store needs prefix caching (it shares the prefix cache's blocks), which "
+                  "--no-enable-prefix-caching turns off");
+    LONGCTX_CHECK(executor_->kv_block_bytes() > 0 && blocks_.num_groups() == 1,
+                  ErrorCode::kUnsupported,
+                  "--kv-store: this engine cannot export its KV blocks (the store runs on the CPU "
+                  "engine, with one full-attention KV group, no sparse policy and no offload)");
+    kv_store_ =
+        std::make_unique<KvStore>(options_.kv_store,
+                                  fmt::format("{}:{}:{}", options_.kv_store_namespace,
+                                              executor_->kv_block_format(), blocks_.block_size()),
+                                  blocks_.block_size(), executor_->kv_block_bytes());
+    blocks_.record_events(true);
+  }
+}
+
+void EngineCore::publish_kv_events() {
+  if (kv_events_ == nullptr && kv_store_ == nullptr) return;
+  std::vector<KvCacheEvent> events = blocks_.take_events();
+  if (kv_store_ != nullptr) {
+    const int64_t bs = blocks_.block_size();
+    for (const KvCacheEvent& e : events) {
+      if (e.kind != KvCacheEvent::Kind::kStored || e.imported) continue;
+      uint64_t parent = e.parent_block_hash.value_or(0);
+      for (size_t i = 0; i < e.block_ids.size(); ++i) {
+        std::string bytes(static_cast<size_t>(executor_->kv_block_bytes()), '\0');
+        executor_->read_kv_block(e.block_ids[i], std::as_writable_bytes(std::span(bytes)));
+        kv_store_->put(e.block_hashes[i], parent,
+                       std::span(e.token_ids).subspan(i * bs, static_cast<size_t>(bs)),
+                       std::move(bytes));
+        parent = e.block_hashes[i];
+      }
+    }
+  }
+  if (kv_events_ != nullptr && !events.empty()) kv_events_->publish(std::move(events));
+}
+
+void EngineCore::import_from_store() {
+  const int64_t bs = blocks_.block_size();
+  std::vector<uint64_t> hashes;
+  int64_t imported = 0;  // this pass's blocks, kept from evicting one another
+  for (Sequence* seq : scheduler_.all()) {
+    if (seq->store_checked || seq->status != SequenceStatus::kWaiting) continue;
+    seq->store_checked = true;
+    // Blocks before the last prompt token (that one is always computed, for its logits).
+    const auto prompt = std::span<const int32_t>(seq->tokens)
+                            .first(static_cast<size_t>(seq->num_prompt_tokens - 1));
+    const int64_t cached = blocks_.cached_prefix(prompt, &hashes);
+    for (auto i = cached; i < static_cast<int64_t>(hashes.size()); ++i) {
+      const uint64_t parent = i == 0 ? 0 : hashes[i - 1];
+      const auto blk = prompt.subspan(i * bs, static_cast<size_t>(bs));
+      std::optional<std::string> bytes = kv_store_->get(hashes[i], parent, blk);
+      if (!bytes) break;
+      const int32_t id = blocks_.import_block(parent, blk, imported);
+      if (id < 0) break;
+      executor_->write_kv_block(id, std::as_bytes(std::span(*bytes)));
+      ++imported;
+    }
+  }
 }
 
 EngineCore::~EngineCore() = default;
@@ -159,6 +228,7 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
                                          const std::function<void()>& on_scheduled) {
   std::vector<StepUpdate> updates;
   const double t0 = now_seconds();
+  if (kv_store_ != nullptr) import_from_store();
   SchedulerOutput out = scheduler_.schedule();
   if (out.empty()) {
     // Every live sequence fits the pool alone, so an empty step with work left is a bug.
@@ -200,9 +270,11 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
     logits = executor_->execute(inputs, out.copies);
   } catch (...) {
     scheduler_.fail(out);
+    publish_kv_events();  // the evictions of the schedule happened
     throw;
   }
   scheduler_.complete(out);
+  publish_kv_events();
   prompt_tokens_ += prefill;
 
   std::vector<Sequence*> rows;
@@ -362,7 +434,21 @@ EngineStats EngineCore::stats() const {
   s.num_preemptions = scheduler_.num_preemptions();
   s.prompt_tokens = prompt_tokens_;
   s.generation_tokens = generation_tokens_;
+  s.executor = executor_->counters();
+  if (kv_store_ != nullptr) {
+    const KvStoreStats k = kv_store_->stats();
+    s.kv_store_hits = k.hits;
+    s.kv_store_misses = k.misses;
+    s.kv_store_errors = k.errors;
+    s.kv_store_bytes_read = k.bytes_read;
+    s.kv_store_bytes_written = k.bytes_written;
+    s.kv_store_writes_dropped = k.writes_dropped;
+  }
   return s;
+}
+
+void EngineCore::flush_kv_store() {
+  if (kv_store_ != nullptr) kv_store_->flush();
 }
 
 void EngineCore::abort_all() {

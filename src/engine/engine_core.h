@@ -18,10 +18,13 @@
 #include "engine/sequence.h"
 #include "kv/block_manager.h"
 #include "longctx/engine/executor.h"
+#include "longctx/engine/kv_events_config.h"
 #include "structured/token_mask.h"
 
 namespace longctx {
 
+class KvEventPublisher;
+class KvStore;
 class Tokenizer;
 
 struct EngineCoreOptions {
@@ -30,6 +33,11 @@ struct EngineCoreOptions {
   uint64_t seed = 0;                   // seeds requests that bring none
   SchedulerConfig scheduler;           // token and sequence budgets per step
   bool enable_prefix_caching = true;
+  KvEventsConfig kv_events;  // the prefix cache's changes, published (kv_event_publisher.h)
+  // A KV store shared by replicas (kv_store.h), redis://HOST:PORT; empty: none. Its keys start
+  // with kv_store_namespace (the model's identity), then the executor's block format.
+  std::string kv_store;
+  std::string kv_store_namespace;
 };
 
 struct StepUpdate {
@@ -53,6 +61,15 @@ struct EngineStats {
   int64_t num_preemptions = 0;
   int64_t prompt_tokens = 0;      // prompt tokens computed (hits excluded)
   int64_t generation_tokens = 0;  // tokens sampled
+  // The shared KV store (zeros without one): blocks read instead of computed, looked up and not
+  // found, failed (down, timeout, malformed), bytes read and written, writes dropped (queue full).
+  int64_t kv_store_hits = 0;
+  int64_t kv_store_misses = 0;
+  int64_t kv_store_errors = 0;
+  int64_t kv_store_bytes_read = 0;
+  int64_t kv_store_bytes_written = 0;
+  int64_t kv_store_writes_dropped = 0;
+  ExecutorCounters executor;  // KV offload bytes, sparse prefill density
 };
 
 struct StepStats {
@@ -90,12 +107,16 @@ class EngineCore {
   // Drops every request (after an error), freeing what the executor holds for them.
   void abort_all();
   EngineStats stats() const;
+  // Waits until the KV store's queued writes were sent (or failed); nothing without a store.
+  void flush_kv_store();
 
   const EngineCoreOptions& options() const { return options_; }
   int64_t vocab_size() const { return executor_->vocab_size(); }
   Executor& executor() { return *executor_; }
   // For tests: every block-manager invariant holds (throws Error(kInternal) otherwise).
   void check_consistency() const { blocks_.check_consistency(); }
+  // For tests: the chain hashes of the blocks in the prefix cache (group 0), sorted.
+  std::vector<uint64_t> cached_block_hashes() const { return blocks_.cached_hashes(); }
 
  private:
   int64_t max_total_tokens(int64_t prompt_len, const SamplingParams& params) const;
@@ -104,6 +125,11 @@ class EngineCore {
   void finish(Sequence& seq, FinishReason reason, double now);
   // Moves a finished sequence out of the live set (its blocks already freed).
   void retire(uint64_t id);
+  // Hands the block manager's events of this step to the publisher (none without one) and the
+  // blocks computed in it to the KV store.
+  void publish_kv_events();
+  // Reads the missing full prompt blocks of sequences not yet scheduled from the KV store.
+  void import_from_store();
   // The compiled grammar of a structured output, cached by schema text (compiling throws Error
   // naming an unsupported keyword); the vocabulary is built from the tokenizer on first use.
   std::shared_ptr<const structured::CompiledGrammar> grammar_for(
@@ -114,6 +140,8 @@ class EngineCore {
   EngineCoreOptions options_;
   BlockManager blocks_;
   Scheduler scheduler_;
+  std::unique_ptr<KvEventPublisher> kv_events_;
+  std::unique_ptr<KvStore> kv_store_;
   std::mt19937_64 seed_rng_;
   uint64_t next_id_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> live_;  // queued or running

@@ -13,6 +13,14 @@
 
 namespace longctx {
 
+void Executor::read_kv_block(int32_t, std::span<std::byte>) const {
+  LONGCTX_THROW(ErrorCode::kUnsupported, "this executor does not export KV blocks");
+}
+
+void Executor::write_kv_block(int32_t, std::span<const std::byte>) {
+  LONGCTX_THROW(ErrorCode::kUnsupported, "this executor does not import KV blocks");
+}
+
 std::vector<SampleResult> Executor::sample(const Tensor& logits,
                                            std::span<const SamplingParams* const> params,
                                            std::span<SamplerState* const> states) {
@@ -100,6 +108,41 @@ class CpuExecutor final : public Executor {
     return l;
   }
 
+  int64_t kv_block_bytes() const override {
+    // Not with offload, several KV groups, or a sparse policy (its per-block summaries would not
+    // see an imported block).
+    if (pool_ == nullptr || !groups_.single_full()) return 0;
+    if (policy_ != nullptr &&
+        (policy_->selects(sparse::Phase::kDecode) || policy_->selects(sparse::Phase::kPrefill)))
+      return 0;
+    return 2 * pool_->config().num_layers * static_cast<int64_t>(layer_block_bytes());
+  }
+  std::string kv_block_format() const override { return "cpu-f32"; }
+  ExecutorCounters counters() const override {
+    ExecutorCounters c;
+    if (offload_ != nullptr) {
+      c.offload_host_bytes_loaded = offload_->stats().host_bytes_loaded;
+      c.offload_host_bytes_written = offload_->stats().host_bytes_written;
+    }
+    return c;
+  }
+  void read_kv_block(int32_t block, std::span<std::byte> out) const override {
+    check_block_io(block, out.size());
+    std::byte* p = out.data();
+    for (const Tensor* t : block_tensors()) {
+      std::memcpy(p, block_ptr(*t, block), layer_block_bytes());
+      p += layer_block_bytes();
+    }
+  }
+  void write_kv_block(int32_t block, std::span<const std::byte> in) override {
+    check_block_io(block, in.size());
+    const std::byte* p = in.data();
+    for (const Tensor* t : block_tensors()) {
+      std::memcpy(block_ptr(*t, block), p, layer_block_bytes());
+      p += layer_block_bytes();
+    }
+  }
+
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
     ForwardBatch batch = make_forward_batch(inputs, block_size_);
     if (offload_ != nullptr) {
@@ -116,7 +159,28 @@ class CpuExecutor final : public Executor {
 
  private:
   std::shared_ptr<Model> model_;
-  KvGroups groups_;                                   // the model's KV groups
+  KvGroups groups_;  // the model's KV groups
+  size_t layer_block_bytes() const {
+    const PagedKVPoolConfig& c = pool_->config();
+    return static_cast<size_t>(c.block_size * c.num_kv_heads * c.head_dim) * sizeof(float);
+  }
+  // Every layer's K, then every layer's V (the order of kv_block_bytes()'s bytes).
+  std::vector<const Tensor*> block_tensors() const {
+    std::vector<const Tensor*> t;
+    for (int64_t l = 0; l < pool_->config().num_layers; ++l) t.push_back(&pool_->k(l));
+    for (int64_t l = 0; l < pool_->config().num_layers; ++l) t.push_back(&pool_->v(l));
+    return t;
+  }
+  std::byte* block_ptr(const Tensor& t, int32_t block) const {
+    return static_cast<std::byte*>(t.data_ptr()) + static_cast<size_t>(block) * layer_block_bytes();
+  }
+  void check_block_io(int32_t block, size_t bytes) const {
+    LONGCTX_CHECK(kv_block_bytes() > 0 && block >= 0 && block < num_blocks_ &&
+                      static_cast<int64_t>(bytes) == kv_block_bytes(),
+                  ErrorCode::kInternal, "CPU executor: KV block {} I/O of {} bytes ({} a block)",
+                  block, bytes, kv_block_bytes());
+  }
+
   std::unique_ptr<PagedKVPool> pool_;                 // resident
   std::unique_ptr<OffloadAttentionBackend> offload_;  // or offloaded (simulated)
   std::unique_ptr<sparse::SparsePolicy> policy_;      // with the resident pool (Full: dense)

@@ -572,6 +572,12 @@ class GpuExecutor final : public Executor {
   }
   int64_t vocab_size() const override { return runner_->vocab_size(); }
   KVBlockLayout kv_layout() const override { return runner_->kv_layout(); }
+  ExecutorCounters counters() const override {
+    const GpuRunner::OffloadCounters o = runner_->offload_counters();
+    const GpuRunner::SparseCounters sp = runner_->sparse_counters();
+    return {o.host_bytes_loaded, o.host_bytes_written, sp.prefill_blocks_kept,
+            sp.prefill_blocks_causal};
+  }
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
     return runner_->execute(inputs, copies);
   }

@@ -4,6 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "engine/engine_core.h"
 #include "engine/llm_internal.h"
@@ -72,6 +76,36 @@ std::shared_ptr<const Checkpoint> load_for(const EngineConfig& config) {
       make_dummy_checkpoint(dummy_preset_config(config.dummy_preset), config.seed));
 }
 
+// The KV store's name for a model: the same checkpoint gives the same name on every replica,
+// another one (a fine-tune of the same shapes included) another name. Hashes config.json and,
+// per tensor, its name, shape, dtype and first and last 4 KiB (reading every byte of an 8B
+// model would cost seconds at start-up).
+std::string model_fingerprint(const Checkpoint& c) {
+  constexpr size_t kSample = 4096;
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  auto add = [&](const void* p, size_t n) { XXH64_update(st, p, n); };
+  if (!c.dir.empty()) {
+    std::ifstream in(fs::path(c.dir) / "config.json", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    add(text.data(), text.size());
+  }
+  for (const auto& [name, t] : c.weights.all()) {
+    add(name.data(), name.size() + 1);
+    for (int64_t d : t.shape()) add(&d, sizeof d);
+    const auto dtype = static_cast<int>(t.dtype());
+    add(&dtype, sizeof dtype);
+    const size_t n = t.nbytes();
+    if (!t.device().is_cpu() || t.data_ptr() == nullptr) continue;
+    const auto* p = static_cast<const char*>(t.data_ptr());
+    add(p, std::min(n, kSample));
+    if (n > kSample) add(p + n - std::min(n - kSample, kSample), std::min(n - kSample, kSample));
+  }
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return fmt::format("{:016x}", h);
+}
+
 }  // namespace
 
 LLM::LLM(const EngineConfig& config) : LLM(load_for(config), config) {}
@@ -118,6 +152,9 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   options.scheduler.max_num_batched_tokens = step_tokens;
   options.scheduler.max_num_seqs = config.max_num_seqs;
   options.enable_prefix_caching = config.enable_prefix_caching;
+  options.kv_events = config.kv_events;
+  options.kv_store = config.kv_store;
+  if (!config.kv_store.empty()) options.kv_store_namespace = model_fingerprint(*impl_->checkpoint);
   ModelBuildOptions build = config.model_options;
   build.device = impl_->device;
   std::unique_ptr<Executor> executor;

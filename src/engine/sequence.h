@@ -26,6 +26,7 @@ struct Sequence {
   int64_t num_prompt_tokens = 0;
   int64_t num_computed = 0;      // tokens whose K/V the executor holds
   int64_t max_total_tokens = 0;  // cap on tokens: min(prompt + max_tokens, max_model_len)
+  bool store_checked = false;    // its prompt was looked up in the KV store
   SamplerState sampler;
   StopStringMatcher stop_matcher;
   std::unique_ptr<TextStream> text_stream;  // null without a tokenizer

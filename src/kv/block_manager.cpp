@@ -121,6 +121,11 @@ int32_t BlockManager::take_block(int32_t g) {
     lru_.pop_front();
     Block& b = blocks_[id];
     by_hash_[b.group].erase(b.hash);
+    if (record_events_ && b.group == 0) {
+      if (events_.empty() || events_.back().kind != KvCacheEvent::Kind::kRemoved)
+        events_.push_back({.kind = KvCacheEvent::Kind::kRemoved});
+      events_.back().block_hashes.push_back(b.hash);
+    }
     b.cached = false;
     b.tokens.clear();
   } else {
@@ -325,6 +330,8 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
     const uint64_t parent = i == 0 ? 0 : s.hashes[i - 1];
     s.hashes.push_back(hash_block(parent, tokens.subspan(i * block_size_, block_size_)));
   }
+  // Blocks registered one after another in group 0 extend one stored event (as vLLM's).
+  int64_t last_stored = -2;
   for (size_t g = 0; g < groups_.size(); ++g) {
     GroupTable& t = s.groups[g];
     for (; t.num_cached_blocks < full; ++t.num_cached_blocks) {
@@ -341,6 +348,15 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
       auto blk = tokens.subspan(i * block_size_, block_size_);
       b.tokens.assign(blk.begin(), blk.end());
       by_hash_[g].emplace(h, t.blocks[i]);
+      if (!record_events_ || g != 0) continue;
+      if (last_stored != i - 1) {
+        events_.push_back({.kind = KvCacheEvent::Kind::kStored});
+        if (i > 0) events_.back().parent_block_hash = b.parent;
+      }
+      events_.back().block_hashes.push_back(h);
+      events_.back().token_ids.insert(events_.back().token_ids.end(), blk.begin(), blk.end());
+      events_.back().block_ids.push_back(t.blocks[i]);
+      last_stored = i;
     }
   }
 }
@@ -363,6 +379,72 @@ void BlockManager::free(uint64_t seq) {
 void BlockManager::end_step() {
   for (int32_t id : pending_release_) release(id);
   pending_release_.clear();
+}
+
+int64_t BlockManager::cached_prefix(std::span<const int32_t> tokens,
+                                    std::vector<uint64_t>* hashes) const {
+  hashes->clear();
+  int64_t hits = 0;
+  uint64_t parent = 0;
+  for (int64_t i = 0; (i + 1) * block_size_ <= static_cast<int64_t>(tokens.size()); ++i) {
+    auto blk = tokens.subspan(i * block_size_, block_size_);
+    const uint64_t h = hash_block(parent, blk);
+    if (hits == i && prefix_caching_ && !has_state_ && lookup(0, h, parent, blk) >= 0) ++hits;
+    hashes->push_back(h);
+    parent = h;
+  }
+  return hits;
+}
+
+int32_t BlockManager::import_block(uint64_t parent, std::span<const int32_t> tokens, int64_t keep) {
+  LONGCTX_CHECK(groups_.size() == 1 && !has_state_ && prefix_caching_ &&
+                    static_cast<int64_t>(tokens.size()) == block_size_,
+                ErrorCode::kInternal,
+                "block manager: importing a block needs one KV group, prefix caching and a "
+                "full block");
+  const uint64_t h = hash_block(parent, tokens);
+  // Taking a block evicts the least recently used cached one when no uncached block is free;
+  // `keep` counts the blocks the caller imported just before (the most recent of the LRU),
+  // which must not be the one evicted.
+  if (by_hash_[0].count(h) != 0 || num_free_blocks() <= keep) return -1;
+  const int32_t id = take_block(0);
+  if (id < 0) return -1;
+  Block& b = blocks_[id];
+  b.cached = true;
+  b.hash = h;
+  b.parent = parent;
+  b.tokens.assign(tokens.begin(), tokens.end());
+  by_hash_[0].emplace(h, id);
+  release(id);  // ref 0: to the LRU's most recent end
+  if (record_events_) {
+    KvCacheEvent e{.kind = KvCacheEvent::Kind::kStored};
+    if (parent != 0) e.parent_block_hash = parent;
+    e.block_hashes = {h};
+    e.token_ids.assign(tokens.begin(), tokens.end());
+    e.block_ids = {id};
+    e.imported = true;
+    events_.push_back(std::move(e));
+  }
+  return id;
+}
+
+void BlockManager::record_events(bool on) {
+  record_events_ = on;
+  if (!on) events_.clear();
+}
+
+std::vector<KvCacheEvent> BlockManager::take_events() {
+  std::vector<KvCacheEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+std::vector<uint64_t> BlockManager::cached_hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(by_hash_[0].size());
+  for (const auto& [h, id] : by_hash_[0]) out.push_back(h);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void BlockManager::check_consistency() const {

@@ -28,6 +28,10 @@
 // group (linear attention / SSM) holds one state slot per sequence (its table is that slot);
 // prefix hits need state snapshots at block boundaries, which do not exist yet, so a manager
 // with a state group takes no prefix hits.
+//
+// Events. With record_events(true) every change of the prefix cache of group 0 (the group
+// routers index; every group caches the same prefixes) is recorded as a KvCacheEvent: a block
+// registered under its hash is stored, an evicted one removed. take_events() hands them over.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +40,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kv/kv_cache_event.h"
 #include "longctx/kv/block_copy.h"
 #include "longctx/kv/kv_group_kind.h"
 
@@ -108,6 +113,22 @@ class BlockManager {
   // Releases the sources of this step's copies (call once the step ran or failed).
   void end_step();
 
+  // The chain hashes of the full blocks of `tokens` (group 0's scheme), and how many leading
+  // ones are cached.
+  int64_t cached_prefix(std::span<const int32_t> tokens, std::vector<uint64_t>* hashes) const;
+  // Registers a block whose K/V come from elsewhere (a KV store) as cached and evictable, under
+  // the chain hash of `tokens` after `parent`, when a block can be taken with more than `keep`
+  // blocks free before (blocks imported just before stay). Returns its id (the caller writes
+  // its K/V before the next step), or -1 (nothing changed). One KV group, prefix caching on.
+  int32_t import_block(uint64_t parent, std::span<const int32_t> tokens, int64_t keep);
+
+  // Records prefix-cache transitions of group 0 from now on (false: stops and drops any).
+  void record_events(bool on);
+  // The transitions recorded since the last call, in order.
+  std::vector<KvCacheEvent> take_events();
+  // The chain hashes of group 0's cached blocks (used or evictable), sorted. For tests.
+  std::vector<uint64_t> cached_hashes() const;
+
   // Checks every invariant (reference counts equal the tables' references, free lists and the
   // hash table consistent); throws Error(kInternal) naming the first broken one. For tests.
   void check_consistency() const;
@@ -168,6 +189,8 @@ class BlockManager {
   std::unordered_map<uint64_t, SeqState> seqs_;
   std::vector<int32_t> pending_release_;  // copy sources held until end_step()
   int64_t queries_ = 0, hits_ = 0;
+  bool record_events_ = false;
+  std::vector<KvCacheEvent> events_;
 };
 
 }  // namespace longctx

@@ -22,8 +22,7 @@ PagedKVPool::PagedKVPool(const PagedKVPoolConfig& config) : config_(config) {
   LONGCTX_CHECK(config.num_blocks <= std::numeric_limits<int32_t>::max() / config.block_size,
                 ErrorCode::kOutOfRange, "KV pool: {} blocks of {} tokens overflow int32 slots",
                 config.num_blocks, config.block_size);
-  const Shape shape = {config.num_blocks, config.block_size, config.num_kv_heads,
-                       config.head_dim};
+  const Shape shape = {config.num_blocks, config.block_size, config.num_kv_heads, config.head_dim};
   for (int64_t l = 0; l < config.num_layers; ++l) {
     k_.push_back(Tensor::empty(shape, config.dtype, config.device));
     v_.push_back(Tensor::empty(shape, config.dtype, config.device));

@@ -251,6 +251,35 @@ std::string ServerMetrics::render(const LoopStats& s) const {
         static_cast<double>(s.num_pending));
   counter("longctx:engine_errors", "Engine steps that failed (their requests got an error).",
           static_cast<double>(s.num_engine_errors));
+  // KV offload (--kv-offload) and sparse prefill (--sparse-policy); zeros without them.
+  counter("longctx:offload_host_loaded_bytes",
+          "KV offload: bytes copied from the host KV pool to the GPU.",
+          static_cast<double>(e.executor.offload_host_bytes_loaded));
+  counter("longctx:offload_host_written_bytes",
+          "KV offload: bytes written back from the GPU to the host KV pool.",
+          static_cast<double>(e.executor.offload_host_bytes_written));
+  counter("longctx:sparse_prefill_blocks_kept",
+          "Sparse prefill: key blocks read (density: rate of this over "
+          "longctx:sparse_prefill_blocks_causal_total).",
+          static_cast<double>(e.executor.sparse_prefill_blocks_kept));
+  counter("longctx:sparse_prefill_blocks_causal",
+          "Sparse prefill: causal key blocks a dense prefill would have read.",
+          static_cast<double>(e.executor.sparse_prefill_blocks_causal));
+  // The shared KV store (--kv-store; zeros without one).
+  counter("longctx:kv_store_hits", "KV blocks read from the shared KV store instead of computed.",
+          static_cast<double>(e.kv_store_hits));
+  counter("longctx:kv_store_misses", "KV blocks looked up in the shared KV store and not found.",
+          static_cast<double>(e.kv_store_misses));
+  counter("longctx:kv_store_errors",
+          "Shared KV store failures (down, timeout, malformed value); each one a recompute.",
+          static_cast<double>(e.kv_store_errors));
+  counter("longctx:kv_store_read_bytes", "Bytes of KV blocks read from the shared KV store.",
+          static_cast<double>(e.kv_store_bytes_read));
+  counter("longctx:kv_store_written_bytes", "Bytes written to the shared KV store.",
+          static_cast<double>(e.kv_store_bytes_written));
+  counter("longctx:kv_store_dropped_writes",
+          "KV blocks not written to the shared KV store because its write queue was full.",
+          static_cast<double>(e.kv_store_writes_dropped));
   std::lock_guard lk(mu_);
   out +=
       "# HELP longctx:http_responses_total HTTP responses by status code.\n"

@@ -298,6 +298,30 @@ std::vector<RequestOutput> run_model(const std::vector<std::vector<int32_t>>& pr
   return outs;
 }
 
+// The engine's stats carry the executor's offload bytes (what /metrics exports): zero for a
+// resident cache, loads and write-backs when blocks go through the (simulated) host pool.
+TEST(OffloadCpuModel, EngineStatsCountOffloadBytes) {
+  std::vector<int32_t> prompt(70);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 31) % 1000);
+  auto counters = [&](const CpuExecutorOptions& x) {
+    EngineCore core(make_cpu_executor(tiny_model(), x), nullptr, core_options(16, 1, false));
+    core.add_request(0, prompt, greedy(4), 0);
+    while (core.has_unfinished()) core.step();
+    return core.stats().executor;
+  };
+  CpuExecutorOptions resident;
+  resident.block_size = 4;
+  resident.num_blocks = 64;
+  const ExecutorCounters r = counters(resident);
+  EXPECT_EQ(r.offload_host_bytes_loaded, 0);
+  EXPECT_EQ(r.offload_host_bytes_written, 0);
+  CpuExecutorOptions off = resident;
+  off.offload_gpu_blocks = 8;  // 18 blocks of prompt: most go through the ring
+  const ExecutorCounters o = counters(off);
+  EXPECT_GT(o.offload_host_bytes_loaded, 0);
+  EXPECT_GT(o.offload_host_bytes_written, 0);
+}
+
 TEST(OffloadCpuModel, RandomGeometriesEqualTheResidentCache) {
   std::mt19937 rng(5);
   std::vector<std::vector<int32_t>> prompts;

@@ -83,6 +83,12 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
     cmd->add_flag("--enforce-eager", enforce_eager, "no CUDA graphs for decode steps");
     cmd->add_option("--kv-cache-memory", kv_cache_memory,
                     "bytes of the CPU KV cache, e.g. 8GiB (default 4GiB)");
+    cmd->add_option("--kv-events-config", kv_events_config,
+                    "publish KV-cache events as vLLM does, e.g. '{\"enable_kv_cache_events\": "
+                    "true, \"endpoint\": \"tcp://*:5557\"}' (docs/fleet.md)");
+    cmd->add_option("--kv-store", kv_store,
+                    "share full KV blocks with other replicas through a Redis-protocol store, "
+                    "redis://HOST:PORT (CPU engine; docs/fleet.md)");
     cmd->add_option(
            "--tensor-parallel-size,--tp", tensor_parallel_size,
            "ranks of a tensor-parallel model: CPU threads, or GPUs from --device's index on "
@@ -213,6 +219,8 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.sparse = sparse;
   engine.kernel_tuning = r.tuning;
   engine.tensor_parallel_size = tensor_parallel_size;
+  if (!kv_events_config.empty()) engine.kv_events = parse_kv_events_config(kv_events_config);
+  engine.kv_store = kv_store;
 }
 
 std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> checkpoint) const {

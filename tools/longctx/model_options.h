@@ -43,7 +43,9 @@ struct ModelOptions {
   int64_t max_num_seqs = 256;
   bool enable_prefix_caching = true;
   bool enforce_eager = false;
-  std::string kv_cache_memory;  // CPU KV pool bytes, e.g. 8GiB; empty: 4 GiB
+  std::string kv_cache_memory;   // CPU KV pool bytes, e.g. 8GiB; empty: 4 GiB
+  std::string kv_events_config;  // vLLM's --kv-events-config JSON; empty: no events
+  std::string kv_store;          // redis://HOST:PORT; empty: none
   bool kv_offload = false;
   std::string host_kv_budget;  // e.g. 64GiB; empty: half the machine's memory
   std::string gpu_kv_budget;   // e.g. 4GiB; empty: what the memory plan leaves

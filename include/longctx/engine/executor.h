@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "longctx/attention/sparse_options.h"
@@ -44,6 +45,14 @@ struct KVBlockLayout {
   int64_t num_state_slots = 0;  // per-sequence states the executor holds (with a kState group)
 };
 
+// Cumulative counters of an executor, for the engine's stats (zeros where they do not apply).
+struct ExecutorCounters {
+  int64_t offload_host_bytes_loaded = 0;     // KV offload: host -> GPU (ring and reloads)
+  int64_t offload_host_bytes_written = 0;    // KV offload: GPU -> host (write-backs)
+  int64_t sparse_prefill_blocks_kept = 0;    // a sparse prefill policy's key blocks read ...
+  int64_t sparse_prefill_blocks_causal = 0;  // ... of the causal ones (density = kept / causal)
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -54,6 +63,14 @@ class Executor {
   // input order; on the host or on the executor's device (sample() takes it as it is).
   virtual Tensor execute(std::span<const StepInput> inputs,
                          std::span<const KVBlockCopy> copies) = 0;
+  // A KV block as bytes, for a KV store shared by replicas (docs/fleet.md): every layer's K, then
+  // V, of one block. kv_block_bytes() 0: this executor cannot (no store is used then);
+  // kv_block_format() names the bytes' layout and numerics, part of the store's keys.
+  virtual ExecutorCounters counters() const { return {}; }
+  virtual int64_t kv_block_bytes() const { return 0; }
+  virtual std::string kv_block_format() const { return {}; }
+  virtual void read_kv_block(int32_t block, std::span<std::byte> out) const;
+  virtual void write_kv_block(int32_t block, std::span<const std::byte> in);
   // Samples one token per row of execute()'s logits. The default samples on the host.
   virtual std::vector<SampleResult> sample(const Tensor& logits,
                                            std::span<const SamplingParams* const> params,
