@@ -7,6 +7,7 @@
 // the tolerance per element is 1e-5 x (sum of |terms|) + one ulp of a bf16 out.
 #include "ops/moe.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -120,9 +121,8 @@ TEST_P(MoeGpu, MatchesCpuTwin) {
                     << ref << ", tol " << tol;
   }
   EXPECT_EQ(bad, 0);
-  std::printf("T %ld E %ld k %ld H %ld I %ld %s: worst err / tol %.3f\n", long(c.tokens),
-              long(c.experts), long(c.k), long(c.hidden), long(c.inter), dtype_name(c.dtype),
-              worst);
+  fmt::print("T {} E {} k {} H {} I {} {}: worst err / tol {:.3f}\n", c.tokens, c.experts, c.k,
+             c.hidden, c.inter, dtype_name(c.dtype), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(
