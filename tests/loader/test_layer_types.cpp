@@ -46,10 +46,14 @@ TEST(LayerTypes, MistralSlidesOnEveryLayerWhenSet) {
   EXPECT_EQ(parse_model_config(j, "c").layer_types, std::vector<LA>(4, LA::kFull));
   j["sliding_window"] = nullptr;
   EXPECT_EQ(parse_model_config(j, "c").sliding_window, 0);
+  j["max_position_embeddings"] = 32768;  // Mistral-7B-v0.1's
   j["sliding_window"] = 4096;
   const ModelConfig c = parse_model_config(j, "c");
   EXPECT_EQ(c.layer_types, std::vector<LA>(4, LA::kSliding));
   EXPECT_EQ(c.sliding_window, 4096);
+  // A window as long as every position masks nothing: full attention.
+  j["max_position_embeddings"] = 4096;
+  EXPECT_EQ(parse_model_config(j, "c").layer_types, std::vector<LA>(4, LA::kFull));
 }
 
 TEST(LayerTypes, QwenSlidesOnlyWithUseSlidingWindowFromMaxWindowLayers) {
