@@ -1,6 +1,7 @@
 #include "structured/regex.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -714,10 +715,39 @@ Grammar regex_grammar(std::string_view pattern) {
 
 Grammar choice_grammar(const std::vector<std::string>& choices) {
   LONGCTX_CHECK(!choices.empty(), ErrorCode::kInvalidArgument, "choice: the list is empty");
+  // A trie, a rule per node: choices sharing a prefix are one reading until they part, so many
+  // similar choices never multiply the live stacks.
+  struct TrieNode {
+    bool end = false;
+    std::map<uint8_t, size_t> kids;
+  };
+  std::vector<TrieNode> trie(1);
+  for (const std::string& c : choices) {
+    size_t at = 0;
+    for (char ch : c) {
+      const auto b = static_cast<uint8_t>(ch);
+      auto it = trie[at].kids.find(b);
+      if (it == trie[at].kids.end()) {
+        it = trie[at].kids.emplace(b, trie.size()).first;
+        trie.emplace_back();
+      }
+      at = it->second;
+    }
+    trie[at].end = true;
+  }
+  LONGCTX_CHECK(trie.size() < Grammar::kMaxElements / 2, ErrorCode::kUnsupported,
+                "choice: more than {} bytes of choices", Grammar::kMaxElements / 2);
   Grammar g;
-  const int32_t r = g.add_rule("choice");
-  for (const std::string& c : choices) g.add_alternative(r, Grammar::literal(c));
-  g.set_root(r);
+  for (size_t n = 0; n < trie.size(); ++n) g.add_rule("choice");
+  for (size_t n = 0; n < trie.size(); ++n) {
+    const auto r = static_cast<int32_t>(n);
+    if (trie[n].end) g.add_alternative(r, {});
+    for (const auto& [b, kid] : trie[n].kids) {
+      g.add_alternative(r,
+                        {Element::of(ByteSet::single(b)), Element::ref(static_cast<int32_t>(kid))});
+    }
+  }
+  g.set_root(0);
   g.finalize();
   return g;
 }

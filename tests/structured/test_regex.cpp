@@ -212,6 +212,13 @@ TEST(RegexGrammar, ChoiceIsExactlyTheChoices) {
   for (const char* s : {"yes", "no", "not sure", ""}) EXPECT_TRUE(g.matches(s)) << s;
   for (const char* s : {"ye", "yes ", "not", "No"}) EXPECT_FALSE(g.matches(s)) << s;
   EXPECT_THROW(choice_grammar({}), Error);
+  // Thousands of choices sharing a prefix stay one reading (a trie), under the stack bound.
+  std::vector<std::string> many;
+  for (int i = 0; i < 3000; ++i) many.push_back("item-" + std::to_string(100000 + i));
+  const Grammar big = choice_grammar(many);
+  EXPECT_TRUE(big.matches("item-101234"));
+  EXPECT_FALSE(big.matches("item-10123"));
+  EXPECT_FALSE(big.matches("item-103000"));
 }
 
 TEST(RegexGrammar, UnsupportedConstructsAreNamed) {
