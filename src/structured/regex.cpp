@@ -13,6 +13,8 @@ namespace {
 
 constexpr uint32_t kMaxCodePoint = 0x10ffff;
 constexpr int64_t kUnbounded = -1;
+// Groups within groups: the parser and the compiler recurse once per level.
+constexpr int kMaxNesting = 100;
 
 // Code points as sorted, disjoint, non-adjacent closed ranges.
 using CharSet = std::vector<std::pair<uint32_t, uint32_t>>;
@@ -231,13 +233,14 @@ class Parser {
       }
       if (peek('?'))
         unsupported("a lazy quantifier ('" + std::string(p_.substr(at, i_ + 1 - at)) + "')", at);
-      if (peek('+') || peek('*')) invalid("nothing to repeat", i_);
+      // ECMA-262 has no quantifier of a quantifier (a** a{2}{3}).
+      if (peek('+') || peek('*') || peek('{')) invalid("nothing to repeat", i_);
       Node r;
       r.kind = Node::Kind::kRepeat;
       r.lo = lo;
       r.hi = hi;
       r.kids.push_back(std::move(atom));
-      atom = std::move(r);
+      return r;
     }
   }
 
@@ -259,6 +262,7 @@ class Parser {
     const char c = p_[i_];
     switch (c) {
       case '(': {
+        if (depth >= kMaxNesting) unsupported("nesting deeper than 100 groups", at);
         ++i_;
         if (peek('?')) {
           const std::string_view rest = p_.substr(i_);

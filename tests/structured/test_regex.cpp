@@ -241,6 +241,7 @@ TEST(RegexGrammar, UnsupportedConstructsAreNamed) {
       {"a{2,5000}", "repetition count over 1000"},
       {"[^\\s\\S]", "matches no character"},
       {"\\012", "octal escape"},
+      {std::string(101, '(') + "a" + std::string(101, ')'), "nesting deeper than 100"},
   };
   for (const auto& [p, needle] : cases) {
     try {
@@ -253,7 +254,7 @@ TEST(RegexGrammar, UnsupportedConstructsAreNamed) {
     }
   }
   for (const char* p : {"(ab", "ab)", "[ab", "*a", "a**", "a{2", "a{3,1}", "[z-a]", "\\", "\\q",
-                        "\\xZZ", "a{,3}"}) {
+                        "\\xZZ", "a{,3}", "a{2}{3}", "a?*"}) {
     try {
       regex_grammar(p);
       ADD_FAILURE() << p << " was accepted";
