@@ -204,44 +204,43 @@ class Parser {
     return Node::group(Node::Kind::kConcat, std::move(items));
   }
 
+  // The atom with its quantifier, if one follows.
   Node parse_quantifiers(Node atom) {
-    for (;;) {
-      const size_t at = i_;
-      int64_t lo = 0, hi = 0;
-      if (peek('*')) {
-        lo = 0, hi = kUnbounded;
+    const size_t at = i_;
+    int64_t lo = 0, hi = 0;
+    if (peek('*')) {
+      lo = 0, hi = kUnbounded;
+      ++i_;
+    } else if (peek('+')) {
+      lo = 1, hi = kUnbounded;
+      ++i_;
+    } else if (peek('?')) {
+      lo = 0, hi = 1;
+      ++i_;
+    } else if (peek('{')) {
+      ++i_;
+      lo = parse_count(at);
+      hi = lo;
+      if (peek(',')) {
         ++i_;
-      } else if (peek('+')) {
-        lo = 1, hi = kUnbounded;
-        ++i_;
-      } else if (peek('?')) {
-        lo = 0, hi = 1;
-        ++i_;
-      } else if (peek('{')) {
-        ++i_;
-        lo = parse_count(at);
-        hi = lo;
-        if (peek(',')) {
-          ++i_;
-          hi = peek('}') ? kUnbounded : parse_count(at);
-        }
-        if (!peek('}')) invalid("'{' that is not a quantifier {n}, {n,} or {n,m} (write \\{)", at);
-        ++i_;
-        if (hi != kUnbounded && hi < lo) invalid("a quantifier {n,m} with m < n", at);
-      } else {
-        return atom;
+        hi = peek('}') ? kUnbounded : parse_count(at);
       }
-      if (peek('?'))
-        unsupported("a lazy quantifier ('" + std::string(p_.substr(at, i_ + 1 - at)) + "')", at);
-      // ECMA-262 has no quantifier of a quantifier (a** a{2}{3}).
-      if (peek('+') || peek('*') || peek('{')) invalid("nothing to repeat", i_);
-      Node r;
-      r.kind = Node::Kind::kRepeat;
-      r.lo = lo;
-      r.hi = hi;
-      r.kids.push_back(std::move(atom));
-      return r;
+      if (!peek('}')) invalid("'{' that is not a quantifier {n}, {n,} or {n,m} (write \\{)", at);
+      ++i_;
+      if (hi != kUnbounded && hi < lo) invalid("a quantifier {n,m} with m < n", at);
+    } else {
+      return atom;
     }
+    if (peek('?'))
+      unsupported("a lazy quantifier ('" + std::string(p_.substr(at, i_ + 1 - at)) + "')", at);
+    // ECMA-262 has no quantifier of a quantifier (a** a{2}{3}).
+    if (peek('+') || peek('*') || peek('{')) invalid("nothing to repeat", i_);
+    Node r;
+    r.kind = Node::Kind::kRepeat;
+    r.lo = lo;
+    r.hi = hi;
+    r.kids.push_back(std::move(atom));
+    return r;
   }
 
   int64_t parse_count(size_t at) {
