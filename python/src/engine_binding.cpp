@@ -464,7 +464,9 @@ SamplingParams make_sampling_params(double temperature, int64_t top_k, double to
                                     int64_t max_tokens, std::vector<std::string> stop,
                                     std::vector<int32_t> stop_token_ids, bool ignore_eos,
                                     bool skip_special_tokens, std::optional<int> logprobs,
-                                    std::optional<std::string> json_schema, bool json_object) {
+                                    std::optional<std::string> json_schema, bool json_object,
+                                    std::optional<std::string> regex,
+                                    std::optional<std::vector<std::string>> choice) {
   SamplingParams p;
   p.temperature = temperature;
   p.top_k = top_k;
@@ -480,13 +482,22 @@ SamplingParams make_sampling_params(double temperature, int64_t top_k, double to
   p.ignore_eos = ignore_eos;
   p.skip_special_tokens = skip_special_tokens;
   p.logprobs = logprobs;
-  LONGCTX_CHECK(!(json_schema && json_object), ErrorCode::kInvalidArgument,
-                "SamplingParams: json_schema and json_object are exclusive");
+  LONGCTX_CHECK(int{json_schema.has_value()} + int{json_object} + int{regex.has_value()} +
+                        int{choice.has_value()} <=
+                    1,
+                ErrorCode::kInvalidArgument,
+                "SamplingParams: json_schema, json_object, regex and choice are exclusive");
   if (json_schema) {
     p.structured.kind = StructuredOutput::Kind::kJsonSchema;
     p.structured.json_schema = *json_schema;
   } else if (json_object) {
     p.structured.kind = StructuredOutput::Kind::kJsonObject;
+  } else if (regex) {
+    p.structured.kind = StructuredOutput::Kind::kRegex;
+    p.structured.regex = *regex;
+  } else if (choice) {
+    p.structured.kind = StructuredOutput::Kind::kChoice;
+    p.structured.choices = *choice;
   }
   p.validate();
   return p;
@@ -503,7 +514,8 @@ void register_engine(py::module_& m) {
            py::arg("max_tokens") = 16, py::arg("stop") = std::vector<std::string>{},
            py::arg("stop_token_ids") = std::vector<int32_t>{}, py::arg("ignore_eos") = false,
            py::arg("skip_special_tokens") = true, py::arg("logprobs") = py::none(),
-           py::arg("json_schema") = py::none(), py::arg("json_object") = false)
+           py::arg("json_schema") = py::none(), py::arg("json_object") = false,
+           py::arg("regex") = py::none(), py::arg("choice") = py::none())
       .def_readonly("temperature", &SamplingParams::temperature)
       .def_readonly("top_k", &SamplingParams::top_k)
       .def_readonly("top_p", &SamplingParams::top_p)

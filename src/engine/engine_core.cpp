@@ -10,6 +10,7 @@
 #include "longctx/core/logging.h"
 #include "longctx/tokenizer/tokenizer.h"
 #include "structured/json_schema.h"
+#include "structured/regex.h"
 
 namespace longctx {
 
@@ -160,13 +161,36 @@ std::shared_ptr<const structured::CompiledGrammar> EngineCore::grammar_for(
   constexpr size_t kMaxCachedGrammars = 256;
   LONGCTX_CHECK(tokenizer_ != nullptr, ErrorCode::kInvalidArgument,
                 "structured outputs need a tokenizer (this engine has none)");
-  const bool schema = output.kind == StructuredOutput::Kind::kJsonSchema;
-  const std::string key = schema ? "schema:" + output.json_schema : "json_object";
+  std::string key;
+  switch (output.kind) {
+    case StructuredOutput::Kind::kJsonSchema:
+      key = "schema:" + output.json_schema;
+      break;
+    case StructuredOutput::Kind::kRegex:
+      key = "regex:" + output.regex;
+      break;
+    case StructuredOutput::Kind::kChoice:
+      // Length-prefixed, so no choice text can fake a boundary.
+      key = "choice:";
+      for (const std::string& c : output.choices) key += std::to_string(c.size()) + ":" + c;
+      break;
+    default:
+      key = "json_object";
+  }
   if (auto it = grammars_.find(key); it != grammars_.end()) return it->second;
-  structured::Grammar g =
-      schema
-          ? structured::json_schema_grammar(parse_ordered_json(output.json_schema, "JSON schema"))
-          : structured::any_json_object_grammar();
+  structured::Grammar g = [&] {
+    switch (output.kind) {
+      case StructuredOutput::Kind::kJsonSchema:
+        return structured::json_schema_grammar(
+            parse_ordered_json(output.json_schema, "JSON schema"));
+      case StructuredOutput::Kind::kRegex:
+        return structured::regex_grammar(output.regex);
+      case StructuredOutput::Kind::kChoice:
+        return structured::choice_grammar(output.choices);
+      default:
+        return structured::any_json_object_grammar();
+    }
+  }();
   if (grammar_vocab_ == nullptr) {
     const int64_t logits = vocab_size();
     const auto n = std::min<int64_t>(static_cast<int64_t>(tokenizer_->vocab_size()), logits);

@@ -30,6 +30,8 @@ void SamplingParams::validate() const {
   LONGCTX_CHECK(
       structured.kind != StructuredOutput::Kind::kJsonSchema || !structured.json_schema.empty(),
       kBad, "a JSON-schema structured output needs a schema");
+  LONGCTX_CHECK(structured.kind != StructuredOutput::Kind::kChoice || !structured.choices.empty(),
+                kBad, "a choice structured output needs at least one choice");
   if (logprobs) {
     LONGCTX_CHECK(*logprobs >= 0 && *logprobs <= kMaxLogprobs, kBad,
                   "logprobs must be in [0, {}], got {}", kMaxLogprobs, *logprobs);

@@ -9,6 +9,7 @@
 
 #include "longctx/core/json_limits.h"
 #include "longctx/tokenizer/tokenizer.h"
+#include "server/structured_fields.h"
 #include "structured/json_schema.h"
 
 namespace longctx::server {
@@ -249,8 +250,7 @@ void check_unsupported(const Json& body, Endpoint endpoint) {
     if (const Json* v = field(body, "tools"); v != nullptr && !(v->is_array() && v->empty()))
       throw ApiError(400, "'tools' is for /v1/chat/completions", "tools");
   }
-  for (const char* name : {"logit_bias", "suffix", "functions", "guided_json", "guided_regex",
-                           "guided_choice", "guided_grammar"}) {
+  for (const char* name : {"logit_bias", "suffix", "functions", "guided_grammar"}) {
     const Json* v = field(body, name);
     if (v != nullptr && !(v->is_array() && v->empty()) && !(v->is_object() && v->empty()))
       throw ApiError(400, std::string("'") + name + "' is not supported", name);
@@ -335,6 +335,9 @@ void parse_tools(const Json& body, GenerationRequest& req, const OutputParsers& 
   if (field(body, "response_format") != nullptr &&
       field(body, "response_format")->value("type", "text") != "text")
     throw ApiError(400, "'response_format' and a forced tool call cannot be combined",
+                   "tool_choice");
+  if (req.params.structured.enabled())
+    throw ApiError(400, "structured outputs and a forced tool call cannot be combined",
                    "tool_choice");
   Json schema;
   if (named) {
@@ -458,6 +461,7 @@ GenerationRequest parse_generation_request(const Json& body, Endpoint endpoint,
   if (auto v = opt_bool(body, "skip_special_tokens")) sp.skip_special_tokens = *v;
   parse_stop(body, sp);
   parse_response_format(body, sp);
+  parse_structured_fields(body, sp);
   if (endpoint == Endpoint::kChat) {
     (void)opt_bool(body, "parallel_tool_calls");  // type-checked with or without tools
     parse_tools(body, req, parsers);

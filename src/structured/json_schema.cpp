@@ -8,6 +8,7 @@
 
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
+#include "structured/regex.h"
 
 namespace longctx::structured {
 
@@ -41,6 +42,7 @@ const std::set<std::string>& supported_keywords() {
                                           "$ref",
                                           "minLength",
                                           "maxLength",
+                                          "pattern",
                                           "minimum",
                                           "maximum",
                                           "exclusiveMinimum",
@@ -108,7 +110,7 @@ class SchemaCompiler {
       types.push_back("object");
     } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
       types.push_back("array");
-    } else if (s.contains("minLength") || s.contains("maxLength")) {
+    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern")) {
       types.push_back("string");
     } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
                s.contains("exclusiveMaximum")) {
@@ -176,6 +178,7 @@ class SchemaCompiler {
     if (t == "object") return compile_object(s, path);
     if (t == "array") return compile_array(s, path);
     if (t == "string") {
+      if (s.contains("pattern")) return pattern_rule(s, path);
       const int64_t lo = count_keyword(s, "minLength", 0, path);
       const int64_t hi = count_keyword(s, "maxLength", -1, path);
       return string_rule(lo, hi, path);
@@ -416,6 +419,27 @@ class SchemaCompiler {
     const int32_t r = g_.add_rule(path.empty() ? "string" : path);
     g_.add_alternative(r, {byte('"'), Element::ref(chars), byte('"')});
     if (lo == 0 && hi < 0) any_string_ = r;
+    return r;
+  }
+
+  // A string whose characters match `pattern` (ECMA-262, not anchored: structured/regex.h).
+  int32_t pattern_rule(const Json& s, const std::string& path) {
+    const Json& p = s["pattern"];
+    LONGCTX_CHECK(p.is_string(), ErrorCode::kInvalidArgument,
+                  "JSON schema: 'pattern' (at {}) must be a string", path);
+    for (const char* k : {"minLength", "maxLength"}) {
+      LONGCTX_CHECK(!s.contains(k), ErrorCode::kUnsupported,
+                    "JSON schema: '{}' beside 'pattern' (at {}) is not supported (write the "
+                    "length into the pattern)",
+                    k, path);
+    }
+    RegexOptions o;
+    o.search = true;
+    o.json_string = true;
+    o.context = "JSON schema: 'pattern' (at " + path + ")";
+    const int32_t chars = add_regex_rule(g_, p.get<std::string>(), o);
+    const int32_t r = g_.add_rule(path + "/pattern");
+    g_.add_alternative(r, {byte('"'), Element::ref(chars), byte('"')});
     return r;
   }
 

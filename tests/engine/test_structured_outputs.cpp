@@ -3,6 +3,9 @@
 // exactly as in a run without them, and a bad schema is refused before anything runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -131,6 +134,41 @@ TEST(StructuredOutputs, ManySeedsAlwaysParseWithinMaxTokens) {
   }
 }
 
+TEST(StructuredOutputs, ChoiceAndRegexOutputsHold) {
+  LLM& llm = needle();
+  const std::vector<std::string> choices = {"positive", "negative", "neutral", "pos", "n/a"};
+  const std::string pattern = "[A-Z][a-z]{1,6}-\\d{2,4}( ok| no)?";
+  std::vector<Prompt> prompts;
+  std::vector<SamplingParams> params;
+  for (uint64_t seed = 0; seed < 32; ++seed) {
+    prompts.emplace_back("Sentiment " + std::to_string(seed));
+    SamplingParams p = sampled(300 + seed, 24);
+    p.temperature = 1.5;
+    if (seed % 2 == 0) {
+      p.structured.kind = StructuredOutput::Kind::kChoice;
+      p.structured.choices = choices;
+    } else {
+      p.structured.kind = StructuredOutput::Kind::kRegex;
+      p.structured.regex = pattern;
+    }
+    params.push_back(p);
+  }
+  const std::vector<RequestOutput> out = llm.generate(prompts, params, false);
+  const std::regex re(pattern, std::regex::ECMAScript);
+  std::set<std::string> seen;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (i % 2 == 0) {
+      EXPECT_NE(std::find(choices.begin(), choices.end(), out[i].text), choices.end())
+          << i << ": '" << out[i].text << "'";
+      EXPECT_EQ(out[i].finish_reason, FinishReason::kStop) << i;
+      seen.insert(out[i].text);
+    } else {
+      EXPECT_TRUE(std::regex_match(out[i].text, re)) << i << ": '" << out[i].text << "'";
+    }
+  }
+  EXPECT_GE(seen.size(), 2u);  // sampled, not one forced string
+}
+
 TEST(StructuredOutputs, UnsupportedSchemaIsRefusedBeforeAnythingRuns) {
   LLM& llm = needle();
   std::vector<SamplingParams> params = {sampled(1, 4), with_schema(sampled(2, 8), R"({"not":{}})")};
@@ -142,6 +180,12 @@ TEST(StructuredOutputs, UnsupportedSchemaIsRefusedBeforeAnythingRuns) {
   }
   params[1] = with_schema(sampled(2, 8), "{\"type\":");
   EXPECT_THROW(llm.generate({"a", "b"}, params, false), Error);
+  params[1] = sampled(2, 8);
+  params[1].structured.kind = StructuredOutput::Kind::kRegex;
+  params[1].structured.regex = "a(?=b)";
+  EXPECT_THROW(llm.generate({"a", "b"}, params, false), Error);
+  params[1].structured.kind = StructuredOutput::Kind::kChoice;
+  EXPECT_THROW(llm.generate({"a", "b"}, params, false), Error);  // no choices
 }
 
 TEST(StructuredOutputs, AGrammarPastItsBoundsAbortsOnlyItsRequest) {

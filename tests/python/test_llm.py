@@ -149,11 +149,26 @@ def test_tokenizer_round_trip(llm):
     (dict(repetition_penalty=0.0), "repetition_penalty"),
     (dict(logprobs=21), "logprobs"),
     (dict(json_schema="{}", json_object=True), "exclusive"),
+    (dict(regex="a", choice=["a"]), "exclusive"),
+    (dict(choice=[]), "at least one choice"),
 ])
 def test_sampling_params_validation(kwargs, field):
     with pytest.raises(longctx.InvalidArgumentError, match=field) as e:
         longctx.SamplingParams(**kwargs)
     assert isinstance(e.value, ValueError)
+
+
+def test_choice_and_regex(llm):
+    choices = ["positive", "negative", "neutral"]
+    outs = llm.generate([f"Sentiment {i}" for i in range(8)],
+                        [longctx.SamplingParams(choice=choices, temperature=1.5, seed=i,
+                                                max_tokens=16) for i in range(8)])
+    assert all(o.outputs[0].text in choices for o in outs), [o.outputs[0].text for o in outs]
+    outs = llm.generate(["Code:"], longctx.SamplingParams(regex=r"[A-Z]{2}-\d{3}", seed=3,
+                                                          temperature=1.5, max_tokens=16))
+    assert re.fullmatch(r"[A-Z]{2}-\d{3}", outs[0].outputs[0].text), outs[0].outputs[0].text
+    with pytest.raises(longctx.UnsupportedError, match="lookahead"):
+        llm.generate(["x"], longctx.SamplingParams(regex="a(?=b)"))
 
 
 def test_sampling_params_keywords():

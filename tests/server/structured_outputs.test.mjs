@@ -4,7 +4,8 @@
 // response_format json_schema with max_tokens down to the shortest document; every response
 // parses and validates with ajv (a validator we did not write). Also json_object, a streamed
 // schema, /v1/completions, tool_choice "required" / a named function (a well-formed call of a
-// declared tool, streamed and not), and the 400 naming an unsupported keyword.
+// declared tool, streamed and not), vLLM's choice / regex, and the 400 naming an unsupported
+// keyword. Some strings carry a `pattern`, which ajv checks with JavaScript's own RegExp.
 // Environment: LONGCTX_BIN (the longctx binary), LONGCTX_MODEL_DIR (models/needle),
 // LONGCTX_NPM_DIR (the folder whose node_modules holds openai and ajv; tools/fetch_test_data.sh).
 import { createRequire } from "node:module";
@@ -34,11 +35,18 @@ function rng(seed) {
   };
 }
 
+// `pattern`s (ECMA-262, unanchored unless ^...$) and their shortest match in characters.
+const kPatterns = [["^[a-z]{2,5}$", 2], ["^\\d{3}-\\d{2}$", 6], ["ab", 2],
+                   ["^(red|green|blue)$", 3], ["[A-Z]\\d", 2], ["^\\w+@\\w+\\.com$", 7],
+                   ["^[^\"\\\\]?x\\s*$", 1]];
+const kPatternMin = new Map(kPatterns);
+
 function randomSchema(r, depth) {
   const pick = (n) => Math.floor(r() * n);
   const kind = depth <= 0 ? pick(6) : pick(10);
   switch (kind) {
     case 0: {
+      if (pick(3) === 0) return { type: "string", pattern: kPatterns[pick(kPatterns.length)][0] };
       const s = { type: "string" };
       if (pick(2)) s.minLength = pick(4);
       if (pick(2)) s.maxLength = (s.minLength ?? 0) + pick(10);
@@ -94,7 +102,8 @@ function shortest(s) {
   const types = Array.isArray(s.type) ? s.type : [s.type];
   return Math.min(...types.map((t) => {
     switch (t) {
-      case "string": return 2 + (s.minLength ?? 0);
+      case "string": return 2 + (s.pattern !== undefined ? kPatternMin.get(s.pattern)
+                                                          : (s.minLength ?? 0));
       case "integer":
       case "number": {
         const lo = s.minimum === undefined ? -Infinity : Math.ceil(s.minimum);
@@ -284,9 +293,45 @@ describe("structured outputs against longctx serve (needle, CPU)", () => {
       (err) => err.status === 400 && err.error.param === "tool_choice");
   });
 
+  test("vLLM's choice and regex: every output is a choice / matches", async () => {
+    const choices = ["positive", "negative", "neutral", "n/a"];
+    const re = /^[A-Z][a-z]{1,6}-\d{2,4}( ok| no)?$/u;
+    const seen = new Set();
+    for (let seed = 0; seed < 24; seed++) {
+      const chat = seed % 2 === 0;
+      const extra = [{ structured_outputs: { choice: choices } }, { guided_choice: choices },
+                     { structured_outputs: { regex: re.source.slice(1, -1) } },
+                     { guided_regex: re.source.slice(1, -1) }][seed % 4];
+      const res = chat
+        ? await api.chat.completions.create({
+          model: "needle", messages: [{ role: "user", content: "Sentiment " + seed }],
+          max_tokens: 24, temperature: 1.5, seed, ...extra })
+        : await api.completions.create({ model: "needle", prompt: "Sentiment " + seed,
+                                         max_tokens: 24, temperature: 1.5, seed, ...extra });
+      const text = chat ? res.choices[0].message.content : res.choices[0].text;
+      if (seed % 4 < 2) {
+        assert.ok(choices.includes(text), `${seed}: ${JSON.stringify(text)}`);
+        assert.equal(res.choices[0].finish_reason, "stop");
+        seen.add(text);
+      } else {
+        assert.match(text, re, `${seed}`);
+      }
+    }
+    assert.ok(seen.size >= 2, [...seen].join(","));
+    await assert.rejects(
+      api.completions.create({ model: "needle", prompt: "x", guided_regex: "a",
+                               guided_choice: ["a"] }),
+      (err) => err.status === 400 && err.error.param === "guided_choice" &&
+               err.error.message.includes("cannot be combined"));
+    await assert.rejects(
+      api.completions.create({ model: "needle", prompt: "x", guided_regex: "(a)\\1" }),
+      (err) => err.status === 400 && err.error.param === "guided_regex" &&
+               err.error.message.includes("backreference '\\1' at offset 3"));
+  });
+
   test("an unsupported keyword is a 400 naming it", async () => {
     for (const [schema, keyword] of [
-      [{ type: "string", pattern: "^a+$" }, "'pattern'"],
+      [{ type: "string", pattern: "^a+(?=b)" }, "'pattern' (at #): lookahead '(?=' at offset 3"],
       [{ type: "object", properties: { x: { not: { type: "null" } } } }, "'not'"],
       [{ type: "array", uniqueItems: true }, "'uniqueItems'"]]) {
       await assert.rejects(

@@ -15,9 +15,13 @@ namespace longctx {
 // complete. The document is closed by max_tokens when the vocabulary holds every byte as a token
 // (byte-level BPE) and max_tokens covers the shortest document; docs/server.md says how.
 struct StructuredOutput {
-  enum class Kind { kNone, kJsonObject, kJsonSchema };
+  // kRegex: the whole output matches `regex` (an ECMA-262 subset, docs/server.md); kChoice: the
+  // output is exactly one of `choices`.
+  enum class Kind { kNone, kJsonObject, kJsonSchema, kRegex, kChoice };
   Kind kind = Kind::kNone;
-  std::string json_schema;  // kJsonSchema: the schema as JSON text
+  std::string json_schema;           // kJsonSchema: the schema as JSON text
+  std::string regex;                 // kRegex
+  std::vector<std::string> choices;  // kChoice
   bool enabled() const { return kind != Kind::kNone; }
 };
 
