@@ -357,6 +357,10 @@ Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const Ste
   const LayerWeights& w = layers_[i];
   Tensor qkv = linear(hidden_states, w.qkv_proj, w.qkv_bias);
   QKV s = split_qkv(qkv);
+  if (config().qk_norm) {  // Qwen3, Gemma 3: RMSNorm over each head of q and k before RoPE
+    rms_norm_in_place(s.q, w.q_norm);
+    rms_norm_in_place(s.k, w.k_norm);
+  }
   apply_rope(s.qk, in, i);
   attention.store_kv(i, s.k, s.v);
   Tensor attn_output = attention.attend(i, s.q);

@@ -85,7 +85,8 @@ class DecoderModel : public Model {
   // (undefined for layer 0); on return `mlp_out` is this layer's and `residual` the sum before it.
   virtual void decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out, const StepInputs& in,
                              AttentionBackend& attention);
-  // LlamaAttention.forward: project (bias where the checkpoint has one), rotate q and k, store
+  // LlamaAttention.forward: project (bias where the checkpoint has one), normalize each head of q
+  // and k where the config has q/k norms (Qwen3Attention, Gemma3Attention), rotate q and k, store
   // k and v, attend, project back.
   virtual Tensor self_attn(const Tensor& hidden_states, int64_t i, const StepInputs& in,
                            AttentionBackend& attention);

@@ -45,20 +45,8 @@ class Gemma3ForCausalLM : public DecoderModel {
     mlp_out = rms_norm(m, w.post_feedforward_layernorm);
   }
 
-  // Gemma3Attention.forward: q = q_norm(q_proj(x)), k = k_norm(k_proj(x)) per head, RoPE of the
-  // layer's kind, attention (sliding or global by the layer's KV group), o_proj.
-  Tensor self_attn(const Tensor& hidden_states, int64_t i, const StepInputs& in,
-                   AttentionBackend& attention) override {
-    const LayerWeights& w = layers_[i];
-    Tensor qkv = linear(hidden_states, w.qkv_proj, w.qkv_bias);
-    QKV s = split_qkv(qkv);
-    rms_norm_in_place(s.q, w.q_norm);
-    rms_norm_in_place(s.k, w.k_norm);
-    apply_rope(s.qk, in, i);
-    attention.store_kv(i, s.k, s.v);
-    Tensor attn_output = attention.attend(i, s.q);
-    return linear(attn_output, w.o_proj, w.o_bias);
-  }
+  // Gemma3Attention.forward is DecoderModel's with config.qk_norm (q_norm / k_norm per head before
+  // RoPE) and the layer kind's rope (apply_rope by layer).
 };
 
 }  // namespace

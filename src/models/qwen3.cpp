@@ -18,23 +18,9 @@ class Qwen3ForCausalLM : public DecoderModel {
                     ErrorCode::kNotFound, "Qwen3: layer {} lacks self_attn.q_norm/k_norm", i);
   }
 
- protected:
-  // forward and Qwen3DecoderLayer are Llama's (DecoderModel); the attention differs.
-  // Qwen3Attention.forward:
+  // forward, Qwen3DecoderLayer and Qwen3Attention are Llama's (DecoderModel) with config.qk_norm:
   //   q = q_norm(q_proj(x).view(n, Hq, head_dim)); k = k_norm(k_proj(x).view(n, Hkv, head_dim))
   //   then RoPE on q and k, attention, o_proj.
-  Tensor self_attn(const Tensor& hidden_states, int64_t i, const StepInputs& in,
-                   AttentionBackend& attention) override {
-    const LayerWeights& w = layers_[i];
-    Tensor qkv = linear(hidden_states, w.qkv_proj, w.qkv_bias);
-    QKV s = split_qkv(qkv);
-    rms_norm_in_place(s.q, w.q_norm);  // per head: rows of head_dim
-    rms_norm_in_place(s.k, w.k_norm);
-    apply_rope(s.qk, in, i);
-    attention.store_kv(i, s.k, s.v);
-    Tensor attn_output = attention.attend(i, s.q);
-    return linear(attn_output, w.o_proj, w.o_bias);
-  }
 };
 
 }  // namespace

@@ -97,4 +97,43 @@ inline int32_t argmax_row(const Tensor& logits, int64_t row) {
   return static_cast<int32_t>(std::max_element(p, p + v) - p);
 }
 
+// max |ours - reference| over the stored rows of a case, ours being [n, vocab] logits (NaN kept).
+inline double max_logit_error(const Tensor& ours, const ReferenceCase& ref) {
+  const int64_t vocab = ours.size(1);
+  EXPECT_EQ(ref.logits.size(0), int64_t(ref.logits_positions.size()));
+  EXPECT_EQ(ref.logits.size(1), vocab);
+  double m = 0;
+  for (size_t r = 0; r < ref.logits_positions.size(); ++r) {
+    const float* a = ours.data<float>() + ref.logits_positions[r] * vocab;
+    const float* b = ref.logits.data<float>() + r * vocab;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const double d = std::abs(double(a[i]) - double(b[i]));
+      if (!(d <= m)) m = d;
+    }
+  }
+  return m;
+}
+
+// transformers' 24 greedy tokens after the `len`-token prompt of `name`'s reference: one forward
+// for the prompt, then a token per forward over the cache, compared up to a near tie (margin
+// < 1e-3, where either token is right); at least 8 steps must be comparable.
+inline void expect_greedy_matches(Model& model, const std::string& name, int64_t len) {
+  ReferenceCase ref = reference_case(name, len);
+  ASSERT_EQ(ref.greedy_new_tokens.size(), 24u);
+  auto cache = std::make_unique<KVCache>(model.config(), len + 24);
+  Tensor logits = reference_forward(model, ref.input_ids, iota_positions(0, len), *cache, true);
+  ASSERT_EQ(logits.size(0), 1);
+  size_t compared = 0;
+  for (size_t step = 0; step < ref.greedy_new_tokens.size(); ++step) {
+    if (ref.greedy_margins[step] < 1e-3) break;
+    const int32_t token = argmax_row(logits, 0);
+    ASSERT_EQ(token, ref.greedy_new_tokens[step]) << name << " len " << len << " step " << step;
+    ++compared;
+    std::vector<int32_t> one = {token};
+    std::vector<int64_t> pos = {len + int64_t(step)};
+    logits = reference_forward(model, one, pos, *cache, true);
+  }
+  EXPECT_GE(compared, 8u) << name << " len " << len << ": too few comparable steps";
+}
+
 }  // namespace longctx::testing

@@ -1,7 +1,10 @@
-// The tiny fixture models (tiny-llama3, tiny-qwen3, tiny-qwen2; tiny-gemma3 and tiny-mistral-sw
-// with sliding windows of 48 keys, so the 64- to 2048-token cases cross them) against
-// transformers' logits and greedy continuations, and incremental decoding against one full
-// forward.
+// The tiny fixture models against transformers' logits and greedy continuations, and
+// incremental decoding and chunked prefill against one full forward: tiny-llama3, tiny-qwen3,
+// tiny-qwen2; tiny-gemma3 and tiny-mistral-sw with sliding windows of 48 keys (the 64- to
+// 2048-token cases cross them); the MoE fixtures tiny-qwen3-moe (8 experts, top 2,
+// norm_topk_prob, layer 1 dense, num_local_experts) and tiny-qwen2-moe (no renormalization, a
+// shared expert with its sigmoid gate); tiny-qwen3-yarn (yarn factor 4 over 64 positions).
+// (tiny-llama-dynamic and tiny-phi3-longrope: test_rope_fixtures.cpp.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,23 +19,6 @@ using namespace longctx::testing;
 namespace {
 
 class FixtureModel : public ::testing::TestWithParam<std::string> {};
-
-// max |ours - reference| over the stored rows of a case, ours being [n, vocab] logits.
-double max_logit_error(const Tensor& ours, const ReferenceCase& ref) {
-  const int64_t vocab = ours.size(1);
-  EXPECT_EQ(ref.logits.size(0), int64_t(ref.logits_positions.size()));
-  EXPECT_EQ(ref.logits.size(1), vocab);
-  double m = 0;
-  for (size_t r = 0; r < ref.logits_positions.size(); ++r) {
-    const float* a = ours.data<float>() + ref.logits_positions[r] * vocab;
-    const float* b = ref.logits.data<float>() + r * vocab;
-    for (int64_t i = 0; i < vocab; ++i) {
-      double d = std::abs(double(a[i]) - double(b[i]));
-      if (!(d <= m)) m = d;  // keeps NaN
-    }
-  }
-  return m;
-}
 
 void expect_logits_match(const std::string& model_name, int64_t len) {
   auto model = load_fixture_model(model_name);
@@ -99,23 +85,7 @@ TEST_P(FixtureModel, ChunkedPrefillEqualsFullForward) {
 
 TEST_P(FixtureModel, GreedyTokensMatchTransformers) {
   auto model = load_fixture_model(GetParam());
-  for (int64_t len : {7, 515}) {
-    ReferenceCase ref = reference_case(GetParam(), len);
-    ASSERT_EQ(ref.greedy_new_tokens.size(), 24u);
-    auto cache = std::make_unique<KVCache>(model->config(), len + 24);
-    Tensor logits = reference_forward(*model, ref.input_ids, iota_positions(0, len), *cache, true);
-    ASSERT_EQ(logits.size(0), 1);
-    for (size_t step = 0; step < ref.greedy_new_tokens.size(); ++step) {
-      // Past a near tie, transformers and we may legitimately diverge: stop comparing there.
-      if (ref.greedy_margins[step] < 1e-3) break;
-      const int32_t token = argmax_row(logits, 0);
-      ASSERT_EQ(token, ref.greedy_new_tokens[step])
-          << GetParam() << " len " << len << " step " << step;
-      std::vector<int32_t> one = {token};
-      std::vector<int64_t> pos = {len + int64_t(step)};
-      logits = reference_forward(*model, one, pos, *cache, true);
-    }
-  }
+  for (int64_t len : {7, 515}) expect_greedy_matches(*model, GetParam(), len);
 }
 
 TEST_P(FixtureModel, LastOnlyIsTheLastRow) {
