@@ -112,7 +112,8 @@ TEST(FixtureModelRope, ExactInvFreqIsNotWhatTheFixturesUsed) {
 
 INSTANTIATE_TEST_SUITE_P(Tiny, FixtureModel,
                          ::testing::Values("tiny-llama3", "tiny-qwen3", "tiny-qwen2", "tiny-gemma3",
-                                           "tiny-mistral-sw"),
+                                           "tiny-mistral-sw", "tiny-qwen3-moe", "tiny-qwen2-moe",
+                                           "tiny-qwen3-yarn"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '-', '_');
