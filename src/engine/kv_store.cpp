@@ -1,6 +1,5 @@
 #include "engine/kv_store.h"
 
-#include <dlfcn.h>
 #include <hiredis/hiredis.h>
 
 #include <chrono>
@@ -9,6 +8,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "core/shared_library.h"
 #include "longctx/core/error.h"
 #include "longctx/core/logging.h"
 
@@ -28,21 +28,13 @@ struct Hiredis {
 
 const Hiredis& hiredis() {
   static const Hiredis lib = [] {
-    void* h = dlopen("libhiredis.so.0.14", RTLD_NOW | RTLD_LOCAL);
-    LONGCTX_CHECK(h != nullptr, ErrorCode::kNotFound,
-                  "--kv-store needs hiredis: cannot open libhiredis.so.0.14 ({}); install it "
-                  "(Debian: libhiredis0.14)",
-                  dlerror());
+    const SharedLibrary h("libhiredis.so.0.14", "--kv-store needs hiredis", "libhiredis0.14");
     Hiredis r{};
-    auto load = [&](const char* name, auto& f) {
-      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(h, name));
-      LONGCTX_CHECK(f != nullptr, ErrorCode::kNotFound, "libhiredis.so.0.14 has no {}", name);
-    };
-    load("redisConnectWithTimeout", r.connect);
-    load("redisSetTimeout", r.set_timeout);
-    load("redisCommandArgv", r.command);
-    load("freeReplyObject", r.free_reply);
-    load("redisFree", r.free);
+    h.load("redisConnectWithTimeout", r.connect);
+    h.load("redisSetTimeout", r.set_timeout);
+    h.load("redisCommandArgv", r.command);
+    h.load("freeReplyObject", r.free_reply);
+    h.load("redisFree", r.free);
     return r;
   }();
   return lib;
