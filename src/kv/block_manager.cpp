@@ -278,7 +278,12 @@ BlockManager::Start BlockManager::start(uint64_t seq, std::span<const int32_t> t
       t.blocks.push_back(found[g][i]);
     }
     t.num_cached_blocks = num_hits;
-    const bool ok = grow(t, static_cast<int32_t>(g), need, first_write, copies);
+  }
+  // Every group's hits are held before any group takes fresh blocks: a hit idle in the LRU list
+  // would otherwise be evicted into another group's table and then also acquired as a hit.
+  for (int64_t g = 0; g < num_groups; ++g) {
+    if (!paged(g)) continue;
+    const bool ok = grow(s.groups[g], static_cast<int32_t>(g), need, first_write, copies);
     LONGCTX_CHECK(ok, ErrorCode::kInternal, "block manager: counted {} free blocks but ran out",
                   fresh);
   }
