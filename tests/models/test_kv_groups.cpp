@@ -94,17 +94,37 @@ TEST(KvGroups, LinearAttentionIsAStateGroup) {
   EXPECT_THROW(KvGroups::from_config(c, DType::kBF16), Error);
 }
 
-TEST(KvGroups, GemmaPatternPoolHoldsTheLargestGroup) {
+// Gemma's 5 local : 1 global: the local layers are cut into groups as large as the global one,
+// so a pool block (pool_layers() layers) is full in every group, and a sequence's blocks cost
+// what its layers keep (the global group every token, each local group its window).
+TEST(KvGroups, GemmaPatternIsCutIntoGroupsOfEqualSize) {
   ModelConfig c = fixture("tiny-llama3");
   c.num_hidden_layers = 12;
   c.layer_types.assign(12, LA::kSliding);
   c.layer_types[5] = c.layer_types[11] = LA::kFull;
   c.sliding_window = 512;
   const KvGroups g = KvGroups::from_config(c, DType::kBF16);
-  ASSERT_EQ(g.size(), 2);
-  EXPECT_EQ(g.pool_layers(), 10);
+  ASSERT_EQ(g.size(), 6);
+  EXPECT_EQ(g[0].layers, (std::vector<int64_t>{5, 11}));
+  EXPECT_EQ(g[1].layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(g[3].layers, (std::vector<int64_t>{4, 6}));
+  EXPECT_EQ(g[5].layers, (std::vector<int64_t>{9, 10}));
+  for (int64_t i = 1; i < 6; ++i) EXPECT_EQ(g[i].window, 512);
+  EXPECT_EQ(g.pool_layers(), 2);
   EXPECT_EQ(g.pool_layer(11), 1);
-  EXPECT_EQ(g.pool_layer(10), 9);
+  EXPECT_EQ(g.pool_layer(10), 1);
+  EXPECT_EQ(g.group_of(10), 5);
+  const int64_t per_layer = 2 * c.num_key_value_heads * c.head_dim * 2;
+  EXPECT_EQ(g.block_bytes(16), 16 * 2 * per_layer);
+  EXPECT_EQ(g.bytes_per_seq(4096), 4096 * 2 * per_layer + 512 * 10 * per_layer);
+  // A sliding kind of 7 layers beside 3 full: groups of 3, 3 and 1.
+  c.num_hidden_layers = 10;
+  c.layer_types.assign(10, LA::kSliding);
+  c.layer_types[0] = c.layer_types[4] = c.layer_types[8] = LA::kFull;
+  const KvGroups h = KvGroups::from_config(c, DType::kBF16);
+  ASSERT_EQ(h.size(), 4);
+  EXPECT_EQ(h[3].layers, (std::vector<int64_t>{9}));
+  EXPECT_EQ(h.pool_layers(), 3);
   c.sliding_window = 0;
   EXPECT_THROW(KvGroups::from_config(c, DType::kBF16), Error);
 }

@@ -7,7 +7,10 @@
 // Storage (as vLLM's hybrid allocator): paged groups share one pool of block ids, and the pool's
 // per-layer K/V tensors are shared by the groups: a paged group's j-th layer lives in pool layer
 // j, so the pool has max(layers of a paged group) layers and a block costs that many layers'
-// K/V. One full group (Llama, Qwen) is today's layout exactly: pool layer = model layer.
+// K/V. So that no block is mostly empty, a model with paged layers of several kinds has each
+// kind cut into groups of the smallest kind's layer count (Gemma-3-12B: one full group of 8
+// layers and five sliding groups of 8; the last group of a kind may be shorter). One full group
+// (Llama, Qwen) is today's layout exactly: pool layer = model layer.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +35,9 @@ struct KvGroup {
 class KvGroups {
  public:
   // Groups in a fixed order: full, then sliding windows (ascending), then state; within a kind,
-  // by first layer. Throws Error(kInvalidArgument) for a config without layers, a sliding layer
-  // without a window or a linear layer without its state sizes.
+  // by first layer (paged kinds cut to equal sizes, above). Throws Error(kInvalidArgument) for a
+  // config without layers, a sliding layer without a window or a linear layer without its state
+  // sizes.
   static KvGroups from_config(const ModelConfig& config, DType kv_dtype);
 
   int64_t size() const { return static_cast<int64_t>(groups_.size()); }

@@ -69,6 +69,33 @@ KvGroups KvGroups::from_config(const ModelConfig& c, DType kv_dtype) {
     if (it == r.groups_.end()) it = r.groups_.insert(r.groups_.end(), want);
     it->layers.push_back(l);
   }
+  // Paged layers of several kinds (Gemma 3: 8 full, 40 sliding): every block of the shared pool
+  // holds pool_layers() layers, so each kind is cut into groups of the smallest kind's layer count
+  // (the last one may be shorter), as vLLM's hybrid allocator does. One group of 40 would make a
+  // full-attention block, held for every token, cost 40 layers where it fills 8.
+  int64_t unit = 0;
+  int paged_kinds = 0;
+  for (const KvGroup& g : r.groups_)
+    if (g.kind != KvGroupKind::kState) {
+      const auto n = static_cast<int64_t>(g.layers.size());
+      unit = paged_kinds++ == 0 ? n : std::min(unit, n);
+    }
+  if (paged_kinds > 1) {
+    std::vector<KvGroup> cut;
+    for (const KvGroup& g : r.groups_) {
+      if (g.kind == KvGroupKind::kState) {
+        cut.push_back(g);
+        continue;
+      }
+      for (size_t i = 0; i < g.layers.size(); i += unit) {
+        KvGroup part = g;
+        part.layers.assign(g.layers.begin() + i,
+                           g.layers.begin() + std::min(g.layers.size(), i + size_t(unit)));
+        cut.push_back(part);
+      }
+    }
+    r.groups_ = std::move(cut);
+  }
   std::sort(r.groups_.begin(), r.groups_.end(),
             [](const KvGroup& a, const KvGroup& b) { return order_key(a) < order_key(b); });
   r.group_of_.assign(c.num_hidden_layers, 0);
