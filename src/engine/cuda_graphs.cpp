@@ -56,14 +56,19 @@ std::string decode_graph_refusal(const ForwardBatch& batch, std::span<const int6
   for (int64_t i = 0; i < s; ++i)
     if (batch.logits_indices[i] != i)
       return fmt::format("logits row {} is {}", i, batch.logits_indices[i]);
-  for (size_t i = 0; i < batch.block_tables.size(); ++i)
-    if (batch.block_tables[i] == scratch_block)
-      return fmt::format("block-table entry {} names the graphs' scratch block {}", i,
-                         scratch_block);
-  const int64_t entries = static_cast<int64_t>(batch.block_tables.size()) + (bucket - s);
-  if (max_blocks > 0 && entries > max_blocks)
-    return fmt::format("{} block-table entries with the padding, past the backend's {}", entries,
-                       max_blocks);
+  for (int64_t g = 0; g < batch.num_groups(); ++g) {
+    const std::span<const int32_t> tables = batch.tables(g).block_tables;
+    for (size_t i = 0; i < tables.size(); ++i)
+      if (tables[i] == scratch_block)
+        return fmt::format("block-table entry {} of KV group {} names the graphs' scratch block {}",
+                           i, g, scratch_block);
+    const int64_t entries = static_cast<int64_t>(tables.size()) + (bucket - s);
+    if (max_blocks > 0 && entries > max_blocks)
+      return fmt::format(
+          "{} block-table entries of KV group {} with the padding, past the "
+          "backend's {}",
+          entries, g, max_blocks);
+  }
   return "";
 }
 
@@ -85,6 +90,13 @@ ForwardBatch pad_decode_batch(const ForwardBatch& batch, int64_t bucket, int32_t
     p.block_tables.push_back(scratch_block);
     p.block_table_indptr.push_back(static_cast<int32_t>(p.block_tables.size()));
     p.slot_mapping.push_back(int64_t(scratch_block) * block_size);
+    // Every KV group's table names the scratch block too (a block id serves any group).
+    for (GroupBlockTables& t : p.group_tables) {
+      if (t.block_table_indptr.empty()) t.block_table_indptr.push_back(0);
+      t.block_tables.push_back(scratch_block);
+      t.block_table_indptr.push_back(static_cast<int32_t>(t.block_tables.size()));
+      t.slot_mapping.push_back(int64_t(scratch_block) * block_size);
+    }
     if (!p.seq_ids.empty()) p.seq_ids.push_back(~uint64_t(0));
   }
   p.logits_indices.resize(bucket);

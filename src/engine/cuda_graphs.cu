@@ -11,6 +11,7 @@
 #include "core/device_pool.h"
 #include "core/stream_limits.h"
 #include "engine/cuda_graphs.h"
+#include "longctx/attention/kv_groups.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 #include "longctx/core/stream.h"
@@ -135,6 +136,10 @@ struct DecodeGraphs::Impl {
     one.block_table_indptr = {0, 1};
     one.block_tables = {scratch};
     one.slot_mapping = {int64_t(scratch) * pool.block_size()};
+    // A model of several KV groups: the scratch block in each group's table too.
+    const int64_t groups = KvGroups::from_config(model.config(), DType::kBF16).size();
+    one.group_tables.assign(groups - 1,
+                            {one.block_table_indptr, one.block_tables, one.slot_mapping});
     prepare(pad_decode_batch(one, b, scratch, pool.block_size()), s);
     cudaGraph_t graph = nullptr;
     {

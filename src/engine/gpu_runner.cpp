@@ -238,6 +238,7 @@ struct GpuRunner::Impl {
 
   std::shared_ptr<Model> model;
   GpuRunnerOptions options;
+  KvGroups groups;  // the model's (attention/kv_groups.h)
   GpuMemoryPlan plan;
   std::unique_ptr<PagedKVPool> pool;           // resident KV
   OffloadAttentionBackend* offload = nullptr;  // or offloaded KV (owned by `attention`)
@@ -254,6 +255,10 @@ struct GpuRunner::Impl {
     LONGCTX_CHECK(!engine_attached, ErrorCode::kInvalidArgument,
                   "GPU runner: an engine owns this runner's KV blocks; standalone calls "
                   "(execute_standalone, prompt_logits) need a runner of their own");
+    LONGCTX_CHECK(groups.single_full(), ErrorCode::kUnsupported,
+                  "GPU runner: standalone calls keep one block table per sequence; this model "
+                  "has {} KV groups ({}): run it through an engine (LLM, the server)",
+                  groups.size(), fmt::join(groups.describe(), "; "));
   }
 
   int64_t num_blocks() const { return pool ? pool->num_blocks() : plan.num_host_blocks; }
@@ -394,14 +399,19 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   m.model = std::move(model);
   m.options = options;
   const ModelConfig& c = m.model->config();
-  // The paged kernels attend every earlier key: a sliding-window layer would silently read keys
-  // outside its window. Until they take a window (#44), such a model runs on the CPU only.
-  const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
-  LONGCTX_CHECK(groups.single_full(), ErrorCode::kUnsupported,
-                "GPU runner: this model has {} KV groups ({}): sliding-window attention "
-                "(config.json 'sliding_window' = {} on the layers 'layer_types' / "
-                "'use_sliding_window' / 'sliding_window_pattern' mark) is not supported on the GPU "
-                "yet; run it on the CPU (--device cpu)",
+  // Full and sliding-window groups share the paged pool (each layer reads its group's tables and
+  // window); a per-sequence state group (linear attention) has no GPU storage yet, and the
+  // offload ring moves the blocks of one full group.
+  m.groups = KvGroups::from_config(c, DType::kBF16);
+  const KvGroups& groups = m.groups;
+  LONGCTX_CHECK(!groups.has_kind(KvGroupKind::kState), ErrorCode::kUnsupported,
+                "GPU runner: this model has linear-attention layers (a per-sequence state KV "
+                "group: {}), which the GPU engine does not run yet; run it on the CPU "
+                "(--device cpu)",
+                fmt::join(groups.describe(), "; "));
+  LONGCTX_CHECK(groups.single_full() || !options.kv_offload, ErrorCode::kUnsupported,
+                "GPU runner: KV offload runs models of one full-attention KV group; this one has "
+                "{} ({}; sliding_window {} in config.json): run it without --kv-offload",
                 groups.size(), fmt::join(groups.describe(), "; "), c.sliding_window);
   const int device = m.model->device().index;
   const DeviceMemoryStats st = device_memory_stats(device);
@@ -432,8 +442,9 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
       m.free_ids.push_back(static_cast<int32_t>(b));
     return;
   }
-  PagedKVPoolConfig kv{c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
-                       m.plan.block_size,   m.plan.num_kv_blocks,  m.model->activation_dtype(),
+  // The pool holds the largest paged group's layers (one full group: every layer).
+  PagedKVPoolConfig kv{groups.pool_layers(), c.num_key_value_heads, c.head_dim,
+                       m.plan.block_size,    m.plan.num_kv_blocks,  m.model->activation_dtype(),
                        m.model->device()};
   m.pool = std::make_unique<PagedKVPool>(kv);
   PagedBackendLimits limits;
@@ -446,7 +457,7 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   m.max_blocks = limits.max_blocks;
   m.attention =
       make_paged_attention_backend(*m.pool, c.num_attention_heads, m.model->attention_scale(),
-                                   limits, options.sparse, options.tuning);
+                                   limits, options.sparse, options.tuning, &m.groups);
 }
 
 GpuRunner::~GpuRunner() = default;
@@ -459,7 +470,9 @@ KVBlockLayout GpuRunner::kv_layout() const {
   if (impl_->offload != nullptr) return {impl_->plan.num_host_blocks, impl_->plan.block_size};
   // With graphs the last block is the padding sequences' scratch block, never handed out.
   const int64_t reserved = decode_graphs(impl_->options) ? 1 : 0;
-  return {impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};
+  KVBlockLayout l{impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};
+  if (!impl_->groups.single_full()) l.groups = impl_->groups.allocs();
+  return l;
 }
 
 GpuRunner::OffloadCounters GpuRunner::offload_counters() const {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/host_device.h"
 #include "longctx/core/dtype.h"
 
 namespace longctx::kernels {
@@ -22,6 +23,13 @@ enum class MaskMode : uint8_t {
   kNone,    // every query sees keys [0, kv_len)
   kCausal,  // query i of a segment of q_len queries sees keys [0, kv_len - q_len + i]
 };
+
+// The first key a query at key position `pos` sees under a sliding window of `window` keys
+// (itself included; 0: no window). Key positions are those of the page table the kernel gets: a
+// caller that trims leading pages (a sliding group's dropped blocks) shifts queries and keys alike.
+LONGCTX_HD_INLINE int32_t window_first_key(int32_t pos, int32_t window) {
+  return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
 
 // Block size (tokens) of the block-sparse mask, both for query blocks and key blocks.
 inline constexpr int kSparseBlock = 128;
@@ -74,6 +82,10 @@ struct PagedPrefillParams {
   int page_size = 0;           // 1 .. 256
   DType dtype = DType::kBF16;  // of q, k_cache, v_cache, o
   MaskMode mask_mode = MaskMode::kNone;
+  // Sliding window (kCausal only): query i of a segment sees keys [window_first_key(kv_len -
+  // q_len + i, window), kv_len - q_len + i]; 0 = every earlier key. Kernels skip whole key tiles
+  // before a tile's first visible key and mask the band's edge.
+  int window = 0;
   float sm_scale = 0.f;  // usually 1/sqrt(head_dim)
 };
 

@@ -38,6 +38,8 @@ struct DecodeParams {
   int page_size = 0;           // >= 1
   DType dtype = DType::kBF16;  // of q, k_cache, v_cache, o
   float sm_scale = 0.f;        // usually 1/sqrt(head_dim)
+  // Sliding window: the query sees keys [max(0, kv_len - window), kv_len); 0 = all of them.
+  int window = 0;
 };
 
 // Merge of attention states computed over disjoint key sets of the same queries. State s of row

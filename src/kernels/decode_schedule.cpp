@@ -117,17 +117,35 @@ DecodeWaveModel decode_wave_model(const DecodeTuning& tuning, int num_sms, int r
   return m;
 }
 
-DecodeWork decode_work_items(const std::vector<int64_t>& len, const int32_t* kv_indptr, int real,
-                             int64_t chunk, bool cp_async_stages) {
+std::vector<int64_t> decode_first_keys(const std::vector<int64_t>& len, int window) {
+  std::vector<int64_t> first(len.size(), 0);
+  if (window > 0)
+    for (size_t b = 0; b < len.size(); ++b) first[b] = std::max<int64_t>(0, len[b] - window);
+  return first;
+}
+
+std::vector<int64_t> decode_spans(const std::vector<int64_t>& len,
+                                  const std::vector<int64_t>& first) {
+  std::vector<int64_t> span(len.size());
+  for (size_t b = 0; b < len.size(); ++b) span[b] = len[b] - first[b] / 64 * 64;
+  return span;
+}
+
+DecodeWork decode_work_items(const std::vector<int64_t>& len, const std::vector<int64_t>& first,
+                             const int32_t* kv_indptr, int real, int64_t chunk,
+                             bool cp_async_stages) {
+  LONGCTX_CHECK(first.size() == len.size(), ErrorCode::kInternal,
+                "decode work: {} first keys for {} requests", first.size(), len.size());
   DecodeWork w;
   for (int b = 0; b < int(len.size()); ++b) {
+    const int64_t base = first[b] / 64 * 64, span = len[b] - base;
     const DecodeSplit sp =
-        b < real ? decode_split(len[b], chunk) : DecodeSplit{1, std::max<int64_t>(len[b], 1)};
+        b < real ? decode_split(span, chunk) : DecodeSplit{1, std::max<int64_t>(span, 1)};
     const int32_t split = sp.count > 1 ? int32_t(sp.count) : 0;
     for (int64_t s = 0; s < sp.count; ++s) {
       const int32_t item[kDecodeWorkInts] = {b,
-                                             int32_t(s * sp.sub),
-                                             int32_t(std::min(len[b], (s + 1) * sp.sub)),
+                                             int32_t(s == 0 ? first[b] : base + s * sp.sub),
+                                             int32_t(std::min(len[b], base + (s + 1) * sp.sub)),
                                              split ? w.num_partials + int32_t(s) : -1,
                                              kv_indptr[b],
                                              w.num_partials,

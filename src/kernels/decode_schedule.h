@@ -81,13 +81,25 @@ bool decode_cp_async_stages(int loader, int page_size, int head_dim, int64_t chu
 DecodeWaveModel decode_wave_model(const DecodeTuning& tuning, int num_sms, int resident,
                                   int min_chunk_tokens);
 
+// The first key each request sees under a sliding window of `window` keys (0: none; then all 0):
+// max(0, len - window).
+std::vector<int64_t> decode_first_keys(const std::vector<int64_t>& len, int window);
+
+// The keys a request's splits cover: from the multiple of 64 at or before its first key (where a
+// split may start, and the kernel's tiles) to its end. What the wave model sizes.
+std::vector<int64_t> decode_spans(const std::vector<int64_t>& len,
+                                  const std::vector<int64_t>& first);
+
 // The work list ([items, kDecodeWorkInts]) and the partial slots it uses. Requests b < real are
-// split at `chunk`; the others (a CUDA graph's padding) get one item over all their keys.
+// split at `chunk`; the others (a CUDA graph's padding) get one item over all their keys. A
+// request's splits cover [first & ~63, len) in multiples of 64; its first item begins at
+// first[b] exactly (the kernel masks the keys before it in that tile, and reads no earlier tile).
 struct DecodeWork {
   std::vector<int32_t> items;
   int32_t num_partials = 0;
 };
-DecodeWork decode_work_items(const std::vector<int64_t>& len, const int32_t* kv_indptr, int real,
-                             int64_t chunk, bool cp_async_stages);
+DecodeWork decode_work_items(const std::vector<int64_t>& len, const std::vector<int64_t>& first,
+                             const int32_t* kv_indptr, int real, int64_t chunk,
+                             bool cp_async_stages);
 
 }  // namespace longctx::kernels

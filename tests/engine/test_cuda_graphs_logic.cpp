@@ -90,6 +90,32 @@ TEST(DecodeGraphPadding, PaddedBatchIsValidAndOnlyNamesTheScratchBlock) {
   EXPECT_THROW(pad_decode_batch(b, 2, 0, 16), Error);
 }
 
+// A model of several KV groups (Gemma 3: full + sliding): the padding sequences name the scratch
+// block in every group's table, and a real table naming the scratch block is refused per group.
+TEST(DecodeGraphPadding, EveryKvGroupsTablePadsWithTheScratchBlock) {
+  ForwardBatch b = decode_batch({1, 40});
+  GroupBlockTables t{b.block_table_indptr, b.block_tables, b.slot_mapping};
+  for (int32_t& id : t.block_tables) id += 100;  // the sliding group's own blocks
+  for (size_t s = 0; s < t.slot_mapping.size(); ++s) t.slot_mapping[s] += 100 * 16;
+  t.block_tables[1] = -1;  // dropped behind the window
+  b.group_tables.push_back(t);
+  const ForwardBatch p = pad_decode_batch(b, 4, 0, 16);
+  ASSERT_EQ(p.group_tables.size(), 1u);
+  const BlockTablesView g = p.tables(1);
+  ASSERT_EQ(g.block_table_indptr.size(), 5u);
+  EXPECT_EQ(std::vector<int32_t>(g.block_tables.begin(), g.block_tables.begin() + 4),
+            t.block_tables);
+  for (int64_t s = 2; s < 4; ++s) {
+    EXPECT_EQ(g.block_table_indptr[s + 1] - g.block_table_indptr[s], 1);
+    EXPECT_EQ(g.block_tables[g.block_table_indptr[s]], 0);
+    EXPECT_EQ(g.slot_mapping[s], 0);
+  }
+  EXPECT_EQ(decode_graph_refusal(b, std::vector<int64_t>{4}, 0, 64), "");
+  b.group_tables[0].block_tables[0] = 0;
+  EXPECT_NE(decode_graph_refusal(b, std::vector<int64_t>{4}, 0, 64).find("KV group 1"),
+            std::string::npos);
+}
+
 TEST(DecodeGraphPadding, RefusalsNameTheProblem) {
   const std::vector<int64_t> buckets = {1, 2, 4};
   auto refusal = [&](const ForwardBatch& b, int64_t max_blocks = 0) {

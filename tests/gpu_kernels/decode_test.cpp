@@ -50,7 +50,7 @@ class DecodeCase : public OpCase {
     os << (s_.kv_lens.size() > 6 ? ",...]" : "]") << " h=" << s_.num_qo_heads << "/"
        << s_.num_kv_heads << " d=" << s_.head_dim << " page=" << s_.page_size << " "
        << dtype_name(s_.dtype) << (s_.with_lse ? " lse" : "") << (q_pad_ ? " strided q" : "")
-       << ")";
+       << (s_.window > 0 ? " window=" + std::to_string(s_.window) : "") << ")";
     return os.str();
   }
   bool supported() const override { return s_.head_dim == 64 || s_.head_dim == 128; }
@@ -106,10 +106,10 @@ class DecodeCase : public OpCase {
     d_ws_ = GuardedBuffer(
         kernels::cuda::decode_workspace_bytes(batch, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim),
         0);
-    plan_ =
-        kernels::cuda::decode_plan(h.kv_indptr.data(), h.kv_last_page_len.data(), batch,
-                                   s_.page_size, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim,
-                                   d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_, {}, tuning_);
+    plan_ = kernels::cuda::decode_plan(h.kv_indptr.data(), h.kv_last_page_len.data(), batch,
+                                       s_.page_size, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim,
+                                       d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_, {},
+                                       tuning_, s_.window);
   }
   void launch(cudaStream_t stream) override { kernels::cuda::decode_run(params_, plan_, stream); }
   void reset_outputs() {
@@ -411,6 +411,25 @@ TEST(DecodeGpu, HugePagesAndAMillionKeys) {
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, 2);
+}
+
+// Sliding windows: each request's items begin at its first visible key (any key: the kernel masks
+// the keys before it in the first 64-aligned tile and reads no earlier one), split and unsplit,
+// over both loaders (pages of 16: the ring; 128: TMA), windows shorter and longer than requests.
+TEST(DecodeGpu, SlidingWindow) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 200;
+  for (int window : {1, 7, 64, 65, 1000, 4096, 50000}) {
+    for (int page : {16, 128}) {
+      PagedCaseShape s = dshape({0, 1, 63, 700, 4097, 30000}, 8, 2, window % 2 ? 128 : 64, page,
+                                DType::kBF16, true, seed++);
+      s.window = window;
+      cases.push_back(std::make_unique<DecodeCase>(s, false, 64));
+    }
+  }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, 14);
 }
 
 // A reduced set for compute-sanitizer (includes a split request: the fused merge).

@@ -157,6 +157,23 @@ TEST(PagedGenericGpu, LongerPrefills) {
   EXPECT_EQ(s.ok, 5);
 }
 
+// Sliding windows: each row's keys start at its window (the loop starts there), at the small
+// head dims the test models use.
+TEST(PagedGenericGpu, SlidingWindow) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 300;
+  for (int window : {1, 5, 33, 128, 700})
+    for (int d : {16, 32, 128}) {
+      PagedCaseShape s = gshape({1, 9, 140, 1}, {1, 300, 140, 900}, 4, 2, d, window % 2 ? 16 : 1,
+                                DType::kBF16, MaskMode::kCausal, true, seed++);
+      s.window = window;
+      cases.push_back(std::make_unique<GenericCase>(s));
+    }
+  const RunSummary r = run_cases(cases);
+  EXPECT_EQ(r.failed, 0);
+  EXPECT_EQ(r.ok, 15);
+}
+
 TEST(PagedGenericGpu, BlockSparse) {
   std::vector<std::unique_ptr<OpCase>> cases;
   uint64_t seed = 700;

@@ -75,6 +75,7 @@ class PagedPrefillCase : public OpCase {
        << " page=" << s_.page_size << " " << dtype_name(s_.dtype)
        << (s_.mask_mode == kernels::MaskMode::kCausal ? " causal" : " full")
        << (s_.with_lse ? " lse" : "");
+    if (s_.window > 0) os << " window=" << s_.window;
     if (s_.sparse_keep > 0)
       os << " sparse=" << s_.sparse_keep << (s_.sparse_per_head ? "/head" : "")
          << (s_.sparse_same_in_group ? "/group" : "");

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -57,7 +58,11 @@ TEST_P(MoeGpu, MatchesCpuTwin) {
   Tensor g_ids = d_ids.to(Device::cpu()), g_w = d_w.to(Device::cpu());
   int64_t near_ties = 0;
   for (int64_t i = 0; i < c.tokens * c.k; ++i) {
-    ASSERT_NEAR(g_w.data<float>()[i], w.data<float>()[i], 1e-6f) << "slot " << i;
+    // Softmax weights in fp32: the GPU sums the experts' exponentials in another order (a
+    // 128-expert denominator moved a weight near 1 by 1.07e-6 on an H100): 4 ulps of 1 per
+    // 32 experts, relative.
+    const float tol = 4.8e-7f * float((c.experts + 31) / 32) * std::max(1.f, w.data<float>()[i]);
+    ASSERT_NEAR(g_w.data<float>()[i], w.data<float>()[i], tol) << "slot " << i;
     if (g_ids.data<int32_t>()[i] != ids.data<int32_t>()[i]) ++near_ties;  // weights equal
   }
   EXPECT_LE(near_ties, c.tokens * c.k / 1000 + 1);

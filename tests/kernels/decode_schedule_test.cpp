@@ -153,7 +153,7 @@ TEST(DecodeSchedule, WorkItemsNameRangesSlotsAndTheCopyMode) {
   // keys; request 3: a graph's padding of 5000 keys, whole although longer than the chunk.
   const std::vector<int64_t> len = {3000, 100, 0, 5000};
   const int32_t indptr[5] = {0, 24, 25, 25, 65};
-  const DecodeWork w = decode_work_items(len, indptr, 3, 1024, true);
+  const DecodeWork w = decode_work_items(len, decode_first_keys(len, 0), indptr, 3, 1024, true);
   ASSERT_EQ(w.items.size(), size_t(6 * kDecodeWorkInts));
   EXPECT_EQ(w.num_partials, 3);
   auto item = [&](int i) { return std::vector<int32_t>(&w.items[i * 8], &w.items[i * 8 + 8]); };
@@ -163,8 +163,30 @@ TEST(DecodeSchedule, WorkItemsNameRangesSlotsAndTheCopyMode) {
   EXPECT_EQ(item(3), (std::vector<int32_t>{1, 0, 100, -1, 24, 3, 0, 1}));
   EXPECT_EQ(item(4), (std::vector<int32_t>{2, 0, 0, -1, 25, 3, 0, 1}));
   EXPECT_EQ(item(5), (std::vector<int32_t>{3, 0, 5000, -1, 25, 3, 0, 1}));
-  const DecodeWork tma = decode_work_items({100}, indptr, 1, 1024, false);
+  const DecodeWork tma = decode_work_items({100}, {0}, indptr, 1, 1024, false);
   EXPECT_EQ(tma.items.back(), 0);
+}
+
+TEST(DecodeSchedule, SlidingWindowItemsStartAtTheWindowAndSkipEarlierTiles) {
+  // Window 1000: request 0 (3000 keys) sees [2000, 3000): its splits cover [1984, 3000) (from
+  // the multiple of 64 at or before 2000), the first item begins at 2000 exactly. Request 1 (700
+  // keys) lies inside the window: [0, 700). Request 2 (1000 keys): exactly the window.
+  const std::vector<int64_t> len = {3000, 700, 1000};
+  const std::vector<int64_t> first = decode_first_keys(len, 1000);
+  EXPECT_EQ(first, (std::vector<int64_t>{2000, 0, 0}));
+  EXPECT_EQ(decode_spans(len, first), (std::vector<int64_t>{1016, 700, 1000}));
+  EXPECT_EQ(decode_first_keys(len, 0), (std::vector<int64_t>{0, 0, 0}));
+  const int32_t indptr[4] = {0, 188, 232, 295};
+  const DecodeWork w = decode_work_items(len, first, indptr, 3, 512, false);
+  auto item = [&](int i) { return std::vector<int32_t>(&w.items[i * 8], &w.items[i * 8 + 8]); };
+  ASSERT_EQ(w.items.size(), size_t(6 * kDecodeWorkInts));
+  // 1016 keys at chunk 512: two splits of 512 from 1984.
+  EXPECT_EQ(item(0), (std::vector<int32_t>{0, 2000, 2496, 0, 0, 0, 2, 0}));
+  EXPECT_EQ(item(1), (std::vector<int32_t>{0, 2496, 3000, 1, 0, 0, 2, 0}));
+  EXPECT_EQ(item(2), (std::vector<int32_t>{1, 0, 384, 2, 188, 2, 2, 0}));  // even splits
+  EXPECT_EQ(item(3), (std::vector<int32_t>{1, 384, 700, 3, 188, 2, 2, 0}));
+  EXPECT_EQ(item(4), (std::vector<int32_t>{2, 0, 512, 4, 232, 4, 2, 0}));
+  EXPECT_EQ(item(5), (std::vector<int32_t>{2, 512, 1000, 5, 232, 4, 2, 0}));
 }
 
 TEST(DecodeSchedule, MalformedPageTablesAreClearErrors) {

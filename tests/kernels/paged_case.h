@@ -40,6 +40,7 @@ struct PagedCaseShape {
   // runs in random order with unused pages between them.
   bool contiguous_pages = false;
   uint64_t seed = 1;
+  int window = 0;  // sliding window (kCausal prefill, decode): PagedPrefillParams::window
 
   // The head and page fields that PagedPrefillParams and DecodeParams share, with the scale
   // every case uses (1/sqrt(head_dim)).
@@ -183,6 +184,7 @@ struct PagedCase {
     p.batch_size = int(shape.q_lens.size());
     shape.set_head_fields(p);
     p.mask_mode = shape.mask_mode;
+    p.window = shape.window;
     return p;
   }
 
@@ -199,6 +201,7 @@ struct PagedCase {
     p.kv_last_page_len = kv_last_page_len.data();
     p.batch_size = int(shape.kv_lens.size());
     shape.set_head_fields(p);
+    p.window = shape.window;
     return p;
   }
 };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_ref.h"
+#include "kernels/cpu/decode_cpu.h"
 #include "kernels/paged_case.h"
 #include "longctx/core/error.h"
 
@@ -61,6 +62,8 @@ Compare check_case(const PagedCase& c) {
       for (int i = 0; i < nq; ++i)
         for (int j = 0; j < nk; ++j) {
           bool ok = s.mask_mode == MaskMode::kNone || j <= nk - nq + i;
+          // Sliding window: the last `window` keys up to the row's own.
+          if (s.window > 0) ok = ok && j > nk - nq + i - s.window;
           if (!c.block_mask.empty()) {
             const int mh = s.sparse_per_head ? h : 0;
             ok = ok && c.block_mask[c.block_mask_indptr[b] + (int64_t(mh) * nqb + i / 128) * nkb +
@@ -122,6 +125,38 @@ TEST(AttentionRef, PagedPrefillMatchesDenseOverOddShapes) {
                  << " dtype=" << dtype_name(cb.dt) << " causal=" << (cb.mode == MaskMode::kCausal));
     expect_close(PagedCase(s));
   }
+}
+
+// Sliding windows (causal): windows of one key, inside a page, across pages and past the history;
+// the decode reference (one query per request) with the same window equals the prefill one.
+TEST(AttentionRef, SlidingWindowMatchesDense) {
+  const std::vector<int32_t> q_lens = {1, 7, 33, 5, 0, 20};
+  const std::vector<int32_t> kv_lens = {1, 50, 33, 3, 9, 129};
+  uint64_t seed = 40;
+  for (int window : {1, 2, 15, 16, 40, 500})
+    for (int page : {1, 16}) {
+      PagedCaseShape s{q_lens, kv_lens, 4, 2, 64, page, DType::kBF16, MaskMode::kCausal, true};
+      s.seed = seed++;
+      s.window = window;
+      SCOPED_TRACE(::testing::Message() << "window=" << window << " page=" << page);
+      expect_close(PagedCase(s));
+      // Decode: q_len 1 everywhere.
+      PagedCaseShape dshape = s;
+      dshape.q_lens.assign(kv_lens.size(), 1);
+      dshape.q_lens[4] = 1;
+      const PagedCase c(dshape);
+      std::vector<uint16_t> o_pre(c.q.size()), o_dec(c.q.size());
+      std::vector<float> l_pre(c.total_q * 4), l_dec(c.total_q * 4);
+      kernels::cpu::paged_prefill_ref(c.params(o_pre.data(), l_pre.data()));
+      kernels::cpu::decode_attention(c.decode_params(o_dec.data(), l_dec.data()));
+      EXPECT_EQ(o_pre, o_dec);
+      for (size_t i = 0; i < l_pre.size(); ++i) EXPECT_NEAR(l_pre[i], l_dec[i], 1e-5) << i;
+    }
+  PagedCaseShape bad{q_lens, kv_lens, 4, 2, 64, 16, DType::kBF16, MaskMode::kNone, true};
+  bad.window = 8;  // a window needs causal positions
+  const PagedCase c(bad);
+  std::vector<uint16_t> o(c.q.size());
+  EXPECT_THROW(kernels::cpu::paged_prefill_ref(c.params(o.data(), nullptr)), Error);
 }
 
 // Consecutive pages per request (kv_contiguous): the case builder keeps the promise the CPU

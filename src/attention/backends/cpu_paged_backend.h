@@ -51,11 +51,6 @@ class CpuPagedBackend final : public AttentionBackend {
   const ForwardBatch* batch_ = nullptr;  // the planned batch (outlives the forward)
 };
 
-// check_paged_batch for every KV group of a multi-group batch: each group's tables (a sliding
-// group's may name -1 for blocks wholly before the window of the sequence's first new token),
-// slots and the positions. Throws Error(kInvalidArgument / kOutOfRange) naming the problem.
-void check_group_batch(const ForwardBatch& batch, const KvGroups& groups, int64_t block_size,
-                       int64_t num_blocks);
 // One decode row over the pages `sel` lists per KV head (online softmax in fp32, keys in order):
 // q [Hq, d], out [Hq, d]; row(j, half) is key j's K (half 0) or V (half 1) row [Hkv, d]. The
 // resident backend and the simulated offload device share it, so their outputs are equal.

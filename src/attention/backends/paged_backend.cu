@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,12 +22,13 @@ using kernels::KvStoreParams;
 using kernels::MaskMode;
 using kernels::PagedPrefillParams;
 
-// Offsets (in int32 words) of the index arrays inside the one staging buffer.
+// Offsets (in int32 words) of one KV group's index arrays inside the one staging buffer (groups
+// follow each other from `base`).
 struct IndexLayout {
   int64_t qo_indptr = 0, kv_indptr = 0, kv_indices = 0, last_page_len = 0, slots = 0, total = 0;
-  IndexLayout(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks) {
+  IndexLayout(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks, int64_t base = 0) {
     auto align = [](int64_t x) { return (x + 3) / 4 * 4; };  // 16-byte aligned arrays
-    qo_indptr = 0;
+    qo_indptr = base;
     kv_indptr = align(qo_indptr + max_seqs + 1);
     kv_indices = align(kv_indptr + max_seqs + 1);
     last_page_len = align(kv_indices + max_blocks);
@@ -35,19 +37,48 @@ struct IndexLayout {
   }
 };
 
+std::string describe_groups(const KvGroups& groups) {
+  std::string s;
+  for (const std::string& line : groups.describe()) s += (s.empty() ? "" : "; ") + line;
+  return s;
+}
+
+// One KV group's step: where its index arrays sit, its window and its kernel's plan.
+struct GroupStep {
+  IndexLayout layout;
+  int window = 0;            // keys a query sees (0: all)
+  size_t workspace_off = 0;  // its part of the workspace (bytes)
+  PagedCallPlan call;
+  PagedPrefillParams params;  // index arrays and shape; q, o and the caches set per layer
+};
+
 class PagedAttentionBackend final : public AttentionBackend {
  public:
   PagedAttentionBackend(const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale,
                         const PagedBackendLimits& limits, const SparseOptions& sparse,
-                        const kernels::KernelTuning& tuning)
+                        const kernels::KernelTuning& tuning, const KvGroups* groups)
       : pool_(pool),
         device_(pool.config().device),
         num_qo_heads_(static_cast<int>(num_qo_heads)),
         sm_scale_(sm_scale),
         limits_(limits),
-        layout_(limits.max_tokens, limits.max_seqs, limits.max_blocks),
         done_(device_) {
     const PagedKVPoolConfig& c = pool.config();
+    if (groups != nullptr && !groups->single_full()) groups_ = *groups;
+    LONGCTX_CHECK(!groups_ || (groups_->pool_layers() == c.num_layers &&
+                               !groups_->has_kind(KvGroupKind::kState)),
+                  ErrorCode::kInvalidArgument,
+                  "paged attention over KV groups ({}) needs a pool of {} layers (has {}) and no "
+                  "per-sequence state group",
+                  groups_ ? describe_groups(*groups_) : "", groups_ ? groups_->pool_layers() : 0,
+                  c.num_layers);
+    const int64_t num_groups = groups_ ? groups_->size() : 1;
+    for (int64_t g = 0, base = 0; g < num_groups; ++g) {
+      GroupStep st{IndexLayout(limits.max_tokens, limits.max_seqs, limits.max_blocks, base)};
+      st.window = groups_ ? static_cast<int>((*groups_)[g].window) : 0;
+      base = (st.layout.total + 3) / 4 * 4;
+      steps_.push_back(st);
+    }
     LONGCTX_CHECK(device_.is_cuda(), ErrorCode::kUnsupported,
                   "paged attention: the KV pool is on {}, not a CUDA device", device_.str());
     LONGCTX_CHECK(limits.max_tokens > 0 && limits.max_seqs > 0 && limits.max_blocks > 0,
@@ -63,18 +94,22 @@ class PagedAttentionBackend final : public AttentionBackend {
     shape.dtype = c.dtype;
     shape.sm_scale = sm_scale;
     dispatch_.emplace(shape, tuning, device_.index);
-    host_ = Tensor::empty_pinned({layout_.total}, DType::kI32);
-    indices_ = Tensor::empty({layout_.total}, DType::kI32, device_);
-    // The planned kernels' workspaces (none for the generic kernel); the dense prefill with room
-    // for the stream-K split (short chunks over long histories).
+    const int64_t words = steps_.back().layout.total;
+    host_ = Tensor::empty_pinned({words}, DType::kI32);
+    indices_ = Tensor::empty({words}, DType::kI32, device_);
+    // The planned kernels' workspaces (none for the generic kernel), one per group (their plans
+    // live through the step); the dense prefill with room for the stream-K split (short chunks
+    // over long histories; a windowed group's prefill takes none).
     const int max_seqs = static_cast<int>(limits.max_seqs);
     prefill_list_bytes_ = dispatch_->prefill_workspace_bytes(max_seqs, limits.max_tokens, false);
     prefill_ws_bytes_ = dispatch_->prefill_workspace_bytes(max_seqs, limits.max_tokens, true);
     decode_ws_bytes_ = dispatch_->decode_workspace_bytes(max_seqs);
     // (At least a little: the generic kernel's steps take none.)
-    workspace_ = Tensor::empty(
-        {static_cast<int64_t>(std::max({prefill_ws_bytes_, decode_ws_bytes_, size_t(256)}))},
-        DType::kU8, device_);
+    const size_t per_group =
+        (std::max({prefill_ws_bytes_, decode_ws_bytes_, size_t(256)}) + 255) / 256 * 256;
+    for (size_t g = 0; g < steps_.size(); ++g) steps_[g].workspace_off = g * per_group;
+    workspace_ =
+        Tensor::empty({static_cast<int64_t>(per_group * steps_.size())}, DType::kU8, device_);
     sparse.validate();
     const int64_t max_seq_len =
         limits.max_seq_len > 0 ? limits.max_seq_len : c.num_blocks * c.block_size;
@@ -101,6 +136,11 @@ class PagedAttentionBackend final : public AttentionBackend {
                     sparse_policy_name(sparse.policy), c.head_dim);
     sparse_ = sparse::make_sparse_policy_cuda(sc);
     sparse_decodes_ = sparse::selects(sparse, sparse::Phase::kDecode);
+    LONGCTX_CHECK(!groups_ || sparse_ == nullptr, ErrorCode::kUnsupported,
+                  "--sparse-policy {} on the GPU runs models of one full-attention KV group; this "
+                  "one has {} ({})",
+                  sparse_policy_name(sparse.policy), groups_ ? groups_->size() : 1,
+                  groups_ ? describe_groups(*groups_) : "");
   }
 
   void copy_blocks(std::span<const KVBlockCopy> copies) override {
@@ -109,23 +149,19 @@ class PagedAttentionBackend final : public AttentionBackend {
 
   void plan(const ForwardBatch& batch) override {
     const PagedKVPoolConfig& c = pool_.config();
-    check_paged_batch(batch, c.block_size, c.num_blocks, limits_);
+    if (groups_) {
+      check_group_batch(batch, *groups_, c.block_size, c.num_blocks);
+      check_group_limits(batch);
+    } else {
+      check_paged_batch(batch, c.block_size, c.num_blocks, limits_);
+    }
     done_.synchronize();  // the previous step's copy out of the staging buffer has finished
     const int64_t s = batch.num_seqs(), t = batch.num_tokens();
-    int32_t* h = host_.data<int32_t>();
-    std::memcpy(h + layout_.qo_indptr, batch.qo_indptr.data(), (s + 1) * sizeof(int32_t));
-    std::memcpy(h + layout_.kv_indptr, batch.block_table_indptr.data(), (s + 1) * sizeof(int32_t));
-    std::memcpy(h + layout_.kv_indices, batch.block_tables.data(),
-                batch.block_tables.size() * sizeof(int32_t));
     bool all_decode = true;
-    for (int64_t q = 0; q < s; ++q) {
-      const int32_t kv = batch.kv_lens[q];
-      h[layout_.last_page_len + q] = kv == 0 ? 0 : (kv - 1) % int32_t(c.block_size) + 1;
-      all_decode = all_decode && batch.q_len(q) == 1;
-    }
-    std::memcpy(h + layout_.slots, batch.slot_mapping.data(), t * sizeof(int64_t));
+    for (int64_t q = 0; q < s; ++q) all_decode = all_decode && batch.q_len(q) == 1;
     cudaStream_t stream = current_cuda_stream(device_.index);
-    const size_t used_bytes = (layout_.slots + 2 * t) * sizeof(int32_t);
+    for (size_t g = 0; g < steps_.size(); ++g) stage_group(batch, steps_[g], batch.tables(g));
+    const size_t used_bytes = (steps_.back().layout.slots + 2 * t) * sizeof(int32_t);
     LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_.data_ptr(), used_bytes,
                                        cudaMemcpyHostToDevice, stream));
     done_.record_on(stream);
@@ -133,20 +169,25 @@ class PagedAttentionBackend final : public AttentionBackend {
     num_seqs_ = static_cast<int>(s);
     num_tokens_ = static_cast<int>(t);
     sparse_prefill_ = false;
-    params_ = PagedPrefillParams{};
-    params_.qo_indptr = dev(layout_.qo_indptr);
-    params_.kv_indptr = dev(layout_.kv_indptr);
-    params_.kv_indices = dev(layout_.kv_indices);
-    params_.kv_last_page_len = dev(layout_.last_page_len);
-    params_.batch_size = num_seqs_;
-    params_.num_qo_heads = num_qo_heads_;
-    params_.num_kv_heads = static_cast<int>(c.num_kv_heads);
-    params_.head_dim = static_cast<int>(c.head_dim);
-    params_.page_size = static_cast<int>(c.block_size);
-    params_.dtype = c.dtype;
-    params_.mask_mode = MaskMode::kCausal;
-    params_.sm_scale = sm_scale_;
-    // q, o and the caches are set per layer in attend().
+    for (GroupStep& st : steps_) {
+      PagedPrefillParams& p = st.params;
+      p = PagedPrefillParams{};
+      p.qo_indptr = dev(st.layout.qo_indptr);
+      p.kv_indptr = dev(st.layout.kv_indptr);
+      p.kv_indices = dev(st.layout.kv_indices);
+      p.kv_last_page_len = dev(st.layout.last_page_len);
+      p.batch_size = num_seqs_;
+      p.num_qo_heads = num_qo_heads_;
+      p.num_kv_heads = static_cast<int>(c.num_kv_heads);
+      p.head_dim = static_cast<int>(c.head_dim);
+      p.page_size = static_cast<int>(c.block_size);
+      p.dtype = c.dtype;
+      p.mask_mode = MaskMode::kCausal;
+      p.window = st.window;
+      p.sm_scale = sm_scale_;
+      // q, o and the caches are set per layer in attend().
+    }
+    GroupStep& st0 = steps_[0];
     // A decode policy: decode steps read the selected pages only (graph-shaped batches run
     // dense); a prefill policy: steps with a prefill get its block mask.
     const bool sparse_decode = sparse_decodes_ && all_decode && !batch.fixed_launch_shapes;
@@ -158,19 +199,10 @@ class PagedAttentionBackend final : public AttentionBackend {
                       stream);
     sparse_decode_ = sparse_decode;
     if (sparse_decode) {
-      call_ = PagedCallPlan{};
+      st0.call = PagedCallPlan{};
       planned_ = true;
       return;
     }
-    PagedCallInput in;
-    in.qo_indptr = batch.qo_indptr.data();
-    in.kv_indptr = batch.block_table_indptr.data();
-    in.last_page_len = h + layout_.last_page_len;
-    in.kv_lens = batch.kv_lens.data();
-    in.batch = num_seqs_;
-    in.all_decode = all_decode;
-    in.mask = MaskMode::kCausal;
-    in.num_padding = batch.num_padding_seqs;
     size_t ws_bytes = decode_ws_bytes_;
     if (dispatch_->kernel_for(all_decode) == PagedKernel::kPrefill) {
       // The prefill plan's grid follows the query lengths: no fixed shapes to replay.
@@ -182,7 +214,21 @@ class PagedAttentionBackend final : public AttentionBackend {
       // dense ones, and the offloaded XAttention prefill, which has none, stays bit-identical.
       ws_bytes = sparse_prefill_ ? prefill_list_bytes_ : prefill_ws_bytes_;
     }
-    call_ = dispatch_->plan(in, workspace_.data_ptr(), ws_bytes, stream);
+    const int32_t* h = host_.data<int32_t>();
+    for (GroupStep& st : steps_) {
+      PagedCallInput in;
+      in.qo_indptr = batch.qo_indptr.data();
+      in.kv_indptr = h + st.layout.kv_indptr;
+      in.last_page_len = h + st.layout.last_page_len;
+      in.kv_lens = kv_lens_.data() + (&st - steps_.data()) * s;
+      in.batch = num_seqs_;
+      in.all_decode = all_decode;
+      in.mask = MaskMode::kCausal;
+      in.num_padding = batch.num_padding_seqs;
+      in.window = st.window;
+      st.call = dispatch_->plan(in, static_cast<uint8_t*>(workspace_.data_ptr()) + st.workspace_off,
+                                ws_bytes, stream);
+    }
     planned_ = true;
   }
 
@@ -190,10 +236,12 @@ class PagedAttentionBackend final : public AttentionBackend {
     return sparse_ != nullptr ? sparse_->prefill_counters() : SparsePrefillCounters{};
   }
 
-  // CTAs of the split-KV decode kernel's grid in the last plan(); 0 when it takes another kernel.
-  int64_t decode_grid() const {
-    return planned_ && !sparse_decode_ ? PagedDispatcher::decode_grid(call_) : 0;
+  // CTAs of group g's split-KV decode kernel grid in the last plan(); 0 when it takes another
+  // kernel.
+  int64_t decode_grid(size_t g) const {
+    return planned_ && !sparse_decode_ ? PagedDispatcher::decode_grid(steps_[g].call) : 0;
   }
+  size_t num_groups() const { return steps_.size(); }
 
   void begin_graph_capture() override { captured_decode_.clear(); }
   std::unique_ptr<GraphLaunches> end_graph_capture() override;
@@ -207,9 +255,10 @@ class PagedAttentionBackend final : public AttentionBackend {
     p.v = v.data_ptr();
     p.k_token_stride = k.strides()[0];
     p.v_token_stride = v.strides()[0];
-    p.k_cache = pool_.k(layer).data_ptr();
-    p.v_cache = pool_.v(layer).data_ptr();
-    p.slot_mapping = reinterpret_cast<const int64_t*>(dev(layout_.slots));
+    const int64_t pl = pool_layer(layer);
+    p.k_cache = pool_.k(pl).data_ptr();
+    p.v_cache = pool_.v(pl).data_ptr();
+    p.slot_mapping = reinterpret_cast<const int64_t*>(dev(step_of(layer).layout.slots));
     // plan() checked every slot against the block tables, so kv_store's device-side range flag
     // (error_flag) is not needed.
     p.num_tokens = num_tokens_;
@@ -219,7 +268,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     p.num_pages = static_cast<int>(c.num_blocks);
     p.dtype = c.dtype;
     kernels::cuda::kv_store_run(p, current_cuda_stream(device_.index));
-    if (sparse_ != nullptr)
+    if (sparse_ != nullptr)  // (one full group: pool layer = layer)
       sparse_->on_keys_stored(layer, p.k_cache, c.block_size * c.num_kv_heads * c.head_dim,
                               current_cuda_stream(device_.index));
   }
@@ -228,7 +277,8 @@ class PagedAttentionBackend final : public AttentionBackend {
     check_layer_input("attend", layer, q);
     // q is a view of the fused QKV output: the decode kernel reads it in place (rows
     // q_token_stride apart); the other kernels read a contiguous [T, H, d] copy.
-    const bool decode = !sparse_decode_ && call_.kernel == PagedKernel::kDecode;
+    const GroupStep& st = step_of(layer);
+    const bool decode = !sparse_decode_ && st.call.kernel == PagedKernel::kDecode;
     Tensor qc = decode ? q : q.contiguous();
     Tensor o = Tensor::empty(q.shape(), q.dtype(), device_);
     cudaStream_t stream = current_cuda_stream(device_.index);
@@ -239,15 +289,15 @@ class PagedAttentionBackend final : public AttentionBackend {
                                          {}};
       sparse_->attend_decode(layer, qc.data_ptr(), o.data_ptr(), nullptr, mem, stream);
     } else {
-      PagedPrefillParams p = params_;
+      PagedPrefillParams p = st.params;
       p.q = qc.data_ptr();
-      p.k_cache = pool_.k(layer).data_ptr();
-      p.v_cache = pool_.v(layer).data_ptr();
+      p.k_cache = pool_.k(pool_layer(layer)).data_ptr();
+      p.v_cache = pool_.v(pool_layer(layer)).data_ptr();
       p.o = o.data_ptr();
-      if (call_.kernel == PagedKernel::kPrefill && sparse_prefill_)
+      if (st.call.kernel == PagedKernel::kPrefill && sparse_prefill_)
         sparse_->select_prefill(p, stream);  // the block mask of this layer
-      dispatch_->run(call_, p, decode && qc.size(0) > 1 ? qc.strides()[0] : 0, stream);
-      if (decode) note_captured_decode(stream);
+      dispatch_->run(st.call, p, decode && qc.size(0) > 1 ? qc.strides()[0] : 0, stream);
+      if (decode) note_captured_decode(stream, &st - steps_.data());
     }
     return o.view({q.size(0), -1});
   }
@@ -255,23 +305,81 @@ class PagedAttentionBackend final : public AttentionBackend {
  private:
   const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
 
+  const GroupStep& step_of(int64_t layer) const {
+    return steps_[groups_ ? groups_->group_of(layer) : 0];
+  }
+  int64_t pool_layer(int64_t layer) const { return groups_ ? groups_->pool_layer(layer) : layer; }
+  int64_t num_layers() const { return groups_ ? groups_->num_layers() : pool_.config().num_layers; }
+
+  // A multi-group batch against the limits: tokens and sequences per step, table entries per
+  // group.
+  void check_group_limits(const ForwardBatch& batch) const {
+    LONGCTX_CHECK(batch.num_tokens() <= limits_.max_tokens && batch.num_seqs() <= limits_.max_seqs,
+                  ErrorCode::kOutOfRange,
+                  "paged attention: a batch of {} tokens in {} sequences exceeds the plan's "
+                  "limits ({} tokens, {} sequences)",
+                  batch.num_tokens(), batch.num_seqs(), limits_.max_tokens, limits_.max_seqs);
+    for (int64_t g = 0; g < batch.num_groups(); ++g) {
+      const int64_t entries = static_cast<int64_t>(batch.tables(g).block_tables.size());
+      LONGCTX_CHECK(entries <= limits_.max_blocks, ErrorCode::kOutOfRange,
+                    "paged attention: {} block-table entries in KV group {} exceed the plan's "
+                    "limit of {}",
+                    entries, g, limits_.max_blocks);
+    }
+    for (int64_t q = 0; q < batch.num_seqs(); ++q)
+      LONGCTX_CHECK(limits_.max_seq_len <= 0 || batch.kv_lens[q] <= limits_.max_seq_len,
+                    ErrorCode::kOutOfRange,
+                    "paged attention: sequence {} holds {} tokens, past the plan's {} per sequence",
+                    q, batch.kv_lens[q], limits_.max_seq_len);
+  }
+
+  // Stages group `st`'s index arrays for the step: its tables trimmed, under a window, to start
+  // at the block of the first key the first new token's window holds (kernels then see keys and
+  // queries shifted alike: PagedPrefillParams::window), its kv lengths (kv_lens_) and slots.
+  void stage_group(const ForwardBatch& batch, const GroupStep& st, const BlockTablesView& tables) {
+    const int64_t s = batch.num_seqs(), t = batch.num_tokens();
+    const int64_t bs = pool_.config().block_size, g = &st - steps_.data();
+    int32_t* h = host_.data<int32_t>();
+    const IndexLayout& l = st.layout;
+    kv_lens_.resize(steps_.size() * s);
+    std::memcpy(h + l.qo_indptr, batch.qo_indptr.data(), (s + 1) * sizeof(int32_t));
+    int32_t n = 0;
+    h[l.kv_indptr] = 0;
+    for (int64_t q = 0; q < s; ++q) {
+      const int32_t kv = batch.kv_lens[q];
+      const int64_t first = kv - batch.q_len(q);
+      const int64_t skip =
+          st.window > 0 ? std::max<int64_t>(0, first - st.window + 1) / bs : 0;  // blocks
+      const int32_t b0 = tables.block_table_indptr[q] + static_cast<int32_t>(skip);
+      const int32_t b1 = tables.block_table_indptr[q + 1];
+      std::memcpy(h + l.kv_indices + n, tables.block_tables.data() + b0,
+                  (b1 - b0) * sizeof(int32_t));
+      n += b1 - b0;
+      h[l.kv_indptr + q + 1] = n;
+      h[l.last_page_len + q] = kv == 0 ? 0 : (kv - 1) % int32_t(bs) + 1;
+      kv_lens_[g * s + q] = static_cast<int32_t>(kv - skip * bs);
+    }
+    std::memcpy(h + l.slots, tables.slot_mapping.data(), t * sizeof(int64_t));
+  }
+
   // While `stream` is being captured, the decode kernel just launched is the capture's one
-  // current dependency: its node, which a graph updates when the grid changes.
-  void note_captured_decode(cudaStream_t stream) {
+  // current dependency: its node (of group g's plan), which a graph updates when the grid
+  // changes.
+  void note_captured_decode(cudaStream_t stream, size_t g) {
     if (stream == nullptr) return;  // the legacy default stream is never captured
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     const cudaGraphNode_t* deps = nullptr;
     size_t n = 0;
     LONGCTX_CUDA_CHECK(
         cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, nullptr, &n));
-    if (status == cudaStreamCaptureStatusActive && n == 1) captured_decode_.push_back(deps[0]);
+    if (status == cudaStreamCaptureStatusActive && n == 1) captured_decode_.push_back({deps[0], g});
   }
 
   void check_layer_input(const char* what, int64_t layer, const Tensor& x) const {
     const PagedKVPoolConfig& c = pool_.config();
     LONGCTX_CHECK(planned_, ErrorCode::kInternal, "paged attention: {} before plan", what);
-    LONGCTX_CHECK(layer >= 0 && layer < c.num_layers, ErrorCode::kInvalidArgument,
-                  "paged attention: layer {} of {}", layer, c.num_layers);
+    LONGCTX_CHECK(layer >= 0 && layer < num_layers(), ErrorCode::kInvalidArgument,
+                  "paged attention: layer {} of {}", layer, num_layers());
     LONGCTX_CHECK(x.device() == device_ && x.dtype() == c.dtype && x.rank() == 3 &&
                       x.size(0) == num_tokens_ && x.size(2) == c.head_dim && x.strides()[2] == 1 &&
                       x.strides()[1] == c.head_dim,
@@ -287,18 +395,22 @@ class PagedAttentionBackend final : public AttentionBackend {
   int num_qo_heads_;
   float sm_scale_;
   PagedBackendLimits limits_;
-  IndexLayout layout_;
-  Tensor host_;       // [layout_.total] i32 pinned staging of the index arrays
-  Tensor indices_;    // [layout_.total] i32 their device copy
+  std::optional<KvGroups> groups_;  // several KV groups (none: one full group)
+  std::vector<GroupStep> steps_;    // [groups] (one without groups_)
+  std::vector<int32_t> kv_lens_;    // [groups, S] each group's kv lengths (trimmed tables)
+  Tensor host_;                     // [words] i32 pinned staging of every group's index arrays
+  Tensor indices_;                  // [words] i32 their device copy
   Tensor workspace_;  // [bytes] u8: the prefill or decode plan's work lists and partials
   size_t prefill_list_bytes_ = 0;  // the prefill's work list alone
   size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;
   std::optional<PagedDispatcher> dispatch_;  // the kernel of each step, its plan and launch
   Event done_;                               // recorded after the staging copy
   bool sparse_decode_ = false;  // this step is the decode policy's (selected pages only)
-  PagedCallPlan call_;          // this step's kernel and plan (unless sparse_decode_)
-  PagedPrefillParams params_;
-  std::vector<void*> captured_decode_;  // cudaGraphNode_t of decode launches under capture
+  struct CapturedDecode {
+    void* node;  // cudaGraphNode_t
+    size_t group;
+  };
+  std::vector<CapturedDecode> captured_decode_;       // decode launches under capture
   std::unique_ptr<sparse::SparsePolicyCuda> sparse_;  // the policy's twin (none under full)
   bool sparse_decodes_ = false;                       // the policy selects decode steps' pages
   bool sparse_prefill_ = false;                       // this step's prefill is block-sparse
@@ -311,62 +423,74 @@ class PagedAttentionBackend final : public AttentionBackend {
 namespace {
 
 // The decode kernel nodes of one captured step (one per layer), pointed at each later plan's
-// grid: the split-KV decode's grid follows the plan (a grid padded to a fixed size was 19-22%
-// slower, see decode.cu); every other launch shape and address depends on the batch size alone.
+// grids (each node at its KV group's): the split-KV decode's grid follows the plan (a grid padded
+// to a fixed size was 19-22% slower, see decode.cu); every other launch shape and address depends
+// on the batch size alone.
 class DecodeGraphLaunches final : public GraphLaunches {
  public:
-  DecodeGraphLaunches(const PagedAttentionBackend& backend, std::vector<cudaGraphNode_t> nodes,
-                      int64_t ctas)
-      : backend_(backend), nodes_(std::move(nodes)), ctas_(ctas) {}
+  struct Node {
+    cudaGraphNode_t node;  // of the captured graph, which outlives this
+    size_t group;
+  };
+  DecodeGraphLaunches(const PagedAttentionBackend& backend, std::vector<Node> nodes,
+                      std::vector<int64_t> ctas)
+      : backend_(backend), nodes_(std::move(nodes)), ctas_(std::move(ctas)) {}
 
   bool update(void* graph_exec) override {
-    const int64_t ctas = backend_.decode_grid();
-    if (ctas == ctas_) return false;
-    LONGCTX_CHECK(ctas >= 1 && ctas <= 0x7fffffff, ErrorCode::kInternal,
-                  "decode graphs: a decode grid of {} CTAs for a graph with {} decode nodes", ctas,
-                  nodes_.size());
+    bool changed = false;
     auto exec = static_cast<cudaGraphExec_t>(graph_exec);
-    for (cudaGraphNode_t node : nodes_) {
-      cudaKernelNodeParams p{};
-      LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &p));
-      p.gridDim = dim3(static_cast<unsigned>(ctas));
-      LONGCTX_CUDA_CHECK(cudaGraphExecKernelNodeSetParams(exec, node, &p));
+    for (size_t g = 0; g < ctas_.size(); ++g) {
+      const int64_t ctas = backend_.decode_grid(g);
+      if (ctas == ctas_[g]) continue;
+      LONGCTX_CHECK(ctas >= 1 && ctas <= 0x7fffffff, ErrorCode::kInternal,
+                    "decode graphs: a decode grid of {} CTAs for a graph with {} decode nodes",
+                    ctas, nodes_.size());
+      for (const Node& n : nodes_) {
+        if (n.group != g) continue;
+        cudaKernelNodeParams p{};
+        LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(n.node, &p));
+        p.gridDim = dim3(static_cast<unsigned>(ctas));
+        LONGCTX_CUDA_CHECK(cudaGraphExecKernelNodeSetParams(exec, n.node, &p));
+      }
+      ctas_[g] = ctas;
+      changed = true;
     }
-    ctas_ = ctas;
-    return true;
+    return changed;
   }
 
  private:
   const PagedAttentionBackend& backend_;
-  std::vector<cudaGraphNode_t> nodes_;  // of the captured graph, which outlives this
-  int64_t ctas_ = 0;                    // their grid in the instantiated graph now
+  std::vector<Node> nodes_;
+  std::vector<int64_t> ctas_;  // [groups] their grids in the instantiated graph now
 };
 
 std::unique_ptr<GraphLaunches> PagedAttentionBackend::end_graph_capture() {
-  std::vector<cudaGraphNode_t> nodes;
-  for (void* node : std::exchange(captured_decode_, {})) {
+  std::vector<DecodeGraphLaunches::Node> nodes;
+  for (const CapturedDecode& c : std::exchange(captured_decode_, {})) {
     cudaKernelNodeParams p{};
-    LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(static_cast<cudaGraphNode_t>(node), &p));
+    LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(static_cast<cudaGraphNode_t>(c.node), &p));
     LONGCTX_CHECK(PagedDispatcher::is_decode_kernel(p.func), ErrorCode::kInternal,
                   "decode graphs: a recorded decode node runs another kernel");
-    nodes.push_back(static_cast<cudaGraphNode_t>(node));
+    nodes.push_back({static_cast<cudaGraphNode_t>(c.node), c.group});
   }
-  const int64_t ctas = decode_grid();
-  const size_t want = ctas > 0 ? static_cast<size_t>(pool_.config().num_layers) : 0;
+  std::vector<int64_t> ctas(num_groups());
+  for (size_t g = 0; g < ctas.size(); ++g) ctas[g] = decode_grid(g);
+  // Every layer's attention is a decode kernel, or none is (one dispatcher, one kernel choice).
+  const size_t want = ctas[0] > 0 ? static_cast<size_t>(num_layers()) : 0;
   LONGCTX_CHECK(nodes.size() == want, ErrorCode::kInternal,
                 "decode graphs: the captured step holds {} decode kernels, expected {}",
                 nodes.size(), want);
   if (nodes.empty()) return nullptr;
-  return std::make_unique<DecodeGraphLaunches>(*this, std::move(nodes), ctas);
+  return std::make_unique<DecodeGraphLaunches>(*this, std::move(nodes), std::move(ctas));
 }
 
 }  // namespace
 
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
-    const SparseOptions& sparse, const kernels::KernelTuning& tuning) {
+    const SparseOptions& sparse, const kernels::KernelTuning& tuning, const KvGroups* groups) {
   return std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits, sparse,
-                                                 tuning);
+                                                 tuning, groups);
 }
 
 }  // namespace longctx

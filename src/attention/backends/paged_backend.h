@@ -21,6 +21,7 @@
 
 #include "kv/paged_kv_pool.h"
 #include "longctx/attention/forward_batch.h"
+#include "longctx/attention/kv_groups.h"
 #include "longctx/attention/sparse_options.h"
 #include "longctx/kernels/kernel_tuning.h"
 #include "longctx/kv/block_copy.h"
@@ -40,14 +41,26 @@ struct PagedBackendLimits {
 // decode policy (quest, streaming) reads its pages on decode steps (other steps and CUDA graphs
 // run dense), a prefill policy (xattention, streaming) masks steps with a prefill (head_dim
 // 64 / 128).
+//
+// KV groups (optional; null or one full group: pool layer = model layer, one table): each layer
+// reads and writes its group's tables and pool layer (groups->pool_layer), and a sliding group's
+// kernels take its window over tables trimmed to the blocks from the one holding the first new
+// token's window start (the dropped ones before it are never named). limits.max_blocks holds per
+// group. Sparse policies run models of one full group only.
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
-    const SparseOptions& sparse = {}, const kernels::KernelTuning& tuning = {});
+    const SparseOptions& sparse = {}, const kernels::KernelTuning& tuning = {},
+    const KvGroups* groups = nullptr);
 // The checks plan() makes on the host, exposed for tests: block ids inside the pool, each
 // sequence's table long enough for its kv_len, every new token's slot equal to the one its
 // table names, sizes within `limits` (keys per sequence too where max_seq_len > 0). Throws
 // Error(kInvalidArgument / kOutOfRange) naming the first problem.
 void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t num_blocks,
                        const PagedBackendLimits& limits);
+// check_paged_batch for every KV group of a multi-group batch: each group's tables (a sliding
+// group's may name -1 for blocks wholly before the window of the sequence's first new token),
+// slots and the positions. Throws Error(kInvalidArgument / kOutOfRange) naming the problem.
+void check_group_batch(const ForwardBatch& batch, const KvGroups& groups, int64_t block_size,
+                       int64_t num_blocks);
 
 }  // namespace longctx

@@ -8,7 +8,8 @@ namespace longctx {
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool&, int64_t, float,
                                                                const PagedBackendLimits&,
                                                                const SparseOptions&,
-                                                               const kernels::KernelTuning&) {
+                                                               const kernels::KernelTuning&,
+                                                               const KvGroups*) {
   LONGCTX_THROW(ErrorCode::kUnsupported,
                 "paged GPU attention: this build of longctx has no CUDA backend (configure with "
                 "-DLONGCTX_CUDA=ON)");

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "attention/backends/paged_backend.h"
 #include "longctx/core/error.h"
 
@@ -53,6 +55,57 @@ void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t nu
                     "paged attention: token {} of sequence {} has position {} but is KV index "
                     "{} (positions must follow the cache)",
                     r, q, batch.positions[r], j);
+    }
+  }
+}
+
+void check_group_batch(const ForwardBatch& b, const KvGroups& groups, int64_t block_size,
+                       int64_t num_blocks) {
+  const int64_t t = b.num_tokens(), s = b.num_seqs();
+  LONGCTX_CHECK(b.num_groups() == groups.size(), ErrorCode::kInvalidArgument,
+                "paged attention: the batch has tables of {} KV groups, the model {}",
+                b.num_groups(), groups.size());
+  for (int64_t g = 0; g < groups.size(); ++g) {
+    LONGCTX_CHECK(groups[g].kind != KvGroupKind::kState, ErrorCode::kUnsupported,
+                  "paged attention: KV group {} keeps a per-sequence state (linear attention), "
+                  "which the paged backends do not hold",
+                  g);
+    const BlockTablesView v = b.tables(g);
+    const int64_t window = groups[g].window;
+    LONGCTX_CHECK(static_cast<int64_t>(v.block_table_indptr.size()) == s + 1 &&
+                      v.block_table_indptr[0] == 0 &&
+                      v.block_table_indptr[s] == static_cast<int64_t>(v.block_tables.size()) &&
+                      static_cast<int64_t>(v.slot_mapping.size()) == t,
+                  ErrorCode::kInvalidArgument,
+                  "paged attention: KV group {}'s block_table_indptr must have {} entries from 0 "
+                  "to {} and its slots {} entries",
+                  g, s + 1, v.block_tables.size(), t);
+    for (int64_t q = 0; q < s; ++q) {
+      const int32_t b0 = v.block_table_indptr[q], b1 = v.block_table_indptr[q + 1];
+      const int64_t kv_len = b.kv_lens[q], first = kv_len - b.q_len(q);
+      LONGCTX_CHECK(b1 - b0 == (kv_len + block_size - 1) / block_size, ErrorCode::kInvalidArgument,
+                    "paged attention: sequence {} holds {} tokens but its table in KV group {} "
+                    "has {} blocks of {}",
+                    q, kv_len, g, b1 - b0, block_size);
+      // Blocks wholly before the first new token's window may be dropped (-1).
+      const int64_t live = window > 0 ? std::max<int64_t>(0, first - window + 1) / block_size : 0;
+      for (int32_t i = b0; i < b1; ++i) {
+        const int32_t id = v.block_tables[i];
+        LONGCTX_CHECK((id >= 0 && id < num_blocks) || (id == -1 && i - b0 < live),
+                      ErrorCode::kOutOfRange,
+                      "paged attention: sequence {} names block {} at index {} in KV group {} "
+                      "(pool of {} blocks, window from block {})",
+                      q, id, i - b0, g, num_blocks, live);
+      }
+      for (int32_t r = b.qo_indptr[q]; r < b.qo_indptr[q + 1]; ++r) {
+        const int64_t j = first + (r - b.qo_indptr[q]);
+        const int64_t want =
+            int64_t(v.block_tables[b0 + j / block_size]) * block_size + j % block_size;
+        LONGCTX_CHECK(v.slot_mapping[r] == want && b.positions[r] == j, ErrorCode::kInvalidArgument,
+                      "paged attention: token {} (sequence {}, KV index {}, position {}) maps to "
+                      "slot {} in KV group {} but its table puts it at {}",
+                      r, q, j, b.positions[r], v.slot_mapping[r], g, want);
+      }
     }
   }
 }

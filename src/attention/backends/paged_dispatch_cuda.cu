@@ -69,11 +69,14 @@ PagedCallPlan PagedDispatcher::plan(const PagedCallInput& in, void* workspace,
     call.decode = kernels::cuda::decode_plan(
         in.kv_indptr, in.last_page_len, in.batch, shape_.page_size, shape_.num_qo_heads,
         shape_.num_kv_heads, shape_.head_dim, workspace, workspace_bytes, stream, /*num_sms=*/0,
-        /*min_chunk_tokens=*/256, graph, tuning_.decode);
+        /*min_chunk_tokens=*/256, graph, tuning_.decode, in.window);
   } else if (call.kernel == PagedKernel::kPrefill) {
+    // The stream-K split's cost model knows no window (its pieces are cut from key 0).
+    kernels::PrefillTuning prefill = tuning_.prefill;
+    if (in.window > 0) prefill.split = kernels::PrefillSplitMode::kNever;
     call.prefill = kernels::cuda::paged_prefill_plan(
         in.qo_indptr, in.kv_lens, in.batch, shape_.num_qo_heads, shape_.num_kv_heads,
-        shape_.head_dim, in.mask, workspace, workspace_bytes, stream, tuning_.prefill);
+        shape_.head_dim, in.mask, workspace, workspace_bytes, stream, prefill);
   }
   return call;
 }
@@ -100,6 +103,7 @@ void PagedDispatcher::run(const PagedCallPlan& call, const kernels::PagedPrefill
       d.page_size = p.page_size;
       d.dtype = p.dtype;
       d.sm_scale = p.sm_scale;
+      d.window = p.window;
       kernels::cuda::decode_run(d, call.decode, stream);
       return;
     }

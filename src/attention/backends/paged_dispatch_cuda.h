@@ -34,6 +34,7 @@ struct PagedCallInput {
   bool all_decode = false;  // every sequence has one query
   kernels::MaskMode mask = kernels::MaskMode::kCausal;
   int num_padding = 0;  // CUDA-graph padding sequences at the end (kernels::cuda::DecodeGraphMode)
+  int window = 0;       // sliding window (PagedPrefillParams::window); run() gets the same
 };
 
 class PagedDispatcher {
@@ -65,7 +66,8 @@ class PagedDispatcher {
                      cudaStream_t stream) const;
 
   // Launches the call. params: the shape fields, device index arrays (batch_size, qo_indptr,
-  // kv_indptr, kv_indices, kv_last_page_len), q, the caches and o (or o_f32), lse optional.
+  // kv_indptr, kv_indices, kv_last_page_len), the plan's window, q, the caches and o (or o_f32),
+  // lse optional.
   // q_token_stride: the decode kernel's q rows apart (0: contiguous); the others read a
   // contiguous q.
   void run(const PagedCallPlan& call, const kernels::PagedPrefillParams& params,

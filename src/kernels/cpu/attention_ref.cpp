@@ -33,6 +33,9 @@ void check_paged_prefill_params(const PagedPrefillParams& p, int64_t num_pages) 
                 "paged prefill: num_qo_heads {} must be a positive multiple of num_kv_heads {}",
                 p.num_qo_heads, p.num_kv_heads);
   LONGCTX_CHECK(p.head_dim > 0, E::kInvalidArgument, "paged prefill: head_dim {} <= 0", p.head_dim);
+  LONGCTX_CHECK(p.window >= 0 && (p.window == 0 || p.mask_mode == MaskMode::kCausal),
+                E::kInvalidArgument, "paged prefill: window {} (>= 0, and only with kCausal)",
+                p.window);
   LONGCTX_CHECK(p.page_size >= 1 && p.page_size <= 256, E::kInvalidArgument,
                 "paged prefill: page_size {} outside [1, 256]", p.page_size);
   LONGCTX_CHECK(p.dtype == DType::kBF16 || p.dtype == DType::kF16 || p.dtype == DType::kF32,
@@ -105,8 +108,11 @@ void prefill_row(const PagedPrefillParams& p, int b, int32_t t, int h, std::vect
   for (int c = 0; c < d; ++c) q[c] = load_elem(p.q, row * d + c, p.dtype);
 
   // Which keys this row may see.
-  int32_t last_key = kv_len - 1;
-  if (p.mask_mode == MaskMode::kCausal) last_key = std::min(last_key, kv_len - q_len + i);
+  int32_t last_key = kv_len - 1, first_key = 0;
+  if (p.mask_mode == MaskMode::kCausal) {
+    last_key = std::min(last_key, kv_len - q_len + i);
+    first_key = window_first_key(kv_len - q_len + i, p.window);
+  }
   const uint8_t* block_row = nullptr;
   if (p.block_mask) {
     const int64_t nqb = (q_len + kSparseBlock - 1) / kSparseBlock;
@@ -122,7 +128,7 @@ void prefill_row(const PagedPrefillParams& p, int b, int32_t t, int h, std::vect
 
   float max_s = -std::numeric_limits<float>::infinity();
   scores.assign(kv_len > 0 ? kv_len : 0, -std::numeric_limits<float>::infinity());
-  for (int32_t j = 0; j <= last_key; ++j) {
+  for (int32_t j = first_key; j <= last_key; ++j) {
     if (block_row && !block_row[j / kSparseBlock]) continue;
     const int64_t off = key_offset(j);
     float dot = 0.f;
@@ -133,7 +139,7 @@ void prefill_row(const PagedPrefillParams& p, int b, int32_t t, int h, std::vect
   acc.assign(d, 0.f);
   float sum = 0.f;
   if (max_s != -std::numeric_limits<float>::infinity()) {
-    for (int32_t j = 0; j <= last_key; ++j) {
+    for (int32_t j = first_key; j <= last_key; ++j) {
       if (scores[j] == -std::numeric_limits<float>::infinity()) continue;
       const float w = std::exp(scores[j] - max_s);
       sum += w;

@@ -1,5 +1,6 @@
 #include "kernels/cpu/decode_cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -19,6 +20,7 @@ void decode_attention(const DecodeParams& p) {
                 p.num_qo_heads, p.num_kv_heads);
   LONGCTX_CHECK(p.page_size >= 1 && p.head_dim >= 1, ErrorCode::kInvalidArgument,
                 "decode: page_size {} and head_dim {} must be >= 1", p.page_size, p.head_dim);
+  LONGCTX_CHECK(p.window >= 0, ErrorCode::kInvalidArgument, "decode: window {} < 0", p.window);
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int64_t D = p.head_dim;
   const int64_t q_stride = p.q_token_stride > 0 ? p.q_token_stride : p.num_qo_heads * D;
@@ -44,9 +46,10 @@ void decode_attention(const DecodeParams& p) {
         int64_t page = p.kv_indices[p.kv_indptr[b] + j / p.page_size];
         return ((page * p.page_size + j % p.page_size) * p.num_kv_heads + kvh) * D;
       };
+      const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, kv_len - p.window) : 0;
       s.assign(kv_len, 0.f);
       float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < kv_len; ++j) {
+      for (int64_t j = j0; j < kv_len; ++j) {
         int64_t k_off = kv_offset(j);
         float dot = 0.f;
         for (int64_t d = 0; d < D; ++d)
@@ -56,7 +59,7 @@ void decode_attention(const DecodeParams& p) {
       }
       float l = 0.f;
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < kv_len; ++j) {
+      for (int64_t j = j0; j < kv_len; ++j) {
         float w = std::exp(s[j] - m);
         l += w;
         int64_t v_off = kv_offset(j);

@@ -81,17 +81,18 @@ __device__ __forceinline__ int next_marked_tile(const uint32_t* bits, int kt, in
 // Sets to -inf the scores of one thread's 16-row slice of a 16 x KEYS score tile that its rows
 // may not see. `s` is in the accumulator layout that mma.sync m16n8 and wgmma m64nN share: element
 // 4j + e holds key k0 + 8j + 2 t4 + (e & 1) of the thread's row e >> 1 (rows r and r + 8). Row i
-// sees keys <= lim[i] when blk[i] (its block-sparse block is kept), none otherwise.
+// sees keys [first[i], lim[i]] (first: a sliding window's first key, else 0) when blk[i] (its
+// block-sparse block is kept), none otherwise.
 template <int KEYS>
-__device__ __forceinline__ void mask_score_fragment(float* s, int k0, int t4, const int (&lim)[2],
-                                                    const bool (&blk)[2]) {
+__device__ __forceinline__ void mask_score_fragment(float* s, int k0, int t4, const int (&first)[2],
+                                                    const int (&lim)[2], const bool (&blk)[2]) {
 #pragma unroll
   for (int j = 0; j < KEYS / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = k0 + j * 8 + t4 * 2 + (e & 1);
       const int i = e >> 1;
-      if (!blk[i] || key > lim[i]) s[4 * j + e] = -INFINITY;
+      if (!blk[i] || key > lim[i] || key < first[i]) s[4 * j + e] = -INFINITY;
     }
 }
 

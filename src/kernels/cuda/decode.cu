@@ -188,8 +188,9 @@ struct MmaCompute {
   }
 
   // sk, sv: shared-memory addresses of the tile's K and V (in Layout).
-  __device__ __forceinline__ void tile(uint32_t sk, uint32_t sv, int tbase, int kv_end,
-                                       float scale_log2) {
+  // Keys [kv_first, kv_end) of the tile are seen (kv_first: a sliding window's first key).
+  __device__ __forceinline__ void tile(uint32_t sk, uint32_t sv, int tbase, int kv_first,
+                                       int kv_end, float scale_log2) {
     const int lane = threadIdx.x & 31;
     const int r = lane & 7, mat = lane >> 3;  // ldmatrix: this lane's row and matrix
 #pragma unroll
@@ -214,8 +215,8 @@ struct MmaCompute {
         s[1] += sc[i][1];
       }
       const int tk = tbase + tok0 + 2 * t4;
-      const float x0 = tk < kv_end ? s[0] * scale_log2 : -INFINITY;
-      const float x1 = tk + 1 < kv_end ? s[1] * scale_log2 : -INFINITY;
+      const float x0 = tk < kv_end && tk >= kv_first ? s[0] * scale_log2 : -INFINITY;
+      const float x1 = tk + 1 < kv_end && tk + 1 >= kv_first ? s[1] * scale_log2 : -INFINITY;
       float mx = fmaxf(x0, x1);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -454,7 +455,11 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0) return;  // padding item
   LONGCTX_TIMELINE_MARK(kMarkWork);
-  const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
+  // The item's first key may be a sliding window's (any key); its tiles start at the multiple
+  // of 64 at or before it (where a split may start, so the TMA's tiles stay within a page) and
+  // the keys before kv_first are masked.
+  const int b = w.b, kv_first = w.kv_begin, kv_begin = kv_first & ~63, kv_end = w.kv_end,
+            kvh = w.kvh;
   const T* kc = static_cast<const T*>(a.k);
   const T* vc = static_cast<const T*>(a.v);
   const int32_t* pages = a.kv_indices + w.page_base;
@@ -521,7 +526,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
     cp_async_commit();
     if (nx + 1 < n_tiles) load_rows(nx + 1);  // used by the next iteration's issue
     const int st = it % kStages;
-    c.tile(smem_addr(stage_k(st)), smem_addr(stage_v(st)), kv_begin + it * TILE, kv_end,
+    c.tile(smem_addr(stage_k(st)), smem_addr(stage_v(st)), kv_begin + it * TILE, kv_first, kv_end,
            a.scale_log2);
   }
   LONGCTX_TIMELINE_MARK(kMarkRangeDone);
@@ -589,7 +594,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int st = 0; st < kStages; ++st) mbar_init(bar(st), cp_async_stages ? kThreads : 1);
     mbar_init_fence();
   }
-  const int b = w.b, kv_begin = w.kv_begin, kv_end = w.kv_end, kvh = w.kvh;
+  // The item's first key may be a sliding window's (any key); its tiles start at the multiple
+  // of 64 at or before it (where a split may start, so the TMA's tiles stay within a page) and
+  // the keys before kv_first are masked.
+  const int b = w.b, kv_first = w.kv_begin, kv_begin = kv_first & ~63, kv_end = w.kv_end,
+            kvh = w.kvh;
   const int32_t* pages = a.kv_indices + w.page_base;
   const int ps = a.page_size;
   const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
@@ -688,7 +697,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncwarp();
     }
-    c.tile(stage_k(st), stage_v(st), tbase, kv_end, a.scale_log2);
+    c.tile(stage_k(st), stage_v(st), tbase, kv_first, kv_end, a.scale_log2);
   }
   LONGCTX_TIMELINE_MARK(kMarkRangeDone);
   __syncthreads();
@@ -920,27 +929,30 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
                        int page_size, int num_qo_heads, int num_kv_heads, int head_dim,
                        void* workspace, size_t workspace_bytes, cudaStream_t stream, int num_sms,
                        int min_chunk_tokens, const DecodeGraphMode& graph,
-                       const DecodeTuning& tuning) {
+                       const DecodeTuning& tuning, int window) {
   check_shape(num_qo_heads, num_kv_heads, head_dim);
   LONGCTX_CHECK(batch >= 0 && page_size >= 1, ErrorCode::kInvalidArgument,
                 "decode_plan: batch {} / page_size {} invalid", batch, page_size);
   LONGCTX_CHECK(graph.num_padding >= 0 && graph.num_padding <= batch, ErrorCode::kInvalidArgument,
                 "decode_plan: {} padding requests of {}", graph.num_padding, batch);
+  LONGCTX_CHECK(window >= 0, ErrorCode::kInvalidArgument, "decode_plan: window {} < 0", window);
   if (num_sms <= 0) num_sms = current_sm_count();
   const int group = num_qo_heads / num_kv_heads;
   const std::vector<int64_t> len = decode_lengths(kv_indptr, last_page_len, batch, page_size);
+  const std::vector<int64_t> first = decode_first_keys(len, window);
+  const std::vector<int64_t> span = decode_spans(len, first);
   const int64_t max_items = max_work_items(batch, num_kv_heads, group, num_sms);
   const int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(group);
   // The chunk of the real requests alone: padding must not change how they are split.
   const int real = batch - graph.num_padding;
-  const std::vector<int64_t> real_len(len.begin(), len.begin() + real);
+  const std::vector<int64_t> real_len(span.begin(), span.begin() + real);
   const int loader = decode_loader(page_size, head_dim, tma_supported(), tuning);
   const DecodeWaveModel model = decode_wave_model(
       tuning, num_sms, ring_ctas_per_sm(head_dim, group, loader), min_chunk_tokens);
   const int64_t chunk = decode_chunk(real_len, max_work_items(real, num_kv_heads, group, num_sms),
                                      ctas_per_item, model);
   const bool cp_async_stages = decode_cp_async_stages(loader, page_size, head_dim, chunk, tuning);
-  const DecodeWork work = decode_work_items(len, kv_indptr, real, chunk, cp_async_stages);
+  const DecodeWork work = decode_work_items(len, first, kv_indptr, real, chunk, cp_async_stages);
   const int64_t items = int64_t(work.items.size()) / kWorkInts;
   LONGCTX_ASSERT(items <= max_items, "decode work items {} exceed the bound {}", items, max_items);
   const WorkspaceLayout w = layout_of(batch, max_items, num_qo_heads, num_kv_heads, head_dim);
@@ -961,6 +973,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.head_dim = head_dim;
   plan.page_size = page_size;
   plan.chunk_tokens = int(chunk);
+  plan.window = window;
   plan.loader = loader;
   plan.cp_async_stages = cp_async_stages;
   plan.num_work_items = int(items);
@@ -978,12 +991,14 @@ void decode_run(const DecodeParams& p, const DecodePlan& plan, cudaStream_t stre
                 ErrorCode::kInvalidArgument,
                 "decode_run: q_token_stride {} must be 0 or an even number >= {} x {}",
                 p.q_token_stride, p.num_qo_heads, p.head_dim);
-  LONGCTX_CHECK(p.batch_size == plan.batch_size && p.num_qo_heads == plan.num_qo_heads &&
-                    p.num_kv_heads == plan.num_kv_heads && p.head_dim == plan.head_dim &&
-                    p.page_size == plan.page_size,
-                ErrorCode::kInvalidArgument,
-                "decode_run: params (batch {}, heads {}/{}, dim {}, page {}) differ from the plan",
-                p.batch_size, p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size);
+  LONGCTX_CHECK(
+      p.batch_size == plan.batch_size && p.num_qo_heads == plan.num_qo_heads &&
+          p.num_kv_heads == plan.num_kv_heads && p.head_dim == plan.head_dim &&
+          p.page_size == plan.page_size && p.window == plan.window,
+      ErrorCode::kInvalidArgument,
+      "decode_run: params (batch {}, heads {}/{}, dim {}, page {}, window {}) differ from "
+      "the plan",
+      p.batch_size, p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size, p.window);
   if (plan.num_work_items == 0) return;
   switch (p.dtype) {
     case DType::kBF16:

@@ -48,6 +48,7 @@ struct DecodePlan {
   int head_dim = 0;
   int page_size = 0;
   int chunk_tokens = 0;  // keys per split
+  int window = 0;        // DecodeParams::window the work list was made for
   int loader = 0;        // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
   bool cp_async_stages = false;  // loader >= 1: the stages are filled by every thread's cp.async
                                  // instead of TMA boxes (the faster over long splits)
@@ -76,7 +77,9 @@ struct DecodeGraphMode {
 size_t decode_workspace_bytes(int max_batch, int num_qo_heads, int num_kv_heads, int head_dim,
                               int num_sms = 0);
 
-// Host inputs: kv_indptr_host [batch_size + 1], kv_last_page_len_host [batch_size]. Picks the
+// Host inputs: kv_indptr_host [batch_size + 1], kv_last_page_len_host [batch_size]; window: the
+// sliding window of DecodeParams (each request's items start at its first visible key, so the
+// keys before it are not read but for the 64-aligned tile that holds it). Picks the
 // chunk size from the request lengths, the kv head count, the SM count and the kernel's resident
 // CTAs per SM (a wave model: as few even waves as possible) and `tuning` (the loader, the
 // stages' fill, the wave model's overrides); copies the work list into the
@@ -88,7 +91,8 @@ DecodePlan decode_plan(const int32_t* kv_indptr_host, const int32_t* kv_last_pag
                        int batch_size, int page_size, int num_qo_heads, int num_kv_heads,
                        int head_dim, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                        int num_sms = 0, int min_chunk_tokens = 256,
-                       const DecodeGraphMode& graph = {}, const DecodeTuning& tuning = {});
+                       const DecodeGraphMode& graph = {}, const DecodeTuning& tuning = {},
+                       int window = 0);
 
 // CTAs of decode_run's (one-dimensional) grid for `plan`.
 int64_t decode_grid_ctas(const DecodePlan& plan);

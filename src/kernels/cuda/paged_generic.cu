@@ -49,6 +49,7 @@ struct GenericArgs {
   int block_mask_heads;
   int batch_size, num_qo_heads, num_kv_heads, head_dim, group, head_tiles, page_size;
   bool causal;
+  int window;        // causal only: keys a row sees (0: all)
   float scale_log2;  // sm_scale * log2(e)
 };
 
@@ -102,7 +103,13 @@ __global__ void __launch_bounds__(kThreads) paged_generic_kernel(GenericArgs a) 
   const int num_pages = a.kv_indptr[b + 1] - a.kv_indptr[b];
   const int kv_len = num_pages == 0 ? 0 : (num_pages - 1) * a.page_size + a.kv_last_page_len[b];
   int n_keys = kv_len;  // the row sees keys [0, n_keys) (and, block-sparse, only kept blocks)
-  if (a.causal) n_keys = max(0, min(kv_len, kv_len - q_len + i + 1));
+  // and from k_first: a sliding window's first key (the loop starts there: earlier keys are
+  // never read, so a trimmed or dropped page before it is never looked up)
+  int k_first = 0;
+  if (a.causal) {
+    n_keys = max(0, min(kv_len, kv_len - q_len + i + 1));
+    k_first = window_first_key(kv_len - q_len + i, a.window);
+  }
 
   const int kvh = blockIdx.y / a.head_tiles;
   const int tile = blockIdx.y % a.head_tiles;
@@ -157,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) paged_generic_kernel(GenericArgs a) 
   const int ps = a.page_size;
   // The loop bound is warp-uniform (the warp's first key), so every lane reaches the shuffles;
   // lane groups past n_keys see masked keys.
-  const int warp_first = warp * TPW * kTile;
+  const int warp_first = k_first + warp * TPW * kTile;
   const int grp_off = (lane / LPT) * kTile;
   for (int jw = warp_first; jw < n_keys; jw += STEP) {
     const int j0 = jw + grp_off;
@@ -325,6 +332,7 @@ bool paged_generic_supported(const PagedPrefillParams& p) {
   return p.head_dim >= 8 && p.head_dim <= 256 && p.head_dim % 8 == 0 &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.page_size >= 1 &&
          (p.mask_mode == MaskMode::kNone || p.mask_mode == MaskMode::kCausal) && p.sm_scale > 0.f &&
+         p.window >= 0 && (p.window == 0 || p.mask_mode == MaskMode::kCausal) &&
          grid_y <= kMaxGridY &&
          (p.block_mask == nullptr || p.block_mask_heads == 1 ||
           p.block_mask_heads == p.num_qo_heads);
@@ -375,6 +383,7 @@ void paged_generic_run(const PagedPrefillParams& p, int total_q, cudaStream_t st
                 head_tiles,
                 p.page_size,
                 p.mask_mode == MaskMode::kCausal,
+                p.window,
                 p.sm_scale * kLog2e};
   const dim3 grid(unsigned(total_q), unsigned(p.num_kv_heads * head_tiles));
   if (p.dtype == DType::kBF16) {

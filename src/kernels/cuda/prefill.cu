@@ -104,6 +104,11 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
     full_end = min(kv_len, max(0, kv_len - q_len + tok_min + 1));
   }
   const int num_tiles = (kv_end + KEYS - 1) / KEYS;
+  // Sliding window: no row of the tile sees a key before its first row's window (whole tiles
+  // before it are not read); keys before win_all, its last row's first key, need the mask.
+  const bool windowed = causal && p.window > 0;
+  const int kt_first = windowed ? window_first_key(kv_len - q_len + tok_min, p.window) / KEYS : 0;
+  const int win_all = windowed ? window_first_key(kv_len - q_len + tok_max, p.window) : 0;
 
   // This thread's rows: g and g + 8 of each of its warp's MT m-tiles.
   const int g = lane >> 2, t4 = lane & 3;
@@ -112,13 +117,16 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
   const int nqb = (q_len + kSparseBlock - 1) / kSparseBlock;
   const int nkb = (kv_len + kSparseBlock - 1) / kSparseBlock;
   const uint8_t* mask_base = sparse ? p.block_mask + p.block_mask_indptr[b] : nullptr;
-  // Last visible key of tile row r (-1: padding row) and, when block-sparse, whether key block
-  // kb is on for it. Recomputed on masked tiles only, to keep registers for the accumulators.
-  auto row_limit = [&](int r, int kb, bool& blk) -> int {
+  // Last visible key of tile row r (-1: padding row), its first one (a window's) and, when
+  // block-sparse, whether key block kb is on for it. Recomputed on masked tiles only, to keep
+  // registers for the accumulators.
+  auto row_limit = [&](int r, int kb, bool& blk, int& first) -> int {
     const int pr = row0 + r;
     blk = true;
+    first = 0;
     if (pr >= num_rows) return -1;
     const int tok = pr / group;
+    if (windowed) first = window_first_key(kv_len - q_len + tok, p.window);
     if (sparse) {
       const int mh = p.block_mask_heads == 1 ? 0 : kvh * group + pr % group;
       blk = mask_base[(int64_t(mh) * nqb + tok / kSparseBlock) * nkb + kb] != 0;
@@ -180,7 +188,7 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
     }
   };
 
-  int kt = next_tile(0);
+  int kt = next_tile(kt_first);
   if (kt < num_tiles) load_kv(kt, 0);
   cp_async_commit();
 
@@ -240,16 +248,16 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
 
     // Mask boundary tiles (causal edge, KV end, block-sparse rows). Scores stay raw: the scale
     // goes into the exp2 FFMA below (sm_scale > 0, so max commutes with it).
-    const bool need_mask = sparse || k0 + KEYS > full_end;
+    const bool need_mask = sparse || k0 + KEYS > full_end || k0 < win_all;
     if (need_mask) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         bool blk[2];
-        int lim[2];
+        int lim[2], first[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i)
-          lim[i] = row_limit(warp_row0 + mt * 16 + g + i * 8, k0 / kSparseBlock, blk[i]);
-        detail::mask_score_fragment<KEYS>(&s[mt][0][0], k0, t4, lim, blk);
+          lim[i] = row_limit(warp_row0 + mt * 16 + g + i * 8, k0 / kSparseBlock, blk[i], first[i]);
+        detail::mask_score_fragment<KEYS>(&s[mt][0][0], k0, t4, first, lim, blk);
       }
     }
 
@@ -534,7 +542,8 @@ bool paged_prefill_supported(const PagedPrefillParams& p) {
   return (p.head_dim == 64 || p.head_dim == 128) && p.sm_scale > 0.f &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.num_kv_heads > 0 &&
          p.num_qo_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0 && p.page_size >= 1 &&
-         p.page_size <= 256 &&
+         p.page_size <= 256 && p.window >= 0 &&
+         (p.window == 0 || p.mask_mode == MaskMode::kCausal) &&
          (p.block_mask == nullptr || p.block_mask_heads == 1 ||
           p.block_mask_heads == p.num_qo_heads);
 }
@@ -548,6 +557,11 @@ void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cud
   LONGCTX_CHECK(plan.num_qo_heads == p.num_qo_heads && plan.num_kv_heads == p.num_kv_heads &&
                     plan.head_dim == p.head_dim && plan.mask_mode == p.mask_mode,
                 ErrorCode::kInvalidArgument, "paged prefill: params do not match the plan");
+  // The stream-K split's pieces are cut from key 0 by a cost model without windows.
+  LONGCTX_CHECK(p.window == 0 || plan.split_ctas == 0, ErrorCode::kInvalidArgument,
+                "paged prefill: a sliding window (window {}) with a stream-K split plan (plan it "
+                "with PrefillSplitMode::kNever)",
+                p.window);
   if (use_sm90_path(p, plan.tuning)) {
     paged_prefill_sm90_run(p, plan, stream);
     return;

@@ -308,7 +308,8 @@ struct Sm90Item {
   int kv_end;     // keys [0, kv_end) are the most any row of the tile sees
   int full_end;   // keys [0, full_end) every row sees
   int num_tiles;  // key tiles of KEYS in [0, kv_end); a piece: its end tile
-  int kt_begin;   // first key tile (0 but for a piece of a split unit)
+  int kt_begin;   // first key tile (0 but for a piece of a split unit or a sliding window)
+  int win_all;    // sliding window: keys before it some row of the tile does not see (else 0)
   int slot;       // a piece's partial slot; -1: the whole unit, written to o / lse
   const int32_t* pages;
 };
@@ -354,7 +355,11 @@ __device__ __forceinline__ Sm90Item make_item(const PagedPrefillParams& p,
     it.full_end = min(it.kv_len, max(0, it.kv_len - it.q_len + it.tok_min + 1));
   }
   it.num_tiles = (it.kv_end + KEYS - 1) / KEYS;
-  it.kt_begin = 0;
+  // Sliding window: tiles before the first row's first key are not read; keys before the last
+  // row's first key are masked.
+  const bool windowed = p.mask_mode == MaskMode::kCausal && p.window > 0;
+  it.kt_begin = windowed ? window_first_key(it.kv_len - it.q_len + it.tok_min, p.window) / KEYS : 0;
+  it.win_all = windowed ? window_first_key(it.kv_len - it.q_len + it.tok_max, p.window) : 0;
   it.slot = -1;
   return it;
 }
@@ -426,7 +431,7 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
     const int kb = k == 0 ? __ldg(range + 1) : 0;
     const int ke = u == __ldg(range + 2) ? __ldg(range + 3) : it.num_tiles;
     if (kb > 0 || ke < it.num_tiles) it.slot = __ldg(range + (k == 0 ? 4 : 5));
-    it.kt_begin = kb;
+    it.kt_begin = max(kb, it.kt_begin);
     it.num_tiles = ke;
     return true;
   };
@@ -617,11 +622,13 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
       const uint8_t* mask_base = sparse ? p.block_mask + p.block_mask_indptr[it.b] : nullptr;
       // Last visible key of tile row r (-1: padding row) and, when block-sparse, whether key
       // block kb is on for it.
-      auto row_limit = [&](int r, int kb, bool& blk) -> int {
+      auto row_limit = [&](int r, int kb, bool& blk, int& first) -> int {
         const int pr = it.row0 + r;
         blk = true;
+        first = 0;
         if (pr >= it.num_rows) return -1;
         const int tok = pr / group;
+        if (causal && p.window > 0) first = window_first_key(it.kv_len - it.q_len + tok, p.window);
         if (sparse) {
           const int mh = p.block_mask_heads == 1 ? 0 : it.kvh * group + pr % group;
           blk = mask_base[(int64_t(mh) * nqb + tok / kSparseBlock) * nkb + kb] != 0;
@@ -629,12 +636,14 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
         return causal ? min(it.kv_len - 1, it.kv_len - it.q_len + tok) : it.kv_len - 1;
       };
 
-      // Whether tile kt needs per-row masking: the causal edge, the KV end, or a block-sparse
+      // Whether tile kt needs per-row masking: the causal edge, the KV end, a sliding window's
+      // band edge, or a block-sparse
       // block that not every row of the tile keeps. Read before Q is released (the producer
       // then rewrites the bitmaps).
       auto needs_mask = [&](int kt) -> bool {
         const int kb = kt * KEYS / kSparseBlock;
-        return (kt + 1) * KEYS > it.full_end || (sparse && !((s_all[kb >> 5] >> (kb & 31)) & 1u));
+        return (kt + 1) * KEYS > it.full_end || kt * KEYS < it.win_all ||
+               (sparse && !((s_all[kb >> 5] >> (kb & 31)) & 1u));
       };
       // S = Q K^T for stage s into sc (issued and committed, not waited for; the caller waited
       // for k_full(s)).
@@ -669,10 +678,11 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
         // (sm_scale > 0, so max commutes with it).
         if (masked) {
           bool blk[2];
-          int lim[2];
+          int lim[2], first[2];
 #pragma unroll
-          for (int i = 0; i < 2; ++i) lim[i] = row_limit(r_base + 8 * i, k0 / kSparseBlock, blk[i]);
-          detail::mask_score_fragment<KEYS>(sc, k0, t4, lim, blk);
+          for (int i = 0; i < 2; ++i)
+            lim[i] = row_limit(r_base + 8 * i, k0 / kSparseBlock, blk[i], first[i]);
+          detail::mask_score_fragment<KEYS>(sc, k0, t4, first, lim, blk);
         }
         // A row's scores live in the 4 threads of a quad.
 #pragma unroll
