@@ -147,4 +147,24 @@ void causal_conv1d(const CausalConv1dArgs& a) {
   causal_conv1d_cpu(a);
 }
 
+void sigmoid_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  if (common_device("sigmoid_and_mul", {&gate, &up, &out}).is_cuda())
+    no_cuda_twin("sigmoid_and_mul");
+  sigmoid_and_mul_cpu(gate, up, out);
+}
+
+void delta_rule_gates(const Tensor& b, const Tensor& a, const Tensor& a_neg, const Tensor& dt_bias,
+                      const Tensor& g, const Tensor& beta) {
+  if (common_device("delta_rule_gates", {&b, &a, &a_neg, &dt_bias, &g, &beta}).is_cuda())
+    no_cuda_twin("delta_rule_gates");
+  delta_rule_gates_cpu(b, a, a_neg, dt_bias, g, beta);
+}
+
+void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps,
+                    const Tensor& out) {
+  if (common_device("rms_norm_gated", {&x, &z, &weight, &out}).is_cuda())
+    no_cuda_twin("rms_norm_gated");
+  rms_norm_gated_cpu(x, z, weight, eps, out);
+}
+
 }  // namespace longctx::ops

@@ -40,4 +40,20 @@ struct CausalConv1dArgs {
 void causal_conv1d(const CausalConv1dArgs& a);
 void causal_conv1d_cpu(const CausalConv1dArgs& a);
 
+// Qwen3NextGatedDeltaNet's per-head gates from in_proj_ba's halves b, a [T, Hv] (rows strided):
+//   beta = sigmoid(b);  g = a_neg * softplus(a + dt_bias)
+// with a_neg = -exp(A_log) and dt_bias [Hv] f32; g, beta [T, Hv] f32 contiguous.
+void delta_rule_gates(const Tensor& b, const Tensor& a, const Tensor& a_neg, const Tensor& dt_bias,
+                      const Tensor& g, const Tensor& beta);
+void delta_rule_gates_cpu(const Tensor& b, const Tensor& a, const Tensor& a_neg,
+                          const Tensor& dt_bias, const Tensor& g, const Tensor& beta);
+
+// Qwen3NextRMSNormGated over each row of x [rows, d] (f32): the plain RMSNorm (weight not
+// zero-centred), then times silu(z): out = x / sqrt(mean(x^2) + eps) * weight * silu(z).
+// z, out [rows, d] (rows strided, last dim contiguous); out may be x.
+void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps,
+                    const Tensor& out);
+void rms_norm_gated_cpu(const Tensor& x, const Tensor& z, const Tensor& weight, float eps,
+                        const Tensor& out);
+
 }  // namespace longctx::ops

@@ -129,4 +129,61 @@ void causal_conv1d_cpu(const CausalConv1dArgs& a) {
   kernels::cpu::causal_conv1d(p);
 }
 
+void delta_rule_gates_cpu(const Tensor& b, const Tensor& a, const Tensor& a_neg,
+                          const Tensor& dt_bias, const Tensor& g, const Tensor& beta) {
+  constexpr const char* kOp = "delta_rule_gates";
+  check_f32_rows(kOp, "b", b, 2);
+  const int64_t t = b.size(0), hv = b.size(1);
+  check_f32_rows(kOp, "a", a, 2);
+  check_shape(kOp, "a", a, b.shape());
+  for (auto [name, x] : {std::pair{"a_neg", &a_neg}, {"dt_bias", &dt_bias}}) {
+    check_contiguous(kOp, name, *x);
+    check_f32_rows(kOp, name, *x, 1);
+    check_shape(kOp, name, *x, {hv});
+  }
+  for (auto [name, x] : {std::pair{"g", &g}, {"beta", &beta}}) {
+    check_contiguous(kOp, name, *x);
+    check_f32_rows(kOp, name, *x, 2);
+    check_shape(kOp, name, *x, b.shape());
+  }
+  const float* an = a_neg.data<float>();
+  const float* dt = dt_bias.data<float>();
+  for (int64_t r = 0; r < t; ++r) {
+    const float* br = b.data<float>() + r * b.strides()[0];
+    const float* ar = a.data<float>() + r * a.strides()[0];
+    for (int64_t h = 0; h < hv; ++h) {
+      beta.data<float>()[r * hv + h] = 1.f / (1.f + std::exp(-br[h]));
+      // softplus as torch computes it: x past its threshold 20 is returned as is
+      const float x = ar[h] + dt[h];
+      const float sp = x > 20.f ? x : std::log1p(std::exp(x));
+      g.data<float>()[r * hv + h] = an[h] * sp;
+    }
+  }
+}
+
+void rms_norm_gated_cpu(const Tensor& x, const Tensor& z, const Tensor& weight, float eps,
+                        const Tensor& out) {
+  constexpr const char* kOp = "rms_norm_gated";
+  check_f32_rows(kOp, "x", x, 2);
+  check_f32_rows(kOp, "z", z, 2);
+  check_f32_rows(kOp, "out", out, 2);
+  check_shape(kOp, "z", z, x.shape());
+  check_shape(kOp, "out", out, x.shape());
+  const int64_t d = x.size(1);
+  check_contiguous(kOp, "weight", weight);
+  check_f32_rows(kOp, "weight", weight, 1);
+  check_shape(kOp, "weight", weight, {d});
+  const float* w = weight.data<float>();
+  for (int64_t r = 0; r < x.size(0); ++r) {
+    const float* xr = x.data<float>() + r * x.strides()[0];
+    const float* zr = z.data<float>() + r * z.strides()[0];
+    float* o = out.data<float>() + r * out.strides()[0];
+    float ss = 0.f;
+    for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i)
+      o[i] = w[i] * (xr[i] * inv) * (zr[i] / (1.f + std::exp(-zr[i])));
+  }
+}
+
 }  // namespace longctx::ops
