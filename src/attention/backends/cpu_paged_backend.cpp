@@ -40,17 +40,34 @@ void store(const Tensor& pool_kv, const Tensor& x, std::span<const int64_t> slot
 }  // namespace
 
 void check_group_batch(const ForwardBatch& b, const KvGroups& groups, int64_t block_size,
-                       int64_t num_blocks) {
+                       int64_t num_blocks, int64_t num_state_slots) {
   const int64_t t = b.num_tokens(), s = b.num_seqs();
   LONGCTX_CHECK(b.num_groups() == groups.size(), ErrorCode::kInvalidArgument,
                 "paged attention: the batch has tables of {} KV groups, the model {}",
                 b.num_groups(), groups.size());
   for (int64_t g = 0; g < groups.size(); ++g) {
-    LONGCTX_CHECK(groups[g].kind != KvGroupKind::kState, ErrorCode::kUnsupported,
-                  "CPU paged attention: KV group {} keeps a per-sequence state (linear "
-                  "attention), which no CPU backend runs yet",
-                  g);
     const BlockTablesView v = b.tables(g);
+    if (groups[g].kind == KvGroupKind::kState) {  // one state slot per sequence, no slots
+      LONGCTX_CHECK(num_state_slots > 0, ErrorCode::kUnsupported,
+                    "CPU paged attention: KV group {} keeps a per-sequence state (linear "
+                    "attention) but the backend was given no state pool",
+                    g);
+      LONGCTX_CHECK(static_cast<int64_t>(v.block_table_indptr.size()) == s + 1 &&
+                        static_cast<int64_t>(v.block_tables.size()) == s && v.slot_mapping.empty(),
+                    ErrorCode::kInvalidArgument,
+                    "paged attention: state KV group {} must name one state slot per sequence "
+                    "({}) and no token slots",
+                    g, s);
+      for (int64_t q = 0; q < s; ++q) {
+        const int32_t slot = v.block_tables[q];
+        LONGCTX_CHECK(v.block_table_indptr[q] == q && slot >= 0 && slot < num_state_slots,
+                      ErrorCode::kOutOfRange,
+                      "paged attention: sequence {} names state slot {} in KV group {} (pool of "
+                      "{} slots)",
+                      q, slot, g, num_state_slots);
+      }
+      continue;
+    }
     const int64_t window = groups[g].window;
     LONGCTX_CHECK(static_cast<int64_t>(v.block_table_indptr.size()) == s + 1 &&
                       v.block_table_indptr[0] == 0 &&
@@ -91,8 +108,8 @@ void check_group_batch(const ForwardBatch& b, const KvGroups& groups, int64_t bl
 }
 
 CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::SparsePolicy* policy,
-                                 const KvGroups* groups)
-    : pool_(pool), groups_(groups), sm_scale_(sm_scale), policy_(policy) {
+                                 const KvGroups* groups, StatePool* states)
+    : pool_(pool), groups_(groups), sm_scale_(sm_scale), policy_(policy), states_(states) {
   LONGCTX_CHECK(pool.config().device.is_cpu() && pool.config().dtype == DType::kF32,
                 ErrorCode::kInvalidArgument, "CPU paged attention needs an f32 pool on the CPU");
   if (groups_ != nullptr && groups_->single_full()) groups_ = nullptr;
@@ -114,8 +131,37 @@ void CpuPagedBackend::plan(const ForwardBatch& batch) {
   if (groups_ == nullptr)
     check_paged_batch(batch, pool_.block_size(), pool_.num_blocks(), limits);
   else
-    check_group_batch(batch, *groups_, pool_.block_size(), pool_.num_blocks());
+    check_group_batch(batch, *groups_, pool_.block_size(), pool_.num_blocks(),
+                      states_ != nullptr ? states_->num_slots() : 0);
+  // A sequence whose step starts at its first token starts from zero states (its slot may have
+  // held an earlier sequence's). Prefix hits never skip a state model's first tokens (the
+  // BlockManager takes none with a state group), so a later start always continues its own.
+  if (groups_ != nullptr && states_ != nullptr)
+    for (int64_t g = 0; g < groups_->size(); ++g) {
+      if ((*groups_)[g].kind != KvGroupKind::kState) continue;
+      const BlockTablesView t = batch.tables(g);
+      for (int64_t q = 0; q < batch.num_seqs(); ++q)
+        if (batch.kv_lens[q] == batch.q_len(q)) states_->reset(t.block_tables[q]);
+    }
   batch_ = &batch;
+}
+
+LinearLayerStates CpuPagedBackend::linear_states(int64_t layer) {
+  LONGCTX_CHECK(batch_ != nullptr, ErrorCode::kInternal,
+                "CPU paged attention: linear_states before plan");
+  LONGCTX_CHECK(groups_ != nullptr && states_ != nullptr && layer >= 0 &&
+                    layer < groups_->num_layers() &&
+                    (*groups_)[groups_->group_of(layer)].kind == KvGroupKind::kState,
+                ErrorCode::kInvalidArgument,
+                "CPU paged attention: layer {} keeps no state in this backend", layer);
+  const BlockTablesView t = batch_->tables(groups_->group_of(layer));
+  const int64_t j = groups_->pool_layer(layer);
+  LinearLayerStates st;
+  for (int64_t q = 0; q < batch_->num_seqs(); ++q) {
+    st.recurrent.push_back(states_->recurrent(t.block_tables[q], j));
+    st.conv.push_back(states_->conv(t.block_tables[q], j));
+  }
+  return st;
 }
 
 void CpuPagedBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) {
