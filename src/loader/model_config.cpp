@@ -318,7 +318,8 @@ LinearAttentionConfig parse_linear_attention(const json& j, const std::string& s
 // Fills c.layer_types, c.sliding_window and c.linear. Explicit `layer_types` win (transformers
 // writes them into every recent config.json); otherwise the architecture's rule: Mistral slides
 // on every layer, Qwen2/Qwen3 on layers >= max_window_layers, `sliding_window_pattern` N makes
-// every Nth layer full (Gemma 3: layer i slides iff (i + 1) % N != 0).
+// every Nth layer full (Gemma 3: layer i slides iff (i + 1) % N != 0); Qwen3-Next's
+// full_attention_interval N makes every Nth layer full and the others linear attention.
 void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
   const std::string& a = c.architecture;
   const int64_t n = c.num_hidden_layers;
@@ -331,6 +332,13 @@ void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
                   "{}: 'layer_types' must be a list of num_hidden_layers ({}) strings, got {}", src,
                   n, json_excerpt(lt));
     for (int64_t i = 0; i < n; ++i) c.layer_types[i] = parse_layer_type(lt[i], i, src);
+  } else if (a == "Qwen3NextForCausalLM") {
+    // Qwen3NextConfig's rule: full attention every full_attention_interval-th layer, linear
+    // attention between.
+    const int64_t interval = opt_int(j, "full_attention_interval", 4, src);
+    check_range(interval, "full_attention_interval", kMaxLayers, src);
+    for (int64_t i = 0; i < n; ++i)
+      if ((i + 1) % interval != 0) c.layer_types[i] = LayerAttention::kLinear;
   } else if (window > 0 && j.contains("sliding_window_pattern") &&
              !j["sliding_window_pattern"].is_null()) {
     const int64_t pattern = opt_int(j, "sliding_window_pattern", 1, src);
