@@ -397,6 +397,11 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   // The paged kernels attend every earlier key: a sliding-window layer would silently read keys
   // outside its window. Until they take a window (#44), such a model runs on the CPU only.
   const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
+  // Linear-attention layers (a state group) have CPU kernels only so far.
+  LONGCTX_CHECK(!groups.has_kind(KvGroupKind::kState), ErrorCode::kUnsupported,
+                "GPU runner: this model has linear-attention layers ({}), which have no CUDA "
+                "kernels yet; run it on the CPU (--device cpu)",
+                fmt::join(groups.describe(), "; "));
   LONGCTX_CHECK(groups.single_full(), ErrorCode::kUnsupported,
                 "GPU runner: this model has {} KV groups ({}): sliding-window attention "
                 "(config.json 'sliding_window' = {} on the layers 'layer_types' / "

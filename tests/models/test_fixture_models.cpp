@@ -115,6 +115,29 @@ TEST_P(FixtureModel, LastOnlyIsTheLastRow) {
     EXPECT_EQ(last.data<float>()[i], full.data<float>()[63 * full.size(1) + i]);
 }
 
+TEST(FixtureModelStates, Qwen3NextPrefillInChunksOfEverySizeEqualsOneForward) {
+  // Pieces of 1 (every step a decode row: the recurrent form), 5 and 17 (odd, across the chunked
+  // form's chunks of 64), 64 and 100, each continuing the states the previous piece left.
+  auto model = load_fixture_model("tiny-qwen3-next");
+  std::vector<int32_t> ids = reference_case("tiny-qwen3-next", 515).input_ids;
+  ids.resize(160);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  Tensor full = full_forward(*model, ids);
+  const int64_t vocab = full.size(1);
+  for (int64_t piece : {1, 5, 17, 64, 100}) {
+    auto cache = std::make_unique<KVCache>(model->config(), n);
+    double m = 0;
+    for (int64_t b = 0; b < n; b += piece) {
+      const int64_t e = std::min(n, b + piece);
+      std::vector<int32_t> chunk(ids.begin() + b, ids.begin() + e);
+      Tensor out = reference_forward(*model, chunk, iota_positions(b, e - b), *cache);
+      for (int64_t i = 0; i < (e - b) * vocab; ++i)
+        m = std::max(m, std::abs(double(out.data<float>()[i]) - full.data<float>()[b * vocab + i]));
+    }
+    EXPECT_LE(m, split_tolerance(*model)) << "pieces of " << piece;
+  }
+}
+
 TEST(FixtureModelRope, ExactInvFreqIsNotWhatTheFixturesUsed) {
   // The fixtures were made by transformers from a model loaded at bf16 and upcast, so its rope
   // inv_freq was rounded to bf16. With exact float32 inv_freq the 515-token logits move by far
