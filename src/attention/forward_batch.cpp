@@ -64,4 +64,11 @@ void ForwardBatch::validate(int64_t vocab_size, int64_t max_positions) const {
   }
 }
 
+LinearLayerStates AttentionBackend::linear_states(int64_t layer) {
+  LONGCTX_THROW(ErrorCode::kUnsupported,
+                "layer {} is linear attention, and this attention backend keeps no per-sequence "
+                "state (the CPU backends do)",
+                layer);
+}
+
 }  // namespace longctx

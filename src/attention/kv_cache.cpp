@@ -18,6 +18,24 @@ KVCache::KVCache(const ModelConfig& config, int64_t max_tokens) : capacity_(max_
     v_.push_back(Tensor::empty(shape, DType::kF32));
   }
   positions_ = Tensor::zeros({max_tokens}, DType::kI64);
+  recurrent_.resize(config.num_hidden_layers);
+  conv_.resize(config.num_hidden_layers);
+  const LinearAttentionConfig& l = config.linear;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    if (config.layer_type(i) != LayerAttention::kLinear) continue;
+    LONGCTX_CHECK(l.num_value_heads > 0 && l.key_head_dim > 0 && l.value_head_dim > 0 &&
+                      l.conv_kernel_dim > 0,
+                  ErrorCode::kInvalidArgument,
+                  "KVCache: layer {} is linear attention but the linear_* sizes are not all "
+                  "positive",
+                  i);
+    const int64_t conv_dim =
+        2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
+    recurrent_[i] =
+        Tensor::zeros({l.num_value_heads, l.key_head_dim, l.value_head_dim}, DType::kF32);
+    conv_[i] = Tensor::zeros({l.conv_kernel_dim - 1, conv_dim}, DType::kF32);
+    has_state_ = true;
+  }
 }
 
 void KVCache::advance(int64_t n) {
@@ -30,6 +48,10 @@ void KVCache::advance(int64_t n) {
 void KVCache::truncate(int64_t length) {
   LONGCTX_CHECK(length >= 0 && length <= length_, ErrorCode::kOutOfRange,
                 "KVCache: cannot truncate to {} tokens ({} stored)", length, length_);
+  LONGCTX_CHECK(!has_state_ || length == length_, ErrorCode::kUnsupported,
+                "KVCache: cannot truncate to {} tokens: its linear-attention state holds {} and "
+                "keeps no earlier one",
+                length, length_);
   length_ = length;
 }
 

@@ -7,6 +7,7 @@
 #include "attention/sparse/sparse_policy.h"
 #include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
+#include "kv/state_pool.h"
 #include "longctx/attention/kv_groups.h"
 #include "longctx/core/error.h"
 #include "longctx/models/model.h"
@@ -53,9 +54,6 @@ class CpuExecutor final : public Executor {
     // The pool holds the largest paged group's layers; a block serves one group at a time.
     PagedKVPoolConfig kv{groups_.pool_layers(), c.num_key_value_heads, c.head_dim, o.block_size, 1,
                          DType::kF32,           Device::cpu()};
-    LONGCTX_CHECK(!groups_.has_kind(KvGroupKind::kState), ErrorCode::kUnsupported,
-                  "CPU executor: linear-attention layers (a per-sequence state KV group) are not "
-                  "run yet");
     LONGCTX_CHECK(groups_.single_full() || o.offload_gpu_blocks == 0, ErrorCode::kUnsupported,
                   "CPU executor: KV offload runs models of one full-attention KV group; this one "
                   "has {} groups (sliding_window {} in config.json)",
@@ -99,12 +97,28 @@ class CpuExecutor final : public Executor {
       if (!groups_.single_full()) policy_.reset();
     }
     block_size_ = o.block_size;
+    for (int64_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].kind != KvGroupKind::kState) continue;
+      // Linear attention (Qwen3-Next): the Gated DeltaNet state and the conv's last inputs.
+      const LinearAttentionConfig& l = c.linear;
+      LONGCTX_CHECK(o.max_state_seqs > 0 && states_ == nullptr, ErrorCode::kInvalidArgument,
+                    "CPU executor: a state KV group needs max_state_seqs > 0 (got {}), and one "
+                    "state group only",
+                    o.max_state_seqs);
+      const int64_t conv_dim =
+          2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
+      states_ = std::make_unique<StatePool>(
+          o.max_state_seqs, static_cast<int64_t>(groups_[g].layers.size()),
+          Shape{l.num_value_heads, l.key_head_dim, l.value_head_dim},
+          Shape{l.conv_kernel_dim - 1, conv_dim});
+    }
   }
 
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   KVBlockLayout kv_layout() const override {
     KVBlockLayout l{num_blocks_, block_size_};
     if (!groups_.single_full()) l.groups = groups_.allocs();
+    if (states_ != nullptr) l.num_state_slots = states_->num_slots();
     return l;
   }
 
@@ -144,7 +158,8 @@ class CpuExecutor final : public Executor {
   }
 
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
-    ForwardBatch batch = make_forward_batch(inputs, block_size_);
+    const std::vector<KvGroupAlloc> allocs = groups_.allocs();
+    ForwardBatch batch = make_forward_batch(inputs, block_size_, allocs);
     if (offload_ != nullptr) {
       offload_->set_copies(copies);
       return model_->forward(batch, *offload_);
@@ -153,7 +168,8 @@ class CpuExecutor final : public Executor {
       copy_kv_block_cpu(*pool_, c.src, c.dst);
       if (policy_ != nullptr) policy_->on_block_copied(c.src, c.dst);
     }
-    CpuPagedBackend attention(*pool_, model_->attention_scale(), policy_.get(), &groups_);
+    CpuPagedBackend attention(*pool_, model_->attention_scale(), policy_.get(), &groups_,
+                              states_.get());
     return model_->forward(batch, attention);
   }
 
@@ -184,6 +200,7 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<PagedKVPool> pool_;                 // resident
   std::unique_ptr<OffloadAttentionBackend> offload_;  // or offloaded (simulated)
   std::unique_ptr<sparse::SparsePolicy> policy_;      // with the resident pool (Full: dense)
+  std::unique_ptr<StatePool> states_;                 // a state group's slots (linear attention)
   int64_t num_blocks_ = 0, block_size_ = 0;
 };
 

@@ -406,8 +406,7 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   const KvGroups& groups = m.groups;
   LONGCTX_CHECK(!groups.has_kind(KvGroupKind::kState), ErrorCode::kUnsupported,
                 "GPU runner: this model has linear-attention layers (a per-sequence state KV "
-                "group: {}), which the GPU engine does not run yet; run it on the CPU "
-                "(--device cpu)",
+                "group: {}), which have no CUDA kernels yet; run it on the CPU (--device cpu)",
                 fmt::join(groups.describe(), "; "));
   LONGCTX_CHECK(groups.single_full() || !options.kv_offload, ErrorCode::kUnsupported,
                 "GPU runner: KV offload runs models of one full-attention KV group; this one has "

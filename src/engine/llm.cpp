@@ -215,6 +215,7 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     if (config.block_size > 0) cpu.block_size = config.block_size;
     cpu.kv_cache_bytes = config.cpu_kv_cache_bytes;
     cpu.sparse = config.sparse;
+    cpu.max_state_seqs = config.max_num_seqs;
     if (tp == 1) {
       executor = make_cpu_executor(create_model(impl_->checkpoint, build), cpu);
     } else {

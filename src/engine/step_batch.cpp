@@ -4,7 +4,8 @@
 
 namespace longctx {
 
-ForwardBatch make_forward_batch(std::span<const StepInput> inputs, int64_t block_size) {
+ForwardBatch make_forward_batch(std::span<const StepInput> inputs, int64_t block_size,
+                                std::span<const KvGroupAlloc> groups) {
   ForwardBatch batch;
   batch.block_table_indptr.push_back(0);
   for (const StepInput& in : inputs) {
@@ -32,10 +33,18 @@ ForwardBatch make_forward_batch(std::span<const StepInput> inputs, int64_t block
     for (size_t g = 0; g < in.group_tables.size(); ++g) {
       std::span<const int32_t> table = in.group_tables[g];
       GroupBlockTables& t = batch.group_tables[g];
+      if (t.block_table_indptr.empty()) t.block_table_indptr.push_back(0);
+      if (g + 1 < groups.size() && groups[g + 1].kind == KvGroupKind::kState) {
+        LONGCTX_CHECK(table.size() == 1, ErrorCode::kInternal,
+                      "step: sequence {} holds {} state slots in KV group {}", in.seq_id,
+                      table.size(), g + 1);
+        t.block_tables.push_back(table[0]);
+        t.block_table_indptr.push_back(static_cast<int32_t>(t.block_tables.size()));
+        continue;
+      }
       LONGCTX_CHECK(static_cast<int64_t>(table.size()) >= blocks, ErrorCode::kInternal,
                     "step: sequence {} needs {} blocks in KV group {}, its table has {}", in.seq_id,
                     blocks, g + 1, table.size());
-      if (t.block_table_indptr.empty()) t.block_table_indptr.push_back(0);
       t.block_tables.insert(t.block_tables.end(), table.begin(), table.begin() + blocks);
       t.block_table_indptr.push_back(static_cast<int32_t>(t.block_tables.size()));
       for (int64_t j = in.num_computed; j < end; ++j)

@@ -10,7 +10,10 @@
 
 namespace longctx {
 
-// Throws Error(kInternal) when an input's block table is too short for its tokens.
-ForwardBatch make_forward_batch(std::span<const StepInput> inputs, int64_t block_size);
+// Throws Error(kInternal) when an input's block table is too short for its tokens. `groups`
+// (the executor's KV groups in order, or empty: every group paged) marks state groups, whose
+// table is one state slot per sequence and who get no token slots.
+ForwardBatch make_forward_batch(std::span<const StepInput> inputs, int64_t block_size,
+                                std::span<const KvGroupAlloc> groups = {});
 
 }  // namespace longctx

@@ -144,6 +144,43 @@ ModelConfig mistral_7b_v01() {
   return c;
 }
 
+// Qwen3-Next-80B-A3B (-Instruct / -Thinking) as its config.json publishes it: 48 layers, three
+// Gated DeltaNet (16 key heads, 32 value heads of 128) to one gated attention layer (16 heads,
+// 2 KV heads of 256, a quarter of each rotated), 512 experts top 10 plus a shared expert.
+ModelConfig qwen3_next_80b_a3b() {
+  const nlohmann::json j = {{"architectures", {"Qwen3NextForCausalLM"}},
+                            {"model_type", "qwen3_next"},
+                            {"torch_dtype", "bfloat16"},
+                            {"vocab_size", 151936},
+                            {"hidden_size", 2048},
+                            {"intermediate_size", 5120},
+                            {"num_hidden_layers", 48},
+                            {"num_attention_heads", 16},
+                            {"num_key_value_heads", 2},
+                            {"head_dim", 256},
+                            {"max_position_embeddings", 262144},
+                            {"rms_norm_eps", 1e-6},
+                            {"rope_theta", 10000000.0},
+                            {"partial_rotary_factor", 0.25},
+                            {"full_attention_interval", 4},
+                            {"linear_conv_kernel_dim", 4},
+                            {"linear_key_head_dim", 128},
+                            {"linear_num_key_heads", 16},
+                            {"linear_num_value_heads", 32},
+                            {"linear_value_head_dim", 128},
+                            {"num_experts", 512},
+                            {"num_experts_per_tok", 10},
+                            {"moe_intermediate_size", 512},
+                            {"shared_expert_intermediate_size", 512},
+                            {"norm_topk_prob", true},
+                            {"decoder_sparse_step", 1},
+                            {"mlp_only_layers", nlohmann::json::array()},
+                            {"tie_word_embeddings", false},
+                            {"bos_token_id", 151643},
+                            {"eos_token_id", 151645}};
+  return parse_model_config(j, "preset qwen3-next-80b-a3b");
+}
+
 ModelConfig tiny_llama() {
   ModelConfig c = llama31_8b();
   c.vocab_size = 512;
@@ -170,6 +207,7 @@ const std::map<std::string, ModelConfig (*)()>& presets() {
       {"qwen3-30b-a3b", [] { return qwen3_moe(2048, 768, 48, 32); }},
       {"qwen3-235b-a22b", [] { return qwen3_moe(4096, 1536, 94, 64); }},
       {"gemma-3-12b", gemma3_12b},
+      {"qwen3-next-80b-a3b", qwen3_next_80b_a3b},
       {"mistral-7b-v0.1", mistral_7b_v01},
       {"tiny-llama", tiny_llama},
   };

@@ -18,9 +18,10 @@ using nlohmann::json;
 namespace {
 
 const char* const kSupported[] = {
-    "LlamaForCausalLM", "MistralForCausalLM",  "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-    "Phi3ForCausalLM",  "Gemma3ForCausalLM",   "Gemma3ForConditionalGeneration"};
+    "LlamaForCausalLM",    "MistralForCausalLM",  "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+    "Phi3ForCausalLM",     "Gemma3ForCausalLM",   "Gemma3ForConditionalGeneration",
+    "Qwen3NextForCausalLM"};
 
 // The Qwen configs that slide only with use_sliding_window, from max_window_layers on.
 bool qwen_window_rule(const std::string& a) {
@@ -45,6 +46,7 @@ constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxHeads = 1024;
 constexpr int64_t kMaxHeadDim = 4096;
 constexpr int64_t kMaxPositions = int64_t{1} << 30;
+constexpr int64_t kMaxConvKernel = 64;  // linear attention's short conv (Qwen3-Next: 4)
 
 // An integer field (unsigned values past INT64_MAX are errors, not wrapped).
 int64_t int_field(const json& v, const char* key, const std::string& src) {
@@ -293,10 +295,31 @@ LayerAttention parse_layer_type(const json& v, int64_t i, const std::string& src
                 src, i, t);
 }
 
+// Qwen3NextConfig's Gated DeltaNet sizes (its defaults: Qwen3-Next-80B-A3B's). The value heads
+// share key heads in groups, as transformers' repeat_interleave requires.
+LinearAttentionConfig parse_linear_attention(const json& j, const std::string& src) {
+  LinearAttentionConfig l;
+  l.num_key_heads = opt_int(j, "linear_num_key_heads", 16, src);
+  check_range(l.num_key_heads, "linear_num_key_heads", kMaxHeads, src);
+  l.num_value_heads = opt_int(j, "linear_num_value_heads", 32, src);
+  check_range(l.num_value_heads, "linear_num_value_heads", kMaxHeads, src);
+  l.key_head_dim = opt_int(j, "linear_key_head_dim", 128, src);
+  check_range(l.key_head_dim, "linear_key_head_dim", kMaxHeadDim, src);
+  l.value_head_dim = opt_int(j, "linear_value_head_dim", 128, src);
+  check_range(l.value_head_dim, "linear_value_head_dim", kMaxHeadDim, src);
+  l.conv_kernel_dim = opt_int(j, "linear_conv_kernel_dim", 4, src);
+  check_range(l.conv_kernel_dim, "linear_conv_kernel_dim", kMaxConvKernel, src);
+  LONGCTX_CHECK(l.num_value_heads % l.num_key_heads == 0, ErrorCode::kInvalidArgument,
+                "{}: linear_num_value_heads ({}) must be a multiple of linear_num_key_heads ({})",
+                src, l.num_value_heads, l.num_key_heads);
+  return l;
+}
+
 // Fills c.layer_types, c.sliding_window and c.linear. Explicit `layer_types` win (transformers
 // writes them into every recent config.json); otherwise the architecture's rule: Mistral slides
 // on every layer, Qwen2/Qwen3 on layers >= max_window_layers, `sliding_window_pattern` N makes
-// every Nth layer full (Gemma 3: layer i slides iff (i + 1) % N != 0).
+// every Nth layer full (Gemma 3: layer i slides iff (i + 1) % N != 0); Qwen3-Next's
+// full_attention_interval N makes every Nth layer full and the others linear attention.
 void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
   const std::string& a = c.architecture;
   const int64_t n = c.num_hidden_layers;
@@ -309,6 +332,13 @@ void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
                   "{}: 'layer_types' must be a list of num_hidden_layers ({}) strings, got {}", src,
                   n, json_excerpt(lt));
     for (int64_t i = 0; i < n; ++i) c.layer_types[i] = parse_layer_type(lt[i], i, src);
+  } else if (a == "Qwen3NextForCausalLM") {
+    // Qwen3NextConfig's rule: full attention every full_attention_interval-th layer, linear
+    // attention between.
+    const int64_t interval = opt_int(j, "full_attention_interval", 4, src);
+    check_range(interval, "full_attention_interval", kMaxLayers, src);
+    for (int64_t i = 0; i < n; ++i)
+      if ((i + 1) % interval != 0) c.layer_types[i] = LayerAttention::kLinear;
   } else if (window > 0 && j.contains("sliding_window_pattern") &&
              !j["sliding_window_pattern"].is_null()) {
     const int64_t pattern = opt_int(j, "sliding_window_pattern", 1, src);
@@ -340,12 +370,13 @@ void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
                  LayerAttention::kFull);
     c.sliding_window = 0;
   }
-  // No architecture longctx runs has linear-attention layers yet (Qwen3-Next will): refuse them
-  // here, with the field, rather than run them as full attention.
-  LONGCTX_CHECK(!linear, ErrorCode::kUnsupported,
+  // Only Qwen3-Next runs linear-attention layers: another architecture's are refused here, with
+  // the field, rather than run as full attention.
+  LONGCTX_CHECK(!linear || a == "Qwen3NextForCausalLM", ErrorCode::kUnsupported,
                 "{}: layer_types has linear_attention layers, which {} does not have (supported "
                 "layer types for it: full_attention, sliding_attention)",
                 src, a);
+  if (linear) c.linear = parse_linear_attention(j, src);
 }
 
 // Released MoE models have up to 512 routed experts (Qwen3-Next); DeepSeek-V3 256, Kimi K2 384.
@@ -355,27 +386,35 @@ constexpr int64_t kMaxExperts = 1024;
 // config.json written by transformers carries every field anyway).
 MoeConfig parse_moe(const json& j, const std::string& src, const ModelConfig& c) {
   MoeConfig m;
+  // Qwen3-Next's block is Qwen2-MoE's (a shared expert with its sigmoid gate); its defaults are
+  // Qwen3-Next-80B-A3B's.
+  const bool next = c.architecture == "Qwen3NextForCausalLM";
   const bool qwen2 = c.architecture == "Qwen2MoeForCausalLM";
   // Newer transformers store Qwen3MoeConfig.num_experts as Mixtral's num_local_experts
   // (attribute_map), so a config.json may carry either name.
   const char* experts_key = j.contains("num_experts") || !j.contains("num_local_experts")
                                 ? "num_experts"
                                 : "num_local_experts";
-  m.num_experts = opt_int(j, experts_key, qwen2 ? 60 : 128, src);
+  m.num_experts = opt_int(j, experts_key, next ? 512 : qwen2 ? 60 : 128, src);
   LONGCTX_CHECK(m.num_experts >= 0 && m.num_experts <= kMaxExperts, ErrorCode::kInvalidArgument,
                 "{}: field '{}' must be in [0, {}], got {}", src, experts_key, kMaxExperts,
                 m.num_experts);
   if (m.num_experts == 0) return m;  // every layer dense (transformers' rule too)
-  m.num_experts_per_tok = opt_int(j, "num_experts_per_tok", qwen2 ? 4 : 8, src);
+  m.num_experts_per_tok = opt_int(j, "num_experts_per_tok", next ? 10 : qwen2 ? 4 : 8, src);
   LONGCTX_CHECK(m.num_experts_per_tok >= 1 && m.num_experts_per_tok <= m.num_experts,
                 ErrorCode::kInvalidArgument,
                 "{}: field 'num_experts_per_tok' must be in [1, num_experts {}], got {}", src,
                 m.num_experts, m.num_experts_per_tok);
-  m.moe_intermediate_size = opt_int(j, "moe_intermediate_size", qwen2 ? 1408 : 768, src);
+  m.moe_intermediate_size = opt_int(j, "moe_intermediate_size",
+                                    next    ? 512
+                                    : qwen2 ? 1408
+                                            : 768,
+                                    src);
   check_range(m.moe_intermediate_size, "moe_intermediate_size", kMaxIntermediate, src);
-  m.norm_topk_prob = opt_bool(j, "norm_topk_prob", false, src);
-  if (qwen2) {
-    m.shared_expert_intermediate_size = opt_int(j, "shared_expert_intermediate_size", 5632, src);
+  m.norm_topk_prob = opt_bool(j, "norm_topk_prob", next, src);
+  if (qwen2 || next) {
+    m.shared_expert_intermediate_size =
+        opt_int(j, "shared_expert_intermediate_size", next ? 512 : 5632, src);
     LONGCTX_CHECK(m.shared_expert_intermediate_size >= 0 &&
                       m.shared_expert_intermediate_size <= kMaxIntermediate,
                   ErrorCode::kInvalidArgument,
@@ -624,7 +663,12 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
   }
   if (a == "LlamaForCausalLM" || a == "MistralForCausalLM")
     c.mlp_bias = opt_bool(j, "mlp_bias", false, src);
-  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || gemma3;
+  const bool next = a == "Qwen3NextForCausalLM";
+  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || gemma3 || next;
+  // Qwen3-Next: zero-centred (1 + w) RMSNorms (Qwen3NextRMSNorm; its gated norm is not) and
+  // attention outputs gated by sigmoid(a second half of q_proj).
+  c.norm_plus_one = next;
+  c.attn_output_gate = next;
   c.hidden_act = gemma3 ? parse_hidden_act(j, "hidden_activation", "gelu_pytorch_tanh", src)
                         : parse_hidden_act(j, "hidden_act", "silu", src);
   if (gemma3) {
@@ -642,7 +686,8 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
                     "checkpoints set it null)",
                     src, key, json_excerpt(j[key]));
   }
-  if (a == "Qwen2MoeForCausalLM" || a == "Qwen3MoeForCausalLM") c.moe = parse_moe(j, src, c);
+  if (a == "Qwen2MoeForCausalLM" || a == "Qwen3MoeForCausalLM" || next)
+    c.moe = parse_moe(j, src, c);
 
   parse_layer_types(j, src, c);
 

@@ -23,10 +23,31 @@ std::map<std::string, Shape> expected_weights(const ModelConfig& c, ExpertLayout
     const std::string l = fmt::format("model.layers.{}.", i);
     w[l + "input_layernorm.weight"] = {h};
     w[l + "post_attention_layernorm.weight"] = {h};
-    w[l + "self_attn.q_proj.weight"] = {q, h};
-    w[l + "self_attn.k_proj.weight"] = {kv, h};
-    w[l + "self_attn.v_proj.weight"] = {kv, h};
-    w[l + "self_attn.o_proj.weight"] = {h, q};
+    if (c.layer_type(i) == LayerAttention::kLinear) {
+      // Qwen3NextGatedDeltaNet: in projections (q, k, v, z and b, a, interleaved per key head),
+      // the depthwise conv over q, k, v, the decay's A_log and dt_bias, the gated norm, out_proj.
+      const LinearAttentionConfig& a = c.linear;
+      const int64_t key_dim = a.num_key_heads * a.key_head_dim;
+      const int64_t value_dim = a.num_value_heads * a.value_head_dim;
+      const std::string p = l + "linear_attn.";
+      w[p + "in_proj_qkvz.weight"] = {2 * key_dim + 2 * value_dim, h};
+      w[p + "in_proj_ba.weight"] = {2 * a.num_value_heads, h};
+      w[p + "conv1d.weight"] = {2 * key_dim + value_dim, 1, a.conv_kernel_dim};
+      w[p + "A_log"] = {a.num_value_heads};
+      w[p + "dt_bias"] = {a.num_value_heads};
+      w[p + "norm.weight"] = {a.value_head_dim};
+      w[p + "out_proj.weight"] = {h, value_dim};
+    } else {
+      // With an output gate q_proj emits q and the gate.
+      w[l + "self_attn.q_proj.weight"] = {c.attn_output_gate ? 2 * q : q, h};
+      w[l + "self_attn.k_proj.weight"] = {kv, h};
+      w[l + "self_attn.v_proj.weight"] = {kv, h};
+      w[l + "self_attn.o_proj.weight"] = {h, q};
+      if (c.qk_norm) {
+        w[l + "self_attn.q_norm.weight"] = {c.head_dim};
+        w[l + "self_attn.k_norm.weight"] = {c.head_dim};
+      }
+    }
     if (c.attention_bias) {
       w[l + "self_attn.q_proj.bias"] = {q};
       w[l + "self_attn.k_proj.bias"] = {kv};
@@ -36,10 +57,6 @@ std::map<std::string, Shape> expected_weights(const ModelConfig& c, ExpertLayout
     if (c.sandwich_norms) {
       w[l + "pre_feedforward_layernorm.weight"] = {h};
       w[l + "post_feedforward_layernorm.weight"] = {h};
-    }
-    if (c.qk_norm) {
-      w[l + "self_attn.q_norm.weight"] = {c.head_dim};
-      w[l + "self_attn.k_norm.weight"] = {c.head_dim};
     }
     if (c.is_moe_layer(i)) {
       const MoeConfig& m = c.moe;
@@ -80,6 +97,9 @@ std::map<std::string, Shape> expected_weights(const ModelConfig& c, ExpertLayout
 
 bool is_ignorable_weight(const std::string& name, const ModelConfig& c) {
   if (name.ends_with(".rotary_emb.inv_freq")) return true;
+  // Qwen3-Next's multi-token-prediction head (transformers ignores it too: speculative decoding
+  // is not run).
+  if (c.architecture == "Qwen3NextForCausalLM" && name.starts_with("mtp.")) return true;
   // Gemma3ForConditionalGeneration's vision tower and projector: only the text model runs.
   if (c.architecture == "Gemma3ForConditionalGeneration")
     for (const char* p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",

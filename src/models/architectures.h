@@ -14,6 +14,8 @@ std::unique_ptr<Model> make_qwen2(std::shared_ptr<const Checkpoint> checkpoint,
                                   const ModelBuildOptions& options);
 std::unique_ptr<Model> make_qwen3(std::shared_ptr<const Checkpoint> checkpoint,
                                   const ModelBuildOptions& options);
+std::unique_ptr<Model> make_qwen3_next(std::shared_ptr<const Checkpoint> checkpoint,
+                                       const ModelBuildOptions& options);
 std::unique_ptr<Model> make_gemma3(std::shared_ptr<const Checkpoint> checkpoint,
                                    const ModelBuildOptions& options);
 

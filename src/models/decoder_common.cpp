@@ -112,23 +112,56 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
       l.shared_expert_gate = load.load(w.get(p + "mlp.shared_expert_gate.weight"));
     }
   };
+  LONGCTX_CHECK(!sharded() || !c.attn_output_gate, ErrorCode::kUnsupported,
+                "tensor parallelism does not shard attention output gates ({})", c.architecture);
+  // With an output gate q_proj's rows are [q_h, gate_h] per head: the fused projection takes
+  // every head's q rows first and their gate rows after v, so q, k and v keep their places and
+  // the gates are one more slice.
+  auto q_and_gate_rows = [&](const Tensor& q_proj) {
+    std::vector<Tensor> q, gate;
+    for (int64_t h = 0; h < c.num_attention_heads; ++h) {
+      q.push_back(q_proj.slice(0, 2 * h * d, (2 * h + 1) * d));
+      gate.push_back(q_proj.slice(0, (2 * h + 1) * d, (2 * h + 2) * d));
+    }
+    return std::pair{q, gate};
+  };
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     auto get = [&](const std::string& name) { return w.get(p + name); };
     auto opt = [&](const std::string& name) { return optional_weight(w, p + name); };
     LayerWeights l;
     l.input_layernorm = norm(get("input_layernorm.weight"));
-    l.qkv_proj = load.load_fused({q_rows(get("self_attn.q_proj.weight")),
-                                  kv_rows(get("self_attn.k_proj.weight")),
-                                  kv_rows(get("self_attn.v_proj.weight"))});
+    const bool attention_layer = c.layer_type(i) != LayerAttention::kLinear;
+    if (attention_layer && c.attn_output_gate) {
+      auto [q, gate] = q_and_gate_rows(get("self_attn.q_proj.weight"));
+      LONGCTX_CHECK(get("self_attn.q_proj.weight").size(0) == 2 * c.q_size(),
+                    ErrorCode::kInvalidArgument,
+                    "layer {}: self_attn.q_proj.weight {} must have 2 x {} rows (q and its gate)",
+                    i, get("self_attn.q_proj.weight").str(), c.q_size());
+      std::vector<Tensor> parts = q;
+      parts.push_back(get("self_attn.k_proj.weight"));
+      parts.push_back(get("self_attn.v_proj.weight"));
+      parts.insert(parts.end(), gate.begin(), gate.end());
+      l.qkv_proj = load.load_fused(parts);
+    } else if (attention_layer) {
+      l.qkv_proj = load.load_fused({q_rows(get("self_attn.q_proj.weight")),
+                                    kv_rows(get("self_attn.k_proj.weight")),
+                                    kv_rows(get("self_attn.v_proj.weight"))});
+    }
     Tensor q_bias = opt("self_attn.q_proj.bias"), k_bias = opt("self_attn.k_proj.bias"),
            v_bias = opt("self_attn.v_proj.bias");
+    LONGCTX_CHECK(
+        !c.attn_output_gate || !(q_bias.defined() || k_bias.defined() || v_bias.defined()),
+        ErrorCode::kUnsupported, "layer {}: q/k/v biases beside an output gate", i);
     if (q_bias.defined() || k_bias.defined() || v_bias.defined())
       l.qkv_bias = load.load_fused({q_rows(q_bias), kv_rows(k_bias), kv_rows(v_bias)});
-    l.o_proj = load.load(cols(get("self_attn.o_proj.weight"), s.q_head0 * d, s.num_q_heads * d));
-    l.o_bias = load.load(rank0(opt("self_attn.o_proj.bias")));
-    l.q_norm = norm(opt("self_attn.q_norm.weight"));
-    l.k_norm = norm(opt("self_attn.k_norm.weight"));
+    // A linear-attention layer's token mixer is the architecture's (it loads those weights).
+    if (attention_layer) {
+      l.o_proj = load.load(cols(get("self_attn.o_proj.weight"), s.q_head0 * d, s.num_q_heads * d));
+      l.o_bias = load.load(rank0(opt("self_attn.o_proj.bias")));
+      l.q_norm = norm(opt("self_attn.q_norm.weight"));
+      l.k_norm = norm(opt("self_attn.k_norm.weight"));
+    }
     l.post_attention_layernorm = norm(get("post_attention_layernorm.weight"));
     if (c.sandwich_norms) {
       l.pre_feedforward_layernorm = norm(get("pre_feedforward_layernorm.weight"));
@@ -176,6 +209,7 @@ StepInputs DecoderModel::upload_inputs(const ForwardBatch& batch) const {
   };
   in.input_ids = view(batch.input_ids.data(), in.num_tokens, DType::kI32);
   in.positions = view(batch.positions.data(), in.num_tokens, DType::kI64);
+  in.qo_indptr = batch.qo_indptr;
   in.logits_indices = view(batch.logits_indices.data(),
                            static_cast<int64_t>(batch.logits_indices.size()), DType::kI32);
   if (rope_.select != ops::RopeSelect::kFixed) {
@@ -364,6 +398,10 @@ Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const Ste
   apply_rope(s.qk, in, i);
   attention.store_kv(i, s.k, s.v);
   Tensor attn_output = attention.attend(i, s.q);
+  if (config().attn_output_gate) {  // Qwen3NextAttention: attn_output * sigmoid(gate)
+    const int64_t gate0 = config().q_size() + 2 * config().kv_size();
+    ops::sigmoid_and_mul(qkv.slice(1, gate0, gate0 + config().q_size()), attn_output, attn_output);
+  }
   return linear(attn_output, w.o_proj, w.o_bias);
 }
 

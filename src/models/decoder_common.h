@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "longctx/core/tensor.h"
@@ -50,6 +51,9 @@ struct StepInputs {
   Tensor input_ids;       // [T] i32
   Tensor positions;       // [T] i64
   Tensor logits_indices;  // [R] i32
+  // [S + 1] host: sequence s owns rows [qo_indptr[s], qo_indptr[s + 1]) (linear attention runs
+  // each sequence through its own state); empty on the device-only path.
+  std::span<const int32_t> qo_indptr;
   // [T] i64: the length of each token's sequence at the end of the step (its largest position
   // in the step + 1), which picks longrope's and dynamic NTK's frequencies; undefined for a
   // fixed rope, or on the device-only path (decode: position + 1 is that length).

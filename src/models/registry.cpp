@@ -23,6 +23,7 @@ const std::pair<const char*, Factory> kArchitectures[] = {
     {"Gemma3ForConditionalGeneration", models::make_gemma3},  // its text model
     {"Qwen2MoeForCausalLM", models::make_qwen2},              // + the MoE block of decoder_common
     {"Qwen3MoeForCausalLM", models::make_qwen3},
+    {"Qwen3NextForCausalLM", models::make_qwen3_next},
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "ops/embedding.h"
 #include "ops/gather_rows.h"
 #include "ops/linear.h"
+#include "ops/linear_attention.h"
 #include "ops/moe.h"
 #include "ops/op_utils.h"
 #include "ops/rms_norm.h"
@@ -132,6 +133,38 @@ void attention(const AttentionArgs& a) {
 void sample_rows(const kernels::SamplingBatch& batch, Device device) {
   if (device.is_cuda()) LONGCTX_CUDA_TWIN("sample_rows", sample_rows_cuda(batch, device));
   sample_rows_cpu(batch);
+}
+
+void gated_delta_rule(const GatedDeltaRuleArgs& a) {
+  if (common_device("gated_delta_rule", {&a.q, &a.k, &a.v, &a.g, &a.beta, &a.out}).is_cuda())
+    no_cuda_twin("gated_delta_rule");
+  gated_delta_rule_cpu(a);
+}
+
+void causal_conv1d(const CausalConv1dArgs& a) {
+  if (common_device("causal_conv1d", {&a.x, &a.weight, &a.out}).is_cuda())
+    no_cuda_twin("causal_conv1d");
+  causal_conv1d_cpu(a);
+}
+
+void sigmoid_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  if (common_device("sigmoid_and_mul", {&gate, &up, &out}).is_cuda())
+    no_cuda_twin("sigmoid_and_mul");
+  sigmoid_and_mul_cpu(gate, up, out);
+}
+
+void delta_rule_gates(const Tensor& b, const Tensor& a, const Tensor& a_neg, const Tensor& dt_bias,
+                      const Tensor& g, const Tensor& beta) {
+  if (common_device("delta_rule_gates", {&b, &a, &a_neg, &dt_bias, &g, &beta}).is_cuda())
+    no_cuda_twin("delta_rule_gates");
+  delta_rule_gates_cpu(b, a, a_neg, dt_bias, g, beta);
+}
+
+void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps,
+                    const Tensor& out) {
+  if (common_device("rms_norm_gated", {&x, &z, &weight, &out}).is_cuda())
+    no_cuda_twin("rms_norm_gated");
+  rms_norm_gated_cpu(x, z, weight, eps, out);
 }
 
 }  // namespace longctx::ops

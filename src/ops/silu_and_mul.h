@@ -1,7 +1,8 @@
 // The gated MLP activations, in fp32, rounded once to out's dtype:
 //   silu_and_mul (Llama, Qwen): out = silu(gate) * up, silu(g) = g / (1 + exp(-g));
 //   gelu_tanh_and_mul (Gemma's GeGLU, transformers' gelu_pytorch_tanh):
-//     out = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * up.
+//     out = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * up;
+//   sigmoid_and_mul (Qwen3-Next's attention output gate): out = sigmoid(gate) * up.
 #pragma once
 
 #include "longctx/core/tensor.h"
@@ -20,7 +21,11 @@ void gelu_tanh_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
 void gelu_tanh_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out);
 void gelu_tanh_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out);
 
-enum class GatedAct { kSilu, kGeluTanh };
+// Same contract: out = sigmoid(gate) * up (Qwen3-Next's gated attention output). CPU only.
+void sigmoid_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
+void sigmoid_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out);
+
+enum class GatedAct { kSilu, kGeluTanh, kSigmoid };
 
 struct SiluAndMulParams {
   RowsView gate, up, out;  // each [rows, intermediate]

@@ -41,8 +41,10 @@ void gated_act_cpu(const SiluAndMulParams& p) {
           const float* u = load_row_f32(p.up, r, ub.data());
           if (p.act == GatedAct::kSilu)
             for (int64_t i = 0; i < cols; ++i) ob[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-          else
+          else if (p.act == GatedAct::kGeluTanh)
             for (int64_t i = 0; i < cols; ++i) ob[i] = gelu_tanh(g[i]) * u[i];
+          else
+            for (int64_t i = 0; i < cols; ++i) ob[i] = u[i] / (1.0f + std::exp(-g[i]));
           store_row_f32(p.out, r, ob.data());
         }
       },
@@ -58,6 +60,12 @@ void silu_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out) {
 void gelu_tanh_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out) {
   SiluAndMulParams p = silu_and_mul_params(gate, up, out);
   p.act = GatedAct::kGeluTanh;
+  gated_act_cpu(p);
+}
+
+void sigmoid_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  SiluAndMulParams p = silu_and_mul_params(gate, up, out);
+  p.act = GatedAct::kSigmoid;
   gated_act_cpu(p);
 }
 

@@ -23,6 +23,28 @@ TEST(InfoCli, PlansForAGpuOfTheGivenSize) {
   EXPECT_NE(r.out.find("max_model_len 131072"), std::string::npos) << r.out;
 }
 
+TEST(InfoCli, Qwen3NextPrintsItsFullAndStateGroups) {
+  CliResult r = run_cli("info --load-format dummy --preset qwen3-next-80b-a3b --device cpu");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("architecture:       Qwen3NextForCausalLM"), std::string::npos) << r.out;
+  // 12 gated attention layers (2 KV heads of 256): K + V in bf16 per token.
+  EXPECT_NE(r.out.find("KV bytes per token: 24576 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("KV group 0: full, 12 layers (3,7,11,15,19,23,27,31,35,39,43,47), bf16, "
+                       "24576 B/token"),
+            std::string::npos)
+      << r.out;
+  // 36 Gated DeltaNet layers: [32, 128, 128] recurrent + 3 x 8192 conv inputs each.
+  EXPECT_NE(r.out.find("KV group 1: state, 36 layers (0-2,4-6,"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(std::to_string(36LL * (32 * 128 * 128 + 3 * 8192) * 2) + " B/sequence"),
+            std::string::npos)
+      << r.out;
+  // Qwen3-Next-80B-A3B: 80 billion parameters (79.7 B without the MTP head).
+  EXPECT_NE(r.out.find("(79."), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("512 routed, top 10 (renormalized), expert ffn 512, shared expert ffn 512"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(InfoCli, WithoutALimitOnTheCpuThereIsNoPlan) {
   CliResult r = run_cli("info --load-format dummy --preset qwen3-0.6b --device cpu");
   ASSERT_EQ(r.rc, 0) << r.err;

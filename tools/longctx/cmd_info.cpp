@@ -52,7 +52,6 @@ void run_info(const ModelOptions& opts) {
   for (const auto& [d, n] : by_dtype)
     dtypes += fmt::format("{}{} ({} params)", dtypes.empty() ? "" : ", ", d, n);
   const char* rope = rope_type_name(c.rope.type);
-  const int64_t kv_tok = c.kv_bytes_per_token(DType::kBF16);
   std::printf("model:              %s\n", ck ? ck->dir.c_str() : ("dummy:" + opts.preset).c_str());
   std::printf("architecture:       %s\n", c.architecture.c_str());
   std::printf("layers:             %lld\n", (long long)c.num_hidden_layers);
@@ -93,9 +92,10 @@ void run_info(const ModelOptions& opts) {
   std::printf("parameters:         %lld (%.3f B)\n", (long long)params, params / 1e9);
   std::printf("dtypes:             %s\n", dtypes.c_str());
   std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
-  std::printf("KV bytes per token: %lld (bf16 K+V, all layers)\n", (long long)kv_tok);
   // Each layer's attention state, by group: kind, window, layers, bytes per token (or sequence).
   const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
+  std::printf("KV bytes per token: %lld (bf16 K+V of every attention layer)\n",
+              (long long)groups.paged_bytes_per_token());
   for (const std::string& g : groups.describe()) std::printf("KV %s\n", g.c_str());
   // Per sequence, each group as it keeps tokens (a sliding group only its window).
   std::printf("max context:        %lld tokens (KV at max context: %s)\n",

@@ -97,6 +97,14 @@ class GraphLaunches {
   virtual bool update(void* graph_exec) = 0;
 };
 
+// A linear-attention layer's state (a kState KV group) for each sequence of the planned batch,
+// in batch order: fp32 tensors on the model's device that the layer reads and updates in place.
+// A sequence whose step starts at its first token gets zeroed states.
+struct LinearLayerStates {
+  std::vector<Tensor> recurrent;  // [S] each [value_heads, key_head_dim, value_head_dim]
+  std::vector<Tensor> conv;       // [S] each [conv_kernel - 1, conv channels (q, k and v)]
+};
+
 // What Model::forward needs from attention. plan() runs once per step on the host before the
 // first layer; store_kv() then attend() once per layer, in layer order.
 class AttentionBackend {
@@ -111,6 +119,9 @@ class AttentionBackend {
   // Causal (by position) attention of q [T, Hq, head_dim] over each sequence's KV (the new
   // tokens' own keys included). Returns o [T, Hq * head_dim] in q's dtype, contiguous.
   virtual Tensor attend(int64_t layer, const Tensor& q) = 0;
+  // The planned batch's states of linear-attention layer `layer` (see LinearLayerStates).
+  // Backends without state storage throw Error(kUnsupported).
+  virtual LinearLayerStates linear_states(int64_t layer);
 
   // What the engine asks of a backend beside the step (defaults: nothing to do).
   // The engine copied whole blocks (copy-on-write) before the step: metadata the backend keeps

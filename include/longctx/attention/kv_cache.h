@@ -2,7 +2,8 @@
 // every token so far, contiguous by position slot. (The paged GPU cache and host offload build
 // on the same notion: slot i holds the i-th token of the sequence.) Each slot also records the
 // token's position, which attention compares against query positions (causal by position); for
-// an ordinary sequence slot i holds position i.
+// an ordinary sequence slot i holds position i. A linear-attention layer keeps its fixed-size
+// state here instead (its K/V slots stay unused and untouched).
 #pragma once
 
 #include <cstdint>
@@ -29,11 +30,19 @@ class KVCache {
   Tensor& k(int64_t layer) { return k_[layer]; }  // [capacity, n_kv_heads, head_dim] f32
   Tensor& v(int64_t layer) { return v_[layer]; }  // [capacity, n_kv_heads, head_dim] f32
   Tensor& positions() { return positions_; }      // [capacity] i64, shared by all layers
+  // A linear-attention layer's state after length() tokens (undefined for other layers):
+  // recurrent [value_heads, key_head_dim, value_head_dim] and conv [kernel - 1, conv channels]
+  // f32, zeros while the cache is empty. Such a cache cannot truncate (the state holds no past).
+  Tensor& recurrent_state(int64_t layer) { return recurrent_[layer]; }
+  Tensor& conv_state(int64_t layer) { return conv_[layer]; }
+  bool has_state() const { return has_state_; }
 
  private:
-  std::vector<Tensor> k_;  // per layer [capacity, n_kv_heads, head_dim]
-  std::vector<Tensor> v_;  // per layer [capacity, n_kv_heads, head_dim]
-  Tensor positions_;       // [capacity] i64
+  std::vector<Tensor> k_;                 // per layer [capacity, n_kv_heads, head_dim]
+  std::vector<Tensor> v_;                 // per layer [capacity, n_kv_heads, head_dim]
+  Tensor positions_;                      // [capacity] i64
+  std::vector<Tensor> recurrent_, conv_;  // per layer; defined for linear-attention layers
+  bool has_state_ = false;
   int64_t capacity_ = 0;
   int64_t length_ = 0;
 };

@@ -91,6 +91,10 @@ struct CpuExecutorOptions {
   int64_t offload_slot_blocks = 4;
   int64_t offload_write_back_lag = 1;  // steps until a write-back lands (unless waited for)
   SparseOptions sparse;  // the sparse attention policy (resident or through the simulated offload)
+  // Models with linear-attention layers: sequences whose states are held at once (the engine's
+  // max_num_seqs; a sequence waits for a free one). Each costs KvGroups::state_bytes_per_seq()
+  // of f32, touched only when used.
+  int64_t max_state_seqs = 256;
 };
 
 // The CPU reference model over a CPU paged KV pool.

@@ -104,6 +104,9 @@ struct ModelConfig {
   bool o_proj_bias = false;     // Llama: attention_bias puts a bias on o_proj too; Qwen2 does not
   bool mlp_bias = false;
   bool qk_norm = false;  // Qwen3, Gemma 3: RMSNorm over each head of q and k before RoPE
+  // Qwen3-Next: q_proj emits each head's q and an output gate ([q_h, gate_h] per head); the
+  // attention output is multiplied by sigmoid(gate) before o_proj.
+  bool attn_output_gate = false;
   HiddenAct hidden_act = HiddenAct::kSilu;
   // Gemma 3's layout, as transformers' Gemma3DecoderLayer / Gemma3RMSNorm define it: RMSNorms
   // scale by (1 + weight) (weights stored zero-centred); norms after attention and after the

@@ -34,6 +34,17 @@ void CpuAttentionBackend::plan(const ForwardBatch& batch) {
                   "forward: {} new tokens do not fit the KV cache ({} of {} slots used)", g.n,
                   c.length(), c.capacity());
   }
+  // A sequence starting afresh starts from zero states (a forward that failed midway may have
+  // written some).
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    KVCache& c = *caches_[s];
+    if (segments_[s].start != 0 || !c.has_state()) continue;
+    for (int64_t l = 0; l < c.num_layers(); ++l) {
+      if (!c.recurrent_state(l).defined()) continue;
+      std::memset(c.recurrent_state(l).data_ptr(), 0, c.recurrent_state(l).nbytes());
+      std::memset(c.conv_state(l).data_ptr(), 0, c.conv_state(l).nbytes());
+    }
+  }
   // Slots past length() are free, so writing the new tokens' positions appends nothing yet.
   for (int64_t s = 0; s < num_seqs; ++s) {
     const Segment& g = segments_[s];
@@ -43,6 +54,19 @@ void CpuAttentionBackend::plan(const ForwardBatch& batch) {
   positions_ = Tensor::from_blob(const_cast<int64_t*>(batch.positions.data()), {batch.num_tokens()},
                                  DType::kI64);
   planned_ = true;
+}
+
+LinearLayerStates CpuAttentionBackend::linear_states(int64_t layer) {
+  LONGCTX_CHECK(planned_, ErrorCode::kInternal, "CPU attention: linear_states before plan");
+  LinearLayerStates st;
+  for (KVCache* c : caches_) {
+    LONGCTX_CHECK(layer >= 0 && layer < c->num_layers() && c->recurrent_state(layer).defined(),
+                  ErrorCode::kInvalidArgument,
+                  "CPU attention: layer {} keeps no linear-attention state in this cache", layer);
+    st.recurrent.push_back(c->recurrent_state(layer));
+    st.conv.push_back(c->conv_state(layer));
+  }
+  return st;
 }
 
 void CpuAttentionBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) {

@@ -24,6 +24,8 @@ class CpuAttentionBackend final : public AttentionBackend {
   void plan(const ForwardBatch& batch) override;
   void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override;
   Tensor attend(int64_t layer, const Tensor& q) override;
+  // Each cache's state of a linear-attention layer.
+  LinearLayerStates linear_states(int64_t layer) override;
   // After the forward of the planned batch succeeded: the caches take the new tokens.
   void commit();
 

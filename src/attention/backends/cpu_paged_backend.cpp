@@ -40,8 +40,8 @@ void store(const Tensor& pool_kv, const Tensor& x, std::span<const int64_t> slot
 }  // namespace
 
 CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::SparsePolicy* policy,
-                                 const KvGroups* groups)
-    : pool_(pool), groups_(groups), sm_scale_(sm_scale), policy_(policy) {
+                                 const KvGroups* groups, StatePool* states)
+    : pool_(pool), groups_(groups), sm_scale_(sm_scale), policy_(policy), states_(states) {
   LONGCTX_CHECK(pool.config().device.is_cpu() && pool.config().dtype == DType::kF32,
                 ErrorCode::kInvalidArgument, "CPU paged attention needs an f32 pool on the CPU");
   if (groups_ != nullptr && groups_->single_full()) groups_ = nullptr;
@@ -63,8 +63,37 @@ void CpuPagedBackend::plan(const ForwardBatch& batch) {
   if (groups_ == nullptr)
     check_paged_batch(batch, pool_.block_size(), pool_.num_blocks(), limits);
   else
-    check_group_batch(batch, *groups_, pool_.block_size(), pool_.num_blocks());
+    check_group_batch(batch, *groups_, pool_.block_size(), pool_.num_blocks(),
+                      states_ != nullptr ? states_->num_slots() : 0);
+  // A sequence whose step starts at its first token starts from zero states (its slot may have
+  // held an earlier sequence's). Prefix hits never skip a state model's first tokens (the
+  // BlockManager takes none with a state group), so a later start always continues its own.
+  if (groups_ != nullptr && states_ != nullptr)
+    for (int64_t g = 0; g < groups_->size(); ++g) {
+      if ((*groups_)[g].kind != KvGroupKind::kState) continue;
+      const BlockTablesView t = batch.tables(g);
+      for (int64_t q = 0; q < batch.num_seqs(); ++q)
+        if (batch.kv_lens[q] == batch.q_len(q)) states_->reset(t.block_tables[q]);
+    }
   batch_ = &batch;
+}
+
+LinearLayerStates CpuPagedBackend::linear_states(int64_t layer) {
+  LONGCTX_CHECK(batch_ != nullptr, ErrorCode::kInternal,
+                "CPU paged attention: linear_states before plan");
+  LONGCTX_CHECK(groups_ != nullptr && states_ != nullptr && layer >= 0 &&
+                    layer < groups_->num_layers() &&
+                    (*groups_)[groups_->group_of(layer)].kind == KvGroupKind::kState,
+                ErrorCode::kInvalidArgument,
+                "CPU paged attention: layer {} keeps no state in this backend", layer);
+  const BlockTablesView t = batch_->tables(groups_->group_of(layer));
+  const int64_t j = groups_->pool_layer(layer);
+  LinearLayerStates st;
+  for (int64_t q = 0; q < batch_->num_seqs(); ++q) {
+    st.recurrent.push_back(states_->recurrent(t.block_tables[q], j));
+    st.conv.push_back(states_->conv(t.block_tables[q], j));
+  }
+  return st;
 }
 
 void CpuPagedBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) {

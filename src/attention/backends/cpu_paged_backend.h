@@ -8,7 +8,8 @@
 //
 // KV groups (attention/kv_groups.h): a layer reads and writes through its group: the group's
 // block tables and slots in the batch, its pool layer, and a sliding layer only the blocks of
-// its window (keys at positions > q_pos - window).
+// its window (keys at positions > q_pos - window). A linear-attention layer (a state group)
+// reads and updates its sequences' slots of a StatePool.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "attention/sparse/sparse_policy.h"
 #include "kv/paged_kv_pool.h"
+#include "kv/state_pool.h"
 #include "longctx/attention/forward_batch.h"
 #include "longctx/attention/kv_groups.h"
 
@@ -28,13 +30,17 @@ class CpuPagedBackend final : public AttentionBackend {
   // `pool` (on the CPU, f32), `policy` (optional; its metadata follows the pool's writes) and
   // `groups` (optional: null is one full group, pool layer = model layer) must outlive the
   // backend. A sparse policy needs one full group.
+  // `states` (optional) holds the state groups' slots (linear attention).
   CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::SparsePolicy* policy = nullptr,
-                  const KvGroups* groups = nullptr);
+                  const KvGroups* groups = nullptr, StatePool* states = nullptr);
 
   // Checks the block tables and slots against the pool (check_paged_batch).
   void plan(const ForwardBatch& batch) override;
   void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override;
   Tensor attend(int64_t layer, const Tensor& q) override;
+  // Each sequence's state slot of the layer's state group (zeroed in plan() for a sequence
+  // starting at its first token).
+  LinearLayerStates linear_states(int64_t layer) override;
 
  private:
   // Sequence s's row of out [T, Hq, d] from the pages `sel` lists per KV head.
@@ -49,6 +55,7 @@ class CpuPagedBackend final : public AttentionBackend {
   float sm_scale_ = 0.f;
   sparse::SparsePolicy* policy_ = nullptr;
   const ForwardBatch* batch_ = nullptr;  // the planned batch (outlives the forward)
+  StatePool* states_ = nullptr;          // the state groups' slots (null: no state group)
 };
 
 // One decode row over the pages `sel` lists per KV head (online softmax in fp32, keys in order):

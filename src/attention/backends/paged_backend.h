@@ -60,7 +60,8 @@ void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t nu
 // check_paged_batch for every KV group of a multi-group batch: each group's tables (a sliding
 // group's may name -1 for blocks wholly before the window of the sequence's first new token),
 // slots and the positions. Throws Error(kInvalidArgument / kOutOfRange) naming the problem.
+// A state group's table names one slot per sequence (below num_state_slots) and no token slots.
 void check_group_batch(const ForwardBatch& batch, const KvGroups& groups, int64_t block_size,
-                       int64_t num_blocks);
+                       int64_t num_blocks, int64_t num_state_slots = 0);
 
 }  // namespace longctx

@@ -60,17 +60,34 @@ void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t nu
 }
 
 void check_group_batch(const ForwardBatch& b, const KvGroups& groups, int64_t block_size,
-                       int64_t num_blocks) {
+                       int64_t num_blocks, int64_t num_state_slots) {
   const int64_t t = b.num_tokens(), s = b.num_seqs();
   LONGCTX_CHECK(b.num_groups() == groups.size(), ErrorCode::kInvalidArgument,
                 "paged attention: the batch has tables of {} KV groups, the model {}",
                 b.num_groups(), groups.size());
   for (int64_t g = 0; g < groups.size(); ++g) {
-    LONGCTX_CHECK(groups[g].kind != KvGroupKind::kState, ErrorCode::kUnsupported,
-                  "paged attention: KV group {} keeps a per-sequence state (linear attention), "
-                  "which the paged backends do not hold",
-                  g);
     const BlockTablesView v = b.tables(g);
+    if (groups[g].kind == KvGroupKind::kState) {  // one state slot per sequence, no slots
+      LONGCTX_CHECK(num_state_slots > 0, ErrorCode::kUnsupported,
+                    "paged attention: KV group {} keeps a per-sequence state (linear attention) "
+                    "but the backend holds no state pool",
+                    g);
+      LONGCTX_CHECK(static_cast<int64_t>(v.block_table_indptr.size()) == s + 1 &&
+                        static_cast<int64_t>(v.block_tables.size()) == s && v.slot_mapping.empty(),
+                    ErrorCode::kInvalidArgument,
+                    "paged attention: state KV group {} must name one state slot per sequence "
+                    "({}) and no token slots",
+                    g, s);
+      for (int64_t q = 0; q < s; ++q) {
+        const int32_t slot = v.block_tables[q];
+        LONGCTX_CHECK(v.block_table_indptr[q] == q && slot >= 0 && slot < num_state_slots,
+                      ErrorCode::kOutOfRange,
+                      "paged attention: sequence {} names state slot {} in KV group {} (pool of "
+                      "{} slots)",
+                      q, slot, g, num_state_slots);
+      }
+      continue;
+    }
     const int64_t window = groups[g].window;
     LONGCTX_CHECK(static_cast<int64_t>(v.block_table_indptr.size()) == s + 1 &&
                       v.block_table_indptr[0] == 0 &&

@@ -1,0 +1,38 @@
+// The storage of a state KV group (KvGroupKind::kState: linear-attention layers): a fixed number
+// of slots, each holding one sequence's recurrent and conv state for every layer of the group,
+// f32 on the CPU. The BlockManager hands out the slots (a state group's table is its slot); the
+// CPU paged backend gives a layer its sequences' states through it. Pages are touched only when
+// a slot is first used (reset), so idle slots cost address space, not memory.
+#pragma once
+
+#include <cstdint>
+
+#include "longctx/core/tensor.h"
+
+namespace longctx {
+
+class StatePool {
+ public:
+  // Throws Error(kInvalidArgument) for a non-positive size.
+  StatePool(int64_t num_slots, int64_t num_layers, const Shape& recurrent, const Shape& conv);
+
+  int64_t num_slots() const { return num_slots_; }
+  int64_t num_layers() const { return num_layers_; }
+  // Bytes of one slot (every layer's states).
+  int64_t slot_bytes() const { return slot_floats_ * static_cast<int64_t>(sizeof(float)); }
+  // Layer j's states in slot s (views of the pool): recurrent and conv as constructed.
+  Tensor recurrent(int64_t slot, int64_t layer) const;
+  Tensor conv(int64_t slot, int64_t layer) const;
+  // Zeros every layer's state of the slot (a sequence starting at its first token).
+  void reset(int64_t slot);
+
+ private:
+  float* layer_base(int64_t slot, int64_t layer) const;
+
+  int64_t num_slots_, num_layers_;
+  Shape recurrent_shape_, conv_shape_;
+  int64_t recurrent_floats_ = 0, conv_floats_ = 0, slot_floats_ = 0;
+  Tensor data_;  // [slots * slot_floats_] f32
+};
+
+}  // namespace longctx
