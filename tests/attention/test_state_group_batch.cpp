@@ -5,6 +5,7 @@
 #include <string>
 
 #include "attention/backends/cpu_paged_backend.h"
+#include "attention/backends/paged_backend.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
