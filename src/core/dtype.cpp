@@ -129,15 +129,15 @@ uint8_t f32_to_fp8_e4m3(float f) {
   // Every E4M3 value is k * 2^(e-3) with k < 16; find the spacing of a's binade and round a to a
   // multiple of it (nearbyint: the default mode rounds halves to even).
   int e = 0;
-  std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+  std::frexp(a, &e);                             // a in [2^(e-1), 2^e)
   const int step_exp = std::max(e - 1, -6) - 3;  // subnormals share the spacing of 2^-6
   const float k = std::nearbyint(std::ldexp(a, -step_exp));
   const float r = std::ldexp(k, step_exp);
   if (r == 0) return sign;
   int re = 0;
-  const float m = std::frexp(r, &re);  // r = m * 2^re, m in [0.5, 1)
+  const float m = std::frexp(r, &re);                                 // r = m * 2^re, m in [0.5, 1)
   if (re - 1 < -6) return uint8_t(sign | uint8_t(std::ldexp(r, 9)));  // subnormal
-  const int mant = int(std::ldexp(m, 4)) - 8;  // m * 16 in [8, 16)
+  const int mant = int(std::ldexp(m, 4)) - 8;                         // m * 16 in [8, 16)
   return uint8_t(sign | uint8_t((re - 1 + 7) << 3) | uint8_t(mant));
 }
 

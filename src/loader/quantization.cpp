@@ -133,8 +133,7 @@ void parse_fp8_block(const json& j, QuantConfig& q, const std::string& where) {
                 where);
   const json& b = j["weight_block_size"];
   LONGCTX_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() &&
-                    b[1].is_number_integer() && b[0].get<int64_t>() > 0 &&
-                    b[1].get<int64_t>() > 0,
+                    b[1].is_number_integer() && b[0].get<int64_t>() > 0 && b[1].get<int64_t>() > 0,
                 ErrorCode::kInvalidArgument,
                 "{}: fp8 weight_block_size must be two positive integers, got {}", where,
                 json_excerpt(b));
@@ -158,10 +157,10 @@ void parse_compressed_tensors(const json& j, QuantConfig& q, const std::string& 
                 j.contains("config_groups") ? json_excerpt(j["config_groups"]) : "none");
   const json& g = j["config_groups"].begin().value();
   const std::string gw = where + " config_groups." + j["config_groups"].begin().key();
-  LONGCTX_CHECK(g.is_object() && g.contains("targets") && g["targets"].is_array() &&
-                    std::find(g["targets"].begin(), g["targets"].end(), json("Linear")) !=
-                        g["targets"].end(),
-                ErrorCode::kUnsupported, "{}: targets must include \"Linear\"", gw);
+  LONGCTX_CHECK(
+      g.is_object() && g.contains("targets") && g["targets"].is_array() &&
+          std::find(g["targets"].begin(), g["targets"].end(), json("Linear")) != g["targets"].end(),
+      ErrorCode::kUnsupported, "{}: targets must include \"Linear\"", gw);
   LONGCTX_CHECK(g.contains("weights") && g["weights"].is_object(), ErrorCode::kInvalidArgument,
                 "{}: 'weights' (an object) is missing", gw);
   const json& w = g["weights"];
@@ -224,8 +223,7 @@ void parse_gptq(const json& j, QuantConfig& q, const std::string& where) {
   LONGCTX_CHECK(!opt_bool(j, "is_marlin_format", false, where), ErrorCode::kUnsupported,
                 "{}: gptq is_marlin_format true is not supported (the GPTQ layout only)", where);
   q.symmetric = opt_bool(j, "sym", true, where);
-  const std::string format =
-      opt_string(j, pick(j, {"checkpoint_format", "format"}), "gptq", where);
+  const std::string format = opt_string(j, pick(j, {"checkpoint_format", "format"}), "gptq", where);
   if (format == "gptq")
     q.gptq_zero_minus_one = true;
   else if (format == "gptq_v2")
@@ -241,12 +239,11 @@ void parse_gptq(const json& j, QuantConfig& q, const std::string& where) {
 
 QuantConfig parse_quant_config(const json& config, const std::string& source) {
   QuantConfig q;
-  if (!config.contains("quantization_config") || config["quantization_config"].is_null())
-    return q;
+  if (!config.contains("quantization_config") || config["quantization_config"].is_null()) return q;
   const json& j = config["quantization_config"];
   const std::string where = source + " quantization_config";
-  LONGCTX_CHECK(j.is_object(), ErrorCode::kInvalidArgument, "{} must be an object, got {}",
-                where, json_excerpt(j));
+  LONGCTX_CHECK(j.is_object(), ErrorCode::kInvalidArgument, "{} must be an object, got {}", where,
+                json_excerpt(j));
   const std::string method = opt_string(j, "quant_method", "", where);
   if (method == "fp8")
     parse_fp8_block(j, q, where);

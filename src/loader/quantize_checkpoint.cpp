@@ -40,11 +40,17 @@ const char* safetensors_dtype_name(DType d) {
 }
 
 // The files beside the weights that a quantized copy keeps as they are.
-constexpr const char* kCopiedFiles[] = {
-    "generation_config.json", "tokenizer.json",     "tokenizer_config.json",
-    "tokenizer.model",        "special_tokens_map.json", "added_tokens.json",
-    "vocab.json",             "merges.txt",         "chat_template.jinja",
-    "chat_template.json",     "preprocessor_config.json"};
+constexpr const char* kCopiedFiles[] = {"generation_config.json",
+                                        "tokenizer.json",
+                                        "tokenizer_config.json",
+                                        "tokenizer.model",
+                                        "special_tokens_map.json",
+                                        "added_tokens.json",
+                                        "vocab.json",
+                                        "merges.txt",
+                                        "chat_template.jinja",
+                                        "chat_template.json",
+                                        "preprocessor_config.json"};
 
 struct OutEntry {
   std::string name;
@@ -63,11 +69,16 @@ json quantization_config_json(const QuantConfig& q) {
               {"weight_block_size", {q.block_out, q.block_in}}};
     case QuantMethod::kCompressedFp8: {
       const char* strategy = q.fp8_strategy == Fp8ScaleStrategy::kChannel ? "channel" : "tensor";
-      json weights = {{"num_bits", 8},       {"type", "float"},       {"strategy", strategy},
-                      {"symmetric", true},   {"dynamic", false},      {"group_size", nullptr},
-                      {"block_structure", nullptr}, {"observer", "minmax"}};
-      json acts = {{"num_bits", 8},     {"type", "float"},   {"strategy", "token"},
-                   {"symmetric", true}, {"dynamic", true},   {"group_size", nullptr},
+      json weights = {{"num_bits", 8},
+                      {"type", "float"},
+                      {"strategy", strategy},
+                      {"symmetric", true},
+                      {"dynamic", false},
+                      {"group_size", nullptr},
+                      {"block_structure", nullptr},
+                      {"observer", "minmax"}};
+      json acts = {{"num_bits", 8},      {"type", "float"}, {"strategy", "token"},
+                   {"symmetric", true},  {"dynamic", true}, {"group_size", nullptr},
                    {"observer", nullptr}};
       return {{"quant_method", "compressed-tensors"},
               {"format", "float-quantized"},
@@ -82,9 +93,8 @@ json quantization_config_json(const QuantConfig& q) {
               {"kv_cache_scheme", nullptr}};
     }
     case QuantMethod::kAwq:
-      return {{"quant_method", "awq"},   {"bits", q.bits},      {"group_size", q.group_size},
-              {"zero_point", true},      {"version", "gemm"},   {"modules_to_not_convert",
-                                                                  nullptr}};
+      return {{"quant_method", "awq"}, {"bits", q.bits},    {"group_size", q.group_size},
+              {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", nullptr}};
     case QuantMethod::kGptq:
       return {{"quant_method", "gptq"},
               {"bits", q.bits},

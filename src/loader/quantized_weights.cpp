@@ -50,13 +50,13 @@ void validate(const QuantizedWeight& w, const QuantConfig& q, const std::string&
   const int64_t out = w.out_features, in = w.in_features;
   switch (w.method) {
     case QuantMethod::kFp8Block:
-      expect_tensor(w.qweight, module + ".weight", {out, in}, is_fp8, "F8_E4M3",
-                    "[out, in]", where);
-      expect_tensor(w.scales, module + ".weight_scale_inv",
-                    {ceil_div(out, q.block_out), ceil_div(in, q.block_in)}, is_float, "float",
-                    fmt::format("one scale per {}x{} block of [{}, {}]", q.block_out, q.block_in,
-                                out, in),
+      expect_tensor(w.qweight, module + ".weight", {out, in}, is_fp8, "F8_E4M3", "[out, in]",
                     where);
+      expect_tensor(
+          w.scales, module + ".weight_scale_inv",
+          {ceil_div(out, q.block_out), ceil_div(in, q.block_in)}, is_float, "float",
+          fmt::format("one scale per {}x{} block of [{}, {}]", q.block_out, q.block_in, out, in),
+          where);
       return;
     case QuantMethod::kCompressedFp8: {
       expect_tensor(w.qweight, module + ".weight", {out, in}, is_fp8, "F8_E4M3", "[out, in]",
@@ -68,8 +68,8 @@ void validate(const QuantizedWeight& w, const QuantConfig& q, const std::string&
       } else {
         LONGCTX_CHECK(w.scales.defined() && w.scales.numel() == 1 && w.scales.rank() <= 1,
                       ErrorCode::kInvalidArgument,
-                      "{}: tensor '{}' has shape {}, expected [1] or [] (strategy tensor)",
-                      where, name, w.scales.defined() ? w.scales.shape_str() : "(missing)");
+                      "{}: tensor '{}' has shape {}, expected [1] or [] (strategy tensor)", where,
+                      name, w.scales.defined() ? w.scales.shape_str() : "(missing)");
         expect_tensor(w.scales, name, w.scales.shape(), is_float, "float", "", where);
       }
       return;
@@ -78,8 +78,7 @@ void validate(const QuantizedWeight& w, const QuantConfig& q, const std::string&
     case QuantMethod::kGptq: {
       const int64_t g = q.group_of(in);
       LONGCTX_CHECK(in % g == 0, ErrorCode::kInvalidArgument,
-                    "{}: '{}': group_size {} does not divide in_features {}", where, module, g,
-                    in);
+                    "{}: '{}': group_size {} does not divide in_features {}", where, module, g, in);
       LONGCTX_CHECK(out % 8 == 0, ErrorCode::kInvalidArgument,
                     "{}: '{}': out_features {} is not a multiple of 8 (eight 4-bit zero points "
                     "per int32)",
@@ -194,7 +193,8 @@ WeightStore dequantize_weights(const WeightStore& raw, const QuantConfig& q, DTy
       const bool awq = q.method == QuantMethod::kAwq;
       w.in_features = awq ? t.size(0) : t.size(0) * 8;
       w.out_features = awq ? t.size(1) * 8 : t.size(1);
-      for (const char* s : {".qweight", ".qzeros", ".scales", ".g_idx"}) consumed.insert(module + s);
+      for (const char* s : {".qweight", ".qzeros", ".scales", ".g_idx"})
+        consumed.insert(module + s);
     } else if (t.dtype() == DType::kFP8E4M3) {
       LONGCTX_CHECK(name.ends_with(".weight") && t.rank() == 2, ErrorCode::kInvalidArgument,
                     "{}: tensor '{}' is F8_E4M3 {} but only Linear weights ([out, in] "
@@ -243,9 +243,8 @@ QuantizedWeight quantized_layout(int64_t out, int64_t in, const QuantConfig& q,
       return w;
     case QuantMethod::kCompressedFp8:
       w.qweight = Tensor::empty({out, in}, DType::kFP8E4M3);
-      w.scales = Tensor::empty(q.fp8_strategy == Fp8ScaleStrategy::kChannel ? Shape{out, 1}
-                                                                             : Shape{1},
-                               DType::kF32);
+      w.scales = Tensor::empty(
+          q.fp8_strategy == Fp8ScaleStrategy::kChannel ? Shape{out, 1} : Shape{1}, DType::kF32);
       return w;
     case QuantMethod::kAwq:
     case QuantMethod::kGptq: {
@@ -267,8 +266,7 @@ QuantizedWeight quantized_layout(int64_t out, int64_t in, const QuantConfig& q,
   LONGCTX_THROW(ErrorCode::kInvalidArgument, "quantize: no quantization method for '{}'", name);
 }
 
-QuantizedWeight quantize_rtn(const Tensor& weight, const QuantConfig& q,
-                             const std::string& name) {
+QuantizedWeight quantize_rtn(const Tensor& weight, const QuantConfig& q, const std::string& name) {
   LONGCTX_CHECK(weight.rank() == 2 && is_float(weight.dtype()), ErrorCode::kInvalidArgument,
                 "quantize: '{}' is {} {}, expected a float matrix", name,
                 dtype_name(weight.dtype()), weight.shape_str());

@@ -41,7 +41,8 @@ TEST(QuantizeCli, BadOptionsAreClearErrors) {
   r = run_cli("quantize --model '" + model + "' --output /nonexistent/x --method awq --asym");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--asym applies to --method gptq only"), std::string::npos) << r.err;
-  r = run_cli("quantize --model '" + model + "' --output /nonexistent/x --method awq "
+  r = run_cli("quantize --model '" + model +
+              "' --output /nonexistent/x --method awq "
               "--group-size 0");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--group-size must be positive"), std::string::npos) << r.err;

@@ -2,7 +2,6 @@
 // reference written here (bit by bit, from the published descriptions), and every kind of bad
 // input an Error naming the tensor or field.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <bit>
@@ -41,9 +40,9 @@ std::string error_of(F&& f) {
   return "";
 }
 
-#define EXPECT_ERROR_HAS(stmt, text)                                     \
-  do {                                                                   \
-    const std::string msg_ = error_of([&] { stmt; });                    \
+#define EXPECT_ERROR_HAS(stmt, text)                                            \
+  do {                                                                          \
+    const std::string msg_ = error_of([&] { stmt; });                           \
     EXPECT_NE(msg_.find(text), std::string::npos) << "error: '" << msg_ << "'"; \
   } while (0)
 
@@ -170,8 +169,8 @@ TEST(Fp8E4M3, EveryCodeRoundTrips) {
   for (float x = -500; x <= 500; x += 0.0173f) {
     const float a = std::min(std::fabs(x), 448.0f);
     const float dq = std::fabs(fp8_e4m3_to_f32(f32_to_fp8_e4m3(x)));
-    const float spacing = a < std::ldexp(1.0f, -6) ? std::ldexp(1.0f, -9)
-                                                   : std::ldexp(1.0f, std::ilogb(a) - 3);
+    const float spacing =
+        a < std::ldexp(1.0f, -6) ? std::ldexp(1.0f, -9) : std::ldexp(1.0f, std::ilogb(a) - 3);
     EXPECT_LE(std::fabs(a - dq), spacing / 2) << x;
   }
 }
@@ -252,8 +251,8 @@ float reference_weight(const Packed& p, const QuantConfig& q, int64_t o, int64_t
     case QuantMethod::kGptq: {
       const int64_t g = p.g.data<int32_t>()[i];
       const int qv = nibble(p.w, (i / 8) * out + o, int(i % 8));
-      const int zv = nibble(p.z, g * (out / 8) + o / 8, int(o % 8)) +
-                     (q.gptq_zero_minus_one ? 1 : 0);
+      const int zv =
+          nibble(p.z, g * (out / 8) + o / 8, int(o % 8)) + (q.gptq_zero_minus_one ? 1 : 0);
       return float(qv - zv) * scale;
     }
     case QuantMethod::kNone:
@@ -312,8 +311,10 @@ class QuantizedFixture : public ::testing::TestWithParam<FormatCase> {
 // The tool's output loads; each dense weight equals the plain decoding of the file's packed
 // tensors (rounded once to bf16), and lies within the RTN bound of the original weight.
 TEST_P(QuantizedFixture, LoaderMatchesPlainDecodingAndTheOriginal) {
-  const QuantConfig& q = GetParam().q;
   for (const char* model : {"tiny-qwen3", "tiny-llama3"}) {
+    QuantConfig q = GetParam().q;
+    // tiny-llama3's MLP is 352 wide: groups of 32 (and 128-row FP8 blocks it ends inside).
+    if (q.group_size && std::string(model) == "tiny-llama3") q.group_size = 32;
     fs::remove_all(dir_);
     const QuantizeStats stats = quantize_checkpoint(fixture(model), dir_.string(), q);
     EXPECT_GT(stats.quantized_tensors, 0);
@@ -368,8 +369,10 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantizedFixture, ::testing::ValuesIn(format_c
 
 // Writes a safetensors file of any dtypes.
 void write_file(const fs::path& path, const std::map<std::string, Tensor>& tensors) {
-  const std::map<DType, const char*> names = {{DType::kF32, "F32"},     {DType::kBF16, "BF16"},
-                                              {DType::kF16, "F16"},     {DType::kI32, "I32"},
+  const std::map<DType, const char*> names = {{DType::kF32, "F32"},
+                                              {DType::kBF16, "BF16"},
+                                              {DType::kF16, "F16"},
+                                              {DType::kI32, "I32"},
                                               {DType::kFP8E4M3, "F8_E4M3"}};
   json header = json::object();
   size_t offset = 0;
@@ -443,7 +446,10 @@ TEST_F(BrokenQuantized, GroupSizeThatDoesNotDivide) {
   make(QuantMethod::kGptq);
   config_["quantization_config"]["group_size"] = 256;
   const std::string e = load_error();
-  EXPECT_NE(e.find("group_size 256 does not divide in_features 128"), std::string::npos) << e;
+  EXPECT_NE(
+      e.find("'model.layers.0.mlp.down_proj': group_size 256 does not divide in_features 384"),
+      std::string::npos)
+      << e;
 }
 
 TEST_F(BrokenQuantized, GptqScalesOfTheWrongShapeAndDtype) {
@@ -498,8 +504,7 @@ TEST_F(BrokenQuantized, PackedTensorsUnderAnotherConfig) {
   make(QuantMethod::kFp8Block);
   config_["quantization_config"] = json::parse(R"({"quant_method": "awq", "bits": 4})");
   e = load_error();
-  EXPECT_NE(e.find("is F8_E4M3 but config.json's quantization_config is 'awq'"),
-            std::string::npos)
+  EXPECT_NE(e.find("is F8_E4M3 but config.json's quantization_config is 'awq'"), std::string::npos)
       << e;
 }
 

@@ -93,11 +93,11 @@ CommandRegistration reg("quantize", [](CLI::App& app) {
   cmd->callback([o] {
     const QuantConfig q = quant_config(*o);
     const QuantizeStats s = quantize_checkpoint(o->model, o->output, q);
-    std::printf("wrote %s: %s, %lld linear weights quantized, %lld tensors copied, %.1f MB -> "
-                "%.1f MB\n",
-                o->output.c_str(), quant_method_name(q.method),
-                static_cast<long long>(s.quantized_tensors),
-                static_cast<long long>(s.copied_tensors), s.bytes_in / 1e6, s.bytes_out / 1e6);
+    std::printf(
+        "wrote %s: %s, %lld linear weights quantized, %lld tensors copied, %.1f MB -> "
+        "%.1f MB\n",
+        o->output.c_str(), quant_method_name(q.method), static_cast<long long>(s.quantized_tensors),
+        static_cast<long long>(s.copied_tensors), s.bytes_in / 1e6, s.bytes_out / 1e6);
   });
 });
 

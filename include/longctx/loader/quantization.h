@@ -45,7 +45,7 @@ struct QuantConfig {
   Fp8ScaleStrategy fp8_strategy = Fp8ScaleStrategy::kChannel;
   // kAwq / kGptq: input features per group; 0 = one group over every input (GPTQ's -1).
   int64_t group_size = 0;
-  bool symmetric = false;       // kGptq: zero point fixed at 2^(bits-1)
+  bool symmetric = false;            // kGptq: zero point fixed at 2^(bits-1)
   bool gptq_zero_minus_one = false;  // kGptq v1 checkpoint format: qzeros hold z - 1
   // Layers left unquantized (compressed-tensors `ignore`, AWQ `modules_to_not_convert`, fp8
   // `ignored_layers`): module names, or "re:<regex>" matched against the whole name.
@@ -55,9 +55,7 @@ struct QuantConfig {
   // Whether module `name` (a weight's name less ".weight") is listed in `ignore`.
   bool ignores(const std::string& module) const;
   // The group size of a layer of `in_features` inputs (group_size, or in_features for 0).
-  int64_t group_of(int64_t in_features) const {
-    return group_size > 0 ? group_size : in_features;
-  }
+  int64_t group_of(int64_t in_features) const { return group_size > 0 ? group_size : in_features; }
 };
 
 // The `quantization_config` of a config.json object (kNone when absent or null). Throws
