@@ -1,5 +1,5 @@
-// Quantized fixtures made by `longctx quantize`'s code run on the CPU engine: logits close to the
-// dense model's (KL and top-1 printed and bounded) and greedy continuations mostly equal.
+// Quantized checkpoints made by `longctx quantize`'s code run on the CPU engine: logits close to
+// the dense model's (KL and top-1 printed and bounded) and greedy continuations mostly equal.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,8 +18,9 @@ namespace fs = std::filesystem;
 struct Case {
   const char* name;
   QuantConfig q;
-  // Bounds, measured on these fixtures with margin: mean KL(dense || quantized) per position and
-  // the share of positions whose top-1 token agrees.
+  // Bounds, measured on the needle model with margin (FP8: KL 0.013-0.017, top-1 0.95; int4:
+  // KL 0.13-0.21, top-1 0.79-0.82): mean KL(dense || quantized) per position and the share of
+  // positions whose top-1 token agrees.
   double max_mean_kl;
   double min_top1;
 };
@@ -30,26 +31,26 @@ std::vector<Case> cases() {
   q.method = QuantMethod::kFp8Block;
   q.bits = 8;
   q.block_out = q.block_in = 128;
-  v.push_back({"fp8_block", q, 2e-3, 0.95});
+  v.push_back({"fp8_block", q, 0.03, 0.92});
   q = QuantConfig();
   q.method = QuantMethod::kCompressedFp8;
   q.bits = 8;
   q.ignore = {"lm_head"};
-  v.push_back({"ct_fp8_channel", q, 2e-3, 0.95});
+  v.push_back({"ct_fp8_channel", q, 0.03, 0.92});
   q = QuantConfig();
   q.method = QuantMethod::kAwq;
   q.bits = 4;
   q.group_size = 128;
-  v.push_back({"awq", q, 5e-2, 0.8});
+  v.push_back({"awq", q, 0.3, 0.75});
   q = QuantConfig();
   q.method = QuantMethod::kGptq;
   q.bits = 4;
   q.group_size = 128;
   q.symmetric = true;
   q.gptq_zero_minus_one = true;
-  v.push_back({"gptq_sym", q, 5e-2, 0.8});
+  v.push_back({"gptq_sym", q, 0.3, 0.75});
   q.symmetric = false;
-  v.push_back({"gptq_asym", q, 5e-2, 0.8});
+  v.push_back({"gptq_asym", q, 0.3, 0.75});
   return v;
 }
 
@@ -92,42 +93,38 @@ std::vector<int32_t> greedy(Model& model, const std::vector<int32_t>& prompt, in
 
 class QuantizedModel : public ::testing::TestWithParam<Case> {};
 
+// The needle model (models/needle: trained, so its distributions mean something; the tiny
+// fixtures' random weights turn any perturbation into a different top-1) on its reference
+// needle prompt: every position's logits, and the greedy continuation (the needle's answer).
 TEST_P(QuantizedModel, RunsCloseToTheDenseModel) {
-  for (const char* fixture : {"tiny-qwen3", "tiny-llama3"}) {
-    Case c = GetParam();
-    // tiny-llama3's MLP is 352 wide: groups of 32.
-    if (c.q.group_size && std::string(fixture) == "tiny-llama3") c.q.group_size = 32;
-    const fs::path dir =
-        fs::temp_directory_path() / ("longctx_qmodel_" + std::to_string(getpid()) + "_" + c.name);
-    fs::remove_all(dir);
-    quantize_checkpoint(fixture_dir(fixture), dir.string(), c.q);
-    ModelBuildOptions options;
-    options.rope_inv_freq_dtype = DType::kF32;
-    auto dense =
-        create_model(std::make_shared<Checkpoint>(load_checkpoint(fixture_dir(fixture))), options);
-    auto quant = create_model(std::make_shared<Checkpoint>(load_checkpoint(dir.string())), options);
-    fs::remove_all(dir);
+  const Case& c = GetParam();
+  const std::string model_dir = test_data_dir() + "/../../models/needle";
+  const fs::path dir =
+      fs::temp_directory_path() / ("longctx_qmodel_" + std::to_string(getpid()) + "_" + c.name);
+  fs::remove_all(dir);
+  quantize_checkpoint(model_dir, dir.string(), c.q);
+  ModelBuildOptions options;
+  options.rope_inv_freq_dtype = DType::kF32;
+  auto dense = create_model(std::make_shared<Checkpoint>(load_checkpoint(model_dir)), options);
+  auto quant = create_model(std::make_shared<Checkpoint>(load_checkpoint(dir.string())), options);
+  fs::remove_all(dir);
 
-    double kl = 0, top1 = 0;
-    int greedy_same = 0, greedy_total = 0;
-    for (int64_t salt = 0; salt < 2; ++salt) {
-      const auto ids = make_ids(96, salt + 3, dense->config().vocab_size);
-      const auto [k, t] = kl_and_top1(full_forward(*dense, ids), full_forward(*quant, ids));
-      kl += k / 2;
-      top1 += t / 2;
-      const auto a = greedy(*dense, ids, 16), b = greedy(*quant, ids, 16);
-      // Tokens up to the first difference (after it the two continue from different text).
-      int same = 0;
-      while (same < 16 && a[same] == b[same]) ++same;
-      greedy_same += same;
-      greedy_total += 16;
-    }
-    std::cout << "[quantized] " << fixture << " " << c.name << ": mean KL " << kl << ", top-1 "
-              << top1 << ", greedy prefix " << greedy_same << "/" << greedy_total << "\n";
-    EXPECT_LE(kl, c.max_mean_kl) << fixture << " " << c.name;
-    EXPECT_GE(top1, c.min_top1) << fixture << " " << c.name;
-    EXPECT_GE(greedy_same, greedy_total / 2) << fixture << " " << c.name;
-  }
+  std::ifstream f(test_data_dir() + "/needle/reference.json");
+  ASSERT_TRUE(f.good());
+  const auto ids = nlohmann::json::parse(f).at("input_ids").get<std::vector<int32_t>>();
+  // Logits over the prompt's first 384 positions (seconds, not tens of them); the greedy answer
+  // after the whole prompt (the needle's value: a continuation the model is sure of, where free
+  // text would part ways at the first near tie).
+  const std::vector<int32_t> head(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 384));
+  const auto [kl, top1] = kl_and_top1(full_forward(*dense, head), full_forward(*quant, head));
+  const auto a = greedy(*dense, ids, 16), b = greedy(*quant, ids, 16);
+  int same = 0;
+  for (int i = 0; i < 16; ++i) same += a[i] == b[i];
+  std::cout << "[quantized] needle " << c.name << ": " << head.size() << " positions, mean KL "
+            << kl << ", top-1 " << top1 << ", greedy " << same << "/16 equal\n";
+  EXPECT_LE(kl, c.max_mean_kl) << c.name;
+  EXPECT_GE(top1, c.min_top1) << c.name;
+  EXPECT_GE(same, 11) << c.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedModel, ::testing::ValuesIn(cases()),
