@@ -44,6 +44,8 @@ DLDataType dtype_to_dlpack(DType d) {
       return {kDLInt, 64, 1};
     case DType::kU8:
       return {kDLUInt, 8, 1};
+    case DType::kFP8E4M3:
+      throw Error(ErrorCode::kUnsupported, "fp8_e4m3 tensors are not exported through DLPack");
   }
   throw Error(ErrorCode::kInternal, "unknown dtype");
 }

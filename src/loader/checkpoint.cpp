@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "loader/quantized_weights.h"
 #include "loader/safetensors.h"
 #include "loader/weight_spec.h"
 #include "longctx/core/json_limits.h"
@@ -155,6 +156,9 @@ Checkpoint load_checkpoint(const std::string& dir_str) {
           parse_token_id_list(g["eos_token_id"], gen.string() + " eos_token_id");
   }
   load_weights(ck, dir);
+  // Also without a quantization_config: packed tensors then get an error naming them.
+  ck.weights = dequantize_weights(ck.weights, ck.config.quantization, ck.config.dtype, ck.quantized,
+                                  dir_str);
   ck.weights = canonical_weights(ck.weights, ck.config);
   validate_weights(ck, dir_str);
   LONGCTX_LOG_INFO("loaded {} ({} tensors, {:.1f} MB)", dir_str, ck.weights.all().size(),

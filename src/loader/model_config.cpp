@@ -710,7 +710,9 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
 
 ModelConfig parse_model_config(const json& j, const std::string& src) {
   try {
-    return parse_model_config_unguarded(j, src);
+    ModelConfig c = parse_model_config_unguarded(j, src);
+    c.quantization = parse_quant_config(j, src);
+    return c;
   } catch (const nlohmann::json::exception& e) {  // a type the checks above did not anticipate
     LONGCTX_THROW(ErrorCode::kInvalidArgument, "{}: unexpected JSON content: {}", src, e.what());
   }

@@ -25,8 +25,10 @@ DType safetensors_dtype(const std::string& s, const std::string& where) {
   if (s == "I32") return DType::kI32;
   if (s == "I64") return DType::kI64;
   if (s == "U8") return DType::kU8;
+  if (s == "F8_E4M3") return DType::kFP8E4M3;
   LONGCTX_THROW(ErrorCode::kUnsupported,
-                "{}: unsupported safetensors dtype '{}' (supported: F32, BF16, F16, I32, I64, U8)",
+                "{}: unsupported safetensors dtype '{}' (supported: F32, BF16, F16, I32, I64, U8, "
+                "F8_E4M3)",
                 where, s);
 }
 

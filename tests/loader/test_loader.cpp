@@ -230,9 +230,9 @@ TEST_F(BrokenCheckpoint, MisalignedTensor) {
 }
 
 TEST_F(BrokenCheckpoint, UnsupportedSafetensorsDtype) {
-  write_raw({{"a", {{"dtype", "F8_E4M3"}, {"shape", {4}}, {"data_offsets", {0, 4}}}}},
+  write_raw({{"a", {{"dtype", "F8_E5M2"}, {"shape", {4}}, {"data_offsets", {0, 4}}}}},
             std::string(8, '\0'));
-  EXPECT_HAS(load_error(), "unsupported safetensors dtype 'F8_E4M3'");
+  EXPECT_HAS(load_error(), "unsupported safetensors dtype 'F8_E5M2'");
 }
 
 TEST_F(BrokenCheckpoint, MissingTensorsAreListed) {

@@ -92,6 +92,10 @@ void run_info(const ModelOptions& opts) {
   std::printf("parameters:         %lld (%.3f B)\n", (long long)params, params / 1e9);
   std::printf("dtypes:             %s\n", dtypes.c_str());
   std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
+  if (c.quantization.quantized())
+    std::printf("quantization:       %s, %zu linear weights dequantized to %s at load\n",
+                quant_method_name(c.quantization.method), ck ? ck->quantized.size() : size_t(0),
+                std::string(dtype_name(c.dtype)).c_str());
   // Each layer's attention state, by group: kind, window, layers, bytes per token (or sequence).
   const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
   std::printf("KV bytes per token: %lld (bf16 K+V of every attention layer)\n",

@@ -8,7 +8,8 @@
 
 namespace longctx {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8 };
+// kFP8E4M3: OCP FP8 E4M3 ("e4m3fn": bias 7, max 448, no infinities, NaN = 0x7f / 0xff).
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8, kFP8E4M3 };
 
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);  // "f32", "bf16", ...
@@ -28,5 +29,9 @@ inline uint16_t f32_to_bf16(float f) {
 
 float f16_to_f32(uint16_t v);
 uint16_t f32_to_f16(float f);  // round to nearest even
+
+float fp8_e4m3_to_f32(uint8_t v);
+// Round to nearest even, saturating to +-448 (what quantizers do after clamping); NaN -> 0x7f.
+uint8_t f32_to_fp8_e4m3(float f);
 
 }  // namespace longctx

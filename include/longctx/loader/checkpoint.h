@@ -10,6 +10,7 @@
 
 #include "longctx/core/tensor.h"
 #include "longctx/loader/model_config.h"
+#include "longctx/loader/quantization.h"
 
 namespace longctx {
 
@@ -34,13 +35,19 @@ class WeightStore {
 struct Checkpoint {
   std::string dir;  // empty for dummy checkpoints
   ModelConfig config;
+  // Dense weights in config.dtype; a quantized checkpoint's Linears dequantized on the CPU.
   WeightStore weights;
+  // The packed tensors of a quantized checkpoint's Linears as stored (views of the mmaps), under
+  // their dense weight's name in the file ("model.layers.0.self_attn.q_proj.weight"), for a
+  // device path that runs them packed.
+  std::map<std::string, QuantizedWeight> quantized;
   std::vector<std::shared_ptr<SafetensorsFile>> files;  // keeps the mmaps alive
 };
 
 // Opens and validates a checkpoint folder: every tensor the architecture expects is present
 // with the shape the config implies and a floating dtype (missing ones listed), no unexpected
-// tensor (listed). Throws Error naming the file and the problem.
+// tensor (listed). A quantized checkpoint's Linears (config.quantization) are checked and
+// dequantized to config.dtype first. Throws Error naming the file (and tensor) and the problem.
 Checkpoint load_checkpoint(const std::string& dir);
 
 // Built-in shape presets for --load-format dummy ("llama-3.1-8b", "qwen3-0.6b", "qwen3-8b", ...).

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "longctx/core/dtype.h"
+#include "longctx/loader/quantization.h"
 
 namespace longctx {
 
@@ -119,6 +120,7 @@ struct ModelConfig {
   bool has_local_rope = false;       // sliding layers use local_rope, full layers `rope`
   RopeConfig local_rope;
   DType dtype = DType::kBF16;  // the checkpoint's declared dtype
+  QuantConfig quantization;    // quantization_config (method kNone when absent)
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;  // from config.json, replaced by generation_config.json's
   // [num_hidden_layers] each layer's attention (empty means all full: configs built in code).

@@ -1,0 +1,47 @@
+// The packed tensors of quantized Linears (layouts in include/longctx/loader/quantization.h):
+// recognized in a checkpoint, checked, dequantized on the CPU, and made from dense weights by
+// round-to-nearest (the `longctx quantize` tool).
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "longctx/core/tensor.h"
+#include "longctx/loader/checkpoint.h"
+#include "longctx/loader/quantization.h"
+
+namespace longctx {
+
+// The dense [out, in] weight of `w` in `dtype` (f32, bf16 or f16), computed in f32 and rounded
+// once: W = q * scale (FP8) or (q - z) * scale (int4).
+Tensor dequantize(const QuantizedWeight& w, const QuantConfig& q, DType dtype);
+
+// Every quantized Linear of `raw` (a `<module>.qweight`, or an F8_E4M3 `<module>.weight`) with
+// its scales (and zeros, g_idx) replaced by a dense `<module>.weight` in `dtype`; other tensors
+// pass through. The packed tensors go to `quantized` under the dense weight's name. Throws
+// Error naming the tensor and what was expected: a missing scale or zero tensor, a wrong shape or
+// dtype, a group size that does not divide in_features, a non-trivial g_idx, a quantized tensor
+// the config does not announce (or a layer its ignore list names).
+WeightStore dequantize_weights(const WeightStore& raw, const QuantConfig& q, DType dtype,
+                               std::map<std::string, QuantizedWeight>& quantized,
+                               const std::string& where);
+
+// Round-to-nearest quantization of a dense [out, in] weight (any float dtype) in q's format
+// (no calibration: scales from each block's / channel's / group's range). The packed tensors own
+// their memory. Throws Error(kInvalidArgument) naming `name` when the shape does not fit the
+// format (in_features not a multiple of the group size, out or in not a multiple of 8).
+QuantizedWeight quantize_rtn(const Tensor& weight, const QuantConfig& q, const std::string& name);
+
+// The packed tensors (uninitialized) of a [out, in] Linear in q's format: their shapes and
+// dtypes. Throws Error(kInvalidArgument) naming `name` when the shape does not fit the format.
+QuantizedWeight quantized_layout(int64_t out, int64_t in, const QuantConfig& q,
+                                 const std::string& name);
+
+// The checkpoint tensors of `w` for module `module` ("model.layers.0.mlp.up_proj"), under the
+// names its format uses, in the order they are written.
+std::vector<std::pair<std::string, Tensor>> quantized_tensors(const std::string& module,
+                                                              const QuantizedWeight& w);
+
+}  // namespace longctx

@@ -1,0 +1,538 @@
+// Quantized checkpoints: quantization_config parsing, the packed layouts decoded by a plain
+// reference written here (bit by bit, from the published descriptions), and every kind of bad
+// input an Error naming the tensor or field.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/test_data.h"
+#include "loader/quantize_checkpoint.h"
+#include "loader/quantized_weights.h"
+#include "loader/safetensors.h"
+#include "longctx/core/error.h"
+#include "longctx/loader/checkpoint.h"
+
+using namespace longctx;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixture(const std::string& name) {
+  return longctx::testing::test_data_dir() + "/fixtures/" + name;
+}
+
+json parse_error_config(const json& qc) { return json{{"quantization_config", qc}}; }
+
+// The message of the Error `f` throws ("" when it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR_HAS(stmt, text)                                            \
+  do {                                                                          \
+    const std::string msg_ = error_of([&] { stmt; });                           \
+    EXPECT_NE(msg_.find(text), std::string::npos) << "error: '" << msg_ << "'"; \
+  } while (0)
+
+TEST(QuantConfig, ParsesEachPublishedConfig) {
+  QuantConfig q = parse_quant_config(json::object(), "c");
+  EXPECT_EQ(q.method, QuantMethod::kNone);
+  q = parse_quant_config(json::parse(R"({"quantization_config": {"quant_method": "fp8",
+      "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 64]}})"),
+                         "c");
+  EXPECT_EQ(q.method, QuantMethod::kFp8Block);
+  EXPECT_EQ(q.block_out, 128);
+  EXPECT_EQ(q.block_in, 64);
+  q = parse_quant_config(json::parse(R"({"quantization_config": {"quant_method": "awq",
+      "bits": 4, "group_size": 64, "zero_point": true, "version": "GEMM"}})"),
+                         "c");
+  EXPECT_EQ(q.method, QuantMethod::kAwq);
+  EXPECT_EQ(q.group_size, 64);
+  q = parse_quant_config(json::parse(R"({"quantization_config": {"quant_method": "gptq",
+      "bits": 4, "group_size": -1, "desc_act": false, "sym": false,
+      "checkpoint_format": "gptq_v2"}})"),
+                         "c");
+  EXPECT_EQ(q.method, QuantMethod::kGptq);
+  EXPECT_EQ(q.group_of(384), 384);
+  EXPECT_FALSE(q.symmetric);
+  EXPECT_FALSE(q.gptq_zero_minus_one);
+  // What the tool writes parses back to the same config.
+  for (const char* m : {"fp8", "ct", "awq", "gptq"}) {
+    QuantConfig w;
+    if (std::string(m) == "fp8") w.method = QuantMethod::kFp8Block, w.block_out = w.block_in = 128;
+    if (std::string(m) == "ct") w.method = QuantMethod::kCompressedFp8, w.ignore = {"lm_head"};
+    if (std::string(m) == "awq") w.method = QuantMethod::kAwq, w.bits = 4, w.group_size = 128;
+    if (std::string(m) == "gptq")
+      w.method = QuantMethod::kGptq, w.bits = 4, w.group_size = 128, w.symmetric = true,
+      w.gptq_zero_minus_one = true;
+    QuantConfig r =
+        parse_quant_config(json{{"quantization_config", quantization_config_json(w)}}, "c");
+    EXPECT_EQ(r.method, w.method) << m;
+    EXPECT_EQ(r.group_size, w.group_size) << m;
+    EXPECT_EQ(r.block_in, w.block_in) << m;
+    EXPECT_EQ(r.ignore, w.ignore) << m;
+    EXPECT_EQ(r.symmetric, w.symmetric) << m;
+    EXPECT_EQ(r.gptq_zero_minus_one, w.gptq_zero_minus_one) << m;
+  }
+}
+
+TEST(QuantConfig, IgnoreListTakesNamesAndRegexes) {
+  QuantConfig q = parse_quant_config(json::parse(R"({"quantization_config": {
+      "quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+        "strategy": "tensor", "symmetric": true, "dynamic": false}}},
+      "ignore": ["lm_head", "re:.*mlp\\.gate$"]}})"),
+                                     "c");
+  EXPECT_EQ(q.fp8_strategy, Fp8ScaleStrategy::kTensor);
+  EXPECT_TRUE(q.ignores("lm_head"));
+  EXPECT_TRUE(q.ignores("model.layers.3.mlp.gate"));
+  EXPECT_FALSE(q.ignores("model.layers.3.mlp.gate_proj"));
+}
+
+TEST(QuantConfig, UnsupportedConfigsAreNamed) {
+  auto parse = [](const char* qc) {
+    return parse_quant_config(parse_error_config(json::parse(qc)), "cfg.json");
+  };
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "bitsandbytes"})"),
+                   "quant_method 'bitsandbytes' is not supported");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "gptq", "bits": 8, "group_size": 128})"),
+                   "gptq with bits 8 is not supported");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "gptq", "bits": 4, "desc_act": true})"),
+                   "desc_act true (act-order) is not supported");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "gptq", "checkpoint_format": "marlin"})"),
+                   "checkpoint_format 'marlin' is not supported");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "awq", "bits": 4, "version": "gemv"})"),
+                   "awq version 'gemv' is not supported");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "awq", "bits": 4, "zero_point": false})"),
+                   "zero_point false");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "awq", "bits": 3})"), "awq with bits 3");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "fp8", "activation_scheme": "static",
+                             "weight_block_size": [128, 128]})"),
+                   "activation_scheme 'static' is not supported");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "fp8", "activation_scheme": "dynamic"})"),
+                   "without weight_block_size");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "fp8", "weight_block_size": [128, 0]})"),
+                   "weight_block_size must be two positive integers");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "compressed-tensors", "format": "pack-quantized",
+                             "config_groups": {}})"),
+                   "format 'pack-quantized' is not supported");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+        "strategy": "channel"}, "input_activations": {"num_bits": 8, "type": "float",
+        "dynamic": false, "strategy": "tensor"}}}})"),
+                   "static input activation scales are not supported");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+        "strategy": "group"}}}})"),
+                   "weights strategy 'group' is not supported");
+  EXPECT_ERROR_HAS(parse(R"({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+        "strategy": "channel"}}}, "ignore": ["re:("]})"),
+                   "is not a valid regex");
+  EXPECT_ERROR_HAS(parse(R"([1, 2])"), "quantization_config must be an object");
+}
+
+TEST(Fp8E4M3, EveryCodeRoundTrips) {
+  for (int c = 0; c < 256; ++c) {
+    const float v = fp8_e4m3_to_f32(uint8_t(c));
+    if ((c & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(v)) << c;
+      continue;
+    }
+    // The value the E4M3 description gives, computed from its fields.
+    const int e = (c >> 3) & 0xf, m = c & 7;
+    const double mag = e == 0 ? m / 8.0 * std::pow(2.0, -6) : (1 + m / 8.0) * std::pow(2.0, e - 7);
+    EXPECT_EQ(double(v), (c & 0x80) ? -mag : mag) << c;
+    // -0 encodes as 0x80.
+    EXPECT_EQ(f32_to_fp8_e4m3(v), c) << c;
+  }
+  EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(f32_to_fp8_e4m3(1e6f), 0x7e);  // saturates
+  EXPECT_EQ(f32_to_fp8_e4m3(-1e6f), 0xfe);
+  EXPECT_EQ(f32_to_fp8_e4m3(std::nanf("")), 0x7f);
+  // Halfway between 1 and 1.125 rounds to even (1); just above it rounds up.
+  EXPECT_EQ(fp8_e4m3_to_f32(f32_to_fp8_e4m3(1.0625f)), 1.0f);
+  EXPECT_EQ(fp8_e4m3_to_f32(f32_to_fp8_e4m3(1.07f)), 1.125f);
+  // Every float maps to a nearest code: |x - dq(q(x))| <= half the spacing of x's binade.
+  for (float x = -500; x <= 500; x += 0.0173f) {
+    const float a = std::min(std::fabs(x), 448.0f);
+    const float dq = std::fabs(fp8_e4m3_to_f32(f32_to_fp8_e4m3(x)));
+    const float spacing =
+        a < std::ldexp(1.0f, -6) ? std::ldexp(1.0f, -9) : std::ldexp(1.0f, std::ilogb(a) - 3);
+    EXPECT_LE(std::fabs(a - dq), spacing / 2) << x;
+  }
+}
+
+// ---- A plain decoding of each layout, written from the format descriptions. ----
+
+// One module's tensors from the file: the weight (packed or FP8), scales in f32, zeros, g_idx.
+struct Packed {
+  Tensor w, s, z, g;
+};
+
+Packed packed(SafetensorsFile& f, const std::string& m, const QuantConfig& q) {
+  Packed p;
+  switch (q.method) {
+    case QuantMethod::kFp8Block:
+      p.w = f.get(m + ".weight");
+      p.s = f.get(m + ".weight_scale_inv").to_dtype(DType::kF32);
+      break;
+    case QuantMethod::kCompressedFp8:
+      p.w = f.get(m + ".weight");
+      p.s = f.get(m + ".weight_scale").to_dtype(DType::kF32);
+      break;
+    case QuantMethod::kAwq:
+    case QuantMethod::kGptq:
+      p.w = f.get(m + ".qweight");
+      p.z = f.get(m + ".qzeros");
+      p.s = f.get(m + ".scales").to_dtype(DType::kF32);
+      if (q.method == QuantMethod::kGptq) p.g = f.get(m + ".g_idx");
+      break;
+    case QuantMethod::kNone:
+      break;
+  }
+  return p;
+}
+
+// Nibble n (bits 4n..4n+3) of int32 element i.
+int nibble(const Tensor& t, int64_t i, int n) {
+  return int((std::bit_cast<uint32_t>(t.data<int32_t>()[i]) >> (4 * n)) & 0xf);
+}
+
+// The scale that applies to W[o][i].
+float scale_of(const Packed& p, const QuantConfig& q, int64_t o, int64_t i, int64_t out,
+               int64_t in) {
+  const float* s = p.s.data<float>();
+  switch (q.method) {
+    case QuantMethod::kFp8Block:
+      return s[(o / q.block_out) * ((in + q.block_in - 1) / q.block_in) + i / q.block_in];
+    case QuantMethod::kCompressedFp8:
+      return s[o];
+    case QuantMethod::kAwq:
+      return s[(i / q.group_size) * out + o];
+    case QuantMethod::kGptq:
+      return s[p.g.data<int32_t>()[i] * out + o];
+    case QuantMethod::kNone:
+      break;
+  }
+  return NAN;
+}
+
+// W[o][i] of a quantized module, from the file's raw tensors.
+float reference_weight(const Packed& p, const QuantConfig& q, int64_t o, int64_t i, int64_t out,
+                       int64_t in) {
+  const float scale = scale_of(p, q, o, i, out, in);
+  switch (q.method) {
+    case QuantMethod::kFp8Block:
+    case QuantMethod::kCompressedFp8:
+      return fp8_e4m3_to_f32(p.w.data<uint8_t>()[o * in + i]) * scale;
+    case QuantMethod::kAwq: {
+      // Word (i, o/8) holds columns o/8*8 + {0,2,4,6,1,3,5,7} in nibbles 0..7.
+      const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+      int n = 0;
+      while (order[n] != o % 8) ++n;
+      const int64_t g = i / q.group_size;
+      const int qv = nibble(p.w, i * (out / 8) + o / 8, n);
+      const int zv = nibble(p.z, g * (out / 8) + o / 8, n);
+      return float(qv - zv) * scale;
+    }
+    case QuantMethod::kGptq: {
+      const int64_t g = p.g.data<int32_t>()[i];
+      const int qv = nibble(p.w, (i / 8) * out + o, int(i % 8));
+      const int zv =
+          nibble(p.z, g * (out / 8) + o / 8, int(o % 8)) + (q.gptq_zero_minus_one ? 1 : 0);
+      return float(qv - zv) * scale;
+    }
+    case QuantMethod::kNone:
+      break;
+  }
+  return NAN;
+}
+
+struct FormatCase {
+  const char* name;
+  QuantConfig q;
+};
+
+std::vector<FormatCase> format_cases() {
+  std::vector<FormatCase> v;
+  QuantConfig q;
+  q.method = QuantMethod::kFp8Block;
+  q.bits = 8;
+  q.block_out = q.block_in = 128;
+  v.push_back({"fp8_block", q});
+  q = QuantConfig();
+  q.method = QuantMethod::kCompressedFp8;
+  q.bits = 8;
+  q.ignore = {"lm_head"};
+  v.push_back({"ct_fp8_channel", q});
+  q = QuantConfig();
+  q.method = QuantMethod::kAwq;
+  q.bits = 4;
+  q.group_size = 128;
+  v.push_back({"awq", q});
+  q = QuantConfig();
+  q.method = QuantMethod::kGptq;
+  q.bits = 4;
+  q.group_size = 128;
+  q.symmetric = true;
+  q.gptq_zero_minus_one = true;
+  v.push_back({"gptq_sym", q});
+  q.symmetric = false;
+  v.push_back({"gptq_asym", q});
+  q.gptq_zero_minus_one = false;
+  v.push_back({"gptq_asym_v2", q});
+  return v;
+}
+
+class QuantizedFixture : public ::testing::TestWithParam<FormatCase> {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("longctx_quant_" + std::to_string(::getpid()) + "_" + GetParam().name);
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+// The tool's output loads; each dense weight equals the plain decoding of the file's packed
+// tensors (rounded once to bf16), and lies within the RTN bound of the original weight.
+TEST_P(QuantizedFixture, LoaderMatchesPlainDecodingAndTheOriginal) {
+  for (const char* model : {"tiny-qwen3", "tiny-llama3"}) {
+    QuantConfig q = GetParam().q;
+    // tiny-llama3's MLP is 352 wide: groups of 32 (and 128-row FP8 blocks it ends inside).
+    if (q.group_size && std::string(model) == "tiny-llama3") q.group_size = 32;
+    fs::remove_all(dir_);
+    const QuantizeStats stats = quantize_checkpoint(fixture(model), dir_.string(), q);
+    EXPECT_GT(stats.quantized_tensors, 0);
+    Checkpoint dense = load_checkpoint(fixture(model));
+    Checkpoint ck = load_checkpoint(dir_.string());
+    EXPECT_EQ(ck.config.quantization.method, q.method);
+    EXPECT_EQ(int64_t(ck.quantized.size()), stats.quantized_tensors);
+    // Every Linear of the decoder layers is quantized, nothing else.
+    int64_t linears = 0;
+    for (const auto& [name, t] : dense.weights.all())
+      if (name.find(".layers.") != std::string::npos && name.ends_with("_proj.weight")) {
+        ++linears;
+        EXPECT_TRUE(ck.quantized.count(name)) << name;
+      }
+    EXPECT_EQ(linears, stats.quantized_tensors);
+    EXPECT_TRUE(fs::exists(dir_ / "generation_config.json"));
+    auto file = SafetensorsFile::open((dir_ / "model.safetensors").string());
+    for (const auto& [name, qw] : ck.quantized) {
+      const std::string m = name.substr(0, name.size() - 7);
+      const Tensor& got = ck.weights.get(name);
+      ASSERT_EQ(got.dtype(), DType::kBF16);
+      const Tensor orig = dense.weights.get(name).to_dtype(DType::kF32);
+      const Packed p = packed(*file, m, q);
+      const int64_t out = got.size(0), in = got.size(1);
+      double worst = 0;
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          const float ref = reference_weight(p, q, o, i, out, in);
+          const uint16_t g = got.data<uint16_t>()[o * in + i];
+          ASSERT_EQ(g, f32_to_bf16(ref)) << model << " " << name << " [" << o << ", " << i << "]";
+          // RTN error: FP8 keeps 3 mantissa bits (relative 2^-4, plus the subnormal spacing of
+          // the scale); int4 is within one step of its group (a clamped end value).
+          const float w = orig.data<float>()[o * in + i];
+          const double err = std::fabs(double(bf16_to_f32(g)) - w);
+          const double scale = scale_of(p, q, o, i, out, in);
+          double bound = q.method == QuantMethod::kAwq || q.method == QuantMethod::kGptq
+                             ? scale
+                             : std::fabs(w) * 0.0625 + scale * 0.002;
+          bound += std::fabs(w) * 0.0079;  // the bf16 rounding of the result
+          worst = std::max(worst, err / std::max(bound, 1e-30));
+          ASSERT_LE(err, bound + 1e-7) << model << " " << name << " [" << o << ", " << i << "]";
+        }
+      EXPECT_GT(worst, 0.0) << name << ": nothing was rounded?";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantizedFixture, ::testing::ValuesIn(format_cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---- Bad tensors: a quantized copy of tiny-qwen3 broken one way per test. ----
+
+// Writes a safetensors file of any dtypes.
+void write_file(const fs::path& path, const std::map<std::string, Tensor>& tensors) {
+  const std::map<DType, const char*> names = {{DType::kF32, "F32"},
+                                              {DType::kBF16, "BF16"},
+                                              {DType::kF16, "F16"},
+                                              {DType::kI32, "I32"},
+                                              {DType::kFP8E4M3, "F8_E4M3"}};
+  json header = json::object();
+  size_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", names.at(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t n = h.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f.write(h.data(), std::streamsize(h.size()));
+  for (const auto& [name, t] : tensors) {
+    Tensor c = t.contiguous();
+    f.write(static_cast<const char*>(c.data_ptr()), std::streamsize(c.nbytes()));
+  }
+}
+
+class BrokenQuantized : public ::testing::Test {
+ protected:
+  void make(QuantMethod method) {
+    dir_ = fs::temp_directory_path() / ("longctx_badquant_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    for (const auto& c : format_cases())
+      if (c.q.method == method) {
+        quantize_checkpoint(fixture("tiny-qwen3"), dir_.string(), c.q);
+        break;
+      }
+    auto f = SafetensorsFile::open((dir_ / "model.safetensors").string());
+    tensors_.clear();
+    // Copies: the file is rewritten under its mapping.
+    for (const auto& n : f->names()) {
+      Tensor t = f->get(n);
+      tensors_[n] = Tensor::empty(t.shape(), t.dtype());
+      tensors_[n].copy_from(t);
+    }
+    config_ = json::parse(std::ifstream(dir_ / "config.json"));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string load_error() {
+    write_file(dir_ / "model.safetensors", tensors_);
+    std::ofstream(dir_ / "config.json") << config_.dump(2);
+    return error_of([&] { load_checkpoint(dir_.string()); });
+  }
+  fs::path dir_;
+  std::map<std::string, Tensor> tensors_;
+  json config_;
+  const std::string q_ = "model.layers.1.self_attn.q_proj";
+};
+
+TEST_F(BrokenQuantized, AwqMissingScales) {
+  make(QuantMethod::kAwq);
+  tensors_.erase(q_ + ".scales");
+  const std::string e = load_error();
+  EXPECT_NE(e.find("tensor '" + q_ + ".scales' is missing"), std::string::npos) << e;
+}
+
+TEST_F(BrokenQuantized, AwqZerosOfTheWrongShape) {
+  make(QuantMethod::kAwq);
+  tensors_[q_ + ".qzeros"] = Tensor::zeros({2, 32}, DType::kI32);
+  const std::string e = load_error();
+  EXPECT_NE(e.find("tensor '" + q_ + ".qzeros' has shape [2, 32], expected [1, 32]"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(BrokenQuantized, GroupSizeThatDoesNotDivide) {
+  make(QuantMethod::kGptq);
+  config_["quantization_config"]["group_size"] = 256;
+  const std::string e = load_error();
+  EXPECT_NE(
+      e.find("'model.layers.0.mlp.down_proj': group_size 256 does not divide in_features 384"),
+      std::string::npos)
+      << e;
+}
+
+TEST_F(BrokenQuantized, GptqScalesOfTheWrongShapeAndDtype) {
+  make(QuantMethod::kGptq);
+  tensors_[q_ + ".scales"] = Tensor::zeros({1, 128}, DType::kF16);
+  std::string e = load_error();
+  EXPECT_NE(e.find("tensor '" + q_ + ".scales' has shape [1, 128], expected [1, 256]"),
+            std::string::npos)
+      << e;
+  tensors_[q_ + ".scales"] = Tensor::zeros({1, 256}, DType::kI32);
+  e = load_error();
+  EXPECT_NE(e.find("tensor '" + q_ + ".scales' is i32, expected float"), std::string::npos) << e;
+}
+
+TEST_F(BrokenQuantized, GptqActOrderGroupIndex) {
+  make(QuantMethod::kGptq);
+  // An act-order checkpoint's g_idx (input 5 in another group) under desc_act false.
+  tensors_[q_ + ".g_idx"].data<int32_t>()[5] = 1;
+  const std::string e = load_error();
+  EXPECT_NE(e.find("'" + q_ + ".g_idx' maps input 5 to group 1, not 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("act-order"), std::string::npos) << e;
+}
+
+TEST_F(BrokenQuantized, Fp8BlockScalesOfTheWrongShape) {
+  make(QuantMethod::kFp8Block);
+  tensors_[q_ + ".weight_scale_inv"] = Tensor::zeros({1, 1}, DType::kF32);
+  const std::string e = load_error();
+  EXPECT_NE(e.find("tensor '" + q_ + ".weight_scale_inv' has shape [1, 1], expected [2, 1]"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(BrokenQuantized, CompressedTensorsMissingScaleAndIgnoredLayer) {
+  make(QuantMethod::kCompressedFp8);
+  Tensor s = tensors_[q_ + ".weight_scale"];
+  tensors_.erase(q_ + ".weight_scale");
+  std::string e = load_error();
+  EXPECT_NE(e.find("tensor '" + q_ + ".weight_scale' is missing"), std::string::npos) << e;
+  tensors_[q_ + ".weight_scale"] = s;
+  config_["quantization_config"]["ignore"].push_back(q_);
+  e = load_error();
+  EXPECT_NE(e.find("ignore list names layer '" + q_ + "'"), std::string::npos) << e;
+}
+
+TEST_F(BrokenQuantized, PackedTensorsUnderAnotherConfig) {
+  make(QuantMethod::kAwq);
+  config_.erase("quantization_config");
+  std::string e = load_error();
+  EXPECT_NE(e.find("packed int4 weight but config.json's quantization_config is 'none'"),
+            std::string::npos)
+      << e;
+  make(QuantMethod::kFp8Block);
+  config_["quantization_config"] = json::parse(R"({"quant_method": "awq", "bits": 4})");
+  e = load_error();
+  EXPECT_NE(e.find("is F8_E4M3 but config.json's quantization_config is 'awq'"), std::string::npos)
+      << e;
+}
+
+TEST_F(BrokenQuantized, MissingPackedWeight) {
+  make(QuantMethod::kGptq);
+  for (const char* s : {".qweight", ".qzeros", ".scales", ".g_idx"}) tensors_.erase(q_ + s);
+  const std::string e = load_error();
+  EXPECT_NE(e.find("missing"), std::string::npos) << e;
+  EXPECT_NE(e.find(q_ + ".weight"), std::string::npos) << e;
+}
+
+TEST(QuantizeTool, RefusesBadInputs) {
+  const fs::path dir = fs::temp_directory_path() / ("longctx_qtool_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  QuantConfig q;
+  q.method = QuantMethod::kAwq;
+  q.bits = 4;
+  q.group_size = 100;  // does not divide 128
+  EXPECT_ERROR_HAS(quantize_checkpoint(fixture("tiny-qwen3"), dir.string(), q),
+                   "does not fit awq with group_size 100");
+  q.group_size = 128;
+  quantize_checkpoint(fixture("tiny-qwen3"), dir.string(), q);
+  const fs::path again = dir.string() + "_again";
+  EXPECT_ERROR_HAS(quantize_checkpoint(dir.string(), again.string(), q), "already quantized");
+  EXPECT_ERROR_HAS(quantize_checkpoint(fixture("tiny-qwen3"), dir.string(), q),
+                   "exists and is not an empty folder");
+  fs::remove_all(dir);
+  fs::remove_all(again);
+}
+
+}  // namespace

@@ -1,0 +1,134 @@
+// Quantized checkpoints made by `longctx quantize`'s code run on the CPU engine: logits close to
+// the dense model's (KL and top-1 printed and bounded) and greedy continuations mostly equal.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+
+#include "loader/quantize_checkpoint.h"
+#include "models/model_test_util.h"
+
+namespace longctx::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Case {
+  const char* name;
+  QuantConfig q;
+  // Bounds, measured on the needle model with margin (FP8: KL 0.013-0.017, top-1 0.95; int4:
+  // KL 0.13-0.21, top-1 0.79-0.82): mean KL(dense || quantized) per position and the share of
+  // positions whose top-1 token agrees.
+  double max_mean_kl;
+  double min_top1;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  QuantConfig q;
+  q.method = QuantMethod::kFp8Block;
+  q.bits = 8;
+  q.block_out = q.block_in = 128;
+  v.push_back({"fp8_block", q, 0.03, 0.92});
+  q = QuantConfig();
+  q.method = QuantMethod::kCompressedFp8;
+  q.bits = 8;
+  q.ignore = {"lm_head"};
+  v.push_back({"ct_fp8_channel", q, 0.03, 0.92});
+  q = QuantConfig();
+  q.method = QuantMethod::kAwq;
+  q.bits = 4;
+  q.group_size = 128;
+  v.push_back({"awq", q, 0.3, 0.75});
+  q = QuantConfig();
+  q.method = QuantMethod::kGptq;
+  q.bits = 4;
+  q.group_size = 128;
+  q.symmetric = true;
+  q.gptq_zero_minus_one = true;
+  v.push_back({"gptq_sym", q, 0.3, 0.75});
+  q.symmetric = false;
+  v.push_back({"gptq_asym", q, 0.3, 0.75});
+  return v;
+}
+
+// Mean over rows of KL(softmax(a) || softmax(b)), and the share of rows with the same argmax.
+std::pair<double, double> kl_and_top1(const Tensor& a, const Tensor& b) {
+  const int64_t rows = a.size(0), v = a.size(1);
+  double kl = 0;
+  int64_t same = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = a.data<float>() + r * v;
+    const float* y = b.data<float>() + r * v;
+    const double mx = *std::max_element(x, x + v), my = *std::max_element(y, y + v);
+    double zx = 0, zy = 0;
+    for (int64_t i = 0; i < v; ++i) zx += std::exp(x[i] - mx), zy += std::exp(y[i] - my);
+    double k = 0;
+    for (int64_t i = 0; i < v; ++i) {
+      const double lp = x[i] - mx - std::log(zx), lq = y[i] - my - std::log(zy);
+      k += std::exp(lp) * (lp - lq);
+    }
+    kl += k;
+    same += argmax_row(a, r) == argmax_row(b, r);
+  }
+  return {kl / rows, double(same) / rows};
+}
+
+// `n` greedy tokens after `prompt`.
+std::vector<int32_t> greedy(Model& model, const std::vector<int32_t>& prompt, int n) {
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  auto cache = std::make_unique<KVCache>(model.config(), len + n);
+  Tensor logits = reference_forward(model, prompt, iota_positions(0, len), *cache, true);
+  std::vector<int32_t> out;
+  for (int step = 0; step < n; ++step) {
+    out.push_back(argmax_row(logits, 0));
+    std::vector<int32_t> one = {out.back()};
+    std::vector<int64_t> pos = {len + step};
+    logits = reference_forward(model, one, pos, *cache, true);
+  }
+  return out;
+}
+
+class QuantizedModel : public ::testing::TestWithParam<Case> {};
+
+// The needle model (models/needle: trained, so its distributions mean something; the tiny
+// fixtures' random weights turn any perturbation into a different top-1) on its reference
+// needle prompt: every position's logits, and the greedy continuation (the needle's answer).
+TEST_P(QuantizedModel, RunsCloseToTheDenseModel) {
+  const Case& c = GetParam();
+  const std::string model_dir = test_data_dir() + "/../../models/needle";
+  const fs::path dir =
+      fs::temp_directory_path() / ("longctx_qmodel_" + std::to_string(getpid()) + "_" + c.name);
+  fs::remove_all(dir);
+  quantize_checkpoint(model_dir, dir.string(), c.q);
+  ModelBuildOptions options;
+  options.rope_inv_freq_dtype = DType::kF32;
+  auto dense = create_model(std::make_shared<Checkpoint>(load_checkpoint(model_dir)), options);
+  auto quant = create_model(std::make_shared<Checkpoint>(load_checkpoint(dir.string())), options);
+  fs::remove_all(dir);
+
+  std::ifstream f(test_data_dir() + "/needle/reference.json");
+  ASSERT_TRUE(f.good());
+  const auto ids = nlohmann::json::parse(f).at("input_ids").get<std::vector<int32_t>>();
+  // Logits over the prompt's first 384 positions (seconds, not tens of them); the greedy answer
+  // after the whole prompt (the needle's value: a continuation the model is sure of, where free
+  // text would part ways at the first near tie).
+  const std::vector<int32_t> head(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 384));
+  const auto [kl, top1] = kl_and_top1(full_forward(*dense, head), full_forward(*quant, head));
+  const auto a = greedy(*dense, ids, 16), b = greedy(*quant, ids, 16);
+  int same = 0;
+  for (int i = 0; i < 16; ++i) same += a[i] == b[i];
+  std::cout << "[quantized] needle " << c.name << ": " << head.size() << " positions, mean KL "
+            << kl << ", top-1 " << top1 << ", greedy " << same << "/16 equal\n";
+  EXPECT_LE(kl, c.max_mean_kl) << c.name;
+  EXPECT_GE(top1, c.min_top1) << c.name;
+  EXPECT_GE(same, 11) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantizedModel, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace longctx::testing
