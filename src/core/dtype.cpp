@@ -20,6 +20,7 @@ size_t dtype_size(DType dtype) {
     case DType::kI64:
       return 8;
     case DType::kU8:
+    case DType::kFP8E4M3:
       return 1;
   }
   LONGCTX_ASSERT(false, "bad dtype {}", int(dtype));
@@ -39,6 +40,8 @@ std::string_view dtype_name(DType dtype) {
       return "i64";
     case DType::kU8:
       return "u8";
+    case DType::kFP8E4M3:
+      return "fp8_e4m3";
   }
   return "?";
 }
@@ -53,9 +56,10 @@ DType parse_dtype(std::string_view name) {
   if (n == "i32" || n == "int32") return DType::kI32;
   if (n == "i64" || n == "int64") return DType::kI64;
   if (n == "u8" || n == "uint8") return DType::kU8;
+  if (n == "fp8_e4m3" || n == "float8_e4m3fn" || n == "f8_e4m3") return DType::kFP8E4M3;
   LONGCTX_THROW(ErrorCode::kUnsupported,
                 "unsupported dtype '{}' (supported: f32/float32, bf16/bfloat16, f16/float16, "
-                "i32, i64, u8)",
+                "i32, i64, u8, fp8_e4m3/float8_e4m3fn)",
                 name);
 }
 

@@ -30,9 +30,10 @@ const char* descr_of(DType t) {
     case DType::kU8:
       return "|u1";
     case DType::kBF16:
+    case DType::kFP8E4M3:
       break;
   }
-  LONGCTX_THROW(ErrorCode::kUnsupported, ".npy has no bf16; convert to f32 first");
+  LONGCTX_THROW(ErrorCode::kUnsupported, ".npy has no {}; convert to f32 first", dtype_name(t));
 }
 
 }  // namespace
