@@ -52,7 +52,8 @@ void run_info(const ModelOptions& opts) {
   for (const auto& [d, n] : by_dtype)
     dtypes += fmt::format("{}{} ({} params)", dtypes.empty() ? "" : ", ", d, n);
   const char* rope = rope_type_name(c.rope.type);
-  const int64_t kv_tok = c.kv_bytes_per_token(DType::kBF16);
+  const GpuRunnerOptions runner = opts.runner_options(&c);  // --kv-cache-dtype resolved
+  const int64_t kv_tok = c.kv_bytes_per_token(runner.kv_dtype);
   std::printf("model:              %s\n", ck ? ck->dir.c_str() : ("dummy:" + opts.preset).c_str());
   std::printf("architecture:       %s\n", c.architecture.c_str());
   std::printf("layers:             %lld\n", (long long)c.num_hidden_layers);
@@ -93,17 +94,20 @@ void run_info(const ModelOptions& opts) {
   std::printf("parameters:         %lld (%.3f B)\n", (long long)params, params / 1e9);
   std::printf("dtypes:             %s\n", dtypes.c_str());
   std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
-  std::printf("KV bytes per token: %lld (bf16 K+V, all layers)\n", (long long)kv_tok);
+  const KvGroups groups = KvGroups::from_config(c, runner.kv_dtype);
+  const int64_t info_block = runner.block_size > 0 ? runner.block_size : kDefaultBlockSize;
+  std::printf("KV bytes per token: %lld (%s K+V, all layers%s)\n", (long long)kv_tok,
+              std::string(dtype_name(runner.kv_dtype)).c_str(),
+              runner.kv_dtype == DType::kFP8E4M3 ? ", plus fp32 K and V scales per block" : "");
   // Each layer's attention state, by group: kind, window, layers, bytes per token (or sequence).
-  const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
   for (const std::string& g : groups.describe()) std::printf("KV %s\n", g.c_str());
   // Per sequence, each group as it keeps tokens (a sliding group only its window).
   std::printf("max context:        %lld tokens (KV at max context: %s)\n",
               (long long)c.max_positions(),
-              human_bytes(double(groups.bytes_per_seq(c.max_positions()))).c_str());
+              human_bytes(double(groups.bytes_per_seq(c.max_positions(), info_block))).c_str());
   for (int64_t n : {32768LL, 131072LL, 1048576LL})
     std::printf("KV at %7lld tok:   %s\n", (long long)n,
-                human_bytes(double(groups.bytes_per_seq(n))).c_str());
+                human_bytes(double(groups.bytes_per_seq(n, info_block))).c_str());
   // The GPU memory plan: of the device this would run on, or of a GPU of --gpu-memory-limit
   // bytes (planning for a card this machine does not have).
   const Device device = resolve_device(opts.device);
@@ -114,7 +118,7 @@ void run_info(const ModelOptions& opts) {
   }
   if (budget > 0) {
     try {
-      const GpuMemoryPlan plan = plan_gpu_memory(c, opts.runner_options(), budget);
+      const GpuMemoryPlan plan = plan_gpu_memory(c, runner, budget);
       std::printf("GPU memory plan:    %s%s\n", device.is_cuda() ? "" : "(no GPU here) ",
                   plan.str().c_str());
     } catch (const Error& e) {
