@@ -25,6 +25,7 @@
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
 #include "longctx/kernels/kernel_tuning.h"
+#include "longctx/kv/kv_cache_dtype.h"
 #include "longctx/models/build_options.h"
 
 namespace longctx {
@@ -59,6 +60,8 @@ struct EngineConfig {
   bool enforce_eager = false;      // no CUDA graphs (GPU)
   int64_t num_gpu_blocks = 0;      // GPU KV blocks; 0: what the memory plan leaves
   int64_t cpu_kv_cache_bytes = 0;  // CPU KV pool; 0: 4 GiB
+  // The KV cache's elements (docs/fp8_kv.md): auto follows the checkpoint's quantization_config.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   // KV offload to pinned host memory (GPU only; docs/offload.md): the KV cache lives in a host
   // pool, the GPU keeps a cache of blocks and streams the rest through a ring of slots.
   bool kv_offload = false;

@@ -111,6 +111,11 @@ const std::vector<EngineArg>& engine_args() {
       LONGCTX_BOOL_ARG("enforce_eager", enforce_eager),
       LONGCTX_INT_ARG("num_gpu_blocks", num_gpu_blocks),
       LONGCTX_INT_ARG("kv_cache_memory", cpu_kv_cache_bytes),
+      {"kv_cache_dtype",
+       [](EngineArgs& a, const py::handle& v) {
+         a.c.kv_cache_dtype =
+             parse_kv_cache_dtype(arg_as<std::string>(v, "kv_cache_dtype", "a str"));
+       }},
       LONGCTX_BOOL_ARG("kv_offload", kv_offload),
       LONGCTX_INT_ARG("host_kv_budget", host_kv_budget),
       LONGCTX_INT_ARG("gpu_kv_budget", gpu_kv_budget),

@@ -59,10 +59,10 @@ DType parse_dtype(std::string_view name) {
   if (n == "i32" || n == "int32") return DType::kI32;
   if (n == "i64" || n == "int64") return DType::kI64;
   if (n == "u8" || n == "uint8") return DType::kU8;
-  if (n == "fp8_e4m3" || n == "f8_e4m3" || n == "float8_e4m3fn") return DType::kFP8E4M3;
+  if (n == "fp8_e4m3" || n == "float8_e4m3fn" || n == "f8_e4m3") return DType::kFP8E4M3;
   LONGCTX_THROW(ErrorCode::kUnsupported,
                 "unsupported dtype '{}' (supported: f32/float32, bf16/bfloat16, f16/float16, "
-                "i32, i64, u8, fp8_e4m3)",
+                "i32, i64, u8, fp8_e4m3/float8_e4m3fn)",
                 name);
 }
 
@@ -111,34 +111,6 @@ uint16_t f32_to_f16(float f) {
   }
   uint32_t r = absu + 0xfffu + ((absu >> 13) & 1u) - (uint32_t(127 - 15) << 23);
   return uint16_t(sign | (r >> 13));
-}
-
-float fp8_e4m3_to_f32(uint8_t v) {
-  const float sign = (v & 0x80) ? -1.0f : 1.0f;
-  const int exp = (v >> 3) & 0xf;
-  const int mant = v & 0x7;
-  if (exp == 0xf && mant == 0x7) return std::numeric_limits<float>::quiet_NaN();
-  if (exp == 0) return sign * std::ldexp(float(mant), -9);  // subnormal: mant/8 * 2^-6
-  return sign * std::ldexp(float(8 + mant), exp - 10);      // (1 + mant/8) * 2^(exp-7)
-}
-
-uint8_t f32_to_fp8_e4m3(float f) {
-  if (std::isnan(f)) return 0x7f;
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
-  const float a = std::min(std::fabs(f), 448.0f);
-  // Every E4M3 value is k * 2^(e-3) with k < 16; find the spacing of a's binade and round a to a
-  // multiple of it (nearbyint: the default mode rounds halves to even).
-  int e = 0;
-  std::frexp(a, &e);                             // a in [2^(e-1), 2^e)
-  const int step_exp = std::max(e - 1, -6) - 3;  // subnormals share the spacing of 2^-6
-  const float k = std::nearbyint(std::ldexp(a, -step_exp));
-  const float r = std::ldexp(k, step_exp);
-  if (r == 0) return sign;
-  int re = 0;
-  const float m = std::frexp(r, &re);                                 // r = m * 2^re, m in [0.5, 1)
-  if (re - 1 < -6) return uint8_t(sign | uint8_t(std::ldexp(r, 9)));  // subnormal
-  const int mant = int(std::ldexp(m, 4)) - 8;                         // m * 16 in [8, 16)
-  return uint8_t(sign | uint8_t((re - 1 + 7) << 3) | uint8_t(mant));
 }
 
 }  // namespace longctx

@@ -49,11 +49,16 @@ constexpr int64_t kDefaultCpuKvBytes = 4ll << 30;
 class CpuExecutor final : public Executor {
  public:
   CpuExecutor(std::shared_ptr<Model> model, const CpuExecutorOptions& o)
-      : model_(std::move(model)), groups_(KvGroups::from_config(model_->config(), DType::kF32)) {
+      : model_(std::move(model)), groups_(KvGroups::from_config(model_->config(), o.kv_dtype)) {
     const ModelConfig& c = model_->config();
+    LONGCTX_CHECK(o.kv_dtype == DType::kF32 || o.kv_dtype == DType::kFP8E4M3,
+                  ErrorCode::kInvalidArgument,
+                  "CPU executor: KV cache dtype {} (the CPU reference keeps f32 or FP8 E4M3)",
+                  dtype_name(o.kv_dtype));
     // The pool holds the largest paged group's layers; a block serves one group at a time.
-    PagedKVPoolConfig kv{groups_.pool_layers(), c.num_key_value_heads, c.head_dim, o.block_size, 1,
-                         DType::kF32,           Device::cpu()};
+    PagedKVPoolConfig kv{
+        groups_.pool_layers(), c.num_key_value_heads, c.head_dim, o.block_size, 1, o.kv_dtype,
+        Device::cpu()};
     LONGCTX_CHECK(groups_.single_full() || o.offload_gpu_blocks == 0, ErrorCode::kUnsupported,
                   "CPU executor: KV offload runs models of one full-attention KV group; this one "
                   "has {} groups (sliding_window {} in config.json)",
@@ -73,6 +78,7 @@ class CpuExecutor final : public Executor {
       d.num_kv_heads = c.num_key_value_heads;
       d.head_dim = c.head_dim;
       d.dtype = DType::kF32;
+      if (kv.fp8()) d.kv_format = kernels::KvCacheFormat::kFp8E4M3;
       d.sm_scale = model_->attention_scale();
       d.cpu_write_back_lag = o.offload_write_back_lag;
       d.sparse = o.sparse;
@@ -95,6 +101,12 @@ class CpuExecutor final : public Executor {
                     "this one has {} groups (sliding_window {} in config.json)",
                     groups_.size(), c.sliding_window);
       if (!groups_.single_full()) policy_.reset();
+      LONGCTX_CHECK(!kv.fp8() || policy_ == nullptr ||
+                        (!policy_->selects(sparse::Phase::kDecode) &&
+                         !policy_->selects(sparse::Phase::kPrefill)),
+                    ErrorCode::kUnsupported,
+                    "CPU executor: a sparse attention policy over an FP8 KV cache is not run on "
+                    "the CPU yet (use --kv-cache-dtype bf16)");
     }
     block_size_ = o.block_size;
     for (int64_t g = 0; g < groups_.size(); ++g) {
@@ -129,9 +141,13 @@ class CpuExecutor final : public Executor {
     if (policy_ != nullptr &&
         (policy_->selects(sparse::Phase::kDecode) || policy_->selects(sparse::Phase::kPrefill)))
       return 0;
-    return 2 * pool_->config().num_layers * static_cast<int64_t>(layer_block_bytes());
+    int64_t n = 0;
+    for (const Tensor* t : block_tensors()) n += static_cast<int64_t>(tensor_block_bytes(*t));
+    return n;
   }
-  std::string kv_block_format() const override { return "cpu-f32"; }
+  std::string kv_block_format() const override {
+    return pool_->config().fp8() ? "cpu-fp8e4m3" : "cpu-f32";
+  }
   ExecutorCounters counters() const override {
     ExecutorCounters c;
     if (offload_ != nullptr) {
@@ -144,16 +160,16 @@ class CpuExecutor final : public Executor {
     check_block_io(block, out.size());
     std::byte* p = out.data();
     for (const Tensor* t : block_tensors()) {
-      std::memcpy(p, block_ptr(*t, block), layer_block_bytes());
-      p += layer_block_bytes();
+      std::memcpy(p, block_ptr(*t, block), tensor_block_bytes(*t));
+      p += tensor_block_bytes(*t);
     }
   }
   void write_kv_block(int32_t block, std::span<const std::byte> in) override {
     check_block_io(block, in.size());
     const std::byte* p = in.data();
     for (const Tensor* t : block_tensors()) {
-      std::memcpy(block_ptr(*t, block), p, layer_block_bytes());
-      p += layer_block_bytes();
+      std::memcpy(block_ptr(*t, block), p, tensor_block_bytes(*t));
+      p += tensor_block_bytes(*t);
     }
   }
 
@@ -176,19 +192,26 @@ class CpuExecutor final : public Executor {
  private:
   std::shared_ptr<Model> model_;
   KvGroups groups_;  // the model's KV groups
-  size_t layer_block_bytes() const {
-    const PagedKVPoolConfig& c = pool_->config();
-    return static_cast<size_t>(c.block_size * c.num_kv_heads * c.head_dim) * sizeof(float);
+  // One block's bytes of a pool tensor [num_blocks, ...].
+  size_t tensor_block_bytes(const Tensor& t) const {
+    return static_cast<size_t>(t.numel() / num_blocks_) * dtype_size(t.dtype());
   }
-  // Every layer's K, then every layer's V (the order of kv_block_bytes()'s bytes).
+  // Every layer's K, then every layer's V (the order of kv_block_bytes()'s bytes); FP8: then
+  // every layer's K scales, then V scales.
   std::vector<const Tensor*> block_tensors() const {
     std::vector<const Tensor*> t;
-    for (int64_t l = 0; l < pool_->config().num_layers; ++l) t.push_back(&pool_->k(l));
-    for (int64_t l = 0; l < pool_->config().num_layers; ++l) t.push_back(&pool_->v(l));
+    const int64_t layers = pool_->config().num_layers;
+    for (int64_t l = 0; l < layers; ++l) t.push_back(&pool_->k(l));
+    for (int64_t l = 0; l < layers; ++l) t.push_back(&pool_->v(l));
+    if (pool_->config().fp8()) {
+      for (int64_t l = 0; l < layers; ++l) t.push_back(&pool_->k_scale(l));
+      for (int64_t l = 0; l < layers; ++l) t.push_back(&pool_->v_scale(l));
+    }
     return t;
   }
   std::byte* block_ptr(const Tensor& t, int32_t block) const {
-    return static_cast<std::byte*>(t.data_ptr()) + static_cast<size_t>(block) * layer_block_bytes();
+    return static_cast<std::byte*>(t.data_ptr()) +
+           static_cast<size_t>(block) * tensor_block_bytes(t);
   }
   void check_block_io(int32_t block, size_t bytes) const {
     LONGCTX_CHECK(kv_block_bytes() > 0 && block >= 0 && block < num_blocks_ &&

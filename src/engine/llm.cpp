@@ -18,6 +18,7 @@
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
+#include "longctx/core/logging.h"
 #include "longctx/core/stream.h"
 #include "longctx/engine/executor.h"
 #include "longctx/engine/gpu_runner.h"
@@ -172,6 +173,13 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     gpu.max_num_seqs = config.max_num_seqs;
     gpu.max_model_len = options.max_model_len;
     gpu.num_gpu_blocks = config.num_gpu_blocks;
+    gpu.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, mc.kv_cache_fp8, DType::kBF16);
+    if (config.kv_cache_dtype == KvCacheDtype::kAuto && gpu.kv_dtype == DType::kFP8E4M3) {
+      LONGCTX_LOG_WARN(
+          "the checkpoint asks for an FP8 KV cache, which the CUDA engine does not run yet: "
+          "keeping bf16 (docs/fp8_kv.md)");
+      gpu.kv_dtype = DType::kBF16;
+    }
     gpu.enforce_eager = config.enforce_eager;
     gpu.kv_offload = config.kv_offload;
     gpu.host_kv_bytes = config.host_kv_budget;
@@ -214,6 +222,7 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     CpuExecutorOptions cpu;
     if (config.block_size > 0) cpu.block_size = config.block_size;
     cpu.kv_cache_bytes = config.cpu_kv_cache_bytes;
+    cpu.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, mc.kv_cache_fp8, DType::kF32);
     cpu.sparse = config.sparse;
     cpu.max_state_seqs = config.max_num_seqs;
     if (tp == 1) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/host_device.h"
+#include "kernels/kv_format.h"
 #include "longctx/core/dtype.h"
 
 namespace longctx::kernels {
@@ -80,7 +81,11 @@ struct PagedPrefillParams {
   int num_kv_heads = 0;
   int head_dim = 0;            // 64 or 128
   int page_size = 0;           // 1 .. 256
-  DType dtype = DType::kBF16;  // of q, k_cache, v_cache, o
+  DType dtype = DType::kBF16;  // of q, o and (kv_format kDtype) k_cache, v_cache
+  // kFp8E4M3: k_cache / v_cache hold FP8 codes scaled by k_scale / v_scale (kernels/kv_format.h).
+  KvCacheFormat kv_format = KvCacheFormat::kDtype;
+  const float* k_scale = nullptr;  // [num_pages, num_kv_heads] with kFp8E4M3
+  const float* v_scale = nullptr;  // [num_pages, num_kv_heads] with kFp8E4M3
   MaskMode mask_mode = MaskMode::kNone;
   // Sliding window (kCausal only): query i of a segment sees keys [window_first_key(kv_len -
   // q_len + i, window), kv_len - q_len + i]; 0 = every earlier key. Kernels skip whole key tiles

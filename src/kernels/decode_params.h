@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/kv_format.h"
 #include "longctx/core/dtype.h"
 
 namespace longctx::kernels {
@@ -36,8 +37,12 @@ struct DecodeParams {
   int num_kv_heads = 0;
   int head_dim = 0;            // 64 or 128 on CUDA; any on the CPU reference
   int page_size = 0;           // >= 1
-  DType dtype = DType::kBF16;  // of q, k_cache, v_cache, o
-  float sm_scale = 0.f;        // usually 1/sqrt(head_dim)
+  DType dtype = DType::kBF16;  // of q, o and (kv_format kDtype) k_cache, v_cache
+  // kFp8E4M3: k_cache / v_cache hold FP8 codes scaled by k_scale / v_scale (kernels/kv_format.h).
+  KvCacheFormat kv_format = KvCacheFormat::kDtype;
+  const float* k_scale = nullptr;  // [num_pages, num_kv_heads] with kFp8E4M3
+  const float* v_scale = nullptr;  // [num_pages, num_kv_heads] with kFp8E4M3
+  float sm_scale = 0.f;            // usually 1/sqrt(head_dim)
   // Sliding window: the query sees keys [max(0, kv_len - window), kv_len); 0 = all of them.
   int window = 0;
 };

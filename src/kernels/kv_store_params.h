@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/kv_format.h"
 #include "longctx/core/dtype.h"
 
 namespace longctx::kernels {
@@ -36,7 +37,12 @@ struct KvStoreParams {
   int head_dim = 0;            // any >= 1 (16-byte copies when rows and pointers allow)
   int page_size = 0;           // >= 1
   int num_pages = 0;           // pages in k_cache / v_cache: the bound of the slots
-  DType dtype = DType::kBF16;  // of k, v and the caches: bf16, f16 or f32
+  DType dtype = DType::kBF16;  // of k, v and (kv_format kDtype) the caches: bf16, f16 or f32
+  // kFp8E4M3: the caches take FP8 codes and the store keeps the pages' scales in k_scale /
+  // v_scale [num_pages, num_kv_heads] (kernels/kv_format.h says how).
+  KvCacheFormat kv_format = KvCacheFormat::kDtype;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
 };
 
 }  // namespace longctx::kernels

@@ -7,8 +7,9 @@
 namespace longctx {
 
 int64_t PagedKVPoolConfig::bytes_per_block() const {
-  return 2 * num_layers * block_size * num_kv_heads * head_dim *
-         static_cast<int64_t>(dtype_size(dtype));
+  const int64_t scales = fp8() ? num_kv_heads * int64_t(sizeof(float)) : 0;
+  return 2 * num_layers *
+         (block_size * num_kv_heads * head_dim * static_cast<int64_t>(dtype_size(dtype)) + scales);
 }
 
 PagedKVPool::PagedKVPool(const PagedKVPoolConfig& config) : config_(config) {
@@ -26,6 +27,10 @@ PagedKVPool::PagedKVPool(const PagedKVPoolConfig& config) : config_(config) {
   for (int64_t l = 0; l < config.num_layers; ++l) {
     k_.push_back(Tensor::empty(shape, config.dtype, config.device));
     v_.push_back(Tensor::empty(shape, config.dtype, config.device));
+    const Shape scale_shape =
+        config.fp8() ? Shape{config.num_blocks, config.num_kv_heads} : Shape{0};
+    k_scale_.push_back(Tensor::empty(scale_shape, DType::kF32, config.device));
+    v_scale_.push_back(Tensor::empty(scale_shape, DType::kF32, config.device));
   }
   free_.reserve(config.num_blocks);
   for (int64_t b = config.num_blocks; b-- > 0;) free_.push_back(static_cast<int32_t>(b));

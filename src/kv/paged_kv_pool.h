@@ -1,7 +1,9 @@
 // The paged KV pool of one device: per layer K and V, each [num_blocks, block_size, kv_heads,
 // head_dim] (the layout the paged prefill / decode kernels read), allocated once from the device
 // pool so their addresses never change. Block ids are handed out by a free list; the
-// BlockManager (prefix caching, ref counts) builds on top of it.
+// BlockManager (prefix caching, ref counts) builds on top of it. An FP8 pool (dtype kFP8E4M3)
+// also keeps per layer the fp32 scales of K and V, each [num_blocks, kv_heads]
+// (kernels/kv_format.h: one scale per block and KV head, kept by the KV store).
 #pragma once
 
 #include <cstdint>
@@ -20,8 +22,9 @@ struct PagedKVPoolConfig {
   DType dtype = DType::kBF16;
   Device device = Device::cpu();
 
-  // K and V of every layer for one block.
+  // K and V of every layer for one block (FP8: and their scales).
   int64_t bytes_per_block() const;
+  bool fp8() const { return dtype == DType::kFP8E4M3; }
 };
 
 class PagedKVPool {
@@ -35,6 +38,9 @@ class PagedKVPool {
   int64_t num_blocks() const { return config_.num_blocks; }
   const Tensor& k(int64_t layer) const { return k_[layer]; }  // [blocks, block_size, Hkv, d]
   const Tensor& v(int64_t layer) const { return v_[layer]; }  // [blocks, block_size, Hkv, d]
+  // FP8 pools: the scales, f32 [blocks, Hkv]; empty tensors otherwise.
+  const Tensor& k_scale(int64_t layer) const { return k_scale_[layer]; }
+  const Tensor& v_scale(int64_t layer) const { return v_scale_[layer]; }
 
   int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
   // n block ids (lowest first); throws Error(kOutOfMemory) naming the shortfall, allocating none.
@@ -43,10 +49,11 @@ class PagedKVPool {
 
  private:
   PagedKVPoolConfig config_;
-  std::vector<Tensor> k_;      // per layer [num_blocks, block_size, Hkv, d]
-  std::vector<Tensor> v_;      // per layer [num_blocks, block_size, Hkv, d]
-  std::vector<int32_t> free_;  // free block ids, popped from the back
-  std::vector<uint8_t> used_;  // [num_blocks] 1 while allocated (double-free check)
+  std::vector<Tensor> k_;                  // per layer [num_blocks, block_size, Hkv, d]
+  std::vector<Tensor> v_;                  // per layer [num_blocks, block_size, Hkv, d]
+  std::vector<Tensor> k_scale_, v_scale_;  // FP8: per layer [num_blocks, Hkv] f32
+  std::vector<int32_t> free_;              // free block ids, popped from the back
+  std::vector<uint8_t> used_;              // [num_blocks] 1 while allocated (double-free check)
 };
 
 }  // namespace longctx

@@ -3,6 +3,7 @@
 #include "longctx/loader/model_config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -592,6 +593,23 @@ int64_t ModelConfig::max_positions() const {
 
 // Every field read below is type-checked; parse_model_config still turns any nlohmann type error
 // that slips through into an Error (found by fuzz_config: a numeric model_type).
+// Whether quantization_config names an FP8 KV cache. Other KV schemes (NVFP4, int8) are not
+// FP8: auto keeps bf16 for them, which is never less accurate.
+static bool kv_cache_fp8(const json& j) {
+  if (!j.contains("quantization_config") || !j["quantization_config"].is_object()) return false;
+  const json& q = j["quantization_config"];
+  if (q.contains("kv_cache_quant_algo") && q["kv_cache_quant_algo"].is_string()) {
+    std::string algo = q["kv_cache_quant_algo"].get<std::string>();
+    for (char& ch : algo) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (algo == "FP8") return true;
+  }
+  if (q.contains("kv_cache_scheme") && q["kv_cache_scheme"].is_object()) {
+    const json& s = q["kv_cache_scheme"];
+    return s.value("num_bits", json(0)) == json(8) && s.value("type", json("")) == json("float");
+  }
+  return false;
+}
+
 static ModelConfig parse_model_config_unguarded(const json& file, const std::string& src) {
   LONGCTX_CHECK(file.is_object(), ErrorCode::kInvalidArgument, "{}: config must be a JSON object",
                 src);
@@ -649,6 +667,7 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
   else
     c.rope = parse_rope(j, src, c.head_dim, c.max_position_embeddings);
   c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings", false, src);
+  c.kv_cache_fp8 = kv_cache_fp8(j);
 
   const std::string& a = c.architecture;
   if (a == "Qwen2ForCausalLM") {

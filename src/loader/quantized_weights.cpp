@@ -132,7 +132,7 @@ Tensor dequantize(const QuantizedWeight& w, const QuantConfig& q, DType dtype) {
             const float scale = block     ? s[(r / q.block_out) * scale_cols + c / q.block_in]
                                 : channel ? s[r]
                                           : s[0];
-            d[r * in + c] = fp8_e4m3_to_f32(qw[r * in + c]) * scale;
+            d[r * in + c] = fp8e4m3_to_f32(qw[r * in + c]) * scale;
           }
       });
       break;
@@ -295,7 +295,7 @@ QuantizedWeight quantize_rtn(const Tensor& weight, const QuantConfig& q, const s
           s[a * si + b] = scale;
           for (int64_t r = a * bo; r < r1; ++r)
             for (int64_t c = b * bi; c < c1; ++c)
-              qw[r * in + c] = f32_to_fp8_e4m3(src[r * in + c] / scale);
+              qw[r * in + c] = f32_to_fp8e4m3(src[r * in + c] / scale);
         }
       return w;
     }

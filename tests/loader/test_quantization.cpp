@@ -146,7 +146,7 @@ TEST(QuantConfig, UnsupportedConfigsAreNamed) {
 
 TEST(Fp8E4M3, EveryCodeRoundTrips) {
   for (int c = 0; c < 256; ++c) {
-    const float v = fp8_e4m3_to_f32(uint8_t(c));
+    const float v = fp8e4m3_to_f32(uint8_t(c));
     if ((c & 0x7f) == 0x7f) {
       EXPECT_TRUE(std::isnan(v)) << c;
       continue;
@@ -156,19 +156,19 @@ TEST(Fp8E4M3, EveryCodeRoundTrips) {
     const double mag = e == 0 ? m / 8.0 * std::pow(2.0, -6) : (1 + m / 8.0) * std::pow(2.0, e - 7);
     EXPECT_EQ(double(v), (c & 0x80) ? -mag : mag) << c;
     // -0 encodes as 0x80.
-    EXPECT_EQ(f32_to_fp8_e4m3(v), c) << c;
+    EXPECT_EQ(f32_to_fp8e4m3(v), c) << c;
   }
-  EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);
-  EXPECT_EQ(f32_to_fp8_e4m3(1e6f), 0x7e);  // saturates
-  EXPECT_EQ(f32_to_fp8_e4m3(-1e6f), 0xfe);
-  EXPECT_EQ(f32_to_fp8_e4m3(std::nanf("")), 0x7f);
+  EXPECT_EQ(fp8e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(f32_to_fp8e4m3(1e6f), 0x7e);  // saturates
+  EXPECT_EQ(f32_to_fp8e4m3(-1e6f), 0xfe);
+  EXPECT_EQ(f32_to_fp8e4m3(std::nanf("")), 0x7f);
   // Halfway between 1 and 1.125 rounds to even (1); just above it rounds up.
-  EXPECT_EQ(fp8_e4m3_to_f32(f32_to_fp8_e4m3(1.0625f)), 1.0f);
-  EXPECT_EQ(fp8_e4m3_to_f32(f32_to_fp8_e4m3(1.07f)), 1.125f);
+  EXPECT_EQ(fp8e4m3_to_f32(f32_to_fp8e4m3(1.0625f)), 1.0f);
+  EXPECT_EQ(fp8e4m3_to_f32(f32_to_fp8e4m3(1.07f)), 1.125f);
   // Every float maps to a nearest code: |x - dq(q(x))| <= half the spacing of x's binade.
   for (float x = -500; x <= 500; x += 0.0173f) {
     const float a = std::min(std::fabs(x), 448.0f);
-    const float dq = std::fabs(fp8_e4m3_to_f32(f32_to_fp8_e4m3(x)));
+    const float dq = std::fabs(fp8e4m3_to_f32(f32_to_fp8e4m3(x)));
     const float spacing =
         a < std::ldexp(1.0f, -6) ? std::ldexp(1.0f, -9) : std::ldexp(1.0f, std::ilogb(a) - 3);
     EXPECT_LE(std::fabs(a - dq), spacing / 2) << x;
@@ -237,7 +237,7 @@ float reference_weight(const Packed& p, const QuantConfig& q, int64_t o, int64_t
   switch (q.method) {
     case QuantMethod::kFp8Block:
     case QuantMethod::kCompressedFp8:
-      return fp8_e4m3_to_f32(p.w.data<uint8_t>()[o * in + i]) * scale;
+      return fp8e4m3_to_f32(p.w.data<uint8_t>()[o * in + i]) * scale;
     case QuantMethod::kAwq: {
       // Word (i, o/8) holds columns o/8*8 + {0,2,4,6,1,3,5,7} in nibbles 0..7.
       const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};

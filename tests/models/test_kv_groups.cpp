@@ -37,6 +37,31 @@ TEST(KvGroups, FixturesAreOneFullGroup) {
   }
 }
 
+TEST(KvGroups, Fp8HalvesTheBytesAndAddsScalesPerBlock) {
+  ModelConfig c = fixture("tiny-llama3");
+  c.num_hidden_layers = 4;
+  c.layer_types = {LA::kSliding, LA::kFull, LA::kSliding, LA::kFull};
+  c.sliding_window = 20;
+  const KvGroups bf16 = KvGroups::from_config(c, DType::kBF16);
+  const KvGroups fp8 = KvGroups::from_config(c, DType::kFP8E4M3);
+  const int64_t hkv = c.num_key_value_heads, d = c.head_dim;
+  ASSERT_EQ(fp8.size(), 2);
+  for (int64_t g = 0; g < 2; ++g) {
+    EXPECT_EQ(fp8[g].dtype, DType::kFP8E4M3);
+    EXPECT_EQ(2 * fp8[g].bytes_per_token, bf16[g].bytes_per_token);
+    EXPECT_EQ(fp8[g].scale_bytes_per_block, 2 * 2 * hkv * 4);  // 2 layers, K and V, fp32
+    EXPECT_EQ(bf16[g].scale_bytes_per_block, 0);
+  }
+  // A block: K + V codes of the pool's 2 layers, and their scales.
+  EXPECT_EQ(fp8.block_bytes(16), 2 * (2 * hkv * d * 16 + 2 * hkv * 4));
+  // 100 tokens: the full group's 7 blocks of 16, the sliding group's 20 tokens in 2 blocks.
+  EXPECT_EQ(fp8.bytes_per_seq(100, 16),
+            100 * 4 * hkv * d + 20 * 4 * hkv * d + (7 + 2) * 2 * 2 * hkv * 4);
+  EXPECT_EQ(fp8.describe()[0], fmt::format("group 0: full, 2 layers (1,3), fp8_e4m3, {} B/token + "
+                                           "{} B/block of scales",
+                                           4 * hkv * d, 4 * hkv * 4));
+}
+
 TEST(KvGroups, SlidingAndFullLayers) {
   ModelConfig c = fixture("tiny-llama3");
   c.num_hidden_layers = 4;
@@ -60,8 +85,8 @@ TEST(KvGroups, SlidingAndFullLayers) {
   EXPECT_EQ(g[0].bytes_per_token, 2 * per_layer);
   EXPECT_EQ(g.block_bytes(8), 8 * 2 * per_layer);
   EXPECT_EQ(g.paged_bytes_per_token(), 4 * per_layer);
-  EXPECT_EQ(g.bytes_per_seq(100), 100 * 2 * per_layer + 20 * 2 * per_layer);
-  EXPECT_EQ(g.bytes_per_seq(10), 10 * 4 * per_layer);
+  EXPECT_EQ(g.bytes_per_seq(100, 16), 100 * 2 * per_layer + 20 * 2 * per_layer);
+  EXPECT_EQ(g.bytes_per_seq(10, 16), 10 * 4 * per_layer);
   const auto lines = g.describe();
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[1], fmt::format("group 1: sliding_window (window 20), 2 layers (0,2), f32, {} "

@@ -209,6 +209,18 @@ def test_engine_args_reach_the_engine(needle_dir):
         small.generate([[5] * 300], longctx.SamplingParams(max_tokens=1))
 
 
+def test_fp8_kv_cache_answers_the_needle(needle_dir):
+    (prompt, answer), = needle_samples(1024, 1)
+    outs = {}
+    for kv in ("bf16", "fp8"):
+        llm = longctx.LLM(needle_dir, device="cpu", kv_cache_dtype=kv, kv_cache_memory=256 << 20)
+        outs[kv] = llm.generate(prompt, longctx.SamplingParams(**GREEDY))[0]
+    assert outs["bf16"].outputs[0].text == answer
+    assert outs["fp8"].outputs[0].text == outs["bf16"].outputs[0].text
+    with pytest.raises(longctx.InvalidArgumentError, match="'fp16' is unknown"):
+        longctx.LLM(needle_dir, device="cpu", kv_cache_dtype="fp16")
+
+
 def test_gil_released_while_the_engine_runs(llm):
     (prompt, _), = needle_samples(1024, 1, seed=9)
     done = threading.Event()

@@ -52,6 +52,7 @@ void run_info(const ModelOptions& opts) {
   for (const auto& [d, n] : by_dtype)
     dtypes += fmt::format("{}{} ({} params)", dtypes.empty() ? "" : ", ", d, n);
   const char* rope = rope_type_name(c.rope.type);
+  const GpuRunnerOptions runner = opts.runner_options(&c);  // --kv-cache-dtype resolved
   std::printf("model:              %s\n", ck ? ck->dir.c_str() : ("dummy:" + opts.preset).c_str());
   std::printf("architecture:       %s\n", c.architecture.c_str());
   std::printf("layers:             %lld\n", (long long)c.num_hidden_layers);
@@ -96,18 +97,21 @@ void run_info(const ModelOptions& opts) {
     std::printf("quantization:       %s, %zu linear weights dequantized to %s at load\n",
                 quant_method_name(c.quantization.method), ck ? ck->quantized.size() : size_t(0),
                 std::string(dtype_name(c.dtype)).c_str());
+  const KvGroups groups = KvGroups::from_config(c, runner.kv_dtype);
+  const int64_t info_block = runner.block_size > 0 ? runner.block_size : kDefaultBlockSize;
+  std::printf("KV bytes per token: %lld (%s K+V of every attention layer%s)\n",
+              (long long)groups.paged_bytes_per_token(),
+              std::string(dtype_name(runner.kv_dtype)).c_str(),
+              runner.kv_dtype == DType::kFP8E4M3 ? ", plus fp32 K and V scales per block" : "");
   // Each layer's attention state, by group: kind, window, layers, bytes per token (or sequence).
-  const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
-  std::printf("KV bytes per token: %lld (bf16 K+V of every attention layer)\n",
-              (long long)groups.paged_bytes_per_token());
   for (const std::string& g : groups.describe()) std::printf("KV %s\n", g.c_str());
   // Per sequence, each group as it keeps tokens (a sliding group only its window).
   std::printf("max context:        %lld tokens (KV at max context: %s)\n",
               (long long)c.max_positions(),
-              human_bytes(double(groups.bytes_per_seq(c.max_positions()))).c_str());
+              human_bytes(double(groups.bytes_per_seq(c.max_positions(), info_block))).c_str());
   for (int64_t n : {32768LL, 131072LL, 1048576LL})
     std::printf("KV at %7lld tok:   %s\n", (long long)n,
-                human_bytes(double(groups.bytes_per_seq(n))).c_str());
+                human_bytes(double(groups.bytes_per_seq(n, info_block))).c_str());
   // The GPU memory plan: of the device this would run on, or of a GPU of --gpu-memory-limit
   // bytes (planning for a card this machine does not have).
   const Device device = resolve_device(opts.device);
@@ -118,7 +122,7 @@ void run_info(const ModelOptions& opts) {
   }
   if (budget > 0) {
     try {
-      const GpuMemoryPlan plan = plan_gpu_memory(c, opts.runner_options(), budget);
+      const GpuMemoryPlan plan = plan_gpu_memory(c, runner, budget);
       std::printf("GPU memory plan:    %s%s\n", device.is_cuda() ? "" : "(no GPU here) ",
                   plan.str().c_str());
     } catch (const Error& e) {

@@ -83,6 +83,14 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
     cmd->add_flag("--enforce-eager", enforce_eager, "no CUDA graphs for decode steps");
     cmd->add_option("--kv-cache-memory", kv_cache_memory,
                     "bytes of the CPU KV cache, e.g. 8GiB (default 4GiB)");
+    // Parsed here, once: below this it is an enum.
+    cmd->add_option_function<std::string>(
+           "--kv-cache-dtype",
+           [this](const std::string& name) { kv_cache_dtype = parse_kv_cache_dtype(name); },
+           "KV cache elements: auto (FP8 when the checkpoint's quantization_config asks for it, "
+           "else bf16), bf16, or fp8 (E4M3 with per-block scales; CPU engine only for now; "
+           "docs/fp8_kv.md)")
+        ->default_str(std::string(kv_cache_dtype_name(kv_cache_dtype)));
     cmd->add_option("--kv-events-config", kv_events_config,
                     "publish KV-cache events as vLLM does, e.g. '{\"enable_kv_cache_events\": "
                     "true, \"endpoint\": \"tcp://*:5557\"}' (docs/fleet.md)");
@@ -177,8 +185,10 @@ kernels::KernelTuning ModelOptions::kernel_tuning() const {
   return t;
 }
 
-GpuRunnerOptions ModelOptions::runner_options() const {
+GpuRunnerOptions ModelOptions::runner_options(const ModelConfig* config) const {
   GpuRunnerOptions r;
+  r.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, config != nullptr && config->kv_cache_fp8,
+                                      DType::kBF16);
   r.block_size = block_size;
   if (max_num_batched_tokens > 0) r.max_num_batched_tokens = max_num_batched_tokens;
   r.max_num_seqs = max_num_seqs;
@@ -210,6 +220,7 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.enforce_eager = enforce_eager;
   engine.cpu_kv_cache_bytes =
       kv_cache_memory.empty() ? 0 : parse_byte_size(kv_cache_memory, "--kv-cache-memory");
+  engine.kv_cache_dtype = kv_cache_dtype;
   const GpuRunnerOptions r = runner_options();
   engine.kv_offload = r.kv_offload;
   engine.host_kv_budget = r.host_kv_bytes;

@@ -43,7 +43,8 @@ struct ModelOptions {
   int64_t max_num_seqs = 256;
   bool enable_prefix_caching = true;
   bool enforce_eager = false;
-  std::string kv_cache_memory;   // CPU KV pool bytes, e.g. 8GiB; empty: 4 GiB
+  std::string kv_cache_memory;                        // CPU KV pool bytes, e.g. 8GiB; empty: 4 GiB
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;  // --kv-cache-dtype
   std::string kv_events_config;  // vLLM's --kv-events-config JSON; empty: no events
   std::string kv_store;          // redis://HOST:PORT; empty: none
   bool kv_offload = false;
@@ -69,8 +70,9 @@ struct ModelOptions {
   int64_t gpu_memory_limit_bytes() const;
   // The device, memory and scheduling options into an engine config.
   void apply_to(EngineConfig& engine) const;
-  // The same for a GPU runner built directly (forward, info).
-  GpuRunnerOptions runner_options() const;
+  // The same for a GPU runner built directly (forward, info). `config` (optional) resolves
+  // --kv-cache-dtype auto (without it, auto is bf16).
+  GpuRunnerOptions runner_options(const ModelConfig* config = nullptr) const;
   // The model on the resolved device; for CUDA also sets the device pool's budget. (A command
   // whose runner cannot apply a sparse policy does not take the sparse flags: kSparseFlags.)
   std::shared_ptr<Model> create(std::shared_ptr<const Checkpoint> checkpoint) const;

@@ -29,15 +29,18 @@ struct KvGroup {
   std::vector<int64_t> layers;  // [n] model layers, ascending
   DType dtype = DType::kBF16;   // of K/V (paged) or of the state
   int64_t bytes_per_token = 0;  // paged: K + V of the group's layers for one token
-  int64_t bytes_per_seq = 0;    // kState: recurrent + conv state of its layers, per sequence
+  // FP8 K/V: the fp32 K and V scales of the group's layers for one block (per KV head).
+  int64_t scale_bytes_per_block = 0;
+  int64_t bytes_per_seq = 0;  // kState: recurrent + conv state of its layers, per sequence
 };
 
 class KvGroups {
  public:
   // Groups in a fixed order: full, then sliding windows (ascending), then state; within a kind,
-  // by first layer (paged kinds cut to equal sizes, above). Throws Error(kInvalidArgument) for a
-  // config without layers, a sliding layer without a window or a linear layer without its state
-  // sizes.
+  // by first layer (paged kinds cut to equal sizes, above). kv_dtype is the paged groups'
+  // (kFP8E4M3: codes + fp32 scales per block, layer and KV head; a state group then keeps bf16).
+  // Throws Error(kInvalidArgument) for a config without layers, a sliding layer without a window
+  // or a linear layer without its state sizes.
   static KvGroups from_config(const ModelConfig& config, DType kv_dtype);
 
   int64_t size() const { return static_cast<int64_t>(groups_.size()); }
@@ -55,17 +58,21 @@ class KvGroups {
 
   // Layers of the shared paged pool (the largest paged group; 0 without paged groups).
   int64_t pool_layers() const { return pool_layers_; }
-  // Bytes of one pool block of `block_size` tokens (K and V of pool_layers() layers).
+  // Bytes of one pool block of `block_size` tokens (K and V of pool_layers() layers, and their
+  // scales when FP8).
   int64_t block_bytes(int64_t block_size) const;
-  // K/V bytes of every paged layer per token (what tokens cost when every layer keeps them).
+  // K/V bytes of every paged layer per token (what tokens cost when every layer keeps them),
+  // without FP8's per-block scales.
   int64_t paged_bytes_per_token() const;
   int64_t state_bytes_per_seq() const;  // every state group's bytes, per sequence
-  // What one sequence of `tokens` tokens keeps: full groups every token, sliding groups at most
-  // their window, state groups their state.
-  int64_t bytes_per_seq(int64_t tokens) const;
+  // What one sequence of `tokens` tokens keeps in blocks of `block_size`: full groups every
+  // token, sliding groups at most their window (FP8: and the scales of the blocks those take),
+  // state groups their state.
+  int64_t bytes_per_seq(int64_t tokens, int64_t block_size) const;
   // What the BlockManager needs, in group order.
   std::vector<KvGroupAlloc> allocs() const;
-  // One line per group: "group 0: full, 28 layers (0-27), bf16, 114688 B/token".
+  // One line per group: "group 0: full, 28 layers (0-27), bf16, 114688 B/token" (FP8: "+ N
+  // B/block of scales").
   std::vector<std::string> describe() const;
 
  private:
@@ -73,7 +80,8 @@ class KvGroups {
   std::vector<int64_t> group_of_;    // [layers]
   std::vector<int64_t> pool_layer_;  // [layers]
   int64_t pool_layers_ = 0;
-  int64_t kv_bytes_per_layer_token_ = 0;  // K + V of one layer for one token
+  int64_t kv_bytes_per_layer_token_ = 0;     // K + V of one layer for one token
+  int64_t scale_bytes_per_layer_block_ = 0;  // FP8: K + V scales of one layer for one block
 };
 
 }  // namespace longctx

@@ -79,7 +79,10 @@ class Executor {
 
 struct CpuExecutorOptions {
   int64_t block_size = 16;
-  // Bytes of the CPU KV pool (f32 K and V of every layer); its pages are touched only as
+  // The KV cache's elements: kF32 (the reference's unquantized cache) or kFP8E4M3 (codes and
+  // fp32 scales per block, layer and KV head: docs/fp8_kv.md).
+  DType kv_dtype = DType::kF32;
+  // Bytes of the CPU KV pool (K and V of every layer); its pages are touched only as
   // blocks fill. 0: 4 GiB (as vLLM's CPU backend's default VLLM_CPU_KVCACHE_SPACE).
   int64_t kv_cache_bytes = 0;
   // Blocks, instead of kv_cache_bytes (tests).

@@ -27,7 +27,11 @@ struct GpuRunnerOptions {
   int64_t max_num_seqs = 256;              // sequences per forward
   int64_t max_model_len = 0;               // tokens per sequence; 0: max_position_embeddings
   int64_t num_gpu_blocks = 0;              // 0: as many as the memory plan leaves
-  bool enforce_eager = false;              // no CUDA graphs for decode steps
+  // The KV cache's elements: bf16 (the activations'), or kFP8E4M3, which the memory plan counts
+  // (codes + per-block scales) but the runner refuses until the CUDA kernels read it
+  // (docs/fp8_kv.md).
+  DType kv_dtype = DType::kBF16;
+  bool enforce_eager = false;  // no CUDA graphs for decode steps
   // KV offload to pinned host memory (docs/offload.md): the engine's blocks live in a host pool
   // of host_kv_bytes (0: half the machine's memory); the GPU keeps a cache of gpu_kv_bytes of them
   // (0: what the memory plan leaves) and a ring of offload_slots slots, each offload_slot_tokens

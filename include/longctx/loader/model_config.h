@@ -130,6 +130,9 @@ struct ModelConfig {
   int64_t sliding_window = 0;
   LinearAttentionConfig linear;  // with kLinear layers only
   MoeConfig moe;                 // num_experts 0: every layer dense
+  // quantization_config asks for an FP8 KV cache (ModelOpt's kv_cache_quant_algo "FP8",
+  // compressed-tensors' kv_cache_scheme of 8-bit floats): what --kv-cache-dtype auto follows.
+  bool kv_cache_fp8 = false;
 
   // Whether layer i's MLP is the mixture of experts (Qwen2MoeDecoderLayer's rule), else the
   // dense MLP of intermediate_size.

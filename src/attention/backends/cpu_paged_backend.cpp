@@ -8,6 +8,7 @@
 
 #include "attention/backends/paged_backend.h"
 #include "kernels/cpu/attention_ref.h"
+#include "kernels/cpu/kv_store_cpu.h"
 #include "longctx/core/error.h"
 #include "ops/attention.h"
 
@@ -19,6 +20,68 @@ namespace {
 float* slot_row(const Tensor& pool_kv, int64_t slot) {
   const int64_t row = pool_kv.size(2) * pool_kv.size(3);
   return pool_kv.data<float>() + slot * row;
+}
+
+// FP8 pool: K and V rows through the KV store, which encodes them and keeps the blocks' scales.
+void store_fp8(const PagedKVPool& pool, int64_t pl, const Tensor& k, const Tensor& v,
+               std::span<const int64_t> slots) {
+  const PagedKVPoolConfig& c = pool.config();
+  for (const Tensor* x : {&k, &v})
+    LONGCTX_CHECK(x->dtype() == DType::kF32 && x->rank() == 3 && x->size(1) == c.num_kv_heads &&
+                      x->size(2) == c.head_dim && x->size(0) == int64_t(slots.size()),
+                  ErrorCode::kInvalidArgument,
+                  "CPU paged attention: K/V {} do not match the FP8 pool ({} KV heads of {}) and "
+                  "{} slots",
+                  x->str(), c.num_kv_heads, c.head_dim, slots.size());
+  // The store reads heads head_dim apart (a view of fused QKV is; other strides are copied).
+  auto rows = [](const Tensor& x) {
+    return x.strides()[2] == 1 && x.strides()[1] == x.size(2) ? x : x.contiguous();
+  };
+  const Tensor kr = rows(k), vr = rows(v);
+  kernels::KvStoreParams p;
+  p.k = kr.data<float>();
+  p.v = vr.data<float>();
+  p.k_token_stride = kr.strides()[0];
+  p.v_token_stride = vr.strides()[0];
+  p.k_cache = pool.k(pl).data_ptr();
+  p.v_cache = pool.v(pl).data_ptr();
+  p.slot_mapping = slots.data();
+  p.num_tokens = static_cast<int>(slots.size());
+  p.num_kv_heads = static_cast<int>(c.num_kv_heads);
+  p.head_dim = static_cast<int>(c.head_dim);
+  p.page_size = static_cast<int>(c.block_size);
+  p.num_pages = static_cast<int>(c.num_blocks);
+  p.dtype = DType::kF32;
+  p.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  p.k_scale = pool.k_scale(pl).data<float>();
+  p.v_scale = pool.v_scale(pl).data<float>();
+  kernels::cpu::kv_store(p);
+}
+
+// Keys [j0, j0 + len) of pool layer pl's block `block` (from its slot `first`) into f32 rows
+// [len, Hkv, d] at k / v: copied, or dequantized (code x its block and head's scale) when FP8.
+void gather_block(const PagedKVPool& pool, int64_t pl, int64_t block, int64_t first, int64_t len,
+                  float* k, float* v) {
+  const int64_t hkv = pool.config().num_kv_heads, d = pool.config().head_dim, row = hkv * d;
+  const int64_t slot = block * pool.block_size() + first;
+  if (!pool.config().fp8()) {
+    std::memcpy(k, slot_row(pool.k(pl), slot), len * row * sizeof(float));
+    std::memcpy(v, slot_row(pool.v(pl), slot), len * row * sizeof(float));
+    return;
+  }
+  const Tensor* caches[2] = {&pool.k(pl), &pool.v(pl)};
+  const float* scales[2] = {pool.k_scale(pl).data<float>() + block * hkv,
+                            pool.v_scale(pl).data<float>() + block * hkv};
+  float* out[2] = {k, v};
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* codes = static_cast<const uint8_t*>(caches[half]->data_ptr()) + slot * row;
+    for (int64_t t = 0; t < len; ++t)
+      for (int64_t h = 0; h < hkv; ++h)
+        for (int64_t e = 0; e < d; ++e) {
+          const int64_t i = t * row + h * d + e;
+          out[half][i] = fp8e4m3_to_f32(codes[i]) * scales[half][h];
+        }
+  }
 }
 
 void store(const Tensor& pool_kv, const Tensor& x, std::span<const int64_t> slots) {
@@ -42,8 +105,18 @@ void store(const Tensor& pool_kv, const Tensor& x, std::span<const int64_t> slot
 CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::SparsePolicy* policy,
                                  const KvGroups* groups, StatePool* states)
     : pool_(pool), groups_(groups), sm_scale_(sm_scale), policy_(policy), states_(states) {
-  LONGCTX_CHECK(pool.config().device.is_cpu() && pool.config().dtype == DType::kF32,
-                ErrorCode::kInvalidArgument, "CPU paged attention needs an f32 pool on the CPU");
+  LONGCTX_CHECK(
+      pool.config().device.is_cpu() && (pool.config().dtype == DType::kF32 || pool.config().fp8()),
+      ErrorCode::kInvalidArgument, "CPU paged attention needs an f32 or FP8 E4M3 pool on the CPU");
+  if (pool.config().fp8() && policy_ != nullptr) {
+    // The sparse references read f32 pool keys; an FP8 pool runs dense (Full) only.
+    LONGCTX_CHECK(
+        !policy_->selects(sparse::Phase::kDecode) && !policy_->selects(sparse::Phase::kPrefill),
+        ErrorCode::kUnsupported,
+        "CPU paged attention: a sparse policy over an FP8 KV cache is not run on the "
+        "CPU yet (use --kv-cache-dtype bf16)");
+    policy_ = nullptr;
+  }
   if (groups_ != nullptr && groups_->single_full()) groups_ = nullptr;
   LONGCTX_CHECK(groups_ == nullptr ||
                     (policy_ == nullptr && pool.config().num_layers == groups_->pool_layers()),
@@ -98,6 +171,14 @@ LinearLayerStates CpuPagedBackend::linear_states(int64_t layer) {
 
 void CpuPagedBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) {
   LONGCTX_CHECK(batch_ != nullptr, ErrorCode::kInternal, "CPU paged attention: store before plan");
+  if (pool_.config().fp8()) {
+    const int64_t pl = groups_ != nullptr ? groups_->pool_layer(layer) : layer;
+    const std::span<const int64_t> slots =
+        groups_ != nullptr ? batch_->tables(groups_->group_of(layer)).slot_mapping
+                           : std::span<const int64_t>(batch_->slot_mapping);
+    store_fp8(pool_, pl, k, v, slots);
+    return;
+  }
   if (groups_ != nullptr) {  // the layer's group: its slots, its pool layer
     const BlockTablesView t = batch_->tables(groups_->group_of(layer));
     store(pool_.k(groups_->pool_layer(layer)), k, t.slot_mapping);
@@ -158,11 +239,8 @@ Tensor CpuPagedBackend::attend(int64_t layer, const Tensor& q) {
     const int32_t* table = tables.block_tables.data() + tables.block_table_indptr[s];
     for (int64_t j = j0; j < kv_len; j += bs) {
       const int64_t len = std::min(bs, kv_len - j);
-      const int64_t slot = int64_t(table[j / bs]) * bs;
-      std::memcpy(k.data<float>() + (j - j0) * row, slot_row(pool_.k(pl), slot),
-                  len * row * sizeof(float));
-      std::memcpy(v.data<float>() + (j - j0) * row, slot_row(pool_.v(pl), slot),
-                  len * row * sizeof(float));
+      gather_block(pool_, pl, table[j / bs], 0, len, k.data<float>() + (j - j0) * row,
+                   v.data<float>() + (j - j0) * row);
     }
     for (int64_t j = j0; j < kv_len; ++j) kpos.data<int64_t>()[j - j0] = j;
     ops::AttentionArgs a;
@@ -236,6 +314,10 @@ void copy_kv_block_cpu(PagedKVPool& pool, int32_t src, int32_t dst) {
   for (int64_t l = 0; l < pool.config().num_layers; ++l) {
     pool.k(l).select(0, dst).copy_from(pool.k(l).select(0, src));
     pool.v(l).select(0, dst).copy_from(pool.v(l).select(0, src));
+    if (pool.config().fp8()) {
+      pool.k_scale(l).select(0, dst).copy_from(pool.k_scale(l).select(0, src));
+      pool.v_scale(l).select(0, dst).copy_from(pool.v_scale(l).select(0, src));
+    }
   }
 }
 

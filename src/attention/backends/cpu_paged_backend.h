@@ -1,10 +1,11 @@
 // The CPU reference backend over a paged KV pool: the same block tables and slot mapping as
 // the GPU's paged backend, so the engine (block manager, prefix cache, preemption) runs one way
-// on both. K/V are f32 in a CPU PagedKVPool; attention gathers each sequence's keys and values
-// from its blocks and runs ops::attention (fp32, causal by position). With a sparse policy
-// (attention/sparse), a decode row reads only the pages the policy selects per KV head, and a
-// prefill chunk runs the block-sparse reference with the policy's mask; Full selects nothing, so
-// the dense path runs unchanged.
+// on both. K/V are f32 in a CPU PagedKVPool, or FP8 E4M3 with per-block scales (written through
+// the KV store reference, kernels/kv_format.h); attention gathers each sequence's keys and values
+// from its blocks (FP8: dequantized to fp32) and runs ops::attention (fp32, causal by position).
+// With a sparse policy (attention/sparse), a decode row reads only the pages the policy selects per
+// KV head, and a prefill chunk runs the block-sparse reference with the policy's mask; Full selects
+// nothing, so the dense path runs unchanged.
 //
 // KV groups (attention/kv_groups.h): a layer reads and writes through its group: the group's
 // block tables and slots in the batch, its pool layer, and a sliding layer only the blocks of
@@ -27,7 +28,8 @@ namespace longctx {
 
 class CpuPagedBackend final : public AttentionBackend {
  public:
-  // `pool` (on the CPU, f32), `policy` (optional; its metadata follows the pool's writes) and
+  // `pool` (on the CPU, f32 or FP8), `policy` (optional; its metadata follows the pool's writes;
+  // with an FP8 pool only one that selects nothing) and
   // `groups` (optional: null is one full group, pool layer = model layer) must outlive the
   // backend. A sparse policy needs one full group.
   // `states` (optional) holds the state groups' slots (linear attention).

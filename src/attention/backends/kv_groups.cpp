@@ -39,6 +39,9 @@ KvGroups KvGroups::from_config(const ModelConfig& c, DType kv_dtype) {
   KvGroups r;
   r.kv_bytes_per_layer_token_ =
       2 * c.num_key_value_heads * c.head_dim * static_cast<int64_t>(dtype_size(kv_dtype));
+  const bool fp8 = kv_dtype == DType::kFP8E4M3;
+  if (fp8) r.scale_bytes_per_layer_block_ = 2 * c.num_key_value_heads * int64_t(sizeof(float));
+  const DType state_dtype = fp8 ? DType::kBF16 : kv_dtype;  // recurrent state is not quantized
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     KvGroup want;
     want.dtype = kv_dtype;
@@ -54,6 +57,7 @@ KvGroups KvGroups::from_config(const ModelConfig& c, DType kv_dtype) {
         break;
       case LayerAttention::kLinear:
         want.kind = KvGroupKind::kState;
+        want.dtype = state_dtype;
         LONGCTX_CHECK(c.linear.num_key_heads > 0 && c.linear.num_value_heads > 0 &&
                           c.linear.key_head_dim > 0 && c.linear.value_head_dim > 0 &&
                           c.linear.conv_kernel_dim > 0,
@@ -108,9 +112,10 @@ KvGroups KvGroups::from_config(const ModelConfig& c, DType kv_dtype) {
       r.pool_layer_[grp.layers[j]] = j;
     }
     if (grp.kind == KvGroupKind::kState) {
-      grp.bytes_per_seq = n * linear_state_bytes(c.linear, kv_dtype);
+      grp.bytes_per_seq = n * linear_state_bytes(c.linear, state_dtype);
     } else {
       grp.bytes_per_token = n * r.kv_bytes_per_layer_token_;
+      grp.scale_bytes_per_block = n * r.scale_bytes_per_layer_block_;
       r.pool_layers_ = std::max(r.pool_layers_, n);
     }
   }
@@ -123,7 +128,7 @@ bool KvGroups::has_kind(KvGroupKind kind) const {
 }
 
 int64_t KvGroups::block_bytes(int64_t block_size) const {
-  return pool_layers_ * kv_bytes_per_layer_token_ * block_size;
+  return pool_layers_ * (kv_bytes_per_layer_token_ * block_size + scale_bytes_per_layer_block_);
 }
 
 int64_t KvGroups::paged_bytes_per_token() const {
@@ -138,12 +143,15 @@ int64_t KvGroups::state_bytes_per_seq() const {
   return n;
 }
 
-int64_t KvGroups::bytes_per_seq(int64_t tokens) const {
+int64_t KvGroups::bytes_per_seq(int64_t tokens, int64_t block_size) const {
+  LONGCTX_CHECK(block_size > 0, ErrorCode::kInvalidArgument, "KV groups: block size {}",
+                block_size);
   int64_t n = 0;
   for (const KvGroup& g : groups_) {
     const int64_t kept =
         g.kind == KvGroupKind::kSlidingWindow ? std::min(tokens, g.window) : tokens;
-    n += g.bytes_per_token * kept + g.bytes_per_seq;
+    n += g.bytes_per_token * kept + g.bytes_per_seq +
+         g.scale_bytes_per_block * ((kept + block_size - 1) / block_size);
   }
   return n;
 }
@@ -169,9 +177,11 @@ std::vector<std::string> KvGroups::describe() const {
     }
     std::string kind = kv_group_kind_name(grp.kind);
     if (grp.kind == KvGroupKind::kSlidingWindow) kind += fmt::format(" (window {})", grp.window);
-    const std::string bytes = grp.kind == KvGroupKind::kState
-                                  ? fmt::format("{} B/sequence", grp.bytes_per_seq)
-                                  : fmt::format("{} B/token", grp.bytes_per_token);
+    std::string bytes = grp.kind == KvGroupKind::kState
+                            ? fmt::format("{} B/sequence", grp.bytes_per_seq)
+                            : fmt::format("{} B/token", grp.bytes_per_token);
+    if (grp.scale_bytes_per_block > 0)
+      bytes += fmt::format(" + {} B/block of scales", grp.scale_bytes_per_block);
     lines.push_back(fmt::format("group {}: {}, {} layers ({}), {}, {}", g, kind, grp.layers.size(),
                                 layers, dtype_name(grp.dtype), bytes));
   }

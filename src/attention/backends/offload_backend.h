@@ -22,6 +22,7 @@
 
 #include "attention/backends/offload_planner.h"
 #include "attention/backends/paged_backend.h"
+#include "kernels/kv_format.h"
 #include "longctx/attention/forward_batch.h"
 #include "longctx/attention/sparse_options.h"
 #include "longctx/core/tensor.h"
@@ -35,7 +36,10 @@ struct OffloadDeviceConfig {
   int64_t num_qo_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  DType dtype = DType::kBF16;  // of K/V and q
+  DType dtype = DType::kBF16;  // of q and (kv_format kDtype) K/V
+  // kFp8E4M3: K/V are FP8 codes with fp32 scales per (block, layer, KV head) that move with
+  // them (kernels/kv_format.h). The CPU simulation only, for now.
+  kernels::KvCacheFormat kv_format = kernels::KvCacheFormat::kDtype;
   float sm_scale = 0.f;
   Device device = Device::cpu();
   int64_t max_tokens = 0;  // tokens per step
@@ -52,8 +56,10 @@ struct OffloadDeviceConfig {
   int64_t cpu_write_back_lag = 1;
 
   int64_t page_elems() const { return geometry.block_size * num_kv_heads * head_dim; }
-  // K and V of one block of one layer.
+  bool fp8() const { return kv_format == kernels::KvCacheFormat::kFp8E4M3; }
+  // K and V of one block of one layer (FP8: one byte an element, and the scales).
   int64_t layer_block_bytes() const {
+    if (fp8()) return 2 * (page_elems() + num_kv_heads * static_cast<int64_t>(sizeof(float)));
     return 2 * page_elems() * static_cast<int64_t>(dtype_size(dtype));
   }
 };

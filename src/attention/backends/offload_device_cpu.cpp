@@ -13,6 +13,10 @@
 // chunk's mask and reads the values only of the blocks some head keeps; the masked attention is
 // the resident CPU engine's (kernels::cpu::paged_prefill_ref with the policy's mask), the plan
 // the CUDA device runs (xattention_offload_cuda.h).
+// An FP8 KV cache (kv_format kFp8E4M3) keeps codes in the same layout and each block's K and V
+// scales beside it ([..][K, V][Hkv] f32); every move carries both, the KV store reference writes
+// the GPU cache's blocks as the resident pool's, and the references read codes x scales (dense
+// attention only: no sparse policy over FP8 yet).
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -23,6 +27,7 @@
 #include "attention/backends/offload_backend.h"
 #include "attention/sparse/sparse_policy.h"
 #include "kernels/cpu/attention_ref.h"
+#include "kernels/cpu/kv_store_cpu.h"
 #include "kernels/cpu/merge_cpu.h"
 #include "longctx/core/error.h"
 
@@ -30,6 +35,7 @@ namespace longctx {
 
 namespace {
 
+using kernels::KvCacheFormat;
 using kernels::MaskMode;
 using kernels::PagedPrefillParams;
 
@@ -39,11 +45,16 @@ class CpuOffloadDevice final : public OffloadDevice {
     LONGCTX_CHECK(c.device.is_cpu() && c.dtype == DType::kF32, ErrorCode::kInvalidArgument,
                   "KV offload (CPU): needs f32 K/V on the CPU, got {} on {}", dtype_name(c.dtype),
                   c.device.str());
+    LONGCTX_CHECK(!c.fp8() || (!sparse::selects(c.sparse, sparse::Phase::kPrefill) &&
+                               !sparse::selects(c.sparse, sparse::Phase::kDecode)),
+                  ErrorCode::kUnsupported,
+                  "KV offload (CPU): a sparse policy over an FP8 KV cache is not simulated yet");
     page_ = c.page_elems();
+    esize_ = c.fp8() ? 1 : static_cast<int64_t>(sizeof(float));
     // Untouched until used (the host pool may be large); rows are read only once written.
-    host_ = Tensor::empty({g_.num_layers * g_.num_host_blocks * 2 * page_}, DType::kF32);
-    gpu_ = Tensor::empty({g_.num_layers * g_.num_gpu_blocks * 2 * page_}, DType::kF32);
-    ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * 2 * page_}, DType::kF32);
+    host_ = make_buffer(g_.num_layers * g_.num_host_blocks);
+    gpu_ = make_buffer(g_.num_layers * g_.num_gpu_blocks);
+    ring_ = make_buffer(g_.num_slots * g_.slot_blocks);
     slots_.resize(g_.num_slots);
     if (sparse::selects(c.sparse, sparse::Phase::kPrefill) ||
         sparse::selects(c.sparse, sparse::Phase::kDecode)) {
@@ -109,7 +120,7 @@ class CpuOffloadDevice final : public OffloadDevice {
           qs, sel, kv_len, c_.num_qo_heads, c_.num_kv_heads, c_.head_dim, c_.sm_scale,
           [&](int64_t j, int half) {
             const int32_t l = loc[j / bs];
-            const float* blk = l >= 0 ? gpu_block(layer, l) : host_block(layer, -l - 1);
+            const float* blk = l >= 0 ? gpu_block(layer, l) : host_block(layer, -l - 1);  // f32
             return blk + half * page_ + (j % bs) * c_.num_kv_heads * c_.head_dim;
           },
           os);
@@ -130,11 +141,11 @@ class CpuOffloadDevice final : public OffloadDevice {
     if (plan.compute_wait_ticket) land_until(plan.compute_wait_ticket);
     for (auto [src, dst] : plan.gpu_copies)
       for (int64_t l = 0; l < g_.num_layers; ++l)
-        std::memcpy(gpu_block(l, dst), gpu_block(l, src), 2 * page_ * sizeof(float));
+        move_blocks(gpu_, gpu_index(l, dst), gpu_, gpu_index(l, src), 1);
     if (!plan.loads.empty() && plan.load_wait_ticket) land_until(plan.load_wait_ticket);
     for (const BlockMove& m : plan.loads)
       for (int64_t l = 0; l < g_.num_layers; ++l)
-        std::memcpy(gpu_block(l, m.gpu), host_block(l, m.host), 2 * page_ * sizeof(float));
+        move_blocks(gpu_, gpu_index(l, m.gpu), host_, host_index(l, m.host), 1);
     const int64_t t = static_cast<int64_t>(plan.slots.size());
     acc_o_.assign(t * c_.num_qo_heads * c_.head_dim, 0.f);
     acc_lse_.assign(t * c_.num_qo_heads, 0.f);
@@ -149,13 +160,17 @@ class CpuOffloadDevice final : public OffloadDevice {
     if (wait) land_until(wait);
     const RingItem& it = plan_->items[item];
     for (const SlotRun& r : it.runs)
-      std::memcpy(slot_block(slot, r.slot_begin), host_block(layer, r.host_begin),
-                  r.count * 2 * page_ * sizeof(float));
+      move_blocks(ring_, slot_index(slot, r.slot_begin), host_, host_index(layer, r.host_begin),
+                  r.count);
     s = {true, layer, item};
   }
 
   void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override {
     const int64_t hkv = c_.num_kv_heads, d = c_.head_dim, bs = g_.block_size;
+    if (c_.fp8()) {
+      store_fp8(layer, k, v);
+      return;
+    }
     for (size_t t = 0; t < plan_->slots.size(); ++t) {
       const int64_t slot = plan_->slots[t];
       float* base = gpu_block(layer, static_cast<int32_t>(slot / bs)) + (slot % bs) * hkv * d;
@@ -182,7 +197,7 @@ class CpuOffloadDevice final : public OffloadDevice {
     const std::vector<int32_t>& qo = plan_->qo_indptr;
     part_o_.assign(acc_o_.size(), 0.f);
     part_lse_.assign(acc_lse_.size(), 0.f);
-    PagedPrefillParams p = params(q_.data<float>(), gpu_block(layer, 0), qo, plan_->kv_indptr,
+    PagedPrefillParams p = params(q_.data<float>(), gpu_, gpu_index(layer, 0), qo, plan_->kv_indptr,
                                   pages, last, MaskMode::kCausal);
     kernels::cpu::paged_prefill_ref(p);
     accumulate(0, static_cast<int>(qo.back()), /*init=*/true);
@@ -199,7 +214,7 @@ class CpuOffloadDevice final : public OffloadDevice {
     std::vector<int32_t> last(it.kv_lens.size());
     for (size_t i = 0; i < last.size(); ++i) last[i] = last_page_len(it.kv_lens[i]);
     const int64_t row = c_.num_qo_heads * c_.head_dim;
-    PagedPrefillParams p = params(q_.data<float>() + it.row_begin * row, slot_block(slot, 0),
+    PagedPrefillParams p = params(q_.data<float>() + it.row_begin * row, ring_, slot_index(slot, 0),
                                   it.qo_indptr, it.kv_indptr, pages, last, MaskMode::kNone);
     p.o = part_o_.data() + it.row_begin * row;
     p.lse = part_lse_.data() + it.row_begin * c_.num_qo_heads;
@@ -252,7 +267,8 @@ class CpuOffloadDevice final : public OffloadDevice {
     const std::vector<int32_t> qo = {0, static_cast<int32_t>(n)}, kv_indptr = {0, nb},
                                last = {last_page_len(static_cast<int32_t>(kv_len))};
     const int64_t mask_indptr[2] = {0, static_cast<int64_t>(mask.mask.size())};
-    PagedPrefillParams p = params(qs, k.data(), qo, kv_indptr, blocks, last, MaskMode::kCausal);
+    PagedPrefillParams p =
+        params(qs, k.data(), nullptr, qo, kv_indptr, blocks, last, MaskMode::kCausal);
     p.v_cache = v.data();
     p.o = os;
     p.lse = nullptr;
@@ -264,14 +280,72 @@ class CpuOffloadDevice final : public OffloadDevice {
     kernels::cpu::paged_prefill_ref(p);
   }
 
+  // One of the host pool, the GPU cache and the ring: blocks of [K, V][bs, Hkv, d] elements
+  // (f32, or FP8 codes) and, FP8, each block's [K, V][Hkv] scales.
+  struct Buffer {
+    Tensor codes, scales;
+  };
+  Buffer make_buffer(int64_t blocks) const {
+    Buffer b;
+    b.codes = Tensor::empty({blocks * 2 * page_}, c_.fp8() ? DType::kFP8E4M3 : DType::kF32);
+    if (c_.fp8()) b.scales = Tensor::empty({blocks * 2 * c_.num_kv_heads}, DType::kF32);
+    return b;
+  }
+  int64_t host_index(int64_t layer, int32_t b) const { return layer * g_.num_host_blocks + b; }
+  int64_t gpu_index(int64_t layer, int32_t b) const { return layer * g_.num_gpu_blocks + b; }
+  int64_t slot_index(int64_t slot, int32_t b) const { return slot * g_.slot_blocks + b; }
+  std::byte* codes(const Buffer& buf, int64_t block) const {
+    return static_cast<std::byte*>(buf.codes.data_ptr()) + block * 2 * page_ * esize_;
+  }
+  float* scales(const Buffer& buf, int64_t block) const {
+    return c_.fp8() ? buf.scales.data<float>() + block * 2 * c_.num_kv_heads : nullptr;
+  }
+  // n consecutive blocks, codes and scales (the copy engine's one transfer).
+  void move_blocks(const Buffer& dst, int64_t d, const Buffer& src, int64_t s, int64_t n) {
+    std::memcpy(codes(dst, d), codes(src, s), n * 2 * page_ * esize_);
+    if (c_.fp8())
+      std::memcpy(scales(dst, d), scales(src, s), n * 2 * c_.num_kv_heads * sizeof(float));
+  }
+  // f32 caches only (the sparse paths).
   float* host_block(int64_t layer, int32_t b) {
-    return host_.data<float>() + (layer * g_.num_host_blocks + b) * 2 * page_;
+    return reinterpret_cast<float*>(codes(host_, host_index(layer, b)));
   }
   float* gpu_block(int64_t layer, int32_t b) {
-    return gpu_.data<float>() + (layer * g_.num_gpu_blocks + b) * 2 * page_;
+    return reinterpret_cast<float*>(codes(gpu_, gpu_index(layer, b)));
   }
-  float* slot_block(int64_t slot, int32_t b) {
-    return ring_.data<float>() + (slot * g_.slot_blocks + b) * 2 * page_;
+
+  // FP8: the new rows through the KV store reference into the layer's GPU cache blocks. Block
+  // b's K is page 2b and its V page 2b + 1 of the cache seen as pages of one half each (the
+  // params() view), so slot s of block b is row s % bs of page 2b.
+  void store_fp8(int64_t layer, const Tensor& k, const Tensor& v) {
+    const int64_t bs = g_.block_size;
+    auto rows = [](const Tensor& x) {
+      return x.strides()[2] == 1 && x.strides()[1] == x.size(2) ? x : x.contiguous();
+    };
+    const Tensor kr = rows(k), vr = rows(v);
+    std::vector<int64_t> slots(plan_->slots.size());
+    for (size_t t = 0; t < slots.size(); ++t) {
+      const int64_t s = plan_->slots[t];
+      slots[t] = s < 0 ? s : 2 * (s / bs) * bs + s % bs;
+    }
+    kernels::KvStoreParams p;
+    p.k = kr.data<float>();
+    p.v = vr.data<float>();
+    p.k_token_stride = kr.strides()[0];
+    p.v_token_stride = vr.strides()[0];
+    p.k_cache = codes(gpu_, gpu_index(layer, 0));
+    p.v_cache = codes(gpu_, gpu_index(layer, 0)) + page_;
+    p.slot_mapping = slots.data();
+    p.num_tokens = static_cast<int>(slots.size());
+    p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
+    p.head_dim = static_cast<int>(c_.head_dim);
+    p.page_size = static_cast<int>(bs);
+    p.num_pages = static_cast<int>(2 * g_.num_gpu_blocks - 1);  // the last V page ends the cache
+    p.dtype = DType::kF32;
+    p.kv_format = KvCacheFormat::kFp8E4M3;
+    p.k_scale = scales(gpu_, gpu_index(layer, 0));
+    p.v_scale = scales(gpu_, gpu_index(layer, 0)) + c_.num_kv_heads;
+    kernels::cpu::kv_store(p);
   }
   // K (half 0) or V (half 1) of a sequence's block at `loc` (GPU block g >= 0, or host block h
   // as -h - 1; host blocks are read in place and counted).
@@ -299,7 +373,7 @@ class CpuOffloadDevice final : public OffloadDevice {
     PendingWriteBack& w = pending_.front();
     for (const BlockMove& m : w.moves)
       for (int64_t l = 0; l < g_.num_layers; ++l)
-        std::memcpy(host_block(l, m.host), gpu_block(l, m.gpu), 2 * page_ * sizeof(float));
+        move_blocks(host_, host_index(l, m.host), gpu_, gpu_index(l, m.gpu), 1);
     landed_ = std::max(landed_, w.ticket);
     pending_.pop_front();
   }
@@ -317,14 +391,28 @@ class CpuOffloadDevice final : public OffloadDevice {
     while (!pending_.empty() && pending_.front().ticket <= ticket) land_next();
   }
 
-  PagedPrefillParams params(const float* q, float* cache, const std::vector<int32_t>& qo,
-                            const std::vector<int32_t>& kv_indptr,
+  // Paged params over `buf`'s blocks from `block` on (pages 2b: K, 2b + 1: V of block b).
+  PagedPrefillParams params(const float* q, const Buffer& buf, int64_t block,
+                            const std::vector<int32_t>& qo, const std::vector<int32_t>& kv_indptr,
+                            const std::vector<int32_t>& pages, const std::vector<int32_t>& last,
+                            MaskMode mask) {
+    return params(q, codes(buf, block), scales(buf, block), qo, kv_indptr, pages, last, mask);
+  }
+  // `cache`: f32 elements, or FP8 codes with `scale` ([blocks][K, V][Hkv]).
+  PagedPrefillParams params(const float* q, void* cache, const float* scale,
+                            const std::vector<int32_t>& qo, const std::vector<int32_t>& kv_indptr,
                             const std::vector<int32_t>& pages, const std::vector<int32_t>& last,
                             MaskMode mask) {
     PagedPrefillParams p;
     p.q = q;
     p.k_cache = cache;
-    p.v_cache = cache + page_;  // K and V of a block are adjacent: page 2b is K, 2b + 1 V
+    // K and V of a block are adjacent: page 2b is K, 2b + 1 V.
+    p.v_cache = static_cast<std::byte*>(cache) + page_ * esize_;
+    if (scale != nullptr) {
+      p.kv_format = KvCacheFormat::kFp8E4M3;
+      p.k_scale = scale;
+      p.v_scale = scale + c_.num_kv_heads;
+    }
     p.o = part_o_.data();
     p.lse = part_lse_.data();
     p.qo_indptr = qo.data();
@@ -359,9 +447,10 @@ class CpuOffloadDevice final : public OffloadDevice {
   OffloadDeviceConfig c_;
   OffloadGeometry g_;
   int64_t page_ = 0;
-  Tensor host_;  // [layers * host blocks * 2 * page] f32: [layer][block][K, V][bs, Hkv, d]
-  Tensor gpu_;   // [layers * gpu blocks * 2 * page] f32, the same layout
-  Tensor ring_;  // [slots * slot_blocks * 2 * page] f32: [slot][block][K, V][bs, Hkv, d]
+  int64_t esize_ = 4;  // bytes of an element: f32, or 1 for FP8 codes
+  Buffer host_;        // [layers * host blocks] blocks: [layer][block][K, V][bs, Hkv, d]
+  Buffer gpu_;         // [layers * gpu blocks], the same layout
+  Buffer ring_;        // [slots * slot_blocks]: [slot][block][K, V][bs, Hkv, d]
   std::vector<Slot> slots_;
   std::deque<PendingWriteBack> pending_;
   uint64_t landed_ = 0, issued_ = 0;

@@ -73,6 +73,8 @@ class CudaOffloadDevice final : public OffloadDevice {
         words_(c.device) {
     LONGCTX_CHECK(device_.is_cuda(), ErrorCode::kInvalidArgument,
                   "KV offload: the CUDA device needs a CUDA device, got {}", device_.str());
+    LONGCTX_CHECK(!c.fp8(), ErrorCode::kUnsupported,
+                  "KV offload: the CUDA device does not move an FP8 KV cache yet");
     LONGCTX_CHECK(c.num_qo_heads % c.num_kv_heads == 0, ErrorCode::kUnsupported,
                   "KV offload: {} q heads are not a multiple of {} kv heads", c.num_qo_heads,
                   c.num_kv_heads);

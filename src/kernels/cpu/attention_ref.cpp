@@ -41,6 +41,8 @@ void check_paged_prefill_params(const PagedPrefillParams& p, int64_t num_pages) 
   LONGCTX_CHECK(p.dtype == DType::kBF16 || p.dtype == DType::kF16 || p.dtype == DType::kF32,
                 E::kUnsupported, "paged prefill: dtype {} (want bf16, f16 or f32)",
                 dtype_name(p.dtype));
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype || (p.k_scale && p.v_scale),
+                E::kInvalidArgument, "paged prefill: an FP8 KV cache needs k_scale and v_scale");
   LONGCTX_CHECK(p.qo_indptr[0] == 0 && p.kv_indptr[0] == 0, E::kInvalidArgument,
                 "paged prefill: qo_indptr[0] and kv_indptr[0] must be 0");
   for (int b = 0; b < p.batch_size; ++b) {
@@ -120,19 +122,25 @@ void prefill_row(const PagedPrefillParams& p, int b, int32_t t, int h, std::vect
     const int mh = p.block_mask_heads == 1 ? 0 : h;
     block_row = p.block_mask + p.block_mask_indptr[b] + (mh * nqb + i / kSparseBlock) * nkb;
   }
-  auto key_offset = [&](int32_t j) {  // element offset of key j's row for kv head kvh
-    const int64_t page = p.kv_indices[p.kv_indptr[b] + j / p.page_size];
-    const int64_t slot = j % p.page_size;
-    return ((page * p.page_size + slot) * p.num_kv_heads + kvh) * d;
+  auto page_of = [&](int32_t j) -> int64_t {
+    return p.kv_indices[p.kv_indptr[b] + j / p.page_size];
   };
+  auto key_offset = [&](int32_t j) {  // element offset of key j's row for kv head kvh
+    const int64_t slot = j % p.page_size;
+    return ((page_of(j) * p.page_size + slot) * p.num_kv_heads + kvh) * d;
+  };
+  using decode_detail::kv_scale;
+  using decode_detail::load_kv_f32;
 
   float max_s = -std::numeric_limits<float>::infinity();
   scores.assign(kv_len > 0 ? kv_len : 0, -std::numeric_limits<float>::infinity());
   for (int32_t j = first_key; j <= last_key; ++j) {
     if (block_row && !block_row[j / kSparseBlock]) continue;
     const int64_t off = key_offset(j);
+    const float ks = kv_scale(p.k_scale, p.kv_format, page_of(j), kvh, p.num_kv_heads);
     float dot = 0.f;
-    for (int c = 0; c < d; ++c) dot += q[c] * load_elem(p.k_cache, off + c, p.dtype);
+    for (int c = 0; c < d; ++c)
+      dot += q[c] * (load_kv_f32(p.k_cache, off + c, p.kv_format, p.dtype) * ks);
     scores[j] = dot * p.sm_scale;
     max_s = std::max(max_s, scores[j]);
   }
@@ -144,7 +152,9 @@ void prefill_row(const PagedPrefillParams& p, int b, int32_t t, int h, std::vect
       const float w = std::exp(scores[j] - max_s);
       sum += w;
       const int64_t off = key_offset(j);
-      for (int c = 0; c < d; ++c) acc[c] += w * load_elem(p.v_cache, off + c, p.dtype);
+      const float vs = kv_scale(p.v_scale, p.kv_format, page_of(j), kvh, p.num_kv_heads);
+      for (int c = 0; c < d; ++c)
+        acc[c] += w * (load_kv_f32(p.v_cache, off + c, p.kv_format, p.dtype) * vs);
     }
   }
   for (int c = 0; c < d; ++c) {

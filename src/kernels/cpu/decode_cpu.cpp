@@ -10,7 +10,9 @@
 #include "longctx/core/parallel.h"
 
 namespace longctx::kernels::cpu {
+using decode_detail::kv_scale;
 using decode_detail::load_f32;
+using decode_detail::load_kv_f32;
 using decode_detail::store_f32;
 
 void decode_attention(const DecodeParams& p) {
@@ -21,6 +23,8 @@ void decode_attention(const DecodeParams& p) {
   LONGCTX_CHECK(p.page_size >= 1 && p.head_dim >= 1, ErrorCode::kInvalidArgument,
                 "decode: page_size {} and head_dim {} must be >= 1", p.page_size, p.head_dim);
   LONGCTX_CHECK(p.window >= 0, ErrorCode::kInvalidArgument, "decode: window {} < 0", p.window);
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype || (p.k_scale && p.v_scale),
+                ErrorCode::kInvalidArgument, "decode: an FP8 KV cache needs k_scale and v_scale");
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int64_t D = p.head_dim;
   const int64_t q_stride = p.q_token_stride > 0 ? p.q_token_stride : p.num_qo_heads * D;
@@ -42,18 +46,22 @@ void decode_attention(const DecodeParams& p) {
           pages == 0 ? 0 : int64_t(pages - 1) * p.page_size + p.kv_last_page_len[b];
       const int64_t q_off = int64_t(b) * q_stride + h * D;
       const int64_t o_off = (int64_t(b) * p.num_qo_heads + h) * D;
+      auto page_of = [&](int64_t j) -> int64_t {
+        return p.kv_indices[p.kv_indptr[b] + j / p.page_size];
+      };
       auto kv_offset = [&](int64_t j) {
-        int64_t page = p.kv_indices[p.kv_indptr[b] + j / p.page_size];
-        return ((page * p.page_size + j % p.page_size) * p.num_kv_heads + kvh) * D;
+        return ((page_of(j) * p.page_size + j % p.page_size) * p.num_kv_heads + kvh) * D;
       };
       const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, kv_len - p.window) : 0;
       s.assign(kv_len, 0.f);
       float m = -std::numeric_limits<float>::infinity();
       for (int64_t j = j0; j < kv_len; ++j) {
         int64_t k_off = kv_offset(j);
+        const float ks = kv_scale(p.k_scale, p.kv_format, page_of(j), kvh, p.num_kv_heads);
         float dot = 0.f;
         for (int64_t d = 0; d < D; ++d)
-          dot += load_f32(p.q, q_off + d, p.dtype) * load_f32(p.k_cache, k_off + d, p.dtype);
+          dot += load_f32(p.q, q_off + d, p.dtype) *
+                 (load_kv_f32(p.k_cache, k_off + d, p.kv_format, p.dtype) * ks);
         s[j] = dot * p.sm_scale;
         m = std::max(m, s[j]);
       }
@@ -63,7 +71,9 @@ void decode_attention(const DecodeParams& p) {
         float w = std::exp(s[j] - m);
         l += w;
         int64_t v_off = kv_offset(j);
-        for (int64_t d = 0; d < D; ++d) acc[d] += w * load_f32(p.v_cache, v_off + d, p.dtype);
+        const float vs = kv_scale(p.v_scale, p.kv_format, page_of(j), kvh, p.num_kv_heads);
+        for (int64_t d = 0; d < D; ++d)
+          acc[d] += w * (load_kv_f32(p.v_cache, v_off + d, p.kv_format, p.dtype) * vs);
       }
       for (int64_t d = 0; d < D; ++d)
         if (p.o_f32)

@@ -1,8 +1,9 @@
-// Element load/store in fp32 for the CPU references (bf16, f16, f32 storage).
+// Element load/store in fp32 for the CPU references (bf16, f16, f32 storage; FP8 KV codes).
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/kv_format.h"
 #include "longctx/core/dtype.h"
 #include "longctx/core/error.h"
 
@@ -20,6 +21,19 @@ inline float load_f32(const void* base, int64_t i, DType dtype) {
       LONGCTX_THROW(ErrorCode::kUnsupported, "attention reference: unsupported dtype {}",
                     dtype_name(dtype));
   }
+}
+
+// Element i of a KV cache in `format` (FP8: the code's value, before its page's scale).
+inline float load_kv_f32(const void* base, int64_t i, KvCacheFormat format, DType dtype) {
+  if (format == KvCacheFormat::kFp8E4M3)
+    return fp8e4m3_to_f32(static_cast<const uint8_t*>(base)[i]);
+  return load_f32(base, i, dtype);
+}
+
+// The scale of (page, KV head) of an FP8 cache; 1 for the others.
+inline float kv_scale(const float* scales, KvCacheFormat format, int64_t page, int64_t kv_head,
+                      int64_t num_kv_heads) {
+  return format == KvCacheFormat::kFp8E4M3 ? scales[page * num_kv_heads + kv_head] : 1.f;
 }
 
 inline void store_f32(void* base, int64_t i, float v, DType dtype) {

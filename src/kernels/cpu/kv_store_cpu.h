@@ -12,7 +12,8 @@ namespace longctx::kernels::cpu {
 // so the CUDA entry uses it on device params too.
 void check_kv_store_params(const KvStoreParams& params);
 
-// Copies every token's K and V rows to its slot; host pointers. Checks every slot first: a slot
+// Copies every token's K and V rows to its slot (FP8: encodes them and keeps the pages' scales,
+// kernels/kv_format.h); host pointers. Checks every slot first: a slot
 // >= num_pages * page_size throws Error(kOutOfRange) naming the token and nothing is written.
 // Negative slots are skipped.
 void kv_store(const KvStoreParams& params);

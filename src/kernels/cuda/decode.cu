@@ -986,6 +986,8 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
 }
 
 void decode_run(const DecodeParams& p, const DecodePlan& plan, cudaStream_t stream) {
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype, ErrorCode::kUnsupported,
+                "decode_run: an FP8 KV cache is not read by the CUDA kernels yet");
   LONGCTX_CHECK(p.q_token_stride == 0 || (p.q_token_stride % 2 == 0 &&
                                           p.q_token_stride >= int64_t(p.num_qo_heads) * p.head_dim),
                 ErrorCode::kInvalidArgument,

@@ -75,6 +75,8 @@ bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(
 
 void kv_store_run(const KvStoreParams& p, cudaStream_t stream) {
   cpu::check_kv_store_params(p);
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype, ErrorCode::kUnsupported,
+                "kv store: the CUDA kernel does not write an FP8 KV cache yet");
   if (p.num_tokens == 0) return;
   const int64_t esize = int64_t(dtype_size(p.dtype));
   const int64_t row_bytes = int64_t(p.num_kv_heads) * p.head_dim * esize;

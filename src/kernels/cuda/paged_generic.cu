@@ -329,7 +329,8 @@ bool paged_generic_supported(const PagedPrefillParams& p) {
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int gt = heads_per_cta(group);
   const int64_t grid_y = int64_t(p.num_kv_heads) * ((group + gt - 1) / gt);
-  return p.head_dim >= 8 && p.head_dim <= 256 && p.head_dim % 8 == 0 &&
+  return p.kv_format == KvCacheFormat::kDtype && p.head_dim >= 8 && p.head_dim <= 256 &&
+         p.head_dim % 8 == 0 &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.page_size >= 1 &&
          (p.mask_mode == MaskMode::kNone || p.mask_mode == MaskMode::kCausal) && p.sm_scale > 0.f &&
          p.window >= 0 && (p.window == 0 || p.mask_mode == MaskMode::kCausal) &&
@@ -340,6 +341,8 @@ bool paged_generic_supported(const PagedPrefillParams& p) {
 
 void paged_generic_run(const PagedPrefillParams& p, int total_q, cudaStream_t stream) {
   using E = ErrorCode;
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype, E::kUnsupported,
+                "paged generic attention: an FP8 KV cache is not read by the CUDA kernels yet");
   LONGCTX_CHECK(paged_generic_supported(p), E::kUnsupported,
                 "paged generic attention: unsupported params (head_dim {}: want 8..256, a "
                 "multiple of 8; dtype {}; heads {}/{}; page_size {}; sm_scale {}; "

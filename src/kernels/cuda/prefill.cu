@@ -539,7 +539,8 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
 }
 
 bool paged_prefill_supported(const PagedPrefillParams& p) {
-  return (p.head_dim == 64 || p.head_dim == 128) && p.sm_scale > 0.f &&
+  return p.kv_format == KvCacheFormat::kDtype && (p.head_dim == 64 || p.head_dim == 128) &&
+         p.sm_scale > 0.f &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.num_kv_heads > 0 &&
          p.num_qo_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0 && p.page_size >= 1 &&
          p.page_size <= 256 && p.window >= 0 &&
@@ -549,6 +550,8 @@ bool paged_prefill_supported(const PagedPrefillParams& p) {
 }
 
 void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype, ErrorCode::kUnsupported,
+                "paged prefill: an FP8 KV cache is not read by the CUDA kernels yet");
   LONGCTX_CHECK(paged_prefill_supported(p), ErrorCode::kUnsupported,
                 "paged prefill: unsupported params (head_dim {}, dtype {}, heads {}/{}, page "
                 "size {}, block_mask_heads {})",

@@ -1068,6 +1068,8 @@ bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
 
 void paged_prefill_sm90_run(const PagedPrefillParams& p, const PrefillPlan& plan,
                             cudaStream_t stream) {
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype, ErrorCode::kUnsupported,
+                "paged prefill (sm90): an FP8 KV cache is not read by the CUDA kernels yet");
   if (p.dtype == DType::kBF16)
     launch_head_dim<__nv_bfloat16>(p, plan, stream);
   else
