@@ -141,7 +141,7 @@ TEST(KvGroups, GemmaPatternIsCutIntoGroupsOfEqualSize) {
   EXPECT_EQ(g.group_of(10), 5);
   const int64_t per_layer = 2 * c.num_key_value_heads * c.head_dim * 2;
   EXPECT_EQ(g.block_bytes(16), 16 * 2 * per_layer);
-  EXPECT_EQ(g.bytes_per_seq(4096), 4096 * 2 * per_layer + 512 * 10 * per_layer);
+  EXPECT_EQ(g.bytes_per_seq(4096, 16), 4096 * 2 * per_layer + 512 * 10 * per_layer);
   // A sliding kind of 7 layers beside 3 full: groups of 3, 3 and 1.
   c.num_hidden_layers = 10;
   c.layer_types.assign(10, LA::kSliding);
