@@ -245,6 +245,22 @@ QuantConfig parse_quant_config(const json& config, const std::string& source) {
   LONGCTX_CHECK(j.is_object(), ErrorCode::kInvalidArgument, "{} must be an object, got {}", where,
                 json_excerpt(j));
   const std::string method = opt_string(j, "quant_method", "", where);
+  // A config that quantizes only the KV cache (ModelOpt's kv_cache_quant_algo without a
+  // quant_algo, compressed-tensors' kv_cache_scheme without config_groups: --kv-cache-dtype auto
+  // reads those) leaves the weights as they are.
+  const bool no_groups = !j.contains("config_groups") || j["config_groups"].is_null() ||
+                         (j["config_groups"].is_object() && j["config_groups"].empty());
+  if (method == "modelopt" || method.empty()) {
+    const bool weights = j.contains("quant_algo") && !j["quant_algo"].is_null();
+    LONGCTX_CHECK(!weights, ErrorCode::kUnsupported,
+                  "{}: ModelOpt weight quantization (quant_algo {}) is not supported (the KV "
+                  "cache's kv_cache_quant_algo alone is read)",
+                  where, weights ? json_excerpt(j["quant_algo"]) : "");
+    return q;
+  }
+  const std::string ct_format = opt_string(j, "format", "", where);
+  if (method == "compressed-tensors" && no_groups && (ct_format.empty() || ct_format == "dense"))
+    return q;
   if (method == "fp8")
     parse_fp8_block(j, q, where);
   else if (method == "compressed-tensors")

@@ -59,7 +59,7 @@ TEST(StateGroupBatch, OneSlotPerSequenceWithinThePool) {
   two.group_tables[0].block_table_indptr.back() = 3;
   EXPECT_NE(error_of(two, 2).find("must name one state slot per sequence"), std::string::npos)
       << error_of(two, 2);
-  EXPECT_NE(error_of(batch_with_slots({0, 1}), 0).find("given no state pool"), std::string::npos);
+  EXPECT_NE(error_of(batch_with_slots({0, 1}), 0).find("holds no state pool"), std::string::npos);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "longctx/core/error.h"
 #include "longctx/loader/model_config.h"
 
 namespace longctx {
@@ -46,7 +47,9 @@ TEST(KvCacheConfig, CompressedTensorsScheme) {
 TEST(KvCacheConfig, NoSchemeIsNotFp8) {
   EXPECT_FALSE(fp8_of(nullptr));
   EXPECT_FALSE(fp8_of({{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}}));
-  EXPECT_FALSE(fp8_of("not an object"));
+  EXPECT_THROW(fp8_of("not an object"), Error);  // malformed: refused by the quantization parser
+  // ModelOpt FP8 weights are not read (their KV scheme alone is).
+  EXPECT_THROW(fp8_of({{"quant_method", "modelopt"}, {"quant_algo", "FP8"}}), Error);
 }
 
 }  // namespace
