@@ -16,6 +16,7 @@
 #include <filesystem>
 
 #include "common/moe_checkpoint.h"
+#include "gpu_models/greedy_compare.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/llm.h"
 #include "models/model_test_util.h"
@@ -42,20 +43,6 @@ class GpuMoe : public ::testing::TestWithParam<bool> {  // the shared-expert var
   fs::path dir_;
 };
 
-// KL(p || q) of two logit rows.
-double kl_row(const float* p, const float* q, int64_t v) {
-  double mp = -INFINITY, mq = -INFINITY;
-  for (int64_t i = 0; i < v; ++i) mp = std::max<double>(mp, p[i]), mq = std::max<double>(mq, q[i]);
-  double zp = 0, zq = 0;
-  for (int64_t i = 0; i < v; ++i) zp += std::exp(p[i] - mp), zq += std::exp(q[i] - mq);
-  double kl = 0;
-  for (int64_t i = 0; i < v; ++i) {
-    const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
-    kl += std::exp(lp) * (lp - lq);
-  }
-  return kl;
-}
-
 TEST_P(GpuMoe, PromptLogitsMatchTheCpuReference) {
   auto ck = std::make_shared<const Checkpoint>(load_checkpoint(dir_.string()));
   const std::vector<int32_t> ids = make_ids(300, 5, 320);
@@ -79,7 +66,7 @@ TEST_P(GpuMoe, PromptLogitsMatchTheCpuReference) {
     const float* p = ref.data<float>() + row * v;
     const float* q = got.data<float>() + row * v;
     for (int64_t i = 0; i < v; ++i) ASSERT_TRUE(std::isfinite(q[i])) << row << " " << i;
-    max_kl = std::max(max_kl, kl_row(p, q, v));
+    max_kl = std::max(max_kl, kl_logits(p, q, v));
     const int64_t top1 = argmax_row(ref, row);
     double second = -INFINITY;
     for (int64_t i = 0; i < v; ++i)
@@ -118,19 +105,7 @@ TEST_P(GpuMoe, GraphDecodeEqualsEagerBatched) {
   sp.logprobs = 2;
   const auto graphs = LLM(config(false)).generate(prompts, sp, false);
   const auto eager = LLM(config(true)).generate(prompts, sp, false);
-  ASSERT_EQ(graphs.size(), eager.size());
-  for (size_t s = 0; s < graphs.size(); ++s) {
-    const auto& a = eager[s].token_ids;
-    const auto& b = graphs[s].token_ids;
-    ASSERT_EQ(a.size(), b.size());
-    size_t i = 0;
-    while (i < a.size() && a[i] == b[i]) ++i;
-    if (i < a.size()) {
-      const auto& top = eager[s].logprobs.at(i).top;
-      EXPECT_LT(top.at(0).second - top.at(1).second, kTieMargin)
-          << "prompt " << s << ": token " << i << " differs (" << b[i] << " vs " << a[i] << ")";
-    }
-  }
+  expect_same_tokens_up_to_ties(eager, graphs, kTieMargin, "graphs vs eager");
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GpuMoe, ::testing::Values(false, true),

@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "common/moe_checkpoint.h"
+#include "gpu_models/greedy_compare.h"
 #include "longctx/llm.h"
 #include "models/model_test_util.h"
 
@@ -99,37 +100,16 @@ SamplingParams greedy() {
   return sp;
 }
 
-// Tokens of `got` equal `want`'s up to the first step where `want`'s top-2 margin is below
-// kTieMargin (after a near tie the continuations may part).
-void expect_same_up_to_ties(const std::vector<RequestOutput>& want,
-                            const std::vector<RequestOutput>& got, const char* what) {
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t s = 0; s < want.size(); ++s) {
-    const auto& a = want[s].token_ids;
-    const auto& b = got[s].token_ids;
-    ASSERT_EQ(a.size(), b.size());
-    size_t i = 0;
-    while (i < a.size() && a[i] == b[i]) ++i;
-    if (i < a.size()) {
-      const auto& top = want[s].logprobs.at(i).top;
-      EXPECT_LT(top.at(0).second - top.at(1).second, kTieMargin)
-          << what << ", prompt " << s << ": token " << i << " differs (" << b[i] << " vs " << a[i]
-          << ")";
-    }
-    std::printf("%s, prompt %zu: %zu/%zu tokens equal\n", what, s, i, a.size());
-  }
-}
-
 TEST_P(GpuSliding, GpuEngineGivesTheCpuEnginesTokens) {
   const auto cpu = LLM(config("cpu", true)).generate(prompts(), greedy(), false);
   const auto gpu = LLM(config("cuda", true)).generate(prompts(), greedy(), false);
-  expect_same_up_to_ties(cpu, gpu, "gpu vs cpu");
+  expect_same_tokens_up_to_ties(cpu, gpu, kTieMargin, "gpu vs cpu");
 }
 
 TEST_P(GpuSliding, GraphDecodeEqualsEagerBatched) {
   const auto eager = LLM(config("cuda", true)).generate(prompts(), greedy(), false);
   const auto graphs = LLM(config("cuda", false)).generate(prompts(), greedy(), false);
-  expect_same_up_to_ties(eager, graphs, "graphs vs eager");
+  expect_same_tokens_up_to_ties(eager, graphs, kTieMargin, "graphs vs eager");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GpuSliding, ::testing::Values(false, true),

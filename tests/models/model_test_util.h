@@ -91,6 +91,20 @@ inline double max_abs_diff(const float* a, const float* b, int64_t n) {
   return m;
 }
 
+// KL(softmax(p) || softmax(q)) of two logit rows of v entries, in double.
+inline double kl_logits(const float* p, const float* q, int64_t v) {
+  double mp = -INFINITY, mq = -INFINITY;
+  for (int64_t i = 0; i < v; ++i) mp = std::max<double>(mp, p[i]), mq = std::max<double>(mq, q[i]);
+  double zp = 0, zq = 0;
+  for (int64_t i = 0; i < v; ++i) zp += std::exp(p[i] - mp), zq += std::exp(q[i] - mq);
+  double kl = 0;
+  for (int64_t i = 0; i < v; ++i) {
+    const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
+    kl += std::exp(lp) * (lp - lq);
+  }
+  return kl;
+}
+
 inline int32_t argmax_row(const Tensor& logits, int64_t row) {
   const int64_t v = logits.size(1);
   const float* p = logits.data<float>() + row * v;

@@ -62,15 +62,7 @@ std::pair<double, double> kl_and_top1(const Tensor& a, const Tensor& b) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = a.data<float>() + r * v;
     const float* y = b.data<float>() + r * v;
-    const double mx = *std::max_element(x, x + v), my = *std::max_element(y, y + v);
-    double zx = 0, zy = 0;
-    for (int64_t i = 0; i < v; ++i) zx += std::exp(x[i] - mx), zy += std::exp(y[i] - my);
-    double k = 0;
-    for (int64_t i = 0; i < v; ++i) {
-      const double lp = x[i] - mx - std::log(zx), lq = y[i] - my - std::log(zy);
-      k += std::exp(lp) * (lp - lq);
-    }
-    kl += k;
+    kl += kl_logits(x, y, v);
     same += argmax_row(a, r) == argmax_row(b, r);
   }
   return {kl / rows, double(same) / rows};
