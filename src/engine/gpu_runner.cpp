@@ -221,11 +221,13 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
                         : std::max<int64_t>(0, left / (p.kv_block_bytes + q.per_block));
   p.sparse = q.per_block * p.num_kv_blocks + q.fixed;
   // As vLLM: refuse a configuration that cannot hold even one sequence of max_model_len.
+  // (Blocks, not tokens: with several KV groups one sequence holds blocks in each.)
   LONGCTX_CHECK(p.num_kv_blocks >= per_seq, ErrorCode::kOutOfMemory,
-                "GPU memory plan: the KV cache holds {} tokens, less than one sequence of "
-                "max_model_len {} ({}); lower --max-model-len or --max-num-batched-tokens, or "
-                "raise --gpu-memory-limit / --gpu-memory-utilization",
-                p.kv_tokens(), p.max_model_len, p.str());
+                "GPU memory plan: the KV cache holds {} blocks, fewer than the {} one sequence of "
+                "max_model_len {} needs across its {} KV group(s) ({}); lower --max-model-len or "
+                "--max-num-batched-tokens, or raise --gpu-memory-limit / "
+                "--gpu-memory-utilization",
+                p.num_kv_blocks, per_seq, p.max_model_len, p.kv_groups.size(), p.str());
   return p;
 }
 

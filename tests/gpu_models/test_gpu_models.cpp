@@ -155,20 +155,25 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(GpuModels, FixtureGreedyTokensReproduced) {
-  for (const std::string name : {"tiny-llama3", "tiny-qwen3", "tiny-qwen2"}) {
+  // The first three fixtures were made with transformers' bf16 inv_freq, the families' (windows,
+  // rope variants, MoE) with fp32 (their reference.json says so).
+  for (const std::string name : {"tiny-llama3", "tiny-qwen3", "tiny-qwen2", "tiny-gemma3",
+                                 "tiny-mistral-sw", "tiny-qwen3-yarn", "tiny-llama-dynamic",
+                                 "tiny-phi3-longrope", "tiny-qwen3-moe", "tiny-qwen2-moe"}) {
     ReferenceCase r = reference_case(name, 515);
     ASSERT_FALSE(r.greedy_new_tokens.empty()) << name;
     EngineConfig cfg;
     cfg.model = fixture_dir(name);
     cfg.device = "cuda";
-    cfg.model_options.rope_inv_freq_dtype = DType::kBF16;
+    const bool bf16_freq = name == "tiny-llama3" || name == "tiny-qwen3" || name == "tiny-qwen2";
+    cfg.model_options.rope_inv_freq_dtype = bf16_freq ? DType::kBF16 : DType::kF32;
     cfg.model_options.activation_dtype = DType::kF16;  // see the KL cases above
     const GpuRunnerOptions ro = small_runner(0);
     cfg.block_size = ro.block_size;
     cfg.max_num_batched_tokens = ro.max_num_batched_tokens;
     cfg.max_num_seqs = ro.max_num_seqs;
     cfg.max_model_len = 4096;
-    cfg.num_gpu_blocks = 512;
+    cfg.num_gpu_blocks = 2048;  // tiny-gemma3: six KV groups of blocks per sequence
     LLM llm(cfg);
     SamplingParams sp;
     sp.temperature = 0;
