@@ -172,7 +172,7 @@ TEST(GpuModels, FixtureGreedyTokensReproduced) {
     cfg.block_size = ro.block_size;
     cfg.max_num_batched_tokens = ro.max_num_batched_tokens;
     cfg.max_num_seqs = ro.max_num_seqs;
-    cfg.max_model_len = 4096;
+    cfg.max_model_len = 2048;   // tiny-llama-dynamic's max_position_embeddings
     cfg.num_gpu_blocks = 2048;  // tiny-gemma3: six KV groups of blocks per sequence
     LLM llm(cfg);
     SamplingParams sp;
