@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "loader/config_error.h"
 #include "loader/weight_spec.h"
 #include "longctx/core/error.h"
 #include "longctx/loader/checkpoint.h"
@@ -17,14 +18,7 @@ namespace {
 using nlohmann::json;
 using LA = LayerAttention;
 
-std::string error_of(const json& j) {
-  try {
-    parse_model_config(j, "config.json");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const json& j) { return testing::config_error_of(j); }
 
 TEST(Gemma3Config, GooglesPublishedConfigTakesGemma3TextConfigDefaults) {
   // gemma-3-12b-it's config.json names 8 text fields; everything else is a default.
@@ -105,10 +99,14 @@ TEST(Gemma3Config, UnsupportedFieldsAreNamed) {
 
 TEST(SlidingWindow, AWindowPastEveryPositionIsFullAttention) {
   // Phi-4-mini: sliding_window 262144 over 131072 positions masks nothing.
-  json j = {{"architectures", {"Phi3ForCausalLM"}}, {"vocab_size", 8},
-            {"hidden_size", 8},                     {"intermediate_size", 8},
-            {"num_hidden_layers", 2},               {"num_attention_heads", 2},
-            {"max_position_embeddings", 131072},    {"sliding_window", 262144}};
+  json j = {{"architectures", {"Phi3ForCausalLM"}},
+            {"vocab_size", 8},
+            {"hidden_size", 8},
+            {"intermediate_size", 8},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 2},
+            {"max_position_embeddings", 131072},
+            {"sliding_window", 262144}};
   ModelConfig c = parse_model_config(j, "c");
   EXPECT_EQ(c.sliding_window, 0);
   EXPECT_EQ(c.layer_types, (std::vector<LA>{LA::kFull, LA::kFull}));

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/test_data.h"
+#include "loader/config_error.h"
 #include "longctx/core/error.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/loader/model_config.h"
@@ -23,14 +24,7 @@ json config(const std::string& arch, int64_t layers = 4) {
           {"num_key_value_heads", 2}};
 }
 
-std::string error_of(const json& j) {
-  try {
-    parse_model_config(j, "config.json");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const json& j) { return testing::config_error_of(j); }
 
 TEST(LayerTypes, FixturesAreAllFull) {
   for (const char* name : {"tiny-llama3", "tiny-qwen3", "tiny-qwen2"}) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/test_data.h"
+#include "loader/config_error.h"
 #include "loader/weight_spec.h"
 #include "longctx/core/error.h"
 #include "longctx/loader/model_config.h"
@@ -23,14 +24,7 @@ json fixture_json() {
   return json::parse(f);
 }
 
-std::string error_of(const json& j) {
-  try {
-    parse_model_config(j, "config.json");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const json& j) { return testing::config_error_of(j); }
 
 TEST(Qwen3NextConfig, FixtureParsesAsTransformersReadsIt) {
   const ModelConfig c = parse_model_config(fixture_json(), "tiny-qwen3-next");
