@@ -151,7 +151,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     const PagedKVPoolConfig& c = pool_.config();
     if (groups_) {
       check_group_batch(batch, *groups_, c.block_size, c.num_blocks);
-      check_group_limits(batch);
+      check_paged_limits(batch, limits_);
     } else {
       check_paged_batch(batch, c.block_size, c.num_blocks, limits_);
     }
@@ -310,28 +310,6 @@ class PagedAttentionBackend final : public AttentionBackend {
   }
   int64_t pool_layer(int64_t layer) const { return groups_ ? groups_->pool_layer(layer) : layer; }
   int64_t num_layers() const { return groups_ ? groups_->num_layers() : pool_.config().num_layers; }
-
-  // A multi-group batch against the limits: tokens and sequences per step, table entries per
-  // group.
-  void check_group_limits(const ForwardBatch& batch) const {
-    LONGCTX_CHECK(batch.num_tokens() <= limits_.max_tokens && batch.num_seqs() <= limits_.max_seqs,
-                  ErrorCode::kOutOfRange,
-                  "paged attention: a batch of {} tokens in {} sequences exceeds the plan's "
-                  "limits ({} tokens, {} sequences)",
-                  batch.num_tokens(), batch.num_seqs(), limits_.max_tokens, limits_.max_seqs);
-    for (int64_t g = 0; g < batch.num_groups(); ++g) {
-      const int64_t entries = static_cast<int64_t>(batch.tables(g).block_tables.size());
-      LONGCTX_CHECK(entries <= limits_.max_blocks, ErrorCode::kOutOfRange,
-                    "paged attention: {} block-table entries in KV group {} exceed the plan's "
-                    "limit of {}",
-                    entries, g, limits_.max_blocks);
-    }
-    for (int64_t q = 0; q < batch.num_seqs(); ++q)
-      LONGCTX_CHECK(limits_.max_seq_len <= 0 || batch.kv_lens[q] <= limits_.max_seq_len,
-                    ErrorCode::kOutOfRange,
-                    "paged attention: sequence {} holds {} tokens, past the plan's {} per sequence",
-                    q, batch.kv_lens[q], limits_.max_seq_len);
-  }
 
   // Stages group `st`'s index arrays for the step: its tables trimmed, under a window, to start
   // at the block of the first key the first new token's window holds (kernels then see keys and

@@ -57,6 +57,9 @@ std::unique_ptr<AttentionBackend> make_paged_attention_backend(
 // Error(kInvalidArgument / kOutOfRange) naming the first problem.
 void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t num_blocks,
                        const PagedBackendLimits& limits);
+// Its sizes part, for any number of KV groups: tokens and sequences per step, each group's table
+// entries, keys per sequence (where max_seq_len > 0). Throws Error(kOutOfRange).
+void check_paged_limits(const ForwardBatch& batch, const PagedBackendLimits& limits);
 // check_paged_batch for every KV group of a multi-group batch: each group's tables (a sliding
 // group's may name -1 for blocks wholly before the window of the sequence's first new token),
 // slots and the positions. Throws Error(kInvalidArgument / kOutOfRange) naming the problem.

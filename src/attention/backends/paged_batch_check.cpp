@@ -5,23 +5,36 @@
 
 namespace longctx {
 
-void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t num_blocks,
-                       const PagedBackendLimits& limits) {
+void check_paged_limits(const ForwardBatch& batch, const PagedBackendLimits& limits) {
   const int64_t t = batch.num_tokens(), s = batch.num_seqs();
   LONGCTX_CHECK(t <= limits.max_tokens && s <= limits.max_seqs, ErrorCode::kOutOfRange,
                 "paged attention: a batch of {} tokens in {} sequences exceeds the plan's "
                 "limits ({} tokens, {} sequences)",
                 t, s, limits.max_tokens, limits.max_seqs);
+  for (int64_t g = 0; g < batch.num_groups(); ++g) {
+    const int64_t entries = static_cast<int64_t>(batch.tables(g).block_tables.size());
+    LONGCTX_CHECK(entries <= limits.max_blocks, ErrorCode::kOutOfRange,
+                  "paged attention: {} block-table entries in KV group {} exceed the plan's limit "
+                  "of {}",
+                  entries, g, limits.max_blocks);
+  }
+  for (int64_t q = 0; q < s; ++q)
+    LONGCTX_CHECK(limits.max_seq_len <= 0 || batch.kv_lens[q] <= limits.max_seq_len,
+                  ErrorCode::kOutOfRange,
+                  "paged attention: sequence {} holds {} tokens, past the plan's {} per sequence",
+                  q, batch.kv_lens[q], limits.max_seq_len);
+}
+
+void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t num_blocks,
+                       const PagedBackendLimits& limits) {
+  check_paged_limits(batch, limits);
+  const int64_t t = batch.num_tokens(), s = batch.num_seqs();
   LONGCTX_CHECK(static_cast<int64_t>(batch.block_table_indptr.size()) == s + 1 &&
                     batch.block_table_indptr[0] == 0 &&
                     batch.block_table_indptr[s] == static_cast<int64_t>(batch.block_tables.size()),
                 ErrorCode::kInvalidArgument,
                 "paged attention: block_table_indptr must have {} entries from 0 to {}", s + 1,
                 batch.block_tables.size());
-  LONGCTX_CHECK(static_cast<int64_t>(batch.block_tables.size()) <= limits.max_blocks,
-                ErrorCode::kOutOfRange,
-                "paged attention: {} block-table entries exceed the plan's limit of {}",
-                batch.block_tables.size(), limits.max_blocks);
   LONGCTX_CHECK(static_cast<int64_t>(batch.slot_mapping.size()) == t, ErrorCode::kInvalidArgument,
                 "paged attention: {} slots for {} tokens", batch.slot_mapping.size(), t);
   for (int64_t q = 0; q < s; ++q) {
@@ -29,9 +42,6 @@ void check_paged_batch(const ForwardBatch& batch, int64_t block_size, int64_t nu
     LONGCTX_CHECK(b1 >= b0, ErrorCode::kInvalidArgument,
                   "paged attention: block_table_indptr decreases at sequence {}", q);
     const int64_t kv_len = batch.kv_lens[q];
-    LONGCTX_CHECK(limits.max_seq_len <= 0 || kv_len <= limits.max_seq_len, ErrorCode::kOutOfRange,
-                  "paged attention: sequence {} holds {} tokens, past the plan's {} per sequence",
-                  q, kv_len, limits.max_seq_len);
     const int64_t needed = (kv_len + block_size - 1) / block_size;
     LONGCTX_CHECK(b1 - b0 == needed, ErrorCode::kInvalidArgument,
                   "paged attention: sequence {} holds {} tokens, which need {} blocks of {}, but "
