@@ -13,8 +13,11 @@ def test_needle_on_the_gpu_resident_and_offloaded(needle_dir):
     assert resident.device.startswith("cuda")
     want = resident.generate(prompts, sp)
     del resident
+    # A GPU cache of 96 blocks: room for the blocks one step writes (4096 tokens, 4 sequences),
+    # fewer than the 4 prompts' 4 x 33 blocks, so the KV lives in the host pool.
     offloaded = longctx.LLM(needle_dir, device="cuda", gpu_memory_utilization=0.4,
-                            kv_offload=True, host_kv_budget=1 << 30, gpu_kv_budget=16 << 20,
+                            kv_offload=True, host_kv_budget=1 << 30, gpu_kv_budget=48 << 20,
+                            max_num_batched_tokens=4096, max_num_seqs=4,
                             offload_slots=4, offload_slot_tokens=1024)
     got = offloaded.generate(prompts, sp)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -59,6 +59,9 @@ def test_graph_mode_replays_every_layout_of_the_bucket():
             graph.replay()
             stream.synchronize()
             assert w.padded_num_blocks >= ops.max_blocks(S, T, B)
-            ref = dense_reference(q.cpu(), k.cpu(), v.cpu(), seg_lens, B, 1 / math.sqrt(D))
-            err = (out.cpu().float() - ref).abs().max().item()
+            # A layout may cover fewer tokens than the captured tensors: rows past it are padding.
+            n = sum(seg_lens)
+            ref = dense_reference(q[:n].cpu(), k[:n].cpu(), v[:n].cpu(), seg_lens, B,
+                                  1 / math.sqrt(D))
+            err = (out[:n].cpu().float() - ref).abs().max().item()
             assert err < 2e-2, (seg_lens, err)
