@@ -1,6 +1,8 @@
-"""The transformers peer of bench_model: the same shapes (Llama-3.1-8B config, random bf16
-weights, sdpa attention, DynamicCache) on the same GPU, timed the same way:
+"""The transformers peer of bench_model: the same shapes (Llama-3.1-8B config, or Gemma-3-12B's
+text model with --model gemma-3-12b; random bf16 weights, sdpa attention, DynamicCache) on the
+same GPU, timed the same way:
   python3 bench/model/hf_peer.py --contexts 32768,131072 --decode-steps 32
+  python3 bench/model/hf_peer.py --model gemma-3-12b --contexts 32000 --decode-steps 32
 Prefill = one forward of the prompt with use_cache (logits of the last position only);
 decode = one token per forward after the first context, batch 1.
 """
@@ -9,7 +11,7 @@ import argparse
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.cache_utils import DynamicCache
 
 
@@ -23,15 +25,38 @@ def llama31_8b() -> LlamaConfig:
         torch_dtype=torch.bfloat16, attn_implementation="sdpa")
 
 
+def gemma3_12b():
+    # gemma-3-12b-it's text_config as published (8 fields); the rest are Gemma3TextConfig's
+    # defaults: 5 sliding (window 1024) : 1 global layers, head_dim 256, vocabulary 262,208.
+    import inspect
+
+    from transformers import Gemma3TextConfig
+
+    kw = dict(hidden_size=3840, intermediate_size=15360, num_attention_heads=16,
+              num_hidden_layers=48, num_key_value_heads=8, sliding_window=1024,
+              max_position_embeddings=131072, torch_dtype=torch.bfloat16,
+              attn_implementation="sdpa")
+    glob = {"rope_type": "linear", "factor": 8.0}
+    if "rope_local_base_freq" in inspect.signature(Gemma3TextConfig.__init__).parameters:  # 4.x
+        return Gemma3TextConfig(rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling=glob, **kw)
+    return Gemma3TextConfig(rope_parameters={
+        "full_attention": dict(glob, rope_theta=1e6),
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}, **kw)
+
+
+CONFIGS = {"llama-3.1-8b": llama31_8b, "gemma-3-12b": gemma3_12b}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="32768")
     ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(CONFIGS))
     a = ap.parse_args()
     torch.manual_seed(0)
-    cfg = llama31_8b()
+    cfg = CONFIGS[a.model]()
     with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).eval()
     for p in model.parameters():
         p.data.normal_(0, 0.02)
     vocab = cfg.vocab_size

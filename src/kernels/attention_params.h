@@ -79,7 +79,7 @@ struct PagedPrefillParams {
   int batch_size = 0;
   int num_qo_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;            // 64 or 128
+  int head_dim = 0;            // 64, 128 or 256 (the generic kernel: 8 .. 256)
   int page_size = 0;           // 1 .. 256
   DType dtype = DType::kBF16;  // of q, o and (kv_format kDtype) k_cache, v_cache
   // kFp8E4M3: k_cache / v_cache hold FP8 codes scaled by k_scale / v_scale (kernels/kv_format.h).

@@ -93,7 +93,9 @@ int decode_loader(int page_size, int head_dim, bool tma, const DecodeTuning& tun
   const int tile = decode_tile_tokens(head_dim);
   const bool boxes = page_size % tile == 0;  // a TMA box of a tile stays within one page
   const bool copy_stages = tuning.copy == DecodeStageCopy::kCpAsync;
-  if (tuning.loader == DecodeLoader::kCpAsync || !tma || (!boxes && !copy_stages)) return 0;
+  // head_dim 256 keeps the cp.async ring: its TMA stages are not instantiated.
+  if (tuning.loader == DecodeLoader::kCpAsync || !tma || (!boxes && !copy_stages) || head_dim > 128)
+    return 0;
   const bool doubled = !boxes || page_size % (2 * tile) == 0;
   return tuning.loader != DecodeLoader::kTmaTile && head_dim == 128 && doubled ? 2 : 1;
 }

@@ -14,7 +14,9 @@ namespace longctx::kernels {
 // Tokens of K and of V per stage of the cp.async ring for head_dim d: 16 KB together for both
 // head dims, so the ring's bytes in flight do not depend on d. The TMA kernel's stages hold one
 // (loader 1) or two (loader 2) of these tiles.
-constexpr int decode_tile_tokens(int head_dim) { return 4096 / head_dim; }
+// 16 KB of K + V per stage at head_dim 64 / 128; at 256 a stage keeps 32 tokens (32 KB), since each
+// of the kernel's 4 warps takes whole 8-token blocks.
+constexpr int decode_tile_tokens(int head_dim) { return head_dim > 128 ? 32 : 4096 / head_dim; }
 
 // Keys per split from which the TMA kernel's stages are filled by every thread's cp.async rather
 // than by TMA boxes (decode_cp_async_stages).

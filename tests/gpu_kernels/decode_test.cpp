@@ -1,7 +1,7 @@
 // CUDA split-KV decode against the CPU decode reference, through the op-test harness: KV lengths
-// 0 .. 1M, page sizes 1/7/16/128/256/4096, GQA 1/4/8/16 (and 3, 6, 12), head_dim 64/128, bf16/f16,
-// with and without LSE, batch 1 .. 64, 1 .. ~130 splits per request. Tolerances (unit-variance
-// q/k/v, sm_scale = 1/sqrt(head_dim)):
+// 0 .. 1M, page sizes 1/7/16/128/256/4096, GQA 1/4/8/16 (and 3, 6, 12), head_dim 64/128/256,
+// bf16/f16, with and without LSE, batch 1 .. 64, 1 .. ~130 splits per request. Tolerances
+// (unit-variance q/k/v, sm_scale = 1/sqrt(head_dim)):
 //   output max-abs <= 1e-2 (bf16) / 2e-3 (f16): both round an fp32 result once; the kernel sums
 //     in another order (split chunks, warps) and uses exp2f, and it rounds the softmax weights P
 //     to the input dtype before P V on the tensor cores (relative 2^-9 bf16, 2^-11 f16 per
@@ -53,7 +53,9 @@ class DecodeCase : public OpCase {
        << (s_.window > 0 ? " window=" + std::to_string(s_.window) : "") << ")";
     return os.str();
   }
-  bool supported() const override { return s_.head_dim == 64 || s_.head_dim == 128; }
+  bool supported() const override {
+    return s_.head_dim == 64 || s_.head_dim == 128 || s_.head_dim == 256;
+  }
   bool perf_only() const override { return perf_only_; }
   // The plan's tuning (a variant's pins); the default: the measured choices.
   void set_tuning(const kernels::DecodeTuning& tuning) { tuning_ = tuning; }
@@ -432,6 +434,32 @@ TEST(DecodeGpu, SlidingWindow) {
   EXPECT_EQ(s.ok, 14);
 }
 
+// head_dim 256 (Gemma 3: 16 q / 8 kv heads, windows of 1024): the ring's 32-token stages, 3 deep;
+// lengths around them, a long split request, pages 1 / 16 / 128, GQA 1 / 2 / 8 / 16, f16, windows
+// and a strided q.
+TEST(DecodeGpu, HeadDim256) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 400;
+  const std::vector<int32_t> edges = {1, 31, 32, 33, 64, 65, 96, 97, 1000};
+  for (int page : {1, 16, 128})
+    cases.push_back(std::make_unique<DecodeCase>(
+        dshape(edges, 16, 8, 256, page, DType::kBF16, true, seed++), false, 64));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({40000}, 16, 8, 256, 16, DType::kBF16)));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({0, 7, 5000}, 8, 1, 256, 128, DType::kF16)));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({3000, 17}, 32, 2, 256, 16, DType::kBF16)));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({700, 2}, 4, 4, 256, 16, DType::kF16)));
+  for (int window : {1, 100, 1024}) {
+    PagedCaseShape w = dshape({1, 63, 1100, 9000}, 16, 8, 256, 16, DType::kBF16, true, seed++);
+    w.window = window;
+    cases.push_back(std::make_unique<DecodeCase>(w, false, 64));
+  }
+  cases.push_back(std::make_unique<DecodeCase>(dshape({513, 77}, 16, 8, 256, 16, DType::kBF16),
+                                               false, 64, 2 * 8 * 256));
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, 11);
+}
+
 // A reduced set for compute-sanitizer (includes a split request: the fused merge).
 TEST(DecodeGpu, Small) {
   std::vector<std::unique_ptr<OpCase>> cases;
@@ -440,9 +468,11 @@ TEST(DecodeGpu, Small) {
   cases.push_back(std::make_unique<DecodeCase>(dshape({513, 5}, 3, 1, 64, 1, DType::kF16)));
   cases.push_back(std::make_unique<DecodeCase>(
       dshape({1000, 65, 0}, 16, 1, 128, 128, DType::kBF16, true, 3), false, 64));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({700, 33, 1}, 16, 8, 256, 16, DType::kBF16, true, 4), false, 64));
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
-  EXPECT_EQ(s.ok, 3);
+  EXPECT_EQ(s.ok, 4);
 }
 
 void expect_graph_replay_matches_direct_launch(int page_size,

@@ -178,10 +178,39 @@ TEST(PrefillHarness, UnsupportedShapesAreReportedNotFailed) {
   cases.push_back(std::make_unique<PrefillCase>(
       shape({7}, {20}, 4, 1, 96, 16, DType::kBF16, MaskMode::kCausal)));
   cases.push_back(
-      std::make_unique<PrefillCase>(shape({7}, {20}, 4, 1, 256, 16, DType::kF16, MaskMode::kNone)));
+      std::make_unique<PrefillCase>(shape({7}, {20}, 4, 1, 512, 16, DType::kF16, MaskMode::kNone)));
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.unsupported, 2);
   EXPECT_EQ(s.failed, 0);
+}
+
+// head_dim 256 (Gemma 3: 16 q / 8 kv heads, windows of 1024 on five layers in six): the mma.sync
+// kernel's 8-warp tiling, dense and causal, odd lengths, pages of 1 / 16 / 128, windows, f16, a
+// block-sparse mask and a long causal request.
+TEST(PrefillHarness, HeadDim256) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 5000;
+  for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
+    cases.push_back(
+        std::make_unique<PrefillCase>(shape({1, 7, 129, 0, 300}, {1, 520, 129, 9, 2000}, 16, 8, 256,
+                                            16, DType::kBF16, mode, true, seed++)));
+    cases.push_back(std::make_unique<PrefillCase>(
+        shape({64, 17}, {64, 1000}, 4, 4, 256, 1, DType::kF16, mode, true, seed++)));
+  }
+  cases.push_back(std::make_unique<PrefillCase>(
+      shape({1000}, {6000}, 16, 8, 256, 128, DType::kBF16, MaskMode::kCausal, true, seed++)));
+  for (int window : {1, 100, 1024}) {
+    PagedCaseShape w = shape({1, 130, 1000}, {500, 130, 3100}, 16, 8, 256, 16, DType::kBF16,
+                             MaskMode::kCausal, true, seed++);
+    w.window = window;
+    cases.push_back(std::make_unique<PrefillCase>(w));
+  }
+  PagedCaseShape sp =
+      shape({130, 700}, {300, 3000}, 8, 2, 256, 16, DType::kBF16, MaskMode::kCausal, true, seed++);
+  sp.sparse_keep = 0.3;
+  sp.sparse_per_head = true;
+  cases.push_back(std::make_unique<PrefillCase>(sp));
+  expect_no_failures(run_cases(cases), 9);
 }
 
 // A reduced set for compute-sanitizer (memcheck, racecheck).
@@ -191,6 +220,8 @@ TEST(PrefillHarness, Small) {
       shape({7, 129}, {50, 300}, 8, 2, 128, 16, DType::kBF16, MaskMode::kCausal, true, 1)));
   cases.push_back(std::make_unique<PrefillCase>(
       shape({3, 70}, {5, 70}, 3, 1, 64, 1, DType::kF16, MaskMode::kNone, true, 2)));
+  cases.push_back(std::make_unique<PrefillCase>(
+      shape({5, 140}, {90, 300}, 4, 2, 256, 16, DType::kBF16, MaskMode::kCausal, true, 6)));
   PagedCaseShape s = shape({130}, {300}, 4, 2, 128, 16, DType::kBF16, MaskMode::kCausal, true, 3);
   s.sparse_keep = 0.4;
   s.sparse_per_head = true;

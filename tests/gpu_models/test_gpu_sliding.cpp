@@ -1,8 +1,9 @@
 // Sliding-window models on the GPU engine (head_dim 64: the planned split-KV decode and paged
-// prefill kernels with a window, over block tables trimmed to the window) against the CPU engine
-// on the same random checkpoint (written here, f32 on disk):
+// prefill kernels with a window, over block tables trimmed to the window; head_dim 256, Gemma 3's:
+// the mma.sync prefill and the generic decode) against the CPU engine on the same random
+// checkpoint (written here, f32 on disk):
 //   - Mistral (one sliding group, window 40) and Gemma 3 (two sliding layers of window 40 to one
-//     global layer: two KV groups sharing the paged pool);
+//     global layer: two KV groups sharing the paged pool), the latter at head_dim 64 and 256;
 //   - prompts shorter and far longer than the window, prefilled in chunks of 64 tokens (chunks
 //     whose windows start mid-block, blocks of 16 dropped behind the window), then 24 greedy
 //     tokens: the GPU's equal the CPU's except at steps whose CPU top-2 margin is a near tie;
@@ -25,13 +26,16 @@ namespace fs = std::filesystem;
 
 constexpr double kTieMargin = 0.05;
 
-nlohmann::json sliding_config(bool gemma) {
+// 0: Mistral; 1: Gemma 3, head_dim 64; 2: Gemma 3, head_dim 256.
+nlohmann::json sliding_config(int family) {
+  const bool gemma = family > 0;
+  const int head_dim = family == 2 ? 256 : 64;
   nlohmann::json j = {{"vocab_size", 320},
                       {"hidden_size", 256},
                       {"intermediate_size", 128},
                       {"num_attention_heads", 4},
                       {"num_key_value_heads", 2},
-                      {"head_dim", 64},
+                      {"head_dim", head_dim},
                       {"max_position_embeddings", 4096},
                       {"rms_norm_eps", 1e-6},
                       {"rope_theta", 10000.0},
@@ -44,7 +48,7 @@ nlohmann::json sliding_config(bool gemma) {
     j["model_type"] = "gemma3_text";
     j["num_hidden_layers"] = 3;
     j["layer_types"] = {"sliding_attention", "sliding_attention", "full_attention"};
-    j["query_pre_attn_scalar"] = 64;
+    j["query_pre_attn_scalar"] = head_dim;
     j["rope_local_base_freq"] = 10000.0;
     j["tie_word_embeddings"] = true;
   } else {
@@ -56,7 +60,7 @@ nlohmann::json sliding_config(bool gemma) {
   return j;
 }
 
-class GpuSliding : public ::testing::TestWithParam<bool> {  // Gemma 3 (else Mistral)
+class GpuSliding : public ::testing::TestWithParam<int> {  // sliding_config's family
  protected:
   void SetUp() override {
     dir_ = fs::path(::testing::TempDir()) /
@@ -112,8 +116,9 @@ TEST_P(GpuSliding, GraphDecodeEqualsEagerBatched) {
   expect_same_tokens_up_to_ties(eager, graphs, kTieMargin, "graphs vs eager");
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GpuSliding, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Gemma3" : "Mistral"; });
+INSTANTIATE_TEST_SUITE_P(Families, GpuSliding, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return info.param == 0 ? "Mistral" : info.param == 1 ? "Gemma3" : "Gemma3HeadDim256";
+});
 
 }  // namespace
 }  // namespace longctx::testing

@@ -108,6 +108,11 @@ TEST(DecodeSchedule, LoaderFollowsPagesHeadDimAndPins) {
   EXPECT_EQ(decode_loader(1, 64, true, copy), 1);
   EXPECT_EQ(decode_loader(16, 128, false, copy), 0);
   EXPECT_EQ(decode_loader(16, 128, true, pins(kAutoLoader, DecodeStageCopy::kTmaBoxes)), 0);
+  // head_dim 256 (Gemma 3): the cp.async ring of 32-token stages, whatever the pins.
+  EXPECT_EQ(decode_tile_tokens(256), 32);
+  EXPECT_EQ(decode_loader(128, 256, true, none), 0);
+  EXPECT_EQ(decode_loader(128, 256, true, copy), 0);
+  EXPECT_EQ(decode_loader(128, 256, true, pins(DecodeLoader::kTmaTile, kAutoCopy)), 0);
 }
 
 TEST(DecodeSchedule, StagesTakeCpAsyncOverLongSplits) {

@@ -18,41 +18,61 @@ PagedShape llama_shape(int head_dim = 128, int page_size = 128) {
   return s;
 }
 
+bool both(const PlannedKernels& k) { return k.decode && k.prefill; }
+bool none(const PlannedKernels& k) { return !k.decode && !k.prefill; }
+
 TEST(PagedDispatch, DefaultTuningTakesThePlannedKernelsAtHeadDim64And128) {
   const kernels::KernelTuning t;
   for (int d : {64, 128}) {
-    ASSERT_TRUE(paged_planned_kernels(llama_shape(d), t)) << d;
-    EXPECT_EQ(choose_paged_kernel(true, /*all_decode=*/true), PagedKernel::kDecode);
-    EXPECT_EQ(choose_paged_kernel(true, /*all_decode=*/false), PagedKernel::kPrefill);
+    const PlannedKernels k = paged_planned_kernels(llama_shape(d), t);
+    ASSERT_TRUE(both(k)) << d;
+    EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/true), PagedKernel::kDecode);
+    EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/false), PagedKernel::kPrefill);
   }
   PagedShape f16 = llama_shape();
   f16.dtype = DType::kF16;
-  EXPECT_TRUE(paged_planned_kernels(f16, t));
-  EXPECT_TRUE(paged_planned_kernels(llama_shape(128, 1), t));
-  EXPECT_TRUE(paged_planned_kernels(llama_shape(128, 256), t));
+  EXPECT_TRUE(both(paged_planned_kernels(f16, t)));
+  EXPECT_TRUE(both(paged_planned_kernels(llama_shape(128, 1), t)));
+  EXPECT_TRUE(both(paged_planned_kernels(llama_shape(128, 256), t)));
+}
+
+TEST(PagedDispatch, HeadDim256TakesThePlannedKernels) {
+  // Gemma 3's heads: the mma.sync prefill and the split-KV decode's cp.async ring.
+  const PlannedKernels k = paged_planned_kernels(llama_shape(256), kernels::KernelTuning{});
+  EXPECT_TRUE(both(k));
+  EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/false), PagedKernel::kPrefill);
+  EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/true), PagedKernel::kDecode);
+}
+
+TEST(PagedDispatch, PlannedPrefillWithoutDecodeSendsDecodeStepsToTheGenericKernel) {
+  PlannedKernels k;
+  k.prefill = true;
+  EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/true), PagedKernel::kGeneric);
+  EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/false), PagedKernel::kPrefill);
 }
 
 TEST(PagedDispatch, OtherShapesTakeTheGenericKernel) {
   const kernels::KernelTuning t;
-  EXPECT_FALSE(paged_planned_kernels(llama_shape(16), t));  // the test models' small heads
-  EXPECT_FALSE(paged_planned_kernels(llama_shape(96), t));
-  EXPECT_FALSE(paged_planned_kernels(llama_shape(128, 512), t));  // past the prefill's pages
+  EXPECT_TRUE(none(paged_planned_kernels(llama_shape(16), t)));  // the test models' small heads
+  EXPECT_TRUE(none(paged_planned_kernels(llama_shape(96), t)));
+  EXPECT_TRUE(none(paged_planned_kernels(llama_shape(512), t)));
+  EXPECT_TRUE(none(paged_planned_kernels(llama_shape(128, 512), t)));  // past the prefill's pages
   PagedShape f32 = llama_shape();
   f32.dtype = DType::kF32;
-  EXPECT_FALSE(paged_planned_kernels(f32, t));
+  EXPECT_TRUE(none(paged_planned_kernels(f32, t)));
   PagedShape gqa = llama_shape();
   gqa.num_qo_heads = 12;
   gqa.num_kv_heads = 8;
-  EXPECT_FALSE(paged_planned_kernels(gqa, t));
-  EXPECT_EQ(choose_paged_kernel(false, true), PagedKernel::kGeneric);
-  EXPECT_EQ(choose_paged_kernel(false, false), PagedKernel::kGeneric);
+  const PlannedKernels k = paged_planned_kernels(gqa, t);
+  EXPECT_TRUE(none(k));
+  EXPECT_EQ(choose_paged_kernel(k, true), PagedKernel::kGeneric);
+  EXPECT_EQ(choose_paged_kernel(k, false), PagedKernel::kGeneric);
 }
 
 TEST(PagedDispatch, GenericTuningTakesTheGenericKernelEverywhere) {
   kernels::KernelTuning t;
   t.attention = kernels::AttentionKernel::kGeneric;
-  EXPECT_FALSE(paged_planned_kernels(llama_shape(128), t));
-  EXPECT_FALSE(paged_planned_kernels(llama_shape(64), t));
+  for (int d : {64, 128, 256}) EXPECT_TRUE(none(paged_planned_kernels(llama_shape(d), t))) << d;
 }
 
 }  // namespace

@@ -130,7 +130,8 @@ class PagedAttentionBackend final : public AttentionBackend {
     sc.max_seq_len = max_seq_len;
     sc.tuning = tuning;
     if (sparse::selects(sparse, sparse::Phase::kPrefill))
-      LONGCTX_CHECK(dispatch_->planned_kernels(), ErrorCode::kUnsupported,
+      LONGCTX_CHECK(dispatch_->planned_kernels().prefill && c.head_dim <= 128,
+                    ErrorCode::kUnsupported,
                     "--sparse-policy {} on the GPU: head_dim {} (the block-sparse prefill takes 64 "
                     "and 128)",
                     sparse_policy_name(sparse.policy), c.head_dim);

@@ -28,13 +28,23 @@ struct PagedShape {
   float sm_scale = 0.f;
 };
 
-// Whether the planned kernels (split-KV decode, paged prefill) serve `shape`: head_dim 64 / 128,
-// bf16 / f16, an integral GQA ratio, pages of 1..256 tokens, sm_scale > 0 (the prefill's
-// paged_prefill_supported), unless tuning.attention is kGeneric.
-bool paged_planned_kernels(const PagedShape& shape, const kernels::KernelTuning& tuning);
+// Which planned kernels serve a shape; calls the planned kernels do not take run the generic one.
+struct PlannedKernels {
+  // The split-KV decode and the paged prefill (Hopper or mma.sync at head_dim 64 / 128, mma.sync
+  // at 256): both serve head_dim 64, 128 and 256 today.
+  bool decode = false;
+  bool prefill = false;
+};
 
-// The kernel of one call: with the planned kernels, the split-KV decode when every sequence has
-// one query (all_decode), else the paged prefill; without them the generic kernel.
-PagedKernel choose_paged_kernel(bool planned_kernels, bool all_decode);
+// The planned kernels for `shape`: bf16 / f16, an integral GQA ratio, pages of 1..256 tokens,
+// sm_scale > 0 (the prefill's paged_prefill_supported) and the head_dims above; none when
+// tuning.attention is kGeneric.
+PlannedKernels paged_planned_kernels(const PagedShape& shape, const kernels::KernelTuning& tuning);
+
+// The kernel of one call: the split-KV decode when every sequence has one query (all_decode) and
+// it serves the shape, the paged prefill for other calls where it serves the shape, else the
+// generic kernel (never the prefill for a decode step: it does not split a sequence's keys over
+// CTAs).
+PagedKernel choose_paged_kernel(const PlannedKernels& planned, bool all_decode);
 
 }  // namespace longctx

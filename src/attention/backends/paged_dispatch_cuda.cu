@@ -25,7 +25,8 @@ kernels::PagedPrefillParams shape_params(const PagedShape& s) {
 PagedDispatcher::PagedDispatcher(const PagedShape& shape, const kernels::KernelTuning& tuning,
                                  int device)
     : shape_(shape), tuning_(tuning), planned_(paged_planned_kernels(shape, tuning)) {
-  LONGCTX_CHECK(planned_ || kernels::cuda::paged_generic_supported(shape_params(shape)),
+  LONGCTX_CHECK((planned_.decode && planned_.prefill) ||
+                    kernels::cuda::paged_generic_supported(shape_params(shape)),
                 ErrorCode::kUnsupported,
                 "paged attention: no kernel for head_dim {} with {} q / {} kv heads, page size {}",
                 shape.head_dim, shape.num_qo_heads, shape.num_kv_heads, shape.page_size);
@@ -33,13 +34,13 @@ PagedDispatcher::PagedDispatcher(const PagedShape& shape, const kernels::KernelT
 }
 
 size_t PagedDispatcher::decode_workspace_bytes(int max_batch) const {
-  if (!planned_) return 0;
+  if (!planned_.decode) return 0;
   return kernels::cuda::decode_workspace_bytes(max_batch, shape_.num_qo_heads, shape_.num_kv_heads,
                                                shape_.head_dim);
 }
 
 size_t PagedDispatcher::prefill_workspace_bytes(int max_batch, int64_t max_q, bool split) const {
-  if (!planned_) return 0;
+  if (!planned_.prefill) return 0;
   size_t bytes = kernels::cuda::paged_prefill_workspace_bytes(
       max_batch, max_q, shape_.num_qo_heads / shape_.num_kv_heads);
   if (split) bytes += kernels::cuda::paged_prefill_split_workspace_bytes(shape_.head_dim);

@@ -45,9 +45,9 @@ class PagedDispatcher {
 
   const PagedShape& shape() const { return shape_; }
   const kernels::KernelTuning& tuning() const { return tuning_; }
-  // Whether the planned kernels serve the shape (paged_planned_kernels); else every call is
-  // generic, and the constructor checked that the generic kernel takes the shape.
-  bool planned_kernels() const { return planned_; }
+  // Which planned kernels serve the shape (paged_planned_kernels); the constructor checked that
+  // the generic kernel takes the shape where they do not.
+  const PlannedKernels& planned_kernels() const { return planned_; }
   PagedKernel kernel_for(bool all_decode) const {
     return choose_paged_kernel(planned_, all_decode);
   }
@@ -81,7 +81,7 @@ class PagedDispatcher {
  private:
   PagedShape shape_;
   kernels::KernelTuning tuning_;
-  bool planned_ = false;
+  PlannedKernels planned_;
 };
 
 }  // namespace longctx

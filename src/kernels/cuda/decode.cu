@@ -4,15 +4,15 @@
 // of a later plan of the same batch size has to update. (Padding the work list with empty items
 // to a grid fixed per batch size instead measured 19-22% slower at batch 1, 32K / 128K keys.)
 //
-// Each CTA streams its K/V range through a kStages-deep ring of 16 KB tiles in shared memory,
-// filled by cp.async, so it keeps ~48 KB of loads in flight while it computes on the oldest tile
-// (loads straight into registers, serialized with the compute that consumes them, stay near
-// 1 TB/s). Page ids are looked up one tile ahead of the copies that need them (the lookup's
-// latency hides under a tile of compute). A tile is computed on the tensor cores (MmaCompute),
-// since the same math on CUDA cores makes the kernel compute-bound; at 2-3 CTAs of 4 warps per SM
-// the warps' dependent chains are what the kernel waits on (Nsight Compute, batch 1 at 32K keys:
-// 0.33 instructions issued per cycle and scheduler, DRAM 41 % busy; 6 ring stages instead of 4
-// changed nothing), so S = Q K^T runs as two independent mma chains. A split request's partial
+// Each CTA streams its K/V range through a kStages-deep ring of 16 KB tiles (32 KB at head_dim
+// 256, 3 deep) in shared memory, filled by cp.async, so it keeps ~48 KB of loads in flight while
+// it computes on the oldest tile (loads straight into registers, serialized with the compute that
+// consumes them, stay near 1 TB/s). Page ids are looked up one tile ahead of the copies that need
+// them (the lookup's latency hides under a tile of compute). A tile is computed on the tensor cores
+// (MmaCompute), since the same math on CUDA cores makes the kernel compute-bound; at 2-3 CTAs of 4
+// warps per SM the warps' dependent chains are what the kernel waits on (Nsight Compute, batch 1 at
+// 32K keys: 0.33 instructions issued per cycle and scheduler, DRAM 41 % busy; 6 ring stages instead
+// of 4 changed nothing), so S = Q K^T runs as two independent mma chains. A split request's partial
 // states are merged by the LAST of its CTAs (an atomic counter per (request, kv head, head tile)
 // in the workspace), which saves a second launch and its wait for the whole grid; that merge
 // issues its L2 loads in batches (a chain of dependent L2 round trips is its whole cost). The plan
@@ -89,11 +89,13 @@ struct DecodeArgs {
 template <int D>
 struct RingShape {
   static constexpr int LPT = D / 8;                     // 16-byte chunks per token row
-  static constexpr int TILE = decode_tile_tokens(D);    // tokens per stage: 32 (D 128) / 64 (D 64)
+  static constexpr int TILE = decode_tile_tokens(D);    // tokens per stage: 64 / 32 / 32 (D 256)
   static constexpr int CPT = TILE * LPT / kThreads;     // 16-byte copies per thread per tensor
   static constexpr int TOK_STRIDE = kThreads / LPT;     // tokens between a thread's copies
   static constexpr int kStageBytes = 2 * TILE * D * 2;  // K + V, 16-bit elements
-  static constexpr int kSmemBytes = kStages * kStageBytes;
+  // D 256: 3 stages of 32 KB (2 in flight), so that two CTAs share an SM.
+  static constexpr int kRingStages = D > 128 ? 3 : kStages;
+  static constexpr int kSmemBytes = kRingStages * kStageBytes;
   static_assert(CPT * kThreads == TILE * LPT, "tile copies must divide over the threads");
   static_assert(TILE % 32 == 0, "each warp takes whole 8-token blocks");
 };
@@ -489,7 +491,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
     }
   };
   auto issue = [&](int t_idx) {
-    const int st = t_idx % kStages;
+    const int st = t_idx % S::kRingStages;
     T* sk = stage_k(st);
     T* sv = stage_v(st);
 #pragma unroll
@@ -503,37 +505,37 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
     }
   };
 
-  // Prologue: kStages - 1 tiles in flight before the first compute. One commit per slot even
+  // Prologue: S::kRingStages - 1 tiles in flight before the first compute. One commit per slot even
   // when there is no tile, so wait_group counts stay uniform.
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
+  for (int st = 0; st < S::kRingStages - 1; ++st) {
     if (st < n_tiles) {
       load_rows(st);
       issue(st);
     }
     cp_async_commit();
   }
-  if (kStages - 1 < n_tiles) load_rows(kStages - 1);
+  if (S::kRingStages - 1 < n_tiles) load_rows(S::kRingStages - 1);
 
   C c;
   c.init(a, b, w.h0, w.nh);
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<kStages - 2>();  // tile it has landed (for this thread's copies) ...
-    __syncthreads();               // ... for every thread's, and tile it - 1 is consumed
+    cp_async_wait<S::kRingStages - 2>();  // tile it has landed (for this thread's copies) ...
+    __syncthreads();                      // ... for every thread's, and tile it - 1 is consumed
     if (it == 0) LONGCTX_TIMELINE_MARK(kMarkFirstTile);
-    const int nx = it + kStages - 1;
+    const int nx = it + S::kRingStages - 1;
     if (nx < n_tiles) issue(nx);  // into the stage tile it - 1 used
     cp_async_commit();
     if (nx + 1 < n_tiles) load_rows(nx + 1);  // used by the next iteration's issue
-    const int st = it % kStages;
+    const int st = it % S::kRingStages;
     c.tile(smem_addr(stage_k(st)), smem_addr(stage_v(st)), kv_begin + it * TILE, kv_first, kv_end,
            a.scale_log2);
   }
   LONGCTX_TIMELINE_MARK(kMarkRangeDone);
   cp_async_wait<0>();  // only empty groups can be left, but the ring is reused below
   __syncthreads();
-  // The ring's shared memory holds the warps' accumulators ([NSRC][GT][D] fp32 = 2 KB x GT,
-  // <= the ring's 64 KB).
+  // The ring's shared memory holds the warps' accumulators ([NSRC][GT][D] fp32 = D / 16 KB x GT,
+  // <= the ring's 64 / 96 KB).
   float* s_acc = reinterpret_cast<float*>(smem);
   c.store(s_acc, e.m, e.l);
   __syncthreads();
@@ -748,8 +750,8 @@ void check_shape(int num_qo_heads, int num_kv_heads, int head_dim) {
                 ErrorCode::kUnsupported,
                 "decode: num_qo_heads {} is not a positive multiple of num_kv_heads {}",
                 num_qo_heads, num_kv_heads);
-  LONGCTX_CHECK(head_dim == 64 || head_dim == 128, ErrorCode::kUnsupported,
-                "decode: head_dim {} not supported (64 or 128)", head_dim);
+  LONGCTX_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, ErrorCode::kUnsupported,
+                "decode: head_dim {} not supported (64, 128 or 256)", head_dim);
 }
 
 // Launches (or, with a == nullptr, only sets up) the cp.async kernel of this shape; returns its
@@ -818,19 +820,30 @@ int tma_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, 
 template <typename T, int D>
 int ring_launch(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt, int loader,
                 cudaStream_t stream) {
-  if (loader >= 1) return tma_launch<T, D>(a, maps, grid, gt, loader, stream);
+  if constexpr (D <= 128)  // decode_loader gives head_dim 256 the cp.async ring
+    if (loader >= 1) return tma_launch<T, D>(a, maps, grid, gt, loader, stream);
   return cp_async_launch<T, D>(a, grid, gt, stream);
+}
+
+// ring_launch at the call's head_dim (64, 128 or 256: check_shape).
+template <typename T>
+int ring_launch_dim(int head_dim, const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt,
+                    int loader, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return ring_launch<T, 64>(a, maps, grid, gt, loader, stream);
+    case 128:
+      return ring_launch<T, 128>(a, maps, grid, gt, loader, stream);
+    default:
+      return ring_launch<T, 256>(a, maps, grid, gt, loader, stream);
+  }
 }
 
 // Resident CTAs per SM for this shape (both dtypes are set up; bf16's count is returned).
 int ring_ctas_per_sm(int head_dim, int group, int loader) {
   const int gt = group_tile_of(group);
-  if (head_dim == 64) {
-    ring_launch<__half, 64>(nullptr, nullptr, dim3(), gt, loader, nullptr);
-    return ring_launch<__nv_bfloat16, 64>(nullptr, nullptr, dim3(), gt, loader, nullptr);
-  }
-  ring_launch<__half, 128>(nullptr, nullptr, dim3(), gt, loader, nullptr);
-  return ring_launch<__nv_bfloat16, 128>(nullptr, nullptr, dim3(), gt, loader, nullptr);
+  ring_launch_dim<__half>(head_dim, nullptr, nullptr, dim3(), gt, loader, nullptr);
+  return ring_launch_dim<__nv_bfloat16>(head_dim, nullptr, nullptr, dim3(), gt, loader, nullptr);
 }
 
 template <typename T>
@@ -867,10 +880,7 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
     maps[1] = kv_cache_tensor_map(p.v_cache, kKvTensorMapAnySlot, p.num_kv_heads, p.head_dim, tile,
                                   p.dtype);
   }
-  if (p.head_dim == 64)
-    ring_launch<T, 64>(&a, maps, grid, gt, plan.loader, stream);
-  else
-    ring_launch<T, 128>(&a, maps, grid, gt, plan.loader, stream);
+  ring_launch_dim<T>(p.head_dim, &a, maps, grid, gt, plan.loader, stream);
 }
 
 }  // namespace
@@ -908,7 +918,7 @@ void add_kernels_w(std::vector<const void*>& v) {
 template <typename T, int D>
 void add_kernels(std::vector<const void*>& v) {
   add_kernels_w<T, D, 0>(v);
-  add_kernels_w<T, D, 1>(v);
+  if constexpr (D <= 128) add_kernels_w<T, D, 1>(v);
   if constexpr (D == 128) add_kernels_w<T, D, 2>(v);
 }
 }  // namespace
@@ -918,8 +928,10 @@ bool is_decode_kernel(const void* func) {
     std::vector<const void*> v;
     add_kernels<__nv_bfloat16, 64>(v);
     add_kernels<__nv_bfloat16, 128>(v);
+    add_kernels<__nv_bfloat16, 256>(v);
     add_kernels<__half, 64>(v);
     add_kernels<__half, 128>(v);
+    add_kernels<__half, 256>(v);
     return v;
   }();
   return std::find(kernels.begin(), kernels.end(), func) != kernels.end();

@@ -13,7 +13,8 @@
 // the CTA first ORs the mask bytes of its (head, query block) rows into a bitmap of needed key
 // blocks and skips the others; rows are then masked element-wise for exactness.
 // Plain mma.sync (no wgmma/TMA), so the same code runs on sm_80 and sm_90a; on sm_90 with
-// head_dim 64 or 128, paged_prefill_run() uses the wgmma kernel of prefill_sm90.cu instead.
+// head_dim 64 or 128, paged_prefill_run() uses the wgmma kernel of prefill_sm90.cu instead (head
+// dim 256 always runs here).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -66,6 +67,10 @@ struct Tiling {
   static_assert(kWarps * kWarpRows == kRows && kSparseBlock % KEYS == 0);
 };
 using DefaultTiling = Tiling<2, 64>;
+// head_dim 256 (Gemma 3): 32 rows per warp would need 256 fp32 O accumulators per thread, so
+// 8 warps take 16 rows each (128 O registers); the 128-row Q tile plus two 64-key K/V stages
+// fill 196 KB of shared memory, one CTA per SM.
+using HeadDim256Tiling = Tiling<1, 64>;
 
 template <int D, typename T, typename Tl>
 __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 1)
@@ -384,7 +389,22 @@ void launch_tiling(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStr
 
 template <int D, typename T>
 void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  launch_tiling<D, T, DefaultTiling>(p, plan, stream);
+  if constexpr (D == 256)
+    launch_tiling<D, T, HeadDim256Tiling>(p, plan, stream);
+  else
+    launch_tiling<D, T, DefaultTiling>(p, plan, stream);
+}
+
+template <typename T>
+void launch_head_dim(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64:
+      return launch<64, T>(p, plan, stream);
+    case 128:
+      return launch<128, T>(p, plan, stream);
+    default:
+      return launch<256, T>(p, plan, stream);
+  }
 }
 
 }  // namespace
@@ -459,8 +479,8 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
                 "paged prefill plan: num_qo_heads {} not a multiple of "
                 "num_kv_heads {}",
                 num_qo_heads, num_kv_heads);
-  LONGCTX_CHECK(head_dim == 64 || head_dim == 128, E::kUnsupported,
-                "paged prefill plan: head_dim {} (supported: 64, 128)", head_dim);
+  LONGCTX_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, E::kUnsupported,
+                "paged prefill plan: head_dim {} (supported: 64, 128, 256)", head_dim);
   LONGCTX_CHECK(
       tuning.head_dim64_rows == kPrefillTileRows || tuning.head_dim64_rows == kPrefillMaxTileRows,
       E::kInvalidArgument, "paged prefill plan: head_dim64_rows {} (128 or 192)",
@@ -539,8 +559,8 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
 }
 
 bool paged_prefill_supported(const PagedPrefillParams& p) {
-  return p.kv_format == KvCacheFormat::kDtype && (p.head_dim == 64 || p.head_dim == 128) &&
-         p.sm_scale > 0.f &&
+  return p.kv_format == KvCacheFormat::kDtype &&
+         (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.sm_scale > 0.f &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.num_kv_heads > 0 &&
          p.num_qo_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0 && p.page_size >= 1 &&
          p.page_size <= 256 && p.window >= 0 &&
@@ -573,17 +593,10 @@ void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cud
                 "paged prefill: the plan's {}-row tiles are the Hopper kernel's, not this "
                 "device's (planned on another device?)",
                 plan.tile_rows);
-  if (p.dtype == DType::kBF16) {
-    if (p.head_dim == 64)
-      launch<64, __nv_bfloat16>(p, plan, stream);
-    else
-      launch<128, __nv_bfloat16>(p, plan, stream);
-  } else {
-    if (p.head_dim == 64)
-      launch<64, __half>(p, plan, stream);
-    else
-      launch<128, __half>(p, plan, stream);
-  }
+  if (p.dtype == DType::kBF16)
+    launch_head_dim<__nv_bfloat16>(p, plan, stream);
+  else
+    launch_head_dim<__half>(p, plan, stream);
 }
 
 }  // namespace longctx::kernels::cuda

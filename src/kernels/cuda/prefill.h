@@ -2,7 +2,8 @@
 // kernels/attention_params.h). Two kernels behind one interface: on sm_90 (head_dim 64 / 128) a
 // Hopper kernel (prefill_sm90.cu: wgmma, warp-specialized cp.async page gathers, TMA boxes where
 // pages hold 64-token runs or kv_contiguous promises consecutive pages), elsewhere
-// FlashAttention-2 style mma.sync m16n8k16 with cp.async double-buffered K/V tiles (prefill.cu).
+// FlashAttention-2 style mma.sync m16n8k16 with cp.async double-buffered K/V tiles (prefill.cu;
+// also head_dim 256 on sm_90).
 // PrefillTuning::kernel (longctx/kernels/kernel_tuning.h) picks one (sm90 only where available).
 //
 // Usage: plan once per batch shape (host; may synchronize), then run once per layer (no host
@@ -82,13 +83,13 @@ size_t paged_prefill_split_workspace_bytes(int head_dim, int num_sms = 0);
 // (tuning.split: kNever turns it off, kAlways takes it wherever it exists). Host inputs:
 //   qo_indptr_host [batch_size + 1], kv_len_host [batch_size] (each kv_len <= 4M keys).
 // Throws Error(kInvalidArgument) on inconsistent shapes, Error(kUnsupported) for head_dim other
-// than 64/128 or a non-integral GQA ratio.
+// than 64/128/256 or a non-integral GQA ratio.
 PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_len_host,
                                int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                MaskMode mask_mode, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream, const PrefillTuning& tuning = {});
 
-// True when the kernel handles these params (head_dim 64/128, bf16/f16, integral GQA ratio,
+// True when the kernel handles these params (head_dim 64/128/256, bf16/f16, integral GQA ratio,
 // page_size 1..256, sm_scale > 0). run() throws Error(kUnsupported) otherwise.
 bool paged_prefill_supported(const PagedPrefillParams& params);
 
