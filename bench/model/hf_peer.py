@@ -3,6 +3,7 @@ text model with --model gemma-3-12b; random bf16 weights, sdpa attention, Dynami
 same GPU, timed the same way:
   python3 bench/model/hf_peer.py --contexts 32768,131072 --decode-steps 32
   python3 bench/model/hf_peer.py --model gemma-3-12b --contexts 32000 --decode-steps 32
+  (--model qwen3-8b-yarn-128k: Qwen3-8B with the yarn recipe for 128K)
 Prefill = one forward of the prompt with use_cache (logits of the last position only);
 decode = one token per forward after the first context, batch 1.
 """
@@ -44,7 +45,24 @@ def gemma3_12b():
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}, **kw)
 
 
-CONFIGS = {"llama-3.1-8b": llama31_8b, "gemma-3-12b": gemma3_12b}
+def qwen3_8b_yarn_128k():
+    # Qwen3-8B with Qwen's 128K recipe (yarn, factor 4 over 32768), as the preset.
+    import inspect
+
+    from transformers import Qwen3Config
+
+    kw = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+              num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+              max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=False,
+              torch_dtype=torch.bfloat16, attn_implementation="sdpa")
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    if "rope_parameters" in inspect.signature(Qwen3Config.__init__).parameters:  # 5.x
+        return Qwen3Config(rope_parameters=dict(yarn, rope_theta=1e6), **kw)
+    return Qwen3Config(rope_theta=1e6, rope_scaling=yarn, **kw)
+
+
+CONFIGS = {"llama-3.1-8b": llama31_8b, "gemma-3-12b": gemma3_12b,
+           "qwen3-8b-yarn-128k": qwen3_8b_yarn_128k}
 
 
 def main() -> None:
