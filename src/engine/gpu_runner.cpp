@@ -1,7 +1,6 @@
 #include "longctx/engine/gpu_runner.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -260,7 +259,7 @@ struct GpuRunner::Impl {
     LONGCTX_CHECK(groups.single_full(), ErrorCode::kUnsupported,
                   "GPU runner: standalone calls keep one block table per sequence; this model "
                   "has {} KV groups ({}): run it through an engine (LLM, the server)",
-                  groups.size(), fmt::join(groups.describe(), "; "));
+                  groups.size(), groups.summary());
   }
 
   int64_t num_blocks() const { return pool ? pool->num_blocks() : plan.num_host_blocks; }
@@ -412,11 +411,11 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   LONGCTX_CHECK(!groups.has_kind(KvGroupKind::kState), ErrorCode::kUnsupported,
                 "GPU runner: this model has linear-attention layers (a per-sequence state KV "
                 "group: {}), which have no CUDA kernels yet; run it on the CPU (--device cpu)",
-                fmt::join(groups.describe(), "; "));
+                groups.summary());
   LONGCTX_CHECK(groups.single_full() || !options.kv_offload, ErrorCode::kUnsupported,
                 "GPU runner: KV offload runs models of one full-attention KV group; this one has "
                 "{} ({}; sliding_window {} in config.json): run it without --kv-offload",
-                groups.size(), fmt::join(groups.describe(), "; "), c.sliding_window);
+                groups.size(), groups.summary(), c.sliding_window);
   const int device = m.model->device().index;
   const DeviceMemoryStats st = device_memory_stats(device);
   // The weights are already in the pool: plan the rest of the budget around what they took.

@@ -74,6 +74,8 @@ class KvGroups {
   // One line per group: "group 0: full, 28 layers (0-27), bf16, 114688 B/token" (FP8: "+ N
   // B/block of scales").
   std::vector<std::string> describe() const;
+  // describe()'s lines joined by "; ", for error messages.
+  std::string summary() const;
 
  private:
   std::vector<KvGroup> groups_;

@@ -162,6 +162,12 @@ std::vector<KvGroupAlloc> KvGroups::allocs() const {
   return a;
 }
 
+std::string KvGroups::summary() const {
+  std::string s;
+  for (const std::string& line : describe()) s += (s.empty() ? "" : "; ") + line;
+  return s;
+}
+
 std::vector<std::string> KvGroups::describe() const {
   std::vector<std::string> lines;
   for (int64_t g = 0; g < size(); ++g) {

@@ -37,12 +37,6 @@ struct IndexLayout {
   }
 };
 
-std::string describe_groups(const KvGroups& groups) {
-  std::string s;
-  for (const std::string& line : groups.describe()) s += (s.empty() ? "" : "; ") + line;
-  return s;
-}
-
 // One KV group's step: where its index arrays sit, its window and its kernel's plan.
 struct GroupStep {
   IndexLayout layout;
@@ -65,13 +59,13 @@ class PagedAttentionBackend final : public AttentionBackend {
         done_(device_) {
     const PagedKVPoolConfig& c = pool.config();
     if (groups != nullptr && !groups->single_full()) groups_ = *groups;
-    LONGCTX_CHECK(!groups_ || (groups_->pool_layers() == c.num_layers &&
-                               !groups_->has_kind(KvGroupKind::kState)),
-                  ErrorCode::kInvalidArgument,
-                  "paged attention over KV groups ({}) needs a pool of {} layers (has {}) and no "
-                  "per-sequence state group",
-                  groups_ ? describe_groups(*groups_) : "", groups_ ? groups_->pool_layers() : 0,
-                  c.num_layers);
+    LONGCTX_CHECK(
+        !groups_ ||
+            (groups_->pool_layers() == c.num_layers && !groups_->has_kind(KvGroupKind::kState)),
+        ErrorCode::kInvalidArgument,
+        "paged attention over KV groups ({}) needs a pool of {} layers (has {}) and no "
+        "per-sequence state group",
+        groups_ ? groups_->summary() : "", groups_ ? groups_->pool_layers() : 0, c.num_layers);
     const int64_t num_groups = groups_ ? groups_->size() : 1;
     for (int64_t g = 0, base = 0; g < num_groups; ++g) {
       GroupStep st{IndexLayout(limits.max_tokens, limits.max_seqs, limits.max_blocks, base)};
@@ -141,7 +135,7 @@ class PagedAttentionBackend final : public AttentionBackend {
                   "--sparse-policy {} on the GPU runs models of one full-attention KV group; this "
                   "one has {} ({})",
                   sparse_policy_name(sparse.policy), groups_ ? groups_->size() : 1,
-                  groups_ ? describe_groups(*groups_) : "");
+                  groups_ ? groups_->summary() : "");
   }
 
   void copy_blocks(std::span<const KVBlockCopy> copies) override {
