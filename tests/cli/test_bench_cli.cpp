@@ -31,6 +31,23 @@ TEST(BenchCli, LatencyPrintsTtftAndTpot) {
   EXPECT_NE(r.out.find("TPOT"), std::string::npos) << r.out;
 }
 
+TEST(BenchCli, LatencyWithAStructuredOutputCountsItsTokens) {
+  const std::string schema = std::string(LONGCTX_SOURCE_DIR) + "/bench/engine/latency_schema.json";
+  auto r = run_cli("bench latency " + kModel +
+                   "--input-len 20 --output-len 12 --num-iters 1 --num-warmup 0 --json-schema '" +
+                   schema + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  // The schema's 50 required strings outlast 12 tokens: the output runs to max_tokens.
+  EXPECT_NE(r.out.find("structured output: 12.0 tokens per request"), std::string::npos) << r.out;
+  r = run_cli("bench latency " + kModel +
+              "--input-len 20 --output-len 4 --num-iters 1 --json-object --regex 'a+'");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("are exclusive"), std::string::npos) << r.err;
+  r = run_cli("bench latency " + kModel + "--input-len 20 --json-schema /no/such/schema.json");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("neither a JSON object nor a readable file"), std::string::npos) << r.err;
+}
+
 TEST(BenchCli, BadWorkloadIsAClearError) {
   auto r = run_cli("bench throughput " + kModel + "--min-input-len 50 --max-input-len 10");
   EXPECT_NE(r.rc, 0);

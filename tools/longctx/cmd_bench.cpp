@@ -3,12 +3,17 @@
 //     tokens, outputs of 100-1024 tokens, temperature 0.6, EOS ignored), all submitted at once;
 //     prints requests/s, output tok/s and total tok/s.
 //   latency: a batch of fixed-length random prompts; prints TTFT, TPOT and end-to-end time.
+//     --json-schema / --json-object / --regex constrain every output (structured outputs): the
+//     grammar masks' cost against the same run without them.
 //   offload: bench_offload.cpp.
 // bench/engine/hf_peer.py runs transformers on the same workloads.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "bench_offload.h"
 #include "command.h"
@@ -35,7 +40,37 @@ struct LatencyOptions {
   int64_t input_len = 32768, output_len = 128, batch_size = 1;
   int num_iters = 3, num_warmup = 1;
   uint64_t seed = 0;
+  std::string json_schema;  // a schema's JSON text or a file holding it
+  bool json_object = false;
+  std::string regex;
 };
+
+// The structured output the options ask for (at most one of them).
+StructuredOutput latency_constraint(const LatencyOptions& o) {
+  StructuredOutput c;
+  LONGCTX_CHECK(int{!o.json_schema.empty()} + int{o.json_object} + int{!o.regex.empty()} <= 1,
+                ErrorCode::kInvalidArgument,
+                "bench latency: --json-schema, --json-object and --regex are exclusive");
+  if (!o.json_schema.empty()) {
+    c.kind = StructuredOutput::Kind::kJsonSchema;
+    c.json_schema = o.json_schema;
+    if (o.json_schema.front() != '{') {  // a file
+      std::ifstream in{std::filesystem::path(o.json_schema)};
+      LONGCTX_CHECK(in.good(), ErrorCode::kInvalidArgument,
+                    "bench latency: --json-schema {} is neither a JSON object nor a readable file",
+                    o.json_schema);
+      std::ostringstream text;
+      text << in.rdbuf();
+      c.json_schema = text.str();
+    }
+  } else if (o.json_object) {
+    c.kind = StructuredOutput::Kind::kJsonObject;
+  } else if (!o.regex.empty()) {
+    c.kind = StructuredOutput::Kind::kRegex;
+    c.regex = o.regex;
+  }
+  return c;
+}
 
 double now_seconds() {
   using namespace std::chrono;
@@ -116,7 +151,9 @@ void run_latency(LatencyOptions& o) {
   sp.temperature = 0;
   sp.ignore_eos = true;
   sp.max_tokens = o.output_len;
+  sp.structured = latency_constraint(o);
   std::vector<double> ttft, tpot, e2e;
+  int64_t generated = 0, requests = 0;
   for (int it = 0; it < o.num_warmup + o.num_iters; ++it) {
     // Fresh random prompts every iteration: no prefix-cache hits between iterations.
     std::vector<Prompt> prompts;
@@ -128,8 +165,12 @@ void run_latency(LatencyOptions& o) {
     if (it < o.num_warmup) continue;
     double first = 0, per_token = 0;
     for (const auto& out : outs) {
+      // A constrained output may end before output_len (its document complete).
+      const auto n = static_cast<int64_t>(out.token_ids.size());
       first = std::max(first, out.metrics.first_token - t0);
-      per_token += o.output_len > 1 ? out.metrics.decode_seconds() / double(o.output_len - 1) : 0;
+      per_token += n > 1 ? out.metrics.decode_seconds() / double(n - 1) : 0;
+      generated += n;
+      ++requests;
     }
     ttft.push_back(first);
     tpot.push_back(per_token / static_cast<double>(outs.size()));
@@ -140,6 +181,9 @@ void run_latency(LatencyOptions& o) {
               static_cast<long long>(o.output_len), o.num_iters, llm->device().str().c_str());
   std::printf("  TTFT %.2f ms, TPOT %.3f ms, end-to-end %.3f s (medians)\n", 1e3 * median(ttft),
               1e3 * median(tpot), median(e2e));
+  if (sp.structured.enabled())
+    std::printf("  structured output: %.1f tokens per request on average\n",
+                requests > 0 ? double(generated) / double(requests) : 0.0);
 }
 
 CommandRegistration reg("bench", [](CLI::App& app) {
@@ -167,6 +211,10 @@ CommandRegistration reg("bench", [](CLI::App& app) {
   lc->add_option("--num-iters", l->num_iters)->capture_default_str();
   lc->add_option("--num-warmup", l->num_warmup)->capture_default_str();
   add_seed_option(*lc, "--seed", l->seed, "workload seed (default 0)");
+  lc->add_option("--json-schema", l->json_schema,
+                 "constrain every output to this JSON schema (its text or a file)");
+  lc->add_flag("--json-object", l->json_object, "constrain every output to a JSON object");
+  lc->add_option("--regex", l->regex, "constrain every output to match this regex");
   lc->callback([l] { run_latency(*l); });
 
   add_bench_offload(bench);
