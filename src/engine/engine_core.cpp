@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <span>
+#include <string>
 
 #include "engine/kv_event_publisher.h"
 #include "engine/kv_store.h"
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
 #include "longctx/core/logging.h"
+#include "longctx/core/parallel.h"
 #include "longctx/tokenizer/tokenizer.h"
 #include "structured/json_schema.h"
 #include "structured/regex.h"
@@ -34,6 +38,41 @@ BlockManager make_block_manager(const Executor* executor, bool prefix_caching) {
   if (l.groups.empty()) l.groups.push_back(KvGroupAlloc{});
   return BlockManager(l.num_blocks, l.block_size, prefix_caching, std::move(l.groups),
                       l.num_state_slots);
+}
+
+// The tokens each constrained row's grammar allows, within what its request may still generate.
+// The rows' masks are independent CPU work (a new grammar state walks the whole vocabulary), done
+// over the thread pool while the device runs the step. A row whose grammar fails ends its own
+// request (abort), not the batch: its entry of the result is 1.
+std::vector<uint8_t> fill_grammar_masks(std::span<Sequence* const> rows,
+                                        std::span<const size_t> constrained) {
+  std::vector<uint8_t> dropped(rows.size(), 0);
+  std::vector<std::string> errors(constrained.size());
+  std::vector<std::exception_ptr> fatal(constrained.size());
+  parallel_for(static_cast<int64_t>(constrained.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      Sequence& seq = *rows[constrained[i]];
+      std::vector<uint32_t>& mask = seq.sampler.token_mask();
+      try {
+        mask.resize(static_cast<size_t>(seq.grammar->grammar().vocab().mask_words()));
+        seq.grammar->fill_mask(seq.max_total_tokens - static_cast<int64_t>(seq.tokens.size()),
+                               mask);
+      } catch (const Error& e) {
+        errors[i] = e.what();
+      } catch (...) {
+        fatal[i] = std::current_exception();
+      }
+    }
+  });
+  for (size_t i = 0; i < constrained.size(); ++i) {
+    if (fatal[i]) std::rethrow_exception(fatal[i]);
+    if (errors[i].empty()) continue;
+    Sequence& seq = *rows[constrained[i]];
+    LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", seq.output.index, errors[i]);
+    seq.sampler.token_mask().clear();
+    dropped[constrained[i]] = 1;
+  }
+  return dropped;
 }
 
 }  // namespace
@@ -304,28 +343,16 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
   std::vector<Sequence*> rows;
   std::vector<const SamplingParams*> params;
   std::vector<SamplerState*> states;
-  std::vector<uint8_t> dropped;  // a grammar past its bounds: the row is sampled, then discarded
+  std::vector<size_t> constrained;  // rows with a grammar
   for (const ScheduledSeq& s : out.seqs) {
     if (!s.sample) continue;
+    if (s.seq->grammar != nullptr) constrained.push_back(rows.size());
     rows.push_back(s.seq);
     params.push_back(&s.seq->params);
     states.push_back(&s.seq->sampler);
-    dropped.push_back(0);
-    if (s.seq->grammar == nullptr) continue;
-    // The tokens the grammar allows, within what the request may still generate.
-    std::vector<uint32_t>& mask = s.seq->sampler.token_mask();
-    mask.resize(static_cast<size_t>(s.seq->grammar->grammar().vocab().mask_words()));
-    try {
-      s.seq->grammar->fill_mask(
-          s.seq->max_total_tokens - static_cast<int64_t>(s.seq->tokens.size()), mask);
-    } catch (const Error& e) {
-      // Ends its own request (abort), not the batch.
-      LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", s.seq->output.index,
-                        e.what());
-      mask.clear();
-      dropped.back() = 1;
-    }
   }
+  // a grammar past its bounds: the row is sampled, then discarded
+  const std::vector<uint8_t> dropped = fill_grammar_masks(rows, constrained);
   std::vector<SampleResult> samples = executor_->sample(logits, params, states);
   LONGCTX_CHECK(samples.size() == rows.size(), ErrorCode::kInternal,
                 "executor sampled {} tokens for {} rows", samples.size(), rows.size());

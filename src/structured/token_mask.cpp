@@ -12,6 +12,8 @@ namespace {
 // Masks kept per grammar; past it the cache starts over (a long random walk through a big
 // grammar must not hold memory without bound).
 constexpr size_t kMaxCachedMasks = 4096;
+// Tokens between two cumulative levels of a mask (TokenMask::levels) at least.
+constexpr size_t kLevelTokens = 4096;
 
 void set_bit(std::span<uint32_t> words, int32_t t) { words[t >> 5] |= uint32_t{1} << (t & 31); }
 
@@ -120,6 +122,24 @@ class StateTable {
   std::unordered_map<uint64_t, int32_t> edges_;
 };
 
+// Sorts the mask's tokens by distance and keeps a cumulative mask where at least kLevelTokens
+// tokens joined since the last one (below max_distance: `bits` is the mask there).
+void add_levels(TokenMask& m, int64_t words) {
+  std::sort(m.by_distance.begin(), m.by_distance.end());
+  std::vector<uint32_t> cum(static_cast<size_t>(words), 0);
+  size_t last = 0;
+  for (size_t i = 0; i < m.by_distance.size();) {
+    const int32_t d = m.by_distance[i].first;
+    if (d == m.max_distance) break;
+    for (; i < m.by_distance.size() && m.by_distance[i].first == d; ++i)
+      set_bit(cum, m.by_distance[i].second);
+    if (i - last >= kLevelTokens) {
+      m.levels.push_back({d, i, cum});
+      last = i;
+    }
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<const TokenMask> CompiledGrammar::compute(const GrammarState& state) const {
@@ -155,7 +175,7 @@ std::shared_ptr<const TokenMask> CompiledGrammar::compute(const GrammarState& st
     const int32_t d = table.distance(at[alive]);
     if (d < Grammar::kInfinite) {
       set_bit(m->bits, t);
-      m->allowed.emplace_back(t, d);
+      m->by_distance.emplace_back(d, t);
       m->max_distance = std::max(m->max_distance, d);
     }
     ++i;
@@ -163,9 +183,10 @@ std::shared_ptr<const TokenMask> CompiledGrammar::compute(const GrammarState& st
   if (grammar_.accepting(state)) {
     for (int32_t e : v.eos_) {
       set_bit(m->bits, e);
-      m->allowed.emplace_back(e, 0);
+      m->by_distance.emplace_back(0, e);
     }
   }
+  add_levels(*m, v.mask_words());
   return m;
 }
 
@@ -184,16 +205,20 @@ void GrammarMatcher::fill_mask(int64_t remaining, std::span<uint32_t> words) con
     std::copy(m->bits.begin(), m->bits.end(), words.begin());
     return;
   }
-  int32_t least = Grammar::kInfinite;
-  for (const auto& [t, d] : m->allowed) {
-    if (d <= budget) set_bit(words, t);
-    least = std::min(least, d);
-  }
-  if (least <= budget) return;
+  const auto& order = m->by_distance;
+  if (order.empty()) return;
   // Nothing completes in time: take the tokens that close fastest.
-  for (const auto& [t, d] : m->allowed) {
-    if (d == least) set_bit(words, t);
+  const int64_t limit = std::max<int64_t>(budget, order.front().first);
+  // The deepest cumulative level within the limit, then the tokens after it.
+  size_t i = 0;
+  for (auto it = m->levels.rbegin(); it != m->levels.rend(); ++it) {
+    if (it->distance <= limit) {
+      std::copy(it->bits.begin(), it->bits.end(), words.begin());
+      i = it->end;
+      break;
+    }
   }
+  for (; i < order.size() && order[i].first <= limit; ++i) set_bit(words, order[i].second);
 }
 
 bool GrammarMatcher::accept(int32_t token) {

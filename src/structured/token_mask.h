@@ -51,9 +51,21 @@ class TokenVocabulary {
 
 // The tokens allowed in one state.
 struct TokenMask {
-  std::vector<uint32_t> bits;                        // bit t of word t / 32: token t allowed
-  std::vector<std::pair<int32_t, int32_t>> allowed;  // (token, distance after it)
-  int32_t max_distance = 0;                          // over `allowed`
+  // A cumulative mask: every allowed token whose distance is at most `distance`; `end` of them
+  // lead `by_distance`.
+  struct Level {
+    int32_t distance = 0;
+    size_t end = 0;
+    std::vector<uint32_t> bits;
+  };
+  std::vector<uint32_t> bits;  // bit t of word t / 32: token t allowed
+  // (distance after the token, token) of every allowed token, by distance.
+  std::vector<std::pair<int32_t, int32_t>> by_distance;
+  // Levels where many tokens share a distance (a string's body: most of the vocabulary), so that
+  // a budget short of max_distance costs a copy and the few tokens past the level, not a walk
+  // over every allowed token.
+  std::vector<Level> levels;
+  int32_t max_distance = 0;  // over by_distance
 };
 
 // A grammar with its vocabulary and mask cache: what requests with the same schema share.

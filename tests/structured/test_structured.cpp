@@ -347,6 +347,62 @@ TEST(TokenMask, RepeatedStatesComeFromTheCache) {
   EXPECT_EQ(hits, static_cast<int64_t>(walk.size()) - 4);
 }
 
+// A short budget's mask is every token whose distance fits, or the least-distance tokens when
+// none does, whether it comes from a cumulative level (a vocabulary of 12K string-body tokens
+// makes levels) or from the sorted tokens past it.
+TEST(TokenMask, ShortBudgetsKeepExactlyTheTokensThatFit) {
+  std::mt19937 rng(5);
+  std::vector<std::string> tokens;
+  for (int c = 32; c < 127; ++c) tokens.emplace_back(1, static_cast<char>(c));
+  const std::string letters = "abcdefghijklmnopqrstuvwxyz ,.";
+  std::set<std::string> seen(tokens.begin(), tokens.end());
+  while (tokens.size() < 12000) {
+    std::string t(2 + rng() % 4, ' ');
+    for (char& ch : t) ch = letters[rng() % letters.size()];
+    if (rng() % 7 == 0) t += rng() % 2 ? "\"," : "\"]";
+    if (seen.insert(t).second) tokens.push_back(t);
+  }
+  const auto eos = static_cast<int32_t>(tokens.size());
+  tokens.emplace_back();
+  auto vocab = std::make_shared<TokenVocabulary>(tokens, std::vector<int32_t>{eos},
+                                                 static_cast<int64_t>(tokens.size()));
+  auto compiled = std::make_shared<CompiledGrammar>(
+      grammar_of(R"({"type":"object","properties":{"tags":{"type":"array","items":)"
+                 R"({"type":"string"},"minItems":3}},"required":["tags"]})"),
+      vocab);
+  const Grammar& g = compiled->grammar();
+  GrammarMatcher m(compiled);
+  GrammarState state = g.initial();
+  std::vector<uint32_t> words(vocab->mask_words());
+  int with_levels = 0;
+  for (int step = 0; step < 60 && !m.terminated(); ++step) {
+    const std::shared_ptr<const TokenMask> mask = compiled->mask(state);
+    with_levels += mask->levels.empty() ? 0 : 1;
+    std::vector<int32_t> distance(tokens.size(), -1);  // of the state after each allowed token
+    for (const auto& [d, tok] : mask->by_distance) distance[tok] = d;
+    for (int64_t remaining = 1; remaining <= mask->max_distance + 2; ++remaining) {
+      m.fill_mask(remaining, words);
+      const int32_t least = mask->by_distance.front().first;
+      const int64_t limit = std::max<int64_t>(remaining - 1, least);
+      for (int32_t t = 0; t < vocab->num_logits(); ++t) {
+        const bool expect = distance[t] >= 0 && distance[t] <= limit;
+        ASSERT_EQ(((words[t >> 5] >> (t & 31)) & 1) != 0, expect)
+            << "step " << step << " remaining " << remaining << " token " << t;
+      }
+    }
+    // Move on by a random allowed token (EOS only at the end).
+    m.fill_mask(1 << 20, words);
+    std::vector<int32_t> allowed;
+    for (int32_t t = 0; t < eos; ++t)
+      if ((words[t >> 5] >> (t & 31)) & 1) allowed.push_back(t);
+    if (allowed.empty()) break;
+    const int32_t t = allowed[rng() % allowed.size()];
+    ASSERT_TRUE(m.accept(t));
+    state = g.advance(state, tokens[t]);
+  }
+  EXPECT_GT(with_levels, 10);
+}
+
 // ---------- the budget: random-logit walks always end in a valid document ----------
 
 std::shared_ptr<const TokenVocabulary> needle_vocab() {
