@@ -55,5 +55,24 @@ TEST(PagedDispatch, GenericTuningTakesTheGenericKernelEverywhere) {
   EXPECT_FALSE(paged_planned_kernels(llama_shape(64), t));
 }
 
+// An FP8 cache takes the planned kernels (the split-KV decode and the mma.sync prefill read it):
+// its prefill plans pin the mma.sync kernel (kFa2), whatever the tuning asked; a 16-bit cache
+// keeps the tuning's choice.
+TEST(PagedDispatch, Fp8CachePlansTheMmaSyncPrefill) {
+  kernels::KernelTuning t;
+  ASSERT_EQ(t.prefill.kernel, kernels::PrefillKernel::kSm90);
+  PagedShape s = llama_shape();
+  s.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  EXPECT_TRUE(paged_planned_kernels(s, t));
+  EXPECT_EQ(prefill_tuning_for(s, t.prefill).kernel, kernels::PrefillKernel::kFa2);
+  EXPECT_EQ(prefill_tuning_for(llama_shape(), t.prefill).kernel, kernels::PrefillKernel::kSm90);
+  t.prefill.kernel = kernels::PrefillKernel::kFa2;
+  EXPECT_EQ(prefill_tuning_for(llama_shape(), t.prefill).kernel, kernels::PrefillKernel::kFa2);
+  // Shapes without the planned kernels stay on the generic kernel, FP8 or not.
+  PagedShape small = llama_shape(16);
+  small.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  EXPECT_FALSE(paged_planned_kernels(small, t));
+}
+
 }  // namespace
 }  // namespace longctx

@@ -15,4 +15,17 @@ PagedKernel choose_paged_kernel(bool planned_kernels, bool all_decode) {
   return all_decode ? PagedKernel::kDecode : PagedKernel::kPrefill;
 }
 
+kernels::PrefillTuning prefill_tuning_for(const PagedShape& shape,
+                                          const kernels::PrefillTuning& tuning) {
+  kernels::PrefillTuning t = tuning;
+  switch (shape.kv_format) {
+    case kernels::KvCacheFormat::kFp8E4M3:
+      t.kernel = kernels::PrefillKernel::kFa2;
+      break;
+    case kernels::KvCacheFormat::kDtype:
+      break;
+  }
+  return t;
+}
+
 }  // namespace longctx

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/kv_format.h"
 #include "longctx/core/dtype.h"
 #include "longctx/kernels/kernel_tuning.h"
 
@@ -23,8 +24,10 @@ struct PagedShape {
   int num_qo_heads = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
-  int page_size = 0;  // tokens per page (the engine's block size)
-  DType dtype = DType::kBF16;
+  int page_size = 0;           // tokens per page (the engine's block size)
+  DType dtype = DType::kBF16;  // of q and o (and of a 16-bit cache)
+  // kFp8E4M3: the caches hold FP8 codes with per (page, KV head) scales (kernels/kv_format.h).
+  kernels::KvCacheFormat kv_format = kernels::KvCacheFormat::kDtype;
   float sm_scale = 0.f;
 };
 
@@ -36,5 +39,11 @@ bool paged_planned_kernels(const PagedShape& shape, const kernels::KernelTuning&
 // The kernel of one call: with the planned kernels, the split-KV decode when every sequence has
 // one query (all_decode), else the paged prefill; without them the generic kernel.
 PagedKernel choose_paged_kernel(bool planned_kernels, bool all_decode);
+
+// The prefill plan's tuning for `shape`: `tuning` itself, except that an FP8 cache takes the
+// mma.sync kernel (PrefillKernel::kFa2: the one with a converting FP8 loader; the Hopper kernel
+// reads 16-bit caches only).
+kernels::PrefillTuning prefill_tuning_for(const PagedShape& shape,
+                                          const kernels::PrefillTuning& tuning);
 
 }  // namespace longctx

@@ -569,23 +569,6 @@ struct Fp8Shape {
   static_assert(CPT * kThreads == TILE * LPT, "tile copies must divide over the threads");
 };
 
-// 16 codes -> 16 elements of T (two 16-byte chunks), times `scale`.
-template <typename T>
-__device__ __forceinline__ void convert16(uint4 codes, float scale, uint4& lo, uint4& hi) {
-  const uint32_t in[4] = {codes.x, codes.y, codes.z, codes.w};
-  uint32_t out[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float2 f = fp8e4m3x2_to_float2(uint16_t(in[i] >> (16 * half)));
-      out[2 * i + half] = Mma<T>::pack(f.x * scale, f.y * scale);
-    }
-  }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
-}
-
 template <typename T, int D, int GT>
 __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
   using S = Fp8Shape<D>;
@@ -654,10 +637,10 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
       const int src = tt * D + cp_cc * 16;
       const float sk = scales(st)[2 * tt], sv = scales(st)[2 * tt + 1];
       uint4 lo, hi;
-      convert16<T>(*reinterpret_cast<const uint4*>(codes_k(st) + src), sk, lo, hi);
+      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(codes_k(st) + src), sk, lo, hi);
       *reinterpret_cast<uint4*>(tile_k + (L::addr(tk, tt, 2 * cp_cc) - tk)) = lo;
       *reinterpret_cast<uint4*>(tile_k + (L::addr(tk, tt, 2 * cp_cc + 1) - tk)) = hi;
-      convert16<T>(*reinterpret_cast<const uint4*>(codes_v(st) + src), sv, lo, hi);
+      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(codes_v(st) + src), sv, lo, hi);
       *reinterpret_cast<uint4*>(tile_v + (L::addr(tv, tt, 2 * cp_cc) - tv)) = lo;
       *reinterpret_cast<uint4*>(tile_v + (L::addr(tv, tt, 2 * cp_cc + 1) - tv)) = hi;
     }

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/mma_device.cuh"
+
 namespace longctx::kernels::cuda::detail {
 
 // Exact decode of one code (NaN codes give a quiet NaN of their sign), as fp8e4m3_to_f32.
@@ -48,6 +50,25 @@ __device__ __forceinline__ uint8_t fp8e4m3_encode(float f) {
 __device__ __forceinline__ float2 fp8e4m3x2_to_float2(uint16_t pair) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// 16 codes -> 16 elements of T (two 16-byte chunks: elements 0..7 in lo, 8..15 in hi), times
+// `scale` (a page scale: a power of two, so the product is exact in bf16). The attention kernels'
+// converting tile loaders: per code pair one cvt to f16x2, two to f32, two multiplies, one pack.
+template <typename T>
+__device__ __forceinline__ void fp8x16_to_elements(uint4 codes, float scale, uint4& lo, uint4& hi) {
+  const uint32_t in[4] = {codes.x, codes.y, codes.z, codes.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float2 f = fp8e4m3x2_to_float2(uint16_t(in[i] >> (16 * half)));
+      out[2 * i + half] = Mma<T>::pack(f.x * scale, f.y * scale);
+    }
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
 }  // namespace longctx::kernels::cuda::detail
