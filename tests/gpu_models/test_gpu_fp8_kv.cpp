@@ -3,11 +3,14 @@
 //     activations) at the ends of a chunked prefill whose chunks end inside blocks (so later rows
 //     raise a block's scales): per chunk end KL(cpu || gpu) <= kVsCpuKl and the same top token
 //     where the CPU's top-1/top-2 margin exceeds 0.5. The GPU runs f16 activations (closest to
-//     the CPU's f32); its K/V rows round to f16 before they are encoded, so a few codes sit one
-//     step from the CPU's: the bound is FP8's, not the bf16 path's 1e-3;
-//   - against the GPU's own bf16 cache over every position (bf16 activations): max KL <= 0.8,
-//     the CPU engine's FP8-vs-f32 bound (tests/engine/test_fp8_kv_engine.cpp, measured 0.55
-//     there), and the cache must be quantized (KL > 0);
+//     the CPU's f32); its K/V rows round to f16 (10 mantissa bits) before they are encoded, so
+//     about 1 % of the codes (those within f16's error of an E4M3 midpoint) sit one step (2^-3
+//     relative) from the CPU's: an error of about a third of FP8's own, whose KL the CPU engine
+//     measured up to 0.55 (tests/engine/test_fp8_kv_engine.cpp), hence 0.15, not the 16-bit
+//     path's 1e-3;
+//   - against the GPU's own bf16 cache over every position (bf16 activations): max KL <= 1.0
+//     (the CPU engine's FP8-vs-f32 bound of 0.8 over 10 chunk ends, with room for 1500
+//     positions), mean KL <= 0.05, and the cache must be quantized (KL > 0);
 //   - the engine: greedy generation with CUDA graphs equals eager (the FP8 decode kernel in a
 //     graph; scale pointers fixed per pool), with prefix caching and preemption on.
 // The bounds were set from the CPU engine's measurements, before a GPU run: the lead records
@@ -31,8 +34,9 @@
 namespace longctx::testing {
 namespace {
 
-constexpr double kVsCpuKl = 0.05;
-constexpr double kVsBf16MaxKl = 0.8;
+constexpr double kVsCpuKl = 0.15;
+constexpr double kVsBf16MaxKl = 1.0;
+constexpr double kVsBf16MeanKl = 0.05;
 
 std::shared_ptr<const Checkpoint> needle_checkpoint() {
   static auto ck = std::make_shared<const Checkpoint>(load_checkpoint(needle_v1_dir()));
@@ -141,6 +145,7 @@ TEST(GpuFp8Kv, EveryPositionStaysCloseToTheBf16Cache) {
   std::printf("bf16 vs FP8 KV over %lld positions: KL max %.3e mean %.3e\n", (long long)n, worst,
               mean);
   EXPECT_LE(worst, kVsBf16MaxKl);
+  EXPECT_LE(mean, kVsBf16MeanKl);
   EXPECT_GT(worst, 0.0) << "FP8 changed nothing: is the cache quantized?";
 }
 
