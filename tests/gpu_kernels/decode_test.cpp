@@ -597,6 +597,7 @@ TEST(DecodeFp8Gpu, Small) {
 // Timing only (LONGCTX_PERF=1): batch 1 and 8 at 32K and 128K keys, Llama-3.1-8B heads (32 / 8
 // x 128), pages of 16 and 128, bf16 KV then FP8 KV in the same process (the same GPU).
 TEST(DecodeFp8Gpu, PerfBf16VsFp8) {
+  if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
   std::vector<std::unique_ptr<OpCase>> cases;
   for (int32_t kv : {32768, 131072})
     for (int batch : {1, 8})
@@ -607,6 +608,7 @@ TEST(DecodeFp8Gpu, PerfBf16VsFp8) {
               true, 256, 0, false, fp8));
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
 }
 
 }  // namespace
