@@ -38,8 +38,9 @@ bool paged_generic_supported(const PagedPrefillParams& params);
 
 // params' pointers are device pointers; total_q must equal qo_indptr[batch_size] (the host's
 // copy; token rows at or past qo_indptr[batch_size] are not written). q, k_cache and v_cache must
-// be 16-byte aligned; an FP8 cache needs k_scale and v_scale. Throws Error(kUnsupported) when paged_generic_supported() is false,
-// Error(kInvalidArgument) on a negative total_q / batch_size, null pointers or misalignment.
+// be 16-byte aligned; an FP8 cache needs k_scale and v_scale. Throws Error(kUnsupported) when
+// paged_generic_supported() is false, Error(kInvalidArgument) on a negative total_q / batch_size,
+// null pointers or misalignment.
 void paged_generic_run(const PagedPrefillParams& params, int total_q, cudaStream_t stream);
 
 }  // namespace longctx::kernels::cuda
