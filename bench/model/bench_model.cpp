@@ -9,6 +9,9 @@
 //   bench_model --preset llama-3.1-8b --contexts 32768 --cuda-graphs --graph-batches 1,16
 // Kernel tuning flags (longctx/kernels/kernel_tuning.h: --prefill-kernel fa2, --decode-loader 0,
 // --pdl 0, ...) pin the attention kernels' choices (GpuRunnerOptions::tuning); --help lists them.
+// --kv-cache-dtype bf16|fp8 picks the paged cache's format (docs/fp8_kv.md), e.g. decode at 128K
+// with an FP8 cache against bf16:
+//   bench_model --preset llama-3.1-8b --contexts 131072 --decode-steps 64 --kv-cache-dtype fp8
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -24,6 +27,7 @@
 #include "longctx/core/stream.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/kernels/kernel_tuning.h"
+#include "longctx/kv/kv_cache_dtype.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 
@@ -52,6 +56,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--block-size", opts.block_size, "KV block size");
   app.add_option("--gpu-memory-utilization", util)->capture_default_str();
+  std::string kv_cache_dtype = "bf16";
+  app.add_option("--kv-cache-dtype", kv_cache_dtype, "paged KV cache: bf16 or fp8 (E4M3)")
+      ->capture_default_str();
   bool cuda_graphs = false;
   std::vector<int64_t> graph_batches = {1};
   app.add_flag("--cuda-graphs", cuda_graphs,
@@ -74,6 +81,8 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    opts.kv_dtype =
+        resolve_kv_cache_dtype(parse_kv_cache_dtype(kv_cache_dtype), false, DType::kBF16);
     const double t_load = now();
     auto ckpt = std::make_shared<const Checkpoint>(
         model_dir.empty() ? make_dummy_checkpoint(dummy_preset_config(preset), 1)
@@ -86,6 +95,8 @@ int main(int argc, char** argv) {
     std::shared_ptr<Model> model = create_model(ckpt, mo);
     const double t_upload = now() - t_up;
     if (cuda_graphs) {
+      LONGCTX_CHECK(opts.kv_dtype != DType::kFP8E4M3, ErrorCode::kUnsupported,
+                    "--cuda-graphs builds its own bf16 pool: time FP8 decode without it");
       std::printf("model %s on %s; host build %.1f s, upload %.2f s\n",
                   model_dir.empty() ? ("dummy:" + preset).c_str() : model_dir.c_str(),
                   device_properties(0).name, t_host, t_upload);
@@ -109,6 +120,7 @@ int main(int argc, char** argv) {
                 format_bytes(weight_bytes).c_str(), device_properties(0).name, t_host, t_upload,
                 weight_bytes / t_upload / 1e9);
     std::printf("memory plan: %s\n", runner.memory_plan().str().c_str());
+    std::printf("KV cache: %s\n", std::string(dtype_name(opts.kv_dtype)).c_str());
     std::mt19937 rng(7);
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
     // Warm-up (kernels' first launch, cuBLASLt heuristics, pool growth).

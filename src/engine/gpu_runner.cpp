@@ -289,6 +289,10 @@ struct GpuRunner::Impl {
       for (int64_t l = 0; l < pool->config().num_layers; ++l) {
         pool->k(l).select(0, c.dst).copy_from(pool->k(l).select(0, c.src));
         pool->v(l).select(0, c.dst).copy_from(pool->v(l).select(0, c.src));
+        if (pool->config().fp8()) {  // the block's scales travel with its codes
+          pool->k_scale(l).select(0, c.dst).copy_from(pool->k_scale(l).select(0, c.src));
+          pool->v_scale(l).select(0, c.dst).copy_from(pool->v_scale(l).select(0, c.src));
+        }
       }
     }
     attention->copy_blocks(copies);  // a sparse policy's block metadata follows
@@ -396,9 +400,11 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   LONGCTX_CHECK(options.max_num_batched_tokens > 0 && options.max_num_seqs > 0,
                 ErrorCode::kInvalidArgument,
                 "GPU runner: max_num_batched_tokens and max_num_seqs must be positive");
-  LONGCTX_CHECK(options.kv_dtype != DType::kFP8E4M3, ErrorCode::kUnsupported,
-                "GPU runner: --kv-cache-dtype fp8 is not run on CUDA yet (the CPU engine runs "
-                "it; docs/fp8_kv.md lists what the CUDA kernels still need)");
+  const bool fp8 = options.kv_dtype == DType::kFP8E4M3;
+  LONGCTX_CHECK(!fp8 || !options.kv_offload, ErrorCode::kUnsupported,
+                "GPU runner: --kv-cache-dtype fp8 with --kv-offload is not run on CUDA yet (the "
+                "resident GPU cache and the CPU engine run FP8; docs/fp8_kv.md lists what the "
+                "offload path still needs): use --kv-cache-dtype bf16 with --kv-offload");
   Impl& m = *impl_;
   m.model = std::move(model);
   m.options = options;
@@ -406,7 +412,7 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   // Full and sliding-window groups share the paged pool (each layer reads its group's tables and
   // window); a per-sequence state group (linear attention) has no GPU storage yet, and the
   // offload ring moves the blocks of one full group.
-  m.groups = KvGroups::from_config(c, DType::kBF16);
+  m.groups = KvGroups::from_config(c, fp8 ? DType::kFP8E4M3 : DType::kBF16);
   const KvGroups& groups = m.groups;
   LONGCTX_CHECK(!groups.has_kind(KvGroupKind::kState), ErrorCode::kUnsupported,
                 "GPU runner: this model has linear-attention layers (a per-sequence state KV "
@@ -449,6 +455,10 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   PagedKVPoolConfig kv{groups.pool_layers(), c.num_key_value_heads, c.head_dim,
                        m.plan.block_size,    m.plan.num_kv_blocks,  m.model->activation_dtype(),
                        m.model->device()};
+  if (fp8) {
+    kv.dtype = DType::kFP8E4M3;
+    kv.fp8_source_dtype = m.model->activation_dtype();
+  }
   m.pool = std::make_unique<PagedKVPool>(kv);
   PagedBackendLimits limits;
   limits.max_tokens = options.max_num_batched_tokens;

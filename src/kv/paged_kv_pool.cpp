@@ -29,8 +29,9 @@ PagedKVPool::PagedKVPool(const PagedKVPoolConfig& config) : config_(config) {
     v_.push_back(Tensor::empty(shape, config.dtype, config.device));
     const Shape scale_shape =
         config.fp8() ? Shape{config.num_blocks, config.num_kv_heads} : Shape{0};
-    k_scale_.push_back(Tensor::empty(scale_shape, DType::kF32, config.device));
-    v_scale_.push_back(Tensor::empty(scale_shape, DType::kF32, config.device));
+    // Zeroed: a block's scales are defined before its first write (which restarts them).
+    k_scale_.push_back(Tensor::zeros(scale_shape, DType::kF32, config.device));
+    v_scale_.push_back(Tensor::zeros(scale_shape, DType::kF32, config.device));
   }
   free_.reserve(config.num_blocks);
   for (int64_t b = config.num_blocks; b-- > 0;) free_.push_back(static_cast<int32_t>(b));

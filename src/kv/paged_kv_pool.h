@@ -21,10 +21,14 @@ struct PagedKVPoolConfig {
   int64_t num_blocks = 0;
   DType dtype = DType::kBF16;
   Device device = Device::cpu();
+  // FP8 pools: the dtype of the rows the KV store encodes and of the attention's q and o (the
+  // model's activations); a 16-bit pool's is `dtype` (compute_dtype()).
+  DType fp8_source_dtype = DType::kBF16;
 
   // K and V of every layer for one block (FP8: and their scales).
   int64_t bytes_per_block() const;
   bool fp8() const { return dtype == DType::kFP8E4M3; }
+  DType compute_dtype() const { return fp8() ? fp8_source_dtype : dtype; }
 };
 
 class PagedKVPool {

@@ -91,5 +91,24 @@ TEST(GpuMemoryPlan, SparseBuffersAreReservedBeforeTheKvCache) {
   EXPECT_LT(q.num_kv_blocks, full.num_kv_blocks);
 }
 
+// --kv-cache-dtype fp8: a block costs its codes (one byte an element) plus one fp32 scale per
+// (layer, KV head) for K and for V, so the same budget holds about twice the tokens; the resident
+// plan sizes the GPU pool from those bytes.
+TEST(GpuMemoryPlan, Fp8KvCacheCountsCodesAndScales) {
+  const ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  GpuRunnerOptions o;
+  const GpuMemoryPlan bf16 = plan_gpu_memory(c, o, 120 * kGiB);
+  o.kv_dtype = DType::kFP8E4M3;
+  const GpuMemoryPlan fp8 = plan_gpu_memory(c, o, 120 * kGiB);
+  EXPECT_EQ(fp8.kv_block_bytes, 2ll * 32 * (kDefaultBlockSize * 8 * 128 + 8 * 4));
+  EXPECT_EQ(fp8.weights, bf16.weights);
+  EXPECT_LE(fp8.weights + fp8.activations + fp8.workspaces + fp8.kv_bytes(), fp8.budget);
+  // The same bytes for KV (within a block of each), so 1.9995x the blocks (the scales cost
+  // 0.05 %).
+  EXPECT_GE(fp8.kv_bytes() + fp8.kv_block_bytes, bf16.kv_bytes());
+  EXPECT_LE(fp8.kv_bytes(), bf16.kv_bytes() + bf16.kv_block_bytes);
+  EXPECT_GE(double(fp8.num_kv_blocks) / double(bf16.num_kv_blocks), 1.99);
+}
+
 }  // namespace
 }  // namespace longctx

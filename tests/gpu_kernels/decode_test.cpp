@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "gpu_kernels/fp8_pages.h"
 #include "gpu_kernels/harness.h"
 #include "gpu_kernels/paged_prefill_case.h"
 #include "kernels/cpu/decode_cpu.h"
@@ -34,13 +35,15 @@ class DecodeCase : public OpCase {
   // q_pad > 0: q rows sit q_pad elements (NaN) apart, as in a view of a fused QKV output.
   // nan_tail: the slots past each request's last key in its last page hold NaN in K and V (a
   // kernel that reads whole pages must keep them out of the result).
+  // fp8: the caches are FP8 pages (fp8_pages.h) and the reference reads the same codes.
   DecodeCase(PagedCaseShape s, bool perf_only = false, int min_chunk = 256, int q_pad = 0,
-             bool nan_tail = false)
+             bool nan_tail = false, bool fp8 = false)
       : s_(std::move(s)),
         perf_only_(perf_only),
         min_chunk_(min_chunk),
         q_pad_(q_pad),
-        nan_tail_(nan_tail) {
+        nan_tail_(nan_tail),
+        fp8_(fp8) {
     s_.q_lens.assign(s_.kv_lens.size(), 1);
   }
   std::string name() const override {
@@ -49,7 +52,8 @@ class DecodeCase : public OpCase {
     for (size_t i = 0; i < s_.kv_lens.size() && i < 6; ++i) os << (i ? "," : "") << s_.kv_lens[i];
     os << (s_.kv_lens.size() > 6 ? ",...]" : "]") << " h=" << s_.num_qo_heads << "/"
        << s_.num_kv_heads << " d=" << s_.head_dim << " page=" << s_.page_size << " "
-       << dtype_name(s_.dtype) << (s_.with_lse ? " lse" : "") << (q_pad_ ? " strided q" : "")
+       << dtype_name(s_.dtype) << (fp8_ ? " fp8 kv" : "") << (s_.with_lse ? " lse" : "")
+       << (q_pad_ ? " strided q" : "") << (nan_tail_ ? " nan tail" : "")
        << (s_.window > 0 ? " window=" + std::to_string(s_.window) : "") << ")";
     return os.str();
   }
@@ -72,7 +76,25 @@ class DecodeCase : public OpCase {
     } else {
       d_q_ = upload_vector(h.q);
     }
-    if (nan_tail_) {
+    if (fp8_) {
+      fp8_pages_ = make_fp8_pages(h, s_.seed);
+      if (nan_tail_) {  // NaN codes in the slots past each request's last key
+        const int64_t slot = int64_t(s_.num_kv_heads) * s_.head_dim;
+        for (size_t b = 0; b + 1 < h.kv_indptr.size(); ++b) {
+          if (h.kv_indptr[b + 1] == h.kv_indptr[b]) continue;
+          const int64_t page = h.kv_indices[h.kv_indptr[b + 1] - 1];
+          for (int sl = h.kv_last_page_len[b]; sl < s_.page_size; ++sl) {
+            const int64_t at = (page * s_.page_size + sl) * slot;
+            std::fill_n(fp8_pages_.k.begin() + at, slot, uint8_t(0x7f));
+            std::fill_n(fp8_pages_.v.begin() + at, slot, uint8_t(0xff));
+          }
+        }
+      }
+      d_k_ = upload_vector(fp8_pages_.k);
+      d_v_ = upload_vector(fp8_pages_.v);
+      d_ks_ = upload_vector(fp8_pages_.k_scale);
+      d_vs_ = upload_vector(fp8_pages_.v_scale);
+    } else if (nan_tail_) {
       std::vector<uint16_t> k = h.k_cache, v = h.v_cache;
       const int64_t slot = int64_t(s_.num_kv_heads) * s_.head_dim;
       for (size_t b = 0; b + 1 < h.kv_indptr.size(); ++b) {
@@ -105,13 +127,17 @@ class DecodeCase : public OpCase {
     params_.kv_indptr = static_cast<const int32_t*>(d_kvp_.data());
     params_.kv_indices = static_cast<const int32_t*>(d_kvi_.data());
     params_.kv_last_page_len = static_cast<const int32_t*>(d_last_.data());
+    if (fp8_)
+      set_fp8(params_, d_k_.data(), d_v_.data(), static_cast<const float*>(d_ks_.data()),
+              static_cast<const float*>(d_vs_.data()));
     d_ws_ = GuardedBuffer(
         kernels::cuda::decode_workspace_bytes(batch, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim),
         0);
-    plan_ = kernels::cuda::decode_plan(h.kv_indptr.data(), h.kv_last_page_len.data(), batch,
-                                       s_.page_size, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim,
-                                       d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_, {},
-                                       tuning_, s_.window);
+    plan_ = kernels::cuda::decode_plan(
+        h.kv_indptr.data(), h.kv_last_page_len.data(), batch, s_.page_size, s_.num_qo_heads,
+        s_.num_kv_heads, s_.head_dim, d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_, {},
+        tuning_, s_.window,
+        fp8_ ? kernels::KvCacheFormat::kFp8E4M3 : kernels::KvCacheFormat::kDtype);
   }
   void launch(cudaStream_t stream) override { kernels::cuda::decode_run(params_, plan_, stream); }
   void reset_outputs() {
@@ -126,12 +152,18 @@ class DecodeCase : public OpCase {
     std::vector<float> lse = d_lse_.download<float>();
     std::vector<uint16_t> o_ref(o.size());
     std::vector<float> lse_ref(size_t(batch) * s_.num_qo_heads);
-    kernels::cpu::decode_attention(h.decode_params(o_ref.data(), lse_ref.data()));
+    kernels::DecodeParams ref = h.decode_params(o_ref.data(), lse_ref.data());
+    if (fp8_)
+      set_fp8(ref, fp8_pages_.k.data(), fp8_pages_.v.data(), fp8_pages_.k_scale.data(),
+              fp8_pages_.v_scale.data());
+    kernels::cpu::decode_attention(ref);
     CaseResult r;
     const int64_t row = int64_t(s_.num_qo_heads) * s_.head_dim;
     HalfCompare co = compare_half_rows(o, o_ref, s_.dtype, row, {});
     r.max_abs_out = co.max_abs;
-    const double tol = s_.dtype == DType::kBF16 ? 1e-2 : 2e-3;
+    // FP8: the kernel's 16-bit tile holds the dequantized values exactly (a code times a power of
+    // two), so the error is the 16-bit path's; V rows are up to 2x larger (fp8_pages.h), so is it.
+    const double tol = (s_.dtype == DType::kBF16 ? 1e-2 : 2e-3) * (fp8_ ? 2 : 1);
     std::ostringstream why;
     why << "[chunk " << plan_.chunk_tokens << ", " << plan_.num_work_items << " items, "
         << plan_.num_partials << " partials] ";
@@ -190,7 +222,10 @@ class DecodeCase : public OpCase {
   kernels::DecodeTuning tuning_;
   int q_pad_;
   bool nan_tail_;
+  bool fp8_;
+  Fp8Pages fp8_pages_;
   std::unique_ptr<PagedCase> host_;
+  GuardedBuffer d_ks_, d_vs_;
   GuardedBuffer d_q_, d_k_, d_v_, d_kvp_, d_kvi_, d_last_, d_o_, d_lse_, d_ws_;
   kernels::DecodeParams params_;
   kernels::cuda::DecodePlan plan_;
@@ -505,6 +540,105 @@ TEST(DecodeGpu, TmaLoaderGraphReplayMatchesDirectLaunch) {
     SCOPED_TRACE(copy == kernels::DecodeStageCopy::kTmaBoxes ? "TMA boxes" : "cp.async stages");
     expect_graph_replay_matches_direct_launch(128, decode_pins(kAutoLoader, copy));
   }
+}
+
+// FP8 pages (fp8_pages.h: page scales that vary per page and head, raised inside pages) against
+// the CPU reference on the same codes: the grid of page sizes x GQA x head_dim x dtype over a
+// mixed batch.
+TEST(DecodeFp8Gpu, MixedBatchesOverTheGrid) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 300;
+  for (int page : {1, 16, 128})
+    for (int group : {1, 4, 8})
+      for (int d : {64, 128})
+        for (DType dt : {DType::kBF16, DType::kF16}) {
+          cases.push_back(std::make_unique<DecodeCase>(
+              dshape({0, 1, 7, 300, 1025, 4097}, 2 * group, 2, d, page, dt, seed % 3 != 0, seed),
+              false, 256, 0, false, true));
+          ++seed;
+        }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, 36);
+}
+
+// The converting ring's edges: lengths around its tile, pages of 1 / 7 / 16 / 256 tokens, many
+// splits (min chunk 64) merged by the last CTA, GQA 3 / 6 / 16, a strided q, NaN codes past each
+// request's last key (must not reach the output), sliding windows, one request of 131K keys.
+TEST(DecodeFp8Gpu, EdgesSplitsAndNanTails) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  const std::vector<int32_t> edges = {1, 31, 32, 33, 63, 64, 65, 127, 129, 255, 256, 257, 1000};
+  uint64_t seed = 400;
+  for (int page : {1, 7, 16, 256})
+    for (int d : {64, 128})
+      cases.push_back(std::make_unique<DecodeCase>(
+          dshape(edges, 8, 2, d, page, DType::kBF16, true, seed++), false, 64, 0, true, true));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({3000, 70, 0}, 32, 2, 128, 128, DType::kBF16, true, seed++), false, 256, 0, false,
+      true));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({5000, 17}, 6, 2, 128, 16, DType::kF16, true, seed++), false, 64, 0, true, true));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({2000, 9}, 24, 8, 64, 16, DType::kBF16, true, seed++), false, 64, 0, false, true));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({3000, 1, 700}, 32, 8, 128, 16, DType::kBF16, true, seed++), false, 256, 2 * 8 * 128,
+      false, true));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({131000}, 32, 8, 128, 16, DType::kBF16, true, seed++), false, 256, 0, true, true));
+  for (int window : {7, 65, 4096}) {
+    PagedCaseShape w = dshape({0, 1, 700, 9000}, 8, 2, 128, 16, DType::kBF16, true, seed++);
+    w.window = window;
+    cases.push_back(std::make_unique<DecodeCase>(w, false, 64, 0, false, true));
+  }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// The FP8 kernel in a CUDA graph: the scale pointers are kernel parameters fixed per pool.
+TEST(DecodeFp8Gpu, CudaGraphReplayMatchesDirectLaunch) {
+  DecodeCase c(dshape({9000, 3, 700}, 32, 8, 128, 16, DType::kBF16), false, 256, 0, false, true);
+  cudaStream_t stream;
+  LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  c.prepare(stream);
+  c.launch(stream);
+  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  CaseResult direct = c.check();
+  EXPECT_EQ(direct.status, Status::kOk) << direct.detail;
+  replay_in_graph(c, stream, [&] { c.reset_outputs(); });
+  CaseResult replay = c.check();
+  EXPECT_EQ(replay.status, Status::kOk) << replay.detail;
+  EXPECT_EQ(replay.max_abs_out, direct.max_abs_out);
+  cudaStreamDestroy(stream);
+}
+
+// A reduced set for compute-sanitizer.
+TEST(DecodeFp8Gpu, Small) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({0, 1, 300, 700}, 8, 2, 128, 16, DType::kBF16), false, 64, 0, true, true));
+  cases.push_back(std::make_unique<DecodeCase>(dshape({513, 5}, 3, 1, 64, 1, DType::kF16), false,
+                                               256, 0, false, true));
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, 2);
+}
+
+// Timing only (LONGCTX_PERF=1): batch 1 and 8 at 32K and 128K keys, Llama-3.1-8B heads (32 / 8
+// x 128), pages of 16 and 128, bf16 KV then FP8 KV in the same process (the same GPU).
+TEST(DecodeFp8Gpu, PerfBf16VsFp8) {
+  if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
+  std::vector<std::unique_ptr<OpCase>> cases;
+  for (int32_t kv : {32768, 131072})
+    for (int batch : {1, 8})
+      for (int page : {16, 128})
+        for (bool fp8 : {false, true})
+          cases.push_back(std::make_unique<DecodeCase>(
+              dshape(std::vector<int32_t>(batch, kv), 32, 8, 128, page, DType::kBF16, true, 7),
+              true, 256, 0, false, fp8));
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
 }
 
 }  // namespace

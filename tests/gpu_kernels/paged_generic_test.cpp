@@ -33,8 +33,11 @@ constexpr double kOutTolF16 = 2e-3;
 
 class GenericCase : public PagedPrefillCase {
  public:
-  explicit GenericCase(PagedCaseShape s, bool perf_only = false)
-      : PagedPrefillCase(std::move(s), perf_only, "generic", 7, kOutTolBf16, kOutTolF16) {}
+  explicit GenericCase(PagedCaseShape s, bool perf_only = false, bool fp8 = false)
+      : PagedPrefillCase(std::move(s), perf_only, fp8 ? "generic fp8" : "generic", 7, kOutTolBf16,
+                         kOutTolF16) {
+    if (fp8) use_fp8();
+  }
 
   bool supported() const override {
     kernels::PagedPrefillParams p;
@@ -48,6 +51,7 @@ class GenericCase : public PagedPrefillCase {
   void launch(cudaStream_t stream) override {
     kernels::cuda::paged_generic_run(params_, int(host_->total_q), stream);
   }
+  const kernels::PagedPrefillParams& params() const { return params_; }
 
  private:
   void check_more(const std::vector<uint16_t>& o, std::ostringstream& why,
@@ -282,6 +286,72 @@ TEST(PagedGenericGpu, Perf) {
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, 6);
+}
+
+// FP8 pages (fp8_pages.h) against the CPU reference reading the same codes: head_dim 8 .. 256,
+// pages 1 / 7 / 16 / 128, GQA 1 .. 12, both masks, windows, block-sparse masks, decode batches
+// and long prefills (sampled), partial last pages.
+TEST(PagedGenericFp8Gpu, Grid) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 900;
+  int idx = 0;
+  for (int d : {8, 16, 64, 128, 256})
+    for (int page : {1, 7, 16})
+      for (int group : {1, 4})
+        for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
+          const DType dt = (idx % 2) ? DType::kF16 : DType::kBF16;
+          cases.push_back(std::make_unique<GenericCase>(
+              gshape({1, 7, 0, 40, 1, 130, 5}, {1, 3, 10, 300, 2000, 200, 0}, 2 * group, 2, d, page,
+                     dt, mode, idx % 5 != 4, seed++),
+              false, true));
+          ++idx;
+        }
+  const DType bf = DType::kBF16;
+  cases.push_back(std::make_unique<GenericCase>(
+      gshape({33, 200}, {700, 199}, 6, 2, 16, 7, bf, MaskMode::kCausal, true, seed++), false,
+      true));  // GQA 3
+  cases.push_back(
+      std::make_unique<GenericCase>(gshape({9, 1, 100}, {9, 3000, 77}, 12, 1, 16, 16, DType::kF16,
+                                           MaskMode::kCausal, true, seed++),
+                                    false, true));  // GQA 12
+  cases.push_back(std::make_unique<GenericCase>(
+      gshape({1}, {33000}, 32, 8, 128, 16, bf, MaskMode::kCausal, true, seed++), false, true));
+  cases.push_back(std::make_unique<GenericCase>(
+      gshape({2048, 1000}, {2048, 3000}, 32, 8, 128, 128, bf, MaskMode::kCausal, true, seed++),
+      false, true));  // prefill chunks, sampled check
+  PagedCaseShape win =
+      gshape({300, 1}, {1000, 5000}, 8, 2, 64, 16, bf, MaskMode::kCausal, true, seed++);
+  win.window = 100;
+  cases.push_back(std::make_unique<GenericCase>(win, false, true));
+  PagedCaseShape sparse =
+      gshape({300, 600}, {900, 600}, 8, 2, 128, 16, bf, MaskMode::kCausal, true, seed++);
+  sparse.sparse_keep = 0.4;
+  sparse.sparse_per_head = true;
+  cases.push_back(std::make_unique<GenericCase>(sparse, false, true));
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+TEST(PagedGenericFp8Gpu, CudaGraphReplayMatchesDirectLaunch) {
+  GenericCase c(
+      gshape({1, 40, 1}, {300, 200, 4000}, 8, 2, 64, 16, DType::kBF16, MaskMode::kCausal, true, 77),
+      false, true);
+  expect_graph_replay_matches_direct_launch(c);
+}
+
+TEST(PagedGenericFp8Gpu, MissingScalesThrow) {
+  GenericCase c(gshape({1}, {30}, 4, 2, 64, 16, DType::kBF16, MaskMode::kCausal, true, 5), false,
+                true);
+  c.prepare(nullptr);
+  kernels::PagedPrefillParams p = c.params();
+  p.k_scale = nullptr;
+  try {
+    kernels::cuda::paged_generic_run(p, 1, nullptr);
+    ADD_FAILURE() << "FP8 params without k_scale accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu_kernels/fp8_pages.h"
 #include "gpu_kernels/harness.h"
 #include "kernels/cpu/attention_ref.h"
 #include "kernels/paged_case.h"
@@ -86,6 +87,10 @@ class PagedPrefillCase : public OpCase {
 
   bool perf_only() const override { return perf_only_; }
 
+  // The caches become FP8 pages (fp8_pages.h), read by the kernel and the reference alike; the
+  // output tolerances double (V rows up to 2x larger).
+  void use_fp8() { fp8_ = true; }
+
   CaseResult check() override {
     const testing::PagedCase& h = *host_;
     CaseResult r;
@@ -98,15 +103,19 @@ class PagedPrefillCase : public OpCase {
     const std::vector<int32_t> tokens = tokens_to_check();
     std::vector<uint16_t> o_ref(h.q.size(), 0);
     std::vector<float> lse_ref(lse.size(), 0.f);
-    kernels::cpu::paged_prefill_ref(h.params(o_ref.data(), lse_ref.data()),
-                                    tokens.empty() ? nullptr : tokens.data(),
+    kernels::PagedPrefillParams ref = h.params(o_ref.data(), lse_ref.data());
+    if (fp8_)
+      set_fp8(ref, fp8_pages_.k.data(), fp8_pages_.v.data(), fp8_pages_.k_scale.data(),
+              fp8_pages_.v_scale.data());
+    kernels::cpu::paged_prefill_ref(ref, tokens.empty() ? nullptr : tokens.data(),
                                     int64_t(tokens.size()));
     const std::vector<int64_t> rows(tokens.begin(), tokens.end());
     const int64_t row_elems = int64_t(s_.num_qo_heads) * s_.head_dim;
     const HalfCompare co = compare_half_rows(o, o_ref, s_.dtype, row_elems, rows);
     r.max_abs_out = co.max_abs;
-    const double tol = s_.dtype == DType::kBF16 ? out_tol_bf16_ : out_tol_f16_;
+    const double tol = (s_.dtype == DType::kBF16 ? out_tol_bf16_ : out_tol_f16_) * (fp8_ ? 2 : 1);
     std::ostringstream why;
+    if (fp8_) why << "[fp8 kv] ";
     if (!tokens.empty()) why << "[sampled " << tokens.size() << " of " << h.total_q << " tokens] ";
     bool ok = true;
     if (co.non_finite) ok = false, why << co.non_finite << " non-finite outputs; ";
@@ -161,8 +170,16 @@ class PagedPrefillCase : public OpCase {
     host_ = std::make_unique<testing::PagedCase>(s_);
     const testing::PagedCase& h = *host_;
     d_q_ = upload_vector(h.q);
-    d_k_ = upload_vector(h.k_cache);
-    d_v_ = upload_vector(h.v_cache);
+    if (fp8_) {
+      fp8_pages_ = make_fp8_pages(h, s_.seed);
+      d_k_ = upload_vector(fp8_pages_.k);
+      d_v_ = upload_vector(fp8_pages_.v);
+      d_ks_ = upload_vector(fp8_pages_.k_scale);
+      d_vs_ = upload_vector(fp8_pages_.v_scale);
+    } else {
+      d_k_ = upload_vector(h.k_cache);
+      d_v_ = upload_vector(h.v_cache);
+    }
     d_qo_ = upload_vector(h.qo_indptr);
     d_kvp_ = upload_vector(h.kv_indptr);
     d_kvi_ = upload_vector(h.kv_indices);
@@ -176,6 +193,9 @@ class PagedPrefillCase : public OpCase {
     params_.q = d_q_.data();
     params_.k_cache = d_k_.data();
     params_.v_cache = d_v_.data();
+    if (fp8_)
+      set_fp8(params_, d_k_.data(), d_v_.data(), static_cast<const float*>(d_ks_.data()),
+              static_cast<const float*>(d_vs_.data()));
     params_.qo_indptr = static_cast<const int32_t*>(d_qo_.data());
     params_.kv_indptr = static_cast<const int32_t*>(d_kvp_.data());
     params_.kv_indices = static_cast<const int32_t*>(d_kvi_.data());
@@ -191,6 +211,9 @@ class PagedPrefillCase : public OpCase {
                           bool& /*ok*/) const {}
 
   testing::PagedCaseShape s_;
+  bool fp8_ = false;
+  Fp8Pages fp8_pages_;
+  GuardedBuffer d_ks_, d_vs_;
   std::unique_ptr<testing::PagedCase> host_;
   GuardedBuffer d_q_, d_k_, d_v_, d_o_, d_lse_, d_qo_, d_kvp_, d_kvi_, d_last_, d_mask_,
       d_mask_indptr_;

@@ -39,6 +39,15 @@ class PrefillCase : public PagedPrefillCase {
                        const kernels::PrefillTuning& tuning = {})
       : PagedPrefillCase(std::move(s), perf_only, "prefill", 6, kOutTolBf16, kOutTolF16),
         tuning_(tuning) {}
+  // FP8 pages (fp8_pages.h), read by the mma.sync kernel's converting loader (its plan pins
+  // PrefillKernel::kFa2, as the paged backend's prefill_tuning_for does).
+  static std::unique_ptr<PrefillCase> fp8(PagedCaseShape s, bool perf_only = false) {
+    kernels::PrefillTuning t;
+    t.kernel = kernels::PrefillKernel::kFa2;
+    auto c = std::make_unique<PrefillCase>(std::move(s), perf_only, t);
+    c->use_fp8();
+    return c;
+  }
 
   bool supported() const override {
     kernels::PagedPrefillParams p;
@@ -516,6 +525,84 @@ TEST(PrefillHarness, Perf) {
   sp.sparse_same_in_group = true;
   cases.push_back(std::make_unique<PrefillCase>(sp, true));
   expect_no_failures(run_cases(cases), 8);
+}
+
+// FP8 pages against the CPU reference on the same codes: single requests and mixed batches over
+// head_dim 64 / 128, GQA 1 .. 8, pages 1 .. 256, both masks, partial last pages, block-sparse
+// masks and windows (sampled checks for the long ones). Tolerances: the 16-bit kernel's, doubled
+// (V rows up to 2x larger in fp8_pages.h).
+TEST(PrefillFp8Harness, DenseSparseAndWindowed) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 5000;
+  int idx = 0;
+  for (int q : {1, 7, 129, 1000}) {
+    for (MaskMode mode : {MaskMode::kNone, MaskMode::kCausal}) {
+      const int group = (idx % 3 == 0) ? 1 : (idx % 3 == 1) ? 4 : 8;
+      const int hk = group == 8 ? 1 : 2;
+      const int d = idx % 2 ? 64 : 128;
+      const DType dt = idx % 4 < 2 ? DType::kBF16 : DType::kF16;
+      const int page = idx % 3 == 0 ? 1 : idx % 3 == 1 ? 16 : 128;
+      cases.push_back(PrefillCase::fp8(
+          shape({q}, {q + 517}, group * hk, hk, d, page, dt, mode, idx % 5 != 4, seed++)));
+      ++idx;
+    }
+  }
+  for (int d : {64, 128})
+    cases.push_back(PrefillCase::fp8(shape({1, 7, 0, 300, 129, 5}, {1, 3, 10, 1000, 5000, 0}, 8, 2,
+                                           d, 16, DType::kBF16, MaskMode::kCausal, true, seed++)));
+  cases.push_back(PrefillCase::fp8(
+      shape({33, 200}, {700, 199}, 6, 2, 128, 7, DType::kBF16, MaskMode::kCausal, true, seed++)));
+  cases.push_back(PrefillCase::fp8(
+      shape({64, 17}, {64, 2000}, 5, 5, 64, 256, DType::kF16, MaskMode::kNone, true, seed++)));
+  cases.push_back(PrefillCase::fp8(
+      shape({2048}, {9000}, 32, 8, 128, 16, DType::kBF16, MaskMode::kCausal, true, seed++)));
+  PagedCaseShape sp =
+      shape({130, 1000}, {300, 4000}, 8, 2, 128, 16, DType::kBF16, MaskMode::kCausal, true, seed++);
+  sp.sparse_keep = 0.3;
+  sp.sparse_per_head = true;
+  cases.push_back(PrefillCase::fp8(sp));
+  PagedCaseShape win =
+      shape({300, 50}, {3000, 700}, 8, 2, 64, 16, DType::kBF16, MaskMode::kCausal, true, seed++);
+  win.window = 200;
+  cases.push_back(PrefillCase::fp8(win));
+  expect_no_failures(run_cases(cases), int(cases.size()));
+}
+
+TEST(PrefillFp8Harness, CudaGraphReplayMatchesDirectLaunch) {
+  for (int d : {128, 64}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << d);
+    auto c = PrefillCase::fp8(
+        shape({100, 300}, {700, 300}, 8, 2, d, 16, DType::kBF16, MaskMode::kCausal));
+    expect_graph_replay_matches_direct_launch(*c);
+  }
+}
+
+// A plan for the Hopper kernel (the default tuning) is refused for an FP8 cache by name.
+TEST(PrefillFp8Harness, Sm90PlanIsRefused) {
+  PrefillCase c(shape({100}, {700}, 8, 2, 128, 16, DType::kBF16, MaskMode::kCausal));
+  c.use_fp8();
+  c.prepare(nullptr);
+  try {
+    c.launch(nullptr);
+    ADD_FAILURE() << "FP8 params with a Hopper-kernel plan accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+  LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Timing only (LONGCTX_PERF=1): a 32K causal prefill of Llama-3.1-8B heads with 16-bit pages on
+// the mma.sync kernel and with FP8 pages (the FP8 path's kernel), same process.
+TEST(PrefillFp8Harness, Perf) {
+  if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
+  std::vector<std::unique_ptr<OpCase>> cases;
+  kernels::PrefillTuning fa2;
+  fa2.kernel = kernels::PrefillKernel::kFa2;
+  const PagedCaseShape s =
+      shape({32768}, {32768}, 32, 8, 128, 16, DType::kBF16, MaskMode::kCausal, false);
+  cases.push_back(std::make_unique<PrefillCase>(s, true, fa2));
+  cases.push_back(PrefillCase::fp8(s, true));
+  expect_no_failures(run_cases(cases), 2);
 }
 
 }  // namespace

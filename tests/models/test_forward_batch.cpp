@@ -157,5 +157,26 @@ TEST(PagedKVPool, AllocatesFreesAndRefusesOverdraft) {
   EXPECT_THROW(pool.free({1}), Error);  // double free
 }
 
+// An FP8 pool: one-byte codes, fp32 scales [blocks, kv_heads] per layer for K and V that start at
+// zero (a block's first write restarts them; a copy of an unwritten block copies zeros), and the
+// attention's q / o in the dtype it encodes (compute_dtype); a 16-bit pool computes in its own.
+TEST(PagedKVPool, Fp8PoolHoldsCodesAndZeroedScales) {
+  PagedKVPoolConfig c{2, 2, 16, 8, 5, DType::kFP8E4M3, Device::cpu()};
+  c.fp8_source_dtype = DType::kF16;
+  PagedKVPool pool(c);
+  EXPECT_EQ(pool.k(1).dtype(), DType::kFP8E4M3);
+  EXPECT_EQ(pool.k(1).shape(), (Shape{5, 8, 2, 16}));
+  EXPECT_EQ(pool.k_scale(1).shape(), (Shape{5, 2}));
+  EXPECT_EQ(pool.v_scale(0).dtype(), DType::kF32);
+  for (int64_t l = 0; l < 2; ++l)
+    for (const Tensor* t : {&pool.k_scale(l), &pool.v_scale(l)})
+      for (int64_t i = 0; i < t->numel(); ++i) EXPECT_EQ(t->data<float>()[i], 0.f);
+  EXPECT_EQ(pool.config().bytes_per_block(), 2 * 2 * (8 * 2 * 16 + 2 * 4));
+  EXPECT_EQ(pool.config().compute_dtype(), DType::kF16);
+  PagedKVPoolConfig bf16{2, 2, 16, 8, 5, DType::kBF16, Device::cpu()};
+  EXPECT_EQ(bf16.compute_dtype(), DType::kBF16);
+  EXPECT_EQ(PagedKVPool(bf16).k_scale(0).numel(), 0);
+}
+
 }  // namespace
 }  // namespace longctx::testing

@@ -75,5 +75,28 @@ TEST(PagedDispatch, GenericTuningTakesTheGenericKernelEverywhere) {
   for (int d : {64, 128, 256}) EXPECT_TRUE(none(paged_planned_kernels(llama_shape(d), t))) << d;
 }
 
+// An FP8 cache takes the planned kernels (the split-KV decode and the mma.sync prefill read it):
+// its prefill plans pin the mma.sync kernel (kFa2), whatever the tuning asked; a 16-bit cache
+// keeps the tuning's choice.
+TEST(PagedDispatch, Fp8CachePlansTheMmaSyncPrefill) {
+  kernels::KernelTuning t;
+  ASSERT_EQ(t.prefill.kernel, kernels::PrefillKernel::kSm90);
+  PagedShape s = llama_shape();
+  s.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  EXPECT_TRUE(both(paged_planned_kernels(s, t)));
+  EXPECT_EQ(prefill_tuning_for(s, t.prefill).kernel, kernels::PrefillKernel::kFa2);
+  EXPECT_EQ(prefill_tuning_for(llama_shape(), t.prefill).kernel, kernels::PrefillKernel::kSm90);
+  t.prefill.kernel = kernels::PrefillKernel::kFa2;
+  EXPECT_EQ(prefill_tuning_for(llama_shape(), t.prefill).kernel, kernels::PrefillKernel::kFa2);
+  // Shapes without the planned kernels stay on the generic kernel, FP8 or not.
+  PagedShape small = llama_shape(16);
+  small.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  EXPECT_TRUE(none(paged_planned_kernels(small, t)));
+  // The FP8 loaders stop at head_dim 128: Gemma 3's FP8 cache takes the generic kernel.
+  PagedShape gemma = llama_shape(256);
+  gemma.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  EXPECT_TRUE(none(paged_planned_kernels(gemma, t)));
+}
+
 }  // namespace
 }  // namespace longctx

@@ -85,7 +85,8 @@ class PagedAttentionBackend final : public AttentionBackend {
     shape.num_kv_heads = static_cast<int>(c.num_kv_heads);
     shape.head_dim = static_cast<int>(c.head_dim);
     shape.page_size = static_cast<int>(c.block_size);
-    shape.dtype = c.dtype;
+    shape.dtype = c.compute_dtype();
+    if (c.fp8()) shape.kv_format = kernels::KvCacheFormat::kFp8E4M3;
     shape.sm_scale = sm_scale;
     dispatch_.emplace(shape, tuning, device_.index);
     const int64_t words = steps_.back().layout.total;
@@ -116,7 +117,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     sc.num_qo_heads = num_qo_heads;
     sc.num_kv_heads = c.num_kv_heads;
     sc.head_dim = c.head_dim;
-    sc.dtype = c.dtype;
+    sc.dtype = c.compute_dtype();
     sc.sm_scale = sm_scale;
     sc.device = device_;
     sc.max_tokens = limits.max_tokens;
@@ -129,6 +130,10 @@ class PagedAttentionBackend final : public AttentionBackend {
                     "--sparse-policy {} on the GPU: head_dim {} (the block-sparse prefill takes 64 "
                     "and 128)",
                     sparse_policy_name(sparse.policy), c.head_dim);
+    LONGCTX_CHECK(!c.fp8() || sparse.policy == SparsePolicyKind::kFull, ErrorCode::kUnsupported,
+                  "--sparse-policy {} on the GPU reads a 16-bit KV cache; run it with "
+                  "--kv-cache-dtype bf16 (the FP8 cache is read by the dense kernels only)",
+                  sparse_policy_name(sparse.policy));
     sparse_ = sparse::make_sparse_policy_cuda(sc);
     sparse_decodes_ = sparse::selects(sparse, sparse::Phase::kDecode);
     LONGCTX_CHECK(!groups_ || sparse_ == nullptr, ErrorCode::kUnsupported,
@@ -176,7 +181,8 @@ class PagedAttentionBackend final : public AttentionBackend {
       p.num_kv_heads = static_cast<int>(c.num_kv_heads);
       p.head_dim = static_cast<int>(c.head_dim);
       p.page_size = static_cast<int>(c.block_size);
-      p.dtype = c.dtype;
+      p.dtype = c.compute_dtype();
+      if (c.fp8()) p.kv_format = kernels::KvCacheFormat::kFp8E4M3;
       p.mask_mode = MaskMode::kCausal;
       p.window = st.window;
       p.sm_scale = sm_scale_;
@@ -261,7 +267,12 @@ class PagedAttentionBackend final : public AttentionBackend {
     p.head_dim = static_cast<int>(c.head_dim);
     p.page_size = static_cast<int>(c.block_size);
     p.num_pages = static_cast<int>(c.num_blocks);
-    p.dtype = c.dtype;
+    p.dtype = c.compute_dtype();
+    if (c.fp8()) {
+      p.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+      p.k_scale = pool_.k_scale(pl).data<float>();
+      p.v_scale = pool_.v_scale(pl).data<float>();
+    }
     kernels::cuda::kv_store_run(p, current_cuda_stream(device_.index));
     if (sparse_ != nullptr)  // (one full group: pool layer = layer)
       sparse_->on_keys_stored(layer, p.k_cache, c.block_size * c.num_kv_heads * c.head_dim,
@@ -288,6 +299,10 @@ class PagedAttentionBackend final : public AttentionBackend {
       p.q = qc.data_ptr();
       p.k_cache = pool_.k(pool_layer(layer)).data_ptr();
       p.v_cache = pool_.v(pool_layer(layer)).data_ptr();
+      if (p.kv_format == kernels::KvCacheFormat::kFp8E4M3) {
+        p.k_scale = pool_.k_scale(pool_layer(layer)).data<float>();
+        p.v_scale = pool_.v_scale(pool_layer(layer)).data<float>();
+      }
       p.o = o.data_ptr();
       if (st.call.kernel == PagedKernel::kPrefill && sparse_prefill_)
         sparse_->select_prefill(p, stream);  // the block mask of this layer
@@ -353,14 +368,14 @@ class PagedAttentionBackend final : public AttentionBackend {
     LONGCTX_CHECK(planned_, ErrorCode::kInternal, "paged attention: {} before plan", what);
     LONGCTX_CHECK(layer >= 0 && layer < num_layers(), ErrorCode::kInvalidArgument,
                   "paged attention: layer {} of {}", layer, num_layers());
-    LONGCTX_CHECK(x.device() == device_ && x.dtype() == c.dtype && x.rank() == 3 &&
+    LONGCTX_CHECK(x.device() == device_ && x.dtype() == c.compute_dtype() && x.rank() == 3 &&
                       x.size(0) == num_tokens_ && x.size(2) == c.head_dim && x.strides()[2] == 1 &&
                       x.strides()[1] == c.head_dim,
                   ErrorCode::kInvalidArgument,
                   "paged attention: {} got {} (strides {}, {}), expected [{}, H, {}] {} rows of "
                   "contiguous heads on {}",
                   what, x.str(), x.strides()[0], x.strides()[1], num_tokens_, c.head_dim,
-                  dtype_name(c.dtype), device_.str());
+                  dtype_name(c.compute_dtype()), device_.str());
   }
 
   const PagedKVPool& pool_;

@@ -7,6 +7,8 @@
 //   head_dim 64/128 otherwise                               -> paged prefill (prefill.h);
 //   any other head_dim (8..256), or KernelTuning::attention kGeneric -> the generic kernel
 //   (paged_generic.h).
+// An FP8 pool (PagedKVPoolConfig::fp8(): codes + per (block, KV head) scales) takes the same
+// kernels reading FP8 (its prefill is the mma.sync kernel); sparse policies refuse it.
 // Nothing after plan() reads host memory or synchronizes. With ForwardBatch::fixed_launch_shapes
 // (decode batches, or any batch on the generic kernel) every device address and launch shape
 // depends on the batch size alone, except the split-KV decode kernel's grid: a CUDA graph

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/kv_format.h"
 #include "longctx/core/dtype.h"
 #include "longctx/kernels/kernel_tuning.h"
 
@@ -23,15 +24,17 @@ struct PagedShape {
   int num_qo_heads = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
-  int page_size = 0;  // tokens per page (the engine's block size)
-  DType dtype = DType::kBF16;
+  int page_size = 0;           // tokens per page (the engine's block size)
+  DType dtype = DType::kBF16;  // of q and o (and of a 16-bit cache)
+  // kFp8E4M3: the caches hold FP8 codes with per (page, KV head) scales (kernels/kv_format.h).
+  kernels::KvCacheFormat kv_format = kernels::KvCacheFormat::kDtype;
   float sm_scale = 0.f;
 };
 
 // Which planned kernels serve a shape; calls the planned kernels do not take run the generic one.
 struct PlannedKernels {
   // The split-KV decode and the paged prefill (Hopper or mma.sync at head_dim 64 / 128, mma.sync
-  // at 256): both serve head_dim 64, 128 and 256 today.
+  // at 256): both serve head_dim 64, 128 and 256 today (FP8 caches: 64 and 128).
   bool decode = false;
   bool prefill = false;
 };
@@ -46,5 +49,11 @@ PlannedKernels paged_planned_kernels(const PagedShape& shape, const kernels::Ker
 // generic kernel (never the prefill for a decode step: it does not split a sequence's keys over
 // CTAs).
 PagedKernel choose_paged_kernel(const PlannedKernels& planned, bool all_decode);
+
+// The prefill plan's tuning for `shape`: `tuning` itself, except that an FP8 cache takes the
+// mma.sync kernel (PrefillKernel::kFa2: the one with a converting FP8 loader; the Hopper kernel
+// reads 16-bit caches only).
+kernels::PrefillTuning prefill_tuning_for(const PagedShape& shape,
+                                          const kernels::PrefillTuning& tuning);
 
 }  // namespace longctx

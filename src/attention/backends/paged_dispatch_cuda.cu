@@ -15,6 +15,7 @@ kernels::PagedPrefillParams shape_params(const PagedShape& s) {
   p.head_dim = s.head_dim;
   p.page_size = s.page_size;
   p.dtype = s.dtype;
+  p.kv_format = s.kv_format;
   p.mask_mode = kernels::MaskMode::kCausal;
   p.sm_scale = s.sm_scale;
   return p;
@@ -70,10 +71,10 @@ PagedCallPlan PagedDispatcher::plan(const PagedCallInput& in, void* workspace,
     call.decode = kernels::cuda::decode_plan(
         in.kv_indptr, in.last_page_len, in.batch, shape_.page_size, shape_.num_qo_heads,
         shape_.num_kv_heads, shape_.head_dim, workspace, workspace_bytes, stream, /*num_sms=*/0,
-        /*min_chunk_tokens=*/256, graph, tuning_.decode, in.window);
+        /*min_chunk_tokens=*/256, graph, tuning_.decode, in.window, shape_.kv_format);
   } else if (call.kernel == PagedKernel::kPrefill) {
     // The stream-K split's cost model knows no window (its pieces are cut from key 0).
-    kernels::PrefillTuning prefill = tuning_.prefill;
+    kernels::PrefillTuning prefill = prefill_tuning_for(shape_, tuning_.prefill);
     if (in.window > 0) prefill.split = kernels::PrefillSplitMode::kNever;
     call.prefill = kernels::cuda::paged_prefill_plan(
         in.qo_indptr, in.kv_lens, in.batch, shape_.num_qo_heads, shape_.num_kv_heads,
@@ -103,6 +104,9 @@ void PagedDispatcher::run(const PagedCallPlan& call, const kernels::PagedPrefill
       d.head_dim = p.head_dim;
       d.page_size = p.page_size;
       d.dtype = p.dtype;
+      d.kv_format = p.kv_format;
+      d.k_scale = p.k_scale;
+      d.v_scale = p.v_scale;
       d.sm_scale = p.sm_scale;
       d.window = p.window;
       kernels::cuda::decode_run(d, call.decode, stream);

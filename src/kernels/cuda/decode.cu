@@ -31,6 +31,7 @@
 
 #include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/decode.h"
+#include "kernels/cuda/fp8_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/merge_device.cuh"
 #include "kernels/cuda/mma_device.cuh"
@@ -82,7 +83,9 @@ struct DecodeArgs {
   int32_t* counters;  // [batch, num_kv_heads * head_tiles] finished splits
   int64_t q_stride;   // elements between requests' q rows
   int num_qo_heads, num_kv_heads, group, head_tiles, page_size;
-  float scale_log2;  // sm_scale * log2(e): scores live in the log2 domain
+  float scale_log2;      // sm_scale * log2(e): scores live in the log2 domain
+  const float* k_scale;  // FP8 caches: [num_pages, num_kv_heads] (decode_fp8_kernel)
+  const float* v_scale;
 };
 
 // Tile geometry of the cp.async ring for head_dim D.
@@ -542,6 +545,141 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   finish_cta<T, D, GT, C::kSources, 8>(a, s_acc, e, w);
 }
 
+// FP8 K/V (KvCacheFormat::kFp8E4M3): the ring kernel's CTA with a converting loader. The codes
+// of kFp8Stages tiles stream through a cp.async ring (16-byte copies: 16 codes per thread and
+// copy, so a tile of TILE tokens is half the 16-bit ring's bytes and the ring keeps as many bytes
+// in flight with more tiles), each token's K and V page scales beside them (4-byte cp.async by
+// one thread per token). When a tile has landed every thread converts the chunks it copied into
+// one 16-bit tile in the ring kernel's swizzled layout and MmaCompute runs on it unchanged, so the
+// accumulation (fp32 scores, softmax, P.V, the split merge) is the 16-bit path's. Per code pair
+// the conversion is one cvt (e4m3x2 -> f16x2, sm_89+), two f16 -> f32, two multiplies by the
+// page's scale (a power of two: exact) and one pack to bf16x2 / f16x2, i.e. 3 instructions per
+// byte, against ~1 byte per 2 instructions of the tile's mma work: the kernel stays memory-bound
+// at batch 1 and half the bytes is what it gains.
+constexpr int kFp8Stages = 7;  // 6 tiles of codes (48 KB of K + V) in flight
+
+template <int D>
+struct Fp8Shape {
+  static constexpr int TILE = RingShape<D>::TILE;
+  static constexpr int LPT = D / 16;                 // 16-byte chunks (16 codes) per token row
+  static constexpr int CPT = TILE * LPT / kThreads;  // chunks per thread per tensor
+  static constexpr int TOK_STRIDE = kThreads / LPT;
+  static constexpr int kCodeStage = 2 * TILE * D;      // K + V codes
+  static constexpr int kScaleStage = 2 * TILE * 4;     // K, V scale of each token
+  static constexpr int kTileBytes = 2 * TILE * D * 2;  // the converted 16-bit K + V tile
+  static constexpr int kSmemBytes = kFp8Stages * (kCodeStage + kScaleStage) + kTileBytes;
+  static_assert(CPT * kThreads == TILE * LPT, "tile copies must divide over the threads");
+};
+
+template <typename T, int D, int GT>
+__global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
+  using S = Fp8Shape<D>;
+  using C = MmaCompute<T, D, GT>;
+  using L = RingLayout<D>;
+  constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ EpilogueSmem<GT> e;
+
+  pdl_wait();
+  pdl_launch_dependents();
+  const CtaWork w = cta_work<GT>(a);
+  if (w.b < 0) return;  // padding item
+  const int b = w.b, kv_first = w.kv_begin, kv_begin = kv_first & ~63, kv_end = w.kv_end,
+            kvh = w.kvh;
+  const uint8_t* kc = static_cast<const uint8_t*>(a.k);
+  const uint8_t* vc = static_cast<const uint8_t*>(a.v);
+  const int32_t* pages = a.kv_indices + w.page_base;
+  const int ps = a.page_size;
+  const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
+  // Stage st: K codes [TILE][D], V codes [TILE][D], then [TILE][2] scales (K, V); the converted
+  // tile (K then V, [TILE][D] each in RingLayout) after the stages.
+  auto codes_k = [&](int st) { return smem + st * (S::kCodeStage + S::kScaleStage); };
+  auto codes_v = [&](int st) { return codes_k(st) + TILE * D; };
+  auto scales = [&](int st) { return reinterpret_cast<float*>(codes_k(st) + S::kCodeStage); };
+  uint8_t* tile_k = smem + kFp8Stages * (S::kCodeStage + S::kScaleStage);
+  uint8_t* tile_v = tile_k + TILE * D * 2;
+  const int cp_tok = threadIdx.x / LPT, cp_cc = threadIdx.x % LPT;
+  int64_t row[CPT];
+  int page_id[CPT];
+  auto load_rows = [&](int t_idx) {
+    const int t0 = kv_begin + t_idx * TILE + cp_tok;
+    int pi = t0 / ps, sl = t0 - pi * ps;
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int t = t0 + j * S::TOK_STRIDE;
+      page_id[j] = t < kv_end ? __ldg(pages + pi) : 0;
+      row[j] = int64_t(page_id[j]) * ps + sl;
+      sl += S::TOK_STRIDE;
+      while (sl >= ps) sl -= ps, ++pi;
+    }
+  };
+  auto issue = [&](int t_idx) {
+    const int st = t_idx % kFp8Stages;
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int tt = cp_tok + j * S::TOK_STRIDE;
+      const int bytes = kv_begin + t_idx * TILE + tt < kv_end ? 16 : 0;  // 0: zero-fill
+      const int64_t off = (row[j] * a.num_kv_heads + kvh) * D + cp_cc * 16;
+      const int dst = tt * D + cp_cc * 16;
+      cp_async_16(smem_addr(codes_k(st) + dst), kc + off, bytes);
+      cp_async_16(smem_addr(codes_v(st) + dst), vc + off, bytes);
+      if (cp_cc == 0) {
+        const int64_t si = int64_t(page_id[j]) * a.num_kv_heads + kvh;
+        cp_async_4(smem_addr(scales(st) + 2 * tt), a.k_scale + si, bytes ? 4 : 0);
+        cp_async_4(smem_addr(scales(st) + 2 * tt + 1), a.v_scale + si, bytes ? 4 : 0);
+      }
+    }
+  };
+  // The chunks this thread copied into stage st, converted into the 16-bit tile.
+  auto convert = [&](int st) {
+    const uint32_t tk = smem_addr(tile_k), tv = smem_addr(tile_v);
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int tt = cp_tok + j * S::TOK_STRIDE;
+      const int src = tt * D + cp_cc * 16;
+      const float sk = scales(st)[2 * tt], sv = scales(st)[2 * tt + 1];
+      uint4 lo, hi;
+      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(codes_k(st) + src), sk, lo, hi);
+      *reinterpret_cast<uint4*>(tile_k + (L::addr(tk, tt, 2 * cp_cc) - tk)) = lo;
+      *reinterpret_cast<uint4*>(tile_k + (L::addr(tk, tt, 2 * cp_cc + 1) - tk)) = hi;
+      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(codes_v(st) + src), sv, lo, hi);
+      *reinterpret_cast<uint4*>(tile_v + (L::addr(tv, tt, 2 * cp_cc) - tv)) = lo;
+      *reinterpret_cast<uint4*>(tile_v + (L::addr(tv, tt, 2 * cp_cc + 1) - tv)) = hi;
+    }
+  };
+
+#pragma unroll
+  for (int st = 0; st < kFp8Stages - 1; ++st) {
+    if (st < n_tiles) {
+      load_rows(st);
+      issue(st);
+    }
+    cp_async_commit();
+  }
+  if (kFp8Stages - 1 < n_tiles) load_rows(kFp8Stages - 1);
+
+  C c;
+  c.init(a, b, w.h0, w.nh);
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait<kFp8Stages - 2>();  // tile it's codes and scales have landed (this thread's)
+    __syncthreads();  // ... every thread's (the scales), and the 16-bit tile is free again
+    const int nx = it + kFp8Stages - 1;
+    if (nx < n_tiles) issue(nx);  // into the stage tile it - 1 used
+    cp_async_commit();
+    if (nx + 1 < n_tiles) load_rows(nx + 1);
+    convert(it % kFp8Stages);
+    __syncthreads();
+    c.tile(smem_addr(tile_k), smem_addr(tile_v), kv_begin + it * TILE, kv_first, kv_end,
+           a.scale_log2);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  float* s_acc = reinterpret_cast<float*>(smem);  // [NSRC][GT][D] fp32 <= the stages' bytes
+  c.store(s_acc, e.m, e.l);
+  __syncthreads();
+  finish_cta<T, D, GT, C::kSources, 8>(a, s_acc, e, w);
+}
+
 // The same CTA with the K/V tiles brought by the TMA (the default on sm_90 when pages are a
 // multiple of the tile; DecodeLoader::kCpAsync turns it off): one thread issues, per tile, one 3-D
 // box copy of (64 dims, 1 kv head, TILE tokens) per 64 dims of K and of V, which land on the
@@ -839,6 +977,39 @@ int ring_launch_dim(int head_dim, const DecodeArgs* a, const CUtensorMap* maps, 
   }
 }
 
+// The FP8 kernel of this shape: launches it (a != nullptr) or returns its resident CTAs per SM.
+template <typename T, int D>
+int fp8_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
+  auto go = [&](auto kernel) {
+    require_dynamic_smem(kernel, Fp8Shape<D>::kSmemBytes);
+    if (a != nullptr) {
+      launch_pdl(kernel, grid, dim3(kThreads), Fp8Shape<D>::kSmemBytes, stream, *a);
+      return 0;
+    }
+    return std::max(occupancy_per_sm(kernel, kThreads, Fp8Shape<D>::kSmemBytes), 1);
+  };
+  switch (gt) {
+    case 1:
+      return go(decode_fp8_kernel<T, D, 1>);
+    case 2:
+      return go(decode_fp8_kernel<T, D, 2>);
+    case 4:
+      return go(decode_fp8_kernel<T, D, 4>);
+    default:
+      return go(decode_fp8_kernel<T, D, 8>);
+  }
+}
+
+int fp8_ctas_per_sm(int head_dim, int group) {
+  const int gt = group_tile_of(group);
+  if (head_dim == 64) {
+    fp8_launch<__half, 64>(nullptr, dim3(), gt, nullptr);
+    return fp8_launch<__nv_bfloat16, 64>(nullptr, dim3(), gt, nullptr);
+  }
+  fp8_launch<__half, 128>(nullptr, dim3(), gt, nullptr);
+  return fp8_launch<__nv_bfloat16, 128>(nullptr, dim3(), gt, nullptr);
+}
+
 // Resident CTAs per SM for this shape (both dtypes are set up; bf16's count is returned).
 int ring_ctas_per_sm(int head_dim, int group, int loader) {
   const int gt = group_tile_of(group);
@@ -868,10 +1039,19 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                group,
                (group + gt - 1) / gt,
                p.page_size,
-               p.sm_scale * kLog2e};
+               p.sm_scale * kLog2e,
+               p.k_scale,
+               p.v_scale};
   const int64_t ctas = decode_grid_ctas(plan);
   LONGCTX_CHECK(ctas <= 0x7fffffff, ErrorCode::kInvalidArgument, "decode_run: {} CTAs", ctas);
   const dim3 grid(static_cast<unsigned>(ctas));
+  if (plan.kv_format == KvCacheFormat::kFp8E4M3) {
+    if (p.head_dim == 64)
+      fp8_launch<T, 64>(&a, grid, gt, stream);
+    else
+      fp8_launch<T, 128>(&a, grid, gt, stream);
+    return;
+  }
   CUtensorMap maps[2];
   if (plan.loader >= 1) {
     const int tile = plan.loader * decode_tile_tokens(p.head_dim);  // TmaShape<D, loader>::TILE
@@ -917,6 +1097,12 @@ void add_kernels_w(std::vector<const void*>& v) {
 }
 template <typename T, int D>
 void add_kernels(std::vector<const void*>& v) {
+  if constexpr (D <= 128) {  // the FP8 kernel's head_dims
+    v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 1>));
+    v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 2>));
+    v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 4>));
+    v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 8>));
+  }
   add_kernels_w<T, D, 0>(v);
   if constexpr (D <= 128) add_kernels_w<T, D, 1>(v);
   if constexpr (D == 128) add_kernels_w<T, D, 2>(v);
@@ -941,7 +1127,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
                        int page_size, int num_qo_heads, int num_kv_heads, int head_dim,
                        void* workspace, size_t workspace_bytes, cudaStream_t stream, int num_sms,
                        int min_chunk_tokens, const DecodeGraphMode& graph,
-                       const DecodeTuning& tuning, int window) {
+                       const DecodeTuning& tuning, int window, KvCacheFormat kv_format) {
   check_shape(num_qo_heads, num_kv_heads, head_dim);
   LONGCTX_CHECK(batch >= 0 && page_size >= 1, ErrorCode::kInvalidArgument,
                 "decode_plan: batch {} / page_size {} invalid", batch, page_size);
@@ -958,12 +1144,19 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   // The chunk of the real requests alone: padding must not change how they are split.
   const int real = batch - graph.num_padding;
   const std::vector<int64_t> real_len(span.begin(), span.begin() + real);
-  const int loader = decode_loader(page_size, head_dim, tma_supported(), tuning);
-  const DecodeWaveModel model = decode_wave_model(
-      tuning, num_sms, ring_ctas_per_sm(head_dim, group, loader), min_chunk_tokens);
+  // FP8 caches have one kernel (the converting cp.async ring): loader 0.
+  const bool fp8 = kv_format == KvCacheFormat::kFp8E4M3;
+  LONGCTX_CHECK(!fp8 || head_dim <= 128, ErrorCode::kUnsupported,
+                "decode_plan: an FP8 KV cache at head_dim {} (the FP8 kernel takes 64 and 128)",
+                head_dim);
+  const int loader = fp8 ? 0 : decode_loader(page_size, head_dim, tma_supported(), tuning);
+  const int resident =
+      fp8 ? fp8_ctas_per_sm(head_dim, group) : ring_ctas_per_sm(head_dim, group, loader);
+  const DecodeWaveModel model = decode_wave_model(tuning, num_sms, resident, min_chunk_tokens);
   const int64_t chunk = decode_chunk(real_len, max_work_items(real, num_kv_heads, group, num_sms),
                                      ctas_per_item, model);
-  const bool cp_async_stages = decode_cp_async_stages(loader, page_size, head_dim, chunk, tuning);
+  const bool cp_async_stages =
+      !fp8 && decode_cp_async_stages(loader, page_size, head_dim, chunk, tuning);
   const DecodeWork work = decode_work_items(len, first, kv_indptr, real, chunk, cp_async_stages);
   const int64_t items = int64_t(work.items.size()) / kWorkInts;
   LONGCTX_ASSERT(items <= max_items, "decode work items {} exceed the bound {}", items, max_items);
@@ -987,6 +1180,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.chunk_tokens = int(chunk);
   plan.window = window;
   plan.loader = loader;
+  plan.kv_format = kv_format;
   plan.cp_async_stages = cp_async_stages;
   plan.num_work_items = int(items);
   plan.num_partials = work.num_partials;
@@ -998,8 +1192,11 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
 }
 
 void decode_run(const DecodeParams& p, const DecodePlan& plan, cudaStream_t stream) {
-  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype, ErrorCode::kUnsupported,
-                "decode_run: an FP8 KV cache is not read by the CUDA kernels yet");
+  LONGCTX_CHECK(p.kv_format == plan.kv_format, ErrorCode::kInvalidArgument,
+                "decode_run: the params' KV cache format differs from the plan's");
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype || (p.k_scale && p.v_scale),
+                ErrorCode::kInvalidArgument,
+                "decode_run: an FP8 KV cache needs k_scale and v_scale");
   LONGCTX_CHECK(p.q_token_stride == 0 || (p.q_token_stride % 2 == 0 &&
                                           p.q_token_stride >= int64_t(p.num_qo_heads) * p.head_dim),
                 ErrorCode::kInvalidArgument,

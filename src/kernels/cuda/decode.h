@@ -13,6 +13,9 @@
 // DecodeTuning (longctx/kernels/kernel_tuning.h) overrides the plan's wave model (slots,
 // overhead), the loader (the ring, or TMA tiles of 32 tokens) and how the stages are filled
 // (docs/benchmarks.md has the variants measured).
+// An FP8 cache (plan's kv_format kFp8E4M3; DecodeParams' k_scale / v_scale) is read by the
+// cp.async ring with a converting loader: codes and page scales land in shared memory, each tile
+// is dequantized to bf16 / f16 there, and the compute and its fp32 accumulation are unchanged.
 //
 //   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
 //   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
@@ -50,6 +53,7 @@ struct DecodePlan {
   int chunk_tokens = 0;  // keys per split
   int window = 0;        // DecodeParams::window the work list was made for
   int loader = 0;        // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
+  KvCacheFormat kv_format = KvCacheFormat::kDtype;  // the caches decode_run will read
   bool cp_async_stages = false;  // loader >= 1: the stages are filled by every thread's cp.async
                                  // instead of TMA boxes (the faster over long splits)
   int num_work_items = 0;        // items of the grid (CTAs: items x kv heads x tiles)
@@ -92,7 +96,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr_host, const int32_t* kv_last_pag
                        int head_dim, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                        int num_sms = 0, int min_chunk_tokens = 256,
                        const DecodeGraphMode& graph = {}, const DecodeTuning& tuning = {},
-                       int window = 0);
+                       int window = 0, KvCacheFormat kv_format = KvCacheFormat::kDtype);
 
 // CTAs of decode_run's (one-dimensional) grid for `plan`.
 int64_t decode_grid_ctas(const DecodePlan& plan);
@@ -100,7 +104,7 @@ int64_t decode_grid_ctas(const DecodePlan& plan);
 bool is_decode_kernel(const void* func);
 
 // Launches the kernel (one launch; split requests are merged inside it). params' pointers are
-// device pointers; shapes must match the plan; dtype bf16 or f16.
+// device pointers; shapes and kv_format must match the plan; dtype bf16 or f16.
 void decode_run(const DecodeParams& params, const DecodePlan& plan, cudaStream_t stream);
 
 #ifdef LONGCTX_TIMELINE_PROBE

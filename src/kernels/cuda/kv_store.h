@@ -3,6 +3,11 @@
 // num_kv_heads * head_dim elements is contiguous in the source (head stride = head_dim) and in the
 // cache, so the kernel copies whole rows with the widest vector (16, 8, 4 or 2 bytes) that the row
 // size, the token strides and the four base pointers allow.
+//
+// FP8 (kv_format kFp8E4M3): writes E4M3 codes and keeps the pages' scales exactly as the CPU
+// reference does (kernels/kv_format.h), bit for bit. The tokens one step writes into one page must
+// be consecutive in the step (padding tokens between them allowed), in slot order: the engine's
+// appends are; two separate runs of tokens into the same page would race.
 #pragma once
 
 #include <cuda_runtime.h>

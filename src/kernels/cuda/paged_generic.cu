@@ -7,6 +7,9 @@
 //   groups' states are merged through shared memory into o / lse.
 // Scores live in the log2 domain (q pre-scaled by sm_scale * log2(e)); P stays fp32, the output is
 // rounded once.
+// FP8 caches (kFp8 = true): a lane loads its 8 codes (8 bytes) of a key's K and V row and the
+// page's K and V scales, and dequantizes them to fp32 in registers (exact: a code times a power of
+// two); everything after the load is the 16-bit path's.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,8 +18,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/convert_device.cuh"
+#include "kernels/cuda/fp8_device.cuh"
 #include "kernels/cuda/merge_device.cuh"
 #include "kernels/cuda/paged_generic.h"
 #include "longctx/core/cuda_check.h"
@@ -49,8 +54,10 @@ struct GenericArgs {
   int block_mask_heads;
   int batch_size, num_qo_heads, num_kv_heads, head_dim, group, head_tiles, page_size;
   bool causal;
-  int window;        // causal only: keys a row sees (0: all)
-  float scale_log2;  // sm_scale * log2(e)
+  int window;            // causal only: keys a row sees (0: all)
+  float scale_log2;      // sm_scale * log2(e)
+  const float* k_scale;  // FP8: [num_pages, num_kv_heads]
+  const float* v_scale;
 };
 
 __device__ __forceinline__ void unpack8(const uint4& r, float* f, const __nv_bfloat16*) {
@@ -71,9 +78,23 @@ __device__ __forceinline__ void unpack8(const uint4& r, float* f, const __half*)
   }
 }
 
+// 8 FP8 codes (r.x, r.y) times `scale`.
+__device__ __forceinline__ void unpack8_fp8(const uint4& r, float scale, float* f) {
+  const uint32_t w[2] = {r.x, r.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float2 x = detail::fp8e4m3x2_to_float2(uint16_t(w[i] >> (16 * h)));
+      f[4 * i + 2 * h] = x.x * scale;
+      f[4 * i + 2 * h + 1] = x.y * scale;
+    }
+  }
+}
+
 // grid = (total_q, num_kv_heads * head_tiles): blockIdx.x is the query token, blockIdx.y the
 // (kv head, q-head tile).
-template <typename T, int LPT, int GT>
+template <typename T, int LPT, int GT, bool kFp8>
 __global__ void __launch_bounds__(kThreads) paged_generic_kernel(GenericArgs a) {
   // Keys per lane group per step: 4 loads in flight, 2 with 8 q heads (register budget).
   constexpr int kTile = GT >= 8 ? 2 : 4;
@@ -121,8 +142,9 @@ __global__ void __launch_bounds__(kThreads) paged_generic_kernel(GenericArgs a) 
   const int grp = warp * TPW + lane / LPT;
   const bool active = li * 8 < D;  // this lane holds elements [li * 8, li * 8 + 8) of a row
   const T* q = static_cast<const T*>(a.q);
-  const T* kc = static_cast<const T*>(a.k);
-  const T* vc = static_cast<const T*>(a.v);
+  using KV = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
+  const KV* kc = static_cast<const KV*>(a.k);
+  const KV* vc = static_cast<const KV*>(a.v);
 
   // Block-sparse: the mask row of this query's block for q head h0; q head h0 + g's row is
   // mask_row + g * mask_head_stride (0 when the mask is shared by all heads).
@@ -169,14 +191,25 @@ __global__ void __launch_bounds__(kThreads) paged_generic_kernel(GenericArgs a) 
   for (int jw = warp_first; jw < n_keys; jw += STEP) {
     const int j0 = jw + grp_off;
     uint4 kr[kTile], vr[kTile];
+    float ks[kTile], vs[kTile];  // FP8: the keys' page scales
 #pragma unroll
     for (int u = 0; u < kTile; ++u) {
       const int j = j0 + u;
+      ks[u] = vs[u] = 0.f;
       if (j < n_keys && active) {
         const int64_t page = pages[j / ps];
         const int64_t off = ((page * ps + j % ps) * a.num_kv_heads + kvh) * D + li * 8;
-        kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
-        vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+        if constexpr (kFp8) {
+          const uint2 k8 = __ldg(reinterpret_cast<const uint2*>(kc + off));
+          const uint2 v8 = __ldg(reinterpret_cast<const uint2*>(vc + off));
+          kr[u] = make_uint4(k8.x, k8.y, 0, 0);
+          vr[u] = make_uint4(v8.x, v8.y, 0, 0);
+          ks[u] = __ldg(a.k_scale + page * a.num_kv_heads + kvh);
+          vs[u] = __ldg(a.v_scale + page * a.num_kv_heads + kvh);
+        } else {
+          kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
+          vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+        }
       } else {
         kr[u] = make_uint4(0, 0, 0, 0);
         vr[u] = make_uint4(0, 0, 0, 0);
@@ -186,7 +219,10 @@ __global__ void __launch_bounds__(kThreads) paged_generic_kernel(GenericArgs a) 
 #pragma unroll
     for (int u = 0; u < kTile; ++u) {
       float kf[8];
-      unpack8(kr[u], kf, q);
+      if constexpr (kFp8)
+        unpack8_fp8(kr[u], ks[u], kf);
+      else
+        unpack8(kr[u], kf, q);
 #pragma unroll
       for (int g = 0; g < GT; ++g) {
         float dot = 0.f;
@@ -210,7 +246,12 @@ __global__ void __launch_bounds__(kThreads) paged_generic_kernel(GenericArgs a) 
     }
     float vf[kTile][8];
 #pragma unroll
-    for (int u = 0; u < kTile; ++u) unpack8(vr[u], vf[u], q);
+    for (int u = 0; u < kTile; ++u) {
+      if constexpr (kFp8)
+        unpack8_fp8(vr[u], vs[u], vf[u]);
+      else
+        unpack8(vr[u], vf[u], q);
+    }
 #pragma unroll
     for (int g = 0; g < GT; ++g) {
       float mx = m[g];
@@ -282,40 +323,51 @@ int heads_per_cta(int group) {
   return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup;
 }
 
-template <typename T, int LPT>
+template <typename T, int LPT, bool kFp8>
 void launch_lpt(const GenericArgs& a, dim3 grid, int gt, cudaStream_t stream) {
   switch (gt) {
     case 1:
-      paged_generic_kernel<T, LPT, 1><<<grid, kThreads, 0, stream>>>(a);
+      paged_generic_kernel<T, LPT, 1, kFp8><<<grid, kThreads, 0, stream>>>(a);
       break;
     case 2:
-      paged_generic_kernel<T, LPT, 2><<<grid, kThreads, 0, stream>>>(a);
+      paged_generic_kernel<T, LPT, 2, kFp8><<<grid, kThreads, 0, stream>>>(a);
       break;
     case 4:
-      paged_generic_kernel<T, LPT, 4><<<grid, kThreads, 0, stream>>>(a);
+      paged_generic_kernel<T, LPT, 4, kFp8><<<grid, kThreads, 0, stream>>>(a);
       break;
     default:
-      paged_generic_kernel<T, LPT, 8><<<grid, kThreads, 0, stream>>>(a);
+      paged_generic_kernel<T, LPT, 8, kFp8><<<grid, kThreads, 0, stream>>>(a);
       break;
   }
   LONGCTX_CUDA_CHECK_LAUNCH("paged_generic_kernel");
 }
 
-template <typename T>
+template <typename T, bool kFp8>
 void launch_typed(const GenericArgs& a, dim3 grid, int gt, cudaStream_t stream) {
   switch (lanes_per_key(a.head_dim)) {
     case 1:
-      return launch_lpt<T, 1>(a, grid, gt, stream);
+      return launch_lpt<T, 1, kFp8>(a, grid, gt, stream);
     case 2:
-      return launch_lpt<T, 2>(a, grid, gt, stream);
+      return launch_lpt<T, 2, kFp8>(a, grid, gt, stream);
     case 4:
-      return launch_lpt<T, 4>(a, grid, gt, stream);
+      return launch_lpt<T, 4, kFp8>(a, grid, gt, stream);
     case 8:
-      return launch_lpt<T, 8>(a, grid, gt, stream);
+      return launch_lpt<T, 8, kFp8>(a, grid, gt, stream);
     case 16:
-      return launch_lpt<T, 16>(a, grid, gt, stream);
+      return launch_lpt<T, 16, kFp8>(a, grid, gt, stream);
     default:
-      return launch_lpt<T, 32>(a, grid, gt, stream);
+      return launch_lpt<T, 32, kFp8>(a, grid, gt, stream);
+  }
+}
+
+template <typename T>
+void launch_format(const GenericArgs& a, dim3 grid, int gt, KvCacheFormat format,
+                   cudaStream_t stream) {
+  switch (format) {
+    case KvCacheFormat::kFp8E4M3:
+      return launch_typed<T, true>(a, grid, gt, stream);
+    case KvCacheFormat::kDtype:
+      return launch_typed<T, false>(a, grid, gt, stream);
   }
 }
 
@@ -329,8 +381,7 @@ bool paged_generic_supported(const PagedPrefillParams& p) {
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int gt = heads_per_cta(group);
   const int64_t grid_y = int64_t(p.num_kv_heads) * ((group + gt - 1) / gt);
-  return p.kv_format == KvCacheFormat::kDtype && p.head_dim >= 8 && p.head_dim <= 256 &&
-         p.head_dim % 8 == 0 &&
+  return p.head_dim >= 8 && p.head_dim <= 256 && p.head_dim % 8 == 0 &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.page_size >= 1 &&
          (p.mask_mode == MaskMode::kNone || p.mask_mode == MaskMode::kCausal) && p.sm_scale > 0.f &&
          p.window >= 0 && (p.window == 0 || p.mask_mode == MaskMode::kCausal) &&
@@ -341,8 +392,6 @@ bool paged_generic_supported(const PagedPrefillParams& p) {
 
 void paged_generic_run(const PagedPrefillParams& p, int total_q, cudaStream_t stream) {
   using E = ErrorCode;
-  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype, E::kUnsupported,
-                "paged generic attention: an FP8 KV cache is not read by the CUDA kernels yet");
   LONGCTX_CHECK(paged_generic_supported(p), E::kUnsupported,
                 "paged generic attention: unsupported params (head_dim {}: want 8..256, a "
                 "multiple of 8; dtype {}; heads {}/{}; page_size {}; sm_scale {}; "
@@ -360,6 +409,9 @@ void paged_generic_run(const PagedPrefillParams& p, int total_q, cudaStream_t st
                 E::kInvalidArgument,
                 "paged generic attention: q, k_cache, v_cache, o (or o_f32), the index arrays (and "
                 "block_mask_indptr with a block_mask) must be non-null");
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype || (p.k_scale && p.v_scale),
+                E::kInvalidArgument,
+                "paged generic attention: an FP8 KV cache needs k_scale and v_scale");
   LONGCTX_CHECK(aligned16(p.q) && aligned16(p.k_cache) && aligned16(p.v_cache), E::kInvalidArgument,
                 "paged generic attention: q, k_cache and v_cache must be 16-byte aligned");
   const int group = p.num_qo_heads / p.num_kv_heads;
@@ -387,12 +439,14 @@ void paged_generic_run(const PagedPrefillParams& p, int total_q, cudaStream_t st
                 p.page_size,
                 p.mask_mode == MaskMode::kCausal,
                 p.window,
-                p.sm_scale * kLog2e};
+                p.sm_scale * kLog2e,
+                p.k_scale,
+                p.v_scale};
   const dim3 grid(unsigned(total_q), unsigned(p.num_kv_heads * head_tiles));
   if (p.dtype == DType::kBF16) {
-    launch_typed<__nv_bfloat16>(a, grid, gt, stream);
+    launch_format<__nv_bfloat16>(a, grid, gt, p.kv_format, stream);
   } else {
-    launch_typed<__half>(a, grid, gt, stream);
+    launch_format<__half>(a, grid, gt, p.kv_format, stream);
   }
 }
 

@@ -19,6 +19,9 @@
 //
 // The kernel reads the request's kv_len from the device page table and finds each token's
 // request by a binary search of qo_indptr.
+//
+// FP8 caches (kv_format kFp8E4M3, k_scale / v_scale): each lane loads 8 codes and its key's page
+// scales and dequantizes in registers; the math after the load is the 16-bit path's (fp32).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,8 +38,9 @@ bool paged_generic_supported(const PagedPrefillParams& params);
 
 // params' pointers are device pointers; total_q must equal qo_indptr[batch_size] (the host's
 // copy; token rows at or past qo_indptr[batch_size] are not written). q, k_cache and v_cache must
-// be 16-byte aligned. Throws Error(kUnsupported) when paged_generic_supported() is false,
-// Error(kInvalidArgument) on a negative total_q / batch_size, null pointers or misalignment.
+// be 16-byte aligned; an FP8 cache needs k_scale and v_scale. Throws Error(kUnsupported) when
+// paged_generic_supported() is false, Error(kInvalidArgument) on a negative total_q / batch_size,
+// null pointers or misalignment.
 void paged_generic_run(const PagedPrefillParams& params, int total_q, cudaStream_t stream);
 
 }  // namespace longctx::kernels::cuda

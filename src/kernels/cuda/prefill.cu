@@ -15,6 +15,11 @@
 // Plain mma.sync (no wgmma/TMA), so the same code runs on sm_80 and sm_90a; on sm_90 with
 // head_dim 64 or 128, paged_prefill_run() uses the wgmma kernel of prefill_sm90.cu instead (head
 // dim 256 always runs here).
+// FP8 caches (kv_format kFp8E4M3, head_dim 64 / 128) take this kernel with a converting loader
+// (kFp8): K/V codes (16 bytes = 16 codes per copy) and each key's page scales go by cp.async into
+// a double buffer of FP8 tiles, and when a tile has landed the CTA converts it into one 16-bit K/V
+// tile in the same swizzled layout (exact: code times a power-of-two scale), which the unchanged
+// mma.sync compute reads; the shared memory is the 16-bit kernel's plus 1 KB of scales.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -23,9 +28,11 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/block_sparse_device.cuh"
+#include "kernels/cuda/fp8_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/prefill.h"
@@ -72,16 +79,21 @@ using DefaultTiling = Tiling<2, 64>;
 // fill 196 KB of shared memory, one CTA per SM.
 using HeadDim256Tiling = Tiling<1, 64>;
 
-template <int D, typename T, typename Tl>
+template <int D, typename T, typename Tl, bool kFp8>
 __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 1)
     paged_prefill_kernel(const PagedPrefillParams p, const int32_t* __restrict__ work) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int MT = Tl::kMt, KEYS = Tl::kKeys, kThreads = Tl::kThreads;
+  // 16-bit K/V stages: two (double buffer); FP8: one, converted from a double buffer of codes.
+  constexpr int kStages16 = kFp8 ? 1 : 2;
   extern __shared__ __align__(128) uint8_t smem[];
-  T* s_q = reinterpret_cast<T*>(smem);                                 // [kRows][D]
-  T* s_k = s_q + kRows * D;                                            // [2][KEYS][D]
-  T* s_v = s_k + 2 * KEYS * D;                                         // [2][KEYS][D]
-  uint32_t* s_bits = reinterpret_cast<uint32_t*>(s_v + 2 * KEYS * D);  // [kMaskWords]
+  T* s_q = reinterpret_cast<T*>(smem);                                     // [kRows][D]
+  T* s_k = s_q + kRows * D;                                                // [kStages16][KEYS][D]
+  T* s_v = s_k + kStages16 * KEYS * D;                                     // [kStages16][KEYS][D]
+  uint8_t* f_k = reinterpret_cast<uint8_t*>(s_v + kStages16 * KEYS * D);   // FP8: [2][KEYS][D]
+  uint8_t* f_v = f_k + (kFp8 ? 2 * KEYS * D : 0);                          // FP8: [2][KEYS][D]
+  float* f_s = reinterpret_cast<float*>(f_v + (kFp8 ? 2 * KEYS * D : 0));  // FP8: [2][KEYS][2]
+  uint32_t* s_bits = reinterpret_cast<uint32_t*>(f_s + (kFp8 ? 4 * KEYS : 0));  // [kMaskWords]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kvh = blockIdx.x % p.num_kv_heads;
@@ -99,8 +111,9 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
   const int tok_max = (min(row0 + kRows, num_rows) - 1) / group;
   const bool causal = p.mask_mode == MaskMode::kCausal;
   const T* __restrict__ q = static_cast<const T*>(p.q);
-  const T* __restrict__ kc = static_cast<const T*>(p.k_cache);
-  const T* __restrict__ vc = static_cast<const T*>(p.v_cache);
+  using KV = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
+  const KV* __restrict__ kc = static_cast<const KV*>(p.k_cache);
+  const KV* __restrict__ vc = static_cast<const KV*>(p.v_cache);
 
   // Keys [0, kv_end) are the most any row of this tile sees; [0, full_end) every row sees.
   int kv_end = kv_len, full_end = kv_len;
@@ -168,7 +181,59 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
   }
   // K/V tile: 8 threads per key row (a 128-byte run: coalesced, and conflict-free in the
   // swizzled layout), so each thread looks the page table up once per row it copies.
+  // FP8: kChunks8 16-byte chunks (16 codes) per key row, a thread per chunk; the chunk-0 thread
+  // of a row also copies the key's K and V page scales (zero-filled past kv_len, as the codes).
+  auto load_fp8 = [&](int kt, int stage) {
+    constexpr int kChunks8 = D / 16, kRowsPerPass = kThreads / kChunks8;
+    static_assert(KEYS % kRowsPerPass == 0);
+    const int k0 = kt * KEYS, c = tid % kChunks8;
+    uint8_t* dk = f_k + stage * KEYS * D;
+    uint8_t* dv = f_v + stage * KEYS * D;
+    float* ds = f_s + stage * KEYS * 2;
+#pragma unroll
+    for (int rp = 0; rp < KEYS / kRowsPerPass; ++rp) {
+      const int r = tid / kChunks8 + rp * kRowsPerPass;
+      const int key = k0 + r;
+      const bool ok = key < kv_len;
+      int64_t page = 0, off = 0;
+      if (ok) {
+        page = pages[key / p.page_size];
+        off = ((page * p.page_size + key % p.page_size) * p.num_kv_heads + kvh) * D;
+      }
+      cp_async_16(smem_addr(dk + r * D + c * 16), kc + off + c * 16, ok ? 16 : 0);
+      cp_async_16(smem_addr(dv + r * D + c * 16), vc + off + c * 16, ok ? 16 : 0);
+      if (c == 0) {
+        const int64_t si = page * p.num_kv_heads + kvh;
+        cp_async_4(smem_addr(ds + 2 * r), p.k_scale + si, ok ? 4 : 0);
+        cp_async_4(smem_addr(ds + 2 * r + 1), p.v_scale + si, ok ? 4 : 0);
+      }
+    }
+  };
+  // FP8: the landed code tile `stage` -> the 16-bit tile (any thread may take any chunk: called
+  // after a barrier that follows every thread's wait).
+  auto convert_fp8 = [&](int stage) {
+    constexpr int kChunks8 = D / 16;
+    const uint8_t* fk = f_k + stage * KEYS * D;
+    const uint8_t* fv = f_v + stage * KEYS * D;
+    const float* fs = f_s + stage * KEYS * 2;
+    for (int id = tid; id < KEYS * kChunks8; id += kThreads) {
+      const int r = id / kChunks8, c = id % kChunks8;
+      uint4 lo, hi;
+      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(fk + r * D + c * 16), fs[2 * r], lo,
+                            hi);
+      *reinterpret_cast<uint4*>(s_k + swz<D>(r, 2 * c)) = lo;
+      *reinterpret_cast<uint4*>(s_k + swz<D>(r, 2 * c + 1)) = hi;
+      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(fv + r * D + c * 16), fs[2 * r + 1], lo,
+                            hi);
+      *reinterpret_cast<uint4*>(s_v + swz<D>(r, 2 * c)) = lo;
+      *reinterpret_cast<uint4*>(s_v + swz<D>(r, 2 * c + 1)) = hi;
+    }
+  };
   auto load_kv = [&](int kt, int stage) {
+    if constexpr (kFp8) {
+      load_fp8(kt, stage);
+      return;
+    }
     constexpr int kRowsPerPass = kThreads / 8;
     static_assert(KEYS % kRowsPerPass == 0 && kChunks % 8 == 0);
     const int k0 = kt * KEYS;
@@ -221,9 +286,13 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
+    if constexpr (kFp8) {  // the previous tile's compute is done (the barrier at the loop's end)
+      convert_fp8(stage);
+      __syncthreads();
+    }
 
-    const T* sk = s_k + stage * KEYS * D;
-    const T* sv = s_v + stage * KEYS * D;
+    const T* sk = s_k + (kFp8 ? 0 : stage) * KEYS * D;
+    const T* sv = s_v + (kFp8 ? 0 : stage) * KEYS * D;
     const int k0 = kt * KEYS;
 
     // S = Q K^T for this warp's rows x KEYS keys; one K fragment feeds MT MMAs.
@@ -372,27 +441,36 @@ __global__ void __launch_bounds__(Tl::kThreads, (D == 64 || Tl::kMt == 2) ? 2 : 
   }
 }
 
-template <int D, typename Tl>
+// 16-bit: Q, two K/V stages, the mask bitmap; FP8: Q, one 16-bit K/V stage, two of codes (half
+// the bytes each) and their scales, the bitmap.
+template <int D, typename Tl, bool kFp8>
 constexpr size_t smem_bytes() {
-  return size_t(kRows + 4 * Tl::kKeys) * D * 2 + kMaskWords * 4;
+  return size_t(kRows + 4 * Tl::kKeys) * D * 2 + (kFp8 ? 4 * Tl::kKeys * 4 : 0) + kMaskWords * 4;
 }
 
-template <int D, typename T, typename Tl>
+template <int D, typename T, typename Tl, bool kFp8>
 void launch_tiling(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  require_dynamic_smem(paged_prefill_kernel<D, T, Tl>, int(smem_bytes<D, Tl>()));
+  constexpr size_t smem = smem_bytes<D, Tl, kFp8>();
+  require_dynamic_smem(paged_prefill_kernel<D, T, Tl, kFp8>, int(smem));
   const int64_t blocks = int64_t(plan.num_work_items) * p.num_kv_heads;
   if (blocks == 0) return;
-  paged_prefill_kernel<D, T, Tl>
-      <<<unsigned(blocks), Tl::kThreads, smem_bytes<D, Tl>(), stream>>>(p, plan.work_items);
+  paged_prefill_kernel<D, T, Tl, kFp8>
+      <<<unsigned(blocks), Tl::kThreads, smem, stream>>>(p, plan.work_items);
   LONGCTX_CUDA_CHECK_LAUNCH("paged_prefill_kernel");
 }
 
 template <int D, typename T>
 void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  if constexpr (D == 256)
-    launch_tiling<D, T, HeadDim256Tiling>(p, plan, stream);
-  else
-    launch_tiling<D, T, DefaultTiling>(p, plan, stream);
+  switch (p.kv_format) {
+    case KvCacheFormat::kFp8E4M3:
+      if constexpr (D <= 128) return launch_tiling<D, T, DefaultTiling, true>(p, plan, stream);
+      break;  // paged_prefill_supported refuses FP8 at head_dim 256
+    case KvCacheFormat::kDtype:
+      if constexpr (D == 256)
+        return launch_tiling<D, T, HeadDim256Tiling, false>(p, plan, stream);
+      else
+        return launch_tiling<D, T, DefaultTiling, false>(p, plan, stream);
+  }
 }
 
 template <typename T>
@@ -435,7 +513,8 @@ SplitLayout split_layout(size_t start, int head_dim, int num_ctas) {
 // Whether paged_prefill_run() takes the Hopper kernel: tuning.kernel kSm90 (the default) where
 // the device and the binary carry it.
 bool use_sm90_path(const PagedPrefillParams& p, const PrefillTuning& tuning) {
-  return tuning.kernel == PrefillKernel::kSm90 && paged_prefill_sm90_available(p);
+  return tuning.kernel == PrefillKernel::kSm90 && p.kv_format == KvCacheFormat::kDtype &&
+         paged_prefill_sm90_available(p);
 }
 
 // Key tiles of the Hopper kernel (the split's cost unit; its cost model:
@@ -559,19 +638,28 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
 }
 
 bool paged_prefill_supported(const PagedPrefillParams& p) {
-  return p.kv_format == KvCacheFormat::kDtype &&
-         (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.sm_scale > 0.f &&
-         (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.num_kv_heads > 0 &&
-         p.num_qo_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0 && p.page_size >= 1 &&
-         p.page_size <= 256 && p.window >= 0 &&
+  return (p.head_dim == 64 || p.head_dim == 128 ||
+          (p.head_dim == 256 && p.kv_format == KvCacheFormat::kDtype)) &&
+         p.sm_scale > 0.f && (p.dtype == DType::kBF16 || p.dtype == DType::kF16) &&
+         p.num_kv_heads > 0 && p.num_qo_heads > 0 && p.num_qo_heads % p.num_kv_heads == 0 &&
+         p.page_size >= 1 && p.page_size <= 256 && p.window >= 0 &&
          (p.window == 0 || p.mask_mode == MaskMode::kCausal) &&
          (p.block_mask == nullptr || p.block_mask_heads == 1 ||
           p.block_mask_heads == p.num_qo_heads);
 }
 
 void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype, ErrorCode::kUnsupported,
-                "paged prefill: an FP8 KV cache is not read by the CUDA kernels yet");
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype || (p.k_scale && p.v_scale),
+                ErrorCode::kInvalidArgument,
+                "paged prefill: an FP8 KV cache needs k_scale and "
+                "v_scale");
+  // An FP8 cache is read by the mma.sync kernel only (its converting loader): a plan made for
+  // the Hopper kernel (its tiles, its split) does not fit it.
+  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype ||
+                    (plan.tuning.kernel == PrefillKernel::kFa2 && plan.split_ctas == 0),
+                ErrorCode::kInvalidArgument,
+                "paged prefill: an FP8 KV cache needs a plan for the mma.sync kernel "
+                "(PrefillTuning::kernel kFa2)");
   LONGCTX_CHECK(paged_prefill_supported(p), ErrorCode::kUnsupported,
                 "paged prefill: unsupported params (head_dim {}, dtype {}, heads {}/{}, page "
                 "size {}, block_mask_heads {})",

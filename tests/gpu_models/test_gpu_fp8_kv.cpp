@@ -1,0 +1,217 @@
+// The FP8 KV cache (--kv-cache-dtype fp8) on the GPU engine, models/needle v1:
+//   - against the CPU engine with an FP8 cache (the same format, kernels/cpu references; f32
+//     activations) at the ends of a chunked prefill whose chunks end inside blocks (so later rows
+//     raise a block's scales): per chunk end KL(cpu || gpu) <= kVsCpuKl and the same top token
+//     where the CPU's top-1/top-2 margin exceeds 0.5. The GPU runs f16 activations (closest to
+//     the CPU's f32); its K/V rows round to f16 (10 mantissa bits) before they are encoded, so
+//     about 1 % of the codes (those within f16's error of an E4M3 midpoint) sit one step (2^-3
+//     relative) from the CPU's: an error of about a third of FP8's own, whose KL the CPU engine
+//     measured up to 0.55 (tests/engine/test_fp8_kv_engine.cpp), hence 0.15, not the 16-bit
+//     path's 1e-3;
+//   - against the GPU's own bf16 cache over every position (bf16 activations): max KL <= 1.0
+//     (the CPU engine's FP8-vs-f32 bound of 0.8 over 10 chunk ends, with room for 1500
+//     positions), mean KL <= 0.05, and the cache must be quantized (KL > 0);
+//   - the engine: greedy generation with CUDA graphs equals eager (the FP8 decode kernel in a
+//     graph; scale pointers fixed per pool), with prefix caching and preemption on.
+// The bounds were set from the CPU engine's measurements, before a GPU run: the lead records
+// what the H100 measured in docs/fp8_kv.md.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/test_data.h"
+#include "longctx/core/error.h"
+#include "longctx/engine/executor.h"
+#include "longctx/engine/gpu_runner.h"
+#include "longctx/llm.h"
+#include "models/model_test_util.h"
+
+namespace longctx::testing {
+namespace {
+
+constexpr double kVsCpuKl = 0.15;
+constexpr double kVsBf16MaxKl = 1.0;
+constexpr double kVsBf16MeanKl = 0.05;
+
+std::shared_ptr<const Checkpoint> needle_checkpoint() {
+  static auto ck = std::make_shared<const Checkpoint>(load_checkpoint(needle_v1_dir()));
+  return ck;
+}
+
+std::vector<int32_t> prompt_ids(int64_t n) {
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % 2000));
+  return ids;
+}
+
+// log-softmax of row r of an f32 [rows, vocab] tensor (or of a vector).
+std::vector<double> log_softmax(const float* x, int64_t v) {
+  const double m = *std::max_element(x, x + v);
+  double s = 0;
+  for (int64_t i = 0; i < v; ++i) s += std::exp(x[i] - m);
+  std::vector<double> out(v);
+  for (int64_t i = 0; i < v; ++i) out[i] = x[i] - m - std::log(s);
+  return out;
+}
+double kl(const float* p, const float* q, int64_t v) {
+  const auto lp = log_softmax(p, v), lq = log_softmax(q, v);
+  double d = 0;
+  for (int64_t i = 0; i < v; ++i) d += std::exp(lp[i]) * (lp[i] - lq[i]);
+  return d;
+}
+
+GpuRunnerOptions runner_options(int64_t max_len, DType kv, int64_t chunk) {
+  GpuRunnerOptions r;
+  r.block_size = 16;
+  r.max_model_len = max_len;
+  r.max_num_batched_tokens = chunk;
+  r.max_num_seqs = 4;
+  r.num_gpu_blocks = 512;
+  r.kv_dtype = kv;
+  return r;
+}
+
+Tensor gpu_prompt_logits(DType activations, DType kv, const std::vector<int32_t>& ids,
+                         int64_t chunk) {
+  ModelBuildOptions o;
+  o.device = Device::cuda(0);
+  o.activation_dtype = activations;
+  GpuRunner runner(create_model(needle_checkpoint(), o),
+                   runner_options(static_cast<int64_t>(ids.size()), kv, chunk));
+  return runner.prompt_logits(ids);
+}
+
+TEST(GpuFp8Kv, ChunkEndsMatchTheCpuFp8Engine) {
+  const std::vector<int32_t> ids = prompt_ids(1000);
+  const int64_t chunk = 100;  // ends mid-block (100 % 16)
+  const Tensor gpu = gpu_prompt_logits(DType::kF16, DType::kFP8E4M3, ids, chunk);
+  CpuExecutorOptions co;
+  co.block_size = 16;
+  co.num_blocks = 80;
+  co.kv_dtype = DType::kFP8E4M3;
+  auto cpu = make_cpu_executor(create_model(needle_checkpoint(), ModelBuildOptions{}), co);
+  const int64_t blocks = (static_cast<int64_t>(ids.size()) + 15) / 16;
+  std::vector<int32_t> table(blocks);
+  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(blocks - 1 - b);
+  const int64_t v = gpu.size(1);
+  double worst = 0;
+  int compared = 0, agree = 0;
+  for (int64_t done = 0; done < static_cast<int64_t>(ids.size()); done += chunk) {
+    StepInput in;
+    in.seq_id = 1;
+    in.all_tokens = ids;
+    in.num_computed = done;
+    in.num_new = std::min<int64_t>(chunk, static_cast<int64_t>(ids.size()) - done);
+    in.block_table = table;
+    const Tensor ref = cpu->execute({&in, 1}, {});
+    ASSERT_EQ(ref.size(1), v);
+    const int64_t row = done + in.num_new - 1;
+    const float* p = ref.data<float>();
+    const float* q = gpu.data<float>() + row * v;
+    for (int64_t i = 0; i < v; ++i) ASSERT_TRUE(std::isfinite(q[i])) << "row " << row;
+    const double d = kl(p, q, v);
+    worst = std::max(worst, d);
+    std::vector<float> sorted(p, p + v);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if (sorted[0] - sorted[1] > 0.5f) {
+      ++compared;
+      agree += std::max_element(p, p + v) - p == std::max_element(q, q + v) - q;
+    }
+    std::printf("chunk end %lld: KL(cpu fp8 || gpu fp8) %.2e\n", (long long)row, d);
+  }
+  std::printf("GPU vs CPU FP8 KV: max KL %.2e, top-1 %d of %d confident chunk ends\n", worst, agree,
+              compared);
+  EXPECT_LE(worst, kVsCpuKl);
+  EXPECT_EQ(agree, compared);
+}
+
+TEST(GpuFp8Kv, EveryPositionStaysCloseToTheBf16Cache) {
+  const std::vector<int32_t> ids = prompt_ids(1500);
+  const Tensor a = gpu_prompt_logits(DType::kBF16, DType::kBF16, ids, 256);
+  const Tensor b = gpu_prompt_logits(DType::kBF16, DType::kFP8E4M3, ids, 256);
+  ASSERT_EQ(a.shape(), b.shape());
+  const int64_t n = a.size(0), v = a.size(1);
+  double worst = 0, mean = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const double d = kl(a.data<float>() + r * v, b.data<float>() + r * v, v);
+    worst = std::max(worst, d);
+    mean += d / n;
+  }
+  std::printf("bf16 vs FP8 KV over %lld positions: KL max %.3e mean %.3e\n", (long long)n, worst,
+              mean);
+  EXPECT_LE(worst, kVsBf16MaxKl);
+  EXPECT_LE(mean, kVsBf16MeanKl);
+  EXPECT_GT(worst, 0.0) << "FP8 changed nothing: is the cache quantized?";
+}
+
+EngineConfig engine_config(bool eager, int64_t num_gpu_blocks) {
+  EngineConfig c;
+  c.model = needle_v1_dir();
+  c.device = "cuda";
+  c.max_model_len = 1024;
+  c.block_size = 16;
+  c.max_num_batched_tokens = 512;
+  c.max_num_seqs = 32;
+  c.num_gpu_blocks = num_gpu_blocks;
+  c.enforce_eager = eager;
+  c.enable_prefix_caching = true;
+  c.kv_cache_dtype = KvCacheDtype::kFP8;
+  return c;
+}
+
+// Greedy tokens with CUDA graphs and a tight pool (preemption, prefix cache hits) equal eager
+// runs with room: the same FP8 kernels in and out of graphs, scales following their blocks.
+TEST(GpuFp8Kv, GraphsAndPreemptionKeepTheEagerTokens) {
+  std::mt19937 rng(5);
+  std::vector<int32_t> prefix(64);
+  for (auto& t : prefix) t = static_cast<int32_t>(rng() % 2000);
+  std::vector<Prompt> ps;
+  for (int i = 0; i < 16; ++i) {
+    std::vector<int32_t> p = prefix;
+    for (int64_t k = 0, len = 5 + rng() % 300; k < len; ++k)
+      p.push_back(static_cast<int32_t>(rng() % 2000));
+    ps.emplace_back(p);
+  }
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 32;
+  sp.ignore_eos = true;
+  LLM graphs(engine_config(/*eager=*/false, 120));
+  const auto got = graphs.generate(ps, sp, false);
+  LLM eager(engine_config(/*eager=*/true, 4096));
+  const auto ref = eager.generate(ps, sp, false);
+  ASSERT_EQ(got.size(), ref.size());
+  size_t same = 0, total = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    size_t k = 0;
+    while (k < ref[i].token_ids.size() && k < got[i].token_ids.size() &&
+           ref[i].token_ids[k] == got[i].token_ids[k])
+      ++k;
+    same += k;
+    total += ref[i].token_ids.size();
+  }
+  std::printf("FP8 KV, graphs + preemption vs eager: %zu of %zu tokens equal\n", same, total);
+  // Batch composition changes the split-KV chunks (summation order), so a near-tie may flip:
+  // at least 95 % of the tokens, as prefixes, must agree.
+  EXPECT_GE(double(same), 0.95 * double(total));
+}
+
+TEST(GpuFp8Kv, OffloadWithFp8IsAClearError) {
+  EngineConfig c = engine_config(true, 0);
+  c.num_gpu_blocks = 0;
+  c.kv_offload = true;
+  try {
+    LLM llm(c);
+    ADD_FAILURE() << "--kv-offload with --kv-cache-dtype fp8 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace longctx::testing
