@@ -192,6 +192,7 @@ GpuRunnerOptions ModelOptions::runner_options(const ModelConfig* config) const {
   r.block_size = block_size;
   if (max_num_batched_tokens > 0) r.max_num_batched_tokens = max_num_batched_tokens;
   r.max_num_seqs = max_num_seqs;
+  r.max_state_snapshots = enable_prefix_caching ? kDefaultStateSnapshots : 0;
   r.enforce_eager = enforce_eager;
   r.kv_offload = kv_offload;
   r.host_kv_bytes =
