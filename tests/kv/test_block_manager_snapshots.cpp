@@ -3,10 +3,14 @@
 // hit cut back to the last block with a snapshot (never ending on the prompt's last token) and
 // naming it to restore, the first chunk of a prompt whose K/V hit goes past its last snapshot
 // ending at the branch point, a block's eviction freeing its snapshot, a full snapshot pool
-// taking the least recently used one, and free / failed steps returning reservations.
+// taking the least recently used one, free / failed steps returning reservations, and a random
+// run in which every restored snapshot holds the state of exactly the hit's tokens.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
+#include <random>
+#include <unordered_map>
 #include <vector>
 
 #include "kv/block_manager.h"
@@ -211,6 +215,96 @@ TEST(BlockManagerSnapshots, FreeAndFailedStepsReturnReservations) {
   EXPECT_EQ(bm.num_free_state_slots(), 2);
   bm.check_consistency();
   EXPECT_THROW(BlockManager(32, kBs, true, kGroups, 2, -1), Error);
+}
+
+// Sequences from a few prompt families (shared prefixes) start, run chunks of random sizes as the
+// scheduler cuts them, fail steps, are freed midway (preemption, abort) or at the end, in a pool
+// small enough to evict. Each snapshot's "state" is the tokens it was saved after; a restore must
+// hand out exactly the hit's tokens.
+TEST(BlockManagerSnapshots, RandomRunRestoresExactlyTheHitsTokens) {
+  std::mt19937_64 rng(11);
+  BlockManager bm(40, kBs, true, kGroups, 4, 5);
+  std::vector<std::vector<int32_t>> families;
+  for (int f = 0; f < 5; ++f) {
+    std::vector<int32_t> p(6 + rng() % 30);
+    for (auto& x : p) x = static_cast<int32_t>(rng() % 3);  // few symbols: many shared blocks
+    families.push_back(p);
+  }
+  struct Live {
+    std::vector<int32_t> tokens;
+    int64_t done = 0;
+  };
+  std::unordered_map<uint64_t, Live> live;
+  std::map<int32_t, std::vector<int32_t>> saved;  // snapshot -> the tokens its state is after
+  uint64_t next = 0;
+  int64_t restores = 0, hits = 0;
+  std::vector<KVBlockCopy> copies;
+  for (int op = 0; op < 4000; ++op) {
+    const int kind = static_cast<int>(rng() % 10);
+    if (kind < 3 && live.size() < 4) {
+      std::vector<int32_t> t = families[rng() % families.size()];
+      t.resize(std::max<size_t>(2, t.size() - rng() % 6));
+      for (int64_t extra = rng() % 9; extra-- > 0;) t.push_back(static_cast<int32_t>(rng() % 3));
+      const uint64_t id = next++;
+      const BlockManager::Start r = bm.start(id, t, 1 + rng() % 12, &copies);
+      if (r.num_cached < 0) continue;
+      ASSERT_TRUE(copies.empty());
+      ASSERT_EQ(r.num_cached % kBs, 0);
+      ASSERT_LT(r.num_cached, static_cast<int64_t>(t.size()));
+      if (r.num_cached > 0) {
+        ASSERT_GE(r.restore_snapshot, 0);
+        ASSERT_EQ(saved.at(r.restore_snapshot),
+                  std::vector<int32_t>(t.begin(), t.begin() + r.num_cached));
+        ++restores;
+        hits += r.num_cached;
+      } else {
+        ASSERT_EQ(r.restore_snapshot, -1);
+      }
+      const int32_t snap = bm.reserve_snapshot(id, r.num_cached + r.num_new);
+      if (rng() % 8 == 0) {  // the step failed
+        bm.end_step();
+        bm.free(id);
+        continue;
+      }
+      const int64_t end = r.num_cached + r.num_new;
+      if (snap >= 0) saved[snap].assign(t.begin(), t.begin() + end);
+      bm.commit(id, t, end);
+      bm.end_step();
+      live[id] = {t, end};
+    } else if (kind < 8 && !live.empty()) {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      Live& l = it->second;
+      const auto n = static_cast<int64_t>(l.tokens.size());
+      if (l.done == n) {  // decode: one more token
+        l.tokens.push_back(static_cast<int32_t>(rng() % 3));
+        if (!bm.append(it->first, l.done, 1, &copies)) continue;
+        bm.commit(it->first, l.tokens, ++l.done);
+        bm.end_step();
+        continue;
+      }
+      const int64_t m = bm.snapshot_chunk(l.done, std::min<int64_t>(1 + rng() % 12, n - l.done), n);
+      if (!bm.append(it->first, l.done, m, &copies)) continue;
+      const int32_t snap = bm.reserve_snapshot(it->first, l.done + m);
+      if (snap >= 0) saved[snap].assign(l.tokens.begin(), l.tokens.begin() + l.done + m);
+      bm.commit(it->first, l.tokens, l.done + m);
+      bm.end_step();
+      l.done += m;
+    } else if (!live.empty()) {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      bm.free(it->first);
+      live.erase(it);
+    }
+    bm.check_consistency();
+  }
+  for (const auto& [id, l] : live) bm.free(id);
+  bm.check_consistency();
+  EXPECT_EQ(bm.num_free_state_slots(), 4);
+  EXPECT_EQ(bm.num_free_snapshots() + bm.stats().snapshots_held, 5);
+  EXPECT_GT(restores, 50);
+  EXPECT_EQ(bm.stats().snapshot_restores, restores);
+  EXPECT_EQ(bm.stats().hits, hits);
 }
 
 }  // namespace
