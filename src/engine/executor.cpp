@@ -42,6 +42,13 @@ std::vector<SampleResult> Executor::sample(const Tensor& logits,
   return out;
 }
 
+int64_t resolve_state_snapshots(bool prefix_caching, int64_t asked) {
+  LONGCTX_CHECK(asked >= -1, ErrorCode::kInvalidArgument,
+                "max_state_snapshots must be >= 0 (or -1: the default), got {}", asked);
+  if (!prefix_caching) return 0;
+  return asked < 0 ? kDefaultStateSnapshots : asked;
+}
+
 namespace {
 
 constexpr int64_t kDefaultCpuKvBytes = 4ll << 30;

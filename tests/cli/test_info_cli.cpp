@@ -48,6 +48,18 @@ TEST(InfoCli, Qwen3NextPrintsItsFullAndStateGroups) {
       "--no-enable-prefix-caching");
   ASSERT_EQ(off.rc, 0) << off.err;
   EXPECT_NE(off.out.find("state snapshots:    0 for prefix hits"), std::string::npos) << off.out;
+  CliResult eight = run_cli(
+      "info --load-format dummy --preset qwen3-next-80b-a3b --device cpu --max-state-snapshots 8 "
+      "--gpu-memory-limit 200GiB");
+  ASSERT_EQ(eight.rc, 0) << eight.err;
+  EXPECT_NE(eight.out.find("state snapshots:    8 for prefix hits, 75.3"), std::string::npos)
+      << eight.out;
+  EXPECT_NE(eight.out.find("state snapshots 603.0 MiB (8 for prefix hits)"), std::string::npos)
+      << eight.out;
+  EXPECT_NE(run_cli("info --load-format dummy --preset qwen3-next-80b-a3b --device cpu "
+                    "--max-state-snapshots -3")
+                .rc,
+            0);
   // Qwen3-Next-80B-A3B: 80 billion parameters (79.7 B without the MTP head).
   EXPECT_NE(r.out.find("(79."), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("512 routed, top 10 (renormalized), expert ffn 512, shared expert ffn 512"),

@@ -16,6 +16,7 @@
 #include "common/test_data.h"
 #include "engine/engine_core.h"
 #include "engine_test_util.h"
+#include "longctx/core/error.h"
 #include "longctx/engine/executor.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
@@ -235,6 +236,13 @@ TEST(StatePrefixCacheEngine, PreemptionAndAbortFreeEverythingAndBatchEqualsAlone
     Engine alone(256, false);
     expect_same(batched[i], alone.run({prompts[i]})[0], "request " + std::to_string(i));
   }
+}
+
+TEST(StatePrefixCacheEngine, SnapshotCountResolves) {
+  EXPECT_EQ(resolve_state_snapshots(true, -1), kDefaultStateSnapshots);
+  EXPECT_EQ(resolve_state_snapshots(true, 3), 3);
+  EXPECT_EQ(resolve_state_snapshots(false, 3), 0);  // nothing to hit without prefix caching
+  EXPECT_THROW(resolve_state_snapshots(true, -2), Error);
 }
 
 }  // namespace

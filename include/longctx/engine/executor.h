@@ -86,6 +86,9 @@ class Executor {
 // State snapshots a state model's engine keeps for prefix hits unless told otherwise (the
 // memory cost per snapshot: docs/architecture.md, KV groups).
 inline constexpr int64_t kDefaultStateSnapshots = 64;
+// The snapshots an engine keeps: none without prefix caching, else `asked` (-1: the default).
+// Throws Error(kInvalidArgument) below -1.
+int64_t resolve_state_snapshots(bool prefix_caching, int64_t asked);
 
 struct CpuExecutorOptions {
   int64_t block_size = 16;
