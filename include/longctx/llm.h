@@ -53,6 +53,9 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 0;   // tokens per step (prefill chunk); 0: 16384 GPU, 1024 CPU
   int64_t max_num_seqs = 256;           // sequences per step
   bool enable_prefix_caching = true;    // reuse the KV of full blocks of earlier prompts
+  // Models with linear-attention layers: snapshots of their state kept for prefix hits
+  // (docs/architecture.md, KV groups); -1: 64 with prefix caching; none without it.
+  int64_t max_state_snapshots = -1;
   // Publishes the prefix cache's changes for KV-aware routers (docs/fleet.md).
   KvEventsConfig kv_events;
   // A KV store shared by replicas, redis://HOST:PORT (docs/fleet.md); empty: none.

@@ -37,7 +37,7 @@ BlockManager make_block_manager(const Executor* executor, bool prefix_caching) {
   KVBlockLayout l = layout_of(executor);
   if (l.groups.empty()) l.groups.push_back(KvGroupAlloc{});
   return BlockManager(l.num_blocks, l.block_size, prefix_caching, std::move(l.groups),
-                      l.num_state_slots);
+                      l.num_state_slots, l.num_state_snapshots);
 }
 
 // The tokens each constrained row's grammar allows, within what its request may still generate.
@@ -322,7 +322,8 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
       extra_tables = {t, static_cast<size_t>(extra)};
     }
     inputs.push_back({seq.id, seq.tokens, seq.num_computed, s.num_new,
-                      blocks_.table(seq.id).first(nb), s.sample, extra_tables});
+                      blocks_.table(seq.id).first(nb), s.sample, extra_tables, s.state_restore,
+                      s.state_save});
     const bool is_decode = s.num_new == 1 && seq.num_generated() > 0 &&
                            seq.num_computed == static_cast<int64_t>(seq.tokens.size()) - 1;
     (is_decode ? decode : prefill) += s.num_new;
@@ -482,6 +483,9 @@ EngineStats EngineCore::stats() const {
   s.kv_group_blocks_used = b.group_used_blocks;
   s.prefix_cache_queries = b.queries;
   s.prefix_cache_hits = b.hits;
+  s.state_snapshots_total = b.num_snapshots;
+  s.state_snapshots_held = b.snapshots_held;
+  s.state_snapshot_restores = b.snapshot_restores;
   s.num_preemptions = scheduler_.num_preemptions();
   s.prompt_tokens = prompt_tokens_;
   s.generation_tokens = generation_tokens_;

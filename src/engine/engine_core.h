@@ -58,6 +58,11 @@ struct EngineStats {
   std::vector<int64_t> kv_group_blocks_used;  // [KV groups] blocks (state slots) held per group
   int64_t prefix_cache_queries = 0;           // prompt tokens looked up in the prefix cache
   int64_t prefix_cache_hits = 0;              // of those, tokens found cached
+  // A state model's snapshots (BlockManager): slots, those tied to cached blocks, and the
+  // prefix hits that started from one.
+  int64_t state_snapshots_total = 0;
+  int64_t state_snapshots_held = 0;
+  int64_t state_snapshot_restores = 0;
   int64_t num_preemptions = 0;
   int64_t prompt_tokens = 0;      // prompt tokens computed (hits excluded)
   int64_t generation_tokens = 0;  // tokens sampled

@@ -42,6 +42,13 @@ std::vector<SampleResult> Executor::sample(const Tensor& logits,
   return out;
 }
 
+int64_t resolve_state_snapshots(bool prefix_caching, int64_t asked) {
+  LONGCTX_CHECK(asked >= -1, ErrorCode::kInvalidArgument,
+                "max_state_snapshots must be >= 0 (or -1: the default), got {}", asked);
+  if (!prefix_caching) return 0;
+  return asked < 0 ? kDefaultStateSnapshots : asked;
+}
+
 namespace {
 
 constexpr int64_t kDefaultCpuKvBytes = 4ll << 30;
@@ -113,14 +120,19 @@ class CpuExecutor final : public Executor {
       if (groups_[g].kind != KvGroupKind::kState) continue;
       // Linear attention (Qwen3-Next): the Gated DeltaNet state and the conv's last inputs.
       const LinearAttentionConfig& l = c.linear;
-      LONGCTX_CHECK(o.max_state_seqs > 0 && states_ == nullptr, ErrorCode::kInvalidArgument,
-                    "CPU executor: a state KV group needs max_state_seqs > 0 (got {}), and one "
-                    "state group only",
-                    o.max_state_seqs);
+      LONGCTX_CHECK(o.max_state_seqs > 0 && o.max_state_snapshots >= 0 && states_ == nullptr,
+                    ErrorCode::kInvalidArgument,
+                    "CPU executor: a state KV group needs max_state_seqs > 0 (got {}), "
+                    "max_state_snapshots >= 0 (got {}), and one state group only",
+                    o.max_state_seqs, o.max_state_snapshots);
       const int64_t conv_dim =
           2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
+      // Slots [0, max_state_seqs) are the sequences', the rest the prefix cache's snapshots.
+      state_group_ = g;
+      num_state_seqs_ = o.max_state_seqs;
+      num_snapshots_ = o.max_state_snapshots;
       states_ = std::make_unique<StatePool>(
-          o.max_state_seqs, static_cast<int64_t>(groups_[g].layers.size()),
+          o.max_state_seqs + o.max_state_snapshots, static_cast<int64_t>(groups_[g].layers.size()),
           Shape{l.num_value_heads, l.key_head_dim, l.value_head_dim},
           Shape{l.conv_kernel_dim - 1, conv_dim});
     }
@@ -130,7 +142,10 @@ class CpuExecutor final : public Executor {
   KVBlockLayout kv_layout() const override {
     KVBlockLayout l{num_blocks_, block_size_};
     if (!groups_.single_full()) l.groups = groups_.allocs();
-    if (states_ != nullptr) l.num_state_slots = states_->num_slots();
+    if (states_ != nullptr) {
+      l.num_state_slots = num_state_seqs_;
+      l.num_state_snapshots = num_snapshots_;
+    }
     return l;
   }
 
@@ -184,9 +199,14 @@ class CpuExecutor final : public Executor {
       copy_kv_block_cpu(*pool_, c.src, c.dst);
       if (policy_ != nullptr) policy_->on_block_copied(c.src, c.dst);
     }
+    // A prefix hit's state comes from its snapshot before the step; a chunk ending on a block
+    // boundary leaves a snapshot after it.
+    copy_snapshots(inputs, /*save=*/false);
     CpuPagedBackend attention(*pool_, model_->attention_scale(), policy_.get(), &groups_,
                               states_.get());
-    return model_->forward(batch, attention);
+    Tensor logits = model_->forward(batch, attention);
+    copy_snapshots(inputs, /*save=*/true);
+    return logits;
   }
 
  private:
@@ -213,6 +233,27 @@ class CpuExecutor final : public Executor {
     return static_cast<std::byte*>(t.data_ptr()) +
            static_cast<size_t>(block) * tensor_block_bytes(t);
   }
+  void copy_snapshots(std::span<const StepInput> inputs, bool save) {
+    for (const StepInput& in : inputs) {
+      const int32_t snap = save ? in.state_save : in.state_restore;
+      if (snap < 0) continue;
+      LONGCTX_CHECK(
+          states_ != nullptr && state_group_ > 0 && snap < num_snapshots_ &&
+              static_cast<int64_t>(in.group_tables.size()) >= state_group_ &&
+              in.group_tables[state_group_ - 1].size() == 1,
+          ErrorCode::kInternal,
+          "CPU executor: sequence {} names state snapshot {} (of {}) without a state slot",
+          in.seq_id, snap, num_snapshots_);
+      const int32_t slot = in.group_tables[state_group_ - 1][0];
+      LONGCTX_CHECK(slot >= 0 && slot < num_state_seqs_, ErrorCode::kInternal,
+                    "CPU executor: sequence {} has state slot {} of {}", in.seq_id, slot,
+                    num_state_seqs_);
+      if (save)
+        states_->copy(slot, num_state_seqs_ + snap);
+      else
+        states_->copy(num_state_seqs_ + snap, slot);
+    }
+  }
   void check_block_io(int32_t block, size_t bytes) const {
     LONGCTX_CHECK(kv_block_bytes() > 0 && block >= 0 && block < num_blocks_ &&
                       static_cast<int64_t>(bytes) == kv_block_bytes(),
@@ -224,6 +265,8 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<OffloadAttentionBackend> offload_;  // or offloaded (simulated)
   std::unique_ptr<sparse::SparsePolicy> policy_;      // with the resident pool (Full: dense)
   std::unique_ptr<StatePool> states_;                 // a state group's slots (linear attention)
+  int64_t state_group_ = 0;  // its group (> 0: group 0 is paged whenever a model has attention)
+  int64_t num_state_seqs_ = 0, num_snapshots_ = 0;
   int64_t num_blocks_ = 0, block_size_ = 0;
 };
 

@@ -119,11 +119,18 @@ std::string GpuMemoryPlan::str() const {
         format_bytes(offload_buffers), format_bytes(sparse), format_bytes(host_kv_bytes()),
         num_host_blocks, num_host_blocks * block_size,
         max_model_len > 0 ? num_host_blocks * block_size / max_model_len : 0);
+  const std::string states =
+      kv_state_bytes > 0
+          ? fmt::format(
+                ", linear-attention states {} (fp32), state snapshots {} "
+                "({} for prefix hits)",
+                format_bytes(kv_state_bytes), format_bytes(kv_snapshot_bytes), num_state_snapshots)
+          : "";
   return fmt::format(
-      "budget {}: weights {}{}, activations {}, workspaces {}, CUDA graphs {}, sparse {}, KV pool "
-      "{} ({} blocks of {} tokens, {} per block, {} tokens = {} max_model_len sequences)",
+      "budget {}: weights {}{}, activations {}, workspaces {}, CUDA graphs {}, sparse {}{}, KV "
+      "pool {} ({} blocks of {} tokens, {} per block, {} tokens = {} max_model_len sequences)",
       format_bytes(budget), format_bytes(weights), experts_note(), format_bytes(activations),
-      format_bytes(workspaces), format_bytes(graphs), format_bytes(sparse),
+      format_bytes(workspaces), format_bytes(graphs), format_bytes(sparse), states,
       format_bytes(kv_bytes()), num_kv_blocks, block_size, format_bytes(kv_block_bytes),
       kv_tokens(), max_model_len > 0 ? kv_tokens() / max_model_len : 0);
 }
@@ -206,15 +213,21 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   // max_model_len holds blocks in each paged group (a sliding group only its window's).
   const KvGroups groups = KvGroups::from_config(config, options.kv_dtype);
   p.kv_block_bytes = groups.block_bytes(p.block_size);
+  // States (fp32, as the kernels keep them) of every sequence a step may run, and the prefix
+  // cache's snapshots of them.
   p.kv_state_bytes = options.max_num_seqs * groups.state_bytes_per_seq();
+  LONGCTX_CHECK(options.max_state_snapshots >= 0, ErrorCode::kInvalidArgument,
+                "GPU memory plan: {} state snapshots", options.max_state_snapshots);
+  if (groups.has_kind(KvGroupKind::kState)) p.num_state_snapshots = options.max_state_snapshots;
+  p.kv_snapshot_bytes = p.num_state_snapshots * groups.state_bytes_per_seq();
   p.kv_groups = groups.describe();
   const int64_t per_seq =
       BlockManager(1, p.block_size, false, groups.allocs(), options.max_num_seqs)
           .max_blocks_held(p.max_model_len, options.max_num_batched_tokens);
   if (options.kv_offload) return plan_offload(config, options, p, per_seq);
   const sparse::SparseGpuBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
-  const int64_t left =
-      budget - p.weights - p.activations - p.workspaces - p.graphs - q.fixed - p.kv_state_bytes;
+  const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs - q.fixed -
+                       p.kv_state_bytes - p.kv_snapshot_bytes;
   p.num_kv_blocks = options.num_gpu_blocks > 0
                         ? options.num_gpu_blocks
                         : std::max<int64_t>(0, left / (p.kv_block_bytes + q.per_block));

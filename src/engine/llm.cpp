@@ -171,6 +171,8 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     gpu.block_size = config.block_size;
     gpu.max_num_batched_tokens = step_tokens;
     gpu.max_num_seqs = config.max_num_seqs;
+    gpu.max_state_snapshots =
+        resolve_state_snapshots(config.enable_prefix_caching, config.max_state_snapshots);
     gpu.max_model_len = options.max_model_len;
     gpu.num_gpu_blocks = config.num_gpu_blocks;
     gpu.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, mc.kv_cache_fp8, DType::kBF16);
@@ -229,6 +231,8 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     cpu.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, mc.kv_cache_fp8, DType::kF32);
     cpu.sparse = config.sparse;
     cpu.max_state_seqs = config.max_num_seqs;
+    cpu.max_state_snapshots =
+        resolve_state_snapshots(config.enable_prefix_caching, config.max_state_snapshots);
     if (tp == 1) {
       executor = make_cpu_executor(create_model(impl_->checkpoint, build), cpu);
     } else {

@@ -31,9 +31,13 @@ void Scheduler::preempt(Sequence* seq) {
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int64_t budget = config_.max_num_batched_tokens;
-  auto add_to_step = [&](Sequence* seq, int64_t n) {
-    const bool last = seq->num_computed + n == static_cast<int64_t>(seq->tokens.size());
-    out.seqs.push_back({seq, n, last});
+  auto add_to_step = [&](Sequence* seq, int64_t n, int32_t restore) {
+    const int64_t end = seq->num_computed + n;
+    const bool last = end == static_cast<int64_t>(seq->tokens.size());
+    // Prefill chunks (not decode steps) that end on a block boundary save the state there.
+    const bool prefill = n > 1 || end <= seq->num_prompt_tokens;
+    const int32_t save = prefill ? blocks_.reserve_snapshot(seq->id, end) : -1;
+    out.seqs.push_back({seq, n, last, restore, save});
     out.num_tokens += n;
     budget -= n;
   };
@@ -43,7 +47,8 @@ SchedulerOutput Scheduler::schedule() {
       Sequence* seq = running_[i];
       const int64_t remaining = static_cast<int64_t>(seq->tokens.size()) - seq->num_computed;
       if ((remaining == 1) != decodes) continue;
-      const int64_t n = std::min(remaining, budget);
+      const int64_t n = blocks_.snapshot_chunk(seq->num_computed, std::min(remaining, budget),
+                                               static_cast<int64_t>(seq->tokens.size()));
       bool preempted_self = false;
       while (!blocks_.append(seq->id, seq->num_computed, n, &out.copies)) {
         Sequence* victim = running_.back();
@@ -62,7 +67,7 @@ SchedulerOutput Scheduler::schedule() {
         }
       }
       if (preempted_self) break;  // it was the newest: nothing runs after it
-      add_to_step(seq, n);
+      add_to_step(seq, n, -1);
     }
   }
   // Waiting sequences, first come first served, while blocks, tokens and sequence slots last.
@@ -76,7 +81,7 @@ SchedulerOutput Scheduler::schedule() {
     if (seq->output.metrics.scheduled == 0) seq->output.metrics.num_cached_tokens = r.num_cached;
     seq->status = SequenceStatus::kRunning;
     running_.push_back(seq);
-    add_to_step(seq, r.num_new);
+    add_to_step(seq, r.num_new, r.restore_snapshot);
   }
   return out;
 }

@@ -10,6 +10,10 @@
 // far), to be recomputed later (its prefix may still hit the cache). No waiting sequence is
 // admitted in a step that preempted. The oldest running sequence always progresses, and every
 // sequence fits the pool alone (checked when it is added), so everything finishes.
+//
+// A state model with prefix caching (BlockManager::snapshots_enabled()) has its prefill chunks
+// end on block boundaries where it can (BlockManager::snapshot_chunk) and a snapshot of its
+// state saved at each such end; a prefix hit's sequence starts from the hit's snapshot.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +34,10 @@ struct ScheduledSeq {
   Sequence* seq = nullptr;
   int64_t num_new = 0;  // tokens seq->tokens[num_computed, num_computed + num_new) run now
   bool sample = false;  // the last of its tokens runs now: sample its next token
+  // State snapshots (the block manager's slots): copied into the sequence's state slot before
+  // the step (a prefix hit), and from it after the step (its chunk ends on a block boundary).
+  int32_t state_restore = -1;
+  int32_t state_save = -1;
 };
 
 struct SchedulerOutput {

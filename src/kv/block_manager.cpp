@@ -28,7 +28,8 @@ BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_p
     : BlockManager(num_blocks, block_size, enable_prefix_caching, {KvGroupAlloc{}}) {}
 
 BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
-                           std::vector<KvGroupAlloc> groups, int64_t num_state_slots)
+                           std::vector<KvGroupAlloc> groups, int64_t num_state_slots,
+                           int64_t num_snapshots)
     : block_size_(block_size),
       prefix_caching_(enable_prefix_caching),
       groups_(std::move(groups)),
@@ -57,6 +58,13 @@ BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_p
   for (int64_t s = has_state_ ? num_state_slots : 0; s-- > 0;)
     free_slots_.push_back(static_cast<int32_t>(s));
   by_hash_.resize(groups_.size());
+  LONGCTX_CHECK(num_snapshots >= 0 && num_snapshots <= std::numeric_limits<int32_t>::max(),
+                ErrorCode::kInvalidArgument, "block manager: {} state snapshots", num_snapshots);
+  // Snapshots hang off group 0's blocks, so group 0 must be paged (a model with attention
+  // layers: state groups come last).
+  if (has_state_ && prefix_caching_ && paged(0)) num_snapshots_ = num_snapshots;
+  snapshots_.resize(num_snapshots_);
+  for (int64_t i = num_snapshots_; i-- > 0;) free_snapshots_.push_back(static_cast<int32_t>(i));
 }
 
 int64_t BlockManager::num_free_blocks() const {
@@ -86,6 +94,9 @@ BlockManagerStats BlockManager::stats() const {
       for (int32_t b : st.groups[g].blocks)
         if (b != kNoBlock) held[g].insert(b);
   for (const auto& h : held) s.group_used_blocks.push_back(static_cast<int64_t>(h.size()));
+  s.num_snapshots = num_snapshots_;
+  s.snapshots_held = static_cast<int64_t>(snapshot_lru_.size());
+  s.snapshot_restores = snapshot_restores_;
   return s;
 }
 
@@ -120,6 +131,7 @@ int32_t BlockManager::take_block(int32_t g) {
     id = lru_.front();
     lru_.pop_front();
     Block& b = blocks_[id];
+    if (b.snapshot >= 0) drop_snapshot(b.snapshot);  // the state at its end goes with it
     by_hash_[b.group].erase(b.hash);
     if (record_events_ && b.group == 0) {
       if (events_.empty() || events_.back().kind != KvCacheEvent::Kind::kRemoved)
@@ -175,6 +187,52 @@ void BlockManager::drop_out_of_window(SeqState& s, int64_t pos) {
   }
 }
 
+void BlockManager::drop_snapshot(int32_t snapshot) {
+  Snapshot& sn = snapshots_[snapshot];
+  blocks_[sn.block].snapshot = -1;
+  sn.block = -1;
+  snapshot_lru_.erase(sn.lru_pos);
+  free_snapshots_.push_back(snapshot);
+}
+
+void BlockManager::touch_snapshot(int32_t snapshot) {
+  Snapshot& sn = snapshots_[snapshot];
+  snapshot_lru_.splice(snapshot_lru_.end(), snapshot_lru_, sn.lru_pos);
+}
+
+int64_t BlockManager::snapshot_chunk(int64_t num_computed, int64_t n, int64_t total) const {
+  if (!snapshots_enabled()) return n;
+  const int64_t boundary = (num_computed + n) / block_size_ * block_size_;
+  // A decode step (one token left) is never cut: its state is saved nowhere.
+  if (total - num_computed <= 1 || boundary <= num_computed) return n;
+  return boundary - num_computed;
+}
+
+int32_t BlockManager::reserve_snapshot(uint64_t seq, int64_t end) {
+  if (!snapshots_enabled() || end <= 0 || end % block_size_ != 0) return -1;
+  auto it = seqs_.find(seq);
+  LONGCTX_CHECK(it != seqs_.end(), ErrorCode::kInternal,
+                "block manager: snapshot for sequence {} that holds no blocks", seq);
+  SeqState& s = it->second;
+  const GroupTable& t = s.groups[0];
+  const int64_t i = end / block_size_ - 1;
+  LONGCTX_CHECK(s.pending_snapshot < 0 && i < static_cast<int64_t>(t.blocks.size()),
+                ErrorCode::kInternal,
+                "block manager: sequence {} reserves a snapshot at {} with {} blocks (pending {})",
+                seq, end, t.blocks.size(), s.pending_snapshot);
+  // A hit's own last block: its snapshot is where the sequence started from.
+  if (cached_at(t, i) && blocks_[t.blocks[i]].snapshot >= 0) return -1;
+  if (free_snapshots_.empty()) {
+    if (snapshot_lru_.empty()) return -1;  // every slot reserved in this step
+    drop_snapshot(snapshot_lru_.front());
+  }
+  s.pending_snapshot = free_snapshots_.back();
+  s.pending_end = end;
+  free_snapshots_.pop_back();
+  pending_seqs_.push_back(seq);
+  return s.pending_snapshot;
+}
+
 bool BlockManager::cached_at(const GroupTable& t, int64_t i) const {
   return i < static_cast<int64_t>(t.blocks.size()) && t.blocks[i] != kNoBlock &&
          blocks_[t.blocks[i]].cached;
@@ -212,7 +270,7 @@ BlockManager::Start BlockManager::start(uint64_t seq, std::span<const int32_t> t
   std::vector<uint64_t> hashes;
   std::vector<std::vector<int32_t>> found(num_groups);  // [groups][blocks] id or -1
   int64_t max_hit = 0;  // blocks: the full groups' common cached prefix
-  if (prefix_caching_ && !has_state_) {
+  if (prefix_caching_ && (!has_state_ || snapshots_enabled())) {
     uint64_t parent = 0;
     for (int64_t i = 0; (i + 1) * block_size_ <= n; ++i) {
       auto blk = tokens.subspan(i * block_size_, block_size_);
@@ -231,18 +289,31 @@ BlockManager::Start BlockManager::start(uint64_t seq, std::span<const int32_t> t
     }
   }
   // The longest hit every sliding group can serve: each block its window needs at that point.
+  // A state model's hit ends where a snapshot holds its state, before the last token (its state
+  // cannot be rewound to recompute it).
   auto num_cached_at = [&](int64_t h) { return std::min(h * block_size_, n - 1); };
   int64_t num_hits = max_hit;
   for (; num_hits > 0; --num_hits) {
     const int64_t c = num_cached_at(num_hits);
-    bool ok = true;
-    for (int64_t g = 0; g < num_groups && ok; ++g)
+    bool ok = !has_state_ ||
+              (num_hits * block_size_ < n && blocks_[found[0][num_hits - 1]].snapshot >= 0);
+    for (int64_t g = 0; g < num_groups && ok; ++g) {
+      if (!paged(g)) continue;
       for (int64_t i = first_live_block(g, c); i < num_hits && ok; ++i) ok = found[g][i] >= 0;
+    }
     if (ok) break;
   }
   Start r;
   r.num_cached = num_hits > 0 ? num_cached_at(num_hits) : 0;
   r.num_new = std::min(n - r.num_cached, max_new);
+  if (has_state_) {
+    // K/V cached past the last snapshot (another prompt went on from there): the first chunk
+    // ends where the cached prefix does, so the state at that branch point is saved and the
+    // prompts that share it next start from it.
+    const int64_t kv_end = std::min(max_hit, (n - 1) / block_size_) * block_size_;
+    if (kv_end > r.num_cached) r.num_new = std::min(r.num_new, kv_end - r.num_cached);
+  }
+  r.num_new = snapshot_chunk(r.num_cached, r.num_new, n);
   const int64_t need = blocks_for(r.num_cached + r.num_new);
   const int64_t first_write = r.num_cached / block_size_;
   const bool cow = first_write < num_hits;
@@ -287,6 +358,11 @@ BlockManager::Start BlockManager::start(uint64_t seq, std::span<const int32_t> t
     LONGCTX_CHECK(ok, ErrorCode::kInternal, "block manager: counted {} free blocks but ran out",
                   fresh);
   }
+  if (has_state_ && num_hits > 0) {
+    r.restore_snapshot = blocks_[found[0][num_hits - 1]].snapshot;
+    touch_snapshot(r.restore_snapshot);
+    ++snapshot_restores_;
+  }
   queries_ += n;
   hits_ += r.num_cached;
   return r;
@@ -319,7 +395,7 @@ bool BlockManager::append(uint64_t seq, int64_t num_computed, int64_t num_new,
 }
 
 void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t num_computed) {
-  if (!prefix_caching_ || has_state_) return;
+  if (!prefix_caching_ || (has_state_ && !snapshots_enabled())) return;
   auto it = seqs_.find(seq);
   LONGCTX_CHECK(it != seqs_.end(), ErrorCode::kInternal,
                 "block manager: commit of sequence {} that holds no blocks", seq);
@@ -327,7 +403,8 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
   const int64_t full = num_computed / block_size_;
   for (size_t g = 0; g < groups_.size(); ++g)
     LONGCTX_CHECK(num_computed <= static_cast<int64_t>(tokens.size()) &&
-                      blocks_for(num_computed) <= static_cast<int64_t>(s.groups[g].blocks.size()),
+                      (!paged(g) ||
+                       blocks_for(num_computed) <= static_cast<int64_t>(s.groups[g].blocks.size())),
                   ErrorCode::kInternal,
                   "block manager: sequence {} commits {} tokens of {} with {} blocks in group {}",
                   seq, num_computed, tokens.size(), s.groups[g].blocks.size(), g);
@@ -338,6 +415,7 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
   // Blocks registered one after another in group 0 extend one stored event (as vLLM's).
   int64_t last_stored = -2;
   for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!paged(g)) continue;  // a state slot: its snapshot is tied to group 0's block below
     GroupTable& t = s.groups[g];
     for (; t.num_cached_blocks < full; ++t.num_cached_blocks) {
       const int64_t i = t.num_cached_blocks;
@@ -364,11 +442,30 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
       last_stored = i;
     }
   }
+  if (s.pending_snapshot < 0) return;
+  const int32_t snap = s.pending_snapshot;
+  s.pending_snapshot = -1;
+  LONGCTX_CHECK(s.pending_end == num_computed, ErrorCode::kInternal,
+                "block manager: sequence {} reserved a snapshot at {} but committed {} tokens", seq,
+                s.pending_end, num_computed);
+  // The cached block ending at the boundary: this sequence's, or the same prefix's that another
+  // sequence registered first (the state there is the same).
+  const int64_t i = num_computed / block_size_ - 1;
+  const int32_t id = lookup(0, s.hashes[i], i == 0 ? 0 : s.hashes[i - 1],
+                            tokens.subspan(i * block_size_, block_size_));
+  if (id < 0 || blocks_[id].snapshot >= 0) {
+    free_snapshots_.push_back(snap);
+    return;
+  }
+  blocks_[id].snapshot = snap;
+  snapshots_[snap].block = id;
+  snapshots_[snap].lru_pos = snapshot_lru_.insert(snapshot_lru_.end(), snap);
 }
 
 void BlockManager::free(uint64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
+  if (it->second.pending_snapshot >= 0) free_snapshots_.push_back(it->second.pending_snapshot);
   for (size_t g = 0; g < groups_.size(); ++g) {
     const std::vector<int32_t>& blocks = it->second.groups[g].blocks;
     if (!paged(g)) {
@@ -384,6 +481,14 @@ void BlockManager::free(uint64_t seq) {
 void BlockManager::end_step() {
   for (int32_t id : pending_release_) release(id);
   pending_release_.clear();
+  // A failed step saved no state: its reservations go back (a committed one was cleared).
+  for (uint64_t seq : pending_seqs_) {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end() || it->second.pending_snapshot < 0) continue;
+    free_snapshots_.push_back(it->second.pending_snapshot);
+    it->second.pending_snapshot = -1;
+  }
+  pending_seqs_.clear();
 }
 
 int64_t BlockManager::cached_prefix(std::span<const int32_t> tokens,
@@ -515,6 +620,30 @@ void BlockManager::check_consistency() const {
   for (const auto& m : by_hash_) hashes += static_cast<int64_t>(m.size());
   LONGCTX_CHECK(cached == hashes, ErrorCode::kInternal,
                 "block manager: {} cached blocks but {} hashes", cached, hashes);
+  // Every snapshot slot is free, reserved by one live sequence, or tied to one cached block of
+  // group 0 (and then in the LRU list).
+  std::vector<int32_t> snapshot_holders(snapshots_.size(), 0);
+  for (int32_t sn : free_snapshots_) ++snapshot_holders[sn];
+  for (const auto& [id, s] : seqs_)
+    if (s.pending_snapshot >= 0) ++snapshot_holders[s.pending_snapshot];
+  for (int32_t sn : snapshot_lru_) {
+    ++snapshot_holders[sn];
+    const int32_t b = snapshots_[sn].block;
+    LONGCTX_CHECK(b >= 0 && blocks_[b].cached && blocks_[b].group == 0 &&
+                      blocks_[b].snapshot == sn && *snapshots_[sn].lru_pos == sn,
+                  ErrorCode::kInternal, "block manager: snapshot {} is not tied to its block {}",
+                  sn, b);
+  }
+  for (size_t sn = 0; sn < snapshots_.size(); ++sn)
+    LONGCTX_CHECK(snapshot_holders[sn] == 1, ErrorCode::kInternal,
+                  "block manager: snapshot {} has {} holders (free list included)", sn,
+                  snapshot_holders[sn]);
+  for (int64_t i = 0; i < num_blocks(); ++i) {
+    const int32_t sn = blocks_[i].snapshot;
+    LONGCTX_CHECK(sn < 0 || (sn < static_cast<int32_t>(snapshots_.size()) &&
+                             snapshots_[sn].block == i && blocks_[i].cached),
+                  ErrorCode::kInternal, "block manager: block {} names snapshot {}", i, sn);
+  }
 }
 
 }  // namespace longctx

@@ -25,9 +25,23 @@
 // the window as the sequence advances (their table entries become kNoBlock; with prefix caching
 // they stay cached and evictable); a prefix hit is taken only up to where every sliding group
 // still has each block the window needs, so a hit never changes what attention reads. A state
-// group (linear attention / SSM) holds one state slot per sequence (its table is that slot);
-// prefix hits need state snapshots at block boundaries, which do not exist yet, so a manager
-// with a state group takes no prefix hits.
+// group (linear attention / SSM) holds one state slot per sequence (its table is that slot).
+//
+// State snapshots. A state group's state cannot be rebuilt from blocks, so a prefix hit of a
+// state model needs the state as it was at the hit's last token. The manager keeps a pool of
+// snapshot slots (the executor's storage): a step whose prefill chunk ends on a block boundary
+// reserves one (reserve_snapshot), the executor copies the sequence's state into it after the
+// step, and commit() ties it to the group-0 block that ends at that boundary. A new sequence's
+// hit is cut back to the last hit block that has a snapshot (and leaves at least one token to
+// compute: a state cannot be rewound, so a hit never ends on the prompt's last token and no
+// copy-on-write happens); Start::restore_snapshot names the snapshot the executor copies into
+// the sequence's state slot before the step. A snapshot lives as long as its block stays cached:
+// evicting the block frees it; when the pool is full, reserving takes the least recently used
+// snapshot (created or restored) from its block, which stays cached as K/V only. When a prompt's
+// K/V hit goes past its last snapshot, its first chunk stops where the K/V hit ends, so the state
+// at that branch point is saved for the prompts that share it next. A state model
+// without snapshot slots takes no prefix hits. Chunks are cut so that they end on boundaries
+// (snapshot_chunk): see docs/architecture.md (KV groups) for the choice and its memory cost.
 //
 // Events. With record_events(true) every change of the prefix cache of group 0 (the group
 // routers index; every group caches the same prefixes) is recorded as a KvCacheEvent: a block
@@ -53,6 +67,9 @@ struct BlockManagerStats {
   int64_t queries = 0;                     // prompt tokens looked up
   int64_t hits = 0;                        // of those, tokens whose K/V were found cached
   std::vector<int64_t> group_used_blocks;  // [groups] blocks (state slots) held, per group
+  int64_t num_snapshots = 0;               // state snapshot slots
+  int64_t snapshots_held = 0;              // of those, tied to a cached block
+  int64_t snapshot_restores = 0;           // prefix hits that started from a snapshot
 };
 
 // A block table entry a sliding window dropped (or a prefix hit did not need).
@@ -63,9 +80,11 @@ class BlockManager {
   // One full-attention group. Throws Error(kInvalidArgument) for non-positive sizes.
   BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching);
   // `groups` in the order of attention/kv_groups.h (group 0 first); num_state_slots: sequences
-  // that may hold state at once (> 0 when a group is kState).
+  // that may hold state at once (> 0 when a group is kState); num_snapshots: state snapshot
+  // slots for prefix hits of a state model (ignored without a state group or prefix caching).
   BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
-               std::vector<KvGroupAlloc> groups, int64_t num_state_slots = 0);
+               std::vector<KvGroupAlloc> groups, int64_t num_state_slots = 0,
+               int64_t num_snapshots = 0);
 
   int64_t num_groups() const { return static_cast<int64_t>(groups_.size()); }
   const KvGroupAlloc& group(int64_t g) const { return groups_[g]; }
@@ -73,6 +92,9 @@ class BlockManager {
   // at most `step_tokens` of its tokens (the window, the step and a straddled block).
   int64_t max_blocks_held(int64_t tokens, int64_t step_tokens) const;
   int64_t num_free_state_slots() const { return static_cast<int64_t>(free_slots_.size()); }
+  // A state model whose prefixes are cached with state snapshots.
+  bool snapshots_enabled() const { return num_snapshots_ > 0; }
+  int64_t num_free_snapshots() const { return static_cast<int64_t>(free_snapshots_.size()); }
 
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
@@ -93,9 +115,11 @@ class BlockManager {
   // tokens.size() - 1 of them count as computed), then takes blocks for the cached tokens and
   // num_new = min(tokens.size() - num_cached, max_new) more. num_cached is -1 when there are
   // not enough free blocks (nothing changes then). A copy-on-write goes to `copies`.
+  // With snapshots, num_new is cut as snapshot_chunk() cuts it.
   struct Start {
     int64_t num_cached = -1;  // -1: not enough blocks
     int64_t num_new = 0;
+    int32_t restore_snapshot = -1;  // a state model's hit: the snapshot its state starts from
   };
   Start start(uint64_t seq, std::span<const int32_t> tokens, int64_t max_new,
               std::vector<KVBlockCopy>* copies);
@@ -104,13 +128,25 @@ class BlockManager {
   // False (and nothing else changes) when the free blocks do not suffice.
   bool append(uint64_t seq, int64_t num_computed, int64_t num_new,
               std::vector<KVBlockCopy>* copies);
+  // With snapshots: how many of the `n` tokens after `num_computed` (of `total`) a prefill step
+  // runs so that it ends on a block boundary: a chunk cut short is cut back to its last boundary,
+  // and a prompt's last chunk runs up to its last boundary first (the tail in the next step), so
+  // the state there can be saved. n itself when no boundary is crossed, or without snapshots.
+  int64_t snapshot_chunk(int64_t num_computed, int64_t n, int64_t total) const;
+  // A snapshot slot for the state of `seq` after a step ending at `end` (a block boundary past
+  // its hit), which the executor fills after the step and commit() ties to the block ending
+  // there; -1 (nothing reserved) without snapshots, off a boundary, or when that block has one.
+  // Reserving may take the least recently used snapshot from its block.
+  int32_t reserve_snapshot(uint64_t seq, int64_t end);
   // After a step computed K/V up to `num_computed` tokens: registers the blocks that became
-  // full in the prefix cache (their tokens are tokens[block * block_size, ...)).
+  // full in the prefix cache (their tokens are tokens[block * block_size, ...)) and ties the
+  // sequence's reserved snapshot to its block.
   void commit(uint64_t seq, std::span<const int32_t> tokens, int64_t num_computed);
-  // Drops every block the sequence holds (tail first, so the prefix stays cached longest).
-  // Unknown ids are ignored.
+  // Drops every block the sequence holds (tail first, so the prefix stays cached longest) and its
+  // state slot and reserved snapshot. Unknown ids are ignored.
   void free(uint64_t seq);
-  // Releases the sources of this step's copies (call once the step ran or failed).
+  // Releases the sources of this step's copies and the snapshots reserved for a step that did
+  // not commit them (call once the step ran or failed).
   void end_step();
 
   // The chain hashes of the full blocks of `tokens` (group 0's scheme), and how many leading
@@ -142,6 +178,11 @@ class BlockManager {
     int32_t group = 0;            // the group it was taken for (its cache map, when cached)
     std::vector<int32_t> tokens;  // [block_size] when cached
     std::list<int32_t>::iterator lru_pos;  // valid while cached with ref == 0
+    int32_t snapshot = -1;                 // group 0, cached: the state snapshot at its end
+  };
+  struct Snapshot {
+    int32_t block = -1;                    // the cached block it belongs to (-1: free/reserved)
+    std::list<int32_t>::iterator lru_pos;  // valid while tied to a block
   };
   struct GroupTable {
     std::vector<int32_t> blocks;    // block ids (kNoBlock: dropped); a state group: {slot}
@@ -151,6 +192,8 @@ class BlockManager {
   struct SeqState {
     std::vector<GroupTable> groups;  // [groups]
     std::vector<uint64_t> hashes;    // chain hash of each of its full (computed) blocks
+    int32_t pending_snapshot = -1;   // reserved for the state at pending_end (this step)
+    int64_t pending_end = 0;
   };
 
   bool paged(int64_t g) const { return groups_[g].kind != KvGroupKind::kState; }
@@ -167,6 +210,10 @@ class BlockManager {
   // The block holding tokens with this chain hash and these tokens, or -1.
   int32_t lookup(int64_t g, uint64_t hash, uint64_t parent, std::span<const int32_t> tokens) const;
   uint64_t hash_block(uint64_t parent, std::span<const int32_t> tokens) const;
+  // Unties a snapshot from its block and returns it to the free list.
+  void drop_snapshot(int32_t snapshot);
+  // Marks a snapshot most recently used.
+  void touch_snapshot(int32_t snapshot);
   // Whether group g's block at index i is cached (a copy-on-write target when written).
   bool cached_at(const GroupTable& t, int64_t i) const;
   // Gives group g of a sequence fresh blocks until it has `n`; copy-on-write of the block at index
@@ -178,12 +225,18 @@ class BlockManager {
   int64_t block_size_;
   bool prefix_caching_;
   std::vector<KvGroupAlloc> groups_;
-  bool has_state_ = false;           // a kState group (no prefix hits then)
+  bool has_state_ = false;           // a kState group (prefix hits need snapshots then)
   std::vector<Block> blocks_;        // [num_blocks]
   std::vector<int32_t> free_;        // uncached, ref 0 (popped from the back)
   std::list<int32_t> lru_;           // cached, ref 0, least recent first
   std::vector<int32_t> free_slots_;  // state slots no sequence holds
   int64_t num_state_slots_ = 0;
+  int64_t num_snapshots_ = 0;            // 0: a state model takes no prefix hits
+  std::vector<Snapshot> snapshots_;      // [num_snapshots]
+  std::vector<int32_t> free_snapshots_;  // neither tied to a block nor reserved
+  std::list<int32_t> snapshot_lru_;      // tied to a block, least recently used first
+  std::vector<uint64_t> pending_seqs_;   // sequences that reserved a snapshot this step
+  int64_t snapshot_restores_ = 0;
   // [groups] chain hash -> cached block of that group
   std::vector<std::unordered_map<uint64_t, int32_t>> by_hash_;
   std::unordered_map<uint64_t, SeqState> seqs_;

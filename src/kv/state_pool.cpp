@@ -55,4 +55,10 @@ void StatePool::reset(int64_t slot) {
   std::memset(layer_base(slot, 0), 0, static_cast<size_t>(slot_bytes()));
 }
 
+void StatePool::copy(int64_t src, int64_t dst) {
+  const float* from = layer_base(src, 0);
+  float* to = layer_base(dst, 0);
+  if (from != to) std::memcpy(to, from, static_cast<size_t>(slot_bytes()));
+}
+
 }  // namespace longctx

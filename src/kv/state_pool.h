@@ -2,7 +2,7 @@
 // of slots, each holding one sequence's recurrent and conv state for every layer of the group,
 // f32 on the CPU. The BlockManager hands out the slots (a state group's table is its slot); the
 // CPU paged backend gives a layer its sequences' states through it. Pages are touched only when
-// a slot is first used (reset), so idle slots cost address space, not memory.
+// a slot is first used (reset or copied into), so idle slots cost address space, not memory.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,9 @@ class StatePool {
   Tensor conv(int64_t slot, int64_t layer) const;
   // Zeros every layer's state of the slot (a sequence starting at its first token).
   void reset(int64_t slot);
+  // Copies every layer's state of slot `src` into slot `dst` (a prefix-cache snapshot saved
+  // from, or restored into, a sequence's slot).
+  void copy(int64_t src, int64_t dst);
 
  private:
   float* layer_base(int64_t slot, int64_t layer) const;

@@ -33,11 +33,33 @@ TEST(InfoCli, Qwen3NextPrintsItsFullAndStateGroups) {
                        "24576 B/token"),
             std::string::npos)
       << r.out;
-  // 36 Gated DeltaNet layers: [32, 128, 128] recurrent + 3 x 8192 conv inputs each.
+  // 36 Gated DeltaNet layers: [32, 128, 128] recurrent + 3 x 8192 conv inputs each, in fp32
+  // (75.4 MiB a sequence), and the prefix cache's 64 snapshots of as many bytes.
   EXPECT_NE(r.out.find("KV group 1: state, 36 layers (0-2,4-6,"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find(std::to_string(36LL * (32 * 128 * 128 + 3 * 8192) * 2) + " B/sequence"),
+  EXPECT_NE(r.out.find(std::to_string(36LL * (32 * 128 * 128 + 3 * 8192) * 4) + " B/sequence"),
             std::string::npos)
       << r.out;
+  EXPECT_NE(r.out.find("f32, 79036416 B/sequence"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("state snapshots:    64 for prefix hits, 75.3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("states): 4.71 GiB"), std::string::npos) << r.out;
+  // Without prefix caching there are none.
+  CliResult off = run_cli(
+      "info --load-format dummy --preset qwen3-next-80b-a3b --device cpu "
+      "--no-enable-prefix-caching");
+  ASSERT_EQ(off.rc, 0) << off.err;
+  EXPECT_NE(off.out.find("state snapshots:    0 for prefix hits"), std::string::npos) << off.out;
+  CliResult eight = run_cli(
+      "info --load-format dummy --preset qwen3-next-80b-a3b --device cpu --max-state-snapshots 8 "
+      "--gpu-memory-limit 200GiB");
+  ASSERT_EQ(eight.rc, 0) << eight.err;
+  EXPECT_NE(eight.out.find("state snapshots:    8 for prefix hits, 75.3"), std::string::npos)
+      << eight.out;
+  EXPECT_NE(eight.out.find("state snapshots 603.0 MiB (8 for prefix hits)"), std::string::npos)
+      << eight.out;
+  EXPECT_NE(run_cli("info --load-format dummy --preset qwen3-next-80b-a3b --device cpu "
+                    "--max-state-snapshots -3")
+                .rc,
+            0);
   // Qwen3-Next-80B-A3B: 80 billion parameters (79.7 B without the MTP head).
   EXPECT_NE(r.out.find("(79."), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("512 routed, top 10 (renormalized), expert ffn 512, shared expert ffn 512"),

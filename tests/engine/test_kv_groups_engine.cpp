@@ -102,9 +102,9 @@ std::shared_ptr<Model> tiny_gemma3() {
 
 // The engine (chunked prefill, batching, prefix hits, copy-on-write, preemption) against the
 // model's dense reference, row by row.
-// A state model (linear attention) takes no prefix hits (the block manager refuses them without
-// state snapshots) and its logits may move by `tol` (the chunked delta rule's rounding, see
-// tests/models/test_fixture_models.cpp).
+// A state model (linear attention) takes its prefix hits from state snapshots at block boundaries
+// (tests/engine/test_state_prefix_cache.cpp) and its logits may move by `tol` (the chunked delta
+// rule's rounding, see tests/models/test_fixture_models.cpp).
 // `num_blocks` small enough for preemptions (a state model's blocks hold only its full layers).
 void check_engine_matches_reference(const std::shared_ptr<Model>& model, float tol = 1e-4f,
                                     int64_t num_blocks = 36) {
@@ -153,10 +153,8 @@ void check_engine_matches_reference(const std::shared_ptr<Model>& model, float t
   const EngineStats st = core.stats();
   const bool state = groups[1].kind == KvGroupKind::kState;
   EXPECT_GT(st.num_preemptions, 0);
-  if (state)
-    EXPECT_EQ(st.prefix_cache_hits, 0);
-  else
-    EXPECT_GT(st.prefix_cache_hits, 0);
+  EXPECT_GT(st.prefix_cache_hits, 0);
+  if (state) EXPECT_GT(st.state_snapshot_restores, 0);
   EXPECT_EQ(st.kv_blocks_used, 0);
   EXPECT_EQ(st.kv_group_blocks_used[1], 0);  // every block (or state slot) freed
   // Group 0 is the full group, the others sliding ones (they keep only their window) or the
@@ -215,7 +213,8 @@ TEST(KvGroupsEngine, Gemma3MatchesItsDenseReference) {
 
 // tiny-qwen3-next (three linear-attention layers, one full): each sequence's Gated DeltaNet
 // states in a state slot, continued across its prefill chunks and decode steps, batched with
-// sequences at other positions, freed and restarted from zero on preemption.
+// sequences at other positions, freed and restarted on preemption (from zero, or from a prefix
+// hit's snapshot).
 TEST(KvGroupsEngine, Qwen3NextMatchesItsReference) {
   auto ck = std::make_shared<const Checkpoint>(
       load_checkpoint(testing::test_data_dir() + "/fixtures/tiny-qwen3-next"));
@@ -242,17 +241,38 @@ TEST(KvGroupsEngine, MemoryPlanCountsEachGroup) {
             std::string::npos)
       << gemma.kv_groups[1];
   EXPECT_NE(gemma.kv_groups[6].find("2 layers (30-31)"), std::string::npos) << gemma.kv_groups[6];
-  // Qwen3-Next's 3 linear : 1 full: states of max_num_seqs sequences come off the budget.
+  // Qwen3-Next's 3 linear : 1 full: states of max_num_seqs sequences and the prefix cache's
+  // snapshots of them come off the budget, in fp32 (as the kernels keep them) whatever the KV
+  // cache's dtype.
   c.layer_types.assign(32, LA::kLinear);
   for (int64_t l = 3; l < 32; l += 4) c.layer_types[l] = LA::kFull;
   c.sliding_window = 0;
   c.linear = {16, 32, 128, 128, 4};
-  const KvGroups g = KvGroups::from_config(c, DType::kBF16);
-  const int64_t state = 24 * ((32 * 128 * 128) + 3 * (2 * 16 * 128 + 32 * 128)) * 2;
-  EXPECT_EQ(g.state_bytes_per_seq(), state);
+  const int64_t state = 24 * ((32 * 128 * 128) + 3 * (2 * 16 * 128 + 32 * 128)) * 4;
+  for (DType kv : {DType::kBF16, DType::kFP8E4M3}) {
+    const KvGroups g = KvGroups::from_config(c, kv);
+    EXPECT_EQ(g.state_bytes_per_seq(), state);
+    EXPECT_EQ(g[1].dtype, DType::kF32);
+  }
   const GpuMemoryPlan next = plan_gpu_memory(c, o, 120ll << 30);
   EXPECT_EQ(next.kv_state_bytes, o.max_num_seqs * state);
+  EXPECT_EQ(next.num_state_snapshots, kDefaultStateSnapshots);
+  EXPECT_EQ(next.kv_snapshot_bytes, kDefaultStateSnapshots * state);
   EXPECT_EQ(next.kv_block_bytes, full.kv_block_bytes / 32 * 8);
+  EXPECT_NE(next.str().find("state snapshots"), std::string::npos) << next.str();
+  // The KV pool gets what states and snapshots leave: without snapshots it has their bytes in
+  // blocks more (up to the rounding of a block; the plan's other terms do not depend on them).
+  GpuRunnerOptions fewer = o;
+  fewer.max_state_snapshots = 0;
+  const GpuMemoryPlan none = plan_gpu_memory(c, fewer, 120ll << 30);
+  EXPECT_EQ(none.kv_snapshot_bytes, 0);
+  EXPECT_EQ(none.kv_state_bytes, next.kv_state_bytes);
+  const int64_t more = none.num_kv_blocks - next.num_kv_blocks;
+  EXPECT_GE(more, next.kv_snapshot_bytes / next.kv_block_bytes);
+  EXPECT_LE(more, next.kv_snapshot_bytes / next.kv_block_bytes + 1);
+  // A dense model's plan has neither.
+  EXPECT_EQ(full.kv_snapshot_bytes, 0);
+  EXPECT_EQ(full.num_state_snapshots, 0);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // StatePool: slots of every state layer's recurrent and conv state, views that do not overlap,
-// reset zeroing one slot only, out-of-range slots and layers refused.
+// reset zeroing one slot only, copy moving every layer of one slot into another, out-of-range
+// slots and layers refused.
 #include <gtest/gtest.h>
 
 #include "kv/state_pool.h"
@@ -42,6 +43,25 @@ TEST(StatePool, SlotsAndLayersAreDisjointAndResetZeroesOneSlot) {
     EXPECT_FALSE(all_equal(pool.recurrent(0, l), 0.f));
     EXPECT_FALSE(all_equal(pool.conv(2, l), 0.f));
   }
+}
+
+TEST(StatePool, CopyMovesEveryLayerOfOneSlot) {
+  StatePool pool(3, 2, {2, 3}, {1, 4});
+  for (int64_t s = 0; s < 3; ++s)
+    for (int64_t l = 0; l < 2; ++l) {
+      fill(pool.recurrent(s, l), float(10 * s + 2 * l));
+      fill(pool.conv(s, l), float(10 * s + 2 * l + 1));
+    }
+  pool.copy(0, 2);
+  pool.copy(1, 1);  // onto itself: unchanged
+  for (int64_t l = 0; l < 2; ++l) {
+    EXPECT_TRUE(all_equal(pool.recurrent(2, l), float(2 * l)));
+    EXPECT_TRUE(all_equal(pool.conv(2, l), float(2 * l + 1)));
+    EXPECT_TRUE(all_equal(pool.recurrent(1, l), float(10 + 2 * l)));
+    EXPECT_TRUE(all_equal(pool.recurrent(0, l), float(2 * l)));
+  }
+  EXPECT_THROW(pool.copy(0, 3), Error);
+  EXPECT_THROW(pool.copy(-1, 0), Error);
 }
 
 TEST(StatePool, RejectsBadSizesAndIndices) {

@@ -108,8 +108,11 @@ TEST(KvGroups, LinearAttentionIsAStateGroup) {
   EXPECT_EQ(g[0].layers, (std::vector<int64_t>{3, 7}));
   EXPECT_EQ(g[1].kind, KvGroupKind::kState);
   EXPECT_EQ(g[1].layers, (std::vector<int64_t>{0, 1, 2, 4, 5, 6}));
-  // recurrent [4, 16, 32] + conv (4 - 1) x (2 * 2 * 16 + 4 * 32), bf16, per layer
-  const int64_t per_layer = (4 * 16 * 32 + 3 * (2 * 2 * 16 + 4 * 32)) * 2;
+  // recurrent [4, 16, 32] + conv (4 - 1) x (2 * 2 * 16 + 4 * 32), per layer, in fp32 (as the
+  // kernels keep it) whatever the KV cache's dtype
+  const int64_t per_layer = (4 * 16 * 32 + 3 * (2 * 2 * 16 + 4 * 32)) * 4;
+  EXPECT_EQ(g[1].dtype, DType::kF32);
+  EXPECT_EQ(KvGroups::from_config(c, DType::kFP8E4M3).state_bytes_per_seq(), 6 * per_layer);
   EXPECT_EQ(g[1].bytes_per_seq, 6 * per_layer);
   EXPECT_EQ(g[1].bytes_per_token, 0);
   EXPECT_EQ(g.state_bytes_per_seq(), 6 * per_layer);

@@ -105,6 +105,13 @@ void run_info(const ModelOptions& opts) {
               runner.kv_dtype == DType::kFP8E4M3 ? ", plus fp32 K and V scales per block" : "");
   // Each layer's attention state, by group: kind, window, layers, bytes per token (or sequence).
   for (const std::string& g : groups.describe()) std::printf("KV %s\n", g.c_str());
+  if (groups.state_bytes_per_seq() > 0)
+    std::printf(
+        "state snapshots:    %lld for prefix hits, %s each (fp32, as one sequence's "
+        "states): %s\n",
+        (long long)runner.max_state_snapshots,
+        human_bytes(double(groups.state_bytes_per_seq())).c_str(),
+        human_bytes(double(runner.max_state_snapshots * groups.state_bytes_per_seq())).c_str());
   // Per sequence, each group as it keeps tokens (a sliding group only its window).
   std::printf("max context:        %lld tokens (KV at max context: %s)\n",
               (long long)c.max_positions(),

@@ -80,6 +80,11 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
     cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", enable_prefix_caching,
                   "reuse the KV cache of earlier prompts' full blocks")
         ->capture_default_str();
+    cmd->add_option("--max-state-snapshots", max_state_snapshots,
+                    "models with linear-attention layers (Qwen3-Next): snapshots of their state "
+                    "at block boundaries kept for prefix hits, each as large as one sequence's "
+                    "state (default 64; 0: such models take no prefix hits)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--enforce-eager", enforce_eager, "no CUDA graphs for decode steps");
     cmd->add_option("--kv-cache-memory", kv_cache_memory,
                     "bytes of the CPU KV cache, e.g. 8GiB (default 4GiB)");
@@ -192,6 +197,7 @@ GpuRunnerOptions ModelOptions::runner_options(const ModelConfig* config) const {
   r.block_size = block_size;
   if (max_num_batched_tokens > 0) r.max_num_batched_tokens = max_num_batched_tokens;
   r.max_num_seqs = max_num_seqs;
+  r.max_state_snapshots = resolve_state_snapshots(enable_prefix_caching, max_state_snapshots);
   r.enforce_eager = enforce_eager;
   r.kv_offload = kv_offload;
   r.host_kv_bytes =
@@ -217,6 +223,7 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.max_num_batched_tokens = max_num_batched_tokens;
   engine.max_num_seqs = max_num_seqs;
   engine.enable_prefix_caching = enable_prefix_caching;
+  engine.max_state_snapshots = max_state_snapshots;
   engine.enforce_eager = enforce_eager;
   engine.cpu_kv_cache_bytes =
       kv_cache_memory.empty() ? 0 : parse_byte_size(kv_cache_memory, "--kv-cache-memory");

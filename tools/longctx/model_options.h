@@ -42,6 +42,7 @@ struct ModelOptions {
   int64_t max_num_batched_tokens = 0;  // 0: the device's default (EngineConfig)
   int64_t max_num_seqs = 256;
   bool enable_prefix_caching = true;
+  int64_t max_state_snapshots = -1;  // -1: the engine's default
   bool enforce_eager = false;
   std::string kv_cache_memory;                        // CPU KV pool bytes, e.g. 8GiB; empty: 4 GiB
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;  // --kv-cache-dtype

@@ -27,7 +27,7 @@ struct KvGroup {
   KvGroupKind kind = KvGroupKind::kFull;
   int64_t window = 0;           // kSlidingWindow: keys a query sees, itself included
   std::vector<int64_t> layers;  // [n] model layers, ascending
-  DType dtype = DType::kBF16;   // of K/V (paged) or of the state
+  DType dtype = DType::kBF16;   // of K/V (paged), or of the state (fp32)
   int64_t bytes_per_token = 0;  // paged: K + V of the group's layers for one token
   // FP8 K/V: the fp32 K and V scales of the group's layers for one block (per KV head).
   int64_t scale_bytes_per_block = 0;
@@ -38,7 +38,7 @@ class KvGroups {
  public:
   // Groups in a fixed order: full, then sliding windows (ascending), then state; within a kind,
   // by first layer (paged kinds cut to equal sizes, above). kv_dtype is the paged groups'
-  // (kFP8E4M3: codes + fp32 scales per block, layer and KV head; a state group then keeps bf16).
+  // (kFP8E4M3: codes + fp32 scales per block, layer and KV head); a state group is always fp32.
   // Throws Error(kInvalidArgument) for a config without layers, a sliding layer without a window
   // or a linear layer without its state sizes.
   static KvGroups from_config(const ModelConfig& config, DType kv_dtype);

@@ -34,6 +34,11 @@ struct StepInput {
   // Models of several KV groups: groups 1..G-1's tables, each as block_table (a sliding group's
   // entries before its window are -1); empty with one group.
   std::span<const std::span<const int32_t>> group_tables;
+  // A state group's snapshots (KVBlockLayout::num_state_snapshots; -1: none): copied into the
+  // sequence's state slot before the step (a prefix hit starts from it), and the slot's state
+  // copied into state_save after the step (it ends on a block boundary).
+  int32_t state_restore = -1;
+  int32_t state_save = -1;
 };
 
 // The KV blocks an executor offers the engine's block manager.
@@ -42,7 +47,8 @@ struct KVBlockLayout {
   int64_t block_size = 0;  // tokens per block
   // The model's KV groups in order (attention/kv_groups.h); empty: one full group.
   std::vector<KvGroupAlloc> groups;
-  int64_t num_state_slots = 0;  // per-sequence states the executor holds (with a kState group)
+  int64_t num_state_slots = 0;      // per-sequence states the executor holds (with a kState group)
+  int64_t num_state_snapshots = 0;  // prefix-cache snapshots of a state (StepInput::state_*)
 };
 
 // Cumulative counters of an executor, for the engine's stats (zeros where they do not apply).
@@ -77,6 +83,13 @@ class Executor {
                                            std::span<SamplerState* const> states);
 };
 
+// State snapshots a state model's engine keeps for prefix hits unless told otherwise (the
+// memory cost per snapshot: docs/architecture.md, KV groups).
+inline constexpr int64_t kDefaultStateSnapshots = 64;
+// The snapshots an engine keeps: none without prefix caching, else `asked` (-1: the default).
+// Throws Error(kInvalidArgument) below -1.
+int64_t resolve_state_snapshots(bool prefix_caching, int64_t asked);
+
 struct CpuExecutorOptions {
   int64_t block_size = 16;
   // The KV cache's elements: kF32 (the reference's unquantized cache) or kFP8E4M3 (codes and
@@ -98,6 +111,9 @@ struct CpuExecutorOptions {
   // max_num_seqs; a sequence waits for a free one). Each costs KvGroups::state_bytes_per_seq()
   // of f32, touched only when used.
   int64_t max_state_seqs = 256;
+  // Snapshots of those states at block boundaries, for prefix hits of such models (each the
+  // same bytes as one sequence's states, touched only when used); 0: they take no prefix hits.
+  int64_t max_state_snapshots = kDefaultStateSnapshots;
 };
 
 // The CPU reference model over a CPU paged KV pool.

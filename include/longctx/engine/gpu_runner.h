@@ -25,8 +25,11 @@ struct GpuRunnerOptions {
   int64_t block_size = 0;                  // tokens per KV block; 0: kDefaultBlockSize
   int64_t max_num_batched_tokens = 16384;  // tokens per forward (prefill chunk size)
   int64_t max_num_seqs = 256;              // sequences per forward
-  int64_t max_model_len = 0;               // tokens per sequence; 0: max_position_embeddings
-  int64_t num_gpu_blocks = 0;              // 0: as many as the memory plan leaves
+  // Models with linear-attention layers: prefix-cache snapshots of their state (each as large as
+  // one sequence's states), taken from the budget up front.
+  int64_t max_state_snapshots = kDefaultStateSnapshots;
+  int64_t max_model_len = 0;   // tokens per sequence; 0: max_position_embeddings
+  int64_t num_gpu_blocks = 0;  // 0: as many as the memory plan leaves
   // The KV cache's elements: bf16 (the activations'), or kFP8E4M3, which the memory plan counts
   // (codes + per-block scales) but the runner refuses until the CUDA kernels read it
   // (docs/fp8_kv.md).
@@ -66,6 +69,8 @@ struct GpuMemoryPlan {
   int64_t sparse = 0;          // a sparse policy's metadata and selection buffers
   int64_t kv_block_bytes = 0;  // K + V of one block (every layer of the largest KV group)
   int64_t kv_state_bytes = 0;  // per-sequence states (linear attention) of max_num_seqs sequences
+  int64_t kv_snapshot_bytes = 0;  // their prefix-cache snapshots (max_state_snapshots of them)
+  int64_t num_state_snapshots = 0;
   std::vector<std::string> kv_groups;  // KvGroups::describe(): kind, window, layers, bytes
   int64_t num_kv_blocks = 0;           // the GPU pool (with offload: the GPU cache of host blocks)
   int64_t block_size = 0;

@@ -139,8 +139,8 @@ void CpuPagedBackend::plan(const ForwardBatch& batch) {
     check_group_batch(batch, *groups_, pool_.block_size(), pool_.num_blocks(),
                       states_ != nullptr ? states_->num_slots() : 0);
   // A sequence whose step starts at its first token starts from zero states (its slot may have
-  // held an earlier sequence's). Prefix hits never skip a state model's first tokens (the
-  // BlockManager takes none with a state group), so a later start always continues its own.
+  // held an earlier sequence's). A later start continues its own state, or a prefix hit's
+  // snapshot the executor copied into its slot before the step.
   if (groups_ != nullptr && states_ != nullptr)
     for (int64_t g = 0; g < groups_->size(); ++g) {
       if ((*groups_)[g].kind != KvGroupKind::kState) continue;

@@ -39,9 +39,11 @@ KvGroups KvGroups::from_config(const ModelConfig& c, DType kv_dtype) {
   KvGroups r;
   r.kv_bytes_per_layer_token_ =
       2 * c.num_key_value_heads * c.head_dim * static_cast<int64_t>(dtype_size(kv_dtype));
-  const bool fp8 = kv_dtype == DType::kFP8E4M3;
-  if (fp8) r.scale_bytes_per_layer_block_ = 2 * c.num_key_value_heads * int64_t(sizeof(float));
-  const DType state_dtype = fp8 ? DType::kBF16 : kv_dtype;  // recurrent state is not quantized
+  if (kv_dtype == DType::kFP8E4M3)
+    r.scale_bytes_per_layer_block_ = 2 * c.num_key_value_heads * int64_t(sizeof(float));
+  // The delta rule accumulates into its state over the whole sequence, so the kernels keep it in
+  // fp32 whatever the KV cache's dtype (as vLLM's and flash-linear-attention's defaults).
+  constexpr DType state_dtype = DType::kF32;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     KvGroup want;
     want.dtype = kv_dtype;
