@@ -8,8 +8,14 @@
 // needs a block and none is free, the newest running sequence is preempted: its blocks are
 // freed and it goes back to the front of the queue with its tokens (prompt + generated so
 // far), to be recomputed later (its prefix may still hit the cache). No waiting sequence is
-// admitted in a step that preempted. The oldest running sequence always progresses, and every
-// sequence fits the pool alone (checked when it is added), so everything finishes.
+// admitted in a step that preempted.
+//
+// Speculative decoding: a decoding sequence with a draft (Sequence::draft) runs its last token
+// and the draft in one step (1 + k tokens of the budget and of its blocks; the draft is trimmed
+// to the budget left). complete() leaves such a sequence to finish_speculative(), which the
+// engine calls once it knows how many draft tokens were accepted. The oldest running sequence
+// always progresses, and every sequence fits the pool alone (checked when it is added), so
+// everything finishes.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +34,9 @@ struct SchedulerConfig {
 
 struct ScheduledSeq {
   Sequence* seq = nullptr;
-  int64_t num_new = 0;  // tokens seq->tokens[num_computed, num_computed + num_new) run now
-  bool sample = false;  // the last of its tokens runs now: sample its next token
+  int64_t num_new = 0;    // tokens seq->tokens[num_computed, num_computed + num_new) run now
+  bool sample = false;    // the last of its tokens runs now: sample its next token
+  int64_t num_draft = 0;  // of the num_new tokens, the last num_draft are seq->draft
 };
 
 struct SchedulerOutput {
@@ -54,6 +61,10 @@ class Scheduler {
   void complete(const SchedulerOutput& out);
   // The step failed: releases what schedule() set aside for it (num_computed is unchanged).
   void fail(const SchedulerOutput& out);
+  // After a speculative step: the sequence's K/V holds its first `num_computed` tokens (the last
+  // sampled token and the accepted draft tokens); the blocks taken for rejected draft tokens are
+  // released and the blocks full of accepted tokens cached.
+  void finish_speculative(Sequence* seq, int64_t num_computed);
   // Removes a sequence (finished or aborted) from the queues and frees its blocks.
   void remove(Sequence* seq);
 

@@ -34,6 +34,9 @@ struct StepInput {
   // Models of several KV groups: groups 1..G-1's tables, each as block_table (a sliding group's
   // entries before its window are -1); empty with one group.
   std::span<const std::span<const int32_t>> group_tables;
+  // With want_logits: rows for the last num_logits new tokens (speculative decoding verifies a
+  // draft with the logits of the last sampled token and of every draft token), in token order.
+  int64_t num_logits = 1;
 };
 
 // The KV blocks an executor offers the engine's block manager.
@@ -59,8 +62,9 @@ class Executor {
   virtual int64_t vocab_size() const = 0;
   virtual KVBlockLayout kv_layout() const = 0;
   // Runs one step: first the copies (copy-on-write of shared blocks), then every input in one
-  // batched forward. Returns f32 logits [rows, vocab], one row per input with want_logits, in
-  // input order; on the host or on the executor's device (sample() takes it as it is).
+  // batched forward. Returns f32 logits [rows, vocab], num_logits rows per input with
+  // want_logits, in input order; on the host or on the executor's device (sample() takes it as it
+  // is).
   virtual Tensor execute(std::span<const StepInput> inputs,
                          std::span<const KVBlockCopy> copies) = 0;
   // A KV block as bytes, for a KV store shared by replicas (docs/fleet.md): every layer's K, then
@@ -104,8 +108,9 @@ struct CpuExecutorOptions {
 std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<Model> model,
                                             const CpuExecutorOptions& options = {});
 
-// Logits from a function (tests, tools): fn(input) -> [vocab] f32 for each input that wants
-// logits. It holds no K/V, so `layout` only sizes the engine's block bookkeeping.
+// Logits from a function (tests, tools): fn(input) -> [vocab] f32 for each row an input wants
+// (an input of num_logits rows is passed once per row, cut to end at that row's token). It holds no
+// K/V, so `layout` only sizes the engine's block bookkeeping.
 using LogitsFn = std::function<std::vector<float>(const StepInput& input)>;
 std::unique_ptr<Executor> make_function_executor(int64_t vocab_size, LogitsFn fn,
                                                  KVBlockLayout layout = {1 << 16, 16});
