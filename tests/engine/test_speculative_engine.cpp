@@ -129,10 +129,11 @@ std::vector<int32_t> random_prompt(uint32_t seed, int64_t n) {
 
 SpecRun run_needle(const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens, int64_t k,
                    int64_t num_blocks = 256, bool caching = false, int64_t batched_tokens = 1024,
-                   int64_t max_seqs = 8) {
+                   int64_t max_seqs = 8, int64_t offload_gpu_blocks = 0) {
   CpuExecutorOptions x;
   x.block_size = 16;
   x.num_blocks = num_blocks;
+  x.offload_gpu_blocks = offload_gpu_blocks;
   SamplingParams sp = greedy(max_tokens);
   sp.logprobs = 2;
   return run(make_cpu_executor(needle_model(), x),
@@ -162,6 +163,18 @@ TEST(SpeculativeEngine, GreedyNeedleAnswerEqualsNonSpeculativeAndTransformers) {
   EXPECT_GT(s.mean_acceptance_length(), 1.0);
   EXPECT_EQ(spec.stats.generation_tokens, plain.stats.generation_tokens);
   EXPECT_EQ(plain.stats.spec_decode.num_drafts, 0);
+}
+
+TEST(SpeculativeEngine, GreedyNeedleThroughKvOffloadEqualsNonSpeculative) {
+  // The simulated KV offload (a GPU cache of 8 blocks over the host pool, the ring for the rest):
+  // a verifying step streams the context once for its k + 1 queries, and the rolled-back slots
+  // are rewritten by later steps.
+  const std::vector<std::vector<int32_t>> prompts = {short_needle_prompt(224)};
+  const SpecRun plain = run_needle(prompts, 10, 0, 64, false, 128, 8, /*offload_gpu_blocks=*/8);
+  const SpecRun spec = run_needle(prompts, 10, 4, 64, false, 128, 8, /*offload_gpu_blocks=*/8);
+  expect_same(plain.outs[0], spec.outs[0], "offload");
+  EXPECT_GT(spec.stats.spec_decode.num_accepted_tokens, 0);
+  EXPECT_GT(spec.stats.executor.offload_host_bytes_loaded, 0);
 }
 
 TEST(SpeculativeEngine, GreedyRandomModelEqualsNonSpeculative) {
