@@ -213,12 +213,10 @@ std::string ServerMetrics::render(const LoopStats& s) const {
     counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
             static_cast<double>(sd.num_accepted_tokens));
     out +=
-        "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft "
-        "position.
-        "
-        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
-        ";
-        for (int64_t pos = 0; pos < config_.num_speculative_tokens; ++pos) {
+        "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens per "
+        "draft position.\n"
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+    for (int64_t pos = 0; pos < config_.num_speculative_tokens; ++pos) {
       const auto& per_pos = sd.num_accepted_tokens_per_pos;
       const int64_t v = pos < static_cast<int64_t>(per_pos.size()) ? per_pos[pos] : 0;
       out += fmt::format(
