@@ -415,6 +415,11 @@ class PyEngine {
     d["num_preemptions"] = s.num_preemptions;
     d["prompt_tokens"] = s.prompt_tokens;
     d["generation_tokens"] = s.generation_tokens;
+    // Speculative decoding (zeros without it), as vLLM's spec_decode counters.
+    d["spec_decode_num_drafts"] = s.spec_decode.num_drafts;
+    d["spec_decode_num_draft_tokens"] = s.spec_decode.num_draft_tokens;
+    d["spec_decode_num_accepted_tokens"] = s.spec_decode.num_accepted_tokens;
+    d["spec_decode_num_accepted_tokens_per_pos"] = s.spec_decode.num_accepted_tokens_per_pos;
     return d;
   }
 
