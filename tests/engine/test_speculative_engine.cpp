@@ -4,6 +4,7 @@
 // KV blocks all come back, and the acceptance counters count.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -307,6 +308,52 @@ TEST(SpeculativeEngine, SampledRequestsRunAndKeepTheirLogprobs) {
     }
   }
   EXPECT_GT(a.stats.spec_decode.num_drafts, 0);
+}
+
+// Sampled requests through the engine: a scripted model whose next-token distribution p ignores
+// the context (so every generated token is an independent draw from p), a prompt holding every
+// token (so drafts are proposed every step, accepted or not), 4000 seeded requests of 4 tokens.
+// Each position's tokens must be distributed as p: Pearson's chi-square against the p = 0.001
+// critical value (df = 5: 20.52), fixed seeds, so deterministic. Position 0 is the plain sampler's,
+// 1..3 come out of verifications (accepted drafts, residual draws, bonus tokens).
+TEST(SpeculativeEngine, SampledTokensKeepTheTargetDistribution) {
+  const std::vector<float> logits = {0.5f, 1.5f, -0.2f, 1.0f, 0.1f, 0.8f};
+  auto exec = make_function_executor(6, [&](const StepInput&) { return logits; });
+  std::vector<double> p(6);
+  double z = 0;
+  for (size_t t = 0; t < 6; ++t) z += p[t] = std::exp(static_cast<double>(logits[t]));
+  for (double& x : p) x /= z;
+  EngineCore core(std::move(exec), nullptr, spec_options(4096, 256, true, 3));
+  constexpr int kRequests = 4000;
+  SamplingParams sp;
+  sp.temperature = 1.0;
+  sp.max_tokens = 4;
+  sp.ignore_eos = true;
+  for (int i = 0; i < kRequests; ++i) {
+    sp.seed = 100 + i;
+    core.add_request(i, {0, 1, 2, 3, 4, 5, 1, 3, 5}, sp, 0);
+  }
+  std::vector<std::vector<int64_t>> counts(4, std::vector<int64_t>(6, 0));
+  while (core.has_unfinished()) {
+    core.step();
+    for (const RequestOutput& o : core.take_finished()) {
+      ASSERT_EQ(o.token_ids.size(), 4u);
+      for (size_t pos = 0; pos < 4; ++pos) ++counts[pos][o.token_ids[pos]];
+    }
+  }
+  const EngineStats s = core.stats();
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_GT(s.spec_decode.num_accepted_tokens, 0);
+  EXPECT_LT(s.spec_decode.num_accepted_tokens, s.spec_decode.num_draft_tokens);
+  constexpr double kChiSquareCritical = 20.52;
+  for (size_t pos = 0; pos < 4; ++pos) {
+    double chi2 = 0;
+    for (size_t t = 0; t < 6; ++t) {
+      const double e = p[t] * kRequests;
+      chi2 += (counts[pos][t] - e) * (counts[pos][t] - e) / e;
+    }
+    EXPECT_LT(chi2, kChiSquareCritical) << "position " << pos;
+  }
 }
 
 TEST(SpeculativeEngine, RefusesBadConfigurations) {
