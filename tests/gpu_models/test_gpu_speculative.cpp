@@ -35,7 +35,8 @@ EngineConfig config(int64_t k, int64_t num_gpu_blocks = 0, bool offload = false)
   EngineConfig c;
   c.model = test_data_dir() + "/../../models/needle";
   c.device = "cuda";
-  c.max_model_len = 4096;
+  // The longest prompt (988 tokens) and its answer fit; 80 blocks of 16 tokens a sequence.
+  c.max_model_len = 1280;
   c.block_size = 16;
   c.max_num_batched_tokens = 512;
   c.max_num_seqs = 16;
@@ -118,7 +119,8 @@ TEST(GpuSpeculative, BatchedPrefixCachedPreemptedEqualsNonSpeculative) {
   const auto prompts = needle_prompts();
   EngineStats plain_stats, spec_stats;
   const auto plain = run(config(0), prompts, 24, &plain_stats);
-  // 120 blocks of 16 tokens: fewer than the batch needs at once, so sequences are preempted.
+  // 120 blocks of 16 tokens: the batch needs ~180 at once (each fits alone), so sequences are
+  // preempted.
   const auto spec = run(config(3, 120), prompts, 24, &spec_stats);
   EXPECT_GT(spec_stats.num_preemptions, 0);
   EXPECT_GT(spec_stats.prefix_cache_hits, 0);
