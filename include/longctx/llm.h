@@ -24,6 +24,7 @@
 #include "longctx/engine/kv_events_config.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampling_params.h"
+#include "longctx/engine/speculative_config.h"
 #include "longctx/kernels/kernel_tuning.h"
 #include "longctx/kv/kv_cache_dtype.h"
 #include "longctx/models/build_options.h"
@@ -78,6 +79,8 @@ struct EngineConfig {
   // Ranks of a tensor-parallel model (docs/tensor_parallel.md): the CPU runs them as threads
   // (thread communicators), a GPU engine on cuda:i .. cuda:i+N-1 over NCCL.
   int64_t tensor_parallel_size = 1;
+  // Speculative decoding with prompt-lookup drafts (docs/engine.md); off by default.
+  SpeculativeConfig speculative;
   uint64_t seed = 0;                // seeds the requests that bring no seed of their own
   ModelBuildOptions model_options;  // numerics choices of the model (see ModelBuildOptions)
 };
@@ -127,7 +130,8 @@ class LLM {
   LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& config);
   // Any backend, e.g. scripted logits in tests; `tokenizer` may be null (token-id prompts only).
   LLM(std::unique_ptr<Executor> executor, std::shared_ptr<const Tokenizer> tokenizer,
-      int64_t max_model_len, std::vector<int64_t> eos_token_ids, uint64_t seed = 0);
+      int64_t max_model_len, std::vector<int64_t> eos_token_ids, uint64_t seed = 0,
+      const SpeculativeConfig& speculative = {});
   ~LLM();
   LLM(const LLM&) = delete;
   LLM& operator=(const LLM&) = delete;

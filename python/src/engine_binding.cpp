@@ -136,6 +136,14 @@ const std::vector<EngineArg>& engine_args() {
       LONGCTX_INT_ARG("xattn_dense_tail", sparse.xattn_dense_tail),
       LONGCTX_INT_ARG("xattn_min_len", sparse.xattn_min_len),
       LONGCTX_INT_ARG("tensor_parallel_size", tensor_parallel_size),
+      {"speculative_method",
+       [](EngineArgs& a, const py::handle& v) {
+         a.c.speculative.method =
+             parse_speculative_method(arg_as<std::string>(v, "speculative_method", "a str"));
+       }},
+      LONGCTX_INT_ARG("num_speculative_tokens", speculative.num_speculative_tokens),
+      LONGCTX_INT_ARG("prompt_lookup_min", speculative.prompt_lookup_min),
+      LONGCTX_INT_ARG("prompt_lookup_max", speculative.prompt_lookup_max),
       {"seed",
        [](EngineArgs& a, const py::handle& v) {
          a.c.seed = uint64_t(arg_as<int64_t>(v, "seed", "an int"));
@@ -183,6 +191,7 @@ EngineConfig engine_config(const std::optional<std::string>& model, const py::di
     c.model = *model;
   }
   c.sparse.validate();
+  c.speculative = c.speculative.resolved();
   return c;
 }
 
@@ -406,6 +415,11 @@ class PyEngine {
     d["num_preemptions"] = s.num_preemptions;
     d["prompt_tokens"] = s.prompt_tokens;
     d["generation_tokens"] = s.generation_tokens;
+    // Speculative decoding (zeros without it), as vLLM's spec_decode counters.
+    d["spec_decode_num_drafts"] = s.spec_decode.num_drafts;
+    d["spec_decode_num_draft_tokens"] = s.spec_decode.num_draft_tokens;
+    d["spec_decode_num_accepted_tokens"] = s.spec_decode.num_accepted_tokens;
+    d["spec_decode_num_accepted_tokens_per_pos"] = s.spec_decode.num_accepted_tokens_per_pos;
     return d;
   }
 

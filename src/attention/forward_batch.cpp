@@ -7,9 +7,12 @@
 namespace longctx {
 
 void ForwardBatch::add_sequence(uint64_t seq_id, const int32_t* ids, int64_t n, int64_t num_cached,
-                                bool want_logits) {
+                                bool want_logits, int64_t num_logits) {
   LONGCTX_CHECK(n > 0 && num_cached >= 0, ErrorCode::kInvalidArgument,
                 "ForwardBatch: sequence {} with {} new tokens after {}", seq_id, n, num_cached);
+  LONGCTX_CHECK(!want_logits || (num_logits >= 1 && num_logits <= n), ErrorCode::kInvalidArgument,
+                "ForwardBatch: sequence {} asks for {} logits rows of {} new tokens", seq_id,
+                num_logits, n);
   LONGCTX_CHECK(num_cached + n <= std::numeric_limits<int32_t>::max() &&
                     num_tokens() + n <= std::numeric_limits<int32_t>::max(),
                 ErrorCode::kOutOfRange, "ForwardBatch: {} + {} tokens exceed the int32 indices",
@@ -21,7 +24,10 @@ void ForwardBatch::add_sequence(uint64_t seq_id, const int32_t* ids, int64_t n, 
   qo_indptr.push_back(static_cast<int32_t>(begin + n));
   kv_lens.push_back(static_cast<int32_t>(num_cached + n));
   seq_ids.push_back(seq_id);
-  if (want_logits) logits_indices.push_back(static_cast<int32_t>(begin + n - 1));
+  if (want_logits) {
+    for (int64_t i = n - num_logits; i < n; ++i)
+      logits_indices.push_back(static_cast<int32_t>(begin + i));
+  }
 }
 
 void ForwardBatch::validate(int64_t vocab_size, int64_t max_positions) const {

@@ -13,6 +13,7 @@
 #include "longctx/core/logging.h"
 #include "longctx/core/parallel.h"
 #include "longctx/tokenizer/tokenizer.h"
+#include "ops/gather_rows.h"
 #include "structured/json_schema.h"
 #include "structured/regex.h"
 
@@ -108,6 +109,17 @@ EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* toke
                                               executor_->kv_block_format(), blocks_.block_size()),
                                   blocks_.block_size(), executor_->kv_block_bytes());
     blocks_.record_events(true);
+  }
+  if (options_.speculative.enabled()) {
+    options_.speculative = options_.speculative.resolved();
+    for (int64_t g = 0; g < blocks_.num_groups(); ++g) {
+      LONGCTX_CHECK(blocks_.group(g).kind != KvGroupKind::kState, ErrorCode::kUnsupported,
+                    "speculative decoding: this model has linear-attention layers, whose "
+                    "recurrent state cannot be rolled back past rejected draft tokens");
+    }
+    spec_ = std::make_unique<SpeculativeDecoder>(options_.speculative);
+  } else {
+    options_.speculative.resolved();  // lookup sizes or K without a method are refused
   }
 }
 
@@ -276,6 +288,7 @@ uint64_t EngineCore::add_request(size_t index, std::vector<int32_t> prompt,
   if (tokenizer_ != nullptr) {
     seq->text_stream = make_text_stream(*tokenizer_, prompt, params.skip_special_tokens);
   }
+  if (spec_ != nullptr) seq->drafter = spec_->make_drafter();
   seq->output.index = index;
   seq->output.prompt_token_ids = prompt;
   seq->output.metrics.arrival = arrival_time;
@@ -292,6 +305,9 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
   std::vector<StepUpdate> updates;
   const double t0 = now_seconds();
   if (kv_store_ != nullptr) import_from_store();
+  if (spec_ != nullptr) {
+    for (Sequence* seq : scheduler_.all()) spec_->propose(*seq);
+  }
   SchedulerOutput out = scheduler_.schedule();
   if (out.empty()) {
     // Every live sequence fits the pool alone, so an empty step with work left is a bug.
@@ -306,6 +322,7 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
   const int64_t extra = blocks_.num_groups() - 1;
   std::vector<std::span<const int32_t>> group_tables(out.seqs.size() * extra);
   int64_t prefill = 0, decode = 0;
+  bool speculative = false;
   for (const ScheduledSeq& s : out.seqs) {
     Sequence& seq = *s.seq;
     if (seq.output.metrics.scheduled == 0) seq.output.metrics.scheduled = t0;
@@ -321,32 +338,53 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
       }
       extra_tables = {t, static_cast<size_t>(extra)};
     }
+    const bool is_decode = s.num_new - s.num_draft == 1 && seq.num_generated() > 0 &&
+                           seq.num_computed == static_cast<int64_t>(seq.tokens.size()) - 1;
+    (is_decode ? decode : prefill) += s.num_new - s.num_draft;
+    // The draft rides in the sequence's tokens for the step only (verify_draft takes it out).
+    if (s.num_draft > 0) {
+      seq.tokens.insert(seq.tokens.end(), seq.draft.begin(), seq.draft.end());
+      speculative = true;
+    }
     inputs.push_back({seq.id, seq.tokens, seq.num_computed, s.num_new,
                       blocks_.table(seq.id).first(nb), s.sample, extra_tables, s.state_restore,
-                      s.state_save});
-    const bool is_decode = s.num_new == 1 && seq.num_generated() > 0 &&
-                           seq.num_computed == static_cast<int64_t>(seq.tokens.size()) - 1;
-    (is_decode ? decode : prefill) += s.num_new;
+                      s.state_save, s.num_draft + 1});
   }
+  auto drop_drafts = [&] {
+    for (const ScheduledSeq& s : out.seqs)
+      if (s.num_draft > 0) s.seq->tokens.resize(s.seq->tokens.size() - s.seq->draft.size());
+  };
   if (on_scheduled) on_scheduled();
   Tensor logits;
   try {
     logits = executor_->execute(inputs, out.copies);
   } catch (...) {
+    drop_drafts();
     scheduler_.fail(out);
     publish_kv_events();  // the evictions of the schedule happened
     throw;
   }
+  drop_drafts();
   scheduler_.complete(out);
-  publish_kv_events();
   prompt_tokens_ += prefill;
 
+  // Rows of logits: one per sampling sequence, 1 + k per verifying one. The plain rows go to the
+  // executor's sampler (gathered when drafts sit between them); drafts are verified on the host.
   std::vector<Sequence*> rows;
   std::vector<const SamplingParams*> params;
   std::vector<SamplerState*> states;
   std::vector<size_t> constrained;  // rows with a grammar
+  std::vector<int32_t> plain_rows;
+  std::vector<std::pair<Sequence*, int64_t>> verify;  // sequence, its first logits row
+  int64_t row = 0;
   for (const ScheduledSeq& s : out.seqs) {
     if (!s.sample) continue;
+    if (s.num_draft > 0) {
+      verify.emplace_back(s.seq, row);
+      row += s.num_draft + 1;
+      continue;
+    }
+    plain_rows.push_back(static_cast<int32_t>(row++));
     if (s.seq->grammar != nullptr) constrained.push_back(rows.size());
     rows.push_back(s.seq);
     params.push_back(&s.seq->params);
@@ -354,10 +392,28 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
   }
   // a grammar past its bounds: the row is sampled, then discarded
   const std::vector<uint8_t> dropped = fill_grammar_masks(rows, constrained);
-  std::vector<SampleResult> samples = executor_->sample(logits, params, states);
+  Tensor plain_logits = logits, host_logits;
+  if (speculative) {
+    // Only the verifying rows come to the host; the plain rows stay where the sampler wants them.
+    host_logits = logits.device().is_cpu() ? logits : logits.to(Device::cpu());
+    if (!plain_rows.empty()) {
+      const auto n = static_cast<int64_t>(plain_rows.size());
+      Tensor idx = Tensor::empty({n}, DType::kI32);
+      std::copy(plain_rows.begin(), plain_rows.end(), idx.data<int32_t>());
+      plain_logits = Tensor::empty({n, logits.size(1)}, DType::kF32, logits.device());
+      ops::gather_rows(logits, idx.to(logits.device()), plain_logits);
+    }
+  }
+  std::vector<SampleResult> samples;
+  if (!rows.empty()) samples = executor_->sample(plain_logits, params, states);
   LONGCTX_CHECK(samples.size() == rows.size(), ErrorCode::kInternal,
                 "executor sampled {} tokens for {} rows", samples.size(), rows.size());
   const double t1 = now_seconds();
+  auto retire_if_finished = [&](Sequence* seq) {
+    if (!updates.back().finished) return;
+    scheduler_.remove(seq);
+    retire(seq->id);
+  };
   for (size_t i = 0; i < rows.size(); ++i) {
     if (dropped[i]) {
       Sequence& seq = *rows[i];
@@ -371,17 +427,54 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
       ++generation_tokens_;
       updates.push_back(postprocess(*rows[i], samples[i], t1));
     }
-    if (updates.back().finished) {
-      scheduler_.remove(rows[i]);
-      retire(rows[i]->id);
-    }
+    retire_if_finished(rows[i]);
   }
+  const int64_t vocab = vocab_size();
+  for (const auto& [seq, first] : verify) {
+    updates.push_back(verify_draft(*seq, host_logits.data<float>() + first * vocab, t1));
+    retire_if_finished(seq);
+  }
+  publish_kv_events();
   if (stats != nullptr) {
     stats->prefill_tokens += prefill;
     stats->decode_tokens += decode;
     stats->seconds += t1 - t0;
   }
   return updates;
+}
+
+StepUpdate EngineCore::verify_draft(Sequence& seq, const float* rows, double now) {
+  const int64_t vocab = vocab_size();
+  const std::vector<int32_t> draft = std::move(seq.draft);
+  const auto k = static_cast<int64_t>(draft.size());
+  StepUpdate update;
+  update.seq = &seq;
+  int64_t accepted = 0;
+  for (int64_t i = 0; i <= k; ++i) {
+    bool ok = false;
+    const SampleResult r =
+        verify_position(std::span<const float>(rows + i * vocab, static_cast<size_t>(vocab)),
+                        seq.params, seq.sampler, i < k ? draft[i] : -1, &ok);
+    ++generation_tokens_;
+    StepUpdate u = postprocess(seq, r, now);
+    update.text += u.text;
+    update.num_new_tokens += u.num_new_tokens;
+    if (ok && i < k) ++accepted;
+    if (u.finished) {
+      update.finished = true;
+      break;
+    }
+    if (!ok) break;
+  }
+  spec_->record(k, accepted);
+  RequestMetrics& m = seq.output.metrics;
+  ++m.num_drafts;
+  m.num_draft_tokens += k;
+  m.num_accepted_tokens += accepted;
+  // The K/V holds the last sampled token and the accepted draft: every token but the new last.
+  if (!update.finished)
+    scheduler_.finish_speculative(&seq, static_cast<int64_t>(seq.tokens.size()) - 1);
+  return update;
 }
 
 void EngineCore::retire(uint64_t id) {
@@ -490,6 +583,7 @@ EngineStats EngineCore::stats() const {
   s.prompt_tokens = prompt_tokens_;
   s.generation_tokens = generation_tokens_;
   s.executor = executor_->counters();
+  if (spec_ != nullptr) s.spec_decode = spec_->stats();
   if (kv_store_ != nullptr) {
     const KvStoreStats k = kv_store_->stats();
     s.kv_store_hits = k.hits;

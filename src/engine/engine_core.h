@@ -16,6 +16,7 @@
 
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/speculative.h"
 #include "kv/block_manager.h"
 #include "longctx/engine/executor.h"
 #include "longctx/engine/kv_events_config.h"
@@ -38,6 +39,8 @@ struct EngineCoreOptions {
   // with kv_store_namespace (the model's identity), then the executor's block format.
   std::string kv_store;
   std::string kv_store_namespace;
+  // Speculative decoding (speculative.h); method kNone: off.
+  SpeculativeConfig speculative;
 };
 
 struct StepUpdate {
@@ -74,7 +77,8 @@ struct EngineStats {
   int64_t kv_store_bytes_read = 0;
   int64_t kv_store_bytes_written = 0;
   int64_t kv_store_writes_dropped = 0;
-  ExecutorCounters executor;  // KV offload bytes, sparse prefill density
+  ExecutorCounters executor;    // KV offload bytes, sparse prefill density
+  SpecDecodeStats spec_decode;  // zeros without speculative decoding
 };
 
 struct StepStats {
@@ -127,6 +131,10 @@ class EngineCore {
   int64_t max_total_tokens(int64_t prompt_len, const SamplingParams& params) const;
   // Appends a sampled token and applies stops and detokenization.
   StepUpdate postprocess(Sequence& seq, const SampleResult& sample, double now);
+  // A speculative sequence's verification over its 1 + k logits rows (host, [1 + k, vocab]):
+  // appends the accepted draft tokens and the target's next token, one at a time through
+  // postprocess (a stop drops what follows), then rolls its KV back to what was accepted.
+  StepUpdate verify_draft(Sequence& seq, const float* rows, double now);
   void finish(Sequence& seq, FinishReason reason, double now);
   // Moves a finished sequence out of the live set (its blocks already freed).
   void retire(uint64_t id);
@@ -147,6 +155,7 @@ class EngineCore {
   Scheduler scheduler_;
   std::unique_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<KvStore> kv_store_;
+  std::unique_ptr<SpeculativeDecoder> spec_;
   std::mt19937_64 seed_rng_;
   uint64_t next_id_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> live_;  // queued or running

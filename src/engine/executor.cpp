@@ -278,15 +278,22 @@ class FunctionExecutor final : public Executor {
   KVBlockLayout kv_layout() const override { return layout_; }
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy>) override {
     int64_t rows = 0;
-    for (const StepInput& in : inputs) rows += in.want_logits ? 1 : 0;
+    for (const StepInput& in : inputs) rows += in.want_logits ? in.num_logits : 0;
     Tensor out = Tensor::empty({rows, vocab_}, DType::kF32);
     int64_t r = 0;
     for (const StepInput& in : inputs) {
       if (!in.want_logits) continue;
-      std::vector<float> row = fn_(in);
-      LONGCTX_CHECK(static_cast<int64_t>(row.size()) == vocab_, ErrorCode::kInvalidArgument,
-                    "logits function returned {} values, vocab is {}", row.size(), vocab_);
-      std::memcpy(out.data<float>() + r++ * vocab_, row.data(), vocab_ * sizeof(float));
+      for (int64_t j = in.num_logits - 1; j >= 0; --j) {
+        // The row of the token j before the last: the input as if it ended there.
+        StepInput cut = in;
+        cut.num_new = in.num_new - j;
+        cut.all_tokens = in.all_tokens.first(static_cast<size_t>(in.num_computed + cut.num_new));
+        cut.num_logits = 1;
+        std::vector<float> row = fn_(cut);
+        LONGCTX_CHECK(static_cast<int64_t>(row.size()) == vocab_, ErrorCode::kInvalidArgument,
+                      "logits function returned {} values, vocab is {}", row.size(), vocab_);
+        std::memcpy(out.data<float>() + r++ * vocab_, row.data(), vocab_ * sizeof(float));
+      }
     }
     return out;
   }

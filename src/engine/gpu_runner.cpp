@@ -205,8 +205,10 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   p.max_model_len = resolve_max_model_len(config, options);
   p.activations = options.max_num_batched_tokens * activation_bytes_per_token(config);
   // Logits rows, and the sampler's copies of penalized rows.
-  p.workspaces =
-      kWorkspaceBytes + 2 * options.max_num_seqs * config.vocab_size * 4 + moe_fixed_bytes(config);
+  // A verifying sequence (speculative decoding) has 1 + K logits rows.
+  const int64_t logits_rows = options.max_num_seqs * (1 + options.num_speculative_tokens);
+  p.workspaces = kWorkspaceBytes + (logits_rows + options.max_num_seqs) * config.vocab_size * 4 +
+                 moe_fixed_bytes(config);
   p.graphs = decode_graphs(options) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
   // Per KV group: a pool block holds the largest paged group's layers (one full group: every
   // layer, as before); state groups take max_num_seqs states up front; a sequence of
@@ -359,6 +361,7 @@ struct GpuRunner::Impl {
         p.num_computed = begin;
         p.num_new = n;
         p.want_logits = all_rows || begin + n == end;
+        p.num_logits = 1;
         batches.back().push_back({i, p});
         begin += n;
         room -= n;

@@ -155,6 +155,7 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
   options.enable_prefix_caching = config.enable_prefix_caching;
   options.kv_events = config.kv_events;
   options.kv_store = config.kv_store;
+  options.speculative = config.speculative.resolved();
   if (!config.kv_store.empty()) options.kv_store_namespace = model_fingerprint(*impl_->checkpoint);
   ModelBuildOptions build = config.model_options;
   build.device = impl_->device;
@@ -194,6 +195,7 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     gpu.offload_slot_tokens = config.offload_slot_tokens;
     gpu.sparse = config.sparse;
     gpu.tuning = config.kernel_tuning;
+    gpu.num_speculative_tokens = options.speculative.num_speculative_tokens;
     if (tp == 1) {
       impl_->runner = std::make_shared<GpuRunner>(create_model(impl_->checkpoint, build), gpu);
       executor = make_gpu_executor(impl_->runner);
@@ -252,13 +254,15 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
 }
 
 LLM::LLM(std::unique_ptr<Executor> executor, std::shared_ptr<const Tokenizer> tokenizer,
-         int64_t max_model_len, std::vector<int64_t> eos_token_ids, uint64_t seed)
+         int64_t max_model_len, std::vector<int64_t> eos_token_ids, uint64_t seed,
+         const SpeculativeConfig& speculative)
     : impl_(std::make_unique<Impl>()) {
   impl_->tokenizer = std::move(tokenizer);
   EngineCoreOptions options;
   options.max_model_len = max_model_len;
   options.eos_token_ids = std::move(eos_token_ids);
   options.seed = seed;
+  options.speculative = speculative;
   impl_->core =
       std::make_unique<EngineCore>(std::move(executor), impl_->tokenizer.get(), std::move(options));
 }

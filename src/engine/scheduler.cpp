@@ -21,6 +21,7 @@ void Scheduler::add(Sequence* seq) {
 
 void Scheduler::preempt(Sequence* seq) {
   blocks_.free(seq->id);
+  seq->draft.clear();
   seq->num_computed = 0;
   seq->status = SequenceStatus::kWaiting;
   running_.erase(std::find(running_.begin(), running_.end(), seq));
@@ -31,13 +32,13 @@ void Scheduler::preempt(Sequence* seq) {
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int64_t budget = config_.max_num_batched_tokens;
-  auto add_to_step = [&](Sequence* seq, int64_t n, int32_t restore) {
-    const int64_t end = seq->num_computed + n;
+  auto add_to_step = [&](Sequence* seq, int64_t n, int32_t restore, int64_t num_draft) {
+    const int64_t end = seq->num_computed + n - num_draft;
     const bool last = end == static_cast<int64_t>(seq->tokens.size());
     // Prefill chunks (not decode steps) that end on a block boundary save the state there.
-    const bool prefill = n > 1 || end <= seq->num_prompt_tokens;
+    const bool prefill = n - num_draft > 1 || end <= seq->num_prompt_tokens;
     const int32_t save = prefill ? blocks_.reserve_snapshot(seq->id, end) : -1;
-    out.seqs.push_back({seq, n, last, restore, save});
+    out.seqs.push_back({seq, n, last, restore, save, num_draft});
     out.num_tokens += n;
     budget -= n;
   };
@@ -47,8 +48,13 @@ SchedulerOutput Scheduler::schedule() {
       Sequence* seq = running_[i];
       const int64_t remaining = static_cast<int64_t>(seq->tokens.size()) - seq->num_computed;
       if ((remaining == 1) != decodes) continue;
-      const int64_t n = blocks_.snapshot_chunk(seq->num_computed, std::min(remaining, budget),
-                                               static_cast<int64_t>(seq->tokens.size()));
+      // A decode's draft rides along as far as the budget goes.
+      const int64_t draft = decodes ? static_cast<int64_t>(seq->draft.size()) : 0;
+      const int64_t n =
+          decodes ? std::min(remaining + draft, budget)
+                  : blocks_.snapshot_chunk(seq->num_computed, std::min(remaining, budget),
+                                           static_cast<int64_t>(seq->tokens.size()));
+      if (decodes) seq->draft.resize(static_cast<size_t>(n - remaining));
       bool preempted_self = false;
       while (!blocks_.append(seq->id, seq->num_computed, n, &out.copies)) {
         Sequence* victim = running_.back();
@@ -67,7 +73,7 @@ SchedulerOutput Scheduler::schedule() {
         }
       }
       if (preempted_self) break;  // it was the newest: nothing runs after it
-      add_to_step(seq, n, -1);
+      add_to_step(seq, n, -1, decodes ? n - remaining : 0);
     }
   }
   // Waiting sequences, first come first served, while blocks, tokens and sequence slots last.
@@ -81,20 +87,31 @@ SchedulerOutput Scheduler::schedule() {
     if (seq->output.metrics.scheduled == 0) seq->output.metrics.num_cached_tokens = r.num_cached;
     seq->status = SequenceStatus::kRunning;
     running_.push_back(seq);
-    add_to_step(seq, r.num_new, r.restore_snapshot);
+    add_to_step(seq, r.num_new, r.restore_snapshot, 0);
   }
   return out;
 }
 
 void Scheduler::complete(const SchedulerOutput& out) {
   for (const ScheduledSeq& s : out.seqs) {
+    if (s.num_draft > 0) continue;  // finish_speculative() once its draft is verified
     s.seq->num_computed += s.num_new;
     blocks_.commit(s.seq->id, s.seq->tokens, s.seq->num_computed);
   }
   blocks_.end_step();
 }
 
-void Scheduler::fail(const SchedulerOutput&) { blocks_.end_step(); }
+void Scheduler::fail(const SchedulerOutput& out) {
+  for (const ScheduledSeq& s : out.seqs) s.seq->draft.clear();
+  blocks_.end_step();
+}
+
+void Scheduler::finish_speculative(Sequence* seq, int64_t num_computed) {
+  seq->draft.clear();
+  seq->num_computed = num_computed;
+  blocks_.truncate(seq->id, num_computed);
+  blocks_.commit(seq->id, seq->tokens, num_computed);
+}
 
 void Scheduler::remove(Sequence* seq) {
   auto r = std::find(running_.begin(), running_.end(), seq);

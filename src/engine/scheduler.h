@@ -14,6 +14,11 @@
 // A state model with prefix caching (BlockManager::snapshots_enabled()) has its prefill chunks
 // end on block boundaries where it can (BlockManager::snapshot_chunk) and a snapshot of its
 // state saved at each such end; a prefix hit's sequence starts from the hit's snapshot.
+//
+// Speculative decoding: a decoding sequence with a draft (Sequence::draft) runs its last token
+// and the draft in one step (1 + k tokens of the budget and of its blocks; the draft is trimmed
+// to the budget left). complete() leaves such a sequence to finish_speculative(), which the
+// engine calls once it knows how many draft tokens were accepted.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +43,7 @@ struct ScheduledSeq {
   // the step (a prefix hit), and from it after the step (its chunk ends on a block boundary).
   int32_t state_restore = -1;
   int32_t state_save = -1;
+  int64_t num_draft = 0;  // of the num_new tokens, the last num_draft are seq->draft
 };
 
 struct SchedulerOutput {
@@ -62,6 +68,10 @@ class Scheduler {
   void complete(const SchedulerOutput& out);
   // The step failed: releases what schedule() set aside for it (num_computed is unchanged).
   void fail(const SchedulerOutput& out);
+  // After a speculative step: the sequence's K/V holds its first `num_computed` tokens (the last
+  // sampled token and the accepted draft tokens); the blocks taken for rejected draft tokens are
+  // released and the blocks full of accepted tokens cached.
+  void finish_speculative(Sequence* seq, int64_t num_computed);
   // Removes a sequence (finished or aborted) from the queues and frees its blocks.
   void remove(Sequence* seq);
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/ngram_drafter.h"
 #include "engine/text_stream.h"
 #include "longctx/engine/request_output.h"
 #include "longctx/engine/sampler.h"
@@ -33,6 +34,10 @@ struct Sequence {
   // Where a structured output stands in its grammar; null without one.
   std::unique_ptr<structured::GrammarMatcher> grammar;
   RequestOutput output;
+  // Speculative decoding: the prompt-lookup index of its tokens, and the draft of the next step
+  // (proposed before scheduling, trimmed by the scheduler, verified after the step).
+  NgramDrafter drafter;
+  std::vector<int32_t> draft;
 
   int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - num_prompt_tokens; }
 };

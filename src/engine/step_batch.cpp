@@ -18,7 +18,7 @@ ForwardBatch make_forward_batch(std::span<const StepInput> inputs, int64_t block
                   "step: sequence {} needs {} blocks for {} tokens, its table has {}", in.seq_id,
                   blocks, end, in.block_table.size());
     batch.add_sequence(in.seq_id, in.all_tokens.data() + in.num_computed, in.num_new,
-                       in.num_computed, in.want_logits);
+                       in.num_computed, in.want_logits, in.num_logits);
     batch.block_tables.insert(batch.block_tables.end(), in.block_table.begin(),
                               in.block_table.begin() + blocks);
     batch.block_table_indptr.push_back(static_cast<int32_t>(batch.block_tables.size()));

@@ -44,4 +44,14 @@ LONGCTX_HD_INLINE double sampling_uniform(uint64_t seed, uint64_t step) {
   return double(bits) * 0x1.0p-53;  // exact: bits < 2^53
 }
 
+// Speculative decoding's acceptance test of the draft token at a request's k-th generated token:
+// a second uniform of (seed, k), independent of sampling_uniform's (counter (step, 1)).
+LONGCTX_HD_INLINE double speculative_accept_uniform(uint64_t seed, uint64_t step) {
+  const PhiloxBlock out =
+      philox4x32<10>(PhiloxBlock{{uint32_t(step), uint32_t(step >> 32), 1u, 0u}}, uint32_t(seed),
+                     uint32_t(seed >> 32));
+  const uint64_t bits = ((uint64_t(out.v[0]) << 32) | out.v[1]) >> 11;
+  return double(bits) * 0x1.0p-53;
+}
+
 }  // namespace longctx::kernels

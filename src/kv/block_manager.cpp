@@ -462,6 +462,26 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
   snapshots_[snap].lru_pos = snapshot_lru_.insert(snapshot_lru_.end(), snap);
 }
 
+void BlockManager::truncate(uint64_t seq, int64_t num_tokens) {
+  auto it = seqs_.find(seq);
+  LONGCTX_CHECK(it != seqs_.end() && num_tokens >= 0, ErrorCode::kInternal,
+                "block manager: truncate sequence {} to {} tokens", seq, num_tokens);
+  SeqState& s = it->second;
+  const int64_t keep = blocks_for(num_tokens);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!paged(g)) continue;
+    GroupTable& t = s.groups[g];
+    LONGCTX_CHECK(t.num_cached_blocks <= std::max<int64_t>(keep, num_tokens / block_size_),
+                  ErrorCode::kInternal,
+                  "block manager: sequence {} truncated to {} tokens below its {} committed blocks",
+                  seq, num_tokens, t.num_cached_blocks);
+    while (static_cast<int64_t>(t.blocks.size()) > keep) {
+      if (t.blocks.back() != kNoBlock) release(t.blocks.back());
+      t.blocks.pop_back();
+    }
+  }
+}
+
 void BlockManager::free(uint64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;

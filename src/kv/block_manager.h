@@ -142,6 +142,10 @@ class BlockManager {
   // full in the prefix cache (their tokens are tokens[block * block_size, ...)) and ties the
   // sequence's reserved snapshot to its block.
   void commit(uint64_t seq, std::span<const int32_t> tokens, int64_t num_computed);
+  // Speculative decoding's rollback: the sequence keeps the blocks of its first `num_tokens`
+  // tokens in every paged group and releases the rest (blocks taken for rejected draft tokens).
+  // Nothing past `num_tokens` may have been committed.
+  void truncate(uint64_t seq, int64_t num_tokens);
   // Drops every block the sequence holds (tail first, so the prefix stays cached longest) and its
   // state slot and reserved snapshot. Unknown ids are ignored.
   void free(uint64_t seq);

@@ -130,7 +130,8 @@ ApiServer::ApiServer(LLM& llm, EngineLoop& loop, ApiServerOptions options)
       // core's options never change after it was made.
       metrics_({options_.served_model_names.empty() ? "" : options_.served_model_names.front(),
                 llm_.max_model_len(), loop_.stats().engine.kv_block_size,
-                engine_core(llm_).options().enable_prefix_caching}),
+                engine_core(llm_).options().enable_prefix_caching,
+                engine_core(llm_).options().speculative.num_speculative_tokens}),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
                    .count()) {

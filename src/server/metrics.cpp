@@ -203,6 +203,27 @@ std::string ServerMetrics::render(const LoopStats& s) const {
           static_cast<double>(e.prefix_cache_hits));
   counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
           static_cast<double>(e.num_preemptions));
+  if (config_.num_speculative_tokens > 0) {
+    // vLLM's spec-decode counters (present only with speculative decoding, as there).
+    const SpecDecodeStats& sd = e.spec_decode;
+    counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+            static_cast<double>(sd.num_drafts));
+    counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+            static_cast<double>(sd.num_draft_tokens));
+    counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+            static_cast<double>(sd.num_accepted_tokens));
+    out +=
+        "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens per "
+        "draft position.\n"
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+    for (int64_t pos = 0; pos < config_.num_speculative_tokens; ++pos) {
+      const auto& per_pos = sd.num_accepted_tokens_per_pos;
+      const int64_t v = pos < static_cast<int64_t>(per_pos.size()) ? per_pos[pos] : 0;
+      out += fmt::format(
+          "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n", l, pos,
+          v);
+    }
+  }
   {
     std::lock_guard lk(mu_);
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.",

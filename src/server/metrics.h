@@ -41,6 +41,7 @@ struct MetricsConfig {
   int64_t max_model_len = 0;  // the token-count histograms' top bucket (vLLM's 1-2-5 buckets)
   int64_t block_size = 0;     // vllm:cache_config_info
   bool enable_prefix_caching = true;
+  int64_t num_speculative_tokens = 0;  // > 0: the spec-decode counters, one per draft position
 };
 
 class ServerMetrics {

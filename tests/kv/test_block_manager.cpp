@@ -39,6 +39,32 @@ TEST(BlockManager, AllocatesAndFreesWithoutCaching) {
   bm.check_consistency();
 }
 
+TEST(BlockManager, TruncateReleasesTheBlocksOfRejectedDraftTokens) {
+  // Speculative decoding: 9 tokens computed, the last sampled one + a draft of 6 take slots up
+  // to 16 (4 blocks); 2 drafts are accepted (12 tokens computed): the fourth block goes back.
+  BlockManager bm(8, 4, /*enable_prefix_caching=*/true);
+  std::vector<KVBlockCopy> copies;
+  const auto t = iota_tokens(10);
+  ASSERT_EQ(bm.start(1, t, 100, &copies).num_new, 10);
+  bm.commit(1, t, 9);
+  EXPECT_TRUE(bm.append(1, 9, 7, &copies));
+  EXPECT_EQ(bm.table(1).size(), 4u);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  bm.truncate(1, 12);
+  EXPECT_EQ(bm.table(1).size(), 3u);
+  EXPECT_EQ(bm.num_free_blocks(), 5);
+  // Only blocks full of accepted tokens are cached: 3 of them at 12 tokens.
+  bm.commit(1, iota_tokens(13), 12);
+  EXPECT_EQ(bm.stats().cached_blocks, 3);
+  bm.check_consistency();
+  // Back to fewer tokens than a committed block holds is a bug, not a rollback.
+  EXPECT_THROW(bm.truncate(1, 4), Error);
+  bm.truncate(1, 12);  // no-op
+  bm.free(1);
+  EXPECT_EQ(bm.num_free_blocks(), 8);
+  bm.check_consistency();
+}
+
 TEST(BlockManager, PrefixHitSharesFullBlocks) {
   BlockManager bm(16, 4, true);
   std::vector<KVBlockCopy> copies;

@@ -221,6 +221,29 @@ def test_fp8_kv_cache_answers_the_needle(needle_dir):
         longctx.LLM(needle_dir, device="cpu", kv_cache_dtype="fp16")
 
 
+def test_speculative_decoding_keeps_greedy_outputs(needle_dir):
+    (prompt, answer), = needle_samples(1024, 1)
+    plain = longctx.LLM(needle_dir, device="cpu", kv_cache_memory=256 << 20)
+    spec = longctx.LLM(needle_dir, device="cpu", kv_cache_memory=256 << 20,
+                       speculative_method="ngram", num_speculative_tokens=4, prompt_lookup_min=1,
+                       prompt_lookup_max=3)
+    want = plain.generate(prompt, longctx.SamplingParams(**GREEDY))[0].outputs[0]
+    got = spec.generate(prompt, longctx.SamplingParams(**GREEDY))[0].outputs[0]
+    assert want.text == answer
+    assert got.token_ids == want.token_ids
+    stats = spec.stats()
+    assert 0 < stats["spec_decode_num_accepted_tokens"] <= stats["spec_decode_num_draft_tokens"]
+    assert len(stats["spec_decode_num_accepted_tokens_per_pos"]) == 4
+    assert plain.stats()["spec_decode_num_drafts"] == 0
+    with pytest.raises(longctx.InvalidArgumentError, match="unknown speculative method 'eagle'"):
+        longctx.LLM(needle_dir, device="cpu", speculative_method="eagle")
+    with pytest.raises(longctx.InvalidArgumentError, match="num-speculative-tokens >= 1"):
+        longctx.LLM(needle_dir, device="cpu", speculative_method="ngram")
+    with pytest.raises(longctx.InvalidArgumentError, match="greater than --prompt-lookup-max"):
+        longctx.LLM(needle_dir, device="cpu", speculative_method="ngram",
+                    num_speculative_tokens=2, prompt_lookup_min=4, prompt_lookup_max=2)
+
+
 def test_gil_released_while_the_engine_runs(llm):
     (prompt, _), = needle_samples(1024, 1, seed=9)
     done = threading.Event()

@@ -37,7 +37,8 @@ struct ScriptedServer {
   // `tweak` adjusts the options before the server starts.
   explicit ScriptedServer(std::chrono::microseconds step_sleep = {},
                           const std::string& api_key = "", int64_t max_body = 1 << 20,
-                          const std::function<void(server::ServeOptions&)>& tweak = {}) {
+                          const std::function<void(server::ServeOptions&)>& tweak = {},
+                          const SpeculativeConfig& speculative = {}) {
     tok = load_tokenizer_for_engine(needle_dir());
     script = script_tokens(*tok);
     const int64_t vocab = static_cast<int64_t>(tok->vocab_size());
@@ -49,7 +50,7 @@ struct ScriptedServer {
       return l;
     };
     llm = std::make_unique<LLM>(make_function_executor(vocab, fn), tok, kMaxModelLen,
-                                std::vector<int64_t>{});
+                                std::vector<int64_t>{}, 0, speculative);
     server::ServeOptions o;
     o.transport.port = 0;
     o.transport.max_body_bytes = max_body;

@@ -316,6 +316,39 @@ TEST(ServerScripted, DisconnectMidStreamAbortsAndFrees) {
   EXPECT_EQ(metric(metrics_when(s.port(), aborted, 2), aborted), 2);
 }
 
+TEST(ServerScripted, SpeculativeDecodingCountersInMetrics) {
+  // The script cycles, so prompt lookup finds what comes next: drafts are accepted.
+  ScriptedServer s({}, "", 1 << 20, {}, SpeculativeConfig{SpeculativeMethod::kNgram, 3, 1, 2});
+  json prompt = json::array();
+  for (int r = 0; r < 2; ++r)
+    for (int32_t t : s.script) prompt.push_back(t);
+  const auto r = post_json(s.port(), "/v1/completions", {{"prompt", prompt}, {"max_tokens", 20}});
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], s.expected_text(prompt.size(), 20));
+  const std::string m = http_request(s.port(), "GET", "/metrics").body;
+  const std::string l = "{model_name=\"scripted\",engine=\"0\"}";
+  const double drafts = metric(m, "vllm:spec_decode_num_drafts_total" + l);
+  const double draft_tokens = metric(m, "vllm:spec_decode_num_draft_tokens_total" + l);
+  const double accepted = metric(m, "vllm:spec_decode_num_accepted_tokens_total" + l);
+  EXPECT_GT(drafts, 0);
+  EXPECT_GT(accepted, 0);
+  EXPECT_LE(accepted, draft_tokens);
+  EXPECT_LE(draft_tokens, 3 * drafts);
+  // Fewer steps than tokens: each verifying step yielded 1 + its accepted tokens.
+  EXPECT_EQ(metric(m, "vllm:generation_tokens_total" + l), 20);
+  double per_pos = 0;
+  for (int pos = 0; pos < 3; ++pos)
+    per_pos += metric(m,
+                      "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="
+                      "\"scripted\",engine=\"0\",position=\"" +
+                          std::to_string(pos) + "\"}");
+  EXPECT_EQ(per_pos, accepted);
+  // Without speculative decoding the series are absent, as in vLLM.
+  ScriptedServer plain;
+  EXPECT_EQ(http_request(plain.port(), "GET", "/metrics").body.find("spec_decode"),
+            std::string::npos);
+}
+
 TEST(ServerScripted, MetricsCountRequestsAndTokens) {
   ScriptedServer s;
   for (int i = 0; i < 3; ++i)

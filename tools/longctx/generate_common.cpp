@@ -105,11 +105,17 @@ std::string summary_line(const RequestOutput& out) {
   const RequestMetrics& m = out.metrics;
   std::string reason = finish_reason_name(out.finish_reason);
   if (out.stop_reason.kind != StopReason::Kind::kNone) reason += " (" + out.stop_reason.str() + ")";
-  return fmt::format(
+  std::string line = fmt::format(
       "{} prompt + {} generated tokens, finish: {}; TTFT {:.1f} ms, prefill {:.1f} tok/s, "
       "decode {:.1f} tok/s",
       m.num_prompt_tokens, m.num_generated_tokens, reason, m.ttft() * 1e3, m.prefill_tokens_per_s(),
       m.decode_tokens_per_s());
+  if (m.num_drafts > 0)
+    line += fmt::format(
+        "; speculative: mean acceptance length {:.2f} ({} of {} draft tokens in {} "
+        "drafts accepted)",
+        m.mean_acceptance_length(), m.num_accepted_tokens, m.num_draft_tokens, m.num_drafts);
+  return line;
 }
 
 std::string read_chat_template(const std::string& file_or_text) {

@@ -107,6 +107,20 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
            "ranks of a tensor-parallel model: CPU threads, or GPUs from --device's index on "
            "(docs/tensor_parallel.md)")
         ->capture_default_str();
+    cmd->option_defaults()->group("Speculative decoding");
+    // Parsed here, once: below this the method is an enum.
+    cmd->add_option_function<std::string>(
+           "--speculative-method",
+           [this](const std::string& name) { speculative.method = parse_speculative_method(name); },
+           "draft tokens for speculative decoding: ngram (prompt lookup: the tokens that followed "
+           "the last n-gram's earlier occurrence) or none; docs/engine.md")
+        ->default_str("none");
+    cmd->add_option("--num-speculative-tokens", speculative.num_speculative_tokens,
+                    "draft tokens verified per sequence and step (K)");
+    cmd->add_option("--prompt-lookup-min", speculative.prompt_lookup_min,
+                    "ngram: the shortest n-gram looked up (default: --prompt-lookup-max, or 5)");
+    cmd->add_option("--prompt-lookup-max", speculative.prompt_lookup_max,
+                    "ngram: the longest n-gram looked up (default: --prompt-lookup-min, or 5)");
   }
   if ((sets & kOffloadFlags) != 0U) {
     cmd->option_defaults()->group("KV offload");
@@ -237,6 +251,7 @@ void ModelOptions::apply_to(EngineConfig& engine) const {
   engine.sparse = sparse;
   engine.kernel_tuning = r.tuning;
   engine.tensor_parallel_size = tensor_parallel_size;
+  engine.speculative = speculative.resolved();
   if (!kv_events_config.empty()) engine.kv_events = parse_kv_events_config(kv_events_config);
   engine.kv_store = kv_store;
 }

@@ -55,6 +55,7 @@ struct ModelOptions {
   int64_t offload_slot_tokens = 32768;
   SparseOptions sparse;  // --sparse-policy and its parameters
   int64_t tensor_parallel_size = 1;
+  SpeculativeConfig speculative;  // --speculative-method and its sizes
   // Kernel tuning flags as given (name -> value; empty: the default), for benchmarks
   // (longctx/kernels/kernel_tuning.h).
   std::map<std::string, std::string> kernel_tuning_flags;

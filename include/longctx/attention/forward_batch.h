@@ -66,10 +66,11 @@ struct ForwardBatch {
   }
 
   // Appends sequence `seq_id` with new tokens `ids` after `num_cached` tokens already in its KV,
-  // at positions num_cached, num_cached + 1, ...; its logits row (the last new token) is
-  // requested when want_logits.
+  // at positions num_cached, num_cached + 1, ...; the logits rows of its last num_logits new
+  // tokens (1: the last one; more: a speculative draft's verification) are requested when
+  // want_logits.
   void add_sequence(uint64_t seq_id, const int32_t* ids, int64_t n, int64_t num_cached,
-                    bool want_logits);
+                    bool want_logits, int64_t num_logits = 1);
 
   // Throws Error(kInvalidArgument) naming the first inconsistency: array lengths, empty
   // sequences, kv_len < q_len, logits rows out of range or not ascending, token ids outside

@@ -39,6 +39,9 @@ struct StepInput {
   // copied into state_save after the step (it ends on a block boundary).
   int32_t state_restore = -1;
   int32_t state_save = -1;
+  // With want_logits: rows for the last num_logits new tokens (speculative decoding verifies a
+  // draft with the logits of the last sampled token and of every draft token), in token order.
+  int64_t num_logits = 1;
 };
 
 // The KV blocks an executor offers the engine's block manager.
@@ -65,8 +68,9 @@ class Executor {
   virtual int64_t vocab_size() const = 0;
   virtual KVBlockLayout kv_layout() const = 0;
   // Runs one step: first the copies (copy-on-write of shared blocks), then every input in one
-  // batched forward. Returns f32 logits [rows, vocab], one row per input with want_logits, in
-  // input order; on the host or on the executor's device (sample() takes it as it is).
+  // batched forward. Returns f32 logits [rows, vocab], num_logits rows per input with
+  // want_logits, in input order; on the host or on the executor's device (sample() takes it as it
+  // is).
   virtual Tensor execute(std::span<const StepInput> inputs,
                          std::span<const KVBlockCopy> copies) = 0;
   // A KV block as bytes, for a KV store shared by replicas (docs/fleet.md): every layer's K, then
@@ -120,8 +124,9 @@ struct CpuExecutorOptions {
 std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<Model> model,
                                             const CpuExecutorOptions& options = {});
 
-// Logits from a function (tests, tools): fn(input) -> [vocab] f32 for each input that wants
-// logits. It holds no K/V, so `layout` only sizes the engine's block bookkeeping.
+// Logits from a function (tests, tools): fn(input) -> [vocab] f32 for each row an input wants
+// (an input of num_logits rows is passed once per row, cut to end at that row's token). It holds no
+// K/V, so `layout` only sizes the engine's block bookkeeping.
 using LogitsFn = std::function<std::vector<float>(const StepInput& input)>;
 std::unique_ptr<Executor> make_function_executor(int64_t vocab_size, LogitsFn fn,
                                                  KVBlockLayout layout = {1 << 16, 16});

@@ -35,6 +35,9 @@ struct GpuRunnerOptions {
   // (docs/fp8_kv.md).
   DType kv_dtype = DType::kBF16;
   bool enforce_eager = false;  // no CUDA graphs for decode steps
+  // Speculative decoding's draft tokens per sequence (0: off): a verifying sequence returns
+  // 1 + K logits rows, which the workspaces are sized for.
+  int64_t num_speculative_tokens = 0;
   // KV offload to pinned host memory (docs/offload.md): the engine's blocks live in a host pool
   // of host_kv_bytes (0: half the machine's memory); the GPU keeps a cache of gpu_kv_bytes of them
   // (0: what the memory plan leaves) and a ring of offload_slots slots, each offload_slot_tokens

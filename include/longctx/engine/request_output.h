@@ -32,6 +32,10 @@ struct RequestMetrics {
   int64_t num_prompt_tokens = 0;
   int64_t num_cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache
   int64_t num_generated_tokens = 0;
+  // Speculative decoding: steps that verified a draft, draft tokens verified, of those accepted.
+  int64_t num_drafts = 0;
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
 
   double ttft() const { return first_token - arrival; }  // includes queueing, as vLLM
   double prefill_seconds() const { return first_token - scheduled; }
@@ -39,6 +43,10 @@ struct RequestMetrics {
   double prefill_tokens_per_s() const;
   // Tokens after the first over the time after the first (the first comes from the prefill).
   double decode_tokens_per_s() const;
+  // Tokens a verifying step yielded on average: 1 + accepted / drafts (0 without drafts).
+  double mean_acceptance_length() const {
+    return num_drafts > 0 ? 1.0 + static_cast<double>(num_accepted_tokens) / num_drafts : 0.0;
+  }
 };
 
 struct RequestOutput {

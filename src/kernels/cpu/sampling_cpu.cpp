@@ -106,8 +106,20 @@ void row_logprobs(std::span<const float> raw, int32_t token, int n_top, Sampling
 SamplingRowResult sample_row(std::span<const float> raw, const SamplingRowParams& p,
                              std::span<const SamplingPenaltyEntry> entries, const uint32_t* mask) {
   SamplingRowResult res;
-  if (!check_raw(raw, res)) return res;
-  std::vector<float> work(raw.begin(), raw.end());
+  std::vector<float> work;
+  if (!sampling_logits(raw, p, entries, mask, work, res)) return res;
+  res.token = p.greedy ? argmax(work) : draw(work, sampling_uniform(p.seed, p.step));
+  if (p.logprobs >= 0) row_logprobs(raw, res.token, std::min(p.logprobs, kSamplingMaxTop), res);
+  return res;
+}
+
+}  // namespace
+
+bool sampling_logits(std::span<const float> raw, const SamplingRowParams& p,
+                     std::span<const SamplingPenaltyEntry> entries, const uint32_t* mask,
+                     std::vector<float>& work, SamplingRowResult& res) {
+  if (!check_raw(raw, res)) return false;
+  work.assign(raw.begin(), raw.end());
   apply_penalty_entries(work, raw, entries, p);
   if (mask != nullptr) {
     for (size_t i = 0; i < work.size(); ++i) {
@@ -117,10 +129,8 @@ SamplingRowResult sample_row(std::span<const float> raw, const SamplingRowParams
   if (!p.greedy) {
     for (float& x : work) x *= p.inv_temperature;  // -inf stays -inf
   }
-  if (!check_transformed(work, res)) return res;
-  if (p.greedy) {
-    res.token = argmax(work);
-  } else {
+  if (!check_transformed(work, res)) return false;
+  if (!p.greedy) {
     if (p.use_min_p) {
       // p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p)
       const double threshold = max_finite(work) + p.log_min_p;
@@ -130,13 +140,24 @@ SamplingRowResult sample_row(std::span<const float> raw, const SamplingRowParams
     }
     apply_top_k(work, p.top_k);
     apply_top_p(work, p.top_p);
-    res.token = draw(work, sampling_uniform(p.seed, p.step));
   }
-  if (p.logprobs >= 0) row_logprobs(raw, res.token, std::min(p.logprobs, kSamplingMaxTop), res);
-  return res;
+  return true;
 }
 
-}  // namespace
+int32_t argmax_token(std::span<const float> logits) { return argmax(logits); }
+
+int32_t draw_token(std::span<const float> logits, double u) { return draw(logits, u); }
+
+uint64_t token_mass_of(std::span<const float> logits, int32_t token, uint64_t* total) {
+  const float m = max_finite(logits);
+  *total = 0;
+  for (float x : logits) *total += token_mass(sub_rn(x, m));
+  return token_mass(sub_rn(logits[token], m));
+}
+
+void fill_logprobs(std::span<const float> raw, int32_t token, int n_top, SamplingRowResult& res) {
+  row_logprobs(raw, token, n_top, res);
+}
 
 void apply_penalty_entries(std::span<float> logits, std::span<const float> raw,
                            std::span<const SamplingPenaltyEntry> entries,

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kernels/sampling_kernel_params.h"
 
@@ -25,5 +26,20 @@ void apply_top_k(std::span<float> logits, int64_t top_k);
 // top_p over integer token masses (kernels::token_mass): keeps the smallest prefix of the tokens
 // ranked by logit (ties: lower id first) whose mass reaches top_p of the total.
 void apply_top_p(std::span<float> logits, double top_p);
+
+// The distribution a row is drawn from: `work` = raw -> penalties -> mask -> temperature ->
+// min_p -> top_k -> top_p (greedy rows: penalties and mask only), the logits whose integer masses
+// (kernels/sampling_math.h) draw_token() draws from. False (res.status set) when the row cannot
+// be sampled.
+bool sampling_logits(std::span<const float> raw, const SamplingRowParams& p,
+                     std::span<const SamplingPenaltyEntry> entries, const uint32_t* mask,
+                     std::vector<float>& work, SamplingRowResult& res);
+int32_t argmax_token(std::span<const float> logits);  // the first index of the maximum
+// The first token whose cumulative mass exceeds u * total (u in [0, 1)).
+int32_t draw_token(std::span<const float> logits, double u);
+// The integer mass of `token` and (in *total) of the whole row: p(token) = mass / total.
+uint64_t token_mass_of(std::span<const float> logits, int32_t token, uint64_t* total);
+// The raw row's logprob and rank of `token` and its top n_top tokens into `res`.
+void fill_logprobs(std::span<const float> raw, int32_t token, int n_top, SamplingRowResult& res);
 
 }  // namespace longctx::kernels::cpu
