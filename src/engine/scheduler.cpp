@@ -50,10 +50,10 @@ SchedulerOutput Scheduler::schedule() {
       if ((remaining == 1) != decodes) continue;
       // A decode's draft rides along as far as the budget goes.
       const int64_t draft = decodes ? static_cast<int64_t>(seq->draft.size()) : 0;
-      const int64_t n =
-          decodes ? std::min(remaining + draft, budget)
-                  : blocks_.snapshot_chunk(seq->num_computed, std::min(remaining, budget),
-                                           static_cast<int64_t>(seq->tokens.size()));
+      const int64_t n = decodes
+                            ? std::min(remaining + draft, budget)
+                            : blocks_.snapshot_chunk(seq->num_computed, std::min(remaining, budget),
+                                                     static_cast<int64_t>(seq->tokens.size()));
       if (decodes) seq->draft.resize(static_cast<size_t>(n - remaining));
       bool preempted_self = false;
       while (!blocks_.append(seq->id, seq->num_computed, n, &out.copies)) {
