@@ -17,7 +17,10 @@
 namespace longctx::testing {
 namespace {
 
-constexpr double kTieMargin = 0.02;  // bf16 runs may order near-ties differently
+// A verifying step runs its k + 1 positions through the paged prefill kernel, a plain decode
+// step through the split-KV decode: bf16 sums in another order move near-ties (the needle model
+// is sensitive to rounding: tests/common/test_data.h). The other GPU model tests hold 0.05 too.
+constexpr double kTieMargin = 0.05;
 
 struct NeedleCase {
   std::vector<int32_t> input_ids, greedy_new_tokens;
@@ -119,9 +122,9 @@ TEST(GpuSpeculative, BatchedPrefixCachedPreemptedEqualsNonSpeculative) {
   const auto prompts = needle_prompts();
   EngineStats plain_stats, spec_stats;
   const auto plain = run(config(0), prompts, 24, &plain_stats);
-  // 120 blocks of 16 tokens: the batch needs ~180 at once (each fits alone), so sequences are
-  // preempted.
-  const auto spec = run(config(3, 120), prompts, 24, &spec_stats);
+  // 90 blocks of 16 tokens: the batch holds ~115 at once with its shared prefixes cached (the
+  // longest sequence needs 64), so sequences are preempted.
+  const auto spec = run(config(3, 90), prompts, 24, &spec_stats);
   EXPECT_GT(spec_stats.num_preemptions, 0);
   EXPECT_GT(spec_stats.prefix_cache_hits, 0);
   EXPECT_GT(spec_stats.spec_decode.num_accepted_tokens, 0);
