@@ -3,11 +3,15 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "common/test_data.h"
 #include "engine/engine_core.h"
+#include "longctx/engine/executor.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 
@@ -48,5 +52,29 @@ inline std::shared_ptr<Model> tiny_model() {
   o.rope_inv_freq_dtype = DType::kBF16;
   return create_model(ck, o);
 }
+
+// Passes steps to another executor and keeps every logits row it returns: (sequence, position)
+// -> the rows computed there, in step order (a position recomputed after a preemption adds one).
+class RecordingExecutor final : public Executor {
+ public:
+  explicit RecordingExecutor(std::unique_ptr<Executor> inner) : inner_(std::move(inner)) {}
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  KVBlockLayout kv_layout() const override { return inner_->kv_layout(); }
+  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
+    Tensor logits = inner_->execute(inputs, copies);
+    const int64_t vocab = vocab_size();
+    int64_t r = 0;
+    for (const StepInput& in : inputs) {
+      if (!in.want_logits) continue;
+      const float* row = logits.data<float>() + r++ * vocab;
+      rows[{in.seq_id, in.num_computed + in.num_new - 1}].emplace_back(row, row + vocab);
+    }
+    return logits;
+  }
+  std::map<std::pair<uint64_t, int64_t>, std::vector<std::vector<float>>> rows;
+
+ private:
+  std::unique_ptr<Executor> inner_;
+};
 
 }  // namespace longctx::testing

@@ -43,29 +43,6 @@ std::shared_ptr<Model> two_group_model(bool sliding = true) {
   return create_model(ck);
 }
 
-// Passes steps to the CPU executor and keeps every logits row: (sequence, position) -> row.
-class RecordingExecutor final : public Executor {
- public:
-  explicit RecordingExecutor(std::unique_ptr<Executor> inner) : inner_(std::move(inner)) {}
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  KVBlockLayout kv_layout() const override { return inner_->kv_layout(); }
-  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
-    Tensor logits = inner_->execute(inputs, copies);
-    const int64_t vocab = vocab_size();
-    int64_t r = 0;
-    for (const StepInput& in : inputs) {
-      if (!in.want_logits) continue;
-      const float* row = logits.data<float>() + r++ * vocab;
-      rows[{in.seq_id, in.num_computed + in.num_new - 1}].emplace_back(row, row + vocab);
-    }
-    return logits;
-  }
-  std::map<std::pair<uint64_t, int64_t>, std::vector<std::vector<float>>> rows;
-
- private:
-  std::unique_ptr<Executor> inner_;
-};
-
 // Logits [n - 1, vocab] of the dense reference at positions 0 .. n - 2 of `tokens`.
 Tensor reference_logits(Model& model, const std::vector<int32_t>& tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size()) - 1;
@@ -114,8 +91,8 @@ void check_engine_matches_reference(const std::shared_ptr<Model>& model, float t
   CpuExecutorOptions eo;
   eo.block_size = kBlockSize;
   eo.num_blocks = num_blocks;  // two or three sequences at a time: preemption
-  auto rec = std::make_unique<RecordingExecutor>(make_cpu_executor(model, eo));
-  RecordingExecutor* recorder = rec.get();
+  auto rec = std::make_unique<testing::RecordingExecutor>(make_cpu_executor(model, eo));
+  testing::RecordingExecutor* recorder = rec.get();
   EngineCore core(std::move(rec), nullptr, testing::core_options(24, 4));
   const int64_t vocab = model->config().vocab_size;
 

@@ -34,29 +34,6 @@ std::shared_ptr<Model> tiny_next() {
   return create_model(ck);
 }
 
-// Passes steps to the CPU executor and keeps the last logits row of each (sequence, position).
-class Recorder final : public Executor {
- public:
-  explicit Recorder(std::unique_ptr<Executor> inner) : inner_(std::move(inner)) {}
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  KVBlockLayout kv_layout() const override { return inner_->kv_layout(); }
-  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
-    Tensor logits = inner_->execute(inputs, copies);
-    const int64_t vocab = vocab_size();
-    int64_t r = 0;
-    for (const StepInput& in : inputs) {
-      if (!in.want_logits) continue;
-      const float* row = logits.data<float>() + r++ * vocab;
-      rows[{in.seq_id, in.num_computed + in.num_new - 1}].assign(row, row + vocab);
-    }
-    return logits;
-  }
-  std::map<std::pair<uint64_t, int64_t>, std::vector<float>> rows;
-
- private:
-  std::unique_ptr<Executor> inner_;
-};
-
 struct Result {
   std::vector<int32_t> tokens;
   int64_t num_cached = 0;
@@ -73,7 +50,7 @@ class Engine {
     eo.num_blocks = num_blocks;
     eo.max_state_seqs = 4;
     eo.max_state_snapshots = snapshots;
-    auto rec = std::make_unique<Recorder>(make_cpu_executor(tiny_next(), eo));
+    auto rec = std::make_unique<testing::RecordingExecutor>(make_cpu_executor(tiny_next(), eo));
     rec_ = rec.get();
     core_ = std::make_unique<EngineCore>(std::move(rec), nullptr,
                                          testing::core_options(budget, 4, caching));
@@ -99,7 +76,7 @@ class Engine {
       r.num_cached = o.metrics.num_cached_tokens;
       r.reason = o.finish_reason;
       for (const auto& [key, row] : rec_->rows)
-        if (key.first == ids[o.index]) r.rows[key.second] = row;
+        if (key.first == ids[o.index]) r.rows[key.second] = row.back();
     }
     const EngineStats st = core_->stats();
     EXPECT_EQ(st.kv_blocks_used, 0);
@@ -109,7 +86,7 @@ class Engine {
 
  private:
   std::unique_ptr<EngineCore> core_;
-  Recorder* rec_ = nullptr;
+  testing::RecordingExecutor* rec_ = nullptr;
 };
 
 // Greedy tokens equal and every logits row both recorded within kTol.
