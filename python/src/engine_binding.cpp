@@ -110,6 +110,7 @@ const std::vector<EngineArg>& engine_args() {
       LONGCTX_BOOL_ARG("enable_prefix_caching", enable_prefix_caching),
       LONGCTX_BOOL_ARG("enforce_eager", enforce_eager),
       LONGCTX_INT_ARG("num_gpu_blocks", num_gpu_blocks),
+      LONGCTX_INT_ARG("max_state_snapshots", max_state_snapshots),
       LONGCTX_INT_ARG("kv_cache_memory", cpu_kv_cache_bytes),
       {"kv_cache_dtype",
        [](EngineArgs& a, const py::handle& v) {

@@ -1,5 +1,6 @@
 """longctx.LLM on models/needle: answers, equality with the CLI, streaming, chat, errors."""
 
+import os
 import re
 import subprocess
 import threading
@@ -207,6 +208,29 @@ def test_engine_args_reach_the_engine(needle_dir):
     assert len(outs) == 3
     with pytest.raises(longctx.InvalidArgumentError, match="256"):
         small.generate([[5] * 300], longctx.SamplingParams(max_tokens=1))
+
+
+def test_state_snapshots_give_prefix_hits_on_a_linear_attention_model(repo_root):
+    # tiny-qwen3-next: a prompt sharing a cached prefix starts from a state snapshot; its greedy
+    # tokens equal an engine's without prefix caching. No snapshots: no hits.
+    model = os.path.join(repo_root, "tests", "data", "fixtures", "tiny-qwen3-next")
+    head = [(7 * i + 3) % 500 for i in range(64)]
+    prompts = [head + [11, 12, 13], head + [21, 22, 23, 24]]
+    sp = longctx.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+    def run(**kw):
+        llm = longctx.LLM(model, device="cpu", block_size=16, kv_cache_memory=64 << 20, **kw)
+        outs = [llm.generate([p], sp)[0].outputs[0].token_ids for p in prompts]
+        return outs, llm.stats()
+
+    want, _ = run(enable_prefix_caching=False)
+    got, stats = run(max_state_snapshots=4)
+    assert got == want
+    assert stats["prefix_cache_hits"] > 0
+    _, none = run(max_state_snapshots=0)
+    assert none["prefix_cache_hits"] == 0
+    with pytest.raises(longctx.InvalidArgumentError, match="max_state_snapshots must be >= 0"):
+        longctx.LLM(model, device="cpu", max_state_snapshots=-2)
 
 
 def test_fp8_kv_cache_answers_the_needle(needle_dir):
