@@ -122,10 +122,22 @@ class StateTable {
   std::unordered_map<uint64_t, int32_t> edges_;
 };
 
-// Sorts the mask's tokens by distance and keeps a cumulative mask where at least kLevelTokens
-// tokens joined since the last one (below max_distance: `bits` is the mask there).
+// Orders the mask's tokens by distance and keeps a cumulative mask where at least kLevelTokens
+// tokens joined since the last one (below max_distance: `bits` is the mask there). A new state
+// may allow most of the vocabulary (std::sort of 150K entries: ~14 ms), and distances are small
+// integers, so a counting sort does it, unless they span more than the entries (a huge minLength).
 void add_levels(TokenMask& m, int64_t words) {
-  std::sort(m.by_distance.begin(), m.by_distance.end());
+  auto& entries = m.by_distance;
+  if (static_cast<size_t>(m.max_distance) > entries.size()) {
+    std::sort(entries.begin(), entries.end());
+  } else {
+    std::vector<size_t> start(static_cast<size_t>(m.max_distance) + 2, 0);
+    for (const auto& e : entries) ++start[static_cast<size_t>(e.first) + 1];
+    for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
+    std::vector<std::pair<int32_t, int32_t>> sorted(entries.size());
+    for (const auto& e : entries) sorted[start[static_cast<size_t>(e.first)]++] = e;
+    entries = std::move(sorted);
+  }
   std::vector<uint32_t> cum(static_cast<size_t>(words), 0);
   size_t last = 0;
   for (size_t i = 0; i < m.by_distance.size();) {
