@@ -154,6 +154,7 @@ void run_latency(LatencyOptions& o) {
   sp.structured = latency_constraint(o);
   std::vector<double> ttft, tpot, e2e;
   int64_t generated = 0, requests = 0;
+  RequestMetrics spec;  // the speculative counters summed over the measured requests
   for (int it = 0; it < o.num_warmup + o.num_iters; ++it) {
     // Fresh random prompts every iteration: no prefix-cache hits between iterations.
     std::vector<Prompt> prompts;
@@ -171,6 +172,9 @@ void run_latency(LatencyOptions& o) {
       per_token += n > 1 ? out.metrics.decode_seconds() / double(n - 1) : 0;
       generated += n;
       ++requests;
+      spec.num_drafts += out.metrics.num_drafts;
+      spec.num_draft_tokens += out.metrics.num_draft_tokens;
+      spec.num_accepted_tokens += out.metrics.num_accepted_tokens;
     }
     ttft.push_back(first);
     tpot.push_back(per_token / static_cast<double>(outs.size()));
@@ -181,6 +185,12 @@ void run_latency(LatencyOptions& o) {
               static_cast<long long>(o.output_len), o.num_iters, llm->device().str().c_str());
   std::printf("  TTFT %.2f ms, TPOT %.3f ms, end-to-end %.3f s (medians)\n", 1e3 * median(ttft),
               1e3 * median(tpot), median(e2e));
+  if (o.gen.model.speculative.enabled())
+    std::printf(
+        "  speculative: %lld verifying steps, %lld draft tokens, %lld accepted, mean acceptance "
+        "length %.2f\n",
+        static_cast<long long>(spec.num_drafts), static_cast<long long>(spec.num_draft_tokens),
+        static_cast<long long>(spec.num_accepted_tokens), spec.mean_acceptance_length());
   if (sp.structured.enabled())
     std::printf("  structured output: %.1f tokens per request on average\n",
                 requests > 0 ? double(generated) / double(requests) : 0.0);

@@ -6,8 +6,10 @@
 //          model is trained to produce; what tools/needle_model/eval.py counts), and
 //   ruler: RULER's string_match_all, the mean over samples of the fraction of `outputs` found in
 //          the generated text (case-insensitive),
-// both in percent. This is the accuracy yardstick of the engine itself: offload and sparse
-// attention are judged by it against the all-on-GPU path.
+// both in percent, and the decode speed: tokens after the first over the time after the first,
+// summed over the cell's samples (run with --max-num-seqs 1 for one sequence's speed), with
+// speculative decoding's mean acceptance length. This is the accuracy yardstick of the engine
+// itself: offload and sparse attention are judged by it against the all-on-GPU path.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -80,7 +82,10 @@ double string_match_all(const std::string& prediction, const std::vector<std::st
 struct Cell {
   int n = 0;
   int exact = 0;
-  double ruler = 0;  // sum over samples
+  double ruler = 0;           // sum over samples
+  int64_t decode_tokens = 0;  // after each sample's first
+  double decode_seconds = 0;
+  RequestMetrics spec;  // the speculative counters summed over the samples
 };
 
 void run(Options& o) {
@@ -121,6 +126,11 @@ void run(Options& o) {
     c.n += 1;
     c.exact += exact ? 1 : 0;
     c.ruler += ruler;
+    c.decode_tokens += std::max<int64_t>(0, out.metrics.num_generated_tokens - 1);
+    c.decode_seconds += out.metrics.decode_seconds();
+    c.spec.num_drafts += out.metrics.num_drafts;
+    c.spec.num_draft_tokens += out.metrics.num_draft_tokens;
+    c.spec.num_accepted_tokens += out.metrics.num_accepted_tokens;
     if (!exact && shown < o.show_failures) {
       ++shown;
       std::fprintf(stdout, "failure %s (%s L=%lld): expected \"%s\" got \"%s\" (%s)\n",
@@ -141,12 +151,17 @@ void run(Options& o) {
                        {"exact", exact},
                        {"ruler", ruler}});
   }
-  std::fprintf(stdout, "%-18s %8s %5s %8s %8s\n", "task", "length", "n", "exact%", "ruler%");
+  const bool speculative = o.gen.model.speculative.enabled();
+  std::fprintf(stdout, "%-18s %8s %5s %8s %8s %9s%s\n", "task", "length", "n", "exact%", "ruler%",
+               "decode/s", speculative ? "   accept" : "");
   std::string below;
   for (const auto& [key, c] : cells) {
     const double exact = 100.0 * c.exact / c.n;
-    std::fprintf(stdout, "%-18s %8lld %5d %8.1f %8.1f\n", key.first.c_str(),
-                 static_cast<long long>(key.second), c.n, exact, 100.0 * c.ruler / c.n);
+    std::fprintf(stdout, "%-18s %8lld %5d %8.1f %8.1f %9.1f", key.first.c_str(),
+                 static_cast<long long>(key.second), c.n, exact, 100.0 * c.ruler / c.n,
+                 c.decode_seconds > 0 ? double(c.decode_tokens) / c.decode_seconds : 0.0);
+    if (speculative) std::fprintf(stdout, " %8.2f", c.spec.mean_acceptance_length());
+    std::fprintf(stdout, "\n");
     if (exact < o.fail_below && below.empty()) {
       below = key.first + " L=" + std::to_string(key.second) + ": exact " +
               std::to_string(c.exact) + "/" + std::to_string(c.n);
