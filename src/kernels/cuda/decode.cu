@@ -892,57 +892,55 @@ void check_shape(int num_qo_heads, int num_kv_heads, int head_dim) {
                 "decode: head_dim {} not supported (64, 128 or 256)", head_dim);
 }
 
-// Launches (or, with a == nullptr, only sets up) the cp.async kernel of this shape; returns its
-// resident CTAs per SM on the current device (0 when it launched: only plans ask).
-template <typename T, int D>
-int cp_async_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
-  auto go = [&](auto kernel) {
-    // The kernel needs > 48 KB of dynamic shared memory: opt in per (device, instantiation)
-    // (plan() calls this too, outside any graph capture).
-    require_dynamic_smem(kernel, RingShape<D>::kSmemBytes);
-    if (a != nullptr) {
-      launch_pdl(kernel, grid, dim3(kThreads), RingShape<D>::kSmemBytes, stream, *a);
-      return 0;
-    }
-    return std::max(occupancy_per_sm(kernel, kThreads, RingShape<D>::kSmemBytes), 1);
-  };
-  switch (gt) {
-    case 1:
-      return go(decode_ring_kernel<T, D, 1>);
-    case 2:
-      return go(decode_ring_kernel<T, D, 2>);
-    case 4:
-      return go(decode_ring_kernel<T, D, 4>);
-    default:
-      return go(decode_ring_kernel<T, D, 8>);
-  }
-}
-// The TMA kernel of this shape: launches it (with a != nullptr) or returns its resident CTAs per
-// SM on the current device.
-template <typename T, int D, int GT, int W>
-int tma_go(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = TmaShape<D, W>::kSmemBytes;
-  require_dynamic_smem(decode_tma_kernel<T, D, GT, W>, smem);
+// Sets up `kernel` (its opt-in to > 48 KB of dynamic shared memory, per device and
+// instantiation; plan() calls this too, outside any graph capture), then launches it with
+// (*a, rest...) when a != nullptr and returns 0, or returns its resident CTAs per SM on the
+// current device (plans ask with a == nullptr).
+template <typename Kernel, typename... Rest>
+int launch_or_count(Kernel kernel, int smem, const DecodeArgs* a, dim3 grid, cudaStream_t stream,
+                    const Rest&... rest) {
+  require_dynamic_smem(kernel, smem);
   if (a != nullptr) {
-    launch_pdl(decode_tma_kernel<T, D, GT, W>, grid, dim3(kThreads), smem, stream, *a, maps[0],
-               maps[1]);
+    launch_pdl(kernel, grid, dim3(kThreads), smem, stream, *a, rest...);
     return 0;
   }
-  return std::max(occupancy_per_sm(decode_tma_kernel<T, D, GT, W>, kThreads, smem), 1);
+  return std::max(occupancy_per_sm(kernel, kThreads, smem), 1);
 }
+
+// f(std::integral_constant<int, GT>{}) for the group tile gt (1, 2, 4 or 8: group_tile_of).
+template <typename F>
+int with_group_tile(int gt, F&& f) {
+  switch (gt) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    default:
+      return f(std::integral_constant<int, 8>{});
+  }
+}
+
+// The cp.async kernel of this shape: launch_or_count's contract.
+template <typename T, int D>
+int cp_async_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
+  return with_group_tile(gt, [&](auto tile) {
+    return launch_or_count(decode_ring_kernel<T, D, decltype(tile)::value>,
+                           RingShape<D>::kSmemBytes, a, grid, stream);
+  });
+}
+// The TMA kernel of this shape (W: stage width in ring tiles): launch_or_count's contract. maps:
+// the K and V tensor maps (read only when launching).
 template <typename T, int D, int W>
 int tma_launch_w(const DecodeArgs* a, const CUtensorMap* maps, dim3 grid, int gt,
                  cudaStream_t stream) {
-  switch (gt) {
-    case 1:
-      return tma_go<T, D, 1, W>(a, maps, grid, stream);
-    case 2:
-      return tma_go<T, D, 2, W>(a, maps, grid, stream);
-    case 4:
-      return tma_go<T, D, 4, W>(a, maps, grid, stream);
-    default:
-      return tma_go<T, D, 8, W>(a, maps, grid, stream);
-  }
+  static const CUtensorMap kUnused[2] = {};
+  const CUtensorMap* m = a != nullptr ? maps : kUnused;
+  return with_group_tile(gt, [&](auto tile) {
+    return launch_or_count(decode_tma_kernel<T, D, decltype(tile)::value, W>,
+                           TmaShape<D, W>::kSmemBytes, a, grid, stream, m[0], m[1]);
+  });
 }
 // loader 1: stages of the ring's tile; 2: of twice its tokens.
 template <typename T, int D>
@@ -977,27 +975,13 @@ int ring_launch_dim(int head_dim, const DecodeArgs* a, const CUtensorMap* maps, 
   }
 }
 
-// The FP8 kernel of this shape: launches it (a != nullptr) or returns its resident CTAs per SM.
+// The FP8 kernel of this shape: launch_or_count's contract.
 template <typename T, int D>
 int fp8_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
-  auto go = [&](auto kernel) {
-    require_dynamic_smem(kernel, Fp8Shape<D>::kSmemBytes);
-    if (a != nullptr) {
-      launch_pdl(kernel, grid, dim3(kThreads), Fp8Shape<D>::kSmemBytes, stream, *a);
-      return 0;
-    }
-    return std::max(occupancy_per_sm(kernel, kThreads, Fp8Shape<D>::kSmemBytes), 1);
-  };
-  switch (gt) {
-    case 1:
-      return go(decode_fp8_kernel<T, D, 1>);
-    case 2:
-      return go(decode_fp8_kernel<T, D, 2>);
-    case 4:
-      return go(decode_fp8_kernel<T, D, 4>);
-    default:
-      return go(decode_fp8_kernel<T, D, 8>);
-  }
+  return with_group_tile(gt, [&](auto tile) {
+    return launch_or_count(decode_fp8_kernel<T, D, decltype(tile)::value>, Fp8Shape<D>::kSmemBytes,
+                           a, grid, stream);
+  });
 }
 
 int fp8_ctas_per_sm(int head_dim, int group) {
