@@ -132,6 +132,7 @@ __global__ void align_kernel(const int32_t* __restrict__ ids, int64_t slots, int
     const int32_t first = cursor[e] / rows, tiles = (counts[e] + rows - 1) / rows;
     for (int32_t i = 0; i < tiles; ++i) o.tile_expert[first + i] = e;
   }
+  __syncthreads();  // the cursors are read above before the slots advance them below
   for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) {
     const int e = ids[s];
     int32_t row = -1;
