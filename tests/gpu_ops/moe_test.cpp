@@ -252,7 +252,7 @@ TEST_P(MoeGpuGraph, ReplayEqualsEager) {
     return out_bytes();
   };
   EXPECT_TRUE(replay() == want1) << "replay, same logits";
-  m.logits.copy_from(logits2);
+  m.logits.copy_from_async(logits2, stream.get());  // ordered before the replay
   const std::vector<uint8_t> got2 = replay();
   EXPECT_TRUE(got2 != want1) << "new logits left the output unchanged";
   LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
