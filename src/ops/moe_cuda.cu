@@ -25,7 +25,7 @@
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): GEMVs that read only the routed experts'
 //   rows, kMoeDecodeRowsPerWarp rows per warp with 16-byte loads (gate and up rows together,
 //   silu * up fused, activation in fp32), then down the same way, then the same combine. At batch
-//   1 on 30B-A3B shapes that is 8 x 24 blocks for gate/up and 8 x 64 for down.
+//   1 on 30B-A3B shapes that is 8 x 48 blocks for gate/up and 8 x 128 for down.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/func_attributes.h"

@@ -97,9 +97,12 @@ LONGCTX_HD_INLINE int64_t moe_tc_out_col(bool gate_up, int64_t col_tile, int wn,
 }
 
 // Decode GEMV: each warp computes kMoeDecodeRowsPerWarp output rows of one slot (for gate/up a
-// row is a gate row and its up row), with 256-thread blocks, so one block covers 32 rows.
+// row is a gate row and its up row), with 128-thread blocks, so one block covers 16 rows. Small
+// blocks spread a batch-1 step evenly: 30B-A3B's 8 slots give 384 gate/up and 1024 down blocks
+// for 132 SMs (with 256-thread blocks, 192 gate/up blocks would leave 60 SMs streaming two and
+// the rest one).
 constexpr int kMoeDecodeRowsPerWarp = 4;
-constexpr int kMoeDecodeWarps = 8;
+constexpr int kMoeDecodeWarps = 4;
 constexpr int kMoeDecodeRowsPerBlock = kMoeDecodeRowsPerWarp * kMoeDecodeWarps;
 inline int64_t moe_decode_blocks(int64_t n) {
   return (n + kMoeDecodeRowsPerBlock - 1) / kMoeDecodeRowsPerBlock;

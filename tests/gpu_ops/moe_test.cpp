@@ -121,8 +121,8 @@ TEST_P(MoeGpu, MatchesCpuTwin) {
   dv.out = Tensor::empty({c.tokens, c.hidden}, c.dtype, kGpu);
   LONGCTX_CUDA_CHECK(cudaMemsetAsync(dv.out.data_ptr(), 0xFF, dv.out.nbytes(), stream.get()));
   ops::moe_experts(dv);
+  stream.sync();  // count_non_finite runs on the legacy default stream
   EXPECT_EQ(count_non_finite(dv.out.data_ptr(), c.dtype, c.tokens, c.hidden, c.hidden), 0);
-  stream.sync();
   Tensor got = dv.out.to(Device::cpu()).to_dtype(DType::kF32);
   const bool bf16 = c.dtype == DType::kBF16, f16 = c.dtype == DType::kF16;
   const ops::MoePath path = ops::moe_path(c.tokens, c.hidden, c.inter, bf16 || f16, true);
