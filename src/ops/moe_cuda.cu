@@ -26,6 +26,8 @@
 //   rows, kMoeDecodeRowsPerWarp rows per warp with 16-byte loads (gate and up rows together,
 //   silu * up fused, activation in fp32), then down the same way, then the same combine. At batch
 //   1 on 30B-A3B shapes that is 8 x 48 blocks for gate/up and 8 x 128 for down.
+// The decode-step kernels (route, the GEMVs, combine) are launched with programmatic dependent
+// launch (kernels/cuda/pdl.cuh): each waits for the kernel before it first thing.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/func_attributes.h"
@@ -57,6 +59,8 @@ template <typename TL>
 __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int experts, int k,
                              bool renormalize, int32_t* __restrict__ ids,
                              float* __restrict__ weights) {
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= tokens) return;
@@ -378,6 +382,8 @@ __global__ void __launch_bounds__(32 * kMoeDecodeWarps)
     decode_gemv_kernel(const void* a_ptr, const void* w_ptr, const int32_t* __restrict__ ids,
                        int experts, int top_k, int64_t n, int64_t k, float* __restrict__ out) {
   constexpr int R = kMoeDecodeRowsPerWarp;
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t row0 = (int64_t(blockIdx.x) * kMoeDecodeWarps + threadIdx.x / 32) * R;
   const int64_t slot = blockIdx.y;
@@ -449,6 +455,8 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
                                const float* __restrict__ weights, int64_t tokens, int top_k,
                                int64_t hidden, const void* shared, DType shared_dtype,
                                const void* shared_gate, DType gate_dtype, TO* __restrict__ out) {
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * hidden) return;
   const int64_t t = i / hidden, c = i % hidden;
@@ -485,9 +493,10 @@ void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_i
   constexpr int kWarps = 4;
   visit_float(logits.dtype(), "moe_route", [&](auto tl) {
     using TL = decltype(tl);
-    route_kernel<TL><<<unsigned((t + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(
-        static_cast<const TL*>(logits.data_ptr()), t, e, k, renormalize, topk_ids.data<int32_t>(),
-        topk_weights.data<float>());
+    kernels::cuda::launch_pdl(route_kernel<TL>, dim3(unsigned((t + kWarps - 1) / kWarps)),
+                              dim3(32 * kWarps), 0, stream,
+                              static_cast<const TL*>(logits.data_ptr()), t, e, k, renormalize,
+                              topk_ids.data<int32_t>(), topk_weights.data<float>());
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -522,23 +531,20 @@ void moe_experts_cuda(const MoeArgs& a) {
     const dim3 grid2(unsigned(moe_decode_blocks(s.hidden)), unsigned(slots));
     constexpr int kThreads = 32 * kMoeDecodeWarps;
     const int32_t* ids = a.topk_ids.data<int32_t>();
+    // Launched with PDL, as the row-wise ops: each starts under the tail of the kernel before.
+    auto gemv = [&](auto kernel, dim3 grid, const void* in, const void* w, int64_t n, int64_t len,
+                    float* out) {
+      kernels::cuda::launch_pdl(kernel, grid, dim3(kThreads), 0, stream, in, w, ids, experts, k, n,
+                                len, out);
+    };
     visit_act_weight(a.x.dtype(), wt, [&](auto ta, auto tw) {
       using TA = decltype(ta);
       using TW = decltype(tw);
-      if (vec1)
-        decode_gemv_kernel<TA, TW, true, true>
-            <<<grid1, kThreads, 0, stream>>>(a.x.data_ptr(), a.gate_up.data_ptr(), ids, experts, k,
-                                             s.inter, s.hidden, act.data<float>());
-      else
-        decode_gemv_kernel<TA, TW, true, false>
-            <<<grid1, kThreads, 0, stream>>>(a.x.data_ptr(), a.gate_up.data_ptr(), ids, experts, k,
-                                             s.inter, s.hidden, act.data<float>());
-      if (vec2)
-        decode_gemv_kernel<float, TW, false, true><<<grid2, kThreads, 0, stream>>>(
-            act.data_ptr(), a.down.data_ptr(), ids, experts, k, s.hidden, s.inter, y.data<float>());
-      else
-        decode_gemv_kernel<float, TW, false, false><<<grid2, kThreads, 0, stream>>>(
-            act.data_ptr(), a.down.data_ptr(), ids, experts, k, s.hidden, s.inter, y.data<float>());
+      gemv(vec1 ? decode_gemv_kernel<TA, TW, true, true> : decode_gemv_kernel<TA, TW, true, false>,
+           grid1, a.x.data_ptr(), a.gate_up.data_ptr(), s.inter, s.hidden, act.data<float>());
+      gemv(vec2 ? decode_gemv_kernel<float, TW, false, true>
+                : decode_gemv_kernel<float, TW, false, false>,
+           grid2, act.data_ptr(), a.down.data_ptr(), s.hidden, s.inter, y.data<float>());
     });
     LONGCTX_CUDA_CHECK(cudaGetLastError());
   } else {
@@ -610,11 +616,13 @@ void moe_experts_cuda(const MoeArgs& a) {
   const int64_t n = s.tokens * s.hidden;
   visit_float(a.out.dtype(), "moe_experts", [&](auto to) {
     using TO = decltype(to);
-    combine_kernel<TO><<<unsigned((n + 255) / 256), 256, 0, stream>>>(
-        y.data<float>(), inv, a.topk_weights.data<float>(), s.tokens, k, s.hidden,
-        a.shared.defined() ? a.shared.data_ptr() : nullptr, a.shared.dtype(),
-        a.shared_gate.defined() ? a.shared_gate.data_ptr() : nullptr, a.shared_gate.dtype(),
-        static_cast<TO*>(a.out.data_ptr()));
+    kernels::cuda::launch_pdl(combine_kernel<TO>, dim3(unsigned((n + 255) / 256)), dim3(256), 0,
+                              stream, static_cast<const float*>(y.data<float>()), inv,
+                              static_cast<const float*>(a.topk_weights.data<float>()), s.tokens, k,
+                              s.hidden, a.shared.defined() ? a.shared.data_ptr() : nullptr,
+                              a.shared.dtype(),
+                              a.shared_gate.defined() ? a.shared_gate.data_ptr() : nullptr,
+                              a.shared_gate.dtype(), static_cast<TO*>(a.out.data_ptr()));
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
