@@ -4,6 +4,9 @@ dummy preset qwen3-0.6b), sdpa attention, batched `generate`.
 
   python3 bench/engine/hf_peer.py throughput --num-seqs 256 --batch-size 256
   python3 bench/engine/hf_peer.py latency --input-len 32768 --output-len 128
+  python3 bench/engine/hf_peer.py throughput --model qwen3-30b-a3b --num-seqs 256 --batch-size 64
+  (--model qwen3-30b-a3b: Qwen3MoeForCausalLM at the engine's preset qwen3-30b-a3b, the config of
+  bench/model/hf_peer.py; 61 GB of bf16 weights)
 
 Throughput: nano-vllm's workload (prompt lengths 100-1024 of random ids in [0, 10000], output
 lengths 100-1024, temperature 0.6, EOS ignored) drawn with the same distribution (not the same
@@ -29,10 +32,26 @@ def qwen3_06b() -> Qwen3Config:
         pad_token_id=0, eos_token_id=151645, bos_token_id=151643)
 
 
-def make_model() -> Qwen3ForCausalLM:
+def make_model(name: str = "qwen3-0.6b"):
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(qwen3_06b()).to(torch.bfloat16).eval()
+    if name == "qwen3-30b-a3b":
+        import importlib.util
+        import os
+
+        from transformers import AutoModelForCausalLM
+
+        # One definition of the config: bench/model/hf_peer.py's.
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model", "hf_peer.py")
+        spec = importlib.util.spec_from_file_location("model_hf_peer", path)
+        peer = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(peer)
+        cfg = peer.qwen3_30b_a3b()
+        cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id = 0, 151645, 151643
+        with torch.device("cuda"):  # built in bf16: fp32 parameters would not fit
+            model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).eval()
+    else:
+        with torch.device("cuda"):
+            model = Qwen3ForCausalLM(qwen3_06b()).to(torch.bfloat16).eval()
     for p in model.parameters():
         p.data.normal_(0, 0.02)
     return model
@@ -53,7 +72,7 @@ def generate(model, prompts, max_new, temperature):
 
 
 def throughput(a) -> None:
-    model = make_model()
+    model = make_model(a.model)
     rng = random.Random(a.seed)
     prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, 1024))]
                for _ in range(a.num_seqs)]
@@ -76,7 +95,7 @@ def throughput(a) -> None:
 
 
 def latency(a) -> None:
-    model = make_model()
+    model = make_model(a.model)
     rng = random.Random(a.seed)
     ttft, e2e = [], []
     with torch.inference_mode():
@@ -118,6 +137,8 @@ def main() -> None:
     lat.add_argument("--num-iters", type=int, default=3)
     lat.add_argument("--num-warmup", type=int, default=1)
     lat.add_argument("--seed", type=int, default=0)
+    for p in (t, lat):
+        p.add_argument("--model", default="qwen3-0.6b", choices=["qwen3-0.6b", "qwen3-30b-a3b"])
     a = ap.parse_args()
     throughput(a) if a.mode == "throughput" else latency(a)
 

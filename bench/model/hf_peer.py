@@ -4,6 +4,9 @@ same GPU, timed the same way:
   python3 bench/model/hf_peer.py --contexts 32768,131072 --decode-steps 32
   python3 bench/model/hf_peer.py --model gemma-3-12b --contexts 32000 --decode-steps 32
   (--model qwen3-8b-yarn-128k: Qwen3-8B with the yarn recipe for 128K)
+  python3 bench/model/hf_peer.py --model qwen3-30b-a3b --contexts 32768 --decode-steps 32
+  (Qwen3MoeForCausalLM at the engine's preset qwen3-30b-a3b: 128 experts, top-8, 61 GB of bf16
+  weights, so an H200 or an 80 GB card with little else on it; transformers' own MoE block)
 Prefill = one forward of the prompt with use_cache (logits of the last position only);
 decode = one token per forward after the first context, batch 1.
 """
@@ -61,8 +64,26 @@ def qwen3_8b_yarn_128k():
     return Qwen3Config(rope_theta=1e6, rope_scaling=yarn, **kw)
 
 
+def qwen3_30b_a3b():
+    # The engine's preset qwen3-30b-a3b (src/loader/dummy.cpp), field for field: Qwen3-30B-A3B's
+    # published shapes, every layer sparse.
+    import inspect
+
+    from transformers import Qwen3MoeConfig
+
+    kw = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+              num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+              moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+              output_router_logits=False, max_position_embeddings=40960, rms_norm_eps=1e-6,
+              tie_word_embeddings=False, torch_dtype=torch.bfloat16, attn_implementation="sdpa")
+    if "rope_parameters" in inspect.signature(Qwen3MoeConfig.__init__).parameters:  # 5.x
+        return Qwen3MoeConfig(rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **kw)
+    return Qwen3MoeConfig(rope_theta=1e6, **kw)
+
+
 CONFIGS = {"llama-3.1-8b": llama31_8b, "gemma-3-12b": gemma3_12b,
-           "qwen3-8b-yarn-128k": qwen3_8b_yarn_128k}
+           "qwen3-8b-yarn-128k": qwen3_8b_yarn_128k, "qwen3-30b-a3b": qwen3_30b_a3b}
 
 
 def main() -> None:

@@ -21,6 +21,7 @@
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
 #include "longctx/models/model.h"
+#include "ops/moe_schedule.h"
 
 namespace longctx {
 
@@ -75,10 +76,12 @@ int64_t expert_weight_bytes(const ModelConfig& config) {
 }
 
 // The MoE op's buffers that do not grow with the tokens: each expert's run of rows is padded to
-// whole 64-row tiles (ops/moe_cuda.cu), up to 63 rows of fp32 activation and output per expert.
+// whole row tiles (ops/moe_schedule.h: 128 rows on the tensor-core path, 64 on the SIMT one), up
+// to a tile of activation (at most fp32) and fp32 output rows per expert.
 int64_t moe_fixed_bytes(const ModelConfig& c) {
   if (c.moe.num_experts == 0) return 0;
-  return c.moe.num_experts * 64 * 4 * (c.moe.moe_intermediate_size + c.hidden_size + 1);
+  const int64_t rows = std::max(ops::kMoeTcRows, ops::kMoeSimtRows);
+  return c.moe.num_experts * rows * 4 * (c.moe.moe_intermediate_size + c.hidden_size + 1);
 }
 
 }  // namespace

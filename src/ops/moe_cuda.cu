@@ -1,27 +1,40 @@
 // CUDA twins of the MoE ops. No step reads expert counts on the host, so a decode step with
-// routing inside stays capturable in a CUDA graph.
+// routing inside stays capturable in a CUDA graph. Tile sizes and index maps: moe_schedule.h.
 //
 // moe_route: one warp per token: softmax in fp32 (expf), then k rounds of a warp argmax over the
 // total order (probability descending, expert index ascending), each round taking the first
 // expert after the previous pick, so nothing is marked and ties go to the lower index.
 //
-// moe_experts, prefill (more than kDecodeMaxTokens tokens):
+// moe_experts, prefill (more than kMoeDecodeMaxTokens tokens):
 //   align:   one block counts the slots (token, j) per expert, pads each expert's run to whole
-//            BM-row tiles, lists each tile's expert and each padded row's slot (-1: padding), and
+//            row tiles, lists each tile's expert and each padded row's slot (-1: padding), and
 //            each slot's row (inv);
 //   gate_up: a grouped GEMM over the tiles: rows gathered from x by slot, the expert's gate and
 //            up rows as two accumulators, silu(gate) * up written as the activation row;
 //   down:    the same grouped GEMM over the activations into fp32 rows;
 //   combine: out[t] = sum_j weight[t, j] * row(inv[t, j]) (+ sigmoid(shared_gate) * shared),
 //            in a fixed j order, so the result does not depend on the atomics' order.
-//   The GEMMs are launched over the most tiles the routing can need (ceil(T k / BM) + E); the
-//   tiles past the count the align step wrote return at once.
-// moe_experts, decode: one warp per (slot, output row) dot product that reads only the routed
-// experts' rows, then the same combine.
+//   The GEMMs are launched over the most tiles the routing can need (moe_max_tiles); the tiles
+//   past the count the align step wrote return at once.
+//   Two GEMM kernels (moe_path): the tensor-core one (128 x 128 tiles, mma.sync m16n8k16 with
+//   fp32 accumulation, a 3-stage cp.async ring that gathers the rows; the activation rounded to
+//   the 16-bit dtype between the GEMMs, as transformers keeps it) when x and the weights share a
+//   16-bit dtype and hidden, inter are multiples of 8 with 16-byte aligned data; else the SIMT
+//   one (64 x 64 tiles of fp32 FMAs, activation in fp32), which serves f32 and mixed-dtype
+//   operands and rows that are not whole 16-byte chunks.
+// moe_experts, decode (<= kMoeDecodeMaxTokens tokens): GEMVs that read only the routed experts'
+//   rows, kMoeDecodeRowsPerWarp rows per warp with 16-byte loads (gate and up rows together,
+//   silu * up fused, activation in fp32), then down the same way, then the same combine. At batch
+//   1 on 30B-A3B shapes that is 8 x 48 blocks for gate/up and 8 x 128 for down.
+// The decode-step kernels (route, the GEMVs, combine) are launched with programmatic dependent
+// launch (kernels/cuda/pdl.cuh): each waits for the kernel before it first thing.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/func_attributes.h"
+#include "kernels/cuda/mma_device.cuh"
 #include "longctx/core/stream.h"
 #include "ops/moe.h"
+#include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
 
 namespace longctx::ops {
@@ -29,9 +42,7 @@ namespace longctx::ops {
 namespace {
 
 using namespace cuda_detail;
-
-constexpr int kBM = 64, kBN = 64, kBK = 16;  // grouped GEMM tile
-constexpr int64_t kDecodeMaxTokens = 4;
+using namespace kernels::cuda::detail;  // NOLINT: the PTX wrappers of mma_device.cuh
 
 // ---- routing ----
 
@@ -48,6 +59,8 @@ template <typename TL>
 __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int experts, int k,
                              bool renormalize, int32_t* __restrict__ ids,
                              float* __restrict__ weights) {
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= tokens) return;
@@ -87,42 +100,48 @@ __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int 
 // ---- prefill: align, grouped GEMMs ----
 
 struct AlignOut {
-  int32_t* counts;       // [E]
-  int32_t* cursor;       // [E]
   int32_t* tile_expert;  // [max_tiles]
   int32_t* num_tiles;    // [1]
-  int32_t* sorted;       // [max_tiles * kBM]: the slot of each padded row, -1 for padding
+  int32_t* sorted;       // [max_tiles * rows]: the slot of each padded row, -1 for padding
   int32_t* inv;          // [slots]: the padded row of each slot
 };
 
-// One block. Ids outside [0, E) (the CPU twin refuses them) are dropped: their slots get row -1
-// and add nothing.
-__global__ void align_kernel(const int32_t* __restrict__ ids, int64_t slots, int experts,
+// One block; counts and cursors in shared memory ([2 experts] ints). Ids outside [0, E) (the CPU
+// twin refuses them) are dropped: their slots get row -1 and add nothing. The order of the rows
+// within an expert's run depends on the atomics, but each row is computed on its own and the
+// combine reads them by slot, so the result does not.
+__global__ void align_kernel(const int32_t* __restrict__ ids, int64_t slots, int experts, int rows,
                              int64_t max_tiles, AlignOut o) {
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) o.counts[e] = 0;
-  for (int64_t i = threadIdx.x; i < max_tiles * kBM; i += blockDim.x) o.sorted[i] = -1;
+  extern __shared__ int32_t s_align[];
+  int32_t* counts = s_align;
+  int32_t* cursor = s_align + experts;
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
+  for (int64_t i = threadIdx.x; i < max_tiles * rows; i += blockDim.x) o.sorted[i] = -1;
   __syncthreads();
   for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) {
     const int e = ids[s];
-    if (e >= 0 && e < experts) atomicAdd(&o.counts[e], 1);
+    if (e >= 0 && e < experts) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     int32_t tile = 0;
     for (int e = 0; e < experts; ++e) {
-      o.cursor[e] = tile * kBM;
-      const int32_t tiles = (o.counts[e] + kBM - 1) / kBM;
-      for (int32_t i = 0; i < tiles; ++i) o.tile_expert[tile + i] = e;
-      tile += tiles;
+      cursor[e] = tile * rows;
+      tile += (counts[e] + rows - 1) / rows;
     }
     *o.num_tiles = tile;
   }
   __syncthreads();
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    const int32_t first = cursor[e] / rows, tiles = (counts[e] + rows - 1) / rows;
+    for (int32_t i = 0; i < tiles; ++i) o.tile_expert[first + i] = e;
+  }
+  __syncthreads();  // the cursors are read above before the slots advance them below
   for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) {
     const int e = ids[s];
     int32_t row = -1;
     if (e >= 0 && e < experts) {
-      row = atomicAdd(&o.cursor[e], 1);
+      row = atomicAdd(&cursor[e], 1);
       o.sorted[row] = static_cast<int32_t>(s);
     }
     o.inv[s] = row;
@@ -130,9 +149,9 @@ __global__ void align_kernel(const int32_t* __restrict__ ids, int64_t slots, int
 }
 
 struct GemmArgs {
-  const void* a;               // gate_up: x [T, K]; down: act [rows, K] f32
+  const void* a;               // gate_up: x [T, K]; down: act [rows, K]
   const void* w;               // [E, N_total, K]
-  float* out;                  // gate_up: act [rows, N]; down: y [rows, N]
+  void* out;                   // gate_up: act [rows, N]; down: y [rows, N] f32
   const int32_t* sorted;       // padded row -> slot
   const int32_t* tile_expert;  // tile -> expert
   const int32_t* num_tiles;
@@ -140,11 +159,13 @@ struct GemmArgs {
   int64_t n, k;  // output columns (inter for gate_up, hidden for down), reduction length
 };
 
-// A [kBM, kBN] tile of one expert's rows. kGateUp: A rows are x[slot / top_k] and two
-// accumulators take the gate rows [n0, n0 + kBN) and the up rows [n + n0, ...) of W, written as
-// silu(gate) * up; else A rows are the activation rows themselves.
+// SIMT path (f32 or mixed operands, rows not 16-byte chunks): a [kBM, kBN] tile of one expert's
+// rows on fp32 FMAs. kGateUp: A rows are x[slot / top_k] and two accumulators take the gate rows
+// [n0, n0 + kBN) and the up rows [n + n0, ...) of W, written as silu(gate) * up in f32; else A
+// rows are the (f32) activation rows themselves.
 template <typename TA, typename TW, bool kGateUp>
-__global__ void __launch_bounds__(256) grouped_gemm_kernel(GemmArgs g) {
+__global__ void __launch_bounds__(256) simt_grouped_gemm_kernel(GemmArgs g) {
+  constexpr int kBM = kMoeSimtRows, kBN = kMoeSimtCols, kBK = 16;
   const int tile = blockIdx.y;
   if (tile >= *g.num_tiles) return;
   const int e = g.tile_expert[tile];
@@ -195,6 +216,7 @@ __global__ void __launch_bounds__(256) grouped_gemm_kernel(GemmArgs g) {
     }
     __syncthreads();
   }
+  float* out = static_cast<float*>(g.out);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = tr + 16 * i;
@@ -206,56 +228,222 @@ __global__ void __launch_bounds__(256) grouped_gemm_kernel(GemmArgs g) {
       if (n >= g.n) continue;
       float v = acc[0][i][j];
       if constexpr (kGateUp) v = v / (1.0f + expf(-v)) * acc[1][i][j];
-      g.out[row * g.n + n] = v;
+      out[row * g.n + n] = v;
     }
   }
 }
 
-// ---- decode: one warp per (slot, output column) ----
+// Tensor-core path: a [kMoeTcRows, kMoeTcWRows] tile of one expert's rows (moe_schedule.h has the
+// layout). 8 warps, 2 along the rows (64 each: 4 m16 tiles) x 4 along the weight rows (32 each:
+// 4 n8 tiles); A and W tiles of kMoeTcK columns come by cp.async into a kMoeTcStages-deep ring of
+// swizzled shared-memory stages (the A rows gathered by slot in the copies, padding rows and
+// columns past K zero-filled), fragments by ldmatrix, mma.sync m16n8k16 with fp32 accumulators.
+// kGateUp: the warp's n-tiles 0-1 hold gate columns and 2-3 the up columns of the same
+// activation columns; the epilogue writes silu(gate) * up rounded to T (the down GEMM's A
+// operand). Else the accumulators are written as f32 rows for the combine.
+template <typename T, bool kGateUp>
+__global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmArgs g) {
+  constexpr int BM = kMoeTcRows, WR = kMoeTcWRows, BK = kMoeTcK, kStages = kMoeTcStages;
+  constexpr int kChunks = BK / 8;  // 16-byte chunks per tile row
+  static_assert(kChunks == 8 && kMoeTcThreads == 256 && BM == 128 && WR == 128);
+  const int tile = blockIdx.y;
+  if (tile >= *g.num_tiles) return;
+  const int e = g.tile_expert[tile];
+  const int64_t col_tile = blockIdx.x;
+  const int64_t w_rows = kGateUp ? 2 * g.n : g.n;
+  const T* __restrict__ w = static_cast<const T*>(g.w) + int64_t(e) * w_rows * g.k;
+  const T* __restrict__ a = static_cast<const T*>(g.a);
+  extern __shared__ __align__(128) uint8_t smem[];
+  T* s_a = reinterpret_cast<T*>(smem);  // [kStages][BM][BK]
+  T* s_w = s_a + kStages * BM * BK;     // [kStages][WR][BK]
+  __shared__ int64_t a_row[BM];         // source row of A per tile row, -1: padding
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid < BM) {
+    const int32_t slot = g.sorted[int64_t(tile) * BM + tid];
+    a_row[tid] = slot < 0 ? -1 : (kGateUp ? slot / g.top_k : int64_t(tile) * BM + tid);
+  }
+  __syncthreads();
+
+  // Copies: thread tid takes chunk tid % 8 of rows tid / 8 + 32 i (i < 4) of both tiles: each
+  // row's 8 chunks are 128 contiguous bytes (coalesced) and land conflict-free when swizzled.
+  const int lc = tid % kChunks, lr = tid / kChunks;
+  constexpr int kRowsPerPass = kMoeTcThreads / kChunks;  // 32
+  const int num_k = static_cast<int>((g.k + BK - 1) / BK);
+  auto load_stage = [&](int kt, int stage) {
+    const int64_t kc = int64_t(kt) * BK + lc * 8;
+    const bool k_ok = kc < g.k;  // K % 8 == 0: a chunk is all in or all out
+    T* da = s_a + stage * BM * BK;
+    T* dw = s_w + stage * WR * BK;
+#pragma unroll
+    for (int i = 0; i < BM / kRowsPerPass; ++i) {
+      const int r = lr + i * kRowsPerPass;
+      const int64_t ar = a_row[r];
+      const bool ok = k_ok && ar >= 0;
+      cp_async_16(smem_addr(da + swz<BK>(r, lc)), ok ? a + ar * g.k + kc : a, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < WR / kRowsPerPass; ++i) {
+      const int r = lr + i * kRowsPerPass;
+      const int64_t wr = moe_tc_w_row(kGateUp, col_tile, r, g.n);
+      const bool ok = k_ok && wr >= 0;
+      cp_async_16(smem_addr(dw + swz<BK>(r, lc)), ok ? w + wr * g.k + kc : w, ok ? 16 : 0);
+    }
+  };
+
+  const int wm = warp / 4, wn = warp % 4;
+  float acc[4][4][4];
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+      acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_k) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < num_k; ++kt) {
+    cp_async_wait<kStages - 2>();  // stage kt has landed (this thread's copies) ...
+    __syncthreads();               // ... everyone's, and stage kt - 1 is no longer read
+    const int nk = kt + kStages - 1;
+    if (nk < num_k) load_stage(nk, nk % kStages);
+    cp_async_commit();
+    const T* sa = s_a + (kt % kStages) * BM * BK;
+    const T* sw = s_w + (kt % kStages) * WR * BK;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t af[4][4];
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi) {
+        const int r = wm * 64 + mi * 16 + (lane & 15);
+        ldmatrix_x4(af[mi], smem_addr(sa + swz<BK>(r, kk * 2 + (lane >> 4))));
+      }
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj) {
+        uint32_t bf[4];
+        const int r = moe_tc_warp_w_row(kGateUp, wn, 2 * nj) + ((lane >> 4) << 3) + (lane & 7);
+        ldmatrix_x4(bf, smem_addr(sw + swz<BK>(r, kk * 2 + ((lane >> 3) & 1))));
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi) {
+          Mma<T>::k16(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
+          Mma<T>::k16(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: accumulator element (h, e) of a thread is row g + 8 h, column 2 t4 + e of its
+  // m16n8 tile. n % 8 == 0 and columns come in even pairs, so a pair is all in or all out.
+  const int gq = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * 64 + mi * 16 + gq + 8 * h;
+      if (a_row[r] < 0) continue;
+      const int64_t row = int64_t(tile) * BM + r;
+      if constexpr (kGateUp) {
+        T* out = static_cast<T*>(g.out);
+#pragma unroll
+        for (int ni = 0; ni < 2; ++ni) {
+          const int64_t col = moe_tc_out_col(true, col_tile, wn, ni, t4, 0);
+          if (col >= g.n) continue;
+          float v[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float gate = acc[mi][ni][2 * h + c], up = acc[mi][ni + 2][2 * h + c];
+            v[c] = gate / (1.0f + expf(-gate)) * up;
+          }
+          *reinterpret_cast<uint32_t*>(out + row * g.n + col) = Mma<T>::pack(v[0], v[1]);
+        }
+      } else {
+        float* out = static_cast<float*>(g.out);
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+          const int64_t col = moe_tc_out_col(false, col_tile, wn, ni, t4, 0);
+          if (col >= g.n) continue;
+          *reinterpret_cast<float2*>(out + row * g.n + col) =
+              make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        }
+      }
+    }
+}
+
+// ---- decode: each warp kMoeDecodeRowsPerWarp output rows of one slot ----
 
 // kVecLoads: 16-byte loads of 8 elements per lane (k % 8 == 0, rows 16-byte aligned), so a warp
-// streams 256 elements of a weight row per step; else one element per lane.
+// streams 256 elements of each of its rows per step, with all its rows' loads (for gate/up: 2 x
+// kMoeDecodeRowsPerWarp 16-byte loads) in flight at once; else one element per lane. Rows past n
+// read row n - 1 (so the loads stay branch-free) and are not written.
 template <typename TA, typename TW, bool kGateUp, bool kVecLoads>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(32 * kMoeDecodeWarps)
     decode_gemv_kernel(const void* a_ptr, const void* w_ptr, const int32_t* __restrict__ ids,
                        int experts, int top_k, int64_t n, int64_t k, float* __restrict__ out) {
+  constexpr int R = kMoeDecodeRowsPerWarp;
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
-  const int64_t col = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int64_t row0 = (int64_t(blockIdx.x) * kMoeDecodeWarps + threadIdx.x / 32) * R;
   const int64_t slot = blockIdx.y;
-  if (col >= n) return;
+  if (row0 >= n) return;
   const int e = ids[slot];
   if (e < 0 || e >= experts) {
-    if (lane == 0) out[slot * n + col] = 0.f;
+    if (lane < R && row0 + lane < n) out[slot * n + row0 + lane] = 0.f;
     return;
   }
   const int64_t w_rows = kGateUp ? 2 * n : n;
   const TW* w = static_cast<const TW*>(w_ptr) + int64_t(e) * w_rows * k;
   const TA* a = static_cast<const TA*>(a_ptr) + (kGateUp ? slot / top_k : slot) * k;
-  float s0 = 0.f, s1 = 0.f;
-  if constexpr (kVecLoads) {
-    for (int64_t i = int64_t(lane) * kVec; i < k; i += 32 * kVec) {
-      float x[kVec], w0[kVec], w1[kVec];
-      load<kVec>(a + i, x);
-      load<kVec>(w + col * k + i, w0);
-      if constexpr (kGateUp) load<kVec>(w + (n + col) * k + i, w1);
+  const TW* wg[R];
+  const TW* wu[R];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        s0 = fmaf(w0[j], x[j], s0);
-        if constexpr (kGateUp) s1 = fmaf(w1[j], x[j], s1);
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = min(row0 + r, n - 1);
+    wg[r] = w + row * k;
+    wu[r] = w + (kGateUp ? n + row : row) * k;
+  }
+  float s0[R] = {}, s1[R] = {};
+  if constexpr (kVecLoads) {
+#pragma unroll 2
+    for (int64_t i = int64_t(lane) * kVec; i < k; i += 32 * kVec) {
+      float x[kVec];
+      load<kVec>(a + i, x);
+      float w0[R][kVec], w1[R][kVec];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        load<kVec>(wg[r] + i, w0[r]);
+        if constexpr (kGateUp) load<kVec>(wu[r] + i, w1[r]);
       }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          s0[r] = fmaf(w0[r][j], x[j], s0[r]);
+          if constexpr (kGateUp) s1[r] = fmaf(w1[r][j], x[j], s1[r]);
+        }
     }
   } else {
     for (int64_t i = lane; i < k; i += 32) {
       const float x = to_f32(a[i]);
-      s0 = fmaf(to_f32(w[col * k + i]), x, s0);
-      if constexpr (kGateUp) s1 = fmaf(to_f32(w[(n + col) * k + i]), x, s1);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        s0[r] = fmaf(to_f32(wg[r][i]), x, s0[r]);
+        if constexpr (kGateUp) s1[r] = fmaf(to_f32(wu[r][i]), x, s1[r]);
+      }
     }
   }
-  for (int o = 16; o > 0; o /= 2) {
-    s0 += __shfl_xor_sync(0xffffffffu, s0, o);
-    if constexpr (kGateUp) s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-  }
-  if (lane == 0) out[slot * n + col] = kGateUp ? s0 / (1.0f + expf(-s0)) * s1 : s0;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    for (int o = 16; o > 0; o /= 2) {
+      s0[r] += __shfl_xor_sync(0xffffffffu, s0[r], o);
+      if constexpr (kGateUp) s1[r] += __shfl_xor_sync(0xffffffffu, s1[r], o);
+    }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (lane == r && row0 + r < n)
+      out[slot * n + row0 + r] = kGateUp ? s0[r] / (1.0f + expf(-s0[r])) * s1[r] : s0[r];
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -267,6 +455,8 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
                                const float* __restrict__ weights, int64_t tokens, int top_k,
                                int64_t hidden, const void* shared, DType shared_dtype,
                                const void* shared_gate, DType gate_dtype, TO* __restrict__ out) {
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * hidden) return;
   const int64_t t = i / hidden, c = i % hidden;
@@ -303,9 +493,10 @@ void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_i
   constexpr int kWarps = 4;
   visit_float(logits.dtype(), "moe_route", [&](auto tl) {
     using TL = decltype(tl);
-    route_kernel<TL><<<unsigned((t + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(
-        static_cast<const TL*>(logits.data_ptr()), t, e, k, renormalize, topk_ids.data<int32_t>(),
-        topk_weights.data<float>());
+    kernels::cuda::launch_pdl(route_kernel<TL>, dim3(unsigned((t + kWarps - 1) / kWarps)),
+                              dim3(32 * kWarps), 0, stream,
+                              static_cast<const TL*>(logits.data_ptr()), t, e, k, renormalize,
+                              topk_ids.data<int32_t>(), topk_weights.data<float>());
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -321,58 +512,66 @@ void moe_experts_cuda(const MoeArgs& a) {
   if (s.tokens == 0) return;
   const int64_t slots = s.tokens * s.top_k;
   const int k = static_cast<int>(s.top_k), experts = static_cast<int>(s.experts);
+  const DType wt = a.gate_up.dtype();
+  const bool tc_operands = (wt == DType::kBF16 || wt == DType::kF16) && a.x.dtype() == wt;
+  const bool aligned =
+      aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr()) && aligned16(a.down.data_ptr());
+  const MoePath path = moe_path(s.tokens, s.hidden, s.inter, tc_operands, aligned);
   const int32_t* inv = nullptr;
   Tensor y;              // [rows, hidden] f32: each slot's expert output
   Tensor align_buffers;  // holds inv until the combine is enqueued
-  if (s.tokens <= kDecodeMaxTokens) {
+  if (path == MoePath::kDecode) {
     Tensor act = Tensor::empty({slots, s.inter}, DType::kF32, d);
     y = Tensor::empty({slots, s.hidden}, DType::kF32, d);
     const bool vec1 =
         s.hidden % kVec == 0 && aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr());
     const bool vec2 =
         s.inter % kVec == 0 && aligned16(act.data_ptr()) && aligned16(a.down.data_ptr());
-    const dim3 grid1(unsigned((s.inter + 7) / 8), unsigned(slots));
-    const dim3 grid2(unsigned((s.hidden + 7) / 8), unsigned(slots));
+    const dim3 grid1(unsigned(moe_decode_blocks(s.inter)), unsigned(slots));
+    const dim3 grid2(unsigned(moe_decode_blocks(s.hidden)), unsigned(slots));
+    constexpr int kThreads = 32 * kMoeDecodeWarps;
     const int32_t* ids = a.topk_ids.data<int32_t>();
-    visit_act_weight(a.x.dtype(), a.gate_up.dtype(), [&](auto ta, auto tw) {
+    // Launched with PDL, as the row-wise ops: each starts under the tail of the kernel before.
+    auto gemv = [&](auto kernel, dim3 grid, const void* in, const void* w, int64_t n, int64_t len,
+                    float* out) {
+      kernels::cuda::launch_pdl(kernel, grid, dim3(kThreads), 0, stream, in, w, ids, experts, k, n,
+                                len, out);
+    };
+    visit_act_weight(a.x.dtype(), wt, [&](auto ta, auto tw) {
       using TA = decltype(ta);
       using TW = decltype(tw);
-      if (vec1)
-        decode_gemv_kernel<TA, TW, true, true>
-            <<<grid1, 256, 0, stream>>>(a.x.data_ptr(), a.gate_up.data_ptr(), ids, experts, k,
-                                        s.inter, s.hidden, act.data<float>());
-      else
-        decode_gemv_kernel<TA, TW, true, false>
-            <<<grid1, 256, 0, stream>>>(a.x.data_ptr(), a.gate_up.data_ptr(), ids, experts, k,
-                                        s.inter, s.hidden, act.data<float>());
-      if (vec2)
-        decode_gemv_kernel<float, TW, false, true><<<grid2, 256, 0, stream>>>(
-            act.data_ptr(), a.down.data_ptr(), ids, experts, k, s.hidden, s.inter, y.data<float>());
-      else
-        decode_gemv_kernel<float, TW, false, false><<<grid2, 256, 0, stream>>>(
-            act.data_ptr(), a.down.data_ptr(), ids, experts, k, s.hidden, s.inter, y.data<float>());
+      gemv(vec1 ? decode_gemv_kernel<TA, TW, true, true> : decode_gemv_kernel<TA, TW, true, false>,
+           grid1, a.x.data_ptr(), a.gate_up.data_ptr(), s.inter, s.hidden, act.data<float>());
+      gemv(vec2 ? decode_gemv_kernel<float, TW, false, true>
+                : decode_gemv_kernel<float, TW, false, false>,
+           grid2, act.data_ptr(), a.down.data_ptr(), s.hidden, s.inter, y.data<float>());
     });
     LONGCTX_CUDA_CHECK(cudaGetLastError());
   } else {
-    const int64_t max_tiles = (slots + kBM - 1) / kBM + s.experts;
+    const int rows = moe_tile_rows(path);
+    const int64_t max_tiles = moe_max_tiles(slots, s.experts, rows);
     LONGCTX_CHECK(max_tiles <= 65535, ErrorCode::kInvalidArgument,
                   "moe_experts: {} tokens x top-{} need up to {} row tiles (at most 65535)",
                   s.tokens, s.top_k, max_tiles);
-    Tensor ints =
-        Tensor::empty({2 * s.experts + max_tiles + 1 + max_tiles * kBM + slots}, DType::kI32, d);
+    // The align step keeps two ints per expert in shared memory.
+    LONGCTX_CHECK(s.experts <= 8192, ErrorCode::kUnsupported,
+                  "moe_experts_cuda: {} experts (at most 8192)", s.experts);
+    Tensor ints = Tensor::empty({max_tiles + 1 + max_tiles * rows + slots}, DType::kI32, d);
     AlignOut o;
-    o.counts = ints.data<int32_t>();
-    o.cursor = o.counts + s.experts;
-    o.tile_expert = o.cursor + s.experts;
+    o.tile_expert = ints.data<int32_t>();
     o.num_tiles = o.tile_expert + max_tiles;
     o.sorted = o.num_tiles + 1;
-    o.inv = o.sorted + max_tiles * kBM;
-    align_kernel<<<1, 1024, 0, stream>>>(a.topk_ids.data<int32_t>(), slots, experts, max_tiles, o);
-    Tensor act = Tensor::empty({max_tiles * kBM, s.inter}, DType::kF32, d);
-    y = Tensor::empty({max_tiles * kBM, s.hidden}, DType::kF32, d);
+    o.inv = o.sorted + max_tiles * rows;
+    const int align_smem = static_cast<int>(2 * s.experts * sizeof(int32_t));
+    kernels::cuda::require_dynamic_smem(align_kernel, align_smem);
+    align_kernel<<<1, 1024, align_smem, stream>>>(a.topk_ids.data<int32_t>(), slots, experts, rows,
+                                                  max_tiles, o);
+    const DType act_dtype = path == MoePath::kTensorCore ? wt : DType::kF32;
+    Tensor act = Tensor::empty({max_tiles * rows, s.inter}, act_dtype, d);
+    y = Tensor::empty({max_tiles * rows, s.hidden}, DType::kF32, d);
     GemmArgs g1{a.x.data_ptr(),
                 a.gate_up.data_ptr(),
-                act.data<float>(),
+                act.data_ptr(),
                 o.sorted,
                 o.tile_expert,
                 o.num_tiles,
@@ -381,21 +580,35 @@ void moe_experts_cuda(const MoeArgs& a) {
                 s.hidden};
     GemmArgs g2{act.data_ptr(),
                 a.down.data_ptr(),
-                y.data<float>(),
+                y.data_ptr(),
                 o.sorted,
                 o.tile_expert,
                 o.num_tiles,
                 k,
                 s.hidden,
                 s.inter};
-    visit_act_weight(a.x.dtype(), a.gate_up.dtype(), [&](auto ta, auto tw) {
-      using TA = decltype(ta);
-      using TW = decltype(tw);
-      grouped_gemm_kernel<TA, TW, true>
-          <<<dim3(unsigned((s.inter + kBN - 1) / kBN), unsigned(max_tiles)), 256, 0, stream>>>(g1);
-      grouped_gemm_kernel<float, TW, false>
-          <<<dim3(unsigned((s.hidden + kBN - 1) / kBN), unsigned(max_tiles)), 256, 0, stream>>>(g2);
-    });
+    const dim3 grid1(unsigned(moe_gate_up_col_tiles(path, s.inter)), unsigned(max_tiles));
+    const dim3 grid2(unsigned(moe_down_col_tiles(path, s.hidden)), unsigned(max_tiles));
+    if (path == MoePath::kTensorCore) {
+      auto launch = [&](auto tag) {
+        using T = decltype(tag);
+        kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, true>, kMoeTcSmemBytes);
+        kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, false>, kMoeTcSmemBytes);
+        tc_grouped_gemm_kernel<T, true><<<grid1, kMoeTcThreads, kMoeTcSmemBytes, stream>>>(g1);
+        tc_grouped_gemm_kernel<T, false><<<grid2, kMoeTcThreads, kMoeTcSmemBytes, stream>>>(g2);
+      };
+      if (wt == DType::kBF16)
+        launch(__nv_bfloat16{});
+      else
+        launch(__half{});
+    } else {
+      visit_act_weight(a.x.dtype(), wt, [&](auto ta, auto tw) {
+        using TA = decltype(ta);
+        using TW = decltype(tw);
+        simt_grouped_gemm_kernel<TA, TW, true><<<grid1, 256, 0, stream>>>(g1);
+        simt_grouped_gemm_kernel<float, TW, false><<<grid2, 256, 0, stream>>>(g2);
+      });
+    }
     LONGCTX_CUDA_CHECK(cudaGetLastError());
     inv = o.inv;
     align_buffers = ints;
@@ -403,11 +616,13 @@ void moe_experts_cuda(const MoeArgs& a) {
   const int64_t n = s.tokens * s.hidden;
   visit_float(a.out.dtype(), "moe_experts", [&](auto to) {
     using TO = decltype(to);
-    combine_kernel<TO><<<unsigned((n + 255) / 256), 256, 0, stream>>>(
-        y.data<float>(), inv, a.topk_weights.data<float>(), s.tokens, k, s.hidden,
-        a.shared.defined() ? a.shared.data_ptr() : nullptr, a.shared.dtype(),
-        a.shared_gate.defined() ? a.shared_gate.data_ptr() : nullptr, a.shared_gate.dtype(),
-        static_cast<TO*>(a.out.data_ptr()));
+    kernels::cuda::launch_pdl(combine_kernel<TO>, dim3(unsigned((n + 255) / 256)), dim3(256), 0,
+                              stream, static_cast<const float*>(y.data<float>()), inv,
+                              static_cast<const float*>(a.topk_weights.data<float>()), s.tokens, k,
+                              s.hidden, a.shared.defined() ? a.shared.data_ptr() : nullptr,
+                              a.shared.dtype(),
+                              a.shared_gate.defined() ? a.shared_gate.data_ptr() : nullptr,
+                              a.shared_gate.dtype(), static_cast<TO*>(a.out.data_ptr()));
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }

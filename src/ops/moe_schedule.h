@@ -1,0 +1,111 @@
+// The tiling of moe_cuda.cu's kernels, written once for the host launch code, the kernels and the
+// CPU tests (tests/ops/test_moe_schedule.cpp): which path a call takes, how many row tiles the
+// grouped GEMMs are launched over, which weight rows a tensor-core tile reads, and how the decode
+// GEMV spreads its rows over warps.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/host_device.h"
+
+namespace longctx::ops {
+
+// How moe_experts_cuda computes the routed experts.
+enum class MoePath {
+  kDecode,      // <= kMoeDecodeMaxTokens tokens: GEMVs over the routed experts' rows
+  kTensorCore,  // grouped GEMMs on mma.sync (16-bit x and weights of one dtype, K % 8 == 0)
+  kSimt,        // grouped GEMMs on fp32 FMAs: f32 operands, mixed dtypes, unaligned rows
+};
+
+constexpr int64_t kMoeDecodeMaxTokens = 4;
+
+// Tensor-core grouped GEMM tile: kMoeTcRows gathered rows x kMoeTcWRows weight rows, kMoeTcK
+// elements of the reduction per pipeline stage. gate/up: the weight tile is kMoeTcWRows / 2 gate
+// rows then the matching up rows, so a CTA writes kMoeTcWRows / 2 activation columns; down: the
+// tile's rows are kMoeTcWRows output columns.
+constexpr int kMoeTcRows = 128;
+constexpr int kMoeTcWRows = 128;
+constexpr int kMoeTcK = 64;
+constexpr int kMoeTcStages = 3;
+constexpr int kMoeTcThreads = 256;  // 8 warps: 2 along the rows x 4 along the weight rows
+// SIMT grouped GEMM tile (rows x columns).
+constexpr int kMoeSimtRows = 64;
+constexpr int kMoeSimtCols = 64;
+
+// Bytes of dynamic shared memory of the tensor-core kernel (16-bit A and W stages).
+constexpr int kMoeTcSmemBytes = kMoeTcStages * (kMoeTcRows + kMoeTcWRows) * kMoeTcK * 2;
+
+// tc_operands: x, gate_up and down share a 16-bit dtype; aligned: their data pointers are
+// 16-byte aligned.
+inline MoePath moe_path(int64_t tokens, int64_t hidden, int64_t inter, bool tc_operands,
+                        bool aligned) {
+  if (tokens <= kMoeDecodeMaxTokens) return MoePath::kDecode;
+  if (tc_operands && aligned && hidden % 8 == 0 && inter % 8 == 0) return MoePath::kTensorCore;
+  return MoePath::kSimt;
+}
+
+// Rows per row tile of a grouped-GEMM path.
+constexpr int moe_tile_rows(MoePath p) {
+  return p == MoePath::kTensorCore ? kMoeTcRows : kMoeSimtRows;
+}
+
+// The most row tiles the align step can write for `slots` (token, expert) pairs over `experts`
+// experts, tiles of `rows`: each expert's run is padded to whole tiles, which adds at most one
+// partial tile per non-empty expert, and at most min(experts, slots) experts are non-empty.
+inline int64_t moe_max_tiles(int64_t slots, int64_t experts, int rows) {
+  return slots / rows + std::min(experts, slots);
+}
+
+// Column tiles of the gate/up GEMM (activation columns) and of the down GEMM (hidden columns).
+inline int64_t moe_gate_up_col_tiles(MoePath p, int64_t inter) {
+  const int64_t cols = p == MoePath::kTensorCore ? kMoeTcWRows / 2 : kMoeSimtCols;
+  return (inter + cols - 1) / cols;
+}
+inline int64_t moe_down_col_tiles(MoePath p, int64_t hidden) {
+  const int64_t cols = p == MoePath::kTensorCore ? kMoeTcWRows : kMoeSimtCols;
+  return (hidden + cols - 1) / cols;
+}
+
+// The expert weight row that row r (0 <= r < kMoeTcWRows) of column tile `col_tile`'s weight
+// tile holds, -1 past the end (zero-filled). gate/up (n = inter): rows [0, half) are gate rows
+// col_tile * half + r, rows [half, 2 half) the up rows of the same columns (inter + ...). down
+// (n = hidden): row col_tile * kMoeTcWRows + r.
+LONGCTX_HD_INLINE int64_t moe_tc_w_row(bool gate_up, int64_t col_tile, int r, int64_t n) {
+  if (gate_up) {
+    constexpr int kHalf = kMoeTcWRows / 2;
+    const int64_t col = col_tile * kHalf + r % kHalf;
+    if (col >= n) return -1;
+    return r < kHalf ? col : n + col;
+  }
+  const int64_t col = col_tile * kMoeTcWRows + r;
+  return col < n ? col : -1;
+}
+
+// Output column of a tensor-core tile's accumulator: warp column wn (0-3), n-tile ni (0-3) of 8
+// columns, the thread's pair c2 (0-3) and element e (0-1). gate/up: n-tiles 0-1 are gate columns
+// and 2-3 the up columns of the same activation columns, so the warp's accumulators ni and ni + 2
+// pair up in the epilogue; the weight tile row of n-tile ni is moe_tc_warp_w_row.
+LONGCTX_HD_INLINE int moe_tc_warp_w_row(bool gate_up, int wn, int ni) {
+  constexpr int kHalf = kMoeTcWRows / 2;
+  return gate_up ? (ni / 2) * kHalf + wn * 16 + (ni % 2) * 8 : wn * 32 + ni * 8;
+}
+LONGCTX_HD_INLINE int64_t moe_tc_out_col(bool gate_up, int64_t col_tile, int wn, int ni, int c2,
+                                         int e) {
+  const int cols = gate_up ? kMoeTcWRows / 2 : kMoeTcWRows;
+  return col_tile * cols + (moe_tc_warp_w_row(gate_up, wn, ni) % cols) + c2 * 2 + e;
+}
+
+// Decode GEMV: each warp computes kMoeDecodeRowsPerWarp output rows of one slot (for gate/up a
+// row is a gate row and its up row), with 128-thread blocks, so one block covers 16 rows. Small
+// blocks spread a batch-1 step evenly: 30B-A3B's 8 slots give 384 gate/up and 1024 down blocks
+// for 132 SMs (with 256-thread blocks, 192 gate/up blocks would leave 60 SMs streaming two and
+// the rest one).
+constexpr int kMoeDecodeRowsPerWarp = 4;
+constexpr int kMoeDecodeWarps = 4;
+constexpr int kMoeDecodeRowsPerBlock = kMoeDecodeRowsPerWarp * kMoeDecodeWarps;
+inline int64_t moe_decode_blocks(int64_t n) {
+  return (n + kMoeDecodeRowsPerBlock - 1) / kMoeDecodeRowsPerBlock;
+}
+
+}  // namespace longctx::ops
