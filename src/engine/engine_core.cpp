@@ -408,6 +408,17 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
   if (!rows.empty()) samples = executor_->sample(plain_logits, params, states);
   LONGCTX_CHECK(samples.size() == rows.size(), ErrorCode::kInternal,
                 "executor sampled {} tokens for {} rows", samples.size(), rows.size());
+  // The constrained rows' grammars advance independently (a row's state walk is CPU work
+  // comparable to its mask lookup): over the thread pool, ahead of the serial bookkeeping.
+  std::vector<GrammarAdvance> advance(rows.size(), GrammarAdvance::kPending);
+  parallel_for(static_cast<int64_t>(constrained.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const size_t i = constrained[j];
+      if (dropped[i]) continue;
+      advance[i] = rows[i]->grammar->accept(samples[i].token) ? GrammarAdvance::kTaken
+                                                              : GrammarAdvance::kRefused;
+    }
+  });
   const double t1 = now_seconds();
   auto retire_if_finished = [&](Sequence* seq) {
     if (!updates.back().finished) return;
@@ -425,7 +436,7 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
       updates.push_back(std::move(u));
     } else {
       ++generation_tokens_;
-      updates.push_back(postprocess(*rows[i], samples[i], t1));
+      updates.push_back(postprocess(*rows[i], samples[i], t1, advance[i]));
     }
     retire_if_finished(rows[i]);
   }
@@ -484,7 +495,8 @@ void EngineCore::retire(uint64_t id) {
   live_.erase(it);
 }
 
-StepUpdate EngineCore::postprocess(Sequence& seq, const SampleResult& sample, double now) {
+StepUpdate EngineCore::postprocess(Sequence& seq, const SampleResult& sample, double now,
+                                   GrammarAdvance grammar) {
   const int32_t token = sample.token;
   RequestOutput& out = seq.output;
   StepUpdate update;
@@ -507,7 +519,9 @@ StepUpdate EngineCore::postprocess(Sequence& seq, const SampleResult& sample, do
   bool grammar_end = false;
   if (seq.grammar != nullptr) {
     // The mask allowed only tokens the grammar takes.
-    LONGCTX_CHECK(seq.grammar->accept(token), ErrorCode::kInternal,
+    if (grammar == GrammarAdvance::kPending)
+      grammar = seq.grammar->accept(token) ? GrammarAdvance::kTaken : GrammarAdvance::kRefused;
+    LONGCTX_CHECK(grammar == GrammarAdvance::kTaken, ErrorCode::kInternal,
                   "structured output: sampled token {} is outside the grammar", token);
     grammar_end = seq.grammar->terminated();
   }

@@ -129,8 +129,12 @@ class EngineCore {
 
  private:
   int64_t max_total_tokens(int64_t prompt_len, const SamplingParams& params) const;
+  // Whether a row's grammar already took its sampled token (the step advances its constrained
+  // rows' grammars together over the thread pool) or postprocess is to advance it.
+  enum class GrammarAdvance { kPending, kTaken, kRefused };
   // Appends a sampled token and applies stops and detokenization.
-  StepUpdate postprocess(Sequence& seq, const SampleResult& sample, double now);
+  StepUpdate postprocess(Sequence& seq, const SampleResult& sample, double now,
+                         GrammarAdvance grammar = GrammarAdvance::kPending);
   // A speculative sequence's verification over its 1 + k logits rows (host, [1 + k, vocab]):
   // appends the accepted draft tokens and the target's next token, one at a time through
   // postprocess (a stop drops what follows), then rolls its KV back to what was accepted.

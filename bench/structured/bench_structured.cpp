@@ -1,0 +1,185 @@
+// Host time per decode step of constrained decoding at batch N, as the engine spends it: every
+// row's grammar mask filled over the thread pool (fill_grammar_masks), then one token per row
+// accepted. The token is drawn uniformly among the row's allowed ones, as a random-weight model
+// samples, so grammar states keep changing and the mask cache sees realistic misses. A row whose
+// document is complete (or whose budget ran out) starts a fresh one. Prints per batch size the
+// mean milliseconds per step of the fill and of the accepts, and the cache's computed / found
+// counts, twice: with the cache cold (a new schema) and warm (the same schema's next requests,
+// as in `bench latency --json-schema` after its warm-up): the cost a step adds where it does not
+// hide under the forward.
+//   bench_structured --tokenizer DIR --json-schema FILE [--rows 1,16,64] [--steps 256]
+//                    [--max-tokens 256] [--seed 0]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "longctx/core/json_limits.h"
+#include "longctx/core/parallel.h"
+#include "longctx/tokenizer/tokenizer.h"
+#include "structured/json_schema.h"
+#include "structured/token_mask.h"
+
+namespace {
+
+using namespace longctx;
+using structured::CompiledGrammar;
+using structured::GrammarMatcher;
+
+double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "bench_structured: cannot read %s\n", path.c_str());
+    std::exit(2);
+  }
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Row {
+  std::unique_ptr<GrammarMatcher> matcher;
+  int64_t generated = 0;
+  std::vector<uint32_t> mask;
+};
+
+// A uniformly drawn set bit of the mask, or -1 when none is set.
+int32_t draw(const std::vector<uint32_t>& mask, std::mt19937_64& rng) {
+  int64_t count = 0;
+  for (uint32_t w : mask) count += __builtin_popcount(w);
+  if (count == 0) return -1;
+  int64_t k = std::uniform_int_distribution<int64_t>(0, count - 1)(rng);
+  for (size_t i = 0; i < mask.size(); ++i) {
+    const int c = __builtin_popcount(mask[i]);
+    if (k >= c) {
+      k -= c;
+      continue;
+    }
+    uint32_t w = mask[i];
+    for (; k > 0; --k) w &= w - 1;
+    return static_cast<int32_t>(i * 32 + __builtin_ctz(w));
+  }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string tokenizer_dir, schema_path;
+  std::vector<int64_t> batch_sizes = {1, 16, 64};
+  int64_t steps = 256, max_tokens = 256;
+  uint64_t seed = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--tokenizer"))
+      tokenizer_dir = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--json-schema"))
+      schema_path = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--rows"))
+      batch_sizes = parse_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--steps"))
+      steps = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--max-tokens"))
+      max_tokens = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--seed"))
+      seed = std::strtoull(argv[i + 1], nullptr, 10);
+    else {
+      std::fprintf(stderr, "bench_structured: unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (tokenizer_dir.empty() || schema_path.empty()) {
+    std::fprintf(stderr,
+                 "usage: bench_structured --tokenizer DIR --json-schema FILE [--rows "
+                 "1,16,64] [--steps 256] [--max-tokens 256] [--seed 0]\n");
+    return 2;
+  }
+  const Tokenizer tok = Tokenizer::load(tokenizer_dir);
+  const auto n = static_cast<int64_t>(tok.vocab_size());
+  std::vector<std::string> bytes(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    const auto id = static_cast<TokenId>(t);
+    if (tok.is_valid_id(id) && !tok.is_special(id)) bytes[t] = std::string(tok.token_bytes(id));
+  }
+  std::vector<int32_t> eos;
+  if (auto e = tok.eos_token_id()) eos.push_back(static_cast<int32_t>(*e));
+  auto vocab = std::make_shared<structured::TokenVocabulary>(std::move(bytes), eos, n);
+  std::printf("bench_structured: %lld tokens, %d threads, schema %s, %lld steps, max_tokens %lld\n",
+              static_cast<long long>(n), num_threads(), schema_path.c_str(),
+              static_cast<long long>(steps), static_cast<long long>(max_tokens));
+  std::printf("%6s %5s %12s %14s %10s %10s %9s\n", "rows", "cache", "fill ms/step",
+              "accept ms/step", "computed", "found", "documents");
+  for (int64_t rows : batch_sizes) {
+    // A fresh grammar per batch size: its cache starts empty, as a server's first requests.
+    const double c0 = now_seconds();
+    auto grammar = std::make_shared<const CompiledGrammar>(
+        structured::json_schema_grammar(parse_ordered_json(read_file(schema_path), "schema")),
+        vocab);
+    const double compile = now_seconds() - c0;
+    std::mt19937_64 rng(seed);
+    for (const char* cache : {"cold", "warm"}) {
+      std::vector<Row> batch(static_cast<size_t>(rows));
+      const auto [computed0, found0] = grammar->cache_stats();
+      int64_t documents = 0;
+      auto restart = [&](Row& r) {
+        r.matcher = std::make_unique<GrammarMatcher>(grammar);
+        r.generated = 0;
+        r.mask.assign(static_cast<size_t>(vocab->mask_words()), 0);
+      };
+      for (Row& r : batch) restart(r);
+      double fill = 0, accept = 0;
+      for (int64_t s = 0; s < steps; ++s) {
+        const double t0 = now_seconds();
+        parallel_for(rows, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            Row& r = batch[i];
+            r.matcher->fill_mask(max_tokens - r.generated, r.mask);
+          }
+        });
+        const double t1 = now_seconds();
+        std::vector<int32_t> picks(static_cast<size_t>(rows));
+        for (int64_t i = 0; i < rows; ++i) picks[i] = draw(batch[i].mask, rng);  // the "sampler"
+        const double t2 = now_seconds();
+        for (int64_t i = 0; i < rows; ++i) {
+          Row& r = batch[i];
+          const bool ok = picks[i] >= 0 && r.matcher->accept(picks[i]);
+          ++r.generated;
+          if (!ok || r.matcher->terminated() || vocab->is_eos(picks[i]) ||
+              r.generated >= max_tokens) {
+            ++documents;
+            restart(r);
+          }
+        }
+        accept += now_seconds() - t2;
+        fill += t1 - t0;
+      }
+      const auto [computed, found] = grammar->cache_stats();
+      std::printf("%6lld %5s %12.3f %14.3f %10lld %10lld %9lld   (compile %.1f ms)\n",
+                  static_cast<long long>(rows), cache, 1e3 * fill / double(steps),
+                  1e3 * accept / double(steps), static_cast<long long>(computed - computed0),
+                  static_cast<long long>(found - found0), static_cast<long long>(documents),
+                  1e3 * compile);
+    }
+  }
+  return 0;
+}
