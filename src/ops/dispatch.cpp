@@ -149,7 +149,7 @@ void causal_conv1d(const CausalConv1dArgs& a) {
 
 void sigmoid_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
   if (common_device("sigmoid_and_mul", {&gate, &up, &out}).is_cuda())
-    no_cuda_twin("sigmoid_and_mul");
+    LONGCTX_CUDA_TWIN("sigmoid_and_mul", sigmoid_and_mul_cuda(gate, up, out));
   sigmoid_and_mul_cpu(gate, up, out);
 }
 
