@@ -8,12 +8,14 @@
 //     prompts of mixed lengths, prefilled in chunks (the states continued across chunks and
 //     decode steps, sequences at different positions in one step);
 //   - a prefix-cache hit (the state restored from a device snapshot at a block boundary) gives
-//     the tokens of an engine without prefix caching.
+//     the tokens of an engine without prefix caching;
+//   - the device StatePool's reset and copy touch exactly their slot.
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "gpu_models/greedy_compare.h"
+#include "kv/state_pool.h"
 #include "longctx/llm.h"
 #include "models/model_test_util.h"
 
@@ -98,6 +100,42 @@ TEST(GpuLinear, PrefixHitEqualsNoHit) {
   const auto again = cached.generate({Prompt(a)}, greedy(), false);
   EXPECT_GE(again[0].metrics.num_cached_tokens, 64) << "no prefix hit";
   expect_same_tokens_up_to_ties(first, again, kTieMargin, "repeat vs first");
+}
+
+TEST(GpuLinear, DeviceStatePoolResetsAndCopiesOneSlot) {
+  const Device gpu = Device::cuda(0);
+  StatePool pool(3, 2, {2, 3, 5}, {3, 7}, gpu);
+  ASSERT_TRUE(pool.device().is_cuda());
+  const int64_t floats = pool.slot_bytes() / 4;
+  // Slot s holds s * 1000 + i at its float i (every layer's recurrent then conv state).
+  auto fill = [&](int64_t s) {
+    for (int64_t l = 0; l < 2; ++l) {
+      for (Tensor t : {pool.recurrent(s, l), pool.conv(s, l)}) {
+        ASSERT_TRUE(t.device().is_cuda());
+        Tensor h = Tensor::empty(t.shape(), DType::kF32);
+        const int64_t base = (t.data<float>() - pool.recurrent(s, 0).data<float>());
+        for (int64_t i = 0; i < h.numel(); ++i) h.data<float>()[i] = float(s * 1000 + base + i);
+        t.copy_from(h);
+      }
+    }
+  };
+  for (int64_t s = 0; s < 3; ++s) fill(s);
+  auto slot = [&](int64_t s) {
+    Tensor h = Tensor::empty({floats}, DType::kF32);
+    h.copy_from(Tensor::from_blob(pool.recurrent(s, 0).data<float>(), {floats}, DType::kF32, gpu));
+    return std::vector<float>(h.data<float>(), h.data<float>() + floats);
+  };
+  pool.reset(1);
+  pool.copy(2, 0);
+  // (The copies to the host below run on the same current stream, after reset and copy.)
+  const std::vector<float> s0 = slot(0), s1 = slot(1), s2 = slot(2);
+  for (int64_t i = 0; i < floats; ++i) {
+    ASSERT_EQ(s0[i], float(2000 + i)) << i;
+    ASSERT_EQ(s1[i], 0.f) << i;
+    ASSERT_EQ(s2[i], float(2000 + i)) << i;
+  }
+  EXPECT_THROW(pool.reset(3), Error);
+  EXPECT_THROW(pool.copy(0, 3), Error);
 }
 
 // The GPU runner takes no offload for a state model, with a clear error.
