@@ -41,7 +41,7 @@ int64_t resolve_max_model_len(const ModelConfig& c, const GpuRunnerOptions& o) {
 
 // Decode steps replay CUDA graphs unless eager, or the policy selects decode pages per step
 // (quest, streaming: their decode steps run eagerly), or the model has linear-attention layers
-// (their ops upload per-step arrays from pageable memory, which a capture cannot hold: every
+// (their ops upload per-call arrays, which a replayed capture would not refresh: every
 // step of such a model runs eagerly).
 bool decode_graphs(const GpuRunnerOptions& o, const KvGroups& groups) {
   return !o.enforce_eager && sparse::policy_def(o.sparse.policy).decode_graphs &&

@@ -4,8 +4,8 @@
 // reference (kernels/cpu/linear_attention_cpu.cpp) takes f32 activations, the CUDA twins
 // (linear_attention_cuda.cu, kernels/cuda/linear_attention.h) f32, bf16 or f16 ones (one dtype
 // per call: q/k/v/out, x/out, b/a, x/z/out), g, beta, weights and states f32 everywhere. The
-// CUDA twins upload the host arrays (qo_indptr, the state pointers) from pageable memory on
-// every call, so they cannot run inside a CUDA graph capture.
+// CUDA twins upload the host arrays (qo_indptr, the state pointers) on every call, so a graph
+// captured over them would replay stale arrays: callers run them eagerly.
 #pragma once
 
 #include <cstdint>

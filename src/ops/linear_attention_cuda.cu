@@ -1,9 +1,14 @@
 // CUDA twins of the linear-attention ops: argument checks shared with the CPU twins
 // (linear_attention_args.h); the per-call arrays (qo_indptr, the per-sequence state pointers)
-// uploaded to the device in one copy before the kernels (kernels/cuda/linear_attention.h). That
-// copy is from pageable host memory, so these ops cannot be captured into a CUDA graph: a state
-// model's steps run eagerly. delta_rule_gates and rms_norm_gated are row kernels here.
+// uploaded to the device in one copy before the kernels (kernels/cuda/linear_attention.h),
+// through a ring of pinned buffers. Their contents change every call, so these ops cannot be
+// replayed from a CUDA graph: a state model's steps run eagerly. delta_rule_gates and
+// rms_norm_gated are row kernels here.
+#include <array>
 #include <cstring>
+#include <memory>
+#include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/linear_attention.h"
@@ -25,6 +30,46 @@ struct DeviceSeqs {
   float* const* states = nullptr;
 };
 
+// The host side of the uploads: kRing pinned buffers per (thread, device), each reused once the
+// copy out of it has run (the event recorded behind it), so the host waits on the device only
+// when it is kRing calls ahead (from pageable memory every copy would wait for the stream).
+class SeqStaging {
+ public:
+  explicit SeqStaging(Device device) : device_(device) {}
+
+  void upload(const std::vector<unsigned char>& bytes, void* dst, cudaStream_t stream) {
+    Slot& s = ring_[next_];
+    next_ = (next_ + 1) % kRing;
+    if (!s.done) s.done.emplace(device_);
+    if (s.recorded) s.done->synchronize();
+    if (!s.pinned.defined() || s.pinned.numel() < int64_t(bytes.size()))
+      s.pinned = Tensor::empty_pinned({std::max<int64_t>(int64_t(bytes.size()), 4096)}, DType::kU8);
+    std::memcpy(s.pinned.data_ptr(), bytes.data(), bytes.size());
+    LONGCTX_CUDA_CHECK(
+        cudaMemcpyAsync(dst, s.pinned.data_ptr(), bytes.size(), cudaMemcpyHostToDevice, stream));
+    s.done->record_on(stream);
+    s.recorded = true;
+  }
+
+ private:
+  static constexpr int kRing = 64;
+  struct Slot {
+    Tensor pinned;              // u8, grown to the largest call
+    std::optional<Event> done;  // recorded after the copy out of `pinned`
+    bool recorded = false;
+  };
+  Device device_;
+  std::array<Slot, kRing> ring_;
+  int next_ = 0;
+};
+
+SeqStaging& staging(Device device) {
+  thread_local std::unordered_map<int, std::unique_ptr<SeqStaging>> per_device;
+  std::unique_ptr<SeqStaging>& s = per_device[device.index];
+  if (s == nullptr) s = std::make_unique<SeqStaging>(device);
+  return *s;
+}
+
 DeviceSeqs upload_seqs(std::span<const int32_t> qo, const std::vector<float*>& states,
                        Device device, cudaStream_t stream) {
   const size_t ptr_bytes = states.size() * sizeof(float*);
@@ -33,10 +78,9 @@ DeviceSeqs upload_seqs(std::span<const int32_t> qo, const std::vector<float*>& s
   std::memcpy(host.data(), states.data(), ptr_bytes);
   std::memcpy(host.data() + ptr_bytes, qo.data(), qo.size() * sizeof(int32_t));
   DeviceSeqs d;
+  // Stream-ordered: freed when the op returns, reused only by work queued after its kernels.
   d.bytes = Tensor::empty({int64_t(total)}, DType::kU8, device);
-  // From pageable memory: returns once the bytes are staged, so `host` may go.
-  LONGCTX_CUDA_CHECK(
-      cudaMemcpyAsync(d.bytes.data_ptr(), host.data(), total, cudaMemcpyHostToDevice, stream));
+  staging(device).upload(host, d.bytes.data_ptr(), stream);
   auto* base = static_cast<unsigned char*>(d.bytes.data_ptr());
   d.states = reinterpret_cast<float* const*>(base);
   d.qo_indptr = reinterpret_cast<const int32_t*>(base + ptr_bytes);

@@ -54,7 +54,7 @@ struct PagedBackendLimits {
 // State groups (linear attention; listed after the paged groups) need `states`, a StatePool on
 // the pool's device whose slots the state group's tables name: plan() zeroes the slot of every
 // sequence whose step starts at its first token and linear_states() hands a layer its sequences'
-// states. The linear-attention ops upload their per-call arrays from pageable memory, so a
+// states. The linear-attention ops upload their per-call arrays (new every call), so a
 // state model's steps cannot be captured: plan() refuses fixed_launch_shapes with a state group.
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
