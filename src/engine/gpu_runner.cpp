@@ -16,6 +16,7 @@
 #include "engine/step_batch.h"
 #include "kv/block_manager.h"
 #include "kv/paged_kv_pool.h"
+#include "kv/state_pool.h"
 #include "loader/weight_spec.h"
 #include "longctx/attention/kv_groups.h"
 #include "longctx/core/device_memory.h"
@@ -40,9 +41,12 @@ int64_t resolve_max_model_len(const ModelConfig& c, const GpuRunnerOptions& o) {
 }
 
 // Decode steps replay CUDA graphs unless eager, or the policy selects decode pages per step
-// (quest, streaming: their decode steps run eagerly).
-bool decode_graphs(const GpuRunnerOptions& o) {
-  return !o.enforce_eager && sparse::policy_def(o.sparse.policy).decode_graphs;
+// (quest, streaming: their decode steps run eagerly), or the model has linear-attention layers
+// (their ops upload per-call arrays, which a replayed capture would not refresh: every
+// step of such a model runs eagerly).
+bool decode_graphs(const GpuRunnerOptions& o, const KvGroups& groups) {
+  return !o.enforce_eager && sparse::policy_def(o.sparse.policy).decode_graphs &&
+         !groups.has_kind(KvGroupKind::kState);
 }
 
 // A sparse policy's device bytes per engine block and fixed (the registry's: quest's page
@@ -212,11 +216,12 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   const int64_t logits_rows = options.max_num_seqs * (1 + options.num_speculative_tokens);
   p.workspaces = kWorkspaceBytes + (logits_rows + options.max_num_seqs) * config.vocab_size * 4 +
                  moe_fixed_bytes(config);
-  p.graphs = decode_graphs(options) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
   // Per KV group: a pool block holds the largest paged group's layers (one full group: every
   // layer, as before); state groups take max_num_seqs states up front; a sequence of
   // max_model_len holds blocks in each paged group (a sliding group only its window's).
   const KvGroups groups = KvGroups::from_config(config, options.kv_dtype);
+  p.graphs =
+      decode_graphs(options, groups) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
   p.kv_block_bytes = groups.block_bytes(p.block_size);
   // States (fp32, as the kernels keep them) of every sequence a step may run, and the prefix
   // cache's snapshots of them.
@@ -259,7 +264,11 @@ struct GpuRunner::Impl {
   GpuRunnerOptions options;
   KvGroups groups;  // the model's (attention/kv_groups.h)
   GpuMemoryPlan plan;
-  std::unique_ptr<PagedKVPool> pool;           // resident KV
+  std::unique_ptr<PagedKVPool> pool;  // resident KV
+  // A state group's slots (linear attention): [0, max_num_seqs) the sequences', then the prefix
+  // cache's snapshots.
+  std::unique_ptr<StatePool> states;
+  int64_t state_group = -1;
   OffloadAttentionBackend* offload = nullptr;  // or offloaded KV (owned by `attention`)
   std::vector<int32_t> free_ids;               // offload, standalone: free host blocks
   std::unique_ptr<AttentionBackend> attention;
@@ -281,6 +290,31 @@ struct GpuRunner::Impl {
   }
 
   int64_t num_blocks() const { return pool ? pool->num_blocks() : plan.num_host_blocks; }
+
+  // A prefix hit's state comes from its snapshot before the step (restore); a chunk ending on a
+  // block boundary leaves one after it (save). Device copies on the current stream, ordered
+  // with the step's kernels.
+  void copy_snapshots(std::span<const StepInput> inputs, bool save) {
+    for (const StepInput& in : inputs) {
+      const int32_t snap = save ? in.state_save : in.state_restore;
+      if (snap < 0) continue;
+      LONGCTX_CHECK(states != nullptr && state_group > 0 && snap < plan.num_state_snapshots &&
+                        static_cast<int64_t>(in.group_tables.size()) >= state_group &&
+                        in.group_tables[state_group - 1].size() == 1,
+                    ErrorCode::kInternal,
+                    "GPU runner: sequence {} names state snapshot {} (of {}) without a state slot",
+                    in.seq_id, snap, plan.num_state_snapshots);
+      const int32_t slot = in.group_tables[state_group - 1][0];
+      LONGCTX_CHECK(slot >= 0 && slot < options.max_num_seqs, ErrorCode::kInternal,
+                    "GPU runner: sequence {} has state slot {} of {}", in.seq_id, slot,
+                    options.max_num_seqs);
+      const int64_t snap_slot = options.max_num_seqs + snap;
+      if (save)
+        states->copy(slot, snap_slot);
+      else
+        states->copy(snap_slot, slot);
+    }
+  }
   int64_t block_size() const { return plan.block_size; }
 
   std::vector<int32_t> allocate(int64_t n) {
@@ -429,14 +463,10 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   m.options = options;
   const ModelConfig& c = m.model->config();
   // Full and sliding-window groups share the paged pool (each layer reads its group's tables and
-  // window); a per-sequence state group (linear attention) has no GPU storage yet, and the
-  // offload ring moves the blocks of one full group.
+  // window); a per-sequence state group (linear attention) keeps fp32 states in a device
+  // StatePool, and the offload ring moves the blocks of one full group.
   m.groups = KvGroups::from_config(c, fp8 ? DType::kFP8E4M3 : DType::kBF16);
   const KvGroups& groups = m.groups;
-  LONGCTX_CHECK(!groups.has_kind(KvGroupKind::kState), ErrorCode::kUnsupported,
-                "GPU runner: this model has linear-attention layers (a per-sequence state KV "
-                "group: {}), which have no CUDA kernels yet; run it on the CPU (--device cpu)",
-                groups.summary());
   LONGCTX_CHECK(groups.single_full() || !options.kv_offload, ErrorCode::kUnsupported,
                 "GPU runner: KV offload runs models of one full-attention KV group; this one has "
                 "{} ({}; sliding_window {} in config.json): run it without --kv-offload",
@@ -470,6 +500,23 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
       m.free_ids.push_back(static_cast<int32_t>(b));
     return;
   }
+  for (int64_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].kind != KvGroupKind::kState) continue;
+    LONGCTX_CHECK(m.states == nullptr, ErrorCode::kUnsupported,
+                  "GPU runner: more than one per-sequence state KV group ({})", groups.summary());
+    // Linear attention (Qwen3-Next): the Gated DeltaNet state and the conv's last inputs, the
+    // shapes the CPU executor keeps (the memory plan counted them: kv_state_bytes and
+    // kv_snapshot_bytes).
+    const LinearAttentionConfig& l = c.linear;
+    const int64_t conv_dim =
+        2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
+    m.state_group = g;
+    m.states =
+        std::make_unique<StatePool>(options.max_num_seqs + m.plan.num_state_snapshots,
+                                    static_cast<int64_t>(groups[g].layers.size()),
+                                    Shape{l.num_value_heads, l.key_head_dim, l.value_head_dim},
+                                    Shape{l.conv_kernel_dim - 1, conv_dim}, m.model->device());
+  }
   // The pool holds the largest paged group's layers (one full group: every layer).
   PagedKVPoolConfig kv{groups.pool_layers(), c.num_key_value_heads, c.head_dim,
                        m.plan.block_size,    m.plan.num_kv_blocks,  m.model->activation_dtype(),
@@ -487,9 +534,9 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
       options.max_num_seqs * ((m.plan.max_model_len + m.plan.block_size - 1) / m.plan.block_size);
   limits.max_seq_len = m.plan.max_model_len;
   m.max_blocks = limits.max_blocks;
-  m.attention =
-      make_paged_attention_backend(*m.pool, c.num_attention_heads, m.model->attention_scale(),
-                                   limits, options.sparse, options.tuning, &m.groups);
+  m.attention = make_paged_attention_backend(*m.pool, c.num_attention_heads,
+                                             m.model->attention_scale(), limits, options.sparse,
+                                             options.tuning, &m.groups, m.states.get());
 }
 
 GpuRunner::~GpuRunner() = default;
@@ -501,9 +548,13 @@ int64_t GpuRunner::vocab_size() const { return impl_->model->config().vocab_size
 KVBlockLayout GpuRunner::kv_layout() const {
   if (impl_->offload != nullptr) return {impl_->plan.num_host_blocks, impl_->plan.block_size};
   // With graphs the last block is the padding sequences' scratch block, never handed out.
-  const int64_t reserved = decode_graphs(impl_->options) ? 1 : 0;
+  const int64_t reserved = decode_graphs(impl_->options, impl_->groups) ? 1 : 0;
   KVBlockLayout l{impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};
   if (!impl_->groups.single_full()) l.groups = impl_->groups.allocs();
+  if (impl_->states != nullptr) {
+    l.num_state_slots = impl_->options.max_num_seqs;
+    l.num_state_snapshots = impl_->plan.num_state_snapshots;
+  }
   return l;
 }
 
@@ -530,9 +581,15 @@ GpuRunner::SparseCounters GpuRunner::sparse_counters() const {
 Tensor GpuRunner::execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) {
   Impl& m = *impl_;
   m.copy_blocks(copies);
-  ForwardBatch batch = make_forward_batch(inputs, m.block_size());
+  // (A state group's tables are one slot per sequence: the allocs say which group is one.)
+  const std::vector<KvGroupAlloc> allocs = m.groups.allocs();
+  ForwardBatch batch = make_forward_batch(inputs, m.block_size(), allocs);
   if (m.graphs != nullptr && m.graphs->can_run(batch)) return m.graphs->run(batch);
-  return m.forward(batch);
+  if (m.states == nullptr) return m.forward(batch);
+  m.copy_snapshots(inputs, /*save=*/false);
+  Tensor logits = m.forward(batch);
+  m.copy_snapshots(inputs, /*save=*/true);
+  return logits;
 }
 
 std::vector<SampleResult> GpuRunner::sample(const Tensor& logits,
@@ -598,7 +655,8 @@ void GpuRunner::attach_engine() {
                 "GPU runner: {} standalone sequences still hold blocks", m.owned.size());
   m.engine_attached = true;
   m.sampler = std::make_unique<GpuSampler>(m.options.max_num_seqs, vocab_size(), m.model->device());
-  if (decode_graphs(m.options) && m.pool != nullptr) {  // offload steps are not graph-shaped
+  if (decode_graphs(m.options, m.groups) &&
+      m.pool != nullptr) {  // offload steps are not graph-shaped
     DecodeGraphOptions g;
     g.max_num_seqs = m.options.max_num_seqs;
     g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/cuda_runtime.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -17,7 +18,7 @@ int64_t numel_of(const Shape& s) {
 }  // namespace
 
 StatePool::StatePool(int64_t num_slots, int64_t num_layers, const Shape& recurrent,
-                     const Shape& conv)
+                     const Shape& conv, Device device)
     : num_slots_(num_slots),
       num_layers_(num_layers),
       recurrent_shape_(recurrent),
@@ -32,7 +33,7 @@ StatePool::StatePool(int64_t num_slots, int64_t num_layers, const Shape& recurre
   conv_floats_ = numel_of(conv);
   slot_floats_ = num_layers * (recurrent_floats_ + conv_floats_);
   // Not zeroed: a slot is reset when a sequence starts in it, and only then touched.
-  data_ = Tensor::empty({num_slots * slot_floats_}, DType::kF32);
+  data_ = Tensor::empty({num_slots * slot_floats_}, DType::kF32, device);
 }
 
 float* StatePool::layer_base(int64_t slot, int64_t layer) const {
@@ -44,21 +45,33 @@ float* StatePool::layer_base(int64_t slot, int64_t layer) const {
 }
 
 Tensor StatePool::recurrent(int64_t slot, int64_t layer) const {
-  return Tensor::from_blob(layer_base(slot, layer), recurrent_shape_, DType::kF32);
+  return Tensor::from_blob(layer_base(slot, layer), recurrent_shape_, DType::kF32, device());
 }
 
 Tensor StatePool::conv(int64_t slot, int64_t layer) const {
-  return Tensor::from_blob(layer_base(slot, layer) + recurrent_floats_, conv_shape_, DType::kF32);
+  return Tensor::from_blob(layer_base(slot, layer) + recurrent_floats_, conv_shape_, DType::kF32,
+                           device());
+}
+
+Tensor StatePool::slot_view(int64_t slot) const {
+  return Tensor::from_blob(layer_base(slot, 0), {slot_floats_}, DType::kF32, device());
 }
 
 void StatePool::reset(int64_t slot) {
-  std::memset(layer_base(slot, 0), 0, static_cast<size_t>(slot_bytes()));
+  if (device().is_cuda())
+    detail::cuda_memset_zero(layer_base(slot, 0), static_cast<size_t>(slot_bytes()),
+                             device().index);
+  else
+    std::memset(layer_base(slot, 0), 0, static_cast<size_t>(slot_bytes()));
 }
 
 void StatePool::copy(int64_t src, int64_t dst) {
-  const float* from = layer_base(src, 0);
-  float* to = layer_base(dst, 0);
-  if (from != to) std::memcpy(to, from, static_cast<size_t>(slot_bytes()));
+  if (src == dst) {
+    layer_base(src, 0);  // the range check
+    return;
+  }
+  // On CUDA a device-to-device copy on the current stream (no host wait).
+  slot_view(dst).copy_from(slot_view(src));
 }
 
 }  // namespace longctx

@@ -1,8 +1,10 @@
 // The storage of a state KV group (KvGroupKind::kState: linear-attention layers): a fixed number
 // of slots, each holding one sequence's recurrent and conv state for every layer of the group,
-// f32 on the CPU. The BlockManager hands out the slots (a state group's table is its slot); the
-// CPU paged backend gives a layer its sequences' states through it. Pages are touched only when
-// a slot is first used (reset or copied into), so idle slots cost address space, not memory.
+// f32, on the CPU or a CUDA device. The BlockManager hands out the slots (a state group's table is
+// its slot); the paged backends (CPU and CUDA) give a layer its sequences' states through it. On
+// the CPU, pages are touched only when a slot is first used (reset or copied into), so idle
+// slots cost address space, not memory; on CUDA the whole pool is allocated up front (the GPU
+// memory plan counts it), and reset / copy are enqueued on the device's current stream.
 #pragma once
 
 #include <cstdint>
@@ -14,10 +16,12 @@ namespace longctx {
 class StatePool {
  public:
   // Throws Error(kInvalidArgument) for a non-positive size.
-  StatePool(int64_t num_slots, int64_t num_layers, const Shape& recurrent, const Shape& conv);
+  StatePool(int64_t num_slots, int64_t num_layers, const Shape& recurrent, const Shape& conv,
+            Device device = Device::cpu());
 
   int64_t num_slots() const { return num_slots_; }
   int64_t num_layers() const { return num_layers_; }
+  Device device() const { return data_.device(); }
   // Bytes of one slot (every layer's states).
   int64_t slot_bytes() const { return slot_floats_ * static_cast<int64_t>(sizeof(float)); }
   // Layer j's states in slot s (views of the pool): recurrent and conv as constructed.
@@ -31,6 +35,7 @@ class StatePool {
 
  private:
   float* layer_base(int64_t slot, int64_t layer) const;
+  Tensor slot_view(int64_t slot) const;  // every layer's states of the slot, flat
 
   int64_t num_slots_, num_layers_;
   Shape recurrent_shape_, conv_shape_;

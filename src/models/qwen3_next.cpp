@@ -42,10 +42,6 @@ class Qwen3NextForCausalLM : public DecoderModel {
                        const ModelBuildOptions& options)
       : DecoderModel(std::move(checkpoint), options) {
     const ModelConfig& c = config();
-    LONGCTX_CHECK(device_.is_cpu(), ErrorCode::kUnsupported,
-                  "Qwen3-Next runs on the CPU engine only so far (its linear-attention layers "
-                  "have no CUDA kernels yet); asked for {}",
-                  device_.str());
     LONGCTX_CHECK(!sharded(), ErrorCode::kUnsupported,
                   "Qwen3-Next: tensor parallelism does not shard linear-attention layers");
     const LinearAttentionConfig& l = c.linear;
@@ -53,12 +49,14 @@ class Qwen3NextForCausalLM : public DecoderModel {
                   dv = l.value_head_dim, r = hv / std::max<int64_t>(hk, 1);
     const WeightStore& w = checkpoint_->weights;
     WeightLoader load(device_, act_dtype_);
-    // An f32 copy (never a view of the checkpoint's read-only mmap: a_neg is written below).
+    // An f32 host copy (never a view of the checkpoint's read-only mmap: a_neg is written
+    // below); on_device() moves the finished one to the model's device.
     auto f32 = [](const Tensor& t) {
       Tensor f = Tensor::empty(t.shape(), DType::kF32);
       f.copy_from(t.dtype() == DType::kF32 ? t : t.to_dtype(DType::kF32));
       return f;
     };
+    auto on_device = [&](const Tensor& t) { return device_.is_cpu() ? t : t.to(device_); };
     linear_.resize(c.num_hidden_layers);
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       if (c.layer_type(i) != LayerAttention::kLinear) {
@@ -96,14 +94,14 @@ class Qwen3NextForCausalLM : public DecoderModel {
           parts.push_back(ba.slice(0, g * 2 * r + part * r, g * 2 * r + (part + 1) * r));
       lw.in_proj_ba = load.load_fused(parts);
       const int64_t conv_dim = 2 * hk * dk + hv * dv;
-      lw.conv1d = f32(get("conv1d.weight", {conv_dim, 1, l.conv_kernel_dim}))
-                      .view({conv_dim, l.conv_kernel_dim});
+      lw.conv1d = on_device(f32(get("conv1d.weight", {conv_dim, 1, l.conv_kernel_dim}))
+                                .view({conv_dim, l.conv_kernel_dim}));
       // g = -exp(A_log) * softplus(a + dt_bias), A_log.float().exp() as transformers computes it
-      lw.a_neg = f32(get("A_log", {hv}));
-      for (int64_t h = 0; h < hv; ++h)
-        lw.a_neg.data<float>()[h] = -std::exp(lw.a_neg.data<float>()[h]);
-      lw.dt_bias = f32(get("dt_bias", {hv}));
-      lw.norm = f32(get("norm.weight", {dv}));
+      Tensor a_neg = f32(get("A_log", {hv}));
+      for (int64_t h = 0; h < hv; ++h) a_neg.data<float>()[h] = -std::exp(a_neg.data<float>()[h]);
+      lw.a_neg = on_device(a_neg);
+      lw.dt_bias = on_device(f32(get("dt_bias", {hv})));
+      lw.norm = on_device(f32(get("norm.weight", {dv})));
       lw.out_proj = load.load(get("out_proj.weight", {c.hidden_size, hv * dv}));
     }
     load.finish();

@@ -137,33 +137,33 @@ void sample_rows(const kernels::SamplingBatch& batch, Device device) {
 
 void gated_delta_rule(const GatedDeltaRuleArgs& a) {
   if (common_device("gated_delta_rule", {&a.q, &a.k, &a.v, &a.g, &a.beta, &a.out}).is_cuda())
-    no_cuda_twin("gated_delta_rule");
+    LONGCTX_CUDA_TWIN("gated_delta_rule", gated_delta_rule_cuda(a));
   gated_delta_rule_cpu(a);
 }
 
 void causal_conv1d(const CausalConv1dArgs& a) {
   if (common_device("causal_conv1d", {&a.x, &a.weight, &a.out}).is_cuda())
-    no_cuda_twin("causal_conv1d");
+    LONGCTX_CUDA_TWIN("causal_conv1d", causal_conv1d_cuda(a));
   causal_conv1d_cpu(a);
 }
 
 void sigmoid_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
   if (common_device("sigmoid_and_mul", {&gate, &up, &out}).is_cuda())
-    no_cuda_twin("sigmoid_and_mul");
+    LONGCTX_CUDA_TWIN("sigmoid_and_mul", sigmoid_and_mul_cuda(gate, up, out));
   sigmoid_and_mul_cpu(gate, up, out);
 }
 
 void delta_rule_gates(const Tensor& b, const Tensor& a, const Tensor& a_neg, const Tensor& dt_bias,
                       const Tensor& g, const Tensor& beta) {
   if (common_device("delta_rule_gates", {&b, &a, &a_neg, &dt_bias, &g, &beta}).is_cuda())
-    no_cuda_twin("delta_rule_gates");
+    LONGCTX_CUDA_TWIN("delta_rule_gates", delta_rule_gates_cuda(b, a, a_neg, dt_bias, g, beta));
   delta_rule_gates_cpu(b, a, a_neg, dt_bias, g, beta);
 }
 
 void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps,
                     const Tensor& out) {
   if (common_device("rms_norm_gated", {&x, &z, &weight, &out}).is_cuda())
-    no_cuda_twin("rms_norm_gated");
+    LONGCTX_CUDA_TWIN("rms_norm_gated", rms_norm_gated_cuda(x, z, weight, eps, out));
   rms_norm_gated_cpu(x, z, weight, eps, out);
 }
 

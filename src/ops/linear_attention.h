@@ -1,7 +1,11 @@
 // Linear attention (Qwen3-Next's Gated DeltaNet): the gated delta rule and the short causal
 // conv1d before it, each over a batch of sequences that continue from their own states (kernels
-// and their math: kernels/linear_attention_params.h). fp32 in, out and state; CPU reference
-// (kernels/cpu/linear_attention_cpu.cpp); CUDA tensors are refused until the CUDA twin exists.
+// and their math: kernels/linear_attention_params.h). fp32 state and accumulation; the CPU
+// reference (kernels/cpu/linear_attention_cpu.cpp) takes f32 activations, the CUDA twins
+// (linear_attention_cuda.cu, kernels/cuda/linear_attention.h) f32, bf16 or f16 ones (one dtype
+// per call: q/k/v/out, x/out, b/a, x/z/out), g, beta, weights and states f32 everywhere. The
+// CUDA twins upload the host arrays (qo_indptr, the state pointers) on every call, so a graph
+// captured over them would replay stale arrays: callers run them eagerly.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +20,10 @@ namespace longctx::ops {
 enum class DeltaRuleForm { kRecurrent, kChunked };
 
 struct GatedDeltaRuleArgs {
-  Tensor q, k;     // [T, Hk, k_dim] f32, last dim contiguous (views of the conv output)
-  Tensor v;        // [T, Hv, v_dim] f32, Hv a multiple of Hk
+  Tensor q, k;     // [T, Hk, k_dim], last dim contiguous (views of the conv output)
+  Tensor v;        // [T, Hv, v_dim], Hv a multiple of Hk
   Tensor g, beta;  // [T, Hv] f32: log decay, write strength
-  Tensor out;      // [T, Hv, v_dim] f32
+  Tensor out;      // [T, Hv, v_dim]
   std::span<const int32_t> qo_indptr;  // [S + 1] host: sequence s owns rows [qo[s], qo[s + 1])
   std::span<const Tensor> states;      // [S] [Hv, k_dim, v_dim] f32 contiguous, updated in place
   float scale = 0.f;                   // of the l2-normalized q (0: k_dim^-0.5)
@@ -28,17 +32,19 @@ struct GatedDeltaRuleArgs {
 };
 void gated_delta_rule(const GatedDeltaRuleArgs& a);
 void gated_delta_rule_cpu(const GatedDeltaRuleArgs& a);
+void gated_delta_rule_cuda(const GatedDeltaRuleArgs& a);
 
 struct CausalConv1dArgs {
-  Tensor x;       // [T, C] f32, rows strided, last dim contiguous
+  Tensor x;       // [T, C], rows strided, last dim contiguous
   Tensor weight;  // [C, K] f32 contiguous (a depthwise Conv1d's [C, 1, K] weight, viewed)
-  Tensor out;     // [T, C] f32, not overlapping x
+  Tensor out;     // [T, C], not overlapping x
   std::span<const int32_t> qo_indptr;  // [S + 1] host
   std::span<const Tensor> states;      // [S] [K - 1, C] f32 contiguous, updated in place
   bool silu = true;                    // silu after the conv (Qwen3-Next), else none
 };
 void causal_conv1d(const CausalConv1dArgs& a);
 void causal_conv1d_cpu(const CausalConv1dArgs& a);
+void causal_conv1d_cuda(const CausalConv1dArgs& a);
 
 // Qwen3NextGatedDeltaNet's per-head gates from in_proj_ba's halves b, a [T, Hv] (rows strided):
 //   beta = sigmoid(b);  g = a_neg * softplus(a + dt_bias)
@@ -47,13 +53,18 @@ void delta_rule_gates(const Tensor& b, const Tensor& a, const Tensor& a_neg, con
                       const Tensor& g, const Tensor& beta);
 void delta_rule_gates_cpu(const Tensor& b, const Tensor& a, const Tensor& a_neg,
                           const Tensor& dt_bias, const Tensor& g, const Tensor& beta);
+void delta_rule_gates_cuda(const Tensor& b, const Tensor& a, const Tensor& a_neg,
+                           const Tensor& dt_bias, const Tensor& g, const Tensor& beta);
 
 // Qwen3NextRMSNormGated over each row of x [rows, d] (f32): the plain RMSNorm (weight not
 // zero-centred), then times silu(z): out = x / sqrt(mean(x^2) + eps) * weight * silu(z).
+// weight f32.
 // z, out [rows, d] (rows strided, last dim contiguous); out may be x.
 void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps,
                     const Tensor& out);
 void rms_norm_gated_cpu(const Tensor& x, const Tensor& z, const Tensor& weight, float eps,
                         const Tensor& out);
+void rms_norm_gated_cuda(const Tensor& x, const Tensor& z, const Tensor& weight, float eps,
+                         const Tensor& out);
 
 }  // namespace longctx::ops

@@ -21,9 +21,10 @@ void gelu_tanh_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
 void gelu_tanh_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out);
 void gelu_tanh_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out);
 
-// Same contract: out = sigmoid(gate) * up (Qwen3-Next's gated attention output). CPU only.
+// Same contract: out = sigmoid(gate) * up (Qwen3-Next's gated attention output).
 void sigmoid_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out);
 void sigmoid_and_mul_cpu(const Tensor& gate, const Tensor& up, const Tensor& out);
+void sigmoid_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out);
 
 enum class GatedAct { kSilu, kGeluTanh, kSigmoid };
 

@@ -1,6 +1,6 @@
-// CUDA silu_and_mul: out = g / (1 + expf(-g)) * u in fp32 (expf, not __expf), and
-// gelu_tanh_and_mul with tanhf; one thread per kVec (or 1) elements of a row; out may be gate or
-// up exactly (same thread reads and writes).
+// CUDA silu_and_mul: out = g / (1 + expf(-g)) * u in fp32 (expf, not __expf),
+// gelu_tanh_and_mul with tanhf, and sigmoid_and_mul as u / (1 + expf(-g)); one thread per kVec (or
+// 1) elements of a row; out may be gate or up exactly (same thread reads and writes).
 #include "longctx/core/stream.h"
 #include "ops/ops_device.cuh"
 #include "ops/silu_and_mul.h"
@@ -23,6 +23,8 @@ struct SiluAndMulRow {
     for (int i = 0; i < N; ++i) {
       if constexpr (kAct == GatedAct::kSilu) {
         o[i] = __fmul_rn(__fdiv_rn(g[i], 1.0f + expf(-g[i])), u[i]);
+      } else if constexpr (kAct == GatedAct::kSigmoid) {
+        o[i] = __fdiv_rn(u[i], 1.0f + expf(-g[i]));
       } else {
         constexpr float kSqrt2OverPi = 0.7978845608028654f;
         const float x = g[i], inner = kSqrt2OverPi * (x + 0.044715f * x * x * x);
@@ -63,6 +65,10 @@ void silu_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out) 
 
 void gelu_tanh_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out) {
   gated_act_cuda<GatedAct::kGeluTanh>(silu_and_mul_params(gate, up, out));
+}
+
+void sigmoid_and_mul_cuda(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  gated_act_cuda<GatedAct::kSigmoid>(silu_and_mul_params(gate, up, out));
 }
 
 }  // namespace longctx::ops

@@ -10,7 +10,8 @@
 //   add_rms_norm's residual: exact (one fp32 add);
 //   rms_norm / add_rms_norm out: 2 ulp (f32) / 1 ulp (16-bit): both sum squares in double, so
 //     only a double-sum order difference that moves the fp32 variance could differ;
-//   silu_and_mul: 1e-6 relative (f32): CUDA's expf is within 2 ulp and glibc's within 1, and the
+//   silu_and_mul (and sigmoid_and_mul): 1e-6 relative (f32): CUDA's expf is within 2 ulp and
+//   glibc's within 1, and the
 //     division and product each round once on both sides, so they may differ by 5 * 2^-23
 //     (6e-7) relative; an H200 run measured up to 5 ulp, 3e-7 relative / 1 ulp (16-bit);
 //   rope: 1e-6 absolute + 2 ulp (f32) / 1 ulp (16-bit): sincosf within 2 ulp of the correctly
@@ -305,13 +306,16 @@ void add_rms_norm_cases(bool small) {
 CaseSpec silu_case(int64_t n, int64_t inter, DType dt, DType odt, bool in_place, uint64_t seed,
                    ops::GatedAct act = ops::GatedAct::kSilu) {
   const bool gelu = act == ops::GatedAct::kGeluTanh;
+  const bool sigmoid = act == ops::GatedAct::kSigmoid;
   if (in_place) odt = dt;
   M gu = random_mirror(n * 2 * inter, dt, seed, -8.f, 8.f);
   M out = in_place ? gu : mirror(n * inter, odt);
   CaseSpec c;
   c.name = fmt::format("{}(n={} I={} halves of {} [n, 2I] -> {}{})",
-                       gelu ? "gelu_tanh_and_mul" : "silu_and_mul", n, inter, dn(dt), dn(odt),
-                       in_place ? " into gate" : "");
+                       gelu      ? "gelu_tanh_and_mul"
+                       : sigmoid ? "sigmoid_and_mul"
+                                 : "silu_and_mul",
+                       n, inter, dn(dt), dn(odt), in_place ? " into gate" : "");
   auto g = [=](bool dev) {
     return dev ? gu->dev({n, inter}, {2 * inter, 1}) : gu->host({n, inter}, {2 * inter, 1});
   };
@@ -326,12 +330,16 @@ CaseSpec silu_case(int64_t n, int64_t inter, DType dt, DType odt, bool in_place,
   c.gpu = [=] {
     if (gelu)
       ops::gelu_tanh_and_mul(g(true), u(true), o(true));
+    else if (sigmoid)
+      ops::sigmoid_and_mul(g(true), u(true), o(true));
     else
       ops::silu_and_mul(g(true), u(true), o(true));
   };
   c.check = [=] {
     if (gelu)
       ops::gelu_tanh_and_mul_cpu(g(false), u(false), o(false));
+    else if (sigmoid)
+      ops::sigmoid_and_mul_cpu(g(false), u(false), o(false));
     else
       ops::silu_and_mul_cpu(g(false), u(false), o(false));
     const Tol tol = gelu ? gelu_tol(odt) : silu_tol(odt);
@@ -361,6 +369,13 @@ void silu_cases(bool small) {
       ++k;
     }
   run_case(s, silu_case(small ? 3 : 33, 37, DType::kBF16, DType::kBF16, false, 699), sum);
+  // sigmoid_and_mul (Qwen3-Next's attention output gate): the silu tolerance (expf and one
+  // division on each side).
+  for (int64_t n : small ? kTokensSmall : kTokens)
+    for (DType dt : {DType::kF32, DType::kBF16})
+      run_case(s,
+               silu_case(n, n == 17 ? 37 : 256, dt, dt, n == 3, 700 + n, ops::GatedAct::kSigmoid),
+               sum);
 }
 
 // ---------------------------------------------------------------------------------------------

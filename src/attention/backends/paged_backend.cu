@@ -50,23 +50,39 @@ class PagedAttentionBackend final : public AttentionBackend {
  public:
   PagedAttentionBackend(const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale,
                         const PagedBackendLimits& limits, const SparseOptions& sparse,
-                        const kernels::KernelTuning& tuning, const KvGroups* groups)
+                        const kernels::KernelTuning& tuning, const KvGroups* groups,
+                        StatePool* states)
       : pool_(pool),
         device_(pool.config().device),
         num_qo_heads_(static_cast<int>(num_qo_heads)),
         sm_scale_(sm_scale),
         limits_(limits),
+        states_(states),
         done_(device_) {
     const PagedKVPoolConfig& c = pool.config();
     if (groups != nullptr && !groups->single_full()) groups_ = *groups;
-    LONGCTX_CHECK(
-        !groups_ ||
-            (groups_->pool_layers() == c.num_layers && !groups_->has_kind(KvGroupKind::kState)),
-        ErrorCode::kInvalidArgument,
-        "paged attention over KV groups ({}) needs a pool of {} layers (has {}) and no "
-        "per-sequence state group",
-        groups_ ? groups_->summary() : "", groups_ ? groups_->pool_layers() : 0, c.num_layers);
-    const int64_t num_groups = groups_ ? groups_->size() : 1;
+    const bool has_state = groups_ && groups_->has_kind(KvGroupKind::kState);
+    LONGCTX_CHECK(!groups_ || groups_->pool_layers() == c.num_layers, ErrorCode::kInvalidArgument,
+                  "paged attention over KV groups ({}) needs a pool of {} layers (has {})",
+                  groups_ ? groups_->summary() : "", groups_ ? groups_->pool_layers() : 0,
+                  c.num_layers);
+    LONGCTX_CHECK(!has_state || (states_ != nullptr && states_->device() == c.device),
+                  ErrorCode::kInvalidArgument,
+                  "paged attention over KV groups ({}) with a per-sequence state group needs a "
+                  "state pool on {}",
+                  groups_ ? groups_->summary() : "", c.device.str());
+    if (!has_state) states_ = nullptr;
+    // The paged groups come first (KvGroups' order): steps_[g] is group g's for g < their count.
+    int64_t num_groups = groups_ ? groups_->size() : 1;
+    while (groups_ && num_groups > 0 && (*groups_)[num_groups - 1].kind == KvGroupKind::kState)
+      --num_groups;
+    for (int64_t g = 0; g < num_groups; ++g)
+      LONGCTX_CHECK(!groups_ || (*groups_)[g].kind != KvGroupKind::kState,
+                    ErrorCode::kInvalidArgument,
+                    "paged attention: KV groups ({}) list a state group before a paged one",
+                    groups_->summary());
+    LONGCTX_CHECK(num_groups > 0, ErrorCode::kUnsupported,
+                  "paged attention: no paged KV group ({})", groups_ ? groups_->summary() : "");
     for (int64_t g = 0, base = 0; g < num_groups; ++g) {
       GroupStep st{IndexLayout(limits.max_tokens, limits.max_seqs, limits.max_blocks, base)};
       st.window = groups_ ? static_cast<int>((*groups_)[g].window) : 0;
@@ -150,8 +166,12 @@ class PagedAttentionBackend final : public AttentionBackend {
   void plan(const ForwardBatch& batch) override {
     const PagedKVPoolConfig& c = pool_.config();
     if (groups_) {
-      check_group_batch(batch, *groups_, c.block_size, c.num_blocks);
+      check_group_batch(batch, *groups_, c.block_size, c.num_blocks,
+                        states_ != nullptr ? states_->num_slots() : 0);
       check_paged_limits(batch, limits_);
+      LONGCTX_CHECK(states_ == nullptr || !batch.fixed_launch_shapes, ErrorCode::kUnsupported,
+                    "paged attention: a model with linear-attention layers runs eagerly (its "
+                    "ops upload per-step arrays; no CUDA graph capture)");
     } else {
       check_paged_batch(batch, c.block_size, c.num_blocks, limits_);
     }
@@ -161,6 +181,8 @@ class PagedAttentionBackend final : public AttentionBackend {
     for (int64_t q = 0; q < s; ++q) all_decode = all_decode && batch.q_len(q) == 1;
     cudaStream_t stream = current_cuda_stream(device_.index);
     for (size_t g = 0; g < steps_.size(); ++g) stage_group(batch, steps_[g], batch.tables(g));
+    reset_new_states(batch);
+    batch_ = &batch;
     const size_t used_bytes = (steps_.back().layout.slots + 2 * t) * sizeof(int32_t);
     LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_.data_ptr(), used_bytes,
                                        cudaMemcpyHostToDevice, stream));
@@ -231,6 +253,23 @@ class PagedAttentionBackend final : public AttentionBackend {
                                 ws_bytes, stream);
     }
     planned_ = true;
+  }
+
+  LinearLayerStates linear_states(int64_t layer) override {
+    LONGCTX_CHECK(planned_ && batch_ != nullptr, ErrorCode::kInternal,
+                  "paged attention: linear_states before plan");
+    LONGCTX_CHECK(states_ != nullptr && layer >= 0 && layer < groups_->num_layers() &&
+                      (*groups_)[groups_->group_of(layer)].kind == KvGroupKind::kState,
+                  ErrorCode::kInvalidArgument,
+                  "paged attention: layer {} keeps no state in this backend", layer);
+    const BlockTablesView t = batch_->tables(groups_->group_of(layer));
+    const int64_t j = groups_->pool_layer(layer);
+    LinearLayerStates st;
+    for (int64_t q = 0; q < batch_->num_seqs(); ++q) {
+      st.recurrent.push_back(states_->recurrent(t.block_tables[q], j));
+      st.conv.push_back(states_->conv(t.block_tables[q], j));
+    }
+    return st;
   }
 
   SparsePrefillCounters sparse_prefill_counters() const override {
@@ -350,6 +389,19 @@ class PagedAttentionBackend final : public AttentionBackend {
     std::memcpy(h + l.slots, tables.slot_mapping.data(), t * sizeof(int64_t));
   }
 
+  // A sequence whose step starts at its first token starts from zero states (its slot may have
+  // held an earlier sequence's); a later start continues its own state, or a prefix hit's
+  // snapshot the runner copied into its slot before the step. Enqueued on the current stream.
+  void reset_new_states(const ForwardBatch& batch) {
+    if (states_ == nullptr) return;
+    for (int64_t g = 0; g < groups_->size(); ++g) {
+      if ((*groups_)[g].kind != KvGroupKind::kState) continue;
+      const BlockTablesView t = batch.tables(g);
+      for (int64_t q = 0; q < batch.num_seqs(); ++q)
+        if (batch.kv_lens[q] == batch.q_len(q)) states_->reset(t.block_tables[q]);
+    }
+  }
+
   // While `stream` is being captured, the decode kernel just launched is the capture's one
   // current dependency: its node (of group g's plan), which a graph updates when the grid
   // changes.
@@ -383,11 +435,13 @@ class PagedAttentionBackend final : public AttentionBackend {
   int num_qo_heads_;
   float sm_scale_;
   PagedBackendLimits limits_;
-  std::optional<KvGroups> groups_;  // several KV groups (none: one full group)
-  std::vector<GroupStep> steps_;    // [groups] (one without groups_)
-  std::vector<int32_t> kv_lens_;    // [groups, S] each group's kv lengths (trimmed tables)
-  Tensor host_;                     // [words] i32 pinned staging of every group's index arrays
-  Tensor indices_;                  // [words] i32 their device copy
+  StatePool* states_ = nullptr;          // the state groups' slots (null: no state group)
+  const ForwardBatch* batch_ = nullptr;  // the planned step (linear_states reads its tables)
+  std::optional<KvGroups> groups_;       // several KV groups (none: one full group)
+  std::vector<GroupStep> steps_;         // [groups] (one without groups_)
+  std::vector<int32_t> kv_lens_;         // [groups, S] each group's kv lengths (trimmed tables)
+  Tensor host_;                          // [words] i32 pinned staging of every group's index arrays
+  Tensor indices_;                       // [words] i32 their device copy
   Tensor workspace_;  // [bytes] u8: the prefill or decode plan's work lists and partials
   size_t prefill_list_bytes_ = 0;  // the prefill's work list alone
   size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;
@@ -476,9 +530,10 @@ std::unique_ptr<GraphLaunches> PagedAttentionBackend::end_graph_capture() {
 
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
-    const SparseOptions& sparse, const kernels::KernelTuning& tuning, const KvGroups* groups) {
+    const SparseOptions& sparse, const kernels::KernelTuning& tuning, const KvGroups* groups,
+    StatePool* states) {
   return std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits, sparse,
-                                                 tuning, groups);
+                                                 tuning, groups, states);
 }
 
 }  // namespace longctx

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kv/paged_kv_pool.h"
+#include "kv/state_pool.h"
 #include "longctx/attention/forward_batch.h"
 #include "longctx/attention/kv_groups.h"
 #include "longctx/attention/sparse_options.h"
@@ -49,10 +50,16 @@ struct PagedBackendLimits {
 // kernels take its window over tables trimmed to the blocks from the one holding the first new
 // token's window start (the dropped ones before it are never named). limits.max_blocks holds per
 // group. Sparse policies run models of one full group only.
+//
+// State groups (linear attention; listed after the paged groups) need `states`, a StatePool on
+// the pool's device whose slots the state group's tables name: plan() zeroes the slot of every
+// sequence whose step starts at its first token and linear_states() hands a layer its sequences'
+// states. The linear-attention ops upload their per-call arrays (new every call), so a
+// state model's steps cannot be captured: plan() refuses fixed_launch_shapes with a state group.
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
     const SparseOptions& sparse = {}, const kernels::KernelTuning& tuning = {},
-    const KvGroups* groups = nullptr);
+    const KvGroups* groups = nullptr, StatePool* states = nullptr);
 // The checks plan() makes on the host, exposed for tests: block ids inside the pool, each
 // sequence's table long enough for its kv_len, every new token's slot equal to the one its
 // table names, sizes within `limits` (keys per sequence too where max_seq_len > 0). Throws

@@ -9,7 +9,7 @@ std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool
                                                                const PagedBackendLimits&,
                                                                const SparseOptions&,
                                                                const kernels::KernelTuning&,
-                                                               const KvGroups*) {
+                                                               const KvGroups*, StatePool*) {
   LONGCTX_THROW(ErrorCode::kUnsupported,
                 "paged GPU attention: this build of longctx has no CUDA backend (configure with "
                 "-DLONGCTX_CUDA=ON)");

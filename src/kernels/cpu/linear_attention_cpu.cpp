@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "longctx/core/error.h"
 #include "longctx/core/parallel.h"
 
 namespace longctx::kernels::cpu {
@@ -30,19 +31,35 @@ int64_t key_head(const GatedDeltaRuleParams& p, int64_t h) {
   return h / (p.num_v_heads / p.num_k_heads);
 }
 
+// The reference reads and writes f32 activations only (the ops layer converts or refuses).
+struct F32Views {
+  const float *q, *k, *v;
+  float* out;
+  explicit F32Views(const GatedDeltaRuleParams& p)
+      : q(static_cast<const float*>(p.q)),
+        k(static_cast<const float*>(p.k)),
+        v(static_cast<const float*>(p.v)),
+        out(static_cast<float*>(p.out)) {
+    LONGCTX_CHECK(p.dtype == DType::kF32, ErrorCode::kUnsupported,
+                  "gated_delta_rule (CPU reference): {} activations (f32 only)",
+                  dtype_name(p.dtype));
+  }
+};
+
 }  // namespace
 
 void gated_delta_rule_recurrent(const GatedDeltaRuleParams& p) {
+  const F32Views io(p);
   const int64_t dk = p.k_dim, dv = p.v_dim;
   for_each_seq_head(p, [&](int64_t s, int64_t h) {
     float* st = p.states[s] + h * dk * dv;  // [dk, dv]
     const int64_t kh = key_head(p, h);
     std::vector<float> q(dk), k(dk), delta(dv);
     for (int64_t t = p.qo_indptr[s]; t < p.qo_indptr[s + 1]; ++t) {
-      l2norm_scaled(p.q + t * p.q_stride_t + kh * p.q_stride_h, dk, p.l2norm_eps, p.scale,
+      l2norm_scaled(io.q + t * p.q_stride_t + kh * p.q_stride_h, dk, p.l2norm_eps, p.scale,
                     q.data());
-      l2norm_scaled(p.k + t * p.k_stride_t + kh * p.k_stride_h, dk, p.l2norm_eps, 1.f, k.data());
-      const float* v = p.v + t * p.v_stride_t + h * p.v_stride_h;
+      l2norm_scaled(io.k + t * p.k_stride_t + kh * p.k_stride_h, dk, p.l2norm_eps, 1.f, k.data());
+      const float* v = io.v + t * p.v_stride_t + h * p.v_stride_h;
       const float decay = std::exp(p.g[t * p.g_stride_t + h]);
       const float beta = p.beta[t * p.beta_stride_t + h];
       for (int64_t i = 0; i < dk * dv; ++i) st[i] *= decay;
@@ -52,7 +69,7 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleParams& p) {
         for (int64_t j = 0; j < dv; ++j) delta[j] -= st[i * dv + j] * k[i];
       for (int64_t j = 0; j < dv; ++j) delta[j] *= beta;
       // S += k delta^T; o = S^T q
-      float* o = p.out + t * p.out_stride_t + h * p.out_stride_h;
+      float* o = io.out + t * p.out_stride_t + h * p.out_stride_h;
       std::fill(o, o + dv, 0.f);
       for (int64_t i = 0; i < dk; ++i) {
         float* row = st + i * dv;
@@ -66,6 +83,7 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleParams& p) {
 }
 
 void gated_delta_rule_chunked(const GatedDeltaRuleParams& p) {
+  const F32Views io(p);
   const int64_t dk = p.k_dim, dv = p.v_dim, cs = std::max<int64_t>(1, p.chunk_size);
   for_each_seq_head(p, [&](int64_t s, int64_t h) {
     float* st = p.states[s] + h * dk * dv;  // [dk, dv]
@@ -77,9 +95,9 @@ void gated_delta_rule_chunked(const GatedDeltaRuleParams& p) {
       float cum = 0.f;
       for (int64_t i = 0; i < n; ++i) {
         const int64_t t = c0 + i;
-        l2norm_scaled(p.q + t * p.q_stride_t + kh * p.q_stride_h, dk, p.l2norm_eps, p.scale,
+        l2norm_scaled(io.q + t * p.q_stride_t + kh * p.q_stride_h, dk, p.l2norm_eps, p.scale,
                       &q[i * dk]);
-        l2norm_scaled(p.k + t * p.k_stride_t + kh * p.k_stride_h, dk, p.l2norm_eps, 1.f,
+        l2norm_scaled(io.k + t * p.k_stride_t + kh * p.k_stride_h, dk, p.l2norm_eps, 1.f,
                       &k[i * dk]);
         cum += p.g[t * p.g_stride_t + h];
         gc[i] = cum;  // the decay's cumulative log within the chunk
@@ -107,7 +125,7 @@ void gated_delta_rule_chunked(const GatedDeltaRuleParams& p) {
         std::fill(&w[i * dk], &w[i * dk] + dk, 0.f);
         for (int64_t j = 0; j <= i; ++j) {
           const float tij = a[i * cs + j];
-          const float* v = p.v + (c0 + j) * p.v_stride_t + h * p.v_stride_h;
+          const float* v = io.v + (c0 + j) * p.v_stride_t + h * p.v_stride_h;
           const float fv = tij * beta[j], fk = tij * beta[j] * std::exp(gc[j]);
           for (int64_t e = 0; e < dv; ++e) u[i * dv + e] += fv * v[e];
           for (int64_t e = 0; e < dk; ++e) w[i * dk + e] += fk * k[j * dk + e];
@@ -122,7 +140,7 @@ void gated_delta_rule_chunked(const GatedDeltaRuleParams& p) {
         }
       // o_i = exp(G_i) q_i S + sum_{j<=i} (q_i . k_j) exp(G_i - G_j) v_new_j
       for (int64_t i = 0; i < n; ++i) {
-        float* o = p.out + (c0 + i) * p.out_stride_t + h * p.out_stride_h;
+        float* o = io.out + (c0 + i) * p.out_stride_t + h * p.out_stride_h;
         std::fill(o, o + dv, 0.f);
         const float di = std::exp(gc[i]);
         for (int64_t e = 0; e < dk; ++e) {
@@ -153,6 +171,10 @@ void gated_delta_rule_chunked(const GatedDeltaRuleParams& p) {
 }
 
 void causal_conv1d(const CausalConv1dParams& p) {
+  LONGCTX_CHECK(p.dtype == DType::kF32, ErrorCode::kUnsupported,
+                "causal_conv1d (CPU reference): {} activations (f32 only)", dtype_name(p.dtype));
+  const float* x = static_cast<const float*>(p.x);
+  float* out = static_cast<float*>(p.out);
   const int64_t kw = p.kernel, hist = kw - 1, ch = p.channels;
   parallel_for(
       p.num_seqs * ch,
@@ -164,10 +186,10 @@ void causal_conv1d(const CausalConv1dParams& p) {
           const float* wc = p.weight + c * kw;
           for (int64_t j = 0; j < hist; ++j) win[j] = state[j * ch + c];
           for (int64_t t = p.qo_indptr[s]; t < p.qo_indptr[s + 1]; ++t) {
-            win[hist] = p.x[t * p.x_stride_t + c];
+            win[hist] = x[t * p.x_stride_t + c];
             float acc = 0.f;
             for (int64_t j = 0; j < kw; ++j) acc += wc[j] * win[j];
-            p.out[t * p.out_stride_t + c] = p.silu ? acc / (1.f + std::exp(-acc)) : acc;
+            out[t * p.out_stride_t + c] = p.silu ? acc / (1.f + std::exp(-acc)) : acc;
             for (int64_t j = 0; j < hist; ++j) win[j] = win[j + 1];
           }
           for (int64_t j = 0; j < hist; ++j) state[j * ch + c] = win[j];

@@ -1,0 +1,154 @@
+// A linear-attention (state) model on the GPU engine: tiny-qwen3-next (three Gated DeltaNet
+// layers to one gated full-attention layer, MoE with a shared expert), its states in a device
+// StatePool, every step eager (no decode graphs for state models):
+//   - the fixture's 24 greedy tokens (transformers, fp32) reproduced at 7 and 515 prompt tokens,
+//     except after a step whose transformers top-1/top-2 margin is below 0.05 (random-weight
+//     fixtures are that sensitive: tests/gpu_models/test_gpu_models.cpp), in f16 activations;
+//   - the GPU engine's greedy tokens equal the CPU engine's (up to such near ties) for a batch of
+//     prompts of mixed lengths, prefilled in chunks (the states continued across chunks and
+//     decode steps, sequences at different positions in one step);
+//   - a prefix-cache hit (the state restored from a device snapshot at a block boundary) gives
+//     the tokens of an engine without prefix caching;
+//   - the device StatePool's reset and copy touch exactly their slot.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "gpu_models/greedy_compare.h"
+#include "kv/state_pool.h"
+#include "longctx/llm.h"
+#include "models/model_test_util.h"
+
+namespace longctx::testing {
+namespace {
+
+constexpr double kTieMargin = 0.05;
+const char* const kModel = "tiny-qwen3-next";
+
+EngineConfig engine_config(const std::string& device, bool prefix_caching = false) {
+  EngineConfig c;
+  c.model = fixture_dir(kModel);
+  c.device = device;
+  c.max_model_len = 1024;
+  c.block_size = 16;
+  c.max_num_batched_tokens = 64;  // longer prompts prefill in chunks
+  c.max_num_seqs = 8;
+  c.num_gpu_blocks = 512;
+  c.enable_prefix_caching = prefix_caching;
+  c.model_options.rope_inv_freq_dtype = DType::kF32;  // as the fixture's reference.json
+  if (device == "cuda") c.model_options.activation_dtype = DType::kF16;
+  return c;
+}
+
+SamplingParams greedy(int64_t tokens = 24) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = tokens;
+  sp.ignore_eos = true;
+  sp.logprobs = 2;
+  return sp;
+}
+
+TEST(GpuLinear, FixtureGreedyTokensReproduced) {
+  LLM llm(engine_config("cuda"));
+  for (int64_t len : {7, 515}) {
+    const ReferenceCase r = reference_case(kModel, len);
+    ASSERT_EQ(r.greedy_new_tokens.size(), 24u) << len;
+    auto out = llm.generate({Prompt(r.input_ids)}, greedy(), false);
+    ASSERT_EQ(out.size(), 1u);
+    const auto& got = out[0].token_ids;
+    ASSERT_EQ(got.size(), r.greedy_new_tokens.size());
+    size_t i = 0;
+    while (i < got.size() && got[i] == r.greedy_new_tokens[i]) ++i;
+    if (i < got.size())
+      EXPECT_LT(r.greedy_margins[i], kTieMargin)
+          << kModel << "[" << len << "]: token " << i << " differs (" << got[i] << " vs "
+          << r.greedy_new_tokens[i] << ", margin " << r.greedy_margins[i] << ")";
+    std::printf("%s[%lld]: %zu/%zu greedy tokens equal\n", kModel, (long long)len, i, got.size());
+  }
+}
+
+std::vector<Prompt> mixed_prompts() {
+  std::vector<Prompt> p;
+  p.push_back(Prompt(reference_case(kModel, 7).input_ids));
+  p.push_back(Prompt(reference_case(kModel, 515).input_ids));
+  for (int64_t n : {1, 16, 63, 64, 65, 200}) p.push_back(Prompt(make_ids(n, n, 320)));
+  return p;
+}
+
+TEST(GpuLinear, GpuEngineGivesTheCpuEnginesTokensBatched) {
+  const auto cpu = LLM(engine_config("cpu")).generate(mixed_prompts(), greedy(), false);
+  const auto gpu = LLM(engine_config("cuda")).generate(mixed_prompts(), greedy(), false);
+  expect_same_tokens_up_to_ties(cpu, gpu, kTieMargin, "gpu vs cpu");
+}
+
+// Prompt b shares a's first 64 tokens (a's chunks of 64 end on that block boundary, which leaves
+// a snapshot of the states there): b's run restores it and continues from token 64.
+TEST(GpuLinear, PrefixHitEqualsNoHit) {
+  const std::vector<int32_t> a = make_ids(150, 11, 320);
+  std::vector<int32_t> b(a.begin(), a.begin() + 64);
+  const std::vector<int32_t> tail = make_ids(40, 12, 320);
+  b.insert(b.end(), tail.begin(), tail.end());
+  LLM cached(engine_config("cuda", /*prefix_caching=*/true));
+  const auto first = cached.generate({Prompt(a)}, greedy(), false);
+  const auto hit = cached.generate({Prompt(b)}, greedy(), false);
+  ASSERT_EQ(hit.size(), 1u);
+  EXPECT_GE(hit[0].metrics.num_cached_tokens, 16) << "no prefix hit";
+  const auto plain = LLM(engine_config("cuda")).generate({Prompt(b)}, greedy(), false);
+  expect_same_tokens_up_to_ties(plain, hit, kTieMargin, "prefix hit vs none");
+  // And a hit on the whole of a (its last boundary's snapshot) against a fresh run of it.
+  const auto again = cached.generate({Prompt(a)}, greedy(), false);
+  EXPECT_GE(again[0].metrics.num_cached_tokens, 64) << "no prefix hit";
+  expect_same_tokens_up_to_ties(first, again, kTieMargin, "repeat vs first");
+}
+
+TEST(GpuLinear, DeviceStatePoolResetsAndCopiesOneSlot) {
+  const Device gpu = Device::cuda(0);
+  StatePool pool(3, 2, {2, 3, 5}, {3, 7}, gpu);
+  ASSERT_TRUE(pool.device().is_cuda());
+  const int64_t floats = pool.slot_bytes() / 4;
+  // Slot s holds s * 1000 + i at its float i (every layer's recurrent then conv state).
+  auto fill = [&](int64_t s) {
+    for (int64_t l = 0; l < 2; ++l) {
+      for (Tensor t : {pool.recurrent(s, l), pool.conv(s, l)}) {
+        ASSERT_TRUE(t.device().is_cuda());
+        Tensor h = Tensor::empty(t.shape(), DType::kF32);
+        const int64_t base = (t.data<float>() - pool.recurrent(s, 0).data<float>());
+        for (int64_t i = 0; i < h.numel(); ++i) h.data<float>()[i] = float(s * 1000 + base + i);
+        t.copy_from(h);
+      }
+    }
+  };
+  for (int64_t s = 0; s < 3; ++s) fill(s);
+  auto slot = [&](int64_t s) {
+    Tensor h = Tensor::empty({floats}, DType::kF32);
+    h.copy_from(Tensor::from_blob(pool.recurrent(s, 0).data<float>(), {floats}, DType::kF32, gpu));
+    return std::vector<float>(h.data<float>(), h.data<float>() + floats);
+  };
+  pool.reset(1);
+  pool.copy(2, 0);
+  // (The copies to the host below run on the same current stream, after reset and copy.)
+  const std::vector<float> s0 = slot(0), s1 = slot(1), s2 = slot(2);
+  for (int64_t i = 0; i < floats; ++i) {
+    ASSERT_EQ(s0[i], float(2000 + i)) << i;
+    ASSERT_EQ(s1[i], 0.f) << i;
+    ASSERT_EQ(s2[i], float(2000 + i)) << i;
+  }
+  EXPECT_THROW(pool.reset(3), Error);
+  EXPECT_THROW(pool.copy(0, 3), Error);
+}
+
+// The GPU runner takes no offload for a state model, with a clear error.
+TEST(GpuLinear, OffloadIsRefusedClearly) {
+  EngineConfig c = engine_config("cuda");
+  c.kv_offload = true;
+  try {
+    LLM llm(c);
+    FAIL() << "a state model with --kv-offload was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("offload"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace longctx::testing
