@@ -67,6 +67,12 @@ class CpuExecutor final : public Executor {
         groups_.pool_layers(), c.num_key_value_heads, c.head_dim, o.block_size, 1, o.kv_dtype,
         Device::cpu()};
     // KV offload offloads the full group and keeps sliding groups resident (offload_backend.h).
+    LONGCTX_CHECK(o.offload_gpu_blocks == 0 || groups_.has_kind(KvGroupKind::kFull) ||
+                      groups_.has_kind(KvGroupKind::kState),
+                  ErrorCode::kUnsupported,
+                  "CPU executor: KV offload has nothing to offload: every layer has a sliding "
+                  "window ({}), whose KV stays resident; run without offload",
+                  groups_.summary());
     LONGCTX_CHECK(groups_.offloadable() || o.offload_gpu_blocks == 0, ErrorCode::kUnsupported,
                   "CPU executor: KV offload runs models of one full-attention KV group and any "
                   "sliding-window groups; this one has {}",
