@@ -26,6 +26,7 @@
 #include "longctx/attention/kv_groups.h"
 #include "longctx/core/error.h"
 #include "longctx/engine/executor.h"
+#include "longctx/engine/gpu_runner.h"
 #include "longctx/loader/checkpoint.h"
 #include "longctx/models/model.h"
 
@@ -375,6 +376,42 @@ TEST(OffloadGroups, RefusedModelsSayWhy) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();
   }
+}
+
+// The GPU memory plan of an offloaded Gemma-3-12B-shaped model (48 layers, 5 local : 1 global,
+// window 1024): the host pool and the GPU cache hold the 8 global layers' blocks, the window pool
+// (max_num_seqs windows and a step's tokens, for each of the five sliding groups) is resident and
+// comes off the budget before the GPU cache; the plan's string says so.
+TEST(OffloadGroups, MemoryPlanCountsTheWindowsApart) {
+  ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  c.num_hidden_layers = 48;
+  c.layer_types.assign(48, LA::kSliding);
+  for (int64_t l = 5; l < 48; l += 6) c.layer_types[l] = LA::kFull;
+  c.sliding_window = 1024;
+  GpuRunnerOptions o;
+  o.kv_offload = true;
+  o.max_num_seqs = 4;
+  o.max_num_batched_tokens = 4096;
+  o.host_kv_bytes = 64ll << 30;
+  o.max_model_len = 131072;
+  const int64_t budget = 40ll << 30;
+  const GpuMemoryPlan p = plan_gpu_memory(c, o, budget);
+  const int64_t layer_block = 2 * c.num_key_value_heads * c.head_dim * 2 * p.block_size;
+  EXPECT_EQ(p.kv_block_bytes, 8 * layer_block);  // the full group's 8 layers
+  EXPECT_EQ(p.window_block_bytes, 8 * layer_block);
+  const int64_t per_group =
+      4 * ((1023 + p.block_size - 1) / p.block_size + 2) + (4096 + p.block_size - 1) / p.block_size;
+  EXPECT_EQ(p.num_window_blocks, 5 * per_group);
+  EXPECT_EQ(p.num_host_blocks, (64ll << 30) / p.kv_block_bytes);
+  EXPECT_LE(p.weights + p.activations + p.workspaces + p.ring_bytes + p.offload_buffers + p.sparse +
+                p.window_bytes() + p.kv_bytes(),
+            budget);
+  EXPECT_NE(p.str().find("sliding windows resident"), std::string::npos) << p.str();
+  // Without offload the one pool's blocks hold 8 layers of any group.
+  o.kv_offload = false;
+  const GpuMemoryPlan r = plan_gpu_memory(c, o, budget);
+  EXPECT_EQ(r.num_window_blocks, 0);
+  EXPECT_EQ(r.kv_block_bytes, 8 * layer_block);
 }
 
 }  // namespace
