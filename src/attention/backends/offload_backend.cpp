@@ -80,16 +80,16 @@ void OffloadAttentionBackend::make_window_batch(const ForwardBatch& batch) {
     std::vector<int32_t>& tables = g == 1 ? w.block_tables : w.group_tables[g - 2].block_tables;
     std::vector<int64_t>& slots = g == 1 ? w.slot_mapping : w.group_tables[g - 2].slot_mapping;
     indptr.assign(v.block_table_indptr.begin(), v.block_table_indptr.end());
-    // Window ids to the resident pool's; a dropped entry (kNoBlock, -1) stays. A host id here
-    // fails the resident backend's checks (below 0).
+    // Window ids to the resident pool's; a dropped entry (kNoBlock, -1) stays. The resident
+    // backend checks the rest (inside its pool, slots equal to the tables').
     tables.resize(v.block_tables.size());
     for (size_t i = 0; i < tables.size(); ++i) {
       const int32_t id = v.block_tables[i];
-      tables[i] = id < 0 ? id : static_cast<int32_t>(id - window_base_);
       LONGCTX_CHECK(id < 0 || id >= window_base_, ErrorCode::kInvalidArgument,
                     "KV offload: sliding KV group {} names host block {} (its blocks come from "
                     "the window pool, ids from {})",
                     g, id, window_base_);
+      tables[i] = id < 0 ? id : static_cast<int32_t>(id - window_base_);
     }
     slots.resize(v.slot_mapping.size());
     for (size_t i = 0; i < slots.size(); ++i) slots[i] = v.slot_mapping[i] - slot_base;
