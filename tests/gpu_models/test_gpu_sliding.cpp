@@ -22,6 +22,7 @@
 #include "engine/engine_core.h"
 #include "engine/llm_internal.h"
 #include "gpu_models/greedy_compare.h"
+#include "longctx/engine/gpu_runner.h"
 #include "longctx/llm.h"
 #include "models/model_test_util.h"
 
