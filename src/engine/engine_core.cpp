@@ -38,7 +38,7 @@ BlockManager make_block_manager(const Executor* executor, bool prefix_caching) {
   KVBlockLayout l = layout_of(executor);
   if (l.groups.empty()) l.groups.push_back(KvGroupAlloc{});
   return BlockManager(l.num_blocks, l.block_size, prefix_caching, std::move(l.groups),
-                      l.num_state_slots, l.num_state_snapshots);
+                      l.num_state_slots, l.num_state_snapshots, l.num_window_blocks);
 }
 
 // The tokens each constrained row's grammar allows, within what its request may still generate.
@@ -196,14 +196,21 @@ void EngineCore::check_request(std::span<const int32_t> prompt,
   if (params.structured.enabled()) grammar_for(params.structured);
   // Every sequence must fit the pool alone, or the scheduler could never finish it.
   const int64_t most = max_total_tokens(n, params);
-  const int64_t held = blocks_.max_blocks_held(most, options_.scheduler.max_num_batched_tokens);
-  LONGCTX_CHECK(held <= blocks_.num_blocks(), ErrorCode::kOutOfMemory,
+  const int64_t step = options_.scheduler.max_num_batched_tokens;
+  const int64_t window_held = blocks_.max_blocks_held(most, step, BlockPool::kWindow);
+  LONGCTX_CHECK(window_held <= blocks_.pool_blocks(BlockPool::kWindow), ErrorCode::kOutOfMemory,
+                "the request's sliding windows need {} blocks of the GPU-resident window pool, "
+                "which holds {} (KV offload keeps the windows resident: give it more GPU memory)",
+                window_held, blocks_.pool_blocks(BlockPool::kWindow));
+  const int64_t held = blocks_.max_blocks_held(most, step);
+  LONGCTX_CHECK(held <= blocks_.pool_blocks(BlockPool::kMain), ErrorCode::kOutOfMemory,
                 "the request may need KV for {} tokens (a {}-token prompt + max_tokens {}, capped "
                 "by max_model_len {}: {} blocks of its KV groups), more than the whole KV cache "
                 "holds ({} blocks of {} tokens = {} tokens): lower max_tokens or give the KV "
                 "cache more memory",
-                most, n, params.max_tokens, options_.max_model_len, held, blocks_.num_blocks(),
-                blocks_.block_size(), blocks_.num_blocks() * blocks_.block_size());
+                most, n, params.max_tokens, options_.max_model_len, held,
+                blocks_.pool_blocks(BlockPool::kMain), blocks_.block_size(),
+                blocks_.pool_blocks(BlockPool::kMain) * blocks_.block_size());
 }
 
 std::shared_ptr<const structured::CompiledGrammar> EngineCore::grammar_for(

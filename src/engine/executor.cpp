@@ -66,10 +66,22 @@ class CpuExecutor final : public Executor {
     PagedKVPoolConfig kv{
         groups_.pool_layers(), c.num_key_value_heads, c.head_dim, o.block_size, 1, o.kv_dtype,
         Device::cpu()};
-    LONGCTX_CHECK(groups_.single_full() || o.offload_gpu_blocks == 0, ErrorCode::kUnsupported,
-                  "CPU executor: KV offload runs models of one full-attention KV group; this one "
-                  "has {} groups (sliding_window {} in config.json)",
-                  groups_.size(), c.sliding_window);
+    // KV offload offloads the full group and keeps sliding groups resident (offload_backend.h).
+    LONGCTX_CHECK(o.offload_gpu_blocks == 0 || groups_.has_kind(KvGroupKind::kFull) ||
+                      groups_.has_kind(KvGroupKind::kState),
+                  ErrorCode::kUnsupported,
+                  "CPU executor: KV offload has nothing to offload: every layer has a sliding "
+                  "window ({}), whose KV stays resident; run without offload",
+                  groups_.summary());
+    LONGCTX_CHECK(groups_.offloadable() || o.offload_gpu_blocks == 0, ErrorCode::kUnsupported,
+                  "CPU executor: KV offload runs models of one full-attention KV group and any "
+                  "sliding-window groups; this one has {}",
+                  groups_.summary());
+    LONGCTX_CHECK(o.offload_window_blocks >= 0, ErrorCode::kInvalidArgument,
+                  "CPU executor: offload_window_blocks must be >= 0, got {}",
+                  o.offload_window_blocks);
+    // With offload the host pool holds only the full group's layers.
+    if (o.offload_gpu_blocks > 0) kv.num_layers = static_cast<int64_t>(groups_[0].layers.size());
     LONGCTX_CHECK(o.block_size > 0, ErrorCode::kInvalidArgument,
                   "CPU executor: block size must be positive, got {}", o.block_size);
     const int64_t bytes = o.kv_cache_bytes > 0 ? o.kv_cache_bytes : kDefaultCpuKvBytes;
@@ -79,7 +91,7 @@ class CpuExecutor final : public Executor {
                   o.block_size, kv.bytes_per_block());
     if (o.offload_gpu_blocks > 0) {
       OffloadDeviceConfig d;
-      d.geometry = {c.num_hidden_layers,  o.block_size,    kv.num_blocks,
+      d.geometry = {kv.num_layers,        o.block_size,    kv.num_blocks,
                     o.offload_gpu_blocks, o.offload_slots, o.offload_slot_blocks};
       d.num_qo_heads = c.num_attention_heads;
       d.num_kv_heads = c.num_key_value_heads;
@@ -92,6 +104,21 @@ class CpuExecutor final : public Executor {
       offload_ = std::make_unique<OffloadAttentionBackend>(d.geometry, make_cpu_offload_device(d));
       offload_->set_layer_block_bytes(d.layer_block_bytes());
       num_blocks_ = kv.num_blocks;
+      if (!groups_.single_full()) {
+        // The sliding groups: resident, from the window pool (ids num_blocks_ + i).
+        window_groups_ = std::make_unique<KvGroups>(groups_.without_first());
+        PagedKVPoolConfig w = kv;
+        w.num_layers = window_groups_->pool_layers();
+        w.num_blocks = o.offload_window_blocks > 0 ? o.offload_window_blocks : kv.num_blocks;
+        window_pool_ = std::make_unique<PagedKVPool>(w);
+        window_attention_ = std::make_unique<CpuPagedBackend>(
+            *window_pool_, model_->attention_scale(), nullptr, window_groups_.get());
+        offload_->set_window_groups(groups_, *window_attention_, num_blocks_,
+                                    [this](std::span<const KVBlockCopy> copies) {
+                                      for (const KVBlockCopy& cp : copies)
+                                        copy_kv_block_cpu(*window_pool_, cp.src, cp.dst);
+                                    });
+      }
     } else {
       pool_ = std::make_unique<PagedKVPool>(kv);
       num_blocks_ = pool_->num_blocks();
@@ -142,6 +169,7 @@ class CpuExecutor final : public Executor {
   KVBlockLayout kv_layout() const override {
     KVBlockLayout l{num_blocks_, block_size_};
     if (!groups_.single_full()) l.groups = groups_.allocs();
+    if (window_pool_ != nullptr) l.num_window_blocks = window_pool_->num_blocks();
     if (states_ != nullptr) {
       l.num_state_slots = num_state_seqs_;
       l.num_state_snapshots = num_snapshots_;
@@ -212,6 +240,10 @@ class CpuExecutor final : public Executor {
  private:
   std::shared_ptr<Model> model_;
   KvGroups groups_;  // the model's KV groups
+  // KV offload of a model with sliding groups: their groups, resident pool and backend.
+  std::unique_ptr<KvGroups> window_groups_;
+  std::unique_ptr<PagedKVPool> window_pool_;
+  std::unique_ptr<CpuPagedBackend> window_attention_;
   // One block's bytes of a pool tensor [num_blocks, ...].
   size_t tensor_block_bytes(const Tensor& t) const {
     return static_cast<size_t>(t.numel() / num_blocks_) * dtype_size(t.dtype());

@@ -51,10 +51,13 @@ bool decode_graphs(const GpuRunnerOptions& o, const KvGroups& groups) {
 
 // A sparse policy's device bytes per engine block and fixed (the registry's: quest's page
 // metadata and selection buffers, xattention's estimate and masks; zeros for full).
+// `num_layers`: the layers the policy selects over (0: every layer; with KV offload of a model
+// with sliding groups, the full group's).
 sparse::SparseGpuBytes sparse_bytes(const ModelConfig& c, const GpuRunnerOptions& o,
-                                    int64_t block_size, int64_t max_model_len) {
+                                    int64_t block_size, int64_t max_model_len,
+                                    int64_t num_layers = 0) {
   sparse::SparseGpuShape s;
-  s.num_layers = c.num_hidden_layers;
+  s.num_layers = num_layers > 0 ? num_layers : c.num_hidden_layers;
   s.block_size = block_size;
   s.num_qo_heads = c.num_attention_heads;
   s.num_kv_heads = c.num_key_value_heads;
@@ -118,13 +121,19 @@ std::string GpuMemoryPlan::str() const {
     return fmt::format(
         "budget {}: weights {}{}, activations {}, workspaces {}, KV offload: GPU cache {} ({} "
         "blocks of {} tokens, {} per block), ring {} ({} blocks of one layer per slot), merge "
-        "buffers {}, sparse {}; host KV pool {} (pinned, {} blocks = {} tokens = {} "
+        "buffers {}, sparse {}{}; host KV pool {} (pinned, {} blocks = {} tokens = {} "
         "max_model_len sequences)",
         format_bytes(budget), format_bytes(weights), experts_note(), format_bytes(activations),
         format_bytes(workspaces), format_bytes(kv_bytes()), num_kv_blocks, block_size,
         format_bytes(kv_block_bytes), format_bytes(ring_bytes), slot_blocks,
-        format_bytes(offload_buffers), format_bytes(sparse), format_bytes(host_kv_bytes()),
-        num_host_blocks, num_host_blocks * block_size,
+        format_bytes(offload_buffers), format_bytes(sparse),
+        num_window_blocks > 0
+            ? fmt::format("; the full group offloaded, sliding windows resident {} ({} blocks, "
+                          "{} per block)",
+                          format_bytes(window_bytes()), num_window_blocks,
+                          format_bytes(window_block_bytes))
+            : std::string(),
+        format_bytes(host_kv_bytes()), num_host_blocks, num_host_blocks * block_size,
         max_model_len > 0 ? num_host_blocks * block_size / max_model_len : 0);
   const std::string states =
       kv_state_bytes > 0
@@ -152,14 +161,14 @@ int64_t default_host_kv_bytes() {
 // With offload the engine's blocks are host blocks; the GPU holds a cache of them, the ring and
 // the buffers the partial attentions merge in. The cache must hold every block one step writes:
 // the chunk's blocks plus, per sequence, a straddled block and a copy-on-write target.
+// `layers`: the offloaded layers (every layer, or a model's full group).
 GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& options,
-                           GpuMemoryPlan p, int64_t per_seq) {
+                           GpuMemoryPlan p, int64_t per_seq, int64_t layers) {
   LONGCTX_CHECK(options.offload_slots > 0 && options.offload_slot_tokens > 0,
                 ErrorCode::kInvalidArgument,
                 "KV offload: --offload-slots ({}) and the slot size ({} tokens) must be positive",
                 options.offload_slots, options.offload_slot_tokens);
   p.graphs = 0;
-  const int64_t layers = config.num_hidden_layers;
   const int64_t layer_block = p.kv_block_bytes / layers;
   p.slot_blocks = std::max<int64_t>(1, options.offload_slot_tokens / p.block_size);
   p.ring_bytes = options.offload_slots * p.slot_blocks * layer_block;
@@ -167,7 +176,8 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
   p.offload_buffers = rows * config.head_dim * 8 + rows * 8;  // fp32 partial and merged states
   const int64_t host = options.host_kv_bytes > 0 ? options.host_kv_bytes : default_host_kv_bytes();
   p.num_host_blocks = host / p.kv_block_bytes;
-  const sparse::SparseGpuBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
+  const sparse::SparseGpuBytes q =
+      sparse_bytes(config, options, p.block_size, p.max_model_len, layers);
   p.sparse = q.per_block * p.num_host_blocks + q.fixed;
   if (sparse::policy_def(options.sparse.policy).offload_staging) {  // host keys staged per step
     OffloadGeometry g;
@@ -177,7 +187,7 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
     p.sparse += xattn_offload_staging(g, p.max_model_len).bytes(layer_block);
   }
   const int64_t left = p.budget - p.weights - p.activations - p.workspaces - p.ring_bytes -
-                       p.offload_buffers - p.sparse;
+                       p.offload_buffers - p.sparse - p.window_bytes();
   p.num_kv_blocks =
       options.num_gpu_blocks > 0
           ? options.num_gpu_blocks
@@ -231,10 +241,31 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   if (groups.has_kind(KvGroupKind::kState)) p.num_state_snapshots = options.max_state_snapshots;
   p.kv_snapshot_bytes = p.num_state_snapshots * groups.state_bytes_per_seq();
   p.kv_groups = groups.describe();
-  const int64_t per_seq =
-      BlockManager(1, p.block_size, false, groups.allocs(), options.max_num_seqs)
-          .max_blocks_held(p.max_model_len, options.max_num_batched_tokens);
-  if (options.kv_offload) return plan_offload(config, options, p, per_seq);
+  // KV offload of a model with sliding groups offloads the full group and keeps the windows on
+  // the GPU (offload_backend.h): the BlockManager's window pool.
+  const bool windows = options.kv_offload && !groups.single_full() && groups.offloadable();
+  const BlockManager shape(1, p.block_size, false, groups.allocs(), options.max_num_seqs, 0,
+                           windows ? 1 : 0);
+  const int64_t per_seq = shape.max_blocks_held(p.max_model_len, options.max_num_batched_tokens);
+  if (windows) {
+    const int64_t layers = static_cast<int64_t>(groups[0].layers.size());
+    p.kv_block_bytes = p.kv_block_bytes / groups.pool_layers() * layers;
+    p.window_block_bytes = groups.without_first().block_bytes(p.block_size);
+    // Each running sequence holds its window (the blocks from the one holding its first new
+    // token's window start) and a partial block; the step's new tokens, shared by the step's
+    // sequences, add at most a block each beyond. Never less than one max_model_len sequence's.
+    const int64_t step_blocks = (options.max_num_batched_tokens + p.block_size - 1) / p.block_size;
+    for (int64_t g = 1; g < groups.size(); ++g)
+      p.num_window_blocks +=
+          options.max_num_seqs * ((groups[g].window - 1 + p.block_size - 1) / p.block_size + 2) +
+          step_blocks;
+    p.num_window_blocks = std::max(
+        p.num_window_blocks,
+        shape.max_blocks_held(p.max_model_len, options.max_num_batched_tokens, BlockPool::kWindow));
+    return plan_offload(config, options, p, per_seq, layers);
+  }
+  if (options.kv_offload)
+    return plan_offload(config, options, p, per_seq, config.num_hidden_layers);
   const sparse::SparseGpuBytes q = sparse_bytes(config, options, p.block_size, p.max_model_len);
   const int64_t left = budget - p.weights - p.activations - p.workspaces - p.graphs - q.fixed -
                        p.kv_state_bytes - p.kv_snapshot_bytes;
@@ -270,7 +301,11 @@ struct GpuRunner::Impl {
   std::unique_ptr<StatePool> states;
   int64_t state_group = -1;
   OffloadAttentionBackend* offload = nullptr;  // or offloaded KV (owned by `attention`)
-  std::vector<int32_t> free_ids;               // offload, standalone: free host blocks
+  // Offload of a model with sliding groups: their resident pool and backend (offload_backend.h).
+  std::unique_ptr<KvGroups> window_groups;
+  std::unique_ptr<PagedKVPool> window_pool;
+  std::unique_ptr<AttentionBackend> window_attention;
+  std::vector<int32_t> free_ids;  // offload, standalone: free host blocks
   std::unique_ptr<AttentionBackend> attention;
   std::unordered_map<uint64_t, OwnedSeq> owned;
   uint64_t next_scratch_id = ~uint64_t(0);
@@ -331,23 +366,51 @@ struct GpuRunner::Impl {
     free_ids.insert(free_ids.end(), blocks.rbegin(), blocks.rend());
   }
 
-  void copy_blocks(std::span<const KVBlockCopy> copies) {
-    if (offload != nullptr) return attention->copy_blocks(copies);
+  static void copy_pool_blocks(PagedKVPool& kv, std::span<const KVBlockCopy> copies) {
     for (const KVBlockCopy& c : copies) {
-      LONGCTX_CHECK(
-          c.src >= 0 && c.src < pool->num_blocks() && c.dst >= 0 && c.dst < pool->num_blocks(),
-          ErrorCode::kInternal, "GPU runner: KV block copy {} -> {} outside {} blocks", c.src,
-          c.dst, pool->num_blocks());
-      for (int64_t l = 0; l < pool->config().num_layers; ++l) {
-        pool->k(l).select(0, c.dst).copy_from(pool->k(l).select(0, c.src));
-        pool->v(l).select(0, c.dst).copy_from(pool->v(l).select(0, c.src));
-        if (pool->config().fp8()) {  // the block's scales travel with its codes
-          pool->k_scale(l).select(0, c.dst).copy_from(pool->k_scale(l).select(0, c.src));
-          pool->v_scale(l).select(0, c.dst).copy_from(pool->v_scale(l).select(0, c.src));
+      LONGCTX_CHECK(c.src >= 0 && c.src < kv.num_blocks() && c.dst >= 0 && c.dst < kv.num_blocks(),
+                    ErrorCode::kInternal, "GPU runner: KV block copy {} -> {} outside {} blocks",
+                    c.src, c.dst, kv.num_blocks());
+      for (int64_t l = 0; l < kv.config().num_layers; ++l) {
+        kv.k(l).select(0, c.dst).copy_from(kv.k(l).select(0, c.src));
+        kv.v(l).select(0, c.dst).copy_from(kv.v(l).select(0, c.src));
+        if (kv.config().fp8()) {  // the block's scales travel with its codes
+          kv.k_scale(l).select(0, c.dst).copy_from(kv.k_scale(l).select(0, c.src));
+          kv.v_scale(l).select(0, c.dst).copy_from(kv.v_scale(l).select(0, c.src));
         }
       }
     }
+  }
+
+  void copy_blocks(std::span<const KVBlockCopy> copies) {
+    // Offload: host blocks through the planner, window blocks into the window pool.
+    if (offload != nullptr) return attention->copy_blocks(copies);
+    copy_pool_blocks(*pool, copies);
     attention->copy_blocks(copies);  // a sparse policy's block metadata follows
+  }
+
+  // KV offload of a model with sliding groups: the window pool on the GPU (ids after the host
+  // pool's in the engine's numbering) and a paged backend over it for the sliding layers.
+  void make_window_pool(OffloadAttentionBackend& backend) {
+    const ModelConfig& c = model->config();
+    window_groups = std::make_unique<KvGroups>(groups.without_first());
+    window_pool = std::make_unique<PagedKVPool>(PagedKVPoolConfig{
+        window_groups->pool_layers(), c.num_key_value_heads, c.head_dim, plan.block_size,
+        plan.num_window_blocks, model->activation_dtype(), model->device()});
+    PagedBackendLimits limits;
+    limits.max_tokens = options.max_num_batched_tokens;
+    limits.max_seqs = options.max_num_seqs;
+    // Entries, not blocks: a sliding table names every block of the sequence (-1 before the
+    // window).
+    limits.max_blocks =
+        options.max_num_seqs * ((plan.max_model_len + plan.block_size - 1) / plan.block_size);
+    limits.max_seq_len = plan.max_model_len;
+    window_attention =
+        make_paged_attention_backend(*window_pool, c.num_attention_heads, model->attention_scale(),
+                                     limits, SparseOptions{}, options.tuning, window_groups.get());
+    backend.set_window_groups(
+        groups, *window_attention, plan.num_host_blocks,
+        [this](std::span<const KVBlockCopy> copies) { copy_pool_blocks(*window_pool, copies); });
   }
 
   // One forward; device f32 logits of the rows the batch asks for.
@@ -467,10 +530,17 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   // StatePool, and the offload ring moves the blocks of one full group.
   m.groups = KvGroups::from_config(c, fp8 ? DType::kFP8E4M3 : DType::kBF16);
   const KvGroups& groups = m.groups;
-  LONGCTX_CHECK(groups.single_full() || !options.kv_offload, ErrorCode::kUnsupported,
-                "GPU runner: KV offload runs models of one full-attention KV group; this one has "
-                "{} ({}; sliding_window {} in config.json): run it without --kv-offload",
-                groups.size(), groups.summary(), c.sliding_window);
+  // Offload takes the full group and keeps sliding groups resident (offload_backend.h).
+  LONGCTX_CHECK(groups.offloadable() || !options.kv_offload, ErrorCode::kUnsupported,
+                "GPU runner: KV offload runs models of one full-attention KV group and sliding "
+                "groups; this one has {} ({}{}): run it without --kv-offload",
+                groups.size(), groups.summary(),
+                groups.has_kind(KvGroupKind::kState)
+                    ? "; the offload path does not run linear-attention state groups"
+                : groups.has_kind(KvGroupKind::kFull)
+                    ? ""
+                    : "; every layer has a sliding window, whose KV stays resident: nothing to "
+                      "offload");
   const int device = m.model->device().index;
   const DeviceMemoryStats st = device_memory_stats(device);
   // The weights are already in the pool: plan the rest of the budget around what they took.
@@ -478,8 +548,14 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   m.plan.weights = st.in_use;
   if (m.plan.offload()) {
     OffloadDeviceConfig d;
-    d.geometry = {c.num_hidden_layers,  m.plan.block_size,     m.plan.num_host_blocks,
-                  m.plan.num_kv_blocks, options.offload_slots, m.plan.slot_blocks};
+    const int64_t layers =
+        groups.single_full() ? c.num_hidden_layers : static_cast<int64_t>(groups[0].layers.size());
+    d.geometry = {layers,
+                  m.plan.block_size,
+                  m.plan.num_host_blocks,
+                  m.plan.num_kv_blocks,
+                  options.offload_slots,
+                  m.plan.slot_blocks};
     d.num_qo_heads = c.num_attention_heads;
     d.num_kv_heads = c.num_key_value_heads;
     d.head_dim = c.head_dim;
@@ -495,6 +571,7 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
         std::make_unique<OffloadAttentionBackend>(d.geometry, make_cuda_offload_device(d));
     backend->set_layer_block_bytes(d.layer_block_bytes());
     m.offload = backend.get();
+    if (m.plan.num_window_blocks > 0) m.make_window_pool(*backend);
     m.attention = std::move(backend);
     for (int64_t b = m.plan.num_host_blocks; b-- > 0;)
       m.free_ids.push_back(static_cast<int32_t>(b));
@@ -546,7 +623,14 @@ const GpuMemoryPlan& GpuRunner::memory_plan() const { return impl_->plan; }
 int64_t GpuRunner::vocab_size() const { return impl_->model->config().vocab_size; }
 
 KVBlockLayout GpuRunner::kv_layout() const {
-  if (impl_->offload != nullptr) return {impl_->plan.num_host_blocks, impl_->plan.block_size};
+  if (impl_->offload != nullptr) {
+    KVBlockLayout l{impl_->plan.num_host_blocks, impl_->plan.block_size};
+    if (impl_->window_pool) {
+      l.groups = impl_->groups.allocs();
+      l.num_window_blocks = impl_->window_pool->num_blocks();
+    }
+    return l;
+  }
   // With graphs the last block is the padding sequences' scratch block, never handed out.
   const int64_t reserved = decode_graphs(impl_->options, impl_->groups) ? 1 : 0;
   KVBlockLayout l{impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};

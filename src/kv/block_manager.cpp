@@ -29,16 +29,16 @@ BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_p
 
 BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
                            std::vector<KvGroupAlloc> groups, int64_t num_state_slots,
-                           int64_t num_snapshots)
+                           int64_t num_snapshots, int64_t num_window_blocks)
     : block_size_(block_size),
       prefix_caching_(enable_prefix_caching),
       groups_(std::move(groups)),
       num_state_slots_(num_state_slots) {
-  LONGCTX_CHECK(
-      num_blocks > 0 && block_size > 0 && num_blocks <= std::numeric_limits<int32_t>::max(),
-      ErrorCode::kInvalidArgument,
-      "block manager: {} blocks of {} tokens (both must be positive, blocks < 2^31)", num_blocks,
-      block_size);
+  LONGCTX_CHECK(num_blocks > 0 && block_size > 0 && num_window_blocks >= 0 &&
+                    num_blocks + num_window_blocks <= std::numeric_limits<int32_t>::max(),
+                ErrorCode::kInvalidArgument,
+                "block manager: {} blocks of {} tokens (both must be positive, blocks < 2^31)",
+                num_blocks, block_size);
   LONGCTX_CHECK(!groups_.empty() && groups_.size() < 1024, ErrorCode::kInvalidArgument,
                 "block manager: {} KV groups (1 to 1023)", groups_.size());
   for (const KvGroupAlloc& g : groups_) {
@@ -51,10 +51,18 @@ BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_p
                     (num_state_slots > 0 && num_state_slots <= std::numeric_limits<int32_t>::max()),
                 ErrorCode::kInvalidArgument,
                 "block manager: a state group needs state slots, got {}", num_state_slots);
-  blocks_.resize(num_blocks);
-  free_.reserve(num_blocks);
+  num_main_blocks_ = num_blocks;
+  blocks_.resize(num_blocks + num_window_blocks);
+  for (const KvGroupAlloc& g : groups_)
+    pool_of_.push_back(g.kind == KvGroupKind::kSlidingWindow && num_window_blocks > 0
+                           ? BlockPool::kWindow
+                           : BlockPool::kMain);
+  free_[0].reserve(num_blocks);
+  free_[1].reserve(num_window_blocks);
   // Popped from the back: lowest ids first, so small runs use a compact prefix of the pool.
-  for (int64_t b = num_blocks; b-- > 0;) free_.push_back(static_cast<int32_t>(b));
+  for (int64_t b = num_blocks; b-- > 0;) free_[0].push_back(static_cast<int32_t>(b));
+  for (int64_t b = num_blocks + num_window_blocks; b-- > num_blocks;)
+    free_[1].push_back(static_cast<int32_t>(b));
   for (int64_t s = has_state_ ? num_state_slots : 0; s-- > 0;)
     free_slots_.push_back(static_cast<int32_t>(s));
   by_hash_.resize(groups_.size());
@@ -68,12 +76,19 @@ BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_p
 }
 
 int64_t BlockManager::num_free_blocks() const {
-  return static_cast<int64_t>(free_.size() + lru_.size());
+  return num_free_blocks(BlockPool::kMain) + num_free_blocks(BlockPool::kWindow);
 }
 
-int64_t BlockManager::max_blocks_held(int64_t tokens, int64_t step_tokens) const {
+int64_t BlockManager::num_free_blocks(BlockPool pool) const {
+  const int i = pool_index(pool);
+  return static_cast<int64_t>(free_[i].size() + lru_[i].size());
+}
+
+int64_t BlockManager::max_blocks_held(int64_t tokens, int64_t step_tokens, BlockPool pool) const {
   int64_t n = 0;
-  for (const KvGroupAlloc& g : groups_) {
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const KvGroupAlloc& g = groups_[i];
+    if (pool_of_[i] != pool) continue;
     if (g.kind == KvGroupKind::kFull) n += blocks_for(tokens);
     if (g.kind == KvGroupKind::kSlidingWindow)  // window - 1 earlier keys + the step, straddled
       n += std::min(blocks_for(tokens), blocks_for(g.window - 1 + step_tokens) + 1);
@@ -124,12 +139,14 @@ int32_t BlockManager::lookup(int64_t g, uint64_t hash, uint64_t parent,
 
 int32_t BlockManager::take_block(int32_t g) {
   int32_t id = -1;
-  if (!free_.empty()) {
-    id = free_.back();
-    free_.pop_back();
-  } else if (!lru_.empty()) {
-    id = lru_.front();
-    lru_.pop_front();
+  std::vector<int32_t>& free = free_[pool_index(pool_of_[g])];
+  std::list<int32_t>& lru = lru_[pool_index(pool_of_[g])];
+  if (!free.empty()) {
+    id = free.back();
+    free.pop_back();
+  } else if (!lru.empty()) {
+    id = lru.front();
+    lru.pop_front();
     Block& b = blocks_[id];
     if (b.snapshot >= 0) drop_snapshot(b.snapshot);  // the state at its end goes with it
     by_hash_[b.group].erase(b.hash);
@@ -152,7 +169,7 @@ void BlockManager::acquire(int32_t id) {
   Block& b = blocks_[id];
   if (b.ref == 0) {
     LONGCTX_CHECK(b.cached, ErrorCode::kInternal, "block manager: acquiring free block {}", id);
-    lru_.erase(b.lru_pos);
+    lru_[pool_index(pool_of_block(id))].erase(b.lru_pos);
   }
   ++b.ref;
 }
@@ -161,10 +178,11 @@ void BlockManager::release(int32_t id) {
   Block& b = blocks_[id];
   LONGCTX_CHECK(b.ref > 0, ErrorCode::kInternal, "block manager: block {} released twice", id);
   if (--b.ref > 0) return;
+  const int p = pool_index(pool_of_block(id));
   if (b.cached) {
-    b.lru_pos = lru_.insert(lru_.end(), id);
+    b.lru_pos = lru_[p].insert(lru_[p].end(), id);
   } else {
-    free_.push_back(id);
+    free_[p].push_back(id);
   }
 }
 
@@ -317,15 +335,19 @@ BlockManager::Start BlockManager::start(uint64_t seq, std::span<const int32_t> t
   const int64_t need = blocks_for(r.num_cached + r.num_new);
   const int64_t first_write = r.num_cached / block_size_;
   const bool cow = first_write < num_hits;
-  int64_t fresh = 0, hits_idle = 0;  // idle hits: acquiring them takes them off the free count
+  // Per pool; idle hits: acquiring them takes them off the free count.
+  int64_t fresh[2] = {0, 0}, hits_idle[2] = {0, 0};
   for (int64_t g = 0; g < num_groups; ++g) {
     if (!paged(g)) continue;
+    const int p = pool_index(pool_of_[g]);
     const int64_t lo = first_live_block(g, r.num_cached);
-    for (int64_t i = lo; i < num_hits; ++i) hits_idle += blocks_[found[g][i]].ref == 0 ? 1 : 0;
-    fresh += need - std::max(num_hits, lo) + (cow ? 1 : 0);
+    for (int64_t i = lo; i < num_hits; ++i) hits_idle[p] += blocks_[found[g][i]].ref == 0 ? 1 : 0;
+    fresh[p] += need - std::max(num_hits, lo) + (cow ? 1 : 0);
   }
   // A block may appear once only in a chain, so every hit is a distinct block.
-  if (fresh > num_free_blocks() - hits_idle) return Start{};
+  if (fresh[0] > num_free_blocks(BlockPool::kMain) - hits_idle[0] ||
+      fresh[1] > num_free_blocks(BlockPool::kWindow) - hits_idle[1])
+    return Start{};
   const int64_t slots = std::count_if(groups_.begin(), groups_.end(), [](const KvGroupAlloc& g) {
     return g.kind == KvGroupKind::kState;
   });
@@ -356,7 +378,7 @@ BlockManager::Start BlockManager::start(uint64_t seq, std::span<const int32_t> t
     if (!paged(g)) continue;
     const bool ok = grow(s.groups[g], static_cast<int32_t>(g), need, first_write, copies);
     LONGCTX_CHECK(ok, ErrorCode::kInternal, "block manager: counted {} free blocks but ran out",
-                  fresh);
+                  fresh[0] + fresh[1]);
   }
   if (has_state_ && num_hits > 0) {
     r.restore_snapshot = blocks_[found[0][num_hits - 1]].snapshot;
@@ -377,19 +399,22 @@ bool BlockManager::append(uint64_t seq, int64_t num_computed, int64_t num_new,
   drop_out_of_window(s, num_computed);
   const int64_t need = blocks_for(num_computed + num_new);
   const int64_t first_write = num_computed / block_size_;
-  int64_t fresh = 0;
+  int64_t fresh[2] = {0, 0};  // per pool
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!paged(g)) continue;
     const GroupTable& t = s.groups[g];
-    fresh += std::max<int64_t>(0, need - static_cast<int64_t>(t.blocks.size())) +
-             (cached_at(t, first_write) ? 1 : 0);
+    fresh[pool_index(pool_of_[g])] +=
+        std::max<int64_t>(0, need - static_cast<int64_t>(t.blocks.size())) +
+        (cached_at(t, first_write) ? 1 : 0);
   }
-  if (fresh > num_free_blocks()) return false;
+  if (fresh[0] > num_free_blocks(BlockPool::kMain) ||
+      fresh[1] > num_free_blocks(BlockPool::kWindow))
+    return false;
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!paged(g)) continue;
     const bool ok = grow(s.groups[g], static_cast<int32_t>(g), need, first_write, copies);
     LONGCTX_CHECK(ok, ErrorCode::kInternal, "block manager: counted {} free blocks but ran out",
-                  fresh);
+                  fresh[0] + fresh[1]);
   }
   return true;
 }
@@ -536,7 +561,7 @@ int32_t BlockManager::import_block(uint64_t parent, std::span<const int32_t> tok
   // Taking a block evicts the least recently used cached one when no uncached block is free;
   // `keep` counts the blocks the caller imported just before (the most recent of the LRU),
   // which must not be the one evicted.
-  if (by_hash_[0].count(h) != 0 || num_free_blocks() <= keep) return -1;
+  if (by_hash_[0].count(h) != 0 || num_free_blocks(BlockPool::kMain) <= keep) return -1;
   const int32_t id = take_block(0);
   if (id < 0) return -1;
   Block& b = blocks_[id];
@@ -601,9 +626,12 @@ void BlockManager::check_consistency() const {
         if (dropped) continue;
         LONGCTX_CHECK(b >= 0 && b < num_blocks(), ErrorCode::kInternal,
                       "block manager: sequence {} holds block {} outside the pool", id, b);
-        LONGCTX_CHECK(blocks_[b].group == static_cast<int32_t>(g), ErrorCode::kInternal,
-                      "block manager: block {} of group {} is held by group {}", b,
-                      blocks_[b].group, g);
+        LONGCTX_CHECK(
+            blocks_[b].group == static_cast<int32_t>(g) && pool_of_block(b) == pool_of_[g],
+            ErrorCode::kInternal,
+            "block manager: block {} of group {} is held by group {} (or is not of its "
+            "pool)",
+            b, blocks_[b].group, g);
         ++refs[b];
       }
     }
@@ -615,8 +643,10 @@ void BlockManager::check_consistency() const {
                   "block manager: state slot {} has {} holders (free list included)", i,
                   slot_holders[i]);
   std::vector<int> where(blocks_.size(), 0);  // 1 free list, 2 LRU
-  for (int32_t b : free_) where[b] += 1;
-  for (int32_t b : lru_) where[b] += 2;
+  for (int p = 0; p < 2; ++p) {
+    for (int32_t b : free_[p]) where[b] += pool_index(pool_of_block(b)) == p ? 1 : 4;
+    for (int32_t b : lru_[p]) where[b] += pool_index(pool_of_block(b)) == p ? 2 : 4;
+  }
   int64_t cached = 0;
   for (int64_t i = 0; i < num_blocks(); ++i) {
     const Block& b = blocks_[i];

@@ -43,6 +43,14 @@
 // without snapshot slots takes no prefix hits. Chunks are cut so that they end on boundaries
 // (snapshot_chunk): see docs/architecture.md (KV groups) for the choice and its memory cost.
 //
+// Window pool. With KV offload the full group's blocks live in the host pool (the GPU caches
+// some of them), while a sliding group's blocks are bounded by its window and stay resident on
+// the GPU: giving them host ids would make the GPU's resident pool as large as the host pool.
+// So a manager built with num_window_blocks > 0 keeps a second pool: sliding groups take ids
+// [num_blocks, num_blocks + num_window_blocks) from it, every other paged group takes ids
+// [0, num_blocks), each pool with its own free list and LRU (a prefix hit of a sliding group is
+// a block of the window pool, evicted only to make room there).
+//
 // Events. With record_events(true) every change of the prefix cache of group 0 (the group
 // routers index; every group caches the same prefixes) is recorded as a KvCacheEvent: a block
 // registered under its hash is stored, an evicted one removed. take_events() hands them over.
@@ -82,25 +90,36 @@ class BlockManager {
   // `groups` in the order of attention/kv_groups.h (group 0 first); num_state_slots: sequences
   // that may hold state at once (> 0 when a group is kState); num_snapshots: state snapshot
   // slots for prefix hits of a state model (ignored without a state group or prefix caching).
+  // num_window_blocks: the window pool's blocks (sliding groups' ids, above); 0: one pool.
   BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
                std::vector<KvGroupAlloc> groups, int64_t num_state_slots = 0,
-               int64_t num_snapshots = 0);
+               int64_t num_snapshots = 0, int64_t num_window_blocks = 0);
 
   int64_t num_groups() const { return static_cast<int64_t>(groups_.size()); }
   const KvGroupAlloc& group(int64_t g) const { return groups_[g]; }
-  // Blocks a sequence of `tokens` tokens holds at most, all groups together, when a step runs
-  // at most `step_tokens` of its tokens (the window, the step and a straddled block).
-  int64_t max_blocks_held(int64_t tokens, int64_t step_tokens) const;
+  // Blocks a sequence of `tokens` tokens holds at most in `pool`, all its groups together, when a
+  // step runs at most `step_tokens` of its tokens (the window, the step and a straddled block).
+  int64_t max_blocks_held(int64_t tokens, int64_t step_tokens,
+                          BlockPool pool = BlockPool::kMain) const;
+  // The pool a group's blocks come from.
+  BlockPool pool_of(int64_t group) const { return pool_of_[group]; }
+  // Blocks of a pool (kMain: ids [0, n); kWindow: ids [num_blocks(kMain), ...)).
+  int64_t pool_blocks(BlockPool pool) const {
+    return pool == BlockPool::kMain ? num_main_blocks_
+                                    : static_cast<int64_t>(blocks_.size()) - num_main_blocks_;
+  }
   int64_t num_free_state_slots() const { return static_cast<int64_t>(free_slots_.size()); }
   // A state model whose prefixes are cached with state snapshots.
   bool snapshots_enabled() const { return num_snapshots_ > 0; }
   int64_t num_free_snapshots() const { return static_cast<int64_t>(free_snapshots_.size()); }
 
   int64_t block_size() const { return block_size_; }
+  // Every block id, both pools.
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   bool prefix_caching() const { return prefix_caching_; }
-  // Blocks a new allocation can take: uncached free ones plus evictable cached ones.
+  // Blocks a new allocation can take: uncached free ones plus evictable cached ones (both pools).
   int64_t num_free_blocks() const;
+  int64_t num_free_blocks(BlockPool pool) const;
   int64_t blocks_for(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
   BlockManagerStats stats() const;
 
@@ -209,6 +228,10 @@ class BlockManager {
   // Takes one block for writing in group g: an uncached free block, else the least recently used
   // cached one (dropping it from the cache). -1 when none.
   int32_t take_block(int32_t g);
+  BlockPool pool_of_block(int32_t id) const {
+    return id < num_main_blocks_ ? BlockPool::kMain : BlockPool::kWindow;
+  }
+  static int pool_index(BlockPool pool) { return pool == BlockPool::kMain ? 0 : 1; }
   void acquire(int32_t block);  // ref++ (leaving the LRU if it was there)
   void release(int32_t block);  // ref--; at 0 to the LRU (cached) or the free list
   // The block holding tokens with this chain hash and these tokens, or -1.
@@ -229,10 +252,12 @@ class BlockManager {
   int64_t block_size_;
   bool prefix_caching_;
   std::vector<KvGroupAlloc> groups_;
-  bool has_state_ = false;           // a kState group (prefix hits need snapshots then)
-  std::vector<Block> blocks_;        // [num_blocks]
-  std::vector<int32_t> free_;        // uncached, ref 0 (popped from the back)
-  std::list<int32_t> lru_;           // cached, ref 0, least recent first
+  bool has_state_ = false;     // a kState group (prefix hits need snapshots then)
+  std::vector<Block> blocks_;  // [num_blocks + num_window_blocks]
+  int64_t num_main_blocks_ = 0;
+  std::vector<BlockPool> pool_of_;   // [groups]
+  std::vector<int32_t> free_[2];     // per pool: uncached, ref 0 (popped from the back)
+  std::list<int32_t> lru_[2];        // per pool: cached, ref 0, least recent first
   std::vector<int32_t> free_slots_;  // state slots no sequence holds
   int64_t num_state_slots_ = 0;
   int64_t num_snapshots_ = 0;            // 0: a state model takes no prefix hits

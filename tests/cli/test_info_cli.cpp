@@ -67,6 +67,22 @@ TEST(InfoCli, Qwen3NextPrintsItsFullAndStateGroups) {
       << r.out;
 }
 
+// Gemma-3-12B offloaded: the GPU cache and the host pool hold the 8 global layers' blocks (8 MiB
+// each at 128 tokens), the sliding windows a resident pool of their own: 4 sequences' windows
+// (8 + 2 blocks each) and a 16384-token step (128 blocks), in each of the 5 sliding groups.
+TEST(InfoCli, OffloadedGemmaPlansItsWindowsApart) {
+  CliResult r = run_cli(
+      "info --load-format dummy --preset gemma-3-12b --device cpu --kv-offload --gpu-memory-limit "
+      "40GiB --host-kv-budget 64GiB --max-num-seqs 4");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("8.0 MiB per block"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the full group offloaded, sliding windows resident 6.6 GiB (840 blocks, "
+                       "8.0 MiB per block)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("host KV pool 64.0 GiB (pinned, 8192 blocks"), std::string::npos) << r.out;
+}
+
 TEST(InfoCli, WithoutALimitOnTheCpuThereIsNoPlan) {
   CliResult r = run_cli("info --load-format dummy --preset qwen3-0.6b --device cpu");
   ASSERT_EQ(r.rc, 0) << r.err;

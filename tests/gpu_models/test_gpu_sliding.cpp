@@ -9,13 +9,20 @@
 //     tokens: the GPU's equal the CPU's except at steps whose CPU top-2 margin is a near tie;
 //   - CUDA graphs (a decode graph per batch size, each KV group's decode grid updated on
 //     replay) give the eager engine's tokens, batched.
+//   - KV offload (Gemma 3): the global layer's KV through the host pool, a GPU cache of a few
+//     blocks and the ring, the sliding layers' windows resident in the window pool, gives the
+//     resident engine's tokens; with Quest on the global layer (a budget above every context:
+//     it keeps every page, so dense's tokens) too. Mistral (every layer sliding) is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 
 #include "common/moe_checkpoint.h"
+#include "engine/engine_core.h"
+#include "engine/llm_internal.h"
 #include "gpu_models/greedy_compare.h"
+#include "longctx/engine/gpu_runner.h"
 #include "longctx/llm.h"
 #include "models/model_test_util.h"
 
@@ -114,6 +121,54 @@ TEST_P(GpuSliding, GraphDecodeEqualsEagerBatched) {
   const auto eager = LLM(config("cuda", true)).generate(prompts(), greedy(), false);
   const auto graphs = LLM(config("cuda", false)).generate(prompts(), greedy(), false);
   expect_same_tokens_up_to_ties(eager, graphs, kTieMargin, "graphs vs eager");
+}
+
+// The global layer offloaded with a GPU cache of a step's blocks and a few more (the long prompts
+// stream through a ring of 2 slots of 3 blocks), the windows resident.
+EngineConfig offload_config(EngineConfig c) {
+  c.kv_offload = true;
+  c.num_gpu_blocks = 64 / 16 + 2 * 8 + 4;
+  c.host_kv_budget = 64ll << 20;
+  c.offload_slots = 2;
+  c.offload_slot_tokens = 48;
+  return c;
+}
+
+TEST_P(GpuSliding, OffloadedEqualsResident) {
+  if (GetParam() == 0) {  // every layer sliding: nothing to offload
+    try {
+      LLM llm(offload_config(config("cuda", true)));
+      ADD_FAILURE() << "an all-sliding model was offloaded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find("nothing to offload"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  const auto resident = LLM(config("cuda", true)).generate(prompts(), greedy(), false);
+  LLM llm(offload_config(config("cuda", true)));
+  const auto offload = llm.generate(prompts(), greedy(), false);
+  expect_same_tokens_up_to_ties(resident, offload, kTieMargin, "offload vs resident");
+  // The global layer streamed from the host; the windows were resident.
+  EXPECT_GT(engine_core(llm).stats().executor.offload_host_bytes_loaded, 0);
+  ASSERT_NE(llm.memory_plan(), nullptr);
+  EXPECT_GT(llm.memory_plan()->num_window_blocks, 0);
+  EXPECT_NE(llm.memory_plan()->str().find("sliding windows resident"), std::string::npos)
+      << llm.memory_plan()->str();
+}
+
+// Quest selects over the global layer only (the windows are read whole).
+TEST_P(GpuSliding, OffloadedQuestWithAWholeBudgetEqualsResident) {
+  EngineConfig c = offload_config(config("cuda", true));
+  c.sparse.policy = SparsePolicyKind::kQuest;
+  c.sparse.budget_tokens = 4096;
+  if (GetParam() == 0) {  // every layer sliding: refused as above
+    EXPECT_THROW(LLM llm(c), Error);
+    return;
+  }
+  const auto resident = LLM(config("cuda", true)).generate(prompts(), greedy(), false);
+  const auto quest = LLM(c).generate(prompts(), greedy(), false);
+  expect_same_tokens_up_to_ties(resident, quest, kTieMargin, "offloaded quest vs resident");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GpuSliding, ::testing::Values(0, 1, 2), [](const auto& info) {

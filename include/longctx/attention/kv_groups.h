@@ -76,6 +76,13 @@ class KvGroups {
   std::vector<std::string> describe() const;
   // describe()'s lines joined by "; ", for error messages.
   std::string summary() const;
+  // The groups after group 0 (a model's full group), renumbered from 0, each layer keeping its
+  // pool layer; group 0's layers belong to no group here (group_of is -1). KV offload keeps these
+  // (the sliding groups) resident while group 0 is offloaded.
+  KvGroups without_first() const;
+  // Whether KV offload takes this model: one full group (group 0) and any sliding groups, or
+  // only full layers.
+  bool offloadable() const;
 
  private:
   std::vector<KvGroup> groups_;

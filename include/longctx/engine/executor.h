@@ -52,6 +52,9 @@ struct KVBlockLayout {
   std::vector<KvGroupAlloc> groups;
   int64_t num_state_slots = 0;      // per-sequence states the executor holds (with a kState group)
   int64_t num_state_snapshots = 0;  // prefix-cache snapshots of a state (StepInput::state_*)
+  // KV offload of a model with sliding groups: their blocks' pool, resident on the GPU (ids from
+  // num_blocks on; BlockManager's window pool). 0: the sliding groups share the one pool.
+  int64_t num_window_blocks = 0;
 };
 
 // Cumulative counters of an executor, for the engine's stats (zeros where they do not apply).
@@ -110,6 +113,10 @@ struct CpuExecutorOptions {
   int64_t offload_slots = 4;
   int64_t offload_slot_blocks = 4;
   int64_t offload_write_back_lag = 1;  // steps until a write-back lands (unless waited for)
+  // A model with sliding-window layers: the full group is offloaded, the sliding groups' blocks
+  // come from a resident window pool of this many blocks (0: as many as the host pool's; its
+  // pages are touched only as blocks fill).
+  int64_t offload_window_blocks = 0;
   SparseOptions sparse;  // the sparse attention policy (resident or through the simulated offload)
   // Models with linear-attention layers: sequences whose states are held at once (the engine's
   // max_num_seqs; a sequence waits for a free one). Each costs KvGroups::state_bytes_per_seq()

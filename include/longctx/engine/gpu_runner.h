@@ -83,6 +83,12 @@ struct GpuMemoryPlan {
   int64_t ring_bytes = 0;
   int64_t offload_buffers = 0;
   int64_t slot_blocks = 0;
+  // KV offload of a model with sliding groups: only the full group is offloaded (kv_block_bytes
+  // is its layers' block); the sliding groups' blocks stay on the GPU in a window pool of
+  // num_window_blocks blocks of window_block_bytes (max_num_seqs windows, a step's tokens).
+  int64_t num_window_blocks = 0;
+  int64_t window_block_bytes = 0;
+  int64_t window_bytes() const { return num_window_blocks * window_block_bytes; }
   int64_t kv_bytes() const { return num_kv_blocks * kv_block_bytes; }
   int64_t kv_tokens() const { return num_kv_blocks * block_size; }
   int64_t host_kv_bytes() const { return num_host_blocks * kv_block_bytes; }

@@ -19,6 +19,10 @@ struct KvGroupAlloc {
   int64_t window = 0;  // kSlidingWindow: keys a query sees, itself included (> 0)
 };
 
+// Where a group's block ids come from (BlockManager): the main pool, or, with KV offload, the
+// GPU-resident window pool of the sliding groups.
+enum class BlockPool { kMain, kWindow };
+
 const char* kv_group_kind_name(KvGroupKind kind);
 
 }  // namespace longctx

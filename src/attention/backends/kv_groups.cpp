@@ -158,6 +158,29 @@ int64_t KvGroups::bytes_per_seq(int64_t tokens, int64_t block_size) const {
   return n;
 }
 
+KvGroups KvGroups::without_first() const {
+  LONGCTX_CHECK(size() > 1, ErrorCode::kInvalidArgument,
+                "KV groups: no group left without group 0 ({})", summary());
+  KvGroups r = *this;
+  r.groups_.erase(r.groups_.begin());
+  r.pool_layers_ = 0;
+  for (int64_t g = 0; g < r.size(); ++g) {
+    for (int64_t l : r.groups_[g].layers) r.group_of_[l] = g;
+    if (r.groups_[g].kind != KvGroupKind::kState)
+      r.pool_layers_ = std::max(r.pool_layers_, static_cast<int64_t>(r.groups_[g].layers.size()));
+  }
+  for (int64_t l : groups_[0].layers) r.group_of_[l] = -1;
+  return r;
+}
+
+bool KvGroups::offloadable() const {
+  for (int64_t g = 0; g < size(); ++g) {
+    const KvGroupKind k = groups_[g].kind;
+    if (g == 0 ? k != KvGroupKind::kFull : k != KvGroupKind::kSlidingWindow) return false;
+  }
+  return true;
+}
+
 std::vector<KvGroupAlloc> KvGroups::allocs() const {
   std::vector<KvGroupAlloc> a;
   for (const KvGroup& g : groups_) a.push_back({g.kind, g.window});

@@ -15,13 +15,95 @@ OffloadAttentionBackend::OffloadAttentionBackend(const OffloadGeometry& geometry
   LONGCTX_CHECK(device_ != nullptr, ErrorCode::kInvalidArgument, "KV offload: no device");
 }
 
+void OffloadAttentionBackend::set_window_groups(
+    const KvGroups& groups, AttentionBackend& resident, int64_t window_base,
+    std::function<void(std::span<const KVBlockCopy>)> copy_window_blocks) {
+  LONGCTX_CHECK(
+      groups.size() > 1 && groups.offloadable() &&
+          static_cast<int64_t>(groups[0].layers.size()) == planner_.geometry().num_layers &&
+          window_base == planner_.geometry().num_host_blocks && copy_window_blocks,
+      ErrorCode::kInvalidArgument,
+      "KV offload over KV groups needs one full group of {} layers, then sliding "
+      "groups, and the window pool's ids after the host pool's {} blocks (got {}; "
+      "window ids from {})",
+      planner_.geometry().num_layers, planner_.geometry().num_host_blocks, groups.summary(),
+      window_base);
+  groups_ = &groups;
+  resident_ = &resident;
+  window_base_ = window_base;
+  copy_window_blocks_ = std::move(copy_window_blocks);
+}
+
 void OffloadAttentionBackend::set_copies(std::span<const KVBlockCopy> copies) {
-  copies_.assign(copies.begin(), copies.end());
+  copies_.clear();
+  std::vector<KVBlockCopy> window;
+  for (const KVBlockCopy& c : copies) {
+    if (groups_ != nullptr && c.src >= window_base_) {
+      LONGCTX_CHECK(c.dst >= window_base_, ErrorCode::kInternal,
+                    "KV offload: a copy from window block {} to host block {}", c.src, c.dst);
+      window.push_back(
+          {static_cast<int32_t>(c.src - window_base_), static_cast<int32_t>(c.dst - window_base_)});
+    } else {
+      copies_.push_back(c);
+    }
+  }
+  // Copy-on-write runs before the step reads anything; the resident pool needs no planning.
+  if (!window.empty()) copy_window_blocks_(window);
+}
+
+int64_t OffloadAttentionBackend::offload_layer(int64_t layer) const {
+  if (groups_ == nullptr) return layer;
+  LONGCTX_CHECK(layer >= 0 && layer < groups_->num_layers(), ErrorCode::kInvalidArgument,
+                "KV offload: layer {} of a model of {} layers", layer, groups_->num_layers());
+  return groups_->group_of(layer) == 0 ? groups_->pool_layer(layer) : -1;
+}
+
+void OffloadAttentionBackend::make_window_batch(const ForwardBatch& batch) {
+  LONGCTX_CHECK(batch.num_groups() == groups_->size(), ErrorCode::kInvalidArgument,
+                "KV offload: the batch has tables of {} KV groups, the model {}",
+                batch.num_groups(), groups_->size());
+  ForwardBatch& w = window_batch_;
+  w.input_ids = batch.input_ids;
+  w.positions = batch.positions;
+  w.qo_indptr = batch.qo_indptr;
+  w.kv_lens = batch.kv_lens;
+  w.logits_indices = batch.logits_indices;
+  w.seq_ids = batch.seq_ids;
+  w.fixed_launch_shapes = batch.fixed_launch_shapes;
+  w.num_padding_seqs = batch.num_padding_seqs;
+  w.group_tables.resize(groups_->size() - 2);
+  const int64_t bs = planner_.geometry().block_size, slot_base = window_base_ * bs;
+  for (int64_t g = 1; g < groups_->size(); ++g) {
+    const BlockTablesView v = batch.tables(g);
+    std::vector<int32_t>& indptr =
+        g == 1 ? w.block_table_indptr : w.group_tables[g - 2].block_table_indptr;
+    std::vector<int32_t>& tables = g == 1 ? w.block_tables : w.group_tables[g - 2].block_tables;
+    std::vector<int64_t>& slots = g == 1 ? w.slot_mapping : w.group_tables[g - 2].slot_mapping;
+    indptr.assign(v.block_table_indptr.begin(), v.block_table_indptr.end());
+    // Window ids to the resident pool's; a dropped entry (kNoBlock, -1) stays. The resident
+    // backend checks the rest (inside its pool, slots equal to the tables').
+    tables.resize(v.block_tables.size());
+    for (size_t i = 0; i < tables.size(); ++i) {
+      const int32_t id = v.block_tables[i];
+      LONGCTX_CHECK(id < 0 || id >= window_base_, ErrorCode::kInvalidArgument,
+                    "KV offload: sliding KV group {} names host block {} (its blocks come from "
+                    "the window pool, ids from {})",
+                    g, id, window_base_);
+      tables[i] = id < 0 ? id : static_cast<int32_t>(id - window_base_);
+    }
+    slots.resize(v.slot_mapping.size());
+    for (size_t i = 0; i < slots.size(); ++i) slots[i] = v.slot_mapping[i] - slot_base;
+  }
 }
 
 void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   const OffloadGeometry& g = planner_.geometry();
   planned_ = false;
+  if (groups_ != nullptr) {
+    // The resident groups first: their checks throw before the planner changes anything.
+    make_window_batch(batch);
+    resident_->plan(window_batch_);
+  }
   PagedBackendLimits limits;
   limits.max_tokens = std::numeric_limits<int32_t>::max();
   limits.max_seqs = std::numeric_limits<int32_t>::max();
@@ -83,13 +165,21 @@ void OffloadAttentionBackend::issue_load(int64_t g) {
   stats_.host_bytes_loaded += blocks * layer_block_bytes_;
 }
 
-void OffloadAttentionBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) {
+void OffloadAttentionBackend::store_kv(int64_t model_layer, const Tensor& k, const Tensor& v) {
+  // (A sliding layer after the last full one comes after the offload step ended.)
+  const int64_t layer = offload_layer(model_layer);
+  if (layer < 0) {
+    resident_->store_kv(model_layer, k, v);
+    return;
+  }
   LONGCTX_CHECK(planned_, ErrorCode::kInternal, "KV offload: store_kv before plan");
   device_->store_kv(layer, k, v);
 }
 
-Tensor OffloadAttentionBackend::attend(int64_t layer, const Tensor& q) {
+Tensor OffloadAttentionBackend::attend(int64_t model_layer, const Tensor& q) {
   const OffloadGeometry& g = planner_.geometry();
+  const int64_t layer = offload_layer(model_layer);
+  if (layer < 0) return resident_->attend(model_layer, q);
   LONGCTX_CHECK(planned_ && layer == next_layer_, ErrorCode::kInternal,
                 "KV offload: attend(layer {}) out of order (expected layer {})", layer,
                 next_layer_);

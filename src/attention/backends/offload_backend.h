@@ -13,9 +13,21 @@
 // simulation (offload_device_cpu.cpp: memcpy as the copy engine, a ring that throws when a slot
 // is overwritten before its reader released it, write-backs that land late), which runs the same
 // plans in CI.
+//
+// KV groups (issue 44: Gemma 3, Mistral with a sliding window): only the full group (group 0) is
+// offloaded. A sliding group's KV per sequence is bounded by its window (plus a step), so it never
+// needs the host: its blocks come from the BlockManager's window pool (ids from the host pool's
+// size on) and stay resident in a paged pool of their own, read by a resident paged backend (the
+// CUDA one, or the CPU reference in CI) over KvGroups::without_first(). Each layer goes where its
+// group is: a full layer through the planner's resident blocks and the ring (offload layer =
+// its pool layer), a sliding layer to the resident backend. The geometry's layers are the full
+// group's, and the host pool and GPU cache hold only them; a sparse policy (Quest, XAttention)
+// is the device's and so selects over the full group's layers only, while a window layer reads its
+// window, which is small already.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -24,6 +36,7 @@
 #include "attention/backends/paged_backend.h"
 #include "kernels/kv_format.h"
 #include "longctx/attention/forward_batch.h"
+#include "longctx/attention/kv_groups.h"
 #include "longctx/attention/sparse_options.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kernels/kernel_tuning.h"
@@ -144,6 +157,13 @@ class OffloadAttentionBackend final : public AttentionBackend {
  public:
   OffloadAttentionBackend(const OffloadGeometry& geometry, std::unique_ptr<OffloadDevice> device);
 
+  // A model of several KV groups (file comment): `groups` (the model's: one full group 0, then
+  // sliding groups; KvGroups::offloadable()) and `resident` (a paged backend over
+  // groups.without_first() and the window pool) outlive the backend; the engine's window-pool
+  // ids are `window_base` + the resident pool's ids. `copy_window_blocks` runs the engine's
+  // copy-on-write of window blocks (in resident pool ids) before the step.
+  void set_window_groups(const KvGroups& groups, AttentionBackend& resident, int64_t window_base,
+                         std::function<void(std::span<const KVBlockCopy>)> copy_window_blocks);
   // The engine's copy-on-write for the next plan().
   void set_copies(std::span<const KVBlockCopy> copies);
   void copy_blocks(std::span<const KVBlockCopy> copies) override { set_copies(copies); }
@@ -164,6 +184,10 @@ class OffloadAttentionBackend final : public AttentionBackend {
 
  private:
   void issue_load(int64_t g);
+  // The batch as the resident backend sees it: groups 1.. as groups 0.., ids in its pool.
+  void make_window_batch(const ForwardBatch& batch);
+  // The offload layer of a full-group layer, or -1 for a layer of the resident backend.
+  int64_t offload_layer(int64_t layer) const;
 
   OffloadPlanner planner_;
   std::unique_ptr<OffloadDevice> device_;
@@ -174,6 +198,12 @@ class OffloadAttentionBackend final : public AttentionBackend {
   int64_t total_loads_ = 0, next_load_ = 0, next_layer_ = 0;
   bool planned_ = false;
   bool sparse_step_ = false;  // the device attends the selected pages itself (no ring)
+  // Several KV groups (null: one full group, every layer offloaded).
+  const KvGroups* groups_ = nullptr;
+  AttentionBackend* resident_ = nullptr;
+  int64_t window_base_ = 0;
+  std::function<void(std::span<const KVBlockCopy>)> copy_window_blocks_;
+  ForwardBatch window_batch_;
 };
 
 }  // namespace longctx
