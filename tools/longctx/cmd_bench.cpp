@@ -38,6 +38,7 @@ struct ThroughputOptions {
 struct LatencyOptions {
   GenerateOptions gen;
   int64_t input_len = 32768, output_len = 128, batch_size = 1;
+  double temperature = 0;  // greedy by default
   int num_iters = 3, num_warmup = 1;
   uint64_t seed = 0;
   std::string json_schema;  // a schema's JSON text or a file holding it
@@ -148,7 +149,8 @@ void run_latency(LatencyOptions& o) {
   std::mt19937_64 rng(o.seed);
   const int32_t max_id = max_id_for(*llm, 1 << 30);
   SamplingParams sp;
-  sp.temperature = 0;
+  sp.temperature = o.temperature;
+  sp.seed = o.seed;
   sp.ignore_eos = true;
   sp.max_tokens = o.output_len;
   sp.structured = latency_constraint(o);
@@ -218,6 +220,8 @@ CommandRegistration reg("bench", [](CLI::App& app) {
   lc->add_option("--input-len", l->input_len)->capture_default_str();
   lc->add_option("--output-len", l->output_len)->capture_default_str();
   lc->add_option("--batch-size", l->batch_size)->capture_default_str();
+  lc->add_option("--temperature", l->temperature, "sampling temperature (0: greedy)")
+      ->capture_default_str();
   lc->add_option("--num-iters", l->num_iters)->capture_default_str();
   lc->add_option("--num-warmup", l->num_warmup)->capture_default_str();
   add_seed_option(*lc, "--seed", l->seed, "workload seed (default 0)");
