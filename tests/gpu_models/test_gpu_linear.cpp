@@ -12,6 +12,9 @@
 //   - the device StatePool's reset and copy touch exactly their slot.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "gpu_models/greedy_compare.h"
@@ -76,10 +79,39 @@ std::vector<Prompt> mixed_prompts() {
   return p;
 }
 
+// The largest |logprob difference| of the tokens both runs chose, over their common prefix: the
+// scale of the 16-bit path's error against the fp32 CPU engine.
+double max_logprob_gap(const RequestOutput& x, const RequestOutput& y) {
+  double gap = 0;
+  for (size_t i = 0; i < x.token_ids.size() && i < y.token_ids.size(); ++i) {
+    if (x.token_ids[i] != y.token_ids[i]) break;
+    gap = std::max<double>(
+        gap, std::abs(x.logprobs.at(i).top.at(0).second - y.logprobs.at(i).top.at(0).second));
+  }
+  return gap;
+}
+
 TEST(GpuLinear, GpuEngineGivesTheCpuEnginesTokensBatched) {
   const auto cpu = LLM(engine_config("cpu")).generate(mixed_prompts(), greedy(), false);
   const auto gpu = LLM(engine_config("cuda")).generate(mixed_prompts(), greedy(), false);
+  for (size_t i = 0; i < cpu.size(); ++i)
+    std::printf("prompt %zu: max |logprob gap| gpu vs cpu %.4f\n", i,
+                max_logprob_gap(cpu[i], gpu[i]));
   expect_same_tokens_up_to_ties(cpu, gpu, kTieMargin, "gpu vs cpu");
+}
+
+// Batching on the GPU changes which sequences share a step and how prompts are cut into chunks,
+// not the math: each prompt alone gives the batch's tokens.
+TEST(GpuLinear, GpuBatchedEqualsAlone) {
+  const std::vector<Prompt> prompts = mixed_prompts();
+  LLM llm(engine_config("cuda"));
+  const auto batched = llm.generate(prompts, greedy(), false);
+  std::vector<RequestOutput> alone;
+  for (const Prompt& p : prompts) alone.push_back(llm.generate({p}, greedy(), false).at(0));
+  for (size_t i = 0; i < alone.size(); ++i)
+    std::printf("prompt %zu: max |logprob gap| batched vs alone %.4f\n", i,
+                max_logprob_gap(alone[i], batched[i]));
+  expect_same_tokens_up_to_ties(alone, batched, kTieMargin, "batched vs alone");
 }
 
 // Prompt b shares a's first 64 tokens (a's chunks of 64 end on that block boundary, which leaves
