@@ -149,21 +149,7 @@ inline bool rows_aligned16(const RowsView& v) {
   return ok;
 }
 
-// Calls f(T{}) with T the CUDA type of a float dtype.
-template <typename F>
-void visit_float(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::kF32:
-      return f(float{});
-    case DType::kBF16:
-      return f(__nv_bfloat16{});
-    case DType::kF16:
-      return f(__half{});
-    default:
-      LONGCTX_THROW(ErrorCode::kUnsupported, "{}: dtype {} is not f32, bf16 or f16", op,
-                    dtype_name(dtype));
-  }
-}
+using kernels::cuda::detail::visit_float;  // the host-side dtype dispatch
 
 // The twin's stream, with the tensors' device current for the launches.
 inline cudaStream_t op_stream(Device device, const char* op) {

@@ -154,19 +154,7 @@ void CpuPagedBackend::plan(const ForwardBatch& batch) {
 LinearLayerStates CpuPagedBackend::linear_states(int64_t layer) {
   LONGCTX_CHECK(batch_ != nullptr, ErrorCode::kInternal,
                 "CPU paged attention: linear_states before plan");
-  LONGCTX_CHECK(groups_ != nullptr && states_ != nullptr && layer >= 0 &&
-                    layer < groups_->num_layers() &&
-                    (*groups_)[groups_->group_of(layer)].kind == KvGroupKind::kState,
-                ErrorCode::kInvalidArgument,
-                "CPU paged attention: layer {} keeps no state in this backend", layer);
-  const BlockTablesView t = batch_->tables(groups_->group_of(layer));
-  const int64_t j = groups_->pool_layer(layer);
-  LinearLayerStates st;
-  for (int64_t q = 0; q < batch_->num_seqs(); ++q) {
-    st.recurrent.push_back(states_->recurrent(t.block_tables[q], j));
-    st.conv.push_back(states_->conv(t.block_tables[q], j));
-  }
-  return st;
+  return paged_linear_states(*batch_, groups_, states_, layer, "CPU paged attention");
 }
 
 void CpuPagedBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) {

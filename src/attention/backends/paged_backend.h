@@ -75,5 +75,10 @@ void check_paged_limits(const ForwardBatch& batch, const PagedBackendLimits& lim
 // A state group's table names one slot per sequence (below num_state_slots) and no token slots.
 void check_group_batch(const ForwardBatch& batch, const KvGroups& groups, int64_t block_size,
                        int64_t num_blocks, int64_t num_state_slots = 0);
+// Linear-attention layer `layer`'s states for each sequence of a planned batch: its state
+// group's table names the sequence's slot of `states`. `who` names the backend in errors;
+// throws Error(kInvalidArgument) for a layer that keeps no state (or no pool).
+LinearLayerStates paged_linear_states(const ForwardBatch& batch, const KvGroups* groups,
+                                      const StatePool* states, int64_t layer, const char* who);
 
 }  // namespace longctx

@@ -5,6 +5,22 @@
 
 namespace longctx {
 
+LinearLayerStates paged_linear_states(const ForwardBatch& batch, const KvGroups* groups,
+                                      const StatePool* states, int64_t layer, const char* who) {
+  LONGCTX_CHECK(
+      groups != nullptr && states != nullptr && layer >= 0 && layer < groups->num_layers() &&
+          (*groups)[groups->group_of(layer)].kind == KvGroupKind::kState,
+      ErrorCode::kInvalidArgument, "{}: layer {} keeps no state in this backend", who, layer);
+  const BlockTablesView t = batch.tables(groups->group_of(layer));
+  const int64_t j = groups->pool_layer(layer);
+  LinearLayerStates st;
+  for (int64_t q = 0; q < batch.num_seqs(); ++q) {
+    st.recurrent.push_back(states->recurrent(t.block_tables[q], j));
+    st.conv.push_back(states->conv(t.block_tables[q], j));
+  }
+  return st;
+}
+
 void check_paged_limits(const ForwardBatch& batch, const PagedBackendLimits& limits) {
   const int64_t t = batch.num_tokens(), s = batch.num_seqs();
   LONGCTX_CHECK(t <= limits.max_tokens && s <= limits.max_seqs, ErrorCode::kOutOfRange,

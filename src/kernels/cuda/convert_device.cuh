@@ -1,12 +1,33 @@
 // fp32 <-> element conversions of the CUDA kernels' and ops' dtypes (f32, bf16, f16; to 16 bits
 // with round to nearest even): the one definition every kernel and op uses. to_f32 deduces its
-// type from the argument; from_f32 names the element type it makes.
+// type from the argument; from_f32 names the element type it makes. visit_float is the host-side
+// dispatch from a DType to that element type.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "longctx/core/dtype.h"
+#include "longctx/core/error.h"
+
 namespace longctx::kernels::cuda::detail {
+
+// Calls f(T{}) with T the CUDA type of a float dtype; throws Error(kUnsupported) naming `what`
+// for any other dtype.
+template <typename F>
+void visit_float(DType dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      return f(float{});
+    case DType::kBF16:
+      return f(__nv_bfloat16{});
+    case DType::kF16:
+      return f(__half{});
+    default:
+      LONGCTX_THROW(ErrorCode::kUnsupported, "{}: dtype {} is not f32, bf16 or f16", what,
+                    dtype_name(dtype));
+  }
+}
 
 template <typename T>
 __device__ __forceinline__ float to_f32(T v);

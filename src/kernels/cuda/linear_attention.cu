@@ -18,21 +18,7 @@ using detail::to_f32;
 
 constexpr int kWarp = 32;
 
-// Calls f(T{}) with T the CUDA type of an activation dtype.
-template <typename F>
-void visit_act(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::kF32:
-      return f(float{});
-    case DType::kBF16:
-      return f(__nv_bfloat16{});
-    case DType::kF16:
-      return f(__half{});
-    default:
-      LONGCTX_THROW(ErrorCode::kUnsupported, "{}: activations of dtype {} (f32, bf16 or f16)", op,
-                    dtype_name(dtype));
-  }
-}
+using detail::visit_float;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -341,7 +327,7 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleParams& p, cudaStream_t stre
   LONGCTX_CHECK(blocks <= 0x7fffffff, ErrorCode::kInvalidArgument,
                 "gated_delta_rule: {} sequences x {} heads", p.num_seqs, p.num_v_heads);
   const int64_t smem = (2 * p.k_dim + kWarp) * int64_t(sizeof(float));
-  visit_act(p.dtype, "gated_delta_rule", [&](auto tag) {
+  visit_float(p.dtype, "gated_delta_rule", [&](auto tag) {
     using T = decltype(tag);
     auto* kernel = delta_rule_recurrent_kernel<T>;
     require_dynamic_smem(kernel, int(smem));
@@ -368,7 +354,7 @@ void gated_delta_rule_chunked(const GatedDeltaRuleParams& p, cudaStream_t stream
                 "gated_delta_rule: head dims {}, {} need {} bytes of shared memory at chunk 1 "
                 "(the device has {})",
                 p.k_dim, p.v_dim, bytes(cs), optin);
-  visit_act(p.dtype, "gated_delta_rule", [&](auto tag) {
+  visit_float(p.dtype, "gated_delta_rule", [&](auto tag) {
     using T = decltype(tag);
     auto* kernel = delta_rule_chunked_kernel<T>;
     require_dynamic_smem(kernel, int(bytes(cs)));
@@ -383,7 +369,7 @@ void causal_conv1d(const CausalConv1dParams& p, int64_t rows, cudaStream_t strea
   const int64_t gx = (p.channels + kThreads - 1) / kThreads;
   LONGCTX_CHECK(gx <= 0x7fffffff && p.num_seqs <= 65535, ErrorCode::kInvalidArgument,
                 "causal_conv1d: {} channels, {} sequences", p.channels, p.num_seqs);
-  visit_act(p.dtype, "causal_conv1d", [&](auto tag) {
+  visit_float(p.dtype, "causal_conv1d", [&](auto tag) {
     using T = decltype(tag);
     if (rows > 0) {
       const unsigned gy = unsigned(std::min<int64_t>(rows, 65535));
