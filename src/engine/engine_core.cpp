@@ -99,10 +99,10 @@ EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* toke
     LONGCTX_CHECK(options_.enable_prefix_caching, ErrorCode::kInvalidArgument,
                   "--kv-store needs prefix caching (it shares the prefix cache's blocks), which "
                   "--no-enable-prefix-caching turns off");
-    LONGCTX_CHECK(executor_->kv_block_bytes() > 0 && blocks_.num_groups() == 1,
-                  ErrorCode::kUnsupported,
-                  "--kv-store: this engine cannot export its KV blocks (the store runs on the CPU "
-                  "engine, with one full-attention KV group, no sparse policy and no offload)");
+    LONGCTX_CHECK(
+        executor_->kv_block_bytes() > 0 && blocks_.num_groups() == 1, ErrorCode::kUnsupported,
+        "--kv-store: this engine cannot export its KV blocks (the store needs a resident KV "
+        "cache of one full-attention group and no sparse policy: no offload)");
     kv_store_ =
         std::make_unique<KvStore>(options_.kv_store,
                                   fmt::format("{}:{}:{}", options_.kv_store_namespace,

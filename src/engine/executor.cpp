@@ -184,9 +184,7 @@ class CpuExecutor final : public Executor {
     if (policy_ != nullptr &&
         (policy_->selects(sparse::Phase::kDecode) || policy_->selects(sparse::Phase::kPrefill)))
       return 0;
-    int64_t n = 0;
-    for (const Tensor* t : block_tensors()) n += static_cast<int64_t>(tensor_block_bytes(*t));
-    return n;
+    return pool_->config().bytes_per_block();
   }
   std::string kv_block_format() const override {
     return pool_->config().fp8() ? "cpu-fp8e4m3" : "cpu-f32";
@@ -200,20 +198,12 @@ class CpuExecutor final : public Executor {
     return c;
   }
   void read_kv_block(int32_t block, std::span<std::byte> out) const override {
-    check_block_io(block, out.size());
-    std::byte* p = out.data();
-    for (const Tensor* t : block_tensors()) {
-      std::memcpy(p, block_ptr(*t, block), tensor_block_bytes(*t));
-      p += tensor_block_bytes(*t);
-    }
+    check_block_io();
+    pool_->read_block(block, out);
   }
   void write_kv_block(int32_t block, std::span<const std::byte> in) override {
-    check_block_io(block, in.size());
-    const std::byte* p = in.data();
-    for (const Tensor* t : block_tensors()) {
-      std::memcpy(block_ptr(*t, block), p, tensor_block_bytes(*t));
-      p += tensor_block_bytes(*t);
-    }
+    check_block_io();
+    pool_->write_block(block, in);
   }
 
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
@@ -244,27 +234,6 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<KvGroups> window_groups_;
   std::unique_ptr<PagedKVPool> window_pool_;
   std::unique_ptr<CpuPagedBackend> window_attention_;
-  // One block's bytes of a pool tensor [num_blocks, ...].
-  size_t tensor_block_bytes(const Tensor& t) const {
-    return static_cast<size_t>(t.numel() / num_blocks_) * dtype_size(t.dtype());
-  }
-  // Every layer's K, then every layer's V (the order of kv_block_bytes()'s bytes); FP8: then
-  // every layer's K scales, then V scales.
-  std::vector<const Tensor*> block_tensors() const {
-    std::vector<const Tensor*> t;
-    const int64_t layers = pool_->config().num_layers;
-    for (int64_t l = 0; l < layers; ++l) t.push_back(&pool_->k(l));
-    for (int64_t l = 0; l < layers; ++l) t.push_back(&pool_->v(l));
-    if (pool_->config().fp8()) {
-      for (int64_t l = 0; l < layers; ++l) t.push_back(&pool_->k_scale(l));
-      for (int64_t l = 0; l < layers; ++l) t.push_back(&pool_->v_scale(l));
-    }
-    return t;
-  }
-  std::byte* block_ptr(const Tensor& t, int32_t block) const {
-    return static_cast<std::byte*>(t.data_ptr()) +
-           static_cast<size_t>(block) * tensor_block_bytes(t);
-  }
   void copy_snapshots(std::span<const StepInput> inputs, bool save) {
     for (const StepInput& in : inputs) {
       const int32_t snap = save ? in.state_save : in.state_restore;
@@ -286,11 +255,10 @@ class CpuExecutor final : public Executor {
         states_->copy(num_state_seqs_ + snap, slot);
     }
   }
-  void check_block_io(int32_t block, size_t bytes) const {
-    LONGCTX_CHECK(kv_block_bytes() > 0 && block >= 0 && block < num_blocks_ &&
-                      static_cast<int64_t>(bytes) == kv_block_bytes(),
-                  ErrorCode::kInternal, "CPU executor: KV block {} I/O of {} bytes ({} a block)",
-                  block, bytes, kv_block_bytes());
+  void check_block_io() const {
+    LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
+                  "CPU executor: KV block I/O without an exportable pool (offload, KV groups or a "
+                  "sparse policy)");
   }
 
   std::unique_ptr<PagedKVPool> pool_;                 // resident

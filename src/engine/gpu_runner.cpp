@@ -750,39 +750,31 @@ void GpuRunner::attach_engine() {
   }
 }
 
-namespace {
+int64_t GpuRunner::kv_block_bytes() const {
+  const Impl& m = *impl_;
+  // Not with offload, several KV groups or a policy that selects (its page summaries would not
+  // see an imported block).
+  if (m.pool == nullptr || m.offload != nullptr || !m.groups.single_full() ||
+      sparse::selects(m.options.sparse, sparse::Phase::kDecode) ||
+      sparse::selects(m.options.sparse, sparse::Phase::kPrefill))
+    return 0;
+  return m.pool->config().bytes_per_block();
+}
 
-class GpuExecutor final : public Executor {
- public:
-  explicit GpuExecutor(std::shared_ptr<GpuRunner> runner) : runner_(std::move(runner)) {
-    runner_->attach_engine();
-  }
-  int64_t vocab_size() const override { return runner_->vocab_size(); }
-  KVBlockLayout kv_layout() const override { return runner_->kv_layout(); }
-  ExecutorCounters counters() const override {
-    const GpuRunner::OffloadCounters o = runner_->offload_counters();
-    const GpuRunner::SparseCounters sp = runner_->sparse_counters();
-    return {o.host_bytes_loaded, o.host_bytes_written, sp.prefill_blocks_kept,
-            sp.prefill_blocks_causal};
-  }
-  Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
-    return runner_->execute(inputs, copies);
-  }
-  std::vector<SampleResult> sample(const Tensor& logits,
-                                   std::span<const SamplingParams* const> params,
-                                   std::span<SamplerState* const> states) override {
-    return runner_->sample(logits, params, states);
-  }
+std::string GpuRunner::kv_block_format() const {
+  return fmt::format("gpu-{}", dtype_name(impl_->pool->config().dtype));
+}
 
- private:
-  std::shared_ptr<GpuRunner> runner_;
-};
+void GpuRunner::read_kv_block(int32_t block, std::span<std::byte> out) const {
+  LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
+                "GPU runner: KV block export without a resident one-group pool");
+  impl_->pool->read_block(block, out);
+}
 
-}  // namespace
-
-std::unique_ptr<Executor> make_gpu_executor(std::shared_ptr<GpuRunner> runner) {
-  LONGCTX_CHECK(runner != nullptr, ErrorCode::kInvalidArgument, "null GPU runner");
-  return std::make_unique<GpuExecutor>(std::move(runner));
+void GpuRunner::write_kv_block(int32_t block, std::span<const std::byte> in) {
+  LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
+                "GPU runner: KV block import without a resident one-group pool");
+  impl_->pool->write_block(block, in);
 }
 
 }  // namespace longctx

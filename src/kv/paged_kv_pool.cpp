@@ -58,4 +58,44 @@ void PagedKVPool::free(const std::vector<int32_t>& blocks) {
   }
 }
 
+std::vector<const Tensor*> PagedKVPool::block_tensors() const {
+  std::vector<const Tensor*> t;
+  for (const auto* group : {&k_, &v_}) {
+    for (const Tensor& x : *group) t.push_back(&x);
+  }
+  if (config_.fp8()) {
+    for (const auto* group : {&k_scale_, &v_scale_}) {
+      for (const Tensor& x : *group) t.push_back(&x);
+    }
+  }
+  return t;
+}
+
+void PagedKVPool::check_block_io(int32_t block, size_t bytes) const {
+  LONGCTX_CHECK(block >= 0 && block < config_.num_blocks &&
+                    static_cast<int64_t>(bytes) == config_.bytes_per_block(),
+                ErrorCode::kInternal, "KV pool: block {} (of {}) I/O of {} bytes ({} a block)",
+                block, config_.num_blocks, bytes, config_.bytes_per_block());
+}
+
+void PagedKVPool::read_block(int32_t block, std::span<std::byte> out) const {
+  check_block_io(block, out.size());
+  std::byte* p = out.data();
+  for (const Tensor* t : block_tensors()) {
+    const Tensor src = t->select(0, block);
+    Tensor::from_blob(p, src.shape(), src.dtype()).copy_from(src);
+    p += src.nbytes();
+  }
+}
+
+void PagedKVPool::write_block(int32_t block, std::span<const std::byte> in) {
+  check_block_io(block, in.size());
+  const std::byte* p = in.data();
+  for (const Tensor* t : block_tensors()) {
+    Tensor dst = t->select(0, block);
+    dst.copy_from(Tensor::from_blob(const_cast<std::byte*>(p), dst.shape(), dst.dtype()));
+    p += dst.nbytes();
+  }
+}
+
 }  // namespace longctx

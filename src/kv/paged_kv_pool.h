@@ -6,7 +6,9 @@
 // (kernels/kv_format.h: one scale per block and KV head, kept by the KV store).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "longctx/core/tensor.h"
@@ -47,11 +49,22 @@ class PagedKVPool {
   const Tensor& v_scale(int64_t layer) const { return v_scale_[layer]; }
 
   int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
+
+  // One block's bytes in the KV store's order (config().bytes_per_block() of them): every
+  // layer's K, then every layer's V, then (FP8) every layer's K scales, then V scales. On CUDA
+  // the copies are synchronous: call them between steps, after the step that wrote the block.
+  // Throws Error(kInternal) for a block out of range or a span of another size.
+  void read_block(int32_t block, std::span<std::byte> out) const;
+  void write_block(int32_t block, std::span<const std::byte> in);
   // n block ids (lowest first); throws Error(kOutOfMemory) naming the shortfall, allocating none.
   std::vector<int32_t> allocate(int64_t n);
   void free(const std::vector<int32_t>& blocks);
 
  private:
+  // The tensors of read_block's order.
+  std::vector<const Tensor*> block_tensors() const;
+  void check_block_io(int32_t block, size_t bytes) const;
+
   PagedKVPoolConfig config_;
   std::vector<Tensor> k_;                  // per layer [num_blocks, block_size, Hkv, d]
   std::vector<Tensor> v_;                  // per layer [num_blocks, block_size, Hkv, d]

@@ -26,6 +26,12 @@ namespace longctx::testing {
 namespace {
 
 constexpr double kTieMargin = 0.05;
+// The f16 GPU engine against the fp32 CPU engine: the recurrent state carries the f16 inputs'
+// rounding from token to token, so its logprobs part from the CPU's by more than a one-pass
+// model's. Measured on an H200 (9e9c244) over mixed_prompts(): gaps of 0.03 to 0.20, with the
+// GPU batched against alone within 0.04 and the same tokens (batching is not the cause); two
+// prompts part at CPU margins of 0.087 and 0.090.
+constexpr double kF16StateTieMargin = 0.25;
 const char* const kModel = "tiny-qwen3-next";
 
 EngineConfig engine_config(const std::string& device, bool prefix_caching = false) {
@@ -94,10 +100,12 @@ double max_logprob_gap(const RequestOutput& x, const RequestOutput& y) {
 TEST(GpuLinear, GpuEngineGivesTheCpuEnginesTokensBatched) {
   const auto cpu = LLM(engine_config("cpu")).generate(mixed_prompts(), greedy(), false);
   const auto gpu = LLM(engine_config("cuda")).generate(mixed_prompts(), greedy(), false);
-  for (size_t i = 0; i < cpu.size(); ++i)
-    std::printf("prompt %zu: max |logprob gap| gpu vs cpu %.4f\n", i,
-                max_logprob_gap(cpu[i], gpu[i]));
-  expect_same_tokens_up_to_ties(cpu, gpu, kTieMargin, "gpu vs cpu");
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double gap = max_logprob_gap(cpu[i], gpu[i]);
+    std::printf("prompt %zu: max |logprob gap| gpu vs cpu %.4f\n", i, gap);
+    EXPECT_LT(gap, kF16StateTieMargin) << "prompt " << i;
+  }
+  expect_same_tokens_up_to_ties(cpu, gpu, kF16StateTieMargin, "gpu vs cpu");
 }
 
 // Batching on the GPU changes which sequences share a step and how prompts are cut into chunks,

@@ -174,9 +174,7 @@ void run_latency(LatencyOptions& o) {
       per_token += n > 1 ? out.metrics.decode_seconds() / double(n - 1) : 0;
       generated += n;
       ++requests;
-      spec.num_drafts += out.metrics.num_drafts;
-      spec.num_draft_tokens += out.metrics.num_draft_tokens;
-      spec.num_accepted_tokens += out.metrics.num_accepted_tokens;
+      spec.add_speculative(out.metrics);
     }
     ttft.push_back(first);
     tpot.push_back(per_token / static_cast<double>(outs.size()));

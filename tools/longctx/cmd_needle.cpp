@@ -128,9 +128,7 @@ void run(Options& o) {
     c.ruler += ruler;
     c.decode_tokens += std::max<int64_t>(0, out.metrics.num_generated_tokens - 1);
     c.decode_seconds += out.metrics.decode_seconds();
-    c.spec.num_drafts += out.metrics.num_drafts;
-    c.spec.num_draft_tokens += out.metrics.num_draft_tokens;
-    c.spec.num_accepted_tokens += out.metrics.num_accepted_tokens;
+    c.spec.add_speculative(out.metrics);
     if (!exact && shown < o.show_failures) {
       ++shown;
       std::fprintf(stdout, "failure %s (%s L=%lld): expected \"%s\" got \"%s\" (%s)\n",

@@ -132,6 +132,12 @@ class GpuRunner {
     int64_t prefill_blocks_kept = 0, prefill_blocks_causal = 0;
   };
   SparseCounters sparse_counters() const;
+  // The KV store's block I/O (Executor::kv_block_bytes etc.): a resident pool of one full
+  // attention group without a sparse policy; 0 bytes (no export) otherwise.
+  int64_t kv_block_bytes() const;
+  std::string kv_block_format() const;
+  void read_kv_block(int32_t block, std::span<std::byte> out) const;
+  void write_kv_block(int32_t block, std::span<const std::byte> in);
 
   // Standalone use, refused once an engine drives the runner. Inputs' block tables are ignored
   // (the runner keeps each seq_id's blocks until release()); num_new 0 runs all the rest.

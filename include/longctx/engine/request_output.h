@@ -47,6 +47,12 @@ struct RequestMetrics {
   double mean_acceptance_length() const {
     return num_drafts > 0 ? 1.0 + static_cast<double>(num_accepted_tokens) / num_drafts : 0.0;
   }
+  // Adds `other`'s speculative counters (a run's totals over its requests).
+  void add_speculative(const RequestMetrics& other) {
+    num_drafts += other.num_drafts;
+    num_draft_tokens += other.num_draft_tokens;
+    num_accepted_tokens += other.num_accepted_tokens;
+  }
 };
 
 struct RequestOutput {
