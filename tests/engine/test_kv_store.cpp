@@ -21,6 +21,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "common/redis_server.h"
 #include "engine/kv_store.h"
 #include "engine/llm_internal.h"
 #include "longctx/core/error.h"
@@ -33,61 +34,21 @@ constexpr int64_t kBlock = 16;
 
 std::string needle_dir() { return std::string(LONGCTX_SOURCE_DIR) + "/models/needle"; }
 
-// A loopback port nothing listens on (the kernel's pick, then closed).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::free_port;
 
-// redis-server on a free port, without persistence; killed by stop() or the destructor.
-class RedisServer {
+// The store's process and a hiredis client to read and corrupt its values.
+class RedisServer : public testing::RedisProcess {
  public:
-  RedisServer() : port_(free_port()) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const std::string port = std::to_string(port_);
-      if (std::freopen("/dev/null", "w", stdout) == nullptr) ::_exit(126);
-      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
-               "--save", "", "--appendonly", "no", "--loglevel", "warning",
-               static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    for (int i = 0; i < 100 && ctx_ == nullptr; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        ADD_FAILURE() << "redis-server did not start (exit " << WEXITSTATUS(status)
-                      << "): install it (Debian: redis-server, tools/install_deps.sh)";
-        return;
-      }
-      redisContext* c = redisConnect("127.0.0.1", port_);
-      if (c != nullptr && c->err == 0) {
-        ctx_ = c;
-      } else if (c != nullptr) {
-        redisFree(c);
-      }
-    }
+  RedisServer() {
+    if (up()) ctx_ = redisConnect("127.0.0.1", port());
+    EXPECT_TRUE(ctx_ != nullptr && ctx_->err == 0) << "cannot connect to redis-server";
   }
-  ~RedisServer() { stop(); }
+  ~RedisServer() override { stop(); }
   void stop() {
     if (ctx_ != nullptr) redisFree(ctx_);
     ctx_ = nullptr;
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    pid_ = -1;
+    stop_process();
   }
-  bool up() const { return ctx_ != nullptr; }
-  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
   // Every key ending in the block hash `h`.
   std::vector<std::string> keys_of(uint64_t h) {
     char pattern[64];
@@ -115,8 +76,6 @@ class RedisServer {
   }
 
  private:
-  int port_;
-  pid_t pid_ = -1;
   redisContext* ctx_ = nullptr;
 };
 
