@@ -8,7 +8,9 @@ the server's msgpack-cxx) into vLLM's KVEventBatch layout, and checks:
 - every BlockStored's hashes are the documented chain, xxhash64 of the block's int32 token ids
   (little endian) seeded by the parent's hash (python3-xxhash recomputes them);
 - the stream, replayed from the ROUTER socket, is gapless from 0 and equal to the live batches;
-- a second server on the same endpoint fails at start-up naming it.
+- a second server on the same endpoint fails at start-up naming it;
+- without --debug-kv-cache-blocks, /debug/kv_cache_blocks is 404.
+(kv_events.test.mjs checks the stream against the server's own cached blocks.)
 Usage: kv_events_serve.py LONGCTX_BIN MODEL_DIR (Debian: python3-zmq python3-msgpack
 python3-xxhash).
 """
@@ -18,6 +20,8 @@ import struct
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import msgpack
 import xxhash
@@ -105,6 +109,13 @@ def main():
         assert not isinstance(log, int), "a second server started on the same endpoint"
         assert other.returncode != 0
         assert f"cannot bind the PUB socket to tcp://*:{pub_port}" in log, log
+
+        # The cached blocks' debug endpoint exists only under --debug-kv-cache-blocks.
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/kv_cache_blocks", timeout=10)
+            raise AssertionError("/debug/kv_cache_blocks answered without the flag")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404, e.code
 
         doc = document(1, 96)
         tails = [[500 + q * 30 + i for i in range(20)] for q in range(3)]
