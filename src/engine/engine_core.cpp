@@ -92,7 +92,8 @@ EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* toke
     LONGCTX_CHECK(options_.enable_prefix_caching, ErrorCode::kInvalidArgument,
                   "--kv-events-config enables KV-cache events, but prefix caching is off "
                   "(--no-enable-prefix-caching): no block would ever be stored");
-    kv_events_ = std::make_unique<KvEventPublisher>(options_.kv_events, blocks_.block_size());
+    kv_events_ = std::make_unique<KvEventPublisher>(options_.kv_events, blocks_.block_size(),
+                                                    options_.kv_medium);
     blocks_.record_events(true);
   }
   if (!options_.kv_store.empty()) {

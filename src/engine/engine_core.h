@@ -35,6 +35,9 @@ struct EngineCoreOptions {
   SchedulerConfig scheduler;           // token and sequence budgets per step
   bool enable_prefix_caching = true;
   KvEventsConfig kv_events;  // the prefix cache's changes, published (kv_event_publisher.h)
+  // The tier the executor's blocks (the block manager's ids) live in, the events' medium: kCpu
+  // when the executor offloads its KV to a host pool (--kv-offload, or the CPU simulation).
+  KvMedium kv_medium = KvMedium::kGpu;
   // A KV store shared by replicas (kv_store.h), redis://HOST:PORT; empty: none. Its keys start
   // with kv_store_namespace (the model's identity), then the executor's block format.
   std::string kv_store;

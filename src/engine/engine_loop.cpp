@@ -23,7 +23,8 @@ RequestOutput aborted_output(size_t index, std::vector<int32_t> prompt, double a
 
 }  // namespace
 
-EngineLoop::EngineLoop(EngineCore& core) : core_(core) {
+EngineLoop::EngineLoop(EngineCore& core, bool track_cached_blocks)
+    : core_(core), track_cached_blocks_(track_cached_blocks) {
   // The KV pool's size is known now: stats read it before the first request.
   stats_.engine = core_.stats();
   thread_ = std::thread([this] { run(); });
@@ -57,6 +58,13 @@ void EngineLoop::abort(uint64_t id) {
 LoopStats EngineLoop::stats() const {
   std::lock_guard lk(mu_);
   return stats_;
+}
+
+std::vector<uint64_t> EngineLoop::cached_block_hashes() const {
+  LONGCTX_CHECK(track_cached_blocks_, ErrorCode::kInvalidArgument,
+                "the engine loop does not track the cached blocks (track_cached_blocks)");
+  std::lock_guard lk(mu_);
+  return cached_blocks_;
 }
 
 void EngineLoop::shutdown(ShutdownMode mode, double drain_timeout_s) {
@@ -255,8 +263,11 @@ void EngineLoop::fail_all(const Error& error) {
 
 void EngineLoop::refresh_stats() {
   const EngineStats engine = core_.stats();
+  std::vector<uint64_t> cached;
+  if (track_cached_blocks_) cached = core_.cached_block_hashes();
   std::lock_guard lk(mu_);
   stats_.engine = engine;
+  if (track_cached_blocks_) cached_blocks_ = std::move(cached);
   stats_.num_pending = static_cast<int64_t>(pending_.size());
   stats_.num_in_flight = static_cast<int64_t>(in_flight_.size());
 }

@@ -62,8 +62,10 @@ class EngineLoop {
   };
 
   // Starts the engine thread, which owns `core` from now until shutdown() returns; `core` must
-  // outlive the loop and nobody else may call into it meanwhile.
-  explicit EngineLoop(EngineCore& core);
+  // outlive the loop and nobody else may call into it meanwhile. With track_cached_blocks the
+  // loop keeps a copy of the prefix cache's block hashes (cached_block_hashes()), refreshed with
+  // the stats: O(cached blocks) a step, for debugging and tests of KV-event consumers.
+  explicit EngineLoop(EngineCore& core, bool track_cached_blocks = false);
   // shutdown(kAbort) if it was not called.
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
@@ -79,6 +81,9 @@ class EngineLoop {
   // Unknown or finished ids are ignored.
   void abort(uint64_t id);
   LoopStats stats() const;
+  // The prefix cache's block hashes (EngineCore::cached_block_hashes) as of the last stats
+  // refresh; throws Error(kInvalidArgument) unless the loop tracks them.
+  std::vector<uint64_t> cached_block_hashes() const;
 
   // Stops the loop; with kDrain, requests still running after `drain_timeout_s` are aborted.
   // Blocks until the engine thread exited (every request got its final event). Idempotent.
@@ -122,6 +127,8 @@ class EngineLoop {
   double drain_deadline_ = 0;
   uint64_t next_id_ = 1;
   LoopStats stats_;
+  const bool track_cached_blocks_;
+  std::vector<uint64_t> cached_blocks_;  // with track_cached_blocks_
   // Engine thread only.
   std::unordered_map<uint64_t, Live> live_;         // core id -> request
   std::unordered_map<uint64_t, uint64_t> core_id_;  // loop id -> core id

@@ -15,7 +15,6 @@ namespace longctx {
 
 namespace {
 
-constexpr const char* kMedium = "GPU";
 constexpr int kLingerMs = 1000;
 // How long the publisher thread sleeps when idle before it looks at the replay socket again.
 constexpr auto kIdlePoll = std::chrono::milliseconds(10);
@@ -105,7 +104,7 @@ KvEventsConfig parse_kv_events_config(std::string_view text) {
 }
 
 std::string encode_kv_event_batch(double ts, std::span<const KvCacheEvent> events,
-                                  int64_t block_size, int64_t data_parallel_rank) {
+                                  int64_t block_size, KvMedium medium, int64_t data_parallel_rank) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> p(buf);
   p.pack_array(3);
@@ -127,7 +126,7 @@ std::string encode_kv_event_batch(double ts, std::span<const KvCacheEvent> event
         for (int32_t t : e.token_ids) p.pack_int32(t);
         p.pack_int64(block_size);
         p.pack_nil();  // lora_id
-        pack_str(p, kMedium);
+        pack_str(p, kv_medium_name(medium));
         p.pack_nil();  // lora_name
         break;
       case KvCacheEvent::Kind::kRemoved:
@@ -135,7 +134,7 @@ std::string encode_kv_event_batch(double ts, std::span<const KvCacheEvent> event
         pack_str(p, "BlockRemoved");
         p.pack_array(static_cast<uint32_t>(e.block_hashes.size()));
         for (uint64_t h : e.block_hashes) p.pack_uint64(h);
-        pack_str(p, kMedium);
+        pack_str(p, kv_medium_name(medium));
         break;
       case KvCacheEvent::Kind::kAllCleared:
         p.pack_array(1);
@@ -148,8 +147,8 @@ std::string encode_kv_event_batch(double ts, std::span<const KvCacheEvent> event
 }
 
 KvEventPublisher::KvEventPublisher(const KvEventsConfig& config, int64_t block_size,
-                                   int64_t data_parallel_rank)
-    : config_(config), block_size_(block_size), rank_(data_parallel_rank) {
+                                   KvMedium medium, int64_t data_parallel_rank)
+    : config_(config), block_size_(block_size), medium_(medium), rank_(data_parallel_rank) {
   LONGCTX_CHECK(config_.publisher == KvEventsPublisher::kZmq, ErrorCode::kInvalidArgument,
                 "KV events: the zmq publisher was not chosen");
   const ZmqLibrary& z = zmq_library();
@@ -247,7 +246,7 @@ void KvEventPublisher::run() {
 void KvEventPublisher::send_batch(const Batch& batch) {
   const ZmqLibrary& z = zmq_library();
   const uint64_t seq = next_seq_++;
-  std::string payload = encode_kv_event_batch(batch.ts, batch.events, block_size_, rank_);
+  std::string payload = encode_kv_event_batch(batch.ts, batch.events, block_size_, medium_, rank_);
   const auto seq_bytes = big_endian(static_cast<int64_t>(seq));
   // A PUB socket never blocks: past the high-water mark (or with no subscriber) ZeroMQ drops the
   // message, which a subscriber sees as a gap in the sequence numbers and can replay.

@@ -9,7 +9,8 @@
 //     ["BlockRemoved", block_hashes, medium]
 //     ["AllBlocksCleared"]
 //   ts the wall clock in seconds (float64), hashes unsigned 64-bit integers, lora_id and
-//   lora_name nil (no adapters), medium "GPU" (the engine's KV pool, vLLM's name for it);
+//   lora_name nil (no adapters), medium where the blocks live (kv_cache_event.h: "GPU", or
+//   "CPU" under KV offload);
 // - the PUB socket sends it as three frames: topic, the batch's sequence number (8 bytes, big
 //   endian, from 0), the payload;
 // - the ROUTER replay socket answers a request [identity, "", start_seq (8 bytes big endian)]
@@ -36,14 +37,14 @@ namespace longctx {
 
 // The msgpack bytes of one batch, as above.
 std::string encode_kv_event_batch(double ts, std::span<const KvCacheEvent> events,
-                                  int64_t block_size, int64_t data_parallel_rank);
+                                  int64_t block_size, KvMedium medium, int64_t data_parallel_rank);
 
 class KvEventPublisher {
  public:
   // Opens the sockets; throws Error naming the endpoint when one cannot be bound or connected
   // (a port in use, a malformed address), Error(kNotFound) without libzmq.
   KvEventPublisher(const KvEventsConfig& config, int64_t block_size,
-                   int64_t data_parallel_rank = 0);
+                   KvMedium medium = KvMedium::kGpu, int64_t data_parallel_rank = 0);
   // Sends what is queued (the PUB socket lingers up to a second), then closes.
   ~KvEventPublisher();
   KvEventPublisher(const KvEventPublisher&) = delete;
@@ -65,6 +66,7 @@ class KvEventPublisher {
 
   KvEventsConfig config_;
   int64_t block_size_;
+  KvMedium medium_;
   int64_t rank_;
   void* ctx_ = nullptr;
   void* pub_ = nullptr;

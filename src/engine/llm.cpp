@@ -189,6 +189,8 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     }
     gpu.enforce_eager = config.enforce_eager;
     gpu.kv_offload = config.kv_offload;
+    // Offloaded, the block manager's blocks are the host pool's (the GPU cache only stages them).
+    options.kv_medium = config.kv_offload ? KvMedium::kCpu : KvMedium::kGpu;
     gpu.host_kv_bytes = config.host_kv_budget;
     gpu.gpu_kv_bytes = config.gpu_kv_budget;
     gpu.offload_slots = config.offload_slots;

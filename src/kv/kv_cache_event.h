@@ -10,6 +10,15 @@
 
 namespace longctx {
 
+// Where the prefix cache's blocks live, published as vLLM's `medium` ("GPU" / "CPU", the names
+// vLLM's GPU prefix cache and its CPU offloading tier use): the engine's block manager hands out
+// ids of one pool, device memory (kGpu; the CPU backend's pool counts as the engine's primary
+// pool, as vLLM's CPU backend reports it) or, under KV offload, the host pool (kCpu), where every
+// block lives and which the GPU cache only stages (docs/offload.md).
+enum class KvMedium { kGpu, kCpu };
+
+inline const char* kv_medium_name(KvMedium m) { return m == KvMedium::kCpu ? "CPU" : "GPU"; }
+
 struct KvCacheEvent {
   enum class Kind { kStored, kRemoved, kAllCleared };
   Kind kind = Kind::kStored;

@@ -226,6 +226,9 @@ HandlerResult ApiServer::route(const HttpRequest& req) {
     method("GET");
     r.response.content_type = "text/plain; version=0.0.4; charset=utf-8";
     r.response.body = metrics_.render(loop_.stats());
+  } else if (p == "/debug/kv_cache_blocks" && options_.debug_kv_cache_blocks) {
+    method("GET");
+    r.response = kv_cache_blocks();
   } else if (p == "/tokenize") {
     method("POST");
     r.response = tokenize(req);
@@ -272,6 +275,13 @@ HttpResponse ApiServer::models() const {
                     {"max_model_len", llm_.max_model_len()}});
   }
   return json_response(200, Json{{"object", "list"}, {"data", data}}.dump());
+}
+
+HttpResponse ApiServer::kv_cache_blocks() const {
+  // Decimal strings: a 64-bit hash is past what a JSON number holds exactly in most parsers.
+  Json hashes = Json::array();
+  for (uint64_t h : loop_.cached_block_hashes()) hashes.push_back(std::to_string(h));
+  return json_response(200, Json{{"block_hashes", hashes}}.dump());
 }
 
 std::vector<int32_t> ApiServer::prompt_ids(const GenerationRequest& g) {

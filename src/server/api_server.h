@@ -24,6 +24,9 @@ struct ApiServerOptions {
   Json default_chat_template_kwargs = Json::object();  // e.g. {"enable_thinking": false}
   // --tool-call-parser (tool_choice "auto") and --reasoning-parser.
   OutputParsers parsers;
+  // --debug-kv-cache-blocks: GET /debug/kv_cache_blocks lists the prefix cache's block hashes
+  // (the engine loop must track them), for checking what a KV-event consumer rebuilt.
+  bool debug_kv_cache_blocks = false;
 };
 
 class ApiServer {
@@ -44,6 +47,7 @@ class ApiServer {
  private:
   HandlerResult route(const HttpRequest& request);
   HandlerResult generate(const HttpRequest& request, Endpoint endpoint);
+  HttpResponse kv_cache_blocks() const;
   HttpResponse models() const;
   HttpResponse tokenize(const HttpRequest& request);
   HttpResponse detokenize(const HttpRequest& request);

@@ -10,7 +10,7 @@
 namespace longctx::server {
 
 Server::Server(LLM& llm, ServeOptions options) : options_(std::move(options)) {
-  loop_ = std::make_unique<EngineLoop>(engine_core(llm));
+  loop_ = std::make_unique<EngineLoop>(engine_core(llm), options_.api.debug_kv_cache_blocks);
   api_ = std::make_unique<ApiServer>(llm, *loop_, options_.api);
   ApiServer* api = api_.get();
   transport_ =

@@ -102,6 +102,28 @@ TEST(EngineLoop, StreamsOneRequestInOrder) {
   EXPECT_EQ(r.output.index, *id);
 }
 
+// With track_cached_blocks the loop's copy of the prefix cache's hashes is current once a
+// request's final event arrives (the snapshot is refreshed before the callbacks); without it
+// the call is refused.
+TEST(EngineLoop, TracksCachedBlocksWhenAsked) {
+  auto core = make_core();
+  {
+    EngineLoop loop(*core, /*track_cached_blocks=*/true);
+    EXPECT_TRUE(loop.cached_block_hashes().empty());
+    Recorder r;
+    std::vector<int32_t> prompt(40);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + i % 11);
+    ASSERT_TRUE(loop.submit(prompt, greedy(4), r.callback()).has_value());
+    r.wait();
+    const std::vector<uint64_t> seen = loop.cached_block_hashes();
+    EXPECT_EQ(seen.size(), 2u);  // the prompt's two full blocks of 16
+    loop.shutdown(EngineLoop::ShutdownMode::kDrain);
+    EXPECT_EQ(seen, core->cached_block_hashes());
+  }
+  EngineLoop untracked(*core);
+  EXPECT_THROW(untracked.cached_block_hashes(), Error);
+}
+
 TEST(EngineLoop, RejectsBadRequests) {
   auto core = make_core();
   EngineLoop loop(*core);

@@ -20,6 +20,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "engine/engine_test_util.h"
 #include "engine/kv_event_publisher.h"
 #include "engine/llm_internal.h"
 #include "longctx/core/error.h"
@@ -225,7 +226,7 @@ TEST(KvEventsEncoding, VllmArrayLayout) {
   ev[0] = {KvCacheEvent::Kind::kStored, {11, 12}, std::nullopt, {1, 2, 3, 4}};
   ev[1] = {KvCacheEvent::Kind::kRemoved, {0xfedcba9876543210ULL}, std::nullopt, {}};
   ev[2] = {KvCacheEvent::Kind::kAllCleared, {}, std::nullopt, {}};
-  const std::string bytes = encode_kv_event_batch(1.5, ev, 2, 0);
+  const std::string bytes = encode_kv_event_batch(1.5, ev, 2, KvMedium::kGpu, 0);
   DecodedBatch b = decode(bytes);
   EXPECT_EQ(b.ts, 1.5);
   EXPECT_EQ(b.rank, 0);
@@ -240,10 +241,17 @@ TEST(KvEventsEncoding, VllmArrayLayout) {
   EXPECT_EQ(b.events[1].hashes[0], 0xfedcba9876543210ULL);  // a full 64-bit unsigned hash
   EXPECT_EQ(b.events[2].tag, "AllBlocksCleared");
   // The exact bytes msgspec writes for [1.5, [["AllBlocksCleared"]], 0].
-  const std::string cleared = encode_kv_event_batch(1.5, std::span(ev).subspan(2), 2, 0);
+  const std::string cleared =
+      encode_kv_event_batch(1.5, std::span(ev).subspan(2), 2, KvMedium::kGpu, 0);
   const std::string expect = std::string("\x93\xcb\x3f\xf8\0\0\0\0\0\0\x91\x91\xb0", 13) +
                              "AllBlocksCleared" + std::string("\x00", 1);
   EXPECT_EQ(cleared, expect);
+  // The host tier, under KV offload: vLLM's CPU offloading tier's name, on both kinds of event.
+  DecodedBatch host =
+      decode(encode_kv_event_batch(1.5, std::span(ev).first(2), 2, KvMedium::kCpu, 0));
+  ASSERT_EQ(host.events.size(), 2u);
+  EXPECT_EQ(host.events[0].medium, "CPU");
+  EXPECT_EQ(host.events[1].medium, "CPU");
 }
 
 TEST_F(KvEvents, EngineRunRebuildsTheCacheAndReplays) {
@@ -337,6 +345,71 @@ TEST_F(KvEvents, EngineRunRebuildsTheCacheAndReplays) {
   }
   EXPECT_GT(m.removed, 0);
   engine_core(llm).check_consistency();
+}
+
+// KV offload (the CPU simulation of the host pool, the GPU cache and the ring): the block
+// manager's blocks are the host pool's, so every event names the host tier ("CPU") and none the
+// device ("GPU"): the GPU cache stages blocks per step and is no prefix cache of its own. The
+// stream, with blocks through the ring, evicted from the host pool and shared by a prefix, still
+// rebuilds the engine's cached set.
+TEST_F(KvEvents, OffloadedEnginePublishesTheHostTier) {
+  CpuExecutorOptions x;
+  x.block_size = 4;
+  x.num_blocks = 48;          // the host pool: later prompts evict earlier ones
+  x.offload_gpu_blocks = 12;  // the GPU cache: most of a prompt goes through the ring
+  x.offload_slots = 2;
+  x.offload_slot_blocks = 3;
+  EngineCoreOptions o = testing::core_options(24, 2);
+  o.kv_medium = KvMedium::kCpu;
+  o.kv_events = {.enable_kv_cache_events = true,
+                 .publisher = KvEventsPublisher::kZmq,
+                 .endpoint = ipc("pub"),
+                 .topic = "kv"};
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv");
+  sub.set(zmq::sockopt::rcvtimeo, 500);
+  EngineCore core(make_cpu_executor(testing::tiny_model(), x), nullptr, o);
+  sub.connect(o.kv_events.endpoint);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the subscription propagates
+
+  auto doc = [](int32_t salt, int64_t n) {  // ids below the tiny model's 1024
+    std::vector<int32_t> t = document(salt, n);
+    for (int32_t& v : t) v %= 1000;
+    return t;
+  };
+  const std::vector<int32_t> shared = doc(3, 40);
+  size_t index = 0;
+  auto run = [&](std::vector<std::vector<int32_t>> prompts) {
+    for (auto& p : prompts) core.add_request(index++, std::move(p), testing::greedy(5), 0);
+    while (core.has_unfinished()) core.step();
+    core.take_finished();
+  };
+  auto tail = [&](std::vector<int32_t> t, int32_t salt) {
+    for (int i = 0; i < 9; ++i) t.push_back(700 + salt * 10 + i);
+    return t;
+  };
+  run({tail(shared, 1), tail(shared, 2)});                 // one prefix, stored once
+  run({tail(shared, 3)});                                  // a prefix hit of host blocks
+  for (int32_t s = 0; s < 3; ++s) run({doc(20 + s, 90)});  // evict from the host pool
+  EXPECT_GT(core.stats().executor.offload_host_bytes_loaded, 0) << "nothing went through the ring";
+
+  Mirror m;
+  std::set<std::string> media;
+  for (;;) {
+    std::vector<zmq::message_t> frames;
+    if (!zmq::recv_multipart(sub, std::back_inserter(frames))) break;  // quiet for 500 ms
+    ASSERT_EQ(frames.size(), 3u);
+    DecodedBatch b = decode(frames[2].to_string());
+    m.apply(b);
+    for (const Decoded& d : b.events) media.insert(d.medium);
+  }
+  EXPECT_EQ(media, (std::set<std::string>{"CPU"}));
+  EXPECT_GT(m.removed, 0) << "the host pool evicted nothing";
+  uint64_t h = XXH64(shared.data(), 4 * sizeof(int32_t), 0);
+  EXPECT_EQ(m.times_stored[h], 1) << "the shared prefix's first block";
+  EXPECT_EQ(std::vector<uint64_t>(m.cached.begin(), m.cached.end()), core.cached_block_hashes());
+  core.check_consistency();
 }
 
 TEST_F(KvEvents, EndpointErrorsAreClear) {

@@ -8,68 +8,34 @@ the server's msgpack-cxx) into vLLM's KVEventBatch layout, and checks:
 - every BlockStored's hashes are the documented chain, xxhash64 of the block's int32 token ids
   (little endian) seeded by the parent's hash (python3-xxhash recomputes them);
 - the stream, replayed from the ROUTER socket, is gapless from 0 and equal to the live batches;
-- a second server on the same endpoint fails at start-up naming it.
+- a second server on the same endpoint fails at start-up naming it;
+- without --debug-kv-cache-blocks, /debug/kv_cache_blocks is 404.
+(kv_events.test.mjs checks the stream against the server's own cached blocks.)
 Usage: kv_events_serve.py LONGCTX_BIN MODEL_DIR (Debian: python3-zmq python3-msgpack
 python3-xxhash).
 """
 import json
-import os
-import re
 import signal
-import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import msgpack
 import xxhash
 import zmq
 
+from serve_util import complete, document, free_port, start
+
 BLOCK = 16
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(binary, model, events):
-    proc = subprocess.Popen(
-        [binary, "serve", "--model", model, "--device", "cpu", "--port", "0",
-         "--max-model-len", "512", "--served-model-name", "needle", "--block-size", str(BLOCK), "--kv-cache-memory", "5MiB",
-         "--kv-events-config", json.dumps(events)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    log = ""
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        log += line
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, int(m.group(1))
-    proc.wait(timeout=10)
-    return proc, log
-
-
-def complete(port, prompt):
-    body = json.dumps({"model": "needle", "prompt": prompt, "max_tokens": 2,
-                       "temperature": 0}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        assert r.status == 200, r.status
-        json.load(r)
-
-
-def document(salt, n):
-    return [3 + (i * 37 + salt * 101) % 2000 for i in range(n)]
+def start_events(binary, model, events):
+    return start(binary, model, ["--max-model-len", "512", "--block-size", str(BLOCK),
+                                 "--kv-cache-memory", "5MiB", "--kv-events-config",
+                                 json.dumps(events)])
 
 
 def chain(tokens, parent):
@@ -128,7 +94,7 @@ def main():
     events = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": f"tcp://*:{pub_port}", "replay_endpoint": f"tcp://*:{replay_port}",
               "topic": "kv"}
-    proc, port = start(binary, model, events)
+    proc, port = start_events(binary, model, events)
     assert isinstance(port, int), f"serve did not start: {port}"
     ctx = zmq.Context()
     try:
@@ -139,10 +105,17 @@ def main():
         time.sleep(0.3)
 
         # A second server on the same endpoints fails at start-up, naming the endpoint.
-        other, log = start(binary, model, events)
+        other, log = start_events(binary, model, events)
         assert not isinstance(log, int), "a second server started on the same endpoint"
         assert other.returncode != 0
         assert f"cannot bind the PUB socket to tcp://*:{pub_port}" in log, log
+
+        # The cached blocks' debug endpoint exists only under --debug-kv-cache-blocks.
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/kv_cache_blocks", timeout=10)
+            raise AssertionError("/debug/kv_cache_blocks answered without the flag")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404, e.code
 
         doc = document(1, 96)
         tails = [[500 + q * 30 + i for i in range(20)] for q in range(3)]

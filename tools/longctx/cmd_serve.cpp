@@ -156,6 +156,9 @@ CommandRegistration reg("serve", [](CLI::App& app) {
   cmd->add_option("--allowed-headers", o->allowed_headers,
                   "CORS: comma-separated request headers a preflight may ask for, or *")
       ->capture_default_str();
+  cmd->add_flag("--debug-kv-cache-blocks", o->serve.api.debug_kv_cache_blocks,
+                "serve GET /debug/kv_cache_blocks, the prefix cache's block hashes (for checking "
+                "a KV-event consumer's view; costs a copy of them every step)");
   cmd->add_option("--drain-timeout", o->serve.drain_timeout_s,
                   "seconds requests in flight get to finish on SIGINT/SIGTERM")
       ->capture_default_str();
