@@ -1,9 +1,11 @@
 #include "engine/sampling_pack.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "longctx/core/error.h"
+#include "longctx/core/parallel.h"
 
 namespace longctx {
 
@@ -86,6 +88,18 @@ SampleResult to_sample_result(const kernels::SamplingRowResult& r, const Samplin
     for (int j = 0; j < r.num_top; ++j) lp.top.emplace_back(r.top_ids[j], r.top_logprobs[j]);
   }
   return out;
+}
+
+void pack_token_masks(std::span<const uint32_t* const> masks, int64_t words, uint32_t* dst) {
+  // Masks per pool task: below that, waking a worker costs more than the copy it takes over.
+  constexpr int64_t kMasksPerTask = 4;
+  const auto bytes = static_cast<size_t>(words) * sizeof(uint32_t);
+  parallel_for(
+      static_cast<int64_t>(masks.size()),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t m = begin; m < end; ++m) std::memcpy(dst + m * words, masks[m], bytes);
+      },
+      kMasksPerTask);
 }
 
 }  // namespace longctx
