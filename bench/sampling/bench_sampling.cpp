@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bench_util.h"
 #include "engine/gpu_sampler.h"
 #include "longctx/core/tensor.h"
 #include "longctx/engine/sampler.h"
@@ -18,15 +19,6 @@
 namespace {
 
 using longctx::SamplingParams;
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return v;
-}
 
 struct Setting {
   const char* name;
@@ -42,7 +34,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--vocab") vocab = std::atoll(argv[i + 1]);
-    if (a == "--rows") rows = parse_list(argv[i + 1]);
+    if (a == "--rows") rows = longctx::bench::parse_list(argv[i + 1]);
     if (a == "--iters") iters = std::atoll(argv[i + 1]);
     if (a == "--sigma") sigma = std::atof(argv[i + 1]);
   }

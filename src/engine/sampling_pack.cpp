@@ -1,5 +1,6 @@
 #include "engine/sampling_pack.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -91,15 +92,18 @@ SampleResult to_sample_result(const kernels::SamplingRowResult& r, const Samplin
 }
 
 void pack_token_masks(std::span<const uint32_t* const> masks, int64_t words, uint32_t* dst) {
-  // Masks per pool task: below that, waking a worker costs more than the copy it takes over.
-  constexpr int64_t kMasksPerTask = 4;
+  // Bytes per pool task: waking a worker costs microseconds, about what copying this much takes,
+  // so small masks (a small vocabulary, or few rows) are copied inline.
+  constexpr int64_t kBytesPerTask = 128 << 10;
   const auto bytes = static_cast<size_t>(words) * sizeof(uint32_t);
+  const int64_t masks_per_task =
+      std::max<int64_t>(1, kBytesPerTask / std::max<int64_t>(words * 4, 1));
   parallel_for(
       static_cast<int64_t>(masks.size()),
       [&](int64_t begin, int64_t end) {
         for (int64_t m = begin; m < end; ++m) std::memcpy(dst + m * words, masks[m], bytes);
       },
-      kMasksPerTask);
+      masks_per_task);
 }
 
 }  // namespace longctx

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/sampling_pack.h"
@@ -474,9 +475,15 @@ TEST(Sampler, GreedyMaskedRowsMatchTheMaskedCopy) {
 }
 
 TEST(Sampler, PackTokenMasksCopiesEachMaskInOrder) {
-  // Over the thread pool (chunks of a few masks), each mask lands at its row of the buffer.
-  for (const int64_t n : {0, 1, 3, 4, 5, 64, 67}) {
-    const int64_t words = 593;  // an odd size, as a 18,976-token vocabulary's
+  // Inline (small masks) or over the thread pool (masks past the bytes a pool task takes),
+  // each mask lands at its row of the buffer.
+  for (const auto [n, words] : {std::pair<int64_t, int64_t>{0, 593},
+                                {1, 593},
+                                {67, 593},
+                                {2, 40001},
+                                {5, 40001},
+                                {67, 40001},
+                                {9, 4749}}) {
     std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(n));
     std::vector<const uint32_t*> ptrs;
     for (int64_t m = 0; m < n; ++m) {
