@@ -14,13 +14,13 @@
 //   bench_model --preset llama-3.1-8b --contexts 131072 --decode-steps 64 --kv-cache-dtype fp8
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/bench_util.h"
 #include "graph_bench.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
@@ -32,14 +32,6 @@
 #include "longctx/models/model.h"
 
 using namespace longctx;
-
-namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app("longctx model benchmark (GPU)");
@@ -83,17 +75,17 @@ int main(int argc, char** argv) {
   try {
     opts.kv_dtype =
         resolve_kv_cache_dtype(parse_kv_cache_dtype(kv_cache_dtype), false, DType::kBF16);
-    const double t_load = now();
+    const double t_load = bench::now_seconds();
     auto ckpt = std::make_shared<const Checkpoint>(
         model_dir.empty() ? make_dummy_checkpoint(dummy_preset_config(preset), 1)
                           : load_checkpoint(model_dir));
-    const double t_host = now() - t_load;
+    const double t_host = bench::now_seconds() - t_load;
     configure_device_memory(0, 0, util);
     ModelBuildOptions mo;
     mo.device = Device::cuda(0);
-    const double t_up = now();
+    const double t_up = bench::now_seconds();
     std::shared_ptr<Model> model = create_model(ckpt, mo);
-    const double t_upload = now() - t_up;
+    const double t_upload = bench::now_seconds() - t_up;
     if (cuda_graphs) {
       LONGCTX_CHECK(opts.kv_dtype != DType::kFP8E4M3, ErrorCode::kUnsupported,
                     "--cuda-graphs builds its own bf16 pool: time FP8 decode without it");
@@ -139,9 +131,9 @@ int main(int argc, char** argv) {
       ids.reserve(n + decode_steps + 1);
       StepInput in{seq, ids, 0};
       device_synchronize(0);
-      const double t0 = now();
+      const double t0 = bench::now_seconds();
       runner.execute_standalone({&in, 1});
-      const double dt = now() - t0;
+      const double dt = bench::now_seconds() - t0;
       std::printf("prefill %7lld tokens: %.3f s  %.0f tok/s  (chunk %lld, block %lld)\n",
                   static_cast<long long>(n), dt, n / dt,
                   static_cast<long long>(opts.max_num_batched_tokens),
@@ -152,9 +144,9 @@ int main(int argc, char** argv) {
         for (int s = 0; s < decode_steps; ++s) {
           ids.push_back(tok(rng));
           StepInput d{seq, ids, static_cast<int64_t>(ids.size()) - 1};
-          const double t1 = now();
+          const double t1 = bench::now_seconds();
           runner.execute_standalone({&d, 1});
-          times.push_back(now() - t1);
+          times.push_back(bench::now_seconds() - t1);
         }
         std::sort(times.begin(), times.end());
         double sum = 0;

@@ -1,7 +1,6 @@
 #include "graph_bench.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -10,6 +9,7 @@
 #include <string>
 
 #include "attention/backends/paged_backend.h"
+#include "common/bench_util.h"
 #include "engine/cuda_graphs.h"
 #include "kernels/cuda/decode.h"
 #include "kv/paged_kv_pool.h"
@@ -21,10 +21,6 @@
 namespace longctx::bench {
 
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 struct Seq {
   std::vector<int32_t> tokens;
@@ -239,9 +235,9 @@ int run_graph_bench(std::shared_ptr<Model> model, const GraphBenchArgs& a) {
     std::vector<Seq> seqs(max_b);
     for (int64_t i = 0; i < a.context; ++i) seqs[0].tokens.push_back(tok(rng));
     device_synchronize(0);
-    const double t0 = now();
+    const double t0 = now_seconds();
     prefill(seqs[0]);
-    const double t_prefill = now() - t0;
+    const double t_prefill = now_seconds() - t0;
     std::printf("prefill %lld tokens: %.3f s, %.0f tok/s (chunk %lld, block %lld)\n",
                 (long long)a.context, t_prefill, a.context / t_prefill,
                 (long long)a.max_num_batched_tokens, (long long)bs);
@@ -283,14 +279,14 @@ int run_graph_bench(std::shared_ptr<Model> model, const GraphBenchArgs& a) {
       for (int step = 0; step < 2 * a.decode_steps; ++step) {
         const int mode = step % 2;  // alternate: both modes see the same contexts
         for (int64_t i = 0; i < b; ++i) seqs[i].tokens.push_back(tok(rng));
-        const double t1 = now();
+        const double t1 = now_seconds();
         ForwardBatch batch = make_batch({seqs.data(), size_t(b)}, pool);
         start.record_on(current_stream(0));
         Tensor logits = mode == 1 ? graphs.run(batch) : model->forward(batch, *attn);
         stop.record_on(current_stream(0));
-        const double t2 = now();
+        const double t2 = now_seconds();
         Tensor on_host = logits.to(Device::cpu());
-        wall[mode].add(now() - t1);
+        wall[mode].add(now_seconds() - t1);
         host[mode].add(t2 - t1);
         gpu[mode].add(1e-3 * stop.elapsed_ms_since(start));
         for (int64_t i = 0; i < b; ++i)

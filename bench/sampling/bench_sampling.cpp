@@ -2,6 +2,7 @@
 // kernels, the result download and the stream synchronization) for batch sizes and sampling
 // settings at Qwen2/Qwen3's vocabulary, on logits N(0, sigma) f32 already on the device.
 //   bench_sampling [--vocab 151936] [--rows 1,16,256] [--iters 50] [--sigma 2]
+// The last two settings give every row a token mask (structured outputs).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bench_util.h"
 #include "engine/gpu_sampler.h"
 #include "longctx/core/tensor.h"
 #include "longctx/engine/sampler.h"
@@ -19,18 +21,10 @@ namespace {
 
 using longctx::SamplingParams;
 
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
 struct Setting {
   const char* name;
   SamplingParams params;
+  bool masked = false;  // every row carries a structured-output token mask
 };
 
 }  // namespace
@@ -42,11 +36,11 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--vocab") vocab = std::atoll(argv[i + 1]);
-    if (a == "--rows") rows = parse_list(argv[i + 1]);
+    if (a == "--rows") rows = longctx::bench::parse_list(argv[i + 1]);
     if (a == "--iters") iters = std::atoll(argv[i + 1]);
     if (a == "--sigma") sigma = std::atof(argv[i + 1]);
   }
-  std::vector<Setting> settings(5);
+  std::vector<Setting> settings(7);
   settings[0].name = "greedy";
   settings[0].params.temperature = 0.0;
   settings[1].name = "top_k=50 top_p=0.9";
@@ -60,6 +54,15 @@ int main(int argc, char** argv) {
   settings[4].params.top_p = 0.9;
   settings[4].params.logprobs = 5;
   settings[4].params.repetition_penalty = 1.1;
+  // Structured outputs: a mask leaving out ~1 % of the tokens (inside a free string), the
+  // greedy row without penalties and a sampled one with them.
+  settings[5] = settings[0];
+  settings[5].name = "greedy, masked";
+  settings[5].masked = true;
+  settings[6] = settings[4];
+  settings[6].name = "top_p=0.9 rep=1.1, masked";
+  settings[6].params.logprobs.reset();
+  settings[6].masked = true;
 
   const int64_t max_rows = *std::max_element(rows.begin(), rows.end());
   std::mt19937_64 rng(1);
@@ -71,6 +74,10 @@ int main(int argc, char** argv) {
   logits.copy_from(
       longctx::Tensor::from_blob(host.data(), {max_rows, vocab}, longctx::DType::kF32));
   longctx::GpuSampler sampler(max_rows, vocab, gpu);
+  std::vector<uint32_t> mask(static_cast<size_t>((vocab + 31) / 32), ~0u);
+  for (int64_t t = 0; t < vocab; ++t) {
+    if (rng() % 100 == 0) mask[t >> 5] &= ~(1u << (t & 31));
+  }
   std::printf("vocab %lld, logits N(0, %.1f), %lld calls per cell, ms per sample() call\n",
               static_cast<long long>(vocab), sigma, static_cast<long long>(iters));
   std::printf("%-30s", "setting \\ rows");
@@ -84,6 +91,7 @@ int main(int argc, char** argv) {
       for (int64_t r = 0; r < b; ++r) {
         for (int j = 0; j < 200; ++j) prompts[r].push_back(static_cast<int32_t>(rng() % vocab));
         states.emplace_back(s.params, 1000 + r, prompts[r]);
+        if (s.masked) states.back().token_mask() = mask;
       }
       std::vector<longctx::SamplerState*> sp;
       for (auto& st : states) sp.push_back(&st);

@@ -1,16 +1,20 @@
 // Host time per decode step of constrained decoding at batch N, as the engine spends it: every
 // row's grammar mask filled over the thread pool (fill_grammar_masks), then one token per row
-// accepted. The token is drawn uniformly among the row's allowed ones, as a random-weight model
+// accepted; between them the masks are packed into one upload buffer as the GPU sampler packs
+// them (pack_token_masks, over the pool; a serial copy is timed too, for reference). The token
+// is drawn uniformly among the row's allowed ones, as a random-weight model
 // samples, so grammar states keep changing and the mask cache sees realistic misses. A row whose
 // document is complete (or whose budget ran out) starts a fresh one. Prints per batch size the
-// mean milliseconds per step of the fill and of the accepts, and the cache's computed / found
+// mean milliseconds per step of the fill, the packing and the accepts, and the cache's computed
+// / found
 // counts, twice: with the cache cold (a new schema) and warm (the same schema's next requests,
 // as in `bench latency --json-schema` after its warm-up): the cost a step adds where it does not
 // hide under the forward.
 //   bench_structured --tokenizer DIR --json-schema FILE [--rows 1,16,64] [--steps 256]
-//                    [--max-tokens 256] [--seed 0]
+//                    [--max-tokens 256] [--seed 0] [--warm-passes 1]
+// More warm passes show how often a state is still met for the first time once the cache has
+// seen the schema's earlier requests (the "computed" column of each pass).
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "common/bench_util.h"
+#include "engine/sampling_pack.h"
 #include "longctx/core/json_limits.h"
 #include "longctx/core/parallel.h"
 #include "longctx/tokenizer/tokenizer.h"
@@ -30,22 +36,10 @@
 namespace {
 
 using namespace longctx;
+using bench::now_seconds;
+using bench::parse_list;
 using structured::CompiledGrammar;
 using structured::GrammarMatcher;
-
-double now_seconds() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return v;
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -88,7 +82,7 @@ int32_t draw(const std::vector<uint32_t>& mask, std::mt19937_64& rng) {
 int main(int argc, char** argv) {
   std::string tokenizer_dir, schema_path;
   std::vector<int64_t> batch_sizes = {1, 16, 64};
-  int64_t steps = 256, max_tokens = 256;
+  int64_t steps = 256, max_tokens = 256, warm_passes = 1;
   uint64_t seed = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--tokenizer"))
@@ -101,6 +95,8 @@ int main(int argc, char** argv) {
       steps = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--max-tokens"))
       max_tokens = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--warm-passes"))
+      warm_passes = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--seed"))
       seed = std::strtoull(argv[i + 1], nullptr, 10);
     else {
@@ -111,7 +107,15 @@ int main(int argc, char** argv) {
   if (tokenizer_dir.empty() || schema_path.empty()) {
     std::fprintf(stderr,
                  "usage: bench_structured --tokenizer DIR --json-schema FILE [--rows "
-                 "1,16,64] [--steps 256] [--max-tokens 256] [--seed 0]\n");
+                 "1,16,64] [--steps 256] [--max-tokens 256] [--seed 0] [--warm-passes 1]\n");
+    return 2;
+  }
+  const bool rows_ok = !batch_sizes.empty() && std::all_of(batch_sizes.begin(), batch_sizes.end(),
+                                                           [](int64_t r) { return r >= 1; });
+  if (!rows_ok || steps < 1 || max_tokens < 1 || warm_passes < 0) {
+    std::fprintf(stderr,
+                 "bench_structured: --rows needs sizes >= 1, --steps and --max-tokens >= 1, "
+                 "--warm-passes >= 0\n");
     return 2;
   }
   const Tokenizer tok = Tokenizer::load(tokenizer_dir);
@@ -127,8 +131,8 @@ int main(int argc, char** argv) {
   std::printf("bench_structured: %lld tokens, %d threads, schema %s, %lld steps, max_tokens %lld\n",
               static_cast<long long>(n), num_threads(), schema_path.c_str(),
               static_cast<long long>(steps), static_cast<long long>(max_tokens));
-  std::printf("%6s %5s %12s %14s %10s %10s %9s\n", "rows", "cache", "fill ms/step",
-              "accept ms/step", "computed", "found", "documents");
+  std::printf("%6s %5s %12s %12s %12s %14s %10s %10s %9s\n", "rows", "cache", "fill ms/step",
+              "pack ms/step", "(serial ms)", "accept ms/step", "computed", "found", "documents");
   for (int64_t rows : batch_sizes) {
     // A fresh grammar per batch size: its cache starts empty, as a server's first requests.
     const double c0 = now_seconds();
@@ -137,7 +141,8 @@ int main(int argc, char** argv) {
         vocab);
     const double compile = now_seconds() - c0;
     std::mt19937_64 rng(seed);
-    for (const char* cache : {"cold", "warm"}) {
+    for (int64_t pass = 0; pass <= warm_passes; ++pass) {
+      const char* cache = pass == 0 ? "cold" : "warm";
       std::vector<Row> batch(static_cast<size_t>(rows));
       const auto [computed0, found0] = grammar->cache_stats();
       int64_t documents = 0;
@@ -147,7 +152,10 @@ int main(int argc, char** argv) {
         r.mask.assign(static_cast<size_t>(vocab->mask_words()), 0);
       };
       for (Row& r : batch) restart(r);
-      double fill = 0, accept = 0;
+      double fill = 0, pack = 0, serial = 0, accept = 0;
+      const int64_t words = vocab->mask_words();
+      std::vector<uint32_t> upload(static_cast<size_t>(rows * words));
+      std::vector<const uint32_t*> masks(static_cast<size_t>(rows));
       for (int64_t s = 0; s < steps; ++s) {
         const double t0 = now_seconds();
         parallel_for(rows, [&](int64_t begin, int64_t end) {
@@ -156,7 +164,21 @@ int main(int argc, char** argv) {
             r.matcher->fill_mask(max_tokens - r.generated, r.mask);
           }
         });
-        const double t1 = now_seconds();
+        fill += now_seconds() - t0;
+        for (int64_t i = 0; i < rows; ++i) masks[i] = batch[i].mask.data();
+        // Which copy goes first alternates, so neither always finds the other's lines cached.
+        for (int k = 0; k < 2; ++k) {
+          const double c0 = now_seconds();
+          if ((s + k) % 2 == 0) {
+            pack_token_masks(masks, words, upload.data());
+            pack += now_seconds() - c0;
+          } else {
+            for (int64_t i = 0; i < rows; ++i) {
+              std::memcpy(upload.data() + i * words, masks[i], words * sizeof(uint32_t));
+            }
+            serial += now_seconds() - c0;
+          }
+        }
         std::vector<int32_t> picks(static_cast<size_t>(rows));
         for (int64_t i = 0; i < rows; ++i) picks[i] = draw(batch[i].mask, rng);  // the "sampler"
         const double t2 = now_seconds();
@@ -171,11 +193,11 @@ int main(int argc, char** argv) {
           }
         }
         accept += now_seconds() - t2;
-        fill += t1 - t0;
       }
       const auto [computed, found] = grammar->cache_stats();
-      std::printf("%6lld %5s %12.3f %14.3f %10lld %10lld %9lld   (compile %.1f ms)\n",
+      std::printf("%6lld %5s %12.3f %12.3f %12.3f %14.3f %10lld %10lld %9lld   (compile %.1f ms)\n",
                   static_cast<long long>(rows), cache, 1e3 * fill / double(steps),
+                  1e3 * pack / double(steps), 1e3 * serial / double(steps),
                   1e3 * accept / double(steps), static_cast<long long>(computed - computed0),
                   static_cast<long long>(found - found0), static_cast<long long>(documents),
                   1e3 * compile);

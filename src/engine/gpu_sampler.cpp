@@ -113,8 +113,8 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
       r.mask_row = static_cast<int32_t>(masks.size());
       masks.push_back(mask.data());
     }
-    // A masked row is masked in its work copy, as a penalized one.
-    if (entries.size() > begin || !mask.empty()) {
+    // Only penalized rows need a work copy; the kernels apply a mask as they read the row.
+    if (entries.size() > begin) {
       r.work_row = static_cast<int32_t>(penalized.size());
       r.penalty_begin = static_cast<int32_t>(begin);
       r.penalty_count = static_cast<int32_t>(entries.size() - begin);
@@ -131,9 +131,7 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
   const size_t upload_bytes = static_cast<size_t>(entries_offset(max_rows_)) +
                               entries.size() * sizeof(kernels::SamplingPenaltyEntry);
   const size_t mask_bytes = static_cast<size_t>(words) * sizeof(uint32_t);
-  for (size_t m = 0; m < masks.size(); ++m) {
-    std::memcpy(up + masks_offset() + m * mask_bytes, masks[m], mask_bytes);
-  }
+  pack_token_masks(masks, words, reinterpret_cast<uint32_t*>(up + masks_offset()));
 
   DeviceGuard guard(device_.index);
   cudaStream_t stream = current_cuda_stream(device_.index);

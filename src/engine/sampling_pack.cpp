@@ -1,9 +1,12 @@
 #include "engine/sampling_pack.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "longctx/core/error.h"
+#include "longctx/core/parallel.h"
 
 namespace longctx {
 
@@ -86,6 +89,21 @@ SampleResult to_sample_result(const kernels::SamplingRowResult& r, const Samplin
     for (int j = 0; j < r.num_top; ++j) lp.top.emplace_back(r.top_ids[j], r.top_logprobs[j]);
   }
   return out;
+}
+
+void pack_token_masks(std::span<const uint32_t* const> masks, int64_t words, uint32_t* dst) {
+  // Bytes per pool task: waking a worker costs microseconds, about what copying this much takes,
+  // so small masks (a small vocabulary, or few rows) are copied inline.
+  constexpr int64_t kBytesPerTask = 128 << 10;
+  const auto bytes = static_cast<size_t>(words) * sizeof(uint32_t);
+  const int64_t masks_per_task =
+      std::max<int64_t>(1, kBytesPerTask / std::max<int64_t>(words * 4, 1));
+  parallel_for(
+      static_cast<int64_t>(masks.size()),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t m = begin; m < end; ++m) std::memcpy(dst + m * words, masks[m], bytes);
+      },
+      masks_per_task);
 }
 
 }  // namespace longctx

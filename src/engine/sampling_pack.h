@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "longctx/engine/sampler.h"
@@ -24,6 +25,11 @@ kernels::SamplingRowParams sampling_row_params(const SamplingParams& p, const Sa
 // presence penalties); tokens outside [0, vocab) are skipped.
 void append_penalty_entries(const SamplingParams& p, const SamplerState& s, int64_t vocab,
                             std::vector<kernels::SamplingPenaltyEntry>& out);
+
+// Copies the masks one after another into `dst` (masks.size() x `words` u32 words), over the
+// thread pool: a batch of structured-output rows carries megabytes of them (64 x 19 KB for a
+// 151K vocabulary), too much to copy serially on the engine thread every step.
+void pack_token_masks(std::span<const uint32_t* const> masks, int64_t words, uint32_t* dst);
 
 // Throws Error(kInvalidArgument) for a result whose status is not kSamplingOk, naming the token
 // and (when given) the batch row, as the CPU sampler has always worded it.

@@ -38,7 +38,7 @@ struct SamplingRowParams {
   int32_t penalty_count = 0;
   // This row's allowed-token bitmask in SamplingBatch::masks (structured outputs); -1: none.
   // Disallowed tokens become -inf after the penalties (logprobs stay the raw distribution's).
-  // On the GPU a masked row is a work row (it needs a copy to mask).
+  // The kernels read the mask with the row's logits (a masked row needs no work copy).
   int32_t mask_row = -1;
 };
 

@@ -7,6 +7,8 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/sampling_pack.h"
@@ -412,6 +414,91 @@ TEST(Sampler, TokenMaskKeepsOnlyAllowedTokensAfterPenalties) {
   SamplerState wrong(random, 7, {});
   wrong.token_mask().assign(2, ~0u);
   EXPECT_THROW(sample_token(logits, random, wrong), Error);
+}
+
+TEST(Sampler, GreedyMaskedRowsMatchTheMaskedCopy) {
+  // A greedy row without penalties reads its mask with the raw logits (no masked copy); the
+  // token and the errors are the masked copy's (sampling_logits, then argmax_token): ties go to
+  // the lowest allowed id, NaN / +inf anywhere in the raw row are errors, masked out or not, and
+  // a row whose allowed logits are all -inf is refused. With penalties the copy stays: the same
+  // masks with a presence penalty give the copy's token too.
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (const int64_t vocab : {1, 31, 32, 33, 70, 1000}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> logits(vocab);
+      for (float& x : logits) {
+        const int kind = static_cast<int>(rng() % 10);
+        x = kind == 0 ? kNegInf : kind < 4 ? std::round(normal(rng)) : normal(rng);
+      }
+      const int bad = static_cast<int>(rng() % 8);  // 0: NaN, 1: +inf, somewhere
+      if (bad < 2) {
+        logits[rng() % vocab] = bad == 0 ? std::nanf("") : std::numeric_limits<float>::infinity();
+      }
+      std::vector<uint32_t> mask(kernels::sampling_mask_words(vocab), 0u);
+      const int density = static_cast<int>(rng() % 3);  // none, some, all allowed
+      for (int64_t t = 0; t < vocab; ++t) {
+        if (density == 2 || (density == 1 && rng() % 3 == 0)) mask[t >> 5] |= 1u << (t & 31);
+      }
+      for (const bool penalized : {false, true}) {
+        SamplingParams p;
+        p.temperature = 0;
+        if (penalized) p.presence_penalty = 1.5;
+        SamplerState s(p, 9, {});
+        if (penalized) s.append_output(static_cast<int32_t>(rng() % vocab));
+        s.token_mask() = mask;
+        // The reference: the masked copy.
+        const kernels::SamplingRowParams rp = sampling_row_params(p, s, vocab);
+        std::vector<kernels::SamplingPenaltyEntry> entries;
+        append_penalty_entries(p, s, vocab, entries);
+        std::vector<float> work;
+        kernels::SamplingRowResult want;
+        const bool ok = kernels::cpu::sampling_logits(logits, rp, entries, mask.data(), work, want);
+        try {
+          const SampleResult got = sample_token(logits, p, s);
+          ASSERT_TRUE(ok) << "vocab " << vocab << " trial " << trial << ": status " << want.status
+                          << " but token " << got.token;
+          EXPECT_EQ(got.token, kernels::cpu::argmax_token(work))
+              << "vocab " << vocab << " trial " << trial << " penalized " << penalized;
+        } catch (const Error& e) {
+          EXPECT_FALSE(ok) << "vocab " << vocab << " trial " << trial << ": " << e.what();
+          const std::string what = e.what();
+          const char* expected = want.status == kernels::kSamplingNaN      ? "NaN logit"
+                                 : want.status == kernels::kSamplingPosInf ? "+inf logit"
+                                                                           : "-inf";
+          EXPECT_NE(what.find(expected), std::string::npos) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(Sampler, PackTokenMasksCopiesEachMaskInOrder) {
+  // Inline (small masks) or over the thread pool (masks past the bytes a pool task takes),
+  // each mask lands at its row of the buffer.
+  for (const auto [n, words] : {std::pair<int64_t, int64_t>{0, 593},
+                                {1, 593},
+                                {67, 593},
+                                {2, 40001},
+                                {5, 40001},
+                                {67, 40001},
+                                {9, 4749}}) {
+    std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(n));
+    std::vector<const uint32_t*> ptrs;
+    for (int64_t m = 0; m < n; ++m) {
+      masks[m].resize(static_cast<size_t>(words));
+      for (int64_t w = 0; w < words; ++w) masks[m][w] = static_cast<uint32_t>(m * 7919 + w);
+      ptrs.push_back(masks[m].data());
+    }
+    std::vector<uint32_t> out(static_cast<size_t>(n * words + 1), 0xdeadbeefu);
+    pack_token_masks(ptrs, words, out.data());
+    for (int64_t m = 0; m < n; ++m) {
+      ASSERT_TRUE(std::equal(masks[m].begin(), masks[m].end(), out.begin() + m * words))
+          << n << " masks, mask " << m;
+    }
+    EXPECT_EQ(out.back(), 0xdeadbeefu);  // nothing past the last mask
+  }
 }
 
 }  // namespace

@@ -11,7 +11,9 @@
 //   - a seeded row gives the same tokens alone, inside batches of 17 and 256 random rows, and on
 //     every run;
 //   - a third of the random rows carry a structured-output token mask (sparse, half, nearly
-//     full): the same tokens as the CPU sampler's masked rows;
+//     full): the same tokens as the CPU sampler's masked rows; masked rows with and without
+//     penalties on every path, and NaN / +inf / overflow / all -inf where the mask leaves a
+//     token out, checked as the CPU sampler checks them;
 //   - bad logits (NaN, +inf, all -inf, overflow) and bad calls are clear errors, and no state
 //     advances.
 #include "engine/gpu_sampler.h"
@@ -289,6 +291,163 @@ TEST(GpuSampler, EveryPathOnASmallVocabulary) {
   EXPECT_EQ(tally.rows, 3 * b.rows);
   EXPECT_EQ(tally.token_mismatch, 0);
   EXPECT_EQ(tally.logprob_mismatch, 0);
+}
+
+// A mask of `vocab` tokens keeping each with probability `density`, and always `keep`.
+std::vector<uint32_t> random_mask(int64_t vocab, double density, int64_t keep,
+                                  std::mt19937_64& rng) {
+  std::vector<uint32_t> mask(static_cast<size_t>((vocab + 31) / 32), 0u);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  for (int64_t t = 0; t < vocab; ++t) {
+    if (uni(rng) < density) mask[t >> 5] |= 1u << (t & 31);
+  }
+  mask[keep >> 5] |= 1u << (keep & 31);
+  return mask;
+}
+
+TEST(GpuSampler, MaskedRowsWithAndWithoutPenaltiesMatchTheCpu) {
+  // The kernels read a masked row's mask with its logits (no work copy unless penalized): every
+  // kind of row under each filter, masked sparse / half / nearly full, each setting with and
+  // without penalties, between unmasked rows (a row depends on itself alone); logprobs stay the
+  // raw distribution's (a masked row's max is not the raw max).
+  std::mt19937_64 rng(77);
+  std::vector<SamplingParams> settings(6);
+  settings[0].temperature = 0.0;
+  settings[0].logprobs = 5;
+  settings[1].logprobs = 3;  // T = 1, no filter: the draw over the whole row
+  settings[2].top_k = 50;
+  settings[3].top_p = 0.5;
+  settings[3].logprobs = 1;
+  settings[4].min_p = 0.3;
+  settings[4].temperature = 0.7;
+  settings[5].top_k = 2100;
+  settings[5].top_p = 0.9;
+  for (const int64_t vocab : {3000, 151936}) {
+    Batch b;
+    b.vocab = vocab;
+    int64_t masked = 0, masked_penalized = 0;
+    for (int kind = 0; kind < kKinds; ++kind) {
+      for (const SamplingParams& base : settings) {
+        for (const bool penalties : {false, true}) {
+          if (vocab > 3000 && rng() % 4 != 0) continue;  // a sample of the large rows
+          SamplingParams p = base;
+          if (penalties) {
+            p.repetition_penalty = 1.3;
+            p.frequency_penalty = 0.5;
+            p.presence_penalty = 0.2;
+          }
+          for (const bool mask : {true, false}) {
+            const auto row = make_row(kind, vocab, rng);
+            b.logits.insert(b.logits.end(), row.begin(), row.end());
+            b.params.push_back(p);
+            // A history, so the penalties touch tokens (some masked out, some allowed).
+            std::vector<int32_t> prompt(40);
+            for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % vocab);
+            SamplerState st(p, rng(), prompt);
+            for (int i = 0; i < 10; ++i) st.append_output(static_cast<int32_t>(rng() % vocab));
+            if (mask) {
+              const double density = std::array<double, 3>{0.01, 0.5, 0.99}[rng() % 3];
+              const int64_t best = std::max_element(row.begin(), row.end()) - row.begin();
+              st.token_mask() = random_mask(vocab, density, best, rng);
+              ++masked;
+              masked_penalized += penalties ? 1 : 0;
+            }
+            b.states.push_back(std::move(st));
+            ++b.rows;
+          }
+        }
+      }
+    }
+    ASSERT_GT(masked_penalized, 0);
+    ASSERT_GT(masked - masked_penalized, 0);
+    GpuSampler sampler(b.rows, vocab, kGpu);
+    Tally tally;
+    for (int i = 0; i < 2; ++i) {
+      compare_batch(sampler, b, tally);
+      for (auto& st : b.states) st.advance();
+    }
+    EXPECT_EQ(tally.rows, 2 * b.rows);
+    EXPECT_EQ(tally.token_mismatch, 0) << "vocab " << vocab;
+    EXPECT_EQ(tally.logprob_mismatch, 0) << "vocab " << vocab;
+  }
+}
+
+// The last of `rows` rows is sampled with `p` and `mask`; GPU and CPU agree: both refuse it
+// with `what` (empty: neither does, and both give the same token).
+void expect_masked_row(const std::vector<float>& logits, int64_t rows, int64_t vocab,
+                       const SamplingParams& p, const std::vector<uint32_t>& mask,
+                       const std::string& what) {
+  GpuSampler sampler(rows, vocab, kGpu);
+  std::vector<SamplingParams> params(rows, SamplingParams{});
+  params[rows - 1] = p;
+  std::vector<SamplerState> states(rows, SamplerState(SamplingParams{}, 3, {}));
+  const std::vector<int32_t> history = {0, 1, 2, 5};  // penalized tokens, all masked out
+  states[rows - 1] = SamplerState(p, 3, history);
+  states[rows - 1].token_mask() = mask;
+  std::vector<SamplerState> cpu_states = states;
+  const std::span<const float> row(logits.data() + (rows - 1) * vocab, vocab);
+  if (what.empty()) {
+    const auto got = run_gpu(sampler, to_device(logits, rows, vocab), states, params);
+    EXPECT_EQ(got.back().token, sample_token(row, p, cpu_states.back()).token);
+    EXPECT_TRUE((mask[got.back().token >> 5] >> (got.back().token & 31)) & 1u);
+    return;
+  }
+  try {
+    run_gpu(sampler, to_device(logits, rows, vocab), states, params);
+    ADD_FAILURE() << "no error for " << what;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+  for (const auto& st : states) EXPECT_EQ(st.step(), 0u) << what;
+  try {
+    sample_token(row, p, cpu_states.back());
+    ADD_FAILURE() << "the CPU sampler takes what the GPU refused: " << what;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(GpuSampler, MaskedOutLogitsAreCheckedAsTheCpuSamplerChecksThem) {
+  // NaN / +inf anywhere in the raw row are errors, masked out or not; a logit that overflows
+  // only after the mask left it out is not; every allowed logit -inf is.
+  constexpr int64_t kVocab = 1000, kRows = 4;
+  std::vector<float> logits(kRows * kVocab);
+  for (int64_t i = 0; i < kRows * kVocab; ++i) logits[i] = 0.001f * static_cast<float>(i % 997);
+  std::vector<uint32_t> mask((kVocab + 31) / 32, 0u);
+  for (int t : {3, 40, 41, 500, 999}) mask[t >> 5] |= 1u << (t & 31);
+  const int64_t last = (kRows - 1) * kVocab;
+  SamplingParams greedy, sampled, penalized_greedy, penalized_sampled;
+  greedy.temperature = 0.0;
+  sampled.top_p = 0.9;
+  penalized_greedy = greedy;
+  penalized_sampled = sampled;
+  for (SamplingParams* p : {&penalized_greedy, &penalized_sampled}) {
+    p->repetition_penalty = 1.5;
+    p->presence_penalty = 0.5;
+  }
+  for (const SamplingParams* p : {&greedy, &sampled, &penalized_greedy, &penalized_sampled}) {
+    auto bad = logits;
+    bad[last + 7] = std::nanf("");  // masked out
+    expect_masked_row(bad, kRows, kVocab, *p, mask, "NaN logit (token 7, batch row 3)");
+    bad = logits;
+    bad[last + 9] = kInf;  // masked out
+    expect_masked_row(bad, kRows, kVocab, *p, mask, "+inf logit (token 9, batch row 3)");
+    bad = logits;
+    for (int t : {3, 40, 41, 500, 999}) bad[last + t] = -kInf;
+    expect_masked_row(bad, kRows, kVocab, *p, mask, "every logit is -inf after");
+    // The row's best logit masked out: the best allowed one (greedy) or one allowed (sampled).
+    bad = logits;
+    bad[last + 2] = 50.0f;
+    expect_masked_row(bad, kRows, kVocab, *p, mask, "");
+  }
+  // 1e35 / 1e-4 overflows, but only where the mask allows the token.
+  SamplingParams cold;
+  cold.temperature = 1e-4;
+  auto big = logits;
+  big[last + 11] = 1e35f;
+  expect_masked_row(big, kRows, kVocab, cold, mask, "");
+  mask[11 >> 5] |= 1u << (11 & 31);
+  expect_masked_row(big, kRows, kVocab, cold, mask, "token 11 overflows");
 }
 
 TEST(GpuSampler, GreedyTiesGoToTheLowestId) {

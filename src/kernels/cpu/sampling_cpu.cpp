@@ -32,6 +32,24 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
+bool allowed(const uint32_t* mask, size_t i) {
+  return mask == nullptr || ((mask[i >> 5] >> (i & 31)) & 1) != 0;
+}
+
+// The argmax of the row with the tokens the mask leaves out at -inf (first index of the
+// maximum); -1 when every allowed logit is -inf.
+int32_t masked_argmax(std::span<const float> raw, const uint32_t* mask) {
+  int32_t best = -1;
+  float best_value = kNegInf;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] > best_value && allowed(mask, i)) {
+      best = static_cast<int32_t>(i);
+      best_value = raw[i];
+    }
+  }
+  return best;
+}
+
 // The raw row: the first NaN or +inf, else whether any logit is finite.
 bool check_raw(std::span<const float> raw, SamplingRowResult& res) {
   bool any_finite = false;
@@ -106,9 +124,21 @@ void row_logprobs(std::span<const float> raw, int32_t token, int n_top, Sampling
 SamplingRowResult sample_row(std::span<const float> raw, const SamplingRowParams& p,
                              std::span<const SamplingPenaltyEntry> entries, const uint32_t* mask) {
   SamplingRowResult res;
-  std::vector<float> work;
-  if (!sampling_logits(raw, p, entries, mask, work, res)) return res;
-  res.token = p.greedy ? argmax(work) : draw(work, sampling_uniform(p.seed, p.step));
+  if (p.greedy && entries.empty()) {
+    // Nothing to rewrite: the argmax reads the mask with the raw row (as the GPU kernel does)
+    // instead of a masked copy. Raw +inf is refused, so nothing can overflow.
+    if (!check_raw(raw, res)) return res;
+    const int32_t token = masked_argmax(raw, mask);
+    if (token < 0) {
+      res.status = kSamplingAllNegInfAfter;
+      return res;
+    }
+    res.token = token;
+  } else {
+    std::vector<float> work;
+    if (!sampling_logits(raw, p, entries, mask, work, res)) return res;
+    res.token = p.greedy ? argmax(work) : draw(work, sampling_uniform(p.seed, p.step));
+  }
   if (p.logprobs >= 0) row_logprobs(raw, res.token, std::min(p.logprobs, kSamplingMaxTop), res);
   return res;
 }
@@ -123,7 +153,7 @@ bool sampling_logits(std::span<const float> raw, const SamplingRowParams& p,
   apply_penalty_entries(work, raw, entries, p);
   if (mask != nullptr) {
     for (size_t i = 0; i < work.size(); ++i) {
-      if (((mask[i >> 5] >> (i & 31)) & 1) == 0) work[i] = kNegInf;
+      if (!allowed(mask, i)) work[i] = kNegInf;
     }
   }
   if (!p.greedy) {

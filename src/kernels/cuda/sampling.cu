@@ -116,16 +116,22 @@ __device__ u64 block_exclusive_scan(u64 v, u64* total, SharedStorage& sh) {
   return warp_before + incl - v;
 }
 
+__device__ __forceinline__ bool mask_allows(const uint32_t* __restrict__ mask, int i) {
+  return ((__ldg(mask + (i >> 5)) >> (i & 31)) & 1u) != 0;
+}
+
 // f(i, x, valid) for every id of the row, four loads in flight per thread; the trip count is the
-// same for the whole block, so f may use warp collectives.
+// same for the whole block, so f may use warp collectives. With a token mask, a token it leaves
+// out reads as -inf (a warp's 32 ids share one mask word, so the mask costs one broadcast load).
 template <typename F>
-__device__ __forceinline__ void for_each_value(const float* __restrict__ src, int n, F&& f) {
+__device__ __forceinline__ void for_each_value(const float* __restrict__ src,
+                                               const uint32_t* __restrict__ mask, int n, F&& f) {
   for (int base = 0; base < n; base += 4 * kThreads) {
     float v[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int i = base + u * kThreads + int(threadIdx.x);
-      v[u] = i < n ? __ldg(src + i) : -INFINITY;
+      v[u] = i < n && (mask == nullptr || mask_allows(mask, i)) ? __ldg(src + i) : -INFINITY;
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -188,11 +194,16 @@ __device__ __forceinline__ float sort_key_value(u64 k) {
 __device__ __forceinline__ int sort_key_index(u64 k) { return int(uint32_t(k)); }
 
 struct Row {
-  const float* src;  // [n]: the raw row or its penalized copy
+  const float* src;      // [n]: the raw row or its penalized copy
+  const uint32_t* mask;  // the row's allowed tokens (structured outputs); null: every token
   int n;
   float inv_temperature;  // 1 for greedy rows
   float max;              // max of eff() over the row (set after the first pass)
   __device__ float eff(float x) const { return __fmul_rn(x, inv_temperature); }
+  // The logit of token i, -inf where the mask leaves it out.
+  __device__ float at(int i) const {
+    return mask == nullptr || mask_allows(mask, i) ? __ldg(src + i) : -INFINITY;
+  }
 };
 
 // Tokens that can still carry mass: within the window below the max and at least `lo`.
@@ -243,7 +254,7 @@ __device__ Cutoff find_cutoff(const Row& row, Candidates cand, bool by_mass, u64
     sh.hist.lo[tid] = sh.hist.lo[tid + kThreads] = 0;
     sh.hist.hi[tid] = sh.hist.hi[tid + kThreads] = 0;
     __syncthreads();
-    for_each_value(row.src, row.n, [&](int, float x, bool valid) {
+    for_each_value(row.src, row.mask, row.n, [&](int, float x, bool valid) {
       const float y = row.eff(x);
       if (!valid || !member(y)) return;
       if (by_mass) {
@@ -273,7 +284,7 @@ __device__ Cutoff find_cutoff(const Row& row, Candidates cand, bool by_mass, u64
 
     // Gather the boundary bin's members (warp-aggregated slots).
     float vmin = INFINITY, vmax = -INFINITY;
-    for_each_value(row.src, row.n, [&](int i, float x, bool valid) {
+    for_each_value(row.src, row.mask, row.n, [&](int i, float x, bool valid) {
       const float y = row.eff(x);
       const bool in = valid && member(y) && bin(y) == b;
       const unsigned mask = __ballot_sync(kFull, in);
@@ -354,7 +365,7 @@ __device__ int find_first_above(const Row& row, W weight, T target_of, SharedSto
 #pragma unroll 8
     for (int r = 0; r < 32; ++r) {
       const int i = t * kThreads + r * 32 + lane;
-      if (i < n) s += weight(i, row.eff(__ldg(row.src + i)));
+      if (i < n) s += weight(i, row.eff(row.at(i)));
     }
     s = warp_allreduce(s, SumOp());
     if (lane == 0) sh.tiles[t] = s;
@@ -372,7 +383,7 @@ __device__ int find_first_above(const Row& row, W weight, T target_of, SharedSto
   const int tile = sh.b32[0];
   const u64 rest = sh.b64[1];
   const int i = tile * kThreads + tid;
-  const u64 w = i < n ? weight(i, row.eff(__ldg(row.src + i))) : 0;
+  const u64 w = i < n ? weight(i, row.eff(row.at(i))) : 0;
   u64 unused;
   const u64 before_i = block_exclusive_scan(w, &unused, sh);
   if (before_i <= rest && rest < before_i + w) sh.b32[1] = i;
@@ -391,7 +402,7 @@ __device__ bool sample_small_top_k(const Row& row, Candidates cand, u64 k, doubl
   __syncthreads();
   sh.hist.lo[tid] = sh.hist.lo[tid + kThreads] = 0;
   __syncthreads();
-  for_each_value(row.src, row.n, [&](int, float x, bool valid) {
+  for_each_value(row.src, row.mask, row.n, [&](int, float x, bool valid) {
     const float y = row.eff(x);
     if (valid && cand(y)) atomicAdd(&sh.hist.lo[bin(y)], 1u);
   });
@@ -413,7 +424,7 @@ __device__ bool sample_small_top_k(const Row& row, Candidates cand, u64 k, doubl
   __syncthreads();
   const u64 prefix = sh.b64[0];  // candidates in bins <= b
   if (prefix > u64(kCap)) return false;
-  for_each_value(row.src, row.n, [&](int i, float x, bool valid) {
+  for_each_value(row.src, row.mask, row.n, [&](int i, float x, bool valid) {
     const float y = row.eff(x);
     const bool in = valid && cand(y) && bin(y) <= b;
     const unsigned mask = __ballot_sync(kFull, in);
@@ -470,8 +481,8 @@ __device__ bool sample_small_top_k(const Row& row, Candidates cand, u64 k, doubl
   return true;
 }
 
-// Penalized and masked rows: copy the raw row, rewrite the penalized tokens (unique per row),
-// then set the tokens the row's mask leaves out to -inf.
+// Penalized rows: copy the raw row and rewrite the penalized tokens (unique per row). A row's
+// token mask is applied where its logits are read (Row::at), so a masked row needs no copy.
 __global__ void __launch_bounds__(kThreads) apply_penalties_kernel(SamplingBatch b) {
   const int r = b.penalized_rows[blockIdx.x];
   const SamplingRowParams p = b.rows[r];
@@ -492,14 +503,6 @@ __global__ void __launch_bounds__(kThreads) apply_penalties_kernel(SamplingBatch
     }
     work[pe.token] = x;
   }
-  if (p.mask_row >= 0) {
-    __syncthreads();
-    const uint32_t* __restrict__ mask =
-        b.masks + int64_t(p.mask_row) * sampling_mask_words(b.vocab);
-    for (int i = threadIdx.x; i < b.vocab; i += kThreads) {
-      if (((__ldg(mask + (i >> 5)) >> (i & 31)) & 1u) == 0) work[i] = -INFINITY;
-    }
-  }
 }
 
 // Raw log_softmax of the token, its rank and the top-N (ties: lower id first).
@@ -508,7 +511,7 @@ __device__ void row_logprobs(const float* __restrict__ raw, int n, int token, in
                              SharedStorage& sh) {
   if (!raw_max_known) {
     float mx = -INFINITY;
-    for_each_value(raw, n, [&](int, float x, bool valid) {
+    for_each_value(raw, nullptr, n, [&](int, float x, bool valid) {
       if (valid) mx = fmaxf(mx, x);
     });
     raw_max = block_allreduce(mx, MaxOp(), sh);
@@ -518,7 +521,7 @@ __device__ void row_logprobs(const float* __restrict__ raw, int n, int token, in
   int larger = 0;
   u64 list[kSamplingMaxTop];  // this thread's best keys, descending
   for (int j = 0; j < num_top; ++j) list[j] = 0;
-  for_each_value(raw, n, [&](int i, float x, bool valid) {
+  for_each_value(raw, nullptr, n, [&](int i, float x, bool valid) {
     if (!valid) return;
     if (x != -INFINITY) sum += double(expf(__fsub_rn(x, raw_max)));
     larger += x > x_token ? 1 : 0;
@@ -579,27 +582,33 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SamplingBatch b) 
   const int n = b.vocab;
   const float* __restrict__ raw = b.logits + int64_t(r) * b.logits_stride;
   const bool penalized = p.work_row >= 0;
-  Row row{penalized ? b.work + int64_t(p.work_row) * n : raw, n,
+  const uint32_t* mask =
+      p.mask_row >= 0 ? b.masks + int64_t(p.mask_row) * sampling_mask_words(n) : nullptr;
+  Row row{penalized ? b.work + int64_t(p.work_row) * n : raw, mask, n,
           p.greedy ? 1.0f : p.inv_temperature, 0.0f};
   SamplingRowResult res;
 
-  // Pass 1: checks, max and argmax (lowest id) of the transformed logits.
+  // Pass 1: checks, max and argmax (lowest id) of the transformed logits. As the CPU sampler,
+  // NaN / +inf anywhere in the row is an error, masked out or not; the mask applies before the
+  // overflow check and the max.
   u64 best = 0;
   int nan_at = kNoIndex, inf_at = kNoIndex, overflow_at = kNoIndex, any_finite = 0;
-  for_each_value(row.src, n, [&](int i, float x, bool valid) {
+  for_each_value(row.src, nullptr, n, [&](int i, float x, bool valid) {
     if (!valid) return;
+    const bool allowed = mask == nullptr || mask_allows(mask, i);
     if (isnan(x)) {
       nan_at = min(nan_at, i);
     } else if (x == INFINITY) {
       // Penalties keep a raw +inf +inf; otherwise they overflowed a finite logit.
-      if (penalized && __ldg(raw + i) != INFINITY) {
-        overflow_at = min(overflow_at, i);
-      } else {
+      if (!penalized || __ldg(raw + i) == INFINITY) {
         inf_at = min(inf_at, i);
+      } else if (allowed) {
+        overflow_at = min(overflow_at, i);
       }
     } else if (x != -INFINITY) {
       any_finite = 1;
       const float y = row.eff(x);
+      if (!allowed) return;
       if (y == INFINITY) {
         overflow_at = min(overflow_at, i);
       } else if (y != -INFINITY) {
@@ -614,7 +623,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SamplingBatch b) 
   any_finite = block_allreduce(any_finite, MaxOp(), sh);
   if (!any_finite && penalized) {
     // Penalties may have pushed every finite logit to -inf: look at the raw row itself.
-    for_each_value(raw, n, [&](int, float x, bool valid) {
+    for_each_value(raw, nullptr, n, [&](int, float x, bool valid) {
       if (valid && isfinite(x)) any_finite = 1;
     });
     any_finite = block_allreduce(any_finite, MaxOp(), sh);
@@ -652,7 +661,8 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SamplingBatch b) 
     }
   }
   if (p.logprobs >= 0) {
-    const bool raw_max_known = !penalized && row.inv_temperature == 1.0f;
+    // row.max is the raw max only for a raw row with every token allowed.
+    const bool raw_max_known = !penalized && mask == nullptr && row.inv_temperature == 1.0f;
     row_logprobs(raw, n, res.token, min(p.logprobs, kSamplingMaxTop), raw_max_known, row.max, res,
                  sh);
   }
