@@ -155,11 +155,13 @@ double max_logprob_diff(const RequestOutput& x, const RequestOutput& y) {
   return d;
 }
 
-// Decode graphs against the eager engine, batch by batch: 1, 2, 4 and 8 sequences fill a graph
-// bucket exactly (the same kernels on the same rows as eager: bit-identical), 3, 5 and 7 run
-// padded (padding sequences in the scratch KV block and state slot; the real rows' GEMMs see
-// more rows, so equal tokens up to near ties). The graph engine's first batch also runs the
-// fixture's prompt (transformers' tokens: FixtureGreedyTokensReproduced runs with graphs too).
+// Decode graphs against the eager engine, batch by batch (1..8 sequences of 1..515 prompt
+// tokens, prefilled in chunks beside other sequences' decode rows, which run eagerly). Batches of
+// 1 and 2 only ever decode 1 or 2 sequences, graph bucket sizes: no padding, the same kernels on
+// the same rows as eager, so bit-identical logprobs. Larger batches decode sizes between buckets
+// too as sequences start and finish (padding sequences in the scratch KV block and state slot;
+// the real rows' GEMMs see more rows): equal tokens up to near ties, the largest logprob
+// difference printed. FixtureGreedyTokensReproduced (transformers' tokens) runs with graphs too.
 TEST(GpuLinear, GraphDecodeEqualsEagerBatched) {
   const std::vector<Prompt> all = mixed_prompts();  // 8 prompts of 1..515 tokens
   LLM graphs(engine_config("cuda"));
@@ -173,9 +175,9 @@ TEST(GpuLinear, GraphDecodeEqualsEagerBatched) {
     ASSERT_EQ(g.size(), n);
     double diff = 0;
     for (size_t i = 0; i < n; ++i) diff = std::max(diff, max_logprob_diff(e[i], g[i]));
-    const bool padded = n != 1 && n != 2 && n != 4 && n != 8;
+    const bool padded = n > 2;
     std::printf("%zu sequences%s: max |logprob diff| graphs vs eager %.3g\n", n,
-                padded ? " (padded graph)" : "", diff);
+                padded ? " (some steps padded)" : "", diff);
     if (padded)
       expect_same_tokens_up_to_ties(e, g, kTieMargin, "graphs vs eager (padded)");
     else
