@@ -34,8 +34,17 @@ int64_t pick_decode_bucket(std::span<const int64_t> buckets, int64_t num_seqs) {
   return it == buckets.end() ? 0 : *it;
 }
 
+namespace {
+
+bool is_state_group(const DecodePadding& padding, int64_t g) {
+  return padding.groups != nullptr && g < padding.groups->size() &&
+         (*padding.groups)[g].kind == KvGroupKind::kState;
+}
+
+}  // namespace
+
 std::string decode_graph_refusal(const ForwardBatch& batch, std::span<const int64_t> buckets,
-                                 int32_t scratch_block, int64_t max_blocks) {
+                                 const DecodePadding& padding, int64_t max_blocks) {
   const int64_t s = batch.num_seqs();
   if (s == 0) return "an empty batch";
   if (batch.fixed_launch_shapes || batch.num_padding_seqs != 0)
@@ -58,10 +67,17 @@ std::string decode_graph_refusal(const ForwardBatch& batch, std::span<const int6
       return fmt::format("logits row {} is {}", i, batch.logits_indices[i]);
   for (int64_t g = 0; g < batch.num_groups(); ++g) {
     const std::span<const int32_t> tables = batch.tables(g).block_tables;
+    if (is_state_group(padding, g)) {
+      for (size_t i = 0; i < tables.size(); ++i)
+        if (tables[i] == padding.scratch_state_slot)
+          return fmt::format("sequence {} has the graphs' scratch state slot {} (KV group {})", i,
+                             padding.scratch_state_slot, g);
+      continue;
+    }
     for (size_t i = 0; i < tables.size(); ++i)
-      if (tables[i] == scratch_block)
+      if (tables[i] == padding.scratch_block)
         return fmt::format("block-table entry {} of KV group {} names the graphs' scratch block {}",
-                           i, g, scratch_block);
+                           i, g, padding.scratch_block);
     const int64_t entries = static_cast<int64_t>(tables.size()) + (bucket - s);
     if (max_blocks > 0 && entries > max_blocks)
       return fmt::format(
@@ -72,9 +88,17 @@ std::string decode_graph_refusal(const ForwardBatch& batch, std::span<const int6
   return "";
 }
 
-ForwardBatch pad_decode_batch(const ForwardBatch& batch, int64_t bucket, int32_t scratch_block,
-                              int64_t block_size) {
+ForwardBatch pad_decode_batch(const ForwardBatch& batch, int64_t bucket,
+                              const DecodePadding& padding) {
+  const int32_t scratch_block = padding.scratch_block;
+  const int64_t block_size = padding.block_size;
   const int64_t s = batch.num_seqs();
+  for (int64_t g = 1; g < batch.num_groups(); ++g)
+    LONGCTX_CHECK(!is_state_group(padding, g) || padding.scratch_state_slot >= 0,
+                  ErrorCode::kInvalidArgument,
+                  "pad_decode_batch: KV group {} keeps per-sequence states but no scratch state "
+                  "slot was given",
+                  g);
   LONGCTX_CHECK(bucket >= s && s >= 1 && scratch_block >= 0 && block_size >= 1,
                 ErrorCode::kInvalidArgument,
                 "pad_decode_batch: {} sequences into a bucket of {} (scratch block {}, block "
@@ -90,12 +114,15 @@ ForwardBatch pad_decode_batch(const ForwardBatch& batch, int64_t bucket, int32_t
     p.block_tables.push_back(scratch_block);
     p.block_table_indptr.push_back(static_cast<int32_t>(p.block_tables.size()));
     p.slot_mapping.push_back(int64_t(scratch_block) * block_size);
-    // Every KV group's table names the scratch block too (a block id serves any group).
-    for (GroupBlockTables& t : p.group_tables) {
+    // Every paged KV group's table names the scratch block too (a block id serves any group);
+    // a state group's names the scratch state slot.
+    for (size_t g = 0; g < p.group_tables.size(); ++g) {
+      GroupBlockTables& t = p.group_tables[g];
       if (t.block_table_indptr.empty()) t.block_table_indptr.push_back(0);
-      t.block_tables.push_back(scratch_block);
+      const bool state = is_state_group(padding, static_cast<int64_t>(g) + 1);
+      t.block_tables.push_back(state ? padding.scratch_state_slot : scratch_block);
       t.block_table_indptr.push_back(static_cast<int32_t>(t.block_tables.size()));
-      t.slot_mapping.push_back(int64_t(scratch_block) * block_size);
+      if (!state) t.slot_mapping.push_back(int64_t(scratch_block) * block_size);
     }
     if (!p.seq_ids.empty()) p.seq_ids.push_back(~uint64_t(0));
   }

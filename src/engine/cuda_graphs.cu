@@ -68,6 +68,8 @@ struct DecodeGraphs::Impl {
   int64_t max_blocks = 0;
   int32_t scratch = -1;
   bool own_scratch = false;  // taken from the pool's free list: given back at destruction
+  KvGroups groups;           // the model's (which of them keep per-sequence states)
+  int32_t scratch_state = -1;
   Device device;
   uint64_t private_pool = 0;  // device-pool id of the graphs' memory
   Tensor ids;                 // [max bucket] i32: the graphs' input ids
@@ -82,7 +84,14 @@ struct DecodeGraphs::Impl {
   double capture_seconds = 0;
 
   Impl(Model& m, AttentionBackend& a, PagedKVPool& p, Device d)
-      : model(m), attention(a), pool(p), device(d), staged(d) {}
+      : model(m),
+        attention(a),
+        pool(p),
+        groups(KvGroups::from_config(m.config(), DType::kBF16)),
+        device(d),
+        staged(d) {}
+
+  DecodePadding padding() const { return {scratch, pool.block_size(), &groups, scratch_state}; }
 
   ~Impl() {
     drop_graphs();
@@ -136,11 +145,15 @@ struct DecodeGraphs::Impl {
     one.block_table_indptr = {0, 1};
     one.block_tables = {scratch};
     one.slot_mapping = {int64_t(scratch) * pool.block_size()};
-    // A model of several KV groups: the scratch block in each group's table too.
-    const int64_t groups = KvGroups::from_config(model.config(), DType::kBF16).size();
-    one.group_tables.assign(groups - 1,
-                            {one.block_table_indptr, one.block_tables, one.slot_mapping});
-    prepare(pad_decode_batch(one, b, scratch, pool.block_size()), s);
+    // A model of several KV groups: the scratch block in each group's table too (a state
+    // group's: the scratch state slot).
+    for (int64_t g = 1; g < groups.size(); ++g) {
+      if (groups[g].kind == KvGroupKind::kState)
+        one.group_tables.push_back({one.block_table_indptr, {scratch_state}, {}});
+      else
+        one.group_tables.push_back({one.block_table_indptr, one.block_tables, one.slot_mapping});
+    }
+    prepare(pad_decode_batch(one, b, padding()), s);
     cudaGraph_t graph = nullptr;
     {
       PrivatePoolScope scope(device.index, private_pool);
@@ -193,6 +206,12 @@ DecodeGraphs::DecodeGraphs(Model& model, AttentionBackend& attention, PagedKVPoo
                 options.scratch_block, pool.num_blocks());
   impl_ = std::make_unique<Impl>(model, attention, pool, model.device());
   Impl& m = *impl_;
+  LONGCTX_CHECK(!m.groups.has_kind(KvGroupKind::kState) || options.scratch_state_slot >= 0,
+                ErrorCode::kInvalidArgument,
+                "decode graphs: a model with linear-attention layers ({}) needs a scratch state "
+                "slot for the padding sequences",
+                m.groups.summary());
+  m.scratch_state = options.scratch_state_slot;
   m.buckets = std::move(buckets);
   m.max_blocks = options.max_blocks;
   if (options.scratch_block >= 0) {
@@ -244,18 +263,18 @@ int32_t DecodeGraphs::scratch_block() const { return impl_->scratch; }
 
 bool DecodeGraphs::can_run(const ForwardBatch& batch) const {
   return captured() &&
-         decode_graph_refusal(batch, impl_->buckets, impl_->scratch, impl_->max_blocks).empty();
+         decode_graph_refusal(batch, impl_->buckets, impl_->padding(), impl_->max_blocks).empty();
 }
 
 Tensor DecodeGraphs::run(const ForwardBatch& batch) {
   Impl& m = *impl_;
   LONGCTX_CHECK(captured(), ErrorCode::kInvalidArgument, "decode graphs: run() before capture()");
-  const std::string why = decode_graph_refusal(batch, m.buckets, m.scratch, m.max_blocks);
+  const std::string why = decode_graph_refusal(batch, m.buckets, m.padding(), m.max_blocks);
   LONGCTX_CHECK(why.empty(), ErrorCode::kInvalidArgument, "decode graphs: cannot replay {}", why);
   const int64_t s = batch.num_seqs(), b = pick_decode_bucket(m.buckets, s);
   DeviceGuard guard(m.device.index);
   cudaStream_t stream = current_cuda_stream(m.device.index);
-  m.prepare(pad_decode_batch(batch, b, m.scratch, m.pool.block_size()), stream);
+  m.prepare(pad_decode_batch(batch, b, m.padding()), stream);
   BucketGraph& g = m.graphs.at(b);
   if (g.launches != nullptr && g.launches->update(g.exec)) ++m.grid_updates;
   LONGCTX_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));

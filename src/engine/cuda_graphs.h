@@ -14,7 +14,12 @@
 //  - Padding: a batch of S sequences runs the graph of the smallest bucket B >= S; the B - S
 //    padding sequences have one token (id 0, position 0) in a scratch KV block that no sequence
 //    uses, so their K/V writes never touch a real sequence's blocks, and the decode plan splits
-//    the real sequences exactly as it would without them (ForwardBatch::num_padding_seqs).
+//    the real sequences exactly as it would without them (ForwardBatch::num_padding_seqs). A
+//    state model's padding sequences share a scratch state slot likewise (plan() zeroes it, and
+//    they all compute the same values from it), so they never write a real sequence's state.
+//  - Linear attention (state models): the backend's plan() writes the step's state pointers into
+//    device arrays at addresses fixed per batch size (LinearLayerStates' device form), which the
+//    captured ops read.
 //  - Memory: everything a graph allocates while it is captured comes from a private device-pool
 //    pool (core/device_pool.h) that nothing else allocates from while the graphs live; the
 //    buckets share it (they never run at the same time), captured largest first.
@@ -40,6 +45,7 @@
 
 #include "kv/paged_kv_pool.h"
 #include "longctx/attention/forward_batch.h"
+#include "longctx/attention/kv_groups.h"
 #include "longctx/core/tensor.h"
 
 namespace longctx {
@@ -53,6 +59,9 @@ struct DecodeGraphOptions {
   // A KV block no sequence ever uses (the caller keeps it out of its allocator): the padding
   // sequences' K/V go there. -1: taken from the pool's free list and given back at destruction.
   int32_t scratch_block = -1;
+  // A state slot no sequence ever uses, for the padding sequences of a model with a state KV
+  // group (linear attention); required then, ignored otherwise.
+  int32_t scratch_state_slot = -1;
   // Block-table entries the backend takes per step (PagedBackendLimits::max_blocks); a batch
   // whose padded tables exceed it is refused by can_run(). 0: not checked here.
   int64_t max_blocks = 0;
@@ -65,18 +74,28 @@ std::vector<int64_t> decode_graph_buckets(int64_t max_num_seqs);
 // The smallest bucket >= num_seqs (buckets ascending); 0 when there is none.
 int64_t pick_decode_bucket(std::span<const int64_t> buckets, int64_t num_seqs);
 
+// Where the padding sequences go: the scratch KV block, and for a model whose KV groups (null:
+// one full group) have a state group, the scratch state slot.
+struct DecodePadding {
+  int32_t scratch_block = -1;
+  int64_t block_size = 0;
+  const KvGroups* groups = nullptr;
+  int32_t scratch_state_slot = -1;
+};
+
 // Why `batch` cannot run as a decode graph of one of `buckets` ("" when it can): a sequence with
 // more than one new token, logits rows other than every sequence's, more sequences than the
-// largest bucket, an already padded batch, a block table naming the scratch block, or padded
-// tables past max_blocks (> 0).
+// largest bucket, an already padded batch, a block table naming the scratch block (a state
+// group's naming the scratch state slot), or padded tables past max_blocks (> 0).
 std::string decode_graph_refusal(const ForwardBatch& batch, std::span<const int64_t> buckets,
-                                 int32_t scratch_block, int64_t max_blocks);
+                                 const DecodePadding& padding, int64_t max_blocks);
 
 // `batch` (decode only) followed by bucket - S padding sequences: one token each, id 0 at
-// position 0, in scratch_block; logits for every row; fixed_launch_shapes and num_padding_seqs
-// set. Throws Error(kInvalidArgument) when bucket < S.
-ForwardBatch pad_decode_batch(const ForwardBatch& batch, int64_t bucket, int32_t scratch_block,
-                              int64_t block_size);
+// position 0, in the scratch block (a state group's table: the scratch state slot, no token
+// slot); logits for every row; fixed_launch_shapes and num_padding_seqs set. Throws
+// Error(kInvalidArgument) when bucket < S, or for a state group without a scratch state slot.
+ForwardBatch pad_decode_batch(const ForwardBatch& batch, int64_t bucket,
+                              const DecodePadding& padding);
 
 // Device bytes the graphs of buckets up to max_bucket hold (for the memory plan): the largest
 // bucket's activations (the buckets share them), the fixed input and logits buffers, the capture

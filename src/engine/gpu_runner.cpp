@@ -41,12 +41,15 @@ int64_t resolve_max_model_len(const ModelConfig& c, const GpuRunnerOptions& o) {
 }
 
 // Decode steps replay CUDA graphs unless eager, or the policy selects decode pages per step
-// (quest, streaming: their decode steps run eagerly), or the model has linear-attention layers
-// (their ops upload per-call arrays, which a replayed capture would not refresh: every
-// step of such a model runs eagerly).
-bool decode_graphs(const GpuRunnerOptions& o, const KvGroups& groups) {
-  return !o.enforce_eager && sparse::policy_def(o.sparse.policy).decode_graphs &&
-         !groups.has_kind(KvGroupKind::kState);
+// (quest, streaming: their decode steps run eagerly). Linear-attention layers read their states
+// through the backend's per-step device arrays, which a replay sees refreshed.
+bool decode_graphs(const GpuRunnerOptions& o) {
+  return !o.enforce_eager && sparse::policy_def(o.sparse.policy).decode_graphs;
+}
+
+// State slots beyond the sequences' and the snapshots': the graphs' padding sequences' one.
+int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups) {
+  return decode_graphs(o) && groups.has_kind(KvGroupKind::kState) ? 1 : 0;
 }
 
 // A sparse policy's device bytes per engine block and fixed (the registry's: quest's page
@@ -230,12 +233,12 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   // layer, as before); state groups take max_num_seqs states up front; a sequence of
   // max_model_len holds blocks in each paged group (a sliding group only its window's).
   const KvGroups groups = KvGroups::from_config(config, options.kv_dtype);
-  p.graphs =
-      decode_graphs(options, groups) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
+  p.graphs = decode_graphs(options) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
   p.kv_block_bytes = groups.block_bytes(p.block_size);
   // States (fp32, as the kernels keep them) of every sequence a step may run, and the prefix
-  // cache's snapshots of them.
-  p.kv_state_bytes = options.max_num_seqs * groups.state_bytes_per_seq();
+  // cache's snapshots of them; with graphs, the padding sequences' scratch slot.
+  p.kv_state_bytes =
+      (options.max_num_seqs + scratch_state_slots(options, groups)) * groups.state_bytes_per_seq();
   LONGCTX_CHECK(options.max_state_snapshots >= 0, ErrorCode::kInvalidArgument,
                 "GPU memory plan: {} state snapshots", options.max_state_snapshots);
   if (groups.has_kind(KvGroupKind::kState)) p.num_state_snapshots = options.max_state_snapshots;
@@ -588,11 +591,11 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
     const int64_t conv_dim =
         2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
     m.state_group = g;
-    m.states =
-        std::make_unique<StatePool>(options.max_num_seqs + m.plan.num_state_snapshots,
-                                    static_cast<int64_t>(groups[g].layers.size()),
-                                    Shape{l.num_value_heads, l.key_head_dim, l.value_head_dim},
-                                    Shape{l.conv_kernel_dim - 1, conv_dim}, m.model->device());
+    m.states = std::make_unique<StatePool>(
+        options.max_num_seqs + m.plan.num_state_snapshots + scratch_state_slots(options, groups),
+        static_cast<int64_t>(groups[g].layers.size()),
+        Shape{l.num_value_heads, l.key_head_dim, l.value_head_dim},
+        Shape{l.conv_kernel_dim - 1, conv_dim}, m.model->device());
   }
   // The pool holds the largest paged group's layers (one full group: every layer).
   PagedKVPoolConfig kv{groups.pool_layers(), c.num_key_value_heads, c.head_dim,
@@ -632,7 +635,7 @@ KVBlockLayout GpuRunner::kv_layout() const {
     return l;
   }
   // With graphs the last block is the padding sequences' scratch block, never handed out.
-  const int64_t reserved = decode_graphs(impl_->options, impl_->groups) ? 1 : 0;
+  const int64_t reserved = decode_graphs(impl_->options) ? 1 : 0;
   KVBlockLayout l{impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};
   if (!impl_->groups.single_full()) l.groups = impl_->groups.allocs();
   if (impl_->states != nullptr) {
@@ -668,10 +671,10 @@ Tensor GpuRunner::execute(std::span<const StepInput> inputs, std::span<const KVB
   // (A state group's tables are one slot per sequence: the allocs say which group is one.)
   const std::vector<KvGroupAlloc> allocs = m.groups.allocs();
   ForwardBatch batch = make_forward_batch(inputs, m.block_size(), allocs);
-  if (m.graphs != nullptr && m.graphs->can_run(batch)) return m.graphs->run(batch);
-  if (m.states == nullptr) return m.forward(batch);
+  const bool graph = m.graphs != nullptr && m.graphs->can_run(batch);
+  if (m.states == nullptr) return graph ? m.graphs->run(batch) : m.forward(batch);
   m.copy_snapshots(inputs, /*save=*/false);
-  Tensor logits = m.forward(batch);
+  Tensor logits = graph ? m.graphs->run(batch) : m.forward(batch);
   m.copy_snapshots(inputs, /*save=*/true);
   return logits;
 }
@@ -739,11 +742,12 @@ void GpuRunner::attach_engine() {
                 "GPU runner: {} standalone sequences still hold blocks", m.owned.size());
   m.engine_attached = true;
   m.sampler = std::make_unique<GpuSampler>(m.options.max_num_seqs, vocab_size(), m.model->device());
-  if (decode_graphs(m.options, m.groups) &&
-      m.pool != nullptr) {  // offload steps are not graph-shaped
+  if (decode_graphs(m.options) && m.pool != nullptr) {  // offload steps are not graph-shaped
     DecodeGraphOptions g;
     g.max_num_seqs = m.options.max_num_seqs;
     g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine
+    // The state pool's last slot, after the sequences' and the snapshots' (never handed out).
+    if (m.states != nullptr) g.scratch_state_slot = static_cast<int32_t>(m.states->num_slots() - 1);
     g.max_blocks = m.max_blocks;
     m.graphs = std::make_unique<DecodeGraphs>(*m.model, *m.attention, *m.pool, g);
     m.graphs->capture();

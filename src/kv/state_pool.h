@@ -27,6 +27,11 @@ class StatePool {
   // Layer j's states in slot s (views of the pool): recurrent and conv as constructed.
   Tensor recurrent(int64_t slot, int64_t layer) const;
   Tensor conv(int64_t slot, int64_t layer) const;
+  // Their first elements (range-checked as above): what the device sequence arrays hold.
+  float* recurrent_data(int64_t slot, int64_t layer) const { return layer_base(slot, layer); }
+  float* conv_data(int64_t slot, int64_t layer) const {
+    return layer_base(slot, layer) + recurrent_floats_;
+  }
   // Zeros every layer's state of the slot (a sequence starting at its first token).
   void reset(int64_t slot);
   // Copies every layer's state of slot `src` into slot `dst` (a prefix-cache snapshot saved

@@ -126,23 +126,37 @@ class Qwen3NextForCausalLM : public DecoderModel {
                      AttentionBackend& attention) {
     const LinearAttentionConfig& l = config().linear;
     const LinearAttnWeights& w = linear_[i];
-    LONGCTX_CHECK(in.qo_indptr.size() >= 2, ErrorCode::kUnsupported,
-                  "Qwen3-Next: linear attention needs the step's sequences (forward(), not the "
-                  "device-only path)");
     const int64_t t = x.size(0), hk = l.num_key_heads, hv = l.num_value_heads, dk = l.key_head_dim,
                   dv = l.value_head_dim;
     const int64_t key_dim = hk * dk, value_dim = hv * dv, conv_dim = 2 * key_dim + value_dim;
     Tensor qkvz = linear(x, w.in_proj_qkvz, Tensor());  // [T, conv_dim + value_dim]
     Tensor ba = linear(x, w.in_proj_ba, Tensor());      // [T, 2 Hv]
     LinearLayerStates states = attention.linear_states(i);
+    // The backend's device arrays (the CUDA paged backend: what a decode graph replays), else
+    // the step's host qo_indptr with the states' tensors.
+    const bool on_device = states.device_qo_indptr != nullptr;
+    LONGCTX_CHECK(on_device || in.qo_indptr.size() >= 2, ErrorCode::kUnsupported,
+                  "Qwen3-Next: linear attention needs the step's sequences (forward(), or a "
+                  "backend with device sequence arrays on the device-only path)");
+    const int64_t num_seqs =
+        on_device ? states.num_seqs : static_cast<int64_t>(in.qo_indptr.size()) - 1;
+    auto seqs = [&](float* const* device_states) {
+      ops::SeqDeviceArrays d;
+      if (on_device) d = {states.device_qo_indptr, device_states, states.num_seqs};
+      return d;
+    };
 
     Tensor mixed = act_empty({t, conv_dim});
     ops::CausalConv1dArgs conv;
     conv.x = qkvz.slice(1, 0, conv_dim);
     conv.weight = w.conv1d;
     conv.out = mixed;
-    conv.qo_indptr = in.qo_indptr;
-    conv.states = states.conv;
+    if (on_device) {
+      conv.device = seqs(states.device_conv);
+    } else {
+      conv.qo_indptr = in.qo_indptr;
+      conv.states = states.conv;
+    }
     ops::causal_conv1d(conv);
 
     Tensor g = Tensor::empty({t, hv}, DType::kF32, device_);
@@ -157,12 +171,15 @@ class Qwen3NextForCausalLM : public DecoderModel {
     d.g = g;
     d.beta = beta;
     d.out = core;
-    d.qo_indptr = in.qo_indptr;
-    d.states = states.recurrent;
+    if (on_device) {
+      d.device = seqs(states.device_recurrent);
+    } else {
+      d.qo_indptr = in.qo_indptr;
+      d.states = states.recurrent;
+    }
     // The chunked form for prefill; a decode-only step is one token per sequence, where a chunk
     // of one is the recurrence itself.
-    d.form = t == static_cast<int64_t>(in.qo_indptr.size()) - 1 ? ops::DeltaRuleForm::kRecurrent
-                                                                : ops::DeltaRuleForm::kChunked;
+    d.form = t == num_seqs ? ops::DeltaRuleForm::kRecurrent : ops::DeltaRuleForm::kChunked;
     ops::gated_delta_rule(d);
 
     // norm(core_attn_out, z) per value head, then out_proj.

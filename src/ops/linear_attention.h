@@ -4,8 +4,9 @@
 // reference (kernels/cpu/linear_attention_cpu.cpp) takes f32 activations, the CUDA twins
 // (linear_attention_cuda.cu, kernels/cuda/linear_attention.h) f32, bf16 or f16 ones (one dtype
 // per call: q/k/v/out, x/out, b/a, x/z/out), g, beta, weights and states f32 everywhere. The
-// CUDA twins upload the host arrays (qo_indptr, the state pointers) on every call, so a graph
-// captured over them would replay stale arrays: callers run them eagerly.
+// CUDA twins upload the host arrays (qo_indptr, the state pointers) on every call (a graph
+// captured over them would replay stale arrays), or take device arrays (SeqDeviceArrays) that the
+// caller refreshes before each replay.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,17 @@
 #include "longctx/core/tensor.h"
 
 namespace longctx::ops {
+
+// The sequence arrays already on the device (the CUDA paged backend's per-step copy, which CUDA
+// graphs replay): the op uploads nothing and reads them from the kernels. The caller vouches for
+// them (qo_indptr from 0 to the rows, non-decreasing; one live state of the op's shape per
+// sequence); qo_indptr and states stay empty then.
+struct SeqDeviceArrays {
+  const int32_t* qo_indptr = nullptr;  // [num_seqs + 1] device
+  float* const* states = nullptr;      // [num_seqs] device pointers to device states
+  int64_t num_seqs = 0;
+  bool defined() const { return qo_indptr != nullptr; }
+};
 
 // kRecurrent: token by token (decode); kChunked: the chunk-parallel WY form (prefill). Equal up
 // to rounding (tests/ops/test_linear_attention.cpp bounds the difference).
@@ -26,6 +38,7 @@ struct GatedDeltaRuleArgs {
   Tensor out;      // [T, Hv, v_dim]
   std::span<const int32_t> qo_indptr;  // [S + 1] host: sequence s owns rows [qo[s], qo[s + 1])
   std::span<const Tensor> states;      // [S] [Hv, k_dim, v_dim] f32 contiguous, updated in place
+  SeqDeviceArrays device;              // instead of qo_indptr and states (CUDA only)
   float scale = 0.f;                   // of the l2-normalized q (0: k_dim^-0.5)
   DeltaRuleForm form = DeltaRuleForm::kChunked;
   int64_t chunk_size = 64;
@@ -40,6 +53,7 @@ struct CausalConv1dArgs {
   Tensor out;     // [T, C], not overlapping x
   std::span<const int32_t> qo_indptr;  // [S + 1] host
   std::span<const Tensor> states;      // [S] [K - 1, C] f32 contiguous, updated in place
+  SeqDeviceArrays device;              // instead of qo_indptr and states (CUDA only)
   bool silu = true;                    // silu after the conv (Qwen3-Next), else none
 };
 void causal_conv1d(const CausalConv1dArgs& a);

@@ -40,8 +40,20 @@ void check_same_dtype(const char* op, const char* arg, const Tensor& t, const Te
 
 // qo_indptr from 0 to `rows`, non-decreasing, with one state per sequence of `state_shape`.
 std::vector<float*> check_seqs(const char* op, std::span<const int32_t> qo, int64_t rows,
-                               std::span<const Tensor> states, const Shape& state_shape,
-                               Device device) {
+                               std::span<const Tensor> states, const SeqDeviceArrays& dev,
+                               const Shape& state_shape, Device device) {
+  if (dev.defined()) {
+    // Device arrays: only what the host knows is checked (their contents are the caller's).
+    LONGCTX_CHECK(device.is_cuda(), ErrorCode::kInvalidArgument,
+                  "{}: device sequence arrays on {} (the CPU op takes host arrays)", op,
+                  device.str());
+    LONGCTX_CHECK(qo.empty() && states.empty(), ErrorCode::kInvalidArgument,
+                  "{}: both host and device sequence arrays given", op);
+    LONGCTX_CHECK(dev.states != nullptr && dev.num_seqs >= 1, ErrorCode::kInvalidArgument,
+                  "{}: device sequence arrays need states and at least one sequence (got {})", op,
+                  dev.num_seqs);
+    return {};
+  }
   LONGCTX_CHECK(qo.size() >= 2 && qo.front() == 0 && qo.back() == rows, ErrorCode::kInvalidArgument,
                 "{}: qo_indptr must run from 0 to the {} rows over at least one sequence", op,
                 rows);
@@ -88,7 +100,7 @@ DeltaRuleCall check_gated_delta_rule(const GatedDeltaRuleArgs& a, Device device)
   LONGCTX_CHECK(a.chunk_size > 0, ErrorCode::kInvalidArgument, "{}: chunk size {}", kOp,
                 a.chunk_size);
   DeltaRuleCall call;
-  call.states = check_seqs(kOp, a.qo_indptr, t, a.states, {hv, dk, dv}, device);
+  call.states = check_seqs(kOp, a.qo_indptr, t, a.states, a.device, {hv, dk, dv}, device);
   kernels::GatedDeltaRuleParams& p = call.params;
   p.q = a.q.data_ptr();
   p.k = a.k.data_ptr();
@@ -107,7 +119,7 @@ DeltaRuleCall check_gated_delta_rule(const GatedDeltaRuleArgs& a, Device device)
   p.beta_stride_t = a.beta.strides()[0];
   p.out_stride_t = a.out.strides()[0];
   p.out_stride_h = a.out.strides()[1];
-  p.num_seqs = static_cast<int64_t>(call.states.size());
+  p.num_seqs = a.device.defined() ? a.device.num_seqs : static_cast<int64_t>(call.states.size());
   p.num_k_heads = hk;
   p.num_v_heads = hv;
   p.k_dim = dk;
@@ -135,7 +147,7 @@ ConvCall check_causal_conv1d(const CausalConv1dArgs& a, Device device) {
                     x0 + ((t - 1) * a.x.strides()[0] + c) * es <= o0,
                 ErrorCode::kInvalidArgument, "{}: out must not overlap x", kOp);
   ConvCall call;
-  call.states = check_seqs(kOp, a.qo_indptr, t, a.states, {kw - 1, c}, device);
+  call.states = check_seqs(kOp, a.qo_indptr, t, a.states, a.device, {kw - 1, c}, device);
   kernels::CausalConv1dParams& p = call.params;
   p.x = a.x.data_ptr();
   p.x_stride_t = a.x.strides()[0];
@@ -143,7 +155,7 @@ ConvCall check_causal_conv1d(const CausalConv1dArgs& a, Device device) {
   p.out = a.out.data_ptr();
   p.out_stride_t = a.out.strides()[0];
   p.dtype = a.x.dtype();
-  p.num_seqs = static_cast<int64_t>(call.states.size());
+  p.num_seqs = a.device.defined() ? a.device.num_seqs : static_cast<int64_t>(call.states.size());
   p.channels = c;
   p.kernel = kw;
   p.silu = a.silu;

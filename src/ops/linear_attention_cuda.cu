@@ -1,8 +1,8 @@
 // CUDA twins of the linear-attention ops: argument checks shared with the CPU twins
 // (linear_attention_args.h); the per-call arrays (qo_indptr, the per-sequence state pointers)
 // uploaded to the device in one copy before the kernels (kernels/cuda/linear_attention.h),
-// through a ring of pinned buffers. Their contents change every call, so these ops cannot be
-// replayed from a CUDA graph: a state model's steps run eagerly. delta_rule_gates and
+// through a ring of pinned buffers; or, given SeqDeviceArrays (the paged backend's per-step
+// copy), no upload at all, which is what a CUDA graph can replay. delta_rule_gates and
 // rms_norm_gated are row kernels here.
 #include <array>
 #include <cstring>
@@ -87,6 +87,16 @@ DeviceSeqs upload_seqs(std::span<const int32_t> qo, const std::vector<float*>& s
   return d;
 }
 
+// The caller's device arrays as they are, else an upload of the host ones.
+DeviceSeqs on_device(std::span<const int32_t> qo, const std::vector<float*>& states,
+                     const SeqDeviceArrays& given, Device device, cudaStream_t stream) {
+  if (!given.defined()) return upload_seqs(qo, states, device, stream);
+  DeviceSeqs d;
+  d.qo_indptr = given.qo_indptr;
+  d.states = given.states;
+  return d;
+}
+
 Device device_of(const Tensor& t, const char* op) {
   LONGCTX_CHECK(t.defined() && t.device().is_cuda(), ErrorCode::kInvalidArgument,
                 "{}_cuda: tensors are not on a CUDA device", op);
@@ -142,7 +152,7 @@ void gated_delta_rule_cuda(const GatedDeltaRuleArgs& a) {
   DeviceGuard guard(device.index);
   cudaStream_t stream = op_stream(device, "gated_delta_rule");
   if (a.q.size(0) == 0) return;
-  DeviceSeqs seqs = upload_seqs(a.qo_indptr, call.states, device, stream);
+  DeviceSeqs seqs = on_device(a.qo_indptr, call.states, a.device, device, stream);
   call.params.qo_indptr = seqs.qo_indptr;
   call.params.states = seqs.states;
   if (a.form == DeltaRuleForm::kRecurrent)
@@ -157,7 +167,7 @@ void causal_conv1d_cuda(const CausalConv1dArgs& a) {
   DeviceGuard guard(device.index);
   cudaStream_t stream = op_stream(device, "causal_conv1d");
   if (a.x.size(0) == 0) return;
-  DeviceSeqs seqs = upload_seqs(a.qo_indptr, call.states, device, stream);
+  DeviceSeqs seqs = on_device(a.qo_indptr, call.states, a.device, device, stream);
   call.params.qo_indptr = seqs.qo_indptr;
   call.params.states = seqs.states;
   kernels::cuda::causal_conv1d(call.params, a.x.size(0), stream);

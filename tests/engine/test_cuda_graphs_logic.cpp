@@ -15,6 +15,7 @@
 #include "longctx/core/error.h"
 #include "longctx/engine/reference_forward.h"
 #include "longctx/loader/checkpoint.h"
+#include "longctx/loader/model_config.h"
 #include "longctx/models/model.h"
 
 namespace longctx {
@@ -58,7 +59,7 @@ TEST(DecodeGraphPadding, PaddedBatchIsValidAndOnlyNamesTheScratchBlock) {
   const ForwardBatch b = decode_batch({1, 16, 17});
   PagedBackendLimits limits{64, 8, 64};
   check_paged_batch(b, 16, 64, limits);
-  const ForwardBatch p = pad_decode_batch(b, 8, 0, 16);
+  const ForwardBatch p = pad_decode_batch(b, 8, {0, 16});
   EXPECT_EQ(p.num_seqs(), 8);
   EXPECT_EQ(p.num_tokens(), 8);
   EXPECT_EQ(p.num_padding_seqs, 5);
@@ -83,11 +84,11 @@ TEST(DecodeGraphPadding, PaddedBatchIsValidAndOnlyNamesTheScratchBlock) {
     EXPECT_EQ(p.q_len(s), 1);
   }
   // Exactly a bucket: nothing added, but the flags are set (the fixed grid).
-  const ForwardBatch same = pad_decode_batch(b, 3, 0, 16);
+  const ForwardBatch same = pad_decode_batch(b, 3, {0, 16});
   EXPECT_EQ(same.num_seqs(), 3);
   EXPECT_EQ(same.num_padding_seqs, 0);
   EXPECT_TRUE(same.fixed_launch_shapes);
-  EXPECT_THROW(pad_decode_batch(b, 2, 0, 16), Error);
+  EXPECT_THROW(pad_decode_batch(b, 2, {0, 16}), Error);
 }
 
 // A model of several KV groups (Gemma 3: full + sliding): the padding sequences name the scratch
@@ -99,7 +100,7 @@ TEST(DecodeGraphPadding, EveryKvGroupsTablePadsWithTheScratchBlock) {
   for (size_t s = 0; s < t.slot_mapping.size(); ++s) t.slot_mapping[s] += 100 * 16;
   t.block_tables[1] = -1;  // dropped behind the window
   b.group_tables.push_back(t);
-  const ForwardBatch p = pad_decode_batch(b, 4, 0, 16);
+  const ForwardBatch p = pad_decode_batch(b, 4, {0, 16});
   ASSERT_EQ(p.group_tables.size(), 1u);
   const BlockTablesView g = p.tables(1);
   ASSERT_EQ(g.block_table_indptr.size(), 5u);
@@ -110,16 +111,16 @@ TEST(DecodeGraphPadding, EveryKvGroupsTablePadsWithTheScratchBlock) {
     EXPECT_EQ(g.block_tables[g.block_table_indptr[s]], 0);
     EXPECT_EQ(g.slot_mapping[s], 0);
   }
-  EXPECT_EQ(decode_graph_refusal(b, std::vector<int64_t>{4}, 0, 64), "");
+  EXPECT_EQ(decode_graph_refusal(b, std::vector<int64_t>{4}, {0, 16}, 64), "");
   b.group_tables[0].block_tables[0] = 0;
-  EXPECT_NE(decode_graph_refusal(b, std::vector<int64_t>{4}, 0, 64).find("KV group 1"),
+  EXPECT_NE(decode_graph_refusal(b, std::vector<int64_t>{4}, {0, 16}, 64).find("KV group 1"),
             std::string::npos);
 }
 
 TEST(DecodeGraphPadding, RefusalsNameTheProblem) {
   const std::vector<int64_t> buckets = {1, 2, 4};
   auto refusal = [&](const ForwardBatch& b, int64_t max_blocks = 0) {
-    return decode_graph_refusal(b, buckets, 0, max_blocks);
+    return decode_graph_refusal(b, buckets, {0, 16}, max_blocks);
   };
   EXPECT_EQ(refusal(decode_batch({1, 16, 17})), "");
   EXPECT_NE(refusal(decode_batch({1, 2, 3, 4, 5})).find("more than the largest graph (4)"),
@@ -137,8 +138,45 @@ TEST(DecodeGraphPadding, RefusalsNameTheProblem) {
   const ForwardBatch three = decode_batch({40, 6, 7});  // 5 entries + 1 padding
   EXPECT_EQ(refusal(three, 6), "");
   EXPECT_NE(refusal(three, 5).find("6 block-table entries"), std::string::npos);
-  EXPECT_NE(refusal(pad_decode_batch(three, 4, 0, 16)).find("padded already"), std::string::npos);
+  EXPECT_NE(refusal(pad_decode_batch(three, 4, {0, 16})).find("padded already"), std::string::npos);
   EXPECT_NE(refusal(ForwardBatch{}).find("empty"), std::string::npos);
+}
+
+// A model with linear-attention layers (a state group after the full one): the padding
+// sequences take the scratch state slot in the state group's table (no token slot), the padded
+// batch passes the backend's checks, and a real sequence holding that slot is refused.
+TEST(DecodeGraphPadding, StateGroupPadsWithTheScratchStateSlot) {
+  ModelConfig c = load_model_config(testing::test_data_dir() + "/fixtures/tiny-llama3/config.json");
+  c.num_hidden_layers = 4;
+  c.layer_types.assign(4, LayerAttention::kLinear);
+  c.layer_types[3] = LayerAttention::kFull;
+  c.linear = {2, 4, 16, 32, 4};
+  const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
+  ASSERT_EQ(groups[1].kind, KvGroupKind::kState);
+  ForwardBatch b = decode_batch({1, 40});
+  b.group_tables.push_back({{0, 1, 2}, {2, 0}, {}});  // state slots 2 and 0
+  check_group_batch(b, groups, 16, 64, 8);
+  const DecodePadding padding{0, 16, &groups, 7};
+  const ForwardBatch p = pad_decode_batch(b, 4, padding);
+  check_group_batch(p, groups, 16, 64, 8);
+  const BlockTablesView st = p.tables(1);
+  EXPECT_EQ(std::vector<int32_t>(st.block_tables.begin(), st.block_tables.end()),
+            (std::vector<int32_t>{2, 0, 7, 7}));
+  EXPECT_EQ(std::vector<int32_t>(st.block_table_indptr.begin(), st.block_table_indptr.end()),
+            (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_TRUE(st.slot_mapping.empty());
+  // The full group still pads with the scratch block.
+  EXPECT_EQ(p.block_tables.back(), 0);
+  EXPECT_EQ(p.slot_mapping.back(), 0);
+  // Slot 0 is a state slot, not the scratch block: no refusal; the scratch state slot is.
+  const std::vector<int64_t> buckets = {4};
+  EXPECT_EQ(decode_graph_refusal(b, buckets, padding, 64), "");
+  b.group_tables[0].block_tables[1] = 7;
+  EXPECT_NE(decode_graph_refusal(b, buckets, padding, 64).find("scratch state slot 7"),
+            std::string::npos)
+      << decode_graph_refusal(b, buckets, padding, 64);
+  // A state group without a scratch state slot cannot be padded.
+  EXPECT_THROW(pad_decode_batch(b, 4, DecodePadding{0, 16, &groups, -1}), Error);
 }
 
 TEST(DecodeGraphPadding, PaddingCountIsValidated) {

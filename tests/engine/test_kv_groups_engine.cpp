@@ -232,7 +232,12 @@ TEST(KvGroupsEngine, MemoryPlanCountsEachGroup) {
     EXPECT_EQ(g[1].dtype, DType::kF32);
   }
   const GpuMemoryPlan next = plan_gpu_memory(c, o, 120ll << 30);
-  EXPECT_EQ(next.kv_state_bytes, o.max_num_seqs * state);
+  // (With decode graphs, the default, one more: their padding sequences' scratch slot.)
+  ASSERT_FALSE(o.enforce_eager);
+  EXPECT_EQ(next.kv_state_bytes, (o.max_num_seqs + 1) * state);
+  GpuRunnerOptions eager = o;
+  eager.enforce_eager = true;
+  EXPECT_EQ(plan_gpu_memory(c, eager, 120ll << 30).kv_state_bytes, o.max_num_seqs * state);
   EXPECT_EQ(next.num_state_snapshots, kDefaultStateSnapshots);
   EXPECT_EQ(next.kv_snapshot_bytes, kDefaultStateSnapshots * state);
   EXPECT_EQ(next.kv_block_bytes, full.kv_block_bytes / 32 * 8);

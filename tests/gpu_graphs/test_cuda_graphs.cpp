@@ -209,7 +209,7 @@ TEST_P(GraphVsEager, ReplayEqualsEagerOverManySteps) {
       const int64_t s = static_cast<int64_t>(run.size());
       const int64_t bucket = pick_decode_bucket(graphs.buckets(), s);
       Tensor padded =
-          to_host(model->forward(pad_decode_batch(pb, bucket, p.scratch, bs), *p.attention));
+          to_host(model->forward(pad_decode_batch(pb, bucket, {p.scratch, bs}), *p.attention));
       advance(es, run);
       advance(gs, run);
       advance(ps, run);

@@ -1,6 +1,6 @@
 // A linear-attention (state) model on the GPU engine: tiny-qwen3-next (three Gated DeltaNet
 // layers to one gated full-attention layer, MoE with a shared expert), its states in a device
-// StatePool, every step eager (no decode graphs for state models):
+// StatePool, decode steps replaying CUDA graphs (the engine's default) unless said otherwise:
 //   - the fixture's 24 greedy tokens (transformers, fp32) reproduced at 7 and 515 prompt tokens,
 //     except after a step whose transformers top-1/top-2 margin is below 0.05 (random-weight
 //     fixtures are that sensitive: tests/gpu_models/test_gpu_models.cpp), in f16 activations;
@@ -9,6 +9,9 @@
 //     decode steps, sequences at different positions in one step);
 //   - a prefix-cache hit (the state restored from a device snapshot at a block boundary) gives
 //     the tokens of an engine without prefix caching;
+//   - decode graphs give the eager engine's tokens for 1..8 sequences of mixed lengths (batch
+//     sizes between graph buckets run padded), with bit-identical logprobs where no padding runs;
+//   - the decode time per output token with and without graphs (printed);
 //   - the device StatePool's reset and copy touch exactly their slot.
 #include <gtest/gtest.h>
 
@@ -34,7 +37,8 @@ constexpr double kTieMargin = 0.05;
 constexpr double kF16StateTieMargin = 0.25;
 const char* const kModel = "tiny-qwen3-next";
 
-EngineConfig engine_config(const std::string& device, bool prefix_caching = false) {
+EngineConfig engine_config(const std::string& device, bool prefix_caching = false,
+                           bool enforce_eager = false) {
   EngineConfig c;
   c.model = fixture_dir(kModel);
   c.device = device;
@@ -44,6 +48,7 @@ EngineConfig engine_config(const std::string& device, bool prefix_caching = fals
   c.max_num_seqs = 8;
   c.num_gpu_blocks = 512;
   c.enable_prefix_caching = prefix_caching;
+  c.enforce_eager = enforce_eager;
   c.model_options.rope_inv_freq_dtype = DType::kF32;  // as the fixture's reference.json
   if (device == "cuda") c.model_options.activation_dtype = DType::kF16;
   return c;
@@ -140,6 +145,77 @@ TEST(GpuLinear, PrefixHitEqualsNoHit) {
   const auto again = cached.generate({Prompt(a)}, greedy(), false);
   EXPECT_GE(again[0].metrics.num_cached_tokens, 64) << "no prefix hit";
   expect_same_tokens_up_to_ties(first, again, kTieMargin, "repeat vs first");
+}
+
+// The largest |logprob difference| over every position and top entry of two runs whose tokens
+// are equal (infinity when they are not).
+double max_logprob_diff(const RequestOutput& x, const RequestOutput& y) {
+  if (x.token_ids != y.token_ids || x.logprobs.size() != y.logprobs.size()) return INFINITY;
+  double d = 0;
+  for (size_t i = 0; i < x.logprobs.size(); ++i) {
+    const auto &a = x.logprobs[i].top, &b = y.logprobs[i].top;
+    if (a.size() != b.size()) return INFINITY;
+    for (size_t j = 0; j < a.size(); ++j) {
+      if (a[j].first != b[j].first) return INFINITY;
+      d = std::max<double>(d, std::abs(a[j].second - b[j].second));
+    }
+  }
+  return d;
+}
+
+// Decode graphs against the eager engine, batch by batch (1..8 sequences of 1..515 prompt
+// tokens, prefilled in chunks beside other sequences' decode rows, which run eagerly). Batches of
+// 1 and 2 only ever decode 1 or 2 sequences, graph bucket sizes: no padding, the same kernels on
+// the same rows as eager, so bit-identical logprobs. Larger batches decode sizes between buckets
+// too as sequences start and finish (padding sequences in the scratch KV block and state slot;
+// the real rows' GEMMs see more rows): equal tokens up to near ties, the largest logprob
+// difference printed. FixtureGreedyTokensReproduced (transformers' tokens) runs with graphs too.
+TEST(GpuLinear, GraphDecodeEqualsEagerBatched) {
+  const std::vector<Prompt> all = mixed_prompts();  // 8 prompts of 1..515 tokens
+  LLM graphs(engine_config("cuda"));
+  LLM eager(engine_config("cuda", false, /*enforce_eager=*/true));
+  for (size_t n : {1, 2, 3, 4, 5, 7, 8}) {
+    // Rotate so that each batch mixes short and long prompts.
+    std::vector<Prompt> prompts;
+    for (size_t i = 0; i < n; ++i) prompts.push_back(all[(i * 3 + n) % all.size()]);
+    const auto g = graphs.generate(prompts, greedy(), false);
+    const auto e = eager.generate(prompts, greedy(), false);
+    ASSERT_EQ(g.size(), n);
+    double diff = 0;
+    for (size_t i = 0; i < n; ++i) diff = std::max(diff, max_logprob_diff(e[i], g[i]));
+    const bool padded = n > 2;
+    std::printf("%zu sequences%s: max |logprob diff| graphs vs eager %.3g\n", n,
+                padded ? " (some steps padded)" : "", diff);
+    if (padded)
+      expect_same_tokens_up_to_ties(e, g, kTieMargin, "graphs vs eager (padded)");
+    else
+      EXPECT_EQ(diff, 0.0) << n << " sequences: graphs are not bit-identical to eager";
+  }
+}
+
+// Decode time per output token with and without graphs (a launch-bound tiny model: the number
+// graphs are for), for 1 and 8 sequences of 8-token prompts generating 256 tokens each. Prints
+// the numbers; checks only that both modes produced every token.
+TEST(GpuLinear, DecodeTpotWithAndWithoutGraphs) {
+  for (bool eager : {true, false}) {
+    LLM llm(engine_config("cuda", false, eager));
+    for (size_t n : {1, 8}) {
+      std::vector<Prompt> prompts;
+      for (size_t i = 0; i < n; ++i) prompts.push_back(Prompt(make_ids(8, 40 + int64_t(i), 320)));
+      SamplingParams sp = greedy(256);
+      sp.logprobs.reset();
+      llm.generate(prompts, greedy(16), false);  // warm-up (allocator, cuBLASLt plans)
+      const auto out = llm.generate(prompts, sp, false);
+      double tpot = 0;
+      for (const RequestOutput& o : out) {
+        ASSERT_EQ(o.token_ids.size(), 256u);
+        tpot += o.metrics.decode_seconds() / double(o.metrics.num_generated_tokens - 1);
+      }
+      tpot /= double(n);
+      std::printf("tiny-qwen3-next decode, %zu sequences, %s: TPOT %.3f ms (%.0f tokens/s)\n", n,
+                  eager ? "eager" : "CUDA graphs", tpot * 1e3, double(n) / tpot);
+    }
+  }
 }
 
 TEST(GpuLinear, DeviceStatePoolResetsAndCopiesOneSlot) {

@@ -382,6 +382,113 @@ void elementwise_cases(bool small) {
 }
 
 // Bad arguments on the device are refused with the CPU twin's rules, before any launch.
+// SeqDeviceArrays (the paged backend's per-step arrays, which decode graphs replay) give the
+// host arrays' results bit for bit: three sequences (rows 2, 1, 3), the conv then the delta rule
+// in both forms, each sequence's state at a scattered place of one buffer.
+TEST(GpuLinearAttention, DeviceSequenceArraysEqualHostArrays) {
+  TestStream s;
+  const int64_t hk = 2, hv = 4, dk = 32, dv = 16, kw = 4, ld = 2 * hk * dk + hv * dv, t = 6;
+  const std::vector<int32_t> qo = {0, 2, 3, 6};
+  const int64_t num = 3, rec = hv * dk * dv, conv = (kw - 1) * ld;
+  auto rnd = [](int64_t n, uint64_t seed, float lo, float hi) {
+    std::vector<float> v(n);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (float& f : v) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      f = lo + (hi - lo) * float(x >> 40) / float(1 << 24);
+    }
+    return v;
+  };
+  auto to_gpu = [](std::vector<float> v, const Shape& shape) {
+    return Tensor::from_blob(v.data(), shape, DType::kF32).to(kGpu);
+  };
+  const std::vector<float> x0 = rnd(t * ld, 1, -1, 1), w0 = rnd(ld * kw, 2, -0.5f, 0.5f),
+                           g0 = rnd(t * hv, 3, -0.6f, -0.01f), b0 = rnd(t * hv, 4, 0.05f, 0.95f),
+                           rec0 = rnd(2 * num * rec, 5, -0.5f, 0.5f),
+                           conv0 = rnd(2 * num * conv, 6, -1, 1);
+  struct Result {
+    std::vector<float> mixed, out, rec, conv;
+  };
+  auto run = [&](bool device_arrays, ops::DeltaRuleForm form) {
+    Tensor x = to_gpu(x0, {t, ld}), w = to_gpu(w0, {ld, kw}), g = to_gpu(g0, {t, hv}),
+           beta = to_gpu(b0, {t, hv});
+    // Sequence q's states at slot 2 - q of two per sequence (not in batch order).
+    Tensor recs = to_gpu(rec0, {2 * num, rec}), convs = to_gpu(conv0, {2 * num, conv});
+    Tensor mixed = Tensor::empty({t, ld}, DType::kF32, kGpu);
+    Tensor out = Tensor::empty({t, hv, dv}, DType::kF32, kGpu);
+    std::vector<Tensor> rec_views, conv_views;
+    std::vector<int64_t> rec_ptrs, conv_ptrs;
+    for (int64_t q = 0; q < num; ++q) {
+      const int64_t slot = 2 * (num - 1 - q) + 1;
+      rec_views.push_back(recs.slice(0, slot, slot + 1).view({hv, dk, dv}));
+      conv_views.push_back(convs.slice(0, slot, slot + 1).view({kw - 1, ld}));
+      rec_ptrs.push_back(int64_t(reinterpret_cast<uintptr_t>(rec_views.back().data_ptr())));
+      conv_ptrs.push_back(int64_t(reinterpret_cast<uintptr_t>(conv_views.back().data_ptr())));
+    }
+    std::vector<int32_t> qo_copy = qo;
+    const Tensor qo_dev = Tensor::from_blob(qo_copy.data(), {num + 1}, DType::kI32).to(kGpu);
+    const Tensor rec_dev = Tensor::from_blob(rec_ptrs.data(), {num}, DType::kI64).to(kGpu);
+    const Tensor conv_dev = Tensor::from_blob(conv_ptrs.data(), {num}, DType::kI64).to(kGpu);
+    auto seqs = [&](const Tensor& ptrs) {
+      return ops::SeqDeviceArrays{qo_dev.data<int32_t>(),
+                                  reinterpret_cast<float* const*>(ptrs.data_ptr()), num};
+    };
+    ops::CausalConv1dArgs c;
+    c.x = x;
+    c.weight = w;
+    c.out = mixed;
+    if (device_arrays) {
+      c.device = seqs(conv_dev);
+    } else {
+      c.qo_indptr = qo;
+      c.states = conv_views;
+    }
+    ops::causal_conv1d(c);
+    ops::GatedDeltaRuleArgs d;
+    d.q = mixed.slice(1, 0, hk * dk).unflatten(1, {hk, dk});
+    d.k = mixed.slice(1, hk * dk, 2 * hk * dk).unflatten(1, {hk, dk});
+    d.v = mixed.slice(1, 2 * hk * dk, ld).unflatten(1, {hv, dv});
+    d.g = g;
+    d.beta = beta;
+    d.out = out;
+    d.form = form;
+    if (device_arrays) {
+      d.device = seqs(rec_dev);
+    } else {
+      d.qo_indptr = qo;
+      d.states = rec_views;
+    }
+    ops::gated_delta_rule(d);
+    s.sync();
+    auto host = [](const Tensor& a) {
+      Tensor h = a.to(Device::cpu());
+      return std::vector<float>(h.data<float>(), h.data<float>() + h.numel());
+    };
+    return Result{host(mixed), host(out), host(recs), host(convs)};
+  };
+  for (ops::DeltaRuleForm form : {ops::DeltaRuleForm::kRecurrent, ops::DeltaRuleForm::kChunked}) {
+    const Result a = run(false, form), b = run(true, form);
+    EXPECT_EQ(a.mixed, b.mixed);
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_EQ(a.rec, b.rec);
+    EXPECT_EQ(a.conv, b.conv);
+    EXPECT_NE(a.rec, rec0);  // the states moved
+  }
+  // Device arrays with host ones too, or without states, are refused by name.
+  Tensor x = to_gpu(x0, {t, ld});
+  ops::CausalConv1dArgs c;
+  c.x = x;
+  c.weight = to_gpu(w0, {ld, kw});
+  c.out = Tensor::empty({t, ld}, DType::kF32, kGpu);
+  c.qo_indptr = qo;
+  std::vector<int32_t> qo_copy = qo;
+  const Tensor qo_dev = Tensor::from_blob(qo_copy.data(), {num + 1}, DType::kI32).to(kGpu);
+  c.device = {qo_dev.data<int32_t>(), nullptr, num};
+  EXPECT_THROW(ops::causal_conv1d(c), Error);
+  c.qo_indptr = {};
+  EXPECT_THROW(ops::causal_conv1d(c), Error);
+}
+
 TEST(GpuLinearAttention, RefusesBadArguments) {
   TestStream s;
   const Tensor q = Tensor::zeros({4, 1, 8}, DType::kF32, kGpu);

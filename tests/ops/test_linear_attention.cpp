@@ -200,6 +200,18 @@ TEST(GatedDeltaRule, RejectsBadArguments) {
   bad = a;
   bad.states = {};
   EXPECT_THROW(ops::gated_delta_rule(bad), Error);
+  // Device sequence arrays are the CUDA twin's: the CPU op names the problem.
+  bad = a;
+  bad.qo_indptr = {};
+  bad.states = {};
+  float* state_ptr = state.data<float>();
+  bad.device = {qo.data(), &state_ptr, 1};
+  try {
+    ops::gated_delta_rule(bad);
+    ADD_FAILURE() << "device arrays accepted on the CPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device sequence arrays"), std::string::npos) << e.what();
+  }
 }
 
 namespace {
@@ -271,5 +283,9 @@ TEST(CausalConv1d, RejectsBadArguments) {
   EXPECT_THROW(ops::causal_conv1d(bad), Error);
   bad = a;
   bad.weight = random_tensor({7, 4}, DType::kF32, 3);
+  EXPECT_THROW(ops::causal_conv1d(bad), Error);
+  bad = a;
+  float* state_ptr = state.data<float>();
+  bad.device = {qo.data(), &state_ptr, 1};  // with the host arrays still set, and on the CPU
   EXPECT_THROW(ops::causal_conv1d(bad), Error);
 }

@@ -101,9 +101,17 @@ class GraphLaunches {
 // A linear-attention layer's state (a kState KV group) for each sequence of the planned batch,
 // in batch order: fp32 tensors on the model's device that the layer reads and updates in place.
 // A sequence whose step starts at its first token gets zeroed states.
+// The CPU backends hand tensors; the CUDA paged backend hands device arrays instead, written once
+// per step with its other per-step metadata at addresses that depend on the batch size alone, so
+// a CUDA graph's launches read the current step's states.
 struct LinearLayerStates {
   std::vector<Tensor> recurrent;  // [S] each [value_heads, key_head_dim, value_head_dim]
   std::vector<Tensor> conv;       // [S] each [conv_kernel - 1, conv channels (q, k and v)]
+  // The device form (null on the CPU): the step's qo_indptr [S + 1] and each sequence's state.
+  const int32_t* device_qo_indptr = nullptr;
+  float* const* device_recurrent = nullptr;  // [S]
+  float* const* device_conv = nullptr;       // [S]
+  int64_t num_seqs = 0;                      // S, of the device form
 };
 
 // What Model::forward needs from attention. plan() runs once per step on the host before the

@@ -72,6 +72,17 @@ class PagedAttentionBackend final : public AttentionBackend {
                   "state pool on {}",
                   groups_ ? groups_->summary() : "", c.device.str());
     if (!has_state) states_ = nullptr;
+    if (states_ != nullptr) {
+      // Each linear-attention layer's recurrent and conv pointer arrays, [2 * layer + kind][S]
+      // for a step of S sequences: fixed addresses for a batch size (what a graph replays).
+      state_layer_.assign(groups_->num_layers(), -1);
+      int64_t n = 0;
+      for (int64_t i = 0; i < groups_->num_layers(); ++i)
+        if ((*groups_)[groups_->group_of(i)].kind == KvGroupKind::kState) state_layer_[i] = n++;
+      num_state_layers_ = n;
+      state_ptrs_host_ = Tensor::empty_pinned({2 * n * limits.max_seqs}, DType::kI64);
+      state_ptrs_ = Tensor::empty({2 * n * limits.max_seqs}, DType::kI64, c.device);
+    }
     // The paged groups come first (KvGroups' order): steps_[g] is group g's for g < their count.
     int64_t num_groups = groups_ ? groups_->size() : 1;
     while (groups_ && num_groups > 0 && (*groups_)[num_groups - 1].kind == KvGroupKind::kState)
@@ -169,9 +180,6 @@ class PagedAttentionBackend final : public AttentionBackend {
       check_group_batch(batch, *groups_, c.block_size, c.num_blocks,
                         states_ != nullptr ? states_->num_slots() : 0);
       check_paged_limits(batch, limits_);
-      LONGCTX_CHECK(states_ == nullptr || !batch.fixed_launch_shapes, ErrorCode::kUnsupported,
-                    "paged attention: a model with linear-attention layers runs eagerly (its "
-                    "ops upload per-step arrays; no CUDA graph capture)");
     } else {
       check_paged_batch(batch, c.block_size, c.num_blocks, limits_);
     }
@@ -182,10 +190,10 @@ class PagedAttentionBackend final : public AttentionBackend {
     cudaStream_t stream = current_cuda_stream(device_.index);
     for (size_t g = 0; g < steps_.size(); ++g) stage_group(batch, steps_[g], batch.tables(g));
     reset_new_states(batch);
-    batch_ = &batch;
     const size_t used_bytes = (steps_.back().layout.slots + 2 * t) * sizeof(int32_t);
     LONGCTX_CUDA_CHECK(cudaMemcpyAsync(indices_.data_ptr(), host_.data_ptr(), used_bytes,
                                        cudaMemcpyHostToDevice, stream));
+    if (states_ != nullptr) stage_states(batch, stream);
     done_.record_on(stream);
 
     num_seqs_ = static_cast<int>(s);
@@ -255,11 +263,21 @@ class PagedAttentionBackend final : public AttentionBackend {
     planned_ = true;
   }
 
+  // The device form only: a graph's capture plans a batch that is gone by the time its layers
+  // run, so nothing here reads the planned batch.
   LinearLayerStates linear_states(int64_t layer) override {
-    LONGCTX_CHECK(planned_ && batch_ != nullptr, ErrorCode::kInternal,
-                  "paged attention: linear_states before plan");
-    return paged_linear_states(*batch_, groups_ ? &*groups_ : nullptr, states_, layer,
-                               "paged attention");
+    LONGCTX_CHECK(planned_, ErrorCode::kInternal, "paged attention: linear_states before plan");
+    LONGCTX_CHECK(states_ != nullptr && layer >= 0 &&
+                      layer < static_cast<int64_t>(state_layer_.size()) && state_layer_[layer] >= 0,
+                  ErrorCode::kInvalidArgument, "paged attention: layer {} keeps no state", layer);
+    const auto* ptrs = reinterpret_cast<float* const*>(state_ptrs_.data_ptr());
+    const int64_t s = num_seqs_;
+    LinearLayerStates st;
+    st.device_qo_indptr = dev(steps_[0].layout.qo_indptr);
+    st.device_recurrent = ptrs + 2 * state_layer_[layer] * s;
+    st.device_conv = ptrs + (2 * state_layer_[layer] + 1) * s;
+    st.num_seqs = s;
+    return st;
   }
 
   SparsePrefillCounters sparse_prefill_counters() const override {
@@ -392,6 +410,26 @@ class PagedAttentionBackend final : public AttentionBackend {
     }
   }
 
+  // Every linear-attention layer's state pointers of the step's sequences into their device
+  // arrays, one copy (queued before done_ is recorded: the next plan() waits for it).
+  void stage_states(const ForwardBatch& batch, cudaStream_t stream) {
+    const int64_t s = batch.num_seqs();
+    auto* h = reinterpret_cast<float**>(state_ptrs_host_.data_ptr());
+    for (int64_t i = 0; i < static_cast<int64_t>(state_layer_.size()); ++i) {
+      const int64_t k = state_layer_[i];
+      if (k < 0) continue;
+      const BlockTablesView t = batch.tables(groups_->group_of(i));
+      const int64_t j = groups_->pool_layer(i);
+      for (int64_t q = 0; q < s; ++q) {
+        h[2 * k * s + q] = states_->recurrent_data(t.block_tables[q], j);
+        h[(2 * k + 1) * s + q] = states_->conv_data(t.block_tables[q], j);
+      }
+    }
+    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(state_ptrs_.data_ptr(), h,
+                                       2 * num_state_layers_ * s * sizeof(float*),
+                                       cudaMemcpyHostToDevice, stream));
+  }
+
   // While `stream` is being captured, the decode kernel just launched is the capture's one
   // current dependency: its node (of group g's plan), which a graph updates when the grid
   // changes.
@@ -425,13 +463,16 @@ class PagedAttentionBackend final : public AttentionBackend {
   int num_qo_heads_;
   float sm_scale_;
   PagedBackendLimits limits_;
-  StatePool* states_ = nullptr;          // the state groups' slots (null: no state group)
-  const ForwardBatch* batch_ = nullptr;  // the planned step (linear_states reads its tables)
-  std::optional<KvGroups> groups_;       // several KV groups (none: one full group)
-  std::vector<GroupStep> steps_;         // [groups] (one without groups_)
-  std::vector<int32_t> kv_lens_;         // [groups, S] each group's kv lengths (trimmed tables)
-  Tensor host_;                          // [words] i32 pinned staging of every group's index arrays
-  Tensor indices_;                       // [words] i32 their device copy
+  StatePool* states_ = nullptr;       // the state groups' slots (null: no state group)
+  std::vector<int64_t> state_layer_;  // [layers] ordinal among linear-attention layers, or -1
+  int64_t num_state_layers_ = 0;
+  Tensor state_ptrs_host_;  // [2 * state layers * max_seqs] pinned staging of the state pointers
+  Tensor state_ptrs_;       // their device copy (linear_states hands views of it)
+  std::optional<KvGroups> groups_;  // several KV groups (none: one full group)
+  std::vector<GroupStep> steps_;    // [groups] (one without groups_)
+  std::vector<int32_t> kv_lens_;    // [groups, S] each group's kv lengths (trimmed tables)
+  Tensor host_;                     // [words] i32 pinned staging of every group's index arrays
+  Tensor indices_;                  // [words] i32 their device copy
   Tensor workspace_;  // [bytes] u8: the prefill or decode plan's work lists and partials
   size_t prefill_list_bytes_ = 0;  // the prefill's work list alone
   size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;

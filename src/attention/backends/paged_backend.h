@@ -53,9 +53,10 @@ struct PagedBackendLimits {
 //
 // State groups (linear attention; listed after the paged groups) need `states`, a StatePool on
 // the pool's device whose slots the state group's tables name: plan() zeroes the slot of every
-// sequence whose step starts at its first token and linear_states() hands a layer its sequences'
-// states. The linear-attention ops upload their per-call arrays (new every call), so a
-// state model's steps cannot be captured: plan() refuses fixed_launch_shapes with a state group.
+// sequence whose step starts at its first token, copies every linear-attention layer's state
+// pointers (and qo_indptr, with the index arrays) to device arrays whose addresses follow the
+// batch size alone, and linear_states() hands a layer views of them (LinearLayerStates' device
+// form): decode graphs of state models replay them like the page tables.
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
     const SparseOptions& sparse = {}, const kernels::KernelTuning& tuning = {},
