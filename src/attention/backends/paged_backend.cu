@@ -234,8 +234,9 @@ class PagedAttentionBackend final : public AttentionBackend {
     const PagedKernel kernel = dispatch_->kernel_for(queries);
     // The prefill plan's grid follows the query lengths, and CUDA graphs are captured for
     // decode steps only (a verify step's decode plan has other workspace addresses).
-    LONGCTX_CHECK(!batch.fixed_launch_shapes || (kernel != PagedKernel::kPrefill && all_decode),
-                  ErrorCode::kUnsupported,
+    const bool step_shaped =
+        kernel == PagedKernel::kGeneric || (kernel == PagedKernel::kDecode && all_decode);
+    LONGCTX_CHECK(!batch.fixed_launch_shapes || step_shaped, ErrorCode::kUnsupported,
                   "paged attention: fixed launch shapes (CUDA graphs) need a decode-only batch "
                   "(every sequence one new token)");
     if (kernel == PagedKernel::kPrefill) {
