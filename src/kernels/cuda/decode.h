@@ -34,10 +34,11 @@
 //
 // run() reads only device memory written by plan() (work list + partial buffers in the caller's
 // workspace; the merge counters it increments are back at 0 when it ends), so it can be captured
-// in a CUDA graph. Every workspace address depends on the batch size alone (decode_plan rewrites
-// the work list in place), so a graph captured for one plan replays any later plan of the same
-// batch size once its decode kernel nodes get the new plan's grid (decode_grid_ctas; the nodes
-// are the ones is_decode_kernel() names). One run at a time per workspace.
+// in a CUDA graph. Every workspace address depends on the batch size and max_q_len alone
+// (decode_plan rewrites the work list in place), so a graph captured for one plan replays any later
+// plan of the same batch size and max_q_len once its decode kernel nodes get the new plan's grid
+// (decode_grid_ctas; the nodes are the ones is_decode_kernel() names). One run at a time per
+// workspace.
 #pragma once
 
 #include <cuda_runtime.h>
