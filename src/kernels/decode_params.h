@@ -12,17 +12,31 @@
 
 namespace longctx::kernels {
 
-// Batch decode: request b has ONE query token and the pages kv_indices[kv_indptr[b] ..
+// Most queries one request of a decode call may have (a speculative verify step's K + 1).
+constexpr int kDecodeMaxQLen = 16;
+
+// Batch decode: request b has q_len = qo_indptr[b+1] - qo_indptr[b] query tokens (one each when
+// qo_indptr is nullptr; at most kDecodeMaxQLen) and the pages kv_indices[kv_indptr[b] ..
 // kv_indptr[b+1]); kv_len = (pages - 1) * page_size + kv_last_page_len[b] (0 with no page).
 // Key j lives at page kv_indices[kv_indptr[b] + j / page_size], slot j % page_size. q head h reads
 // kv head h / (num_qo_heads / num_kv_heads).
+// Query i of request b (row qo_indptr[b] + i of q, o and lse) sees the keys [first, end):
+//   causal:  end = kv_len - q_len + 1 + i (the queries are the last q_len keys' tokens);
+//   else:    end = kv_len (every query sees every key);
+//   first = max(0, end - window) with a window, else 0 (a row with end <= first sees no key).
+// With one query per request both rules give [max(0, kv_len - window), kv_len).
 struct DecodeParams {
-  const void* q = nullptr;        // [batch_size, num_qo_heads, head_dim], rows q_token_stride apart
+  const void* q = nullptr;        // [rows, num_qo_heads, head_dim], rows q_token_stride apart
   const void* k_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim]
   const void* v_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim]
-  void* o = nullptr;              // [batch_size, num_qo_heads, head_dim]
-  float* lse = nullptr;           // [batch_size, num_qo_heads] fp32, natural log; optional
+  void* o = nullptr;              // [rows, num_qo_heads, head_dim]
+  float* lse = nullptr;           // [rows, num_qo_heads] fp32, natural log; optional
   float* o_f32 = nullptr;         // instead of o: the output in fp32, unrounded (o is not written)
+  // [batch_size + 1] query rows of each request; nullptr: one each (rows = batch_size). The CPU
+  // reference reads it on the host; the CUDA kernel takes it through its plan (decode.h) and
+  // does not read this pointer.
+  const int32_t* qo_indptr = nullptr;
+  bool causal = true;  // the rule above; irrelevant with one query per request
 
   const int32_t* kv_indptr = nullptr;         // [batch_size + 1] into kv_indices
   const int32_t* kv_indices = nullptr;        // [kv_indptr[batch_size]] page ids

@@ -119,11 +119,35 @@ DecodeWaveModel decode_wave_model(const DecodeTuning& tuning, int num_sms, int r
   return m;
 }
 
-std::vector<int64_t> decode_first_keys(const std::vector<int64_t>& len, int window) {
+std::vector<int32_t> decode_q_lens(const DecodeQueries& queries, int batch) {
+  std::vector<int32_t> q_len(std::max(batch, 0), 1);
+  if (queries.qo_indptr == nullptr) return q_len;
+  LONGCTX_CHECK(batch <= 0 || queries.qo_indptr[0] == 0, ErrorCode::kInvalidArgument,
+                "decode_plan: qo_indptr[0] = {} is not 0", queries.qo_indptr[0]);
+  for (int b = 0; b < batch; ++b) {
+    q_len[b] = queries.qo_indptr[b + 1] - queries.qo_indptr[b];
+    LONGCTX_CHECK(q_len[b] >= 0 && q_len[b] <= kDecodeMaxQLen, ErrorCode::kInvalidArgument,
+                  "decode_plan: request {} has {} queries (0 to {})", b, q_len[b], kDecodeMaxQLen);
+  }
+  return q_len;
+}
+
+std::vector<int64_t> decode_first_keys(const std::vector<int64_t>& len, int window,
+                                       const std::vector<int32_t>& q_len, bool causal) {
+  LONGCTX_CHECK(q_len.empty() || q_len.size() == len.size(), ErrorCode::kInternal,
+                "decode first keys: {} query counts for {} requests", q_len.size(), len.size());
   std::vector<int64_t> first(len.size(), 0);
   if (window > 0)
-    for (size_t b = 0; b < len.size(); ++b) first[b] = std::max<int64_t>(0, len[b] - window);
+    for (size_t b = 0; b < len.size(); ++b) {
+      // The first query's end (the causal rule's smallest); at least 1 query is assumed.
+      const int64_t tail = causal && !q_len.empty() ? std::max(q_len[b], 1) - 1 : 0;
+      first[b] = std::max<int64_t>(0, len[b] - tail - window);
+    }
   return first;
+}
+
+int64_t decode_max_partials(int64_t max_items, int64_t batch) {
+  return std::max<int64_t>(0, std::min(max_items, 2 * (max_items - batch)));
 }
 
 std::vector<int64_t> decode_spans(const std::vector<int64_t>& len,
@@ -135,9 +159,11 @@ std::vector<int64_t> decode_spans(const std::vector<int64_t>& len,
 
 DecodeWork decode_work_items(const std::vector<int64_t>& len, const std::vector<int64_t>& first,
                              const int32_t* kv_indptr, int real, int64_t chunk,
-                             bool cp_async_stages) {
-  LONGCTX_CHECK(first.size() == len.size(), ErrorCode::kInternal,
-                "decode work: {} first keys for {} requests", first.size(), len.size());
+                             bool cp_async_stages, const DecodeQueries& queries,
+                             const std::vector<int32_t>& q_len) {
+  LONGCTX_CHECK(first.size() == len.size() && (q_len.empty() || q_len.size() == len.size()),
+                ErrorCode::kInternal, "decode work: {} first keys, {} query counts for {} requests",
+                first.size(), q_len.size(), len.size());
   DecodeWork w;
   for (int b = 0; b < int(len.size()); ++b) {
     const int64_t base = first[b] / 64 * 64, span = len[b] - base;
@@ -152,7 +178,11 @@ DecodeWork decode_work_items(const std::vector<int64_t>& len, const std::vector<
                                              kv_indptr[b],
                                              w.num_partials,
                                              split,
-                                             cp_async_stages ? 1 : 0};
+                                             cp_async_stages ? 1 : 0,
+                                             queries.qo_indptr ? queries.qo_indptr[b] : b,
+                                             q_len.empty() ? 1 : q_len[b],
+                                             int32_t(len[b]),
+                                             queries.causal ? 1 : 0};
       w.items.insert(w.items.end(), item, item + kDecodeWorkInts);
     }
     w.num_partials += split;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/decode_params.h"
 #include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx::kernels {
@@ -25,8 +26,20 @@ constexpr int64_t kDecodeCpAsyncStagesMinChunk = 1024;
 // Int32s per work item: request, kv begin, kv end, partial slot (-1: write o / lse directly), the
 // request's kv_indptr entry, its first partial slot and partial count (0 unless split), and the
 // plan's cp_async_stages (in the work list, not a kernel parameter, so that a CUDA graph's
-// replay takes each new plan's choice).
-constexpr int kDecodeWorkInts = 8;
+// replay takes each new plan's choice); then the request's first query row, its query count, its
+// keys (kv_len) and 1 for the causal tail rule (DecodeParams), 0 for none.
+constexpr int kDecodeWorkInts = 12;
+
+// The query rows of a call (DecodeParams::qo_indptr, here a host array; nullptr: one each) and
+// the rule they see keys by (DecodeParams::causal).
+struct DecodeQueries {
+  const int32_t* qo_indptr = nullptr;  // [batch + 1] host
+  bool causal = true;
+};
+
+// Each request's query count from `queries` (all 1 without qo_indptr). Throws
+// Error(kInvalidArgument) where qo_indptr[0] != 0 or a count is outside [0, kDecodeMaxQLen].
+std::vector<int32_t> decode_q_lens(const DecodeQueries& queries, int batch);
 
 // Keys of each request: (pages - 1) * page_size + last_page_len, 0 without pages. Host inputs
 // kv_indptr [batch + 1], last_page_len [batch]. Throws Error(kInvalidArgument) where kv_indptr
@@ -83,9 +96,11 @@ bool decode_cp_async_stages(int loader, int page_size, int head_dim, int64_t chu
 DecodeWaveModel decode_wave_model(const DecodeTuning& tuning, int num_sms, int resident,
                                   int min_chunk_tokens);
 
-// The first key each request sees under a sliding window of `window` keys (0: none; then all 0):
-// max(0, len - window).
-std::vector<int64_t> decode_first_keys(const std::vector<int64_t>& len, int window);
+// The first key each request's queries see under a sliding window of `window` keys (0: none;
+// then all 0): the first query's, max(0, len - q_len + 1 - window) with the causal rule,
+// max(0, len - window) without (q_len: decode_q_lens; empty: one query each).
+std::vector<int64_t> decode_first_keys(const std::vector<int64_t>& len, int window,
+                                       const std::vector<int32_t>& q_len = {}, bool causal = true);
 
 // The keys a request's splits cover: from the multiple of 64 at or before its first key (where a
 // split may start, and the kernel's tiles) to its end. What the wave model sizes.
@@ -96,12 +111,21 @@ std::vector<int64_t> decode_spans(const std::vector<int64_t>& len,
 // split at `chunk`; the others (a CUDA graph's padding) get one item over all their keys. A
 // request's splits cover [first & ~63, len) in multiples of 64; its first item begins at
 // first[b] exactly (the kernel masks the keys before it in that tile, and reads no earlier tile).
+// Each item also names its request's query rows (queries.qo_indptr; row b without) and count
+// (q_len; 1 each when empty).
 struct DecodeWork {
   std::vector<int32_t> items;
   int32_t num_partials = 0;
 };
 DecodeWork decode_work_items(const std::vector<int64_t>& len, const std::vector<int64_t>& first,
                              const int32_t* kv_indptr, int real, int64_t chunk,
-                             bool cp_async_stages);
+                             bool cp_async_stages, const DecodeQueries& queries = {},
+                             const std::vector<int32_t>& q_len = {});
+
+// Partial slots a plan may use when decode_chunk held its items to max_items for `batch`
+// requests: a split request of k items takes k slots, k <= 2 (k - 1), and the extra items
+// sum_b (k_b - 1) are at most max_items - batch, so 2 (max_items - batch) bound them (and the
+// workspace's partial buffers, which scale with the queries per request).
+int64_t decode_max_partials(int64_t max_items, int64_t batch);
 
 }  // namespace longctx::kernels

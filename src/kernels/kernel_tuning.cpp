@@ -109,6 +109,11 @@ const Flag kFlags[] = {
      [](std::string_view v, KernelTuning* t) {
        return positive_int(v, 1, 1 << 20, &t->decode.overhead);
      }},
+    {"decode-max-q", "N",
+     "most queries per sequence the split-KV decode takes (1..16; default 16: verify steps)",
+     [](std::string_view v, KernelTuning* t) {
+       return positive_int(v, 1, 16, &t->decode.max_q_len);
+     }},
     {"attention-kernel", "auto|generic",
      "paged backends' kernel (generic: fp32 P and sums, every call; default auto)",
      [](std::string_view v, KernelTuning* t) {

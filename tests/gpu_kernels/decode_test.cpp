@@ -48,7 +48,14 @@ class DecodeCase : public OpCase {
   }
   std::string name() const override {
     std::ostringstream os;
-    os << "decode(batch=" << s_.kv_lens.size() << " kv=[";
+    os << "decode(batch=" << s_.kv_lens.size();
+    if (std::any_of(s_.q_lens.begin(), s_.q_lens.end(), [](int32_t n) { return n != 1; })) {
+      os << " q=[";
+      for (size_t i = 0; i < s_.q_lens.size() && i < 6; ++i) os << (i ? "," : "") << s_.q_lens[i];
+      os << (s_.q_lens.size() > 6 ? ",...]" : "]")
+         << (s_.mask_mode == kernels::MaskMode::kCausal ? " causal" : " full");
+    }
+    os << " kv=[";
     for (size_t i = 0; i < s_.kv_lens.size() && i < 6; ++i) os << (i ? "," : "") << s_.kv_lens[i];
     os << (s_.kv_lens.size() > 6 ? ",...]" : "]") << " h=" << s_.num_qo_heads << "/"
        << s_.num_kv_heads << " d=" << s_.head_dim << " page=" << s_.page_size << " "
@@ -61,6 +68,12 @@ class DecodeCase : public OpCase {
     return s_.head_dim == 64 || s_.head_dim == 128 || s_.head_dim == 256;
   }
   bool perf_only() const override { return perf_only_; }
+  // Several queries per request (a verify step; DecodeParams' rules under `mask`): before
+  // prepare().
+  void set_queries(std::vector<int32_t> q_lens, kernels::MaskMode mask) {
+    s_.q_lens = std::move(q_lens);
+    s_.mask_mode = mask;
+  }
   // The plan's tuning (a variant's pins); the default: the measured choices.
   void set_tuning(const kernels::DecodeTuning& tuning) { tuning_ = tuning; }
 
@@ -117,7 +130,7 @@ class DecodeCase : public OpCase {
     d_last_ = upload_vector(h.kv_last_page_len);
     const int batch = int(s_.kv_lens.size());
     d_o_ = GuardedBuffer(h.q.size() * 2, 0xFF);  // NaN bytes: every row must be written
-    d_lse_ = GuardedBuffer(size_t(batch) * s_.num_qo_heads * 4, 0xFF);
+    d_lse_ = GuardedBuffer(size_t(h.total_q) * s_.num_qo_heads * 4, 0xFF);
     params_ =
         h.decode_params(d_o_.data(), s_.with_lse ? static_cast<float*>(d_lse_.data()) : nullptr);
     params_.q = d_q_.data();
@@ -130,14 +143,16 @@ class DecodeCase : public OpCase {
     if (fp8_)
       set_fp8(params_, d_k_.data(), d_v_.data(), static_cast<const float*>(d_ks_.data()),
               static_cast<const float*>(d_vs_.data()));
-    d_ws_ = GuardedBuffer(
-        kernels::cuda::decode_workspace_bytes(batch, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim),
-        0);
+    const int max_q = std::max(1, *std::max_element(s_.q_lens.begin(), s_.q_lens.end()));
+    d_ws_ = GuardedBuffer(kernels::cuda::decode_workspace_bytes(
+                              batch, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim, 0, max_q),
+                          0);
+    const kernels::DecodeQueries queries{params_.qo_indptr, params_.causal};
     plan_ = kernels::cuda::decode_plan(
         h.kv_indptr.data(), h.kv_last_page_len.data(), batch, s_.page_size, s_.num_qo_heads,
         s_.num_kv_heads, s_.head_dim, d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_, {},
         tuning_, s_.window,
-        fp8_ ? kernels::KvCacheFormat::kFp8E4M3 : kernels::KvCacheFormat::kDtype);
+        fp8_ ? kernels::KvCacheFormat::kFp8E4M3 : kernels::KvCacheFormat::kDtype, queries);
   }
   void launch(cudaStream_t stream) override { kernels::cuda::decode_run(params_, plan_, stream); }
   void reset_outputs() {
@@ -151,7 +166,7 @@ class DecodeCase : public OpCase {
     std::vector<uint16_t> o = d_o_.download<uint16_t>();
     std::vector<float> lse = d_lse_.download<float>();
     std::vector<uint16_t> o_ref(o.size());
-    std::vector<float> lse_ref(size_t(batch) * s_.num_qo_heads);
+    std::vector<float> lse_ref(size_t(h.total_q) * s_.num_qo_heads);
     kernels::DecodeParams ref = h.decode_params(o_ref.data(), lse_ref.data());
     if (fp8_)
       set_fp8(ref, fp8_pages_.k.data(), fp8_pages_.v.data(), fp8_pages_.k_scale.data(),
@@ -172,8 +187,8 @@ class DecodeCase : public OpCase {
     if (co.max_abs > tol) ok = false, why << "out max-abs " << co.max_abs << " > " << tol << "; ";
     for (int b = 0; b < batch; ++b)  // empty requests: exactly zero
       if (s_.kv_lens[b] == 0)
-        for (int64_t e = 0; e < row; ++e)
-          if (o[b * row + e] != 0 && o[b * row + e] != 0x8000) {
+        for (int64_t e = h.qo_indptr[b] * row; e < h.qo_indptr[b + 1] * row; ++e)
+          if (o[e] != 0 && o[e] != 0x8000) {
             ok = false, why << "empty request " << b << " not zero; ";
             break;
           }
@@ -189,8 +204,8 @@ class DecodeCase : public OpCase {
     // The fused merge must leave its split counters at 0 (the next run, or graph replay, starts
     // from there).
     if (plan_.counters != nullptr) {
-      const size_t n =
-          size_t(batch) * s_.num_kv_heads * ((s_.num_qo_heads / s_.num_kv_heads + 7) / 8);
+      const size_t n = size_t(batch) * s_.num_kv_heads *
+                       ((s_.num_qo_heads / s_.num_kv_heads * plan_.max_q_len + 7) / 8);
       std::vector<int32_t> cnt(n);
       LONGCTX_CUDA_CHECK(cudaMemcpy(cnt.data(), plan_.counters, n * 4, cudaMemcpyDeviceToHost));
       for (int32_t c : cnt)
@@ -203,10 +218,10 @@ class DecodeCase : public OpCase {
     r.detail = why.str();
     return r;
   }
-  // 4 * head_dim FLOPs per (q head, key).
+  // 4 * head_dim FLOPs per (q head, query, key).
   double flops() const override {
     double keys = 0;
-    for (int32_t l : s_.kv_lens) keys += l;
+    for (size_t b = 0; b < s_.kv_lens.size(); ++b) keys += double(s_.kv_lens[b]) * s_.q_lens[b];
     return 4.0 * s_.head_dim * s_.num_qo_heads * keys;
   }
   double kv_bytes() const {
@@ -639,6 +654,143 @@ TEST(DecodeFp8Gpu, PerfBf16VsFp8) {
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// Verify steps (several queries per request; kernels/decode_params.h's causal tail): the same
+// case with query counts, against the CPU reference (itself checked against the paged prefill
+// reference in tests/kernels/decode_verify_ref_test.cpp) under the tolerances above.
+std::unique_ptr<DecodeCase> verify_case(std::vector<int32_t> q, std::vector<int32_t> kv, int hq,
+                                        int hk, int d, int page, DType dt, uint64_t seed,
+                                        int min_chunk = 256, bool nan_tail = false,
+                                        bool fp8 = false,
+                                        kernels::MaskMode mask = kernels::MaskMode::kCausal,
+                                        int window = 0, int q_pad = 0) {
+  PagedCaseShape s = dshape(std::move(kv), hq, hk, d, page, dt, seed % 3 != 0, seed);
+  s.window = window;
+  auto c = std::make_unique<DecodeCase>(s, false, min_chunk, q_pad, nan_tail, fp8);
+  c->set_queries(std::move(q), mask);
+  return c;
+}
+
+void expect_all_pass(std::vector<std::unique_ptr<OpCase>>& cases) {
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// Mixed query counts in one batch (0, 1, K + 1 up to 16; more queries than keys) over page
+// sizes x GQA x head_dim x dtype, split and unsplit requests, NaN tails in the last pages.
+TEST(DecodeVerifyGpu, MixedQueryCountsOverTheGrid) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 500;
+  for (int page : {1, 16, 128})
+    for (int group : {1, 4, 8})
+      for (int d : {64, 128}) {
+        const DType dt = seed % 2 ? DType::kBF16 : DType::kF16;
+        cases.push_back(verify_case({3, 1, 9, 16, 2, 5, 0}, {0, 1, 7, 300, 1025, 4097, 50},
+                                    2 * group, 2, d, page, dt, seed++, 64, page > 1));
+      }
+  expect_all_pass(cases);
+}
+
+// Every K + 1 of 1 .. 9 and 16 at one long request (split over the GPU: the fused merge of
+// q_len x heads partial states) and a short batch, both loaders (pages of 16: the ring; 128: TMA).
+TEST(DecodeVerifyGpu, QueryCountsOneToNineAndSixteen) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 600;
+  for (int q : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16}) {
+    cases.push_back(verify_case({q}, {40000}, 32, 8, 128, q % 2 ? 16 : 128, DType::kBF16, seed++));
+    cases.push_back(verify_case({q, q, 1}, {100, 2049, 63}, 8, 2, 64, q % 2 ? 128 : 16, DType::kF16,
+                                seed++, 64));
+  }
+  expect_all_pass(cases);
+}
+
+// Sliding windows per query, the no-mask rule (the offload path's ring items), q read in place
+// from fused QKV rows, head_dim 256, GQA 16 (x 9 queries: 18 row tiles per kv head) and 3.
+TEST(DecodeVerifyGpu, WindowsNoMaskStridedQAndOddShapes) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 700;
+  for (int window : {1, 7, 65, 1000})
+    for (int page : {16, 128})
+      cases.push_back(verify_case({9, 1, 4}, {5000, 700, 3}, 8, 2, 128, page, DType::kBF16, seed++,
+                                  64, false, false, kernels::MaskMode::kCausal, window));
+  for (int page : {16, 128})
+    cases.push_back(verify_case({9, 3, 1}, {3000, 17, 0}, 32, 8, 128, page, DType::kBF16, seed++,
+                                256, false, false, kernels::MaskMode::kNone));
+  cases.push_back(verify_case({9, 1}, {3000, 700}, 32, 8, 128, 128, DType::kBF16, seed++, 256,
+                              false, false, kernels::MaskMode::kCausal, 0, 2 * 8 * 128));
+  cases.push_back(verify_case({5, 9}, {1000, 40}, 16, 8, 256, 16, DType::kBF16, seed++, 64));
+  cases.push_back(verify_case({9, 2}, {3000, 70}, 32, 2, 128, 128, DType::kBF16, seed++));
+  cases.push_back(verify_case({7, 1}, {5000, 17}, 6, 2, 128, 16, DType::kF16, seed++, 64));
+  cases.push_back(verify_case({16}, {131000}, 8, 8, 64, 16, DType::kBF16, seed++));
+  expect_all_pass(cases);
+}
+
+// The plan's loaders and stage fills over verify rows.
+TEST(DecodeVerifyGpu, OverTheLoaders) {
+  for (const kernels::DecodeTuning& t :
+       {decode_pins(kernels::DecodeLoader::kCpAsync, kAutoCopy),
+        decode_pins(kernels::DecodeLoader::kTmaTile, kAutoCopy),
+        decode_pins(kAutoLoader, kernels::DecodeStageCopy::kCpAsync),
+        decode_pins(kAutoLoader, kernels::DecodeStageCopy::kTmaBoxes)}) {
+    std::vector<std::unique_ptr<OpCase>> cases;
+    uint64_t seed = 800;
+    for (int page : {16, 64, 128})
+      for (int d : {64, 128})
+        cases.push_back(verify_case({9, 1, 16}, {4097, 33, 20000}, 32, 8, d, page, DType::kBF16,
+                                    seed++, 64, true));
+    set_tuning(cases, t);
+    expect_all_pass(cases);
+  }
+}
+
+// FP8 pages through the converting ring with verify rows.
+TEST(DecodeVerifyFp8Gpu, MixedQueryCounts) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 900;
+  for (int page : {1, 16, 128})
+    for (int d : {64, 128})
+      cases.push_back(verify_case({9, 1, 16, 0, 4}, {4097, 7, 300, 0, 20000}, 32, 8, d, page,
+                                  DType::kBF16, seed++, 64, true, true));
+  expect_all_pass(cases);
+}
+
+// A verify step's launch captured in a CUDA graph and replayed (the plan/run split unchanged).
+TEST(DecodeVerifyGpu, CudaGraphReplayMatchesDirectLaunch) {
+  for (int page : {16, 128}) {
+    std::unique_ptr<DecodeCase> c =
+        verify_case({9, 1, 5}, {9000, 3, 700}, 32, 8, 128, page, DType::kBF16, 1000);
+    cudaStream_t stream;
+    LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    c->prepare(stream);
+    c->launch(stream);
+    LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+    CaseResult direct = c->check();
+    EXPECT_EQ(direct.status, Status::kOk) << direct.detail;
+    replay_in_graph(*c, stream, [&] { c->reset_outputs(); });
+    CaseResult replay = c->check();
+    EXPECT_EQ(replay.status, Status::kOk) << replay.detail;
+    EXPECT_EQ(replay.max_abs_out, direct.max_abs_out);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// Timing only (LONGCTX_PERF=1): the needle model's verify step (batch 1, K + 1 = 9 queries over
+// 131K keys, 32 / 8 heads of 128, bf16) on the split-KV decode, beside the plain decode step
+// (1 query); PrefillGpu.PerfVerifyStep times the same step on the paged prefill. Run both in one
+// process: --gtest_filter='*PerfVerifyStep*'.
+TEST(DecodeVerifyGpu, PerfVerifyStep) {
+  if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
+  std::vector<std::unique_ptr<OpCase>> cases;
+  for (int page : {16, 128})
+    for (int q : {1, 9}) {
+      auto c = std::make_unique<DecodeCase>(
+          dshape({131072}, 32, 8, 128, page, DType::kBF16, true, 7), true);
+      c->set_queries({q}, kernels::MaskMode::kCausal);
+      cases.push_back(std::move(c));
+    }
+  expect_all_pass(cases);
 }
 
 }  // namespace

@@ -605,5 +605,20 @@ TEST(PrefillFp8Harness, Perf) {
   expect_no_failures(run_cases(cases), 2);
 }
 
+// Timing only (LONGCTX_PERF=1): a speculative verify step (batch 1, K + 1 = 9 queries over 131K
+// keys, 32 / 8 heads of 128, bf16) on the paged prefill, the kernel such steps took before the
+// split-KV decode served them; DecodeVerifyGpu.PerfVerifyStep times the decode path. Run both in
+// one process: --gtest_filter='*PerfVerifyStep*'.
+TEST(PrefillGpu, PerfVerifyStep) {
+  if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
+  std::vector<std::unique_ptr<OpCase>> cases;
+  for (int page : {16, 128})
+    cases.push_back(std::make_unique<PrefillCase>(
+        shape({9}, {131072}, 32, 8, 128, page, DType::kBF16, MaskMode::kCausal, true, 7), true));
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
 }  // namespace
 }  // namespace longctx::gpu_test

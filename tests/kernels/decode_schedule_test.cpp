@@ -6,12 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <vector>
 
 #include "longctx/core/error.h"
 
 namespace longctx::kernels {
 namespace {
+
+// A page table's kv_indptr for `batch` requests (its values only travel into the work items).
+std::vector<int32_t> zero_indptr(int batch) { return std::vector<int32_t>(batch + 1, 0); }
 
 TEST(DecodeSchedule, SplitsAreEvenAndCoverTheRequest) {
   for (int64_t len : {0, 1, 63, 64, 65, 1000, 4097, 32768, 131072, 1 << 20})
@@ -161,7 +165,9 @@ TEST(DecodeSchedule, WorkItemsNameRangesSlotsAndTheCopyMode) {
   const DecodeWork w = decode_work_items(len, decode_first_keys(len, 0), indptr, 3, 1024, true);
   ASSERT_EQ(w.items.size(), size_t(6 * kDecodeWorkInts));
   EXPECT_EQ(w.num_partials, 3);
-  auto item = [&](int i) { return std::vector<int32_t>(&w.items[i * 8], &w.items[i * 8 + 8]); };
+  auto item = [&](int i) {
+    return std::vector<int32_t>(&w.items[i * kDecodeWorkInts], &w.items[i * kDecodeWorkInts + 8]);
+  };
   EXPECT_EQ(item(0), (std::vector<int32_t>{0, 0, 1024, 0, 0, 0, 3, 1}));
   EXPECT_EQ(item(1), (std::vector<int32_t>{0, 1024, 2048, 1, 0, 0, 3, 1}));
   EXPECT_EQ(item(2), (std::vector<int32_t>{0, 2048, 3000, 2, 0, 0, 3, 1}));
@@ -169,7 +175,7 @@ TEST(DecodeSchedule, WorkItemsNameRangesSlotsAndTheCopyMode) {
   EXPECT_EQ(item(4), (std::vector<int32_t>{2, 0, 0, -1, 25, 3, 0, 1}));
   EXPECT_EQ(item(5), (std::vector<int32_t>{3, 0, 5000, -1, 25, 3, 0, 1}));
   const DecodeWork tma = decode_work_items({100}, {0}, indptr, 1, 1024, false);
-  EXPECT_EQ(tma.items.back(), 0);
+  EXPECT_EQ(tma.items[7], 0);  // cp_async_stages
 }
 
 TEST(DecodeSchedule, SlidingWindowItemsStartAtTheWindowAndSkipEarlierTiles) {
@@ -183,7 +189,9 @@ TEST(DecodeSchedule, SlidingWindowItemsStartAtTheWindowAndSkipEarlierTiles) {
   EXPECT_EQ(decode_first_keys(len, 0), (std::vector<int64_t>{0, 0, 0}));
   const int32_t indptr[4] = {0, 188, 232, 295};
   const DecodeWork w = decode_work_items(len, first, indptr, 3, 512, false);
-  auto item = [&](int i) { return std::vector<int32_t>(&w.items[i * 8], &w.items[i * 8 + 8]); };
+  auto item = [&](int i) {
+    return std::vector<int32_t>(&w.items[i * kDecodeWorkInts], &w.items[i * kDecodeWorkInts + 8]);
+  };
   ASSERT_EQ(w.items.size(), size_t(6 * kDecodeWorkInts));
   // 1016 keys at chunk 512: two splits of 512 from 1984.
   EXPECT_EQ(item(0), (std::vector<int32_t>{0, 2000, 2496, 0, 0, 0, 2, 0}));
@@ -211,6 +219,82 @@ TEST(DecodeSchedule, MalformedPageTablesAreClearErrors) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("kv_last_page_len[0] = 0"), std::string::npos) << e.what();
   }
+}
+
+TEST(DecodeSchedule, QueryCountsComeFromQoIndptr) {
+  EXPECT_EQ(decode_q_lens({}, 3), (std::vector<int32_t>{1, 1, 1}));
+  const int32_t qo[5] = {0, 9, 10, 10, 26};
+  EXPECT_EQ(decode_q_lens({qo, true}, 4), (std::vector<int32_t>{9, 1, 0, 16}));
+  const int32_t too_many[2] = {0, kDecodeMaxQLen + 1};
+  EXPECT_THROW(decode_q_lens({too_many, true}, 1), Error);
+  const int32_t decreasing[3] = {0, 4, 2};
+  EXPECT_THROW(decode_q_lens({decreasing, true}, 2), Error);
+  const int32_t offset[2] = {1, 2};
+  EXPECT_THROW(decode_q_lens({offset, true}, 1), Error);
+}
+
+TEST(DecodeSchedule, VerifyStepsWindowStartsAtTheFirstQuery) {
+  // 9 queries over 3000 keys: the first query is key 2991's token, its window of 1000 starts at
+  // 1992; without the causal rule every query sees [2000, 3000).
+  const std::vector<int64_t> len = {3000, 5, 3000};
+  EXPECT_EQ(decode_first_keys(len, 1000, {9, 9, 1}, true), (std::vector<int64_t>{1992, 0, 2000}));
+  EXPECT_EQ(decode_first_keys(len, 1000, {9, 9, 1}, false), (std::vector<int64_t>{2000, 0, 2000}));
+  EXPECT_EQ(decode_first_keys(len, 0, {9, 9, 1}, true), (std::vector<int64_t>{0, 0, 0}));
+  // A request without queries is planned as one (its CTAs find no rows).
+  EXPECT_EQ(decode_first_keys({3000}, 1000, {0}, true), (std::vector<int64_t>{2000}));
+}
+
+TEST(DecodeSchedule, WorkItemsNameTheQueryRows) {
+  // Request 0: 9 queries at rows 0..8 over 3000 keys (split at 1024); request 1: one query at
+  // row 9; request 2: 16 queries at rows 10..25, 64 keys.
+  const std::vector<int64_t> len = {3000, 100, 64};
+  const int32_t indptr[4] = {0, 24, 25, 26}, qo[4] = {0, 9, 10, 26};
+  const DecodeQueries queries{qo, true};
+  const std::vector<int32_t> q_len = decode_q_lens(queries, 3);
+  const DecodeWork w = decode_work_items(len, decode_first_keys(len, 0, q_len, true), indptr, 3,
+                                         1024, false, queries, q_len);
+  ASSERT_EQ(w.items.size(), size_t(5 * kDecodeWorkInts));
+  auto tail = [&](int i) {
+    return std::vector<int32_t>(&w.items[i * kDecodeWorkInts + 8],
+                                &w.items[(i + 1) * kDecodeWorkInts]);
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(tail(i), (std::vector<int32_t>{0, 9, 3000, 1})) << i;
+  EXPECT_EQ(tail(3), (std::vector<int32_t>{9, 1, 100, 1}));
+  EXPECT_EQ(tail(4), (std::vector<int32_t>{10, 16, 64, 1}));
+  // Without qo_indptr: row b, one query; the no-mask rule is named in the item.
+  const DecodeWork plain = decode_work_items(len, decode_first_keys(len, 0), indptr, 3, 1 << 20,
+                                             false, {nullptr, false});
+  ASSERT_EQ(plain.items.size(), size_t(3 * kDecodeWorkInts));
+  EXPECT_EQ(
+      std::vector<int32_t>(&plain.items[kDecodeWorkInts + 8], &plain.items[2 * kDecodeWorkInts]),
+      (std::vector<int32_t>{1, 1, 100, 0}));
+}
+
+TEST(DecodeSchedule, PartialSlotsStayWithinTheirBound) {
+  // The workspace holds decode_max_partials(max_items, batch) partial slots: every chunk the
+  // wave model picks under the item bound must fit, whatever the lengths.
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int batch = 1 + int(rng() % 40);
+    std::vector<int64_t> len(batch);
+    for (auto& x : len) x = rng() % 3 == 0 ? int64_t(rng() % 200) : int64_t(rng() % 200000);
+    const int64_t ctas_per_item = int64_t(1) << (rng() % 7);  // 1 .. 64
+    const int num_sms = 132;
+    // max_work_items in decode.cu: the batch plus about 8 CTAs per SM of extra splits.
+    const int64_t max_items = batch + (int64_t(num_sms) * 8 + ctas_per_item - 1) / ctas_per_item;
+    DecodeWaveModel m;
+    m.num_sms = num_sms;
+    m.resident = 1 + int(rng() % 3);
+    const int64_t chunk = decode_chunk(len, max_items, ctas_per_item, m);
+    const DecodeWork w = decode_work_items(len, decode_first_keys(len, 0),
+                                           zero_indptr(batch).data(), batch, chunk, false);
+    ASSERT_LE(int64_t(w.items.size()) / kDecodeWorkInts, max_items);
+    ASSERT_LE(w.num_partials, decode_max_partials(max_items, batch))
+        << "batch " << batch << " ctas " << ctas_per_item << " chunk " << chunk;
+  }
+  EXPECT_EQ(decode_max_partials(10, 10), 0);  // no room for extra items: nothing is split
+  EXPECT_EQ(decode_max_partials(12, 10), 4);
+  EXPECT_EQ(decode_max_partials(30, 10), 30);
 }
 
 }  // namespace

@@ -188,7 +188,8 @@ struct PagedCase {
     return p;
   }
 
-  // The same case as a decode batch (q_lens must all be 1): host pointers as above.
+  // The same case as a decode batch (q_lens of at most kDecodeMaxQLen; qo_indptr set unless they
+  // are all 1, causal from mask_mode): host pointers as above.
   kernels::DecodeParams decode_params(void* o, float* lse) const {
     kernels::DecodeParams p;
     p.q = q.data();
@@ -200,6 +201,10 @@ struct PagedCase {
     p.kv_indices = kv_indices.data();
     p.kv_last_page_len = kv_last_page_len.data();
     p.batch_size = int(shape.kv_lens.size());
+    if (total_q != p.batch_size ||
+        std::any_of(shape.q_lens.begin(), shape.q_lens.end(), [](int32_t n) { return n != 1; }))
+      p.qo_indptr = qo_indptr.data();
+    p.causal = shape.mask_mode == kernels::MaskMode::kCausal;
     shape.set_head_fields(p);
     p.window = shape.window;
     return p;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "attention/backends/paged_dispatch.h"
+#include "kernels/decode_params.h"
 
 namespace longctx {
 namespace {
@@ -19,6 +20,17 @@ PagedShape llama_shape(int head_dim = 128, int page_size = 128) {
 }
 
 bool both(const PlannedKernels& k) { return k.decode && k.prefill; }
+
+// A causal call whose longest sequence has max_q queries (1: a decode step).
+PagedCallQueries step(int max_q, int window = 0,
+                      kernels::MaskMode mask = kernels::MaskMode::kCausal) {
+  PagedCallQueries q;
+  q.max_q_len = max_q;
+  q.window = window;
+  q.mask = mask;
+  return q;
+}
+constexpr int kMaxQ = kernels::DecodeTuning{}.max_q_len;
 bool none(const PlannedKernels& k) { return !k.decode && !k.prefill; }
 
 TEST(PagedDispatch, DefaultTuningTakesThePlannedKernelsAtHeadDim64And128) {
@@ -26,8 +38,8 @@ TEST(PagedDispatch, DefaultTuningTakesThePlannedKernelsAtHeadDim64And128) {
   for (int d : {64, 128}) {
     const PlannedKernels k = paged_planned_kernels(llama_shape(d), t);
     ASSERT_TRUE(both(k)) << d;
-    EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/true), PagedKernel::kDecode);
-    EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/false), PagedKernel::kPrefill);
+    EXPECT_EQ(choose_paged_kernel(k, step(1), kMaxQ), PagedKernel::kDecode);
+    EXPECT_EQ(choose_paged_kernel(k, step(100), kMaxQ), PagedKernel::kPrefill);
   }
   PagedShape f16 = llama_shape();
   f16.dtype = DType::kF16;
@@ -40,15 +52,15 @@ TEST(PagedDispatch, HeadDim256TakesThePlannedKernels) {
   // Gemma 3's heads: the mma.sync prefill and the split-KV decode's cp.async ring.
   const PlannedKernels k = paged_planned_kernels(llama_shape(256), kernels::KernelTuning{});
   EXPECT_TRUE(both(k));
-  EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/false), PagedKernel::kPrefill);
-  EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/true), PagedKernel::kDecode);
+  EXPECT_EQ(choose_paged_kernel(k, step(100), kMaxQ), PagedKernel::kPrefill);
+  EXPECT_EQ(choose_paged_kernel(k, step(1), kMaxQ), PagedKernel::kDecode);
 }
 
 TEST(PagedDispatch, PlannedPrefillWithoutDecodeSendsDecodeStepsToTheGenericKernel) {
   PlannedKernels k;
   k.prefill = true;
-  EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/true), PagedKernel::kGeneric);
-  EXPECT_EQ(choose_paged_kernel(k, /*all_decode=*/false), PagedKernel::kPrefill);
+  EXPECT_EQ(choose_paged_kernel(k, step(1), kMaxQ), PagedKernel::kGeneric);
+  EXPECT_EQ(choose_paged_kernel(k, step(100), kMaxQ), PagedKernel::kPrefill);
 }
 
 TEST(PagedDispatch, OtherShapesTakeTheGenericKernel) {
@@ -65,8 +77,8 @@ TEST(PagedDispatch, OtherShapesTakeTheGenericKernel) {
   gqa.num_kv_heads = 8;
   const PlannedKernels k = paged_planned_kernels(gqa, t);
   EXPECT_TRUE(none(k));
-  EXPECT_EQ(choose_paged_kernel(k, true), PagedKernel::kGeneric);
-  EXPECT_EQ(choose_paged_kernel(k, false), PagedKernel::kGeneric);
+  EXPECT_EQ(choose_paged_kernel(k, step(1), kMaxQ), PagedKernel::kGeneric);
+  EXPECT_EQ(choose_paged_kernel(k, step(100), kMaxQ), PagedKernel::kGeneric);
 }
 
 TEST(PagedDispatch, GenericTuningTakesTheGenericKernelEverywhere) {
@@ -96,6 +108,60 @@ TEST(PagedDispatch, Fp8CachePlansTheMmaSyncPrefill) {
   PagedShape gemma = llama_shape(256);
   gemma.kv_format = kernels::KvCacheFormat::kFp8E4M3;
   EXPECT_TRUE(none(paged_planned_kernels(gemma, t)));
+}
+
+TEST(PagedDispatch, VerifyStepsTakeTheSplitKvDecode) {
+  const kernels::KernelTuning t;
+  EXPECT_EQ(kMaxQ, kernels::kDecodeMaxQLen);
+  for (int d : {64, 128, 256}) {
+    const PlannedKernels k = paged_planned_kernels(llama_shape(d), t);
+    for (int q : {2, 9, 16}) {
+      EXPECT_EQ(choose_paged_kernel(k, step(q), kMaxQ), PagedKernel::kDecode) << d << " " << q;
+      EXPECT_EQ(choose_paged_kernel(k, step(q, 4096), kMaxQ), PagedKernel::kDecode);  // window
+    }
+    EXPECT_EQ(choose_paged_kernel(k, step(17), kMaxQ), PagedKernel::kPrefill);
+    // A sequence without queries beside decode rows: still a decode step.
+    EXPECT_EQ(choose_paged_kernel(k, step(0), kMaxQ), PagedKernel::kDecode);
+  }
+  // FP8 caches: the converting loader serves the verify rows the same way.
+  PagedShape fp8 = llama_shape();
+  fp8.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  EXPECT_EQ(choose_paged_kernel(paged_planned_kernels(fp8, t), step(9), kMaxQ),
+            PagedKernel::kDecode);
+}
+
+TEST(PagedDispatch, VerifyStepsKeepThePrefillWhereTheDecodeRuleDiffers) {
+  const PlannedKernels k = paged_planned_kernels(llama_shape(), kernels::KernelTuning{});
+  // The offload path's ring items (no mask): the decode's rule without a window only.
+  EXPECT_EQ(choose_paged_kernel(k, step(9, 0, kernels::MaskMode::kNone), kMaxQ),
+            PagedKernel::kDecode);
+  EXPECT_EQ(choose_paged_kernel(k, step(9, 512, kernels::MaskMode::kNone), kMaxQ),
+            PagedKernel::kPrefill);
+  // A prefill policy's block mask is read by the prefill alone.
+  PagedCallQueries sparse = step(9);
+  sparse.block_sparse = true;
+  EXPECT_EQ(choose_paged_kernel(k, sparse, kMaxQ), PagedKernel::kPrefill);
+  sparse.max_q_len = 1;  // decode steps ignore it, as before
+  EXPECT_EQ(choose_paged_kernel(k, sparse, kMaxQ), PagedKernel::kDecode);
+  // The tuning's bound: 1 sends verify steps to the prefill, 4 takes K + 1 <= 4 only.
+  EXPECT_EQ(choose_paged_kernel(k, step(2), 1), PagedKernel::kPrefill);
+  EXPECT_EQ(choose_paged_kernel(k, step(4), 4), PagedKernel::kDecode);
+  EXPECT_EQ(choose_paged_kernel(k, step(5), 4), PagedKernel::kPrefill);
+  // Without the planned decode a verify step is a prefill (the generic kernel where none).
+  PlannedKernels prefill_only;
+  prefill_only.prefill = true;
+  EXPECT_EQ(choose_paged_kernel(prefill_only, step(9), kMaxQ), PagedKernel::kPrefill);
+  EXPECT_EQ(choose_paged_kernel(PlannedKernels{}, step(9), kMaxQ), PagedKernel::kGeneric);
+}
+
+TEST(PagedDispatch, CallQueriesComeFromQoIndptr) {
+  const int32_t qo[5] = {0, 1, 10, 10, 11};
+  const PagedCallQueries q = paged_call_queries(qo, 4, kernels::MaskMode::kNone, 7);
+  EXPECT_EQ(q.max_q_len, 9);
+  EXPECT_EQ(q.mask, kernels::MaskMode::kNone);
+  EXPECT_EQ(q.window, 7);
+  EXPECT_FALSE(q.block_sparse);
+  EXPECT_EQ(paged_call_queries(qo, 0, kernels::MaskMode::kCausal, 0).max_q_len, 0);
 }
 
 }  // namespace

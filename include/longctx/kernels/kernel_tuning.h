@@ -62,6 +62,9 @@ struct DecodeTuning {
   int slots = 0;      // the wave model's CTAs per SM; 0: its own (2 where one wave holds the grid,
                       // else the occupancy's)
   int overhead = 64;  // the wave model's fixed cost of a CTA, in keys
+  // The most queries per sequence of a call the split-KV decode takes (a speculative verify
+  // step's K + 1; 1 to 16): calls with more, or 1 here, take the paged prefill.
+  int max_q_len = 16;
 };
 
 // The paged backends' kernel for every call: kAuto the prefill / split-KV decode kernels at

@@ -406,20 +406,18 @@ class CudaOffloadDevice final : public OffloadDevice {
     std::vector<CallPlan*> calls = {&resident_};
     std::vector<const std::vector<int32_t>*> qos = {&plan.qo_indptr};
     std::vector<const std::vector<int32_t>*> lens = {&plan.kv_lens};
-    bool all_decode = true;
-    for (size_t i = 1; i < plan.qo_indptr.size(); ++i)
-      all_decode = all_decode && plan.qo_indptr[i] - plan.qo_indptr[i - 1] == 1;
-    std::vector<bool> decode = {all_decode};
     for (size_t i = 0; i < plan.items.size(); ++i) {
       calls.push_back(&items_[i]);
       qos.push_back(&plan.items[i].qo_indptr);
       lens.push_back(&plan.items[i].kv_lens);
-      decode.push_back(plan.items[i].all_decode);
     }
+    // The resident call's queries see its keys causally; a ring item's (earlier keys) all of them.
+    auto mask_of = [](size_t i) { return i == 0 ? MaskMode::kCausal : MaskMode::kNone; };
     std::vector<size_t> offsets, bytes(calls.size());
     size_t total = 0;
     for (size_t i = 0; i < calls.size(); ++i) {
-      const PagedKernel kernel = dispatch_->kernel_for(decode[i]);
+      const PagedKernel kernel =
+          dispatch_->kernel_for(qos[i]->data(), calls[i]->batch, mask_of(i), /*window=*/0);
       const int64_t total_q = qos[i]->empty() ? 0 : qos[i]->back();
       bytes[i] = kernels::cuda::workspace_align(
           dispatch_->workspace_bytes(kernel, calls[i]->batch, total_q));
@@ -437,8 +435,7 @@ class CudaOffloadDevice final : public OffloadDevice {
       in.last_page_len = host + cp.last;
       in.kv_lens = lens[i]->data();
       in.batch = cp.batch;
-      in.all_decode = decode[i];
-      in.mask = i == 0 ? MaskMode::kCausal : MaskMode::kNone;
+      in.mask = mask_of(i);
       void* ws = bytes[i] > 0 ? static_cast<char*>(workspace_.data_ptr()) + offsets[i] : nullptr;
       cp.call = dispatch_->plan(in, ws, bytes[i], compute);
     }

@@ -235,11 +235,19 @@ class PagedAttentionBackend final : public AttentionBackend {
       return;
     }
     size_t ws_bytes = decode_ws_bytes_;
-    if (dispatch_->kernel_for(all_decode) == PagedKernel::kPrefill) {
-      // The prefill plan's grid follows the query lengths: no fixed shapes to replay.
-      LONGCTX_CHECK(!batch.fixed_launch_shapes, ErrorCode::kUnsupported,
-                    "paged attention: fixed launch shapes (CUDA graphs) need a decode-only batch "
-                    "(every sequence one new token)");
+    // Every group's call is causal: the window does not change the choice.
+    PagedCallQueries queries =
+        paged_call_queries(batch.qo_indptr.data(), num_seqs_, MaskMode::kCausal, /*window=*/0);
+    queries.block_sparse = sparse_selects;
+    const PagedKernel kernel = dispatch_->kernel_for(queries);
+    // The prefill plan's grid follows the query lengths, and CUDA graphs are captured for
+    // decode steps only (a verify step's decode plan has other workspace addresses).
+    const bool step_shaped =
+        kernel == PagedKernel::kGeneric || (kernel == PagedKernel::kDecode && all_decode);
+    LONGCTX_CHECK(!batch.fixed_launch_shapes || step_shaped, ErrorCode::kUnsupported,
+                  "paged attention: fixed launch shapes (CUDA graphs) need a decode-only batch "
+                  "(every sequence one new token)");
+    if (kernel == PagedKernel::kPrefill) {
       sparse_prefill_ = sparse_selects;
       // The block-sparse prefill gets no split (the list's room only): the plan's costs are the
       // dense ones, and the offloaded XAttention prefill, which has none, stays bit-identical.
@@ -253,8 +261,8 @@ class PagedAttentionBackend final : public AttentionBackend {
       in.last_page_len = h + st.layout.last_page_len;
       in.kv_lens = kv_lens_.data() + (&st - steps_.data()) * s;
       in.batch = num_seqs_;
-      in.all_decode = all_decode;
       in.mask = MaskMode::kCausal;
+      in.block_sparse = sparse_selects;
       in.num_padding = batch.num_padding_seqs;
       in.window = st.window;
       st.call = dispatch_->plan(in, static_cast<uint8_t*>(workspace_.data_ptr()) + st.workspace_off,

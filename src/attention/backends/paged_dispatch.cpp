@@ -1,5 +1,9 @@
 #include "attention/backends/paged_dispatch.h"
 
+#include <algorithm>
+
+#include "kernels/decode_params.h"
+
 namespace longctx {
 
 PlannedKernels paged_planned_kernels(const PagedShape& s, const kernels::KernelTuning& tuning) {
@@ -15,8 +19,34 @@ PlannedKernels paged_planned_kernels(const PagedShape& s, const kernels::KernelT
   return k;
 }
 
-PagedKernel choose_paged_kernel(const PlannedKernels& planned, bool all_decode) {
-  if (all_decode) return planned.decode ? PagedKernel::kDecode : PagedKernel::kGeneric;
+PagedCallQueries paged_call_queries(const int32_t* qo_indptr, int batch, kernels::MaskMode mask,
+                                    int window) {
+  PagedCallQueries q;
+  q.max_q_len = 0;
+  for (int b = 0; b < batch; ++b)
+    q.max_q_len = std::max(q.max_q_len, qo_indptr[b + 1] - qo_indptr[b]);
+  q.mask = mask;
+  q.window = window;
+  return q;
+}
+
+PagedKernel choose_paged_kernel(const PlannedKernels& planned, const PagedCallQueries& q,
+                                int decode_max_q_len) {
+  if (q.max_q_len <= 1) return planned.decode ? PagedKernel::kDecode : PagedKernel::kGeneric;
+  // The decode kernel's rules (kernels/decode_params.h): the causal tail (MaskMode::kCausal's),
+  // or every key for every query, which a window would shift per query in the prefill's terms.
+  bool rule = false;
+  switch (q.mask) {
+    case kernels::MaskMode::kCausal:
+      rule = true;
+      break;
+    case kernels::MaskMode::kNone:
+      rule = q.window == 0;
+      break;
+  }
+  const int max_q = std::min(decode_max_q_len, kernels::kDecodeMaxQLen);
+  if (planned.decode && rule && !q.block_sparse && q.max_q_len <= max_q)
+    return PagedKernel::kDecode;
   return planned.prefill ? PagedKernel::kPrefill : PagedKernel::kGeneric;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/attention_params.h"
 #include "kernels/kv_format.h"
 #include "longctx/core/dtype.h"
 #include "longctx/kernels/kernel_tuning.h"
@@ -14,7 +15,7 @@
 namespace longctx {
 
 enum class PagedKernel : uint8_t {
-  kDecode,   // split-KV decode (kernels/cuda/decode.h): every sequence one query
+  kDecode,   // split-KV decode (kernels/cuda/decode.h): every sequence a few queries at most
   kPrefill,  // paged prefill (kernels/cuda/prefill.h): Hopper or mma.sync, PrefillTuning's
   kGeneric,  // the generic kernel (kernels/cuda/paged_generic.h): any head_dim 8..256, no plan
 };
@@ -44,11 +45,27 @@ struct PlannedKernels {
 // tuning.attention is kGeneric.
 PlannedKernels paged_planned_kernels(const PagedShape& shape, const kernels::KernelTuning& tuning);
 
-// The kernel of one call: the split-KV decode when every sequence has one query (all_decode) and
-// it serves the shape, the paged prefill for other calls where it serves the shape, else the
-// generic kernel (never the prefill for a decode step: it does not split a sequence's keys over
-// CTAs).
-PagedKernel choose_paged_kernel(const PlannedKernels& planned, bool all_decode);
+// What the kernel choice needs of one call's queries.
+struct PagedCallQueries {
+  int max_q_len = 1;  // the most queries of one sequence (0 or 1: a decode step)
+  kernels::MaskMode mask = kernels::MaskMode::kCausal;
+  int window = 0;  // sliding window (0: none)
+  // A prefill policy's block mask applies (the paged prefill reads it; the decode does not).
+  bool block_sparse = false;
+};
+// From a call's host qo_indptr [batch + 1].
+PagedCallQueries paged_call_queries(const int32_t* qo_indptr, int batch, kernels::MaskMode mask,
+                                    int window);
+
+// The kernel of one call. A decode step (every sequence at most one query) takes the split-KV
+// decode where it serves the shape, else the generic kernel (never the prefill: it does not split
+// a sequence's keys over CTAs). A verify step (at most decode_max_q_len queries per sequence,
+// the decode's causal-tail rule or no mask without a window, where the decode serves the shape)
+// takes the split-KV decode too: the prefill gives each (head, query tile) one CTA over all the
+// keys. Other calls take the paged prefill where it serves the shape, else the generic kernel.
+// decode_max_q_len: DecodeTuning::max_q_len (1: verify steps take the prefill).
+PagedKernel choose_paged_kernel(const PlannedKernels& planned, const PagedCallQueries& queries,
+                                int decode_max_q_len);
 
 // The prefill plan's tuning for `shape`: `tuning` itself, except that an FP8 cache takes the
 // mma.sync kernel (PrefillKernel::kFa2: the one with a converting FP8 loader; the Hopper kernel

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "attention/backends/paged_dispatch_cuda.h"
 #include "kernels/cuda/paged_generic.h"
 #include "kernels/cuda/pdl.h"
@@ -34,10 +36,12 @@ PagedDispatcher::PagedDispatcher(const PagedShape& shape, const kernels::KernelT
   kernels::cuda::set_pdl_allowed(device, tuning.pdl);
 }
 
-size_t PagedDispatcher::decode_workspace_bytes(int max_batch) const {
+size_t PagedDispatcher::decode_workspace_bytes(int max_batch, int max_q_len) const {
   if (!planned_.decode) return 0;
+  const int most = std::clamp(tuning_.decode.max_q_len, 1, kernels::kDecodeMaxQLen);
   return kernels::cuda::decode_workspace_bytes(max_batch, shape_.num_qo_heads, shape_.num_kv_heads,
-                                               shape_.head_dim);
+                                               shape_.head_dim, /*num_sms=*/0,
+                                               max_q_len > 0 ? std::min(max_q_len, most) : most);
 }
 
 size_t PagedDispatcher::prefill_workspace_bytes(int max_batch, int64_t max_q, bool split) const {
@@ -50,8 +54,8 @@ size_t PagedDispatcher::prefill_workspace_bytes(int max_batch, int64_t max_q, bo
 
 size_t PagedDispatcher::workspace_bytes(PagedKernel kernel, int batch, int64_t total_q) const {
   switch (kernel) {
-    case PagedKernel::kDecode:
-      return decode_workspace_bytes(batch);
+    case PagedKernel::kDecode:  // the call's most queries are at most total_q
+      return decode_workspace_bytes(batch, int(std::clamp<int64_t>(total_q, 1, 1 << 20)));
     case PagedKernel::kPrefill:
       return prefill_workspace_bytes(batch, total_q, /*split=*/false);
     case PagedKernel::kGeneric:
@@ -63,15 +67,22 @@ size_t PagedDispatcher::workspace_bytes(PagedKernel kernel, int batch, int64_t t
 PagedCallPlan PagedDispatcher::plan(const PagedCallInput& in, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream) const {
   PagedCallPlan call;
-  call.kernel = kernel_for(in.all_decode);
+  PagedCallQueries queries = paged_call_queries(in.qo_indptr, in.batch, in.mask, in.window);
+  queries.block_sparse = in.block_sparse;
+  call.kernel = kernel_for(queries);
   call.total_q = in.batch > 0 ? in.qo_indptr[in.batch] : 0;
   if (call.kernel == PagedKernel::kDecode) {
     kernels::cuda::DecodeGraphMode graph;
     graph.num_padding = in.num_padding;
+    // A verify step's rows, or a step where some sequence has none (one query each otherwise:
+    // the plan of today's decode steps).
+    kernels::DecodeQueries rows;
+    if (queries.max_q_len > 1 || call.total_q != in.batch) rows.qo_indptr = in.qo_indptr;
+    rows.causal = in.mask == kernels::MaskMode::kCausal;
     call.decode = kernels::cuda::decode_plan(
         in.kv_indptr, in.last_page_len, in.batch, shape_.page_size, shape_.num_qo_heads,
         shape_.num_kv_heads, shape_.head_dim, workspace, workspace_bytes, stream, /*num_sms=*/0,
-        /*min_chunk_tokens=*/256, graph, tuning_.decode, in.window, shape_.kv_format);
+        /*min_chunk_tokens=*/256, graph, tuning_.decode, in.window, shape_.kv_format, rows);
   } else if (call.kernel == PagedKernel::kPrefill) {
     // The stream-K split's cost model knows no window (its pieces are cut from key 0).
     kernels::PrefillTuning prefill = prefill_tuning_for(shape_, tuning_.prefill);
@@ -109,6 +120,9 @@ void PagedDispatcher::run(const PagedCallPlan& call, const kernels::PagedPrefill
       d.v_scale = p.v_scale;
       d.sm_scale = p.sm_scale;
       d.window = p.window;
+      // Not read on the device (the plan's work list holds the rows); names a verify step.
+      d.qo_indptr = p.qo_indptr;
+      d.causal = call.decode.causal;
       kernels::cuda::decode_run(d, call.decode, stream);
       return;
     }

@@ -31,7 +31,7 @@ struct PagedCallInput {
   const int32_t* last_page_len = nullptr;  // [batch]
   const int32_t* kv_lens = nullptr;        // [batch]
   int batch = 0;
-  bool all_decode = false;  // every sequence has one query
+  bool block_sparse = false;  // PagedCallQueries::block_sparse
   kernels::MaskMode mask = kernels::MaskMode::kCausal;
   int num_padding = 0;  // CUDA-graph padding sequences at the end (kernels::cuda::DecodeGraphMode)
   int window = 0;       // sliding window (PagedPrefillParams::window); run() gets the same
@@ -48,12 +48,18 @@ class PagedDispatcher {
   // Which planned kernels serve the shape (paged_planned_kernels); the constructor checked that
   // the generic kernel takes the shape where they do not.
   const PlannedKernels& planned_kernels() const { return planned_; }
-  PagedKernel kernel_for(bool all_decode) const {
-    return choose_paged_kernel(planned_, all_decode);
+  PagedKernel kernel_for(const PagedCallQueries& queries) const {
+    return choose_paged_kernel(planned_, queries, tuning_.decode.max_q_len);
+  }
+  // The kernel of a call with these host query rows (qo_indptr [batch + 1]).
+  PagedKernel kernel_for(const int32_t* qo_indptr, int batch, kernels::MaskMode mask,
+                         int window) const {
+    return kernel_for(paged_call_queries(qo_indptr, batch, mask, window));
   }
 
-  // Workspace of a decode call of up to max_batch sequences (0 without the planned kernels).
-  size_t decode_workspace_bytes(int max_batch) const;
+  // Workspace of a decode call of up to max_batch sequences of up to max_q_len queries (0
+  // without the planned kernels); 0 = the most the tuning sends to the decode.
+  size_t decode_workspace_bytes(int max_batch, int max_q_len = 0) const;
   // Workspace of a prefill call with these totals: its work list, and with `split` the room for
   // the Hopper kernel's stream-K split (0 without the planned kernels).
   size_t prefill_workspace_bytes(int max_batch, int64_t max_q, bool split) const;

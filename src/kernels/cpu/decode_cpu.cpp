@@ -36,26 +36,47 @@ void decode_attention(const DecodeParams& p) {
         ErrorCode::kInvalidArgument, "decode: kv_last_page_len[{}] = {} not in [1, {}]", b,
         p.kv_last_page_len[b], p.page_size);
   }
-  parallel_for(int64_t(p.batch_size) * p.num_qo_heads, [&](int64_t begin, int64_t end) {
+  // Each query row's request (one row per request without qo_indptr).
+  std::vector<int> request_of;
+  if (p.qo_indptr) {
+    LONGCTX_CHECK(p.batch_size == 0 || p.qo_indptr[0] == 0, ErrorCode::kInvalidArgument,
+                  "decode: qo_indptr[0] = {} is not 0", p.qo_indptr[0]);
+    for (int b = 0; b < p.batch_size; ++b) {
+      const int32_t q_len = p.qo_indptr[b + 1] - p.qo_indptr[b];
+      LONGCTX_CHECK(q_len >= 0 && q_len <= kDecodeMaxQLen, ErrorCode::kInvalidArgument,
+                    "decode: request {} has {} queries (0 to {})", b, q_len, kDecodeMaxQLen);
+      request_of.insert(request_of.end(), q_len, b);
+    }
+  } else {
+    for (int b = 0; b < p.batch_size; ++b) request_of.push_back(b);
+  }
+  const int64_t rows = int64_t(request_of.size());
+  parallel_for(rows * p.num_qo_heads, [&](int64_t begin, int64_t end) {
     std::vector<float> s, acc(D);
     for (int64_t item = begin; item < end; ++item) {
-      const int b = int(item / p.num_qo_heads), h = int(item % p.num_qo_heads);
+      const int64_t row = item / p.num_qo_heads;
+      const int b = request_of[row], h = int(item % p.num_qo_heads);
       const int kvh = h / group;
       const int32_t pages = p.kv_indptr[b + 1] - p.kv_indptr[b];
       const int64_t kv_len =
           pages == 0 ? 0 : int64_t(pages - 1) * p.page_size + p.kv_last_page_len[b];
-      const int64_t q_off = int64_t(b) * q_stride + h * D;
-      const int64_t o_off = (int64_t(b) * p.num_qo_heads + h) * D;
+      const int64_t q_start = p.qo_indptr ? p.qo_indptr[b] : b;
+      const int64_t q_len = p.qo_indptr ? p.qo_indptr[b + 1] - q_start : 1;
+      // The row's keys [j0, j_end): the causal tail rule of DecodeParams.
+      const int64_t j_end =
+          std::max<int64_t>(0, p.causal ? kv_len - q_len + 1 + (row - q_start) : kv_len);
+      const int64_t q_off = row * q_stride + h * D;
+      const int64_t o_off = (row * p.num_qo_heads + h) * D;
       auto page_of = [&](int64_t j) -> int64_t {
         return p.kv_indices[p.kv_indptr[b] + j / p.page_size];
       };
       auto kv_offset = [&](int64_t j) {
         return ((page_of(j) * p.page_size + j % p.page_size) * p.num_kv_heads + kvh) * D;
       };
-      const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, kv_len - p.window) : 0;
-      s.assign(kv_len, 0.f);
+      const int64_t j0 = p.window > 0 ? std::max<int64_t>(0, j_end - p.window) : 0;
+      s.assign(j_end, 0.f);
       float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = j0; j < kv_len; ++j) {
+      for (int64_t j = j0; j < j_end; ++j) {
         int64_t k_off = kv_offset(j);
         const float ks = kv_scale(p.k_scale, p.kv_format, page_of(j), kvh, p.num_kv_heads);
         float dot = 0.f;
@@ -67,7 +88,7 @@ void decode_attention(const DecodeParams& p) {
       }
       float l = 0.f;
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = j0; j < kv_len; ++j) {
+      for (int64_t j = j0; j < j_end; ++j) {
         float w = std::exp(s[j] - m);
         l += w;
         int64_t v_off = kv_offset(j);
@@ -75,14 +96,15 @@ void decode_attention(const DecodeParams& p) {
         for (int64_t d = 0; d < D; ++d)
           acc[d] += w * (load_kv_f32(p.v_cache, v_off + d, p.kv_format, p.dtype) * vs);
       }
+      const bool none = j0 >= j_end;  // the row sees no key
       for (int64_t d = 0; d < D; ++d)
         if (p.o_f32)
-          p.o_f32[o_off + d] = kv_len == 0 ? 0.f : acc[d] / l;
+          p.o_f32[o_off + d] = none ? 0.f : acc[d] / l;
         else
-          store_f32(p.o, o_off + d, kv_len == 0 ? 0.f : acc[d] / l, p.dtype);
+          store_f32(p.o, o_off + d, none ? 0.f : acc[d] / l, p.dtype);
       if (p.lse)
-        p.lse[int64_t(b) * p.num_qo_heads + h] =
-            kv_len == 0 ? -std::numeric_limits<float>::infinity() : m + std::log(l);
+        p.lse[row * p.num_qo_heads + h] =
+            none ? -std::numeric_limits<float>::infinity() : m + std::log(l);
     }
   });
 }

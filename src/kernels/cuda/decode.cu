@@ -81,8 +81,12 @@ struct DecodeArgs {
   float* partial_o;
   float* partial_lse;
   int32_t* counters;  // [batch, num_kv_heads * head_tiles] finished splits
-  int64_t q_stride;   // elements between requests' q rows
-  int num_qo_heads, num_kv_heads, group, head_tiles, page_size;
+  int64_t q_stride;   // elements between q rows
+  // head_tiles: CTAs per (item, kv head), each of <= GT of the group * q_rows rows (row r:
+  // query r / group, q head r % group of the kv group); q_rows: the plan's most queries per
+  // request (a partial slot holds q_rows x num_qo_heads states).
+  int num_qo_heads, num_kv_heads, group, head_tiles, page_size, q_rows;
+  int window;            // DecodeParams::window: each row's own first key
   float scale_log2;      // sm_scale * log2(e): scores live in the log2 domain
   const float* k_scale;  // FP8 caches: [num_pages, num_kv_heads] (decode_fp8_kernel)
   const float* v_scale;
@@ -136,22 +140,69 @@ struct TmaLayout {
   }
 };
 
-// q head g's dims 16 ks + 2t, + 1 and 16 ks + 8 + 2t, + 1 for every k-step ks (zero for g >= nh):
-// the A fragments of MmaCompute's row g.
+// The q row's dims 16 ks + 2t, + 1 and 16 ks + 8 + 2t, + 1 for every k-step ks (zero when
+// !valid): the A fragments of MmaCompute's row g.
 template <typename T, int D>
-__device__ __forceinline__ void load_q_fragments(const DecodeArgs& a, int b, int h0, int nh, int g,
-                                                 int t4, uint32_t (*frag)[2]) {
+__device__ __forceinline__ void load_q_fragments(const DecodeArgs& a, int64_t q_row, int h,
+                                                 bool valid, int t4, uint32_t (*frag)[2]) {
   const T* q = static_cast<const T*>(a.q);
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
-    if (g < nh) {
-      const T* qr = q + int64_t(b) * a.q_stride + (h0 + g) * D + ks * 16 + 2 * t4;
+    if (valid) {
+      const T* qr = q + q_row * a.q_stride + h * D + ks * 16 + 2 * t4;
       frag[ks][0] = *reinterpret_cast<const uint32_t*>(qr);
       frag[ks][1] = *reinterpret_cast<const uint32_t*>(qr + 8);
     } else {
       frag[ks][0] = frag[ks][1] = 0u;
     }
   }
+}
+
+// The CTA's (request, kv range, partial slot, kv head, head tile) from its work item.
+struct CtaWork {
+  int b, kv_begin, kv_end, slot, kvh, hslot, ctas_per_item;
+  int r0, nr;                    // the CTA's rows r0 .. r0 + nr - 1 (nr <= 0: none)
+  int page_base;                 // kv_indptr[b]: the request's first entry of kv_indices
+  int merge_begin, merge_count;  // the request's partial slots (split requests)
+  bool cp_async_stages;          // DecodePlan::cp_async_stages (decode_tma_kernel)
+  int q_start, q_len, kv_len;    // the request's first q row, its queries and keys
+  bool causal;                   // DecodeParams::causal
+};
+template <int GT>
+__device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
+  CtaWork w;
+  w.ctas_per_item = a.num_kv_heads * a.head_tiles;
+  w.hslot = blockIdx.x % w.ctas_per_item;  // (kv head, head tile) of this CTA
+  // The item's three int4 in one round trip: nothing the kernel needs before its first copy
+  // is a second, dependent global load.
+  const int4* item =
+      reinterpret_cast<const int4*>(a.work) + kWorkInts / 4 * (blockIdx.x / w.ctas_per_item);
+  const int4 x = item[0], y = item[1], z = item[2];
+  w.b = x.x;
+  w.kv_begin = x.y;
+  w.kv_end = x.z;
+  w.slot = x.w;
+  w.page_base = y.x;
+  w.merge_begin = y.y;
+  w.merge_count = y.z;
+  w.cp_async_stages = y.w != 0;
+  w.q_start = z.x;
+  w.q_len = z.y;
+  w.kv_len = z.z;
+  w.causal = z.w != 0;
+  w.kvh = w.hslot / a.head_tiles;
+  const int tile = w.hslot % a.head_tiles;
+  w.r0 = tile * GT;
+  w.nr = min(GT, a.group * w.q_len - w.r0);
+  return w;
+}
+
+// Row r of the CTA's (request, kv head): query r / group of the request (its q / o row) and q
+// head kvh * group + r % group.
+__device__ __forceinline__ void row_of(const DecodeArgs& a, const CtaWork& w, int r, int& qi,
+                                       int& h) {
+  qi = r / a.group;
+  h = w.kvh * a.group + (r - qi * a.group);
 }
 
 // Tensor-core compute: the CTA's q heads are the M rows of mma.sync tiles (rows >= GT are zero
@@ -179,23 +230,31 @@ struct MmaCompute {
   uint32_t qa[KS][2];  // A fragments of q: (row g, cols 16 ks + 2t..) and (+8); other rows zero
   float o[NTL][4];     // [.][0..1]: row g; [.][2..3]: padding row g + 8 (stays 0)
   float m_r, l_r;      // row g: running max (log2 domain) and this thread's partial sum
+  int first_, end_;    // row g sees the keys [first_, end_) of the item's range
 
-  __device__ __forceinline__ void init(const DecodeArgs& a, int b, int h0, int nh) {
+  __device__ __forceinline__ void init(const DecodeArgs& a, const CtaWork& w) {
     const int lane = threadIdx.x & 31;
     g = lane >> 2;
     t4 = lane & 3;
     warp = threadIdx.x >> 5;
-    load_q_fragments<T, D>(a, b, h0, nh, g, t4, qa);
+    int qi, h;
+    row_of(a, w, w.r0 + g, qi, h);
+    load_q_fragments<T, D>(a, int64_t(w.q_start) + qi, h, g < w.nr, t4, qa);
+    // DecodeParams' rule: query qi ends at kv_len - q_len + 1 + qi (causal). With one query this
+    // is [kv_begin, kv_end): the plan's items start at the window's first key.
+    const int row_end = w.causal ? w.kv_len - w.q_len + 1 + qi : w.kv_len;
+    end_ = min(w.kv_end, row_end);
+    first_ = a.window > 0 ? max(w.kv_begin, row_end - a.window) : w.kv_begin;
 #pragma unroll
     for (int j = 0; j < NTL; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     m_r = -INFINITY;
     l_r = 0.f;
   }
 
-  // sk, sv: shared-memory addresses of the tile's K and V (in Layout).
-  // Keys [kv_first, kv_end) of the tile are seen (kv_first: a sliding window's first key).
-  __device__ __forceinline__ void tile(uint32_t sk, uint32_t sv, int tbase, int kv_first,
-                                       int kv_end, float scale_log2) {
+  // sk, sv: shared-memory addresses of the tile's K and V (in Layout), whose first token is key
+  // tbase; row g sees its keys [first_, end_) of them.
+  __device__ __forceinline__ void tile(uint32_t sk, uint32_t sv, int tbase, float scale_log2) {
+    const int kv_first = first_, kv_end = end_;
     const int lane = threadIdx.x & 31;
     const int r = lane & 7, mat = lane >> 3;  // ldmatrix: this lane's row and matrix
 #pragma unroll
@@ -278,38 +337,6 @@ struct EpilogueSmem {
   int last;
 };
 
-// The CTA's (request, kv range, partial slot, kv head, head tile) from its work item.
-struct CtaWork {
-  int b, kv_begin, kv_end, slot, kvh, hslot, h0, nh, ctas_per_item;
-  int page_base;                 // kv_indptr[b]: the request's first entry of kv_indices
-  int merge_begin, merge_count;  // the request's partial slots (split requests)
-  bool cp_async_stages;          // DecodePlan::cp_async_stages (decode_tma_kernel)
-};
-template <int GT>
-__device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
-  CtaWork w;
-  w.ctas_per_item = a.num_kv_heads * a.head_tiles;
-  w.hslot = blockIdx.x % w.ctas_per_item;  // (kv head, head tile) of this CTA
-  // Both halves of the item in one round trip: nothing the kernel needs before its first copy
-  // is a second, dependent global load.
-  const int4* item =
-      reinterpret_cast<const int4*>(a.work) + kWorkInts / 4 * (blockIdx.x / w.ctas_per_item);
-  const int4 x = item[0], y = item[1];
-  w.b = x.x;
-  w.kv_begin = x.y;
-  w.kv_end = x.z;
-  w.slot = x.w;
-  w.page_base = y.x;
-  w.merge_begin = y.y;
-  w.merge_count = y.z;
-  w.cp_async_stages = y.w != 0;
-  w.kvh = w.hslot / a.head_tiles;
-  const int tile = w.hslot % a.head_tiles;
-  w.h0 = w.kvh * a.group + tile * GT;
-  w.nh = min(GT, a.group - tile * GT);
-  return w;
-}
-
 __device__ __forceinline__ int atomic_add_acq_rel_gpu(int32_t* p, int v) {
   int old;
   asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], %2;\n"
@@ -326,8 +353,10 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int32_t* p, int v) {
 template <typename T, int D, int GT, int NSRC, int kBatch>
 __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_acc,
                                            EpilogueSmem<GT>& e, const CtaWork& w) {
-  const int b = w.b, slot = w.slot, h0 = w.h0, nh = w.nh, s0 = w.merge_begin, n = w.merge_count;
+  const int b = w.b, slot = w.slot, nh = w.nr, s0 = w.merge_begin, n = w.merge_count;
   T* o = static_cast<T*>(a.o);
+  // Partial state (slot s, query qi, head h): row (s * q_rows + qi) * num_qo_heads + h.
+  const int64_t slot_rows = int64_t(a.q_rows) * a.num_qo_heads;
   for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
     const int g = idx / D, d = idx % D;
     float mx = -INFINITY;
@@ -344,17 +373,19 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
       out /= sum;
     }
     const float lse = mx == -INFINITY ? -INFINITY : (mx + log2f(sum)) * kLn2;
-    const int h = h0 + g;
+    int qi, h;
+    row_of(a, w, w.r0 + g, qi, h);
     if (slot < 0) {
-      const int64_t oi = (int64_t(b) * a.num_qo_heads + h) * D + d;
+      const int64_t orow = (int64_t(w.q_start) + qi) * a.num_qo_heads + h;
       if (a.o_f32)
-        a.o_f32[oi] = out;
+        a.o_f32[orow * D + d] = out;
       else
-        o[oi] = detail::from_f32<T>(out);
-      if (d == 0 && a.lse) a.lse[int64_t(b) * a.num_qo_heads + h] = lse;
+        o[orow * D + d] = detail::from_f32<T>(out);
+      if (d == 0 && a.lse) a.lse[orow] = lse;
     } else {
-      a.partial_o[(int64_t(slot) * a.num_qo_heads + h) * D + d] = out;
-      if (d == 0) a.partial_lse[int64_t(slot) * a.num_qo_heads + h] = lse;
+      const int64_t prow = int64_t(slot) * slot_rows + int64_t(qi) * a.num_qo_heads + h;
+      a.partial_o[prow * D + d] = out;
+      if (d == 0) a.partial_lse[prow] = lse;
     }
   }
   if (slot < 0) return;
@@ -384,10 +415,12 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
   // takes ~250 registers, which only a kernel held to 2 CTAs per SM by its shared memory affords.
   for (int idx = threadIdx.x; idx < nh * D / 4; idx += kThreads) {
     const int g = idx / (D / 4), d = (idx % (D / 4)) * 4;
-    const int h = h0 + g;
-    const float* pl = a.partial_lse + int64_t(s0) * a.num_qo_heads + h;
-    const float* po = a.partial_o + (int64_t(s0) * a.num_qo_heads + h) * D + d;
-    const int64_t lse_step = a.num_qo_heads, o_step = int64_t(a.num_qo_heads) * D;
+    int qi, h;
+    row_of(a, w, w.r0 + g, qi, h);
+    const int64_t prow = int64_t(s0) * slot_rows + int64_t(qi) * a.num_qo_heads + h;
+    const float* pl = a.partial_lse + prow;
+    const float* po = a.partial_o + prow * D + d;
+    const int64_t lse_step = slot_rows, o_step = slot_rows * D;
     float mx = -INFINITY, sum = 0.f;
     float4 out = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int st0 = 0; st0 < n; st0 += kBatch) {
@@ -427,7 +460,7 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
       out.z /= sum;
       out.w /= sum;
     }
-    const int64_t orow = int64_t(b) * a.num_qo_heads + h;
+    const int64_t orow = (int64_t(w.q_start) + qi) * a.num_qo_heads + h;
     if (a.o_f32) {
       *reinterpret_cast<float4*>(a.o_f32 + orow * D + d) = out;
     } else {
@@ -458,13 +491,12 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   pdl_wait();
   pdl_launch_dependents();
   const CtaWork w = cta_work<GT>(a);
-  if (w.b < 0) return;  // padding item
+  if (w.b < 0 || w.nr <= 0) return;  // padding item, or rows past the request's queries
   LONGCTX_TIMELINE_MARK(kMarkWork);
   // The item's first key may be a sliding window's (any key); its tiles start at the multiple
   // of 64 at or before it (where a split may start, so the TMA's tiles stay within a page) and
   // the keys before kv_first are masked.
-  const int b = w.b, kv_first = w.kv_begin, kv_begin = kv_first & ~63, kv_end = w.kv_end,
-            kvh = w.kvh;
+  const int kv_begin = w.kv_begin & ~63, kv_end = w.kv_end, kvh = w.kvh;
   const T* kc = static_cast<const T*>(a.k);
   const T* vc = static_cast<const T*>(a.v);
   const int32_t* pages = a.kv_indices + w.page_base;
@@ -521,7 +553,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   if (S::kRingStages - 1 < n_tiles) load_rows(S::kRingStages - 1);
 
   C c;
-  c.init(a, b, w.h0, w.nh);
+  c.init(a, w);
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<S::kRingStages - 2>();  // tile it has landed (for this thread's copies) ...
     __syncthreads();                      // ... for every thread's, and tile it - 1 is consumed
@@ -531,8 +563,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
     cp_async_commit();
     if (nx + 1 < n_tiles) load_rows(nx + 1);  // used by the next iteration's issue
     const int st = it % S::kRingStages;
-    c.tile(smem_addr(stage_k(st)), smem_addr(stage_v(st)), kv_begin + it * TILE, kv_first, kv_end,
-           a.scale_log2);
+    c.tile(smem_addr(stage_k(st)), smem_addr(stage_v(st)), kv_begin + it * TILE, a.scale_log2);
   }
   LONGCTX_TIMELINE_MARK(kMarkRangeDone);
   cp_async_wait<0>();  // only empty groups can be left, but the ring is reused below
@@ -583,9 +614,8 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
   pdl_wait();
   pdl_launch_dependents();
   const CtaWork w = cta_work<GT>(a);
-  if (w.b < 0) return;  // padding item
-  const int b = w.b, kv_first = w.kv_begin, kv_begin = kv_first & ~63, kv_end = w.kv_end,
-            kvh = w.kvh;
+  if (w.b < 0 || w.nr <= 0) return;  // padding item, or rows past the request's queries
+  const int kv_begin = w.kv_begin & ~63, kv_end = w.kv_end, kvh = w.kvh;
   const uint8_t* kc = static_cast<const uint8_t*>(a.k);
   const uint8_t* vc = static_cast<const uint8_t*>(a.v);
   const int32_t* pages = a.kv_indices + w.page_base;
@@ -659,7 +689,7 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
   if (kFp8Stages - 1 < n_tiles) load_rows(kFp8Stages - 1);
 
   C c;
-  c.init(a, b, w.h0, w.nh);
+  c.init(a, w);
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<kFp8Stages - 2>();  // tile it's codes and scales have landed (this thread's)
     __syncthreads();  // ... every thread's (the scales), and the 16-bit tile is free again
@@ -669,8 +699,7 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
     if (nx + 1 < n_tiles) load_rows(nx + 1);
     convert(it % kFp8Stages);
     __syncthreads();
-    c.tile(smem_addr(tile_k), smem_addr(tile_v), kv_begin + it * TILE, kv_first, kv_end,
-           a.scale_log2);
+    c.tile(smem_addr(tile_k), smem_addr(tile_v), kv_begin + it * TILE, a.scale_log2);
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -725,7 +754,7 @@ __global__ void __launch_bounds__(kThreads)
   pdl_wait();
   pdl_launch_dependents();
   const CtaWork w = cta_work<GT>(a);
-  if (w.b < 0) return;  // padding item
+  if (w.b < 0 || w.nr <= 0) return;  // padding item, or rows past the request's queries
   LONGCTX_TIMELINE_MARK(kMarkWork);
   const bool cp_async_stages = w.cp_async_stages;
   if (leader) {
@@ -737,8 +766,7 @@ __global__ void __launch_bounds__(kThreads)
   // The item's first key may be a sliding window's (any key); its tiles start at the multiple
   // of 64 at or before it (where a split may start, so the TMA's tiles stay within a page) and
   // the keys before kv_first are masked.
-  const int b = w.b, kv_first = w.kv_begin, kv_begin = kv_first & ~63, kv_end = w.kv_end,
-            kvh = w.kvh;
+  const int kv_begin = w.kv_begin & ~63, kv_end = w.kv_end, kvh = w.kvh;
   const int32_t* pages = a.kv_indices + w.page_base;
   const int ps = a.page_size;
   const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
@@ -808,7 +836,7 @@ __global__ void __launch_bounds__(kThreads)
   if (kStages - 1 < n_tiles) page_of(kStages - 1, next_page, next_off);
 
   C c;
-  c.init(a, b, w.h0, w.nh);
+  c.init(a, w);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int it = 0; it < n_tiles; ++it) {
     __syncthreads();  // every warp is done with tile it - 1: its stage can be refilled
@@ -837,7 +865,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncwarp();
     }
-    c.tile(stage_k(st), stage_v(st), tbase, kv_first, kv_end, a.scale_log2);
+    c.tile(stage_k(st), stage_v(st), tbase, a.scale_log2);
   }
   LONGCTX_TIMELINE_MARK(kMarkRangeDone);
   __syncthreads();
@@ -851,9 +879,11 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
+// CTAs per (item, kv head) for `group` rows (q heads x queries per request) of a kv head.
 int head_tiles_of(int group) { return (group + kMaxGroup - 1) / kMaxGroup; }
 
-// q heads per CTA: the smallest instantiated size that holds the group (or kMaxGroup).
+// Rows (q heads x queries) per CTA: the smallest instantiated size that holds the group's rows
+// (or kMaxGroup).
 int group_tile_of(int group) {
   return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup;
 }
@@ -870,14 +900,17 @@ struct WorkspaceLayout {
   size_t work = 0, po = 0, plse = 0, counters = 0, total = 0;
 };
 
+// max_q: the most queries per request (a partial slot's states are max_q x num_qo_heads).
 WorkspaceLayout layout_of(int batch, int64_t max_items, int num_qo_heads, int num_kv_heads,
-                          int head_dim) {
-  const int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(num_qo_heads / num_kv_heads);
+                          int head_dim, int max_q) {
+  const int64_t ctas_per_item =
+      int64_t(num_kv_heads) * head_tiles_of(num_qo_heads / num_kv_heads * max_q);
+  const int64_t states = decode_max_partials(max_items, batch) * num_qo_heads * max_q;
   WorkspaceLayout w;
   w.work = 0;
   w.po = workspace_align(w.work + sizeof(int32_t) * kWorkInts * max_items);
-  w.plse = workspace_align(w.po + sizeof(float) * max_items * num_qo_heads * head_dim);
-  w.counters = workspace_align(w.plse + sizeof(float) * max_items * num_qo_heads);
+  w.plse = workspace_align(w.po + sizeof(float) * states * head_dim);
+  w.counters = workspace_align(w.plse + sizeof(float) * states);
   w.total =
       workspace_align(w.counters + sizeof(int32_t) * std::max<int64_t>(1, batch * ctas_per_item));
   return w;
@@ -1004,8 +1037,9 @@ int ring_ctas_per_sm(int head_dim, int group, int loader) {
 template <typename T>
 void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t stream) {
   const int group = p.num_qo_heads / p.num_kv_heads;
-  // With GT < group (group not a multiple of 8 above 8), head_tiles covers the rest.
-  const int gt = group_tile_of(group);
+  const int rows = group * plan.max_q_len;
+  // With GT < rows (rows not a multiple of 8 above 8), head_tiles covers the rest.
+  const int gt = group_tile_of(rows);
   DecodeArgs a{p.q,
                p.k_cache,
                p.v_cache,
@@ -1021,8 +1055,10 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                p.num_qo_heads,
                p.num_kv_heads,
                group,
-               (group + gt - 1) / gt,
+               (rows + gt - 1) / gt,
                p.page_size,
+               plan.max_q_len,
+               p.window,
                p.sm_scale * kLog2e,
                p.k_scale,
                p.v_scale};
@@ -1050,17 +1086,27 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
 }  // namespace
 
 size_t decode_workspace_bytes(int max_batch, int num_qo_heads, int num_kv_heads, int head_dim,
-                              int num_sms) {
+                              int num_sms, int max_q_len) {
   check_shape(num_qo_heads, num_kv_heads, head_dim);
+  LONGCTX_CHECK(max_q_len >= 1 && max_q_len <= kDecodeMaxQLen, ErrorCode::kInvalidArgument,
+                "decode_workspace_bytes: max_q_len {} not in [1, {}]", max_q_len, kDecodeMaxQLen);
   if (num_sms <= 0) num_sms = current_sm_count();
-  int64_t items = max_work_items(max_batch, num_kv_heads, num_qo_heads / num_kv_heads, num_sms);
-  return layout_of(max_batch, items, num_qo_heads, num_kv_heads, head_dim).total;
+  // A plan's layout follows its batch's most queries q: more take fewer items (more CTAs each)
+  // but larger partial slots, so the bound is the largest of every q's layout.
+  size_t bytes = 0;
+  for (int q = 1; q <= max_q_len; ++q) {
+    const int64_t items =
+        max_work_items(max_batch, num_kv_heads, num_qo_heads / num_kv_heads * q, num_sms);
+    bytes =
+        std::max(bytes, layout_of(max_batch, items, num_qo_heads, num_kv_heads, head_dim, q).total);
+  }
+  return bytes;
 }
 
 int64_t decode_grid_ctas(const DecodePlan& plan) {
   if (plan.num_kv_heads <= 0) return 0;
   return int64_t(plan.num_work_items) * plan.num_kv_heads *
-         head_tiles_of(plan.num_qo_heads / plan.num_kv_heads);
+         head_tiles_of(plan.num_qo_heads / plan.num_kv_heads * plan.max_q_len);
 }
 
 namespace {
@@ -1111,7 +1157,8 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
                        int page_size, int num_qo_heads, int num_kv_heads, int head_dim,
                        void* workspace, size_t workspace_bytes, cudaStream_t stream, int num_sms,
                        int min_chunk_tokens, const DecodeGraphMode& graph,
-                       const DecodeTuning& tuning, int window, KvCacheFormat kv_format) {
+                       const DecodeTuning& tuning, int window, KvCacheFormat kv_format,
+                       const DecodeQueries& queries) {
   check_shape(num_qo_heads, num_kv_heads, head_dim);
   LONGCTX_CHECK(batch >= 0 && page_size >= 1, ErrorCode::kInvalidArgument,
                 "decode_plan: batch {} / page_size {} invalid", batch, page_size);
@@ -1119,9 +1166,12 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
                 "decode_plan: {} padding requests of {}", graph.num_padding, batch);
   LONGCTX_CHECK(window >= 0, ErrorCode::kInvalidArgument, "decode_plan: window {} < 0", window);
   if (num_sms <= 0) num_sms = current_sm_count();
-  const int group = num_qo_heads / num_kv_heads;
   const std::vector<int64_t> len = decode_lengths(kv_indptr, last_page_len, batch, page_size);
-  const std::vector<int64_t> first = decode_first_keys(len, window);
+  const std::vector<int32_t> q_len = decode_q_lens(queries, batch);
+  const int max_q = std::max(1, q_len.empty() ? 1 : *std::max_element(q_len.begin(), q_len.end()));
+  // A kv head's rows: its q heads times the most queries of a request (decode.h).
+  const int group = num_qo_heads / num_kv_heads * max_q;
+  const std::vector<int64_t> first = decode_first_keys(len, window, q_len, queries.causal);
   const std::vector<int64_t> span = decode_spans(len, first);
   const int64_t max_items = max_work_items(batch, num_kv_heads, group, num_sms);
   const int64_t ctas_per_item = int64_t(num_kv_heads) * head_tiles_of(group);
@@ -1141,10 +1191,15 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
                                      ctas_per_item, model);
   const bool cp_async_stages =
       !fp8 && decode_cp_async_stages(loader, page_size, head_dim, chunk, tuning);
-  const DecodeWork work = decode_work_items(len, first, kv_indptr, real, chunk, cp_async_stages);
+  const DecodeWork work =
+      decode_work_items(len, first, kv_indptr, real, chunk, cp_async_stages, queries, q_len);
   const int64_t items = int64_t(work.items.size()) / kWorkInts;
   LONGCTX_ASSERT(items <= max_items, "decode work items {} exceed the bound {}", items, max_items);
-  const WorkspaceLayout w = layout_of(batch, max_items, num_qo_heads, num_kv_heads, head_dim);
+  LONGCTX_ASSERT(work.num_partials <= decode_max_partials(max_items, batch),
+                 "decode partial slots {} exceed the bound {}", work.num_partials,
+                 decode_max_partials(max_items, batch));
+  const WorkspaceLayout w =
+      layout_of(batch, max_items, num_qo_heads, num_kv_heads, head_dim, max_q);
   LONGCTX_CHECK(workspace != nullptr && workspace_bytes >= w.total, ErrorCode::kInvalidArgument,
                 "decode_plan: workspace of {} bytes, need {} (decode_workspace_bytes)",
                 workspace_bytes, w.total);
@@ -1163,6 +1218,8 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.page_size = page_size;
   plan.chunk_tokens = int(chunk);
   plan.window = window;
+  plan.max_q_len = max_q;
+  plan.causal = queries.causal;
   plan.loader = loader;
   plan.kv_format = kv_format;
   plan.cp_async_stages = cp_async_stages;
@@ -1189,10 +1246,11 @@ void decode_run(const DecodeParams& p, const DecodePlan& plan, cudaStream_t stre
   LONGCTX_CHECK(
       p.batch_size == plan.batch_size && p.num_qo_heads == plan.num_qo_heads &&
           p.num_kv_heads == plan.num_kv_heads && p.head_dim == plan.head_dim &&
-          p.page_size == plan.page_size && p.window == plan.window,
+          p.page_size == plan.page_size && p.window == plan.window &&
+          (p.qo_indptr != nullptr || plan.max_q_len == 1) && p.causal == plan.causal,
       ErrorCode::kInvalidArgument,
-      "decode_run: params (batch {}, heads {}/{}, dim {}, page {}, window {}) differ from "
-      "the plan",
+      "decode_run: params (batch {}, heads {}/{}, dim {}, page {}, window {}, queries, causal "
+      "rule) differ from the plan",
       p.batch_size, p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size, p.window);
   if (plan.num_work_items == 0) return;
   switch (p.dtype) {

@@ -13,6 +13,12 @@
 // DecodeTuning (longctx/kernels/kernel_tuning.h) overrides the plan's wave model (slots,
 // overhead), the loader (the ring, or TMA tiles of 32 tokens) and how the stages are filled
 // (docs/benchmarks.md has the variants measured).
+// Verify steps (several queries per request, DecodeQueries; DecodeParams' causal-tail rule):
+// a request's q_len queries fold into the GQA group, so a kv head's rows are its q heads times
+// the plan's most queries per request (max_q_len) and its CTAs take them 8 at a time (the
+// mma.sync m16 tile's live rows); every loader and the FP8 kernel serve them unchanged, each row
+// masking the keys past its own end. Partial states and the fused merge scale with the rows. A
+// plan of one query per request is today's plan: the same grid, work list and launches.
 // An FP8 cache (plan's kv_format kFp8E4M3; DecodeParams' k_scale / v_scale) is read by the
 // cp.async ring with a converting loader: codes and page scales land in shared memory, each tile
 // is dequantized to bf16 / f16 there, and the compute and its fp32 accumulation are unchanged.
@@ -28,10 +34,11 @@
 //
 // run() reads only device memory written by plan() (work list + partial buffers in the caller's
 // workspace; the merge counters it increments are back at 0 when it ends), so it can be captured
-// in a CUDA graph. Every workspace address depends on the batch size alone (decode_plan rewrites
-// the work list in place), so a graph captured for one plan replays any later plan of the same
-// batch size once its decode kernel nodes get the new plan's grid (decode_grid_ctas; the nodes
-// are the ones is_decode_kernel() names). One run at a time per workspace.
+// in a CUDA graph. Every workspace address depends on the batch size and max_q_len alone
+// (decode_plan rewrites the work list in place), so a graph captured for one plan replays any later
+// plan of the same batch size and max_q_len once its decode kernel nodes get the new plan's grid
+// (decode_grid_ctas; the nodes are the ones is_decode_kernel() names). One run at a time per
+// workspace.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,6 +47,7 @@
 #include <cstdint>
 
 #include "kernels/decode_params.h"
+#include "kernels/decode_schedule.h"
 #include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx::kernels::cuda {
@@ -52,6 +60,8 @@ struct DecodePlan {
   int page_size = 0;
   int chunk_tokens = 0;  // keys per split
   int window = 0;        // DecodeParams::window the work list was made for
+  int max_q_len = 1;     // the most queries of a request (DecodeQueries)
+  bool causal = true;    // DecodeQueries::causal
   int loader = 0;        // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
   KvCacheFormat kv_format = KvCacheFormat::kDtype;  // the caches decode_run will read
   bool cp_async_stages = false;  // loader >= 1: the stages are filled by every thread's cp.async
@@ -62,8 +72,8 @@ struct DecodePlan {
                                         // partial slot (-1: write o/lse directly), the
                                         // request's kv_indptr entry, first partial slot,
                                         // partial count, 0
-  float* partial_o = nullptr;           // device [num_partials, num_qo_heads, head_dim]
-  float* partial_lse = nullptr;         // device [num_partials, num_qo_heads]
+  float* partial_o = nullptr;           // device [num_partials, max_q_len, num_qo_heads, head_dim]
+  float* partial_lse = nullptr;         // device [num_partials, max_q_len, num_qo_heads]
   int32_t* counters = nullptr;  // device [batch_size, num_kv_heads * head tiles] finished splits
                                 // (the fused merge's; zeroed by plan(), left at 0 by each run)
 };
@@ -76,12 +86,14 @@ struct DecodeGraphMode {
   int num_padding = 0;
 };
 
-// Workspace plan() may use for any batch of at most max_batch requests. num_sms = 0: the current
-// device's SM count.
+// Workspace plan() may use for any batch of at most max_batch requests of at most max_q_len
+// queries each (1 to kDecodeMaxQLen). num_sms = 0: the current device's SM count.
 size_t decode_workspace_bytes(int max_batch, int num_qo_heads, int num_kv_heads, int head_dim,
-                              int num_sms = 0);
+                              int num_sms = 0, int max_q_len = 1);
 
-// Host inputs: kv_indptr_host [batch_size + 1], kv_last_page_len_host [batch_size]; window: the
+// Host inputs: kv_indptr_host [batch_size + 1], kv_last_page_len_host [batch_size], and
+// queries.qo_indptr [batch_size + 1] for verify steps (run()'s params must then have a non-null
+// qo_indptr, not read on the device, and the same causal rule); window: the
 // sliding window of DecodeParams (each request's items start at its first visible key, so the
 // keys before it are not read but for the 64-aligned tile that holds it). Picks the
 // chunk size from the request lengths, the kv head count, the SM count and the kernel's resident
@@ -96,7 +108,8 @@ DecodePlan decode_plan(const int32_t* kv_indptr_host, const int32_t* kv_last_pag
                        int head_dim, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                        int num_sms = 0, int min_chunk_tokens = 256,
                        const DecodeGraphMode& graph = {}, const DecodeTuning& tuning = {},
-                       int window = 0, KvCacheFormat kv_format = KvCacheFormat::kDtype);
+                       int window = 0, KvCacheFormat kv_format = KvCacheFormat::kDtype,
+                       const DecodeQueries& queries = {});
 
 // CTAs of decode_run's (one-dimensional) grid for `plan`.
 int64_t decode_grid_ctas(const DecodePlan& plan);
