@@ -177,14 +177,14 @@ std::string KvStore::encode(uint64_t hash, uint64_t parent, std::span<const int3
 
 void KvStore::put(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
                   std::string bytes) {
-  std::string value = encode(hash, parent, tokens, bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (queue_.size() >= max_queued_) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    queue_.push_back({hash, std::move(value)});
+    queue_.push_back(
+        {hash, parent, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(bytes)});
   }
   cv_.notify_all();
 }
@@ -203,10 +203,12 @@ void KvStore::run_writer() {
       busy_ = true;
     }
     const std::string k = key(w.hash);
-    const std::string_view args[] = {"SET", k, w.value};
+    const std::string value = encode(w.hash, w.parent, w.tokens, w.bytes);
+    w.bytes = std::string();  // the block's bytes are in `value` now
+    const std::string_view args[] = {"SET", k, value};
     if (redisReply* r = writer_->run(args)) {
       hiredis().free_reply(r);
-      bytes_written_.fetch_add(static_cast<int64_t>(w.value.size()), std::memory_order_relaxed);
+      bytes_written_.fetch_add(static_cast<int64_t>(value.size()), std::memory_order_relaxed);
     } else {
       errors_.fetch_add(1, std::memory_order_relaxed);
     }

@@ -45,7 +45,7 @@ class KvStore {
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
-  // Queues a block for writing; never waits.
+  // Queues a block for writing (encoded and checksummed on the writer thread); never waits.
   void put(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens, std::string bytes);
   // The block's K/V bytes when the store holds a verified value for exactly this block (hash,
   // parent and tokens); nullopt otherwise.
@@ -60,9 +60,13 @@ class KvStore {
 
  private:
   struct Connection;
+  // A queued block, encoded by the writer thread (the checksum and the value's copy of a large
+  // block cost milliseconds that the engine thread should not pay).
   struct Write {
     uint64_t hash = 0;
-    std::string value;
+    uint64_t parent = 0;
+    std::vector<int32_t> tokens;
+    std::string bytes;
   };
   std::string encode(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
                      const std::string& bytes) const;

@@ -25,7 +25,7 @@ TEST(KernelTuning, DefaultsAreTheMeasuredChoices) {
   EXPECT_EQ(t.decode.copy, DecodeStageCopy::kAuto);
   EXPECT_EQ(t.decode.slots, 0);
   EXPECT_EQ(t.decode.overhead, 64);
-  EXPECT_EQ(t.decode.max_q_len, 16);  // verify steps take the split-KV decode
+  EXPECT_EQ(t.decode.max_q_len, 1);  // verify steps take the paged prefill (measured faster)
   EXPECT_EQ(t.attention, AttentionKernel::kAuto);
   EXPECT_TRUE(t.pdl);
 }
@@ -81,7 +81,7 @@ TEST(KernelTuning, FlagsSetEveryField) {
   ASSERT_TRUE(set("decode-copy", "1")) << err;
   ASSERT_TRUE(set("decode-slots", "3")) << err;
   ASSERT_TRUE(set("decode-overhead", "96")) << err;
-  ASSERT_TRUE(set("decode-max-q", "1")) << err;
+  ASSERT_TRUE(set("decode-max-q", "9")) << err;
   ASSERT_TRUE(set("attention-kernel", "generic")) << err;
   ASSERT_TRUE(set("pdl", "0")) << err;
   EXPECT_EQ(t.prefill.kernel, PrefillKernel::kFa2);
@@ -95,7 +95,7 @@ TEST(KernelTuning, FlagsSetEveryField) {
   EXPECT_EQ(t.decode.copy, DecodeStageCopy::kCpAsync);
   EXPECT_EQ(t.decode.slots, 3);
   EXPECT_EQ(t.decode.overhead, 96);
-  EXPECT_EQ(t.decode.max_q_len, 1);
+  EXPECT_EQ(t.decode.max_q_len, 9);
   EXPECT_EQ(t.attention, AttentionKernel::kGeneric);
   EXPECT_FALSE(t.pdl);
   ASSERT_TRUE(set("prefill-split", "auto")) << err;
@@ -112,7 +112,7 @@ TEST(KernelTuning, FlagsRefuseUnknownNamesAndValues) {
   EXPECT_FALSE(parse_kernel_tuning_flag("decode-overhead", "0", &t, &err));
   EXPECT_FALSE(parse_kernel_tuning_flag("decode-max-q", "0", &t, &err));
   EXPECT_FALSE(parse_kernel_tuning_flag("decode-max-q", "17", &t, &err));  // kDecodeMaxQLen
-  EXPECT_EQ(t.decode.max_q_len, 16);
+  EXPECT_EQ(t.decode.max_q_len, 1);
   EXPECT_FALSE(parse_kernel_tuning_flag("no-such-flag", "1", &t, &err));
   EXPECT_FALSE(is_kernel_tuning_flag("no-such-flag"));
   EXPECT_TRUE(is_kernel_tuning_flag("decode-loader"));

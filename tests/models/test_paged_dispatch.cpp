@@ -30,7 +30,9 @@ PagedCallQueries step(int max_q, int window = 0,
   q.mask = mask;
   return q;
 }
-constexpr int kMaxQ = kernels::DecodeTuning{}.max_q_len;
+// Verify steps reach the split-KV decode under --decode-max-q 16 (the default 1 keeps them on
+// the prefill).
+constexpr int kMaxQ = kernels::kDecodeMaxQLen;
 bool none(const PlannedKernels& k) { return !k.decode && !k.prefill; }
 
 TEST(PagedDispatch, DefaultTuningTakesThePlannedKernelsAtHeadDim64And128) {
@@ -112,7 +114,9 @@ TEST(PagedDispatch, Fp8CachePlansTheMmaSyncPrefill) {
 
 TEST(PagedDispatch, VerifyStepsTakeTheSplitKvDecode) {
   const kernels::KernelTuning t;
-  EXPECT_EQ(kMaxQ, kernels::kDecodeMaxQLen);
+  EXPECT_EQ(choose_paged_kernel(paged_planned_kernels(llama_shape(128), t), step(9),
+                                t.decode.max_q_len),
+            PagedKernel::kPrefill);  // the default
   for (int d : {64, 128, 256}) {
     const PlannedKernels k = paged_planned_kernels(llama_shape(d), t);
     for (int q : {2, 9, 16}) {
