@@ -190,7 +190,7 @@ class CpuExecutor final : public Executor {
     return pool_->config().fp8() ? "cpu-fp8e4m3" : "cpu-f32";
   }
   ExecutorCounters counters() const override {
-    ExecutorCounters c;
+    ExecutorCounters c = snapshot_counters_;
     if (offload_ != nullptr) {
       c.offload_host_bytes_loaded = offload_->stats().host_bytes_loaded;
       c.offload_host_bytes_written = offload_->stats().host_bytes_written;
@@ -235,25 +235,8 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<PagedKVPool> window_pool_;
   std::unique_ptr<CpuPagedBackend> window_attention_;
   void copy_snapshots(std::span<const StepInput> inputs, bool save) {
-    for (const StepInput& in : inputs) {
-      const int32_t snap = save ? in.state_save : in.state_restore;
-      if (snap < 0) continue;
-      LONGCTX_CHECK(
-          states_ != nullptr && state_group_ > 0 && snap < num_snapshots_ &&
-              static_cast<int64_t>(in.group_tables.size()) >= state_group_ &&
-              in.group_tables[state_group_ - 1].size() == 1,
-          ErrorCode::kInternal,
-          "CPU executor: sequence {} names state snapshot {} (of {}) without a state slot",
-          in.seq_id, snap, num_snapshots_);
-      const int32_t slot = in.group_tables[state_group_ - 1][0];
-      LONGCTX_CHECK(slot >= 0 && slot < num_state_seqs_, ErrorCode::kInternal,
-                    "CPU executor: sequence {} has state slot {} of {}", in.seq_id, slot,
-                    num_state_seqs_);
-      if (save)
-        states_->copy(slot, num_state_seqs_ + snap);
-      else
-        states_->copy(num_state_seqs_ + snap, slot);
-    }
+    copy_state_snapshots({states_.get(), state_group_, num_state_seqs_, num_snapshots_}, inputs,
+                         save, snapshot_counters_, "CPU executor");
   }
   void check_block_io() const {
     LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
@@ -265,6 +248,7 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<OffloadAttentionBackend> offload_;  // or offloaded (simulated)
   std::unique_ptr<sparse::SparsePolicy> policy_;      // with the resident pool (Full: dense)
   std::unique_ptr<StatePool> states_;                 // a state group's slots (linear attention)
+  ExecutorCounters snapshot_counters_;                // its snapshots' copies (the state_* fields)
   int64_t state_group_ = 0;  // its group (> 0: group 0 is paged whenever a model has attention)
   int64_t num_state_seqs_ = 0, num_snapshots_ = 0;
   int64_t num_blocks_ = 0, block_size_ = 0;

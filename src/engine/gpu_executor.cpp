@@ -20,8 +20,12 @@ class GpuExecutor final : public Executor {
   ExecutorCounters counters() const override {
     const GpuRunner::OffloadCounters o = runner_->offload_counters();
     const GpuRunner::SparseCounters sp = runner_->sparse_counters();
-    return {o.host_bytes_loaded, o.host_bytes_written, sp.prefill_blocks_kept,
-            sp.prefill_blocks_causal};
+    ExecutorCounters c = runner_->state_counters();
+    c.offload_host_bytes_loaded = o.host_bytes_loaded;
+    c.offload_host_bytes_written = o.host_bytes_written;
+    c.sparse_prefill_blocks_kept = sp.prefill_blocks_kept;
+    c.sparse_prefill_blocks_causal = sp.prefill_blocks_causal;
+    return c;
   }
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
     return runner_->execute(inputs, copies);

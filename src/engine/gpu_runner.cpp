@@ -303,6 +303,7 @@ struct GpuRunner::Impl {
   // cache's snapshots.
   std::unique_ptr<StatePool> states;
   int64_t state_group = -1;
+  ExecutorCounters snapshot_counters;          // the snapshots' copies (its state_* fields)
   OffloadAttentionBackend* offload = nullptr;  // or offloaded KV (owned by `attention`)
   // Offload of a model with sliding groups: their resident pool and backend (offload_backend.h).
   std::unique_ptr<KvGroups> window_groups;
@@ -333,25 +334,9 @@ struct GpuRunner::Impl {
   // block boundary leaves one after it (save). Device copies on the current stream, ordered
   // with the step's kernels.
   void copy_snapshots(std::span<const StepInput> inputs, bool save) {
-    for (const StepInput& in : inputs) {
-      const int32_t snap = save ? in.state_save : in.state_restore;
-      if (snap < 0) continue;
-      LONGCTX_CHECK(states != nullptr && state_group > 0 && snap < plan.num_state_snapshots &&
-                        static_cast<int64_t>(in.group_tables.size()) >= state_group &&
-                        in.group_tables[state_group - 1].size() == 1,
-                    ErrorCode::kInternal,
-                    "GPU runner: sequence {} names state snapshot {} (of {}) without a state slot",
-                    in.seq_id, snap, plan.num_state_snapshots);
-      const int32_t slot = in.group_tables[state_group - 1][0];
-      LONGCTX_CHECK(slot >= 0 && slot < options.max_num_seqs, ErrorCode::kInternal,
-                    "GPU runner: sequence {} has state slot {} of {}", in.seq_id, slot,
-                    options.max_num_seqs);
-      const int64_t snap_slot = options.max_num_seqs + snap;
-      if (save)
-        states->copy(slot, snap_slot);
-      else
-        states->copy(snap_slot, slot);
-    }
+    copy_state_snapshots(
+        {states.get(), state_group, options.max_num_seqs, plan.num_state_snapshots}, inputs, save,
+        snapshot_counters, "GPU runner");
   }
   int64_t block_size() const { return plan.block_size; }
 
@@ -753,6 +738,8 @@ void GpuRunner::attach_engine() {
     m.graphs->capture();
   }
 }
+
+ExecutorCounters GpuRunner::state_counters() const { return impl_->snapshot_counters; }
 
 int64_t GpuRunner::kv_block_bytes() const {
   const Impl& m = *impl_;

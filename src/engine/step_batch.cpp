@@ -54,4 +54,30 @@ ForwardBatch make_forward_batch(std::span<const StepInput> inputs, int64_t block
   return batch;
 }
 
+void copy_state_snapshots(const StateSlots& slots, std::span<const StepInput> inputs, bool save,
+                          ExecutorCounters& counters, const char* who) {
+  for (const StepInput& in : inputs) {
+    const int32_t snap = save ? in.state_save : in.state_restore;
+    if (snap < 0) continue;
+    LONGCTX_CHECK(slots.pool != nullptr && slots.group > 0 && snap < slots.num_snapshots &&
+                      static_cast<int64_t>(in.group_tables.size()) >= slots.group &&
+                      in.group_tables[slots.group - 1].size() == 1,
+                  ErrorCode::kInternal,
+                  "{}: sequence {} names state snapshot {} (of {}) without a state slot", who,
+                  in.seq_id, snap, slots.num_snapshots);
+    const int32_t slot = in.group_tables[slots.group - 1][0];
+    LONGCTX_CHECK(slot >= 0 && slot < slots.num_seqs, ErrorCode::kInternal,
+                  "{}: sequence {} has state slot {} of {}", who, in.seq_id, slot, slots.num_seqs);
+    const int64_t snap_slot = slots.num_seqs + snap;
+    if (save) {
+      slots.pool->copy(slot, snap_slot);
+      ++counters.state_snapshots_saved;
+    } else {
+      slots.pool->copy(snap_slot, slot);
+      ++counters.state_snapshots_restored;
+    }
+    counters.state_snapshot_bytes += slots.pool->slot_bytes();
+  }
+}
+
 }  // namespace longctx

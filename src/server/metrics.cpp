@@ -286,6 +286,15 @@ std::string ServerMetrics::render(const LoopStats& s) const {
   counter("longctx:sparse_prefill_blocks_causal",
           "Sparse prefill: causal key blocks a dense prefill would have read.",
           static_cast<double>(e.executor.sparse_prefill_blocks_causal));
+  // Linear-attention state snapshots (prefix caching of state models; zeros for other models).
+  counter("longctx:state_snapshots_saved",
+          "State snapshots taken at block boundaries (prefix caching of linear-attention state).",
+          static_cast<double>(e.executor.state_snapshots_saved));
+  counter("longctx:state_snapshots_restored",
+          "State snapshots restored for prefix-cache hits of linear-attention models.",
+          static_cast<double>(e.executor.state_snapshots_restored));
+  counter("longctx:state_snapshot_bytes", "Bytes of linear-attention state snapshots copied.",
+          static_cast<double>(e.executor.state_snapshot_bytes));
   // The shared KV store (--kv-store; zeros without one).
   counter("longctx:kv_store_hits", "KV blocks read from the shared KV store instead of computed.",
           static_cast<double>(e.kv_store_hits));

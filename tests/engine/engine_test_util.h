@@ -60,6 +60,7 @@ class RecordingExecutor final : public Executor {
   explicit RecordingExecutor(std::unique_ptr<Executor> inner) : inner_(std::move(inner)) {}
   int64_t vocab_size() const override { return inner_->vocab_size(); }
   KVBlockLayout kv_layout() const override { return inner_->kv_layout(); }
+  ExecutorCounters counters() const override { return inner_->counters(); }
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
     Tensor logits = inner_->execute(inputs, copies);
     const int64_t vocab = vocab_size();

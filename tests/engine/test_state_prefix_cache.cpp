@@ -149,6 +149,16 @@ TEST_P(StatePrefixCache, HitsAtSeveralBoundariesMatchNoCaching) {
   const EngineStats st = on.core().stats();
   EXPECT_EQ(st.prefix_cache_hits, hit[0].num_cached + hit[1].num_cached + hit[2].num_cached);
   EXPECT_EQ(st.state_snapshot_restores, budget == 256 ? 2 : 3);
+  // The executor's copies (/metrics' longctx:state_snapshots_*): one restore for each hit, a
+  // save for each snapshot taken, every copy one slot's bytes.
+  EXPECT_EQ(st.executor.state_snapshots_restored, st.state_snapshot_restores);
+  EXPECT_GE(st.executor.state_snapshots_saved, st.state_snapshots_held);
+  EXPECT_GT(st.executor.state_snapshots_saved, 0);
+  EXPECT_EQ(st.executor.state_snapshot_bytes %
+                (st.executor.state_snapshots_saved + st.executor.state_snapshots_restored),
+            0);
+  EXPECT_GT(st.executor.state_snapshot_bytes, 0);
+  EXPECT_EQ(off.core().stats().executor.state_snapshots_saved, 0);
   EXPECT_GT(st.state_snapshots_held, 0);
   EXPECT_EQ(st.state_snapshots_total, kDefaultStateSnapshots);
   const EngineStats none = off.core().stats();

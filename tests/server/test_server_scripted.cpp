@@ -372,13 +372,15 @@ TEST(ServerScripted, MetricsCountRequestsAndTokens) {
                    "reason=\"length\"}"),
             3);
   EXPECT_GE(metric(m, "longctx:kv_blocks_total" + l), 0);
-  // Offload, sparse prefill and KV store series exist at 0 without those features.
+  // Offload, sparse prefill, KV store and state snapshot series exist at 0 without them.
   for (const char* name :
        {"longctx:offload_host_loaded_bytes_total", "longctx:offload_host_written_bytes_total",
         "longctx:sparse_prefill_blocks_kept_total", "longctx:sparse_prefill_blocks_causal_total",
         "longctx:kv_store_hits_total", "longctx:kv_store_misses_total",
         "longctx:kv_store_errors_total", "longctx:kv_store_read_bytes_total",
-        "longctx:kv_store_written_bytes_total", "longctx:kv_store_dropped_writes_total"}) {
+        "longctx:kv_store_written_bytes_total", "longctx:kv_store_dropped_writes_total",
+        "longctx:state_snapshots_saved_total", "longctx:state_snapshots_restored_total",
+        "longctx:state_snapshot_bytes_total"}) {
     EXPECT_EQ(metric(m, name + l), 0) << name;
     EXPECT_NE(m.find(std::string("# TYPE ") + name + " counter"), std::string::npos) << name;
   }

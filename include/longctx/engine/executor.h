@@ -63,6 +63,11 @@ struct ExecutorCounters {
   int64_t offload_host_bytes_written = 0;    // KV offload: GPU -> host (write-backs)
   int64_t sparse_prefill_blocks_kept = 0;    // a sparse prefill policy's key blocks read ...
   int64_t sparse_prefill_blocks_causal = 0;  // ... of the causal ones (density = kept / causal)
+  // Linear-attention state snapshots (prefix caching of state models): taken at block
+  // boundaries, restored for prefix hits, and the bytes both copied.
+  int64_t state_snapshots_saved = 0;
+  int64_t state_snapshots_restored = 0;
+  int64_t state_snapshot_bytes = 0;
 };
 
 class Executor {

@@ -132,6 +132,8 @@ class GpuRunner {
     int64_t prefill_blocks_kept = 0, prefill_blocks_causal = 0;
   };
   SparseCounters sparse_counters() const;
+  // The linear-attention state snapshots' copies (ExecutorCounters' state_* fields; the rest 0).
+  ExecutorCounters state_counters() const;
   // The KV store's block I/O (Executor::kv_block_bytes etc.): a resident pool of one full
   // attention group without a sparse policy; 0 bytes (no export) otherwise.
   int64_t kv_block_bytes() const;
