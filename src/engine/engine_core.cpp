@@ -1,7 +1,9 @@
 #include "engine/engine_core.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <span>
 #include <string>
@@ -104,11 +106,23 @@ EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* toke
         executor_->kv_block_bytes() > 0 && blocks_.num_groups() == 1, ErrorCode::kUnsupported,
         "--kv-store: this engine cannot export its KV blocks (the store needs a resident KV "
         "cache of one full-attention group and no sparse policy: no offload)");
-    kv_store_ =
-        std::make_unique<KvStore>(options_.kv_store,
-                                  fmt::format("{}:{}:{}", options_.kv_store_namespace,
-                                              executor_->kv_block_format(), blocks_.block_size()),
-                                  blocks_.block_size(), executor_->kv_block_bytes());
+    const bool pinned = executor_->kv_block_io_pinned();
+    // Staging for at least one step's blocks (a prefill chunk fills them all at once) and a
+    // few more, at most the queue's 256 blocks.
+    const int64_t step_blocks =
+        options_.scheduler.max_num_batched_tokens / blocks_.block_size() + 8;
+    const int64_t staging_bytes =
+        std::max(KvStore::kStagingBytes, step_blocks * executor_->kv_block_bytes());
+    kv_store_ = std::make_unique<KvStore>(
+        options_.kv_store,
+        fmt::format("{}:{}:{}", options_.kv_store_namespace, executor_->kv_block_format(),
+                    blocks_.block_size()),
+        blocks_.block_size(), executor_->kv_block_bytes(), /*timeout_ms=*/200,
+        /*max_queued_writes=*/256, pinned, staging_bytes);
+    // A pinned executor's imports go through host buffers its copies read asynchronously.
+    if (pinned)
+      import_buffers_ =
+          std::make_unique<KvBlockBuffers>(kImportBuffers, executor_->kv_block_bytes(), true);
     blocks_.record_events(true);
   }
   if (options_.speculative.enabled()) {
@@ -133,11 +147,16 @@ void EngineCore::publish_kv_events() {
       if (e.kind != KvCacheEvent::Kind::kStored || e.imported) continue;
       uint64_t parent = e.parent_block_hash.value_or(0);
       for (size_t i = 0; i < e.block_ids.size(); ++i) {
-        std::string bytes(static_cast<size_t>(executor_->kv_block_bytes()), '\0');
-        executor_->read_kv_block(e.block_ids[i], std::as_writable_bytes(std::span(bytes)));
-        kv_store_->put(e.block_hashes[i], parent,
-                       std::span(e.token_ids).subspan(i * bs, static_cast<size_t>(bs)),
-                       std::move(bytes));
+        // The executor copies the block into a staging buffer (on a GPU without waiting); the
+        // store's writer thread waits for the copy. No buffer free: dropped (counted).
+        const int32_t buffer = kv_store_->take_staging();
+        if (buffer >= 0) {
+          std::function<void()> wait =
+              executor_->read_kv_block_async(e.block_ids[i], kv_store_->staging(buffer));
+          kv_store_->put_staged(e.block_hashes[i], parent,
+                                std::span(e.token_ids).subspan(i * bs, static_cast<size_t>(bs)),
+                                buffer, std::move(wait));
+        }
         parent = e.block_hashes[i];
       }
     }
@@ -148,7 +167,10 @@ void EngineCore::publish_kv_events() {
 void EngineCore::import_from_store() {
   const int64_t bs = blocks_.block_size();
   std::vector<uint64_t> hashes;
+  std::vector<KvStoreBlockRef> refs;
   int64_t imported = 0;  // this pass's blocks, kept from evicting one another
+  // The copy that last read each import buffer (empty: none running).
+  std::array<std::function<void()>, kImportBuffers> copying;
   for (Sequence* seq : scheduler_.all()) {
     if (seq->store_checked || seq->status != SequenceStatus::kWaiting) continue;
     seq->store_checked = true;
@@ -156,17 +178,31 @@ void EngineCore::import_from_store() {
     const auto prompt = std::span<const int32_t>(seq->tokens)
                             .first(static_cast<size_t>(seq->num_prompt_tokens - 1));
     const int64_t cached = blocks_.cached_prefix(prompt, &hashes);
-    for (auto i = cached; i < static_cast<int64_t>(hashes.size()); ++i) {
-      const uint64_t parent = i == 0 ? 0 : hashes[i - 1];
-      const auto blk = prompt.subspan(i * bs, static_cast<size_t>(bs));
-      std::optional<std::string> bytes = kv_store_->get(hashes[i], parent, blk);
-      if (!bytes) break;
-      const int32_t id = blocks_.import_block(parent, blk, imported);
-      if (id < 0) break;
-      executor_->write_kv_block(id, std::as_bytes(std::span(*bytes)));
+    refs.clear();
+    for (auto i = cached; i < static_cast<int64_t>(hashes.size()); ++i)
+      refs.push_back(
+          {hashes[i], i == 0 ? 0 : hashes[i - 1], prompt.subspan(i * bs, static_cast<size_t>(bs))});
+    // The store sends the next blocks while this one is checked and its copy to the device
+    // runs (up to kImportBuffers copies in flight, each from a pinned buffer of its own).
+    kv_store_->get_prefix(refs, [&](size_t i, std::span<const std::byte> bytes) {
+      const int32_t id = blocks_.import_block(refs[i].parent, refs[i].tokens, imported);
+      if (id < 0) return false;
+      if (import_buffers_ == nullptr) {
+        executor_->write_kv_block(id, bytes);
+      } else {
+        const auto slot = static_cast<int32_t>(imported % kImportBuffers);
+        if (copying[slot]) copying[slot]();
+        const std::span<std::byte> staged = import_buffers_->bytes(slot);
+        std::memcpy(staged.data(), bytes.data(), bytes.size());
+        copying[slot] = executor_->write_kv_block_async(id, staged);
+      }
       ++imported;
-    }
+      return true;
+    });
   }
+  // The next step reads the imported blocks.
+  for (std::function<void()>& wait : copying)
+    if (wait) wait();
 }
 
 EngineCore::~EngineCore() = default;

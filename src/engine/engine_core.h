@@ -25,6 +25,7 @@
 namespace longctx {
 
 class KvEventPublisher;
+class KvBlockBuffers;
 class KvStore;
 class Tokenizer;
 
@@ -162,6 +163,9 @@ class EngineCore {
   Scheduler scheduler_;
   std::unique_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<KvStore> kv_store_;
+  // A pinned executor's import buffers (kImportBuffers blocks); null otherwise.
+  std::unique_ptr<KvBlockBuffers> import_buffers_;
+  static constexpr int32_t kImportBuffers = 3;
   std::unique_ptr<SpeculativeDecoder> spec_;
   std::mt19937_64 seed_rng_;
   uint64_t next_id_ = 0;

@@ -4,6 +4,7 @@
 
 #include "attention/backends/cpu_paged_backend.h"
 #include "attention/backends/offload_backend.h"
+#include "attention/sparse/kv_export.h"
 #include "attention/sparse/sparse_policy.h"
 #include "engine/step_batch.h"
 #include "kv/paged_kv_pool.h"
@@ -20,6 +21,16 @@ void Executor::read_kv_block(int32_t, std::span<std::byte>) const {
 
 void Executor::write_kv_block(int32_t, std::span<const std::byte>) {
   LONGCTX_THROW(ErrorCode::kUnsupported, "this executor does not import KV blocks");
+}
+
+std::function<void()> Executor::read_kv_block_async(int32_t block, std::span<std::byte> out) {
+  read_kv_block(block, out);
+  return {};
+}
+
+std::function<void()> Executor::write_kv_block_async(int32_t block, std::span<const std::byte> in) {
+  write_kv_block(block, in);
+  return {};
 }
 
 std::vector<SampleResult> Executor::sample(const Tensor& logits,
@@ -126,6 +137,7 @@ class CpuExecutor final : public Executor {
                             c.num_attention_heads,    c.num_key_value_heads, c.head_dim,
                             model_->attention_scale()};
       policy_ = sparse::make_sparse_policy(o.sparse, shape);
+      sparse_ = o.sparse;
       // A policy selects blocks of one table; sliding windows select by themselves (#44 decides
       // what a policy does on a window layer).
       LONGCTX_CHECK(groups_.single_full() || (!policy_->selects(sparse::Phase::kDecode) &&
@@ -178,13 +190,9 @@ class CpuExecutor final : public Executor {
   }
 
   int64_t kv_block_bytes() const override {
-    // Not with offload, several KV groups, or a sparse policy (its per-block summaries would not
-    // see an imported block).
-    if (pool_ == nullptr || !groups_.single_full()) return 0;
-    if (policy_ != nullptr &&
-        (policy_->selects(sparse::Phase::kDecode) || policy_->selects(sparse::Phase::kPrefill)))
-      return 0;
-    return pool_->config().bytes_per_block();
+    return sparse::exports_kv_blocks(pool_ != nullptr, groups_, sparse_)
+               ? pool_->config().bytes_per_block()
+               : 0;
   }
   std::string kv_block_format() const override {
     return pool_->config().fp8() ? "cpu-fp8e4m3" : "cpu-f32";
@@ -247,6 +255,7 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<PagedKVPool> pool_;                 // resident
   std::unique_ptr<OffloadAttentionBackend> offload_;  // or offloaded (simulated)
   std::unique_ptr<sparse::SparsePolicy> policy_;      // with the resident pool (Full: dense)
+  SparseOptions sparse_;                              // the resident pool's policy's options
   std::unique_ptr<StatePool> states_;                 // a state group's slots (linear attention)
   ExecutorCounters snapshot_counters_;                // its snapshots' copies (the state_* fields)
   int64_t state_group_ = 0;  // its group (> 0: group 0 is paged whenever a model has attention)

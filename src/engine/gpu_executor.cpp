@@ -1,9 +1,21 @@
 // The engine's executor over a GpuRunner: steps, sampling and the KV store's block I/O go to the
 // runner, which from construction on leaves its KV blocks to the engine's BlockManager.
+//
+// The KV store's block copies run on a copy stream of their own, between pinned host buffers and
+// the pool, with no host wait on the engine thread. An export's copy waits (on the GPU) for the
+// steps enqueued before it, which computed the block. A later step or import must not overwrite
+// the block before that copy read it: the block is then free or evicted from the prefix cache
+// and taken again, rare right after it was stored (it is the most recently used), so the
+// executor keeps the blocks whose export copy may still run and waits on the host for that copy
+// before a step or an import that writes one of them. An import's copy waits (on the GPU) for
+// the steps enqueued before it, which may still read the block it overwrites (one a finished
+// sequence held); the engine waits for the import before the next step.
 #include <memory>
 #include <string>
+#include <unordered_map>
 
 #include "longctx/core/error.h"
+#include "longctx/core/stream.h"
 #include "longctx/engine/gpu_runner.h"
 
 namespace longctx {
@@ -12,7 +24,10 @@ namespace {
 
 class GpuExecutor final : public Executor {
  public:
-  explicit GpuExecutor(std::shared_ptr<GpuRunner> runner) : runner_(std::move(runner)) {
+  explicit GpuExecutor(std::shared_ptr<GpuRunner> runner)
+      : runner_(std::move(runner)),
+        device_(runner_->device()),
+        block_size_(runner_->kv_layout().block_size) {
     runner_->attach_engine();
   }
   int64_t vocab_size() const override { return runner_->vocab_size(); }
@@ -28,6 +43,8 @@ class GpuExecutor final : public Executor {
     return c;
   }
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
+    if (!exporting_.empty()) wait_for_exports(inputs, copies);
+    step_recorded_ = false;
     return runner_->execute(inputs, copies);
   }
   int64_t kv_block_bytes() const override { return runner_->kv_block_bytes(); }
@@ -38,6 +55,26 @@ class GpuExecutor final : public Executor {
   void write_kv_block(int32_t block, std::span<const std::byte> in) override {
     runner_->write_kv_block(block, in);
   }
+  bool kv_block_io_pinned() const override { return true; }
+  std::function<void()> read_kv_block_async(int32_t block, std::span<std::byte> out) override {
+    const DeviceGuard guard(device_.index);
+    after_steps();
+    runner_->read_kv_block_async(block, out, copy_stream().handle());
+    auto done = std::make_shared<Event>(device_);
+    done->record(copy_stream());
+    exporting_[block] = done;
+    return [done] { done->synchronize(); };
+  }
+  std::function<void()> write_kv_block_async(int32_t block,
+                                             std::span<const std::byte> in) override {
+    wait_for_export(block);
+    const DeviceGuard guard(device_.index);
+    after_steps();
+    runner_->write_kv_block_async(block, in, copy_stream().handle());
+    auto done = std::make_shared<Event>(device_);
+    done->record(copy_stream());
+    return [done] { done->synchronize(); };
+  }
   std::vector<SampleResult> sample(const Tensor& logits,
                                    std::span<const SamplingParams* const> params,
                                    std::span<SamplerState* const> states) override {
@@ -45,7 +82,47 @@ class GpuExecutor final : public Executor {
   }
 
  private:
+  const Stream& copy_stream() {
+    if (copy_ == nullptr) copy_ = std::make_unique<Stream>(device_);
+    return *copy_;
+  }
+  // Orders the copy stream's next copies after the steps enqueued so far (one event a step).
+  void after_steps() {
+    if (step_done_ == nullptr) step_done_ = std::make_unique<Event>(device_);
+    if (!step_recorded_) {
+      step_done_->record_on(current_stream(device_.index));
+      copy_stream().wait(*step_done_);
+      step_recorded_ = true;
+    }
+  }
+  void wait_for_export(int32_t block) {
+    const auto it = exporting_.find(block);
+    if (it == exporting_.end()) return;
+    it->second->synchronize();
+    exporting_.erase(it);
+  }
+  // Forgets the finished exports, then waits for those of blocks this step writes: the blocks of
+  // its new tokens and its copies' destinations.
+  void wait_for_exports(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) {
+    std::erase_if(exporting_, [](const auto& e) { return e.second->query(); });
+    const int64_t bs = block_size_;
+    for (const StepInput& in : inputs) {
+      const int64_t first = in.num_computed / bs;
+      const int64_t last = (in.num_computed + in.num_new - 1) / bs;
+      for (int64_t b = first; b <= last && b < static_cast<int64_t>(in.block_table.size()); ++b)
+        wait_for_export(in.block_table[b]);
+    }
+    for (const KVBlockCopy& c : copies) wait_for_export(c.dst);
+  }
+
   std::shared_ptr<GpuRunner> runner_;
+  Device device_;
+  int64_t block_size_;
+  std::unique_ptr<Stream> copy_;      // the KV store's block copies
+  std::unique_ptr<Event> step_done_;  // recorded after the last step, before a copy
+  bool step_recorded_ = false;        // step_done_ marks the last step already
+  // Blocks whose export copy was enqueued and was not seen finished, and its event.
+  std::unordered_map<int32_t, std::shared_ptr<Event>> exporting_;
 };
 
 }  // namespace

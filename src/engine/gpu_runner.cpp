@@ -10,6 +10,7 @@
 
 #include "attention/backends/offload_backend.h"
 #include "attention/backends/paged_backend.h"
+#include "attention/sparse/kv_export.h"
 #include "attention/sparse/sparse_policy.h"
 #include "engine/cuda_graphs.h"
 #include "engine/gpu_sampler.h"
@@ -743,13 +744,10 @@ ExecutorCounters GpuRunner::state_counters() const { return impl_->snapshot_coun
 
 int64_t GpuRunner::kv_block_bytes() const {
   const Impl& m = *impl_;
-  // Not with offload, several KV groups or a policy that selects (its page summaries would not
-  // see an imported block).
-  if (m.pool == nullptr || m.offload != nullptr || !m.groups.single_full() ||
-      sparse::selects(m.options.sparse, sparse::Phase::kDecode) ||
-      sparse::selects(m.options.sparse, sparse::Phase::kPrefill))
-    return 0;
-  return m.pool->config().bytes_per_block();
+  const bool resident = m.pool != nullptr && m.offload == nullptr;
+  return sparse::exports_kv_blocks(resident, m.groups, m.options.sparse)
+             ? m.pool->config().bytes_per_block()
+             : 0;
 }
 
 std::string GpuRunner::kv_block_format() const {
@@ -767,5 +765,19 @@ void GpuRunner::write_kv_block(int32_t block, std::span<const std::byte> in) {
                 "GPU runner: KV block import without a resident one-group pool");
   impl_->pool->write_block(block, in);
 }
+
+void GpuRunner::read_kv_block_async(int32_t block, std::span<std::byte> out, void* stream) const {
+  LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
+                "GPU runner: KV block export without a resident one-group pool");
+  impl_->pool->read_block_async(block, out, stream);
+}
+
+void GpuRunner::write_kv_block_async(int32_t block, std::span<const std::byte> in, void* stream) {
+  LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
+                "GPU runner: KV block import without a resident one-group pool");
+  impl_->pool->write_block_async(block, in, stream);
+}
+
+Device GpuRunner::device() const { return impl_->model->device(); }
 
 }  // namespace longctx

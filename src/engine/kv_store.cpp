@@ -2,6 +2,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -22,6 +23,8 @@ struct Hiredis {
   decltype(&::redisConnectWithTimeout) connect;
   decltype(&::redisSetTimeout) set_timeout;
   decltype(&::redisCommandArgv) command;
+  decltype(&::redisAppendCommandArgv) append;
+  decltype(&::redisGetReply) get_reply;
   decltype(&::freeReplyObject) free_reply;
   decltype(&::redisFree) free;
 };
@@ -33,6 +36,8 @@ const Hiredis& hiredis() {
     h.load("redisConnectWithTimeout", r.connect);
     h.load("redisSetTimeout", r.set_timeout);
     h.load("redisCommandArgv", r.command);
+    h.load("redisAppendCommandArgv", r.append);
+    h.load("redisGetReply", r.get_reply);
     h.load("freeReplyObject", r.free_reply);
     h.load("redisFree", r.free);
     return r;
@@ -45,6 +50,8 @@ constexpr uint32_t kFormat = 1;
 // magic, format, block size, parent, hash, payload bytes, checksum
 constexpr size_t kHeaderBytes = 4 + 4 + 4 + 8 + 8 + 8 + 8;
 constexpr auto kRetryAfter = std::chrono::seconds(1);
+// Sent values the writer keeps for the next ones (memory: this many blocks).
+constexpr size_t kSpareValues = 4;
 
 template <typename T>
 void put_le(std::string& s, T v) {
@@ -92,19 +99,36 @@ struct KvStore::Connection {
   }
   // A command's reply, or null after an error (logged; the connection is dropped).
   redisReply* run(std::span<const std::string_view> args) {
-    if (!ready()) return nullptr;
+    if (!append(args)) return nullptr;
+    return next_reply();
+  }
+  // Queues a command (Redis pipelining: sent with the next reply's read). False after an error
+  // (logged; the connection is dropped).
+  bool append(std::span<const std::string_view> args) {
+    if (!ready()) return false;
     std::vector<const char*> argv;
     std::vector<size_t> lens;
     for (std::string_view a : args) {
       argv.push_back(a.data());
       lens.push_back(a.size());
     }
-    auto* r = static_cast<redisReply*>(
-        hiredis().command(ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
-    if (r == nullptr) {
+    if (hiredis().append(ctx, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+        REDIS_OK) {
+      fail(ctx->errstr[0] != '\0' ? ctx->errstr : "out of memory");
+      return false;
+    }
+    return true;
+  }
+  // The reply of the oldest command appended and not answered yet, or null after an error
+  // (logged; a failed connection is dropped, an error reply leaves it usable).
+  redisReply* next_reply() {
+    if (ctx == nullptr) return nullptr;
+    void* reply = nullptr;
+    if (hiredis().get_reply(ctx, &reply) != REDIS_OK || reply == nullptr) {
       fail(ctx->errstr[0] != '\0' ? ctx->errstr : "no reply");
       return nullptr;
     }
+    auto* r = static_cast<redisReply*>(reply);
     if (r->type == REDIS_REPLY_ERROR) {
       LONGCTX_LOG_WARN("KV store {}: {}", store.url_, std::string(r->str, r->len));
       hiredis().free_reply(r);
@@ -115,13 +139,17 @@ struct KvStore::Connection {
 };
 
 KvStore::KvStore(const std::string& url, std::string ns, int64_t block_size, int64_t block_bytes,
-                 int timeout_ms, size_t max_queued_writes)
+                 int timeout_ms, size_t max_queued_writes, bool pinned_staging,
+                 int64_t staging_bytes)
     : url_(url),
       ns_(std::move(ns)),
       block_size_(block_size),
       block_bytes_(block_bytes),
       timeout_ms_(timeout_ms),
-      max_queued_(max_queued_writes) {
+      max_queued_(max_queued_writes),
+      staging_(KvBlockBuffers::count_for(staging_bytes, std::max<int64_t>(block_bytes, 1), 4,
+                                         static_cast<int64_t>(max_queued_writes)),
+               std::max<int64_t>(block_bytes, 1), pinned_staging) {
   constexpr std::string_view kScheme = "redis://";
   const auto colon = url.rfind(':');
   LONGCTX_CHECK(url.starts_with(kScheme) && colon != std::string::npos && colon > kScheme.size() &&
@@ -155,42 +183,83 @@ std::string KvStore::key(uint64_t hash) const {
   return fmt::format("longctx:kv:{}:{:016x}", ns_, hash);
 }
 
-std::string KvStore::encode(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
-                            const std::string& bytes) const {
+std::string KvStore::frame(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
+                           std::span<const std::byte> payload) {
   std::string v;
-  v.reserve(kHeaderBytes + tokens.size_bytes() + bytes.size());
+  if (!spare_.empty()) {
+    v = std::move(spare_.back());
+    spare_.pop_back();
+    v.clear();
+  }
+  v.reserve(kHeaderBytes + tokens.size_bytes() + payload.size());
   v.append(kMagic, 4);
   put_le<uint32_t>(v, kFormat);
   put_le<uint32_t>(v, static_cast<uint32_t>(block_size_));
   put_le<uint64_t>(v, parent);
   put_le<uint64_t>(v, hash);
-  put_le<uint64_t>(v, bytes.size());
-  const size_t checksum_at = v.size();
-  put_le<uint64_t>(v, 0);
+  put_le<uint64_t>(v, payload.size());
+  put_le<uint64_t>(v, 0);  // the checksum (seal())
   for (int32_t t : tokens) put_le<uint32_t>(v, static_cast<uint32_t>(t));
-  v += bytes;
-  const uint64_t sum =
-      XXH64(v.data() + kHeaderBytes, v.size() - kHeaderBytes, XXH64(v.data(), checksum_at, 0));
-  for (size_t i = 0; i < 8; ++i) v[checksum_at + i] = static_cast<char>((sum >> (8 * i)) & 0xff);
+  v.append(reinterpret_cast<const char*>(payload.data()), payload.size());
   return v;
+}
+
+void KvStore::seal(std::string& v) {
+  constexpr size_t kChecksumAt = kHeaderBytes - 8;
+  const uint64_t sum =
+      XXH64(v.data() + kHeaderBytes, v.size() - kHeaderBytes, XXH64(v.data(), kChecksumAt, 0));
+  for (size_t i = 0; i < 8; ++i) v[kChecksumAt + i] = static_cast<char>((sum >> (8 * i)) & 0xff);
+}
+
+size_t KvStore::num_unstaged() const {
+  size_t n = 0;
+  for (const Write& q : queue_) n += q.buffer < 0 ? 1 : 0;
+  return n;
 }
 
 void KvStore::put(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
                   std::string bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queue_.size() >= max_queued_) {
+    if (num_unstaged() >= max_queued_) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    queue_.push_back(
-        {hash, parent, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(bytes)});
+    Write w;
+    w.hash = hash;
+    w.parent = parent;
+    w.tokens.assign(tokens.begin(), tokens.end());
+    w.bytes = std::move(bytes);
+    queue_.push_back(std::move(w));
+  }
+  cv_.notify_all();
+}
+
+int32_t KvStore::take_staging() {
+  const int32_t b = staging_.try_take();
+  if (b < 0) dropped_.fetch_add(1, std::memory_order_relaxed);
+  return b;
+}
+
+void KvStore::put_staged(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
+                         int32_t buffer, std::function<void()> wait) {
+  Write w;
+  w.hash = hash;
+  w.parent = parent;
+  w.tokens.assign(tokens.begin(), tokens.end());
+  w.buffer = buffer;
+  w.wait = std::move(wait);
+  {
+    // No bound to check: the staging buffers bound the staged blocks.
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(w));
   }
   cv_.notify_all();
 }
 
 void KvStore::run_writer() {
   for (;;) {
+    Write* staged = nullptr;
     Write w;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -198,13 +267,49 @@ void KvStore::run_writer() {
       cv_.notify_all();  // flush() waits for an idle writer
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping with nothing left
-      w = std::move(queue_.front());
-      queue_.pop_front();
       busy_ = true;
+      // Staged blocks first, out of their buffers into the queue's own memory: the staging
+      // buffers are few (pinned memory), the queue is longer, but bounded too: with
+      // max_queued_ blocks out of their buffers, the oldest is sent first (the staging buffers
+      // then fill and later blocks are dropped). Only this thread removes entries, and a
+      // deque's push_back keeps references to them valid.
+      if (num_unstaged() < max_queued_) {
+        for (Write& q : queue_) {
+          if (q.buffer >= 0) {
+            staged = &q;
+            break;
+          }
+        }
+      }
+      if (staged == nullptr) {
+        w = std::move(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    if (staged != nullptr) {
+      if (staged->wait) staged->wait();
+      std::string value =
+          frame(staged->hash, staged->parent, staged->tokens, staging_.bytes(staged->buffer));
+      staging_.give_back(staged->buffer);
+      std::lock_guard<std::mutex> lock(mu_);
+      staged->bytes = std::move(value);
+      staged->framed = true;
+      staged->buffer = -1;
+      staged->wait = nullptr;
+      continue;
+    }
+    if (w.buffer >= 0) {  // sent straight from its staging buffer
+      if (w.wait) w.wait();
+      w.bytes = frame(w.hash, w.parent, w.tokens, staging_.bytes(w.buffer));
+      w.framed = true;
+      staging_.give_back(w.buffer);
     }
     const std::string k = key(w.hash);
-    const std::string value = encode(w.hash, w.parent, w.tokens, w.bytes);
+    std::string value = w.framed
+                            ? std::move(w.bytes)
+                            : frame(w.hash, w.parent, w.tokens, std::as_bytes(std::span(w.bytes)));
     w.bytes = std::string();  // the block's bytes are in `value` now
+    seal(value);
     const std::string_view args[] = {"SET", k, value};
     if (redisReply* r = writer_->run(args)) {
       hiredis().free_reply(r);
@@ -212,6 +317,7 @@ void KvStore::run_writer() {
     } else {
       errors_.fetch_add(1, std::memory_order_relaxed);
     }
+    if (spare_.size() < kSpareValues) spare_.push_back(std::move(value));
   }
 }
 
@@ -220,52 +326,92 @@ void KvStore::flush() {
   cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
 }
 
-std::optional<std::string> KvStore::get(uint64_t hash, uint64_t parent,
-                                        std::span<const int32_t> tokens) {
-  const std::string k = key(hash);
-  const std::string_view args[] = {"GET", k};
-  redisReply* r = reader_->run(args);
-  if (r == nullptr) {
-    errors_.fetch_add(1, std::memory_order_relaxed);
-    return std::nullopt;
-  }
-  std::optional<std::string> out;
-  const char* problem = nullptr;
-  if (r->type == REDIS_REPLY_NIL) {
-    misses_.fetch_add(1, std::memory_order_relaxed);
-  } else if (r->type != REDIS_REPLY_STRING) {
-    problem = "not a string";
-  } else {
-    const size_t want = kHeaderBytes + tokens.size_bytes() + static_cast<size_t>(block_bytes_);
-    const char* p = r->str;
-    if (r->len != want) {
-      problem = "wrong size";
-    } else if (std::memcmp(p, kMagic, 4) != 0 || get_le<uint32_t>(p + 4) != kFormat ||
-               get_le<uint32_t>(p + 8) != block_size_) {
-      problem = "wrong format";
-    } else if (get_le<uint64_t>(p + 12) != parent || get_le<uint64_t>(p + 20) != hash ||
-               get_le<uint64_t>(p + 28) != static_cast<uint64_t>(block_bytes_)) {
-      problem = "another block";
-    } else if (XXH64(p + kHeaderBytes, r->len - kHeaderBytes, XXH64(p, 36, 0)) !=
-               get_le<uint64_t>(p + 36)) {
-      problem = "checksum mismatch";
-    } else {
-      for (size_t i = 0; i < tokens.size() && problem == nullptr; ++i)
-        if (get_le<uint32_t>(p + kHeaderBytes + 4 * i) != static_cast<uint32_t>(tokens[i]))
-          problem = "another prefix (hash collision)";
-      if (problem == nullptr) {
-        out.emplace(p + kHeaderBytes + tokens.size_bytes(), static_cast<size_t>(block_bytes_));
-        hits_.fetch_add(1, std::memory_order_relaxed);
-        bytes_read_.fetch_add(block_bytes_, std::memory_order_relaxed);
+const char* KvStore::check(const char* p, size_t len, const KvStoreBlockRef& b) const {
+  const size_t want = kHeaderBytes + b.tokens.size_bytes() + static_cast<size_t>(block_bytes_);
+  if (len != want) return "wrong size";
+  if (std::memcmp(p, kMagic, 4) != 0 || get_le<uint32_t>(p + 4) != kFormat ||
+      get_le<uint32_t>(p + 8) != block_size_)
+    return "wrong format";
+  if (get_le<uint64_t>(p + 12) != b.parent || get_le<uint64_t>(p + 20) != b.hash ||
+      get_le<uint64_t>(p + 28) != static_cast<uint64_t>(block_bytes_))
+    return "another block";
+  if (XXH64(p + kHeaderBytes, len - kHeaderBytes, XXH64(p, 36, 0)) != get_le<uint64_t>(p + 36))
+    return "checksum mismatch";
+  for (size_t i = 0; i < b.tokens.size(); ++i)
+    if (get_le<uint32_t>(p + kHeaderBytes + 4 * i) != static_cast<uint32_t>(b.tokens[i]))
+      return "another prefix (hash collision)";
+  return nullptr;
+}
+
+int64_t KvStore::get_prefix(std::span<const KvStoreBlockRef> blocks,
+                            const std::function<bool(size_t, std::span<const std::byte>)>& on_hit) {
+  size_t sent = 0, got = 0;
+  int64_t taken = 0;
+  bool done = false;
+  while (got < blocks.size() && !done) {
+    // Keep kReadDepth GETs in flight: the store sends the next values while this thread checks
+    // and hands on the current one.
+    for (; sent < blocks.size() && sent - got < kReadDepth; ++sent) {
+      const std::string k = key(blocks[sent].hash);
+      const std::string_view args[] = {"GET", k};
+      if (!reader_->append(args)) {
+        errors_.fetch_add(1, std::memory_order_relaxed);
+        return taken;  // the connection is down: nothing is in flight on it
       }
     }
+    redisReply* r = reader_->next_reply();
+    ++got;
+    if (r == nullptr) {
+      errors_.fetch_add(1, std::memory_order_relaxed);
+      if (!reader_->ctx) return taken;  // dropped: nothing left in flight
+      break;                            // an error reply: read the rest below
+    }
+    const KvStoreBlockRef& b = blocks[got - 1];
+    const char* problem = nullptr;
+    if (r->type == REDIS_REPLY_NIL) {
+      misses_.fetch_add(1, std::memory_order_relaxed);
+      done = true;
+    } else if (r->type != REDIS_REPLY_STRING) {
+      problem = "not a string";
+    } else if ((problem = check(r->str, r->len, b)) == nullptr) {
+      hits_.fetch_add(1, std::memory_order_relaxed);
+      bytes_read_.fetch_add(block_bytes_, std::memory_order_relaxed);
+      const auto* payload =
+          reinterpret_cast<const std::byte*>(r->str + kHeaderBytes + b.tokens.size_bytes());
+      if (on_hit(got - 1, {payload, static_cast<size_t>(block_bytes_)}))
+        ++taken;
+      else
+        done = true;
+    }
+    if (problem != nullptr) {
+      LONGCTX_LOG_WARN("KV store {}: the value of {} is malformed ({}); recomputing the block",
+                       url_, key(b.hash), problem);
+      errors_.fetch_add(1, std::memory_order_relaxed);
+      done = true;
+    }
+    hiredis().free_reply(r);
   }
-  if (problem != nullptr) {
-    LONGCTX_LOG_WARN("KV store {}: the value of {} is malformed ({}); recomputing the block", url_,
-                     k, problem);
-    errors_.fetch_add(1, std::memory_order_relaxed);
+  // The replies of GETs sent past where the lookup ended: read and dropped, so the connection
+  // answers the next command with its own reply.
+  for (; got < sent; ++got) {
+    redisReply* r = reader_->next_reply();
+    if (r == nullptr) {
+      if (!reader_->ctx) break;
+      continue;
+    }
+    hiredis().free_reply(r);
   }
-  hiredis().free_reply(r);
+  return taken;
+}
+
+std::optional<std::string> KvStore::get(uint64_t hash, uint64_t parent,
+                                        std::span<const int32_t> tokens) {
+  std::optional<std::string> out;
+  const KvStoreBlockRef b{hash, parent, tokens};
+  get_prefix(std::span(&b, 1), [&](size_t, std::span<const std::byte> bytes) {
+    out.emplace(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return true;
+  });
   return out;
 }
 

@@ -98,4 +98,25 @@ void PagedKVPool::write_block(int32_t block, std::span<const std::byte> in) {
   }
 }
 
+void PagedKVPool::read_block_async(int32_t block, std::span<std::byte> out, void* stream) const {
+  check_block_io(block, out.size());
+  std::byte* p = out.data();
+  for (const Tensor* t : block_tensors()) {
+    const Tensor src = t->select(0, block);  // one contiguous slab a tensor
+    Tensor::from_blob(p, src.shape(), src.dtype()).copy_from_async(src, stream);
+    p += src.nbytes();
+  }
+}
+
+void PagedKVPool::write_block_async(int32_t block, std::span<const std::byte> in, void* stream) {
+  check_block_io(block, in.size());
+  const std::byte* p = in.data();
+  for (const Tensor* t : block_tensors()) {
+    Tensor dst = t->select(0, block);
+    dst.copy_from_async(Tensor::from_blob(const_cast<std::byte*>(p), dst.shape(), dst.dtype()),
+                        stream);
+    p += dst.nbytes();
+  }
+}
+
 }  // namespace longctx

@@ -56,6 +56,11 @@ class PagedKVPool {
   // Throws Error(kInternal) for a block out of range or a span of another size.
   void read_block(int32_t block, std::span<std::byte> out) const;
   void write_block(int32_t block, std::span<const std::byte> in);
+  // The same copies enqueued on `stream` (a cudaStream_t of the pool's device) with no host wait:
+  // truly asynchronous when `out` / `in` is pinned host memory, which must stay alive, and the
+  // block unwritten, until the stream has run them. A CPU pool copies at once.
+  void read_block_async(int32_t block, std::span<std::byte> out, void* stream) const;
+  void write_block_async(int32_t block, std::span<const std::byte> in, void* stream);
   // n block ids (lowest first); throws Error(kOutOfMemory) naming the shortfall, allocating none.
   std::vector<int32_t> allocate(int64_t n);
   void free(const std::vector<int32_t>& blocks);

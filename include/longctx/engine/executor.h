@@ -89,6 +89,17 @@ class Executor {
   virtual std::string kv_block_format() const { return {}; }
   virtual void read_kv_block(int32_t block, std::span<std::byte> out) const;
   virtual void write_kv_block(int32_t block, std::span<const std::byte> in);
+  // The same copies started without waiting for them (a GPU executor: on a copy stream, from and
+  // into pinned host memory, see kv_block_io_pinned()); the returned wait (empty: the copy
+  // finished already) blocks until the copy did, from any thread, and `out` / `in` must stay
+  // valid until then. An export reads the block after the step that computed it, and the
+  // executor keeps any later step or import from writing the block before the export read it.
+  // An import's wait must return before the next step (which reads the block). The default
+  // copies at once (read_kv_block / write_kv_block).
+  virtual std::function<void()> read_kv_block_async(int32_t block, std::span<std::byte> out);
+  virtual std::function<void()> write_kv_block_async(int32_t block, std::span<const std::byte> in);
+  // Whether the host buffers of those copies should be page-locked (KvBlockBuffers).
+  virtual bool kv_block_io_pinned() const { return false; }
   // Samples one token per row of execute()'s logits. The default samples on the host.
   virtual std::vector<SampleResult> sample(const Tensor& logits,
                                            std::span<const SamplingParams* const> params,

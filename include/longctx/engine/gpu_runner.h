@@ -140,6 +140,11 @@ class GpuRunner {
   std::string kv_block_format() const;
   void read_kv_block(int32_t block, std::span<std::byte> out) const;
   void write_kv_block(int32_t block, std::span<const std::byte> in);
+  // The same copies enqueued on `stream` (a cudaStream_t) with no host wait
+  // (PagedKVPool::read_block_async); the caller orders them with the steps.
+  void read_kv_block_async(int32_t block, std::span<std::byte> out, void* stream) const;
+  void write_kv_block_async(int32_t block, std::span<const std::byte> in, void* stream);
+  Device device() const;  // the model's CUDA device
 
   // Standalone use, refused once an engine drives the runner. Inputs' block tables are ignored
   // (the runner keeps each seq_id's blocks until release()); num_new 0 runs all the rest.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention/sparse/kv_export.h"
 #include "attention/sparse/policies.h"
 #include "longctx/core/error.h"
 
@@ -60,6 +61,11 @@ float quest_upper_bound(const float* q, const float* kmin, const float* kmax, in
   float s = 0.f;
   for (int64_t i = 0; i < head_dim; ++i) s += std::max(q[i] * kmin[i], q[i] * kmax[i]);
   return s;
+}
+
+bool exports_kv_blocks(bool resident, const KvGroups& groups, const SparseOptions& options) {
+  return resident && groups.single_full() && !selects(options, Phase::kDecode) &&
+         !selects(options, Phase::kPrefill);
 }
 
 }  // namespace longctx::sparse

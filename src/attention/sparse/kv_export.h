@@ -1,0 +1,15 @@
+// Whether a KV cache's blocks can go to and come from a KV store shared by replicas
+// (docs/fleet.md, "Shared KV store"), beside the policy registry that answers the policy's part.
+#pragma once
+
+#include "longctx/attention/kv_groups.h"
+#include "longctx/attention/sparse_options.h"
+
+namespace longctx::sparse {
+
+// A resident pool (no offload), one full-attention KV group, and a policy that selects nothing
+// (its per-block summaries would not see an imported block). The one answer the CPU executor and
+// the GPU runner give.
+bool exports_kv_blocks(bool resident, const KvGroups& groups, const SparseOptions& options);
+
+}  // namespace longctx::sparse
