@@ -165,7 +165,7 @@ KvStore::KvStore(const std::string& url, std::string ns, int64_t block_size, int
   LONGCTX_CHECK(block_size > 0 && block_bytes > 0, ErrorCode::kInvalidArgument,
                 "KV store: blocks of {} tokens, {} bytes", block_size, block_bytes);
   hiredis();  // a missing library is a start-up error
-  reader_ = std::make_unique<Connection>(*this);
+  for (size_t i = 0; i < kReaders; ++i) readers_.push_back(std::make_unique<Connection>(*this));
   writer_ = std::make_unique<Connection>(*this);
   thread_ = std::thread([this] { run_writer(); });
 }
@@ -345,61 +345,117 @@ const char* KvStore::check(const char* p, size_t len, const KvStoreBlockRef& b) 
 
 int64_t KvStore::get_prefix(std::span<const KvStoreBlockRef> blocks,
                             const std::function<bool(size_t, std::span<const std::byte>)>& on_hit) {
-  size_t sent = 0, got = 0;
-  int64_t taken = 0;
-  bool done = false;
-  while (got < blocks.size() && !done) {
-    // Keep kReadDepth GETs in flight: the store sends the next values while this thread checks
-    // and hands on the current one.
-    for (; sent < blocks.size() && sent - got < kReadDepth; ++sent) {
-      const std::string k = key(blocks[sent].hash);
-      const std::string_view args[] = {"GET", k};
-      if (!reader_->append(args)) {
-        errors_.fetch_add(1, std::memory_order_relaxed);
-        return taken;  // the connection is down: nothing is in flight on it
-      }
-    }
-    redisReply* r = reader_->next_reply();
-    ++got;
-    if (r == nullptr) {
-      errors_.fetch_add(1, std::memory_order_relaxed);
-      if (!reader_->ctx) return taken;  // dropped: nothing left in flight
-      break;                            // an error reply: read the rest below
-    }
-    const KvStoreBlockRef& b = blocks[got - 1];
+  if (blocks.empty()) return 0;
+  // kReaders threads, each with a connection of its own, GET and check the blocks (in order of
+  // index, at most kReadAhead past the one this thread hands on); this thread hands them to
+  // on_hit in order. A 16 MiB value costs milliseconds to read off the socket and to checksum,
+  // which one thread alone would pay for every block.
+  enum class State { kPending, kValue, kMiss, kFailed };
+  struct Result {
+    State state = State::kPending;
+    redisReply* reply = nullptr;  // kValue: the checked value
     const char* problem = nullptr;
-    if (r->type == REDIS_REPLY_NIL) {
-      misses_.fetch_add(1, std::memory_order_relaxed);
-      done = true;
-    } else if (r->type != REDIS_REPLY_STRING) {
-      problem = "not a string";
-    } else if ((problem = check(r->str, r->len, b)) == nullptr) {
+  };
+  std::vector<Result> results(blocks.size());
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t next = 0;             // the next block a reader takes
+  size_t consumed = 0;         // blocks handed on (or that ended the lookup)
+  size_t end = blocks.size();  // no block at or past a miss is read
+  bool stop = false;
+  auto read = [&](Connection& conn) {
+    for (;;) {
+      size_t i = 0;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || next >= end || next < consumed + kReadAhead; });
+        if (stop || next >= end) return;
+        i = next++;
+      }
+      Result r;
+      const std::string k = key(blocks[i].hash);
+      const std::string_view args[] = {"GET", k};
+      redisReply* reply = conn.run(args);
+      if (reply == nullptr) {
+        r.state = State::kFailed;  // logged by the connection
+      } else if (reply->type == REDIS_REPLY_NIL) {
+        r.state = State::kMiss;
+      } else if (reply->type != REDIS_REPLY_STRING) {
+        r.state = State::kFailed;
+        r.problem = "not a string";
+      } else if ((r.problem = check(reply->str, reply->len, blocks[i])) != nullptr) {
+        r.state = State::kFailed;
+      } else {
+        r.state = State::kValue;
+        r.reply = reply;
+        reply = nullptr;
+      }
+      if (reply != nullptr) hiredis().free_reply(reply);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        results[i] = r;
+        if (r.state != State::kValue) end = std::min(end, i + 1);
+      }
+      cv.notify_all();
+    }
+  };
+  std::vector<std::thread> threads;
+  // Stops and joins the readers however this function leaves (on_hit may throw).
+  struct Joiner {
+    std::vector<std::thread>& threads;
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& stop;
+    std::vector<Result>& results;
+    ~Joiner() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stop = true;
+      }
+      cv.notify_all();
+      for (std::thread& t : threads) t.join();
+      for (Result& r : results)
+        if (r.reply != nullptr) hiredis().free_reply(r.reply);
+    }
+  } joiner{threads, mu, cv, stop, results};
+  for (auto& conn : readers_) threads.emplace_back(read, std::ref(*conn));
+
+  int64_t taken = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    Result r;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return results[i].state != State::kPending; });
+      r = results[i];
+      results[i].reply = nullptr;  // this thread frees it
+    }
+    bool more = false;
+    if (r.state == State::kValue) {
       hits_.fetch_add(1, std::memory_order_relaxed);
       bytes_read_.fetch_add(block_bytes_, std::memory_order_relaxed);
-      const auto* payload =
-          reinterpret_cast<const std::byte*>(r->str + kHeaderBytes + b.tokens.size_bytes());
-      if (on_hit(got - 1, {payload, static_cast<size_t>(block_bytes_)}))
-        ++taken;
-      else
-        done = true;
-    }
-    if (problem != nullptr) {
-      LONGCTX_LOG_WARN("KV store {}: the value of {} is malformed ({}); recomputing the block",
-                       url_, key(b.hash), problem);
+      const auto* payload = reinterpret_cast<const std::byte*>(r.reply->str + kHeaderBytes +
+                                                               blocks[i].tokens.size_bytes());
+      struct Free {
+        redisReply* r;
+        ~Free() { hiredis().free_reply(r); }
+      } free_reply{r.reply};
+      more = on_hit(i, {payload, static_cast<size_t>(block_bytes_)});
+      if (more) ++taken;
+    } else if (r.state == State::kMiss) {
+      misses_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      if (r.problem != nullptr)
+        LONGCTX_LOG_WARN("KV store {}: the value of {} is malformed ({}); recomputing the block",
+                         url_, key(blocks[i].hash), r.problem);
       errors_.fetch_add(1, std::memory_order_relaxed);
-      done = true;
     }
-    hiredis().free_reply(r);
-  }
-  // The replies of GETs sent past where the lookup ended: read and dropped, so the connection
-  // answers the next command with its own reply.
-  for (; got < sent; ++got) {
-    redisReply* r = reader_->next_reply();
-    if (r == nullptr) {
-      if (!reader_->ctx) break;
-      continue;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++consumed;
+      if (!more) stop = true;
     }
-    hiredis().free_reply(r);
+    cv.notify_all();
+    if (!more) break;
   }
   return taken;
 }

@@ -10,12 +10,13 @@
 // thread waits for the copy, moves the bytes out of the staging buffer (first, before any send,
 // so the few pinned buffers are free again soon) and sends them. With every staging buffer taken
 // a block is dropped and counted (a step never waits for the store). Reads (get_prefix()) are
-// synchronous on the caller's thread, several GETs in flight at once (Redis pipelining), each
-// bounded by a timeout. Every value carries a
-// header (format, block size, parent hash, the block's tokens) and an xxhash64 checksum; a value
-// that fails any check, a timeout, or a store that is down is a miss (logged, counted): the
-// caller recomputes, so the store can never change an output. After a connection failure the
-// store is not tried again for a second, so a down store costs one timeout a second at most.
+// synchronous for the caller, done by several threads with a connection each (reading a 16 MiB
+// value off the socket and checksumming it cost milliseconds), each GET bounded by a timeout. Every
+// value carries a header (format, block size, parent hash, the block's tokens) and an xxhash64
+// checksum; a value that fails any check, a timeout, or a store that is down is a miss (logged,
+// counted): the caller recomputes, so the store can never change an output. After a connection
+// failure the store is not tried again for a second, so a down store costs one timeout a second at
+// most.
 #pragma once
 
 #include <atomic>
@@ -57,8 +58,10 @@ class KvStore {
   // Staging buffers, all of them together, at most staging_bytes (at least 4 buffers, at most
   // max_queued_writes); by default this many.
   static constexpr int64_t kStagingBytes = int64_t{1} << 30;
-  // GETs in flight at once in get_prefix().
-  static constexpr size_t kReadDepth = 4;
+  // get_prefix()'s reading threads (each with a connection of its own), and how many blocks
+  // past the one handed on they may read (the memory of that many values).
+  static constexpr size_t kReaders = 4;
+  static constexpr size_t kReadAhead = 8;
 
   // `url`: redis://HOST:PORT. `ns` names the model and the bytes' format (blocks of different
   // models or formats never meet). `pinned_staging`: the staging buffers are page-locked (a GPU
@@ -82,7 +85,8 @@ class KvStore {
   // store gives the buffer back. Never waits.
   void put_staged(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens, int32_t buffer,
                   std::function<void()> wait);
-  // Reads `blocks` in order, up to kReadDepth GETs in flight, and calls on_hit(i, bytes) for
+  // Reads `blocks` (kReaders threads, up to kReadAhead blocks ahead) and calls on_hit(i, bytes), in
+  // order, for
   // each verified value (the bytes valid during the call) until the first block the store does
   // not hold or that fails a check, a store failure, or on_hit returning false. Returns how many
   // blocks on_hit took.
@@ -128,8 +132,8 @@ class KvStore {
   int64_t block_size_, block_bytes_;
   int timeout_ms_;
   size_t max_queued_;
-  std::unique_ptr<Connection> reader_;  // the caller's thread
-  std::unique_ptr<Connection> writer_;  // the writer thread
+  std::vector<std::unique_ptr<Connection>> readers_;  // get_prefix()'s threads, one each
+  std::unique_ptr<Connection> writer_;                // the writer thread
   KvBlockBuffers staging_;
   std::vector<std::string> spare_;  // sent values kept for frame() (the writer thread's)
   mutable std::mutex mu_;

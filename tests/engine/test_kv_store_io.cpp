@@ -1,9 +1,9 @@
 // The KV store's block I/O, device-agnostic (docs/fleet.md, "Shared KV store"): the staging
 // buffers a GPU executor copies blocks into (a fixed pool: a block finding none is dropped and
-// counted), the writer thread reading a staged block only once its copy finished, and pipelined
-// reads (several GETs in flight) that stop at the first missing block and leave the connection
-// answering the next command with its own reply. Against a real redis-server (the tests fail
-// without it), with plain host buffers standing in for pinned ones.
+// counted), the writer thread reading a staged block only once its copy finished, and reads by
+// several threads (a connection each) handed on in order, ending at the first missing block,
+// with every connection answering the next lookup with its own replies. Against a real redis-server
+// (the tests fail without it), with plain host buffers standing in for pinned ones.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -128,9 +128,10 @@ TEST(KvStore, StagedWritesWaitForTheCopyAndDropWhenNoBufferIsFree) {
   EXPECT_EQ(store.stats().errors, 0);
 }
 
-// Pipelined reads: blocks in order until the first the store lacks; GETs sent past the end of
-// the lookup are read and dropped, so the next lookup on the connection gets its own replies.
-TEST(KvStore, PipelinedReadsStopAtTheFirstMissAndKeepTheConnectionInStep) {
+// Reads ahead by several threads: blocks handed on in order until the first the store lacks;
+// what was read past the end of the lookup is dropped, and the next lookups get their own
+// values.
+TEST(KvStore, ParallelReadsAreHandedOnInOrderUntilTheFirstMiss) {
   testing::RedisProcess redis;
   ASSERT_TRUE(redis.up());
   KvStore store(redis.url(), "io", kBlock, kBytes);
@@ -166,7 +167,7 @@ TEST(KvStore, PipelinedReadsStopAtTheFirstMissAndKeepTheConnectionInStep) {
                              }),
             2);
   EXPECT_EQ(calls, 3);
-  // The connection answers each next GET with its own value, not one left in flight.
+  // Each next lookup gets its own value, not one read ahead for the last.
   for (uint64_t h : {10ull, 1ull, 12ull}) {
     const std::optional<std::string> got = store.get(h, h - 1, tokens[h - 1]);
     ASSERT_TRUE(got.has_value()) << "block " << h;
