@@ -11,5 +11,14 @@ TEST(PagedKVPoolIo, BlocksRoundTripInTheStoresOrder) {
   }
 }
 
+TEST(PagedKVPoolIo, AsynchronousCopiesGiveTheSameBytes) {
+  for (DType dtype : {DType::kF32, DType::kFP8E4M3}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    testing::check_async_block_io(
+        Device::cpu(), dtype, nullptr, [](int64_t n) { return Tensor::empty({n}, DType::kU8); },
+        [] {});
+  }
+}
+
 }  // namespace
 }  // namespace longctx
