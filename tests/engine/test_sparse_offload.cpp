@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <string>
 
 #include "attention/backends/cpu_paged_backend.h"
 #include "attention/backends/offload_backend.h"
@@ -19,6 +20,7 @@
 #include "engine/step_batch.h"
 #include "kernels/attention_params.h"
 #include "kv/paged_kv_pool.h"
+#include "longctx/core/error.h"
 
 namespace longctx::testing {
 namespace {
@@ -208,6 +210,55 @@ TEST(SparseOffload, XAttentionThroughTheSimulatedDeviceIsTheResidentPolicy) {
     std::printf("host bytes read: %lld at threshold 0.6, %lld at 1\n", (long long)host_bytes[0],
                 (long long)host_bytes[1]);
   }
+}
+
+// The device factory builds a sparse reader beside the ring only under a policy that selects
+// (none under full; an FP8 cache refuses one), and the backend takes the reader's steps off the
+// ring: under quest, prefill steps load host blocks through the ring, decode steps load none.
+TEST(SparseOffload, TheReaderComesWithASelectingPolicyAndTakesItsStepsOffTheRing) {
+  OffloadDeviceConfig d;
+  d.geometry = {1, kBlock, 64, 12, /*slots=*/2, /*slot blocks=*/3};
+  d.num_qo_heads = kHq;
+  d.num_kv_heads = kHkv;
+  d.head_dim = kD;
+  d.dtype = DType::kF32;
+  d.sm_scale = 0.5f;
+  d.max_tokens = 64;
+  d.max_seqs = 4;
+  for (SparsePolicyKind kind : {SparsePolicyKind::kFull, SparsePolicyKind::kQuest,
+                                SparsePolicyKind::kXAttention, SparsePolicyKind::kStreaming}) {
+    SCOPED_TRACE(std::string(sparse_policy_name(kind)));
+    d.sparse.policy = kind;
+    const OffloadDeviceParts parts = make_cpu_offload_device(d);
+    EXPECT_NE(parts.ring, nullptr);
+    EXPECT_EQ(parts.sparse != nullptr, kind != SparsePolicyKind::kFull);
+  }
+  d.sparse.policy = SparsePolicyKind::kQuest;
+  d.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  try {
+    make_cpu_offload_device(d);
+    ADD_FAILURE() << "a sparse reader over an FP8 cache was built";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+  }
+
+  SparseOptions quest;
+  quest.policy = SparsePolicyKind::kQuest;
+  quest.budget_tokens = 64;
+  quest.sink_tokens = 16;
+  quest.window_tokens = 16;
+  ThreeBackends run(quest, {500, 333}, /*chunk=*/48, /*decodes=*/3, 9);
+  int64_t prefill_items = 0;
+  while (!run.prefill_step().empty())
+    prefill_items += static_cast<int64_t>(run.offload().last_plan().items.size());
+  EXPECT_GT(prefill_items, 0) << "prefill chunks read earlier host blocks through the ring";
+  const int64_t ring_blocks = run.offload().stats().ring_blocks_loaded;
+  for (int k = 0; k < 3; ++k) {
+    run.decode_step();
+    EXPECT_TRUE(run.offload().last_plan().items.empty()) << "decode step " << k;
+  }
+  EXPECT_EQ(run.offload().stats().ring_blocks_loaded, ring_blocks);
+  EXPECT_GT(run.offload().sparse_host_bytes_read(), 0);
 }
 
 }  // namespace

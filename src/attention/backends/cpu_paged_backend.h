@@ -62,7 +62,7 @@ class CpuPagedBackend final : public AttentionBackend {
 
 // One decode row over the pages `sel` lists per KV head (online softmax in fp32, keys in order):
 // q [Hq, d], out [Hq, d]; row(j, half) is key j's K (half 0) or V (half 1) row [Hkv, d]. The
-// resident backend and the simulated offload device share it, so their outputs are equal.
+// resident backend and the simulated offload's sparse reader share it, so their outputs are equal.
 template <typename RowFn>
 void attend_selected_pages(const float* q, const sparse::DecodeSelection& sel, int64_t kv_len,
                            int64_t hq, int64_t hkv, int64_t d, float sm_scale, RowFn&& row,

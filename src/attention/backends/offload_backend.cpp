@@ -5,13 +5,12 @@
 
 #include "attention/backends/paged_backend.h"
 #include "longctx/core/error.h"
-#include "longctx/core/logging.h"
 
 namespace longctx {
 
 OffloadAttentionBackend::OffloadAttentionBackend(const OffloadGeometry& geometry,
-                                                 std::unique_ptr<OffloadDevice> device)
-    : planner_(geometry), device_(std::move(device)) {
+                                                 OffloadDeviceParts device)
+    : planner_(geometry), device_(std::move(device.ring)), sparse_(std::move(device.sparse)) {
   LONGCTX_CHECK(device_ != nullptr, ErrorCode::kInvalidArgument, "KV offload: no device");
 }
 
@@ -110,18 +109,19 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   limits.max_blocks = std::numeric_limits<int32_t>::max();
   check_paged_batch(batch, g.block_size, g.num_host_blocks, limits);
   plan_ = planner_.plan(batch, copies_, [this](uint64_t t) { return device_->ticket_done(t); });
+  // The sparse reader is asked where the planner put the step's blocks, before anything loads.
   std::vector<int32_t> loc;
-  if (device_->sparse())
+  if (sparse_ != nullptr)
     for (int32_t host : batch.block_tables) {
       const int32_t gpu = planner_.gpu_block(host);
       loc.push_back(gpu >= 0 ? gpu : -host - 1);
     }
-  sparse_step_ = device_->sparse() && device_->sparse_step(batch, loc);
-  if (sparse_step_) plan_.items.clear();  // the device reads the selected host pages in place
+  sparse_step_ = sparse_ != nullptr && sparse_->takes_step(batch, loc);
+  if (sparse_step_) plan_.items.clear();  // the reader reads the host blocks it needs itself
   device_->begin_step(plan_);
-  if (device_->sparse()) {
+  if (sparse_ != nullptr) {
     if (!sparse_step_) loc.clear();
-    device_->plan_sparse(batch, loc, copies_);
+    sparse_->plan(batch, plan_, loc, copies_);
   }
   copies_.clear();
   total_loads_ = g.num_layers * static_cast<int64_t>(plan_.items.size());
@@ -138,22 +138,6 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   stats_.host_bytes_loaded +=
       static_cast<int64_t>(plan_.loads.size()) * g.num_layers * layer_block_bytes_;
   planned_ = true;
-}
-
-XAttnStaging xattn_offload_staging(const OffloadGeometry& g, int64_t max_model_len) {
-  const int64_t tokens = max_model_len > 0 ? max_model_len : g.num_host_blocks * g.block_size;
-  return {std::min<int64_t>((tokens + g.block_size - 1) / g.block_size, g.num_host_blocks),
-          std::min<int64_t>(2, g.num_layers), tokens};
-}
-
-void warn_xattn_staging_full() {
-  LONGCTX_LOG_WARN(
-      "xattention with KV offload: a step's host blocks exceed the GPU staging (one "
-      "max_model_len sequence); such steps run dense attention through the ring");
-}
-
-Tensor OffloadDevice::attend_sparse(int64_t, const Tensor&) {
-  LONGCTX_THROW(ErrorCode::kInternal, "KV offload: this device has no sparse policy");
 }
 
 void OffloadAttentionBackend::issue_load(int64_t g) {
@@ -174,6 +158,7 @@ void OffloadAttentionBackend::store_kv(int64_t model_layer, const Tensor& k, con
   }
   LONGCTX_CHECK(planned_, ErrorCode::kInternal, "KV offload: store_kv before plan");
   device_->store_kv(layer, k, v);
+  if (sparse_ != nullptr) sparse_->on_keys_stored(layer, k);
 }
 
 Tensor OffloadAttentionBackend::attend(int64_t model_layer, const Tensor& q) {
@@ -185,7 +170,7 @@ Tensor OffloadAttentionBackend::attend(int64_t model_layer, const Tensor& q) {
                 next_layer_);
   Tensor o;
   if (sparse_step_) {
-    o = device_->attend_sparse(layer, q);
+    o = sparse_->attend(layer, q);
   } else {
     device_->attend_resident(layer, q);
     const int64_t items = static_cast<int64_t>(plan_.items.size());

@@ -12,7 +12,9 @@
 // The device is the CUDA one (copy streams, events; offload_device_cuda.cu) or the CPU
 // simulation (offload_device_cpu.cpp: memcpy as the copy engine, a ring that throws when a slot
 // is overwritten before its reader released it, write-backs that land late), which runs the same
-// plans in CI.
+// plans in CI. Under a sparse policy the device comes with a sparse reader over its memory
+// (offload_sparse.h), which the backend asks, once the planner placed the step's blocks and
+// before anything loads, whether it attends the step itself (then the step has no ring items).
 //
 // KV groups (issue 44: Gemma 3, Mistral with a sliding window): only the full group (group 0) is
 // offloaded. A sliding group's KV per sequence is bounded by its window (plus a step), so it never
@@ -22,8 +24,8 @@
 // group is: a full layer through the planner's resident blocks and the ring (offload layer =
 // its pool layer), a sliding layer to the resident backend. The geometry's layers are the full
 // group's, and the host pool and GPU cache hold only them; a sparse policy (Quest, XAttention)
-// is the device's and so selects over the full group's layers only, while a window layer reads its
-// window, which is small already.
+// reads the device's memory and so selects over the full group's layers only, while a window
+// layer reads its window, which is small already.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +35,7 @@
 #include <vector>
 
 #include "attention/backends/offload_planner.h"
+#include "attention/backends/offload_sparse.h"
 #include "attention/backends/paged_backend.h"
 #include "kernels/kv_format.h"
 #include "longctx/attention/forward_batch.h"
@@ -57,9 +60,9 @@ struct OffloadDeviceConfig {
   Device device = Device::cpu();
   int64_t max_tokens = 0;  // tokens per step
   int64_t max_seqs = 0;    // sequences per step
-  // The sparse policy (the registry's twin on each device): a decode policy reads the selected
-  // pages of decode steps itself, host pages in place; a prefill policy attends steps with a
-  // prefill over host keys it reads first; other steps run as without it.
+  // The sparse policy: the factories build the device's sparse reader from it (the registry's
+  // policy for that device), null unless it selects a phase; the CUDA device's GPU cache then
+  // ends with a prefill policy's staging.
   SparseOptions sparse;
   int64_t max_model_len = 0;
   // CUDA only: the paged kernels' choices (paged_dispatch.h; defaults: the measured ones).
@@ -87,8 +90,9 @@ struct OffloadStats {
   int64_t host_bytes_written = 0;
 };
 
-// What differs between the CUDA offload and the CPU simulation. Calls come in the order the
-// file comment gives; the device keeps a pointer to the plan of begin_step until the next one.
+// The ring protocol: what differs between the CUDA offload and the CPU simulation. Calls come
+// in the order the file comment gives; the device keeps a pointer to the plan of begin_step until
+// the next one.
 class OffloadDevice {
  public:
   virtual ~OffloadDevice() = default;
@@ -106,48 +110,22 @@ class OffloadDevice {
   virtual Tensor finish_layer(int64_t layer, const Tensor& q) = 0;
   // After the last layer: the plan's write-backs.
   virtual void end_step() = 0;
-
-  // A sparse policy (SparseOptions) that reads host blocks itself.
-  virtual bool sparse() const { return false; }
-  // Whether the device attends this step itself (attend_sparse, host blocks read in place, no
-  // ring items), asked before anything loads: decode-only steps of a decode policy (quest,
-  // streaming), steps with a prefill under a prefill policy (xattention, streaming; on the GPU
-  // when the host keys fit the staging). block_loc: each batch.block_tables entry as (GPU block
-  // g >= 0, or host block h as -h - 1).
-  virtual bool sparse_step(const ForwardBatch& /*batch*/,
-                           std::span<const int32_t> /*block_loc*/) const {
-    return false;
-  }
-  // After begin_step, with sparse(): the engine's copies (its metadata follows them) and, on a
-  // decode step the device attends itself, where each batch.block_tables entry is (GPU block
-  // g >= 0, or host block h as -h - 1); empty otherwise (the plan's ring items run).
-  virtual void plan_sparse(const ForwardBatch& /*batch*/, std::span<const int32_t> /*block_loc*/,
-                           std::span<const KVBlockCopy> /*copies*/) {}
-  // Instead of attend_resident .. finish_layer on such a step.
-  virtual Tensor attend_sparse(int64_t layer, const Tensor& q);
-  // Host bytes the sparse steps read in place so far (synchronizes).
-  virtual int64_t sparse_host_bytes_read() const { return 0; }
-  // A prefill policy's key blocks kept and causal so far (synchronizes).
-  virtual SparsePrefillCounters sparse_prefill_counters() const { return {}; }
 };
 
-// XAttention over an offloaded cache on the GPU stages the host blocks of a step: `buffers`
-// buffers (the next layer's keys load while one computes) of `blocks` blocks (one max_model_len
-// sequence's), after the GPU cache (xattention_offload_cuda.h). The memory plan counts them.
-struct XAttnStaging {
-  int64_t blocks = 0;  // per buffer: one sequence's blocks
-  int64_t buffers = 0;
-  int64_t max_seq_len = 0;  // tokens of that sequence: max_model_len, else the host pool's
-  int64_t bytes(int64_t layer_block_bytes) const { return blocks * buffers * layer_block_bytes; }
+// One device as the backend drives it: the ring and, under a policy that selects, the sparse
+// reader over the same memory (null otherwise). The reader reads the ring's memory, so it is
+// destroyed first.
+struct OffloadDeviceParts {
+  std::unique_ptr<OffloadDevice> ring;
+  std::unique_ptr<OffloadSparseReader> sparse;
 };
-XAttnStaging xattn_offload_staging(const OffloadGeometry& geometry, int64_t max_model_len);
-// Logs (from host code) that a step did not fit the staging and runs dense through the ring.
-void warn_xattn_staging_full();
 
-std::unique_ptr<OffloadDevice> make_cpu_offload_device(const OffloadDeviceConfig& config);
-// Throws Error(kUnsupported) in a build without CUDA; Error(kOutOfMemory) naming the pool when
-// the pinned host pool or the GPU buffers cannot be had.
-std::unique_ptr<OffloadDevice> make_cuda_offload_device(const OffloadDeviceConfig& config);
+// Throws Error(kUnsupported) for a sparse policy over an FP8 cache (not simulated yet).
+OffloadDeviceParts make_cpu_offload_device(const OffloadDeviceConfig& config);
+// Throws Error(kUnsupported) in a build without CUDA or for a prefill policy the offload path has
+// no staging for; Error(kOutOfMemory) naming the pool when the pinned host pool or the GPU
+// buffers cannot be had.
+OffloadDeviceParts make_cuda_offload_device(const OffloadDeviceConfig& config);
 
 // One pinned host -> device copy of `bytes` on `device`, timed (the link's peak for the bench's
 // bound). Throws Error(kUnsupported) without CUDA.
@@ -155,7 +133,7 @@ double measure_host_to_device_gbps(Device device, int64_t bytes);
 
 class OffloadAttentionBackend final : public AttentionBackend {
  public:
-  OffloadAttentionBackend(const OffloadGeometry& geometry, std::unique_ptr<OffloadDevice> device);
+  OffloadAttentionBackend(const OffloadGeometry& geometry, OffloadDeviceParts device);
 
   // A model of several KV groups (file comment): `groups` (the model's: one full group 0, then
   // sliding groups; KvGroups::offloadable()) and `resident` (a paged backend over
@@ -174,10 +152,12 @@ class OffloadAttentionBackend final : public AttentionBackend {
   const OffloadPlanner& planner() const { return planner_; }
   const OffloadStepPlan& last_plan() const { return plan_; }
   const OffloadStats& stats() const { return stats_; }
-  // Host bytes the device's sparse policy read in place (not through the ring); synchronizes.
-  int64_t sparse_host_bytes_read() const { return device_->sparse_host_bytes_read(); }
+  // Host bytes the sparse reader read in place (not through the ring); synchronizes.
+  int64_t sparse_host_bytes_read() const {
+    return sparse_ != nullptr ? sparse_->host_bytes_read() : 0;
+  }
   SparsePrefillCounters sparse_prefill_counters() const override {
-    return device_->sparse_prefill_counters();
+    return sparse_ != nullptr ? sparse_->prefill_counters() : SparsePrefillCounters{};
   }
   int64_t layer_block_bytes() const { return layer_block_bytes_; }
   void set_layer_block_bytes(int64_t bytes) { layer_block_bytes_ = bytes; }
@@ -191,13 +171,14 @@ class OffloadAttentionBackend final : public AttentionBackend {
 
   OffloadPlanner planner_;
   std::unique_ptr<OffloadDevice> device_;
+  std::unique_ptr<OffloadSparseReader> sparse_;  // null without a policy that selects
   std::vector<KVBlockCopy> copies_;
   OffloadStepPlan plan_;
   OffloadStats stats_;
   int64_t layer_block_bytes_ = 0;
   int64_t total_loads_ = 0, next_load_ = 0, next_layer_ = 0;
   bool planned_ = false;
-  bool sparse_step_ = false;  // the device attends the selected pages itself (no ring)
+  bool sparse_step_ = false;  // sparse_ attends this step itself (no ring items)
   // Several KV groups (null: one full group, every layer offloaded).
   const KvGroups* groups_ = nullptr;
   AttentionBackend* resident_ = nullptr;

@@ -4,15 +4,8 @@
 // released it, or read before its load, throws; a write-back lands cpu_write_back_lag steps late
 // (reading the GPU block then), unless a load or a reuse waits for its ticket first, so a missing
 // wait in a plan gives stale K/V and the tests that compare with the resident path fail.
-// A sparse policy (the registry's CPU policy, attention/sparse) is asked before anything is read:
-// a decode step of a decode policy (quest, streaming) reads only the pages its lists name, host
-// pages from the host pool in place (so a sparse step that forgot a write-back's ticket reads
-// stale keys here too), and attends them as the resident CPU engine does
-// (attend_selected_pages); a step with a prefill under a prefill policy (xattention, streaming)
-// reads per sequence the keys of every block (host blocks in place), asks the policy for the
-// chunk's mask and reads the values only of the blocks some head keeps; the masked attention is
-// the resident CPU engine's (kernels::cpu::paged_prefill_ref with the policy's mask), the plan
-// the CUDA device runs (xattention_offload_cuda.h).
+// Under a sparse policy its reader (offload_sparse_cpu.cpp) reads this memory: host pages in
+// place, after the write-backs it lands through this device's queue.
 // An FP8 KV cache (kv_format kFp8E4M3) keeps codes in the same layout and each block's K and V
 // scales beside it ([..][K, V][Hkv] f32); every move carries both, the KV store reference writes
 // the GPU cache's blocks as the resident pool's, and the references read codes x scales (dense
@@ -23,9 +16,8 @@
 #include <limits>
 #include <memory>
 
-#include "attention/backends/cpu_paged_backend.h"
 #include "attention/backends/offload_backend.h"
-#include "attention/sparse/sparse_policy.h"
+#include "attention/backends/offload_sparse_cpu.h"
 #include "kernels/cpu/attention_ref.h"
 #include "kernels/cpu/kv_store_cpu.h"
 #include "kernels/cpu/merge_cpu.h"
@@ -45,10 +37,6 @@ class CpuOffloadDevice final : public OffloadDevice {
     LONGCTX_CHECK(c.device.is_cpu() && c.dtype == DType::kF32, ErrorCode::kInvalidArgument,
                   "KV offload (CPU): needs f32 K/V on the CPU, got {} on {}", dtype_name(c.dtype),
                   c.device.str());
-    LONGCTX_CHECK(!c.fp8() || (!sparse::selects(c.sparse, sparse::Phase::kPrefill) &&
-                               !sparse::selects(c.sparse, sparse::Phase::kDecode)),
-                  ErrorCode::kUnsupported,
-                  "KV offload (CPU): a sparse policy over an FP8 KV cache is not simulated yet");
     page_ = c.page_elems();
     esize_ = c.fp8() ? 1 : static_cast<int64_t>(sizeof(float));
     // Untouched until used (the host pool may be large); rows are read only once written.
@@ -56,76 +44,13 @@ class CpuOffloadDevice final : public OffloadDevice {
     gpu_ = make_buffer(g_.num_layers * g_.num_gpu_blocks);
     ring_ = make_buffer(g_.num_slots * g_.slot_blocks);
     slots_.resize(g_.num_slots);
-    if (sparse::selects(c.sparse, sparse::Phase::kPrefill) ||
-        sparse::selects(c.sparse, sparse::Phase::kDecode)) {
-      sparse::KvShape shape;
-      shape.num_layers = g_.num_layers;
-      shape.num_blocks = g_.num_host_blocks;  // the engine's block ids: the metadata's
-      shape.block_size = g_.block_size;
-      shape.num_qo_heads = c.num_qo_heads;
-      shape.num_kv_heads = c.num_kv_heads;
-      shape.head_dim = c.head_dim;
-      shape.sm_scale = c.sm_scale;
-      policy_ = sparse::make_sparse_policy(c.sparse, shape);
-    }
   }
 
-  bool sparse() const override { return policy_ != nullptr; }
-  bool sparse_step(const ForwardBatch& batch, std::span<const int32_t>) const override {
-    if (policy_ == nullptr) return false;
-    bool prefill = false;
-    for (int64_t s = 0; s < batch.num_seqs(); ++s) prefill = prefill || batch.q_len(s) > 1;
-    return policy_->selects(prefill ? sparse::Phase::kPrefill : sparse::Phase::kDecode);
-  }
-  int64_t sparse_host_bytes_read() const override { return host_bytes_read_; }
-
-  void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
-                   std::span<const KVBlockCopy> copies) override {
-    for (const KVBlockCopy& cp : copies) policy_->on_block_copied(cp.src, cp.dst);
-    batch_ = &batch;
-    block_loc_.assign(block_loc.begin(), block_loc.end());
-    // Host pages are read in place: after write-backs of them still in flight.
-    if (!block_loc.empty() && plan_->load_wait_ticket) land_until(plan_->load_wait_ticket);
-  }
-
-  Tensor attend_sparse(int64_t layer, const Tensor& q) override {
-    const ForwardBatch& b = *batch_;
-    const int64_t q_row = c_.num_qo_heads * c_.head_dim, bs = g_.block_size;
-    q_ = q.contiguous();
-    Tensor o = Tensor::empty({q.size(0), q_row}, DType::kF32);
-    for (int64_t s = 0; s < b.num_seqs(); ++s) {
-      const float* qs = q_.data<float>() + b.qo_indptr[s] * q_row;
-      float* os = o.data<float>() + b.qo_indptr[s] * q_row;
-      if (b.q_len(s) > 1 || !policy_->selects(sparse::Phase::kDecode)) {
-        attend_prefill(layer, s, qs, os);
-        continue;
-      }
-      // A decode row: the policy's pages (every page when it selects nothing), read where they
-      // are.
-      const int32_t* table = b.block_tables.data() + b.block_table_indptr[s];
-      const int32_t* loc = block_loc_.data() + b.block_table_indptr[s];
-      const int64_t kv_len = b.kv_lens[s];
-      sparse::DecodeSelection sel = policy_->select_decode(layer, qs, {table, kv_len, nullptr});
-      if (sel.all()) {
-        sel.page_tokens = bs;
-        sel.per_kv_head.assign(c_.num_kv_heads, {});
-        for (auto& l : sel.per_kv_head)
-          for (int32_t j = 0; j * bs < kv_len; ++j) l.push_back(j);
-      }
-      for (const auto& l : sel.per_kv_head)
-        for (int32_t page : l)
-          if (loc[page * sel.page_tokens / bs] < 0)
-            host_bytes_read_ += 2 * sel.page_tokens * c_.head_dim * int64_t(sizeof(float));
-      attend_selected_pages(
-          qs, sel, kv_len, c_.num_qo_heads, c_.num_kv_heads, c_.head_dim, c_.sm_scale,
-          [&](int64_t j, int half) {
-            const int32_t l = loc[j / bs];
-            const float* blk = l >= 0 ? gpu_block(layer, l) : host_block(layer, -l - 1);  // f32
-            return blk + half * page_ + (j % bs) * c_.num_kv_heads * c_.head_dim;
-          },
-          os);
-    }
-    return o;
+  // What the sparse reader reads (f32 caches).
+  CpuOffloadMemory memory() {
+    return {reinterpret_cast<const float*>(host_.codes.data_ptr()),
+            reinterpret_cast<const float*>(gpu_.codes.data_ptr()),
+            [this](uint64_t ticket) { land_until(ticket); }};
   }
 
   bool ticket_done(uint64_t ticket) override { return ticket <= landed_; }
@@ -181,10 +106,6 @@ class CpuOffloadDevice final : public OffloadDevice {
                     d * sizeof(float));
       }
     }
-    if (policy_ == nullptr) return;
-    const Tensor kc = k.strides()[1] == k.size(2) ? k : k.contiguous();
-    policy_->on_keys_written(layer, kc.data<float>(), kc.strides()[0], batch_->slot_mapping.data(),
-                             kc.size(0));
   }
 
   void attend_resident(int64_t layer, const Tensor& q) override {
@@ -244,42 +165,6 @@ class CpuOffloadDevice final : public OffloadDevice {
     std::vector<BlockMove> moves;
   };
 
-  // One sequence of a step with a prefill under a prefill policy: K of every block (what an
-  // estimate may read), the policy's mask, V of the blocks the mask keeps, masked causal
-  // attention into o. Decode rows of a policy that does not select decodes attend every block.
-  void attend_prefill(int64_t layer, int64_t s, const float* qs, float* os) {
-    const ForwardBatch& b = *batch_;
-    const int64_t bs = g_.block_size, q_row = c_.num_qo_heads * c_.head_dim;
-    const int64_t kv_len = b.kv_lens[s], n = b.q_len(s);
-    const int32_t nb = static_cast<int32_t>((kv_len + bs - 1) / bs);
-    const int32_t* loc = block_loc_.data() + b.block_table_indptr[s];
-    std::vector<int32_t> blocks(nb);
-    for (int32_t j = 0; j < nb; ++j) blocks[j] = j;
-    // [nb, bs, Hkv, d] each: the sequence's blocks in table order (rows past kv_len unread).
-    std::vector<float> k(static_cast<size_t>(nb * page_)), v(k.size());
-    for (int32_t j = 0; j < nb; ++j) read_half(layer, loc[j], 0, k.data() + j * page_);
-    sparse::PrefillMask mask;
-    if (n > 1)
-      mask = policy_->select_prefill(layer, qs, q_row, n, {blocks.data(), kv_len, k.data()});
-    for (int32_t j = 0; j < nb; ++j)
-      if (mask.all() || mask_keeps(mask, j * bs, std::min<int64_t>((j + 1) * bs, kv_len)))
-        read_half(layer, loc[j], 1, v.data() + j * page_);
-    const std::vector<int32_t> qo = {0, static_cast<int32_t>(n)}, kv_indptr = {0, nb},
-                               last = {last_page_len(static_cast<int32_t>(kv_len))};
-    const int64_t mask_indptr[2] = {0, static_cast<int64_t>(mask.mask.size())};
-    PagedPrefillParams p =
-        params(qs, k.data(), nullptr, qo, kv_indptr, blocks, last, MaskMode::kCausal);
-    p.v_cache = v.data();
-    p.o = os;
-    p.lse = nullptr;
-    if (!mask.all()) {
-      p.block_mask = mask.mask.data();
-      p.block_mask_indptr = mask_indptr;
-      p.block_mask_heads = static_cast<int>(c_.num_qo_heads);  // PrefillMask: per q head
-    }
-    kernels::cpu::paged_prefill_ref(p);
-  }
-
   // One of the host pool, the GPU cache and the ring: blocks of [K, V][bs, Hkv, d] elements
   // (f32, or FP8 codes) and, FP8, each block's [K, V][Hkv] scales.
   struct Buffer {
@@ -306,10 +191,7 @@ class CpuOffloadDevice final : public OffloadDevice {
     if (c_.fp8())
       std::memcpy(scales(dst, d), scales(src, s), n * 2 * c_.num_kv_heads * sizeof(float));
   }
-  // f32 caches only (the sparse paths).
-  float* host_block(int64_t layer, int32_t b) {
-    return reinterpret_cast<float*>(codes(host_, host_index(layer, b)));
-  }
+  // f32 caches only (store_kv's rows).
   float* gpu_block(int64_t layer, int32_t b) {
     return reinterpret_cast<float*>(codes(gpu_, gpu_index(layer, b)));
   }
@@ -346,22 +228,6 @@ class CpuOffloadDevice final : public OffloadDevice {
     p.k_scale = scales(gpu_, gpu_index(layer, 0));
     p.v_scale = scales(gpu_, gpu_index(layer, 0)) + c_.num_kv_heads;
     kernels::cpu::kv_store(p);
-  }
-  // K (half 0) or V (half 1) of a sequence's block at `loc` (GPU block g >= 0, or host block h
-  // as -h - 1; host blocks are read in place and counted).
-  void read_half(int64_t layer, int32_t loc, int half, float* dst) {
-    const float* src = loc >= 0 ? gpu_block(layer, loc) : host_block(layer, -loc - 1);
-    std::memcpy(dst, src + half * page_, page_ * sizeof(float));
-    if (loc < 0) host_bytes_read_ += page_ * static_cast<int64_t>(sizeof(float));
-  }
-  // Whether some q head and query block of `mask` keeps a key in [begin, end).
-  static bool mask_keeps(const sparse::PrefillMask& mask, int64_t begin, int64_t end) {
-    const int64_t kb0 = begin / kernels::kSparseBlock, kb1 = (end - 1) / kernels::kSparseBlock;
-    const int64_t rows = static_cast<int64_t>(mask.mask.size()) / mask.k_blocks;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t kb = kb0; kb <= kb1 && kb < mask.k_blocks; ++kb)
-        if (mask.mask[r * mask.k_blocks + kb]) return true;
-    return false;
   }
   int32_t last_page_len(int32_t kv_len) const {
     const int32_t bs = static_cast<int32_t>(g_.block_size);
@@ -458,17 +324,16 @@ class CpuOffloadDevice final : public OffloadDevice {
   const OffloadStepPlan* plan_ = nullptr;
   Tensor q_;
   std::vector<float> acc_o_, acc_lse_, part_o_, part_lse_;
-  // the sparse policy (none under full)
-  std::unique_ptr<sparse::SparsePolicy> policy_;
-  int64_t host_bytes_read_ = 0;     // host K / V bytes the sparse steps read in place
-  std::vector<int32_t> block_loc_;  // a sparse step's block locations
-  const ForwardBatch* batch_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<OffloadDevice> make_cpu_offload_device(const OffloadDeviceConfig& config) {
-  return std::make_unique<CpuOffloadDevice>(config);
+OffloadDeviceParts make_cpu_offload_device(const OffloadDeviceConfig& config) {
+  auto ring = std::make_unique<CpuOffloadDevice>(config);
+  OffloadDeviceParts parts;
+  parts.sparse = make_cpu_offload_sparse(config, ring->memory());
+  parts.ring = std::move(ring);
+  return parts;
 }
 
 }  // namespace longctx

@@ -4,18 +4,17 @@
 //     all layers is one strided 2D copy;
 //   GPU cache [layers][gpu blocks][K, V][block_size, Hkv, d] and ring [slots][slot_blocks][K, V]
 //     [...]: K and V of a block are adjacent, so the paged kernels see page 2b as K and (v_cache =
-//     k_cache + one page) page 2b as V; under xattention the GPU cache allocation ends with
-//     the staging buffers [buffers][staging blocks][K, V][...] (xattention_offload_cuda.h);
+//     k_cache + one page) page 2b as V; under a prefill policy (xattention, streaming) the GPU
+//     cache allocation ends with its staging buffers [buffers][staging blocks][K, V][...]
+//     (xattention_offload_cuda.h), which the device allocates and the sparse reader uses;
 // Streams: the compute stream (the caller's), one H2D copy stream for the ring, one D2H stream for
 // write-backs. Events: per slot "ready" (load done) and "free" (the attention that read it done);
 // per write-back ticket one event.
 // Kernels: the paged prefill and split-KV decode kernels for head_dim 64 / 128, the generic paged
 // kernel for the other head dims (8..256): the resident paged backend's dispatcher
 // (paged_dispatch.h) under the config's KernelTuning.
-// Sparse policies (their CUDA twins, from the registry) attend their own steps, selecting before
-// anything is loaded: a decode policy (quest, streaming) the decode-only ones (host pages read
-// in place), a prefill policy (xattention, streaming) those with a prefill, over host keys staged
-// on the GPU (xattention_offload_cuda.h).
+// A sparse policy is not this device's: its reader (offload_sparse_cuda.cu) reads this memory
+// (CudaOffloadMemory) and attends the steps it takes.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -24,10 +23,9 @@
 #include <vector>
 
 #include "attention/backends/offload_backend.h"
+#include "attention/backends/offload_sparse_cuda.h"
 #include "attention/backends/paged_dispatch_cuda.h"
 #include "attention/backends/staged_words.h"
-#include "attention/backends/xattention_offload_cuda.h"
-#include "attention/sparse/sparse_policy_cuda.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/kv_store.h"
 #include "kernels/cuda/merge.h"
@@ -64,7 +62,8 @@ PagedShape shape_of(const OffloadDeviceConfig& c) {
 
 class CudaOffloadDevice final : public OffloadDevice {
  public:
-  explicit CudaOffloadDevice(const OffloadDeviceConfig& c)
+  // staging_blocks: blocks after the cache's last layer in its allocation (a sparse reader's).
+  CudaOffloadDevice(const OffloadDeviceConfig& c, int64_t staging_blocks)
       : c_(c),
         g_(c.geometry),
         device_(c.device),
@@ -91,16 +90,8 @@ class CudaOffloadDevice final : public OffloadDevice {
                     "lower --host-kv-budget ({})",
                     format_bytes(host_bytes), g_.num_host_blocks, e.what());
     }
-    c.sparse.validate();
-    const sparse::PolicyDef& policy = sparse::policy_def(c.sparse.policy);
-    LONGCTX_CHECK(!policy.prefill || policy.offload_staging, ErrorCode::kUnsupported,
-                  "--sparse-policy {} with KV offload: not built", policy.name);
-    // A prefill policy stages host keys after the cache's last layer (xattention_offload_cuda.h).
-    const XAttnStaging staging =
-        policy.offload_staging ? xattn_offload_staging(g_, c.max_model_len) : XAttnStaging{};
-    gpu_ = Tensor::empty(
-        {(g_.num_layers * g_.num_gpu_blocks + staging.buffers * staging.blocks) * block_bytes_},
-        DType::kU8, device_);
+    gpu_ = Tensor::empty({(g_.num_layers * g_.num_gpu_blocks + staging_blocks) * block_bytes_},
+                         DType::kU8, device_);
     ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * block_bytes_}, DType::kU8, device_);
     const int64_t rows = c.max_tokens * c.num_qo_heads;
     part_o_ = Tensor::empty({rows * c.head_dim}, DType::kF32, device_);
@@ -111,106 +102,12 @@ class CudaOffloadDevice final : public OffloadDevice {
       ready_.emplace_back(device_);
       free_.emplace_back(device_);
     }
-    const int64_t max_seq_len =
-        c.max_model_len > 0 ? c.max_model_len : g_.num_host_blocks * g_.block_size;
-    sparse::SparseCudaConfig sc;
-    sc.options = c.sparse;
-    sc.num_layers = g_.num_layers;
-    sc.num_blocks = g_.num_host_blocks;  // the engine's block ids
-    sc.block_size = g_.block_size;
-    sc.num_qo_heads = c.num_qo_heads;
-    sc.num_kv_heads = c.num_kv_heads;
-    sc.head_dim = c.head_dim;
-    sc.dtype = c.dtype;
-    sc.sm_scale = c.sm_scale;
-    sc.device = device_;
-    sc.max_tokens = c.max_tokens;
-    sc.max_seqs = c.max_seqs;
-    sc.max_seq_len = policy.offload_staging ? staging.max_seq_len : max_seq_len;
-    sc.tuning = c.tuning;
-    policy_ = sparse::make_sparse_policy_cuda(sc);
-    if (policy_ == nullptr) return;
-    decodes_ = policy.decode;
-    // The policies read host pages in place: the pool's device view (UVA maps pinned memory).
-    LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev_, host_.data_ptr(), 0));
-    if (policy.prefill) {
-      XAttnOffloadConfig x;
-      x.xattn = sc;
-      x.num_layers = g_.num_layers;
-      x.num_gpu_blocks = g_.num_gpu_blocks;
-      x.num_host_blocks = g_.num_host_blocks;
-      x.block_size = g_.block_size;
-      x.num_kv_heads = c.num_kv_heads;
-      x.head_dim = c.head_dim;
-      x.dtype = c.dtype;
-      x.staging_blocks = staging.blocks;
-      x.num_buffers = staging.buffers;
-      x.prefill_tuning = c.tuning.prefill;
-      staged_ = std::make_unique<XAttnOffloadCuda>(
-          x,
-          XAttnOffloadMemory{static_cast<char*>(gpu_.data_ptr()),
-                             static_cast<const char*>(host_.data_ptr()),
-                             static_cast<const char*>(host_dev_)},
-          *policy_);
-    }
   }
 
-  bool sparse() const override { return policy_ != nullptr; }
-  bool sparse_step(const ForwardBatch& batch, std::span<const int32_t> block_loc) const override {
-    if (policy_ == nullptr) return false;
-    bool prefill = false;
-    for (int64_t s = 0; s < batch.num_seqs(); ++s) prefill = prefill || batch.q_len(s) > 1;
-    if (!prefill) return decodes_;
-    if (staged_ == nullptr) return false;
-    // Steps with a prefill whose host blocks fit the staging; others run dense through the ring.
-    if (staged_->fits(batch, block_loc)) return true;
-    if (!staging_warned_) warn_xattn_staging_full();
-    staging_warned_ = true;
-    return false;
-  }
-  int64_t sparse_host_bytes_read() const override {
-    if (policy_ == nullptr) return 0;
-    return (staged_ != nullptr ? staged_->host_bytes_read() : 0) + policy_->memory1_bytes_read();
-  }
-  SparsePrefillCounters sparse_prefill_counters() const override {
-    return staged_ != nullptr ? staged_->counters() : SparsePrefillCounters{};
-  }
-
-  void plan_sparse(const ForwardBatch& batch, std::span<const int32_t> block_loc,
-                   std::span<const KVBlockCopy> copies) override {
-    cudaStream_t compute = stream();
-    policy_->copy_blocks(copies, compute);
-    prefill_step_ = false;
-    if (!block_loc.empty() && staged_ != nullptr) {
-      for (int64_t s = 0; s < batch.num_seqs(); ++s)
-        prefill_step_ = prefill_step_ || batch.q_len(s) > 1;
-    }
-    if (prefill_step_) {
-      // Host blocks are read by both streams: after write-backs of them still in flight.
-      if (plan_->load_wait_ticket) {
-        wait_ticket(compute, plan_->load_wait_ticket);
-        wait_ticket(cuda_handle(h2d_), plan_->load_wait_ticket);
-      }
-      staged_->plan(batch, block_loc, compute, h2d_);
-      return;
-    }
-    // A decode policy keeps its metadata on every step; it attends decode steps (block_loc).
-    if (decodes_) policy_->plan(batch, plan_->slots, block_loc, compute);
-    // Host pages are read by the compute stream: after write-backs of them still in flight.
-    if (!block_loc.empty() && plan_->load_wait_ticket)
-      wait_ticket(compute, plan_->load_wait_ticket);
-  }
-
-  Tensor attend_sparse(int64_t layer, const Tensor& q) override {
-    if (prefill_step_) return staged_->attend(layer, q, stream(), h2d_);
-    q_ = q.contiguous();
-    Tensor out = Tensor::empty({q.size(0), c_.num_qo_heads * c_.head_dim}, c_.dtype, device_);
-    const int64_t v_off = page_ * esize_;
-    const sparse::PageMemory mem[2] = {
-        {gpu_at(layer, 0), static_cast<char*>(gpu_at(layer, 0)) + v_off, 2 * page_},
-        {host_dev_at(layer), static_cast<char*>(host_dev_at(layer)) + v_off, 2 * page_}};
-    policy_->attend_decode(layer, q_.data_ptr(), out.data_ptr(), nullptr, mem, stream());
-    return out;
+  // What the sparse reader uses.
+  CudaOffloadMemory memory() {
+    return {static_cast<char*>(gpu_.data_ptr()), static_cast<const char*>(host_.data_ptr()), &h2d_,
+            [this](cudaStream_t s, uint64_t ticket) { wait_ticket(s, ticket); }};
   }
 
   ~CudaOffloadDevice() override {
@@ -276,7 +173,6 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.num_pages = static_cast<int>(2 * g_.num_gpu_blocks - 1);
     p.dtype = c_.dtype;
     kernels::cuda::kv_store_run(p, stream());
-    if (policy_ != nullptr) policy_->on_keys_stored(layer, gpu_at(layer, 0), 2 * page_, stream());
   }
 
   void attend_resident(int64_t layer, const Tensor& q) override {
@@ -336,9 +232,6 @@ class CudaOffloadDevice final : public OffloadDevice {
     return static_cast<char*>(ring_.data_ptr()) + (slot * g_.slot_blocks + b) * block_bytes_;
   }
   const int32_t* dev(int64_t offset) const { return words_.device_at(offset); }
-  char* host_dev_at(int64_t layer) const {
-    return static_cast<char*>(host_dev_) + layer * g_.num_host_blocks * block_bytes_;
-  }
 
   void wait_ticket(cudaStream_t s, uint64_t ticket) {
     if (ticket_done(ticket)) return;
@@ -510,12 +403,6 @@ class CudaOffloadDevice final : public OffloadDevice {
   std::vector<CallPlan> items_;
   int64_t slots_ = 0;  // word offset of the int64 slots
   const OffloadStepPlan* plan_ = nullptr;
-  std::unique_ptr<sparse::SparsePolicyCuda> policy_;  // the policy's twin (none under full)
-  std::unique_ptr<XAttnOffloadCuda> staged_;  // a prefill policy's steps over staged host keys
-  bool decodes_ = false;                      // the policy selects decode steps' pages
-  bool prefill_step_ = false;                 // this sparse step is a prefill one (staged_)
-  void* host_dev_ = nullptr;  // host_'s device address (the sparse policies read it in place)
-  mutable bool staging_warned_ = false;
 };
 
 }  // namespace
@@ -540,8 +427,13 @@ double measure_host_to_device_gbps(Device device, int64_t bytes) {
   return double(bytes) / (best_ms * 1e-3) / 1e9;
 }
 
-std::unique_ptr<OffloadDevice> make_cuda_offload_device(const OffloadDeviceConfig& config) {
-  return std::make_unique<CudaOffloadDevice>(config);
+OffloadDeviceParts make_cuda_offload_device(const OffloadDeviceConfig& config) {
+  const XAttnStaging staging = cuda_offload_sparse_staging(config);
+  auto ring = std::make_unique<CudaOffloadDevice>(config, staging.buffers * staging.blocks);
+  OffloadDeviceParts parts;
+  parts.sparse = make_cuda_offload_sparse(config, staging, ring->memory());
+  parts.ring = std::move(ring);
+  return parts;
 }
 
 }  // namespace longctx

@@ -5,7 +5,7 @@
 
 namespace longctx {
 
-std::unique_ptr<OffloadDevice> make_cuda_offload_device(const OffloadDeviceConfig&) {
+OffloadDeviceParts make_cuda_offload_device(const OffloadDeviceConfig&) {
   LONGCTX_THROW(ErrorCode::kUnsupported,
                 "KV offload to host memory: this build of longctx has no CUDA backend (configure "
                 "with -DLONGCTX_CUDA=ON)");

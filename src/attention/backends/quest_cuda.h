@@ -1,9 +1,9 @@
 // Quest's decode path on the GPU (docs/sparse.md): the CUDA twin of the quest policy
 // (attention/sparse/quest.cpp) and, without metadata or scores, the page-list decode of the
 // streaming policy (its select kernel then writes the forced pages only). The registry builds it
-// for the resident paged backend and the CUDA offload device. Per step, plan() stages the pages the
-// new tokens touch and, on a decode step (every sequence one new token), each sequence's block
-// table twice: as metadata ids (the engine's block ids) and as where its keys are
+// for the resident paged backend and the CUDA offload's sparse reader. Per step, plan() stages the
+// pages the new tokens touch and, on a decode step (every sequence one new token), each sequence's
+// block table twice: as metadata ids (the engine's block ids) and as where its keys are
 // (QuestGatherParams::block_loc). Per layer:
 //   on_keys_stored()  after the keys are stored: the touched pages' key min / max;
 //   attend_decode()   select (per KV head, or head-averaged) -> gather the chosen pages' K / V into

@@ -1,6 +1,6 @@
 // XAttention's prefill path on the GPU (docs/sparse.md): the CUDA twin of the xattention policy
 // (attention/sparse/xattention.cpp), built by the registry for the resident paged backend and
-// the CUDA offload device (xattention_offload_cuda.h stages host keys for it). Per
+// the CUDA offload's sparse reader (xattention_offload_cuda.h stages host keys for it). Per
 // step, plan() makes the estimate's and the selection's work lists on the host (from the query
 // and key lengths alone) and stages them; per layer, select() runs the estimate over the step's
 // queries and the paged keys (stored already: the chunk sees itself) and the selection, and

@@ -68,7 +68,7 @@ void XAttnOffloadCuda::plan(const ForwardBatch& batch, std::span<const int32_t> 
         loc.push_back(l);
         continue;
       }
-      // The device calls fits() before it routes a step here.
+      // The sparse reader calls fits() before it takes a step here.
       LONGCTX_CHECK(slots < c_.staging_blocks, ErrorCode::kInternal,
                     "xattention offload: a step past the staging buffer");
       const int32_t host = -l - 1, slot = slots++;

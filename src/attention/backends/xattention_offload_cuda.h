@@ -1,7 +1,8 @@
 // A prefill policy over an offloaded KV cache on the GPU (docs/sparse.md), for the CUDA offload
-// device: XAttention's (whose estimate reads every key), and streaming's (the same plan, its mask
-// from the lengths alone): the policy's CUDA twin (sparse_policy_cuda.h) selects. A step with a
-// prefill is attended here instead of through the ring; per layer:
+// device's sparse reader (offload_sparse_cuda.cu): XAttention's (whose estimate reads every key),
+// and streaming's (the same plan, its mask from the lengths alone): the policy's CUDA twin
+// (sparse_policy_cuda.h) selects. A step with a prefill is attended here instead of through the
+// ring; per layer:
 //   keys    K of every host block of the step's sequences, copied (one strided copy per run of
 //           consecutive host blocks, on the copy stream) into a staging buffer on the GPU: the
 //           next layers' keys load while this layer computes (two buffers);
@@ -54,7 +55,7 @@ struct XAttnOffloadMemory {
 class XAttnOffloadCuda {
  public:
   // Throws Error(kUnsupported) for a head_dim or page size the kernels do not take. `policy` (a
-  // prefill policy's twin, owned by the device) outlives this.
+  // prefill policy's twin, owned by the sparse reader) outlives this.
   XAttnOffloadCuda(const XAttnOffloadConfig& c, const XAttnOffloadMemory& memory,
                    sparse::SparsePolicyCuda& policy);
 

@@ -6,9 +6,10 @@
 //            the sequence) its q heads read;
 //   prefill  the block-sparse kernels' mask over query and key blocks of 128.
 // Every policy is one file with a CPU reference (SparsePolicy, host data, what the CPU engine and
-// the simulated offload device run) and a CUDA twin (SparsePolicyCuda, sparse_policy_cuda.h: the
-// same selection on the device), and one line of the registry (registry.cpp), which the engine
-// and the backends ask what a policy does: its phases, its device bytes, its factories.
+// the simulated offload's sparse reader run) and a CUDA twin (SparsePolicyCuda,
+// sparse_policy_cuda.h: the same selection on the device), and one line of the registry
+// (registry.cpp), which the engine and the backends ask what a policy does: its phases, its device
+// bytes, its factories.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // The CUDA twin of a sparse policy (sparse_policy.h; CUDA builds only): the same selection as
 // the CPU reference, on the device, with no host round trip after plan(). The registry's
-// make_cuda builds it; the resident paged backend and the CUDA offload device drive it:
+// make_cuda builds it; the resident paged backend and the CUDA offload's sparse reader
+// (offload_sparse_cuda.cu) drive it:
 //   plan()            once per step, before the first store_kv;
 //   on_keys_stored()  per layer after the store (metadata);
 //   decode policies   attend_decode(): the select kernel writes per (sequence, KV head) the

@@ -1,0 +1,206 @@
+// The CPU simulation's sparse reader (offload_sparse.h): the registry's CPU policy (attention/
+// sparse) over the simulated device's memory, asked before anything is read. A decode step of a
+// decode policy (quest, streaming) reads only the pages its lists name, host pages from the host
+// pool in place (so a sparse step that forgot a write-back's ticket reads stale keys here too),
+// and attends them as the resident CPU engine does (attend_selected_pages); a step with a prefill
+// under a prefill policy (xattention, streaming) reads per sequence the keys of every block (host
+// blocks in place), asks the policy for the chunk's mask and reads the values only of the blocks
+// some head keeps; the masked attention is the resident CPU engine's
+// (kernels::cpu::paged_prefill_ref with the policy's mask), the plan the CUDA reader runs
+// (xattention_offload_cuda.h).
+#include "attention/backends/offload_sparse_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "attention/backends/cpu_paged_backend.h"
+#include "attention/sparse/sparse_policy.h"
+#include "kernels/cpu/attention_ref.h"
+#include "longctx/core/error.h"
+
+namespace longctx {
+
+namespace {
+
+using kernels::MaskMode;
+using kernels::PagedPrefillParams;
+
+class CpuOffloadSparse final : public OffloadSparseReader {
+ public:
+  CpuOffloadSparse(const OffloadDeviceConfig& c, CpuOffloadMemory memory,
+                   std::unique_ptr<sparse::SparsePolicy> policy)
+      : c_(c),
+        g_(c.geometry),
+        mem_(std::move(memory)),
+        policy_(std::move(policy)),
+        page_(c.page_elems()) {}
+
+  bool takes_step(const ForwardBatch& batch, std::span<const int32_t>) const override {
+    bool prefill = false;
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) prefill = prefill || batch.q_len(s) > 1;
+    return policy_->selects(prefill ? sparse::Phase::kPrefill : sparse::Phase::kDecode);
+  }
+
+  void plan(const ForwardBatch& batch, const OffloadStepPlan& plan,
+            std::span<const int32_t> block_loc, std::span<const KVBlockCopy> copies) override {
+    for (const KVBlockCopy& cp : copies) policy_->on_block_copied(cp.src, cp.dst);
+    batch_ = &batch;
+    block_loc_.assign(block_loc.begin(), block_loc.end());
+    // Host pages are read in place: after write-backs of them still in flight.
+    if (!block_loc.empty() && plan.load_wait_ticket) mem_.land_write_backs(plan.load_wait_ticket);
+  }
+
+  void on_keys_stored(int64_t layer, const Tensor& k) override {
+    const Tensor kc = k.strides()[1] == k.size(2) ? k : k.contiguous();
+    policy_->on_keys_written(layer, kc.data<float>(), kc.strides()[0], batch_->slot_mapping.data(),
+                             kc.size(0));
+  }
+
+  Tensor attend(int64_t layer, const Tensor& q) override {
+    const ForwardBatch& b = *batch_;
+    const int64_t q_row = c_.num_qo_heads * c_.head_dim, bs = g_.block_size;
+    const Tensor qc = q.contiguous();
+    Tensor o = Tensor::empty({q.size(0), q_row}, DType::kF32);
+    for (int64_t s = 0; s < b.num_seqs(); ++s) {
+      const float* qs = qc.data<float>() + b.qo_indptr[s] * q_row;
+      float* os = o.data<float>() + b.qo_indptr[s] * q_row;
+      if (b.q_len(s) > 1 || !policy_->selects(sparse::Phase::kDecode)) {
+        attend_prefill(layer, s, qs, os);
+        continue;
+      }
+      // A decode row: the policy's pages (every page when it selects nothing), read where they
+      // are.
+      const int32_t* table = b.block_tables.data() + b.block_table_indptr[s];
+      const int32_t* loc = block_loc_.data() + b.block_table_indptr[s];
+      const int64_t kv_len = b.kv_lens[s];
+      sparse::DecodeSelection sel = policy_->select_decode(layer, qs, {table, kv_len, nullptr});
+      if (sel.all()) {
+        sel.page_tokens = bs;
+        sel.per_kv_head.assign(c_.num_kv_heads, {});
+        for (auto& l : sel.per_kv_head)
+          for (int32_t j = 0; j * bs < kv_len; ++j) l.push_back(j);
+      }
+      for (const auto& l : sel.per_kv_head)
+        for (int32_t page : l)
+          if (loc[page * sel.page_tokens / bs] < 0)
+            host_bytes_read_ += 2 * sel.page_tokens * c_.head_dim * int64_t(sizeof(float));
+      attend_selected_pages(
+          qs, sel, kv_len, c_.num_qo_heads, c_.num_kv_heads, c_.head_dim, c_.sm_scale,
+          [&](int64_t j, int half) {
+            return block(layer, loc[j / bs]) + half * page_ +
+                   (j % bs) * c_.num_kv_heads * c_.head_dim;
+          },
+          os);
+    }
+    return o;
+  }
+
+  int64_t host_bytes_read() const override { return host_bytes_read_; }
+
+ private:
+  // One sequence of a step with a prefill under a prefill policy: K of every block (what an
+  // estimate may read), the policy's mask, V of the blocks the mask keeps, masked causal
+  // attention into o. Decode rows of a policy that does not select decodes attend every block.
+  void attend_prefill(int64_t layer, int64_t s, const float* qs, float* os) {
+    const ForwardBatch& b = *batch_;
+    const int64_t bs = g_.block_size, q_row = c_.num_qo_heads * c_.head_dim;
+    const int64_t kv_len = b.kv_lens[s], n = b.q_len(s);
+    const int32_t nb = static_cast<int32_t>((kv_len + bs - 1) / bs);
+    const int32_t* loc = block_loc_.data() + b.block_table_indptr[s];
+    std::vector<int32_t> blocks(nb);
+    for (int32_t j = 0; j < nb; ++j) blocks[j] = j;
+    // [nb, bs, Hkv, d] each: the sequence's blocks in table order (rows past kv_len unread).
+    std::vector<float> k(static_cast<size_t>(nb * page_)), v(k.size());
+    for (int32_t j = 0; j < nb; ++j) read_half(layer, loc[j], 0, k.data() + j * page_);
+    sparse::PrefillMask mask;
+    if (n > 1)
+      mask = policy_->select_prefill(layer, qs, q_row, n, {blocks.data(), kv_len, k.data()});
+    for (int32_t j = 0; j < nb; ++j)
+      if (mask.all() || mask_keeps(mask, j * bs, std::min<int64_t>((j + 1) * bs, kv_len)))
+        read_half(layer, loc[j], 1, v.data() + j * page_);
+    const std::vector<int32_t> qo = {0, static_cast<int32_t>(n)}, kv_indptr = {0, nb},
+                               last = {last_page_len(kv_len)};
+    const int64_t mask_indptr[2] = {0, static_cast<int64_t>(mask.mask.size())};
+    PagedPrefillParams p;
+    p.q = qs;
+    p.k_cache = k.data();
+    p.v_cache = v.data();
+    p.o = os;
+    p.lse = nullptr;
+    p.qo_indptr = qo.data();
+    p.kv_indptr = kv_indptr.data();
+    p.kv_indices = blocks.data();
+    p.kv_last_page_len = last.data();
+    p.batch_size = 1;
+    p.num_qo_heads = static_cast<int>(c_.num_qo_heads);
+    p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
+    p.head_dim = static_cast<int>(c_.head_dim);
+    p.page_size = static_cast<int>(bs);
+    p.dtype = DType::kF32;
+    p.mask_mode = MaskMode::kCausal;
+    p.sm_scale = c_.sm_scale;
+    if (!mask.all()) {
+      p.block_mask = mask.mask.data();
+      p.block_mask_indptr = mask_indptr;
+      p.block_mask_heads = static_cast<int>(c_.num_qo_heads);  // PrefillMask: per q head
+    }
+    kernels::cpu::paged_prefill_ref(p);
+  }
+
+  // Block `loc` of `layer` (GPU block g >= 0, or host block h as -h - 1): [K, V][bs, Hkv, d].
+  const float* block(int64_t layer, int32_t loc) const {
+    if (loc >= 0) return mem_.gpu + (layer * g_.num_gpu_blocks + loc) * 2 * page_;
+    return mem_.host + (layer * g_.num_host_blocks + (-loc - 1)) * 2 * page_;
+  }
+  // K (half 0) or V (half 1) of a sequence's block at `loc` (host blocks are read in place and
+  // counted).
+  void read_half(int64_t layer, int32_t loc, int half, float* dst) {
+    std::memcpy(dst, block(layer, loc) + half * page_, page_ * sizeof(float));
+    if (loc < 0) host_bytes_read_ += page_ * static_cast<int64_t>(sizeof(float));
+  }
+  // Whether some q head and query block of `mask` keeps a key in [begin, end).
+  static bool mask_keeps(const sparse::PrefillMask& mask, int64_t begin, int64_t end) {
+    const int64_t kb0 = begin / kernels::kSparseBlock, kb1 = (end - 1) / kernels::kSparseBlock;
+    const int64_t rows = static_cast<int64_t>(mask.mask.size()) / mask.k_blocks;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t kb = kb0; kb <= kb1 && kb < mask.k_blocks; ++kb)
+        if (mask.mask[r * mask.k_blocks + kb]) return true;
+    return false;
+  }
+  int32_t last_page_len(int64_t kv_len) const {
+    return kv_len == 0 ? 0 : static_cast<int32_t>((kv_len - 1) % g_.block_size + 1);
+  }
+
+  OffloadDeviceConfig c_;
+  OffloadGeometry g_;
+  CpuOffloadMemory mem_;
+  std::unique_ptr<sparse::SparsePolicy> policy_;
+  int64_t page_ = 0;                // elements of a block's K (or V) of one layer
+  int64_t host_bytes_read_ = 0;     // host K / V bytes read in place
+  std::vector<int32_t> block_loc_;  // a step the reader takes: its block locations
+  const ForwardBatch* batch_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<OffloadSparseReader> make_cpu_offload_sparse(const OffloadDeviceConfig& c,
+                                                             CpuOffloadMemory memory) {
+  if (!sparse::selects(c.sparse, sparse::Phase::kPrefill) &&
+      !sparse::selects(c.sparse, sparse::Phase::kDecode))
+    return nullptr;
+  LONGCTX_CHECK(!c.fp8(), ErrorCode::kUnsupported,
+                "KV offload (CPU): a sparse policy over an FP8 KV cache is not simulated yet");
+  sparse::KvShape shape;
+  shape.num_layers = c.geometry.num_layers;
+  shape.num_blocks = c.geometry.num_host_blocks;  // the engine's block ids: the metadata's
+  shape.block_size = c.geometry.block_size;
+  shape.num_qo_heads = c.num_qo_heads;
+  shape.num_kv_heads = c.num_kv_heads;
+  shape.head_dim = c.head_dim;
+  shape.sm_scale = c.sm_scale;
+  return std::make_unique<CpuOffloadSparse>(c, std::move(memory),
+                                            sparse::make_sparse_policy(c.sparse, shape));
+}
+
+}  // namespace longctx
