@@ -48,7 +48,9 @@ struct SessionDevice {
 inline ExecutorSessionOptions session_limits(int64_t max_model_len) {
   ExecutorSessionOptions o;
   o.max_num_batched_tokens = 100;  // chunks end mid-block, past tiny-gemma3's 48-token window
-  o.max_num_seqs = 4;
+  // The run() case holds four sequences while prompt_logits runs a fifth: a state model's
+  // executor holds max_num_seqs states (the GPU runner's slots), so room for more.
+  o.max_num_seqs = 8;
   o.max_model_len = max_model_len;
   return o;
 }

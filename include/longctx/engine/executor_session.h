@@ -4,7 +4,8 @@
 // block manager stays the only block allocator and multi-group models run standalone too. It
 // cuts each call's tokens into steps of at most max_num_batched_tokens tokens and max_num_seqs
 // sequences (the executor's limits) and hands back host f32 logits. No prefix caching, no
-// preemption: a sequence holds its blocks until release().
+// preemption: a sequence holds its blocks (and, in a model with linear-attention layers, one of
+// the executor's state slots: max_num_seqs on the GPU runner) until release().
 #pragma once
 
 #include <cstdint>
