@@ -4,6 +4,9 @@
 // For each context length N: a random prompt of N tokens is prefilled (chunks of
 // --max-num-batched-tokens) and timed; after the first context only, batch-1 decode steps are
 // timed (each step = one forward of one token, logits copied to the host, as the engine does).
+// The runner is driven through an ExecutorSession (longctx/engine/executor_session.h: the
+// engine's BlockManager keeps the blocks); its decode steps run eagerly unless --runner-graphs
+// (the runner's CUDA graphs, as the engine replays them).
 // Prints one line per measurement; the peer is hf_peer.py.
 // --cuda-graphs (graph_bench.h): decode with CUDA graphs against eager after the first context,
 //   bench_model --preset llama-3.1-8b --contexts 32768 --cuda-graphs --graph-batches 1,16
@@ -16,6 +19,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,6 +29,7 @@
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
 #include "longctx/core/stream.h"
+#include "longctx/engine/executor_session.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/kernels/kernel_tuning.h"
 #include "longctx/kv/kv_cache_dtype.h"
@@ -58,6 +63,10 @@ int main(int argc, char** argv) {
                "(engine/cuda_graphs.h driven directly; no GpuRunner)");
   app.add_option("--graph-batches", graph_batches, "decode batch sizes for --cuda-graphs")
       ->delimiter(',');
+  bool runner_graphs = false;
+  app.add_flag("--runner-graphs", runner_graphs,
+               "the runner's decode steps replay its CUDA graphs (as the engine's); default: "
+               "eager decode steps");
   std::map<std::string, std::string> tuning_values;  // flag name -> value given
   for (const kernels::KernelTuningFlag& f : kernels::kernel_tuning_flags()) {
     const std::string name(f.name);
@@ -105,13 +114,16 @@ int main(int argc, char** argv) {
     int64_t max_ctx = 0;
     for (int64_t n : contexts) max_ctx = std::max(max_ctx, n);
     opts.max_model_len = max_ctx + decode_steps + 1;
-    GpuRunner runner(model, opts);
-    const int64_t weight_bytes = runner.memory_plan().weights;
+    opts.enforce_eager = !runner_graphs;
+    // The runner through a session: its steps over the BlockManager's blocks, as the engine's.
+    auto runner = std::make_shared<GpuRunner>(model, opts);
+    ExecutorSession session = make_gpu_session(runner);
+    const int64_t weight_bytes = runner->memory_plan().weights;
     std::printf("model %s: %s weights on %s; host build %.1f s, upload %.2f s (%.1f GB/s)\n",
                 model_dir.empty() ? ("dummy:" + preset).c_str() : model_dir.c_str(),
                 format_bytes(weight_bytes).c_str(), device_properties(0).name, t_host, t_upload,
                 weight_bytes / t_upload / 1e9);
-    std::printf("memory plan: %s\n", runner.memory_plan().str().c_str());
+    std::printf("memory plan: %s\n", runner->memory_plan().str().c_str());
     std::printf("KV cache: %s\n", std::string(dtype_name(opts.kv_dtype)).c_str());
     std::mt19937 rng(7);
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -119,9 +131,9 @@ int main(int argc, char** argv) {
     {
       std::vector<int32_t> ids(std::min<int64_t>(4096, contexts[0]));
       for (auto& t : ids) t = tok(rng);
-      StepInput in{999, ids, 0};
-      runner.execute_standalone({&in, 1});
-      runner.release(999);
+      const SessionInput in{999, ids};
+      session.run({&in, 1});
+      session.release(999);
     }
     uint64_t seq = 1;
     for (size_t ci = 0; ci < contexts.size(); ++ci) {
@@ -129,23 +141,23 @@ int main(int argc, char** argv) {
       std::vector<int32_t> ids(n);
       for (auto& t : ids) t = tok(rng);
       ids.reserve(n + decode_steps + 1);
-      StepInput in{seq, ids, 0};
+      const SessionInput in{seq, ids};
       device_synchronize(0);
       const double t0 = bench::now_seconds();
-      runner.execute_standalone({&in, 1});
+      session.run({&in, 1});
       const double dt = bench::now_seconds() - t0;
       std::printf("prefill %7lld tokens: %.3f s  %.0f tok/s  (chunk %lld, block %lld)\n",
                   static_cast<long long>(n), dt, n / dt,
                   static_cast<long long>(opts.max_num_batched_tokens),
-                  static_cast<long long>(runner.memory_plan().block_size));
+                  static_cast<long long>(runner->memory_plan().block_size));
       std::fflush(stdout);
       if (ci == 0 && decode_steps > 0) {
         std::vector<double> times;
         for (int s = 0; s < decode_steps; ++s) {
           ids.push_back(tok(rng));
-          StepInput d{seq, ids, static_cast<int64_t>(ids.size()) - 1};
+          const SessionInput d{seq, ids, 1};
           const double t1 = bench::now_seconds();
-          runner.execute_standalone({&d, 1});
+          session.run({&d, 1});
           times.push_back(bench::now_seconds() - t1);
         }
         std::sort(times.begin(), times.end());
@@ -153,12 +165,13 @@ int main(int argc, char** argv) {
         for (double t : times) sum += t;
         std::printf(
             "decode after %lld tokens, batch 1: %.3f ms/token mean, %.3f median, %.3f min "
-            "(%d steps, no CUDA graphs)\n",
+            "(%d steps, %s)\n",
             static_cast<long long>(n), 1e3 * sum / times.size(), 1e3 * times[times.size() / 2],
-            1e3 * times.front(), decode_steps);
+            1e3 * times.front(), decode_steps,
+            runner->graph_memory_bytes() > 0 ? "the runner's CUDA graphs" : "no CUDA graphs");
         std::fflush(stdout);
       }
-      runner.release(seq++);
+      session.release(seq++);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_model: %s\n", e.what());

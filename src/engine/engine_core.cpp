@@ -36,13 +36,6 @@ KVBlockLayout layout_of(const Executor* executor) {
   return l;
 }
 
-BlockManager make_block_manager(const Executor* executor, bool prefix_caching) {
-  KVBlockLayout l = layout_of(executor);
-  if (l.groups.empty()) l.groups.push_back(KvGroupAlloc{});
-  return BlockManager(l.num_blocks, l.block_size, prefix_caching, std::move(l.groups),
-                      l.num_state_slots, l.num_state_snapshots, l.num_window_blocks);
-}
-
 // The tokens each constrained row's grammar allows, within what its request may still generate.
 // The rows' masks are independent CPU work (a new grammar state walks the whole vocabulary), done
 // over the thread pool while the device runs the step. A row whose grammar fails ends its own
@@ -79,6 +72,13 @@ std::vector<uint8_t> fill_grammar_masks(std::span<Sequence* const> rows,
 }
 
 }  // namespace
+
+BlockManager make_block_manager(const Executor* executor, bool prefix_caching) {
+  KVBlockLayout l = layout_of(executor);
+  if (l.groups.empty()) l.groups.push_back(KvGroupAlloc{});
+  return BlockManager(l.num_blocks, l.block_size, prefix_caching, std::move(l.groups),
+                      l.num_state_slots, l.num_state_snapshots, l.num_window_blocks);
+}
 
 EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* tokenizer,
                        EngineCoreOptions options)

@@ -29,6 +29,11 @@ class KvBlockBuffers;
 class KvStore;
 class Tokenizer;
 
+// The block manager of an executor's kv_layout() (its KV groups, window pool, state slots and
+// snapshots): the one block allocator, of the engine and of ExecutorSession alike. Throws
+// Error(kInvalidArgument) for a null executor or a layout without blocks.
+BlockManager make_block_manager(const Executor* executor, bool prefix_caching);
+
 struct EngineCoreOptions {
   int64_t max_model_len = 0;           // tokens per sequence (prompt + generated)
   std::vector<int64_t> eos_token_ids;  // the model's EOS tokens (generation_config.json)

@@ -81,9 +81,10 @@ Tensor gpu_prompt_logits(DType activations, DType kv, const std::vector<int32_t>
   ModelBuildOptions o;
   o.device = Device::cuda(0);
   o.activation_dtype = activations;
-  GpuRunner runner(create_model(needle_checkpoint(), o),
-                   runner_options(static_cast<int64_t>(ids.size()), kv, chunk));
-  return runner.prompt_logits(ids);
+  return make_gpu_session(std::make_shared<GpuRunner>(
+                              create_model(needle_checkpoint(), o),
+                              runner_options(static_cast<int64_t>(ids.size()), kv, chunk)))
+      .prompt_logits(ids);
 }
 
 TEST(GpuFp8Kv, ChunkEndsMatchTheCpuFp8Engine) {

@@ -113,8 +113,9 @@ TEST_P(GpuVsCpu, LogitsAgreePerPosition) {
   auto cpu = create_model(ck, o);
   Tensor ref = full_forward(*cpu, ids);
   o.activation_dtype = mc.dtype;
-  GpuRunner runner(gpu_model(ck, o), small_runner(static_cast<int64_t>(ids.size())));
-  Tensor got = runner.prompt_logits(ids);
+  ExecutorSession session = make_gpu_session(std::make_shared<GpuRunner>(
+      gpu_model(ck, o), small_runner(static_cast<int64_t>(ids.size()))));
+  Tensor got = session.prompt_logits(ids);
   Agreement a = compare_logits(ref, got);
   std::printf("%s[%lld] %s: KL max %.2e mean %.2e, top-1 %lld/%lld\n", mc.name.c_str(),
               (long long)mc.len, std::string(dtype_name(mc.dtype)).c_str(), a.max_kl, a.mean_kl,
@@ -196,21 +197,22 @@ TEST(GpuModels, FixtureGreedyTokensReproduced) {
 
 TEST(GpuModels, MixedLengthBatchEqualsOneAtATime) {
   auto ck = std::make_shared<const Checkpoint>(load_checkpoint(fixture_dir("tiny-qwen3")));
-  GpuRunner runner(gpu_model(ck, {}), small_runner(4096));
+  ExecutorSession session =
+      make_gpu_session(std::make_shared<GpuRunner>(gpu_model(ck, {}), small_runner(4096)));
   std::vector<std::vector<int32_t>> prompts;
   for (int64_t len : {1, 17, 300, 1500}) {  // 1500 > the 1024-token chunk
     std::vector<int32_t> p;
     for (int64_t i = 0; i < len; ++i) p.push_back(static_cast<int32_t>((i * 31 + len) % 1000));
     prompts.push_back(p);
   }
-  std::vector<StepInput> batch;
-  for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({100 + i, prompts[i], 0});
-  Tensor together = runner.execute_standalone(batch);
-  for (size_t i = 0; i < prompts.size(); ++i) runner.release(100 + i);
+  std::vector<SessionInput> batch;
+  for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({100 + i, prompts[i]});
+  Tensor together = session.run(batch);
+  for (size_t i = 0; i < prompts.size(); ++i) session.release(100 + i);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    StepInput one{200 + i, prompts[i], 0};
-    Tensor alone = runner.execute_standalone({&one, 1});
-    runner.release(200 + i);
+    const SessionInput one{200 + i, prompts[i]};
+    Tensor alone = session.run({&one, 1});
+    session.release(200 + i);
     const int64_t v = alone.size(1);
     double max_diff = 0, max_abs = 0;
     for (int64_t j = 0; j < v; ++j) {
@@ -243,8 +245,8 @@ TEST(GpuModels, EachTunedKernelPathKeepsTheBound) {
   for (const kernels::KernelTuning& tuning : {kernels::KernelTuning{}, generic, pinned}) {
     GpuRunnerOptions r = small_runner(static_cast<int64_t>(ids.size()));
     r.tuning = tuning;
-    GpuRunner runner(gpu_model(ck, {}), r);
-    const Agreement a = compare_logits(ref, runner.prompt_logits(ids));
+    ExecutorSession session = make_gpu_session(std::make_shared<GpuRunner>(gpu_model(ck, {}), r));
+    const Agreement a = compare_logits(ref, session.prompt_logits(ids));
     std::printf("needle[1500] attention %d prefill %d pdl %d: KL max %.2e, top-1 %lld/%lld\n",
                 int(tuning.attention), int(tuning.prefill.kernel), int(tuning.pdl), a.max_kl,
                 (long long)a.agree, (long long)a.compared);

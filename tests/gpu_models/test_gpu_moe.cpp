@@ -56,8 +56,8 @@ TEST_P(GpuMoe, PromptLogitsMatchTheCpuReference) {
   r.max_num_batched_tokens = 1024;
   r.max_num_seqs = 4;
   r.num_gpu_blocks = 256;
-  GpuRunner runner(create_model(ck, o), r);
-  Tensor got = runner.prompt_logits(ids);
+  ExecutorSession session = make_gpu_session(std::make_shared<GpuRunner>(create_model(ck, o), r));
+  Tensor got = session.prompt_logits(ids);
   ASSERT_EQ(got.shape(), ref.shape());
   const int64_t n = ref.size(0), v = ref.size(1);
   double max_kl = 0;

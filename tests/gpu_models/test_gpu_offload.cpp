@@ -99,8 +99,8 @@ TEST(GpuOffload, RandomGeometriesMatchTheResidentCache) {
     r.max_model_len = 4096;
     r.num_gpu_blocks = 4096 / r.block_size + 4;
     r.enforce_eager = true;
-    GpuRunner resident(gpu_model(), r);
-    const Tensor ref = resident.prompt_logits(ids);
+    const Tensor ref =
+        make_gpu_session(std::make_shared<GpuRunner>(gpu_model(), r)).prompt_logits(ids);
 
     GpuRunnerOptions o = r;
     o.kv_offload = true;
@@ -109,9 +109,9 @@ TEST(GpuOffload, RandomGeometriesMatchTheResidentCache) {
     o.offload_slot_tokens = r.block_size * (1 + rng() % 8);
     const int64_t need = (r.max_num_batched_tokens + r.block_size - 1) / r.block_size + 2 * 4;
     o.num_gpu_blocks = need + rng() % 8;  // most of the prompt streams through the ring
-    GpuRunner off(gpu_model(), o);
-    const Tensor got = off.prompt_logits(ids);
-    const GpuRunner::OffloadCounters c = off.offload_counters();
+    auto off = std::make_shared<GpuRunner>(gpu_model(), o);
+    const Tensor got = make_gpu_session(off).prompt_logits(ids);
+    const GpuRunner::OffloadCounters c = off->offload_counters();
     const Diff d = compare(ref, got);
     std::printf(
         "block %lld chunk %lld slots %lld x %lld tokens, GPU cache %lld blocks: ring loads %lld "
@@ -152,14 +152,14 @@ TEST(GpuOffload, FixturesMatchTheResidentCacheAndTransformers) {
     r.max_model_len = 1024;
     r.num_gpu_blocks = 1024 / 16 + 4;
     r.enforce_eager = true;
-    GpuRunner resident(create_model(ck, mo), r);
-    const Tensor want = resident.prompt_logits(ref.input_ids);
+    const Tensor want = make_gpu_session(std::make_shared<GpuRunner>(create_model(ck, mo), r))
+                            .prompt_logits(ref.input_ids);
     GpuRunnerOptions o = r;
     shrink_to_offload(o);
-    GpuRunner off(create_model(ck, mo), o);
-    const Tensor got = off.prompt_logits(ref.input_ids);
+    auto off = std::make_shared<GpuRunner>(create_model(ck, mo), o);
+    const Tensor got = make_gpu_session(off).prompt_logits(ref.input_ids);
     const Diff d = compare(want, got);
-    const GpuRunner::OffloadCounters c = off.offload_counters();
+    const GpuRunner::OffloadCounters c = off->offload_counters();
     std::printf(
         "%s: ring loads %lld blocks, KL max %.2e mean %.2e, |dlogit| max %.4f, top-1 "
         "%lld/%lld\n",

@@ -69,11 +69,12 @@ TEST(GpuTensorParallel, OneNcclRankModelEqualsTheWholeModel) {
     r.num_gpu_blocks = 256;
     r.enforce_eager = true;
     const ReferenceCase ref = reference_case(name, 515);
-    GpuRunner whole(create_model(ck, o), r);
-    const Tensor want = whole.prompt_logits(ref.input_ids);
+    const Tensor want = make_gpu_session(std::make_shared<GpuRunner>(create_model(ck, o), r))
+                            .prompt_logits(ref.input_ids);
     ModelBuildOptions t = o;
     t.communicator = make_nccl_communicators({0})[0];
-    GpuRunner one_rank(create_model(ck, t), r);
+    ExecutorSession one_rank =
+        make_gpu_session(std::make_shared<GpuRunner>(create_model(ck, t), r));
     EXPECT_TRUE(same_bits(want, one_rank.prompt_logits(ref.input_ids))) << name;
 
     // Through the engine with CUDA graphs: the decode graphs capture the NCCL collectives.
@@ -131,13 +132,13 @@ TEST(GpuTensorParallel, OffloadWithOneNcclRank) {
   r.offload_slot_tokens = 48;
   r.num_gpu_blocks = 128 / 16 + 2 * 4 + 2;
   const ReferenceCase ref = reference_case("tiny-qwen3", 515);
-  GpuRunner whole(create_model(ck, o), r);
-  const Tensor want = whole.prompt_logits(ref.input_ids);
+  const Tensor want = make_gpu_session(std::make_shared<GpuRunner>(create_model(ck, o), r))
+                          .prompt_logits(ref.input_ids);
   ModelBuildOptions t = o;
   t.communicator = make_nccl_communicators({0})[0];
-  GpuRunner one_rank(create_model(ck, t), r);
-  EXPECT_TRUE(same_bits(want, one_rank.prompt_logits(ref.input_ids)));
-  EXPECT_GT(one_rank.offload_counters().ring_blocks_loaded, 0);
+  auto one_rank = std::make_shared<GpuRunner>(create_model(ck, t), r);
+  EXPECT_TRUE(same_bits(want, make_gpu_session(one_rank).prompt_logits(ref.input_ids)));
+  EXPECT_GT(one_rank->offload_counters().ring_blocks_loaded, 0);
 }
 
 }  // namespace

@@ -45,9 +45,10 @@ void run(const Options& o) {
   GpuRunnerOptions r = o.model.runner_options();
   r.max_model_len = longest + o.decode_steps;
   r.max_num_seqs = std::min<int64_t>(r.max_num_seqs, 2);
-  r.enforce_eager = true;  // standalone steps run eagerly either way
-  GpuRunner runner(model, r);
-  const GpuMemoryPlan& plan = runner.memory_plan();
+  r.enforce_eager = true;  // decode steps eager, as offloaded ones always run
+  auto runner = std::make_shared<GpuRunner>(model, r);
+  ExecutorSession session = make_gpu_session(runner);
+  const GpuMemoryPlan& plan = runner->memory_plan();
   const double link = r.kv_offload ? measure_host_to_device_gbps(model->device(), 1ll << 30) : 0;
   std::printf("bench offload: %s, %s, sparse policy %s\n  plan: %s\n",
               r.kv_offload ? "KV offload" : "resident KV", model->device().str().c_str(),
@@ -59,21 +60,21 @@ void run(const Options& o) {
   for (int64_t n : o.context_lens) {
     std::vector<int32_t> ids(n + o.decode_steps);
     for (auto& t : ids) t = static_cast<int32_t>(rng() % vocab);
-    const auto c0 = runner.offload_counters();
+    const auto c0 = runner->offload_counters();
     const double t0 = now_seconds();
-    StepInput in{id, ids, 0, n, {}, true};
-    runner.execute_standalone({&in, 1});
+    const SessionInput in{id, ids, n};
+    session.run({&in, 1});
     const double prefill = now_seconds() - t0;
-    const auto c1 = runner.offload_counters();
+    const auto c1 = runner->offload_counters();
     std::vector<double> steps;
     for (int64_t k = 0; k < o.decode_steps; ++k) {
-      StepInput d{id, ids, n + k, 1, {}, true};
+      const SessionInput d{id, ids, 1};
       const double s0 = now_seconds();
-      runner.execute_standalone({&d, 1});
+      session.run({&d, 1});
       steps.push_back(now_seconds() - s0);
     }
-    const auto c2 = runner.offload_counters();
-    runner.release(id++);
+    const auto c2 = runner->offload_counters();
+    session.release(id++);
     std::vector<double> sorted = steps;
     std::sort(sorted.begin(), sorted.end());
     double mean = 0;
@@ -101,7 +102,7 @@ void run(const Options& o) {
           per_step_bytes / mean / 1e9, bound_ms, bound_ms > 0 ? 1e3 * mean / bound_ms : 0.0);
     }
     // A prefill policy that counts its kept blocks (xattention) reports its density.
-    if (const auto sc = runner.sparse_counters(); sc.prefill_blocks_causal > 0) {
+    if (const auto sc = runner->sparse_counters(); sc.prefill_blocks_causal > 0) {
       std::printf("; prefill density %.3f (key blocks kept of causal, all prompts so far)",
                   sc.prefill_blocks_causal > 0
                       ? double(sc.prefill_blocks_kept) / double(sc.prefill_blocks_causal)

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
@@ -15,6 +16,8 @@
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
 #include "longctx/core/npy.h"
+#include "longctx/engine/executor_session.h"
+#include "longctx/engine/gpu_runner.h"
 #include "longctx/engine/reference_forward.h"
 #include "longctx/models/model.h"
 #include "model_options.h"
@@ -86,9 +89,10 @@ void run(const Options& o) {
   if (model->device().is_cuda()) {
     GpuRunnerOptions gpu = o.model.runner_options();
     gpu.max_model_len = n;
-    GpuRunner runner(model, gpu);
+    gpu.enforce_eager = true;  // a prompt's steps are prefill chunks: no decode graphs to capture
+    ExecutorSession session = make_gpu_session(std::make_shared<GpuRunner>(model, gpu));
     t0 = std::chrono::steady_clock::now();
-    logits = runner.prompt_logits(ids);
+    logits = session.prompt_logits(ids);
     if (last) logits = logits.slice(0, n - 1, n).contiguous();
   } else {
     std::vector<int64_t> positions(n);

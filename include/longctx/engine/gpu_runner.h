@@ -1,8 +1,8 @@
 // The GPU model runner: a model on a CUDA device, its paged KV pool (sized by an explicit memory
-// plan) and the paged attention backend. Driven by the engine (make_gpu_executor), it runs each
-// step's sequences in one batched forward over the block tables the engine's block manager
-// gives. Standalone (benchmarks, `longctx forward`, tests) it keeps blocks per sequence itself
-// and cuts long prompts into chunks of max_num_batched_tokens.
+// plan, gpu_memory_plan.h) and the paged attention backend. Driven through make_gpu_executor, it
+// runs each step's sequences in one batched forward over the block tables a BlockManager gives:
+// the engine's, or an ExecutorSession's for standalone use (benchmarks, `longctx forward`,
+// tests: make_gpu_session), which also cuts long prompts into chunks of max_num_batched_tokens.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,8 @@
 #include "longctx/attention/sparse_options.h"
 #include "longctx/core/tensor.h"
 #include "longctx/engine/executor.h"
+#include "longctx/engine/executor_session.h"
+#include "longctx/engine/gpu_memory_plan.h"
 #include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx {
@@ -57,51 +59,6 @@ struct GpuRunnerOptions {
 // See docs/architecture.md for the measurement behind the default.
 inline constexpr int64_t kDefaultBlockSize = 128;
 
-// Bytes of one forward's activations per token (bf16 activations, f32 residual; the peak of
-// what is live at once, with headroom for the caching pool's rounding).
-int64_t activation_bytes_per_token(const ModelConfig& config);
-
-// Where the device's memory goes.
-struct GpuMemoryPlan {
-  int64_t budget = 0;          // device pool budget (--gpu-memory-utilization / -limit)
-  int64_t weights = 0;         // bf16 weights on the device
-  int64_t expert_weights = 0;  // of which the routed experts of MoE layers
-  int64_t activations = 0;     // max_num_batched_tokens x activation_bytes_per_token
-  int64_t workspaces = 0;      // GEMM, attention plans, logits, sampler
-  int64_t graphs = 0;          // CUDA graphs of decode steps (their private pool)
-  int64_t sparse = 0;          // a sparse policy's metadata and selection buffers
-  int64_t kv_block_bytes = 0;  // K + V of one block (every layer of the largest KV group)
-  int64_t kv_state_bytes = 0;  // per-sequence states (linear attention) of max_num_seqs sequences
-  int64_t kv_snapshot_bytes = 0;  // their prefix-cache snapshots (max_state_snapshots of them)
-  int64_t num_state_snapshots = 0;
-  std::vector<std::string> kv_groups;  // KvGroups::describe(): kind, window, layers, bytes
-  int64_t num_kv_blocks = 0;           // the GPU pool (with offload: the GPU cache of host blocks)
-  int64_t block_size = 0;
-  int64_t max_model_len = 0;
-  // KV offload (0 without): the host pool, the ring and the offload merge buffers.
-  int64_t num_host_blocks = 0;
-  int64_t ring_bytes = 0;
-  int64_t offload_buffers = 0;
-  int64_t slot_blocks = 0;
-  // KV offload of a model with sliding groups: only the full group is offloaded (kv_block_bytes
-  // is its layers' block); the sliding groups' blocks stay on the GPU in a window pool of
-  // num_window_blocks blocks of window_block_bytes (max_num_seqs windows, a step's tokens).
-  int64_t num_window_blocks = 0;
-  int64_t window_block_bytes = 0;
-  int64_t window_bytes() const { return num_window_blocks * window_block_bytes; }
-  int64_t kv_bytes() const { return num_kv_blocks * kv_block_bytes; }
-  int64_t kv_tokens() const { return num_kv_blocks * block_size; }
-  int64_t host_kv_bytes() const { return num_host_blocks * kv_block_bytes; }
-  bool offload() const { return num_host_blocks > 0; }
-  std::string str() const;           // a few lines for `longctx info`
-  std::string experts_note() const;  // " (routed experts N)" for a MoE model, else empty
-};
-
-// The plan for `config` on a device pool of `budget` bytes (before anything is allocated).
-// Throws Error(kOutOfMemory) when not even one max_model_len sequence fits, naming the numbers.
-GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions& options,
-                              int64_t budget);
-
 class GpuRunner {
  public:
   // `model` must be on a CUDA device. Allocates the KV pool and the backend's buffers.
@@ -109,12 +66,14 @@ class GpuRunner {
   ~GpuRunner();
 
   const GpuMemoryPlan& memory_plan() const;
+  const GpuRunnerOptions& options() const;
   int64_t vocab_size() const;
   KVBlockLayout kv_layout() const;
   // Executor::execute: the block copies, then one forward of every input over its block table
   // (the step must fit max_num_batched_tokens / max_num_seqs). Device f32 logits [rows, vocab].
+  // Refused before attach_engine().
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies);
-  // Executor::sample on the device (one row per logits row); engine mode only.
+  // Executor::sample on the device (one row per logits row), after attach_engine().
   std::vector<SampleResult> sample(const Tensor& logits,
                                    std::span<const SamplingParams* const> params,
                                    std::span<SamplerState* const> states);
@@ -146,16 +105,9 @@ class GpuRunner {
   void write_kv_block_async(int32_t block, std::span<const std::byte> in, void* stream);
   Device device() const;  // the model's CUDA device
 
-  // Standalone use, refused once an engine drives the runner. Inputs' block tables are ignored
-  // (the runner keeps each seq_id's blocks until release()); num_new 0 runs all the rest.
-  // Host f32 logits [inputs.size(), vocab] of each input's last token.
-  Tensor execute_standalone(std::span<const StepInput> inputs);
-  // Logits of every position of `ids` as a fresh sequence (host f32 [n, vocab]): `forward`
-  // and tests. The sequence is released afterwards.
-  Tensor prompt_logits(std::span<const int32_t> ids);
-  void release(uint64_t seq_id);
-  // From now on an engine's block manager owns the KV blocks (make_gpu_executor calls it):
-  // makes the device sampler and, unless enforce_eager, captures the decode graphs.
+  // From now on a block manager (the engine's or an ExecutorSession's) owns the KV blocks;
+  // make_gpu_executor calls it, once per runner: makes the device sampler and, unless
+  // enforce_eager (or a policy that selects decode pages), captures the decode graphs.
   void attach_engine();
 
  private:
@@ -164,5 +116,10 @@ class GpuRunner {
 };
 
 std::unique_ptr<Executor> make_gpu_executor(std::shared_ptr<GpuRunner> runner);
+
+// A standalone session over the runner (make_gpu_executor, so decode steps replay CUDA graphs
+// unless enforce_eager), with the runner's max_num_batched_tokens, max_num_seqs and
+// max_model_len. Keep the shared_ptr to read the runner's plan and counters.
+ExecutorSession make_gpu_session(std::shared_ptr<GpuRunner> runner);
 
 }  // namespace longctx

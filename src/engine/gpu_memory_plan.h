@@ -1,0 +1,26 @@
+// The parts of the GPU memory plan the runner shares (include/longctx/engine/gpu_memory_plan.h
+// is the plan itself): what the plan counted must be what the runner builds.
+#pragma once
+
+#include <cstdint>
+
+#include "longctx/engine/gpu_memory_plan.h"
+
+namespace longctx {
+
+class KvGroups;
+struct GpuRunnerOptions;
+struct ModelConfig;
+
+// Decode steps replay CUDA graphs unless eager, or the policy selects decode pages per step
+// (quest, streaming: their decode steps run eagerly). Linear-attention layers read their states
+// through the backend's per-step device arrays, which a replay sees refreshed.
+bool decode_graphs(const GpuRunnerOptions& o);
+
+// State slots beyond the sequences' and the snapshots': the graphs' padding sequences' one.
+int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups);
+
+// The bf16 weights of a config's checkpoint on the device.
+int64_t weight_bytes(const ModelConfig& config);
+
+}  // namespace longctx
