@@ -341,7 +341,8 @@ inline void check_speculative_offloaded_equals_plain(const ExecutorFactory& make
                                                      const GreedyTolerance& tol) {
   const std::vector<std::vector<int32_t>> prompts = {short_needle_prompt(224)};
   EngineSpec spec = needle_spec();
-  spec.num_blocks = 64;
+  spec.max_model_len = 1024;
+  spec.num_blocks = 96;  // the GPU's host pool holds a max_model_len sequence
   spec.max_num_batched_tokens = 128;
   spec.max_num_seqs = 2;
   spec.offload_gpu_blocks = 128 / 16 + 2 * 2 + 2;  // a step's blocks and a few: 17 stream

@@ -187,7 +187,10 @@ TEST_P(GpuSliding, OffloadedQuestWithAWholeBudgetEqualsResident) {
   EngineConfig c = offload_config(config("cuda", true));
   c.sparse.policy = SparsePolicyKind::kQuest;
   c.sparse.budget_tokens = 4096;
-  if (GetParam() == 0) return expect_offload_refused(c);
+  if (GetParam() == 0) {  // every layer sliding: refused as above
+    EXPECT_THROW(LLM llm(c), Error);
+    return;
+  }
   const EngineSpec resident = resident_spec(dir_);
   EngineSpec quest = offloaded_spec(resident);
   quest.sparse = c.sparse;
