@@ -33,7 +33,7 @@ std::string fixture(const std::string& name) {
 class GenerateCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(cli_path())) GTEST_SKIP() << "no " << cli_path();
+    ASSERT_TRUE(fs::exists(cli_path())) << "no " << cli_path() << " (build the longctx target)";
   }
 };
 
@@ -60,7 +60,8 @@ TEST_F(GenerateCli, GreedyIdsMatchTransformers) {
 
 TEST_F(GenerateCli, StopStringIsCutFromTheStream) {
   const std::string tok = longctx::testing::fetched_data_dir() + "/tokenizers/qwen3";
-  if (!fs::exists(tok + "/tokenizer.json")) GTEST_SKIP() << "no " << tok;
+  ASSERT_TRUE(fs::exists(tok + "/tokenizer.json"))
+      << "no " << tok << " (run tools/fetch_test_data.sh)";
   const std::string base = "--load-format dummy --preset tiny-llama --tokenizer '" + tok +
                            "' --ids 40,41,42 --max-tokens 40 --seed 1";
   const auto full = generate(base);

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/engine_properties.h"
 #include "common/test_data.h"
 #include "engine/engine_core.h"
 #include "longctx/engine/executor.h"
@@ -51,6 +52,26 @@ inline std::shared_ptr<Model> tiny_model() {
   ModelBuildOptions o;
   o.rope_inv_freq_dtype = DType::kBF16;
   return create_model(ck, o);
+}
+
+// The CPU executor of an engine property (common/engine_properties.h): the reference model over
+// the CPU paged pool, offloaded through the simulated device when the spec says so.
+inline CpuExecutorOptions cpu_executor_options(const EngineSpec& s) {
+  CpuExecutorOptions x;
+  x.block_size = s.block_size;
+  x.num_blocks = s.num_blocks;
+  x.max_state_seqs = s.max_num_seqs;
+  x.offload_gpu_blocks = s.offload_gpu_blocks;
+  x.offload_slots = s.offload_slots;
+  x.offload_slot_blocks = s.offload_slot_blocks;
+  x.offload_write_back_lag = s.offload_write_back_lag;
+  x.offload_window_blocks = s.offload_window_blocks;
+  x.sparse = s.sparse;
+  return x;
+}
+
+inline std::unique_ptr<Executor> cpu_executor(const EngineSpec& s) {
+  return make_cpu_executor(create_model(s.checkpoint, s.model_options), cpu_executor_options(s));
 }
 
 // Passes steps to another executor and keeps every logits row it returns: (sequence, position)

@@ -35,9 +35,8 @@ bool valid_utf8(std::string_view s) {
 class LLMText : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(qwen3_dir() + "/tokenizer.json")) {
-      GTEST_SKIP() << "no " << qwen3_dir() << " (run tools/fetch_test_data.sh)";
-    }
+    ASSERT_TRUE(std::filesystem::exists(qwen3_dir() + "/tokenizer.json"))
+        << "no " << qwen3_dir() << " (run tools/fetch_test_data.sh)";
     // Loaded once for the suite: parsing the 11 MB tokenizer.json takes a while.
     static const auto shared = std::make_shared<const Tokenizer>(Tokenizer::load(qwen3_dir()));
     tokenizer_ = shared;

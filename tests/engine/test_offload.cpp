@@ -281,23 +281,6 @@ TEST(OffloadPlanner, EvictedPartialBlockIsWrittenBackAndReloaded) {
 
 // ---- The CPU reference model through the simulated offload device --------------------------
 
-std::vector<RequestOutput> run_model(const std::vector<std::vector<int32_t>>& prompts,
-                                     const CpuExecutorOptions& x, int64_t batched, int64_t max_seqs,
-                                     bool caching) {
-  EngineCore core(make_cpu_executor(tiny_model(), x), nullptr,
-                  core_options(batched, max_seqs, caching));
-  SamplingParams sp = greedy(10);
-  sp.logprobs = 2;
-  for (size_t i = 0; i < prompts.size(); ++i) core.add_request(i, prompts[i], sp, 0);
-  std::vector<RequestOutput> outs(prompts.size());
-  while (core.has_unfinished()) {
-    core.step();
-    for (RequestOutput& o : core.take_finished()) outs[o.index] = std::move(o);
-  }
-  EXPECT_EQ(core.stats().kv_blocks_used, 0);
-  return outs;
-}
-
 // The engine's stats carry the executor's offload bytes (what /metrics exports): zero for a
 // resident cache, loads and write-backs when blocks go through the (simulated) host pool.
 TEST(OffloadCpuModel, EngineStatsCountOffloadBytes) {
@@ -322,48 +305,41 @@ TEST(OffloadCpuModel, EngineStatsCountOffloadBytes) {
   EXPECT_GT(o.offload_host_bytes_written, 0);
 }
 
+// common/engine_properties.h's body (tests/gpu_models runs it on the GPU), over random
+// geometries: logprobs within 1e-4 (the offload path merges partial attentions by LSE).
 TEST(OffloadCpuModel, RandomGeometriesEqualTheResidentCache) {
   std::mt19937 rng(5);
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<int32_t> prefix(37);
-  for (auto& t : prefix) t = static_cast<int32_t>(rng() % 1000);
-  for (int i = 0; i < 5; ++i) {
-    auto p = prefix;
-    p.resize(10 + 7 * i);
-    for (int k = 0; k < 5 + 3 * i; ++k) p.push_back(static_cast<int32_t>(rng() % 1000));
-    prompts.push_back(p);
-  }
+  const auto prompts = testing::shared_prefix_prompts(5, 37, 10, 7, 15, 1000, 5);
+  int64_t loaded = 0, written = 0;
   for (int draw = 0; draw < 8; ++draw) {
-    CpuExecutorOptions resident;
+    testing::EngineSpec resident;
+    resident.checkpoint =
+        testing::checkpoint_of(testing::test_data_dir() + "/fixtures/tiny-llama3");
+    resident.model_options.rope_inv_freq_dtype = DType::kBF16;
+    resident.max_model_len = 512;
     resident.block_size = 1 + rng() % 8;
     resident.num_blocks = 400;
-    const int64_t batched = 8 + rng() % 40, seqs = 1 + rng() % 4;
-    const bool caching = rng() % 2;
-    CpuExecutorOptions off = resident;
-    off.offload_gpu_blocks =
-        (batched + resident.block_size - 1) / resident.block_size + 2 * seqs + rng() % 6;
+    resident.max_num_batched_tokens = 8 + rng() % 40;
+    resident.max_num_seqs = 1 + rng() % 4;
+    resident.enable_prefix_caching = rng() % 2;
+    testing::EngineSpec off = resident;
+    off.offload_gpu_blocks = (off.max_num_batched_tokens + off.block_size - 1) / off.block_size +
+                             2 * off.max_num_seqs + rng() % 6;
     off.offload_slots = 1 + rng() % 8;
     off.offload_slot_blocks = 1 + rng() % 5;
     off.offload_write_back_lag = 1 + rng() % 3;
     SCOPED_TRACE(::testing::Message()
-                 << "block " << resident.block_size << " gpu blocks " << off.offload_gpu_blocks
+                 << "block " << off.block_size << " gpu blocks " << off.offload_gpu_blocks
                  << " slots " << off.offload_slots << "x" << off.offload_slot_blocks << " lag "
-                 << off.offload_write_back_lag << " batched " << batched << " seqs " << seqs
-                 << " caching " << caching);
-    const auto ref = run_model(prompts, resident, batched, seqs, caching);
-    const auto got = run_model(prompts, off, batched, seqs, caching);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      ASSERT_EQ(ref[i].token_ids.size(), got[i].token_ids.size());
-      for (size_t t = 0; t < ref[i].token_ids.size(); ++t) {
-        const auto& top = ref[i].logprobs.at(t).top;
-        if (ref[i].token_ids[t] != got[i].token_ids[t]) {
-          EXPECT_LT(top[0].second - top[1].second, 1e-4) << "request " << i << " token " << t;
-          break;
-        }
-        EXPECT_NEAR(ref[i].logprobs[t].logprob, got[i].logprobs[t].logprob, 1e-4);
-      }
-    }
+                 << off.offload_write_back_lag << " batched " << off.max_num_batched_tokens
+                 << " seqs " << off.max_num_seqs << " caching " << off.enable_prefix_caching);
+    const EngineStats st = testing::check_offloaded_engine_equals_resident(
+        testing::cpu_executor, resident, off, prompts, 10, {1e-4, 1e-4}, {.host_traffic = false});
+    loaded += st.executor.offload_host_bytes_loaded;
+    written += st.executor.offload_host_bytes_written;
   }
+  EXPECT_GT(loaded, 0);
+  EXPECT_GT(written, 0);
 }
 
 }  // namespace

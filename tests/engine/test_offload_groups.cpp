@@ -40,65 +40,19 @@ using testing::core_options;
 using testing::greedy;
 
 std::shared_ptr<Model> fixture_model(const std::string& name) {
-  auto ck = std::make_shared<const Checkpoint>(
-      load_checkpoint(testing::test_data_dir() + "/fixtures/" + name));
-  return create_model(ck);
+  return create_model(testing::checkpoint_of(testing::test_data_dir() + "/fixtures/" + name));
 }
 
 // tiny-llama3's shapes, 4 layers: sliding, full, sliding, full (window 20), random weights: a
 // full group of 2 layers (offload layers 0 and 1) and a sliding group of 2.
-std::shared_ptr<Model> two_group_model() {
+std::shared_ptr<const Checkpoint> two_group_checkpoint() {
   ModelConfig c = load_model_config(testing::test_data_dir() + "/fixtures/tiny-llama3/config.json");
   c.architecture = "MistralForCausalLM";
   c.num_hidden_layers = 4;
   c.dtype = DType::kF32;
   c.layer_types = {LA::kSliding, LA::kFull, LA::kSliding, LA::kFull};
   c.sliding_window = 20;
-  auto ck = std::make_shared<const Checkpoint>(make_dummy_checkpoint(c, 11));
-  return create_model(ck);
-}
-
-struct Run {
-  std::vector<RequestOutput> outs;
-  EngineStats stats;
-};
-
-Run run_engine(const std::shared_ptr<Model>& model,
-               const std::vector<std::vector<int32_t>>& prompts, const CpuExecutorOptions& x,
-               int64_t batched, int64_t max_seqs, bool caching) {
-  EngineCore core(make_cpu_executor(model, x), nullptr, core_options(batched, max_seqs, caching));
-  SamplingParams sp = greedy(12);
-  sp.logprobs = 2;
-  for (size_t i = 0; i < prompts.size(); ++i) core.add_request(i, prompts[i], sp, 0);
-  Run r;
-  r.outs.resize(prompts.size());
-  while (core.has_unfinished()) {
-    core.step();
-    core.check_consistency();
-    for (RequestOutput& o : core.take_finished()) r.outs[o.index] = std::move(o);
-  }
-  r.stats = core.stats();
-  return r;
-}
-
-// Greedy tokens equal, logprobs within 1e-4 (the offload path merges partial attention by LSE,
-// the resident one attends in one pass); past a token where the two part (only where the top two
-// are within rounding) the sequences are not compared.
-void expect_same_outputs(const Run& ref, const Run& got) {
-  ASSERT_EQ(ref.outs.size(), got.outs.size());
-  for (size_t i = 0; i < ref.outs.size(); ++i) {
-    ASSERT_EQ(ref.outs[i].token_ids.size(), got.outs[i].token_ids.size());
-    ASSERT_FALSE(ref.outs[i].token_ids.empty());
-    for (size_t t = 0; t < ref.outs[i].token_ids.size(); ++t) {
-      const auto& top = ref.outs[i].logprobs.at(t).top;
-      if (ref.outs[i].token_ids[t] != got.outs[i].token_ids[t]) {
-        EXPECT_LT(top[0].second - top[1].second, 1e-4) << "request " << i << " token " << t;
-        break;
-      }
-      EXPECT_NEAR(ref.outs[i].logprobs[t].logprob, got.outs[i].logprobs[t].logprob, 1e-4)
-          << "request " << i << " token " << t;
-    }
-  }
+  return std::make_shared<const Checkpoint>(make_dummy_checkpoint(c, 11));
 }
 
 // Prompts sharing a 40-token prefix (prefix hits), one repeated whole (copy-on-write of the last
@@ -124,20 +78,37 @@ std::vector<std::vector<int32_t>> prompts_for(int64_t vocab) {
   return prompts;
 }
 
-void check_offload_equals_resident(const std::shared_ptr<Model>& model) {
-  const auto prompts = prompts_for(model->config().vocab_size);
-  CpuExecutorOptions resident;
-  resident.block_size = 8;
-  resident.num_blocks = 400;
+// Greedy tokens equal, logprobs within 1e-4 (the offload path merges partial attention by LSE,
+// the resident one attends in one pass); past a token where the two part (only where the top two
+// are within rounding) the sequences are not compared.
+constexpr testing::GreedyTolerance kLseMerge{1e-4, 1e-4};
+
+testing::EngineSpec resident_spec(std::shared_ptr<const Checkpoint> ck) {
+  testing::EngineSpec s;
+  s.checkpoint = std::move(ck);
+  s.block_size = 8;
+  s.num_blocks = 400;
+  s.max_model_len = 512;
+  return s;
+}
+
+// The full group goes through the host pool and the ring, the sliding groups hold blocks of the
+// window pool; random geometries (common/engine_properties.h's body, which tests/gpu_models runs
+// on the GPU's sliding-window models).
+void check_offload_equals_resident(std::shared_ptr<const Checkpoint> ck) {
+  const auto prompts = prompts_for(ck->config.vocab_size);
   std::mt19937 rng(7);
   for (int draw = 0; draw < 3; ++draw) {
-    const int64_t batched = 16 + rng() % 24, seqs = 1 + rng() % 3;
-    const bool caching = draw != 1;
-    CpuExecutorOptions off = resident;
+    testing::EngineSpec resident = resident_spec(ck);
+    resident.max_num_batched_tokens = 16 + rng() % 24;
+    resident.max_num_seqs = 1 + rng() % 3;
+    resident.enable_prefix_caching = draw != 1;
+    testing::EngineSpec off = resident;
     off.num_blocks = 200;
     // A GPU cache of the step's blocks and a few more: most of a long prompt streams through the
     // ring of 1..3 slots of 1..3 blocks.
-    off.offload_gpu_blocks = (batched + 7) / 8 + 2 * seqs + rng() % 4;
+    off.offload_gpu_blocks =
+        (resident.max_num_batched_tokens + 7) / 8 + 2 * resident.max_num_seqs + rng() % 4;
     off.offload_slots = 1 + rng() % 3;
     off.offload_slot_blocks = 1 + rng() % 3;
     off.offload_write_back_lag = 1 + rng() % 3;
@@ -145,25 +116,21 @@ void check_offload_equals_resident(const std::shared_ptr<Model>& model) {
     SCOPED_TRACE(::testing::Message()
                  << "gpu blocks " << off.offload_gpu_blocks << " slots " << off.offload_slots << "x"
                  << off.offload_slot_blocks << " lag " << off.offload_write_back_lag << " batched "
-                 << batched << " seqs " << seqs << " caching " << caching);
-    const Run ref = run_engine(model, prompts, resident, batched, seqs, caching);
-    const Run got = run_engine(model, prompts, off, batched, seqs, caching);
-    expect_same_outputs(ref, got);
-    // The full group went through the host pool and the ring; every block of both pools is
-    // back at the end; the sliding groups held blocks (of the window pool).
-    EXPECT_GT(got.stats.executor.offload_host_bytes_loaded, 0);
-    EXPECT_GT(got.stats.executor.offload_host_bytes_written, 0);
-    EXPECT_EQ(got.stats.kv_blocks_used, 0);
-    if (caching) EXPECT_GT(got.stats.prefix_cache_hits, 0);
+                 << off.max_num_batched_tokens << " seqs " << off.max_num_seqs << " caching "
+                 << off.enable_prefix_caching);
+    testing::check_offloaded_engine_equals_resident(testing::cpu_executor, resident, off, prompts,
+                                                    12, kLseMerge,
+                                                    {.prefix_hits = off.enable_prefix_caching});
   }
 }
 
 TEST(OffloadGroups, GemmaFixtureOffloadedEqualsResident) {
-  check_offload_equals_resident(fixture_model("tiny-gemma3"));
+  check_offload_equals_resident(
+      testing::checkpoint_of(testing::test_data_dir() + "/fixtures/tiny-gemma3"));
 }
 
 TEST(OffloadGroups, SlidingAfterTheLastFullLayerEqualsResident) {
-  check_offload_equals_resident(two_group_model());
+  check_offload_equals_resident(two_group_checkpoint());
 }
 
 // The sliding groups' blocks are window-pool ids (from the host pool's size on) and a window
@@ -357,12 +324,11 @@ TEST(OffloadGroups, XAttentionSelectsOverTheFullGroupOnly) {
 // Quest through the engine's simulated offload on tiny-gemma3: with a budget above every
 // sequence's length it selects everything, so the tokens are the dense resident engine's.
 TEST(OffloadGroups, QuestWithAWholeBudgetEqualsDense) {
-  auto model = fixture_model("tiny-gemma3");
-  const auto prompts = prompts_for(model->config().vocab_size);
-  CpuExecutorOptions resident;
-  resident.block_size = 8;
-  resident.num_blocks = 400;
-  CpuExecutorOptions off = resident;
+  const auto ck = testing::checkpoint_of(testing::test_data_dir() + "/fixtures/tiny-gemma3");
+  testing::EngineSpec resident = resident_spec(ck);
+  resident.max_num_batched_tokens = 24;
+  resident.max_num_seqs = 3;
+  testing::EngineSpec off = resident;
   off.num_blocks = 200;
   off.offload_gpu_blocks = 10;
   off.offload_slots = 2;
@@ -370,8 +336,9 @@ TEST(OffloadGroups, QuestWithAWholeBudgetEqualsDense) {
   off.sparse.policy = SparsePolicyKind::kQuest;
   off.sparse.budget_tokens = 4096;
   off.sparse.page_tokens = 8;
-  expect_same_outputs(run_engine(model, prompts, resident, 24, 3, true),
-                      run_engine(model, prompts, off, 24, 3, true));
+  testing::check_offloaded_engine_equals_resident(testing::cpu_executor, resident, off,
+                                                  prompts_for(ck->config.vocab_size), 12, kLseMerge,
+                                                  {.prefix_hits = true});
 }
 
 TEST(OffloadGroups, RefusedModelsSayWhy) {

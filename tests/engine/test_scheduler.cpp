@@ -313,6 +313,28 @@ TEST(EngineCpuModel, PrefixCacheHitsGiveTheSameOutputs) {
   EXPECT_EQ(cached.outs.back().metrics.num_cached_tokens, 23);
 }
 
+// Preemption and prefix caching together keep the outputs of a roomy engine without the cache:
+// common/engine_properties.h's body (tests/gpu_models/test_gpu_serving.cpp runs it on the GPU).
+TEST(EngineCpuModel, PreemptionAndPrefixCacheKeepOutputs) {
+  // 8 prompts sharing 32 tokens (8 blocks of 4), up to 108 tokens with the 16 generated: 27
+  // blocks each (8 of them shared), ~160 for the batch at once against a pool of 48.
+  const auto prompts = testing::shared_prefix_prompts(8, 32, 32, 0, 60, 1000, 2);
+  testing::EngineSpec tight;
+  tight.checkpoint = testing::checkpoint_of(testing::test_data_dir() + "/fixtures/tiny-llama3");
+  tight.model_options.rope_inv_freq_dtype = DType::kBF16;
+  tight.max_model_len = 512;
+  tight.block_size = 4;
+  tight.num_blocks = 48;
+  tight.max_num_batched_tokens = 64;
+  tight.max_num_seqs = 8;
+  testing::EngineSpec roomy = tight;
+  roomy.num_blocks = 1024;
+  roomy.enable_prefix_caching = false;
+  // fp32: a recomputed prefill only reorders sums.
+  testing::check_preemption_and_prefix_cache_keep_outputs(testing::cpu_executor, tight, roomy,
+                                                          prompts, 16, {1e-4, 1e-4});
+}
+
 TEST(EngineCpuModel, ChunkedPrefillEqualsOneShot) {
   auto prompts = prompts_with_shared_prefix(2, 61);
   EngineRun chunked = run_all(prompts, 8, 256, 7, false);

@@ -1,12 +1,11 @@
 // Speculative decoding through the engine on the CPU: greedy outputs equal the non-speculative
 // engine's token for token (drafts accepted or not, batched with sequences that have no draft,
-// with prefix caching, under preemption), stops inside an accepted draft drop what follows, the
-// KV blocks all come back, and the acceptance counters count.
+// with prefix caching, under preemption, through the simulated KV offload: the bodies of
+// common/engine_properties.h, which tests/gpu_models runs on the GPU), stops inside an accepted
+// draft drop what follows, the KV blocks all come back, and the acceptance counters count.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
 
@@ -19,38 +18,6 @@ namespace {
 
 using testing::greedy;
 using testing::tiny_model;
-
-// models/needle and tests/data/needle's prompt (988 tokens, the answer " 2739187." copied from
-// the haystack): a model whose answers quote its context, so prompt lookup drafts get accepted.
-struct NeedleCase {
-  std::vector<int32_t> input_ids, greedy_new_tokens;
-};
-
-const NeedleCase& needle_case() {
-  static const NeedleCase c = [] {
-    std::ifstream f(testing::test_data_dir() + "/needle/reference.json");
-    EXPECT_TRUE(f.good()) << "missing tests/data/needle/reference.json";
-    const nlohmann::json j = nlohmann::json::parse(f);
-    return NeedleCase{j.at("input_ids").get<std::vector<int32_t>>(),
-                      j.at("greedy_new_tokens").get<std::vector<int32_t>>()};
-  }();
-  return c;
-}
-
-std::shared_ptr<Model> needle_model() {
-  static auto ck = std::make_shared<const Checkpoint>(
-      load_checkpoint(testing::test_data_dir() + "/../../models/needle"));
-  return create_model(ck, ModelBuildOptions{});
-}
-
-// The needle prompt with its haystack cut to the first `head` tokens (the needle is at 197-206)
-// and the question (the last 40 tokens).
-std::vector<int32_t> short_needle_prompt(size_t head) {
-  const std::vector<int32_t>& ids = needle_case().input_ids;
-  std::vector<int32_t> p(ids.begin(), ids.begin() + head);
-  p.insert(p.end(), ids.end() - 40, ids.end());
-  return p;
-}
 
 struct SpecRun {
   std::vector<RequestOutput> outs;  // by request index
@@ -128,54 +95,20 @@ std::vector<int32_t> random_prompt(uint32_t seed, int64_t n) {
   return p;
 }
 
-SpecRun run_needle(const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens, int64_t k,
-                   int64_t num_blocks = 256, bool caching = false, int64_t batched_tokens = 1024,
-                   int64_t max_seqs = 8, int64_t offload_gpu_blocks = 0) {
-  CpuExecutorOptions x;
-  x.block_size = 16;
-  x.num_blocks = num_blocks;
-  x.offload_gpu_blocks = offload_gpu_blocks;
-  SamplingParams sp = greedy(max_tokens);
-  sp.logprobs = 2;
-  return run(make_cpu_executor(needle_model(), x),
-             spec_options(batched_tokens, max_seqs, caching, k), prompts, sp);
-}
+// The fp32 CPU engine: a verifying step computes several positions in one forward, so only
+// near-ties may order differently (none occur here).
+constexpr testing::GreedyTolerance kExact{1e-4, 1e-4};
 
 TEST(SpeculativeEngine, GreedyNeedleAnswerEqualsNonSpeculativeAndTransformers) {
-  const NeedleCase& c = needle_case();
-  const auto n = static_cast<int64_t>(c.greedy_new_tokens.size());
-  const SpecRun plain = run_needle({c.input_ids}, n, 0);
-  const SpecRun spec = run_needle({c.input_ids}, n, 4);
-  EXPECT_EQ(plain.outs[0].token_ids, c.greedy_new_tokens);
-  EXPECT_EQ(spec.outs[0].token_ids, c.greedy_new_tokens);
-  expect_same(plain.outs[0], spec.outs[0], "needle");
-  const SpecDecodeStats& s = spec.stats.spec_decode;
-  EXPECT_GT(s.num_drafts, 0);
-  EXPECT_GT(s.num_accepted_tokens, 0);
-  EXPECT_LE(s.num_accepted_tokens, s.num_draft_tokens);
-  ASSERT_EQ(s.num_accepted_tokens_per_pos.size(), 4u);
-  EXPECT_GT(s.num_accepted_tokens_per_pos[0], 0);
-  int64_t per_pos = 0;
-  for (size_t i = 0; i < 4; ++i) {
-    per_pos += s.num_accepted_tokens_per_pos[i];
-    if (i > 0) EXPECT_LE(s.num_accepted_tokens_per_pos[i], s.num_accepted_tokens_per_pos[i - 1]);
-  }
-  EXPECT_EQ(per_pos, s.num_accepted_tokens);
-  EXPECT_GT(s.mean_acceptance_length(), 1.0);
-  EXPECT_EQ(spec.stats.generation_tokens, plain.stats.generation_tokens);
-  EXPECT_EQ(plain.stats.spec_decode.num_drafts, 0);
+  testing::check_speculative_needle_equals_plain(testing::cpu_executor, kExact);
 }
 
 TEST(SpeculativeEngine, GreedyNeedleThroughKvOffloadEqualsNonSpeculative) {
-  // The simulated KV offload (a GPU cache of 8 blocks over the host pool, the ring for the rest):
-  // a verifying step streams the context once for its k + 1 queries, and the rolled-back slots
-  // are rewritten by later steps.
-  const std::vector<std::vector<int32_t>> prompts = {short_needle_prompt(224)};
-  const SpecRun plain = run_needle(prompts, 10, 0, 64, false, 128, 8, /*offload_gpu_blocks=*/8);
-  const SpecRun spec = run_needle(prompts, 10, 4, 64, false, 128, 8, /*offload_gpu_blocks=*/8);
-  expect_same(plain.outs[0], spec.outs[0], "offload");
-  EXPECT_GT(spec.stats.spec_decode.num_accepted_tokens, 0);
-  EXPECT_GT(spec.stats.executor.offload_host_bytes_loaded, 0);
+  testing::check_speculative_offloaded_equals_plain(testing::cpu_executor, kExact);
+}
+
+TEST(SpeculativeEngine, BatchedWithDraftlessSequencesPrefixCachedAndPreempted) {
+  testing::check_speculative_batched_cached_preempted_equals_alone(testing::cpu_executor, kExact);
 }
 
 TEST(SpeculativeEngine, GreedyRandomModelEqualsNonSpeculative) {
@@ -187,29 +120,18 @@ TEST(SpeculativeEngine, GreedyRandomModelEqualsNonSpeculative) {
   EXPECT_GT(spec.stats.spec_decode.num_drafts, 0);
 }
 
-TEST(SpeculativeEngine, BatchedWithDraftlessSequencesPrefixCachedAndPreempted) {
-  // Needle prompts (drafts accepted), two sharing their first 224 tokens, beside random ones
-  // (few drafts, none accepted).
-  const std::vector<std::vector<int32_t>> prompts = {short_needle_prompt(224), random_prompt(3, 90),
-                                                     short_needle_prompt(256), random_prompt(5, 41),
-                                                     short_needle_prompt(240)};
-  // Alone, without speculation, plenty of blocks: the reference.
-  std::vector<RequestOutput> ref;
-  for (const auto& p : prompts) ref.push_back(run_needle({p}, 12, 0).outs[0]);
-  // Together: prefix caching on, chunked prefills of 128 tokens, and a pool so small (the five
-  // need ~75 blocks of 16 at once, the longest 20 alone) that sequences are preempted and
-  // recomputed.
-  const SpecRun spec =
-      run_needle(prompts, 12, 3, /*num_blocks=*/24, /*caching=*/true, /*batched_tokens=*/128);
-  EXPECT_GT(spec.stats.num_preemptions, 0);
-  EXPECT_GT(spec.stats.prefix_cache_hits, 0);
-  EXPECT_GT(spec.stats.spec_decode.num_accepted_tokens, 0);
-  for (size_t i = 0; i < prompts.size(); ++i)
-    expect_same(ref[i], spec.outs[i], "batched, cached, preempted");
-  // Small steps: drafts are trimmed to the token budget (max_num_batched_tokens 2: one draft
-  // token at most beside the sequence's own).
-  const SpecRun tight = run_needle({prompts[0]}, 12, 3, 256, false, /*batched_tokens=*/2, 1);
-  expect_same(ref[0], tight.outs[0], "budget-trimmed drafts");
+// Small steps: drafts are trimmed to the token budget (max_num_batched_tokens 2: one draft token
+// at most beside the sequence's own).
+TEST(SpeculativeEngine, DraftsAreTrimmedToTheStepsTokenBudget) {
+  const std::vector<std::vector<int32_t>> prompts = {testing::short_needle_prompt(224)};
+  testing::EngineSpec s = testing::needle_spec();
+  const SamplingParams sp = testing::greedy_with_logprobs(12);
+  const testing::EngineRun ref = testing::run_engine(testing::cpu_executor, s, prompts, sp);
+  s.num_speculative_tokens = 3;
+  s.max_num_batched_tokens = 2;
+  s.max_num_seqs = 1;
+  const testing::EngineRun tight = testing::run_engine(testing::cpu_executor, s, prompts, sp);
+  expect_same(ref.outs[0], tight.outs[0], "budget-trimmed drafts");
   EXPECT_EQ(tight.stats.spec_decode.num_draft_tokens, tight.stats.spec_decode.num_drafts);
   EXPECT_GT(tight.stats.spec_decode.num_accepted_tokens, 0);
 }

@@ -168,6 +168,19 @@ TEST_P(StatePrefixCache, HitsAtSeveralBoundariesMatchNoCaching) {
 
 INSTANTIATE_TEST_SUITE_P(Budgets, StatePrefixCache, ::testing::Values(13, 16, 256));
 
+// common/engine_properties.h's body (tests/gpu_models/test_gpu_linear.cpp runs it on the GPU):
+// logits within the chunked delta rule's rounding, so tokens part only at such near ties.
+TEST(StatePrefixCacheEngine, PrefixHitEqualsNoHit) {
+  testing::EngineSpec spec;
+  spec.checkpoint = testing::checkpoint_of(testing::test_data_dir() + "/fixtures/tiny-qwen3-next");
+  spec.block_size = kBlock;
+  spec.num_blocks = 96;
+  spec.max_model_len = 512;
+  spec.max_num_batched_tokens = 64;
+  spec.max_num_seqs = 4;
+  testing::check_state_prefix_hit_equals_no_hit(testing::cpu_executor, spec, {kTol, 2 * kTol});
+}
+
 // A pool of 14 blocks: an unrelated 100-token prompt evicts the document's blocks and with them
 // their snapshots, so the next question on the document misses, and still gives the same output.
 TEST(StatePrefixCacheEngine, EvictedSnapshotMissesAndStaysCorrect) {

@@ -20,7 +20,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "gpu_models/greedy_compare.h"
+#include "common/engine_properties.h"
+#include "common/greedy_compare.h"
+#include "gpu_models/gpu_executor.h"
 #include "kv/state_pool.h"
 #include "longctx/llm.h"
 #include "models/model_test_util.h"
@@ -54,14 +56,7 @@ EngineConfig engine_config(const std::string& device, bool prefix_caching = fals
   return c;
 }
 
-SamplingParams greedy(int64_t tokens = 24) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = tokens;
-  sp.ignore_eos = true;
-  sp.logprobs = 2;
-  return sp;
-}
+SamplingParams greedy(int64_t tokens = 24) { return greedy_with_logprobs(tokens); }
 
 TEST(GpuLinear, FixtureGreedyTokensReproduced) {
   LLM llm(engine_config("cuda"));
@@ -127,24 +122,20 @@ TEST(GpuLinear, GpuBatchedEqualsAlone) {
   expect_same_tokens_up_to_ties(alone, batched, kTieMargin, "batched vs alone");
 }
 
-// Prompt b shares a's first 64 tokens (a's chunks of 64 end on that block boundary, which leaves
-// a snapshot of the states there): b's run restores it and continues from token 64.
+// common/engine_properties.h's body (tests/engine/test_state_prefix_cache.cpp runs it on the
+// CPU): the state restored from a device snapshot at a block boundary gives the tokens of an
+// engine without prefix caching.
 TEST(GpuLinear, PrefixHitEqualsNoHit) {
-  const std::vector<int32_t> a = make_ids(150, 11, 320);
-  std::vector<int32_t> b(a.begin(), a.begin() + 64);
-  const std::vector<int32_t> tail = make_ids(40, 12, 320);
-  b.insert(b.end(), tail.begin(), tail.end());
-  LLM cached(engine_config("cuda", /*prefix_caching=*/true));
-  const auto first = cached.generate({Prompt(a)}, greedy(), false);
-  const auto hit = cached.generate({Prompt(b)}, greedy(), false);
-  ASSERT_EQ(hit.size(), 1u);
-  EXPECT_GE(hit[0].metrics.num_cached_tokens, 16) << "no prefix hit";
-  const auto plain = LLM(engine_config("cuda")).generate({Prompt(b)}, greedy(), false);
-  expect_same_tokens_up_to_ties(plain, hit, kTieMargin, "prefix hit vs none");
-  // And a hit on the whole of a (its last boundary's snapshot) against a fresh run of it.
-  const auto again = cached.generate({Prompt(a)}, greedy(), false);
-  EXPECT_GE(again[0].metrics.num_cached_tokens, 64) << "no prefix hit";
-  expect_same_tokens_up_to_ties(first, again, kTieMargin, "repeat vs first");
+  EngineSpec spec;
+  spec.checkpoint = checkpoint_of(fixture_dir(kModel));
+  spec.model_options.rope_inv_freq_dtype = DType::kF32;  // as the fixture's reference.json
+  spec.max_model_len = 1024;
+  spec.block_size = 16;
+  spec.num_blocks = 512;
+  spec.max_num_batched_tokens = 64;
+  spec.max_num_seqs = 8;
+  check_state_prefix_hit_equals_no_hit(GpuExecutorFactory{.activation_dtype = DType::kF16}, spec,
+                                       {kTieMargin, 0});
 }
 
 // The largest |logprob difference| over every position and top entry of two runs whose tokens

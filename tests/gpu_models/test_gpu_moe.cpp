@@ -15,8 +15,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/greedy_compare.h"
 #include "common/moe_checkpoint.h"
-#include "gpu_models/greedy_compare.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/llm.h"
 #include "models/model_test_util.h"

@@ -12,8 +12,7 @@
 #include <random>
 
 #include "common/test_data.h"
-#include "engine/engine_core.h"
-#include "engine/llm_internal.h"
+#include "gpu_models/gpu_executor.h"
 #include "longctx/core/error.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/llm.h"
@@ -208,65 +207,29 @@ TEST(GpuOffload, FixturesMatchTheResidentCacheAndTransformers) {
   }
 }
 
-EngineConfig engine_config(bool offload) {
-  EngineConfig c;
-  c.model = needle_dir();
-  c.device = "cuda";
-  c.max_model_len = 2048;
-  c.block_size = 16;
-  c.max_num_batched_tokens = 256;
-  c.max_num_seqs = 8;
-  c.enforce_eager = true;
-  c.kv_offload = offload;
-  if (offload) {
-    c.num_gpu_blocks = 256 / 16 + 2 * 8 + 6;  // a tight GPU cache
-    c.host_kv_budget = 400 * 49152;           // ~400 blocks: preemption with 12 long requests
-    c.offload_slots = 3;
-    c.offload_slot_tokens = 64;
-  } else {
-    c.num_gpu_blocks = 4096;
-  }
-  return c;
-}
-
+// The engine (batching, prefix caching with copy-on-write, preemption in a host pool of 160
+// blocks) over a tight GPU cache: common/engine_properties.h's body, which tests/engine runs on
+// the CPU simulation.
 TEST(GpuOffload, EngineGeneratesTheResidentTokens) {
-  std::mt19937 rng(5);
-  std::vector<int32_t> shared = prompt(700, 9);
-  std::vector<Prompt> ps;
-  for (int i = 0; i < 12; ++i) {
-    auto p = shared;
-    p.resize(100 + 50 * i);
-    for (int k = 0, n = 20 + rng() % 300; k < n; ++k)
-      p.push_back(static_cast<int32_t>(rng() % 2000));
-    ps.emplace_back(p);
-  }
-  ps.emplace_back(std::vector<int32_t>(shared.begin(), shared.begin() + 32));  // whole blocks
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = 40;
-  sp.ignore_eos = true;
-  sp.logprobs = 2;
-  LLM resident(engine_config(false));
-  const auto ref = resident.generate(ps, sp, false);
-  LLM off(engine_config(true));
-  const auto got = off.generate(ps, sp, false);
-  size_t same = 0, total = 0;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    ASSERT_EQ(ref[i].token_ids.size(), got[i].token_ids.size());
-    size_t k = 0;
-    while (k < ref[i].token_ids.size() && ref[i].token_ids[k] == got[i].token_ids[k]) ++k;
-    if (k < ref[i].token_ids.size()) {
-      const auto& top = ref[i].logprobs.at(k).top;
-      EXPECT_LT(top.at(0).second - top.at(1).second, 0.02) << "request " << i << " token " << k;
-    }
-    same += k;
-    total += ref[i].token_ids.size();
-  }
-  std::printf("offload engine: %zu of %zu tokens equal the resident run's\n", same, total);
-  const EngineStats st = engine_core(off).stats();
-  std::printf("offload engine: %lld preemptions, %lld prefix-cache hits\n",
-              (long long)st.num_preemptions, (long long)st.prefix_cache_hits);
-  EXPECT_GT(st.prefix_cache_hits, 0);
+  auto ps = shared_prefix_prompts(12, 700, 100, 50, 300, 2000, 9);
+  const std::vector<int32_t> whole_blocks(ps[0].begin(), ps[0].begin() + 32);
+  ps.push_back(whole_blocks);  // whole blocks of the shared prefix
+  EngineSpec resident;
+  resident.checkpoint = needle();
+  resident.max_model_len = 2048;
+  resident.block_size = 16;
+  resident.num_blocks = 4096;
+  resident.max_num_batched_tokens = 256;
+  resident.max_num_seqs = 8;
+  EngineSpec off = resident;
+  off.offload_gpu_blocks = 256 / 16 + 2 * 8 + 6;  // a tight GPU cache
+  // Up to 65 blocks a request, 44 of the shared prefix and ~21 of its own: 8 running need ~210.
+  off.num_blocks = 160;
+  off.offload_slots = 3;
+  off.offload_slot_blocks = 4;
+  check_offloaded_engine_equals_resident(GpuExecutorFactory{.enforce_eager = true}, resident, off,
+                                         ps, 40, {0.02, 0},
+                                         {.preemption = true, .prefix_hits = true});
 }
 
 TEST(GpuOffload, UnpinnableHostPoolIsAClearError) {

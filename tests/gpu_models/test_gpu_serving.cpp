@@ -7,7 +7,9 @@
 
 #include <random>
 
+#include "common/engine_properties.h"
 #include "common/test_data.h"
+#include "gpu_models/gpu_executor.h"
 #include "longctx/llm.h"
 
 namespace longctx::testing {
@@ -46,40 +48,17 @@ std::vector<std::vector<int32_t>> prompts(int n, int64_t shared, uint32_t seed) 
   return out;
 }
 
-SamplingParams greedy(int64_t n) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = n;
-  sp.ignore_eos = true;
-  sp.logprobs = 2;
-  return sp;
-}
-
-// Number of leading tokens equal; fails when they part where the reference was not near a tie.
-size_t expect_same_tokens(const RequestOutput& ref, const RequestOutput& got, const char* what) {
-  EXPECT_EQ(ref.token_ids.size(), got.token_ids.size()) << what;
-  size_t i = 0;
-  while (i < ref.token_ids.size() && i < got.token_ids.size() &&
-         ref.token_ids[i] == got.token_ids[i])
-    ++i;
-  if (i < ref.token_ids.size() && i < got.token_ids.size()) {
-    const auto& top = ref.logprobs.at(i).top;
-    EXPECT_LT(top.at(0).second - top.at(1).second, kTieMargin)
-        << what << ": token " << i << " differs (" << got.token_ids[i] << " vs " << ref.token_ids[i]
-        << ")";
-  }
-  return i;
-}
-
 TEST(GpuServing, BatchedGraphRunsEqualEachRequestAloneEager) {
   auto ps = prompts(24, 40, 1);
   LLM batched(gpu_config(4096, /*eager=*/false));
-  auto outs = batched.generate(std::vector<Prompt>(ps.begin(), ps.end()), greedy(48), false);
+  auto outs =
+      batched.generate(std::vector<Prompt>(ps.begin(), ps.end()), greedy_with_logprobs(48), false);
   LLM eager(gpu_config(4096, /*eager=*/true, /*caching=*/false));
   size_t same = 0, total = 0;
   for (size_t i = 0; i < ps.size(); ++i) {
-    auto alone = eager.generate({ps[i]}, greedy(48), false);
-    same += expect_same_tokens(alone[0], outs[i], "batched+graphs vs alone eager");
+    auto alone = eager.generate({ps[i]}, greedy_with_logprobs(48), false);
+    same += expect_same_tokens_up_to_ties(alone[0], outs[i], {kTieMargin, 0},
+                                          "batched+graphs vs alone eager");
     total += alone[0].token_ids.size();
   }
   std::printf("batched with graphs vs alone eager: %zu of %zu tokens equal\n", same, total);
@@ -87,24 +66,22 @@ TEST(GpuServing, BatchedGraphRunsEqualEachRequestAloneEager) {
 
 class GpuServingModes : public ::testing::TestWithParam<bool> {};  // enforce_eager
 
+// common/engine_properties.h's body (tests/engine/test_preemption.cpp runs it on the CPU).
 TEST_P(GpuServingModes, PreemptionAndPrefixCacheKeepOutputs) {
-  const bool eager = GetParam();
-  auto ps = prompts(16, 64, 2);
   // 16 requests of up to ~410 tokens need ~410 blocks of 16 at once; 120 forces preemption.
-  LLM tight(gpu_config(120, eager));
-  auto got = tight.generate(std::vector<Prompt>(ps.begin(), ps.end()), greedy(40), false);
-  LLM roomy(gpu_config(4096, eager, /*caching=*/false));
-  auto ref = roomy.generate(std::vector<Prompt>(ps.begin(), ps.end()), greedy(40), false);
-  int64_t cached = 0;
-  size_t same = 0, total = 0;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    same += expect_same_tokens(ref[i], got[i], "preempted + prefix cache vs neither");
-    total += ref[i].token_ids.size();
-    cached += got[i].metrics.num_cached_tokens;
-  }
-  EXPECT_GT(cached, 0) << "the shared 64-token prefix never hit the cache";
-  std::printf("preemption (%s): %zu of %zu tokens equal, %lld prompt tokens from the cache\n",
-              eager ? "eager" : "graphs", same, total, static_cast<long long>(cached));
+  const auto ps = shared_prefix_prompts(16, 64, 64, 0, 300, 2000, 2);
+  EngineSpec tight;
+  tight.checkpoint = checkpoint_of(needle_dir());
+  tight.max_model_len = 1024;
+  tight.block_size = 16;
+  tight.num_blocks = 120;
+  tight.max_num_batched_tokens = 512;
+  tight.max_num_seqs = 32;
+  EngineSpec roomy = tight;
+  roomy.num_blocks = 4096;
+  roomy.enable_prefix_caching = false;
+  check_preemption_and_prefix_cache_keep_outputs(GpuExecutorFactory{.enforce_eager = GetParam()},
+                                                 tight, roomy, ps, 40, {kTieMargin, 0});
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuServingModes, ::testing::Values(true, false));
@@ -136,12 +113,14 @@ TEST(GpuServing, OutOfBlocksRequestIsAClearError) {
   // request that may reach 128 tokens can never fit the 7 the engine has.
   LLM llm(gpu_config(8, false, true, 128));
   try {
-    llm.generate({std::vector<int32_t>(100, 5)}, greedy(100), false);
+    llm.generate({std::vector<int32_t>(100, 5)}, greedy_with_logprobs(100), false);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
   }
-  EXPECT_EQ(llm.generate({std::vector<int32_t>(20, 5)}, greedy(8), false)[0].token_ids.size(), 8u);
+  EXPECT_EQ(llm.generate({std::vector<int32_t>(20, 5)}, greedy_with_logprobs(8), false)[0]
+                .token_ids.size(),
+            8u);
 }
 
 }  // namespace

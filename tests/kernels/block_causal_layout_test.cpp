@@ -128,6 +128,7 @@ TEST(BlockCausalLayout, Errors) {
   EXPECT_THROW(max_prefix_tokens(-1, 4), Error);
   try {
     block_causal_layout({4, 0}, 4);
+    ADD_FAILURE() << "an empty span was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("span 1"), std::string::npos) << e.what();
