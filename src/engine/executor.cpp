@@ -225,14 +225,11 @@ class CpuExecutor final : public Executor {
       copy_kv_block_cpu(*pool_, c.src, c.dst);
       if (policy_ != nullptr) policy_->on_block_copied(c.src, c.dst);
     }
-    // A prefix hit's state comes from its snapshot before the step; a chunk ending on a block
-    // boundary leaves a snapshot after it.
-    copy_snapshots(inputs, /*save=*/false);
     CpuPagedBackend attention(*pool_, model_->attention_scale(), policy_.get(), &groups_,
                               states_.get());
-    Tensor logits = model_->forward(batch, attention);
-    copy_snapshots(inputs, /*save=*/true);
-    return logits;
+    return run_model_step({states_.get(), state_group_, num_state_seqs_, num_snapshots_}, inputs,
+                          snapshot_counters_, "CPU executor",
+                          [&] { return model_->forward(batch, attention); });
   }
 
  private:
@@ -242,10 +239,6 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<KvGroups> window_groups_;
   std::unique_ptr<PagedKVPool> window_pool_;
   std::unique_ptr<CpuPagedBackend> window_attention_;
-  void copy_snapshots(std::span<const StepInput> inputs, bool save) {
-    copy_state_snapshots({states_.get(), state_group_, num_state_seqs_, num_snapshots_}, inputs,
-                         save, snapshot_counters_, "CPU executor");
-  }
   void check_block_io() const {
     LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
                   "CPU executor: KV block I/O without an exportable pool (offload, KV groups or a "

@@ -44,13 +44,10 @@ struct GpuRunner::Impl {
   std::unique_ptr<DecodeGraphs> graphs;  // from attach_engine() on, unless enforce_eager
   int64_t max_blocks = 0;                // block-table entries per step (backend limit)
 
-  // A prefix hit's state comes from its snapshot before the step (restore); a chunk ending on a
-  // block boundary leaves one after it (save). Device copies on the current stream, ordered
-  // with the step's kernels.
-  void copy_snapshots(std::span<const StepInput> inputs, bool save) {
-    copy_state_snapshots(
-        {states.get(), state_group, options.max_num_seqs, plan.num_state_snapshots}, inputs, save,
-        snapshot_counters, "GPU runner");
+  // The state group's slots (the snapshots' copies are device copies on the current stream,
+  // ordered with the step's kernels).
+  StateSlots state_slots() const {
+    return {states.get(), state_group, options.max_num_seqs, plan.num_state_snapshots};
   }
   int64_t block_size() const { return plan.block_size; }
 
@@ -282,11 +279,8 @@ Tensor GpuRunner::execute(std::span<const StepInput> inputs, std::span<const KVB
   const std::vector<KvGroupAlloc> allocs = m.groups.allocs();
   ForwardBatch batch = make_forward_batch(inputs, m.block_size(), allocs);
   const bool graph = m.graphs != nullptr && m.graphs->can_run(batch);
-  if (m.states == nullptr) return graph ? m.graphs->run(batch) : m.forward(batch);
-  m.copy_snapshots(inputs, /*save=*/false);
-  Tensor logits = graph ? m.graphs->run(batch) : m.forward(batch);
-  m.copy_snapshots(inputs, /*save=*/true);
-  return logits;
+  return run_model_step(m.state_slots(), inputs, m.snapshot_counters, "GPU runner",
+                        [&] { return graph ? m.graphs->run(batch) : m.forward(batch); });
 }
 
 std::vector<SampleResult> GpuRunner::sample(const Tensor& logits,

@@ -31,4 +31,16 @@ struct StateSlots {
 void copy_state_snapshots(const StateSlots& slots, std::span<const StepInput> inputs, bool save,
                           ExecutorCounters& counters, const char* who);
 
+// The model part of an executor's step, after its block copies, shared by the CPU executor and
+// the GPU runner: the prefix hits' states restored, `forward()` (the model over the step's
+// ForwardBatch: eager, a graph replay or through offload), the boundary snapshots saved.
+template <class Forward>
+Tensor run_model_step(const StateSlots& slots, std::span<const StepInput> inputs,
+                      ExecutorCounters& counters, const char* who, Forward&& forward) {
+  copy_state_snapshots(slots, inputs, /*save=*/false, counters, who);
+  Tensor logits = forward();
+  copy_state_snapshots(slots, inputs, /*save=*/true, counters, who);
+  return logits;
+}
+
 }  // namespace longctx
