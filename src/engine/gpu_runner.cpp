@@ -79,9 +79,14 @@ struct GpuRunner::Impl {
   void make_window_pool(OffloadAttentionBackend& backend) {
     const ModelConfig& c = model->config();
     window_groups = std::make_unique<KvGroups>(groups.without_first());
-    window_pool = std::make_unique<PagedKVPool>(PagedKVPoolConfig{
-        window_groups->pool_layers(), c.num_key_value_heads, c.head_dim, plan.block_size,
-        plan.num_window_blocks, model->activation_dtype(), model->device()});
+    PagedKVPoolConfig kv{
+        window_groups->pool_layers(), c.num_key_value_heads,     c.head_dim,     plan.block_size,
+        plan.num_window_blocks,       model->activation_dtype(), model->device()};
+    if (options.kv_dtype == DType::kFP8E4M3) {  // as the plan counted the windows' blocks
+      kv.dtype = DType::kFP8E4M3;
+      kv.fp8_source_dtype = model->activation_dtype();
+    }
+    window_pool = std::make_unique<PagedKVPool>(kv);
     PagedBackendLimits limits;
     limits.max_tokens = options.max_num_batched_tokens;
     limits.max_seqs = options.max_num_seqs;
@@ -124,10 +129,6 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
                 ErrorCode::kInvalidArgument,
                 "GPU runner: max_num_batched_tokens and max_num_seqs must be positive");
   const bool fp8 = options.kv_dtype == DType::kFP8E4M3;
-  LONGCTX_CHECK(!fp8 || !options.kv_offload, ErrorCode::kUnsupported,
-                "GPU runner: --kv-cache-dtype fp8 with --kv-offload is not run on CUDA yet (the "
-                "resident GPU cache and the CPU engine run FP8; docs/fp8_kv.md lists what the "
-                "offload path still needs): use --kv-cache-dtype bf16 with --kv-offload");
   Impl& m = *impl_;
   m.model = std::move(model);
   m.options = options;
@@ -167,6 +168,7 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
     d.num_kv_heads = c.num_key_value_heads;
     d.head_dim = c.head_dim;
     d.dtype = m.model->activation_dtype();
+    if (fp8) d.kv_format = kernels::KvCacheFormat::kFp8E4M3;  // codes and scales move together
     d.sm_scale = m.model->attention_scale();
     d.device = m.model->device();
     d.max_tokens = options.max_num_batched_tokens;

@@ -110,5 +110,34 @@ TEST(GpuMemoryPlan, Fp8KvCacheCountsCodesAndScales) {
   EXPECT_GE(double(fp8.num_kv_blocks) / double(bf16.num_kv_blocks), 1.99);
 }
 
+// --kv-cache-dtype fp8 with --kv-offload (issue 47's 24 GiB card at 128K): the host pool, the GPU
+// cache and the ring are counted in FP8 blocks (OffloadDeviceConfig::layer_block_bytes() per
+// layer, as the CUDA device allocates them), so the same budgets hold about twice the blocks and
+// a ring slot of the same tokens costs half.
+TEST(GpuMemoryPlan, Fp8KvOffloadCountsFp8Blocks) {
+  const ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  GpuRunnerOptions o;
+  o.kv_offload = true;
+  o.max_model_len = 131072;
+  o.max_num_seqs = 2;
+  o.max_num_batched_tokens = 8192;
+  o.host_kv_bytes = 40 * kGiB;
+  const GpuMemoryPlan bf16 = plan_gpu_memory(c, o, 24 * kGiB);
+  o.kv_dtype = DType::kFP8E4M3;
+  const GpuMemoryPlan fp8 = plan_gpu_memory(c, o, 24 * kGiB);
+  ASSERT_TRUE(bf16.offload() && fp8.offload());
+  const int64_t layer_block = 2 * (kDefaultBlockSize * 8 * 128 + 8 * 4);
+  EXPECT_EQ(fp8.kv_block_bytes, 32 * layer_block);
+  EXPECT_EQ(fp8.slot_blocks, bf16.slot_blocks);  // slots of the same tokens
+  EXPECT_EQ(fp8.ring_bytes, o.offload_slots * fp8.slot_blocks * layer_block);
+  EXPECT_LT(double(fp8.ring_bytes) / double(bf16.ring_bytes), 0.501);
+  EXPECT_LE(fp8.host_kv_bytes(), 40 * kGiB);
+  EXPECT_GE(double(fp8.num_host_blocks) / double(bf16.num_host_blocks), 1.99);
+  EXPECT_GE(double(fp8.num_kv_blocks) / double(bf16.num_kv_blocks), 1.99);
+  EXPECT_LE(fp8.weights + fp8.activations + fp8.workspaces + fp8.kv_bytes() + fp8.ring_bytes +
+                fp8.offload_buffers,
+            fp8.budget);
+}
+
 }  // namespace
 }  // namespace longctx

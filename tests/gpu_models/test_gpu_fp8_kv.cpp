@@ -13,6 +13,9 @@
 //     positions), mean KL <= 0.05, and the cache must be quantized (KL > 0);
 //   - the engine: greedy generation with CUDA graphs equals eager (the FP8 decode kernel in a
 //     graph; scale pointers fixed per pool), with prefix caching and preemption on.
+//   - KV offload (the CUDA offload device moving codes and scales): the resident FP8 cache's
+//     logits and greedy tokens (common/fp8_offload_equals_resident.h, the CPU simulation's body)
+//     and the engine's tokens; a sparse policy over FP8 offload is refused.
 // The bounds were set from the CPU engine's measurements, before a GPU run: the lead records
 // what the H100 measured in docs/fp8_kv.md.
 #include <gtest/gtest.h>
@@ -24,6 +27,7 @@
 #include <random>
 #include <vector>
 
+#include "common/fp8_offload_equals_resident.h"
 #include "common/test_data.h"
 #include "longctx/core/error.h"
 #include "longctx/engine/executor.h"
@@ -202,15 +206,118 @@ TEST(GpuFp8Kv, GraphsAndPreemptionKeepTheEagerTokens) {
   EXPECT_GE(double(same), 0.95 * double(total));
 }
 
-TEST(GpuFp8Kv, OffloadWithFp8IsAClearError) {
+// KV offload with FP8 (the CUDA offload device: host pool, GPU cache and ring hold codes and
+// scales) against the resident FP8 cache, with a GPU cache of a few blocks so that most blocks
+// stream through the ring: the body of tests/engine's CPU simulation test
+// (common/fp8_offload_equals_resident.h), over the needle model (head_dim 64: the split-KV decode
+// and the mma.sync prefill read FP8) and the transformers fixtures (head_dim 16 / 32 / 64: the
+// generic kernel too). Bounds: offload merges partial states in another order, so the attention
+// output's bf16 rounding and then later layers' K/V move by an ulp here and there, and a K/V
+// element within that of an E4M3 rounding midpoint takes the neighbouring code (2^-3 relative):
+// the GPU-vs-CPU FP8 case above (f16 rows against f32 ones), hence its bounds (KL 0.15, top-1
+// where the margin exceeds 0.5), not the 16-bit offload test's 1e-3. Set before a GPU run.
+std::unique_ptr<Executor> fp8_executor(std::shared_ptr<const Checkpoint> ck, DType activations,
+                                       bool offload, int64_t chunk) {
+  ModelBuildOptions mo;
+  mo.device = Device::cuda(0);
+  mo.activation_dtype = activations;
+  GpuRunnerOptions r;
+  r.block_size = 16;
+  r.max_num_batched_tokens = chunk;
+  r.max_num_seqs = 4;
+  r.max_model_len = 2048;
+  r.num_gpu_blocks = 2048 / 16 + 4;
+  r.enforce_eager = true;
+  r.kv_dtype = DType::kFP8E4M3;
+  if (offload) {
+    r.kv_offload = true;
+    r.host_kv_bytes = 64ll << 20;
+    r.offload_slots = 3;
+    r.offload_slot_tokens = 2 * r.block_size;
+    // A step's blocks (the chunk's, and per sequence a straddled block and a copy-on-write
+    // target) and two more: nearly every earlier block streams through the ring.
+    r.num_gpu_blocks = (chunk + r.block_size - 1) / r.block_size + 2 * r.max_num_seqs + 2;
+  }
+  return make_gpu_executor(std::make_shared<GpuRunner>(create_model(ck, mo), r));
+}
+
+TEST(GpuFp8Kv, OffloadEqualsTheResidentFp8Cache) {
+  Fp8OffloadBounds bounds;
+  bounds.max_abs_logit = 4.0;  // the CPU engine's FP8-vs-f32 bound: a code flip is at most that
+  bounds.max_kl = kVsCpuKl;
+  bounds.top1_margin = 0.5f;
+  const int64_t chunk = 100;  // ends mid-block (100 % 16)
+  {
+    SCOPED_TRACE("needle v1");
+    auto resident = fp8_executor(needle_checkpoint(), DType::kBF16, false, chunk);
+    auto offload = fp8_executor(needle_checkpoint(), DType::kBF16, true, chunk);
+    check_fp8_offload_equals_resident(*resident, *offload, prompt_ids(1200), chunk,
+                                      /*decode_steps=*/32, bounds);
+  }
+  for (const std::string name : {"tiny-llama3", "tiny-qwen2", "tiny-qwen3"}) {
+    SCOPED_TRACE(name);
+    auto ck = std::make_shared<const Checkpoint>(load_checkpoint(fixture_dir(name)));
+    auto resident = fp8_executor(ck, DType::kF16, false, chunk);
+    auto offload = fp8_executor(ck, DType::kF16, true, chunk);
+    std::vector<int32_t> ids = prompt_ids(515);
+    for (auto& t : ids) t %= 1000;  // inside the fixtures' vocabulary (1024)
+    check_fp8_offload_equals_resident(*resident, *offload, ids, chunk, /*decode_steps=*/16, bounds);
+  }
+}
+
+// The engine with FP8 offloaded: the greedy tokens of the resident FP8 engine (batching of 4
+// sequences, prefix-cache hits on a shared 80-token prefix, a GPU cache of a few blocks), at
+// least 95 % of them as prefixes (a near-tie may flip, as above).
+TEST(GpuFp8Kv, OffloadedEngineGeneratesTheResidentTokens) {
+  std::mt19937 rng(7);
+  std::vector<int32_t> prefix(80);
+  for (auto& t : prefix) t = static_cast<int32_t>(rng() % 2000);
+  std::vector<Prompt> ps;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> p = prefix;
+    for (int64_t k = 0, len = 5 + rng() % 400; k < len; ++k)
+      p.push_back(static_cast<int32_t>(rng() % 2000));
+    ps.emplace_back(p);
+  }
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 24;
+  sp.ignore_eos = true;
+  LLM resident(engine_config(/*eager=*/true, 4096));
+  const auto ref = resident.generate(ps, sp, false);
+  EngineConfig c = engine_config(/*eager=*/true, 0);
+  c.max_num_seqs = 4;
+  c.kv_offload = true;
+  c.num_gpu_blocks = 512 / 16 + 2 * 4 + 6;  // a tight GPU cache
+  c.host_kv_budget = 64ll << 20;
+  c.offload_slots = 3;
+  c.offload_slot_tokens = 64;
+  LLM offload(c);
+  const auto got = offload.generate(ps, sp, false);
+  ASSERT_EQ(got.size(), ref.size());
+  size_t same = 0, total = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    size_t k = 0;
+    while (k < ref[i].token_ids.size() && k < got[i].token_ids.size() &&
+           ref[i].token_ids[k] == got[i].token_ids[k])
+      ++k;
+    same += k;
+    total += ref[i].token_ids.size();
+  }
+  std::printf("FP8 KV, offloaded engine vs resident: %zu of %zu tokens equal\n", same, total);
+  EXPECT_GE(double(same), 0.95 * double(total));
+}
+
+TEST(GpuFp8Kv, OffloadWithFp8AndASparsePolicyIsAClearError) {
   EngineConfig c = engine_config(true, 0);
   c.num_gpu_blocks = 0;
   c.kv_offload = true;
+  c.sparse.policy = SparsePolicyKind::kQuest;
   try {
     LLM llm(c);
-    ADD_FAILURE() << "--kv-offload with --kv-cache-dtype fp8 accepted";
+    ADD_FAILURE() << "--kv-offload with --kv-cache-dtype fp8 and quest accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("fp8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FP8"), std::string::npos) << e.what();
   }
 }
 

@@ -50,8 +50,9 @@ void run(const Options& o) {
   ExecutorSession session = make_gpu_session(runner);
   const GpuMemoryPlan& plan = runner->memory_plan();
   const double link = r.kv_offload ? measure_host_to_device_gbps(model->device(), 1ll << 30) : 0;
-  std::printf("bench offload: %s, %s, sparse policy %s\n  plan: %s\n",
-              r.kv_offload ? "KV offload" : "resident KV", model->device().str().c_str(),
+  std::printf("bench offload: %s (%s), %s, sparse policy %s\n  plan: %s\n",
+              r.kv_offload ? "KV offload" : "resident KV",
+              std::string(dtype_name(r.kv_dtype)).c_str(), model->device().str().c_str(),
               std::string(sparse_policy_name(r.sparse.policy)).c_str(), plan.str().c_str());
   if (r.kv_offload) std::printf("  link: pinned host -> device %.1f GB/s (1 GiB copy)\n", link);
   std::mt19937_64 rng(o.seed);

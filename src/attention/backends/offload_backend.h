@@ -54,7 +54,7 @@ struct OffloadDeviceConfig {
   int64_t head_dim = 0;
   DType dtype = DType::kBF16;  // of q and (kv_format kDtype) K/V
   // kFp8E4M3: K/V are FP8 codes with fp32 scales per (block, layer, KV head) that move with
-  // them (kernels/kv_format.h). The CPU simulation only, for now.
+  // them (kernels/kv_format.h). Dense attention only: no sparse policy over FP8 yet.
   kernels::KvCacheFormat kv_format = kernels::KvCacheFormat::kDtype;
   float sm_scale = 0.f;
   Device device = Device::cpu();

@@ -7,6 +7,13 @@
 //     k_cache + one page) page 2b as V; under a prefill policy (xattention, streaming) the GPU
 //     cache allocation ends with its staging buffers [buffers][staging blocks][K, V][...]
 //     (xattention_offload_cuda.h), which the device allocates and the sparse reader uses;
+//   an FP8 KV cache (kernels/kv_format.h) holds E4M3 codes in those layouts and, in a buffer of
+//     the same block order beside each, the blocks' scales [..][K, V][Hkv] f32: page 2b's scales
+//     are then K's and (v_scale = k_scale + Hkv) V's, as the kernels index [page, Hkv]; every
+//     move (ring load, reload, write-back, copy-on-write) copies the scales with the codes. The
+//     KV store's FP8 path writes the GPU cache's blocks as it writes the resident pool's (a row
+//     that raises a block's scale re-encodes the block's earlier rows, which a reload of a
+//     partial block brought back with their scales);
 // Streams: the compute stream (the caller's), one H2D copy stream for the ring, one D2H stream for
 // write-backs. Events: per slot "ready" (load done) and "free" (the attention that read it done);
 // per write-back ticket one event.
@@ -56,6 +63,7 @@ PagedShape shape_of(const OffloadDeviceConfig& c) {
   s.head_dim = static_cast<int>(c.head_dim);
   s.page_size = static_cast<int>(c.geometry.block_size);
   s.dtype = c.dtype;
+  s.kv_format = c.kv_format;
   s.sm_scale = c.sm_scale;
   return s;
 }
@@ -72,18 +80,25 @@ class CudaOffloadDevice final : public OffloadDevice {
         words_(c.device) {
     LONGCTX_CHECK(device_.is_cuda(), ErrorCode::kInvalidArgument,
                   "KV offload: the CUDA device needs a CUDA device, got {}", device_.str());
-    LONGCTX_CHECK(!c.fp8(), ErrorCode::kUnsupported,
-                  "KV offload: the CUDA device does not move an FP8 KV cache yet");
+    LONGCTX_CHECK(!c.fp8() || c.sparse.policy == SparsePolicyKind::kFull, ErrorCode::kUnsupported,
+                  "KV offload: a sparse policy over an FP8 KV cache is not built on the CUDA "
+                  "device (dense attention reads FP8; use --kv-cache-dtype bf16 with a policy)");
     LONGCTX_CHECK(c.num_qo_heads % c.num_kv_heads == 0, ErrorCode::kUnsupported,
                   "KV offload: {} q heads are not a multiple of {} kv heads", c.num_qo_heads,
                   c.num_kv_heads);
     dispatch_.emplace(shape_of(c), c.tuning, device_.index);
-    esize_ = static_cast<int64_t>(dtype_size(c.dtype));
-    block_bytes_ = c.layer_block_bytes();
+    esize_ = c.fp8() ? 1 : static_cast<int64_t>(dtype_size(c.dtype));
     page_ = c.page_elems();
-    const int64_t host_bytes = g_.num_layers * g_.num_host_blocks * block_bytes_;
+    block_bytes_ = 2 * page_ * esize_;
+    scale_bytes_ = c.fp8() ? 2 * c.num_kv_heads * static_cast<int64_t>(sizeof(float)) : 0;
+    const int64_t host_bytes = g_.num_layers * g_.num_host_blocks * c.layer_block_bytes();
     try {
-      host_ = Tensor::empty_pinned({host_bytes}, DType::kU8);
+      host_ = Tensor::empty_pinned({g_.num_layers * g_.num_host_blocks * block_bytes_}, DType::kU8);
+      if (c.fp8()) {
+        host_scales_ =
+            Tensor::empty_pinned({g_.num_layers * g_.num_host_blocks * scale_bytes_}, DType::kU8);
+        std::memset(host_scales_.data_ptr(), 0, static_cast<size_t>(host_scales_.nbytes()));
+      }
     } catch (const Error& e) {
       LONGCTX_THROW(ErrorCode::kOutOfMemory,
                     "KV offload: cannot pin {} of host memory for the host KV pool ({} blocks); "
@@ -93,6 +108,12 @@ class CudaOffloadDevice final : public OffloadDevice {
     gpu_ = Tensor::empty({(g_.num_layers * g_.num_gpu_blocks + staging_blocks) * block_bytes_},
                          DType::kU8, device_);
     ring_ = Tensor::empty({g_.num_slots * g_.slot_blocks * block_bytes_}, DType::kU8, device_);
+    if (c.fp8()) {  // zeroed: a block's scales are defined before any row reaches it
+      gpu_scales_ =
+          Tensor::zeros({g_.num_layers * g_.num_gpu_blocks * scale_bytes_}, DType::kU8, device_);
+      ring_scales_ =
+          Tensor::zeros({g_.num_slots * g_.slot_blocks * scale_bytes_}, DType::kU8, device_);
+    }
     const int64_t rows = c.max_tokens * c.num_qo_heads;
     part_o_ = Tensor::empty({rows * c.head_dim}, DType::kF32, device_);
     part_lse_ = Tensor::empty({rows}, DType::kF32, device_);
@@ -133,27 +154,27 @@ class CudaOffloadDevice final : public OffloadDevice {
     if (!plan.evict_write_backs.empty())
       write_back(plan.evict_write_backs, plan.evict_write_back_ticket);
     if (plan.compute_wait_ticket) wait_ticket(compute, plan.compute_wait_ticket);
-    const size_t w = static_cast<size_t>(block_bytes_);
-    const size_t gpu_pitch = static_cast<size_t>(g_.num_gpu_blocks * block_bytes_);
-    const size_t host_pitch = static_cast<size_t>(g_.num_host_blocks * block_bytes_);
     for (auto [src, dst] : plan.gpu_copies)
-      LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(gpu_at(0, dst), gpu_pitch, gpu_at(0, src), gpu_pitch, w,
-                                           g_.num_layers, cudaMemcpyDeviceToDevice, compute));
+      copy_all_layers(kGpu, dst, kGpu, src, cudaMemcpyDeviceToDevice, compute);
     if (!plan.loads.empty() && plan.load_wait_ticket) wait_ticket(compute, plan.load_wait_ticket);
     for (const BlockMove& m : plan.loads)
-      LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(gpu_at(0, m.gpu), gpu_pitch, host_at(0, m.host),
-                                           host_pitch, w, g_.num_layers, cudaMemcpyHostToDevice,
-                                           compute));
+      copy_all_layers(kGpu, m.gpu, kHost, m.host, cudaMemcpyHostToDevice, compute);
   }
 
   void load_slot(int64_t slot, int64_t layer, int64_t item, uint64_t wait) override {
     cudaStream_t s = cuda_handle(h2d_);
     h2d_.wait(free_[slot]);
     if (wait) wait_ticket(s, wait);
-    for (const SlotRun& r : plan_->items[item].runs)
+    for (const SlotRun& r : plan_->items[item].runs) {
       LONGCTX_CUDA_CHECK(cudaMemcpyAsync(slot_at(slot, r.slot_begin), host_at(layer, r.host_begin),
                                          static_cast<size_t>(r.count * block_bytes_),
                                          cudaMemcpyHostToDevice, s));
+      if (scale_bytes_ > 0)
+        LONGCTX_CUDA_CHECK(cudaMemcpyAsync(
+            scales_at(kRing, slot * g_.slot_blocks + r.slot_begin),
+            scales_at(kHost, layer * g_.num_host_blocks + r.host_begin),
+            static_cast<size_t>(r.count * scale_bytes_), cudaMemcpyHostToDevice, s));
+    }
     ready_[slot].record(h2d_);
   }
 
@@ -172,6 +193,11 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.page_size = static_cast<int>(g_.block_size);
     p.num_pages = static_cast<int>(2 * g_.num_gpu_blocks - 1);
     p.dtype = c_.dtype;
+    if (c_.fp8()) {  // the codes' scales: pages 2b (K) and, from v_scale, 2b as V
+      p.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+      p.k_scale = scales_at(kGpu, layer * g_.num_gpu_blocks);
+      p.v_scale = p.k_scale + c_.num_kv_heads;
+    }
     kernels::cuda::kv_store_run(p, stream());
   }
 
@@ -181,9 +207,9 @@ class CudaOffloadDevice final : public OffloadDevice {
     out_ = Tensor::empty({t, c_.num_qo_heads * c_.head_dim}, c_.dtype, device_);
     const bool direct = plan_->items.empty();  // no host blocks: the output directly
     // With host blocks too, every partial stays fp32 until the merged state is rounded once.
-    run(resident_, q_.data_ptr(), gpu_at(layer, 0), direct ? out_.data_ptr() : nullptr,
-        direct ? nullptr : part_o_.data<float>(), direct ? nullptr : part_lse_.data<float>(),
-        MaskMode::kCausal);
+    run(resident_, q_.data_ptr(), gpu_at(layer, 0), scales_at(kGpu, layer * g_.num_gpu_blocks),
+        direct ? out_.data_ptr() : nullptr, direct ? nullptr : part_o_.data<float>(),
+        direct ? nullptr : part_lse_.data<float>(), MaskMode::kCausal);
     if (!direct) accumulate(0, static_cast<int>(t), /*init=*/true);
   }
 
@@ -192,8 +218,10 @@ class CudaOffloadDevice final : public OffloadDevice {
     LONGCTX_CUDA_CHECK(cudaStreamWaitEvent(compute, cuda_handle(ready_[slot]), 0));
     const RingItem& it = plan_->items[item];
     const int64_t row = c_.num_qo_heads * c_.head_dim;
-    run(items_[item], static_cast<const char*>(q_.data_ptr()) + it.row_begin * row * esize_,
-        slot_at(slot, 0), nullptr, part_o_.data<float>() + it.row_begin * row,
+    const int64_t q_esize = static_cast<int64_t>(dtype_size(c_.dtype));
+    run(items_[item], static_cast<const char*>(q_.data_ptr()) + it.row_begin * row * q_esize,
+        slot_at(slot, 0), scales_at(kRing, slot * g_.slot_blocks), nullptr,
+        part_o_.data<float>() + it.row_begin * row,
         part_lse_.data<float>() + it.row_begin * c_.num_qo_heads, MaskMode::kNone);
     accumulate(it.row_begin, it.row_end - it.row_begin, /*init=*/false);
     free_[slot].record_on(compute);
@@ -232,6 +260,30 @@ class CudaOffloadDevice final : public OffloadDevice {
     return static_cast<char*>(ring_.data_ptr()) + (slot * g_.slot_blocks + b) * block_bytes_;
   }
   const int32_t* dev(int64_t offset) const { return words_.device_at(offset); }
+  // The scales of buffer `which`'s block `index` (layer * blocks per layer + block for the host
+  // pool and the GPU cache, slot * slot_blocks + block for the ring); null without FP8.
+  enum Buffer { kHost, kGpu, kRing };
+  float* scales_at(Buffer which, int64_t index) const {
+    if (scale_bytes_ == 0) return nullptr;
+    const Tensor& t = which == kHost ? host_scales_ : which == kGpu ? gpu_scales_ : ring_scales_;
+    return reinterpret_cast<float*>(static_cast<char*>(t.data_ptr()) + index * scale_bytes_);
+  }
+  // Block `src` of the host pool or the GPU cache -> block `dst` of the other (or the same), every
+  // layer: one strided 2D copy of the codes and, FP8, one of the scales.
+  void copy_all_layers(Buffer dst_buf, int64_t dst, Buffer src_buf, int64_t src,
+                       cudaMemcpyKind kind, cudaStream_t s) {
+    auto blocks = [&](Buffer b) { return b == kHost ? g_.num_host_blocks : g_.num_gpu_blocks; };
+    auto codes = [&](Buffer b, int64_t i) { return b == kHost ? host_at(0, i) : gpu_at(0, i); };
+    LONGCTX_CUDA_CHECK(
+        cudaMemcpy2DAsync(codes(dst_buf, dst), static_cast<size_t>(blocks(dst_buf) * block_bytes_),
+                          codes(src_buf, src), static_cast<size_t>(blocks(src_buf) * block_bytes_),
+                          static_cast<size_t>(block_bytes_), g_.num_layers, kind, s));
+    if (scale_bytes_ == 0) return;
+    LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(
+        scales_at(dst_buf, dst), static_cast<size_t>(blocks(dst_buf) * scale_bytes_),
+        scales_at(src_buf, src), static_cast<size_t>(blocks(src_buf) * scale_bytes_),
+        static_cast<size_t>(scale_bytes_), g_.num_layers, kind, s));
+  }
 
   void wait_ticket(cudaStream_t s, uint64_t ticket) {
     if (ticket_done(ticket)) return;
@@ -247,12 +299,8 @@ class CudaOffloadDevice final : public OffloadDevice {
     after.record_on(stream());
     d2h_.wait(after);
     cudaStream_t s = cuda_handle(d2h_);
-    const size_t gpu_pitch = static_cast<size_t>(g_.num_gpu_blocks * block_bytes_);
-    const size_t host_pitch = static_cast<size_t>(g_.num_host_blocks * block_bytes_);
     for (const BlockMove& m : moves)
-      LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(host_at(0, m.host), host_pitch, gpu_at(0, m.gpu),
-                                           gpu_pitch, static_cast<size_t>(block_bytes_),
-                                           g_.num_layers, cudaMemcpyDeviceToHost, s));
+      copy_all_layers(kHost, m.host, kGpu, m.gpu, cudaMemcpyDeviceToHost, s);
     auto [it, fresh] = tickets_.emplace(ticket, Event(device_));
     LONGCTX_CHECK(fresh, ErrorCode::kInternal, "KV offload: ticket {} issued twice", ticket);
     it->second.record(d2h_);
@@ -334,13 +382,17 @@ class CudaOffloadDevice final : public OffloadDevice {
     }
   }
 
-  // Output o (q's dtype) or, when o_f32 is set, fp32.
-  void run(const CallPlan& cp, const void* q, void* cache, void* o, float* o_f32, float* lse,
-           MaskMode mask) {
+  // Output o (q's dtype) or, when o_f32 is set, fp32. scales: the FP8 cache's (null otherwise).
+  void run(const CallPlan& cp, const void* q, void* cache, const float* scales, void* o,
+           float* o_f32, float* lse, MaskMode mask) {
     PagedPrefillParams p = shape_params(mask);
     p.q = q;
     p.k_cache = cache;
     p.v_cache = static_cast<char*>(cache) + page_ * esize_;
+    if (scales != nullptr) {
+      p.k_scale = scales;
+      p.v_scale = scales + c_.num_kv_heads;
+    }
     p.o = o;
     p.o_f32 = o_f32;
     p.lse = lse;
@@ -360,6 +412,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.head_dim = static_cast<int>(c_.head_dim);
     p.page_size = static_cast<int>(g_.block_size);
     p.dtype = c_.dtype;
+    p.kv_format = c_.kv_format;
     p.mask_mode = mask;
     p.sm_scale = c_.sm_scale;
     return p;
@@ -383,16 +436,21 @@ class CudaOffloadDevice final : public OffloadDevice {
   OffloadDeviceConfig c_;
   OffloadGeometry g_;
   Device device_;
-  int64_t esize_ = 2, block_bytes_ = 0, page_ = 0;
+  // esize_: bytes of a cache element (FP8: 1); block_bytes_: a block's K and V codes of one
+  // layer; scale_bytes_: its K and V scales (0 without FP8).
+  int64_t esize_ = 2, block_bytes_ = 0, scale_bytes_ = 0, page_ = 0;
   std::optional<PagedDispatcher> dispatch_;  // each call's kernel, plan and launch
   Tensor host_;                              // [layers * host blocks * block_bytes_] u8, pinned
   Tensor gpu_;                               // [layers * gpu blocks * block_bytes_] u8
   Tensor ring_;                              // [slots * slot_blocks * block_bytes_] u8
-  Tensor part_o_;    // [max_tokens * Hq * d] f32: one call's output, unrounded
-  Tensor part_lse_;  // [max_tokens * Hq] f32
-  Tensor acc_o_;     // [max_tokens * Hq * d] f32: the layer's merged state
-  Tensor acc_lse_;   // [max_tokens * Hq] f32
-  Tensor q_, out_;   // the layer's contiguous q [T, Hq, d] and output [T, Hq * d]
+  Tensor host_scales_;  // FP8: [layers * host blocks * scale_bytes_] u8 ([K, V][Hkv] f32), pinned
+  Tensor gpu_scales_;   // FP8: [layers * gpu blocks * scale_bytes_] u8
+  Tensor ring_scales_;  // FP8: [slots * slot_blocks * scale_bytes_] u8
+  Tensor part_o_;       // [max_tokens * Hq * d] f32: one call's output, unrounded
+  Tensor part_lse_;     // [max_tokens * Hq] f32
+  Tensor acc_o_;        // [max_tokens * Hq * d] f32: the layer's merged state
+  Tensor acc_lse_;      // [max_tokens * Hq] f32
+  Tensor q_, out_;      // the layer's contiguous q [T, Hq, d] and output [T, Hq * d]
   Stream h2d_, d2h_;
   std::vector<Event> ready_, free_;    // [slots]
   std::map<uint64_t, Event> tickets_;  // write-backs in flight, by ticket
