@@ -244,9 +244,6 @@ inline const NeedleCase& needle_case() {
   return c;
 }
 
-// models/needle (the committed model the needle case was made with).
-inline std::string needle_model_dir() { return test_data_dir() + "/../../models/needle"; }
-
 // The needle prompt with its haystack cut to the first `head` tokens (the needle is at 197-206),
 // then the question (the last 40 tokens).
 inline std::vector<int32_t> short_needle_prompt(size_t head) {
@@ -325,6 +322,7 @@ inline void check_speculative_batched_cached_preempted_equals_alone(const Execut
   EngineSpec spec = needle_spec();
   spec.num_speculative_tokens = 3;
   spec.num_blocks = 24;
+  spec.max_model_len = 24 * 16;  // the GPU runner's plan holds one max_model_len sequence
   spec.enable_prefix_caching = true;
   spec.max_num_batched_tokens = 128;
   const EngineRun together = run_engine(make, spec, prompts, sp);

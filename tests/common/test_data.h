@@ -27,4 +27,8 @@ inline std::string fetched_data_dir() {
   return std::string(LONGCTX_SOURCE_DIR) + "/build/test-data";
 }
 
+// models/needle (the committed model the needle case was made with), found from the test data
+// (tests/data/../../models) so that binaries run on another machine's copy of the tree find it.
+inline std::string needle_model_dir() { return test_data_dir() + "/../../models/needle"; }
+
 }  // namespace longctx::testing

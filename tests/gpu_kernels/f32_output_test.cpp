@@ -153,8 +153,9 @@ TEST(F32Output, PagedGenericWritesUnroundedOutput) {
 
 TEST(F32Output, DecodeWritesUnroundedOutput) {
   for (int d : {64, 128}) {
-    // Long requests are split over CTAs and merged inside the kernel; short ones are not.
-    const PagedCase c(shape({1, 1, 1}, {20000, 33, 4096}, d, kernels::MaskMode::kNone));
+    // Long requests are split over CTAs and merged inside the kernel; short ones are not. The
+    // causal tail rule (decode_plan's default queries) is all keys for one query a request.
+    const PagedCase c(shape({1, 1, 1}, {20000, 33, 4096}, d, kernels::MaskMode::kCausal));
     const int64_t rows = 3 * 8;
     std::vector<float> ref_o(rows * d), ref_lse(rows);
     kernels::DecodeParams h = c.decode_params(nullptr, ref_lse.data());

@@ -242,17 +242,24 @@ std::unique_ptr<Executor> fp8_executor(std::shared_ptr<const Checkpoint> ck, DTy
 }
 
 TEST(GpuFp8Kv, OffloadEqualsTheResidentFp8Cache) {
+  // Measured on an H100 (d355f3d): |logit difference| at most 0.059 (needle) and 0.034
+  // (fixtures), KL at most 7.8e-5: the merge order differs, the FP8 codes do not. The bounds
+  // leave about 8x; a scale lost on a move measured KL 3.6 in the CPU twin.
   Fp8OffloadBounds bounds;
-  bounds.max_abs_logit = 4.0;  // the CPU engine's FP8-vs-f32 bound: a code flip is at most that
-  bounds.max_kl = kVsCpuKl;
+  bounds.max_abs_logit = 0.5;
+  bounds.max_kl = 1e-3;
   bounds.top1_margin = 0.5f;
   const int64_t chunk = 100;  // ends mid-block (100 % 16)
   {
     SCOPED_TRACE("needle v1");
+    // The needle model's top-2 margins on this prompt are all under 0.5 (0 rows confident there):
+    // top-1 is held where the margin is over twice the bound's measured logit difference.
+    Fp8OffloadBounds needle = bounds;
+    needle.top1_margin = 0.15f;
     auto resident = fp8_executor(needle_checkpoint(), DType::kBF16, false, chunk);
     auto offload = fp8_executor(needle_checkpoint(), DType::kBF16, true, chunk);
     check_fp8_offload_equals_resident(*resident, *offload, prompt_ids(1200), chunk,
-                                      /*decode_steps=*/32, bounds);
+                                      /*decode_steps=*/32, needle);
   }
   for (const std::string name : {"tiny-llama3", "tiny-qwen2", "tiny-qwen3"}) {
     SCOPED_TRACE(name);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/redis_server.h"
+#include "common/test_data.h"
 #include "engine/llm_internal.h"
 #include "longctx/llm.h"
 
@@ -46,7 +47,7 @@ RequestOutput run(LLM& llm, const std::vector<int32_t>& prompt, int64_t tokens) 
 
 EngineConfig needle_config(const std::string& store) {
   EngineConfig c;
-  c.model = std::string(LONGCTX_SOURCE_DIR) + "/models/needle";
+  c.model = needle_model_dir();
   c.device = "cuda";
   c.block_size = 16;
   c.max_model_len = 2048;

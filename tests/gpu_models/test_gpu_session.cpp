@@ -10,7 +10,7 @@
 namespace longctx::testing {
 namespace {
 
-SessionDevice gpu_device() {
+SessionDevice gpu_device(const std::string& fixture) {
   SessionDevice d;
   d.make = [](const std::string& name, int64_t num_blocks, const ExecutorSessionOptions& limits) {
     ModelBuildOptions mo;
@@ -26,12 +26,14 @@ SessionDevice gpu_device() {
     return make_gpu_executor(
         std::make_shared<GpuRunner>(std::shared_ptr<Model>(load_fixture_model(name, mo)), r));
   };
-  // f16 activations against the fp32 reference. test_gpu_models.cpp holds one-group fixtures to
-  // 2e-3 in f16; the recurrent state carries f16 rounding from token to token (test_gpu_linear:
-  // logprob gaps up to 0.2), so these bounds leave room for it while a wrong window, table or
-  // state (KL of order 1, top-1 near chance) fails them.
-  d.max_kl = 2e-2;
-  d.min_top1 = 0.95;
+  // f16 activations against the fp32 reference, per fixture from the H100 run of d355f3d (KL max
+  // over 515 positions): tiny-llama3 9.9e-4 (test_gpu_models.cpp holds one-group fixtures to
+  // 2e-3), tiny-gemma3 1.15e-2, tiny-qwen3-next 0.63 at a near tie (top-1 500 of 502): its
+  // recurrent state carries f16 rounding from token to token (test_gpu_linear: logprob gaps up to
+  // 0.2, its 515-token fixture parts from transformers at a tie), so its bound is loose and the
+  // top-1 agreement is what catches a wrong window, table or state (near chance then).
+  d.max_kl = fixture == "tiny-qwen3-next" ? 1.0 : fixture == "tiny-gemma3" ? 2e-2 : 2e-3;
+  d.min_top1 = 0.99;
   // test_gpu_models.cpp's batch-against-alone bound (the batched GEMMs' tilings differ).
   d.row_tolerance = 0.02;
   return d;
@@ -40,11 +42,11 @@ SessionDevice gpu_device() {
 class GpuExecutorSession : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuExecutorSession, PromptLogitsMatchTheReference) {
-  expect_session_prompt_logits_match_reference(gpu_device(), GetParam());
+  expect_session_prompt_logits_match_reference(gpu_device(GetParam()), GetParam());
 }
 
 TEST_P(GpuExecutorSession, RunOfABatchEqualsPromptLogitsAlone) {
-  expect_session_run_equals_prompt_logits(gpu_device(), GetParam());
+  expect_session_run_equals_prompt_logits(gpu_device(GetParam()), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuExecutorSession,
@@ -57,7 +59,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuExecutorSession,
                          });
 
 TEST(GpuExecutorSessionErrors, BadCallsAreClearErrors) {
-  expect_session_errors_are_clear(gpu_device(), "tiny-llama3");
+  expect_session_errors_are_clear(gpu_device("tiny-llama3"), "tiny-llama3");
 }
 
 // The runner is engine-driven only: a step before make_gpu_executor is refused by name.
