@@ -372,16 +372,9 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
     if (seq.output.metrics.scheduled == 0) seq.output.metrics.scheduled = t0;
     const int64_t end = seq.num_computed + s.num_new;
     const int64_t nb = blocks_.blocks_for(end);
-    std::span<const std::span<const int32_t>> extra_tables;
-    if (extra > 0) {
-      std::span<const int32_t>* t = group_tables.data() + inputs.size() * extra;
-      for (int64_t g = 1; g <= extra; ++g) {
-        // A state group's table is its slot, not blocks by token.
-        const std::span<const int32_t> all = blocks_.table(seq.id, g);
-        t[g - 1] = blocks_.group(g).kind == KvGroupKind::kState ? all : all.first(nb);
-      }
-      extra_tables = {t, static_cast<size_t>(extra)};
-    }
+    const std::span<std::span<const int32_t>> extra_tables(
+        group_tables.data() + inputs.size() * extra, static_cast<size_t>(extra));
+    blocks_.step_tables(seq.id, end, extra_tables);
     const bool is_decode = s.num_new - s.num_draft == 1 && seq.num_generated() > 0 &&
                            seq.num_computed == static_cast<int64_t>(seq.tokens.size()) - 1;
     (is_decode ? decode : prefill) += s.num_new - s.num_draft;

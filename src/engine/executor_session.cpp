@@ -126,16 +126,9 @@ struct ExecutorSession::Impl {
       for (size_t i = 0; i < pieces.size(); ++i) {
         const Piece& p = pieces[i];
         const int64_t nb = blocks.blocks_for(p.begin + p.n);
-        std::span<const std::span<const int32_t>> extra_tables;
-        if (extra > 0) {
-          std::span<const int32_t>* t = group_tables.data() + i * extra;
-          for (int64_t g = 1; g <= extra; ++g) {
-            // A state group's table is its slot, not blocks by token.
-            const std::span<const int32_t> all = blocks.table(p.seq_id, g);
-            t[g - 1] = blocks.group(g).kind == KvGroupKind::kState ? all : all.first(nb);
-          }
-          extra_tables = {t, static_cast<size_t>(extra)};
-        }
+        const std::span<std::span<const int32_t>> extra_tables(group_tables.data() + i * extra,
+                                                               static_cast<size_t>(extra));
+        blocks.step_tables(p.seq_id, p.begin + p.n, extra_tables);
         const bool want = all_rows || p.last;
         inputs.push_back({p.seq_id, p.tokens, p.begin, p.n, blocks.table(p.seq_id).first(nb), want,
                           extra_tables, -1, -1, all_rows ? p.n : 1});

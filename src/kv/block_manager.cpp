@@ -122,6 +122,17 @@ std::span<const int32_t> BlockManager::table(uint64_t seq, int64_t group) const 
   return it->second.groups[group].blocks;
 }
 
+void BlockManager::step_tables(uint64_t seq, int64_t end,
+                               std::span<std::span<const int32_t>> out) const {
+  LONGCTX_CHECK(static_cast<int64_t>(out.size()) == num_groups() - 1, ErrorCode::kInternal,
+                "block manager: {} step tables asked of {} groups", out.size(), num_groups());
+  const int64_t nb = blocks_for(end);
+  for (int64_t g = 1; g < num_groups(); ++g) {
+    const std::span<const int32_t> all = table(seq, g);
+    out[g - 1] = groups_[g].kind == KvGroupKind::kState ? all : all.first(nb);
+  }
+}
+
 uint64_t BlockManager::hash_block(uint64_t parent, std::span<const int32_t> tokens) const {
   return XXH64(tokens.data(), tokens.size_bytes(), parent);
 }

@@ -129,6 +129,9 @@ class BlockManager {
   // [i * block_size, (i + 1) * block_size)); kNoBlock where a sliding window dropped one. A state
   // group's table is its one state slot.
   std::span<const int32_t> table(uint64_t seq, int64_t group = 0) const;
+  // What a step that ends at token `end` reads of `seq` in groups 1..G-1, into out[G - 1]: a
+  // state group's slot whole, the others' tables cut to blocks_for(end) (nothing with one group).
+  void step_tables(uint64_t seq, int64_t end, std::span<std::span<const int32_t>> out) const;
 
   // Starts a sequence that holds nothing: looks its tokens up in the prefix cache (at most
   // tokens.size() - 1 of them count as computed), then takes blocks for the cached tokens and

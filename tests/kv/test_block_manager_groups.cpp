@@ -205,6 +205,27 @@ TEST(BlockManagerGroups, StateGroupHoldsOneSlotPerSequence) {
   bm.check_consistency();
 }
 
+// A step's tables of groups 1..G-1: a paged group's cut to the blocks the step's end needs, a
+// state group's slot whole.
+TEST(BlockManagerGroups, StepTablesCutPagedGroupsAndKeepTheStateSlot) {
+  BlockManager bm(32, 4, false, {kFull, sliding(8), {KvGroupKind::kState, 0}}, 2);
+  std::vector<KVBlockCopy> copies;
+  const auto t = iota_tokens(10);
+  ASSERT_EQ(bm.start(1, t, 100, &copies).num_cached, 0);
+  std::vector<std::span<const int32_t>> tables(2);
+  bm.step_tables(1, 6, tables);
+  ASSERT_EQ(tables[0].size(), 2u);  // tokens [0, 6): two blocks of the sliding group's three
+  EXPECT_EQ(tables[0].data(), bm.table(1, 1).data());
+  ASSERT_EQ(tables[1].size(), 1u);  // the state slot
+  EXPECT_EQ(tables[1][0], bm.table(1, 2)[0]);
+  bm.step_tables(1, 10, tables);
+  EXPECT_EQ(tables[0].size(), 3u);
+  std::vector<std::span<const int32_t>> wrong(1);
+  EXPECT_THROW(bm.step_tables(1, 10, wrong), Error);
+  bm.free(1);
+  bm.check_consistency();
+}
+
 TEST(BlockManagerGroups, RejectsBadGroups) {
   EXPECT_THROW(BlockManager(16, 4, true, {}), Error);
   EXPECT_THROW(BlockManager(16, 4, true, {sliding(0)}), Error);
