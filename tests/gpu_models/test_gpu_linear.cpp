@@ -12,6 +12,8 @@
 //   - decode graphs give the eager engine's tokens for 1..8 sequences of mixed lengths (batch
 //     sizes between graph buckets run padded), with bit-identical logprobs where no padding runs;
 //   - the decode time per output token with and without graphs (printed);
+//   - the prompt's logits in f16 and bf16, chunked and in one pass, as far from the fp32
+//     reference as transformers' own 16-bit forward is, and chunking adding nothing;
 //   - the device StatePool's reset and copy touch exactly their slot.
 #include <gtest/gtest.h>
 
@@ -247,10 +249,15 @@ TEST(GpuLinear, DeviceStatePoolResetsAndCopiesOneSlot) {
   EXPECT_THROW(pool.copy(0, 3), Error);
 }
 
-// Where the f16 engine's distance from the fp32 reference at 515 tokens comes from: the prompt's
-// logits through the session, per activation dtype (f16, bf16, f32) and chunking (64-token chunks
+// Where the 16-bit engine's distance from the fp32 reference at 515 tokens comes from: the
+// prompt's logits through the session, per activation dtype and chunking (64-token chunks
 // continuing the state, or one pass). A wrong state hand-over between chunks shows as chunked far
-// from one pass at the same dtype; plain rounding shows as error that shrinks with precision.
+// from one pass at the same dtype. Measured on an H100 (2026-12-06): f16 KL max 0.62 (rows
+// 256-514; 0.062 in rows 0-63), bf16 8.55, top-1 500/502 and 421/502; chunked against one pass
+// 1.5e-5 (f16) and 3.3e-3 (bf16). transformers' own forward of this fixture on the same GPU
+// (hf_bf16_kl.py ... 515 bfloat16,float16) is as far from its fp32 one: f16 KL max 0.63, top-1
+// 500/502; bf16 12.1, 451/502. The random-weight recurrent state amplifies 16-bit rounding; the
+// engine adds none of its own.
 TEST(GpuLinear, PromptLogitsByPrecisionAndChunking) {
   const ReferenceCase ref = reference_case(kModel, 515);
   const Tensor want = full_forward(*load_fixture_model(kModel), ref.input_ids);
@@ -261,7 +268,7 @@ TEST(GpuLinear, PromptLogitsByPrecisionAndChunking) {
     Tensor logits;
   };
   std::vector<Run> runs;
-  for (DType dt : {DType::kF16, DType::kBF16, DType::kF32}) {
+  for (DType dt : {DType::kF16, DType::kBF16}) {
     for (int64_t chunk : {int64_t{64}, int64_t{1024}}) {
       ModelBuildOptions mo;
       mo.device = Device::cuda(0);
@@ -277,16 +284,10 @@ TEST(GpuLinear, PromptLogitsByPrecisionAndChunking) {
       r.max_num_seqs = 2;
       r.max_model_len = 1024;
       r.num_gpu_blocks = 128;
-      try {
-        ExecutorSession session(make_gpu_executor(std::make_shared<GpuRunner>(
-                                    std::shared_ptr<Model>(load_fixture_model(kModel, mo)), r)),
-                                lim);
-        runs.push_back({dt, chunk, session.prompt_logits(ref.input_ids)});
-      } catch (const Error& e) {
-        std::printf("%s chunk %lld: not run (%s)\n", std::string(dtype_name(dt)).c_str(),
-                    (long long)chunk, e.what());
-        continue;
-      }
+      ExecutorSession session(make_gpu_executor(std::make_shared<GpuRunner>(
+                                  std::shared_ptr<Model>(load_fixture_model(kModel, mo)), r)),
+                              lim);
+      runs.push_back({dt, chunk, session.prompt_logits(ref.input_ids)});
       const Tensor& got = runs.back().logits;
       double kl_max = 0, kl_sum = 0, band[3] = {0, 0, 0};
       int64_t agree = 0, compared = 0;
@@ -306,6 +307,10 @@ TEST(GpuLinear, PromptLogitsByPrecisionAndChunking) {
           agree += argmax_row(got, row) == top1;
         }
       }
+      // transformers' own 16-bit forward, above, with room for a different rounding order.
+      EXPECT_LE(kl_max, dt == DType::kF16 ? 1.0 : 20.0) << std::string(dtype_name(dt));
+      EXPECT_GE(double(agree), (dt == DType::kF16 ? 0.99 : 0.8) * double(compared))
+          << std::string(dtype_name(dt));
       std::printf(
           "%s chunk %4lld: KL max %.2e mean %.2e (rows 0-63 %.2e, 64-255 %.2e, 256-514 %.2e), "
           "top-1 %lld/%lld\n",
@@ -322,8 +327,8 @@ TEST(GpuLinear, PromptLogitsByPrecisionAndChunking) {
                                           runs[i].logits.data<float>() + row * v, v));
     std::printf("%s: chunked against one pass, KL max %.2e\n",
                 std::string(dtype_name(runs[i].dtype)).c_str(), kl_max);
+    EXPECT_LE(kl_max, 1e-2) << "chunked against one pass";
   }
-  ASSERT_GE(runs.size(), 4u) << "f16 and bf16 must run";
 }
 
 // The GPU runner takes no offload for a state model, with a clear error.
