@@ -35,9 +35,10 @@ SchedulerOutput Scheduler::schedule() {
   auto add_to_step = [&](Sequence* seq, int64_t n, int32_t restore, int64_t num_draft) {
     const int64_t end = seq->num_computed + n - num_draft;
     const bool last = end == static_cast<int64_t>(seq->tokens.size());
-    // Prefill chunks (not decode steps) that end on a block boundary save the state there.
+    // A step that ends on a block boundary saves the state there; a decode step's snapshot is a
+    // rolling one (block_manager.h). A speculative step's end is known only after verification.
     const bool prefill = n - num_draft > 1 || end <= seq->num_prompt_tokens;
-    const int32_t save = prefill ? blocks_.reserve_snapshot(seq->id, end) : -1;
+    const int32_t save = num_draft > 0 ? -1 : blocks_.reserve_snapshot(seq->id, end, !prefill);
     out.seqs.push_back({seq, n, last, restore, save, num_draft});
     out.num_tokens += n;
     budget -= n;

@@ -237,7 +237,7 @@ int64_t BlockManager::snapshot_chunk(int64_t num_computed, int64_t n, int64_t to
   return boundary - num_computed;
 }
 
-int32_t BlockManager::reserve_snapshot(uint64_t seq, int64_t end) {
+int32_t BlockManager::reserve_snapshot(uint64_t seq, int64_t end, bool rolling) {
   if (!snapshots_enabled() || end <= 0 || end % block_size_ != 0) return -1;
   auto it = seqs_.find(seq);
   LONGCTX_CHECK(it != seqs_.end(), ErrorCode::kInternal,
@@ -257,6 +257,7 @@ int32_t BlockManager::reserve_snapshot(uint64_t seq, int64_t end) {
   }
   s.pending_snapshot = free_snapshots_.back();
   s.pending_end = end;
+  s.pending_rolling = rolling;
   free_snapshots_.pop_back();
   pending_seqs_.push_back(seq);
   return s.pending_snapshot;
@@ -496,6 +497,14 @@ void BlockManager::commit(uint64_t seq, std::span<const int32_t> tokens, int64_t
   blocks_[id].snapshot = snap;
   snapshots_[snap].block = id;
   snapshots_[snap].lru_pos = snapshot_lru_.insert(snapshot_lru_.end(), snap);
+  if (!s.pending_rolling) return;
+  // The previous rolling snapshot, unless the LRU took it meanwhile (and gave it to a block).
+  const int32_t prev = s.rolling_snapshot;
+  if (prev >= 0 && snapshots_[prev].block == s.rolling_block && s.rolling_block >= 0 &&
+      blocks_[s.rolling_block].snapshot == prev)
+    drop_snapshot(prev);
+  s.rolling_snapshot = snap;
+  s.rolling_block = id;
 }
 
 void BlockManager::truncate(uint64_t seq, int64_t num_tokens) {

@@ -31,7 +31,10 @@
 // state model needs the state as it was at the hit's last token. The manager keeps a pool of
 // snapshot slots (the executor's storage): a step whose prefill chunk ends on a block boundary
 // reserves one (reserve_snapshot), the executor copies the sequence's state into it after the
-// step, and commit() ties it to the group-0 block that ends at that boundary. A new sequence's
+// step, and commit() ties it to the group-0 block that ends at that boundary. A decode step that
+// ends on a boundary reserves a rolling one: tying it releases the sequence's previous rolling
+// snapshot, so a sequence holds one beyond its prompt's, and a finished one leaves the state at
+// its last full block for a follow-up turn (prompt + answer + more) to start from. A new sequence's
 // hit is cut back to the last hit block that has a snapshot (and leaves at least one token to
 // compute: a state cannot be rewound, so a hit never ends on the prompt's last token and no
 // copy-on-write happens); Start::restore_snapshot names the snapshot the executor copies into
@@ -158,8 +161,9 @@ class BlockManager {
   // A snapshot slot for the state of `seq` after a step ending at `end` (a block boundary past
   // its hit), which the executor fills after the step and commit() ties to the block ending
   // there; -1 (nothing reserved) without snapshots, off a boundary, or when that block has one.
-  // Reserving may take the least recently used snapshot from its block.
-  int32_t reserve_snapshot(uint64_t seq, int64_t end);
+  // Reserving may take the least recently used snapshot from its block. `rolling`: a decode
+  // step's (see above).
+  int32_t reserve_snapshot(uint64_t seq, int64_t end, bool rolling = false);
   // After a step computed K/V up to `num_computed` tokens: registers the blocks that became
   // full in the prefix cache (their tokens are tokens[block * block_size, ...)) and ties the
   // sequence's reserved snapshot to its block.
@@ -220,6 +224,9 @@ class BlockManager {
     std::vector<uint64_t> hashes;    // chain hash of each of its full (computed) blocks
     int32_t pending_snapshot = -1;   // reserved for the state at pending_end (this step)
     int64_t pending_end = 0;
+    bool pending_rolling = false;   // the reservation is a decode step's
+    int32_t rolling_snapshot = -1;  // the last rolling snapshot it tied, to rolling_block
+    int32_t rolling_block = -1;
   };
 
   bool paged(int64_t g) const { return groups_[g].kind != KvGroupKind::kState; }

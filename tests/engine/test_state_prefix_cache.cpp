@@ -5,7 +5,8 @@
 // within the chunked delta rule's rounding (tests/models/test_fixture_models.cpp: 2e-3), for
 // chunk sizes that do and do not align with blocks and hits at several boundaries; an evicted
 // snapshot's prompt misses and stays correct; preemption and abort leave no block, state slot or
-// snapshot held; a batch equals each request alone.
+// snapshot held; a batch equals each request alone; a second turn starts from the state a decode
+// step saved inside the first turn's answer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -168,6 +169,24 @@ TEST_P(StatePrefixCache, HitsAtSeveralBoundariesMatchNoCaching) {
 
 INSTANTIATE_TEST_SUITE_P(Budgets, StatePrefixCache, ::testing::Values(13, 16, 256));
 
+// A second turn whose cached prefix ends inside the first turn's answer: R1 = 44 tokens, its
+// decode steps compute tokens 44-49 and save a rolling snapshot at 48; R2 = R1 + answer + 5
+// starts there and equals no caching.
+TEST(StatePrefixCacheEngine, SecondTurnStartsFromTheAnswersLastBoundary) {
+  for (const int64_t budget : {int64_t{16}, int64_t{256}}) {
+    Engine on(budget, true), off(budget, false);
+    std::mt19937 rng(11);
+    const std::vector<int32_t> r1 = random_tokens(rng, 44);
+    const Result a1 = on.run({r1})[0];
+    expect_same(a1, off.run({r1})[0], "R1");
+    ASSERT_EQ(a1.tokens.size(), static_cast<size_t>(kMaxTokens));
+    const std::vector<int32_t> r2 = concat(concat(r1, a1.tokens), random_tokens(rng, 5));
+    const Result hit = on.run({r2})[0];
+    expect_same(hit, off.run({r2})[0], "R2, budget " + std::to_string(budget));
+    EXPECT_EQ(hit.num_cached, 48) << budget;  // the prompt's own last snapshot is at 40
+  }
+}
+
 // common/engine_properties.h's body (tests/gpu_models/test_gpu_linear.cpp runs it on the GPU):
 // logits within the chunked delta rule's rounding, so tokens part only at such near ties.
 TEST(StatePrefixCacheEngine, PrefixHitEqualsNoHit) {
@@ -200,13 +219,15 @@ TEST(StatePrefixCacheEngine, EvictedSnapshotMissesAndStaysCorrect) {
   EXPECT_EQ(r.num_cached, 0);
   expect_same(r, off.run({q})[0], "after eviction");
   // A snapshot pool of one: an unrelated prompt's snapshot takes the first prompt's, whose
-  // K/V stay cached but no longer hit; with a larger pool they do.
+  // K/V stay cached but no longer hit; with a larger pool they do. (The unrelated prompt's 26
+  // tokens and 6 answers end no decode step on a boundary: a rolling snapshot would take a slot
+  // from the same LRU.)
   const std::vector<int32_t> first = concat(doc, random_tokens(rng, 7));
   const std::vector<int32_t> again = concat(first, random_tokens(rng, 3));
   for (int64_t snapshots : {1, 2}) {
     Engine e(256, true, 96, snapshots);
     e.run({first});
-    e.run({random_tokens(rng, 30)});
+    e.run({random_tokens(rng, 26)});
     EXPECT_EQ(e.core().stats().state_snapshots_held, snapshots);
     EXPECT_EQ(e.run({again})[0].num_cached, snapshots == 1 ? 0 : 48) << snapshots;
   }

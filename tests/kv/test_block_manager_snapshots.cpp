@@ -125,6 +125,45 @@ TEST(BlockManagerSnapshots, HitRestoresTheLastSnapshotBeforeTheLastToken) {
   bm.check_consistency();
 }
 
+// Decode steps that end on boundaries reserve rolling snapshots: each one tied releases the one
+// before, so a finished sequence leaves its prompt's snapshots and the one at its last full block,
+// from which a follow-up turn (prompt + answer + more) starts.
+TEST(BlockManagerSnapshots, DecodeKeepsOneRollingSnapshotForTheNextTurn) {
+  BlockManager bm(32, kBs, true, kGroups, 2, 8);
+  auto t = iota_tokens(6);  // prompt: snapshot at 4
+  run_prompt(bm, 1, t, 100);
+  EXPECT_EQ(bm.stats().snapshots_held, 1);
+  std::vector<KVBlockCopy> copies;
+  // Decode 9 tokens one step at a time (token i is computed in the step after it is sampled).
+  for (int32_t i = 0; i < 9; ++i) {
+    const auto done = static_cast<int64_t>(t.size());
+    t.push_back(100 + i);
+    ASSERT_TRUE(bm.append(1, done, 1, &copies));
+    const int32_t snap = bm.reserve_snapshot(1, done + 1, /*rolling=*/true);
+    EXPECT_EQ(snap >= 0, (done + 1) % kBs == 0) << done;
+    bm.commit(1, t, done + 1);
+    bm.end_step();
+    bm.check_consistency();
+  }
+  // 15 tokens computed: rolling snapshots were tied at 8 and 12; 12's released 8's.
+  EXPECT_EQ(bm.stats().snapshots_held, 2);
+  bm.free(1);
+  // The next turn: everything so far, then a new question. It starts from the state at 12.
+  const BlockManager::Start r = bm.start(2, concat(t, {7, 7, 7}), 100, &copies);
+  EXPECT_EQ(r.num_cached, 12);
+  EXPECT_GE(r.restore_snapshot, 0);
+  // A prompt that branches at 10 finds no snapshot at 8 any more: the prompt's at 4.
+  bm.free(2);
+  auto b = iota_tokens(6);
+  for (int32_t i = 0; i < 4; ++i) b.push_back(100 + i);
+  b.push_back(55);
+  b.push_back(56);
+  const BlockManager::Start r2 = bm.start(3, b, 100, &copies);
+  EXPECT_EQ(r2.num_cached, 4);
+  bm.free(3);
+  bm.check_consistency();
+}
+
 TEST(BlockManagerSnapshots, FirstChunkStopsWhereTheCachedPrefixBranches) {
   BlockManager bm(32, kBs, true, kGroups, 2, 8);
   // A 9-token document, then a question: one chunk ends at 16, its last boundary.
