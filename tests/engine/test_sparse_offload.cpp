@@ -213,8 +213,9 @@ TEST(SparseOffload, XAttentionThroughTheSimulatedDeviceIsTheResidentPolicy) {
 }
 
 // The device factory builds a sparse reader beside the ring only under a policy that selects
-// (none under full; an FP8 cache refuses one), and the backend takes the reader's steps off the
-// ring: under quest, prefill steps load host blocks through the ring, decode steps load none.
+// (none under full; over an FP8 cache quest's, and the others are refused by name), and the
+// backend takes the reader's steps off the ring: under quest, prefill steps load host blocks
+// through the ring, decode steps load none.
 TEST(SparseOffload, TheReaderComesWithASelectingPolicyAndTakesItsStepsOffTheRing) {
   OffloadDeviceConfig d;
   d.geometry = {1, kBlock, 64, 12, /*slots=*/2, /*slot blocks=*/3};
@@ -233,13 +234,20 @@ TEST(SparseOffload, TheReaderComesWithASelectingPolicyAndTakesItsStepsOffTheRing
     EXPECT_NE(parts.ring, nullptr);
     EXPECT_EQ(parts.sparse != nullptr, kind != SparsePolicyKind::kFull);
   }
-  d.sparse.policy = SparsePolicyKind::kQuest;
   d.kv_format = kernels::KvCacheFormat::kFp8E4M3;
-  try {
-    make_cpu_offload_device(d);
-    ADD_FAILURE() << "a sparse reader over an FP8 cache was built";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+  d.sparse.policy = SparsePolicyKind::kQuest;
+  EXPECT_NE(make_cpu_offload_device(d).sparse, nullptr);
+  for (SparsePolicyKind kind : {SparsePolicyKind::kXAttention, SparsePolicyKind::kStreaming}) {
+    d.sparse.policy = kind;
+    try {
+      make_cpu_offload_device(d);
+      ADD_FAILURE() << "a " << sparse_policy_name(kind) << " reader over an FP8 cache was built";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string(sparse_policy_name(kind))),
+                std::string::npos)
+          << e.what();
+    }
   }
 
   SparseOptions quest;
