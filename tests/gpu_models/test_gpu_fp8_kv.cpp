@@ -327,13 +327,15 @@ TEST(GpuFp8Kv, OffloadedEngineGeneratesTheResidentTokens) {
 // (needle v1, head_dim 64: the compact decode is the split-KV kernel; the fixtures, head_dim
 // 16 / 32 / 64: the generic kernel for 16 and 32). Offloaded vs resident quest: the prefill's
 // merge order moves codes as in OffloadEqualsTheResidentFp8Cache, and a page near the selection
-// threshold may then swap for its neighbour in score, hence KL 5e-3 (the dense test's 1e-3 with
-// room for a swapped page). Quest vs dense: measured 4.6 max |logit difference| on the CPU engine
-// (budget 128 of 400); at least 1e-2 required. Set before a GPU run.
+// threshold may then swap for its neighbour in score. Measured on an H100 (2026-12-06):
+// |logit difference| / KL 0.056 / 1.0e-4 (needle), 0.39 / 8.2e-3 (tiny-llama3), 0.034 / 7.2e-5
+// (tiny-qwen2), 0.20 / 2.0e-3 (tiny-qwen3), where quest vs dense differs by 0.14 / 1.1e-3
+// (needle) and 13-15 / 4.9-8.8 (the random-weight fixtures, whose selection a swapped page moves
+// most): bounds 1.0 / 3e-2. Quest vs dense must differ by at least 1e-2.
 TEST(GpuFp8Kv, QuestOffloadEqualsTheResidentQuest) {
   QuestFp8Bounds bounds;
   bounds.equal.max_abs_logit = 1.0;
-  bounds.equal.max_kl = 5e-3;
+  bounds.equal.max_kl = 3e-2;
   bounds.equal.top1_margin = 0.5f;
   bounds.min_sparse_diff = 1e-2;
   const int64_t chunk = 100;
@@ -363,12 +365,13 @@ TEST(GpuFp8Kv, QuestOffloadEqualsTheResidentQuest) {
 
 // A quest budget over the whole sequence: every page through quest's gather (codes x scales into
 // the compact 16-bit buffer) and its compact decode, against the dense FP8 kernels: the same
-// values, summed in another order (split-KV chunks), so the bounds of
-// OffloadEqualsTheResidentFp8Cache. Set before a GPU run.
+// values (code x scale is exact in bf16 / f16 here). Measured on an H100 (2026-12-06): equal
+// logits, every row of every model; the bounds leave room for a split-KV plan that sums in
+// another order on another GPU.
 TEST(GpuFp8Kv, QuestWithAWholeBudgetIsTheDenseFp8Cache) {
   Fp8OffloadBounds bounds;
-  bounds.max_abs_logit = 0.5;
-  bounds.max_kl = 1e-3;
+  bounds.max_abs_logit = 0.1;
+  bounds.max_kl = 1e-4;
   bounds.top1_margin = 0.5f;
   const int64_t chunk = 100;
   const SparseOptions quest = quest_fp8_options(/*budget=*/2048);
