@@ -147,12 +147,15 @@ class CpuExecutor final : public Executor {
                     "this one has {} groups (sliding_window {} in config.json)",
                     groups_.size(), c.sliding_window);
       if (!groups_.single_full()) policy_.reset();
+      // Over FP8: dense, or a policy that reads it (quest); the others are refused by name.
       LONGCTX_CHECK(!kv.fp8() || policy_ == nullptr ||
+                        sparse::policy_def(o.sparse.policy).reads_fp8 ||
                         (!policy_->selects(sparse::Phase::kDecode) &&
                          !policy_->selects(sparse::Phase::kPrefill)),
                     ErrorCode::kUnsupported,
-                    "CPU executor: a sparse attention policy over an FP8 KV cache is not run on "
-                    "the CPU yet (use --kv-cache-dtype bf16)");
+                    "CPU executor: --sparse-policy {} over an FP8 KV cache is not run (FP8 runs "
+                    "dense and with quest; use --kv-cache-dtype bf16 with it)",
+                    sparse_policy_name(o.sparse.policy));
     }
     block_size_ = o.block_size;
     for (int64_t g = 0; g < groups_.size(); ++g) {

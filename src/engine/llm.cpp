@@ -9,6 +9,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "attention/sparse/sparse_policy.h"
 #include "engine/engine_core.h"
 #include "engine/llm_internal.h"
 #include "engine/progress_bar.h"
@@ -177,14 +178,16 @@ LLM::LLM(std::shared_ptr<const Checkpoint> checkpoint, const EngineConfig& confi
     gpu.max_model_len = options.max_model_len;
     gpu.num_gpu_blocks = config.num_gpu_blocks;
     gpu.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, mc.kv_cache_fp8, DType::kBF16);
-    // The CUDA engine reads FP8 in its dense kernels, resident or offloaded; the sparse policies'
-    // kernels read bf16 (an explicit --kv-cache-dtype fp8 there is refused by name).
-    const bool fp8_runs = config.sparse.policy == SparsePolicyKind::kFull;
+    // The CUDA engine reads FP8 in its dense kernels and with quest, resident or offloaded; the
+    // other sparse policies' kernels read bf16 (an explicit --kv-cache-dtype fp8 there is refused
+    // by name).
+    const bool fp8_runs = sparse::policy_def(config.sparse.policy).reads_fp8;
     if (config.kv_cache_dtype == KvCacheDtype::kAuto && gpu.kv_dtype == DType::kFP8E4M3 &&
         !fp8_runs) {
       LONGCTX_LOG_WARN(
-          "the checkpoint asks for an FP8 KV cache, which the CUDA engine does not run with a "
-          "sparse policy yet: keeping bf16 (docs/fp8_kv.md)");
+          "the checkpoint asks for an FP8 KV cache, which the CUDA engine does not run with "
+          "--sparse-policy {} yet: keeping bf16 (docs/fp8_kv.md)",
+          sparse_policy_name(config.sparse.policy));
       gpu.kv_dtype = DType::kBF16;
     }
     gpu.enforce_eager = config.enforce_eager;

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/host_device.h"
+#include "kernels/kv_format.h"
 #include "longctx/core/dtype.h"
 
 namespace longctx::kernels {
@@ -94,6 +95,9 @@ inline QuestBytes quest_gpu_bytes(const QuestBudget& b, int64_t num_layers, int6
 // Recomputes the metadata of num_pages pages of one layer from the keys in k_cache. Entry e of
 // `pages` is {cache block, meta block, page in block, rows}: rows [0, rows) of that page (of
 // the cache block's keys, rows num_kv_heads * head_dim elements apart) are the page's keys.
+// An FP8 cache (kv_format kFp8E4M3) holds codes, and cache block b's scale of KV head h is
+// k_scale[b * scale_block_stride + h]: the metadata is the min / max of the dequantized keys
+// (code x scale), stored in `dtype` (exact in bf16 and f32: an E4M3 value times a power of two).
 struct QuestMetaParams {
   const void* k_cache =
       nullptr;               // block b's keys at element b * block_stride: [block_size, Hkv, d]
@@ -102,7 +106,10 @@ struct QuestMetaParams {
   const int32_t* pages = nullptr;  // [num_pages][4]
   int num_pages = 0;
   int num_kv_heads = 0, head_dim = 0, page_tokens = 0, pages_per_block = 0;
-  DType dtype = DType::kBF16;  // of k_cache and meta
+  DType dtype = DType::kBF16;  // of meta, and of k_cache unless FP8
+  KvCacheFormat kv_format = KvCacheFormat::kDtype;
+  const float* k_scale = nullptr;  // FP8: [blocks][scale_block_stride], head h at + h
+  int64_t scale_block_stride = 0;  // floats between cache blocks' scales
 };
 
 // Selection of a batch of decoding sequences (one query each): per sequence b and KV head h the
@@ -129,7 +136,11 @@ struct QuestSelectParams {
 // rows [i * page_tokens, (i + 1) * page_tokens) of sequence b's region of max_selected *
 // page_tokens rows, head h. A logical block's keys are in one of two memories: block_loc >= 0 is
 // block block_loc of memory 0, block_loc < 0 block -block_loc - 1 of memory 1 (with offload: the
-// GPU cache and the host pool, read in place through mapped pinned memory).
+// GPU cache and the host pool, read in place through mapped pinned memory). An FP8 cache
+// (kv_format kFp8E4M3): the bases hold codes (block_stride in bytes), block b's K scale of head h
+// is k_scale[mem][b * scale_block_stride[mem] + h] (V's from v_scale), and the gather writes the
+// dequantized keys and values (code x scale) in `dtype`: the compact buffer is one page per
+// sequence that mixes blocks of different scales, so it cannot stay FP8.
 struct QuestGatherParams {
   const void* k_base[2] = {nullptr, nullptr};  // [blocks][block_size, Hkv, d] at block_stride
   const void* v_base[2] = {nullptr, nullptr};
@@ -143,7 +154,11 @@ struct QuestGatherParams {
   unsigned long long* memory1_pages = nullptr;  // optional counter: += pages read from memory 1
   int batch = 0, num_kv_heads = 0, head_dim = 0, pages_per_block = 0, max_selected = 0;
   QuestBudget budget;
-  DType dtype = DType::kBF16;
+  DType dtype = DType::kBF16;  // of out_k / out_v, and of the bases unless FP8
+  KvCacheFormat kv_format = KvCacheFormat::kDtype;
+  const float* k_scale[2] = {nullptr, nullptr};  // FP8: per memory, as above
+  const float* v_scale[2] = {nullptr, nullptr};
+  int64_t scale_block_stride[2] = {0, 0};  // floats between blocks' scales
 };
 
 }  // namespace longctx::kernels

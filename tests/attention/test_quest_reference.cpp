@@ -6,11 +6,15 @@
 //     head and head-averaged, with pages equal to the blocks and with pages smaller than the
 //     blocks (QuestPolicy run on the same keys re-blocked at the page size);
 //   - quest_gather copies exactly the selected pages' rows from two memories;
+//   - over an FP8 cache (codes + per-block scales) the metadata and the gather are those of the
+//     dequantized keys (code x scale) in f32 and, exactly, in bf16; the touched pages of an FP8
+//     step include a touched block's earlier pages;
 //   - bad budgets and page sizes are clear errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -233,6 +237,144 @@ TEST(QuestReference, GatherCopiesTheSelectedPagesFromBothMemories) {
           ASSERT_EQ(ov[at], v[src]);
         }
       }
+}
+
+// Random FP8 codes (no NaN) and power-of-two scales per (block, KV head): the metadata and the
+// gather over them equal those over the dequantized f32 keys, in f32 and (exact) in bf16.
+TEST(QuestReference, Fp8MetadataAndGatherAreThoseOfTheDequantizedKeys) {
+  std::mt19937 rng(11);
+  const int bs = 8, page = 4, ppb = 2, hkv = 2, d = 5, nb = 5;
+  const int64_t row = hkv * d, blk = bs * row;
+  auto code = [&] {
+    uint8_t c;
+    do c = static_cast<uint8_t>(rng());
+    while ((c & 0x7f) == 0x7f);
+    return c;
+  };
+  // Memory 0: blocks of [K, V] adjacent with scales [K, V][Hkv] per block (the offload cache's
+  // layouts); memory 1: K and V pools apart, scales [blocks][Hkv] each (the resident pool's).
+  std::vector<uint8_t> m0(2 * nb * blk), k1(nb * blk), v1(nb * blk);
+  std::vector<float> s0(2 * nb * hkv), ks1(nb * hkv), vs1(nb * hkv);
+  for (auto* m : {&m0, &k1, &v1})
+    for (uint8_t& c : *m) c = code();
+  for (auto* s : {&s0, &ks1, &vs1})
+    for (float& x : *s) x = std::ldexp(1.f, static_cast<int>(rng() % 24) - 12);
+  // The dequantized copies, in the same layouts.
+  auto dq = [&](const std::vector<uint8_t>& codes, const float* scales, int64_t block_elems,
+                int64_t scale_stride) {
+    std::vector<float> out(codes.size());
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const int64_t b = int64_t(i) / block_elems, h = int64_t(i) % row / d;
+      const int64_t half = int64_t(i) % block_elems / blk;  // memory 0: K or V of the block
+      out[i] = fp8e4m3_to_f32(codes[i]) * scales[b * scale_stride + half * hkv + h];
+    }
+    return out;
+  };
+  const std::vector<float> f0 = dq(m0, s0.data(), 2 * blk, 2 * hkv),
+                           fk1 = dq(k1, ks1.data(), blk, hkv), fv1 = dq(v1, vs1.data(), blk, hkv);
+
+  // Metadata of memory 0's keys: pages with partial rows, one block's earlier page whole.
+  const std::vector<int32_t> pages = {3, 0, 1, 3, 1, 4, 0, 4, 1, 4, 1, 1};
+  for (DType meta_dtype : {DType::kF32, DType::kBF16}) {
+    const size_t n = size_t(nb) * ppb * hkv * 2 * d, es = dtype_size(meta_dtype);
+    std::vector<uint8_t> want(n * es, 0xAB), got(n * es, 0xAB);
+    kernels::QuestMetaParams m;
+    m.block_stride = 2 * blk;
+    m.pages = pages.data();
+    m.num_pages = static_cast<int>(pages.size() / 4);
+    m.num_kv_heads = hkv;
+    m.head_dim = d;
+    m.page_tokens = page;
+    m.pages_per_block = ppb;
+    m.dtype = meta_dtype;
+    if (meta_dtype == DType::kF32) {
+      m.k_cache = f0.data();
+      m.meta = want.data();
+      kernels::cpu::quest_meta_update(m);
+    } else {  // the f32 metadata rounded to bf16 (exact: E4M3 values times powers of two)
+      std::vector<float> f32(n, NAN);  // NaN: untouched (no code is NaN)
+      m.k_cache = f0.data();
+      m.meta = f32.data();
+      m.dtype = DType::kF32;
+      kernels::cpu::quest_meta_update(m);
+      m.dtype = meta_dtype;
+      for (size_t i = 0; i < n; ++i) {
+        if (std::isnan(f32[i])) continue;  // pages the list does not name stay untouched
+        const uint16_t b = f32_to_bf16(f32[i]);
+        EXPECT_EQ(bf16_to_f32(b), f32[i]) << "inexact in bf16";
+        std::memcpy(want.data() + i * 2, &b, 2);
+      }
+    }
+    m.k_cache = m0.data();
+    m.meta = got.data();
+    m.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+    m.k_scale = s0.data();
+    m.scale_block_stride = 2 * hkv;
+    kernels::cpu::quest_meta_update(m);
+    EXPECT_EQ(got, want) << dtype_name(meta_dtype);
+  }
+
+  // The gather from both memories: the dequantized pages.
+  const std::vector<int32_t> loc = {3, -2, 0, -5, 1};
+  const int kv_len = 37;
+  QuestBudget b{page, 16, 4, 4};
+  const int max_sel = kernels::quest_max_selected(b);
+  std::vector<int32_t> selected(hkv * max_sel, 0);
+  const std::vector<int32_t> per_head[2] = {{0, 3, 8, 9}, {0, 5, 8, 9}};
+  for (int h = 0; h < hkv; ++h)
+    std::copy(per_head[h].begin(), per_head[h].end(), selected.begin() + h * max_sel);
+  const std::vector<int32_t> indptr = {0, 5}, lens = {kv_len};
+  const size_t out = size_t(max_sel) * page * row;
+  std::vector<float> want_k(out, -1.f), want_v(out, -1.f), got_k(out, -1.f), got_v(out, -1.f);
+  kernels::QuestGatherParams g;
+  g.block_indptr = indptr.data();
+  g.block_loc = loc.data();
+  g.kv_lens = lens.data();
+  g.selected = selected.data();
+  g.batch = 1;
+  g.num_kv_heads = hkv;
+  g.head_dim = d;
+  g.pages_per_block = ppb;
+  g.max_selected = max_sel;
+  g.budget = b;
+  g.dtype = DType::kF32;
+  g.k_base[0] = f0.data();
+  g.v_base[0] = f0.data() + blk;
+  g.block_stride[0] = 2 * blk;
+  g.k_base[1] = fk1.data();
+  g.v_base[1] = fv1.data();
+  g.block_stride[1] = blk;
+  g.out_k = want_k.data();
+  g.out_v = want_v.data();
+  kernels::cpu::quest_gather(g);
+  g.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  g.k_base[0] = m0.data();
+  g.v_base[0] = m0.data() + blk;
+  g.k_scale[0] = s0.data();
+  g.v_scale[0] = s0.data() + hkv;
+  g.scale_block_stride[0] = 2 * hkv;
+  g.k_base[1] = k1.data();
+  g.v_base[1] = v1.data();
+  g.k_scale[1] = ks1.data();
+  g.v_scale[1] = vs1.data();
+  g.scale_block_stride[1] = hkv;
+  g.out_k = got_k.data();
+  g.out_v = got_v.data();
+  kernels::cpu::quest_gather(g);
+  EXPECT_EQ(got_k, want_k);
+  EXPECT_EQ(got_v, want_v);
+}
+
+// An FP8 step's touched pages: a row that may raise its block's scale re-encodes the block's
+// earlier rows, so every earlier page of a touched block is recomputed, whole.
+TEST(QuestReference, Fp8TouchedPagesIncludeTheBlocksEarlierPages) {
+  // Blocks of 16, pages of 4: block 2's offsets 9 and 10, block 0's offset 0; padding (-1).
+  const std::vector<int64_t> meta = {2 * 16 + 9, 2 * 16 + 10, 0, -1},
+                             cache = {5 * 16 + 9, 5 * 16 + 10, 7 * 16, -1};
+  EXPECT_EQ(kernels::cpu::quest_touched_pages(meta, cache, 16, 4),
+            (std::vector<int32_t>{5, 2, 2, 3, 7, 0, 0, 1}));
+  EXPECT_EQ(kernels::cpu::quest_touched_pages(meta, cache, 16, 4, /*block_prefix=*/true),
+            (std::vector<int32_t>{5, 2, 0, 4, 5, 2, 1, 4, 5, 2, 2, 3, 7, 0, 0, 1}));
 }
 
 TEST(QuestReference, BadBudgetsAndPagesAreClearErrors) {

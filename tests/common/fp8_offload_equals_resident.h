@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "longctx/engine/executor.h"
@@ -65,13 +66,15 @@ inline int64_t fp8_offload_argmax(const Tensor& host_logits) {
   return std::max_element(x, x + host_logits.numel()) - x;
 }
 
-// `resident` and `offload`: executors of one model and block size, both with an FP8 KV cache,
-// `offload` through its offload device; each must hold prompt.size() + decode_steps tokens of one
-// sequence. Returns what it measured (the caller prints it).
-inline Fp8OffloadReport check_fp8_offload_equals_resident(Executor& resident, Executor& offload,
-                                                          std::vector<int32_t> tokens,
-                                                          int64_t chunk, int64_t decode_steps,
-                                                          const Fp8OffloadBounds& bounds) {
+// Runs executors `resident` and `offload` (one model and block size; each must hold
+// tokens.size() + decode_steps tokens of one sequence) along a prefill of `tokens` in chunks and
+// a greedy decode of the resident's tokens after it, comparing their logits at every chunk end
+// and decode step (rows whose resident top-1 leads by more than top1_margin counted as
+// confident). decode (optional) gets the decode steps' rows alone.
+inline Fp8OffloadReport compare_fp8_executors(Executor& resident, Executor& offload,
+                                              std::vector<int32_t> tokens, int64_t chunk,
+                                              int64_t decode_steps, float top1_margin,
+                                              Fp8OffloadReport* decode = nullptr) {
   Fp8OffloadReport r;
   const int64_t bs = resident.kv_layout().block_size;
   EXPECT_EQ(offload.kv_layout().block_size, bs);
@@ -98,15 +101,29 @@ inline Fp8OffloadReport check_fp8_offload_equals_resident(Executor& resident, Ex
     const Tensor a = step(resident, done, count), b = step(offload, done, count);
     EXPECT_EQ(a.numel(), v);
     EXPECT_EQ(b.numel(), v);
-    fp8_offload_compare_row(a.data<float>(), b.data<float>(), v, bounds.top1_margin, r);
+    fp8_offload_compare_row(a.data<float>(), b.data<float>(), v, top1_margin, r);
     if (done + count == n) tokens.push_back(static_cast<int32_t>(fp8_offload_argmax(a)));
   }
   for (int64_t k = 0; k + 1 < decode_steps; ++k) {  // the last token needs no step
     const int64_t done = n + k;
     const Tensor a = step(resident, done, 1), b = step(offload, done, 1);
-    fp8_offload_compare_row(a.data<float>(), b.data<float>(), v, bounds.top1_margin, r);
+    fp8_offload_compare_row(a.data<float>(), b.data<float>(), v, top1_margin, r);
+    if (decode != nullptr)
+      fp8_offload_compare_row(a.data<float>(), b.data<float>(), v, top1_margin, *decode);
     tokens.push_back(static_cast<int32_t>(fp8_offload_argmax(a)));
   }
+  return r;
+}
+
+// `resident` and `offload`: executors of one model and block size, both with an FP8 KV cache,
+// `offload` through its offload device; each must hold prompt.size() + decode_steps tokens of one
+// sequence. Returns what it measured (the caller prints it).
+inline Fp8OffloadReport check_fp8_offload_equals_resident(Executor& resident, Executor& offload,
+                                                          std::vector<int32_t> tokens,
+                                                          int64_t chunk, int64_t decode_steps,
+                                                          const Fp8OffloadBounds& bounds) {
+  const Fp8OffloadReport r = compare_fp8_executors(resident, offload, std::move(tokens), chunk,
+                                                   decode_steps, bounds.top1_margin);
   EXPECT_GT(offload.counters().offload_host_bytes_loaded, 0)
       << "no block came from the host: the GPU cache is not small enough to test the ring";
   EXPECT_LE(r.max_abs_logit, bounds.max_abs_logit);

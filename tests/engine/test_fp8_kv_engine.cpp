@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fp8_offload_equals_resident.h"
+#include "common/quest_fp8.h"
 #include "common/test_data.h"
 #include "engine/engine_core.h"
 #include "engine/engine_test_util.h"
@@ -180,12 +181,71 @@ TEST(Fp8KvEngine, OffloadEqualsTheResidentFp8Cache) {
                                              /*decode_steps=*/12, bounds);
 }
 
+// Quest over the FP8 cache (common/quest_fp8.h; the GPU engine runs the same bodies): its
+// metadata from the dequantized keys, its decode steps reading 128 of the 400+ keys per KV head.
+// The simulated offload's reader reads the selected pages where they are (host pages in place,
+// codes x scales) and attends them as the resident policy does, so the decode rows differ only
+// through the prefill's merge order (bound 1e-3, as the dense offload test's); quest vs dense
+// must differ at the decode steps (it selects).
+TEST(Fp8KvEngine, QuestOffloadEqualsTheResidentQuest) {
+  const NeedlePrompt p = needle_prompt();
+  auto dense = make_cpu_executor(needle_model(), options(DType::kFP8E4M3));
+  CpuExecutorOptions q = options(DType::kFP8E4M3);
+  q.sparse = testing::quest_fp8_options(/*budget=*/128);
+  auto quest = make_cpu_executor(needle_model(), q);
+  q.offload_gpu_blocks = 12;  // 25 blocks of prompt
+  q.offload_slots = 3;
+  q.offload_slot_blocks = 2;
+  auto offload = make_cpu_executor(needle_model(), q);
+  const std::vector<int32_t> ids(p.input_ids.begin(), p.input_ids.begin() + 400);
+  testing::QuestFp8Bounds bounds;
+  bounds.equal.max_abs_logit = 1e-3;
+  bounds.equal.max_kl = 1e-5;
+  bounds.equal.top1_margin = 2e-3;
+  bounds.min_sparse_diff = 1e-2;
+  testing::check_quest_fp8_offload_equals_resident(*dense, *quest, *offload, ids, /*chunk=*/100,
+                                                   /*decode_steps=*/12, bounds);
+}
+
+// A budget over the whole sequence: the CPU policy selects nothing, so the dense path runs (the
+// GPU reads every page through quest's gather instead): equal logits.
+TEST(Fp8KvEngine, QuestWithAWholeBudgetIsTheDenseFp8Cache) {
+  const NeedlePrompt p = needle_prompt();
+  auto dense = make_cpu_executor(needle_model(), options(DType::kFP8E4M3));
+  CpuExecutorOptions q = options(DType::kFP8E4M3);
+  q.sparse = testing::quest_fp8_options(/*budget=*/1024);
+  auto quest = make_cpu_executor(needle_model(), q);
+  const std::vector<int32_t> ids(p.input_ids.begin(), p.input_ids.begin() + 300);
+  testing::Fp8OffloadBounds bounds;
+  bounds.max_abs_logit = 1e-6;
+  bounds.max_kl = 1e-9;
+  bounds.top1_margin = 1e-5f;
+  testing::check_quest_fp8_whole_budget_is_dense(*dense, *quest, ids, /*chunk=*/100,
+                                                 /*decode_steps=*/8, bounds);
+}
+
 TEST(Fp8KvEngine, Fp8WithUnsupportedFeaturesIsAClearError) {
   CpuExecutorOptions o = options(DType::kBF16);  // the CPU reference keeps f32 or FP8
   EXPECT_THROW(make_cpu_executor(needle_model(), o), Error);
-  o = options(DType::kFP8E4M3);
-  o.sparse.policy = SparsePolicyKind::kQuest;
-  EXPECT_THROW(make_cpu_executor(needle_model(), o), Error);
+  // Policies that do not read FP8 are refused by name, resident and offloaded.
+  for (SparsePolicyKind kind : {SparsePolicyKind::kXAttention, SparsePolicyKind::kStreaming})
+    for (bool offload : {false, true}) {
+      o = options(DType::kFP8E4M3);
+      o.sparse.policy = kind;
+      if (offload) {
+        o.offload_gpu_blocks = 12;
+        o.offload_slots = 3;
+        o.offload_slot_blocks = 2;
+      }
+      try {
+        make_cpu_executor(needle_model(), o);
+        ADD_FAILURE() << sparse_policy_name(kind) << " over FP8 accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(std::string(sparse_policy_name(kind))),
+                  std::string::npos)
+            << e.what();
+      }
+    }
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 //   - OffloadAttentionBackend over the simulated device with quest (a GPU cache of a few blocks,
 //     write-backs landing two steps late), which reads the selected host pages in place;
 // the decode outputs must agree to fp32 rounding, the sparse steps must have read host pages,
-// and they must differ from dense attention (the budget is much smaller than the context).
+// and they must differ from dense attention (the budget is much smaller than the context); the
+// same over an FP8 cache (the decode rows append to partial blocks, raising their scales).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -44,16 +45,20 @@ double max_diff(const Tensor& a, const Tensor& b) {
 // The same random steps through the resident CPU backend with the CPU engine's policy, the
 // offload backend over the simulated device with that policy (a GPU cache of a few blocks, rings
 // of 2 x 3 blocks, write-backs landing two steps late) and dense resident attention: prefill chunks
-// of each sequence, then decode steps of all.
+// of each sequence, then decode steps of all. fp8: every cache holds FP8 E4M3 codes and scales.
 class ThreeBackends {
  public:
   ThreeBackends(const SparseOptions& sparse, std::vector<int64_t> lens, int64_t chunk, int decodes,
-                int seed, int64_t gpu_blocks = 12)
+                int seed, int64_t gpu_blocks = 12, bool fp8 = false)
       : lens_(std::move(lens)), chunk_(chunk), decodes_(decodes), rng_(seed) {
     int64_t num_blocks = 0;
     for (int64_t len : lens_) num_blocks += (len + decodes + kBlock - 1) / kBlock;
     const float scale = 1.f / std::sqrt(float(kD));
     PagedKVPoolConfig kv{1, kHkv, kD, kBlock, num_blocks, DType::kF32, Device::cpu()};
+    if (fp8) {
+      kv.dtype = DType::kFP8E4M3;
+      kv.fp8_source_dtype = DType::kF32;
+    }
     pool_ = std::make_unique<PagedKVPool>(kv);
     dense_pool_ = std::make_unique<PagedKVPool>(kv);
     policy_ = sparse::make_sparse_policy(sparse, {1, num_blocks, kBlock, kHq, kHkv, kD, scale});
@@ -70,6 +75,7 @@ class ThreeBackends {
     d.max_seqs = 4;
     d.cpu_write_back_lag = 2;
     d.sparse = sparse;
+    if (fp8) d.kv_format = kernels::KvCacheFormat::kFp8E4M3;
     offload_ = std::make_unique<OffloadAttentionBackend>(d.geometry, make_cpu_offload_device(d));
     int32_t next = 0;
     for (int64_t len : lens_) {
@@ -172,6 +178,28 @@ TEST(SparseOffload, QuestThroughTheSimulatedDeviceIsTheResidentPolicy) {
   }
 }
 
+TEST(SparseOffload, QuestOverFp8ThroughTheSimulatedDeviceIsTheResidentPolicy) {
+  for (bool per_head : {true, false}) {
+    SCOPED_TRACE(per_head ? "per KV head" : "head-averaged");
+    SparseOptions quest;
+    quest.policy = SparsePolicyKind::kQuest;
+    quest.budget_tokens = 64;
+    quest.sink_tokens = 16;
+    quest.window_tokens = 16;
+    quest.per_head = per_head;
+    ThreeBackends run(quest, {500, 333}, /*chunk=*/48, /*decodes=*/6, per_head ? 9 : 10,
+                      /*gpu_blocks=*/12, /*fp8=*/true);
+    while (!run.prefill_step().empty()) {
+    }
+    for (int k = 0; k < 6; ++k) {
+      const std::vector<Tensor> outs = run.decode_step();
+      EXPECT_LT(max_diff(outs[1], outs[0]), 1e-5) << "decode step " << k << ": offload vs resident";
+      EXPECT_GT(max_diff(outs[0], outs[2]), 1e-3) << "decode step " << k << ": quest vs dense";
+    }
+    EXPECT_GT(run.offload().sparse_host_bytes_read(), 0);
+  }
+}
+
 // XAttention: every prefill chunk (decode rows of a finished sequence mixed in) through the
 // offload device, which reads every host block's keys for the estimate and the values of the
 // blocks the mask keeps only, must equal the resident policy's masked attention. Keys of every
@@ -213,8 +241,9 @@ TEST(SparseOffload, XAttentionThroughTheSimulatedDeviceIsTheResidentPolicy) {
 }
 
 // The device factory builds a sparse reader beside the ring only under a policy that selects
-// (none under full; an FP8 cache refuses one), and the backend takes the reader's steps off the
-// ring: under quest, prefill steps load host blocks through the ring, decode steps load none.
+// (none under full; over an FP8 cache quest's, and the others are refused by name), and the
+// backend takes the reader's steps off the ring: under quest, prefill steps load host blocks
+// through the ring, decode steps load none.
 TEST(SparseOffload, TheReaderComesWithASelectingPolicyAndTakesItsStepsOffTheRing) {
   OffloadDeviceConfig d;
   d.geometry = {1, kBlock, 64, 12, /*slots=*/2, /*slot blocks=*/3};
@@ -233,13 +262,20 @@ TEST(SparseOffload, TheReaderComesWithASelectingPolicyAndTakesItsStepsOffTheRing
     EXPECT_NE(parts.ring, nullptr);
     EXPECT_EQ(parts.sparse != nullptr, kind != SparsePolicyKind::kFull);
   }
-  d.sparse.policy = SparsePolicyKind::kQuest;
   d.kv_format = kernels::KvCacheFormat::kFp8E4M3;
-  try {
-    make_cpu_offload_device(d);
-    ADD_FAILURE() << "a sparse reader over an FP8 cache was built";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+  d.sparse.policy = SparsePolicyKind::kQuest;
+  EXPECT_NE(make_cpu_offload_device(d).sparse, nullptr);
+  for (SparsePolicyKind kind : {SparsePolicyKind::kXAttention, SparsePolicyKind::kStreaming}) {
+    d.sparse.policy = kind;
+    try {
+      make_cpu_offload_device(d);
+      ADD_FAILURE() << "a " << sparse_policy_name(kind) << " reader over an FP8 cache was built";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string(sparse_policy_name(kind))),
+                std::string::npos)
+          << e.what();
+    }
   }
 
   SparseOptions quest;

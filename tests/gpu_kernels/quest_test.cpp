@@ -8,7 +8,10 @@
 //     KV head and head-averaged, batches of sequences from 1 key to 700K (past what the select
 //     kernel stages in shared memory); with Gaussian data the
 //     lists must be a top-k of the CPU scores up to 1e-4 relative;
-//   - gather: byte-equal, one source on the device and one in pinned host memory read in place.
+//   - gather: byte-equal, one source on the device and one in pinned host memory read in place;
+//   - FP8 caches (codes + power-of-two scales per block and KV head): the metadata and the
+//     gather (dequantized into bf16, exact) byte-equal to the references, the gather's 16-code
+//     loads (head_dim 128) and its one-code path (head_dim 40), device and pinned host sources.
 // Every output lives in a guarded buffer; the guards must survive.
 #include "kernels/cuda/quest.h"
 
@@ -313,6 +316,156 @@ TEST(QuestKernels, GatherReadsDeviceAndPinnedHostPages) {
   EXPECT_EQ(d_v.download<uint16_t>(), ref_v);
   EXPECT_TRUE(d_k.guards_intact() && d_v.guards_intact());
   LONGCTX_CUDA_CHECK(cudaFreeHost(host));
+}
+
+TEST(QuestKernels, Fp8MetadataAndGatherEqualTheReference) {
+  for (const int d : {128, 40}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << d);
+    std::mt19937 rng(static_cast<uint32_t>(d));
+    const int bs = 64, page = 16, ppb = 4, hkv = 4, nb_dev = 6, nb_host = 9;
+    const int64_t row = int64_t(hkv) * d, blk = bs * row;
+    auto code = [&] {
+      uint8_t c;
+      do c = static_cast<uint8_t>(rng());
+      while ((c & 0x7f) == 0x7f);  // no NaN codes
+      return c;
+    };
+    // Memory 0 (device): blocks of [K, V] adjacent, scales [K, V][Hkv] per block (the offload
+    // cache); memory 1 (pinned host): K and V pools apart, scales [blocks][Hkv] each.
+    std::vector<uint8_t> m0(2 * nb_dev * blk), k1(nb_host * blk), v1(nb_host * blk);
+    std::vector<float> s0(2 * nb_dev * hkv), ks1(nb_host * hkv), vs1(nb_host * hkv);
+    for (auto* m : {&m0, &k1, &v1})
+      for (uint8_t& c : *m) c = code();
+    for (auto* s : {&s0, &ks1, &vs1})
+      for (float& x : *s) x = std::ldexp(1.f, static_cast<int>(rng() % 24) - 12);
+
+    // Metadata of memory 0's blocks (meta block = nb_dev - 1 - cache block): whole and partial
+    // pages.
+    std::vector<int32_t> pages;
+    for (int b = 0; b < nb_dev; ++b)
+      for (int p = 0; p < ppb; ++p)
+        if (rng() % 3 != 0)
+          pages.insert(pages.end(), {b, nb_dev - 1 - b, p, 1 + static_cast<int>(rng() % page)});
+    const size_t meta_elems = size_t(nb_dev) * ppb * row * 2;
+    std::vector<uint16_t> meta_ref(meta_elems, 0x7fc0);  // NaN: pages never written stay so
+    kernels::QuestMetaParams m;
+    m.block_stride = 2 * blk;
+    m.num_pages = static_cast<int>(pages.size() / 4);
+    m.num_kv_heads = hkv;
+    m.head_dim = d;
+    m.page_tokens = page;
+    m.pages_per_block = ppb;
+    m.dtype = DType::kBF16;
+    m.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+    m.scale_block_stride = 2 * hkv;
+    m.k_cache = m0.data();
+    m.k_scale = s0.data();
+    m.meta = meta_ref.data();
+    m.pages = pages.data();
+    kernels::cpu::quest_meta_update(m);
+    GuardedBuffer d_m0(m0.size()), d_s0(s0.size() * 4), d_pages(pages.size() * 4),
+        d_meta(meta_elems * 2);
+    d_m0.upload(m0.data());
+    d_s0.upload(s0.data());
+    d_pages.upload(pages.data());
+    const std::vector<uint16_t> nan_meta(meta_elems, 0x7fc0);
+    d_meta.upload(nan_meta.data());
+    m.k_cache = d_m0.data();
+    m.k_scale = static_cast<const float*>(d_s0.data());
+    m.meta = d_meta.data();
+    m.pages = static_cast<const int32_t*>(d_pages.data());
+    kernels::cuda::quest_meta_run(m, nullptr);
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(d_meta.download<uint16_t>(), meta_ref) << "metadata";
+    EXPECT_TRUE(d_meta.guards_intact());
+
+    // The gather: two sequences over both memories.
+    void* host = nullptr;  // codes: K pool, V pool; then scales: K, V
+    const size_t codes_bytes = 2 * k1.size(), scale_bytes = 2 * ks1.size() * 4;
+    LONGCTX_CUDA_CHECK(cudaMallocHost(&host, codes_bytes + scale_bytes));
+    uint8_t* hb = static_cast<uint8_t*>(host);
+    std::memcpy(hb, k1.data(), k1.size());
+    std::memcpy(hb + k1.size(), v1.data(), v1.size());
+    std::memcpy(hb + codes_bytes, ks1.data(), ks1.size() * 4);
+    std::memcpy(hb + codes_bytes + ks1.size() * 4, vs1.data(), vs1.size() * 4);
+    void* host_dev = nullptr;
+    LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev, host, 0));
+    uint8_t* hd = static_cast<uint8_t*>(host_dev);
+    const std::vector<int32_t> lens = {600, 333}, indptr = {0, 10, 16};
+    const std::vector<int32_t> loc = {2, -1, -4, 0, -9, 5, -2, 1, -3, 3, -8, 4, -5, -6, -7, 2};
+    const QuestBudget b{page, 200, 20, 40};
+    const int max_sel = kernels::quest_max_selected(b);
+    std::vector<int32_t> selected(2 * hkv * max_sel, -1);
+    for (int s = 0; s < 2; ++s) {
+      const QuestCount c = kernels::quest_count(lens[s], b);
+      for (int h = 0; h < hkv; ++h) {
+        std::vector<int32_t> ps(c.num_pages);
+        std::iota(ps.begin(), ps.end(), 0);
+        std::shuffle(ps.begin(), ps.end(), rng);
+        ps.resize(c.num_selected);
+        std::sort(ps.begin(), ps.end());
+        std::copy(ps.begin(), ps.end(), selected.begin() + (s * hkv + h) * max_sel);
+      }
+    }
+    kernels::QuestGatherParams g;
+    g.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+    g.block_stride[0] = 2 * blk;
+    g.block_stride[1] = blk;
+    g.scale_block_stride[0] = 2 * hkv;
+    g.scale_block_stride[1] = hkv;
+    g.batch = 2;
+    g.num_kv_heads = hkv;
+    g.head_dim = d;
+    g.pages_per_block = ppb;
+    g.max_selected = max_sel;
+    g.budget = b;
+    g.dtype = DType::kBF16;
+    const size_t out_elems = size_t(2) * max_sel * page * row;
+    std::vector<uint16_t> ref_k(out_elems, 0xAAAA), ref_v(out_elems, 0xAAAA);
+    g.k_base[0] = m0.data();
+    g.v_base[0] = m0.data() + blk;
+    g.k_scale[0] = s0.data();
+    g.v_scale[0] = s0.data() + hkv;
+    g.k_base[1] = k1.data();
+    g.v_base[1] = v1.data();
+    g.k_scale[1] = ks1.data();
+    g.v_scale[1] = vs1.data();
+    g.block_indptr = indptr.data();
+    g.block_loc = loc.data();
+    g.kv_lens = lens.data();
+    g.selected = selected.data();
+    g.out_k = ref_k.data();
+    g.out_v = ref_v.data();
+    kernels::cpu::quest_gather(g);
+
+    GuardedBuffer d_indptr(indptr.size() * 4), d_loc(loc.size() * 4), d_lens(lens.size() * 4),
+        d_sel(selected.size() * 4), d_k(out_elems * 2, 0xAA), d_v(out_elems * 2, 0xAA);
+    d_indptr.upload(indptr.data());
+    d_loc.upload(loc.data());
+    d_lens.upload(lens.data());
+    d_sel.upload(selected.data());
+    const float* s0_dev = static_cast<const float*>(d_s0.data());
+    g.k_base[0] = d_m0.data();
+    g.v_base[0] = static_cast<const uint8_t*>(d_m0.data()) + blk;
+    g.k_scale[0] = s0_dev;
+    g.v_scale[0] = s0_dev + hkv;
+    g.k_base[1] = hd;
+    g.v_base[1] = hd + k1.size();
+    g.k_scale[1] = reinterpret_cast<const float*>(hd + codes_bytes);
+    g.v_scale[1] = reinterpret_cast<const float*>(hd + codes_bytes) + ks1.size();
+    g.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+    g.block_loc = static_cast<const int32_t*>(d_loc.data());
+    g.kv_lens = static_cast<const int32_t*>(d_lens.data());
+    g.selected = static_cast<const int32_t*>(d_sel.data());
+    g.out_k = d_k.data();
+    g.out_v = d_v.data();
+    kernels::cuda::quest_gather_run(g, nullptr);
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(d_k.download<uint16_t>(), ref_k);
+    EXPECT_EQ(d_v.download<uint16_t>(), ref_v);
+    EXPECT_TRUE(d_k.guards_intact() && d_v.guards_intact());
+    LONGCTX_CUDA_CHECK(cudaFreeHost(host));
+  }
 }
 
 }  // namespace

@@ -93,8 +93,8 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
            "--kv-cache-dtype",
            [this](const std::string& name) { kv_cache_dtype = parse_kv_cache_dtype(name); },
            "KV cache elements: auto (FP8 when the checkpoint's quantization_config asks for it, "
-           "else bf16), bf16, or fp8 (E4M3 with per-block scales; dense attention, resident or "
-           "offloaded; docs/fp8_kv.md)")
+           "else bf16), bf16, or fp8 (E4M3 with per-block scales; dense attention and quest, "
+           "resident or offloaded; docs/fp8_kv.md)")
         ->default_str(std::string(kv_cache_dtype_name(kv_cache_dtype)));
     cmd->add_option("--kv-events-config", kv_events_config,
                     "publish KV-cache events as vLLM does, e.g. '{\"enable_kv_cache_events\": "

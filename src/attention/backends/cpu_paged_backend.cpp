@@ -58,30 +58,28 @@ void store_fp8(const PagedKVPool& pool, int64_t pl, const Tensor& k, const Tenso
   kernels::cpu::kv_store(p);
 }
 
-// Keys [j0, j0 + len) of pool layer pl's block `block` (from its slot `first`) into f32 rows
-// [len, Hkv, d] at k / v: copied, or dequantized (code x its block and head's scale) when FP8.
-void gather_block(const PagedKVPool& pool, int64_t pl, int64_t block, int64_t first, int64_t len,
-                  float* k, float* v) {
+// Rows [first, first + len) of pool layer pl's block `block`, K (half 0) or V (half 1), into f32
+// rows [len, Hkv, d] at out: copied, or dequantized (code x its block and head's scale) when FP8.
+void read_rows(const PagedKVPool& pool, int64_t pl, int half, int64_t block, int64_t first,
+               int64_t len, float* out) {
   const int64_t hkv = pool.config().num_kv_heads, d = pool.config().head_dim, row = hkv * d;
   const int64_t slot = block * pool.block_size() + first;
+  const Tensor& cache = half == 0 ? pool.k(pl) : pool.v(pl);
   if (!pool.config().fp8()) {
-    std::memcpy(k, slot_row(pool.k(pl), slot), len * row * sizeof(float));
-    std::memcpy(v, slot_row(pool.v(pl), slot), len * row * sizeof(float));
+    std::memcpy(out, slot_row(cache, slot), len * row * sizeof(float));
     return;
   }
-  const Tensor* caches[2] = {&pool.k(pl), &pool.v(pl)};
-  const float* scales[2] = {pool.k_scale(pl).data<float>() + block * hkv,
-                            pool.v_scale(pl).data<float>() + block * hkv};
-  float* out[2] = {k, v};
-  for (int half = 0; half < 2; ++half) {
-    const uint8_t* codes = static_cast<const uint8_t*>(caches[half]->data_ptr()) + slot * row;
-    for (int64_t t = 0; t < len; ++t)
-      for (int64_t h = 0; h < hkv; ++h)
-        for (int64_t e = 0; e < d; ++e) {
-          const int64_t i = t * row + h * d + e;
-          out[half][i] = fp8e4m3_to_f32(codes[i]) * scales[half][h];
-        }
-  }
+  const float* scale =
+      (half == 0 ? pool.k_scale(pl) : pool.v_scale(pl)).data<float>() + block * hkv;
+  dequantize_fp8_rows(static_cast<const uint8_t*>(cache.data_ptr()) + slot * row, scale, len, hkv,
+                      d, out);
+}
+
+// Keys [first, first + len) of a block into k and values into v (read_rows).
+void gather_block(const PagedKVPool& pool, int64_t pl, int64_t block, int64_t first, int64_t len,
+                  float* k, float* v) {
+  read_rows(pool, pl, 0, block, first, len, k);
+  read_rows(pool, pl, 1, block, first, len, v);
 }
 
 void store(const Tensor& pool_kv, const Tensor& x, std::span<const int64_t> slots) {
@@ -109,13 +107,18 @@ CpuPagedBackend::CpuPagedBackend(PagedKVPool& pool, float sm_scale, sparse::Spar
       pool.config().device.is_cpu() && (pool.config().dtype == DType::kF32 || pool.config().fp8()),
       ErrorCode::kInvalidArgument, "CPU paged attention needs an f32 or FP8 E4M3 pool on the CPU");
   if (pool.config().fp8() && policy_ != nullptr) {
-    // The sparse references read f32 pool keys; an FP8 pool runs dense (Full) only.
+    // A policy that reads FP8 (quest) keeps its metadata from the dequantized keys and its
+    // decode rows read the selected pages dequantized; the prefill masks' references read f32
+    // pool keys.
+    const bool decode = policy_->selects(sparse::Phase::kDecode),
+               prefill = policy_->selects(sparse::Phase::kPrefill);
     LONGCTX_CHECK(
-        !policy_->selects(sparse::Phase::kDecode) && !policy_->selects(sparse::Phase::kPrefill),
+        (!decode && !prefill) || (sparse::policy_def(policy_->kind()).reads_fp8 && !prefill),
         ErrorCode::kUnsupported,
-        "CPU paged attention: a sparse policy over an FP8 KV cache is not run on the "
-        "CPU yet (use --kv-cache-dtype bf16)");
-    policy_ = nullptr;
+        "CPU paged attention: --sparse-policy {} over an FP8 KV cache is not run (FP8 "
+        "runs dense and with quest; use --kv-cache-dtype bf16 with it)",
+        policy_->name());
+    if (!decode) policy_ = nullptr;
   }
   if (groups_ != nullptr && groups_->single_full()) groups_ = nullptr;
   LONGCTX_CHECK(groups_ == nullptr ||
@@ -165,6 +168,12 @@ void CpuPagedBackend::store_kv(int64_t layer, const Tensor& k, const Tensor& v) 
         groups_ != nullptr ? batch_->tables(groups_->group_of(layer)).slot_mapping
                            : std::span<const int64_t>(batch_->slot_mapping);
     store_fp8(pool_, pl, k, v, slots);
+    if (policy_ != nullptr)  // (one full group: pool layer = layer)
+      fp8_keys_written(*policy_, layer, slots, pool_.block_size(),
+                       pool_.config().num_kv_heads * pool_.config().head_dim,
+                       [&](size_t t, int64_t rows, float* dst) {
+                         read_rows(pool_, pl, 0, slots[t] / pool_.block_size(), 0, rows, dst);
+                       });
     return;
   }
   if (groups_ != nullptr) {  // the layer's group: its slots, its pool layer
@@ -199,8 +208,9 @@ Tensor CpuPagedBackend::attend(int64_t layer, const Tensor& q) {
   for (int64_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t kv_len = b.kv_lens[s], q0 = b.qo_indptr[s], n = b.q_len(s);
     if (policy_ != nullptr) {
+      // (decode policies over FP8 read their metadata only: no f32 keys to give)
       const sparse::SeqKeys keys{b.block_tables.data() + b.block_table_indptr[s], kv_len,
-                                 pool_.k(layer).data<float>()};
+                                 pool_.config().fp8() ? nullptr : pool_.k(layer).data<float>()};
       const float* qs = qc.data<float>() + q0 * q_row;
       if (n == 1 && policy_->selects(sparse::Phase::kDecode)) {
         const sparse::DecodeSelection sel = policy_->select_decode(layer, qs, keys);
@@ -255,10 +265,17 @@ void CpuPagedBackend::attend_selected(int64_t layer, const Tensor& q, int64_t s,
   const int64_t t = b.qo_indptr[s];
   const int32_t* table = b.block_tables.data() + b.block_table_indptr[s];
   const Tensor* kv[2] = {&pool_.k(layer), &pool_.v(layer)};
+  // FP8: key j's row dequantized into rows[half] (kept while the next call asks for the same j).
+  std::vector<float> rows[2] = {std::vector<float>(hkv * d), std::vector<float>(hkv * d)};
+  int64_t held[2] = {-1, -1};
   attend_selected_pages(
       q.data<float>() + t * hq * d, sel, b.kv_lens[s], hq, hkv, d, sm_scale_,
-      [&](int64_t j, int half) {
-        return slot_row(*kv[half], int64_t(table[j / bs]) * bs + j % bs);
+      [&](int64_t j, int half) -> const float* {
+        if (!pool_.config().fp8()) return slot_row(*kv[half], int64_t(table[j / bs]) * bs + j % bs);
+        if (held[half] != j)
+          read_rows(pool_, layer, half, table[j / bs], j % bs, 1, rows[half].data());
+        held[half] = j;
+        return rows[half].data();
       },
       out.data<float>() + t * hq * d);
 }

@@ -5,7 +5,9 @@
 // from its blocks (FP8: dequantized to fp32) and runs ops::attention (fp32, causal by position).
 // With a sparse policy (attention/sparse), a decode row reads only the pages the policy selects per
 // KV head, and a prefill chunk runs the block-sparse reference with the policy's mask; Full selects
-// nothing, so the dense path runs unchanged.
+// nothing, so the dense path runs unchanged. Over an FP8 pool a decode policy (quest) sees the
+// keys as the cache holds them (dequantized, fp8_keys_written) and the selected pages are read
+// dequantized.
 //
 // KV groups (attention/kv_groups.h): a layer reads and writes through its group: the group's
 // block tables and slots in the batch, its pool layer, and a sliding layer only the blocks of
@@ -16,6 +18,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "attention/sparse/sparse_policy.h"
@@ -23,13 +28,15 @@
 #include "kv/state_pool.h"
 #include "longctx/attention/forward_batch.h"
 #include "longctx/attention/kv_groups.h"
+#include "longctx/core/dtype.h"
 
 namespace longctx {
 
 class CpuPagedBackend final : public AttentionBackend {
  public:
-  // `pool` (on the CPU, f32 or FP8), `policy` (optional; its metadata follows the pool's writes;
-  // with an FP8 pool only one that selects nothing) and
+  // `pool` (on the CPU, f32 or FP8), `policy` (optional; its metadata follows the pool's writes,
+  // over FP8 from the dequantized keys; with an FP8 pool only one whose registry line reads_fp8
+  // and that selects no prefill: Error(kUnsupported) naming it otherwise) and
   // `groups` (optional: null is one full group, pool layer = model layer) must outlive the
   // backend. A sparse policy needs one full group.
   // `states` (optional) holds the state groups' slots (linear attention).
@@ -90,6 +97,46 @@ void attend_selected_pages(const float* q, const sparse::DecodeSelection& sel, i
       float* o = out + g * d;
       for (int64_t e = 0; e < d; ++e) o[e] = sum > 0.f ? acc[e] / sum : 0.f;
     }
+  }
+}
+
+// n rows [n, Hkv, d] of FP8 codes of one block, K or V, dequantized into f32 out: code x the
+// block's scale of its KV head (scale [Hkv]).
+inline void dequantize_fp8_rows(const uint8_t* codes, const float* scale, int64_t n, int64_t hkv,
+                                int64_t d, float* out) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < hkv; ++h)
+      for (int64_t e = 0; e < d; ++e) {
+        const int64_t i = (t * hkv + h) * d + e;
+        out[i] = fp8e4m3_to_f32(codes[i]) * scale[h];
+      }
+}
+
+// A decode policy's metadata over an FP8 cache: after a store of new rows at `slots` (block *
+// block_size + offset; < 0: padding), every touched block's keys from offset 0 up to its highest
+// new row, as the cache holds them now, go through on_keys_written (which starts a page afresh at
+// its first row): a row that raised a block's scale re-encoded the block's earlier rows, so its
+// earlier pages are recomputed too (the GPU's QuestCuda recomputes the same pages).
+// read(t, rows, dst): rows [0, rows) of the block of new token t, dequantized into dst
+// [rows, Hkv, d]. The resident backend and the simulated offload's sparse reader share it.
+template <typename ReadFn>
+void fp8_keys_written(sparse::SparsePolicy& policy, int64_t layer, std::span<const int64_t> slots,
+                      int64_t block_size, int64_t row_elems, ReadFn&& read) {
+  std::map<int64_t, std::pair<size_t, int64_t>> blocks;  // block -> (a new token in it, rows)
+  for (size_t t = 0; t < slots.size(); ++t) {
+    if (slots[t] < 0) continue;
+    auto& [token, rows] = blocks.try_emplace(slots[t] / block_size, t, 0).first->second;
+    rows = std::max(rows, slots[t] % block_size + 1);
+  }
+  std::vector<float> keys;
+  std::vector<int64_t> rows_slots;
+  for (const auto& [block, tr] : blocks) {
+    const auto [token, rows] = tr;
+    keys.resize(static_cast<size_t>(rows * row_elems));
+    rows_slots.resize(static_cast<size_t>(rows));
+    read(token, rows, keys.data());
+    for (int64_t r = 0; r < rows; ++r) rows_slots[r] = block * block_size + r;
+    policy.on_keys_written(layer, keys.data(), row_elems, rows_slots.data(), rows);
   }
 }
 

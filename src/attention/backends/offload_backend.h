@@ -54,7 +54,8 @@ struct OffloadDeviceConfig {
   int64_t head_dim = 0;
   DType dtype = DType::kBF16;  // of q and (kv_format kDtype) K/V
   // kFp8E4M3: K/V are FP8 codes with fp32 scales per (block, layer, KV head) that move with
-  // them (kernels/kv_format.h). Dense attention only: no sparse policy over FP8 yet.
+  // them (kernels/kv_format.h). Dense attention, and the sparse policies whose registry line
+  // reads_fp8 (quest).
   kernels::KvCacheFormat kv_format = kernels::KvCacheFormat::kDtype;
   float sm_scale = 0.f;
   Device device = Device::cpu();
@@ -120,7 +121,8 @@ struct OffloadDeviceParts {
   std::unique_ptr<OffloadSparseReader> sparse;
 };
 
-// Throws Error(kUnsupported) for a sparse policy over an FP8 cache (not simulated yet).
+// Throws Error(kUnsupported) for a sparse policy over an FP8 cache that does not read it (only
+// quest's reader is simulated over FP8).
 OffloadDeviceParts make_cpu_offload_device(const OffloadDeviceConfig& config);
 // Throws Error(kUnsupported) in a build without CUDA or for a prefill policy the offload path has
 // no staging for; Error(kOutOfMemory) naming the pool when the pinned host pool or the GPU

@@ -9,7 +9,7 @@
 // An FP8 KV cache (kv_format kFp8E4M3) keeps codes in the same layout and each block's K and V
 // scales beside it ([..][K, V][Hkv] f32); every move carries both, the KV store reference writes
 // the GPU cache's blocks as the resident pool's, and the references read codes x scales (dense
-// attention only: no sparse policy over FP8 yet).
+// attention, and quest's reader: its metadata and pages dequantized).
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -46,11 +46,15 @@ class CpuOffloadDevice final : public OffloadDevice {
     slots_.resize(g_.num_slots);
   }
 
-  // What the sparse reader reads (f32 caches).
+  // What the sparse reader reads.
   CpuOffloadMemory memory() {
-    return {reinterpret_cast<const float*>(host_.codes.data_ptr()),
-            reinterpret_cast<const float*>(gpu_.codes.data_ptr()),
-            [this](uint64_t ticket) { land_until(ticket); }};
+    CpuOffloadMemory m;
+    m.host = host_.codes.data_ptr();
+    m.gpu = gpu_.codes.data_ptr();
+    m.host_scales = scales(host_, 0);
+    m.gpu_scales = scales(gpu_, 0);
+    m.land_write_backs = [this](uint64_t ticket) { land_until(ticket); };
+    return m;
   }
 
   bool ticket_done(uint64_t ticket) override { return ticket <= landed_; }

@@ -33,6 +33,7 @@
 #include "attention/backends/offload_sparse_cuda.h"
 #include "attention/backends/paged_dispatch_cuda.h"
 #include "attention/backends/staged_words.h"
+#include "attention/sparse/sparse_policy.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/kv_store.h"
 #include "kernels/cuda/merge.h"
@@ -80,9 +81,11 @@ class CudaOffloadDevice final : public OffloadDevice {
         words_(c.device) {
     LONGCTX_CHECK(device_.is_cuda(), ErrorCode::kInvalidArgument,
                   "KV offload: the CUDA device needs a CUDA device, got {}", device_.str());
-    LONGCTX_CHECK(!c.fp8() || c.sparse.policy == SparsePolicyKind::kFull, ErrorCode::kUnsupported,
-                  "KV offload: a sparse policy over an FP8 KV cache is not built on the CUDA "
-                  "device (dense attention reads FP8; use --kv-cache-dtype bf16 with a policy)");
+    LONGCTX_CHECK(!c.fp8() || sparse::policy_def(c.sparse.policy).reads_fp8,
+                  ErrorCode::kUnsupported,
+                  "KV offload: --sparse-policy {} over an FP8 KV cache is not built on the CUDA "
+                  "device (FP8 runs dense and with quest; use --kv-cache-dtype bf16 with it)",
+                  sparse_policy_name(c.sparse.policy));
     LONGCTX_CHECK(c.num_qo_heads % c.num_kv_heads == 0, ErrorCode::kUnsupported,
                   "KV offload: {} q heads are not a multiple of {} kv heads", c.num_qo_heads,
                   c.num_kv_heads);
@@ -127,8 +130,14 @@ class CudaOffloadDevice final : public OffloadDevice {
 
   // What the sparse reader uses.
   CudaOffloadMemory memory() {
-    return {static_cast<char*>(gpu_.data_ptr()), static_cast<const char*>(host_.data_ptr()), &h2d_,
-            [this](cudaStream_t s, uint64_t ticket) { wait_ticket(s, ticket); }};
+    CudaOffloadMemory m{static_cast<char*>(gpu_.data_ptr()),
+                        static_cast<const char*>(host_.data_ptr()), &h2d_,
+                        [this](cudaStream_t s, uint64_t ticket) { wait_ticket(s, ticket); }};
+    if (c_.fp8()) {
+      m.gpu_scales = scales_at(kGpu, 0);
+      m.host_scales = scales_at(kHost, 0);
+    }
+    return m;
   }
 
   ~CudaOffloadDevice() override {

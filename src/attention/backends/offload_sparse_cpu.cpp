@@ -7,7 +7,9 @@
 // blocks in place), asks the policy for the chunk's mask and reads the values only of the blocks
 // some head keeps; the masked attention is the resident CPU engine's
 // (kernels::cpu::paged_prefill_ref with the policy's mask), the plan the CUDA reader runs
-// (xattention_offload_cuda.h).
+// (xattention_offload_cuda.h). Over an FP8 cache (decode policies that read it: quest) the
+// policy's metadata comes from the GPU cache's blocks as stored (fp8_keys_written) and the
+// selected pages are read dequantized (code x their block's scale), host pages in place.
 #include "attention/backends/offload_sparse_cpu.h"
 
 #include <algorithm>
@@ -34,7 +36,10 @@ class CpuOffloadSparse final : public OffloadSparseReader {
         g_(c.geometry),
         mem_(std::move(memory)),
         policy_(std::move(policy)),
-        page_(c.page_elems()) {}
+        page_(c.page_elems()),
+        row_(c.num_kv_heads * c.head_dim) {
+    for (auto& r : rows_) r.resize(static_cast<size_t>(row_));
+  }
 
   bool takes_step(const ForwardBatch& batch, std::span<const int32_t>) const override {
     bool prefill = false;
@@ -46,12 +51,24 @@ class CpuOffloadSparse final : public OffloadSparseReader {
             std::span<const int32_t> block_loc, std::span<const KVBlockCopy> copies) override {
     for (const KVBlockCopy& cp : copies) policy_->on_block_copied(cp.src, cp.dst);
     batch_ = &batch;
+    plan_ = &plan;
     block_loc_.assign(block_loc.begin(), block_loc.end());
     // Host pages are read in place: after write-backs of them still in flight.
     if (!block_loc.empty() && plan.load_wait_ticket) mem_.land_write_backs(plan.load_wait_ticket);
   }
 
   void on_keys_stored(int64_t layer, const Tensor& k) override {
+    if (c_.fp8()) {  // the keys as the GPU cache's blocks hold them (plan_->slots: where)
+      const std::vector<int64_t>& cache_slots = plan_->slots;
+      const int64_t bs = g_.block_size;
+      fp8_keys_written(*policy_, layer, batch_->slot_mapping, bs, row_,
+                       [&](size_t t, int64_t rows, float* dst) {
+                         const int32_t g = static_cast<int32_t>(cache_slots[t] / bs);
+                         dequantize_fp8_rows(codes(layer, g, 0), scales(layer, g, 0), rows,
+                                             c_.num_kv_heads, c_.head_dim, dst);
+                       });
+      return;
+    }
     const Tensor kc = k.strides()[1] == k.size(2) ? k : k.contiguous();
     policy_->on_keys_written(layer, kc.data<float>(), kc.strides()[0], batch_->slot_mapping.data(),
                              kc.size(0));
@@ -81,15 +98,24 @@ class CpuOffloadSparse final : public OffloadSparseReader {
         for (auto& l : sel.per_kv_head)
           for (int32_t j = 0; j * bs < kv_len; ++j) l.push_back(j);
       }
+      // A page of one KV head: K and V (FP8: codes and their two scales).
+      const int64_t page_bytes = c_.fp8()
+                                     ? 2 * (sel.page_tokens * c_.head_dim + int64_t(sizeof(float)))
+                                     : 2 * sel.page_tokens * c_.head_dim * int64_t(sizeof(float));
       for (const auto& l : sel.per_kv_head)
         for (int32_t page : l)
-          if (loc[page * sel.page_tokens / bs] < 0)
-            host_bytes_read_ += 2 * sel.page_tokens * c_.head_dim * int64_t(sizeof(float));
+          if (loc[page * sel.page_tokens / bs] < 0) host_bytes_read_ += page_bytes;
+      int64_t held[2] = {-1, -1};  // FP8: the key whose row rows_[half] holds
       attend_selected_pages(
           qs, sel, kv_len, c_.num_qo_heads, c_.num_kv_heads, c_.head_dim, c_.sm_scale,
-          [&](int64_t j, int half) {
-            return block(layer, loc[j / bs]) + half * page_ +
-                   (j % bs) * c_.num_kv_heads * c_.head_dim;
+          [&](int64_t j, int half) -> const float* {
+            if (!c_.fp8()) return block(layer, loc[j / bs]) + half * page_ + (j % bs) * row_;
+            if (held[half] != j)
+              dequantize_fp8_rows(codes(layer, loc[j / bs], half) + (j % bs) * row_,
+                                  scales(layer, loc[j / bs], half), 1, c_.num_kv_heads, c_.head_dim,
+                                  rows_[half].data());
+            held[half] = j;
+            return rows_[half].data();
           },
           os);
     }
@@ -148,10 +174,24 @@ class CpuOffloadSparse final : public OffloadSparseReader {
     kernels::cpu::paged_prefill_ref(p);
   }
 
-  // Block `loc` of `layer` (GPU block g >= 0, or host block h as -h - 1): [K, V][bs, Hkv, d].
+  // Block `loc` of `layer` (GPU block g >= 0, or host block h as -h - 1): its index among the
+  // memory's [layers][blocks] blocks and that memory.
+  int64_t index(int64_t layer, int32_t loc) const {
+    return loc >= 0 ? layer * g_.num_gpu_blocks + loc : layer * g_.num_host_blocks + (-loc - 1);
+  }
+  // f32: the block's [K, V][bs, Hkv, d].
   const float* block(int64_t layer, int32_t loc) const {
-    if (loc >= 0) return mem_.gpu + (layer * g_.num_gpu_blocks + loc) * 2 * page_;
-    return mem_.host + (layer * g_.num_host_blocks + (-loc - 1)) * 2 * page_;
+    return static_cast<const float*>(loc >= 0 ? mem_.gpu : mem_.host) +
+           index(layer, loc) * 2 * page_;
+  }
+  // FP8: the codes [bs, Hkv, d] of the block's K (half 0) or V, and its scales [Hkv].
+  const uint8_t* codes(int64_t layer, int32_t loc, int half) const {
+    return static_cast<const uint8_t*>(loc >= 0 ? mem_.gpu : mem_.host) +
+           (index(layer, loc) * 2 + half) * page_;
+  }
+  const float* scales(int64_t layer, int32_t loc, int half) const {
+    return (loc >= 0 ? mem_.gpu_scales : mem_.host_scales) +
+           (index(layer, loc) * 2 + half) * c_.num_kv_heads;
   }
   // K (half 0) or V (half 1) of a sequence's block at `loc` (host blocks are read in place and
   // counted).
@@ -176,9 +216,12 @@ class CpuOffloadSparse final : public OffloadSparseReader {
   OffloadGeometry g_;
   CpuOffloadMemory mem_;
   std::unique_ptr<sparse::SparsePolicy> policy_;
-  int64_t page_ = 0;                // elements of a block's K (or V) of one layer
-  int64_t host_bytes_read_ = 0;     // host K / V bytes read in place
-  std::vector<int32_t> block_loc_;  // a step the reader takes: its block locations
+  int64_t page_ = 0;                       // elements of a block's K (or V) of one layer
+  int64_t row_ = 0;                        // elements of a key's row (Hkv * d)
+  std::vector<float> rows_[2];             // FP8: a K and a V row [Hkv, d] dequantized
+  const OffloadStepPlan* plan_ = nullptr;  // the step's (its cache slots)
+  int64_t host_bytes_read_ = 0;            // host K / V bytes read in place
+  std::vector<int32_t> block_loc_;         // a step the reader takes: its block locations
   const ForwardBatch* batch_ = nullptr;
 };
 
@@ -189,8 +232,12 @@ std::unique_ptr<OffloadSparseReader> make_cpu_offload_sparse(const OffloadDevice
   if (!sparse::selects(c.sparse, sparse::Phase::kPrefill) &&
       !sparse::selects(c.sparse, sparse::Phase::kDecode))
     return nullptr;
-  LONGCTX_CHECK(!c.fp8(), ErrorCode::kUnsupported,
-                "KV offload (CPU): a sparse policy over an FP8 KV cache is not simulated yet");
+  LONGCTX_CHECK(!c.fp8() || (sparse::policy_def(c.sparse.policy).reads_fp8 &&
+                             !sparse::selects(c.sparse, sparse::Phase::kPrefill)),
+                ErrorCode::kUnsupported,
+                "KV offload (CPU): --sparse-policy {} over an FP8 KV cache is not simulated (FP8 "
+                "runs dense and with quest; use --kv-cache-dtype bf16 with it)",
+                sparse_policy_name(c.sparse.policy));
   sparse::KvShape shape;
   shape.num_layers = c.geometry.num_layers;
   shape.num_blocks = c.geometry.num_host_blocks;  // the engine's block ids: the metadata's

@@ -27,14 +27,20 @@ class CudaOffloadSparse final : public OffloadSparseReader {
                     std::unique_ptr<sparse::SparsePolicyCuda> policy)
       : c_(c), g_(c.geometry), mem_(memory), policy_(std::move(policy)) {
     const sparse::PolicyDef& def = sparse::policy_def(c.sparse.policy);
-    esize_ = static_cast<int64_t>(dtype_size(c.dtype));
-    block_bytes_ = c.layer_block_bytes();
+    esize_ = c.fp8() ? 1 : static_cast<int64_t>(dtype_size(c.dtype));
     page_ = c.page_elems();
+    block_bytes_ = 2 * page_ * esize_;  // the codes' (FP8 scales are in their own buffers)
     decodes_ = def.decode;
     // The policies read host pages in place: the pool's device view (UVA maps pinned memory).
     void* host_dev = nullptr;
     LONGCTX_CUDA_CHECK(cudaHostGetDevicePointer(&host_dev, const_cast<char*>(mem_.host), 0));
     host_dev_ = static_cast<char*>(host_dev);
+    if (c.fp8()) {
+      void* scales_dev = nullptr;
+      LONGCTX_CUDA_CHECK(
+          cudaHostGetDevicePointer(&scales_dev, const_cast<float*>(mem_.host_scales), 0));
+      host_scales_dev_ = static_cast<const float*>(scales_dev);
+    }
     if (def.prefill) {
       XAttnOffloadConfig x;
       x.xattn = sc;
@@ -96,16 +102,14 @@ class CudaOffloadSparse final : public OffloadSparseReader {
   }
 
   void on_keys_stored(int64_t layer, const Tensor&) override {
-    policy_->on_keys_stored(layer, gpu_at(layer), 2 * page_, stream());
+    policy_->on_keys_stored(layer, gpu_memory(layer), stream());
   }
 
   Tensor attend(int64_t layer, const Tensor& q) override {
     if (prefill_step_) return staged_->attend(layer, q, stream(), *mem_.h2d);
     q_ = q.contiguous();
     Tensor out = Tensor::empty({q.size(0), c_.num_qo_heads * c_.head_dim}, c_.dtype, c_.device);
-    const int64_t v_off = page_ * esize_;
-    const sparse::PageMemory mem[2] = {{gpu_at(layer), gpu_at(layer) + v_off, 2 * page_},
-                                       {host_dev_at(layer), host_dev_at(layer) + v_off, 2 * page_}};
+    const sparse::PageMemory mem[2] = {gpu_memory(layer), host_memory(layer)};
     policy_->attend_decode(layer, q_.data_ptr(), out.data_ptr(), nullptr, mem, stream());
     return out;
   }
@@ -124,6 +128,25 @@ class CudaOffloadSparse final : public OffloadSparseReader {
   char* host_dev_at(int64_t layer) const {
     return host_dev_ + layer * g_.num_host_blocks * block_bytes_;
   }
+  // A layer's blocks of the GPU cache / of the host pool (device addresses) as the policy reads
+  // them: K and V of a block adjacent; FP8 scales [K, V][Hkv] per block.
+  sparse::PageMemory gpu_memory(int64_t layer) const {
+    return page_memory(gpu_at(layer), mem_.gpu_scales, layer * g_.num_gpu_blocks);
+  }
+  sparse::PageMemory host_memory(int64_t layer) const {
+    return page_memory(host_dev_at(layer), host_scales_dev_, layer * g_.num_host_blocks);
+  }
+  sparse::PageMemory page_memory(const char* codes, const float* scales,
+                                 int64_t first_block) const {
+    sparse::PageMemory m{codes, codes + page_ * esize_, 2 * page_};
+    if (scales != nullptr) {
+      const int64_t hkv = c_.num_kv_heads;
+      m.k_scale = scales + first_block * 2 * hkv;
+      m.v_scale = m.k_scale + hkv;
+      m.scale_block_stride = 2 * hkv;
+    }
+    return m;
+  }
 
   OffloadDeviceConfig c_;
   OffloadGeometry g_;
@@ -134,6 +157,7 @@ class CudaOffloadSparse final : public OffloadSparseReader {
   bool decodes_ = false;                      // the policy selects decode steps' pages
   bool prefill_step_ = false;                 // this step is a prefill one (staged_)
   char* host_dev_ = nullptr;                  // mem_.host's device address
+  const float* host_scales_dev_ = nullptr;    // FP8: mem_.host_scales' device address
   Tensor q_;                                  // the layer's contiguous q [T, Hq, d]
   mutable bool staging_warned_ = false;
 };
@@ -166,6 +190,7 @@ std::unique_ptr<OffloadSparseReader> make_cuda_offload_sparse(const OffloadDevic
   sc.num_kv_heads = c.num_kv_heads;
   sc.head_dim = c.head_dim;
   sc.dtype = c.dtype;
+  sc.kv_format = c.kv_format;
   sc.sm_scale = c.sm_scale;
   sc.device = c.device;
   sc.max_tokens = c.max_tokens;

@@ -23,6 +23,10 @@ struct CudaOffloadMemory {
   const Stream* h2d = nullptr;  // the ring's copy stream (a prefill policy's keys load on it too)
   // Makes `stream` wait for write-back `ticket` (host blocks read after it hold the copy).
   std::function<void(cudaStream_t stream, uint64_t ticket)> wait_write_back;
+  // FP8: the blocks' scales [layers * blocks][K, V][Hkv] f32 of the GPU cache and of the host
+  // pool (pinned); null otherwise.
+  const float* gpu_scales = nullptr;
+  const float* host_scales = nullptr;
 };
 
 // The GPU cache's staging blocks under config.sparse (zeros unless its prefill stages host keys);

@@ -145,6 +145,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     sc.num_kv_heads = c.num_kv_heads;
     sc.head_dim = c.head_dim;
     sc.dtype = c.compute_dtype();
+    if (c.fp8()) sc.kv_format = kernels::KvCacheFormat::kFp8E4M3;
     sc.sm_scale = sm_scale;
     sc.device = device_;
     sc.max_tokens = limits.max_tokens;
@@ -157,9 +158,9 @@ class PagedAttentionBackend final : public AttentionBackend {
                     "--sparse-policy {} on the GPU: head_dim {} (the block-sparse prefill takes 64 "
                     "and 128)",
                     sparse_policy_name(sparse.policy), c.head_dim);
-    LONGCTX_CHECK(!c.fp8() || sparse.policy == SparsePolicyKind::kFull, ErrorCode::kUnsupported,
+    LONGCTX_CHECK(!c.fp8() || sparse::policy_def(sparse.policy).reads_fp8, ErrorCode::kUnsupported,
                   "--sparse-policy {} on the GPU reads a 16-bit KV cache; run it with "
-                  "--kv-cache-dtype bf16 (the FP8 cache is read by the dense kernels only)",
+                  "--kv-cache-dtype bf16 (FP8 runs dense and with quest)",
                   sparse_policy_name(sparse.policy));
     sparse_ = sparse::make_sparse_policy_cuda(sc);
     sparse_decodes_ = sparse::selects(sparse, sparse::Phase::kDecode);
@@ -330,8 +331,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     }
     kernels::cuda::kv_store_run(p, current_cuda_stream(device_.index));
     if (sparse_ != nullptr)  // (one full group: pool layer = layer)
-      sparse_->on_keys_stored(layer, p.k_cache, c.block_size * c.num_kv_heads * c.head_dim,
-                              current_cuda_stream(device_.index));
+      sparse_->on_keys_stored(layer, page_memory(layer), current_cuda_stream(device_.index));
   }
 
   Tensor attend(int64_t layer, const Tensor& q) override {
@@ -344,10 +344,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     Tensor o = Tensor::empty(q.shape(), q.dtype(), device_);
     cudaStream_t stream = current_cuda_stream(device_.index);
     if (sparse_decode_) {
-      const PagedKVPoolConfig& c = pool_.config();
-      const sparse::PageMemory mem[2] = {{pool_.k(layer).data_ptr(), pool_.v(layer).data_ptr(),
-                                          c.block_size * c.num_kv_heads * c.head_dim},
-                                         {}};
+      const sparse::PageMemory mem[2] = {page_memory(layer), {}};
       sparse_->attend_decode(layer, qc.data_ptr(), o.data_ptr(), nullptr, mem, stream);
     } else {
       PagedPrefillParams p = st.params;
@@ -369,6 +366,20 @@ class PagedAttentionBackend final : public AttentionBackend {
 
  private:
   const int32_t* dev(int64_t offset) const { return indices_.data<int32_t>() + offset; }
+
+  // The pool's layer as a sparse policy reads it (one full group: pool layer = layer); FP8: the
+  // scales [blocks, Hkv] beside the codes.
+  sparse::PageMemory page_memory(int64_t layer) const {
+    const PagedKVPoolConfig& c = pool_.config();
+    sparse::PageMemory m{pool_.k(layer).data_ptr(), pool_.v(layer).data_ptr(),
+                         c.block_size * c.num_kv_heads * c.head_dim};
+    if (c.fp8()) {
+      m.k_scale = pool_.k_scale(layer).data<float>();
+      m.v_scale = pool_.v_scale(layer).data<float>();
+      m.scale_block_stride = c.num_kv_heads;
+    }
+    return m;
+  }
 
   const GroupStep& step_of(int64_t layer) const {
     return steps_[groups_ ? groups_->group_of(layer) : 0];

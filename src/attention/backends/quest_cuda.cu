@@ -57,6 +57,7 @@ QuestCudaConfig quest_cuda_config(const sparse::SparseCudaConfig& c,
   q.num_kv_heads = c.num_kv_heads;
   q.head_dim = c.head_dim;
   q.dtype = c.dtype;
+  q.kv_format = c.kv_format;
   q.sm_scale = c.sm_scale;
   q.device = c.device;
   q.max_seqs = c.max_seqs;
@@ -113,7 +114,8 @@ bool QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
   words_.begin();
   const int64_t bs = c_.block_size, page = budget_.page_tokens;
   const std::vector<int32_t> pages = kernels::cpu::quest_touched_pages(
-      batch.slot_mapping, cache_slots, static_cast<int>(bs), static_cast<int>(page));
+      batch.slot_mapping, cache_slots, static_cast<int>(bs), static_cast<int>(page),
+      /*block_prefix=*/fp8());
   num_pages_ = static_cast<int64_t>(pages.size() / 4);
   pages_at_ = words_.put(pages);
 
@@ -163,15 +165,23 @@ int64_t QuestCuda::memory1_bytes_read() const {
   int64_t pages = 0;
   LONGCTX_CUDA_CHECK(
       cudaMemcpy(&pages, memory1_pages_.data_ptr(), sizeof(pages), cudaMemcpyDeviceToHost));
-  return pages * 2 * budget_.page_tokens * c_.head_dim * static_cast<int64_t>(dtype_size(c_.dtype));
+  // FP8: a page's codes and its K and V scales (one float each per KV head).
+  const int64_t page_bytes =
+      fp8() ? 2 * (budget_.page_tokens * c_.head_dim + int64_t(sizeof(float)))
+            : 2 * budget_.page_tokens * c_.head_dim * static_cast<int64_t>(dtype_size(c_.dtype));
+  return pages * page_bytes;
 }
 
-void QuestCuda::on_keys_stored(int64_t layer, const void* k_cache, int64_t block_stride,
-                               cudaStream_t stream) {
+void QuestCuda::on_keys_stored(int64_t layer, const sparse::PageMemory& keys, cudaStream_t stream) {
   if (!c_.scored) return;
   kernels::QuestMetaParams p;
-  p.k_cache = k_cache;
-  p.block_stride = block_stride;
+  p.k_cache = keys.k;
+  p.block_stride = keys.block_stride;
+  if (fp8()) {
+    p.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+    p.k_scale = keys.k_scale;
+    p.scale_block_stride = keys.scale_block_stride;
+  }
   p.meta = meta_layer(layer);
   p.pages = dev(pages_at_);
   p.num_pages = static_cast<int>(num_pages_);
@@ -225,7 +235,11 @@ void QuestCuda::attend_decode(int64_t layer, const void* q, void* o, float* o_f3
     g.k_base[m] = mem[m].k;
     g.v_base[m] = mem[m].v;
     g.block_stride[m] = mem[m].block_stride;
+    g.k_scale[m] = mem[m].k_scale;
+    g.v_scale[m] = mem[m].v_scale;
+    g.scale_block_stride[m] = mem[m].scale_block_stride;
   }
+  g.kv_format = c_.kv_format;
   g.block_indptr = dev(indptr_at_);
   g.block_loc = dev(loc_at_);
   g.kv_lens = dev(lens_at_);

@@ -40,7 +40,10 @@ struct QuestCudaConfig {
   bool scored = true;
   int64_t num_layers = 0, num_blocks = 0, block_size = 0;  // num_blocks: the engine's block ids
   int64_t num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
-  DType dtype = DType::kBF16;
+  DType dtype = DType::kBF16;  // of q, the metadata and the compact buffers; of K / V unless FP8
+  // FP8 K / V: the metadata from the dequantized keys (every page of a touched block up to the
+  // touched one: a scale raise re-encodes the block's earlier rows), the gather dequantizes.
+  kernels::KvCacheFormat kv_format = kernels::KvCacheFormat::kDtype;
   float sm_scale = 0.f;
   Device device = Device::cuda();
   int64_t max_seqs = 0, max_model_len = 0;
@@ -64,9 +67,9 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   bool plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
             std::span<const int32_t> block_loc, cudaStream_t stream) override;
 
-  // After layer `layer`'s keys were stored: k_cache's block b at element b * block_stride.
-  void on_keys_stored(int64_t layer, const void* k_cache, int64_t block_stride,
-                      cudaStream_t stream) override;
+  // After layer `layer`'s keys were stored: keys.k's block b at element b * keys.block_stride
+  // (FP8: with its scales).
+  void on_keys_stored(int64_t layer, const sparse::PageMemory& keys, cudaStream_t stream) override;
   // Copy-on-write of whole blocks: their metadata follows.
   void copy_blocks(std::span<const KVBlockCopy> copies, cudaStream_t stream) override;
 
@@ -81,6 +84,7 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
 
  private:
   const int32_t* dev(int64_t offset) const { return words_.device_at(offset); }
+  bool fp8() const { return c_.kv_format == kernels::KvCacheFormat::kFp8E4M3; }
   void* meta_layer(int64_t layer) const;
 
   QuestCudaConfig c_;

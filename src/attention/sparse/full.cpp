@@ -20,6 +20,7 @@ std::unique_ptr<SparsePolicy> make_cpu(const SparseOptions&, const KvShape&) {
 extern const PolicyDef kFullPolicy{
     .kind = SparsePolicyKind::kFull,
     .name = "full",
+    .reads_fp8 = true,  // the dense kernels read FP8
     .make_cpu = make_cpu,
 };
 

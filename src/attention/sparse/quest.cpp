@@ -162,6 +162,7 @@ extern const PolicyDef kQuestPolicy{
     .name = "quest",
     .decode = true,
     .decode_graphs = false,  // the pages a step reads follow its queries: eager decode steps
+    .reads_fp8 = true,
     .check = check_quest,
     .make_cpu = make_cpu,
 #ifdef LONGCTX_WITH_CUDA

@@ -108,6 +108,9 @@ struct PolicyDef {
   bool decode = false;           // selects decode steps (page lists)
   bool decode_graphs = true;     // decode steps may replay CUDA graphs (the selection is planned)
   bool offload_staging = false;  // with KV offload: the GPU stages host keys (xattention)
+  // Runs over an FP8 E4M3 KV cache (its metadata from the dequantized keys, its reads FP8), on
+  // both devices, resident and offloaded; the others are refused there by name.
+  bool reads_fp8 = false;
   // Checks the policy's options, naming the flags (nullptr: none of its own).
   void (*check)(const SparseOptions& options) = nullptr;
   std::unique_ptr<SparsePolicy> (*make_cpu)(const SparseOptions&, const KvShape&) = nullptr;

@@ -34,7 +34,9 @@ struct SparseCudaConfig {
   // num_blocks: the engine's block ids (the metadata's; with offload the host blocks).
   int64_t num_layers = 0, num_blocks = 0, block_size = 0;
   int64_t num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
-  DType dtype = DType::kBF16;  // of K / V and q
+  DType dtype = DType::kBF16;  // of q, and of K / V unless FP8
+  // FP8 E4M3 K / V (codes + per-block scales): a policy whose def reads_fp8 reads them.
+  kernels::KvCacheFormat kv_format = kernels::KvCacheFormat::kDtype;
   float sm_scale = 0.f;
   Device device = Device::cuda();
   int64_t max_tokens = 0, max_seqs = 0, max_seq_len = 0;  // per step; keys per sequence
@@ -42,11 +44,15 @@ struct SparseCudaConfig {
 };
 
 // One of the two memories a decode's block_loc codes name (QuestGatherParams): K and V of block
-// b at element b * block_stride.
+// b at element b * block_stride; an FP8 cache's block b scales of KV head h at
+// k_scale / v_scale[b * scale_block_stride + h].
 struct PageMemory {
   const void* k = nullptr;
   const void* v = nullptr;
   int64_t block_stride = 0;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int64_t scale_block_stride = 0;
 };
 
 class SparsePolicyCuda {
@@ -62,8 +68,9 @@ class SparsePolicyCuda {
                     std::span<const int32_t> block_loc, cudaStream_t stream) = 0;
   // Copy-on-write of whole blocks: metadata follows.
   virtual void copy_blocks(std::span<const KVBlockCopy> /*copies*/, cudaStream_t /*stream*/) {}
-  // After layer `layer`'s keys were stored: k_cache's block b at element b * block_stride.
-  virtual void on_keys_stored(int64_t /*layer*/, const void* /*k_cache*/, int64_t /*block_stride*/,
+  // After layer `layer`'s keys were stored: keys.k's block b at element b * keys.block_stride
+  // (FP8: with its scales; keys.v unused).
+  virtual void on_keys_stored(int64_t /*layer*/, const PageMemory& /*keys*/,
                               cudaStream_t /*stream*/) {}
   // A decode step plan() selected: q [batch, Hq, d] contiguous in the cache's dtype; writes o
   // [batch, Hq, d] or, with o_f32, fp32. mem[1] may be empty when no code names it.

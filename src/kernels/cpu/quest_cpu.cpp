@@ -13,6 +13,8 @@
 namespace longctx::kernels::cpu {
 
 using decode_detail::load_f32;
+using decode_detail::load_kv_f32;
+using decode_detail::store_f32;
 
 void check_quest_budget(const QuestBudget& b, int block_size) {
   LONGCTX_CHECK(b.page_tokens >= 1 && block_size >= 1 && block_size % b.page_tokens == 0,
@@ -30,12 +32,30 @@ void check_quest_budget(const QuestBudget& b, int block_size) {
 void quest_meta_update(const QuestMetaParams& p) {
   const int64_t d = p.head_dim, hkv = p.num_kv_heads, row = hkv * d;
   const size_t es = dtype_size(p.dtype);
+  const bool fp8 = p.kv_format == KvCacheFormat::kFp8E4M3;
   for (int e = 0; e < p.num_pages; ++e) {
     const int32_t* pg = p.pages + 4 * e;
     const int64_t src_block = pg[0], meta_block = pg[1], page = pg[2], rows = pg[3];
     const int64_t first = src_block * p.block_stride + page * p.page_tokens * row;
     for (int64_t h = 0; h < hkv; ++h) {
       const int64_t m = ((meta_block * p.pages_per_block + page) * hkv + h) * 2 * d;
+      if (fp8) {  // the dequantized keys' min / max (the scale is positive, or 0 for a page of
+                  // zeros: order is kept)
+        const float scale = p.k_scale[src_block * p.scale_block_stride + h];
+        for (int64_t i = 0; i < d; ++i) {
+          float lo = fp8e4m3_to_f32(static_cast<const uint8_t*>(p.k_cache)[first + h * d + i]);
+          float hi = lo;
+          for (int64_t r = 1; r < rows; ++r) {
+            const float x =
+                fp8e4m3_to_f32(static_cast<const uint8_t*>(p.k_cache)[first + r * row + h * d + i]);
+            lo = x < lo ? x : lo;
+            hi = x > hi ? x : hi;
+          }
+          store_f32(p.meta, m + i, lo * scale, p.dtype);
+          store_f32(p.meta, m + d + i, hi * scale, p.dtype);
+        }
+        continue;
+      }
       for (int64_t i = 0; i < d; ++i) {
         // Copy the extreme element itself: no conversion, so the metadata is the keys' bits.
         int64_t lo = first + h * d + i, hi = lo;
@@ -113,7 +133,7 @@ void quest_select(const QuestSelectParams& p) {
 
 std::vector<int32_t> quest_touched_pages(std::span<const int64_t> meta_slots,
                                          std::span<const int64_t> cache_slots, int block_size,
-                                         int page_tokens) {
+                                         int page_tokens, bool block_prefix) {
   LONGCTX_CHECK(meta_slots.size() == cache_slots.size(), ErrorCode::kInternal,
                 "quest: {} cache slots for {} new tokens", cache_slots.size(), meta_slots.size());
   // (cache block, meta block, page) -> rows up to the highest new row.
@@ -121,9 +141,13 @@ std::vector<int32_t> quest_touched_pages(std::span<const int64_t> meta_slots,
   for (size_t t = 0; t < meta_slots.size(); ++t) {
     if (meta_slots[t] < 0) continue;
     const int64_t off = meta_slots[t] % block_size;
-    int32_t& rows =
-        touched[{cache_slots[t] / block_size, meta_slots[t] / block_size, off / page_tokens}];
+    const int64_t cache_block = cache_slots[t] / block_size,
+                  meta_block = meta_slots[t] / block_size;
+    int32_t& rows = touched[{cache_block, meta_block, off / page_tokens}];
     rows = std::max<int32_t>(rows, static_cast<int32_t>(off % page_tokens + 1));
+    if (block_prefix)  // the block's earlier pages whole
+      for (int64_t page = 0; page < off / page_tokens; ++page)
+        touched[{cache_block, meta_block, page}] = page_tokens;
   }
   std::vector<int32_t> pages;
   for (const auto& [key, rows] : touched) {
@@ -144,6 +168,7 @@ int quest_compact_len(int kv_len, const QuestBudget& budget) {
 void quest_gather(const QuestGatherParams& p) {
   const int64_t d = p.head_dim, hkv = p.num_kv_heads, row = hkv * d, pt = p.budget.page_tokens;
   const size_t es = dtype_size(p.dtype);
+  const bool fp8 = p.kv_format == KvCacheFormat::kFp8E4M3;
   for (int b = 0; b < p.batch; ++b) {
     const QuestCount c = quest_count(p.kv_lens[b], p.budget);
     for (int h = 0; h < hkv; ++h) {
@@ -156,6 +181,19 @@ void quest_gather(const QuestGatherParams& p) {
         if (mem == 1 && p.memory1_pages != nullptr) ++*p.memory1_pages;
         const int64_t src = block * p.block_stride[mem] + (page % p.pages_per_block) * pt * row;
         const int64_t dst = (int64_t(b) * p.max_selected + i) * pt * row;
+        if (fp8) {  // code x the block's scale, in the output dtype
+          const float ks = p.k_scale[mem][block * p.scale_block_stride[mem] + h];
+          const float vs = p.v_scale[mem][block * p.scale_block_stride[mem] + h];
+          for (int64_t r = 0; r < pt; ++r)
+            for (int64_t e = 0; e < d; ++e) {
+              const int64_t s = src + r * row + h * d + e, t = dst + r * row + h * d + e;
+              store_f32(p.out_k, t, load_kv_f32(p.k_base[mem], s, p.kv_format, p.dtype) * ks,
+                        p.dtype);
+              store_f32(p.out_v, t, load_kv_f32(p.v_base[mem], s, p.kv_format, p.dtype) * vs,
+                        p.dtype);
+            }
+          continue;
+        }
         for (int64_t r = 0; r < pt; ++r) {
           const int64_t s = (src + r * row + h * d) * es, t = (dst + r * row + h * d) * es;
           std::memcpy(static_cast<char*>(p.out_k) + t, static_cast<const char*>(p.k_base[mem]) + s,

@@ -1,5 +1,6 @@
 // CPU references of Quest's decode kernels (kernels/quest_params.h): what the CUDA kernels
-// (kernels/cuda/quest.h) are tested against. fp32 arithmetic on bf16 / f16 / f32 storage.
+// (kernels/cuda/quest.h) are tested against. fp32 arithmetic on bf16 / f16 / f32 storage, and
+// on FP8 E4M3 caches (codes x their block's scale).
 #pragma once
 
 #include <span>
@@ -27,10 +28,12 @@ void quest_gather(const QuestGatherParams& params);
 // Host planning shared by the GPU path and the CPU offload simulation. The pages a step's new
 // tokens touch, as QuestMetaParams::pages entries (4 ints each): token t is at engine slot
 // meta_slots[t] (its metadata's block; < 0: padding) and cache slot cache_slots[t] (where its
-// keys were stored), each block * block_size + offset.
+// keys were stored), each block * block_size + offset. block_prefix (an FP8 cache, where a row
+// that raises its block's scale re-encodes the block's earlier rows): also every page of a
+// touched block before the touched one, whole.
 std::vector<int32_t> quest_touched_pages(std::span<const int64_t> meta_slots,
                                          std::span<const int64_t> cache_slots, int block_size,
-                                         int page_tokens);
+                                         int page_tokens, bool block_prefix = false);
 // Keys of a sequence's compact buffer: its selected pages, the last one partial.
 int quest_compact_len(int kv_len, const QuestBudget& budget);
 

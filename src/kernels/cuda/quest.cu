@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/convert_device.cuh"
+#include "kernels/cuda/fp8_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/quest.h"
 #include "longctx/core/cuda_check.h"
@@ -14,6 +15,8 @@ namespace longctx::kernels::cuda {
 
 namespace {
 
+using detail::fp8e4m3_decode;
+using detail::from_f32;
 using detail::to_f32;
 
 // ---- metadata ----
@@ -40,6 +43,32 @@ __global__ void meta_kernel(QuestMetaParams p) {
     }
     m[i] = lo;
     m[d + i] = hi;
+  }
+}
+
+// An FP8 cache: the min / max of the codes' values, times the block's scale (a power of two, so
+// min and max commute with it and the products are exact in bf16 and f32), stored as T.
+template <typename T>
+__global__ void meta_fp8_kernel(QuestMetaParams p) {
+  const int e = blockIdx.x, h = blockIdx.y, d = p.head_dim;
+  const int32_t* pg = p.pages + 4 * e;
+  const int64_t src_block = pg[0], meta_block = pg[1], page = pg[2];
+  const int rows = pg[3];
+  const int64_t row = int64_t(p.num_kv_heads) * d;
+  const uint8_t* k = static_cast<const uint8_t*>(p.k_cache) + src_block * p.block_stride +
+                     page * p.page_tokens * row + int64_t(h) * d;
+  const float scale = p.k_scale[src_block * p.scale_block_stride + h];
+  T* m = static_cast<T*>(p.meta) +
+         ((meta_block * p.pages_per_block + page) * p.num_kv_heads + h) * 2 * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float lo = fp8e4m3_decode(k[i]), hi = lo;
+    for (int r = 1; r < rows; ++r) {
+      const float f = fp8e4m3_decode(k[r * row + i]);
+      if (f < lo) lo = f;
+      if (f > hi) hi = f;
+    }
+    m[i] = from_f32<T>(lo * scale);
+    m[d + i] = from_f32<T>(hi * scale);
   }
 }
 
@@ -297,6 +326,58 @@ __global__ void gather_kernel(QuestGatherParams p, int es) {
   }
 }
 
+// kCodes FP8 codes at `in` (16: one 16-byte load, aligned) -> their values times `scale` as T at
+// `out` (exact for bf16 and f32: E4M3 values times a power of two).
+template <typename T, int kCodes>
+__device__ __forceinline__ void dequantize(const uint8_t* in, float scale, T* out) {
+  if constexpr (kCodes == 16) {
+    const uint4 c = *reinterpret_cast<const uint4*>(in);
+    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    alignas(16) T o[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      o[j] = from_f32<T>(fp8e4m3_decode(uint8_t(w[j / 4] >> (8 * (j % 4)))) * scale);
+    constexpr int kWords = 16 * int(sizeof(T)) / 16;
+#pragma unroll
+    for (int j = 0; j < kWords; ++j)
+      reinterpret_cast<uint4*>(out)[j] = reinterpret_cast<const uint4*>(o)[j];
+  } else {
+    *out = from_f32<T>(fp8e4m3_decode(*in) * scale);
+  }
+}
+
+// The gather over an FP8 cache: the selected pages' codes (and their blocks' scales) read where
+// they are, written dequantized as T into the compact buffers (one CTA per (selected page, KV
+// head, sequence), kCodes codes a thread and load).
+template <typename T, int kCodes>
+__global__ void gather_fp8_kernel(QuestGatherParams p) {
+  const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const QuestCount c = quest_count(p.kv_lens[b], p.budget);
+  if (i >= c.num_selected) return;
+  const int hkv = p.num_kv_heads, pt = p.budget.page_tokens, d = p.head_dim;
+  const int page = p.selected[(int64_t(b) * hkv + h) * p.max_selected + i];
+  const int32_t loc = p.block_loc[p.block_indptr[b] + page / p.pages_per_block];
+  const int mem = loc >= 0 ? 0 : 1;
+  const int64_t block = loc >= 0 ? loc : -int64_t(loc) - 1;
+  if (mem == 1 && p.memory1_pages != nullptr && threadIdx.x == 0) atomicAdd(p.memory1_pages, 1ull);
+  const int64_t row = int64_t(hkv) * d;
+  const int64_t src =
+      block * p.block_stride[mem] + int64_t(page % p.pages_per_block) * pt * row + int64_t(h) * d;
+  const int64_t dst = (int64_t(b) * p.max_selected + i) * pt * row + int64_t(h) * d;
+  const float ks = p.k_scale[mem][block * p.scale_block_stride[mem] + h];
+  const float vs = p.v_scale[mem][block * p.scale_block_stride[mem] + h];
+  const uint8_t* k = static_cast<const uint8_t*>(p.k_base[mem]);
+  const uint8_t* v = static_cast<const uint8_t*>(p.v_base[mem]);
+  T* ok = static_cast<T*>(p.out_k);
+  T* ov = static_cast<T*>(p.out_v);
+  const int chunks = d / kCodes;
+  for (int w = threadIdx.x; w < pt * chunks; w += blockDim.x) {
+    const int r = w / chunks, col = (w - r * chunks) * kCodes;
+    dequantize<T, kCodes>(k + src + r * row + col, ks, ok + dst + r * row + col);
+    dequantize<T, kCodes>(v + src + r * row + col, vs, ov + dst + r * row + col);
+  }
+}
+
 template <typename F>
 void dispatch(DType dtype, const char* what, F&& f) {
   switch (dtype) {
@@ -321,6 +402,14 @@ void quest_meta_run(const QuestMetaParams& p, cudaStream_t stream) {
                 ErrorCode::kInvalidArgument, "quest meta: bad shape");
   const dim3 grid(p.num_pages, p.num_kv_heads);
   const int threads = std::min(256, (p.head_dim + 31) / 32 * 32);
+  if (p.kv_format == KvCacheFormat::kFp8E4M3) {
+    LONGCTX_CHECK(p.k_scale != nullptr, ErrorCode::kInvalidArgument,
+                  "quest meta: an FP8 cache without its scales");
+    dispatch(p.dtype, "quest meta",
+             [&](auto t) { meta_fp8_kernel<decltype(t)><<<grid, threads, 0, stream>>>(p); });
+    LONGCTX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   dispatch(p.dtype, "quest meta",
            [&](auto t) { meta_kernel<decltype(t)><<<grid, threads, 0, stream>>>(p); });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
@@ -361,6 +450,26 @@ void quest_select_run(const QuestSelectParams& p, cudaStream_t stream) {
 
 void quest_gather_run(const QuestGatherParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.max_selected == 0) return;
+  if (p.kv_format == KvCacheFormat::kFp8E4M3) {
+    bool vec = p.head_dim % 16 == 0 && aligned16(p.out_k) && aligned16(p.out_v);
+    for (int m = 0; m < 2; ++m)
+      if (p.k_base[m] != nullptr) {
+        LONGCTX_CHECK(p.k_scale[m] != nullptr && p.v_scale[m] != nullptr,
+                      ErrorCode::kInvalidArgument, "quest gather: FP8 memory {} without scales", m);
+        vec =
+            vec && aligned16(p.k_base[m]) && aligned16(p.v_base[m]) && p.block_stride[m] % 16 == 0;
+      }
+    const dim3 grid(p.max_selected, p.num_kv_heads, p.batch);
+    dispatch(p.dtype, "quest gather", [&](auto t) {
+      using T = decltype(t);
+      if (vec)
+        gather_fp8_kernel<T, 16><<<grid, 128, 0, stream>>>(p);
+      else
+        gather_fp8_kernel<T, 1><<<grid, 128, 0, stream>>>(p);
+    });
+    LONGCTX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const int es = static_cast<int>(dtype_size(p.dtype));
   LONGCTX_CHECK(es == 2 || es == 4, ErrorCode::kUnsupported, "quest gather: dtype {}",
                 dtype_name(p.dtype));

@@ -1,7 +1,8 @@
 // CUDA kernels of Quest's decode path (kernels/quest_params.h; CPU references in
 // kernels/cpu/quest_cpu.h):
 //   quest_meta_run    one CTA per (page, KV head): the page's key min / max (exact: the extreme
-//                     elements themselves), after the step's keys were stored;
+//                     elements themselves; FP8: the codes' min / max times the block's scale,
+//                     exact in bf16), after the step's keys were stored;
 //   quest_select_run  each candidate page's bound (a warp per page, CTAs over page tiles x KV
 //                     heads x sequences: the whole GPU scores), then one CTA per (KV head,
 //                     sequence) finds the num_free-th largest score by a 4-pass radix select over
@@ -10,7 +11,9 @@
 //   quest_gather_run  one CTA per (selected page, KV head, sequence): the page's K and V rows
 //                     into the compact buffers, 16-byte loads where the rows allow; a source in
 //                     pinned host memory is read in place (mapped, zero-copy), which the SMs keep
-//                     at ~92% of the link's rate even for 4 KB pages (docs/sparse.md).
+//                     at ~92% of the link's rate even for 4 KB pages (docs/sparse.md). FP8:
+//                     the codes (16-byte loads of 16 where the rows allow) and their blocks'
+//                     scales, written dequantized in the compact buffers' 16-bit dtype.
 // All read device memory only (no host sync): safe inside a CUDA graph.
 #pragma once
 
