@@ -1,5 +1,6 @@
-// CUDA twins of the MoE ops. No step reads expert counts on the host, so a decode step with
-// routing inside stays capturable in a CUDA graph. Tile sizes and index maps: moe_schedule.h.
+// CUDA twins of the MoE ops. Only the cuBLASLt prefill path reads expert counts on the host; it
+// never runs under graph capture, so a decode step with routing inside stays capturable. Tile sizes
+// and index maps: moe_schedule.h.
 //
 // moe_route: one warp per token: softmax in fp32 (expf), then k rounds of a warp argmax over the
 // total order (probability descending, expert index ascending), each round taking the first
@@ -22,6 +23,13 @@
 //   16-bit dtype and hidden, inter are multiples of 8 with 16-byte aligned data; else the SIMT
 //   one (64 x 64 tiles of fp32 FMAs, activation in fp32), which serves f32 and mixed-dtype
 //   operands and rows that are not whole 16-byte chunks.
+// moe_experts, prefill on cuBLASLt (MoePath::kCublasLt, from kMoeLtMinRowsPerExpert rows per
+//   expert on average, eager only): the align step with unpadded runs, the expert counts to the
+//   host (one small copy and a stream sync per call), x gathered into per-expert runs of
+//   moe_lt_rows(count) rows, gate/up as one cuBLASLt GEMM per expert (linear_cuda: its plans and
+//   workspace) into 16-bit [rows, 2 inter], silu * up over all rows in one launch, down as one
+//   GEMM per expert into fp32 rows, then the same combine. Besides the activation it rounds the
+//   gate and up outputs to the 16-bit dtype (as transformers' bf16 projections do).
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): GEMVs that read only the routed experts'
 //   rows, kMoeDecodeRowsPerWarp rows per warp with 16-byte loads (gate and up rows together,
 //   silu * up fused, activation in fp32), then down the same way, then the same combine. At batch
@@ -30,9 +38,13 @@
 // launch (kernels/cuda/pdl.cuh): each waits for the kernel before it first thing.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/mma_device.cuh"
 #include "longctx/core/stream.h"
+#include "ops/linear.h"
 #include "ops/moe.h"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
@@ -100,10 +112,11 @@ __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int 
 // ---- prefill: align, grouped GEMMs ----
 
 struct AlignOut {
-  int32_t* tile_expert;  // [max_tiles]
+  int32_t* tile_expert;  // [max_tiles], or nullptr (not written)
   int32_t* num_tiles;    // [1]
   int32_t* sorted;       // [max_tiles * rows]: the slot of each padded row, -1 for padding
   int32_t* inv;          // [slots]: the padded row of each slot
+  int32_t* counts;       // [experts] slots per expert, or nullptr (not written)
 };
 
 // One block; counts and cursors in shared memory ([2 experts] ints). Ids outside [0, E) (the CPU
@@ -123,6 +136,8 @@ __global__ void align_kernel(const int32_t* __restrict__ ids, int64_t slots, int
     if (e >= 0 && e < experts) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
+  if (o.counts)
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) o.counts[e] = counts[e];
   if (threadIdx.x == 0) {
     int32_t tile = 0;
     for (int e = 0; e < experts; ++e) {
@@ -132,7 +147,7 @@ __global__ void align_kernel(const int32_t* __restrict__ ids, int64_t slots, int
     *o.num_tiles = tile;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+  for (int e = threadIdx.x; e < experts && o.tile_expert; e += blockDim.x) {
     const int32_t first = cursor[e] / rows, tiles = (counts[e] + rows - 1) / rows;
     for (int32_t i = 0; i < tiles; ++i) o.tile_expert[first + i] = e;
   }
@@ -371,6 +386,57 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
     }
 }
 
+// ---- prefill on cuBLASLt: gather, per-expert GEMMs (linear_cuda), silu * up ----
+
+// Per expert, from the host: the columns of the [kLtTableCols, experts] table.
+enum LtTableCol { kLtCount, kLtExactOff, kLtPaddedOff, kLtPaddedRows, kLtTableCols };
+constexpr int kLtGatherRows = 8;  // gathered rows per block
+
+// Block (bx, e) writes rows [bx * kLtGatherRows, ...) of expert e's padded run: gathered row i
+// < count is x[slot / top_k] for the slot at exact row exact_off + i of the align step (rows = 1),
+// and that slot's inv becomes the padded row; rows from count to the padded count are zero.
+// Rows are chunks of 16 bytes (hidden % 8 == 0, aligned).
+__global__ void lt_gather_kernel(const uint4* __restrict__ x, int64_t chunks,
+                                 const int32_t* __restrict__ sorted,
+                                 const int32_t* __restrict__ table, int experts, int top_k,
+                                 int32_t* __restrict__ inv, uint4* __restrict__ xg) {
+  const int e = blockIdx.y;
+  const int64_t count = table[kLtCount * experts + e];
+  const int64_t padded_rows = table[kLtPaddedRows * experts + e];
+  const int64_t exact_off = table[kLtExactOff * experts + e];
+  const int64_t padded_off = table[kLtPaddedOff * experts + e];
+  const int64_t i0 = int64_t(blockIdx.x) * kLtGatherRows;
+  if (i0 >= padded_rows) return;
+  for (int64_t idx = threadIdx.x; idx < kLtGatherRows * chunks; idx += blockDim.x) {
+    const int64_t i = i0 + idx / chunks, c = idx % chunks;
+    if (i >= padded_rows) break;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (i < count) {
+      const int32_t slot = sorted[exact_off + i];
+      v = x[int64_t(slot / top_k) * chunks + c];
+      if (c == 0) inv[slot] = static_cast<int32_t>(padded_off + i);
+    }
+    xg[(padded_off + i) * chunks + c] = v;
+  }
+}
+
+// act[r, c] = silu(h[r, c]) * h[r, inter + c] over [rows, inter], kVec elements per thread,
+// rounded to T (the down GEMM's operand).
+template <typename T>
+__global__ void lt_silu_mul_kernel(const T* __restrict__ h, int64_t rows, int64_t inter,
+                                   T* __restrict__ act) {
+  const int64_t vecs = inter / kVec;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * vecs) return;
+  const int64_t r = i / vecs, c = (i % vecs) * kVec;
+  float g[kVec], u[kVec], o[kVec];
+  load<kVec>(h + r * 2 * inter + c, g);
+  load<kVec>(h + r * 2 * inter + inter + c, u);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+  store<kVec>(act + r * inter + c, o);
+}
+
 // ---- decode: each warp kMoeDecodeRowsPerWarp output rows of one slot ----
 
 // kVecLoads: 16-byte loads of 8 elements per lane (k % 8 == 0, rows 16-byte aligned), so a warp
@@ -479,6 +545,120 @@ void visit_act_weight(DType a, DType w, F&& f) {
               [&](auto ta) { visit_float(w, "moe_experts", [&](auto tw) { f(ta, tw); }); });
 }
 
+// The align step: each expert's slots listed in o.sorted, its run padded to whole tiles of `rows`.
+void launch_align(const MoeArgs& a, const MoeShape& s, int rows, int64_t max_tiles,
+                  const AlignOut& o, cudaStream_t stream) {
+  // The align step keeps two ints per expert in shared memory.
+  LONGCTX_CHECK(s.experts <= 8192, ErrorCode::kUnsupported,
+                "moe_experts_cuda: {} experts (at most 8192)", s.experts);
+  const int align_smem = static_cast<int>(2 * s.experts * sizeof(int32_t));
+  kernels::cuda::require_dynamic_smem(align_kernel, align_smem);
+  align_kernel<<<1, 1024, align_smem, stream>>>(a.topk_ids.data<int32_t>(), s.tokens * s.top_k,
+                                                static_cast<int>(s.experts), rows, max_tiles, o);
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+// The cuBLASLt path up to the combine: the align step with rows = 1 (each expert's slots, no
+// padding) and its counts copied to the host (the stream sync); per expert moe_lt_rows(count)
+// rows, laid out in expert order; x gathered into them; gate/up as one GEMM per expert into
+// h [rows, 2 inter]; silu * up over all rows at once; down as one GEMM per expert into y.
+// Returns y [rows, hidden] f32; *inv points into `ints` (each slot's row of y, -1: none).
+Tensor lt_experts(const MoeArgs& a, const MoeShape& s, cudaStream_t stream, Tensor& ints,
+                  const int32_t** inv) {
+  const Device d = a.x.device();
+  const int64_t slots = s.tokens * s.top_k, experts = s.experts;
+  const int64_t max_rows = moe_max_tiles(slots, experts, 1);
+  ints = Tensor::empty({experts + 1 + max_rows + slots + kLtTableCols * experts}, DType::kI32, d);
+  AlignOut o;
+  o.counts = ints.data<int32_t>();
+  o.tile_expert = nullptr;  // one thread per expert would write a row's entry each: not needed
+  o.num_tiles = o.counts + experts;
+  o.sorted = o.num_tiles + 1;
+  o.inv = o.sorted + max_rows;
+  int32_t* table = o.inv + slots;
+  launch_align(a, s, 1, max_rows, o, stream);
+  std::vector<int32_t> host(kLtTableCols * experts);
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(host.data(), o.counts, experts * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, stream));
+  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  int64_t exact = 0, padded = 0, max_padded = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t rows = moe_lt_rows(host[e]);
+    host[kLtExactOff * experts + e] = static_cast<int32_t>(exact);
+    host[kLtPaddedOff * experts + e] = static_cast<int32_t>(padded);
+    host[kLtPaddedRows * experts + e] = static_cast<int32_t>(rows);
+    exact += host[e];
+    padded += rows;
+    max_padded = std::max(max_padded, rows);
+  }
+  LONGCTX_CHECK(padded <= INT32_MAX, ErrorCode::kInvalidArgument,
+                "moe_experts: {} tokens x top-{} gather {} rows (at most 2^31 - 1)", s.tokens,
+                s.top_k, padded);
+  *inv = o.inv;
+  if (padded == 0) return Tensor::empty({0, s.hidden}, DType::kF32, d);  // every id out of range
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), host.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, stream));
+  const DType wt = a.gate_up.dtype();
+  Tensor h = Tensor::empty({padded, 2 * s.inter}, wt, d);
+  {
+    Tensor xg = Tensor::empty({padded, s.hidden}, wt, d);
+    const int64_t chunks = s.hidden / kVec;
+    const dim3 grid(unsigned((max_padded + kLtGatherRows - 1) / kLtGatherRows), unsigned(experts));
+    lt_gather_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint4*>(a.x.data_ptr()), chunks,
+                                               o.sorted, table, static_cast<int>(experts),
+                                               static_cast<int>(s.top_k), o.inv,
+                                               static_cast<uint4*>(xg.data_ptr()));
+    LONGCTX_CUDA_CHECK(cudaGetLastError());
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t off = host[kLtPaddedOff * experts + e], n = host[kLtPaddedRows * experts + e];
+      if (n == 0) continue;
+      linear_cuda(xg.slice(0, off, off + n), a.gate_up.select(0, e), Tensor(),
+                  h.slice(0, off, off + n), LinearBackend::kCublasLt);
+    }
+  }
+  Tensor act = Tensor::empty({padded, s.inter}, wt, d);
+  const int64_t vecs = padded * (s.inter / kVec);
+  const dim3 blocks(unsigned((vecs + 255) / 256));
+  if (wt == DType::kBF16)
+    lt_silu_mul_kernel<<<blocks, 256, 0, stream>>>(h.data<__nv_bfloat16>(), padded, s.inter,
+                                                   act.data<__nv_bfloat16>());
+  else
+    lt_silu_mul_kernel<<<blocks, 256, 0, stream>>>(h.data<__half>(), padded, s.inter,
+                                                   act.data<__half>());
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+  h = Tensor();
+  Tensor y = Tensor::empty({padded, s.hidden}, DType::kF32, d);
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t off = host[kLtPaddedOff * experts + e], n = host[kLtPaddedRows * experts + e];
+    if (n == 0) continue;
+    linear_cuda(act.slice(0, off, off + n), a.down.select(0, e), Tensor(), y.slice(0, off, off + n),
+                LinearBackend::kCublasLt);
+  }
+  return y;
+}
+
+// The path a call takes: the backend's choice (moe_schedule.h), or a clear error where a forced
+// cuBLASLt path cannot run.
+MoePath choose_path(const MoeArgs& a, const MoeShape& s, MoeBackend backend, cudaStream_t stream) {
+  const DType wt = a.gate_up.dtype();
+  const bool tc_operands = (wt == DType::kBF16 || wt == DType::kF16) && a.x.dtype() == wt;
+  const bool aligned =
+      aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr()) && aligned16(a.down.data_ptr());
+  if (backend == MoeBackend::kKernels)
+    return moe_path(s.tokens, s.hidden, s.inter, tc_operands, aligned);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LONGCTX_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  if (backend == MoeBackend::kAuto)
+    return moe_auto_path(s.tokens, s.top_k, s.experts, s.hidden, s.inter, tc_operands, aligned,
+                         capturing);
+  const char* refusal = moe_lt_refusal(s.hidden, s.inter, tc_operands, aligned, capturing);
+  LONGCTX_CHECK(refusal[0] == '\0', ErrorCode::kUnsupported,
+                "moe_experts_cuda: the cuBLASLt path cannot run x {} with gate_up {}: {}",
+                a.x.str(), a.gate_up.str(), refusal);
+  return MoePath::kCublasLt;
+}
+
 }  // namespace
 
 void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
@@ -501,7 +681,7 @@ void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_i
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_experts_cuda(const MoeArgs& a) {
+void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
   const MoeShape s = check_moe_args(a);
   const Device d = a.x.device();
   DeviceGuard guard(d.index);
@@ -513,10 +693,7 @@ void moe_experts_cuda(const MoeArgs& a) {
   const int64_t slots = s.tokens * s.top_k;
   const int k = static_cast<int>(s.top_k), experts = static_cast<int>(s.experts);
   const DType wt = a.gate_up.dtype();
-  const bool tc_operands = (wt == DType::kBF16 || wt == DType::kF16) && a.x.dtype() == wt;
-  const bool aligned =
-      aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr()) && aligned16(a.down.data_ptr());
-  const MoePath path = moe_path(s.tokens, s.hidden, s.inter, tc_operands, aligned);
+  const MoePath path = choose_path(a, s, backend, stream);
   const int32_t* inv = nullptr;
   Tensor y;              // [rows, hidden] f32: each slot's expert output
   Tensor align_buffers;  // holds inv until the combine is enqueued
@@ -547,25 +724,22 @@ void moe_experts_cuda(const MoeArgs& a) {
            grid2, act.data_ptr(), a.down.data_ptr(), s.hidden, s.inter, y.data<float>());
     });
     LONGCTX_CUDA_CHECK(cudaGetLastError());
+  } else if (path == MoePath::kCublasLt) {
+    y = lt_experts(a, s, stream, align_buffers, &inv);
   } else {
     const int rows = moe_tile_rows(path);
     const int64_t max_tiles = moe_max_tiles(slots, s.experts, rows);
     LONGCTX_CHECK(max_tiles <= 65535, ErrorCode::kInvalidArgument,
                   "moe_experts: {} tokens x top-{} need up to {} row tiles (at most 65535)",
                   s.tokens, s.top_k, max_tiles);
-    // The align step keeps two ints per expert in shared memory.
-    LONGCTX_CHECK(s.experts <= 8192, ErrorCode::kUnsupported,
-                  "moe_experts_cuda: {} experts (at most 8192)", s.experts);
     Tensor ints = Tensor::empty({max_tiles + 1 + max_tiles * rows + slots}, DType::kI32, d);
     AlignOut o;
     o.tile_expert = ints.data<int32_t>();
     o.num_tiles = o.tile_expert + max_tiles;
     o.sorted = o.num_tiles + 1;
     o.inv = o.sorted + max_tiles * rows;
-    const int align_smem = static_cast<int>(2 * s.experts * sizeof(int32_t));
-    kernels::cuda::require_dynamic_smem(align_kernel, align_smem);
-    align_kernel<<<1, 1024, align_smem, stream>>>(a.topk_ids.data<int32_t>(), slots, experts, rows,
-                                                  max_tiles, o);
+    o.counts = nullptr;
+    launch_align(a, s, rows, max_tiles, o, stream);
     const DType act_dtype = path == MoePath::kTensorCore ? wt : DType::kF32;
     Tensor act = Tensor::empty({max_tiles * rows, s.inter}, act_dtype, d);
     y = Tensor::empty({max_tiles * rows, s.hidden}, DType::kF32, d);
