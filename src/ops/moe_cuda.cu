@@ -23,13 +23,8 @@
 //   16-bit dtype and hidden, inter are multiples of 8 with 16-byte aligned data; else the SIMT
 //   one (64 x 64 tiles of fp32 FMAs, activation in fp32), which serves f32 and mixed-dtype
 //   operands and rows that are not whole 16-byte chunks.
-// moe_experts, prefill on cuBLASLt (MoePath::kCublasLt, from kMoeLtMinRowsPerExpert rows per
-//   expert on average, eager only): the align step with unpadded runs, the expert counts to the
-//   host (one small copy and a stream sync per call), x gathered into per-expert runs of
-//   moe_lt_rows(count) rows, gate/up as one cuBLASLt GEMM per expert (linear_cuda: its plans and
-//   workspace) into 16-bit [rows, 2 inter], silu * up over all rows in one launch, down as one
-//   GEMM per expert into fp32 rows, then the same combine. Besides the activation it rounds the
-//   gate and up outputs to the 16-bit dtype (as transformers' bf16 projections do).
+// moe_experts, prefill on cuBLAS (MoePath::kCublasLt from kMoeLtMinRowsPerExpert rows per expert
+//   on average, eager only; kCublasGrouped forced): moe_cublas_cuda.cu, then the same combine.
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): GEMVs that read only the routed experts'
 //   rows, kMoeDecodeRowsPerWarp rows per warp with 16-byte loads (gate and up rows together,
 //   silu * up fused, activation in fp32), then down the same way, then the same combine. At batch
@@ -38,14 +33,11 @@
 // launch (kernels/cuda/pdl.cuh): each waits for the kernel before it first thing.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <vector>
-
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/mma_device.cuh"
 #include "longctx/core/stream.h"
-#include "ops/linear.h"
 #include "ops/moe.h"
+#include "ops/moe_cublas.h"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
 
@@ -386,57 +378,6 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
     }
 }
 
-// ---- prefill on cuBLASLt: gather, per-expert GEMMs (linear_cuda), silu * up ----
-
-// Per expert, from the host: the columns of the [kLtTableCols, experts] table.
-enum LtTableCol { kLtCount, kLtExactOff, kLtPaddedOff, kLtPaddedRows, kLtTableCols };
-constexpr int kLtGatherRows = 8;  // gathered rows per block
-
-// Block (bx, e) writes rows [bx * kLtGatherRows, ...) of expert e's padded run: gathered row i
-// < count is x[slot / top_k] for the slot at exact row exact_off + i of the align step (rows = 1),
-// and that slot's inv becomes the padded row; rows from count to the padded count are zero.
-// Rows are chunks of 16 bytes (hidden % 8 == 0, aligned).
-__global__ void lt_gather_kernel(const uint4* __restrict__ x, int64_t chunks,
-                                 const int32_t* __restrict__ sorted,
-                                 const int32_t* __restrict__ table, int experts, int top_k,
-                                 int32_t* __restrict__ inv, uint4* __restrict__ xg) {
-  const int e = blockIdx.y;
-  const int64_t count = table[kLtCount * experts + e];
-  const int64_t padded_rows = table[kLtPaddedRows * experts + e];
-  const int64_t exact_off = table[kLtExactOff * experts + e];
-  const int64_t padded_off = table[kLtPaddedOff * experts + e];
-  const int64_t i0 = int64_t(blockIdx.x) * kLtGatherRows;
-  if (i0 >= padded_rows) return;
-  for (int64_t idx = threadIdx.x; idx < kLtGatherRows * chunks; idx += blockDim.x) {
-    const int64_t i = i0 + idx / chunks, c = idx % chunks;
-    if (i >= padded_rows) break;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (i < count) {
-      const int32_t slot = sorted[exact_off + i];
-      v = x[int64_t(slot / top_k) * chunks + c];
-      if (c == 0) inv[slot] = static_cast<int32_t>(padded_off + i);
-    }
-    xg[(padded_off + i) * chunks + c] = v;
-  }
-}
-
-// act[r, c] = silu(h[r, c]) * h[r, inter + c] over [rows, inter], kVec elements per thread,
-// rounded to T (the down GEMM's operand).
-template <typename T>
-__global__ void lt_silu_mul_kernel(const T* __restrict__ h, int64_t rows, int64_t inter,
-                                   T* __restrict__ act) {
-  const int64_t vecs = inter / kVec;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * vecs) return;
-  const int64_t r = i / vecs, c = (i % vecs) * kVec;
-  float g[kVec], u[kVec], o[kVec];
-  load<kVec>(h + r * 2 * inter + c, g);
-  load<kVec>(h + r * 2 * inter + inter + c, u);
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-  store<kVec>(act + r * inter + c, o);
-}
-
 // ---- decode: each warp kMoeDecodeRowsPerWarp output rows of one slot ----
 
 // kVecLoads: 16-byte loads of 8 elements per lane (k % 8 == 0, rows 16-byte aligned), so a warp
@@ -516,8 +457,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // ---- combine ----
 
-template <typename TO>
-__global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ inv,
+template <typename TY, typename TO>
+__global__ void combine_kernel(const TY* __restrict__ y, const int32_t* __restrict__ inv,
                                const float* __restrict__ weights, int64_t tokens, int top_k,
                                int64_t hidden, const void* shared, DType shared_dtype,
                                const void* shared_gate, DType gate_dtype, TO* __restrict__ out) {
@@ -530,7 +471,7 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
   for (int j = 0; j < top_k; ++j) {
     const int64_t s = t * top_k + j;
     const int64_t row = inv ? inv[s] : s;
-    if (row >= 0) acc += weights[s] * y[row * hidden + c];
+    if (row >= 0) acc += weights[s] * to_f32(y[row * hidden + c]);
   }
   if (shared) {
     const float g = load_any(shared_gate, gate_dtype, t);
@@ -558,85 +499,6 @@ void launch_align(const MoeArgs& a, const MoeShape& s, int rows, int64_t max_til
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 
-// The cuBLASLt path up to the combine: the align step with rows = 1 (each expert's slots, no
-// padding) and its counts copied to the host (the stream sync); per expert moe_lt_rows(count)
-// rows, laid out in expert order; x gathered into them; gate/up as one GEMM per expert into
-// h [rows, 2 inter]; silu * up over all rows at once; down as one GEMM per expert into y.
-// Returns y [rows, hidden] f32; *inv points into `ints` (each slot's row of y, -1: none).
-Tensor lt_experts(const MoeArgs& a, const MoeShape& s, cudaStream_t stream, Tensor& ints,
-                  const int32_t** inv) {
-  const Device d = a.x.device();
-  const int64_t slots = s.tokens * s.top_k, experts = s.experts;
-  const int64_t max_rows = moe_max_tiles(slots, experts, 1);
-  ints = Tensor::empty({experts + 1 + max_rows + slots + kLtTableCols * experts}, DType::kI32, d);
-  AlignOut o;
-  o.counts = ints.data<int32_t>();
-  o.tile_expert = nullptr;  // one thread per expert would write a row's entry each: not needed
-  o.num_tiles = o.counts + experts;
-  o.sorted = o.num_tiles + 1;
-  o.inv = o.sorted + max_rows;
-  int32_t* table = o.inv + slots;
-  launch_align(a, s, 1, max_rows, o, stream);
-  std::vector<int32_t> host(kLtTableCols * experts);
-  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(host.data(), o.counts, experts * sizeof(int32_t),
-                                     cudaMemcpyDeviceToHost, stream));
-  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
-  int64_t exact = 0, padded = 0, max_padded = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t rows = moe_lt_rows(host[e]);
-    host[kLtExactOff * experts + e] = static_cast<int32_t>(exact);
-    host[kLtPaddedOff * experts + e] = static_cast<int32_t>(padded);
-    host[kLtPaddedRows * experts + e] = static_cast<int32_t>(rows);
-    exact += host[e];
-    padded += rows;
-    max_padded = std::max(max_padded, rows);
-  }
-  LONGCTX_CHECK(padded <= INT32_MAX, ErrorCode::kInvalidArgument,
-                "moe_experts: {} tokens x top-{} gather {} rows (at most 2^31 - 1)", s.tokens,
-                s.top_k, padded);
-  *inv = o.inv;
-  if (padded == 0) return Tensor::empty({0, s.hidden}, DType::kF32, d);  // every id out of range
-  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), host.size() * sizeof(int32_t),
-                                     cudaMemcpyHostToDevice, stream));
-  const DType wt = a.gate_up.dtype();
-  Tensor h = Tensor::empty({padded, 2 * s.inter}, wt, d);
-  {
-    Tensor xg = Tensor::empty({padded, s.hidden}, wt, d);
-    const int64_t chunks = s.hidden / kVec;
-    const dim3 grid(unsigned((max_padded + kLtGatherRows - 1) / kLtGatherRows), unsigned(experts));
-    lt_gather_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint4*>(a.x.data_ptr()), chunks,
-                                               o.sorted, table, static_cast<int>(experts),
-                                               static_cast<int>(s.top_k), o.inv,
-                                               static_cast<uint4*>(xg.data_ptr()));
-    LONGCTX_CUDA_CHECK(cudaGetLastError());
-    for (int64_t e = 0; e < experts; ++e) {
-      const int64_t off = host[kLtPaddedOff * experts + e], n = host[kLtPaddedRows * experts + e];
-      if (n == 0) continue;
-      linear_cuda(xg.slice(0, off, off + n), a.gate_up.select(0, e), Tensor(),
-                  h.slice(0, off, off + n), LinearBackend::kCublasLt);
-    }
-  }
-  Tensor act = Tensor::empty({padded, s.inter}, wt, d);
-  const int64_t vecs = padded * (s.inter / kVec);
-  const dim3 blocks(unsigned((vecs + 255) / 256));
-  if (wt == DType::kBF16)
-    lt_silu_mul_kernel<<<blocks, 256, 0, stream>>>(h.data<__nv_bfloat16>(), padded, s.inter,
-                                                   act.data<__nv_bfloat16>());
-  else
-    lt_silu_mul_kernel<<<blocks, 256, 0, stream>>>(h.data<__half>(), padded, s.inter,
-                                                   act.data<__half>());
-  LONGCTX_CUDA_CHECK(cudaGetLastError());
-  h = Tensor();
-  Tensor y = Tensor::empty({padded, s.hidden}, DType::kF32, d);
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t off = host[kLtPaddedOff * experts + e], n = host[kLtPaddedRows * experts + e];
-    if (n == 0) continue;
-    linear_cuda(act.slice(0, off, off + n), a.down.select(0, e), Tensor(), y.slice(0, off, off + n),
-                LinearBackend::kCublasLt);
-  }
-  return y;
-}
-
 // The path a call takes: the backend's choice (moe_schedule.h), or a clear error where a forced
 // cuBLASLt path cannot run.
 MoePath choose_path(const MoeArgs& a, const MoeShape& s, MoeBackend backend, cudaStream_t stream) {
@@ -654,12 +516,23 @@ MoePath choose_path(const MoeArgs& a, const MoeShape& s, MoeBackend backend, cud
                          capturing);
   const char* refusal = moe_lt_refusal(s.hidden, s.inter, tc_operands, aligned, capturing);
   LONGCTX_CHECK(refusal[0] == '\0', ErrorCode::kUnsupported,
-                "moe_experts_cuda: the cuBLASLt path cannot run x {} with gate_up {}: {}",
-                a.x.str(), a.gate_up.str(), refusal);
-  return MoePath::kCublasLt;
+                "moe_experts_cuda: the cuBLAS paths cannot run x {} with gate_up {}: {}", a.x.str(),
+                a.gate_up.str(), refusal);
+  return backend == MoeBackend::kCublasGrouped ? MoePath::kCublasGrouped : MoePath::kCublasLt;
 }
 
 }  // namespace
+
+void moe_align_rows(const MoeArgs& a, const MoeShape& s, const MoeAlignRows& rows,
+                    cudaStream_t stream) {
+  AlignOut o;
+  o.counts = rows.counts;
+  o.tile_expert = nullptr;  // one entry per row, from one thread per expert: not needed
+  o.num_tiles = rows.num_tiles;
+  o.sorted = rows.sorted;
+  o.inv = rows.inv;
+  launch_align(a, s, 1, moe_max_tiles(s.tokens * s.top_k, s.experts, 1), o, stream);
+}
 
 void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
                     const Tensor& topk_weights) {
@@ -695,7 +568,7 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
   const DType wt = a.gate_up.dtype();
   const MoePath path = choose_path(a, s, backend, stream);
   const int32_t* inv = nullptr;
-  Tensor y;              // [rows, hidden] f32: each slot's expert output
+  Tensor y;              // [rows, hidden] f32 (cuBLASLt: 16-bit): each slot's expert output
   Tensor align_buffers;  // holds inv until the combine is enqueued
   if (path == MoePath::kDecode) {
     Tensor act = Tensor::empty({slots, s.inter}, DType::kF32, d);
@@ -724,8 +597,8 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
            grid2, act.data_ptr(), a.down.data_ptr(), s.hidden, s.inter, y.data<float>());
     });
     LONGCTX_CUDA_CHECK(cudaGetLastError());
-  } else if (path == MoePath::kCublasLt) {
-    y = lt_experts(a, s, stream, align_buffers, &inv);
+  } else if (path == MoePath::kCublasLt || path == MoePath::kCublasGrouped) {
+    y = moe_cublas_experts(a, s, path == MoePath::kCublasGrouped, stream, align_buffers, &inv);
   } else {
     const int rows = moe_tile_rows(path);
     const int64_t max_tiles = moe_max_tiles(slots, s.experts, rows);
@@ -788,10 +661,11 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
     align_buffers = ints;
   }
   const int64_t n = s.tokens * s.hidden;
-  visit_float(a.out.dtype(), "moe_experts", [&](auto to) {
+  visit_act_weight(y.dtype(), a.out.dtype(), [&](auto ty, auto to) {
+    using TY = decltype(ty);
     using TO = decltype(to);
-    kernels::cuda::launch_pdl(combine_kernel<TO>, dim3(unsigned((n + 255) / 256)), dim3(256), 0,
-                              stream, static_cast<const float*>(y.data<float>()), inv,
+    kernels::cuda::launch_pdl(combine_kernel<TY, TO>, dim3(unsigned((n + 255) / 256)), dim3(256), 0,
+                              stream, static_cast<const TY*>(y.data_ptr()), inv,
                               static_cast<const float*>(a.topk_weights.data<float>()), s.tokens, k,
                               s.hidden, a.shared.defined() ? a.shared.data_ptr() : nullptr,
                               a.shared.dtype(),
