@@ -13,10 +13,10 @@ namespace longctx::ops {
 
 // How moe_experts_cuda computes the routed experts.
 enum class MoePath {
-  kDecode,      // <= kMoeDecodeMaxTokens tokens: GEMVs over the routed experts' rows
-  kTensorCore,  // grouped GEMMs on mma.sync (16-bit x and weights of one dtype, K % 8 == 0)
-  kSimt,        // grouped GEMMs on fp32 FMAs: f32 operands, mixed dtypes, unaligned rows
-  kCublasLt,  // x gathered per expert, then one cuBLASLt GEMM per expert (counts read on the host)
+  kDecode,         // <= kMoeDecodeMaxTokens tokens: GEMVs over the routed experts' rows
+  kTensorCore,     // grouped GEMMs on mma.sync (16-bit x and weights of one dtype, K % 8 == 0)
+  kSimt,           // grouped GEMMs on fp32 FMAs: f32 operands, mixed dtypes, unaligned rows
+  kCublasLt,       // x gathered per expert, one cuBLASLt GEMM per expert (counts read on the host)
   kCublasGrouped,  // the same with one cublasGemmGroupedBatchedEx call per GEMM over the experts
 };
 
