@@ -51,10 +51,9 @@ void moe_experts_cpu(const MoeArgs& args);
 // GEMVs for a few tokens, cuBLASLt per expert once the experts average kMoeLtMinRowsPerExpert
 // rows (not under CUDA graph capture: it reads the expert counts on the host), else the grouped
 // GEMM kernels. The others force one, for tests and benchmarks: kKernels the project's kernels as
-// moe_path picks them (never a host sync), kCublasLt the cuBLASLt path, kCublasGrouped the same
-// with cuBLAS's grouped GEMM in place of the per-expert loop; the cuBLAS paths throw
-// Error(kUnsupported) where they cannot run (moe_lt_refusal).
-enum class MoeBackend { kAuto, kKernels, kCublasLt, kCublasGrouped };
+// moe_path picks them (never a host sync), kCublasLt the cuBLASLt path, which throws
+// Error(kUnsupported) where it cannot run (moe_lt_refusal).
+enum class MoeBackend { kAuto, kKernels, kCublasLt };
 void moe_experts_cuda(const MoeArgs& args, MoeBackend backend = MoeBackend::kAuto);
 
 // The shape checks both twins share (T, k, E, hidden, inter), naming the argument at fault.

@@ -1,5 +1,5 @@
-// The cuBLAS prefill paths of moe_experts_cuda (moe_cublas_cuda.cu) and the piece of moe_cuda.cu
-// they reuse. Included by CUDA translation units only.
+// The cuBLASLt prefill path of moe_experts_cuda (moe_cublas_cuda.cu) and the piece of
+// moe_cuda.cu it reuses. Included by CUDA translation units only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,10 +23,10 @@ struct MoeAlignRows {
 void moe_align_rows(const MoeArgs& a, const MoeShape& s, const MoeAlignRows& o,
                     cudaStream_t stream);
 
-// The experts' output rows on cuBLAS (MoePath::kCublasLt, or kCublasGrouped when `grouped`): see
-// moe_cublas_cuda.cu. Returns y [rows, hidden] in the weights' 16-bit dtype; *inv (inside `ints`,
-// which must outlive the combine's launch) is each slot's row of y, -1 for none.
-Tensor moe_cublas_experts(const MoeArgs& a, const MoeShape& s, bool grouped, cudaStream_t stream,
-                          Tensor& ints, const int32_t** inv);
+// The experts' output rows on cuBLASLt (MoePath::kCublasLt): see moe_cublas_cuda.cu. Returns y
+// [rows, hidden] in the weights' 16-bit dtype; *inv (inside `ints`, which must outlive the
+// combine's launch) is each slot's row of y, -1 for none.
+Tensor moe_cublas_experts(const MoeArgs& a, const MoeShape& s, cudaStream_t stream, Tensor& ints,
+                          const int32_t** inv);
 
 }  // namespace longctx::ops

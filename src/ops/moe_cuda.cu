@@ -23,8 +23,8 @@
 //   16-bit dtype and hidden, inter are multiples of 8 with 16-byte aligned data; else the SIMT
 //   one (64 x 64 tiles of fp32 FMAs, activation in fp32), which serves f32 and mixed-dtype
 //   operands and rows that are not whole 16-byte chunks.
-// moe_experts, prefill on cuBLAS (MoePath::kCublasLt from kMoeLtMinRowsPerExpert rows per expert
-//   on average, eager only; kCublasGrouped forced): moe_cublas_cuda.cu, then the same combine.
+// moe_experts, prefill on cuBLASLt (MoePath::kCublasLt, from kMoeLtMinRowsPerExpert rows per
+//   expert on average, eager only): moe_cublas_cuda.cu, then the same combine.
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): GEMVs that read only the routed experts'
 //   rows, kMoeDecodeRowsPerWarp rows per warp with 16-byte loads (gate and up rows together,
 //   silu * up fused, activation in fp32), then down the same way, then the same combine. At batch
@@ -516,9 +516,9 @@ MoePath choose_path(const MoeArgs& a, const MoeShape& s, MoeBackend backend, cud
                          capturing);
   const char* refusal = moe_lt_refusal(s.hidden, s.inter, tc_operands, aligned, capturing);
   LONGCTX_CHECK(refusal[0] == '\0', ErrorCode::kUnsupported,
-                "moe_experts_cuda: the cuBLAS paths cannot run x {} with gate_up {}: {}", a.x.str(),
-                a.gate_up.str(), refusal);
-  return backend == MoeBackend::kCublasGrouped ? MoePath::kCublasGrouped : MoePath::kCublasLt;
+                "moe_experts_cuda: the cuBLASLt path cannot run x {} with gate_up {}: {}",
+                a.x.str(), a.gate_up.str(), refusal);
+  return MoePath::kCublasLt;
 }
 
 }  // namespace
@@ -597,8 +597,8 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
            grid2, act.data_ptr(), a.down.data_ptr(), s.hidden, s.inter, y.data<float>());
     });
     LONGCTX_CUDA_CHECK(cudaGetLastError());
-  } else if (path == MoePath::kCublasLt || path == MoePath::kCublasGrouped) {
-    y = moe_cublas_experts(a, s, path == MoePath::kCublasGrouped, stream, align_buffers, &inv);
+  } else if (path == MoePath::kCublasLt) {
+    y = moe_cublas_experts(a, s, stream, align_buffers, &inv);
   } else {
     const int rows = moe_tile_rows(path);
     const int64_t max_tiles = moe_max_tiles(slots, s.experts, rows);

@@ -13,11 +13,10 @@ namespace longctx::ops {
 
 // How moe_experts_cuda computes the routed experts.
 enum class MoePath {
-  kDecode,         // <= kMoeDecodeMaxTokens tokens: GEMVs over the routed experts' rows
-  kTensorCore,     // grouped GEMMs on mma.sync (16-bit x and weights of one dtype, K % 8 == 0)
-  kSimt,           // grouped GEMMs on fp32 FMAs: f32 operands, mixed dtypes, unaligned rows
-  kCublasLt,       // x gathered per expert, one cuBLASLt GEMM per expert (counts read on the host)
-  kCublasGrouped,  // the same with one cublasGemmGroupedBatchedEx call per GEMM over the experts
+  kDecode,      // <= kMoeDecodeMaxTokens tokens: GEMVs over the routed experts' rows
+  kTensorCore,  // grouped GEMMs on mma.sync (16-bit x and weights of one dtype, K % 8 == 0)
+  kSimt,        // grouped GEMMs on fp32 FMAs: f32 operands, mixed dtypes, unaligned rows
+  kCublasLt,    // x gathered per expert, one cuBLASLt GEMM per expert (counts read on the host)
 };
 
 constexpr int64_t kMoeDecodeMaxTokens = 4;
@@ -61,7 +60,9 @@ inline const char* moe_lt_refusal(int64_t hidden, int64_t inter, bool tc_operand
 
 // The automatic path: cuBLASLt once the experts see enough rows on average that its per-expert
 // GEMMs outrun the grouped tensor-core kernel (tokens x top_k >= kMoeLtMinRowsPerExpert x
-// experts), where it can run; else moe_path's kernels.
+// experts), where it can run; else moe_path's kernels. Measured on an H100, one Qwen3-30B-A3B
+// layer (128 experts, top-8): cuBLASLt 3.04 ms against the kernels' 2.58 at 512 rows per expert
+// (8K tokens), 4.32 against 4.87 at 1024 (16K), 6.97 against 9.59 at 2048 (32K).
 constexpr int64_t kMoeLtMinRowsPerExpert = 1024;
 inline MoePath moe_auto_path(int64_t tokens, int64_t top_k, int64_t experts, int64_t hidden,
                              int64_t inter, bool tc_operands, bool aligned, bool capturing) {
