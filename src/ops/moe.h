@@ -46,7 +46,15 @@ struct MoeArgs {
 };
 void moe_experts(const MoeArgs& args);
 void moe_experts_cpu(const MoeArgs& args);
-void moe_experts_cuda(const MoeArgs& args);
+
+// Which CUDA path computes the routed experts (moe_schedule.h, moe_cuda.cu). kAuto: the decode
+// GEMVs for a few tokens, cuBLASLt per expert once the experts average kMoeLtMinRowsPerExpert
+// rows (not under CUDA graph capture: it reads the expert counts on the host), else the grouped
+// GEMM kernels. The others force one, for tests and benchmarks: kKernels the project's kernels as
+// moe_path picks them (never a host sync), kCublasLt the cuBLASLt path, which throws
+// Error(kUnsupported) where it cannot run (moe_lt_refusal).
+enum class MoeBackend { kAuto, kKernels, kCublasLt };
+void moe_experts_cuda(const MoeArgs& args, MoeBackend backend = MoeBackend::kAuto);
 
 // The shape checks both twins share (T, k, E, hidden, inter), naming the argument at fault.
 struct MoeShape {

@@ -1,5 +1,6 @@
-// CUDA twins of the MoE ops. No step reads expert counts on the host, so a decode step with
-// routing inside stays capturable in a CUDA graph. Tile sizes and index maps: moe_schedule.h.
+// CUDA twins of the MoE ops. Only the cuBLASLt prefill path reads expert counts on the host; it
+// never runs under graph capture, so a decode step with routing inside stays capturable. Tile sizes
+// and index maps: moe_schedule.h.
 //
 // moe_route: one warp per token: softmax in fp32 (expf), then k rounds of a warp argmax over the
 // total order (probability descending, expert index ascending), each round taking the first
@@ -22,6 +23,8 @@
 //   16-bit dtype and hidden, inter are multiples of 8 with 16-byte aligned data; else the SIMT
 //   one (64 x 64 tiles of fp32 FMAs, activation in fp32), which serves f32 and mixed-dtype
 //   operands and rows that are not whole 16-byte chunks.
+// moe_experts, prefill on cuBLASLt (MoePath::kCublasLt, from kMoeLtMinRowsPerExpert rows per
+//   expert on average, eager only): moe_cublas_cuda.cu, then the same combine.
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): GEMVs that read only the routed experts'
 //   rows, kMoeDecodeRowsPerWarp rows per warp with 16-byte loads (gate and up rows together,
 //   silu * up fused, activation in fp32), then down the same way, then the same combine. At batch
@@ -34,6 +37,7 @@
 #include "kernels/cuda/mma_device.cuh"
 #include "longctx/core/stream.h"
 #include "ops/moe.h"
+#include "ops/moe_cublas.h"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
 
@@ -100,10 +104,11 @@ __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int 
 // ---- prefill: align, grouped GEMMs ----
 
 struct AlignOut {
-  int32_t* tile_expert;  // [max_tiles]
+  int32_t* tile_expert;  // [max_tiles], or nullptr (not written)
   int32_t* num_tiles;    // [1]
   int32_t* sorted;       // [max_tiles * rows]: the slot of each padded row, -1 for padding
   int32_t* inv;          // [slots]: the padded row of each slot
+  int32_t* counts;       // [experts] slots per expert, or nullptr (not written)
 };
 
 // One block; counts and cursors in shared memory ([2 experts] ints). Ids outside [0, E) (the CPU
@@ -123,6 +128,8 @@ __global__ void align_kernel(const int32_t* __restrict__ ids, int64_t slots, int
     if (e >= 0 && e < experts) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
+  if (o.counts)
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) o.counts[e] = counts[e];
   if (threadIdx.x == 0) {
     int32_t tile = 0;
     for (int e = 0; e < experts; ++e) {
@@ -132,7 +139,7 @@ __global__ void align_kernel(const int32_t* __restrict__ ids, int64_t slots, int
     *o.num_tiles = tile;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+  for (int e = threadIdx.x; e < experts && o.tile_expert; e += blockDim.x) {
     const int32_t first = cursor[e] / rows, tiles = (counts[e] + rows - 1) / rows;
     for (int32_t i = 0; i < tiles; ++i) o.tile_expert[first + i] = e;
   }
@@ -450,8 +457,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // ---- combine ----
 
-template <typename TO>
-__global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ inv,
+template <typename TY, typename TO>
+__global__ void combine_kernel(const TY* __restrict__ y, const int32_t* __restrict__ inv,
                                const float* __restrict__ weights, int64_t tokens, int top_k,
                                int64_t hidden, const void* shared, DType shared_dtype,
                                const void* shared_gate, DType gate_dtype, TO* __restrict__ out) {
@@ -464,7 +471,7 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
   for (int j = 0; j < top_k; ++j) {
     const int64_t s = t * top_k + j;
     const int64_t row = inv ? inv[s] : s;
-    if (row >= 0) acc += weights[s] * y[row * hidden + c];
+    if (row >= 0) acc += weights[s] * to_f32(y[row * hidden + c]);
   }
   if (shared) {
     const float g = load_any(shared_gate, gate_dtype, t);
@@ -479,7 +486,53 @@ void visit_act_weight(DType a, DType w, F&& f) {
               [&](auto ta) { visit_float(w, "moe_experts", [&](auto tw) { f(ta, tw); }); });
 }
 
+// The align step: each expert's slots listed in o.sorted, its run padded to whole tiles of `rows`.
+void launch_align(const MoeArgs& a, const MoeShape& s, int rows, int64_t max_tiles,
+                  const AlignOut& o, cudaStream_t stream) {
+  // The align step keeps two ints per expert in shared memory.
+  LONGCTX_CHECK(s.experts <= 8192, ErrorCode::kUnsupported,
+                "moe_experts_cuda: {} experts (at most 8192)", s.experts);
+  const int align_smem = static_cast<int>(2 * s.experts * sizeof(int32_t));
+  kernels::cuda::require_dynamic_smem(align_kernel, align_smem);
+  align_kernel<<<1, 1024, align_smem, stream>>>(a.topk_ids.data<int32_t>(), s.tokens * s.top_k,
+                                                static_cast<int>(s.experts), rows, max_tiles, o);
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+// The path a call takes: the backend's choice (moe_schedule.h), or a clear error where a forced
+// cuBLASLt path cannot run.
+MoePath choose_path(const MoeArgs& a, const MoeShape& s, MoeBackend backend, cudaStream_t stream) {
+  const DType wt = a.gate_up.dtype();
+  const bool tc_operands = (wt == DType::kBF16 || wt == DType::kF16) && a.x.dtype() == wt;
+  const bool aligned =
+      aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr()) && aligned16(a.down.data_ptr());
+  if (backend == MoeBackend::kKernels)
+    return moe_path(s.tokens, s.hidden, s.inter, tc_operands, aligned);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LONGCTX_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  if (backend == MoeBackend::kAuto)
+    return moe_auto_path(s.tokens, s.top_k, s.experts, s.hidden, s.inter, tc_operands, aligned,
+                         capturing);
+  const char* refusal = moe_lt_refusal(s.hidden, s.inter, tc_operands, aligned, capturing);
+  LONGCTX_CHECK(refusal[0] == '\0', ErrorCode::kUnsupported,
+                "moe_experts_cuda: the cuBLASLt path cannot run x {} with gate_up {}: {}",
+                a.x.str(), a.gate_up.str(), refusal);
+  return MoePath::kCublasLt;
+}
+
 }  // namespace
+
+void moe_align_rows(const MoeArgs& a, const MoeShape& s, const MoeAlignRows& rows,
+                    cudaStream_t stream) {
+  AlignOut o;
+  o.counts = rows.counts;
+  o.tile_expert = nullptr;  // one entry per row, from one thread per expert: not needed
+  o.num_tiles = rows.num_tiles;
+  o.sorted = rows.sorted;
+  o.inv = rows.inv;
+  launch_align(a, s, 1, moe_max_tiles(s.tokens * s.top_k, s.experts, 1), o, stream);
+}
 
 void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
                     const Tensor& topk_weights) {
@@ -501,7 +554,7 @@ void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_i
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_experts_cuda(const MoeArgs& a) {
+void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
   const MoeShape s = check_moe_args(a);
   const Device d = a.x.device();
   DeviceGuard guard(d.index);
@@ -513,12 +566,9 @@ void moe_experts_cuda(const MoeArgs& a) {
   const int64_t slots = s.tokens * s.top_k;
   const int k = static_cast<int>(s.top_k), experts = static_cast<int>(s.experts);
   const DType wt = a.gate_up.dtype();
-  const bool tc_operands = (wt == DType::kBF16 || wt == DType::kF16) && a.x.dtype() == wt;
-  const bool aligned =
-      aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr()) && aligned16(a.down.data_ptr());
-  const MoePath path = moe_path(s.tokens, s.hidden, s.inter, tc_operands, aligned);
+  const MoePath path = choose_path(a, s, backend, stream);
   const int32_t* inv = nullptr;
-  Tensor y;              // [rows, hidden] f32: each slot's expert output
+  Tensor y;              // [rows, hidden] f32 (cuBLASLt: 16-bit): each slot's expert output
   Tensor align_buffers;  // holds inv until the combine is enqueued
   if (path == MoePath::kDecode) {
     Tensor act = Tensor::empty({slots, s.inter}, DType::kF32, d);
@@ -547,25 +597,22 @@ void moe_experts_cuda(const MoeArgs& a) {
            grid2, act.data_ptr(), a.down.data_ptr(), s.hidden, s.inter, y.data<float>());
     });
     LONGCTX_CUDA_CHECK(cudaGetLastError());
+  } else if (path == MoePath::kCublasLt) {
+    y = moe_cublas_experts(a, s, stream, align_buffers, &inv);
   } else {
     const int rows = moe_tile_rows(path);
     const int64_t max_tiles = moe_max_tiles(slots, s.experts, rows);
     LONGCTX_CHECK(max_tiles <= 65535, ErrorCode::kInvalidArgument,
                   "moe_experts: {} tokens x top-{} need up to {} row tiles (at most 65535)",
                   s.tokens, s.top_k, max_tiles);
-    // The align step keeps two ints per expert in shared memory.
-    LONGCTX_CHECK(s.experts <= 8192, ErrorCode::kUnsupported,
-                  "moe_experts_cuda: {} experts (at most 8192)", s.experts);
     Tensor ints = Tensor::empty({max_tiles + 1 + max_tiles * rows + slots}, DType::kI32, d);
     AlignOut o;
     o.tile_expert = ints.data<int32_t>();
     o.num_tiles = o.tile_expert + max_tiles;
     o.sorted = o.num_tiles + 1;
     o.inv = o.sorted + max_tiles * rows;
-    const int align_smem = static_cast<int>(2 * s.experts * sizeof(int32_t));
-    kernels::cuda::require_dynamic_smem(align_kernel, align_smem);
-    align_kernel<<<1, 1024, align_smem, stream>>>(a.topk_ids.data<int32_t>(), slots, experts, rows,
-                                                  max_tiles, o);
+    o.counts = nullptr;
+    launch_align(a, s, rows, max_tiles, o, stream);
     const DType act_dtype = path == MoePath::kTensorCore ? wt : DType::kF32;
     Tensor act = Tensor::empty({max_tiles * rows, s.inter}, act_dtype, d);
     y = Tensor::empty({max_tiles * rows, s.hidden}, DType::kF32, d);
@@ -614,10 +661,11 @@ void moe_experts_cuda(const MoeArgs& a) {
     align_buffers = ints;
   }
   const int64_t n = s.tokens * s.hidden;
-  visit_float(a.out.dtype(), "moe_experts", [&](auto to) {
+  visit_act_weight(y.dtype(), a.out.dtype(), [&](auto ty, auto to) {
+    using TY = decltype(ty);
     using TO = decltype(to);
-    kernels::cuda::launch_pdl(combine_kernel<TO>, dim3(unsigned((n + 255) / 256)), dim3(256), 0,
-                              stream, static_cast<const float*>(y.data<float>()), inv,
+    kernels::cuda::launch_pdl(combine_kernel<TY, TO>, dim3(unsigned((n + 255) / 256)), dim3(256), 0,
+                              stream, static_cast<const TY*>(y.data_ptr()), inv,
                               static_cast<const float*>(a.topk_weights.data<float>()), s.tokens, k,
                               s.hidden, a.shared.defined() ? a.shared.data_ptr() : nullptr,
                               a.shared.dtype(),

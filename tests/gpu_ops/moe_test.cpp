@@ -10,19 +10,28 @@
 // before the down GEMM (as transformers keeps it), which moves each term by at most the dtype's
 // unit roundoff u (2^-8 bf16, 2^-11 f16): u x (sum of |terms|) more; plus one ulp of a 16-bit out.
 // The output starts as NaN bytes, so an element left unwritten fails, and non-finite outputs are
-// counted. A CUDA graph of routing + experts replays to the eager bytes, also after the routing
-// changes (nothing is read on the host). LONGCTX_PERF=1 times one Qwen3-30B-A3B layer's experts.
+// counted. Each case runs the kernels and, for 16-bit operands with rows of whole 16-byte chunks,
+// the cuBLASLt path (forced at any size), which also rounds the gate, up and down outputs: silu
+// moves with a rounded gate by at most 2.2 u x silu(|gate|), so each term is within 5.2 u x (sum
+// of |terms|) there. A CUDA graph of routing + experts replays to the eager bytes, also after the
+// routing changes (nothing is read on the host), and under capture the automatic path keeps to
+// the kernels. LONGCTX_PERF=1 times one Qwen3-30B-A3B layer's experts on each prefill path, and
+// its expert GEMMs dense, per expert and grouped.
 #include "ops/moe.h"
 
+#include <cublas_v2.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "core/device_pool.h"
 #include "gpu_ops/gpu_ops_util.h"
+#include "ops/linear.h"
 #include "ops/moe_schedule.h"
 
 namespace longctx::gpu_ops_test {
@@ -44,6 +53,20 @@ struct MoeCase {
 };
 
 class MoeGpu : public ::testing::TestWithParam<MoeCase> {};
+
+const char* backend_name(ops::MoeBackend b) {
+  switch (b) {
+    case ops::MoeBackend::kKernels:
+      return "kernels";
+    case ops::MoeBackend::kCublasLt:
+      return "cublaslt";
+    default:
+      return "auto";
+  }
+}
+
+void check_backend(const MoeCase& c, ops::MoeBackend backend, TestStream& stream,
+                   const ops::MoeArgs& h, const Tensor& abs_out);
 
 TEST_P(MoeGpu, MatchesCpuTwin) {
   const MoeCase c = GetParam();
@@ -108,33 +131,53 @@ TEST_P(MoeGpu, MatchesCpuTwin) {
   ha.out = Tensor::empty({c.tokens, c.hidden}, DType::kF32);
   ops::moe_experts(ha);
 
+  // Each CUDA backend that can run these operands: the kernels, and cuBLASLt for 16-bit ones
+  // whose rows are 16-byte chunks.
+  const bool bf16 = c.dtype == DType::kBF16, f16 = c.dtype == DType::kF16;
+  const bool lt_ok = (bf16 || f16) && c.hidden % 8 == 0 && c.inter % 8 == 0;
+  for (ops::MoeBackend backend : {ops::MoeBackend::kKernels, ops::MoeBackend::kCublasLt}) {
+    if (backend != ops::MoeBackend::kKernels && !lt_ok) continue;
+    SCOPED_TRACE(backend_name(backend));
+    check_backend(c, backend, stream, h, ha.out);
+  }
+}
+
+// The CUDA op with `backend` on the CPU twin's inputs h against its output h.out, within the
+// tolerance of the header; abs_out: the op on the absolute values.
+void check_backend(const MoeCase& c, ops::MoeBackend backend, TestStream& stream,
+                   const ops::MoeArgs& h, const Tensor& abs_out) {
   ops::MoeArgs dv;
-  dv.x = x.to(kGpu);
-  dv.topk_ids = ids.to(kGpu);
-  dv.topk_weights = w.to(kGpu);
-  dv.gate_up = gate_up.to(kGpu);
-  dv.down = down.to(kGpu);
+  dv.x = h.x.to(kGpu);
+  dv.topk_ids = h.topk_ids.to(kGpu);
+  dv.topk_weights = h.topk_weights.to(kGpu);
+  dv.gate_up = h.gate_up.to(kGpu);
+  dv.down = h.down.to(kGpu);
   if (c.shared) {
     dv.shared = h.shared.to(kGpu);
     dv.shared_gate = h.shared_gate.to(kGpu);
   }
   dv.out = Tensor::empty({c.tokens, c.hidden}, c.dtype, kGpu);
   LONGCTX_CUDA_CHECK(cudaMemsetAsync(dv.out.data_ptr(), 0xFF, dv.out.nbytes(), stream.get()));
-  ops::moe_experts(dv);
+  ops::moe_experts_cuda(dv, backend);
   stream.sync();  // count_non_finite runs on the legacy default stream
   EXPECT_EQ(count_non_finite(dv.out.data_ptr(), c.dtype, c.tokens, c.hidden, c.hidden), 0);
   Tensor got = dv.out.to(Device::cpu()).to_dtype(DType::kF32);
   const bool bf16 = c.dtype == DType::kBF16, f16 = c.dtype == DType::kF16;
-  const ops::MoePath path = ops::moe_path(c.tokens, c.hidden, c.inter, bf16 || f16, true);
+  const bool cublas = backend != ops::MoeBackend::kKernels;
+  const ops::MoePath path = cublas ? ops::MoePath::kCublasLt
+                                   : ops::moe_path(c.tokens, c.hidden, c.inter, bf16 || f16, true);
   const double ulp = bf16 ? 1.0 / 128 : f16 ? 1.0 / 1024 : 0.0;
-  const double act_u = path != ops::MoePath::kTensorCore ? 0.0
-                       : bf16                            ? 1.0 / 256
-                                                         : 1.0 / 2048;  // unit roundoff
+  const double u = bf16 ? 1.0 / 256 : 1.0 / 2048;  // unit roundoff
+  // tensor cores: the activation's rounding; cuBLASLt: also gate's (silu moves it by at most
+  // 2.2 u x silu(|gate|)), up's and each expert's output's
+  const double act_u = path == ops::MoePath::kTensorCore ? u
+                       : path == ops::MoePath::kCublasLt ? 5.2 * u
+                                                         : 0.0;
   int64_t bad = 0;
   double worst = 0;
   for (int64_t i = 0; i < got.numel(); ++i) {
     const double ref = h.out.data<float>()[i], g = got.data<float>()[i];
-    const double tol = (1e-5 + act_u) * (ha.out.data<float>()[i] + 1e-3) + ulp * std::fabs(ref);
+    const double tol = (1e-5 + act_u) * (abs_out.data<float>()[i] + 1e-3) + ulp * std::fabs(ref);
     const double err = std::fabs(g - ref);
     worst = std::max(worst, err / tol);
     if (!(err <= tol) && bad++ < 5)
@@ -142,7 +185,8 @@ TEST_P(MoeGpu, MatchesCpuTwin) {
                     << ref << ", tol " << tol;
   }
   EXPECT_EQ(bad, 0);
-  const char* path_name = path == ops::MoePath::kDecode       ? "decode"
+  const char* path_name = cublas                              ? backend_name(backend)
+                          : path == ops::MoePath::kDecode     ? "decode"
                           : path == ops::MoePath::kTensorCore ? "tensor-core"
                                                               : "simt";
   fmt::print("T {} E {} k {} H {} I {} {} ({}): worst err / tol {:.3f}\n", c.tokens, c.experts, c.k,
@@ -173,6 +217,7 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{1000, 128, 1, 64, 32, kBf, true, false},
         MoeCase{4096, 128, 8, 96, 48, kBf, false, false},
         MoeCase{4097, 16, 2, 256, 128, kBf, false, true},
+        MoeCase{2048, 128, 8, 128, 64, kF16, false, true},  // cuBLASLt: the auto path's size
         MoeCase{16384, 128, 8, 64, 32, kBf, false, false},
         MoeCase{16384, 8, 2, 72, 40, kBf, true, false},
         // SIMT grouped GEMMs: f32 operands, hidden / inter not multiples of 8
@@ -199,9 +244,9 @@ struct DeviceMoe {
     fill_uniform(args.down.data_ptr(), args.down.numel(), dtype, seed + 3, -a2, a2);
     args.out = Tensor::empty({tokens, hidden}, dtype, kGpu);
   }
-  void run(bool renormalize = true) {
+  void run(bool renormalize = true, ops::MoeBackend backend = ops::MoeBackend::kAuto) {
     ops::moe_route(logits, renormalize, ids, weights);
-    ops::moe_experts(args);
+    ops::moe_experts_cuda(args, backend);
   }
 };
 
@@ -268,6 +313,73 @@ INSTANTIATE_TEST_SUITE_P(Paths, MoeGpuGraph,
                                            GraphCase{300, 128, 8, 256, 136, kBf},   // tensor cores
                                            GraphCase{300, 16, 2, 130, 50, kF32}));  // SIMT
 
+// Where the automatic path is cuBLASLt eagerly, a capture takes the grouped kernels instead (the
+// cuBLASLt path syncs on the expert counts): the graph replays to the kernels' eager bytes, and a
+// forced cuBLASLt path under capture is refused before it enqueues anything.
+TEST(MoeGpuGraphAuto, CaptureTakesTheKernels) {
+  constexpr int64_t kT = 2048, kE = 8, kK = 4, kH = 128, kI = 64;
+  ASSERT_EQ(ops::moe_auto_path(kT, kK, kE, kH, kI, true, true, false), ops::MoePath::kCublasLt);
+  TestStream stream;
+  DeviceMoe m(kT, kE, kK, kH, kI, kBf, 93);
+  auto out_bytes = [&] {
+    stream.sync();
+    Tensor h = m.args.out.to(Device::cpu());
+    const auto* p = static_cast<const uint8_t*>(h.data_ptr());
+    return std::vector<uint8_t>(p, p + h.nbytes());
+  };
+  m.run(true, ops::MoeBackend::kCublasLt);
+  const std::vector<uint8_t> lt = out_bytes();
+  m.run(true, ops::MoeBackend::kKernels);
+  const std::vector<uint8_t> kernels = out_bytes();
+  ASSERT_TRUE(lt != kernels) << "the two paths round differently; equal bytes would hide which ran";
+
+  detail::DevicePool& pool = detail::device_pool(kGpu.index);
+  const uint64_t id = pool.create_private_pool();
+  cudaGraph_t graph = nullptr;
+  pool.begin_private(id);
+  bool refused = false;
+  try {
+    m.run(true, ops::MoeBackend::kKernels);  // warm-up: the segments the capture will take
+    stream.sync();
+    LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+    try {
+      ops::moe_experts_cuda(m.args, ops::MoeBackend::kCublasLt);
+    } catch (const Error& e) {
+      refused = e.code() == ErrorCode::kUnsupported &&
+                std::string(e.what()).find("capturing") != std::string::npos;
+    }
+    m.run();
+    LONGCTX_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+  } catch (...) {
+    pool.end_private();
+    throw;
+  }
+  pool.end_private();
+  EXPECT_TRUE(refused) << "a forced cuBLASLt path ran under capture";
+  cudaGraphExec_t exec = nullptr;
+  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  LONGCTX_CUDA_CHECK(
+      cudaMemsetAsync(m.args.out.data_ptr(), 0xFF, m.args.out.nbytes(), stream.get()));
+  LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+  EXPECT_TRUE(out_bytes() == kernels) << "the captured auto path is not the kernels' path";
+  LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LONGCTX_CUDA_CHECK(cudaGraphDestroy(graph));
+  pool.release_private_pool(id);
+}
+
+TEST(MoeGpuErrors, CublasLtRefusesF32) {
+  TestStream stream;
+  DeviceMoe m(64, 8, 2, 64, 32, kF32, 6);
+  try {
+    m.run(true, ops::MoeBackend::kCublasLt);
+    stream.sync();
+    ADD_FAILURE() << "f32 operands accepted by the cuBLASLt path";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("16-bit"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MoeGpuErrors, TooManyExpertsForTheAlignStep) {
   TestStream stream;
   DeviceMoe m(8, 8193, 1, 8, 8, kBf, 5);
@@ -308,14 +420,113 @@ TEST(GpuOpsPerf, MoeQwen3_30B_A3B) {
     std::printf("  moe decode  T=1     %9.4f ms %7.0f GB/s routed weights\n", ms,
                 bytes / (ms * 1e6));
   }
-  for (int64_t t : {512, 4096, 32768}) {
+  // Prefill on each path, and what the automatic choice takes.
+  for (int64_t t : {512, 4096, 8192, 16384, 32768}) {
     DeviceMoe m(t, kE, kK, kH, kI, kBf, 4);
     ops::moe_route(m.logits, true, m.ids, m.weights);
-    const double ms = time_ms(s, [&] { ops::moe_experts(m.args); });
-    std::printf("  moe prefill T=%-6lld %9.4f ms %7.1f TFLOP/s\n", (long long)t, ms,
-                flops_per_token * double(t) / (ms * 1e9));
+    const ops::MoePath auto_path = ops::moe_auto_path(t, kK, kE, kH, kI, true, true, false);
+    for (ops::MoeBackend b : {ops::MoeBackend::kKernels, ops::MoeBackend::kCublasLt}) {
+      const double ms = time_ms(s, [&] { ops::moe_experts_cuda(m.args, b); });
+      const bool is_auto = b == (auto_path == ops::MoePath::kCublasLt ? ops::MoeBackend::kCublasLt
+                                                                      : ops::MoeBackend::kKernels);
+      std::printf("  moe prefill T=%-6lld %-9s %9.4f ms %7.1f TFLOP/s%s\n", (long long)t,
+                  backend_name(b), ms, flops_per_token * double(t) / (ms * 1e9),
+                  is_auto ? "  (auto)" : "");
+    }
   }
   std::fflush(stdout);
+}
+
+// The expert GEMMs of Qwen3-30B-A3B's layer with `rows` rows per expert (256: a 4K prefill, 2048:
+// 32K), gate/up and down (bf16 out, as the cuBLASLt path runs them), three ways: one dense cuBLASLt
+// GEMM over all the rows (the ceiling), linear_cuda per expert (the cuBLASLt path's loop; also its
+// host time per call), and one cublasGemmGroupedBatchedEx call over the experts as groups (measured
+// slower than the loop on an H100 at both sizes, so the op does not use it).
+TEST(GpuOpsPerf, MoeExpertGemms) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  TestStream s;
+  constexpr int64_t kE = 128, kH = 2048, kI = 768;
+  cublasHandle_t handle = nullptr;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(handle, s.get()), CUBLAS_STATUS_SUCCESS);
+  Tensor workspace = Tensor::empty({int64_t(32) << 20}, DType::kU8, kGpu);
+  ASSERT_EQ(cublasSetWorkspace(handle, workspace.data_ptr(), workspace.nbytes()),
+            CUBLAS_STATUS_SUCCESS);
+  Tensor w1 = Tensor::empty({kE, 2 * kI, kH}, kBf, kGpu),
+         w2 = Tensor::empty({kE, kH, kI}, kBf, kGpu);
+  fill_uniform(w1.data_ptr(), w1.numel(), kBf, 8, -0.05f, 0.05f);
+  fill_uniform(w2.data_ptr(), w2.numel(), kBf, 9, -0.05f, 0.05f);
+  for (int64_t rows : {256, 2048}) {
+    const int64_t total = rows * kE;
+    Tensor x = Tensor::empty({total, kH}, kBf, kGpu), h = Tensor::empty({total, 2 * kI}, kBf, kGpu);
+    Tensor act = Tensor::empty({total, kI}, kBf, kGpu), y = Tensor::empty({total, kH}, kBf, kGpu);
+    fill_uniform(x.data_ptr(), x.numel(), kBf, 10, -1.f, 1.f);
+    fill_uniform(act.data_ptr(), act.numel(), kBf, 11, -1.f, 1.f);
+    struct Gemm {
+      const char* name;
+      const Tensor *in, *w, *out;
+      int64_t k, n;  // reduction, output columns
+    };
+    for (const Gemm& g :
+         {Gemm{"gate/up", &x, &w1, &h, kH, 2 * kI}, Gemm{"down", &act, &w2, &y, kI, kH}}) {
+      const double flops = 2.0 * double(total) * g.k * g.n;
+      const double dense = time_ms(s, [&] {
+        ops::linear_cuda(*g.in, g.w->select(0, 0), Tensor(), *g.out, ops::LinearBackend::kCublasLt);
+      });
+      auto loop = [&] {
+        for (int64_t e = 0; e < kE; ++e)
+          ops::linear_cuda(g.in->slice(0, e * rows, (e + 1) * rows), g.w->select(0, e), Tensor(),
+                           g.out->slice(0, e * rows, (e + 1) * rows),
+                           ops::LinearBackend::kCublasLt);
+      };
+      const double per_expert = time_ms(s, loop);
+      s.sync();
+      const auto t0 = std::chrono::steady_clock::now();
+      loop();
+      const double host_us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+          kE;
+      s.sync();
+      // cuBLAS grouped: column-major D [n, rows] = W^T (k x n, read as A [k, n] with op T) x
+      // in^T ([k, rows]), as linear_cuda lays it out; pointer arrays on the device.
+      const cudaDataType_t out_type = g.out->dtype() == kF32 ? CUDA_R_32F : CUDA_R_16BF;
+      const size_t out_size = g.out->dtype() == kF32 ? 4 : 2;
+      std::vector<const void*> a_ptrs(kE), b_ptrs(kE);
+      std::vector<void*> c_ptrs(kE);
+      for (int64_t e = 0; e < kE; ++e) {
+        a_ptrs[e] = static_cast<const char*>(g.w->data_ptr()) + e * g.n * g.k * 2;
+        b_ptrs[e] = static_cast<const char*>(g.in->data_ptr()) + e * rows * g.k * 2;
+        c_ptrs[e] = static_cast<char*>(g.out->data_ptr()) + e * rows * g.n * out_size;
+      }
+      Tensor ptrs = Tensor::empty({3 * kE}, DType::kI64, kGpu);
+      std::vector<const void*> all(a_ptrs);
+      all.insert(all.end(), b_ptrs.begin(), b_ptrs.end());
+      all.insert(all.end(), c_ptrs.begin(), c_ptrs.end());
+      LONGCTX_CUDA_CHECK(cudaMemcpy(ptrs.data_ptr(), all.data(), all.size() * sizeof(void*),
+                                    cudaMemcpyHostToDevice));
+      const auto* d_ptrs = static_cast<const void* const*>(ptrs.data_ptr());
+      std::vector<cublasOperation_t> ta(kE, CUBLAS_OP_T), tb(kE, CUBLAS_OP_N);
+      std::vector<int> m(kE, int(g.n)), n(kE, int(rows)), k(kE, int(g.k)), lda(kE, int(g.k)),
+          ldb(kE, int(g.k)), ldc(kE, int(g.n)), sizes(kE, 1);
+      std::vector<float> alpha(kE, 1.f), beta(kE, 0.f);
+      cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+      const double grouped = time_ms(s, [&] {
+        st = cublasGemmGroupedBatchedEx(handle, ta.data(), tb.data(), m.data(), n.data(), k.data(),
+                                        alpha.data(), d_ptrs, CUDA_R_16BF, lda.data(), d_ptrs + kE,
+                                        CUDA_R_16BF, ldb.data(), beta.data(),
+                                        const_cast<void* const*>(d_ptrs + 2 * kE), out_type,
+                                        ldc.data(), int(kE), sizes.data(), CUBLAS_COMPUTE_32F);
+      });
+      std::printf(
+          "  experts %lld x %lld rows %-7s dense %8.4f ms %6.1f TFLOP/s | per expert %8.4f "
+          "ms %6.1f TFLOP/s (host %.1f us/GEMM) | grouped %8.4f ms %6.1f TFLOP/s%s\n",
+          (long long)kE, (long long)rows, g.name, dense, flops / (dense * 1e9), per_expert,
+          flops / (per_expert * 1e9), host_us, grouped, flops / (grouped * 1e9),
+          st == CUBLAS_STATUS_SUCCESS ? "" : " (cublas error)");
+      std::fflush(stdout);
+    }
+  }
+  cublasDestroy(handle);
 }
 
 }  // namespace

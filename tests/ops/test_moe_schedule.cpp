@@ -1,4 +1,5 @@
-// The tiling of the CUDA MoE kernels (ops/moe_schedule.h) checked on the CPU: the path choice,
+// The tiling of the CUDA MoE kernels (ops/moe_schedule.h) checked on the CPU: the path choice
+// (with the cuBLASLt threshold and refusals), the cuBLASLt path's per-expert row counts,
 // the launch's tile bound against per-expert padding of many routings (tight where it can be),
 // the tensor-core tile's weight rows (every gate row with its up row, each once over the grid),
 // the warps' accumulator columns against the rows they were multiplied with, and the decode grid.
@@ -6,6 +7,7 @@
 
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "ops/moe_schedule.h"
@@ -25,6 +27,64 @@ TEST(MoeSchedule, PathChoice) {
   EXPECT_EQ(moe_path(300, 2048, 50, true, true), MoePath::kSimt);    // inter % 8 != 0
   EXPECT_EQ(moe_tile_rows(MoePath::kTensorCore), kMoeTcRows);
   EXPECT_EQ(moe_tile_rows(MoePath::kSimt), kMoeSimtRows);
+}
+
+// The automatic path takes cuBLASLt from kMoeLtMinRowsPerExpert rows per expert on average, only
+// where its operands allow it and never under graph capture; decode stays on the GEMVs.
+TEST(MoeSchedule, CublasLtChoice) {
+  // Qwen3-30B-A3B: 128 experts, top-8; 1024 rows per expert from 16384 tokens
+  const int64_t first = kMoeLtMinRowsPerExpert * 128 / 8;
+  EXPECT_EQ(first, 16384);
+  EXPECT_EQ(moe_auto_path(first, 8, 128, 2048, 768, true, true, false), MoePath::kCublasLt);
+  EXPECT_EQ(moe_auto_path(32768, 8, 128, 2048, 768, true, true, false), MoePath::kCublasLt);
+  EXPECT_EQ(moe_auto_path(first - 1, 8, 128, 2048, 768, true, true, false), MoePath::kTensorCore);
+  EXPECT_EQ(moe_auto_path(4096, 8, 128, 2048, 768, true, true, false), MoePath::kTensorCore);
+  EXPECT_EQ(moe_auto_path(32768, 8, 128, 2048, 768, true, true, true), MoePath::kTensorCore);
+  EXPECT_EQ(moe_auto_path(32768, 8, 128, 2048, 768, false, true, false), MoePath::kSimt);
+  EXPECT_EQ(moe_auto_path(32768, 8, 128, 2048, 768, true, false, false), MoePath::kSimt);
+  EXPECT_EQ(moe_auto_path(32768, 8, 128, 130, 768, true, true, false), MoePath::kSimt);
+  // decode stays on the GEMVs; few experts reach the threshold sooner
+  EXPECT_EQ(moe_auto_path(kMoeDecodeMaxTokens, 8, 8, 64, 32, true, true, false), MoePath::kDecode);
+  EXPECT_EQ(moe_auto_path(kMoeDecodeMaxTokens + 1, 1, 8, 64, 32, true, true, false),
+            MoePath::kTensorCore);
+  EXPECT_EQ(moe_auto_path(8192, 1, 8, 64, 32, true, true, false), MoePath::kCublasLt);
+  // the refusals name their reason; none where the path can run
+  EXPECT_STREQ(moe_lt_refusal(2048, 768, true, true, false), "");
+  EXPECT_NE(std::string(moe_lt_refusal(2048, 768, false, true, false)).find("16-bit"),
+            std::string::npos);
+  EXPECT_NE(std::string(moe_lt_refusal(2048, 768, true, false, false)).find("16-byte"),
+            std::string::npos);
+  EXPECT_NE(std::string(moe_lt_refusal(2048, 50, true, true, false)).find("16-byte"),
+            std::string::npos);
+  EXPECT_NE(std::string(moe_lt_refusal(2048, 768, true, true, true)).find("capturing"),
+            std::string::npos);
+}
+
+// An expert's cuBLASLt rows: at least its count, multiples of 16, at most 15 or count / 16 more,
+// a fixed point, non-decreasing, and at most 16 distinct values per power of two (the bound on
+// the GEMM shapes linear_cuda plans).
+TEST(MoeSchedule, CublasLtRows) {
+  EXPECT_EQ(moe_lt_rows(0), 0);
+  EXPECT_EQ(moe_lt_rows(1), 16);
+  EXPECT_EQ(moe_lt_rows(511), 512);
+  EXPECT_EQ(moe_lt_rows(513), 544);    // step 32 from 512
+  EXPECT_EQ(moe_lt_rows(2049), 2176);  // step 128 from 2048
+  int64_t prev = 0;
+  for (int64_t c = 1; c <= (int64_t(1) << 20); ++c) {
+    const int64_t r = moe_lt_rows(c);
+    ASSERT_GE(r, c);
+    ASSERT_EQ(r % 16, 0) << c;
+    ASSERT_TRUE(r - c < 16 || (r - c) * 16 < c) << c << " -> " << r;
+    ASSERT_EQ(moe_lt_rows(r), r) << c;
+    ASSERT_GE(r, prev) << c;
+    prev = r;
+  }
+  for (int p = 0; p < 20; ++p) {
+    std::set<int64_t> sizes;
+    for (int64_t c = (int64_t(1) << p) + 1; c <= (int64_t(2) << p); ++c)
+      sizes.insert(moe_lt_rows(c));
+    EXPECT_LE(sizes.size(), 16u) << "counts (2^" << p << ", 2^" << p + 1 << "]";
+  }
 }
 
 // Tiles the align step writes for these per-expert counts.
