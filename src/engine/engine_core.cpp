@@ -144,7 +144,9 @@ void EngineCore::publish_kv_events() {
         parent = e.block_hashes[i];
       }
     }
-    start_kv_exports();
+    // Started during the next step, while the device runs it (a GPU export enqueues a copy per
+    // layer tensor: host time a decode step would otherwise wait for); now when none follows.
+    if (scheduler_.empty()) start_kv_exports();
   }
   if (kv_events_ != nullptr && !events.empty()) kv_events_->publish(std::move(events));
 }
@@ -171,7 +173,6 @@ void EngineCore::forget_overwritten_exports(std::span<const StepInput> inputs,
   }
   for (const KVBlockCopy& c : copies) written.push_back(c.dst);
   kv_store_->forget_exports(written);
-  start_kv_exports();  // staging buffers freed since the last step
 }
 
 void EngineCore::import_from_store() {
@@ -403,6 +404,9 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
   try {
     forget_overwritten_exports(inputs, out.copies);
     logits = executor_->execute(inputs, out.copies);
+    // The copies of blocks waiting for export are enqueued while the device runs the step
+    // (ordered after it), into staging buffers freed since the last step.
+    if (kv_store_ != nullptr) start_kv_exports();
   } catch (...) {
     drop_drafts();
     scheduler_.fail(out);

@@ -159,8 +159,7 @@ class EngineCore {
   // Starts the copies of the blocks waiting for export that find a staging buffer free.
   void start_kv_exports();
   // Before a step: drops the waiting exports of blocks the step writes (its new tokens' blocks
-  // and its copies' destinations), which the executor would overwrite before their copy ran,
-  // then starts the copies of the others that find a staging buffer free.
+  // and its copies' destinations), which the executor would overwrite before their copy ran.
   void forget_overwritten_exports(std::span<const StepInput> inputs,
                                   std::span<const KVBlockCopy> copies);
   // The compiled grammar of a structured output, cached by schema text (compiling throws Error
