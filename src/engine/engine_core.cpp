@@ -349,7 +349,8 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
                                          const std::function<void()>& on_scheduled) {
   std::vector<StepUpdate> updates;
   const double t0 = now_seconds();
-  if (kv_store_ != nullptr) import_from_store();
+  // Decode steps (nothing waiting) skip the lookup's walk over the sequences.
+  if (kv_store_ != nullptr && scheduler_.num_waiting() > 0) import_from_store();
   if (spec_ != nullptr) {
     for (Sequence* seq : scheduler_.all()) spec_->propose(*seq);
   }
