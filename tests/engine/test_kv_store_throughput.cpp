@@ -141,6 +141,7 @@ TEST(KvStoreThroughput, BlocksOf16MiBWrittenAndRead) {
       ASSERT_TRUE(redis.up());
       KvStoreOptions o;
       o.chunk_bytes = chunk;
+      o.timeout_ms = 5000;  // throughput, not timeouts, on a loaded machine
       KvStore store(redis.url(), "bench" + std::to_string(chunk), kBlockSize, kBytes, o);
       std::vector<std::string> values;
       for (uint64_t h = 1; h <= kBlocks; ++h) values.push_back(value_of(h, kBytes));
