@@ -406,8 +406,14 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
     forget_overwritten_exports(inputs, out.copies);
     logits = executor_->execute(inputs, out.copies);
     // The copies of blocks waiting for export are enqueued while the device runs the step
-    // (ordered after it), into staging buffers freed since the last step.
-    if (kv_store_ != nullptr) start_kv_exports();
+    // (ordered after it), into staging buffers freed since the last step; on a device (pinned
+    // block I/O) not in a step of decodes alone, unless the export queue is half full: copies
+    // during decode steps cost the H100 8B decode 8.6 % of its TPOT (all during prefill steps:
+    // 2.2 %).
+    if (kv_store_ != nullptr &&
+        (prefill > 0 || !executor_->kv_block_io_pinned() ||
+         2 * kv_store_->num_waiting_exports() > kv_store_->max_waiting_exports()))
+      start_kv_exports();
   } catch (...) {
     drop_drafts();
     scheduler_.fail(out);

@@ -76,7 +76,7 @@ struct KvStoreOptions {
   bool pinned = false;             // staging and read buffers page-locked (a GPU executor's)
   // Staging buffers at most this many bytes together (at least 4 buffers, at most
   // max_queued_writes), allocated on demand by the writer thread.
-  int64_t staging_bytes = int64_t{512} << 20;
+  int64_t staging_bytes = int64_t{2} << 30;
   int64_t chunk_bytes = int64_t{1} << 20;  // a block's bytes per key
   size_t max_waiting_exports = 4096;       // blocks waiting for a staging buffer
 };
@@ -91,7 +91,7 @@ class KvStore {
   static constexpr size_t kPipeline = 4;
   // Staging buffers the writer allocates first, and then at a time when try_take found none.
   static constexpr int64_t kInitialStaging = 4;
-  static constexpr int64_t kStagingGrowth = 8;
+  static constexpr int64_t kStagingGrowth = 16;
 
   // `url`: redis://HOST:PORT. `ns` names the model and the bytes' format (blocks of different
   // models or formats never meet). Throws Error(kInvalidArgument) for a malformed URL or option,
@@ -126,6 +126,7 @@ class KvStore {
   // Drops (counted) the waiting exports of `blocks`, which the caller is about to overwrite.
   void forget_exports(std::span<const int32_t> blocks);
   size_t num_waiting_exports() const { return waiting_.size(); }
+  size_t max_waiting_exports() const { return options_.max_waiting_exports; }
 
   // Reads `blocks` and calls on_hit(i, bytes, reuse_after) in order for each verified block (the
   // bytes are the store's until on_hit returns or, when on_hit sets *reuse_after, until that

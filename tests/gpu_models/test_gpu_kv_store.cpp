@@ -81,10 +81,16 @@ TEST(GpuKvStore, SecondEngineReadsWhatTheFirstComputed) {
   engine_core(b).check_consistency();
 }
 
+// LONGCTX_REDIS_IO_THREADS=N runs the store with Redis' io-threads N (its replies written by N
+// threads).
 TEST(GpuKvStorePerf, Llama8BShapesAt32K) {
   if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 runs it";
-  RedisProcess redis;
+  const char* io_threads = std::getenv("LONGCTX_REDIS_IO_THREADS");
+  std::vector<std::string> redis_options;
+  if (io_threads != nullptr && *io_threads != '\0') redis_options = {"--io-threads", io_threads};
+  RedisProcess redis(redis_options);
   ASSERT_TRUE(redis.up());
+  std::printf("redis-server io-threads: %s\n", redis_options.empty() ? "off" : io_threads);
   auto config = [](const std::string& store) {
     EngineConfig c;
     c.dummy_preset = "llama-3.1-8b";
