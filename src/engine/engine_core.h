@@ -25,7 +25,6 @@
 namespace longctx {
 
 class KvEventPublisher;
-class KvBlockBuffers;
 class KvStore;
 class Tokenizer;
 
@@ -125,7 +124,8 @@ class EngineCore {
   // Drops every request (after an error), freeing what the executor holds for them.
   void abort_all();
   EngineStats stats() const;
-  // Waits until the KV store's queued writes were sent (or failed); nothing without a store.
+  // Waits until the blocks waiting for export to the KV store and its queued writes were sent
+  // (or failed); nothing without a store.
   void flush_kv_store();
 
   const EngineCoreOptions& options() const { return options_; }
@@ -156,6 +156,12 @@ class EngineCore {
   void publish_kv_events();
   // Reads the missing full prompt blocks of sequences not yet scheduled from the KV store.
   void import_from_store();
+  // Starts the copies of the blocks waiting for export that find a staging buffer free.
+  void start_kv_exports();
+  // Before a step: drops the waiting exports of blocks the step writes (its new tokens' blocks
+  // and its copies' destinations), which the executor would overwrite before their copy ran.
+  void forget_overwritten_exports(std::span<const StepInput> inputs,
+                                  std::span<const KVBlockCopy> copies);
   // The compiled grammar of a structured output, cached by schema text (compiling throws Error
   // naming an unsupported keyword); the vocabulary is built from the tokenizer on first use.
   std::shared_ptr<const structured::CompiledGrammar> grammar_for(
@@ -168,9 +174,6 @@ class EngineCore {
   Scheduler scheduler_;
   std::unique_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<KvStore> kv_store_;
-  // A pinned executor's import buffers (kImportBuffers blocks); null otherwise.
-  std::unique_ptr<KvBlockBuffers> import_buffers_;
-  static constexpr int32_t kImportBuffers = 3;
   std::unique_ptr<SpeculativeDecoder> spec_;
   std::mt19937_64 seed_rng_;
   uint64_t next_id_ = 0;

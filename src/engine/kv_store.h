@@ -3,20 +3,36 @@
 // hash chain, so a replica that never computed a prefix reads its blocks instead of prefilling
 // them.
 //
-// Writes go behind: put() queues a block (a bounded queue; past it the block is dropped and
-// counted) and a thread of the store's own sends it, so a step never waits for the store. The
-// executor copies a block into one of the store's staging buffers (KvBlockBuffers: pinned for a
-// GPU executor, whose copy then runs on a copy stream) and queues it with put_staged(); the writer
-// thread waits for the copy, moves the bytes out of the staging buffer (first, before any send,
-// so the few pinned buffers are free again soon) and sends them. With every staging buffer taken
-// a block is dropped and counted (a step never waits for the store). Reads (get_prefix()) are
-// synchronous for the caller, done by several threads with a connection each (reading a 16 MiB
-// value off the socket and checksumming it cost milliseconds), each GET bounded by a timeout. Every
-// value carries a header (format, block size, parent hash, the block's tokens) and an xxhash64
-// checksum; a value that fails any check, a timeout, or a store that is down is a miss (logged,
-// counted): the caller recomputes, so the store can never change an output. After a connection
-// failure the store is not tried again for a second, so a down store costs one timeout a second at
-// most.
+// Values. A block is split into chunks of chunk_bytes (1 MiB by default), each stored under a key
+// of its own (the block's key and the chunk's index): a reader knows the keys from the block's
+// size, reads the chunks over several connections at once, and a chunk that is missing or fails
+// its check costs the block (recomputed), never an output. Every chunk carries a header (format,
+// block size, chunk index and count, parent hash, its block's hash and size), the block's tokens
+// and an xxhash64 checksum over all of it.
+//
+// Wire. hiredis connects (and sets the socket's timeouts); the commands and replies go over its
+// socket directly: a SET sends the chunk from where it lies (a staging buffer) and a GET receives
+// the chunk straight into its destination. hiredis' reader takes a 16 MiB value 16 KiB at a time
+// into a buffer that grows, then copies it into the reply: a GET of 16 MiB values ran at 0.75
+// GB/s, 1 MiB chunks received in place at 4 GB/s on one connection (a loaded 2-core machine).
+//
+// Writes go behind. The engine thread queues a full block with queue_export(): it waits, in order,
+// in a bounded queue of block ids (past the bound it is dropped and counted) until
+// start_exports() finds a staging buffer free (KvBlockBuffers: pinned for a GPU executor, whose
+// copy then runs on a copy stream, allocated on demand up to staging_bytes) and starts its copy.
+// A waiting block's bytes stay in the engine's pool: the engine forgets (drops, counted) a waiting
+// block that a step or an import is about to overwrite (forget_exports()), rare since it is among
+// the most recently used. A thread of the store's own waits for each copy, sends the chunks from
+// the staging buffer (the checksum computed on that thread) and gives the buffer back. The store
+// never waits on the engine thread and a step never waits for the store.
+//
+// Reads (get_prefix()) are synchronous for the caller: kReaders threads with a connection each
+// read the chunks of the next kReadAhead blocks, kPipeline GETs at a time, into read buffers
+// (pinned for a GPU executor) and hand each verified block on in order; the caller's copy out of
+// a read buffer may run on while the next blocks are read (reuse_after). Each read is bounded by
+// a timeout. A value that fails a check, a timeout, or a store that is down is a miss (logged,
+// counted): the caller recomputes. After a connection failure the store is not tried again for a
+// second, so a down store costs one timeout a second at most.
 #pragma once
 
 #include <atomic>
@@ -39,11 +55,12 @@ namespace longctx {
 
 struct KvStoreStats {
   int64_t hits = 0;            // blocks read and verified
-  int64_t misses = 0;          // blocks the store did not have
+  int64_t misses = 0;          // blocks the store did not have (a chunk missing)
   int64_t errors = 0;          // timeouts, connection failures, malformed or mismatched values
   int64_t bytes_read = 0;      // of verified blocks
   int64_t bytes_written = 0;   // sent and acknowledged
-  int64_t writes_dropped = 0;  // the write queue or every staging buffer was full
+  int64_t writes_dropped = 0;  // the write or export queue was full, or a waiting block was
+                               // overwritten before a staging buffer freed
 };
 
 // One block a lookup asks for: its chain hash, its parent's and its tokens.
@@ -53,31 +70,42 @@ struct KvStoreBlockRef {
   std::span<const int32_t> tokens;
 };
 
+struct KvStoreOptions {
+  int timeout_ms = 200;            // each connect, send and receive
+  size_t max_queued_writes = 256;  // put()'s blocks (their bytes owned by the queue)
+  bool pinned = false;             // staging and read buffers page-locked (a GPU executor's)
+  // Staging buffers at most this many bytes together (at least 4 buffers, at most
+  // max_queued_writes), allocated on demand by the writer thread.
+  int64_t staging_bytes = int64_t{2} << 30;
+  int64_t chunk_bytes = int64_t{1} << 20;  // a block's bytes per key
+  size_t max_waiting_exports = 4096;       // blocks waiting for a staging buffer
+};
+
 class KvStore {
  public:
-  // Staging buffers, all of them together, at most staging_bytes (at least 4 buffers, at most
-  // max_queued_writes); by default this many.
-  static constexpr int64_t kStagingBytes = int64_t{1} << 30;
-  // get_prefix()'s reading threads (each with a connection of its own), and how many blocks
-  // past the one handed on they may read (the memory of that many values).
+  // get_prefix()'s reading threads (each with a connection of its own), the blocks they read
+  // ahead of the one handed on (a read buffer each) and the GETs each sends before reading
+  // their replies.
   static constexpr size_t kReaders = 4;
   static constexpr size_t kReadAhead = 8;
+  static constexpr size_t kPipeline = 4;
+  // Staging buffers the writer allocates first, and then at a time when try_take found none.
+  static constexpr int64_t kInitialStaging = 4;
+  static constexpr int64_t kStagingGrowth = 16;
 
   // `url`: redis://HOST:PORT. `ns` names the model and the bytes' format (blocks of different
-  // models or formats never meet). `pinned_staging`: the staging buffers are page-locked (a GPU
-  // executor's asynchronous copies). Throws Error(kInvalidArgument) for a malformed URL,
+  // models or formats never meet). Throws Error(kInvalidArgument) for a malformed URL or option,
   // Error(kNotFound) without libhiredis; a store that is down is not an error here.
   KvStore(const std::string& url, std::string ns, int64_t block_size, int64_t block_bytes,
-          int timeout_ms = 200, size_t max_queued_writes = 256, bool pinned_staging = false,
-          int64_t staging_bytes = kStagingBytes);
+          KvStoreOptions options = {});
   ~KvStore();
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
-  // Queues a block for writing (encoded and checksummed on the writer thread); never waits.
+  // Queues a block's bytes for writing; past max_queued_writes dropped (counted). Never waits.
   void put(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens, std::string bytes);
-  // A free staging buffer's index for put_staged(), or -1 when all are taken (the caller drops
-  // the block: counted in writes_dropped). Never waits.
+  // A free staging buffer's index for put_staged(), or -1 when every allocated one is taken (the
+  // writer thread then allocates more, up to staging_bytes). Never waits.
   int32_t take_staging();
   std::span<std::byte> staging(int32_t buffer) { return staging_.bytes(buffer); }
   // Queues the block being copied into staging buffer `buffer` (taken with take_staging());
@@ -85,61 +113,83 @@ class KvStore {
   // store gives the buffer back. Never waits.
   void put_staged(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens, int32_t buffer,
                   std::function<void()> wait);
-  // Reads `blocks` (kReaders threads, up to kReadAhead blocks ahead) and calls on_hit(i, bytes), in
-  // order, for
-  // each verified value (the bytes valid during the call) until the first block the store does
-  // not hold or that fails a check, a store failure, or on_hit returning false. Returns how many
-  // blocks on_hit took.
-  int64_t get_prefix(std::span<const KvStoreBlockRef> blocks,
-                     const std::function<bool(size_t, std::span<const std::byte>)>& on_hit);
+
+  // The export queue (the engine thread's alone). Starts a copy of block `block` into `dst` and
+  // returns what waits for it (empty: done).
+  using CopyOut = std::function<std::function<void()>(int32_t block, std::span<std::byte> dst)>;
+  // Queues the caller's KV block `block` for export; dropped (counted) past
+  // max_waiting_exports. Never waits.
+  void queue_export(int32_t block, uint64_t hash, uint64_t parent, std::span<const int32_t> tokens);
+  // Starts the copies of the waiting blocks, in order, while staging buffers are free; returns
+  // how many started.
+  int64_t start_exports(const CopyOut& copy);
+  // Drops (counted) the waiting exports of `blocks`, which the caller is about to overwrite.
+  void forget_exports(std::span<const int32_t> blocks);
+  size_t num_waiting_exports() const { return waiting_.size(); }
+  size_t max_waiting_exports() const { return options_.max_waiting_exports; }
+
+  // Reads `blocks` and calls on_hit(i, bytes, reuse_after) in order for each verified block (the
+  // bytes are the store's until on_hit returns or, when on_hit sets *reuse_after, until that
+  // returns: an asynchronous copy out of them), until the first block the store does not hold
+  // or that fails a check, a store failure, or on_hit returning false. Returns once every
+  // reuse_after returned, with how many blocks on_hit took.
+  using OnHit =
+      std::function<bool(size_t, std::span<const std::byte>, std::function<void()>* reuse_after)>;
+  int64_t get_prefix(std::span<const KvStoreBlockRef> blocks, const OnHit& on_hit);
   // The block's K/V bytes when the store holds a verified value for exactly this block (hash,
   // parent and tokens); nullopt otherwise.
   std::optional<std::string> get(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens);
-  // Waits until every queued write was sent or failed (tests, shutdown).
+  // Waits until every queued write was sent or failed (tests, shutdown); waiting exports stay.
   void flush();
   KvStoreStats stats() const;
   const std::string& url() const { return url_; }
   const KvBlockBuffers& staging_buffers() const { return staging_; }
+  int64_t num_chunks() const { return (block_bytes_ + chunk_bytes_ - 1) / chunk_bytes_; }
 
-  // The value stored for a block (exposed for tests that corrupt one).
-  std::string key(uint64_t hash) const;
+  // The key of a block's chunk (exposed for tests that corrupt or delete one).
+  std::string key(uint64_t hash, int64_t chunk) const;
 
  private:
   struct Connection;
-  // A queued block, encoded by the writer thread (the checksum and the value's copy of a large
-  // block cost milliseconds that the engine thread should not pay).
   struct Write {
     uint64_t hash = 0;
     uint64_t parent = 0;
     std::vector<int32_t> tokens;
-    std::string bytes;           // the block's bytes (buffer < 0 and !framed)
-    bool framed = false;         // `bytes` is the value, its checksum not yet set
+    std::string bytes;           // the block's bytes (buffer < 0)
     int32_t buffer = -1;         // or the staging buffer the executor copies the block into
     std::function<void()> wait;  // returns once that copy finished (empty: finished)
   };
-  // The value without its checksum (header, tokens, payload), in a string of spare_ when there
-  // is one (its pages are mapped already: a fresh 16 MiB string costs page faults).
-  std::string frame(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
-                    std::span<const std::byte> payload);
-  static void seal(std::string& value);  // writes the checksum
-  // nullptr when the value is exactly this block's; what is wrong otherwise.
-  const char* check(const char* p, size_t len, const KvStoreBlockRef& block) const;
-  size_t num_unstaged() const;  // queued blocks out of (or never in) a staging buffer; mu_ held
+  struct Export {  // a block waiting for a staging buffer
+    int32_t block = -1;
+    uint64_t hash = 0, parent = 0;
+    std::vector<int32_t> tokens;
+  };
+  // The chunk's header and the block's tokens, checksum included, for `payload` (the chunk's).
+  std::string chunk_head(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
+                         int64_t chunk, std::span<const std::byte> payload) const;
+  size_t chunk_head_bytes() const;
+  // nullptr when `head` and `payload` are exactly this chunk of this block; what is wrong
+  // otherwise.
+  const char* check(std::span<const char> head, std::span<const std::byte> payload,
+                    const KvStoreBlockRef& block, int64_t chunk) const;
+  bool send_block(const Write& w, std::span<const std::byte> payload);  // the writer's
   void run_writer();
 
   std::string url_, host_, ns_;
   int port_ = 0;
   int64_t block_size_, block_bytes_;
-  int timeout_ms_;
-  size_t max_queued_;
+  KvStoreOptions options_;
+  int64_t chunk_bytes_;
   std::vector<std::unique_ptr<Connection>> readers_;  // get_prefix()'s threads, one each
   std::unique_ptr<Connection> writer_;                // the writer thread
   KvBlockBuffers staging_;
-  std::vector<std::string> spare_;  // sent values kept for frame() (the writer thread's)
+  std::unique_ptr<KvBlockBuffers> reading_;  // [kReadAhead] blocks, allocated by get_prefix()
+  std::deque<Export> waiting_;               // the engine thread's
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Write> queue_;
-  bool busy_ = false;  // the writer holds a write outside the queue
+  size_t num_unstaged_ = 0;  // queued writes with their bytes in the queue (put())
+  bool busy_ = true;         // the writer holds a write (or grows the staging pool)
   bool stop_ = false;
   std::atomic<int64_t> hits_{0}, misses_{0}, errors_{0}, bytes_read_{0}, bytes_written_{0},
       dropped_{0};

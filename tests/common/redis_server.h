@@ -16,6 +16,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace longctx::testing {
 
@@ -53,14 +54,21 @@ inline bool redis_answers_ping(int port) {
 // redis-server on a free port; killed by stop() or the destructor.
 class RedisProcess {
  public:
-  RedisProcess() : port_(free_port()) {
+  // `extra`: more redis-server options ("--io-threads", "4", ...).
+  explicit RedisProcess(const std::vector<std::string>& extra = {}) : port_(free_port()) {
+    const std::string port = std::to_string(port_);
+    std::vector<std::string> args = {"redis-server", "--port",     port,     "--bind",
+                                     "127.0.0.1",    "--save",     "",       "--appendonly",
+                                     "no",           "--loglevel", "warning"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::fflush(stdout);  // the child would print what stdout holds again
     pid_ = ::fork();
     if (pid_ == 0) {
-      const std::string port = std::to_string(port_);
       if (std::freopen("/dev/null", "w", stdout) == nullptr) ::_exit(126);
-      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
-               "--save", "", "--appendonly", "no", "--loglevel", "warning",
-               static_cast<char*>(nullptr));
+      ::execvp("redis-server", argv.data());
       ::_exit(127);
     }
     for (int i = 0; i < 100 && !up_; ++i) {

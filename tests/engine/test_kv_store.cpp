@@ -49,10 +49,10 @@ class RedisServer : public testing::RedisProcess {
     ctx_ = nullptr;
     stop_process();
   }
-  // Every key ending in the block hash `h`.
+  // Every key of block hash `h` (one per chunk: the needle model's 128 KiB blocks are one).
   std::vector<std::string> keys_of(uint64_t h) {
     char pattern[64];
-    std::snprintf(pattern, sizeof pattern, "longctx:kv:*:%016llx",
+    std::snprintf(pattern, sizeof pattern, "longctx:kv:*:%016llx:*",
                   static_cast<unsigned long long>(h));
     auto* r = static_cast<redisReply*>(redisCommand(ctx_, "KEYS %s", pattern));
     std::vector<std::string> out;
@@ -256,8 +256,11 @@ TEST(KvStore, WritesToASilentStoreAreBoundedAndNeverWait) {
   const std::vector<int32_t> tokens(kBlock, 7);
   const auto t0 = std::chrono::steady_clock::now();
   {
+    KvStoreOptions o;
+    o.timeout_ms = 100;
+    o.max_queued_writes = 8;
     KvStore store("redis://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), "test", kBlock, 4096,
-                  /*timeout_ms=*/100, /*max_queued_writes=*/8);
+                  o);
     for (uint64_t h = 1; h <= 200; ++h) store.put(h, h - 1, tokens, std::string(4096, 'x'));
     const double put_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
