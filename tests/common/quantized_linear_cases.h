@@ -77,8 +77,9 @@ inline std::vector<std::pair<int64_t, int64_t>> odd_shapes(const QuantConfig& q,
   std::vector<std::pair<int64_t, int64_t>> v;
   if (is_int4(q)) {
     const int64_t g = q.group_size > 0 ? q.group_size : 96;
-    v = {{8, g}, {136, 3 * g}, {264, 2 * g}};
-    if (large) v.push_back({1032, 20 * g});
+    // 160 and 1056 are multiples of 32 (AWQ's 16- and 8-byte GEMV loads at n = 1 and 2).
+    v = {{8, g}, {136, 3 * g}, {264, 2 * g}, {160, 4 * g}};
+    if (large) v.push_back({1032, 20 * g}), v.push_back({1056, 12 * g});
   } else {
     v = {{8, 16}, {136, 200}, {72, 131}};
     if (large) v.push_back({1032, 2560});
