@@ -671,6 +671,9 @@ GemvPlan plan_gemv(const QArgs& a, const QuantizedWeight& w, const QuantConfig& 
       stages_x = false;
       unit = 16;
       if (a.in % 16 != 0) pl.refusal = LONGCTX_FORMAT("in_features {} not a multiple of 16", a.in);
+      if (w.method == QuantMethod::kFp8Block && q.block_in % 16 != 0)
+        pl.refusal =
+            LONGCTX_FORMAT("block width {} not a multiple of 16 (a chunk's one scale)", q.block_in);
       if (!aligned16(a.x) || (a.n > 1 && (a.ldx * es) % 16 != 0))
         pl.refusal = "x rows not 16-byte aligned";
       pl.tile = kWarps * kFp8Rows;

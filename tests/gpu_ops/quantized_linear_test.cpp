@@ -195,9 +195,11 @@ TEST(GpuOps, QuantizedLinearEveryFormat) { run_formats(true); }
 TEST(GpuOpsSmall, QuantizedLinear) { run_formats(false); }
 
 // The GEMV refuses what it cannot run, with a reason (and kAuto falls back to the dequantizing
-// path, checked above): n > 8, f32 x, an FP8 width that is not a multiple of 16.
+// path, checked above): n > 8, f32 x, an FP8 width or block width that is not a multiple
+// of 16.
 TEST(GpuOps, QuantizedLinearGemvRefusals) {
   TestStream s;
+  Summary sum;
   auto code_of = [](const std::function<void()>& f) {
     try {
       f();
@@ -228,6 +230,18 @@ TEST(GpuOps, QuantizedLinearGemvRefusals) {
                                          Tensor(), QuantizedLinearPath::kGemv);
             }),
             ErrorCode::kUnsupported);
+  // A block width that is not a multiple of 16: a 16-input chunk would span two scales.
+  Format blk = quant_cases::formats()[8];
+  ASSERT_EQ(blk.q.method, QuantMethod::kFp8Block);
+  blk.q.block_in = 40;
+  const std::unique_ptr<QWeight> b = make_weight(blk, 16, 160, 11);
+  Mirror x160(160, DType::kBF16);
+  EXPECT_EQ(code_of([&] {
+              ops::quantized_linear_cuda(x160.dev({1, 160}), b->dev, blk.q, Tensor(),
+                                         y16.dev({1, 16}), Tensor(), QuantizedLinearPath::kGemv);
+            }),
+            ErrorCode::kUnsupported);
+  run_case(s, quantized_case(*b, {1}, 12), sum);  // kAuto: the dequantizing path
   s.sync();
 }
 
