@@ -11,6 +11,7 @@
 #include "ops/linear_attention.h"
 #include "ops/moe.h"
 #include "ops/op_utils.h"
+#include "ops/quantized_linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
 #include "ops/sampling.h"
@@ -67,6 +68,14 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Ten
   if (common_device("linear", {&x, &weight, &bias, &out}).is_cuda())
     LONGCTX_CUDA_TWIN("linear", linear_cuda(x, weight, bias, out));
   linear_cpu(x, weight, bias, out);
+}
+
+void quantized_linear(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
+                      const Tensor& bias, const Tensor& out, const Tensor& workspace) {
+  if (common_device("quantized_linear", {&x, &w.qweight, &w.scales, &w.qzeros, &bias, &out})
+          .is_cuda())
+    LONGCTX_CUDA_TWIN("quantized_linear", quantized_linear_cuda(x, w, q, bias, out, workspace));
+  quantized_linear_cpu(x, w, q, bias, out);
 }
 
 void silu_and_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
