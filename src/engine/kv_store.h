@@ -89,8 +89,8 @@ class KvStore {
   static constexpr size_t kReaders = 4;
   static constexpr size_t kReadAhead = 8;
   static constexpr size_t kPipeline = 4;
-  // Staging buffers the writer allocates first, and then at a time when try_take found none.
-  static constexpr int64_t kInitialStaging = 4;
+  // Buffers the writer adds at a time when try_take found none; once its start-up pass has pinned
+  // the whole pool (run_writer) none are left to add.
   static constexpr int64_t kStagingGrowth = 16;
 
   // `url`: redis://HOST:PORT. `ns` names the model and the bytes' format (blocks of different
