@@ -107,7 +107,7 @@ EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* toke
         "--kv-store: this engine cannot export its KV blocks (the store needs a resident KV "
         "cache of one full-attention group and no sparse policy: no offload)");
     // A prefill step's full blocks (128 of 16 MiB for a 16K-token chunk) wait in the store's
-    // export queue for staging buffers, which the store allocates as they are needed.
+    // export queue for staging buffers, which the store's writer pins when it starts.
     KvStoreOptions store;
     store.pinned = executor_->kv_block_io_pinned();
     kv_store_ =
@@ -400,9 +400,11 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
     logits = executor_->execute(inputs, out.copies);
     // The copies of blocks waiting for export are enqueued while the device runs the step
     // (ordered after it), into staging buffers freed since the last step; on a device (pinned
-    // block I/O) not in a step of decodes alone, unless the export queue is half full: copies
-    // during decode steps cost the H100 8B decode 8.6 % of its TPOT (all during prefill steps:
-    // 2.2 %).
+    // block I/O) not in a step of decodes alone, unless the export queue is half full. Measured
+    // on the H100's 8B decode: +8.6 % TPOT with copies in decode steps, but that run also grew
+    // the pinned pool while decoding, which alone cost +9.7 % (kv_store.cpp, run_writer); with
+    // the pool pinned at start and copies kept to prefill steps, +0.0 %. Whether copies in
+    // decode steps cost anything by themselves is not measured.
     if (kv_store_ != nullptr &&
         (prefill > 0 || !executor_->kv_block_io_pinned() ||
          2 * kv_store_->num_waiting_exports() > kv_store_->max_waiting_exports()))

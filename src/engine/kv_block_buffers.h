@@ -1,9 +1,9 @@
 // Host buffers of one KV block each for the KV store's block copies (docs/fleet.md, "Shared KV
 // store"): page-locked for a GPU executor, so a block's copy out of or into the device runs on a
-// copy stream with no host wait, plain host memory for the CPU executor. Allocated on demand, up
+// copy stream with no host wait, plain host memory for the CPU executor. Allocated by grow(), up
 // to a fixed count, and reused: a pinned allocation of a 16 MiB block costs milliseconds (2.2 GiB
-// of them cost seconds at start-up), so buffers are added by grow(), which the store calls on a
-// thread of its own when try_take() found none free, and a fixed count bounds the memory.
+// of them cost seconds), so the store's writer thread pins the whole pool when it starts, off the
+// engine thread, each buffer free as soon as it is pinned, and a fixed count bounds the memory.
 // Thread-safe: the engine thread takes a buffer, the store's writer thread grows the pool and
 // gives buffers back.
 #pragma once

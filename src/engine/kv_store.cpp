@@ -350,15 +350,7 @@ void KvStore::put(uint64_t hash, uint64_t parent, std::span<const int32_t> token
   cv_.notify_all();
 }
 
-int32_t KvStore::take_staging() {
-  const int32_t b = staging_.try_take();
-  if (b < 0 && staging_.wants_growth()) {
-    // Under mu_: the writer checks wants_growth() under it before it sleeps.
-    { std::lock_guard<std::mutex> lock(mu_); }
-    cv_.notify_all();
-  }
-  return b;
-}
+int32_t KvStore::take_staging() { return staging_.try_take(); }
 
 void KvStore::put_staged(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
                          int32_t buffer, std::function<void()> wait) {
@@ -449,25 +441,17 @@ void KvStore::run_writer() {
   staging_.grow(staging_.count());
   for (;;) {
     Write w;
-    bool have = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       busy_ = false;
       cv_.notify_all();  // flush() waits for an idle writer
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || staging_.wants_growth(); });
-      if (!queue_.empty()) {
-        w = std::move(queue_.front());
-        queue_.pop_front();
-        if (w.buffer < 0) --num_unstaged_;
-        have = true;
-      } else if (!staging_.wants_growth()) {
-        return;  // stopping with nothing left
-      }
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping with nothing left
+      w = std::move(queue_.front());
+      queue_.pop_front();
+      if (w.buffer < 0) --num_unstaged_;
       busy_ = true;
     }
-    // More staging first: blocks wait for buffers in the engine's export queue.
-    if (staging_.wants_growth()) staging_.grow(kStagingGrowth);
-    if (!have) continue;
     if (w.wait) w.wait();
     const std::span<const std::byte> payload =
         w.buffer >= 0 ? std::span<const std::byte>(staging_.bytes(w.buffer))

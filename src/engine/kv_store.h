@@ -89,9 +89,6 @@ class KvStore {
   static constexpr size_t kReaders = 4;
   static constexpr size_t kReadAhead = 8;
   static constexpr size_t kPipeline = 4;
-  // Buffers the writer adds at a time when try_take found none; once its start-up pass has pinned
-  // the whole pool (run_writer) none are left to add.
-  static constexpr int64_t kStagingGrowth = 16;
 
   // `url`: redis://HOST:PORT. `ns` names the model and the bytes' format (blocks of different
   // models or formats never meet). Throws Error(kInvalidArgument) for a malformed URL or option,
@@ -104,8 +101,8 @@ class KvStore {
 
   // Queues a block's bytes for writing; past max_queued_writes dropped (counted). Never waits.
   void put(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens, std::string bytes);
-  // A free staging buffer's index for put_staged(), or -1 when every allocated one is taken (the
-  // writer thread then allocates more, up to staging_bytes). Never waits.
+  // A free staging buffer's index for put_staged(), or -1 when every pinned one is taken (the
+  // writer pins the pool, staging_bytes of it, when it starts). Never waits.
   int32_t take_staging();
   std::span<std::byte> staging(int32_t buffer) { return staging_.bytes(buffer); }
   // Queues the block being copied into staging buffer `buffer` (taken with take_staging());
