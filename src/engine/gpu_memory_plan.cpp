@@ -10,6 +10,8 @@
 #include "attention/sparse/sparse_policy.h"
 #include "engine/cuda_graphs.h"
 #include "kv/block_manager.h"
+#include "loader/quantize_checkpoint.h"
+#include "loader/quantized_weights.h"
 #include "loader/weight_spec.h"
 #include "longctx/attention/kv_groups.h"
 #include "longctx/core/device_memory.h"
@@ -81,9 +83,23 @@ int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups) {
 }
 
 int64_t weight_bytes(const ModelConfig& config) {
-  int64_t n = 0;
-  for (const auto& [name, shape] : expected_weights(config)) n += shape_numel(shape);
-  return n * kBf16;
+  const QuantConfig& q = config.quantization;
+  int64_t n = 0, scratch = 0;
+  for (const auto& [name, shape] : expected_weights(config)) {
+    if (!q.quantized() || !quantizes_tensor(name, shape, q)) {
+      n += shape_numel(shape) * kBf16;
+      continue;
+    }
+    n += quantized_bytes(shape[0], shape[1], q);
+    // The packed Linears' workspace (DecoderModel's quant_workspace_): the dequantized scratch
+    // of the largest, counting q/k/v and gate/up as the stacked projections they load as.
+    const int64_t stacked = name.ends_with("gate_proj.weight") ? 2 * shape[0]
+                            : name.ends_with("q_proj.weight")
+                                ? config.q_size() + 2 * config.kv_size()
+                                : shape[0];
+    scratch = std::max(scratch, stacked * shape[1] * kBf16);
+  }
+  return n + scratch;
 }
 
 int64_t activation_bytes_per_token(const ModelConfig& c) {

@@ -20,7 +20,8 @@ bool decode_graphs(const GpuRunnerOptions& o);
 // State slots beyond the sequences' and the snapshots': the graphs' padding sequences' one.
 int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups);
 
-// The bf16 weights of a config's checkpoint on the device.
+// The weights of a config's checkpoint on the device: bf16, a quantized checkpoint's Linears
+// packed (with their workspace).
 int64_t weight_bytes(const ModelConfig& config);
 
 }  // namespace longctx

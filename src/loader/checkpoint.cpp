@@ -141,6 +141,14 @@ void validate_weights(const Checkpoint& ck, const std::string& where) {
 
 }  // namespace
 
+Tensor Checkpoint::dense_weight(const std::string& name) const {
+  if (weights.has(name)) return weights.get(name);
+  auto it = quantized.find(name);
+  LONGCTX_CHECK(it != quantized.end(), ErrorCode::kNotFound, "{}: no tensor '{}'",
+                dir.empty() ? "dummy checkpoint" : dir, name);
+  return dequantize(it->second, config.quantization, config.dtype);
+}
+
 Checkpoint load_checkpoint(const std::string& dir_str) {
   fs::path dir(dir_str);
   LONGCTX_CHECK(fs::is_directory(dir), ErrorCode::kNotFound, "{}: not a directory", dir_str);

@@ -3,6 +3,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "loader/quantize_checkpoint.h"
+#include "loader/quantized_weights.h"
 #include "loader/weight_spec.h"
 #include "longctx/core/parallel.h"
 #include "longctx/loader/checkpoint.h"
@@ -275,9 +277,16 @@ Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed) {
   Checkpoint ck;
   ck.config = config;
   uint64_t k = 0;
+  const QuantConfig& q = config.quantization;
   for (const auto& [name, shape] : expected_weights(config)) {
-    Tensor t = Tensor::empty(shape, config.dtype);
     const uint64_t s = splitmix64(seed + ++k);
+    if (q.quantized() && quantizes_tensor(name, shape, q)) {
+      // Only the packed tensors, as a quantized checkpoint stores them (a dense copy of an 8B
+      // model would take 16 GB of host memory the packed path never reads).
+      ck.quantized.emplace(name, random_quantized(shape[0], shape[1], q, s, 0.02f, name));
+      continue;
+    }
+    Tensor t = Tensor::empty(shape, config.dtype);
     if (shape.size() == 1 && name.ends_with("norm.weight")) {
       fill_uniform(t, s, 1.0f, 0.1f);  // norms near 1 keep activations sane
     } else if (shape.size() == 1) {

@@ -60,6 +60,52 @@ struct OutEntry {
 
 }  // namespace
 
+const std::map<std::string, QuantFormat>& quant_format_names() {
+  static const std::map<std::string, QuantFormat> names = {{"fp8", QuantFormat::kFp8Block},
+                                                           {"ct-fp8", QuantFormat::kCtFp8Channel},
+                                                           {"awq", QuantFormat::kAwq},
+                                                           {"gptq", QuantFormat::kGptq}};
+  return names;
+}
+
+QuantConfig quant_config_for(const QuantFormatOptions& o) {
+  QuantConfig q;
+  switch (o.format) {
+    case QuantFormat::kFp8Block:
+      q.method = QuantMethod::kFp8Block;
+      q.bits = 8;
+      q.block_out = q.block_in = o.block_size;
+      break;
+    case QuantFormat::kCtFp8Channel:
+      q.method = QuantMethod::kCompressedFp8;
+      q.bits = 8;
+      q.fp8_strategy = Fp8ScaleStrategy::kChannel;
+      q.ignore = {"lm_head"};
+      break;
+    case QuantFormat::kAwq:
+      q.method = QuantMethod::kAwq;
+      q.bits = 4;
+      q.group_size = o.group_size;
+      break;
+    case QuantFormat::kGptq:
+      q.method = QuantMethod::kGptq;
+      q.bits = 4;
+      q.group_size = o.group_size;
+      q.symmetric = !o.asym;
+      q.gptq_zero_minus_one = !o.gptq_v2;
+      break;
+  }
+  LONGCTX_CHECK(!o.asym || o.format == QuantFormat::kGptq, ErrorCode::kInvalidArgument,
+                "--asym applies to --method gptq only (AWQ is always asymmetric, FP8 symmetric)");
+  LONGCTX_CHECK(!o.gptq_v2 || o.format == QuantFormat::kGptq, ErrorCode::kInvalidArgument,
+                "--gptq-v2 applies to --method gptq only");
+  LONGCTX_CHECK(o.group_size > 0, ErrorCode::kInvalidArgument,
+                "--group-size must be positive, got {}", o.group_size);
+  LONGCTX_CHECK(o.block_size > 0, ErrorCode::kInvalidArgument,
+                "--block-size must be positive, got {}", o.block_size);
+  return q;
+}
+
 json quantization_config_json(const QuantConfig& q) {
   switch (q.method) {
     case QuantMethod::kFp8Block:

@@ -3,12 +3,31 @@
 // (no calibration data, no GPTQ error feedback, no AWQ activation-aware scaling).
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "longctx/loader/quantization.h"
 
 namespace longctx {
+
+// The formats the tool writes and dummy weights take (compressed-tensors FP8 with per-channel
+// scales), by the names of `--method` / `--quantization`: fp8, ct-fp8, awq, gptq.
+enum class QuantFormat { kFp8Block, kCtFp8Channel, kAwq, kGptq };
+const std::map<std::string, QuantFormat>& quant_format_names();
+
+struct QuantFormatOptions {
+  QuantFormat format = QuantFormat::kFp8Block;
+  int64_t group_size = 128;  // awq / gptq: inputs per scale group
+  int64_t block_size = 128;  // fp8: the scale blocks' side
+  bool asym = false;         // gptq: zero points per group (default symmetric)
+  bool gptq_v2 = false;      // gptq: checkpoint_format gptq_v2 (zeros as they are)
+};
+
+// The QuantConfig of a format. Throws Error(kInvalidArgument) naming the flag for options the
+// format does not take or non-positive sizes.
+QuantConfig quant_config_for(const QuantFormatOptions& o);
 
 // The quantization_config a checkpoint of `q` carries, as its publishers write it.
 nlohmann::json quantization_config_json(const QuantConfig& q);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "longctx/core/error.h"
@@ -365,6 +366,141 @@ QuantizedWeight quantize_rtn(const Tensor& weight, const QuantConfig& q, const s
       break;
   }
   LONGCTX_THROW(ErrorCode::kInvalidArgument, "quantize: no quantization method for '{}'", name);
+}
+
+namespace {
+
+// parts[i] stacked along `dim` (every other dim equal): one host tensor.
+Tensor stack_along(const std::vector<Tensor>& parts, int64_t dim) {
+  Shape shape = parts[0].shape();
+  shape[dim] = 0;
+  for (const Tensor& t : parts) shape[dim] += t.size(dim);
+  Tensor out = Tensor::empty(shape, parts[0].dtype());
+  int64_t at = 0;
+  for (const Tensor& t : parts) {
+    out.slice(dim, at, at + t.size(dim)).copy_from(t);
+    at += t.size(dim);
+  }
+  return out;
+}
+
+}  // namespace
+
+QuantizedWeight stack_quantized(const std::vector<QuantizedWeight>& parts, const QuantConfig& q) {
+  LONGCTX_CHECK(!parts.empty(), ErrorCode::kInvalidArgument, "stack_quantized: no parts");
+  if (parts.size() == 1) return parts[0];
+  QuantizedWeight none;
+  const QuantizedWeight& first = parts[0];
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const QuantizedWeight& p = parts[i];
+    LONGCTX_CHECK(p.method == first.method && p.in_features == first.in_features,
+                  ErrorCode::kInvalidArgument,
+                  "stack_quantized: part {} is {} [{}, {}], part 0 {} [{}, {}]", i,
+                  quant_method_name(p.method), p.out_features, p.in_features,
+                  quant_method_name(first.method), first.out_features, first.in_features);
+    const bool last = i + 1 == parts.size();
+    switch (p.method) {
+      case QuantMethod::kAwq:
+      case QuantMethod::kGptq:
+        if (p.out_features % 8 != 0) return none;
+        break;
+      case QuantMethod::kFp8Block:
+        if (!last && p.out_features % q.block_out != 0) return none;
+        break;
+      case QuantMethod::kCompressedFp8:
+        if (q.fp8_strategy != Fp8ScaleStrategy::kChannel) return none;
+        break;
+      case QuantMethod::kNone:
+        return none;
+    }
+  }
+  auto field = [&](Tensor QuantizedWeight::*f) {
+    std::vector<Tensor> ts;
+    for (const QuantizedWeight& p : parts) ts.push_back(p.*f);
+    return ts;
+  };
+  QuantizedWeight w;
+  w.method = first.method;
+  w.in_features = first.in_features;
+  for (const QuantizedWeight& p : parts) w.out_features += p.out_features;
+  const bool int4 = w.method == QuantMethod::kAwq || w.method == QuantMethod::kGptq;
+  // int4 tensors keep out along dim 1 ([rows, out] or [rows, out / 8]); FP8 along dim 0.
+  const int64_t dim = int4 ? 1 : 0;
+  w.qweight = stack_along(field(&QuantizedWeight::qweight), dim);
+  w.scales = stack_along(field(&QuantizedWeight::scales), dim);
+  if (int4) w.qzeros = stack_along(field(&QuantizedWeight::qzeros), 1);
+  if (first.g_idx.defined()) {
+    for (const QuantizedWeight& p : parts)
+      if (!p.g_idx.defined() || p.g_idx.nbytes() != first.g_idx.nbytes() ||
+          std::memcmp(p.g_idx.data_ptr(), first.g_idx.data_ptr(), first.g_idx.nbytes()) != 0)
+        return none;
+    w.g_idx = first.g_idx;
+  }
+  return w;
+}
+
+int64_t quantized_bytes(int64_t out, int64_t in, const QuantConfig& q) {
+  switch (q.method) {
+    case QuantMethod::kFp8Block:
+      return out * in + ceil_div(out, q.block_out) * ceil_div(in, q.block_in) * 4;
+    case QuantMethod::kCompressedFp8:
+      return out * in + (q.fp8_strategy == Fp8ScaleStrategy::kChannel ? out : 1) * 4;
+    case QuantMethod::kAwq:
+    case QuantMethod::kGptq: {
+      const int64_t groups = in / q.group_of(in);
+      return out * in / 2 + groups * out / 2 + groups * out * 2 +
+             (q.method == QuantMethod::kGptq ? in * 4 : 0);
+    }
+    case QuantMethod::kNone:
+      break;
+  }
+  return 0;
+}
+
+QuantizedWeight random_quantized(int64_t out, int64_t in, const QuantConfig& q, uint64_t seed,
+                                 float std, const std::string& name) {
+  QuantizedWeight w = quantized_layout(out, in, q, name);
+  uint64_t state = seed;
+  auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  auto fill_bytes = [&](const Tensor& t) {
+    auto* p = static_cast<uint8_t*>(t.data_ptr());
+    const int64_t n = int64_t(t.nbytes());
+    for (int64_t i = 0; i + 8 <= n; i += 8) {
+      const uint64_t v = next();
+      std::memcpy(p + i, &v, 8);
+    }
+    for (int64_t i = n / 8 * 8; i < n; ++i) p[i] = uint8_t(next());
+  };
+  auto fill_scales = [&](Tensor t, float v) {  // a handle: writes w's tensor
+    Tensor f = Tensor::empty(t.shape(), DType::kF32);
+    std::fill_n(f.data<float>(), f.numel(), v);
+    t.copy_from(t.dtype() == DType::kF32 ? f : f.to_dtype(t.dtype()));
+  };
+  fill_bytes(w.qweight);
+  if (q.method == QuantMethod::kFp8Block || q.method == QuantMethod::kCompressedFp8) {
+    // E4M3 has NaN at S.1111.111: moved to the largest finite code. Uniform codes have an rms
+    // of about 44.
+    auto* b = static_cast<uint8_t*>(w.qweight.data_ptr());
+    for (size_t i = 0; i < w.qweight.nbytes(); ++i)
+      if ((b[i] & 0x7f) == 0x7f) b[i] ^= 1;
+    fill_scales(w.scales, std / 44.f);
+    return w;
+  }
+  // int4: zero points 8 (v1 GPTQ stores z - 1); uniform codes minus 8 have an rms of 4.6.
+  const uint32_t zeros =
+      q.method == QuantMethod::kGptq && q.gptq_zero_minus_one ? 0x77777777u : 0x88888888u;
+  std::fill_n(static_cast<uint32_t*>(w.qzeros.data_ptr()), w.qzeros.numel(), zeros);
+  fill_scales(w.scales, std / 4.6f);
+  if (w.g_idx.defined()) {
+    auto* g = static_cast<int32_t*>(w.g_idx.data_ptr());
+    for (int64_t i = 0; i < in; ++i) g[i] = int32_t(i / q.group_of(in));
+  }
+  return w;
 }
 
 std::vector<std::pair<std::string, Tensor>> quantized_tensors(const std::string& module,

@@ -39,6 +39,22 @@ QuantizedWeight quantize_rtn(const Tensor& weight, const QuantConfig& q, const s
 QuantizedWeight quantized_layout(int64_t out, int64_t in, const QuantConfig& q,
                                  const std::string& name);
 
+// The Linears `parts` (same method and in_features) stacked along out_features, as dense weights
+// are stacked by rows (q/k/v into one projection), in the format's own layout: int4 qweight,
+// qzeros and scales side by side along their out dimension, FP8 weights and scales one above the
+// other. Returns a weight of method kNone when the format cannot stack them: FP8 per-tensor
+// scales (one scale each), FP8 blocks that a part's rows end inside, int4 parts whose
+// out_features are not multiples of 8, g_idx that differ. One part is returned as it is.
+QuantizedWeight stack_quantized(const std::vector<QuantizedWeight>& parts, const QuantConfig& q);
+
+// The bytes of the packed tensors of a [out, in] Linear in q's format (g_idx included).
+int64_t quantized_bytes(int64_t out, int64_t in, const QuantConfig& q);
+
+// Random packed tensors of a [out, in] Linear in q's format (dummy weights): uniform codes, zero
+// points around the middle, scales so that the dequantized weight has about `std`.
+QuantizedWeight random_quantized(int64_t out, int64_t in, const QuantConfig& q, uint64_t seed,
+                                 float std, const std::string& name);
+
 // The checkpoint tensors of `w` for module `module` ("model.layers.0.mlp.up_proj"), under the
 // names its format uses, in the order they are written.
 std::vector<std::pair<std::string, Tensor>> quantized_tensors(const std::string& module,

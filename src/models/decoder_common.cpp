@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstring>
 
+#include "loader/quantized_weights.h"
 #include "models/weight_loader.h"
 #include "ops/attention.h"
 #include "ops/embedding.h"
 #include "ops/gather_rows.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
+#include "ops/quantized_linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
 #include "ops/silu_and_mul.h"
@@ -20,8 +22,8 @@ namespace longctx::models {
 
 namespace {
 
-Tensor optional_weight(const WeightStore& w, const std::string& name) {
-  return w.has(name) ? w.get(name) : Tensor();
+Tensor optional_weight(const Checkpoint& ck, const std::string& name) {
+  return ck.has_weight(name) ? ck.dense_weight(name) : Tensor();
 }
 
 // Gemma's RMSNorm scales by (1 + w): the weight loaded as 1 + w, computed in fp32 as
@@ -63,37 +65,67 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   auto kv_rows = [&](const Tensor& t) { return rows(t, s.kv_head0 * d, s.num_kv_heads * d); };
   auto mlp_rows = [&](const Tensor& t) { return rows(t, s.inter0, s.inter); };
   auto rank0 = [&](const Tensor& t) { return s.rank == 0 ? t : Tensor(); };
-  const WeightStore& w = checkpoint_->weights;
+  const Checkpoint& w = *checkpoint_;
   WeightLoader load(device_, act_dtype_);
+  // A quantized checkpoint's Linears stay packed on one unsharded device when the options ask
+  // (the default on a GPU) or the checkpoint has no dense copy; a format that cannot stack q/k/v
+  // or gate/up (per-tensor FP8 scales, ...) loads that projection dense.
+  const bool want_packed = !sharded() && c.quantization.quantized() &&
+                           options.packed_weights.value_or(device_.is_cuda());
+  int64_t workspace_bytes = 0;
+  // The Linear of checkpoint weights `names` stacked by rows; `dense_rows` makes the dense parts.
+  auto linear_weight = [&](const std::vector<std::string>& names, auto dense_rows) {
+    LinearWeight lw;
+    bool all_packed = !sharded(), dense_absent = false;
+    for (const std::string& n : names) {
+      all_packed = all_packed && w.quantized.count(n) > 0;
+      dense_absent = dense_absent || !w.weights.has(n);
+    }
+    if (all_packed && (want_packed || dense_absent)) {
+      std::vector<QuantizedWeight> parts;
+      for (const std::string& n : names) parts.push_back(w.quantized.at(n));
+      QuantizedWeight stacked = stack_quantized(parts, c.quantization);
+      if (stacked.method != QuantMethod::kNone) {
+        lw.packed = load.load_packed(stacked);
+        if (device_.is_cuda())
+          workspace_bytes =
+              std::max(workspace_bytes, ops::quantized_linear_workspace_bytes(
+                                            ops::kQuantizedGemvMaxRows, lw.packed, act_dtype_));
+        return lw;
+      }
+    }
+    lw.dense = load.load_fused(dense_rows());
+    return lw;
+  };
   auto norm = [&](const Tensor& t) {
     return load.load(c.norm_plus_one && t.defined() ? plus_one(t) : t);
   };
-  embed_tokens_ = load.load(rows(w.get("model.embed_tokens.weight"), s.vocab0, s.vocab));
+  embed_tokens_ = load.load(rows(w.dense_weight("model.embed_tokens.weight"), s.vocab0, s.vocab));
   // A MoE layer's experts, fused per layer from either checkpoint spelling (weight_spec.h's
   // ExpertLayout) and sliced like the dense MLP when sharded (every rank holds every expert's
   // columns [moe_inter0, moe_inter0 + moe_inter): tensor_parallel.h says why).
   auto load_moe = [&](LayerWeights& l, const std::string& p) {
     const MoeConfig& m = c.moe;
     const int64_t e = m.num_experts, h = c.hidden_size, mi = m.moe_intermediate_size;
-    l.router = load.load(w.get(p + "mlp.gate.weight"));
-    const bool fused = w.has(p + "mlp.experts.gate_up_proj");
+    l.router = load.load(w.dense_weight(p + "mlp.gate.weight"));
+    const bool fused = w.has_weight(p + "mlp.experts.gate_up_proj");
     if (fused && !sharded()) {
-      l.experts_gate_up = load.load(w.get(p + "mlp.experts.gate_up_proj"));
-      l.experts_down = load.load(w.get(p + "mlp.experts.down_proj"));
+      l.experts_gate_up = load.load(w.dense_weight(p + "mlp.experts.gate_up_proj"));
+      l.experts_down = load.load(w.dense_weight(p + "mlp.experts.down_proj"));
     } else {
       std::vector<Tensor> gate_up, down;
       for (int64_t x = 0; x < e; ++x) {
         Tensor g, u, d;
         if (fused) {
-          Tensor gu = w.get(p + "mlp.experts.gate_up_proj").select(0, x);  // [2 mi, h]
+          Tensor gu = w.dense_weight(p + "mlp.experts.gate_up_proj").select(0, x);  // [2 mi, h]
           g = gu.slice(0, 0, mi);
           u = gu.slice(0, mi, 2 * mi);
-          d = w.get(p + "mlp.experts.down_proj").select(0, x);  // [h, mi]
+          d = w.dense_weight(p + "mlp.experts.down_proj").select(0, x);  // [h, mi]
         } else {
           const std::string q = fmt::format("{}mlp.experts.{}.", p, x);
-          g = w.get(q + "gate_proj.weight");
-          u = w.get(q + "up_proj.weight");
-          d = w.get(q + "down_proj.weight");
+          g = w.dense_weight(q + "gate_proj.weight");
+          u = w.dense_weight(q + "up_proj.weight");
+          d = w.dense_weight(q + "down_proj.weight");
         }
         gate_up.push_back(rows(g, s.moe_inter0, s.moe_inter));
         gate_up.push_back(rows(u, s.moe_inter0, s.moe_inter));
@@ -104,12 +136,12 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
     }
     if (m.shared_expert_intermediate_size > 0) {
       auto shared_rows = [&](const Tensor& t) { return rows(t, s.shared_inter0, s.shared_inter); };
-      l.shared_gate_up =
-          load.load_fused({shared_rows(w.get(p + "mlp.shared_expert.gate_proj.weight")),
-                           shared_rows(w.get(p + "mlp.shared_expert.up_proj.weight"))});
-      l.shared_down = load.load(
-          cols(w.get(p + "mlp.shared_expert.down_proj.weight"), s.shared_inter0, s.shared_inter));
-      l.shared_expert_gate = load.load(w.get(p + "mlp.shared_expert_gate.weight"));
+      l.shared_gate_up.dense =
+          load.load_fused({shared_rows(w.dense_weight(p + "mlp.shared_expert.gate_proj.weight")),
+                           shared_rows(w.dense_weight(p + "mlp.shared_expert.up_proj.weight"))});
+      l.shared_down.dense = load.load(cols(w.dense_weight(p + "mlp.shared_expert.down_proj.weight"),
+                                           s.shared_inter0, s.shared_inter));
+      l.shared_expert_gate = load.load(w.dense_weight(p + "mlp.shared_expert_gate.weight"));
     }
   };
   LONGCTX_CHECK(!sharded() || !c.attn_output_gate, ErrorCode::kUnsupported,
@@ -127,7 +159,7 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   };
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    auto get = [&](const std::string& name) { return w.get(p + name); };
+    auto get = [&](const std::string& name) { return w.dense_weight(p + name); };
     auto opt = [&](const std::string& name) { return optional_weight(w, p + name); };
     LayerWeights l;
     l.input_layernorm = norm(get("input_layernorm.weight"));
@@ -142,11 +174,16 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
       parts.push_back(get("self_attn.k_proj.weight"));
       parts.push_back(get("self_attn.v_proj.weight"));
       parts.insert(parts.end(), gate.begin(), gate.end());
-      l.qkv_proj = load.load_fused(parts);
+      l.qkv_proj.dense = load.load_fused(parts);
     } else if (attention_layer) {
-      l.qkv_proj = load.load_fused({q_rows(get("self_attn.q_proj.weight")),
-                                    kv_rows(get("self_attn.k_proj.weight")),
-                                    kv_rows(get("self_attn.v_proj.weight"))});
+      l.qkv_proj =
+          linear_weight({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                         p + "self_attn.v_proj.weight"},
+                        [&] {
+                          return std::vector<Tensor>{q_rows(get("self_attn.q_proj.weight")),
+                                                     kv_rows(get("self_attn.k_proj.weight")),
+                                                     kv_rows(get("self_attn.v_proj.weight"))};
+                        });
     }
     Tensor q_bias = opt("self_attn.q_proj.bias"), k_bias = opt("self_attn.k_proj.bias"),
            v_bias = opt("self_attn.v_proj.bias");
@@ -157,7 +194,10 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
       l.qkv_bias = load.load_fused({q_rows(q_bias), kv_rows(k_bias), kv_rows(v_bias)});
     // A linear-attention layer's token mixer is the architecture's (it loads those weights).
     if (attention_layer) {
-      l.o_proj = load.load(cols(get("self_attn.o_proj.weight"), s.q_head0 * d, s.num_q_heads * d));
+      l.o_proj = linear_weight({p + "self_attn.o_proj.weight"}, [&] {
+        return std::vector<Tensor>{
+            cols(get("self_attn.o_proj.weight"), s.q_head0 * d, s.num_q_heads * d)};
+      });
       l.o_bias = load.load(rank0(opt("self_attn.o_proj.bias")));
       l.q_norm = norm(opt("self_attn.q_norm.weight"));
       l.k_norm = norm(opt("self_attn.k_norm.weight"));
@@ -172,18 +212,23 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
       layers_.push_back(std::move(l));
       continue;
     }
-    l.gate_up_proj = load.load_fused(
-        {mlp_rows(get("mlp.gate_proj.weight")), mlp_rows(get("mlp.up_proj.weight"))});
+    l.gate_up_proj = linear_weight({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, [&] {
+      return std::vector<Tensor>{mlp_rows(get("mlp.gate_proj.weight")),
+                                 mlp_rows(get("mlp.up_proj.weight"))};
+    });
     Tensor gate_bias = opt("mlp.gate_proj.bias"), up_bias = opt("mlp.up_proj.bias");
     if (gate_bias.defined() || up_bias.defined())
       l.gate_up_bias = load.load_fused({mlp_rows(gate_bias), mlp_rows(up_bias)});
-    l.down_proj = load.load(cols(get("mlp.down_proj.weight"), s.inter0, s.inter));
+    l.down_proj = linear_weight({p + "mlp.down_proj.weight"}, [&] {
+      return std::vector<Tensor>{cols(get("mlp.down_proj.weight"), s.inter0, s.inter)};
+    });
     l.down_bias = load.load(rank0(opt("mlp.down_proj.bias")));
     layers_.push_back(std::move(l));
   }
-  norm_ = norm(w.get("model.norm.weight"));
-  lm_head_ = c.tie_word_embeddings ? embed_tokens_
-                                   : load.load(rows(w.get("lm_head.weight"), s.vocab0, s.vocab));
+  norm_ = norm(w.dense_weight("model.norm.weight"));
+  lm_head_ = c.tie_word_embeddings
+                 ? embed_tokens_
+                 : load.load(rows(w.dense_weight("lm_head.weight"), s.vocab0, s.vocab));
   // Rounded like transformers' inv_freq buffer in a model loaded at that dtype (see model.h).
   const DType inv_dtype = options.rope_inv_freq_dtype.value_or(DType::kF32);
   auto frequencies = [&](const RopeConfig& r, ops::RopeFrequencies& f, Tensor& inv) {
@@ -194,6 +239,7 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   frequencies(c.rope, rope_, inv_freq_);
   if (c.has_local_rope) frequencies(c.local_rope, local_rope_, local_inv_freq_);
   load.finish();
+  if (workspace_bytes > 0) quant_workspace_ = Tensor::empty({workspace_bytes}, DType::kU8, device_);
 }
 
 Tensor DecoderModel::act_empty(const Shape& shape) const {
@@ -251,6 +297,13 @@ Tensor DecoderModel::linear(const Tensor& x, const Tensor& weight, const Tensor&
   return out;
 }
 
+Tensor DecoderModel::linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias) const {
+  if (!weight.is_packed()) return linear(x, weight.dense, bias);
+  Tensor out = act_empty({x.size(0), weight.packed.out_features});
+  ops::quantized_linear(x, weight.packed, config_.quantization, bias, out, quant_workspace_);
+  return out;
+}
+
 DecoderModel::QKV DecoderModel::split_qkv(const Tensor& qkv) const {
   const ModelConfig& c = config();
   const int64_t d = c.head_dim, hq = c.num_attention_heads, hkv = c.num_key_value_heads;
@@ -267,8 +320,8 @@ Tensor DecoderModel::gated_mlp(const Tensor& x, const LayerWeights& w) const {
   return gated_mlp(x, w.gate_up_proj, w.gate_up_bias, w.down_proj, w.down_bias);
 }
 
-Tensor DecoderModel::gated_mlp(const Tensor& x, const Tensor& gate_up_proj,
-                               const Tensor& gate_up_bias, const Tensor& down_proj,
+Tensor DecoderModel::gated_mlp(const Tensor& x, const LinearWeight& gate_up_proj,
+                               const Tensor& gate_up_bias, const LinearWeight& down_proj,
                                const Tensor& down_bias) const {
   Tensor gate_up = linear(x, gate_up_proj, gate_up_bias);  // [T, 2 intermediate]
   const int64_t inter = gate_up.size(1) / 2;

@@ -26,23 +26,36 @@
 
 namespace longctx::models {
 
+// A Linear's weight: dense rows in the device's dtype, or a quantized checkpoint's packed tensors
+// as stored (on the device), which ops::quantized_linear runs without a dense copy.
+struct LinearWeight {
+  Tensor dense;            // [out, in]; undefined when packed
+  QuantizedWeight packed;  // the format's tensors (quantization.h); method kNone when dense
+  bool is_packed() const { return packed.method != QuantMethod::kNone; }
+  bool defined() const { return dense.defined() || is_packed(); }
+};
+
 // One decoder layer. Optional tensors (biases, q/k norms) are undefined when absent.
 struct LayerWeights {
   Tensor input_layernorm;             // [hidden]
-  Tensor qkv_proj, qkv_bias;          // [q_size + 2 kv_size, hidden], [q_size + 2 kv_size]
-  Tensor o_proj, o_bias;              // [hidden, q_size], [hidden]
+  LinearWeight qkv_proj;              // [q_size + 2 kv_size, hidden]
+  Tensor qkv_bias;                    // [q_size + 2 kv_size]
+  LinearWeight o_proj;                // [hidden, q_size]
+  Tensor o_bias;                      // [hidden]
   Tensor q_norm, k_norm;              // [head_dim] each (Qwen3, Gemma 3)
   Tensor post_attention_layernorm;    // [hidden]
   Tensor pre_feedforward_layernorm;   // [hidden] (Gemma 3: post_attention_layernorm then
   Tensor post_feedforward_layernorm;  // [hidden]  normalizes the attention output)
-  Tensor gate_up_proj, gate_up_bias;  // [2 intermediate, hidden], [2 intermediate]
-  Tensor down_proj, down_bias;        // [hidden, intermediate], [hidden]
+  LinearWeight gate_up_proj;          // [2 intermediate, hidden]
+  Tensor gate_up_bias;                // [2 intermediate]
+  LinearWeight down_proj;             // [hidden, intermediate]
+  Tensor down_bias;                   // [hidden]
   // A mixture-of-experts layer (config.is_moe_layer) instead of gate_up_proj / down_proj:
   Tensor router;  // mlp.gate [experts, hidden]
   Tensor experts_gate_up,
       experts_down;  // [experts, 2 moe_inter, hidden], [experts, hidden, moe_inter]
-  Tensor shared_gate_up, shared_down;  // the shared expert (Qwen2-MoE), like gate_up/down_proj
-  Tensor shared_expert_gate;           // [1, hidden]
+  LinearWeight shared_gate_up, shared_down;  // the shared expert (Qwen2-MoE), as gate_up/down_proj
+  Tensor shared_expert_gate;                 // [1, hidden]
 };
 
 // The step's inputs on the model's device.
@@ -106,6 +119,7 @@ class DecoderModel : public Model {
   Tensor add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight) const;
   // x @ weight^T + bias (bias may be undefined), a new [n, out] activation tensor.
   Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) const;
+  Tensor linear(const Tensor& x, const LinearWeight& weight, const Tensor& bias) const;
   // q, k, v of a fused projection output qkv [T, (Hq + 2 Hkv) head_dim]: [T, H, head_dim] views;
   // qk: q and k together ([T, Hq + Hkv, head_dim], adjacent in each row), so RoPE, which treats
   // every head alike, runs once over both.
@@ -116,8 +130,8 @@ class DecoderModel : public Model {
   // down_proj(act(gate_proj(x)) * up_proj(x)): LlamaMLP / Qwen2MLP / Qwen3MLP (silu),
   // Gemma3MLP (gelu_pytorch_tanh).
   Tensor gated_mlp(const Tensor& x, const LayerWeights& w) const;
-  Tensor gated_mlp(const Tensor& x, const Tensor& gate_up, const Tensor& gate_up_bias,
-                   const Tensor& down, const Tensor& down_bias) const;
+  Tensor gated_mlp(const Tensor& x, const LinearWeight& gate_up, const Tensor& gate_up_bias,
+                   const LinearWeight& down, const Tensor& down_bias) const;
   // Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock: router, top-k experts, the shared expert.
   Tensor sparse_moe_block(const Tensor& x, const LayerWeights& w) const;
   // In place on x [T, heads, head_dim] at the step's positions, with layer i's rope (Gemma 3's
@@ -143,8 +157,11 @@ class DecoderModel : public Model {
   DType act_dtype_ = DType::kF32;  // activations (CPU f32, CUDA bf16); the residual is f32
   Tensor embed_tokens_;            // [vocab (the rank's rows), hidden]
   std::vector<LayerWeights> layers_;
-  Tensor norm_;                // [hidden]
-  Tensor lm_head_;             // [vocab (the rank's rows), hidden]; embed_tokens_ when tied
+  Tensor norm_;     // [hidden]
+  Tensor lm_head_;  // [vocab (the rank's rows), hidden]; embed_tokens_ when tied
+  // [bytes] u8 on a GPU with packed Linears: their GEMV partials or dequantized scratch, shared
+  // by every Linear (the ops of one stream run in order) and fixed, so graphs capture it.
+  Tensor quant_workspace_;
   ops::RopeFrequencies rope_;  // the host-side rope (rotary dim, scaling, how rows are picked)
   Tensor inv_freq_;            // [rope_.tables(), rotary_dim / 2] f32 on device_
   ops::RopeFrequencies local_rope_;  // sliding layers' (config.has_local_rope)

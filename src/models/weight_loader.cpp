@@ -71,6 +71,20 @@ Tensor WeightLoader::load_fused(const std::vector<Tensor>& ps) {
   return out;
 }
 
+QuantizedWeight WeightLoader::load_packed(const QuantizedWeight& w) {
+  if (device_.is_cpu()) return w;
+  QuantizedWeight d = w;
+  for (Tensor QuantizedWeight::*f : {&QuantizedWeight::qweight, &QuantizedWeight::scales,
+                                     &QuantizedWeight::qzeros, &QuantizedWeight::g_idx}) {
+    const Tensor& src = w.*f;
+    if (!src.defined()) continue;
+    Tensor c = src.contiguous();
+    d.*f = Tensor::empty(c.shape(), c.dtype(), device_);
+    uploader_->upload(c.data_ptr(), (d.*f).data_ptr(), c.nbytes());
+  }
+  return d;
+}
+
 void WeightLoader::finish() {
   if (uploader_) uploader_->finish();
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "longctx/core/tensor.h"
+#include "longctx/loader/quantization.h"
 
 namespace longctx {
 class PinnedUploader;
@@ -30,6 +31,9 @@ class WeightLoader {
   // Undefined parts are not allowed; returns undefined when every part is undefined.
   Tensor load_fused(std::initializer_list<Tensor> parts);
   Tensor load_fused(const std::vector<Tensor>& parts);
+  // A quantized Linear's packed tensors on the device, each in its own dtype (the CPU keeps
+  // them as they are).
+  QuantizedWeight load_packed(const QuantizedWeight& w);
   // Waits for every copy.
   void finish();
 

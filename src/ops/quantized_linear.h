@@ -21,15 +21,15 @@ namespace longctx::ops {
 //
 // CPU: x f32, out f32; W dequantized to f32 (one f32 product per weight, exact for int4), then
 // the dense linear_cpu (sequential fp32 sums).
-// CUDA: x bf16, f16 or f32; out f32 or x's dtype; fp32 accumulation. For n <= kGemvMaxRows, a
-// GEMV per format reads the packed weight once (16-byte loads; int4 decoded in registers to the
-// exact (q - z) in half2, times x in fp32, the group's scale applied once per group (AWQ) or per
-// 8 inputs (GPTQ); FP8 E4M3 -> f16 -> f32, the block scale per 16 inputs, a channel scale at the
-// end), split over K across CTAs when out is small: each split writes fp32 partials to the
-// workspace and one kernel adds them in split order (deterministic). Otherwise (n > 8, or a shape
-// the GEMV does not take) W is dequantized into a scratch [out, in] in x's dtype (one kernel,
-// f32 arithmetic, one rounding) and the dense linear_cuda (cuBLASLt) runs on it.
-// Launches on current_stream(device), no host sync.
+// CUDA: x bf16, f16 or f32; out f32 or x's dtype; fp32 accumulation. For n <=
+// kQuantizedGemvMaxRows, a GEMV per format reads the packed weight once per 8 rows (16-byte loads;
+// int4 decoded in registers to the exact (q - z) in half2, times x in fp32, the group's scale
+// applied once per group (AWQ) or per 8 inputs (GPTQ); FP8 E4M3 -> f16 -> f32, the block scale per
+// 16 inputs, a channel scale at the end), split over K across CTAs when out is small: each split
+// writes fp32 partials to the workspace and one kernel adds them in split order (deterministic).
+// Otherwise (n > 64, or a shape the GEMV does not take) W is dequantized into a scratch [out, in]
+// in x's dtype (one kernel, f32 arithmetic, one rounding) and the dense linear_cuda (cuBLASLt) runs
+// on it. Launches on current_stream(device), no host sync.
 void quantized_linear(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
                       const Tensor& bias, const Tensor& out, const Tensor& workspace = Tensor());
 void quantized_linear_cpu(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
@@ -39,13 +39,16 @@ void quantized_linear_cpu(const Tensor& x, const QuantizedWeight& w, const Quant
 // reason when the GEMV cannot run the arguments; kDequantGemm always dequantizes.
 enum class QuantizedLinearPath { kAuto, kGemv, kDequantGemm };
 
-// The rows up to which kAuto runs the GEMV.
-constexpr int64_t kQuantizedGemvMaxRows = 8;
+// The rows up to which kAuto runs the GEMV, kQuantizedGemvPassRows at a time (each pass reads the
+// packed weight once: up to 64 rows that is still fewer bytes than dequantizing it and reading
+// the dense copy, and batched decode stays on the GEMV).
+constexpr int64_t kQuantizedGemvMaxRows = 64;
+constexpr int64_t kQuantizedGemvPassRows = 8;
 // Split-K partitions at most (bounds the GEMV's workspace).
 constexpr int64_t kQuantizedMaxSplits = 64;
 
 // Device bytes the CUDA twin's workspace needs for n rows of x in `x_dtype` on `path`: the
-// GEMV's fp32 partials (kQuantizedMaxSplits x n x out at most), or the dequantized scratch
+// GEMV's fp32 partials (kQuantizedMaxSplits x min(n, 8) x out at most), or the dequantized scratch
 // out x in x dtype_size(x_dtype) (the prefill path: one layer's largest weight, reusable by
 // every Linear of a step since the ops of one stream run in order).
 int64_t quantized_linear_workspace_bytes(int64_t n, const QuantizedWeight& w, DType x_dtype,

@@ -93,7 +93,8 @@ int64_t quantized_linear_workspace_bytes(int64_t n, const QuantizedWeight& w, DT
                                          QuantizedLinearPath path) {
   const bool gemv = path == QuantizedLinearPath::kGemv ||
                     (path == QuantizedLinearPath::kAuto && n <= kQuantizedGemvMaxRows);
-  const int64_t partials = kQuantizedMaxSplits * std::max<int64_t>(n, 1) * w.out_features * 4;
+  const int64_t partials =
+      kQuantizedMaxSplits * std::clamp<int64_t>(n, 1, kQuantizedGemvPassRows) * w.out_features * 4;
   const int64_t scratch = w.out_features * w.in_features * int64_t(dtype_size(x_dtype));
   // kAuto may fall back to the dequantizing path for a shape the GEMV does not take.
   return path == QuantizedLinearPath::kAuto && gemv ? std::max(partials, scratch)

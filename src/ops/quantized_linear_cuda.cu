@@ -1,9 +1,9 @@
 // CUDA quantized Linear: out[n, out] = x[n, in] @ W^T (+ bias), W packed as its checkpoint stores
 // it (include/longctx/loader/quantization.h), fp32 accumulation.
 //
-// Decode (n <= 8): one GEMV kernel per format streams the packed weight once with 16-byte
-// streaming loads (__ldcs) and decodes it in registers. A CTA of kWarps warps owns a tile of
-// output columns and a slice of K (blockIdx.y); its warps split the slice into contiguous row
+// Decode (n <= 64, 8 rows a pass): one GEMV kernel per format streams the packed weight once with
+// 16-byte streaming loads (__ldcs) and decodes it in registers. A CTA of kWarps warps owns a tile
+// of output columns and a slice of K (blockIdx.y); its warps split the slice into contiguous row
 // ranges and add their sums through shared memory in warp order; with more than one slice each
 // writes fp32 partials [splits, n, out] to the workspace and a second kernel adds them in slice
 // order (deterministic: no float atomics).
@@ -131,17 +131,18 @@ QArgs q_args(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q, co
 // Device helpers.
 
 struct GemvParams {
-  const void* x;  // [N, in], row stride ldx
+  const void* x;  // [n, in], row stride ldx
   int64_t ldx;
+  int n;  // rows of x (<= the kernel's N: rows n..N-1 are computed on zeros and not written)
   const void* qweight;  // the format's packed weight
   const void* scales;   // the format's scales, scale_dtype
   DType scale_dtype;
   const uint32_t* qzeros;  // int4: [in/g, out/8]
   const void* bias;        // [out] or nullptr (applied where the sum completes)
   DType bias_dtype;
-  void* out;  // [N, out], row stride ldo (splits == 1)
+  void* out;  // [n, out], row stride ldo (splits == 1)
   int64_t ldo;
-  float* partial;  // [splits, N, out] (splits > 1)
+  float* partial;  // [splits, n, out] (splits > 1)
   int64_t in, out_features;
   int64_t k_per_split;                      // inputs per blockIdx.y
   int64_t group;                            // int4: inputs per group
@@ -188,14 +189,14 @@ __device__ __forceinline__ void nibbles_minus_zero(const half2 (&h)[4], const Ze
   d[6] = f.x, d[7] = f.y;
 }
 
-// Stages x[:, k0:k1] as f32 rows of kSliceK in shared memory.
+// Stages x[:, k0:k1] as f32 rows of kSliceK in shared memory (rows past p.n as zeros).
 template <int N, typename T>
 __device__ __forceinline__ void stage_x(const GemvParams& p, int64_t k0, int64_t k1, float* xs) {
   const int64_t len = k1 - k0;
   const T* x = static_cast<const T*>(p.x);
   for (int64_t i = threadIdx.x; i < N * len; i += kThreads) {
     const int64_t j = i / len, k = i - j * len;
-    xs[j * kSliceK + k] = to_f32(x[j * p.ldx + k0 + k]);
+    xs[j * kSliceK + k] = j < p.n ? to_f32(x[j * p.ldx + k0 + k]) : 0.f;
   }
   __syncthreads();
 }
@@ -224,13 +225,13 @@ __device__ __forceinline__ void finish_tile(const GemvParams& p, float (&acc)[C]
   for (int i = threadIdx.x; i < N * kTile; i += kThreads) {
     const int j = i / kTile, c = i - j * kTile;
     const int64_t o = col0 + c;
-    if (o >= p.out_features) continue;
+    if (o >= p.out_features || j >= p.n) continue;
     const float v = red[i];
     if (gridDim.y == 1) {
       const float b = p.bias ? load_any(p.bias, p.bias_dtype, o) : 0.f;
       static_cast<TO*>(p.out)[j * p.ldo + o] = from_f32<TO>(v + b);
     } else {
-      p.partial[(int64_t(blockIdx.y) * N + j) * p.out_features + o] = v;
+      p.partial[(int64_t(blockIdx.y) * p.n + j) * p.out_features + o] = v;
     }
   }
 }
@@ -490,6 +491,7 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(GemvParams p) {
       }
 #pragma unroll
       for (int j = 0; j < N; ++j) {
+        if (j >= p.n) break;
         float xv[16], xb[8];
         load<8, T>(x + j * p.ldx + cc * 16, xb);
 #pragma unroll
@@ -525,12 +527,13 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_kernel(GemvParams p) {
         kBlockScale ? 1.f : load_any(p.scales, p.scale_dtype, int64_t(p.scale_stride) * o);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
+      if (j >= p.n) break;
       const float v = kBlockScale ? acc[r][j] : acc[r][j] * s;
       if (gridDim.y == 1) {
         const float b = p.bias ? load_any(p.bias, p.bias_dtype, o) : 0.f;
         static_cast<TO*>(p.out)[j * p.ldo + o] = from_f32<TO>(v + b);
       } else {
-        p.partial[(int64_t(blockIdx.y) * N + j) * p.out_features + o] = v;
+        p.partial[(int64_t(blockIdx.y) * p.n + j) * p.out_features + o] = v;
       }
     }
   }
@@ -650,6 +653,7 @@ GemvPlan plan_gemv(const QArgs& a, const QuantizedWeight& w, const QuantConfig& 
   if (a.x_dtype == DType::kF32) pl.refusal = "f32 x";
   if (a.n < 1 || a.n > kQuantizedGemvMaxRows)
     pl.refusal = LONGCTX_FORMAT("n = {} outside [1, {}]", a.n, kQuantizedGemvMaxRows);
+  const int64_t pass_rows = std::min(a.n, kQuantizedGemvPassRows);
   if (!aligned16(w.qweight.data_ptr())) pl.refusal = "qweight not 16-byte aligned";
   if (!pl.refusal.empty()) return pl;
   int64_t unit = 8;  // K granularity of a slice
@@ -662,9 +666,9 @@ GemvPlan plan_gemv(const QArgs& a, const QuantizedWeight& w, const QuantConfig& 
       pl.tile = 32 * 4;
       break;
     case QuantMethod::kAwq:
-      pl.awq_words = a.n == 1 && a.out_features % 32 == 0   ? 4
-                     : a.n <= 2 && a.out_features % 16 == 0 ? 2
-                                                            : 1;
+      pl.awq_words = pass_rows == 1 && a.out_features % 32 == 0   ? 4
+                     : pass_rows <= 2 && a.out_features % 16 == 0 ? 2
+                                                                  : 1;
       pl.tile = 32 * 8 * pl.awq_words;
       break;
     default:  // FP8
@@ -693,7 +697,7 @@ GemvPlan plan_gemv(const QArgs& a, const QuantizedWeight& w, const QuantConfig& 
     return pl;
   }
   if (pl.col_tiles > 0x7fffffff) pl.refusal = "too many output tiles";
-  pl.partial_bytes = pl.splits > 1 ? pl.splits * a.n * a.out_features * 4 : 0;
+  pl.partial_bytes = pl.splits > 1 ? pl.splits * pass_rows * a.out_features * 4 : 0;
   return pl;
 }
 
@@ -713,6 +717,7 @@ GemvParams gemv_params(const QArgs& a, const QuantizedWeight& w, const QuantConf
   GemvParams p{};
   p.x = a.x;
   p.ldx = a.ldx;
+  p.n = int(a.n);
   p.qweight = w.qweight.data_ptr();
   p.scales = w.scales.data_ptr();
   p.scale_dtype = w.scales.dtype();
@@ -774,24 +779,12 @@ void launch_gemv_n(const QArgs& a, const QuantizedWeight& w, const GemvPlan& pl,
 
 void launch_gemv(const QArgs& a, const QuantizedWeight& w, const GemvPlan& pl, const GemvParams& p,
                  cudaStream_t stream) {
-  switch (a.n) {
-    case 1:
-      return launch_gemv_n<1>(a, w, pl, p, stream);
-    case 2:
-      return launch_gemv_n<2>(a, w, pl, p, stream);
-    case 3:
-      return launch_gemv_n<3>(a, w, pl, p, stream);
-    case 4:
-      return launch_gemv_n<4>(a, w, pl, p, stream);
-    case 5:
-      return launch_gemv_n<5>(a, w, pl, p, stream);
-    case 6:
-      return launch_gemv_n<6>(a, w, pl, p, stream);
-    case 7:
-      return launch_gemv_n<7>(a, w, pl, p, stream);
-    default:
-      return launch_gemv_n<8>(a, w, pl, p, stream);
-  }
+  // Row counts round up to a power of two (a kernel per N, not per n: the GEMVs are bound by the
+  // weight's bytes, which every row shares).
+  if (a.n == 1) return launch_gemv_n<1>(a, w, pl, p, stream);
+  if (a.n == 2) return launch_gemv_n<2>(a, w, pl, p, stream);
+  if (a.n <= 4) return launch_gemv_n<4>(a, w, pl, p, stream);
+  return launch_gemv_n<8>(a, w, pl, p, stream);
 }
 
 void launch_dequant(const QArgs& a, const QuantizedWeight& w, const QuantConfig& q, void* dst,
@@ -882,15 +875,23 @@ void quantized_linear_cuda(const Tensor& x, const QuantizedWeight& w, const Quan
   const GemvPlan pl = plan_gemv(a, w, q);
   if (use_gemv(pl, path, a, w)) {
     void* partial = workspace_ptr(workspace, pl.partial_bytes, a.device, stream);
-    const GemvParams p = gemv_params(a, w, q, pl, partial);
-    launch_gemv(a, w, pl, p, stream);
-    if (pl.splits > 1)
-      visit_float(a.out_dtype, "quantized_linear", [&](auto to) {
-        using TO = decltype(to);
-        launch_rows(ReduceSplits<TO>{p.partial, pl.splits, a.n, a.out_features, a.bias,
-                                     a.bias_dtype, a.out, a.ldo},
-                    a.n, a.out_features, stream);
-      });
+    // Passes of up to 8 rows, in stream order (a pass's reduction reads the partials before the
+    // next pass writes them).
+    for (int64_t r0 = 0; r0 < a.n; r0 += kQuantizedGemvPassRows) {
+      QArgs pass = a;
+      pass.n = std::min(kQuantizedGemvPassRows, a.n - r0);
+      pass.x = static_cast<const char*>(a.x) + r0 * a.ldx * int64_t(dtype_size(a.x_dtype));
+      pass.out = static_cast<char*>(a.out) + r0 * a.ldo * int64_t(dtype_size(a.out_dtype));
+      const GemvParams p = gemv_params(pass, w, q, pl, partial);
+      launch_gemv(pass, w, pl, p, stream);
+      if (pl.splits > 1)
+        visit_float(a.out_dtype, "quantized_linear", [&](auto to) {
+          using TO = decltype(to);
+          launch_rows(ReduceSplits<TO>{p.partial, pl.splits, pass.n, a.out_features, a.bias,
+                                       a.bias_dtype, pass.out, a.ldo},
+                      pass.n, a.out_features, stream);
+        });
+    }
     return;
   }
   const int64_t bytes = a.out_features * a.in * int64_t(dtype_size(a.x_dtype));

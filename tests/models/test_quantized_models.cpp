@@ -98,7 +98,10 @@ TEST_P(QuantizedModel, RunsCloseToTheDenseModel) {
   ModelBuildOptions options;
   options.rope_inv_freq_dtype = DType::kF32;
   auto dense = create_model(std::make_shared<Checkpoint>(load_checkpoint(model_dir)), options);
-  auto quant = create_model(std::make_shared<Checkpoint>(load_checkpoint(dir.string())), options);
+  auto quant_ck = std::make_shared<Checkpoint>(load_checkpoint(dir.string()));
+  auto quant = create_model(quant_ck, options);
+  options.packed_weights = true;
+  auto packed = create_model(quant_ck, options);
   fs::remove_all(dir);
 
   std::ifstream f(test_data_dir() + "/needle/reference.json");
@@ -108,7 +111,15 @@ TEST_P(QuantizedModel, RunsCloseToTheDenseModel) {
   // after the whole prompt (the needle's value: a continuation the model is sure of, where free
   // text would part ways at the first near tie).
   const std::vector<int32_t> head(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 384));
-  const auto [kl, top1] = kl_and_top1(full_forward(*dense, head), full_forward(*quant, head));
+  const Tensor quant_logits = full_forward(*quant, head);
+  const auto [kl, top1] = kl_and_top1(full_forward(*dense, head), quant_logits);
+  // The packed Linears (ops::quantized_linear, which dequantizes to f32 on the CPU) against the
+  // checkpoint dequantized at load into config.dtype: the same weights but for that rounding.
+  const auto [packed_kl, packed_top1] = kl_and_top1(quant_logits, full_forward(*packed, head));
+  std::cout << "[quantized] needle " << c.name << ": packed vs dequantized at load: mean KL "
+            << packed_kl << ", top-1 " << packed_top1 << "\n";
+  EXPECT_LE(packed_kl, 1e-3) << c.name;
+  EXPECT_GE(packed_top1, 0.98) << c.name;
   const auto a = greedy(*dense, ids, 16), b = greedy(*quant, ids, 16);
   int same = 0;
   for (int i = 0; i < 16; ++i) same += a[i] == b[i];
@@ -121,6 +132,46 @@ TEST_P(QuantizedModel, RunsCloseToTheDenseModel) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedModel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// A dummy quantized checkpoint (--load-format dummy --quantization F) holds only the packed
+// Linears. The CPU model runs them packed where the format stacks q/k/v and gate/up, and
+// dequantizes the rest through Checkpoint::dense_weight (FP8 blocks that a 64-row q_proj ends
+// inside); in f32 its logits are those of a model built from the dequantized copies, bit for bit.
+TEST(DummyQuantized, PackedOnlyCheckpointEqualsItsDequantizedCopy) {
+  for (const auto& [name, format] : quant_format_names()) {
+    ModelConfig c = dummy_preset_config("tiny-llama");
+    c.dtype = DType::kF32;
+    QuantFormatOptions f;
+    f.format = format;
+    f.group_size = 32;  // hidden 64
+    c.quantization = quant_config_for(f);
+    auto packed_ck = std::make_shared<Checkpoint>(make_dummy_checkpoint(c, 7));
+    ASSERT_EQ(packed_ck->quantized.size(), 2u * 7u) << name;  // q k v o gate up down, 2 layers
+    EXPECT_FALSE(packed_ck->weights.has("model.layers.0.mlp.down_proj.weight")) << name;
+    auto dense_ck = std::make_shared<Checkpoint>(*packed_ck);
+    for (const auto& [n, w] : packed_ck->quantized)
+      dense_ck->weights.add(n, packed_ck->dense_weight(n));
+    dense_ck->quantized.clear();
+    dense_ck->config.quantization = QuantConfig();
+    ModelBuildOptions o;
+    o.rope_inv_freq_dtype = DType::kF32;
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 512);
+    const Tensor a = full_forward(*create_model(packed_ck, o), ids);
+    const Tensor b = full_forward(*create_model(dense_ck, o), ids);
+    ASSERT_EQ(a.numel(), b.numel());
+    float worst = 0, largest = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      ASSERT_TRUE(std::isfinite(a.data<float>()[i])) << name;
+      worst = std::max(worst, std::abs(a.data<float>()[i] - b.data<float>()[i]));
+      largest = std::max(largest, std::abs(b.data<float>()[i]));
+    }
+    std::cout << "[quantized] dummy tiny-llama " << name << ": max |logit| " << largest
+              << ", packed vs dequantized copy " << worst << "\n";
+    EXPECT_GT(largest, 0.f) << name;
+    EXPECT_EQ(worst, 0.f) << name;
+  }
+}
 
 }  // namespace
 }  // namespace longctx::testing

@@ -3,6 +3,8 @@
 #include <map>
 
 #include "command.h"
+#include "loader/quantize_checkpoint.h"
+#include "loader/quantized_weights.h"
 #include "loader/weight_spec.h"
 #include "longctx/attention/kv_groups.h"
 #include "longctx/core/device_memory.h"
@@ -32,13 +34,15 @@ void run_info(const ModelOptions& opts) {
   int64_t params = 0;
   size_t bytes = 0;
   if (opts.load_format == "dummy") {
-    LONGCTX_CHECK(!opts.preset.empty(), ErrorCode::kInvalidArgument,
-                  "--load-format dummy needs --preset NAME");
-    c = dummy_preset_config(opts.preset);
+    c = opts.dummy_config();
     for (const auto& [name, shape] : expected_weights(c)) {
-      by_dtype[std::string(dtype_name(c.dtype))] += shape_numel(shape);
+      const bool packed =
+          c.quantization.quantized() && quantizes_tensor(name, shape, c.quantization);
+      by_dtype[packed ? std::string(quant_method_name(c.quantization.method))
+                      : std::string(dtype_name(c.dtype))] += shape_numel(shape);
       params += shape_numel(shape);
-      bytes += shape_numel(shape) * dtype_size(c.dtype);
+      bytes += packed ? quantized_bytes(shape[0], shape[1], c.quantization)
+                      : shape_numel(shape) * dtype_size(c.dtype);
     }
   } else {
     ck = opts.load();
@@ -94,9 +98,10 @@ void run_info(const ModelOptions& opts) {
   std::printf("dtypes:             %s\n", dtypes.c_str());
   std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
   if (c.quantization.quantized())
-    std::printf("quantization:       %s, %zu linear weights dequantized to %s at load\n",
-                quant_method_name(c.quantization.method), ck ? ck->quantized.size() : size_t(0),
-                std::string(dtype_name(c.dtype)).c_str());
+    std::printf(
+        "quantization:       %s: the decoder's Linears kept packed on a GPU (dequantized to %s "
+        "on the CPU, or where a format cannot stack q/k/v or gate/up)\n",
+        quant_method_name(c.quantization.method), std::string(dtype_name(c.dtype)).c_str());
   const KvGroups groups = KvGroups::from_config(c, runner.kv_dtype);
   const int64_t info_block = runner.block_size > 0 ? runner.block_size : kDefaultBlockSize;
   std::printf("KV bytes per token: %lld (%s K+V of every attention layer%s)\n",

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 
+#include "loader/quantize_checkpoint.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
 
@@ -48,6 +49,10 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
         ->check(CLI::IsMember({"auto", "dummy"}));
     cmd->add_option("--preset", preset, "shape preset for --load-format dummy (e.g. qwen3-0.6b)");
     cmd->add_option("--dummy-seed", seed, "seed of the dummy weights");
+    cmd->add_option("--quantization", quantization,
+                    "dummy weights' Linears packed in a quantized format: fp8 (128x128 blocks), "
+                    "ct-fp8 (per-channel), awq or gptq (int4, groups of 128)")
+        ->check(CLI::IsMember({"fp8", "ct-fp8", "awq", "gptq"}));
     cmd->add_option("--rope-inv-freq-dtype", rope_inv_freq_dtype,
                     "f32: exact rope inv_freq (transformers from_pretrained, vLLM); checkpoint: "
                     "rounded to the checkpoint dtype, as a model cast with .to(dtype)")
@@ -277,13 +282,26 @@ ModelBuildOptions ModelOptions::build_options(const Checkpoint& checkpoint) cons
   return options;
 }
 
+ModelConfig ModelOptions::dummy_config() const {
+  LONGCTX_CHECK(!preset.empty(), ErrorCode::kInvalidArgument,
+                "--load-format dummy needs --preset NAME");
+  ModelConfig c = dummy_preset_config(preset);
+  if (!quantization.empty()) {
+    QuantFormatOptions f;
+    f.format = quant_format_names().at(quantization);
+    c.quantization = quant_config_for(f);
+  }
+  return c;
+}
+
 std::shared_ptr<const Checkpoint> ModelOptions::load() const {
   if (load_format == "dummy") {
-    LONGCTX_CHECK(!preset.empty(), ErrorCode::kInvalidArgument,
-                  "--load-format dummy needs --preset NAME");
-    return std::make_shared<const Checkpoint>(
-        make_dummy_checkpoint(dummy_preset_config(preset), seed));
+    return std::make_shared<const Checkpoint>(make_dummy_checkpoint(dummy_config(), seed));
   }
+  LONGCTX_CHECK(quantization.empty(), ErrorCode::kInvalidArgument,
+                "--quantization {} makes dummy weights; a checkpoint's own quantization_config "
+                "says how it is quantized",
+                quantization);
   LONGCTX_CHECK(!model.empty(), ErrorCode::kInvalidArgument,
                 "give --model DIR (or --load-format dummy --preset NAME)");
   return std::make_shared<const Checkpoint>(load_checkpoint(model));

@@ -33,6 +33,7 @@ struct ModelOptions {
   std::string load_format = "auto";         // auto | dummy
   std::string preset;                       // dummy preset name
   uint64_t seed = 0;                        // dummy weights' seed
+  std::string quantization;                 // dummy weights' format (fp8 | ct-fp8 | awq | gptq)
   std::string rope_inv_freq_dtype = "f32";  // f32 | checkpoint
   std::string device = "auto";              // auto | cpu | cuda | cuda:N
   std::string dtype = "bfloat16";           // GPU activations: bfloat16 | float16
@@ -66,6 +67,8 @@ struct ModelOptions {
   void add_to(CLI::App* cmd, unsigned sets = kAllModelFlags);
   // Loads (or makes) the checkpoint; throws Error naming what is wrong with the options.
   std::shared_ptr<const Checkpoint> load() const;
+  // --load-format dummy: the preset's config with --quantization applied.
+  ModelConfig dummy_config() const;
   // The model's numerics options for this checkpoint.
   ModelBuildOptions build_options(const Checkpoint& checkpoint) const;
   // --gpu-memory-limit in bytes (0 when not given); throws Error naming a malformed value.

@@ -35,13 +35,21 @@ class WeightStore {
 struct Checkpoint {
   std::string dir;  // empty for dummy checkpoints
   ModelConfig config;
-  // Dense weights in config.dtype; a quantized checkpoint's Linears dequantized on the CPU.
+  // Dense weights in config.dtype; a quantized checkpoint's Linears dequantized on the CPU (a
+  // dummy quantized checkpoint has only their packed tensors: dense_weight() makes them).
   WeightStore weights;
   // The packed tensors of a quantized checkpoint's Linears as stored (views of the mmaps), under
   // their dense weight's name in the file ("model.layers.0.self_attn.q_proj.weight"), for a
   // device path that runs them packed.
   std::map<std::string, QuantizedWeight> quantized;
   std::vector<std::shared_ptr<SafetensorsFile>> files;  // keeps the mmaps alive
+
+  // weights.get(name), or the packed `quantized[name]` dequantized to config.dtype when the
+  // dense copy is absent. Throws Error(kNotFound) naming the tensor when neither exists.
+  Tensor dense_weight(const std::string& name) const;
+  bool has_weight(const std::string& name) const {
+    return weights.has(name) || quantized.count(name) > 0;
+  }
 };
 
 // Opens and validates a checkpoint folder: every tensor the architecture expects is present
@@ -54,7 +62,8 @@ Checkpoint load_checkpoint(const std::string& dir);
 std::vector<std::string> dummy_presets();
 ModelConfig dummy_preset_config(const std::string& preset);
 // Random weights of the config's shapes (deterministic in seed), bf16 unless dtype given.
-// Norm weights are near 1 so activations stay sane.
+// Norm weights are near 1 so activations stay sane. With config.quantization, the decoder
+// layers' Linears are random packed tensors in that format (`quantized`) with no dense copy.
 Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed = 0);
 
 }  // namespace longctx

@@ -33,6 +33,12 @@ struct ModelBuildOptions {
   // (its q / KV heads and MLP width), the logits the whole vocabulary's. Every rank must run the
   // same forwards: thread communicators (CPU) or NCCL (one thread per GPU).
   std::shared_ptr<Communicator> communicator;
+  // A quantized checkpoint's Linears (config.quantization): kept packed as stored and run by the
+  // quantized Linear (decode reads a quarter of bf16's bytes for int4, half for FP8), or
+  // dequantized into dense weights at load. Unset: packed on a GPU, dense on the CPU, where the
+  // packed op dequantizes on every call (a reference, not a speed path). Packed needs an
+  // unsharded model; a checkpoint without dense copies (dummy) is packed on either device.
+  std::optional<bool> packed_weights;
 };
 
 }  // namespace longctx

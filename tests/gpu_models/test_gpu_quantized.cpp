@@ -1,0 +1,162 @@
+// Quantized checkpoints on the GPU engine with their Linears kept packed (ops::quantized_linear:
+// the GEMVs up to 64 rows, dequantize + cuBLASLt above), models/needle quantized by `longctx
+// quantize`'s code in each format:
+//   - prompt logits of the packed model against the same checkpoint dequantized at load (bf16
+//     dense weights): the packed path multiplies exact (q - z) * s products in fp32 where the
+//     dense one rounds each weight to bf16 first, so they differ by that rounding only;
+//     prefilled in chunks of 7 tokens (every Linear on the GEMV, passes of 1-8 rows) and of 256
+//     (the dequantizing path);
+//   - the engine: greedy tokens with decode graphs (the GEMVs captured, one fixed workspace)
+//     equal eager up to near ties, batched;
+//   - the packed model's device bytes: its weights take fewer bytes than the dense model's.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/greedy_compare.h"
+#include "common/test_data.h"
+#include "loader/quantize_checkpoint.h"
+#include "longctx/core/device_memory.h"
+#include "longctx/engine/executor_session.h"
+#include "longctx/engine/gpu_runner.h"
+#include "longctx/llm.h"
+#include "models/model_test_util.h"
+
+namespace longctx::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::map<std::string, QuantFormat>& formats() { return quant_format_names(); }
+
+// models/needle quantized in `format` (made once per process).
+std::shared_ptr<const Checkpoint> quantized_needle(const std::string& format) {
+  static std::map<std::string, std::shared_ptr<const Checkpoint>> made;
+  auto& ck = made[format];
+  if (ck) return ck;
+  const fs::path dir =
+      fs::temp_directory_path() / ("longctx_gpu_q_" + std::to_string(getpid()) + "_" + format);
+  fs::remove_all(dir);
+  QuantFormatOptions f;
+  f.format = formats().at(format);
+  quantize_checkpoint(needle_v1_dir(), dir.string(), quant_config_for(f));
+  ck = std::make_shared<const Checkpoint>(load_checkpoint(dir.string()));
+  return ck;  // the folder stays while the mmaps are open; the temp dir is the OS's to clean
+}
+
+std::vector<int32_t> prompt_ids(int64_t n) {
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % 2000));
+  return ids;
+}
+
+Tensor prompt_logits(std::shared_ptr<const Checkpoint> ck, bool packed, int64_t chunk,
+                     const std::vector<int32_t>& ids) {
+  ModelBuildOptions mo;
+  mo.device = Device::cuda(0);
+  mo.rope_inv_freq_dtype = DType::kF32;
+  mo.packed_weights = packed;
+  ExecutorSessionOptions lim;
+  lim.max_num_batched_tokens = chunk;
+  lim.max_num_seqs = 2;
+  lim.max_model_len = 1024;
+  GpuRunnerOptions r;
+  r.block_size = 16;
+  r.max_num_batched_tokens = chunk;
+  r.max_num_seqs = 2;
+  r.max_model_len = 1024;
+  r.num_gpu_blocks = 128;
+  ExecutorSession session(make_gpu_executor(std::make_shared<GpuRunner>(create_model(ck, mo), r)),
+                          lim);
+  return session.prompt_logits(ids);
+}
+
+TEST(GpuQuantized, PackedPromptLogitsMatchTheDequantizedModel) {
+  const std::vector<int32_t> ids = prompt_ids(300);
+  for (const auto& [name, format] : formats()) {
+    auto ck = quantized_needle(name);
+    const Tensor dense = prompt_logits(ck, false, 256, ids);
+    for (int64_t chunk : {int64_t{7}, int64_t{256}}) {
+      const Tensor packed = prompt_logits(ck, true, chunk, ids);
+      const int64_t n = dense.size(0), v = dense.size(1);
+      double kl_max = 0, kl_sum = 0;
+      int64_t agree = 0, compared = 0;
+      for (int64_t row = 0; row < n; ++row) {
+        const float* a = dense.data<float>() + row * v;
+        const float* b = packed.data<float>() + row * v;
+        for (int64_t i = 0; i < v; ++i) ASSERT_TRUE(std::isfinite(b[i])) << name << " row " << row;
+        const double kl = kl_logits(a, b, v);
+        kl_max = std::max(kl_max, kl);
+        kl_sum += kl;
+        const int32_t top1 = argmax_row(dense, row);
+        float second = -INFINITY;
+        for (int64_t i = 0; i < v; ++i)
+          if (i != top1) second = std::max(second, a[i]);
+        if (a[top1] - second > 0.1f) {
+          ++compared;
+          agree += argmax_row(packed, row) == top1;
+        }
+      }
+      std::printf(
+          "%s chunk %3lld: packed vs dequantized at load: KL max %.2e mean %.2e, top-1 "
+          "%lld/%lld\n",
+          name.c_str(), (long long)chunk, kl_max, kl_sum / double(n), (long long)agree,
+          (long long)compared);
+      EXPECT_LE(kl_sum / double(n), 5e-3) << name << " chunk " << chunk;
+      EXPECT_GE(double(agree), 0.97 * double(compared)) << name << " chunk " << chunk;
+    }
+  }
+}
+
+TEST(GpuQuantized, GraphDecodeEqualsEagerAndPackedTakesFewerBytes) {
+  for (const char* name : {"gptq", "awq", "fp8"}) {
+    auto ck = quantized_needle(name);
+    auto config = [&](bool eager, bool packed) {
+      EngineConfig c;
+      c.device = "cuda";
+      c.max_model_len = 1024;
+      c.block_size = 16;
+      c.max_num_batched_tokens = 256;
+      c.max_num_seqs = 8;
+      c.num_gpu_blocks = 256;
+      c.enable_prefix_caching = false;
+      c.enforce_eager = eager;
+      c.model_options.rope_inv_freq_dtype = DType::kF32;
+      c.model_options.packed_weights = packed;
+      return c;
+    };
+    std::vector<Prompt> prompts;
+    for (int64_t len : {5, 33, 140, 300, 17}) prompts.push_back(Prompt(prompt_ids(len)));
+    const int64_t before = device_memory_stats(0).in_use;
+    std::vector<RequestOutput> graphs, eager;
+    int64_t packed_bytes = 0, dense_bytes = 0;
+    {
+      LLM llm(ck, config(false, true));
+      packed_bytes = device_memory_stats(0).in_use - before;
+      graphs = llm.generate(prompts, greedy_with_logprobs(24), false);
+    }
+    {
+      LLM llm(ck, config(true, true));
+      eager = llm.generate(prompts, greedy_with_logprobs(24), false);
+    }
+    {
+      LLM llm(ck, config(false, false));
+      dense_bytes = device_memory_stats(0).in_use - before;
+    }
+    std::printf("%s: device bytes with the model loaded: packed %lld, dense %lld\n", name,
+                (long long)packed_bytes, (long long)dense_bytes);
+    expect_same_tokens_up_to_ties(eager, graphs, 0.05,
+                                  (std::string(name) + " graphs vs eager").c_str());
+    EXPECT_LT(packed_bytes, dense_bytes) << name;
+  }
+}
+
+}  // namespace
+}  // namespace longctx::testing
