@@ -153,15 +153,21 @@ std::unique_ptr<QWeight> make_weight(const Format& f, int64_t out, int64_t in, u
   return w;
 }
 
-// n = 1..9, 17 (and 512 with `large`), with variants: f16 x, f32 out, a bias, strided rows, the
-// GEMV and the dequantizing path forced.
+// n = 1..9, 17 (and 64, 65, 512 with `large`: the GEMV's last row count in passes of 8 and the
+// first past it), with variants: f16 x, f32 out, a bias, strided rows, the GEMV and the
+// dequantizing path forced; 20 strided rows (GEMV passes of 8, 8 and 4).
 std::vector<QCase> matrix(bool large) {
   using P = QuantizedLinearPath;
   const DType bf = DType::kBF16, f16 = DType::kF16, f32 = DType::kF32;
   std::vector<QCase> v;
   for (int64_t n = 1; n <= 9; ++n) v.push_back({n});
   v.push_back({17});
-  if (large) v.push_back({512, bf, f32});
+  if (large) {
+    v.push_back({64});
+    v.push_back({65});
+    v.push_back({512, bf, f32});
+  }
+  v.push_back({20, f16, f32, true, 8, 3});
   v.push_back({1, bf, f32, true});
   v.push_back({4, f16, f16, true, 8, 3});
   v.push_back({3, bf, bf, false, 16, 0, P::kGemv});
