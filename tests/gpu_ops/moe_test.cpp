@@ -15,8 +15,10 @@
 // moves with a rounded gate by at most 2.2 u x silu(|gate|), so each term is within 5.2 u x (sum
 // of |terms|) there. A CUDA graph of routing + experts replays to the eager bytes, also after the
 // routing changes (nothing is read on the host), and under capture the automatic path keeps to
-// the kernels. LONGCTX_PERF=1 times one Qwen3-30B-A3B layer's experts on each prefill path, and
-// its expert GEMMs dense, per expert and grouped.
+// the kernels. moe_forward (routing fused into the decode kernels) gives the bytes of
+// moe_route + moe_experts and replays from a graph. LONGCTX_PERF=1 times one Qwen3-30B-A3B
+// layer's experts on each prefill path, its expert GEMMs dense, per expert and grouped, and the
+// MoE block's ops at decode batches, eager and as CUDA graphs.
 #include "ops/moe.h"
 
 #include <cublas_v2.h>
@@ -35,6 +37,7 @@
 #include "gpu_ops/gpu_ops_util.h"
 #include "ops/linear.h"
 #include "ops/moe_schedule.h"
+#include "ops/rms_norm.h"
 
 namespace longctx::gpu_ops_test {
 namespace {
@@ -652,7 +655,11 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
       const char* name;
       std::function<void(int)> op;
     };
+    const Tensor norm_w = random_host({kH}, kBf, 8, 0.5f, 1.5f).to(kGpu);
+    const Tensor normed = Tensor::empty({t, kH}, kBf, kGpu);
     const Row rows[] = {
+        // one row-wise kernel on [T, hidden]: what any launch costs in the graph
+        {"rms_norm (tiny kernel)", [&](int) { ops::rms_norm(x, norm_w, 1e-6f, normed); }},
         {"router GEMV", router},
         {"moe_route", route},
         {"moe_experts", experts},
@@ -672,11 +679,15 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
       int call = 0;
       const double eager = time_ms(s, [&] { r.op(call++); });
       const double graph = graph_ms_per_call(s, r.op, kModelLayers);
+      // at T = 1 the experts and the blocks read one token's routed rows (+ the router's)
+      const std::string name = r.name;
+      const double bytes = name == "moe_experts"         ? routed_bytes
+                           : name.rfind("block", 0) == 0 ? routed_bytes + kE * kH * 2
+                                                         : 0.0;
+      const std::string gbs =
+          t == 1 && bytes > 0 ? fmt::format("  {:.0f} GB/s", bytes / (graph * 1e6)) : "";
       std::printf("  moe decode T=%-3lld %-22s eager %8.4f ms  graph %8.4f ms  (x48 %6.3f ms)%s\n",
-                  (long long)t, r.name, eager, graph, graph * kModelLayers,
-                  std::string(r.name).find("experts") != std::string::npos && t == 1
-                      ? fmt::format("  {:.0f} GB/s", routed_bytes / (graph * 1e6)).c_str()
-                      : "");
+                  (long long)t, r.name, eager, graph, graph * kModelLayers, gbs.c_str());
     }
     std::fflush(stdout);
   }
