@@ -343,7 +343,6 @@ Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) co
   a.x = x;
   a.topk_ids = Tensor::empty({t, m.num_experts_per_tok}, DType::kI32, device_);
   a.topk_weights = Tensor::empty({t, m.num_experts_per_tok}, DType::kF32, device_);
-  ops::moe_route(logits, m.norm_topk_prob, a.topk_ids, a.topk_weights);
   a.gate_up = w.experts_gate_up;
   a.down = w.experts_down;
   if (w.shared_gate_up.defined()) {
@@ -354,7 +353,7 @@ Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) co
     ops::linear(x, w.shared_expert_gate, Tensor(), a.shared_gate);
   }
   a.out = act_empty({t, x.size(1)});
-  ops::moe_experts(a);
+  ops::moe_forward(logits, m.norm_topk_prob, a);  // routes, then the experts (fused at decode)
   return a.out;
 }
 

@@ -91,6 +91,14 @@ void moe_route(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
   moe_route_cpu(logits, renormalize, topk_ids, topk_weights);
 }
 
+void moe_forward(const Tensor& logits, bool renormalize, const MoeArgs& a) {
+  if (common_device("moe_forward", {&logits, &a.x, &a.topk_ids, &a.topk_weights, &a.gate_up,
+                                    &a.down, &a.shared, &a.shared_gate, &a.out})
+          .is_cuda())
+    LONGCTX_CUDA_TWIN("moe_forward", moe_forward_cuda(logits, renormalize, a));
+  moe_forward_cpu(logits, renormalize, a);
+}
+
 void moe_experts(const MoeArgs& a) {
   if (common_device("moe_experts", {&a.x, &a.topk_ids, &a.topk_weights, &a.gate_up, &a.down,
                                     &a.shared, &a.shared_gate, &a.out})

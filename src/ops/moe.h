@@ -56,6 +56,15 @@ void moe_experts_cpu(const MoeArgs& args);
 enum class MoeBackend { kAuto, kKernels, kCublasLt };
 void moe_experts_cuda(const MoeArgs& args, MoeBackend backend = MoeBackend::kAuto);
 
+// The routed block from its router logits: moe_route(logits, renormalize, args.topk_ids,
+// args.topk_weights), then moe_experts(args), whose routing inputs it writes. logits: [T, E]
+// with E the experts of args.gate_up. The CPU twin is those two calls; the CUDA twin routes
+// inside the decode path's first kernel (moe_decode.h) and gives the same ids, weights and output
+// bytes as the two CUDA ops.
+void moe_forward(const Tensor& logits, bool renormalize, const MoeArgs& args);
+void moe_forward_cpu(const Tensor& logits, bool renormalize, const MoeArgs& args);
+void moe_forward_cuda(const Tensor& logits, bool renormalize, const MoeArgs& args);
+
 // The shape checks both twins share (T, k, E, hidden, inter), naming the argument at fault.
 struct MoeShape {
   int64_t tokens = 0, top_k = 0, experts = 0, hidden = 0, inter = 0;

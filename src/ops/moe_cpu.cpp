@@ -176,4 +176,14 @@ void moe_experts_cpu(const MoeArgs& a) {
       1);
 }
 
+void moe_forward_cpu(const Tensor& logits, bool renormalize, const MoeArgs& a) {
+  const MoeShape s = check_moe_args(a);
+  check_moe_route_args(logits, a.topk_ids, a.topk_weights);
+  LONGCTX_CHECK(logits.size(0) == s.tokens && logits.size(1) == s.experts,
+                ErrorCode::kInvalidArgument, "moe_forward: logits {} must be [{}, {} experts]",
+                logits.str(), s.tokens, s.experts);
+  moe_route_cpu(logits, renormalize, a.topk_ids, a.topk_weights);
+  moe_experts_cpu(a);
+}
+
 }  // namespace longctx::ops

@@ -25,10 +25,10 @@
 //   operands and rows that are not whole 16-byte chunks.
 // moe_experts, prefill on cuBLASLt (MoePath::kCublasLt, from kMoeLtMinRowsPerExpert rows per
 //   expert on average, eager only): moe_cublas_cuda.cu, then the same combine.
-// moe_experts, decode (<= kMoeDecodeMaxTokens tokens): GEMVs that read only the routed experts'
-//   rows, kMoeDecodeRowsPerWarp rows per warp with 16-byte loads (gate and up rows together,
-//   silu * up fused, activation in fp32), then down the same way, then the same combine. At batch
-//   1 on 30B-A3B shapes that is 8 x 48 blocks for gate/up and 8 x 128 for down.
+// moe_experts, decode (<= kMoeDecodeMaxTokens tokens): moe_decode_cuda.cu's two kernels, the
+//   gate/up GEMVs and the down GEMVs with the combine fused. moe_forward_cuda routes inside the
+//   first of them at decode (E <= kMoeFusedRouteMaxExperts); elsewhere it is moe_route_cuda then
+//   moe_experts_cuda.
 // The decode-step kernels (route, the GEMVs, combine) are launched with programmatic dependent
 // launch (kernels/cuda/pdl.cuh): each waits for the kernel before it first thing.
 #include <cuda_runtime.h>
@@ -38,6 +38,7 @@
 #include "longctx/core/stream.h"
 #include "ops/moe.h"
 #include "ops/moe_cublas.h"
+#include "ops/moe_decode.h"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
 
@@ -378,81 +379,6 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
     }
 }
 
-// ---- decode: each warp kMoeDecodeRowsPerWarp output rows of one slot ----
-
-// kVecLoads: 16-byte loads of 8 elements per lane (k % 8 == 0, rows 16-byte aligned), so a warp
-// streams 256 elements of each of its rows per step, with all its rows' loads (for gate/up: 2 x
-// kMoeDecodeRowsPerWarp 16-byte loads) in flight at once; else one element per lane. Rows past n
-// read row n - 1 (so the loads stay branch-free) and are not written.
-template <typename TA, typename TW, bool kGateUp, bool kVecLoads>
-__global__ void __launch_bounds__(32 * kMoeDecodeWarps)
-    decode_gemv_kernel(const void* a_ptr, const void* w_ptr, const int32_t* __restrict__ ids,
-                       int experts, int top_k, int64_t n, int64_t k, float* __restrict__ out) {
-  constexpr int R = kMoeDecodeRowsPerWarp;
-  kernels::cuda::pdl_wait();
-  kernels::cuda::pdl_launch_dependents();
-  const int lane = threadIdx.x % 32;
-  const int64_t row0 = (int64_t(blockIdx.x) * kMoeDecodeWarps + threadIdx.x / 32) * R;
-  const int64_t slot = blockIdx.y;
-  if (row0 >= n) return;
-  const int e = ids[slot];
-  if (e < 0 || e >= experts) {
-    if (lane < R && row0 + lane < n) out[slot * n + row0 + lane] = 0.f;
-    return;
-  }
-  const int64_t w_rows = kGateUp ? 2 * n : n;
-  const TW* w = static_cast<const TW*>(w_ptr) + int64_t(e) * w_rows * k;
-  const TA* a = static_cast<const TA*>(a_ptr) + (kGateUp ? slot / top_k : slot) * k;
-  const TW* wg[R];
-  const TW* wu[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = min(row0 + r, n - 1);
-    wg[r] = w + row * k;
-    wu[r] = w + (kGateUp ? n + row : row) * k;
-  }
-  float s0[R] = {}, s1[R] = {};
-  if constexpr (kVecLoads) {
-#pragma unroll 2
-    for (int64_t i = int64_t(lane) * kVec; i < k; i += 32 * kVec) {
-      float x[kVec];
-      load<kVec>(a + i, x);
-      float w0[R][kVec], w1[R][kVec];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        load<kVec>(wg[r] + i, w0[r]);
-        if constexpr (kGateUp) load<kVec>(wu[r] + i, w1[r]);
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          s0[r] = fmaf(w0[r][j], x[j], s0[r]);
-          if constexpr (kGateUp) s1[r] = fmaf(w1[r][j], x[j], s1[r]);
-        }
-    }
-  } else {
-    for (int64_t i = lane; i < k; i += 32) {
-      const float x = to_f32(a[i]);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        s0[r] = fmaf(to_f32(wg[r][i]), x, s0[r]);
-        if constexpr (kGateUp) s1[r] = fmaf(to_f32(wu[r][i]), x, s1[r]);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    for (int o = 16; o > 0; o /= 2) {
-      s0[r] += __shfl_xor_sync(0xffffffffu, s0[r], o);
-      if constexpr (kGateUp) s1[r] += __shfl_xor_sync(0xffffffffu, s1[r], o);
-    }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    if (lane == r && row0 + r < n)
-      out[slot * n + row0 + r] = kGateUp ? s0[r] / (1.0f + expf(-s0[r])) * s1[r] : s0[r];
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---- combine ----
@@ -564,40 +490,17 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
                 dtype_name(a.gate_up.dtype()), dtype_name(a.down.dtype()));
   if (s.tokens == 0) return;
   const int64_t slots = s.tokens * s.top_k;
-  const int k = static_cast<int>(s.top_k), experts = static_cast<int>(s.experts);
+  const int k = static_cast<int>(s.top_k);
   const DType wt = a.gate_up.dtype();
   const MoePath path = choose_path(a, s, backend, stream);
   const int32_t* inv = nullptr;
   Tensor y;              // [rows, hidden] f32 (cuBLASLt: 16-bit): each slot's expert output
   Tensor align_buffers;  // holds inv until the combine is enqueued
   if (path == MoePath::kDecode) {
-    Tensor act = Tensor::empty({slots, s.inter}, DType::kF32, d);
-    y = Tensor::empty({slots, s.hidden}, DType::kF32, d);
-    const bool vec1 =
-        s.hidden % kVec == 0 && aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr());
-    const bool vec2 =
-        s.inter % kVec == 0 && aligned16(act.data_ptr()) && aligned16(a.down.data_ptr());
-    const dim3 grid1(unsigned(moe_decode_blocks(s.inter)), unsigned(slots));
-    const dim3 grid2(unsigned(moe_decode_blocks(s.hidden)), unsigned(slots));
-    constexpr int kThreads = 32 * kMoeDecodeWarps;
-    const int32_t* ids = a.topk_ids.data<int32_t>();
-    // Launched with PDL, as the row-wise ops: each starts under the tail of the kernel before.
-    auto gemv = [&](auto kernel, dim3 grid, const void* in, const void* w, int64_t n, int64_t len,
-                    float* out) {
-      kernels::cuda::launch_pdl(kernel, grid, dim3(kThreads), 0, stream, in, w, ids, experts, k, n,
-                                len, out);
-    };
-    visit_act_weight(a.x.dtype(), wt, [&](auto ta, auto tw) {
-      using TA = decltype(ta);
-      using TW = decltype(tw);
-      gemv(vec1 ? decode_gemv_kernel<TA, TW, true, true> : decode_gemv_kernel<TA, TW, true, false>,
-           grid1, a.x.data_ptr(), a.gate_up.data_ptr(), s.inter, s.hidden, act.data<float>());
-      gemv(vec2 ? decode_gemv_kernel<float, TW, false, true>
-                : decode_gemv_kernel<float, TW, false, false>,
-           grid2, act.data_ptr(), a.down.data_ptr(), s.hidden, s.inter, y.data<float>());
-    });
-    LONGCTX_CUDA_CHECK(cudaGetLastError());
-  } else if (path == MoePath::kCublasLt) {
+    moe_decode_experts(a, s, nullptr, false, stream);  // the combine is fused into down
+    return;
+  }
+  if (path == MoePath::kCublasLt) {
     y = moe_cublas_experts(a, s, stream, align_buffers, &inv);
   } else {
     const int rows = moe_tile_rows(path);
@@ -673,6 +576,27 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
                               a.shared_gate.dtype(), static_cast<TO*>(a.out.data_ptr()));
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_forward_cuda(const Tensor& logits, bool renormalize, const MoeArgs& a) {
+  check_moe_route_args(logits, a.topk_ids, a.topk_weights);
+  const MoeShape s = check_moe_args(a);
+  LONGCTX_CHECK(logits.size(0) == s.tokens && logits.size(1) == s.experts,
+                ErrorCode::kInvalidArgument, "moe_forward: logits {} must be [{}, {} experts]",
+                logits.str(), s.tokens, s.experts);
+  LONGCTX_CHECK(a.gate_up.dtype() == a.down.dtype(), ErrorCode::kUnsupported,
+                "moe_experts_cuda: gate_up ({}) and down ({}) must share a dtype",
+                dtype_name(a.gate_up.dtype()), dtype_name(a.down.dtype()));
+  const Device d = a.x.device();
+  DeviceGuard guard(d.index);
+  cudaStream_t stream = op_stream(d, "moe_forward");
+  if (s.tokens == 0) return;
+  if (s.tokens <= kMoeDecodeMaxTokens && s.experts <= kMoeFusedRouteMaxExperts) {
+    moe_decode_experts(a, s, &logits, renormalize, stream);
+    return;
+  }
+  moe_route_cuda(logits, renormalize, a.topk_ids, a.topk_weights);
+  moe_experts_cuda(a);
 }
 
 }  // namespace longctx::ops

@@ -20,6 +20,13 @@ enum class MoePath {
 };
 
 constexpr int64_t kMoeDecodeMaxTokens = 4;
+// moe_forward_cuda routes inside the decode gate/up kernel up to this many experts (each CTA
+// ranks the token's probabilities in shared memory, E^2 / 128 compares per thread); above, the
+// routing kernel runs first.
+constexpr int64_t kMoeFusedRouteMaxExperts = 256;
+// The decode down kernel with the combine fused keeps each slot's partial rows in shared memory
+// (top-k x kMoeDecodeRowsPerWarp floats), so it serves at most this top-k.
+constexpr int64_t kMoeDecodeMaxTopK = 1024;
 
 // Tensor-core grouped GEMM tile: kMoeTcRows gathered rows x kMoeTcWRows weight rows, kMoeTcK
 // elements of the reduction per pipeline stage. gate/up: the weight tile is kMoeTcWRows / 2 gate
@@ -146,6 +153,17 @@ constexpr int kMoeDecodeWarps = 4;
 constexpr int kMoeDecodeRowsPerBlock = kMoeDecodeRowsPerWarp * kMoeDecodeWarps;
 inline int64_t moe_decode_blocks(int64_t n) {
   return (n + kMoeDecodeRowsPerBlock - 1) / kMoeDecodeRowsPerBlock;
+}
+
+// Decode down + combine: a CTA computes kMoeDecodeRowsPerWarp output rows of one token, one warp
+// per slot of the token (up to kMoeCombineWarps warps, each taking every kMoeCombineWarps-th
+// slot), and sums the slots' weighted rows in slot order. 30B-A3B at batch 1: 512 CTAs of 8 warps.
+constexpr int kMoeCombineWarps = 8;
+inline int moe_combine_warps(int64_t top_k) {
+  return static_cast<int>(std::min<int64_t>(top_k, kMoeCombineWarps));
+}
+inline int64_t moe_combine_blocks(int64_t hidden) {
+  return (hidden + kMoeDecodeRowsPerWarp - 1) / kMoeDecodeRowsPerWarp;
 }
 
 }  // namespace longctx::ops

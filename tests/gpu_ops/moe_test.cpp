@@ -15,8 +15,10 @@
 // moves with a rounded gate by at most 2.2 u x silu(|gate|), so each term is within 5.2 u x (sum
 // of |terms|) there. A CUDA graph of routing + experts replays to the eager bytes, also after the
 // routing changes (nothing is read on the host), and under capture the automatic path keeps to
-// the kernels. LONGCTX_PERF=1 times one Qwen3-30B-A3B layer's experts on each prefill path, and
-// its expert GEMMs dense, per expert and grouped.
+// the kernels. moe_forward (routing fused into the decode kernels) gives the bytes of
+// moe_route + moe_experts and replays from a graph. LONGCTX_PERF=1 times one Qwen3-30B-A3B
+// layer's experts on each prefill path, its expert GEMMs dense, per expert and grouped, and the
+// MoE block's ops at decode batches, eager and as CUDA graphs.
 #include "ops/moe.h"
 
 #include <cublas_v2.h>
@@ -26,13 +28,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/device_pool.h"
 #include "gpu_ops/gpu_ops_util.h"
 #include "ops/linear.h"
 #include "ops/moe_schedule.h"
+#include "ops/rms_norm.h"
 
 namespace longctx::gpu_ops_test {
 namespace {
@@ -225,6 +230,134 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{333, 60, 4, 130, 50, kBf, false, false},
         MoeCase{4096, 128, 8, 72, 40, kF32, false, false}));
 
+// moe_forward_cuda (routing fused into the decode gate/up kernel up to 256 experts; route then
+// experts elsewhere) against moe_route_cuda + moe_experts_cuda on the same logits: ids, weights
+// and output bytes equal (the fused routing repeats the routing kernel's softmax and order; the
+// unfused ops are checked against the CPU twins above), and against the CPU twin moe_forward_cpu
+// within the tolerance of the header (its ids may differ only at near ties, which these random
+// logits do not hit). Each output sits between guard rows of NaN bytes that must stay untouched.
+class MoeGpuForward : public ::testing::TestWithParam<MoeCase> {};
+
+TEST_P(MoeGpuForward, EqualsRouteThenExperts) {
+  const MoeCase c = GetParam();
+  TestStream stream;
+  const uint32_t seed = uint32_t(c.tokens * 977 + c.experts * 13 + c.k);
+  const bool renormalize = c.k > 1 && c.tokens % 2 == 1;
+  Tensor logits = random_host({c.tokens, c.experts}, DType::kF32, seed, -3, 3);
+  if (c.skewed)
+    for (int64_t t = 0; t < c.tokens; ++t) logits.data<float>()[t * c.experts] += 20.f;
+  const float a1 = 2.f / std::sqrt(float(c.hidden)), a2 = 2.f / std::sqrt(float(c.inter));
+  ops::MoeArgs h;
+  h.x = random_host({c.tokens, c.hidden}, c.dtype, seed + 1, -1, 1);
+  h.gate_up = random_host({c.experts, 2 * c.inter, c.hidden}, c.dtype, seed + 2, -a1, a1);
+  h.down = random_host({c.experts, c.hidden, c.inter}, c.dtype, seed + 3, -a2, a2);
+  if (c.shared) {
+    h.shared = random_host({c.tokens, c.hidden}, c.dtype, seed + 4, -1, 1);
+    h.shared_gate = random_host({c.tokens, 1}, DType::kF32, seed + 5, -2, 2);
+  }
+  h.topk_ids = Tensor::empty({c.tokens, c.k}, DType::kI32);
+  h.topk_weights = Tensor::empty({c.tokens, c.k}, DType::kF32);
+  h.out = Tensor::empty({c.tokens, c.hidden}, DType::kF32);
+  ops::moe_forward_cpu(logits, renormalize, h);
+
+  ops::MoeArgs dv;
+  dv.x = h.x.to(kGpu);
+  dv.gate_up = h.gate_up.to(kGpu);
+  dv.down = h.down.to(kGpu);
+  if (c.shared) {
+    dv.shared = h.shared.to(kGpu);
+    dv.shared_gate = h.shared_gate.to(kGpu);
+  }
+  const Tensor d_logits = logits.to(kGpu);
+  // Outputs as rows 1..T of [T + 2, n] buffers of NaN bytes: rows 0 and T + 1 are guards.
+  auto guarded = [&](int64_t n, DType dtype, Tensor& whole) {
+    whole = Tensor::empty({c.tokens + 2, n}, dtype, kGpu);
+    LONGCTX_CUDA_CHECK(cudaMemsetAsync(whole.data_ptr(), 0xFF, whole.nbytes(), stream.get()));
+    return whole.slice(0, 1, c.tokens + 1);
+  };
+  auto host_bytes = [&](const Tensor& t) {
+    stream.sync();
+    Tensor hb = t.contiguous().to(Device::cpu());
+    const auto* p = static_cast<const uint8_t*>(hb.data_ptr());
+    return std::vector<uint8_t>(p, p + hb.nbytes());
+  };
+  Tensor ids_all[2], w_all[2], out_all[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    ops::MoeArgs a = dv;
+    a.topk_ids = guarded(c.k, DType::kI32, ids_all[fused]);
+    a.topk_weights = guarded(c.k, DType::kF32, w_all[fused]);
+    a.out = guarded(c.hidden, c.dtype, out_all[fused]);
+    if (fused) {
+      ops::moe_forward_cuda(d_logits, renormalize, a);
+    } else {
+      ops::moe_route_cuda(d_logits, renormalize, a.topk_ids, a.topk_weights);
+      ops::moe_experts_cuda(a);
+    }
+  }
+  stream.sync();
+  EXPECT_TRUE(host_bytes(ids_all[1]) == host_bytes(ids_all[0])) << "ids";
+  EXPECT_TRUE(host_bytes(w_all[1]) == host_bytes(w_all[0])) << "weights";
+  EXPECT_TRUE(host_bytes(out_all[1]) == host_bytes(out_all[0])) << "output";
+  // guards: the whole buffers' first and last rows still NaN bytes
+  for (const Tensor* t : {&ids_all[1], &w_all[1], &out_all[1]}) {
+    const std::vector<uint8_t> b = host_bytes(*t);
+    const size_t row = b.size() / size_t(c.tokens + 2);
+    for (size_t i = 0; i < row; ++i)
+      ASSERT_TRUE(b[i] == 0xFF && b[b.size() - 1 - i] == 0xFF) << "guard byte " << i;
+  }
+  Tensor out = out_all[1].slice(0, 1, c.tokens + 1);
+  EXPECT_EQ(count_non_finite(out.data_ptr(), c.dtype, c.tokens, c.hidden, c.hidden), 0);
+  Tensor ids = ids_all[1].slice(0, 1, c.tokens + 1).contiguous().to(Device::cpu());
+  Tensor w = w_all[1].slice(0, 1, c.tokens + 1).contiguous().to(Device::cpu());
+  for (int64_t i = 0; i < c.tokens * c.k; ++i) {
+    ASSERT_EQ(ids.data<int32_t>()[i], h.topk_ids.data<int32_t>()[i]) << "slot " << i;
+    const float tol =
+        4.8e-7f * float((c.experts + 31) / 32) * std::max(1.f, h.topk_weights.data<float>()[i]);
+    ASSERT_NEAR(w.data<float>()[i], h.topk_weights.data<float>()[i], tol) << "slot " << i;
+  }
+  // against the CPU output: the decode path's tolerance (fp32 activation) or the kernels' paths'
+  ops::MoeArgs ha = h;
+  auto abs_of = [](const Tensor& t) {
+    Tensor f = t.to_dtype(DType::kF32).contiguous();
+    Tensor a = Tensor::empty(f.shape(), DType::kF32);
+    for (int64_t i = 0; i < f.numel(); ++i) a.data<float>()[i] = std::fabs(f.data<float>()[i]);
+    return a;
+  };
+  ha.x = abs_of(h.x);
+  ha.gate_up = abs_of(h.gate_up);
+  ha.down = abs_of(h.down);
+  if (c.shared) ha.shared = abs_of(h.shared);
+  ha.out = Tensor::empty({c.tokens, c.hidden}, DType::kF32);
+  ops::moe_experts_cpu(ha);
+  const bool bf16 = c.dtype == DType::kBF16, f16 = c.dtype == DType::kF16;
+  const ops::MoePath path = ops::moe_path(c.tokens, c.hidden, c.inter, bf16 || f16, true);
+  const double ulp = bf16 ? 1.0 / 128 : f16 ? 1.0 / 1024 : 0.0;
+  const double act_u = path == ops::MoePath::kTensorCore ? (bf16 ? 1.0 / 256 : 1.0 / 2048) : 0.0;
+  Tensor got = out.contiguous().to(Device::cpu()).to_dtype(DType::kF32);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double ref = h.out.data<float>()[i], g = got.data<float>()[i];
+    const double tol = (1e-5 + act_u) * (ha.out.data<float>()[i] + 1e-3) + ulp * std::fabs(ref);
+    if (!(std::fabs(g - ref) <= tol) && bad++ < 5)
+      ADD_FAILURE() << "element " << i << ": got " << g << ", cpu " << ref << ", tol " << tol;
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MoeGpuForward,
+    ::testing::Values(MoeCase{1, 8, 1, 72, 40, kBf, false, false},
+                      MoeCase{1, 128, 8, 2048, 768, kBf, false, false},  // Qwen3-30B-A3B
+                      MoeCase{2, 16, 2, 70, 36, kBf, false, true},       // scalar loads
+                      MoeCase{3, 256, 8, 136, 56, kF16, false, false},   // the most fused experts
+                      MoeCase{4, 300, 6, 64, 32, kBf, false, false},     // routing kernel first
+                      MoeCase{4, 128, 8, 200, 72, kF32, false, true},
+                      MoeCase{1, 60, 5, 130, 50, kF32, true, false},
+                      MoeCase{3, 32, 32, 64, 40, kBf, false, false},  // k > kMoeCombineWarps
+                      MoeCase{2, 64, 3, 48, 24, kF16, true, true},
+                      MoeCase{5, 128, 8, 256, 96, kBf, false, false},  // prefill paths
+                      MoeCase{64, 60, 4, 130, 50, kBf, false, true}));
+
 // Random routing inputs and weights on the GPU for the graph and perf tests.
 struct DeviceMoe {
   Tensor logits, ids, weights;
@@ -248,11 +381,13 @@ struct DeviceMoe {
     ops::moe_route(logits, renormalize, ids, weights);
     ops::moe_experts_cuda(args, backend);
   }
+  void forward(bool renormalize = true) { ops::moe_forward(logits, renormalize, args); }
 };
 
 struct GraphCase {
   int64_t tokens, experts, k, hidden, inter;
   DType dtype;
+  bool forward = false;  // moe_forward (routing fused at decode) instead of route + experts
 };
 class MoeGpuGraph : public ::testing::TestWithParam<GraphCase> {};
 
@@ -270,7 +405,8 @@ TEST_P(MoeGpuGraph, ReplayEqualsEager) {
     const auto* p = static_cast<const uint8_t*>(h.data_ptr());
     return std::vector<uint8_t>(p, p + h.nbytes());
   };
-  m.run();
+  auto run = [&] { c.forward ? m.forward() : m.run(); };
+  run();
   const std::vector<uint8_t> want1 = out_bytes();
 
   detail::DevicePool& pool = detail::device_pool(kGpu.index);
@@ -278,10 +414,10 @@ TEST_P(MoeGpuGraph, ReplayEqualsEager) {
   cudaGraph_t graph = nullptr;
   pool.begin_private(id);
   try {
-    m.run();  // warm-up: the private pool's segments
+    run();  // warm-up: the private pool's segments
     stream.sync();
     LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-    m.run();
+    run();
     LONGCTX_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
   } catch (...) {
     pool.end_private();
@@ -302,16 +438,20 @@ TEST_P(MoeGpuGraph, ReplayEqualsEager) {
   EXPECT_TRUE(got2 != want1) << "new logits left the output unchanged";
   LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
   LONGCTX_CUDA_CHECK(cudaGraphDestroy(graph));
-  m.run();
+  run();
   EXPECT_TRUE(out_bytes() == got2) << "replay with new logits against eager";
   pool.release_private_pool(id);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, MoeGpuGraph,
-                         ::testing::Values(GraphCase{1, 128, 8, 2048, 768, kBf},    // decode
-                                           GraphCase{4, 64, 4, 200, 136, kF16},     // decode
-                                           GraphCase{300, 128, 8, 256, 136, kBf},   // tensor cores
-                                           GraphCase{300, 16, 2, 130, 50, kF32}));  // SIMT
+                         ::testing::Values(GraphCase{1, 128, 8, 2048, 768, kBf},   // decode
+                                           GraphCase{4, 64, 4, 200, 136, kF16},    // decode
+                                           GraphCase{300, 128, 8, 256, 136, kBf},  // tensor cores
+                                           GraphCase{300, 16, 2, 130, 50, kF32},   // SIMT
+                                           // moe_forward: routing fused at decode
+                                           GraphCase{1, 128, 8, 2048, 768, kBf, true},
+                                           GraphCase{4, 64, 4, 200, 136, kF16, true},
+                                           GraphCase{300, 16, 2, 130, 50, kBf, true}));
 
 // Where the automatic path is cuBLASLt eagerly, a capture takes the grouped kernels instead (the
 // cuBLASLt path syncs on the expert counts): the graph replays to the kernels' eager bytes, and a
@@ -435,6 +575,122 @@ TEST(GpuOpsPerf, MoeQwen3_30B_A3B) {
     }
   }
   std::fflush(stdout);
+}
+
+// ms per call of op(i), i = 0 .. calls - 1, captured once as one CUDA graph and replayed: what a
+// decode graph pays for these launches, gaps between kernels and PDL overlap included. The
+// capture's buffers come from a private pool, as the engine's decode graphs' do.
+double graph_ms_per_call(const TestStream& s, const std::function<void(int)>& op, int calls) {
+  detail::DevicePool& pool = detail::device_pool(kGpu.index);
+  const uint64_t id = pool.create_private_pool();
+  cudaGraph_t graph = nullptr;
+  pool.begin_private(id);
+  try {
+    for (int i = 0; i < calls; ++i) op(i);  // warm-up: the private pool's segments
+    s.sync();
+    LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) op(i);
+    LONGCTX_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
+  } catch (...) {
+    pool.end_private();
+    throw;
+  }
+  pool.end_private();
+  cudaGraphExec_t exec = nullptr;
+  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = time_ms(s, [&] { LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, s.get())); });
+  LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LONGCTX_CUDA_CHECK(cudaGraphDestroy(graph));
+  s.sync();
+  pool.release_private_pool(id);
+  return ms / calls;
+}
+
+// Qwen3-30B-A3B's MoE block at decode batches (T = 1, 8, 32): each op alone (router GEMV, routing,
+// the routed experts) and the whole block unfused (router, moe_route, moe_experts) and fused
+// (router, moe_forward), eagerly and as a graph of 48 calls (the model's layers). The calls cycle
+// over kLayers layers' own weights (1.2 GB of experts each), so a call's expert rows are not in
+// L2 from the call before. ms per call; x48 is the block's share of a decode step.
+TEST(GpuOpsPerf, MoeDecodeBlock) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  TestStream s;
+  constexpr int64_t kE = 128, kK = 8, kH = 2048, kI = 768, kLayers = 4;
+  constexpr int kModelLayers = 48;
+  struct Layer {
+    Tensor router, gate_up, down;  // [E, H], [E, 2 I, H], [E, H, I]
+  };
+  std::vector<Layer> layers(kLayers);
+  const float a0 = 1.f / std::sqrt(float(kH)), a1 = 2.f / std::sqrt(float(kH)),
+              a2 = 2.f / std::sqrt(float(kI));
+  for (int64_t l = 0; l < kLayers; ++l) {
+    Layer& w = layers[l];
+    w.router = Tensor::empty({kE, kH}, kBf, kGpu);
+    w.gate_up = Tensor::empty({kE, 2 * kI, kH}, kBf, kGpu);
+    w.down = Tensor::empty({kE, kH, kI}, kBf, kGpu);
+    fill_uniform(w.router.data_ptr(), w.router.numel(), kBf, uint32_t(20 + 3 * l), -a0, a0);
+    fill_uniform(w.gate_up.data_ptr(), w.gate_up.numel(), kBf, uint32_t(21 + 3 * l), -a1, a1);
+    fill_uniform(w.down.data_ptr(), w.down.numel(), kBf, uint32_t(22 + 3 * l), -a2, a2);
+  }
+  const double routed_bytes = 3.0 * kH * kI * kK * 2;  // one token's routed expert rows
+  for (int64_t t : {1, 8, 32}) {
+    const Tensor x = random_host({t, kH}, kBf, 7, -1, 1).to(kGpu);
+    const Tensor logits = Tensor::empty({t, kE}, kF32, kGpu);
+    ops::MoeArgs a;
+    a.x = x;
+    a.topk_ids = Tensor::empty({t, kK}, DType::kI32, kGpu);
+    a.topk_weights = Tensor::empty({t, kK}, kF32, kGpu);
+    a.out = Tensor::empty({t, kH}, kBf, kGpu);
+    auto layer_args = [&](int i) {
+      ops::MoeArgs b = a;
+      b.gate_up = layers[i % kLayers].gate_up;
+      b.down = layers[i % kLayers].down;
+      return b;
+    };
+    auto router = [&](int i) { ops::linear(x, layers[i % kLayers].router, Tensor(), logits); };
+    auto route = [&](int) { ops::moe_route(logits, true, a.topk_ids, a.topk_weights); };
+    auto experts = [&](int i) { ops::moe_experts(layer_args(i)); };
+    router(0);
+    route(0);  // a real routing for the experts-alone rows
+    struct Row {
+      const char* name;
+      std::function<void(int)> op;
+    };
+    const Tensor norm_w = random_host({kH}, kBf, 8, 0.5f, 1.5f).to(kGpu);
+    const Tensor normed = Tensor::empty({t, kH}, kBf, kGpu);
+    const Row rows[] = {
+        // one row-wise kernel on [T, hidden]: what any launch costs in the graph
+        {"rms_norm (tiny kernel)", [&](int) { ops::rms_norm(x, norm_w, 1e-6f, normed); }},
+        {"router GEMV", router},
+        {"moe_route", route},
+        {"moe_experts", experts},
+        {"block: route+experts",
+         [&](int i) {
+           router(i);
+           route(i);
+           experts(i);
+         }},
+        {"block: moe_forward",
+         [&](int i) {
+           router(i);
+           ops::moe_forward(logits, true, layer_args(i));
+         }},
+    };
+    for (const Row& r : rows) {
+      int call = 0;
+      const double eager = time_ms(s, [&] { r.op(call++); });
+      const double graph = graph_ms_per_call(s, r.op, kModelLayers);
+      // at T = 1 the experts and the blocks read one token's routed rows (+ the router's)
+      const std::string name = r.name;
+      const double bytes = name == "moe_experts"         ? routed_bytes
+                           : name.rfind("block", 0) == 0 ? routed_bytes + kE * kH * 2
+                                                         : 0.0;
+      const std::string gbs =
+          t == 1 && bytes > 0 ? fmt::format("  {:.0f} GB/s", bytes / (graph * 1e6)) : "";
+      std::printf("  moe decode T=%-3lld %-22s eager %8.4f ms  graph %8.4f ms  (x48 %6.3f ms)%s\n",
+                  (long long)t, r.name, eager, graph, graph * kModelLayers, gbs.c_str());
+    }
+    std::fflush(stdout);
+  }
 }
 
 // The expert GEMMs of Qwen3-30B-A3B's layer with `rows` rows per expert (256: a 4K prefill, 2048:

@@ -177,6 +177,47 @@ TEST(MoeExperts, EqualsPerExpertDenseLoop) {
   }
 }
 
+// moe_forward is moe_route then moe_experts on the routing it writes; logits of another expert
+// count are refused by name.
+TEST(MoeForward, EqualsRouteThenExperts) {
+  const int64_t t = 7, h = 24, n = 8, e = 12, k = 3;
+  ops::MoeArgs a;
+  a.x = random_tensor({t, h}, DType::kF32, 21);
+  a.gate_up = random_tensor({e, 2 * n, h}, DType::kBF16, 22, -0.3f, 0.3f);
+  a.down = random_tensor({e, h, n}, DType::kBF16, 23, -0.3f, 0.3f);
+  a.shared = random_tensor({t, h}, DType::kF32, 24);
+  a.shared_gate = random_tensor({t, 1}, DType::kF32, 25, -2, 2);
+  const Tensor logits = random_tensor({t, e}, DType::kF32, 26, -3, 3);
+  for (bool renorm : {false, true}) {
+    ops::MoeArgs want = a, got = a;
+    want.topk_ids = Tensor::empty({t, k}, DType::kI32);
+    want.topk_weights = Tensor::empty({t, k}, DType::kF32);
+    want.out = Tensor::empty({t, h}, DType::kF32);
+    ops::moe_route(logits, renorm, want.topk_ids, want.topk_weights);
+    ops::moe_experts(want);
+    got.topk_ids = Tensor::zeros({t, k}, DType::kI32);
+    got.topk_weights = Tensor::zeros({t, k}, DType::kF32);
+    got.out = Tensor::zeros({t, h}, DType::kF32);
+    ops::moe_forward(logits, renorm, got);
+    for (int64_t i = 0; i < t * k; ++i) {
+      EXPECT_EQ(got.topk_ids.data<int32_t>()[i], want.topk_ids.data<int32_t>()[i]);
+      EXPECT_EQ(got.topk_weights.data<float>()[i], want.topk_weights.data<float>()[i]);
+    }
+    for (int64_t i = 0; i < t * h; ++i)
+      ASSERT_EQ(got.out.data<float>()[i], want.out.data<float>()[i]) << i;
+  }
+  ops::MoeArgs b = a;
+  b.topk_ids = Tensor::zeros({t, k}, DType::kI32);
+  b.topk_weights = Tensor::zeros({t, k}, DType::kF32);
+  b.out = Tensor::zeros({t, h}, DType::kF32);
+  try {
+    ops::moe_forward(Tensor::zeros({t, e + 1}, DType::kF32), true, b);
+    ADD_FAILURE() << "logits of 13 experts accepted for 12";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("12 experts"), std::string::npos) << err.what();
+  }
+}
+
 TEST(MoeExperts, BadArgumentsAreNamed) {
   const int64_t t = 3, h = 8, n = 4, e = 4, k = 2;
   ops::MoeArgs a;

@@ -210,9 +210,23 @@ TEST(MoeSchedule, DecodeGridAndSharedMemory) {
     EXPECT_GE(blocks * kMoeDecodeRowsPerBlock, n);
     EXPECT_LT((blocks - 1) * kMoeDecodeRowsPerBlock, n);
   }
-  // 30B-A3B at batch 1: 8 slots x 48 gate/up blocks and 8 x 128 down blocks, several per SM.
+  // 30B-A3B at batch 1: 8 slots x 48 gate/up blocks, several per SM; down + combine: 512 blocks
+  // of one token's 4 rows, a warp per slot.
   EXPECT_EQ(8 * moe_decode_blocks(768), 384);
-  EXPECT_EQ(8 * moe_decode_blocks(2048), 1024);
+  EXPECT_EQ(moe_combine_blocks(2048), 512);
+  EXPECT_EQ(moe_combine_warps(8), 8);
+  for (int64_t n : {1, 3, 4, 5, 2047}) {
+    const int64_t blocks = moe_combine_blocks(n);
+    EXPECT_GE(blocks * kMoeDecodeRowsPerWarp, n);
+    EXPECT_LT((blocks - 1) * kMoeDecodeRowsPerWarp, n);
+  }
+  // Fewer slots than warps: one warp per slot; more: every slot taken by some warp.
+  EXPECT_EQ(moe_combine_warps(1), 1);
+  EXPECT_EQ(moe_combine_warps(kMoeDecodeMaxTopK), kMoeCombineWarps);
+  // The down kernel's partial rows of the largest top-k fit the opt-in shared memory; the fused
+  // routing's [E] probabilities and [E] picks fit the static 48 KB.
+  EXPECT_LE(kMoeDecodeMaxTopK * kMoeDecodeRowsPerWarp * 4, 227 * 1024);
+  EXPECT_LE(kMoeFusedRouteMaxExperts * 8 + 4, 48 * 1024);
   // Two tensor-core CTAs per SM fit an H100/H200's 227 KB of shared memory (plus 1 KB static).
   EXPECT_LE(2 * (kMoeTcSmemBytes + kMoeTcRows * 8), 227 * 1024);
   EXPECT_EQ(kMoeTcK, 64);  // 8 chunks per row: the swizzle of mma_device.cuh

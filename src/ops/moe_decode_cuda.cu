@@ -1,0 +1,301 @@
+// The decode path of the CUDA MoE ops (<= kMoeDecodeMaxTokens tokens): two kernels that read
+// only the routed experts' rows.
+//
+// gate/up: each warp kMoeDecodeRowsPerWarp activation columns of one slot (token, j): the gate
+//   row and the up row of each streamed with 16-byte loads, silu(gate) * up written in fp32.
+//   Given the router logits (moe_forward_cuda, E <= kMoeFusedRouteMaxExperts), every CTA first
+//   routes its token itself: the softmax as moe_route's kernel computes it (the same warp
+//   reductions, so the same probabilities to the bit), then each expert's rank in the total order
+//   (probability descending, the lower index among equal ones) from shared memory; the expert of
+//   rank j is the slot's. The CTAs of column block 0 write the slot's id and weight. So the
+//   routing costs no launch of its own, and its result is the routing kernel's.
+// down + combine: a CTA computes kMoeDecodeRowsPerWarp output rows of one token, one warp per
+//   slot; the slots' fp32 rows meet in shared memory and one thread per row sums
+//   weight[t, j] * row_j in slot order (+ sigmoid(shared_gate) * shared), as the combine kernel
+//   of the prefill paths does: deterministic, no atomics, and no [slots, hidden] buffer.
+// Both are launched with programmatic dependent launch and wait for the kernel before them
+// first thing (kernels/cuda/pdl.cuh), so the block is router GEMV -> gate/up -> down.
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/func_attributes.h"
+#include "kernels/cuda/pdl.cuh"
+#include "longctx/core/stream.h"
+#include "ops/moe.h"
+#include "ops/moe_decode.h"
+#include "ops/moe_schedule.h"
+#include "ops/ops_device.cuh"
+
+namespace longctx::ops {
+
+namespace {
+
+using namespace cuda_detail;
+
+constexpr int R = kMoeDecodeRowsPerWarp;
+
+// Rows [row0, row0 + R) of one expert's weight block w ([n or 2n, k]) dotted with the activation
+// row a ([k]); for kGateUp also the up rows n + row. kVecLoads: 16-byte loads of 8 elements per
+// lane (k % 8 == 0, rows 16-byte aligned), all of the warp's rows in flight at once; else one
+// element per lane. Rows past n read row n - 1 (so the loads stay branch-free). On return every
+// lane holds the sums.
+template <typename TA, typename TW, bool kGateUp, bool kVecLoads>
+__device__ __forceinline__ void gemv_rows(const TA* __restrict__ a, const TW* __restrict__ w,
+                                          int64_t n, int64_t k, int64_t row0, int lane,
+                                          float (&s0)[R], float (&s1)[R]) {
+  const TW* wg[R];
+  const TW* wu[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = min(row0 + r, n - 1);
+    wg[r] = w + row * k;
+    wu[r] = w + (kGateUp ? n + row : row) * k;
+    s0[r] = s1[r] = 0.f;
+  }
+  if constexpr (kVecLoads) {
+#pragma unroll 2
+    for (int64_t i = int64_t(lane) * kVec; i < k; i += 32 * kVec) {
+      float x[kVec];
+      load<kVec>(a + i, x);
+      float w0[R][kVec], w1[R][kVec];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        load<kVec>(wg[r] + i, w0[r]);
+        if constexpr (kGateUp) load<kVec>(wu[r] + i, w1[r]);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          s0[r] = fmaf(w0[r][j], x[j], s0[r]);
+          if constexpr (kGateUp) s1[r] = fmaf(w1[r][j], x[j], s1[r]);
+        }
+    }
+  } else {
+    for (int64_t i = lane; i < k; i += 32) {
+      const float x = to_f32(a[i]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        s0[r] = fmaf(to_f32(wg[r][i]), x, s0[r]);
+        if constexpr (kGateUp) s1[r] = fmaf(to_f32(wu[r][i]), x, s1[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    for (int o = 16; o > 0; o /= 2) {
+      s0[r] += __shfl_xor_sync(0xffffffffu, s0[r], o);
+      if constexpr (kGateUp) s1[r] += __shfl_xor_sync(0xffffffffu, s1[r], o);
+    }
+}
+
+struct GateUpParams {
+  const void* x;        // [T, hidden]
+  const void* gate_up;  // [E, 2 inter, hidden]
+  const void* logits;   // [T, E] router logits, or nullptr: ids / weights are inputs
+  DType logits_dtype;
+  bool renormalize;
+  int32_t* ids;    // [T, k]
+  float* weights;  // [T, k]
+  float* act;      // [T * k, inter] f32
+  int experts, top_k;
+  int64_t inter, hidden;
+};
+
+// The expert of slot (t, j) from the router logits (see the file comment). Every thread returns
+// it. s_p: [experts] probabilities, s_pick: [top_k] experts by rank.
+__device__ int route_in_block(const GateUpParams& p, int64_t t, int j, float* s_p, int* s_pick,
+                              float* s_weight) {
+  const int lane = threadIdx.x % 32;
+  const int experts = p.experts, k = p.top_k;
+  const int64_t base = t * experts;
+  // The softmax of moe_route's kernel, in every warp (the same order, so the same bits).
+  float mx = -INFINITY;
+  for (int e = lane; e < experts; e += 32)
+    mx = fmaxf(mx, load_any(p.logits, p.logits_dtype, base + e));
+  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0.f;
+  for (int e = lane; e < experts; e += 32)
+    sum += expf(load_any(p.logits, p.logits_dtype, base + e) - mx);
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  for (int e = threadIdx.x; e < experts; e += blockDim.x)
+    s_p[e] = expf(load_any(p.logits, p.logits_dtype, base + e) - mx) / sum;
+  for (int i = threadIdx.x; i < k; i += blockDim.x) s_pick[i] = -1;  // NaN logits rank nothing
+  __syncthreads();
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    const float pe = s_p[e];
+    int rank = 0;
+    for (int o = 0; o < experts && rank < k; ++o) {
+      const float q = s_p[o];
+      rank += (q > pe || (q == pe && o < e)) ? 1 : 0;
+    }
+    if (rank < k) s_pick[rank] = e;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // moe_route's weights: the pick's probability, over the picks' sum taken in rank order
+    float picked = 0.f;
+    for (int i = 0; i < k; ++i) picked += s_pick[i] >= 0 ? s_p[s_pick[i]] : 0.f;
+    const float pj = s_pick[j] >= 0 ? s_p[s_pick[j]] : 0.f;
+    *s_weight = p.renormalize ? pj / picked : pj;
+  }
+  __syncthreads();
+  return s_pick[j];
+}
+
+// grid (moe_decode_blocks(inter), T * k), 32 * kMoeDecodeWarps threads.
+template <typename TA, typename TW, bool kVecLoads>
+__global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpParams p) {
+  __shared__ float s_p[kMoeFusedRouteMaxExperts];
+  __shared__ int s_pick[kMoeFusedRouteMaxExperts];
+  __shared__ float s_weight;
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
+  const int lane = threadIdx.x % 32;
+  const int64_t slot = blockIdx.y;
+  const int64_t t = slot / p.top_k;
+  int e;
+  if (p.logits) {
+    e = route_in_block(p, t, static_cast<int>(slot % p.top_k), s_p, s_pick, &s_weight);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      p.ids[slot] = e;
+      p.weights[slot] = s_weight;
+    }
+  } else {
+    e = p.ids[slot];
+  }
+  const int64_t row0 = (int64_t(blockIdx.x) * kMoeDecodeWarps + threadIdx.x / 32) * R;
+  if (row0 >= p.inter) return;
+  float* out = p.act + slot * p.inter;
+  if (e < 0 || e >= p.experts) {
+    if (lane < R && row0 + lane < p.inter) out[row0 + lane] = 0.f;
+    return;
+  }
+  const TW* w = static_cast<const TW*>(p.gate_up) + int64_t(e) * 2 * p.inter * p.hidden;
+  const TA* a = static_cast<const TA*>(p.x) + t * p.hidden;
+  float s0[R], s1[R];
+  gemv_rows<TA, TW, true, kVecLoads>(a, w, p.inter, p.hidden, row0, lane, s0, s1);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (lane == r && row0 + r < p.inter) out[row0 + r] = s0[r] / (1.0f + expf(-s0[r])) * s1[r];
+}
+
+struct DownParams {
+  const float* act;      // [T * k, inter] f32
+  const void* down;      // [E, hidden, inter]
+  const int32_t* ids;    // [T, k]
+  const float* weights;  // [T, k]
+  const void* shared;    // [T, hidden] or nullptr
+  DType shared_dtype;
+  const void* shared_gate;  // [T, 1]
+  DType gate_dtype;
+  void* out;  // [T, hidden]
+  int experts, top_k;
+  int64_t hidden, inter;
+};
+
+// grid (moe_combine_blocks(hidden), T), 32 * moe_combine_warps(k) threads, k * R floats of
+// dynamic shared memory: slot j's rows at [j * R, j * R + R).
+template <typename TW, typename TO, bool kVecLoads>
+__global__ void __launch_bounds__(32 * kMoeCombineWarps) down_combine_kernel(DownParams p) {
+  extern __shared__ float s_rows[];
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t t = blockIdx.y;
+  const int64_t row0 = int64_t(blockIdx.x) * R;
+  for (int j = warp; j < p.top_k; j += warps) {
+    const int64_t slot = t * p.top_k + j;
+    const int e = p.ids[slot];
+    float s0[R], s1[R];
+    if (e >= 0 && e < p.experts) {
+      const TW* w = static_cast<const TW*>(p.down) + int64_t(e) * p.hidden * p.inter;
+      gemv_rows<float, TW, false, kVecLoads>(p.act + slot * p.inter, w, p.hidden, p.inter, row0,
+                                             lane, s0, s1);
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) s0[r] = 0.f;
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) s_rows[j * R + r] = s0[r];
+  }
+  __syncthreads();
+  const int r = threadIdx.x;
+  const int64_t c = row0 + r;
+  if (r >= R || c >= p.hidden) return;
+  float acc = 0.f;
+  for (int j = 0; j < p.top_k; ++j) acc += p.weights[t * p.top_k + j] * s_rows[j * R + r];
+  if (p.shared) {
+    const float g = load_any(p.shared_gate, p.gate_dtype, t);
+    acc += load_any(p.shared, p.shared_dtype, t * p.hidden + c) / (1.0f + expf(-g));
+  }
+  static_cast<TO*>(p.out)[t * p.hidden + c] = from_f32<TO>(acc);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logits, bool renormalize,
+                        cudaStream_t stream) {
+  LONGCTX_CHECK(s.top_k <= kMoeDecodeMaxTopK, ErrorCode::kUnsupported,
+                "moe_experts_cuda: top-{} at decode (at most {})", s.top_k, kMoeDecodeMaxTopK);
+  LONGCTX_CHECK(!logits || s.experts <= kMoeFusedRouteMaxExperts, ErrorCode::kInternal,
+                "moe_decode_experts: fused routing over {} experts", s.experts);
+  const Device d = a.x.device();
+  const int64_t slots = s.tokens * s.top_k;
+  Tensor act = Tensor::empty({slots, s.inter}, DType::kF32, d);  // [T * k, inter]
+  const bool vec1 =
+      s.hidden % kVec == 0 && aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr());
+  const bool vec2 = s.inter % kVec == 0 && aligned16(a.down.data_ptr());  // act: a fresh buffer
+  GateUpParams g{a.x.data_ptr(),
+                 a.gate_up.data_ptr(),
+                 logits ? logits->data_ptr() : nullptr,
+                 logits ? logits->dtype() : DType::kF32,
+                 renormalize,
+                 a.topk_ids.data<int32_t>(),
+                 a.topk_weights.data<float>(),
+                 act.data<float>(),
+                 static_cast<int>(s.experts),
+                 static_cast<int>(s.top_k),
+                 s.inter,
+                 s.hidden};
+  DownParams dn{act.data<float>(),
+                a.down.data_ptr(),
+                a.topk_ids.data<int32_t>(),
+                a.topk_weights.data<float>(),
+                a.shared.defined() ? a.shared.data_ptr() : nullptr,
+                a.shared.dtype(),
+                a.shared_gate.defined() ? a.shared_gate.data_ptr() : nullptr,
+                a.shared_gate.dtype(),
+                a.out.data_ptr(),
+                static_cast<int>(s.experts),
+                static_cast<int>(s.top_k),
+                s.hidden,
+                s.inter};
+  const dim3 grid1(unsigned(moe_decode_blocks(s.inter)), unsigned(slots));
+  const dim3 grid2(unsigned(moe_combine_blocks(s.hidden)), unsigned(s.tokens));
+  const dim3 block2(unsigned(32 * moe_combine_warps(s.top_k)));
+  const int smem2 = static_cast<int>(s.top_k * R * sizeof(float));
+  visit_float(a.x.dtype(), "moe_experts", [&](auto ta) {
+    visit_float(a.gate_up.dtype(), "moe_experts", [&](auto tw) {
+      using TA = decltype(ta);
+      using TW = decltype(tw);
+      kernels::cuda::launch_pdl(vec1 ? gate_up_kernel<TA, TW, true> : gate_up_kernel<TA, TW, false>,
+                                grid1, dim3(32 * kMoeDecodeWarps), 0, stream, g);
+    });
+  });
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+  visit_float(a.down.dtype(), "moe_experts", [&](auto tw) {
+    visit_float(a.out.dtype(), "moe_experts", [&](auto to) {
+      using TW = decltype(tw);
+      using TO = decltype(to);
+      auto kernel = vec2 ? down_combine_kernel<TW, TO, true> : down_combine_kernel<TW, TO, false>;
+      kernels::cuda::require_dynamic_smem(kernel, smem2);
+      kernels::cuda::launch_pdl(kernel, grid2, block2, smem2, stream, dn);
+    });
+  });
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace longctx::ops
