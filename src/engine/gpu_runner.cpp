@@ -7,6 +7,7 @@
 
 #include "attention/backends/offload_backend.h"
 #include "attention/backends/paged_backend.h"
+#include "attention/backends/phase_profile.h"
 #include "attention/sparse/kv_export.h"
 #include "attention/sparse/sparse_policy.h"
 #include "engine/cuda_graphs.h"
@@ -40,9 +41,10 @@ struct GpuRunner::Impl {
   std::unique_ptr<AttentionBackend> window_attention;
   std::unique_ptr<AttentionBackend> attention;
   bool engine_attached = false;
-  std::unique_ptr<GpuSampler> sampler;   // from attach_engine() on
-  std::unique_ptr<DecodeGraphs> graphs;  // from attach_engine() on, unless enforce_eager
-  int64_t max_blocks = 0;                // block-table entries per step (backend limit)
+  std::unique_ptr<GpuSampler> sampler;    // from attach_engine() on
+  std::unique_ptr<DecodeGraphs> graphs;   // from attach_engine() on, unless enforce_eager
+  std::shared_ptr<PhaseRecorder> phases;  // profile_phases() (a measurement mode), else null
+  int64_t max_blocks = 0;                 // block-table entries per step (backend limit)
 
   // The state group's slots (the snapshots' copies are device copies on the current stream,
   // ordered with the step's kernels).
@@ -315,6 +317,28 @@ void GpuRunner::attach_engine() {
     m.graphs = std::make_unique<DecodeGraphs>(*m.model, *m.attention, *m.pool, g);
     m.graphs->capture();
   }
+}
+
+void GpuRunner::profile_phases() {
+  Impl& m = *impl_;
+  LONGCTX_CHECK(m.graphs == nullptr, ErrorCode::kInvalidArgument,
+                "GPU runner: the phase profile times eager steps (run with enforce_eager)");
+  if (m.phases != nullptr) return;
+  m.phases = std::make_shared<PhaseRecorder>(m.model->device());
+  if (m.offload != nullptr)
+    m.offload->set_phase_recorder(m.phases.get());
+  else
+    set_paged_phase_recorder(*m.attention, m.phases.get());
+  // The offload backend (m.offload) and its window backend stay where they are, inside.
+  m.attention = std::make_unique<PhaseProfilingBackend>(std::move(m.attention), m.phases);
+}
+
+std::string GpuRunner::phase_profile() {
+  Impl& m = *impl_;
+  if (m.phases == nullptr) return "";
+  const PhaseTotals t = m.phases->totals();
+  m.phases->reset();
+  return t.table();
 }
 
 ExecutorCounters GpuRunner::state_counters() const { return impl_->snapshot_counters; }

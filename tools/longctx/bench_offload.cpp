@@ -27,6 +27,7 @@ struct Options {
   std::vector<int64_t> context_lens = {32768};
   int64_t decode_steps = 16;
   uint64_t seed = 0;
+  bool profile_phases = false;  // the decode steps' time per attention phase (GpuRunner)
 };
 
 double now_seconds() {
@@ -67,6 +68,10 @@ void run(const Options& o) {
     session.run({&in, 1});
     const double prefill = now_seconds() - t0;
     const auto c1 = runner->offload_counters();
+    if (o.profile_phases) {
+      runner->profile_phases();
+      runner->phase_profile();  // from the first decode step on
+    }
     std::vector<double> steps;
     for (int64_t k = 0; k < o.decode_steps; ++k) {
       const SessionInput d{id, ids, 1};
@@ -110,6 +115,7 @@ void run(const Options& o) {
                       : 0.0);
     }
     std::printf("\n");
+    if (o.profile_phases) std::printf("%s", runner->phase_profile().c_str());
     std::fflush(stdout);
   }
   const DeviceMemoryStats st = device_memory_stats(model->device().index);
@@ -129,6 +135,9 @@ void add_bench_offload(CLI::App* bench) {
   cmd->add_option("--decode-steps", o->decode_steps, "decode steps after each prefill")
       ->capture_default_str();
   add_seed_option(*cmd, "--seed", o->seed, "prompt seed (default 0)");
+  cmd->add_flag("--profile-phases", o->profile_phases,
+                "print the decode steps' host and GPU time per attention phase (adds a few us "
+                "of host time per mark)");
   cmd->callback([o] { run(*o); });
 }
 

@@ -91,6 +91,13 @@ class GpuRunner {
     int64_t prefill_blocks_kept = 0, prefill_blocks_causal = 0;
   };
   SparseCounters sparse_counters() const;
+  // A measurement mode (`bench offload --profile-phases`): from the next step on, the host's and
+  // the GPU's time per phase of the attention calls (attention/backends/phase_profile.h: the plan,
+  // the layers' rest, store_kv, Quest's select / gather / decode, ...), which adds a few us of
+  // host time per mark. Eager runners only (throws Error(kInvalidArgument) with decode graphs).
+  void profile_phases();
+  // The per-step table since profile_phases() or the last call (synchronizes); "" when off.
+  std::string phase_profile();
   // The linear-attention state snapshots' copies (ExecutorCounters' state_* fields; the rest 0).
   ExecutorCounters state_counters() const;
   // The KV store's block I/O (Executor::kv_block_bytes etc.): a resident pool of one full

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "attention/backends/paged_backend.h"
+#include "attention/backends/phase_profile.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -119,9 +120,11 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   sparse_step_ = sparse_ != nullptr && sparse_->takes_step(batch, loc);
   if (sparse_step_) plan_.items.clear();  // the reader reads the host blocks it needs itself
   device_->begin_step(plan_);
+  if (recorder_ != nullptr) recorder_->mark(AttentionPhase::kPlanOffload);
   if (sparse_ != nullptr) {
     if (!sparse_step_) loc.clear();
     sparse_->plan(batch, plan_, loc, copies_);
+    if (recorder_ != nullptr) recorder_->mark(AttentionPhase::kPlanSparse);
   }
   copies_.clear();
   total_loads_ = g.num_layers * static_cast<int64_t>(plan_.items.size());
@@ -138,6 +141,11 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   stats_.host_bytes_loaded +=
       static_cast<int64_t>(plan_.loads.size()) * g.num_layers * layer_block_bytes_;
   planned_ = true;
+}
+
+void OffloadAttentionBackend::set_phase_recorder(PhaseRecorder* recorder) {
+  recorder_ = recorder;
+  if (sparse_ != nullptr) sparse_->set_phase_recorder(recorder);
 }
 
 void OffloadAttentionBackend::issue_load(int64_t g) {

@@ -161,6 +161,9 @@ class OffloadAttentionBackend final : public AttentionBackend {
   SparsePrefillCounters sparse_prefill_counters() const override {
     return sparse_ != nullptr ? sparse_->prefill_counters() : SparsePrefillCounters{};
   }
+  // A measurement mode (phase_profile.h): the planner's and the sparse reader's phases are marked
+  // on `recorder` (null: off).
+  void set_phase_recorder(PhaseRecorder* recorder);
   int64_t layer_block_bytes() const { return layer_block_bytes_; }
   void set_layer_block_bytes(int64_t bytes) { layer_block_bytes_ = bytes; }
 
@@ -180,7 +183,8 @@ class OffloadAttentionBackend final : public AttentionBackend {
   int64_t layer_block_bytes_ = 0;
   int64_t total_loads_ = 0, next_load_ = 0, next_layer_ = 0;
   bool planned_ = false;
-  bool sparse_step_ = false;  // sparse_ attends this step itself (no ring items)
+  bool sparse_step_ = false;           // sparse_ attends this step itself (no ring items)
+  PhaseRecorder* recorder_ = nullptr;  // a measurement mode's (phase_profile.h), else null
   // Several KV groups (null: one full group, every layer offloaded).
   const KvGroups* groups_ = nullptr;
   AttentionBackend* resident_ = nullptr;

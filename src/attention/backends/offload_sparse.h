@@ -28,6 +28,8 @@
 
 namespace longctx {
 
+class PhaseRecorder;  // phase_profile.h
+
 class OffloadSparseReader {
  public:
   virtual ~OffloadSparseReader() = default;
@@ -45,6 +47,8 @@ class OffloadSparseReader {
   virtual int64_t host_bytes_read() const = 0;
   // A prefill policy's key blocks kept and causal so far (synchronizes).
   virtual SparsePrefillCounters prefill_counters() const { return {}; }
+  // A measurement mode (phase_profile.h): the policy marks its phases there (null: off).
+  virtual void set_phase_recorder(PhaseRecorder* /*recorder*/) {}
 };
 
 // XAttention over an offloaded cache on the GPU stages the host blocks of a step: `buffers`

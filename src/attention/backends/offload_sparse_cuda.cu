@@ -120,6 +120,9 @@ class CudaOffloadSparse final : public OffloadSparseReader {
   SparsePrefillCounters prefill_counters() const override {
     return staged_ != nullptr ? staged_->counters() : SparsePrefillCounters{};
   }
+  void set_phase_recorder(PhaseRecorder* recorder) override {
+    policy_->set_phase_recorder(recorder);
+  }
 
  private:
   cudaStream_t stream() const { return current_cuda_stream(c_.device.index); }

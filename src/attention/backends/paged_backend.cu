@@ -292,6 +292,9 @@ class PagedAttentionBackend final : public AttentionBackend {
   SparsePrefillCounters sparse_prefill_counters() const override {
     return sparse_ != nullptr ? sparse_->prefill_counters() : SparsePrefillCounters{};
   }
+  void set_phase_recorder(PhaseRecorder* recorder) {
+    if (sparse_ != nullptr) sparse_->set_phase_recorder(recorder);
+  }
 
   // CTAs of group g's split-KV decode kernel grid in the last plan(); 0 when it takes another
   // kernel.
@@ -577,6 +580,11 @@ std::unique_ptr<GraphLaunches> PagedAttentionBackend::end_graph_capture() {
 }
 
 }  // namespace
+
+void set_paged_phase_recorder(AttentionBackend& backend, PhaseRecorder* recorder) {
+  if (auto* paged = dynamic_cast<PagedAttentionBackend*>(&backend))
+    paged->set_phase_recorder(recorder);
+}
 
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,

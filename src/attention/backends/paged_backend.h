@@ -31,6 +31,8 @@
 
 namespace longctx {
 
+class PhaseRecorder;  // phase_profile.h
+
 struct PagedBackendLimits {
   int64_t max_tokens = 0;   // tokens per step
   int64_t max_seqs = 0;     // sequences per step
@@ -61,6 +63,9 @@ std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
     const SparseOptions& sparse = {}, const kernels::KernelTuning& tuning = {},
     const KvGroups* groups = nullptr, StatePool* states = nullptr);
+// A measurement mode (phase_profile.h): a sparse policy of `backend` (one make_paged_attention_
+// backend made) marks its phases on `recorder` (null: off); nothing for another backend.
+void set_paged_phase_recorder(AttentionBackend& backend, PhaseRecorder* recorder);
 // The checks plan() makes on the host, exposed for tests: block ids inside the pool, each
 // sequence's table long enough for its kv_len, every new token's slot equal to the one its
 // table names, sizes within `limits` (keys per sequence too where max_seq_len > 0). Throws

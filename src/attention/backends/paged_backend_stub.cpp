@@ -15,5 +15,7 @@ std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool
                 "-DLONGCTX_CUDA=ON)");
 }
 
+void set_paged_phase_recorder(AttentionBackend&, PhaseRecorder*) {}
+
 }  // namespace longctx
 #endif

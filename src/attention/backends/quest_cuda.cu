@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "attention/backends/phase_profile.h"
 #include "attention/backends/quest_cuda.h"
 #include "kernels/cpu/quest_cpu.h"
 #include "kernels/cuda/paged_generic.h"
@@ -210,6 +211,10 @@ void QuestCuda::copy_blocks(std::span<const KVBlockCopy> copies, cudaStream_t st
 void QuestCuda::attend_decode(int64_t layer, const void* q, void* o, float* o_f32,
                               const Memory (&mem)[2], cudaStream_t stream) {
   LONGCTX_CHECK(decode_, ErrorCode::kInternal, "quest: attend on a step that is not a decode");
+  auto mark = [&](AttentionPhase phase) {
+    if (recorder_ != nullptr) recorder_->mark(phase);
+  };
+  mark(AttentionPhase::kAttendOther);
   kernels::QuestSelectParams s;
   s.q = q;
   s.meta = meta_layer(layer);
@@ -229,6 +234,7 @@ void QuestCuda::attend_decode(int64_t layer, const void* q, void* o, float* o_f3
   s.per_head = c_.per_head;
   s.dtype = c_.dtype;
   kernels::cuda::quest_select_run(s, stream);
+  mark(AttentionPhase::kSelect);
 
   kernels::QuestGatherParams g;
   for (int m = 0; m < 2; ++m) {
@@ -255,6 +261,7 @@ void QuestCuda::attend_decode(int64_t layer, const void* q, void* o, float* o_f3
   g.budget = budget_;
   g.dtype = c_.dtype;
   kernels::cuda::quest_gather_run(g, stream);
+  mark(AttentionPhase::kGather);
 
   const int page_size = static_cast<int>(max_selected_ * budget_.page_tokens);
   if (!generic_) {
@@ -275,6 +282,7 @@ void QuestCuda::attend_decode(int64_t layer, const void* q, void* o, float* o_f3
     d.dtype = c_.dtype;
     d.sm_scale = c_.sm_scale;
     kernels::cuda::decode_run(d, decode_plan_, stream);
+    mark(AttentionPhase::kDecode);
     return;
   }
   kernels::PagedPrefillParams p;
@@ -296,6 +304,7 @@ void QuestCuda::attend_decode(int64_t layer, const void* q, void* o, float* o_f3
   p.mask_mode = kernels::MaskMode::kNone;
   p.sm_scale = c_.sm_scale;
   kernels::cuda::paged_generic_run(p, batch_, stream);
+  mark(AttentionPhase::kDecode);
 }
 
 }  // namespace longctx

@@ -81,6 +81,7 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
 
   // K and V bytes the gathers read from memory 1 (the host pool) so far; synchronizes.
   int64_t memory1_bytes_read() const override;
+  void set_phase_recorder(PhaseRecorder* recorder) override { recorder_ = recorder; }
 
  private:
   const int32_t* dev(int64_t offset) const { return words_.device_at(offset); }
@@ -104,6 +105,7 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   int batch_ = 0;
   bool decode_ = false;
   kernels::cuda::DecodePlan decode_plan_;
+  PhaseRecorder* recorder_ = nullptr;  // a measurement mode's (phase_profile.h), else null
 };
 
 }  // namespace longctx

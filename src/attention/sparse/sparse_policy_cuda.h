@@ -27,6 +27,10 @@
 #include "longctx/kernels/kernel_tuning.h"
 #include "longctx/kv/block_copy.h"
 
+namespace longctx {
+class PhaseRecorder;  // attention/backends/phase_profile.h
+}  // namespace longctx
+
 namespace longctx::sparse {
 
 struct SparseCudaConfig {
@@ -84,6 +88,9 @@ class SparsePolicyCuda {
   virtual int64_t memory1_bytes_read() const { return 0; }
   // Key blocks the prefill masks kept and causal attention would have read; synchronizes.
   virtual SparsePrefillCounters prefill_counters() const { return {}; }
+  // A measurement mode (attention/backends/phase_profile.h): attend_decode marks its select,
+  // gather and decode there (null: off).
+  virtual void set_phase_recorder(PhaseRecorder* /*recorder*/) {}
 };
 
 // The CUDA twin of options.policy (nullptr for full); Error(kUnsupported) when the policy has
