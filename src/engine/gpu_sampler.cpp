@@ -140,7 +140,8 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
   DeviceGuard guard(device_.index);
   cudaStream_t stream = current_cuda_stream(device_.index);
   // The previous call's kernels, the last readers of upload_dev_, finished (it synchronized).
-  cudaStream_t copies = upload_dev_fresh_ ? stream : cuda_handle(*upload_stream_);
+  // Without masks the upload is a few KB, which the event would cost as much as it saves.
+  cudaStream_t copies = upload_dev_fresh_ || masks.empty() ? stream : cuda_handle(*upload_stream_);
   auto* dev = static_cast<uint8_t*>(upload_dev_.data_ptr());
   LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev, up, upload_bytes, cudaMemcpyHostToDevice, copies));
   if (!masks.empty()) {

@@ -28,10 +28,10 @@ class GpuSampler {
   // with *params[i] and *states[i] (and its token_mask(), if any); on success every state
   // advances one step. One upload (row parameters, penalty entries; the masks, when a row has
   // one, in a second copy), one download (tokens, logprobs), one stream synchronization, on
-  // current_stream(). The upload runs on a stream of its own, which current_stream() waits for
-  // before sampling: it overlaps the step's forward instead of following it (a batch of masked
-  // rows uploads megabytes). Throws Error(kInvalidArgument) for bad shapes or parameters and, like
-  // sample_token (naming the batch row too), for NaN / +inf / all -inf logits; no state
+  // current_stream(). With masks the upload runs on a stream of its own, which current_stream()
+  // waits for before sampling: it overlaps the step's forward instead of following it (a batch
+  // of masked rows uploads megabytes). Throws Error(kInvalidArgument) for bad shapes or parameters
+  // and, like sample_token (naming the batch row too), for NaN / +inf / all -inf logits; no state
   // advances then.
   std::vector<SampleResult> sample(const Tensor& logits, std::span<SamplerState* const> states,
                                    std::span<const SamplingParams* const> params);
