@@ -1,19 +1,24 @@
 // Host time per decode step of constrained decoding at batch N, as the engine spends it: every
-// row's grammar mask filled over the thread pool (fill_grammar_masks), then one token per row
-// accepted; between them the masks are packed into one upload buffer as the GPU sampler packs
-// them (pack_token_masks, over the pool; a serial copy is timed too, for reference). The token
-// is drawn uniformly among the row's allowed ones, as a random-weight model
-// samples, so grammar states keep changing and the mask cache sees realistic misses. A row whose
+// row's grammar walks the token its last step took and fills its mask over the thread pool
+// (fill_grammar_masks, while the device runs the forward), the masks are packed into one upload
+// buffer as the GPU sampler packs them (pack_token_masks, over the pool; a serial copy is timed
+// too, for reference), and once the tokens are sampled each row's grammar takes its token
+// (GrammarMatcher::take: a mask lookup, the only grammar work between the sampled tokens and
+// the next step's launch; the full accept() it replaced is timed too, for reference, on a copy).
+// The token is drawn uniformly among the row's allowed ones, as a random-weight model samples,
+// so grammar states keep changing and the mask cache sees realistic misses. A row whose
 // document is complete (or whose budget ran out) starts a fresh one. Prints per batch size the
-// mean milliseconds per step of the fill, the packing and the accepts, and the cache's computed
-// / found
-// counts, twice: with the cache cold (a new schema) and warm (the same schema's next requests,
-// as in `bench latency --json-schema` after its warm-up): the cost a step adds where it does not
-// hide under the forward.
+// mean milliseconds per step of the walk + fill (and the slowest step's: a new grammar state
+// walks the whole vocabulary, and a fill longer than the forward delays the step), the packing,
+// the takes and the accepts, and the cache's computed / found counts, twice: with the cache cold
+// (a new schema) and warm (the same schema's next requests, as in `bench latency --json-schema`
+// after its warm-up).
 //   bench_structured --tokenizer DIR --json-schema FILE [--rows 1,16,64] [--steps 256]
-//                    [--max-tokens 256] [--seed 0] [--warm-passes 1]
+//                    [--max-tokens 256] [--seed 0] [--warm-passes 1] [--slice-tokens 16384]
 // More warm passes show how often a state is still met for the first time once the cache has
-// seen the schema's earlier requests (the "computed" column of each pass).
+// seen the schema's earlier requests (the "computed" column of each pass). --slice-tokens as
+// large as the vocabulary walks each new state on one thread (the engine's way before
+// prepare_masks).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -83,6 +88,7 @@ int main(int argc, char** argv) {
   std::string tokenizer_dir, schema_path;
   std::vector<int64_t> batch_sizes = {1, 16, 64};
   int64_t steps = 256, max_tokens = 256, warm_passes = 1;
+  int64_t slice_tokens = static_cast<int64_t>(structured::kMaskSliceTokens);
   uint64_t seed = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--tokenizer"))
@@ -97,6 +103,8 @@ int main(int argc, char** argv) {
       max_tokens = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--warm-passes"))
       warm_passes = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--slice-tokens"))
+      slice_tokens = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--seed"))
       seed = std::strtoull(argv[i + 1], nullptr, 10);
     else {
@@ -107,15 +115,16 @@ int main(int argc, char** argv) {
   if (tokenizer_dir.empty() || schema_path.empty()) {
     std::fprintf(stderr,
                  "usage: bench_structured --tokenizer DIR --json-schema FILE [--rows "
-                 "1,16,64] [--steps 256] [--max-tokens 256] [--seed 0] [--warm-passes 1]\n");
+                 "1,16,64] [--steps 256] [--max-tokens 256] [--seed 0] [--warm-passes 1] "
+                 "[--slice-tokens 16384]\n");
     return 2;
   }
   const bool rows_ok = !batch_sizes.empty() && std::all_of(batch_sizes.begin(), batch_sizes.end(),
                                                            [](int64_t r) { return r >= 1; });
-  if (!rows_ok || steps < 1 || max_tokens < 1 || warm_passes < 0) {
+  if (!rows_ok || steps < 1 || max_tokens < 1 || warm_passes < 0 || slice_tokens < 1) {
     std::fprintf(stderr,
-                 "bench_structured: --rows needs sizes >= 1, --steps and --max-tokens >= 1, "
-                 "--warm-passes >= 0\n");
+                 "bench_structured: --rows needs sizes >= 1, --steps, --max-tokens and "
+                 "--slice-tokens >= 1, --warm-passes >= 0\n");
     return 2;
   }
   const Tokenizer tok = Tokenizer::load(tokenizer_dir);
@@ -131,8 +140,9 @@ int main(int argc, char** argv) {
   std::printf("bench_structured: %lld tokens, %d threads, schema %s, %lld steps, max_tokens %lld\n",
               static_cast<long long>(n), num_threads(), schema_path.c_str(),
               static_cast<long long>(steps), static_cast<long long>(max_tokens));
-  std::printf("%6s %5s %12s %12s %12s %14s %10s %10s %9s\n", "rows", "cache", "fill ms/step",
-              "pack ms/step", "(serial ms)", "accept ms/step", "computed", "found", "documents");
+  std::printf("%6s %5s %12s %12s %12s %12s %12s %14s %10s %10s %9s\n", "rows", "cache",
+              "fill ms/step", "(max ms)", "pack ms/step", "(serial ms)", "take ms/step",
+              "(accept ms)", "computed", "found", "documents");
   for (int64_t rows : batch_sizes) {
     // A fresh grammar per batch size: its cache starts empty, as a server's first requests.
     const double c0 = now_seconds();
@@ -152,19 +162,28 @@ int main(int argc, char** argv) {
         r.mask.assign(static_cast<size_t>(vocab->mask_words()), 0);
       };
       for (Row& r : batch) restart(r);
-      double fill = 0, pack = 0, serial = 0, accept = 0;
+      double fill = 0, max_fill = 0, pack = 0, serial = 0, take = 0, accept = 0;
       const int64_t words = vocab->mask_words();
       std::vector<uint32_t> upload(static_cast<size_t>(rows * words));
       std::vector<const uint32_t*> masks(static_cast<size_t>(rows));
       for (int64_t s = 0; s < steps; ++s) {
         const double t0 = now_seconds();
+        // As fill_grammar_masks: the walks, the new states' masks split over the pool, the fill.
+        parallel_for(rows, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) batch[i].matcher->settle();
+        });
+        std::vector<GrammarMatcher*> matchers;
+        for (Row& r : batch) matchers.push_back(r.matcher.get());
+        structured::prepare_masks(matchers, static_cast<size_t>(slice_tokens));
         parallel_for(rows, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
             Row& r = batch[i];
             r.matcher->fill_mask(max_tokens - r.generated, r.mask);
           }
         });
-        fill += now_seconds() - t0;
+        const double f = now_seconds() - t0;
+        fill += f;
+        max_fill = std::max(max_fill, f);
         for (int64_t i = 0; i < rows; ++i) masks[i] = batch[i].mask.data();
         // Which copy goes first alternates, so neither always finds the other's lines cached.
         for (int k = 0; k < 2; ++k) {
@@ -181,10 +200,19 @@ int main(int argc, char** argv) {
         }
         std::vector<int32_t> picks(static_cast<size_t>(rows));
         for (int64_t i = 0; i < rows; ++i) picks[i] = draw(batch[i].mask, rng);  // the "sampler"
+        // The full walk, for reference: on copies, which the real matchers never see.
+        std::vector<GrammarMatcher> copies;
+        copies.reserve(static_cast<size_t>(rows));
+        for (int64_t i = 0; i < rows; ++i) copies.push_back(*batch[i].matcher);
+        const double t1 = now_seconds();
+        for (int64_t i = 0; i < rows; ++i) {
+          if (picks[i] >= 0) copies[i].accept(picks[i]);
+        }
+        accept += now_seconds() - t1;
         const double t2 = now_seconds();
         for (int64_t i = 0; i < rows; ++i) {
           Row& r = batch[i];
-          const bool ok = picks[i] >= 0 && r.matcher->accept(picks[i]);
+          const bool ok = picks[i] >= 0 && r.matcher->take(picks[i]);
           ++r.generated;
           if (!ok || r.matcher->terminated() || vocab->is_eos(picks[i]) ||
               r.generated >= max_tokens) {
@@ -192,15 +220,16 @@ int main(int argc, char** argv) {
             restart(r);
           }
         }
-        accept += now_seconds() - t2;
+        take += now_seconds() - t2;
       }
       const auto [computed, found] = grammar->cache_stats();
-      std::printf("%6lld %5s %12.3f %12.3f %12.3f %14.3f %10lld %10lld %9lld   (compile %.1f ms)\n",
-                  static_cast<long long>(rows), cache, 1e3 * fill / double(steps),
-                  1e3 * pack / double(steps), 1e3 * serial / double(steps),
-                  1e3 * accept / double(steps), static_cast<long long>(computed - computed0),
-                  static_cast<long long>(found - found0), static_cast<long long>(documents),
-                  1e3 * compile);
+      std::printf(
+          "%6lld %5s %12.3f %12.3f %12.3f %12.3f %12.3f %14.3f %10lld %10lld %9lld   (compile "
+          "%.1f ms)\n",
+          static_cast<long long>(rows), cache, 1e3 * fill / double(steps), 1e3 * max_fill,
+          1e3 * pack / double(steps), 1e3 * serial / double(steps), 1e3 * take / double(steps),
+          1e3 * accept / double(steps), static_cast<long long>(computed - computed0),
+          static_cast<long long>(found - found0), static_cast<long long>(documents), 1e3 * compile);
     }
   }
   return 0;

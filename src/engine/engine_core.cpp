@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -37,28 +38,42 @@ KVBlockLayout layout_of(const Executor* executor) {
 }
 
 // The tokens each constrained row's grammar allows, within what its request may still generate.
-// The rows' masks are independent CPU work (a new grammar state walks the whole vocabulary), done
-// over the thread pool while the device runs the step. A row whose grammar fails ends its own
-// request (abort), not the batch: its entry of the result is 1.
+// Each row first walks the bytes of the token its last step took (GrammarMatcher::settle), then
+// fills its mask: independent CPU work per row, done over the thread pool while the device runs
+// the step, so neither the walk nor the mask sits between a step's sampled tokens and the next
+// step's launch. The masks of states met for the first time (whole-vocabulary walks) are
+// computed in between, each split over the pool (prepare_masks), rather than each on the one
+// thread its row landed on. A row whose grammar fails ends its own request (abort), not the
+// batch: its entry of the result is 1.
 std::vector<uint8_t> fill_grammar_masks(std::span<Sequence* const> rows,
                                         std::span<const size_t> constrained) {
   std::vector<uint8_t> dropped(rows.size(), 0);
   std::vector<std::string> errors(constrained.size());
   std::vector<std::exception_ptr> fatal(constrained.size());
-  parallel_for(static_cast<int64_t>(constrained.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      Sequence& seq = *rows[constrained[i]];
-      std::vector<uint32_t>& mask = seq.sampler.token_mask();
-      try {
-        mask.resize(static_cast<size_t>(seq.grammar->grammar().vocab().mask_words()));
-        seq.grammar->fill_mask(seq.max_total_tokens - static_cast<int64_t>(seq.tokens.size()),
-                               mask);
-      } catch (const Error& e) {
-        errors[i] = e.what();
-      } catch (...) {
-        fatal[i] = std::current_exception();
+  auto over_rows = [&](const std::function<void(Sequence&)>& work) {
+    parallel_for(static_cast<int64_t>(constrained.size()), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (!errors[i].empty() || fatal[i]) continue;
+        try {
+          work(*rows[constrained[i]]);
+        } catch (const Error& e) {
+          errors[i] = e.what();
+        } catch (...) {
+          fatal[i] = std::current_exception();
+        }
       }
-    }
+    });
+  };
+  over_rows([](Sequence& seq) { seq.grammar->settle(); });
+  std::vector<structured::GrammarMatcher*> matchers;
+  for (size_t i = 0; i < constrained.size(); ++i) {
+    if (errors[i].empty() && !fatal[i]) matchers.push_back(rows[constrained[i]]->grammar.get());
+  }
+  structured::prepare_masks(matchers);
+  over_rows([](Sequence& seq) {
+    std::vector<uint32_t>& mask = seq.sampler.token_mask();
+    mask.resize(static_cast<size_t>(seq.grammar->grammar().vocab().mask_words()));
+    seq.grammar->fill_mask(seq.max_total_tokens - static_cast<int64_t>(seq.tokens.size()), mask);
   });
   for (size_t i = 0; i < constrained.size(); ++i) {
     if (fatal[i]) std::rethrow_exception(fatal[i]);
@@ -459,17 +474,6 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
   if (!rows.empty()) samples = executor_->sample(plain_logits, params, states);
   LONGCTX_CHECK(samples.size() == rows.size(), ErrorCode::kInternal,
                 "executor sampled {} tokens for {} rows", samples.size(), rows.size());
-  // The constrained rows' grammars advance independently (a row's state walk is CPU work
-  // comparable to its mask lookup): over the thread pool, ahead of the serial bookkeeping.
-  std::vector<GrammarAdvance> advance(rows.size(), GrammarAdvance::kPending);
-  parallel_for(static_cast<int64_t>(constrained.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      const size_t i = constrained[j];
-      if (dropped[i]) continue;
-      advance[i] = rows[i]->grammar->accept(samples[i].token) ? GrammarAdvance::kTaken
-                                                              : GrammarAdvance::kRefused;
-    }
-  });
   const double t1 = now_seconds();
   auto retire_if_finished = [&](Sequence* seq) {
     if (!updates.back().finished) return;
@@ -487,7 +491,7 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
       updates.push_back(std::move(u));
     } else {
       ++generation_tokens_;
-      updates.push_back(postprocess(*rows[i], samples[i], t1, advance[i]));
+      updates.push_back(postprocess(*rows[i], samples[i], t1));
     }
     retire_if_finished(rows[i]);
   }
@@ -546,8 +550,7 @@ void EngineCore::retire(uint64_t id) {
   live_.erase(it);
 }
 
-StepUpdate EngineCore::postprocess(Sequence& seq, const SampleResult& sample, double now,
-                                   GrammarAdvance grammar) {
+StepUpdate EngineCore::postprocess(Sequence& seq, const SampleResult& sample, double now) {
   const int32_t token = sample.token;
   RequestOutput& out = seq.output;
   StepUpdate update;
@@ -569,10 +572,9 @@ StepUpdate EngineCore::postprocess(Sequence& seq, const SampleResult& sample, do
   }
   bool grammar_end = false;
   if (seq.grammar != nullptr) {
-    // The mask allowed only tokens the grammar takes.
-    if (grammar == GrammarAdvance::kPending)
-      grammar = seq.grammar->accept(token) ? GrammarAdvance::kTaken : GrammarAdvance::kRefused;
-    LONGCTX_CHECK(grammar == GrammarAdvance::kTaken, ErrorCode::kInternal,
+    // The mask allowed only tokens the grammar takes. Whether the document ends with the token
+    // is known from the mask; the walk over its bytes waits for the next step's mask fill.
+    LONGCTX_CHECK(seq.grammar->take(token), ErrorCode::kInternal,
                   "structured output: sampled token {} is outside the grammar", token);
     grammar_end = seq.grammar->terminated();
   }

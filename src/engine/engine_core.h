@@ -138,12 +138,9 @@ class EngineCore {
 
  private:
   int64_t max_total_tokens(int64_t prompt_len, const SamplingParams& params) const;
-  // Whether a row's grammar already took its sampled token (the step advances its constrained
-  // rows' grammars together over the thread pool) or postprocess is to advance it.
-  enum class GrammarAdvance { kPending, kTaken, kRefused };
-  // Appends a sampled token and applies stops and detokenization.
-  StepUpdate postprocess(Sequence& seq, const SampleResult& sample, double now,
-                         GrammarAdvance grammar = GrammarAdvance::kPending);
+  // Appends a sampled token and applies stops and detokenization; a structured output's grammar
+  // takes it (GrammarMatcher::take: its walk runs with the next step's mask fill).
+  StepUpdate postprocess(Sequence& seq, const SampleResult& sample, double now);
   // A speculative sequence's verification over its 1 + k logits rows (host, [1 + k, vocab]):
   // appends the accepted draft tokens and the target's next token, one at a time through
   // postprocess (a stop drops what follows), then rolls its KV back to what was accepted.

@@ -49,16 +49,20 @@ GpuSampler::GpuSampler(int64_t max_rows, int64_t vocab, Device device)
   results_host_ = Tensor::empty_pinned({result_bytes}, DType::kU8);
   results_dev_ = Tensor::empty({result_bytes}, DType::kU8, device);
   work_ = Tensor::empty({max_rows, vocab}, DType::kF32, device);
+  upload_stream_ = std::make_unique<Stream>(device);
+  uploaded_ = std::make_unique<Event>(device);
   reserve_penalties(kInitialPenaltyEntries);
 }
 
-void GpuSampler::reserve_penalties(int64_t entries) {
-  if (entries <= penalty_capacity_) return;
+bool GpuSampler::reserve_penalties(int64_t entries) {
+  if (entries <= penalty_capacity_) return false;
   penalty_capacity_ = std::max(entries, 2 * penalty_capacity_);
   const int64_t bytes = masks_offset() + max_rows_ * kernels::sampling_mask_words(vocab_) *
                                              static_cast<int64_t>(sizeof(uint32_t));
   upload_host_ = Tensor::empty_pinned({bytes}, DType::kU8);
   upload_dev_ = Tensor::empty({bytes}, DType::kU8, device_);
+  upload_dev_fresh_ = true;
+  return true;
 }
 
 int64_t GpuSampler::masks_offset() const {
@@ -135,12 +139,20 @@ std::vector<SampleResult> GpuSampler::sample(const Tensor& logits,
 
   DeviceGuard guard(device_.index);
   cudaStream_t stream = current_cuda_stream(device_.index);
+  // The previous call's kernels, the last readers of upload_dev_, finished (it synchronized).
+  // Without masks the upload is a few KB, which the event would cost as much as it saves.
+  cudaStream_t copies = upload_dev_fresh_ || masks.empty() ? stream : cuda_handle(*upload_stream_);
   auto* dev = static_cast<uint8_t*>(upload_dev_.data_ptr());
-  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev, up, upload_bytes, cudaMemcpyHostToDevice, stream));
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev, up, upload_bytes, cudaMemcpyHostToDevice, copies));
   if (!masks.empty()) {
     LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev + masks_offset(), up + masks_offset(),
-                                       masks.size() * mask_bytes, cudaMemcpyHostToDevice, stream));
+                                       masks.size() * mask_bytes, cudaMemcpyHostToDevice, copies));
   }
+  if (copies != stream) {
+    uploaded_->record(*upload_stream_);
+    LONGCTX_CUDA_CHECK(cudaStreamWaitEvent(stream, cuda_handle(*uploaded_), 0));
+  }
+  upload_dev_fresh_ = false;
   kernels::SamplingBatch batch;
   batch.logits = logits.data<float>();
   batch.logits_stride = logits.strides()[0];
@@ -183,7 +195,7 @@ GpuSampler::GpuSampler(int64_t max_rows, int64_t vocab, Device device)
                 "-DLONGCTX_CUDA=ON)");
 }
 
-void GpuSampler::reserve_penalties(int64_t) {}
+bool GpuSampler::reserve_penalties(int64_t) { return false; }
 
 int64_t GpuSampler::masks_offset() const { return 0; }
 

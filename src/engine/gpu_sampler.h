@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "longctx/core/device.h"
+#include "longctx/core/stream.h"
 #include "longctx/core/tensor.h"
 #include "longctx/engine/sampler.h"
 #include "longctx/engine/sampling_params.h"
@@ -26,8 +28,10 @@ class GpuSampler {
   // with *params[i] and *states[i] (and its token_mask(), if any); on success every state
   // advances one step. One upload (row parameters, penalty entries; the masks, when a row has
   // one, in a second copy), one download (tokens, logprobs), one stream synchronization, on
-  // current_stream(). Throws Error(kInvalidArgument) for bad shapes or parameters and, like
-  // sample_token (naming the batch row too), for NaN / +inf / all -inf logits; no state
+  // current_stream(). With masks the upload runs on a stream of its own, which current_stream()
+  // waits for before sampling: it overlaps the step's forward instead of following it (a batch
+  // of masked rows uploads megabytes). Throws Error(kInvalidArgument) for bad shapes or parameters
+  // and, like sample_token (naming the batch row too), for NaN / +inf / all -inf logits; no state
   // advances then.
   std::vector<SampleResult> sample(const Tensor& logits, std::span<SamplerState* const> states,
                                    std::span<const SamplingParams* const> params);
@@ -38,7 +42,8 @@ class GpuSampler {
   int64_t device_bytes() const;
 
  private:
-  void reserve_penalties(int64_t entries);
+  // Returns whether the upload buffers were (re)allocated.
+  bool reserve_penalties(int64_t entries);
   // Where the token masks start in the upload buffers (after the penalty entries' capacity).
   int64_t masks_offset() const;
 
@@ -52,6 +57,12 @@ class GpuSampler {
   Tensor results_host_;  // [max_rows * sizeof(SamplingRowResult)] u8 pinned
   Tensor results_dev_;   // [max_rows * sizeof(SamplingRowResult)] u8
   Tensor work_;          // [max_rows, vocab] f32: penalized copies of the rows that need them
+  std::unique_ptr<Stream> upload_stream_;
+  std::unique_ptr<Event> uploaded_;  // recorded on upload_stream_ after a call's upload
+  // upload_dev_ is new: the pool may have handed out memory that work still queued on
+  // current_stream() uses (pool frees are ordered on that stream only), so the next upload is
+  // ordered there too.
+  bool upload_dev_fresh_ = true;
 };
 
 }  // namespace longctx

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -46,6 +47,10 @@ class TokenVocabulary {
   int64_t num_logits_ = 0;
   std::vector<int32_t> sorted_;  // tokens with bytes, by bytes
   std::vector<int32_t> lcp_;     // common prefix length of sorted_[i] with sorted_[i - 1]
+  // The bytes of sorted_ one after another (sorted_[i]'s from sorted_begin_[i] to [i + 1]): a
+  // walk reads them in order instead of each token's string wherever it lives.
+  std::string sorted_bytes_;
+  std::vector<size_t> sorted_begin_;
   size_t max_len_ = 0;
 };
 
@@ -66,7 +71,24 @@ struct TokenMask {
   // over every allowed token.
   std::vector<Level> levels;
   int32_t max_distance = 0;  // over by_distance
+  // The allowed tokens after which the document must end (the grammar's terminated state), by
+  // id: what a step needs to know of a sampled token before its grammar walks its bytes.
+  std::vector<int32_t> ending;
 };
+
+class GrammarMatcher;
+
+// Tokens of the sorted vocabulary per task when prepare_masks splits a walk.
+inline constexpr size_t kMaskSliceTokens = 16384;
+
+// Looks up the masks of the matchers' current states and computes those not cached, each walk
+// split over the thread pool in slices of `slice_tokens` tokens of the byte-sorted vocabulary
+// (merged, a mask is the same as one walk's): a new state costs the step its longest slice, not
+// a whole-vocabulary walk on one thread while the other rows' threads wait. Matchers with a
+// token still to settle, or already ended, are skipped; a walk that fails (a grammar past its
+// bounds) leaves its matchers to fill_mask, which throws. Call it from outside the pool.
+void prepare_masks(std::span<GrammarMatcher* const> matchers,
+                   size_t slice_tokens = kMaskSliceTokens);
 
 // A grammar with its vocabulary and mask cache: what requests with the same schema share.
 // Thread-safe (the cache is locked); matchers hold it by shared_ptr.
@@ -80,7 +102,16 @@ class CompiledGrammar {
   std::pair<int64_t, int64_t> cache_stats() const;
 
  private:
+  friend void prepare_masks(std::span<GrammarMatcher* const>, size_t);
   std::shared_ptr<const TokenMask> compute(const GrammarState& state) const;
+  // Adds the allowed tokens of vocab().sorted_[begin, end) to `m` (bits, by_distance, ending,
+  // max_distance), in sorted order.
+  void walk(const GrammarState& state, size_t begin, size_t end, TokenMask& m) const;
+  // Completes a mask walked over the whole vocabulary: the EOS tokens, ending's order, levels.
+  void finish(const GrammarState& state, TokenMask& m) const;
+  std::shared_ptr<const TokenMask> cached(const std::string& key) const;  // null: not cached
+  size_t num_walked() const { return vocab_->sorted_.size(); }            // tokens a walk visits
+  void insert(std::string key, std::shared_ptr<const TokenMask> m) const;
 
   Grammar grammar_;
   std::shared_ptr<const TokenVocabulary> vocab_;
@@ -90,23 +121,43 @@ class CompiledGrammar {
 };
 
 // One request's place in its grammar.
+//
+// A token is taken in two halves so that the walk over its bytes can leave a step's critical
+// path: take() checks it against the current state's mask and answers terminated() at once;
+// settle() walks its bytes, and the engine runs it with the next mask fill, while the device
+// computes the next step. accept() is both at once.
 class GrammarMatcher {
  public:
   explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
   // The tokens allowed next, bit t of words[t / 32], when at most `remaining` tokens (this one
-  // included) may still be generated. words.size() must be vocab().mask_words().
-  void fill_mask(int64_t remaining, std::span<uint32_t> words) const;
+  // included) may still be generated. words.size() must be vocab().mask_words(). Settles first.
+  void fill_mask(int64_t remaining, std::span<uint32_t> words);
   // Moves past `token`; false (state unchanged) when the grammar does not take it.
   bool accept(int32_t token);
+  // Takes `token` if the current state's mask allows it (the one fill_mask used; looked up when
+  // none was) and leaves its walk to settle(); false (nothing taken) when it is not allowed.
+  // Takes exactly the tokens accept() takes, and terminated() answers as after accept().
+  bool take(int32_t token);
+  // Walks the bytes of the token take() left (nothing when none). Throws Error(kInternal) if the
+  // grammar refuses it, which the mask it was checked against rules out.
+  void settle();
   // The document is complete and nothing may follow (a request ends here).
   bool terminated() const;
-  bool accepting() const;
+  // A document may end here. Settles first.
+  bool accepting();
   const CompiledGrammar& grammar() const { return *grammar_; }
 
  private:
+  friend void prepare_masks(std::span<GrammarMatcher* const>, size_t);
+  // The current state's mask, looked up once per state.
+  const TokenMask& current_mask();
+
   std::shared_ptr<const CompiledGrammar> grammar_;
   GrammarState state_;
-  bool ended_ = false;  // an EOS was accepted
+  std::shared_ptr<const TokenMask> mask_;  // of state_ (null until looked up)
+  int32_t pending_ = -1;                   // taken, not yet walked
+  bool pending_ends_ = false;              // the document ends with pending_
+  bool ended_ = false;                     // an EOS was accepted
 };
 
 }  // namespace longctx::structured

@@ -11,8 +11,11 @@
 
 #include "longctx/core/error.h"
 #include "longctx/llm.h"
+#include "longctx/tokenizer/tokenizer.h"
 #include "structured/json_schema.h"
+#include "structured/regex.h"
 #include "structured/schema_oracle.h"
+#include "structured/token_mask.h"
 
 namespace longctx {
 namespace {
@@ -132,6 +135,63 @@ TEST(StructuredOutputs, ManySeedsAlwaysParseWithinMaxTokens) {
                 static_cast<int64_t>(out[i].token_ids.size()) == params[i].max_tokens)
         << i;
   }
+}
+
+// A step learns whether a sampled token ends its document from the mask and leaves the grammar's
+// walk over the token to the next step's mask fill: replayed through a grammar that walks every
+// token at once, each request's tokens are all taken, and it stops exactly at the first token
+// after which its document must end (finish_reason stop), or runs to max_tokens without one.
+TEST(StructuredOutputs, EachRequestEndsWhereItsDocumentDoes) {
+  LLM& llm = needle();
+  const Tokenizer tok = Tokenizer::load(needle_dir());
+  std::vector<std::string> bytes(tok.vocab_size());
+  for (size_t t = 0; t < bytes.size(); ++t) {
+    const auto id = static_cast<TokenId>(t);
+    if (tok.is_valid_id(id) && !tok.is_special(id)) bytes[t] = std::string(tok.token_bytes(id));
+  }
+  auto vocab = std::make_shared<structured::TokenVocabulary>(
+      bytes, std::vector<int32_t>{static_cast<int32_t>(*tok.eos_token_id())},
+      static_cast<int64_t>(bytes.size()));
+  const std::vector<std::string> choices = {"pos", "positive", "n/a", "neg"};
+  std::vector<Prompt> prompts;
+  std::vector<SamplingParams> params;
+  std::vector<std::shared_ptr<const structured::CompiledGrammar>> grammars;
+  for (uint64_t seed = 0; seed < 30; ++seed) {
+    prompts.emplace_back("Doc " + std::to_string(seed));
+    SamplingParams p = sampled(700 + seed, 12 + static_cast<int64_t>(seed % 5) * 10);
+    p.temperature = 1.5;
+    structured::Grammar g;
+    if (seed % 3 == 2) {
+      p.structured.kind = StructuredOutput::Kind::kChoice;
+      p.structured.choices = choices;
+      g = structured::choice_grammar(choices);
+    } else {
+      p = with_schema(p, kSchemas[seed % 3]);
+      g = structured::json_schema_grammar(OJson::parse(kSchemas[seed % 3]));
+    }
+    grammars.push_back(std::make_shared<const structured::CompiledGrammar>(std::move(g), vocab));
+    params.push_back(p);
+  }
+  const std::vector<RequestOutput> out = llm.generate(prompts, params, false);
+  int stopped = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const std::vector<int32_t>& ids = out[i].token_ids;
+    ASSERT_FALSE(ids.empty()) << i;
+    structured::GrammarMatcher m(grammars[i]);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      ASSERT_TRUE(m.accept(ids[k])) << i << ": token " << k << " (" << ids[k] << ")";
+      if (k + 1 < ids.size()) ASSERT_FALSE(m.terminated()) << i << ": ended at token " << k;
+    }
+    if (out[i].finish_reason == FinishReason::kStop) {
+      EXPECT_TRUE(m.terminated()) << i << ": '" << out[i].text << "'";
+      ++stopped;
+    } else {
+      EXPECT_EQ(out[i].finish_reason, FinishReason::kLength) << i;
+      EXPECT_EQ(static_cast<int64_t>(ids.size()), params[i].max_tokens) << i;
+      EXPECT_FALSE(m.terminated()) << i;
+    }
+  }
+  EXPECT_GE(stopped, 10);
 }
 
 TEST(StructuredOutputs, ChoiceAndRegexOutputsHold) {

@@ -437,6 +437,111 @@ std::string random_walk(GrammarMatcher& m, int64_t max_tokens, std::mt19937& rng
   return text;
 }
 
+// take() (the step's check, the walk left to settle()) answers every token as accept() does:
+// taken or refused, and whether the document ends with it; after settling, the state and its
+// masks are the same. Random walks over random schemas reach ends (a closing token, EOS) often.
+TEST(TokenMask, TakeAnswersAsAccept) {
+  const auto vocab = needle_vocab();
+  std::mt19937 rng(9);
+  std::vector<uint32_t> taken_words(vocab->mask_words()), accepted_words(vocab->mask_words());
+  int ends = 0, refused = 0, steps = 0;
+  for (int round = 0; round < 60; ++round) {
+    const OJson schema = random_schema(rng, 3);
+    auto compiled = std::make_shared<CompiledGrammar>(json_schema_grammar(schema), vocab);
+    GrammarMatcher taken(compiled), accepted(compiled);
+    const int64_t max_tokens = 48;
+    for (int64_t step = 0; step < max_tokens && !accepted.terminated(); ++step) {
+      taken.fill_mask(max_tokens - step, taken_words);
+      accepted.fill_mask(max_tokens - step, accepted_words);
+      ASSERT_EQ(taken_words, accepted_words) << schema.dump() << " step " << step;
+      std::vector<int32_t> allowed;
+      for (int32_t t = 0; t < vocab->num_logits(); ++t)
+        if ((taken_words[t >> 5] >> (t & 31)) & 1) allowed.push_back(t);
+      ASSERT_FALSE(allowed.empty());
+      // Allowed tokens, and tokens drawn from the whole vocabulary, on copies.
+      std::vector<int32_t> probes;
+      for (int k = 0; k < 24; ++k) {
+        probes.push_back(allowed[rng() % allowed.size()]);
+        probes.push_back(static_cast<int32_t>(rng() % vocab->num_logits()));
+      }
+      for (int32_t t : probes) {
+        GrammarMatcher a = taken, b = accepted;
+        const bool took = a.take(t);
+        ASSERT_EQ(took, b.accept(t)) << schema.dump() << " token " << t;
+        ASSERT_EQ(a.terminated(), b.terminated()) << schema.dump() << " token " << t;
+        ends += took && a.terminated() ? 1 : 0;
+        refused += took ? 0 : 1;
+      }
+      const int32_t t = allowed[rng() % allowed.size()];
+      ASSERT_TRUE(taken.take(t));
+      ASSERT_TRUE(accepted.accept(t));
+      ASSERT_EQ(taken.terminated(), accepted.terminated());
+      ++steps;
+      if (vocab->is_eos(t)) break;
+    }
+    ASSERT_EQ(taken.accepting(), accepted.accepting()) << schema.dump();
+  }
+  EXPECT_GT(steps, 500);
+  EXPECT_GT(ends, 500);
+  EXPECT_GT(refused, 5000);
+}
+
+// prepare_masks splits each new state's walk in slices of the vocabulary over the thread pool:
+// its masks give every budget the same tokens as one walk's (a grammar of its own computes
+// those), one walk per distinct new state (rows in the same state share it), and fill_mask
+// computes nothing after it.
+TEST(TokenMask, PreparedMasksEqualOneWalk) {
+  const auto vocab = needle_vocab();
+  std::mt19937 rng(21);
+  std::vector<uint32_t> prepared(vocab->mask_words()), walked(vocab->mask_words());
+  int64_t computed_total = 0;
+  for (int round = 0; round < 40; ++round) {
+    const OJson schema = random_schema(rng, 3);
+    auto sliced = std::make_shared<CompiledGrammar>(json_schema_grammar(schema), vocab);
+    auto whole = std::make_shared<CompiledGrammar>(json_schema_grammar(schema), vocab);
+    std::vector<GrammarMatcher> a, b;
+    for (int r = 0; r < 6; ++r) {
+      a.emplace_back(sliced);
+      b.emplace_back(whole);
+    }
+    const int64_t max_tokens = 40;
+    for (int64_t step = 0; step < max_tokens; ++step) {
+      std::vector<GrammarMatcher*> rows;
+      for (auto& m : a) {
+        m.settle();
+        if (!m.terminated()) rows.push_back(&m);  // a request ends there
+      }
+      prepare_masks(rows, 97 + rng() % 400);
+      const auto computed = sliced->cache_stats().first;
+      bool any = false;
+      int32_t shared = -1;
+      for (size_t r = 0; r < a.size(); ++r) {
+        if (a[r].terminated()) continue;
+        any = true;
+        for (int64_t remaining : {max_tokens - step, int64_t{1}, int64_t{3}}) {
+          a[r].fill_mask(remaining, prepared);
+          b[r].fill_mask(remaining, walked);
+          ASSERT_EQ(prepared, walked) << schema.dump() << " step " << step << " row " << r;
+        }
+        std::vector<int32_t> allowed;
+        for (int32_t t = 0; t < vocab->num_logits(); ++t)
+          if ((walked[t >> 5] >> (t & 31)) & 1) allowed.push_back(t);
+        ASSERT_FALSE(allowed.empty());
+        // Row 1 takes row 0's token: the two stay in one state, which one walk serves.
+        const int32_t t = r == 1 ? shared : allowed[rng() % allowed.size()];
+        if (r == 0) shared = t;
+        ASSERT_TRUE(a[r].take(t));
+        ASSERT_TRUE(b[r].take(t));
+      }
+      EXPECT_EQ(sliced->cache_stats().first, computed) << "fill_mask walked after prepare_masks";
+      if (!any) break;
+    }
+    EXPECT_EQ(sliced->cache_stats().first, whole->cache_stats().first) << schema.dump();
+    computed_total += sliced->cache_stats().first;
+  }
+  EXPECT_GT(computed_total, 200);
+}
+
 TEST(TokenMask, RandomWalksWithinMaxTokensAlwaysValidate) {
   const auto vocab = needle_vocab();
   std::mt19937 rng(5);
