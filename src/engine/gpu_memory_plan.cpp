@@ -256,14 +256,10 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   const BlockManager shape(1, p.block_size, false, groups.allocs(), options.max_num_seqs, 0,
                            windows ? 1 : 0);
   const int64_t per_seq = shape.max_blocks_held(p.max_model_len, options.max_num_batched_tokens);
-  if (grouped && !windows) {
+  if (grouped) {
     const int64_t layers = static_cast<int64_t>(groups[0].layers.size());
     p.kv_block_bytes = p.kv_block_bytes / groups.pool_layers() * layers;
-    return plan_offload(config, options, p, per_seq, layers);
-  }
-  if (windows) {
-    const int64_t layers = static_cast<int64_t>(groups[0].layers.size());
-    p.kv_block_bytes = p.kv_block_bytes / groups.pool_layers() * layers;
+    if (!windows) return plan_offload(config, options, p, per_seq, layers);
     p.window_block_bytes = groups.without_first().block_bytes(p.block_size);
     // Each running sequence holds its window (the blocks from the one holding its first new
     // token's window start) and a partial block; the step's new tokens, shared by the step's
