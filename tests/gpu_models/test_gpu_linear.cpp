@@ -386,6 +386,20 @@ TEST(GpuLinear, OffloadedQuestWithAWholeBudgetEqualsResident) {
       {kTieMargin, 0});
 }
 
+// XAttention's offloaded prefill on the GPU takes head_dim 64 and 128; the fixture's is 32: refused
+// by name (the CPU suite runs it: tests/engine/test_offload_state.cpp).
+TEST(GpuLinear, OffloadedXAttentionNamesTheHeadDim) {
+  EngineSpec x = offloaded_spec(offload_resident_spec());
+  x.sparse.policy = SparsePolicyKind::kXAttention;
+  try {
+    GpuExecutorFactory{.enforce_eager = true, .activation_dtype = DType::kF16}(x);
+    ADD_FAILURE() << "xattention over head_dim 32 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("head_dim 32"), std::string::npos) << e.what();
+  }
+}
+
 // Through the LLM API (--kv-offload), default graphs on: the offloaded engine's tokens are the
 // resident one's for a batch of mixed lengths.
 TEST(GpuLinear, LlmWithKvOffloadGivesTheResidentTokens) {
