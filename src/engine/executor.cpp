@@ -77,16 +77,17 @@ class CpuExecutor final : public Executor {
     PagedKVPoolConfig kv{
         groups_.pool_layers(), c.num_key_value_heads, c.head_dim, o.block_size, 1, o.kv_dtype,
         Device::cpu()};
-    // KV offload offloads the full group and keeps sliding groups resident (offload_backend.h).
-    LONGCTX_CHECK(o.offload_gpu_blocks == 0 || groups_.has_kind(KvGroupKind::kFull) ||
-                      groups_.has_kind(KvGroupKind::kState),
+    // KV offload offloads the full group and keeps sliding groups and linear-attention states
+    // resident (offload_backend.h).
+    LONGCTX_CHECK(o.offload_gpu_blocks == 0 || groups_.has_kind(KvGroupKind::kFull),
                   ErrorCode::kUnsupported,
-                  "CPU executor: KV offload has nothing to offload: every layer has a sliding "
-                  "window ({}), whose KV stays resident; run without offload",
+                  "CPU executor: KV offload has nothing to offload: no layer has full attention "
+                  "({}; a sliding window's KV and a linear-attention state stay resident); run "
+                  "without offload",
                   groups_.summary());
     LONGCTX_CHECK(groups_.offloadable() || o.offload_gpu_blocks == 0, ErrorCode::kUnsupported,
-                  "CPU executor: KV offload runs models of one full-attention KV group and any "
-                  "sliding-window groups; this one has {}",
+                  "CPU executor: KV offload runs models of one full-attention KV group and either "
+                  "sliding-window groups or linear-attention state groups; this one has {}",
                   groups_.summary());
     LONGCTX_CHECK(o.offload_window_blocks >= 0, ErrorCode::kInvalidArgument,
                   "CPU executor: offload_window_blocks must be >= 0, got {}",
@@ -115,7 +116,7 @@ class CpuExecutor final : public Executor {
       offload_ = std::make_unique<OffloadAttentionBackend>(d.geometry, make_cpu_offload_device(d));
       offload_->set_layer_block_bytes(d.layer_block_bytes());
       num_blocks_ = kv.num_blocks;
-      if (!groups_.single_full()) {
+      if (groups_.has_kind(KvGroupKind::kSlidingWindow)) {
         // The sliding groups: resident, from the window pool (ids num_blocks_ + i).
         window_groups_ = std::make_unique<KvGroups>(groups_.without_first());
         PagedKVPoolConfig w = kv;
@@ -143,9 +144,10 @@ class CpuExecutor final : public Executor {
       LONGCTX_CHECK(groups_.single_full() || (!policy_->selects(sparse::Phase::kDecode) &&
                                               !policy_->selects(sparse::Phase::kPrefill)),
                     ErrorCode::kUnsupported,
-                    "CPU executor: sparse attention runs models of one full-attention KV group; "
-                    "this one has {} groups (sliding_window {} in config.json)",
-                    groups_.size(), c.sliding_window);
+                    "CPU executor: --sparse-policy {} over a resident KV cache runs models of "
+                    "one full-attention KV group; this one has {} ({}); with KV offload the "
+                    "policy selects over its full group",
+                    sparse_policy_name(o.sparse.policy), groups_.size(), groups_.summary());
       if (!groups_.single_full()) policy_.reset();
       // Over FP8: dense, or a policy that reads it (quest); the others are refused by name.
       LONGCTX_CHECK(!kv.fp8() || policy_ == nullptr ||
@@ -178,6 +180,8 @@ class CpuExecutor final : public Executor {
           Shape{l.num_value_heads, l.key_head_dim, l.value_head_dim},
           Shape{l.conv_kernel_dim - 1, conv_dim});
     }
+    // Offloaded, the states stay resident beside the full group's host pool.
+    if (offload_ != nullptr && states_ != nullptr) offload_->set_state_groups(groups_, *states_);
   }
 
   int64_t vocab_size() const override { return model_->config().vocab_size; }
@@ -220,9 +224,11 @@ class CpuExecutor final : public Executor {
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
     const std::vector<KvGroupAlloc> allocs = groups_.allocs();
     ForwardBatch batch = make_forward_batch(inputs, block_size_, allocs);
+    const StateSlots slots{states_.get(), state_group_, num_state_seqs_, num_snapshots_};
     if (offload_ != nullptr) {
       offload_->set_copies(copies);
-      return model_->forward(batch, *offload_);
+      return run_model_step(slots, inputs, snapshot_counters_, "CPU executor",
+                            [&] { return model_->forward(batch, *offload_); });
     }
     for (const KVBlockCopy& c : copies) {
       copy_kv_block_cpu(*pool_, c.src, c.dst);
@@ -230,8 +236,7 @@ class CpuExecutor final : public Executor {
     }
     CpuPagedBackend attention(*pool_, model_->attention_scale(), policy_.get(), &groups_,
                               states_.get());
-    return run_model_step({states_.get(), state_group_, num_state_seqs_, num_snapshots_}, inputs,
-                          snapshot_counters_, "CPU executor",
+    return run_model_step(slots, inputs, snapshot_counters_, "CPU executor",
                           [&] { return model_->forward(batch, attention); });
   }
 

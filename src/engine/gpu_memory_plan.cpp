@@ -79,7 +79,8 @@ bool decode_graphs(const GpuRunnerOptions& o) {
 }
 
 int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups) {
-  return decode_graphs(o) && groups.has_kind(KvGroupKind::kState) ? 1 : 0;
+  // (Offloaded steps run eagerly: no padding sequences.)
+  return decode_graphs(o) && !o.kv_offload && groups.has_kind(KvGroupKind::kState) ? 1 : 0;
 }
 
 int64_t weight_bytes(const ModelConfig& config) {
@@ -126,11 +127,18 @@ std::string GpuMemoryPlan::experts_note() const {
 }
 
 std::string GpuMemoryPlan::str() const {
+  const std::string states =
+      kv_state_bytes > 0
+          ? fmt::format(
+                ", linear-attention states {} (fp32), state snapshots {} "
+                "({} for prefix hits)",
+                format_bytes(kv_state_bytes), format_bytes(kv_snapshot_bytes), num_state_snapshots)
+          : "";
   if (offload())
     return fmt::format(
         "budget {}: weights {}{}, activations {}, workspaces {}, KV offload: GPU cache {} ({} "
         "blocks of {} tokens, {} per block), ring {} ({} blocks of one layer per slot), merge "
-        "buffers {}, sparse {}{}; host KV pool {} (pinned, {} blocks = {} tokens = {} "
+        "buffers {}, sparse {}{}{}; host KV pool {} (pinned, {} blocks = {} tokens = {} "
         "max_model_len sequences)",
         format_bytes(budget), format_bytes(weights), experts_note(), format_bytes(activations),
         format_bytes(workspaces), format_bytes(kv_bytes()), num_kv_blocks, block_size,
@@ -142,15 +150,10 @@ std::string GpuMemoryPlan::str() const {
                           format_bytes(window_bytes()), num_window_blocks,
                           format_bytes(window_block_bytes))
             : std::string(),
+        kv_state_bytes > 0 ? "; the full group offloaded, resident" + states.substr(1)
+                           : std::string(),
         format_bytes(host_kv_bytes()), num_host_blocks, num_host_blocks * block_size,
         max_model_len > 0 ? num_host_blocks * block_size / max_model_len : 0);
-  const std::string states =
-      kv_state_bytes > 0
-          ? fmt::format(
-                ", linear-attention states {} (fp32), state snapshots {} "
-                "({} for prefix hits)",
-                format_bytes(kv_state_bytes), format_bytes(kv_snapshot_bytes), num_state_snapshots)
-          : "";
   return fmt::format(
       "budget {}: weights {}{}, activations {}, workspaces {}, CUDA graphs {}, sparse {}{}, KV "
       "pool {} ({} blocks of {} tokens, {} per block, {} tokens = {} max_model_len sequences)",
@@ -195,8 +198,19 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
     g.num_host_blocks = p.num_host_blocks;
     p.sparse += xattn_offload_staging(g, p.max_model_len).bytes(layer_block);
   }
+  // The resident groups (sliding windows, linear-attention states and their snapshots) come off
+  // the budget before the GPU cache.
   const int64_t left = p.budget - p.weights - p.activations - p.workspaces - p.ring_bytes -
-                       p.offload_buffers - p.sparse - p.window_bytes();
+                       p.offload_buffers - p.sparse - p.window_bytes() - p.kv_state_bytes -
+                       p.kv_snapshot_bytes;
+  LONGCTX_CHECK(options.num_gpu_blocks > 0 || left >= 0, ErrorCode::kOutOfMemory,
+                "KV offload: the budget is {} short of what the GPU keeps before its KV cache "
+                "(weights, activations, workspaces, ring, merge buffers, sparse, resident groups: "
+                "{}); raise --gpu-memory-limit{}",
+                format_bytes(-left), p.str(),
+                p.kv_state_bytes > 0 ? ", or lower --max-num-seqs (a state each) and "
+                                       "--max-state-snapshots"
+                                     : "");
   p.num_kv_blocks =
       options.num_gpu_blocks > 0
           ? options.num_gpu_blocks
@@ -250,15 +264,18 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   if (groups.has_kind(KvGroupKind::kState)) p.num_state_snapshots = options.max_state_snapshots;
   p.kv_snapshot_bytes = p.num_state_snapshots * groups.state_bytes_per_seq();
   p.kv_groups = groups.describe();
-  // KV offload of a model with sliding groups offloads the full group and keeps the windows on
-  // the GPU (offload_backend.h): the BlockManager's window pool.
-  const bool windows = options.kv_offload && !groups.single_full() && groups.offloadable();
+  // KV offload of a model of several groups offloads the full group and keeps the windows
+  // (the BlockManager's window pool) and the linear-attention states on the GPU
+  // (offload_backend.h).
+  const bool grouped = options.kv_offload && !groups.single_full() && groups.offloadable();
+  const bool windows = grouped && groups.has_kind(KvGroupKind::kSlidingWindow);
   const BlockManager shape(1, p.block_size, false, groups.allocs(), options.max_num_seqs, 0,
                            windows ? 1 : 0);
   const int64_t per_seq = shape.max_blocks_held(p.max_model_len, options.max_num_batched_tokens);
-  if (windows) {
+  if (grouped) {
     const int64_t layers = static_cast<int64_t>(groups[0].layers.size());
     p.kv_block_bytes = p.kv_block_bytes / groups.pool_layers() * layers;
+    if (!windows) return plan_offload(config, options, p, per_seq, layers);
     p.window_block_bytes = groups.without_first().block_bytes(p.block_size);
     // Each running sequence holds its window (the blocks from the one holding its first new
     // token's window start) and a partial block; the step's new tokens, shared by the step's

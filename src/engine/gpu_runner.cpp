@@ -140,14 +140,14 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   // StatePool, and the offload ring moves the blocks of one full group.
   m.groups = KvGroups::from_config(c, fp8 ? DType::kFP8E4M3 : DType::kBF16);
   const KvGroups& groups = m.groups;
-  // Offload takes the full group and keeps sliding groups resident (offload_backend.h).
+  // Offload takes the full group and keeps sliding groups or linear-attention states resident
+  // (offload_backend.h).
   LONGCTX_CHECK(groups.offloadable() || !options.kv_offload, ErrorCode::kUnsupported,
-                "GPU runner: KV offload runs models of one full-attention KV group and sliding "
-                "groups; this one has {} ({}{}): run it without --kv-offload",
+                "GPU runner: KV offload runs models of one full-attention KV group and either "
+                "sliding groups or linear-attention state groups; this one has {} ({}{}): run it "
+                "without --kv-offload",
                 groups.size(), groups.summary(),
-                groups.has_kind(KvGroupKind::kState)
-                    ? "; the offload path does not run linear-attention state groups"
-                : groups.has_kind(KvGroupKind::kFull)
+                groups.has_kind(KvGroupKind::kFull)
                     ? ""
                     : "; every layer has a sliding window, whose KV stays resident: nothing to "
                       "offload");
@@ -156,6 +156,23 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
   // The weights are already in the pool: plan the rest of the budget around what they took.
   m.plan = plan_gpu_memory(c, options, st.budget - st.in_use + weight_bytes(c));
   m.plan.weights = st.in_use;
+  for (int64_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].kind != KvGroupKind::kState) continue;
+    LONGCTX_CHECK(m.states == nullptr, ErrorCode::kUnsupported,
+                  "GPU runner: more than one per-sequence state KV group ({})", groups.summary());
+    // Linear attention (Qwen3-Next): the Gated DeltaNet state and the conv's last inputs, the
+    // shapes the CPU executor keeps (the memory plan counted them: kv_state_bytes and
+    // kv_snapshot_bytes). Resident also when the full group is offloaded.
+    const LinearAttentionConfig& l = c.linear;
+    const int64_t conv_dim =
+        2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
+    m.state_group = g;
+    m.states = std::make_unique<StatePool>(
+        options.max_num_seqs + m.plan.num_state_snapshots + scratch_state_slots(options, groups),
+        static_cast<int64_t>(groups[g].layers.size()),
+        Shape{l.num_value_heads, l.key_head_dim, l.value_head_dim},
+        Shape{l.conv_kernel_dim - 1, conv_dim}, m.model->device());
+  }
   if (m.plan.offload()) {
     OffloadDeviceConfig d;
     const int64_t layers =
@@ -183,25 +200,9 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
     backend->set_layer_block_bytes(d.layer_block_bytes());
     m.offload = backend.get();
     if (m.plan.num_window_blocks > 0) m.make_window_pool(*backend);
+    if (m.states != nullptr) backend->set_state_groups(groups, *m.states);
     m.attention = std::move(backend);
     return;
-  }
-  for (int64_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].kind != KvGroupKind::kState) continue;
-    LONGCTX_CHECK(m.states == nullptr, ErrorCode::kUnsupported,
-                  "GPU runner: more than one per-sequence state KV group ({})", groups.summary());
-    // Linear attention (Qwen3-Next): the Gated DeltaNet state and the conv's last inputs, the
-    // shapes the CPU executor keeps (the memory plan counted them: kv_state_bytes and
-    // kv_snapshot_bytes).
-    const LinearAttentionConfig& l = c.linear;
-    const int64_t conv_dim =
-        2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim;
-    m.state_group = g;
-    m.states = std::make_unique<StatePool>(
-        options.max_num_seqs + m.plan.num_state_snapshots + scratch_state_slots(options, groups),
-        static_cast<int64_t>(groups[g].layers.size()),
-        Shape{l.num_value_heads, l.key_head_dim, l.value_head_dim},
-        Shape{l.conv_kernel_dim - 1, conv_dim}, m.model->device());
   }
   // The pool holds the largest paged group's layers (one full group: every layer).
   PagedKVPoolConfig kv{groups.pool_layers(), c.num_key_value_heads, c.head_dim,
@@ -236,9 +237,11 @@ int64_t GpuRunner::vocab_size() const { return impl_->model->config().vocab_size
 KVBlockLayout GpuRunner::kv_layout() const {
   if (impl_->offload != nullptr) {
     KVBlockLayout l{impl_->plan.num_host_blocks, impl_->plan.block_size};
-    if (impl_->window_pool) {
-      l.groups = impl_->groups.allocs();
-      l.num_window_blocks = impl_->window_pool->num_blocks();
+    if (!impl_->groups.single_full()) l.groups = impl_->groups.allocs();
+    if (impl_->window_pool) l.num_window_blocks = impl_->window_pool->num_blocks();
+    if (impl_->states != nullptr) {
+      l.num_state_slots = impl_->options.max_num_seqs;
+      l.num_state_snapshots = impl_->plan.num_state_snapshots;
     }
     return l;
   }

@@ -5,6 +5,9 @@
 //   - KV offload generates the resident engine's tokens (batched, prefix hits, preemption);
 //   - preemption and prefix caching keep the outputs of a roomy engine without the cache;
 //   - a state model's prefix hit (its states restored from a snapshot) equals no hit;
+//   - a state model through KV offload (the full group offloaded, the states resident) generates
+//     the resident engine's tokens, with prefix hits and preemption, and so does Quest over the
+//     offloaded full group with a budget above every sequence's length;
 //   - speculative decoding generates the plain engine's tokens, with drafts accepted: the
 //     needle model's answer alone; batched beside draftless sequences, prefix-cached and
 //     preempted, against each request alone; and through KV offload.
@@ -221,6 +224,60 @@ inline void check_state_prefix_hit_equals_no_hit(const ExecutorFactory& make, En
   const EngineRun again = cached.run({a}, sp);
   EXPECT_GE(again.outs[0].metrics.num_cached_tokens, 64) << "no prefix hit";
   expect_same_tokens_up_to_ties(first.outs, again.outs, tol, "repeat vs first");
+}
+
+// A state model (linear-attention layers beside full attention: tiny-qwen3-next) through KV
+// offload: the full group's blocks through the host pool, the device cache and the ring, the
+// linear-attention states resident (offload_backend.h). Two rounds through one engine each: four
+// prompts at once (a host pool too small for them: preemption, recompute from the states'
+// restart), then prompts that share round one's prefixes (hits that restore a state snapshot at a
+// block boundary; one repeats a prompt whole). Greedy tokens equal the resident engine's in both
+// rounds, and the host pool was read and written. `offloaded` may set a sparse policy that selects
+// everything (Quest with a budget above max_model_len): the resident dense engine's tokens still.
+// Prompt lengths fit a max_model_len of 256.
+inline void check_state_model_offloaded_equals_resident(const ExecutorFactory& make,
+                                                        const EngineSpec& resident,
+                                                        const EngineSpec& offloaded,
+                                                        const GreedyTolerance& tol) {
+  EXPECT_EQ(resident.offload_gpu_blocks, 0);
+  EXPECT_GT(offloaded.offload_gpu_blocks, 0);
+  EXPECT_TRUE(offloaded.enable_prefix_caching);
+  const int64_t vocab = resident.checkpoint->config.vocab_size;
+  const std::vector<std::vector<int32_t>> first = {
+      random_ids(150, vocab, 21), random_ids(37, vocab, 22), random_ids(120, vocab, 23),
+      random_ids(61, vocab, 24)};
+  // Round two: (round-one prompt, tokens kept, new tail tokens).
+  const int64_t cuts[4][3] = {{0, 128, 9}, {0, 64, 30}, {2, 120, 3}, {3, 61, 0}};
+  std::vector<std::vector<int32_t>> second;
+  for (const auto& [src, keep, tail] : cuts) {
+    std::vector<int32_t> p(first[src].begin(), first[src].begin() + keep);
+    const std::vector<int32_t> t = random_ids(tail, vocab, static_cast<uint32_t>(31 + keep + tail));
+    p.insert(p.end(), t.begin(), t.end());
+    second.push_back(std::move(p));
+  }
+  const SamplingParams sp = greedy_with_logprobs(12);
+  EngineUnderTest ref(make, resident), off(make, offloaded);
+  EngineRun got;
+  const std::vector<std::vector<int32_t>>* rounds[] = {&first, &second};
+  for (const auto* prompts : rounds) {
+    const EngineRun want = ref.run(*prompts, sp);
+    got = off.run(*prompts, sp);
+    expect_same_tokens_up_to_ties(want.outs, got.outs, tol,
+                                  prompts == &first ? "offloaded vs resident, round one"
+                                                    : "offloaded vs resident, round two (hits)");
+    EXPECT_EQ(want.stats.executor.offload_host_bytes_loaded, 0);
+  }
+  // (The engine's stats count both rounds.)
+  EXPECT_GT(got.stats.executor.offload_host_bytes_loaded, 0);
+  EXPECT_GT(got.stats.executor.offload_host_bytes_written, 0);
+  EXPECT_GT(got.stats.num_preemptions, 0);
+  EXPECT_GT(got.stats.prefix_cache_hits, 0);
+  EXPECT_GT(got.stats.state_snapshot_restores, 0);
+  std::printf(
+      "state model offloaded: %lld preemptions, %lld prefix-cache hits, %lld snapshot "
+      "restores\n",
+      (long long)got.stats.num_preemptions, (long long)got.stats.prefix_cache_hits,
+      (long long)got.stats.state_snapshot_restores);
 }
 
 // ---- Speculative decoding on models/needle ------------------------------------------------

@@ -11,7 +11,7 @@
 //     of the full layer's K/V, the sliding layer's those of the resident backend (Quest's decode
 //     steps differ from dense); Quest with a whole budget through the engine equals dense;
 //   - the GPU memory plan of an offloaded Gemma-3-12B shape counts the windows apart;
-//   - the models offload refuses say why.
+//   - the models offload refuses say why (state models offload: test_offload_state.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -354,14 +354,14 @@ TEST(OffloadGroups, RefusedModelsSayWhy) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("sliding"), std::string::npos) << e.what();
   }
-  // Linear-attention state groups are not offloaded.
-  try {
-    make_cpu_executor(fixture_model("tiny-qwen3-next"), off);
-    ADD_FAILURE() << "a linear-attention model was offloaded";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();
-  }
+  // Sliding and linear-attention layers together: the resident side is one kind or the other.
+  ModelConfig c =
+      load_model_config(testing::test_data_dir() + "/fixtures/tiny-qwen3-next/config.json");
+  c.layer_types[1] = LA::kSliding;
+  c.sliding_window = 16;
+  EXPECT_FALSE(KvGroups::from_config(c, DType::kF32).offloadable());
+  c.layer_types[1] = LA::kLinear;
+  EXPECT_TRUE(KvGroups::from_config(c, DType::kF32).offloadable());
 }
 
 // The GPU memory plan of an offloaded Gemma-3-12B-shaped model (48 layers, 5 local : 1 global,

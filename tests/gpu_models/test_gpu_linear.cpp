@@ -14,7 +14,9 @@
 //   - the decode time per output token with and without graphs (printed);
 //   - the prompt's logits in f16 and bf16, chunked and in one pass, as far from the fp32
 //     reference as transformers' own 16-bit forward is, and chunking adding nothing;
-//   - the device StatePool's reset and copy touch exactly their slot.
+//   - the device StatePool's reset and copy touch exactly their slot;
+//   - KV offload (the full-attention layer's KV through the host pool and the ring, the states
+//     resident) gives the resident engine's tokens, with preemption, prefix hits and Quest.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -331,16 +333,85 @@ TEST(GpuLinear, PromptLogitsByPrecisionAndChunking) {
   }
 }
 
-// The GPU runner takes no offload for a state model, with a clear error.
-TEST(GpuLinear, OffloadIsRefusedClearly) {
-  EngineConfig c = engine_config("cuda");
-  c.kv_offload = true;
+// KV offload of the state model (common/engine_properties.h's body; tests/engine/
+// test_offload_state.cpp runs it on the CPU): the full-attention layer's KV through the host pool,
+// a device cache of 12 blocks and the ring, the states resident in the device StatePool. With
+// preemption (a host pool of 20 blocks for ~400 tokens) and prefix hits that restore a device
+// snapshot, the tokens are the resident engine's (both eager: offloaded steps run no graphs).
+EngineSpec offload_resident_spec() {
+  EngineSpec s;
+  s.checkpoint = checkpoint_of(fixture_dir(kModel));
+  s.model_options.rope_inv_freq_dtype = DType::kF32;  // as the fixture's reference.json
+  s.block_size = 16;
+  s.num_blocks = 400;
+  s.max_model_len = 256;
+  s.max_num_batched_tokens = 32;  // chunks end on block boundaries: snapshots there
+  s.max_num_seqs = 4;
+  return s;
+}
+
+EngineSpec offloaded_spec(const EngineSpec& resident) {
+  EngineSpec s = resident;
+  s.num_blocks = 20;
+  s.offload_gpu_blocks = 32 / 16 + 2 * 4 + 2;
+  s.offload_slots = 2;
+  s.offload_slot_blocks = 2;
+  return s;
+}
+
+TEST(GpuLinear, OffloadedEqualsResident) {
+  std::shared_ptr<GpuRunner> runner;
+  const EngineSpec resident = offload_resident_spec();
+  check_state_model_offloaded_equals_resident(
+      GpuExecutorFactory{
+          .enforce_eager = true, .activation_dtype = DType::kF16, .last_runner = &runner},
+      resident, offloaded_spec(resident), {kTieMargin, 0});
+  ASSERT_NE(runner, nullptr);
+  EXPECT_TRUE(runner->memory_plan().offload());
+  EXPECT_GT(runner->memory_plan().kv_state_bytes, 0);
+  EXPECT_NE(runner->memory_plan().str().find("resident linear-attention states"), std::string::npos)
+      << runner->memory_plan().str();
+}
+
+// Quest over the offloaded full group with a budget above every sequence selects every page:
+// the resident dense engine's tokens.
+TEST(GpuLinear, OffloadedQuestWithAWholeBudgetEqualsResident) {
+  const EngineSpec resident = offload_resident_spec();
+  EngineSpec quest = offloaded_spec(resident);
+  quest.sparse.policy = SparsePolicyKind::kQuest;
+  quest.sparse.budget_tokens = 4096;
+  quest.sparse.page_tokens = 16;
+  check_state_model_offloaded_equals_resident(
+      GpuExecutorFactory{.enforce_eager = true, .activation_dtype = DType::kF16}, resident, quest,
+      {kTieMargin, 0});
+}
+
+// XAttention's offloaded prefill on the GPU takes head_dim 64 and 128; the fixture's is 32: refused
+// by name (the CPU suite runs it: tests/engine/test_offload_state.cpp).
+TEST(GpuLinear, OffloadedXAttentionNamesTheHeadDim) {
+  EngineSpec x = offloaded_spec(offload_resident_spec());
+  x.sparse.policy = SparsePolicyKind::kXAttention;
   try {
-    LLM llm(c);
-    FAIL() << "a state model with --kv-offload was accepted";
+    GpuExecutorFactory{.enforce_eager = true, .activation_dtype = DType::kF16}(x);
+    ADD_FAILURE() << "xattention over head_dim 32 was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("offload"), std::string::npos) << e.what();
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("head_dim 32"), std::string::npos) << e.what();
   }
+}
+
+// Through the LLM API (--kv-offload), default graphs on: the offloaded engine's tokens are the
+// resident one's for a batch of mixed lengths.
+TEST(GpuLinear, LlmWithKvOffloadGivesTheResidentTokens) {
+  const std::vector<Prompt> prompts = mixed_prompts();
+  EngineConfig c = engine_config("cuda", true);
+  const auto resident = LLM(c).generate(prompts, greedy(), false);
+  c.kv_offload = true;
+  c.num_gpu_blocks = 0;
+  c.gpu_kv_budget = 96ll << 10;    // 24 blocks of the full layer (4 KiB): the 515 tokens stream
+  c.host_kv_budget = 256ll << 20;  // (the memory plan's, not the machine's half)
+  const auto offloaded = LLM(c).generate(prompts, greedy(), false);
+  expect_same_tokens_up_to_ties(resident, offloaded, kTieMargin, "offloaded vs resident (LLM)");
 }
 
 }  // namespace

@@ -80,8 +80,8 @@ class KvGroups {
   // pool layer; group 0's layers belong to no group here (group_of is -1). KV offload keeps these
   // (the sliding groups) resident while group 0 is offloaded.
   KvGroups without_first() const;
-  // Whether KV offload takes this model: one full group (group 0) and any sliding groups, or
-  // only full layers.
+  // Whether KV offload takes this model: one full group (group 0), offloaded, then any sliding
+  // groups or any linear-attention state groups (which stay resident), but not both.
   bool offloadable() const;
 
  private:

@@ -174,11 +174,13 @@ KvGroups KvGroups::without_first() const {
 }
 
 bool KvGroups::offloadable() const {
-  for (int64_t g = 0; g < size(); ++g) {
-    const KvGroupKind k = groups_[g].kind;
-    if (g == 0 ? k != KvGroupKind::kFull : k != KvGroupKind::kSlidingWindow) return false;
-  }
-  return true;
+  if (size() == 0 || groups_[0].kind != KvGroupKind::kFull) return false;
+  // The groups after the full one stay resident: a window pool for sliding groups, a state pool
+  // for state groups (not both: the offload backend's resident side is one or the other).
+  const bool sliding = has_kind(KvGroupKind::kSlidingWindow), state = has_kind(KvGroupKind::kState);
+  for (int64_t g = 1; g < size(); ++g)
+    if (groups_[g].kind == KvGroupKind::kFull) return false;
+  return !(sliding && state);
 }
 
 std::vector<KvGroupAlloc> KvGroups::allocs() const {

@@ -19,7 +19,8 @@ void OffloadAttentionBackend::set_window_groups(
     const KvGroups& groups, AttentionBackend& resident, int64_t window_base,
     std::function<void(std::span<const KVBlockCopy>)> copy_window_blocks) {
   LONGCTX_CHECK(
-      groups.size() > 1 && groups.offloadable() &&
+      groups.size() > 1 && groups.offloadable() && !groups.has_kind(KvGroupKind::kState) &&
+          groups_ == nullptr &&
           static_cast<int64_t>(groups[0].layers.size()) == planner_.geometry().num_layers &&
           window_base == planner_.geometry().num_host_blocks && copy_window_blocks,
       ErrorCode::kInvalidArgument,
@@ -32,6 +33,19 @@ void OffloadAttentionBackend::set_window_groups(
   resident_ = &resident;
   window_base_ = window_base;
   copy_window_blocks_ = std::move(copy_window_blocks);
+}
+
+void OffloadAttentionBackend::set_state_groups(const KvGroups& groups, StatePool& states) {
+  LONGCTX_CHECK(
+      groups.size() > 1 && groups.offloadable() && groups.has_kind(KvGroupKind::kState) &&
+          groups_ == nullptr &&
+          static_cast<int64_t>(groups[0].layers.size()) == planner_.geometry().num_layers,
+      ErrorCode::kInvalidArgument,
+      "KV offload over state groups needs one full group of {} layers, then linear-attention "
+      "state groups (got {})",
+      planner_.geometry().num_layers, groups.summary());
+  groups_ = &groups;
+  states_ = &states;
 }
 
 void OffloadAttentionBackend::set_copies(std::span<const KVBlockCopy> copies) {
@@ -99,11 +113,14 @@ void OffloadAttentionBackend::make_window_batch(const ForwardBatch& batch) {
 void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   const OffloadGeometry& g = planner_.geometry();
   planned_ = false;
-  if (groups_ != nullptr) {
+  batch_ = nullptr;
+  if (resident_ != nullptr) {
     // The resident groups first: their checks throw before the planner changes anything.
     make_window_batch(batch);
     resident_->plan(window_batch_);
   }
+  if (states_ != nullptr)  // the full group's tables in host ids, a state group's in slots
+    check_group_batch(batch, *groups_, g.block_size, g.num_host_blocks, states_->num_slots());
   PagedBackendLimits limits;
   limits.max_tokens = std::numeric_limits<int32_t>::max();
   limits.max_seqs = std::numeric_limits<int32_t>::max();
@@ -141,6 +158,23 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   stats_.host_bytes_loaded +=
       static_cast<int64_t>(plan_.loads.size()) * g.num_layers * layer_block_bytes_;
   planned_ = true;
+  if (states_ != nullptr) {
+    // A sequence whose step starts at its first token starts from zero states (its slot may have
+    // held an earlier sequence's); a later start continues its own, or the snapshot the executor
+    // restored into its slot before the step.
+    for (int64_t sg = 1; sg < groups_->size(); ++sg) {
+      const BlockTablesView t = batch.tables(sg);
+      for (int64_t q = 0; q < batch.num_seqs(); ++q)
+        if (batch.kv_lens[q] == batch.q_len(q)) states_->reset(t.block_tables[q]);
+    }
+    batch_ = &batch;
+  }
+}
+
+LinearLayerStates OffloadAttentionBackend::linear_states(int64_t layer) {
+  LONGCTX_CHECK(batch_ != nullptr, ErrorCode::kInvalidArgument,
+                "KV offload: linear_states before plan, or a model without state groups");
+  return paged_linear_states(*batch_, groups_, states_, layer, "KV offload");
 }
 
 void OffloadAttentionBackend::set_phase_recorder(PhaseRecorder* recorder) {
@@ -161,6 +195,8 @@ void OffloadAttentionBackend::store_kv(int64_t model_layer, const Tensor& k, con
   // (A sliding layer after the last full one comes after the offload step ended.)
   const int64_t layer = offload_layer(model_layer);
   if (layer < 0) {
+    LONGCTX_CHECK(resident_ != nullptr, ErrorCode::kInvalidArgument,
+                  "KV offload: layer {} keeps a linear-attention state, not K/V", model_layer);
     resident_->store_kv(model_layer, k, v);
     return;
   }
@@ -172,7 +208,11 @@ void OffloadAttentionBackend::store_kv(int64_t model_layer, const Tensor& k, con
 Tensor OffloadAttentionBackend::attend(int64_t model_layer, const Tensor& q) {
   const OffloadGeometry& g = planner_.geometry();
   const int64_t layer = offload_layer(model_layer);
-  if (layer < 0) return resident_->attend(model_layer, q);
+  if (layer < 0) {
+    LONGCTX_CHECK(resident_ != nullptr, ErrorCode::kInvalidArgument,
+                  "KV offload: layer {} keeps a linear-attention state, not K/V", model_layer);
+    return resident_->attend(model_layer, q);
+  }
   LONGCTX_CHECK(planned_ && layer == next_layer_, ErrorCode::kInternal,
                 "KV offload: attend(layer {}) out of order (expected layer {})", layer,
                 next_layer_);

@@ -26,6 +26,14 @@
 // group's, and the host pool and GPU cache hold only them; a sparse policy (Quest, XAttention)
 // reads the device's memory and so selects over the full group's layers only, while a window
 // layer reads its window, which is small already.
+//
+// Linear-attention state groups (issue 46: Qwen3-Next) are the same split: a sequence's states
+// have a fixed size, so they stay resident in a StatePool (the executor's, on the ring's device)
+// and never touch the host pool or the ring; only the full group's blocks move. The backend
+// zeroes a new sequence's slot in plan() and hands a linear layer its sequences' slots
+// (linear_states, the host form: offloaded steps are never captured in graphs); the executor
+// copies the prefix cache's snapshots in and out of the pool around the step, as when resident.
+// A model with both sliding and state groups is not offloaded (KvGroups::offloadable()).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +46,7 @@
 #include "attention/backends/offload_sparse.h"
 #include "attention/backends/paged_backend.h"
 #include "kernels/kv_format.h"
+#include "kv/state_pool.h"
 #include "longctx/attention/forward_batch.h"
 #include "longctx/attention/kv_groups.h"
 #include "longctx/attention/sparse_options.h"
@@ -144,12 +153,18 @@ class OffloadAttentionBackend final : public AttentionBackend {
   // copy-on-write of window blocks (in resident pool ids) before the step.
   void set_window_groups(const KvGroups& groups, AttentionBackend& resident, int64_t window_base,
                          std::function<void(std::span<const KVBlockCopy>)> copy_window_blocks);
+  // A model with linear-attention layers (file comment): `groups` (the model's: one full group 0,
+  // then state groups) and `states` (their slots, as the state groups' tables name them) outlive
+  // the backend. Throws Error(kInvalidArgument) for other groups or a second call.
+  void set_state_groups(const KvGroups& groups, StatePool& states);
   // The engine's copy-on-write for the next plan().
   void set_copies(std::span<const KVBlockCopy> copies);
   void copy_blocks(std::span<const KVBlockCopy> copies) override { set_copies(copies); }
   void plan(const ForwardBatch& batch) override;
   void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override;
   Tensor attend(int64_t layer, const Tensor& q) override;
+  // A linear-attention layer's slots of the planned batch's sequences (set_state_groups).
+  LinearLayerStates linear_states(int64_t layer) override;
 
   const OffloadPlanner& planner() const { return planner_; }
   const OffloadStepPlan& last_plan() const { return plan_; }
@@ -171,7 +186,8 @@ class OffloadAttentionBackend final : public AttentionBackend {
   void issue_load(int64_t g);
   // The batch as the resident backend sees it: groups 1.. as groups 0.., ids in its pool.
   void make_window_batch(const ForwardBatch& batch);
-  // The offload layer of a full-group layer, or -1 for a layer of the resident backend.
+  // The offload layer of a full-group layer, or -1 for a layer kept resident (a sliding layer of
+  // the resident backend, or a linear-attention layer).
   int64_t offload_layer(int64_t layer) const;
 
   OffloadPlanner planner_;
@@ -187,7 +203,9 @@ class OffloadAttentionBackend final : public AttentionBackend {
   PhaseRecorder* recorder_ = nullptr;  // a measurement mode's (phase_profile.h), else null
   // Several KV groups (null: one full group, every layer offloaded).
   const KvGroups* groups_ = nullptr;
-  AttentionBackend* resident_ = nullptr;
+  AttentionBackend* resident_ = nullptr;  // the sliding groups' (null without them)
+  StatePool* states_ = nullptr;           // the state groups' slots (null without them)
+  const ForwardBatch* batch_ = nullptr;   // the planned batch (linear_states reads its tables)
   int64_t window_base_ = 0;
   std::function<void(std::span<const KVBlockCopy>)> copy_window_blocks_;
   ForwardBatch window_batch_;
