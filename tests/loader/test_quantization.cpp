@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -536,3 +537,74 @@ TEST(QuantizeTool, RefusesBadInputs) {
 }
 
 }  // namespace
+
+namespace longctx {
+namespace {
+
+// stack_quantized (q/k/v and gate/up kept packed as one projection): in every format the stacked
+// weight dequantizes to the parts' dequantized rows one above the other; what a format cannot
+// stack (per-tensor FP8 scales, an FP8 block a part ends inside) comes back as kNone.
+TEST(StackQuantized, DequantizesToTheStackedRows) {
+  for (const auto& [name, format] : quant_format_names()) {
+    QuantFormatOptions f;
+    f.format = format;
+    f.group_size = 32;
+    f.block_size = 32;
+    const QuantConfig q = quant_config_for(f);
+    const std::vector<int64_t> outs = {64, 32, 96};
+    std::vector<QuantizedWeight> parts;
+    for (size_t i = 0; i < outs.size(); ++i)
+      parts.push_back(random_quantized(outs[i], 128, q, 100 + i, 0.02f, name));
+    const QuantizedWeight s = stack_quantized(parts, q);
+    ASSERT_EQ(s.method, q.method) << name;
+    EXPECT_EQ(s.out_features, 192) << name;
+    EXPECT_EQ(s.in_features, 128) << name;
+    const Tensor all = dequantize(s, q, DType::kF32);
+    int64_t row = 0;
+    for (const QuantizedWeight& p : parts) {
+      const Tensor want = dequantize(p, q, DType::kF32);
+      const Tensor got = all.slice(0, row, row + p.out_features).contiguous();
+      ASSERT_EQ(std::memcmp(want.data_ptr(), got.data_ptr(), want.nbytes()), 0)
+          << name << " part at row " << row;
+      row += p.out_features;
+    }
+    EXPECT_EQ(stack_quantized({parts[1]}, q).qweight.data_ptr(), parts[1].qweight.data_ptr());
+  }
+  QuantFormatOptions f;
+  f.format = QuantFormat::kFp8Block;
+  f.block_size = 64;
+  const QuantConfig blocks = quant_config_for(f);
+  // A 32-row part ends inside a 64-row scale block: not stackable; as the last part it is.
+  EXPECT_EQ(stack_quantized({random_quantized(32, 128, blocks, 1, 0.02f, "a"),
+                             random_quantized(64, 128, blocks, 2, 0.02f, "b")},
+                            blocks)
+                .method,
+            QuantMethod::kNone);
+  EXPECT_EQ(stack_quantized({random_quantized(64, 128, blocks, 1, 0.02f, "a"),
+                             random_quantized(32, 128, blocks, 2, 0.02f, "b")},
+                            blocks)
+                .method,
+            QuantMethod::kFp8Block);
+  QuantConfig tensor = quant_config_for({QuantFormat::kCtFp8Channel});
+  tensor.fp8_strategy = Fp8ScaleStrategy::kTensor;
+  EXPECT_EQ(stack_quantized({random_quantized(64, 128, tensor, 1, 0.02f, "a"),
+                             random_quantized(64, 128, tensor, 2, 0.02f, "b")},
+                            tensor)
+                .method,
+            QuantMethod::kNone);
+}
+
+// The memory plan and `longctx info` count packed bytes without allocating them.
+TEST(StackQuantized, QuantizedBytesMatchTheLayout) {
+  for (const auto& [name, format] : quant_format_names()) {
+    const QuantConfig q = quant_config_for({format});
+    const QuantizedWeight w = quantized_layout(384, 512, q, name);
+    int64_t bytes = 0;
+    for (const Tensor* t : {&w.qweight, &w.scales, &w.qzeros, &w.g_idx})
+      if (t->defined()) bytes += int64_t(t->nbytes());
+    EXPECT_EQ(quantized_bytes(384, 512, q), bytes) << name;
+  }
+}
+
+}  // namespace
+}  // namespace longctx
