@@ -372,6 +372,40 @@ TEST(GpuSampler, MaskedRowsWithAndWithoutPenaltiesMatchTheCpu) {
   }
 }
 
+// The masks of a call go up on a stream of their own, which the sampling waits for: a sampler
+// reused call after call samples each call under that call's masks (sparse, different every
+// call, so a stale mask would pick other tokens), and a call without masks between them too.
+TEST(GpuSampler, EachCallSamplesUnderItsOwnMasks) {
+  std::mt19937_64 rng(91);
+  const int64_t vocab = 151936, rows = 64;
+  Batch b = random_batch(rows, vocab, rng);
+  GpuSampler sampler(rows, vocab, kGpu);
+  Tally tally;
+  for (int call = 0; call < 8; ++call) {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<uint32_t>& mask = b.states[r].token_mask();
+      mask.clear();
+      if (call == 3) continue;
+      // Always one finite logit allowed, a different one each call.
+      const float* row = b.logits.data() + r * vocab;
+      int64_t keep = std::max_element(row, row + vocab) - row;
+      for (int tries = 0; tries < 100; ++tries) {
+        const auto t = static_cast<int64_t>(rng() % vocab);
+        if (std::isfinite(row[t])) {
+          keep = t;
+          break;
+        }
+      }
+      mask = random_mask(vocab, 0.01, keep, rng);
+    }
+    compare_batch(sampler, b, tally);
+    for (SamplerState& st : b.states) st.advance();
+  }
+  EXPECT_EQ(tally.rows, 8 * rows);
+  EXPECT_EQ(tally.token_mismatch, 0);
+  EXPECT_EQ(tally.logprob_mismatch, 0);
+}
+
 // The last of `rows` rows is sampled with `p` and `mask`; GPU and CPU agree: both refuse it
 // with `what` (empty: neither does, and both give the same token).
 void expect_masked_row(const std::vector<float>& logits, int64_t rows, int64_t vocab,
