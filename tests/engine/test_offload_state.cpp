@@ -14,13 +14,16 @@
 //     off the budget before the GPU cache; the plan's string says so.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <random>
 
+#include "attention/backends/offload_backend.h"
 #include "common/engine_properties.h"
 #include "common/test_data.h"
 #include "engine/engine_test_util.h"
 #include "engine/gpu_memory_plan.h"
+#include "kv/state_pool.h"
 #include "longctx/attention/kv_groups.h"
 #include "longctx/core/error.h"
 #include "longctx/engine/executor.h"
@@ -119,6 +122,44 @@ TEST(OffloadState, ResidentSparsePolicyIsRefusedByName) {
     EXPECT_NE(what.find("quest"), std::string::npos) << what;
     EXPECT_NE(what.find("KV offload"), std::string::npos) << what;
   }
+}
+
+// The backend's own checks: state groups need one full group of the geometry's layers first, are
+// set once, and are not window groups; a linear layer's slots exist only after plan(), and a
+// linear layer has no K/V to store.
+TEST(OffloadState, BackendChecksItsStateGroups) {
+  const KvGroups groups = KvGroups::from_config(tiny_next()->config, DType::kF32);
+  ASSERT_EQ(groups.size(), 2);
+  ASSERT_EQ(groups[0].layers, std::vector<int64_t>{3});
+  StatePool states(4, 3, {4, 16, 16}, {3, 128});
+  auto backend = [](int64_t layers) {
+    OffloadDeviceConfig d;
+    d.geometry = {layers, 8, 32, 8, 2, 2};
+    d.num_qo_heads = 4;
+    d.num_kv_heads = 2;
+    d.head_dim = 32;
+    d.dtype = DType::kF32;
+    d.sm_scale = 0.25f;
+    return std::make_unique<OffloadAttentionBackend>(d.geometry, make_cpu_offload_device(d));
+  };
+  auto expect_invalid = [](const std::function<void()>& f, const char* what) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what << ": " << e.what();
+    }
+  };
+  auto two_layers = backend(2);  // the full group has one
+  expect_invalid([&] { two_layers->set_state_groups(groups, states); }, "geometry of 2 layers");
+  auto b = backend(1);
+  expect_invalid([&] { b->linear_states(0); }, "linear_states before plan");
+  expect_invalid([&] { b->set_window_groups(groups, *b, 32, [](std::span<const KVBlockCopy>) {}); },
+                 "state groups as window groups");
+  b->set_state_groups(groups, states);
+  expect_invalid([&] { b->set_state_groups(groups, states); }, "set twice");
+  const Tensor kv = Tensor::zeros({1, 2, 32}, DType::kF32);
+  expect_invalid([&] { b->store_kv(0, kv, kv); }, "K/V of a linear layer");
 }
 
 // The engine's view: host blocks for the full group, state slots and snapshots for the linear
