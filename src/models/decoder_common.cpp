@@ -68,10 +68,10 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   const Checkpoint& w = *checkpoint_;
   WeightLoader load(device_, act_dtype_);
   // A quantized checkpoint's Linears stay packed on one unsharded device when the options ask
-  // (the default on a GPU) or the checkpoint has no dense copy; a format that cannot stack q/k/v
-  // or gate/up (per-tensor FP8 scales, ...) loads that projection dense.
-  const bool want_packed = !sharded() && c.quantization.quantized() &&
-                           options.packed_weights.value_or(device_.is_cuda());
+  // or the checkpoint has no dense copy; a format that cannot stack q/k/v or gate/up (per-tensor
+  // FP8 scales, ...) loads that projection dense.
+  const bool want_packed =
+      !sharded() && c.quantization.quantized() && options.packed_weights.value_or(false);
   int64_t workspace_bytes = 0;
   // The Linear of checkpoint weights `names` stacked by rows; `dense_rows` makes the dense parts.
   auto linear_weight = [&](const std::vector<std::string>& names, auto dense_rows) {

@@ -23,7 +23,7 @@ TEST(QuantizeCli, WritesACheckpointThatLoads) {
   EXPECT_NE(r.out.find("gptq, 21 linear weights quantized"), std::string::npos) << r.out;
   r = run_cli("info --model '" + out.string() + "' --device cpu");
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.out.find("quantization:       gptq: the decoder's Linears kept packed on a GPU"),
+  EXPECT_NE(r.out.find("quantization:       gptq: the decoder's Linears dequantized to bf16"),
             std::string::npos)
       << r.out;
   // The output folder is not overwritten.

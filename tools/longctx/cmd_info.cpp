@@ -99,8 +99,8 @@ void run_info(const ModelOptions& opts) {
   std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
   if (c.quantization.quantized())
     std::printf(
-        "quantization:       %s: the decoder's Linears kept packed on a GPU (dequantized to %s "
-        "on the CPU, or where a format cannot stack q/k/v or gate/up)\n",
+        "quantization:       %s: the decoder's Linears dequantized to %s at load (kept packed "
+        "with --packed-weights, except where a format cannot stack q/k/v or gate/up)\n",
         quant_method_name(c.quantization.method), std::string(dtype_name(c.dtype)).c_str());
   const KvGroups groups = KvGroups::from_config(c, runner.kv_dtype);
   const int64_t info_block = runner.block_size > 0 ? runner.block_size : kDefaultBlockSize;

@@ -53,6 +53,10 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
                     "dummy weights' Linears packed in a quantized format: fp8 (128x128 blocks), "
                     "ct-fp8 (per-channel), awq or gptq (int4, groups of 128)")
         ->check(CLI::IsMember({"fp8", "ct-fp8", "awq", "gptq"}));
+    cmd->add_flag("--packed-weights", packed_weights,
+                  "run a quantized checkpoint's Linears packed (int4 / FP8 GEMVs reading the "
+                  "checkpoint's bytes) instead of dequantizing them at load; dummy quantized "
+                  "weights always run packed");
     cmd->add_option("--rope-inv-freq-dtype", rope_inv_freq_dtype,
                     "f32: exact rope inv_freq (transformers from_pretrained, vLLM); checkpoint: "
                     "rounded to the checkpoint dtype, as a model cast with .to(dtype)")
@@ -277,6 +281,7 @@ std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> ch
 ModelBuildOptions ModelOptions::build_options(const Checkpoint& checkpoint) const {
   ModelBuildOptions options;
   options.activation_dtype = parse_dtype(dtype);
+  if (packed_weights) options.packed_weights = true;
   options.rope_inv_freq_dtype =
       rope_inv_freq_dtype == "checkpoint" ? checkpoint.config.dtype : DType::kF32;
   return options;
