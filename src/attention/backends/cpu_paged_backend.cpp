@@ -141,16 +141,7 @@ void CpuPagedBackend::plan(const ForwardBatch& batch) {
   else
     check_group_batch(batch, *groups_, pool_.block_size(), pool_.num_blocks(),
                       states_ != nullptr ? states_->num_slots() : 0);
-  // A sequence whose step starts at its first token starts from zero states (its slot may have
-  // held an earlier sequence's). A later start continues its own state, or a prefix hit's
-  // snapshot the executor copied into its slot before the step.
-  if (groups_ != nullptr && states_ != nullptr)
-    for (int64_t g = 0; g < groups_->size(); ++g) {
-      if ((*groups_)[g].kind != KvGroupKind::kState) continue;
-      const BlockTablesView t = batch.tables(g);
-      for (int64_t q = 0; q < batch.num_seqs(); ++q)
-        if (batch.kv_lens[q] == batch.q_len(q)) states_->reset(t.block_tables[q]);
-    }
+  reset_new_sequence_states(batch, groups_, states_);
   batch_ = &batch;
 }
 

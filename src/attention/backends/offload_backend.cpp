@@ -159,14 +159,7 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
       static_cast<int64_t>(plan_.loads.size()) * g.num_layers * layer_block_bytes_;
   planned_ = true;
   if (states_ != nullptr) {
-    // A sequence whose step starts at its first token starts from zero states (its slot may have
-    // held an earlier sequence's); a later start continues its own, or the snapshot the executor
-    // restored into its slot before the step.
-    for (int64_t sg = 1; sg < groups_->size(); ++sg) {
-      const BlockTablesView t = batch.tables(sg);
-      for (int64_t q = 0; q < batch.num_seqs(); ++q)
-        if (batch.kv_lens[q] == batch.q_len(q)) states_->reset(t.block_tables[q]);
-    }
+    reset_new_sequence_states(batch, groups_, states_);
     batch_ = &batch;
   }
 }

@@ -419,17 +419,9 @@ class PagedAttentionBackend final : public AttentionBackend {
     std::memcpy(h + l.slots, tables.slot_mapping.data(), t * sizeof(int64_t));
   }
 
-  // A sequence whose step starts at its first token starts from zero states (its slot may have
-  // held an earlier sequence's); a later start continues its own state, or a prefix hit's
-  // snapshot the runner copied into its slot before the step. Enqueued on the current stream.
+  // Enqueued on the current stream (reset_new_sequence_states, paged_backend.h).
   void reset_new_states(const ForwardBatch& batch) {
-    if (states_ == nullptr) return;
-    for (int64_t g = 0; g < groups_->size(); ++g) {
-      if ((*groups_)[g].kind != KvGroupKind::kState) continue;
-      const BlockTablesView t = batch.tables(g);
-      for (int64_t q = 0; q < batch.num_seqs(); ++q)
-        if (batch.kv_lens[q] == batch.q_len(q)) states_->reset(t.block_tables[q]);
-    }
+    reset_new_sequence_states(batch, groups_ ? &*groups_ : nullptr, states_);
   }
 
   // Every linear-attention layer's state pointers of the step's sequences into their device

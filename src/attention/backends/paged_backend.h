@@ -86,5 +86,10 @@ void check_group_batch(const ForwardBatch& batch, const KvGroups& groups, int64_
 // throws Error(kInvalidArgument) for a layer that keeps no state (or no pool).
 LinearLayerStates paged_linear_states(const ForwardBatch& batch, const KvGroups* groups,
                                       const StatePool* states, int64_t layer, const char* who);
+// Zeroes the state slots of the sequences whose step starts at their first token (a slot may
+// have held an earlier sequence's); a later start continues its own state, or the prefix hit's
+// snapshot the executor copied into its slot before the step. Nothing without a pool.
+void reset_new_sequence_states(const ForwardBatch& batch, const KvGroups* groups,
+                               StatePool* states);
 
 }  // namespace longctx

@@ -21,6 +21,17 @@ LinearLayerStates paged_linear_states(const ForwardBatch& batch, const KvGroups*
   return st;
 }
 
+void reset_new_sequence_states(const ForwardBatch& batch, const KvGroups* groups,
+                               StatePool* states) {
+  if (groups == nullptr || states == nullptr) return;
+  for (int64_t g = 0; g < groups->size(); ++g) {
+    if ((*groups)[g].kind != KvGroupKind::kState) continue;
+    const BlockTablesView t = batch.tables(g);
+    for (int64_t q = 0; q < batch.num_seqs(); ++q)
+      if (batch.kv_lens[q] == batch.q_len(q)) states->reset(t.block_tables[q]);
+  }
+}
+
 void check_paged_limits(const ForwardBatch& batch, const PagedBackendLimits& limits) {
   const int64_t t = batch.num_tokens(), s = batch.num_seqs();
   LONGCTX_CHECK(t <= limits.max_tokens && s <= limits.max_seqs, ErrorCode::kOutOfRange,
