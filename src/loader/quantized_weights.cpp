@@ -457,52 +457,6 @@ int64_t quantized_bytes(int64_t out, int64_t in, const QuantConfig& q) {
   return 0;
 }
 
-QuantizedWeight random_quantized(int64_t out, int64_t in, const QuantConfig& q, uint64_t seed,
-                                 float std, const std::string& name) {
-  QuantizedWeight w = quantized_layout(out, in, q, name);
-  uint64_t state = seed;
-  auto next = [&state] {  // splitmix64
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  auto fill_bytes = [&](const Tensor& t) {
-    auto* p = static_cast<uint8_t*>(t.data_ptr());
-    const int64_t n = int64_t(t.nbytes());
-    for (int64_t i = 0; i + 8 <= n; i += 8) {
-      const uint64_t v = next();
-      std::memcpy(p + i, &v, 8);
-    }
-    for (int64_t i = n / 8 * 8; i < n; ++i) p[i] = uint8_t(next());
-  };
-  auto fill_scales = [&](Tensor t, float v) {  // a handle: writes w's tensor
-    Tensor f = Tensor::empty(t.shape(), DType::kF32);
-    std::fill_n(f.data<float>(), f.numel(), v);
-    t.copy_from(t.dtype() == DType::kF32 ? f : f.to_dtype(t.dtype()));
-  };
-  fill_bytes(w.qweight);
-  if (q.method == QuantMethod::kFp8Block || q.method == QuantMethod::kCompressedFp8) {
-    // E4M3 has NaN at S.1111.111: moved to the largest finite code. Uniform codes have an rms
-    // of about 44.
-    auto* b = static_cast<uint8_t*>(w.qweight.data_ptr());
-    for (size_t i = 0; i < w.qweight.nbytes(); ++i)
-      if ((b[i] & 0x7f) == 0x7f) b[i] ^= 1;
-    fill_scales(w.scales, std / 44.f);
-    return w;
-  }
-  // int4: zero points 8 (v1 GPTQ stores z - 1); uniform codes minus 8 have an rms of 4.6.
-  const uint32_t zeros =
-      q.method == QuantMethod::kGptq && q.gptq_zero_minus_one ? 0x77777777u : 0x88888888u;
-  std::fill_n(static_cast<uint32_t*>(w.qzeros.data_ptr()), w.qzeros.numel(), zeros);
-  fill_scales(w.scales, std / 4.6f);
-  if (w.g_idx.defined()) {
-    auto* g = static_cast<int32_t*>(w.g_idx.data_ptr());
-    for (int64_t i = 0; i < in; ++i) g[i] = int32_t(i / q.group_of(in));
-  }
-  return w;
-}
-
 std::vector<std::pair<std::string, Tensor>> quantized_tensors(const std::string& module,
                                                               const QuantizedWeight& w) {
   switch (w.method) {

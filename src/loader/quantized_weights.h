@@ -50,8 +50,9 @@ QuantizedWeight stack_quantized(const std::vector<QuantizedWeight>& parts, const
 // The bytes of the packed tensors of a [out, in] Linear in q's format (g_idx included).
 int64_t quantized_bytes(int64_t out, int64_t in, const QuantConfig& q);
 
-// Random packed tensors of a [out, in] Linear in q's format (dummy weights): uniform codes, zero
-// points around the middle, scales so that the dequantized weight has about `std`.
+// Random packed tensors of a [out, in] Linear in q's format (dummy weights; defined in dummy.cpp
+// beside the dense fills): uniform codes, zero points around the middle, scales so that the
+// dequantized weight has about `std`.
 QuantizedWeight random_quantized(int64_t out, int64_t in, const QuantConfig& q, uint64_t seed,
                                  float std, const std::string& name);
 
