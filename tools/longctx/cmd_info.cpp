@@ -97,10 +97,18 @@ void run_info(const ModelOptions& opts) {
   std::printf("parameters:         %lld (%.3f B)\n", (long long)params, params / 1e9);
   std::printf("dtypes:             %s\n", dtypes.c_str());
   std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
-  if (c.quantization.quantized())
+  // A quantized checkpoint's Linears run packed on the GPU with --packed-weights, and always for
+  // dummy weights (no dense copies); otherwise the device holds their dense copies.
+  const bool packed = c.quantization.quantized() && (!ck || opts.packed_weights);
+  if (packed)
+    std::printf(
+        "quantization:       %s: the decoder's Linears kept packed (dense where a format cannot "
+        "stack q/k/v or gate/up)\n",
+        quant_method_name(c.quantization.method));
+  else if (c.quantization.quantized())
     std::printf(
         "quantization:       %s: the decoder's Linears dequantized to %s at load (kept packed "
-        "with --packed-weights, except where a format cannot stack q/k/v or gate/up)\n",
+        "with --packed-weights)\n",
         quant_method_name(c.quantization.method), std::string(dtype_name(c.dtype)).c_str());
   const KvGroups groups = KvGroups::from_config(c, runner.kv_dtype);
   const int64_t info_block = runner.block_size > 0 ? runner.block_size : kDefaultBlockSize;
@@ -134,7 +142,9 @@ void run_info(const ModelOptions& opts) {
   }
   if (budget > 0) {
     try {
-      const GpuMemoryPlan plan = plan_gpu_memory(c, runner, budget);
+      ModelConfig on_device = c;  // the weights as the GPU would hold them
+      if (!packed) on_device.quantization = QuantConfig();
+      const GpuMemoryPlan plan = plan_gpu_memory(on_device, runner, budget);
       std::printf("GPU memory plan:    %s%s\n", device.is_cuda() ? "" : "(no GPU here) ",
                   plan.str().c_str());
     } catch (const Error& e) {
