@@ -517,6 +517,12 @@ StepUpdate EngineCore::verify_draft(Sequence& seq, const float* rows, double now
   update.seq = &seq;
   int64_t accepted = 0;
   for (int64_t i = 0; i <= k; ++i) {
+    // A constrained position's mask is its grammar's after the tokens accepted before it; a draft
+    // token the grammar refuses has probability 0 under it, so it is rejected like any other.
+    if (seq.grammar != nullptr && !fill_verify_mask(seq, now)) {
+      update.finished = true;
+      break;
+    }
     bool ok = false;
     const SampleResult r =
         verify_position(std::span<const float>(rows + i * vocab, static_cast<size_t>(vocab)),
@@ -541,6 +547,22 @@ StepUpdate EngineCore::verify_draft(Sequence& seq, const float* rows, double now
   if (!update.finished)
     scheduler_.finish_speculative(&seq, static_cast<int64_t>(seq.tokens.size()) - 1);
   return update;
+}
+
+bool EngineCore::fill_verify_mask(Sequence& seq, double now) {
+  std::vector<uint32_t>& mask = seq.sampler.token_mask();
+  try {
+    mask.resize(static_cast<size_t>(seq.grammar->grammar().vocab().mask_words()));
+    seq.grammar->fill_mask(seq.max_total_tokens - static_cast<int64_t>(seq.tokens.size()), mask);
+    return true;
+  } catch (const Error& e) {
+    // As fill_grammar_masks: a grammar past its bounds ends its own request.
+    LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", seq.output.index, e.what());
+    mask.clear();
+    seq.output.text = seq.stop_matcher.text();
+    finish(seq, FinishReason::kAbort, now);
+    return false;
+  }
 }
 
 void EngineCore::retire(uint64_t id) {

@@ -145,6 +145,9 @@ class EngineCore {
   // appends the accepted draft tokens and the target's next token, one at a time through
   // postprocess (a stop drops what follows), then rolls its KV back to what was accepted.
   StepUpdate verify_draft(Sequence& seq, const float* rows, double now);
+  // The grammar's mask for the next verified position; false when the grammar failed (the
+  // request was aborted).
+  bool fill_verify_mask(Sequence& seq, double now);
   void finish(Sequence& seq, FinishReason reason, double now);
   // Moves a finished sequence out of the live set (its blocks already freed).
   void retire(uint64_t id);
