@@ -201,8 +201,8 @@ TEST(GpuOps, QuantizedLinearEveryFormat) { run_formats(true); }
 TEST(GpuOpsSmall, QuantizedLinear) { run_formats(false); }
 
 // The GEMV refuses what it cannot run, with a reason (and kAuto falls back to the dequantizing
-// path, checked above): n > 8, f32 x, an FP8 width or block width that is not a multiple
-// of 16.
+// path, checked above): n > kQuantizedGemvMaxRows, f32 x, an FP8 width or block width that is not a
+// multiple of 16.
 TEST(GpuOps, QuantizedLinearGemvRefusals) {
   TestStream s;
   Summary sum;
@@ -216,11 +216,13 @@ TEST(GpuOps, QuantizedLinearGemvRefusals) {
   };
   const Format awq = quant_cases::formats().front();
   const std::unique_ptr<QWeight> w = make_weight(awq, 64, 128, 9);
-  Mirror x9(9 * 128, DType::kBF16), y9(9 * 64, DType::kBF16), x32(128, DType::kF32),
+  // One row past what the GEMV takes (its passes of 8 rows stop at kQuantizedGemvMaxRows).
+  constexpr int64_t kRows = ops::kQuantizedGemvMaxRows + 1;
+  Mirror xn(kRows * 128, DType::kBF16), yn(kRows * 64, DType::kBF16), x32(128, DType::kF32),
       y32(64, DType::kF32);
   EXPECT_EQ(code_of([&] {
-              ops::quantized_linear_cuda(x9.dev({9, 128}), w->dev, awq.q, Tensor(), y9.dev({9, 64}),
-                                         Tensor(), QuantizedLinearPath::kGemv);
+              ops::quantized_linear_cuda(xn.dev({kRows, 128}), w->dev, awq.q, Tensor(),
+                                         yn.dev({kRows, 64}), Tensor(), QuantizedLinearPath::kGemv);
             }),
             ErrorCode::kUnsupported);
   EXPECT_EQ(code_of([&] {
