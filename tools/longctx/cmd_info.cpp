@@ -51,6 +51,12 @@ void run_info(const ModelOptions& opts) {
       by_dtype[std::string(dtype_name(t.dtype()))] += t.numel();
     params = ck->weights.num_parameters();
     bytes = ck->weights.num_bytes();
+    // The quantized Linears as the checkpoint holds them: packed (not dequantized to count them).
+    for (const auto& [name, w] : ck->quantized) {
+      by_dtype[quant_method_name(w.method)] += w.out_features * w.in_features;
+      params += w.out_features * w.in_features;
+      bytes += static_cast<size_t>(quantized_bytes(w));
+    }
   }
   std::string dtypes;
   for (const auto& [d, n] : by_dtype)
