@@ -113,8 +113,8 @@ void run_info(const ModelOptions& opts) {
         quant_method_name(c.quantization.method));
   else if (c.quantization.quantized())
     std::printf(
-        "quantization:       %s: the decoder's Linears dequantized to %s at load (kept packed "
-        "with --packed-weights)\n",
+        "quantization:       %s: the decoder's Linears dequantized to %s as the model loads "
+        "(host memory holds them packed; kept packed on the device with --packed-weights)\n",
         quant_method_name(c.quantization.method), std::string(dtype_name(c.dtype)).c_str());
   const KvGroups groups = KvGroups::from_config(c, runner.kv_dtype);
   const int64_t info_block = runner.block_size > 0 ? runner.block_size : kDefaultBlockSize;
