@@ -70,8 +70,8 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   // A quantized checkpoint's Linears stay packed on one unsharded device when the options ask
   // (by default for dummy weights only: ModelBuildOptions::packed_weights); a format that cannot
   // stack q/k/v or gate/up (per-tensor FP8 scales, ...) loads that projection dense. Dense
-  // projections dequantize through dense_weight() one at a time: the fused copy the loader makes
-  // is the only one that stays.
+  // projections dequantize through dense_weight() one at a time: the model's fused copy (or its
+  // upload) is the only one that stays.
   const bool want_packed =
       !sharded() && c.quantization.quantized() && options.packed_weights.value_or(w.dir.empty());
   int64_t workspace_bytes = 0;
