@@ -221,6 +221,101 @@ void EngineCore::import_from_store() {
   }
 }
 
+void EngineCore::advance_store_loads() {
+  const int64_t bs = blocks_.block_size();
+  // The blocks a load may pin: those free beyond one for each running sequence (its next
+  // block), so a load does not preempt the running sequences.
+  auto spare = [&] { return blocks_.num_free_blocks(BlockPool::kMain) - scheduler_.num_running(); };
+  if (scheduler_.num_waiting() > scheduler_.num_held()) {
+    std::vector<uint64_t> hashes;
+    std::vector<KvStoreBlockRef> refs;
+    for (Sequence* seq : scheduler_.all()) {
+      if (seq->store_checked || seq->status != SequenceStatus::kWaiting) continue;
+      seq->store_checked = true;
+      // Blocks before the last prompt token (that one is always computed, for its logits).
+      const auto prompt = std::span<const int32_t>(seq->tokens)
+                              .first(static_cast<size_t>(seq->num_prompt_tokens - 1));
+      const int64_t cached = blocks_.cached_prefix(prompt, &hashes);
+      const int64_t end =
+          std::min(static_cast<int64_t>(hashes.size()), cached + std::max<int64_t>(spare(), 0));
+      refs.clear();
+      for (int64_t i = cached; i < end; ++i)
+        refs.push_back({hashes[i], i == 0 ? 0 : hashes[i - 1],
+                        prompt.subspan(i * bs, static_cast<size_t>(bs))});
+      if (refs.empty()) continue;
+      loads_.push_back({seq->id, seq, kv_store_->start_load(refs), {}});
+      scheduler_.hold(seq);
+    }
+  }
+  // The blocks that arrived, each into a pinned block (on a GPU: a copy on the copy stream from
+  // the store's pinned read buffer; the loader thread waits for it before the load ends).
+  for (StoreLoad& l : loads_) {
+    for (const KvStoreLoad::Hit& hit : l.load->take_hits()) {
+      // Aborted, or no block to spare: the load ends here and the rest is recomputed.
+      const int32_t id = l.seq != nullptr && spare() > 0 ? blocks_.take_pinned() : -1;
+      if (id < 0) {
+        l.load->stop();
+        break;
+      }
+      l.blocks.push_back(id);
+      kv_store_->forget_exports(std::span(&id, 1));  // an evicted block, overwritten now
+      try {
+        l.load->imported(hit.index, executor_->write_kv_block_async(id, hit.bytes));
+      } catch (...) {
+        l.load->stop();
+        throw;
+      }
+    }
+  }
+  // Ended loads: every copy finished, so the blocks join the prefix cache (the sequence's hit
+  // when it is scheduled) and the sequence the steps.
+  for (auto it = loads_.begin(); it != loads_.end();) {
+    if (!it->load->done()) {
+      ++it;
+      continue;
+    }
+    const std::span<const KvStoreBlockRef> refs = it->load->blocks();
+    std::vector<int32_t> kept;
+    for (size_t i = 0; i < it->blocks.size(); ++i) {
+      const int32_t id = it->blocks[i];
+      // A block computed or imported meanwhile under the same hash serves as well.
+      if (it->seq != nullptr && blocks_.cache_pinned(id, refs[i].parent, refs[i].tokens))
+        kept.push_back(id);
+      else
+        blocks_.unpin(id);
+    }
+    if (it->seq != nullptr) {
+      scheduler_.release(it->seq);
+      if (!kept.empty()) loaded_[it->seq_id] = std::move(kept);
+    }
+    it = loads_.erase(it);
+  }
+}
+
+void EngineCore::unpin_loaded_blocks() {
+  for (auto it = loaded_.begin(); it != loaded_.end();) {
+    const auto seq = live_.find(it->first);
+    if (seq != live_.end() && seq->second->status == SequenceStatus::kWaiting) {
+      ++it;
+      continue;
+    }
+    for (int32_t id : it->second) blocks_.unpin(id);
+    it = loaded_.erase(it);
+  }
+}
+
+void EngineCore::drop_store_loads(uint64_t id) {
+  for (StoreLoad& l : loads_) {
+    if (l.seq_id != id || l.seq == nullptr) continue;
+    l.seq = nullptr;
+    l.load->stop();  // its blocks are freed when it ends (a copy into them may still run)
+  }
+  if (auto it = loaded_.find(id); it != loaded_.end()) {
+    for (int32_t b : it->second) blocks_.unpin(b);
+    loaded_.erase(it);
+  }
+}
+
 EngineCore::~EngineCore() = default;
 
 void EngineCore::check_request(std::span<const int32_t> prompt,
@@ -364,13 +459,26 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
                                          const std::function<void()>& on_scheduled) {
   std::vector<StepUpdate> updates;
   const double t0 = now_seconds();
-  // Decode steps (nothing waiting) skip the lookup's walk over the sequences.
-  if (kv_store_ != nullptr && scheduler_.num_waiting() > 0) import_from_store();
+  // Decode steps (nothing waiting, nothing loading) skip the lookup's walk over the sequences.
+  if (kv_store_ != nullptr) {
+    if (options_.kv_store_sync_reads) {
+      if (scheduler_.num_waiting() > 0) import_from_store();
+    } else if (scheduler_.num_waiting() > 0 || !loads_.empty()) {
+      advance_store_loads();
+    }
+  }
   if (spec_ != nullptr) {
     for (Sequence* seq : scheduler_.all()) spec_->propose(*seq);
   }
   SchedulerOutput out = scheduler_.schedule();
+  if (!loaded_.empty()) unpin_loaded_blocks();
   if (out.empty()) {
+    if (!loads_.empty()) {
+      // Only requests whose blocks load are left: wait a little for the store, then hand back
+      // to the caller (EngineLoop admits requests and aborts between steps).
+      loads_.front().load->wait(std::chrono::milliseconds(20));
+      return updates;
+    }
     // Every live sequence fits the pool alone, so an empty step with work left is a bug.
     LONGCTX_CHECK(scheduler_.empty(), ErrorCode::kInternal,
                   "scheduler: nothing runnable with {} running and {} waiting sequences",
@@ -625,6 +733,7 @@ bool EngineCore::abort(uint64_t id) {
   auto it = live_.find(id);
   if (it == live_.end()) return false;
   Sequence& seq = *it->second;
+  drop_store_loads(id);
   scheduler_.remove(&seq);
   seq.output.text = seq.stop_matcher.text();
   finish(seq, FinishReason::kAbort, now_seconds());
@@ -673,7 +782,10 @@ void EngineCore::flush_kv_store() {
 }
 
 void EngineCore::abort_all() {
-  for (auto& [id, seq] : live_) scheduler_.remove(seq.get());
+  for (auto& [id, seq] : live_) {
+    drop_store_loads(id);
+    scheduler_.remove(seq.get());
+  }
   live_.clear();
   finished_.clear();
 }
