@@ -196,6 +196,8 @@ class EngineCore {
     Sequence* seq = nullptr;  // null once aborted
     std::shared_ptr<KvStoreLoad> load;
     std::vector<int32_t> blocks;
+    // Sequences held until it ends, whose first missing block it reads (then looked up again).
+    std::vector<uint64_t> followers;
   };
   std::vector<StoreLoad> loads_;  // started first first
   // The cached blocks of ended loads, pinned until their sequence is first scheduled (its prefix

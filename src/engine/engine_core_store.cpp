@@ -73,27 +73,6 @@ void EngineCore::advance_store_loads() {
   // The blocks a load may pin: those free beyond one for each running sequence (its next
   // block), so a load does not preempt the running sequences.
   auto spare = [&] { return blocks_.num_free_blocks(BlockPool::kMain) - scheduler_.num_running(); };
-  if (scheduler_.num_waiting() > scheduler_.num_held()) {
-    std::vector<uint64_t> hashes;
-    std::vector<KvStoreBlockRef> refs;
-    for (Sequence* seq : scheduler_.all()) {
-      if (seq->store_checked || seq->status != SequenceStatus::kWaiting) continue;
-      seq->store_checked = true;
-      // Blocks before the last prompt token (that one is always computed, for its logits).
-      const auto prompt = std::span<const int32_t>(seq->tokens)
-                              .first(static_cast<size_t>(seq->num_prompt_tokens - 1));
-      const int64_t cached = blocks_.cached_prefix(prompt, &hashes);
-      const int64_t end =
-          std::min(static_cast<int64_t>(hashes.size()), cached + std::max<int64_t>(spare(), 0));
-      refs.clear();
-      for (int64_t i = cached; i < end; ++i)
-        refs.push_back({hashes[i], i == 0 ? 0 : hashes[i - 1],
-                        prompt.subspan(i * bs, static_cast<size_t>(bs))});
-      if (refs.empty()) continue;
-      loads_.push_back({seq->id, seq, kv_store_->start_load(refs), {}});
-      scheduler_.hold(seq);
-    }
-  }
   // The blocks that arrived, each into a pinned block (on a GPU: a copy on the copy stream from
   // the store's pinned read buffer; the loader thread waits for it before the load ends).
   for (StoreLoad& l : loads_) {
@@ -135,7 +114,46 @@ void EngineCore::advance_store_loads() {
       scheduler_.release(it->seq);
       if (!kept.empty()) loaded_[it->seq_id] = std::move(kept);
     }
+    // Looked up again below: their prefix now hits these blocks locally.
+    for (uint64_t f : it->followers) {
+      const auto seq = live_.find(f);
+      if (seq != live_.end()) scheduler_.release(seq->second.get());
+    }
     it = loads_.erase(it);
+  }
+  // New lookups, of the waiting sequences not looked up yet. A sequence whose first missing
+  // block a load already reads follows that load (held) rather than reading the same blocks.
+  if (scheduler_.num_waiting() > scheduler_.num_held()) {
+    std::vector<uint64_t> hashes;
+    std::vector<KvStoreBlockRef> refs;
+    for (Sequence* seq : scheduler_.all()) {
+      if (seq->store_checked || seq->status != SequenceStatus::kWaiting || scheduler_.held(seq))
+        continue;
+      // Blocks before the last prompt token (that one is always computed, for its logits).
+      const auto prompt = std::span<const int32_t>(seq->tokens)
+                              .first(static_cast<size_t>(seq->num_prompt_tokens - 1));
+      const int64_t cached = blocks_.cached_prefix(prompt, &hashes);
+      const int64_t end =
+          std::min(static_cast<int64_t>(hashes.size()), cached + std::max<int64_t>(spare(), 0));
+      refs.clear();
+      for (int64_t i = cached; i < end; ++i)
+        refs.push_back({hashes[i], i == 0 ? 0 : hashes[i - 1],
+                        prompt.subspan(i * bs, static_cast<size_t>(bs))});
+      if (refs.empty()) {
+        seq->store_checked = true;
+        continue;
+      }
+      scheduler_.hold(seq);
+      const auto leader = std::find_if(loads_.begin(), loads_.end(), [&](const StoreLoad& l) {
+        return l.seq != nullptr && l.load->blocks().front().hash == refs[0].hash;
+      });
+      if (leader != loads_.end()) {
+        leader->followers.push_back(seq->id);
+        continue;
+      }
+      seq->store_checked = true;
+      loads_.push_back({seq->id, seq, kv_store_->start_load(refs), {}, {}});
+    }
   }
 }
 

@@ -182,6 +182,30 @@ TEST(KvStoreAsync, AbortMidLoadFreesEveryBlock) {
   core.check_consistency();
 }
 
+// Two requests for one document at once: the second follows the first's load (held) instead of
+// reading the same blocks, then takes them from the local prefix cache.
+TEST(KvStoreAsync, RequestsForOneDocumentShareOneLoad) {
+  testing::RedisProcess redis;
+  ASSERT_TRUE(redis.up());
+  fill_store(redis.url());
+  LLM y(config(redis.url()));
+  EngineCore& core = engine_core(y);
+  core.add_request(0, long_prompt(), greedy(kLongTokens), now_seconds());
+  core.add_request(1, long_prompt(), greedy(kLongTokens), now_seconds());
+  core.step();
+  EXPECT_EQ(core.num_store_loads(), 1);
+  EXPECT_EQ(core.stats().num_running, 0);  // both held
+  const std::vector<RequestOutput> out = finish(core);
+  expect_same(out[0], reference()[0]);
+  expect_same(out[1], reference()[0]);
+  EXPECT_EQ(out[0].metrics.num_cached_tokens, kLongBlocks * kBlock);
+  EXPECT_EQ(out[1].metrics.num_cached_tokens, kLongBlocks * kBlock);
+  const EngineStats s = core.stats();
+  EXPECT_EQ(s.kv_store_hits, kLongBlocks);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  core.check_consistency();
+}
+
 TEST(KvStoreAsync, StoreKilledMidLoadOnlyCostsARecompute) {
   testing::RedisProcess redis;
   ASSERT_TRUE(redis.up());
