@@ -166,61 +166,6 @@ void EngineCore::publish_kv_events() {
   if (kv_events_ != nullptr && !events.empty()) kv_events_->publish(std::move(events));
 }
 
-void EngineCore::start_kv_exports() {
-  if (kv_store_->num_waiting_exports() == 0) return;
-  // The executor copies the block into a staging buffer (on a GPU without waiting); the
-  // store's writer thread waits for the copy.
-  kv_store_->start_exports([this](int32_t block, std::span<std::byte> dst) {
-    return executor_->read_kv_block_async(block, dst);
-  });
-}
-
-void EngineCore::forget_overwritten_exports(std::span<const StepInput> inputs,
-                                            std::span<const KVBlockCopy> copies) {
-  if (kv_store_ == nullptr || kv_store_->num_waiting_exports() == 0) return;
-  const int64_t bs = blocks_.block_size();
-  std::vector<int32_t> written;
-  for (const StepInput& in : inputs) {
-    const int64_t first = in.num_computed / bs;
-    const int64_t last = (in.num_computed + in.num_new - 1) / bs;
-    for (int64_t b = first; b <= last && b < static_cast<int64_t>(in.block_table.size()); ++b)
-      written.push_back(in.block_table[b]);
-  }
-  for (const KVBlockCopy& c : copies) written.push_back(c.dst);
-  kv_store_->forget_exports(written);
-}
-
-void EngineCore::import_from_store() {
-  const int64_t bs = blocks_.block_size();
-  std::vector<uint64_t> hashes;
-  std::vector<KvStoreBlockRef> refs;
-  int64_t imported = 0;  // this pass's blocks, kept from evicting one another
-  for (Sequence* seq : scheduler_.all()) {
-    if (seq->store_checked || seq->status != SequenceStatus::kWaiting) continue;
-    seq->store_checked = true;
-    // Blocks before the last prompt token (that one is always computed, for its logits).
-    const auto prompt = std::span<const int32_t>(seq->tokens)
-                            .first(static_cast<size_t>(seq->num_prompt_tokens - 1));
-    const int64_t cached = blocks_.cached_prefix(prompt, &hashes);
-    refs.clear();
-    for (auto i = cached; i < static_cast<int64_t>(hashes.size()); ++i)
-      refs.push_back(
-          {hashes[i], i == 0 ? 0 : hashes[i - 1], prompt.subspan(i * bs, static_cast<size_t>(bs))});
-    // The store reads the next blocks while this one's copy to the device runs, straight out
-    // of the store's read buffer (pinned for a GPU executor); get_prefix returns once every
-    // copy finished (the next step reads the imported blocks).
-    kv_store_->get_prefix(
-        refs, [&](size_t i, std::span<const std::byte> bytes, std::function<void()>* reuse_after) {
-          const int32_t id = blocks_.import_block(refs[i].parent, refs[i].tokens, imported);
-          if (id < 0) return false;
-          kv_store_->forget_exports(std::span(&id, 1));  // an evicted block, overwritten now
-          *reuse_after = executor_->write_kv_block_async(id, bytes);
-          ++imported;
-          return true;
-        });
-  }
-}
-
 EngineCore::~EngineCore() = default;
 
 void EngineCore::check_request(std::span<const int32_t> prompt,
@@ -364,13 +309,26 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
                                          const std::function<void()>& on_scheduled) {
   std::vector<StepUpdate> updates;
   const double t0 = now_seconds();
-  // Decode steps (nothing waiting) skip the lookup's walk over the sequences.
-  if (kv_store_ != nullptr && scheduler_.num_waiting() > 0) import_from_store();
+  // Decode steps (nothing waiting, nothing loading) skip the lookup's walk over the sequences.
+  if (kv_store_ != nullptr) {
+    if (options_.kv_store_sync_reads) {
+      if (scheduler_.num_waiting() > 0) import_from_store();
+    } else if (scheduler_.num_waiting() > 0 || !loads_.empty()) {
+      advance_store_loads();
+    }
+  }
   if (spec_ != nullptr) {
     for (Sequence* seq : scheduler_.all()) spec_->propose(*seq);
   }
   SchedulerOutput out = scheduler_.schedule();
+  if (!loaded_.empty()) unpin_loaded_blocks();
   if (out.empty()) {
+    if (!loads_.empty()) {
+      // Only requests whose blocks load are left: wait a little for the store, then hand back
+      // to the caller (EngineLoop admits requests and aborts between steps).
+      loads_.front().load->wait(std::chrono::milliseconds(20));
+      return updates;
+    }
     // Every live sequence fits the pool alone, so an empty step with work left is a bug.
     LONGCTX_CHECK(scheduler_.empty(), ErrorCode::kInternal,
                   "scheduler: nothing runnable with {} running and {} waiting sequences",
@@ -647,6 +605,7 @@ bool EngineCore::abort(uint64_t id) {
   auto it = live_.find(id);
   if (it == live_.end()) return false;
   Sequence& seq = *it->second;
+  drop_store_loads(id);
   scheduler_.remove(&seq);
   seq.output.text = seq.stop_matcher.text();
   finish(seq, FinishReason::kAbort, now_seconds());
@@ -685,17 +644,11 @@ EngineStats EngineCore::stats() const {
   return s;
 }
 
-void EngineCore::flush_kv_store() {
-  if (kv_store_ == nullptr) return;
-  // Each pass frees every staging buffer, so each starts at least one waiting export.
-  do {
-    start_kv_exports();
-    kv_store_->flush();
-  } while (kv_store_->num_waiting_exports() > 0);
-}
-
 void EngineCore::abort_all() {
-  for (auto& [id, seq] : live_) scheduler_.remove(seq.get());
+  for (auto& [id, seq] : live_) {
+    drop_store_loads(id);
+    scheduler_.remove(seq.get());
+  }
   live_.clear();
   finished_.clear();
 }
