@@ -39,6 +39,7 @@ using quant_cases::Format;
 const char* path_name(QuantizedLinearPath p) {
   return p == QuantizedLinearPath::kGemv          ? "gemv"
          : p == QuantizedLinearPath::kDequantGemm ? "dequant"
+         : p == QuantizedLinearPath::kW8a8        ? "w8a8"
                                                   : "auto";
 }
 
@@ -98,17 +99,19 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
     const Tensor x32 = xv(false).to_dtype(DType::kF32).contiguous(), xabs = abs_f32(xv(false));
     const Tensor b32 = bias ? bias->host({out}).to_dtype(DType::kF32) : Tensor();
     const Tensor babs = bias ? abs_f32(bias->host({out})) : Tensor();
+    const std::string plan = ops::quantized_linear_cuda_plan(
+        xv(true), wp->dev, wp->f.q, Tensor(),
+        Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path);
+    const bool gemv = plan.starts_with("gemv"), w8a8 = plan.starts_with("w8a8");
     Tensor ref = Tensor::empty({n, out}, DType::kF32), sabs = Tensor::empty({n, out}, DType::kF32);
-    ops::quantized_linear_cpu(x32, wp->host, wp->f.q, b32, ref);
+    // W8A8 (FP8 formats on sm_90 past the GEMV's rows) against the CPU twin's W8A8: the same
+    // codes and scales, fp32 sums in another order (quantized_linear_w8a8_test.cpp says why
+    // 2^-11).
+    ops::quantized_linear_cpu(x32, wp->host, wp->f.q, b32, ref,
+                              w8a8 ? QuantizedLinearPath::kW8a8 : QuantizedLinearPath::kAuto);
     ops::linear_cpu(xabs, wp->abs_dense, babs, sabs);
-    const bool gemv =
-        qc.path == QuantizedLinearPath::kGemv ||
-        (qc.path == QuantizedLinearPath::kAuto &&
-         ops::quantized_linear_cuda_plan(
-             xv(true), wp->dev, wp->f.q, Tensor(),
-             Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path)
-             .starts_with("gemv"));
     const double weight_round = gemv                  ? 0.0
+                                : w8a8                ? std::ldexp(1.0, -11)
                                 : xdt == DType::kBF16 ? std::ldexp(1.0, -8)
                                                       : std::ldexp(1.0, -11);
     const size_t es = dtype_size(odt);
