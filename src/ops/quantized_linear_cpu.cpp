@@ -112,6 +112,12 @@ QuantizedLinearSchedule quantized_linear_schedule(const QuantizedLinearProblem& 
                                                   const QuantizedWeight& w, const QuantConfig& q) {
   using P = QuantizedLinearPath;
   QuantizedLinearSchedule s;
+  if (p.requested == P::kAuto && p.n <= kQuantizedGemvMaxRows && p.gemv_refusal.empty()) {
+    // Decode: nothing to format (this runs per Linear per step).
+    s.path = P::kGemv;
+    s.w8a8_refusal = "the GEMV runs it";
+    return s;
+  }
   s.w8a8_refusal = w8a8_format_refusal(w, q);
   if (s.w8a8_refusal.empty() && p.sm != 90)
     s.w8a8_refusal =

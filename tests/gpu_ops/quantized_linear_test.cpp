@@ -456,5 +456,63 @@ TEST(GpuOpsPerf, QuantizedLinearPrefillLlama8B) {
   }
 }
 
+// W8A8 at Llama-3.1-8B's layer shapes, n = 4096 and 16384: cuBLASLt on a bf16 weight, the
+// dequantizing path (W8A16) and W8A8 (activation quantization included) for the FP8 block format,
+// W8A8 for compressed-tensors FP8 per channel; TFLOP/s of 2 n in out.
+TEST(GpuOpsPerf, QuantizedLinearW8a8Llama8B) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  TestStream s;
+  for (const PerfShape& p : kLlama8B) {
+    GuardedBuffer dense(size_t(p.in * p.out) * 2, 0);
+    fill_uniform(dense.data(), p.in * p.out, DType::kBF16, 9, -0.03f, 0.03f);
+    const Tensor dv = Tensor::from_blob(dense.data(), {p.out, p.in}, DType::kBF16, kGpu);
+    for (int64_t n : {4096, 16384}) {
+      GuardedBuffer x(size_t(n * p.in) * 2, 0), y(size_t(n * p.out) * 2, 0);
+      fill_uniform(x.data(), n * p.in, DType::kBF16, 10, -1.f, 1.f);
+      const Tensor xv = Tensor::from_blob(x.data(), {n, p.in}, DType::kBF16, kGpu);
+      const Tensor yv = Tensor::from_blob(y.data(), {n, p.out}, DType::kBF16, kGpu);
+      const double flops = 2.0 * double(n) * double(p.in) * double(p.out);
+      auto report = [&](const char* what, double ms, const std::string& plan) {
+        std::printf("  %-13s n=%-5lld out=%-6lld in=%-6lld %-24s %8.4f ms %7.1f TFLOP/s  [%s]\n",
+                    p.name, (long long)n, (long long)p.out, (long long)p.in, what, ms,
+                    flops / (ms * 1e9), plan.c_str());
+        std::fflush(stdout);
+      };
+      LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+      auto gemm = [&] { ops::linear_cuda(xv, dv, Tensor(), yv); };
+      gemm();
+      s.sync();
+      report("bf16 cublaslt", time_ms(s, gemm), ops::linear_cuda_plan(xv, dv, Tensor(), yv));
+      for (const Format& f : perf_formats()) {
+        if (f.q.method != QuantMethod::kFp8Block && f.q.method != QuantMethod::kCompressedFp8)
+          continue;
+        DeviceQuantized w = device_weight(p, f.q, 30);
+        for (QuantizedLinearPath path :
+             {QuantizedLinearPath::kDequantGemm, QuantizedLinearPath::kW8a8}) {
+          if (path == QuantizedLinearPath::kDequantGemm && f.q.method != QuantMethod::kFp8Block)
+            continue;
+          const int64_t ws_bytes =
+              ops::quantized_linear_workspace_bytes(n, w.w, DType::kBF16, path);
+          Tensor ws = Tensor::empty({ws_bytes}, DType::kU8, kGpu);
+          auto op = [&] { ops::quantized_linear_cuda(xv, w.w, f.q, Tensor(), yv, ws, path); };
+          try {
+            op();
+            s.sync();
+          } catch (const Error& e) {
+            std::printf("  %-13s n=%-5lld %s %s: %s\n", p.name, (long long)n, f.name.c_str(),
+                        path_name(path), e.what());
+            continue;
+          }
+          const std::string what = f.name + " " + path_name(path);
+          report(what.c_str(), time_ms(s, op),
+                 ops::quantized_linear_cuda_plan(xv, w.w, f.q, Tensor(), yv, path));
+          EXPECT_EQ(count_non_finite(y.data(), DType::kBF16, n, p.out, p.out), 0)
+              << p.name << " " << what << " n " << n;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace longctx::gpu_ops_test
