@@ -20,8 +20,10 @@
 //     loads of each row); E4M3 pairs convert to half2 exactly, then to f32. Block scales multiply
 //     each chunk's sum (a chunk never straddles a 128-input block); channel or tensor scales
 //     multiply the row's sum at the end.
-// Otherwise: a dequantizing kernel writes W to a scratch [out, in] in x's dtype (f32 math, one
-// rounding) and linear_cuda (cuBLASLt, or its GEMV) runs on it.
+// Otherwise quantized_linear_schedule picks W8A8 for the FP8 formats on sm_90
+// (quantized_linear_w8a8_cuda.cu: x quantized to E4M3, cuBLASLt's scaled FP8 GEMM), or a
+// dequantizing kernel writes W to a scratch [out, in] in x's dtype (f32 math, one rounding) and
+// linear_cuda (cuBLASLt, or its GEMV) runs on it.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -52,9 +54,10 @@ constexpr int kCtasPerSm = 4;
 constexpr int kFp8Rows = 2;    // output rows per warp (FP8): x chunks are read once per pair
 constexpr int kFp8Chunks = 4;  // 16-byte chunks of each row in flight per lane (FP8)
 constexpr int kGptqLoads = 8;  // 16-byte words in flight per lane (GPTQ)
-// Bytes in flight per lane (AWQ: 64 / (4 V) loads of 4 V bytes). With two CTAs per SM (N <= 4)
-// that is as many bytes per SM as 128 at one CTA, and the kernels fit 128 registers unspilled.
-constexpr int kLaneBytes = 64;
+// Bytes in flight per lane of the AWQ GEMV for N rows (awq_lane_bytes(N) / (4 V) loads of 4 V
+// bytes): 64 at two CTAs per SM (N <= 4), as many bytes per SM as 128 at one CTA, which the
+// 8-row kernel keeps (it needs ~200 registers).
+constexpr int awq_lane_bytes(int n) { return n >= 8 ? 128 : 64; }
 
 __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -364,7 +367,7 @@ __device__ __forceinline__ void awq_flush(const GemvParams& p, int64_t grp, int6
 // themselves at 80 / 128 registers and spilled 28-56 bytes; N = 8 needs ~200 registers.
 template <int N, int V, typename T, typename TO>
 __global__ void __launch_bounds__(kThreads, N >= 8 ? 1 : 2) awq_gemv_kernel(GemvParams p) {
-  constexpr int C = 8 * V, U = kLaneBytes / (4 * V);
+  constexpr int C = 8 * V, U = awq_lane_bytes(N) / (4 * V);
   using W = typename Words<V>::type;
   __shared__ __align__(16) float xs[N * kSliceK];
   __shared__ float red[N * 32 * C];

@@ -7,9 +7,9 @@
 //     holds fewer rows than n (several chunks). Tolerance per element, with S = sum |x w| (+ |b|):
 //     S * 2^-11 (Hopper's FP8 tensor cores add 32-term products at reduced precision before
 //     cuBLASLt promotes them to fp32; DeepSeek-V3 measured ~14 bits) + S * 2^-24 (in / 2 + 32)
-//     + 1 ulp of a 16-bit out (2 with a bias); and against the CPU W8A16 reference within the bound of
-//     w8a8_cases.h plus those terms. Outputs guarded and pre-filled with NaN bytes: every element
-//     written, the rows' padding and the guards intact;
+//     + 1 ulp of a 16-bit out (2 with a bias); and against the CPU W8A16 reference within the
+//     bound of w8a8_cases.h plus those terms. Outputs guarded and pre-filled with NaN bytes:
+//     every element written, the rows' padding and the guards intact;
 //   - a NaN or an Inf in a row of x makes that row's outputs non-finite and leaves the others
 //     as the CPU twin's;
 //   - refusals (kW8a8 on int4, on 48x80 FP8 blocks, on widths not multiples of 16, on another
