@@ -104,7 +104,8 @@ QuantizedLinearSchedule quantized_linear_schedule(const QuantizedLinearProblem& 
 // workspace, byte offsets from its start (each 256-aligned): the codes [rows, in], the scales
 // ([ceil(in/128), rows] or [rows] f32), the weight's scales converted for cuBLASLt where the
 // checkpoint's cannot be read as they are (f32, K-major with a row stride padded to 4 blocks for
-// the block format; [out] f32 otherwise), and a [4, out] f32 scratch for the tail rows.
+// the block format; [out] f32 otherwise), and a [4, out] scratch (4 bytes an element: any out
+// dtype) for the tail rows.
 struct W8a8Layout {
   int64_t rows = 0;
   int64_t codes = 0, act_scales = 0, weight_scales = 0, tail_out = 0, bytes = 0;

@@ -10,7 +10,8 @@
 //     is when L % 4 == 0 and it is f32; B VEC128_32F, N-major [L, n]: what the quantizer writes;
 //   - channel / tensor scales: OUTER_VEC_32F on both, A [out] (a tensor scale broadcast), B [n].
 // N (the rows of a GEMM) must be a multiple of 4: the last 1-3 rows run as a GEMM of 4 (zero
-// rows after them) into an f32 scratch and are copied out. Scales that cuBLASLt cannot read as
+// rows after them) into a scratch in out's dtype (the main GEMMs' D type: nothing more is asked
+// of cuBLASLt) and are copied out. Scales that cuBLASLt cannot read as
 // stored (bf16 / f16, an unpadded block row, a tensor scale) are converted into the workspace each
 // call (a few KiB). Fast accumulation stays off (cuBLASLt refuses it with block scales, and the
 // CPU twin sums in fp32). The bias is added by a separate kernel.
@@ -209,7 +210,7 @@ struct PrepWeightScales {
 // out[row0 + j, o] = tail[j, o] (+ bias[o]), j < rows.
 template <typename TO>
 struct CopyTail {
-  const float* tail;  // [4, out]
+  const TO* tail;  // [4, out]
   int64_t out_features;
   const void* bias;
   DType bias_dtype;
@@ -217,7 +218,7 @@ struct CopyTail {
   int64_t ldo;
   __device__ void operator()(int64_t j, int64_t o) const {
     const float b = bias ? load_any(bias, bias_dtype, o) : 0.f;
-    out[j * ldo + o] = from_f32<TO>(tail[j * out_features + o] + b);
+    out[j * ldo + o] = from_f32<TO>(to_f32(tail[j * out_features + o]) + b);
   }
 };
 
@@ -310,9 +311,9 @@ std::string w8a8_gemm_refusal(const W8a8Args& a, const QuantizedWeight& w, const
     if (!p.refusal.empty()) return p.refusal;
   }
   if (c.tail > 0) {
-    // The tail's D is the workspace's [4, out] f32 scratch, 256-aligned.
+    // The tail's D is the workspace's [4, out] scratch in out's dtype, 256-aligned.
     const void* tail_d = reinterpret_cast<const void*>(uintptr_t(256));
-    const Plan& p = plan_for(ctx, w, block, kW8a8RowMultiple, DType::kF32, w.out_features, tail_d,
+    const Plan& p = plan_for(ctx, w, block, kW8a8RowMultiple, a.out_dtype, w.out_features, tail_d,
                              scale, scale);
     if (!p.refusal.empty()) return p.refusal;
   }
@@ -327,7 +328,7 @@ void run_w8a8(const W8a8Args& a, const QuantizedWeight& w, const QuantConfig& q,
   char* ws = static_cast<char*>(workspace);
   uint8_t* codes = reinterpret_cast<uint8_t*>(ws + lay.codes);
   float* act_scales = reinterpret_cast<float*>(ws + lay.act_scales);
-  float* tail_out = reinterpret_cast<float*>(ws + lay.tail_out);
+  void* tail_out = ws + lay.tail_out;
   const float* w_scales =
       weight_scales(w, q, reinterpret_cast<float*>(ws + lay.weight_scales), stream);
   const size_t xes = dtype_size(a.x_dtype), oes = dtype_size(a.out_dtype);
@@ -364,12 +365,13 @@ void run_w8a8(const W8a8Args& a, const QuantizedWeight& w, const QuantConfig& q,
   }
   if (c.tail > 0) {
     quantize(c.full, c.tail, kW8a8RowMultiple);
-    gemm(ctx, w, block, kW8a8RowMultiple, codes, w_scales, act_scales, tail_out, DType::kF32, out,
+    gemm(ctx, w, block, kW8a8RowMultiple, codes, w_scales, act_scales, tail_out, a.out_dtype, out,
          lt_ws, stream);
     void* d = static_cast<char*>(a.out) + c.full * a.ldo * int64_t(oes);
     visit_float(a.out_dtype, "quantized_linear", [&](auto to) {
       using TO = decltype(to);
-      launch_rows(CopyTail<TO>{tail_out, out, a.bias, a.bias_dtype, static_cast<TO*>(d), a.ldo},
+      launch_rows(CopyTail<TO>{static_cast<const TO*>(tail_out), out, a.bias, a.bias_dtype,
+                               static_cast<TO*>(d), a.ldo},
                   c.tail, out, stream);
     });
   }
