@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "kernels/host_device.h"
 
@@ -32,12 +33,17 @@ LONGCTX_HD_INLINE float fp8_act_scale(float amax) {
 #endif
 }
 
-// x / scale, the value the code rounds (one IEEE division on both sides).
+// x / scale, the value the code rounds (one IEEE division on both sides). A NaN result (a NaN
+// input, or Inf / Inf) is the positive quiet NaN on both sides, so its code is 0x7f: the
+// division's NaN differs in sign between the host (x86 keeps the operand's sign, and its default
+// NaN is negative) and the GPU (a positive canonical NaN), and a NaN has no meaningful sign.
 LONGCTX_HD_INLINE float fp8_act_scaled(float x, float scale) {
 #if defined(__CUDA_ARCH__)
-  return __fdiv_rn(x, scale);
+  const float v = __fdiv_rn(x, scale);
+  return v != v ? __int_as_float(0x7fc00000) : v;
 #else
-  return x / scale;
+  const float v = x / scale;
+  return v != v ? std::numeric_limits<float>::quiet_NaN() : v;
 #endif
 }
 
