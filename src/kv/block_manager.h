@@ -211,6 +211,7 @@ class BlockManager {
   void check_consistency() const;
 
  private:
+  void cache_imported(int32_t id, uint64_t h, uint64_t parent, std::span<const int32_t> tokens);
   struct Block {
     int32_t ref = 0;
     bool cached = false;  // registered under `hash`
