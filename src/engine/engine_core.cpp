@@ -8,6 +8,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "engine/kv_event_publisher.h"
 #include "engine/kv_store.h"
@@ -37,14 +38,27 @@ KVBlockLayout layout_of(const Executor* executor) {
   return l;
 }
 
-// The tokens each constrained row's grammar allows, within what its request may still generate.
-// Each row first walks the bytes of the token its last step took (GrammarMatcher::settle), then
-// fills its mask: independent CPU work per row, done over the thread pool while the device runs
-// the step, so neither the walk nor the mask sits between a step's sampled tokens and the next
-// step's launch. The masks of states met for the first time (whole-vocabulary walks) are
-// computed in between, each split over the pool (prepare_masks), rather than each on the one
-// thread its row landed on. A row whose grammar fails ends its own request (abort), not the
-// batch: its entry of the result is 1.
+// The tokens `seq`'s grammar allows next, within what its request may still generate. Throws
+// Error when the grammar fails (past its bounds).
+void fill_grammar_mask(Sequence& seq) {
+  std::vector<uint32_t>& mask = seq.sampler.token_mask();
+  mask.resize(static_cast<size_t>(seq.grammar->grammar().vocab().mask_words()));
+  seq.grammar->fill_mask(seq.max_total_tokens - static_cast<int64_t>(seq.tokens.size()), mask);
+}
+
+// A grammar that failed ends its own request: logged, and its row samples without a mask.
+void drop_grammar_mask(Sequence& seq, std::string_view why) {
+  LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", seq.output.index, why);
+  seq.sampler.token_mask().clear();
+}
+
+// fill_grammar_mask for each constrained row. Each row first walks the bytes of the token its last
+// step took (GrammarMatcher::settle), then fills its mask: independent CPU work per row, done over
+// the thread pool while the device runs the step, so neither the walk nor the mask sits between a
+// step's sampled tokens and the next step's launch. The masks of states met for the first time
+// (whole-vocabulary walks) are computed in between, each split over the pool (prepare_masks),
+// rather than each on the one thread its row landed on. A row whose grammar fails ends its own
+// request (abort), not the batch: its entry of the result is 1.
 std::vector<uint8_t> fill_grammar_masks(std::span<Sequence* const> rows,
                                         std::span<const size_t> constrained) {
   std::vector<uint8_t> dropped(rows.size(), 0);
@@ -70,17 +84,11 @@ std::vector<uint8_t> fill_grammar_masks(std::span<Sequence* const> rows,
     if (errors[i].empty() && !fatal[i]) matchers.push_back(rows[constrained[i]]->grammar.get());
   }
   structured::prepare_masks(matchers);
-  over_rows([](Sequence& seq) {
-    std::vector<uint32_t>& mask = seq.sampler.token_mask();
-    mask.resize(static_cast<size_t>(seq.grammar->grammar().vocab().mask_words()));
-    seq.grammar->fill_mask(seq.max_total_tokens - static_cast<int64_t>(seq.tokens.size()), mask);
-  });
+  over_rows(fill_grammar_mask);
   for (size_t i = 0; i < constrained.size(); ++i) {
     if (fatal[i]) std::rethrow_exception(fatal[i]);
     if (errors[i].empty()) continue;
-    Sequence& seq = *rows[constrained[i]];
-    LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", seq.output.index, errors[i]);
-    seq.sampler.token_mask().clear();
+    drop_grammar_mask(*rows[constrained[i]], errors[i]);
     dropped[constrained[i]] = 1;
   }
   return dropped;
@@ -440,11 +448,9 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
   };
   for (size_t i = 0; i < rows.size(); ++i) {
     if (dropped[i]) {
-      Sequence& seq = *rows[i];
-      seq.output.text = seq.stop_matcher.text();
-      finish(seq, FinishReason::kAbort, t1);
+      abort_structured(*rows[i], t1);
       StepUpdate u;
-      u.seq = &seq;
+      u.seq = rows[i];
       u.finished = true;
       updates.push_back(std::move(u));
     } else {
@@ -508,19 +514,19 @@ StepUpdate EngineCore::verify_draft(Sequence& seq, const float* rows, double now
 }
 
 bool EngineCore::fill_verify_mask(Sequence& seq, double now) {
-  std::vector<uint32_t>& mask = seq.sampler.token_mask();
   try {
-    mask.resize(static_cast<size_t>(seq.grammar->grammar().vocab().mask_words()));
-    seq.grammar->fill_mask(seq.max_total_tokens - static_cast<int64_t>(seq.tokens.size()), mask);
+    fill_grammar_mask(seq);
     return true;
   } catch (const Error& e) {
-    // As fill_grammar_masks: a grammar past its bounds ends its own request.
-    LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", seq.output.index, e.what());
-    mask.clear();
-    seq.output.text = seq.stop_matcher.text();
-    finish(seq, FinishReason::kAbort, now);
+    drop_grammar_mask(seq, e.what());
+    abort_structured(seq, now);
     return false;
   }
+}
+
+void EngineCore::abort_structured(Sequence& seq, double now) {
+  seq.output.text = seq.stop_matcher.text();
+  finish(seq, FinishReason::kAbort, now);
 }
 
 void EngineCore::retire(uint64_t id) {

@@ -157,6 +157,8 @@ class EngineCore {
   // The grammar's mask for the next verified position; false when the grammar failed (the
   // request was aborted).
   bool fill_verify_mask(Sequence& seq, double now);
+  // Ends a request whose grammar failed (its output so far kept).
+  void abort_structured(Sequence& seq, double now);
   void finish(Sequence& seq, FinishReason reason, double now);
   // Moves a finished sequence out of the live set (its blocks already freed).
   void retire(uint64_t id);
