@@ -67,13 +67,13 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   auto rank0 = [&](const Tensor& t) { return s.rank == 0 ? t : Tensor(); };
   const Checkpoint& w = *checkpoint_;
   WeightLoader load(device_, act_dtype_);
-  // A quantized checkpoint's Linears stay packed on one unsharded device when the options ask
-  // (by default for dummy weights only: ModelBuildOptions::packed_weights); a format that cannot
+  // A quantized checkpoint's Linears stay packed on one unsharded device where
+  // packs_quantized_linears() says so; a format that cannot
   // stack q/k/v or gate/up (per-tensor FP8 scales, ...) loads that projection dense. Dense
   // projections dequantize through dense_weight() one at a time: the model's fused copy (or its
   // upload) is the only one that stays.
   const bool want_packed =
-      !sharded() && c.quantization.quantized() && options.packed_weights.value_or(w.dir.empty());
+      !sharded() && packs_quantized_linears(c.quantization, options, w.dir.empty());
   int64_t workspace_bytes = 0;
   // The Linear of checkpoint weights `names` stacked by rows; `dense_rows` makes the dense parts.
   auto linear_weight = [&](const std::vector<std::string>& names, auto dense_rows) {

@@ -28,6 +28,24 @@ const std::pair<const char*, Factory> kArchitectures[] = {
 
 }  // namespace
 
+bool packs_quantized_linears(const QuantConfig& quantization, const ModelBuildOptions& options,
+                             bool dummy_weights) {
+  if (!quantization.quantized()) return false;
+  if (options.packed_weights.has_value()) return *options.packed_weights;
+  if (dummy_weights) return true;
+  if (!options.device.is_cuda()) return false;
+  switch (quantization.method) {
+    case QuantMethod::kFp8Block:
+    case QuantMethod::kCompressedFp8:
+    case QuantMethod::kGptq:
+      return true;
+    case QuantMethod::kAwq:
+    case QuantMethod::kNone:
+      return false;
+  }
+  return false;
+}
+
 std::unique_ptr<Model> create_model(std::shared_ptr<const Checkpoint> checkpoint,
                                     const ModelBuildOptions& options) {
   LONGCTX_CHECK(checkpoint != nullptr, ErrorCode::kInvalidArgument,

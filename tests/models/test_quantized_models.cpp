@@ -134,6 +134,33 @@ TEST_P(QuantizedModel, RunsCloseToTheDenseModel) {
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedModel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// Who runs packed by default: dummy weights always; a checkpoint on a GPU in the formats whose
+// packed GEMV decodes faster than bf16 (not AWQ yet); never on the CPU; the option decides where
+// set; an unquantized model never.
+TEST(QuantizedCheckpoint, PackedByDefaultWhereThePackedGemvIsFaster) {
+  auto q = [](QuantMethod m) {
+    QuantConfig c;
+    c.method = m;
+    c.bits = m == QuantMethod::kAwq || m == QuantMethod::kGptq ? 4 : 8;
+    return c;
+  };
+  ModelBuildOptions gpu, cpu;
+  gpu.device = Device::cuda(0);
+  for (QuantMethod m : {QuantMethod::kFp8Block, QuantMethod::kCompressedFp8, QuantMethod::kGptq})
+    EXPECT_TRUE(packs_quantized_linears(q(m), gpu, false)) << quant_method_name(m);
+  EXPECT_FALSE(packs_quantized_linears(q(QuantMethod::kAwq), gpu, false));
+  for (QuantMethod m : {QuantMethod::kFp8Block, QuantMethod::kAwq, QuantMethod::kGptq}) {
+    EXPECT_FALSE(packs_quantized_linears(q(m), cpu, false)) << quant_method_name(m);
+    EXPECT_TRUE(packs_quantized_linears(q(m), cpu, true)) << quant_method_name(m);
+  }
+  ModelBuildOptions asked_dense = gpu, asked_packed = cpu;
+  asked_dense.packed_weights = false;
+  asked_packed.packed_weights = true;
+  EXPECT_FALSE(packs_quantized_linears(q(QuantMethod::kGptq), asked_dense, true));
+  EXPECT_TRUE(packs_quantized_linears(q(QuantMethod::kAwq), asked_packed, false));
+  EXPECT_FALSE(packs_quantized_linears(QuantConfig(), asked_packed, true));
+}
+
 // A quantized checkpoint folder keeps its Linears packed; a model built without packed_weights
 // runs them dense, dequantized one projection at a time through dense_weight(): its logits are
 // bit for bit those of a model built from a checkpoint holding every dense copy (what the loader

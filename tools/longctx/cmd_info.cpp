@@ -10,6 +10,7 @@
 #include "longctx/core/device_memory.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/loader/checkpoint.h"
+#include "longctx/models/model.h"
 #include "model_options.h"
 
 namespace longctx::cli {
@@ -103,9 +104,13 @@ void run_info(const ModelOptions& opts) {
   std::printf("parameters:         %lld (%.3f B)\n", (long long)params, params / 1e9);
   std::printf("dtypes:             %s\n", dtypes.c_str());
   std::printf("weight bytes:       %zu (%s)\n", bytes, human_bytes(double(bytes)).c_str());
-  // A quantized checkpoint's Linears run packed on the GPU with --packed-weights, and always for
-  // dummy weights (no dense copies); otherwise the device holds their dense copies.
-  const bool packed = c.quantization.quantized() && (!ck || opts.packed_weights);
+  // Whether the device holds a quantized checkpoint's Linears packed or their dense copies.
+  const Device device = resolve_device(opts.device);
+  ModelBuildOptions build;
+  build.device = device;
+  if (opts.packed_weights) build.packed_weights = true;
+  if (opts.dense_weights) build.packed_weights = false;
+  const bool packed = packs_quantized_linears(c.quantization, build, ck == nullptr);
   if (packed)
     std::printf(
         "quantization:       %s: the decoder's Linears kept packed (dense where a format cannot "
@@ -114,7 +119,7 @@ void run_info(const ModelOptions& opts) {
   else if (c.quantization.quantized())
     std::printf(
         "quantization:       %s: the decoder's Linears dequantized to %s as the model loads "
-        "(host memory holds them packed; kept packed on the device with --packed-weights)\n",
+        "(host memory holds them packed; --packed-weights keeps them packed)\n",
         quant_method_name(c.quantization.method), std::string(dtype_name(c.dtype)).c_str());
   const KvGroups groups = KvGroups::from_config(c, runner.kv_dtype);
   const int64_t info_block = runner.block_size > 0 ? runner.block_size : kDefaultBlockSize;
@@ -140,7 +145,6 @@ void run_info(const ModelOptions& opts) {
                 human_bytes(double(groups.bytes_per_seq(n, info_block))).c_str());
   // The GPU memory plan: of the device this would run on, or of a GPU of --gpu-memory-limit
   // bytes (planning for a card this machine does not have).
-  const Device device = resolve_device(opts.device);
   int64_t budget = opts.gpu_memory_limit_bytes();
   if (device.is_cuda()) {
     configure_device_memory(device.index, budget, opts.gpu_memory_utilization);

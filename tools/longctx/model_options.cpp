@@ -55,8 +55,11 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
         ->check(CLI::IsMember({"fp8", "ct-fp8", "awq", "gptq"}));
     cmd->add_flag("--packed-weights", packed_weights,
                   "run a quantized checkpoint's Linears packed (int4 / FP8 GEMVs reading the "
-                  "checkpoint's bytes) instead of dequantizing them at load; dummy quantized "
-                  "weights always run packed");
+                  "checkpoint's bytes); the default on a GPU for fp8, compressed-tensors FP8 and "
+                  "GPTQ checkpoints and for dummy quantized weights");
+    cmd->add_flag("--dense-weights", dense_weights,
+                  "dequantize a quantized checkpoint's Linears to bf16 at load; the default on "
+                  "the CPU and for AWQ checkpoints");
     cmd->add_option("--rope-inv-freq-dtype", rope_inv_freq_dtype,
                     "f32: exact rope inv_freq (transformers from_pretrained, vLLM); checkpoint: "
                     "rounded to the checkpoint dtype, as a model cast with .to(dtype)")
@@ -281,7 +284,10 @@ std::shared_ptr<Model> ModelOptions::create(std::shared_ptr<const Checkpoint> ch
 ModelBuildOptions ModelOptions::build_options(const Checkpoint& checkpoint) const {
   ModelBuildOptions options;
   options.activation_dtype = parse_dtype(dtype);
+  LONGCTX_CHECK(!(packed_weights && dense_weights), ErrorCode::kInvalidArgument,
+                "--packed-weights and --dense-weights exclude each other");
   if (packed_weights) options.packed_weights = true;
+  if (dense_weights) options.packed_weights = false;
   options.rope_inv_freq_dtype =
       rope_inv_freq_dtype == "checkpoint" ? checkpoint.config.dtype : DType::kF32;
   return options;

@@ -35,6 +35,7 @@ struct ModelOptions {
   uint64_t seed = 0;                        // dummy weights' seed
   std::string quantization;                 // dummy weights' format (fp8 | ct-fp8 | awq | gptq)
   bool packed_weights = false;              // a quantized checkpoint's Linears kept packed
+  bool dense_weights = false;               // ... or dequantized at load (neither: the default)
   std::string rope_inv_freq_dtype = "f32";  // f32 | checkpoint
   std::string device = "auto";              // auto | cpu | cuda | cuda:N
   std::string dtype = "bfloat16";           // GPU activations: bfloat16 | float16

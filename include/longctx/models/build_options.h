@@ -36,9 +36,8 @@ struct ModelBuildOptions {
   // A quantized checkpoint's Linears (config.quantization): kept packed as stored and run by the
   // quantized Linear (decode reads a quarter of bf16's bytes for int4, half for FP8), or
   // dequantized into dense weights at load (one projection at a time, from the packed tensors:
-  // the checkpoint holds no dense copy). Unset: dense for a checkpoint folder (the packed path
-  // has not yet run whole models on a GPU; the CPU's packed op dequantizes on every call, a
-  // reference, not a speed path), packed for dummy weights. Packed needs an unsharded model.
+  // the checkpoint holds no dense copy). Unset: packs_quantized_linears() decides. Packed needs
+  // an unsharded model.
   std::optional<bool> packed_weights;
 };
 
