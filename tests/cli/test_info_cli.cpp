@@ -23,6 +23,23 @@ TEST(InfoCli, PlansForAGpuOfTheGivenSize) {
   EXPECT_NE(r.out.find("max_model_len 131072"), std::string::npos) << r.out;
 }
 
+// --dummy-layers keeps a preset's first N layers with their kinds: a quarter of Qwen3-Next-80B
+// keeps its one full-attention layer in four; more layers than the preset has is refused.
+TEST(InfoCli, DummyLayersKeepThePresetsFirstLayers) {
+  CliResult r = run_cli(
+      "info --load-format dummy --preset qwen3-next-80b-a3b --device cpu --dummy-layers 12");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("layers:             12\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("KV group 0: full, 3 layers (3,7,11), bf16, 6144 B/token"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("KV group 1: state, 9 layers (0-2,4-6,8-10)"), std::string::npos) << r.out;
+  r = run_cli("info --load-format dummy --preset qwen3-0.6b --device cpu --dummy-layers 29");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--dummy-layers 29: preset qwen3-0.6b has 28 layers"), std::string::npos)
+      << r.err;
+}
+
 TEST(InfoCli, Qwen3NextPrintsItsFullAndStateGroups) {
   CliResult r = run_cli("info --load-format dummy --preset qwen3-next-80b-a3b --device cpu");
   ASSERT_EQ(r.rc, 0) << r.err;

@@ -49,6 +49,11 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
         ->check(CLI::IsMember({"auto", "dummy"}));
     cmd->add_option("--preset", preset, "shape preset for --load-format dummy (e.g. qwen3-0.6b)");
     cmd->add_option("--dummy-seed", seed, "seed of the dummy weights");
+    cmd->add_option("--dummy-layers", dummy_layers,
+                    "dummy weights of the preset's first N decoder layers only (their attention "
+                    "and MLP kinds as the preset has them): per-layer speed of a model that does "
+                    "not fit the GPU")
+        ->check(CLI::PositiveNumber);
     cmd->add_option("--quantization", quantization,
                     "dummy weights' Linears packed in a quantized format: fp8 (128x128 blocks), "
                     "ct-fp8 (per-channel), awq or gptq (int4, groups of 128)")
@@ -297,6 +302,13 @@ ModelConfig ModelOptions::dummy_config() const {
   LONGCTX_CHECK(!preset.empty(), ErrorCode::kInvalidArgument,
                 "--load-format dummy needs --preset NAME");
   ModelConfig c = dummy_preset_config(preset);
+  if (dummy_layers > 0) {
+    LONGCTX_CHECK(dummy_layers <= c.num_hidden_layers, ErrorCode::kInvalidArgument,
+                  "--dummy-layers {}: preset {} has {} layers", dummy_layers, preset,
+                  c.num_hidden_layers);
+    c.num_hidden_layers = dummy_layers;
+    if (!c.layer_types.empty()) c.layer_types.resize(static_cast<size_t>(dummy_layers));
+  }
   if (!quantization.empty()) {
     QuantFormatOptions f;
     f.format = quant_format_names().at(quantization);

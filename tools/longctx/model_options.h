@@ -33,6 +33,7 @@ struct ModelOptions {
   std::string load_format = "auto";         // auto | dummy
   std::string preset;                       // dummy preset name
   uint64_t seed = 0;                        // dummy weights' seed
+  int64_t dummy_layers = 0;                 // > 0: the preset's first N layers only
   std::string quantization;                 // dummy weights' format (fp8 | ct-fp8 | awq | gptq)
   bool packed_weights = false;              // a quantized checkpoint's Linears kept packed
   bool dense_weights = false;               // ... or dequantized at load (neither: the default)
