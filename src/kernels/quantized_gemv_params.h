@@ -40,10 +40,10 @@ struct QuantizedGemvProblem {
   QuantizedGemvFormat format = QuantizedGemvFormat::kGptq;
   int64_t n = 1;  // rows of the pass, 1..kQuantizedGemvPassRows
   int64_t in = 0, out = 0;
-  int64_t group = 0;                 // int4: inputs per group (in for one group)
+  int64_t group = 0;                    // int4: inputs per group (in for one group)
   int64_t block_out = 0, block_in = 0;  // FP8 block scales
   DType x_dtype = DType::kBF16;
-  bool x_aligned16 = true;       // x's address and row stride are multiples of 16 bytes
+  bool x_aligned16 = true;        // x's address and row stride are multiples of 16 bytes
   bool qweight_aligned16 = true;  // the packed weight's address is
   int sm_count = 132;
   QuantizedGemvKernel kernel = QuantizedGemvKernel::kAuto;
@@ -52,11 +52,11 @@ struct QuantizedGemvProblem {
 struct QuantizedGemvSchedule {
   std::string refusal;  // why no GEMV runs the problem ("" when one does)
   QuantizedGemvKernel kernel = QuantizedGemvKernel::kSimt;  // kSimt or kMma
-  int64_t tile = 0;       // outputs per CTA
-  int awq_words = 1;      // kSimt AWQ: words per lane load (1, 2 or 4)
-  int64_t splits = 1;     // K slices (blockIdx.y); > 1: fp32 partials + a reduction
+  int64_t tile = 0;                                         // outputs per CTA
+  int awq_words = 1;   // kSimt AWQ: words per lane load (1, 2 or 4)
+  int64_t splits = 1;  // K slices (blockIdx.y); > 1: fp32 partials + a reduction
   int64_t k_per_split = 0;
-  int64_t col_tiles = 0;  // CTAs along the outputs (blockIdx.x)
+  int64_t col_tiles = 0;      // CTAs along the outputs (blockIdx.x)
   int64_t partial_bytes = 0;  // workspace for the partials [splits, n, out] f32
 };
 
@@ -86,10 +86,10 @@ struct QuantizedGemvParams {
   DType out_dtype = DType::kBF16;
   float* partial = nullptr;  // [splits, n, out] f32 (splits > 1)
   int64_t in = 0, out_features = 0;
-  int64_t group = 0;     // int4: inputs per group
-  int zero_offset = 0;   // GPTQ v1: qzeros hold z - 1
+  int64_t group = 0;                                    // int4: inputs per group
+  int zero_offset = 0;                                  // GPTQ v1: qzeros hold z - 1
   int64_t block_out = 1, block_in = 1, scale_cols = 1;  // FP8 block scales
-  int scale_stride = 0;  // FP8 channel (1) or tensor (0) scales
+  int scale_stride = 0;                                 // FP8 channel (1) or tensor (0) scales
 };
 
 }  // namespace longctx::kernels

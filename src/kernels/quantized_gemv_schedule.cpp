@@ -36,7 +36,8 @@ std::string simt_refusal(const QuantizedGemvProblem& p) {
   if (!p.qweight_aligned16) return "qweight not 16-byte aligned";
   switch (p.format) {
     case QuantizedGemvFormat::kGptq:
-      if (p.group % 8 != 0) return LONGCTX_FORMAT("GPTQ group size {} not a multiple of 8", p.group);
+      if (p.group % 8 != 0)
+        return LONGCTX_FORMAT("GPTQ group size {} not a multiple of 8", p.group);
       return "";
     case QuantizedGemvFormat::kAwq:
       return "";
@@ -55,8 +56,7 @@ void split_k(const QuantizedGemvProblem& p, int64_t unit, int64_t min_splits, in
              QuantizedGemvSchedule& s) {
   s.col_tiles = ceil_div(p.out, s.tile);
   const int64_t target = kCtasPerSm * std::max(p.sm_count, 1);
-  const int64_t splits =
-      std::max(min_splits, std::min(max_splits, ceil_div(target, s.col_tiles)));
+  const int64_t splits = std::max(min_splits, std::min(max_splits, ceil_div(target, s.col_tiles)));
   s.k_per_split = ceil_div(ceil_div(p.in, splits), unit) * unit;
   s.splits = ceil_div(p.in, s.k_per_split);
   if (s.splits > kQuantizedGemvMaxSplits)
@@ -122,7 +122,8 @@ std::string quantized_gemv_name(const QuantizedGemvProblem& p, const QuantizedGe
                   : p.format == QuantizedGemvFormat::kAwq      ? "awq"
                   : p.format == QuantizedGemvFormat::kFp8Block ? "fp8-block"
                                                                : "fp8-channel";
-  const bool simt_awq = s.kernel == QuantizedGemvKernel::kSimt && p.format == QuantizedGemvFormat::kAwq;
+  const bool simt_awq =
+      s.kernel == QuantizedGemvKernel::kSimt && p.format == QuantizedGemvFormat::kAwq;
   return LONGCTX_FORMAT("gemv {} {} tile {} splits {} ({} inputs each){}", f,
                         s.kernel == QuantizedGemvKernel::kMma ? "mma" : "simt", s.tile, s.splits,
                         s.k_per_split,

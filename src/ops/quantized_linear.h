@@ -145,10 +145,10 @@ void quantized_linear_cuda(const Tensor& x, const QuantizedWeight& w, const Quan
                            QuantizedGemvKernel gemv_kernel = QuantizedGemvKernel::kAuto);
 // What quantized_linear_cuda runs for these arguments, for benchmarks and tests: "gemv
 // <format> <kernel> tile T splits S ...", "w8a8 ..." or "dequant + <linear_cuda's plan>".
-std::string quantized_linear_cuda_plan(const Tensor& x, const QuantizedWeight& w,
-                                       const QuantConfig& q, const Tensor& bias, const Tensor& out,
-                                       QuantizedLinearPath path = QuantizedLinearPath::kAuto,
-                                       QuantizedGemvKernel gemv_kernel = QuantizedGemvKernel::kAuto);
+std::string quantized_linear_cuda_plan(
+    const Tensor& x, const QuantizedWeight& w, const QuantConfig& q, const Tensor& bias,
+    const Tensor& out, QuantizedLinearPath path = QuantizedLinearPath::kAuto,
+    QuantizedGemvKernel gemv_kernel = QuantizedGemvKernel::kAuto);
 
 // Checks w against q's format: method, positive sizes, each tensor's shape and dtype, a group
 // size that divides in_features, out_features a multiple of 8 for int4. Throws

@@ -398,9 +398,9 @@ std::string quantized_linear_cuda_plan(const Tensor& x, const QuantizedWeight& w
   DeviceGuard guard(a.device.index);
   if (a.n == 0) return "nothing (n = 0)";
   const Route r = route(a, w, q, path, kernel, Tensor());
-  if (r.path == QuantizedLinearPath::kW8a8)
-    return w8a8_detail::w8a8_plan(a, w, q, r.chunk_rows);
-  if (r.path == QuantizedLinearPath::kGemv) return kernels::quantized_gemv_name(r.gemv_problem, r.gemv);
+  if (r.path == QuantizedLinearPath::kW8a8) return w8a8_detail::w8a8_plan(a, w, q, r.chunk_rows);
+  if (r.path == QuantizedLinearPath::kGemv)
+    return kernels::quantized_gemv_name(r.gemv_problem, r.gemv);
   // The dense plan's operands only need their addresses' alignment: a scratch is 256-aligned.
   const Tensor dense =
       Tensor::from_blob(w.qweight.data_ptr(), {a.out_features, a.in}, a.x_dtype, a.device);

@@ -85,10 +85,9 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
   }
   auto y = std::make_shared<GuardedBuffer>(size_t(n * ldo) * dtype_size(odt), 0xFF);
   CaseSpec c;
-  c.name = fmt::format("{} [{}, {}] n={} {}->{}{}{}{} {}{}", w.f.name, out, in, n,
-                       dtype_name(xdt), dtype_name(odt), bias ? " bias" : "",
-                       qc.x_pad ? " ldx" : "", qc.out_pad ? " ldo" : "", path_name(qc.path),
-                       kernel_name(qc.kernel));
+  c.name = fmt::format("{} [{}, {}] n={} {}->{}{}{}{} {}{}", w.f.name, out, in, n, dtype_name(xdt),
+                       dtype_name(odt), bias ? " bias" : "", qc.x_pad ? " ldx" : "",
+                       qc.out_pad ? " ldo" : "", path_name(qc.path), kernel_name(qc.kernel));
   auto xv = [=](bool dev) { return dev ? x->dev({n, in}, {ldx, 1}) : x->host({n, in}, {ldx, 1}); };
   const QWeight* wp = &w;
   c.gpu = [=] {
@@ -399,32 +398,32 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
       for (const Format& f : perf_formats())
         for (ops::QuantizedGemvKernel kernel :
              {ops::QuantizedGemvKernel::kMma, ops::QuantizedGemvKernel::kSimt}) {
-        const bool int4 = f.q.method == QuantMethod::kAwq || f.q.method == QuantMethod::kGptq;
-        if (!int4 && kernel == ops::QuantizedGemvKernel::kMma) continue;
-        std::vector<DeviceQuantized> copies;
-        copies.push_back(device_weight(p, f.q, 20));
-        const int count = int(std::max<int64_t>(1, (int64_t(400) << 20) / copies[0].bytes + 1));
-        for (int i = 1; i < count; ++i) copies.push_back(device_weight(p, f.q, 20 + 10 * i));
-        const int64_t ws_bytes = ops::quantized_linear_workspace_bytes(n, copies[0].w, DType::kBF16,
-                                                                       QuantizedLinearPath::kGemv);
-        Tensor ws = Tensor::empty({std::max<int64_t>(ws_bytes, 1)}, DType::kU8, kGpu);
-        int call = 0;
-        auto op = [&] {
-          ops::quantized_linear_cuda(xv, copies[call++ % count].w, f.q, Tensor(), yv, ws,
-                                     QuantizedLinearPath::kGemv, kernel);
-        };
-        op();
-        s.sync();
-        const double ms = time_ms(s, op);
-        const std::string plan = ops::quantized_linear_cuda_plan(
-            xv, copies[0].w, f.q, Tensor(), yv, QuantizedLinearPath::kGemv, kernel);
-        std::printf("  %-13s n=%lld out=%-6lld in=%-6lld %-18s %8.4f ms %6.0f GB/s  [%s]\n", p.name,
-                    (long long)n, (long long)p.out, (long long)p.in, f.name.c_str(), ms,
-                    double(copies[0].bytes) / (ms * 1e6), plan.c_str());
-        std::fflush(stdout);
-        EXPECT_EQ(count_non_finite(y.data(), DType::kBF16, n, p.out, p.out), 0)
-            << p.name << " " << f.name << " n " << n;
-      }
+          const bool int4 = f.q.method == QuantMethod::kAwq || f.q.method == QuantMethod::kGptq;
+          if (!int4 && kernel == ops::QuantizedGemvKernel::kMma) continue;
+          std::vector<DeviceQuantized> copies;
+          copies.push_back(device_weight(p, f.q, 20));
+          const int count = int(std::max<int64_t>(1, (int64_t(400) << 20) / copies[0].bytes + 1));
+          for (int i = 1; i < count; ++i) copies.push_back(device_weight(p, f.q, 20 + 10 * i));
+          const int64_t ws_bytes = ops::quantized_linear_workspace_bytes(
+              n, copies[0].w, DType::kBF16, QuantizedLinearPath::kGemv);
+          Tensor ws = Tensor::empty({std::max<int64_t>(ws_bytes, 1)}, DType::kU8, kGpu);
+          int call = 0;
+          auto op = [&] {
+            ops::quantized_linear_cuda(xv, copies[call++ % count].w, f.q, Tensor(), yv, ws,
+                                       QuantizedLinearPath::kGemv, kernel);
+          };
+          op();
+          s.sync();
+          const double ms = time_ms(s, op);
+          const std::string plan = ops::quantized_linear_cuda_plan(
+              xv, copies[0].w, f.q, Tensor(), yv, QuantizedLinearPath::kGemv, kernel);
+          std::printf("  %-13s n=%lld out=%-6lld in=%-6lld %-18s %8.4f ms %6.0f GB/s  [%s]\n",
+                      p.name, (long long)n, (long long)p.out, (long long)p.in, f.name.c_str(), ms,
+                      double(copies[0].bytes) / (ms * 1e6), plan.c_str());
+          std::fflush(stdout);
+          EXPECT_EQ(count_non_finite(y.data(), DType::kBF16, n, p.out, p.out), 0)
+              << p.name << " " << f.name << " n " << n;
+        }
     }
   }
 }

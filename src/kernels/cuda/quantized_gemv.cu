@@ -24,8 +24,6 @@
 // and multiplied by x staged in shared memory as f32, the scale applied per 8 inputs (GPTQ) or
 // per group (AWQ); FP8 E4M3 -> f16 -> f32 (exact) times x read from L1, the block scale per
 // 16-input chunk or the channel scale at the end.
-#include "kernels/cuda/quantized_gemv.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -36,6 +34,7 @@
 #include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/quantized_gemv.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -616,9 +615,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gptq_mma_kernel(Params p, int6
   const int group = int(p.group);
   int grp = -1, grp_end = -1;  // the current group and its first input past the end
   uint4 cur[U], nxt[U];
-  if (s_begin < s_end) gptq_load<U>(wq, (k0 + 32 * int64_t(s_begin)) / 8 + t, row_vecs, vec, valid, cur);
+  if (s_begin < s_end)
+    gptq_load<U>(wq, (k0 + 32 * int64_t(s_begin)) / 8 + t, row_vecs, vec, valid, cur);
   for (int s = s_begin; s < s_end; ++s) {
-    if (s + 1 < s_end) gptq_load<U>(wq, (k0 + 32 * int64_t(s + 1)) / 8 + t, row_vecs, vec, valid, nxt);
+    if (s + 1 < s_end)
+      gptq_load<U>(wq, (k0 + 32 * int64_t(s + 1)) / 8 + t, row_vecs, vec, valid, nxt);
     const int kin = int(k0) + 32 * s;
     uint4 xv = make_uint4(0, 0, 0, 0);
     if (x_row) xv = __ldg(reinterpret_cast<const uint4*>(xrow + kin + 8 * t));
@@ -640,17 +641,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gptq_mma_kernel(Params p, int6
       for (int u = 0; u < U; ++u) {
         const int64_t o = col0 + 32 * u + 4 * g;
         uint32_t zw = 0;
-        if (valid[u]) zw = __ldg(p.qzeros + int64_t(grp) * (p.out_features / 8) + o / 8) >> (4 * (o % 8));
+        if (valid[u])
+          zw = __ldg(p.qzeros + int64_t(grp) * (p.out_features / 8) + o / 8) >> (4 * (o % 8));
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int z = valid[u] ? int((zw >> (4 * c)) & 0xf) + p.zero_offset : 0;
           // base + z: z (<= 16) added to the base's mantissa bits (ulp 1) adds it to the value.
-          const uint32_t lo = std::is_same_v<T, __nv_bfloat16> ? 0x4300u + uint32_t(z)
-                                                                : 0x6400u + uint32_t(z);
+          const uint32_t lo =
+              std::is_same_v<T, __nv_bfloat16> ? 0x4300u + uint32_t(z) : 0x6400u + uint32_t(z);
           zt[u][c] = lo | (lo << 16);
-          sc[u][c] = valid[u] ? load_any(p.scales, p.scale_dtype,
-                                         int64_t(grp) * p.out_features + o + c)
-                              : 0.f;
+          sc[u][c] = valid[u]
+                         ? load_any(p.scales, p.scale_dtype, int64_t(grp) * p.out_features + o + c)
+                         : 0.f;
         }
       }
     }
@@ -763,7 +765,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) awq_mma_kernel(Params p, int64
       grp_end = (grp + 1) * group;
 #pragma unroll
       for (int w = 0; w < 2; ++w) {
-        const uint32_t zw = valid ? __ldg(p.qzeros + int64_t(grp) * row_words + o_first / 8 + w) : 0u;
+        const uint32_t zw =
+            valid ? __ldg(p.qzeros + int64_t(grp) * row_words + o_first / 8 + w) : 0u;
         // Output 8w + 2q sits in nibble q, 8w + 2q + 1 in nibble q + 4: both halves of the word
         // made of zw's low (high) 16 bits give it twice.
         const uint32_t zlo = prmt(zw, zw, 0x1010), zhi = prmt(zw, zw, 0x3232);
@@ -851,21 +854,17 @@ void launch_simt(const Params& p, const QuantizedGemvSchedule& s, cudaStream_t s
     case Format::kAwq:
       if constexpr (N == 1) {
         if (s.awq_words == 4)
-          return launch_pdl(awq_simt_kernel<N, 4, T, TO>, grid, block, 0, stream, p,
-                            s.k_per_split);
+          return launch_pdl(awq_simt_kernel<N, 4, T, TO>, grid, block, 0, stream, p, s.k_per_split);
       }
       if constexpr (N <= 2) {
         if (s.awq_words == 2)
-          return launch_pdl(awq_simt_kernel<N, 2, T, TO>, grid, block, 0, stream, p,
-                            s.k_per_split);
+          return launch_pdl(awq_simt_kernel<N, 2, T, TO>, grid, block, 0, stream, p, s.k_per_split);
       }
       return launch_pdl(awq_simt_kernel<N, 1, T, TO>, grid, block, 0, stream, p, s.k_per_split);
     case Format::kFp8Block:
-      return launch_pdl(fp8_simt_kernel<N, true, T, TO>, grid, block, 0, stream, p,
-                        s.k_per_split);
+      return launch_pdl(fp8_simt_kernel<N, true, T, TO>, grid, block, 0, stream, p, s.k_per_split);
     default:
-      return launch_pdl(fp8_simt_kernel<N, false, T, TO>, grid, block, 0, stream, p,
-                        s.k_per_split);
+      return launch_pdl(fp8_simt_kernel<N, false, T, TO>, grid, block, 0, stream, p, s.k_per_split);
   }
 }
 
