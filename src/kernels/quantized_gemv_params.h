@@ -32,8 +32,12 @@ enum class QuantizedGemvFormat {
 //     cores (mma.sync m16n8k16, fp32 accumulation) with x as the 8-column B operand; the
 //     products (q - z) x are exact, each group's sum is scaled in fp32. Takes in and the group a
 //     multiple of 32, x rows 16-byte aligned, and for AWQ out a multiple of 16.
-//   kAuto: kMma where it runs, else kSimt.
-enum class QuantizedGemvKernel { kAuto, kSimt, kMma };
+//   kMmaAsync: kMma's math with the weights (and each group's zeros and scales) copied by
+//     cp.async into a per-warp ring of shared memory several steps ahead of the math (more bytes
+//     in flight than registers hold). Takes kMma's shapes with 16-bit scales, scales 16-byte and
+//     qzeros 8-byte aligned.
+//   kAuto: kMmaAsync, else kMma, else kSimt, the first that runs.
+enum class QuantizedGemvKernel { kAuto, kSimt, kMma, kMmaAsync };
 
 // What the schedule reads.
 struct QuantizedGemvProblem {
@@ -45,13 +49,15 @@ struct QuantizedGemvProblem {
   DType x_dtype = DType::kBF16;
   bool x_aligned16 = true;        // x's address and row stride are multiples of 16 bytes
   bool qweight_aligned16 = true;  // the packed weight's address is
+  DType scale_dtype = DType::kF16;
+  bool params_aligned = true;  // scales' address a multiple of 16 bytes, qzeros' of 8
   int sm_count = 132;
   QuantizedGemvKernel kernel = QuantizedGemvKernel::kAuto;
 };
 
 struct QuantizedGemvSchedule {
   std::string refusal;  // why no GEMV runs the problem ("" when one does)
-  QuantizedGemvKernel kernel = QuantizedGemvKernel::kSimt;  // kSimt or kMma
+  QuantizedGemvKernel kernel = QuantizedGemvKernel::kSimt;  // kSimt, kMma or kMmaAsync
   int64_t tile = 0;                                         // outputs per CTA
   int awq_words = 1;   // kSimt AWQ: words per lane load (1, 2 or 4)
   int64_t splits = 1;  // K slices (blockIdx.y); > 1: fp32 partials + a reduction

@@ -32,6 +32,15 @@ std::string mma_refusal(const QuantizedGemvProblem& p) {
   return "";
 }
 
+std::string async_refusal(const QuantizedGemvProblem& p) {
+  std::string r = mma_refusal(p);
+  if (!r.empty()) return r;
+  if (p.scale_dtype != DType::kF16 && p.scale_dtype != DType::kBF16)
+    return LONGCTX_FORMAT("{} scales (16-bit only)", dtype_name(p.scale_dtype));
+  if (!p.params_aligned) return "scales not 16-byte or qzeros not 8-byte aligned";
+  return "";
+}
+
 std::string simt_refusal(const QuantizedGemvProblem& p) {
   if (!p.qweight_aligned16) return "qweight not 16-byte aligned";
   switch (p.format) {
@@ -82,13 +91,21 @@ QuantizedGemvSchedule quantized_gemv_schedule(const QuantizedGemvProblem& p) {
     s.refusal = "empty weight";
     return s;
   }
-  const std::string mma = mma_refusal(p);
+  const std::string mma = mma_refusal(p), async = async_refusal(p);
   if (p.kernel == QuantizedGemvKernel::kMma && !mma.empty()) {
     s.refusal = "mma kernel: " + mma;
     return s;
   }
-  if (p.kernel != QuantizedGemvKernel::kSimt && mma.empty()) {
-    s.kernel = QuantizedGemvKernel::kMma;
+  if (p.kernel == QuantizedGemvKernel::kMmaAsync && !async.empty()) {
+    s.refusal = "mma-async kernel: " + async;
+    return s;
+  }
+  const bool use_async = async.empty() && (p.kernel == QuantizedGemvKernel::kAuto ||
+                                           p.kernel == QuantizedGemvKernel::kMmaAsync);
+  const bool use_mma = mma.empty() && (p.kernel == QuantizedGemvKernel::kAuto ||
+                                       p.kernel == QuantizedGemvKernel::kMma);
+  if (use_async || use_mma) {
+    s.kernel = use_async ? QuantizedGemvKernel::kMmaAsync : QuantizedGemvKernel::kMma;
     s.tile = kMmaTile;
     split_k(p, p.format == QuantizedGemvFormat::kGptq ? kMmaStepGptq : kMmaStepAwq, 1,
             kQuantizedGemvMaxSplits, s);
@@ -125,8 +142,10 @@ std::string quantized_gemv_name(const QuantizedGemvProblem& p, const QuantizedGe
   const bool simt_awq =
       s.kernel == QuantizedGemvKernel::kSimt && p.format == QuantizedGemvFormat::kAwq;
   return LONGCTX_FORMAT("gemv {} {} tile {} splits {} ({} inputs each){}", f,
-                        s.kernel == QuantizedGemvKernel::kMma ? "mma" : "simt", s.tile, s.splits,
-                        s.k_per_split,
+                        s.kernel == QuantizedGemvKernel::kMma        ? "mma"
+                        : s.kernel == QuantizedGemvKernel::kMmaAsync ? "mma-async"
+                                                                     : "simt",
+                        s.tile, s.splits, s.k_per_split,
                         simt_awq ? LONGCTX_FORMAT(" awq words {}", s.awq_words) : std::string());
 }
 

@@ -50,8 +50,8 @@ void quantized_linear(const Tensor& x, const QuantizedWeight& w, const QuantConf
 // the reason when they cannot run the arguments; kDequantGemm always dequantizes (W8A16).
 enum class QuantizedLinearPath { kAuto, kGemv, kDequantGemm, kW8a8 };
 
-// The GEMV's kernel family (kernels/quantized_gemv_params.h): kAuto (the tensor-core kernel for
-// int4 where it runs, else the CUDA-core one), or one forced (tests and benchmarks compare them;
+// The GEMV's kernel family (kernels/quantized_gemv_params.h): kAuto (a tensor-core kernel for
+// int4 where one runs, else the CUDA-core one), or one forced (tests and benchmarks compare them;
 // a forced kernel that cannot run the arguments is the GEMV's refusal).
 using QuantizedGemvKernel = kernels::QuantizedGemvKernel;
 

@@ -205,6 +205,10 @@ kernels::QuantizedGemvProblem gemv_problem(const QArgs& a, const QuantizedWeight
   p.x_aligned16 =
       aligned16(a.x) && (a.n <= 1 || (a.ldx * int64_t(dtype_size(a.x_dtype))) % 16 == 0);
   p.qweight_aligned16 = aligned16(w.qweight.data_ptr());
+  p.scale_dtype = w.scales.dtype();
+  p.params_aligned =
+      aligned16(w.scales.data_ptr()) &&
+      (!w.qzeros.defined() || reinterpret_cast<uintptr_t>(w.qzeros.data_ptr()) % 8 == 0);
   p.sm_count = kernels::cuda::device_props(a.device.index).sm_count;
   p.kernel = kernel;
   return p;

@@ -67,9 +67,10 @@ struct QCase {
 };
 
 const char* kernel_name(ops::QuantizedGemvKernel k) {
-  return k == ops::QuantizedGemvKernel::kSimt  ? " simt"
-         : k == ops::QuantizedGemvKernel::kMma ? " mma"
-                                               : "";
+  return k == ops::QuantizedGemvKernel::kSimt       ? " simt"
+         : k == ops::QuantizedGemvKernel::kMma      ? " mma"
+         : k == ops::QuantizedGemvKernel::kMmaAsync ? " mma-async"
+                                                    : "";
 }
 
 CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
@@ -187,8 +188,11 @@ std::vector<QCase> matrix(bool large) {
   v.push_back({2, bf, bf, true, 0, 0, P::kDequantGemm});
   v.push_back({6, f16, f32, false, 0, 5, P::kDequantGemm});
   v.push_back({8, f32, f32, true, 0, 0, P::kAuto});  // f32 x: the dequantizing path
-  for (int64_t n : {1, 2, 5, 8}) v.push_back({n, bf, bf, n == 5, 0, 0, P::kAuto, K::kSimt});
-  v.push_back({3, f16, f32, true, 8, 3, P::kAuto, K::kSimt});
+  // The kernels kAuto does not pick (where they take the shape; kAuto falls back otherwise).
+  for (K k : {K::kSimt, K::kMma}) {
+    for (int64_t n : {1, 2, 5, 8}) v.push_back({n, bf, bf, n == 5, 0, 0, P::kAuto, k});
+    v.push_back({3, f16, f32, true, 8, 3, P::kAuto, k});
+  }
   return v;
 }
 
@@ -397,9 +401,10 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
       }
       for (const Format& f : perf_formats())
         for (ops::QuantizedGemvKernel kernel :
-             {ops::QuantizedGemvKernel::kMma, ops::QuantizedGemvKernel::kSimt}) {
+             {ops::QuantizedGemvKernel::kMmaAsync, ops::QuantizedGemvKernel::kMma,
+              ops::QuantizedGemvKernel::kSimt}) {
           const bool int4 = f.q.method == QuantMethod::kAwq || f.q.method == QuantMethod::kGptq;
-          if (!int4 && kernel == ops::QuantizedGemvKernel::kMma) continue;
+          if (!int4 && kernel != ops::QuantizedGemvKernel::kSimt) continue;
           std::vector<DeviceQuantized> copies;
           copies.push_back(device_weight(p, f.q, 20));
           const int count = int(std::max<int64_t>(1, (int64_t(400) << 20) / copies[0].bytes + 1));

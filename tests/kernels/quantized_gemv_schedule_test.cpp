@@ -1,5 +1,5 @@
 // The quantized decode GEMVs' schedule (kernels/quantized_gemv_params.h): which kernel runs
-// (the tensor-core kernel for int4 where its conditions hold, the CUDA-core one otherwise, a
+// (a tensor-core kernel for int4 where its conditions hold, the CUDA-core one otherwise, a
 // forced kernel refused with the reason), K slices that cover K in the kernel's step and never
 // exceed the partials' bound, enough CTAs for the SMs on Llama-3.1-8B's shapes, and the
 // refusals of what no GEMV runs.
@@ -34,7 +34,7 @@ const Shape kLlama8B[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 1433
 
 TEST(QuantizedGemvSchedule, SlicesCoverKInTheKernelsStep) {
   for (F f : {F::kGptq, F::kAwq, F::kFp8Block, F::kFp8Channel})
-    for (K k : {K::kAuto, K::kSimt})
+    for (K k : {K::kAuto, K::kMma, K::kMmaAsync, K::kSimt})
       for (Shape sh : kLlama8B)
         for (int64_t n : {1, 3, 8}) {
           const QuantizedGemvProblem p = problem(f, sh.out, sh.in, n);
@@ -42,10 +42,15 @@ TEST(QuantizedGemvSchedule, SlicesCoverKInTheKernelsStep) {
           pk.kernel = k;
           const QuantizedGemvSchedule s = quantized_gemv_schedule(pk);
           SCOPED_TRACE(quantized_gemv_name(pk, s));
-          ASSERT_EQ(s.refusal, "");
           const bool int4 = f == F::kGptq || f == F::kAwq;
-          EXPECT_EQ(s.kernel, int4 && k == K::kAuto ? K::kMma : K::kSimt);
-          const int64_t step = s.kernel == K::kMma ? (f == F::kGptq ? 32 : 16) : int4 ? 8 : 16;
+          if (!int4 && (k == K::kMma || k == K::kMmaAsync)) {
+            EXPECT_NE(s.refusal.find("int4 formats only"), std::string::npos) << s.refusal;
+            continue;
+          }
+          ASSERT_EQ(s.refusal, "");
+          EXPECT_EQ(s.kernel, !int4 || k == K::kSimt ? K::kSimt : k == K::kAuto ? K::kMmaAsync : k);
+          const bool mma = s.kernel != K::kSimt;
+          const int64_t step = mma ? (f == F::kGptq ? 32 : 16) : int4 ? 8 : 16;
           EXPECT_EQ(s.k_per_split % step, 0);
           EXPECT_GE(s.splits * s.k_per_split, sh.in);
           EXPECT_LT((s.splits - 1) * s.k_per_split, sh.in);  // no empty slice
@@ -59,9 +64,18 @@ TEST(QuantizedGemvSchedule, SlicesCoverKInTheKernelsStep) {
 }
 
 TEST(QuantizedGemvSchedule, MmaRunsWhereItsConditionsHold) {
-  // Groups and widths that are multiples of 32, AWQ outputs a multiple of 16, aligned x rows.
-  EXPECT_EQ(quantized_gemv_schedule(problem(F::kGptq, 136, 96, 1, 96)).kernel, K::kMma);
-  EXPECT_EQ(quantized_gemv_schedule(problem(F::kAwq, 160, 128, 5, 32)).kernel, K::kMma);
+  // Groups and widths that are multiples of 32, AWQ outputs a multiple of 16, aligned x rows;
+  // the cp.async kernel also wants 16-bit, aligned scales.
+  EXPECT_EQ(quantized_gemv_schedule(problem(F::kGptq, 136, 96, 1, 96)).kernel, K::kMmaAsync);
+  EXPECT_EQ(quantized_gemv_schedule(problem(F::kAwq, 160, 128, 5, 32)).kernel, K::kMmaAsync);
+  QuantizedGemvProblem f32_scales = problem(F::kGptq, 136, 96, 1, 96);
+  f32_scales.scale_dtype = DType::kF32;
+  EXPECT_EQ(quantized_gemv_schedule(f32_scales).kernel, K::kMma);
+  f32_scales.kernel = K::kMmaAsync;
+  EXPECT_NE(quantized_gemv_schedule(f32_scales).refusal.find("f32 scales"), std::string::npos);
+  QuantizedGemvProblem unaligned_scales = problem(F::kAwq, 160, 128, 5, 32);
+  unaligned_scales.params_aligned = false;
+  EXPECT_EQ(quantized_gemv_schedule(unaligned_scales).kernel, K::kMma);
   struct Case {
     QuantizedGemvProblem p;
     const char* why;
@@ -78,9 +92,11 @@ TEST(QuantizedGemvSchedule, MmaRunsWhereItsConditionsHold) {
     SCOPED_TRACE(c.why);
     EXPECT_EQ(quantized_gemv_schedule(c.p).kernel, K::kSimt);  // kAuto falls back
     EXPECT_EQ(quantized_gemv_schedule(c.p).refusal, "");
-    c.p.kernel = K::kMma;
-    const QuantizedGemvSchedule s = quantized_gemv_schedule(c.p);
-    EXPECT_NE(s.refusal.find(c.why), std::string::npos) << s.refusal;
+    for (K k : {K::kMma, K::kMmaAsync}) {
+      c.p.kernel = k;
+      const QuantizedGemvSchedule s = quantized_gemv_schedule(c.p);
+      EXPECT_NE(s.refusal.find(c.why), std::string::npos) << s.refusal;
+    }
   }
 }
 

@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/convert_device.cuh"
+#include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/mma_device.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quantized_gemv.h"
@@ -42,8 +43,13 @@ namespace longctx::kernels::cuda {
 
 namespace {
 
+using detail::cp_async_16;
+using detail::cp_async_4;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
 using detail::from_f32;
 using detail::Mma;
+using detail::smem_addr;
 using detail::to_f32;
 using detail::visit_float;
 using Params = QuantizedGemvParams;
@@ -565,103 +571,59 @@ __device__ __forceinline__ void warp_steps(int steps, int warp, int& begin, int&
 
 // ---------------------------------------------------------------------------------------------
 // kMma GPTQ: a warp step is 32 inputs (word rows 4s..4s+3) x 128 outputs (U = 4 blocks of 32:
-// thread (g, t) reads outputs 32u + 4g..4g+3 of word row 4s + t). Tile T = 0, 1 of a block puts
-// outputs 4g + 2T (row g) and 4g + 2T + 1 (row g + 8) in the A operand.
+// thread (g, t) reads outputs 32u + 4g..4g+3 of word row 4s + t). Tile h = 0, 1 of a block puts
+// outputs 4g + 2h (row g) and 4g + 2h + 1 (row g + 8) in the A operand.
 
 constexpr int kGptqMmaU = 4;
 
-// The thread's words of word row `row`: block u's uint4 column vec[u] (zeros where not valid).
-template <int U>
-__device__ __forceinline__ void gptq_load(const uint4* wq, int64_t row, int64_t row_vecs,
-                                          const int64_t (&vec)[U], const bool (&valid)[U],
-                                          uint4 (&w)[U]) {
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    w[u] = valid[u] ? __ldcs(wq + row * row_vecs + vec[u]) : make_uint4(0, 0, 0, 0);
-}
-
-template <typename T, typename TO>
-__global__ void __launch_bounds__(kMmaWarps * 32) gptq_mma_kernel(Params p, int64_t k_per_split) {
-  constexpr int U = kGptqMmaU;
-  __shared__ float red[kMmaWarps * kRows * kMmaTile];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int64_t col0 = int64_t(blockIdx.x) * kMmaTile;
-  const int64_t k0 = int64_t(blockIdx.y) * k_per_split, k1 = min(p.in, k0 + k_per_split);
-  int s_begin, s_end;
-  warp_steps(int((k1 - k0) / 32), warp, s_begin, s_end);
-  const int64_t row_vecs = p.out_features / 4;  // uint4 per word row
-  const uint4* wq = static_cast<const uint4*>(p.qweight);
-  bool valid[U];
-  int64_t vec[U];  // the thread's uint4 column of block u
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int64_t o = col0 + 32 * u + 4 * g;
-    valid[u] = o < p.out_features;
-    vec[u] = o / 4;
-  }
-  const T* xrow = static_cast<const T*>(p.x) + int64_t(g) * p.ldx;
-  const bool x_row = g < p.n;
-  float tot[U][2][4], dg[U][2][4];
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) tot[u][h][e] = dg[u][h][e] = 0.f;
-  uint32_t zt[U][4];  // (base + z) in both halves, per output 4g + c of block u
+struct GptqMma {
+  static constexpr int U = kGptqMmaU;
+  float tot[U][2][4], dg[U][2][4];  // the total and the current group's sum, D fragments
+  uint32_t zt[U][4];                // (base + z) in both halves, per output 4g + c of block u
   float sc[U][4];
-  kernels::cuda::pdl_wait();
-  kernels::cuda::pdl_launch_dependents();
-  const int group = int(p.group);
-  int grp = -1, grp_end = -1;  // the current group and its first input past the end
-  uint4 cur[U], nxt[U];
-  if (s_begin < s_end)
-    gptq_load<U>(wq, (k0 + 32 * int64_t(s_begin)) / 8 + t, row_vecs, vec, valid, cur);
-  for (int s = s_begin; s < s_end; ++s) {
-    if (s + 1 < s_end)
-      gptq_load<U>(wq, (k0 + 32 * int64_t(s + 1)) / 8 + t, row_vecs, vec, valid, nxt);
-    const int kin = int(k0) + 32 * s;
-    uint4 xv = make_uint4(0, 0, 0, 0);
-    if (x_row) xv = __ldg(reinterpret_cast<const uint4*>(xrow + kin + 8 * t));
-    if (kin >= grp_end) {
-      if (grp >= 0) {
+
+  __device__ __forceinline__ void clear() {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              tot[u][h][e] = fmaf(sc[u][2 * h + (e >> 1)], dg[u][h][e], tot[u][h][e]);
-              dg[u][h][e] = 0.f;
-            }
-      }
-      grp = kin / group;
-      grp_end = (grp + 1) * group;
+        for (int e = 0; e < 4; ++e) tot[u][h][e] = dg[u][h][e] = 0.f;
+  }
+  // Adds the group's sums times their scales to the totals and clears them.
+  __device__ __forceinline__ void flush() {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t o = col0 + 32 * u + 4 * g;
-        uint32_t zw = 0;
-        if (valid[u])
-          zw = __ldg(p.qzeros + int64_t(grp) * (p.out_features / 8) + o / 8) >> (4 * (o % 8));
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int z = valid[u] ? int((zw >> (4 * c)) & 0xf) + p.zero_offset : 0;
-          // base + z: z (<= 16) added to the base's mantissa bits (ulp 1) adds it to the value.
-          const uint32_t lo =
-              std::is_same_v<T, __nv_bfloat16> ? 0x4300u + uint32_t(z) : 0x6400u + uint32_t(z);
-          zt[u][c] = lo | (lo << 16);
-          sc[u][c] = valid[u]
-                         ? load_any(p.scales, p.scale_dtype, int64_t(grp) * p.out_features + o + c)
-                         : 0.f;
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          tot[u][h][e] = fmaf(sc[u][2 * h + (e >> 1)], dg[u][h][e], tot[u][h][e]);
+          dg[u][h][e] = 0.f;
         }
-      }
+  }
+  // Block u's zero points (nibble c of zw: output 4g + c) and scales of a new group.
+  template <typename T>
+  __device__ __forceinline__ void set_group(int u, uint32_t zw, int zero_offset,
+                                            const float (&s)[4]) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      // base + z: z (<= 16) added to the base's mantissa bits (ulp 1) adds it to the value.
+      const uint32_t z = ((zw >> (4 * c)) & 0xf) + uint32_t(zero_offset);
+      const uint32_t lo = (std::is_same_v<T, __nv_bfloat16> ? 0x4300u : 0x6400u) + z;
+      zt[u][c] = lo | (lo << 16);
+      sc[u][c] = s[c];
     }
-    // x[8r + m], x[8r + m + 4] paired as the nibbles are (r = word row 4s + t).
+  }
+  // One step: the words of the thread's word row (16 bytes a block) and x[g][8r..8r+7].
+  template <typename T>
+  __device__ __forceinline__ void step(const uint4 (&w)[U], const uint4& xv) {
+    // x[8r + m], x[8r + m + 4] paired as the nibbles are.
     const uint32_t b[2][2] = {{prmt(xv.x, xv.z, 0x5410), prmt(xv.x, xv.z, 0x7632)},
                               {prmt(xv.y, xv.w, 0x5410), prmt(xv.y, xv.w, 0x7632)}};
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const uint32_t words[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
+      const uint32_t words[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
       uint32_t a[4][4];  // [output c][m]: inputs (m, m + 4) of the word, minus the zero
 #pragma unroll
       for (int c = 0; c < 4; ++c)
@@ -676,116 +638,142 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gptq_mma_kernel(Params p, int6
           Mma<T>::k16(dg[u][h], frag, b[k][0], b[k][1]);
         }
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) cur[u] = nxt[u];
   }
-  if (grp >= 0) {
+  // The totals into red[warp] (D element e of tile h: output 4g + 2h + (e >> 1) of block u, row
+  // of x 2t + (e & 1)).
+  __device__ __forceinline__ void store(float* red, int warp, int g, int t) const {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          tot[u][h][e] = fmaf(sc[u][2 * h + (e >> 1)], dg[u][h][e], tot[u][h][e]);
+          red[(warp * kRows + 2 * t + (e & 1)) * kMmaTile + 32 * u + 4 * g + 2 * h + (e >> 1)] =
+              tot[u][h][e];
   }
-  // D element e of tile h: output row 4g + 2h + (e >> 1) of block u, row of x 2t + (e & 1).
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        red[(warp * kRows + 2 * t + (e & 1)) * kMmaTile + 32 * u + 4 * g + 2 * h + (e >> 1)] =
-            tot[u][h][e];
-  mma_finish<TO>(p, red, col0);
+};
+
+// The thread's output block u: its first output, whether it exists.
+__device__ __forceinline__ int64_t gptq_out(int64_t col0, int u, int g) {
+  return col0 + 32 * u + 4 * g;
 }
 
-// ---------------------------------------------------------------------------------------------
-// kMma AWQ: a warp step is 16 inputs x 128 outputs: thread (g, t) reads words 2g, 2g + 1 (8 bytes:
-// outputs 16g..16g+15) of input rows 4t..4t+3. Tile (w, q) puts outputs 16g + 8w + 2q (row g)
-// and + 1 (row g + 8) in the A operand, inputs 4t, 4t + 1 (k 2t, 2t + 1) and 4t + 2, 4t + 3
-// (k 2t + 8, 2t + 9).
-
-// The thread's two words of input rows row..row + 3 (zeros where not valid).
-__device__ __forceinline__ void awq_load(const uint2* wq, int64_t row, int64_t row_vecs, bool valid,
-                                         uint2 (&w)[4]) {
-#pragma unroll
-  for (int e = 0; e < 4; ++e) w[e] = valid ? __ldcs(wq + (row + e) * row_vecs) : make_uint2(0, 0);
-}
-
+// kMma GPTQ, weights through registers: the next step's 16-byte loads are issued before this
+// step's math.
 template <typename T, typename TO>
-__global__ void __launch_bounds__(kMmaWarps * 32) awq_mma_kernel(Params p, int64_t k_per_split) {
+__global__ void __launch_bounds__(kMmaWarps * 32) gptq_mma_kernel(Params p, int64_t k_per_split) {
+  constexpr int U = kGptqMmaU;
   __shared__ float red[kMmaWarps * kRows * kMmaTile];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t col0 = int64_t(blockIdx.x) * kMmaTile;
   const int64_t k0 = int64_t(blockIdx.y) * k_per_split, k1 = min(p.in, k0 + k_per_split);
   int s_begin, s_end;
-  warp_steps(int((k1 - k0) / 16), warp, s_begin, s_end);
-  const int64_t o_first = col0 + 16 * g;  // the thread's 16 outputs
-  const bool valid = o_first < p.out_features;
-  const int64_t row_words = p.out_features / 8;
-  const uint2* wq = reinterpret_cast<const uint2*>(static_cast<const uint32_t*>(p.qweight) +
-                                                   (valid ? o_first / 8 : 0));
-  const int64_t row_vecs = row_words / 2;  // uint2 per input row
+  warp_steps(int((k1 - k0) / 32), warp, s_begin, s_end);
+  const int64_t row_vecs = p.out_features / 4;  // uint4 per word row
+  const uint4* wq = static_cast<const uint4*>(p.qweight);
+  bool valid[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) valid[u] = gptq_out(col0, u, g) < p.out_features;
   const T* xrow = static_cast<const T*>(p.x) + int64_t(g) * p.ldx;
   const bool x_row = g < p.n;
-  float tot[2][4][4], dg[2][4][4];  // [word w][pair q][D element]
-#pragma unroll
-  for (int w = 0; w < 2; ++w)
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) tot[w][q][e] = dg[w][q][e] = 0.f;
-  uint32_t zt[2][8];  // (base + z) in both halves per output 8w + c
-  float sc[2][8];
+  GptqMma m;
+  m.clear();
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   const int group = int(p.group);
-  int grp = -1, grp_end = -1;
-  uint2 cur[4], nxt[4];  // input rows 4t + e
-  if (s_begin < s_end) awq_load(wq, k0 + 16 * int64_t(s_begin) + 4 * t, row_vecs, valid, cur);
+  int grp_end = -1;  // the first input past the current group
+  uint4 cur[U], nxt[U];
+  auto load = [&](int s, uint4(&w)[U]) {
+    const int64_t row = (k0 + 32 * int64_t(s)) / 8 + t;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      w[u] = valid[u] ? __ldcs(wq + row * row_vecs + gptq_out(col0, u, g) / 4)
+                      : make_uint4(0, 0, 0, 0);
+  };
+  if (s_begin < s_end) load(s_begin, cur);
   for (int s = s_begin; s < s_end; ++s) {
-    if (s + 1 < s_end) awq_load(wq, k0 + 16 * int64_t(s + 1) + 4 * t, row_vecs, valid, nxt);
-    const int kin = int(k0) + 16 * s;
-    uint2 xv = make_uint2(0, 0);
-    if (x_row) xv = __ldg(reinterpret_cast<const uint2*>(xrow + kin + 4 * t));
+    if (s + 1 < s_end) load(s + 1, nxt);
+    const int kin = int(k0) + 32 * s;
+    uint4 xv = make_uint4(0, 0, 0, 0);
+    if (x_row) xv = __ldg(reinterpret_cast<const uint4*>(xrow + kin + 8 * t));
     if (kin >= grp_end) {
-      if (grp >= 0) {
-#pragma unroll
-        for (int w = 0; w < 2; ++w)
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              tot[w][q][e] = fmaf(sc[w][2 * q + (e >> 1)], dg[w][q][e], tot[w][q][e]);
-              dg[w][q][e] = 0.f;
-            }
-      }
-      grp = kin / group;
+      if (grp_end >= 0) m.flush();
+      const int grp = kin / group;
       grp_end = (grp + 1) * group;
 #pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        const uint32_t zw =
-            valid ? __ldg(p.qzeros + int64_t(grp) * row_words + o_first / 8 + w) : 0u;
-        // Output 8w + 2q sits in nibble q, 8w + 2q + 1 in nibble q + 4: both halves of the word
-        // made of zw's low (high) 16 bits give it twice.
-        const uint32_t zlo = prmt(zw, zw, 0x1010), zhi = prmt(zw, zw, 0x3232);
+      for (int u = 0; u < U; ++u) {
+        const int64_t o = gptq_out(col0, u, g);
+        uint32_t zw = 0;
+        float sv[4] = {0.f, 0.f, 0.f, 0.f};
+        if (valid[u]) {
+          zw = __ldg(p.qzeros + int64_t(grp) * (p.out_features / 8) + o / 8) >> (4 * (o % 8));
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          zt[w][2 * q] = magic2<T>(zlo >> (4 * q));
-          zt[w][2 * q + 1] = magic2<T>(zhi >> (4 * q));
+          for (int c = 0; c < 4; ++c)
+            sv[c] = load_any(p.scales, p.scale_dtype, int64_t(grp) * p.out_features + o + c);
         }
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-          sc[w][c] = valid ? load_any(p.scales, p.scale_dtype,
-                                      int64_t(grp) * p.out_features + o_first + 8 * w + c)
-                           : 0.f;
+        m.set_group<T>(u, zw, valid[u] ? p.zero_offset : 0, sv);
       }
     }
+    m.step<T>(cur, xv);
+#pragma unroll
+    for (int u = 0; u < U; ++u) cur[u] = nxt[u];
+  }
+  if (grp_end >= 0) m.flush();
+  m.store(red, warp, g, t);
+  mma_finish<TO>(p, red, col0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kMma AWQ: a warp step is 16 inputs x 128 outputs: thread (g, t) reads words 2g, 2g + 1 (8
+// bytes: outputs 16g..16g+15) of input rows 4t..4t+3. Tile (w, q) puts outputs 16g + 8w + 2q (row
+// g) and + 1 (row g + 8) in the A operand, inputs 4t, 4t + 1 (k 2t, 2t + 1) and 4t + 2, 4t + 3
+// (k 2t + 8, 2t + 9).
+
+struct AwqMma {
+  float tot[2][4][4], dg[2][4][4];  // [word w][pair q][D element]
+  uint32_t zt[2][8];                // (base + z) in both halves per output 8w + c
+  float sc[2][8];
+
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int w = 0; w < 2; ++w)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tot[w][q][e] = dg[w][q][e] = 0.f;
+  }
+  __device__ __forceinline__ void flush() {
+#pragma unroll
+    for (int w = 0; w < 2; ++w)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          tot[w][q][e] = fmaf(sc[w][2 * q + (e >> 1)], dg[w][q][e], tot[w][q][e]);
+          dg[w][q][e] = 0.f;
+        }
+  }
+  // Word w's zero points (packed as the weights: output 8w + 2q in nibble q, 8w + 2q + 1 in
+  // nibble q + 4) and scales of a new group.
+  template <typename T>
+  __device__ __forceinline__ void set_group(int w, uint32_t zw, const float (&s)[8]) {
+    // Both halves made of zw's low (high) 16 bits: the nibble twice.
+    const uint32_t zlo = prmt(zw, zw, 0x1010), zhi = prmt(zw, zw, 0x3232);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      zt[w][2 * q] = magic2<T>(zlo >> (4 * q));
+      zt[w][2 * q + 1] = magic2<T>(zhi >> (4 * q));
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) sc[w][c] = s[c];
+  }
+  // One step: the two words of input rows 4t..4t+3 and x[g][4t..4t+3] (xv.x: inputs 4t, 4t + 1).
+  template <typename T>
+  __device__ __forceinline__ void step(const uint2 (&rows)[4], const uint2& xv) {
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
-      const uint32_t v[4] = {w ? cur[0].y : cur[0].x, w ? cur[1].y : cur[1].x,
-                             w ? cur[2].y : cur[2].x, w ? cur[3].y : cur[3].x};
+      const uint32_t v[4] = {w ? rows[0].y : rows[0].x, w ? rows[1].y : rows[1].x,
+                             w ? rows[2].y : rows[2].x, w ? rows[3].y : rows[3].x};
       // Pair P: rows 2P, 2P + 1; lo: their nibbles 0-3 (outputs 0, 2, 4, 6), hi: 4-7 (1, 3, 5, 7).
       uint32_t lo[2], hi[2];
 #pragma unroll
@@ -802,27 +790,305 @@ __global__ void __launch_bounds__(kMmaWarps * 32) awq_mma_kernel(Params p, int64
         Mma<T>::k16(dg[w][q], frag, xv.x, xv.y);
       }
     }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) cur[e] = nxt[e];
   }
-  if (grp >= 0) {
+  // D element e of tile (w, q): output 16g + 8w + 2q + (e >> 1), row of x 2t + (e & 1).
+  __device__ __forceinline__ void store(float* red, int warp, int g, int t) const {
 #pragma unroll
     for (int w = 0; w < 2; ++w)
 #pragma unroll
       for (int q = 0; q < 4; ++q)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          tot[w][q][e] = fmaf(sc[w][2 * q + (e >> 1)], dg[w][q][e], tot[w][q][e]);
+          red[(warp * kRows + 2 * t + (e & 1)) * kMmaTile + 16 * g + 8 * w + 2 * q + (e >> 1)] =
+              tot[w][q][e];
   }
-  // D element e of tile (w, q): output 16g + 8w + 2q + (e >> 1), row of x 2t + (e & 1).
+};
+
+// kMma AWQ, weights through registers (the next step's loads issued before this step's math).
+template <typename T, typename TO>
+__global__ void __launch_bounds__(kMmaWarps * 32) awq_mma_kernel(Params p, int64_t k_per_split) {
+  __shared__ float red[kMmaWarps * kRows * kMmaTile];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t col0 = int64_t(blockIdx.x) * kMmaTile;
+  const int64_t k0 = int64_t(blockIdx.y) * k_per_split, k1 = min(p.in, k0 + k_per_split);
+  int s_begin, s_end;
+  warp_steps(int((k1 - k0) / 16), warp, s_begin, s_end);
+  const int64_t o_first = col0 + 16 * g;  // the thread's 16 outputs
+  const bool valid = o_first < p.out_features;
+  const int64_t row_words = p.out_features / 8;
+  const uint2* wq = reinterpret_cast<const uint2*>(static_cast<const uint32_t*>(p.qweight) +
+                                                   (valid ? o_first / 8 : 0));
+  const int64_t row_vecs = row_words / 2;  // uint2 per input row
+  const T* xrow = static_cast<const T*>(p.x) + int64_t(g) * p.ldx;
+  const bool x_row = g < p.n;
+  AwqMma m;
+  m.clear();
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
+  const int group = int(p.group);
+  int grp_end = -1;
+  uint2 cur[4], nxt[4];  // input rows 4t + e
+  auto load = [&](int s, uint2(&w)[4]) {
+    const int64_t row = k0 + 16 * int64_t(s) + 4 * t;
 #pragma unroll
-  for (int w = 0; w < 2; ++w)
+    for (int e = 0; e < 4; ++e) w[e] = valid ? __ldcs(wq + (row + e) * row_vecs) : make_uint2(0, 0);
+  };
+  if (s_begin < s_end) load(s_begin, cur);
+  for (int s = s_begin; s < s_end; ++s) {
+    if (s + 1 < s_end) load(s + 1, nxt);
+    const int kin = int(k0) + 16 * s;
+    uint2 xv = make_uint2(0, 0);
+    if (x_row) xv = __ldg(reinterpret_cast<const uint2*>(xrow + kin + 4 * t));
+    if (kin >= grp_end) {
+      if (grp_end >= 0) m.flush();
+      const int grp = kin / group;
+      grp_end = (grp + 1) * group;
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
+      for (int w = 0; w < 2; ++w) {
+        uint32_t zw = 0;
+        float sv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (valid) {
+          zw = __ldg(p.qzeros + int64_t(grp) * row_words + o_first / 8 + w);
+#pragma unroll
+          for (int c = 0; c < 8; ++c)
+            sv[c] = load_any(p.scales, p.scale_dtype,
+                             int64_t(grp) * p.out_features + o_first + 8 * w + c);
+        }
+        m.set_group<T>(w, zw, sv);
+      }
+    }
+    m.step<T>(cur, xv);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) cur[e] = nxt[e];
+  }
+  if (grp_end >= 0) m.flush();
+  m.store(red, warp, g, t);
+  mma_finish<TO>(p, red, col0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kMmaAsync: the same math, the weights (and each group's zero points and 16-bit scales) copied
+// by cp.async into a ring of kAsyncStages steps per warp in shared memory, kAsyncStages - 1 steps
+// ahead of the math. Each lane reads back only what it copied itself, so the ring needs no
+// barrier: cp.async.wait_group orders a lane's copies before its own reads, and a slot is
+// refilled only after the step that read it has used the values.
+
+constexpr int kAsyncStages = 4;
+
+__device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
+// The ring has no barrier, so the compiler must not move a lane's shared-memory reads of a slot
+// past the copies that refill it, nor above the wait for the copies that filled it.
+__device__ __forceinline__ void compiler_fence() { asm volatile("" ::: "memory"); }
+
+// Two 16-bit scales of `dtype` (bf16 or f16) packed in u -> floats.
+__device__ __forceinline__ float2 scales2(uint32_t u, DType dtype) {
+  if (dtype == DType::kBF16) {
+    __nv_bfloat162 h;
+    memcpy(&h, &u, 4);
+    return __bfloat1622float2(h);
+  }
+  __half2 h;
+  memcpy(&h, &u, 4);
+  return __half22float2(h);
+}
+
+// One warp's ring slot (GPTQ): per lane, U 16-byte weight vectors, U zero words and U x 4
+// scales (8 bytes), laid out [item][lane] so a warp's accesses are contiguous.
+struct GptqSlot {
+  uint4 w[kGptqMmaU][32];
+  uint32_t z[kGptqMmaU][32];
+  uint2 s[kGptqMmaU][32];
+};
+
+template <typename T, typename TO>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    gptq_mma_async_kernel(Params p, int64_t k_per_split) {
+  constexpr int U = kGptqMmaU, S = kAsyncStages;
+  extern __shared__ __align__(16) char gptq_smem[];  // gptq_async_smem_bytes
+  GptqSlot(*ring)[S] = reinterpret_cast<GptqSlot(*)[S]>(gptq_smem);
+  float* red = reinterpret_cast<float*>(gptq_smem);  // reused once the ring is drained
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t col0 = int64_t(blockIdx.x) * kMmaTile;
+  const int64_t k0 = int64_t(blockIdx.y) * k_per_split, k1 = min(p.in, k0 + k_per_split);
+  int s_begin, s_end;
+  warp_steps(int((k1 - k0) / 32), warp, s_begin, s_end);
+  const int64_t row_vecs = p.out_features / 4;
+  const uint4* wq = static_cast<const uint4*>(p.qweight);
+  const T* xrow = static_cast<const T*>(p.x) + int64_t(g) * p.ldx;
+  const bool x_row = g < p.n;
+  const int group = int(p.group);
+  GptqSlot* my = ring[warp];
+  GptqMma m;
+  m.clear();
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
+  // Copies step s into its slot (nothing past the warp's range; an empty commit group keeps the
+  // count): the weights, and the group's zeros and scales where s starts one.
+  auto issue = [&](int s) {
+    compiler_fence();
+    if (s < s_end) {
+      GptqSlot& slot = my[s % S];
+      const int kin = int(k0) + 32 * s;
+      const int64_t row = kin / 8 + t;
+      const bool starts = s == s_begin || kin % group == 0;
+      const int grp = kin / group;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t o = gptq_out(col0, u, g);
+        const bool ok = o < p.out_features;
+        cp_async_16(smem_addr(&slot.w[u][lane]), ok ? wq + row * row_vecs + o / 4 : wq,
+                    ok ? 16 : 0);
+        if (starts) {
+          cp_async_4(smem_addr(&slot.z[u][lane]),
+                     ok ? p.qzeros + int64_t(grp) * (p.out_features / 8) + o / 8 : p.qzeros,
+                     ok ? 4 : 0);
+          const uint16_t* sp = static_cast<const uint16_t*>(p.scales);
+          cp_async_8(smem_addr(&slot.s[u][lane]), ok ? sp + int64_t(grp) * p.out_features + o : sp,
+                     ok ? 8 : 0);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(s_begin + i);
+  for (int s = s_begin; s < s_end; ++s) {
+    issue(s + S - 1);
+    const int kin = int(k0) + 32 * s;
+    uint4 xv = make_uint4(0, 0, 0, 0);
+    if (x_row) xv = __ldg(reinterpret_cast<const uint4*>(xrow + kin + 8 * t));
+    cp_async_wait<S - 1>();
+    compiler_fence();
+    const GptqSlot& slot = my[s % S];
+    if (s == s_begin || kin % group == 0) {
+      if (s != s_begin) m.flush();
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t o = gptq_out(col0, u, g);
+        const uint2 sr = slot.s[u][lane];
+        const float2 a = scales2(sr.x, p.scale_dtype), b = scales2(sr.y, p.scale_dtype);
+        const float sv[4] = {a.x, a.y, b.x, b.y};
+        m.set_group<T>(u, slot.z[u][lane] >> (4 * (o % 8)), o < p.out_features ? p.zero_offset : 0,
+                       sv);
+      }
+    }
+    uint4 w[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) w[u] = slot.w[u][lane];
+    m.step<T>(w, xv);
+  }
+  if (s_begin < s_end) m.flush();
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the ring before it becomes `red`
+  m.store(red, warp, g, t);
+  mma_finish<TO>(p, red, col0);
+}
+
+// The GPTQ ring (57 KiB at 4 stages: dynamic shared memory), which also holds `red`.
+constexpr int gptq_async_smem_bytes() {
+  constexpr int ring = int(sizeof(GptqSlot)) * kMmaWarps * kAsyncStages;
+  constexpr int red = int(sizeof(float)) * kMmaWarps * kRows * kMmaTile;
+  return ring > red ? ring : red;
+}
+
+// AWQ's slot: per lane, 4 rows x 8 bytes of weights, 2 zero words (8 bytes) and 16 scales (32
+// bytes, two 16-byte halves).
+struct AwqSlot {
+  uint2 w[4][32];
+  uint2 z[32];
+  uint4 s[2][32];
+};
+
+template <typename T, typename TO>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    awq_mma_async_kernel(Params p, int64_t k_per_split) {
+  constexpr int S = kAsyncStages;
+  constexpr int kRedFloats = kMmaWarps * kRows * kMmaTile;
+  constexpr int kRingBytes = int(sizeof(AwqSlot)) * kMmaWarps * S;
+  __shared__ __align__(16) char smem[kRingBytes > kRedFloats * 4 ? kRingBytes : kRedFloats * 4];
+  AwqSlot(*ring)[S] = reinterpret_cast<AwqSlot(*)[S]>(smem);
+  float* red = reinterpret_cast<float*>(smem);  // reused once the ring is drained
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t col0 = int64_t(blockIdx.x) * kMmaTile;
+  const int64_t k0 = int64_t(blockIdx.y) * k_per_split, k1 = min(p.in, k0 + k_per_split);
+  int s_begin, s_end;
+  warp_steps(int((k1 - k0) / 16), warp, s_begin, s_end);
+  const int64_t o_first = col0 + 16 * g;
+  const bool valid = o_first < p.out_features;
+  const int64_t row_words = p.out_features / 8;
+  const uint2* wq = reinterpret_cast<const uint2*>(static_cast<const uint32_t*>(p.qweight) +
+                                                   (valid ? o_first / 8 : 0));
+  const int64_t row_vecs = row_words / 2;
+  const T* xrow = static_cast<const T*>(p.x) + int64_t(g) * p.ldx;
+  const bool x_row = g < p.n;
+  const int group = int(p.group);
+  AwqSlot* my = ring[warp];
+  AwqMma m;
+  m.clear();
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
+  auto issue = [&](int s) {
+    compiler_fence();
+    if (s < s_end) {
+      AwqSlot& slot = my[s % S];
+      const int kin = int(k0) + 16 * s;
+      const int64_t row = kin + 4 * t;
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        red[(warp * kRows + 2 * t + (e & 1)) * kMmaTile + 16 * g + 8 * w + 2 * q + (e >> 1)] =
-            tot[w][q][e];
+        cp_async_8(smem_addr(&slot.w[e][lane]), valid ? wq + (row + e) * row_vecs : wq,
+                   valid ? 8 : 0);
+      if (s == s_begin || kin % group == 0) {
+        const int grp = kin / group;
+        const uint32_t* zp = p.qzeros + (valid ? int64_t(grp) * row_words + o_first / 8 : 0);
+        cp_async_8(smem_addr(&slot.z[lane]), zp, valid ? 8 : 0);
+        const uint16_t* sp = static_cast<const uint16_t*>(p.scales) +
+                             (valid ? int64_t(grp) * p.out_features + o_first : 0);
+        cp_async_16(smem_addr(&slot.s[0][lane]), sp, valid ? 16 : 0);
+        cp_async_16(smem_addr(&slot.s[1][lane]), sp + 8, valid ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(s_begin + i);
+  for (int s = s_begin; s < s_end; ++s) {
+    issue(s + S - 1);
+    const int kin = int(k0) + 16 * s;
+    uint2 xv = make_uint2(0, 0);
+    if (x_row) xv = __ldg(reinterpret_cast<const uint2*>(xrow + kin + 4 * t));
+    cp_async_wait<S - 1>();
+    compiler_fence();
+    const AwqSlot& slot = my[s % S];
+    if (s == s_begin || kin % group == 0) {
+      if (s != s_begin) m.flush();
+      const uint2 zw = slot.z[lane];
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        const uint4 sr = slot.s[w][lane];
+        const uint32_t raw[4] = {sr.x, sr.y, sr.z, sr.w};
+        float sv[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = scales2(raw[i], p.scale_dtype);
+          sv[2 * i] = f.x;
+          sv[2 * i + 1] = f.y;
+        }
+        m.set_group<T>(w, w ? zw.y : zw.x, sv);
+      }
+    }
+    uint2 rows[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) rows[e] = slot.w[e][lane];
+    m.step<T>(rows, xv);
+  }
+  if (s_begin < s_end) m.flush();
+  cp_async_wait<0>();
+  __syncthreads();
+  m.store(red, warp, g, t);
   mma_finish<TO>(p, red, col0);
 }
 
@@ -875,6 +1141,15 @@ void launch_typed(const Params& p, const QuantizedGemvSchedule& s, cudaStream_t 
     if (p.format == Format::kGptq)
       return launch_pdl(gptq_mma_kernel<T, TO>, grid, block, 0, stream, p, s.k_per_split);
     return launch_pdl(awq_mma_kernel<T, TO>, grid, block, 0, stream, p, s.k_per_split);
+  }
+  if (s.kernel == QuantizedGemvKernel::kMmaAsync) {
+    const dim3 grid{unsigned(s.col_tiles), unsigned(s.splits)}, block{kMmaWarps * 32};
+    if (p.format == Format::kGptq) {
+      require_dynamic_smem(gptq_mma_async_kernel<T, TO>, gptq_async_smem_bytes());
+      return launch_pdl(gptq_mma_async_kernel<T, TO>, grid, block, gptq_async_smem_bytes(), stream,
+                        p, s.k_per_split);
+    }
+    return launch_pdl(awq_mma_async_kernel<T, TO>, grid, block, 0, stream, p, s.k_per_split);
   }
   // Row counts round up to a power of two (a kernel per N, not per n: the GEMVs are bound by
   // the weight's bytes, which every row shares).
