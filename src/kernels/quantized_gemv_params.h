@@ -53,6 +53,9 @@ struct QuantizedGemvProblem {
   bool params_aligned = true;  // scales' address a multiple of 16 bytes, qzeros' of 8
   int sm_count = 132;
   QuantizedGemvKernel kernel = QuantizedGemvKernel::kAuto;
+  // CTAs the split of K aims for per SM (0: the kernel's default: 4 for int4; for FP8 a split
+  // only where the output tiles are fewer than the SMs, as the bf16 GEMV, which has none).
+  int ctas_per_sm = 0;
 };
 
 struct QuantizedGemvSchedule {

@@ -10,8 +10,9 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// CTAs the split aims for per SM (a few resident at once hide each other's prologue and tail).
-constexpr int64_t kCtasPerSm = 4;
+// CTAs the int4 kernels' split aims for per SM by default (a few resident at once hide each
+// other's prologue and tail).
+constexpr int64_t kInt4CtasPerSm = 4;
 // The SIMT int4 kernels stage their K slice of x in shared memory: at most this many inputs.
 constexpr int64_t kSimtSliceK = 1024;
 // Outputs per CTA of the kMma kernels (4 warps, each all of the tile's outputs over a quarter of
@@ -60,11 +61,13 @@ std::string simt_refusal(const QuantizedGemvProblem& p) {
   }
 }
 
-// Splits of K so that col_tiles x splits reaches the target, each slice a multiple of `unit`.
-void split_k(const QuantizedGemvProblem& p, int64_t unit, int64_t min_splits, int64_t max_splits,
-             QuantizedGemvSchedule& s) {
+// Splits of K so that col_tiles x splits reaches ctas_per_sm CTAs per SM, each slice a multiple
+// of `unit`.
+void split_k(const QuantizedGemvProblem& p, int64_t ctas_per_sm, int64_t unit, int64_t min_splits,
+             int64_t max_splits, QuantizedGemvSchedule& s) {
   s.col_tiles = ceil_div(p.out, s.tile);
-  const int64_t target = kCtasPerSm * std::max(p.sm_count, 1);
+  const int64_t target =
+      (p.ctas_per_sm > 0 ? p.ctas_per_sm : ctas_per_sm) * std::max(p.sm_count, 1);
   const int64_t splits = std::max(min_splits, std::min(max_splits, ceil_div(target, s.col_tiles)));
   s.k_per_split = ceil_div(ceil_div(p.in, splits), unit) * unit;
   s.splits = ceil_div(p.in, s.k_per_split);
@@ -107,8 +110,8 @@ QuantizedGemvSchedule quantized_gemv_schedule(const QuantizedGemvProblem& p) {
   if (use_async || use_mma) {
     s.kernel = use_async ? QuantizedGemvKernel::kMmaAsync : QuantizedGemvKernel::kMma;
     s.tile = kMmaTile;
-    split_k(p, p.format == QuantizedGemvFormat::kGptq ? kMmaStepGptq : kMmaStepAwq, 1,
-            kQuantizedGemvMaxSplits, s);
+    split_k(p, kInt4CtasPerSm, p.format == QuantizedGemvFormat::kGptq ? kMmaStepGptq : kMmaStepAwq,
+            1, kQuantizedGemvMaxSplits, s);
     s.partial_bytes = s.splits > 1 ? s.splits * p.n * p.out * 4 : 0;
     return s;
   }
@@ -118,16 +121,19 @@ QuantizedGemvSchedule quantized_gemv_schedule(const QuantizedGemvProblem& p) {
   switch (p.format) {
     case QuantizedGemvFormat::kGptq:
       s.tile = 32 * 4;
-      split_k(p, 8, ceil_div(p.in, kSimtSliceK), kQuantizedGemvMaxSplits, s);
+      split_k(p, kInt4CtasPerSm, 8, ceil_div(p.in, kSimtSliceK), kQuantizedGemvMaxSplits, s);
       break;
     case QuantizedGemvFormat::kAwq:
       s.awq_words = p.n == 1 && p.out % 32 == 0 ? 4 : p.n <= 2 && p.out % 16 == 0 ? 2 : 1;
       s.tile = 32 * 8 * s.awq_words;
-      split_k(p, 8, ceil_div(p.in, kSimtSliceK), kQuantizedGemvMaxSplits, s);
+      split_k(p, kInt4CtasPerSm, 8, ceil_div(p.in, kSimtSliceK), kQuantizedGemvMaxSplits, s);
       break;
     default:
       s.tile = 8 * 2;  // 8 warps of 2 rows
-      split_k(p, 16, 1, std::max<int64_t>(1, std::min(kQuantizedGemvMaxSplits, p.in / 1024)), s);
+      // One CTA per SM by default: a split adds the partials and the reduction kernel, which
+      // measured slower than fewer CTAs on every Llama-3.1-8B shape but none (qkv at 2 splits:
+      // 1778 GB/s, the unsplit bf16 GEMV 2750).
+      split_k(p, 1, 16, 1, std::max<int64_t>(1, std::min(kQuantizedGemvMaxSplits, p.in / 1024)), s);
       break;
   }
   s.partial_bytes = s.splits > 1 ? s.splits * p.n * p.out * 4 : 0;

@@ -55,6 +55,12 @@ enum class QuantizedLinearPath { kAuto, kGemv, kDequantGemm, kW8a8 };
 // a forced kernel that cannot run the arguments is the GEMV's refusal).
 using QuantizedGemvKernel = kernels::QuantizedGemvKernel;
 
+// The GEMV's tuning (defaults: the schedule's choice).
+struct QuantizedGemvOptions {
+  QuantizedGemvKernel kernel = QuantizedGemvKernel::kAuto;
+  int ctas_per_sm = 0;  // the K split's target (kernels::QuantizedGemvProblem::ctas_per_sm)
+};
+
 // The CPU twin: kAuto, kGemv and kDequantGemm compute W8A16 (the reference); kW8a8 the W8A8
 // product (throws Error(kUnsupported) where w8a8_format_refusal says why not).
 void quantized_linear_cpu(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
@@ -142,13 +148,13 @@ void quantized_linear_cuda(const Tensor& x, const QuantizedWeight& w, const Quan
                            const Tensor& bias, const Tensor& out,
                            const Tensor& workspace = Tensor(),
                            QuantizedLinearPath path = QuantizedLinearPath::kAuto,
-                           QuantizedGemvKernel gemv_kernel = QuantizedGemvKernel::kAuto);
+                           const QuantizedGemvOptions& gemv = {});
 // What quantized_linear_cuda runs for these arguments, for benchmarks and tests: "gemv
 // <format> <kernel> tile T splits S ...", "w8a8 ..." or "dequant + <linear_cuda's plan>".
-std::string quantized_linear_cuda_plan(
-    const Tensor& x, const QuantizedWeight& w, const QuantConfig& q, const Tensor& bias,
-    const Tensor& out, QuantizedLinearPath path = QuantizedLinearPath::kAuto,
-    QuantizedGemvKernel gemv_kernel = QuantizedGemvKernel::kAuto);
+std::string quantized_linear_cuda_plan(const Tensor& x, const QuantizedWeight& w,
+                                       const QuantConfig& q, const Tensor& bias, const Tensor& out,
+                                       QuantizedLinearPath path = QuantizedLinearPath::kAuto,
+                                       const QuantizedGemvOptions& gemv = {});
 
 // Checks w against q's format: method, positive sizes, each tensor's shape and dtype, a group
 // size that divides in_features, out_features a multiple of 8 for int4. Throws

@@ -192,7 +192,7 @@ kernels::QuantizedGemvFormat gemv_format(QuantMethod m) {
 }
 
 kernels::QuantizedGemvProblem gemv_problem(const QArgs& a, const QuantizedWeight& w,
-                                           const QuantConfig& q, QuantizedGemvKernel kernel) {
+                                           const QuantConfig& q, const QuantizedGemvOptions& opt) {
   kernels::QuantizedGemvProblem p;
   p.format = gemv_format(w.method);
   p.n = std::min(a.n, kQuantizedGemvPassRows);
@@ -210,7 +210,8 @@ kernels::QuantizedGemvProblem gemv_problem(const QArgs& a, const QuantizedWeight
       aligned16(w.scales.data_ptr()) &&
       (!w.qzeros.defined() || reinterpret_cast<uintptr_t>(w.qzeros.data_ptr()) % 8 == 0);
   p.sm_count = kernels::cuda::device_props(a.device.index).sm_count;
-  p.kernel = kernel;
+  p.kernel = opt.kernel;
+  p.ctas_per_sm = opt.ctas_per_sm;
   return p;
 }
 
@@ -329,9 +330,9 @@ struct Route {
 };
 
 Route route(const QArgs& a, const QuantizedWeight& w, const QuantConfig& q,
-            QuantizedLinearPath path, QuantizedGemvKernel kernel, const Tensor& workspace) {
+            QuantizedLinearPath path, const QuantizedGemvOptions& opt, const Tensor& workspace) {
   Route r;
-  r.gemv_problem = gemv_problem(a, w, q, kernel);
+  r.gemv_problem = gemv_problem(a, w, q, opt);
   r.gemv = plan_gemv(a, r.gemv_problem);
   QuantizedLinearProblem p;
   p.n = a.n;
@@ -362,12 +363,12 @@ Route route(const QArgs& a, const QuantizedWeight& w, const QuantConfig& q,
 
 void quantized_linear_cuda(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
                            const Tensor& bias, const Tensor& out, const Tensor& workspace,
-                           QuantizedLinearPath path, QuantizedGemvKernel kernel) {
+                           QuantizedLinearPath path, const QuantizedGemvOptions& gemv) {
   const QArgs a = q_args(x, w, q, bias, out);
   DeviceGuard guard(a.device.index);
   cudaStream_t stream = op_stream(a.device, "quantized_linear");
   if (a.n == 0) return;
-  const Route r = route(a, w, q, path, kernel, workspace);
+  const Route r = route(a, w, q, path, gemv, workspace);
   const kernels::QuantizedGemvSchedule& pl = r.gemv;
   if (r.path == QuantizedLinearPath::kW8a8) {
     const int64_t bytes = w8a8_layout(r.chunk_rows, w).bytes;
@@ -397,11 +398,11 @@ void quantized_linear_cuda(const Tensor& x, const QuantizedWeight& w, const Quan
 
 std::string quantized_linear_cuda_plan(const Tensor& x, const QuantizedWeight& w,
                                        const QuantConfig& q, const Tensor& bias, const Tensor& out,
-                                       QuantizedLinearPath path, QuantizedGemvKernel kernel) {
+                                       QuantizedLinearPath path, const QuantizedGemvOptions& gemv) {
   const QArgs a = q_args(x, w, q, bias, out);
   DeviceGuard guard(a.device.index);
   if (a.n == 0) return "nothing (n = 0)";
-  const Route r = route(a, w, q, path, kernel, Tensor());
+  const Route r = route(a, w, q, path, gemv, Tensor());
   if (r.path == QuantizedLinearPath::kW8a8) return w8a8_detail::w8a8_plan(a, w, q, r.chunk_rows);
   if (r.path == QuantizedLinearPath::kGemv)
     return kernels::quantized_gemv_name(r.gemv_problem, r.gemv);

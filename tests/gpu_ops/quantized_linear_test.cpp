@@ -94,7 +94,7 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
   c.gpu = [=] {
     Tensor yv = Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1});
     ops::quantized_linear_cuda(xv(true), wp->dev, wp->f.q, bias ? bias->dev({out}) : Tensor(), yv,
-                               Tensor(), qc.path, qc.kernel);
+                               Tensor(), qc.path, {qc.kernel});
   };
   c.check = [=] {
     Comparison cmp;
@@ -110,7 +110,7 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
     const Tensor babs = bias ? abs_f32(bias->host({out})) : Tensor();
     const std::string plan = ops::quantized_linear_cuda_plan(
         xv(true), wp->dev, wp->f.q, Tensor(),
-        Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path, qc.kernel);
+        Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path, {qc.kernel});
     const bool gemv = plan.starts_with("gemv"), w8a8 = plan.starts_with("w8a8");
     Tensor ref = Tensor::empty({n, out}, DType::kF32), sabs = Tensor::empty({n, out}, DType::kF32);
     // W8A8 (FP8 formats on sm_90 past the GEMV's rows) against the CPU twin's W8A8: the same
@@ -399,12 +399,21 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
                     b == ops::LinearBackend::kGemv ? "bf16 gemv" : "bf16 cublaslt", ms,
                     double(dense_bytes) / (ms * 1e6));
       }
+      // Each kernel at the schedule's split, then (n = 1) the default kernel at other targets of
+      // CTAs per SM.
+      std::vector<ops::QuantizedGemvOptions> variants;
+      for (auto k : {ops::QuantizedGemvKernel::kMmaAsync, ops::QuantizedGemvKernel::kMma,
+                     ops::QuantizedGemvKernel::kSimt})
+        variants.push_back({k, 0});
+      if (n == 1)
+        for (int target : {1, 2, 4, 8})
+          variants.push_back({ops::QuantizedGemvKernel::kAuto, target});
       for (const Format& f : perf_formats())
-        for (ops::QuantizedGemvKernel kernel :
-             {ops::QuantizedGemvKernel::kMmaAsync, ops::QuantizedGemvKernel::kMma,
-              ops::QuantizedGemvKernel::kSimt}) {
+        for (const ops::QuantizedGemvOptions& opt : variants) {
           const bool int4 = f.q.method == QuantMethod::kAwq || f.q.method == QuantMethod::kGptq;
-          if (!int4 && kernel != ops::QuantizedGemvKernel::kSimt) continue;
+          if (!int4 && (opt.kernel == ops::QuantizedGemvKernel::kMma ||
+                        opt.kernel == ops::QuantizedGemvKernel::kMmaAsync))
+            continue;
           std::vector<DeviceQuantized> copies;
           copies.push_back(device_weight(p, f.q, 20));
           const int count = int(std::max<int64_t>(1, (int64_t(400) << 20) / copies[0].bytes + 1));
@@ -415,16 +424,18 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
           int call = 0;
           auto op = [&] {
             ops::quantized_linear_cuda(xv, copies[call++ % count].w, f.q, Tensor(), yv, ws,
-                                       QuantizedLinearPath::kGemv, kernel);
+                                       QuantizedLinearPath::kGemv, opt);
           };
           op();
           s.sync();
           const double ms = time_ms(s, op);
           const std::string plan = ops::quantized_linear_cuda_plan(
-              xv, copies[0].w, f.q, Tensor(), yv, QuantizedLinearPath::kGemv, kernel);
-          std::printf("  %-13s n=%lld out=%-6lld in=%-6lld %-18s %8.4f ms %6.0f GB/s  [%s]\n",
-                      p.name, (long long)n, (long long)p.out, (long long)p.in, f.name.c_str(), ms,
-                      double(copies[0].bytes) / (ms * 1e6), plan.c_str());
+              xv, copies[0].w, f.q, Tensor(), yv, QuantizedLinearPath::kGemv, opt);
+          std::printf(
+              "  %-13s n=%lld out=%-6lld in=%-6lld %-18s %8.4f ms %6.0f GB/s  [%s%s]\n", p.name,
+              (long long)n, (long long)p.out, (long long)p.in, f.name.c_str(), ms,
+              double(copies[0].bytes) / (ms * 1e6), plan.c_str(),
+              opt.ctas_per_sm ? fmt::format(", target {}/SM", opt.ctas_per_sm).c_str() : "");
           std::fflush(stdout);
           EXPECT_EQ(count_non_finite(y.data(), DType::kBF16, n, p.out, p.out), 0)
               << p.name << " " << f.name << " n " << n;

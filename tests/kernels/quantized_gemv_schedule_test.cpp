@@ -1,7 +1,8 @@
 // The quantized decode GEMVs' schedule (kernels/quantized_gemv_params.h): which kernel runs
 // (a tensor-core kernel for int4 where its conditions hold, the CUDA-core one otherwise, a
 // forced kernel refused with the reason), K slices that cover K in the kernel's step and never
-// exceed the partials' bound, enough CTAs for the SMs on Llama-3.1-8B's shapes, and the
+// exceed the partials' bound, enough CTAs for the SMs on Llama-3.1-8B's shapes (FP8: unsplit
+// there), a target of CTAs per SM that moves the split, and the
 // refusals of what no GEMV runs.
 #include <gtest/gtest.h>
 
@@ -58,9 +59,26 @@ TEST(QuantizedGemvSchedule, SlicesCoverKInTheKernelsStep) {
           EXPECT_EQ(s.col_tiles, (sh.out + s.tile - 1) / s.tile);
           // Enough CTAs for 132 SMs (the FP8 kernel keeps slices of >= 1024 inputs).
           if (int4) EXPECT_GE(s.col_tiles * s.splits, 256);
+          // FP8 splits K only with fewer output tiles than SMs (none of these shapes).
+          if (!int4) EXPECT_EQ(s.splits, 1);
           EXPECT_EQ(s.partial_bytes, s.splits > 1 ? s.splits * n * sh.out * 4 : 0);
           if (s.kernel == K::kSimt && int4) EXPECT_LE(s.k_per_split, 1024);  // staged x fits
         }
+}
+
+TEST(QuantizedGemvSchedule, CtasPerSmMovesTheSplit) {
+  for (F f : {F::kGptq, F::kFp8Channel}) {
+    QuantizedGemvProblem p = problem(f, 4096, 14336);
+    int64_t last = 0;
+    for (int target : {1, 2, 4, 8}) {
+      p.ctas_per_sm = target;
+      const QuantizedGemvSchedule s = quantized_gemv_schedule(p);
+      EXPECT_GE(s.splits, last);
+      EXPECT_LE(s.col_tiles * (s.splits - 1), int64_t(target) * 132 + s.col_tiles);
+      last = s.splits;
+    }
+    EXPECT_GT(last, 1);
+  }
 }
 
 TEST(QuantizedGemvSchedule, MmaRunsWhereItsConditionsHold) {
