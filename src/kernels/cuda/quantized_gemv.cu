@@ -3,8 +3,8 @@
 // Every kernel: a CTA owns a tile of outputs and a slice of K (blockIdx.y); its warps split the
 // slice, add their sums through shared memory in warp order, and write the finished outputs (+
 // bias) or, with several slices, fp32 partials [splits, n, out] that reduce_splits_kernel adds in
-// slice order (deterministic: no float atomics). Weights are read once with streaming loads
-// (__ldcs, evict-first); nothing is allocated.
+// slice order (deterministic: no float atomics). Weights are read once, with streaming loads
+// (__ldcs, evict-first) or cp.async; nothing is allocated.
 //
 // kMma (int4): the exact (q - z) in x's 16-bit type is the A operand of mma.sync m16n8k16 (16
 // outputs x 16 inputs), x the B operand (16 inputs x 8 rows of x: a pass's rows), fp32
@@ -20,6 +20,9 @@
 //   - AWQ (word [i, p]: outputs 8p + {0,2,4,6,1,3,5,7} of input i): thread (g, t) loads 8 bytes
 //     (outputs 16g..16g+15) of input rows 4t..4t+3; prmt puts the same nibble of two rows in one
 //     word, so a pair is one output at two neighbouring inputs, as x's natural pairs are.
+// kMmaAsync: kMma's math, the weights and group parameters copied by cp.async into a per-warp
+// ring of shared memory kAsyncStages - 1 steps ahead of the math (kMma keeps one step ahead in
+// registers).
 // kSimt: int4 words decoded to the exact (q - z) in half2 (the same trick in f16), widened to f32
 // and multiplied by x staged in shared memory as f32, the scale applied per 8 inputs (GPTQ) or
 // per group (AWQ); FP8 E4M3 -> f16 -> f32 (exact) times x read from L1, the block scale per
