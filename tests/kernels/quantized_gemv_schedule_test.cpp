@@ -49,7 +49,9 @@ TEST(QuantizedGemvSchedule, SlicesCoverKInTheKernelsStep) {
             continue;
           }
           ASSERT_EQ(s.refusal, "");
-          EXPECT_EQ(s.kernel, !int4 || k == K::kSimt ? K::kSimt : k == K::kAuto ? K::kMmaAsync : k);
+          // kAuto: GPTQ on the CUDA-core kernel at one row, kMma above; AWQ on kMmaAsync.
+          const K automatic = f == F::kAwq ? K::kMmaAsync : n == 1 ? K::kSimt : K::kMma;
+          EXPECT_EQ(s.kernel, !int4 || k == K::kSimt ? K::kSimt : k == K::kAuto ? automatic : k);
           const bool mma = s.kernel != K::kSimt;
           const int64_t step = mma ? (f == F::kGptq ? 32 : 16) : int4 ? 8 : 16;
           EXPECT_EQ(s.k_per_split % step, 0);
@@ -68,7 +70,7 @@ TEST(QuantizedGemvSchedule, SlicesCoverKInTheKernelsStep) {
 
 TEST(QuantizedGemvSchedule, CtasPerSmMovesTheSplit) {
   for (F f : {F::kGptq, F::kFp8Channel}) {
-    QuantizedGemvProblem p = problem(f, 4096, 14336);
+    QuantizedGemvProblem p = problem(f, 4096, 14336, 2);  // GPTQ at 2 rows: kMma
     int64_t last = 0;
     for (int target : {1, 2, 4, 8}) {
       p.ctas_per_sm = target;
@@ -84,9 +86,9 @@ TEST(QuantizedGemvSchedule, CtasPerSmMovesTheSplit) {
 TEST(QuantizedGemvSchedule, MmaRunsWhereItsConditionsHold) {
   // Groups and widths that are multiples of 32, AWQ outputs a multiple of 16, aligned x rows;
   // the cp.async kernel also wants 16-bit, aligned scales.
-  EXPECT_EQ(quantized_gemv_schedule(problem(F::kGptq, 136, 96, 1, 96)).kernel, K::kMmaAsync);
+  EXPECT_EQ(quantized_gemv_schedule(problem(F::kGptq, 136, 96, 2, 96)).kernel, K::kMma);
   EXPECT_EQ(quantized_gemv_schedule(problem(F::kAwq, 160, 128, 5, 32)).kernel, K::kMmaAsync);
-  QuantizedGemvProblem f32_scales = problem(F::kGptq, 136, 96, 1, 96);
+  QuantizedGemvProblem f32_scales = problem(F::kAwq, 160, 96, 1, 96);
   f32_scales.scale_dtype = DType::kF32;
   EXPECT_EQ(quantized_gemv_schedule(f32_scales).kernel, K::kMma);
   f32_scales.kernel = K::kMmaAsync;
