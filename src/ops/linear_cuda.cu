@@ -7,10 +7,8 @@
 // "TN" layout cuBLASLt's tensor-core kernels prefer. The bias runs over D's rows (the out
 // features): CUBLASLT_EPILOGUE_BIAS.
 //
-// Per device: one cuBLASLt handle; per (device, stream) one 32 MiB workspace allocated once
-// through Tensor::empty (so a GEMM never allocates, and two streams never share a workspace);
-// per problem (sizes, strides, dtypes, operand alignments, epilogue) the matmul descriptor,
-// layouts and the heuristic's algorithm, cached in a map (cleared when it reaches kMaxPlans).
+// Handle, workspaces and the plan cache: ops/cublaslt_context.h; a plan's key is the problem
+// (sizes, strides, dtypes, operand alignments, epilogue).
 //
 // Decode (n <= kGemvAutoRows, i.e. 1) uses gemv_kernel instead: each warp streams one weight
 // row once with 16-byte loads (kGemvLoads in flight per lane) and dots it with the n x rows,
@@ -26,6 +24,7 @@
 #include "core/stream_limits.h"
 #include "kernels/cuda/pdl.cuh"
 #include "longctx/core/stream.h"
+#include "ops/cublaslt_context.h"
 #include "ops/linear.h"
 #include "ops/ops_device.cuh"
 
@@ -35,15 +34,10 @@ namespace {
 
 using namespace cuda_detail;
 
-#define LONGCTX_CUBLASLT_CHECK(call)                                                        \
-  do {                                                                                      \
-    const cublasStatus_t st_ = (call);                                                      \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
-      ::longctx::throw_cuda_error(__FILE__, __LINE__, #call, cublasLtGetStatusString(st_)); \
-  } while (0)
-
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-constexpr size_t kMaxPlans = 1024;
+using cublaslt::alignment;
+using cublaslt::cuda_type;
+using cublaslt::Plan;
+using cublaslt::set_desc;
 // kAuto picks the GEMV up to this n. Measured on an H200 (Llama-3.1-8B shapes, weights
 // streamed from HBM): at n = 1 the GEMV reads 2.8-4.3 TB/s against cuBLASLt's 2.3-4.2 (ahead
 // on 4 of 5 shapes); at n = 4 cuBLASLt is ahead on every shape (3.0-4.2 against 1.9-3.1).
@@ -291,24 +285,6 @@ void launch_gemv(const LinearArgs& a, cudaStream_t stream) {
 // ---------------------------------------------------------------------------------------------
 // cuBLASLt.
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::kBF16:
-      return CUDA_R_16BF;
-    case DType::kF16:
-      return CUDA_R_16F;
-    default:
-      return CUDA_R_32F;
-  }
-}
-
-// Largest power of two <= 256 dividing the address (cuBLASLt's alignment preference).
-uint32_t alignment(const void* p) {
-  uint32_t a = 256;
-  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
-  return a;
-}
-
 // Everything a cached plan depends on.
 struct GemmKey {
   int64_t n, in, out, ldx, ldw, ldo;
@@ -320,58 +296,20 @@ struct GemmKey {
 
 struct GemmKeyHash {
   size_t operator()(const GemmKey& k) const {
-    size_t h = 1469598103934665603ull;
-    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    for (int64_t v : {k.n, k.in, k.out, k.ldx, k.ldw, k.ldo}) mix(uint64_t(v));
-    mix(uint64_t(k.x) | uint64_t(k.w) << 8 | uint64_t(k.o) << 16 | uint64_t(k.bias_epilogue) << 24);
-    mix(uint64_t(k.align_x) | uint64_t(k.align_w) << 16 | uint64_t(k.align_o) << 32 |
-        uint64_t(k.align_bias) << 48);
-    return h;
+    cublaslt::Fnv f;
+    for (int64_t v : {k.n, k.in, k.out, k.ldx, k.ldw, k.ldo}) f.mix(uint64_t(v));
+    f.mix(uint64_t(k.x) | uint64_t(k.w) << 8 | uint64_t(k.o) << 16 |
+          uint64_t(k.bias_epilogue) << 24);
+    f.mix(uint64_t(k.align_x) | uint64_t(k.align_w) << 16 | uint64_t(k.align_o) << 32 |
+          uint64_t(k.align_bias) << 48);
+    return f.h;
   }
 };
 
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  size_t workspace = 0;  // bytes the algorithm asked for
-  Plan() = default;
-  Plan(const Plan&) = delete;
-  Plan& operator=(const Plan&) = delete;
-  ~Plan() {
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  }
-};
+using DeviceContext = cublaslt::Context<GemmKey, GemmKeyHash>;
 
-struct DeviceContext {
-  std::mutex mu;  // guards everything below, and a plan's bias pointer until its launch
-  cublasLtHandle_t handle = nullptr;
-  std::unordered_map<cudaStream_t, Tensor> workspaces;
-  std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans;
-};
-
-// Never destroyed: process exit tears the CUDA context down first, after which cuBLASLt handle
-// and device memory frees would fail.
 DeviceContext& device_context(int device) {
-  static std::mutex mu;
-  static DeviceContext* contexts[kMaxCudaDevices] = {};
-  LONGCTX_CHECK(device >= 0 && device < kMaxCudaDevices, ErrorCode::kInvalidArgument,
-                "linear: device index {} out of range", device);
-  std::lock_guard<std::mutex> lock(mu);
-  if (!contexts[device]) {
-    auto* ctx = new DeviceContext();
-    LONGCTX_CUBLASLT_CHECK(cublasLtCreate(&ctx->handle));
-    contexts[device] = ctx;
-  }
-  return *contexts[device];
-}
-
-template <typename T>
-void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
-  LONGCTX_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
+  return cublaslt::context<GemmKey, GemmKeyHash>(device, "linear");
 }
 
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmKey& k, const LinearArgs& a) {
@@ -391,34 +329,15 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmKey& k, const
       cublasLtMatrixLayoutCreate(&plan->b, cuda_type(k.x), uint64_t(k.in), uint64_t(k.n), k.ldx));
   LONGCTX_CUBLASLT_CHECK(
       cublasLtMatrixLayoutCreate(&plan->c, cuda_type(k.o), uint64_t(k.out), uint64_t(k.n), k.ldo));
-  cublasLtMatmulPreference_t pref = nullptr;
-  LONGCTX_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
-    return cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v);
-  };
-  cublasStatus_t st = set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_w);
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_x);
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_o);
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_o);
-  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c,
-                                        pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t st =
+      cublaslt::pick_algo(handle, *plan, {k.align_w, k.align_x, k.align_o}, &found);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
     LONGCTX_THROW(ErrorCode::kUnsupported,
                   "linear: cuBLASLt has no kernel for {} (operand alignments x {} B, weight {} B, "
                   "out {} B; rows that are multiples of 16 bytes always work)",
                   describe(a), k.align_x, k.align_w, k.align_o);
   LONGCTX_CUBLASLT_CHECK(st);
-  plan->algo = result.algo;
-  plan->workspace = result.workspaceSize;
   return plan;
 }
 
@@ -442,12 +361,7 @@ const Plan& plan_for(DeviceContext& ctx, const LinearArgs& a, bool bias_epilogue
                     alignment(a.w),
                     alignment(a.out),
                     bias_epilogue ? alignment(a.bias) : 0u};
-  auto it = ctx.plans.find(key);
-  if (it == ctx.plans.end()) {
-    if (ctx.plans.size() >= kMaxPlans) ctx.plans.clear();
-    it = ctx.plans.emplace(key, make_plan(ctx.handle, key, a)).first;
-  }
-  return *it->second;
+  return ctx.plan(key, [&] { return make_plan(ctx.handle, key, a); });
 }
 
 void run_cublaslt(const LinearArgs& a, bool bias_epilogue, cudaStream_t stream) {
@@ -455,15 +369,13 @@ void run_cublaslt(const LinearArgs& a, bool bias_epilogue, cudaStream_t stream) 
                 "linear (CUDA): in_features must be positive for {}", describe(a));
   DeviceContext& ctx = device_context(a.device.index);
   std::lock_guard<std::mutex> lock(ctx.mu);
-  Tensor& workspace = ctx.workspaces[stream];
-  if (!workspace.defined())
-    workspace = Tensor::empty({int64_t(kWorkspaceBytes)}, DType::kU8, a.device);
+  void* workspace = ctx.workspace(stream, a.device);
   const Plan& plan = plan_for(ctx, a, bias_epilogue);
   if (bias_epilogue) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias);
   const float alpha = 1.0f, beta = 0.0f;
   LONGCTX_CUBLASLT_CHECK(cublasLtMatmul(ctx.handle, plan.desc, &alpha, a.w, plan.a, a.x, plan.b,
-                                        &beta, a.out, plan.c, a.out, plan.c, &plan.algo,
-                                        workspace.data_ptr(), kWorkspaceBytes, stream));
+                                        &beta, a.out, plan.c, a.out, plan.c, &plan.algo, workspace,
+                                        cublaslt::kWorkspaceBytes, stream));
 }
 
 }  // namespace
@@ -498,22 +410,9 @@ std::string linear_cuda_plan(const Tensor& x, const Tensor& weight, const Tensor
   std::lock_guard<std::mutex> lock(ctx.mu);
   const bool bias_epilogue = use_bias_epilogue(a);
   const Plan& plan = plan_for(ctx, a, bias_epilogue);
-  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto zero) {
-    decltype(zero) v = zero;
-    size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, attr, &v, sizeof v, &written);
-    return int64_t(v);
-  };
-  return LONGCTX_FORMAT(
-      "cublasLt algo {} tile {} stages {} split-k {} reduction {} cluster {} workspace {} B{}",
-      get(CUBLASLT_ALGO_CONFIG_ID, int32_t(0)), get(CUBLASLT_ALGO_CONFIG_TILE_ID, uint32_t(0)),
-      get(CUBLASLT_ALGO_CONFIG_STAGES_ID, uint32_t(0)),
-      get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, int32_t(0)),
-      get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, uint32_t(0)),
-      get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, uint16_t(0)), plan.workspace,
-      bias_epilogue ? " +bias epilogue"
-      : a.bias      ? " +bias add"
-                    : "");
+  return cublaslt::describe_algo(plan) + (bias_epilogue ? " +bias epilogue"
+                                          : a.bias      ? " +bias add"
+                                                        : "");
 }
 
 }  // namespace longctx::ops

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/quantized_gemv_params.h"
 #include "longctx/core/tensor.h"
 #include "longctx/loader/quantization.h"
 
@@ -26,11 +27,12 @@ namespace longctx::ops {
 // tensor scales) the exact code products summed in fp32, times the activation's and the weight's
 // scales, added in fp32.
 // CUDA: x bf16, f16 or f32; out f32 or x's dtype; fp32 accumulation. For n <=
-// kQuantizedGemvMaxRows, a GEMV per format reads the packed weight once per 8 rows (16-byte loads;
-// int4 decoded in registers to the exact (q - z) in half2, times x in fp32, the group's scale
-// applied once per group (AWQ) or per 8 inputs (GPTQ); FP8 E4M3 -> f16 -> f32, the block scale per
-// 16 inputs, a channel scale at the end), split over K across CTAs when out is small: each split
-// writes fp32 partials to the workspace and one kernel adds them in split order (deterministic).
+// kQuantizedGemvMaxRows, a GEMV per format reads the packed weight once per 8 rows
+// (kernels/cuda/quantized_gemv.h: int4 decoded in registers to the exact (q - z), multiplied by x
+// on the tensor cores or in fp32, each group's sum scaled in fp32; FP8 E4M3 -> f16 -> f32, the
+// block scale per 16 inputs, a channel scale at the end), split over K across CTAs when out is
+// small: each split writes fp32 partials to the workspace and one kernel adds them in split
+// order (deterministic).
 // Otherwise (n > 64, or a shape the GEMV does not take), for the FP8 formats on sm_90 (Hopper),
 // W8A8: x is quantized to E4M3 per token (per 128-input group for the block format, per row for
 // channel / tensor scales; kernels/cuda/fp8_act_quant.h) and cuBLASLt's FP8 GEMM runs on the
@@ -48,6 +50,17 @@ void quantized_linear(const Tensor& x, const QuantizedWeight& w, const QuantConf
 // the reason when they cannot run the arguments; kDequantGemm always dequantizes (W8A16).
 enum class QuantizedLinearPath { kAuto, kGemv, kDequantGemm, kW8a8 };
 
+// The GEMV's kernel family (kernels/quantized_gemv_params.h): kAuto (a tensor-core kernel for
+// int4 where one runs, else the CUDA-core one), or one forced (tests and benchmarks compare them;
+// a forced kernel that cannot run the arguments is the GEMV's refusal).
+using QuantizedGemvKernel = kernels::QuantizedGemvKernel;
+
+// The GEMV's tuning (defaults: the schedule's choice).
+struct QuantizedGemvOptions {
+  QuantizedGemvKernel kernel = QuantizedGemvKernel::kAuto;
+  int ctas_per_sm = 0;  // the K split's target (kernels::QuantizedGemvProblem::ctas_per_sm)
+};
+
 // The CPU twin: kAuto, kGemv and kDequantGemm compute W8A16 (the reference); kW8a8 the W8A8
 // product (throws Error(kUnsupported) where w8a8_format_refusal says why not).
 void quantized_linear_cpu(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
@@ -58,9 +71,9 @@ void quantized_linear_cpu(const Tensor& x, const QuantizedWeight& w, const Quant
 // packed weight once: up to 64 rows that is still fewer bytes than dequantizing it and reading
 // the dense copy, and batched decode stays on the GEMV).
 constexpr int64_t kQuantizedGemvMaxRows = 64;
-constexpr int64_t kQuantizedGemvPassRows = 8;
+constexpr int64_t kQuantizedGemvPassRows = kernels::kQuantizedGemvPassRows;
 // Split-K partitions at most (bounds the GEMV's workspace).
-constexpr int64_t kQuantizedMaxSplits = 64;
+constexpr int64_t kQuantizedMaxSplits = kernels::kQuantizedGemvMaxSplits;
 
 // ---------------------------------------------------------------------------------------------
 // The W8A8 path's planning (host code, tested on the CPU).
@@ -134,12 +147,14 @@ int64_t quantized_linear_workspace_bytes(int64_t n, const QuantizedWeight& w, DT
 void quantized_linear_cuda(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
                            const Tensor& bias, const Tensor& out,
                            const Tensor& workspace = Tensor(),
-                           QuantizedLinearPath path = QuantizedLinearPath::kAuto);
+                           QuantizedLinearPath path = QuantizedLinearPath::kAuto,
+                           const QuantizedGemvOptions& gemv = {});
 // What quantized_linear_cuda runs for these arguments, for benchmarks and tests: "gemv
-// <format> splits S ..." or "dequant + <linear_cuda's plan>".
+// <format> <kernel> tile T splits S ...", "w8a8 ..." or "dequant + <linear_cuda's plan>".
 std::string quantized_linear_cuda_plan(const Tensor& x, const QuantizedWeight& w,
                                        const QuantConfig& q, const Tensor& bias, const Tensor& out,
-                                       QuantizedLinearPath path = QuantizedLinearPath::kAuto);
+                                       QuantizedLinearPath path = QuantizedLinearPath::kAuto,
+                                       const QuantizedGemvOptions& gemv = {});
 
 // Checks w against q's format: method, positive sizes, each tensor's shape and dtype, a group
 // size that divides in_features, out_features a multiple of 8 for int4. Throws

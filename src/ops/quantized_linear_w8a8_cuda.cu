@@ -24,6 +24,7 @@
 #include "core/stream_limits.h"
 #include "kernels/cuda/fp8_act_quant.h"
 #include "kernels/fp8_act_quant.h"
+#include "ops/cublaslt_context.h"
 #include "ops/ops_device.cuh"
 #include "ops/quantized_linear.h"
 #include "ops/quantized_linear_w8a8.h"
@@ -34,27 +35,12 @@ namespace {
 
 using namespace cuda_detail;
 
-#define LONGCTX_W8A8_CHECK(call)                                                            \
-  do {                                                                                      \
-    const cublasStatus_t st_ = (call);                                                      \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
-      ::longctx::throw_cuda_error(__FILE__, __LINE__, #call, cublasLtGetStatusString(st_)); \
-  } while (0)
-
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's, per (device, stream)
-constexpr size_t kMaxPlans = 1024;
+using cublaslt::alignment;
+using cublaslt::cuda_type;
+using cublaslt::Plan;
+using cublaslt::set_desc;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-uint32_t alignment(const void* p) {
-  uint32_t a = 256;
-  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
-  return a;
-}
-
-cudaDataType_t cuda_type(DType t) {
-  return t == DType::kBF16 ? CUDA_R_16BF : t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
-}
 
 struct Key {
   int64_t n, in, out, ldo;
@@ -66,63 +52,22 @@ struct Key {
 
 struct KeyHash {
   size_t operator()(const Key& k) const {
-    size_t h = 1469598103934665603ull;
-    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    for (int64_t v : {k.n, k.in, k.out, k.ldo}) mix(uint64_t(v));
-    mix(uint64_t(k.o) | uint64_t(k.block) << 8 | uint64_t(k.align_w) << 16 |
-        uint64_t(k.align_o) << 40);
-    return h;
+    cublaslt::Fnv f;
+    for (int64_t v : {k.n, k.in, k.out, k.ldo}) f.mix(uint64_t(v));
+    f.mix(uint64_t(k.o) | uint64_t(k.block) << 8 | uint64_t(k.align_w) << 16 |
+          uint64_t(k.align_o) << 40);
+    return f.h;
   }
 };
 
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  size_t workspace = 0;
-  std::string refusal;  // set when cuBLASLt has no kernel (the plan is not runnable)
-  Plan() = default;
-  Plan(const Plan&) = delete;
-  Plan& operator=(const Plan&) = delete;
-  ~Plan() {
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  }
-};
+using Context = cublaslt::Context<Key, KeyHash>;
 
-struct Context {
-  std::mutex mu;  // guards everything below, and a plan's scale pointers until its launch
-  cublasLtHandle_t handle = nullptr;
-  std::unordered_map<cudaStream_t, Tensor> workspaces;
-  std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
-};
-
-// Never destroyed (as linear_cuda's: process exit tears the CUDA context down first).
-Context& context(int device) {
-  static std::mutex mu;
-  static Context* contexts[kMaxCudaDevices] = {};
-  LONGCTX_CHECK(device >= 0 && device < kMaxCudaDevices, ErrorCode::kInvalidArgument,
-                "quantized_linear: device index {} out of range", device);
-  std::lock_guard<std::mutex> lock(mu);
-  if (!contexts[device]) {
-    auto* ctx = new Context();
-    LONGCTX_W8A8_CHECK(cublasLtCreate(&ctx->handle));
-    contexts[device] = ctx;
-  }
-  return *contexts[device];
-}
-
-template <typename T>
-void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
-  LONGCTX_W8A8_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
-}
+Context& context(int device) { return cublaslt::context<Key, KeyHash>(device, "quantized_linear"); }
 
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Key& k, const void* a_scale,
                                 const void* b_scale) {
   auto plan = std::make_unique<Plan>();
-  LONGCTX_W8A8_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LONGCTX_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(CUBLAS_OP_T));
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
   const int32_t a_mode = k.block ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
@@ -133,32 +78,15 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Key& k, const voi
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode);
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale);
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale);
-  LONGCTX_W8A8_CHECK(
+  LONGCTX_CUBLASLT_CHECK(
       cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, uint64_t(k.in), uint64_t(k.out), k.in));
-  LONGCTX_W8A8_CHECK(
+  LONGCTX_CUBLASLT_CHECK(
       cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, uint64_t(k.in), uint64_t(k.n), k.in));
-  LONGCTX_W8A8_CHECK(
+  LONGCTX_CUBLASLT_CHECK(
       cublasLtMatrixLayoutCreate(&plan->c, cuda_type(k.o), uint64_t(k.out), uint64_t(k.n), k.ldo));
-  cublasLtMatmulPreference_t pref = nullptr;
-  LONGCTX_W8A8_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
-    return cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v);
-  };
-  cublasStatus_t st = set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_w);
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(256));
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_o);
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_o);
-  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c,
-                                        pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t st =
+      cublaslt::pick_algo(handle, *plan, {k.align_w, uint32_t(256), k.align_o}, &found);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
       (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
     plan->refusal = LONGCTX_FORMAT(
@@ -168,9 +96,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Key& k, const voi
         found == 0 && st == CUBLAS_STATUS_SUCCESS ? "no algorithm" : cublasLtGetStatusString(st));
     return plan;
   }
-  LONGCTX_W8A8_CHECK(st);
-  plan->algo = result.algo;
-  plan->workspace = result.workspaceSize;
+  LONGCTX_CUBLASLT_CHECK(st);
   return plan;
 }
 
@@ -180,12 +106,7 @@ const Plan& plan_for(Context& ctx, const QuantizedWeight& w, bool block, int64_t
   const Key key{
       n,           w.in_features, w.out_features, ldo, o, block, alignment(w.qweight.data_ptr()),
       alignment(d)};
-  auto it = ctx.plans.find(key);
-  if (it == ctx.plans.end()) {
-    if (ctx.plans.size() >= kMaxPlans) ctx.plans.clear();
-    it = ctx.plans.emplace(key, make_plan(ctx.handle, key, a_scale, b_scale)).first;
-  }
-  return *it->second;
+  return ctx.plan(key, [&] { return make_plan(ctx.handle, key, a_scale, b_scale); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -260,16 +181,16 @@ const float* weight_scales(const QuantizedWeight& w, const QuantConfig& q, float
 // One GEMM: D [n, out] (row stride ldo, dtype o) = W8A8 of the quantized rows.
 void gemm(Context& ctx, const QuantizedWeight& w, bool block, int64_t n, const void* codes,
           const float* a_scale, const float* b_scale, void* d, DType o, int64_t ldo,
-          const Tensor& lt_workspace, cudaStream_t stream) {
+          void* lt_workspace, cudaStream_t stream) {
   const Plan& plan = plan_for(ctx, w, block, n, o, ldo, d, a_scale, b_scale);
   LONGCTX_CHECK(plan.refusal.empty(), ErrorCode::kUnsupported, "quantized_linear: {}",
                 plan.refusal);
   set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(a_scale));
   set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(b_scale));
   const float alpha = 1.f, beta = 0.f;
-  LONGCTX_W8A8_CHECK(cublasLtMatmul(ctx.handle, plan.desc, &alpha, w.qweight.data_ptr(), plan.a,
-                                    codes, plan.b, &beta, d, plan.c, d, plan.c, &plan.algo,
-                                    lt_workspace.data_ptr(), kWorkspaceBytes, stream));
+  LONGCTX_CUBLASLT_CHECK(cublasLtMatmul(ctx.handle, plan.desc, &alpha, w.qweight.data_ptr(), plan.a,
+                                        codes, plan.b, &beta, d, plan.c, d, plan.c, &plan.algo,
+                                        lt_workspace, cublaslt::kWorkspaceBytes, stream));
 }
 
 struct Chunking {
@@ -334,8 +255,7 @@ void run_w8a8(const W8a8Args& a, const QuantizedWeight& w, const QuantConfig& q,
   const size_t xes = dtype_size(a.x_dtype), oes = dtype_size(a.out_dtype);
   Context& ctx = context(a.device.index);
   std::lock_guard<std::mutex> lock(ctx.mu);
-  Tensor& lt_ws = ctx.workspaces[stream];
-  if (!lt_ws.defined()) lt_ws = Tensor::empty({int64_t(kWorkspaceBytes)}, DType::kU8, a.device);
+  void* lt_ws = ctx.workspace(stream, a.device);
   kernels::cuda::Fp8ActQuantParams qp;
   qp.x_dtype = a.x_dtype;
   qp.in = in;
@@ -390,17 +310,7 @@ std::string w8a8_plan(const W8a8Args& a, const QuantizedWeight& w, const QuantCo
   if (rows <= 0) return s;
   const Plan& plan = plan_for(ctx, w, block, rows, a.out_dtype, a.ldo, a.out, a.out, a.out);
   if (!plan.refusal.empty()) return s + ": " + plan.refusal;
-  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto zero) {
-    decltype(zero) v = zero;
-    size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, attr, &v, sizeof v, &written);
-    return int64_t(v);
-  };
-  return s + LONGCTX_FORMAT(": cublasLt algo {} tile {} stages {} split-k {} workspace {} B",
-                            get(CUBLASLT_ALGO_CONFIG_ID, int32_t(0)),
-                            get(CUBLASLT_ALGO_CONFIG_TILE_ID, uint32_t(0)),
-                            get(CUBLASLT_ALGO_CONFIG_STAGES_ID, uint32_t(0)),
-                            get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, int32_t(0)), plan.workspace);
+  return s + ": " + cublaslt::describe_algo(plan);
 }
 
 }  // namespace longctx::ops::w8a8_detail

@@ -13,7 +13,8 @@
 //   + 1 ulp of a 16-bit out (its rounding).
 //
 // Perf mode (LONGCTX_PERF=1): GpuOpsPerf.QuantizedLinearDecodeLlama8B, Llama-3.1-8B's layer
-// shapes at n = 1 and 4 in each format against the bf16 GEMV and cuBLASLt on the same shape
+// shapes at n = 1, 4 and 8 in each format (int4: the tensor-core and the CUDA-core GEMV) against
+// the bf16 GEMV and cuBLASLt on the same shape
 // (ms, GB/s of the bytes read: packed weight + scales + zeros; weights rotated through copies
 // larger than L2), and the prefill path at n = 512 and 4096 against the dense GEMM alone (the
 // difference is the dequantizing kernel's time).
@@ -62,7 +63,15 @@ struct QCase {
   bool bias = false;
   int64_t x_pad = 0, out_pad = 0;
   QuantizedLinearPath path = QuantizedLinearPath::kAuto;
+  ops::QuantizedGemvKernel kernel = ops::QuantizedGemvKernel::kAuto;
 };
+
+const char* kernel_name(ops::QuantizedGemvKernel k) {
+  return k == ops::QuantizedGemvKernel::kSimt       ? " simt"
+         : k == ops::QuantizedGemvKernel::kMma      ? " mma"
+         : k == ops::QuantizedGemvKernel::kMmaAsync ? " mma-async"
+                                                    : "";
+}
 
 CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
   const int64_t n = qc.n, in = w.in, out = w.out;
@@ -77,15 +86,15 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
   }
   auto y = std::make_shared<GuardedBuffer>(size_t(n * ldo) * dtype_size(odt), 0xFF);
   CaseSpec c;
-  c.name = fmt::format("{} [{}, {}] n={} {}->{}{}{}{} {}", w.f.name, out, in, n, dtype_name(xdt),
+  c.name = fmt::format("{} [{}, {}] n={} {}->{}{}{}{} {}{}", w.f.name, out, in, n, dtype_name(xdt),
                        dtype_name(odt), bias ? " bias" : "", qc.x_pad ? " ldx" : "",
-                       qc.out_pad ? " ldo" : "", path_name(qc.path));
+                       qc.out_pad ? " ldo" : "", path_name(qc.path), kernel_name(qc.kernel));
   auto xv = [=](bool dev) { return dev ? x->dev({n, in}, {ldx, 1}) : x->host({n, in}, {ldx, 1}); };
   const QWeight* wp = &w;
   c.gpu = [=] {
     Tensor yv = Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1});
     ops::quantized_linear_cuda(xv(true), wp->dev, wp->f.q, bias ? bias->dev({out}) : Tensor(), yv,
-                               Tensor(), qc.path);
+                               Tensor(), qc.path, {qc.kernel});
   };
   c.check = [=] {
     Comparison cmp;
@@ -101,7 +110,7 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
     const Tensor babs = bias ? abs_f32(bias->host({out})) : Tensor();
     const std::string plan = ops::quantized_linear_cuda_plan(
         xv(true), wp->dev, wp->f.q, Tensor(),
-        Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path);
+        Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path, {qc.kernel});
     const bool gemv = plan.starts_with("gemv"), w8a8 = plan.starts_with("w8a8");
     Tensor ref = Tensor::empty({n, out}, DType::kF32), sabs = Tensor::empty({n, out}, DType::kF32);
     // W8A8 (FP8 formats on sm_90 past the GEMV's rows) against the CPU twin's W8A8: the same
@@ -158,9 +167,11 @@ std::unique_ptr<QWeight> make_weight(const Format& f, int64_t out, int64_t in, u
 
 // n = 1..9, 17 (and 64, 65, 512 with `large`: the GEMV's last row count in passes of 8 and the
 // first past it), with variants: f16 x, f32 out, a bias, strided rows, the GEMV and the
-// dequantizing path forced; 20 strided rows (GEMV passes of 8, 8 and 4).
+// dequantizing path forced; 20 strided rows (GEMV passes of 8, 8 and 4). kAuto runs the int4
+// formats' tensor-core GEMV where it takes the shape; the CUDA-core one is forced on a few.
 std::vector<QCase> matrix(bool large) {
   using P = QuantizedLinearPath;
+  using K = ops::QuantizedGemvKernel;
   const DType bf = DType::kBF16, f16 = DType::kF16, f32 = DType::kF32;
   std::vector<QCase> v;
   for (int64_t n = 1; n <= 9; ++n) v.push_back({n});
@@ -177,6 +188,11 @@ std::vector<QCase> matrix(bool large) {
   v.push_back({2, bf, bf, true, 0, 0, P::kDequantGemm});
   v.push_back({6, f16, f32, false, 0, 5, P::kDequantGemm});
   v.push_back({8, f32, f32, true, 0, 0, P::kAuto});  // f32 x: the dequantizing path
+  // The kernels kAuto does not pick (where they take the shape; kAuto falls back otherwise).
+  for (K k : {K::kSimt, K::kMma}) {
+    for (int64_t n : {1, 2, 5, 8}) v.push_back({n, bf, bf, n == 5, 0, 0, P::kAuto, k});
+    v.push_back({3, f16, f32, true, 8, 3, P::kAuto, k});
+  }
   return v;
 }
 
@@ -352,7 +368,7 @@ std::vector<Format> perf_formats() {
   return v;
 }
 
-// n = 1 and 4: every weight is read from HBM (copies that together exceed L2, used in turn).
+// n = 1, 4 and 8: every weight is read from HBM (copies that together exceed L2, used in turn).
 TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
   if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
   TestStream s;
@@ -361,7 +377,7 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
     const int dense_copies = int(std::max<size_t>(1, (size_t(400) << 20) / dense_bytes + 1));
     GuardedBuffer dense(dense_bytes * dense_copies, 0);
     fill_uniform(dense.data(), p.in * p.out * dense_copies, DType::kBF16, 7, -0.03f, 0.03f);
-    for (int64_t n : {1, 4}) {
+    for (int64_t n : {1, 4, 8}) {
       Mirror x(n * p.in, DType::kBF16);
       x.random(8, -1.f, 1.f);
       GuardedBuffer y(size_t(n * p.out) * 2, 0);
@@ -383,31 +399,47 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
                     b == ops::LinearBackend::kGemv ? "bf16 gemv" : "bf16 cublaslt", ms,
                     double(dense_bytes) / (ms * 1e6));
       }
-      for (const Format& f : perf_formats()) {
-        std::vector<DeviceQuantized> copies;
-        copies.push_back(device_weight(p, f.q, 20));
-        const int count = int(std::max<int64_t>(1, (int64_t(400) << 20) / copies[0].bytes + 1));
-        for (int i = 1; i < count; ++i) copies.push_back(device_weight(p, f.q, 20 + 10 * i));
-        const int64_t ws_bytes = ops::quantized_linear_workspace_bytes(n, copies[0].w, DType::kBF16,
-                                                                       QuantizedLinearPath::kGemv);
-        Tensor ws = Tensor::empty({std::max<int64_t>(ws_bytes, 1)}, DType::kU8, kGpu);
-        int call = 0;
-        auto op = [&] {
-          ops::quantized_linear_cuda(xv, copies[call++ % count].w, f.q, Tensor(), yv, ws,
-                                     QuantizedLinearPath::kGemv);
-        };
-        op();
-        s.sync();
-        const double ms = time_ms(s, op);
-        const std::string plan = ops::quantized_linear_cuda_plan(xv, copies[0].w, f.q, Tensor(), yv,
-                                                                 QuantizedLinearPath::kGemv);
-        std::printf("  %-13s n=%lld out=%-6lld in=%-6lld %-18s %8.4f ms %6.0f GB/s  [%s]\n", p.name,
-                    (long long)n, (long long)p.out, (long long)p.in, f.name.c_str(), ms,
-                    double(copies[0].bytes) / (ms * 1e6), plan.c_str());
-        std::fflush(stdout);
-        EXPECT_EQ(count_non_finite(y.data(), DType::kBF16, n, p.out, p.out), 0)
-            << p.name << " " << f.name << " n " << n;
-      }
+      // Each kernel at the schedule's split, then (n = 1) the default kernel at other targets of
+      // CTAs per SM.
+      std::vector<ops::QuantizedGemvOptions> variants;
+      for (auto k : {ops::QuantizedGemvKernel::kMmaAsync, ops::QuantizedGemvKernel::kMma,
+                     ops::QuantizedGemvKernel::kSimt})
+        variants.push_back({k, 0});
+      if (n == 1)
+        for (int target : {1, 2, 4, 8})
+          variants.push_back({ops::QuantizedGemvKernel::kAuto, target});
+      for (const Format& f : perf_formats())
+        for (const ops::QuantizedGemvOptions& opt : variants) {
+          const bool int4 = f.q.method == QuantMethod::kAwq || f.q.method == QuantMethod::kGptq;
+          if (!int4 && (opt.kernel == ops::QuantizedGemvKernel::kMma ||
+                        opt.kernel == ops::QuantizedGemvKernel::kMmaAsync))
+            continue;
+          std::vector<DeviceQuantized> copies;
+          copies.push_back(device_weight(p, f.q, 20));
+          const int count = int(std::max<int64_t>(1, (int64_t(400) << 20) / copies[0].bytes + 1));
+          for (int i = 1; i < count; ++i) copies.push_back(device_weight(p, f.q, 20 + 10 * i));
+          const int64_t ws_bytes = ops::quantized_linear_workspace_bytes(
+              n, copies[0].w, DType::kBF16, QuantizedLinearPath::kGemv);
+          Tensor ws = Tensor::empty({std::max<int64_t>(ws_bytes, 1)}, DType::kU8, kGpu);
+          int call = 0;
+          auto op = [&] {
+            ops::quantized_linear_cuda(xv, copies[call++ % count].w, f.q, Tensor(), yv, ws,
+                                       QuantizedLinearPath::kGemv, opt);
+          };
+          op();
+          s.sync();
+          const double ms = time_ms(s, op);
+          const std::string plan = ops::quantized_linear_cuda_plan(
+              xv, copies[0].w, f.q, Tensor(), yv, QuantizedLinearPath::kGemv, opt);
+          std::printf(
+              "  %-13s n=%lld out=%-6lld in=%-6lld %-18s %8.4f ms %6.0f GB/s  [%s%s]\n", p.name,
+              (long long)n, (long long)p.out, (long long)p.in, f.name.c_str(), ms,
+              double(copies[0].bytes) / (ms * 1e6), plan.c_str(),
+              opt.ctas_per_sm ? fmt::format(", target {}/SM", opt.ctas_per_sm).c_str() : "");
+          std::fflush(stdout);
+          EXPECT_EQ(count_non_finite(y.data(), DType::kBF16, n, p.out, p.out), 0)
+              << p.name << " " << f.name << " n " << n;
+        }
     }
   }
 }
