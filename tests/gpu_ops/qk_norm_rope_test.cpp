@@ -38,11 +38,11 @@ struct Shape {
 };
 
 // One qkv buffer [n, row] (q, k, v heads, then pad), its weights, positions and rope.
-struct Setup {
+struct QkBuffers {
   int64_t width, row;
   ops::RopeFrequencies f;
   M qkv, wq, wk, positions, inv_freq;
-  Setup(const Shape& s, DType dt, uint64_t seed) {
+  QkBuffers(const Shape& s, DType dt, uint64_t seed) {
     width = (s.hq + 2 * s.hkv) * s.hd;
     row = width + s.pad;
     RopeConfig rc;
@@ -92,7 +92,7 @@ std::string shape_name(const Shape& s, DType dt) {
 }
 
 CaseSpec twin_case(const Shape& s, DType dt, uint64_t seed) {
-  auto st = std::make_shared<Setup>(s, dt, seed);
+  auto st = std::make_shared<QkBuffers>(s, dt, seed);
   CaseSpec c;
   c.name = shape_name(s, dt);
   c.gpu = [=] { st->fused(s, true); };
@@ -123,7 +123,7 @@ TEST(GpuOps, QkNormRopeMatchesUnfusedCudaOps) {
   TestStream s;
   for (const Shape& sh : kShapes) {
     const DType dt = DType::kBF16;
-    Setup a(sh, dt, 950), b(sh, dt, 950);
+    QkBuffers a(sh, dt, 950), b(sh, dt, 950);
     a.fused(sh, true);
     const Tensor q = b.qk(sh, true).slice(1, 0, sh.hq),
                  k = b.qk(sh, true).slice(1, sh.hq, sh.hq + sh.hkv);
@@ -145,7 +145,7 @@ TEST(GpuOps, QkNormRopeNanStaysInItsHead) {
   TestStream s;
   const Shape sh = {3, 128, 32, 4, 0, false};
   for (int64_t nan_head : {int64_t(2), int64_t(33)}) {  // a q head, a k head
-    Setup st(sh, DType::kBF16, 970);
+    QkBuffers st(sh, DType::kBF16, 970);
     std::vector<uint8_t> bytes = st.qkv->download();
     const uint16_t nan_bits = 0x7fc0;
     std::memcpy(bytes.data() + (nan_head * sh.hd + 5) * 2, &nan_bits, 2);
@@ -187,7 +187,7 @@ TEST(GpuOpsPerf, QkNormRopeQwen3_30B_A3B) {
   TestStream s;
   for (int64_t n : {1, 8192}) {
     const Shape sh = {n, 128, 32, 4, 0, false};
-    Setup st(sh, DType::kBF16, 999);
+    QkBuffers st(sh, DType::kBF16, 999);
     const Tensor qk = st.qk(sh, true), q = qk.slice(1, 0, sh.hq),
                  k = qk.slice(1, sh.hq, sh.hq + sh.hkv);
     const double fused = time_ms(s, [&] { st.fused(sh, true); });
