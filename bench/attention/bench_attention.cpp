@@ -108,10 +108,12 @@ void* random_bf16(int64_t n, uint32_t seed) {
   return d;
 }
 
-int32_t* upload(const std::vector<int32_t>& v) {
-  int32_t* d = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * 4));
-  if (!v.empty()) LONGCTX_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+template <typename T>
+T* upload(const std::vector<T>& v) {
+  T* d = nullptr;
+  LONGCTX_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * sizeof(T)));
+  if (!v.empty())
+    LONGCTX_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -447,9 +449,10 @@ struct DecodeVariant {
   int slots = 0, overhead = 0;  // 0: the flags' (DecodeTuning::slots / overhead)
   int loader = -1;              // -1: the flags'; 0 the cp.async ring / 1 TMA tiles of one tile
   int copy = -1;                // -1: the flags'; 0 TMA boxes / 1 cp.async
+  bool fp8 = false;             // "kv=fp8": an FP8 E4M3 cache (its kernel; GB/s of its bytes)
 };
 
-// "default", "s=N", "o=M", "l=0", "l=1", "s=N/o=M/l=1", ... ; false on any other
+// "default", "s=N", "o=M", "l=0", "l=1", "kv=fp8", "s=N/o=M/l=1", ... ; false on any other
 // field (a typo would otherwise time the default plan under another name).
 bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
@@ -473,6 +476,8 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.loader = field[2] - '0';
       } else if (field == "c=0" || field == "c=1") {
         d.copy = field[2] - '0';
+      } else if (field == "kv=fp8") {
+        d.fp8 = true;
       } else if (field != "default") {
         return false;
       }
@@ -590,9 +595,35 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
       const size_t ws_bytes = kernels::cuda::decode_workspace_bytes(batch, hq, hk, kD);
       void* ws = nullptr;
       LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+      // FP8 variants: codes of one value (the kernel's time does not depend on them) and
+      // per-(page, kv head) scales, in buffers of their own.
+      void *k8 = nullptr, *v8 = nullptr;
+      float* scales = nullptr;
+      const kernels::DecodeParams p16 = p;
       for (const DecodeVariant& var : variants) {
+        const kernels::KvCacheFormat format =
+            var.fp8 ? kernels::KvCacheFormat::kFp8E4M3 : kernels::KvCacheFormat::kDtype;
+        p = p16;
+        double bytes = kv_bytes;
+        if (var.fp8) {
+          const int64_t codes = pool * page * hk * kD;
+          if (k8 == nullptr) {
+            LONGCTX_CUDA_CHECK(cudaMalloc(&k8, codes));
+            LONGCTX_CUDA_CHECK(cudaMalloc(&v8, codes));
+            LONGCTX_CUDA_CHECK(cudaMemset(k8, 0x30, codes));  // 0.5 in E4M3
+            LONGCTX_CUDA_CHECK(cudaMemset(v8, 0x38, codes));  // 1.0
+            scales = upload(std::vector<float>(pool * hk, 0.0625f));
+          }
+          p.k_cache = k8;
+          p.v_cache = v8;
+          p.kv_format = format;
+          p.k_scale = scales;
+          p.v_scale = scales;
+          bytes = kv_bytes / 2 + double(batch) * pages_per * hk * 8;
+        }
         auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, hk, kD, ws,
-                                               ws_bytes, stream, 0, 256, {}, variant_tuning(var));
+                                               ws_bytes, stream, 0, 256, {}, variant_tuning(var), 0,
+                                               format);
         if (var.loader >= 0 && plan.loader != var.loader)
           std::fprintf(stderr, "variant %s: the plan took loader %d instead\n", var.name.c_str(),
                        plan.loader);
@@ -616,7 +647,7 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
         std::printf(
             "| %d | %d | %d | %d | %d | %s | %d | %d | %.4f | %.0f | %.4f | %.0f | %.1f |\n", batch,
             kv_len, hq, hk, page, var.name.c_str(), plan.chunk_tokens, plan.num_work_items * hk,
-            iso, kv_bytes / (iso * 1e6), burst, kv_bytes / (burst * 1e6), host_us);
+            iso, bytes / (iso * 1e6), burst, bytes / (burst * 1e6), host_us);
         std::fflush(stdout);
 #ifdef LONGCTX_TIMELINE_PROBE
         // One launch alone, then the last of 20 back to back (its CTAs start while the previous
@@ -631,7 +662,7 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
 #endif
       }
       for (void* x : {q, k, v, o, static_cast<void*>(l), ws, (void*)p.kv_indptr, (void*)d_ids,
-                      (void*)p.kv_last_page_len})
+                      (void*)p.kv_last_page_len, k8, v8, static_cast<void*>(scales)})
         cudaFree(x);
     }
 }

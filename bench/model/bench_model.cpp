@@ -10,6 +10,8 @@
 // Prints one line per measurement; the peer is hf_peer.py.
 // --cuda-graphs (graph_bench.h): decode with CUDA graphs against eager after the first context,
 //   bench_model --preset llama-3.1-8b --contexts 32768 --cuda-graphs --graph-batches 1,16
+//   It first times one batch-1 eager step op by op (--op-profile-steps; the model's OpTimer marks:
+//   each op's ms per step against its bytes at the HBM's peak).
 // Kernel tuning flags (longctx/kernels/kernel_tuning.h: --prefill-kernel fa2, --decode-loader 0,
 // --pdl 0, ...) pin the attention kernels' choices (GpuRunnerOptions::tuning); --help lists them.
 // --kv-cache-dtype bf16|fp8 picks the paged cache's format (docs/fp8_kv.md), e.g. decode at 128K
@@ -58,9 +60,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool cuda_graphs = false;
   std::vector<int64_t> graph_batches = {1};
+  int op_profile_steps = 8;
   app.add_flag("--cuda-graphs", cuda_graphs,
                "decode with CUDA graphs against eager, step by step, after the first context "
                "(engine/cuda_graphs.h driven directly; no GpuRunner)");
+  app.add_option("--op-profile-steps", op_profile_steps,
+                 "--cuda-graphs: eager batch-1 decode steps timed op by op first (0: none)")
+      ->capture_default_str();
   app.add_option("--graph-batches", graph_batches, "decode batch sizes for --cuda-graphs")
       ->delimiter(',');
   bool runner_graphs = false;
@@ -108,6 +114,7 @@ int main(int argc, char** argv) {
       g.block_size = opts.block_size > 0 ? opts.block_size : kDefaultBlockSize;
       g.max_num_batched_tokens = opts.max_num_batched_tokens;
       g.tuning = opts.tuning;
+      g.op_profile_steps = op_profile_steps;
       return bench::run_graph_bench(model, g);
     }
     const ModelConfig& c = model->config();

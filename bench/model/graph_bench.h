@@ -18,6 +18,7 @@ struct GraphBenchArgs {
   int64_t block_size = 128;
   int64_t max_num_batched_tokens = 16384;  // prefill chunk
   kernels::KernelTuning tuning;            // the attention backend's (bench_model's flags)
+  int op_profile_steps = 8;                // eager batch-1 steps timed op by op (0: no op profile)
 };
 
 // Prints one line per (batch, mode). Batches above 1 decode copies of the prompt's KV (each

@@ -13,6 +13,7 @@
 #include "ops/gather_rows.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
+#include "ops/qk_norm_rope.h"
 #include "ops/quantized_linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
@@ -273,14 +274,23 @@ StepInputs DecoderModel::upload_inputs(const ForwardBatch& batch) const {
   return in;
 }
 
+namespace {
+
+// The bytes of a Linear's weight (dense rows or the packed tensors): what its GEMV reads.
+double weight_bytes(const LinearWeight& w) {
+  if (!w.is_packed()) return w.dense.defined() ? double(w.dense.nbytes()) : 0.0;
+  double b = 0;
+  for (const Tensor* t : {&w.packed.qweight, &w.packed.scales, &w.packed.qzeros, &w.packed.g_idx})
+    if (t->defined()) b += double(t->nbytes());
+  return b;
+}
+
+}  // namespace
+
 Tensor DecoderModel::rms_norm(const Tensor& x, const Tensor& weight) const {
   Tensor out = act_empty(x.shape());
   ops::rms_norm(x, weight, static_cast<float>(config().rms_norm_eps), out);
   return out;
-}
-
-void DecoderModel::rms_norm_in_place(const Tensor& x, const Tensor& weight) const {
-  ops::rms_norm(x, weight, static_cast<float>(config().rms_norm_eps), x);
 }
 
 Tensor DecoderModel::add_rms_norm(const Tensor& x, const Tensor& residual,
@@ -323,13 +333,17 @@ Tensor DecoderModel::gated_mlp(const Tensor& x, const LinearWeight& gate_up_proj
                                const Tensor& gate_up_bias, const LinearWeight& down_proj,
                                const Tensor& down_bias) const {
   Tensor gate_up = linear(x, gate_up_proj, gate_up_bias);  // [T, 2 intermediate]
+  mark("gate_up_proj", weight_bytes(gate_up_proj));
   const int64_t inter = gate_up.size(1) / 2;
   Tensor act = act_empty({x.size(0), inter});
   if (config().hidden_act == HiddenAct::kGeluTanh)
     ops::gelu_tanh_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
   else
     ops::silu_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
-  return linear(act, down_proj, down_bias);
+  mark("act_and_mul");
+  Tensor out = linear(act, down_proj, down_bias);
+  mark("down_proj", weight_bytes(down_proj));
+  return out;
 }
 
 Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) const {
@@ -338,6 +352,7 @@ Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) co
   // router_logits = gate(x); softmax in fp32, top-k, renormalized when norm_topk_prob
   Tensor logits = Tensor::empty({t, m.num_experts}, DType::kF32, device_);
   ops::linear(x, w.router, Tensor(), logits);
+  mark("router", double(w.router.nbytes()));
   ops::MoeArgs a;
   a.x = x;
   a.topk_ids = Tensor::empty({t, m.num_experts_per_tok}, DType::kI32, device_);
@@ -350,18 +365,24 @@ Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) co
     a.shared = gated_mlp(x, w.shared_gate_up, Tensor(), w.shared_down, Tensor());
     a.shared_gate = Tensor::empty({t, 1}, DType::kF32, device_);
     ops::linear(x, w.shared_expert_gate, Tensor(), a.shared_gate);
+    mark("shared_expert_gate", double(w.shared_expert_gate.nbytes()));
   }
   a.out = act_empty({t, x.size(1)});
   ops::moe_forward(logits, m.norm_topk_prob, a);  // routes, then the experts (fused at decode)
+  // one token's routed expert rows (more tokens read up to every expert)
+  mark("moe_experts", double(m.num_experts_per_tok) / double(m.num_experts) *
+                          double(w.experts_gate_up.nbytes() + w.experts_down.nbytes()));
   return a.out;
 }
 
+ops::RopeArgs DecoderModel::rope_args(const StepInputs& in, int64_t i) const {
+  if (config().has_local_rope && config().layer_type(i) == LayerAttention::kSliding)
+    return ops::rope_args(local_rope_, local_inv_freq_, Tensor());
+  return ops::rope_args(rope_, inv_freq_, in.rope_lens);
+}
+
 void DecoderModel::apply_rope(const Tensor& x, const StepInputs& in, int64_t i) const {
-  if (config().has_local_rope && config().layer_type(i) == LayerAttention::kSliding) {
-    ops::rope(x, in.positions, ops::rope_args(local_rope_, local_inv_freq_, Tensor()));
-    return;
-  }
-  ops::rope(x, in.positions, ops::rope_args(rope_, inv_freq_, in.rope_lens));
+  ops::rope(x, in.positions, rope_args(in, i));
 }
 
 Tensor DecoderModel::forward(const ForwardBatch& batch, AttentionBackend& attention) {
@@ -400,8 +421,10 @@ void DecoderModel::forward_on_device(const Tensor& input_ids, const Tensor& posi
 void DecoderModel::run_layers(const StepInputs& in, AttentionBackend& attention,
                               const Tensor& logits) {
   const ModelConfig& c = config();
+  mark("plan_and_inputs");  // forward()'s plan and uploads, from the caller's first event
   Tensor residual = Tensor::empty({in.num_tokens, c.hidden_size}, DType::kF32, device_);
   embed(in, residual);
+  mark("embed");
   Tensor mlp_out;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     decoder_layer(i, residual, mlp_out, in, attention);
@@ -414,12 +437,16 @@ void DecoderModel::decoder_layer(int64_t i, Tensor& residual, Tensor& mlp_out, c
   // hidden_states = input_layernorm(residual + previous mlp output)
   Tensor h = mlp_out.defined() ? add_rms_norm(mlp_out, residual, w.input_layernorm)
                                : rms_norm(residual, w.input_layernorm);
+  mark("input_norm");
   h = self_attn(h, i, in, attention);
   reduce(h);  // o_proj is row-parallel
+  if (sharded()) mark("all_reduce");
   // hidden_states = post_attention_layernorm(residual + attention output)
   h = add_rms_norm(h, residual, w.post_attention_layernorm);
+  mark("post_norm");
   mlp_out = gated_mlp(h, w);
   reduce(mlp_out);  // down_proj is row-parallel
+  if (sharded()) mark("all_reduce");
 }
 
 void DecoderModel::embed(const StepInputs& in, const Tensor& residual) const {
@@ -441,19 +468,29 @@ Tensor DecoderModel::self_attn(const Tensor& hidden_states, int64_t i, const Ste
                                AttentionBackend& attention) {
   const LayerWeights& w = layers_[i];
   Tensor qkv = linear(hidden_states, w.qkv_proj, w.qkv_bias);
+  mark("qkv_proj", weight_bytes(w.qkv_proj));
   QKV s = split_qkv(qkv);
-  if (config().qk_norm) {  // Qwen3, Gemma 3: RMSNorm over each head of q and k before RoPE
-    rms_norm_in_place(s.q, w.q_norm);
-    rms_norm_in_place(s.k, w.k_norm);
+  if (config().qk_norm) {
+    // Qwen3, Gemma 3: RMSNorm over each head of q and k (q_norm, k_norm), then RoPE; one op
+    ops::qk_norm_rope(s.qk, config().num_attention_heads, w.q_norm, w.k_norm,
+                      static_cast<float>(config().rms_norm_eps), in.positions, rope_args(in, i));
+    mark("qk_norm_rope");
+  } else {
+    apply_rope(s.qk, in, i);
+    mark("rope");
   }
-  apply_rope(s.qk, in, i);
   attention.store_kv(i, s.k, s.v);
+  mark("kv_store");
   Tensor attn_output = attention.attend(i, s.q);
+  mark("attention");                // its KV bytes: the caller knows the lengths
   if (config().attn_output_gate) {  // Qwen3NextAttention: attn_output * sigmoid(gate)
     const int64_t gate0 = config().q_size() + 2 * config().kv_size();
     ops::sigmoid_and_mul(qkv.slice(1, gate0, gate0 + config().q_size()), attn_output, attn_output);
+    mark("attn_gate");
   }
-  return linear(attn_output, w.o_proj, w.o_bias);
+  Tensor out = linear(attn_output, w.o_proj, w.o_bias);
+  mark("o_proj", weight_bytes(w.o_proj));
+  return out;
 }
 
 void DecoderModel::final_logits(const Tensor& residual, const Tensor& mlp_out, const StepInputs& in,
@@ -465,8 +502,10 @@ void DecoderModel::final_logits(const Tensor& residual, const Tensor& mlp_out, c
   ops::gather_rows(residual, in.logits_indices, res_rows);
   ops::gather_rows(mlp_out, in.logits_indices, mlp_rows);
   Tensor h = add_rms_norm(mlp_rows, res_rows, norm_);
+  mark("final_norm");
   if (!sharded()) {
     ops::linear(h, lm_head_, Tensor(), logits);
+    mark("lm_head", double(lm_head_.nbytes()));
     return;
   }
   Tensor local = Tensor::empty({rows, shard_.vocab}, DType::kF32, device_);  // vocab-parallel

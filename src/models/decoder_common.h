@@ -58,6 +58,17 @@ struct LayerWeights {
   Tensor shared_expert_gate;                 // [1, hidden]
 };
 
+// Where a forward's time goes, op by op (measurement: bench_model --cuda-graphs prints it for a
+// batch-1 decode step). The model calls mark() right after it issued each op's work: `op` names
+// the op (the same name for every layer's), `bytes` what the op must read at least (weights; 0
+// where the caller knows better, e.g. attention's KV, or for row-wise ops). A timer records an
+// event on the current stream there, so an op's GPU time is the span from the mark before it.
+class OpTimer {
+ public:
+  virtual ~OpTimer() = default;
+  virtual void mark(const char* op, double bytes) = 0;
+};
+
 // The step's inputs on the model's device.
 struct StepInputs {
   int64_t num_tokens = 0;
@@ -92,6 +103,9 @@ class DecoderModel : public Model {
                          const Tensor& logits_indices, AttentionBackend& attention,
                          const Tensor& logits) override;
 
+  // Marks every op of the eager forward on `timer` (nullptr: none); not for graph capture.
+  void set_op_timer(OpTimer* timer) { op_timer_ = timer; }
+
  protected:
   // Embedding, every layer, final norm and lm_head into logits [R, vocab] f32: the part of
   // forward() after plan() and the input upload.
@@ -112,9 +126,8 @@ class DecoderModel : public Model {
   StepInputs upload_inputs(const ForwardBatch& batch) const;
   // A new activation-dtype tensor on the model's device.
   Tensor act_empty(const Shape& shape) const;
-  // RMSNorm over the last dim of x (weight's length) into a new activation tensor, or in place.
+  // RMSNorm over the last dim of x (weight's length) into a new activation tensor.
   Tensor rms_norm(const Tensor& x, const Tensor& weight) const;
-  void rms_norm_in_place(const Tensor& x, const Tensor& weight) const;
   // residual += x; returns rms_norm(residual) (fused add + norm).
   Tensor add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight) const;
   // x @ weight^T + bias (bias may be undefined), a new [n, out] activation tensor.
@@ -137,10 +150,17 @@ class DecoderModel : public Model {
   // In place on x [T, heads, head_dim] at the step's positions, with layer i's rope (Gemma 3's
   // sliding layers have their own).
   void apply_rope(const Tensor& x, const StepInputs& in, int64_t i) const;
+  // The rope arguments of layer i (its kind's frequencies; the step's lengths).
+  ops::RopeArgs rope_args(const StepInputs& in, int64_t i) const;
   // Final norm (after the last residual add) and lm_head over the rows that need logits, into
   // logits [R, vocab] f32.
   void final_logits(const Tensor& residual, const Tensor& mlp_out, const StepInputs& in,
                     const Tensor& logits) const;
+
+  // op_timer_->mark(op, bytes) where a timer is set.
+  void mark(const char* op, double bytes = 0) const {
+    if (op_timer_ != nullptr) op_timer_->mark(op, bytes);
+  }
 
   // With any communicator (one rank too: its collectives run, NCCL's included).
   bool sharded() const { return comm_ != nullptr; }
@@ -166,6 +186,7 @@ class DecoderModel : public Model {
   Tensor inv_freq_;            // [rope_.tables(), rotary_dim / 2] f32 on device_
   ops::RopeFrequencies local_rope_;  // sliding layers' (config.has_local_rope)
   Tensor local_inv_freq_;            // [local_rope_.tables(), rotary_dim / 2] f32 on device_
+  OpTimer* op_timer_ = nullptr;      // bench_model's per-op profile; null otherwise
 };
 
 }  // namespace longctx::models

@@ -11,6 +11,7 @@
 #include "ops/linear_attention.h"
 #include "ops/moe.h"
 #include "ops/op_utils.h"
+#include "ops/qk_norm_rope.h"
 #include "ops/quantized_linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
@@ -55,6 +56,14 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& ou
   if (common_device("rms_norm", {&x, &weight, &out}).is_cuda())
     LONGCTX_CUDA_TWIN("rms_norm", rms_norm_cuda(x, weight, eps, out));
   rms_norm_cpu(x, weight, eps, out);
+}
+
+void qk_norm_rope(const Tensor& qk, int64_t q_heads, const Tensor& q_weight, const Tensor& k_weight,
+                  float eps, const Tensor& positions, const RopeArgs& rope) {
+  if (common_device("qk_norm_rope", {&qk, &q_weight, &k_weight, &positions}).is_cuda())
+    LONGCTX_CUDA_TWIN("qk_norm_rope",
+                      qk_norm_rope_cuda(qk, q_heads, q_weight, k_weight, eps, positions, rope));
+  qk_norm_rope_cpu(qk, q_heads, q_weight, k_weight, eps, positions, rope);
 }
 
 void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,

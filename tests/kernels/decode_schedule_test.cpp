@@ -70,6 +70,39 @@ TEST(DecodeSchedule, ChunksAreTheOnesTheH200Ran) {
   EXPECT_EQ(h200_chunk(std::vector<int64_t>(2, 32768), 2, 3), 1408);
 }
 
+// Batch 1 at few kv heads (Qwen3-30B-A3B: 4 kv heads of group 8; Llama-3.1-8B: 8 of group 4)
+// over 32K-128K keys on 132 SMs, with decode.cu's item bound (batch + 132 x 8 CTAs / CTAs per
+// item): the plan fills one wave of the 2 x 132 slots it models, at least 90 % of them, and
+// splits evenly (multiples of 64 keys; the last split at least half as long as the others).
+TEST(DecodeSchedule, FewKvHeadsFillOneWaveAtBatchOne) {
+  for (const int kv_heads : {4, 8})
+    for (const int64_t len : {32768, 65536, 131072}) {
+      DecodeWaveModel m;
+      m.num_sms = 132;
+      m.resident = 2;
+      const int64_t items = 1 + (132 * 8 + kv_heads - 1) / kv_heads;
+      const int64_t chunk = decode_chunk({len}, items, kv_heads, m);
+      const DecodeSplit s = decode_split(len, chunk);
+      SCOPED_TRACE(testing::Message() << kv_heads << " kv heads, " << len << " keys: chunk "
+                                      << chunk << ", " << s.count << " splits");
+      const int64_t ctas = s.count * kv_heads;
+      EXPECT_LE(ctas, 2 * 132);
+      EXPECT_GE(ctas, 9 * 2 * 132 / 10);
+      EXPECT_EQ(s.sub % 64, 0);
+      EXPECT_GE(len - (s.count - 1) * s.sub, s.sub / 2);  // the last split not much shorter
+    }
+  // Qwen3-30B-A3B at 32K: 64 splits of 512 keys per kv head (256 CTAs); 3 slots per SM (the
+  // bench's s=3) take 86 splits of 384 (344 CTAs), 1 slot (s=1) 32 of 1024 (128 CTAs).
+  DecodeWaveModel m;
+  m.num_sms = 132;
+  m.resident = 2;
+  EXPECT_EQ(decode_chunk({32768}, 1 + 264, 4, m), 512);
+  m.slots_override = 3;
+  EXPECT_EQ(decode_chunk({32768}, 1 + 264, 4, m), 384);
+  m.slots_override = 1;
+  EXPECT_EQ(decode_chunk({32768}, 1 + 264, 4, m), 1024);
+}
+
 TEST(DecodeSchedule, ChunksRespectTheFloorAndTheItemBound) {
   DecodeWaveModel m;
   m.num_sms = 132;

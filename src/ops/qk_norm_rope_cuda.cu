@@ -1,0 +1,96 @@
+// CUDA qk_norm_rope: one block per token, as rope_cuda. Its threads first evaluate the token's
+// cos/sin (rope_cuda's code: the table row or dynamic NTK's frequencies, sincosf of the float32
+// angle, times attention_scaling) into shared memory; then each warp takes whole heads: it sums
+// the head's squares in double (rms_norm_cuda's arithmetic), and each lane normalizes its pairs
+// (i, i + rotary_dim / 2), rounds them to the dtype as rms_norm would store them, and rotates
+// them with separately rounded products and sums. Dims past rotary_dim are only normalized. A
+// lane writes only the elements it read after the warp's sum (a full-warp shuffle), so the
+// update in place is race-free.
+#include "kernels/cuda/pdl.cuh"
+#include "longctx/core/stream.h"
+#include "ops/ops_device.cuh"
+#include "ops/qk_norm_rope.h"
+
+namespace longctx::ops {
+
+namespace {
+
+using namespace cuda_detail;
+
+constexpr int kBlock = 256;
+constexpr int kWarps = kBlock / 32;
+constexpr int64_t kMaxHeadDim = 1024;
+
+template <typename T>
+__global__ void __launch_bounds__(kBlock) qk_norm_rope_kernel(QkNormRopeParams p) {
+  __shared__ float cos_t[kMaxHeadDim / 2], sin_t[kMaxHeadDim / 2];
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
+  const RopeParams& r = p.rope;
+  const int64_t t = blockIdx.x;
+  const int half = int(r.rotary_dim / 2);
+  const float pos = __ll2float_rn(r.positions[t]);
+  const int row = rope_row(r, t);
+  const float* inv = r.inv_freq + (row > 0 ? row : 0) * half;
+  const float ntk_base =
+      row < 0 ? rope_math::dynamic_ntk_base(r.ntk, r.lens ? r.lens[t] : r.positions[t] + 1) : 0.f;
+  for (int i = threadIdx.x; i < half; i += kBlock) {
+    const float f = row < 0 ? rope_math::default_inv_freq(ntk_base, i, r.rotary_dim) : inv[i];
+    float s, c;
+    sincosf(__fmul_rn(pos, f), &s, &c);
+    sin_t[i] = __fmul_rn(s, r.attention_scaling);
+    cos_t[i] = __fmul_rn(c, r.attention_scaling);
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t d = r.head_dim;
+  for (int64_t h = warp; h < r.heads; h += kWarps) {
+    T* v = row_of<T>(r.x, t * r.heads + h);
+    const bool is_q = h < p.q_heads;
+    const void* w = is_q ? p.q_weight : p.k_weight;
+    const DType wd = is_q ? p.q_weight_dtype : p.k_weight_dtype;
+    double ss = 0;
+    for (int64_t j = lane; j < d; j += 32) {
+      const float x = to_f32(v[j]);
+      ss += double(x) * double(x);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float variance = static_cast<float>(ss / double(d));
+    const float inv_rms = 1.0f / sqrtf(variance + p.eps);
+    // rms_norm's output, stored in T
+    auto norm = [&](int64_t j) {
+      return from_f32<T>(__fmul_rn(load_any(w, wd, j), __fmul_rn(to_f32(v[j]), inv_rms)));
+    };
+    for (int i = lane; i < half; i += 32) {
+      const float x1 = to_f32(norm(i)), x2 = to_f32(norm(i + half));
+      const float c = cos_t[i], s = sin_t[i];
+      v[i] = from_f32<T>(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(-x2, s)));
+      v[i + half] = from_f32<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+    }
+    for (int64_t j = r.rotary_dim + lane; j < d; j += 32) v[j] = norm(j);
+  }
+}
+
+}  // namespace
+
+void qk_norm_rope_cuda(const Tensor& qk, int64_t q_heads, const Tensor& q_weight,
+                       const Tensor& k_weight, float eps, const Tensor& positions,
+                       const RopeArgs& rope) {
+  const QkNormRopeParams p =
+      qk_norm_rope_params(qk, q_heads, q_weight, k_weight, eps, positions, rope);
+  LONGCTX_CHECK(p.rope.head_dim <= kMaxHeadDim, ErrorCode::kUnsupported,
+                "qk_norm_rope: head_dim {} above the CUDA kernel's {}", p.rope.head_dim,
+                kMaxHeadDim);
+  DeviceGuard guard(p.rope.device.index);
+  cudaStream_t stream = op_stream(p.rope.device, "qk_norm_rope");
+  if (p.rope.n == 0 || p.rope.heads == 0) return;
+  LONGCTX_CHECK(p.rope.n <= 0x7fffffff, ErrorCode::kInvalidArgument, "qk_norm_rope: {} tokens",
+                p.rope.n);
+  visit_float(p.rope.x.dtype, "qk_norm_rope", [&](auto tx) {
+    kernels::cuda::launch_pdl(qk_norm_rope_kernel<decltype(tx)>, dim3(unsigned(p.rope.n)),
+                              dim3(kBlock), 0, stream, p);
+  });
+}
+
+}  // namespace longctx::ops
