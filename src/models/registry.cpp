@@ -33,17 +33,7 @@ bool packs_quantized_linears(const QuantConfig& quantization, const ModelBuildOp
   if (!quantization.quantized()) return false;
   if (options.packed_weights.has_value()) return *options.packed_weights;
   if (dummy_weights) return true;
-  if (!options.device.is_cuda()) return false;
-  switch (quantization.method) {
-    case QuantMethod::kFp8Block:
-    case QuantMethod::kCompressedFp8:
-    case QuantMethod::kGptq:
-      return true;
-    case QuantMethod::kAwq:
-    case QuantMethod::kNone:
-      return false;
-  }
-  return false;
+  return options.device.is_cuda();
 }
 
 std::unique_ptr<Model> create_model(std::shared_ptr<const Checkpoint> checkpoint,

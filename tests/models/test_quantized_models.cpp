@@ -134,9 +134,8 @@ TEST_P(QuantizedModel, RunsCloseToTheDenseModel) {
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedModel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
-// Who runs packed by default: dummy weights always; a checkpoint on a GPU in the formats whose
-// packed GEMV decodes faster than bf16 (not AWQ yet); never on the CPU; the option decides where
-// set; an unquantized model never.
+// Who runs packed by default: dummy weights always; a checkpoint on a GPU; never on the CPU; the
+// option decides where set; an unquantized model never.
 TEST(QuantizedCheckpoint, PackedByDefaultWhereThePackedGemvIsFaster) {
   auto q = [](QuantMethod m) {
     QuantConfig c;
@@ -146,9 +145,9 @@ TEST(QuantizedCheckpoint, PackedByDefaultWhereThePackedGemvIsFaster) {
   };
   ModelBuildOptions gpu, cpu;
   gpu.device = Device::cuda(0);
-  for (QuantMethod m : {QuantMethod::kFp8Block, QuantMethod::kCompressedFp8, QuantMethod::kGptq})
+  for (QuantMethod m :
+       {QuantMethod::kFp8Block, QuantMethod::kCompressedFp8, QuantMethod::kGptq, QuantMethod::kAwq})
     EXPECT_TRUE(packs_quantized_linears(q(m), gpu, false)) << quant_method_name(m);
-  EXPECT_FALSE(packs_quantized_linears(q(QuantMethod::kAwq), gpu, false));
   for (QuantMethod m : {QuantMethod::kFp8Block, QuantMethod::kAwq, QuantMethod::kGptq}) {
     EXPECT_FALSE(packs_quantized_linears(q(m), cpu, false)) << quant_method_name(m);
     EXPECT_TRUE(packs_quantized_linears(q(m), cpu, true)) << quant_method_name(m);

@@ -60,11 +60,10 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
         ->check(CLI::IsMember({"fp8", "ct-fp8", "awq", "gptq"}));
     cmd->add_flag("--packed-weights", packed_weights,
                   "run a quantized checkpoint's Linears packed (int4 / FP8 GEMVs reading the "
-                  "checkpoint's bytes); the default on a GPU for fp8, compressed-tensors FP8 and "
-                  "GPTQ checkpoints and for dummy quantized weights");
+                  "checkpoint's bytes); the default on a GPU and for dummy quantized weights");
     cmd->add_flag("--dense-weights", dense_weights,
                   "dequantize a quantized checkpoint's Linears to bf16 at load; the default on "
-                  "the CPU and for AWQ checkpoints");
+                  "the CPU");
     cmd->add_option("--rope-inv-freq-dtype", rope_inv_freq_dtype,
                     "f32: exact rope inv_freq (transformers from_pretrained, vLLM); checkpoint: "
                     "rounded to the checkpoint dtype, as a model cast with .to(dtype)")

@@ -42,10 +42,9 @@ class Model {
 };
 
 // Whether a quantized checkpoint's Linears run packed: options.packed_weights where set; else
-// packed for dummy weights (they have no dense copy) and, on a CUDA device, for the formats whose
-// packed GEMV decodes faster than dense bf16 (FP8 blocks, compressed-tensors FP8, GPTQ: measured
-// in docs/benchmarks.md). Dense on the CPU, where the packed op dequantizes on every call (a
-// reference, not a speed path), and for AWQ, whose GEMV is still slower than bf16's.
+// packed for dummy weights (they have no dense copy) and on a CUDA device, where every format's
+// packed GEMVs decode faster than dense bf16 (docs/benchmarks.md); dense on the CPU, where the
+// packed op dequantizes on every call (a reference, not a speed path).
 bool packs_quantized_linears(const QuantConfig& quantization, const ModelBuildOptions& options,
                              bool dummy_weights);
 
