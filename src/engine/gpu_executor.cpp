@@ -10,6 +10,9 @@
 // before a step or an import that writes one of them. An import's copy waits (on the GPU) for
 // the steps enqueued before it, which may still read the block it overwrites (one a finished
 // sequence held); the engine waits for the import before the next step.
+// Under KV offload the blocks are the host pool's: the offload backend imports into the host
+// copy and exports from the GPU cache or the host copy, ordered with the steps by its planner's
+// tickets (offload_backend.h).
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -58,6 +61,7 @@ class GpuExecutor final : public Executor {
   bool kv_block_io_pinned() const override { return true; }
   std::function<void()> read_kv_block_async(int32_t block, std::span<std::byte> out) override {
     const DeviceGuard guard(device_.index);
+    if (runner_->kv_offloaded()) return runner_->export_offloaded_kv_block(block, out);
     after_steps();
     runner_->read_kv_block_async(block, out, copy_stream().handle());
     auto done = std::make_shared<Event>(device_);
@@ -67,8 +71,9 @@ class GpuExecutor final : public Executor {
   }
   std::function<void()> write_kv_block_async(int32_t block,
                                              std::span<const std::byte> in) override {
-    wait_for_export(block);
     const DeviceGuard guard(device_.index);
+    if (runner_->kv_offloaded()) return runner_->import_offloaded_kv_block(block, in);
+    wait_for_export(block);
     after_steps();
     runner_->write_kv_block_async(block, in, copy_stream().handle());
     auto done = std::make_shared<Event>(device_);
