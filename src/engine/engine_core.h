@@ -133,6 +133,12 @@ class EngineCore {
   void set_kv_store_sync_reads(bool on) { options_.kv_store_sync_reads = on; }
   // Store loads in progress (their requests held out of the steps), aborted ones included.
   int64_t num_store_loads() const { return static_cast<int64_t>(loads_.size()); }
+  // For tests: the blocks each load in progress imported so far, in start order.
+  std::vector<int64_t> store_load_blocks() const {
+    std::vector<int64_t> n;
+    for (const StoreLoad& l : loads_) n.push_back(static_cast<int64_t>(l.blocks.size()));
+    return n;
+  }
   // Waits until the blocks waiting for export to the KV store and its queued writes were sent
   // (or failed); nothing without a store.
   void flush_kv_store();
