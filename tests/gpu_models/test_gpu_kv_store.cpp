@@ -89,7 +89,8 @@ TEST(GpuKvStore, SecondEngineReadsWhatTheFirstComputed) {
 EngineConfig offload_config(const std::string& store) {
   EngineConfig c = needle_config(store);
   c.kv_offload = true;
-  c.num_gpu_blocks = 512 / 16 + 2 * 4 + 6;  // a step's blocks and a few more
+  c.max_num_seqs = 4;
+  c.num_gpu_blocks = 512 / 16 + 2 * 4 + 6;  // a step's blocks (4 sequences) and a few more
   c.host_kv_budget = 64ll << 20;
   c.offload_slots = 3;
   c.offload_slot_tokens = 64;
