@@ -127,8 +127,8 @@ EngineCore::EngineCore(std::unique_ptr<Executor> executor, const Tokenizer* toke
                   "--no-enable-prefix-caching turns off");
     LONGCTX_CHECK(
         executor_->kv_block_bytes() > 0 && blocks_.num_groups() == 1, ErrorCode::kUnsupported,
-        "--kv-store: this engine cannot export its KV blocks (the store needs a resident KV "
-        "cache of one full-attention group and no sparse policy: no offload)");
+        "--kv-store: this engine cannot export its KV blocks (the store needs a KV cache, "
+        "resident or offloaded, of one full-attention group and no sparse policy)");
     // A prefill step's full blocks (128 of 16 MiB for a 16K-token chunk) wait in the store's
     // export queue for staging buffers, which the store's writer pins when it starts.
     KvStoreOptions store;

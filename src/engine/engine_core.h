@@ -131,8 +131,18 @@ class EngineCore {
   EngineStats stats() const;
   // For measurements: EngineCoreOptions::kv_store_sync_reads from now on.
   void set_kv_store_sync_reads(bool on) { options_.kv_store_sync_reads = on; }
+  // For measurements: Executor::set_kv_imports_enqueued_by_caller.
+  void set_kv_imports_enqueued_by_engine(bool on) {
+    executor_->set_kv_imports_enqueued_by_caller(on);
+  }
   // Store loads in progress (their requests held out of the steps), aborted ones included.
   int64_t num_store_loads() const { return static_cast<int64_t>(loads_.size()); }
+  // For tests: the blocks each load in progress imported so far, in start order.
+  std::vector<int64_t> store_load_blocks() const {
+    std::vector<int64_t> n;
+    for (const StoreLoad& l : loads_) n.push_back(static_cast<int64_t>(l.blocks.size()));
+    return n;
+  }
   // Waits until the blocks waiting for export to the KV store and its queued writes were sent
   // (or failed); nothing without a store.
   void flush_kv_store();

@@ -73,6 +73,14 @@ void EngineCore::advance_store_loads() {
   // The blocks a load may pin: those free beyond one for each running sequence (its next
   // block), so a load does not preempt the running sequences.
   auto spare = [&] { return blocks_.num_free_blocks(BlockPool::kMain) - scheduler_.num_running(); };
+  // Of those, the ones the loads in progress may still pin (several documents load at once).
+  auto unclaimed = [&] {
+    int64_t n = spare();
+    for (const StoreLoad& l : loads_)
+      if (l.seq != nullptr && !l.load->done())
+        n -= static_cast<int64_t>(l.load->blocks().size() - l.blocks.size());
+    return n;
+  };
   // The blocks that arrived, each into a pinned block (on a GPU: a copy on the copy stream from
   // the store's pinned read buffer; the loader thread waits for it before the load ends).
   for (StoreLoad& l : loads_) {
@@ -134,7 +142,7 @@ void EngineCore::advance_store_loads() {
                               .first(static_cast<size_t>(seq->num_prompt_tokens - 1));
       const int64_t cached = blocks_.cached_prefix(prompt, &hashes);
       const int64_t end =
-          std::min(static_cast<int64_t>(hashes.size()), cached + std::max<int64_t>(spare(), 0));
+          std::min(static_cast<int64_t>(hashes.size()), cached + std::max<int64_t>(unclaimed(), 0));
       refs.clear();
       for (int64_t i = cached; i < end; ++i)
         refs.push_back({hashes[i], i == 0 ? 0 : hashes[i - 1],

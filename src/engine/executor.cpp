@@ -115,6 +115,7 @@ class CpuExecutor final : public Executor {
       d.sparse = o.sparse;
       offload_ = std::make_unique<OffloadAttentionBackend>(d.geometry, make_cpu_offload_device(d));
       offload_->set_layer_block_bytes(d.layer_block_bytes());
+      sparse_ = o.sparse;
       num_blocks_ = kv.num_blocks;
       if (groups_.has_kind(KvGroupKind::kSlidingWindow)) {
         // The sliding groups: resident, from the window pool (ids num_blocks_ + i).
@@ -160,6 +161,7 @@ class CpuExecutor final : public Executor {
                     sparse_policy_name(o.sparse.policy));
     }
     block_size_ = o.block_size;
+    kv_fp8_ = kv.fp8();
     for (int64_t g = 0; g < groups_.size(); ++g) {
       if (groups_[g].kind != KvGroupKind::kState) continue;
       // Linear attention (Qwen3-Next): the Gated DeltaNet state and the conv's last inputs.
@@ -196,14 +198,16 @@ class CpuExecutor final : public Executor {
     return l;
   }
 
+  // Offloaded, a block's bytes are its host copy's (or the GPU cache's), in the resident pool's
+  // order and format: replicas with and without offload share the store's blocks.
   int64_t kv_block_bytes() const override {
-    return sparse::exports_kv_blocks(pool_ != nullptr, groups_, sparse_)
-               ? pool_->config().bytes_per_block()
-               : 0;
+    if (!sparse::exports_kv_blocks(pool_ != nullptr || offload_ != nullptr, groups_, sparse_))
+      return 0;
+    return offload_ != nullptr
+               ? offload_->layer_block_bytes() * offload_->planner().geometry().num_layers
+               : pool_->config().bytes_per_block();
   }
-  std::string kv_block_format() const override {
-    return pool_->config().fp8() ? "cpu-fp8e4m3" : "cpu-f32";
-  }
+  std::string kv_block_format() const override { return kv_fp8_ ? "cpu-fp8e4m3" : "cpu-f32"; }
   ExecutorCounters counters() const override {
     ExecutorCounters c = snapshot_counters_;
     if (offload_ != nullptr) {
@@ -214,11 +218,31 @@ class CpuExecutor final : public Executor {
   }
   void read_kv_block(int32_t block, std::span<std::byte> out) const override {
     check_block_io();
+    if (offload_ != nullptr) {
+      if (auto wait = offload_->export_block(block, out)) wait();
+      return;
+    }
     pool_->read_block(block, out);
   }
   void write_kv_block(int32_t block, std::span<const std::byte> in) override {
     check_block_io();
+    if (offload_ != nullptr) {
+      if (auto wait = offload_->import_block(block, in)) wait();
+      return;
+    }
     pool_->write_block(block, in);
+  }
+  // Offloaded: the import's copy into the host pool runs in the wait (the store's loader thread).
+  std::function<void()> read_kv_block_async(int32_t block, std::span<std::byte> out) override {
+    if (offload_ == nullptr) return Executor::read_kv_block_async(block, out);
+    check_block_io();
+    return offload_->export_block(block, out);
+  }
+  std::function<void()> write_kv_block_async(int32_t block,
+                                             std::span<const std::byte> in) override {
+    if (offload_ == nullptr) return Executor::write_kv_block_async(block, in);
+    check_block_io();
+    return offload_->import_block(block, in);
   }
 
   Tensor execute(std::span<const StepInput> inputs, std::span<const KVBlockCopy> copies) override {
@@ -249,14 +273,15 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<CpuPagedBackend> window_attention_;
   void check_block_io() const {
     LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
-                  "CPU executor: KV block I/O without an exportable pool (offload, KV groups or a "
+                  "CPU executor: KV block I/O without an exportable cache (KV groups or a "
                   "sparse policy)");
   }
 
   std::unique_ptr<PagedKVPool> pool_;                 // resident
   std::unique_ptr<OffloadAttentionBackend> offload_;  // or offloaded (simulated)
   std::unique_ptr<sparse::SparsePolicy> policy_;      // with the resident pool (Full: dense)
-  SparseOptions sparse_;                              // the resident pool's policy's options
+  SparseOptions sparse_;                              // the policy's options
+  bool kv_fp8_ = false;                               // FP8 E4M3 codes and scales, else f32
   std::unique_ptr<StatePool> states_;                 // a state group's slots (linear attention)
   ExecutorCounters snapshot_counters_;                // its snapshots' copies (the state_* fields)
   int64_t state_group_ = 0;  // its group (> 0: group 0 is paged whenever a model has attention)

@@ -29,6 +29,7 @@ struct GpuRunner::Impl {
   KvGroups groups;  // the model's (attention/kv_groups.h)
   GpuMemoryPlan plan;
   std::unique_ptr<PagedKVPool> pool;  // resident KV
+  DType kv_dtype = DType::kBF16;      // the KV cache's (FP8: kFP8E4M3), resident or offloaded
   // A state group's slots (linear attention): [0, max_num_seqs) the sequences', then the prefix
   // cache's snapshots.
   std::unique_ptr<StatePool> states;
@@ -173,6 +174,7 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
         Shape{l.num_value_heads, l.key_head_dim, l.value_head_dim},
         Shape{l.conv_kernel_dim - 1, conv_dim}, m.model->device());
   }
+  m.kv_dtype = fp8 ? DType::kFP8E4M3 : m.model->activation_dtype();
   if (m.plan.offload()) {
     OffloadDeviceConfig d;
     const int64_t layers =
@@ -348,36 +350,62 @@ ExecutorCounters GpuRunner::state_counters() const { return impl_->snapshot_coun
 
 int64_t GpuRunner::kv_block_bytes() const {
   const Impl& m = *impl_;
-  const bool resident = m.pool != nullptr && m.offload == nullptr;
-  return sparse::exports_kv_blocks(resident, m.groups, m.options.sparse)
-             ? m.pool->config().bytes_per_block()
-             : 0;
+  if (!sparse::exports_kv_blocks(m.pool != nullptr || m.offload != nullptr, m.groups,
+                                 m.options.sparse))
+    return 0;
+  return m.offload != nullptr
+             ? m.offload->layer_block_bytes() * m.offload->planner().geometry().num_layers
+             : m.pool->config().bytes_per_block();
 }
 
 std::string GpuRunner::kv_block_format() const {
-  return fmt::format("gpu-{}", dtype_name(impl_->pool->config().dtype));
+  return fmt::format("gpu-{}", dtype_name(impl_->kv_dtype));
+}
+
+bool GpuRunner::kv_offloaded() const { return impl_->offload != nullptr; }
+
+std::function<void()> GpuRunner::import_offloaded_kv_block(int32_t block,
+                                                           std::span<const std::byte> in) {
+  LONGCTX_CHECK(kv_block_bytes() > 0 && kv_offloaded(), ErrorCode::kInternal,
+                "GPU runner: offloaded KV block import without an offloaded one-group cache");
+  return impl_->offload->import_block(block, in);
+}
+
+std::function<void()> GpuRunner::export_offloaded_kv_block(int32_t block,
+                                                           std::span<std::byte> out) {
+  LONGCTX_CHECK(kv_block_bytes() > 0 && kv_offloaded(), ErrorCode::kInternal,
+                "GPU runner: offloaded KV block export without an offloaded one-group cache");
+  return impl_->offload->export_block(block, out);
 }
 
 void GpuRunner::read_kv_block(int32_t block, std::span<std::byte> out) const {
   LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
-                "GPU runner: KV block export without a resident one-group pool");
+                "GPU runner: KV block export without a one-group cache");
+  if (impl_->offload != nullptr) {
+    if (auto wait = impl_->offload->export_block(block, out)) wait();
+    return;
+  }
   impl_->pool->read_block(block, out);
 }
 
 void GpuRunner::write_kv_block(int32_t block, std::span<const std::byte> in) {
   LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
-                "GPU runner: KV block import without a resident one-group pool");
+                "GPU runner: KV block import without a one-group cache");
+  if (impl_->offload != nullptr) {
+    if (auto wait = impl_->offload->import_block(block, in)) wait();
+    return;
+  }
   impl_->pool->write_block(block, in);
 }
 
 void GpuRunner::read_kv_block_async(int32_t block, std::span<std::byte> out, void* stream) const {
-  LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
+  LONGCTX_CHECK(kv_block_bytes() > 0 && !kv_offloaded(), ErrorCode::kInternal,
                 "GPU runner: KV block export without a resident one-group pool");
   impl_->pool->read_block_async(block, out, stream);
 }
 
 void GpuRunner::write_kv_block_async(int32_t block, std::span<const std::byte> in, void* stream) {
-  LONGCTX_CHECK(kv_block_bytes() > 0, ErrorCode::kInternal,
+  LONGCTX_CHECK(kv_block_bytes() > 0 && !kv_offloaded(), ErrorCode::kInternal,
                 "GPU runner: KV block import without a resident one-group pool");
   impl_->pool->write_block_async(block, in, stream);
 }

@@ -269,10 +269,14 @@ KvStore::KvStore(const std::string& url, std::string ns, int64_t block_size, int
       "KV store: blocks of {} tokens, {} bytes, chunks of {} bytes, a timeout of {} ms", block_size,
       block_bytes, options.chunk_bytes, options.timeout_ms);
   hiredis();  // a missing library is a start-up error
-  for (size_t i = 0; i < kReaders; ++i) readers_.push_back(std::make_unique<Connection>(*this));
+  for (size_t l = 0; l < std::max<size_t>(options.max_loads, 1); ++l) {
+    lanes_.push_back(std::make_unique<ReadLane>());
+    for (size_t i = 0; i < kReaders; ++i)
+      lanes_.back()->readers.push_back(std::make_unique<Connection>(*this));
+  }
   writer_ = std::make_unique<Connection>(*this);
   thread_ = std::thread([this] { run_writer(); });
-  loader_ = std::thread([this] { run_loader(); });
+  for (auto& lane : lanes_) loaders_.emplace_back([this, l = lane.get()] { run_loader(*l); });
 }
 
 KvStore::~KvStore() {
@@ -280,10 +284,10 @@ KvStore::~KvStore() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
     for (auto& l : loads_) l->stop();
-    if (loading_ != nullptr) loading_->stop();
+    for (auto& l : loading_) l->stop();
   }
   cv_.notify_all();
-  loader_.join();
+  for (std::thread& t : loaders_) t.join();
   thread_.join();
 }
 
@@ -374,7 +378,7 @@ std::shared_ptr<KvStoreLoad> KvStore::start_load(std::span<const KvStoreBlockRef
   return load;
 }
 
-void KvStore::run_loader() {
+void KvStore::run_loader(ReadLane& lane) {
   for (;;) {
     std::shared_ptr<KvStoreLoad> load;
     {
@@ -387,19 +391,20 @@ void KvStore::run_loader() {
       }
       load = std::move(loads_.front());
       loads_.pop_front();
-      loading_ = load;
+      loading_.push_back(load);
     }
     // Each block is handed to the engine thread; its read buffer is reused (and get_prefix
     // returns) only once the engine imported it and its copy finished, or the load stopped.
-    get_prefix(load->blocks(),
-               [&](size_t i, std::span<const std::byte> bytes, std::function<void()>* reuse_after) {
-                 if (!load->hand_on(i, bytes)) return false;
-                 *reuse_after = [load, i] { load->wait_imported(i); };
-                 return true;
-               });
+    read_prefix(
+        lane, load->blocks(),
+        [&](size_t i, std::span<const std::byte> bytes, std::function<void()>* reuse_after) {
+          if (!load->hand_on(i, bytes)) return false;
+          *reuse_after = [load, i] { load->wait_imported(i); };
+          return true;
+        });
     {
       std::lock_guard<std::mutex> lock(mu_);
-      loading_ = nullptr;
+      std::erase(loading_, load);
     }
     load->finish();
   }
@@ -589,16 +594,21 @@ void KvStore::flush() {
 }
 
 int64_t KvStore::get_prefix(std::span<const KvStoreBlockRef> blocks, const OnHit& on_hit) {
+  return read_prefix(*lanes_[0], blocks, on_hit);
+}
+
+int64_t KvStore::read_prefix(ReadLane& lane, std::span<const KvStoreBlockRef> blocks,
+                             const OnHit& on_hit) {
   if (blocks.empty()) return 0;
-  const std::lock_guard<std::mutex> reading(read_mu_);
+  const std::lock_guard<std::mutex> reading(lane.mu);
   // kReaders threads, each with a connection of its own, GET the blocks' chunks in order (kPipeline
   // GETs sent, then their replies read), each into its place in the read buffer of its block
   // (block i's is i % kReadAhead), and check them; this thread hands the blocks on in order. A
   // reader fills a block's buffer only once the block kReadAhead before it was handed on and the
   // caller's copy out of it finished.
-  if (reading_ == nullptr)
-    reading_ = std::make_unique<KvBlockBuffers>(static_cast<int64_t>(kReadAhead), block_bytes_,
-                                                options_.pinned);
+  if (lane.buffers == nullptr)
+    lane.buffers = std::make_unique<KvBlockBuffers>(static_cast<int64_t>(kReadAhead), block_bytes_,
+                                                    options_.pinned);
   enum class State { kPending, kValue, kMiss, kFailed };
   struct Block {
     State state = State::kPending;
@@ -627,7 +637,7 @@ int64_t KvStore::get_prefix(std::span<const KvStoreBlockRef> blocks, const OnHit
   bool stop = false;
   const size_t head_bytes = chunk_head_bytes();
   auto buffer = [&](size_t block) {
-    return reading_->bytes(static_cast<int32_t>(block % kReadAhead));
+    return lane.buffers->bytes(static_cast<int32_t>(block % kReadAhead));
   };
   auto read = [&](Connection& conn) {
     std::vector<char> heads(kPipeline * head_bytes);
@@ -721,7 +731,7 @@ int64_t KvStore::get_prefix(std::span<const KvStoreBlockRef> blocks, const OnHit
         if (r != nullptr) (*r)();
     }
   } joiner{threads, mu, cv, stop, reuse};
-  for (auto& conn : readers_) threads.emplace_back(read, std::ref(*conn));
+  for (auto& conn : lane.readers) threads.emplace_back(read, std::ref(*conn));
 
   int64_t taken = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -30,12 +30,13 @@
 // read the chunks of the next kReadAhead blocks, kPipeline GETs at a time, into read buffers
 // (pinned for a GPU executor) and hand each verified block on in order; the caller's copy out of
 // a read buffer may run on while the next blocks are read (reuse_after). Each read is bounded by
-// a timeout. start_load() runs such a read on the store's loader thread instead, one load at a
-// time in the order they were started (their memory: the kReadAhead read buffers): the engine
-// thread takes the blocks that arrived between its steps (KvStoreLoad) and never waits for the
-// store. A value that fails a check, a timeout, or a store that is down is a miss (logged,
-// counted): the caller recomputes. After a connection failure the store is not tried again for a
-// second, so a down store costs one timeout a second at most.
+// a timeout. start_load() runs such a read on a loader thread of the store's instead, up to
+// max_loads at once in the order they were started (each load a lane of kReaders connections and
+// kReadAhead read buffers: the buffers bound the loads): the engine thread takes the blocks that
+// arrived between its steps (KvStoreLoad) and never waits for the store. A value that fails a
+// check, a timeout, or a store that is down is a miss (logged, counted): the caller recomputes.
+// After a connection failure the store is not tried again for a second, so a down store costs one
+// timeout a second at most.
 #pragma once
 
 #include <atomic>
@@ -127,6 +128,9 @@ struct KvStoreOptions {
   int64_t staging_bytes = int64_t{2} << 30;
   int64_t chunk_bytes = int64_t{1} << 20;  // a block's bytes per key
   size_t max_waiting_exports = 4096;       // blocks waiting for a staging buffer
+  // Loads (start_load) read at once, each with its own kReaders connections and kReadAhead read
+  // buffers (allocated when first used): the read buffers bound them.
+  size_t max_loads = 2;
 };
 
 class KvStore {
@@ -181,8 +185,8 @@ class KvStore {
   using OnHit =
       std::function<bool(size_t, std::span<const std::byte>, std::function<void()>* reuse_after)>;
   int64_t get_prefix(std::span<const KvStoreBlockRef> blocks, const OnHit& on_hit);
-  // Starts an asynchronous read of `blocks` (as get_prefix(), on the loader thread, after the
-  // loads started before). Never waits.
+  // Starts an asynchronous read of `blocks` (as get_prefix(), on a loader thread: up to
+  // max_loads at once, in the order they were started). Never waits.
   std::shared_ptr<KvStoreLoad> start_load(std::span<const KvStoreBlockRef> blocks);
   // The block's K/V bytes when the store holds a verified value for exactly this block (hash,
   // parent and tokens); nullopt otherwise.
@@ -222,18 +226,25 @@ class KvStore {
                     const KvStoreBlockRef& block, int64_t chunk) const;
   bool send_block(const Write& w, std::span<const std::byte> payload);  // the writer's
   void run_writer();
-  void run_loader();
+  // One read of blocks at a time: its reader connections and read buffers. Lane 0 serves
+  // get_prefix() and the first loader, lane i loader i.
+  struct ReadLane {
+    std::mutex mu;
+    std::vector<std::unique_ptr<Connection>> readers;  // [kReaders]
+    std::unique_ptr<KvBlockBuffers> buffers;           // [kReadAhead] blocks, on first use
+  };
+  int64_t read_prefix(ReadLane& lane, std::span<const KvStoreBlockRef> blocks, const OnHit& on_hit);
+  void run_loader(ReadLane& lane);
 
   std::string url_, host_, ns_;
   int port_ = 0;
   int64_t block_size_, block_bytes_;
   KvStoreOptions options_;
   int64_t chunk_bytes_;
-  std::vector<std::unique_ptr<Connection>> readers_;  // get_prefix()'s threads, one each
-  std::unique_ptr<Connection> writer_;                // the writer thread
+  std::vector<std::unique_ptr<ReadLane>> lanes_;  // [max(max_loads, 1)]
+  std::unique_ptr<Connection> writer_;            // the writer thread
   KvBlockBuffers staging_;
-  std::unique_ptr<KvBlockBuffers> reading_;  // [kReadAhead] blocks, allocated by get_prefix()
-  std::deque<Export> waiting_;               // the engine thread's
+  std::deque<Export> waiting_;  // the engine thread's
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Write> queue_;
@@ -243,10 +254,9 @@ class KvStore {
   std::atomic<int64_t> hits_{0}, misses_{0}, errors_{0}, bytes_read_{0}, bytes_written_{0},
       dropped_{0};
   std::thread thread_;
-  std::mutex read_mu_;  // one get_prefix() at a time (the readers' connections and buffers)
-  std::deque<std::shared_ptr<KvStoreLoad>> loads_;  // started, not yet read (under mu_)
-  std::shared_ptr<KvStoreLoad> loading_;            // the one being read (under mu_)
-  std::thread loader_;
+  std::deque<std::shared_ptr<KvStoreLoad>> loads_;     // started, not yet read (under mu_)
+  std::vector<std::shared_ptr<KvStoreLoad>> loading_;  // being read (under mu_)
+  std::vector<std::thread> loaders_;                   // one a lane
 };
 
 }  // namespace longctx

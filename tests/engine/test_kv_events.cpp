@@ -20,6 +20,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "common/redis_server.h"
 #include "engine/engine_test_util.h"
 #include "engine/kv_event_publisher.h"
 #include "engine/llm_internal.h"
@@ -410,6 +411,64 @@ TEST_F(KvEvents, OffloadedEnginePublishesTheHostTier) {
   EXPECT_EQ(m.times_stored[h], 1) << "the shared prefix's first block";
   EXPECT_EQ(std::vector<uint64_t>(m.cached.begin(), m.cached.end()), core.cached_block_hashes());
   core.check_consistency();
+}
+
+// A KV store under offload: the blocks a hit imports go into the host pool, and their
+// BlockStored events (published when the load ends) name the host tier too.
+TEST_F(KvEvents, OffloadedStoreHitsPublishTheHostTier) {
+  testing::RedisProcess redis;
+  ASSERT_TRUE(redis.up());
+  auto make = [&](bool events) {
+    CpuExecutorOptions x;
+    x.block_size = 4;
+    x.num_blocks = 64;
+    x.offload_gpu_blocks = 12;
+    x.offload_slots = 2;
+    x.offload_slot_blocks = 3;
+    EngineCoreOptions o = testing::core_options(24, 2);
+    o.kv_medium = KvMedium::kCpu;
+    o.kv_store = redis.url();
+    o.kv_store_namespace = "tiny";
+    if (events)
+      o.kv_events = {.enable_kv_cache_events = true,
+                     .publisher = KvEventsPublisher::kZmq,
+                     .endpoint = ipc("pub"),
+                     .topic = "kv"};
+    return std::make_unique<EngineCore>(make_cpu_executor(testing::tiny_model(), x), nullptr, o);
+  };
+  std::vector<int32_t> doc = document(4, 81);
+  for (int32_t& v : doc) v %= 1000;
+  {
+    auto a = make(false);
+    a->add_request(0, doc, testing::greedy(2), 0);
+    while (a->has_unfinished()) a->step();
+    a->flush_kv_store();
+  }
+  auto b = make(true);
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv");
+  sub.set(zmq::sockopt::rcvtimeo, 500);
+  sub.connect(ipc("pub"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the subscription propagates
+  b->add_request(0, doc, testing::greedy(2), 0);
+  while (b->has_unfinished()) b->step();
+  b->take_finished();
+  EXPECT_EQ(b->stats().kv_store_hits, 20);  // every full block before the last token
+  Mirror m;
+  std::set<std::string> media;
+  for (;;) {
+    std::vector<zmq::message_t> frames;
+    if (!zmq::recv_multipart(sub, std::back_inserter(frames))) break;  // quiet for 500 ms
+    ASSERT_EQ(frames.size(), 3u);
+    DecodedBatch batch = decode(frames[2].to_string());
+    m.apply(batch);
+    for (const Decoded& d : batch.events) media.insert(d.medium);
+  }
+  EXPECT_EQ(media, (std::set<std::string>{"CPU"}));
+  EXPECT_EQ(m.times_stored[XXH64(doc.data(), 4 * sizeof(int32_t), 0)], 1) << "the first block";
+  EXPECT_EQ(std::vector<uint64_t>(m.cached.begin(), m.cached.end()), b->cached_block_hashes());
+  b->check_consistency();
 }
 
 TEST_F(KvEvents, EndpointErrorsAreClear) {

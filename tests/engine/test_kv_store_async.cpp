@@ -206,6 +206,52 @@ TEST(KvStoreAsync, RequestsForOneDocumentShareOneLoad) {
   core.check_consistency();
 }
 
+// Two different documents at once: each load reads on a lane of its own (connections and read
+// buffers), so both advance between the same steps, and both requests are released with their
+// hits.
+TEST(KvStoreAsync, LoadsOfTwoDocumentsRunAtOnce) {
+  testing::RedisProcess redis;
+  ASSERT_TRUE(redis.up());
+  constexpr int64_t kOtherBlocks = 20;
+  const std::vector<int32_t> other = document(23, kOtherBlocks * kBlock + 5);
+  RequestOutput other_alone;
+  {
+    LLM x(config(redis.url()));
+    x.generate({Prompt(long_prompt())}, greedy(1), false);
+    other_alone = x.generate({Prompt(other)}, greedy(kLongTokens), false).at(0);
+    engine_core(x).flush_kv_store();
+  }
+  LLM y(config(redis.url()));
+  EngineCore& core = engine_core(y);
+  core.add_request(0, long_prompt(), greedy(kLongTokens), now_seconds());
+  core.add_request(1, other, greedy(kLongTokens), now_seconds());
+  core.step();
+  EXPECT_EQ(core.num_store_loads(), 2);
+  EXPECT_EQ(core.stats().num_running, 0);  // both held
+  // Both loads import blocks before either ends (one at a time, the second would import none
+  // until the first ended).
+  bool both = false;
+  for (int i = 0; i < 2000 && core.num_store_loads() == 2 && !both; ++i) {
+    const std::vector<int64_t> n = core.store_load_blocks();
+    both = n.size() == 2 && n[0] > 0 && n[1] > 0;
+    if (!both) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      core.step();
+    }
+  }
+  EXPECT_TRUE(both) << "the two documents' loads never advanced together";
+  const std::vector<RequestOutput> out = finish(core);
+  expect_same(out[0], reference()[0]);
+  expect_same(out[1], other_alone);
+  EXPECT_EQ(out[0].metrics.num_cached_tokens, kLongBlocks * kBlock);
+  EXPECT_EQ(out[1].metrics.num_cached_tokens, kOtherBlocks * kBlock);
+  const EngineStats s = core.stats();
+  EXPECT_EQ(s.kv_store_hits, kLongBlocks + kOtherBlocks);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_EQ(core.num_store_loads(), 0);
+  core.check_consistency();
+}
+
 TEST(KvStoreAsync, StoreKilledMidLoadOnlyCostsARecompute) {
   testing::RedisProcess redis;
   ASSERT_TRUE(redis.up());

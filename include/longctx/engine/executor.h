@@ -100,6 +100,9 @@ class Executor {
   virtual std::function<void()> write_kv_block_async(int32_t block, std::span<const std::byte> in);
   // Whether the host buffers of those copies should be page-locked (KvBlockBuffers).
   virtual bool kv_block_io_pinned() const { return false; }
+  // For measurements: write_kv_block_async enqueues its copies on the calling (engine) thread
+  // rather than in the wait, as before the wait did it (a GPU executor's; others ignore it).
+  virtual void set_kv_imports_enqueued_by_caller(bool) {}
   // Samples one token per row of execute()'s logits. The default samples on the host.
   virtual std::vector<SampleResult> sample(const Tensor& logits,
                                            std::span<const SamplingParams* const> params,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -100,16 +101,23 @@ class GpuRunner {
   std::string phase_profile();
   // The linear-attention state snapshots' copies (ExecutorCounters' state_* fields; the rest 0).
   ExecutorCounters state_counters() const;
-  // The KV store's block I/O (Executor::kv_block_bytes etc.): a resident pool of one full
-  // attention group without a sparse policy; 0 bytes (no export) otherwise.
+  // The KV store's block I/O (Executor::kv_block_bytes etc.): a KV cache of one full attention
+  // group without a sparse policy, resident or offloaded (its bytes in the resident pool's order
+  // and format either way); 0 bytes (no export) otherwise.
   int64_t kv_block_bytes() const;
   std::string kv_block_format() const;
   void read_kv_block(int32_t block, std::span<std::byte> out) const;
   void write_kv_block(int32_t block, std::span<const std::byte> in);
-  // The same copies enqueued on `stream` (a cudaStream_t) with no host wait
+  // Resident: the same copies enqueued on `stream` (a cudaStream_t) with no host wait
   // (PagedKVPool::read_block_async); the caller orders them with the steps.
   void read_kv_block_async(int32_t block, std::span<std::byte> out, void* stream) const;
   void write_kv_block_async(int32_t block, std::span<const std::byte> in, void* stream);
+  // Offloaded (kv_offloaded()): the offload backend's import into the host pool and export
+  // (OffloadAttentionBackend::import_block / export_block), ordered with the steps by it; the
+  // returned wait (empty: done) returns once the copy did, from any thread.
+  bool kv_offloaded() const;
+  std::function<void()> import_offloaded_kv_block(int32_t block, std::span<const std::byte> in);
+  std::function<void()> export_offloaded_kv_block(int32_t block, std::span<std::byte> out);
   Device device() const;  // the model's CUDA device
 
   // From now on a block manager (the engine's or an ExecutorSession's) owns the KV blocks;

@@ -65,6 +65,28 @@ void OffloadAttentionBackend::set_copies(std::span<const KVBlockCopy> copies) {
   if (!window.empty()) copy_window_blocks_(window);
 }
 
+std::function<void()> OffloadAttentionBackend::import_block(int32_t host,
+                                                            std::span<const std::byte> bytes) {
+  check_block_bytes(bytes.size());
+  const uint64_t wait = planner_.import_host(host);
+  return device_->import_block(host, bytes, wait);
+}
+
+std::function<void()> OffloadAttentionBackend::export_block(int32_t host,
+                                                            std::span<std::byte> out) {
+  check_block_bytes(out.size());
+  const int32_t gpu = planner_.full_gpu_block(host);
+  const uint64_t ticket = gpu >= 0 ? planner_.note_export(gpu) : 0;
+  return device_->export_block(host, gpu, ticket, out, planner_.host_ticket(host));
+}
+
+void OffloadAttentionBackend::check_block_bytes(size_t bytes) const {
+  const int64_t want = layer_block_bytes_ * planner_.geometry().num_layers;
+  LONGCTX_CHECK(want > 0 && static_cast<int64_t>(bytes) == want, ErrorCode::kInternal,
+                "KV offload: a block's bytes are {} ({} layers of {}), got {}", want,
+                planner_.geometry().num_layers, layer_block_bytes_, bytes);
+}
+
 int64_t OffloadAttentionBackend::offload_layer(int64_t layer) const {
   if (groups_ == nullptr) return layer;
   LONGCTX_CHECK(layer >= 0 && layer < groups_->num_layers(), ErrorCode::kInvalidArgument,

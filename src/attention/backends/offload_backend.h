@@ -120,6 +120,21 @@ class OffloadDevice {
   virtual Tensor finish_layer(int64_t layer, const Tensor& q) = 0;
   // After the last layer: the plan's write-backs.
   virtual void end_step() = 0;
+
+  // The KV store's block I/O, between steps. A block's bytes in the store's order (every
+  // layer's K, then every layer's V, then FP8 every layer's K scales, then V scales: the resident
+  // pool's, PagedKVPool::read_block) and `out` / `bytes` stay valid until the returned wait
+  // (empty: done) returned, which may run on any thread.
+  // Import: `bytes` into host block `host`'s copy, after the steps enqueued so far (which may
+  // still read the block) and write-back ticket `wait` (0: none). The wait performs or awaits
+  // the copy off the engine thread; the caller keeps the block out of every step until then.
+  virtual std::function<void()> import_block(int32_t host, std::span<const std::byte> bytes,
+                                             uint64_t wait) = 0;
+  // Export of a full block: from GPU block `gpu` after the steps enqueued so far, issuing
+  // `ticket` once the copy was read (the planner's note_export); or with `gpu` -1 from the host
+  // copy, once write-back ticket `wait` (0: none) landed.
+  virtual std::function<void()> export_block(int32_t host, int32_t gpu, uint64_t ticket,
+                                             std::span<std::byte> out, uint64_t wait) = 0;
 };
 
 // One device as the backend drives it: the ring and, under a policy that selects, the sparse
@@ -180,10 +195,16 @@ class OffloadAttentionBackend final : public AttentionBackend {
   // on `recorder` (null: off).
   void set_phase_recorder(PhaseRecorder* recorder);
   int64_t layer_block_bytes() const { return layer_block_bytes_; }
+  // The KV store's block I/O (OffloadDevice::import_block / export_block), between steps: a
+  // store hit goes into the host pool (the block's tier here), an export reads the GPU cache's
+  // full copy when resident, else the host copy. A block's bytes: layer_block_bytes() x layers.
+  std::function<void()> import_block(int32_t host, std::span<const std::byte> bytes);
+  std::function<void()> export_block(int32_t host, std::span<std::byte> out);
   void set_layer_block_bytes(int64_t bytes) { layer_block_bytes_ = bytes; }
 
  private:
   void issue_load(int64_t g);
+  void check_block_bytes(size_t bytes) const;
   // The batch as the resident backend sees it: groups 1.. as groups 0.., ids in its pool.
   void make_window_batch(const ForwardBatch& batch);
   // The offload layer of a full-group layer, or -1 for a layer kept resident (a sliding layer of

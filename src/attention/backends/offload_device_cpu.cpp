@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 
@@ -158,6 +159,36 @@ class CpuOffloadDevice final : public OffloadDevice {
     if (!plan_->write_backs.empty()) issue(plan_->write_back_ticket, plan_->write_backs);
   }
 
+  // The write-backs into the host copy land first (here, on the engine thread); the copy itself
+  // runs in the wait, on the caller's thread (the store's loader), as the CUDA device's does:
+  // the steps between never touch the block.
+  std::function<void()> import_block(int32_t host, std::span<const std::byte> bytes,
+                                     uint64_t wait) override {
+    if (wait) land_until(wait);
+    return [this, host, bytes] {
+      for_each_piece(
+          host_, [&](int64_t l) { return host_index(l, host); },
+          [&](std::byte* p, const std::byte* store, size_t n) { std::memcpy(p, store, n); },
+          const_cast<std::byte*>(bytes.data()));
+    };
+  }
+
+  // At once: from the GPU cache, or from the host copy once its write-back landed. The ticket is
+  // issued (with nothing to write back) so that the planner's waits on it are defined.
+  std::function<void()> export_block(int32_t host, int32_t gpu, uint64_t ticket,
+                                     std::span<std::byte> out, uint64_t wait) override {
+    if (gpu < 0 && wait) land_until(wait);
+    auto read = [&](std::byte* p, std::byte* store, size_t n) { std::memcpy(store, p, n); };
+    if (gpu >= 0)
+      for_each_piece(
+          gpu_, [&](int64_t l) { return gpu_index(l, gpu); }, read, out.data());
+    else
+      for_each_piece(
+          host_, [&](int64_t l) { return host_index(l, host); }, read, out.data());
+    if (ticket) issue(ticket, {});
+    return {};
+  }
+
  private:
   struct Slot {
     bool loaded = false;
@@ -194,6 +225,20 @@ class CpuOffloadDevice final : public OffloadDevice {
     std::memcpy(codes(dst, d), codes(src, s), n * 2 * page_ * esize_);
     if (c_.fp8())
       std::memcpy(scales(dst, d), scales(src, s), n * 2 * c_.num_kv_heads * sizeof(float));
+  }
+  // The pieces of one block of `buf` (block index(l) of layer l) in the KV store's order (every
+  // layer's K, then V, then FP8 K scales, then V scales): f(piece, store bytes, size).
+  template <typename Index, typename F>
+  void for_each_piece(const Buffer& buf, Index index, F f, std::byte* store) const {
+    const auto page = static_cast<size_t>(page_ * esize_);
+    for (int64_t kv = 0; kv < 2; ++kv)
+      for (int64_t l = 0; l < g_.num_layers; ++l, store += page)
+        f(codes(buf, index(l)) + kv * page, store, page);
+    if (!c_.fp8()) return;
+    const auto hkv = static_cast<size_t>(c_.num_kv_heads * sizeof(float));
+    for (int64_t kv = 0; kv < 2; ++kv)
+      for (int64_t l = 0; l < g_.num_layers; ++l, store += hkv)
+        f(reinterpret_cast<std::byte*>(scales(buf, index(l))) + kv * hkv, store, hkv);
   }
   // f32 caches only (store_kv's rows).
   float* gpu_block(int64_t layer, int32_t b) {

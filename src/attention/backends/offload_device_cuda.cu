@@ -24,6 +24,7 @@
 // (CudaOffloadMemory) and attends the steps it takes.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -157,6 +158,7 @@ class CudaOffloadDevice final : public OffloadDevice {
 
   void begin_step(const OffloadStepPlan& plan) override {
     plan_ = &plan;
+    import_after_ = nullptr;  // the next import follows this step
     cudaStream_t compute = stream();
     stage_indices(plan, compute);
     // Evicted dirty blocks out first: the step's waits may name their ticket.
@@ -255,6 +257,87 @@ class CudaOffloadDevice final : public OffloadDevice {
 
   void end_step() override {
     if (!plan_->write_backs.empty()) write_back(plan_->write_backs, plan_->write_back_ticket);
+  }
+
+  // The host copy is written by the CPU, in the wait (the store's loader thread): no stream is
+  // held and the engine thread only records events, one pair a step. The wait first waits for
+  // the steps enqueued so far (the ring and reloads may still read the block) and the D2H
+  // stream (a write-back into the block, ticket `wait`, may still run): an H2H cudaMemcpyAsync
+  // would be synchronous for the calling thread.
+  std::function<void()> import_block(int32_t host, std::span<const std::byte> bytes,
+                                     uint64_t) override {
+    if (import_after_ == nullptr) {
+      Event after(device_);
+      after.record_on(stream());
+      d2h_.wait(after);
+      import_after_ = std::make_shared<Event>(device_);
+      import_after_->record(d2h_);
+    }
+    return [this, host, bytes, after = import_after_] {
+      after->synchronize();
+      const std::byte* src = bytes.data();
+      const auto page = static_cast<size_t>(page_ * esize_);
+      for (int64_t kv = 0; kv < 2; ++kv)
+        for (int64_t l = 0; l < g_.num_layers; ++l, src += page)
+          std::memcpy(static_cast<char*>(host_at(l, host)) + kv * page, src, page);
+      const auto half = static_cast<size_t>(scale_bytes_ / 2);
+      for (int64_t kv = 0; kv < 2 && half > 0; ++kv)
+        for (int64_t l = 0; l < g_.num_layers; ++l, src += half)
+          std::memcpy(
+              reinterpret_cast<char*>(scales_at(kHost, l * g_.num_host_blocks + host)) + kv * half,
+              src, half);
+    };
+  }
+
+  // A resident full block: strided copies of its layers' K, V (and scales) from the GPU cache on
+  // the D2H stream after the steps so far, issuing `ticket`. Otherwise the host copy, on this
+  // thread once its write-back landed (a block evicted before its export started).
+  std::function<void()> export_block(int32_t host, int32_t gpu, uint64_t ticket,
+                                     std::span<std::byte> out, uint64_t wait) override {
+    const auto page = static_cast<size_t>(page_ * esize_);
+    const auto half = static_cast<size_t>(scale_bytes_ / 2);
+    const auto layers = static_cast<size_t>(g_.num_layers);
+    if (gpu < 0) {
+      if (wait && !ticket_done(wait)) {
+        auto it = tickets_.find(wait);
+        LONGCTX_CHECK(it != tickets_.end(), ErrorCode::kInternal,
+                      "KV offload: write-back ticket {} was never issued", wait);
+        it->second.synchronize();
+      }
+      std::byte* dst = out.data();
+      for (int64_t kv = 0; kv < 2; ++kv)
+        for (int64_t l = 0; l < g_.num_layers; ++l, dst += page)
+          std::memcpy(dst, static_cast<const char*>(host_at(l, host)) + kv * page, page);
+      for (int64_t kv = 0; kv < 2 && half > 0; ++kv)
+        for (int64_t l = 0; l < g_.num_layers; ++l, dst += half)
+          std::memcpy(
+              dst,
+              reinterpret_cast<const char*>(scales_at(kHost, l * g_.num_host_blocks + host)) +
+                  kv * half,
+              half);
+      return {};
+    }
+    Event after(device_);
+    after.record_on(stream());
+    d2h_.wait(after);
+    cudaStream_t s = cuda_handle(d2h_);
+    const auto pitch = static_cast<size_t>(g_.num_gpu_blocks * block_bytes_);
+    for (int64_t kv = 0; kv < 2; ++kv)
+      LONGCTX_CUDA_CHECK(cudaMemcpy2DAsync(out.data() + kv * layers * page, page,
+                                           static_cast<char*>(gpu_at(0, gpu)) + kv * page, pitch,
+                                           page, layers, cudaMemcpyDeviceToHost, s));
+    for (int64_t kv = 0; kv < 2 && half > 0; ++kv)
+      LONGCTX_CUDA_CHECK(
+          cudaMemcpy2DAsync(out.data() + 2 * layers * page + kv * layers * half, half,
+                            reinterpret_cast<char*>(scales_at(kGpu, gpu)) + kv * half,
+                            static_cast<size_t>(g_.num_gpu_blocks * scale_bytes_), half, layers,
+                            cudaMemcpyDeviceToHost, s));
+    auto [it, fresh] = tickets_.emplace(ticket, Event(device_));
+    LONGCTX_CHECK(fresh, ErrorCode::kInternal, "KV offload: ticket {} issued twice", ticket);
+    it->second.record(d2h_);
+    auto done = std::make_shared<Event>(device_);
+    done->record(d2h_);
+    return [done] { done->synchronize(); };
   }
 
  private:
@@ -462,7 +545,9 @@ class CudaOffloadDevice final : public OffloadDevice {
   Tensor q_, out_;      // the layer's contiguous q [T, Hq, d] and output [T, Hq * d]
   Stream h2d_, d2h_;
   std::vector<Event> ready_, free_;    // [slots]
-  std::map<uint64_t, Event> tickets_;  // write-backs in flight, by ticket
+  std::map<uint64_t, Event> tickets_;  // write-backs (and exports) in flight, by ticket
+  // The steps and write-backs enqueued before this step's imports (null: none since the step).
+  std::shared_ptr<Event> import_after_;
   uint64_t landed_ = 0;
   StagedWords words_;  // the step's index arrays (resident call, ring items, slots)
   Tensor workspace_;   // [bytes] u8: the calls' plans

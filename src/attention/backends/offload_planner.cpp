@@ -307,6 +307,43 @@ OffloadStepPlan OffloadPlanner::plan(const ForwardBatch& batch, std::span<const 
   return plan;
 }
 
+uint64_t OffloadPlanner::import_host(int32_t host) {
+  check_block(host);
+  HostBlock& h = host_[host];
+  if (h.gpu >= 0) {  // stale now; its GPU block keeps reuse_wait for copies still reading it
+    gpu_[h.gpu].host = -1;
+    free_gpu_.push_back(h.gpu);
+    lru_.erase(h.lru);
+    --num_resident_;
+    h.gpu = -1;
+    h.gpu_rows = 0;
+  }
+  const uint64_t last = h.ticket;
+  h.host_rows = static_cast<int32_t>(g_.block_size);
+  h.ticket = 0;
+  return last;
+}
+
+int32_t OffloadPlanner::full_gpu_block(int32_t host) const {
+  check_block(host);
+  const HostBlock& h = host_[host];
+  return h.gpu >= 0 && h.gpu_rows == g_.block_size ? h.gpu : -1;
+}
+
+uint64_t OffloadPlanner::host_ticket(int32_t host) const {
+  check_block(host);
+  return host_[host].ticket;
+}
+
+uint64_t OffloadPlanner::note_export(int32_t gpu) {
+  LONGCTX_CHECK(gpu >= 0 && gpu < g_.num_gpu_blocks, ErrorCode::kInternal,
+                "KV offload: export of GPU block {} outside the cache of {}", gpu,
+                g_.num_gpu_blocks);
+  const uint64_t t = ++next_ticket_;
+  gpu_[gpu].reuse_wait = t;
+  return t;
+}
+
 void OffloadPlanner::check_consistency() const {
   int64_t resident = 0;
   std::vector<uint8_t> seen(g_.num_gpu_blocks, 0);

@@ -113,6 +113,19 @@ class OffloadPlanner {
   int64_t num_free_gpu_blocks() const { return g_.num_gpu_blocks - num_resident_; }
   int32_t gpu_block(int32_t host) const { return host_[host].gpu; }
   bool is_dirty(int32_t host) const { return host_[host].gpu_rows > host_[host].host_rows; }
+
+  // The KV store's block I/O (engine/kv_store.h). A block the store brought: its host copy is now
+  // its whole content, written outside any step; a GPU copy of its earlier content is dropped.
+  // Returns the write-back ticket (0: none) that last wrote the host copy, which the import's
+  // copy must follow. The caller keeps the block out of every step until the copy finished.
+  uint64_t import_host(int32_t host);
+  // A full block's GPU copy, -1 when not resident with every row (the host copy is then whole).
+  int32_t full_gpu_block(int32_t host) const;
+  // The write-back ticket (0: none) that last wrote the host copy.
+  uint64_t host_ticket(int32_t host) const;
+  // An export reads GPU block `gpu` after the steps so far: a new ticket, which the reuse or a
+  // rewrite of that GPU block waits for (as for its write-backs); the device issues it.
+  uint64_t note_export(int32_t gpu);
   // Cross-checks the maps (each resident block once, LRU list = resident set, counts); throws
   // Error(kInternal) naming the first inconsistency.
   void check_consistency() const;

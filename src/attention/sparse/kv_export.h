@@ -7,9 +7,9 @@
 
 namespace longctx::sparse {
 
-// A resident pool (no offload), one full-attention KV group, and a policy that selects nothing
-// (its per-block summaries would not see an imported block). The one answer the CPU executor and
-// the GPU runner give.
-bool exports_kv_blocks(bool resident, const KvGroups& groups, const SparseOptions& options);
+// A KV cache of blocks (`cache`: a resident pool, or the host pool under KV offload), one
+// full-attention KV group, and a policy that selects nothing (its per-block summaries would not
+// see an imported block). The one answer the CPU executor and the GPU runner give.
+bool exports_kv_blocks(bool cache, const KvGroups& groups, const SparseOptions& options);
 
 }  // namespace longctx::sparse

@@ -63,8 +63,8 @@ float quest_upper_bound(const float* q, const float* kmin, const float* kmax, in
   return s;
 }
 
-bool exports_kv_blocks(bool resident, const KvGroups& groups, const SparseOptions& options) {
-  return resident && groups.single_full() && !selects(options, Phase::kDecode) &&
+bool exports_kv_blocks(bool cache, const KvGroups& groups, const SparseOptions& options) {
+  return cache && groups.single_full() && !selects(options, Phase::kDecode) &&
          !selects(options, Phase::kPrefill);
 }
 
