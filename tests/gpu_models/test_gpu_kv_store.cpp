@@ -102,10 +102,14 @@ TEST(GpuKvStore, OffloadedAndResidentEnginesShareBlocks) {
   ASSERT_TRUE(redis.up());
   const std::vector<int32_t> prompt = document(5, 1000, 2000);  // 62 full blocks, then 8 tokens
   const std::vector<int32_t> other = document(6, 1000, 2000);
+  // The store moves the blocks' bytes exactly; what differs is the attention path after the hit
+  // (offloaded: ring chunks merged by LSE; resident: one pass), whose bf16 rounding moves this
+  // model's logits by up to 0.059 (GpuFp8Kv.OffloadEqualsTheResidentFp8Cache's measurement; this
+  // test measured 0.030 on an H100): the tokens must agree, the logprobs within that drift.
   auto expect_close = [](const RequestOutput& got, const RequestOutput& want) {
     EXPECT_EQ(got.token_ids, want.token_ids);
     for (size_t i = 0; i < got.logprobs.size() && i < want.logprobs.size(); ++i)
-      EXPECT_NEAR(got.logprobs[i].logprob, want.logprobs[i].logprob, 2e-2) << "token " << i;
+      EXPECT_NEAR(got.logprobs[i].logprob, want.logprobs[i].logprob, 6e-2) << "token " << i;
   };
   // Resident A computes `prompt`, offloaded B computes `other`; each writes behind.
   LLM a(needle_config(redis.url()));
