@@ -133,7 +133,7 @@ struct Sm90Tiling {
   // copy per thread of a row's four, so that every thread reads only what it copied).
   static constexpr int kF8Off = kOOff + (kStageO ? kQBytes : 0);
   static constexpr int kF8CodeBytes = KEYS * kD;
-  static constexpr int kF8ScaleOff = kF8Off + 2 * kF8CodeBytes;
+  static constexpr int kF8ScaleOff = kF8Off + (FP8 ? 2 * kF8CodeBytes : 0);
   // any-row bitmap, then every-row bitmap
   static constexpr int kBitsOff = kF8ScaleOff + (FP8 ? 2 * KEYS * 4 * 4 : 0);
   static constexpr int kBarOff = kBitsOff + (LEAN ? 0 : 2 * kMaskWords * 4);
@@ -143,6 +143,8 @@ struct Sm90Tiling {
   static_assert(KEYS == 128);  // the S wgmma is m64n128k16
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128);
   static_assert(!FP8 || (!TMA && PINGPONG && PERSISTENT));
+  // sm_90's opt-in dynamic shared memory per block (227 KB): every instantiation must fit it.
+  static_assert(kSmemBytes <= 227 * 1024, "the tiling's shared memory passes sm_90's 227 KB");
 };
 
 #ifdef LONGCTX_SM90A_DEVICE
