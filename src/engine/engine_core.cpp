@@ -8,6 +8,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "engine/kv_event_publisher.h"
 #include "engine/kv_store.h"
@@ -37,14 +38,27 @@ KVBlockLayout layout_of(const Executor* executor) {
   return l;
 }
 
-// The tokens each constrained row's grammar allows, within what its request may still generate.
-// Each row first walks the bytes of the token its last step took (GrammarMatcher::settle), then
-// fills its mask: independent CPU work per row, done over the thread pool while the device runs
-// the step, so neither the walk nor the mask sits between a step's sampled tokens and the next
-// step's launch. The masks of states met for the first time (whole-vocabulary walks) are
-// computed in between, each split over the pool (prepare_masks), rather than each on the one
-// thread its row landed on. A row whose grammar fails ends its own request (abort), not the
-// batch: its entry of the result is 1.
+// The tokens `seq`'s grammar allows next, within what its request may still generate. Throws
+// Error when the grammar fails (past its bounds).
+void fill_grammar_mask(Sequence& seq) {
+  std::vector<uint32_t>& mask = seq.sampler.token_mask();
+  mask.resize(static_cast<size_t>(seq.grammar->grammar().vocab().mask_words()));
+  seq.grammar->fill_mask(seq.max_total_tokens - static_cast<int64_t>(seq.tokens.size()), mask);
+}
+
+// A grammar that failed ends its own request: logged, and its row samples without a mask.
+void drop_grammar_mask(Sequence& seq, std::string_view why) {
+  LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", seq.output.index, why);
+  seq.sampler.token_mask().clear();
+}
+
+// fill_grammar_mask for each constrained row. Each row first walks the bytes of the token its last
+// step took (GrammarMatcher::settle), then fills its mask: independent CPU work per row, done over
+// the thread pool while the device runs the step, so neither the walk nor the mask sits between a
+// step's sampled tokens and the next step's launch. The masks of states met for the first time
+// (whole-vocabulary walks) are computed in between, each split over the pool (prepare_masks),
+// rather than each on the one thread its row landed on. A row whose grammar fails ends its own
+// request (abort), not the batch: its entry of the result is 1.
 std::vector<uint8_t> fill_grammar_masks(std::span<Sequence* const> rows,
                                         std::span<const size_t> constrained) {
   std::vector<uint8_t> dropped(rows.size(), 0);
@@ -70,17 +84,11 @@ std::vector<uint8_t> fill_grammar_masks(std::span<Sequence* const> rows,
     if (errors[i].empty() && !fatal[i]) matchers.push_back(rows[constrained[i]]->grammar.get());
   }
   structured::prepare_masks(matchers);
-  over_rows([](Sequence& seq) {
-    std::vector<uint32_t>& mask = seq.sampler.token_mask();
-    mask.resize(static_cast<size_t>(seq.grammar->grammar().vocab().mask_words()));
-    seq.grammar->fill_mask(seq.max_total_tokens - static_cast<int64_t>(seq.tokens.size()), mask);
-  });
+  over_rows(fill_grammar_mask);
   for (size_t i = 0; i < constrained.size(); ++i) {
     if (fatal[i]) std::rethrow_exception(fatal[i]);
     if (errors[i].empty()) continue;
-    Sequence& seq = *rows[constrained[i]];
-    LONGCTX_LOG_ERROR("structured output of request {} aborted: {}", seq.output.index, errors[i]);
-    seq.sampler.token_mask().clear();
+    drop_grammar_mask(*rows[constrained[i]], errors[i]);
     dropped[constrained[i]] = 1;
   }
   return dropped;
@@ -164,61 +172,6 @@ void EngineCore::publish_kv_events() {
     if (scheduler_.empty()) start_kv_exports();
   }
   if (kv_events_ != nullptr && !events.empty()) kv_events_->publish(std::move(events));
-}
-
-void EngineCore::start_kv_exports() {
-  if (kv_store_->num_waiting_exports() == 0) return;
-  // The executor copies the block into a staging buffer (on a GPU without waiting); the
-  // store's writer thread waits for the copy.
-  kv_store_->start_exports([this](int32_t block, std::span<std::byte> dst) {
-    return executor_->read_kv_block_async(block, dst);
-  });
-}
-
-void EngineCore::forget_overwritten_exports(std::span<const StepInput> inputs,
-                                            std::span<const KVBlockCopy> copies) {
-  if (kv_store_ == nullptr || kv_store_->num_waiting_exports() == 0) return;
-  const int64_t bs = blocks_.block_size();
-  std::vector<int32_t> written;
-  for (const StepInput& in : inputs) {
-    const int64_t first = in.num_computed / bs;
-    const int64_t last = (in.num_computed + in.num_new - 1) / bs;
-    for (int64_t b = first; b <= last && b < static_cast<int64_t>(in.block_table.size()); ++b)
-      written.push_back(in.block_table[b]);
-  }
-  for (const KVBlockCopy& c : copies) written.push_back(c.dst);
-  kv_store_->forget_exports(written);
-}
-
-void EngineCore::import_from_store() {
-  const int64_t bs = blocks_.block_size();
-  std::vector<uint64_t> hashes;
-  std::vector<KvStoreBlockRef> refs;
-  int64_t imported = 0;  // this pass's blocks, kept from evicting one another
-  for (Sequence* seq : scheduler_.all()) {
-    if (seq->store_checked || seq->status != SequenceStatus::kWaiting) continue;
-    seq->store_checked = true;
-    // Blocks before the last prompt token (that one is always computed, for its logits).
-    const auto prompt = std::span<const int32_t>(seq->tokens)
-                            .first(static_cast<size_t>(seq->num_prompt_tokens - 1));
-    const int64_t cached = blocks_.cached_prefix(prompt, &hashes);
-    refs.clear();
-    for (auto i = cached; i < static_cast<int64_t>(hashes.size()); ++i)
-      refs.push_back(
-          {hashes[i], i == 0 ? 0 : hashes[i - 1], prompt.subspan(i * bs, static_cast<size_t>(bs))});
-    // The store reads the next blocks while this one's copy to the device runs, straight out
-    // of the store's read buffer (pinned for a GPU executor); get_prefix returns once every
-    // copy finished (the next step reads the imported blocks).
-    kv_store_->get_prefix(
-        refs, [&](size_t i, std::span<const std::byte> bytes, std::function<void()>* reuse_after) {
-          const int32_t id = blocks_.import_block(refs[i].parent, refs[i].tokens, imported);
-          if (id < 0) return false;
-          kv_store_->forget_exports(std::span(&id, 1));  // an evicted block, overwritten now
-          *reuse_after = executor_->write_kv_block_async(id, bytes);
-          ++imported;
-          return true;
-        });
-  }
 }
 
 EngineCore::~EngineCore() = default;
@@ -364,13 +317,26 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
                                          const std::function<void()>& on_scheduled) {
   std::vector<StepUpdate> updates;
   const double t0 = now_seconds();
-  // Decode steps (nothing waiting) skip the lookup's walk over the sequences.
-  if (kv_store_ != nullptr && scheduler_.num_waiting() > 0) import_from_store();
+  // Decode steps (nothing waiting, nothing loading) skip the lookup's walk over the sequences.
+  if (kv_store_ != nullptr) {
+    if (options_.kv_store_sync_reads) {
+      if (scheduler_.num_waiting() > 0) import_from_store();
+    } else if (scheduler_.num_waiting() > 0 || !loads_.empty()) {
+      advance_store_loads();
+    }
+  }
   if (spec_ != nullptr) {
     for (Sequence* seq : scheduler_.all()) spec_->propose(*seq);
   }
   SchedulerOutput out = scheduler_.schedule();
+  if (!loaded_.empty()) unpin_loaded_blocks();
   if (out.empty()) {
+    if (!loads_.empty()) {
+      // Only requests whose blocks load are left: wait a little for the store, then hand back
+      // to the caller (EngineLoop admits requests and aborts between steps).
+      loads_.front().load->wait(std::chrono::milliseconds(20));
+      return updates;
+    }
     // Every live sequence fits the pool alone, so an empty step with work left is a bug.
     LONGCTX_CHECK(scheduler_.empty(), ErrorCode::kInternal,
                   "scheduler: nothing runnable with {} running and {} waiting sequences",
@@ -482,11 +448,9 @@ std::vector<StepUpdate> EngineCore::step(StepStats* stats,
   };
   for (size_t i = 0; i < rows.size(); ++i) {
     if (dropped[i]) {
-      Sequence& seq = *rows[i];
-      seq.output.text = seq.stop_matcher.text();
-      finish(seq, FinishReason::kAbort, t1);
+      abort_structured(*rows[i], t1);
       StepUpdate u;
-      u.seq = &seq;
+      u.seq = rows[i];
       u.finished = true;
       updates.push_back(std::move(u));
     } else {
@@ -517,6 +481,12 @@ StepUpdate EngineCore::verify_draft(Sequence& seq, const float* rows, double now
   update.seq = &seq;
   int64_t accepted = 0;
   for (int64_t i = 0; i <= k; ++i) {
+    // A constrained position's mask is its grammar's after the tokens accepted before it; a draft
+    // token the grammar refuses has probability 0 under it, so it is rejected like any other.
+    if (seq.grammar != nullptr && !fill_verify_mask(seq, now)) {
+      update.finished = true;
+      break;
+    }
     bool ok = false;
     const SampleResult r =
         verify_position(std::span<const float>(rows + i * vocab, static_cast<size_t>(vocab)),
@@ -541,6 +511,22 @@ StepUpdate EngineCore::verify_draft(Sequence& seq, const float* rows, double now
   if (!update.finished)
     scheduler_.finish_speculative(&seq, static_cast<int64_t>(seq.tokens.size()) - 1);
   return update;
+}
+
+bool EngineCore::fill_verify_mask(Sequence& seq, double now) {
+  try {
+    fill_grammar_mask(seq);
+    return true;
+  } catch (const Error& e) {
+    drop_grammar_mask(seq, e.what());
+    abort_structured(seq, now);
+    return false;
+  }
+}
+
+void EngineCore::abort_structured(Sequence& seq, double now) {
+  seq.output.text = seq.stop_matcher.text();
+  finish(seq, FinishReason::kAbort, now);
 }
 
 void EngineCore::retire(uint64_t id) {
@@ -625,6 +611,7 @@ bool EngineCore::abort(uint64_t id) {
   auto it = live_.find(id);
   if (it == live_.end()) return false;
   Sequence& seq = *it->second;
+  drop_store_loads(id);
   scheduler_.remove(&seq);
   seq.output.text = seq.stop_matcher.text();
   finish(seq, FinishReason::kAbort, now_seconds());
@@ -663,17 +650,11 @@ EngineStats EngineCore::stats() const {
   return s;
 }
 
-void EngineCore::flush_kv_store() {
-  if (kv_store_ == nullptr) return;
-  // Each pass frees every staging buffer, so each starts at least one waiting export.
-  do {
-    start_kv_exports();
-    kv_store_->flush();
-  } while (kv_store_->num_waiting_exports() > 0);
-}
-
 void EngineCore::abort_all() {
-  for (auto& [id, seq] : live_) scheduler_.remove(seq.get());
+  for (auto& [id, seq] : live_) {
+    drop_store_loads(id);
+    scheduler_.remove(seq.get());
+  }
   live_.clear();
   finished_.clear();
 }

@@ -26,6 +26,7 @@ namespace longctx {
 
 class KvEventPublisher;
 class KvStore;
+class KvStoreLoad;
 class Tokenizer;
 
 // The block manager of an executor's kv_layout() (its KV groups, window pool, state slots and
@@ -47,6 +48,9 @@ struct EngineCoreOptions {
   // with kv_store_namespace (the model's identity), then the executor's block format.
   std::string kv_store;
   std::string kv_store_namespace;
+  // The store's hits read on the engine thread before the step, every running request waiting
+  // (as before the asynchronous reads): for measurements against the asynchronous path only.
+  bool kv_store_sync_reads = false;
   // Speculative decoding (speculative.h); method kNone: off.
   SpeculativeConfig speculative;
 };
@@ -110,7 +114,8 @@ class EngineCore {
   uint64_t add_request(size_t index, std::vector<int32_t> prompt, const SamplingParams& params,
                        double arrival_time);
 
-  bool has_unfinished() const { return !scheduler_.empty(); }
+  // Requests queued or running, or a store load of an aborted one still to end (its blocks).
+  bool has_unfinished() const { return !scheduler_.empty() || !loads_.empty(); }
   // `on_scheduled`, when given, runs once the step's batch is scheduled and before the model
   // runs it: a long prefill step's sequences already count as running in stats() there.
   std::vector<StepUpdate> step(StepStats* stats = nullptr,
@@ -124,6 +129,10 @@ class EngineCore {
   // Drops every request (after an error), freeing what the executor holds for them.
   void abort_all();
   EngineStats stats() const;
+  // For measurements: EngineCoreOptions::kv_store_sync_reads from now on.
+  void set_kv_store_sync_reads(bool on) { options_.kv_store_sync_reads = on; }
+  // Store loads in progress (their requests held out of the steps), aborted ones included.
+  int64_t num_store_loads() const { return static_cast<int64_t>(loads_.size()); }
   // Waits until the blocks waiting for export to the KV store and its queued writes were sent
   // (or failed); nothing without a store.
   void flush_kv_store();
@@ -145,14 +154,28 @@ class EngineCore {
   // appends the accepted draft tokens and the target's next token, one at a time through
   // postprocess (a stop drops what follows), then rolls its KV back to what was accepted.
   StepUpdate verify_draft(Sequence& seq, const float* rows, double now);
+  // The grammar's mask for the next verified position; false when the grammar failed (the
+  // request was aborted).
+  bool fill_verify_mask(Sequence& seq, double now);
+  // Ends a request whose grammar failed (its output so far kept).
+  void abort_structured(Sequence& seq, double now);
   void finish(Sequence& seq, FinishReason reason, double now);
   // Moves a finished sequence out of the live set (its blocks already freed).
   void retire(uint64_t id);
   // Hands the block manager's events of this step to the publisher (none without one) and the
   // blocks computed in it to the KV store.
   void publish_kv_events();
-  // Reads the missing full prompt blocks of sequences not yet scheduled from the KV store.
+  // Reads the missing full prompt blocks of sequences not yet scheduled from the KV store, on
+  // this thread (kv_store_sync_reads).
   void import_from_store();
+  // The asynchronous reads, between steps: starts the lookups of new waiting sequences (held
+  // out of the steps while they load), imports the blocks that arrived into pinned blocks, and
+  // ends the finished loads (their blocks cached, their sequences released). Never waits.
+  void advance_store_loads();
+  // Unpins the blocks of loads ended for sequences that were scheduled since (or are gone).
+  void unpin_loaded_blocks();
+  // Ends the loads of sequence `id` (aborted): stopped, their blocks freed once they end.
+  void drop_store_loads(uint64_t id);
   // Starts the copies of the blocks waiting for export that find a staging buffer free.
   void start_kv_exports();
   // Before a step: drops the waiting exports of blocks the step writes (its new tokens' blocks
@@ -171,6 +194,20 @@ class EngineCore {
   Scheduler scheduler_;
   std::unique_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<KvStore> kv_store_;
+  // A request's asynchronous store load: the blocks it imported, pinned (in order, the load's
+  // first blocks), until the load ends.
+  struct StoreLoad {
+    uint64_t seq_id = 0;
+    Sequence* seq = nullptr;  // null once aborted
+    std::shared_ptr<KvStoreLoad> load;
+    std::vector<int32_t> blocks;
+    // Sequences held until it ends, whose first missing block it reads (then looked up again).
+    std::vector<uint64_t> followers;
+  };
+  std::vector<StoreLoad> loads_;  // started first first
+  // The cached blocks of ended loads, pinned until their sequence is first scheduled (its prefix
+  // hit then holds them), by sequence id.
+  std::unordered_map<uint64_t, std::vector<int32_t>> loaded_;
   std::unique_ptr<SpeculativeDecoder> spec_;
   std::mt19937_64 seed_rng_;
   uint64_t next_id_ = 0;

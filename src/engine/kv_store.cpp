@@ -272,15 +272,137 @@ KvStore::KvStore(const std::string& url, std::string ns, int64_t block_size, int
   for (size_t i = 0; i < kReaders; ++i) readers_.push_back(std::make_unique<Connection>(*this));
   writer_ = std::make_unique<Connection>(*this);
   thread_ = std::thread([this] { run_writer(); });
+  loader_ = std::thread([this] { run_loader(); });
 }
 
 KvStore::~KvStore() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    for (auto& l : loads_) l->stop();
+    if (loading_ != nullptr) loading_->stop();
   }
   cv_.notify_all();
+  loader_.join();
   thread_.join();
+}
+
+KvStoreLoad::KvStoreLoad(std::span<const KvStoreBlockRef> blocks)
+    : imported_(blocks.size(), 0), wait_(blocks.size()) {
+  for (const KvStoreBlockRef& b : blocks)
+    tokens_.insert(tokens_.end(), b.tokens.begin(), b.tokens.end());
+  size_t at = 0;
+  for (const KvStoreBlockRef& b : blocks) {
+    blocks_.push_back(
+        {b.hash, b.parent, std::span<const int32_t>(tokens_).subspan(at, b.tokens.size())});
+    at += b.tokens.size();
+  }
+}
+
+std::vector<KvStoreLoad::Hit> KvStoreLoad::take_hits() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Hit> out(ready_.begin(), ready_.end());
+  ready_.clear();
+  return out;
+}
+
+void KvStoreLoad::imported(size_t index, std::function<void()> wait) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wait_.at(index) = std::move(wait);
+    imported_.at(index) = 1;
+  }
+  cv_.notify_all();
+}
+
+void KvStoreLoad::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    ready_.clear();
+  }
+  cv_.notify_all();
+}
+
+bool KvStoreLoad::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void KvStoreLoad::wait(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return done_ || !ready_.empty(); });
+}
+
+bool KvStoreLoad::hand_on(size_t index, std::span<const std::byte> bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return false;
+    ready_.push_back({index, bytes});
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void KvStoreLoad::wait_imported(size_t index) {
+  std::function<void()> wait;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stopped_ || imported_[index] != 0; });
+    // Stopped before the engine took it: nothing copies out of the buffer.
+    wait = std::move(wait_[index]);
+  }
+  if (wait) wait();
+}
+
+void KvStoreLoad::finish() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    ready_.clear();  // what the engine did not take by now, it never will (stopped)
+  }
+  cv_.notify_all();
+}
+
+std::shared_ptr<KvStoreLoad> KvStore::start_load(std::span<const KvStoreBlockRef> blocks) {
+  auto load = std::make_shared<KvStoreLoad>(blocks);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loads_.push_back(load);
+  }
+  cv_.notify_all();
+  return load;
+}
+
+void KvStore::run_loader() {
+  for (;;) {
+    std::shared_ptr<KvStoreLoad> load;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !loads_.empty(); });
+      if (stop_) {  // the loads left are not read
+        for (auto& l : loads_) l->finish();
+        loads_.clear();
+        return;
+      }
+      load = std::move(loads_.front());
+      loads_.pop_front();
+      loading_ = load;
+    }
+    // Each block is handed to the engine thread; its read buffer is reused (and get_prefix
+    // returns) only once the engine imported it and its copy finished, or the load stopped.
+    get_prefix(load->blocks(),
+               [&](size_t i, std::span<const std::byte> bytes, std::function<void()>* reuse_after) {
+                 if (!load->hand_on(i, bytes)) return false;
+                 *reuse_after = [load, i] { load->wait_imported(i); };
+                 return true;
+               });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      loading_ = nullptr;
+    }
+    load->finish();
+  }
 }
 
 std::string KvStore::key(uint64_t hash, int64_t chunk) const {
@@ -468,6 +590,7 @@ void KvStore::flush() {
 
 int64_t KvStore::get_prefix(std::span<const KvStoreBlockRef> blocks, const OnHit& on_hit) {
   if (blocks.empty()) return 0;
+  const std::lock_guard<std::mutex> reading(read_mu_);
   // kReaders threads, each with a connection of its own, GET the blocks' chunks in order (kPipeline
   // GETs sent, then their replies read), each into its place in the read buffer of its block
   // (block i's is i % kReadAhead), and check them; this thread hands the blocks on in order. A

@@ -30,12 +30,16 @@
 // read the chunks of the next kReadAhead blocks, kPipeline GETs at a time, into read buffers
 // (pinned for a GPU executor) and hand each verified block on in order; the caller's copy out of
 // a read buffer may run on while the next blocks are read (reuse_after). Each read is bounded by
-// a timeout. A value that fails a check, a timeout, or a store that is down is a miss (logged,
+// a timeout. start_load() runs such a read on the store's loader thread instead, one load at a
+// time in the order they were started (their memory: the kReadAhead read buffers): the engine
+// thread takes the blocks that arrived between its steps (KvStoreLoad) and never waits for the
+// store. A value that fails a check, a timeout, or a store that is down is a miss (logged,
 // counted): the caller recomputes. After a connection failure the store is not tried again for a
 // second, so a down store costs one timeout a second at most.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -68,6 +72,50 @@ struct KvStoreBlockRef {
   uint64_t hash = 0;
   uint64_t parent = 0;
   std::span<const int32_t> tokens;
+};
+
+// An asynchronous lookup (KvStore::start_load), shared by the store's loader thread and the
+// engine thread. The loader reads the blocks in order until the first one the store lacks or that
+// fails a check, a store failure, or stop(), and hands each verified block on with take_hits();
+// the caller copies it out of the store's read buffer and says so with imported(). The load is
+// done() once the lookup ended and every copy of a block handed on finished.
+class KvStoreLoad {
+ public:
+  struct Hit {
+    size_t index = 0;                  // of blocks()
+    std::span<const std::byte> bytes;  // a read buffer's, valid until imported(index, ...)
+  };
+  // `blocks`' tokens are copied (the load outlives its request's).
+  explicit KvStoreLoad(std::span<const KvStoreBlockRef> blocks);
+  std::span<const KvStoreBlockRef> blocks() const { return blocks_; }
+
+  // The engine thread's. The blocks verified since the last call, in order; the caller imports
+  // each before its next call: imported(index, wait), `wait` returning once its copy out of the
+  // bytes finished (empty: finished), or stop().
+  std::vector<Hit> take_hits();
+  void imported(size_t index, std::function<void()> wait);
+  // Ends the load: nothing more is handed on (hits not yet taken are dropped).
+  void stop();
+  bool done() const;
+  // Waits at most `timeout` until a hit is ready or the load is done.
+  void wait(std::chrono::milliseconds timeout) const;
+
+ private:
+  friend class KvStore;
+  // The loader's: a verified block (false once stopped), then what waits before its read buffer
+  // is reused; the end.
+  bool hand_on(size_t index, std::span<const std::byte> bytes);
+  void wait_imported(size_t index);
+  void finish();
+
+  std::vector<int32_t> tokens_;  // the blocks' tokens, which blocks_ point into
+  std::vector<KvStoreBlockRef> blocks_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::deque<Hit> ready_;                    // handed on, not taken
+  std::vector<uint8_t> imported_;            // [blocks] 1 once imported()
+  std::vector<std::function<void()>> wait_;  // [blocks] imported()'s
+  bool stopped_ = false, done_ = false;
 };
 
 struct KvStoreOptions {
@@ -133,6 +181,9 @@ class KvStore {
   using OnHit =
       std::function<bool(size_t, std::span<const std::byte>, std::function<void()>* reuse_after)>;
   int64_t get_prefix(std::span<const KvStoreBlockRef> blocks, const OnHit& on_hit);
+  // Starts an asynchronous read of `blocks` (as get_prefix(), on the loader thread, after the
+  // loads started before). Never waits.
+  std::shared_ptr<KvStoreLoad> start_load(std::span<const KvStoreBlockRef> blocks);
   // The block's K/V bytes when the store holds a verified value for exactly this block (hash,
   // parent and tokens); nullopt otherwise.
   std::optional<std::string> get(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens);
@@ -171,6 +222,7 @@ class KvStore {
                     const KvStoreBlockRef& block, int64_t chunk) const;
   bool send_block(const Write& w, std::span<const std::byte> payload);  // the writer's
   void run_writer();
+  void run_loader();
 
   std::string url_, host_, ns_;
   int port_ = 0;
@@ -191,6 +243,10 @@ class KvStore {
   std::atomic<int64_t> hits_{0}, misses_{0}, errors_{0}, bytes_read_{0}, bytes_written_{0},
       dropped_{0};
   std::thread thread_;
+  std::mutex read_mu_;  // one get_prefix() at a time (the readers' connections and buffers)
+  std::deque<std::shared_ptr<KvStoreLoad>> loads_;  // started, not yet read (under mu_)
+  std::shared_ptr<KvStoreLoad> loading_;            // the one being read (under mu_)
+  std::thread loader_;
 };
 
 }  // namespace longctx

@@ -92,16 +92,23 @@ std::string model_fingerprint(const Checkpoint& c) {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     add(text.data(), text.size());
   }
-  for (const auto& [name, t] : c.weights.all()) {
+  auto add_tensor = [&](const std::string& name, const Tensor& t) {
     add(name.data(), name.size() + 1);
     for (int64_t d : t.shape()) add(&d, sizeof d);
     const auto dtype = static_cast<int>(t.dtype());
     add(&dtype, sizeof dtype);
     const size_t n = t.nbytes();
-    if (!t.device().is_cpu() || t.data_ptr() == nullptr) continue;
+    if (!t.device().is_cpu() || t.data_ptr() == nullptr) return;
     const auto* p = static_cast<const char*>(t.data_ptr());
     add(p, std::min(n, kSample));
     if (n > kSample) add(p + n - std::min(n - kSample, kSample), std::min(n - kSample, kSample));
+  };
+  for (const auto& [name, t] : c.weights.all()) add_tensor(name, t);
+  // A quantized checkpoint's Linears as stored (packed: they have no dense copy to hash).
+  for (const auto& [name, w] : c.quantized) {
+    int part = 0;
+    for (const Tensor* t : {&w.qweight, &w.scales, &w.qzeros, &w.g_idx})
+      if (t->defined()) add_tensor(fmt::format("{}#{}", name, part++), *t);
   }
   const uint64_t h = XXH64_digest(st);
   XXH64_freeState(st);

@@ -77,13 +77,18 @@ SchedulerOutput Scheduler::schedule() {
       add_to_step(seq, n, -1, decodes ? n - remaining : 0);
     }
   }
-  // Waiting sequences, first come first served, while blocks, tokens and sequence slots last.
-  while (out.num_preempted == 0 && !waiting_.empty() && budget > 0 &&
-         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
-    Sequence* seq = waiting_.front();
+  // Waiting sequences, first come first served (held ones skipped), while blocks, tokens and
+  // sequence slots last.
+  for (size_t i = 0; out.num_preempted == 0 && i < waiting_.size() && budget > 0 &&
+                     static_cast<int64_t>(running_.size()) < config_.max_num_seqs;) {
+    Sequence* seq = waiting_[i];
+    if (held(seq)) {
+      ++i;
+      continue;
+    }
     const BlockManager::Start r = blocks_.start(seq->id, seq->tokens, budget, &out.copies);
     if (r.num_cached < 0) break;
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
     seq->num_computed = r.num_cached;
     if (seq->output.metrics.scheduled == 0) seq->output.metrics.num_cached_tokens = r.num_cached;
     seq->status = SequenceStatus::kRunning;
@@ -114,7 +119,17 @@ void Scheduler::finish_speculative(Sequence* seq, int64_t num_computed) {
   blocks_.commit(seq->id, seq->tokens, num_computed);
 }
 
+void Scheduler::hold(Sequence* seq) {
+  LONGCTX_CHECK(std::find(waiting_.begin(), waiting_.end(), seq) != waiting_.end(),
+                ErrorCode::kInternal, "scheduler: holding sequence {}, which is not waiting",
+                seq->id);
+  held_.insert(seq);
+}
+
+void Scheduler::release(Sequence* seq) { held_.erase(seq); }
+
 void Scheduler::remove(Sequence* seq) {
+  held_.erase(seq);
   auto r = std::find(running_.begin(), running_.end(), seq);
   if (r != running_.end()) {
     running_.erase(r);

@@ -19,10 +19,15 @@
 // and the draft in one step (1 + k tokens of the budget and of its blocks; the draft is trimmed
 // to the budget left). complete() leaves such a sequence to finish_speculative(), which the
 // engine calls once it knows how many draft tokens were accepted.
+//
+// Held sequences (hold()): a waiting sequence whose prompt's KV blocks are being read from the
+// KV store (as vLLM's WAITING_FOR_REMOTE_KVS) stays in the queue but is skipped: the sequences
+// behind it are scheduled meanwhile. Once released it is scheduled in its place in the queue.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/sequence.h"
@@ -74,6 +79,12 @@ class Scheduler {
   void finish_speculative(Sequence* seq, int64_t num_computed);
   // Removes a sequence (finished or aborted) from the queues and frees its blocks.
   void remove(Sequence* seq);
+  // Keeps a waiting sequence out of the steps until release(); Error(kInternal) for one that is
+  // not waiting. Releasing one not held does nothing.
+  void hold(Sequence* seq);
+  void release(Sequence* seq);
+  bool held(const Sequence* seq) const { return held_.count(seq) != 0; }
+  int64_t num_held() const { return static_cast<int64_t>(held_.size()); }
 
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
@@ -89,6 +100,7 @@ class Scheduler {
   BlockManager& blocks_;
   std::vector<Sequence*> running_;  // admission order
   std::deque<Sequence*> waiting_;
+  std::unordered_set<const Sequence*> held_;  // of waiting_, skipped by schedule()
   int64_t num_preemptions_ = 0;
 };
 

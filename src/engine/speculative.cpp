@@ -23,9 +23,7 @@ NgramDrafter SpeculativeDecoder::make_drafter() const {
 void SpeculativeDecoder::propose(Sequence& seq) {
   seq.draft.clear();
   const auto len = static_cast<int64_t>(seq.tokens.size());
-  if (seq.status != SequenceStatus::kRunning || seq.num_computed != len - 1 ||
-      seq.grammar != nullptr)
-    return;
+  if (seq.status != SequenceStatus::kRunning || seq.num_computed != len - 1) return;
   // The step yields at most k + 1 tokens; the sequence may hold max_total_tokens.
   const int64_t k = std::min(config_.num_speculative_tokens, seq.max_total_tokens - len - 1);
   if (k <= 0) return;

@@ -571,6 +571,27 @@ int64_t BlockManager::cached_prefix(std::span<const int32_t> tokens,
   return hits;
 }
 
+// A block whose K/V came from outside (the KV store) joins the prefix cache under hash `h`, with a
+// BlockStored event marked imported.
+void BlockManager::cache_imported(int32_t id, uint64_t h, uint64_t parent,
+                                  std::span<const int32_t> tokens) {
+  Block& b = blocks_[id];
+  b.cached = true;
+  b.hash = h;
+  b.parent = parent;
+  b.tokens.assign(tokens.begin(), tokens.end());
+  by_hash_[0].emplace(h, id);
+  if (record_events_) {
+    KvCacheEvent e{.kind = KvCacheEvent::Kind::kStored};
+    if (parent != 0) e.parent_block_hash = parent;
+    e.block_hashes = {h};
+    e.token_ids.assign(tokens.begin(), tokens.end());
+    e.block_ids = {id};
+    e.imported = true;
+    events_.push_back(std::move(e));
+  }
+}
+
 int32_t BlockManager::import_block(uint64_t parent, std::span<const int32_t> tokens, int64_t keep) {
   LONGCTX_CHECK(groups_.size() == 1 && !has_state_ && prefix_caching_ &&
                     static_cast<int64_t>(tokens.size()) == block_size_,
@@ -584,23 +605,38 @@ int32_t BlockManager::import_block(uint64_t parent, std::span<const int32_t> tok
   if (by_hash_[0].count(h) != 0 || num_free_blocks(BlockPool::kMain) <= keep) return -1;
   const int32_t id = take_block(0);
   if (id < 0) return -1;
-  Block& b = blocks_[id];
-  b.cached = true;
-  b.hash = h;
-  b.parent = parent;
-  b.tokens.assign(tokens.begin(), tokens.end());
-  by_hash_[0].emplace(h, id);
+  cache_imported(id, h, parent, tokens);
   release(id);  // ref 0: to the LRU's most recent end
-  if (record_events_) {
-    KvCacheEvent e{.kind = KvCacheEvent::Kind::kStored};
-    if (parent != 0) e.parent_block_hash = parent;
-    e.block_hashes = {h};
-    e.token_ids.assign(tokens.begin(), tokens.end());
-    e.block_ids = {id};
-    e.imported = true;
-    events_.push_back(std::move(e));
-  }
   return id;
+}
+
+int32_t BlockManager::take_pinned() {
+  LONGCTX_CHECK(groups_.size() == 1 && !has_state_ && prefix_caching_, ErrorCode::kInternal,
+                "block manager: importing a block needs one KV group and prefix caching");
+  const int32_t id = take_block(0);  // ref 1: the pin's
+  if (id >= 0) pinned_.insert(id);
+  return id;
+}
+
+bool BlockManager::cache_pinned(int32_t id, uint64_t parent, std::span<const int32_t> tokens) {
+  LONGCTX_CHECK(pinned_.count(id) != 0 && !blocks_[id].cached &&
+                    static_cast<int64_t>(tokens.size()) == block_size_,
+                ErrorCode::kInternal,
+                "block manager: caching block {}, which is not a pinned uncached block, or a "
+                "block of {} tokens",
+                id, tokens.size());
+  const uint64_t h = hash_block(parent, tokens);
+  if (by_hash_[0].count(h) != 0) return false;
+  cache_imported(id, h, parent, tokens);
+  return true;
+}
+
+void BlockManager::unpin(int32_t id) {
+  const auto it = pinned_.find(id);
+  LONGCTX_CHECK(it != pinned_.end(), ErrorCode::kInternal, "block manager: block {} is not pinned",
+                id);
+  pinned_.erase(it);
+  release(id);
 }
 
 void BlockManager::record_events(bool on) {
@@ -657,6 +693,7 @@ void BlockManager::check_consistency() const {
     }
   }
   for (int32_t b : pending_release_) ++refs[b];
+  for (int32_t b : pinned_) ++refs[b];
   for (int32_t slot : free_slots_) ++slot_holders[slot];
   for (int64_t i = 0; i < num_state_slots_; ++i)
     LONGCTX_CHECK(slot_holders[i] == 1, ErrorCode::kInternal,

@@ -63,6 +63,7 @@
 #include <list>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kv/kv_cache_event.h"
@@ -187,6 +188,16 @@ class BlockManager {
   // blocks free before (blocks imported just before stay). Returns its id (the caller writes
   // its K/V before the next step), or -1 (nothing changed). One KV group, prefix caching on.
   int32_t import_block(uint64_t parent, std::span<const int32_t> tokens, int64_t keep);
+  // An asynchronous import's blocks (one KV group, prefix caching on): take_pinned() takes a
+  // block for writing (evicting the least recently used cached one when no uncached block is
+  // free) and holds it pinned, out of every sequence and of eviction, while its K/V arrive; -1
+  // when none can be taken. cache_pinned() registers a pinned block under the chain hash of
+  // `tokens` after `parent` (it stays pinned); false when that hash is cached already (the
+  // caller unpins it). unpin() drops the pin: a cached block becomes evictable, another one free.
+  int32_t take_pinned();
+  bool cache_pinned(int32_t id, uint64_t parent, std::span<const int32_t> tokens);
+  void unpin(int32_t id);
+  int64_t num_pinned() const { return static_cast<int64_t>(pinned_.size()); }
 
   // Records prefix-cache transitions of group 0 from now on (false: stops and drops any).
   void record_events(bool on);
@@ -200,6 +211,7 @@ class BlockManager {
   void check_consistency() const;
 
  private:
+  void cache_imported(int32_t id, uint64_t h, uint64_t parent, std::span<const int32_t> tokens);
   struct Block {
     int32_t ref = 0;
     bool cached = false;  // registered under `hash`
@@ -279,7 +291,8 @@ class BlockManager {
   // [groups] chain hash -> cached block of that group
   std::vector<std::unordered_map<uint64_t, int32_t>> by_hash_;
   std::unordered_map<uint64_t, SeqState> seqs_;
-  std::vector<int32_t> pending_release_;  // copy sources held until end_step()
+  std::vector<int32_t> pending_release_;     // copy sources held until end_step()
+  std::unordered_multiset<int32_t> pinned_;  // take_pinned()'s blocks (a reference each)
   int64_t queries_ = 0, hits_ = 0;
   bool record_events_ = false;
   std::vector<KvCacheEvent> events_;

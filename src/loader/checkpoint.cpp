@@ -115,13 +115,22 @@ void load_weights(Checkpoint& ck, const fs::path& dir) {
                 join_limited(unfound));
 }
 
+// The tensor names of a quantized Linear `name` ("<module>.weight") in the file's spelling, for
+// errors: "<module>.qweight" for int4, the FP8 weight's own name.
+std::string packed_name(const std::string& name, const QuantizedWeight& w) {
+  const auto tensors = quantized_tensors(name.substr(0, name.size() - 7), w);
+  return tensors.empty() ? name : tensors[0].first;
+}
+
 void validate_weights(const Checkpoint& ck, const std::string& where) {
   const ModelConfig& c = ck.config;
-  auto expected = expected_weights(c, detect_expert_layout(ck.weights.names()));
+  std::vector<std::string> names = ck.weights.names();
+  for (const auto& [name, w] : ck.quantized) names.push_back(name);
+  auto expected = expected_weights(c, detect_expert_layout(names));
   std::vector<std::string> missing, unexpected;
   for (const auto& [name, shape] : expected)
-    if (!ck.weights.has(name)) missing.push_back(name);
-  for (const auto& name : ck.weights.names())
+    if (!ck.has_weight(name)) missing.push_back(name);
+  for (const auto& name : names)
     if (!expected.count(name) && !is_ignorable_weight(name, c)) unexpected.push_back(name);
   LONGCTX_CHECK(missing.empty(), ErrorCode::kInvalidArgument, "{}: {} tensor(s) missing for {}: {}",
                 where, missing.size(), c.architecture, join_limited(missing));
@@ -129,6 +138,20 @@ void validate_weights(const Checkpoint& ck, const std::string& where) {
                 "{}: {} unexpected tensor(s) for {}: {}", where, unexpected.size(), c.architecture,
                 join_limited(unexpected));
   for (const auto& [name, shape] : expected) {
+    if (auto it = ck.quantized.find(name); it != ck.quantized.end()) {
+      // Packed: the [out, in] its tensors hold (their own shapes were checked against each
+      // other when they were read) against the config's; dequantized it is config.dtype.
+      const QuantizedWeight& w = it->second;
+      LONGCTX_CHECK(!ck.weights.has(name), ErrorCode::kInvalidArgument,
+                    "{}: tensor '{}' is both dense and quantized ('{}')", where, name,
+                    packed_name(name, w));
+      LONGCTX_CHECK(Shape({w.out_features, w.in_features}) == shape, ErrorCode::kInvalidArgument,
+                    "{}: tensor '{}' holds a {} weight of shape [{}, {}] but the config implies {} "
+                    "for '{}'",
+                    where, packed_name(name, w), quant_method_name(w.method), w.out_features,
+                    w.in_features, shape_to_string(shape), name);
+      continue;
+    }
     const Tensor& t = ck.weights.get(name);
     LONGCTX_CHECK(t.shape() == shape, ErrorCode::kInvalidArgument,
                   "{}: tensor '{}' has shape {} but the config implies {}", where, name,
@@ -164,13 +187,18 @@ Checkpoint load_checkpoint(const std::string& dir_str) {
           parse_token_id_list(g["eos_token_id"], gen.string() + " eos_token_id");
   }
   load_weights(ck, dir);
-  // Also without a quantization_config: packed tensors then get an error naming them.
-  ck.weights = dequantize_weights(ck.weights, ck.config.quantization, ck.config.dtype, ck.quantized,
-                                  dir_str);
+  // Also without a quantization_config: packed tensors then get an error naming them. They stay
+  // packed (views of the mmaps); dense_weight() dequantizes one for a path that asks.
+  std::map<std::string, QuantizedWeight> packed;
+  ck.weights = extract_quantized(ck.weights, ck.config.quantization, packed, dir_str);
   ck.weights = canonical_weights(ck.weights, ck.config);
+  ck.quantized = canonical_quantized(packed, ck.config, ck.weights);
   validate_weights(ck, dir_str);
-  LONGCTX_LOG_INFO("loaded {} ({} tensors, {:.1f} MB)", dir_str, ck.weights.all().size(),
-                   ck.weights.num_bytes() / 1e6);
+  int64_t packed_bytes = 0;
+  for (const auto& [name, w] : ck.quantized) packed_bytes += quantized_bytes(w);
+  LONGCTX_LOG_INFO("loaded {} ({} tensors, {:.1f} MB; {} quantized Linears, {:.1f} MB packed)",
+                   dir_str, ck.weights.all().size(), ck.weights.num_bytes() / 1e6,
+                   ck.quantized.size(), packed_bytes / 1e6);
   return ck;
 }
 

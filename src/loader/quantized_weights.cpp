@@ -167,9 +167,9 @@ Tensor dequantize(const QuantizedWeight& w, const QuantConfig& q, DType dtype) {
   return to_output(dense, dtype);
 }
 
-WeightStore dequantize_weights(const WeightStore& raw, const QuantConfig& q, DType dtype,
-                               std::map<std::string, QuantizedWeight>& quantized,
-                               const std::string& where) {
+WeightStore extract_quantized(const WeightStore& raw, const QuantConfig& q,
+                              std::map<std::string, QuantizedWeight>& quantized,
+                              const std::string& where) {
   const bool int4 = q.method == QuantMethod::kAwq || q.method == QuantMethod::kGptq;
   const bool fp8 = q.method == QuantMethod::kFp8Block || q.method == QuantMethod::kCompressedFp8;
   auto opt = [&](const std::string& name) { return raw.has(name) ? raw.get(name) : Tensor(); };
@@ -222,12 +222,16 @@ WeightStore dequantize_weights(const WeightStore& raw, const QuantConfig& q, DTy
       continue;
     }
     validate(w, q, module, where);
-    const std::string dense = module + ".weight";
-    out.add(dense, dequantize(w, q, dtype));
-    quantized.emplace(dense, std::move(w));
+    quantized.emplace(module + ".weight", std::move(w));
   }
-  for (const auto& [name, t] : raw.all())
-    if (!consumed.count(name) && !out.has(name)) out.add(name, t);
+  for (const auto& [name, t] : raw.all()) {
+    if (consumed.count(name)) continue;
+    LONGCTX_CHECK(!quantized.count(name), ErrorCode::kInvalidArgument,
+                  "{}: tensor '{}' is a dense weight beside the packed tensors of the same layer "
+                  "('{}qweight'): one of them must go",
+                  where, name, name.substr(0, name.size() - 6));
+    out.add(name, t);
+  }
   return out;
 }
 
@@ -437,6 +441,52 @@ QuantizedWeight stack_quantized(const std::vector<QuantizedWeight>& parts, const
     w.g_idx = first.g_idx;
   }
   return w;
+}
+
+QuantizedWeight slice_quantized(const QuantizedWeight& w, const QuantConfig& q, int64_t row0,
+                                int64_t rows) {
+  LONGCTX_CHECK(row0 >= 0 && rows > 0 && row0 + rows <= w.out_features, ErrorCode::kInvalidArgument,
+                "slice_quantized: rows [{}, {}) of a [{}, {}] weight", row0, row0 + rows,
+                w.out_features, w.in_features);
+  if (row0 == 0 && rows == w.out_features) return w;
+  QuantizedWeight none, s = w;
+  s.out_features = rows;
+  const int64_t end = row0 + rows;
+  switch (w.method) {
+    case QuantMethod::kFp8Block: {
+      const int64_t bo = q.block_out;
+      if (row0 % bo != 0 || (end % bo != 0 && end != w.out_features)) return none;
+      s.qweight = w.qweight.slice(0, row0, end);
+      s.scales = w.scales.slice(0, row0 / bo, ceil_div(end, bo));
+      return s;
+    }
+    case QuantMethod::kCompressedFp8:
+      s.qweight = w.qweight.slice(0, row0, end);
+      // One scale per tensor applies to any rows of it.
+      if (q.fp8_strategy == Fp8ScaleStrategy::kChannel) s.scales = w.scales.slice(0, row0, end);
+      return s;
+    case QuantMethod::kAwq:
+    case QuantMethod::kGptq: {
+      if (row0 % 8 != 0 || rows % 8 != 0) return none;
+      // Output features run along dim 1 (whole int32 words of 8 for qzeros and AWQ's qweight).
+      const bool awq = w.method == QuantMethod::kAwq;
+      s.qweight = (awq ? w.qweight.slice(1, row0 / 8, end / 8) : w.qweight.slice(1, row0, end))
+                      .contiguous();
+      s.qzeros = w.qzeros.slice(1, row0 / 8, end / 8).contiguous();
+      s.scales = w.scales.slice(1, row0, end).contiguous();
+      return s;
+    }
+    case QuantMethod::kNone:
+      break;
+  }
+  return none;
+}
+
+int64_t quantized_bytes(const QuantizedWeight& w) {
+  int64_t n = 0;
+  for (const Tensor* t : {&w.qweight, &w.scales, &w.qzeros, &w.g_idx})
+    if (t->defined()) n += static_cast<int64_t>(t->nbytes());
+  return n;
 }
 
 int64_t quantized_bytes(int64_t out, int64_t in, const QuantConfig& q) {

@@ -19,14 +19,15 @@ namespace longctx {
 Tensor dequantize(const QuantizedWeight& w, const QuantConfig& q, DType dtype);
 
 // Every quantized Linear of `raw` (a `<module>.qweight`, or an F8_E4M3 `<module>.weight`) with
-// its scales (and zeros, g_idx) replaced by a dense `<module>.weight` in `dtype`; other tensors
-// pass through. The packed tensors go to `quantized` under the dense weight's name. Throws
-// Error naming the tensor and what was expected: a missing scale or zero tensor, a wrong shape or
-// dtype, a group size that does not divide in_features, a non-trivial g_idx, a quantized tensor
-// the config does not announce (or a layer its ignore list names).
-WeightStore dequantize_weights(const WeightStore& raw, const QuantConfig& q, DType dtype,
-                               std::map<std::string, QuantizedWeight>& quantized,
-                               const std::string& where);
+// its scales (and zeros, g_idx), checked and put in `quantized` under the dense weight's name
+// (`<module>.weight`), as stored: nothing is dequantized (Checkpoint::dense_weight does that for
+// a path that asks). Returns the other tensors. Throws Error naming the tensor and what was
+// expected: a missing scale or zero tensor, a wrong shape or dtype, a group size that does not
+// divide in_features, a non-trivial g_idx, a quantized tensor the config does not announce (or a
+// layer its ignore list names), a dense `<module>.weight` beside packed int4 tensors.
+WeightStore extract_quantized(const WeightStore& raw, const QuantConfig& q,
+                              std::map<std::string, QuantizedWeight>& quantized,
+                              const std::string& where);
 
 // Round-to-nearest quantization of a dense [out, in] weight (any float dtype) in q's format
 // (no calibration: scales from each block's / channel's / group's range). The packed tensors own
@@ -46,6 +47,17 @@ QuantizedWeight quantized_layout(int64_t out, int64_t in, const QuantConfig& q,
 // scales (one scale each), FP8 blocks that a part's rows end inside, int4 parts whose
 // out_features are not multiples of 8, g_idx that differ. One part is returned as it is.
 QuantizedWeight stack_quantized(const std::vector<QuantizedWeight>& parts, const QuantConfig& q);
+
+// Rows [row0, row0 + rows) of `w` in the format's own layout (the inverse of stack_quantized: a
+// fused projection such as Phi-3's qkv_proj split into q, k and v), dequantizing to the same
+// values as those rows of `w`. Returns a weight of method kNone when the format cannot split
+// there: FP8 blocks that the range starts or ends inside (unless it ends at out_features), int4
+// rows not at multiples of 8. FP8 parts view `w`'s bytes; int4 parts are contiguous copies.
+QuantizedWeight slice_quantized(const QuantizedWeight& w, const QuantConfig& q, int64_t row0,
+                                int64_t rows);
+
+// The bytes of the packed tensors (g_idx included) that `w` holds.
+int64_t quantized_bytes(const QuantizedWeight& w);
 
 // The bytes of the packed tensors of a [out, in] Linear in q's format (g_idx included).
 int64_t quantized_bytes(int64_t out, int64_t in, const QuantConfig& q);

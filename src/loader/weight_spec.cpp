@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
+#include "loader/quantized_weights.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -110,14 +113,47 @@ bool is_ignorable_weight(const std::string& name, const ModelConfig& c) {
 
 namespace {
 
+// A checkpoint name under the name expected_weights() uses (a multimodal checkpoint's text model
+// under model.* / lm_head.*).
+std::string canonical_name(const std::string& raw_name) {
+  for (auto [from, to] : {std::pair{"model.language_model.", "model."},
+                          {"language_model.model.", "model."},
+                          {"language_model.lm_head.", "lm_head."}})
+    if (raw_name.starts_with(from)) return to + raw_name.substr(std::string(from).size());
+  return raw_name;
+}
+
+// The parts (name, rows) of fused Linear `name` (canonical), or none when it is not fused.
+std::vector<std::pair<std::string, int64_t>> fused_parts(const std::string& name,
+                                                         const ModelConfig& c) {
+  auto prefix = [&](const char* tail) { return name.substr(0, name.size() - std::strlen(tail)); };
+  if (name.ends_with(".self_attn.qkv_proj.weight")) {
+    const std::string p = prefix("qkv_proj.weight");
+    return {{p + "q_proj.weight", c.q_size()},
+            {p + "k_proj.weight", c.kv_size()},
+            {p + "v_proj.weight", c.kv_size()}};
+  }
+  if (name.ends_with(".mlp.gate_up_proj.weight")) {
+    const std::string p = prefix("gate_up_proj.weight");
+    return {{p + "gate_proj.weight", c.intermediate_size},
+            {p + "up_proj.weight", c.intermediate_size}};
+  }
+  return {};
+}
+
+void check_fused_rows(const std::string& name, const Shape& shape,
+                      const std::vector<std::pair<std::string, int64_t>>& parts) {
+  int64_t total = 0;
+  for (const auto& [n, r] : parts) total += r;
+  LONGCTX_CHECK(shape.size() == 2 && shape[0] == total, ErrorCode::kInvalidArgument,
+                "tensor '{}' has shape {}, but the config implies [{}, hidden] (fused {})", name,
+                shape_to_string(shape), total, parts.size() == 3 ? "q, k, v" : "gate, up");
+}
+
 // Rows of fused `t` split at `rows` (each part a view of the same bytes) under `names`.
 void split_rows(WeightStore& out, const std::string& name, const Tensor& t,
                 const std::vector<std::pair<std::string, int64_t>>& parts) {
-  int64_t total = 0;
-  for (const auto& [n, r] : parts) total += r;
-  LONGCTX_CHECK(t.rank() == 2 && t.size(0) == total, ErrorCode::kInvalidArgument,
-                "tensor '{}' has shape {}, but the config implies [{}, hidden] (fused {})", name,
-                t.shape_str(), total, parts.size() == 3 ? "q, k, v" : "gate, up");
+  check_fused_rows(name, t.shape(), parts);
   int64_t row = 0;
   for (const auto& [n, r] : parts) {
     out.add(n, t.slice(0, row, row + r));
@@ -130,28 +166,45 @@ void split_rows(WeightStore& out, const std::string& name, const Tensor& t,
 WeightStore canonical_weights(const WeightStore& raw, const ModelConfig& c) {
   WeightStore out;
   for (const auto& [raw_name, t] : raw.all()) {
-    std::string name = raw_name;
-    for (auto [from, to] : {std::pair{"model.language_model.", "model."},
-                            {"language_model.model.", "model."},
-                            {"language_model.lm_head.", "lm_head."}})
-      if (name.starts_with(from)) {
-        name = to + name.substr(std::string(from).size());
-        break;
-      }
-    if (name.ends_with(".self_attn.qkv_proj.weight")) {
-      const std::string p = name.substr(0, name.size() - std::string("qkv_proj.weight").size());
-      split_rows(out, raw_name, t,
-                 {{p + "q_proj.weight", c.q_size()},
-                  {p + "k_proj.weight", c.kv_size()},
-                  {p + "v_proj.weight", c.kv_size()}});
-    } else if (name.ends_with(".mlp.gate_up_proj.weight")) {
-      const std::string p = name.substr(0, name.size() - std::string("gate_up_proj.weight").size());
-      split_rows(out, raw_name, t,
-                 {{p + "gate_proj.weight", c.intermediate_size},
-                  {p + "up_proj.weight", c.intermediate_size}});
-    } else {
+    const std::string name = canonical_name(raw_name);
+    if (auto parts = fused_parts(name, c); !parts.empty())
+      split_rows(out, raw_name, t, parts);
+    else
       out.add(name, t);  // throws if two spellings of one tensor are both present
+  }
+  return out;
+}
+
+std::map<std::string, QuantizedWeight> canonical_quantized(
+    const std::map<std::string, QuantizedWeight>& raw, const ModelConfig& c, WeightStore& dense) {
+  std::map<std::string, QuantizedWeight> out;
+  auto add = [&](const std::string& name, QuantizedWeight w) {
+    LONGCTX_CHECK(out.emplace(name, std::move(w)).second, ErrorCode::kInvalidArgument,
+                  "quantized weight '{}' given twice (under two spellings)", name);
+  };
+  for (const auto& [raw_name, w] : raw) {
+    const std::string name = canonical_name(raw_name);
+    const auto parts = fused_parts(name, c);
+    if (parts.empty()) {
+      add(name, w);
+      continue;
     }
+    check_fused_rows(raw_name, {w.out_features, w.in_features}, parts);
+    std::vector<QuantizedWeight> split;
+    int64_t row = 0;
+    for (const auto& [n, r] : parts) {
+      split.push_back(slice_quantized(w, c.quantization, row, r));
+      row += r;
+    }
+    if (std::all_of(split.begin(), split.end(),
+                    [](const QuantizedWeight& p) { return p.method != QuantMethod::kNone; })) {
+      for (size_t i = 0; i < parts.size(); ++i) add(parts[i].first, std::move(split[i]));
+      continue;
+    }
+    // A split the format cannot make (an FP8 scale block that a part ends inside): the parts
+    // are row views of the whole projection dequantized, the only dense copy a quantized
+    // checkpoint keeps.
+    split_rows(dense, raw_name, dequantize(w, c.quantization, c.dtype), parts);
   }
   return out;
 }

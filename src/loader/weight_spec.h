@@ -37,4 +37,13 @@ bool is_ignorable_weight(const std::string& name, const ModelConfig& config);
 // Error(kInvalidArgument) naming a fused tensor whose shape does not match the config.
 WeightStore canonical_weights(const WeightStore& raw, const ModelConfig& config);
 
+// canonical_weights for a quantized checkpoint's packed Linears (keyed by their dense weight's
+// name): renamed alike, a fused projection split into its parts in the format's own layout
+// (slice_quantized). A fused projection the format cannot split there (an FP8 scale block that a
+// part ends inside) is dequantized to config.dtype and its parts added to `dense` instead.
+// Throws Error(kInvalidArgument) naming a fused tensor whose shape does not match the config.
+std::map<std::string, QuantizedWeight> canonical_quantized(
+    const std::map<std::string, QuantizedWeight>& raw, const ModelConfig& config,
+    WeightStore& dense);
+
 }  // namespace longctx

@@ -68,20 +68,19 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   const Checkpoint& w = *checkpoint_;
   WeightLoader load(device_, act_dtype_);
   // A quantized checkpoint's Linears stay packed on one unsharded device when the options ask
-  // or the checkpoint has no dense copy; a format that cannot stack q/k/v or gate/up (per-tensor
-  // FP8 scales, ...) loads that projection dense.
+  // (by default for dummy weights only: ModelBuildOptions::packed_weights); a format that cannot
+  // stack q/k/v or gate/up (per-tensor FP8 scales, ...) loads that projection dense. Dense
+  // projections dequantize through dense_weight() one at a time: the model's fused copy (or its
+  // upload) is the only one that stays.
   const bool want_packed =
-      !sharded() && c.quantization.quantized() && options.packed_weights.value_or(false);
+      !sharded() && c.quantization.quantized() && options.packed_weights.value_or(w.dir.empty());
   int64_t workspace_bytes = 0;
   // The Linear of checkpoint weights `names` stacked by rows; `dense_rows` makes the dense parts.
   auto linear_weight = [&](const std::vector<std::string>& names, auto dense_rows) {
     LinearWeight lw;
-    bool all_packed = !sharded(), dense_absent = false;
-    for (const std::string& n : names) {
-      all_packed = all_packed && w.quantized.count(n) > 0;
-      dense_absent = dense_absent || !w.weights.has(n);
-    }
-    if (all_packed && (want_packed || dense_absent)) {
+    bool all_packed = true;
+    for (const std::string& n : names) all_packed = all_packed && w.quantized.count(n) > 0;
+    if (all_packed && want_packed) {
       std::vector<QuantizedWeight> parts;
       for (const std::string& n : names) parts.push_back(w.quantized.at(n));
       QuantizedWeight stacked = stack_quantized(parts, c.quantization);
@@ -165,11 +164,11 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
     l.input_layernorm = norm(get("input_layernorm.weight"));
     const bool attention_layer = c.layer_type(i) != LayerAttention::kLinear;
     if (attention_layer && c.attn_output_gate) {
-      auto [q, gate] = q_and_gate_rows(get("self_attn.q_proj.weight"));
-      LONGCTX_CHECK(get("self_attn.q_proj.weight").size(0) == 2 * c.q_size(),
-                    ErrorCode::kInvalidArgument,
+      const Tensor q_proj = get("self_attn.q_proj.weight");
+      auto [q, gate] = q_and_gate_rows(q_proj);
+      LONGCTX_CHECK(q_proj.size(0) == 2 * c.q_size(), ErrorCode::kInvalidArgument,
                     "layer {}: self_attn.q_proj.weight {} must have 2 x {} rows (q and its gate)",
-                    i, get("self_attn.q_proj.weight").str(), c.q_size());
+                    i, q_proj.str(), c.q_size());
       std::vector<Tensor> parts = q;
       parts.push_back(get("self_attn.k_proj.weight"));
       parts.push_back(get("self_attn.v_proj.weight"));

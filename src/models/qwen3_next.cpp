@@ -47,7 +47,7 @@ class Qwen3NextForCausalLM : public DecoderModel {
     const LinearAttentionConfig& l = c.linear;
     const int64_t hk = l.num_key_heads, hv = l.num_value_heads, dk = l.key_head_dim,
                   dv = l.value_head_dim, r = hv / std::max<int64_t>(hk, 1);
-    const WeightStore& w = checkpoint_->weights;
+    const Checkpoint& w = *checkpoint_;
     WeightLoader load(device_, act_dtype_);
     // An f32 host copy (never a view of the checkpoint's read-only mmap: a_neg is written
     // below); on_device() moves the finished one to the model's device.
@@ -66,8 +66,9 @@ class Qwen3NextForCausalLM : public DecoderModel {
         continue;
       }
       const std::string p = fmt::format("model.layers.{}.linear_attn.", i);
+      // (The projections of a quantized checkpoint dequantized here: they load dense.)
       auto get = [&](const std::string& name, const Shape& shape) {
-        Tensor t = w.get(p + name);
+        Tensor t = w.dense_weight(p + name);
         LONGCTX_CHECK(t.shape() == shape, ErrorCode::kInvalidArgument,
                       "Qwen3-Next: {}{} is {}, the config makes it {}", p, name, t.shape_str(),
                       Tensor::empty(shape, DType::kF32).shape_str());

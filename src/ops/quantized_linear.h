@@ -20,24 +20,39 @@ namespace longctx::ops {
 // points are read from qzeros either way), kFp8Block, kCompressedFp8 (channel or tensor scales).
 //
 // CPU: x f32, out f32; W dequantized to f32 (one f32 product per weight, exact for int4), then
-// the dense linear_cpu (sequential fp32 sums).
+// the dense linear_cpu (sequential fp32 sums): W8A16, the reference. With path kW8a8 (FP8 formats)
+// the CPU twin computes what the CUDA W8A8 GEMM computes: x quantized per token (and group) as
+// kernels/fp8_act_quant.h says, then per group of 128 inputs (FP8 block) or per row (channel /
+// tensor scales) the exact code products summed in fp32, times the activation's and the weight's
+// scales, added in fp32.
 // CUDA: x bf16, f16 or f32; out f32 or x's dtype; fp32 accumulation. For n <=
 // kQuantizedGemvMaxRows, a GEMV per format reads the packed weight once per 8 rows (16-byte loads;
 // int4 decoded in registers to the exact (q - z) in half2, times x in fp32, the group's scale
 // applied once per group (AWQ) or per 8 inputs (GPTQ); FP8 E4M3 -> f16 -> f32, the block scale per
 // 16 inputs, a channel scale at the end), split over K across CTAs when out is small: each split
 // writes fp32 partials to the workspace and one kernel adds them in split order (deterministic).
-// Otherwise (n > 64, or a shape the GEMV does not take) W is dequantized into a scratch [out, in]
-// in x's dtype (one kernel, f32 arithmetic, one rounding) and the dense linear_cuda (cuBLASLt) runs
-// on it. Launches on current_stream(device), no host sync.
+// Otherwise (n > 64, or a shape the GEMV does not take), for the FP8 formats on sm_90 (Hopper),
+// W8A8: x is quantized to E4M3 per token (per 128-input group for the block format, per row for
+// channel / tensor scales; kernels/cuda/fp8_act_quant.h) and cuBLASLt's FP8 GEMM runs on the
+// packed weight with its scales (block format: weight BLK128x128_32F, x VEC128_32F; channel and
+// tensor: OUTER_VEC_32F on both), fp32 accumulation (no fast accumulation), out in out's dtype,
+// in chunks of rows the workspace holds (quantized_linear_schedule). Everything else (int4, other
+// GPUs: cuBLASLt has these scale modes on sm_90 only, FP8 blocks other than 128x128, widths that
+// are not multiples of 16) dequantizes W into a scratch [out, in] in x's dtype (one kernel, f32
+// arithmetic, one rounding) and runs the dense linear_cuda (cuBLASLt) on it: W8A16. Launches on
+// current_stream(device), no host sync.
 void quantized_linear(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
                       const Tensor& bias, const Tensor& out, const Tensor& workspace = Tensor());
-void quantized_linear_cpu(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
-                          const Tensor& bias, const Tensor& out);
 
-// Which CUDA path runs: kAuto as described above; kGemv throws Error(kUnsupported) naming the
-// reason when the GEMV cannot run the arguments; kDequantGemm always dequantizes.
-enum class QuantizedLinearPath { kAuto, kGemv, kDequantGemm };
+// Which path runs: kAuto as described above; kGemv and kW8a8 throw Error(kUnsupported) naming
+// the reason when they cannot run the arguments; kDequantGemm always dequantizes (W8A16).
+enum class QuantizedLinearPath { kAuto, kGemv, kDequantGemm, kW8a8 };
+
+// The CPU twin: kAuto, kGemv and kDequantGemm compute W8A16 (the reference); kW8a8 the W8A8
+// product (throws Error(kUnsupported) where w8a8_format_refusal says why not).
+void quantized_linear_cpu(const Tensor& x, const QuantizedWeight& w, const QuantConfig& q,
+                          const Tensor& bias, const Tensor& out,
+                          QuantizedLinearPath path = QuantizedLinearPath::kAuto);
 
 // The rows up to which kAuto runs the GEMV, kQuantizedGemvPassRows at a time (each pass reads the
 // packed weight once: up to 64 rows that is still fewer bytes than dequantizing it and reading
@@ -47,10 +62,68 @@ constexpr int64_t kQuantizedGemvPassRows = 8;
 // Split-K partitions at most (bounds the GEMV's workspace).
 constexpr int64_t kQuantizedMaxSplits = 64;
 
+// ---------------------------------------------------------------------------------------------
+// The W8A8 path's planning (host code, tested on the CPU).
+
+// Rows of x quantized and multiplied per W8A8 GEMM at most (larger n runs in chunks: the
+// workspace holds one chunk's codes and scales).
+constexpr int64_t kW8a8MaxChunkRows = 16384;
+// cuBLASLt's FP8 scale layouts want the GEMM's N (rows of x) a multiple of 4: a chunk's rows are
+// (a tail of 1-3 rows runs padded to 4 into a scratch, then copied out).
+constexpr int64_t kW8a8RowMultiple = 4;
+
+// Why w's format cannot run W8A8 ("" when it can): the FP8 block format with 128x128 blocks, or
+// compressed-tensors FP8 (channel or tensor scales), in_features and out_features multiples of
+// 16 (FP8 rows of 16 bytes, cuBLASLt's TN layout). Both twins' kW8a8 check it.
+std::string w8a8_format_refusal(const QuantizedWeight& w, const QuantConfig& q);
+
+// The inputs of the path choice: the problem and the device (compute capability major * 10 +
+// minor; 0 for the CPU twin).
+struct QuantizedLinearProblem {
+  int64_t n = 0;
+  DType x_dtype = DType::kBF16, out_dtype = DType::kBF16;
+  int sm = 0;
+  QuantizedLinearPath requested = QuantizedLinearPath::kAuto;
+  std::string gemv_refusal;   // why the GEMV cannot run it ("" when it can; CUDA's plan_gemv)
+  bool out_aligned16 = true;  // out's address and row stride are multiples of 16 bytes
+};
+
+struct QuantizedLinearSchedule {
+  QuantizedLinearPath path = QuantizedLinearPath::kDequantGemm;  // kGemv, kDequantGemm or kW8a8
+  std::string w8a8_refusal;  // why W8A8 does not run ("" when it does)
+};
+
+// The CUDA twin's path: the GEMV for n <= kQuantizedGemvMaxRows where it can run; else W8A8 for
+// the FP8 formats on sm_90 with bf16 or f16 x (an f32 x keeps the dequantized weight's precision);
+// else the dequantizing path. A requested kGemv or kW8a8 that cannot run throws
+// Error(kUnsupported) with the reason.
+QuantizedLinearSchedule quantized_linear_schedule(const QuantizedLinearProblem& p,
+                                                  const QuantizedWeight& w, const QuantConfig& q);
+
+// Where a W8A8 chunk of `rows` rows (a multiple of kW8a8RowMultiple) keeps its parts in the
+// workspace, byte offsets from its start (each 256-aligned): the codes [rows, in], the scales
+// ([ceil(in/128), rows] or [rows] f32), the weight's scales converted for cuBLASLt where the
+// checkpoint's cannot be read as they are (f32, K-major with a row stride padded to 4 blocks for
+// the block format; [out] f32 otherwise), and a [4, out] scratch (4 bytes an element: any out
+// dtype) for the tail rows.
+struct W8a8Layout {
+  int64_t rows = 0;
+  int64_t codes = 0, act_scales = 0, weight_scales = 0, tail_out = 0, bytes = 0;
+};
+W8a8Layout w8a8_layout(int64_t rows, const QuantizedWeight& w);
+
+// The rows per W8A8 chunk for n rows in a workspace of `workspace_bytes` (<= 0: the op's own,
+// sized for min(n, kW8a8MaxChunkRows)): a multiple of 128 when n allows (whole GEMM tiles), else
+// of 4; 0 when not even 4 rows fit.
+int64_t w8a8_chunk_rows(int64_t n, const QuantizedWeight& w, int64_t workspace_bytes);
+
 // Device bytes the CUDA twin's workspace needs for n rows of x in `x_dtype` on `path`: the
-// GEMV's fp32 partials (kQuantizedMaxSplits x min(n, 8) x out at most), or the dequantized scratch
+// GEMV's fp32 partials (kQuantizedMaxSplits x min(n, 8) x out at most), the dequantized scratch
 // out x in x dtype_size(x_dtype) (the prefill path: one layer's largest weight, reusable by
-// every Linear of a step since the ops of one stream run in order).
+// every Linear of a step since the ops of one stream run in order), or W8A8's chunk
+// (w8a8_layout of min(n, kW8a8MaxChunkRows) rows, rounded up to 4). kAuto: the largest of those
+// the device may take (the op needs no more: a smaller workspace still fits W8A8's chunks of
+// fewer rows, as long as 4 rows fit).
 int64_t quantized_linear_workspace_bytes(int64_t n, const QuantizedWeight& w, DType x_dtype,
                                          QuantizedLinearPath path = QuantizedLinearPath::kAuto);
 

@@ -20,8 +20,10 @@
 //     loads of each row); E4M3 pairs convert to half2 exactly, then to f32. Block scales multiply
 //     each chunk's sum (a chunk never straddles a 128-input block); channel or tensor scales
 //     multiply the row's sum at the end.
-// Otherwise: a dequantizing kernel writes W to a scratch [out, in] in x's dtype (f32 math, one
-// rounding) and linear_cuda (cuBLASLt, or its GEMV) runs on it.
+// Otherwise quantized_linear_schedule picks W8A8 for the FP8 formats on sm_90
+// (quantized_linear_w8a8_cuda.cu: x quantized to E4M3, cuBLASLt's scaled FP8 GEMM), or a
+// dequantizing kernel writes W to a scratch [out, in] in x's dtype (f32 math, one rounding) and
+// linear_cuda (cuBLASLt, or its GEMV) runs on it.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -35,6 +37,7 @@
 #include "ops/linear.h"
 #include "ops/ops_device.cuh"
 #include "ops/quantized_linear.h"
+#include "ops/quantized_linear_w8a8.h"
 
 namespace longctx::ops {
 
@@ -48,10 +51,13 @@ constexpr int kThreads = kWarps * 32;
 constexpr int64_t kSliceK = 1024;
 // CTAs the split planner aims for per SM.
 constexpr int kCtasPerSm = 4;
-constexpr int kFp8Rows = 2;      // output rows per warp (FP8): x chunks are read once per pair
-constexpr int kFp8Chunks = 4;    // 16-byte chunks of each row in flight per lane (FP8)
-constexpr int kGptqLoads = 8;    // 16-byte words in flight per lane (GPTQ)
-constexpr int kLaneBytes = 128;  // bytes in flight per lane (AWQ: 128 / (4 V) loads of 4 V bytes)
+constexpr int kFp8Rows = 2;    // output rows per warp (FP8): x chunks are read once per pair
+constexpr int kFp8Chunks = 4;  // 16-byte chunks of each row in flight per lane (FP8)
+constexpr int kGptqLoads = 8;  // 16-byte words in flight per lane (GPTQ)
+// Bytes in flight per lane of the AWQ GEMV for N rows (awq_lane_bytes(N) / (4 V) loads of 4 V
+// bytes): 64 at two CTAs per SM (N <= 4), as many bytes per SM as 128 at one CTA, which the
+// 8-row kernel keeps (it needs ~200 registers).
+constexpr int awq_lane_bytes(int n) { return n >= 8 ? 128 : 64; }
 
 __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -340,9 +346,28 @@ struct Words<4> {
   }
 };
 
+// Adds group grp's unscaled sums gp (columns o..o + C - 1) times their scales into acc and
+// clears gp. A function rather than a lambda capturing the arrays by reference: ptxas keeps the
+// arrays in registers then (the lambda spilled them).
+template <int N, int C>
+__device__ __forceinline__ void awq_flush(const GemvParams& p, int64_t grp, int64_t o,
+                                          float (&acc)[C][N], float (&gp)[C][N]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const float s = load_any(p.scales, p.scale_dtype, grp * p.out_features + o + c);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      acc[c][j] = fmaf(s, gp[c][j], acc[c][j]);
+      gp[c][j] = 0.f;
+    }
+  }
+}
+
+// Two CTAs per SM for N <= 4: at one (ptxas' own choice) the N = 1 and 4 kernels capped
+// themselves at 80 / 128 registers and spilled 28-56 bytes; N = 8 needs ~200 registers.
 template <int N, int V, typename T, typename TO>
-__global__ void __launch_bounds__(kThreads) awq_gemv_kernel(GemvParams p) {
-  constexpr int C = 8 * V, U = kLaneBytes / (4 * V);
+__global__ void __launch_bounds__(kThreads, N >= 8 ? 1 : 2) awq_gemv_kernel(GemvParams p) {
+  constexpr int C = 8 * V, U = awq_lane_bytes(N) / (4 * V);
   using W = typename Words<V>::type;
   __shared__ __align__(16) float xs[N * kSliceK];
   __shared__ float red[N * 32 * C];
@@ -366,18 +391,6 @@ __global__ void __launch_bounds__(kThreads) awq_gemv_kernel(GemvParams p) {
     const int64_t w_stride = row_words / V;  // W per qweight row (out % (8 V) == 0)
     int64_t cur = -1;
     ZeroTerms zt[V][2];
-    auto flush = [&] {
-      if (cur < 0) return;
-#pragma unroll
-      for (int c = 0; c < C; ++c) {
-        const float s = load_any(p.scales, p.scale_dtype, cur * p.out_features + o + c);
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          acc[c][j] = fmaf(s, gp[c][j], acc[c][j]);
-          gp[c][j] = 0.f;
-        }
-      }
-    };
     for (int64_t i = i0; i < i1; i += U) {
       W wv[U];
 #pragma unroll
@@ -388,7 +401,7 @@ __global__ void __launch_bounds__(kThreads) awq_gemv_kernel(GemvParams p) {
         if (i + u >= i1) break;
         const int64_t grp = (i + u) / p.group;
         if (grp != cur) {
-          flush();
+          if (cur >= 0) awq_flush<N, C>(p, cur, o, acc, gp);
           cur = grp;
 #pragma unroll
           for (int v = 0; v < V; ++v) {
@@ -418,7 +431,7 @@ __global__ void __launch_bounds__(kThreads) awq_gemv_kernel(GemvParams p) {
         }
       }
     }
-    flush();
+    if (cur >= 0) awq_flush<N, C>(p, cur, o, acc, gp);
   }
   finish_tile<N, C, TO>(p, acc, red, col0);
 }
@@ -852,15 +865,57 @@ void* workspace_ptr(const Tensor& given, int64_t bytes, Device device, cudaStrea
   return ws.data_ptr();
 }
 
-bool use_gemv(const GemvPlan& pl, QuantizedLinearPath path, const QArgs& a,
-              const QuantizedWeight& w) {
-  if (path == QuantizedLinearPath::kGemv) {
-    LONGCTX_CHECK(pl.refusal.empty(), ErrorCode::kUnsupported,
-                  "quantized_linear: the {} GEMV cannot run n = {}, [{}, {}]: {}",
-                  quant_method_name(w.method), a.n, a.out_features, a.in, pl.refusal);
-    return true;
+w8a8_detail::W8a8Args w8a8_args(const QArgs& a) {
+  w8a8_detail::W8a8Args b;
+  b.x = a.x;
+  b.out = a.out;
+  b.bias = a.bias;
+  b.n = a.n;
+  b.ldx = a.ldx;
+  b.ldo = a.ldo;
+  b.x_dtype = a.x_dtype;
+  b.out_dtype = a.out_dtype;
+  b.bias_dtype = a.bias_dtype;
+  b.device = a.device;
+  return b;
+}
+
+// The path (quantized_linear_schedule) and, for W8A8, the rows per chunk; cuBLASLt's refusal of
+// the W8A8 GEMMs sends kAuto to the dequantizing path and is an error for a requested kW8a8.
+struct Route {
+  QuantizedLinearPath path = QuantizedLinearPath::kDequantGemm;
+  GemvPlan gemv;
+  int64_t chunk_rows = 0;
+  std::string w8a8_refusal;
+};
+
+Route route(const QArgs& a, const QuantizedWeight& w, const QuantConfig& q,
+            QuantizedLinearPath path, const Tensor& workspace) {
+  Route r;
+  r.gemv = plan_gemv(a, w, q);
+  QuantizedLinearProblem p;
+  p.n = a.n;
+  p.x_dtype = a.x_dtype;
+  p.out_dtype = a.out_dtype;
+  const auto& props = kernels::cuda::device_props(a.device.index);
+  p.sm = props.major * 10 + props.minor;
+  p.requested = path;
+  p.gemv_refusal = r.gemv.refusal;
+  p.out_aligned16 =
+      aligned16(a.out) && (a.n <= 1 || (a.ldo * int64_t(dtype_size(a.out_dtype))) % 16 == 0);
+  const QuantizedLinearSchedule s = quantized_linear_schedule(p, w, q);
+  r.path = s.path;
+  r.w8a8_refusal = s.w8a8_refusal;
+  if (r.path != QuantizedLinearPath::kW8a8) return r;
+  r.chunk_rows = w8a8_chunk_rows(a.n, w, workspace.defined() ? int64_t(workspace.nbytes()) : 0);
+  r.w8a8_refusal = w8a8_detail::w8a8_gemm_refusal(w8a8_args(a), w, q, r.chunk_rows);
+  if (!r.w8a8_refusal.empty()) {
+    LONGCTX_CHECK(path != QuantizedLinearPath::kW8a8, ErrorCode::kUnsupported,
+                  "quantized_linear: W8A8 cannot run n = {}, [{}, {}]: {}", a.n, a.out_features,
+                  a.in, r.w8a8_refusal);
+    r.path = QuantizedLinearPath::kDequantGemm;
   }
-  return path == QuantizedLinearPath::kAuto && pl.refusal.empty();
+  return r;
 }
 
 }  // namespace
@@ -872,8 +927,15 @@ void quantized_linear_cuda(const Tensor& x, const QuantizedWeight& w, const Quan
   DeviceGuard guard(a.device.index);
   cudaStream_t stream = op_stream(a.device, "quantized_linear");
   if (a.n == 0) return;
-  const GemvPlan pl = plan_gemv(a, w, q);
-  if (use_gemv(pl, path, a, w)) {
+  const Route r = route(a, w, q, path, workspace);
+  const GemvPlan& pl = r.gemv;
+  if (r.path == QuantizedLinearPath::kW8a8) {
+    const int64_t bytes = w8a8_layout(r.chunk_rows, w).bytes;
+    void* ws = workspace_ptr(workspace, bytes, a.device, stream);
+    w8a8_detail::run_w8a8(w8a8_args(a), w, q, r.chunk_rows, ws, stream);
+    return;
+  }
+  if (r.path == QuantizedLinearPath::kGemv) {
     void* partial = workspace_ptr(workspace, pl.partial_bytes, a.device, stream);
     // Passes of up to 8 rows, in stream order (a pass's reduction reads the partials before the
     // next pass writes them).
@@ -906,12 +968,15 @@ std::string quantized_linear_cuda_plan(const Tensor& x, const QuantizedWeight& w
                                        QuantizedLinearPath path) {
   const QArgs a = q_args(x, w, q, bias, out);
   DeviceGuard guard(a.device.index);
-  const GemvPlan pl = plan_gemv(a, w, q);
-  if (use_gemv(pl, path, a, w)) return gemv_name(w, pl);
+  if (a.n == 0) return "nothing (n = 0)";
+  const Route r = route(a, w, q, path, Tensor());
+  if (r.path == QuantizedLinearPath::kW8a8)
+    return w8a8_detail::w8a8_plan(w8a8_args(a), w, q, r.chunk_rows);
+  if (r.path == QuantizedLinearPath::kGemv) return gemv_name(w, r.gemv);
   // The dense plan's operands only need their addresses' alignment: a scratch is 256-aligned.
   const Tensor dense =
       Tensor::from_blob(w.qweight.data_ptr(), {a.out_features, a.in}, a.x_dtype, a.device);
-  return "dequant + " + linear_cuda_plan(x, dense, bias, out);
+  return "dequant + " + linear_cuda_plan(x, dense, bias, out) + " (w8a8: " + r.w8a8_refusal + ")";
 }
 
 }  // namespace longctx::ops

@@ -26,6 +26,9 @@ TEST(QuantizeCli, WritesACheckpointThatLoads) {
   EXPECT_NE(r.out.find("quantization:       gptq: the decoder's Linears dequantized to bf16"),
             std::string::npos)
       << r.out;
+  // The checkpoint as loaded and counted: its Linears packed, the other tensors bf16.
+  EXPECT_NE(r.out.find("dtypes:             bf16 ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", gptq ("), std::string::npos) << r.out;
   // The output folder is not overwritten.
   r = run_cli("quantize --model '" + model + "' --output '" + out.string() + "' --method awq");
   EXPECT_NE(r.rc, 0);

@@ -158,6 +158,56 @@ TEST(Scheduler, ThousandRandomRequestsFinishWithoutLeaks) {
               static_cast<long long>(st.prefix_cache_queries));
 }
 
+// A held sequence (its blocks loading from the KV store) stays waiting and is skipped: the
+// sequences behind it run; released, it is scheduled.
+TEST(Scheduler, HeldSequencesAreSkippedUntilReleased) {
+  BlockManager blocks(64, 4, true);
+  Scheduler sched({64, 8}, blocks);
+  Sequence a, b;
+  a.id = 1;
+  b.id = 2;
+  a.tokens = std::vector<int32_t>(10, 5);
+  b.tokens = std::vector<int32_t>(6, 7);
+  a.num_prompt_tokens = 10;
+  b.num_prompt_tokens = 6;
+  sched.add(&a);
+  sched.add(&b);
+  sched.hold(&a);
+  EXPECT_TRUE(sched.held(&a));
+  for (int step = 0; step < 3; ++step) {
+    SchedulerOutput out = sched.schedule();
+    ASSERT_EQ(out.seqs.size(), 1u);
+    EXPECT_EQ(out.seqs[0].seq, &b);
+    sched.complete(out);
+    b.tokens.push_back(9);  // its sampled token
+    EXPECT_EQ(a.status, SequenceStatus::kWaiting);
+    EXPECT_FALSE(blocks.holds(a.id));
+    EXPECT_EQ(sched.num_waiting(), 1);
+  }
+  sched.release(&a);
+  EXPECT_EQ(sched.num_held(), 0);
+  SchedulerOutput out = sched.schedule();
+  ASSERT_EQ(out.seqs.size(), 2u);
+  EXPECT_EQ(out.seqs[0].seq, &b);  // the decode first
+  EXPECT_EQ(out.seqs[1].seq, &a);
+  EXPECT_EQ(out.seqs[1].num_new, 10);
+  sched.complete(out);
+  EXPECT_THROW(sched.hold(&a), Error);  // running, not waiting
+  // Removing a held sequence forgets it.
+  Sequence c;
+  c.id = 3;
+  c.tokens = std::vector<int32_t>(4, 1);
+  c.num_prompt_tokens = 4;
+  sched.add(&c);
+  sched.hold(&c);
+  sched.remove(&c);
+  EXPECT_EQ(sched.num_held(), 0);
+  sched.remove(&a);
+  sched.remove(&b);
+  EXPECT_TRUE(sched.empty());
+  blocks.check_consistency();
+}
+
 TEST(Scheduler, StepRespectsTheTokenBudgetAndChunksLongPrompts) {
   auto exec = std::make_unique<TokenKvExecutor>(256, 16);
   TokenKvExecutor* e = exec.get();

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/test_data.h"
 #include "longctx/core/error.h"
 #include "longctx/llm.h"
 #include "longctx/tokenizer/tokenizer.h"
@@ -259,6 +262,46 @@ TEST(StructuredOutputs, AGrammarPastItsBoundsAbortsOnlyItsRequest) {
   EXPECT_EQ(out[0].finish_reason, FinishReason::kAbort);
   EXPECT_EQ(out[1].finish_reason, FinishReason::kLength);
   EXPECT_EQ(out[1].token_ids.size(), 12u);
+}
+
+// Constrained requests draft too: each verified position is sampled under the grammar's mask after
+// the draft tokens accepted before it. The needle's answer is copied from the haystack, so prompt
+// lookup drafts it and the drafts are accepted; the greedy constrained output is the
+// non-speculative one, and sampled JSON under speculation still validates.
+TEST(StructuredOutputs, SpeculativeDraftsUnderTheGrammarGiveTheConstrainedOutput) {
+  static LLM spec_llm([] {
+    EngineConfig c;
+    c.model = needle_dir();
+    c.device = "cpu";
+    c.max_model_len = 2048;
+    c.cpu_kv_cache_bytes = 64ll << 20;
+    c.speculative = {SpeculativeMethod::kNgram, 4, 1, 3};
+    return c;
+  }());
+  std::ifstream f(testing::test_data_dir() + "/needle/reference.json");
+  ASSERT_TRUE(f.good());
+  const auto ref = nlohmann::json::parse(f);
+  Prompt needle_prompt(ref.at("input_ids").get<std::vector<int32_t>>());
+  needle_prompt.add_special_tokens = false;  // the reference's ids hold them
+  SamplingParams greedy;
+  greedy.temperature = 0.0;
+  greedy.max_tokens = 16;
+  greedy.structured.kind = StructuredOutput::Kind::kRegex;
+  greedy.structured.regex = " [0-9]{7}[.]";
+  SamplingParams json = with_schema(sampled(9, 48), kSchemas[0]);
+  const std::vector<Prompt> prompts = {needle_prompt, needle_prompt, "Answer in JSON:"};
+  const std::vector<SamplingParams> params = {greedy, sampled(3, 12), json};
+  const std::vector<RequestOutput> plain = needle().generate(prompts, params, false);
+  const std::vector<RequestOutput> drafted = spec_llm.generate(prompts, params, false);
+  EXPECT_EQ(plain[0].text, ref.at("greedy_text").get<std::string>());
+  EXPECT_EQ(drafted[0].token_ids, plain[0].token_ids);
+  EXPECT_EQ(drafted[0].finish_reason, FinishReason::kStop);
+  EXPECT_GT(drafted[0].metrics.num_accepted_tokens, 0);
+  EXPECT_EQ(plain[0].metrics.num_drafts, 0);
+  const OJson doc = OJson::parse(drafted[2].text);
+  const OJson schema = OJson::parse(kSchemas[0]);
+  EXPECT_TRUE(structured::testing::validate(schema, schema, doc)) << drafted[2].text;
+  EXPECT_GT(drafted[2].metrics.num_drafts + drafted[1].metrics.num_drafts, 0);
 }
 
 }  // namespace

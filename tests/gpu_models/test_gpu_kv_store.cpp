@@ -5,6 +5,7 @@
 // against none (issue 50's GPU measurements).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 
 #include "common/redis_server.h"
 #include "common/test_data.h"
+#include "engine/engine_core.h"
 #include "engine/llm_internal.h"
 #include "longctx/llm.h"
 
@@ -152,6 +154,72 @@ TEST(GpuKvStorePerf, Llama8BShapesAt32K) {
               startup_store);
   std::printf("TPOT over 255 tokens: no store %.3f ms, store writing behind %.3f ms (%+.2f %%)\n",
               tpot(plain), tpot(computed), 100.0 * (tpot(computed) / tpot(plain) - 1.0));
+}
+
+// A decoding request's tokens while another request's 32K prefix loads from the store, with the
+// synchronous reads (the load holds the engine thread: the decode stalls for all of it) and the
+// asynchronous ones (the blocks imported between steps): the decode's gaps between tokens
+// during the load, against its TPOT before.
+TEST(GpuKvStorePerf, DecodeWhileA32KHitLoads) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 runs it";
+  RedisProcess redis;
+  ASSERT_TRUE(redis.up());
+  auto config = [](const std::string& store) {
+    EngineConfig c;
+    c.dummy_preset = "llama-3.1-8b";
+    c.device = "cuda";
+    c.max_model_len = 33000;
+    c.max_num_seqs = 4;
+    c.kv_store = store;
+    return c;
+  };
+  const std::vector<int32_t> prompt = document(7, 32768, 100000);
+  {
+    LLM a(config(redis.url()));
+    run(a, prompt, 1);
+  }
+  for (const bool sync : {true, false}) {
+    LLM c(config(redis.url()));
+    EngineCore& core = engine_core(c);
+    core.set_kv_store_sync_reads(sync);
+    run(c, document(9, 1024, 100000), 8);  // warm-up
+    const uint64_t d = core.add_request(0, document(11, 1024, 100000), greedy(4096), now_seconds());
+    std::vector<double> before, during;  // the decode's gaps between tokens, seconds
+    double last = 0;
+    auto step = [&](std::vector<double>& gaps, uint64_t watch, bool* watched_done) {
+      const auto updates = core.step();
+      const double now = now_seconds();
+      for (const StepUpdate& u : updates) {
+        if (u.seq->id == d && u.num_new_tokens > 0) {
+          if (last > 0) gaps.push_back(now - last);
+          last = now;
+        }
+        if (watched_done != nullptr && u.seq->id == watch && u.finished) *watched_done = true;
+      }
+    };
+    while (before.size() < 64) step(before, 0, nullptr);
+    const double t0 = now_seconds();
+    const uint64_t h = core.add_request(1, prompt, greedy(1), t0);
+    bool h_done = false;
+    while (!h_done) step(during, h, &h_done);
+    const double ttft = now_seconds() - t0;
+    core.abort(d);
+    while (core.has_unfinished()) core.step();
+    const EngineStats s = core.stats();
+    auto mean = [](const std::vector<double>& v) {
+      double sum = 0;
+      for (double x : v) sum += x;
+      return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+    };
+    double worst = 0;
+    for (double x : during) worst = std::max(worst, x);
+    std::printf(
+        "%s reads: the 32K hit's TTFT %.1f ms (%lld blocks, %.2f GiB); the decode beside it: "
+        "TPOT before %.3f ms, during the load %zu tokens, mean gap %.3f ms, longest %.1f ms\n",
+        sync ? "synchronous" : "asynchronous", 1e3 * ttft, static_cast<long long>(s.kv_store_hits),
+        static_cast<double>(s.kv_store_bytes_read) / (1ll << 30), 1e3 * mean(before), during.size(),
+        1e3 * mean(during), 1e3 * worst);
+  }
 }
 
 }  // namespace

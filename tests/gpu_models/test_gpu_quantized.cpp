@@ -5,7 +5,7 @@
 //     dense weights): the packed path multiplies exact (q - z) * s products in fp32 where the
 //     dense one rounds each weight to bf16 first, so they differ by that rounding only;
 //     prefilled in chunks of 7 tokens (every Linear on the GEMV, passes of 1-8 rows) and of 256
-//     (the dequantizing path);
+//     (the dequantizing path; W8A8 for the FP8 formats on sm_90, x quantized to E4M3 too);
 //   - the engine: greedy tokens with decode graphs (the GEMVs captured, one fixed workspace)
 //     equal eager up to near ties, batched;
 //   - the packed model's device bytes: its weights take fewer bytes than the dense model's.
@@ -22,6 +22,7 @@
 
 #include "common/greedy_compare.h"
 #include "common/test_data.h"
+#include "kernels/cuda/func_attributes.h"
 #include "loader/quantize_checkpoint.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/engine/executor_session.h"
@@ -109,8 +110,15 @@ TEST(GpuQuantized, PackedPromptLogitsMatchTheDequantizedModel) {
           "%lld/%lld\n",
           name.c_str(), (long long)chunk, kl_max, kl_sum / double(n), (long long)agree,
           (long long)compared);
-      EXPECT_LE(kl_sum / double(n), 5e-3) << name << " chunk " << chunk;
-      EXPECT_GE(double(agree), 0.97 * double(compared)) << name << " chunk " << chunk;
+      // Chunks of 256 of the FP8 formats run W8A8 on sm_90: x rounded to E4M3 (3 mantissa bits,
+      // about 2.4 % RMS per Linear's outputs, tests/common/w8a8_cases.h) on top of the weight's
+      // bf16 rounding; the bound is looser there.
+      const bool fp8 = format == QuantFormat::kFp8Block || format == QuantFormat::kCtFp8Channel;
+      const auto& props = kernels::cuda::device_props(0);
+      const bool w8a8 = fp8 && chunk > 64 && props.major == 9 && props.minor == 0;
+      EXPECT_LE(kl_sum / double(n), w8a8 ? 2e-2 : 5e-3) << name << " chunk " << chunk;
+      EXPECT_GE(double(agree), (w8a8 ? 0.9 : 0.97) * double(compared))
+          << name << " chunk " << chunk;
     }
   }
 }

@@ -39,6 +39,7 @@ using quant_cases::Format;
 const char* path_name(QuantizedLinearPath p) {
   return p == QuantizedLinearPath::kGemv          ? "gemv"
          : p == QuantizedLinearPath::kDequantGemm ? "dequant"
+         : p == QuantizedLinearPath::kW8a8        ? "w8a8"
                                                   : "auto";
 }
 
@@ -98,17 +99,19 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
     const Tensor x32 = xv(false).to_dtype(DType::kF32).contiguous(), xabs = abs_f32(xv(false));
     const Tensor b32 = bias ? bias->host({out}).to_dtype(DType::kF32) : Tensor();
     const Tensor babs = bias ? abs_f32(bias->host({out})) : Tensor();
+    const std::string plan = ops::quantized_linear_cuda_plan(
+        xv(true), wp->dev, wp->f.q, Tensor(),
+        Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path);
+    const bool gemv = plan.starts_with("gemv"), w8a8 = plan.starts_with("w8a8");
     Tensor ref = Tensor::empty({n, out}, DType::kF32), sabs = Tensor::empty({n, out}, DType::kF32);
-    ops::quantized_linear_cpu(x32, wp->host, wp->f.q, b32, ref);
+    // W8A8 (FP8 formats on sm_90 past the GEMV's rows) against the CPU twin's W8A8: the same
+    // codes and scales, fp32 sums in another order (quantized_linear_w8a8_test.cpp says why
+    // 2^-11).
+    ops::quantized_linear_cpu(x32, wp->host, wp->f.q, b32, ref,
+                              w8a8 ? QuantizedLinearPath::kW8a8 : QuantizedLinearPath::kAuto);
     ops::linear_cpu(xabs, wp->abs_dense, babs, sabs);
-    const bool gemv =
-        qc.path == QuantizedLinearPath::kGemv ||
-        (qc.path == QuantizedLinearPath::kAuto &&
-         ops::quantized_linear_cuda_plan(
-             xv(true), wp->dev, wp->f.q, Tensor(),
-             Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path)
-             .starts_with("gemv"));
     const double weight_round = gemv                  ? 0.0
+                                : w8a8                ? std::ldexp(1.0, -11)
                                 : xdt == DType::kBF16 ? std::ldexp(1.0, -8)
                                                       : std::ldexp(1.0, -11);
     const size_t es = dtype_size(odt);
@@ -201,8 +204,8 @@ TEST(GpuOps, QuantizedLinearEveryFormat) { run_formats(true); }
 TEST(GpuOpsSmall, QuantizedLinear) { run_formats(false); }
 
 // The GEMV refuses what it cannot run, with a reason (and kAuto falls back to the dequantizing
-// path, checked above): n > 8, f32 x, an FP8 width or block width that is not a multiple
-// of 16.
+// path, checked above): n > kQuantizedGemvMaxRows, f32 x, an FP8 width or block width that is not a
+// multiple of 16.
 TEST(GpuOps, QuantizedLinearGemvRefusals) {
   TestStream s;
   Summary sum;
@@ -216,11 +219,13 @@ TEST(GpuOps, QuantizedLinearGemvRefusals) {
   };
   const Format awq = quant_cases::formats().front();
   const std::unique_ptr<QWeight> w = make_weight(awq, 64, 128, 9);
-  Mirror x9(9 * 128, DType::kBF16), y9(9 * 64, DType::kBF16), x32(128, DType::kF32),
+  // One row past what the GEMV takes (its passes of 8 rows stop at kQuantizedGemvMaxRows).
+  constexpr int64_t kRows = ops::kQuantizedGemvMaxRows + 1;
+  Mirror xn(kRows * 128, DType::kBF16), yn(kRows * 64, DType::kBF16), x32(128, DType::kF32),
       y32(64, DType::kF32);
   EXPECT_EQ(code_of([&] {
-              ops::quantized_linear_cuda(x9.dev({9, 128}), w->dev, awq.q, Tensor(), y9.dev({9, 64}),
-                                         Tensor(), QuantizedLinearPath::kGemv);
+              ops::quantized_linear_cuda(xn.dev({kRows, 128}), w->dev, awq.q, Tensor(),
+                                         yn.dev({kRows, 64}), Tensor(), QuantizedLinearPath::kGemv);
             }),
             ErrorCode::kUnsupported);
   EXPECT_EQ(code_of([&] {
@@ -448,6 +453,64 @@ TEST(GpuOpsPerf, QuantizedLinearPrefillLlama8B) {
         std::fflush(stdout);
         EXPECT_EQ(count_non_finite(y.data(), DType::kBF16, n, p.out, p.out), 0)
             << p.name << " " << f.name << " n " << n;
+      }
+    }
+  }
+}
+
+// W8A8 at Llama-3.1-8B's layer shapes, n = 4096 and 16384: cuBLASLt on a bf16 weight, the
+// dequantizing path (W8A16) and W8A8 (activation quantization included) for the FP8 block format,
+// W8A8 for compressed-tensors FP8 per channel; TFLOP/s of 2 n in out.
+TEST(GpuOpsPerf, QuantizedLinearW8a8Llama8B) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  TestStream s;
+  for (const PerfShape& p : kLlama8B) {
+    GuardedBuffer dense(size_t(p.in * p.out) * 2, 0);
+    fill_uniform(dense.data(), p.in * p.out, DType::kBF16, 9, -0.03f, 0.03f);
+    const Tensor dv = Tensor::from_blob(dense.data(), {p.out, p.in}, DType::kBF16, kGpu);
+    for (int64_t n : {4096, 16384}) {
+      GuardedBuffer x(size_t(n * p.in) * 2, 0), y(size_t(n * p.out) * 2, 0);
+      fill_uniform(x.data(), n * p.in, DType::kBF16, 10, -1.f, 1.f);
+      const Tensor xv = Tensor::from_blob(x.data(), {n, p.in}, DType::kBF16, kGpu);
+      const Tensor yv = Tensor::from_blob(y.data(), {n, p.out}, DType::kBF16, kGpu);
+      const double flops = 2.0 * double(n) * double(p.in) * double(p.out);
+      auto report = [&](const char* what, double ms, const std::string& plan) {
+        std::printf("  %-13s n=%-5lld out=%-6lld in=%-6lld %-24s %8.4f ms %7.1f TFLOP/s  [%s]\n",
+                    p.name, (long long)n, (long long)p.out, (long long)p.in, what, ms,
+                    flops / (ms * 1e9), plan.c_str());
+        std::fflush(stdout);
+      };
+      LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+      auto gemm = [&] { ops::linear_cuda(xv, dv, Tensor(), yv); };
+      gemm();
+      s.sync();
+      report("bf16 cublaslt", time_ms(s, gemm), ops::linear_cuda_plan(xv, dv, Tensor(), yv));
+      for (const Format& f : perf_formats()) {
+        if (f.q.method != QuantMethod::kFp8Block && f.q.method != QuantMethod::kCompressedFp8)
+          continue;
+        DeviceQuantized w = device_weight(p, f.q, 30);
+        for (QuantizedLinearPath path :
+             {QuantizedLinearPath::kDequantGemm, QuantizedLinearPath::kW8a8}) {
+          if (path == QuantizedLinearPath::kDequantGemm && f.q.method != QuantMethod::kFp8Block)
+            continue;
+          const int64_t ws_bytes =
+              ops::quantized_linear_workspace_bytes(n, w.w, DType::kBF16, path);
+          Tensor ws = Tensor::empty({ws_bytes}, DType::kU8, kGpu);
+          auto op = [&] { ops::quantized_linear_cuda(xv, w.w, f.q, Tensor(), yv, ws, path); };
+          try {
+            op();
+            s.sync();
+          } catch (const Error& e) {
+            std::printf("  %-13s n=%-5lld %s %s: %s\n", p.name, (long long)n, f.name.c_str(),
+                        path_name(path), e.what());
+            continue;
+          }
+          const std::string what = f.name + " " + path_name(path);
+          report(what.c_str(), time_ms(s, op),
+                 ops::quantized_linear_cuda_plan(xv, w.w, f.q, Tensor(), yv, path));
+          EXPECT_EQ(count_non_finite(y.data(), DType::kBF16, n, p.out, p.out), 0)
+              << p.name << " " << what << " n " << n;
+        }
       }
     }
   }

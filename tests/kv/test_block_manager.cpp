@@ -127,6 +127,54 @@ TEST(BlockManager, FullHitCopiesTheLastBlockOnWrite) {
   EXPECT_EQ(bm.num_free_blocks(), 8);
 }
 
+// A KV store load's blocks: pinned while their K/V arrive (out of every free list: nothing
+// evicts or takes them), then cached under their chain hash, a prefix hit once unpinned.
+TEST(BlockManager, PinnedBlocksAreNeitherTakenNorEvictedUntilUnpinned) {
+  BlockManager bm(4, 4, true);
+  std::vector<KVBlockCopy> copies;
+  const auto t = iota_tokens(9);  // 2 full blocks + 1 token
+  std::vector<uint64_t> hashes;
+  ASSERT_EQ(bm.cached_prefix(std::span(t).first(8), &hashes), 0);
+  ASSERT_EQ(hashes.size(), 2u);
+  const int32_t p0 = bm.take_pinned(), p1 = bm.take_pinned();
+  ASSERT_GE(p0, 0);
+  ASSERT_GE(p1, 0);
+  EXPECT_EQ(bm.num_pinned(), 2);
+  EXPECT_EQ(bm.num_free_blocks(), 2);
+  bm.check_consistency();
+  // Another sequence takes the other two blocks; none is left, pinned ones included.
+  ASSERT_EQ(bm.start(7, iota_tokens(8, 100), 100, &copies).num_cached, 0);
+  EXPECT_EQ(bm.take_pinned(), -1);
+  EXPECT_FALSE(bm.append(7, 8, 1, &copies));
+  bm.free(7);  // its blocks are not full-committed: free, uncached
+  bm.end_step();
+  // Cached in order: now the prefix hit of a sequence with these tokens.
+  EXPECT_TRUE(bm.cache_pinned(p0, 0, std::span(t).first(4)));
+  EXPECT_TRUE(bm.cache_pinned(p1, hashes[0], std::span(t).subspan(4, 4)));
+  EXPECT_EQ(bm.cached_prefix(std::span(t).first(8), &hashes), 2);
+  EXPECT_EQ(bm.num_free_blocks(), 2);  // still pinned: not evictable
+  bm.check_consistency();
+  const auto r = bm.start(1, t, 100, &copies);
+  EXPECT_EQ(r.num_cached, 8);
+  EXPECT_EQ(bm.table(1)[0], p0);
+  EXPECT_EQ(bm.table(1)[1], p1);
+  bm.unpin(p0);
+  bm.unpin(p1);
+  EXPECT_EQ(bm.num_pinned(), 0);
+  bm.check_consistency();
+  bm.free(1);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  // A pinned block whose hash is already cached is not registered twice; unpinned, it is free.
+  const int32_t dup = bm.take_pinned();
+  ASSERT_GE(dup, 0);
+  EXPECT_FALSE(bm.cache_pinned(dup, 0, std::span(t).first(4)));
+  bm.unpin(dup);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  EXPECT_EQ(bm.stats().cached_blocks, 2);
+  EXPECT_THROW(bm.unpin(dup), Error);
+  bm.check_consistency();
+}
+
 TEST(BlockManager, ChainHashDependsOnTheWholePrefix) {
   BlockManager bm(8, 2, true);
   std::vector<KVBlockCopy> copies;

@@ -309,8 +309,10 @@ class QuantizedFixture : public ::testing::TestWithParam<FormatCase> {
   fs::path dir_;
 };
 
-// The tool's output loads; each dense weight equals the plain decoding of the file's packed
-// tensors (rounded once to bf16), and lies within the RTN bound of the original weight.
+// The tool's output loads with its Linears packed and no dense copy of them (the checkpoint's
+// dense store holds exactly the original's other tensors); each Linear through dense_weight()
+// equals the plain decoding of the file's packed tensors (rounded once to bf16) bit for bit, and
+// lies within the RTN bound of the original weight.
 TEST_P(QuantizedFixture, LoaderMatchesPlainDecodingAndTheOriginal) {
   for (const char* model : {"tiny-qwen3", "tiny-llama3"}) {
     QuantConfig q = GetParam().q;
@@ -331,11 +333,26 @@ TEST_P(QuantizedFixture, LoaderMatchesPlainDecodingAndTheOriginal) {
         EXPECT_TRUE(ck.quantized.count(name)) << name;
       }
     EXPECT_EQ(linears, stats.quantized_tensors);
+    // Loading made no dense copy of a quantized Linear (an eager dequantization would put them
+    // here): the dense store is the original's other tensors, byte for byte the same count.
+    size_t other_bytes = 0;
+    for (const auto& [name, t] : dense.weights.all())
+      if (!ck.quantized.count(name)) other_bytes += t.nbytes();
+    EXPECT_EQ(ck.weights.num_bytes(), other_bytes) << model;
+    EXPECT_EQ(ck.weights.all().size() + ck.quantized.size(), dense.weights.all().size()) << model;
+    int64_t packed_bytes = 0;
+    for (const auto& [name, qw] : ck.quantized) {
+      EXPECT_FALSE(ck.weights.has(name)) << name;
+      EXPECT_TRUE(ck.has_weight(name)) << name;
+      packed_bytes += quantized_bytes(qw);
+      EXPECT_EQ(quantized_bytes(qw), quantized_bytes(qw.out_features, qw.in_features, q)) << name;
+    }
+    EXPECT_EQ(size_t(packed_bytes) + other_bytes, stats.bytes_out) << model;
     EXPECT_TRUE(fs::exists(dir_ / "generation_config.json"));
     auto file = SafetensorsFile::open((dir_ / "model.safetensors").string());
     for (const auto& [name, qw] : ck.quantized) {
       const std::string m = name.substr(0, name.size() - 7);
-      const Tensor& got = ck.weights.get(name);
+      const Tensor got = ck.dense_weight(name);
       ASSERT_EQ(got.dtype(), DType::kBF16);
       const Tensor orig = dense.weights.get(name).to_dtype(DType::kF32);
       const Packed p = packed(*file, m, q);
@@ -365,6 +382,85 @@ TEST_P(QuantizedFixture, LoaderMatchesPlainDecodingAndTheOriginal) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedFixture, ::testing::ValuesIn(format_cases()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// Phi-3's fused qkv_proj and gate_up_proj quantized: loaded split into q, k, v and gate, up in
+// the format's own layout (no dense copy), each part through dense_weight() bit for bit the rows
+// of the whole projection dequantized. FP8 blocks of 128 rows end inside tiny-phi3's 64-row q
+// (its qkv_proj is then dequantized whole, its parts row views of that copy); gate_up splits.
+TEST(QuantizedFused, Phi3ProjectionsSplitPacked) {
+  const fs::path dir = fs::temp_directory_path() / ("longctx_qphi3_" + std::to_string(getpid()));
+  for (const auto& [fname, format] : quant_format_names())
+    for (const int64_t block : {32, 128}) {
+      if (block == 128 && format != QuantFormat::kFp8Block) continue;
+      SCOPED_TRACE(fname + " block " + std::to_string(block));
+      QuantFormatOptions f;
+      f.format = format;
+      f.group_size = 32;
+      f.block_size = block;
+      const QuantConfig q = quant_config_for(f);
+      fs::remove_all(dir);
+      quantize_checkpoint(fixture("tiny-phi3-longrope"), dir.string(), q);
+      const Checkpoint ck = load_checkpoint(dir.string());
+      // The fused projections as the file holds them, dequantized whole.
+      WeightStore raw;
+      auto file = SafetensorsFile::open((dir / "model.safetensors").string());
+      for (const auto& n : file->names()) raw.add(n, file->get(n));
+      std::map<std::string, QuantizedWeight> fused;
+      extract_quantized(raw, q, fused, "test");
+      const bool qkv_splits = format != QuantFormat::kFp8Block || block == 32;
+      for (int layer = 0; layer < 2; ++layer) {
+        const std::string p = "model.layers." + std::to_string(layer) + ".";
+        for (const auto& [whole, parts] :
+             std::vector<std::pair<std::string, std::vector<std::string>>>{
+                 {"self_attn.qkv_proj.weight",
+                  {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                   "self_attn.v_proj.weight"}},
+                 {"mlp.gate_up_proj.weight", {"mlp.gate_proj.weight", "mlp.up_proj.weight"}}}) {
+          const Tensor all = dequantize(fused.at(p + whole), q, DType::kBF16);
+          const bool packed = qkv_splits || whole.starts_with("mlp.");
+          int64_t row = 0;
+          for (const std::string& part : parts) {
+            EXPECT_EQ(ck.quantized.count(p + part), packed ? 1u : 0u) << part;
+            EXPECT_EQ(ck.weights.has(p + part), !packed) << part;
+            const Tensor got = ck.dense_weight(p + part);
+            const Tensor want = all.slice(0, row, row + got.size(0)).contiguous();
+            ASSERT_EQ(got.shape(), want.shape()) << part;
+            EXPECT_EQ(std::memcmp(got.contiguous().data_ptr(), want.data_ptr(), want.nbytes()), 0)
+                << p + part;
+            row += got.size(0);
+          }
+          EXPECT_EQ(row, all.size(0)) << whole;
+        }
+      }
+    }
+  fs::remove_all(dir);
+}
+
+// slice_quantized (the inverse of stack_quantized) splits where the format allows, views FP8
+// rows in place, and refuses a split inside a scale block or an int4 word.
+TEST(QuantizedFused, SliceWhereTheFormatAllows) {
+  for (const auto& [name, format] : quant_format_names()) {
+    QuantFormatOptions f;
+    f.format = format;
+    f.group_size = 32;
+    f.block_size = 32;
+    const QuantConfig q = quant_config_for(f);
+    const QuantizedWeight w = random_quantized(96, 64, q, 3, 0.02f, name);
+    const Tensor all = dequantize(w, q, DType::kF32);
+    const QuantizedWeight s = slice_quantized(w, q, 32, 64);
+    ASSERT_EQ(s.method, q.method) << name;
+    const Tensor got = dequantize(s, q, DType::kF32);
+    const Tensor want = all.slice(0, 32, 96).contiguous();
+    EXPECT_EQ(std::memcmp(got.data_ptr(), want.data_ptr(), want.nbytes()), 0) << name;
+    const bool fp8 = format == QuantFormat::kFp8Block || format == QuantFormat::kCtFp8Channel;
+    if (fp8) EXPECT_EQ(s.qweight.data_ptr(), w.qweight.slice(0, 32, 96).data_ptr()) << name;
+    // Inside an FP8 block of 32 rows / an int4 word of 8 columns; per-channel scales split
+    // anywhere.
+    EXPECT_EQ(slice_quantized(w, q, 4, 32).method,
+              format == QuantFormat::kCtFp8Channel ? q.method : QuantMethod::kNone)
+        << name;
+  }
+}
 
 // ---- Bad tensors: a quantized copy of tiny-qwen3 broken one way per test. ----
 
@@ -506,6 +602,34 @@ TEST_F(BrokenQuantized, PackedTensorsUnderAnotherConfig) {
   config_["quantization_config"] = json::parse(R"({"quant_method": "awq", "bits": 4})");
   e = load_error();
   EXPECT_NE(e.find("is F8_E4M3 but config.json's quantization_config is 'awq'"), std::string::npos)
+      << e;
+}
+
+// A packed Linear whose tensors agree with each other but not with the config's shape: the
+// error names the packed tensor, its shape and the config's.
+TEST_F(BrokenQuantized, PackedShapeTheConfigDoesNotImply) {
+  for (const QuantMethod method : {QuantMethod::kAwq, QuantMethod::kFp8Block}) {
+    make(method);
+    const QuantConfig q = parse_quant_config(config_, "test");
+    Tensor wrong = Tensor::zeros({128, 128}, DType::kF32);  // q_proj is [256, 128]
+    for (int64_t i = 0; i < wrong.numel(); ++i) wrong.data<float>()[i] = 0.01f * float(i % 7);
+    for (auto& [n, t] : quantized_tensors(q_, quantize_rtn(wrong, q, q_))) tensors_[n] = t;
+    const std::string e = load_error();
+    const std::string packed = q_ + (method == QuantMethod::kAwq ? ".qweight" : ".weight");
+    EXPECT_NE(e.find("tensor '" + packed + "' holds a"), std::string::npos) << e;
+    EXPECT_NE(
+        e.find("of shape [128, 128] but the config implies [256, 128] for '" + q_ + ".weight'"),
+        std::string::npos)
+        << e;
+  }
+}
+
+TEST_F(BrokenQuantized, DenseWeightBesidePackedOnes) {
+  make(QuantMethod::kGptq);
+  tensors_[q_ + ".weight"] = Tensor::zeros({256, 128}, DType::kBF16);
+  const std::string e = load_error();
+  EXPECT_NE(e.find("tensor '" + q_ + ".weight' is a dense weight beside the packed tensors"),
+            std::string::npos)
       << e;
 }
 

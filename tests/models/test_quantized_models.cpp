@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 
@@ -132,6 +133,49 @@ TEST_P(QuantizedModel, RunsCloseToTheDenseModel) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedModel, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// A quantized checkpoint folder keeps its Linears packed; a model built without packed_weights
+// runs them dense, dequantized one projection at a time through dense_weight(): its logits are
+// bit for bit those of a model built from a checkpoint holding every dense copy (what the loader
+// made at load before), for plain, fused (Phi-3's qkv_proj / gate_up_proj), MoE (each expert)
+// and linear-attention (Qwen3-Next's projections) checkpoints in every format. With
+// packed_weights the packed projections are the same and those that stay dense (MoE experts,
+// output-gated and linear attention) read the same values: logits again bit for bit.
+TEST(QuantizedCheckpoint, DenseModelEqualsTheEagerlyDequantizedOne) {
+  const fs::path dir = fs::temp_directory_path() / ("longctx_qdense_" + std::to_string(getpid()));
+  for (const char* model :
+       {"tiny-qwen3", "tiny-phi3-longrope", "tiny-qwen3-moe", "tiny-qwen3-next"})
+    for (const auto& [name, format] : quant_format_names()) {
+      QuantFormatOptions f;
+      f.format = format;
+      f.group_size = 16;  // tiny-qwen3-moe's shared expert is 48 wide
+      fs::remove_all(dir);
+      quantize_checkpoint(fixture_dir(model), dir.string(), quant_config_for(f));
+      auto ck = std::make_shared<Checkpoint>(load_checkpoint(dir.string()));
+      ASSERT_FALSE(ck->quantized.empty()) << model << " " << name;
+      // Every dense copy beside the packed tensors, as the loader used to keep them.
+      auto eager = std::make_shared<Checkpoint>(*ck);
+      for (const auto& [n, w] : ck->quantized) eager->weights.add(n, ck->dense_weight(n));
+      auto dense_only = std::make_shared<Checkpoint>(*eager);
+      dense_only->quantized.clear();
+      dense_only->config.quantization = QuantConfig();
+      ModelBuildOptions o;
+      o.rope_inv_freq_dtype = DType::kF32;
+      const std::vector<int32_t> ids = make_ids(24, 3, ck->config.vocab_size);
+      auto same = [&](const Tensor& a, const Tensor& b) {
+        return a.numel() == b.numel() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+      };
+      const Tensor dense = full_forward(*create_model(ck, o), ids);
+      EXPECT_TRUE(same(dense, full_forward(*create_model(dense_only, o), ids)))
+          << model << " " << name;
+      o.packed_weights = true;
+      const Tensor packed = full_forward(*create_model(ck, o), ids);
+      EXPECT_TRUE(same(packed, full_forward(*create_model(eager, o), ids))) << model << " " << name;
+      // The packed path ran: its f32 dequantization differs from the bf16 weights somewhere.
+      EXPECT_FALSE(same(dense, packed)) << model << " " << name;
+    }
+  fs::remove_all(dir);
+}
 
 // A dummy quantized checkpoint (--load-format dummy --quantization F) holds only the packed
 // Linears. The CPU model runs them packed where the format stacks q/k/v and gate/up, and

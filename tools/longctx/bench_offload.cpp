@@ -28,6 +28,7 @@ struct Options {
   int64_t decode_steps = 16;
   uint64_t seed = 0;
   bool profile_phases = false;  // the decode steps' time per attention phase (GpuRunner)
+  int64_t prefill_report = 0;   // > 0: prefill in runs of this many tokens, each one timed
 };
 
 double now_seconds() {
@@ -64,8 +65,20 @@ void run(const Options& o) {
     for (auto& t : ids) t = static_cast<int32_t>(rng() % vocab);
     const auto c0 = runner->offload_counters();
     const double t0 = now_seconds();
-    const SessionInput in{id, ids, n};
-    session.run({&in, 1});
+    // A prefill of a million tokens runs for minutes: in runs of --prefill-report tokens it says
+    // how far it is (each run still chunks by --max-num-batched-tokens inside).
+    const int64_t slice = o.prefill_report > 0 ? o.prefill_report : n;
+    for (int64_t done = 0; done < n;) {
+      const SessionInput in{id, ids, std::min(slice, n - done)};
+      session.run({&in, 1});
+      done += in.num_new;
+      if (o.prefill_report > 0) {
+        const double s = now_seconds() - t0;
+        std::printf("  prefill %lld / %lld tokens at %.1f s (%.0f tok/s so far)\n",
+                    static_cast<long long>(done), static_cast<long long>(n), s, double(done) / s);
+        std::fflush(stdout);
+      }
+    }
     const double prefill = now_seconds() - t0;
     const auto c1 = runner->offload_counters();
     if (o.profile_phases) {
@@ -135,6 +148,9 @@ void add_bench_offload(CLI::App* bench) {
   cmd->add_option("--decode-steps", o->decode_steps, "decode steps after each prefill")
       ->capture_default_str();
   add_seed_option(*cmd, "--seed", o->seed, "prompt seed (default 0)");
+  cmd->add_option("--prefill-report", o->prefill_report,
+                  "prefill in runs of this many tokens and print the time after each (0: one run)")
+      ->capture_default_str();
   cmd->add_flag("--profile-phases", o->profile_phases,
                 "print the decode steps' host and GPU time per attention phase (adds a few us "
                 "of host time per mark)");

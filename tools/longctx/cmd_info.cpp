@@ -51,6 +51,12 @@ void run_info(const ModelOptions& opts) {
       by_dtype[std::string(dtype_name(t.dtype()))] += t.numel();
     params = ck->weights.num_parameters();
     bytes = ck->weights.num_bytes();
+    // The quantized Linears as the checkpoint holds them: packed (not dequantized to count them).
+    for (const auto& [name, w] : ck->quantized) {
+      by_dtype[quant_method_name(w.method)] += w.out_features * w.in_features;
+      params += w.out_features * w.in_features;
+      bytes += static_cast<size_t>(quantized_bytes(w));
+    }
   }
   std::string dtypes;
   for (const auto& [d, n] : by_dtype)
@@ -107,8 +113,8 @@ void run_info(const ModelOptions& opts) {
         quant_method_name(c.quantization.method));
   else if (c.quantization.quantized())
     std::printf(
-        "quantization:       %s: the decoder's Linears dequantized to %s at load (kept packed "
-        "with --packed-weights)\n",
+        "quantization:       %s: the decoder's Linears dequantized to %s as the model loads "
+        "(host memory holds them packed; kept packed on the device with --packed-weights)\n",
         quant_method_name(c.quantization.method), std::string(dtype_name(c.dtype)).c_str());
   const KvGroups groups = KvGroups::from_config(c, runner.kv_dtype);
   const int64_t info_block = runner.block_size > 0 ? runner.block_size : kDefaultBlockSize;

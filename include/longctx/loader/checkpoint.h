@@ -35,17 +35,17 @@ class WeightStore {
 struct Checkpoint {
   std::string dir;  // empty for dummy checkpoints
   ModelConfig config;
-  // Dense weights in config.dtype; a quantized checkpoint's Linears dequantized on the CPU (a
-  // dummy quantized checkpoint has only their packed tensors: dense_weight() makes them).
+  // Dense weights in config.dtype. A quantized checkpoint's Linears are not here (no dense host
+  // copy is made at load): dense_weight() dequantizes one on demand; `quantized` holds them.
   WeightStore weights;
-  // The packed tensors of a quantized checkpoint's Linears as stored (views of the mmaps), under
-  // their dense weight's name in the file ("model.layers.0.self_attn.q_proj.weight"), for a
-  // device path that runs them packed.
+  // The packed tensors of a quantized checkpoint's Linears as stored (views of the mmaps; dummy
+  // ones own random data), under their dense weight's canonical name
+  // ("model.layers.0.self_attn.q_proj.weight"), checked against the config's [out, in].
   std::map<std::string, QuantizedWeight> quantized;
   std::vector<std::shared_ptr<SafetensorsFile>> files;  // keeps the mmaps alive
 
-  // weights.get(name), or the packed `quantized[name]` dequantized to config.dtype when the
-  // dense copy is absent. Throws Error(kNotFound) naming the tensor when neither exists.
+  // weights.get(name), or `quantized[name]` dequantized to config.dtype into a new host tensor
+  // (the checkpoint keeps no copy). Throws Error(kNotFound) naming the tensor when neither exists.
   Tensor dense_weight(const std::string& name) const;
   bool has_weight(const std::string& name) const {
     return weights.has(name) || quantized.count(name) > 0;
@@ -54,8 +54,8 @@ struct Checkpoint {
 
 // Opens and validates a checkpoint folder: every tensor the architecture expects is present
 // with the shape the config implies and a floating dtype (missing ones listed), no unexpected
-// tensor (listed). A quantized checkpoint's Linears (config.quantization) are checked and
-// dequantized to config.dtype first. Throws Error naming the file (and tensor) and the problem.
+// tensor (listed). A quantized checkpoint's Linears (config.quantization) are checked against
+// their format and the config's shapes and kept packed. Throws Error naming file, tensor, problem.
 Checkpoint load_checkpoint(const std::string& dir);
 
 // Built-in shape presets for --load-format dummy ("llama-3.1-8b", "qwen3-0.6b", "qwen3-8b", ...).

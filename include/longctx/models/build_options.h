@@ -35,10 +35,10 @@ struct ModelBuildOptions {
   std::shared_ptr<Communicator> communicator;
   // A quantized checkpoint's Linears (config.quantization): kept packed as stored and run by the
   // quantized Linear (decode reads a quarter of bf16's bytes for int4, half for FP8), or
-  // dequantized into dense weights at load. Unset: dense (the packed path has not yet run whole
-  // models on a GPU; the CPU's packed op dequantizes on every call, a reference, not a speed
-  // path). Packed needs an unsharded model; a checkpoint without dense copies (dummy) is packed
-  // on either device.
+  // dequantized into dense weights at load (one projection at a time, from the packed tensors:
+  // the checkpoint holds no dense copy). Unset: dense for a checkpoint folder (the packed path
+  // has not yet run whole models on a GPU; the CPU's packed op dequantizes on every call, a
+  // reference, not a speed path), packed for dummy weights. Packed needs an unsharded model.
   std::optional<bool> packed_weights;
 };
 
