@@ -76,7 +76,7 @@ constexpr int kBarEpilogue = 2;  // + warpgroup
 constexpr int kBarTurn = 5;      // + warpgroup
 
 template <int HEAD_DIM, int KEYS, int STAGES, bool PERSISTENT, bool PINGPONG, bool TMA = false,
-          int CONSUMERS = 2, bool LEAN = false, bool FP8 = false>
+          int CONSUMERS = 2, bool LEAN = false, int FP8_SLOTS = 0>
 struct Sm90Tiling {
   // Consumer warpgroups of 64 query rows each: 2 (a 128-row tile), or 3 (192 rows, head_dim 64:
   // FA3's tile there). Each K/V tile then serves 192 rows, and a third warpgroup's GEMMs cover
@@ -86,9 +86,15 @@ struct Sm90Tiling {
   static constexpr int kConsumerThreads = 128 * CONSUMERS;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // setmaxnreg budgets (multiples of 8; 65536 registers per SM): 40 + 2 x 232 or 32 + 3 x 160;
-  // FP8 caches: 56 + 2 x 224 or 56 + 3 x 152 (the producer converts, see kFp8).
-  static constexpr int kProducerRegs = FP8 ? 56 : CONSUMERS == 2 ? 40 : 32;
-  static constexpr int kConsumerRegs = CONSUMERS == 2 ? (FP8 ? 224 : 232) : (FP8 ? 152 : 160);
+  // FP8 caches: 64 + 2 x 224 or 32 + 3 x 160 (the producer converts, see kFp8). ptxas -v: at
+  // head_dim 128 a 56-register producer spilled 56 bytes (stores) / 68 (loads) per thread in its
+  // conversion loop (unrolled over the 4 rows), 64 registers 32 / 32, 64 with one row pass at a
+  // time none; the consumers at 224 spill nothing more than at 232. At head_dim 64 the three
+  // consumer warpgroups at 152 (beside a 56-register producer) spilled 48 / 48, at 160 8 / 4
+  // as bf16's; a 32-register producer adds 8 / 8.
+  static constexpr bool FP8 = FP8_SLOTS > 0;
+  static constexpr int kProducerRegs = FP8 && CONSUMERS == 2 ? 64 : CONSUMERS == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = CONSUMERS == 2 ? (FP8 ? 224 : 232) : 160;
   static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536);
   static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && HEAD_DIM == 64));
   // head_dim 64 or 128: one or two 64-element (128-byte) column halves per shared-memory row.
@@ -123,26 +129,30 @@ struct Sm90Tiling {
   // staging: the epilogue stores from the accumulators as the lean tiling does, which leaves room
   // for the codes beside the full tiling's bitmaps.
   static constexpr bool kFp8 = FP8;
+  // Ring of FP8 code slots (each one K or V tile's codes and scales): the gathers run
+  // kCodeSlots - 1 slots ahead of the conversion (see the producer).
+  static constexpr int kCodeSlots = FP8_SLOTS;
   static constexpr bool kStageO = !LEAN && !FP8;
   static constexpr int kQBytes = kRows * kD * 2;
   static constexpr int kKvBytes = KEYS * kD * 2;  // one K (or V) stage
   static constexpr int kKOff = kQBytes;
   static constexpr int kVOff = kKOff + STAGES * kKvBytes;
   static constexpr int kOOff = kVOff + STAGES * kKvBytes;  // output staging, [kRows][kD]
-  // FP8 staging: K codes [KEYS][kD], V codes [KEYS][kD], then K and V scales [KEYS][4] each (one
-  // copy per thread of a row's four, so that every thread reads only what it copied).
+  // FP8 staging: kCodeSlots code slots [KEYS][kD] (bytes), then their scales [KEYS][4] (fp32;
+  // one copy per thread of a row's four, so that every thread reads only what it copied).
   static constexpr int kF8Off = kOOff + (kStageO ? kQBytes : 0);
   static constexpr int kF8CodeBytes = KEYS * kD;
-  static constexpr int kF8ScaleOff = kF8Off + (FP8 ? 2 * kF8CodeBytes : 0);
+  static constexpr int kF8ScaleBytes = KEYS * 4 * 4;
+  static constexpr int kF8ScaleOff = kF8Off + FP8_SLOTS * kF8CodeBytes;
   // any-row bitmap, then every-row bitmap
-  static constexpr int kBitsOff = kF8ScaleOff + (FP8 ? 2 * KEYS * 4 * 4 : 0);
+  static constexpr int kBitsOff = kF8ScaleOff + FP8_SLOTS * kF8ScaleBytes;
   static constexpr int kBarOff = kBitsOff + (LEAN ? 0 : 2 * kMaskWords * 4);
   // k_full, k_empty, v_full, v_empty per stage, q_full, q_empty; + 1024 bytes of slack to align
   // the base.
   static constexpr int kSmemBytes = kBarOff + (4 * STAGES + 2) * 8 + 1024;
   static_assert(KEYS == 128);  // the S wgmma is m64n128k16
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128);
-  static_assert(!FP8 || (!TMA && PINGPONG && PERSISTENT));
+  static_assert(!FP8 || (!TMA && PINGPONG && PERSISTENT && FP8_SLOTS >= 2));
   // sm_90's opt-in dynamic shared memory per block (227 KB): every instantiation must fit it.
   static_assert(kSmemBytes <= 227 * 1024, "the tiling's shared memory passes sm_90's 227 KB");
 };
@@ -542,16 +552,20 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
     // producer instead runs up to STAGES tiles ahead, so its conversion is off the consumers'
     // critical path as long as it keeps pace. Each thread converts exactly the 16-byte chunks it
     // copied (rows (pt >> 2) + 32 rp, code chunks (pt & 3) + 4 h), so cp.async.wait_group alone
-    // makes them visible (no barrier), and the staging tile is reused as soon as the thread has
-    // converted it: K codes of tile i + 1 land while V of tile i converts, and V of i + 1 while
-    // K of i + 1 converts.
+    // makes them visible (no barrier), and a code slot is reused as soon as the thread has
+    // converted it. The gathers go in order K(t0), V(t0), K(t1), ... through a ring of
+    // kCodeSlots slots, so while one slot converts the next kCodeSlots - 1 are in flight: with
+    // two (K and V), a gather had one conversion's time to land (period per tile: the gather's
+    // latency plus one conversion), with three a whole tile's (docs/fp8_kv.md, "The Hopper
+    // prefill's producer").
     constexpr int kChunks8 = kD / 16;  // 16-byte code chunks of a row
     constexpr int kChunkPasses8 = kChunks8 / 4;
     using Code = uint8_t;
     const Code* __restrict__ kc8 = static_cast<const Code*>(p.k_cache);
     const Code* __restrict__ vc8 = static_cast<const Code*>(p.v_cache);
-    const uint32_t f_k = base + Tl::kF8Off, f_v = f_k + Tl::kF8CodeBytes;
-    const uint32_t f_ks = base + Tl::kF8ScaleOff, f_vs = f_ks + KEYS * 4 * 4;
+    constexpr int kSlots = Tl::kCodeSlots;
+    auto slot_codes = [&](int j) { return base + Tl::kF8Off + j * Tl::kF8CodeBytes; };
+    auto slot_scales = [&](int j) { return base + Tl::kF8ScaleOff + j * Tl::kF8ScaleBytes; };
     // Byte offset of code chunk c8 of staging row r. At head_dim 128 (128-byte rows) the odd
     // rows' chunk halves swap, so that a quarter warp (rows r, r + 1, chunks 0..3 or 4..7)
     // reads and writes all 32 banks once.
@@ -578,9 +592,12 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
       }
       cp_async_commit();
     };
-    // The landed codes -> the 16-bit stage at `dst` (shared window offset from smem).
+    // The landed codes -> the 16-bit stage at `dst` (shared window offset from smem). One row
+    // pass at a time at head_dim 128 (its two chunks, 16 code pairs, are ILP enough): unrolled
+    // over the 4 rows the producer spilled (see kProducerRegs).
+    constexpr int kConvertUnroll = kD == 128 ? 1 : kRowPasses;
     auto convert_codes = [&](uint32_t dst, uint32_t f, uint32_t fs) {
-#pragma unroll
+#pragma unroll kConvertUnroll
       for (int rp = 0; rp < kRowPasses; ++rp) {
         const int r = (pt >> 2) + rp * 32;
         const float scale =
@@ -599,35 +616,43 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
       // The generic-proxy stores must be visible to the consumers' wgmma (async proxy).
       fence_proxy_async();
     };
-    // One item's key tiles: K and V of the first tile gathered, then per tile: wait for its K
-    // codes, convert K into the ring stage, gather the next tile's K; the same for V. Every step
-    // commits one group (empty past the last tile), so wait_group 1 always means "all but the
-    // newest landed".
+    // One item's key tiles. The gather cursor (tile kt_in, K or V, ring slot j_in) runs
+    // kSlots gathers ahead of the conversion; every step commits one group (empty past the last
+    // tile), so wait_group kSlots - 1 always means "the oldest slot landed". The item's last
+    // gathers are all converted before it ends, so the next item starts the ring at slot 0.
     auto produce_fp8 = [&](const Sm90Item& it, int slot0) {
       int kt = next_tile(it, it.kt_begin);
       if (kt >= it.num_tiles) return;
-      issue_codes(it, slot0, kt, f_k, f_ks, kc8, p.k_scale);
-      issue_codes(it, slot0, kt, f_v, f_vs, vc8, p.v_scale);
-      for (int nxt; kt < it.num_tiles; kt = nxt, ++n) {
-        nxt = next_tile(it, kt + 1);
+      int kt_in = kt, j_in = 0;
+      bool v_in = false;
+      auto gather_next = [&] {
+        if (kt_in < it.num_tiles) {
+          issue_codes(it, slot0, kt_in, slot_codes(j_in), slot_scales(j_in), v_in ? vc8 : kc8,
+                      v_in ? p.v_scale : p.k_scale);
+          if (v_in) kt_in = next_tile(it, kt_in + 1);
+          v_in = !v_in;
+        } else {
+          cp_async_commit();
+        }
+        j_in = j_in + 1 == kSlots ? 0 : j_in + 1;
+      };
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) gather_next();
+      for (int j = 0; kt < it.num_tiles; kt = next_tile(it, kt + 1), ++n) {
         const int s = n % STAGES;
         const uint32_t ph = (n / STAGES) & 1;
-        cp_async_wait<1>();  // this tile's K codes (its V codes may be in flight)
+        cp_async_wait<kSlots - 1>();  // this tile's K codes
         mbar_wait(k_empty(s), ph ^ 1);
-        convert_codes(s_k + s * Tl::kKvBytes, f_k, f_ks);
+        convert_codes(s_k + s * Tl::kKvBytes, slot_codes(j), slot_scales(j));
         mbar_arrive(k_full(s));
-        if (nxt < it.num_tiles)
-          issue_codes(it, slot0, nxt, f_k, f_ks, kc8, p.k_scale);
-        else
-          cp_async_commit();
-        cp_async_wait<1>();  // this tile's V codes
+        gather_next();  // into slot j
+        j = j + 1 == kSlots ? 0 : j + 1;
+        cp_async_wait<kSlots - 1>();  // this tile's V codes
         mbar_wait(v_empty(s), ph ^ 1);
-        convert_codes(s_v + s * Tl::kKvBytes, f_v, f_vs);
+        convert_codes(s_v + s * Tl::kKvBytes, slot_codes(j), slot_scales(j));
         mbar_arrive(v_full(s));
-        if (nxt < it.num_tiles)
-          issue_codes(it, slot0, nxt, f_v, f_vs, vc8, p.v_scale);
-        else
-          cp_async_commit();
+        gather_next();
+        j = j + 1 == kSlots ? 0 : j + 1;
       }
     };
     int items_done = 0;
@@ -1168,14 +1193,19 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
 }
 
 // FP8 caches: the default kernel (persistent, ping-pong; PrefillTuning::variant is not taken),
-// cp.async only (see Sm90Tiling::kFp8), two K/V stages (head_dim 128: a third and the staging
-// tile would pass the 227 KB), lean where no block mask is given, else the full tiling.
+// cp.async only (see Sm90Tiling::kFp8), two K/V stages (head_dim 128: a third beside the code
+// ring would pass the 227 KB), lean where no block mask is given, else the full tiling; a ring
+// of 3 code slots. PrefillTuning::lean = kLean2 (--prefill-lean 2) takes the lean tiling with 2
+// code slots (one K, one V: the producer before the ring), for measurement.
 template <typename T, int D, int CONSUMERS>
 void launch_fp8(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
-  if (lean_stages(p, /*tma=*/false, plan.tuning.lean) > 0)
-    launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, true, true>>(p, plan, stream);
-  else
-    launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, false, true>>(p, plan, stream);
+  if (lean_stages(p, /*tma=*/false, plan.tuning.lean) > 0) {
+    if (plan.tuning.lean == PrefillLean::kLean2)
+      return launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, true, 2>>(p, plan,
+                                                                                     stream);
+    return launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, true, 3>>(p, plan, stream);
+  }
+  launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, false, 3>>(p, plan, stream);
 }
 
 template <typename T>
@@ -1189,7 +1219,7 @@ void launch_head_dim(const PagedPrefillParams& p, const PrefillPlan& plan, cudaS
     if (plan.tile_rows == kPrefillMaxTileRows) return launch_fp8<T, 64, 3>(p, plan, stream);
     LONGCTX_CHECK(plan.tile_rows == kPrefillTileRows, ErrorCode::kInvalidArgument,
                   "paged prefill: a plan of {}-row tiles at head_dim 64", plan.tile_rows);
-    return launch<T, Sm90Tiling<64, 128, 2, true, true, false, 2, false, true>>(p, plan, stream);
+    return launch<T, Sm90Tiling<64, 128, 2, true, true, false, 2, false, 3>>(p, plan, stream);
   }
   if (p.head_dim == 64)
     launch_variant<T, 64>(p, plan, stream);
