@@ -13,8 +13,8 @@
 //     positions), mean KL <= 0.05, and the cache must be quantized (KL > 0);
 //   - the engine: greedy generation with CUDA graphs and preemption against eager (the FP8
 //     decode kernel in a graph; scale pointers fixed per pool; recomputes through the prefill):
-//     equal tokens up to near-ties (top-1/top-2 margin under 0.5 in both runs), with prefix
-//     caching on.
+//     equal tokens up to near-ties (top-1/top-2 margins under 0.15 in both runs, as the
+//     offload case's measured logit differences allow), with prefix caching on.
 //   - KV offload (the CUDA offload device moving codes and scales): the resident FP8 cache's
 //     logits and greedy tokens (common/fp8_offload_equals_resident.h, the CPU simulation's body)
 //     and the engine's tokens;
@@ -182,16 +182,17 @@ EngineConfig engine_config(bool eager, int64_t num_gpu_blocks) {
 // tokens need not all agree: batch composition changes the split-KV chunks (summation order), and
 // a preempted sequence's recompute writes its K/V through the prefill (the Hopper kernel) where
 // the eager run wrote them one decode step at a time, each block's rows at once where those
-// raised its scales row by row. K/V rows an ulp apart then take neighbouring codes (2^-3
-// relative) here and there: the mechanism of the GPU-vs-CPU case above, whose top token is held
-// where the top-1/top-2 margin exceeds 0.5. So each sequence must agree up to its first
-// divergence, and there the two tokens must be each run's top two with margins under 0.5 in both
-// (a near-tie), as must every margin shift over the agreeing tokens; a recompute that read wrong
-// K/V (a lost scale, a stale page) flips confident tokens (the CPU twin's lost scale: KL 3.6).
+// raised its scales row by row. Activations an ulp apart then take neighbouring codes (2^-3
+// relative) here and there in later layers: the mechanism of OffloadEqualsTheResidentFp8Cache
+// below, which measured |logit difference| up to 0.059 on this model (H100), so a top-1/top-2
+// margin moves by up to about twice that. Each sequence must agree up to its first divergence,
+// and there the two tokens must be each run's top two with margins within kNearTie in both (a
+// near-tie), and no margin over the agreeing tokens may move by more; a recompute that read wrong
+// K/V (a lost scale, a stale page) moves logits by far more (the CPU twin's lost scale: KL 3.6).
 // (The needle model is unsure on random prompts: the first H100 run of the Hopper FP8 prefill
 // kept 486 of 512 tokens as prefixes, where a count bound of 95 % asked for 486.4.)
 TEST(GpuFp8Kv, GraphsAndPreemptionKeepTheEagerTokens) {
-  constexpr float kNearTie = 0.5f;
+  constexpr float kNearTie = 0.15f;  // the needle offload case's top-1 margin: 2.5 x 0.059
   std::mt19937 rng(5);
   std::vector<int32_t> prefix(64);
   for (auto& t : prefix) t = static_cast<int32_t>(rng() % 2000);
