@@ -85,17 +85,21 @@ struct Sm90Tiling {
   static constexpr int kRows = 64 * CONSUMERS;
   static constexpr int kConsumerThreads = 128 * CONSUMERS;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
-  // setmaxnreg budgets (multiples of 8; 65536 registers per SM): 40 + 2 x 232 or 32 + 3 x 160;
-  // FP8 caches: 64 + 2 x 224 or 32 + 3 x 160 (the producer converts, see kFp8). ptxas -v: at
-  // head_dim 128 a 56-register producer spilled 56 bytes (stores) / 68 (loads) per thread in its
-  // conversion loop (unrolled over the 4 rows), 64 registers 32 / 32, 64 with one row pass at a
-  // time none; the consumers at 224 spill nothing more than at 232. At head_dim 64 the three
-  // consumer warpgroups at 152 (beside a 56-register producer) spilled 48 / 48, at 160 8 / 4
-  // as bf16's; a 32-register producer adds 8 / 8.
+  // setmaxnreg budgets (multiples of 8): 40 + 2 x 232 or 32 + 3 x 160; FP8 caches: 56 + 2 x 224
+  // or 32 + 3 x 160 (the producer converts, see kFp8). setmaxnreg only moves registers between
+  // the CTA's warps: the sum must fit what the launch gave (kThreads x the per-thread count that
+  // __launch_bounds__(kThreads, 1) allows: 384 x 168 = 64,512, 512 x 128 = 65,536); a 64 + 2 x
+  // 224 split (65,536) left the consumers' setmaxnreg.inc waiting forever. ptxas -v: at head_dim
+  // 128 a 56-register producer spilled 56 bytes (stores) / 68 (loads) per thread with its
+  // conversion unrolled over the 4 rows, so it converts one row pass at a time. At head_dim 64
+  // the three consumer warpgroups at 152 (beside a 56-register producer) spilled 48 / 48, at 160
+  // 8 / 4 as bf16's; a 32-register producer adds 8 / 8.
   static constexpr bool FP8 = FP8_SLOTS > 0;
-  static constexpr int kProducerRegs = FP8 && CONSUMERS == 2 ? 64 : CONSUMERS == 2 ? 40 : 32;
+  static constexpr int kProducerRegs = FP8 && CONSUMERS == 2 ? 56 : CONSUMERS == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = CONSUMERS == 2 ? (FP8 ? 224 : 232) : 160;
-  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536);
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                kThreads * kLaunchRegs);
   static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && HEAD_DIM == 64));
   // head_dim 64 or 128: one or two 64-element (128-byte) column halves per shared-memory row.
   static constexpr int kD = HEAD_DIM;
