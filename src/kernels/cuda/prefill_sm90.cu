@@ -91,9 +91,9 @@ struct Sm90Tiling {
   // __launch_bounds__(kThreads, 1) allows: 384 x 168 = 64,512, 512 x 128 = 65,536); a 64 + 2 x
   // 224 split (65,536) left the consumers' setmaxnreg.inc waiting forever. ptxas -v: at head_dim
   // 128 a 56-register producer spilled 56 bytes (stores) / 68 (loads) per thread with its
-  // conversion unrolled over the 4 rows, so it converts one row pass at a time. At head_dim 64
-  // the three consumer warpgroups at 152 (beside a 56-register producer) spilled 48 / 48, at 160
-  // 8 / 4 as bf16's; a 32-register producer adds 8 / 8.
+  // conversion unrolled over the 4 rows, so it converts one row pass at a time (no spills). At
+  // head_dim 64 the three consumer warpgroups at 152 (beside a 56-register producer) spilled
+  // 48 / 48, at 160 8 / 4 as bf16's; a 32-register producer adds 8 / 8.
   static constexpr bool FP8 = FP8_SLOTS > 0;
   static constexpr int kProducerRegs = FP8 && CONSUMERS == 2 ? 56 : CONSUMERS == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = CONSUMERS == 2 ? (FP8 ? 224 : 232) : 160;
