@@ -6,6 +6,8 @@
 //
 // bench_attention --prefill HEAD_DIM:S[:PAGE] times one causal prefill (a profiler's target).
 // bench_attention --block-causal times the two block-causal rows alone.
+// bench_attention --prefill-fp8 S,S,... times causal prefills with bf16 and FP8 K/V side by side
+// (Llama-3.1-8B's and the needle model's heads, pages of 16 and 128; prefill_fp8_table).
 //
 // bench_attention --page-sizes 16,32,64,128,256 runs the page-size sweep instead (see
 // page_size_sweep below) and prints a markdown table.
@@ -108,6 +110,26 @@ void* random_bf16(int64_t n, uint32_t seed) {
   return d;
 }
 
+// Device buffer of n FP8 E4M3 codes of values uniform in [-448, 448) (no NaN code), generated
+// as random_bf16's (a chunk on the host, repeated on the device); with page scales of 2^-8 the
+// elements lie in [-1.75, 1.75).
+void* random_fp8(int64_t n, uint32_t seed) {
+  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(n, 1), int64_t(1) << 24);
+  std::vector<uint8_t> h(chunk);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-448.f, 448.f);
+  for (auto& x : h) x = f32_to_fp8e4m3(u(rng));
+  char* d = nullptr;
+  LONGCTX_CUDA_CHECK(cudaMalloc(&d, std::max<int64_t>(n, 1)));
+  LONGCTX_CUDA_CHECK(cudaMemcpy(d, h.data(), chunk, cudaMemcpyHostToDevice));
+  for (int64_t done = chunk; done < n;) {
+    const int64_t c = std::min(done, n - done);
+    LONGCTX_CUDA_CHECK(cudaMemcpy(d + done, d, c, cudaMemcpyDeviceToDevice));
+    done += c;
+  }
+  return d;
+}
+
 template <typename T>
 T* upload(const std::vector<T>& v) {
   T* d = nullptr;
@@ -124,14 +146,28 @@ void print(const std::string& name, double ms, double flops, double bytes = 0) {
   std::fflush(stdout);
 }
 
-// Paged prefill of one request, q_len queries over kv_len keys (pages in order), 32 q / 8 kv
-// heads of head_dim.
+// The K/V cache of a prefill bench: 16-bit (bf16) or FP8 E4M3 with page scales.
+struct BenchKv {
+  bool fp8 = false;
+  int hq = kHq, hk = kHk;  // q / kv heads
+};
+
+// Paged prefill of one request, q_len queries over kv_len keys (pages in order), kv.hq q /
+// kv.hk kv heads of head_dim (32 / 8 by default), a bf16 or FP8 cache.
 void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mode, bool lse,
-                   int page, cudaStream_t stream, int head_dim = kD) {
+                   int page, cudaStream_t stream, int head_dim = kD, const BenchKv& kv = {}) {
+  const int kHq = kv.hq, kHk = kv.hk;  // this bench's heads (shadowing the file's)
   const int pages = (kv_len + page - 1) / page;
+  const int64_t kv_elems = int64_t(pages) * page * kHk * head_dim;
   void* q = random_bf16(int64_t(q_len) * kHq * head_dim, 1);
-  void* k = random_bf16(int64_t(pages) * page * kHk * head_dim, 2);
-  void* v = random_bf16(int64_t(pages) * page * kHk * head_dim, 3);
+  void* k = kv.fp8 ? random_fp8(kv_elems, 2) : random_bf16(kv_elems, 2);
+  void* v = kv.fp8 ? random_fp8(kv_elems, 3) : random_bf16(kv_elems, 3);
+  float* scales = nullptr;  // FP8: K and V page scales, [2][pages][kHk], all 2^-8
+  if (kv.fp8) {
+    const std::vector<float> h(size_t(2) * pages * kHk, 0x1p-8f);
+    LONGCTX_CUDA_CHECK(cudaMalloc(&scales, h.size() * 4));
+    LONGCTX_CUDA_CHECK(cudaMemcpy(scales, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  }
   void* o = nullptr;
   float* l = nullptr;
   LONGCTX_CUDA_CHECK(cudaMalloc(&o, int64_t(q_len) * kHq * head_dim * 2));
@@ -157,6 +193,11 @@ void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mo
   p.dtype = DType::kBF16;
   p.mask_mode = mode;
   p.sm_scale = 1.f / std::sqrt(float(head_dim));
+  if (kv.fp8) {
+    p.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+    p.k_scale = scales;
+    p.v_scale = scales + int64_t(pages) * kHk;
+  }
   // With the split's workspace, as the engine's backend has it (--prefill-split 0: none).
   size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(1, q_len, kHq / kHk) +
                     kernels::cuda::paged_prefill_split_workspace_bytes(head_dim);
@@ -174,8 +215,28 @@ void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mo
     for (int i = 0; i < q_len; ++i) pairs += std::clamp(kv_len - q_len + i + 1, 0, kv_len);
   print(name, ms, 4.0 * head_dim * kHq * pairs);
   for (void* x : {q, k, v, o, static_cast<void*>(l), ws, (void*)p.qo_indptr, (void*)p.kv_indptr,
-                  (void*)p.kv_indices, (void*)p.kv_last_page_len})
+                  (void*)p.kv_indices, (void*)p.kv_last_page_len, static_cast<void*>(scales)})
     cudaFree(x);
+}
+
+// FP8 against bf16 K/V, causal prefill of one request: Llama-3.1-8B heads (32 / 8 x 128) and the
+// needle model's (4 / 2 x 64), at each length of `lengths`, pages of 16 and 128; the tuning
+// flags apply to both (--prefill-kernel fa2: the mma.sync kernel).
+void prefill_fp8_table(const std::vector<int>& lengths, cudaStream_t stream) {
+  struct Heads {
+    const char* name;
+    int hq, hk, d;
+  };
+  for (const Heads& h : {Heads{"8B 32/8x128", 32, 8, 128}, Heads{"needle 4/2x64", 4, 2, 64}})
+    for (int n : lengths)
+      for (int page : {16, 128})
+        for (bool fp8 : {false, true}) {
+          const std::string name = std::string("prefill causal ") + h.name +
+                                   " S=" + std::to_string(n) + " page " + std::to_string(page) +
+                                   (fp8 ? " fp8" : " bf16");
+          bench_prefill(name.c_str(), n, n, kernels::MaskMode::kCausal, false, page, stream, h.d,
+                        BenchKv{fp8, h.hq, h.hk});
+        }
 }
 
 void bench_decode(int batch, int kv_len, int page, cudaStream_t stream) {
@@ -744,6 +805,21 @@ int main(int argc, char** argv) {
     cudaStreamDestroy(stream);
     return 0;
   }
+  if (argc == 3 && std::strcmp(argv[1], "--prefill-fp8") == 0) {
+    std::vector<int> lengths;
+    std::stringstream ss(argv[2]);
+    for (std::string item; std::getline(ss, item, ',');) {
+      const int n = std::atoi(item.c_str());
+      if (n < 1) {
+        std::fprintf(stderr, "--prefill-fp8: want lengths like 32768,131072, got %s\n", argv[2]);
+        return 2;
+      }
+      lengths.push_back(n);
+    }
+    prefill_fp8_table(lengths, stream);
+    cudaStreamDestroy(stream);
+    return 0;
+  }
   if (argc == 3 && std::strcmp(argv[1], "--chunk") == 0) {
     int d = 0, q = 0, kv = 0, page = 128;
     if (std::sscanf(argv[2], "%d:%d:%d:%d", &d, &q, &kv, &page) < 3 || (d != 64 && d != 128) ||
@@ -791,7 +867,8 @@ int main(int argc, char** argv) {
         "usage: bench_attention [TUNING FLAGS (--help)] [--page-sizes 16,32,64,128,256 | --decode "
         "[default,s=N/o=M,..."
         " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] |"
-        " --chunk HEAD_DIM:Q:KV[:PAGE] | --block-causal | --read | --loaders "
+        " --chunk HEAD_DIM:Q:KV[:PAGE] | --prefill-fp8 S,S,... | --block-causal | --read | "
+        "--loaders "
         "KIND:TILE:STAGES:CTAS,...]\n");
     return 2;
   }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -90,6 +91,11 @@ class PagedPrefillCase : public OpCase {
   // The caches become FP8 pages (fp8_pages.h), read by the kernel and the reference alike; the
   // output tolerances double (V rows up to 2x larger).
   void use_fp8() { fp8_ = true; }
+  // With use_fp8(): `edit` changes the codes or scales after encoding (before the upload), for
+  // values the KV store would not write; the reference reads the edited pages too.
+  void edit_fp8_pages(std::function<void(Fp8Pages&, const testing::PagedCase&)> edit) {
+    edit_fp8_ = std::move(edit);
+  }
 
   CaseResult check() override {
     const testing::PagedCase& h = *host_;
@@ -172,6 +178,7 @@ class PagedPrefillCase : public OpCase {
     d_q_ = upload_vector(h.q);
     if (fp8_) {
       fp8_pages_ = make_fp8_pages(h, s_.seed);
+      if (edit_fp8_) edit_fp8_(fp8_pages_, h);
       d_k_ = upload_vector(fp8_pages_.k);
       d_v_ = upload_vector(fp8_pages_.v);
       d_ks_ = upload_vector(fp8_pages_.k_scale);
@@ -213,6 +220,7 @@ class PagedPrefillCase : public OpCase {
   testing::PagedCaseShape s_;
   bool fp8_ = false;
   Fp8Pages fp8_pages_;
+  std::function<void(Fp8Pages&, const testing::PagedCase&)> edit_fp8_;
   GuardedBuffer d_ks_, d_vs_;
   std::unique_ptr<testing::PagedCase> host_;
   GuardedBuffer d_q_, d_k_, d_v_, d_o_, d_lse_, d_qo_, d_kvp_, d_kvi_, d_last_, d_mask_,

@@ -39,12 +39,12 @@ class PrefillCase : public PagedPrefillCase {
                        const kernels::PrefillTuning& tuning = {})
       : PagedPrefillCase(std::move(s), perf_only, "prefill", 6, kOutTolBf16, kOutTolF16),
         tuning_(tuning) {}
-  // FP8 pages (fp8_pages.h), read by the mma.sync kernel's converting loader (its plan pins
-  // PrefillKernel::kFa2, as the paged backend's prefill_tuning_for does).
-  static std::unique_ptr<PrefillCase> fp8(PagedCaseShape s, bool perf_only = false) {
-    kernels::PrefillTuning t;
-    t.kernel = kernels::PrefillKernel::kFa2;
-    auto c = std::make_unique<PrefillCase>(std::move(s), perf_only, t);
+  // FP8 pages (fp8_pages.h), read by whichever kernel `tuning` takes: the default takes the
+  // Hopper kernel on sm_90 (its converting producer), PrefillKernel::kFa2 the mma.sync kernel's
+  // converting loader.
+  static std::unique_ptr<PrefillCase> fp8(PagedCaseShape s, bool perf_only = false,
+                                          const kernels::PrefillTuning& tuning = {}) {
+    auto c = std::make_unique<PrefillCase>(std::move(s), perf_only, tuning);
     c->use_fp8();
     return c;
   }
@@ -527,12 +527,20 @@ TEST(PrefillHarness, Perf) {
   expect_no_failures(run_cases(cases), 8);
 }
 
+// The two FP8 readers: the default tuning (the Hopper kernel on sm_90, else the mma.sync kernel)
+// and the mma.sync kernel everywhere (PrefillKernel::kFa2).
+kernels::PrefillTuning fa2_tuning() {
+  kernels::PrefillTuning t;
+  t.kernel = kernels::PrefillKernel::kFa2;
+  return t;
+}
+
 // FP8 pages against the CPU reference on the same codes: single requests and mixed batches over
 // head_dim 64 / 128, GQA 1 .. 8, pages 1 .. 256, both masks, partial last pages, block-sparse
-// masks and windows (sampled checks for the long ones). Tolerances: the 16-bit kernel's, doubled
-// (V rows up to 2x larger in fp8_pages.h).
-TEST(PrefillFp8Harness, DenseSparseAndWindowed) {
-  std::vector<std::unique_ptr<OpCase>> cases;
+// masks and windows (sampled checks for the long ones), on each reader (the default one first).
+// Tolerances: the 16-bit kernel's, doubled (V rows up to 2x larger in fp8_pages.h).
+std::vector<PagedCaseShape> fp8_shapes() {
+  std::vector<PagedCaseShape> shapes;
   uint64_t seed = 5000;
   int idx = 0;
   for (int q : {1, 7, 129, 1000}) {
@@ -542,30 +550,122 @@ TEST(PrefillFp8Harness, DenseSparseAndWindowed) {
       const int d = idx % 2 ? 64 : 128;
       const DType dt = idx % 4 < 2 ? DType::kBF16 : DType::kF16;
       const int page = idx % 3 == 0 ? 1 : idx % 3 == 1 ? 16 : 128;
-      cases.push_back(PrefillCase::fp8(
-          shape({q}, {q + 517}, group * hk, hk, d, page, dt, mode, idx % 5 != 4, seed++)));
+      shapes.push_back(
+          shape({q}, {q + 517}, group * hk, hk, d, page, dt, mode, idx % 5 != 4, seed++));
       ++idx;
     }
   }
   for (int d : {64, 128})
-    cases.push_back(PrefillCase::fp8(shape({1, 7, 0, 300, 129, 5}, {1, 3, 10, 1000, 5000, 0}, 8, 2,
-                                           d, 16, DType::kBF16, MaskMode::kCausal, true, seed++)));
-  cases.push_back(PrefillCase::fp8(
-      shape({33, 200}, {700, 199}, 6, 2, 128, 7, DType::kBF16, MaskMode::kCausal, true, seed++)));
-  cases.push_back(PrefillCase::fp8(
-      shape({64, 17}, {64, 2000}, 5, 5, 64, 256, DType::kF16, MaskMode::kNone, true, seed++)));
-  cases.push_back(PrefillCase::fp8(
-      shape({2048}, {9000}, 32, 8, 128, 16, DType::kBF16, MaskMode::kCausal, true, seed++)));
+    shapes.push_back(shape({1, 7, 0, 300, 129, 5}, {1, 3, 10, 1000, 5000, 0}, 8, 2, d, 16,
+                           DType::kBF16, MaskMode::kCausal, true, seed++));
+  shapes.push_back(
+      shape({33, 200}, {700, 199}, 6, 2, 128, 7, DType::kBF16, MaskMode::kCausal, true, seed++));
+  shapes.push_back(
+      shape({64, 17}, {64, 2000}, 5, 5, 64, 256, DType::kF16, MaskMode::kNone, true, seed++));
+  shapes.push_back(
+      shape({2048}, {9000}, 32, 8, 128, 16, DType::kBF16, MaskMode::kCausal, true, seed++));
+  // The needle model's heads (head_dim 64, the 192-row tiles on sm_90) over a chunk continuing a
+  // long context, pages of 64 tokens.
+  shapes.push_back(
+      shape({1500}, {12000}, 16, 4, 64, 64, DType::kBF16, MaskMode::kCausal, true, seed++));
+  for (int d : {64, 128}) {  // consecutive pages (kv_contiguous)
+    PagedCaseShape c =
+        shape({300, 1}, {2000, 900}, 8, 2, d, 16, DType::kBF16, MaskMode::kCausal, true, seed++);
+    c.contiguous_pages = true;
+    shapes.push_back(c);
+  }
   PagedCaseShape sp =
       shape({130, 1000}, {300, 4000}, 8, 2, 128, 16, DType::kBF16, MaskMode::kCausal, true, seed++);
   sp.sparse_keep = 0.3;
   sp.sparse_per_head = true;
-  cases.push_back(PrefillCase::fp8(sp));
+  shapes.push_back(sp);
+  PagedCaseShape sp64 =
+      shape({700}, {3000}, 8, 2, 64, 16, DType::kF16, MaskMode::kCausal, true, seed++);
+  sp64.sparse_keep = 0.4;  // one mask for every head
+  shapes.push_back(sp64);
   PagedCaseShape win =
       shape({300, 50}, {3000, 700}, 8, 2, 64, 16, DType::kBF16, MaskMode::kCausal, true, seed++);
   win.window = 200;
-  cases.push_back(PrefillCase::fp8(win));
+  shapes.push_back(win);
+  PagedCaseShape win128 =
+      shape({200}, {2500}, 8, 2, 128, 16, DType::kBF16, MaskMode::kCausal, true, seed++);
+  win128.window = 333;
+  shapes.push_back(win128);
+  return shapes;
+}
+
+TEST(PrefillFp8Harness, DenseSparseAndWindowed) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  for (const PagedCaseShape& s : fp8_shapes()) {
+    cases.push_back(PrefillCase::fp8(s));
+    cases.push_back(PrefillCase::fp8(s, false, fa2_tuning()));
+  }
   expect_no_failures(run_cases(cases), int(cases.size()));
+}
+
+// The Hopper kernel's FP8 variants beyond the default choices: the full tiling without a block
+// mask (PrefillLean::kFull), the lean one with 2 code slots (PrefillLean::kLean2, the producer's
+// measurement variant), head_dim 64 in 128-row tiles, and stream-K splits forced everywhere
+// (pieces of items whose partial states are merged). Where the Hopper kernel does not run, these
+// run the mma.sync kernel (same expectations).
+TEST(PrefillFp8Harness, Sm90Variants) {
+  if (!kernels::cuda::paged_prefill_sm90_path(128))
+    std::printf("[ note ] no sm_90 here: the variants run the mma.sync kernel\n");
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 7000;
+  const std::vector<PagedCaseShape> shapes = {
+      shape({1000, 129}, {1517, 129}, 16, 4, 128, 16, DType::kBF16, MaskMode::kCausal, true,
+            seed++),
+      shape({700}, {5000}, 16, 2, 64, 128, DType::kF16, MaskMode::kCausal, true, seed++),
+      shape({1, 300, 64}, {4000, 300, 64}, 8, 8, 64, 1, DType::kBF16, MaskMode::kNone, true,
+            seed++),
+      shape({2048}, {2048}, 32, 8, 128, 64, DType::kBF16, MaskMode::kCausal, false, seed++),
+  };
+  for (const PagedCaseShape& s : shapes) {
+    kernels::PrefillTuning full;
+    full.lean = kernels::PrefillLean::kFull;
+    cases.push_back(PrefillCase::fp8(s, false, full));
+    kernels::PrefillTuning slots2;
+    slots2.lean = kernels::PrefillLean::kLean2;
+    cases.push_back(PrefillCase::fp8(s, false, slots2));
+    kernels::PrefillTuning rows128;
+    rows128.head_dim64_rows = 128;
+    if (s.head_dim == 64) cases.push_back(PrefillCase::fp8(s, false, rows128));
+    kernels::PrefillTuning split;
+    split.split = kernels::PrefillSplitMode::kAlways;
+    cases.push_back(PrefillCase::fp8(s, false, split));
+  }
+  expect_no_failures(run_cases(cases), int(cases.size()));
+}
+
+// Extreme page scales: K pages scaled by 2^-20 (their keys score ~0) or 2^3, V pages by 2^-16
+// (tiny values, still normal in bf16), and NaN codes in K and V slots past a request's kv_len
+// (its last page's unused rows): the kernels zero-fill those rows, so the output stays finite and
+// matches the reference, which reads the same codes.
+TEST(PrefillFp8Harness, ExtremeScalesAndUnseenNanCodes) {
+  for (const bool sm90_default : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << (sm90_default ? "default tuning" : "mma.sync"));
+    auto c = PrefillCase::fp8(
+        shape({200, 37}, {1000, 37}, 8, 2, 128, 16, DType::kBF16, MaskMode::kCausal, true, 77),
+        false, sm90_default ? kernels::PrefillTuning{} : fa2_tuning());
+    c->edit_fp8_pages([](Fp8Pages& pages, const PagedCase& h) {
+      const int hk = h.shape.num_kv_heads;
+      for (size_t i = 0; i < pages.k_scale.size(); ++i) {
+        if (i % 5 == 1) pages.k_scale[i] *= 0x1p-20f;
+        if (i % 5 == 3) pages.k_scale[i] *= 0x1p3f;
+        if (i % 7 == 2) pages.v_scale[i] *= 0x1p-16f;
+      }
+      // The last page of request 1 holds 37 % 16 = 5 valid keys: NaN codes in slot 9 of its
+      // head 1, which no query sees.
+      const int32_t page = h.kv_indices[h.kv_indptr[2] - 1];
+      const int64_t slot = int64_t(page) * h.shape.page_size + 9;
+      pages.k[(slot * hk + 1) * h.shape.head_dim + 3] = 0x7f;
+      pages.v[(slot * hk + 1) * h.shape.head_dim + 5] = 0xff;
+    });
+    std::vector<std::unique_ptr<OpCase>> cases;
+    cases.push_back(std::move(c));
+    expect_no_failures(run_cases(cases), 1);
+  }
 }
 
 TEST(PrefillFp8Harness, CudaGraphReplayMatchesDirectLaunch) {
@@ -577,32 +677,33 @@ TEST(PrefillFp8Harness, CudaGraphReplayMatchesDirectLaunch) {
   }
 }
 
-// A plan for the Hopper kernel (the default tuning) is refused for an FP8 cache by name.
-TEST(PrefillFp8Harness, Sm90PlanIsRefused) {
-  PrefillCase c(shape({100}, {700}, 8, 2, 128, 16, DType::kBF16, MaskMode::kCausal));
-  c.use_fp8();
-  c.prepare(nullptr);
-  try {
-    c.launch(nullptr);
-    ADD_FAILURE() << "FP8 params with a Hopper-kernel plan accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-  }
+// On sm_90 the default tuning reads an FP8 cache with the Hopper kernel, as it reads a 16-bit
+// one (the plan has its tiles and may split); the mma.sync kernel remains for other GPUs.
+TEST(PrefillFp8Harness, DefaultTuningTakesTheHopperKernel) {
+  if (!kernels::cuda::paged_prefill_sm90_path(128)) GTEST_SKIP() << "not an sm_90 device";
+  auto c = PrefillCase::fp8(shape({100}, {700}, 8, 2, 64, 16, DType::kBF16, MaskMode::kCausal));
+  c->prepare(nullptr);
+  EXPECT_EQ(c->plan().tile_rows, kernels::cuda::kPrefillMaxTileRows);
+  c->launch(nullptr);
   LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-// Timing only (LONGCTX_PERF=1): a 32K causal prefill of Llama-3.1-8B heads with 16-bit pages on
-// the mma.sync kernel and with FP8 pages (the FP8 path's kernel), same process.
+// Timing only (LONGCTX_PERF=1): causal prefills of Llama-3.1-8B heads (32 / 8 x 128) and the
+// needle model's (head_dim 64) at 32K, 16-bit pages on the default kernel against FP8 pages on
+// the default kernel and on the mma.sync one, pages of 16 and 128, same process.
 TEST(PrefillFp8Harness, Perf) {
   if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
   std::vector<std::unique_ptr<OpCase>> cases;
-  kernels::PrefillTuning fa2;
-  fa2.kernel = kernels::PrefillKernel::kFa2;
-  const PagedCaseShape s =
-      shape({32768}, {32768}, 32, 8, 128, 16, DType::kBF16, MaskMode::kCausal, false);
-  cases.push_back(std::make_unique<PrefillCase>(s, true, fa2));
-  cases.push_back(PrefillCase::fp8(s, true));
-  expect_no_failures(run_cases(cases), 2);
+  for (int d : {128, 64}) {
+    for (int page : {16, 128}) {
+      const PagedCaseShape s =
+          shape({32768}, {32768}, 32, 8, d, page, DType::kBF16, MaskMode::kCausal, false);
+      cases.push_back(std::make_unique<PrefillCase>(s, true));
+      cases.push_back(PrefillCase::fp8(s, true));
+      if (page == 16) cases.push_back(PrefillCase::fp8(s, true, fa2_tuning()));
+    }
+  }
+  expect_no_failures(run_cases(cases), int(cases.size()));
 }
 
 // Timing only (LONGCTX_PERF=1): a speculative verify step (batch 1, K + 1 = 9 queries over 131K

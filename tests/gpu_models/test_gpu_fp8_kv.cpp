@@ -11,8 +11,10 @@
 //   - against the GPU's own bf16 cache over every position (bf16 activations): max KL <= 1.0
 //     (the CPU engine's FP8-vs-f32 bound of 0.8 over 10 chunk ends, with room for 1500
 //     positions), mean KL <= 0.05, and the cache must be quantized (KL > 0);
-//   - the engine: greedy generation with CUDA graphs equals eager (the FP8 decode kernel in a
-//     graph; scale pointers fixed per pool), with prefix caching and preemption on.
+//   - the engine: greedy generation with CUDA graphs and preemption against eager (the FP8
+//     decode kernel in a graph; scale pointers fixed per pool; recomputes through the prefill):
+//     equal tokens up to near-ties (top-1/top-2 margins under 0.15 in both runs, as the
+//     offload case's measured logit differences allow), with prefix caching on.
 //   - KV offload (the CUDA offload device moving codes and scales): the resident FP8 cache's
 //     logits and greedy tokens (common/fp8_offload_equals_resident.h, the CPU simulation's body)
 //     and the engine's tokens;
@@ -175,9 +177,22 @@ EngineConfig engine_config(bool eager, int64_t num_gpu_blocks) {
   return c;
 }
 
-// Greedy tokens with CUDA graphs and a tight pool (preemption, prefix cache hits) equal eager
-// runs with room: the same FP8 kernels in and out of graphs, scales following their blocks.
+// Greedy tokens with CUDA graphs and a tight pool (preemption, prefix cache hits) against eager
+// runs with room: the same FP8 kernels in and out of graphs, scales following their blocks. The
+// tokens need not all agree: batch composition changes the split-KV chunks (summation order), and
+// a preempted sequence's recompute writes its K/V through the prefill (the Hopper kernel) where
+// the eager run wrote them one decode step at a time, each block's rows at once where those
+// raised its scales row by row. Activations an ulp apart then take neighbouring codes (2^-3
+// relative) here and there in later layers: the mechanism of OffloadEqualsTheResidentFp8Cache
+// below, which measured |logit difference| up to 0.059 on this model (H100), so a top-1/top-2
+// margin moves by up to about twice that. Each sequence must agree up to its first divergence,
+// and there the two tokens must be each run's top two with margins within kNearTie in both (a
+// near-tie), and no margin over the agreeing tokens may move by more; a recompute that read wrong
+// K/V (a lost scale, a stale page) moves logits by far more (the CPU twin's lost scale: KL 3.6).
+// (The needle model is unsure on random prompts: the first H100 run of the Hopper FP8 prefill
+// kept 486 of 512 tokens as prefixes, where a count bound of 95 % asked for 486.4.)
 TEST(GpuFp8Kv, GraphsAndPreemptionKeepTheEagerTokens) {
+  constexpr float kNearTie = 0.15f;  // the needle offload case's top-1 margin: 2.5 x 0.059
   std::mt19937 rng(5);
   std::vector<int32_t> prefix(64);
   for (auto& t : prefix) t = static_cast<int32_t>(rng() % 2000);
@@ -192,24 +207,58 @@ TEST(GpuFp8Kv, GraphsAndPreemptionKeepTheEagerTokens) {
   sp.temperature = 0;
   sp.max_tokens = 32;
   sp.ignore_eos = true;
+  sp.logprobs = 2;
   LLM graphs(engine_config(/*eager=*/false, 120));
   const auto got = graphs.generate(ps, sp, false);
   LLM eager(engine_config(/*eager=*/true, 4096));
   const auto ref = eager.generate(ps, sp, false);
   ASSERT_EQ(got.size(), ref.size());
-  size_t same = 0, total = 0;
+  // Top-1 minus top-2 logprob of one step (0 when fewer than two were returned).
+  auto margin = [](const TokenLogprobs& lp) {
+    return lp.top.size() >= 2 ? lp.top[0].second - lp.top[1].second : 0.0f;
+  };
+  size_t same = 0, total = 0, flips = 0;
+  float worst_lp = 0, worst_shift = 0, worst_flip = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "prompt " << i);
+    const auto& a = ref[i];
+    const auto& b = got[i];
+    ASSERT_EQ(a.token_ids.size(), a.logprobs.size());
+    ASSERT_EQ(b.token_ids.size(), b.logprobs.size());
+    const size_t n = std::min(a.token_ids.size(), b.token_ids.size());
     size_t k = 0;
-    while (k < ref[i].token_ids.size() && k < got[i].token_ids.size() &&
-           ref[i].token_ids[k] == got[i].token_ids[k])
-      ++k;
+    for (; k < n && a.token_ids[k] == b.token_ids[k]; ++k) {
+      worst_lp = std::max(worst_lp, std::fabs(a.logprobs[k].logprob - b.logprobs[k].logprob));
+      const auto& ta = a.logprobs[k].top;
+      const auto& tb = b.logprobs[k].top;
+      if (ta.size() >= 2 && tb.size() >= 2 && ta[1].first == tb[1].first)
+        worst_shift =
+            std::max(worst_shift, std::fabs(margin(a.logprobs[k]) - margin(b.logprobs[k])));
+    }
     same += k;
-    total += ref[i].token_ids.size();
+    total += a.token_ids.size();
+    if (k == n) continue;
+    ++flips;
+    const TokenLogprobs& la = a.logprobs[k];
+    const TokenLogprobs& lb = b.logprobs[k];
+    ASSERT_GE(la.top.size(), 2u);
+    ASSERT_GE(lb.top.size(), 2u);
+    std::printf(
+        "  prompt %zu: first divergence at token %zu: eager %d (margin %.4f), graphs %d "
+        "(margin %.4f)\n",
+        i, k, a.token_ids[k], margin(la), b.token_ids[k], margin(lb));
+    EXPECT_EQ(la.top[1].first, b.token_ids[k]) << "the graphs' token is not eager's second";
+    EXPECT_EQ(lb.top[1].first, a.token_ids[k]) << "eager's token is not the graphs' second";
+    EXPECT_LE(margin(la), kNearTie) << "a confident eager token flipped";
+    EXPECT_LE(margin(lb), kNearTie) << "a confident graphs token flipped";
+    worst_flip = std::max({worst_flip, margin(la), margin(lb)});
   }
-  std::printf("FP8 KV, graphs + preemption vs eager: %zu of %zu tokens equal\n", same, total);
-  // Batch composition changes the split-KV chunks (summation order), so a near-tie may flip:
-  // at least 95 % of the tokens, as prefixes, must agree.
-  EXPECT_GE(double(same), 0.95 * double(total));
+  std::printf(
+      "FP8 KV, graphs + preemption vs eager: %zu of %zu tokens equal as prefixes, %zu sequences "
+      "diverge; over the equal tokens max |logprob difference| %.4f, max top-1/top-2 margin "
+      "shift %.4f; largest margin at a divergence %.4f\n",
+      same, total, flips, worst_lp, worst_shift, worst_flip);
+  EXPECT_LE(worst_shift, kNearTie);
 }
 
 // KV offload with FP8 (the CUDA offload device: host pool, GPU cache and ring hold codes and

@@ -89,19 +89,24 @@ TEST(PagedDispatch, GenericTuningTakesTheGenericKernelEverywhere) {
   for (int d : {64, 128, 256}) EXPECT_TRUE(none(paged_planned_kernels(llama_shape(d), t))) << d;
 }
 
-// An FP8 cache takes the planned kernels (the split-KV decode and the mma.sync prefill read it):
-// its prefill plans pin the mma.sync kernel (kFa2), whatever the tuning asked; a 16-bit cache
-// keeps the tuning's choice.
-TEST(PagedDispatch, Fp8CachePlansTheMmaSyncPrefill) {
+// An FP8 cache takes the planned kernels (the split-KV decode and the paged prefill read it, the
+// prefill with the tuning's kernel, as a 16-bit cache: the Hopper one on sm_90) at head_dim 64 /
+// 128.
+TEST(PagedDispatch, Fp8CachePlansTheSameKernels) {
   kernels::KernelTuning t;
   ASSERT_EQ(t.prefill.kernel, kernels::PrefillKernel::kSm90);
   PagedShape s = llama_shape();
   s.kv_format = kernels::KvCacheFormat::kFp8E4M3;
   EXPECT_TRUE(both(paged_planned_kernels(s, t)));
-  EXPECT_EQ(prefill_tuning_for(s, t.prefill).kernel, kernels::PrefillKernel::kFa2);
-  EXPECT_EQ(prefill_tuning_for(llama_shape(), t.prefill).kernel, kernels::PrefillKernel::kSm90);
-  t.prefill.kernel = kernels::PrefillKernel::kFa2;
-  EXPECT_EQ(prefill_tuning_for(llama_shape(), t.prefill).kernel, kernels::PrefillKernel::kFa2);
+  for (int d : {64, 128}) {
+    PagedShape fp8 = llama_shape(d);
+    fp8.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+    const PlannedKernels a = paged_planned_kernels(fp8, t);
+    const PlannedKernels b = paged_planned_kernels(llama_shape(d), t);
+    EXPECT_EQ(a.prefill, b.prefill) << d;
+    EXPECT_EQ(a.decode, b.decode) << d;
+    EXPECT_EQ(choose_paged_kernel(a, step(2048), kMaxQ), choose_paged_kernel(b, step(2048), kMaxQ));
+  }
   // Shapes without the planned kernels stay on the generic kernel, FP8 or not.
   PagedShape small = llama_shape(16);
   small.kv_format = kernels::KvCacheFormat::kFp8E4M3;
@@ -114,9 +119,9 @@ TEST(PagedDispatch, Fp8CachePlansTheMmaSyncPrefill) {
 
 TEST(PagedDispatch, VerifyStepsTakeTheSplitKvDecode) {
   const kernels::KernelTuning t;
-  EXPECT_EQ(choose_paged_kernel(paged_planned_kernels(llama_shape(128), t), step(9),
-                                t.decode.max_q_len),
-            PagedKernel::kPrefill);  // the default
+  EXPECT_EQ(
+      choose_paged_kernel(paged_planned_kernels(llama_shape(128), t), step(9), t.decode.max_q_len),
+      PagedKernel::kPrefill);  // the default
   for (int d : {64, 128, 256}) {
     const PlannedKernels k = paged_planned_kernels(llama_shape(d), t);
     for (int q : {2, 9, 16}) {

@@ -50,17 +50,4 @@ PagedKernel choose_paged_kernel(const PlannedKernels& planned, const PagedCallQu
   return planned.prefill ? PagedKernel::kPrefill : PagedKernel::kGeneric;
 }
 
-kernels::PrefillTuning prefill_tuning_for(const PagedShape& shape,
-                                          const kernels::PrefillTuning& tuning) {
-  kernels::PrefillTuning t = tuning;
-  switch (shape.kv_format) {
-    case kernels::KvCacheFormat::kFp8E4M3:
-      t.kernel = kernels::PrefillKernel::kFa2;
-      break;
-    case kernels::KvCacheFormat::kDtype:
-      break;
-  }
-  return t;
-}
-
 }  // namespace longctx

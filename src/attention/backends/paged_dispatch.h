@@ -67,10 +67,4 @@ PagedCallQueries paged_call_queries(const int32_t* qo_indptr, int batch, kernels
 PagedKernel choose_paged_kernel(const PlannedKernels& planned, const PagedCallQueries& queries,
                                 int decode_max_q_len);
 
-// The prefill plan's tuning for `shape`: `tuning` itself, except that an FP8 cache takes the
-// mma.sync kernel (PrefillKernel::kFa2: the one with a converting FP8 loader; the Hopper kernel
-// reads 16-bit caches only).
-kernels::PrefillTuning prefill_tuning_for(const PagedShape& shape,
-                                          const kernels::PrefillTuning& tuning);
-
 }  // namespace longctx

@@ -84,8 +84,9 @@ PagedCallPlan PagedDispatcher::plan(const PagedCallInput& in, void* workspace,
         shape_.num_kv_heads, shape_.head_dim, workspace, workspace_bytes, stream, /*num_sms=*/0,
         /*min_chunk_tokens=*/256, graph, tuning_.decode, in.window, shape_.kv_format, rows);
   } else if (call.kernel == PagedKernel::kPrefill) {
-    // The stream-K split's cost model knows no window (its pieces are cut from key 0).
-    kernels::PrefillTuning prefill = prefill_tuning_for(shape_, tuning_.prefill);
+    // The stream-K split's cost model knows no window (its pieces are cut from key 0). FP8 and
+    // 16-bit caches take the same kernel (paged_prefill_run: the Hopper kernel on sm_90).
+    kernels::PrefillTuning prefill = tuning_.prefill;
     if (in.window > 0) prefill.split = kernels::PrefillSplitMode::kNever;
     call.prefill = kernels::cuda::paged_prefill_plan(
         in.qo_indptr, in.kv_lens, in.batch, shape_.num_qo_heads, shape_.num_kv_heads,

@@ -15,8 +15,8 @@
 // Plain mma.sync (no wgmma/TMA), so the same code runs on sm_80 and sm_90a; on sm_90 with
 // head_dim 64 or 128, paged_prefill_run() uses the wgmma kernel of prefill_sm90.cu instead (head
 // dim 256 always runs here).
-// FP8 caches (kv_format kFp8E4M3, head_dim 64 / 128) take this kernel with a converting loader
-// (kFp8): K/V codes (16 bytes = 16 codes per copy) and each key's page scales go by cp.async into
+// FP8 caches (kv_format kFp8E4M3, head_dim 64 / 128) take the Hopper kernel where 16-bit ones do
+// (its producer converts, prefill_sm90.cu), else this kernel with a converting loader (kFp8): K/V codes (16 bytes = 16 codes per copy) and each key's page scales go by cp.async into
 // a double buffer of FP8 tiles, and when a tile has landed the CTA converts it into one 16-bit K/V
 // tile in the same swizzled layout (exact: code times a power-of-two scale), which the unchanged
 // mma.sync compute reads; the shared memory is the 16-bit kernel's plus 1 KB of scales.
@@ -513,8 +513,7 @@ SplitLayout split_layout(size_t start, int head_dim, int num_ctas) {
 // Whether paged_prefill_run() takes the Hopper kernel: tuning.kernel kSm90 (the default) where
 // the device and the binary carry it.
 bool use_sm90_path(const PagedPrefillParams& p, const PrefillTuning& tuning) {
-  return tuning.kernel == PrefillKernel::kSm90 && p.kv_format == KvCacheFormat::kDtype &&
-         paged_prefill_sm90_available(p);
+  return tuning.kernel == PrefillKernel::kSm90 && paged_prefill_sm90_available(p);
 }
 
 // Key tiles of the Hopper kernel (the split's cost unit; its cost model:
@@ -653,13 +652,6 @@ void paged_prefill_run(const PagedPrefillParams& p, const PrefillPlan& plan, cud
                 ErrorCode::kInvalidArgument,
                 "paged prefill: an FP8 KV cache needs k_scale and "
                 "v_scale");
-  // An FP8 cache is read by the mma.sync kernel only (its converting loader): a plan made for
-  // the Hopper kernel (its tiles, its split) does not fit it.
-  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype ||
-                    (plan.tuning.kernel == PrefillKernel::kFa2 && plan.split_ctas == 0),
-                ErrorCode::kInvalidArgument,
-                "paged prefill: an FP8 KV cache needs a plan for the mma.sync kernel "
-                "(PrefillTuning::kernel kFa2)");
   LONGCTX_CHECK(paged_prefill_supported(p), ErrorCode::kUnsupported,
                 "paged prefill: unsupported params (head_dim {}, dtype {}, heads {}/{}, page "
                 "size {}, block_mask_heads {})",

@@ -1,6 +1,8 @@
 // Paged batch prefill for Hopper (sm_90a): warpgroup MMA (wgmma) + warp specialization. Same
 // interface, work list and semantics as the mma.sync kernel of prefill.cu (see prefill.h);
-// paged_prefill_run() picks this path on sm_90 for head_dim 64 and 128 (prefill_sm90.h).
+// paged_prefill_run() picks this path on sm_90 for head_dim 64 and 128 (prefill_sm90.h), with
+// 16-bit or FP8 E4M3 K/V (an FP8 cache's producer gathers codes and converts them into the
+// 16-bit stages: Sm90Tiling::kFp8).
 //
 // A CTA = 2 or 3 consumer warpgroups + 1 producer warpgroup; it processes work items (request,
 // row tile of 64 rows per consumer warpgroup, kv head): one per CTA, or (persistent variants, the
@@ -46,6 +48,7 @@
 #include <string>
 
 #include "kernels/cuda/block_sparse_device.cuh"
+#include "kernels/cuda/fp8_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/merge_device.cuh"
 #include "kernels/cuda/prefill_sm90.h"
@@ -73,7 +76,7 @@ constexpr int kBarEpilogue = 2;  // + warpgroup
 constexpr int kBarTurn = 5;      // + warpgroup
 
 template <int HEAD_DIM, int KEYS, int STAGES, bool PERSISTENT, bool PINGPONG, bool TMA = false,
-          int CONSUMERS = 2, bool LEAN = false>
+          int CONSUMERS = 2, bool LEAN = false, int FP8_SLOTS = 0>
 struct Sm90Tiling {
   // Consumer warpgroups of 64 query rows each: 2 (a 128-row tile), or 3 (192 rows, head_dim 64:
   // FA3's tile there). Each K/V tile then serves 192 rows, and a third warpgroup's GEMMs cover
@@ -82,10 +85,21 @@ struct Sm90Tiling {
   static constexpr int kRows = 64 * CONSUMERS;
   static constexpr int kConsumerThreads = 128 * CONSUMERS;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
-  // setmaxnreg budgets (multiples of 8; 65536 registers per SM): 40 + 2 x 232 or 32 + 3 x 160.
-  static constexpr int kProducerRegs = CONSUMERS == 2 ? 40 : 32;
-  static constexpr int kConsumerRegs = CONSUMERS == 2 ? 232 : 160;
-  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536);
+  // setmaxnreg budgets (multiples of 8): 40 + 2 x 232 or 32 + 3 x 160; FP8 caches: 56 + 2 x 224
+  // or 32 + 3 x 160 (the producer converts, see kFp8). setmaxnreg only moves registers between
+  // the CTA's warps: the sum must fit what the launch gave (kThreads x the per-thread count that
+  // __launch_bounds__(kThreads, 1) allows: 384 x 168 = 64,512, 512 x 128 = 65,536); a 64 + 2 x
+  // 224 split (65,536) left the consumers' setmaxnreg.inc waiting forever. ptxas -v: at head_dim
+  // 128 a 56-register producer spilled 56 bytes (stores) / 68 (loads) per thread with its
+  // conversion unrolled over the 4 rows, so it converts one row pass at a time (no spills). At
+  // head_dim 64 the three consumer warpgroups at 152 (beside a 56-register producer) spilled
+  // 48 / 48, at 160 8 / 4 as bf16's; a 32-register producer adds 8 / 8.
+  static constexpr bool FP8 = FP8_SLOTS > 0;
+  static constexpr int kProducerRegs = FP8 && CONSUMERS == 2 ? 56 : CONSUMERS == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = CONSUMERS == 2 ? (FP8 ? 224 : 232) : 160;
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                kThreads * kLaunchRegs);
   static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && HEAD_DIM == 64));
   // head_dim 64 or 128: one or two 64-element (128-byte) column halves per shared-memory row.
   static constexpr int kD = HEAD_DIM;
@@ -112,19 +126,39 @@ struct Sm90Tiling {
   // per thread), and the 40 KB freed make room for a third K/V stage at head_dim 128 (224 KB of
   // the 227).
   static constexpr bool kLean = LEAN;
+  // FP8 E4M3 caches (kv_format kFp8E4M3): the producer gathers the codes (half the bytes) and the
+  // page scales by cp.async into a staging tile of its own and converts them into the 16-bit
+  // K / V stages the consumers read, unchanged (see the producer). No TMA (the boxes would be of
+  // codes, and the conversion needs every row in a thread's registers anyway), and no output
+  // staging: the epilogue stores from the accumulators as the lean tiling does, which leaves room
+  // for the codes beside the full tiling's bitmaps.
+  static constexpr bool kFp8 = FP8;
+  // Ring of FP8 code slots (each one K or V tile's codes and scales): the gathers run
+  // kCodeSlots - 1 slots ahead of the conversion (see the producer).
+  static constexpr int kCodeSlots = FP8_SLOTS;
+  static constexpr bool kStageO = !LEAN && !FP8;
   static constexpr int kQBytes = kRows * kD * 2;
   static constexpr int kKvBytes = KEYS * kD * 2;  // one K (or V) stage
   static constexpr int kKOff = kQBytes;
   static constexpr int kVOff = kKOff + STAGES * kKvBytes;
   static constexpr int kOOff = kVOff + STAGES * kKvBytes;  // output staging, [kRows][kD]
+  // FP8 staging: kCodeSlots code slots [KEYS][kD] (bytes), then their scales [KEYS][4] (fp32;
+  // one copy per thread of a row's four, so that every thread reads only what it copied).
+  static constexpr int kF8Off = kOOff + (kStageO ? kQBytes : 0);
+  static constexpr int kF8CodeBytes = KEYS * kD;
+  static constexpr int kF8ScaleBytes = KEYS * 4 * 4;
+  static constexpr int kF8ScaleOff = kF8Off + FP8_SLOTS * kF8CodeBytes;
   // any-row bitmap, then every-row bitmap
-  static constexpr int kBitsOff = kOOff + (LEAN ? 0 : kQBytes);
+  static constexpr int kBitsOff = kF8ScaleOff + FP8_SLOTS * kF8ScaleBytes;
   static constexpr int kBarOff = kBitsOff + (LEAN ? 0 : 2 * kMaskWords * 4);
   // k_full, k_empty, v_full, v_empty per stage, q_full, q_empty; + 1024 bytes of slack to align
   // the base.
   static constexpr int kSmemBytes = kBarOff + (4 * STAGES + 2) * 8 + 1024;
   static_assert(KEYS == 128);  // the S wgmma is m64n128k16
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128);
+  static_assert(!FP8 || (!TMA && PINGPONG && PERSISTENT && FP8_SLOTS >= 2));
+  // sm_90's opt-in dynamic shared memory per block (227 KB): every instantiation must fit it.
+  static_assert(kSmemBytes <= 227 * 1024, "the tiling's shared memory passes sm_90's 227 KB");
 };
 
 #ifdef LONGCTX_SM90A_DEVICE
@@ -163,6 +197,18 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
+}
+
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // cp.async (generic proxy) writes must be ordered before wgmma (async proxy) reads.
@@ -488,7 +534,7 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
     // but head_dim 128 on pages of 16 (cp.async only) 509 -> 492 TF, so that one keeps the
     // division.
     // Consecutive pages (p.kv_contiguous): key j sits at the item's first slot + j.
-    constexpr bool kShiftLookup = Tl::kD == 64 || Tl::kTma;
+    constexpr bool kShiftLookup = Tl::kD == 64 || Tl::kTma || Tl::kFp8;
     const int page_size = p.page_size;
     const bool pow2_pages = kShiftLookup && (page_size & (page_size - 1)) == 0;
     const int page_shift = __ffs(page_size) - 1;
@@ -499,6 +545,120 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
                         : it.pages[key / page_size] * page_size + key % page_size;
     };
     int n = 0;  // key tiles loaded so far (ring position)
+    // FP8 caches: the producer converts. Its warpgroup gathers a tile's codes and page scales
+    // into its staging tile (cp.async, half the bytes of a 16-bit tile) and, once they land,
+    // writes them as 16-bit elements times the scale (exact: the scales are powers of two) into
+    // the swizzled K / V stage the consumers' wgmma reads, while the consumers run the previous
+    // tiles' GEMMs and softmax. Chosen over converting in the consumers: those are bound by issue
+    // slots and latency already (see the variants' notes below), their registers hold S, P and O,
+    // and the two (three) consumer warpgroups would each need all of a tile converted before
+    // either could start it (a barrier across them per tile, against the ping-pong turns); the
+    // producer instead runs up to STAGES tiles ahead, so its conversion is off the consumers'
+    // critical path as long as it keeps pace. Each thread converts exactly the 16-byte chunks it
+    // copied (rows (pt >> 2) + 32 rp, code chunks (pt & 3) + 4 h), so cp.async.wait_group alone
+    // makes them visible (no barrier), and a code slot is reused as soon as the thread has
+    // converted it. The gathers go in order K(t0), V(t0), K(t1), ... through a ring of
+    // kCodeSlots slots, so while one slot converts the next kCodeSlots - 1 are in flight: with
+    // two (K and V), a gather had one conversion's time to land (period per tile: the gather's
+    // latency plus one conversion), with three a whole tile's (docs/fp8_kv.md, "The Hopper
+    // prefill's producer").
+    constexpr int kChunks8 = kD / 16;  // 16-byte code chunks of a row
+    constexpr int kChunkPasses8 = kChunks8 / 4;
+    using Code = uint8_t;
+    const Code* __restrict__ kc8 = static_cast<const Code*>(p.k_cache);
+    const Code* __restrict__ vc8 = static_cast<const Code*>(p.v_cache);
+    constexpr int kSlots = Tl::kCodeSlots;
+    auto slot_codes = [&](int j) { return base + Tl::kF8Off + j * Tl::kF8CodeBytes; };
+    auto slot_scales = [&](int j) { return base + Tl::kF8ScaleOff + j * Tl::kF8ScaleBytes; };
+    // Byte offset of code chunk c8 of staging row r. At head_dim 128 (128-byte rows) the odd
+    // rows' chunk halves swap, so that a quarter warp (rows r, r + 1, chunks 0..3 or 4..7)
+    // reads and writes all 32 banks once.
+    auto code_off = [&](int r, int c8) -> uint32_t {
+      return r * kD + (kD == 128 ? c8 ^ ((r & 1) << 2) : c8) * 16;
+    };
+    // Gathers tile kt's codes of one cache (K or V) and their page scales into the staging tile;
+    // one commit group.
+    auto issue_codes = [&](const Sm90Item& it, int slot0, int kt, uint32_t f, uint32_t fs,
+                           const Code* __restrict__ src, const float* __restrict__ scales) {
+#pragma unroll
+      for (int rp = 0; rp < kRowPasses; ++rp) {
+        const int r = (pt >> 2) + rp * 32;
+        const int key = kt * KEYS + r;
+        const bool ok = key < it.kv_len;
+        const int slot = ok ? slot_of(it, slot0, key) : 0;
+        const Code* row = src + (int64_t(slot) * p.num_kv_heads + it.kvh) * kD + (pt & 3) * 16;
+#pragma unroll
+        for (int h = 0; h < kChunkPasses8; ++h)
+          cp_async_16(f + code_off(r, (pt & 3) + 4 * h), row + 64 * h, ok ? 16 : 0);
+        const int page = pow2_pages ? slot >> page_shift : slot / page_size;
+        cp_async_4(fs + (r * 4 + (pt & 3)) * 4, scales + int64_t(page) * p.num_kv_heads + it.kvh,
+                   ok ? 4 : 0);
+      }
+      cp_async_commit();
+    };
+    // The landed codes -> the 16-bit stage at `dst` (shared window offset from smem). One row
+    // pass at a time at head_dim 128 (its two chunks, 16 code pairs, are ILP enough): unrolled
+    // over the 4 rows the producer spilled (see kProducerRegs).
+    constexpr int kConvertUnroll = kD == 128 ? 1 : kRowPasses;
+    auto convert_codes = [&](uint32_t dst, uint32_t f, uint32_t fs) {
+#pragma unroll kConvertUnroll
+      for (int rp = 0; rp < kRowPasses; ++rp) {
+        const int r = (pt >> 2) + rp * 32;
+        const float scale =
+            *reinterpret_cast<const float*>(smem + (fs - base) + (r * 4 + (pt & 3)) * 4);
+#pragma unroll
+        for (int h = 0; h < kChunkPasses8; ++h) {
+          const int c8 = (pt & 3) + 4 * h;
+          const uint4 codes = *reinterpret_cast<const uint4*>(smem + (f - base) + code_off(r, c8));
+          uint4 lo, hi;
+          detail::fp8x16_to_elements<T>(codes, scale, lo, hi);
+          *reinterpret_cast<uint4*>(smem + (dst - base) + swizzle128_offset(KEYS, r, 2 * c8)) = lo;
+          *reinterpret_cast<uint4*>(smem + (dst - base) + swizzle128_offset(KEYS, r, 2 * c8 + 1)) =
+              hi;
+        }
+      }
+      // The generic-proxy stores must be visible to the consumers' wgmma (async proxy).
+      fence_proxy_async();
+    };
+    // One item's key tiles. The gather cursor (tile kt_in, K or V, ring slot j_in) runs
+    // kSlots gathers ahead of the conversion; every step commits one group (empty past the last
+    // tile), so wait_group kSlots - 1 always means "the oldest slot landed". The item's last
+    // gathers are all converted before it ends, so the next item starts the ring at slot 0.
+    auto produce_fp8 = [&](const Sm90Item& it, int slot0) {
+      int kt = next_tile(it, it.kt_begin);
+      if (kt >= it.num_tiles) return;
+      int kt_in = kt, j_in = 0;
+      bool v_in = false;
+      auto gather_next = [&] {
+        if (kt_in < it.num_tiles) {
+          issue_codes(it, slot0, kt_in, slot_codes(j_in), slot_scales(j_in), v_in ? vc8 : kc8,
+                      v_in ? p.v_scale : p.k_scale);
+          if (v_in) kt_in = next_tile(it, kt_in + 1);
+          v_in = !v_in;
+        } else {
+          cp_async_commit();
+        }
+        j_in = j_in + 1 == kSlots ? 0 : j_in + 1;
+      };
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) gather_next();
+      for (int j = 0; kt < it.num_tiles; kt = next_tile(it, kt + 1), ++n) {
+        const int s = n % STAGES;
+        const uint32_t ph = (n / STAGES) & 1;
+        cp_async_wait<kSlots - 1>();  // this tile's K codes
+        mbar_wait(k_empty(s), ph ^ 1);
+        convert_codes(s_k + s * Tl::kKvBytes, slot_codes(j), slot_scales(j));
+        mbar_arrive(k_full(s));
+        gather_next();  // into slot j
+        j = j + 1 == kSlots ? 0 : j + 1;
+        cp_async_wait<kSlots - 1>();  // this tile's V codes
+        mbar_wait(v_empty(s), ph ^ 1);
+        convert_codes(s_v + s * Tl::kKvBytes, slot_codes(j), slot_scales(j));
+        mbar_arrive(v_full(s));
+        gather_next();
+        j = j + 1 == kSlots ? 0 : j + 1;
+      }
+    };
     int items_done = 0;
     for (int k = 0; k < num_k; ++k) {
       Sm90Item it;
@@ -529,59 +689,64 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
       }
       mbar_arrive_cp_async(q_full);
       mbar_arrive(q_full);
-      for (int kt = next_tile(it, it.kt_begin); kt < it.num_tiles;
-           kt = next_tile(it, kt + 1), ++n) {
-        const int s = n % STAGES;
-        const uint32_t ph = (n / STAGES) & 1;
-        // 64-key halves of the tile that the TMA brings (bit j: keys [64 j, 64 j + 64)).
-        int tma_halves = 0;
-        if constexpr (Tl::kTma) {
+      if constexpr (Tl::kFp8) {
+        produce_fp8(it, slot0);
+      } else {
+        for (int kt = next_tile(it, it.kt_begin); kt < it.num_tiles;
+             kt = next_tile(it, kt + 1), ++n) {
+          const int s = n % STAGES;
+          const uint32_t ph = (n / STAGES) & 1;
+          // 64-key halves of the tile that the TMA brings (bit j: keys [64 j, 64 j + 64)).
+          int tma_halves = 0;
+          if constexpr (Tl::kTma) {
 #pragma unroll
-          for (int j = 0; j < KEYS / 64; ++j)
-            if (kt * KEYS + 64 * (j + 1) <= it.kv_len) tma_halves |= 1 << j;
-        }
-        int slot[kRowPasses];  // -1: zero row (past kv_len); -2: the TMA's row
-#pragma unroll
-        for (int rp = 0; rp < kRowPasses; ++rp) {  // in flight while waiting for the stage
-          const int key = kt * KEYS + (pt >> 2) + rp * 32;
-          slot[rp] = (tma_halves >> (rp / 2)) & 1 ? -2
-                     : key < it.kv_len            ? slot_of(it, slot0, key)
-                                                  : -1;
-        }
-        // The TMA's boxes: lane j < KEYS / 64 of the producer's first warp brings the tile's
-        // 64-key half j (from one page, or 64 consecutive slots), both 64-dim halves. Lane 0
-        // announces the bytes before its own arrival, so the phase cannot complete without them;
-        // a box may land before the announcement (the tx-count may go below zero meanwhile), so
-        // the lanes need no sync (a __syncwarp here made ptxas spill ~170 bytes).
-        auto tma_rows = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar) {
-          if (!Tl::kTma || pt >= 32 || tma_halves == 0) return;  // uniform in the warp
-          if (pt == 0) mbar_expect_tx(bar, __popc(tma_halves) * 64 * kD * 2);
-          if (pt >= KEYS / 64 || !((tma_halves >> pt) & 1)) return;
-          const int s0 = slot_of(it, slot0, kt * KEYS + 64 * pt);
-#pragma unroll
-          for (int h = 0; h < kD / 64; ++h)
-            detail::tma_load_3d(dst + h * KEYS * 128 + pt * 64 * 128, map, bar, h * 64, it.kvh, s0);
-        };
-        auto copy_rows = [&](uint32_t dst, const T* __restrict__ src) {
-#pragma unroll
-          for (int rp = 0; rp < kRowPasses; ++rp) {
-            if (Tl::kTma && slot[rp] == -2) continue;
-            const bool ok = slot[rp] >= 0;
-            const T* row =
-                src + (ok ? (int64_t(slot[rp]) * p.num_kv_heads + it.kvh) * kD : 0) + (pt & 3) * 8;
-#pragma unroll
-            for (int h = 0; h < kChunkPasses; ++h)
-              cp_async_16(dst + dst_off[h] + rp * 32 * 128, row + 32 * h, ok ? 16 : 0);
+            for (int j = 0; j < KEYS / 64; ++j)
+              if (kt * KEYS + 64 * (j + 1) <= it.kv_len) tma_halves |= 1 << j;
           }
-        };
-        mbar_wait(k_empty(s), ph ^ 1);
-        tma_rows(s_k + s * Tl::kKvBytes, &tm_k, k_full(s));
-        copy_rows(s_k + s * Tl::kKvBytes, kc);
-        mbar_arrive_cp_async(k_full(s));
-        mbar_wait(v_empty(s), ph ^ 1);
-        tma_rows(s_v + s * Tl::kKvBytes, &tm_v, v_full(s));
-        copy_rows(s_v + s * Tl::kKvBytes, vc);
-        mbar_arrive_cp_async(v_full(s));
+          int slot[kRowPasses];  // -1: zero row (past kv_len); -2: the TMA's row
+#pragma unroll
+          for (int rp = 0; rp < kRowPasses; ++rp) {  // in flight while waiting for the stage
+            const int key = kt * KEYS + (pt >> 2) + rp * 32;
+            slot[rp] = (tma_halves >> (rp / 2)) & 1 ? -2
+                       : key < it.kv_len            ? slot_of(it, slot0, key)
+                                                    : -1;
+          }
+          // The TMA's boxes: lane j < KEYS / 64 of the producer's first warp brings the tile's
+          // 64-key half j (from one page, or 64 consecutive slots), both 64-dim halves. Lane 0
+          // announces the bytes before its own arrival, so the phase cannot complete without them;
+          // a box may land before the announcement (the tx-count may go below zero meanwhile), so
+          // the lanes need no sync (a __syncwarp here made ptxas spill ~170 bytes).
+          auto tma_rows = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar) {
+            if (!Tl::kTma || pt >= 32 || tma_halves == 0) return;  // uniform in the warp
+            if (pt == 0) mbar_expect_tx(bar, __popc(tma_halves) * 64 * kD * 2);
+            if (pt >= KEYS / 64 || !((tma_halves >> pt) & 1)) return;
+            const int s0 = slot_of(it, slot0, kt * KEYS + 64 * pt);
+#pragma unroll
+            for (int h = 0; h < kD / 64; ++h)
+              detail::tma_load_3d(dst + h * KEYS * 128 + pt * 64 * 128, map, bar, h * 64, it.kvh,
+                                  s0);
+          };
+          auto copy_rows = [&](uint32_t dst, const T* __restrict__ src) {
+#pragma unroll
+            for (int rp = 0; rp < kRowPasses; ++rp) {
+              if (Tl::kTma && slot[rp] == -2) continue;
+              const bool ok = slot[rp] >= 0;
+              const T* row = src + (ok ? (int64_t(slot[rp]) * p.num_kv_heads + it.kvh) * kD : 0) +
+                             (pt & 3) * 8;
+#pragma unroll
+              for (int h = 0; h < kChunkPasses; ++h)
+                cp_async_16(dst + dst_off[h] + rp * 32 * 128, row + 32 * h, ok ? 16 : 0);
+            }
+          };
+          mbar_wait(k_empty(s), ph ^ 1);
+          tma_rows(s_k + s * Tl::kKvBytes, &tm_k, k_full(s));
+          copy_rows(s_k + s * Tl::kKvBytes, kc);
+          mbar_arrive_cp_async(k_full(s));
+          mbar_wait(v_empty(s), ph ^ 1);
+          tma_rows(s_v + s * Tl::kKvBytes, &tm_v, v_full(s));
+          copy_rows(s_v + s * Tl::kKvBytes, vc);
+          mbar_arrive_cp_async(v_full(s));
+        }
       }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -801,7 +966,7 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
       // ---- epilogue: normalize, stage this warpgroup's rows in s_o, 16-byte stores (lean:
       // straight from the accumulators) ----
       // the previous item's reads of s_o are done
-      if constexpr (!Tl::kLean) named_barrier(kBarEpilogue + wg, 128);
+      if constexpr (Tl::kStageO) named_barrier(kBarEpilogue + wg, 128);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float li = l[i];
@@ -822,7 +987,7 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
               *reinterpret_cast<float2*>(dst + j * 8) =
                   make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
           }
-        } else if constexpr (Tl::kLean) {  // a quad's 16 bytes of a row per store
+        } else if constexpr (!Tl::kStageO) {  // a quad's 16 bytes of a row per store
           if (pr < it.num_rows) {
             const int tok = pr / group, h = it.kvh * group + pr % group;
             T* dst = out + (int64_t(it.q_start + tok) * p.num_qo_heads + h) * kD + t4 * 2;
@@ -848,7 +1013,7 @@ __global__ void __launch_bounds__(Tl::kThreads, 1)
             p.lse[int64_t(it.q_start + tok) * p.num_qo_heads + h] = lse;
         }
       }
-      if constexpr (Tl::kLean) continue;
+      if constexpr (!Tl::kStageO) continue;
       named_barrier(kBarEpilogue + wg, 128);
       for (int id = wt; id < (p.o_f32 || it.slot >= 0 ? 0 : 64 * kChunks); id += 128) {
         const int r = wg * 64 + id / kChunks, c = id % kChunks;
@@ -1031,8 +1196,35 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
   launch_pingpong<T, D, 2, 2, false>(p, plan, tma, stream);
 }
 
+// FP8 caches: the default kernel (persistent, ping-pong; PrefillTuning::variant is not taken),
+// cp.async only (see Sm90Tiling::kFp8), two K/V stages (head_dim 128: a third beside the code
+// ring would pass the 227 KB), lean where no block mask is given, else the full tiling; a ring
+// of 3 code slots. PrefillTuning::lean = kLean2 (--prefill-lean 2) takes the lean tiling with 2
+// code slots (one K, one V: the producer before the ring), for measurement.
+template <typename T, int D, int CONSUMERS>
+void launch_fp8(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  if (lean_stages(p, /*tma=*/false, plan.tuning.lean) > 0) {
+    if (plan.tuning.lean == PrefillLean::kLean2)
+      return launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, true, 2>>(p, plan,
+                                                                                     stream);
+    return launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, true, 3>>(p, plan, stream);
+  }
+  launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, false, 3>>(p, plan, stream);
+}
+
 template <typename T>
 void launch_head_dim(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  if (p.kv_format == KvCacheFormat::kFp8E4M3) {
+    if (p.head_dim == 128) {
+      LONGCTX_CHECK(plan.tile_rows == kPrefillTileRows, ErrorCode::kInvalidArgument,
+                    "paged prefill: a plan of {}-row tiles at head_dim 128", plan.tile_rows);
+      return launch_fp8<T, 128, 2>(p, plan, stream);
+    }
+    if (plan.tile_rows == kPrefillMaxTileRows) return launch_fp8<T, 64, 3>(p, plan, stream);
+    LONGCTX_CHECK(plan.tile_rows == kPrefillTileRows, ErrorCode::kInvalidArgument,
+                  "paged prefill: a plan of {}-row tiles at head_dim 64", plan.tile_rows);
+    return launch<T, Sm90Tiling<64, 128, 2, true, true, false, 2, false, 3>>(p, plan, stream);
+  }
   if (p.head_dim == 64)
     launch_variant<T, 64>(p, plan, stream);
   else
@@ -1068,8 +1260,6 @@ bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
 
 void paged_prefill_sm90_run(const PagedPrefillParams& p, const PrefillPlan& plan,
                             cudaStream_t stream) {
-  LONGCTX_CHECK(p.kv_format == KvCacheFormat::kDtype, ErrorCode::kUnsupported,
-                "paged prefill (sm90): an FP8 KV cache is not read by the CUDA kernels yet");
   if (p.dtype == DType::kBF16)
     launch_head_dim<__nv_bfloat16>(p, plan, stream);
   else
