@@ -604,10 +604,10 @@ TEST(PrefillFp8Harness, DenseSparseAndWindowed) {
 }
 
 // The Hopper kernel's FP8 variants beyond the default choices: the full tiling without a block
-// mask (PrefillLean::kFull), the lean one with 2 code slots (PrefillLean::kLean2, the producer's
-// measurement variant), head_dim 64 in 128-row tiles, and stream-K splits forced everywhere
-// (pieces of items whose partial states are merged). Where the Hopper kernel does not run, these
-// run the mma.sync kernel (same expectations).
+// mask (PrefillLean::kFull), the lean one with 3 code slots (PrefillLean::kLean3, the ring kept
+// for measurement; the default lean tiling has 2), head_dim 64 in 128-row tiles, and stream-K
+// splits forced everywhere (pieces of items whose partial states are merged). Where the Hopper
+// kernel does not run, these run the mma.sync kernel (same expectations).
 TEST(PrefillFp8Harness, Sm90Variants) {
   if (!kernels::cuda::paged_prefill_sm90_path(128))
     std::printf("[ note ] no sm_90 here: the variants run the mma.sync kernel\n");
@@ -625,9 +625,9 @@ TEST(PrefillFp8Harness, Sm90Variants) {
     kernels::PrefillTuning full;
     full.lean = kernels::PrefillLean::kFull;
     cases.push_back(PrefillCase::fp8(s, false, full));
-    kernels::PrefillTuning slots2;
-    slots2.lean = kernels::PrefillLean::kLean2;
-    cases.push_back(PrefillCase::fp8(s, false, slots2));
+    kernels::PrefillTuning slots3;
+    slots3.lean = kernels::PrefillLean::kLean3;
+    cases.push_back(PrefillCase::fp8(s, false, slots3));
     kernels::PrefillTuning rows128;
     rows128.head_dim64_rows = 128;
     if (s.head_dim == 64) cases.push_back(PrefillCase::fp8(s, false, rows128));

@@ -1198,16 +1198,18 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
 
 // FP8 caches: the default kernel (persistent, ping-pong; PrefillTuning::variant is not taken),
 // cp.async only (see Sm90Tiling::kFp8), two K/V stages (head_dim 128: a third beside the code
-// ring would pass the 227 KB), lean where no block mask is given, else the full tiling; a ring
-// of 3 code slots. PrefillTuning::lean = kLean2 (--prefill-lean 2) takes the lean tiling with 2
-// code slots (one K, one V: the producer before the ring), for measurement.
+// ring would pass the 227 KB), lean where no block mask is given, else the full tiling with a
+// ring of 3 code slots. The lean tiling keeps 2 code slots (one K, one V): on the H100 the 3-slot
+// ring measured 259-264 TFLOP/s against 2 slots' 273-278 (docs/fp8_kv.md), so the gathers'
+// latency is not the bound; PrefillTuning::lean = kLean3 (--prefill-lean 3) takes 3 slots, for
+// measurement.
 template <typename T, int D, int CONSUMERS>
 void launch_fp8(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   if (lean_stages(p, /*tma=*/false, plan.tuning.lean) > 0) {
-    if (plan.tuning.lean == PrefillLean::kLean2)
-      return launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, true, 2>>(p, plan,
+    if (plan.tuning.lean == PrefillLean::kLean3)
+      return launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, true, 3>>(p, plan,
                                                                                      stream);
-    return launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, true, 3>>(p, plan, stream);
+    return launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, true, 2>>(p, plan, stream);
   }
   launch<T, Sm90Tiling<D, 128, 2, true, true, false, CONSUMERS, false, 3>>(p, plan, stream);
 }
