@@ -10,6 +10,7 @@
 #include "longctx/core/stream.h"
 #include "ops/ops_device.cuh"
 #include "ops/qk_norm_rope.h"
+#include "ops/rope_device.cuh"
 
 namespace longctx::ops {
 
@@ -29,18 +30,7 @@ __global__ void __launch_bounds__(kBlock) qk_norm_rope_kernel(QkNormRopeParams p
   const RopeParams& r = p.rope;
   const int64_t t = blockIdx.x;
   const int half = int(r.rotary_dim / 2);
-  const float pos = __ll2float_rn(r.positions[t]);
-  const int row = rope_row(r, t);
-  const float* inv = r.inv_freq + (row > 0 ? row : 0) * half;
-  const float ntk_base =
-      row < 0 ? rope_math::dynamic_ntk_base(r.ntk, r.lens ? r.lens[t] : r.positions[t] + 1) : 0.f;
-  for (int i = threadIdx.x; i < half; i += kBlock) {
-    const float f = row < 0 ? rope_math::default_inv_freq(ntk_base, i, r.rotary_dim) : inv[i];
-    float s, c;
-    sincosf(__fmul_rn(pos, f), &s, &c);
-    sin_t[i] = __fmul_rn(s, r.attention_scaling);
-    cos_t[i] = __fmul_rn(c, r.attention_scaling);
-  }
+  rope_cos_sin<kBlock>(r, t, cos_t, sin_t);
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t d = r.head_dim;

@@ -9,6 +9,7 @@
 #include "longctx/core/stream.h"
 #include "ops/ops_device.cuh"
 #include "ops/rope.h"
+#include "ops/rope_device.cuh"
 
 namespace longctx::ops {
 
@@ -26,20 +27,7 @@ __global__ void __launch_bounds__(kBlock) rope_kernel(RopeParams p) {
   kernels::cuda::pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int half = int(p.rotary_dim / 2);
-  const float pos = __ll2float_rn(p.positions[t]);
-  const int row = rope_row(p, t);
-  const float* inv = p.inv_freq + (row > 0 ? row : 0) * half;
-  // Dynamic NTK past the switch: every thread derives the token's base (a few scalar ops, in
-  // double where the CPU twin is) rather than staging it through shared memory.
-  const float ntk_base =
-      row < 0 ? rope_math::dynamic_ntk_base(p.ntk, p.lens ? p.lens[t] : p.positions[t] + 1) : 0.f;
-  for (int i = threadIdx.x; i < half; i += kBlock) {
-    const float f = row < 0 ? rope_math::default_inv_freq(ntk_base, i, p.rotary_dim) : inv[i];
-    float s, c;
-    sincosf(__fmul_rn(pos, f), &s, &c);
-    sin_t[i] = __fmul_rn(s, p.attention_scaling);
-    cos_t[i] = __fmul_rn(c, p.attention_scaling);
-  }
+  rope_cos_sin<kBlock>(p, t, cos_t, sin_t);
   __syncthreads();
   const int64_t pairs = p.heads * half;
   for (int64_t k = threadIdx.x; k < pairs; k += kBlock) {
