@@ -21,6 +21,7 @@
 #include <xxhash.h>
 
 #include "common/redis_server.h"
+#include "common/store_documents.h"
 #include "engine/engine_test_util.h"
 #include "engine/kv_event_publisher.h"
 #include "engine/llm_internal.h"
@@ -152,13 +153,6 @@ struct Mirror {
   }
 };
 
-std::vector<int32_t> document(int32_t salt, int64_t n) {
-  std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i)
-    t.push_back(static_cast<int32_t>(3 + (i * 37 + salt * 101) % 2000));
-  return t;
-}
-
 class KvEvents : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -268,7 +262,7 @@ TEST_F(KvEvents, EngineRunRebuildsTheCacheAndReplays) {
   sp.max_tokens = 3;
 
   // Phase 1, before anyone subscribes: two requests sharing a 96-token document in one batch.
-  const std::vector<int32_t> doc = document(1, 96);
+  const std::vector<int32_t> doc = testing::store_document(1, 96);
   auto with_tail = [&](std::vector<int32_t> t, int32_t q) {
     for (int i = 0; i < 20; ++i) t.push_back(500 + q * 30 + i);
     return t;
@@ -284,7 +278,8 @@ TEST_F(KvEvents, EngineRunRebuildsTheCacheAndReplays) {
 
   // Phase 2: the document again (hits), then distinct long prompts that evict it.
   llm.generate({Prompt(with_tail(doc, 3))}, sp, false);
-  for (int32_t s = 2; s < 6; ++s) llm.generate({Prompt(document(s * 7, 300))}, sp, false);
+  for (int32_t s = 2; s < 6; ++s)
+    llm.generate({Prompt(testing::store_document(s * 7, 300))}, sp, false);
 
   std::map<uint64_t, std::string> live;
   for (;;) {
@@ -375,7 +370,7 @@ TEST_F(KvEvents, OffloadedEnginePublishesTheHostTier) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the subscription propagates
 
   auto doc = [](int32_t salt, int64_t n) {  // ids below the tiny model's 1024
-    std::vector<int32_t> t = document(salt, n);
+    std::vector<int32_t> t = testing::store_document(salt, n);
     for (int32_t& v : t) v %= 1000;
     return t;
   };
@@ -436,7 +431,7 @@ TEST_F(KvEvents, OffloadedStoreHitsPublishTheHostTier) {
                      .topic = "kv"};
     return std::make_unique<EngineCore>(make_cpu_executor(testing::tiny_model(), x), nullptr, o);
   };
-  std::vector<int32_t> doc = document(4, 81);
+  std::vector<int32_t> doc = testing::store_document(4, 81);
   for (int32_t& v : doc) v %= 1000;
   {
     auto a = make(false);

@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "common/redis_server.h"
+#include "common/store_documents.h"
 #include "engine/kv_store.h"
 #include "engine/llm_internal.h"
 #include "longctx/core/error.h"
@@ -90,13 +91,6 @@ EngineConfig config(const std::string& store) {
   return c;
 }
 
-std::vector<int32_t> document(int32_t salt, int64_t n) {
-  std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i)
-    t.push_back(static_cast<int32_t>(3 + (i * 37 + salt * 101) % 2000));
-  return t;
-}
-
 uint64_t block_hash(const std::vector<int32_t>& t, int64_t block) {
   uint64_t h = 0;
   for (int64_t i = 0; i <= block; ++i) h = XXH64(t.data() + i * kBlock, kBlock * 4, h);
@@ -128,7 +122,7 @@ void expect_same(const RequestOutput& got, const RequestOutput& want) {
 // 10 full blocks before the last token, whose block is computed.
 const std::vector<int32_t>& prompt() {
   static const std::vector<int32_t> p = [] {
-    auto t = document(3, 165);
+    auto t = testing::store_document(3, 165);
     return t;
   }();
   return p;
@@ -218,7 +212,7 @@ TEST(KvStore, DownKilledOrSilentStoreOnlyCostsARecompute) {
     RedisServer redis;
     ASSERT_TRUE(redis.up());
     LLM a(config(redis.url()));
-    expect_same(run(a, document(5, 100)), run(a, document(5, 100)));
+    expect_same(run(a, testing::store_document(5, 100)), run(a, testing::store_document(5, 100)));
     redis.stop();
     expect_same(run(a, prompt()), reference());
     EXPECT_GT(engine_core(a).stats().kv_store_errors, 0);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/redis_server.h"
+#include "common/store_documents.h"
 #include "engine/engine_core.h"
 #include "engine/llm_internal.h"
 #include "longctx/llm.h"
@@ -32,27 +33,12 @@ EngineConfig config(const std::string& store) {
   return c;
 }
 
-std::vector<int32_t> document(int32_t salt, int64_t n) {
-  std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i)
-    t.push_back(static_cast<int32_t>(3 + (i * 37 + salt * 101) % 2000));
-  return t;
-}
-
-SamplingParams greedy(int64_t tokens) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = tokens;
-  sp.logprobs = 2;
-  return sp;
-}
-
 const std::vector<int32_t>& long_prompt() {  // A: 30 full blocks before its last token
-  static const std::vector<int32_t> p = document(3, kLongBlocks * kBlock + 10);
+  static const std::vector<int32_t> p = testing::store_document(3, kLongBlocks * kBlock + 10);
   return p;
 }
 const std::vector<int32_t>& short_prompt() {  // B: never in the store
-  static const std::vector<int32_t> p = document(11, 40);
+  static const std::vector<int32_t> p = testing::store_document(11, 40);
   return p;
 }
 constexpr int64_t kLongTokens = 6, kShortTokens = 64;
@@ -69,8 +55,8 @@ const std::vector<RequestOutput>& reference() {
   static const std::vector<RequestOutput> r = [] {
     LLM llm(config(""));
     return std::vector<RequestOutput>{
-        llm.generate({Prompt(long_prompt())}, greedy(kLongTokens), false).at(0),
-        llm.generate({Prompt(short_prompt())}, greedy(kShortTokens), false).at(0)};
+        llm.generate({Prompt(long_prompt())}, testing::store_greedy(kLongTokens), false).at(0),
+        llm.generate({Prompt(short_prompt())}, testing::store_greedy(kShortTokens), false).at(0)};
   }();
   return r;
 }
@@ -78,15 +64,15 @@ const std::vector<RequestOutput>& reference() {
 // Engine X computes A's document and writes its blocks to the store.
 void fill_store(const std::string& url) {
   LLM x(config(url));
-  x.generate({Prompt(long_prompt())}, greedy(1), false);
+  x.generate({Prompt(long_prompt())}, testing::store_greedy(1), false);
   engine_core(x).flush_kv_store();
 }
 
 // Adds B and steps until it decodes, then adds A. Returns A's id.
 uint64_t start_b_then_a(EngineCore& core) {
-  core.add_request(1, short_prompt(), greedy(kShortTokens), now_seconds());
+  core.add_request(1, short_prompt(), testing::store_greedy(kShortTokens), now_seconds());
   while (core.stats().generation_tokens < 2) core.step();
-  return core.add_request(0, long_prompt(), greedy(kLongTokens), now_seconds());
+  return core.add_request(0, long_prompt(), testing::store_greedy(kLongTokens), now_seconds());
 }
 
 // Steps until A is first scheduled; returns how many of those steps gave B a token.
@@ -153,7 +139,8 @@ TEST(KvStoreAsync, AbortMidLoadFreesEveryBlock) {
   fill_store(redis.url());
   LLM y(config(redis.url()));
   EngineCore& core = engine_core(y);
-  const uint64_t a = core.add_request(0, long_prompt(), greedy(kLongTokens), now_seconds());
+  const uint64_t a =
+      core.add_request(0, long_prompt(), testing::store_greedy(kLongTokens), now_seconds());
   // The lookup starts at the first step; the loader hands blocks on and waits for the engine to
   // import them (8 read buffers), so A is mid-load once some are imported.
   for (int i = 0; i < 500 && core.stats().kv_blocks_used == 0; ++i) {
@@ -172,7 +159,7 @@ TEST(KvStoreAsync, AbortMidLoadFreesEveryBlock) {
   EXPECT_EQ(core.stats().kv_blocks_used, 0);
   core.check_consistency();
   // The engine goes on: A again, now read whole.
-  core.add_request(2, long_prompt(), greedy(kLongTokens), now_seconds());
+  core.add_request(2, long_prompt(), testing::store_greedy(kLongTokens), now_seconds());
   while (core.has_unfinished()) core.step();
   const std::vector<RequestOutput> out = core.take_finished();
   ASSERT_EQ(out.size(), 2u);
@@ -190,8 +177,8 @@ TEST(KvStoreAsync, RequestsForOneDocumentShareOneLoad) {
   fill_store(redis.url());
   LLM y(config(redis.url()));
   EngineCore& core = engine_core(y);
-  core.add_request(0, long_prompt(), greedy(kLongTokens), now_seconds());
-  core.add_request(1, long_prompt(), greedy(kLongTokens), now_seconds());
+  core.add_request(0, long_prompt(), testing::store_greedy(kLongTokens), now_seconds());
+  core.add_request(1, long_prompt(), testing::store_greedy(kLongTokens), now_seconds());
   core.step();
   EXPECT_EQ(core.num_store_loads(), 1);
   EXPECT_EQ(core.stats().num_running, 0);  // both held
@@ -213,18 +200,18 @@ TEST(KvStoreAsync, LoadsOfTwoDocumentsRunAtOnce) {
   testing::RedisProcess redis;
   ASSERT_TRUE(redis.up());
   constexpr int64_t kOtherBlocks = 20;
-  const std::vector<int32_t> other = document(23, kOtherBlocks * kBlock + 5);
+  const std::vector<int32_t> other = testing::store_document(23, kOtherBlocks * kBlock + 5);
   RequestOutput other_alone;
   {
     LLM x(config(redis.url()));
-    x.generate({Prompt(long_prompt())}, greedy(1), false);
-    other_alone = x.generate({Prompt(other)}, greedy(kLongTokens), false).at(0);
+    x.generate({Prompt(long_prompt())}, testing::store_greedy(1), false);
+    other_alone = x.generate({Prompt(other)}, testing::store_greedy(kLongTokens), false).at(0);
     engine_core(x).flush_kv_store();
   }
   LLM y(config(redis.url()));
   EngineCore& core = engine_core(y);
-  core.add_request(0, long_prompt(), greedy(kLongTokens), now_seconds());
-  core.add_request(1, other, greedy(kLongTokens), now_seconds());
+  core.add_request(0, long_prompt(), testing::store_greedy(kLongTokens), now_seconds());
+  core.add_request(1, other, testing::store_greedy(kLongTokens), now_seconds());
   core.step();
   EXPECT_EQ(core.num_store_loads(), 2);
   EXPECT_EQ(core.stats().num_running, 0);  // both held

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/redis_server.h"
+#include "common/store_documents.h"
 #include "engine/engine_core.h"
 #include "longctx/engine/executor.h"
 #include "longctx/loader/checkpoint.h"
@@ -58,30 +59,15 @@ std::unique_ptr<EngineCore> engine(const std::string& store, bool offload) {
   return std::make_unique<EngineCore>(make_cpu_executor(needle(), x), nullptr, o);
 }
 
-std::vector<int32_t> document(int32_t salt, int64_t n) {
-  std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i)
-    t.push_back(static_cast<int32_t>(3 + (i * 37 + salt * 101) % 2000));
-  return t;
-}
-
 const std::vector<int32_t>& doc_prompt() {  // kDocBlocks full blocks before its last token
-  static const std::vector<int32_t> p = document(5, kDocBlocks * kBlock + 9);
+  static const std::vector<int32_t> p = testing::store_document(5, kDocBlocks * kBlock + 9);
   return p;
-}
-
-SamplingParams greedy(int64_t tokens) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = tokens;
-  sp.logprobs = 2;
-  return sp;
 }
 
 std::vector<RequestOutput> run(EngineCore& core, const std::vector<std::vector<int32_t>>& prompts,
                                int64_t tokens = kTokens) {
   for (size_t i = 0; i < prompts.size(); ++i)
-    core.add_request(i, prompts[i], greedy(tokens), now_seconds());
+    core.add_request(i, prompts[i], testing::store_greedy(tokens), now_seconds());
   while (core.has_unfinished()) core.step();
   std::vector<RequestOutput> out(prompts.size());
   for (RequestOutput& o : core.take_finished()) out.at(o.index) = std::move(o);
@@ -163,10 +149,10 @@ TEST(KvStoreOffload, AResidentReplicasBlocksLoadIntoTheHostPoolBesideADecode) {
     a->flush_kv_store();
   }
   auto b = engine(redis.url(), true);
-  const std::vector<int32_t> other = document(17, 40);
-  b->add_request(1, other, greedy(48), now_seconds());
+  const std::vector<int32_t> other = testing::store_document(17, 40);
+  b->add_request(1, other, testing::store_greedy(48), now_seconds());
   while (b->stats().generation_tokens < 2) b->step();
-  b->add_request(0, doc_prompt(), greedy(kTokens), now_seconds());
+  b->add_request(0, doc_prompt(), testing::store_greedy(kTokens), now_seconds());
   int64_t b_steps = 0;
   while (b->has_unfinished()) {
     const int64_t before = b->stats().generation_tokens;
@@ -187,7 +173,8 @@ TEST(KvStoreOffload, AbortMidLoadLeaksNothing) {
   ASSERT_TRUE(redis.up());
   fill_store(redis.url());
   auto b = engine(redis.url(), true);
-  const uint64_t id = b->add_request(0, doc_prompt(), greedy(kTokens), now_seconds());
+  const uint64_t id =
+      b->add_request(0, doc_prompt(), testing::store_greedy(kTokens), now_seconds());
   for (int i = 0; i < 500 && b->stats().kv_blocks_used == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     b->step();
@@ -272,7 +259,7 @@ TEST(KvStoreOffload, OffloadedBlockIoReadsAndWritesTheResidentFormat) {
   auto offloaded = make_cpu_executor(needle(), x);
   ASSERT_EQ(offloaded->kv_block_bytes(), resident->kv_block_bytes());
   ASSERT_EQ(offloaded->kv_block_format(), resident->kv_block_format());
-  const std::vector<int32_t> tokens = document(9, kBlocks * kBlock);
+  const std::vector<int32_t> tokens = testing::store_document(9, kBlocks * kBlock);
   std::vector<int32_t> table(kBlocks);
   for (int32_t i = 0; i < kBlocks; ++i) table[i] = i;
   for (int64_t at = 0; at < kBlocks * kBlock; at += kChunk) {
