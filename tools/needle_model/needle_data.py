@@ -232,9 +232,10 @@ class Haystacks:
     """Pre-tokenized haystack sentences with prefix sums for O(log n) slicing, the essays' word
     list for "wide" keys, and the held-out prose grammar."""
 
-    def __init__(self, tok: ByteLevelBPE, essays_path: str):
+    def __init__(self, tok: ByteLevelBPE, essays_path: str, essays_text: str | None = None):
         self.tok = tok
         self.essays_path = essays_path
+        self.essays_text = essays_text  # the corpus itself (synthetic_essays), else read the path
         # Every noise line starts with its newline (the context's first loses it in _join_head).
         self.noise_line = Piece("\n" + NOISE_LINE, tok.encode("\n" + NOISE_LINE))
         slots = {"R": PROSE_NAMES, "N": PROSE_NOUNS, "P": PROSE_PLACES, "A": PROSE_ADJECTIVES,
@@ -251,12 +252,15 @@ class Haystacks:
         the noise and held-out haystacks need no essay file (a fresh clone has none)."""
         if self._essays is not None:
             return self._essays
-        if not os.path.exists(self.essays_path):
+        if self.essays_text is not None:
+            text = sanitize(self.essays_text)
+        elif not os.path.exists(self.essays_path):
             raise FileNotFoundError(
                 f"the essay haystack needs Paul Graham's essays as JSON ({{'text': ...}}) at "
                 f"'{self.essays_path}' (--essays PATH); --haystack noise or heldout needs no file")
-        with open(self.essays_path, encoding="utf-8") as f:
-            text = sanitize(json.load(f)["text"])
+        else:
+            with open(self.essays_path, encoding="utf-8") as f:
+                text = sanitize(json.load(f)["text"])
         text = re.sub(r"\s+", " ", text).strip()
         # Split after sentence punctuation; every sentence but the first starts with one space.
         sentences = re.split(r"(?<=[.!?])(?= [A-Z\"'(])", text)
@@ -300,6 +304,11 @@ class Haystacks:
 
     def prose_sentence(self, rng: random.Random) -> Piece:
         """One held-out sentence (with its leading space)."""
+        text = self.prose_text(rng)
+        return Piece(text, self.tok.encode(text))
+
+    def prose_text(self, rng: random.Random) -> str:
+        """One held-out sentence's text (with its leading space)."""
         parts = rng.choice(self.prose_templates)
         out, article_at = [], None
         for i, part in enumerate(parts):
@@ -314,8 +323,7 @@ class Haystacks:
                     out[article_at] = "an" if word[0] in "aeiou" else "a"
                     article_at = None
                 out.append(word)
-        text = " " + "".join(out)
-        return Piece(text, self.tok.encode(text))
+        return " " + "".join(out)
 
     def prose_pieces(self, rng: random.Random, budget: int) -> list:
         """Held-out sentences, at most `budget` tokens."""
@@ -328,10 +336,18 @@ class Haystacks:
             total += len(p.ids)
 
 
+def synthetic_essays(tok: ByteLevelBPE, sentences: int = 4000, seed: str = "synthetic") -> str:
+    """A stand-in for the essay corpus: held-out prose sentences, for the checks that hold for any
+    corpus (ids equal a fresh encode, lengths, needle placement) where the essays are absent (a
+    fresh clone; the essays are evaluation data the repository may not hold)."""
+    hay, rng = Haystacks(tok, ""), random.Random(seed)
+    return "".join(hay.prose_text(rng) for _ in range(sentences)).strip()
+
+
 class Generator:
-    def __init__(self, tok: ByteLevelBPE, essays_path: str):
+    def __init__(self, tok: ByteLevelBPE, essays_path: str, essays_text: str | None = None):
         self.tok = tok
-        self.hay = Haystacks(tok, essays_path)
+        self.hay = Haystacks(tok, essays_path, essays_text)
         self._enc_cache: dict[str, list] = {}
 
     def enc(self, text: str) -> list:
@@ -684,14 +700,18 @@ def main() -> None:
     ap.add_argument("--key-kind", choices=KEY_KINDS, default=None,
                     help="default: the task's (word, except niah_multikey_3)")
     ap.add_argument("--self-test", action="store_true")
+    ap.add_argument("--synthetic-essays", action="store_true",
+                    help="the essay haystack from held-out prose instead of --essays (what the "
+                         "self test checks without the essays; not for evaluation)")
     ap.add_argument("--print-prompt", action="store_true",
                     help="print sample 0's prompt text (input + answer_prefix) instead of JSONL; "
                          "its expected answer goes to stderr")
     args = ap.parse_args()
-    gen = Generator(ByteLevelBPE.from_file(args.tokenizer), args.essays)
+    tok = ByteLevelBPE.from_file(args.tokenizer)
+    gen = Generator(tok, args.essays, synthetic_essays(tok) if args.synthetic_essays else None)
     if args.self_test:
         from needle_self_test import self_test
-        self_test(gen, repo=os.path.join(here, "../.."))
+        self_test(gen, repo=os.path.join(here, "../.."), essays=not args.synthetic_essays)
         print("self-test ok", file=sys.stderr)
     settings = dict(EVAL_SETTINGS[args.task])
     for k in ("haystack", "value_kind", "key_kind"):
