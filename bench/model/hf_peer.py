@@ -82,8 +82,27 @@ def qwen3_30b_a3b():
     return Qwen3MoeConfig(rope_theta=1e6, **kw)
 
 
+def qwen3_next_80b_a3b():
+    # The engine's preset qwen3-next-80b-a3b (src/loader/dummy.cpp): the published config.json's
+    # fields. transformers runs its torch fallback for the gated delta rule unless
+    # flash-linear-attention is installed (printed at start).
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        vocab_size=151936, hidden_size=2048, intermediate_size=5120, num_hidden_layers=48,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        max_position_embeddings=262144, rms_norm_eps=1e-6, rope_theta=10000000.0,
+        partial_rotary_factor=0.25, full_attention_interval=4, linear_conv_kernel_dim=4,
+        linear_key_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
+        linear_value_head_dim=128, num_experts=512, num_experts_per_tok=10,
+        moe_intermediate_size=512, shared_expert_intermediate_size=512, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
+        output_router_logits=False, torch_dtype=torch.bfloat16)
+
+
 CONFIGS = {"llama-3.1-8b": llama31_8b, "gemma-3-12b": gemma3_12b,
-           "qwen3-8b-yarn-128k": qwen3_8b_yarn_128k, "qwen3-30b-a3b": qwen3_30b_a3b}
+           "qwen3-8b-yarn-128k": qwen3_8b_yarn_128k, "qwen3-30b-a3b": qwen3_30b_a3b,
+           "qwen3-next-80b-a3b": qwen3_next_80b_a3b}
 
 
 def main() -> None:
@@ -91,9 +110,21 @@ def main() -> None:
     ap.add_argument("--contexts", default="32768")
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(CONFIGS))
+    ap.add_argument("--layers", type=int, default=0,
+                    help="the first N decoder layers only (as longctx's --dummy-layers)")
     a = ap.parse_args()
     torch.manual_seed(0)
     cfg = CONFIGS[a.model]()
+    if a.layers > 0:
+        cfg.num_hidden_layers = a.layers
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = cfg.layer_types[:a.layers]
+    if a.model == "qwen3-next-80b-a3b":
+        try:
+            import fla  # noqa: F401
+            print("hf: flash-linear-attention installed (its kernels)", flush=True)
+        except ImportError:
+            print("hf: flash-linear-attention not installed (the torch fallback)", flush=True)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).eval()
     for p in model.parameters():

@@ -190,6 +190,31 @@ TEST(GpuLinear, GraphDecodeEqualsEagerBatched) {
   }
 }
 
+// The fixture's attention layers at head_dim 128 (dummy weights): the full-attention layer takes
+// the split-KV decode, whose graph nodes the backend records per paged layer, beside three
+// linear-attention layers that launch none (the fixture's head_dim 32 runs the generic kernel,
+// which records nothing). A 4-layer slice of Qwen3-Next-80B failed this capture before.
+TEST(GpuLinear, GraphDecodeEqualsEagerWithTheSplitKvDecode) {
+  ModelConfig c = load_checkpoint(fixture_dir(kModel)).config;
+  c.head_dim = 128;
+  const auto ck = std::make_shared<const Checkpoint>(make_dummy_checkpoint(c, 21));
+  auto config = [](bool eager) {
+    EngineConfig e = engine_config("cuda", false, eager);
+    e.model.clear();
+    e.tokenizer = fixture_dir(kModel);
+    return e;
+  };
+  std::vector<Prompt> prompts;
+  for (int64_t n : {1, 2}) prompts.push_back(Prompt(make_ids(n * 150 + 7, n, 320)));
+  const auto g = LLM(ck, config(false)).generate(prompts, greedy(), false);
+  const auto e = LLM(ck, config(true)).generate(prompts, greedy(), false);
+  ASSERT_EQ(g.size(), prompts.size());
+  double diff = 0;
+  for (size_t i = 0; i < g.size(); ++i) diff = std::max(diff, max_logprob_diff(e[i], g[i]));
+  std::printf("head_dim 128: max |logprob diff| graphs vs eager %.3g\n", diff);
+  EXPECT_EQ(diff, 0.0) << "graphs are not bit-identical to eager (2 sequences: a graph bucket)";
+}
+
 // Decode time per output token with and without graphs (a launch-bound tiny model: the number
 // graphs are for), for 1 and 8 sequences of 8-token prompts generating 256 tokens each. Prints
 // the numbers; checks only that both modes produced every token.

@@ -523,6 +523,26 @@ TEST(GpuLinearAttention, RefusesBadArguments) {
 
 }  // namespace
 
+// The chunked delta rule at Qwen3-Next-80B's shapes (16 key / 32 value heads of 128, bf16), one
+// sequence of 32K and 128K tokens: the prefill's linear-attention time per layer, for the issue's
+// comparison with a full-attention layer (bench_attention --prefill 256:131072). No check: the
+// CPU reference over 128K tokens is minutes; the cases above check the same kernel.
+TEST(GpuOpsPerf, GatedDeltaRuleQwen3Next80B) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  TestStream s;
+  Summary sum;
+  for (int64_t t : {32768, 131072}) {
+    CaseSpec c = delta_case({{t}, 16, 32, 128, 128}, DType::kBF16, ops::DeltaRuleForm::kChunked,
+                            ops::DeltaRuleForm::kChunked, 64, 64, Tol{}, 77);
+    c.check = nullptr;
+    c.perf_only = true;
+    // q k^T within chunks, the WY solve, the state's reads and writes: the chunked form's
+    // dominant products per token and value head (2 * chunk * (dk + dv) + 4 * dk * dv).
+    c.flops = double(t) * 32 * (2.0 * 64 * (128 + 128) + 4.0 * 128 * 128);
+    run_case(s, c, sum);
+  }
+}
+
 TEST(GpuLinearAttention, GatedDeltaRule) { delta_cases(false); }
 TEST(GpuLinearAttention, CausalConv1d) { conv_cases(false); }
 TEST(GpuLinearAttention, GatesAndGatedNorm) { elementwise_cases(false); }

@@ -562,8 +562,9 @@ std::unique_ptr<GraphLaunches> PagedAttentionBackend::end_graph_capture() {
   }
   std::vector<int64_t> ctas(num_groups());
   for (size_t g = 0; g < ctas.size(); ++g) ctas[g] = decode_grid(g);
-  // Every layer's attention is a decode kernel, or none is (one dispatcher, one kernel choice).
-  const size_t want = ctas[0] > 0 ? static_cast<size_t>(num_layers()) : 0;
+  // Every paged layer's attention is a decode kernel, or none is (one dispatcher, one kernel
+  // choice); a linear-attention layer (a state group's) launches none of them.
+  const size_t want = ctas[0] > 0 ? static_cast<size_t>(num_layers() - num_state_layers_) : 0;
   LONGCTX_CHECK(nodes.size() == want, ErrorCode::kInternal,
                 "decode graphs: the captured step holds {} decode kernels, expected {}",
                 nodes.size(), want);
