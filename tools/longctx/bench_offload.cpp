@@ -104,13 +104,14 @@ void run(const Options& o) {
                                   double(o.decode_steps);
     std::printf(
         "  context %lld: prefill %.3f s (%.0f tok/s, %.2f GB from the host, %.2f GB written "
-        "back), decode %.3f ms/token mean, %.3f median",
+        "back), decode %.3f ms/token mean, %.3f median, %.3f min, %.3f max (step 1: %.3f)",
         static_cast<long long>(n), prefill, double(n) / prefill,
         double(c1.host_bytes_loaded - c0.host_bytes_loaded + c1.sparse_host_bytes_read -
                c0.sparse_host_bytes_read) /
             1e9,
         double(c1.host_bytes_written - c0.host_bytes_written) / 1e9, 1e3 * mean,
-        1e3 * sorted[sorted.size() / 2]);
+        1e3 * sorted[sorted.size() / 2], 1e3 * sorted.front(), 1e3 * sorted.back(),
+        1e3 * steps.front());
     if (r.kv_offload) {
       const double bound_ms = per_step_bytes / (link * 1e9) * 1e3;
       std::printf(
