@@ -133,10 +133,12 @@ def main() -> None:
     ctxs = [int(x) for x in a.contexts.split(",")]
     with torch.inference_mode():
         warm = torch.randint(0, vocab, (1, 4096), device="cuda")
-        model(warm, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+        # Qwen3-Next keeps its own cache class (KV and linear-attention states): it makes one.
+        new_cache = (lambda: None) if a.model == "qwen3-next-80b-a3b" else DynamicCache
+        model(warm, past_key_values=new_cache(), use_cache=True, logits_to_keep=1)
         for ci, n in enumerate(ctxs):
             ids = torch.randint(0, vocab, (1, n), device="cuda")
-            cache = DynamicCache()
+            cache = new_cache()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
