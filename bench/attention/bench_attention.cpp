@@ -7,7 +7,9 @@
 // bench_attention --prefill HEAD_DIM:S[:PAGE] times one causal prefill (a profiler's target).
 // bench_attention --block-causal times the two block-causal rows alone.
 // bench_attention --prefill-fp8 S,S,... times causal prefills with bf16 and FP8 K/V side by side
-// (Llama-3.1-8B's and the needle model's heads, pages of 16 and 128; prefill_fp8_table).
+// (Llama-3.1-8B's and the needle model's heads, pages of 16 and 128; prefill_fp8_table): FP8
+// staged (the conversion launch timed with the kernel), the conversion alone (GB/s of codes read
+// and 16-bit pages written) and FP8 converted in the kernel.
 //
 // bench_attention --page-sizes 16,32,64,128,256 runs the page-size sweep instead (see
 // page_size_sweep below) and prints a markdown table.
@@ -45,6 +47,7 @@
 
 #include "kernels/attention_params.h"
 #include "kernels/cuda/decode.h"
+#include "kernels/cuda/fp8_stage.h"
 #include "kernels/cuda/pdl.h"
 #include "kernels/cuda/prefill.h"
 #include "kernels/decode_params.h"
@@ -150,6 +153,9 @@ void print(const std::string& name, double ms, double flops, double bytes = 0) {
 struct BenchKv {
   bool fp8 = false;
   int hq = kHq, hk = kHk;  // q / kv heads
+  // FP8: staged (kernels/cuda/fp8_stage.h) where the pages fit --prefill-fp8-stage's cap, else
+  // converted in the kernel.
+  bool staged = false;
 };
 
 // Paged prefill of one request, q_len queries over kv_len keys (pages in order), kv.hq q /
@@ -205,8 +211,22 @@ void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mo
   LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   auto plan = kernels::cuda::paged_prefill_plan(qo.data(), kvl.data(), 1, kHq, kHk, head_dim, mode,
                                                 ws, ws_bytes, stream, g_tuning.prefill);
-  const double ms = time_ms([&] { kernels::cuda::paged_prefill_run(p, plan, stream); }, stream);
-  const std::string label = std::string(name) + (plan.split_ctas > 0 ? " [split]" : "");
+  void* pool = nullptr;  // the staged FP8 path's pool
+  if (kv.fp8 && kv.staged) {
+    const size_t bytes = kernels::fp8_stage_pool_bytes(pages, g_tuning.prefill.fp8_stage_mib, page,
+                                                       kHk, head_dim, DType::kBF16);
+    if (kernels::fp8_stage_fits(pages, bytes, page, kHk, head_dim, DType::kBF16))
+      LONGCTX_CUDA_CHECK(cudaMalloc(&pool, bytes));
+  }
+  const double ms = time_ms(
+      [&] {
+        kernels::cuda::paged_prefill_run(
+            pool != nullptr ? kernels::cuda::fp8_stage_prefill(p, pages, pool, stream) : p, plan,
+            stream);
+      },
+      stream);
+  const std::string label = std::string(name) + (plan.split_ctas > 0 ? " [split]" : "") +
+                            (kv.fp8 && kv.staged && pool == nullptr ? " [over the cap]" : "");
   name = label.c_str();
   double pairs = 0;
   if (mode == kernels::MaskMode::kNone)
@@ -214,8 +234,17 @@ void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mo
   else
     for (int i = 0; i < q_len; ++i) pairs += std::clamp(kv_len - q_len + i + 1, 0, kv_len);
   print(name, ms, 4.0 * head_dim * kHq * pairs);
+  if (pool != nullptr) {  // the conversion alone: codes and scales read, K and V pages written
+    const double conv =
+        time_ms([&] { kernels::cuda::fp8_stage_prefill(p, pages, pool, stream); }, stream);
+    const double bytes = 2.0 * kv_elems * (1 + 2) + 2.0 * pages * kHk * 4;
+    std::printf("%-58s %9.3f ms %8.1f %% of the staged row %8.1f GB/s\n",
+                ("  (conversion of " + std::to_string(pages) + " pages)").c_str(), conv,
+                100.0 * conv / ms, bytes / (conv * 1e6));
+    std::fflush(stdout);
+  }
   for (void* x : {q, k, v, o, static_cast<void*>(l), ws, (void*)p.qo_indptr, (void*)p.kv_indptr,
-                  (void*)p.kv_indices, (void*)p.kv_last_page_len, static_cast<void*>(scales)})
+                  (void*)p.kv_indices, (void*)p.kv_last_page_len, static_cast<void*>(scales), pool})
     cudaFree(x);
 }
 
@@ -230,12 +259,14 @@ void prefill_fp8_table(const std::vector<int>& lengths, cudaStream_t stream) {
   for (const Heads& h : {Heads{"8B 32/8x128", 32, 8, 128}, Heads{"needle 4/2x64", 4, 2, 64}})
     for (int n : lengths)
       for (int page : {16, 128})
-        for (bool fp8 : {false, true}) {
+        for (int row : {0, 1, 2}) {  // bf16, FP8 staged, FP8 in the kernel
           const std::string name = std::string("prefill causal ") + h.name +
                                    " S=" + std::to_string(n) + " page " + std::to_string(page) +
-                                   (fp8 ? " fp8" : " bf16");
+                                   (row == 0   ? " bf16"
+                                    : row == 1 ? " fp8 staged"
+                                               : " fp8 in-kernel");
           bench_prefill(name.c_str(), n, n, kernels::MaskMode::kCausal, false, page, stream, h.d,
-                        BenchKv{fp8, h.hq, h.hk});
+                        BenchKv{row > 0, h.hq, h.hk, row == 1});
         }
 }
 
