@@ -17,8 +17,9 @@
 // read, for each plan variant (a comma-separated list, default "default": the plan as the flags
 // below tune it; "s=N", "o=M" or "s=N/o=M" set DecodeTuning's slots / overhead, "l=0" / "l=1" its
 // loader and "c=0" / "c=1" its stage copy (as --decode-slots / -overhead / -loader / -copy),
-// "g=N" the fused merge's group size (DecodePlan::merge_group; g=1000: one level), "kv=fp8" an
-// FP8 cache, so wave-model settings, loaders and merges compare in the same process on the same
+// "g=N" the fused merge's group size (DecodePlan::merge_group; g=1000: one level), "pf=N" the
+// keys each CTA prefetches into L2 before it waits for the launch before it (pf=0: none), "kv=fp8"
+// an FP8 cache, so wave-model settings, loaders and merges compare in the same process on the same
 // data; the "merge" column shows the first request's splits and groups), page size
 // (default 128) and, optionally, only the shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32,
 // 64:32768:4:1).
@@ -514,6 +515,7 @@ struct DecodeVariant {
   int copy = -1;                // -1: the flags'; 0 TMA boxes / 1 cp.async
   bool fp8 = false;             // "kv=fp8": an FP8 E4M3 cache (its kernel; GB/s of its bytes)
   int merge_group = 0;          // "g=N": DecodePlan::merge_group (N >= the splits: one level)
+  int prefetch = -1;            // "pf=N": DecodePlan::prefetch_tokens (-1: the plan's)
 };
 
 // "default", "s=N", "o=M", "l=0", "l=1", "kv=fp8", "g=N", "s=N/o=M/l=1", ... ; false on any other
@@ -542,6 +544,9 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.copy = field[2] - '0';
       } else if (field == "kv=fp8") {
         d.fp8 = true;
+      } else if (field.rfind("pf=", 0) == 0) {
+        d.prefetch = std::atoi(field.c_str() + 3);
+        if (d.prefetch < 0) return false;
       } else if (field.rfind("g=", 0) == 0) {
         d.merge_group = std::atoi(field.c_str() + 2);
         if (d.merge_group < 1) return false;
@@ -702,6 +707,7 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
                                                ws_bytes, stream, 0, 256, {}, variant_tuning(var), 0,
                                                format);
         if (var.merge_group > 0) plan.merge_group = var.merge_group;
+        if (var.prefetch >= 0) plan.prefetch_tokens = var.prefetch;
         if (var.loader >= 0 && plan.loader != var.loader)
           std::fprintf(stderr, "variant %s: the plan took loader %d instead\n", var.name.c_str(),
                        plan.loader);

@@ -78,6 +78,8 @@ class DecodeCase : public OpCase {
   void set_tuning(const kernels::DecodeTuning& tuning) { tuning_ = tuning; }
   // DecodePlan::merge_group pinned after planning (0: the plan's rule).
   void set_merge_group(int g) { merge_group_ = g; }
+  // DecodePlan::prefetch_tokens pinned after planning (-1: the plan's).
+  void set_prefetch_tokens(int n) { prefetch_tokens_ = n; }
   const kernels::cuda::DecodePlan& plan() const { return plan_; }
 
   void prepare(cudaStream_t stream) override {
@@ -157,6 +159,7 @@ class DecodeCase : public OpCase {
         tuning_, s_.window,
         fp8_ ? kernels::KvCacheFormat::kFp8E4M3 : kernels::KvCacheFormat::kDtype, queries);
     plan_.merge_group = merge_group_;
+    if (prefetch_tokens_ >= 0) plan_.prefetch_tokens = prefetch_tokens_;
   }
   void launch(cudaStream_t stream) override { kernels::cuda::decode_run(params_, plan_, stream); }
   void reset_outputs() {
@@ -243,6 +246,7 @@ class DecodeCase : public OpCase {
   int min_chunk_;
   kernels::DecodeTuning tuning_;
   int merge_group_ = 0;
+  int prefetch_tokens_ = -1;
   int q_pad_;
   bool nan_tail_;
   bool fp8_;
@@ -477,8 +481,8 @@ TEST(DecodeGpu, HugePagesAndAMillionKeys) {
 // 128K keys and odd lengths, where one request takes 32-66 splits per kv head: the plan's merge
 // (two levels above 32 splits, kernels/decode_schedule.h's decode_merge_group) and pinned group
 // sizes (2: the most groups, 3 / 7: a short last group, 1000: one level), over both loaders
-// (pages of 128: TMA; 16: the ring), head_dim 64 and 128, and mixed batches whose requests take
-// different split counts (min chunk 64).
+// (pages of 128: TMA; 16: the ring), head_dim 64 and 128, mixed batches whose requests take
+// different split counts (min chunk 64), and the first keys' L2 prefetch off and past the ranges.
 TEST(DecodeGpu, FewKvHeadsMergeManySplits) {
   std::vector<std::unique_ptr<OpCase>> cases;
   uint64_t seed = 500;
@@ -496,6 +500,14 @@ TEST(DecodeGpu, FewKvHeadsMergeManySplits) {
     add(dshape({32781}, 32, 4, 128, 128, DType::kBF16, true, seed++), g);
   add(dshape({0, 1, 5000, 33000, 700}, 32, 4, 128, 128, DType::kBF16, true, seed++), 0, 64);
   add(dshape({9001, 2, 20000}, 16, 2, 128, 16, DType::kF16, true, seed++), 3, 64);
+  // The L2 prefetch before the wait (DecodePlan::prefetch_tokens) is a hint: none, and past
+  // every split's end, read the same.
+  for (int prefetch : {0, 1 << 20}) {
+    auto c = std::make_unique<DecodeCase>(
+        dshape({0, 3, 4097, 33000}, 32, 4, 128, prefetch ? 128 : 16, DType::kBF16, true, seed++));
+    c->set_prefetch_tokens(prefetch);
+    cases.push_back(std::move(c));
+  }
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));

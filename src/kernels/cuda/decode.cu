@@ -92,6 +92,7 @@ struct DecodeArgs {
   const float* v_scale;
   int32_t* group_counters;  // [partial slots, num_kv_heads * head_tiles] (two-level merges)
   int merge_group;          // DecodePlan::merge_group (decode_merge_group's pin)
+  int prefetch_tokens;      // DecodePlan::prefetch_tokens
 };
 
 // Tile geometry of the cp.async ring for head_dim D.
@@ -197,6 +198,30 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
   w.r0 = tile * GT;
   w.nr = min(GT, a.group * w.q_len - w.r0);
   return w;
+}
+
+// Before the kernel waits for the one before it (pdl_wait): L2 prefetches of the K and V rows of
+// the first `ntok` keys of the CTA's range (kElemBytes per element: 2, or 1 for FP8 codes), so
+// that HBM serves the CTA's first tiles while the KV store before it drains instead of after
+// (its work item and page ids are the plan's copies, final before that kernel started:
+// decode.h). Only a hint: the KV store's new rows reach L2, where every read meets them, so the
+// kernel reads after pdl_wait what it would without the prefetch.
+template <int D, int kElemBytes>
+__device__ __forceinline__ void prefetch_first_keys(const DecodeArgs& a, const CtaWork& w,
+                                                    int ntok) {
+  constexpr int kRowBytes = D * kElemBytes, kLines = (kRowBytes + 127) / 128;
+  const int begin = w.kv_begin & ~63, end = min(w.kv_end, begin + ntok);
+  const int32_t* pages = a.kv_indices + w.page_base;
+  const char* kc = static_cast<const char*>(a.k);
+  const char* vc = static_cast<const char*>(a.v);
+  for (int i = threadIdx.x; i < (end - begin) * kLines; i += kThreads) {
+    const int tok = begin + i / kLines;
+    const int pi = tok / a.page_size;
+    const int64_t row = int64_t(__ldg(pages + pi)) * a.page_size + (tok - pi * a.page_size);
+    const int64_t off = (row * a.num_kv_heads + w.kvh) * kRowBytes + (i % kLines) * 128;
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kc + off));
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vc + off));
+  }
 }
 
 // Row r of the CTA's (request, kv head): query r / group of the request (its q / o row) and q
@@ -528,12 +553,14 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   __shared__ EpilogueSmem<GT> e;
 
   LONGCTX_TIMELINE_MARK(kMarkEntry);
-  // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): everything below may read
-  // what it wrote. The o_proj GEMV after it may start meanwhile (and wait for it).
-  pdl_wait();
-  pdl_launch_dependents();
+  // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): the work item and the first
+  // keys' L2 prefetch before pdl_wait (prefetch_first_keys); everything after it may read what
+  // the KV store wrote. The o_proj GEMV after it may start meanwhile (and wait for it).
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0 || w.nr <= 0) return;  // padding item, or rows past the request's queries
+  prefetch_first_keys<D, 2>(a, w, a.prefetch_tokens);
+  pdl_wait();
+  pdl_launch_dependents();
   LONGCTX_TIMELINE_MARK(kMarkWork);
   // The item's first key may be a sliding window's (any key); its tiles start at the multiple
   // of 64 at or before it (where a split may start, so the TMA's tiles stay within a page) and
@@ -653,10 +680,11 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ EpilogueSmem<GT> e;
 
+  const CtaWork w = cta_work<GT>(a);  // before pdl_wait: as the ring kernel
+  if (w.b < 0 || w.nr <= 0) return;   // padding item, or rows past the request's queries
+  prefetch_first_keys<D, 1>(a, w, a.prefetch_tokens);
   pdl_wait();
   pdl_launch_dependents();
-  const CtaWork w = cta_work<GT>(a);
-  if (w.b < 0 || w.nr <= 0) return;  // padding item, or rows past the request's queries
   const int kv_begin = w.kv_begin & ~63, kv_end = w.kv_end, kvh = w.kvh;
   const uint8_t* kc = static_cast<const uint8_t*>(a.k);
   const uint8_t* vc = static_cast<const uint8_t*>(a.v);
@@ -786,17 +814,18 @@ __global__ void __launch_bounds__(kThreads)
   auto stage_v = [&](int st) { return stage_k(st) + TILE * D * 2; };
   auto bar = [&](int st) { return smem_addr(&full[st]); };
   // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): the maps (kernel parameters)
-  // are prefetched while it drains; pdl_wait comes before any global read, the work item's
-  // among them (it says how the barriers count arrivals). The o_proj GEMV after this kernel may
-  // start meanwhile (and wait for it).
+  // are prefetched while it drains, the work item read and the first keys' L2 prefetch issued
+  // (prefetch_first_keys) before pdl_wait; every read of K / V after it. The o_proj GEMV after
+  // this kernel may start meanwhile (and wait for it).
   if (leader) {
     tma_prefetch_map(&tm_k);
     tma_prefetch_map(&tm_v);
   }
-  pdl_wait();
-  pdl_launch_dependents();
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0 || w.nr <= 0) return;  // padding item, or rows past the request's queries
+  prefetch_first_keys<D, 2>(a, w, a.prefetch_tokens);
+  pdl_wait();
+  pdl_launch_dependents();
   LONGCTX_TIMELINE_MARK(kMarkWork);
   const bool cp_async_stages = w.cp_async_stages;
   if (leader) {
@@ -1109,7 +1138,8 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                p.k_scale,
                p.v_scale,
                plan.group_counters,
-               plan.merge_group};
+               plan.merge_group,
+               plan.prefetch_tokens};
   const int64_t ctas = decode_grid_ctas(plan);
   LONGCTX_CHECK(ctas <= 0x7fffffff, ErrorCode::kInvalidArgument, "decode_run: {} CTAs", ctas);
   const dim3 grid(static_cast<unsigned>(ctas));
@@ -1279,6 +1309,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.counters = reinterpret_cast<int32_t*>(base + w.counters);
   plan.group_counters = reinterpret_cast<int32_t*>(base + w.group_counters);
   plan.max_partials = int(w.max_partials);
+  plan.prefetch_tokens = kDecodePrefetchTokens;
   return plan;
 }
 

@@ -33,6 +33,11 @@
 // not wait for a load of kv_indptr: run()'s params.kv_indptr must hold the values plan() was
 // given (it is not read on the device).
 //
+// The kernel reads its work item and the pages of its first keys before it waits for the kernel
+// before it (programmatic dependent launch: the L2 prefetch of those keys overlaps that kernel),
+// so kv_indices must hold its values before that kernel starts (host copies, as plan()'s work
+// list); the K / V pages may be written by the kernel right before decode_run.
+//
 // run() reads only device memory written by plan() (work list + partial buffers in the caller's
 // workspace; the merge counters it increments are back at 0 when it ends), so it can be captured
 // in a CUDA graph. Every workspace address depends on the batch size and max_q_len alone
@@ -86,7 +91,14 @@ struct DecodePlan {
   // may pin it before decode_run (any value merges correctly: the workspace holds a counter per
   // partial slot).
   int merge_group = 0;
+  // Keys at the start of each CTA's range whose K / V rows it prefetches into L2 before it waits
+  // for the kernel before it (kDecodePrefetchTokens; 0: none). A hint: any value reads the same.
+  int prefetch_tokens = 0;
 };
+
+// The plan's prefetch_tokens: 4 of the TMA kernel's 64-token stages (two of them in its
+// prologue), 128 KB of K + V a CTA at head_dim 128.
+constexpr int kDecodePrefetchTokens = 256;
 
 // CUDA-graph replay (engine/cuda_graphs.h): the last num_padding requests only fill a graph's
 // batch size; each gets one work item over all its keys (meant for a key or two) and they do not
