@@ -76,6 +76,11 @@ class DecodeCase : public OpCase {
   }
   // The plan's tuning (a variant's pins); the default: the measured choices.
   void set_tuning(const kernels::DecodeTuning& tuning) { tuning_ = tuning; }
+  // DecodePlan::merge_group pinned after planning (0: the plan's rule).
+  void set_merge_group(int g) { merge_group_ = g; }
+  // DecodePlan::prefetch_tokens pinned after planning (-1: the plan's).
+  void set_prefetch_tokens(int n) { prefetch_tokens_ = n; }
+  const kernels::cuda::DecodePlan& plan() const { return plan_; }
 
   void prepare(cudaStream_t stream) override {
     host_ = std::make_unique<PagedCase>(s_);
@@ -153,6 +158,8 @@ class DecodeCase : public OpCase {
         s_.num_kv_heads, s_.head_dim, d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_, {},
         tuning_, s_.window,
         fp8_ ? kernels::KvCacheFormat::kFp8E4M3 : kernels::KvCacheFormat::kDtype, queries);
+    plan_.merge_group = merge_group_;
+    if (prefetch_tokens_ >= 0) plan_.prefetch_tokens = prefetch_tokens_;
   }
   void launch(cudaStream_t stream) override { kernels::cuda::decode_run(params_, plan_, stream); }
   void reset_outputs() {
@@ -181,7 +188,7 @@ class DecodeCase : public OpCase {
     const double tol = (s_.dtype == DType::kBF16 ? 1e-2 : 2e-3) * (fp8_ ? 2 : 1);
     std::ostringstream why;
     why << "[chunk " << plan_.chunk_tokens << ", " << plan_.num_work_items << " items, "
-        << plan_.num_partials << " partials] ";
+        << plan_.num_partials << " partials, merge group " << plan_.merge_group << "] ";
     bool ok = true;
     if (co.non_finite) ok = false, why << co.non_finite << " non-finite outputs; ";
     if (co.max_abs > tol) ok = false, why << "out max-abs " << co.max_abs << " > " << tol << "; ";
@@ -201,13 +208,16 @@ class DecodeCase : public OpCase {
     if (!d_o_.guards_intact()) ok = false, why << "output guard bytes overwritten; ";
     if (!d_lse_.guards_intact()) ok = false, why << "lse guard bytes overwritten; ";
     if (!d_ws_.guards_intact()) ok = false, why << "workspace guard bytes overwritten; ";
-    // The fused merge must leave its split counters at 0 (the next run, or graph replay, starts
-    // from there).
-    if (plan_.counters != nullptr) {
-      const size_t n = size_t(batch) * s_.num_kv_heads *
-                       ((s_.num_qo_heads / s_.num_kv_heads * plan_.max_q_len + 7) / 8);
+    // The fused merge must leave its split counters (both levels) at 0 (the next run, or graph
+    // replay, starts from there).
+    const size_t ctas =
+        size_t(s_.num_kv_heads) * ((s_.num_qo_heads / s_.num_kv_heads * plan_.max_q_len + 7) / 8);
+    for (auto [counters, n] :
+         {std::pair{plan_.counters, size_t(batch) * ctas},
+          std::pair{plan_.group_counters, size_t(plan_.max_partials) * ctas}}) {
+      if (counters == nullptr || n == 0) continue;
       std::vector<int32_t> cnt(n);
-      LONGCTX_CUDA_CHECK(cudaMemcpy(cnt.data(), plan_.counters, n * 4, cudaMemcpyDeviceToHost));
+      LONGCTX_CUDA_CHECK(cudaMemcpy(cnt.data(), counters, n * 4, cudaMemcpyDeviceToHost));
       for (int32_t c : cnt)
         if (c != 0) {
           ok = false, why << "split counter left at " << c << "; ";
@@ -235,6 +245,8 @@ class DecodeCase : public OpCase {
   bool perf_only_;
   int min_chunk_;
   kernels::DecodeTuning tuning_;
+  int merge_group_ = 0;
+  int prefetch_tokens_ = -1;
   int q_pad_;
   bool nan_tail_;
   bool fp8_;
@@ -465,6 +477,45 @@ TEST(DecodeGpu, HugePagesAndAMillionKeys) {
   EXPECT_EQ(s.ok, 2);
 }
 
+// Batch 1 at few kv heads (Qwen3-30B-A3B: 32 q / 4 kv heads; Llama-3.1-8B: 32 / 8), 32K and
+// 128K keys and odd lengths, where one request takes 32-66 splits per kv head: the plan's merge
+// (two levels above 32 splits, kernels/decode_schedule.h's decode_merge_group) and pinned group
+// sizes (2: the most groups, 3 / 7: a short last group, 1000: one level), over both loaders
+// (pages of 128: TMA; 16: the ring), head_dim 64 and 128, mixed batches whose requests take
+// different split counts (min chunk 64), and the first keys' L2 prefetch off and past the ranges.
+TEST(DecodeGpu, FewKvHeadsMergeManySplits) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 500;
+  auto add = [&](PagedCaseShape shape, int merge_group, int min_chunk = 256) {
+    auto c = std::make_unique<DecodeCase>(std::move(shape), false, min_chunk);
+    c->set_merge_group(merge_group);
+    cases.push_back(std::move(c));
+  };
+  add(dshape({32768}, 32, 4, 128, 128, DType::kBF16, true, seed++), 0);
+  add(dshape({131072}, 32, 4, 128, 128, DType::kBF16, true, seed++), 0);
+  add(dshape({32771}, 32, 4, 128, 16, DType::kF16, true, seed++), 0);
+  add(dshape({131071}, 32, 8, 128, 128, DType::kBF16, false, seed++), 0);
+  add(dshape({40001}, 32, 4, 64, 128, DType::kBF16, true, seed++), 0);
+  for (int g : {2, 3, 7, 1000})
+    add(dshape({32781}, 32, 4, 128, 128, DType::kBF16, true, seed++), g);
+  add(dshape({0, 1, 5000, 33000, 700}, 32, 4, 128, 128, DType::kBF16, true, seed++), 0, 64);
+  add(dshape({9001, 2, 20000}, 16, 2, 128, 16, DType::kF16, true, seed++), 3, 64);
+  // The L2 prefetch before the wait (DecodePlan::prefetch_tokens) is a hint: none, and past
+  // every split's end, read the same.
+  for (int prefetch : {0, 1 << 20}) {
+    auto c = std::make_unique<DecodeCase>(
+        dshape({0, 3, 4097, 33000}, 32, 4, 128, prefetch ? 128 : 16, DType::kBF16, true, seed++));
+    c->set_prefetch_tokens(prefetch);
+    cases.push_back(std::move(c));
+  }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+  // The 4-kv-head 32K case splits into more states than one level merges.
+  const auto& first = static_cast<const DecodeCase&>(*cases.front()).plan();
+  EXPECT_GT(first.num_partials, kernels::kDecodeMergeOneLevelMax);
+}
+
 // Sliding windows: each request's items begin at its first visible key (any key: the kernel masks
 // the keys before it in the first 64-aligned tile and reads no earlier one), split and unsplit,
 // over both loaders (pages of 16: the ring; 128: TMA), windows shorter and longer than requests.
@@ -526,8 +577,10 @@ TEST(DecodeGpu, Small) {
 }
 
 void expect_graph_replay_matches_direct_launch(int page_size,
-                                               const kernels::DecodeTuning& tuning = {}) {
-  DecodeCase c(dshape({9000, 3, 700}, 32, 8, 128, page_size, DType::kBF16));
+                                               const kernels::DecodeTuning& tuning = {},
+                                               std::vector<int32_t> kv = {9000, 3, 700},
+                                               int kv_heads = 8) {
+  DecodeCase c(dshape(std::move(kv), 32, kv_heads, 128, page_size, DType::kBF16));
   c.set_tuning(tuning);
   cudaStream_t stream;
   LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -545,6 +598,12 @@ void expect_graph_replay_matches_direct_launch(int page_size,
 
 TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
   expect_graph_replay_matches_direct_launch(16);
+}
+
+// A replay after a direct launch of a two-level merge (4 kv heads, one request of 32K keys):
+// the direct launch must leave both levels' counters at 0.
+TEST(DecodeGpu, TwoLevelMergeGraphReplayMatchesDirectLaunch) {
+  expect_graph_replay_matches_direct_launch(128, {}, {32768}, 4);
 }
 
 // The TMA loader's tensor maps are kernel parameters: a captured launch replays them, with the
@@ -605,6 +664,23 @@ TEST(DecodeFp8Gpu, EdgesSplitsAndNanTails) {
     w.window = window;
     cases.push_back(std::make_unique<DecodeCase>(w, false, 64, 0, false, true));
   }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// FP8 pages at 4 kv heads, batch 1, 32K and 128K keys (two-level merges; kernels/
+// decode_schedule.h), and a pinned group of 5 over an odd length.
+TEST(DecodeFp8Gpu, FewKvHeadsMergeManySplits) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({32768}, 32, 4, 128, 128, DType::kBF16, true, 600), false, 256, 0, true, true));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({131072}, 32, 4, 128, 16, DType::kBF16, true, 601), false, 256, 0, false, true));
+  auto pinned = std::make_unique<DecodeCase>(
+      dshape({32779}, 32, 4, 128, 128, DType::kF16, true, 602), false, 256, 0, true, true);
+  pinned->set_merge_group(5);
+  cases.push_back(std::move(pinned));
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));
