@@ -500,6 +500,8 @@ TEST(DecodeGpu, FewKvHeadsMergeManySplits) {
     add(dshape({32781}, 32, 4, 128, 128, DType::kBF16, true, seed++), g);
   add(dshape({0, 1, 5000, 33000, 700}, 32, 4, 128, 128, DType::kBF16, true, seed++), 0, 64);
   add(dshape({9001, 2, 20000}, 16, 2, 128, 16, DType::kF16, true, seed++), 3, 64);
+  // head_dim 256 (the ring; a row's states are merged by two warps): ~100 splits, two levels.
+  add(dshape({20000}, 16, 2, 256, 16, DType::kBF16, true, seed++), 0, 64);
   // The L2 prefetch before the wait (DecodePlan::prefetch_tokens) is a hint: none, and past
   // every split's end, read the same.
   for (int prefetch : {0, 1 << 20}) {
