@@ -383,8 +383,8 @@ __device__ __forceinline__ bool count_in(int32_t* cnt, int of) {
 }
 
 // Merges `count` partial states of the CTA's rows, at partial slots first, first + step, ...,
-// into o / lse (out_slot < 0) or into partial slot out_slot (a group's first slot: each thread
-// reads every state of its rows' dims before it writes them, so in place is safe). One pass: each
+// into o / lse (out_slot < 0) or into partial slot out_slot (a group's first slot: a barrier
+// between the reads and the writes of each pass, so in place is safe). One pass: each
 // thread takes four dims of one row (float4 partial rows) and issues kBatch states' lse and o
 // loads before using any, keeping a running max. A merge is a chain of L2 round trips (the
 // partials were written by other SMs during this kernel, so they are read with ld.global.cg), and
@@ -396,8 +396,12 @@ __device__ __forceinline__ void merge_states(const DecodeArgs& a, const CtaWork&
                                              int count, int step, int out_slot) {
   T* o = static_cast<T*>(a.o);
   const int64_t slot_rows = int64_t(a.q_rows) * a.num_qo_heads;
-  for (int idx = threadIdx.x; idx < w.nr * D / 4; idx += kThreads) {
-    const int g = idx / (D / 4), d = (idx % (D / 4)) * 4;
+  // Passes of kThreads units, the same count in every thread (the in-place case's barrier).
+  const int total = w.nr * D / 4;
+  for (int base = 0; base < total; base += kThreads) {
+    const int idx = base + threadIdx.x;
+    const bool mine = idx < total;
+    const int g = mine ? idx / (D / 4) : 0, d = mine ? (idx % (D / 4)) * 4 : 0;
     int qi, h;
     row_of(a, w, w.r0 + g, qi, h);
     const int64_t row_in_slot = int64_t(qi) * a.num_qo_heads + h;
@@ -412,7 +416,7 @@ __device__ __forceinline__ void merge_states(const DecodeArgs& a, const CtaWork&
       float4 ov[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const bool in = st0 + u < count;
+        const bool in = mine && st0 + u < count;
         lv[u] = in ? __ldcg(pl + (st0 + u) * lse_step) : -INFINITY;
         ov[u] = in ? __ldcg(reinterpret_cast<const float4*>(po + (st0 + u) * o_step))
                    : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -446,11 +450,15 @@ __device__ __forceinline__ void merge_states(const DecodeArgs& a, const CtaWork&
     }
     const float lse = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
     if (out_slot >= 0) {
+      // A row's lse is read by every thread of the row (two warps at head_dim 256): all reads of
+      // the states before the first write into the group's first slot.
+      __syncthreads();
       const int64_t orow = int64_t(out_slot) * slot_rows + row_in_slot;
-      *reinterpret_cast<float4*>(a.partial_o + orow * D + d) = out;
-      if (d == 0) a.partial_lse[orow] = lse;
+      if (mine) *reinterpret_cast<float4*>(a.partial_o + orow * D + d) = out;
+      if (mine && d == 0) a.partial_lse[orow] = lse;
       continue;
     }
+    if (!mine) continue;
     const int64_t orow = (int64_t(w.q_start) + qi) * a.num_qo_heads + h;
     if (a.o_f32) {
       *reinterpret_cast<float4*>(a.o_f32 + orow * D + d) = out;
