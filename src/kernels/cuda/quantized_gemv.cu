@@ -101,6 +101,81 @@ __device__ __forceinline__ void write_out(const Params& p, int j, int64_t o, flo
   }
 }
 
+// Asks L2 for `rows` rows of `row_bytes` bytes at base + r * stride (the 16-byte-aligned part of
+// each), one bulk prefetch a row spread over the CTA's threads. A hint that reads nothing into
+// the kernel, so it may run before pdl_wait (L2 is where every SM's stores land: a line an
+// earlier kernel writes after the prefetch is updated there): the CTA's weights stream while the
+// previous kernel ends and x is staged, and the loads after it find them in L2 or in flight,
+// more bytes in flight than registers hold.
+__device__ __forceinline__ void prefetch_l2(bool on, const void* base, int64_t stride,
+                                            int64_t row_bytes, int64_t rows) {
+  if (!on || row_bytes <= 0) return;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(base) + r * stride;
+    const uintptr_t b = (a + 15) & ~uintptr_t(15), e = (a + row_bytes) & ~uintptr_t(15);
+    if (e <= b) continue;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(b), "r"(uint32_t(e - b))
+                 : "memory");
+#else
+    for (uintptr_t c = b; c < e; c += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c));
+#endif
+  }
+}
+
+// The CTA's slice of a GPTQ qweight (word rows k0/8.., outputs col0..col0 + tile), of an AWQ
+// qweight (input rows k0.., words col0/8..) and of an FP8 weight (rows o0..o0 + tile, bytes
+// k0..k1).
+__device__ __forceinline__ void prefetch_gptq(const Params& p, int64_t k0, int64_t k1, int64_t col0,
+                                              int64_t tile) {
+  prefetch_l2(p.prefetch_l2,
+              static_cast<const uint32_t*>(p.qweight) + (k0 / 8) * p.out_features + col0,
+              p.out_features * 4, min(tile, p.out_features - col0) * 4, (k1 - k0) / 8);
+}
+__device__ __forceinline__ void prefetch_awq(const Params& p, int64_t k0, int64_t k1, int64_t col0,
+                                             int64_t tile) {
+  prefetch_l2(p.prefetch_l2,
+              static_cast<const uint32_t*>(p.qweight) + k0 * (p.out_features / 8) + col0 / 8,
+              p.out_features / 2, min(tile, p.out_features - col0) / 2, k1 - k0);
+}
+__device__ __forceinline__ void prefetch_fp8(const Params& p, int64_t k0, int64_t k1, int64_t o0,
+                                             int64_t tile) {
+  prefetch_l2(p.prefetch_l2, static_cast<const uint8_t*>(p.qweight) + o0 * p.in + k0, p.in, k1 - k0,
+              min(tile, p.out_features - o0));
+}
+
+// With several K slices and tile counters (kLastCta), called by every thread of the CTA after its
+// partials of outputs [col0, col0 + tile) are written: the CTA that arrives last at the tile's
+// counter adds every slice's partials in slice order (+ bias; reduce_splits_kernel's order, so
+// the same bits), writes the outputs and resets the counter to zero for the next launch. The
+// fence before the arrival makes this CTA's partials visible to the last one; that one reads
+// them through L2 (__ldcg: another SM's stores are not in this SM's L1).
+template <typename TO>
+__device__ __forceinline__ void finish_splits(const Params& p, int64_t col0, int tile) {
+  if (gridDim.y == 1 || p.tile_counters == nullptr) return;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t arrived = atomicAdd(p.tile_counters + blockIdx.x, 1u) + 1;
+    last = arrived == gridDim.y;
+    if (last) atomicExch(p.tile_counters + blockIdx.x, 0u);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < p.n * tile; i += blockDim.x) {
+    const int j = i / tile;
+    const int64_t o = col0 + (i - j * tile);
+    if (o >= p.out_features) continue;
+    const float* part = p.partial + int64_t(j) * p.out_features + o;
+    float v = 0.f;
+    for (int64_t sl = 0; sl < gridDim.y; ++sl) v += __ldcg(part + sl * p.n * p.out_features);
+    if (p.bias) v += load_any(p.bias, p.bias_dtype, o);
+    static_cast<TO*>(p.out)[j * p.ldo + o] = from_f32<TO>(v);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // SIMT int4 helpers.
 
@@ -180,6 +255,7 @@ __device__ __forceinline__ void finish_tile(const Params& p, float (&acc)[C][N],
     if (o >= p.out_features || j >= p.n) continue;
     write_out<TO>(p, j, o, red[i]);
   }
+  finish_splits<TO>(p, col0, kTile);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -193,6 +269,7 @@ __global__ void __launch_bounds__(kThreads) gptq_simt_kernel(Params p, int64_t k
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t k0 = int64_t(blockIdx.y) * k_per_split;
   const int64_t k1 = min(p.in, k0 + k_per_split);
+  prefetch_gptq(p, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   stage_x<N, T>(p, k0, k1, xs);
@@ -314,6 +391,7 @@ __global__ void __launch_bounds__(kThreads, N >= 8 ? 1 : 2)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t k0 = int64_t(blockIdx.y) * k_per_split;
   const int64_t k1 = min(p.in, k0 + k_per_split);
+  prefetch_awq(p, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   stage_x<N, T>(p, k0, k1, xs);
@@ -447,6 +525,7 @@ __global__ void __launch_bounds__(kThreads) fp8_simt_kernel(Params p, int64_t k_
   const int chunks_per_block = int(p.block_in / 16);
   const bool pow2 = (chunks_per_block & (chunks_per_block - 1)) == 0;
   const int shift = __ffs(chunks_per_block) - 1;
+  prefetch_fp8(p, c_begin * 16, c_end * 16, int64_t(blockIdx.x) * kWarps * R, kWarps * R);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   for (int64_t c = c_begin + lane; c < c_end; c += 32 * U) {
@@ -495,19 +574,21 @@ __global__ void __launch_bounds__(kThreads) fp8_simt_kernel(Params p, int64_t k_
     for (int j = 0; j < N; ++j)
 #pragma unroll
       for (int m = 16; m > 0; m >>= 1) acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], m);
-  if (lane != 0) return;
+  if (lane == 0) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t o = o0 + r;
-    if (o >= p.out_features) break;
-    const float s =
-        kBlockScale ? 1.f : load_any(p.scales, p.scale_dtype, int64_t(p.scale_stride) * o);
+    for (int r = 0; r < R; ++r) {
+      const int64_t o = o0 + r;
+      if (o >= p.out_features) break;
+      const float s =
+          kBlockScale ? 1.f : load_any(p.scales, p.scale_dtype, int64_t(p.scale_stride) * o);
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-      if (j >= p.n) break;
-      write_out<TO>(p, j, o, kBlockScale ? acc[r][j] : acc[r][j] * s);
+      for (int j = 0; j < N; ++j) {
+        if (j >= p.n) break;
+        write_out<TO>(p, j, o, kBlockScale ? acc[r][j] : acc[r][j] * s);
+      }
     }
   }
+  finish_splits<TO>(p, int64_t(blockIdx.x) * kWarps * R, kWarps * R);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -563,6 +644,7 @@ __device__ __forceinline__ void mma_finish(const Params& p, const float* red, in
     for (int w = 0; w < kMmaWarps; ++w) v += red[(w * kRows + j) * kMmaTile + c];
     write_out<TO>(p, j, o, v);
   }
+  finish_splits<TO>(p, col0, kMmaTile);
 }
 
 // The warp's range of `steps` steps of the CTA's slice.
@@ -681,6 +763,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gptq_mma_kernel(Params p, int6
   const bool x_row = g < p.n;
   GptqMma m;
   m.clear();
+  prefetch_gptq(p, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   const int group = int(p.group);
@@ -826,6 +909,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) awq_mma_kernel(Params p, int64
   const bool x_row = g < p.n;
   AwqMma m;
   m.clear();
+  prefetch_awq(p, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   const int group = int(p.group);
@@ -927,6 +1011,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   GptqSlot* my = ring[warp];
   GptqMma m;
   m.clear();
+  prefetch_gptq(p, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   // Copies step s into its slot (nothing past the warp's range; an empty commit group keeps the
@@ -1032,6 +1117,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   AwqSlot* my = ring[warp];
   AwqMma m;
   m.clear();
+  prefetch_awq(p, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   auto issue = [&](int s) {
@@ -1172,16 +1258,24 @@ void quantized_gemv_run(const QuantizedGemvParams& p, const QuantizedGemvSchedul
                 ErrorCode::kInvalidArgument,
                 "quantized_gemv: n = {}, {} tiles, {} splits, partials {}", p.n, s.col_tiles,
                 s.splits, p.partial ? "given" : "missing");
+  const bool last_cta = s.splits > 1 && s.reduce == QuantizedGemvReduce::kLastCta;
+  LONGCTX_CHECK(
+      !last_cta || (p.tile_counters != nullptr && s.col_tiles <= kQuantizedGemvMaxTileCounters),
+      ErrorCode::kInvalidArgument,
+      "quantized_gemv: the last-CTA reduction of {} tiles needs tile counters", s.col_tiles);
+  Params q = p;
+  if (!last_cta) q.tile_counters = nullptr;
+  q.prefetch_l2 = s.prefetch_l2;
   visit_float(p.x_dtype, "quantized_gemv", [&](auto xt) {
     using T = decltype(xt);
     if constexpr (std::is_same_v<T, float>) {
       LONGCTX_THROW(ErrorCode::kUnsupported, "quantized_gemv: f32 x");
     } else {
       if (p.out_dtype == DType::kF32)
-        launch_typed<T, float>(p, s, stream);
+        launch_typed<T, float>(q, s, stream);
       else
-        launch_typed<T, T>(p, s, stream);
-      if (s.splits > 1) {
+        launch_typed<T, T>(q, s, stream);
+      if (s.splits > 1 && !last_cta) {
         const int64_t total = p.n * p.out_features;
         const dim3 grid{unsigned(ceil_div(total, 256))}, block{256};
         if (p.out_dtype == DType::kF32)
