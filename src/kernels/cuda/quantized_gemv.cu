@@ -476,10 +476,9 @@ __device__ __forceinline__ void fp8x16_to_f32(const uint4& v, float (&f)[16]) {
   }
 }
 
-// 8 consecutive x elements (16-byte aligned) as f32.
+// 8 x elements of type T packed in u as f32.
 template <typename T>
-__device__ __forceinline__ void load_x8(const T* p, float* v) {
-  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+__device__ __forceinline__ void cvt_x8(const uint4& u, float* v) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -496,6 +495,12 @@ __device__ __forceinline__ void load_x8(const T* p, float* v) {
     v[2 * i] = f.x;
     v[2 * i + 1] = f.y;
   }
+}
+
+// 8 consecutive x elements (16-byte aligned) as f32.
+template <typename T>
+__device__ __forceinline__ void load_x8(const T* p, float* v) {
+  cvt_x8<T>(__ldg(reinterpret_cast<const uint4*>(p)), v);
 }
 
 template <int N, bool kBlockScale, typename T, typename TO>
@@ -535,6 +540,26 @@ __global__ void __launch_bounds__(kThreads) fp8_simt_kernel(Params p, int64_t k_
 #pragma unroll
       for (int r = 0; r < R; ++r)
         if (c + u * 32 < c_end) wv[u][r] = __ldcs(wrow[r] + c + u * 32);
+    // The chunks' block scales and (one row of x) x's chunks are loaded with the weights, before
+    // any math, so their latencies overlap the weights' instead of following them.
+    float sc[U][R];
+    uint4 xq[N == 1 ? U : 1][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t cc = c + u * 32;
+      if (cc >= c_end) break;
+      if constexpr (kBlockScale) {
+        const int ci = int(cc);
+        const int col = pow2 ? ci >> shift : ci / chunks_per_block;
+#pragma unroll
+        for (int r = 0; r < R; ++r) sc[u][r] = load_any(p.scales, p.scale_dtype, srow[r] + col);
+      }
+      if constexpr (N == 1) {
+        const uint4* xc = reinterpret_cast<const uint4*>(x + cc * 16);
+        xq[u][0] = __ldg(xc);
+        xq[u][1] = __ldg(xc + 1);
+      }
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t cc = c + u * 32;
@@ -543,18 +568,19 @@ __global__ void __launch_bounds__(kThreads) fp8_simt_kernel(Params p, int64_t k_
 #pragma unroll
       for (int r = 0; r < R; ++r) fp8x16_to_f32(wv[u][r], wf[r]);
       float s[R];
-      if constexpr (kBlockScale) {
-        const int ci = int(cc);
-        const int col = pow2 ? ci >> shift : ci / chunks_per_block;
 #pragma unroll
-        for (int r = 0; r < R; ++r) s[r] = load_any(p.scales, p.scale_dtype, srow[r] + col);
-      }
+      for (int r = 0; r < R; ++r) s[r] = kBlockScale ? sc[u][r] : 1.f;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         if (j >= p.n) break;
         float xv[16];
-        load_x8<T>(x + j * p.ldx + cc * 16, xv);
-        load_x8<T>(x + j * p.ldx + cc * 16 + 8, xv + 8);
+        if constexpr (N == 1) {
+          cvt_x8<T>(xq[u][0], xv);
+          cvt_x8<T>(xq[u][1], xv + 8);
+        } else {
+          load_x8<T>(x + j * p.ldx + cc * 16, xv);
+          load_x8<T>(x + j * p.ldx + cc * 16 + 8, xv + 8);
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           float part = 0.f;
