@@ -261,6 +261,25 @@ __device__ __forceinline__ void finish_tile(const Params& p, float (&acc)[C][N],
 // ---------------------------------------------------------------------------------------------
 // SIMT GPTQ: a lane reads 4 columns of a word row (16 bytes); a warp 128 columns.
 
+// The zeros (as magic_nibbles' zero terms) and scales of outputs o..o + C - 1 for the group of
+// word row r, and the first word row past that group. A function rather than a lambda capturing
+// the arrays by reference (see awq_flush).
+template <int C>
+__device__ __forceinline__ void gptq_group_params(const Params& p, int64_t r, int64_t group_rows,
+                                                  int64_t o, int64_t& grp_end,
+                                                  ZeroTerms (&zt)[C][2], float (&s)[C]) {
+  const int64_t grp = r / group_rows;  // a division per group, not per word
+  grp_end = (grp + 1) * group_rows;
+  const uint32_t zw = __ldg(p.qzeros + grp * (p.out_features / 8) + o / 8) >> (4 * (o % 8));
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const float z = float(((zw >> (4 * c)) & 0xf) + p.zero_offset);
+    zt[c][0].lo = zt[c][1].lo = __float2half2_rn(-1024.f - z);
+    zt[c][0].hi = zt[c][1].hi = __float2half2_rn(-64.f - z);
+    s[c] = load_any(p.scales, p.scale_dtype, grp * p.out_features + o + c);
+  }
+}
+
 template <int N, typename T, typename TO>
 __global__ void __launch_bounds__(kThreads) gptq_simt_kernel(Params p, int64_t k_per_split) {
   constexpr int C = 4, U = kGptqLoads;
@@ -272,44 +291,44 @@ __global__ void __launch_bounds__(kThreads) gptq_simt_kernel(Params p, int64_t k
   prefetch_gptq(p, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
-  stage_x<N, T>(p, k0, k1, xs);
   const int64_t col0 = int64_t(blockIdx.x) * 32 * C, o = col0 + lane * C;
   const int64_t r_begin = k0 / 8, rows = (k1 - k0) / 8;
   const int64_t per_warp = ceil_div(rows, kWarps);
   const int64_t r0 = r_begin + min(rows, warp * per_warp);
   const int64_t r1 = r_begin + min(rows, (warp + 1) * per_warp);
+  const bool live = o < p.out_features;
+  const uint4* qw =
+      reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(p.qweight) + (live ? o : 0));
+  const int64_t row_words = p.out_features / 4;  // uint4 per qweight row
+  const int64_t group_rows = p.group / 8;        // word rows per group
+  // The first words and the first group's zeros and scales are in flight while x is staged.
+  uint4 wv[U];
+  ZeroTerms zt[C][2];
+  float s[C];
+  int64_t grp_end = -1;  // first word row past the current group
+  if (live) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (r0 + u < r1) wv[u] = __ldcs(qw + (r0 + u) * row_words);
+    if (r0 < r1) gptq_group_params<C>(p, r0, group_rows, o, grp_end, zt, s);
+  }
+  stage_x<N, T>(p, k0, k1, xs);
   float acc[C][N];
 #pragma unroll
   for (int c = 0; c < C; ++c)
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[c][j] = 0.f;
-  if (o < p.out_features) {
-    const uint4* qw = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(p.qweight) + o);
-    const int64_t row_words = p.out_features / 4;  // uint4 per qweight row
-    const int64_t group_rows = p.group / 8;        // word rows per group
-    int64_t grp_end = -1;                          // first word row past the current group
-    ZeroTerms zt[C][2];
-    float s[C];
+  if (live) {
     for (int64_t r = r0; r < r1; r += U) {
-      uint4 wv[U];
+      if (r != r0) {
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (r + u < r1) wv[u] = __ldcs(qw + (r + u) * row_words);
+        for (int u = 0; u < U; ++u)
+          if (r + u < r1) wv[u] = __ldcs(qw + (r + u) * row_words);
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (r + u >= r1) break;
-        if (r + u >= grp_end) {  // a division per group, not per word
-          const int64_t grp = (r + u) / group_rows;
-          grp_end = (grp + 1) * group_rows;
-          const uint32_t zw = __ldg(p.qzeros + grp * (p.out_features / 8) + o / 8) >> (4 * (o % 8));
-#pragma unroll
-          for (int c = 0; c < C; ++c) {
-            const float z = float(((zw >> (4 * c)) & 0xf) + p.zero_offset);
-            zt[c][0].lo = zt[c][1].lo = __float2half2_rn(-1024.f - z);
-            zt[c][0].hi = zt[c][1].hi = __float2half2_rn(-64.f - z);
-            s[c] = load_any(p.scales, p.scale_dtype, grp * p.out_features + o + c);
-          }
-        }
+        if (r + u >= grp_end) gptq_group_params<C>(p, r + u, group_rows, o, grp_end, zt, s);
         const float* xr = xs + (r + u - r_begin) * 8;
         const uint32_t words[C] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
 #pragma unroll
