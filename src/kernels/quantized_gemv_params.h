@@ -50,6 +50,14 @@ enum class QuantizedGemvKernel { kAuto, kSimt, kMma, kMmaAsync };
 //   kAuto: kLastCta where the tiles fit kQuantizedGemvMaxTileCounters, else kKernel.
 enum class QuantizedGemvReduce { kAuto, kLastCta, kKernel };
 
+// Each CTA's bulk prefetch of its whole weight slice into L2 (the weights stream at more bytes in
+// flight than the kernels' registers or rings hold):
+//   kAfterWait: once the previous kernel has finished (pdl_wait).
+//   kBeforeWait: before that, under the previous kernel's tail (the bf16 GEMV measured slower per
+//     token prefetching 4-16 KB of each row that way: it takes bandwidth from that kernel).
+//   kOff: none.
+enum class QuantizedGemvPrefetch { kAfterWait, kBeforeWait, kOff };
+
 // What the schedule reads.
 struct QuantizedGemvProblem {
   QuantizedGemvFormat format = QuantizedGemvFormat::kGptq;
@@ -71,10 +79,7 @@ struct QuantizedGemvProblem {
   // stage at most 1024 inputs of x a slice).
   int64_t splits = 0;
   QuantizedGemvReduce reduce = QuantizedGemvReduce::kAuto;
-  // Each CTA asks L2 for its whole weight slice first (a bulk prefetch, before it waits for the
-  // previous kernel), so the weights stream from the start at more bytes in flight than the
-  // kernels' registers or rings hold.
-  bool prefetch_l2 = true;
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kAfterWait;
 };
 
 struct QuantizedGemvSchedule {
@@ -88,7 +93,7 @@ struct QuantizedGemvSchedule {
   int64_t partial_bytes = 0;  // workspace for the partials [splits, n, out] f32
   // splits > 1: kLastCta (needs QuantizedGemvParams::tile_counters) or kKernel; 1: kAuto.
   QuantizedGemvReduce reduce = QuantizedGemvReduce::kAuto;
-  bool prefetch_l2 = true;  // QuantizedGemvProblem::prefetch_l2
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kAfterWait;  // the problem's
 };
 
 // The kernel, tile and split of K for p: splits so that col_tiles x splits fills the SMs (a few
@@ -119,7 +124,7 @@ struct QuantizedGemvParams {
   float* partial = nullptr;  // [splits, n, out] f32 (splits > 1)
   // [>= col_tiles] u32, all zero before the launch and after it (splits > 1 with kLastCta).
   uint32_t* tile_counters = nullptr;
-  bool prefetch_l2 = false;  // set from the schedule by quantized_gemv_run
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kOff;  // set from the schedule
   int64_t in = 0, out_features = 0;
   int64_t group = 0;                                    // int4: inputs per group
   int zero_offset = 0;                                  // GPTQ v1: qzeros hold z - 1

@@ -90,7 +90,7 @@ void split_k(const QuantizedGemvProblem& p, int64_t ctas_per_sm, int64_t unit, i
 
 QuantizedGemvSchedule quantized_gemv_schedule(const QuantizedGemvProblem& p) {
   QuantizedGemvSchedule s;
-  s.prefetch_l2 = p.prefetch_l2;
+  s.prefetch = p.prefetch;
   if (p.x_dtype != DType::kBF16 && p.x_dtype != DType::kF16) {
     s.refusal = LONGCTX_FORMAT("{} x (bf16 or f16 only)", dtype_name(p.x_dtype));
     return s;
@@ -177,7 +177,10 @@ std::string quantized_gemv_name(const QuantizedGemvProblem& p, const QuantizedGe
                                                                      : "simt",
                         s.tile, s.splits, s.k_per_split,
                         simt_awq ? LONGCTX_FORMAT(" awq words {}", s.awq_words) : std::string(),
-                        reduce, s.prefetch_l2 ? "" : " no-prefetch");
+                        reduce,
+                        s.prefetch == QuantizedGemvPrefetch::kOff          ? " no-prefetch"
+                        : s.prefetch == QuantizedGemvPrefetch::kBeforeWait ? " prefetch before-wait"
+                                                                           : "");
 }
 
 }  // namespace longctx::kernels

@@ -214,7 +214,7 @@ kernels::QuantizedGemvProblem gemv_problem(const QArgs& a, const QuantizedWeight
   p.ctas_per_sm = opt.ctas_per_sm;
   p.splits = opt.splits;
   p.reduce = opt.reduce;
-  p.prefetch_l2 = opt.prefetch_l2;
+  p.prefetch = opt.prefetch;
   return p;
 }
 

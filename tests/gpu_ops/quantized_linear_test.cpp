@@ -66,7 +66,7 @@ struct QCase {
   ops::QuantizedGemvKernel kernel = ops::QuantizedGemvKernel::kAuto;
   int64_t splits = 0;  // K slices forced (0: the schedule's)
   ops::QuantizedGemvReduce reduce = ops::QuantizedGemvReduce::kAuto;
-  bool prefetch = true;
+  ops::QuantizedGemvPrefetch prefetch = ops::QuantizedGemvPrefetch::kAfterWait;
   ops::QuantizedGemvOptions gemv() const { return {kernel, 0, splits, reduce, prefetch}; }
 };
 
@@ -98,7 +98,9 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
                   qc.reduce == ops::QuantizedGemvReduce::kKernel    ? " reduce kernel"
                   : qc.reduce == ops::QuantizedGemvReduce::kLastCta ? " reduce last-cta"
                                                                     : "",
-                  qc.prefetch ? "" : " no-prefetch");
+                  qc.prefetch == ops::QuantizedGemvPrefetch::kOff          ? " no-prefetch"
+                  : qc.prefetch == ops::QuantizedGemvPrefetch::kBeforeWait ? " prefetch before-wait"
+                                                                           : "");
   auto xv = [=](bool dev) { return dev ? x->dev({n, in}, {ldx, 1}) : x->host({n, in}, {ldx, 1}); };
   const QWeight* wp = &w;
   c.gpu = [=] {
@@ -212,7 +214,9 @@ std::vector<QCase> matrix(bool large) {
       v.push_back({5, f16, f32, false, 8, 3, P::kAuto, k, 64, r});
     }
   for (K k : {K::kSimt, K::kMma, K::kMmaAsync})
-    v.push_back({2, bf, bf, false, 0, 0, P::kAuto, k, 0, ops::QuantizedGemvReduce::kAuto, false});
+    for (ops::QuantizedGemvPrefetch f :
+         {ops::QuantizedGemvPrefetch::kOff, ops::QuantizedGemvPrefetch::kBeforeWait})
+      v.push_back({2, bf, bf, false, 0, 0, P::kAuto, k, 0, ops::QuantizedGemvReduce::kAuto, f});
   return v;
 }
 
@@ -490,7 +494,9 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
       using R = ops::QuantizedGemvReduce;
       std::vector<ops::QuantizedGemvOptions> variants{{}};
       for (K k : {K::kAuto, K::kMmaAsync, K::kMma, K::kSimt})
-        variants.push_back({k, 0, 0, R::kAuto, false});
+        for (ops::QuantizedGemvPrefetch f :
+             {ops::QuantizedGemvPrefetch::kOff, ops::QuantizedGemvPrefetch::kBeforeWait})
+          variants.push_back({k, 0, 0, R::kAuto, f});
       for (K k : {K::kMmaAsync, K::kMma, K::kSimt})
         for (R r : {R::kLastCta, R::kKernel}) {
           variants.push_back({k, 0, 0, r});

@@ -208,12 +208,16 @@ TEST(QuantizedGemvSchedule, ForcedSplitsClampToTheKernelsRange) {
 }
 
 TEST(QuantizedGemvSchedule, PrefetchIsTheProblems) {
+  using P = QuantizedGemvPrefetch;
   QuantizedGemvProblem p = problem(F::kGptq, 4096, 4096);
-  EXPECT_TRUE(quantized_gemv_schedule(p).prefetch_l2);
-  p.prefetch_l2 = false;
-  const QuantizedGemvSchedule s = quantized_gemv_schedule(p);
-  EXPECT_FALSE(s.prefetch_l2);
-  EXPECT_NE(quantized_gemv_name(p, s).find("no-prefetch"), std::string::npos);
+  EXPECT_EQ(quantized_gemv_schedule(p).prefetch, P::kAfterWait);
+  for (auto [mode, name] :
+       {std::pair{P::kOff, "no-prefetch"}, std::pair{P::kBeforeWait, "prefetch before-wait"}}) {
+    p.prefetch = mode;
+    const QuantizedGemvSchedule s = quantized_gemv_schedule(p);
+    EXPECT_EQ(s.prefetch, mode);
+    EXPECT_NE(quantized_gemv_name(p, s).find(name), std::string::npos);
+  }
 }
 
 }  // namespace

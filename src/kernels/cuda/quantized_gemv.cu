@@ -102,11 +102,11 @@ __device__ __forceinline__ void write_out(const Params& p, int j, int64_t o, flo
 }
 
 // Asks L2 for `rows` rows of `row_bytes` bytes at base + r * stride (the 16-byte-aligned part of
-// each), one bulk prefetch a row spread over the CTA's threads. A hint that reads nothing into
-// the kernel, so it may run before pdl_wait (L2 is where every SM's stores land: a line an
-// earlier kernel writes after the prefetch is updated there): the CTA's weights stream while the
-// previous kernel ends and x is staged, and the loads after it find them in L2 or in flight,
-// more bytes in flight than registers hold.
+// each), one bulk prefetch a row spread over the CTA's threads: the CTA's weights stream while x
+// is staged, and the loads after it find them in L2 or in flight, more bytes in flight than
+// registers hold. A hint that reads nothing into the kernel, so it may run before pdl_wait
+// (kBeforeWait: L2 is where every SM's stores land, so a line an earlier kernel writes after the
+// prefetch is updated there).
 __device__ __forceinline__ void prefetch_l2(bool on, const void* base, int64_t stride,
                                             int64_t row_bytes, int64_t rows) {
   if (!on || row_bytes <= 0) return;
@@ -126,22 +126,24 @@ __device__ __forceinline__ void prefetch_l2(bool on, const void* base, int64_t s
 // The CTA's slice of a GPTQ qweight (word rows k0/8.., outputs col0..col0 + tile), of an AWQ
 // qweight (input rows k0.., words col0/8..) and of an FP8 weight (rows o0..o0 + tile, bytes
 // k0..k1).
-__device__ __forceinline__ void prefetch_gptq(const Params& p, int64_t k0, int64_t k1, int64_t col0,
-                                              int64_t tile) {
-  prefetch_l2(p.prefetch_l2,
+using Prefetch = QuantizedGemvPrefetch;
+
+__device__ __forceinline__ void prefetch_gptq(const Params& p, Prefetch when, int64_t k0,
+                                              int64_t k1, int64_t col0, int64_t tile) {
+  prefetch_l2(p.prefetch == when,
               static_cast<const uint32_t*>(p.qweight) + (k0 / 8) * p.out_features + col0,
               p.out_features * 4, min(tile, p.out_features - col0) * 4, (k1 - k0) / 8);
 }
-__device__ __forceinline__ void prefetch_awq(const Params& p, int64_t k0, int64_t k1, int64_t col0,
-                                             int64_t tile) {
-  prefetch_l2(p.prefetch_l2,
+__device__ __forceinline__ void prefetch_awq(const Params& p, Prefetch when, int64_t k0, int64_t k1,
+                                             int64_t col0, int64_t tile) {
+  prefetch_l2(p.prefetch == when,
               static_cast<const uint32_t*>(p.qweight) + k0 * (p.out_features / 8) + col0 / 8,
               p.out_features / 2, min(tile, p.out_features - col0) / 2, k1 - k0);
 }
-__device__ __forceinline__ void prefetch_fp8(const Params& p, int64_t k0, int64_t k1, int64_t o0,
-                                             int64_t tile) {
-  prefetch_l2(p.prefetch_l2, static_cast<const uint8_t*>(p.qweight) + o0 * p.in + k0, p.in, k1 - k0,
-              min(tile, p.out_features - o0));
+__device__ __forceinline__ void prefetch_fp8(const Params& p, Prefetch when, int64_t k0, int64_t k1,
+                                             int64_t o0, int64_t tile) {
+  prefetch_l2(p.prefetch == when, static_cast<const uint8_t*>(p.qweight) + o0 * p.in + k0, p.in,
+              k1 - k0, min(tile, p.out_features - o0));
 }
 
 // With several K slices and tile counters (kLastCta), called by every thread of the CTA after its
@@ -288,9 +290,10 @@ __global__ void __launch_bounds__(kThreads) gptq_simt_kernel(Params p, int64_t k
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t k0 = int64_t(blockIdx.y) * k_per_split;
   const int64_t k1 = min(p.in, k0 + k_per_split);
-  prefetch_gptq(p, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
+  prefetch_gptq(p, Prefetch::kBeforeWait, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_gptq(p, Prefetch::kAfterWait, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   const int64_t col0 = int64_t(blockIdx.x) * 32 * C, o = col0 + lane * C;
   const int64_t r_begin = k0 / 8, rows = (k1 - k0) / 8;
   const int64_t per_warp = ceil_div(rows, kWarps);
@@ -410,9 +413,10 @@ __global__ void __launch_bounds__(kThreads, N >= 8 ? 1 : 2)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t k0 = int64_t(blockIdx.y) * k_per_split;
   const int64_t k1 = min(p.in, k0 + k_per_split);
-  prefetch_awq(p, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
+  prefetch_awq(p, Prefetch::kBeforeWait, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_awq(p, Prefetch::kAfterWait, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   stage_x<N, T>(p, k0, k1, xs);
   const int64_t col0 = int64_t(blockIdx.x) * 32 * C, o = col0 + lane * C;
   const int64_t rows = k1 - k0, per_warp = ceil_div(rows, kWarps);
@@ -549,9 +553,11 @@ __global__ void __launch_bounds__(kThreads) fp8_simt_kernel(Params p, int64_t k_
   const int chunks_per_block = int(p.block_in / 16);
   const bool pow2 = (chunks_per_block & (chunks_per_block - 1)) == 0;
   const int shift = __ffs(chunks_per_block) - 1;
-  prefetch_fp8(p, c_begin * 16, c_end * 16, int64_t(blockIdx.x) * kWarps * R, kWarps * R);
+  const int64_t o_cta = int64_t(blockIdx.x) * kWarps * R;
+  prefetch_fp8(p, Prefetch::kBeforeWait, c_begin * 16, c_end * 16, o_cta, kWarps * R);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_fp8(p, Prefetch::kAfterWait, c_begin * 16, c_end * 16, o_cta, kWarps * R);
   for (int64_t c = c_begin + lane; c < c_end; c += 32 * U) {
     uint4 wv[U][R];
 #pragma unroll
@@ -808,9 +814,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gptq_mma_kernel(Params p, int6
   const bool x_row = g < p.n;
   GptqMma m;
   m.clear();
-  prefetch_gptq(p, k0, k1, col0, kMmaTile);
+  prefetch_gptq(p, Prefetch::kBeforeWait, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_gptq(p, Prefetch::kAfterWait, k0, k1, col0, kMmaTile);
   const int group = int(p.group);
   int grp_end = -1;  // the first input past the current group
   uint4 cur[U], nxt[U];
@@ -954,9 +961,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) awq_mma_kernel(Params p, int64
   const bool x_row = g < p.n;
   AwqMma m;
   m.clear();
-  prefetch_awq(p, k0, k1, col0, kMmaTile);
+  prefetch_awq(p, Prefetch::kBeforeWait, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_awq(p, Prefetch::kAfterWait, k0, k1, col0, kMmaTile);
   const int group = int(p.group);
   int grp_end = -1;
   uint2 cur[4], nxt[4];  // input rows 4t + e
@@ -1056,9 +1064,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   GptqSlot* my = ring[warp];
   GptqMma m;
   m.clear();
-  prefetch_gptq(p, k0, k1, col0, kMmaTile);
+  prefetch_gptq(p, Prefetch::kBeforeWait, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_gptq(p, Prefetch::kAfterWait, k0, k1, col0, kMmaTile);
   // Copies step s into its slot (nothing past the warp's range; an empty commit group keeps the
   // count): the weights, and the group's zeros and scales where s starts one.
   auto issue = [&](int s) {
@@ -1162,9 +1171,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   AwqSlot* my = ring[warp];
   AwqMma m;
   m.clear();
-  prefetch_awq(p, k0, k1, col0, kMmaTile);
+  prefetch_awq(p, Prefetch::kBeforeWait, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_awq(p, Prefetch::kAfterWait, k0, k1, col0, kMmaTile);
   auto issue = [&](int s) {
     compiler_fence();
     if (s < s_end) {
@@ -1310,7 +1320,7 @@ void quantized_gemv_run(const QuantizedGemvParams& p, const QuantizedGemvSchedul
       "quantized_gemv: the last-CTA reduction of {} tiles needs tile counters", s.col_tiles);
   Params q = p;
   if (!last_cta) q.tile_counters = nullptr;
-  q.prefetch_l2 = s.prefetch_l2;
+  q.prefetch = s.prefetch;
   visit_float(p.x_dtype, "quantized_gemv", [&](auto xt) {
     using T = decltype(xt);
     if constexpr (std::is_same_v<T, float>) {
