@@ -2,7 +2,10 @@
 // every format of tests/common/quantized_linear_cases.h, odd shapes (out not a multiple of the
 // GEMV tiles, in past one CTA's staged slice) and n = 1..9, 17, 512: the GEMV (n <= 8) and the
 // dequantize + cuBLASLt path (n > 8, and forced at small n), bf16 and f16 x, bf16 and f32 out,
-// a bias, strided x and out rows. The output buffer is guarded and pre-filled with NaN bytes:
+// a bias, strided x and out rows; every GEMV kernel with split K reduced by the last CTA of a
+// tile and by the second kernel, and with the weights' L2 prefetch off or before the wait (one
+// test replays a graph of last-CTA reductions twice: the tile counters must be back at zero).
+// The output buffer is guarded and pre-filled with NaN bytes:
 // every element must be finite and within tolerance, the rows' padding untouched, the guards
 // intact.
 //
@@ -13,8 +16,9 @@
 //   + 1 ulp of a 16-bit out (its rounding).
 //
 // Perf mode (LONGCTX_PERF=1): GpuOpsPerf.QuantizedLinearDecodeLlama8B, Llama-3.1-8B's layer
-// shapes at n = 1, 4 and 8 in each format (int4: the tensor-core and the CUDA-core GEMV) against
-// the bf16 GEMV and cuBLASLt on the same shape
+// shapes at n = 1, 4 and 8 in each format against the bf16 GEMV and cuBLASLt on the same shape:
+// the schedule's choice (" auto"), then each kernel x reduction x prefetch, and at n = 1 each at
+// other targets of CTAs per SM and forced slice counts (plans already timed are skipped)
 // (ms, GB/s of the bytes read: packed weight + scales + zeros; weights rotated through copies
 // larger than L2), and the prefill path at n = 512 and 4096 against the dense GEMM alone (the
 // difference is the dequantizing kernel's time).
