@@ -7,7 +7,9 @@
 // bench_attention --prefill HEAD_DIM:S[:PAGE] times one causal prefill (a profiler's target).
 // bench_attention --block-causal times the two block-causal rows alone.
 // bench_attention --prefill-fp8 S,S,... times causal prefills with bf16 and FP8 K/V side by side
-// (Llama-3.1-8B's and the needle model's heads, pages of 16 and 128; prefill_fp8_table).
+// (Llama-3.1-8B's and the needle model's heads, pages of 16 and 128; prefill_fp8_table): FP8
+// staged (the conversion launch timed with the kernel), the conversion alone (GB/s of codes read
+// and 16-bit pages written) and FP8 converted in the kernel.
 //
 // bench_attention --page-sizes 16,32,64,128,256 runs the page-size sweep instead (see
 // page_size_sweep below) and prints a markdown table.
@@ -16,8 +18,11 @@
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
 // read, for each plan variant (a comma-separated list, default "default": the plan as the flags
 // below tune it; "s=N", "o=M" or "s=N/o=M" set DecodeTuning's slots / overhead, "l=0" / "l=1" its
-// loader and "c=0" / "c=1" its stage copy (as --decode-slots / -overhead / -loader / -copy), so
-// wave-model settings and loaders compare in the same process on the same data), page size
+// loader and "c=0" / "c=1" its stage copy (as --decode-slots / -overhead / -loader / -copy),
+// "g=N" the fused merge's group size (DecodePlan::merge_group; g=1000: one level), "pf=N" the
+// keys each CTA prefetches into L2 before it waits for the launch before it (pf=0: none), "kv=fp8"
+// an FP8 cache, so wave-model settings, loaders and merges compare in the same process on the same
+// data; the "merge" column shows the first request's splits and groups), page size
 // (default 128) and, optionally, only the shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32,
 // 64:32768:4:1).
 //
@@ -45,6 +50,7 @@
 
 #include "kernels/attention_params.h"
 #include "kernels/cuda/decode.h"
+#include "kernels/cuda/fp8_stage.h"
 #include "kernels/cuda/pdl.h"
 #include "kernels/cuda/prefill.h"
 #include "kernels/decode_params.h"
@@ -150,6 +156,9 @@ void print(const std::string& name, double ms, double flops, double bytes = 0) {
 struct BenchKv {
   bool fp8 = false;
   int hq = kHq, hk = kHk;  // q / kv heads
+  // FP8: staged (kernels/cuda/fp8_stage.h) where the pages fit --prefill-fp8-stage's cap, else
+  // converted in the kernel.
+  bool staged = false;
 };
 
 // Paged prefill of one request, q_len queries over kv_len keys (pages in order), kv.hq q /
@@ -205,8 +214,22 @@ void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mo
   LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   auto plan = kernels::cuda::paged_prefill_plan(qo.data(), kvl.data(), 1, kHq, kHk, head_dim, mode,
                                                 ws, ws_bytes, stream, g_tuning.prefill);
-  const double ms = time_ms([&] { kernels::cuda::paged_prefill_run(p, plan, stream); }, stream);
-  const std::string label = std::string(name) + (plan.split_ctas > 0 ? " [split]" : "");
+  void* pool = nullptr;  // the staged FP8 path's pool
+  if (kv.fp8 && kv.staged) {
+    const size_t bytes = kernels::fp8_stage_pool_bytes(pages, g_tuning.prefill.fp8_stage_mib, page,
+                                                       kHk, head_dim, DType::kBF16);
+    if (kernels::fp8_stage_fits(pages, bytes, page, kHk, head_dim, DType::kBF16))
+      LONGCTX_CUDA_CHECK(cudaMalloc(&pool, bytes));
+  }
+  const double ms = time_ms(
+      [&] {
+        kernels::cuda::paged_prefill_run(
+            pool != nullptr ? kernels::cuda::fp8_stage_prefill(p, pages, pool, stream) : p, plan,
+            stream);
+      },
+      stream);
+  const std::string label = std::string(name) + (plan.split_ctas > 0 ? " [split]" : "") +
+                            (kv.fp8 && kv.staged && pool == nullptr ? " [over the cap]" : "");
   name = label.c_str();
   double pairs = 0;
   if (mode == kernels::MaskMode::kNone)
@@ -214,8 +237,17 @@ void bench_prefill(const char* name, int q_len, int kv_len, kernels::MaskMode mo
   else
     for (int i = 0; i < q_len; ++i) pairs += std::clamp(kv_len - q_len + i + 1, 0, kv_len);
   print(name, ms, 4.0 * head_dim * kHq * pairs);
+  if (pool != nullptr) {  // the conversion alone: codes and scales read, K and V pages written
+    const double conv =
+        time_ms([&] { kernels::cuda::fp8_stage_prefill(p, pages, pool, stream); }, stream);
+    const double bytes = 2.0 * kv_elems * (1 + 2) + 2.0 * pages * kHk * 4;
+    std::printf("%-58s %9.3f ms %8.1f %% of the staged row %8.1f GB/s\n",
+                ("  (conversion of " + std::to_string(pages) + " pages)").c_str(), conv,
+                100.0 * conv / ms, bytes / (conv * 1e6));
+    std::fflush(stdout);
+  }
   for (void* x : {q, k, v, o, static_cast<void*>(l), ws, (void*)p.qo_indptr, (void*)p.kv_indptr,
-                  (void*)p.kv_indices, (void*)p.kv_last_page_len, static_cast<void*>(scales)})
+                  (void*)p.kv_indices, (void*)p.kv_last_page_len, static_cast<void*>(scales), pool})
     cudaFree(x);
 }
 
@@ -230,12 +262,14 @@ void prefill_fp8_table(const std::vector<int>& lengths, cudaStream_t stream) {
   for (const Heads& h : {Heads{"8B 32/8x128", 32, 8, 128}, Heads{"needle 4/2x64", 4, 2, 64}})
     for (int n : lengths)
       for (int page : {16, 128})
-        for (bool fp8 : {false, true}) {
+        for (int row : {0, 1, 2}) {  // bf16, FP8 staged, FP8 in the kernel
           const std::string name = std::string("prefill causal ") + h.name +
                                    " S=" + std::to_string(n) + " page " + std::to_string(page) +
-                                   (fp8 ? " fp8" : " bf16");
+                                   (row == 0   ? " bf16"
+                                    : row == 1 ? " fp8 staged"
+                                               : " fp8 in-kernel");
           bench_prefill(name.c_str(), n, n, kernels::MaskMode::kCausal, false, page, stream, h.d,
-                        BenchKv{fp8, h.hq, h.hk});
+                        BenchKv{row > 0, h.hq, h.hk, row == 1});
         }
 }
 
@@ -511,9 +545,11 @@ struct DecodeVariant {
   int loader = -1;              // -1: the flags'; 0 the cp.async ring / 1 TMA tiles of one tile
   int copy = -1;                // -1: the flags'; 0 TMA boxes / 1 cp.async
   bool fp8 = false;             // "kv=fp8": an FP8 E4M3 cache (its kernel; GB/s of its bytes)
+  int merge_group = 0;          // "g=N": DecodePlan::merge_group (N >= the splits: one level)
+  int prefetch = -1;            // "pf=N": DecodePlan::prefetch_tokens (-1: the plan's)
 };
 
-// "default", "s=N", "o=M", "l=0", "l=1", "kv=fp8", "s=N/o=M/l=1", ... ; false on any other
+// "default", "s=N", "o=M", "l=0", "l=1", "kv=fp8", "g=N", "s=N/o=M/l=1", ... ; false on any other
 // field (a typo would otherwise time the default plan under another name).
 bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
@@ -539,6 +575,12 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.copy = field[2] - '0';
       } else if (field == "kv=fp8") {
         d.fp8 = true;
+      } else if (field.rfind("pf=", 0) == 0) {
+        d.prefetch = std::atoi(field.c_str() + 3);
+        if (d.prefetch < 0) return false;
+      } else if (field.rfind("g=", 0) == 0) {
+        d.merge_group = std::atoi(field.c_str() + 2);
+        if (d.merge_group < 1) return false;
       } else if (field != "default") {
         return false;
       }
@@ -546,6 +588,16 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
     out->push_back(d);
   }
   return !out->empty();
+}
+
+// How the plan's split requests merge (the first request's splits): "-" for none, "n: one"
+// for one level, "n: g x k" for k groups of g (kernels/decode_schedule.h's decode_merge_group).
+std::string merge_shape(const kernels::cuda::DecodePlan& plan) {
+  const int n = plan.batch_size > 0 ? plan.num_partials / plan.batch_size : 0;
+  if (n < 2) return "-";
+  const int g = kernels::decode_merge_group(n, plan.merge_group);
+  return std::to_string(n) +
+         (g >= n ? ": one" : ": " + std::to_string(g) + " x " + std::to_string((n + g - 1) / g));
 }
 
 // The decode tuning of a variant: the flags' with its fields pinned.
@@ -615,11 +667,11 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
       "# decode table: pages shuffled; isolated = median single launch, stream = 20 "
       "back-to-back / 20, host = CPU time per decode_run call\n");
   std::printf(
-      "| batch | kv_len | q heads | kv heads | page | variant | chunk | CTAs | isolated ms | GB/s "
-      "| stream ms | GB/s | host us |\n");
+      "| batch | kv_len | q heads | kv heads | page | variant | chunk | CTAs | merge | isolated ms "
+      "| GB/s | stream ms | GB/s | host us |\n");
   std::printf(
-      "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-      "|\n");
+      "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: "
+      "| ---: |\n");
   for (int page : page_sizes)
     for (auto [batch, kv_len, hq, hk] : shapes) {
       const int pages_per = (kv_len + page - 1) / page;
@@ -685,6 +737,8 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
         auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, hk, kD, ws,
                                                ws_bytes, stream, 0, 256, {}, variant_tuning(var), 0,
                                                format);
+        if (var.merge_group > 0) plan.merge_group = var.merge_group;
+        if (var.prefetch >= 0) plan.prefetch_tokens = var.prefetch;
         if (var.loader >= 0 && plan.loader != var.loader)
           std::fprintf(stderr, "variant %s: the plan took loader %d instead\n", var.name.c_str(),
                        plan.loader);
@@ -706,9 +760,10 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
             100;
         LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
         std::printf(
-            "| %d | %d | %d | %d | %d | %s | %d | %d | %.4f | %.0f | %.4f | %.0f | %.1f |\n", batch,
-            kv_len, hq, hk, page, var.name.c_str(), plan.chunk_tokens, plan.num_work_items * hk,
-            iso, bytes / (iso * 1e6), burst, bytes / (burst * 1e6), host_us);
+            "| %d | %d | %d | %d | %d | %s | %d | %d | %s | %.4f | %.0f | %.4f | %.0f | %.1f |\n",
+            batch, kv_len, hq, hk, page, var.name.c_str(), plan.chunk_tokens,
+            plan.num_work_items * hk, merge_shape(plan).c_str(), iso, bytes / (iso * 1e6), burst,
+            bytes / (burst * 1e6), host_us);
         std::fflush(stdout);
 #ifdef LONGCTX_TIMELINE_PROBE
         // One launch alone, then the last of 20 back to back (its CTAs start while the previous

@@ -9,6 +9,7 @@
 #include "attention/backends/offload_backend.h"
 #include "attention/sparse/sparse_policy.h"
 #include "engine/cuda_graphs.h"
+#include "kernels/fp8_stage_params.h"
 #include "kv/block_manager.h"
 #include "loader/quantize_checkpoint.h"
 #include "loader/quantized_weights.h"
@@ -249,6 +250,17 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   const int64_t logits_rows = options.max_num_seqs * (1 + options.num_speculative_tokens);
   p.workspaces = kWorkspaceBytes + (logits_rows + options.max_num_seqs) * config.vocab_size * 4 +
                  moe_fixed_bytes(config);
+  // FP8 KV: the staged prefill's pool (paged_fp8_stage_bytes: the largest call's pages, here
+  // every running sequence at max_model_len, up to the tuning's cap; 16-bit K and V).
+  const int64_t stage_pool =
+      options.kv_dtype != DType::kFP8E4M3
+          ? 0
+          : static_cast<int64_t>(kernels::fp8_stage_pool_bytes(
+                options.max_num_seqs * ((p.max_model_len + p.block_size - 1) / p.block_size),
+                options.tuning.prefill.fp8_stage_mib, static_cast<int>(p.block_size),
+                static_cast<int>(config.num_key_value_heads), static_cast<int>(config.head_dim),
+                DType::kBF16));
+  p.workspaces += stage_pool;
   // Per KV group: a pool block holds the largest paged group's layers (one full group: every
   // layer, as before); state groups take max_num_seqs states up front; a sequence of
   // max_model_len holds blocks in each paged group (a sliding group only its window's).
@@ -276,6 +288,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
     const int64_t layers = static_cast<int64_t>(groups[0].layers.size());
     p.kv_block_bytes = p.kv_block_bytes / groups.pool_layers() * layers;
     if (!windows) return plan_offload(config, options, p, per_seq, layers);
+    p.workspaces += stage_pool;  // the window pool's backend stages its FP8 prefills too
     p.window_block_bytes = groups.without_first().block_bytes(p.block_size);
     // Each running sequence holds its window (the blocks from the one holding its first new
     // token's window start) and a partial block; the step's new tokens, shared by the step's

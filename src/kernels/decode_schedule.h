@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/decode_params.h"
+#include "kernels/host_device.h"
 #include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx::kernels {
@@ -121,6 +122,26 @@ DecodeWork decode_work_items(const std::vector<int64_t>& len, const std::vector<
                              const int32_t* kv_indptr, int real, int64_t chunk,
                              bool cp_async_stages, const DecodeQueries& queries = {},
                              const std::vector<int32_t>& q_len = {});
+
+// The fused merge of a split request's n partial states (per kv head and head tile of q rows).
+// One level (g >= n): the last of the n CTAs to finish reads all n states. Two levels (g < n):
+// the splits form groups of g consecutive partial slots (the last group shorter); the last CTA
+// of a group merges its states into the group's first slot, and the last group to finish merges
+// the ceil(n / g) group states into o. At 4 kv heads and batch 1 a request takes 64 splits of
+// 8 q rows: one level is one CTA per kv head reading 256 KB of fp32 states in 8 dependent
+// rounds of L2 loads after every other CTA has ended; two levels of 8 spread the first merges
+// over the CTAs that end early and leave 32 KB for the tail. `pinned` (> 0, DecodePlan's
+// merge_group) sets g (at least 2); 0 takes one level up to kDecodeMergeOneLevelMax states,
+// else g = ceil(sqrt(n)). Shared by the plan and the kernel, so the kernel evaluates the same
+// rule for any plan a CUDA graph replays.
+constexpr int kDecodeMergeOneLevelMax = 32;
+LONGCTX_HD_INLINE int decode_merge_group(int n, int pinned) {
+  if (pinned > 0) return pinned < 2 ? 2 : pinned < n ? pinned : n;
+  if (n <= kDecodeMergeOneLevelMax) return n;
+  int g = 1;
+  while (g * g < n) ++g;
+  return g;
+}
 
 // Partial slots a plan may use when decode_chunk held its items to max_items for `batch`
 // requests: a split request of k items takes k slots, k <= 2 (k - 1), and the extra items

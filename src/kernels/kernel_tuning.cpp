@@ -83,6 +83,12 @@ const Flag kFlags[] = {
      [](std::string_view v, KernelTuning* t) {
        return positive_int(v, 0, 1 << 16, &t->prefill.unit_heads);
      }},
+    {"prefill-fp8-stage", "MiB",
+     "FP8 KV prefill: staging pool cap; calls that fit run the 16-bit kernel over converted "
+     "pages, 0 converts in the kernel (default 512)",
+     [](std::string_view v, KernelTuning* t) {
+       return positive_int(v, 0, 1 << 20, &t->prefill.fp8_stage_mib);
+     }},
     {"decode-loader", "auto|0|1",
      "split-KV decode loader: 0 the cp.async ring, 1 TMA stages of one tile (default auto)",
      [](std::string_view v, KernelTuning* t) {

@@ -16,6 +16,9 @@ namespace longctx::kernels {
 inline constexpr int64_t kQuantizedGemvPassRows = 8;
 // Split-K partitions at most (bounds the partials' workspace).
 inline constexpr int64_t kQuantizedGemvMaxSplits = 64;
+// Output tiles at most whose K slices the GEMV reduces itself (kLastCta: a u32 arrival counter per
+// tile, kept zero between launches).
+inline constexpr int64_t kQuantizedGemvMaxTileCounters = 16384;
 
 enum class QuantizedGemvFormat {
   kGptq,        // qweight [in/8, out] i32 (8 inputs of one output a word), scales [in/g, out]
@@ -39,6 +42,22 @@ enum class QuantizedGemvFormat {
 //   kAuto: kMmaAsync, else kMma, else kSimt, the first that runs.
 enum class QuantizedGemvKernel { kAuto, kSimt, kMma, kMmaAsync };
 
+// How the fp32 partials of several K slices become the outputs (both add the slices in slice
+// order: the same bits):
+//   kLastCta: in the GEMV: the last CTA of an output tile to finish its slice (a per-tile arrival
+//     counter, which that CTA resets to zero for the next launch and graph replay) adds them.
+//   kKernel: a second kernel adds them.
+//   kAuto: kLastCta where the tiles fit kQuantizedGemvMaxTileCounters, else kKernel.
+enum class QuantizedGemvReduce { kAuto, kLastCta, kKernel };
+
+// Each CTA's bulk prefetch of its whole weight slice into L2 (the weights stream at more bytes in
+// flight than the kernels' registers or rings hold):
+//   kAfterWait: once the previous kernel has finished (pdl_wait).
+//   kBeforeWait: before that, under the previous kernel's tail (the bf16 GEMV measured slower per
+//     token prefetching 4-16 KB of each row that way: it takes bandwidth from that kernel).
+//   kOff: none.
+enum class QuantizedGemvPrefetch { kAfterWait, kBeforeWait, kOff };
+
 // What the schedule reads.
 struct QuantizedGemvProblem {
   QuantizedGemvFormat format = QuantizedGemvFormat::kGptq;
@@ -56,6 +75,11 @@ struct QuantizedGemvProblem {
   // CTAs the split of K aims for per SM (0: the kernel's default: 4 for int4; for FP8 a split
   // only where the output tiles are fewer than the SMs, as the bf16 GEMV, which has none).
   int ctas_per_sm = 0;
+  // K slices wanted (0: from ctas_per_sm), clamped to the kernel's range (the SIMT int4 kernels
+  // stage at most 1024 inputs of x a slice).
+  int64_t splits = 0;
+  QuantizedGemvReduce reduce = QuantizedGemvReduce::kAuto;
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kAfterWait;
 };
 
 struct QuantizedGemvSchedule {
@@ -67,6 +91,9 @@ struct QuantizedGemvSchedule {
   int64_t k_per_split = 0;
   int64_t col_tiles = 0;      // CTAs along the outputs (blockIdx.x)
   int64_t partial_bytes = 0;  // workspace for the partials [splits, n, out] f32
+  // splits > 1: kLastCta (needs QuantizedGemvParams::tile_counters) or kKernel; 1: kAuto.
+  QuantizedGemvReduce reduce = QuantizedGemvReduce::kAuto;
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kAfterWait;  // the problem's
 };
 
 // The kernel, tile and split of K for p: splits so that col_tiles x splits fills the SMs (a few
@@ -74,7 +101,8 @@ struct QuantizedGemvSchedule {
 // kernel that cannot run p gives a refusal naming why; kAuto picks kMma where it runs.
 QuantizedGemvSchedule quantized_gemv_schedule(const QuantizedGemvProblem& p);
 
-// "gemv <format> <kernel> tile T splits S (K inputs each)", for plans and benchmarks.
+// "gemv <format> <kernel> tile T splits S (K inputs each)[ reduce last-cta|kernel]", for plans
+// and benchmarks.
 std::string quantized_gemv_name(const QuantizedGemvProblem& p, const QuantizedGemvSchedule& s);
 
 // One pass of the GEMV (device pointers).
@@ -94,6 +122,9 @@ struct QuantizedGemvParams {
   int64_t ldo = 0;
   DType out_dtype = DType::kBF16;
   float* partial = nullptr;  // [splits, n, out] f32 (splits > 1)
+  // [>= col_tiles] u32, all zero before the launch and after it (splits > 1 with kLastCta).
+  uint32_t* tile_counters = nullptr;
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kOff;  // set from the schedule
   int64_t in = 0, out_features = 0;
   int64_t group = 0;                                    // int4: inputs per group
   int zero_offset = 0;                                  // GPTQ v1: qzeros hold z - 1

@@ -61,14 +61,15 @@ std::string simt_refusal(const QuantizedGemvProblem& p) {
   }
 }
 
-// Splits of K so that col_tiles x splits reaches ctas_per_sm CTAs per SM, each slice a multiple
-// of `unit`.
+// Splits of K so that col_tiles x splits reaches ctas_per_sm CTAs per SM (or p.splits), each
+// slice a multiple of `unit`.
 void split_k(const QuantizedGemvProblem& p, int64_t ctas_per_sm, int64_t unit, int64_t min_splits,
              int64_t max_splits, QuantizedGemvSchedule& s) {
   s.col_tiles = ceil_div(p.out, s.tile);
   const int64_t target =
       (p.ctas_per_sm > 0 ? p.ctas_per_sm : ctas_per_sm) * std::max(p.sm_count, 1);
-  const int64_t splits = std::max(min_splits, std::min(max_splits, ceil_div(target, s.col_tiles)));
+  const int64_t want = p.splits > 0 ? p.splits : ceil_div(target, s.col_tiles);
+  const int64_t splits = std::max(min_splits, std::min(max_splits, want));
   s.k_per_split = ceil_div(ceil_div(p.in, splits), unit) * unit;
   s.splits = ceil_div(p.in, s.k_per_split);
   if (s.splits > kQuantizedGemvMaxSplits)
@@ -76,12 +77,20 @@ void split_k(const QuantizedGemvProblem& p, int64_t ctas_per_sm, int64_t unit, i
                                kQuantizedGemvMaxSplits);
   else if (s.col_tiles > 0x7fffffff)
     s.refusal = "too many output tiles";
+  if (s.splits == 1) return;
+  const bool fits = s.col_tiles <= kQuantizedGemvMaxTileCounters;
+  if (p.reduce == QuantizedGemvReduce::kLastCta && !fits)
+    s.refusal = LONGCTX_FORMAT("{} output tiles for the last-CTA reduction (at most {})",
+                               s.col_tiles, kQuantizedGemvMaxTileCounters);
+  s.reduce = p.reduce == QuantizedGemvReduce::kKernel || !fits ? QuantizedGemvReduce::kKernel
+                                                               : QuantizedGemvReduce::kLastCta;
 }
 
 }  // namespace
 
 QuantizedGemvSchedule quantized_gemv_schedule(const QuantizedGemvProblem& p) {
   QuantizedGemvSchedule s;
+  s.prefetch = p.prefetch;
   if (p.x_dtype != DType::kBF16 && p.x_dtype != DType::kF16) {
     s.refusal = LONGCTX_FORMAT("{} x (bf16 or f16 only)", dtype_name(p.x_dtype));
     return s;
@@ -141,7 +150,11 @@ QuantizedGemvSchedule quantized_gemv_schedule(const QuantizedGemvProblem& p) {
       // One CTA per SM by default: a split adds the partials and the reduction kernel, which
       // measured slower than fewer CTAs on every Llama-3.1-8B shape but none (qkv at 2 splits:
       // 1778 GB/s, the unsplit bf16 GEMV 2750).
-      split_k(p, 1, 16, 1, std::max<int64_t>(1, std::min(kQuantizedGemvMaxSplits, p.in / 1024)), s);
+      // A forced split may go down to one 16-input chunk a slice.
+      split_k(p, 1, 16, 1,
+              std::max<int64_t>(
+                  1, std::min(kQuantizedGemvMaxSplits, p.splits > 0 ? p.in / 16 : p.in / 1024)),
+              s);
       break;
   }
   s.partial_bytes = s.splits > 1 ? s.splits * p.n * p.out * 4 : 0;
@@ -155,12 +168,19 @@ std::string quantized_gemv_name(const QuantizedGemvProblem& p, const QuantizedGe
                                                                : "fp8-channel";
   const bool simt_awq =
       s.kernel == QuantizedGemvKernel::kSimt && p.format == QuantizedGemvFormat::kAwq;
-  return LONGCTX_FORMAT("gemv {} {} tile {} splits {} ({} inputs each){}", f,
+  const char* reduce = s.reduce == QuantizedGemvReduce::kLastCta  ? " reduce last-cta"
+                       : s.reduce == QuantizedGemvReduce::kKernel ? " reduce kernel"
+                                                                  : "";
+  return LONGCTX_FORMAT("gemv {} {} tile {} splits {} ({} inputs each){}{}{}", f,
                         s.kernel == QuantizedGemvKernel::kMma        ? "mma"
                         : s.kernel == QuantizedGemvKernel::kMmaAsync ? "mma-async"
                                                                      : "simt",
                         s.tile, s.splits, s.k_per_split,
-                        simt_awq ? LONGCTX_FORMAT(" awq words {}", s.awq_words) : std::string());
+                        simt_awq ? LONGCTX_FORMAT(" awq words {}", s.awq_words) : std::string(),
+                        reduce,
+                        s.prefetch == QuantizedGemvPrefetch::kOff          ? " no-prefetch"
+                        : s.prefetch == QuantizedGemvPrefetch::kBeforeWait ? " prefetch before-wait"
+                                                                           : "");
 }
 
 }  // namespace longctx::kernels

@@ -14,8 +14,16 @@
 //   weight[t, j] * row_j in slot order (+ sigmoid(shared_gate) * shared), as the combine kernel
 //   of the prefill paths does: deterministic, no atomics, and no [slots, hidden] buffer.
 // Both are launched with programmatic dependent launch and wait for the kernel before them
-// first thing (kernels/cuda/pdl.cuh), so the block is router GEMV -> gate/up -> down.
+// (kernels/cuda/pdl.cuh), so the block is router GEMV -> gate/up -> down. With the router logits
+// the down kernel's CTAs, which start while gate/up runs (it lets its dependents launch right
+// after its own wait, so the router GEMV has completed by then), route their token once more
+// before they wait and prefetch their experts' down rows into L2 (one bulk prefetch per slot):
+// the down weights stream from HBM during gate/up instead of after it, and gate/up's rows are
+// loaded with an L2 evict-first policy so that they do not push the prefetched rows out. The
+// routing there only picks what to prefetch; the slots' experts are read from ids after the wait.
 #include <cuda_runtime.h>
+
+#include <atomic>
 
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/pdl.cuh"
@@ -38,10 +46,47 @@ constexpr int R = kMoeDecodeRowsPerWarp;
 // lane (k % 8 == 0, rows 16-byte aligned), all of the warp's rows in flight at once; else one
 // element per lane. Rows past n read row n - 1 (so the loads stay branch-free). On return every
 // lane holds the sums.
+// 16 bytes of weights at p (16-byte aligned) under the L2 cache policy `pol` (createpolicy), as
+// load<kVec> converts them.
+template <typename TW>
+__device__ __forceinline__ void load_hinted(const TW* p, uint64_t pol, float (&v)[kVec]) {
+  uint4 u[sizeof(TW) == 4 ? 2 : 1];
+#pragma unroll
+  for (int h = 0; h < (sizeof(TW) == 4 ? 2 : 1); ++h)
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+        : "=r"(u[h].x), "=r"(u[h].y), "=r"(u[h].z), "=r"(u[h].w)
+        : "l"(reinterpret_cast<const uint4*>(p) + h), "l"(pol));
+  if constexpr (sizeof(TW) == 4) {
+    const float* f = reinterpret_cast<const float*>(u);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = f[i];
+  } else {
+    const uint32_t w[4] = {u[0].x, u[0].y, u[0].z, u[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = unpack2<TW>(w[i]);
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  }
+}
+
+// An L2 policy for loads: evict-first (streamed weights that must not displace prefetched
+// rows) or evict-normal (what a plain load gets).
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  uint64_t pol;
+  if (evict_first)
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  else
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+
+// pol: the L2 policy of the weight loads with kVecLoads (l2_policy).
 template <typename TA, typename TW, bool kGateUp, bool kVecLoads>
 __device__ __forceinline__ void gemv_rows(const TA* __restrict__ a, const TW* __restrict__ w,
                                           int64_t n, int64_t k, int64_t row0, int lane,
-                                          float (&s0)[R], float (&s1)[R]) {
+                                          float (&s0)[R], float (&s1)[R], uint64_t pol) {
   const TW* wg[R];
   const TW* wu[R];
 #pragma unroll
@@ -59,8 +104,8 @@ __device__ __forceinline__ void gemv_rows(const TA* __restrict__ a, const TW* __
       float w0[R][kVec], w1[R][kVec];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        load<kVec>(wg[r] + i, w0[r]);
-        if constexpr (kGateUp) load<kVec>(wu[r] + i, w1[r]);
+        load_hinted(wg[r] + i, pol, w0[r]);
+        if constexpr (kGateUp) load_hinted(wu[r] + i, pol, w1[r]);
       }
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -99,14 +144,15 @@ struct GateUpParams {
   float* act;      // [T * k, inter] f32
   int experts, top_k;
   int64_t inter, hidden;
+  bool evict_first;  // the weight rows' L2 policy (the down kernel prefetches its rows)
 };
 
-// The expert of slot (t, j) from the router logits (see the file comment). Every thread returns
-// it. s_p: [experts] probabilities, s_pick: [top_k] experts by rank.
-__device__ int route_in_block(const GateUpParams& p, int64_t t, int j, float* s_p, int* s_pick,
-                              float* s_weight) {
+// Token t's experts by rank from the router logits ([T, experts] of logits_dtype) into s_pick
+// ([k]; -1 where NaN logits rank nothing), their probabilities into s_p ([experts]); every
+// thread of the CTA calls it, and the ranks are visible to all when it returns.
+__device__ void route_ranks(const void* logits, DType logits_dtype, int experts, int k, int64_t t,
+                            float* s_p, int* s_pick) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int experts = p.experts, k = p.top_k;
   const int64_t base = t * experts;
   // The softmax of moe_route's kernel, in every warp (the same order, so the same bits), from the
   // logits read once into registers: lane holds experts lane + 32 i.
@@ -115,7 +161,7 @@ __device__ int route_in_block(const GateUpParams& p, int64_t t, int j, float* s_
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
-    lv[i] = e < experts ? load_any(p.logits, p.logits_dtype, base + e) : -INFINITY;
+    lv[i] = e < experts ? load_any(logits, logits_dtype, base + e) : -INFINITY;
   }
   float mx = -INFINITY;
 #pragma unroll
@@ -146,6 +192,14 @@ __device__ int route_in_block(const GateUpParams& p, int64_t t, int j, float* s_
     if (rank < k) s_pick[rank] = e;
   }
   __syncthreads();
+}
+
+// The expert of slot (t, j) from the router logits (see the file comment). Every thread returns
+// it. s_p: [experts] probabilities, s_pick: [top_k] experts by rank.
+__device__ int route_in_block(const GateUpParams& p, int64_t t, int j, float* s_p, int* s_pick,
+                              float* s_weight) {
+  const int k = p.top_k;
+  route_ranks(p.logits, p.logits_dtype, p.experts, k, t, s_p, s_pick);
   if (threadIdx.x == 0) {
     // moe_route's weights: the pick's probability, over the picks' sum taken in rank order
     float picked = 0.f;
@@ -189,7 +243,8 @@ __global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpPar
   const TW* w = static_cast<const TW*>(p.gate_up) + int64_t(e) * 2 * p.inter * p.hidden;
   const TA* a = static_cast<const TA*>(p.x) + t * p.hidden;
   float s0[R], s1[R];
-  gemv_rows<TA, TW, true, kVecLoads>(a, w, p.inter, p.hidden, row0, lane, s0, s1);
+  gemv_rows<TA, TW, true, kVecLoads>(a, w, p.inter, p.hidden, row0, lane, s0, s1,
+                                     l2_policy(p.evict_first));
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (lane == r && row0 + r < p.inter) out[row0 + r] = s0[r] / (1.0f + expf(-s0[r])) * s1[r];
@@ -207,18 +262,47 @@ struct DownParams {
   void* out;  // [T, hidden]
   int experts, top_k;
   int64_t hidden, inter;
+  const void* logits;  // [T, experts] router logits to prefetch by, or nullptr: no prefetch
+  DType logits_dtype;
 };
+
+// Before the down kernel waits: token t's experts from the logits (route_ranks), and one L2 bulk
+// prefetch per slot of the `rows` contiguous weight rows from row0 this CTA will read (16-byte
+// aligned, whole multiples of 16 bytes: the kVecLoads shapes).
+template <typename TW>
+__device__ __forceinline__ void prefetch_down_rows(const DownParams& p, int64_t t, int64_t row0,
+                                                   float* s_p, int* s_pick) {
+  route_ranks(p.logits, p.logits_dtype, p.experts, p.top_k, t, s_p, s_pick);
+  const int j = threadIdx.x;
+  if (j >= p.top_k) return;
+  const int e = s_pick[j];
+  if (e < 0 || e >= p.experts) return;
+  const int64_t rows = min(int64_t(R), p.hidden - row0);
+  const TW* w = static_cast<const TW*>(p.down) + (int64_t(e) * p.hidden + row0) * p.inter;
+  const uint32_t bytes = uint32_t(rows * p.inter * int64_t(sizeof(TW))) & ~15u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(w), "r"(bytes) : "memory");
+#else
+  for (uint32_t b = 0; b < bytes; b += 128)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<const char*>(w) + b));
+#endif
+}
 
 // grid (moe_combine_blocks(hidden), T), 32 * moe_combine_warps(k) threads, k * R floats of
 // dynamic shared memory: slot j's rows at [j * R, j * R + R).
 template <typename TW, typename TO, bool kVecLoads>
 __global__ void __launch_bounds__(32 * kMoeCombineWarps) down_combine_kernel(DownParams p) {
   extern __shared__ float s_rows[];
-  kernels::cuda::pdl_wait();
-  kernels::cuda::pdl_launch_dependents();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int64_t t = blockIdx.y;
   const int64_t row0 = int64_t(blockIdx.x) * R;
+  if (kVecLoads && p.logits != nullptr) {
+    __shared__ float s_p[kMoeFusedRouteMaxExperts];
+    __shared__ int s_pick[kMoeFusedRouteMaxExperts];
+    prefetch_down_rows<TW>(p, t, row0, s_p, s_pick);
+  }
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
   for (int j = warp; j < p.top_k; j += warps) {
     const int64_t slot = t * p.top_k + j;
     const int e = p.ids[slot];
@@ -226,7 +310,7 @@ __global__ void __launch_bounds__(32 * kMoeCombineWarps) down_combine_kernel(Dow
     if (e >= 0 && e < p.experts) {
       const TW* w = static_cast<const TW*>(p.down) + int64_t(e) * p.hidden * p.inter;
       gemv_rows<float, TW, false, kVecLoads>(p.act + slot * p.inter, w, p.hidden, p.inter, row0,
-                                             lane, s0, s1);
+                                             lane, s0, s1, l2_policy(false));
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) s0[r] = 0.f;
@@ -250,7 +334,11 @@ __global__ void __launch_bounds__(32 * kMoeCombineWarps) down_combine_kernel(Dow
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+std::atomic<bool> g_prefetch{true};
+
 }  // namespace
+
+void set_moe_decode_prefetch(bool on) { g_prefetch.store(on, std::memory_order_relaxed); }
 
 void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logits, bool renormalize,
                         cudaStream_t stream) {
@@ -264,6 +352,9 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
   const bool vec1 =
       s.hidden % kVec == 0 && aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr());
   const bool vec2 = s.inter % kVec == 0 && aligned16(a.down.data_ptr());  // act: a fresh buffer
+  // The down kernel prefetches its rows where it routes by the logits and loads 16 bytes at a
+  // time (whole, aligned prefetch ranges).
+  const bool prefetch = logits != nullptr && vec2 && g_prefetch.load(std::memory_order_relaxed);
   GateUpParams g{a.x.data_ptr(),
                  a.gate_up.data_ptr(),
                  logits ? logits->data_ptr() : nullptr,
@@ -275,7 +366,8 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
                  static_cast<int>(s.experts),
                  static_cast<int>(s.top_k),
                  s.inter,
-                 s.hidden};
+                 s.hidden,
+                 prefetch};
   DownParams dn{act.data<float>(),
                 a.down.data_ptr(),
                 a.topk_ids.data<int32_t>(),
@@ -288,7 +380,9 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
                 static_cast<int>(s.experts),
                 static_cast<int>(s.top_k),
                 s.hidden,
-                s.inter};
+                s.inter,
+                prefetch ? logits->data_ptr() : nullptr,
+                logits ? logits->dtype() : DType::kF32};
   const dim3 grid1(unsigned(moe_decode_blocks(s.inter)), unsigned(slots));
   const dim3 grid2(unsigned(moe_combine_blocks(s.hidden)), unsigned(s.tokens));
   const dim3 block2(unsigned(32 * moe_combine_warps(s.top_k)));

@@ -54,11 +54,16 @@ enum class QuantizedLinearPath { kAuto, kGemv, kDequantGemm, kW8a8 };
 // int4 where one runs, else the CUDA-core one), or one forced (tests and benchmarks compare them;
 // a forced kernel that cannot run the arguments is the GEMV's refusal).
 using QuantizedGemvKernel = kernels::QuantizedGemvKernel;
+using QuantizedGemvReduce = kernels::QuantizedGemvReduce;
+using QuantizedGemvPrefetch = kernels::QuantizedGemvPrefetch;
 
 // The GEMV's tuning (defaults: the schedule's choice).
 struct QuantizedGemvOptions {
   QuantizedGemvKernel kernel = QuantizedGemvKernel::kAuto;
   int ctas_per_sm = 0;  // the K split's target (kernels::QuantizedGemvProblem::ctas_per_sm)
+  int64_t splits = 0;   // K slices forced (kernels::QuantizedGemvProblem::splits; 0: the target's)
+  QuantizedGemvReduce reduce = QuantizedGemvReduce::kAuto;             // the slices' reduction
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kAfterWait;  // the weights' L2 prefetch
 };
 
 // The CPU twin: kAuto, kGemv and kDequantGemm compute W8A16 (the reference); kW8a8 the W8A8

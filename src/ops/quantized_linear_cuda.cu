@@ -212,6 +212,9 @@ kernels::QuantizedGemvProblem gemv_problem(const QArgs& a, const QuantizedWeight
   p.sm_count = kernels::cuda::device_props(a.device.index).sm_count;
   p.kernel = opt.kernel;
   p.ctas_per_sm = opt.ctas_per_sm;
+  p.splits = opt.splits;
+  p.reduce = opt.reduce;
+  p.prefetch = opt.prefetch;
   return p;
 }
 
@@ -319,6 +322,29 @@ void* workspace_ptr(const Tensor& given, int64_t bytes, Device device, cudaStrea
   return ws.data_ptr();
 }
 
+// The GEMVs' tile counters per (device, stream) (kLastCta): zero between GEMVs, since the CTA
+// that reduces a tile resets its counter, so one buffer serves every GEMV of the stream (they run
+// in stream order). Allocated zeroed on the first split GEMV, outside graph capture (the engine's
+// warm-up forward runs before it captures).
+uint32_t* tile_counters(Device device, cudaStream_t stream) {
+  static std::mutex mu;
+  static std::unordered_map<cudaStream_t, Tensor>* buffers[kMaxCudaDevices] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  auto*& m = buffers[device.index];
+  if (!m) m = new std::unordered_map<cudaStream_t, Tensor>();  // never destroyed (see linear)
+  Tensor& t = (*m)[stream];
+  if (!t.defined()) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    LONGCTX_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+    LONGCTX_CHECK(status == cudaStreamCaptureStatusNone, ErrorCode::kInvalidArgument,
+                  "quantized_linear: the GEMV's tile counters are allocated while capturing a "
+                  "CUDA graph: run a split GEMV on this stream once before capturing");
+    t = Tensor::empty({kernels::kQuantizedGemvMaxTileCounters}, DType::kI32, device);
+    LONGCTX_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), 0, t.nbytes(), stream));
+  }
+  return static_cast<uint32_t*>(t.data_ptr());
+}
+
 // The path (quantized_linear_schedule) and, for W8A8, the rows per chunk; cuBLASLt's refusal of
 // the W8A8 GEMMs sends kAuto to the dequantizing path and is an error for a requested kW8a8.
 struct Route {
@@ -378,6 +404,9 @@ void quantized_linear_cuda(const Tensor& x, const QuantizedWeight& w, const Quan
   }
   if (r.path == QuantizedLinearPath::kGemv) {
     void* partial = workspace_ptr(workspace, pl.partial_bytes, a.device, stream);
+    uint32_t* counters = pl.splits > 1 && pl.reduce == kernels::QuantizedGemvReduce::kLastCta
+                             ? tile_counters(a.device, stream)
+                             : nullptr;
     // Passes of up to 8 rows, in stream order (a pass's reduction reads the partials before the
     // next pass writes them).
     for (int64_t r0 = 0; r0 < a.n; r0 += kQuantizedGemvPassRows) {
@@ -385,7 +414,9 @@ void quantized_linear_cuda(const Tensor& x, const QuantizedWeight& w, const Quan
       pass.n = std::min(kQuantizedGemvPassRows, a.n - r0);
       pass.x = static_cast<const char*>(a.x) + r0 * a.ldx * int64_t(dtype_size(a.x_dtype));
       pass.out = static_cast<char*>(a.out) + r0 * a.ldo * int64_t(dtype_size(a.out_dtype));
-      kernels::cuda::quantized_gemv_run(gemv_params(pass, w, q, partial), pl, stream);
+      kernels::QuantizedGemvParams p = gemv_params(pass, w, q, partial);
+      p.tile_counters = counters;
+      kernels::cuda::quantized_gemv_run(p, pl, stream);
     }
     return;
   }

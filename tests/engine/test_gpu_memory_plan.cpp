@@ -91,9 +91,14 @@ TEST(GpuMemoryPlan, SparseBuffersAreReservedBeforeTheKvCache) {
   EXPECT_LT(q.num_kv_blocks, full.num_kv_blocks);
 }
 
+// The staged FP8 prefill's pool at the default cap for Llama-3.1-8B's layer (8 KV heads x 128):
+// 128K keys of bf16 K and V, and a 4-byte index per page of 128 tokens.
+constexpr int64_t kStagePool = (int64_t(512) << 20) + 4096;
+
 // --kv-cache-dtype fp8: a block costs its codes (one byte an element) plus one fp32 scale per
 // (layer, KV head) for K and for V, so the same budget holds about twice the tokens; the resident
-// plan sizes the GPU pool from those bytes.
+// plan sizes the GPU pool from those bytes, after the staged prefill's pool (a workspace; none
+// with --prefill-fp8-stage 0).
 TEST(GpuMemoryPlan, Fp8KvCacheCountsCodesAndScales) {
   const ModelConfig c = dummy_preset_config("llama-3.1-8b");
   GpuRunnerOptions o;
@@ -102,12 +107,28 @@ TEST(GpuMemoryPlan, Fp8KvCacheCountsCodesAndScales) {
   const GpuMemoryPlan fp8 = plan_gpu_memory(c, o, 120 * kGiB);
   EXPECT_EQ(fp8.kv_block_bytes, 2ll * 32 * (kDefaultBlockSize * 8 * 128 + 8 * 4));
   EXPECT_EQ(fp8.weights, bf16.weights);
+  EXPECT_EQ(fp8.workspaces, bf16.workspaces + kStagePool);
   EXPECT_LE(fp8.weights + fp8.activations + fp8.workspaces + fp8.kv_bytes(), fp8.budget);
-  // The same bytes for KV (within a block of each), so 1.9995x the blocks (the scales cost
-  // 0.05 %).
-  EXPECT_GE(fp8.kv_bytes() + fp8.kv_block_bytes, bf16.kv_bytes());
-  EXPECT_LE(fp8.kv_bytes(), bf16.kv_bytes() + bf16.kv_block_bytes);
-  EXPECT_GE(double(fp8.num_kv_blocks) / double(bf16.num_kv_blocks), 1.99);
+  // The same bytes for KV less the pool (within a block of each), so 1.9995x the blocks of those
+  // bytes (the scales cost 0.05 %).
+  EXPECT_GE(fp8.kv_bytes() + kStagePool + fp8.kv_block_bytes, bf16.kv_bytes());
+  EXPECT_LE(fp8.kv_bytes() + kStagePool, bf16.kv_bytes() + bf16.kv_block_bytes);
+  EXPECT_GE(double(fp8.num_kv_blocks) * fp8.kv_block_bytes / double(bf16.kv_bytes() - kStagePool),
+            0.999);
+  EXPECT_GE(double(fp8.num_kv_blocks) / double(bf16.num_kv_blocks), 1.98);
+  o.tuning.prefill.fp8_stage_mib = 0;  // in-kernel conversion only: no pool
+  const GpuMemoryPlan unstaged = plan_gpu_memory(c, o, 120 * kGiB);
+  EXPECT_EQ(unstaged.workspaces, bf16.workspaces);
+  EXPECT_GE(double(unstaged.num_kv_blocks) / double(bf16.num_kv_blocks), 1.99);
+  // A short max_model_len needs a smaller pool: every running sequence's pages.
+  o.tuning.prefill.fp8_stage_mib = 512;
+  o.max_model_len = 4096;
+  o.max_num_seqs = 4;
+  const GpuMemoryPlan small = plan_gpu_memory(c, o, 120 * kGiB);
+  o.kv_dtype = DType::kBF16;
+  const GpuMemoryPlan small_bf16 = plan_gpu_memory(c, o, 120 * kGiB);
+  // 128 pages of 128 tokens: K and V in bf16, and 128 indices.
+  EXPECT_EQ(small.workspaces - small_bf16.workspaces, int64_t(4) * 4096 * 8 * 128 * 2 * 2 + 512);
 }
 
 // --kv-cache-dtype fp8 with --kv-offload (issue 47's 24 GiB card at 128K): the host pool, the GPU
@@ -133,7 +154,10 @@ TEST(GpuMemoryPlan, Fp8KvOffloadCountsFp8Blocks) {
   EXPECT_LT(double(fp8.ring_bytes) / double(bf16.ring_bytes), 0.501);
   EXPECT_LE(fp8.host_kv_bytes(), 40 * kGiB);
   EXPECT_GE(double(fp8.num_host_blocks) / double(bf16.num_host_blocks), 1.99);
-  EXPECT_GE(double(fp8.num_kv_blocks) / double(bf16.num_kv_blocks), 1.99);
+  // The GPU cache: twice the blocks of what the staged prefill's pool leaves.
+  EXPECT_EQ(fp8.workspaces, bf16.workspaces + kStagePool);
+  EXPECT_GE(double(fp8.num_kv_blocks) * fp8.kv_block_bytes / double(bf16.kv_bytes() - kStagePool),
+            0.99);
   EXPECT_LE(fp8.weights + fp8.activations + fp8.workspaces + fp8.kv_bytes() + fp8.ring_bytes +
                 fp8.offload_buffers,
             fp8.budget);

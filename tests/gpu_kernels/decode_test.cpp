@@ -17,10 +17,10 @@
 #include <sstream>
 #include <string>
 
+#include "gpu_kernels/decode_case.h"
 #include "gpu_kernels/fp8_pages.h"
 #include "gpu_kernels/harness.h"
 #include "gpu_kernels/paged_prefill_case.h"
-#include "kernels/cpu/decode_cpu.h"
 #include "kernels/paged_case.h"
 
 namespace longctx::gpu_test {
@@ -28,229 +28,6 @@ namespace {
 
 using testing::PagedCase;
 using testing::PagedCaseShape;
-
-class DecodeCase : public OpCase {
- public:
-  // min_chunk: decode_plan's min_chunk_tokens (small values force many splits on short requests).
-  // q_pad > 0: q rows sit q_pad elements (NaN) apart, as in a view of a fused QKV output.
-  // nan_tail: the slots past each request's last key in its last page hold NaN in K and V (a
-  // kernel that reads whole pages must keep them out of the result).
-  // fp8: the caches are FP8 pages (fp8_pages.h) and the reference reads the same codes.
-  DecodeCase(PagedCaseShape s, bool perf_only = false, int min_chunk = 256, int q_pad = 0,
-             bool nan_tail = false, bool fp8 = false)
-      : s_(std::move(s)),
-        perf_only_(perf_only),
-        min_chunk_(min_chunk),
-        q_pad_(q_pad),
-        nan_tail_(nan_tail),
-        fp8_(fp8) {
-    s_.q_lens.assign(s_.kv_lens.size(), 1);
-  }
-  std::string name() const override {
-    std::ostringstream os;
-    os << "decode(batch=" << s_.kv_lens.size();
-    if (std::any_of(s_.q_lens.begin(), s_.q_lens.end(), [](int32_t n) { return n != 1; })) {
-      os << " q=[";
-      for (size_t i = 0; i < s_.q_lens.size() && i < 6; ++i) os << (i ? "," : "") << s_.q_lens[i];
-      os << (s_.q_lens.size() > 6 ? ",...]" : "]")
-         << (s_.mask_mode == kernels::MaskMode::kCausal ? " causal" : " full");
-    }
-    os << " kv=[";
-    for (size_t i = 0; i < s_.kv_lens.size() && i < 6; ++i) os << (i ? "," : "") << s_.kv_lens[i];
-    os << (s_.kv_lens.size() > 6 ? ",...]" : "]") << " h=" << s_.num_qo_heads << "/"
-       << s_.num_kv_heads << " d=" << s_.head_dim << " page=" << s_.page_size << " "
-       << dtype_name(s_.dtype) << (fp8_ ? " fp8 kv" : "") << (s_.with_lse ? " lse" : "")
-       << (q_pad_ ? " strided q" : "") << (nan_tail_ ? " nan tail" : "")
-       << (s_.window > 0 ? " window=" + std::to_string(s_.window) : "") << ")";
-    return os.str();
-  }
-  bool supported() const override {
-    return s_.head_dim == 64 || s_.head_dim == 128 || s_.head_dim == 256;
-  }
-  bool perf_only() const override { return perf_only_; }
-  // Several queries per request (a verify step; DecodeParams' rules under `mask`): before
-  // prepare().
-  void set_queries(std::vector<int32_t> q_lens, kernels::MaskMode mask) {
-    s_.q_lens = std::move(q_lens);
-    s_.mask_mode = mask;
-  }
-  // The plan's tuning (a variant's pins); the default: the measured choices.
-  void set_tuning(const kernels::DecodeTuning& tuning) { tuning_ = tuning; }
-
-  void prepare(cudaStream_t stream) override {
-    host_ = std::make_unique<PagedCase>(s_);
-    const PagedCase& h = *host_;
-    const int64_t row = int64_t(s_.num_qo_heads) * s_.head_dim;
-    if (q_pad_ > 0) {
-      std::vector<uint16_t> q(h.q.size() / row * (row + q_pad_), 0xFFFF);  // NaN padding
-      for (size_t b = 0; b < h.q.size() / row; ++b)
-        std::copy_n(h.q.begin() + b * row, row, q.begin() + b * (row + q_pad_));
-      d_q_ = upload_vector(q);
-    } else {
-      d_q_ = upload_vector(h.q);
-    }
-    if (fp8_) {
-      fp8_pages_ = make_fp8_pages(h, s_.seed);
-      if (nan_tail_) {  // NaN codes in the slots past each request's last key
-        const int64_t slot = int64_t(s_.num_kv_heads) * s_.head_dim;
-        for (size_t b = 0; b + 1 < h.kv_indptr.size(); ++b) {
-          if (h.kv_indptr[b + 1] == h.kv_indptr[b]) continue;
-          const int64_t page = h.kv_indices[h.kv_indptr[b + 1] - 1];
-          for (int sl = h.kv_last_page_len[b]; sl < s_.page_size; ++sl) {
-            const int64_t at = (page * s_.page_size + sl) * slot;
-            std::fill_n(fp8_pages_.k.begin() + at, slot, uint8_t(0x7f));
-            std::fill_n(fp8_pages_.v.begin() + at, slot, uint8_t(0xff));
-          }
-        }
-      }
-      d_k_ = upload_vector(fp8_pages_.k);
-      d_v_ = upload_vector(fp8_pages_.v);
-      d_ks_ = upload_vector(fp8_pages_.k_scale);
-      d_vs_ = upload_vector(fp8_pages_.v_scale);
-    } else if (nan_tail_) {
-      std::vector<uint16_t> k = h.k_cache, v = h.v_cache;
-      const int64_t slot = int64_t(s_.num_kv_heads) * s_.head_dim;
-      for (size_t b = 0; b + 1 < h.kv_indptr.size(); ++b) {
-        if (h.kv_indptr[b + 1] == h.kv_indptr[b]) continue;
-        const int64_t page = h.kv_indices[h.kv_indptr[b + 1] - 1];
-        for (int sl = h.kv_last_page_len[b]; sl < s_.page_size; ++sl) {
-          const int64_t at = (page * s_.page_size + sl) * slot;
-          std::fill_n(k.begin() + at, slot, uint16_t(0xFFFF));
-          std::fill_n(v.begin() + at, slot, uint16_t(0xFFFF));
-        }
-      }
-      d_k_ = upload_vector(k);
-      d_v_ = upload_vector(v);
-    } else {
-      d_k_ = upload_vector(h.k_cache);
-      d_v_ = upload_vector(h.v_cache);
-    }
-    d_kvp_ = upload_vector(h.kv_indptr);
-    d_kvi_ = upload_vector(h.kv_indices);
-    d_last_ = upload_vector(h.kv_last_page_len);
-    const int batch = int(s_.kv_lens.size());
-    d_o_ = GuardedBuffer(h.q.size() * 2, 0xFF);  // NaN bytes: every row must be written
-    d_lse_ = GuardedBuffer(size_t(h.total_q) * s_.num_qo_heads * 4, 0xFF);
-    params_ =
-        h.decode_params(d_o_.data(), s_.with_lse ? static_cast<float*>(d_lse_.data()) : nullptr);
-    params_.q = d_q_.data();
-    params_.q_token_stride = q_pad_ > 0 ? row + q_pad_ : 0;
-    params_.k_cache = d_k_.data();
-    params_.v_cache = d_v_.data();
-    params_.kv_indptr = static_cast<const int32_t*>(d_kvp_.data());
-    params_.kv_indices = static_cast<const int32_t*>(d_kvi_.data());
-    params_.kv_last_page_len = static_cast<const int32_t*>(d_last_.data());
-    if (fp8_)
-      set_fp8(params_, d_k_.data(), d_v_.data(), static_cast<const float*>(d_ks_.data()),
-              static_cast<const float*>(d_vs_.data()));
-    const int max_q = std::max(1, *std::max_element(s_.q_lens.begin(), s_.q_lens.end()));
-    d_ws_ = GuardedBuffer(kernels::cuda::decode_workspace_bytes(
-                              batch, s_.num_qo_heads, s_.num_kv_heads, s_.head_dim, 0, max_q),
-                          0);
-    const kernels::DecodeQueries queries{params_.qo_indptr, params_.causal};
-    plan_ = kernels::cuda::decode_plan(
-        h.kv_indptr.data(), h.kv_last_page_len.data(), batch, s_.page_size, s_.num_qo_heads,
-        s_.num_kv_heads, s_.head_dim, d_ws_.data(), d_ws_.bytes(), stream, 0, min_chunk_, {},
-        tuning_, s_.window,
-        fp8_ ? kernels::KvCacheFormat::kFp8E4M3 : kernels::KvCacheFormat::kDtype, queries);
-  }
-  void launch(cudaStream_t stream) override { kernels::cuda::decode_run(params_, plan_, stream); }
-  void reset_outputs() {
-    LONGCTX_CUDA_CHECK(cudaMemset(d_o_.data(), 0xFF, d_o_.bytes()));
-    LONGCTX_CUDA_CHECK(cudaMemset(d_lse_.data(), 0xFF, d_lse_.bytes()));
-  }
-
-  CaseResult check() override {
-    const PagedCase& h = *host_;
-    const int batch = int(s_.kv_lens.size());
-    std::vector<uint16_t> o = d_o_.download<uint16_t>();
-    std::vector<float> lse = d_lse_.download<float>();
-    std::vector<uint16_t> o_ref(o.size());
-    std::vector<float> lse_ref(size_t(h.total_q) * s_.num_qo_heads);
-    kernels::DecodeParams ref = h.decode_params(o_ref.data(), lse_ref.data());
-    if (fp8_)
-      set_fp8(ref, fp8_pages_.k.data(), fp8_pages_.v.data(), fp8_pages_.k_scale.data(),
-              fp8_pages_.v_scale.data());
-    kernels::cpu::decode_attention(ref);
-    CaseResult r;
-    const int64_t row = int64_t(s_.num_qo_heads) * s_.head_dim;
-    HalfCompare co = compare_half_rows(o, o_ref, s_.dtype, row, {});
-    r.max_abs_out = co.max_abs;
-    // FP8: the kernel's 16-bit tile holds the dequantized values exactly (a code times a power of
-    // two), so the error is the 16-bit path's; V rows are up to 2x larger (fp8_pages.h), so is it.
-    const double tol = (s_.dtype == DType::kBF16 ? 1e-2 : 2e-3) * (fp8_ ? 2 : 1);
-    std::ostringstream why;
-    why << "[chunk " << plan_.chunk_tokens << ", " << plan_.num_work_items << " items, "
-        << plan_.num_partials << " partials] ";
-    bool ok = true;
-    if (co.non_finite) ok = false, why << co.non_finite << " non-finite outputs; ";
-    if (co.max_abs > tol) ok = false, why << "out max-abs " << co.max_abs << " > " << tol << "; ";
-    for (int b = 0; b < batch; ++b)  // empty requests: exactly zero
-      if (s_.kv_lens[b] == 0)
-        for (int64_t e = h.qo_indptr[b] * row; e < h.qo_indptr[b + 1] * row; ++e)
-          if (o[e] != 0 && o[e] != 0x8000) {
-            ok = false, why << "empty request " << b << " not zero; ";
-            break;
-          }
-    if (s_.with_lse) {
-      LseCompare cl = compare_lse_rows(lse, lse_ref, s_.num_qo_heads, {});
-      r.max_abs_lse = cl.max_abs;
-      if (cl.bad) ok = false, why << cl.bad << " bad lse; ";
-      if (cl.max_abs > 1e-3) ok = false, why << "lse max-abs " << cl.max_abs << "; ";
-    }
-    if (!d_o_.guards_intact()) ok = false, why << "output guard bytes overwritten; ";
-    if (!d_lse_.guards_intact()) ok = false, why << "lse guard bytes overwritten; ";
-    if (!d_ws_.guards_intact()) ok = false, why << "workspace guard bytes overwritten; ";
-    // The fused merge must leave its split counters at 0 (the next run, or graph replay, starts
-    // from there).
-    if (plan_.counters != nullptr) {
-      const size_t n = size_t(batch) * s_.num_kv_heads *
-                       ((s_.num_qo_heads / s_.num_kv_heads * plan_.max_q_len + 7) / 8);
-      std::vector<int32_t> cnt(n);
-      LONGCTX_CUDA_CHECK(cudaMemcpy(cnt.data(), plan_.counters, n * 4, cudaMemcpyDeviceToHost));
-      for (int32_t c : cnt)
-        if (c != 0) {
-          ok = false, why << "split counter left at " << c << "; ";
-          break;
-        }
-    }
-    r.status = ok ? Status::kOk : Status::kFailed;
-    r.detail = why.str();
-    return r;
-  }
-  // 4 * head_dim FLOPs per (q head, query, key).
-  double flops() const override {
-    double keys = 0;
-    for (size_t b = 0; b < s_.kv_lens.size(); ++b) keys += double(s_.kv_lens[b]) * s_.q_lens[b];
-    return 4.0 * s_.head_dim * s_.num_qo_heads * keys;
-  }
-  double kv_bytes() const {
-    double keys = 0;
-    for (int32_t l : s_.kv_lens) keys += l;
-    return 2.0 * keys * s_.num_kv_heads * s_.head_dim * 2;
-  }
-
- private:
-  PagedCaseShape s_;
-  bool perf_only_;
-  int min_chunk_;
-  kernels::DecodeTuning tuning_;
-  int q_pad_;
-  bool nan_tail_;
-  bool fp8_;
-  Fp8Pages fp8_pages_;
-  std::unique_ptr<PagedCase> host_;
-  GuardedBuffer d_ks_, d_vs_;
-  GuardedBuffer d_q_, d_k_, d_v_, d_kvp_, d_kvi_, d_last_, d_o_, d_lse_, d_ws_;
-  kernels::DecodeParams params_;
-  kernels::cuda::DecodePlan plan_;
-};
-
-// q_lens are filled in by DecodeCase (one query per request).
-PagedCaseShape dshape(std::vector<int32_t> kv, int hq, int hk, int d, int page, DType dt,
-                      bool lse = true, uint64_t seed = 1) {
-  return paged_shape({}, std::move(kv), hq, hk, d, page, dt, kernels::MaskMode::kNone, lse, seed);
-}
 
 // Every page size x GQA ratio x head_dim x dtype over a mixed batch (empty, 1 key, odd lengths,
 // lengths that split into several chunks).
@@ -465,6 +242,47 @@ TEST(DecodeGpu, HugePagesAndAMillionKeys) {
   EXPECT_EQ(s.ok, 2);
 }
 
+// Batch 1 at few kv heads (Qwen3-30B-A3B: 32 q / 4 kv heads; Llama-3.1-8B: 32 / 8), 32K and
+// 128K keys and odd lengths, where one request takes 32-66 splits per kv head: the plan's merge
+// (two levels above 32 splits, kernels/decode_schedule.h's decode_merge_group) and pinned group
+// sizes (2: the most groups, 3 / 7: a short last group, 1000: one level), over both loaders
+// (pages of 128: TMA; 16: the ring), head_dim 64 and 128, mixed batches whose requests take
+// different split counts (min chunk 64), and the first keys' L2 prefetch off and past the ranges.
+TEST(DecodeGpu, FewKvHeadsMergeManySplits) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 500;
+  auto add = [&](PagedCaseShape shape, int merge_group, int min_chunk = 256) {
+    auto c = std::make_unique<DecodeCase>(std::move(shape), false, min_chunk);
+    c->set_merge_group(merge_group);
+    cases.push_back(std::move(c));
+  };
+  add(dshape({32768}, 32, 4, 128, 128, DType::kBF16, true, seed++), 0);
+  add(dshape({131072}, 32, 4, 128, 128, DType::kBF16, true, seed++), 0);
+  add(dshape({32771}, 32, 4, 128, 16, DType::kF16, true, seed++), 0);
+  add(dshape({131071}, 32, 8, 128, 128, DType::kBF16, false, seed++), 0);
+  add(dshape({40001}, 32, 4, 64, 128, DType::kBF16, true, seed++), 0);
+  for (int g : {2, 3, 7, 1000})
+    add(dshape({32781}, 32, 4, 128, 128, DType::kBF16, true, seed++), g);
+  add(dshape({0, 1, 5000, 33000, 700}, 32, 4, 128, 128, DType::kBF16, true, seed++), 0, 64);
+  add(dshape({9001, 2, 20000}, 16, 2, 128, 16, DType::kF16, true, seed++), 3, 64);
+  // head_dim 256 (the ring; a row's states are merged by two warps): ~100 splits, two levels.
+  add(dshape({20000}, 16, 2, 256, 16, DType::kBF16, true, seed++), 0, 64);
+  // The L2 prefetch before the wait (DecodePlan::prefetch_tokens) is a hint: none, and past
+  // every split's end, read the same.
+  for (int prefetch : {0, 1 << 20}) {
+    auto c = std::make_unique<DecodeCase>(
+        dshape({0, 3, 4097, 33000}, 32, 4, 128, prefetch ? 128 : 16, DType::kBF16, true, seed++));
+    c->set_prefetch_tokens(prefetch);
+    cases.push_back(std::move(c));
+  }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+  // The 4-kv-head 32K case splits into more states than one level merges.
+  const auto& first = static_cast<const DecodeCase&>(*cases.front()).plan();
+  EXPECT_GT(first.num_partials, kernels::kDecodeMergeOneLevelMax);
+}
+
 // Sliding windows: each request's items begin at its first visible key (any key: the kernel masks
 // the keys before it in the first 64-aligned tile and reads no earlier one), split and unsplit,
 // over both loaders (pages of 16: the ring; 128: TMA), windows shorter and longer than requests.
@@ -526,8 +344,10 @@ TEST(DecodeGpu, Small) {
 }
 
 void expect_graph_replay_matches_direct_launch(int page_size,
-                                               const kernels::DecodeTuning& tuning = {}) {
-  DecodeCase c(dshape({9000, 3, 700}, 32, 8, 128, page_size, DType::kBF16));
+                                               const kernels::DecodeTuning& tuning = {},
+                                               std::vector<int32_t> kv = {9000, 3, 700},
+                                               int kv_heads = 8) {
+  DecodeCase c(dshape(std::move(kv), 32, kv_heads, 128, page_size, DType::kBF16));
   c.set_tuning(tuning);
   cudaStream_t stream;
   LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -545,6 +365,12 @@ void expect_graph_replay_matches_direct_launch(int page_size,
 
 TEST(DecodeGpu, CudaGraphReplayMatchesDirectLaunch) {
   expect_graph_replay_matches_direct_launch(16);
+}
+
+// A replay after a direct launch of a two-level merge (4 kv heads, one request of 32K keys):
+// the direct launch must leave both levels' counters at 0.
+TEST(DecodeGpu, TwoLevelMergeGraphReplayMatchesDirectLaunch) {
+  expect_graph_replay_matches_direct_launch(128, {}, {32768}, 4);
 }
 
 // The TMA loader's tensor maps are kernel parameters: a captured launch replays them, with the
@@ -605,6 +431,23 @@ TEST(DecodeFp8Gpu, EdgesSplitsAndNanTails) {
     w.window = window;
     cases.push_back(std::make_unique<DecodeCase>(w, false, 64, 0, false, true));
   }
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// FP8 pages at 4 kv heads, batch 1, 32K and 128K keys (two-level merges; kernels/
+// decode_schedule.h), and a pinned group of 5 over an odd length.
+TEST(DecodeFp8Gpu, FewKvHeadsMergeManySplits) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({32768}, 32, 4, 128, 128, DType::kBF16, true, 600), false, 256, 0, true, true));
+  cases.push_back(std::make_unique<DecodeCase>(
+      dshape({131072}, 32, 4, 128, 16, DType::kBF16, true, 601), false, 256, 0, false, true));
+  auto pinned = std::make_unique<DecodeCase>(
+      dshape({32779}, 32, 4, 128, 128, DType::kF16, true, 602), false, 256, 0, true, true);
+  pinned->set_merge_group(5);
+  cases.push_back(std::move(pinned));
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));

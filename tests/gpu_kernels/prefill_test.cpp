@@ -19,6 +19,7 @@
 
 #include "gpu_kernels/harness.h"
 #include "gpu_kernels/paged_prefill_case.h"
+#include "kernels/cuda/fp8_stage.h"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/paged_case.h"
 #include "longctx/core/error.h"
@@ -39,13 +40,15 @@ class PrefillCase : public PagedPrefillCase {
                        const kernels::PrefillTuning& tuning = {})
       : PagedPrefillCase(std::move(s), perf_only, "prefill", 6, kOutTolBf16, kOutTolF16),
         tuning_(tuning) {}
-  // FP8 pages (fp8_pages.h), read by whichever kernel `tuning` takes: the default takes the
-  // Hopper kernel on sm_90 (its converting producer), PrefillKernel::kFa2 the mma.sync kernel's
-  // converting loader.
+  // FP8 pages (fp8_pages.h), read by whichever kernel `tuning` takes: by default staged (the
+  // pages converted into a 16-bit pool, kernels/cuda/fp8_stage.h, then the 16-bit kernel: the
+  // Hopper one on sm_90); PrefillTuning::fp8_stage_mib 0 converts in the kernel (the Hopper
+  // kernel's converting producer, or with PrefillKernel::kFa2 the mma.sync kernel's loader).
   static std::unique_ptr<PrefillCase> fp8(PagedCaseShape s, bool perf_only = false,
                                           const kernels::PrefillTuning& tuning = {}) {
     auto c = std::make_unique<PrefillCase>(std::move(s), perf_only, tuning);
     c->use_fp8();
+    c->fp8_named_ = true;
     return c;
   }
 
@@ -71,21 +74,57 @@ class PrefillCase : public PagedPrefillCase {
     plan_ = kernels::cuda::paged_prefill_plan(
         h.qo_indptr.data(), s_.kv_lens.data(), int(s_.q_lens.size()), s_.num_qo_heads,
         s_.num_kv_heads, s_.head_dim, s_.mask_mode, d_ws_.data(), d_ws_.bytes(), stream, tuning);
+    // FP8: the staged path where the call's pages fit the tuning's cap (as PagedDispatcher
+    // decides), in a pool inside guard bytes.
+    stage_pages_ = 0;
+    prepared_ = true;
+    if (params_.kv_format == kernels::KvCacheFormat::kFp8E4M3) {
+      const int64_t pages = h.kv_indptr.back();
+      const size_t pool = kernels::fp8_stage_pool_bytes(pages, tuning_.fp8_stage_mib, s_.page_size,
+                                                        s_.num_kv_heads, s_.head_dim, s_.dtype);
+      if (kernels::fp8_stage_fits(pages, pool, s_.page_size, s_.num_kv_heads, s_.head_dim,
+                                  s_.dtype)) {
+        d_stage_ = GuardedBuffer(pool, 0xFF);
+        stage_pages_ = pages;
+      }
+    }
   }
 
   void launch(cudaStream_t stream) override {
+    if (stage_pages_ > 0) {
+      kernels::cuda::paged_prefill_run(
+          kernels::cuda::fp8_stage_prefill(params_, stage_pages_, d_stage_.data(), stream), plan_,
+          stream);
+      return;
+    }
     kernels::cuda::paged_prefill_run(params_, plan_, stream);
   }
 
+  std::string name() const override {
+    std::string n = PagedPrefillCase::name();
+    if (params_.kv_format != kernels::KvCacheFormat::kFp8E4M3 && !fp8_named_) return n;
+    // (Before prepare(): what the tuning asks for; every case here fits the default cap.)
+    n += stage_pages_ > 0 || (!prepared_ && tuning_.fp8_stage_mib > 0) ? " fp8 staged"
+                                                                       : " fp8 in-kernel";
+    if (tuning_.kernel == kernels::PrefillKernel::kFa2) n += " fa2";
+    return n;
+  }
+
   const kernels::cuda::PrefillPlan& plan() const { return plan_; }
+  bool staged() const { return stage_pages_ > 0; }
 
  private:
   void check_more(const std::vector<uint16_t>&, std::ostringstream& why, bool& ok) const override {
     if (!d_ws_.guards_intact()) ok = false, why << "workspace guard bytes overwritten; ";
+    if (stage_pages_ > 0 && !d_stage_.guards_intact())
+      ok = false, why << "staging pool guard bytes overwritten; ";
   }
 
   kernels::PrefillTuning tuning_;
-  GuardedBuffer d_ws_;
+  bool fp8_named_ = false;  // an FP8 case (named before prepare() sets params_)
+  bool prepared_ = false;
+  int64_t stage_pages_ = 0;  // > 0: launch() stages the FP8 pages first
+  GuardedBuffer d_ws_, d_stage_;
   kernels::cuda::PrefillPlan plan_;
 };
 
@@ -527,10 +566,16 @@ TEST(PrefillHarness, Perf) {
   expect_no_failures(run_cases(cases), 8);
 }
 
-// The two FP8 readers: the default tuning (the Hopper kernel on sm_90, else the mma.sync kernel)
-// and the mma.sync kernel everywhere (PrefillKernel::kFa2).
-kernels::PrefillTuning fa2_tuning() {
+// The FP8 readers: the default tuning (staged, then the 16-bit Hopper kernel on sm_90, else the
+// mma.sync kernel), the in-kernel conversion of the default kernel (fp8_stage_mib 0: the Hopper
+// kernel's converting producer on sm_90) and of the mma.sync kernel (PrefillKernel::kFa2).
+kernels::PrefillTuning in_kernel_tuning() {
   kernels::PrefillTuning t;
+  t.fp8_stage_mib = 0;
+  return t;
+}
+kernels::PrefillTuning fa2_tuning() {
+  kernels::PrefillTuning t = in_kernel_tuning();
   t.kernel = kernels::PrefillKernel::kFa2;
   return t;
 }
@@ -598,16 +643,18 @@ TEST(PrefillFp8Harness, DenseSparseAndWindowed) {
   std::vector<std::unique_ptr<OpCase>> cases;
   for (const PagedCaseShape& s : fp8_shapes()) {
     cases.push_back(PrefillCase::fp8(s));
+    cases.push_back(PrefillCase::fp8(s, false, in_kernel_tuning()));
     cases.push_back(PrefillCase::fp8(s, false, fa2_tuning()));
   }
   expect_no_failures(run_cases(cases), int(cases.size()));
 }
 
-// The Hopper kernel's FP8 variants beyond the default choices: the full tiling without a block
-// mask (PrefillLean::kFull), the lean one with 3 code slots (PrefillLean::kLean3, the ring kept
-// for measurement; the default lean tiling has 2), head_dim 64 in 128-row tiles, and stream-K
-// splits forced everywhere (pieces of items whose partial states are merged). Where the Hopper
-// kernel does not run, these run the mma.sync kernel (same expectations).
+// The Hopper kernel's in-kernel FP8 variants beyond the default choices (fp8_stage_mib 0): the
+// full tiling without a block mask (PrefillLean::kFull), the lean one with 3 code slots
+// (PrefillLean::kLean3, the ring kept for measurement; the default lean tiling has 2), head_dim
+// 64 in 128-row tiles, and stream-K splits forced everywhere (pieces of items whose partial
+// states are merged), in-kernel and staged. Where the Hopper kernel does not run, these run the
+// mma.sync kernel (same expectations).
 TEST(PrefillFp8Harness, Sm90Variants) {
   if (!kernels::cuda::paged_prefill_sm90_path(128))
     std::printf("[ note ] no sm_90 here: the variants run the mma.sync kernel\n");
@@ -622,18 +669,21 @@ TEST(PrefillFp8Harness, Sm90Variants) {
       shape({2048}, {2048}, 32, 8, 128, 64, DType::kBF16, MaskMode::kCausal, false, seed++),
   };
   for (const PagedCaseShape& s : shapes) {
-    kernels::PrefillTuning full;
+    kernels::PrefillTuning full = in_kernel_tuning();
     full.lean = kernels::PrefillLean::kFull;
     cases.push_back(PrefillCase::fp8(s, false, full));
-    kernels::PrefillTuning slots3;
+    kernels::PrefillTuning slots3 = in_kernel_tuning();
     slots3.lean = kernels::PrefillLean::kLean3;
     cases.push_back(PrefillCase::fp8(s, false, slots3));
-    kernels::PrefillTuning rows128;
+    kernels::PrefillTuning rows128 = in_kernel_tuning();
     rows128.head_dim64_rows = 128;
     if (s.head_dim == 64) cases.push_back(PrefillCase::fp8(s, false, rows128));
-    kernels::PrefillTuning split;
+    kernels::PrefillTuning split = in_kernel_tuning();
     split.split = kernels::PrefillSplitMode::kAlways;
     cases.push_back(PrefillCase::fp8(s, false, split));
+    kernels::PrefillTuning staged_split;
+    staged_split.split = kernels::PrefillSplitMode::kAlways;
+    cases.push_back(PrefillCase::fp8(s, false, staged_split));
   }
   expect_no_failures(run_cases(cases), int(cases.size()));
 }
@@ -643,11 +693,16 @@ TEST(PrefillFp8Harness, Sm90Variants) {
 // (its last page's unused rows): the kernels zero-fill those rows, so the output stays finite and
 // matches the reference, which reads the same codes.
 TEST(PrefillFp8Harness, ExtremeScalesAndUnseenNanCodes) {
-  for (const bool sm90_default : {true, false}) {
-    SCOPED_TRACE(::testing::Message() << (sm90_default ? "default tuning" : "mma.sync"));
+  for (const int reader : {0, 1, 2}) {
+    SCOPED_TRACE(::testing::Message() << (reader == 0   ? "staged"
+                                          : reader == 1 ? "in-kernel"
+                                                        : "mma.sync"));
     auto c = PrefillCase::fp8(
         shape({200, 37}, {1000, 37}, 8, 2, 128, 16, DType::kBF16, MaskMode::kCausal, true, 77),
-        false, sm90_default ? kernels::PrefillTuning{} : fa2_tuning());
+        false,
+        reader == 0   ? kernels::PrefillTuning{}
+        : reader == 1 ? in_kernel_tuning()
+                      : fa2_tuning());
     c->edit_fp8_pages([](Fp8Pages& pages, const PagedCase& h) {
       const int hk = h.shape.num_kv_heads;
       for (size_t i = 0; i < pages.k_scale.size(); ++i) {
@@ -678,19 +733,21 @@ TEST(PrefillFp8Harness, CudaGraphReplayMatchesDirectLaunch) {
 }
 
 // On sm_90 the default tuning reads an FP8 cache with the Hopper kernel, as it reads a 16-bit
-// one (the plan has its tiles and may split); the mma.sync kernel remains for other GPUs.
+// one (the plan has its tiles and may split), staged; the mma.sync kernel remains for other GPUs.
 TEST(PrefillFp8Harness, DefaultTuningTakesTheHopperKernel) {
   if (!kernels::cuda::paged_prefill_sm90_path(128)) GTEST_SKIP() << "not an sm_90 device";
   auto c = PrefillCase::fp8(shape({100}, {700}, 8, 2, 64, 16, DType::kBF16, MaskMode::kCausal));
   c->prepare(nullptr);
+  EXPECT_TRUE(c->staged());
   EXPECT_EQ(c->plan().tile_rows, kernels::cuda::kPrefillMaxTileRows);
   c->launch(nullptr);
   LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // Timing only (LONGCTX_PERF=1): causal prefills of Llama-3.1-8B heads (32 / 8 x 128) and the
-// needle model's (head_dim 64) at 32K, 16-bit pages on the default kernel against FP8 pages on
-// the default kernel and on the mma.sync one, pages of 16 and 128, same process.
+// needle model's (head_dim 64) at 32K, 16-bit pages on the default kernel against FP8 pages
+// staged (the conversion timed with the kernel), converted in the Hopper kernel and in the
+// mma.sync one, pages of 16 and 128, same process.
 TEST(PrefillFp8Harness, Perf) {
   if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
   std::vector<std::unique_ptr<OpCase>> cases;
@@ -700,6 +757,7 @@ TEST(PrefillFp8Harness, Perf) {
           shape({32768}, {32768}, 32, 8, d, page, DType::kBF16, MaskMode::kCausal, false);
       cases.push_back(std::make_unique<PrefillCase>(s, true));
       cases.push_back(PrefillCase::fp8(s, true));
+      cases.push_back(PrefillCase::fp8(s, true, in_kernel_tuning()));
       if (page == 16) cases.push_back(PrefillCase::fp8(s, true, fa2_tuning()));
     }
   }

@@ -247,6 +247,12 @@ void rms_norm_cases(bool small) {
              rms_norm_case(small ? 3 : 257, d, DType::kBF16, DType::kF32, DType::kBF16, 0, false,
                            300 + d),
              sum);
+  // Qwen3-30B-A3B's hidden size (a block's 128 threads hold two 8-element chunks each), and one
+  // past the widths kept in registers (the kernel's looping path).
+  for (int64_t d : {2048, 12288})
+    for (int64_t n : {1, 17})
+      run_case(s, rms_norm_case(n, d, DType::kBF16, DType::kBF16, kActs[0], 0, n == 1, 350 + d + n),
+               sum);
   for (int64_t hd : {16, 32, 64, 128})
     for (int64_t n : small ? kTokensSmall : kTokens)
       run_case(s,
@@ -298,6 +304,10 @@ void add_rms_norm_cases(bool small) {
     }
   run_case(s, add_rms_norm_case(small ? 3 : 100, 90, DType::kBF16, DType::kBF16, 1, true, 599),
            sum);
+  // The 30B-A3B's hidden size (chunks in registers) and a width past them (the looping path).
+  for (int64_t d : {2048, 12288})
+    for (int64_t n : {1, 17})
+      run_case(s, add_rms_norm_case(n, d, DType::kBF16, DType::kBF16, 8, n == 1, 600 + d + n), sum);
 }
 
 // ---------------------------------------------------------------------------------------------

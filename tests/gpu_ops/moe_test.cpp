@@ -36,6 +36,7 @@
 #include "core/device_pool.h"
 #include "gpu_ops/gpu_ops_util.h"
 #include "ops/linear.h"
+#include "ops/moe_decode.h"
 #include "ops/moe_schedule.h"
 #include "ops/rms_norm.h"
 
@@ -673,6 +674,14 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
          [&](int i) {
            router(i);
            ops::moe_forward(logits, true, layer_args(i));
+         }},
+        // the same without the down kernel's early L2 prefetch (ops/moe_decode.h)
+        {"block: no L2 prefetch",
+         [&](int i) {
+           ops::set_moe_decode_prefetch(false);
+           router(i);
+           ops::moe_forward(logits, true, layer_args(i));
+           ops::set_moe_decode_prefetch(true);
          }},
     };
     for (const Row& r : rows) {

@@ -2,7 +2,10 @@
 // every format of tests/common/quantized_linear_cases.h, odd shapes (out not a multiple of the
 // GEMV tiles, in past one CTA's staged slice) and n = 1..9, 17, 512: the GEMV (n <= 8) and the
 // dequantize + cuBLASLt path (n > 8, and forced at small n), bf16 and f16 x, bf16 and f32 out,
-// a bias, strided x and out rows. The output buffer is guarded and pre-filled with NaN bytes:
+// a bias, strided x and out rows; every GEMV kernel with split K reduced by the last CTA of a
+// tile and by the second kernel, and with the weights' L2 prefetch off or before the wait (one
+// test replays a graph of last-CTA reductions twice: the tile counters must be back at zero).
+// The output buffer is guarded and pre-filled with NaN bytes:
 // every element must be finite and within tolerance, the rows' padding untouched, the guards
 // intact.
 //
@@ -13,8 +16,9 @@
 //   + 1 ulp of a 16-bit out (its rounding).
 //
 // Perf mode (LONGCTX_PERF=1): GpuOpsPerf.QuantizedLinearDecodeLlama8B, Llama-3.1-8B's layer
-// shapes at n = 1, 4 and 8 in each format (int4: the tensor-core and the CUDA-core GEMV) against
-// the bf16 GEMV and cuBLASLt on the same shape
+// shapes at n = 1, 4 and 8 in each format against the bf16 GEMV and cuBLASLt on the same shape:
+// the schedule's choice (" auto"), then each kernel x reduction x prefetch, and at n = 1 each at
+// other targets of CTAs per SM and forced slice counts (plans already timed are skipped)
 // (ms, GB/s of the bytes read: packed weight + scales + zeros; weights rotated through copies
 // larger than L2), and the prefill path at n = 512 and 4096 against the dense GEMM alone (the
 // difference is the dequantizing kernel's time).
@@ -64,6 +68,10 @@ struct QCase {
   int64_t x_pad = 0, out_pad = 0;
   QuantizedLinearPath path = QuantizedLinearPath::kAuto;
   ops::QuantizedGemvKernel kernel = ops::QuantizedGemvKernel::kAuto;
+  int64_t splits = 0;  // K slices forced (0: the schedule's)
+  ops::QuantizedGemvReduce reduce = ops::QuantizedGemvReduce::kAuto;
+  ops::QuantizedGemvPrefetch prefetch = ops::QuantizedGemvPrefetch::kAfterWait;
+  ops::QuantizedGemvOptions gemv() const { return {kernel, 0, splits, reduce, prefetch}; }
 };
 
 const char* kernel_name(ops::QuantizedGemvKernel k) {
@@ -86,15 +94,23 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
   }
   auto y = std::make_shared<GuardedBuffer>(size_t(n * ldo) * dtype_size(odt), 0xFF);
   CaseSpec c;
-  c.name = fmt::format("{} [{}, {}] n={} {}->{}{}{}{} {}{}", w.f.name, out, in, n, dtype_name(xdt),
-                       dtype_name(odt), bias ? " bias" : "", qc.x_pad ? " ldx" : "",
-                       qc.out_pad ? " ldo" : "", path_name(qc.path), kernel_name(qc.kernel));
+  c.name =
+      fmt::format("{} [{}, {}] n={} {}->{}{}{}{} {}{}{}{}{}", w.f.name, out, in, n, dtype_name(xdt),
+                  dtype_name(odt), bias ? " bias" : "", qc.x_pad ? " ldx" : "",
+                  qc.out_pad ? " ldo" : "", path_name(qc.path), kernel_name(qc.kernel),
+                  qc.splits ? fmt::format(" splits {}", qc.splits) : std::string(),
+                  qc.reduce == ops::QuantizedGemvReduce::kKernel    ? " reduce kernel"
+                  : qc.reduce == ops::QuantizedGemvReduce::kLastCta ? " reduce last-cta"
+                                                                    : "",
+                  qc.prefetch == ops::QuantizedGemvPrefetch::kOff          ? " no-prefetch"
+                  : qc.prefetch == ops::QuantizedGemvPrefetch::kBeforeWait ? " prefetch before-wait"
+                                                                           : "");
   auto xv = [=](bool dev) { return dev ? x->dev({n, in}, {ldx, 1}) : x->host({n, in}, {ldx, 1}); };
   const QWeight* wp = &w;
   c.gpu = [=] {
     Tensor yv = Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1});
     ops::quantized_linear_cuda(xv(true), wp->dev, wp->f.q, bias ? bias->dev({out}) : Tensor(), yv,
-                               Tensor(), qc.path, {qc.kernel});
+                               Tensor(), qc.path, qc.gemv());
   };
   c.check = [=] {
     Comparison cmp;
@@ -110,7 +126,7 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
     const Tensor babs = bias ? abs_f32(bias->host({out})) : Tensor();
     const std::string plan = ops::quantized_linear_cuda_plan(
         xv(true), wp->dev, wp->f.q, Tensor(),
-        Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path, {qc.kernel});
+        Tensor::from_blob(y->data(), {n, out}, odt, kGpu, nullptr, {ldo, 1}), qc.path, qc.gemv());
     const bool gemv = plan.starts_with("gemv"), w8a8 = plan.starts_with("w8a8");
     Tensor ref = Tensor::empty({n, out}, DType::kF32), sabs = Tensor::empty({n, out}, DType::kF32);
     // W8A8 (FP8 formats on sm_90 past the GEMV's rows) against the CPU twin's W8A8: the same
@@ -193,6 +209,18 @@ std::vector<QCase> matrix(bool large) {
     for (int64_t n : {1, 2, 5, 8}) v.push_back({n, bf, bf, n == 5, 0, 0, P::kAuto, k});
     v.push_back({3, f16, f32, true, 8, 3, P::kAuto, k});
   }
+  // Split K reduced by the last CTA of each tile and by the second kernel, on every kernel: 3
+  // slices, and 64 (clamped to the kernel's most).
+  for (K k : {K::kSimt, K::kMma, K::kMmaAsync})
+    for (ops::QuantizedGemvReduce r :
+         {ops::QuantizedGemvReduce::kLastCta, ops::QuantizedGemvReduce::kKernel}) {
+      v.push_back({1, bf, bf, true, 0, 0, P::kAuto, k, 3, r});
+      v.push_back({5, f16, f32, false, 8, 3, P::kAuto, k, 64, r});
+    }
+  for (K k : {K::kSimt, K::kMma, K::kMmaAsync})
+    for (ops::QuantizedGemvPrefetch f :
+         {ops::QuantizedGemvPrefetch::kOff, ops::QuantizedGemvPrefetch::kBeforeWait})
+      v.push_back({2, bf, bf, false, 0, 0, P::kAuto, k, 0, ops::QuantizedGemvReduce::kAuto, f});
   return v;
 }
 
@@ -308,6 +336,70 @@ TEST(GpuOps, QuantizedLinearWorkspace) {
   }
 }
 
+// The last-CTA reduction of split K inside a CUDA graph: each replay leaves the tile counters at
+// zero for the next (two replays in a row, two GEMVs of different tile counts in each), and its
+// bits equal the second kernel's reduction (both add the slices in slice order).
+TEST(GpuOps, QuantizedLinearLastCtaReduceGraphReplay) {
+  using R = ops::QuantizedGemvReduce;
+  TestStream s;
+  uint32_t seed = 40;
+  for (const Format& f : quant_cases::formats()) {
+    // Shapes the GEMV takes that split in 3 (FP8: widths a multiple of 16).
+    auto shapes = quant_cases::odd_shapes(f.q, false);
+    if (!quant_cases::is_int4(f.q)) shapes = {{8, 16}, {136, 96}, {72, 256}};
+    const std::unique_ptr<QWeight> w1 = make_weight(f, shapes[2].first, shapes[2].second, seed++);
+    const std::unique_ptr<QWeight> w2 = make_weight(f, shapes[1].first, shapes[1].second, seed++);
+    for (int64_t n : {1, 3}) {
+      const ops::QuantizedGemvOptions last{ops::QuantizedGemvKernel::kAuto, 0, 3, R::kLastCta};
+      const ops::QuantizedGemvOptions second{ops::QuantizedGemvKernel::kAuto, 0, 3, R::kKernel};
+      Mirror x1(n * w1->in, DType::kBF16), x2(n * w2->in, DType::kBF16);
+      x1.random(seed++, -1.f, 1.f);
+      x2.random(seed++, -1.f, 1.f);
+      Mirror y1(n * w1->out, DType::kBF16), y2(n * w2->out, DType::kBF16);
+      const int64_t bytes = std::max(ops::quantized_linear_workspace_bytes(
+                                         n, w1->host, DType::kBF16, QuantizedLinearPath::kGemv),
+                                     ops::quantized_linear_workspace_bytes(
+                                         n, w2->host, DType::kBF16, QuantizedLinearPath::kGemv));
+      Tensor ws = Tensor::empty({bytes}, DType::kU8, kGpu);
+      auto run = [&](const ops::QuantizedGemvOptions& opt) {
+        ops::quantized_linear_cuda(x1.dev({n, w1->in}), w1->dev, f.q, Tensor(),
+                                   y1.dev({n, w1->out}), ws, QuantizedLinearPath::kGemv, opt);
+        ops::quantized_linear_cuda(x2.dev({n, w2->in}), w2->dev, f.q, Tensor(),
+                                   y2.dev({n, w2->out}), ws, QuantizedLinearPath::kGemv, opt);
+      };
+      const std::string what = fmt::format("{} n {}", f.name, n);
+      const std::string plan =
+          ops::quantized_linear_cuda_plan(x1.dev({n, w1->in}), w1->dev, f.q, Tensor(),
+                                          y1.dev({n, w1->out}), QuantizedLinearPath::kGemv, last);
+      EXPECT_NE(plan.find("reduce last-cta"), std::string::npos) << what << ": " << plan;
+      run(second);
+      s.sync();
+      const std::vector<uint8_t> want1 = y1.download(), want2 = y2.download();
+      EXPECT_EQ(count_non_finite(y1.dev_ptr(), DType::kBF16, n, w1->out, w1->out), 0) << what;
+      run(last);  // eager (and the tile counters' allocation, outside the capture)
+      s.sync();
+      EXPECT_EQ(y1.download(), want1) << what << " eager";
+      EXPECT_EQ(y2.download(), want2) << what << " eager";
+      cudaGraph_t graph = nullptr;
+      LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+      run(last);
+      LONGCTX_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
+      cudaGraphExec_t exec = nullptr;
+      LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 2; ++replay) {
+        LONGCTX_CUDA_CHECK(cudaMemset(y1.dev_ptr(), 0xFF, y1.bytes()));
+        LONGCTX_CUDA_CHECK(cudaMemset(y2.dev_ptr(), 0xFF, y2.bytes()));
+        LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, s.get()));
+        s.sync();
+        EXPECT_EQ(y1.download(), want1) << what << " replay " << replay;
+        EXPECT_EQ(y2.download(), want2) << what << " replay " << replay;
+      }
+      LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      LONGCTX_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Perf mode.
 
@@ -399,28 +491,42 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
                     b == ops::LinearBackend::kGemv ? "bf16 gemv" : "bf16 cublaslt", ms,
                     double(dense_bytes) / (ms * 1e6));
       }
-      // Each kernel at the schedule's split, then (n = 1) the default kernel at other targets of
-      // CTAs per SM.
-      std::vector<ops::QuantizedGemvOptions> variants;
-      for (auto k : {ops::QuantizedGemvKernel::kMmaAsync, ops::QuantizedGemvKernel::kMma,
-                     ops::QuantizedGemvKernel::kSimt})
-        variants.push_back({k, 0});
-      if (n == 1)
-        for (int target : {1, 2, 4, 8})
-          variants.push_back({ops::QuantizedGemvKernel::kAuto, target});
-      for (const Format& f : perf_formats())
-        for (const ops::QuantizedGemvOptions& opt : variants) {
-          const bool int4 = f.q.method == QuantMethod::kAwq || f.q.method == QuantMethod::kGptq;
-          if (!int4 && (opt.kernel == ops::QuantizedGemvKernel::kMma ||
-                        opt.kernel == ops::QuantizedGemvKernel::kMmaAsync))
-            continue;
-          std::vector<DeviceQuantized> copies;
-          copies.push_back(device_weight(p, f.q, 20));
-          const int count = int(std::max<int64_t>(1, (int64_t(400) << 20) / copies[0].bytes + 1));
-          for (int i = 1; i < count; ++i) copies.push_back(device_weight(p, f.q, 20 + 10 * i));
-          const int64_t ws_bytes = ops::quantized_linear_workspace_bytes(
-              n, copies[0].w, DType::kBF16, QuantizedLinearPath::kGemv);
-          Tensor ws = Tensor::empty({std::max<int64_t>(ws_bytes, 1)}, DType::kU8, kGpu);
+      // The schedule's choice ("auto"), then each kernel with each reduction of split K at the
+      // schedule's split and (n = 1) at other targets of CTAs per SM and forced slice counts;
+      // plans already timed are not timed again.
+      using K = ops::QuantizedGemvKernel;
+      using R = ops::QuantizedGemvReduce;
+      std::vector<ops::QuantizedGemvOptions> variants{{}};
+      for (K k : {K::kAuto, K::kMmaAsync, K::kMma, K::kSimt})
+        for (ops::QuantizedGemvPrefetch f :
+             {ops::QuantizedGemvPrefetch::kOff, ops::QuantizedGemvPrefetch::kBeforeWait})
+          variants.push_back({k, 0, 0, R::kAuto, f});
+      for (K k : {K::kMmaAsync, K::kMma, K::kSimt})
+        for (R r : {R::kLastCta, R::kKernel}) {
+          variants.push_back({k, 0, 0, r});
+          if (n != 1) continue;
+          for (int target : {1, 2, 4, 8}) variants.push_back({k, target, 0, r});
+          for (int64_t splits : {2, 4, 8, 16, 32}) variants.push_back({k, 0, splits, r});
+        }
+      for (const Format& f : perf_formats()) {
+        std::vector<DeviceQuantized> copies;
+        copies.push_back(device_weight(p, f.q, 20));
+        const int count = int(std::max<int64_t>(1, (int64_t(400) << 20) / copies[0].bytes + 1));
+        for (int i = 1; i < count; ++i) copies.push_back(device_weight(p, f.q, 20 + 10 * i));
+        const int64_t ws_bytes = ops::quantized_linear_workspace_bytes(n, copies[0].w, DType::kBF16,
+                                                                       QuantizedLinearPath::kGemv);
+        Tensor ws = Tensor::empty({std::max<int64_t>(ws_bytes, 1)}, DType::kU8, kGpu);
+        std::set<std::string> timed;
+        for (size_t v = 0; v < variants.size(); ++v) {
+          const ops::QuantizedGemvOptions& opt = variants[v];
+          std::string plan;
+          try {
+            plan = ops::quantized_linear_cuda_plan(xv, copies[0].w, f.q, Tensor(), yv,
+                                                   QuantizedLinearPath::kGemv, opt);
+          } catch (const Error&) {
+            continue;  // a forced kernel that does not take the format
+          }
+          if (!plan.starts_with("gemv") || (v > 0 && !timed.insert(plan).second)) continue;
           int call = 0;
           auto op = [&] {
             ops::quantized_linear_cuda(xv, copies[call++ % count].w, f.q, Tensor(), yv, ws,
@@ -429,17 +535,16 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
           op();
           s.sync();
           const double ms = time_ms(s, op);
-          const std::string plan = ops::quantized_linear_cuda_plan(
-              xv, copies[0].w, f.q, Tensor(), yv, QuantizedLinearPath::kGemv, opt);
-          std::printf(
-              "  %-13s n=%lld out=%-6lld in=%-6lld %-18s %8.4f ms %6.0f GB/s  [%s%s]\n", p.name,
-              (long long)n, (long long)p.out, (long long)p.in, f.name.c_str(), ms,
-              double(copies[0].bytes) / (ms * 1e6), plan.c_str(),
-              opt.ctas_per_sm ? fmt::format(", target {}/SM", opt.ctas_per_sm).c_str() : "");
+          std::printf("  %-13s n=%lld out=%-6lld in=%-6lld %-18s %8.4f ms %6.0f GB/s  [%s%s]%s\n",
+                      p.name, (long long)n, (long long)p.out, (long long)p.in, f.name.c_str(), ms,
+                      double(copies[0].bytes) / (ms * 1e6), plan.c_str(),
+                      opt.ctas_per_sm ? fmt::format(", target {}/SM", opt.ctas_per_sm).c_str() : "",
+                      v == 0 ? " auto" : "");
           std::fflush(stdout);
           EXPECT_EQ(count_non_finite(y.data(), DType::kBF16, n, p.out, p.out), 0)
-              << p.name << " " << f.name << " n " << n;
+              << p.name << " " << f.name << " n " << n << " " << plan;
         }
+      }
     }
   }
 }

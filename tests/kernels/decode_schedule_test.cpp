@@ -103,6 +103,47 @@ TEST(DecodeSchedule, FewKvHeadsFillOneWaveAtBatchOne) {
   EXPECT_EQ(decode_chunk({32768}, 1 + 264, 4, m), 1024);
 }
 
+// The fused merge's levels (decode_merge_group): one level up to 32 splits (the 8-kv-head plans
+// the H200 measured keep it: 32 splits of 1024 keys at 32K), groups of ceil(sqrt(n)) above (the
+// 30B-A3B's 64 splits at 32K: 8 groups of 8), so neither level reads more than ~sqrt(n) states;
+// a pin sets the group size (at least 2; at or above n: one level).
+TEST(DecodeSchedule, MergesOfManySplitsTakeTwoLevels) {
+  EXPECT_EQ(decode_merge_group(2, 0), 2);
+  EXPECT_EQ(decode_merge_group(32, 0), 32);  // one level
+  EXPECT_EQ(decode_merge_group(33, 0), 6);   // 6 groups, the last of 3
+  EXPECT_EQ(decode_merge_group(64, 0), 8);   // 8 x 8
+  EXPECT_EQ(decode_merge_group(66, 0), 9);
+  EXPECT_EQ(decode_merge_group(130, 0), 12);
+  for (int n = 1; n <= 2000; ++n) {
+    const int g = decode_merge_group(n, 0);
+    SCOPED_TRACE(testing::Message() << n << " splits: groups of " << g);
+    ASSERT_GE(g, 1);
+    ASSERT_LE(g, n);
+    if (g == n) {
+      EXPECT_LE(n, kDecodeMergeOneLevelMax);
+      continue;
+    }
+    const int groups = (n + g - 1) / g;
+    EXPECT_GE(groups, 2);
+    EXPECT_LE(groups, g);             // the tail merges no more states than a group
+    EXPECT_LT((g - 1) * (g - 1), n);  // the smallest such g
+  }
+  // Pins.
+  EXPECT_EQ(decode_merge_group(64, 1), 2);  // at least 2
+  EXPECT_EQ(decode_merge_group(64, 3), 3);
+  EXPECT_EQ(decode_merge_group(64, 64), 64);
+  EXPECT_EQ(decode_merge_group(64, 1000), 64);  // one level
+  EXPECT_EQ(decode_merge_group(16, 5), 5);      // a pin may split below the one-level bound
+  // The 30B-A3B's plan at 32K (64 splits of 512 keys a kv head) merges in two levels.
+  DecodeWaveModel m;
+  m.num_sms = 132;
+  m.resident = 2;
+  const int64_t chunk = decode_chunk({32768}, 1 + 264, 4, m);
+  const int n = int(decode_split(32768, chunk).count);
+  EXPECT_EQ(n, 64);
+  EXPECT_EQ(decode_merge_group(n, 0), 8);
+}
+
 TEST(DecodeSchedule, ChunksRespectTheFloorAndTheItemBound) {
   DecodeWaveModel m;
   m.num_sms = 132;

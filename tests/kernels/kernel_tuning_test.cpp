@@ -21,6 +21,7 @@ TEST(KernelTuning, DefaultsAreTheMeasuredChoices) {
   EXPECT_EQ(t.prefill.head_dim64_rows, 192);
   EXPECT_EQ(t.prefill.split, PrefillSplitMode::kAuto);
   EXPECT_EQ(t.prefill.unit_heads, 0);
+  EXPECT_EQ(t.prefill.fp8_stage_mib, 512);  // 128K keys of an 8 x 128 layer, staged
   EXPECT_EQ(t.decode.loader, DecodeLoader::kAuto);
   EXPECT_EQ(t.decode.copy, DecodeStageCopy::kAuto);
   EXPECT_EQ(t.decode.slots, 0);
@@ -77,6 +78,7 @@ TEST(KernelTuning, FlagsSetEveryField) {
   ASSERT_TRUE(set("prefill-rows", "128")) << err;
   ASSERT_TRUE(set("prefill-split", "1")) << err;
   ASSERT_TRUE(set("prefill-unit-heads", "2")) << err;
+  ASSERT_TRUE(set("prefill-fp8-stage", "0")) << err;
   ASSERT_TRUE(set("decode-loader", "0")) << err;
   ASSERT_TRUE(set("decode-copy", "1")) << err;
   ASSERT_TRUE(set("decode-slots", "3")) << err;
@@ -91,6 +93,7 @@ TEST(KernelTuning, FlagsSetEveryField) {
   EXPECT_EQ(t.prefill.head_dim64_rows, 128);
   EXPECT_EQ(t.prefill.split, PrefillSplitMode::kAlways);
   EXPECT_EQ(t.prefill.unit_heads, 2);
+  EXPECT_EQ(t.prefill.fp8_stage_mib, 0);
   EXPECT_EQ(t.decode.loader, DecodeLoader::kCpAsync);
   EXPECT_EQ(t.decode.copy, DecodeStageCopy::kCpAsync);
   EXPECT_EQ(t.decode.slots, 3);

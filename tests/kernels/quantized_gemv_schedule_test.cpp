@@ -140,5 +140,85 @@ TEST(QuantizedGemvSchedule, RefusesWhatNoGemvRuns) {
   EXPECT_NE(quantized_gemv_schedule(p).refusal.find("K slices"), std::string::npos);
 }
 
+// Split K is reduced by the last CTA of each tile unless the second kernel is asked for or the
+// tiles outnumber the counters; one slice has no reduction.
+TEST(QuantizedGemvSchedule, TheLastCtaReducesSplitK) {
+  using R = QuantizedGemvReduce;
+  for (F f : {F::kGptq, F::kAwq, F::kFp8Block, F::kFp8Channel})
+    for (K k : {K::kAuto, K::kMma, K::kMmaAsync, K::kSimt}) {
+      const bool int4 = f == F::kGptq || f == F::kAwq;
+      if (!int4 && k != K::kAuto && k != K::kSimt) continue;
+      for (R r : {R::kAuto, R::kLastCta, R::kKernel}) {
+        QuantizedGemvProblem p = problem(f, 4096, 4096);
+        p.kernel = k;
+        p.reduce = r;
+        p.splits = 4;
+        const QuantizedGemvSchedule s = quantized_gemv_schedule(p);
+        SCOPED_TRACE(quantized_gemv_name(p, s));
+        ASSERT_EQ(s.refusal, "");
+        ASSERT_EQ(s.splits, 4);
+        EXPECT_EQ(s.reduce, r == R::kKernel ? R::kKernel : R::kLastCta);
+        EXPECT_NE(
+            quantized_gemv_name(p, s).find(r == R::kKernel ? "reduce kernel" : "reduce last-cta"),
+            std::string::npos);
+        EXPECT_EQ(s.partial_bytes, 4 * 4096 * 4);
+        p.splits = 1;
+        const QuantizedGemvSchedule one = quantized_gemv_schedule(p);
+        if (s.kernel != K::kSimt || !int4) {  // the SIMT int4 kernels keep slices of <= 1024 inputs
+          EXPECT_EQ(one.splits, 1);
+          EXPECT_EQ(one.reduce, R::kAuto);
+          EXPECT_EQ(one.partial_bytes, 0);
+        }
+      }
+    }
+  // More tiles than counters: kAuto takes the second kernel, a forced kLastCta is refused.
+  QuantizedGemvProblem p = problem(F::kFp8Channel, 16 * (kQuantizedGemvMaxTileCounters + 1), 4096);
+  p.splits = 2;
+  EXPECT_EQ(quantized_gemv_schedule(p).reduce, QuantizedGemvReduce::kKernel);
+  p.reduce = QuantizedGemvReduce::kLastCta;
+  EXPECT_NE(quantized_gemv_schedule(p).refusal.find("last-CTA"), std::string::npos);
+}
+
+// A forced slice count is clamped to the kernel's range: the SIMT int4 kernels' staged x (<= 1024
+// inputs a slice), kQuantizedGemvMaxSplits, FP8 down to one 16-input chunk a slice.
+TEST(QuantizedGemvSchedule, ForcedSplitsClampToTheKernelsRange) {
+  struct Case {
+    F f;
+    K k;
+    int64_t in, want, got;
+  };
+  for (Case c : std::vector<Case>{{F::kGptq, K::kSimt, 4096, 2, 4},
+                                  {F::kGptq, K::kSimt, 4096, 8, 8},
+                                  {F::kGptq, K::kMma, 4096, 2, 2},
+                                  {F::kGptq, K::kMma, 4096, 1000, 64},
+                                  {F::kAwq, K::kMmaAsync, 14336, 24, 24},
+                                  {F::kFp8Channel, K::kSimt, 4096, 3, 3},
+                                  {F::kFp8Block, K::kSimt, 512, 64, 32},
+                                  {F::kFp8Block, K::kSimt, 4096, 0, 1}}) {
+    QuantizedGemvProblem p = problem(c.f, 4096, c.in);
+    p.kernel = c.k;
+    p.splits = c.want;
+    const QuantizedGemvSchedule s = quantized_gemv_schedule(p);
+    SCOPED_TRACE(quantized_gemv_name(p, s));
+    ASSERT_EQ(s.refusal, "");
+    EXPECT_EQ(s.splits, c.got);
+    EXPECT_GE(s.splits * s.k_per_split, c.in);
+    EXPECT_LT((s.splits - 1) * s.k_per_split, c.in);
+  }
+}
+
+TEST(QuantizedGemvSchedule, PrefetchIsTheProblems) {
+  using P = QuantizedGemvPrefetch;
+  QuantizedGemvProblem p = problem(F::kGptq, 4096, 4096);
+  EXPECT_EQ(quantized_gemv_schedule(p).prefetch, P::kAfterWait);
+  for (auto [mode, name] :
+       {std::pair{P::kOff, "no-prefetch"}, std::pair{P::kBeforeWait, "prefetch before-wait"}}) {
+    p.prefetch = mode;
+    const QuantizedGemvSchedule s = quantized_gemv_schedule(p);
+    EXPECT_EQ(s.prefetch, mode);
+    EXPECT_NE(quantized_gemv_name(p, s).find(name), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace longctx::kernels

@@ -173,5 +173,63 @@ TEST(PagedDispatch, CallQueriesComeFromQoIndptr) {
   EXPECT_EQ(paged_call_queries(qo, 0, kernels::MaskMode::kCausal, 0).max_q_len, 0);
 }
 
+PagedShape fp8_llama(int page_size = 16) {
+  PagedShape s = llama_shape(128, page_size);
+  s.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  return s;
+}
+
+// The staged FP8 prefill's pool: the default cap (512 MiB) holds 128K keys of Llama-3.1-8B's
+// layer (8 KV heads x 128, bf16 K and V) whatever the page size, plus each page's 4-byte index;
+// smaller backends get the pool of their largest call; 16-bit caches, cap 0 and backends without
+// the planned prefill none.
+TEST(PagedDispatch, Fp8StagePoolIsTheLargestCallUpToTheCap) {
+  const kernels::KernelTuning t;
+  EXPECT_EQ(t.prefill.fp8_stage_mib, 512);
+  for (int page : {16, 128}) {
+    const PagedShape s = fp8_llama(page);
+    const PlannedKernels k = paged_planned_kernels(s, t);
+    const int64_t keys128k = 131072 / page;
+    const size_t at_cap = paged_fp8_stage_bytes(s, k, t, int64_t(1) << 30);
+    EXPECT_EQ(at_cap, paged_fp8_stage_bytes(s, k, t, keys128k)) << page;
+    EXPECT_EQ(at_cap, (size_t(512) << 20) + keys128k * 4) << page;  // 256-aligned parts
+    EXPECT_TRUE(paged_fp8_staged(s, PagedKernel::kPrefill, keys128k, at_cap));
+    EXPECT_FALSE(paged_fp8_staged(s, PagedKernel::kPrefill, keys128k + 1, at_cap));
+    const size_t small = paged_fp8_stage_bytes(s, k, t, 100);
+    EXPECT_LT(small, at_cap);
+    EXPECT_TRUE(paged_fp8_staged(s, PagedKernel::kPrefill, 100, small));
+    EXPECT_FALSE(paged_fp8_staged(s, PagedKernel::kPrefill, 101, small));
+  }
+  const PagedShape s = fp8_llama();
+  const PlannedKernels k = paged_planned_kernels(s, t);
+  EXPECT_EQ(paged_fp8_stage_bytes(llama_shape(), paged_planned_kernels(llama_shape(), t), t, 100),
+            0u);
+  kernels::KernelTuning off = t;
+  off.prefill.fp8_stage_mib = 0;
+  EXPECT_EQ(paged_fp8_stage_bytes(s, k, off, 100), 0u);
+  kernels::KernelTuning generic = t;
+  generic.attention = kernels::AttentionKernel::kGeneric;
+  EXPECT_EQ(paged_fp8_stage_bytes(s, paged_planned_kernels(s, generic), generic, 100), 0u);
+  kernels::KernelTuning small_cap = t;
+  small_cap.prefill.fp8_stage_mib = 1;  // 1 MiB: 16 pages of 16 x 8 x 128 bf16 K and V
+  const size_t one = paged_fp8_stage_bytes(s, k, small_cap, 1000);
+  EXPECT_TRUE(paged_fp8_staged(s, PagedKernel::kPrefill, 16, one));
+  EXPECT_FALSE(paged_fp8_staged(s, PagedKernel::kPrefill, 17, one));
+}
+
+// Only prefill calls over an FP8 cache are staged: decode steps read the codes (their gain), a
+// 16-bit cache needs no staging, an empty call none.
+TEST(PagedDispatch, Fp8StagingTakesPrefillCallsOnly) {
+  const kernels::KernelTuning t;
+  const PagedShape s = fp8_llama();
+  const size_t pool = paged_fp8_stage_bytes(s, paged_planned_kernels(s, t), t, 1000);
+  EXPECT_TRUE(paged_fp8_staged(s, PagedKernel::kPrefill, 1000, pool));
+  EXPECT_FALSE(paged_fp8_staged(s, PagedKernel::kDecode, 10, pool));
+  EXPECT_FALSE(paged_fp8_staged(s, PagedKernel::kGeneric, 10, pool));
+  EXPECT_FALSE(paged_fp8_staged(llama_shape(128, 16), PagedKernel::kPrefill, 10, pool));
+  EXPECT_FALSE(paged_fp8_staged(s, PagedKernel::kPrefill, 0, pool));
+  EXPECT_FALSE(paged_fp8_staged(s, PagedKernel::kPrefill, 10, 0));
+}
+
 }  // namespace
 }  // namespace longctx

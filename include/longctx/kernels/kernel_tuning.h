@@ -42,6 +42,11 @@ struct PrefillTuning {
   PrefillSplitMode split = PrefillSplitMode::kAuto;
   int unit_heads = 0;  // Hopper unit order: 0 the plan chooses; n > 0 the largest divisor of
                        // num_kv_heads up to n (split or not)
+  // FP8 caches: the staging pool's cap in MiB (kernels/fp8_stage_params.h): a prefill call whose
+  // pages' 16-bit K and V fit runs the 16-bit kernel over them after one conversion launch, a
+  // larger one converts in the kernel (as every call does at 0). 512 MiB: 128K keys of a layer
+  // of 8 KV heads x 128 (docs/fp8_kv.md, "Staged prefill").
+  int fp8_stage_mib = 512;
 };
 
 // The split-KV decode's K/V loader: kAuto takes the TMA kernel where the device has it and the

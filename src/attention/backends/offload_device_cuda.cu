@@ -459,6 +459,15 @@ class CudaOffloadDevice final : public OffloadDevice {
     }
     if (workspace_.numel() < static_cast<int64_t>(total))
       workspace_ = Tensor::empty({static_cast<int64_t>(total * 5 / 4)}, DType::kU8, device_);
+    // FP8: one staging pool for the calls' prefills (they run in stream order), of the most pages
+    // one call reads (a ring slot's, or the resident call's) up to the tuning's cap.
+    int64_t most_pages = 0;
+    for (const CallPlan* cp : calls)
+      if (cp->batch > 0)
+        most_pages = std::max<int64_t>(most_pages, words_.host()[cp->kv_indptr + cp->batch]);
+    if (const size_t stage = dispatch_->fp8_stage_bytes(most_pages);
+        stage > 0 && stage_.numel() < static_cast<int64_t>(stage))
+      stage_ = Tensor::empty({static_cast<int64_t>(stage)}, DType::kU8, device_);
     const int32_t* host = words_.host();
     for (size_t i = 0; i < calls.size(); ++i) {
       CallPlan& cp = *calls[i];
@@ -469,6 +478,10 @@ class CudaOffloadDevice final : public OffloadDevice {
       in.kv_lens = lens[i]->data();
       in.batch = cp.batch;
       in.mask = mask_of(i);
+      if (stage_.defined()) {
+        in.fp8_stage = stage_.data_ptr();
+        in.fp8_stage_bytes = static_cast<size_t>(stage_.numel());
+      }
       void* ws = bytes[i] > 0 ? static_cast<char*>(workspace_.data_ptr()) + offsets[i] : nullptr;
       cp.call = dispatch_->plan(in, ws, bytes[i], compute);
     }
@@ -551,6 +564,7 @@ class CudaOffloadDevice final : public OffloadDevice {
   uint64_t landed_ = 0;
   StagedWords words_;  // the step's index arrays (resident call, ring items, slots)
   Tensor workspace_;   // [bytes] u8: the calls' plans
+  Tensor stage_;       // [bytes] u8: FP8: the staged prefills' pool (grows to the cap)
   CallPlan resident_;
   std::vector<CallPlan> items_;
   int64_t slots_ = 0;  // word offset of the int64 slots

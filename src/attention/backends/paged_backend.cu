@@ -132,6 +132,10 @@ class PagedAttentionBackend final : public AttentionBackend {
     for (size_t g = 0; g < steps_.size(); ++g) steps_[g].workspace_off = g * per_group;
     workspace_ =
         Tensor::empty({static_cast<int64_t>(per_group * steps_.size())}, DType::kU8, device_);
+    // FP8: the staging pool of the prefill calls (one call's pages are at most max_blocks; the
+    // groups' calls run in stream order and share it). Counted by the memory plan's workspaces.
+    if (const size_t stage = dispatch_->fp8_stage_bytes(limits.max_blocks); stage > 0)
+      stage_ = Tensor::empty({static_cast<int64_t>(stage)}, DType::kU8, device_);
     sparse.validate();
     const int64_t max_seq_len =
         limits.max_seq_len > 0 ? limits.max_seq_len : c.num_blocks * c.block_size;
@@ -266,6 +270,10 @@ class PagedAttentionBackend final : public AttentionBackend {
       in.block_sparse = sparse_selects;
       in.num_padding = batch.num_padding_seqs;
       in.window = st.window;
+      if (stage_.defined()) {
+        in.fp8_stage = stage_.data_ptr();
+        in.fp8_stage_bytes = static_cast<size_t>(stage_.numel());
+      }
       st.call = dispatch_->plan(in, static_cast<uint8_t*>(workspace_.data_ptr()) + st.workspace_off,
                                 ws_bytes, stream);
     }
@@ -488,6 +496,7 @@ class PagedAttentionBackend final : public AttentionBackend {
   Tensor host_;                     // [words] i32 pinned staging of every group's index arrays
   Tensor indices_;                  // [words] i32 their device copy
   Tensor workspace_;  // [bytes] u8: the prefill or decode plan's work lists and partials
+  Tensor stage_;      // [bytes] u8: FP8 caches: the staged prefill's pool (undefined otherwise)
   size_t prefill_list_bytes_ = 0;  // the prefill's work list alone
   size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;
   std::optional<PagedDispatcher> dispatch_;  // the kernel of each step, its plan and launch

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/decode_params.h"
+#include "kernels/fp8_stage_params.h"
 
 namespace longctx {
 
@@ -48,6 +49,20 @@ PagedKernel choose_paged_kernel(const PlannedKernels& planned, const PagedCallQu
   if (planned.decode && rule && !q.block_sparse && q.max_q_len <= max_q)
     return PagedKernel::kDecode;
   return planned.prefill ? PagedKernel::kPrefill : PagedKernel::kGeneric;
+}
+
+size_t paged_fp8_stage_bytes(const PagedShape& s, const PlannedKernels& planned,
+                             const kernels::KernelTuning& tuning, int64_t max_call_pages) {
+  if (!planned.prefill || s.kv_format != kernels::KvCacheFormat::kFp8E4M3) return 0;
+  return kernels::fp8_stage_pool_bytes(max_call_pages, tuning.prefill.fp8_stage_mib, s.page_size,
+                                       s.num_kv_heads, s.head_dim, s.dtype);
+}
+
+bool paged_fp8_staged(const PagedShape& s, PagedKernel kernel, int64_t call_pages,
+                      size_t pool_bytes) {
+  return kernel == PagedKernel::kPrefill && s.kv_format == kernels::KvCacheFormat::kFp8E4M3 &&
+         kernels::fp8_stage_fits(call_pages, pool_bytes, s.page_size, s.num_kv_heads, s.head_dim,
+                                 s.dtype);
 }
 
 }  // namespace longctx

@@ -67,4 +67,15 @@ PagedCallQueries paged_call_queries(const int32_t* qo_indptr, int batch, kernels
 PagedKernel choose_paged_kernel(const PlannedKernels& planned, const PagedCallQueries& queries,
                                 int decode_max_q_len);
 
+// FP8 caches, the staged prefill (kernels/fp8_stage_params.h; docs/fp8_kv.md "Staged prefill"):
+// the staging pool a backend allocates for prefill calls of up to max_call_pages pages, capped
+// by tuning.prefill.fp8_stage_mib (0: a 16-bit cache, no planned prefill, or cap 0).
+size_t paged_fp8_stage_bytes(const PagedShape& shape, const PlannedKernels& planned,
+                             const kernels::KernelTuning& tuning, int64_t max_call_pages);
+// Whether a call of `kernel` reading call_pages pages is staged in a pool of pool_bytes: FP8
+// prefill calls whose pages fit; the others (decode steps: reading FP8 is their gain; prefill
+// calls over the cap: the fallback) read the codes in the kernel.
+bool paged_fp8_staged(const PagedShape& shape, PagedKernel kernel, int64_t call_pages,
+                      size_t pool_bytes);
+
 }  // namespace longctx

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "attention/backends/paged_dispatch_cuda.h"
+#include "kernels/cuda/fp8_stage.h"
 #include "kernels/cuda/paged_generic.h"
 #include "kernels/cuda/pdl.h"
 #include "longctx/core/cuda_check.h"
@@ -64,6 +65,10 @@ size_t PagedDispatcher::workspace_bytes(PagedKernel kernel, int batch, int64_t t
   return 0;
 }
 
+size_t PagedDispatcher::fp8_stage_bytes(int64_t max_call_pages) const {
+  return paged_fp8_stage_bytes(shape_, planned_, tuning_, max_call_pages);
+}
+
 PagedCallPlan PagedDispatcher::plan(const PagedCallInput& in, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream) const {
   PagedCallPlan call;
@@ -91,6 +96,12 @@ PagedCallPlan PagedDispatcher::plan(const PagedCallInput& in, void* workspace,
     call.prefill = kernels::cuda::paged_prefill_plan(
         in.qo_indptr, in.kv_lens, in.batch, shape_.num_qo_heads, shape_.num_kv_heads,
         shape_.head_dim, in.mask, workspace, workspace_bytes, stream, prefill);
+    const int64_t pages = in.batch > 0 ? in.kv_indptr[in.batch] : 0;
+    if (in.fp8_stage != nullptr &&
+        paged_fp8_staged(shape_, call.kernel, pages, in.fp8_stage_bytes)) {
+      call.stage_pages = pages;
+      call.stage = in.fp8_stage;
+    }
   }
   return call;
 }
@@ -128,6 +139,12 @@ void PagedDispatcher::run(const PagedCallPlan& call, const kernels::PagedPrefill
       return;
     }
     case PagedKernel::kPrefill:
+      if (call.stage_pages > 0) {
+        kernels::cuda::paged_prefill_run(
+            kernels::cuda::fp8_stage_prefill(p, call.stage_pages, call.stage, stream), call.prefill,
+            stream);
+        return;
+      }
       kernels::cuda::paged_prefill_run(p, call.prefill, stream);
       return;
     case PagedKernel::kGeneric:

@@ -12,6 +12,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/prefill.h"
+#include "kernels/fp8_stage_params.h"
 #include "longctx/kernels/kernel_tuning.h"
 
 namespace longctx {
@@ -22,6 +23,10 @@ struct PagedCallPlan {
   int total_q = 0;  // qo_indptr[batch]: the generic kernel's rows
   kernels::cuda::PrefillPlan prefill;
   kernels::cuda::DecodePlan decode;
+  // A staged FP8 prefill (kernels/fp8_stage_params.h): run() converts the call's pages into the
+  // staging pool (stage_pages > 0), then runs the 16-bit kernel over it.
+  int64_t stage_pages = 0;
+  void* stage = nullptr;  // the pool (PagedCallInput::fp8_stage)
 };
 
 // A call's host index arrays.
@@ -35,6 +40,11 @@ struct PagedCallInput {
   kernels::MaskMode mask = kernels::MaskMode::kCausal;
   int num_padding = 0;  // CUDA-graph padding sequences at the end (kernels::cuda::DecodeGraphMode)
   int window = 0;       // sliding window (PagedPrefillParams::window); run() gets the same
+  // FP8 caches: the staging pool (device, fp8_stage_bytes of the dispatcher) a prefill call is
+  // staged in when its pages fit; null: the in-kernel conversion. Calls run in stream order may
+  // share one pool (each run() converts before its kernel reads).
+  void* fp8_stage = nullptr;
+  size_t fp8_stage_bytes = 0;
 };
 
 class PagedDispatcher {
@@ -65,17 +75,20 @@ class PagedDispatcher {
   size_t prefill_workspace_bytes(int max_batch, int64_t max_q, bool split) const;
   // Workspace of a call of `kernel` (the prefill's without the split).
   size_t workspace_bytes(PagedKernel kernel, int batch, int64_t total_q) const;
+  // The FP8 staging pool for prefill calls of up to max_call_pages pages under the tuning's cap
+  // (PrefillTuning::fp8_stage_mib); 0 for a 16-bit cache, without the planned prefill, or cap 0.
+  size_t fp8_stage_bytes(int64_t max_call_pages) const;
 
   // The call's kernel and plan; the plans' copies are enqueued on `stream` into `workspace`
   // (the prefill takes the split where the bytes give it room).
   PagedCallPlan plan(const PagedCallInput& in, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream) const;
 
-  // Launches the call. params: the shape fields, device index arrays (batch_size, qo_indptr,
-  // kv_indptr, kv_indices, kv_last_page_len), the plan's window, q, the caches and o (or o_f32),
-  // lse optional.
-  // q_token_stride: the decode kernel's q rows apart (0: contiguous); the others read a
-  // contiguous q.
+  // Launches the call (a staged FP8 prefill: the conversion, then the 16-bit kernel over the
+  // pool with kv_indices 0..n-1 and kv_contiguous). params: the shape fields, device index arrays
+  // (batch_size, qo_indptr, kv_indptr, kv_indices, kv_last_page_len), the plan's window, q, the
+  // caches and o (or o_f32), lse optional. q_token_stride: the decode kernel's q rows apart (0:
+  // contiguous); the others read a contiguous q.
   void run(const PagedCallPlan& call, const kernels::PagedPrefillParams& params,
            int64_t q_token_stride, cudaStream_t stream) const;
 

@@ -90,6 +90,9 @@ struct DecodeArgs {
   float scale_log2;      // sm_scale * log2(e): scores live in the log2 domain
   const float* k_scale;  // FP8 caches: [num_pages, num_kv_heads] (decode_fp8_kernel)
   const float* v_scale;
+  int32_t* group_counters;  // [partial slots, num_kv_heads * head_tiles] (two-level merges)
+  int merge_group;          // DecodePlan::merge_group (decode_merge_group's pin)
+  int prefetch_tokens;      // DecodePlan::prefetch_tokens
 };
 
 // Tile geometry of the cp.async ring for head_dim D.
@@ -195,6 +198,30 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeArgs& a) {
   w.r0 = tile * GT;
   w.nr = min(GT, a.group * w.q_len - w.r0);
   return w;
+}
+
+// Before the kernel waits for the one before it (pdl_wait): L2 prefetches of the K and V rows of
+// the first `ntok` keys of the CTA's range (kElemBytes per element: 2, or 1 for FP8 codes), so
+// that HBM serves the CTA's first tiles while the KV store before it drains instead of after
+// (its work item and page ids are the plan's copies, final before that kernel started:
+// decode.h). Only a hint: the KV store's new rows reach L2, where every read meets them, so the
+// kernel reads after pdl_wait what it would without the prefetch.
+template <int D, int kElemBytes>
+__device__ __forceinline__ void prefetch_first_keys(const DecodeArgs& a, const CtaWork& w,
+                                                    int ntok) {
+  constexpr int kRowBytes = D * kElemBytes, kLines = (kRowBytes + 127) / 128;
+  const int begin = w.kv_begin & ~63, end = min(w.kv_end, begin + ntok);
+  const int32_t* pages = a.kv_indices + w.page_base;
+  const char* kc = static_cast<const char*>(a.k);
+  const char* vc = static_cast<const char*>(a.v);
+  for (int i = threadIdx.x; i < (end - begin) * kLines; i += kThreads) {
+    const int tok = begin + i / kLines;
+    const int pi = tok / a.page_size;
+    const int64_t row = int64_t(__ldg(pages + pi)) * a.page_size + (tok - pi * a.page_size);
+    const int64_t off = (row * a.num_kv_heads + w.kvh) * kRowBytes + (i % kLines) * 128;
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kc + off));
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vc + off));
+  }
 }
 
 // Row r of the CTA's (request, kv head): query r / group of the request (its q / o row) and q
@@ -346,10 +373,110 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int32_t* p, int v) {
   return old;
 }
 
+// Counts the calling CTA in at `cnt` (one of `of` CTAs): true for the last, which puts the counter
+// back to 0. Thread 0 only.
+__device__ __forceinline__ bool count_in(int32_t* cnt, int of) {
+  const int prev = atomic_add_acq_rel_gpu(cnt, 1);
+  const bool last = prev == of - 1;
+  if (last) *cnt = 0;
+  return last;
+}
+
+// Merges `count` partial states of the CTA's rows, at partial slots first, first + step, ...,
+// into o / lse (out_slot < 0) or into partial slot out_slot (a group's first slot: a barrier
+// between the reads and the writes of each pass, so in place is safe). One pass: each
+// thread takes four dims of one row (float4 partial rows) and issues kBatch states' lse and o
+// loads before using any, keeping a running max. A merge is a chain of L2 round trips (the
+// partials were written by other SMs during this kernel, so they are read with ld.global.cg), and
+// its length is what it costs: at 32 states and kBatch 16, 2 round trips against 6 for a separate
+// max / sum pass before batches of 8. kBatch 16 takes ~250 registers, which only a kernel held
+// to 2 CTAs per SM by its shared memory affords.
+template <typename T, int D, int kBatch>
+__device__ __forceinline__ void merge_states(const DecodeArgs& a, const CtaWork& w, int first,
+                                             int count, int step, int out_slot) {
+  T* o = static_cast<T*>(a.o);
+  const int64_t slot_rows = int64_t(a.q_rows) * a.num_qo_heads;
+  // Passes of kThreads units, the same count in every thread (the in-place case's barrier).
+  const int total = w.nr * D / 4;
+  for (int base = 0; base < total; base += kThreads) {
+    const int idx = base + threadIdx.x;
+    const bool mine = idx < total;
+    const int g = mine ? idx / (D / 4) : 0, d = mine ? (idx % (D / 4)) * 4 : 0;
+    int qi, h;
+    row_of(a, w, w.r0 + g, qi, h);
+    const int64_t row_in_slot = int64_t(qi) * a.num_qo_heads + h;
+    const int64_t prow = int64_t(first) * slot_rows + row_in_slot;
+    const float* pl = a.partial_lse + prow;
+    const float* po = a.partial_o + prow * D + d;
+    const int64_t lse_step = slot_rows * step, o_step = slot_rows * step * D;
+    float mx = -INFINITY, sum = 0.f;
+    float4 out = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int st0 = 0; st0 < count; st0 += kBatch) {
+      float lv[kBatch];
+      float4 ov[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const bool in = mine && st0 + u < count;
+        lv[u] = in ? __ldcg(pl + (st0 + u) * lse_step) : -INFINITY;
+        ov[u] = in ? __ldcg(reinterpret_cast<const float4*>(po + (st0 + u) * o_step))
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float bm = mx;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) bm = fmaxf(bm, lv[u]);
+      if (bm == -INFINITY) continue;    // no state so far saw a key
+      const float r = __expf(mx - bm);  // mx = -inf: 0 (sum and out are 0 then)
+      sum *= r;
+      out.x *= r;
+      out.y *= r;
+      out.z *= r;
+      out.w *= r;
+      mx = bm;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const float wt = __expf(lv[u] - mx);  // -inf (empty or past count): 0
+        sum += wt;
+        out.x = fmaf(wt, ov[u].x, out.x);
+        out.y = fmaf(wt, ov[u].y, out.y);
+        out.z = fmaf(wt, ov[u].z, out.z);
+        out.w = fmaf(wt, ov[u].w, out.w);
+      }
+    }
+    if (mx != -INFINITY) {
+      out.x /= sum;
+      out.y /= sum;
+      out.z /= sum;
+      out.w /= sum;
+    }
+    const float lse = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
+    if (out_slot >= 0) {
+      // A row's lse is read by every thread of the row (two warps at head_dim 256): all reads of
+      // the states before the first write into the group's first slot.
+      __syncthreads();
+      const int64_t orow = int64_t(out_slot) * slot_rows + row_in_slot;
+      if (mine) *reinterpret_cast<float4*>(a.partial_o + orow * D + d) = out;
+      if (mine && d == 0) a.partial_lse[orow] = lse;
+      continue;
+    }
+    if (!mine) continue;
+    const int64_t orow = (int64_t(w.q_start) + qi) * a.num_qo_heads + h;
+    if (a.o_f32) {
+      *reinterpret_cast<float4*>(a.o_f32 + orow * D + d) = out;
+    } else {
+      T* od = o + orow * D + d;
+      od[0] = detail::from_f32<T>(out.x);
+      od[1] = detail::from_f32<T>(out.y);
+      od[2] = detail::from_f32<T>(out.z);
+      od[3] = detail::from_f32<T>(out.w);
+    }
+    if (d == 0 && a.lse) a.lse[orow] = lse;
+  }
+}
+
 // What the kernel does after its K/V range: merges the NSRC softmax states the compute stored
 // (MmaCompute::store: into s_acc and e) into o, or into the request's partial
-// slot; then, for a split request, the CTA that finishes last merges the request's partial states
-// into o.
+// slot; then, for a split request, the CTAs that finish last merge the request's partial states
+// into o (merge_states; one or two levels).
 template <typename T, int D, int GT, int NSRC, int kBatch>
 __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_acc,
                                            EpilogueSmem<GT>& e, const CtaWork& w) {
@@ -391,87 +518,35 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
   if (slot < 0) return;
 
   // Split request: the CTA that finishes last (of this request's splits for this kv head / head
-  // tile) merges them. Thread 0 counts this CTA in with one acquire-release atomic: its release
-  // half publishes the partial stores every thread made before the barrier (cumulativity, as in
-  // CUTLASS's generic barrier), its acquire half makes the other CTAs' partials visible to the
-  // last CTA (read after the next barrier, from L2); separate fences before and after the count
-  // would add a round trip each to the kernel's tail. The last CTA puts the counter back to 0 for
-  // the next run (plan() zeroes it once), which keeps run() free of memsets and graph-replayable.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t* cnt = a.counters + int64_t(b) * w.ctas_per_item + w.hslot;
-    const int prev = atomic_add_acq_rel_gpu(cnt, 1);
-    e.last = prev == n - 1;
-    if (e.last) *cnt = 0;
+  // tile) merges them; with many splits, in two levels (decode_merge_group): the last CTA of each
+  // group of g splits merges the group into its first slot, the last group's CTA merges those.
+  // Counting in: thread 0's one acquire-release atomic; its release half publishes the partial
+  // stores every thread made before the barrier (cumulativity, as in CUTLASS's generic barrier),
+  // its acquire half makes the other CTAs' partials visible to the last CTA (read after the next
+  // barrier, from L2); separate fences before and after the count would add a round trip each to
+  // the kernel's tail. The last CTA puts the counter back to 0 for the next run (plan() zeroes it
+  // once), which keeps run() free of memsets and graph-replayable.
+  const int g = decode_merge_group(n, a.merge_group);
+  int count = n, step = 1;
+  if (g < n) {
+    const int k = (slot - s0) / g, gs = s0 + k * g;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      e.last =
+          count_in(a.group_counters + int64_t(gs) * w.ctas_per_item + w.hslot, min(g, n - k * g));
+    __syncthreads();
+    if (!e.last) return;
+    merge_states<T, D, kBatch>(a, w, gs, min(g, n - k * g), 1, gs);
+    count = (n + g - 1) / g;
+    step = g;
   }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    e.last = count_in(a.counters + int64_t(b) * w.ctas_per_item + w.hslot, count);
   __syncthreads();
   LONGCTX_TIMELINE_MARK(kMarkCounted);
   if (!e.last) return;
-  // One pass over the n states: each thread takes four dims of one head (float4 partial rows)
-  // and issues kBatch states' lse and o loads before using any, keeping a running max. The merge
-  // is a chain of L2 round trips (the partials were written by other SMs during this kernel, so
-  // they are read with ld.global.cg), and its length is what it costs: at 32 splits and kBatch
-  // 16, 2 round trips against 6 for a separate max / sum pass before batches of 8. kBatch 16
-  // takes ~250 registers, which only a kernel held to 2 CTAs per SM by its shared memory affords.
-  for (int idx = threadIdx.x; idx < nh * D / 4; idx += kThreads) {
-    const int g = idx / (D / 4), d = (idx % (D / 4)) * 4;
-    int qi, h;
-    row_of(a, w, w.r0 + g, qi, h);
-    const int64_t prow = int64_t(s0) * slot_rows + int64_t(qi) * a.num_qo_heads + h;
-    const float* pl = a.partial_lse + prow;
-    const float* po = a.partial_o + prow * D + d;
-    const int64_t lse_step = slot_rows, o_step = slot_rows * D;
-    float mx = -INFINITY, sum = 0.f;
-    float4 out = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int st0 = 0; st0 < n; st0 += kBatch) {
-      float lv[kBatch];
-      float4 ov[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const bool in = st0 + u < n;
-        lv[u] = in ? __ldcg(pl + (st0 + u) * lse_step) : -INFINITY;
-        ov[u] = in ? __ldcg(reinterpret_cast<const float4*>(po + (st0 + u) * o_step))
-                   : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float bm = mx;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) bm = fmaxf(bm, lv[u]);
-      if (bm == -INFINITY) continue;    // no state so far saw a key
-      const float r = __expf(mx - bm);  // mx = -inf: 0 (sum and out are 0 then)
-      sum *= r;
-      out.x *= r;
-      out.y *= r;
-      out.z *= r;
-      out.w *= r;
-      mx = bm;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const float w = __expf(lv[u] - mx);  // -inf (empty or past n): 0
-        sum += w;
-        out.x = fmaf(w, ov[u].x, out.x);
-        out.y = fmaf(w, ov[u].y, out.y);
-        out.z = fmaf(w, ov[u].z, out.z);
-        out.w = fmaf(w, ov[u].w, out.w);
-      }
-    }
-    if (mx != -INFINITY) {
-      out.x /= sum;
-      out.y /= sum;
-      out.z /= sum;
-      out.w /= sum;
-    }
-    const int64_t orow = (int64_t(w.q_start) + qi) * a.num_qo_heads + h;
-    if (a.o_f32) {
-      *reinterpret_cast<float4*>(a.o_f32 + orow * D + d) = out;
-    } else {
-      T* od = o + orow * D + d;
-      od[0] = detail::from_f32<T>(out.x);
-      od[1] = detail::from_f32<T>(out.y);
-      od[2] = detail::from_f32<T>(out.z);
-      od[3] = detail::from_f32<T>(out.w);
-    }
-    if (d == 0 && a.lse) a.lse[orow] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
-  }
+  merge_states<T, D, kBatch>(a, w, s0, count, step, -1);
   LONGCTX_TIMELINE_MARK(kMarkMerged);
 }
 
@@ -486,12 +561,14 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
   __shared__ EpilogueSmem<GT> e;
 
   LONGCTX_TIMELINE_MARK(kMarkEntry);
-  // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): everything below may read
-  // what it wrote. The o_proj GEMV after it may start meanwhile (and wait for it).
-  pdl_wait();
-  pdl_launch_dependents();
+  // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): the work item and the first
+  // keys' L2 prefetch before pdl_wait (prefetch_first_keys); everything after it may read what
+  // the KV store wrote. The o_proj GEMV after it may start meanwhile (and wait for it).
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0 || w.nr <= 0) return;  // padding item, or rows past the request's queries
+  prefetch_first_keys<D, 2>(a, w, a.prefetch_tokens);
+  pdl_wait();
+  pdl_launch_dependents();
   LONGCTX_TIMELINE_MARK(kMarkWork);
   // The item's first key may be a sliding window's (any key); its tiles start at the multiple
   // of 64 at or before it (where a split may start, so the TMA's tiles stay within a page) and
@@ -611,10 +688,11 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ EpilogueSmem<GT> e;
 
+  const CtaWork w = cta_work<GT>(a);  // before pdl_wait: as the ring kernel
+  if (w.b < 0 || w.nr <= 0) return;   // padding item, or rows past the request's queries
+  prefetch_first_keys<D, 1>(a, w, a.prefetch_tokens);
   pdl_wait();
   pdl_launch_dependents();
-  const CtaWork w = cta_work<GT>(a);
-  if (w.b < 0 || w.nr <= 0) return;  // padding item, or rows past the request's queries
   const int kv_begin = w.kv_begin & ~63, kv_end = w.kv_end, kvh = w.kvh;
   const uint8_t* kc = static_cast<const uint8_t*>(a.k);
   const uint8_t* vc = static_cast<const uint8_t*>(a.v);
@@ -744,17 +822,18 @@ __global__ void __launch_bounds__(kThreads)
   auto stage_v = [&](int st) { return stage_k(st) + TILE * D * 2; };
   auto bar = [&](int st) { return smem_addr(&full[st]); };
   // Launched as a dependent of the KV store (kernels/cuda/pdl.cuh): the maps (kernel parameters)
-  // are prefetched while it drains; pdl_wait comes before any global read, the work item's
-  // among them (it says how the barriers count arrivals). The o_proj GEMV after this kernel may
-  // start meanwhile (and wait for it).
+  // are prefetched while it drains, the work item read and the first keys' L2 prefetch issued
+  // (prefetch_first_keys) before pdl_wait; every read of K / V after it. The o_proj GEMV after
+  // this kernel may start meanwhile (and wait for it).
   if (leader) {
     tma_prefetch_map(&tm_k);
     tma_prefetch_map(&tm_v);
   }
-  pdl_wait();
-  pdl_launch_dependents();
   const CtaWork w = cta_work<GT>(a);
   if (w.b < 0 || w.nr <= 0) return;  // padding item, or rows past the request's queries
+  prefetch_first_keys<D, 2>(a, w, a.prefetch_tokens);
+  pdl_wait();
+  pdl_launch_dependents();
   LONGCTX_TIMELINE_MARK(kMarkWork);
   const bool cp_async_stages = w.cp_async_stages;
   if (leader) {
@@ -897,7 +976,8 @@ int64_t max_work_items(int max_batch, int num_kv_heads, int group, int num_sms) 
 }
 
 struct WorkspaceLayout {
-  size_t work = 0, po = 0, plse = 0, counters = 0, total = 0;
+  size_t work = 0, po = 0, plse = 0, counters = 0, group_counters = 0, total = 0;
+  int64_t max_partials = 0;
 };
 
 // max_q: the most queries per request (a partial slot's states are max_q x num_qo_heads).
@@ -905,14 +985,17 @@ WorkspaceLayout layout_of(int batch, int64_t max_items, int num_qo_heads, int nu
                           int head_dim, int max_q) {
   const int64_t ctas_per_item =
       int64_t(num_kv_heads) * head_tiles_of(num_qo_heads / num_kv_heads * max_q);
-  const int64_t states = decode_max_partials(max_items, batch) * num_qo_heads * max_q;
   WorkspaceLayout w;
+  w.max_partials = decode_max_partials(max_items, batch);
+  const int64_t states = w.max_partials * num_qo_heads * max_q;
   w.work = 0;
   w.po = workspace_align(w.work + sizeof(int32_t) * kWorkInts * max_items);
   w.plse = workspace_align(w.po + sizeof(float) * states * head_dim);
   w.counters = workspace_align(w.plse + sizeof(float) * states);
-  w.total =
+  w.group_counters =
       workspace_align(w.counters + sizeof(int32_t) * std::max<int64_t>(1, batch * ctas_per_item));
+  w.total = workspace_align(w.group_counters +
+                            sizeof(int32_t) * std::max<int64_t>(1, w.max_partials * ctas_per_item));
   return w;
 }
 
@@ -1061,7 +1144,10 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
                p.window,
                p.sm_scale * kLog2e,
                p.k_scale,
-               p.v_scale};
+               p.v_scale,
+               plan.group_counters,
+               plan.merge_group,
+               plan.prefetch_tokens};
   const int64_t ctas = decode_grid_ctas(plan);
   LONGCTX_CHECK(ctas <= 0x7fffffff, ErrorCode::kInvalidArgument, "decode_run: {} CTAs", ctas);
   const dim3 grid(static_cast<unsigned>(ctas));
@@ -1208,7 +1294,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
     LONGCTX_CUDA_CHECK(cudaMemcpyAsync(base + w.work, work.items.data(),
                                        sizeof(int32_t) * work.items.size(), cudaMemcpyHostToDevice,
                                        stream));
-  // The fused merge's counters start at 0; each run leaves them at 0 again.
+  // The fused merge's counters (both levels) start at 0; each run leaves them at 0 again.
   LONGCTX_CUDA_CHECK(cudaMemsetAsync(base + w.counters, 0, w.total - w.counters, stream));
   DecodePlan plan;
   plan.batch_size = batch;
@@ -1229,6 +1315,9 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.partial_o = reinterpret_cast<float*>(base + w.po);
   plan.partial_lse = reinterpret_cast<float*>(base + w.plse);
   plan.counters = reinterpret_cast<int32_t*>(base + w.counters);
+  plan.group_counters = reinterpret_cast<int32_t*>(base + w.group_counters);
+  plan.max_partials = int(w.max_partials);
+  plan.prefetch_tokens = kDecodePrefetchTokens;
   return plan;
 }
 

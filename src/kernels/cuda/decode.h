@@ -2,7 +2,8 @@
 // KV into chunks so that even ONE request at 32K+ keys spreads over every SM; each CTA handles one
 // (chunk, kv head) and all q heads of that kv group at once (so each K/V byte is read once, up to
 // 8 q heads per CTA), and the partial (o, lse) states of a split request are merged in fp32 by the
-// last of its CTAs (fused: one launch per call). Requests that fit in one chunk write o directly.
+// last of its CTAs (fused: one launch per call; many splits in two levels, the last CTA of each
+// group of splits first: decode_merge_group). Requests that fit in one chunk write o directly.
 //
 // The kernel (decode.cu) streams K/V tiles through a 4-stage cp.async ring in shared memory and
 // computes with mma.sync (tensor cores: CUDA-core math would make it compute-bound). q is read in
@@ -31,6 +32,11 @@
 // The work list carries each request's kv_indptr entry, so the kernel's first page lookup does
 // not wait for a load of kv_indptr: run()'s params.kv_indptr must hold the values plan() was
 // given (it is not read on the device).
+//
+// The kernel reads its work item and the pages of its first keys before it waits for the kernel
+// before it (programmatic dependent launch: the L2 prefetch of those keys overlaps that kernel),
+// so kv_indices must hold its values before that kernel starts (host copies, as plan()'s work
+// list); the K / V pages may be written by the kernel right before decode_run.
 //
 // run() reads only device memory written by plan() (work list + partial buffers in the caller's
 // workspace; the merge counters it increments are back at 0 when it ends), so it can be captured
@@ -76,7 +82,23 @@ struct DecodePlan {
   float* partial_lse = nullptr;         // device [num_partials, max_q_len, num_qo_heads]
   int32_t* counters = nullptr;  // device [batch_size, num_kv_heads * head tiles] finished splits
                                 // (the fused merge's; zeroed by plan(), left at 0 by each run)
+  int32_t* group_counters = nullptr;  // device [max_partials, num_kv_heads * head tiles]: the
+                                      // two-level merge's finished splits per group (at the
+                                      // group's first slot; zeroed by plan(), left at 0)
+  int max_partials = 0;               // partial slots the workspace holds (group_counters' rows)
+  // The fused merge's group size (decode_merge_group's `pinned`): 0 its rule per request, N > 0
+  // groups of N partial states (N >= a request's splits: one level). plan() leaves 0; a bench
+  // may pin it before decode_run (any value merges correctly: the workspace holds a counter per
+  // partial slot).
+  int merge_group = 0;
+  // Keys at the start of each CTA's range whose K / V rows it prefetches into L2 before it waits
+  // for the kernel before it (kDecodePrefetchTokens; 0: none). A hint: any value reads the same.
+  int prefetch_tokens = 0;
 };
+
+// The plan's prefetch_tokens: 4 of the TMA kernel's 64-token stages (two of them in its
+// prologue), 128 KB of K + V a CTA at head_dim 128.
+constexpr int kDecodePrefetchTokens = 256;
 
 // CUDA-graph replay (engine/cuda_graphs.h): the last num_padding requests only fill a graph's
 // batch size; each gets one work item over all its keys (meant for a key or two) and they do not

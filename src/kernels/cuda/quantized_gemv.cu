@@ -101,6 +101,83 @@ __device__ __forceinline__ void write_out(const Params& p, int j, int64_t o, flo
   }
 }
 
+// Asks L2 for `rows` rows of `row_bytes` bytes at base + r * stride (the 16-byte-aligned part of
+// each), one bulk prefetch a row spread over the CTA's threads: the CTA's weights stream while x
+// is staged, and the loads after it find them in L2 or in flight, more bytes in flight than
+// registers hold. A hint that reads nothing into the kernel, so it may run before pdl_wait
+// (kBeforeWait: L2 is where every SM's stores land, so a line an earlier kernel writes after the
+// prefetch is updated there).
+__device__ __forceinline__ void prefetch_l2(bool on, const void* base, int64_t stride,
+                                            int64_t row_bytes, int64_t rows) {
+  if (!on || row_bytes <= 0) return;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(base) + r * stride;
+    const uintptr_t b = (a + 15) & ~uintptr_t(15), e = (a + row_bytes) & ~uintptr_t(15);
+    if (e <= b) continue;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(b), "r"(uint32_t(e - b))
+                 : "memory");
+#else
+    for (uintptr_t c = b; c < e; c += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c));
+#endif
+  }
+}
+
+// The CTA's slice of a GPTQ qweight (word rows k0/8.., outputs col0..col0 + tile), of an AWQ
+// qweight (input rows k0.., words col0/8..) and of an FP8 weight (rows o0..o0 + tile, bytes
+// k0..k1).
+using Prefetch = QuantizedGemvPrefetch;
+
+__device__ __forceinline__ void prefetch_gptq(const Params& p, Prefetch when, int64_t k0,
+                                              int64_t k1, int64_t col0, int64_t tile) {
+  prefetch_l2(p.prefetch == when,
+              static_cast<const uint32_t*>(p.qweight) + (k0 / 8) * p.out_features + col0,
+              p.out_features * 4, min(tile, p.out_features - col0) * 4, (k1 - k0) / 8);
+}
+__device__ __forceinline__ void prefetch_awq(const Params& p, Prefetch when, int64_t k0, int64_t k1,
+                                             int64_t col0, int64_t tile) {
+  prefetch_l2(p.prefetch == when,
+              static_cast<const uint32_t*>(p.qweight) + k0 * (p.out_features / 8) + col0 / 8,
+              p.out_features / 2, min(tile, p.out_features - col0) / 2, k1 - k0);
+}
+__device__ __forceinline__ void prefetch_fp8(const Params& p, Prefetch when, int64_t k0, int64_t k1,
+                                             int64_t o0, int64_t tile) {
+  prefetch_l2(p.prefetch == when, static_cast<const uint8_t*>(p.qweight) + o0 * p.in + k0, p.in,
+              k1 - k0, min(tile, p.out_features - o0));
+}
+
+// With several K slices and tile counters (kLastCta), called by every thread of the CTA after its
+// partials of outputs [col0, col0 + tile) are written: the CTA that arrives last at the tile's
+// counter adds every slice's partials in slice order (+ bias; reduce_splits_kernel's order, so
+// the same bits), writes the outputs and resets the counter to zero for the next launch. The
+// fence before the arrival makes this CTA's partials visible to the last one; that one reads
+// them through L2 (__ldcg: another SM's stores are not in this SM's L1).
+template <typename TO>
+__device__ __forceinline__ void finish_splits(const Params& p, int64_t col0, int tile) {
+  if (gridDim.y == 1 || p.tile_counters == nullptr) return;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t arrived = atomicAdd(p.tile_counters + blockIdx.x, 1u) + 1;
+    last = arrived == gridDim.y;
+    if (last) atomicExch(p.tile_counters + blockIdx.x, 0u);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < p.n * tile; i += blockDim.x) {
+    const int j = i / tile;
+    const int64_t o = col0 + (i - j * tile);
+    if (o >= p.out_features) continue;
+    const float* part = p.partial + int64_t(j) * p.out_features + o;
+    float v = 0.f;
+    for (int64_t sl = 0; sl < gridDim.y; ++sl) v += __ldcg(part + sl * p.n * p.out_features);
+    if (p.bias) v += load_any(p.bias, p.bias_dtype, o);
+    static_cast<TO*>(p.out)[j * p.ldo + o] = from_f32<TO>(v);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // SIMT int4 helpers.
 
@@ -180,10 +257,30 @@ __device__ __forceinline__ void finish_tile(const Params& p, float (&acc)[C][N],
     if (o >= p.out_features || j >= p.n) continue;
     write_out<TO>(p, j, o, red[i]);
   }
+  finish_splits<TO>(p, col0, kTile);
 }
 
 // ---------------------------------------------------------------------------------------------
 // SIMT GPTQ: a lane reads 4 columns of a word row (16 bytes); a warp 128 columns.
+
+// The zeros (as magic_nibbles' zero terms) and scales of outputs o..o + C - 1 for the group of
+// word row r, and the first word row past that group. A function rather than a lambda capturing
+// the arrays by reference (see awq_flush).
+template <int C>
+__device__ __forceinline__ void gptq_group_params(const Params& p, int64_t r, int64_t group_rows,
+                                                  int64_t o, int64_t& grp_end,
+                                                  ZeroTerms (&zt)[C][2], float (&s)[C]) {
+  const int64_t grp = r / group_rows;  // a division per group, not per word
+  grp_end = (grp + 1) * group_rows;
+  const uint32_t zw = __ldg(p.qzeros + grp * (p.out_features / 8) + o / 8) >> (4 * (o % 8));
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const float z = float(((zw >> (4 * c)) & 0xf) + p.zero_offset);
+    zt[c][0].lo = zt[c][1].lo = __float2half2_rn(-1024.f - z);
+    zt[c][0].hi = zt[c][1].hi = __float2half2_rn(-64.f - z);
+    s[c] = load_any(p.scales, p.scale_dtype, grp * p.out_features + o + c);
+  }
+}
 
 template <int N, typename T, typename TO>
 __global__ void __launch_bounds__(kThreads) gptq_simt_kernel(Params p, int64_t k_per_split) {
@@ -193,46 +290,48 @@ __global__ void __launch_bounds__(kThreads) gptq_simt_kernel(Params p, int64_t k
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t k0 = int64_t(blockIdx.y) * k_per_split;
   const int64_t k1 = min(p.in, k0 + k_per_split);
+  prefetch_gptq(p, Prefetch::kBeforeWait, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
-  stage_x<N, T>(p, k0, k1, xs);
+  prefetch_gptq(p, Prefetch::kAfterWait, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   const int64_t col0 = int64_t(blockIdx.x) * 32 * C, o = col0 + lane * C;
   const int64_t r_begin = k0 / 8, rows = (k1 - k0) / 8;
   const int64_t per_warp = ceil_div(rows, kWarps);
   const int64_t r0 = r_begin + min(rows, warp * per_warp);
   const int64_t r1 = r_begin + min(rows, (warp + 1) * per_warp);
+  const bool live = o < p.out_features;
+  const uint4* qw =
+      reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(p.qweight) + (live ? o : 0));
+  const int64_t row_words = p.out_features / 4;  // uint4 per qweight row
+  const int64_t group_rows = p.group / 8;        // word rows per group
+  // The first words and the first group's zeros and scales are in flight while x is staged.
+  uint4 wv[U];
+  ZeroTerms zt[C][2];
+  float s[C];
+  int64_t grp_end = -1;  // first word row past the current group
+  if (live) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (r0 + u < r1) wv[u] = __ldcs(qw + (r0 + u) * row_words);
+    if (r0 < r1) gptq_group_params<C>(p, r0, group_rows, o, grp_end, zt, s);
+  }
+  stage_x<N, T>(p, k0, k1, xs);
   float acc[C][N];
 #pragma unroll
   for (int c = 0; c < C; ++c)
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[c][j] = 0.f;
-  if (o < p.out_features) {
-    const uint4* qw = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(p.qweight) + o);
-    const int64_t row_words = p.out_features / 4;  // uint4 per qweight row
-    const int64_t group_rows = p.group / 8;        // word rows per group
-    int64_t grp_end = -1;                          // first word row past the current group
-    ZeroTerms zt[C][2];
-    float s[C];
+  if (live) {
     for (int64_t r = r0; r < r1; r += U) {
-      uint4 wv[U];
+      if (r != r0) {
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (r + u < r1) wv[u] = __ldcs(qw + (r + u) * row_words);
+        for (int u = 0; u < U; ++u)
+          if (r + u < r1) wv[u] = __ldcs(qw + (r + u) * row_words);
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (r + u >= r1) break;
-        if (r + u >= grp_end) {  // a division per group, not per word
-          const int64_t grp = (r + u) / group_rows;
-          grp_end = (grp + 1) * group_rows;
-          const uint32_t zw = __ldg(p.qzeros + grp * (p.out_features / 8) + o / 8) >> (4 * (o % 8));
-#pragma unroll
-          for (int c = 0; c < C; ++c) {
-            const float z = float(((zw >> (4 * c)) & 0xf) + p.zero_offset);
-            zt[c][0].lo = zt[c][1].lo = __float2half2_rn(-1024.f - z);
-            zt[c][0].hi = zt[c][1].hi = __float2half2_rn(-64.f - z);
-            s[c] = load_any(p.scales, p.scale_dtype, grp * p.out_features + o + c);
-          }
-        }
+        if (r + u >= grp_end) gptq_group_params<C>(p, r + u, group_rows, o, grp_end, zt, s);
         const float* xr = xs + (r + u - r_begin) * 8;
         const uint32_t words[C] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
 #pragma unroll
@@ -314,8 +413,10 @@ __global__ void __launch_bounds__(kThreads, N >= 8 ? 1 : 2)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t k0 = int64_t(blockIdx.y) * k_per_split;
   const int64_t k1 = min(p.in, k0 + k_per_split);
+  prefetch_awq(p, Prefetch::kBeforeWait, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_awq(p, Prefetch::kAfterWait, k0, k1, int64_t(blockIdx.x) * 32 * C, 32 * C);
   stage_x<N, T>(p, k0, k1, xs);
   const int64_t col0 = int64_t(blockIdx.x) * 32 * C, o = col0 + lane * C;
   const int64_t rows = k1 - k0, per_warp = ceil_div(rows, kWarps);
@@ -398,10 +499,9 @@ __device__ __forceinline__ void fp8x16_to_f32(const uint4& v, float (&f)[16]) {
   }
 }
 
-// 8 consecutive x elements (16-byte aligned) as f32.
+// 8 x elements of type T packed in u as f32.
 template <typename T>
-__device__ __forceinline__ void load_x8(const T* p, float* v) {
-  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+__device__ __forceinline__ void cvt_x8(const uint4& u, float* v) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -418,6 +518,12 @@ __device__ __forceinline__ void load_x8(const T* p, float* v) {
     v[2 * i] = f.x;
     v[2 * i + 1] = f.y;
   }
+}
+
+// 8 consecutive x elements (16-byte aligned) as f32.
+template <typename T>
+__device__ __forceinline__ void load_x8(const T* p, float* v) {
+  cvt_x8<T>(__ldg(reinterpret_cast<const uint4*>(p)), v);
 }
 
 template <int N, bool kBlockScale, typename T, typename TO>
@@ -447,8 +553,11 @@ __global__ void __launch_bounds__(kThreads) fp8_simt_kernel(Params p, int64_t k_
   const int chunks_per_block = int(p.block_in / 16);
   const bool pow2 = (chunks_per_block & (chunks_per_block - 1)) == 0;
   const int shift = __ffs(chunks_per_block) - 1;
+  const int64_t o_cta = int64_t(blockIdx.x) * kWarps * R;
+  prefetch_fp8(p, Prefetch::kBeforeWait, c_begin * 16, c_end * 16, o_cta, kWarps * R);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_fp8(p, Prefetch::kAfterWait, c_begin * 16, c_end * 16, o_cta, kWarps * R);
   for (int64_t c = c_begin + lane; c < c_end; c += 32 * U) {
     uint4 wv[U][R];
 #pragma unroll
@@ -456,6 +565,26 @@ __global__ void __launch_bounds__(kThreads) fp8_simt_kernel(Params p, int64_t k_
 #pragma unroll
       for (int r = 0; r < R; ++r)
         if (c + u * 32 < c_end) wv[u][r] = __ldcs(wrow[r] + c + u * 32);
+    // The chunks' block scales and (one row of x) x's chunks are loaded with the weights, before
+    // any math, so their latencies overlap the weights' instead of following them.
+    float sc[U][R];
+    uint4 xq[N == 1 ? U : 1][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t cc = c + u * 32;
+      if (cc >= c_end) break;
+      if constexpr (kBlockScale) {
+        const int ci = int(cc);
+        const int col = pow2 ? ci >> shift : ci / chunks_per_block;
+#pragma unroll
+        for (int r = 0; r < R; ++r) sc[u][r] = load_any(p.scales, p.scale_dtype, srow[r] + col);
+      }
+      if constexpr (N == 1) {
+        const uint4* xc = reinterpret_cast<const uint4*>(x + cc * 16);
+        xq[u][0] = __ldg(xc);
+        xq[u][1] = __ldg(xc + 1);
+      }
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t cc = c + u * 32;
@@ -464,18 +593,19 @@ __global__ void __launch_bounds__(kThreads) fp8_simt_kernel(Params p, int64_t k_
 #pragma unroll
       for (int r = 0; r < R; ++r) fp8x16_to_f32(wv[u][r], wf[r]);
       float s[R];
-      if constexpr (kBlockScale) {
-        const int ci = int(cc);
-        const int col = pow2 ? ci >> shift : ci / chunks_per_block;
 #pragma unroll
-        for (int r = 0; r < R; ++r) s[r] = load_any(p.scales, p.scale_dtype, srow[r] + col);
-      }
+      for (int r = 0; r < R; ++r) s[r] = kBlockScale ? sc[u][r] : 1.f;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         if (j >= p.n) break;
         float xv[16];
-        load_x8<T>(x + j * p.ldx + cc * 16, xv);
-        load_x8<T>(x + j * p.ldx + cc * 16 + 8, xv + 8);
+        if constexpr (N == 1) {
+          cvt_x8<T>(xq[u][0], xv);
+          cvt_x8<T>(xq[u][1], xv + 8);
+        } else {
+          load_x8<T>(x + j * p.ldx + cc * 16, xv);
+          load_x8<T>(x + j * p.ldx + cc * 16 + 8, xv + 8);
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           float part = 0.f;
@@ -495,19 +625,21 @@ __global__ void __launch_bounds__(kThreads) fp8_simt_kernel(Params p, int64_t k_
     for (int j = 0; j < N; ++j)
 #pragma unroll
       for (int m = 16; m > 0; m >>= 1) acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], m);
-  if (lane != 0) return;
+  if (lane == 0) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t o = o0 + r;
-    if (o >= p.out_features) break;
-    const float s =
-        kBlockScale ? 1.f : load_any(p.scales, p.scale_dtype, int64_t(p.scale_stride) * o);
+    for (int r = 0; r < R; ++r) {
+      const int64_t o = o0 + r;
+      if (o >= p.out_features) break;
+      const float s =
+          kBlockScale ? 1.f : load_any(p.scales, p.scale_dtype, int64_t(p.scale_stride) * o);
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-      if (j >= p.n) break;
-      write_out<TO>(p, j, o, kBlockScale ? acc[r][j] : acc[r][j] * s);
+      for (int j = 0; j < N; ++j) {
+        if (j >= p.n) break;
+        write_out<TO>(p, j, o, kBlockScale ? acc[r][j] : acc[r][j] * s);
+      }
     }
   }
+  finish_splits<TO>(p, int64_t(blockIdx.x) * kWarps * R, kWarps * R);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -563,6 +695,7 @@ __device__ __forceinline__ void mma_finish(const Params& p, const float* red, in
     for (int w = 0; w < kMmaWarps; ++w) v += red[(w * kRows + j) * kMmaTile + c];
     write_out<TO>(p, j, o, v);
   }
+  finish_splits<TO>(p, col0, kMmaTile);
 }
 
 // The warp's range of `steps` steps of the CTA's slice.
@@ -681,8 +814,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gptq_mma_kernel(Params p, int6
   const bool x_row = g < p.n;
   GptqMma m;
   m.clear();
+  prefetch_gptq(p, Prefetch::kBeforeWait, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_gptq(p, Prefetch::kAfterWait, k0, k1, col0, kMmaTile);
   const int group = int(p.group);
   int grp_end = -1;  // the first input past the current group
   uint4 cur[U], nxt[U];
@@ -826,8 +961,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) awq_mma_kernel(Params p, int64
   const bool x_row = g < p.n;
   AwqMma m;
   m.clear();
+  prefetch_awq(p, Prefetch::kBeforeWait, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_awq(p, Prefetch::kAfterWait, k0, k1, col0, kMmaTile);
   const int group = int(p.group);
   int grp_end = -1;
   uint2 cur[4], nxt[4];  // input rows 4t + e
@@ -927,8 +1064,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   GptqSlot* my = ring[warp];
   GptqMma m;
   m.clear();
+  prefetch_gptq(p, Prefetch::kBeforeWait, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_gptq(p, Prefetch::kAfterWait, k0, k1, col0, kMmaTile);
   // Copies step s into its slot (nothing past the warp's range; an empty commit group keeps the
   // count): the weights, and the group's zeros and scales where s starts one.
   auto issue = [&](int s) {
@@ -1032,8 +1171,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   AwqSlot* my = ring[warp];
   AwqMma m;
   m.clear();
+  prefetch_awq(p, Prefetch::kBeforeWait, k0, k1, col0, kMmaTile);
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
+  prefetch_awq(p, Prefetch::kAfterWait, k0, k1, col0, kMmaTile);
   auto issue = [&](int s) {
     compiler_fence();
     if (s < s_end) {
@@ -1172,16 +1313,24 @@ void quantized_gemv_run(const QuantizedGemvParams& p, const QuantizedGemvSchedul
                 ErrorCode::kInvalidArgument,
                 "quantized_gemv: n = {}, {} tiles, {} splits, partials {}", p.n, s.col_tiles,
                 s.splits, p.partial ? "given" : "missing");
+  const bool last_cta = s.splits > 1 && s.reduce == QuantizedGemvReduce::kLastCta;
+  LONGCTX_CHECK(
+      !last_cta || (p.tile_counters != nullptr && s.col_tiles <= kQuantizedGemvMaxTileCounters),
+      ErrorCode::kInvalidArgument,
+      "quantized_gemv: the last-CTA reduction of {} tiles needs tile counters", s.col_tiles);
+  Params q = p;
+  if (!last_cta) q.tile_counters = nullptr;
+  q.prefetch = s.prefetch;
   visit_float(p.x_dtype, "quantized_gemv", [&](auto xt) {
     using T = decltype(xt);
     if constexpr (std::is_same_v<T, float>) {
       LONGCTX_THROW(ErrorCode::kUnsupported, "quantized_gemv: f32 x");
     } else {
       if (p.out_dtype == DType::kF32)
-        launch_typed<T, float>(p, s, stream);
+        launch_typed<T, float>(q, s, stream);
       else
-        launch_typed<T, T>(p, s, stream);
-      if (s.splits > 1) {
+        launch_typed<T, T>(q, s, stream);
+      if (s.splits > 1 && !last_cta) {
         const int64_t total = p.n * p.out_features;
         const dim3 grid{unsigned(ceil_div(total, 256))}, block{256};
         if (p.out_dtype == DType::kF32)
