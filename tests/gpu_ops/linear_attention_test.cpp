@@ -544,7 +544,7 @@ TEST(GpuOpsPerf, GatedDeltaRuleQwen3Next80B) {
   }
 }
 
-// Qwen3-Next-80B's heads over more chunks than the chunked form's workspace holds (54 chunks of
+// Qwen3-Next-80B's heads over more chunks than the chunked form's workspace holds (56 chunks of
 // 64 tokens at 32 value heads): the second segment starts inside the second sequence, which
 // carries its state across the segments.
 TEST(GpuLinearAttention, GatedDeltaRuleSegments) {

@@ -6,6 +6,7 @@
 #include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/linear_attention.h"
+#include "kernels/cuda/mma_device.cuh"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -13,7 +14,11 @@ namespace longctx::kernels::cuda {
 
 namespace {
 
+using detail::cp_async_16;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
 using detail::from_f32;
+using detail::smem_addr;
 using detail::to_f32;
 
 constexpr int kWarp = 32;
@@ -494,24 +499,32 @@ __global__ void __launch_bounds__(kPassThreads)
   for (int e = warp; e < DK; e += kPassWarps) st_s[e * kSlice + lane] = state[e * dv + lane];
   T* out = static_cast<T*>(p.out);
   const int64_t sf = slot_floats(DK, dv);
+  auto tile = [&](int64_t slot) { return workspace + ((slot - slot0) * p.num_v_heads + h) * sf; };
+  // Asynchronous copies of `floats` contiguous floats into shared memory.
+  auto copy = [&](float* dst, const float* src, int floats) {
+    for (int idx = tid; idx < floats / 4; idx += kPassThreads)
+      cp_async_16(smem_addr(dst + 4 * idx), src + 4 * idx, 16);
+  };
+  // W and Qd of a chunk are copied while the chunk before it finishes (they are dead after its
+  // q S), Kd, Aqk and U when it starts.
+  copy(w_s, tile(lo), 2 * kMaxChunk * DK);
+  cp_async_commit();
   for (int64_t slot = lo; slot < hi; ++slot) {
     const int64_t c0 = begin + (slot - first) * cs;
     const int n = int(min64(begin + len - c0, cs));
-    const float* ws = workspace + ((slot - slot0) * p.num_v_heads + h) * sf;
-    __syncthreads();  // the previous chunk is done with the tiles
+    const float* ws = tile(slot);
+    __syncthreads();  // the previous chunk is done with Kd, Aqk and v_new
+    copy(kd_s, ws + 2 * kMaxChunk * DK, kMaxChunk * DK + kMaxChunk * kMaxChunk);
     {
-      const float4* src = reinterpret_cast<const float4*>(ws);
-      float4* dst = reinterpret_cast<float4*>(w_s);
-      constexpr int kTile4 = (3 * kMaxChunk * DK + kMaxChunk * kMaxChunk) / 4;
-#pragma unroll 4
-      for (int idx = tid; idx < kTile4; idx += kPassThreads) dst[idx] = src[idx];
       const float* u = ws + 3 * kMaxChunk * DK + kMaxChunk * kMaxChunk + j0;
       for (int idx = tid; idx < kMaxChunk * kSlice / 4; idx += kPassThreads) {
         const int i = idx / (kSlice / 4), c = idx % (kSlice / 4);
-        reinterpret_cast<float4*>(u_s)[idx] = reinterpret_cast<const float4*>(u + i * dv)[c];
+        cp_async_16(smem_addr(u_s + i * kSlice + 4 * c), u + i * dv + 4 * c, 16);
       }
     }
+    cp_async_commit();
     const float dl = ws[3 * kMaxChunk * DK + kMaxChunk * kMaxChunk + kMaxChunk * dv];
+    cp_async_wait<0>();
     __syncthreads();
     const int r0 = warp * kRows;
     // v_new = U - W S
@@ -530,11 +543,12 @@ __global__ void __launch_bounds__(kPassThreads)
         acc[r] -= w.w * s3;
       }
     }
+    // v_new into U's rows (each warp its own), then o_i = exp(G_i) q_i S (the old state) ...
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) u_s[(r0 + r) * kSlice + lane] = acc[r];  // own rows only
-      // o_i = exp(G_i) q_i S (the old state) ...
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+    for (int r = 0; r < kRows; ++r) {
+      u_s[(r0 + r) * kSlice + lane] = acc[r];
+      acc[r] = 0.f;
+    }
     for (int e = 0; e < DK; e += 4) {
       const float s0 = st_s[e * kSlice + lane], s1 = st_s[(e + 1) * kSlice + lane];
       const float s2 = st_s[(e + 2) * kSlice + lane], s3 = st_s[(e + 3) * kSlice + lane];
@@ -547,7 +561,11 @@ __global__ void __launch_bounds__(kPassThreads)
         acc[r] += x.w * s3;
       }
     }
-    __syncthreads();  // v_new complete; every read of the old state is done
+    __syncthreads();  // v_new complete; every read of the old state, W and Qd is done
+    if (slot + 1 < hi) {
+      copy(w_s, tile(slot + 1), 2 * kMaxChunk * DK);
+      cp_async_commit();
+    }
     // ... + sum_{m<=i} (q_i . k_j) exp(G_i - G_j) v_new_m (Aqk is zero past the diagonal)
     for (int m = 0; m < r0 + kRows; m += 4) {
       const float v0 = u_s[m * kSlice + lane], v1 = u_s[(m + 1) * kSlice + lane];

@@ -31,7 +31,7 @@ void gated_delta_rule_chunked(const GatedDeltaRuleParams& p, int64_t rows, float
 
 // The fp32 workspace gated_delta_rule_chunked wants for the call (0: the one-pass kernel runs):
 // a segment of chunks, at most 256 MiB, e.g. 252 MiB for Qwen3-Next-80B's 32 value heads at
-// head dims 128 (54 chunks of 64 tokens, 147 KiB each per head). A smaller one (of at least one
+// head dims 128 (56 chunks of 64 tokens, 144 KiB each per head). A smaller one (of at least one
 // chunk) only means more segments.
 int64_t gated_delta_rule_chunked_workspace(const GatedDeltaRuleParams& p, int64_t rows);
 
