@@ -144,6 +144,17 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_gated_kernel(RmsNormGat
   }
 }
 
+// The chunked form with its workspace from the stream-ordered allocator (freed when the op
+// returns; reused only by work queued after the kernels).
+void chunked(const kernels::GatedDeltaRuleParams& p, int64_t rows, Device device,
+             cudaStream_t stream) {
+  const int64_t floats = kernels::cuda::gated_delta_rule_chunked_workspace(p, rows);
+  Tensor workspace;
+  if (floats > 0) workspace = Tensor::empty({floats}, DType::kF32, device);
+  kernels::cuda::gated_delta_rule_chunked(
+      p, rows, floats > 0 ? static_cast<float*>(workspace.data_ptr()) : nullptr, floats, stream);
+}
+
 }  // namespace
 
 void gated_delta_rule_cuda(const GatedDeltaRuleArgs& a) {
@@ -158,7 +169,7 @@ void gated_delta_rule_cuda(const GatedDeltaRuleArgs& a) {
   if (a.form == DeltaRuleForm::kRecurrent)
     kernels::cuda::gated_delta_rule_recurrent(call.params, stream);
   else
-    kernels::cuda::gated_delta_rule_chunked(call.params, stream);
+    chunked(call.params, a.q.size(0), device, stream);
 }
 
 void causal_conv1d_cuda(const CausalConv1dArgs& a) {

@@ -1,9 +1,9 @@
 // CUDA twins of the linear-attention ops (gated_delta_rule recurrent and chunked, causal_conv1d,
 // delta_rule_gates, rms_norm_gated) against their CPU twins on the same bytes (gpu_ops_util.h):
 // several sequences of different lengths in one call (an empty one among them), each continuing
-// from its own random state; T in {1, 7, 63, 64, 65, 300}; Hv = 2 Hk and Hv = Hk; head dims 128
-// and odd small ones (5, 3, 33, 17), 256 (where the chunked kernel halves its chunk to fit shared
-// memory); q/k/v as strided views of one fused conv output, as Qwen3-Next passes them. bf16
+// from its own random state; T in {1, 7, 63, 64, 65, 300, 1000 + 4097}; Hv = 2 Hk and Hv = Hk; head
+// dims 128 and odd small ones (5, 3, 33, 17), 256 (where the chunked kernel halves its chunk to fit
+// shared memory); q/k/v as strided views of one fused conv output, as Qwen3-Next passes them. bf16
 // activations run the CPU twin on the same values widened to f32 and compare after rounding its
 // result to bf16 once.
 //
@@ -171,6 +171,7 @@ void delta_cases(bool small) {
     for (int64_t n : {63, 64, 65, 300}) shapes.push_back({{n}});
     shapes.push_back({{5, 0, 130, 1, 64, 300}});
     shapes.push_back({{100}, 1, 2, 256, 256});  // the chunked kernel's chunk is halved to fit
+    shapes.push_back({{1000, 4097}});           // many chunks per sequence, a partial last one
   }
   uint64_t seed = 1000;
   for (const DeltaShape& sh : shapes) {
@@ -541,6 +542,19 @@ TEST(GpuOpsPerf, GatedDeltaRuleQwen3Next80B) {
     c.flops = double(t) * 32 * (2.0 * 64 * (128 + 128) + 4.0 * 128 * 128);
     run_case(s, c, sum);
   }
+}
+
+// Qwen3-Next-80B's heads over more chunks than the chunked form's workspace holds (56 chunks of
+// 64 tokens at 32 value heads): the second segment starts inside the second sequence, which
+// carries its state across the segments.
+TEST(GpuLinearAttention, GatedDeltaRuleSegments) {
+  using F = ops::DeltaRuleForm;
+  TestStream s;
+  Summary sum;
+  const DeltaShape sh{{1000, 3100}, 16, 32, 128, 128};
+  for (DType dt : {DType::kF32, DType::kBF16})
+    run_case(s, delta_case(sh, dt, F::kChunked, F::kChunked, 64, 64, act_tol(dt, 1e-4, 1e-4), 90),
+             sum);
 }
 
 TEST(GpuLinearAttention, GatedDeltaRule) { delta_cases(false); }

@@ -6,6 +6,7 @@
 #include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/linear_attention.h"
+#include "kernels/cuda/mma_device.cuh"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
 
@@ -13,7 +14,11 @@ namespace longctx::kernels::cuda {
 
 namespace {
 
+using detail::cp_async_16;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
 using detail::from_f32;
+using detail::smem_addr;
 using detail::to_f32;
 
 constexpr int kWarp = 32;
@@ -275,6 +280,333 @@ __global__ void __launch_bounds__(kChunkThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
+// Chunked form in two passes (the organisation of fla's chunk_gated_delta_rule): a
+// chunk-parallel precompute of everything that does not depend on the state, then a sequential
+// pass per (sequence, value head, slice of kSlice state columns) that carries its state slice in
+// shared memory across the chunks. The calls' chunks are numbered in sequence order ("slots":
+// sequence s owns ceil(n_s / cs) of them); the workspace holds a segment of slots at a time.
+
+constexpr int kMaxChunk = 64;  // the two-pass path's largest chunk (rows of every tile)
+constexpr int kSlice = 32;     // state columns per sequential block, a lane per column
+constexpr int kPassThreads = 256;
+constexpr int kPassWarps = kPassThreads / kWarp;
+constexpr int64_t kWorkspaceBudgetBytes = int64_t(256) << 20;
+
+// Floats of one (slot, value head) in the workspace, every tile kMaxChunk rows (zero past the
+// chunk's n rows):
+//   W   [kMaxChunk, dk]   T (beta exp(G) k)
+//   Qd  [kMaxChunk, dk]   exp(G_i) q_i (normalized, scaled)
+//   Kd  [kMaxChunk, dk]   exp(G_last - G_j) k_j (normalized)
+//   Aqk [kMaxChunk, kMaxChunk]  (q_i . k_j) exp(G_i - G_j) for j <= i, else 0
+//   U   [kMaxChunk, dv]   T (beta v)
+//   dl  [4]               exp(G_last), then padding (float4 alignment)
+__host__ __device__ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+__host__ __device__ inline int64_t slot_floats(int64_t dk, int64_t dv) {
+  return kMaxChunk * (3 * dk + kMaxChunk + dv) + 4;
+}
+
+// The slot's sequence and chunk: the first s whose chunks reach past `slot`; false when the
+// call has fewer slots. Every thread walks the (few) sequences itself.
+__device__ bool locate_slot(const int32_t* qo_indptr, int64_t num_seqs, int cs, int64_t slot,
+                            int64_t& seq, int64_t& chunk) {
+  int64_t first = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t n = qo_indptr[s + 1] - qo_indptr[s];
+    const int64_t chunks = (n + cs - 1) / cs;
+    if (slot < first + chunks) {
+      seq = s;
+      chunk = slot - first;
+      return true;
+    }
+    first += chunks;
+  }
+  return false;
+}
+
+// Shared floats of the precompute at chunk cs: q and k rows padded to dk + 1 (the row-by-row
+// dot products read a column across lanes without bank conflicts), the triangular matrix and
+// the per-row gates.
+int64_t prep_smem_floats(int64_t cs, int64_t dk) { return 2 * cs * (dk + 1) + cs * cs + 4 * cs; }
+
+template <typename T>
+__global__ void __launch_bounds__(kPassThreads)
+    delta_rule_prep_kernel(GatedDeltaRuleParams p, int cs, int64_t slot0, float* workspace) {
+  const int64_t h = blockIdx.y;
+  int64_t s = 0, chunk = 0;
+  if (!locate_slot(p.qo_indptr, p.num_seqs, cs, slot0 + blockIdx.x, s, chunk)) return;
+  const int64_t c0 = p.qo_indptr[s] + chunk * cs;
+  const int n = int(min64(p.qo_indptr[s + 1] - c0, cs));
+  const int64_t dk = p.k_dim, dv = p.v_dim, kh = h / (p.num_v_heads / p.num_k_heads);
+  const int64_t ld = dk + 1;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  extern __shared__ float smem[];
+  float* qs = smem;          // [cs, ld] l2-normalized, scaled q
+  float* ks = qs + cs * ld;  // [cs, ld] l2-normalized k
+  float* am = ks + cs * ld;  // [cs, cs] A, then T = (I - A)^-1
+  float* gc = am + cs * cs;  // [cs] cumulative log decay within the chunk
+  float* bt = gc + cs;       // [cs] beta
+  float* eg = bt + cs;       // [cs] exp(G_j)
+  float* tmp = eg + cs;      // [cs] a row being solved
+  float* ws = workspace + (int64_t(blockIdx.x) * p.num_v_heads + h) * slot_floats(dk, dv);
+  float* w_out = ws;                               // [kMaxChunk, dk]
+  float* qd_out = w_out + kMaxChunk * dk;          // [kMaxChunk, dk]
+  float* kd_out = qd_out + kMaxChunk * dk;         // [kMaxChunk, dk]
+  float* aqk_out = kd_out + kMaxChunk * dk;        // [kMaxChunk, kMaxChunk]
+  float* u_out = aqk_out + kMaxChunk * kMaxChunk;  // [kMaxChunk, dv]
+  float* dl_out = u_out + kMaxChunk * dv;          // [4]
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  // q, k rows l2-normalized, a warp per row (as the one-pass kernel).
+  for (int i = warp; i < n; i += kPassWarps) {
+    const int64_t t = c0 + i;
+    const T* qt = q + t * p.q_stride_t + kh * p.q_stride_h;
+    const T* kt = k + t * p.k_stride_t + kh * p.k_stride_h;
+    float ssq = 0.f, ssk = 0.f;
+    for (int64_t e = lane; e < dk; e += kWarp) {
+      const float a = to_f32(qt[e]), b = to_f32(kt[e]);
+      qs[i * ld + e] = a;
+      ks[i * ld + e] = b;
+      ssq += a * a;
+      ssk += b * b;
+    }
+    ssq = warp_sum(ssq);
+    ssk = warp_sum(ssk);
+    const float inv_q = p.scale / sqrtf(ssq + p.l2norm_eps);
+    const float inv_k = 1.f / sqrtf(ssk + p.l2norm_eps);
+    for (int64_t e = lane; e < dk; e += kWarp) {
+      qs[i * ld + e] *= inv_q;
+      ks[i * ld + e] *= inv_k;
+    }
+    if (lane == 0) {
+      gc[i] = p.g[t * p.g_stride_t + h];
+      bt[i] = p.beta[t * p.beta_stride_t + h];
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {  // the cumulative sum in row order, as the reference adds it
+    float cum = 0.f;
+    for (int i = 0; i < n; ++i) {
+      cum += gc[i];
+      gc[i] = cum;
+    }
+  }
+  __syncthreads();
+  if (tid < n) eg[tid] = expf(gc[tid]);
+  const float g_last = gc[n - 1];
+  if (tid == 0) dl_out[0] = expf(g_last);
+  // Qd, Kd (rows past n zero)
+  for (int64_t idx = tid; idx < kMaxChunk * dk; idx += kPassThreads) {
+    const int i = int(idx / dk);
+    const int64_t e = idx % dk;
+    float a = 0.f, b = 0.f;
+    if (i < n) {
+      a = qs[i * ld + e] * expf(gc[i]);
+      b = ks[i * ld + e] * expf(g_last - gc[i]);
+    }
+    qd_out[idx] = a;
+    kd_out[idx] = b;
+  }
+  // (q_i . k_j) exp(G_i - G_j) for j <= i < n, else 0.
+  for (int idx = tid; idx < kMaxChunk * kMaxChunk; idx += kPassThreads) {
+    const int i = idx / kMaxChunk, j = idx % kMaxChunk;
+    float f = 0.f;
+    if (j <= i && i < n) {
+      float dot = 0.f;
+      for (int64_t e = 0; e < dk; ++e) dot += qs[i * ld + e] * ks[j * ld + e];
+      f = dot * expf(gc[i] - gc[j]);
+    }
+    aqk_out[idx] = f;
+  }
+  // A = -(beta_i k_i . k_j) exp(G_i - G_j) below the diagonal, 1 on it.
+  for (int idx = tid; idx < n * n; idx += kPassThreads) {
+    const int i = idx / n, j = idx % n;
+    float a = i == j ? 1.f : 0.f;
+    if (j < i) {
+      float dot = 0.f;
+      for (int64_t e = 0; e < dk; ++e) dot += ks[i * ld + e] * ks[j * ld + e];
+      a = -bt[i] * dot * expf(gc[i] - gc[j]);
+    }
+    am[i * cs + j] = a;
+  }
+  __syncthreads();
+  // T = (I - A)^-1 by forward substitution, row by row (rows above i already hold T).
+  for (int i = 1; i < n; ++i) {
+    for (int j = tid; j < i; j += kPassThreads) {
+      float acc = am[i * cs + j];
+      for (int m = j + 1; m < i; ++m) acc += am[i * cs + m] * am[m * cs + j];
+      tmp[j] = acc;
+    }
+    __syncthreads();
+    for (int j = tid; j < i; j += kPassThreads) am[i * cs + j] = tmp[j];
+    __syncthreads();
+  }
+  // U = T (beta v), W = T (beta exp(G) k), rows past n zero.
+  for (int64_t idx = tid; idx < kMaxChunk * dv; idx += kPassThreads) {
+    const int i = int(idx / dv);
+    const int64_t e = idx % dv;
+    float acc = 0.f;
+    for (int j = 0; j <= i && i < n; ++j)
+      acc += am[i * cs + j] * bt[j] * to_f32(v[(c0 + j) * p.v_stride_t + h * p.v_stride_h + e]);
+    u_out[idx] = acc;
+  }
+  for (int64_t idx = tid; idx < kMaxChunk * dk; idx += kPassThreads) {
+    const int i = int(idx / dk);
+    const int64_t e = idx % dk;
+    float acc = 0.f;
+    for (int j = 0; j <= i && i < n; ++j) acc += am[i * cs + j] * bt[j] * eg[j] * ks[j * ld + e];
+    w_out[idx] = acc;
+  }
+}
+
+// Shared floats of the sequential pass: the chunk's W, Qd, Kd, Aqk, its U slice, v_new's slice
+// and the state slice.
+template <int DK>
+constexpr int64_t pass_smem_floats() {
+  return 3 * kMaxChunk * DK + kMaxChunk * kMaxChunk + 2 * kMaxChunk * kSlice + DK * kSlice;
+}
+
+// One block per (sequence, value head, slice of kSlice columns), over the sequence's slots in
+// [slot0, slot0 + num_slots). A lane owns a state column; warp w owns chunk rows
+// [8 w, 8 w + 8) for v_new and o, and state rows [w DK / 8, (w + 1) DK / 8) for the update.
+template <typename T, int DK>
+__global__ void __launch_bounds__(kPassThreads)
+    delta_rule_state_kernel(GatedDeltaRuleParams p, int cs, int64_t slot0, int64_t num_slots,
+                            const float* workspace) {
+  static_assert(kMaxChunk == 8 * kPassWarps && DK % (4 * kPassWarps) == 0);
+  constexpr int kRows = kMaxChunk / kPassWarps;  // chunk rows per warp
+  constexpr int kStateRows = DK / kPassWarps;    // state rows per warp
+  const int64_t dv = p.v_dim, slices = dv / kSlice;
+  const int64_t s = blockIdx.x / (p.num_v_heads * slices);
+  const int64_t h = blockIdx.x / slices % p.num_v_heads, j0 = blockIdx.x % slices * kSlice;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  int64_t first = 0;  // the sequence's first slot
+  for (int64_t r = 0; r < s; ++r) first += (p.qo_indptr[r + 1] - p.qo_indptr[r] + cs - 1) / cs;
+  const int64_t begin = p.qo_indptr[s], len = p.qo_indptr[s + 1] - begin;
+  const int64_t lo = max64(first, slot0);
+  const int64_t hi = min64(first + (len + cs - 1) / cs, slot0 + num_slots);
+  if (lo >= hi) return;
+  extern __shared__ float smem[];
+  float* w_s = smem;                           // [kMaxChunk, DK]
+  float* qd_s = w_s + kMaxChunk * DK;          // [kMaxChunk, DK]
+  float* kd_s = qd_s + kMaxChunk * DK;         // [kMaxChunk, DK]
+  float* aqk_s = kd_s + kMaxChunk * DK;        // [kMaxChunk, kMaxChunk]
+  float* u_s = aqk_s + kMaxChunk * kMaxChunk;  // [kMaxChunk, kSlice] U, then v_new
+  float* st_s = u_s + kMaxChunk * kSlice;      // [DK, kSlice]
+  float* state = p.states[s] + h * DK * dv + j0;
+  for (int e = warp; e < DK; e += kPassWarps) st_s[e * kSlice + lane] = state[e * dv + lane];
+  T* out = static_cast<T*>(p.out);
+  const int64_t sf = slot_floats(DK, dv);
+  auto tile = [&](int64_t slot) { return workspace + ((slot - slot0) * p.num_v_heads + h) * sf; };
+  // Asynchronous copies of `floats` contiguous floats into shared memory.
+  auto copy = [&](float* dst, const float* src, int floats) {
+    for (int idx = tid; idx < floats / 4; idx += kPassThreads)
+      cp_async_16(smem_addr(dst + 4 * idx), src + 4 * idx, 16);
+  };
+  // W and Qd of a chunk are copied while the chunk before it finishes (they are dead after its
+  // q S), Kd, Aqk and U when it starts.
+  copy(w_s, tile(lo), 2 * kMaxChunk * DK);
+  cp_async_commit();
+  for (int64_t slot = lo; slot < hi; ++slot) {
+    const int64_t c0 = begin + (slot - first) * cs;
+    const int n = int(min64(begin + len - c0, cs));
+    const float* ws = tile(slot);
+    __syncthreads();  // the previous chunk is done with Kd, Aqk and v_new
+    copy(kd_s, ws + 2 * kMaxChunk * DK, kMaxChunk * DK + kMaxChunk * kMaxChunk);
+    {
+      const float* u = ws + 3 * kMaxChunk * DK + kMaxChunk * kMaxChunk + j0;
+      for (int idx = tid; idx < kMaxChunk * kSlice / 4; idx += kPassThreads) {
+        const int i = idx / (kSlice / 4), c = idx % (kSlice / 4);
+        cp_async_16(smem_addr(u_s + i * kSlice + 4 * c), u + i * dv + 4 * c, 16);
+      }
+    }
+    cp_async_commit();
+    const float dl = ws[3 * kMaxChunk * DK + kMaxChunk * kMaxChunk + kMaxChunk * dv];
+    cp_async_wait<0>();
+    __syncthreads();
+    const int r0 = warp * kRows;
+    // v_new = U - W S
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = u_s[(r0 + r) * kSlice + lane];
+    for (int e = 0; e < DK; e += 4) {
+      const float s0 = st_s[e * kSlice + lane], s1 = st_s[(e + 1) * kSlice + lane];
+      const float s2 = st_s[(e + 2) * kSlice + lane], s3 = st_s[(e + 3) * kSlice + lane];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float4 w = *reinterpret_cast<const float4*>(w_s + (r0 + r) * DK + e);
+        acc[r] -= w.x * s0;
+        acc[r] -= w.y * s1;
+        acc[r] -= w.z * s2;
+        acc[r] -= w.w * s3;
+      }
+    }
+    // v_new into U's rows (each warp its own), then o_i = exp(G_i) q_i S (the old state) ...
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      u_s[(r0 + r) * kSlice + lane] = acc[r];
+      acc[r] = 0.f;
+    }
+    for (int e = 0; e < DK; e += 4) {
+      const float s0 = st_s[e * kSlice + lane], s1 = st_s[(e + 1) * kSlice + lane];
+      const float s2 = st_s[(e + 2) * kSlice + lane], s3 = st_s[(e + 3) * kSlice + lane];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float4 x = *reinterpret_cast<const float4*>(qd_s + (r0 + r) * DK + e);
+        acc[r] += x.x * s0;
+        acc[r] += x.y * s1;
+        acc[r] += x.z * s2;
+        acc[r] += x.w * s3;
+      }
+    }
+    __syncthreads();  // v_new complete; every read of the old state, W and Qd is done
+    if (slot + 1 < hi) {
+      copy(w_s, tile(slot + 1), 2 * kMaxChunk * DK);
+      cp_async_commit();
+    }
+    // ... + sum_{m<=i} (q_i . k_j) exp(G_i - G_j) v_new_m (Aqk is zero past the diagonal)
+    for (int m = 0; m < r0 + kRows; m += 4) {
+      const float v0 = u_s[m * kSlice + lane], v1 = u_s[(m + 1) * kSlice + lane];
+      const float v2 = u_s[(m + 2) * kSlice + lane], v3 = u_s[(m + 3) * kSlice + lane];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float4 a = *reinterpret_cast<const float4*>(aqk_s + (r0 + r) * kMaxChunk + m);
+        acc[r] += a.x * v0;
+        acc[r] += a.y * v1;
+        acc[r] += a.z * v2;
+        acc[r] += a.w * v3;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (r0 + r < n)
+        out[(c0 + r0 + r) * p.out_stride_t + h * p.out_stride_h + j0 + lane] = from_f32<T>(acc[r]);
+    // S = exp(G_last) S + sum_m exp(G_last - G_m) k_m v_new_m^T
+    const int e0 = warp * kStateRows;
+    float sa[kStateRows];
+#pragma unroll
+    for (int r = 0; r < kStateRows; ++r) sa[r] = st_s[(e0 + r) * kSlice + lane] * dl;
+    for (int m = 0; m < n; ++m) {
+      const float vm = u_s[m * kSlice + lane];
+#pragma unroll
+      for (int r = 0; r < kStateRows; r += 4) {
+        const float4 kd = *reinterpret_cast<const float4*>(kd_s + m * DK + e0 + r);
+        sa[r] += kd.x * vm;
+        sa[r + 1] += kd.y * vm;
+        sa[r + 2] += kd.z * vm;
+        sa[r + 3] += kd.w * vm;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kStateRows; ++r) st_s[(e0 + r) * kSlice + lane] = sa[r];
+  }
+  __syncthreads();
+  for (int e = warp; e < DK; e += kPassWarps) state[e * dv + lane] = st_s[e * kSlice + lane];
+}
+
+// ---------------------------------------------------------------------------------------------
 // Causal conv1d.
 
 template <typename T>
@@ -336,15 +668,35 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleParams& p, cudaStream_t stre
   });
 }
 
-void gated_delta_rule_chunked(const GatedDeltaRuleParams& p, cudaStream_t stream) {
-  if (p.num_seqs == 0 || p.num_v_heads == 0) return;
-  const int64_t blocks = p.num_seqs * p.num_v_heads;
-  LONGCTX_CHECK(blocks <= 0x7fffffff, ErrorCode::kInvalidArgument,
-                "gated_delta_rule: {} sequences x {} heads", p.num_seqs, p.num_v_heads);
+namespace {
+
+int smem_optin() {
   int device = 0, optin = 0;
   LONGCTX_CUDA_CHECK(cudaGetDevice(&device));
   LONGCTX_CUDA_CHECK(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return optin;
+}
+
+// Whether the two-pass path takes the call: the tiles' shapes it is compiled for (the models'
+// head dims), else the one-pass kernel runs.
+bool two_pass(const GatedDeltaRuleParams& p, int optin) {
+  const int64_t cs = std::max<int64_t>(1, p.chunk_size), f = int64_t(sizeof(float));
+  if (cs > kMaxChunk || (p.k_dim != 64 && p.k_dim != 128) || p.v_dim % kSlice != 0) return false;
+  if (p.v_dim == 0 || p.num_v_heads > 65535) return false;
+  const int64_t pass = p.k_dim == 64 ? pass_smem_floats<64>() : pass_smem_floats<128>();
+  return prep_smem_floats(cs, p.k_dim) * f <= optin && pass * f <= optin;
+}
+
+// An upper bound on the call's slots: sum_s ceil(n_s / cs) <= rows / cs + num_seqs.
+int64_t max_slots(const GatedDeltaRuleParams& p, int64_t rows) {
+  return rows / std::max<int64_t>(1, p.chunk_size) + p.num_seqs;
+}
+
+void one_pass(const GatedDeltaRuleParams& p, int optin, cudaStream_t stream) {
+  const int64_t blocks = p.num_seqs * p.num_v_heads;
+  LONGCTX_CHECK(blocks <= 0x7fffffff, ErrorCode::kInvalidArgument,
+                "gated_delta_rule: {} sequences x {} heads", p.num_seqs, p.num_v_heads);
   int64_t cs = std::max<int64_t>(1, p.chunk_size);
   auto bytes = [&](int64_t c) {
     return chunk_smem_floats(c, p.k_dim, p.v_dim) * int64_t(sizeof(float));
@@ -360,6 +712,58 @@ void gated_delta_rule_chunked(const GatedDeltaRuleParams& p, cudaStream_t stream
     require_dynamic_smem(kernel, int(bytes(cs)));
     kernel<<<unsigned(blocks), kChunkThreads, size_t(bytes(cs)), stream>>>(p, int(cs));
     LONGCTX_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+template <typename T, int DK>
+void launch_two_pass(const GatedDeltaRuleParams& p, int64_t rows, float* workspace, int64_t segment,
+                     cudaStream_t stream) {
+  const int cs = int(std::max<int64_t>(1, p.chunk_size));
+  const int64_t slots = max_slots(p, rows);
+  const int64_t state_blocks = p.num_seqs * p.num_v_heads * (p.v_dim / kSlice);
+  LONGCTX_CHECK(state_blocks <= 0x7fffffff, ErrorCode::kInvalidArgument,
+                "gated_delta_rule: {} sequences x {} heads", p.num_seqs, p.num_v_heads);
+  const int64_t prep_bytes = prep_smem_floats(cs, DK) * int64_t(sizeof(float));
+  const int64_t pass_bytes = pass_smem_floats<DK>() * int64_t(sizeof(float));
+  auto* prep = delta_rule_prep_kernel<T>;
+  auto* pass = delta_rule_state_kernel<T, DK>;
+  require_dynamic_smem(prep, int(prep_bytes));
+  require_dynamic_smem(pass, int(pass_bytes));
+  for (int64_t slot0 = 0; slot0 < slots; slot0 += segment) {
+    const int64_t num = std::min(segment, slots - slot0);
+    prep<<<dim3(unsigned(num), unsigned(p.num_v_heads)), kPassThreads, size_t(prep_bytes),
+           stream>>>(p, cs, slot0, workspace);
+    LONGCTX_CUDA_CHECK(cudaGetLastError());
+    pass<<<unsigned(state_blocks), kPassThreads, size_t(pass_bytes), stream>>>(p, cs, slot0, num,
+                                                                               workspace);
+    LONGCTX_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace
+
+int64_t gated_delta_rule_chunked_workspace(const GatedDeltaRuleParams& p, int64_t rows) {
+  if (p.num_seqs == 0 || p.num_v_heads == 0 || rows == 0 || !two_pass(p, smem_optin())) return 0;
+  const int64_t per_slot = p.num_v_heads * slot_floats(p.k_dim, p.v_dim);
+  const int64_t budget = std::max<int64_t>(1, kWorkspaceBudgetBytes / (per_slot * 4));
+  return std::min(budget, max_slots(p, rows)) * per_slot;
+}
+
+void gated_delta_rule_chunked(const GatedDeltaRuleParams& p, int64_t rows, float* workspace,
+                              int64_t workspace_floats, cudaStream_t stream) {
+  if (p.num_seqs == 0 || p.num_v_heads == 0) return;
+  const int optin = smem_optin();
+  if (!two_pass(p, optin)) return one_pass(p, optin, stream);
+  const int64_t segment = workspace_floats / (p.num_v_heads * slot_floats(p.k_dim, p.v_dim));
+  LONGCTX_CHECK(workspace != nullptr && segment >= 1, ErrorCode::kInvalidArgument,
+                "gated_delta_rule: a workspace of {} floats holds no chunk of {} heads",
+                workspace_floats, p.num_v_heads);
+  visit_float(p.dtype, "gated_delta_rule", [&](auto tag) {
+    using T = decltype(tag);
+    if (p.k_dim == 64)
+      launch_two_pass<T, 64>(p, rows, workspace, segment, stream);
+    else
+      launch_two_pass<T, 128>(p, rows, workspace, segment, stream);
   });
 }
 

@@ -17,12 +17,23 @@ namespace longctx::kernels::cuda {
 // is two passes over the state with no synchronisation beyond the shared q and k).
 void gated_delta_rule_recurrent(const GatedDeltaRuleParams& p, cudaStream_t stream);
 
-// The chunked WY form as the CPU reference computes it: one block per (sequence, value head)
-// walking its chunks, the chunk's normalized q and k, W, U and the triangular matrix in shared
-// memory, the state in global memory. Where p.chunk_size's tiles do not fit the device's
-// shared memory (large head dims) the chunk is halved until they do: the result differs only by
-// rounding (chunking is exact in real arithmetic).
-void gated_delta_rule_chunked(const GatedDeltaRuleParams& p, cudaStream_t stream);
+// The chunked WY form. Where the head dims are the models' (k_dim 64 or 128, v_dim a multiple
+// of 32) and the chunk is at most 64, two kernels per segment of the call's chunks: a
+// chunk-parallel precompute of what does not need the state (normalized q and k, the decays,
+// T = (I - A)^-1, W, U, the intra-chunk q.k decays) into `workspace`, then a sequential pass per
+// (sequence, value head, 32 state columns) that keeps its state slice in shared memory across
+// the chunks. Otherwise one block per (sequence, value head) walks its chunks, everything in
+// shared memory and the state in global memory; where p.chunk_size's tiles do not fit the
+// device's shared memory (large head dims) the chunk is halved until they do (chunking is exact
+// in real arithmetic: only the rounding differs). `rows` is qo_indptr[num_seqs].
+void gated_delta_rule_chunked(const GatedDeltaRuleParams& p, int64_t rows, float* workspace,
+                              int64_t workspace_floats, cudaStream_t stream);
+
+// The fp32 workspace gated_delta_rule_chunked wants for the call (0: the one-pass kernel runs):
+// a segment of chunks, at most 256 MiB, e.g. 252 MiB for Qwen3-Next-80B's 32 value heads at
+// head dims 128 (56 chunks of 64 tokens, 144 KiB each per head). A smaller one (of at least one
+// chunk) only means more segments.
+int64_t gated_delta_rule_chunked_workspace(const GatedDeltaRuleParams& p, int64_t rows);
 
 // `rows` is the batch's row count (qo_indptr[num_seqs], known on the host). Outputs first (a
 // thread per (row, channel), reading the old state for the rows near a sequence's start), then
