@@ -130,6 +130,54 @@ __global__ void __launch_bounds__(kRecurrentThreads)
 
 constexpr int kChunkThreads = 256;
 
+// A chunk's rows c0 .. c0 + n - 1 of value head h (key head kh) into shared memory, a warp per
+// row over `warps` warps: q and k l2-normalized (q also scaled) at row stride ld, the log decay
+// as its cumulative sum within the chunk (in row order, as the reference adds it) and beta.
+// Every thread of the block calls it; it ends on a barrier.
+template <typename T>
+__device__ void load_chunk_rows(const GatedDeltaRuleParams& p, int64_t c0, int n, int64_t h,
+                                int64_t kh, int64_t ld, int warps, float* qs, float* ks, float* gc,
+                                float* bt) {
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int64_t dk = p.k_dim;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  for (int i = warp; i < n; i += warps) {
+    const int64_t t = c0 + i;
+    const T* qt = q + t * p.q_stride_t + kh * p.q_stride_h;
+    const T* kt = k + t * p.k_stride_t + kh * p.k_stride_h;
+    float ssq = 0.f, ssk = 0.f;
+    for (int64_t e = lane; e < dk; e += kWarp) {
+      const float a = to_f32(qt[e]), b = to_f32(kt[e]);
+      qs[i * ld + e] = a;
+      ks[i * ld + e] = b;
+      ssq += a * a;
+      ssk += b * b;
+    }
+    ssq = warp_sum(ssq);
+    ssk = warp_sum(ssk);
+    const float inv_q = p.scale / sqrtf(ssq + p.l2norm_eps);
+    const float inv_k = 1.f / sqrtf(ssk + p.l2norm_eps);
+    for (int64_t e = lane; e < dk; e += kWarp) {
+      qs[i * ld + e] *= inv_q;
+      ks[i * ld + e] *= inv_k;
+    }
+    if (lane == 0) {
+      gc[i] = p.g[t * p.g_stride_t + h];
+      bt[i] = p.beta[t * p.beta_stride_t + h];
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float cum = 0.f;
+    for (int i = 0; i < n; ++i) {
+      cum += gc[i];
+      gc[i] = cum;
+    }
+  }
+  __syncthreads();
+}
+
 // Shared floats of one block at chunk size cs.
 int64_t chunk_smem_floats(int64_t cs, int64_t dk, int64_t dv) {
   return 3 * cs * dk + cs * dv + cs * cs + 3 * cs + kWarp;
@@ -141,7 +189,7 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int64_t s = blockIdx.x / p.num_v_heads, h = blockIdx.x % p.num_v_heads;
   const int64_t begin = p.qo_indptr[s], end = p.qo_indptr[s + 1];
   const int64_t dk = p.k_dim, dv = p.v_dim, kh = h / (p.num_v_heads / p.num_k_heads);
-  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int tid = threadIdx.x;
   constexpr int kWarps = kChunkThreads / kWarp;
   extern __shared__ float smem[];
   float* qs = smem;          // [cs, dk] l2-normalized, scaled q
@@ -153,48 +201,12 @@ __global__ void __launch_bounds__(kChunkThreads)
   float* bt = gc + cs;       // [cs] beta
   float* tmp = bt + cs;      // [cs] a row being solved, then exp(G_last - G_j)
   float* st = p.states[s] + h * dk * dv;
-  const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   T* out = static_cast<T*>(p.out);
   for (int64_t c0 = begin; c0 < end; c0 += cs) {
     const int n = int(end - c0 < cs ? end - c0 : int64_t(cs));
     __syncthreads();  // the previous chunk is done with every shared array
-    // q, k rows l2-normalized, a warp per row.
-    for (int i = warp; i < n; i += kWarps) {
-      const int64_t t = c0 + i;
-      const T* qt = q + t * p.q_stride_t + kh * p.q_stride_h;
-      const T* kt = k + t * p.k_stride_t + kh * p.k_stride_h;
-      float ssq = 0.f, ssk = 0.f;
-      for (int64_t e = lane; e < dk; e += kWarp) {
-        const float a = to_f32(qt[e]), b = to_f32(kt[e]);
-        qs[i * dk + e] = a;
-        ks[i * dk + e] = b;
-        ssq += a * a;
-        ssk += b * b;
-      }
-      ssq = warp_sum(ssq);
-      ssk = warp_sum(ssk);
-      const float inv_q = p.scale / sqrtf(ssq + p.l2norm_eps);
-      const float inv_k = 1.f / sqrtf(ssk + p.l2norm_eps);
-      for (int64_t e = lane; e < dk; e += kWarp) {
-        qs[i * dk + e] *= inv_q;
-        ks[i * dk + e] *= inv_k;
-      }
-      if (lane == 0) {
-        gc[i] = p.g[t * p.g_stride_t + h];
-        bt[i] = p.beta[t * p.beta_stride_t + h];
-      }
-    }
-    __syncthreads();
-    if (tid == 0) {  // the cumulative sum in row order, as the reference adds it
-      float cum = 0.f;
-      for (int i = 0; i < n; ++i) {
-        cum += gc[i];
-        gc[i] = cum;
-      }
-    }
-    __syncthreads();
+    load_chunk_rows<T>(p, c0, n, h, kh, dk, kWarps, qs, ks, gc, bt);
     // A = -(beta_i k_i . k_j) exp(G_i - G_j) below the diagonal, 1 on it.
     for (int idx = tid; idx < n * n; idx += kChunkThreads) {
       const int i = idx / n, j = idx % n;
@@ -340,7 +352,7 @@ __global__ void __launch_bounds__(kPassThreads)
   const int n = int(min64(p.qo_indptr[s + 1] - c0, cs));
   const int64_t dk = p.k_dim, dv = p.v_dim, kh = h / (p.num_v_heads / p.num_k_heads);
   const int64_t ld = dk + 1;
-  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int tid = threadIdx.x;
   extern __shared__ float smem[];
   float* qs = smem;          // [cs, ld] l2-normalized, scaled q
   float* ks = qs + cs * ld;  // [cs, ld] l2-normalized k
@@ -356,44 +368,8 @@ __global__ void __launch_bounds__(kPassThreads)
   float* aqk_out = kd_out + kMaxChunk * dk;        // [kMaxChunk, kMaxChunk]
   float* u_out = aqk_out + kMaxChunk * kMaxChunk;  // [kMaxChunk, dv]
   float* dl_out = u_out + kMaxChunk * dv;          // [4]
-  const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
-  // q, k rows l2-normalized, a warp per row (as the one-pass kernel).
-  for (int i = warp; i < n; i += kPassWarps) {
-    const int64_t t = c0 + i;
-    const T* qt = q + t * p.q_stride_t + kh * p.q_stride_h;
-    const T* kt = k + t * p.k_stride_t + kh * p.k_stride_h;
-    float ssq = 0.f, ssk = 0.f;
-    for (int64_t e = lane; e < dk; e += kWarp) {
-      const float a = to_f32(qt[e]), b = to_f32(kt[e]);
-      qs[i * ld + e] = a;
-      ks[i * ld + e] = b;
-      ssq += a * a;
-      ssk += b * b;
-    }
-    ssq = warp_sum(ssq);
-    ssk = warp_sum(ssk);
-    const float inv_q = p.scale / sqrtf(ssq + p.l2norm_eps);
-    const float inv_k = 1.f / sqrtf(ssk + p.l2norm_eps);
-    for (int64_t e = lane; e < dk; e += kWarp) {
-      qs[i * ld + e] *= inv_q;
-      ks[i * ld + e] *= inv_k;
-    }
-    if (lane == 0) {
-      gc[i] = p.g[t * p.g_stride_t + h];
-      bt[i] = p.beta[t * p.beta_stride_t + h];
-    }
-  }
-  __syncthreads();
-  if (tid == 0) {  // the cumulative sum in row order, as the reference adds it
-    float cum = 0.f;
-    for (int i = 0; i < n; ++i) {
-      cum += gc[i];
-      gc[i] = cum;
-    }
-  }
-  __syncthreads();
+  load_chunk_rows<T>(p, c0, n, h, kh, ld, kPassWarps, qs, ks, gc, bt);
   if (tid < n) eg[tid] = expf(gc[tid]);
   const float g_last = gc[n - 1];
   if (tid == 0) dl_out[0] = expf(g_last);
