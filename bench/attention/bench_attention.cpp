@@ -12,7 +12,7 @@
 // and 16-bit pages written) and FP8 converted in the kernel.
 //
 // bench_attention --page-sizes 16,32,64,128,256 runs the page-size sweep instead (see
-// page_size_sweep below) and prints a markdown table.
+// page_size_sweep.h) and prints a markdown table.
 //
 // bench_attention --decode [VARIANTS [PAGES [SHAPES]]] runs the decode table instead (see
 // decode_table): batch 1 at 1K/4K/32K/128K/1M keys and batches 8-64 at 4K and 32K, GB/s of K+V
@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "kernels/attention_params.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/fp8_stage.h"
@@ -59,98 +60,14 @@
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/tensor.h"
 #include "longctx/kernels/kernel_tuning.h"
+#include "page_size_sweep.h"
 #include "read_ceiling.h"
 
 namespace {
 
 using namespace longctx;
 
-constexpr int kHq = 32, kHk = 8, kD = 128;
-
-// The kernels' tuning for every plan of this run (the flags; defaults: the measured choices).
-kernels::KernelTuning g_tuning;
-
-double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters = 20) {
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<float> t;
-  cudaEvent_t a, b;
-  LONGCTX_CUDA_CHECK(cudaEventCreate(&a));
-  LONGCTX_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < iters; ++i) {
-    LONGCTX_CUDA_CHECK(cudaEventRecord(a, stream));
-    fn();
-    LONGCTX_CUDA_CHECK(cudaEventRecord(b, stream));
-    LONGCTX_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    LONGCTX_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// time_ms on `stream` as the shared tables take it (read_ceiling.h).
-bench::TimeFn stream_timer(cudaStream_t stream) {
-  return
-      [stream](const std::function<void()>& fn, int iters) { return time_ms(fn, stream, iters); };
-}
-
-// Device buffer of n bf16 values, uniform in [-1, 1]: 16M values generated on the host, then
-// repeated on the device (host generation of the 4 GB decode caches would dominate the run).
-void* random_bf16(int64_t n, uint32_t seed) {
-  const int64_t chunk = std::min<int64_t>(n, int64_t(1) << 24);
-  std::vector<uint16_t> h(chunk);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (auto& x : h) x = f32_to_bf16(u(rng));
-  char* d = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&d, std::max<int64_t>(n, 1) * 2));
-  LONGCTX_CUDA_CHECK(cudaMemcpy(d, h.data(), chunk * 2, cudaMemcpyHostToDevice));
-  for (int64_t done = chunk; done < n;) {
-    const int64_t c = std::min(done, n - done);
-    LONGCTX_CUDA_CHECK(cudaMemcpy(d + done * 2, d, c * 2, cudaMemcpyDeviceToDevice));
-    done += c;
-  }
-  return d;
-}
-
-// Device buffer of n FP8 E4M3 codes of values uniform in [-448, 448) (no NaN code), generated
-// as random_bf16's (a chunk on the host, repeated on the device); with page scales of 2^-8 the
-// elements lie in [-1.75, 1.75).
-void* random_fp8(int64_t n, uint32_t seed) {
-  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(n, 1), int64_t(1) << 24);
-  std::vector<uint8_t> h(chunk);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-448.f, 448.f);
-  for (auto& x : h) x = f32_to_fp8e4m3(u(rng));
-  char* d = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&d, std::max<int64_t>(n, 1)));
-  LONGCTX_CUDA_CHECK(cudaMemcpy(d, h.data(), chunk, cudaMemcpyHostToDevice));
-  for (int64_t done = chunk; done < n;) {
-    const int64_t c = std::min(done, n - done);
-    LONGCTX_CUDA_CHECK(cudaMemcpy(d + done, d, c, cudaMemcpyDeviceToDevice));
-    done += c;
-  }
-  return d;
-}
-
-template <typename T>
-T* upload(const std::vector<T>& v) {
-  T* d = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * sizeof(T)));
-  if (!v.empty())
-    LONGCTX_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
-void print(const std::string& name, double ms, double flops, double bytes = 0) {
-  std::printf("%-58s %9.3f ms %8.1f TFLOP/s", name.c_str(), ms, flops / (ms * 1e9));
-  if (bytes > 0) std::printf(" %8.1f GB/s", bytes / (ms * 1e6));
-  std::printf("\n");
-  std::fflush(stdout);
-}
+using namespace longctx::bench;
 
 // The K/V cache of a prefill bench: 16-bit (bf16) or FP8 E4M3 with page scales.
 struct BenchKv {
@@ -352,185 +269,6 @@ void bench_block_causal(int64_t total, int64_t span, int64_t block, cudaStream_t
   std::snprintf(name, sizeof name, "block-causal total=%ld spans=%zu x %ld block=%ld", long(total),
                 seg.size(), long(span), long(block));
   print(name, ms, 4.0 * kD * kHq * pairs);
-}
-
-// The page-size sweep at Llama-3.1-8B attention shapes: one request whose pages sit in a shuffled
-// order in a pool a quarter larger than needed (as a real pool hands them out), for each page
-// size:
-//   - causal prefill of a 32K prompt as one chunk (q 32K over 32K keys);
-//   - the same prompt as 4 chunks of 8K queries over the growing cache (chunk c: q 8K over
-//     8K * (c + 1) keys), summed;
-//   - batch-1 decode over 32K and 128K keys;
-//   - offload streaming: one layer's K and V of 32K tokens copied page by page (one
-//     cudaMemcpyAsync per page and tensor) from a pinned host pool, pages in shuffled order, to a
-//     contiguous device buffer (the granularity a paged host pool streams at).
-// Plans are built outside the timing.
-struct SweepPool {
-  int page = 0;
-  void* k = nullptr;           // [pool_pages, page, kHk, kD] bf16
-  void* v = nullptr;           // [pool_pages, page, kHk, kD] bf16
-  std::vector<int32_t> order;  // the request's page ids, shuffled
-};
-
-SweepPool make_pool(int page, int64_t max_tokens) {
-  SweepPool p;
-  p.page = page;
-  const int64_t needed = (max_tokens + page - 1) / page;
-  const int64_t pool_pages = needed + needed / 4;
-  p.k = random_bf16(pool_pages * page * kHk * kD, 11);
-  p.v = random_bf16(pool_pages * page * kHk * kD, 12);
-  std::vector<int32_t> ids(pool_pages);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), std::mt19937(uint32_t(page)));
-  p.order.assign(ids.begin(), ids.begin() + needed);
-  return p;
-}
-
-// Causal prefill of q_len queries over the first kv_len keys of the pool's request; ms.
-double time_pool_prefill(const SweepPool& pool, const void* q, void* o, int q_len, int kv_len,
-                         cudaStream_t stream) {
-  const int pages = (kv_len + pool.page - 1) / pool.page;
-  std::vector<int32_t> qo = {0, q_len}, kvp = {0, pages},
-                       idx(pool.order.begin(), pool.order.begin() + pages),
-                       last = {kv_len - (pages - 1) * pool.page}, kvl = {kv_len};
-  kernels::PagedPrefillParams p;
-  p.q = q;
-  p.k_cache = pool.k;
-  p.v_cache = pool.v;
-  p.o = o;
-  p.qo_indptr = upload(qo);
-  p.kv_indptr = upload(kvp);
-  p.kv_indices = upload(idx);
-  p.kv_last_page_len = upload(last);
-  p.batch_size = 1;
-  p.num_qo_heads = kHq;
-  p.num_kv_heads = kHk;
-  p.head_dim = kD;
-  p.page_size = pool.page;
-  p.dtype = DType::kBF16;
-  p.mask_mode = kernels::MaskMode::kCausal;
-  p.sm_scale = 1.f / std::sqrt(float(kD));
-  const size_t ws_bytes = kernels::cuda::paged_prefill_workspace_bytes(1, q_len, kHq / kHk) +
-                          kernels::cuda::paged_prefill_split_workspace_bytes(kD);
-  void* ws = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-  auto plan = kernels::cuda::paged_prefill_plan(qo.data(), kvl.data(), 1, kHq, kHk, kD, p.mask_mode,
-                                                ws, ws_bytes, stream, g_tuning.prefill);
-  const double ms = time_ms([&] { kernels::cuda::paged_prefill_run(p, plan, stream); }, stream, 10);
-  for (void* x :
-       {(void*)p.qo_indptr, (void*)p.kv_indptr, (void*)p.kv_indices, (void*)p.kv_last_page_len, ws})
-    cudaFree(x);
-  return ms;
-}
-
-// Batch-1 decode over the first kv_len keys of the pool's request; ms.
-double time_pool_decode(const SweepPool& pool, const void* q, void* o, float* lse, int kv_len,
-                        cudaStream_t stream) {
-  const int pages = (kv_len + pool.page - 1) / pool.page;
-  std::vector<int32_t> kvp = {0, pages}, idx(pool.order.begin(), pool.order.begin() + pages),
-                       last = {kv_len - (pages - 1) * pool.page};
-  kernels::DecodeParams p;
-  p.q = q;
-  p.k_cache = pool.k;
-  p.v_cache = pool.v;
-  p.o = o;
-  p.lse = lse;
-  p.kv_indptr = upload(kvp);
-  p.kv_indices = upload(idx);
-  p.kv_last_page_len = upload(last);
-  p.batch_size = 1;
-  p.num_qo_heads = kHq;
-  p.num_kv_heads = kHk;
-  p.head_dim = kD;
-  p.page_size = pool.page;
-  p.dtype = DType::kBF16;
-  p.sm_scale = 1.f / std::sqrt(float(kD));
-  const size_t ws_bytes = kernels::cuda::decode_workspace_bytes(1, kHq, kHk, kD);
-  void* ws = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-  auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), 1, pool.page, kHq, kHk, kD, ws,
-                                         ws_bytes, stream, 0, 256, {}, g_tuning.decode);
-  const double ms = time_ms([&] { kernels::cuda::decode_run(p, plan, stream); }, stream, 50);
-  for (void* x : {(void*)p.kv_indptr, (void*)p.kv_indices, (void*)p.kv_last_page_len, ws})
-    cudaFree(x);
-  return ms;
-}
-
-// Page-by-page H2D copy of tokens' K and V (shuffled host pages -> contiguous device); ms.
-double time_page_stream(int page, int tokens, const char* host_k, const char* host_v, char* dev_k,
-                        char* dev_v, cudaStream_t stream) {
-  const int64_t page_bytes = int64_t(page) * kHk * kD * 2;
-  const int pages = tokens / page;
-  std::vector<int32_t> order(pages);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), std::mt19937(uint32_t(page) + 1));
-  return time_ms(
-      [&] {
-        for (int i = 0; i < pages; ++i) {
-          const int64_t src = int64_t(order[i]) * page_bytes, dst = int64_t(i) * page_bytes;
-          LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev_k + dst, host_k + src, page_bytes,
-                                             cudaMemcpyHostToDevice, stream));
-          LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev_v + dst, host_v + src, page_bytes,
-                                             cudaMemcpyHostToDevice, stream));
-        }
-      },
-      stream, 5);
-}
-
-void page_size_sweep(const std::vector<int>& page_sizes, cudaStream_t stream) {
-  constexpr int kPrompt = 32768, kChunk = 8192, kLongDecode = 131072;
-  const double causal_pairs = double(kPrompt) * (kPrompt + 1) / 2;
-  const double prefill_flops = 4.0 * kD * kHq * causal_pairs;
-  void* q = random_bf16(int64_t(kPrompt) * kHq * kD, 21);
-  void* o = nullptr;
-  float* lse = nullptr;
-  LONGCTX_CUDA_CHECK(cudaMalloc(&o, int64_t(kPrompt) * kHq * kD * 2));
-  LONGCTX_CUDA_CHECK(cudaMalloc(&lse, int64_t(kHq) * 4));
-  const int64_t stream_bytes = int64_t(kPrompt) * kHk * kD * 2;  // one layer's K (or V)
-  char *host_k = nullptr, *host_v = nullptr, *dev_k = nullptr, *dev_v = nullptr;
-  LONGCTX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_k), stream_bytes, 0));
-  LONGCTX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_v), stream_bytes, 0));
-  std::memset(host_k, 0x3c, stream_bytes);
-  std::memset(host_v, 0x3c, stream_bytes);
-  LONGCTX_CUDA_CHECK(cudaMalloc(&dev_k, stream_bytes));
-  LONGCTX_CUDA_CHECK(cudaMalloc(&dev_v, stream_bytes));
-  std::printf(
-      "# page-size sweep: pages shuffled in a pool 1.25x the request; prefill kernel %s\n",
-      g_tuning.prefill.kernel == kernels::PrefillKernel::kFa2 ? "fa2" : "default (sm90 on sm_90)");
-  std::printf(
-      "| page | prefill 32K, 1 chunk | prefill 32K, 4 x 8K chunks | decode B=1, 32K | "
-      "decode B=1, 128K | H2D page stream, 32K tokens K+V |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  for (int page : page_sizes) {
-    SweepPool pool = make_pool(page, kLongDecode);
-    const double one = time_pool_prefill(pool, q, o, kPrompt, kPrompt, stream);
-    double chunks = 0;
-    for (int c = 0; c < kPrompt / kChunk; ++c) {
-      // Chunk c's queries are prompt tokens [c * 8K, (c + 1) * 8K): their rows of q.
-      const void* qc = static_cast<const char*>(q) + int64_t(c) * kChunk * kHq * kD * 2;
-      chunks += time_pool_prefill(pool, qc, o, kChunk, kChunk * (c + 1), stream);
-    }
-    const double d32 = time_pool_decode(pool, q, o, lse, kPrompt, stream);
-    const double d128 = time_pool_decode(pool, q, o, lse, kLongDecode, stream);
-    const double h2d = time_page_stream(page, kPrompt, host_k, host_v, dev_k, dev_v, stream);
-    auto kv_gbs = [](double keys, double ms) { return keys * kHk * kD * 2 * 2 / (ms * 1e6); };
-    std::printf(
-        "| %d | %.3f ms, %.1f TF | %.3f ms, %.1f TF | %.4f ms, %.0f GB/s | %.4f ms, %.0f GB/s | "
-        "%.3f ms, %.1f GB/s |\n",
-        page, one, prefill_flops / (one * 1e9), chunks, prefill_flops / (chunks * 1e9), d32,
-        kv_gbs(kPrompt, d32), d128, kv_gbs(kLongDecode, d128), h2d,
-        2.0 * stream_bytes / (h2d * 1e6));
-    std::fflush(stdout);
-    cudaFree(pool.k);
-    cudaFree(pool.v);
-  }
-  cudaFree(q);
-  cudaFree(o);
-  cudaFree(lse);
-  cudaFree(dev_k);
-  cudaFree(dev_v);
-  cudaFreeHost(host_k);
-  cudaFreeHost(host_v);
 }
 
 // The decode table. Per (batch, kv_len, page): one pool of shuffled pages holding `reps`
