@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
   double util = 0.92;
   app.add_option("--model", model_dir, "checkpoint folder (else dummy weights of --preset)");
   app.add_option("--preset", preset, "dummy preset")->capture_default_str();
+  int64_t dummy_layers = 0;
+  app.add_option("--dummy-layers", dummy_layers,
+                 "dummy weights of the preset's first N layers only (models larger than the GPU)");
   app.add_option("--contexts", contexts, "prompt lengths")->delimiter(',');
   app.add_option("--decode-steps", decode_steps, "decode steps timed after the first context");
   app.add_option("--max-num-batched-tokens", opts.max_num_batched_tokens, "prefill chunk")
@@ -92,8 +95,12 @@ int main(int argc, char** argv) {
         resolve_kv_cache_dtype(parse_kv_cache_dtype(kv_cache_dtype), false, DType::kBF16);
     const double t_load = bench::now_seconds();
     auto ckpt = std::make_shared<const Checkpoint>(
-        model_dir.empty() ? make_dummy_checkpoint(dummy_preset_config(preset), 1)
-                          : load_checkpoint(model_dir));
+        model_dir.empty()
+            ? make_dummy_checkpoint(dummy_layers > 0
+                                        ? first_layers(dummy_preset_config(preset), dummy_layers)
+                                        : dummy_preset_config(preset),
+                                    1)
+            : load_checkpoint(model_dir));
     const double t_host = bench::now_seconds() - t_load;
     configure_device_memory(0, 0, util);
     ModelBuildOptions mo;

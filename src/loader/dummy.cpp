@@ -318,6 +318,14 @@ ModelConfig dummy_preset_config(const std::string& preset) {
   return c;
 }
 
+ModelConfig first_layers(ModelConfig config, int64_t n) {
+  LONGCTX_CHECK(n >= 1 && n <= config.num_hidden_layers, ErrorCode::kInvalidArgument,
+                "the first {} layers: the model has {}", n, config.num_hidden_layers);
+  config.num_hidden_layers = n;
+  if (!config.layer_types.empty()) config.layer_types.resize(static_cast<size_t>(n));
+  return config;
+}
+
 Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed) {
   Checkpoint ck;
   ck.config = config;

@@ -305,8 +305,7 @@ ModelConfig ModelOptions::dummy_config() const {
     LONGCTX_CHECK(dummy_layers <= c.num_hidden_layers, ErrorCode::kInvalidArgument,
                   "--dummy-layers {}: preset {} has {} layers", dummy_layers, preset,
                   c.num_hidden_layers);
-    c.num_hidden_layers = dummy_layers;
-    if (!c.layer_types.empty()) c.layer_types.resize(static_cast<size_t>(dummy_layers));
+    c = first_layers(std::move(c), dummy_layers);
   }
   if (!quantization.empty()) {
     QuantFormatOptions f;

@@ -61,6 +61,9 @@ Checkpoint load_checkpoint(const std::string& dir);
 // Built-in shape presets for --load-format dummy ("llama-3.1-8b", "qwen3-0.6b", "qwen3-8b", ...).
 std::vector<std::string> dummy_presets();
 ModelConfig dummy_preset_config(const std::string& preset);
+// The config of the model's first n decoder layers (1 <= n <= num_hidden_layers; per-layer lists
+// cut to match): the per-layer speed of a model larger than the GPU from dummy weights.
+ModelConfig first_layers(ModelConfig config, int64_t n);
 // Random weights of the config's shapes (deterministic in seed), bf16 unless dtype given.
 // Norm weights are near 1 so activations stay sane. With config.quantization, the decoder
 // layers' Linears are random packed tensors in that format (`quantized`) with no dense copy.
