@@ -331,18 +331,18 @@ Tensor DecoderModel::gated_mlp(const Tensor& x, const LayerWeights& w) const {
 
 Tensor DecoderModel::gated_mlp(const Tensor& x, const LinearWeight& gate_up_proj,
                                const Tensor& gate_up_bias, const LinearWeight& down_proj,
-                               const Tensor& down_bias) const {
+                               const Tensor& down_bias, const MlpMarks& marks) const {
   Tensor gate_up = linear(x, gate_up_proj, gate_up_bias);  // [T, 2 intermediate]
-  mark("gate_up_proj", weight_bytes(gate_up_proj));
+  mark(marks.gate_up, weight_bytes(gate_up_proj));
   const int64_t inter = gate_up.size(1) / 2;
   Tensor act = act_empty({x.size(0), inter});
   if (config().hidden_act == HiddenAct::kGeluTanh)
     ops::gelu_tanh_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
   else
     ops::silu_and_mul(gate_up.slice(1, 0, inter), gate_up.slice(1, inter, 2 * inter), act);
-  mark("act_and_mul");
+  mark(marks.act);
   Tensor out = linear(act, down_proj, down_bias);
-  mark("down_proj", weight_bytes(down_proj));
+  mark(marks.down, weight_bytes(down_proj));
   return out;
 }
 
@@ -362,16 +362,20 @@ Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) co
   if (w.shared_gate_up.defined()) {
     // Qwen2MoeSparseMoeBlock: + sigmoid(shared_expert_gate(x)) * shared_expert(x), added by the
     // experts' combine
-    a.shared = gated_mlp(x, w.shared_gate_up, Tensor(), w.shared_down, Tensor());
+    a.shared = gated_mlp(x, w.shared_gate_up, Tensor(), w.shared_down, Tensor(),
+                         {"shared_gate_up", "shared_act_and_mul", "shared_down"});
     a.shared_gate = Tensor::empty({t, 1}, DType::kF32, device_);
     ops::linear(x, w.shared_expert_gate, Tensor(), a.shared_gate);
     mark("shared_expert_gate", double(w.shared_expert_gate.nbytes()));
   }
   a.out = act_empty({t, x.size(1)});
   ops::moe_forward(logits, m.norm_topk_prob, a);  // routes, then the experts (fused at decode)
-  // one token's routed expert rows (more tokens read up to every expert)
-  mark("moe_experts", double(m.num_experts_per_tok) / double(m.num_experts) *
-                          double(w.experts_gate_up.nbytes() + w.experts_down.nbytes()));
+  // The experts the step's tokens route to, expected under uniform routing: one token reads k of
+  // E experts, T tokens 1 - (1 - k / E)^T of them.
+  const double unrouted =
+      std::pow(1.0 - double(m.num_experts_per_tok) / double(m.num_experts), double(t));
+  mark("moe_experts",
+       (1.0 - unrouted) * double(w.experts_gate_up.nbytes() + w.experts_down.nbytes()));
   return a.out;
 }
 

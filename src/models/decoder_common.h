@@ -58,17 +58,6 @@ struct LayerWeights {
   Tensor shared_expert_gate;                 // [1, hidden]
 };
 
-// Where a forward's time goes, op by op (measurement: bench_model --cuda-graphs prints it for a
-// batch-1 decode step). The model calls mark() right after it issued each op's work: `op` names
-// the op (the same name for every layer's), `bytes` what the op must read at least (weights; 0
-// where the caller knows better, e.g. attention's KV, or for row-wise ops). A timer records an
-// event on the current stream there, so an op's GPU time is the span from the mark before it.
-class OpTimer {
- public:
-  virtual ~OpTimer() = default;
-  virtual void mark(const char* op, double bytes) = 0;
-};
-
 // The step's inputs on the model's device.
 struct StepInputs {
   int64_t num_tokens = 0;
@@ -82,6 +71,14 @@ struct StepInputs {
   // in the step + 1), which picks longrope's and dynamic NTK's frequencies; undefined for a
   // fixed rope, or on the device-only path (decode: position + 1 is that length).
   Tensor rope_lens;
+};
+
+// The op marks (OpTimer) of one gated MLP: the dense MLP's, or a MoE block's shared expert's (so
+// the profile tells it from a dense layer's).
+struct MlpMarks {
+  const char* gate_up = "gate_up_proj";
+  const char* act = "act_and_mul";
+  const char* down = "down_proj";
 };
 
 // What a decoder-only model owns: the checkpoint (its mmaps back every CPU weight), the weights
@@ -103,8 +100,7 @@ class DecoderModel : public Model {
                          const Tensor& logits_indices, AttentionBackend& attention,
                          const Tensor& logits) override;
 
-  // Marks every op of the eager forward on `timer` (nullptr: none); not for graph capture.
-  void set_op_timer(OpTimer* timer) { op_timer_ = timer; }
+  void set_op_timer(OpTimer* timer) override { op_timer_ = timer; }
 
  protected:
   // Embedding, every layer, final norm and lm_head into logits [R, vocab] f32: the part of
@@ -144,7 +140,8 @@ class DecoderModel : public Model {
   // Gemma3MLP (gelu_pytorch_tanh).
   Tensor gated_mlp(const Tensor& x, const LayerWeights& w) const;
   Tensor gated_mlp(const Tensor& x, const LinearWeight& gate_up, const Tensor& gate_up_bias,
-                   const LinearWeight& down, const Tensor& down_bias) const;
+                   const LinearWeight& down, const Tensor& down_bias,
+                   const MlpMarks& marks = {}) const;
   // Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock: router, top-k experts, the shared expert.
   Tensor sparse_moe_block(const Tensor& x, const LayerWeights& w) const;
   // In place on x [T, heads, head_dim] at the step's positions, with layer i's rope (Gemma 3's

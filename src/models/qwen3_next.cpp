@@ -131,7 +131,9 @@ class Qwen3NextForCausalLM : public DecoderModel {
                   dv = l.value_head_dim;
     const int64_t key_dim = hk * dk, value_dim = hv * dv, conv_dim = 2 * key_dim + value_dim;
     Tensor qkvz = linear(x, w.in_proj_qkvz, Tensor());  // [T, conv_dim + value_dim]
-    Tensor ba = linear(x, w.in_proj_ba, Tensor());      // [T, 2 Hv]
+    mark("in_proj_qkvz", double(w.in_proj_qkvz.nbytes()));
+    Tensor ba = linear(x, w.in_proj_ba, Tensor());  // [T, 2 Hv]
+    mark("in_proj_ba", double(w.in_proj_ba.nbytes()));
     LinearLayerStates states = attention.linear_states(i);
     // The backend's device arrays (the CUDA paged backend: what a decode graph replays), else
     // the step's host qo_indptr with the states' tensors.
@@ -159,10 +161,16 @@ class Qwen3NextForCausalLM : public DecoderModel {
       conv.states = states.conv;
     }
     ops::causal_conv1d(conv);
+    // The floors the profile holds these ops to: the conv's weight and each sequence's conv state
+    // read and written, the recurrent state [Hv, k_dim, v_dim] f32 read and written once per
+    // sequence (a decode step's whole traffic; the chunked prefill's per call).
+    const double conv_state = double(l.conv_kernel_dim - 1) * double(conv_dim) * sizeof(float);
+    mark("conv1d", double(w.conv1d.nbytes()) + 2.0 * double(num_seqs) * conv_state);
 
     Tensor g = Tensor::empty({t, hv}, DType::kF32, device_);
     Tensor beta = Tensor::empty({t, hv}, DType::kF32, device_);
     ops::delta_rule_gates(ba.slice(1, 0, hv), ba.slice(1, hv, 2 * hv), w.a_neg, w.dt_bias, g, beta);
+    mark("delta_rule_gates");
 
     Tensor core = act_empty({t, hv, dv});
     ops::GatedDeltaRuleArgs d;
@@ -182,12 +190,17 @@ class Qwen3NextForCausalLM : public DecoderModel {
     // of one is the recurrence itself.
     d.form = t == num_seqs ? ops::DeltaRuleForm::kRecurrent : ops::DeltaRuleForm::kChunked;
     ops::gated_delta_rule(d);
+    const double state = double(hv) * double(dk) * double(dv) * sizeof(float);
+    mark("delta_rule", 2.0 * double(num_seqs) * state);
 
     // norm(core_attn_out, z) per value head, then out_proj.
     Tensor rows = core.view({t * hv, dv});
     Tensor z = qkvz.slice(1, conv_dim, conv_dim + value_dim).contiguous().view({t * hv, dv});
     ops::rms_norm_gated(rows, z, w.norm, static_cast<float>(config().rms_norm_eps), rows);
-    return linear(core.view({t, value_dim}), w.out_proj, Tensor());
+    mark("gated_norm");  // z's copy and the norm
+    Tensor out = linear(core.view({t, value_dim}), w.out_proj, Tensor());
+    mark("out_proj", double(w.out_proj.nbytes()));
+    return out;
   }
 
   std::vector<LinearAttnWeights> linear_;  // [layers]; defined on linear-attention layers

@@ -12,6 +12,17 @@
 
 namespace longctx {
 
+// Where a forward's time goes, op by op (bench_model's per-op decode profile, bench/model/
+// op_profile.h). The model calls mark() right after it issued each op's work: `op` names the op
+// (the same name for every layer's), `bytes` what the op must read at least (weights; 0 where the
+// caller knows better, e.g. attention's KV, or for row-wise ops). A timer records an event on the
+// current stream there, so an op's GPU time is the span from the mark before it.
+class OpTimer {
+ public:
+  virtual ~OpTimer() = default;
+  virtual void mark(const char* op, double bytes) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -39,6 +50,12 @@ class Model {
   virtual void forward_on_device(const Tensor& input_ids, const Tensor& positions,
                                  const Tensor& logits_indices, AttentionBackend& attention,
                                  const Tensor& logits) = 0;
+
+  // Marks every op of the eager forward on `timer` (nullptr: none; the engine runs without one,
+  // where a mark is a null check). A virtual here, not a cast to the architecture's class, so a
+  // driver that holds only the Model it gave a GpuRunner (bench_model) can time the runner's
+  // steps. Not for graph capture: a mark records an event.
+  virtual void set_op_timer(OpTimer* timer) = 0;
 };
 
 // Whether a quantized checkpoint's Linears run packed: options.packed_weights where set; else
