@@ -8,15 +8,24 @@
 // engine's BlockManager keeps the blocks); its decode steps run eagerly unless --runner-graphs
 // (the runner's CUDA graphs, as the engine replays them).
 // Prints one line per measurement; the peer is hf_peer.py.
+// --op-profile-steps N (common/op_profile.h): after the timed decode, N eager decode steps of the
+//   runner timed op by op (the model's OpTimer marks: each op's ms per step against the bytes it
+//   must read at the HBM's peak), for any model the runner runs (linear-attention state, MoE,
+//   quantized weights, FP8 KV); --op-profile-batch B decodes B sequences of the first context
+//   (B - 1 more prefills), e.g. the hybrid at batch 32:
+//   bench_model --preset qwen3-next-80b-a3b --dummy-layers 4 --contexts 4096 --decode-steps 8
+//     --op-profile-steps 8 --op-profile-batch 32
 // --cuda-graphs (graph_bench.h): decode with CUDA graphs against eager after the first context,
 //   bench_model --preset llama-3.1-8b --contexts 32768 --cuda-graphs --graph-batches 1,16
-//   It first times one batch-1 eager step op by op (--op-profile-steps; the model's OpTimer marks:
-//   each op's ms per step against its bytes at the HBM's peak).
+//   It first times one batch-1 eager step op by op over its own bf16 pool (--op-profile-steps,
+//   default 8 there).
 // Kernel tuning flags (longctx/kernels/kernel_tuning.h: --prefill-kernel fa2, --decode-loader 0,
 // --pdl 0, ...) pin the attention kernels' choices (GpuRunnerOptions::tuning); --help lists them.
 // --kv-cache-dtype bf16|fp8 picks the paged cache's format (docs/fp8_kv.md), e.g. decode at 128K
 // with an FP8 cache against bf16:
 //   bench_model --preset llama-3.1-8b --contexts 131072 --decode-steps 64 --kv-cache-dtype fp8
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -27,6 +36,8 @@
 #include <vector>
 
 #include "common/bench_util.h"
+#include "common/op_profile.h"
+#include "decode_profile.h"
 #include "graph_bench.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
@@ -39,6 +50,57 @@
 #include "longctx/models/model.h"
 
 using namespace longctx;
+
+namespace {
+
+// `steps` eager decode steps of sequence `seq` (holding `ids`) and batch - 1 more sequences with
+// prompts of its length (prefilled here, released after), through the runner's session, op by op.
+void profile_runner_steps(Model& model, ExecutorSession& session, DType kv_dtype, uint64_t seq,
+                          std::vector<int32_t>& ids, int64_t batch, int steps, std::mt19937& rng) {
+  const ModelConfig& c = model.config();
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
+  std::vector<uint64_t> seq_ids = {seq};
+  std::vector<std::vector<int32_t>> tokens = {ids};
+  const size_t prompt = ids.size();
+  const double t0 = bench::now_seconds();
+  for (int64_t b = 1; b < batch; ++b) {
+    seq_ids.push_back(1000000 + uint64_t(b));
+    tokens.emplace_back(prompt);
+    for (auto& t : tokens.back()) t = tok(rng);
+    const SessionInput in{seq_ids.back(), tokens.back()};
+    session.run({&in, 1});
+  }
+  if (batch > 1)
+    std::printf("op profile: %lld more prompts of %zu tokens prefilled in %.2f s\n",
+                static_cast<long long>(batch - 1), prompt, bench::now_seconds() - t0);
+  bench::EventOpTimer timer(model.device());
+  std::vector<SessionInput> inputs(static_cast<size_t>(batch));
+  double keys = 0;  // the step's keys over its sequences
+  const bench::OpProfile profile = bench::profile_steps(
+      model, timer, steps,
+      [&] {
+        keys = 0;
+        for (size_t b = 0; b < tokens.size(); ++b) {
+          tokens[b].push_back(tok(rng));
+          inputs[b] = {seq_ids[b], tokens[b], 1};
+          keys += double(tokens[b].size());
+        }
+        session.run(inputs);
+      },
+      [&](bench::StepOps& ops) {
+        bench::add_attention_kv_bytes(ops, keys, c.num_key_value_heads, c.head_dim,
+                                      double(dtype_size(kv_dtype)));
+      });
+  ids = tokens[0];
+  for (size_t b = 1; b < seq_ids.size(); ++b) session.release(seq_ids[b]);
+  bench::print_op_profile(
+      profile,
+      fmt::format("a batch-{} eager decode step of the runner after {} tokens ({} KV)", batch,
+                  ids.size() - 1, dtype_name(kv_dtype)),
+      model.device().index);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app("longctx model benchmark (GPU)");
@@ -63,12 +125,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool cuda_graphs = false;
   std::vector<int64_t> graph_batches = {1};
-  int op_profile_steps = 8;
+  int op_profile_steps = -1;  // -1: 8 with --cuda-graphs, else none
+  int64_t op_profile_batch = 1;
   app.add_flag("--cuda-graphs", cuda_graphs,
                "decode with CUDA graphs against eager, step by step, after the first context "
                "(engine/cuda_graphs.h driven directly; no GpuRunner)");
   app.add_option("--op-profile-steps", op_profile_steps,
-                 "--cuda-graphs: eager batch-1 decode steps timed op by op first (0: none)")
+                 "eager decode steps timed op by op (default: 8 with --cuda-graphs, before its "
+                 "graph rows; else none; through the runner after the timed decode)");
+  app.add_option("--op-profile-batch", op_profile_batch,
+                 "sequences of the runner's op-profiled decode steps (each its own prefill of "
+                 "the first context)")
       ->capture_default_str();
   app.add_option("--graph-batches", graph_batches, "decode batch sizes for --cuda-graphs")
       ->delimiter(',');
@@ -121,13 +188,21 @@ int main(int argc, char** argv) {
       g.block_size = opts.block_size > 0 ? opts.block_size : kDefaultBlockSize;
       g.max_num_batched_tokens = opts.max_num_batched_tokens;
       g.tuning = opts.tuning;
-      g.op_profile_steps = op_profile_steps;
+      g.op_profile_steps = op_profile_steps < 0 ? 8 : op_profile_steps;
+      LONGCTX_CHECK(op_profile_batch == 1, ErrorCode::kInvalidArgument,
+                    "--cuda-graphs profiles batch 1: --op-profile-batch is the runner's");
       return bench::run_graph_bench(model, g);
     }
     const ModelConfig& c = model->config();
+    const int profile_steps = std::max(op_profile_steps, 0);
+    LONGCTX_CHECK(profile_steps == 0 || !runner_graphs, ErrorCode::kInvalidArgument,
+                  "--op-profile-steps times eager steps: drop --runner-graphs");
+    LONGCTX_CHECK(op_profile_batch >= 1 && op_profile_batch <= opts.max_num_seqs,
+                  ErrorCode::kInvalidArgument, "--op-profile-batch {} outside [1, {}]",
+                  op_profile_batch, opts.max_num_seqs);
     int64_t max_ctx = 0;
     for (int64_t n : contexts) max_ctx = std::max(max_ctx, n);
-    opts.max_model_len = max_ctx + decode_steps + 1;
+    opts.max_model_len = max_ctx + decode_steps + profile_steps + 2;
     opts.enforce_eager = !runner_graphs;
     // The runner through a session: its steps over the BlockManager's blocks, as the engine's.
     auto runner = std::make_shared<GpuRunner>(model, opts);
@@ -185,6 +260,9 @@ int main(int argc, char** argv) {
             runner->graph_memory_bytes() > 0 ? "the runner's CUDA graphs" : "no CUDA graphs");
         std::fflush(stdout);
       }
+      if (ci == 0 && profile_steps > 0)
+        profile_runner_steps(*model, session, opts.kv_dtype, seq, ids, op_profile_batch,
+                             profile_steps, rng);
       session.release(seq++);
     }
   } catch (const std::exception& e) {

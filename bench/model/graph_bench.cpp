@@ -6,20 +6,20 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <map>
 #include <random>
 #include <span>
 #include <string>
 
 #include "attention/backends/paged_backend.h"
 #include "common/bench_util.h"
+#include "common/op_profile.h"
+#include "decode_profile.h"
 #include "engine/cuda_graphs.h"
 #include "kernels/cuda/decode.h"
 #include "kv/paged_kv_pool.h"
 #include "longctx/core/device_memory.h"
 #include "longctx/core/error.h"
 #include "longctx/core/stream.h"
-#include "models/decoder_common.h"
 #include "ops/linear.h"
 
 namespace longctx::bench {
@@ -198,122 +198,29 @@ void time_parts(const ModelConfig& c, int64_t kv_len, int page) {
       gemv_ms, bytes / 1e9, bytes / (gemv_ms * 1e6), attn_ms, gemv_ms + attn_ms);
 }
 
-// The eager forward's op marks (models::OpTimer) as timing events on the current stream; events
-// are kept across steps.
-class EventOpTimer : public models::OpTimer {
- public:
-  void start() {
-    next_ = 0;
-    mark("start", 0);
-  }
-  void mark(const char* op, double bytes) override {
-    if (next_ == events_.size()) events_.emplace_back(Device::cuda(0), true);
-    events_[next_].record_on(current_stream(0));
-    if (next_ >= marks_.size()) marks_.resize(next_ + 1);
-    marks_[next_] = {op, bytes};
-    ++next_;
-  }
-  // After the step: each op's GPU time (from the mark before it), calls and bytes by name.
-  struct Op {
-    int calls = 0;
-    double ms = 0, bytes = 0;
-  };
-  std::map<std::string, Op> finish(std::vector<std::string>* order) {
-    events_[next_ - 1].synchronize();
-    std::map<std::string, Op> ops;
-    for (size_t i = 1; i < next_; ++i) {
-      Op& o = ops[marks_[i].first];
-      if (o.calls == 0 && order != nullptr &&
-          std::find(order->begin(), order->end(), marks_[i].first) == order->end())
-        order->push_back(marks_[i].first);
-      ++o.calls;
-      o.ms += events_[i].elapsed_ms_since(events_[i - 1]);
-      o.bytes += marks_[i].second;
-    }
-    return ops;
-  }
-
- private:
-  std::vector<Event> events_;
-  std::vector<std::pair<std::string, double>> marks_;
-  size_t next_ = 0;
-};
-
-// The HBM's peak GB/s from the device's memory clock and bus width (double data rate).
-double hbm_peak_gbs() {
-  int khz = 0, bits = 0;
-  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, 0) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return 2.0 * khz * 1e3 * (bits / 8.0) / 1e9;
-}
-
-// One batch-1 eager decode step of `seq` op by op, `steps` times: each op's median ms per step
-// (summed over its calls, e.g. the layers'), against the bytes it must read at the HBM's peak
-// (the weights; attention the K+V of its keys; 0 for row-wise ops, whose floor is a launch).
-// Events between the ops keep programmatic dependent launches from overlapping them, so the
-// step is slower than in a graph; the graph rows below give the real step.
-void op_profile(models::DecoderModel& model, AttentionBackend& attn, PagedKVPool& pool, Seq& seq,
+// One batch-1 eager decode step of `seq` op by op, `steps` times (common/op_profile.h): each op's
+// median ms per step (summed over its calls, e.g. the layers'), against the bytes it must read
+// at the HBM's peak (the weights; attention the K+V of its keys; 0 for row-wise ops, whose floor
+// is a launch). The graph rows below give the real step.
+void op_profile(Model& model, AttentionBackend& attn, PagedKVPool& pool, Seq& seq,
                 std::mt19937& rng, int steps) {
   const ModelConfig& c = model.config();
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
-  EventOpTimer timer;
-  std::vector<std::string> order;
-  std::map<std::string, std::vector<double>> ms;
-  std::map<std::string, EventOpTimer::Op> last;
-  std::vector<double> total;
-  model.set_op_timer(&timer);
-  for (int step = 0; step < steps + 1; ++step) {  // step 0 warms up
-    seq.tokens.push_back(tok(rng));
-    ForwardBatch batch = make_batch({&seq, 1}, pool);
-    timer.start();
-    model.forward(batch, attn);
-    auto ops = timer.finish(&order);
-    // attention reads K and V of every key in each layer (bf16 pool)
-    const double kv_bytes =
-        2.0 * double(seq.tokens.size()) * double(c.num_key_value_heads * c.head_dim) * 2.0;
-    if (ops.count("attention")) ops["attention"].bytes += kv_bytes * ops["attention"].calls;
-    seq.cached = static_cast<int64_t>(seq.tokens.size());
-    if (step == 0) continue;
-    double t = 0;
-    for (auto& [name, o] : ops) ms[name].push_back(o.ms), t += o.ms;
-    total.push_back(t);
-    last = ops;
-  }
-  model.set_op_timer(nullptr);
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  const double peak = hbm_peak_gbs();
-  std::printf(
-      "op profile of a batch-1 eager decode step after %lld tokens (an event after each op; "
-      "medians of %d steps; bound: bytes at the HBM's %.0f GB/s):\n",
-      (long long)(seq.tokens.size() - 1), steps, peak);
-  std::printf("  %-20s %6s %9s %9s %9s %9s %8s %8s\n", "op", "calls", "ms/step", "us/call",
-              "MB/step", "bound ms", "x bound", "GB/s");
-  double sum_ms = 0, sum_bound = 0, small_ms = 0;
-  int small_calls = 0;
-  for (const std::string& name : order) {
-    const EventOpTimer::Op& o = last[name];
-    const double m = median(ms[name]);
-    const double bound = peak > 0 ? o.bytes / (peak * 1e6) : 0;
-    sum_ms += m;
-    sum_bound += bound;
-    if (o.bytes == 0) small_ms += m, small_calls += o.calls;
-    std::printf("  %-20s %6d %9.4f %9.2f %9.1f %9.4f %8s %8s\n", name.c_str(), o.calls, m,
-                1e3 * m / o.calls, o.bytes / 1e6, bound,
-                bound > 0 ? fmt::format("{:.2f}", m / bound).c_str() : "-",
-                o.bytes > 0 ? fmt::format("{:.0f}", o.bytes / (m * 1e6)).c_str() : "-");
-  }
-  std::printf(
-      "  step (sum of ops) %.3f ms (median of the step totals %.3f); bound %.3f ms; ops that "
-      "read no weights or KV: %d calls, %.3f ms (%.2f us each)\n",
-      sum_ms, median(total), sum_bound, small_calls, small_ms,
-      small_calls > 0 ? 1e3 * small_ms / small_calls : 0.0);
-  std::fflush(stdout);
+  EventOpTimer timer(model.device());
+  const OpProfile profile = profile_steps(
+      model, timer, steps,
+      [&] {
+        seq.tokens.push_back(tok(rng));
+        model.forward(make_batch({&seq, 1}, pool), attn);
+        seq.cached = static_cast<int64_t>(seq.tokens.size());
+      },
+      [&](StepOps& ops) {  // the bf16 pool's K and V of every key
+        add_attention_kv_bytes(ops, double(seq.tokens.size()), c.num_key_value_heads, c.head_dim,
+                               2.0);
+      });
+  print_op_profile(
+      profile, fmt::format("a batch-1 eager decode step after {} tokens", seq.tokens.size() - 1),
+      model.device().index);
 }
 
 }  // namespace
@@ -390,8 +297,7 @@ int run_graph_bench(std::shared_ptr<Model> model, const GraphBenchArgs& a) {
                 (long long)a.context);
     time_parts(c, a.context, int(bs));
     std::fflush(stdout);
-    if (auto* dm = dynamic_cast<models::DecoderModel*>(model.get()); dm && a.op_profile_steps > 0)
-      op_profile(*dm, *attn, pool, seqs[0], rng, a.op_profile_steps);
+    if (a.op_profile_steps > 0) op_profile(*model, *attn, pool, seqs[0], rng, a.op_profile_steps);
 
     const Device dev = Device::cuda(0);
     Event start(dev, true), stop(dev, true);
