@@ -31,6 +31,11 @@ struct SeqDeviceArrays {
 // to rounding (tests/ops/test_linear_attention.cpp bounds the difference).
 enum class DeltaRuleForm { kRecurrent, kChunked };
 
+// The CUDA kernel of the recurrent form (kernels/cuda/linear_attention.h): kColumnSplit (the
+// state's columns over CTAs, in registers), or kPerHead, the first kernel (a CTA per sequence and
+// value head), kept for one comparison on the GPU. The CPU twin has one.
+enum class RecurrentKernel { kColumnSplit, kPerHead };
+
 struct GatedDeltaRuleArgs {
   Tensor q, k;     // [T, Hk, k_dim], last dim contiguous (views of the conv output)
   Tensor v;        // [T, Hv, v_dim], Hv a multiple of Hk
@@ -41,6 +46,7 @@ struct GatedDeltaRuleArgs {
   SeqDeviceArrays device;              // instead of qo_indptr and states (CUDA only)
   float scale = 0.f;                   // of the l2-normalized q (0: k_dim^-0.5)
   DeltaRuleForm form = DeltaRuleForm::kChunked;
+  RecurrentKernel recurrent_kernel = RecurrentKernel::kColumnSplit;  // CUDA, kRecurrent
   int64_t chunk_size = 64;
 };
 void gated_delta_rule(const GatedDeltaRuleArgs& a);

@@ -166,7 +166,9 @@ void gated_delta_rule_cuda(const GatedDeltaRuleArgs& a) {
   DeviceSeqs seqs = on_device(a.qo_indptr, call.states, a.device, device, stream);
   call.params.qo_indptr = seqs.qo_indptr;
   call.params.states = seqs.states;
-  if (a.form == DeltaRuleForm::kRecurrent)
+  if (a.form == DeltaRuleForm::kRecurrent && a.recurrent_kernel == RecurrentKernel::kPerHead)
+    kernels::cuda::gated_delta_rule_recurrent_per_head(call.params, stream);
+  else if (a.form == DeltaRuleForm::kRecurrent)
     kernels::cuda::gated_delta_rule_recurrent(call.params, stream);
   else
     chunked(call.params, a.q.size(0), device, stream);

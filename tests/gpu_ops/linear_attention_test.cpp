@@ -1,19 +1,21 @@
-// CUDA twins of the linear-attention ops (gated_delta_rule recurrent and chunked, causal_conv1d,
-// delta_rule_gates, rms_norm_gated) against their CPU twins on the same bytes (gpu_ops_util.h):
-// several sequences of different lengths in one call (an empty one among them), each continuing
-// from its own random state; T in {1, 7, 63, 64, 65, 300, 1000 + 4097}; Hv = 2 Hk and Hv = Hk; head
-// dims 128 and odd small ones (5, 3, 33, 17), 256 (where the chunked kernel halves its chunk to fit
-// shared memory); q/k/v as strided views of one fused conv output, as Qwen3-Next passes them. bf16
-// activations run the CPU twin on the same values widened to f32 and compare after rounding its
-// result to bf16 once.
+// CUDA twins of the linear-attention ops (gated_delta_rule recurrent, on both its kernels, and
+// chunked, causal_conv1d, delta_rule_gates, rms_norm_gated) against their CPU twins on the same
+// bytes (gpu_ops_util.h): several sequences of different lengths in one call (an empty one among
+// them), each continuing from its own random state; T in {1, 7, 63, 64, 65, 300, 1000 + 4097};
+// Hv = 2 Hk and Hv = Hk; head dims 128 and odd small ones (5, 3, 33, 17), 256 (where the chunked
+// kernel halves its chunk to fit shared memory); q/k/v as strided views of one fused conv output,
+// as Qwen3-Next passes them. bf16 activations run the CPU twin on the same values widened to f32
+// and compare after rounding its result to bf16 once.
 //
 // Tolerances, per element:
 //   gated_delta_rule, same form on both sides (out and every state): 1e-4 absolute + 1e-4
-//     relative in f32. Both accumulate in fp32 in the same order over each dot product; they
-//     differ in the l2 norms' sums (a tree on the GPU), expf against glibc's expf (2 ulp) and
-//     fused multiply-adds, each ~1e-7 relative, carried through 300 state updates whose entries
-//     stay O(1): the CPU test bounds either form against a double reference at 2e-5 for
-//     T <= 200 on small heads; 1e-4 leaves room for 128-wide heads and 300 tokens;
+//     relative in f32. Both accumulate in fp32; they differ in the order of each dot
+//     product's sum (the column-split kernel adds four warps' partial sums, and scales the sums
+//     by the l2 norms rather than the vectors), the l2 norms' sums (a tree on the GPU), expf
+//     against glibc's expf (2 ulp) and fused multiply-adds, each ~1e-7 relative, carried
+//     through 300 state updates whose entries stay O(1): the CPU test bounds either form
+//     against a double reference at 2e-5 for T <= 200 on small heads; 1e-4 leaves room for
+//     128-wide heads and 300 tokens;
 //     bf16 out: the same plus 1 bf16 ulp (a result near a rounding boundary may round apart);
 //   gated_delta_rule, GPU chunked against CPU recurrent (or a different chunk): 5e-4 absolute
 //     + 5e-4 relative: the two forms are equal in real arithmetic and differ in rounding only;
@@ -87,10 +89,12 @@ struct DeltaShape {
   int64_t hk = 2, hv = 4, dk = 128, dv = 128;
 };
 
-// gpu_form on the device against ref_form on the CPU (chunk sizes likewise).
+// gpu_form on the device (the recurrent form on `kernel`) against ref_form on the CPU (chunk sizes
+// likewise).
 CaseSpec delta_case(const DeltaShape& sh, DType dt, ops::DeltaRuleForm gpu_form,
                     ops::DeltaRuleForm ref_form, int64_t gpu_chunk, int64_t ref_chunk, Tol tol,
-                    uint64_t seed) {
+                    uint64_t seed,
+                    ops::RecurrentKernel kernel = ops::RecurrentKernel::kColumnSplit) {
   const std::vector<int32_t> qo = indptr_of(sh.lens);
   const int64_t t = qo.back(), num = int64_t(sh.lens.size());
   const int64_t hk = sh.hk, hv = sh.hv, dk = sh.dk, dv = sh.dv;
@@ -120,9 +124,12 @@ CaseSpec delta_case(const DeltaShape& sh, DType dt, ops::DeltaRuleForm gpu_form,
     return f == ops::DeltaRuleForm::kRecurrent ? std::string("recurrent")
                                                : fmt::format("chunked{}", chunk);
   };
+  const bool per_head =
+      gpu_form == ops::DeltaRuleForm::kRecurrent && kernel == ops::RecurrentKernel::kPerHead;
   CaseSpec c;
   c.name = fmt::format("gated_delta_rule(lens {} heads {}/{} dims {}/{} {} {} vs cpu {})",
-                       lens_str(sh.lens), hk, hv, dk, dv, dn(dt), form_name(gpu_form, gpu_chunk),
+                       lens_str(sh.lens), hk, hv, dk, dv, dn(dt),
+                       form_name(gpu_form, gpu_chunk) + (per_head ? "-per-head" : ""),
                        form_name(ref_form, ref_chunk));
   c.gpu = [=] {
     ops::GatedDeltaRuleArgs a;
@@ -132,6 +139,7 @@ CaseSpec delta_case(const DeltaShape& sh, DType dt, ops::DeltaRuleForm gpu_form,
     a.states = st;
     a.form = gpu_form;
     a.chunk_size = gpu_chunk;
+    a.recurrent_kernel = kernel;
     ops::gated_delta_rule(a);
   };
   c.check = [=] {
@@ -166,6 +174,7 @@ void delta_cases(bool small) {
       {{7, 65, 1}, 3, 6, 33, 17},
       {{1, 1, 1, 1, 1, 1, 1, 1, 1}, 2, 4, 64, 64},  // a decode batch
       {{9}, 2, 2, 128, 128},                        // Hv = Hk
+      {{1, 1, 0, 1}, 16, 32, 128, 128},             // Qwen3-Next-80B's heads, decode
   };
   if (!small) {
     for (int64_t n : {63, 64, 65, 300}) shapes.push_back({{n}});
@@ -179,6 +188,10 @@ void delta_cases(bool small) {
       const Tol t = act_tol(dt, same.abs, same.rel), tf = act_tol(dt, forms.abs, forms.rel);
       const bool halved = sh.dk == 256;
       run_case(s, delta_case(sh, dt, F::kRecurrent, F::kRecurrent, 64, 64, t, seed++), sum);
+      run_case(s,
+               delta_case(sh, dt, F::kRecurrent, F::kRecurrent, 64, 64, t, seed++,
+                          ops::RecurrentKernel::kPerHead),
+               sum);
       run_case(s, delta_case(sh, dt, F::kChunked, F::kChunked, 64, 64, halved ? tf : t, seed++),
                sum);
       run_case(s, delta_case(sh, dt, F::kChunked, F::kRecurrent, 64, 64, tf, seed++), sum);
@@ -541,6 +554,26 @@ TEST(GpuOpsPerf, GatedDeltaRuleQwen3Next80B) {
     // dominant products per token and value head (2 * chunk * (dk + dv) + 4 * dk * dv).
     c.flops = double(t) * 32 * (2.0 * 64 * (128 + 128) + 4.0 * 128 * 128);
     run_case(s, c, sum);
+  }
+}
+
+// A decode step's delta rule at Qwen3-Next-80B's shapes (16 key / 32 value heads of 128, bf16),
+// batch 1 and 32, on both recurrent kernels: GB/s of the state read and written once per sequence
+// (2 MiB each way a sequence and layer) and the step's q/k/v/out. The cases above check both.
+TEST(GpuOpsPerf, GatedDeltaRuleDecodeQwen3Next80B) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  TestStream s;
+  Summary sum;
+  for (int64_t batch : {1, 32}) {
+    for (ops::RecurrentKernel kernel :
+         {ops::RecurrentKernel::kColumnSplit, ops::RecurrentKernel::kPerHead}) {
+      CaseSpec c = delta_case({std::vector<int64_t>(size_t(batch), 1), 16, 32, 128, 128},
+                              DType::kBF16, ops::DeltaRuleForm::kRecurrent,
+                              ops::DeltaRuleForm::kRecurrent, 64, 64, Tol{}, 78, kernel);
+      c.check = nullptr;
+      c.perf_only = true;
+      run_case(s, c, sum);
+    }
   }
 }
 

@@ -125,6 +125,107 @@ __global__ void __launch_bounds__(kRecurrentThreads)
   }
 }
 
+// The recurrent form with the state's columns split over CTAs: a CTA per (sequence, value head,
+// kSplitCols columns), kSplitWarps warps splitting the k_dim rows (warp w: rows [w r, (w + 1) r),
+// r = ceil(k_dim / kSplitWarps) <= kRows), a lane per column. Each thread keeps its rows of its
+// column in registers across the sequence's tokens, so the state is read and written once per
+// call, its loads independent of one another and coalesced (a warp's lanes are adjacent columns).
+// The per-column dots S^T k and S^T q are partial sums per warp, added through shared memory; the
+// l2 norms of q and k scale those sums (and k's update) instead of the vectors, which saves a
+// barrier per token.
+constexpr int kSplitCols = 32;
+constexpr int kSplitWarps = 4;
+constexpr int kSplitThreads = kSplitWarps * kWarp;
+
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kSplitThreads)
+    delta_rule_recurrent_split_kernel(GatedDeltaRuleParams p) {
+  const int64_t s = blockIdx.x / p.num_v_heads, h = blockIdx.x % p.num_v_heads;
+  const int64_t begin = p.qo_indptr[s], end = p.qo_indptr[s + 1];
+  if (begin == end) return;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t dk = p.k_dim, dv = p.v_dim, kh = h / (p.num_v_heads / p.num_k_heads);
+  const int64_t j = int64_t(blockIdx.y) * kSplitCols + lane;  // the thread's column
+  const bool col = j < dv;
+  const int rows = int((dk + kSplitWarps - 1) / kSplitWarps);
+  const int64_t i0 = int64_t(warp) * rows;
+  const int64_t left = dk - i0;
+  const int mine = left <= 0 ? 0 : left < rows ? int(left) : rows;    // the rows it holds
+  __shared__ float qs[kRows * kSplitWarps], ks[kRows * kSplitWarps];  // the token's raw q, k
+  __shared__ float norms[2][kSplitWarps];                             // partial |q|^2, |k|^2
+  __shared__ float dots[2][kSplitWarps][kWarp];  // partial S^T k, S^T q per warp and column
+  float* st = p.states[s] + h * dk * dv;
+  float S[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) S[r] = col && r < mine ? st[(i0 + r) * dv + j] : 0.f;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t t = begin; t < end; ++t) {
+    const T* qt = q + t * p.q_stride_t + kh * p.q_stride_h;
+    const T* kt = k + t * p.k_stride_t + kh * p.k_stride_h;
+    float ssq = 0.f, ssk = 0.f;
+    for (int64_t e = threadIdx.x; e < dk; e += blockDim.x) {
+      const float a = to_f32(qt[e]), b = to_f32(kt[e]);
+      qs[e] = a;
+      ks[e] = b;
+      ssq += a * a;
+      ssk += b * b;
+    }
+    ssq = warp_sum(ssq);
+    ssk = warp_sum(ssk);
+    if (lane == 0) norms[0][warp] = ssq, norms[1][warp] = ssk;
+    const float decay = expf(p.g[t * p.g_stride_t + h]);
+    const float beta = p.beta[t * p.beta_stride_t + h];
+    const float vj = col ? to_f32(v[t * p.v_stride_t + h * p.v_stride_h + j]) : 0.f;
+    __syncthreads();
+    ssq = 0.f, ssk = 0.f;
+#pragma unroll
+    for (int w = 0; w < kSplitWarps; ++w) ssq += norms[0][w], ssk += norms[1][w];
+    const float inv_q = p.scale / sqrtf(ssq + p.l2norm_eps);
+    const float inv_k = 1.f / sqrtf(ssk + p.l2norm_eps);
+    // S = decay S; delta = beta (v - S^T k)
+    float kv = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r < mine) {
+        S[r] *= decay;
+        kv += S[r] * ks[i0 + r];
+      }
+    }
+    dots[0][warp][lane] = kv;
+    __syncthreads();
+    kv = 0.f;
+#pragma unroll
+    for (int w = 0; w < kSplitWarps; ++w) kv += dots[0][w][lane];
+    const float delta = (vj - kv * inv_k) * beta;
+    // S += k delta^T; o = S^T q
+    const float kd = delta * inv_k;
+    float o = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r < mine) {
+        S[r] += ks[i0 + r] * kd;
+        o += S[r] * qs[i0 + r];
+      }
+    }
+    dots[1][warp][lane] = o;
+    // Every warp is past its reads of qs / ks / norms / dots[0] once this barrier opens, so the
+    // next token may rewrite them; dots[1] is rewritten only after two more barriers.
+    __syncthreads();
+    if (warp == 0 && col) {
+      o = 0.f;
+#pragma unroll
+      for (int w = 0; w < kSplitWarps; ++w) o += dots[1][w][lane];
+      out[t * p.out_stride_t + h * p.out_stride_h + j] = from_f32<T>(o * inv_q);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    if (col && r < mine) st[(i0 + r) * dv + j] = S[r];
+}
+
 // ---------------------------------------------------------------------------------------------
 // Chunked (WY) form.
 
@@ -630,6 +731,26 @@ __global__ void conv_state_kernel(CausalConv1dParams p) {
 }  // namespace
 
 void gated_delta_rule_recurrent(const GatedDeltaRuleParams& p, cudaStream_t stream) {
+  if (p.num_seqs == 0 || p.num_v_heads == 0) return;
+  const int64_t rows = (p.k_dim + kSplitWarps - 1) / kSplitWarps;
+  if (rows > 64) return gated_delta_rule_recurrent_per_head(p, stream);
+  const int64_t blocks = p.num_seqs * p.num_v_heads;
+  const int64_t col_blocks = (p.v_dim + kSplitCols - 1) / kSplitCols;
+  LONGCTX_CHECK(blocks <= 0x7fffffff && col_blocks <= 65535, ErrorCode::kInvalidArgument,
+                "gated_delta_rule: {} sequences x {} heads, v_dim {}", p.num_seqs, p.num_v_heads,
+                p.v_dim);
+  const dim3 grid{unsigned(blocks), unsigned(col_blocks)};
+  visit_float(p.dtype, "gated_delta_rule", [&](auto tag) {
+    using T = decltype(tag);
+    if (rows <= 32)
+      delta_rule_recurrent_split_kernel<T, 32><<<grid, kSplitThreads, 0, stream>>>(p);
+    else
+      delta_rule_recurrent_split_kernel<T, 64><<<grid, kSplitThreads, 0, stream>>>(p);
+    LONGCTX_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void gated_delta_rule_recurrent_per_head(const GatedDeltaRuleParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0 || p.num_v_heads == 0) return;
   const int64_t blocks = p.num_seqs * p.num_v_heads;
   LONGCTX_CHECK(blocks <= 0x7fffffff, ErrorCode::kInvalidArgument,

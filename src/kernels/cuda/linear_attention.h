@@ -12,10 +12,18 @@
 
 namespace longctx::kernels::cuda {
 
-// Token by token: one block per (sequence, value head), a thread per state column (v_dim), the
-// state read and written in place in global memory (each thread owns its columns, so a token
-// is two passes over the state with no synchronisation beyond the shared q and k).
+// Token by token (decode): a block per (sequence, value head, 32 state columns), four warps
+// splitting the k_dim rows, each thread holding its rows of its column in registers across the
+// sequence's tokens: the state is read and written once per call with independent, coalesced
+// loads, and Qwen3-Next-80B's 32 heads of 128 x 128 give 128 blocks per sequence. k_dim above 256
+// takes gated_delta_rule_recurrent_per_head.
 void gated_delta_rule_recurrent(const GatedDeltaRuleParams& p, cudaStream_t stream);
+
+// The first recurrent kernel, kept for one comparison on the GPU (ops::RecurrentKernel): one
+// block per (sequence, value head), a thread per state column (v_dim), the state read and written
+// in place in global memory, two passes per token whose loads wait on the stores before them:
+// 32 blocks at batch 1 on the 80B's shapes, each a chain of dependent memory round trips.
+void gated_delta_rule_recurrent_per_head(const GatedDeltaRuleParams& p, cudaStream_t stream);
 
 // The chunked WY form. Where the head dims are the models' (k_dim 64 or 128, v_dim a multiple
 // of 32) and the chunk is at most 64, two kernels per segment of the call's chunks: a
