@@ -157,7 +157,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const int profile_steps = std::max(op_profile_steps, 0);  // the runner's
   try {
+    // Before the model is built: the flags' mistakes cost no upload.
+    LONGCTX_CHECK(cuda_graphs || profile_steps == 0 || !runner_graphs, ErrorCode::kInvalidArgument,
+                  "--op-profile-steps times eager steps: drop --runner-graphs");
+    LONGCTX_CHECK(op_profile_batch >= 1 && op_profile_batch <= opts.max_num_seqs,
+                  ErrorCode::kInvalidArgument, "--op-profile-batch {} outside [1, {}]",
+                  op_profile_batch, opts.max_num_seqs);
+    LONGCTX_CHECK(!cuda_graphs || op_profile_batch == 1, ErrorCode::kInvalidArgument,
+                  "--cuda-graphs profiles batch 1: --op-profile-batch is the runner's");
     opts.kv_dtype =
         resolve_kv_cache_dtype(parse_kv_cache_dtype(kv_cache_dtype), false, DType::kBF16);
     const double t_load = bench::now_seconds();
@@ -189,17 +198,9 @@ int main(int argc, char** argv) {
       g.max_num_batched_tokens = opts.max_num_batched_tokens;
       g.tuning = opts.tuning;
       g.op_profile_steps = op_profile_steps < 0 ? 8 : op_profile_steps;
-      LONGCTX_CHECK(op_profile_batch == 1, ErrorCode::kInvalidArgument,
-                    "--cuda-graphs profiles batch 1: --op-profile-batch is the runner's");
       return bench::run_graph_bench(model, g);
     }
     const ModelConfig& c = model->config();
-    const int profile_steps = std::max(op_profile_steps, 0);
-    LONGCTX_CHECK(profile_steps == 0 || !runner_graphs, ErrorCode::kInvalidArgument,
-                  "--op-profile-steps times eager steps: drop --runner-graphs");
-    LONGCTX_CHECK(op_profile_batch >= 1 && op_profile_batch <= opts.max_num_seqs,
-                  ErrorCode::kInvalidArgument, "--op-profile-batch {} outside [1, {}]",
-                  op_profile_batch, opts.max_num_seqs);
     int64_t max_ctx = 0;
     for (int64_t n : contexts) max_ctx = std::max(max_ctx, n);
     opts.max_model_len = max_ctx + decode_steps + profile_steps + 2;
