@@ -52,10 +52,13 @@ enum class QuantizedGemvReduce { kAuto, kLastCta, kKernel };
 
 // Each CTA's bulk prefetch of its whole weight slice into L2 (the weights stream at more bytes in
 // flight than the kernels' registers or rings hold):
+//   kOff (the default): none. Whole decode steps measured faster without it in every format
+//     (H100, Llama-3.1-8B shapes after 32K, TPOT with kAfterWait -> kOff: FP8 blocks 6.005 ->
+//     5.533 ms, GPTQ 6.269 -> 5.993, AWQ 7.804 -> 6.722; docs/benchmarks.md), though a GEMV
+//     timed alone is about even: the prefetch's extra L2 traffic costs the kernels around it.
 //   kAfterWait: once the previous kernel has finished (pdl_wait).
 //   kBeforeWait: before that, under the previous kernel's tail (the bf16 GEMV measured slower per
 //     token prefetching 4-16 KB of each row that way: it takes bandwidth from that kernel).
-//   kOff: none.
 enum class QuantizedGemvPrefetch { kAfterWait, kBeforeWait, kOff };
 
 // What the schedule reads.
@@ -79,7 +82,7 @@ struct QuantizedGemvProblem {
   // stage at most 1024 inputs of x a slice).
   int64_t splits = 0;
   QuantizedGemvReduce reduce = QuantizedGemvReduce::kAuto;
-  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kAfterWait;
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kOff;
 };
 
 struct QuantizedGemvSchedule {
@@ -93,7 +96,7 @@ struct QuantizedGemvSchedule {
   int64_t partial_bytes = 0;  // workspace for the partials [splits, n, out] f32
   // splits > 1: kLastCta (needs QuantizedGemvParams::tile_counters) or kKernel; 1: kAuto.
   QuantizedGemvReduce reduce = QuantizedGemvReduce::kAuto;
-  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kAfterWait;  // the problem's
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kOff;  // the problem's
 };
 
 // The kernel, tile and split of K for p: splits so that col_tiles x splits fills the SMs (a few

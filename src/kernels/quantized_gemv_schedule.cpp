@@ -178,7 +178,7 @@ std::string quantized_gemv_name(const QuantizedGemvProblem& p, const QuantizedGe
                         s.tile, s.splits, s.k_per_split,
                         simt_awq ? LONGCTX_FORMAT(" awq words {}", s.awq_words) : std::string(),
                         reduce,
-                        s.prefetch == QuantizedGemvPrefetch::kOff          ? " no-prefetch"
+                        s.prefetch == QuantizedGemvPrefetch::kAfterWait    ? " prefetch after-wait"
                         : s.prefetch == QuantizedGemvPrefetch::kBeforeWait ? " prefetch before-wait"
                                                                            : "");
 }

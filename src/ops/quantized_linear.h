@@ -62,8 +62,8 @@ struct QuantizedGemvOptions {
   QuantizedGemvKernel kernel = QuantizedGemvKernel::kAuto;
   int ctas_per_sm = 0;  // the K split's target (kernels::QuantizedGemvProblem::ctas_per_sm)
   int64_t splits = 0;   // K slices forced (kernels::QuantizedGemvProblem::splits; 0: the target's)
-  QuantizedGemvReduce reduce = QuantizedGemvReduce::kAuto;             // the slices' reduction
-  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kAfterWait;  // the weights' L2 prefetch
+  QuantizedGemvReduce reduce = QuantizedGemvReduce::kAuto;       // the slices' reduction
+  QuantizedGemvPrefetch prefetch = QuantizedGemvPrefetch::kOff;  // the weights' L2 prefetch
 };
 
 // The CPU twin: kAuto, kGemv and kDequantGemm compute W8A16 (the reference); kW8a8 the W8A8

@@ -675,13 +675,13 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
            router(i);
            ops::moe_forward(logits, true, layer_args(i));
          }},
-        // the same without the down kernel's early L2 prefetch (ops/moe_decode.h)
-        {"block: no L2 prefetch",
+        // the same with the down kernel's early L2 prefetch (ops/moe_decode.h; off by default)
+        {"block: L2 prefetch",
          [&](int i) {
-           ops::set_moe_decode_prefetch(false);
+           ops::set_moe_decode_prefetch(true);
            router(i);
            ops::moe_forward(logits, true, layer_args(i));
-           ops::set_moe_decode_prefetch(true);
+           ops::set_moe_decode_prefetch(false);
          }},
     };
     for (const Row& r : rows) {

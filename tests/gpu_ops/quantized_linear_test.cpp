@@ -70,7 +70,7 @@ struct QCase {
   ops::QuantizedGemvKernel kernel = ops::QuantizedGemvKernel::kAuto;
   int64_t splits = 0;  // K slices forced (0: the schedule's)
   ops::QuantizedGemvReduce reduce = ops::QuantizedGemvReduce::kAuto;
-  ops::QuantizedGemvPrefetch prefetch = ops::QuantizedGemvPrefetch::kAfterWait;
+  ops::QuantizedGemvPrefetch prefetch = ops::QuantizedGemvPrefetch::kOff;
   ops::QuantizedGemvOptions gemv() const { return {kernel, 0, splits, reduce, prefetch}; }
 };
 
@@ -102,7 +102,7 @@ CaseSpec quantized_case(const QWeight& w, const QCase& qc, uint64_t seed) {
                   qc.reduce == ops::QuantizedGemvReduce::kKernel    ? " reduce kernel"
                   : qc.reduce == ops::QuantizedGemvReduce::kLastCta ? " reduce last-cta"
                                                                     : "",
-                  qc.prefetch == ops::QuantizedGemvPrefetch::kOff          ? " no-prefetch"
+                  qc.prefetch == ops::QuantizedGemvPrefetch::kAfterWait    ? " prefetch after-wait"
                   : qc.prefetch == ops::QuantizedGemvPrefetch::kBeforeWait ? " prefetch before-wait"
                                                                            : "");
   auto xv = [=](bool dev) { return dev ? x->dev({n, in}, {ldx, 1}) : x->host({n, in}, {ldx, 1}); };
@@ -219,7 +219,7 @@ std::vector<QCase> matrix(bool large) {
     }
   for (K k : {K::kSimt, K::kMma, K::kMmaAsync})
     for (ops::QuantizedGemvPrefetch f :
-         {ops::QuantizedGemvPrefetch::kOff, ops::QuantizedGemvPrefetch::kBeforeWait})
+         {ops::QuantizedGemvPrefetch::kAfterWait, ops::QuantizedGemvPrefetch::kBeforeWait})
       v.push_back({2, bf, bf, false, 0, 0, P::kAuto, k, 0, ops::QuantizedGemvReduce::kAuto, f});
   return v;
 }
@@ -499,7 +499,7 @@ TEST(GpuOpsPerf, QuantizedLinearDecodeLlama8B) {
       std::vector<ops::QuantizedGemvOptions> variants{{}};
       for (K k : {K::kAuto, K::kMmaAsync, K::kMma, K::kSimt})
         for (ops::QuantizedGemvPrefetch f :
-             {ops::QuantizedGemvPrefetch::kOff, ops::QuantizedGemvPrefetch::kBeforeWait})
+             {ops::QuantizedGemvPrefetch::kAfterWait, ops::QuantizedGemvPrefetch::kBeforeWait})
           variants.push_back({k, 0, 0, R::kAuto, f});
       for (K k : {K::kMmaAsync, K::kMma, K::kSimt})
         for (R r : {R::kLastCta, R::kKernel}) {

@@ -210,9 +210,10 @@ TEST(QuantizedGemvSchedule, ForcedSplitsClampToTheKernelsRange) {
 TEST(QuantizedGemvSchedule, PrefetchIsTheProblems) {
   using P = QuantizedGemvPrefetch;
   QuantizedGemvProblem p = problem(F::kGptq, 4096, 4096);
-  EXPECT_EQ(quantized_gemv_schedule(p).prefetch, P::kAfterWait);
-  for (auto [mode, name] :
-       {std::pair{P::kOff, "no-prefetch"}, std::pair{P::kBeforeWait, "prefetch before-wait"}}) {
+  EXPECT_EQ(quantized_gemv_schedule(p).prefetch, P::kOff);
+  EXPECT_EQ(quantized_gemv_name(p, quantized_gemv_schedule(p)).find("prefetch"), std::string::npos);
+  for (auto [mode, name] : {std::pair{P::kAfterWait, "prefetch after-wait"},
+                            std::pair{P::kBeforeWait, "prefetch before-wait"}}) {
     p.prefetch = mode;
     const QuantizedGemvSchedule s = quantized_gemv_schedule(p);
     EXPECT_EQ(s.prefetch, mode);
