@@ -51,6 +51,7 @@ using detail::cp_async_4;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::from_f32;
+using detail::load_any;
 using detail::Mma;
 using detail::smem_addr;
 using detail::to_f32;
@@ -76,17 +77,6 @@ constexpr int kRows = int(kQuantizedGemvPassRows);  // the B operand's 8 columns
 
 __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
-}
-
-__device__ __forceinline__ float load_any(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kF16:
-      return __half2float(static_cast<const __half*>(p)[i]);
-    default:
-      return static_cast<const float*>(p)[i];
-  }
 }
 
 // The finished output (+ bias) of row j, column o when there is one K slice, else the slice's
