@@ -22,6 +22,7 @@ namespace longctx::ops::cuda_detail {
 constexpr int kVec = 8;
 
 using kernels::cuda::detail::from_f32;
+using kernels::cuda::detail::load_any;
 using kernels::cuda::detail::to_f32;
 
 // Two 16-bit values packed in a 32-bit word -> two floats.
@@ -89,19 +90,6 @@ __device__ __forceinline__ void store(T* p, const float (&v)[N]) {
     u.z = pack2<T>(v[4], v[5]);
     u.w = pack2<T>(v[6], v[7]);
     *reinterpret_cast<uint4*>(p) = u;
-  }
-}
-
-// Element i of a float array whose dtype is known only at run time (small operands: norm
-// weights, biases; the switch is uniform across the warp).
-__device__ __forceinline__ float load_any(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kF16:
-      return __half2float(static_cast<const __half*>(p)[i]);
-    default:
-      return static_cast<const float*>(p)[i];
   }
 }
 

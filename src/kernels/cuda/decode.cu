@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cuda/arrival_device.cuh"
 #include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/decode.h"
 #include "kernels/cuda/fp8_device.cuh"
@@ -364,24 +365,6 @@ struct EpilogueSmem {
   int last;
 };
 
-__device__ __forceinline__ int atomic_add_acq_rel_gpu(int32_t* p, int v) {
-  int old;
-  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], %2;\n"
-               : "=r"(old)
-               : "l"(p), "r"(v)
-               : "memory");
-  return old;
-}
-
-// Counts the calling CTA in at `cnt` (one of `of` CTAs): true for the last, which puts the counter
-// back to 0. Thread 0 only.
-__device__ __forceinline__ bool count_in(int32_t* cnt, int of) {
-  const int prev = atomic_add_acq_rel_gpu(cnt, 1);
-  const bool last = prev == of - 1;
-  if (last) *cnt = 0;
-  return last;
-}
-
 // Merges `count` partial states of the CTA's rows, at partial slots first, first + step, ...,
 // into o / lse (out_slot < 0) or into partial slot out_slot (a group's first slot: a barrier
 // between the reads and the writes of each pass, so in place is safe). One pass: each
@@ -532,8 +515,8 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
     const int k = (slot - s0) / g, gs = s0 + k * g;
     __syncthreads();
     if (threadIdx.x == 0)
-      e.last =
-          count_in(a.group_counters + int64_t(gs) * w.ctas_per_item + w.hslot, min(g, n - k * g));
+      e.last = arrive_last(a.group_counters + int64_t(gs) * w.ctas_per_item + w.hslot,
+                           min(g, n - k * g));
     __syncthreads();
     if (!e.last) return;
     merge_states<T, D, kBatch>(a, w, gs, min(g, n - k * g), 1, gs);
@@ -542,7 +525,7 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
   }
   __syncthreads();
   if (threadIdx.x == 0)
-    e.last = count_in(a.counters + int64_t(b) * w.ctas_per_item + w.hslot, count);
+    e.last = arrive_last(a.counters + int64_t(b) * w.ctas_per_item + w.hslot, count);
   __syncthreads();
   LONGCTX_TIMELINE_MARK(kMarkCounted);
   if (!e.last) return;

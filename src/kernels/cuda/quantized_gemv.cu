@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/arrival_device.cuh"
 #include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/mma_device.cuh"
@@ -46,11 +47,13 @@ namespace longctx::kernels::cuda {
 
 namespace {
 
+using detail::arrive_last;
 using detail::cp_async_16;
 using detail::cp_async_4;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::from_f32;
+using detail::load_any;
 using detail::Mma;
 using detail::smem_addr;
 using detail::to_f32;
@@ -76,17 +79,6 @@ constexpr int kRows = int(kQuantizedGemvPassRows);  // the B operand's 8 columns
 
 __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
-}
-
-__device__ __forceinline__ float load_any(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kF16:
-      return __half2float(static_cast<const __half*>(p)[i]);
-    default:
-      return static_cast<const float*>(p)[i];
-  }
 }
 
 // The finished output (+ bias) of row j, column o when there is one K slice, else the slice's
@@ -148,24 +140,18 @@ __device__ __forceinline__ void prefetch_fp8(const Params& p, Prefetch when, int
 
 // With several K slices and tile counters (kLastCta), called by every thread of the CTA after its
 // partials of outputs [col0, col0 + tile) are written: the CTA that arrives last at the tile's
-// counter adds every slice's partials in slice order (+ bias; reduce_splits_kernel's order, so
-// the same bits), writes the outputs and resets the counter to zero for the next launch. The
-// fence before the arrival makes this CTA's partials visible to the last one; that one reads
-// them through L2 (__ldcg: another SM's stores are not in this SM's L1).
+// counter (arrive_last, which also resets it for the next launch and makes every slice's
+// partials visible to that CTA) adds every slice's partials in slice order (+ bias;
+// reduce_splits_kernel's order, so the same bits) and writes the outputs. It reads them through
+// L2 (__ldcg: another SM's stores are not in this SM's L1).
 template <typename TO>
 __device__ __forceinline__ void finish_splits(const Params& p, int64_t col0, int tile) {
   if (gridDim.y == 1 || p.tile_counters == nullptr) return;
   __shared__ bool last;
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t arrived = atomicAdd(p.tile_counters + blockIdx.x, 1u) + 1;
-    last = arrived == gridDim.y;
-    if (last) atomicExch(p.tile_counters + blockIdx.x, 0u);
-  }
+  if (threadIdx.x == 0) last = arrive_last(p.tile_counters + blockIdx.x, gridDim.y);
   __syncthreads();
   if (!last) return;
-  __threadfence();
   for (int i = threadIdx.x; i < p.n * tile; i += blockDim.x) {
     const int j = i / tile;
     const int64_t o = col0 + (i - j * tile);
