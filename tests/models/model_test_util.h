@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -149,5 +150,15 @@ inline void expect_greedy_matches(Model& model, const std::string& name, int64_t
   }
   EXPECT_GE(compared, 8u) << name << " len " << len << ": too few comparable steps";
 }
+
+// An OpTimer that records the models' marks: the op names in order, the bytes per op.
+struct RecordingTimer : OpTimer {
+  std::vector<std::string> names;
+  std::map<std::string, double> bytes;
+  void mark(const char* op, double b) override {
+    names.emplace_back(op);
+    bytes[op] += b;
+  }
+};
 
 }  // namespace longctx::testing

@@ -20,15 +20,6 @@
 namespace longctx::testing {
 namespace {
 
-struct RecordingTimer : OpTimer {
-  std::vector<std::string> names;
-  std::map<std::string, double> bytes;
-  void mark(const char* op, double b) override {
-    names.emplace_back(op);
-    bytes[op] += b;
-  }
-};
-
 // tiny-qwen3-next's shapes with f32 dummy weights (so every weight's bytes are 4 a parameter)
 // through a CPU executor session: a prompt, then one decode step per step().
 std::shared_ptr<Model> hybrid_model() {

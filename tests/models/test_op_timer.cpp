@@ -15,15 +15,6 @@
 namespace longctx::testing {
 namespace {
 
-struct RecordingTimer : OpTimer {
-  std::vector<std::string> names;
-  std::map<std::string, double> bytes;
-  void mark(const char* op, double b) override {
-    names.emplace_back(op);
-    bytes[op] += b;
-  }
-};
-
 ModelConfig tiny(bool qk_norm) {
   ModelConfig c = dummy_preset_config("tiny-llama");
   c.dtype = DType::kF32;
