@@ -101,16 +101,18 @@ void moe_route(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
 }
 
 void moe_forward(const Tensor& logits, bool renormalize, const MoeArgs& a) {
-  if (common_device("moe_forward", {&logits, &a.x, &a.topk_ids, &a.topk_weights, &a.gate_up,
-                                    &a.down, &a.shared, &a.shared_gate, &a.out})
+  if (common_device("moe_forward",
+                    {&logits, &a.x, &a.topk_ids, &a.topk_weights, &a.gate_up, &a.down,
+                     &a.gate_up_scales, &a.down_scales, &a.shared, &a.shared_gate, &a.out})
           .is_cuda())
     LONGCTX_CUDA_TWIN("moe_forward", moe_forward_cuda(logits, renormalize, a));
   moe_forward_cpu(logits, renormalize, a);
 }
 
 void moe_experts(const MoeArgs& a) {
-  if (common_device("moe_experts", {&a.x, &a.topk_ids, &a.topk_weights, &a.gate_up, &a.down,
-                                    &a.shared, &a.shared_gate, &a.out})
+  if (common_device("moe_experts",
+                    {&a.x, &a.topk_ids, &a.topk_weights, &a.gate_up, &a.down, &a.gate_up_scales,
+                     &a.down_scales, &a.shared, &a.shared_gate, &a.out})
           .is_cuda())
     LONGCTX_CUDA_TWIN("moe_experts", moe_experts_cuda(a));
   moe_experts_cpu(a);

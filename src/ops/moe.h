@@ -40,12 +40,24 @@ struct MoeArgs {
   Tensor topk_weights;  // [T, k] f32
   Tensor gate_up;       // [E, 2 inter, hidden]: each expert's gate rows, then its up rows
   Tensor down;          // [E, hidden, inter]
-  Tensor shared;        // optional [T, hidden]: the shared expert's output ...
-  Tensor shared_gate;   // ... [T, 1] f32/act: its gate logit (out += sigmoid(gate) * shared)
-  Tensor out;           // [T, hidden], contiguous, not overlapping the inputs
+  // FP8 block experts (a `quant_method: fp8` checkpoint's experts kept packed): gate_up and down
+  // then hold F8_E4M3 codes, W = code * the f32 scale of its [block_out, block_in] block. Gate
+  // and up are blocked apart (a block never spans both), so gate_up's block rows are gate's
+  // ceil(inter / block_out), then up's. Undefined (and block sizes 0) for float experts.
+  Tensor gate_up_scales;  // [E, 2 ceil(inter / block_out), ceil(hidden / block_in)] f32
+  Tensor down_scales;     // [E, ceil(hidden / block_out), ceil(inter / block_in)] f32
+  int64_t block_out = 0, block_in = 0;
+  Tensor shared;       // optional [T, hidden]: the shared expert's output ...
+  Tensor shared_gate;  // ... [T, 1] f32/act: its gate logit (out += sigmoid(gate) * shared)
+  Tensor out;          // [T, hidden], contiguous, not overlapping the inputs
 };
 void moe_experts(const MoeArgs& args);
 void moe_experts_cpu(const MoeArgs& args);
+
+// Whether the MoE ops on `device` run FP8 block experts (MoeArgs::gate_up_scales): the CPU twin
+// does (dequantizing row by row in fp32); the CUDA twin not yet (it throws Error(kUnsupported)),
+// so a model there dequantizes its experts at load.
+bool moe_runs_fp8_experts(Device device);
 
 // Which CUDA path computes the routed experts (moe_schedule.h, moe_cuda.cu). kAuto: the decode
 // GEMVs for a few tokens, cuBLASLt per expert once the experts average kMoeLtMinRowsPerExpert
@@ -65,7 +77,8 @@ void moe_forward(const Tensor& logits, bool renormalize, const MoeArgs& args);
 void moe_forward_cpu(const Tensor& logits, bool renormalize, const MoeArgs& args);
 void moe_forward_cuda(const Tensor& logits, bool renormalize, const MoeArgs& args);
 
-// The shape checks both twins share (T, k, E, hidden, inter), naming the argument at fault.
+// The shape checks both twins share (T, k, E, hidden, inter; FP8 experts' codes, scales and block
+// sizes), naming the argument at fault.
 struct MoeShape {
   int64_t tokens = 0, top_k = 0, experts = 0, hidden = 0, inter = 0;
 };

@@ -25,6 +25,23 @@ const float* matrix_row_f32(const Tensor& t, int64_t offset_elems, int64_t cols,
   return buf;
 }
 
+// Row r of expert e's [rows, cols] matrix in `w` (its experts [E, rows, cols]) as f32: float
+// weights converted, FP8 codes times their block's scale (`scales` [E, block rows, ceil(cols /
+// block_in)]; block row `block_row`), in f32 as the loader's dequantize computes them.
+const float* expert_row_f32(const Tensor& w, const Tensor& scales, int64_t block_row,
+                            int64_t block_in, int64_t e, int64_t r, int64_t rows, int64_t cols,
+                            float* buf) {
+  const int64_t offset = (e * rows + r) * cols;
+  if (!scales.defined()) return matrix_row_f32(w, offset, cols, buf);
+  const uint8_t* codes = w.data<uint8_t>() + offset;
+  const int64_t scale_cols = scales.size(2);
+  const float* s = scales.data<float>() + (e * scales.size(1) + block_row) * scale_cols;
+  for (int64_t c = 0; c < cols; ++c) buf[c] = fp8e4m3_to_f32(codes[c]) * s[c / block_in];
+  return buf;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 float dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
@@ -50,11 +67,26 @@ void check_moe_route_args(const Tensor& logits, const Tensor& topk_ids,
   check_shape(kRoute, "topk_weights", topk_weights, {t, k});
 }
 
+bool moe_runs_fp8_experts(Device device) { return device.is_cpu(); }
+
 MoeShape check_moe_args(const MoeArgs& a) {
   check_float_activation(kExperts, "x", a.x);
   check_float_activation(kExperts, "out", a.out);
-  check_float_weight(kExperts, "gate_up", a.gate_up);
-  check_float_weight(kExperts, "down", a.down);
+  const bool fp8 = a.gate_up_scales.defined() || a.down_scales.defined();
+  if (fp8) {
+    check_dtype(kExperts, "gate_up", a.gate_up, DType::kFP8E4M3);
+    check_dtype(kExperts, "down", a.down, DType::kFP8E4M3);
+    check_dtype(kExperts, "gate_up_scales", a.gate_up_scales, DType::kF32);
+    check_dtype(kExperts, "down_scales", a.down_scales, DType::kF32);
+    check_contiguous(kExperts, "gate_up_scales", a.gate_up_scales);
+    check_contiguous(kExperts, "down_scales", a.down_scales);
+    LONGCTX_CHECK(a.block_out > 0 && a.block_in > 0, ErrorCode::kInvalidArgument,
+                  "{}: FP8 experts need block sizes > 0 (block_out {}, block_in {})", kExperts,
+                  a.block_out, a.block_in);
+  } else {
+    check_float_weight(kExperts, "gate_up", a.gate_up);
+    check_float_weight(kExperts, "down", a.down);
+  }
   for (auto [name, t] : {std::pair{"x", &a.x},
                          {"out", &a.out},
                          {"gate_up", &a.gate_up},
@@ -84,6 +116,12 @@ MoeShape check_moe_args(const MoeArgs& a) {
                 kExperts, a.topk_ids.str(), s.tokens, s.experts);
   check_shape(kExperts, "topk_weights", a.topk_weights, {s.tokens, s.top_k});
   check_shape(kExperts, "out", a.out, {s.tokens, s.hidden});
+  if (fp8) {
+    check_shape(kExperts, "gate_up_scales", a.gate_up_scales,
+                {s.experts, 2 * ceil_div(s.inter, a.block_out), ceil_div(s.hidden, a.block_in)});
+    check_shape(kExperts, "down_scales", a.down_scales,
+                {s.experts, ceil_div(s.hidden, a.block_out), ceil_div(s.inter, a.block_in)});
+  }
   LONGCTX_CHECK(a.shared.defined() == a.shared_gate.defined(), ErrorCode::kInvalidArgument,
                 "{}: shared and shared_gate come together", kExperts);
   if (a.shared.defined()) {
@@ -130,8 +168,9 @@ void moe_route_cpu(const Tensor& logits, bool renormalize, const Tensor& topk_id
 
 void moe_experts_cpu(const MoeArgs& a) {
   const MoeShape s = check_moe_args(a);
-  const Device d = common_device(kExperts, {&a.x, &a.topk_ids, &a.topk_weights, &a.gate_up, &a.down,
-                                            &a.shared, &a.shared_gate, &a.out});
+  const Device d = common_device(
+      kExperts, {&a.x, &a.topk_ids, &a.topk_weights, &a.gate_up, &a.down, &a.gate_up_scales,
+                 &a.down_scales, &a.shared, &a.shared_gate, &a.out});
   LONGCTX_CHECK(d.is_cpu(), ErrorCode::kInvalidArgument, "moe_experts_cpu: tensors are on {}",
                 d.str());
   const int32_t* ids = a.topk_ids.data<int32_t>();
@@ -141,6 +180,9 @@ void moe_experts_cpu(const MoeArgs& a) {
                   "{}: topk_ids[{}] = {} is not an expert of [0, {})", kExperts, i, ids[i],
                   s.experts);
   const int64_t h = s.hidden, n = s.inter;
+  // FP8 experts: the block row of gate row r, of up row r (after gate's), of down row c.
+  const int64_t bo = std::max<int64_t>(a.block_out, 1), bi = a.block_in;
+  const int64_t up_block0 = ceil_div(n, bo);
   parallel_for(
       s.tokens,
       [&](int64_t begin, int64_t end) {
@@ -151,16 +193,19 @@ void moe_experts_cpu(const MoeArgs& a) {
           for (int64_t j = 0; j < s.top_k; ++j) {
             const int64_t e = ids[t * s.top_k + j];
             const float w = weights[t * s.top_k + j];
-            const int64_t gu0 = e * 2 * n * h;  // expert e's [2 inter, hidden] block
-            for (int64_t r = 0; r < n; ++r) {
-              const float g = dot(matrix_row_f32(a.gate_up, gu0 + r * h, h, row.data()), x, h);
-              const float u =
-                  dot(matrix_row_f32(a.gate_up, gu0 + (n + r) * h, h, row.data()), x, h);
+            for (int64_t r = 0; r < n; ++r) {  // expert e's [2 inter, hidden]: gate, then up
+              const float g = dot(expert_row_f32(a.gate_up, a.gate_up_scales, r / bo, bi, e, r,
+                                                 2 * n, h, row.data()),
+                                  x, h);
+              const float u = dot(expert_row_f32(a.gate_up, a.gate_up_scales, up_block0 + r / bo,
+                                                 bi, e, n + r, 2 * n, h, row.data()),
+                                  x, h);
               act[r] = g / (1.0f + std::exp(-g)) * u;
             }
-            const int64_t dn0 = e * h * n;  // expert e's [hidden, inter] block
-            for (int64_t c = 0; c < h; ++c)
-              acc[c] += w * dot(matrix_row_f32(a.down, dn0 + c * n, n, row.data()), act.data(), n);
+            for (int64_t c = 0; c < h; ++c)  // expert e's [hidden, inter]
+              acc[c] +=
+                  w * dot(expert_row_f32(a.down, a.down_scales, c / bo, bi, e, c, h, n, row.data()),
+                          act.data(), n);
           }
           if (a.shared.defined()) {
             float g = 0.0f;

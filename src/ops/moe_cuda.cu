@@ -480,8 +480,22 @@ void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_i
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+// FP8 experts run on the CPU twin only for now (moe_runs_fp8_experts): models on a GPU dequantize
+// their experts at load.
+void refuse_fp8_experts(const MoeArgs& a, const char* op) {
+  LONGCTX_CHECK(!a.gate_up_scales.defined() && !a.down_scales.defined(), ErrorCode::kUnsupported,
+                "{}: FP8 block experts (gate_up_scales / down_scales) do not run on CUDA yet; "
+                "dequantize them at load",
+                op);
+}
+
+}  // namespace
+
 void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
   const MoeShape s = check_moe_args(a);
+  refuse_fp8_experts(a, "moe_experts_cuda");
   const Device d = a.x.device();
   DeviceGuard guard(d.index);
   cudaStream_t stream = op_stream(d, "moe_experts");
@@ -581,6 +595,7 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
 void moe_forward_cuda(const Tensor& logits, bool renormalize, const MoeArgs& a) {
   check_moe_route_args(logits, a.topk_ids, a.topk_weights);
   const MoeShape s = check_moe_args(a);
+  refuse_fp8_experts(a, "moe_forward_cuda");
   LONGCTX_CHECK(logits.size(0) == s.tokens && logits.size(1) == s.experts,
                 ErrorCode::kInvalidArgument, "moe_forward: logits {} must be [{}, {} experts]",
                 logits.str(), s.tokens, s.experts);

@@ -252,4 +252,113 @@ TEST(MoeExperts, BadArgumentsAreNamed) {
                Error);
 }
 
+// FP8 block experts: random codes and block scales. `dense` gets the same experts dequantized to
+// f32 (code * scale of its block, gate and up blocked apart) as the loader dequantizes them.
+struct Fp8ExpertCase {
+  ops::MoeArgs fp8, dense;
+};
+
+Fp8ExpertCase fp8_experts(int64_t e, int64_t n, int64_t h, int64_t bo, int64_t bi) {
+  auto blocks = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  Fp8ExpertCase c;
+  ops::MoeArgs& a = c.fp8;
+  a.block_out = bo;
+  a.block_in = bi;
+  a.gate_up = Tensor::empty({e, 2 * n, h}, DType::kFP8E4M3);
+  a.down = Tensor::empty({e, h, n}, DType::kFP8E4M3);
+  a.gate_up_scales =
+      random_tensor({e, 2 * blocks(n, bo), blocks(h, bi)}, DType::kF32, 31, 0.001f, 0.01f);
+  a.down_scales = random_tensor({e, blocks(h, bo), blocks(n, bi)}, DType::kF32, 32, 0.001f, 0.01f);
+  std::mt19937 rng(33);
+  for (const Tensor* t : {&a.gate_up, &a.down}) {
+    uint8_t* p = t->data<uint8_t>();
+    for (int64_t i = 0; i < t->numel(); ++i) {
+      uint8_t code = static_cast<uint8_t>(rng());
+      if ((code & 0x7f) == 0x7f) code ^= 1;  // not a NaN
+      p[i] = code;
+    }
+  }
+  // Expert x's [rows, cols] from its codes and the block rows starting at `block0`.
+  auto dequant = [&](const Tensor& codes, const Tensor& scales, int64_t x, int64_t rows,
+                     int64_t cols, int64_t row0, int64_t block0, float* out) {
+    const uint8_t* q = codes.data<uint8_t>() + (x * codes.size(1) + row0) * cols;
+    const float* s = scales.data<float>() + x * scales.size(1) * scales.size(2);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t col = 0; col < cols; ++col)
+        out[r * cols + col] =
+            fp8e4m3_to_f32(q[r * cols + col]) * s[(block0 + r / bo) * scales.size(2) + col / bi];
+  };
+  c.dense.gate_up = Tensor::empty({e, 2 * n, h}, DType::kF32);
+  c.dense.down = Tensor::empty({e, h, n}, DType::kF32);
+  for (int64_t x = 0; x < e; ++x) {
+    float* gu = c.dense.gate_up.data<float>() + x * 2 * n * h;
+    dequant(a.gate_up, a.gate_up_scales, x, n, h, 0, 0, gu);
+    dequant(a.gate_up, a.gate_up_scales, x, n, h, n, blocks(n, bo), gu + n * h);
+    dequant(a.down, a.down_scales, x, h, n, 0, 0, c.dense.down.data<float>() + x * h * n);
+  }
+  return c;
+}
+
+// FP8 experts give the bits of the same experts dequantized to f32 first (the CPU twin converts
+// each row in f32, then the same sums), through moe_experts and moe_forward; blocks that do not
+// divide inter or hidden included (gate's last block row is partial, up's starts apart).
+TEST(MoeExperts, Fp8BlocksEqualTheirF32Dequantization) {
+  const int64_t t = 9, h = 40, n = 12, e = 6, k = 2;
+  for (auto [bo, bi] : {std::pair<int64_t, int64_t>{8, 16}, {128, 128}, {4, 8}}) {
+    Fp8ExpertCase c = fp8_experts(e, n, h, bo, bi);
+    const Tensor logits = random_tensor({t, e}, DType::kF32, 34, -3, 3);
+    for (ops::MoeArgs* a : {&c.fp8, &c.dense}) {
+      a->x = random_tensor({t, h}, DType::kF32, 35);
+      a->shared = random_tensor({t, h}, DType::kF32, 36);
+      a->shared_gate = random_tensor({t, 1}, DType::kF32, 37, -2, 2);
+      a->topk_ids = Tensor::empty({t, k}, DType::kI32);
+      a->topk_weights = Tensor::empty({t, k}, DType::kF32);
+      a->out = Tensor::empty({t, h}, DType::kF32);
+      ops::moe_forward(logits, true, *a);
+    }
+    for (int64_t i = 0; i < t * h; ++i)
+      ASSERT_EQ(c.fp8.out.data<float>()[i], c.dense.out.data<float>()[i]) << bo << "x" << bi;
+    ops::MoeArgs again = c.fp8;
+    again.out = Tensor::zeros({t, h}, DType::kF32);
+    ops::moe_experts(again);
+    for (int64_t i = 0; i < t * h; ++i)
+      ASSERT_EQ(again.out.data<float>()[i], c.dense.out.data<float>()[i]) << bo << "x" << bi;
+  }
+  EXPECT_TRUE(ops::moe_runs_fp8_experts(Device::cpu()));
+}
+
+// FP8 experts' scales, codes and block sizes are checked by name.
+TEST(MoeExperts, BadFp8ExpertsAreNamed) {
+  const int64_t t = 3, h = 16, n = 8, e = 4, k = 2;
+  ops::MoeArgs a = fp8_experts(e, n, h, 4, 8).fp8;
+  a.x = Tensor::zeros({t, h}, DType::kF32);
+  a.topk_ids = Tensor::zeros({t, k}, DType::kI32);
+  a.topk_weights = Tensor::zeros({t, k}, DType::kF32);
+  a.out = Tensor::zeros({t, h}, DType::kF32);
+  auto message = [](const ops::MoeArgs& args) -> std::string {
+    try {
+      ops::moe_experts(args);
+    } catch (const Error& err) {
+      return err.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(message(a), "");
+  ops::MoeArgs b = a;
+  b.gate_up_scales = Tensor::zeros({e, 2, 2}, DType::kF32);  // one block row per expert: 4 wanted
+  EXPECT_NE(message(b).find("gate_up_scales"), std::string::npos) << message(b);
+  b = a;
+  b.down_scales = Tensor::zeros({e, 4, 2}, DType::kF32);
+  EXPECT_NE(message(b).find("down_scales"), std::string::npos) << message(b);
+  b = a;
+  b.down_scales = Tensor::zeros({e, 4, 1}, DType::kBF16);
+  EXPECT_NE(message(b).find("down_scales"), std::string::npos) << message(b);
+  b = a;
+  b.block_in = 0;
+  EXPECT_NE(message(b).find("block sizes"), std::string::npos) << message(b);
+  b = a;
+  b.gate_up = Tensor::zeros({e, 2 * n, h}, DType::kF32);  // float weights beside scales
+  EXPECT_NE(message(b).find("gate_up"), std::string::npos) << message(b);
+}
+
 }  // namespace
