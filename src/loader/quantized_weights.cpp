@@ -1,5 +1,7 @@
 #include "loader/quantized_weights.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -389,6 +391,53 @@ Tensor stack_along(const std::vector<Tensor>& parts, int64_t dim) {
 }
 
 }  // namespace
+
+Fp8Experts fuse_fp8_experts(const std::vector<QuantizedWeight>& gate,
+                            const std::vector<QuantizedWeight>& up,
+                            const std::vector<QuantizedWeight>& down, const QuantConfig& q,
+                            const std::string& layer) {
+  const int64_t e = static_cast<int64_t>(gate.size());
+  LONGCTX_CHECK(e > 0 && up.size() == gate.size() && down.size() == gate.size(),
+                ErrorCode::kInvalidArgument,
+                "{}: fuse_fp8_experts needs as many gate ({}), up ({}) and down ({}) experts, > 0",
+                layer, gate.size(), up.size(), down.size());
+  LONGCTX_CHECK(q.method == QuantMethod::kFp8Block, ErrorCode::kInvalidArgument,
+                "{}: fuse_fp8_experts takes fp8 block experts, not {}", layer,
+                quant_method_name(q.method));
+  const int64_t mi = gate[0].out_features, h = gate[0].in_features;
+  const int64_t gate_blocks = ceil_div(mi, q.block_out);
+  Fp8Experts f;
+  f.gate_up = Tensor::empty({e, 2 * mi, h}, DType::kFP8E4M3);
+  f.gate_up_scales = Tensor::empty({e, 2 * gate_blocks, ceil_div(h, q.block_in)}, DType::kF32);
+  f.down = Tensor::empty({e, h, mi}, DType::kFP8E4M3);
+  f.down_scales =
+      Tensor::empty({e, ceil_div(h, q.block_out), ceil_div(mi, q.block_in)}, DType::kF32);
+  // Copies w (checked: method, [out, in], its scales' shape) into expert x's part of `codes` and
+  // `scales` at element offsets.
+  auto put = [&](const QuantizedWeight& w, const char* proj, int64_t x, int64_t out, int64_t in,
+                 const Tensor& codes, int64_t code0, const Tensor& scales, int64_t scale0) {
+    const std::string name = fmt::format("{}mlp.experts.{}.{}", layer, x, proj);
+    LONGCTX_CHECK(w.method == QuantMethod::kFp8Block, ErrorCode::kInvalidArgument,
+                  "{}: is {}, expected fp8 block like every expert", name,
+                  quant_method_name(w.method));
+    validate(w, q, name, layer);
+    LONGCTX_CHECK(w.out_features == out && w.in_features == in, ErrorCode::kInvalidArgument,
+                  "{}: is [{}, {}], expected [{}, {}] as expert 0's", name, w.out_features,
+                  w.in_features, out, in);
+    const Tensor c = w.qweight.contiguous();
+    std::memcpy(codes.data<uint8_t>() + code0, c.data_ptr(), c.nbytes());
+    const Tensor s = w.scales.to_dtype(DType::kF32).contiguous();
+    std::memcpy(scales.data<float>() + scale0, s.data_ptr(), s.nbytes());
+  };
+  const int64_t gu_scales = f.gate_up_scales.numel() / e, dn_scales = f.down_scales.numel() / e;
+  for (int64_t x = 0; x < e; ++x) {
+    put(gate[x], "gate_proj", x, mi, h, f.gate_up, x * 2 * mi * h, f.gate_up_scales, x * gu_scales);
+    put(up[x], "up_proj", x, mi, h, f.gate_up, (x * 2 + 1) * mi * h, f.gate_up_scales,
+        x * gu_scales + gu_scales / 2);
+    put(down[x], "down_proj", x, h, mi, f.down, x * h * mi, f.down_scales, x * dn_scales);
+  }
+  return f;
+}
 
 QuantizedWeight stack_quantized(const std::vector<QuantizedWeight>& parts, const QuantConfig& q) {
   LONGCTX_CHECK(!parts.empty(), ErrorCode::kInvalidArgument, "stack_quantized: no parts");

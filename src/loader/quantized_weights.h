@@ -48,6 +48,25 @@ QuantizedWeight quantized_layout(int64_t out, int64_t in, const QuantConfig& q,
 // out_features are not multiples of 8, g_idx that differ. One part is returned as it is.
 QuantizedWeight stack_quantized(const std::vector<QuantizedWeight>& parts, const QuantConfig& q);
 
+// One MoE layer's FP8-block experts fused as ops::MoeArgs reads them: each expert's gate rows,
+// then its up rows (as the bf16 experts are fused), gate and up blocked apart so that a block
+// never spans both.
+struct Fp8Experts {
+  Tensor gate_up;         // [E, 2 inter, hidden] F8_E4M3
+  Tensor gate_up_scales;  // [E, 2 ceil(inter / block_out), ceil(hidden / block_in)] f32
+  Tensor down;            // [E, hidden, inter] F8_E4M3
+  Tensor down_scales;     // [E, ceil(hidden / block_out), ceil(inter / block_in)] f32
+};
+
+// Fuses experts e's gate[e] and up[e] ([inter, hidden]) and down[e] ([hidden, inter]), all
+// kFp8Block (q's), into owned tensors (scales converted to f32, exactly). Throws
+// Error(kInvalidArgument) naming `layer`, the expert and the tensor whose method, shape or scales
+// shape differs from expert 0's (or from the format's).
+Fp8Experts fuse_fp8_experts(const std::vector<QuantizedWeight>& gate,
+                            const std::vector<QuantizedWeight>& up,
+                            const std::vector<QuantizedWeight>& down, const QuantConfig& q,
+                            const std::string& layer);
+
 // Rows [row0, row0 + rows) of `w` in the format's own layout (the inverse of stack_quantized: a
 // fused projection such as Phi-3's qkv_proj split into q, k and v), dequantizing to the same
 // values as those rows of `w`. Returns a weight of method kNone when the format cannot split

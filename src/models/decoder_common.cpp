@@ -103,13 +103,45 @@ DecoderModel::DecoderModel(std::shared_ptr<const Checkpoint> checkpoint,
   embed_tokens_ = load.load(rows(w.dense_weight("model.embed_tokens.weight"), s.vocab0, s.vocab));
   // A MoE layer's experts, fused per layer from either checkpoint spelling (weight_spec.h's
   // ExpertLayout) and sliced like the dense MLP when sharded (every rank holds every expert's
-  // columns [moe_inter0, moe_inter0 + moe_inter): tensor_parallel.h says why).
+  // columns [moe_inter0, moe_inter0 + moe_inter): tensor_parallel.h says why). FP8 block experts
+  // stay packed where the Linears do and the device's MoE op runs them (unsharded: a rank's
+  // moe_inter slice would cut blocks, so sharded models dequantize them as before).
+  const bool packed_experts = want_packed && c.quantization.method == QuantMethod::kFp8Block &&
+                              ops::moe_runs_fp8_experts(device_);
   auto load_moe = [&](LayerWeights& l, const std::string& p) {
     const MoeConfig& m = c.moe;
     const int64_t e = m.num_experts, h = c.hidden_size, mi = m.moe_intermediate_size;
     l.router = load.load(w.dense_weight(p + "mlp.gate.weight"));
     const bool fused = w.has_weight(p + "mlp.experts.gate_up_proj");
-    if (fused && !sharded()) {
+    std::vector<QuantizedWeight> q_gate, q_up, q_down;
+    for (int64_t x = 0; packed_experts && x < e; ++x) {
+      const std::string q = fmt::format("{}mlp.experts.{}.", p, x);
+      auto it_g = w.quantized.find(q + "gate_proj.weight");
+      auto it_u = w.quantized.find(q + "up_proj.weight");
+      auto it_d = w.quantized.find(q + "down_proj.weight");
+      if (it_g == w.quantized.end() || it_u == w.quantized.end() || it_d == w.quantized.end())
+        break;
+      q_gate.push_back(it_g->second);
+      q_up.push_back(it_u->second);
+      q_down.push_back(it_d->second);
+    }
+    if (static_cast<int64_t>(q_gate.size()) == e) {
+      Fp8Experts f = fuse_fp8_experts(q_gate, q_up, q_down, c.quantization, p);
+      QuantizedWeight gate_up, down;  // on the device in their own dtypes
+      gate_up.method = down.method = QuantMethod::kFp8Block;
+      gate_up.qweight = f.gate_up;
+      gate_up.scales = f.gate_up_scales;
+      down.qweight = f.down;
+      down.scales = f.down_scales;
+      gate_up = load.load_packed(gate_up);
+      down = load.load_packed(down);
+      l.experts_gate_up = gate_up.qweight;
+      l.experts_down = down.qweight;
+      l.experts_fp8.gate_up = gate_up.scales;
+      l.experts_fp8.down = down.scales;
+      l.experts_fp8.block_out = c.quantization.block_out;
+      l.experts_fp8.block_in = c.quantization.block_in;
+    } else if (fused && !sharded()) {
       l.experts_gate_up = load.load(w.dense_weight(p + "mlp.experts.gate_up_proj"));
       l.experts_down = load.load(w.dense_weight(p + "mlp.experts.down_proj"));
     } else {
@@ -359,6 +391,10 @@ Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) co
   a.topk_weights = Tensor::empty({t, m.num_experts_per_tok}, DType::kF32, device_);
   a.gate_up = w.experts_gate_up;
   a.down = w.experts_down;
+  a.gate_up_scales = w.experts_fp8.gate_up;
+  a.down_scales = w.experts_fp8.down;
+  a.block_out = w.experts_fp8.block_out;
+  a.block_in = w.experts_fp8.block_in;
   if (w.shared_gate_up.defined()) {
     // Qwen2MoeSparseMoeBlock: + sigmoid(shared_expert_gate(x)) * shared_expert(x), added by the
     // experts' combine
@@ -375,7 +411,10 @@ Tensor DecoderModel::sparse_moe_block(const Tensor& x, const LayerWeights& w) co
   const double unrouted =
       std::pow(1.0 - double(m.num_experts_per_tok) / double(m.num_experts), double(t));
   mark("moe_experts",
-       (1.0 - unrouted) * double(w.experts_gate_up.nbytes() + w.experts_down.nbytes()));
+       (1.0 - unrouted) * double(w.experts_gate_up.nbytes() + w.experts_down.nbytes() +
+                                 (w.experts_fp8.defined()
+                                      ? w.experts_fp8.gate_up.nbytes() + w.experts_fp8.down.nbytes()
+                                      : 0)));
   return a.out;
 }
 

@@ -35,6 +35,14 @@ struct LinearWeight {
   bool defined() const { return dense.defined() || is_packed(); }
 };
 
+// The block scales of FP8 experts kept packed (ops::MoeArgs' layout); undefined for float experts.
+struct ExpertScales {
+  Tensor gate_up;  // [experts, 2 ceil(moe_inter / block_out), ceil(hidden / block_in)] f32
+  Tensor down;     // [experts, ceil(hidden / block_out), ceil(moe_inter / block_in)] f32
+  int64_t block_out = 0, block_in = 0;
+  bool defined() const { return gate_up.defined(); }
+};
+
 // One decoder layer. Optional tensors (biases, q/k norms) are undefined when absent.
 struct LayerWeights {
   Tensor input_layernorm;             // [hidden]
@@ -52,8 +60,10 @@ struct LayerWeights {
   Tensor down_bias;                   // [hidden]
   // A mixture-of-experts layer (config.is_moe_layer) instead of gate_up_proj / down_proj:
   Tensor router;  // mlp.gate [experts, hidden]
-  Tensor experts_gate_up,
-      experts_down;  // [experts, 2 moe_inter, hidden], [experts, hidden, moe_inter]
+  // [experts, 2 moe_inter, hidden], [experts, hidden, moe_inter]: the device's float dtype, or
+  // F8_E4M3 codes when experts_fp8 holds their scales.
+  Tensor experts_gate_up, experts_down;
+  ExpertScales experts_fp8;
   LinearWeight shared_gate_up, shared_down;  // the shared expert (Qwen2-MoE), as gate_up/down_proj
   Tensor shared_expert_gate;                 // [1, hidden]
 };

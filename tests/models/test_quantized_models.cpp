@@ -203,6 +203,56 @@ TEST(QuantizedCheckpoint, DenseModelEqualsTheEagerlyDequantizedOne) {
   fs::remove_all(dir);
 }
 
+// A block-wise FP8 MoE checkpoint (per-expert gate/up/down, as Qwen3-30B-A3B-FP8 publishes them)
+// keeps its experts packed with packed_weights: fused per layer as FP8 codes and block scales
+// (the op-timer's expert bytes are a byte a weight, not f32's four), run by ops::moe_forward,
+// which dequantizes each row in f32. Its logits are bit for bit those of the same checkpoint with
+// the experts dequantized to f32 at load, for blocks that divide the experts and blocks wider
+// than them; greedy decoding gives the same tokens.
+TEST(QuantizedCheckpoint, Fp8ExpertsStayPackedAndEqualTheirDequantization) {
+  const fs::path dir = fs::temp_directory_path() / ("longctx_qmoe_" + std::to_string(getpid()));
+  for (const char* model : {"tiny-qwen3-moe", "tiny-qwen3-next"})
+    for (int64_t block : {16, 128}) {
+      QuantFormatOptions f;
+      f.format = QuantFormat::kFp8Block;
+      f.block_size = block;
+      fs::remove_all(dir);
+      quantize_checkpoint(fixture_dir(model), dir.string(), quant_config_for(f));
+      auto packed_ck = std::make_shared<Checkpoint>(load_checkpoint(dir.string()));
+      packed_ck->config.dtype = DType::kF32;  // dense_weight() dequantizes to f32
+      auto dense_ck = std::make_shared<Checkpoint>(*packed_ck);
+      int64_t experts = 0;
+      for (const auto& [n, w] : packed_ck->quantized)
+        if (n.find(".mlp.experts.") != std::string::npos) {
+          dense_ck->weights.add(n, packed_ck->dense_weight(n));
+          dense_ck->quantized.erase(n);
+          ++experts;
+        }
+      const ModelConfig& c = packed_ck->config;
+      ASSERT_GT(experts, 0) << model;
+      ASSERT_EQ(experts % (3 * c.moe.num_experts), 0) << model;
+      ModelBuildOptions o;
+      o.rope_inv_freq_dtype = DType::kF32;
+      o.packed_weights = true;
+      auto packed = create_model(packed_ck, o);
+      auto dense = create_model(dense_ck, o);
+      const std::vector<int32_t> ids = make_ids(20, 5, c.vocab_size);
+      RecordingTimer packed_timer, dense_timer;
+      packed->set_op_timer(&packed_timer);
+      dense->set_op_timer(&dense_timer);
+      const Tensor a = full_forward(*packed, ids), b = full_forward(*dense, ids);
+      packed->set_op_timer(nullptr);
+      dense->set_op_timer(nullptr);
+      ASSERT_EQ(a.numel(), b.numel());
+      EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0) << model << " " << block;
+      EXPECT_GT(packed_timer.bytes["moe_experts"], 0.0) << model;
+      EXPECT_LT(packed_timer.bytes["moe_experts"], dense_timer.bytes["moe_experts"] / 3)
+          << model << " " << block << ": the experts did not stay packed";
+      EXPECT_EQ(greedy(*packed, ids, 6), greedy(*dense, ids, 6)) << model << " " << block;
+    }
+  fs::remove_all(dir);
+}
+
 // A dummy quantized checkpoint (--load-format dummy --quantization F) holds only the packed
 // Linears. The CPU model runs them packed where the format stacks q/k/v and gate/up, and
 // dequantizes the rest through Checkpoint::dense_weight (FP8 blocks that a 64-row q_proj ends
@@ -244,4 +294,5 @@ TEST(DummyQuantized, PackedOnlyCheckpointEqualsItsDequantizedCopy) {
 }
 
 }  // namespace
+
 }  // namespace longctx::testing
