@@ -1,5 +1,7 @@
 #include "loader/quantize_checkpoint.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -51,6 +53,39 @@ constexpr const char* kCopiedFiles[] = {"generation_config.json",
                                         "chat_template.jinja",
                                         "chat_template.json",
                                         "preprocessor_config.json"};
+
+// Fused experts (transformers 5's `mlp.experts.gate_up_proj` [E, 2 inter, hidden], gate rows
+// first, and `mlp.experts.down_proj` [E, hidden, inter]) as one Linear per expert and projection
+// (`mlp.experts.{e}.gate_proj.weight` ...): the spelling quantized MoE checkpoints are published
+// in, which quantizes_tensor takes and the loader keeps packed. Views of the source (each
+// expert's rows are contiguous in it); other tensors as they are.
+std::vector<std::pair<std::string, Tensor>> split_fused_experts(
+    const std::vector<std::pair<std::string, Tensor>>& raw) {
+  const std::string gate_up = ".mlp.experts.gate_up_proj", down = ".mlp.experts.down_proj";
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : raw) {
+    const bool gu = name.ends_with(gate_up), dn = name.ends_with(down);
+    if (!gu && !dn) {
+      out.emplace_back(name, t);
+      continue;
+    }
+    LONGCTX_CHECK(t.rank() == 3 && (!gu || t.size(1) % 2 == 0), ErrorCode::kInvalidArgument,
+                  "quantize: fused experts '{}' have shape {}, expected [experts, {}]", name,
+                  t.shape_str(), gu ? "2 inter, hidden" : "hidden, inter");
+    const std::string p = name.substr(0, name.size() - (gu ? gate_up : down).size());
+    const int64_t n = t.size(1) / 2;
+    for (int64_t e = 0; e < t.size(0); ++e) {
+      const std::string x = fmt::format("{}.mlp.experts.{}.", p, e);
+      if (dn) {
+        out.emplace_back(x + "down_proj.weight", t.select(0, e));
+        continue;
+      }
+      out.emplace_back(x + "gate_proj.weight", t.select(0, e).slice(0, 0, n));
+      out.emplace_back(x + "up_proj.weight", t.select(0, e).slice(0, n, 2 * n));
+    }
+  }
+  return out;
+}
 
 struct OutEntry {
   std::string name;
@@ -181,6 +216,7 @@ QuantizeStats quantize_checkpoint(const std::string& src, const std::string& dst
   std::vector<std::pair<std::string, Tensor>> raw;
   for (const auto& file : ck.files)
     for (const auto& name : file->names()) raw.emplace_back(name, file->get(name));
+  raw = split_fused_experts(raw);
   std::sort(raw.begin(), raw.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
 
   // The header first (every output's shape follows from its input's), then each tensor in turn,

@@ -45,7 +45,9 @@ struct QuantizeStats {
 
 // Reads the checkpoint in `src` (which must load and be unquantized), writes `dst` (created;
 // it must not exist or be empty): model.safetensors, config.json with quantization_config, and
-// the tokenizer and generation files copied. Throws Error naming the problem.
+// the tokenizer and generation files copied. Fused MoE experts (`mlp.experts.gate_up_proj`,
+// `down_proj`, 3-D) are written per expert and quantized like every Linear, as quantized MoE
+// checkpoints are published. Throws Error naming the problem.
 QuantizeStats quantize_checkpoint(const std::string& src, const std::string& dst,
                                   const QuantConfig& q);
 

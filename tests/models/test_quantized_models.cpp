@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "common/moe_checkpoint.h"
 #include "loader/quantize_checkpoint.h"
 #include "models/model_test_util.h"
 
@@ -250,6 +251,42 @@ TEST(QuantizedCheckpoint, Fp8ExpertsStayPackedAndEqualTheirDequantization) {
           << model << " " << block << ": the experts did not stay packed";
       EXPECT_EQ(greedy(*packed, ids, 6), greedy(*dense, ids, 6)) << model << " " << block;
     }
+  fs::remove_all(dir);
+}
+
+// `longctx quantize` of a fused-expert checkpoint (transformers 5's mlp.experts.gate_up_proj)
+// writes each expert's gate, up and down as its own FP8 Linear: the same packed tensors, bit for
+// bit, as quantizing the per-expert spelling of the same weights, and the same logits.
+TEST(QuantizedCheckpoint, FusedExpertsAreQuantizedPerExpert) {
+  const fs::path dir = fs::temp_directory_path() / ("longctx_qfused_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const nlohmann::json config = tiny_moe_config_json(false);
+  const auto fused = tiny_moe_weights(parse_model_config(config, "tiny-moe"), 9);
+  write_checkpoint_dir(dir / "fused", config, fused, 1);
+  write_checkpoint_dir(dir / "per_expert", config, per_expert_weights(fused), 1);
+  QuantFormatOptions f;
+  f.block_size = 8;
+  for (const char* src : {"fused", "per_expert"})
+    quantize_checkpoint((dir / src).string(), (dir / (std::string(src) + "_fp8")).string(),
+                        quant_config_for(f));
+  auto a = std::make_shared<Checkpoint>(load_checkpoint((dir / "fused_fp8").string()));
+  auto b = std::make_shared<Checkpoint>(load_checkpoint((dir / "per_expert_fp8").string()));
+  EXPECT_FALSE(a->weights.has("model.layers.0.mlp.experts.gate_up_proj"));
+  ASSERT_TRUE(a->quantized.count("model.layers.0.mlp.experts.7.up_proj.weight"));
+  ASSERT_EQ(a->quantized.size(), b->quantized.size());
+  for (const auto& [n, w] : b->quantized) {
+    ASSERT_TRUE(a->quantized.count(n)) << n;
+    const QuantizedWeight& v = a->quantized.at(n);
+    for (auto [x, y] : {std::pair{&v.qweight, &w.qweight}, {&v.scales, &w.scales}})
+      EXPECT_EQ(std::memcmp(x->contiguous().data_ptr(), y->contiguous().data_ptr(), y->nbytes()), 0)
+          << n;
+  }
+  ModelBuildOptions o;
+  o.packed_weights = true;
+  const std::vector<int32_t> ids = make_ids(12, 2, a->config.vocab_size);
+  const Tensor la = full_forward(*create_model(a, o), ids);
+  const Tensor lb = full_forward(*create_model(b, o), ids);
+  EXPECT_EQ(std::memcmp(la.data_ptr(), lb.data_ptr(), la.nbytes()), 0);
   fs::remove_all(dir);
 }
 
