@@ -331,7 +331,7 @@ Checkpoint make_dummy_checkpoint(const ModelConfig& config, uint64_t seed) {
   ck.config = config;
   uint64_t k = 0;
   const QuantConfig& q = config.quantization;
-  for (const auto& [name, shape] : expected_weights(config)) {
+  for (const auto& [name, shape] : expected_weights(config, quantized_expert_layout(q))) {
     const uint64_t s = splitmix64(seed + ++k);
     if (q.quantized() && quantizes_tensor(name, shape, q)) {
       // Only the packed tensors, as a quantized checkpoint stores them (a dense copy of an 8B

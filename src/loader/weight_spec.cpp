@@ -18,6 +18,10 @@ ExpertLayout detect_expert_layout(const std::vector<std::string>& names) {
   return ExpertLayout::kPerExpert;
 }
 
+ExpertLayout quantized_expert_layout(const QuantConfig& q) {
+  return q.method == QuantMethod::kFp8Block ? ExpertLayout::kPerExpert : ExpertLayout::kFused;
+}
+
 std::map<std::string, Shape> expected_weights(const ModelConfig& c, ExpertLayout experts) {
   std::map<std::string, Shape> w;
   const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;

@@ -22,6 +22,12 @@ enum class ExpertLayout { kPerExpert, kFused };
 // kFused when any tensor name ends in `.mlp.experts.gate_up_proj`, else kPerExpert.
 ExpertLayout detect_expert_layout(const std::vector<std::string>& names);
 
+// How a checkpoint quantized in q's format spells its experts (dummy weights, and what `longctx
+// info` counts): per expert for FP8 blocks, each expert a Linear quantized as Qwen3-30B-A3B-FP8
+// and Qwen3-Next-80B-A3B-Instruct-FP8 publish them (the MoE op can run them packed); fused
+// otherwise (experts stay dense: no other format's experts run packed).
+ExpertLayout quantized_expert_layout(const QuantConfig& q);
+
 // name -> shape of every tensor a checkpoint of `config` must hold.
 std::map<std::string, Shape> expected_weights(const ModelConfig& config,
                                               ExpertLayout experts = ExpertLayout::kFused);

@@ -330,6 +330,29 @@ TEST(DummyQuantized, PackedOnlyCheckpointEqualsItsDequantizedCopy) {
   }
 }
 
+// Dummy FP8 MoE weights (--load-format dummy --quantization fp8 on a MoE preset) spell the experts
+// per expert and quantize them like the other Linears (not fused bf16: what the FP8 checkpoints
+// ship and the MoE op runs packed); in f32 the packed model's logits are those of its dequantized
+// copy, bit for bit.
+TEST(DummyQuantized, Fp8MoeExpertsArePackedPerExpert) {
+  ModelConfig c = parse_model_config(tiny_moe_config_json(true), "tiny-moe");
+  c.quantization = quant_config_for(QuantFormatOptions{.block_size = 8});
+  auto packed_ck = std::make_shared<Checkpoint>(make_dummy_checkpoint(c, 3));
+  for (const char* n : {"model.layers.0.mlp.experts.0.gate_proj.weight",
+                        "model.layers.2.mlp.experts.7.down_proj.weight"})
+    EXPECT_TRUE(packed_ck->quantized.count(n)) << n;
+  EXPECT_FALSE(packed_ck->weights.has("model.layers.0.mlp.experts.gate_up_proj"));
+  auto dense_ck = std::make_shared<Checkpoint>(*packed_ck);
+  for (const auto& [n, w] : packed_ck->quantized)
+    dense_ck->weights.add(n, packed_ck->dense_weight(n));
+  dense_ck->quantized.clear();
+  dense_ck->config.quantization = QuantConfig();
+  const std::vector<int32_t> ids = make_ids(16, 4, c.vocab_size);
+  const Tensor a = full_forward(*create_model(packed_ck, {}), ids);
+  const Tensor b = full_forward(*create_model(dense_ck, {}), ids);
+  EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0);
+}
+
 }  // namespace
 
 }  // namespace longctx::testing

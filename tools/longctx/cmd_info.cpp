@@ -36,7 +36,7 @@ void run_info(const ModelOptions& opts) {
   size_t bytes = 0;
   if (opts.load_format == "dummy") {
     c = opts.dummy_config();
-    for (const auto& [name, shape] : expected_weights(c)) {
+    for (const auto& [name, shape] : expected_weights(c, quantized_expert_layout(c.quantization))) {
       const bool packed =
           c.quantization.quantized() && quantizes_tensor(name, shape, c.quantization);
       by_dtype[packed ? std::string(quant_method_name(c.quantization.method))
@@ -71,9 +71,16 @@ void run_info(const ModelOptions& opts) {
               (long long)c.intermediate_size);
   if (const MoeConfig& m = c.moe; m.num_experts > 0) {
     int64_t sparse = 0, expert_params = 0;
+    double eb = 0;  // packed where the checkpoint's format keeps experts packed
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) sparse += c.is_moe_layer(i);
-    for (const auto& [name, shape] : expected_weights(c))
-      if (name.find(".mlp.experts.") != std::string::npos) expert_params += shape_numel(shape);
+    const QuantConfig& q = c.quantization;
+    for (const auto& [name, shape] : expected_weights(c, quantized_expert_layout(q)))
+      if (name.find(".mlp.experts.") != std::string::npos) {
+        expert_params += shape_numel(shape);
+        eb += q.quantized() && quantizes_tensor(name, shape, q)
+                  ? double(quantized_bytes(shape[0], shape[1], q))
+                  : double(shape_numel(shape)) * double(dtype_size(c.dtype));
+      }
     std::printf("experts:            %lld routed, top %lld%s, expert ffn %lld",
                 (long long)m.num_experts, (long long)m.num_experts_per_tok,
                 m.norm_topk_prob ? " (renormalized)" : "", (long long)m.moe_intermediate_size);
@@ -81,7 +88,6 @@ void run_info(const ModelOptions& opts) {
       std::printf(", shared expert ffn %lld", (long long)m.shared_expert_intermediate_size);
     std::printf("; %lld of %lld layers sparse\n", (long long)sparse,
                 (long long)c.num_hidden_layers);
-    const double eb = double(expert_params) * double(dtype_size(c.dtype));
     std::printf(
         "expert bytes:       %s in routed experts (%lld params), %s of them read per token\n",
         human_bytes(eb).c_str(), (long long)expert_params,
