@@ -166,8 +166,9 @@ TEST(QuantizedCheckpoint, PackedByDefaultWhereThePackedGemvIsFaster) {
 // bit for bit those of a model built from a checkpoint holding every dense copy (what the loader
 // made at load before), for plain, fused (Phi-3's qkv_proj / gate_up_proj), MoE (each expert)
 // and linear-attention (Qwen3-Next's projections) checkpoints in every format. With
-// packed_weights the packed projections are the same and those that stay dense (MoE experts,
-// output-gated and linear attention) read the same values: logits again bit for bit.
+// packed_weights the packed projections (FP8 block experts included) are the same and those that
+// stay dense (other formats' experts, output-gated and linear attention) read the same values:
+// logits again bit for bit.
 TEST(QuantizedCheckpoint, DenseModelEqualsTheEagerlyDequantizedOne) {
   const fs::path dir = fs::temp_directory_path() / ("longctx_qdense_" + std::to_string(getpid()));
   for (const char* model :
