@@ -54,7 +54,12 @@ void moe_experts_cpu(const MoeArgs& args);
 // moe_path picks them (never a host sync), kCublasLt the cuBLASLt path, which throws
 // Error(kUnsupported) where it cannot run (moe_lt_refusal).
 enum class MoeBackend { kAuto, kKernels, kCublasLt };
-void moe_experts_cuda(const MoeArgs& args, MoeBackend backend = MoeBackend::kAuto);
+// The tensor-core grouped GEMMs' row tile: kPlanned as moe_tc_rows picks it from the step's shape
+// (moe_schedule.h), kLarge / kSmall forced (kMoeTcRows / kMoeTcSmallRows), for tests and
+// benchmarks. The other paths ignore it.
+enum class MoeTcTile { kPlanned, kLarge, kSmall };
+void moe_experts_cuda(const MoeArgs& args, MoeBackend backend = MoeBackend::kAuto,
+                      MoeTcTile tile = MoeTcTile::kPlanned);
 
 // The routed block from its router logits: moe_route(logits, renormalize, args.topk_ids,
 // args.topk_weights), then moe_experts(args), whose routing inputs it writes. logits: [T, E]

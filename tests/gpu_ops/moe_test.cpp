@@ -212,11 +212,17 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{3, 60, 4, 136, 56, kBf, false, true},
         MoeCase{4, 128, 8, 200, 72, kF32, false, false},
         MoeCase{4, 128, 8, 200, 136, kF16, false, false},
+        MoeCase{1, 512, 10, 2048, 512, kBf, false, true},  // Qwen3-Next-80B-A3B, batch 1
+        MoeCase{2, 1024, 10, 64, 32, kBf, false, false},   // the most experts in registers
+        MoeCase{1, 1025, 4, 64, 32, kBf, false, false},    // routing from the logits per pick
         // tensor-core grouped GEMMs
         MoeCase{5, 8, 2, 72, 40, kBf, false, false},
         MoeCase{5, 128, 8, 200, 136, kBf, false, false},  // not multiples of the tiles
         MoeCase{17, 128, 8, 72, 40, kBf, true, false},    // skewed: most experts empty
         MoeCase{17, 128, 8, 2048, 768, kBf, false, false},
+        MoeCase{8, 128, 8, 2048, 768, kBf, false, false},   // 30B-A3B batch 8: small tiles
+        MoeCase{32, 128, 8, 2048, 768, kBf, false, false},  // 30B-A3B batch 32: small tiles
+        MoeCase{32, 512, 10, 2048, 512, kBf, false, true},  // 80B-A3B batch 32: small tiles
         MoeCase{300, 128, 8, 2048, 768, kBf, false, false},
         MoeCase{300, 64, 6, 200, 136, kF16, false, true},
         MoeCase{300, 8, 1, 64, 32, kBf, true, false},
@@ -354,7 +360,8 @@ INSTANTIATE_TEST_SUITE_P(
                       MoeCase{4, 300, 6, 64, 32, kBf, false, false},     // routing kernel first
                       MoeCase{4, 128, 8, 200, 72, kF32, false, true},
                       MoeCase{1, 60, 5, 130, 50, kF32, true, false},
-                      MoeCase{3, 32, 32, 64, 40, kBf, false, false},  // k > kMoeCombineWarps
+                      MoeCase{3, 32, 32, 64, 40, kBf, false, false},     // k > kMoeCombineWarps
+                      MoeCase{1, 512, 10, 2048, 512, kBf, false, true},  // Qwen3-Next-80B-A3B
                       MoeCase{2, 64, 3, 48, 24, kF16, true, true},
                       MoeCase{5, 128, 8, 256, 96, kBf, false, false},  // prefill paths
                       MoeCase{64, 60, 4, 130, 50, kBf, false, true}));
@@ -384,6 +391,54 @@ struct DeviceMoe {
   }
   void forward(bool renormalize = true) { ops::moe_forward(logits, renormalize, args); }
 };
+
+// The tensor-core path's two row tiles give the same bytes: each output element is the same
+// m16n8k16 chain over K whichever tile its row sits in, and the padding rows are never written.
+// Over routings the planner gives either tile (batch decode, a prefill chunk), skewed ones and an
+// expert taking more rows than a small tile (several small tiles of one expert).
+struct TileCase {
+  int64_t tokens, experts, k, hidden, inter;
+  DType dtype;
+  bool skewed;
+};
+class MoeGpuTile : public ::testing::TestWithParam<TileCase> {};
+TEST_P(MoeGpuTile, SmallEqualsLarge) {
+  const TileCase c = GetParam();
+  TestStream stream;
+  DeviceMoe m(c.tokens, c.experts, c.k, c.hidden, c.inter, c.dtype, 71);
+  if (c.skewed) {
+    Tensor l = random_host({c.tokens, c.experts}, kF32, 72, -3, 3);
+    for (int64_t t = 0; t < c.tokens; ++t) l.data<float>()[t * c.experts] += 20.f;
+    m.logits = l.to(kGpu);
+  }
+  ops::moe_route(m.logits, true, m.ids, m.weights);
+  auto out_bytes = [&](ops::MoeTcTile tile) {
+    LONGCTX_CUDA_CHECK(
+        cudaMemsetAsync(m.args.out.data_ptr(), 0xFF, m.args.out.nbytes(), stream.get()));
+    ops::moe_experts_cuda(m.args, ops::MoeBackend::kKernels, tile);
+    stream.sync();
+    Tensor h = m.args.out.to(Device::cpu());
+    const auto* p = static_cast<const uint8_t*>(h.data_ptr());
+    return std::vector<uint8_t>(p, p + h.nbytes());
+  };
+  ASSERT_EQ(ops::moe_path(c.tokens, c.hidden, c.inter, true, true), ops::MoePath::kTensorCore);
+  const std::vector<uint8_t> large = out_bytes(ops::MoeTcTile::kLarge);
+  const std::vector<uint8_t> small = out_bytes(ops::MoeTcTile::kSmall);
+  const std::vector<uint8_t> planned = out_bytes(ops::MoeTcTile::kPlanned);
+  EXPECT_TRUE(small == large) << "the 32-row tiles differ from the 128-row tiles";
+  EXPECT_TRUE(planned == large);
+  const Tensor f = m.args.out.to(Device::cpu()).to_dtype(kF32);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < f.numel(); ++i) bad += std::isfinite(f.data<float>()[i]) ? 0 : 1;
+  EXPECT_EQ(bad, 0) << "unwritten or non-finite outputs";
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, MoeGpuTile,
+                         ::testing::Values(TileCase{32, 512, 10, 2048, 512, kBf, false},
+                                           TileCase{8, 128, 8, 2048, 768, kBf, false},
+                                           TileCase{32, 128, 8, 2048, 768, kF16, false},
+                                           TileCase{300, 128, 8, 256, 136, kBf, false},
+                                           TileCase{300, 16, 2, 200, 72, kBf, true},
+                                           TileCase{4096, 128, 8, 96, 48, kBf, false}));
 
 struct GraphCase {
   int64_t tokens, experts, k, hidden, inter;
@@ -612,11 +667,21 @@ double graph_ms_per_call(const TestStream& s, const std::function<void(int)>& op
 // (router, moe_forward), eagerly and as a graph of 48 calls (the model's layers). The calls cycle
 // over kLayers layers' own weights (1.2 GB of experts each), so a call's expert rows are not in
 // L2 from the call before. ms per call; x48 is the block's share of a decode step.
-TEST(GpuOpsPerf, MoeDecodeBlock) {
-  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+// The MoE block's ops at decode batches, one model's shapes (bf16, hidden 2048), 4 layers' weights
+// cycled so that L2 holds little of them; with the shared expert's output added by the combine
+// where the model has one.
+struct DecodeBlockModel {
+  const char* name;
+  int64_t experts, top_k, inter;
+  bool shared;
+};
+void moe_decode_block_rows(const DecodeBlockModel& model) {
   TestStream s;
-  constexpr int64_t kE = 128, kK = 8, kH = 2048, kI = 768, kLayers = 4;
+  const int64_t kE = model.experts, kK = model.top_k, kI = model.inter;
+  constexpr int64_t kH = 2048, kLayers = 4;
   constexpr int kModelLayers = 48;
+  std::printf("  %s: %lld experts, top-%lld, inter %lld%s\n", model.name, (long long)kE,
+              (long long)kK, (long long)kI, model.shared ? ", shared expert" : "");
   struct Layer {
     Tensor router, gate_up, down;  // [E, H], [E, 2 I, H], [E, H, I]
   };
@@ -641,6 +706,10 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
     a.topk_ids = Tensor::empty({t, kK}, DType::kI32, kGpu);
     a.topk_weights = Tensor::empty({t, kK}, kF32, kGpu);
     a.out = Tensor::empty({t, kH}, kBf, kGpu);
+    if (model.shared) {
+      a.shared = random_host({t, kH}, kBf, 9, -1, 1).to(kGpu);
+      a.shared_gate = random_host({t, 1}, kF32, 10, -2, 2).to(kGpu);
+    }
     auto layer_args = [&](int i) {
       ops::MoeArgs b = a;
       b.gate_up = layers[i % kLayers].gate_up;
@@ -650,6 +719,11 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
     auto router = [&](int i) { ops::linear(x, layers[i % kLayers].router, Tensor(), logits); };
     auto route = [&](int) { ops::moe_route(logits, true, a.topk_ids, a.topk_weights); };
     auto experts = [&](int i) { ops::moe_experts(layer_args(i)); };
+    auto experts_tile = [&](ops::MoeTcTile tile) {
+      return [&, tile](int i) {
+        ops::moe_experts_cuda(layer_args(i), ops::MoeBackend::kKernels, tile);
+      };
+    };
     router(0);
     route(0);  // a real routing for the experts-alone rows
     struct Row {
@@ -683,8 +757,12 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
            ops::moe_forward(logits, true, layer_args(i));
            ops::set_moe_decode_prefetch(false);
          }},
+        // the grouped GEMMs' row tiles forced (T > kMoeDecodeMaxTokens: moe_tc_rows picks)
+        {"experts: 128-row tile", experts_tile(ops::MoeTcTile::kLarge)},
+        {"experts: 32-row tile", experts_tile(ops::MoeTcTile::kSmall)},
     };
     for (const Row& r : rows) {
+      if (t <= ops::kMoeDecodeMaxTokens && std::string(r.name).rfind("experts:", 0) == 0) continue;
       int call = 0;
       const double eager = time_ms(s, [&] { r.op(call++); });
       const double graph = graph_ms_per_call(s, r.op, kModelLayers);
@@ -700,6 +778,18 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
     }
     std::fflush(stdout);
   }
+}
+
+TEST(GpuOpsPerf, MoeDecodeBlock) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  moe_decode_block_rows({"Qwen3-30B-A3B", 128, 8, 768, false});
+}
+
+// Qwen3-Next-80B-A3B's block: 512 experts over the fused routing's limit, so moe_forward routes
+// with moe_route's kernel first; top-10 (10 down warps); inter 512; a shared expert.
+TEST(GpuOpsPerf, MoeDecodeBlockQwen3Next80B) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  moe_decode_block_rows({"Qwen3-Next-80B-A3B", 512, 10, 512, true});
 }
 
 // The expert GEMMs of Qwen3-30B-A3B's layer with `rows` rows per expert (256: a 4K prefill, 2048:
