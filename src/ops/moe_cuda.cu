@@ -34,8 +34,8 @@
 //   expert on average, eager only): moe_cublas_cuda.cu, then the same combine.
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): moe_decode_cuda.cu's two kernels, the
 //   gate/up GEMVs and the down GEMVs with the combine fused. moe_forward_cuda routes inside the
-//   first of them at decode (E <= kMoeFusedRouteMaxExperts); elsewhere it is moe_route_cuda then
-//   moe_experts_cuda.
+//   first of them at decode (moe_fused_route: E <= kMoeFusedWarpRouteMaxExperts); elsewhere it is
+//   moe_route_cuda then moe_experts_cuda.
 // The decode-step kernels (route, the GEMVs, combine) are launched with programmatic dependent
 // launch (kernels/cuda/pdl.cuh): each waits for the kernel before it first thing.
 #include <cuda_runtime.h>
@@ -48,6 +48,7 @@
 #include "ops/moe.h"
 #include "ops/moe_cublas.h"
 #include "ops/moe_decode.h"
+#include "ops/moe_route_device.cuh"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
 
@@ -59,15 +60,6 @@ using namespace cuda_detail;
 using namespace kernels::cuda::detail;  // NOLINT: the PTX wrappers of mma_device.cuh
 
 // ---- routing ----
-
-struct Pick {
-  float p;
-  int e;
-};
-// a before b in the order of picks
-__device__ __forceinline__ bool before(const Pick& a, const Pick& b) {
-  return a.p > b.p || (a.p == b.p && a.e < b.e);
-}
 
 template <typename TL>
 __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int experts, int k,
@@ -111,9 +103,10 @@ __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int 
     for (int j = lane + 32; j < k; j += 32) weights[t * k + j] /= picked;
 }
 
-// The routing kernel with the probabilities in registers: lane holds experts lane + 32 i,
-// i < kPerLane (moe_route_regs_per_lane). The softmax sums in route_kernel's order and the picks
-// follow the same order and reduction, so ids and weights are route_kernel's to the bit.
+// The routing kernel with the probabilities in registers (warp_route_topk, moe_route_device.cuh):
+// lane holds experts lane + 32 i, i < kPerLane (moe_route_regs_per_lane). The softmax sums in
+// route_kernel's order and the picks follow the same order and reduction, so ids and weights are
+// route_kernel's to the bit.
 template <typename TL, int kPerLane>
 __global__ void route_regs_kernel(const TL* __restrict__ logits, int64_t tokens, int experts, int k,
                                   bool renormalize, int32_t* __restrict__ ids,
@@ -124,51 +117,12 @@ __global__ void route_regs_kernel(const TL* __restrict__ logits, int64_t tokens,
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= tokens) return;
   const TL* l = logits + t * experts;
-  float p[kPerLane];  // logits, then probabilities
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < experts ? to_f32(l[e]) : -INFINITY;
-  }
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i)
-    if (lane + 32 * i < experts) mx = fmaxf(mx, p[i]);
-  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i)
-    if (lane + 32 * i < experts) sum += expf(p[i] - mx);
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) p[i] = expf(p[i] - mx) / sum;
-  // The lane's first expert after `prev` in the order ({-1, experts}: none left).
-  auto first_after = [&](const Pick& prev) {
-    Pick best{-1.f, experts};
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const Pick c{p[i], lane + 32 * i};
-      if (c.e < experts && before(prev, c) && before(c, best)) best = c;
-    }
-    return best;
-  };
-  Pick mine = first_after(Pick{INFINITY, -1});
-  float picked = 0.f;
-  for (int j = 0; j < k; ++j) {
-    Pick best = mine;
-    for (int o = 16; o > 0; o /= 2) {
-      const Pick other{__shfl_xor_sync(0xffffffffu, best.p, o),
-                       __shfl_xor_sync(0xffffffffu, best.e, o)};
-      if (before(other, best)) best = other;
-    }
-    if (lane == 0) {
-      ids[t * k + j] = best.e;
-      weights[t * k + j] = best.p;
-    }
-    picked += best.p;
-    // Every other lane's first expert comes after the pick, so only the pick's lane moves on.
-    if (mine.e == best.e && best.e < experts) mine = first_after(best);
-  }
+  const float picked = warp_route_topk<kPerLane>(
+      experts, k, [&](int e) { return to_f32(l[e]); },
+      [&](int j, const Pick& best) {
+        ids[t * k + j] = best.e;
+        weights[t * k + j] = best.p;
+      });
   __syncwarp();
   if (renormalize && lane < k) weights[t * k + lane] /= picked;
   if (renormalize)
@@ -683,7 +637,7 @@ void moe_forward_cuda(const Tensor& logits, bool renormalize, const MoeArgs& a) 
   DeviceGuard guard(d.index);
   cudaStream_t stream = op_stream(d, "moe_forward");
   if (s.tokens == 0) return;
-  if (s.tokens <= kMoeDecodeMaxTokens && s.experts <= kMoeFusedRouteMaxExperts) {
+  if (s.tokens <= kMoeDecodeMaxTokens && moe_fused_route(s.experts, s.top_k)) {
     moe_decode_experts(a, s, &logits, renormalize, stream);
     return;
   }

@@ -25,6 +25,14 @@ constexpr int64_t kMoeDecodeMaxTokens = 4;
 // ranks the token's probabilities in shared memory, E^2 / 128 compares per thread); above, the
 // routing kernel runs first.
 constexpr int64_t kMoeFusedRouteMaxExperts = 256;
+// Above, up to this many experts, one warp of each gate/up CTA routes with moe_route's kernel's
+// register top-k (moe_route_device.cuh, E / 32 probabilities per lane) while the others wait:
+// E^2 / 128 compares per thread would be 2048 at 512 experts, and a routing kernel of its own
+// costs the block a dependent launch. The picks sit in the rank arrays, so top-k is bounded too.
+constexpr int64_t kMoeFusedWarpRouteMaxExperts = 512;
+inline bool moe_fused_route(int64_t experts, int64_t top_k) {
+  return experts <= kMoeFusedWarpRouteMaxExperts && top_k <= kMoeFusedRouteMaxExperts;
+}
 // moe_route's kernel keeps a token's probabilities in registers, lane l holding experts l + 32 i
 // for i < moe_route_regs_per_lane(E) (a power of two from 4, so four instantiations), up to this
 // many experts; above, it recomputes them from the logits on every pick.

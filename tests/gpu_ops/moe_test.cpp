@@ -237,12 +237,13 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{333, 60, 4, 130, 50, kBf, false, false},
         MoeCase{4096, 128, 8, 72, 40, kF32, false, false}));
 
-// moe_forward_cuda (routing fused into the decode gate/up kernel up to 256 experts; route then
-// experts elsewhere) against moe_route_cuda + moe_experts_cuda on the same logits: ids, weights
-// and output bytes equal (the fused routing repeats the routing kernel's softmax and order; the
-// unfused ops are checked against the CPU twins above), and against the CPU twin moe_forward_cpu
-// within the tolerance of the header (its ids may differ only at near ties, which these random
-// logits do not hit). Each output sits between guard rows of NaN bytes that must stay untouched.
+// moe_forward_cuda (routing fused into the decode gate/up kernel up to 512 experts: ranks in
+// shared memory to 256, one warp's register top-k above; route then experts elsewhere) against
+// moe_route_cuda + moe_experts_cuda on the same logits: ids, weights and output bytes equal (the
+// fused routing repeats the routing kernel's softmax and order; the unfused ops are checked against
+// the CPU twins above), and against the CPU twin moe_forward_cpu within the tolerance of the header
+// (its ids may differ only at near ties, which these random logits do not hit). Each output sits
+// between guard rows of NaN bytes that must stay untouched.
 class MoeGpuForward : public ::testing::TestWithParam<MoeCase> {};
 
 TEST_P(MoeGpuForward, EqualsRouteThenExperts) {
@@ -357,11 +358,13 @@ INSTANTIATE_TEST_SUITE_P(
                       MoeCase{1, 128, 8, 2048, 768, kBf, false, false},  // Qwen3-30B-A3B
                       MoeCase{2, 16, 2, 70, 36, kBf, false, true},       // scalar loads
                       MoeCase{3, 256, 8, 136, 56, kF16, false, false},   // the most fused experts
-                      MoeCase{4, 300, 6, 64, 32, kBf, false, false},     // routing kernel first
+                      MoeCase{4, 300, 6, 64, 32, kBf, false, false},     // one warp routes
+                      MoeCase{2, 600, 6, 64, 32, kBf, false, false},     // routing kernel first
                       MoeCase{4, 128, 8, 200, 72, kF32, false, true},
                       MoeCase{1, 60, 5, 130, 50, kF32, true, false},
                       MoeCase{3, 32, 32, 64, 40, kBf, false, false},     // k > kMoeCombineWarps
                       MoeCase{1, 512, 10, 2048, 512, kBf, false, true},  // Qwen3-Next-80B-A3B
+                      MoeCase{3, 512, 10, 72, 40, kF16, true, false},    // skewed, one warp routes
                       MoeCase{2, 64, 3, 48, 24, kF16, true, true},
                       MoeCase{5, 128, 8, 256, 96, kBf, false, false},  // prefill paths
                       MoeCase{64, 60, 4, 130, 50, kBf, false, true}));
@@ -507,6 +510,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, MoeGpuGraph,
                                            // moe_forward: routing fused at decode
                                            GraphCase{1, 128, 8, 2048, 768, kBf, true},
                                            GraphCase{4, 64, 4, 200, 136, kF16, true},
+                                           GraphCase{1, 512, 10, 2048, 512, kBf, true},
                                            GraphCase{300, 16, 2, 130, 50, kBf, true}));
 
 // Where the automatic path is cuBLASLt eagerly, a capture takes the grouped kernels instead (the

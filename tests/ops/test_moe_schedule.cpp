@@ -159,6 +159,19 @@ TEST(MoeSchedule, TcTileChoice) {
     }
 }
 
+// The decode kernels route inside up to kMoeFusedWarpRouteMaxExperts experts (the 80B's 512), with
+// top-k within the rank arrays; above, moe_route's kernel runs first.
+TEST(MoeSchedule, FusedRouteChoice) {
+  EXPECT_TRUE(moe_fused_route(128, 8));  // Qwen3-30B-A3B: ranks in shared memory
+  EXPECT_TRUE(moe_fused_route(kMoeFusedRouteMaxExperts, kMoeFusedRouteMaxExperts));
+  EXPECT_TRUE(moe_fused_route(512, 10));  // Qwen3-Next-80B-A3B: one warp's register top-k
+  EXPECT_FALSE(moe_fused_route(kMoeFusedWarpRouteMaxExperts + 1, 8));
+  EXPECT_FALSE(moe_fused_route(512, kMoeFusedRouteMaxExperts + 1));
+  // the warp's registers hold every expert it routes
+  EXPECT_EQ(kMoeFusedWarpRouteMaxExperts % 32, 0);
+  EXPECT_LE(kMoeFusedWarpRouteMaxExperts, kMoeRouteRegMaxExperts);
+}
+
 // moe_route's registers per lane: the smallest power of two from 4 whose 32 lanes hold E
 // experts, up to kMoeRouteRegMaxExperts; above, 0 (the kernel without registers).
 TEST(MoeSchedule, RouteRegistersPerLane) {
