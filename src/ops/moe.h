@@ -31,8 +31,13 @@ void moe_route(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
                const Tensor& topk_weights);
 void moe_route_cpu(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
                    const Tensor& topk_weights);
+// The CUDA routing kernel: kRegisters (E <= kMoeRouteRegMaxExperts) computes each probability
+// once into registers, kPerPick recomputes them from the logits on every pick (what runs above);
+// both give the same ids and weights to the bit. kAuto picks by E; the others are for tests and
+// benchmarks (kRegisters above the limit throws Error(kUnsupported)).
+enum class MoeRouteKernel { kAuto, kRegisters, kPerPick };
 void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
-                    const Tensor& topk_weights);
+                    const Tensor& topk_weights, MoeRouteKernel kernel = MoeRouteKernel::kAuto);
 
 struct MoeArgs {
   Tensor x;             // [T, hidden] activations, contiguous

@@ -302,8 +302,9 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
   }
   __syncthreads();
 
-  // Copies: thread tid takes chunk tid % 8 of rows tid / 8 + 32 i (i < 4) of both tiles: each
-  // row's 8 chunks are 128 contiguous bytes (coalesced) and land conflict-free when swizzled.
+  // Copies: thread tid takes chunk tid % 8 of rows tid / 8 + 32 i of both tiles (i < BM / 32 of A,
+  // i < 4 of W): each row's 8 chunks are 128 contiguous bytes (coalesced) and land conflict-free
+  // when swizzled.
   const int lc = tid % kChunks, lr = tid / kChunks;
   constexpr int kRowsPerPass = kMoeTcThreads / kChunks;  // 32
   const int num_k = static_cast<int>((g.k + BK - 1) / BK);
@@ -491,7 +492,7 @@ void moe_align_rows(const MoeArgs& a, const MoeShape& s, const MoeAlignRows& row
 }
 
 void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
-                    const Tensor& topk_weights) {
+                    const Tensor& topk_weights, MoeRouteKernel kernel_choice) {
   check_moe_route_args(logits, topk_ids, topk_weights);
   const Device d = logits.device();
   DeviceGuard guard(d.index);
@@ -500,7 +501,10 @@ void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_i
   const int e = static_cast<int>(logits.size(1)), k = static_cast<int>(topk_ids.size(1));
   if (t == 0) return;
   constexpr int kWarps = 4;
-  const int per_lane = moe_route_regs_per_lane(e);
+  LONGCTX_CHECK(kernel_choice != MoeRouteKernel::kRegisters || moe_route_regs_per_lane(e) > 0,
+                ErrorCode::kUnsupported, "moe_route_cuda: {} experts in registers (at most {})", e,
+                kMoeRouteRegMaxExperts);
+  const int per_lane = kernel_choice == MoeRouteKernel::kPerPick ? 0 : moe_route_regs_per_lane(e);
   visit_float(logits.dtype(), "moe_route", [&](auto tl) {
     using TL = decltype(tl);
     auto kernel = per_lane == 4    ? route_regs_kernel<TL, 4>

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -395,6 +396,46 @@ struct DeviceMoe {
   void forward(bool renormalize = true) { ops::moe_forward(logits, renormalize, args); }
 };
 
+// moe_route's two kernels (probabilities in registers, recomputed per pick) give the same ids and
+// weights to the bit, over every register count, renormalized or not, with skewed and tied logits
+// (whole rows equal: every pick a tie broken by the lower index).
+TEST(MoeGpuRoute, RegistersEqualPerPick) {
+  TestStream stream;
+  struct RouteCase {
+    int64_t tokens, experts, k;
+  };
+  for (const RouteCase c :
+       {RouteCase{1, 512, 10}, RouteCase{33, 512, 10}, RouteCase{5, 128, 8}, RouteCase{7, 60, 4},
+        RouteCase{3, 256, 256}, RouteCase{9, 1000, 40}, RouteCase{2, 1024, 1}, RouteCase{4, 8, 8}})
+    for (int variant = 0; variant < 3; ++variant) {
+      Tensor l = random_host({c.tokens, c.experts}, kF32, uint32_t(c.experts + variant), -3, 3);
+      for (int64_t t = 0; t < c.tokens; ++t)
+        for (int64_t e = 0; e < c.experts; ++e) {
+          float& v = l.data<float>()[t * c.experts + e];
+          if (variant == 1 && e % 7 == 3) v += 15.f;  // skewed: a few experts take the mass
+          if (variant == 2) v = float(e % 3);         // ties everywhere
+        }
+      const Tensor d_l = l.to(kGpu);
+      const bool renormalize = variant != 1;
+      auto route = [&](ops::MoeRouteKernel kernel) {
+        Tensor ids = Tensor::empty({c.tokens, c.k}, DType::kI32, kGpu);
+        Tensor w = Tensor::empty({c.tokens, c.k}, kF32, kGpu);
+        ops::moe_route_cuda(d_l, renormalize, ids, w, kernel);
+        stream.sync();
+        const Tensor hi = ids.to(Device::cpu()), hw = w.to(Device::cpu());
+        std::vector<uint8_t> bytes(hi.nbytes() + hw.nbytes());
+        std::memcpy(bytes.data(), hi.data_ptr(), hi.nbytes());
+        std::memcpy(bytes.data() + hi.nbytes(), hw.data_ptr(), hw.nbytes());
+        return bytes;
+      };
+      EXPECT_TRUE(route(ops::MoeRouteKernel::kRegisters) == route(ops::MoeRouteKernel::kPerPick))
+          << "T " << c.tokens << " E " << c.experts << " k " << c.k << " variant " << variant;
+    }
+  Tensor l = Tensor::empty({1, 1025}, kF32, kGpu);
+  Tensor ids = Tensor::empty({1, 2}, DType::kI32, kGpu), w = Tensor::empty({1, 2}, kF32, kGpu);
+  EXPECT_THROW(ops::moe_route_cuda(l, true, ids, w, ops::MoeRouteKernel::kRegisters), Error);
+}
+
 // The tensor-core path's two row tiles give the same bytes: each output element is the same
 // m16n8k16 chain over K whichever tile its row sits in, and the padding rows are never written.
 // Over routings the planner gives either tile (batch decode, a prefill chunk), skewed ones and an
@@ -741,6 +782,13 @@ void moe_decode_block_rows(const DecodeBlockModel& model) {
         {"rms_norm (tiny kernel)", [&](int) { ops::rms_norm(x, norm_w, 1e-6f, normed); }},
         {"router GEMV", router},
         {"moe_route", route},
+        // the routing kernel that recomputes the probabilities on every pick (the only one
+        // before the register top-k; above kMoeRouteRegMaxExperts experts still)
+        {"moe_route per pick",
+         [&](int) {
+           ops::moe_route_cuda(logits, true, a.topk_ids, a.topk_weights,
+                               ops::MoeRouteKernel::kPerPick);
+         }},
         {"moe_experts", experts},
         {"block: route+experts",
          [&](int i) {
