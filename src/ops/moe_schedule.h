@@ -71,18 +71,19 @@ constexpr int moe_tc_smem_bytes(int rows) {
 constexpr int kMoeTcSmemBytes = moe_tc_smem_bytes(kMoeTcRows);
 
 // The tensor-core path's row tile for `tokens` x top-k slots over `experts` experts: the small
-// tile when the experts the slots route to average at most kMoeTcSmallRows rows under uniform
-// routing (E (1 - (1 - k / E)^T) experts), so that most take one small tile and read their weights
-// once, as with the large tile, with a quarter of its MMA work on padding rows; else the large
-// tile, which reads each weight tile once per 128 rows instead of per 32. Batch decode is the
-// small case: Qwen3-Next-80B-A3B (512 experts, top-10) at 32 tokens routes to ~240 experts of
-// ~1.3 rows each, where the 128-row tiles spent ~100x more MMAs than rows.
+// tile when the experts the slots route to average at most kMoeTcSmallRows / 2 rows under uniform
+// routing (E (1 - (1 - k / E)^T) experts), so that nearly all take one small tile and read their
+// weights once, as with the large tile, with a quarter of its MMA work on padding rows; else the
+// large tile, which reads each weight tile once per 128 rows instead of per 32 (an expert's count
+// about its mean of 16 rarely passes 32; about 32 it would often take two small tiles). Batch
+// decode is the small case: Qwen3-Next-80B-A3B (512 experts, top-10) at 32 tokens routes to ~240
+// experts of ~1.3 rows each, where the 128-row tiles spent ~100x more MMAs than rows.
 inline int moe_tc_rows(int64_t tokens, int64_t top_k, int64_t experts) {
   const int64_t slots = tokens * top_k;
   if (slots <= 0 || experts <= 0) return kMoeTcSmallRows;
   const double miss = 1.0 - double(std::min(top_k, experts)) / double(experts);
   const double routed = double(experts) * (1.0 - std::pow(miss, double(tokens)));
-  return double(slots) <= double(kMoeTcSmallRows) * routed ? kMoeTcSmallRows : kMoeTcRows;
+  return 2.0 * double(slots) <= double(kMoeTcSmallRows) * routed ? kMoeTcSmallRows : kMoeTcRows;
 }
 
 // tc_operands: x, gate_up and down share a 16-bit dtype; aligned: their data pointers are
