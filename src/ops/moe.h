@@ -31,8 +31,14 @@ void moe_route(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
                const Tensor& topk_weights);
 void moe_route_cpu(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
                    const Tensor& topk_weights);
+// The CUDA routing kernel: kRegisters (E <= kMoeRouteRegMaxExperts) computes each probability
+// once into registers, kPerPick recomputes them from the logits on every pick (what runs above);
+// both give the same ids and weights to the bit. kAuto is kPerPick until the register kernel has
+// run on a GPU (tests/gpu_ops/moe_test.cpp compares the two bitwise); kRegisters above the limit
+// throws Error(kUnsupported).
+enum class MoeRouteKernel { kAuto, kRegisters, kPerPick };
 void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
-                    const Tensor& topk_weights);
+                    const Tensor& topk_weights, MoeRouteKernel kernel = MoeRouteKernel::kAuto);
 
 struct MoeArgs {
   Tensor x;             // [T, hidden] activations, contiguous
@@ -66,7 +72,13 @@ bool moe_runs_fp8_experts(Device device);
 // moe_path picks them (never a host sync), kCublasLt the cuBLASLt path, which throws
 // Error(kUnsupported) where it cannot run (moe_lt_refusal).
 enum class MoeBackend { kAuto, kKernels, kCublasLt };
-void moe_experts_cuda(const MoeArgs& args, MoeBackend backend = MoeBackend::kAuto);
+// The tensor-core grouped GEMMs' row tile: kPlanned as moe_tc_rows picks it from the step's shape
+// (moe_schedule.h), kLarge / kSmall forced (kMoeTcRows / kMoeTcSmallRows). The other paths
+// ignore it. The default stays kLarge until the small tile has run on a GPU (its tests and perf
+// rows: tests/gpu_ops/moe_test.cpp); then kPlanned.
+enum class MoeTcTile { kPlanned, kLarge, kSmall };
+void moe_experts_cuda(const MoeArgs& args, MoeBackend backend = MoeBackend::kAuto,
+                      MoeTcTile tile = MoeTcTile::kLarge);
 
 // The routed block from its router logits: moe_route(logits, renormalize, args.topk_ids,
 // args.topk_weights), then moe_experts(args), whose routing inputs it writes. logits: [T, E]

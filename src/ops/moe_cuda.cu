@@ -4,7 +4,13 @@
 //
 // moe_route: one warp per token: softmax in fp32 (expf), then k rounds of a warp argmax over the
 // total order (probability descending, expert index ascending), each round taking the first
-// expert after the previous pick, so nothing is marked and ties go to the lower index.
+// expert after the previous pick, so nothing is marked and ties go to the lower index. Up to
+// kMoeRouteRegMaxExperts experts the probabilities are computed once into registers and each lane
+// keeps its own first expert after the previous pick, so a round is one warp argmax and a rescan
+// by the lane that held the pick. (Recomputing every probability from the logits on every round,
+// as the kernel for more experts does, serialized k x E / 32 exponentials and divisions in the
+// single warp of a decode step: Qwen3-Next-80B-A3B's 512 experts at top-10 are 160 per lane,
+// tens of microseconds that the experts' GEMVs wait for.)
 //
 // moe_experts, prefill (more than kMoeDecodeMaxTokens tokens):
 //   align:   one block counts the slots (token, j) per expert, pads each expert's run to whole
@@ -17,7 +23,8 @@
 //            in a fixed j order, so the result does not depend on the atomics' order.
 //   The GEMMs are launched over the most tiles the routing can need (moe_max_tiles); the tiles
 //   past the count the align step wrote return at once.
-//   Two GEMM kernels (moe_path): the tensor-core one (128 x 128 tiles, mma.sync m16n8k16 with
+//   Two GEMM kernels (moe_path): the tensor-core one (128 x 128 tiles, or 32 x 128 when the
+//   routed experts average few rows (moe_tc_rows), mma.sync m16n8k16 with
 //   fp32 accumulation, a 3-stage cp.async ring that gathers the rows; the activation rounded to
 //   the 16-bit dtype between the GEMMs, as transformers keeps it) when x and the weights share a
 //   16-bit dtype and hidden, inter are multiples of 8 with 16-byte aligned data; else the SIMT
@@ -27,11 +34,13 @@
 //   expert on average, eager only): moe_cublas_cuda.cu, then the same combine.
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): moe_decode_cuda.cu's two kernels, the
 //   gate/up GEMVs and the down GEMVs with the combine fused. moe_forward_cuda routes inside the
-//   first of them at decode (E <= kMoeFusedRouteMaxExperts); elsewhere it is moe_route_cuda then
-//   moe_experts_cuda.
+//   first of them at decode (moe_fused_route: E <= kMoeFusedWarpRouteMaxExperts); elsewhere it is
+//   moe_route_cuda then moe_experts_cuda.
 // The decode-step kernels (route, the GEMVs, combine) are launched with programmatic dependent
 // launch (kernels/cuda/pdl.cuh): each waits for the kernel before it first thing.
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/mma_device.cuh"
@@ -39,6 +48,7 @@
 #include "ops/moe.h"
 #include "ops/moe_cublas.h"
 #include "ops/moe_decode.h"
+#include "ops/moe_route_device.cuh"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
 
@@ -50,15 +60,6 @@ using namespace cuda_detail;
 using namespace kernels::cuda::detail;  // NOLINT: the PTX wrappers of mma_device.cuh
 
 // ---- routing ----
-
-struct Pick {
-  float p;
-  int e;
-};
-// a before b in the order of picks
-__device__ __forceinline__ bool before(const Pick& a, const Pick& b) {
-  return a.p > b.p || (a.p == b.p && a.e < b.e);
-}
 
 template <typename TL>
 __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int experts, int k,
@@ -96,6 +97,32 @@ __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int 
     picked += best.p;
     prev = best;
   }
+  __syncwarp();
+  if (renormalize && lane < k) weights[t * k + lane] /= picked;
+  if (renormalize)
+    for (int j = lane + 32; j < k; j += 32) weights[t * k + j] /= picked;
+}
+
+// The routing kernel with the probabilities in registers (warp_route_topk, moe_route_device.cuh):
+// lane holds experts lane + 32 i, i < kPerLane (moe_route_regs_per_lane). The softmax sums in
+// route_kernel's order and the picks follow the same order and reduction, so ids and weights are
+// route_kernel's to the bit.
+template <typename TL, int kPerLane>
+__global__ void route_regs_kernel(const TL* __restrict__ logits, int64_t tokens, int experts, int k,
+                                  bool renormalize, int32_t* __restrict__ ids,
+                                  float* __restrict__ weights) {
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t >= tokens) return;
+  const TL* l = logits + t * experts;
+  const float picked = warp_route_topk<kPerLane>(
+      experts, k, [&](int e) { return to_f32(l[e]); },
+      [&](int j, const Pick& best) {
+        ids[t * k + j] = best.e;
+        weights[t * k + j] = best.p;
+      });
   __syncwarp();
   if (renormalize && lane < k) weights[t * k + lane] /= picked;
   if (renormalize)
@@ -241,19 +268,22 @@ __global__ void __launch_bounds__(256) simt_grouped_gemm_kernel(GemmArgs g) {
   }
 }
 
-// Tensor-core path: a [kMoeTcRows, kMoeTcWRows] tile of one expert's rows (moe_schedule.h has the
-// layout). 8 warps, 2 along the rows (64 each: 4 m16 tiles) x 4 along the weight rows (32 each:
-// 4 n8 tiles); A and W tiles of kMoeTcK columns come by cp.async into a kMoeTcStages-deep ring of
-// swizzled shared-memory stages (the A rows gathered by slot in the copies, padding rows and
-// columns past K zero-filled), fragments by ldmatrix, mma.sync m16n8k16 with fp32 accumulators.
-// kGateUp: the warp's n-tiles 0-1 hold gate columns and 2-3 the up columns of the same
-// activation columns; the epilogue writes silu(gate) * up rounded to T (the down GEMM's A
-// operand). Else the accumulators are written as f32 rows for the combine.
-template <typename T, bool kGateUp>
+// Tensor-core path: a [BM, kMoeTcWRows] tile of one expert's rows, BM kMoeTcRows or
+// kMoeTcSmallRows (moe_schedule.h has the layout and the choice). 8 warps, 2 along the rows (BM / 2
+// each: BM / 32 m16 tiles) x 4 along the weight rows (32 each: 4 n8 tiles); A and W tiles of
+// kMoeTcK columns come by cp.async into a kMoeTcStages-deep ring of swizzled shared-memory stages
+// (the A rows gathered by slot in the copies, padding rows and columns past K zero-filled),
+// fragments by ldmatrix, mma.sync m16n8k16 with fp32 accumulators. kGateUp: the warp's n-tiles 0-1
+// hold gate columns and 2-3 the up columns of the same activation columns; the epilogue writes
+// silu(gate) * up rounded to T (the down GEMM's A operand). Else the accumulators are written as
+// f32 rows for the combine.
+template <typename T, bool kGateUp, int BM>
 __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmArgs g) {
-  constexpr int BM = kMoeTcRows, WR = kMoeTcWRows, BK = kMoeTcK, kStages = kMoeTcStages;
+  constexpr int WR = kMoeTcWRows, BK = kMoeTcK, kStages = kMoeTcStages;
   constexpr int kChunks = BK / 8;  // 16-byte chunks per tile row
-  static_assert(kChunks == 8 && kMoeTcThreads == 256 && BM == 128 && WR == 128);
+  constexpr int kMi = BM / 32;     // m16 tiles per warp along the rows
+  static_assert(kChunks == 8 && kMoeTcThreads == 256 && WR == 128);
+  static_assert(BM % 32 == 0 && BM <= kMoeTcThreads);
   const int tile = blockIdx.y;
   if (tile >= *g.num_tiles) return;
   const int e = g.tile_expert[tile];
@@ -272,8 +302,9 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
   }
   __syncthreads();
 
-  // Copies: thread tid takes chunk tid % 8 of rows tid / 8 + 32 i (i < 4) of both tiles: each
-  // row's 8 chunks are 128 contiguous bytes (coalesced) and land conflict-free when swizzled.
+  // Copies: thread tid takes chunk tid % 8 of rows tid / 8 + 32 i of both tiles (i < BM / 32 of A,
+  // i < 4 of W): each row's 8 chunks are 128 contiguous bytes (coalesced) and land conflict-free
+  // when swizzled.
   const int lc = tid % kChunks, lr = tid / kChunks;
   constexpr int kRowsPerPass = kMoeTcThreads / kChunks;  // 32
   const int num_k = static_cast<int>((g.k + BK - 1) / BK);
@@ -299,9 +330,9 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
   };
 
   const int wm = warp / 4, wn = warp % 4;
-  float acc[4][4][4];
+  float acc[kMi][4][4];
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi)
+  for (int mi = 0; mi < kMi; ++mi)
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni)
       acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.f;
@@ -321,10 +352,10 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
     const T* sw = s_w + (kt % kStages) * WR * BK;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
-      uint32_t af[4][4];
+      uint32_t af[kMi][4];
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {
-        const int r = wm * 64 + mi * 16 + (lane & 15);
+      for (int mi = 0; mi < kMi; ++mi) {
+        const int r = wm * (BM / 2) + mi * 16 + (lane & 15);
         ldmatrix_x4(af[mi], smem_addr(sa + swz<BK>(r, kk * 2 + (lane >> 4))));
       }
 #pragma unroll
@@ -333,7 +364,7 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
         const int r = moe_tc_warp_w_row(kGateUp, wn, 2 * nj) + ((lane >> 4) << 3) + (lane & 7);
         ldmatrix_x4(bf, smem_addr(sw + swz<BK>(r, kk * 2 + ((lane >> 3) & 1))));
 #pragma unroll
-        for (int mi = 0; mi < 4; ++mi) {
+        for (int mi = 0; mi < kMi; ++mi) {
           Mma<T>::k16(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
           Mma<T>::k16(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
         }
@@ -346,10 +377,10 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
   // m16n8 tile. n % 8 == 0 and columns come in even pairs, so a pair is all in or all out.
   const int gq = lane >> 2, t4 = lane & 3;
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi)
+  for (int mi = 0; mi < kMi; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = wm * 64 + mi * 16 + gq + 8 * h;
+      const int r = wm * (BM / 2) + mi * 16 + gq + 8 * h;
       if (a_row[r] < 0) continue;
       const int64_t row = int64_t(tile) * BM + r;
       if constexpr (kGateUp) {
@@ -461,7 +492,7 @@ void moe_align_rows(const MoeArgs& a, const MoeShape& s, const MoeAlignRows& row
 }
 
 void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
-                    const Tensor& topk_weights) {
+                    const Tensor& topk_weights, MoeRouteKernel kernel_choice) {
   check_moe_route_args(logits, topk_ids, topk_weights);
   const Device d = logits.device();
   DeviceGuard guard(d.index);
@@ -470,12 +501,20 @@ void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_i
   const int e = static_cast<int>(logits.size(1)), k = static_cast<int>(topk_ids.size(1));
   if (t == 0) return;
   constexpr int kWarps = 4;
+  LONGCTX_CHECK(kernel_choice != MoeRouteKernel::kRegisters || moe_route_regs_per_lane(e) > 0,
+                ErrorCode::kUnsupported, "moe_route_cuda: {} experts in registers (at most {})", e,
+                kMoeRouteRegMaxExperts);
+  const int per_lane = kernel_choice == MoeRouteKernel::kRegisters ? moe_route_regs_per_lane(e) : 0;
   visit_float(logits.dtype(), "moe_route", [&](auto tl) {
     using TL = decltype(tl);
-    kernels::cuda::launch_pdl(route_kernel<TL>, dim3(unsigned((t + kWarps - 1) / kWarps)),
-                              dim3(32 * kWarps), 0, stream,
-                              static_cast<const TL*>(logits.data_ptr()), t, e, k, renormalize,
-                              topk_ids.data<int32_t>(), topk_weights.data<float>());
+    auto kernel = per_lane == 4    ? route_regs_kernel<TL, 4>
+                  : per_lane == 8  ? route_regs_kernel<TL, 8>
+                  : per_lane == 16 ? route_regs_kernel<TL, 16>
+                  : per_lane == 32 ? route_regs_kernel<TL, 32>
+                                   : route_kernel<TL>;
+    kernels::cuda::launch_pdl(kernel, dim3(unsigned((t + kWarps - 1) / kWarps)), dim3(32 * kWarps),
+                              0, stream, static_cast<const TL*>(logits.data_ptr()), t, e, k,
+                              renormalize, topk_ids.data<int32_t>(), topk_weights.data<float>());
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -493,7 +532,7 @@ void refuse_fp8_experts(const MoeArgs& a, const char* op) {
 
 }  // namespace
 
-void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
+void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
   const MoeShape s = check_moe_args(a);
   refuse_fp8_experts(a, "moe_experts_cuda");
   const Device d = a.x.device();
@@ -517,7 +556,10 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
   if (path == MoePath::kCublasLt) {
     y = moe_cublas_experts(a, s, stream, align_buffers, &inv);
   } else {
-    const int rows = moe_tile_rows(path);
+    const int rows = path != MoePath::kTensorCore ? moe_tile_rows(path)
+                     : tile == MoeTcTile::kLarge  ? kMoeTcRows
+                     : tile == MoeTcTile::kSmall  ? kMoeTcSmallRows
+                                                  : moe_tc_rows(s.tokens, s.top_k, s.experts);
     const int64_t max_tiles = moe_max_tiles(slots, s.experts, rows);
     LONGCTX_CHECK(max_tiles <= 65535, ErrorCode::kInvalidArgument,
                   "moe_experts: {} tokens x top-{} need up to {} row tiles (at most 65535)",
@@ -554,17 +596,25 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend) {
     const dim3 grid1(unsigned(moe_gate_up_col_tiles(path, s.inter)), unsigned(max_tiles));
     const dim3 grid2(unsigned(moe_down_col_tiles(path, s.hidden)), unsigned(max_tiles));
     if (path == MoePath::kTensorCore) {
-      auto launch = [&](auto tag) {
+      auto launch = [&](auto tag, auto bm) {
         using T = decltype(tag);
-        kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, true>, kMoeTcSmemBytes);
-        kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, false>, kMoeTcSmemBytes);
-        tc_grouped_gemm_kernel<T, true><<<grid1, kMoeTcThreads, kMoeTcSmemBytes, stream>>>(g1);
-        tc_grouped_gemm_kernel<T, false><<<grid2, kMoeTcThreads, kMoeTcSmemBytes, stream>>>(g2);
+        constexpr int BM = decltype(bm)::value;
+        constexpr int smem = moe_tc_smem_bytes(BM);
+        kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, true, BM>, smem);
+        kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, false, BM>, smem);
+        tc_grouped_gemm_kernel<T, true, BM><<<grid1, kMoeTcThreads, smem, stream>>>(g1);
+        tc_grouped_gemm_kernel<T, false, BM><<<grid2, kMoeTcThreads, smem, stream>>>(g2);
+      };
+      auto launch_rows = [&](auto tag) {
+        if (rows == kMoeTcSmallRows)
+          launch(tag, std::integral_constant<int, kMoeTcSmallRows>{});
+        else
+          launch(tag, std::integral_constant<int, kMoeTcRows>{});
       };
       if (wt == DType::kBF16)
-        launch(__nv_bfloat16{});
+        launch_rows(__nv_bfloat16{});
       else
-        launch(__half{});
+        launch_rows(__half{});
     } else {
       visit_act_weight(a.x.dtype(), wt, [&](auto ta, auto tw) {
         using TA = decltype(ta);
@@ -606,7 +656,7 @@ void moe_forward_cuda(const Tensor& logits, bool renormalize, const MoeArgs& a) 
   DeviceGuard guard(d.index);
   cudaStream_t stream = op_stream(d, "moe_forward");
   if (s.tokens == 0) return;
-  if (s.tokens <= kMoeDecodeMaxTokens && s.experts <= kMoeFusedRouteMaxExperts) {
+  if (s.tokens <= kMoeDecodeMaxTokens && moe_fused_route(s.experts, s.top_k)) {
     moe_decode_experts(a, s, &logits, renormalize, stream);
     return;
   }

@@ -11,11 +11,12 @@ namespace longctx::ops {
 
 // The routed experts of s.tokens <= kMoeDecodeMaxTokens tokens into a.out, in two kernels:
 // gate/up GEMVs (silu * up fused) and down GEMVs with the weighted combine fused. With `logits`
-// ([T, E] router logits, E <= kMoeFusedRouteMaxExperts) the gate/up kernel also routes (softmax,
+// ([T, E] router logits, moe_fused_route(E, k)) the gate/up kernel also routes (softmax,
 // top-k, renormalized when `renormalize`) and writes a.topk_ids / a.topk_weights; without, it
 // reads them.
-// With `logits` and the prefetch on (set_moe_decode_prefetch), the down kernel's CTAs route their
-// token before they wait for gate/up and prefetch their experts' down rows into L2.
+// With `logits`, E <= kMoeFusedRouteMaxExperts and the prefetch on (set_moe_decode_prefetch), the
+// down kernel's CTAs route their token before they wait for gate/up and prefetch their experts'
+// down rows into L2.
 void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logits, bool renormalize,
                         cudaStream_t stream);
 

@@ -3,12 +3,14 @@
 //
 // gate/up: each warp kMoeDecodeRowsPerWarp activation columns of one slot (token, j): the gate
 //   row and the up row of each streamed with 16-byte loads, silu(gate) * up written in fp32.
-//   Given the router logits (moe_forward_cuda, E <= kMoeFusedRouteMaxExperts), every CTA first
-//   routes its token itself: the softmax as moe_route's kernel computes it (the same warp
-//   reductions, so the same probabilities to the bit), then each expert's rank in the total order
-//   (probability descending, the lower index among equal ones) from shared memory; the expert of
-//   rank j is the slot's. The CTAs of column block 0 write the slot's id and weight. So the
-//   routing costs no launch of its own, and its result is the routing kernel's.
+//   Given the router logits (moe_forward_cuda, moe_fused_route), every CTA first routes its token
+//   itself. Up to kMoeFusedRouteMaxExperts: the softmax as moe_route's kernel computes it (the
+//   same warp reductions, so the same probabilities to the bit), then each expert's rank in the
+//   total order (probability descending, the lower index among equal ones) from shared memory;
+//   the expert of rank j is the slot's. Above (to kMoeFusedWarpRouteMaxExperts): warp 0 runs
+//   moe_route's kernel's own top-k (moe_route_device.cuh) while the other warps wait. The CTAs of
+//   column block 0 write the slot's id and weight. So the routing costs no launch of its own, and
+//   its result is the routing kernel's.
 // down + combine: a CTA computes kMoeDecodeRowsPerWarp output rows of one token, one warp per
 //   slot; the slots' fp32 rows meet in shared memory and one thread per row sums
 //   weight[t, j] * row_j in slot order (+ sigmoid(shared_gate) * shared), as the combine kernel
@@ -30,6 +32,7 @@
 #include "longctx/core/stream.h"
 #include "ops/moe.h"
 #include "ops/moe_decode.h"
+#include "ops/moe_route_device.cuh"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
 
@@ -212,6 +215,27 @@ __device__ int route_in_block(const GateUpParams& p, int64_t t, int j, float* s_
   return s_pick[j];
 }
 
+// The expert of slot (t, j) routed by warp 0 with moe_route's kernel's top-k (E <=
+// kMoeFusedWarpRouteMaxExperts, k <= kMoeFusedRouteMaxExperts): the same ids and weights, so the
+// same bits. Every thread returns it. s_pick, s_pp: [k] experts and probabilities by rank.
+__device__ int route_in_warp(const GateUpParams& p, int64_t t, int j, float* s_pp, int* s_pick,
+                             float* s_weight) {
+  constexpr int kPerLane = kMoeFusedWarpRouteMaxExperts / 32;
+  if (threadIdx.x < 32) {
+    const int64_t base = t * p.experts;
+    const float picked = warp_route_topk<kPerLane>(
+        p.experts, p.top_k, [&](int e) { return load_any(p.logits, p.logits_dtype, base + e); },
+        [&](int i, const Pick& best) {
+          s_pick[i] = best.e;
+          s_pp[i] = best.p;
+        });
+    __syncwarp();
+    if (threadIdx.x == 0) *s_weight = p.renormalize ? s_pp[j] / picked : s_pp[j];
+  }
+  __syncthreads();
+  return s_pick[j];
+}
+
 // grid (moe_decode_blocks(inter), T * k), 32 * kMoeDecodeWarps threads.
 template <typename TA, typename TW, bool kVecLoads>
 __global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpParams p) {
@@ -225,7 +249,9 @@ __global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpPar
   const int64_t t = slot / p.top_k;
   int e;
   if (p.logits) {
-    e = route_in_block(p, t, static_cast<int>(slot % p.top_k), s_p, s_pick, &s_weight);
+    const int j = static_cast<int>(slot % p.top_k);
+    e = p.experts <= kMoeFusedRouteMaxExperts ? route_in_block(p, t, j, s_p, s_pick, &s_weight)
+                                              : route_in_warp(p, t, j, s_p, s_pick, &s_weight);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       p.ids[slot] = e;
       p.weights[slot] = s_weight;
@@ -346,17 +372,18 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
                         cudaStream_t stream) {
   LONGCTX_CHECK(s.top_k <= kMoeDecodeMaxTopK, ErrorCode::kUnsupported,
                 "moe_experts_cuda: top-{} at decode (at most {})", s.top_k, kMoeDecodeMaxTopK);
-  LONGCTX_CHECK(!logits || s.experts <= kMoeFusedRouteMaxExperts, ErrorCode::kInternal,
-                "moe_decode_experts: fused routing over {} experts", s.experts);
+  LONGCTX_CHECK(!logits || moe_fused_route(s.experts, s.top_k), ErrorCode::kInternal,
+                "moe_decode_experts: fused routing over {} experts, top-{}", s.experts, s.top_k);
   const Device d = a.x.device();
   const int64_t slots = s.tokens * s.top_k;
   Tensor act = Tensor::empty({slots, s.inter}, DType::kF32, d);  // [T * k, inter]
   const bool vec1 =
       s.hidden % kVec == 0 && aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr());
   const bool vec2 = s.inter % kVec == 0 && aligned16(a.down.data_ptr());  // act: a fresh buffer
-  // The down kernel prefetches its rows where it routes by the logits and loads 16 bytes at a
-  // time (whole, aligned prefetch ranges).
-  const bool prefetch = logits != nullptr && vec2 && g_prefetch.load(std::memory_order_relaxed);
+  // The down kernel prefetches its rows where it routes by the logits (its shared-memory ranks:
+  // up to kMoeFusedRouteMaxExperts) and loads 16 bytes at a time (whole, aligned prefetch ranges).
+  const bool prefetch = logits != nullptr && vec2 && s.experts <= kMoeFusedRouteMaxExperts &&
+                        g_prefetch.load(std::memory_order_relaxed);
   GateUpParams g{a.x.data_ptr(),
                  a.gate_up.data_ptr(),
                  logits ? logits->data_ptr() : nullptr,

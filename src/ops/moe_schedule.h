@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/host_device.h"
@@ -24,6 +25,24 @@ constexpr int64_t kMoeDecodeMaxTokens = 4;
 // ranks the token's probabilities in shared memory, E^2 / 128 compares per thread); above, the
 // routing kernel runs first.
 constexpr int64_t kMoeFusedRouteMaxExperts = 256;
+// Above, up to this many experts, one warp of each gate/up CTA routes with moe_route's kernel's
+// register top-k (moe_route_device.cuh, E / 32 probabilities per lane) while the others wait:
+// E^2 / 128 compares per thread would be 2048 at 512 experts, and a routing kernel of its own
+// costs the block a dependent launch. The picks sit in the rank arrays, so top-k is bounded too.
+constexpr int64_t kMoeFusedWarpRouteMaxExperts = 512;
+inline bool moe_fused_route(int64_t experts, int64_t top_k) {
+  return experts <= kMoeFusedWarpRouteMaxExperts && top_k <= kMoeFusedRouteMaxExperts;
+}
+// moe_route's kernel keeps a token's probabilities in registers, lane l holding experts l + 32 i
+// for i < moe_route_regs_per_lane(E) (a power of two from 4, so four instantiations), up to this
+// many experts; above, it recomputes them from the logits on every pick.
+constexpr int64_t kMoeRouteRegMaxExperts = 1024;
+inline int moe_route_regs_per_lane(int64_t experts) {
+  if (experts > kMoeRouteRegMaxExperts) return 0;
+  int per_lane = 4;
+  while (32 * per_lane < experts) per_lane *= 2;
+  return per_lane;
+}
 // The decode down kernel with the combine fused keeps each slot's partial rows in shared memory
 // (top-k x kMoeDecodeRowsPerWarp floats), so it serves at most this top-k.
 constexpr int64_t kMoeDecodeMaxTopK = 1024;
@@ -33,6 +52,9 @@ constexpr int64_t kMoeDecodeMaxTopK = 1024;
 // rows then the matching up rows, so a CTA writes kMoeTcWRows / 2 activation columns; down: the
 // tile's rows are kMoeTcWRows output columns.
 constexpr int kMoeTcRows = 128;
+// The small row tile, for steps whose routed experts average few rows (moe_tc_rows): the warps
+// keep their 2 x 4 layout with one m16 tile each along the rows instead of four.
+constexpr int kMoeTcSmallRows = 32;
 constexpr int kMoeTcWRows = 128;
 constexpr int kMoeTcK = 64;
 constexpr int kMoeTcStages = 3;
@@ -41,8 +63,28 @@ constexpr int kMoeTcThreads = 256;  // 8 warps: 2 along the rows x 4 along the w
 constexpr int kMoeSimtRows = 64;
 constexpr int kMoeSimtCols = 64;
 
-// Bytes of dynamic shared memory of the tensor-core kernel (16-bit A and W stages).
-constexpr int kMoeTcSmemBytes = kMoeTcStages * (kMoeTcRows + kMoeTcWRows) * kMoeTcK * 2;
+// Bytes of dynamic shared memory of the tensor-core kernel with `rows`-row tiles (16-bit A and W
+// stages).
+constexpr int moe_tc_smem_bytes(int rows) {
+  return kMoeTcStages * (rows + kMoeTcWRows) * kMoeTcK * 2;
+}
+constexpr int kMoeTcSmemBytes = moe_tc_smem_bytes(kMoeTcRows);
+
+// The tensor-core path's row tile for `tokens` x top-k slots over `experts` experts: the small
+// tile when the experts the slots route to average at most kMoeTcSmallRows / 2 rows under uniform
+// routing (E (1 - (1 - k / E)^T) experts), so that nearly all take one small tile and read their
+// weights once, as with the large tile, with a quarter of its MMA work on padding rows; else the
+// large tile, which reads each weight tile once per 128 rows instead of per 32 (an expert's count
+// about its mean of 16 rarely passes 32; about 32 it would often take two small tiles). Batch
+// decode is the small case: Qwen3-Next-80B-A3B (512 experts, top-10) at 32 tokens routes to ~240
+// experts of ~1.3 rows each, where the 128-row tiles spent ~100x more MMAs than rows.
+inline int moe_tc_rows(int64_t tokens, int64_t top_k, int64_t experts) {
+  const int64_t slots = tokens * top_k;
+  if (slots <= 0 || experts <= 0) return kMoeTcSmallRows;
+  const double miss = 1.0 - double(std::min(top_k, experts)) / double(experts);
+  const double routed = double(experts) * (1.0 - std::pow(miss, double(tokens)));
+  return 2.0 * double(slots) <= double(kMoeTcSmallRows) * routed ? kMoeTcSmallRows : kMoeTcRows;
+}
 
 // tc_operands: x, gate_up and down share a 16-bit dtype; aligned: their data pointers are
 // 16-byte aligned.
@@ -92,7 +134,7 @@ inline int64_t moe_lt_rows(int64_t count) {
   return (count + step - 1) / step * step;
 }
 
-// Rows per row tile of a grouped-GEMM path.
+// Rows per row tile of a grouped-GEMM path (the tensor-core path's large tile; moe_tc_rows picks).
 constexpr int moe_tile_rows(MoePath p) {
   return p == MoePath::kTensorCore ? kMoeTcRows : kMoeSimtRows;
 }
@@ -157,8 +199,10 @@ inline int64_t moe_decode_blocks(int64_t n) {
 
 // Decode down + combine: a CTA computes kMoeDecodeRowsPerWarp output rows of one token, one warp
 // per slot of the token (up to kMoeCombineWarps warps, each taking every kMoeCombineWarps-th
-// slot), and sums the slots' weighted rows in slot order. 30B-A3B at batch 1: 512 CTAs of 8 warps.
-constexpr int kMoeCombineWarps = 8;
+// slot), and sums the slots' weighted rows in slot order. 30B-A3B at batch 1: 512 CTAs of 8 warps;
+// Qwen3-Next-80B-A3B (top-10): 10 warps, where 8 would leave two warps streaming two slots each
+// (the CTA's time is its slowest warp's).
+constexpr int kMoeCombineWarps = 16;
 inline int moe_combine_warps(int64_t top_k) {
   return static_cast<int>(std::min<int64_t>(top_k, kMoeCombineWarps));
 }

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -212,11 +213,17 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{3, 60, 4, 136, 56, kBf, false, true},
         MoeCase{4, 128, 8, 200, 72, kF32, false, false},
         MoeCase{4, 128, 8, 200, 136, kF16, false, false},
+        MoeCase{1, 512, 10, 2048, 512, kBf, false, true},  // Qwen3-Next-80B-A3B, batch 1
+        MoeCase{2, 1024, 10, 64, 32, kBf, false, false},   // the most experts in registers
+        MoeCase{1, 1025, 4, 64, 32, kBf, false, false},    // routing from the logits per pick
         // tensor-core grouped GEMMs
         MoeCase{5, 8, 2, 72, 40, kBf, false, false},
         MoeCase{5, 128, 8, 200, 136, kBf, false, false},  // not multiples of the tiles
         MoeCase{17, 128, 8, 72, 40, kBf, true, false},    // skewed: most experts empty
         MoeCase{17, 128, 8, 2048, 768, kBf, false, false},
+        MoeCase{8, 128, 8, 2048, 768, kBf, false, false},   // 30B-A3B batch 8: small tiles
+        MoeCase{32, 128, 8, 2048, 768, kBf, false, false},  // 30B-A3B batch 32: small tiles
+        MoeCase{32, 512, 10, 2048, 512, kBf, false, true},  // 80B-A3B batch 32: small tiles
         MoeCase{300, 128, 8, 2048, 768, kBf, false, false},
         MoeCase{300, 64, 6, 200, 136, kF16, false, true},
         MoeCase{300, 8, 1, 64, 32, kBf, true, false},
@@ -231,12 +238,13 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{333, 60, 4, 130, 50, kBf, false, false},
         MoeCase{4096, 128, 8, 72, 40, kF32, false, false}));
 
-// moe_forward_cuda (routing fused into the decode gate/up kernel up to 256 experts; route then
-// experts elsewhere) against moe_route_cuda + moe_experts_cuda on the same logits: ids, weights
-// and output bytes equal (the fused routing repeats the routing kernel's softmax and order; the
-// unfused ops are checked against the CPU twins above), and against the CPU twin moe_forward_cpu
-// within the tolerance of the header (its ids may differ only at near ties, which these random
-// logits do not hit). Each output sits between guard rows of NaN bytes that must stay untouched.
+// moe_forward_cuda (routing fused into the decode gate/up kernel up to 512 experts: ranks in
+// shared memory to 256, one warp's register top-k above; route then experts elsewhere) against
+// moe_route_cuda + moe_experts_cuda on the same logits: ids, weights and output bytes equal (the
+// fused routing repeats the routing kernel's softmax and order; the unfused ops are checked against
+// the CPU twins above), and against the CPU twin moe_forward_cpu within the tolerance of the header
+// (its ids may differ only at near ties, which these random logits do not hit). Each output sits
+// between guard rows of NaN bytes that must stay untouched.
 class MoeGpuForward : public ::testing::TestWithParam<MoeCase> {};
 
 TEST_P(MoeGpuForward, EqualsRouteThenExperts) {
@@ -351,10 +359,13 @@ INSTANTIATE_TEST_SUITE_P(
                       MoeCase{1, 128, 8, 2048, 768, kBf, false, false},  // Qwen3-30B-A3B
                       MoeCase{2, 16, 2, 70, 36, kBf, false, true},       // scalar loads
                       MoeCase{3, 256, 8, 136, 56, kF16, false, false},   // the most fused experts
-                      MoeCase{4, 300, 6, 64, 32, kBf, false, false},     // routing kernel first
+                      MoeCase{4, 300, 6, 64, 32, kBf, false, false},     // one warp routes
+                      MoeCase{2, 600, 6, 64, 32, kBf, false, false},     // routing kernel first
                       MoeCase{4, 128, 8, 200, 72, kF32, false, true},
                       MoeCase{1, 60, 5, 130, 50, kF32, true, false},
-                      MoeCase{3, 32, 32, 64, 40, kBf, false, false},  // k > kMoeCombineWarps
+                      MoeCase{3, 32, 32, 64, 40, kBf, false, false},     // k > kMoeCombineWarps
+                      MoeCase{1, 512, 10, 2048, 512, kBf, false, true},  // Qwen3-Next-80B-A3B
+                      MoeCase{3, 512, 10, 72, 40, kF16, true, false},    // skewed, one warp routes
                       MoeCase{2, 64, 3, 48, 24, kF16, true, true},
                       MoeCase{5, 128, 8, 256, 96, kBf, false, false},  // prefill paths
                       MoeCase{64, 60, 4, 130, 50, kBf, false, true}));
@@ -384,6 +395,94 @@ struct DeviceMoe {
   }
   void forward(bool renormalize = true) { ops::moe_forward(logits, renormalize, args); }
 };
+
+// moe_route's two kernels (probabilities in registers, recomputed per pick) give the same ids and
+// weights to the bit, over every register count, renormalized or not, with skewed and tied logits
+// (whole rows equal: every pick a tie broken by the lower index).
+TEST(MoeGpuRoute, RegistersEqualPerPick) {
+  TestStream stream;
+  struct RouteCase {
+    int64_t tokens, experts, k;
+  };
+  for (const RouteCase c :
+       {RouteCase{1, 512, 10}, RouteCase{33, 512, 10}, RouteCase{5, 128, 8}, RouteCase{7, 60, 4},
+        RouteCase{3, 256, 256}, RouteCase{9, 1000, 40}, RouteCase{2, 1024, 1}, RouteCase{4, 8, 8}})
+    for (int variant = 0; variant < 3; ++variant) {
+      Tensor l = random_host({c.tokens, c.experts}, kF32, uint32_t(c.experts + variant), -3, 3);
+      for (int64_t t = 0; t < c.tokens; ++t)
+        for (int64_t e = 0; e < c.experts; ++e) {
+          float& v = l.data<float>()[t * c.experts + e];
+          if (variant == 1 && e % 7 == 3) v += 15.f;  // skewed: a few experts take the mass
+          if (variant == 2) v = float(e % 3);         // ties everywhere
+        }
+      const Tensor d_l = l.to(kGpu);
+      const bool renormalize = variant != 1;
+      auto route = [&](ops::MoeRouteKernel kernel) {
+        Tensor ids = Tensor::empty({c.tokens, c.k}, DType::kI32, kGpu);
+        Tensor w = Tensor::empty({c.tokens, c.k}, kF32, kGpu);
+        ops::moe_route_cuda(d_l, renormalize, ids, w, kernel);
+        stream.sync();
+        const Tensor hi = ids.to(Device::cpu()), hw = w.to(Device::cpu());
+        std::vector<uint8_t> bytes(hi.nbytes() + hw.nbytes());
+        std::memcpy(bytes.data(), hi.data_ptr(), hi.nbytes());
+        std::memcpy(bytes.data() + hi.nbytes(), hw.data_ptr(), hw.nbytes());
+        return bytes;
+      };
+      EXPECT_TRUE(route(ops::MoeRouteKernel::kRegisters) == route(ops::MoeRouteKernel::kPerPick))
+          << "T " << c.tokens << " E " << c.experts << " k " << c.k << " variant " << variant;
+    }
+  Tensor l = Tensor::empty({1, 1025}, kF32, kGpu);
+  Tensor ids = Tensor::empty({1, 2}, DType::kI32, kGpu), w = Tensor::empty({1, 2}, kF32, kGpu);
+  EXPECT_THROW(ops::moe_route_cuda(l, true, ids, w, ops::MoeRouteKernel::kRegisters), Error);
+}
+
+// The tensor-core path's two row tiles give the same bytes: each output element is the same
+// m16n8k16 chain over K whichever tile its row sits in, and the padding rows are never written.
+// Over routings the planner gives either tile (batch decode, a prefill chunk), skewed ones and an
+// expert taking more rows than a small tile (several small tiles of one expert).
+struct TileCase {
+  int64_t tokens, experts, k, hidden, inter;
+  DType dtype;
+  bool skewed;
+};
+class MoeGpuTile : public ::testing::TestWithParam<TileCase> {};
+TEST_P(MoeGpuTile, SmallEqualsLarge) {
+  const TileCase c = GetParam();
+  TestStream stream;
+  DeviceMoe m(c.tokens, c.experts, c.k, c.hidden, c.inter, c.dtype, 71);
+  if (c.skewed) {
+    Tensor l = random_host({c.tokens, c.experts}, kF32, 72, -3, 3);
+    for (int64_t t = 0; t < c.tokens; ++t) l.data<float>()[t * c.experts] += 20.f;
+    m.logits = l.to(kGpu);
+  }
+  ops::moe_route(m.logits, true, m.ids, m.weights);
+  auto out_bytes = [&](ops::MoeTcTile tile) {
+    LONGCTX_CUDA_CHECK(
+        cudaMemsetAsync(m.args.out.data_ptr(), 0xFF, m.args.out.nbytes(), stream.get()));
+    ops::moe_experts_cuda(m.args, ops::MoeBackend::kKernels, tile);
+    stream.sync();
+    Tensor h = m.args.out.to(Device::cpu());
+    const auto* p = static_cast<const uint8_t*>(h.data_ptr());
+    return std::vector<uint8_t>(p, p + h.nbytes());
+  };
+  ASSERT_EQ(ops::moe_path(c.tokens, c.hidden, c.inter, true, true), ops::MoePath::kTensorCore);
+  const std::vector<uint8_t> large = out_bytes(ops::MoeTcTile::kLarge);
+  const std::vector<uint8_t> small = out_bytes(ops::MoeTcTile::kSmall);
+  const std::vector<uint8_t> planned = out_bytes(ops::MoeTcTile::kPlanned);
+  EXPECT_TRUE(small == large) << "the 32-row tiles differ from the 128-row tiles";
+  EXPECT_TRUE(planned == large);
+  const Tensor f = m.args.out.to(Device::cpu()).to_dtype(kF32);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < f.numel(); ++i) bad += std::isfinite(f.data<float>()[i]) ? 0 : 1;
+  EXPECT_EQ(bad, 0) << "unwritten or non-finite outputs";
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, MoeGpuTile,
+                         ::testing::Values(TileCase{32, 512, 10, 2048, 512, kBf, false},
+                                           TileCase{8, 128, 8, 2048, 768, kBf, false},
+                                           TileCase{32, 128, 8, 2048, 768, kF16, false},
+                                           TileCase{300, 128, 8, 256, 136, kBf, false},
+                                           TileCase{300, 16, 2, 200, 72, kBf, true},
+                                           TileCase{4096, 128, 8, 96, 48, kBf, false}));
 
 struct GraphCase {
   int64_t tokens, experts, k, hidden, inter;
@@ -452,6 +551,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, MoeGpuGraph,
                                            // moe_forward: routing fused at decode
                                            GraphCase{1, 128, 8, 2048, 768, kBf, true},
                                            GraphCase{4, 64, 4, 200, 136, kF16, true},
+                                           GraphCase{1, 512, 10, 2048, 512, kBf, true},
                                            GraphCase{300, 16, 2, 130, 50, kBf, true}));
 
 // Where the automatic path is cuBLASLt eagerly, a capture takes the grouped kernels instead (the
@@ -612,11 +712,21 @@ double graph_ms_per_call(const TestStream& s, const std::function<void(int)>& op
 // (router, moe_forward), eagerly and as a graph of 48 calls (the model's layers). The calls cycle
 // over kLayers layers' own weights (1.2 GB of experts each), so a call's expert rows are not in
 // L2 from the call before. ms per call; x48 is the block's share of a decode step.
-TEST(GpuOpsPerf, MoeDecodeBlock) {
-  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+// The MoE block's ops at decode batches, one model's shapes (bf16, hidden 2048), 4 layers' weights
+// cycled so that L2 holds little of them; with the shared expert's output added by the combine
+// where the model has one.
+struct DecodeBlockModel {
+  const char* name;
+  int64_t experts, top_k, inter;
+  bool shared;
+};
+void moe_decode_block_rows(const DecodeBlockModel& model) {
   TestStream s;
-  constexpr int64_t kE = 128, kK = 8, kH = 2048, kI = 768, kLayers = 4;
+  const int64_t kE = model.experts, kK = model.top_k, kI = model.inter;
+  constexpr int64_t kH = 2048, kLayers = 4;
   constexpr int kModelLayers = 48;
+  std::printf("  %s: %lld experts, top-%lld, inter %lld%s\n", model.name, (long long)kE,
+              (long long)kK, (long long)kI, model.shared ? ", shared expert" : "");
   struct Layer {
     Tensor router, gate_up, down;  // [E, H], [E, 2 I, H], [E, H, I]
   };
@@ -641,6 +751,10 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
     a.topk_ids = Tensor::empty({t, kK}, DType::kI32, kGpu);
     a.topk_weights = Tensor::empty({t, kK}, kF32, kGpu);
     a.out = Tensor::empty({t, kH}, kBf, kGpu);
+    if (model.shared) {
+      a.shared = random_host({t, kH}, kBf, 9, -1, 1).to(kGpu);
+      a.shared_gate = random_host({t, 1}, kF32, 10, -2, 2).to(kGpu);
+    }
     auto layer_args = [&](int i) {
       ops::MoeArgs b = a;
       b.gate_up = layers[i % kLayers].gate_up;
@@ -650,6 +764,11 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
     auto router = [&](int i) { ops::linear(x, layers[i % kLayers].router, Tensor(), logits); };
     auto route = [&](int) { ops::moe_route(logits, true, a.topk_ids, a.topk_weights); };
     auto experts = [&](int i) { ops::moe_experts(layer_args(i)); };
+    auto experts_tile = [&](ops::MoeTcTile tile) {
+      return [&, tile](int i) {
+        ops::moe_experts_cuda(layer_args(i), ops::MoeBackend::kKernels, tile);
+      };
+    };
     router(0);
     route(0);  // a real routing for the experts-alone rows
     struct Row {
@@ -663,6 +782,13 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
         {"rms_norm (tiny kernel)", [&](int) { ops::rms_norm(x, norm_w, 1e-6f, normed); }},
         {"router GEMV", router},
         {"moe_route", route},
+        // the routing kernel that recomputes the probabilities on every pick (the only one
+        // before the register top-k; above kMoeRouteRegMaxExperts experts still)
+        {"moe_route per pick",
+         [&](int) {
+           ops::moe_route_cuda(logits, true, a.topk_ids, a.topk_weights,
+                               ops::MoeRouteKernel::kPerPick);
+         }},
         {"moe_experts", experts},
         {"block: route+experts",
          [&](int i) {
@@ -683,8 +809,12 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
            ops::moe_forward(logits, true, layer_args(i));
            ops::set_moe_decode_prefetch(false);
          }},
+        // the grouped GEMMs' row tiles forced (T > kMoeDecodeMaxTokens: moe_tc_rows picks)
+        {"experts: 128-row tile", experts_tile(ops::MoeTcTile::kLarge)},
+        {"experts: 32-row tile", experts_tile(ops::MoeTcTile::kSmall)},
     };
     for (const Row& r : rows) {
+      if (t <= ops::kMoeDecodeMaxTokens && std::string(r.name).rfind("experts:", 0) == 0) continue;
       int call = 0;
       const double eager = time_ms(s, [&] { r.op(call++); });
       const double graph = graph_ms_per_call(s, r.op, kModelLayers);
@@ -700,6 +830,18 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
     }
     std::fflush(stdout);
   }
+}
+
+TEST(GpuOpsPerf, MoeDecodeBlock) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  moe_decode_block_rows({"Qwen3-30B-A3B", 128, 8, 768, false});
+}
+
+// Qwen3-Next-80B-A3B's block: 512 experts over the fused routing's limit, so moe_forward routes
+// with moe_route's kernel first; top-10 (10 down warps); inter 512; a shared expert.
+TEST(GpuOpsPerf, MoeDecodeBlockQwen3Next80B) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  moe_decode_block_rows({"Qwen3-Next-80B-A3B", 512, 10, 512, true});
 }
 
 // The expert GEMMs of Qwen3-30B-A3B's layer with `rows` rows per expert (256: a 4K prefill, 2048:

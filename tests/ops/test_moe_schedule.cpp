@@ -96,7 +96,7 @@ int64_t padded_tiles(const std::vector<int64_t>& counts, int rows) {
 
 TEST(MoeSchedule, MaxTilesBoundsEveryRouting) {
   std::mt19937 rng(7);
-  for (int rows : {kMoeTcRows, kMoeSimtRows}) {
+  for (int rows : {kMoeTcRows, kMoeTcSmallRows, kMoeSimtRows}) {
     for (int64_t experts : {1, 8, 60, 128, 512}) {
       for (int64_t slots : {1, 5, 17, 127, 128, 129, 2400, 32768, 262144}) {
         // uniform, skewed (a few experts take most), and one expert per slot where possible
@@ -124,6 +124,71 @@ TEST(MoeSchedule, MaxTilesBoundsEveryRouting) {
   }
   // 32K tokens x top-8 over 128 experts fit the launch's 65535 row tiles.
   EXPECT_LE(moe_max_tiles(32768 * 8, 128, kMoeTcRows), 65535);
+}
+
+// The tensor-core row tile: small where the routed experts average at most kMoeTcSmallRows / 2
+// rows (batch decode, short chunks), large from there on, for good as the tokens grow; and
+// wherever the small tile is chosen its launch fits the grid's 65535 row tiles (up to the align
+// step's 8192 experts).
+TEST(MoeSchedule, TcTileChoice) {
+  // Qwen3-Next-80B-A3B at 32 tokens: ~240 routed experts of ~1.3 rows
+  EXPECT_EQ(moe_tc_rows(32, 10, 512), kMoeTcSmallRows);
+  // Qwen3-30B-A3B at 8 and 32 tokens (~1.2, ~2.3 rows), 240 (15 rows), 300 (18.75), 512, 32K
+  EXPECT_EQ(moe_tc_rows(8, 8, 128), kMoeTcSmallRows);
+  EXPECT_EQ(moe_tc_rows(32, 8, 128), kMoeTcSmallRows);
+  EXPECT_EQ(moe_tc_rows(240, 8, 128), kMoeTcSmallRows);
+  EXPECT_EQ(moe_tc_rows(300, 8, 128), kMoeTcRows);
+  EXPECT_EQ(moe_tc_rows(512, 8, 128), kMoeTcRows);
+  EXPECT_EQ(moe_tc_rows(32768, 8, 128), kMoeTcRows);
+  // top-k = E: every expert takes every token
+  EXPECT_EQ(moe_tc_rows(16, 8, 8), kMoeTcSmallRows);
+  EXPECT_EQ(moe_tc_rows(17, 8, 8), kMoeTcRows);
+  for (int64_t experts : {1, 8, 60, 128, 512, 8192})
+    for (int64_t k : {1, 2, 8, 10}) {
+      if (k > experts) continue;
+      bool large = false;
+      for (int64_t t = 1; t <= 70000; t += 1 + t / 64) {
+        const int rows = moe_tc_rows(t, k, experts);
+        ASSERT_TRUE(rows == kMoeTcRows || rows == kMoeTcSmallRows);
+        if (large) ASSERT_EQ(rows, kMoeTcRows) << experts << " " << k << " " << t;
+        large = rows == kMoeTcRows;
+        // the routed experts average at most 16 rows: no more slots than 16 per expert
+        if (rows == kMoeTcSmallRows) {
+          ASSERT_LE(2 * t * k, kMoeTcSmallRows * experts) << experts << " " << k << " " << t;
+          ASSERT_LE(moe_max_tiles(t * k, experts, kMoeTcSmallRows), 65535);
+        }
+      }
+    }
+}
+
+// The decode kernels route inside up to kMoeFusedWarpRouteMaxExperts experts (the 80B's 512), with
+// top-k within the rank arrays; above, moe_route's kernel runs first.
+TEST(MoeSchedule, FusedRouteChoice) {
+  EXPECT_TRUE(moe_fused_route(128, 8));  // Qwen3-30B-A3B: ranks in shared memory
+  EXPECT_TRUE(moe_fused_route(kMoeFusedRouteMaxExperts, kMoeFusedRouteMaxExperts));
+  EXPECT_TRUE(moe_fused_route(512, 10));  // Qwen3-Next-80B-A3B: one warp's register top-k
+  EXPECT_FALSE(moe_fused_route(kMoeFusedWarpRouteMaxExperts + 1, 8));
+  EXPECT_FALSE(moe_fused_route(512, kMoeFusedRouteMaxExperts + 1));
+  // the warp's registers hold every expert it routes
+  EXPECT_EQ(kMoeFusedWarpRouteMaxExperts % 32, 0);
+  EXPECT_LE(kMoeFusedWarpRouteMaxExperts, kMoeRouteRegMaxExperts);
+}
+
+// moe_route's registers per lane: the smallest power of two from 4 whose 32 lanes hold E
+// experts, up to kMoeRouteRegMaxExperts; above, 0 (the kernel without registers).
+TEST(MoeSchedule, RouteRegistersPerLane) {
+  EXPECT_EQ(moe_route_regs_per_lane(1), 4);
+  EXPECT_EQ(moe_route_regs_per_lane(128), 4);
+  EXPECT_EQ(moe_route_regs_per_lane(129), 8);
+  EXPECT_EQ(moe_route_regs_per_lane(512), 16);  // Qwen3-Next-80B-A3B
+  EXPECT_EQ(moe_route_regs_per_lane(kMoeRouteRegMaxExperts), 32);
+  EXPECT_EQ(moe_route_regs_per_lane(kMoeRouteRegMaxExperts + 1), 0);
+  for (int64_t e = 1; e <= kMoeRouteRegMaxExperts; ++e) {
+    const int r = moe_route_regs_per_lane(e);
+    ASSERT_TRUE(r == 4 || r == 8 || r == 16 || r == 32) << e;
+    ASSERT_GE(32 * r, e);
+    ASSERT_TRUE(r == 4 || 16 * r < e) << e;
+  }
 }
 
 // gate/up: over the column tiles, each gate row and each up row is read once, at the same tile
@@ -215,6 +280,7 @@ TEST(MoeSchedule, DecodeGridAndSharedMemory) {
   EXPECT_EQ(8 * moe_decode_blocks(768), 384);
   EXPECT_EQ(moe_combine_blocks(2048), 512);
   EXPECT_EQ(moe_combine_warps(8), 8);
+  EXPECT_EQ(moe_combine_warps(10), 10);  // Qwen3-Next-80B-A3B: a warp per slot
   for (int64_t n : {1, 3, 4, 5, 2047}) {
     const int64_t blocks = moe_combine_blocks(n);
     EXPECT_GE(blocks * kMoeDecodeRowsPerWarp, n);
@@ -229,6 +295,8 @@ TEST(MoeSchedule, DecodeGridAndSharedMemory) {
   EXPECT_LE(kMoeFusedRouteMaxExperts * 8 + 4, 48 * 1024);
   // Two tensor-core CTAs per SM fit an H100/H200's 227 KB of shared memory (plus 1 KB static).
   EXPECT_LE(2 * (kMoeTcSmemBytes + kMoeTcRows * 8), 227 * 1024);
+  EXPECT_EQ(moe_tc_smem_bytes(kMoeTcRows), kMoeTcSmemBytes);
+  EXPECT_LT(moe_tc_smem_bytes(kMoeTcSmallRows), kMoeTcSmemBytes);
   EXPECT_EQ(kMoeTcK, 64);  // 8 chunks per row: the swizzle of mma_device.cuh
 }
 
