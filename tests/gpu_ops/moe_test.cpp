@@ -21,36 +21,23 @@
 // MoE block's ops at decode batches, eager and as CUDA graphs.
 #include "ops/moe.h"
 
-#include <cublas_v2.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/device_pool.h"
 #include "gpu_ops/gpu_ops_util.h"
-#include "ops/linear.h"
-#include "ops/moe_decode.h"
+#include "gpu_ops/moe_test_util.h"
 #include "ops/moe_schedule.h"
-#include "ops/rms_norm.h"
 
 namespace longctx::gpu_ops_test {
 namespace {
-
-Tensor random_host(const Shape& shape, DType dtype, uint32_t seed, float lo, float hi) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  Tensor f = Tensor::empty(shape, DType::kF32);
-  for (int64_t i = 0; i < f.numel(); ++i) f.data<float>()[i] = d(rng);
-  return dtype == DType::kF32 ? f : f.to_dtype(DType::kF32).to_dtype(dtype);
-}
 
 struct MoeCase {
   int64_t tokens, experts, k, hidden, inter;
@@ -60,17 +47,6 @@ struct MoeCase {
 };
 
 class MoeGpu : public ::testing::TestWithParam<MoeCase> {};
-
-const char* backend_name(ops::MoeBackend b) {
-  switch (b) {
-    case ops::MoeBackend::kKernels:
-      return "kernels";
-    case ops::MoeBackend::kCublasLt:
-      return "cublaslt";
-    default:
-      return "auto";
-  }
-}
 
 void check_backend(const MoeCase& c, ops::MoeBackend backend, TestStream& stream,
                    const ops::MoeArgs& h, const Tensor& abs_out);
@@ -199,8 +175,6 @@ void check_backend(const MoeCase& c, ops::MoeBackend backend, TestStream& stream
   fmt::print("T {} E {} k {} H {} I {} {} ({}): worst err / tol {:.3f}\n", c.tokens, c.experts, c.k,
              c.hidden, c.inter, dtype_name(c.dtype), path_name, worst);
 }
-
-constexpr DType kBf = DType::kBF16, kF16 = DType::kF16, kF32 = DType::kF32;
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, MoeGpu,
@@ -369,32 +343,6 @@ INSTANTIATE_TEST_SUITE_P(
                       MoeCase{2, 64, 3, 48, 24, kF16, true, true},
                       MoeCase{5, 128, 8, 256, 96, kBf, false, false},  // prefill paths
                       MoeCase{64, 60, 4, 130, 50, kBf, false, true}));
-
-// Random routing inputs and weights on the GPU for the graph and perf tests.
-struct DeviceMoe {
-  Tensor logits, ids, weights;
-  ops::MoeArgs args;
-  DeviceMoe(int64_t tokens, int64_t experts, int64_t k, int64_t hidden, int64_t inter, DType dtype,
-            uint32_t seed) {
-    logits = random_host({tokens, experts}, kF32, seed, -3, 3).to(kGpu);
-    ids = Tensor::empty({tokens, k}, DType::kI32, kGpu);
-    weights = Tensor::empty({tokens, k}, kF32, kGpu);
-    args.x = random_host({tokens, hidden}, dtype, seed + 1, -1, 1).to(kGpu);
-    args.topk_ids = ids;
-    args.topk_weights = weights;
-    const float a1 = 2.f / std::sqrt(float(hidden)), a2 = 2.f / std::sqrt(float(inter));
-    args.gate_up = Tensor::empty({experts, 2 * inter, hidden}, dtype, kGpu);
-    args.down = Tensor::empty({experts, hidden, inter}, dtype, kGpu);
-    fill_uniform(args.gate_up.data_ptr(), args.gate_up.numel(), dtype, seed + 2, -a1, a1);
-    fill_uniform(args.down.data_ptr(), args.down.numel(), dtype, seed + 3, -a2, a2);
-    args.out = Tensor::empty({tokens, hidden}, dtype, kGpu);
-  }
-  void run(bool renormalize = true, ops::MoeBackend backend = ops::MoeBackend::kAuto) {
-    ops::moe_route(logits, renormalize, ids, weights);
-    ops::moe_experts_cuda(args, backend);
-  }
-  void forward(bool renormalize = true) { ops::moe_forward(logits, renormalize, args); }
-};
 
 // moe_route's two kernels (probabilities in registers, recomputed per pick) give the same ids and
 // weights to the bit, over every register count, renormalized or not, with skewed and tied logits
@@ -632,308 +580,6 @@ TEST(MoeGpuErrors, TooManyExpertsForTheAlignStep) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("8193 experts"), std::string::npos) << e.what();
   }
-}
-
-// One Qwen3-30B-A3B layer's routed experts (128 experts, top-8, hidden 2048, inter 768, bf16):
-// decode at 1 token (GB/s of the 8 routed experts' 75.5 MB, cycling 16 routings so that L2 holds
-// little of them) and prefill chunks (TFLOP/s of 2 x 3 x 2048 x 768 x 8 FLOPs per token).
-TEST(GpuOpsPerf, MoeQwen3_30B_A3B) {
-  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
-  TestStream s;
-  constexpr int64_t kE = 128, kK = 8, kH = 2048, kI = 768;
-  const double flops_per_token = 2.0 * 3 * kH * kI * kK;
-  {
-    constexpr int kRoutings = 16;
-    DeviceMoe m(kRoutings, kE, kK, kH, kI, kBf, 3);
-    ops::moe_route(m.logits, true, m.ids, m.weights);
-    int call = 0;
-    auto op = [&] {
-      const int64_t t = call++ % kRoutings;
-      ops::MoeArgs a = m.args;
-      a.x = m.args.x.slice(0, t, t + 1);
-      a.topk_ids = m.ids.slice(0, t, t + 1);
-      a.topk_weights = m.weights.slice(0, t, t + 1);
-      a.out = m.args.out.slice(0, t, t + 1);
-      ops::moe_experts(a);
-    };
-    const double ms = time_ms(s, op);
-    const double bytes = 3.0 * kH * kI * kK * 2;
-    std::printf("  moe decode  T=1     %9.4f ms %7.0f GB/s routed weights\n", ms,
-                bytes / (ms * 1e6));
-  }
-  // Prefill on each path, and what the automatic choice takes.
-  for (int64_t t : {512, 4096, 8192, 16384, 32768}) {
-    DeviceMoe m(t, kE, kK, kH, kI, kBf, 4);
-    ops::moe_route(m.logits, true, m.ids, m.weights);
-    const ops::MoePath auto_path = ops::moe_auto_path(t, kK, kE, kH, kI, true, true, false);
-    for (ops::MoeBackend b : {ops::MoeBackend::kKernels, ops::MoeBackend::kCublasLt}) {
-      const double ms = time_ms(s, [&] { ops::moe_experts_cuda(m.args, b); });
-      const bool is_auto = b == (auto_path == ops::MoePath::kCublasLt ? ops::MoeBackend::kCublasLt
-                                                                      : ops::MoeBackend::kKernels);
-      std::printf("  moe prefill T=%-6lld %-9s %9.4f ms %7.1f TFLOP/s%s\n", (long long)t,
-                  backend_name(b), ms, flops_per_token * double(t) / (ms * 1e9),
-                  is_auto ? "  (auto)" : "");
-    }
-  }
-  std::fflush(stdout);
-}
-
-// ms per call of op(i), i = 0 .. calls - 1, captured once as one CUDA graph and replayed: what a
-// decode graph pays for these launches, gaps between kernels and PDL overlap included. The
-// capture's buffers come from a private pool, as the engine's decode graphs' do.
-double graph_ms_per_call(const TestStream& s, const std::function<void(int)>& op, int calls) {
-  detail::DevicePool& pool = detail::device_pool(kGpu.index);
-  const uint64_t id = pool.create_private_pool();
-  cudaGraph_t graph = nullptr;
-  pool.begin_private(id);
-  try {
-    for (int i = 0; i < calls; ++i) op(i);  // warm-up: the private pool's segments
-    s.sync();
-    LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < calls; ++i) op(i);
-    LONGCTX_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
-  } catch (...) {
-    pool.end_private();
-    throw;
-  }
-  pool.end_private();
-  cudaGraphExec_t exec = nullptr;
-  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const double ms = time_ms(s, [&] { LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, s.get())); });
-  LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  LONGCTX_CUDA_CHECK(cudaGraphDestroy(graph));
-  s.sync();
-  pool.release_private_pool(id);
-  return ms / calls;
-}
-
-// Qwen3-30B-A3B's MoE block at decode batches (T = 1, 8, 32): each op alone (router GEMV, routing,
-// the routed experts) and the whole block unfused (router, moe_route, moe_experts) and fused
-// (router, moe_forward), eagerly and as a graph of 48 calls (the model's layers). The calls cycle
-// over kLayers layers' own weights (1.2 GB of experts each), so a call's expert rows are not in
-// L2 from the call before. ms per call; x48 is the block's share of a decode step.
-// The MoE block's ops at decode batches, one model's shapes (bf16, hidden 2048), 4 layers' weights
-// cycled so that L2 holds little of them; with the shared expert's output added by the combine
-// where the model has one.
-struct DecodeBlockModel {
-  const char* name;
-  int64_t experts, top_k, inter;
-  bool shared;
-};
-void moe_decode_block_rows(const DecodeBlockModel& model) {
-  TestStream s;
-  const int64_t kE = model.experts, kK = model.top_k, kI = model.inter;
-  constexpr int64_t kH = 2048, kLayers = 4;
-  constexpr int kModelLayers = 48;
-  std::printf("  %s: %lld experts, top-%lld, inter %lld%s\n", model.name, (long long)kE,
-              (long long)kK, (long long)kI, model.shared ? ", shared expert" : "");
-  struct Layer {
-    Tensor router, gate_up, down;  // [E, H], [E, 2 I, H], [E, H, I]
-  };
-  std::vector<Layer> layers(kLayers);
-  const float a0 = 1.f / std::sqrt(float(kH)), a1 = 2.f / std::sqrt(float(kH)),
-              a2 = 2.f / std::sqrt(float(kI));
-  for (int64_t l = 0; l < kLayers; ++l) {
-    Layer& w = layers[l];
-    w.router = Tensor::empty({kE, kH}, kBf, kGpu);
-    w.gate_up = Tensor::empty({kE, 2 * kI, kH}, kBf, kGpu);
-    w.down = Tensor::empty({kE, kH, kI}, kBf, kGpu);
-    fill_uniform(w.router.data_ptr(), w.router.numel(), kBf, uint32_t(20 + 3 * l), -a0, a0);
-    fill_uniform(w.gate_up.data_ptr(), w.gate_up.numel(), kBf, uint32_t(21 + 3 * l), -a1, a1);
-    fill_uniform(w.down.data_ptr(), w.down.numel(), kBf, uint32_t(22 + 3 * l), -a2, a2);
-  }
-  const double routed_bytes = 3.0 * kH * kI * kK * 2;  // one token's routed expert rows
-  for (int64_t t : {1, 8, 32}) {
-    const Tensor x = random_host({t, kH}, kBf, 7, -1, 1).to(kGpu);
-    const Tensor logits = Tensor::empty({t, kE}, kF32, kGpu);
-    ops::MoeArgs a;
-    a.x = x;
-    a.topk_ids = Tensor::empty({t, kK}, DType::kI32, kGpu);
-    a.topk_weights = Tensor::empty({t, kK}, kF32, kGpu);
-    a.out = Tensor::empty({t, kH}, kBf, kGpu);
-    if (model.shared) {
-      a.shared = random_host({t, kH}, kBf, 9, -1, 1).to(kGpu);
-      a.shared_gate = random_host({t, 1}, kF32, 10, -2, 2).to(kGpu);
-    }
-    auto layer_args = [&](int i) {
-      ops::MoeArgs b = a;
-      b.gate_up = layers[i % kLayers].gate_up;
-      b.down = layers[i % kLayers].down;
-      return b;
-    };
-    auto router = [&](int i) { ops::linear(x, layers[i % kLayers].router, Tensor(), logits); };
-    auto route = [&](int) { ops::moe_route(logits, true, a.topk_ids, a.topk_weights); };
-    auto experts = [&](int i) { ops::moe_experts(layer_args(i)); };
-    auto experts_tile = [&](ops::MoeTcTile tile) {
-      return [&, tile](int i) {
-        ops::moe_experts_cuda(layer_args(i), ops::MoeBackend::kKernels, tile);
-      };
-    };
-    router(0);
-    route(0);  // a real routing for the experts-alone rows
-    struct Row {
-      const char* name;
-      std::function<void(int)> op;
-    };
-    const Tensor norm_w = random_host({kH}, kBf, 8, 0.5f, 1.5f).to(kGpu);
-    const Tensor normed = Tensor::empty({t, kH}, kBf, kGpu);
-    const Row rows[] = {
-        // one row-wise kernel on [T, hidden]: what any launch costs in the graph
-        {"rms_norm (tiny kernel)", [&](int) { ops::rms_norm(x, norm_w, 1e-6f, normed); }},
-        {"router GEMV", router},
-        {"moe_route", route},
-        // the routing kernel that recomputes the probabilities on every pick (the only one
-        // before the register top-k; above kMoeRouteRegMaxExperts experts still)
-        {"moe_route per pick",
-         [&](int) {
-           ops::moe_route_cuda(logits, true, a.topk_ids, a.topk_weights,
-                               ops::MoeRouteKernel::kPerPick);
-         }},
-        {"moe_experts", experts},
-        {"block: route+experts",
-         [&](int i) {
-           router(i);
-           route(i);
-           experts(i);
-         }},
-        {"block: moe_forward",
-         [&](int i) {
-           router(i);
-           ops::moe_forward(logits, true, layer_args(i));
-         }},
-        // the same with the down kernel's early L2 prefetch (ops/moe_decode.h; off by default)
-        {"block: L2 prefetch",
-         [&](int i) {
-           ops::set_moe_decode_prefetch(true);
-           router(i);
-           ops::moe_forward(logits, true, layer_args(i));
-           ops::set_moe_decode_prefetch(false);
-         }},
-        // the grouped GEMMs' row tiles forced (T > kMoeDecodeMaxTokens: moe_tc_rows picks)
-        {"experts: 128-row tile", experts_tile(ops::MoeTcTile::kLarge)},
-        {"experts: 32-row tile", experts_tile(ops::MoeTcTile::kSmall)},
-    };
-    for (const Row& r : rows) {
-      if (t <= ops::kMoeDecodeMaxTokens && std::string(r.name).rfind("experts:", 0) == 0) continue;
-      int call = 0;
-      const double eager = time_ms(s, [&] { r.op(call++); });
-      const double graph = graph_ms_per_call(s, r.op, kModelLayers);
-      // at T = 1 the experts and the blocks read one token's routed rows (+ the router's)
-      const std::string name = r.name;
-      const double bytes = name == "moe_experts"         ? routed_bytes
-                           : name.rfind("block", 0) == 0 ? routed_bytes + kE * kH * 2
-                                                         : 0.0;
-      const std::string gbs =
-          t == 1 && bytes > 0 ? fmt::format("  {:.0f} GB/s", bytes / (graph * 1e6)) : "";
-      std::printf("  moe decode T=%-3lld %-22s eager %8.4f ms  graph %8.4f ms  (x48 %6.3f ms)%s\n",
-                  (long long)t, r.name, eager, graph, graph * kModelLayers, gbs.c_str());
-    }
-    std::fflush(stdout);
-  }
-}
-
-TEST(GpuOpsPerf, MoeDecodeBlock) {
-  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
-  moe_decode_block_rows({"Qwen3-30B-A3B", 128, 8, 768, false});
-}
-
-// Qwen3-Next-80B-A3B's block: 512 experts over the fused routing's limit, so moe_forward routes
-// with moe_route's kernel first; top-10 (10 down warps); inter 512; a shared expert.
-TEST(GpuOpsPerf, MoeDecodeBlockQwen3Next80B) {
-  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
-  moe_decode_block_rows({"Qwen3-Next-80B-A3B", 512, 10, 512, true});
-}
-
-// The expert GEMMs of Qwen3-30B-A3B's layer with `rows` rows per expert (256: a 4K prefill, 2048:
-// 32K), gate/up and down (bf16 out, as the cuBLASLt path runs them), three ways: one dense cuBLASLt
-// GEMM over all the rows (the ceiling), linear_cuda per expert (the cuBLASLt path's loop; also its
-// host time per call), and one cublasGemmGroupedBatchedEx call over the experts as groups (measured
-// slower than the loop on an H100 at both sizes, so the op does not use it).
-TEST(GpuOpsPerf, MoeExpertGemms) {
-  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
-  TestStream s;
-  constexpr int64_t kE = 128, kH = 2048, kI = 768;
-  cublasHandle_t handle = nullptr;
-  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
-  ASSERT_EQ(cublasSetStream(handle, s.get()), CUBLAS_STATUS_SUCCESS);
-  Tensor workspace = Tensor::empty({int64_t(32) << 20}, DType::kU8, kGpu);
-  ASSERT_EQ(cublasSetWorkspace(handle, workspace.data_ptr(), workspace.nbytes()),
-            CUBLAS_STATUS_SUCCESS);
-  Tensor w1 = Tensor::empty({kE, 2 * kI, kH}, kBf, kGpu),
-         w2 = Tensor::empty({kE, kH, kI}, kBf, kGpu);
-  fill_uniform(w1.data_ptr(), w1.numel(), kBf, 8, -0.05f, 0.05f);
-  fill_uniform(w2.data_ptr(), w2.numel(), kBf, 9, -0.05f, 0.05f);
-  for (int64_t rows : {256, 2048}) {
-    const int64_t total = rows * kE;
-    Tensor x = Tensor::empty({total, kH}, kBf, kGpu), h = Tensor::empty({total, 2 * kI}, kBf, kGpu);
-    Tensor act = Tensor::empty({total, kI}, kBf, kGpu), y = Tensor::empty({total, kH}, kBf, kGpu);
-    fill_uniform(x.data_ptr(), x.numel(), kBf, 10, -1.f, 1.f);
-    fill_uniform(act.data_ptr(), act.numel(), kBf, 11, -1.f, 1.f);
-    struct Gemm {
-      const char* name;
-      const Tensor *in, *w, *out;
-      int64_t k, n;  // reduction, output columns
-    };
-    for (const Gemm& g :
-         {Gemm{"gate/up", &x, &w1, &h, kH, 2 * kI}, Gemm{"down", &act, &w2, &y, kI, kH}}) {
-      const double flops = 2.0 * double(total) * g.k * g.n;
-      const double dense = time_ms(s, [&] {
-        ops::linear_cuda(*g.in, g.w->select(0, 0), Tensor(), *g.out, ops::LinearBackend::kCublasLt);
-      });
-      auto loop = [&] {
-        for (int64_t e = 0; e < kE; ++e)
-          ops::linear_cuda(g.in->slice(0, e * rows, (e + 1) * rows), g.w->select(0, e), Tensor(),
-                           g.out->slice(0, e * rows, (e + 1) * rows),
-                           ops::LinearBackend::kCublasLt);
-      };
-      const double per_expert = time_ms(s, loop);
-      s.sync();
-      const auto t0 = std::chrono::steady_clock::now();
-      loop();
-      const double host_us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-          kE;
-      s.sync();
-      // cuBLAS grouped: column-major D [n, rows] = W^T (k x n, read as A [k, n] with op T) x
-      // in^T ([k, rows]), as linear_cuda lays it out; pointer arrays on the device.
-      const cudaDataType_t out_type = g.out->dtype() == kF32 ? CUDA_R_32F : CUDA_R_16BF;
-      const size_t out_size = g.out->dtype() == kF32 ? 4 : 2;
-      std::vector<const void*> a_ptrs(kE), b_ptrs(kE);
-      std::vector<void*> c_ptrs(kE);
-      for (int64_t e = 0; e < kE; ++e) {
-        a_ptrs[e] = static_cast<const char*>(g.w->data_ptr()) + e * g.n * g.k * 2;
-        b_ptrs[e] = static_cast<const char*>(g.in->data_ptr()) + e * rows * g.k * 2;
-        c_ptrs[e] = static_cast<char*>(g.out->data_ptr()) + e * rows * g.n * out_size;
-      }
-      Tensor ptrs = Tensor::empty({3 * kE}, DType::kI64, kGpu);
-      std::vector<const void*> all(a_ptrs);
-      all.insert(all.end(), b_ptrs.begin(), b_ptrs.end());
-      all.insert(all.end(), c_ptrs.begin(), c_ptrs.end());
-      LONGCTX_CUDA_CHECK(cudaMemcpy(ptrs.data_ptr(), all.data(), all.size() * sizeof(void*),
-                                    cudaMemcpyHostToDevice));
-      const auto* d_ptrs = static_cast<const void* const*>(ptrs.data_ptr());
-      std::vector<cublasOperation_t> ta(kE, CUBLAS_OP_T), tb(kE, CUBLAS_OP_N);
-      std::vector<int> m(kE, int(g.n)), n(kE, int(rows)), k(kE, int(g.k)), lda(kE, int(g.k)),
-          ldb(kE, int(g.k)), ldc(kE, int(g.n)), sizes(kE, 1);
-      std::vector<float> alpha(kE, 1.f), beta(kE, 0.f);
-      cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-      const double grouped = time_ms(s, [&] {
-        st = cublasGemmGroupedBatchedEx(handle, ta.data(), tb.data(), m.data(), n.data(), k.data(),
-                                        alpha.data(), d_ptrs, CUDA_R_16BF, lda.data(), d_ptrs + kE,
-                                        CUDA_R_16BF, ldb.data(), beta.data(),
-                                        const_cast<void* const*>(d_ptrs + 2 * kE), out_type,
-                                        ldc.data(), int(kE), sizes.data(), CUBLAS_COMPUTE_32F);
-      });
-      std::printf(
-          "  experts %lld x %lld rows %-7s dense %8.4f ms %6.1f TFLOP/s | per expert %8.4f "
-          "ms %6.1f TFLOP/s (host %.1f us/GEMM) | grouped %8.4f ms %6.1f TFLOP/s%s\n",
-          (long long)kE, (long long)rows, g.name, dense, flops / (dense * 1e9), per_expert,
-          flops / (per_expert * 1e9), host_us, grouped, flops / (grouped * 1e9),
-          st == CUBLAS_STATUS_SUCCESS ? "" : " (cublas error)");
-      std::fflush(stdout);
-    }
-  }
-  cublasDestroy(handle);
 }
 
 // FP8 block experts do not run on CUDA yet: both entries refuse them by name with
