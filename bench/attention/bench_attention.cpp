@@ -364,18 +364,20 @@ bool parse_page_sizes(const char* list, std::vector<int>* out) {
 
 // "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1) selects shapes of the decode table (HK
 // default 8); false on a malformed list.
-bool parse_decode_shapes(const char* list, std::vector<std::array<int, 4>>* out) {
+// BATCH:KV_LEN:HQ[:HK[:HEAD_DIM]] items (kv heads kHk, head_dim kD by default).
+bool parse_decode_shapes(const char* list, std::vector<std::array<int, 5>>* out) {
   for (const char* s = list; *s;) {
-    std::array<int, 4> v{0, 0, 0, kHk};
-    for (int i = 0; i < 4; ++i) {
+    std::array<int, 5> v{0, 0, 0, kHk, kD};
+    for (int i = 0; i < 5; ++i) {
       char* end = nullptr;
       const long x = std::strtol(s, &end, 10);
       if (end == s || x < 1 || x > (1 << 24)) return false;
       v[i] = int(x);
       s = end;
-      if (i == 3 || *s != ':') break;
+      if (i == 4 || *s != ':') break;
       ++s;
     }
+    if (v[4] != 64 && v[4] != 128 && v[4] != 256) return false;
     out->push_back(v);
     if (*s == ',')
       ++s;
@@ -386,12 +388,12 @@ bool parse_decode_shapes(const char* list, std::vector<std::array<int, 4>>* out)
 }
 
 void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<int>& page_sizes,
-                  const std::vector<std::array<int, 4>>& only, cudaStream_t stream) {
+                  const std::vector<std::array<int, 5>>& only, cudaStream_t stream) {
   // (batch, kv_len, q heads): Llama-3.1-8B's 32 q heads, plus batch 1 at 32K with 8 and 64 q
   // heads (GQA 1 and 8: the same KV bytes with 1/4 and 2x the arithmetic, which shows whether
   // the kernel is bound by its compute).
   struct Shape {
-    int batch, kv_len, hq, hk = kHk;
+    int batch, kv_len, hq, hk = kHk, d = kD;
   };
   std::vector<Shape> shapes = {
       {1, 1024, kHq},   {1, 4096, kHq},   {1, 32768, kHq}, {1, 131072, kHq}, {1, 1048576, kHq},
@@ -399,19 +401,20 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
       {32, 32768, kHq}, {64, 32768, kHq}, {1, 32768, 8},   {1, 32768, 64}};
   if (!only.empty()) {
     shapes.clear();
-    for (const auto& v : only) shapes.push_back({v[0], v[1], v[2], v[3]});
+    for (const auto& v : only) shapes.push_back({v[0], v[1], v[2], v[3], v[4]});
   }
   std::printf(
       "# decode table: pages shuffled; isolated = median single launch, stream = 20 "
       "back-to-back / 20, host = CPU time per decode_run call\n");
   std::printf(
-      "| batch | kv_len | q heads | kv heads | page | variant | chunk | CTAs | merge | isolated ms "
+      "| batch | kv_len | q heads | kv heads x head_dim | page | variant | chunk | CTAs | merge | "
+      "isolated ms "
       "| GB/s | stream ms | GB/s | host us |\n");
   std::printf(
       "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: "
       "| ---: |\n");
   for (int page : page_sizes)
-    for (auto [batch, kv_len, hq, hk] : shapes) {
+    for (auto [batch, kv_len, hq, hk, kD] : shapes) {  // kD: this shape's head_dim
       const int pages_per = (kv_len + page - 1) / page;
       const double kv_bytes = double(batch) * kv_len * hk * kD * 2 * 2;
       const int reps = int(std::clamp(std::ceil(512e6 / kv_bytes), 1.0, 32.0));
@@ -498,8 +501,9 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
             100;
         LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
         std::printf(
-            "| %d | %d | %d | %d | %d | %s | %d | %d | %s | %.4f | %.0f | %.4f | %.0f | %.1f |\n",
-            batch, kv_len, hq, hk, page, var.name.c_str(), plan.chunk_tokens,
+            "| %d | %d | %d | %d x %d | %d | %s | %d | %d | %s | %.4f | %.0f | %.4f | %.0f | %.1f "
+            "|\n",
+            batch, kv_len, hq, hk, kD, page, var.name.c_str(), plan.chunk_tokens,
             plan.num_work_items * hk, merge_shape(plan).c_str(), iso, bytes / (iso * 1e6), burst,
             bytes / (burst * 1e6), host_us);
         std::fflush(stdout);
@@ -573,9 +577,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--decode: want page sizes 1..256, got %s\n", argv[3]);
       return 2;
     }
-    std::vector<std::array<int, 4>> only;
+    std::vector<std::array<int, 5>> only;
     if (argc >= 5 && !parse_decode_shapes(argv[4], &only)) {
-      std::fprintf(stderr, "--decode: want shapes like 1:32768:32,64:32768:4:1, got %s\n", argv[4]);
+      std::fprintf(
+          stderr, "--decode: want shapes like 1:32768:32,64:32768:4:1,32:131072:16:2:256, got %s\n",
+          argv[4]);
       return 2;
     }
     decode_table(variants, pages, only, stream);
@@ -583,18 +589,24 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc == 3 && std::strcmp(argv[1], "--prefill") == 0) {
-    int d = 0, n = 0, page = 16;
-    if (std::sscanf(argv[2], "%d:%d:%d", &d, &n, &page) < 2 || (d != 64 && d != 128) || n < 1 ||
-        page < 1 || page > 256) {
-      std::fprintf(stderr,
-                   "--prefill: want HEAD_DIM:S[:PAGE] (64 or 128, S >= 1, page 1..256), "
-                   "got %s\n",
-                   argv[2]);
+    int d = 0, n = 0, page = 16, hq = kHq, hk = kHk;
+    if (std::sscanf(argv[2], "%d:%d:%d:%d:%d", &d, &n, &page, &hq, &hk) < 2 ||
+        (d != 64 && d != 128 && d != 256) || n < 1 || page < 1 || page > 256 || hq < 1 || hk < 1 ||
+        hq % hk != 0) {
+      std::fprintf(
+          stderr,
+          "--prefill: want HEAD_DIM:S[:PAGE[:HQ:HK]] (64, 128 or 256, S >= 1, page 1..256, "
+          "HK divides HQ), got %s\n",
+          argv[2]);
       return 2;
     }
-    const std::string name = "prefill causal S=" + std::to_string(n) + " head_dim " +
-                             std::to_string(d) + " (page " + std::to_string(page) + ")";
-    bench_prefill(name.c_str(), n, n, kernels::MaskMode::kCausal, false, page, stream, d);
+    const std::string name = "prefill causal S=" + std::to_string(n) + " " + std::to_string(hq) +
+                             "/" + std::to_string(hk) + "x" + std::to_string(d) + " (page " +
+                             std::to_string(page) + ")";
+    BenchKv kv;
+    kv.hq = hq;
+    kv.hk = hk;
+    bench_prefill(name.c_str(), n, n, kernels::MaskMode::kCausal, false, page, stream, d, kv);
     cudaStreamDestroy(stream);
     return 0;
   }
@@ -615,12 +627,13 @@ int main(int argc, char** argv) {
   }
   if (argc == 3 && std::strcmp(argv[1], "--chunk") == 0) {
     int d = 0, q = 0, kv = 0, page = 128;
-    if (std::sscanf(argv[2], "%d:%d:%d:%d", &d, &q, &kv, &page) < 3 || (d != 64 && d != 128) ||
-        q < 1 || kv < q || page < 1 || page > 256) {
-      std::fprintf(stderr,
-                   "--chunk: want HEAD_DIM:Q:KV[:PAGE] (64 or 128, 1 <= Q <= KV, page 1..256), "
-                   "got %s\n",
-                   argv[2]);
+    if (std::sscanf(argv[2], "%d:%d:%d:%d", &d, &q, &kv, &page) < 3 ||
+        (d != 64 && d != 128 && d != 256) || q < 1 || kv < q || page < 1 || page > 256) {
+      std::fprintf(
+          stderr,
+          "--chunk: want HEAD_DIM:Q:KV[:PAGE] (64, 128 or 256, 1 <= Q <= KV, page 1..256), "
+          "got %s\n",
+          argv[2]);
       return 2;
     }
     const std::string name = "chunk q=" + std::to_string(q) + " kv=" + std::to_string(kv) +

@@ -1,12 +1,23 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "core/cuda_stream.h"
 #include "gpu_ops/device_fill.h"
 #include "longctx/core/cuda_check.h"
 
 namespace longctx::gpu_ops_test {
 
 namespace {
+
+// The thread's current stream of the current device: the tests' streams are non-blocking, so
+// work on the legacy default stream would race with theirs (a fill still running after a test
+// freed its buffer overwrote the next test's inputs in the same allocation).
+cudaStream_t stream_or_current(cudaStream_t stream) {
+  if (stream != nullptr) return stream;
+  int device = 0;
+  LONGCTX_CUDA_CHECK(cudaGetDevice(&device));
+  return current_cuda_stream(device);
+}
 
 __device__ uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -85,20 +96,24 @@ void fill_uniform(void* dst, int64_t count, DType dtype, uint64_t seed, float lo
                   cudaStream_t stream) {
   if (count <= 0) return;
   const int64_t blocks = std::min<int64_t>((count + 255) / 256, 65536);
-  fill_kernel<<<unsigned(blocks), 256, 0, stream>>>(dst, count, dtype, seed, lo, hi);
+  cudaStream_t s = stream_or_current(stream);
+  fill_kernel<<<unsigned(blocks), 256, 0, s>>>(dst, count, dtype, seed, lo, hi);
   LONGCTX_CUDA_CHECK_LAUNCH("fill_kernel");
+  if (stream == nullptr) LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 int64_t count_non_finite(const void* p, DType dtype, int64_t rows, int64_t cols, int64_t ld) {
   if (rows <= 0 || cols <= 0) return 0;
+  cudaStream_t s = stream_or_current(nullptr);  // after the kernels that wrote p
   unsigned long long* d = nullptr;
   LONGCTX_CUDA_CHECK(cudaMalloc(&d, sizeof *d));
-  LONGCTX_CUDA_CHECK(cudaMemset(d, 0, sizeof *d));
+  LONGCTX_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof *d, s));
   const int64_t blocks = std::min<int64_t>((rows * cols + 255) / 256, 8192);
-  count_non_finite_kernel<<<unsigned(blocks), 256>>>(p, dtype, rows, cols, ld, d);
+  count_non_finite_kernel<<<unsigned(blocks), 256, 0, s>>>(p, dtype, rows, cols, ld, d);
   LONGCTX_CUDA_CHECK_LAUNCH("count_non_finite_kernel");
   unsigned long long h = 0;
-  LONGCTX_CUDA_CHECK(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, s));
+  LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
   cudaFree(d);
   return int64_t(h);
 }
