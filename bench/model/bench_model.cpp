@@ -53,46 +53,86 @@ using namespace longctx;
 
 namespace {
 
-// `steps` eager decode steps of sequence `seq` (holding `ids`) and batch - 1 more sequences with
-// prompts of its length (prefilled here, released after), through the runner's session, op by op.
+// Sequence `seq` (holding `ids`) and batch - 1 more with prompts of its length, prefilled here
+// through the runner's session (release() hands the extra ones back).
+struct DecodeBatch {
+  std::vector<uint64_t> seq_ids;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<SessionInput> inputs;
+  double keys = 0;  // the last step's keys over its sequences
+
+  DecodeBatch(ExecutorSession& session, uint64_t seq, const std::vector<int32_t>& ids,
+              int64_t batch, int32_t vocab, std::mt19937& rng)
+      : seq_ids{seq}, tokens{ids}, inputs(static_cast<size_t>(batch)) {
+    std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+    const double t0 = bench::now_seconds();
+    for (int64_t b = 1; b < batch; ++b) {
+      seq_ids.push_back(1000000 + uint64_t(b));
+      tokens.emplace_back(ids.size());
+      for (auto& t : tokens.back()) t = tok(rng);
+      const SessionInput in{seq_ids.back(), tokens.back()};
+      session.run({&in, 1});
+    }
+    if (batch > 1)
+      std::printf("%lld more prompts of %zu tokens prefilled in %.2f s\n",
+                  static_cast<long long>(batch - 1), ids.size(), bench::now_seconds() - t0);
+  }
+  // One decode step of every sequence (a random next token each).
+  void step(ExecutorSession& session, std::mt19937& rng, int32_t vocab) {
+    std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+    keys = 0;
+    for (size_t b = 0; b < tokens.size(); ++b) {
+      tokens[b].push_back(tok(rng));
+      inputs[b] = {seq_ids[b], tokens[b], 1};
+      keys += double(tokens[b].size());
+    }
+    session.run(inputs);
+  }
+  void release(ExecutorSession& session) {
+    for (size_t b = 1; b < seq_ids.size(); ++b) session.release(seq_ids[b]);
+  }
+};
+
+// `steps` decode steps of a batch of `batch` sequences after the first context (the runner's
+// CUDA graphs with --runner-graphs), wall time per step.
+void time_decode(ExecutorSession& session, uint64_t seq, std::vector<int32_t>& ids, int64_t batch,
+                 int steps, int32_t vocab, std::mt19937& rng, bool graphs) {
+  DecodeBatch b(session, seq, ids, batch, vocab, rng);
+  std::vector<double> times;
+  for (int s = 0; s < steps; ++s) {
+    const double t1 = bench::now_seconds();
+    b.step(session, rng, vocab);
+    times.push_back(bench::now_seconds() - t1);
+  }
+  ids = b.tokens[0];
+  b.release(session);
+  std::sort(times.begin(), times.end());
+  double sum = 0;
+  for (double t : times) sum += t;
+  std::printf(
+      "decode after %zu tokens, batch %lld: %.3f ms/step mean, %.3f median, %.3f min "
+      "(%d steps, %s)\n",
+      ids.size() - steps, static_cast<long long>(batch), 1e3 * sum / times.size(),
+      1e3 * times[times.size() / 2], 1e3 * times.front(), steps,
+      graphs ? "the runner's CUDA graphs" : "no CUDA graphs");
+  std::fflush(stdout);
+}
+
+// `steps` eager decode steps of a batch of `batch` sequences after the first context, op by op.
 void profile_runner_steps(Model& model, ExecutorSession& session, DType kv_dtype, uint64_t seq,
                           std::vector<int32_t>& ids, int64_t batch, int steps, std::mt19937& rng) {
   const ModelConfig& c = model.config();
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
-  std::vector<uint64_t> seq_ids = {seq};
-  std::vector<std::vector<int32_t>> tokens = {ids};
-  const size_t prompt = ids.size();
-  const double t0 = bench::now_seconds();
-  for (int64_t b = 1; b < batch; ++b) {
-    seq_ids.push_back(1000000 + uint64_t(b));
-    tokens.emplace_back(prompt);
-    for (auto& t : tokens.back()) t = tok(rng);
-    const SessionInput in{seq_ids.back(), tokens.back()};
-    session.run({&in, 1});
-  }
-  if (batch > 1)
-    std::printf("op profile: %lld more prompts of %zu tokens prefilled in %.2f s\n",
-                static_cast<long long>(batch - 1), prompt, bench::now_seconds() - t0);
+  const auto vocab = static_cast<int32_t>(c.vocab_size);
+  DecodeBatch b(session, seq, ids, batch, vocab, rng);
   bench::EventOpTimer timer(model.device());
-  std::vector<SessionInput> inputs(static_cast<size_t>(batch));
-  double keys = 0;  // the step's keys over its sequences
   const bench::OpProfile profile = bench::profile_steps(
-      model, timer, steps,
-      [&] {
-        keys = 0;
-        for (size_t b = 0; b < tokens.size(); ++b) {
-          tokens[b].push_back(tok(rng));
-          inputs[b] = {seq_ids[b], tokens[b], 1};
-          keys += double(tokens[b].size());
-        }
-        session.run(inputs);
-      },
+      model, timer, steps, [&] { b.step(session, rng, vocab); },
       [&](bench::StepOps& ops) {
-        bench::add_attention_kv_bytes(ops, keys, c.num_key_value_heads, c.head_dim,
+        bench::add_attention_kv_bytes(ops, b.keys, c.num_key_value_heads, c.head_dim,
                                       double(dtype_size(kv_dtype)));
       });
-  ids = tokens[0];
-  for (size_t b = 1; b < seq_ids.size(); ++b) session.release(seq_ids[b]);
+  ids = b.tokens[0];
+  b.release(session);
   bench::print_op_profile(
       profile,
       fmt::format("a batch-{} eager decode step of the runner after {} tokens ({} KV)", batch,
@@ -127,6 +167,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> graph_batches = {1};
   int op_profile_steps = -1;  // -1: 8 with --cuda-graphs, else none
   int64_t op_profile_batch = 1;
+  int64_t decode_batch = 1;
   app.add_flag("--cuda-graphs", cuda_graphs,
                "decode with CUDA graphs against eager, step by step, after the first context "
                "(engine/cuda_graphs.h driven directly; no GpuRunner)");
@@ -136,6 +177,10 @@ int main(int argc, char** argv) {
   app.add_option("--op-profile-batch", op_profile_batch,
                  "sequences of the runner's op-profiled decode steps (each its own prefill of "
                  "the first context)")
+      ->capture_default_str();
+  app.add_option("--decode-batch", decode_batch,
+                 "sequences of the timed decode steps after the first context (each its own "
+                 "prefill of it; --runner-graphs for the runner's CUDA graphs)")
       ->capture_default_str();
   app.add_option("--graph-batches", graph_batches, "decode batch sizes for --cuda-graphs")
       ->delimiter(',');
@@ -165,6 +210,9 @@ int main(int argc, char** argv) {
     LONGCTX_CHECK(op_profile_batch >= 1 && op_profile_batch <= opts.max_num_seqs,
                   ErrorCode::kInvalidArgument, "--op-profile-batch {} outside [1, {}]",
                   op_profile_batch, opts.max_num_seqs);
+    LONGCTX_CHECK(decode_batch >= 1 && decode_batch <= opts.max_num_seqs,
+                  ErrorCode::kInvalidArgument, "--decode-batch {}: want 1..--max-num-seqs ({})",
+                  decode_batch, opts.max_num_seqs);
     LONGCTX_CHECK(!cuda_graphs || op_profile_batch == 1, ErrorCode::kInvalidArgument,
                   "--cuda-graphs profiles batch 1: --op-profile-batch is the runner's");
     opts.kv_dtype =
@@ -241,26 +289,9 @@ int main(int argc, char** argv) {
                   static_cast<long long>(opts.max_num_batched_tokens),
                   static_cast<long long>(runner->memory_plan().block_size));
       std::fflush(stdout);
-      if (ci == 0 && decode_steps > 0) {
-        std::vector<double> times;
-        for (int s = 0; s < decode_steps; ++s) {
-          ids.push_back(tok(rng));
-          const SessionInput d{seq, ids, 1};
-          const double t1 = bench::now_seconds();
-          session.run({&d, 1});
-          times.push_back(bench::now_seconds() - t1);
-        }
-        std::sort(times.begin(), times.end());
-        double sum = 0;
-        for (double t : times) sum += t;
-        std::printf(
-            "decode after %lld tokens, batch 1: %.3f ms/token mean, %.3f median, %.3f min "
-            "(%d steps, %s)\n",
-            static_cast<long long>(n), 1e3 * sum / times.size(), 1e3 * times[times.size() / 2],
-            1e3 * times.front(), decode_steps,
-            runner->graph_memory_bytes() > 0 ? "the runner's CUDA graphs" : "no CUDA graphs");
-        std::fflush(stdout);
-      }
+      if (ci == 0 && decode_steps > 0)
+        time_decode(session, seq, ids, decode_batch, decode_steps,
+                    static_cast<int32_t>(c.vocab_size), rng, runner->graph_memory_bytes() > 0);
       if (ci == 0 && profile_steps > 0)
         profile_runner_steps(*model, session, opts.kv_dtype, seq, ids, op_profile_batch,
                              profile_steps, rng);
