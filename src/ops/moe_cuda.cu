@@ -345,23 +345,29 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
       }
     }
   };
-  // FP8 W tiles: this thread's rows (as the copies above; -1 past the end), the codes of stage
-  // kt and their scales into registers, then converted into a stage. (Pointers to the rows and
-  // their scales kept across the loop spilled the 128-row kernel's registers.)
+  // FP8 W tiles: this thread's rows (as the copies above; -1 past the end) and the index of
+  // each one's scale row, the codes of stage kt and their scales into registers, then converted
+  // into a stage. (Pointers to the rows and their scales kept across the loop spilled the
+  // 128-row kernel's registers; 32-bit indices do not.)
   constexpr int kWLoads = WR / kRowsPerPass;
-  int w_tile_row[kWLoads];
+  int w_tile_row[kWLoads], w_scale_row[kWLoads];
 #pragma unroll
-  for (int i = 0; i < kWLoads; ++i)
-    w_tile_row[i] = static_cast<int>(moe_tc_w_row(kGateUp, col_tile, lr + i * kRowsPerPass, g.n));
+  for (int i = 0; i < kWLoads; ++i) {
+    const int64_t wr = moe_tc_w_row(kGateUp, col_tile, lr + i * kRowsPerPass, g.n);
+    w_tile_row[i] = static_cast<int>(wr);
+    w_scale_row[i] = kFp8 && wr >= 0
+                         ? static_cast<int>((g.fp8.row(e, wr) - g.fp8.scales) / g.fp8.block_cols)
+                         : 0;
+  }
   auto load_w_codes = [&](int kt, uint2(&codes)[kWLoads], float(&scale)[kWLoads]) {
-    const int64_t kc = int64_t(kt) * BK + lc * 8;
-    const int col = static_cast<int>(kc / g.fp8.block_in);
+    const int kc = kt * BK + lc * 8;
+    const int col = kc / static_cast<int>(g.fp8.block_in);
 #pragma unroll
     for (int i = 0; i < kWLoads; ++i) {
       const bool ok = kc < g.k && w_tile_row[i] >= 0;
       codes[i] = ok ? __ldg(reinterpret_cast<const uint2*>(w + w_tile_row[i] * g.k + kc))
                     : make_uint2(0, 0);
-      scale[i] = ok ? g.fp8.row(e, w_tile_row[i])[col] : 0.f;
+      scale[i] = ok ? g.fp8.scales[int64_t(w_scale_row[i]) * g.fp8.block_cols + col] : 0.f;
     }
   };
   auto store_w = [&](int stage, const uint2(&codes)[kWLoads], const float(&scale)[kWLoads]) {

@@ -142,7 +142,7 @@ __device__ __forceinline__ void gemv_rows(const TA* __restrict__ a, const TW* __
       float x[2][kVec];
       load<kVec>(a + i, x[0]);
       load<kVec>(a + i + kVec, x[1]);
-      const int64_t col = i / fs.block_in;
+      const int col = static_cast<int>(i) / static_cast<int>(fs.block_in);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wf[W];
