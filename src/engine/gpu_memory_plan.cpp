@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "attention/backends/offload_backend.h"
@@ -57,20 +58,38 @@ sparse::SparseGpuBytes sparse_bytes(const ModelConfig& c, const GpuRunnerOptions
   return sparse::sparse_gpu_bytes(o.sparse, s);
 }
 
+// The weights a GPU holds, experts spelled as the model loads them: per expert for FP8 blocks (the
+// CUDA MoE op runs them packed, ops::moe_runs_fp8_experts), fused (bf16) otherwise.
+std::map<std::string, Shape> device_weights(const ModelConfig& config) {
+  return expected_weights(config, quantized_expert_layout(config.quantization));
+}
+
+// The routed experts' bytes as weight_bytes counts them: FP8 block experts packed (codes and
+// scales), others bf16.
 int64_t expert_weight_bytes(const ModelConfig& config) {
+  const QuantConfig& q = config.quantization;
   int64_t n = 0;
-  for (const auto& [name, shape] : expected_weights(config))
-    if (name.find(".mlp.experts.") != std::string::npos) n += shape_numel(shape);
-  return n * kBf16;
+  for (const auto& [name, shape] : device_weights(config)) {
+    if (name.find(".mlp.experts.") == std::string::npos) continue;
+    n += q.quantized() && quantizes_tensor(name, shape, q) ? quantized_bytes(shape[0], shape[1], q)
+                                                           : shape_numel(shape) * kBf16;
+  }
+  return n;
 }
 
 // The MoE op's buffers that do not grow with the tokens: each expert's run of rows is padded to
 // whole row tiles (ops/moe_schedule.h: 128 rows on the tensor-core path, 64 on the SIMT one), up
-// to a tile of activation (at most fp32) and fp32 output rows per expert.
+// to a tile of activation (at most fp32) and fp32 output rows per expert; with FP8 block experts
+// the cuBLASLt path's scratch of one dequantized expert (16-bit).
 int64_t moe_fixed_bytes(const ModelConfig& c) {
   if (c.moe.num_experts == 0) return 0;
   const int64_t rows = std::max(ops::kMoeTcRows, ops::kMoeSimtRows);
-  return c.moe.num_experts * rows * 4 * (c.moe.moe_intermediate_size + c.hidden_size + 1);
+  const int64_t fp8_scratch =
+      c.quantization.method == QuantMethod::kFp8Block
+          ? ops::moe_fp8_scratch_elems(c.hidden_size, c.moe.moe_intermediate_size) * kBf16
+          : 0;
+  return c.moe.num_experts * rows * 4 * (c.moe.moe_intermediate_size + c.hidden_size + 1) +
+         fp8_scratch;
 }
 
 }  // namespace
@@ -87,12 +106,13 @@ int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups) {
 int64_t weight_bytes(const ModelConfig& config) {
   const QuantConfig& q = config.quantization;
   int64_t n = 0, scratch = 0;
-  for (const auto& [name, shape] : expected_weights(config)) {
+  for (const auto& [name, shape] : device_weights(config)) {
     if (!q.quantized() || !quantizes_tensor(name, shape, q)) {
       n += shape_numel(shape) * kBf16;
       continue;
     }
     n += quantized_bytes(shape[0], shape[1], q);
+    if (name.find(".mlp.experts.") != std::string::npos) continue;  // the MoE op's, not a Linear
     // The packed Linears' workspace (DecoderModel's quant_workspace_): the dequantized scratch
     // of the largest, counting q/k/v and gate/up as the stacked projections they load as.
     const int64_t stacked = name.ends_with("gate_proj.weight") ? 2 * shape[0]

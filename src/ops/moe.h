@@ -60,9 +60,10 @@ struct MoeArgs {
 void moe_experts(const MoeArgs& args);
 void moe_experts_cpu(const MoeArgs& args);
 
-// Whether the MoE ops on `device` run FP8 block experts (MoeArgs::gate_up_scales): the CPU twin
-// does (dequantizing row by row in fp32); the CUDA twin not yet (it throws Error(kUnsupported)),
-// so a model there dequantizes its experts at load.
+// Whether the MoE ops on `device` run FP8 block experts (MoeArgs::gate_up_scales), so that a
+// model keeps them packed there: the CPU twin (dequantizing row by row in fp32) and the CUDA twin
+// (moe_cuda.cu: the decode GEMVs read the codes and scale each 16-code partial sum; the grouped
+// GEMMs and cuBLASLt dequantize tiles or one expert at a time to x's 16-bit dtype).
 bool moe_runs_fp8_experts(Device device);
 
 // Which CUDA path computes the routed experts (moe_schedule.h, moe_cuda.cu). kAuto: the decode

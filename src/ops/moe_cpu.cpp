@@ -67,7 +67,7 @@ void check_moe_route_args(const Tensor& logits, const Tensor& topk_ids,
   check_shape(kRoute, "topk_weights", topk_weights, {t, k});
 }
 
-bool moe_runs_fp8_experts(Device device) { return device.is_cpu(); }
+bool moe_runs_fp8_experts(Device device) { return device.is_cpu() || device.is_cuda(); }
 
 MoeShape check_moe_args(const MoeArgs& a) {
   check_float_activation(kExperts, "x", a.x);

@@ -13,7 +13,13 @@
 //   down:    per expert [rows, inter] x [hidden, inter]^T into 16-bit y [rows, hidden].
 // The per-expert GEMMs run as one linear_cuda call each (its cuBLASLt plans, cache and
 // workspace). Besides the activation this rounds the gate, up and down outputs to the 16-bit
-// dtype, as transformers' bf16 projections do.
+// dtype, as transformers' bf16 projections do. FP8 experts: Hopper's cuBLASLt has no 128 x 128
+// block-scaled FP8 GEMM (its FP8 scales are per tensor), so before each expert's GEMM one kernel
+// dequantizes that expert alone (code x block scale in f32, rounded to x's dtype, as the
+// tensor-core kernel stages its tiles) into a scratch of one expert's largest matrix, reused by
+// every expert in stream order: the step's scratch is one expert's weights (2 x 2 inter x hidden
+// bytes), never the layer's, and this path runs only where experts average
+// kMoeLtMinRowsPerExpert rows, so the extra pass over the expert's bytes is small beside its GEMM.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +28,7 @@
 #include "longctx/core/stream.h"
 #include "ops/linear.h"
 #include "ops/moe_cublas.h"
+#include "ops/moe_fp8_device.cuh"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
 
@@ -80,19 +87,52 @@ __global__ void lt_silu_mul_kernel(const T* __restrict__ h, int64_t rows, int64_
   store<kVec>(act + r * inter + c, o);
 }
 
+// Expert e of FP8 codes [experts, n, k] into out ([n, k] of T): 8 codes per thread, times their
+// block's scale (k % 8 == 0 and block_in % 8 == 0: moe_tc_operands).
+template <typename T>
+__global__ void dequant_expert_kernel(const uint2* __restrict__ codes, MoeFp8Scales fs, int64_t e,
+                                      int64_t n, int64_t k, uint4* __restrict__ out) {
+  const int64_t chunks = k / 8;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * chunks) return;
+  const int64_t r = i / chunks, c = (i % chunks) * 8;
+  out[i] = fp8x8_to_elements<T>(codes[e * n * chunks + i], fs.row(e, r)[c / fs.block_in]);
+}
+
 // ---- the per-expert GEMMs ----
+
+// FP8 experts' weights for expert_gemms: the scales, and the scratch that one expert at a time
+// is dequantized into ([n * k] of x's dtype at least).
+struct Fp8Feed {
+  MoeFp8Scales scales;
+  Tensor scratch;
+};
 
 // out rows of expert e = in rows of expert e @ w[e]^T, one linear_cuda call per non-empty expert
 // over the layout of `table` (the host copy of the [kLtTableCols, experts] table): in [rows, k],
-// w [experts, n, k], out [rows, n]. (cublasGemmGroupedBatchedEx, one call over the experts,
-// measured slower at every size: GpuOpsPerf.MoeExpertGemms.)
+// w [experts, n, k], out [rows, n]; FP8 w is dequantized into fp8->scratch first. (cublasGemm
+// GroupedBatchedEx, one call over the experts, measured slower at every size:
+// GpuOpsPerf.MoeExpertGemms.)
 void expert_gemms(const Tensor& in, const Tensor& w, const Tensor& out,
-                  const std::vector<int32_t>& table, int64_t experts) {
+                  const std::vector<int32_t>& table, int64_t experts, const Fp8Feed* fp8,
+                  cudaStream_t stream) {
+  const int64_t n = w.size(1), k = w.size(2);
+  Tensor wd;  // [n, k]: the dequantized expert
+  if (fp8) wd = fp8->scratch.slice(0, 0, n * k).view({n, k});
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t off = table[kLtPaddedOff * experts + e];
     const int64_t rows = table[kLtPaddedRows * experts + e];
     if (rows == 0) continue;
-    linear_cuda(in.slice(0, off, off + rows), w.select(0, e), Tensor(),
+    if (fp8) {
+      const int64_t chunks = n * (k / 8);
+      auto kernel = wd.dtype() == DType::kBF16 ? dequant_expert_kernel<__nv_bfloat16>
+                                               : dequant_expert_kernel<__half>;
+      kernel<<<unsigned((chunks + 255) / 256), 256, 0, stream>>>(
+          static_cast<const uint2*>(w.data_ptr()), fp8->scales, e, n, k,
+          static_cast<uint4*>(wd.data_ptr()));
+      LONGCTX_CUDA_CHECK(cudaGetLastError());
+    }
+    linear_cuda(in.slice(0, off, off + rows), fp8 ? wd : w.select(0, e), Tensor(),
                 out.slice(0, off, off + rows), LinearBackend::kCublasLt);
   }
 }
@@ -130,10 +170,17 @@ Tensor moe_cublas_experts(const MoeArgs& a, const MoeShape& s, cudaStream_t stre
                 "moe_experts: {} tokens x top-{} gather {} rows (at most 2^31 - 1)", s.tokens,
                 s.top_k, padded);
   *inv = o.inv;
-  const DType wt = a.gate_up.dtype();
+  const DType wt = a.x.dtype();  // the GEMMs' dtype: the experts', or FP8 experts dequantized
   if (padded == 0) return Tensor::empty({0, s.hidden}, wt, d);  // every id out of range
   LONGCTX_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), host.size() * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, stream));
+  Fp8Feed feed;
+  Fp8Feed* fp8_feed = nullptr;
+  if (a.gate_up_scales.defined()) {
+    feed.scales = moe_fp8_scales(a, s, true);
+    feed.scratch = Tensor::empty({moe_fp8_scratch_elems(s.hidden, s.inter)}, wt, d);
+    fp8_feed = &feed;
+  }
   Tensor h = Tensor::empty({padded, 2 * s.inter}, wt, d);
   {
     Tensor xg = Tensor::empty({padded, s.hidden}, wt, d);
@@ -144,7 +191,7 @@ Tensor moe_cublas_experts(const MoeArgs& a, const MoeShape& s, cudaStream_t stre
                                                static_cast<int>(s.top_k), o.inv,
                                                static_cast<uint4*>(xg.data_ptr()));
     LONGCTX_CUDA_CHECK(cudaGetLastError());
-    expert_gemms(xg, a.gate_up, h, host, experts);
+    expert_gemms(xg, a.gate_up, h, host, experts, fp8_feed, stream);
   }
   Tensor act = Tensor::empty({padded, s.inter}, wt, d);
   const int64_t vecs = padded * (s.inter / kVec);
@@ -158,7 +205,8 @@ Tensor moe_cublas_experts(const MoeArgs& a, const MoeShape& s, cudaStream_t stre
   LONGCTX_CUDA_CHECK(cudaGetLastError());
   h = Tensor();
   Tensor y = Tensor::empty({padded, s.hidden}, wt, d);
-  expert_gemms(act, a.down, y, host, experts);
+  if (fp8_feed) fp8_feed->scales = moe_fp8_scales(a, s, false);
+  expert_gemms(act, a.down, y, host, experts, fp8_feed, stream);
   return y;
 }
 

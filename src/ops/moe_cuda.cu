@@ -30,8 +30,13 @@
 //   16-bit dtype and hidden, inter are multiples of 8 with 16-byte aligned data; else the SIMT
 //   one (64 x 64 tiles of fp32 FMAs, activation in fp32), which serves f32 and mixed-dtype
 //   operands and rows that are not whole 16-byte chunks.
+//   FP8 block experts (gate_up_scales / down_scales) take the tensor-core kernel with x's 16-bit
+//   dtype: its W tiles are the codes (8 bytes a chunk instead of 16), converted with their
+//   block's scale into the shared-memory stage (moe_fp8_device.cuh: fp8x8_to_elements, the
+//   weights a dequantize to x's dtype at load gives); the SIMT kernel scales each weight in f32.
 // moe_experts, prefill on cuBLASLt (MoePath::kCublasLt, from kMoeLtMinRowsPerExpert rows per
-//   expert on average, eager only): moe_cublas_cuda.cu, then the same combine.
+//   expert on average, eager only): moe_cublas_cuda.cu, then the same combine (FP8 experts:
+//   each expert dequantized into a one-expert scratch before its GEMMs).
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): moe_decode_cuda.cu's two kernels, the
 //   gate/up GEMVs and the down GEMVs with the combine fused. moe_forward_cuda routes inside the
 //   first of them at decode (moe_fused_route: E <= kMoeFusedWarpRouteMaxExperts); elsewhere it is
@@ -48,6 +53,7 @@
 #include "ops/moe.h"
 #include "ops/moe_cublas.h"
 #include "ops/moe_decode.h"
+#include "ops/moe_fp8_device.cuh"
 #include "ops/moe_route_device.cuh"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
@@ -191,7 +197,8 @@ struct GemmArgs {
   const int32_t* tile_expert;  // tile -> expert
   const int32_t* num_tiles;
   int top_k;
-  int64_t n, k;  // output columns (inter for gate_up, hidden for down), reduction length
+  int64_t n, k;      // output columns (inter for gate_up, hidden for down), reduction length
+  MoeFp8Scales fp8;  // w's block scales (FP8 experts)
 };
 
 // SIMT path (f32 or mixed operands, rows not 16-byte chunks): a [kBM, kBN] tile of one expert's
@@ -229,9 +236,11 @@ __global__ void __launch_bounds__(256) simt_grouped_gemm_kernel(GemmArgs g) {
     for (int half = 0; half < (kGateUp ? 2 : 1); ++half)
       for (int i = tid; i < kBN * kBK; i += 256) {
         const int r = i / kBK, c = i % kBK;
-        const int64_t n = n0 + r, kk = k0 + c;
+        const int64_t n = n0 + r, kk = k0 + c, wr = half * g.n + n;
         float v = 0.f;
-        if (n < g.n && kk < g.k) v = to_f32(w[(half * g.n + n) * g.k + kk]);
+        if (n < g.n && kk < g.k)
+          v = weight_f32(w + wr * g.k, kk, kIsFp8Weight<TW> ? g.fp8.row(e, wr) : nullptr,
+                         g.fp8.block_in);
         ws[half][c][r] = v;
       }
     __syncthreads();
@@ -269,16 +278,22 @@ __global__ void __launch_bounds__(256) simt_grouped_gemm_kernel(GemmArgs g) {
 }
 
 // Tensor-core path: a [BM, kMoeTcWRows] tile of one expert's rows, BM kMoeTcRows or
-// kMoeTcSmallRows (moe_schedule.h has the layout and the choice). 8 warps, 2 along the rows (BM / 2
-// each: BM / 32 m16 tiles) x 4 along the weight rows (32 each: 4 n8 tiles); A and W tiles of
-// kMoeTcK columns come by cp.async into a kMoeTcStages-deep ring of swizzled shared-memory stages
-// (the A rows gathered by slot in the copies, padding rows and columns past K zero-filled),
+// kMoeTcSmallRows (moe_schedule.h has the layout and the choice). TW: T, or Fp8Weight for FP8
+// experts, whose W tiles are not copied by cp.async but loaded into registers (8 codes per
+// chunk) one stage ahead, while the stage before them is multiplied, then converted to T with
+// their block's scale (fp8x8_to_elements) and stored to the stage: the MMAs see the weights a
+// load-time dequantize to T gives, and the codes stream at half the bytes. 8 warps, 2 along the
+// rows (BM / 2 each: BM / 32 m16 tiles) x 4 along the weight rows (32 each: 4 n8 tiles); A and W
+// tiles of kMoeTcK columns come by cp.async into a kMoeTcStages-deep ring of swizzled shared-memory
+// stages (the A rows gathered by slot in the copies, padding rows and columns past K zero-filled),
 // fragments by ldmatrix, mma.sync m16n8k16 with fp32 accumulators. kGateUp: the warp's n-tiles 0-1
 // hold gate columns and 2-3 the up columns of the same activation columns; the epilogue writes
 // silu(gate) * up rounded to T (the down GEMM's A operand). Else the accumulators are written as
 // f32 rows for the combine.
-template <typename T, bool kGateUp, int BM>
+template <typename T, typename TW, bool kGateUp, int BM>
 __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmArgs g) {
+  constexpr bool kFp8 = kIsFp8Weight<TW>;
+  static_assert(kFp8 || std::is_same_v<T, TW>);
   constexpr int WR = kMoeTcWRows, BK = kMoeTcK, kStages = kMoeTcStages;
   constexpr int kChunks = BK / 8;  // 16-byte chunks per tile row
   constexpr int kMi = BM / 32;     // m16 tiles per warp along the rows
@@ -289,7 +304,7 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
   const int e = g.tile_expert[tile];
   const int64_t col_tile = blockIdx.x;
   const int64_t w_rows = kGateUp ? 2 * g.n : g.n;
-  const T* __restrict__ w = static_cast<const T*>(g.w) + int64_t(e) * w_rows * g.k;
+  const TW* __restrict__ w = static_cast<const TW*>(g.w) + int64_t(e) * w_rows * g.k;
   const T* __restrict__ a = static_cast<const T*>(g.a);
   extern __shared__ __align__(128) uint8_t smem[];
   T* s_a = reinterpret_cast<T*>(smem);  // [kStages][BM][BK]
@@ -320,13 +335,47 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
       const bool ok = k_ok && ar >= 0;
       cp_async_16(smem_addr(da + swz<BK>(r, lc)), ok ? a + ar * g.k + kc : a, ok ? 16 : 0);
     }
+    if constexpr (!kFp8) {
 #pragma unroll
-    for (int i = 0; i < WR / kRowsPerPass; ++i) {
-      const int r = lr + i * kRowsPerPass;
-      const int64_t wr = moe_tc_w_row(kGateUp, col_tile, r, g.n);
-      const bool ok = k_ok && wr >= 0;
-      cp_async_16(smem_addr(dw + swz<BK>(r, lc)), ok ? w + wr * g.k + kc : w, ok ? 16 : 0);
+      for (int i = 0; i < WR / kRowsPerPass; ++i) {
+        const int r = lr + i * kRowsPerPass;
+        const int64_t wr = moe_tc_w_row(kGateUp, col_tile, r, g.n);
+        const bool ok = k_ok && wr >= 0;
+        cp_async_16(smem_addr(dw + swz<BK>(r, lc)), ok ? w + wr * g.k + kc : w, ok ? 16 : 0);
+      }
     }
+  };
+  // FP8 W tiles: this thread's rows (as the copies above; -1 past the end) and the index of
+  // each one's scale row, the codes of stage kt and their scales into registers, then converted
+  // into a stage. (Pointers to the rows and their scales kept across the loop spilled the
+  // 128-row kernel's registers; 32-bit indices do not.)
+  constexpr int kWLoads = WR / kRowsPerPass;
+  int w_tile_row[kWLoads], w_scale_row[kWLoads];
+#pragma unroll
+  for (int i = 0; i < kWLoads; ++i) {
+    const int64_t wr = moe_tc_w_row(kGateUp, col_tile, lr + i * kRowsPerPass, g.n);
+    w_tile_row[i] = static_cast<int>(wr);
+    w_scale_row[i] = kFp8 && wr >= 0
+                         ? static_cast<int>((g.fp8.row(e, wr) - g.fp8.scales) / g.fp8.block_cols)
+                         : 0;
+  }
+  auto load_w_codes = [&](int kt, uint2(&codes)[kWLoads], float(&scale)[kWLoads]) {
+    const int kc = kt * BK + lc * 8;
+    const int col = kc / static_cast<int>(g.fp8.block_in);
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i) {
+      const bool ok = kc < g.k && w_tile_row[i] >= 0;
+      codes[i] = ok ? __ldg(reinterpret_cast<const uint2*>(w + w_tile_row[i] * g.k + kc))
+                    : make_uint2(0, 0);
+      scale[i] = ok ? g.fp8.scales[int64_t(w_scale_row[i]) * g.fp8.block_cols + col] : 0.f;
+    }
+  };
+  auto store_w = [&](int stage, const uint2(&codes)[kWLoads], const float(&scale)[kWLoads]) {
+    T* dw = s_w + stage * WR * BK;
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i)
+      *reinterpret_cast<uint4*>(dw + swz<BK>(lr + i * kRowsPerPass, lc)) =
+          fp8x8_to_elements<T>(codes[i], scale[i]);
   };
 
   const int wm = warp / 4, wn = warp % 4;
@@ -337,16 +386,27 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
     for (int ni = 0; ni < 4; ++ni)
       acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.f;
 
+  uint2 w_codes[kWLoads];
+  float w_scale[kWLoads];
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_k) load_stage(s, s);
+    if (s < num_k) {
+      load_stage(s, s);
+      if constexpr (kFp8) {
+        load_w_codes(s, w_codes, w_scale);
+        store_w(s, w_codes, w_scale);
+      }
+    }
     cp_async_commit();
   }
   for (int kt = 0; kt < num_k; ++kt) {
     cp_async_wait<kStages - 2>();  // stage kt has landed (this thread's copies) ...
     __syncthreads();               // ... everyone's, and stage kt - 1 is no longer read
     const int nk = kt + kStages - 1;
-    if (nk < num_k) load_stage(nk, nk % kStages);
+    if (nk < num_k) {
+      load_stage(nk, nk % kStages);
+      if constexpr (kFp8) load_w_codes(nk, w_codes, w_scale);
+    }
     cp_async_commit();
     const T* sa = s_a + (kt % kStages) * BM * BK;
     const T* sw = s_w + (kt % kStages) * WR * BK;
@@ -370,6 +430,10 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
         }
       }
     }
+    // Stage nk's slot was last read in iteration kt - 1, and is read after the barriers of
+    // iterations kt + 1 and nk.
+    if constexpr (kFp8)
+      if (nk < num_k) store_w(nk % kStages, w_codes, w_scale);
   }
   cp_async_wait<0>();
 
@@ -412,6 +476,15 @@ __global__ void __launch_bounds__(kMoeTcThreads, 2) tc_grouped_gemm_kernel(GemmA
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Whether the 16-bit paths (tensor cores, cuBLASLt) take the operands: x bf16 or f16, and the
+// experts of x's dtype, or FP8 experts whose scale blocks hold whole 8-weight chunks (the
+// tensor-core kernel converts a chunk with one scale).
+bool moe_tc_operands(const MoeArgs& a) {
+  const DType xt = a.x.dtype(), wt = a.gate_up.dtype();
+  if (xt != DType::kBF16 && xt != DType::kF16) return false;
+  return wt == DType::kFP8E4M3 ? a.block_in % 8 == 0 : wt == xt;
+}
+
 // ---- combine ----
 
 template <typename TY, typename TO>
@@ -437,10 +510,11 @@ __global__ void combine_kernel(const TY* __restrict__ y, const int32_t* __restri
   out[i] = from_f32<TO>(acc);
 }
 
+// f(TA{}, TW{}): a float dtype's type, and w's (visit_expert_weight: FP8 experts too).
 template <typename F>
 void visit_act_weight(DType a, DType w, F&& f) {
   visit_float(a, "moe_experts",
-              [&](auto ta) { visit_float(w, "moe_experts", [&](auto tw) { f(ta, tw); }); });
+              [&](auto ta) { visit_expert_weight(w, "moe_experts", [&](auto tw) { f(ta, tw); }); });
 }
 
 // The align step: each expert's slots listed in o.sorted, its run padded to whole tiles of `rows`.
@@ -459,8 +533,7 @@ void launch_align(const MoeArgs& a, const MoeShape& s, int rows, int64_t max_til
 // The path a call takes: the backend's choice (moe_schedule.h), or a clear error where a forced
 // cuBLASLt path cannot run.
 MoePath choose_path(const MoeArgs& a, const MoeShape& s, MoeBackend backend, cudaStream_t stream) {
-  const DType wt = a.gate_up.dtype();
-  const bool tc_operands = (wt == DType::kBF16 || wt == DType::kF16) && a.x.dtype() == wt;
+  const bool tc_operands = moe_tc_operands(a);
   const bool aligned =
       aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr()) && aligned16(a.down.data_ptr());
   if (backend == MoeBackend::kKernels)
@@ -519,22 +592,8 @@ void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_i
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 
-namespace {
-
-// FP8 experts run on the CPU twin only for now (moe_runs_fp8_experts): models on a GPU dequantize
-// their experts at load.
-void refuse_fp8_experts(const MoeArgs& a, const char* op) {
-  LONGCTX_CHECK(!a.gate_up_scales.defined() && !a.down_scales.defined(), ErrorCode::kUnsupported,
-                "{}: FP8 block experts (gate_up_scales / down_scales) do not run on CUDA yet; "
-                "dequantize them at load",
-                op);
-}
-
-}  // namespace
-
 void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
   const MoeShape s = check_moe_args(a);
-  refuse_fp8_experts(a, "moe_experts_cuda");
   const Device d = a.x.device();
   DeviceGuard guard(d.index);
   cudaStream_t stream = op_stream(d, "moe_experts");
@@ -545,6 +604,7 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
   const int64_t slots = s.tokens * s.top_k;
   const int k = static_cast<int>(s.top_k);
   const DType wt = a.gate_up.dtype();
+  const DType ct = a.x.dtype();  // the 16-bit paths' dtype (x's: the experts' or FP8's compute)
   const MoePath path = choose_path(a, s, backend, stream);
   const int32_t* inv = nullptr;
   Tensor y;              // [rows, hidden] f32 (cuBLASLt: 16-bit): each slot's expert output
@@ -572,7 +632,7 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
     o.inv = o.sorted + max_tiles * rows;
     o.counts = nullptr;
     launch_align(a, s, rows, max_tiles, o, stream);
-    const DType act_dtype = path == MoePath::kTensorCore ? wt : DType::kF32;
+    const DType act_dtype = path == MoePath::kTensorCore ? ct : DType::kF32;
     Tensor act = Tensor::empty({max_tiles * rows, s.inter}, act_dtype, d);
     y = Tensor::empty({max_tiles * rows, s.hidden}, DType::kF32, d);
     GemmArgs g1{a.x.data_ptr(),
@@ -583,7 +643,8 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
                 o.num_tiles,
                 k,
                 s.inter,
-                s.hidden};
+                s.hidden,
+                moe_fp8_scales(a, s, true)};
     GemmArgs g2{act.data_ptr(),
                 a.down.data_ptr(),
                 y.data_ptr(),
@@ -592,7 +653,8 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
                 o.num_tiles,
                 k,
                 s.hidden,
-                s.inter};
+                s.inter,
+                moe_fp8_scales(a, s, false)};
     const dim3 grid1(unsigned(moe_gate_up_col_tiles(path, s.inter)), unsigned(max_tiles));
     const dim3 grid2(unsigned(moe_down_col_tiles(path, s.hidden)), unsigned(max_tiles));
     if (path == MoePath::kTensorCore) {
@@ -600,10 +662,17 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
         using T = decltype(tag);
         constexpr int BM = decltype(bm)::value;
         constexpr int smem = moe_tc_smem_bytes(BM);
-        kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, true, BM>, smem);
-        kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, false, BM>, smem);
-        tc_grouped_gemm_kernel<T, true, BM><<<grid1, kMoeTcThreads, smem, stream>>>(g1);
-        tc_grouped_gemm_kernel<T, false, BM><<<grid2, kMoeTcThreads, smem, stream>>>(g2);
+        auto launch_w = [&](auto wtag) {
+          using TW = decltype(wtag);
+          kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, TW, true, BM>, smem);
+          kernels::cuda::require_dynamic_smem(tc_grouped_gemm_kernel<T, TW, false, BM>, smem);
+          tc_grouped_gemm_kernel<T, TW, true, BM><<<grid1, kMoeTcThreads, smem, stream>>>(g1);
+          tc_grouped_gemm_kernel<T, TW, false, BM><<<grid2, kMoeTcThreads, smem, stream>>>(g2);
+        };
+        if (wt == DType::kFP8E4M3)
+          launch_w(Fp8Weight{});
+        else
+          launch_w(T{});
       };
       auto launch_rows = [&](auto tag) {
         if (rows == kMoeTcSmallRows)
@@ -611,12 +680,12 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
         else
           launch(tag, std::integral_constant<int, kMoeTcRows>{});
       };
-      if (wt == DType::kBF16)
+      if (ct == DType::kBF16)
         launch_rows(__nv_bfloat16{});
       else
         launch_rows(__half{});
     } else {
-      visit_act_weight(a.x.dtype(), wt, [&](auto ta, auto tw) {
+      visit_act_weight(ct, wt, [&](auto ta, auto tw) {
         using TA = decltype(ta);
         using TW = decltype(tw);
         simt_grouped_gemm_kernel<TA, TW, true><<<grid1, 256, 0, stream>>>(g1);
@@ -628,16 +697,18 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
     align_buffers = ints;
   }
   const int64_t n = s.tokens * s.hidden;
-  visit_act_weight(y.dtype(), a.out.dtype(), [&](auto ty, auto to) {
-    using TY = decltype(ty);
-    using TO = decltype(to);
-    kernels::cuda::launch_pdl(combine_kernel<TY, TO>, dim3(unsigned((n + 255) / 256)), dim3(256), 0,
-                              stream, static_cast<const TY*>(y.data_ptr()), inv,
-                              static_cast<const float*>(a.topk_weights.data<float>()), s.tokens, k,
-                              s.hidden, a.shared.defined() ? a.shared.data_ptr() : nullptr,
-                              a.shared.dtype(),
-                              a.shared_gate.defined() ? a.shared_gate.data_ptr() : nullptr,
-                              a.shared_gate.dtype(), static_cast<TO*>(a.out.data_ptr()));
+  visit_float(y.dtype(), "moe_experts", [&](auto ty) {
+    visit_float(a.out.dtype(), "moe_experts", [&](auto to) {
+      using TY = decltype(ty);
+      using TO = decltype(to);
+      kernels::cuda::launch_pdl(combine_kernel<TY, TO>, dim3(unsigned((n + 255) / 256)), dim3(256),
+                                0, stream, static_cast<const TY*>(y.data_ptr()), inv,
+                                static_cast<const float*>(a.topk_weights.data<float>()), s.tokens,
+                                k, s.hidden, a.shared.defined() ? a.shared.data_ptr() : nullptr,
+                                a.shared.dtype(),
+                                a.shared_gate.defined() ? a.shared_gate.data_ptr() : nullptr,
+                                a.shared_gate.dtype(), static_cast<TO*>(a.out.data_ptr()));
+    });
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -645,7 +716,6 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
 void moe_forward_cuda(const Tensor& logits, bool renormalize, const MoeArgs& a) {
   check_moe_route_args(logits, a.topk_ids, a.topk_weights);
   const MoeShape s = check_moe_args(a);
-  refuse_fp8_experts(a, "moe_forward_cuda");
   LONGCTX_CHECK(logits.size(0) == s.tokens && logits.size(1) == s.experts,
                 ErrorCode::kInvalidArgument, "moe_forward: logits {} must be [{}, {} experts]",
                 logits.str(), s.tokens, s.experts);

@@ -15,6 +15,12 @@
 //   slot; the slots' fp32 rows meet in shared memory and one thread per row sums
 //   weight[t, j] * row_j in slot order (+ sigmoid(shared_gate) * shared), as the combine kernel
 //   of the prefill paths does: deterministic, no atomics, and no [slots, hidden] buffer.
+// FP8 block experts (MoeArgs' codes and scales): the same kernels on the codes, 16 per 16-byte
+//   load (half the bytes of bf16 rows, so the GEMVs stream half as long), converted in
+//   registers; each lane's 16 products are summed and the sum multiplied by its block's scale
+//   (one multiply per 16 weights rather than per weight, block_in % 16 == 0 so a load is in one
+//   block). The fp32 result differs from the CPU twin's (which scales each weight, then dots) by
+//   rounding alone.
 // Both are launched with programmatic dependent launch and wait for the kernel before them
 // (kernels/cuda/pdl.cuh), so the block is router GEMV -> gate/up -> down. With the router logits
 // the down kernel's CTAs, which start while gate/up runs (it lets its dependents launch right
@@ -32,6 +38,7 @@
 #include "longctx/core/stream.h"
 #include "ops/moe.h"
 #include "ops/moe_decode.h"
+#include "ops/moe_fp8_device.cuh"
 #include "ops/moe_route_device.cuh"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
@@ -44,21 +51,22 @@ using namespace cuda_detail;
 
 constexpr int R = kMoeDecodeRowsPerWarp;
 
-// Rows [row0, row0 + R) of one expert's weight block w ([n or 2n, k]) dotted with the activation
-// row a ([k]); for kGateUp also the up rows n + row. kVecLoads: 16-byte loads of 8 elements per
-// lane (k % 8 == 0, rows 16-byte aligned), all of the warp's rows in flight at once; else one
-// element per lane. Rows past n read row n - 1 (so the loads stay branch-free). On return every
-// lane holds the sums.
-// 16 bytes of weights at p (16-byte aligned) under the L2 cache policy `pol` (createpolicy), as
-// load<kVec> converts them.
+// 16 bytes of weights at p (16-byte aligned) under the L2 cache policy `pol` (createpolicy).
+__device__ __forceinline__ uint4 load_hinted_raw(const void* p, uint64_t pol) {
+  uint4 u;
+  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+      : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+      : "l"(p), "l"(pol));
+  return u;
+}
+
+// 16 bytes of float weights at p, as load<kVec> converts them (f32: two 16-byte loads).
 template <typename TW>
 __device__ __forceinline__ void load_hinted(const TW* p, uint64_t pol, float (&v)[kVec]) {
   uint4 u[sizeof(TW) == 4 ? 2 : 1];
 #pragma unroll
   for (int h = 0; h < (sizeof(TW) == 4 ? 2 : 1); ++h)
-    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-        : "=r"(u[h].x), "=r"(u[h].y), "=r"(u[h].z), "=r"(u[h].w)
-        : "l"(reinterpret_cast<const uint4*>(p) + h), "l"(pol));
+    u[h] = load_hinted_raw(reinterpret_cast<const uint4*>(p) + h, pol);
   if constexpr (sizeof(TW) == 4) {
     const float* f = reinterpret_cast<const float*>(u);
 #pragma unroll
@@ -85,21 +93,74 @@ __device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
   return pol;
 }
 
-// pol: the L2 policy of the weight loads with kVecLoads (l2_policy).
+// Weights per 16-byte load: 8 of a 16-bit dtype (f32: two loads), 16 FP8 codes.
+template <typename TW>
+constexpr int kWeightsPerLoad = kIsFp8Weight<TW> ? 16 : kVec;
+
+// Rows [row0, row0 + R) of expert e's weight block w ([n or 2n, k]) dotted with the activation
+// row a ([k]); for kGateUp also the up rows n + row. kVecLoads: 16-byte loads of
+// kWeightsPerLoad<TW> weights per lane (k a multiple of it, rows 16-byte aligned; FP8: block_in
+// too, so a load is in one scale block), all of the warp's rows in flight at once; else one
+// element per lane. FP8 codes: a load's 16 products are summed, then times the block's scale
+// (one multiply per 16 weights, as the dense FP8 GEMV; the fp32 sums differ from the CPU twin's
+// scaled-weight products by rounding only). Rows past n read row n - 1 (so the loads stay
+// branch-free). On return every lane holds the sums. pol: the L2 policy of the weight loads
+// with kVecLoads (l2_policy).
 template <typename TA, typename TW, bool kGateUp, bool kVecLoads>
 __device__ __forceinline__ void gemv_rows(const TA* __restrict__ a, const TW* __restrict__ w,
-                                          int64_t n, int64_t k, int64_t row0, int lane,
-                                          float (&s0)[R], float (&s1)[R], uint64_t pol) {
+                                          const MoeFp8Scales& fs, int64_t e, int64_t n, int64_t k,
+                                          int64_t row0, int lane, float (&s0)[R], float (&s1)[R],
+                                          uint64_t pol) {
   const TW* wg[R];
   const TW* wu[R];
+  const float* sg[R];  // FP8: the rows' scales
+  const float* su[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t row = min(row0 + r, n - 1);
+    const int64_t up_row = kGateUp ? n + row : row;
     wg[r] = w + row * k;
-    wu[r] = w + (kGateUp ? n + row : row) * k;
+    wu[r] = w + up_row * k;
+    if constexpr (kIsFp8Weight<TW>) {
+      sg[r] = fs.row(e, row);
+      su[r] = fs.row(e, up_row);
+    } else {
+      sg[r] = su[r] = nullptr;
+    }
     s0[r] = s1[r] = 0.f;
   }
-  if constexpr (kVecLoads) {
+  if constexpr (kVecLoads && kIsFp8Weight<TW>) {
+    constexpr int W = 16;
+#pragma unroll 2
+    for (int64_t i = int64_t(lane) * W; i < k; i += 32 * W) {
+      uint4 c0[R], c1[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        c0[r] = load_hinted_raw(wg[r] + i, pol);
+        if constexpr (kGateUp) c1[r] = load_hinted_raw(wu[r] + i, pol);
+      }
+      float x[2][kVec];
+      load<kVec>(a + i, x[0]);
+      load<kVec>(a + i + kVec, x[1]);
+      const int col = static_cast<int>(i) / static_cast<int>(fs.block_in);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float wf[W];
+        fp8x16_to_f32(c0[r], wf);
+        float part = 0.f;
+#pragma unroll
+        for (int j = 0; j < W; ++j) part = fmaf(wf[j], x[j / kVec][j % kVec], part);
+        s0[r] = fmaf(sg[r][col], part, s0[r]);
+        if constexpr (kGateUp) {
+          fp8x16_to_f32(c1[r], wf);
+          part = 0.f;
+#pragma unroll
+          for (int j = 0; j < W; ++j) part = fmaf(wf[j], x[j / kVec][j % kVec], part);
+          s1[r] = fmaf(su[r][col], part, s1[r]);
+        }
+      }
+    }
+  } else if constexpr (kVecLoads) {
 #pragma unroll 2
     for (int64_t i = int64_t(lane) * kVec; i < k; i += 32 * kVec) {
       float x[kVec];
@@ -123,8 +184,8 @@ __device__ __forceinline__ void gemv_rows(const TA* __restrict__ a, const TW* __
       const float x = to_f32(a[i]);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        s0[r] = fmaf(to_f32(wg[r][i]), x, s0[r]);
-        if constexpr (kGateUp) s1[r] = fmaf(to_f32(wu[r][i]), x, s1[r]);
+        s0[r] = fmaf(weight_f32(wg[r], i, sg[r], fs.block_in), x, s0[r]);
+        if constexpr (kGateUp) s1[r] = fmaf(weight_f32(wu[r], i, su[r], fs.block_in), x, s1[r]);
       }
     }
   }
@@ -148,6 +209,7 @@ struct GateUpParams {
   int experts, top_k;
   int64_t inter, hidden;
   bool evict_first;  // the weight rows' L2 policy (the down kernel prefetches its rows)
+  MoeFp8Scales fp8;  // gate_up's block scales (FP8 experts)
 };
 
 // Token t's experts by rank from the router logits ([T, experts] of logits_dtype) into s_pick
@@ -269,7 +331,7 @@ __global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpPar
   const TW* w = static_cast<const TW*>(p.gate_up) + int64_t(e) * 2 * p.inter * p.hidden;
   const TA* a = static_cast<const TA*>(p.x) + t * p.hidden;
   float s0[R], s1[R];
-  gemv_rows<TA, TW, true, kVecLoads>(a, w, p.inter, p.hidden, row0, lane, s0, s1,
+  gemv_rows<TA, TW, true, kVecLoads>(a, w, p.fp8, e, p.inter, p.hidden, row0, lane, s0, s1,
                                      l2_policy(p.evict_first));
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -290,6 +352,7 @@ struct DownParams {
   int64_t hidden, inter;
   const void* logits;  // [T, experts] router logits to prefetch by, or nullptr: no prefetch
   DType logits_dtype;
+  MoeFp8Scales fp8;  // down's block scales (FP8 experts)
 };
 
 // Before the down kernel waits: token t's experts from the logits (route_ranks), and one L2 bulk
@@ -335,8 +398,8 @@ __global__ void __launch_bounds__(32 * kMoeCombineWarps) down_combine_kernel(Dow
     float s0[R], s1[R];
     if (e >= 0 && e < p.experts) {
       const TW* w = static_cast<const TW*>(p.down) + int64_t(e) * p.hidden * p.inter;
-      gemv_rows<float, TW, false, kVecLoads>(p.act + slot * p.inter, w, p.hidden, p.inter, row0,
-                                             lane, s0, s1, l2_policy(false));
+      gemv_rows<float, TW, false, kVecLoads>(p.act + slot * p.inter, w, p.fp8, e, p.hidden, p.inter,
+                                             row0, lane, s0, s1, l2_policy(false));
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) s0[r] = 0.f;
@@ -377,9 +440,14 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
   const Device d = a.x.device();
   const int64_t slots = s.tokens * s.top_k;
   Tensor act = Tensor::empty({slots, s.inter}, DType::kF32, d);  // [T * k, inter]
-  const bool vec1 =
-      s.hidden % kVec == 0 && aligned16(a.x.data_ptr()) && aligned16(a.gate_up.data_ptr());
-  const bool vec2 = s.inter % kVec == 0 && aligned16(a.down.data_ptr());  // act: a fresh buffer
+  // The 16-byte loads: rows of whole loads (FP8: 16 codes, each load within one scale block).
+  const bool fp8 = a.gate_up_scales.defined();
+  const int64_t per_load = fp8 ? 16 : kVec;
+  const bool blocks_ok = !fp8 || a.block_in % 16 == 0;
+  const bool vec1 = s.hidden % per_load == 0 && blocks_ok && aligned16(a.x.data_ptr()) &&
+                    aligned16(a.gate_up.data_ptr());
+  const bool vec2 =
+      s.inter % per_load == 0 && blocks_ok && aligned16(a.down.data_ptr());  // act: a fresh buffer
   // The down kernel prefetches its rows where it routes by the logits (its shared-memory ranks:
   // up to kMoeFusedRouteMaxExperts) and loads 16 bytes at a time (whole, aligned prefetch ranges).
   const bool prefetch = logits != nullptr && vec2 && s.experts <= kMoeFusedRouteMaxExperts &&
@@ -412,12 +480,14 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
                 s.inter,
                 prefetch ? logits->data_ptr() : nullptr,
                 logits ? logits->dtype() : DType::kF32};
+  g.fp8 = moe_fp8_scales(a, s, true);
+  dn.fp8 = moe_fp8_scales(a, s, false);
   const dim3 grid1(unsigned(moe_decode_blocks(s.inter)), unsigned(slots));
   const dim3 grid2(unsigned(moe_combine_blocks(s.hidden)), unsigned(s.tokens));
   const dim3 block2(unsigned(32 * moe_combine_warps(s.top_k)));
   const int smem2 = static_cast<int>(s.top_k * R * sizeof(float));
   visit_float(a.x.dtype(), "moe_experts", [&](auto ta) {
-    visit_float(a.gate_up.dtype(), "moe_experts", [&](auto tw) {
+    visit_expert_weight(a.gate_up.dtype(), "moe_experts", [&](auto tw) {
       using TA = decltype(ta);
       using TW = decltype(tw);
       kernels::cuda::launch_pdl(vec1 ? gate_up_kernel<TA, TW, true> : gate_up_kernel<TA, TW, false>,
@@ -425,7 +495,7 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
     });
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
-  visit_float(a.down.dtype(), "moe_experts", [&](auto tw) {
+  visit_expert_weight(a.down.dtype(), "moe_experts", [&](auto tw) {
     visit_float(a.out.dtype(), "moe_experts", [&](auto to) {
       using TW = decltype(tw);
       using TO = decltype(to);

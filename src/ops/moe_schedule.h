@@ -134,6 +134,10 @@ inline int64_t moe_lt_rows(int64_t count) {
   return (count + step - 1) / step * step;
 }
 
+// Elements of the cuBLASLt path's scratch for FP8 experts (moe_cublas_cuda.cu): one expert's
+// largest matrix dequantized, gate_up's [2 inter, hidden], in x's 16-bit dtype.
+inline int64_t moe_fp8_scratch_elems(int64_t hidden, int64_t inter) { return 2 * inter * hidden; }
+
 // Rows per row tile of a grouped-GEMM path (the tensor-core path's large tile; moe_tc_rows picks).
 constexpr int moe_tile_rows(MoePath p) {
   return p == MoePath::kTensorCore ? kMoeTcRows : kMoeSimtRows;

@@ -1,6 +1,7 @@
 // The GPU memory plan is arithmetic on the config: testable without a GPU.
 #include <gtest/gtest.h>
 
+#include "loader/quantize_checkpoint.h"
 #include "longctx/core/error.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/loader/checkpoint.h"
@@ -40,6 +41,26 @@ TEST(GpuMemoryPlan, Qwen3MoeCountsTheExperts) {
   EXPECT_GT(p.workspaces, plan_gpu_memory(dense, o, 140 * kGiB).workspaces);
   EXPECT_LE(p.weights + p.activations + p.workspaces + p.graphs + p.kv_bytes(), p.budget);
   EXPECT_GE(p.kv_tokens(), 20 * 32768);  // ~78 GiB of KV at 96 KiB per token
+}
+
+// FP8 block experts stay packed on the GPU (ops::moe_runs_fp8_experts): the plan counts each
+// routed expert weight as a byte plus one f32 scale per 128 x 128 block, so Qwen3-Next-80B-A3B in
+// FP8 (72 GiB of experts, 144 in bf16) fits an H200-sized budget; the MoE buffers take the
+// cuBLASLt path's one-expert scratch (2 x 512 x 2048 bf16) on top of the bf16 model's.
+TEST(GpuMemoryPlan, Fp8ExpertsAreCountedPacked) {
+  ModelConfig c = dummy_preset_config("qwen3-next-80b-a3b");
+  GpuRunnerOptions o;
+  o.max_model_len = 32768;
+  const GpuMemoryPlan bf16 = plan_gpu_memory(c, o, 200 * kGiB);
+  c.quantization = quant_config_for(QuantFormatOptions{});  // fp8, 128 x 128 blocks
+  const GpuMemoryPlan fp8 = plan_gpu_memory(c, o, 130 * kGiB);
+  const int64_t experts = 48ll * 512 * 3 * 2048 * 512;
+  EXPECT_EQ(bf16.expert_weights, experts * 2);
+  EXPECT_EQ(fp8.expert_weights, experts + 48ll * 512 * 3 * (2048 / 128) * (512 / 128) * 4);
+  EXPECT_LT(fp8.weights, 80 * kGiB) << fp8.str();
+  EXPECT_EQ(fp8.workspaces - bf16.workspaces, 2ll * 512 * 2048 * 2);
+  EXPECT_LE(fp8.weights + fp8.activations + fp8.workspaces + fp8.graphs + fp8.kv_bytes(),
+            fp8.budget);
 }
 
 TEST(GpuMemoryPlan, A24GiBCardCannotHoldA128KSequenceButHolds32K) {

@@ -3,6 +3,7 @@
 
 #include "core/cuda_stream.h"
 #include "gpu_ops/device_fill.h"
+#include "kernels/cuda/fp8_device.cuh"
 #include "longctx/core/cuda_check.h"
 
 namespace longctx::gpu_ops_test {
@@ -46,6 +47,9 @@ __global__ void fill_kernel(void* dst, int64_t count, DType dtype, uint64_t seed
       }
       case DType::kU8:
         static_cast<uint8_t*>(dst)[i] = uint8_t(h >> 56);
+        break;
+      case DType::kFP8E4M3:  // the code of v (saturating)
+        static_cast<uint8_t*>(dst)[i] = kernels::cuda::detail::fp8e4m3_encode(v);
         break;
       case DType::kI64:
         static_cast<int64_t*>(dst)[i] = int64_t(h >> 1);

@@ -11,9 +11,9 @@
 namespace longctx::gpu_ops_test {
 
 // dst[i] = lo + (hi - lo) * u(seed, i), u uniform in [0, 1) from a hash of (seed, i), rounded to
-// dtype (f32/bf16/f16). For i32, values in [int(lo), int(hi)); u8 and i64 get raw hash bits.
-// Deterministic for any launch shape. Without a stream: on the thread's current stream, done when
-// it returns (whatever stream reads dst next).
+// dtype (f32/bf16/f16; fp8 e4m3: its code, saturating). For i32, values in [int(lo), int(hi)); u8
+// and i64 get raw hash bits. Deterministic for any launch shape. Without a stream: on the
+// thread's current stream, done when it returns (whatever stream reads dst next).
 void fill_uniform(void* dst, int64_t count, DType dtype, uint64_t seed, float lo, float hi,
                   cudaStream_t stream = nullptr);
 

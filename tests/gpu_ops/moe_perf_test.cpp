@@ -105,20 +105,26 @@ double graph_ms_per_call(const TestStream& s, const std::function<void(int)>& op
 // The MoE block's ops at decode batches, one model's shapes (bf16, hidden 2048), 4 layers' weights
 // cycled so that L2 holds little of them; with the shared expert's output added by the combine
 // where the model has one.
+// fp8: the experts FP8 block-quantized (128 x 128 blocks, f32 scales), the GB/s of their codes.
 struct DecodeBlockModel {
   const char* name;
   int64_t experts, top_k, inter;
   bool shared;
+  bool fp8 = false;
 };
 void moe_decode_block_rows(const DecodeBlockModel& model) {
   TestStream s;
   const int64_t kE = model.experts, kK = model.top_k, kI = model.inter;
   constexpr int64_t kH = 2048, kLayers = 4;
   constexpr int kModelLayers = 48;
-  std::printf("  %s: %lld experts, top-%lld, inter %lld%s\n", model.name, (long long)kE,
-              (long long)kK, (long long)kI, model.shared ? ", shared expert" : "");
+  std::printf("  %s: %lld experts, top-%lld, inter %lld%s%s\n", model.name, (long long)kE,
+              (long long)kK, (long long)kI, model.shared ? ", shared expert" : "",
+              model.fp8 ? ", FP8 experts" : "");
+  constexpr int64_t kBlock = 128;
+  const DType wt = model.fp8 ? DType::kFP8E4M3 : kBf;
   struct Layer {
-    Tensor router, gate_up, down;  // [E, H], [E, 2 I, H], [E, H, I]
+    Tensor router, gate_up, down;        // [E, H], [E, 2 I, H], [E, H, I]
+    Tensor gate_up_scales, down_scales;  // FP8: [E, 2 I / 128, H / 128], [E, H / 128, I / 128]
   };
   std::vector<Layer> layers(kLayers);
   const float a0 = 1.f / std::sqrt(float(kH)), a1 = 2.f / std::sqrt(float(kH)),
@@ -126,13 +132,25 @@ void moe_decode_block_rows(const DecodeBlockModel& model) {
   for (int64_t l = 0; l < kLayers; ++l) {
     Layer& w = layers[l];
     w.router = Tensor::empty({kE, kH}, kBf, kGpu);
-    w.gate_up = Tensor::empty({kE, 2 * kI, kH}, kBf, kGpu);
-    w.down = Tensor::empty({kE, kH, kI}, kBf, kGpu);
+    w.gate_up = Tensor::empty({kE, 2 * kI, kH}, wt, kGpu);
+    w.down = Tensor::empty({kE, kH, kI}, wt, kGpu);
     fill_uniform(w.router.data_ptr(), w.router.numel(), kBf, uint32_t(20 + 3 * l), -a0, a0);
-    fill_uniform(w.gate_up.data_ptr(), w.gate_up.numel(), kBf, uint32_t(21 + 3 * l), -a1, a1);
-    fill_uniform(w.down.data_ptr(), w.down.numel(), kBf, uint32_t(22 + 3 * l), -a2, a2);
+    if (model.fp8) {  // codes of values in [-448, 448], scales that bring them to the bf16 range
+      fill_uniform(w.gate_up.data_ptr(), w.gate_up.numel(), wt, uint32_t(21 + 3 * l), -448, 448);
+      fill_uniform(w.down.data_ptr(), w.down.numel(), wt, uint32_t(22 + 3 * l), -448, 448);
+      w.gate_up_scales = Tensor::empty({kE, 2 * kI / kBlock, kH / kBlock}, kF32, kGpu);
+      w.down_scales = Tensor::empty({kE, kH / kBlock, kI / kBlock}, kF32, kGpu);
+      fill_uniform(w.gate_up_scales.data_ptr(), w.gate_up_scales.numel(), kF32, uint32_t(41 + l),
+                   0.5f * a1 / 448, 1.5f * a1 / 448);
+      fill_uniform(w.down_scales.data_ptr(), w.down_scales.numel(), kF32, uint32_t(51 + l),
+                   0.5f * a2 / 448, 1.5f * a2 / 448);
+    } else {
+      fill_uniform(w.gate_up.data_ptr(), w.gate_up.numel(), kBf, uint32_t(21 + 3 * l), -a1, a1);
+      fill_uniform(w.down.data_ptr(), w.down.numel(), kBf, uint32_t(22 + 3 * l), -a2, a2);
+    }
   }
-  const double routed_bytes = 3.0 * kH * kI * kK * 2;  // one token's routed expert rows
+  // one token's routed expert rows (FP8: the codes; their scales add 1/4096)
+  const double routed_bytes = 3.0 * kH * kI * kK * (model.fp8 ? 1 : 2);
   for (int64_t t : {1, 8, 32}) {
     const Tensor x = random_host({t, kH}, kBf, 7, -1, 1).to(kGpu);
     const Tensor logits = Tensor::empty({t, kE}, kF32, kGpu);
@@ -147,8 +165,14 @@ void moe_decode_block_rows(const DecodeBlockModel& model) {
     }
     auto layer_args = [&](int i) {
       ops::MoeArgs b = a;
-      b.gate_up = layers[i % kLayers].gate_up;
-      b.down = layers[i % kLayers].down;
+      const Layer& w = layers[i % kLayers];
+      b.gate_up = w.gate_up;
+      b.down = w.down;
+      if (model.fp8) {
+        b.gate_up_scales = w.gate_up_scales;
+        b.down_scales = w.down_scales;
+        b.block_out = b.block_in = kBlock;
+      }
       return b;
     };
     auto router = [&](int i) { ops::linear(x, layers[i % kLayers].router, Tensor(), logits); };
@@ -232,6 +256,49 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
 TEST(GpuOpsPerf, MoeDecodeBlockQwen3Next80B) {
   if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
   moe_decode_block_rows({"Qwen3-Next-80B-A3B", 512, 10, 512, true});
+}
+
+// The same blocks with FP8 block experts (the checkpoints' quant_method fp8): half the bytes per
+// routed row, so the experts' GEMVs should take about half the bf16 rows' time at T = 1.
+TEST(GpuOpsPerf, MoeDecodeBlockFp8) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  moe_decode_block_rows({"Qwen3-30B-A3B", 128, 8, 768, false, true});
+}
+
+TEST(GpuOpsPerf, MoeDecodeBlockQwen3Next80BFp8) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  moe_decode_block_rows({"Qwen3-Next-80B-A3B", 512, 10, 512, true, true});
+}
+
+// One Qwen3-30B-A3B layer's experts at prefill sizes, bf16 beside FP8 block experts (the same
+// shapes), on the grouped kernels and on cuBLASLt (FP8: each expert dequantized before its GEMMs).
+TEST(GpuOpsPerf, MoePrefillFp8) {
+  if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
+  TestStream s;
+  constexpr int64_t kE = 128, kK = 8, kH = 2048, kI = 768, kBlock = 128;
+  const double flops_per_token = 2.0 * 3 * kH * kI * kK;
+  for (int64_t t : {4096, 32768}) {
+    DeviceMoe m(t, kE, kK, kH, kI, kBf, 4);
+    ops::moe_route(m.logits, true, m.ids, m.weights);
+    ops::MoeArgs q = m.args;
+    q.gate_up = Tensor::empty({kE, 2 * kI, kH}, DType::kFP8E4M3, kGpu);
+    q.down = Tensor::empty({kE, kH, kI}, DType::kFP8E4M3, kGpu);
+    fill_uniform(q.gate_up.data_ptr(), q.gate_up.numel(), DType::kFP8E4M3, 5, -448, 448);
+    fill_uniform(q.down.data_ptr(), q.down.numel(), DType::kFP8E4M3, 6, -448, 448);
+    q.gate_up_scales = Tensor::empty({kE, 2 * kI / kBlock, kH / kBlock}, kF32, kGpu);
+    q.down_scales = Tensor::empty({kE, kH / kBlock, kI / kBlock}, kF32, kGpu);
+    fill_uniform(q.gate_up_scales.data_ptr(), q.gate_up_scales.numel(), kF32, 7, 1e-4f, 1e-3f);
+    fill_uniform(q.down_scales.data_ptr(), q.down_scales.numel(), kF32, 8, 1e-4f, 1e-3f);
+    q.block_out = q.block_in = kBlock;
+    for (const ops::MoeArgs* a : {&m.args, &q})
+      for (ops::MoeBackend b : {ops::MoeBackend::kKernels, ops::MoeBackend::kCublasLt}) {
+        const double ms = time_ms(s, [&] { ops::moe_experts_cuda(*a, b); });
+        std::printf("  moe prefill T=%-6lld %-4s %-9s %9.4f ms %7.1f TFLOP/s\n", (long long)t,
+                    a == &q ? "fp8" : "bf16", backend_name(b), ms,
+                    flops_per_token * double(t) / (ms * 1e9));
+      }
+  }
+  std::fflush(stdout);
 }
 
 // The expert GEMMs of Qwen3-30B-A3B's layer with `rows` rows per expert (256: a 4K prefill, 2048:

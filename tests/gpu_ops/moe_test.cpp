@@ -582,35 +582,5 @@ TEST(MoeGpuErrors, TooManyExpertsForTheAlignStep) {
   }
 }
 
-// FP8 block experts do not run on CUDA yet: both entries refuse them by name with
-// Error(kUnsupported), and the capability query says so (models dequantize them at load there).
-TEST(MoeGpuFp8, ExpertsAreRefusedUntilTheKernelsExist) {
-  const int64_t t = 2, h = 128, n = 128, e = 4, k = 2;
-  EXPECT_FALSE(ops::moe_runs_fp8_experts(kGpu));
-  ops::MoeArgs a;
-  a.x = Tensor::zeros({t, h}, DType::kBF16).to(kGpu);
-  a.topk_ids = Tensor::zeros({t, k}, DType::kI32).to(kGpu);
-  a.topk_weights = Tensor::zeros({t, k}, DType::kF32).to(kGpu);
-  a.gate_up = Tensor::zeros({e, 2 * n, h}, DType::kFP8E4M3).to(kGpu);
-  a.down = Tensor::zeros({e, h, n}, DType::kFP8E4M3).to(kGpu);
-  a.gate_up_scales = Tensor::zeros({e, 2, 1}, DType::kF32).to(kGpu);
-  a.down_scales = Tensor::zeros({e, 1, 1}, DType::kF32).to(kGpu);
-  a.block_out = a.block_in = 128;
-  a.out = Tensor::empty({t, h}, DType::kBF16, kGpu);
-  const Tensor logits = Tensor::zeros({t, e}, DType::kF32).to(kGpu);
-  for (int forward = 0; forward < 2; ++forward) {
-    try {
-      if (forward)
-        ops::moe_forward(logits, true, a);
-      else
-        ops::moe_experts(a);
-      ADD_FAILURE() << "FP8 experts ran on CUDA";
-    } catch (const Error& err) {
-      EXPECT_EQ(err.code(), ErrorCode::kUnsupported) << err.what();
-      EXPECT_NE(std::string(err.what()).find("FP8 block experts"), std::string::npos) << err.what();
-    }
-  }
-}
-
 }  // namespace
 }  // namespace longctx::gpu_ops_test
