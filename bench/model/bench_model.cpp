@@ -211,8 +211,8 @@ int main(int argc, char** argv) {
                   ErrorCode::kInvalidArgument, "--op-profile-batch {} outside [1, {}]",
                   op_profile_batch, opts.max_num_seqs);
     LONGCTX_CHECK(decode_batch >= 1 && decode_batch <= opts.max_num_seqs,
-                  ErrorCode::kInvalidArgument, "--decode-batch {}: want 1..--max-num-seqs ({})",
-                  decode_batch, opts.max_num_seqs);
+                  ErrorCode::kInvalidArgument, "--decode-batch {} outside [1, {}]", decode_batch,
+                  opts.max_num_seqs);
     LONGCTX_CHECK(!cuda_graphs || op_profile_batch == 1, ErrorCode::kInvalidArgument,
                   "--cuda-graphs profiles batch 1: --op-profile-batch is the runner's");
     opts.kv_dtype =
