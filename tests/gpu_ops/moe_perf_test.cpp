@@ -203,6 +203,12 @@ void moe_decode_block_rows(const DecodeBlockModel& model) {
            ops::moe_route_cuda(logits, true, a.topk_ids, a.topk_weights,
                                ops::MoeRouteKernel::kPerPick);
          }},
+        // the probabilities in registers (kMoeRouteRegMaxExperts experts at most)
+        {"moe_route registers",
+         [&](int) {
+           ops::moe_route_cuda(logits, true, a.topk_ids, a.topk_weights,
+                               ops::MoeRouteKernel::kRegisters);
+         }},
         {"moe_experts", experts},
         {"block: route+experts",
          [&](int i) {
