@@ -44,12 +44,6 @@ struct Fp8Case {
 
 int64_t blocks(int64_t n, int64_t b) { return (n + b - 1) / b; }
 
-uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // Random FP8 experts on the host: codes of values uniform in [-448, 448] (no NaN codes), block
 // scales uniform in [0.5, 1.5] x amp / 448, so the weights spread over [-1.5 amp, 1.5 amp].
 void random_fp8(const Tensor& codes, const Tensor& scales, uint64_t seed, float amp) {

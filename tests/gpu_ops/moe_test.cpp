@@ -85,8 +85,8 @@ TEST_P(MoeGpu, MatchesCpuTwin) {
   // experts, both fed the CPU routing
   Tensor x = random_host({c.tokens, c.hidden}, c.dtype, seed + 1, -1, 1);
   const float a1 = 2.f / std::sqrt(float(c.hidden)), a2 = 2.f / std::sqrt(float(c.inter));
-  Tensor gate_up = random_host({c.experts, 2 * c.inter, c.hidden}, c.dtype, seed + 2, -a1, a1);
-  Tensor down = random_host({c.experts, c.hidden, c.inter}, c.dtype, seed + 3, -a2, a2);
+  Tensor gate_up = random_weights({c.experts, 2 * c.inter, c.hidden}, c.dtype, seed + 2, -a1, a1);
+  Tensor down = random_weights({c.experts, c.hidden, c.inter}, c.dtype, seed + 3, -a2, a2);
   ops::MoeArgs h;
   h.x = x;
   h.topk_ids = ids;
@@ -232,8 +232,8 @@ TEST_P(MoeGpuForward, EqualsRouteThenExperts) {
   const float a1 = 2.f / std::sqrt(float(c.hidden)), a2 = 2.f / std::sqrt(float(c.inter));
   ops::MoeArgs h;
   h.x = random_host({c.tokens, c.hidden}, c.dtype, seed + 1, -1, 1);
-  h.gate_up = random_host({c.experts, 2 * c.inter, c.hidden}, c.dtype, seed + 2, -a1, a1);
-  h.down = random_host({c.experts, c.hidden, c.inter}, c.dtype, seed + 3, -a2, a2);
+  h.gate_up = random_weights({c.experts, 2 * c.inter, c.hidden}, c.dtype, seed + 2, -a1, a1);
+  h.down = random_weights({c.experts, c.hidden, c.inter}, c.dtype, seed + 3, -a2, a2);
   if (c.shared) {
     h.shared = random_host({c.tokens, c.hidden}, c.dtype, seed + 4, -1, 1);
     h.shared_gate = random_host({c.tokens, 1}, DType::kF32, seed + 5, -2, 2);
