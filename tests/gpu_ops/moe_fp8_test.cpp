@@ -24,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "core/device_pool.h"
 #include "gpu_ops/gpu_ops_util.h"
 #include "gpu_ops/moe_test_util.h"
 #include "longctx/core/dtype.h"
@@ -326,30 +325,11 @@ TEST(MoeGpuFp8Graph, ReplayEqualsEager) {
     run();
     stream.sync();
     const std::vector<uint8_t> want = bytes_of(q.out);
-    detail::DevicePool& pool = detail::device_pool(kGpu.index);
-    const uint64_t id = pool.create_private_pool();
-    cudaGraph_t graph = nullptr;
-    pool.begin_private(id);
-    try {
-      run();
-      stream.sync();
-      LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-      run();
-      LONGCTX_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-    } catch (...) {
-      pool.end_private();
-      throw;
-    }
-    pool.end_private();
-    cudaGraphExec_t exec = nullptr;
-    LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const PrivatePoolGraph graph(stream, run);
     LONGCTX_CUDA_CHECK(cudaMemsetAsync(q.out.data_ptr(), 0xFF, q.out.nbytes(), stream.get()));
-    LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    graph.launch(stream);
     stream.sync();
     EXPECT_TRUE(bytes_of(q.out) == want) << "replay";
-    LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    LONGCTX_CUDA_CHECK(cudaGraphDestroy(graph));
-    pool.release_private_pool(id);
   }
 }
 

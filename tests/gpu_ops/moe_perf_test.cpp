@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "core/device_pool.h"
 #include "gpu_ops/gpu_ops_util.h"
 #include "gpu_ops/moe_test_util.h"
 #include "ops/linear.h"
@@ -72,29 +71,10 @@ TEST(GpuOpsPerf, MoeQwen3_30B_A3B) {
 // decode graph pays for these launches, gaps between kernels and PDL overlap included. The
 // capture's buffers come from a private pool, as the engine's decode graphs' do.
 double graph_ms_per_call(const TestStream& s, const std::function<void(int)>& op, int calls) {
-  detail::DevicePool& pool = detail::device_pool(kGpu.index);
-  const uint64_t id = pool.create_private_pool();
-  cudaGraph_t graph = nullptr;
-  pool.begin_private(id);
-  try {
-    for (int i = 0; i < calls; ++i) op(i);  // warm-up: the private pool's segments
-    s.sync();
-    LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+  const PrivatePoolGraph graph(s, [&] {
     for (int i = 0; i < calls; ++i) op(i);
-    LONGCTX_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
-  } catch (...) {
-    pool.end_private();
-    throw;
-  }
-  pool.end_private();
-  cudaGraphExec_t exec = nullptr;
-  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const double ms = time_ms(s, [&] { LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, s.get())); });
-  LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  LONGCTX_CUDA_CHECK(cudaGraphDestroy(graph));
-  s.sync();
-  pool.release_private_pool(id);
-  return ms / calls;
+  });
+  return time_ms(s, [&] { graph.launch(s); }) / calls;
 }
 
 // Qwen3-30B-A3B's MoE block at decode batches (T = 1, 8, 32): each op alone (router GEMV, routing,

@@ -457,38 +457,19 @@ TEST_P(MoeGpuGraph, ReplayEqualsEager) {
   run();
   const std::vector<uint8_t> want1 = out_bytes();
 
-  detail::DevicePool& pool = detail::device_pool(kGpu.index);
-  const uint64_t id = pool.create_private_pool();
-  cudaGraph_t graph = nullptr;
-  pool.begin_private(id);
-  try {
-    run();  // warm-up: the private pool's segments
-    stream.sync();
-    LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-    run();
-    LONGCTX_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-  } catch (...) {
-    pool.end_private();
-    throw;
-  }
-  pool.end_private();
-  cudaGraphExec_t exec = nullptr;
-  LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const PrivatePoolGraph graph(stream, run);
   auto replay = [&] {
     LONGCTX_CUDA_CHECK(
         cudaMemsetAsync(m.args.out.data_ptr(), 0xFF, m.args.out.nbytes(), stream.get()));
-    LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    graph.launch(stream);
     return out_bytes();
   };
   EXPECT_TRUE(replay() == want1) << "replay, same logits";
   m.logits.copy_from_async(logits2, stream.get());  // ordered before the replay
   const std::vector<uint8_t> got2 = replay();
   EXPECT_TRUE(got2 != want1) << "new logits left the output unchanged";
-  LONGCTX_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  LONGCTX_CUDA_CHECK(cudaGraphDestroy(graph));
   run();
   EXPECT_TRUE(out_bytes() == got2) << "replay with new logits against eager";
-  pool.release_private_pool(id);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, MoeGpuGraph,

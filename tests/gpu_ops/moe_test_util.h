@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 
+#include "core/device_pool.h"
 #include "gpu_ops/gpu_ops_util.h"
 #include "longctx/core/parallel.h"
 #include "ops/moe.h"
@@ -63,6 +65,50 @@ inline Tensor random_weights(const Shape& shape, DType dtype, uint64_t seed, flo
       1 << 16);
   return t;
 }
+
+// `step` captured once on `stream` as a CUDA graph whose buffers come from a private device pool,
+// as the engine's decode graphs' do: one eager call first (so the pool holds its segments and the
+// capture allocates nothing from the driver), then the capture. The graph and the pool go with
+// the object.
+class PrivatePoolGraph {
+ public:
+  PrivatePoolGraph(const TestStream& stream, const std::function<void()>& step)
+      : pool_(detail::device_pool(kGpu.index)), id_(pool_.create_private_pool()) {
+    cudaGraph_t graph = nullptr;
+    pool_.begin_private(id_);
+    try {
+      step();
+      stream.sync();
+      LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+      step();
+      LONGCTX_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+    } catch (...) {
+      pool_.end_private();
+      pool_.release_private_pool(id_);
+      throw;
+    }
+    pool_.end_private();
+    graph_ = graph;
+    LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  PrivatePoolGraph(const PrivatePoolGraph&) = delete;
+  PrivatePoolGraph& operator=(const PrivatePoolGraph&) = delete;
+  ~PrivatePoolGraph() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+    cudaDeviceSynchronize();  // replays done before the pool's memory goes back
+    pool_.release_private_pool(id_);
+  }
+  void launch(const TestStream& stream) const {
+    LONGCTX_CUDA_CHECK(cudaGraphLaunch(exec_, stream.get()));
+  }
+
+ private:
+  detail::DevicePool& pool_;
+  uint64_t id_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
 
 // Random routing inputs and weights on the GPU for the graph and perf tests.
 struct DeviceMoe {

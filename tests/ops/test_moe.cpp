@@ -218,6 +218,16 @@ TEST(MoeForward, EqualsRouteThenExperts) {
   }
 }
 
+// What moe_experts throws for `args` ("" when it runs).
+std::string moe_experts_error(const ops::MoeArgs& args) {
+  try {
+    ops::moe_experts(args);
+  } catch (const Error& err) {
+    return err.what();
+  }
+  return "";
+}
+
 TEST(MoeExperts, BadArgumentsAreNamed) {
   const int64_t t = 3, h = 8, n = 4, e = 4, k = 2;
   ops::MoeArgs a;
@@ -227,25 +237,18 @@ TEST(MoeExperts, BadArgumentsAreNamed) {
   a.gate_up = Tensor::zeros({e, 2 * n, h}, DType::kF32);
   a.down = Tensor::zeros({e, h, n}, DType::kF32);
   a.out = Tensor::zeros({t, h}, DType::kF32);
-  auto message = [](const ops::MoeArgs& args) -> std::string {
-    try {
-      ops::moe_experts(args);
-    } catch (const Error& err) {
-      return err.what();
-    }
-    return "";
-  };
-  EXPECT_EQ(message(a), "");
+  EXPECT_EQ(moe_experts_error(a), "");
   ops::MoeArgs b = a;
   b.down = Tensor::zeros({e, h, n + 1}, DType::kF32);
-  EXPECT_NE(message(b).find("down"), std::string::npos) << message(b);
+  EXPECT_NE(moe_experts_error(b).find("down"), std::string::npos) << moe_experts_error(b);
   b = a;
   b.topk_ids = Tensor::zeros({t, k}, DType::kI32);
   b.topk_ids.data<int32_t>()[3] = e;
-  EXPECT_NE(message(b).find("topk_ids[3] = 4"), std::string::npos) << message(b);
+  EXPECT_NE(moe_experts_error(b).find("topk_ids[3] = 4"), std::string::npos)
+      << moe_experts_error(b);
   b = a;
   b.shared = Tensor::zeros({t, h}, DType::kF32);
-  EXPECT_NE(message(b).find("shared_gate"), std::string::npos) << message(b);
+  EXPECT_NE(moe_experts_error(b).find("shared_gate"), std::string::npos) << moe_experts_error(b);
   Tensor logits = Tensor::zeros({t, e}, DType::kF32);
   EXPECT_THROW(ops::moe_route(logits, true, Tensor::zeros({t, e + 1}, DType::kI32),
                               Tensor::zeros({t, e + 1}, DType::kF32)),
@@ -335,30 +338,22 @@ TEST(MoeExperts, BadFp8ExpertsAreNamed) {
   a.topk_ids = Tensor::zeros({t, k}, DType::kI32);
   a.topk_weights = Tensor::zeros({t, k}, DType::kF32);
   a.out = Tensor::zeros({t, h}, DType::kF32);
-  auto message = [](const ops::MoeArgs& args) -> std::string {
-    try {
-      ops::moe_experts(args);
-    } catch (const Error& err) {
-      return err.what();
-    }
-    return "";
-  };
-  EXPECT_EQ(message(a), "");
+  EXPECT_EQ(moe_experts_error(a), "");
   ops::MoeArgs b = a;
   b.gate_up_scales = Tensor::zeros({e, 2, 2}, DType::kF32);  // one block row per expert: 4 wanted
-  EXPECT_NE(message(b).find("gate_up_scales"), std::string::npos) << message(b);
+  EXPECT_NE(moe_experts_error(b).find("gate_up_scales"), std::string::npos) << moe_experts_error(b);
   b = a;
   b.down_scales = Tensor::zeros({e, 4, 2}, DType::kF32);
-  EXPECT_NE(message(b).find("down_scales"), std::string::npos) << message(b);
+  EXPECT_NE(moe_experts_error(b).find("down_scales"), std::string::npos) << moe_experts_error(b);
   b = a;
   b.down_scales = Tensor::zeros({e, 4, 1}, DType::kBF16);
-  EXPECT_NE(message(b).find("down_scales"), std::string::npos) << message(b);
+  EXPECT_NE(moe_experts_error(b).find("down_scales"), std::string::npos) << moe_experts_error(b);
   b = a;
   b.block_in = 0;
-  EXPECT_NE(message(b).find("block sizes"), std::string::npos) << message(b);
+  EXPECT_NE(moe_experts_error(b).find("block sizes"), std::string::npos) << moe_experts_error(b);
   b = a;
   b.gate_up = Tensor::zeros({e, 2 * n, h}, DType::kF32);  // float weights beside scales
-  EXPECT_NE(message(b).find("gate_up"), std::string::npos) << message(b);
+  EXPECT_NE(moe_experts_error(b).find("gate_up"), std::string::npos) << moe_experts_error(b);
 }
 
 }  // namespace
