@@ -414,17 +414,17 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
       "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: "
       "| ---: |\n");
   for (int page : page_sizes)
-    for (auto [batch, kv_len, hq, hk, kD] : shapes) {  // kD: this shape's head_dim
+    for (auto [batch, kv_len, hq, hk, head_dim] : shapes) {
       const int pages_per = (kv_len + page - 1) / page;
-      const double kv_bytes = double(batch) * kv_len * hk * kD * 2 * 2;
+      const double kv_bytes = double(batch) * kv_len * hk * head_dim * 2 * 2;
       const int reps = int(std::clamp(std::ceil(512e6 / kv_bytes), 1.0, 32.0));
       const int64_t pool = int64_t(reps) * batch * pages_per;
-      void* q = random_bf16(int64_t(batch) * hq * kD, 4);
-      void* k = random_bf16(pool * page * hk * kD, 5);
-      void* v = random_bf16(pool * page * hk * kD, 6);
+      void* q = random_bf16(int64_t(batch) * hq * head_dim, 4);
+      void* k = random_bf16(pool * page * hk * head_dim, 5);
+      void* v = random_bf16(pool * page * hk * head_dim, 6);
       void* o = nullptr;
       float* l = nullptr;
-      LONGCTX_CUDA_CHECK(cudaMalloc(&o, int64_t(batch) * hq * kD * 2));
+      LONGCTX_CUDA_CHECK(cudaMalloc(&o, int64_t(batch) * hq * head_dim * 2));
       LONGCTX_CUDA_CHECK(cudaMalloc(&l, int64_t(batch) * hq * 4));
       std::vector<int32_t> kvp(batch + 1), ids(pool), last(batch, kv_len - (pages_per - 1) * page);
       for (int b = 0; b <= batch; ++b) kvp[b] = b * pages_per;
@@ -442,11 +442,11 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
       p.batch_size = batch;
       p.num_qo_heads = hq;
       p.num_kv_heads = hk;
-      p.head_dim = kD;
+      p.head_dim = head_dim;
       p.page_size = page;
       p.dtype = DType::kBF16;
-      p.sm_scale = 1.f / std::sqrt(float(kD));
-      const size_t ws_bytes = kernels::cuda::decode_workspace_bytes(batch, hq, hk, kD);
+      p.sm_scale = 1.f / std::sqrt(float(head_dim));
+      const size_t ws_bytes = kernels::cuda::decode_workspace_bytes(batch, hq, hk, head_dim);
       void* ws = nullptr;
       LONGCTX_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
       // FP8 variants: codes of one value (the kernel's time does not depend on them) and
@@ -460,7 +460,7 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
         p = p16;
         double bytes = kv_bytes;
         if (var.fp8) {
-          const int64_t codes = pool * page * hk * kD;
+          const int64_t codes = pool * page * hk * head_dim;
           if (k8 == nullptr) {
             LONGCTX_CUDA_CHECK(cudaMalloc(&k8, codes));
             LONGCTX_CUDA_CHECK(cudaMalloc(&v8, codes));
@@ -475,9 +475,9 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
           p.v_scale = scales;
           bytes = kv_bytes / 2 + double(batch) * pages_per * hk * 8;
         }
-        auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, hk, kD, ws,
-                                               ws_bytes, stream, 0, 256, {}, variant_tuning(var), 0,
-                                               format);
+        auto plan = kernels::cuda::decode_plan(kvp.data(), last.data(), batch, page, hq, hk,
+                                               head_dim, ws, ws_bytes, stream, 0, 256, {},
+                                               variant_tuning(var), 0, format);
         if (var.merge_group > 0) plan.merge_group = var.merge_group;
         if (var.prefetch >= 0) plan.prefetch_tokens = var.prefetch;
         if (var.loader >= 0 && plan.loader != var.loader)
@@ -503,7 +503,7 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
         std::printf(
             "| %d | %d | %d | %d x %d | %d | %s | %d | %d | %s | %.4f | %.0f | %.4f | %.0f | %.1f "
             "|\n",
-            batch, kv_len, hq, hk, kD, page, var.name.c_str(), plan.chunk_tokens,
+            batch, kv_len, hq, hk, head_dim, page, var.name.c_str(), plan.chunk_tokens,
             plan.num_work_items * hk, merge_shape(plan).c_str(), iso, bytes / (iso * 1e6), burst,
             bytes / (burst * 1e6), host_us);
         std::fflush(stdout);
