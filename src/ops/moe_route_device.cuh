@@ -28,9 +28,9 @@ __device__ __forceinline__ bool before(const Pick& a, const Pick& b) {
 // experts in index order and the butterfly, which is moe_route's per-pick kernel's order, so the
 // same probabilities to the bit. Each expert's key (moe_route_schedule.h) goes to s_keys
 // ([moe_route_sort_size(experts)] in shared memory) and the CTA sorts them with the bitonic
-// network (CTA-wide barriers only
-// where a step reaches across warps): when it returns, s_keys[0, k) are the picks by rank, visible
-// to every thread (a token with NaN probabilities: k times moe_route_nan_key, no sort).
+// network (CTA-wide barriers only where a step reaches across warps): when it returns,
+// s_keys[0, k) are the picks by rank, visible to every thread (a token with NaN probabilities:
+// k times moe_route_nan_key, no sort).
 template <int kPerLane, typename Load>
 __device__ __forceinline__ void cta_route_topk(int experts, int k, Load load, uint64_t* s_keys) {
   static_assert(kPerLane > 0 && (kPerLane & (kPerLane - 1)) == 0, "the sort's size is 32 kPerLane");
