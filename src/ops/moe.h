@@ -31,12 +31,12 @@ void moe_route(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
                const Tensor& topk_weights);
 void moe_route_cpu(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
                    const Tensor& topk_weights);
-// The CUDA routing kernel: kRegisters (E <= kMoeRouteRegMaxExperts) computes each probability
-// once into registers, kPerPick recomputes them from the logits on every pick (what runs above);
-// both give the same ids and weights to the bit. kAuto is kPerPick until the register kernel has
-// run on a GPU (tests/gpu_ops/moe_test.cpp compares the two bitwise); kRegisters above the limit
-// throws Error(kUnsupported).
-enum class MoeRouteKernel { kAuto, kRegisters, kPerPick };
+// The CUDA routing kernel: kSort (E <= kMoeRouteSortMaxExperts) sorts each token's experts in one
+// CTA, kPerPick runs one warp per token that recomputes the probabilities on every pick (what
+// kAuto runs above the limit); both give the same ids and weights to the bit
+// (tests/gpu_ops/moe_route_test.cpp compares them). kSort above the limit throws
+// Error(kUnsupported).
+enum class MoeRouteKernel { kAuto, kSort, kPerPick };
 void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_ids,
                     const Tensor& topk_weights, MoeRouteKernel kernel = MoeRouteKernel::kAuto);
 

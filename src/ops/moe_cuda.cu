@@ -2,15 +2,16 @@
 // never runs under graph capture, so a decode step with routing inside stays capturable. Tile sizes
 // and index maps: moe_schedule.h.
 //
-// moe_route: one warp per token: softmax in fp32 (expf), then k rounds of a warp argmax over the
-// total order (probability descending, expert index ascending), each round taking the first
-// expert after the previous pick, so nothing is marked and ties go to the lower index. Up to
-// kMoeRouteRegMaxExperts experts the probabilities are computed once into registers and each lane
-// keeps its own first expert after the previous pick, so a round is one warp argmax and a rescan
-// by the lane that held the pick. (Recomputing every probability from the logits on every round,
-// as the kernel for more experts does, serialized k x E / 32 exponentials and divisions in the
-// single warp of a decode step: Qwen3-Next-80B-A3B's 512 experts at top-10 are 160 per lane,
-// tens of microseconds that the experts' GEMVs wait for.)
+// moe_route: softmax in fp32 (expf), then the top k over the total order (probability
+// descending, expert index ascending). Up to kMoeRouteSortMaxExperts experts, one CTA per token
+// (moe_route_device.cuh): the softmax in every warp, then a bitonic sort of the experts'
+// (probability, expert) keys in shared memory by all 128 threads, whose first k are the picks;
+// the decode gate/up kernel routes with the same code. Above, one warp per token runs k rounds
+// of a warp argmax, each recomputing the probabilities from the logits and taking the first
+// expert after the previous pick (so nothing is marked). Both give the same ids and weights to
+// the bit. (A warp's k serial argmax rounds took 9.8 us at 128 experts and 30.1 us at 512,
+// top-8 / top-10, even with the probabilities in registers, on an H100: single-warp serial code
+// in the one routing launch of a decode step.)
 //
 // moe_experts, prefill (more than kMoeDecodeMaxTokens tokens):
 //   align:   one block counts the slots (token, j) per expert, pads each expert's run to whole
@@ -39,7 +40,7 @@
 //   each expert dequantized into a one-expert scratch before its GEMMs).
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): moe_decode_cuda.cu's two kernels, the
 //   gate/up GEMVs and the down GEMVs with the combine fused. moe_forward_cuda routes inside the
-//   first of them at decode (moe_fused_route: E <= kMoeFusedWarpRouteMaxExperts); elsewhere it is
+//   first of them at decode (moe_fused_route: E <= kMoeFusedRouteMaxExperts); elsewhere it is
 //   moe_route_cuda then moe_experts_cuda.
 // The decode-step kernels (route, the GEMVs, combine) are launched with programmatic dependent
 // launch (kernels/cuda/pdl.cuh): each waits for the kernel before it first thing.
@@ -66,6 +67,8 @@ using namespace cuda_detail;
 using namespace kernels::cuda::detail;  // NOLINT: the PTX wrappers of mma_device.cuh
 
 // ---- routing ----
+
+constexpr int kRouteSortThreads = 128;
 
 template <typename TL>
 __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int experts, int k,
@@ -109,30 +112,29 @@ __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int 
     for (int j = lane + 32; j < k; j += 32) weights[t * k + j] /= picked;
 }
 
-// The routing kernel with the probabilities in registers (warp_route_topk, moe_route_device.cuh):
-// lane holds experts lane + 32 i, i < kPerLane (moe_route_regs_per_lane). The softmax sums in
-// route_kernel's order and the picks follow the same order and reduction, so ids and weights are
-// route_kernel's to the bit.
+// The routing kernel of up to kMoeRouteSortMaxExperts experts: one CTA per token, which sorts its
+// keys (cta_route_topk, moe_route_device.cuh; lane holds logits lane + 32 i, i < kPerLane =
+// moe_route_sort_per_lane). The softmax sums in route_kernel's order and the keys' order is
+// before()'s, so ids and weights are route_kernel's to the bit.
 template <typename TL, int kPerLane>
-__global__ void route_regs_kernel(const TL* __restrict__ logits, int64_t tokens, int experts, int k,
-                                  bool renormalize, int32_t* __restrict__ ids,
-                                  float* __restrict__ weights) {
+__global__ void __launch_bounds__(kRouteSortThreads)
+    route_sort_kernel(const TL* __restrict__ logits, int experts, int k, bool renormalize,
+                      int32_t* __restrict__ ids, float* __restrict__ weights) {
+  __shared__ uint64_t s_keys[32 * kPerLane];
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
-  const int lane = threadIdx.x % 32;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (t >= tokens) return;
+  const int64_t t = blockIdx.x;
   const TL* l = logits + t * experts;
-  const float picked = warp_route_topk<kPerLane>(
-      experts, k, [&](int e) { return to_f32(l[e]); },
-      [&](int j, const Pick& best) {
-        ids[t * k + j] = best.e;
-        weights[t * k + j] = best.p;
-      });
-  __syncwarp();
-  if (renormalize && lane < k) weights[t * k + lane] /= picked;
-  if (renormalize)
-    for (int j = lane + 32; j < k; j += 32) weights[t * k + j] /= picked;
+  cta_route_topk<kPerLane>(
+      experts, k, [&](int e) { return to_f32(l[e]); }, s_keys);
+  if (threadIdx.x >= k) return;
+  // the picks' sum once per thread, each from the same keys in the same order
+  const float picked = moe_route_picked(s_keys, k);
+  for (int j = threadIdx.x; j < k; j += blockDim.x) {
+    const float pj = moe_route_key_prob(s_keys[j]);
+    ids[t * k + j] = moe_route_key_expert(s_keys[j]);
+    weights[t * k + j] = renormalize ? pj / picked : pj;
+  }
 }
 
 // ---- prefill: align, grouped GEMMs ----
@@ -573,21 +575,27 @@ void moe_route_cuda(const Tensor& logits, bool renormalize, const Tensor& topk_i
   const int64_t t = logits.size(0);
   const int e = static_cast<int>(logits.size(1)), k = static_cast<int>(topk_ids.size(1));
   if (t == 0) return;
-  constexpr int kWarps = 4;
-  LONGCTX_CHECK(kernel_choice != MoeRouteKernel::kRegisters || moe_route_regs_per_lane(e) > 0,
-                ErrorCode::kUnsupported, "moe_route_cuda: {} experts in registers (at most {})", e,
-                kMoeRouteRegMaxExperts);
-  const int per_lane = kernel_choice == MoeRouteKernel::kRegisters ? moe_route_regs_per_lane(e) : 0;
+  LONGCTX_CHECK(kernel_choice != MoeRouteKernel::kSort || moe_route_sort_per_lane(e) > 0,
+                ErrorCode::kUnsupported,
+                "moe_route_cuda: {} experts sorted by one CTA (at most {})", e,
+                kMoeRouteSortMaxExperts);
+  const int per_lane = kernel_choice == MoeRouteKernel::kPerPick ? 0 : moe_route_sort_per_lane(e);
   visit_float(logits.dtype(), "moe_route", [&](auto tl) {
     using TL = decltype(tl);
-    auto kernel = per_lane == 4    ? route_regs_kernel<TL, 4>
-                  : per_lane == 8  ? route_regs_kernel<TL, 8>
-                  : per_lane == 16 ? route_regs_kernel<TL, 16>
-                  : per_lane == 32 ? route_regs_kernel<TL, 32>
-                                   : route_kernel<TL>;
-    kernels::cuda::launch_pdl(kernel, dim3(unsigned((t + kWarps - 1) / kWarps)), dim3(32 * kWarps),
-                              0, stream, static_cast<const TL*>(logits.data_ptr()), t, e, k,
-                              renormalize, topk_ids.data<int32_t>(), topk_weights.data<float>());
+    const TL* l = static_cast<const TL*>(logits.data_ptr());
+    if (per_lane == 0) {
+      constexpr int kWarps = 4;
+      kernels::cuda::launch_pdl(route_kernel<TL>, dim3(unsigned((t + kWarps - 1) / kWarps)),
+                                dim3(32 * kWarps), 0, stream, l, t, e, k, renormalize,
+                                topk_ids.data<int32_t>(), topk_weights.data<float>());
+      return;
+    }
+    auto kernel = per_lane == 4    ? route_sort_kernel<TL, 4>
+                  : per_lane == 8  ? route_sort_kernel<TL, 8>
+                  : per_lane == 16 ? route_sort_kernel<TL, 16>
+                                   : route_sort_kernel<TL, 32>;
+    kernels::cuda::launch_pdl(kernel, dim3(unsigned(t)), dim3(kRouteSortThreads), 0, stream, l, e,
+                              k, renormalize, topk_ids.data<int32_t>(), topk_weights.data<float>());
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }

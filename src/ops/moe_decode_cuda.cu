@@ -3,14 +3,17 @@
 //
 // gate/up: each warp kMoeDecodeRowsPerWarp activation columns of one slot (token, j): the gate
 //   row and the up row of each streamed with 16-byte loads, silu(gate) * up written in fp32.
-//   Given the router logits (moe_forward_cuda, moe_fused_route), every CTA first routes its token
-//   itself. Up to kMoeFusedRouteMaxExperts: the softmax as moe_route's kernel computes it (the
-//   same warp reductions, so the same probabilities to the bit), then each expert's rank in the
-//   total order (probability descending, the lower index among equal ones) from shared memory;
-//   the expert of rank j is the slot's. Above (to kMoeFusedWarpRouteMaxExperts): warp 0 runs
-//   moe_route's kernel's own top-k (moe_route_device.cuh) while the other warps wait. The CTAs of
-//   column block 0 write the slot's id and weight. So the routing costs no launch of its own, and
-//   its result is the routing kernel's.
+//   Given the router logits (moe_forward_cuda, moe_fused_route: E <= kMoeFusedRouteMaxExperts),
+//   every CTA first routes its token itself with moe_route's kernel's CTA top-k
+//   (moe_route_device.cuh): the softmax in every warp in that kernel's order (the same
+//   probabilities to the bit), then a bitonic sort of the (probability, expert) keys in shared
+//   memory by all its threads (log2(n) (log2(n) + 1) / 2 steps over n = the power of two >= E:
+//   28 at 128 experts, 45 at 512), whose first k are the picks in rank order; the expert of rank j
+//   is the slot's. The CTAs of column block 0 write the slot's id and weight. So the routing costs
+//   no launch of its own, and its result is the routing kernel's. (A rank scan of all E
+//   probabilities by every thread, E^2 / 128 compares each, or warp 0's k serial warp argmax
+//   rounds while the other warps wait, cost ~5 us a layer at 128 experts and ~19 us at 512 over
+//   the router and the experts alone on an H100.)
 // down + combine: a CTA computes kMoeDecodeRowsPerWarp output rows of one token, one warp per
 //   slot; the slots' fp32 rows meet in shared memory and one thread per row sums
 //   weight[t, j] * row_j in slot order (+ sigmoid(shared_gate) * shared), as the combine kernel
@@ -212,98 +215,26 @@ struct GateUpParams {
   MoeFp8Scales fp8;  // gate_up's block scales (FP8 experts)
 };
 
-// Token t's experts by rank from the router logits ([T, experts] of logits_dtype) into s_pick
-// ([k]; -1 where NaN logits rank nothing), their probabilities into s_p ([experts]); every
-// thread of the CTA calls it, and the ranks are visible to all when it returns.
-__device__ void route_ranks(const void* logits, DType logits_dtype, int experts, int k, int64_t t,
-                            float* s_p, int* s_pick) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+// Token t's experts by rank from the router logits ([T, experts] of logits_dtype, experts <=
+// 32 kPerLane) into s_keys[0, k) (cta_route_topk: moe_route's kernel's picks); every thread of
+// the CTA calls it, and the picks are visible to all when it returns.
+template <int kPerLane>
+__device__ __forceinline__ void route_token(const void* logits, DType logits_dtype, int experts,
+                                            int k, int64_t t, uint64_t* s_keys) {
   const int64_t base = t * experts;
-  // The softmax of moe_route's kernel, in every warp (the same order, so the same bits), from the
-  // logits read once into registers: lane holds experts lane + 32 i.
-  constexpr int kPerLane = kMoeFusedRouteMaxExperts / 32;
-  float lv[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    lv[i] = e < experts ? load_any(logits, logits_dtype, base + e) : -INFINITY;
-  }
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i)
-    if (lane + 32 * i < experts) mx = fmaxf(mx, lv[i]);
-  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i)
-    if (lane + 32 * i < experts) sum += expf(lv[i] - mx);
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i)
-    if (i % warps == warp && lane + 32 * i < experts) s_p[lane + 32 * i] = expf(lv[i] - mx) / sum;
-  for (int i = threadIdx.x; i < k; i += blockDim.x) s_pick[i] = -1;  // NaN logits rank nothing
-  __syncthreads();
-  // Each expert's rank: the experts before it in the order. No early exit, so the shared-memory
-  // reads pipeline. (With three reads of the logits and a rank loop that stopped at k, the fused
-  // block took 7 us more than the router and the experts alone on an H100.)
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-    const float pe = s_p[e];
-    int rank = 0;
-#pragma unroll 8
-    for (int o = 0; o < experts; ++o) {
-      const float q = s_p[o];
-      rank += (q > pe || (q == pe && o < e)) ? 1 : 0;
-    }
-    if (rank < k) s_pick[rank] = e;
-  }
-  __syncthreads();
+  cta_route_topk<kPerLane>(
+      experts, k, [&](int e) { return load_any(logits, logits_dtype, base + e); }, s_keys);
 }
 
-// The expert of slot (t, j) from the router logits (see the file comment). Every thread returns
-// it. s_p: [experts] probabilities, s_pick: [top_k] experts by rank.
-__device__ int route_in_block(const GateUpParams& p, int64_t t, int j, float* s_p, int* s_pick,
-                              float* s_weight) {
-  const int k = p.top_k;
-  route_ranks(p.logits, p.logits_dtype, p.experts, k, t, s_p, s_pick);
-  if (threadIdx.x == 0) {
-    // moe_route's weights: the pick's probability, over the picks' sum taken in rank order
-    float picked = 0.f;
-#pragma unroll 8
-    for (int i = 0; i < k; ++i) picked += s_pick[i] >= 0 ? s_p[s_pick[i]] : 0.f;
-    const float pj = s_pick[j] >= 0 ? s_p[s_pick[j]] : 0.f;
-    *s_weight = p.renormalize ? pj / picked : pj;
-  }
-  __syncthreads();
-  return s_pick[j];
-}
-
-// The expert of slot (t, j) routed by warp 0 with moe_route's kernel's top-k (E <=
-// kMoeFusedWarpRouteMaxExperts, k <= kMoeFusedRouteMaxExperts): the same ids and weights, so the
-// same bits. Every thread returns it. s_pick, s_pp: [k] experts and probabilities by rank.
-__device__ int route_in_warp(const GateUpParams& p, int64_t t, int j, float* s_pp, int* s_pick,
-                             float* s_weight) {
-  constexpr int kPerLane = kMoeFusedWarpRouteMaxExperts / 32;
-  if (threadIdx.x < 32) {
-    const int64_t base = t * p.experts;
-    const float picked = warp_route_topk<kPerLane>(
-        p.experts, p.top_k, [&](int e) { return load_any(p.logits, p.logits_dtype, base + e); },
-        [&](int i, const Pick& best) {
-          s_pick[i] = best.e;
-          s_pp[i] = best.p;
-        });
-    __syncwarp();
-    if (threadIdx.x == 0) *s_weight = p.renormalize ? s_pp[j] / picked : s_pp[j];
-  }
-  __syncthreads();
-  return s_pick[j];
-}
+// The down kernel's early routing (the prefetch) holds half the gate/up kernel's logits per lane:
+// its registers bound the GEMV's occupancy (512 threads at top-16), and the prefetch is off by
+// default.
+constexpr int kPrefetchRouteMaxExperts = 256;
 
 // grid (moe_decode_blocks(inter), T * k), 32 * kMoeDecodeWarps threads.
 template <typename TA, typename TW, bool kVecLoads>
 __global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpParams p) {
-  __shared__ float s_p[kMoeFusedRouteMaxExperts];
-  __shared__ int s_pick[kMoeFusedRouteMaxExperts];
-  __shared__ float s_weight;
+  __shared__ uint64_t s_keys[kMoeFusedRouteMaxExperts];
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
@@ -312,11 +243,12 @@ __global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpPar
   int e;
   if (p.logits) {
     const int j = static_cast<int>(slot % p.top_k);
-    e = p.experts <= kMoeFusedRouteMaxExperts ? route_in_block(p, t, j, s_p, s_pick, &s_weight)
-                                              : route_in_warp(p, t, j, s_p, s_pick, &s_weight);
+    route_token<kMoeFusedRouteMaxExperts / 32>(p.logits, p.logits_dtype, p.experts, p.top_k, t,
+                                               s_keys);
+    e = moe_route_key_expert(s_keys[j]);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       p.ids[slot] = e;
-      p.weights[slot] = s_weight;
+      p.weights[slot] = moe_route_weight(s_keys, p.top_k, j, p.renormalize);
     }
   } else {
     e = p.ids[slot];
@@ -355,16 +287,17 @@ struct DownParams {
   MoeFp8Scales fp8;  // down's block scales (FP8 experts)
 };
 
-// Before the down kernel waits: token t's experts from the logits (route_ranks), and one L2 bulk
+// Before the down kernel waits: token t's experts from the logits (route_token), and one L2 bulk
 // prefetch per slot of the `rows` contiguous weight rows from row0 this CTA will read (16-byte
 // aligned, whole multiples of 16 bytes: the kVecLoads shapes).
 template <typename TW>
 __device__ __forceinline__ void prefetch_down_rows(const DownParams& p, int64_t t, int64_t row0,
-                                                   float* s_p, int* s_pick) {
-  route_ranks(p.logits, p.logits_dtype, p.experts, p.top_k, t, s_p, s_pick);
+                                                   uint64_t* s_keys) {
+  route_token<kPrefetchRouteMaxExperts / 32>(p.logits, p.logits_dtype, p.experts, p.top_k, t,
+                                             s_keys);
   const int j = threadIdx.x;
   if (j >= p.top_k) return;
-  const int e = s_pick[j];
+  const int e = moe_route_key_expert(s_keys[j]);
   if (e < 0 || e >= p.experts) return;
   const int64_t rows = min(int64_t(R), p.hidden - row0);
   const TW* w = static_cast<const TW*>(p.down) + (int64_t(e) * p.hidden + row0) * p.inter;
@@ -386,9 +319,8 @@ __global__ void __launch_bounds__(32 * kMoeCombineWarps) down_combine_kernel(Dow
   const int64_t t = blockIdx.y;
   const int64_t row0 = int64_t(blockIdx.x) * R;
   if (kVecLoads && p.logits != nullptr) {
-    __shared__ float s_p[kMoeFusedRouteMaxExperts];
-    __shared__ int s_pick[kMoeFusedRouteMaxExperts];
-    prefetch_down_rows<TW>(p, t, row0, s_p, s_pick);
+    __shared__ uint64_t s_keys[kPrefetchRouteMaxExperts];
+    prefetch_down_rows<TW>(p, t, row0, s_keys);
   }
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
@@ -448,9 +380,9 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
                     aligned16(a.gate_up.data_ptr());
   const bool vec2 =
       s.inter % per_load == 0 && blocks_ok && aligned16(a.down.data_ptr());  // act: a fresh buffer
-  // The down kernel prefetches its rows where it routes by the logits (its shared-memory ranks:
-  // up to kMoeFusedRouteMaxExperts) and loads 16 bytes at a time (whole, aligned prefetch ranges).
-  const bool prefetch = logits != nullptr && vec2 && s.experts <= kMoeFusedRouteMaxExperts &&
+  // The down kernel prefetches its rows where it routes by the logits (kPrefetchRouteMaxExperts)
+  // and loads 16 bytes at a time (whole, aligned prefetch ranges).
+  const bool prefetch = logits != nullptr && vec2 && s.experts <= kPrefetchRouteMaxExperts &&
                         g_prefetch.load(std::memory_order_relaxed);
   GateUpParams g{a.x.data_ptr(),
                  a.gate_up.data_ptr(),

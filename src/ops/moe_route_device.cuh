@@ -1,11 +1,15 @@
-// moe_route's top-k of one token by one warp, shared by moe_route's kernel (moe_cuda.cu) and the
+// moe_route's top-k of one token by one CTA, shared by moe_route's kernel (moe_cuda.cu) and the
 // decode gate/up kernel that routes inside (moe_decode_cuda.cu), so that both give the same ids
-// and weights to the bit. Included by CUDA translation units only.
+// and weights to the bit; and the order of picks that moe_route's per-pick kernel (more experts
+// than a CTA sorts) ranks by. Included by CUDA translation units only.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
+
+#include "ops/moe_route_schedule.h"
 
 namespace longctx::ops::cuda_detail {
 
@@ -18,58 +22,56 @@ __device__ __forceinline__ bool before(const Pick& a, const Pick& b) {
   return a.p > b.p || (a.p == b.p && a.e < b.e);
 }
 
-// Every lane of the warp calls it. The softmax of `experts` <= 32 kPerLane logits (load(e): logit
-// e as f32) in fp32, computed once into registers (lane holds experts lane + 32 i); then k rounds,
-// each a warp argmax over the lanes' first experts after the previous pick, after which only the
-// lane that held the pick moves on to its next (every other lane's first comes after the pick).
-// emit(j, pick) is called by lane 0 for rank j: {-1, experts} when nothing is left (NaN logits).
-// Returns the picks' probabilities summed in rank order, in every lane.
-template <int kPerLane, typename Load, typename Emit>
-__device__ __forceinline__ float warp_route_topk(int experts, int k, Load load, Emit emit) {
-  const int lane = threadIdx.x % 32;
-  float p[kPerLane];  // logits, then probabilities
+// Every thread of the CTA calls it (blockDim.x a multiple of 32). The softmax of `experts` <= 32
+// kPerLane logits (load(e): logit e as f32) in fp32, computed in every warp from the logits read
+// once into registers (lane holds experts lane + 32 i): the max, then each lane's sum of its
+// experts in index order and the butterfly, which is moe_route's per-pick kernel's order, so the
+// same probabilities to the bit. Each expert's key (moe_route_schedule.h) goes to s_keys
+// ([moe_route_sort_size(experts)] in shared memory) and the CTA sorts them with the bitonic
+// network (CTA-wide barriers only where a step reaches across warps): when it returns,
+// s_keys[0, k) are the picks by rank, visible to every thread (a token with NaN probabilities:
+// k times moe_route_nan_key, no sort).
+template <int kPerLane, typename Load>
+__device__ __forceinline__ void cta_route_topk(int experts, int k, Load load, uint64_t* s_keys) {
+  static_assert(kPerLane > 0 && (kPerLane & (kPerLane - 1)) == 0, "the sort's size is 32 kPerLane");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float lv[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
-    p[i] = e < experts ? load(e) : -INFINITY;
+    lv[i] = e < experts ? load(e) : -INFINITY;
   }
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i)
-    if (lane + 32 * i < experts) mx = fmaxf(mx, p[i]);
+    if (lane + 32 * i < experts) mx = fmaxf(mx, lv[i]);
   for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  // each lane sums its experts in index order, then the butterfly: the routing's sum everywhere
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i)
-    if (lane + 32 * i < experts) sum += expf(p[i] - mx);
+    if (lane + 32 * i < experts) sum += expf(lv[i] - mx);
   for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) p[i] = expf(p[i] - mx) / sum;
-  // the lane's first expert after `prev` ({-1, experts}: none left)
-  auto first_after = [&](const Pick& prev) {
-    Pick best{-1.f, experts};
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const Pick c{p[i], lane + 32 * i};
-      if (c.e < experts && before(prev, c) && before(c, best)) best = c;
-    }
-    return best;
-  };
-  Pick mine = first_after(Pick{INFINITY, -1});
-  float picked = 0.f;
-  for (int j = 0; j < k; ++j) {
-    Pick best = mine;
-    for (int o = 16; o > 0; o /= 2) {
-      const Pick other{__shfl_xor_sync(0xffffffffu, best.p, o),
-                       __shfl_xor_sync(0xffffffffu, best.e, o)};
-      if (before(other, best)) best = other;
-    }
-    if (lane == 0) emit(j, best);
-    picked += best.p;
-    if (mine.e == best.e && best.e < experts) mine = first_after(best);
+  // Every warp holds the same sum, so the branch is the whole CTA's.
+  if (isnan(sum)) {
+    for (int j = threadIdx.x; j < k; j += blockDim.x) s_keys[j] = moe_route_nan_key(experts);
+    __syncthreads();
+    return;
   }
-  return picked;
+  // The keys of [experts, n) are padding (0, after every expert); n <= 32 kPerLane.
+  const int n = moe_route_sort_size(experts);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    if (i % warps == warp && e < n)
+      s_keys[e] = e < experts ? moe_route_key(expf(lv[i] - mx) / sum, e) : 0ull;
+  }
+  __syncthreads();
+  moe_bitonic_sort_desc(s_keys, n, threadIdx.x, blockDim.x, [](bool cta) {
+    if (cta)
+      __syncthreads();
+    else
+      __syncwarp();
+  });
 }
 
 }  // namespace longctx::ops::cuda_detail

@@ -21,24 +21,20 @@ enum class MoePath {
 };
 
 constexpr int64_t kMoeDecodeMaxTokens = 4;
-// moe_forward_cuda routes inside the decode gate/up kernel up to this many experts (each CTA
-// ranks the token's probabilities in shared memory, E^2 / 128 compares per thread); above, the
-// routing kernel runs first.
-constexpr int64_t kMoeFusedRouteMaxExperts = 256;
-// Above, up to this many experts, one warp of each gate/up CTA routes with moe_route's kernel's
-// register top-k (moe_route_device.cuh, E / 32 probabilities per lane) while the others wait:
-// E^2 / 128 compares per thread would be 2048 at 512 experts, and a routing kernel of its own
-// costs the block a dependent launch. The picks sit in the rank arrays, so top-k is bounded too.
-constexpr int64_t kMoeFusedWarpRouteMaxExperts = 512;
+// moe_forward_cuda routes inside the decode gate/up kernel up to this many experts: each CTA
+// sorts the token's (probability, expert) keys in shared memory (moe_route_device.cuh: 8 bytes
+// an expert, from E / 32 logits per lane in registers, so the GEMV kernel's registers bound it);
+// above, the routing kernel runs first. Any top-k <= E fits the sorted keys.
+constexpr int64_t kMoeFusedRouteMaxExperts = 512;
 inline bool moe_fused_route(int64_t experts, int64_t top_k) {
-  return experts <= kMoeFusedWarpRouteMaxExperts && top_k <= kMoeFusedRouteMaxExperts;
+  return experts <= kMoeFusedRouteMaxExperts && top_k <= experts;
 }
-// moe_route's kernel keeps a token's probabilities in registers, lane l holding experts l + 32 i
-// for i < moe_route_regs_per_lane(E) (a power of two from 4, so four instantiations), up to this
-// many experts; above, it recomputes them from the logits on every pick.
-constexpr int64_t kMoeRouteRegMaxExperts = 1024;
-inline int moe_route_regs_per_lane(int64_t experts) {
-  if (experts > kMoeRouteRegMaxExperts) return 0;
+// moe_route's kernel sorts a token's keys in one CTA, lane l holding logits l + 32 i for
+// i < moe_route_sort_per_lane(E) (a power of two from 4, so four instantiations), up to this
+// many experts; above, one warp per token recomputes the probabilities on every pick.
+constexpr int64_t kMoeRouteSortMaxExperts = 1024;
+inline int moe_route_sort_per_lane(int64_t experts) {
+  if (experts > kMoeRouteSortMaxExperts) return 0;
   int per_lane = 4;
   while (32 * per_lane < experts) per_lane *= 2;
   return per_lane;

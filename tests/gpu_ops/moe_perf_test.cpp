@@ -176,24 +176,26 @@ void moe_decode_block_rows(const DecodeBlockModel& model) {
         {"rms_norm (tiny kernel)", [&](int) { ops::rms_norm(x, norm_w, 1e-6f, normed); }},
         {"router GEMV", router},
         {"moe_route", route},
-        // the routing kernel that recomputes the probabilities on every pick (the only one
-        // before the register top-k; above kMoeRouteRegMaxExperts experts still)
+        // the routing kernel that recomputes the probabilities on every pick, one warp a token
+        // (above kMoeRouteSortMaxExperts experts; "moe_route" is the CTA sort below it)
         {"moe_route per pick",
          [&](int) {
            ops::moe_route_cuda(logits, true, a.topk_ids, a.topk_weights,
                                ops::MoeRouteKernel::kPerPick);
-         }},
-        // the probabilities in registers (kMoeRouteRegMaxExperts experts at most)
-        {"moe_route registers",
-         [&](int) {
-           ops::moe_route_cuda(logits, true, a.topk_ids, a.topk_weights,
-                               ops::MoeRouteKernel::kRegisters);
          }},
         {"moe_experts", experts},
         {"block: route+experts",
          [&](int i) {
            router(i);
            route(i);
+           experts(i);
+         }},
+        // the unfused block with the single-warp routing kernel: what the CTA sort replaces
+        {"block: per-pick route",
+         [&](int i) {
+           router(i);
+           ops::moe_route_cuda(logits, true, a.topk_ids, a.topk_weights,
+                               ops::MoeRouteKernel::kPerPick);
            experts(i);
          }},
         {"block: moe_forward",
@@ -237,8 +239,8 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
   moe_decode_block_rows({"Qwen3-30B-A3B", 128, 8, 768, false});
 }
 
-// Qwen3-Next-80B-A3B's block: 512 experts over the fused routing's limit, so moe_forward routes
-// with moe_route's kernel first; top-10 (10 down warps); inter 512; a shared expert.
+// Qwen3-Next-80B-A3B's block: 512 experts (the most moe_forward routes inside the gate/up
+// kernel, a 45-step sort); top-10 (10 down warps); inter 512; a shared expert.
 TEST(GpuOpsPerf, MoeDecodeBlockQwen3Next80B) {
   if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
   moe_decode_block_rows({"Qwen3-Next-80B-A3B", 512, 10, 512, true});

@@ -161,30 +161,32 @@ TEST(MoeSchedule, TcTileChoice) {
     }
 }
 
-// The decode kernels route inside up to kMoeFusedWarpRouteMaxExperts experts (the 80B's 512), with
-// top-k within the rank arrays; above, moe_route's kernel runs first.
+// The decode kernels route inside up to kMoeFusedRouteMaxExperts experts (the 80B's 512), any
+// top-k of them (the sorted keys hold every expert); above, moe_route's kernel runs first.
 TEST(MoeSchedule, FusedRouteChoice) {
-  EXPECT_TRUE(moe_fused_route(128, 8));  // Qwen3-30B-A3B: ranks in shared memory
+  EXPECT_TRUE(moe_fused_route(128, 8));   // Qwen3-30B-A3B
+  EXPECT_TRUE(moe_fused_route(512, 10));  // Qwen3-Next-80B-A3B
   EXPECT_TRUE(moe_fused_route(kMoeFusedRouteMaxExperts, kMoeFusedRouteMaxExperts));
-  EXPECT_TRUE(moe_fused_route(512, 10));  // Qwen3-Next-80B-A3B: one warp's register top-k
-  EXPECT_FALSE(moe_fused_route(kMoeFusedWarpRouteMaxExperts + 1, 8));
-  EXPECT_FALSE(moe_fused_route(512, kMoeFusedRouteMaxExperts + 1));
-  // the warp's registers hold every expert it routes
-  EXPECT_EQ(kMoeFusedWarpRouteMaxExperts % 32, 0);
-  EXPECT_LE(kMoeFusedWarpRouteMaxExperts, kMoeRouteRegMaxExperts);
+  EXPECT_FALSE(moe_fused_route(kMoeFusedRouteMaxExperts + 1, 8));
+  EXPECT_FALSE(moe_fused_route(60, 61));
+  // the gate/up kernel's registers (E / 32 logits a lane) hold every expert it routes, and the
+  // routing kernel sorts at least as many
+  EXPECT_EQ(kMoeFusedRouteMaxExperts % 32, 0);
+  EXPECT_LE(kMoeFusedRouteMaxExperts, kMoeRouteSortMaxExperts);
 }
 
-// moe_route's registers per lane: the smallest power of two from 4 whose 32 lanes hold E
-// experts, up to kMoeRouteRegMaxExperts; above, 0 (the kernel without registers).
-TEST(MoeSchedule, RouteRegistersPerLane) {
-  EXPECT_EQ(moe_route_regs_per_lane(1), 4);
-  EXPECT_EQ(moe_route_regs_per_lane(128), 4);
-  EXPECT_EQ(moe_route_regs_per_lane(129), 8);
-  EXPECT_EQ(moe_route_regs_per_lane(512), 16);  // Qwen3-Next-80B-A3B
-  EXPECT_EQ(moe_route_regs_per_lane(kMoeRouteRegMaxExperts), 32);
-  EXPECT_EQ(moe_route_regs_per_lane(kMoeRouteRegMaxExperts + 1), 0);
-  for (int64_t e = 1; e <= kMoeRouteRegMaxExperts; ++e) {
-    const int r = moe_route_regs_per_lane(e);
+// moe_route's logits per lane: the smallest power of two from 4 whose 32 lanes hold E experts,
+// up to kMoeRouteSortMaxExperts; above, 0 (the per-pick kernel). 32 per lane is the CTA's sort
+// size, so its shared keys hold the power of two >= E the sort runs over.
+TEST(MoeSchedule, RouteSortPerLane) {
+  EXPECT_EQ(moe_route_sort_per_lane(1), 4);
+  EXPECT_EQ(moe_route_sort_per_lane(128), 4);
+  EXPECT_EQ(moe_route_sort_per_lane(129), 8);
+  EXPECT_EQ(moe_route_sort_per_lane(512), 16);  // Qwen3-Next-80B-A3B
+  EXPECT_EQ(moe_route_sort_per_lane(kMoeRouteSortMaxExperts), 32);
+  EXPECT_EQ(moe_route_sort_per_lane(kMoeRouteSortMaxExperts + 1), 0);
+  for (int64_t e = 1; e <= kMoeRouteSortMaxExperts; ++e) {
+    const int r = moe_route_sort_per_lane(e);
     ASSERT_TRUE(r == 4 || r == 8 || r == 16 || r == 32) << e;
     ASSERT_GE(32 * r, e);
     ASSERT_TRUE(r == 4 || 16 * r < e) << e;
@@ -290,9 +292,9 @@ TEST(MoeSchedule, DecodeGridAndSharedMemory) {
   EXPECT_EQ(moe_combine_warps(1), 1);
   EXPECT_EQ(moe_combine_warps(kMoeDecodeMaxTopK), kMoeCombineWarps);
   // The down kernel's partial rows of the largest top-k fit the opt-in shared memory; the fused
-  // routing's [E] probabilities and [E] picks fit the static 48 KB.
+  // routing's [E] 8-byte keys fit the static 48 KB.
   EXPECT_LE(kMoeDecodeMaxTopK * kMoeDecodeRowsPerWarp * 4, 227 * 1024);
-  EXPECT_LE(kMoeFusedRouteMaxExperts * 8 + 4, 48 * 1024);
+  EXPECT_LE(kMoeFusedRouteMaxExperts * 8, 48 * 1024);
   // Two tensor-core CTAs per SM fit an H100/H200's 227 KB of shared memory (plus 1 KB static).
   EXPECT_LE(2 * (kMoeTcSmemBytes + kMoeTcRows * 8), 227 * 1024);
   EXPECT_EQ(moe_tc_smem_bytes(kMoeTcRows), kMoeTcSmemBytes);
