@@ -74,12 +74,11 @@ bool moe_runs_fp8_experts(Device device);
 // Error(kUnsupported) where it cannot run (moe_lt_refusal).
 enum class MoeBackend { kAuto, kKernels, kCublasLt };
 // The tensor-core grouped GEMMs' row tile: kPlanned as moe_tc_rows picks it from the step's shape
-// (moe_schedule.h), kLarge / kSmall forced (kMoeTcRows / kMoeTcSmallRows). The other paths
-// ignore it. The default stays kLarge until the small tile has run on a GPU (its tests and perf
-// rows: tests/gpu_ops/moe_test.cpp); then kPlanned.
+// (moe_schedule.h), kLarge / kSmall forced (kMoeTcRows / kMoeTcSmallRows), for tests and the perf
+// rows. The other paths ignore it.
 enum class MoeTcTile { kPlanned, kLarge, kSmall };
 void moe_experts_cuda(const MoeArgs& args, MoeBackend backend = MoeBackend::kAuto,
-                      MoeTcTile tile = MoeTcTile::kLarge);
+                      MoeTcTile tile = MoeTcTile::kPlanned);
 
 // The routed block from its router logits: moe_route(logits, renormalize, args.topk_ids,
 // args.topk_weights), then moe_experts(args), whose routing inputs it writes. logits: [T, E]
