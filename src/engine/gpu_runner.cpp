@@ -314,7 +314,8 @@ void GpuRunner::attach_engine() {
   m.sampler = std::make_unique<GpuSampler>(m.options.max_num_seqs, vocab_size(), m.model->device());
   if (decode_graphs(m.options) && m.pool != nullptr) {  // offload steps are not graph-shaped
     DecodeGraphOptions g;
-    g.max_num_seqs = m.options.max_num_seqs;
+    // A decode step of S sequences is S tokens: no bucket past the step's token budget.
+    g.max_num_seqs = std::min(m.options.max_num_seqs, m.options.max_num_batched_tokens);
     g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine
     // The state pool's last slot, after the sequences' and the snapshots' (never handed out).
     if (m.states != nullptr) g.scratch_state_slot = static_cast<int32_t>(m.states->num_slots() - 1);
