@@ -76,12 +76,12 @@ int64_t moe_fixed_bytes(const ModelConfig& c) {
 }  // namespace
 
 bool decode_graphs(const GpuRunnerOptions& o) {
-  return !o.enforce_eager && sparse::policy_def(o.sparse.policy).decode_graphs;
+  // Offloaded steps run eagerly (docs/offload.md says what capturing them would take).
+  return !o.enforce_eager && !o.kv_offload && sparse::policy_def(o.sparse.policy).decode_graphs;
 }
 
 int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups) {
-  // (Offloaded steps run eagerly: no padding sequences.)
-  return decode_graphs(o) && !o.kv_offload && groups.has_kind(KvGroupKind::kState) ? 1 : 0;
+  return decode_graphs(o) && groups.has_kind(KvGroupKind::kState) ? 1 : 0;
 }
 
 int64_t weight_bytes(const ModelConfig& config) {

@@ -12,8 +12,8 @@ class KvGroups;
 struct GpuRunnerOptions;
 struct ModelConfig;
 
-// Decode steps replay CUDA graphs unless eager, or the policy selects decode pages per step
-// (quest, streaming: their decode steps run eagerly). Linear-attention layers read their states
+// Decode steps replay CUDA graphs unless eager, offloaded (its steps run eagerly), or under a
+// policy whose decode steps do not (streaming). Linear-attention layers read their states
 // through the backend's per-step device arrays, which a replay sees refreshed.
 bool decode_graphs(const GpuRunnerOptions& o);
 

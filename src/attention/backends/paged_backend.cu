@@ -168,6 +168,7 @@ class PagedAttentionBackend final : public AttentionBackend {
                   sparse_policy_name(sparse.policy));
     sparse_ = sparse::make_sparse_policy_cuda(sc);
     sparse_decodes_ = sparse::selects(sparse, sparse::Phase::kDecode);
+    sparse_graphs_ = sparse::policy_def(sparse.policy).decode_graphs;
     LONGCTX_CHECK(!groups_ || sparse_ == nullptr, ErrorCode::kUnsupported,
                   "--sparse-policy {} on the GPU runs models of one full-attention KV group; this "
                   "one has {} ({})",
@@ -224,9 +225,11 @@ class PagedAttentionBackend final : public AttentionBackend {
       // q, o and the caches are set per layer in attend().
     }
     GroupStep& st0 = steps_[0];
-    // A decode policy: decode steps read the selected pages only (graph-shaped batches run
-    // dense); a prefill policy: steps with a prefill get its block mask.
-    const bool sparse_decode = sparse_decodes_ && all_decode && !batch.fixed_launch_shapes;
+    // A decode policy: decode steps read the selected pages only (graph-shaped batches too when
+    // the policy's decode replays in graphs, else dense); a prefill policy: steps with a prefill
+    // get its block mask.
+    const bool sparse_decode =
+        sparse_decodes_ && all_decode && (!batch.fixed_launch_shapes || sparse_graphs_);
     const bool sparse_selects =
         sparse_ != nullptr &&
         sparse_->plan(batch, batch.slot_mapping,
@@ -306,8 +309,11 @@ class PagedAttentionBackend final : public AttentionBackend {
 
   // CTAs of group g's split-KV decode kernel grid in the last plan(); 0 when it takes another
   // kernel.
+  // (A decode policy's step: its compact decode's, one group.)
   int64_t decode_grid(size_t g) const {
-    return planned_ && !sparse_decode_ ? PagedDispatcher::decode_grid(steps_[g].call) : 0;
+    if (!planned_) return 0;
+    if (sparse_decode_) return sparse_->decode_grid();
+    return PagedDispatcher::decode_grid(steps_[g].call);
   }
   size_t num_groups() const { return steps_.size(); }
 
@@ -357,6 +363,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     if (sparse_decode_) {
       const sparse::PageMemory mem[2] = {page_memory(layer), {}};
       sparse_->attend_decode(layer, qc.data_ptr(), o.data_ptr(), nullptr, mem, stream);
+      if (sparse_->decode_grid() > 0) note_captured_decode(stream, 0);  // its last launch
     } else {
       PagedPrefillParams p = st.params;
       p.q = qc.data_ptr();
@@ -509,6 +516,7 @@ class PagedAttentionBackend final : public AttentionBackend {
   std::vector<CapturedDecode> captured_decode_;       // decode launches under capture
   std::unique_ptr<sparse::SparsePolicyCuda> sparse_;  // the policy's twin (none under full)
   bool sparse_decodes_ = false;                       // the policy selects decode steps' pages
+  bool sparse_graphs_ = false;                        // and its decode steps replay in CUDA graphs
   bool sparse_prefill_ = false;                       // this step's prefill is block-sparse
   int num_seqs_ = 0, num_tokens_ = 0;
   bool planned_ = false;

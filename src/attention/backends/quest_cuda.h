@@ -13,11 +13,19 @@
 //                  sequence.
 // Nothing after plan() reads host memory or synchronizes. How many pages each sequence reads
 // follows from its length alone (quest_count), so the decode plan is made on the host in plan().
+// CUDA graphs (engine/cuda_graphs.h): a decode step's arrays sit at word offsets fixed for the
+// object's life (DecodeLayout, in a buffer that never moves), a graph-shaped batch
+// (ForwardBatch::fixed_launch_shapes) gets a metadata launch of a fixed entry count per batch size
+// (fillers of rows 0 after the touched pages) and a compact-decode plan whose padding sequences
+// leave the real ones' split as it is (DecodeGraphMode), so every launch of the layers depends on
+// the batch size alone but the split-KV decode's grid (decode_grid(), which the backend's
+// GraphLaunches set before each replay).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -79,13 +87,29 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   void attend_decode(int64_t layer, const void* q, void* o, float* o_f32, const Memory (&mem)[2],
                      cudaStream_t stream) override;
 
+  // CTAs of the last decode step's compact split-KV decode (0: no such step, or the generic
+  // kernel, whose grid follows the batch size alone).
+  int64_t decode_grid() const override;
+
   // K and V bytes the gathers read from memory 1 (the host pool) so far; synchronizes.
   int64_t memory1_bytes_read() const override;
   void set_phase_recorder(PhaseRecorder* recorder) override { recorder_ = recorder; }
 
  private:
-  const int32_t* dev(int64_t offset) const { return words_.device_at(offset); }
+  // Word offsets of a decode step's arrays in decode_words_ (16-byte aligned, ascending), from
+  // the config's maxima: max_seqs sequences, max_entries block-table entries, max_touched
+  // metadata entries.
+  struct DecodeLayout {
+    int64_t lens = 0, indptr = 0, dec_indptr = 0, dec_indices = 0, dec_last = 0, qo = 0;
+    int64_t pages = 0, tables = 0, loc = 0, total = 0;
+    int64_t max_entries = 0, max_touched = 0;
+  };
+  static DecodeLayout decode_layout(const QuestCudaConfig& c, int64_t touched_per_token);
+
+  const int32_t* dev(int64_t offset) const { return step_words_->device_at(offset); }
   bool fp8() const { return c_.kv_format == kernels::KvCacheFormat::kFp8E4M3; }
+  // Metadata entries one decoding token touches at most (FP8: its block's pages up to its own).
+  int64_t touched_per_token() const { return fp8() ? pages_per_block_ : 1; }
   void* meta_layer(int64_t layer) const;
 
   QuestCudaConfig c_;
@@ -95,11 +119,16 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   Tensor meta_;           // [layers][blocks][pages_per_block][Hkv][2][d] cache dtype (scored only)
   Tensor scores_;         // [max_seqs][Hkv][max_pages] f32 (scored only)
   Tensor selected_;       // [max_seqs][Hkv][max_selected] i32
-  Tensor compact_k_, compact_v_;          // [max_seqs][max_selected * page][Hkv][d] cache dtype
-  Tensor decode_ws_;                      // the compact decode's plan
-  Tensor memory1_pages_;                  // [1] u64: pages the gathers read from memory 1
-  StagedWords words_;                     // the step's pages, tables and compact-decode arrays
-  int64_t pages_at_ = 0, num_pages_ = 0;  // the touched pages [num_pages_][4]
+  Tensor compact_k_, compact_v_;  // [max_seqs][max_selected * page][Hkv][d] cache dtype
+  Tensor decode_ws_;              // the compact decode's plan
+  Tensor memory1_pages_;          // [1] u64: pages the gathers read from memory 1
+  StagedWords words_;             // other steps' touched pages
+  DecodeLayout layout_;
+  // Decode steps' pages, tables and compact-decode arrays, at layout_'s offsets (fixed capacity:
+  // the addresses a captured graph reads).
+  std::unique_ptr<StagedWords> decode_words_;
+  const StagedWords* step_words_ = &words_;  // the last plan()'s
+  int64_t pages_at_ = 0, num_pages_ = 0;     // the touched pages [num_pages_][4]
   int64_t indptr_at_ = 0, tables_at_ = 0, loc_at_ = 0, lens_at_ = 0;
   int64_t dec_indptr_at_ = 0, dec_indices_at_ = 0, dec_last_at_ = 0, qo_at_ = 0;
   int batch_ = 0;

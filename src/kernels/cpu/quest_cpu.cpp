@@ -36,6 +36,7 @@ void quest_meta_update(const QuestMetaParams& p) {
   for (int e = 0; e < p.num_pages; ++e) {
     const int32_t* pg = p.pages + 4 * e;
     const int64_t src_block = pg[0], meta_block = pg[1], page = pg[2], rows = pg[3];
+    if (rows <= 0) continue;  // a filler entry (a graph-shaped step's fixed count)
     const int64_t first = src_block * p.block_stride + page * p.page_tokens * row;
     for (int64_t h = 0; h < hkv; ++h) {
       const int64_t m = ((meta_block * p.pages_per_block + page) * hkv + h) * 2 * d;
