@@ -1,6 +1,7 @@
 // The GPU memory plan is arithmetic on the config: testable without a GPU.
 #include <gtest/gtest.h>
 
+#include "engine/gpu_memory_plan.h"
 #include "longctx/core/error.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/loader/checkpoint.h"
@@ -161,6 +162,32 @@ TEST(GpuMemoryPlan, Fp8KvOffloadCountsFp8Blocks) {
   EXPECT_LE(fp8.weights + fp8.activations + fp8.workspaces + fp8.kv_bytes() + fp8.ring_bytes +
                 fp8.offload_buffers,
             fp8.budget);
+}
+
+// Which runs capture decode graphs, and so hold their memory: quest's decode steps do (resident),
+// streaming's do not, and offloaded runs never capture (no graph memory in their plan).
+TEST(GpuMemoryPlan, GraphsUnderQuestResidentOnly) {
+  const ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  GpuRunnerOptions o;
+  o.max_model_len = 32768;
+  o.max_num_seqs = 4;
+  o.sparse.policy = SparsePolicyKind::kQuest;
+  EXPECT_TRUE(decode_graphs(o));
+  EXPECT_GT(plan_gpu_memory(c, o, 40 * kGiB).graphs, 0);
+  GpuRunnerOptions eager = o;
+  eager.enforce_eager = true;
+  EXPECT_FALSE(decode_graphs(eager));
+  EXPECT_EQ(plan_gpu_memory(c, eager, 40 * kGiB).graphs, 0);
+  GpuRunnerOptions streaming = o;
+  streaming.sparse.policy = SparsePolicyKind::kStreaming;
+  EXPECT_FALSE(decode_graphs(streaming));
+  GpuRunnerOptions offload = o;
+  offload.kv_offload = true;
+  offload.host_kv_bytes = 8 * kGiB;
+  EXPECT_FALSE(decode_graphs(offload));
+  const GpuMemoryPlan p = plan_gpu_memory(c, offload, 24 * kGiB);
+  ASSERT_TRUE(p.offload());
+  EXPECT_EQ(p.graphs, 0);
 }
 
 }  // namespace

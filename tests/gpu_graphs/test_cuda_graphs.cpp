@@ -16,6 +16,7 @@
 // Plus the decode kernel's graph mode directly, bad batches, and the memory estimate.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -41,23 +42,31 @@ constexpr int64_t kMaxSeqs = 32;
 constexpr uint16_t kFill = 0x7fc1;  // a NaN pattern no kernel writes
 
 // One KV pool + paged backend for a model, as GpuRunner's constructor builds them, its pool
-// filled with kFill and one scratch block taken first (so the three rigs' block ids agree).
+// filled with kFill (16-bit pools) and one scratch block taken first (so the rigs' block ids
+// agree); optionally a sparse policy and an FP8 pool.
 struct Rig {
   std::unique_ptr<PagedKVPool> pool;
   std::unique_ptr<AttentionBackend> attention;
   int32_t scratch = -1;
 
-  Rig(const Model& model, int64_t num_blocks, int64_t block_size) {
+  Rig(const Model& model, int64_t num_blocks, int64_t block_size, const SparseOptions& sparse = {},
+      bool fp8 = false) {
     const ModelConfig& c = model.config();
-    pool = std::make_unique<PagedKVPool>(
-        PagedKVPoolConfig{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, block_size,
-                          num_blocks, model.activation_dtype(), model.device()});
+    PagedKVPoolConfig kv{c.num_hidden_layers, c.num_key_value_heads,    c.head_dim,    block_size,
+                         num_blocks,          model.activation_dtype(), model.device()};
+    if (fp8) {
+      kv.dtype = DType::kFP8E4M3;
+      kv.fp8_source_dtype = model.activation_dtype();
+    }
+    pool = std::make_unique<PagedKVPool>(kv);
     PagedBackendLimits limits;
     limits.max_tokens = 32768;  // the prefill of every prompt at once
     limits.max_seqs = kMaxSeqs;
     limits.max_blocks = num_blocks + kMaxSeqs;
-    attention =
-        make_paged_attention_backend(*pool, c.num_attention_heads, model.attention_scale(), limits);
+    attention = make_paged_attention_backend(*pool, c.num_attention_heads, model.attention_scale(),
+                                             limits, sparse);
+    scratch = pool->allocate(1)[0];
+    if (fp8) return;
     std::vector<uint16_t> fill(pool->k(0).numel(), kFill);
     Tensor host = Tensor::from_blob(fill.data(), pool->k(0).shape(), pool->k(0).dtype());
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -65,7 +74,6 @@ struct Rig {
       k.copy_from(host);
       v.copy_from(host);
     }
-    scratch = pool->allocate(1)[0];
   }
 };
 
@@ -277,6 +285,111 @@ INSTANTIATE_TEST_SUITE_P(Models, GraphVsEager,
                              if (ch == '-') ch = '_';
                            return n;
                          });
+
+// Quest's decode steps replayed from graphs (attention/backends/quest_cuda.h) on the dummy
+// Qwen3 (head_dim 128: the compact split-KV decode), bf16 and FP8 pools: rigs E (eager, the
+// batch), G (graph), P (eager, the padded batch G replays) and D (dense eager, to see that the
+// replays select). 40 decode steps of 1 and 3 sequences whose lengths cross a page every 16
+// steps, a block (640, 1024) and the budget (250 -> 290 keys: every page, then a selection).
+//   - G == P bit for bit at every step; G == E bit for bit when the batch is a bucket (else
+//     within bf16 tolerance) and the greedy tokens of G and E agree;
+//   - G differs from D at some step (the replays read the selected pages, not every page).
+int64_t argmax_row(const Tensor& logits, int64_t row) {
+  const float* x = logits.data<float>() + row * logits.size(1);
+  return std::max_element(x, x + logits.size(1)) - x;
+}
+
+class QuestGraphVsEager : public ::testing::TestWithParam<bool> {};
+
+TEST_P(QuestGraphVsEager, ReplayEqualsEagerAndSelects) {
+  const bool fp8 = GetParam();
+  std::shared_ptr<Model> model = load_model("qwen3-dummy");
+  const ModelConfig& c = model->config();
+  const int64_t bs = 128;
+  const int steps = 40;
+  SparseOptions quest;
+  quest.policy = SparsePolicyKind::kQuest;
+  quest.page_tokens = 16;
+  quest.budget_tokens = 256;
+  quest.sink_tokens = 16;
+  quest.window_tokens = 32;
+  const std::vector<int64_t> prompts = {630, 1000, 250};
+  int64_t num_blocks = 2;
+  for (int64_t len : prompts) num_blocks += (len + steps + bs - 1) / bs;
+  Rig e(*model, num_blocks, bs, quest, fp8), g(*model, num_blocks, bs, quest, fp8),
+      p(*model, num_blocks, bs, quest, fp8), d(*model, num_blocks, bs, {}, fp8);
+  DecodeGraphOptions opt;
+  opt.max_num_seqs = kMaxSeqs;
+  opt.scratch_block = g.scratch;
+  opt.max_blocks = num_blocks + kMaxSeqs;
+  DecodeGraphs graphs(*model, *g.attention, *g.pool, opt);
+  graphs.capture();
+
+  std::mt19937 rng(17);
+  const int32_t vocab = static_cast<int32_t>(c.vocab_size);
+  int64_t differs_from_dense = 0, padded_steps = 0, not_bitwise = 0;
+  for (int64_t num : {1, 3}) {
+    std::vector<Seq> es(num);
+    for (int64_t i = 0; i < num; ++i)
+      for (int64_t j = 0; j < prompts[i]; ++j) es[i].tokens.push_back(int32_t(rng() % vocab));
+    std::vector<Seq> gs = es, ps = es, ds = es;
+    std::vector<size_t> all(num);
+    std::iota(all.begin(), all.end(), 0);
+    const std::pair<Rig*, std::vector<Seq>*> rigs[] = {{&e, &es}, {&g, &gs}, {&p, &ps}, {&d, &ds}};
+    for (auto [rig, seqs] : rigs) {
+      model->forward(make_batch(*seqs, all, *rig->pool), *rig->attention);
+      advance(*seqs, all);
+    }
+    std::vector<int32_t> next(num);
+    for (int64_t i = 0; i < num; ++i) next[i] = int32_t(rng() % vocab);
+    for (int step = 0; step < steps; ++step) {
+      for (auto [rig, seqs] : rigs)
+        for (size_t i : all) (*seqs)[i].tokens.push_back(next[i]);
+      ForwardBatch eb = make_batch(es, all, *e.pool);
+      ForwardBatch gb = make_batch(gs, all, *g.pool);
+      ForwardBatch pb = make_batch(ps, all, *p.pool);
+      ForwardBatch db = make_batch(ds, all, *d.pool);
+      ASSERT_TRUE(graphs.can_run(gb));
+      Tensor eager = to_host(model->forward(eb, *e.attention));
+      Tensor graph = to_host(graphs.run(gb));
+      const int64_t bucket = pick_decode_bucket(graphs.buckets(), num);
+      Tensor padded =
+          to_host(model->forward(pad_decode_batch(pb, bucket, {p.scratch, bs}), *p.attention));
+      Tensor dense = to_host(model->forward(db, *d.attention));
+      for (auto [rig, seqs] : rigs) advance(*seqs, all);
+      ASSERT_TRUE(rows_bit_equal(graph, padded, num))
+          << "fp8 " << fp8 << " S=" << num << " step " << step
+          << ": replay != eager of the padded batch";
+      if (bucket == num) {
+        ASSERT_TRUE(rows_bit_equal(graph, eager, num))
+            << "fp8 " << fp8 << " S=" << num << " step " << step << ": replay != eager";
+      } else {
+        ++padded_steps;
+        double max_abs = 0;
+        const double diff = rows_max_diff(graph, eager, num, &max_abs);
+        not_bitwise += diff > 0;
+        EXPECT_LE(diff, 0.02 * std::max(1.0, max_abs)) << "S=" << num << " step " << step;
+      }
+      differs_from_dense += !rows_bit_equal(graph, dense, num);
+      for (int64_t i = 0; i < num; ++i) {
+        EXPECT_EQ(argmax_row(graph, i), argmax_row(eager, i))
+            << "fp8 " << fp8 << " S=" << num << " step " << step << " sequence " << i;
+        next[i] = static_cast<int32_t>(argmax_row(graph, i));
+      }
+    }
+    for (auto [rig, seqs] : rigs)
+      for (Seq& sq : *seqs) rig->pool->free(sq.blocks);
+  }
+  EXPECT_GT(differs_from_dense, 0) << "the replays read every page: quest did not select";
+  std::printf(
+      "quest graphs (fp8 %d): %lld of %d steps differ from dense; %lld padded steps, %lld not "
+      "bit-identical to the unpadded eager; %lld decode-grid updates\n",
+      int(fp8), (long long)differs_from_dense, 2 * steps, (long long)padded_steps,
+      (long long)not_bitwise, (long long)graphs.grid_updates());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kv, QuestGraphVsEager, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "fp8" : "bf16"; });
 
 // decode_plan's graph mode on the kernel alone: padding requests do not change the real ones'
 // split (bit-identical outputs), each adds one work item, and padding rows are finite.

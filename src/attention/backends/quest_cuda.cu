@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <utility>
 
 #include "attention/backends/phase_profile.h"
 #include "attention/backends/quest_cuda.h"
@@ -97,7 +98,9 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
                             static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim)))},
                         DType::kU8, c.device);
     memory1_pages_ = Tensor::zeros({1}, DType::kI64, c.device);
-    layout_ = decode_layout(c, touched_per_token());
+    layout_ = kernels::cpu::quest_decode_layout(
+        c.max_seqs, c.max_seqs * ((c.max_model_len + c.block_size - 1) / c.block_size),
+        c.max_seqs * touched_per_token());
     decode_words_ = std::make_unique<StagedWords>(c.device, layout_.total);
   } catch (const Error& e) {
     LONGCTX_THROW(ErrorCode::kOutOfMemory,
@@ -105,31 +108,6 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
                   "selection buffers (lower --max-num-seqs or --sparse-budget): {}",
                   format_bytes(quest_bytes(c)), e.what());
   }
-}
-
-QuestCuda::DecodeLayout QuestCuda::decode_layout(const QuestCudaConfig& c,
-                                                 int64_t touched_per_token) {
-  DecodeLayout l;
-  const int64_t s = c.max_seqs;
-  l.max_entries = s * ((c.max_model_len + c.block_size - 1) / c.block_size);
-  l.max_touched = s * touched_per_token;
-  int64_t at = 0;
-  auto next = [&](int64_t words) {
-    const int64_t here = at;
-    at = (at + words + 3) / 4 * 4;
-    return here;
-  };
-  l.lens = next(s);
-  l.indptr = next(s + 1);
-  l.dec_indptr = next(s + 1);
-  l.dec_indices = next(s);
-  l.dec_last = next(s);
-  l.qo = next(s + 1);
-  l.pages = next(4 * l.max_touched);
-  l.tables = next(l.max_entries);
-  l.loc = next(l.max_entries);
-  l.total = at;
-  return l;
 }
 
 void* QuestCuda::meta_layer(int64_t layer) const {
@@ -159,14 +137,9 @@ bool QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
                 "quest: {} sequences (max {}), {} block codes for {} blocks (max {})",
                 batch.num_seqs(), c_.max_seqs, block_loc.size(), batch.block_tables.size(),
                 layout_.max_entries);
-  if (batch.fixed_launch_shapes) {
-    // A graph-shaped step: the metadata launch covers a count fixed by the batch size, fillers
-    // (rows 0, skipped) after the touched pages.
-    const int64_t fixed = batch_ * touched_per_token();
-    LONGCTX_CHECK(num_pages_ <= fixed, ErrorCode::kInternal,
-                  "quest: {} touched pages in a decode step of {} sequences", num_pages_, batch_);
-    pages.resize(static_cast<size_t>(fixed * 4), 0);
-    num_pages_ = fixed;
+  if (batch.fixed_launch_shapes) {  // a graph's: the metadata launch's count is fixed
+    pages = kernels::cpu::quest_fixed_pages(std::move(pages), batch_, touched_per_token());
+    num_pages_ = static_cast<int64_t>(pages.size() / 4);
   }
   LONGCTX_CHECK(num_pages_ <= layout_.max_touched, ErrorCode::kInternal,
                 "quest: {} touched pages in a decode step (room for {})", num_pages_,
@@ -189,7 +162,7 @@ bool QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
   }
   // Every array at its fixed offset: a graph captured over one decode step reads the next's.
   StagedWords& w = *decode_words_;
-  const DecodeLayout& l = layout_;
+  const kernels::cpu::QuestDecodeLayout& l = layout_;
   w.begin();
   lens_at_ = w.put_at(l.lens, batch.kv_lens);
   indptr_at_ = w.put_at(l.indptr, batch.block_table_indptr);

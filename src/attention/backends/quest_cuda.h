@@ -14,7 +14,7 @@
 // Nothing after plan() reads host memory or synchronizes. How many pages each sequence reads
 // follows from its length alone (quest_count), so the decode plan is made on the host in plan().
 // CUDA graphs (engine/cuda_graphs.h): a decode step's arrays sit at word offsets fixed for the
-// object's life (DecodeLayout, in a buffer that never moves), a graph-shaped batch
+// object's life (quest_decode_layout, in a buffer that never moves), a graph-shaped batch
 // (ForwardBatch::fixed_launch_shapes) gets a metadata launch of a fixed entry count per batch size
 // (fillers of rows 0 after the touched pages) and a compact-decode plan whose padding sequences
 // leave the real ones' split as it is (DecodeGraphMode), so every launch of the layers depends on
@@ -31,6 +31,7 @@
 
 #include "attention/backends/staged_words.h"
 #include "attention/sparse/sparse_policy_cuda.h"
+#include "kernels/cpu/quest_cpu.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/quest_params.h"
 #include "longctx/attention/forward_batch.h"
@@ -96,16 +97,6 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   void set_phase_recorder(PhaseRecorder* recorder) override { recorder_ = recorder; }
 
  private:
-  // Word offsets of a decode step's arrays in decode_words_ (16-byte aligned, ascending), from
-  // the config's maxima: max_seqs sequences, max_entries block-table entries, max_touched
-  // metadata entries.
-  struct DecodeLayout {
-    int64_t lens = 0, indptr = 0, dec_indptr = 0, dec_indices = 0, dec_last = 0, qo = 0;
-    int64_t pages = 0, tables = 0, loc = 0, total = 0;
-    int64_t max_entries = 0, max_touched = 0;
-  };
-  static DecodeLayout decode_layout(const QuestCudaConfig& c, int64_t touched_per_token);
-
   const int32_t* dev(int64_t offset) const { return step_words_->device_at(offset); }
   bool fp8() const { return c_.kv_format == kernels::KvCacheFormat::kFp8E4M3; }
   // Metadata entries one decoding token touches at most (FP8: its block's pages up to its own).
@@ -123,7 +114,7 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   Tensor decode_ws_;              // the compact decode's plan
   Tensor memory1_pages_;          // [1] u64: pages the gathers read from memory 1
   StagedWords words_;             // other steps' touched pages
-  DecodeLayout layout_;
+  kernels::cpu::QuestDecodeLayout layout_;
   // Decode steps' pages, tables and compact-decode arrays, at layout_'s offsets (fixed capacity:
   // the addresses a captured graph reads).
   std::unique_ptr<StagedWords> decode_words_;
