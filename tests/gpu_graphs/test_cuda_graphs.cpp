@@ -22,6 +22,8 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/backends/paged_backend.h"
@@ -50,7 +52,7 @@ struct Rig {
   int32_t scratch = -1;
 
   Rig(const Model& model, int64_t num_blocks, int64_t block_size, const SparseOptions& sparse = {},
-      bool fp8 = false) {
+      bool fp8 = false, const kernels::KernelTuning& tuning = {}) {
     const ModelConfig& c = model.config();
     PagedKVPoolConfig kv{c.num_hidden_layers, c.num_key_value_heads,    c.head_dim,    block_size,
                          num_blocks,          model.activation_dtype(), model.device()};
@@ -64,7 +66,7 @@ struct Rig {
     limits.max_seqs = kMaxSeqs;
     limits.max_blocks = num_blocks + kMaxSeqs;
     attention = make_paged_attention_backend(*pool, c.num_attention_heads, model.attention_scale(),
-                                             limits, sparse);
+                                             limits, sparse, tuning);
     scratch = pool->allocate(1)[0];
     if (fp8) return;
     std::vector<uint16_t> fill(pool->k(0).numel(), kFill);
@@ -287,10 +289,11 @@ INSTANTIATE_TEST_SUITE_P(Models, GraphVsEager,
                          });
 
 // Quest's decode steps replayed from graphs (attention/backends/quest_cuda.h) on the dummy
-// Qwen3 (head_dim 128: the compact split-KV decode), bf16 and FP8 pools: rigs E (eager, the
-// batch), G (graph), P (eager, the padded batch G replays) and D (dense eager, to see that the
-// replays select). 40 decode steps of 1 and 3 sequences whose lengths cross a page every 16
-// steps, a block (640, 1024) and the budget (250 -> 290 keys: every page, then a selection).
+// Qwen3 (head_dim 128: the compact split-KV decode, or the generic kernel), bf16 and FP8 pools:
+// rigs E (eager, the batch), G (graph), P (eager, the padded batch G replays) and D (dense eager,
+// to see that the replays select). 40 decode steps of 1 and 3 sequences whose lengths cross a page
+// every 16 steps, a block (640, 1024) and the budget (250 -> 290 keys: every page, then a
+// selection).
 //   - G == P bit for bit at every step; G == E bit for bit when the batch is a bucket (else
 //     within bf16 tolerance) and the greedy tokens of G and E agree;
 //   - G differs from D at some step (the replays read the selected pages, not every page).
@@ -299,10 +302,12 @@ int64_t argmax_row(const Tensor& logits, int64_t row) {
   return std::max_element(x, x + logits.size(1)) - x;
 }
 
-class QuestGraphVsEager : public ::testing::TestWithParam<bool> {};
+class QuestGraphVsEager : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(QuestGraphVsEager, ReplayEqualsEagerAndSelects) {
-  const bool fp8 = GetParam();
+  const auto [fp8, generic] = GetParam();
+  kernels::KernelTuning tuning;
+  if (generic) tuning.attention = kernels::AttentionKernel::kGeneric;
   std::shared_ptr<Model> model = load_model("qwen3-dummy");
   const ModelConfig& c = model->config();
   const int64_t bs = 128;
@@ -316,8 +321,8 @@ TEST_P(QuestGraphVsEager, ReplayEqualsEagerAndSelects) {
   const std::vector<int64_t> prompts = {630, 1000, 250};
   int64_t num_blocks = 2;
   for (int64_t len : prompts) num_blocks += (len + steps + bs - 1) / bs;
-  Rig e(*model, num_blocks, bs, quest, fp8), g(*model, num_blocks, bs, quest, fp8),
-      p(*model, num_blocks, bs, quest, fp8), d(*model, num_blocks, bs, {}, fp8);
+  Rig e(*model, num_blocks, bs, quest, fp8, tuning), g(*model, num_blocks, bs, quest, fp8, tuning),
+      p(*model, num_blocks, bs, quest, fp8, tuning), d(*model, num_blocks, bs, {}, fp8, tuning);
   DecodeGraphOptions opt;
   opt.max_num_seqs = kMaxSeqs;
   opt.scratch_block = g.scratch;
@@ -382,14 +387,18 @@ TEST_P(QuestGraphVsEager, ReplayEqualsEagerAndSelects) {
   }
   EXPECT_GT(differs_from_dense, 0) << "the replays read every page: quest did not select";
   std::printf(
-      "quest graphs (fp8 %d): %lld of %d steps differ from dense; %lld padded steps, %lld not "
-      "bit-identical to the unpadded eager; %lld decode-grid updates\n",
-      int(fp8), (long long)differs_from_dense, 2 * steps, (long long)padded_steps,
+      "quest graphs (fp8 %d, generic %d): %lld of %d steps differ from dense; %lld padded "
+      "steps, %lld not bit-identical to the unpadded eager; %lld decode-grid updates\n",
+      int(fp8), int(generic), (long long)differs_from_dense, 2 * steps, (long long)padded_steps,
       (long long)not_bitwise, (long long)graphs.grid_updates());
 }
 
-INSTANTIATE_TEST_SUITE_P(Kv, QuestGraphVsEager, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "fp8" : "bf16"; });
+INSTANTIATE_TEST_SUITE_P(KvAndKernel, QuestGraphVsEager,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "fp8" : "bf16") +
+                                  (std::get<1>(info.param) ? "_generic" : "_split_kv");
+                         });
 
 // decode_plan's graph mode on the kernel alone: padding requests do not change the real ones'
 // split (bit-identical outputs), each adds one work item, and padding rows are finite.
