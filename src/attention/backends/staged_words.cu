@@ -10,14 +10,16 @@ namespace longctx {
 
 namespace {
 
-// Skipped ranges shorter than this are uploaded with the rest: one copy costs more than 16 KB.
+// Placed arrays less than this apart go up in one copy (gap included): a copy's call costs more
+// than 16 KB of the link.
 constexpr int64_t kMinGapWords = 4096;
 
 }  // namespace
 
 StagedWords::StagedWords(Device device, int64_t fixed_capacity) : device_(device), staged_(device) {
   if (fixed_capacity > 0) {
-    reserve(fixed_capacity, fixed_capacity);
+    host_ = Tensor::empty_pinned({fixed_capacity}, DType::kI32);
+    dev_ = Tensor::empty({fixed_capacity}, DType::kI32, device_);
     fixed_ = true;
   }
 }
@@ -25,30 +27,30 @@ StagedWords::StagedWords(Device device, int64_t fixed_capacity) : device_(device
 void StagedWords::begin() {
   staged_.synchronize();
   words_.clear();
-  gaps_.clear();
-}
-
-void StagedWords::reserve(int64_t n, int64_t capacity) {
-  if (host_.numel() >= n) return;
-  LONGCTX_CHECK(!fixed_, ErrorCode::kInternal,
-                "staged words: {} words past the fixed capacity {} (kernels keep its addresses)", n,
-                host_.numel());
-  host_ = Tensor::empty_pinned({capacity}, DType::kI32);
-  dev_ = Tensor::empty({capacity}, DType::kI32, device_);
+  ranges_.clear();
 }
 
 int64_t StagedWords::put_at(int64_t at, const int32_t* data, size_t n) {
-  const int64_t size = static_cast<int64_t>(words_.size());
-  LONGCTX_CHECK(at % 4 == 0 && at >= size, ErrorCode::kInternal,
-                "staged words: an array at word {} (16-byte aligned, after the {} words so far)",
-                at, size);
-  if (at - size >= kMinGapWords) gaps_.push_back({size, at});
-  words_.resize(static_cast<size_t>(at), 0);
-  words_.insert(words_.end(), data, data + n);
+  const int64_t end = ranges_.empty() ? 0 : ranges_.back().second;
+  LONGCTX_CHECK(fixed_ && words_.empty() && at % 4 == 0 && at >= end &&
+                    at + static_cast<int64_t>(n) <= host_.numel(),
+                ErrorCode::kInternal,
+                "staged words: an array of {} words at word {} (wants a fixed capacity ({}), no "
+                "appended words, 16-byte alignment, after word {})",
+                n, at, host_.numel(), end);
+  // The pinned buffer is free: begin() waited for the last upload's copy out of it.
+  if (n > 0) std::memcpy(host_.data<int32_t>() + at, data, n * sizeof(int32_t));
+  const int64_t stop = at + static_cast<int64_t>(n);
+  if (!ranges_.empty() && at - end < kMinGapWords)
+    ranges_.back().second = stop;
+  else
+    ranges_.push_back({at, stop});
   return at;
 }
 
 int64_t StagedWords::put(const int32_t* data, size_t n, int32_t scale) {
+  LONGCTX_CHECK(ranges_.empty(), ErrorCode::kInternal,
+                "staged words: an appended array in a step of placed ones");
   while (words_.size() % 4) words_.push_back(0);
   const int64_t at = static_cast<int64_t>(words_.size());
   for (size_t i = 0; i < n; ++i) words_.push_back(data[i] * scale);
@@ -63,24 +65,28 @@ int64_t StagedWords::put_bytes(const void* data, size_t bytes) {
 }
 
 void StagedWords::upload(void* stream) {
+  if (!ranges_.empty()) {  // placed arrays: already in the pinned buffer, at their offsets
+    for (const auto& [begin, end] : ranges_)
+      LONGCTX_CUDA_CHECK(
+          cudaMemcpyAsync(dev_.data<int32_t>() + begin, host_.data<int32_t>() + begin,
+                          static_cast<size_t>(end - begin) * sizeof(int32_t),
+                          cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
+    staged_.record_on(stream);
+    return;
+  }
   const int64_t n = static_cast<int64_t>(words_.size());
   if (n == 0) return;
-  reserve(n, 2 * n);  // with headroom: steps vary in size
-  // The written ranges: [0, first gap), between gaps, [last gap, n).
-  int64_t begin = 0;
-  auto copy = [&](int64_t end) {
-    if (end <= begin) return;
-    const size_t bytes = static_cast<size_t>(end - begin) * sizeof(int32_t);
-    std::memcpy(host_.data<int32_t>() + begin, words_.data() + begin, bytes);
-    LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev_.data<int32_t>() + begin, host_.data<int32_t>() + begin,
-                                       bytes, cudaMemcpyHostToDevice,
-                                       static_cast<cudaStream_t>(stream)));
-  };
-  for (const auto& [gap_begin, gap_end] : gaps_) {
-    copy(gap_begin);
-    begin = gap_end;
+  LONGCTX_CHECK(!fixed_ || n <= host_.numel(), ErrorCode::kInternal,
+                "staged words: {} words past the fixed capacity {} (kernels keep its addresses)", n,
+                host_.numel());
+  if (host_.numel() < n) {  // grows with headroom: steps vary in size
+    host_ = Tensor::empty_pinned({n * 2}, DType::kI32);
+    dev_ = Tensor::empty({n * 2}, DType::kI32, device_);
   }
-  copy(n);
+  std::memcpy(host_.data_ptr(), words_.data(), static_cast<size_t>(n) * sizeof(int32_t));
+  LONGCTX_CUDA_CHECK(cudaMemcpyAsync(dev_.data_ptr(), host_.data_ptr(),
+                                     static_cast<size_t>(n) * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
   staged_.record_on(stream);
 }
 

@@ -2,9 +2,9 @@
 // copy: arrays are appended to one int32 word vector, each 16-byte aligned, and upload() copies
 // the words through a pinned buffer to a device buffer on the given stream. The CUDA backends of
 // one step (Quest, resident XAttention, XAttention with offload, the offload device) each own one.
-// A fixed capacity keeps the device buffer where it is for the object's life, so arrays put at
-// fixed offsets (put_at) have addresses a CUDA graph can keep; upload() then copies the written
-// ranges only, not the gaps between them.
+// A fixed capacity keeps the device buffer where it is for the object's life, so arrays placed at
+// fixed offsets (put_at) have addresses a CUDA graph can keep; upload() then copies the placed
+// ranges, not the room between them.
 #pragma once
 
 #include <cstddef>
@@ -32,8 +32,9 @@ class StagedWords {
   int64_t put(std::span<const int32_t> v, int32_t scale = 1) {
     return put(v.data(), v.size(), scale);
   }
-  // Puts data[0, n) at word `at` (a multiple of 4, at or past the words so far; the gap is
-  // zero-filled and not uploaded); returns `at`.
+  // A fixed capacity only, in a step of no appended words: places data[0, n) at word `at` (a
+  // multiple of 4, past the arrays placed so far, inside the capacity; the words between hold
+  // stale values); returns `at`. Throws Error(kInternal) otherwise.
   int64_t put_at(int64_t at, const int32_t* data, size_t n);
   int64_t put_at(int64_t at, std::span<const int32_t> v) { return put_at(at, v.data(), v.size()); }
   // Appends `bytes` bytes of any array (e.g. int64 indptrs), zero-padded to whole words.
@@ -44,21 +45,18 @@ class StagedWords {
   void upload(void* stream);
   // Word `at` of the device buffer (valid for kernels queued after upload()).
   const int32_t* device_at(int64_t at) const { return dev_.data<int32_t>() + at; }
-  // The host words (host plans read the arrays they stage; valid until the next begin()).
+  // The host words (host plans read the arrays they stage; valid until the next begin()); not
+  // the placed ones.
   const int32_t* host() const { return words_.data(); }
 
  private:
-  // Grows the buffers to `capacity` (>= n) words when they hold fewer than n (a fixed capacity:
-  // throws instead).
-  void reserve(int64_t n, int64_t capacity);
-
   Device device_;
   bool fixed_ = false;
   std::vector<int32_t> words_;
-  std::vector<std::pair<int64_t, int64_t>> gaps_;  // [begin, end) words put_at skipped
-  Tensor host_;                                    // [capacity] i32 pinned
-  Tensor dev_;                                     // [capacity] i32 on device_
-  Event staged_;                                   // after the last upload's copy
+  std::vector<std::pair<int64_t, int64_t>> ranges_;  // [begin, end) words put_at placed
+  Tensor host_;                                      // [capacity] i32 pinned
+  Tensor dev_;                                       // [capacity] i32 on device_
+  Event staged_;                                     // after the last upload's copy
 };
 
 }  // namespace longctx
