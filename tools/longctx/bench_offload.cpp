@@ -50,8 +50,8 @@ void run(const Options& o) {
   r.max_num_seqs = std::min<int64_t>(r.max_num_seqs, 2);
   LONGCTX_CHECK(!(o.cuda_graphs && o.profile_phases), ErrorCode::kInvalidArgument,
                 "bench offload: --profile-phases times eager steps; drop --cuda-graphs");
-  // Eager by default, as offloaded steps always run; --cuda-graphs: the runner's decode graphs
-  // (resident KV, a policy whose decode steps replay them).
+  // Eager by default (the numbers so far); --cuda-graphs: the runner's decode graphs where it
+  // captures them (resident KV; offloaded KV under quest).
   r.enforce_eager = !o.cuda_graphs;
   auto runner = std::make_shared<GpuRunner>(model, r);
   ExecutorSession session = make_gpu_session(runner);
@@ -67,7 +67,9 @@ void run(const Options& o) {
                 format_bytes(runner->graph_memory_bytes()).c_str());
   else
     std::printf("  decode steps: eager%s\n",
-                o.cuda_graphs ? " (no graphs captured: offloaded KV, or a policy without)" : "");
+                o.cuda_graphs ? " (no graphs captured: offloaded KV without quest, or a policy "
+                                "without)"
+                              : "");
   std::mt19937_64 rng(o.seed);
   const int32_t vocab = static_cast<int32_t>(model->config().vocab_size);
   uint64_t id = 1;
@@ -169,7 +171,7 @@ void add_bench_offload(CLI::App* bench) {
       ->capture_default_str();
   cmd->add_flag("--cuda-graphs", o->cuda_graphs,
                 "decode steps replay CUDA graphs where the runner captures them (resident KV "
-                "under full or quest attention; offloaded steps run eagerly)");
+                "under full or quest attention, offloaded KV under quest)");
   cmd->add_flag("--profile-phases", o->profile_phases,
                 "print the decode steps' host and GPU time per attention phase (adds a few us "
                 "of host time per mark)");
