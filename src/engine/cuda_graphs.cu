@@ -164,10 +164,14 @@ struct DecodeGraphs::Impl {
       // workspace) and the private pool's segments, so the capture itself allocates nothing
       // from the driver.
       forward(b);
-      attention.end_graph_step();
-      LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
-      // Planned again: a backend may take one forward per plan (KV offload counts its layers).
-      prepare(padded, s);
+    }
+    attention.end_graph_step();
+    LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
+    // Planned again (outside the private pool: a plan's buffers are the backend's): a backend
+    // may take one forward per plan (KV offload counts its layers).
+    prepare(padded, s);
+    {
+      PrivatePoolScope scope(device.index, private_pool);
       attention.begin_graph_capture();
       LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       try {
@@ -179,10 +183,10 @@ struct DecodeGraphs::Impl {
         throw;
       }
       LONGCTX_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-      // The captured step's after-work (e.g. write-backs its plan named), so the backend's books
-      // match what it issued.
-      attention.end_graph_step();
     }
+    // The captured step's after-work (the write-backs its plan named), so the backend's books
+    // match what it issued.
+    attention.end_graph_step();
     BucketGraph& g = graphs[b];
     g.graph = graph;
     LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
