@@ -229,7 +229,7 @@ TEST(SparseOffload, QuestOverFp8ThroughTheSimulatedDeviceIsTheResidentPolicy) {
 // a scratch host block, the step's write-backs left to end_graph_step(). The real rows equal the
 // resident policy's as eager offloaded steps do, over blocks that fill (write-backs) mid-way, bf16
 // and FP8; a plan before end_graph_step() is refused, and so is a graph-shaped batch without a
-// decode policy.
+// decode policy, and so is one after a replayed step (planned, no attend()) before its end.
 TEST(SparseOffload, GraphShapedQuestStepsEqualTheResidentPolicy) {
   for (bool fp8 : {false, true}) {
     SCOPED_TRACE(fp8 ? "fp8" : "f32");
@@ -290,6 +290,11 @@ TEST(SparseOffload, GraphShapedQuestStepsEqualTheResidentPolicy) {
     be.store_kv(0, rows, rows);
     be.attend(0, q);
     EXPECT_THROW(be.plan(padded), Error) << "planned before the graph step ended";
+    be.end_graph_step();
+    // A replay runs the graph's kernels, not attend(): the plan alone leaves the step open for
+    // end_graph_step's write-backs.
+    EXPECT_NO_THROW(be.plan(padded));
+    EXPECT_THROW(be.plan(padded), Error) << "planned before the replayed step ended";
     be.end_graph_step();
     EXPECT_NO_THROW(be.plan(padded));
   }

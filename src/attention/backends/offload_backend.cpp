@@ -190,6 +190,9 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   stats_.host_bytes_loaded +=
       static_cast<int64_t>(plan_.loads.size()) * g.num_layers * layer_block_bytes_;
   planned_ = true;
+  // A graph-shaped step's write-backs are not the graph's: end_graph_step issues them after the
+  // forward, which a replay runs without calling attend() here.
+  step_open_ = graph_step_;
   if (states_ != nullptr) {
     reset_new_sequence_states(batch, groups_, states_);
     batch_ = &batch;
@@ -255,10 +258,7 @@ Tensor OffloadAttentionBackend::attend(int64_t model_layer, const Tensor& q) {
     o = device_->finish_layer(layer, q);
   }
   if (++next_layer_ == g.num_layers) {
-    if (graph_step_)
-      step_open_ = true;  // a graph's: its write-backs are not the graph's (end_graph_step)
-    else
-      device_->end_step();
+    if (!graph_step_) device_->end_step();  // a graph's step ends in end_graph_step
     planned_ = false;
   }
   return o;

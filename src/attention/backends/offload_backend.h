@@ -230,7 +230,7 @@ class OffloadAttentionBackend final : public AttentionBackend {
   bool planned_ = false;
   bool sparse_step_ = false;           // sparse_ attends this step itself (no ring items)
   bool graph_step_ = false;            // a graph-shaped batch: end_step waits for end_graph_step
-  bool step_open_ = false;             // its layers ran, end_step not yet issued
+  bool step_open_ = false;             // a graph step planned, end_step not yet issued
   PhaseRecorder* recorder_ = nullptr;  // a measurement mode's (phase_profile.h), else null
   // Several KV groups (null: one full group, every layer offloaded).
   const KvGroups* groups_ = nullptr;
