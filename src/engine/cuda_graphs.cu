@@ -63,7 +63,8 @@ struct BucketGraph {
 struct DecodeGraphs::Impl {
   Model& model;
   AttentionBackend& attention;
-  PagedKVPool& pool;
+  PagedKVPool* pool;  // the resident KV (null: the KV is another's, e.g. offloaded)
+  int64_t block_size = 0;
   std::vector<int64_t> buckets;
   int64_t max_blocks = 0;
   int32_t scratch = -1;
@@ -83,22 +84,23 @@ struct DecodeGraphs::Impl {
   int64_t grid_updates = 0;
   double capture_seconds = 0;
 
-  Impl(Model& m, AttentionBackend& a, PagedKVPool& p, Device d)
+  Impl(Model& m, AttentionBackend& a, PagedKVPool* p, int64_t bs, Device d)
       : model(m),
         attention(a),
         pool(p),
+        block_size(bs),
         groups(KvGroups::from_config(m.config(), DType::kBF16)),
         device(d),
         staged(d) {}
 
-  DecodePadding padding() const { return {scratch, pool.block_size(), &groups, scratch_state}; }
+  DecodePadding padding() const { return {scratch, block_size, &groups, scratch_state}; }
 
   ~Impl() {
     drop_graphs();
     // Views of `logits` the caller still holds keep their block; it turns into an ordinary one.
     ids = positions = rows = logits = Tensor();
     if (private_pool != 0) detail::device_pool(device.index).release_private_pool(private_pool);
-    if (own_scratch) pool.free({scratch});
+    if (own_scratch) pool->free({scratch});
   }
 
   void drop_graphs() {
@@ -144,7 +146,7 @@ struct DecodeGraphs::Impl {
     one.add_sequence(~uint64_t(0), &zero, 1, 0, true);
     one.block_table_indptr = {0, 1};
     one.block_tables = {scratch};
-    one.slot_mapping = {int64_t(scratch) * pool.block_size()};
+    one.slot_mapping = {int64_t(scratch) * block_size};
     // A model of several KV groups: the scratch block in each group's table too (a state
     // group's: the scratch state slot).
     for (int64_t g = 1; g < groups.size(); ++g) {
@@ -153,7 +155,8 @@ struct DecodeGraphs::Impl {
       else
         one.group_tables.push_back({one.block_table_indptr, one.block_tables, one.slot_mapping});
     }
-    prepare(pad_decode_batch(one, b, padding()), s);
+    const ForwardBatch padded = pad_decode_batch(one, b, padding());
+    prepare(padded, s);
     cudaGraph_t graph = nullptr;
     {
       PrivatePoolScope scope(device.index, private_pool);
@@ -161,7 +164,14 @@ struct DecodeGraphs::Impl {
       // workspace) and the private pool's segments, so the capture itself allocates nothing
       // from the driver.
       forward(b);
-      LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+    attention.end_graph_step();
+    LONGCTX_CUDA_CHECK(cudaStreamSynchronize(s));
+    // Planned again (outside the private pool: a plan's buffers are the backend's): a backend
+    // may take one forward per plan (KV offload counts its layers).
+    prepare(padded, s);
+    {
+      PrivatePoolScope scope(device.index, private_pool);
       attention.begin_graph_capture();
       LONGCTX_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       try {
@@ -174,6 +184,9 @@ struct DecodeGraphs::Impl {
       }
       LONGCTX_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     }
+    // The captured step's after-work (the write-backs its plan named), so the backend's books
+    // match what it issued.
+    attention.end_graph_step();
     BucketGraph& g = graphs[b];
     g.graph = graph;
     LONGCTX_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
@@ -186,11 +199,25 @@ struct DecodeGraphs::Impl {
 
 DecodeGraphs::DecodeGraphs(Model& model, AttentionBackend& attention, PagedKVPool& pool,
                            const DecodeGraphOptions& options) {
-  LONGCTX_CHECK(model.device().is_cuda(), ErrorCode::kInvalidArgument,
-                "decode graphs: the model is on {}, not a CUDA device", model.device().str());
   LONGCTX_CHECK(pool.config().device == model.device(), ErrorCode::kInvalidArgument,
                 "decode graphs: the KV pool is on {}, the model on {}", pool.config().device.str(),
                 model.device().str());
+  init(model, attention, &pool, {pool.block_size(), pool.num_blocks()}, options);
+}
+
+DecodeGraphs::DecodeGraphs(Model& model, AttentionBackend& attention, const DecodeGraphKv& kv,
+                           const DecodeGraphOptions& options) {
+  LONGCTX_CHECK(options.scratch_block >= 0, ErrorCode::kInvalidArgument,
+                "decode graphs: a KV cache other than a pool needs a scratch block");
+  init(model, attention, nullptr, kv, options);
+}
+
+void DecodeGraphs::init(Model& model, AttentionBackend& attention, PagedKVPool* pool,
+                        const DecodeGraphKv& kv, const DecodeGraphOptions& options) {
+  LONGCTX_CHECK(model.device().is_cuda(), ErrorCode::kInvalidArgument,
+                "decode graphs: the model is on {}, not a CUDA device", model.device().str());
+  LONGCTX_CHECK(kv.block_size >= 1, ErrorCode::kInvalidArgument,
+                "decode graphs: KV blocks of {} tokens", kv.block_size);
   std::vector<int64_t> buckets =
       options.buckets.empty() ? decode_graph_buckets(options.max_num_seqs) : options.buckets;
   for (size_t i = 0; i < buckets.size(); ++i)
@@ -200,11 +227,11 @@ DecodeGraphs::DecodeGraphs(Model& model, AttentionBackend& attention, PagedKVPoo
                   "decode graphs: buckets must ascend from >= 1 up to max_num_seqs {} (bucket {} "
                   "is {})",
                   options.max_num_seqs, i, buckets[i]);
-  LONGCTX_CHECK(options.scratch_block >= -1 && options.scratch_block < pool.num_blocks(),
+  LONGCTX_CHECK(options.scratch_block >= -1 && options.scratch_block < kv.num_blocks,
                 ErrorCode::kInvalidArgument,
-                "decode graphs: scratch block {} outside the pool's {} blocks",
-                options.scratch_block, pool.num_blocks());
-  impl_ = std::make_unique<Impl>(model, attention, pool, model.device());
+                "decode graphs: scratch block {} outside the cache's {} blocks",
+                options.scratch_block, kv.num_blocks);
+  impl_ = std::make_unique<Impl>(model, attention, pool, kv.block_size, model.device());
   Impl& m = *impl_;
   LONGCTX_CHECK(!m.groups.has_kind(KvGroupKind::kState) || options.scratch_state_slot >= 0,
                 ErrorCode::kInvalidArgument,
@@ -217,7 +244,7 @@ DecodeGraphs::DecodeGraphs(Model& model, AttentionBackend& attention, PagedKVPoo
   if (options.scratch_block >= 0) {
     m.scratch = options.scratch_block;
   } else {
-    m.scratch = pool.allocate(1)[0];
+    m.scratch = pool->allocate(1)[0];
     m.own_scratch = true;
   }
   const int64_t n = m.buckets.back();
@@ -278,6 +305,7 @@ Tensor DecodeGraphs::run(const ForwardBatch& batch) {
   BucketGraph& g = m.graphs.at(b);
   if (g.launches != nullptr && g.launches->update(g.exec)) ++m.grid_updates;
   LONGCTX_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  m.attention.end_graph_step();
   return m.logits.slice(0, 0, s);
 }
 

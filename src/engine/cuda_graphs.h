@@ -102,12 +102,23 @@ ForwardBatch pad_decode_batch(const ForwardBatch& batch, int64_t bucket,
 // stream's cuBLASLt workspace and the pool's segment rounding.
 int64_t decode_graph_memory_bytes(const ModelConfig& config, int64_t max_bucket);
 
+// A KV cache the graphs' padding sequences write into without a PagedKVPool (KV offload: the
+// engine's host block ids).
+struct DecodeGraphKv {
+  int64_t block_size = 0;
+  int64_t num_blocks = 0;
+};
+
 class DecodeGraphs {
  public:
   // `model` on a CUDA device, `attention` the paged backend over `pool`; all three must outlive
   // this object. Captures nothing yet. Throws Error(kInvalidArgument) for bad options,
   // Error(kUnsupported) in a build without CUDA.
   DecodeGraphs(Model& model, AttentionBackend& attention, PagedKVPool& pool,
+               const DecodeGraphOptions& options);
+  // Over another backend's KV of kv.num_blocks blocks (KV offload): options.scratch_block
+  // required (a block the caller keeps from its allocator).
+  DecodeGraphs(Model& model, AttentionBackend& attention, const DecodeGraphKv& kv,
                const DecodeGraphOptions& options);
   ~DecodeGraphs();
   DecodeGraphs(const DecodeGraphs&) = delete;
@@ -135,6 +146,9 @@ class DecodeGraphs {
   int64_t grid_updates() const;    // decode-grid updates of the graphs so far
 
  private:
+  void init(Model& model, AttentionBackend& attention, PagedKVPool* pool, const DecodeGraphKv& kv,
+            const DecodeGraphOptions& options);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -14,6 +14,10 @@ DecodeGraphs::DecodeGraphs(Model&, AttentionBackend&, PagedKVPool&, const Decode
                 "CUDA graphs: this build of longctx has no CUDA backend (configure with "
                 "-DLONGCTX_CUDA=ON)");
 }
+DecodeGraphs::DecodeGraphs(Model&, AttentionBackend&, const DecodeGraphKv&,
+                           const DecodeGraphOptions&) {
+  LONGCTX_THROW(ErrorCode::kUnsupported, "CUDA graphs: no CUDA backend in this build");
+}
 DecodeGraphs::~DecodeGraphs() = default;
 void DecodeGraphs::capture() {}
 bool DecodeGraphs::captured() const { return false; }

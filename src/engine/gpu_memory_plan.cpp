@@ -95,12 +95,18 @@ int64_t moe_fixed_bytes(const ModelConfig& c) {
 }  // namespace
 
 bool decode_graphs(const GpuRunnerOptions& o) {
-  return !o.enforce_eager && sparse::policy_def(o.sparse.policy).decode_graphs;
+  const sparse::PolicyDef& policy = sparse::policy_def(o.sparse.policy);
+  // Offloaded: only a decode policy's steps, which skip the ring (docs/offload.md, "CUDA graphs").
+  return !o.enforce_eager && policy.decode_graphs && (!o.kv_offload || policy.decode);
+}
+
+bool decode_graphs(const GpuRunnerOptions& o, const KvGroups& groups) {
+  // Offloaded: a one-group model's (sliding groups' and states' resident backends run eagerly).
+  return decode_graphs(o) && (!o.kv_offload || groups.single_full());
 }
 
 int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups) {
-  // (Offloaded steps run eagerly: no padding sequences.)
-  return decode_graphs(o) && !o.kv_offload && groups.has_kind(KvGroupKind::kState) ? 1 : 0;
+  return decode_graphs(o, groups) && groups.has_kind(KvGroupKind::kState) ? 1 : 0;
 }
 
 int64_t weight_bytes(const ModelConfig& config) {
@@ -201,7 +207,6 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
                 ErrorCode::kInvalidArgument,
                 "KV offload: --offload-slots ({}) and the slot size ({} tokens) must be positive",
                 options.offload_slots, options.offload_slot_tokens);
-  p.graphs = 0;
   const int64_t layer_block = p.kv_block_bytes / layers;
   p.slot_blocks = std::max<int64_t>(1, options.offload_slot_tokens / p.block_size);
   p.ring_bytes = options.offload_slots * p.slot_blocks * layer_block;
@@ -221,12 +226,13 @@ GpuMemoryPlan plan_offload(const ModelConfig& config, const GpuRunnerOptions& op
   }
   // The resident groups (sliding windows, linear-attention states and their snapshots) come off
   // the budget before the GPU cache.
-  const int64_t left = p.budget - p.weights - p.activations - p.workspaces - p.ring_bytes -
-                       p.offload_buffers - p.sparse - p.window_bytes() - p.kv_state_bytes -
-                       p.kv_snapshot_bytes;
+  const int64_t left = p.budget - p.weights - p.activations - p.workspaces - p.graphs -
+                       p.ring_bytes - p.offload_buffers - p.sparse - p.window_bytes() -
+                       p.kv_state_bytes - p.kv_snapshot_bytes;
   LONGCTX_CHECK(options.num_gpu_blocks > 0 || left >= 0, ErrorCode::kOutOfMemory,
                 "KV offload: the budget is {} short of what the GPU keeps before its KV cache "
-                "(weights, activations, workspaces, ring, merge buffers, sparse, resident groups: "
+                "(weights, activations, workspaces, graphs, ring, merge buffers, sparse, resident "
+                "groups: "
                 "{}); raise --gpu-memory-limit{}",
                 format_bytes(-left), p.str(),
                 p.kv_state_bytes > 0 ? ", or lower --max-num-seqs (a state each) and "
@@ -285,7 +291,8 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   // layer, as before); state groups take max_num_seqs states up front; a sequence of
   // max_model_len holds blocks in each paged group (a sliding group only its window's).
   const KvGroups groups = KvGroups::from_config(config, options.kv_dtype);
-  p.graphs = decode_graphs(options) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
+  p.graphs =
+      decode_graphs(options, groups) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
   p.kv_block_bytes = groups.block_bytes(p.block_size);
   // States (fp32, as the kernels keep them) of every sequence a step may run, and the prefix
   // cache's snapshots of them; with graphs, the padding sequences' scratch slot.

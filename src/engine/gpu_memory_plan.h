@@ -12,10 +12,12 @@ class KvGroups;
 struct GpuRunnerOptions;
 struct ModelConfig;
 
-// Decode steps replay CUDA graphs unless eager, or the policy selects decode pages per step
-// (quest, streaming: their decode steps run eagerly). Linear-attention layers read their states
+// Decode steps replay CUDA graphs unless eager, or under a policy whose decode steps do not
+// (streaming); with KV offload only a decode policy's (quest: its steps skip the ring), of a
+// model of one full KV group (the second form). Linear-attention layers read their states
 // through the backend's per-step device arrays, which a replay sees refreshed.
 bool decode_graphs(const GpuRunnerOptions& o);
+bool decode_graphs(const GpuRunnerOptions& o, const KvGroups& groups);
 
 // State slots beyond the sequences' and the snapshots': the graphs' padding sequences' one.
 int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups);

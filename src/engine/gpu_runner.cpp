@@ -237,8 +237,11 @@ const GpuRunnerOptions& GpuRunner::options() const { return impl_->options; }
 int64_t GpuRunner::vocab_size() const { return impl_->model->config().vocab_size; }
 
 KVBlockLayout GpuRunner::kv_layout() const {
+  // With graphs the last block (a host block with offload) is the padding sequences' scratch
+  // block, never handed out.
+  const int64_t reserved = decode_graphs(impl_->options, impl_->groups) ? 1 : 0;
   if (impl_->offload != nullptr) {
-    KVBlockLayout l{impl_->plan.num_host_blocks, impl_->plan.block_size};
+    KVBlockLayout l{impl_->plan.num_host_blocks - reserved, impl_->plan.block_size};
     if (!impl_->groups.single_full()) l.groups = impl_->groups.allocs();
     if (impl_->window_pool) l.num_window_blocks = impl_->window_pool->num_blocks();
     if (impl_->states != nullptr) {
@@ -247,8 +250,6 @@ KVBlockLayout GpuRunner::kv_layout() const {
     }
     return l;
   }
-  // With graphs the last block is the padding sequences' scratch block, never handed out.
-  const int64_t reserved = decode_graphs(impl_->options) ? 1 : 0;
   KVBlockLayout l{impl_->pool->num_blocks() - reserved, impl_->pool->block_size()};
   if (!impl_->groups.single_full()) l.groups = impl_->groups.allocs();
   if (impl_->states != nullptr) {
@@ -312,15 +313,24 @@ void GpuRunner::attach_engine() {
                 "GPU runner: already driven by an engine");
   m.engine_attached = true;
   m.sampler = std::make_unique<GpuSampler>(m.options.max_num_seqs, vocab_size(), m.model->device());
-  if (decode_graphs(m.options) && m.pool != nullptr) {  // offload steps are not graph-shaped
+  if (decode_graphs(m.options, m.groups)) {
     DecodeGraphOptions g;
     // A decode step of S sequences is S tokens: no bucket past the step's token budget.
     g.max_num_seqs = std::min(m.options.max_num_seqs, m.options.max_num_batched_tokens);
-    g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine
-    // The state pool's last slot, after the sequences' and the snapshots' (never handed out).
-    if (m.states != nullptr) g.scratch_state_slot = static_cast<int32_t>(m.states->num_slots() - 1);
-    g.max_blocks = m.max_blocks;
-    m.graphs = std::make_unique<DecodeGraphs>(*m.model, *m.attention, *m.pool, g);
+    if (m.pool != nullptr) {
+      g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine
+      // The state pool's last slot, after the sequences' and the snapshots' (never handed out).
+      if (m.states != nullptr)
+        g.scratch_state_slot = static_cast<int32_t>(m.states->num_slots() - 1);
+      g.max_blocks = m.max_blocks;
+      m.graphs = std::make_unique<DecodeGraphs>(*m.model, *m.attention, *m.pool, g);
+    } else {
+      // Offloaded (a decode policy's steps, which skip the ring): the last host block, kept from
+      // the engine, is the padding sequences'; the planner keeps it resident while used.
+      g.scratch_block = static_cast<int32_t>(m.plan.num_host_blocks - 1);
+      m.graphs = std::make_unique<DecodeGraphs>(
+          *m.model, *m.attention, DecodeGraphKv{m.plan.block_size, m.plan.num_host_blocks}, g);
+    }
     m.graphs->capture();
   }
 }

@@ -94,7 +94,8 @@ inline QuestBytes quest_gpu_bytes(const QuestBudget& b, int64_t num_layers, int6
 
 // Recomputes the metadata of num_pages pages of one layer from the keys in k_cache. Entry e of
 // `pages` is {cache block, meta block, page in block, rows}: rows [0, rows) of that page (of
-// the cache block's keys, rows num_kv_heads * head_dim elements apart) are the page's keys.
+// the cache block's keys, rows num_kv_heads * head_dim elements apart) are the page's keys; an
+// entry of rows 0 is skipped (fillers that keep a CUDA graph's launch at a fixed count).
 // An FP8 cache (kv_format kFp8E4M3) holds codes, and cache block b's scale of KV head h is
 // k_scale[b * scale_block_stride + h]: the metadata is the min / max of the dequantized keys
 // (code x scale), stored in `dtype` (exact in bf16 and f32: an E4M3 value times a power of two).

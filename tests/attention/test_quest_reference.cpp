@@ -377,6 +377,79 @@ TEST(QuestReference, Fp8TouchedPagesIncludeTheBlocksEarlierPages) {
             (std::vector<int32_t>{5, 2, 0, 4, 5, 2, 1, 4, 5, 2, 2, 3, 7, 0, 0, 1}));
 }
 
+// A graph-shaped decode step (CUDA graphs, attention/backends/quest_cuda.h): its touched pages
+// padded to batch x touched-per-token entries with fillers give the metadata the touched pages
+// alone give (fillers write nothing: every other byte keeps its NaN), and a step that touched
+// more than that is refused.
+TEST(QuestReference, FixedPageCountsWriteTheSameMetadata) {
+  const int bs = 16, page = 4, ppb = bs / page, hkv = 2, d = 8, num_blocks = 6;
+  const int64_t row = hkv * d;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> n01(0.f, 1.f);
+  std::vector<float> pool(size_t(num_blocks) * bs * row);
+  for (float& x : pool) x = n01(rng);
+  // Three decoding tokens (blocks 1, 4, 5 at offsets 9, 2, 15), FP8's whole-block prefix too.
+  const std::vector<int64_t> slots = {1 * bs + 9, 4 * bs + 2, 5 * bs + 15};
+  for (bool prefix : {false, true}) {
+    const std::vector<int32_t> pages =
+        kernels::cpu::quest_touched_pages(slots, slots, bs, page, prefix);
+    const int64_t per_token = prefix ? ppb : 1;
+    const std::vector<int32_t> fixed = kernels::cpu::quest_fixed_pages(pages, 3, per_token);
+    ASSERT_EQ(fixed.size(), size_t(4 * 3 * per_token));
+    EXPECT_TRUE(std::equal(pages.begin(), pages.end(), fixed.begin()));
+    auto meta_of = [&](const std::vector<int32_t>& list) {
+      std::vector<float> meta(size_t(num_blocks) * ppb * hkv * 2 * d, NAN);
+      kernels::QuestMetaParams m;
+      m.k_cache = pool.data();
+      m.block_stride = bs * row;
+      m.meta = meta.data();
+      m.pages = list.data();
+      m.num_pages = static_cast<int>(list.size() / 4);
+      m.num_kv_heads = hkv;
+      m.head_dim = d;
+      m.page_tokens = page;
+      m.pages_per_block = ppb;
+      m.dtype = DType::kF32;
+      kernels::cpu::quest_meta_update(m);
+      return meta;
+    };
+    const std::vector<float> a = meta_of(pages), b = meta_of(fixed);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << prefix;
+    // Block 0 (a filler's {0, 0, 0, 0} names it) is untouched.
+    for (int64_t i = 0; i < int64_t(ppb) * hkv * 2 * d; ++i) ASSERT_TRUE(std::isnan(b[i])) << i;
+    EXPECT_THROW(kernels::cpu::quest_fixed_pages(pages, 2, 1), Error);
+  }
+}
+
+// The decode step's arrays sit at offsets that depend on the maxima alone: aligned, in order,
+// each region wide enough for its maximum, and nothing overlaps.
+TEST(QuestReference, DecodeLayoutHoldsEveryArrayAtFixedOffsets) {
+  for (int64_t seqs : {1, 3, 32}) {
+    const int64_t entries = seqs * 1025, touched = seqs * 8;
+    const kernels::cpu::QuestDecodeLayout l =
+        kernels::cpu::quest_decode_layout(seqs, entries, touched);
+    const std::vector<std::pair<int64_t, int64_t>> regions = {
+        {l.lens, seqs},         {l.indptr, seqs + 1}, {l.dec_indptr, seqs + 1},
+        {l.dec_indices, seqs},  {l.dec_last, seqs},   {l.qo, seqs + 1},
+        {l.pages, 4 * touched}, {l.tables, entries},  {l.loc, entries}};
+    int64_t end = 0;
+    for (const auto& [at, words] : regions) {
+      EXPECT_EQ(at % 4, 0) << at;
+      EXPECT_GE(at, end);
+      end = at + words;
+    }
+    EXPECT_GE(l.total, end);
+    EXPECT_LT(l.total, end + 4);
+    const kernels::cpu::QuestDecodeLayout again =
+        kernels::cpu::quest_decode_layout(seqs, entries, touched);
+    EXPECT_EQ(again.tables, l.tables);
+    EXPECT_EQ(again.loc, l.loc);
+  }
+  EXPECT_THROW(kernels::cpu::quest_decode_layout(0, 1, 1), Error);
+  EXPECT_THROW(kernels::cpu::quest_decode_layout(4, 2, 4), Error);
+}
+
 TEST(QuestReference, BadBudgetsAndPagesAreClearErrors) {
   auto msg = [](const QuestBudget& b, int bs) {
     try {

@@ -1,7 +1,10 @@
 // The GPU memory plan is arithmetic on the config: testable without a GPU.
 #include <gtest/gtest.h>
 
+#include "engine/cuda_graphs.h"
+#include "engine/gpu_memory_plan.h"
 #include "loader/quantize_checkpoint.h"
+#include "longctx/attention/kv_groups.h"
 #include "longctx/core/error.h"
 #include "longctx/engine/gpu_runner.h"
 #include "longctx/loader/checkpoint.h"
@@ -182,6 +185,46 @@ TEST(GpuMemoryPlan, Fp8KvOffloadCountsFp8Blocks) {
   EXPECT_LE(fp8.weights + fp8.activations + fp8.workspaces + fp8.kv_bytes() + fp8.ring_bytes +
                 fp8.offload_buffers,
             fp8.budget);
+}
+
+// Which runs capture decode graphs, and so hold their memory: quest's decode steps do, resident
+// and offloaded (they skip the ring); streaming's do not; offloaded dense steps do not (the
+// ring's copies follow each step), nor do offloaded models of several KV groups.
+TEST(GpuMemoryPlan, GraphsUnderQuestResidentAndOffloaded) {
+  const ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  const KvGroups groups = KvGroups::from_config(c, DType::kBF16);
+  GpuRunnerOptions o;
+  o.max_model_len = 32768;
+  o.max_num_seqs = 4;
+  o.sparse.policy = SparsePolicyKind::kQuest;
+  EXPECT_TRUE(decode_graphs(o, groups));
+  EXPECT_GT(plan_gpu_memory(c, o, 40 * kGiB).graphs, 0);
+  GpuRunnerOptions eager = o;
+  eager.enforce_eager = true;
+  EXPECT_FALSE(decode_graphs(eager, groups));
+  EXPECT_EQ(plan_gpu_memory(c, eager, 40 * kGiB).graphs, 0);
+  GpuRunnerOptions streaming = o;
+  streaming.sparse.policy = SparsePolicyKind::kStreaming;
+  EXPECT_FALSE(decode_graphs(streaming, groups));
+  GpuRunnerOptions offload = o;
+  offload.kv_offload = true;
+  offload.host_kv_bytes = 8 * kGiB;
+  EXPECT_TRUE(decode_graphs(offload, groups));
+  const GpuMemoryPlan p = plan_gpu_memory(c, offload, 24 * kGiB);
+  ASSERT_TRUE(p.offload());
+  EXPECT_EQ(p.graphs, decode_graph_memory_bytes(c, o.max_num_seqs));
+  GpuRunnerOptions dense = offload;
+  dense.sparse.policy = SparsePolicyKind::kFull;
+  EXPECT_FALSE(decode_graphs(dense, groups));
+  EXPECT_EQ(plan_gpu_memory(c, dense, 24 * kGiB).graphs, 0);
+  // The offloaded GPU cache pays for the graphs.
+  GpuRunnerOptions offload_eager = offload;
+  offload_eager.enforce_eager = true;
+  EXPECT_LT(p.kv_bytes(), plan_gpu_memory(c, offload_eager, 24 * kGiB).kv_bytes());
+  const KvGroups several = KvGroups::from_config(dummy_preset_config("gemma-3-12b"), DType::kBF16);
+  ASSERT_FALSE(several.single_full());
+  EXPECT_FALSE(decode_graphs(offload, several));
+  EXPECT_TRUE(decode_graphs(o, several));
 }
 
 }  // namespace

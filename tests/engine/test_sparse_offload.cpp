@@ -6,11 +6,13 @@
 //     write-backs landing two steps late), which reads the selected host pages in place;
 // the decode outputs must agree to fp32 rounding, the sparse steps must have read host pages,
 // and they must differ from dense attention (the budget is much smaller than the context); the
-// same over an FP8 cache (the decode rows append to partial blocks, raising their scales).
+// same over an FP8 cache (the decode rows append to partial blocks, raising their scales), and
+// with decode steps shaped as CUDA graphs run them.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,6 +20,7 @@
 #include "attention/backends/cpu_paged_backend.h"
 #include "attention/backends/offload_backend.h"
 #include "attention/sparse/sparse_policy.h"
+#include "engine/cuda_graphs.h"
 #include "engine/step_batch.h"
 #include "kernels/attention_params.h"
 #include "kv/paged_kv_pool.h"
@@ -65,7 +68,9 @@ class ThreeBackends {
     resident_ = std::make_unique<CpuPagedBackend>(*pool_, scale, policy_.get());
     dense_ = std::make_unique<CpuPagedBackend>(*dense_pool_, scale);
     OffloadDeviceConfig d;
-    d.geometry = {1, kBlock, num_blocks, gpu_blocks, /*slots=*/2, /*slot blocks=*/3};
+    // One host block more: the graph-shaped steps' scratch block (set_graph_bucket).
+    scratch_ = static_cast<int32_t>(num_blocks);
+    d.geometry = {1, kBlock, num_blocks + 1, gpu_blocks, /*slots=*/2, /*slot blocks=*/3};
     d.num_qo_heads = kHq;
     d.num_kv_heads = kHkv;
     d.head_dim = kD;
@@ -116,6 +121,9 @@ class ThreeBackends {
   const OffloadAttentionBackend& offload() const { return *offload_; }
   // Attention mass on every n-th key block of 128 (XAttention then drops the others).
   void set_hot_blocks(int64_t n) { hot_blocks_ = n; }
+  // Decode steps reach the offload backend as a CUDA graph's would: padded to `bucket` sequences
+  // in the scratch block (fixed_launch_shapes), the step ended by end_graph_step().
+  void set_graph_bucket(int64_t bucket) { graph_bucket_ = bucket; }
 
  private:
   std::vector<Tensor> step(const std::vector<StepInput>& in) {
@@ -136,11 +144,26 @@ class ThreeBackends {
     for (AttentionBackend* be : {static_cast<AttentionBackend*>(resident_.get()),
                                  static_cast<AttentionBackend*>(offload_.get()),
                                  static_cast<AttentionBackend*>(dense_.get())}) {
+      if (be == offload_.get() && graph_bucket_ > 0 && batch.num_tokens() == batch.num_seqs()) {
+        // Padding rows (zeros) after the real ones; the real rows' output is compared.
+        const ForwardBatch padded = pad_decode_batch(batch, graph_bucket_, {scratch_, kBlock});
+        be->plan(padded);
+        be->store_kv(0, pad_rows(k), pad_rows(v));
+        outs.push_back(be->attend(0, pad_rows(q)).slice(0, 0, t).contiguous());
+        be->end_graph_step();
+        continue;
+      }
       be->plan(batch);
       be->store_kv(0, k, v);
       outs.push_back(be->attend(0, q));
     }
     return outs;
+  }
+
+  Tensor pad_rows(const Tensor& x) const {
+    Tensor p = Tensor::zeros({graph_bucket_, x.size(1), x.size(2)}, DType::kF32);
+    std::memcpy(p.data_ptr(), x.data_ptr(), x.nbytes());
+    return p;
   }
 
   std::vector<int64_t> lens_;
@@ -154,6 +177,8 @@ class ThreeBackends {
   std::vector<std::vector<int32_t>> tables_, tokens_;
   std::vector<int64_t> done_;
   int64_t hot_blocks_ = 0;
+  int64_t graph_bucket_ = 0;
+  int32_t scratch_ = -1;
   static constexpr float kBoost = 1.5f;
 };
 
@@ -197,6 +222,81 @@ TEST(SparseOffload, QuestOverFp8ThroughTheSimulatedDeviceIsTheResidentPolicy) {
       EXPECT_GT(max_diff(outs[0], outs[2]), 1e-3) << "decode step " << k << ": quest vs dense";
     }
     EXPECT_GT(run.offload().sparse_host_bytes_read(), 0);
+  }
+}
+
+// Decode steps shaped as a CUDA graph runs them (offload_backend.h): padded to a bucket of 4 in
+// a scratch host block, the step's write-backs left to end_graph_step(). The real rows equal the
+// resident policy's as eager offloaded steps do, over blocks that fill (write-backs) mid-way, bf16
+// and FP8; a plan before end_graph_step() is refused, and so is a graph-shaped batch without a
+// decode policy, and so is one after a replayed step (planned, no attend()) before its end.
+TEST(SparseOffload, GraphShapedQuestStepsEqualTheResidentPolicy) {
+  for (bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8" : "f32");
+    SparseOptions quest;
+    quest.policy = SparsePolicyKind::kQuest;
+    quest.budget_tokens = 64;
+    quest.sink_tokens = 16;
+    quest.window_tokens = 16;
+    ThreeBackends run(quest, {500, 333, 90}, /*chunk=*/48, /*decodes=*/20, fp8 ? 21 : 22,
+                      /*gpu_blocks=*/14, fp8);
+    while (!run.prefill_step().empty()) {
+    }
+    run.set_graph_bucket(4);
+    const int64_t written = run.offload().stats().blocks_written_back;
+    for (int k = 0; k < 20; ++k) {
+      const std::vector<Tensor> outs = run.decode_step();
+      EXPECT_LT(max_diff(outs[1], outs[0]), 1e-5) << "decode step " << k << ": offload vs resident";
+      EXPECT_GT(max_diff(outs[0], outs[2]), 1e-3) << "decode step " << k << ": quest vs dense";
+    }
+    EXPECT_GT(run.offload().stats().blocks_written_back, written) << "blocks filled mid-way";
+    EXPECT_GT(run.offload().sparse_host_bytes_read(), 0);
+  }
+
+  OffloadDeviceConfig d;
+  d.geometry = {1, kBlock, 16, 8, /*slots=*/2, /*slot blocks=*/3};
+  d.num_qo_heads = kHq;
+  d.num_kv_heads = kHkv;
+  d.head_dim = kD;
+  d.dtype = DType::kF32;
+  d.sm_scale = 0.5f;
+  d.max_tokens = 64;
+  d.max_seqs = 4;
+  ForwardBatch one;
+  const int32_t id = 1;
+  one.add_sequence(7, &id, 1, 0, true);
+  one.block_table_indptr = {0, 1};
+  one.block_tables = {0};
+  one.slot_mapping = {0};
+  const ForwardBatch padded = pad_decode_batch(one, 2, {15, kBlock});
+  Tensor rows = Tensor::zeros({2, kHkv, kD}, DType::kF32),
+         q = Tensor::zeros({2, kHq, kD}, DType::kF32);
+  for (SparsePolicyKind kind : {SparsePolicyKind::kFull, SparsePolicyKind::kQuest}) {
+    d.sparse.policy = kind;
+    d.sparse.budget_tokens = 64;
+    d.sparse.sink_tokens = 16;
+    d.sparse.window_tokens = 16;
+    OffloadAttentionBackend be(d.geometry, make_cpu_offload_device(d));
+    if (kind == SparsePolicyKind::kFull) {
+      try {
+        be.plan(padded);
+        ADD_FAILURE() << "a graph-shaped step without a decode policy was planned";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+      }
+      continue;
+    }
+    be.plan(padded);
+    be.store_kv(0, rows, rows);
+    be.attend(0, q);
+    EXPECT_THROW(be.plan(padded), Error) << "planned before the graph step ended";
+    be.end_graph_step();
+    // A replay runs the graph's kernels, not attend(): the plan alone leaves the step open for
+    // end_graph_step's write-backs.
+    EXPECT_NO_THROW(be.plan(padded));
+    EXPECT_THROW(be.plan(padded), Error) << "planned before the replayed step ended";
+    be.end_graph_step();
+    EXPECT_NO_THROW(be.plan(padded));
   }
 }
 

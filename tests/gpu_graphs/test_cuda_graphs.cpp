@@ -13,16 +13,23 @@
 //     (free blocks, the unwritten tail of each last block) still holds the fill pattern: padding
 //     writes only the scratch block;
 //   - an eager tensor kept alive across replays is untouched (the graphs' private memory).
+// Quest's decode steps in graphs (QuestGraphVsEager, resident; QuestOffloadGraphVsEager, KV
+// offload): the replay equals the eager forward of the padded batch bit for bit, and the eager
+// forward of the batch when it is a bucket.
 // Plus the decode kernel's graph mode directly, bad batches, and the memory estimate.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "attention/backends/offload_backend.h"
 #include "attention/backends/paged_backend.h"
 #include "common/test_data.h"
 #include "engine/cuda_graphs.h"
@@ -41,23 +48,31 @@ constexpr int64_t kMaxSeqs = 32;
 constexpr uint16_t kFill = 0x7fc1;  // a NaN pattern no kernel writes
 
 // One KV pool + paged backend for a model, as GpuRunner's constructor builds them, its pool
-// filled with kFill and one scratch block taken first (so the three rigs' block ids agree).
+// filled with kFill (16-bit pools) and one scratch block taken first (so the rigs' block ids
+// agree); optionally a sparse policy and an FP8 pool.
 struct Rig {
   std::unique_ptr<PagedKVPool> pool;
   std::unique_ptr<AttentionBackend> attention;
   int32_t scratch = -1;
 
-  Rig(const Model& model, int64_t num_blocks, int64_t block_size) {
+  Rig(const Model& model, int64_t num_blocks, int64_t block_size, const SparseOptions& sparse = {},
+      bool fp8 = false, const kernels::KernelTuning& tuning = {}) {
     const ModelConfig& c = model.config();
-    pool = std::make_unique<PagedKVPool>(
-        PagedKVPoolConfig{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, block_size,
-                          num_blocks, model.activation_dtype(), model.device()});
+    PagedKVPoolConfig kv{c.num_hidden_layers, c.num_key_value_heads,    c.head_dim,    block_size,
+                         num_blocks,          model.activation_dtype(), model.device()};
+    if (fp8) {
+      kv.dtype = DType::kFP8E4M3;
+      kv.fp8_source_dtype = model.activation_dtype();
+    }
+    pool = std::make_unique<PagedKVPool>(kv);
     PagedBackendLimits limits;
     limits.max_tokens = 32768;  // the prefill of every prompt at once
     limits.max_seqs = kMaxSeqs;
     limits.max_blocks = num_blocks + kMaxSeqs;
-    attention =
-        make_paged_attention_backend(*pool, c.num_attention_heads, model.attention_scale(), limits);
+    attention = make_paged_attention_backend(*pool, c.num_attention_heads, model.attention_scale(),
+                                             limits, sparse, tuning);
+    scratch = pool->allocate(1)[0];
+    if (fp8) return;
     std::vector<uint16_t> fill(pool->k(0).numel(), kFill);
     Tensor host = Tensor::from_blob(fill.data(), pool->k(0).shape(), pool->k(0).dtype());
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -65,7 +80,6 @@ struct Rig {
       k.copy_from(host);
       v.copy_from(host);
     }
-    scratch = pool->allocate(1)[0];
   }
 };
 
@@ -277,6 +291,263 @@ INSTANTIATE_TEST_SUITE_P(Models, GraphVsEager,
                              if (ch == '-') ch = '_';
                            return n;
                          });
+
+// Quest's decode steps replayed from graphs (attention/backends/quest_cuda.h) on the dummy
+// Qwen3 (head_dim 128: the compact split-KV decode, or the generic kernel), bf16 and FP8 pools:
+// rigs E (eager, the batch), G (graph), P (eager, the padded batch G replays) and D (dense eager,
+// to see that the replays select). 40 decode steps of 1 and 3 sequences whose lengths cross a page
+// every 16 steps, a block (640, 1024) and the budget (250 -> 290 keys: every page, then a
+// selection).
+//   - G == P bit for bit at every step; G == E bit for bit when the batch is a bucket (else
+//     within bf16 tolerance) and the greedy tokens of G and E agree;
+//   - G differs from D at some step (the replays read the selected pages, not every page).
+int64_t argmax_row(const Tensor& logits, int64_t row) {
+  const float* x = logits.data<float>() + row * logits.size(1);
+  return std::max_element(x, x + logits.size(1)) - x;
+}
+
+class QuestGraphVsEager : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(QuestGraphVsEager, ReplayEqualsEagerAndSelects) {
+  const auto [fp8, generic] = GetParam();
+  kernels::KernelTuning tuning;
+  if (generic) tuning.attention = kernels::AttentionKernel::kGeneric;
+  std::shared_ptr<Model> model = load_model("qwen3-dummy");
+  const ModelConfig& c = model->config();
+  const int64_t bs = 128;
+  const int steps = 40;
+  SparseOptions quest;
+  quest.policy = SparsePolicyKind::kQuest;
+  quest.page_tokens = 16;
+  quest.budget_tokens = 256;
+  quest.sink_tokens = 16;
+  quest.window_tokens = 32;
+  const std::vector<int64_t> prompts = {630, 1000, 250};
+  int64_t num_blocks = 2;
+  for (int64_t len : prompts) num_blocks += (len + steps + bs - 1) / bs;
+  Rig e(*model, num_blocks, bs, quest, fp8, tuning), g(*model, num_blocks, bs, quest, fp8, tuning),
+      p(*model, num_blocks, bs, quest, fp8, tuning), d(*model, num_blocks, bs, {}, fp8, tuning);
+  DecodeGraphOptions opt;
+  opt.max_num_seqs = kMaxSeqs;
+  opt.scratch_block = g.scratch;
+  opt.max_blocks = num_blocks + kMaxSeqs;
+  DecodeGraphs graphs(*model, *g.attention, *g.pool, opt);
+  graphs.capture();
+
+  std::mt19937 rng(17);
+  const int32_t vocab = static_cast<int32_t>(c.vocab_size);
+  int64_t differs_from_dense = 0, padded_steps = 0, not_bitwise = 0;
+  for (int64_t num : {1, 3}) {
+    std::vector<Seq> es(num);
+    for (int64_t i = 0; i < num; ++i)
+      for (int64_t j = 0; j < prompts[i]; ++j) es[i].tokens.push_back(int32_t(rng() % vocab));
+    std::vector<Seq> gs = es, ps = es, ds = es;
+    std::vector<size_t> all(num);
+    std::iota(all.begin(), all.end(), 0);
+    const std::pair<Rig*, std::vector<Seq>*> rigs[] = {{&e, &es}, {&g, &gs}, {&p, &ps}, {&d, &ds}};
+    for (auto [rig, seqs] : rigs) {
+      model->forward(make_batch(*seqs, all, *rig->pool), *rig->attention);
+      advance(*seqs, all);
+    }
+    std::vector<int32_t> next(num);
+    for (int64_t i = 0; i < num; ++i) next[i] = int32_t(rng() % vocab);
+    for (int step = 0; step < steps; ++step) {
+      for (auto [rig, seqs] : rigs)
+        for (size_t i : all) (*seqs)[i].tokens.push_back(next[i]);
+      ForwardBatch eb = make_batch(es, all, *e.pool);
+      ForwardBatch gb = make_batch(gs, all, *g.pool);
+      ForwardBatch pb = make_batch(ps, all, *p.pool);
+      ForwardBatch db = make_batch(ds, all, *d.pool);
+      ASSERT_TRUE(graphs.can_run(gb));
+      Tensor eager = to_host(model->forward(eb, *e.attention));
+      Tensor graph = to_host(graphs.run(gb));
+      const int64_t bucket = pick_decode_bucket(graphs.buckets(), num);
+      Tensor padded =
+          to_host(model->forward(pad_decode_batch(pb, bucket, {p.scratch, bs}), *p.attention));
+      Tensor dense = to_host(model->forward(db, *d.attention));
+      for (auto [rig, seqs] : rigs) advance(*seqs, all);
+      ASSERT_TRUE(rows_bit_equal(graph, padded, num))
+          << "fp8 " << fp8 << " S=" << num << " step " << step
+          << ": replay != eager of the padded batch";
+      if (bucket == num) {
+        ASSERT_TRUE(rows_bit_equal(graph, eager, num))
+            << "fp8 " << fp8 << " S=" << num << " step " << step << ": replay != eager";
+      } else {
+        ++padded_steps;
+        double max_abs = 0;
+        const double diff = rows_max_diff(graph, eager, num, &max_abs);
+        not_bitwise += diff > 0;
+        EXPECT_LE(diff, 0.02 * std::max(1.0, max_abs)) << "S=" << num << " step " << step;
+      }
+      differs_from_dense += !rows_bit_equal(graph, dense, num);
+      for (int64_t i = 0; i < num; ++i) {
+        EXPECT_EQ(argmax_row(graph, i), argmax_row(eager, i))
+            << "fp8 " << fp8 << " S=" << num << " step " << step << " sequence " << i;
+        next[i] = static_cast<int32_t>(argmax_row(graph, i));
+      }
+    }
+    for (auto [rig, seqs] : rigs)
+      for (Seq& sq : *seqs) rig->pool->free(sq.blocks);
+  }
+  EXPECT_GT(differs_from_dense, 0) << "the replays read every page: quest did not select";
+  std::printf(
+      "quest graphs (fp8 %d, generic %d): %lld of %d steps differ from dense; %lld padded "
+      "steps, %lld not bit-identical to the unpadded eager; %lld decode-grid updates\n",
+      int(fp8), int(generic), (long long)differs_from_dense, 2 * steps, (long long)padded_steps,
+      (long long)not_bitwise, (long long)graphs.grid_updates());
+}
+
+INSTANTIATE_TEST_SUITE_P(KvAndKernel, QuestGraphVsEager,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "fp8" : "bf16") +
+                                  (std::get<1>(info.param) ? "_generic" : "_split_kv");
+                         });
+
+// The same with KV offload (offload_backend.h, "CUDA graphs"): three offload backends E (eager,
+// the batch), G (graphs over DecodeGraphKv, the host pool's last block as scratch) and P (eager,
+// the padded batch, ended by end_graph_step as G's replays are) over a GPU cache of 8 blocks, so
+// most pages are read from the host in place and filled blocks are written back between replays.
+// G == P bit for bit at every step, G == E when the batch is a bucket, greedy tokens equal.
+std::unique_ptr<OffloadAttentionBackend> quest_offload(const Model& model,
+                                                       const SparseOptions& quest,
+                                                       int64_t host_blocks, bool fp8) {
+  const ModelConfig& c = model.config();
+  OffloadDeviceConfig d;
+  d.geometry = {c.num_hidden_layers, 128, host_blocks, /*gpu blocks=*/8, /*slots=*/2,
+                /*slot blocks=*/4};
+  d.num_qo_heads = c.num_attention_heads;
+  d.num_kv_heads = c.num_key_value_heads;
+  d.head_dim = c.head_dim;
+  d.dtype = model.activation_dtype();
+  if (fp8) d.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+  d.sm_scale = model.attention_scale();
+  d.device = model.device();
+  d.max_tokens = 512;
+  d.max_seqs = kMaxSeqs;
+  d.sparse = quest;
+  d.max_model_len = host_blocks * 128;
+  auto be = std::make_unique<OffloadAttentionBackend>(d.geometry, make_cuda_offload_device(d));
+  be->set_layer_block_bytes(d.layer_block_bytes());
+  return be;
+}
+
+// The batch of `seqs[idx]` running their tokens [cached, size) over their fixed host blocks.
+ForwardBatch host_batch(const std::vector<Seq>& seqs, const std::vector<size_t>& idx, int64_t bs) {
+  ForwardBatch b;
+  b.block_table_indptr.push_back(0);
+  for (size_t i : idx) {
+    const Seq& s = seqs[i];
+    const int64_t n = static_cast<int64_t>(s.tokens.size()) - s.cached;
+    const int64_t need = (s.cached + n + bs - 1) / bs;
+    b.add_sequence(100 + i, s.tokens.data() + s.cached, n, s.cached, true);
+    b.block_tables.insert(b.block_tables.end(), s.blocks.begin(), s.blocks.begin() + need);
+    b.block_table_indptr.push_back(static_cast<int32_t>(b.block_tables.size()));
+    for (int64_t j = s.cached; j < s.cached + n; ++j)
+      b.slot_mapping.push_back(int64_t(s.blocks[j / bs]) * bs + j % bs);
+  }
+  return b;
+}
+
+class QuestOffloadGraphVsEager : public ::testing::TestWithParam<bool> {};
+
+TEST_P(QuestOffloadGraphVsEager, ReplayEqualsEager) {
+  const bool fp8 = GetParam();
+  std::shared_ptr<Model> model = load_model("qwen3-dummy");
+  const ModelConfig& c = model->config();
+  const int64_t bs = 128;
+  const int steps = 40;
+  SparseOptions quest;
+  quest.policy = SparsePolicyKind::kQuest;
+  quest.page_tokens = 16;
+  quest.budget_tokens = 256;
+  quest.sink_tokens = 16;
+  quest.window_tokens = 32;
+  const std::vector<int64_t> prompts = {630, 1000, 250};
+  std::vector<Seq> es(prompts.size());
+  int32_t next_block = 0;
+  std::mt19937 rng(23);
+  const int32_t vocab = static_cast<int32_t>(c.vocab_size);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int64_t j = 0; j < prompts[i]; ++j) es[i].tokens.push_back(int32_t(rng() % vocab));
+    for (int64_t b = 0; b < (prompts[i] + steps + bs - 1) / bs; ++b)
+      es[i].blocks.push_back(next_block++);
+  }
+  const int64_t host_blocks = next_block + 1;  // the last: the graphs' scratch block
+  auto e = quest_offload(*model, quest, host_blocks, fp8);
+  auto g = quest_offload(*model, quest, host_blocks, fp8);
+  auto p = quest_offload(*model, quest, host_blocks, fp8);
+  DecodeGraphOptions opt;
+  opt.max_num_seqs = 4;
+  opt.scratch_block = static_cast<int32_t>(host_blocks - 1);
+  DecodeGraphs graphs(*model, *g, DecodeGraphKv{bs, host_blocks}, opt);
+  graphs.capture();
+  EXPECT_EQ(graphs.buckets(), (std::vector<int64_t>{1, 2, 4}));
+
+  // Prefill one sequence at a time in chunks of 512 (the GPU cache holds a step's blocks).
+  std::vector<Seq> gs = es, ps = es;
+  const std::pair<AttentionBackend*, std::vector<Seq>*> rigs[] = {
+      {e.get(), &es}, {g.get(), &gs}, {p.get(), &ps}};
+  for (auto [be, seqs] : rigs) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      std::vector<int32_t> all = (*seqs)[i].tokens;
+      (*seqs)[i].tokens.clear();
+      for (int64_t done = 0; done < prompts[i];) {
+        const int64_t n = std::min<int64_t>(512, prompts[i] - done);
+        (*seqs)[i].tokens.insert((*seqs)[i].tokens.end(), all.begin() + done,
+                                 all.begin() + done + n);
+        model->forward(host_batch(*seqs, {i}, bs), *be);
+        (*seqs)[i].cached = done += n;
+      }
+    }
+  }
+  int64_t padded_steps = 0, not_bitwise = 0;
+  std::vector<int32_t> next(prompts.size());
+  for (auto& t : next) t = int32_t(rng() % vocab);
+  for (int step = 0; step < steps; ++step) {
+    // 3 sequences (bucket 4: padded) for the first half, then 2 (a bucket).
+    std::vector<size_t> run = {0, 1, 2};
+    if (step >= steps / 2) run = {1, 2};
+    for (auto [be, seqs] : rigs)
+      for (size_t i : run) (*seqs)[i].tokens.push_back(next[i]);
+    const int64_t num = static_cast<int64_t>(run.size());
+    const int64_t bucket = pick_decode_bucket(graphs.buckets(), num);
+    Tensor eager = to_host(model->forward(host_batch(es, run, bs), *e));
+    ForwardBatch gb = host_batch(gs, run, bs);
+    ASSERT_TRUE(graphs.can_run(gb));
+    Tensor graph = to_host(graphs.run(gb));
+    Tensor padded = to_host(model->forward(
+        pad_decode_batch(host_batch(ps, run, bs), bucket, {opt.scratch_block, bs}), *p));
+    p->end_graph_step();
+    for (auto [be, seqs] : rigs)
+      for (size_t i : run) (*seqs)[i].cached = static_cast<int64_t>((*seqs)[i].tokens.size());
+    ASSERT_TRUE(rows_bit_equal(graph, padded, num))
+        << "fp8 " << fp8 << " step " << step << ": replay != eager of the padded batch";
+    if (bucket == num) {
+      ASSERT_TRUE(rows_bit_equal(graph, eager, num)) << "fp8 " << fp8 << " step " << step;
+    } else {
+      ++padded_steps;
+      double max_abs = 0;
+      const double diff = rows_max_diff(graph, eager, num, &max_abs);
+      not_bitwise += diff > 0;
+      EXPECT_LE(diff, 0.02 * std::max(1.0, max_abs)) << "step " << step;
+    }
+    for (int64_t r = 0; r < num; ++r) {
+      EXPECT_EQ(argmax_row(graph, r), argmax_row(eager, r)) << "step " << step << " row " << r;
+      next[run[r]] = static_cast<int32_t>(argmax_row(graph, r));
+    }
+  }
+  EXPECT_GT(g->sparse_host_bytes_read(), 0) << "no page was read from the host";
+  EXPECT_GT(g->stats().blocks_written_back, 0);
+  std::printf(
+      "quest offload graphs (fp8 %d): %lld padded steps, %lld not bit-identical to the unpadded "
+      "eager; %lld decode-grid updates; %.2f MB of host pages read\n",
+      int(fp8), (long long)padded_steps, (long long)not_bitwise, (long long)graphs.grid_updates(),
+      g->sparse_host_bytes_read() / 1e6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kv, QuestOffloadGraphVsEager, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "fp8" : "bf16"; });
 
 // decode_plan's graph mode on the kernel alone: padding requests do not change the real ones'
 // split (bit-identical outputs), each adds one work item, and padding rows are finite.

@@ -28,6 +28,7 @@ struct Options {
   int64_t decode_steps = 16;
   uint64_t seed = 0;
   bool profile_phases = false;  // the decode steps' time per attention phase (GpuRunner)
+  bool cuda_graphs = false;     // decode steps replay CUDA graphs where the runner captures them
   int64_t prefill_report = 0;   // > 0: prefill in runs of this many tokens, each one timed
 };
 
@@ -47,7 +48,11 @@ void run(const Options& o) {
   GpuRunnerOptions r = o.model.runner_options();
   r.max_model_len = longest + o.decode_steps;
   r.max_num_seqs = std::min<int64_t>(r.max_num_seqs, 2);
-  r.enforce_eager = true;  // decode steps eager, as offloaded ones always run
+  LONGCTX_CHECK(!(o.cuda_graphs && o.profile_phases), ErrorCode::kInvalidArgument,
+                "bench offload: --profile-phases times eager steps; drop --cuda-graphs");
+  // Eager by default (the numbers so far); --cuda-graphs: the runner's decode graphs where it
+  // captures them (resident KV; offloaded KV under quest).
+  r.enforce_eager = !o.cuda_graphs;
   auto runner = std::make_shared<GpuRunner>(model, r);
   ExecutorSession session = make_gpu_session(runner);
   const GpuMemoryPlan& plan = runner->memory_plan();
@@ -57,6 +62,14 @@ void run(const Options& o) {
               std::string(dtype_name(r.kv_dtype)).c_str(), model->device().str().c_str(),
               std::string(sparse_policy_name(r.sparse.policy)).c_str(), plan.str().c_str());
   if (r.kv_offload) std::printf("  link: pinned host -> device %.1f GB/s (1 GiB copy)\n", link);
+  if (runner->graph_memory_bytes() > 0)
+    std::printf("  decode steps: CUDA graphs (%s)\n",
+                format_bytes(runner->graph_memory_bytes()).c_str());
+  else
+    std::printf("  decode steps: eager%s\n",
+                o.cuda_graphs ? " (no graphs captured: offloaded KV without quest, or a policy "
+                                "without)"
+                              : "");
   std::mt19937_64 rng(o.seed);
   const int32_t vocab = static_cast<int32_t>(model->config().vocab_size);
   uint64_t id = 1;
@@ -156,6 +169,9 @@ void add_bench_offload(CLI::App* bench) {
   cmd->add_option("--prefill-report", o->prefill_report,
                   "prefill in runs of this many tokens and print the time after each (0: one run)")
       ->capture_default_str();
+  cmd->add_flag("--cuda-graphs", o->cuda_graphs,
+                "decode steps replay CUDA graphs where the runner captures them (resident KV "
+                "under full or quest attention, offloaded KV under quest)");
   cmd->add_flag("--profile-phases", o->profile_phases,
                 "print the decode steps' host and GPU time per attention phase (adds a few us "
                 "of host time per mark)");

@@ -145,6 +145,10 @@ class AttentionBackend {
   // than the step launched.
   virtual void begin_graph_capture() {}
   virtual std::unique_ptr<GraphLaunches> end_graph_capture() { return nullptr; }
+  // After each forward of a graph-shaped batch (ForwardBatch::fixed_launch_shapes) ran or was
+  // captured, and after each replay was launched: the step's work that follows its last layer
+  // but cannot be in a graph (KV offload's write-backs on its own stream). Nothing by default.
+  virtual void end_graph_step() {}
 };
 
 }  // namespace longctx

@@ -134,6 +134,12 @@ void OffloadAttentionBackend::make_window_batch(const ForwardBatch& batch) {
 
 void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   const OffloadGeometry& g = planner_.geometry();
+  LONGCTX_CHECK(!step_open_, ErrorCode::kInternal,
+                "KV offload: a plan before the last graph-shaped step ended (end_graph_step)");
+  LONGCTX_CHECK(!batch.fixed_launch_shapes || (groups_ == nullptr && sparse_ != nullptr),
+                ErrorCode::kUnsupported,
+                "KV offload: graph-shaped steps (CUDA graphs) need a one-group model and a decode "
+                "policy (quest)");
   planned_ = false;
   batch_ = nullptr;
   if (resident_ != nullptr) {
@@ -157,6 +163,10 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
       loc.push_back(gpu >= 0 ? gpu : -host - 1);
     }
   sparse_step_ = sparse_ != nullptr && sparse_->takes_step(batch, loc);
+  graph_step_ = batch.fixed_launch_shapes;
+  // (The engine graphs decode steps only, which a decode policy's reader always takes.)
+  LONGCTX_CHECK(!graph_step_ || sparse_step_, ErrorCode::kInternal,
+                "KV offload: a graph-shaped step the sparse reader does not take");
   if (sparse_step_) plan_.items.clear();  // the reader reads the host blocks it needs itself
   device_->begin_step(plan_);
   if (recorder_ != nullptr) recorder_->mark(AttentionPhase::kPlanOffload);
@@ -180,6 +190,9 @@ void OffloadAttentionBackend::plan(const ForwardBatch& batch) {
   stats_.host_bytes_loaded +=
       static_cast<int64_t>(plan_.loads.size()) * g.num_layers * layer_block_bytes_;
   planned_ = true;
+  // A graph-shaped step's write-backs are not the graph's: end_graph_step issues them after the
+  // forward, which a replay runs without calling attend() here.
+  step_open_ = graph_step_;
   if (states_ != nullptr) {
     reset_new_sequence_states(batch, groups_, states_);
     batch_ = &batch;
@@ -245,10 +258,24 @@ Tensor OffloadAttentionBackend::attend(int64_t model_layer, const Tensor& q) {
     o = device_->finish_layer(layer, q);
   }
   if (++next_layer_ == g.num_layers) {
-    device_->end_step();
+    if (!graph_step_) device_->end_step();  // a graph's step ends in end_graph_step
     planned_ = false;
   }
   return o;
+}
+
+void OffloadAttentionBackend::begin_graph_capture() {
+  if (sparse_ != nullptr) sparse_->begin_graph_capture();
+}
+
+std::unique_ptr<GraphLaunches> OffloadAttentionBackend::end_graph_capture() {
+  return sparse_ != nullptr ? sparse_->end_graph_capture() : nullptr;
+}
+
+void OffloadAttentionBackend::end_graph_step() {
+  if (!step_open_) return;
+  step_open_ = false;
+  device_->end_step();
 }
 
 }  // namespace longctx

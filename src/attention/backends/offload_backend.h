@@ -180,6 +180,14 @@ class OffloadAttentionBackend final : public AttentionBackend {
   Tensor attend(int64_t layer, const Tensor& q) override;
   // A linear-attention layer's slots of the planned batch's sequences (set_state_groups).
   LinearLayerStates linear_states(int64_t layer) override;
+  // CUDA graphs (engine/cuda_graphs.h) of a one-group model's decode steps that a decode policy
+  // (quest) attends: a graph-shaped batch (ForwardBatch::fixed_launch_shapes) must be such a
+  // step, and its layers launch kernels only (no ring, no event); the step's write-backs follow
+  // in end_graph_step(), outside the graph. The captured launches that follow the plan are the
+  // sparse reader's.
+  void begin_graph_capture() override;
+  std::unique_ptr<GraphLaunches> end_graph_capture() override;
+  void end_graph_step() override;
 
   const OffloadPlanner& planner() const { return planner_; }
   const OffloadStepPlan& last_plan() const { return plan_; }
@@ -221,6 +229,8 @@ class OffloadAttentionBackend final : public AttentionBackend {
   int64_t total_loads_ = 0, next_load_ = 0, next_layer_ = 0;
   bool planned_ = false;
   bool sparse_step_ = false;           // sparse_ attends this step itself (no ring items)
+  bool graph_step_ = false;            // a graph-shaped batch: end_step waits for end_graph_step
+  bool step_open_ = false;             // a graph step planned, end_step not yet issued
   PhaseRecorder* recorder_ = nullptr;  // a measurement mode's (phase_profile.h), else null
   // Several KV groups (null: one full group, every layer offloaded).
   const KvGroups* groups_ = nullptr;

@@ -79,7 +79,8 @@ class CudaOffloadDevice final : public OffloadDevice {
         device_(c.device),
         h2d_(c.device, /*priority=*/-1),
         d2h_(c.device),
-        words_(c.device) {
+        words_(c.device),
+        slot_words_(c.device, 2 * std::max<int64_t>({c.max_tokens, c.max_seqs, 1})) {
     LONGCTX_CHECK(device_.is_cuda(), ErrorCode::kInvalidArgument,
                   "KV offload: the CUDA device needs a CUDA device, got {}", device_.str());
     LONGCTX_CHECK(!c.fp8() || sparse::policy_def(c.sparse.policy).reads_fp8,
@@ -197,7 +198,7 @@ class CudaOffloadDevice final : public OffloadDevice {
     p.v_token_stride = v.strides()[0];
     p.k_cache = gpu_at(layer, 0);
     p.v_cache = static_cast<char*>(gpu_at(layer, 0)) + page_ * esize_;
-    p.slot_mapping = reinterpret_cast<const int64_t*>(dev(slots_));
+    p.slot_mapping = reinterpret_cast<const int64_t*>(slot_words_.device_at(0));
     p.num_tokens = static_cast<int>(plan_->slots.size());
     p.num_kv_heads = static_cast<int>(c_.num_kv_heads);
     p.head_dim = static_cast<int>(c_.head_dim);
@@ -425,14 +426,16 @@ class CudaOffloadDevice final : public OffloadDevice {
       const RingItem& it = plan.items[i];
       stage_call(items_[i], it.qo_indptr, it.kv_indptr, it.kv_indices, it.kv_lens);
     }
-    {  // slots, as int64 of the doubled page ids
+    words_.upload(compute);
+    {  // slots, as int64 of the doubled page ids, at a fixed address (a graph's KV store reads it)
       std::vector<int64_t> doubled;
       doubled.reserve(plan.slots.size());
       const int64_t bs = g_.block_size;
       for (int64_t s : plan.slots) doubled.push_back((s / bs) * 2 * bs + s % bs);
-      slots_ = words_.put_bytes(doubled.data(), doubled.size() * sizeof(int64_t));
+      slot_words_.begin();
+      slot_words_.put_at(0, reinterpret_cast<const int32_t*>(doubled.data()), 2 * doubled.size());
+      slot_words_.upload(compute);
     }
-    words_.upload(compute);
 
     // The calls' kernels and plans, each into its own workspace region (the generic kernel's
     // take none; the prefill's no stream-K split).
@@ -562,12 +565,12 @@ class CudaOffloadDevice final : public OffloadDevice {
   // The steps and write-backs enqueued before this step's imports (null: none since the step).
   std::shared_ptr<Event> import_after_;
   uint64_t landed_ = 0;
-  StagedWords words_;  // the step's index arrays (resident call, ring items, slots)
-  Tensor workspace_;   // [bytes] u8: the calls' plans
-  Tensor stage_;       // [bytes] u8: FP8: the staged prefills' pool (grows to the cap)
+  StagedWords words_;       // the step's index arrays (resident call, ring items)
+  StagedWords slot_words_;  // its slots [T] i64 (fixed capacity: the address stays)
+  Tensor workspace_;        // [bytes] u8: the calls' plans
+  Tensor stage_;            // [bytes] u8: FP8: the staged prefills' pool (grows to the cap)
   CallPlan resident_;
   std::vector<CallPlan> items_;
-  int64_t slots_ = 0;  // word offset of the int64 slots
   const OffloadStepPlan* plan_ = nullptr;
 };
 

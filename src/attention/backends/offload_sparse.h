@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "attention/backends/offload_planner.h"
@@ -49,6 +50,10 @@ class OffloadSparseReader {
   virtual SparsePrefillCounters prefill_counters() const { return {}; }
   // A measurement mode (phase_profile.h): the policy marks its phases there (null: off).
   virtual void set_phase_recorder(PhaseRecorder* /*recorder*/) {}
+  // CUDA graphs of its decode steps (AttentionBackend's, which the offload backend forwards):
+  // the launches whose shape follows the plan (a decode policy's compact decode grid).
+  virtual void begin_graph_capture() {}
+  virtual std::unique_ptr<GraphLaunches> end_graph_capture() { return nullptr; }
 };
 
 // XAttention over an offloaded cache on the GPU stages the host blocks of a step: `buffers`

@@ -9,6 +9,7 @@
 
 #include <memory>
 
+#include "attention/backends/decode_graph_nodes.h"
 #include "attention/backends/offload_sparse_cuda.h"
 #include "attention/backends/xattention_offload_cuda.h"
 #include "attention/sparse/sparse_policy_cuda.h"
@@ -111,7 +112,15 @@ class CudaOffloadSparse final : public OffloadSparseReader {
     Tensor out = Tensor::empty({q.size(0), c_.num_qo_heads * c_.head_dim}, c_.dtype, c_.device);
     const sparse::PageMemory mem[2] = {gpu_memory(layer), host_memory(layer)};
     policy_->attend_decode(layer, q_.data_ptr(), out.data_ptr(), nullptr, mem, stream());
+    if (policy_->decode_grid() > 0) decode_nodes_.note(stream(), 0);  // its last launch
     return out;
+  }
+
+  void begin_graph_capture() override { decode_nodes_.clear(); }
+  std::unique_ptr<GraphLaunches> end_graph_capture() override {
+    // Every layer's compact decode follows the plan's grid (none on the generic kernel).
+    const size_t want = policy_->decode_grid() > 0 ? static_cast<size_t>(g_.num_layers) : 0;
+    return decode_nodes_.finish([this](size_t) { return policy_->decode_grid(); }, 1, want);
   }
 
   int64_t host_bytes_read() const override {
@@ -162,6 +171,7 @@ class CudaOffloadSparse final : public OffloadSparseReader {
   char* host_dev_ = nullptr;                  // mem_.host's device address
   const float* host_scales_dev_ = nullptr;    // FP8: mem_.host_scales' device address
   Tensor q_;                                  // the layer's contiguous q [T, Hq, d]
+  DecodeGraphNodes decode_nodes_;             // the compact decodes under a capture
   mutable bool staging_warned_ = false;
 };
 

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention/backends/decode_graph_nodes.h"
 #include "attention/backends/paged_backend.h"
 #include "attention/backends/paged_dispatch_cuda.h"
 #include "attention/sparse/sparse_policy_cuda.h"
@@ -168,6 +169,7 @@ class PagedAttentionBackend final : public AttentionBackend {
                   sparse_policy_name(sparse.policy));
     sparse_ = sparse::make_sparse_policy_cuda(sc);
     sparse_decodes_ = sparse::selects(sparse, sparse::Phase::kDecode);
+    sparse_graphs_ = sparse::policy_def(sparse.policy).decode_graphs;
     LONGCTX_CHECK(!groups_ || sparse_ == nullptr, ErrorCode::kUnsupported,
                   "--sparse-policy {} on the GPU runs models of one full-attention KV group; this "
                   "one has {} ({})",
@@ -224,9 +226,11 @@ class PagedAttentionBackend final : public AttentionBackend {
       // q, o and the caches are set per layer in attend().
     }
     GroupStep& st0 = steps_[0];
-    // A decode policy: decode steps read the selected pages only (graph-shaped batches run
-    // dense); a prefill policy: steps with a prefill get its block mask.
-    const bool sparse_decode = sparse_decodes_ && all_decode && !batch.fixed_launch_shapes;
+    // A decode policy: decode steps read the selected pages only (graph-shaped batches too when
+    // the policy's decode replays in graphs, else dense); a prefill policy: steps with a prefill
+    // get its block mask.
+    const bool sparse_decode =
+        sparse_decodes_ && all_decode && (!batch.fixed_launch_shapes || sparse_graphs_);
     const bool sparse_selects =
         sparse_ != nullptr &&
         sparse_->plan(batch, batch.slot_mapping,
@@ -306,12 +310,15 @@ class PagedAttentionBackend final : public AttentionBackend {
 
   // CTAs of group g's split-KV decode kernel grid in the last plan(); 0 when it takes another
   // kernel.
+  // (A decode policy's step: its compact decode's, one group.)
   int64_t decode_grid(size_t g) const {
-    return planned_ && !sparse_decode_ ? PagedDispatcher::decode_grid(steps_[g].call) : 0;
+    if (!planned_) return 0;
+    if (sparse_decode_) return sparse_->decode_grid();
+    return PagedDispatcher::decode_grid(steps_[g].call);
   }
   size_t num_groups() const { return steps_.size(); }
 
-  void begin_graph_capture() override { captured_decode_.clear(); }
+  void begin_graph_capture() override { decode_nodes_.clear(); }
   std::unique_ptr<GraphLaunches> end_graph_capture() override;
 
   void store_kv(int64_t layer, const Tensor& k, const Tensor& v) override {
@@ -357,6 +364,7 @@ class PagedAttentionBackend final : public AttentionBackend {
     if (sparse_decode_) {
       const sparse::PageMemory mem[2] = {page_memory(layer), {}};
       sparse_->attend_decode(layer, qc.data_ptr(), o.data_ptr(), nullptr, mem, stream);
+      if (sparse_->decode_grid() > 0) decode_nodes_.note(stream, 0);  // its last launch
     } else {
       PagedPrefillParams p = st.params;
       p.q = qc.data_ptr();
@@ -370,7 +378,7 @@ class PagedAttentionBackend final : public AttentionBackend {
       if (st.call.kernel == PagedKernel::kPrefill && sparse_prefill_)
         sparse_->select_prefill(p, stream);  // the block mask of this layer
       dispatch_->run(st.call, p, decode && qc.size(0) > 1 ? qc.strides()[0] : 0, stream);
-      if (decode) note_captured_decode(stream, &st - steps_.data());
+      if (decode) decode_nodes_.note(stream, &st - steps_.data());
     }
     return o.view({q.size(0), -1});
   }
@@ -452,19 +460,6 @@ class PagedAttentionBackend final : public AttentionBackend {
                                        cudaMemcpyHostToDevice, stream));
   }
 
-  // While `stream` is being captured, the decode kernel just launched is the capture's one
-  // current dependency: its node (of group g's plan), which a graph updates when the grid
-  // changes.
-  void note_captured_decode(cudaStream_t stream, size_t g) {
-    if (stream == nullptr) return;  // the legacy default stream is never captured
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    const cudaGraphNode_t* deps = nullptr;
-    size_t n = 0;
-    LONGCTX_CUDA_CHECK(
-        cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, nullptr, &n));
-    if (status == cudaStreamCaptureStatusActive && n == 1) captured_decode_.push_back({deps[0], g});
-  }
-
   void check_layer_input(const char* what, int64_t layer, const Tensor& x) const {
     const PagedKVPoolConfig& c = pool_.config();
     LONGCTX_CHECK(planned_, ErrorCode::kInternal, "paged attention: {} before plan", what);
@@ -501,14 +496,11 @@ class PagedAttentionBackend final : public AttentionBackend {
   size_t prefill_ws_bytes_ = 0, decode_ws_bytes_ = 0;
   std::optional<PagedDispatcher> dispatch_;  // the kernel of each step, its plan and launch
   Event done_;                               // recorded after the staging copy
-  bool sparse_decode_ = false;  // this step is the decode policy's (selected pages only)
-  struct CapturedDecode {
-    void* node;  // cudaGraphNode_t
-    size_t group;
-  };
-  std::vector<CapturedDecode> captured_decode_;       // decode launches under capture
+  bool sparse_decode_ = false;     // this step is the decode policy's (selected pages only)
+  DecodeGraphNodes decode_nodes_;  // decode launches under capture
   std::unique_ptr<sparse::SparsePolicyCuda> sparse_;  // the policy's twin (none under full)
   bool sparse_decodes_ = false;                       // the policy selects decode steps' pages
+  bool sparse_graphs_ = false;                        // and its decode steps replay in CUDA graphs
   bool sparse_prefill_ = false;                       // this step's prefill is block-sparse
   int num_seqs_ = 0, num_tokens_ = 0;
   bool planned_ = false;
@@ -518,67 +510,13 @@ class PagedAttentionBackend final : public AttentionBackend {
 
 namespace {
 
-// The decode kernel nodes of one captured step (one per layer), pointed at each later plan's
-// grids (each node at its KV group's): the split-KV decode's grid follows the plan (a grid padded
-// to a fixed size was 19-22% slower, see decode.cu); every other launch shape and address depends
-// on the batch size alone.
-class DecodeGraphLaunches final : public GraphLaunches {
- public:
-  struct Node {
-    cudaGraphNode_t node;  // of the captured graph, which outlives this
-    size_t group;
-  };
-  DecodeGraphLaunches(const PagedAttentionBackend& backend, std::vector<Node> nodes,
-                      std::vector<int64_t> ctas)
-      : backend_(backend), nodes_(std::move(nodes)), ctas_(std::move(ctas)) {}
-
-  bool update(void* graph_exec) override {
-    bool changed = false;
-    auto exec = static_cast<cudaGraphExec_t>(graph_exec);
-    for (size_t g = 0; g < ctas_.size(); ++g) {
-      const int64_t ctas = backend_.decode_grid(g);
-      if (ctas == ctas_[g]) continue;
-      LONGCTX_CHECK(ctas >= 1 && ctas <= 0x7fffffff, ErrorCode::kInternal,
-                    "decode graphs: a decode grid of {} CTAs for a graph with {} decode nodes",
-                    ctas, nodes_.size());
-      for (const Node& n : nodes_) {
-        if (n.group != g) continue;
-        cudaKernelNodeParams p{};
-        LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(n.node, &p));
-        p.gridDim = dim3(static_cast<unsigned>(ctas));
-        LONGCTX_CUDA_CHECK(cudaGraphExecKernelNodeSetParams(exec, n.node, &p));
-      }
-      ctas_[g] = ctas;
-      changed = true;
-    }
-    return changed;
-  }
-
- private:
-  const PagedAttentionBackend& backend_;
-  std::vector<Node> nodes_;
-  std::vector<int64_t> ctas_;  // [groups] their grids in the instantiated graph now
-};
-
 std::unique_ptr<GraphLaunches> PagedAttentionBackend::end_graph_capture() {
-  std::vector<DecodeGraphLaunches::Node> nodes;
-  for (const CapturedDecode& c : std::exchange(captured_decode_, {})) {
-    cudaKernelNodeParams p{};
-    LONGCTX_CUDA_CHECK(cudaGraphKernelNodeGetParams(static_cast<cudaGraphNode_t>(c.node), &p));
-    LONGCTX_CHECK(PagedDispatcher::is_decode_kernel(p.func), ErrorCode::kInternal,
-                  "decode graphs: a recorded decode node runs another kernel");
-    nodes.push_back({static_cast<cudaGraphNode_t>(c.node), c.group});
-  }
-  std::vector<int64_t> ctas(num_groups());
-  for (size_t g = 0; g < ctas.size(); ++g) ctas[g] = decode_grid(g);
   // Every paged layer's attention is a decode kernel, or none is (one dispatcher, one kernel
-  // choice); a linear-attention layer (a state group's) launches none of them.
-  const size_t want = ctas[0] > 0 ? static_cast<size_t>(num_layers() - num_state_layers_) : 0;
-  LONGCTX_CHECK(nodes.size() == want, ErrorCode::kInternal,
-                "decode graphs: the captured step holds {} decode kernels, expected {}",
-                nodes.size(), want);
-  if (nodes.empty()) return nullptr;
-  return std::make_unique<DecodeGraphLaunches>(*this, std::move(nodes), std::move(ctas));
+  // choice; a decode policy's step: its compact decode); a linear-attention layer (a state
+  // group's) launches none of them.
+  const size_t want =
+      decode_grid(0) > 0 ? static_cast<size_t>(num_layers() - num_state_layers_) : 0;
+  return decode_nodes_.finish([this](size_t g) { return decode_grid(g); }, num_groups(), want);
 }
 
 }  // namespace

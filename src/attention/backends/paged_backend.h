@@ -43,8 +43,10 @@ struct PagedBackendLimits {
 // Throws Error(kUnsupported) in a build without CUDA, for a pool not on a CUDA device, or for a
 // shape no kernel takes. `tuning` (defaults: the measured choices) steers the kernels. The
 // sparse policy's CUDA twin comes from the registry (attention/sparse/sparse_policy_cuda.h): a
-// decode policy (quest, streaming) reads its pages on decode steps (other steps and CUDA graphs
-// run dense), a prefill policy (xattention, streaming) masks steps with a prefill (head_dim
+// decode policy (quest, streaming) reads its pages on decode steps (other steps run dense, and
+// CUDA graphs' steps too unless the policy's PolicyDef::decode_graphs: quest's replay its select,
+// gather and compact decode, whose grid GraphLaunches update as the dense decode's), a prefill
+// policy (xattention, streaming) masks steps with a prefill (head_dim
 // 64 / 128).
 //
 // KV groups (optional; null or one full group: pool layer = model layer, one table): each layer

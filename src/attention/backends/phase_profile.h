@@ -94,6 +94,7 @@ class PhaseProfilingBackend final : public AttentionBackend {
   std::unique_ptr<GraphLaunches> end_graph_capture() override {
     return inner_->end_graph_capture();
   }
+  void end_graph_step() override { inner_->end_graph_step(); }
   AttentionBackend& inner() { return *inner_; }
 
  private:

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <utility>
 
 #include "attention/backends/phase_profile.h"
 #include "attention/backends/quest_cuda.h"
@@ -97,6 +98,10 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
                             static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim)))},
                         DType::kU8, c.device);
     memory1_pages_ = Tensor::zeros({1}, DType::kI64, c.device);
+    layout_ = kernels::cpu::quest_decode_layout(
+        c.max_seqs, c.max_seqs * ((c.max_model_len + c.block_size - 1) / c.block_size),
+        c.max_seqs * touched_per_token());
+    decode_words_ = std::make_unique<StagedWords>(c.device, layout_.total);
   } catch (const Error& e) {
     LONGCTX_THROW(ErrorCode::kOutOfMemory,
                   "quest: cannot allocate {} of GPU memory for the page metadata and the "
@@ -112,54 +117,79 @@ void* QuestCuda::meta_layer(int64_t layer) const {
 
 bool QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
                      std::span<const int32_t> block_loc, cudaStream_t stream) {
-  words_.begin();
   const int64_t bs = c_.block_size, page = budget_.page_tokens;
-  const std::vector<int32_t> pages = kernels::cpu::quest_touched_pages(
+  std::vector<int32_t> pages = kernels::cpu::quest_touched_pages(
       batch.slot_mapping, cache_slots, static_cast<int>(bs), static_cast<int>(page),
       /*block_prefix=*/fp8());
   num_pages_ = static_cast<int64_t>(pages.size() / 4);
-  pages_at_ = words_.put(pages);
-
   decode_ = !block_loc.empty();
   batch_ = static_cast<int>(batch.num_seqs());
-  if (decode_) {
-    LONGCTX_CHECK(batch.num_seqs() <= c_.max_seqs && block_loc.size() == batch.block_tables.size(),
-                  ErrorCode::kInternal,
-                  "quest: {} sequences (max {}), {} block codes for {} blocks", batch.num_seqs(),
-                  c_.max_seqs, block_loc.size(), batch.block_tables.size());
-    indptr_at_ = words_.put(batch.block_table_indptr);
-    tables_at_ = words_.put(batch.block_tables);
-    loc_at_ = words_.put(block_loc);
-    lens_at_ = words_.put(batch.kv_lens);
-    // The compact decode: sequence b is page b of max_selected * page tokens.
-    std::vector<int32_t> indptr(batch_ + 1), indices(batch_), last(batch_), qo(batch_ + 1);
-    for (int b = 0; b < batch_; ++b) {
-      const int32_t kv = batch.kv_lens[b];
-      LONGCTX_CHECK(batch.q_len(b) == 1 && kv >= 1 && kv <= max_pages_ * page, ErrorCode::kInternal,
-                    "quest: sequence {} decodes {} rows over {} keys", b, batch.q_len(b), kv);
-      indptr[b + 1] = b + 1;
-      indices[b] = b;
-      qo[b + 1] = b + 1;
-      last[b] = kernels::cpu::quest_compact_len(kv, budget_);
-      LONGCTX_CHECK(c_.scored || kernels::quest_count(kv, budget_).num_free == 0,
-                    ErrorCode::kInternal,
-                    "page-list decode without scores: {} keys pick {} free "
-                    "pages",
-                    kv, kernels::quest_count(kv, budget_).num_free);
-    }
-    dec_indptr_at_ = words_.put(indptr);
-    dec_indices_at_ = words_.put(indices);
-    dec_last_at_ = words_.put(last);
-    qo_at_ = words_.put(qo);
-    if (!generic_)
-      decode_plan_ = kernels::cuda::decode_plan(
-          indptr.data(), last.data(), batch_, static_cast<int>(max_selected_ * page),
-          static_cast<int>(c_.num_qo_heads), static_cast<int>(c_.num_kv_heads),
-          static_cast<int>(c_.head_dim), decode_ws_.data_ptr(), decode_ws_.numel(), stream,
-          /*num_sms=*/0, /*min_chunk_tokens=*/256, {}, c_.tuning.decode);
+  if (!decode_) {  // the metadata only
+    words_.begin();
+    pages_at_ = words_.put(pages);
+    words_.upload(stream);
+    step_words_ = &words_;
+    return false;
   }
-  words_.upload(stream);
-  return decode_;
+  LONGCTX_CHECK(batch.num_seqs() <= c_.max_seqs && block_loc.size() == batch.block_tables.size() &&
+                    static_cast<int64_t>(block_loc.size()) <= layout_.max_entries,
+                ErrorCode::kInternal,
+                "quest: {} sequences (max {}), {} block codes for {} blocks (max {})",
+                batch.num_seqs(), c_.max_seqs, block_loc.size(), batch.block_tables.size(),
+                layout_.max_entries);
+  if (batch.fixed_launch_shapes) {  // a graph's: the metadata launch's count is fixed
+    pages = kernels::cpu::quest_fixed_pages(std::move(pages), batch_, touched_per_token());
+    num_pages_ = static_cast<int64_t>(pages.size() / 4);
+  }
+  LONGCTX_CHECK(num_pages_ <= layout_.max_touched, ErrorCode::kInternal,
+                "quest: {} touched pages in a decode step (room for {})", num_pages_,
+                layout_.max_touched);
+  // The compact decode: sequence b is page b of max_selected * page tokens.
+  std::vector<int32_t> indptr(batch_ + 1), indices(batch_), last(batch_), qo(batch_ + 1);
+  for (int b = 0; b < batch_; ++b) {
+    const int32_t kv = batch.kv_lens[b];
+    LONGCTX_CHECK(batch.q_len(b) == 1 && kv >= 1 && kv <= max_pages_ * page, ErrorCode::kInternal,
+                  "quest: sequence {} decodes {} rows over {} keys", b, batch.q_len(b), kv);
+    indptr[b + 1] = b + 1;
+    indices[b] = b;
+    qo[b + 1] = b + 1;
+    last[b] = kernels::cpu::quest_compact_len(kv, budget_);
+    LONGCTX_CHECK(c_.scored || kernels::quest_count(kv, budget_).num_free == 0,
+                  ErrorCode::kInternal,
+                  "page-list decode without scores: {} keys pick {} free "
+                  "pages",
+                  kv, kernels::quest_count(kv, budget_).num_free);
+  }
+  // Every array at its fixed offset: a graph captured over one decode step reads the next's.
+  StagedWords& w = *decode_words_;
+  const kernels::cpu::QuestDecodeLayout& l = layout_;
+  w.begin();
+  lens_at_ = w.put_at(l.lens, batch.kv_lens);
+  indptr_at_ = w.put_at(l.indptr, batch.block_table_indptr);
+  dec_indptr_at_ = w.put_at(l.dec_indptr, indptr);
+  dec_indices_at_ = w.put_at(l.dec_indices, indices);
+  dec_last_at_ = w.put_at(l.dec_last, last);
+  qo_at_ = w.put_at(l.qo, qo);
+  pages_at_ = w.put_at(l.pages, pages);
+  tables_at_ = w.put_at(l.tables, batch.block_tables);
+  loc_at_ = w.put_at(l.loc, block_loc);
+  step_words_ = &w;
+  if (!generic_) {
+    // Padding sequences (a graph's) leave the real ones' split as a plan of them alone makes it.
+    kernels::cuda::DecodeGraphMode graph;
+    graph.num_padding = batch.num_padding_seqs;
+    decode_plan_ = kernels::cuda::decode_plan(
+        indptr.data(), last.data(), batch_, static_cast<int>(max_selected_ * page),
+        static_cast<int>(c_.num_qo_heads), static_cast<int>(c_.num_kv_heads),
+        static_cast<int>(c_.head_dim), decode_ws_.data_ptr(), decode_ws_.numel(), stream,
+        /*num_sms=*/0, /*min_chunk_tokens=*/256, graph, c_.tuning.decode);
+  }
+  w.upload(stream);
+  return true;
+}
+
+int64_t QuestCuda::decode_grid() const {
+  return decode_ && !generic_ ? kernels::cuda::decode_grid_ctas(decode_plan_) : 0;
 }
 
 int64_t QuestCuda::memory1_bytes_read() const {
@@ -174,7 +204,7 @@ int64_t QuestCuda::memory1_bytes_read() const {
 }
 
 void QuestCuda::on_keys_stored(int64_t layer, const sparse::PageMemory& keys, cudaStream_t stream) {
-  if (!c_.scored) return;
+  if (!c_.scored || num_pages_ == 0) return;
   kernels::QuestMetaParams p;
   p.k_cache = keys.k;
   p.block_stride = keys.block_stride;

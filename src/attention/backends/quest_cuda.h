@@ -13,16 +13,25 @@
 //                  sequence.
 // Nothing after plan() reads host memory or synchronizes. How many pages each sequence reads
 // follows from its length alone (quest_count), so the decode plan is made on the host in plan().
+// CUDA graphs (engine/cuda_graphs.h): a decode step's arrays sit at word offsets fixed for the
+// object's life (quest_decode_layout, in a buffer that never moves), a graph-shaped batch
+// (ForwardBatch::fixed_launch_shapes) gets a metadata launch of a fixed entry count per batch size
+// (fillers of rows 0 after the touched pages) and a compact-decode plan whose padding sequences
+// leave the real ones' split as it is (DecodeGraphMode), so every launch of the layers depends on
+// the batch size alone but the split-KV decode's grid (decode_grid(), which the backend's
+// GraphLaunches set before each replay).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "attention/backends/staged_words.h"
 #include "attention/sparse/sparse_policy_cuda.h"
+#include "kernels/cpu/quest_cpu.h"
 #include "kernels/cuda/decode.h"
 #include "kernels/quest_params.h"
 #include "longctx/attention/forward_batch.h"
@@ -79,13 +88,19 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   void attend_decode(int64_t layer, const void* q, void* o, float* o_f32, const Memory (&mem)[2],
                      cudaStream_t stream) override;
 
+  // CTAs of the last decode step's compact split-KV decode (0: no such step, or the generic
+  // kernel, whose grid follows the batch size alone).
+  int64_t decode_grid() const override;
+
   // K and V bytes the gathers read from memory 1 (the host pool) so far; synchronizes.
   int64_t memory1_bytes_read() const override;
   void set_phase_recorder(PhaseRecorder* recorder) override { recorder_ = recorder; }
 
  private:
-  const int32_t* dev(int64_t offset) const { return words_.device_at(offset); }
+  const int32_t* dev(int64_t offset) const { return step_words_->device_at(offset); }
   bool fp8() const { return c_.kv_format == kernels::KvCacheFormat::kFp8E4M3; }
+  // Metadata entries one decoding token touches at most (FP8: its block's pages up to its own).
+  int64_t touched_per_token() const { return fp8() ? pages_per_block_ : 1; }
   void* meta_layer(int64_t layer) const;
 
   QuestCudaConfig c_;
@@ -95,11 +110,16 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   Tensor meta_;           // [layers][blocks][pages_per_block][Hkv][2][d] cache dtype (scored only)
   Tensor scores_;         // [max_seqs][Hkv][max_pages] f32 (scored only)
   Tensor selected_;       // [max_seqs][Hkv][max_selected] i32
-  Tensor compact_k_, compact_v_;          // [max_seqs][max_selected * page][Hkv][d] cache dtype
-  Tensor decode_ws_;                      // the compact decode's plan
-  Tensor memory1_pages_;                  // [1] u64: pages the gathers read from memory 1
-  StagedWords words_;                     // the step's pages, tables and compact-decode arrays
-  int64_t pages_at_ = 0, num_pages_ = 0;  // the touched pages [num_pages_][4]
+  Tensor compact_k_, compact_v_;  // [max_seqs][max_selected * page][Hkv][d] cache dtype
+  Tensor decode_ws_;              // the compact decode's plan
+  Tensor memory1_pages_;          // [1] u64: pages the gathers read from memory 1
+  StagedWords words_;             // other steps' touched pages
+  kernels::cpu::QuestDecodeLayout layout_;
+  // Decode steps' pages, tables and compact-decode arrays, at layout_'s offsets (fixed capacity:
+  // the addresses a captured graph reads).
+  std::unique_ptr<StagedWords> decode_words_;
+  const StagedWords* step_words_ = &words_;  // the last plan()'s
+  int64_t pages_at_ = 0, num_pages_ = 0;     // the touched pages [num_pages_][4]
   int64_t indptr_at_ = 0, tables_at_ = 0, loc_at_ = 0, lens_at_ = 0;
   int64_t dec_indptr_at_ = 0, dec_indices_at_ = 0, dec_last_at_ = 0, qo_at_ = 0;
   int batch_ = 0;

@@ -161,7 +161,9 @@ extern const PolicyDef kQuestPolicy{
     .kind = SparsePolicyKind::kQuest,
     .name = "quest",
     .decode = true,
-    .decode_graphs = false,  // the pages a step reads follow its queries: eager decode steps
+    // Decode steps replay in CUDA graphs: the selection runs on the device, its arrays sit at
+    // fixed addresses and only the compact decode's grid follows the step (quest_cuda.h).
+    .decode_graphs = true,
     .reads_fp8 = true,
     .check = check_quest,
     .make_cpu = make_cpu,

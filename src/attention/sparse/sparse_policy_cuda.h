@@ -66,7 +66,9 @@ class SparsePolicyCuda {
   // Before the step's first store_kv. cache_slots [T]: where store_kv writes each new token
   // (cache block * block_size + offset); block_loc: per batch.block_tables entry its
   // QuestGatherParams::block_loc code on a decode step the backend lets the policy attend (every
-  // sequence one query, no CUDA graph), empty otherwise. Returns whether the policy selects this
+  // sequence one query; a graph-shaped batch only under a policy whose PolicyDef::decode_graphs
+  // is set, which then keeps every address and launch shape a function of the batch size but
+  // decode_grid()), empty otherwise. Returns whether the policy selects this
   // step: a decode policy given block_loc, a prefill policy on a step with a prefill.
   virtual bool plan(const ForwardBatch& batch, std::span<const int64_t> cache_slots,
                     std::span<const int32_t> block_loc, cudaStream_t stream) = 0;
@@ -84,6 +86,11 @@ class SparsePolicyCuda {
   // set) gets the layer's block mask.
   virtual void select_prefill(kernels::PagedPrefillParams& p, cudaStream_t stream);
 
+  // CTAs of the split-KV decode kernel the last decode step's attend_decode launches last in each
+  // layer (0: none, or a kernel whose grid follows the batch size alone). A CUDA graph captured
+  // over one decode step replays a later one of the same batch size once its decode kernel nodes
+  // get this grid (the resident backend's GraphLaunches).
+  virtual int64_t decode_grid() const { return 0; }
   // K and V bytes the decode gathers read from memory 1 (the host pool) so far; synchronizes.
   virtual int64_t memory1_bytes_read() const { return 0; }
   // Key blocks the prefill masks kept and causal attention would have read; synchronizes.

@@ -170,6 +170,7 @@ class StreamingCuda final : public SparsePolicyCuda {
     p.block_mask_heads = p.num_qo_heads;
   }
 
+  int64_t decode_grid() const override { return pages_.decode_grid(); }
   int64_t memory1_bytes_read() const override { return pages_.memory1_bytes_read(); }
 
  private:

@@ -36,6 +36,7 @@ void quest_meta_update(const QuestMetaParams& p) {
   for (int e = 0; e < p.num_pages; ++e) {
     const int32_t* pg = p.pages + 4 * e;
     const int64_t src_block = pg[0], meta_block = pg[1], page = pg[2], rows = pg[3];
+    if (rows <= 0) continue;  // a filler entry (a graph-shaped step's fixed count)
     const int64_t first = src_block * p.block_stride + page * p.page_tokens * row;
     for (int64_t h = 0; h < hkv; ++h) {
       const int64_t m = ((meta_block * p.pages_per_block + page) * hkv + h) * 2 * d;
@@ -163,6 +164,45 @@ int quest_compact_len(int kv_len, const QuestBudget& budget) {
   const int p = budget.page_tokens;
   // Every list ends with the sequence's last page (the window is never empty).
   return (c.num_selected - 1) * p + (kv_len - (c.num_pages - 1) * p);
+}
+
+std::vector<int32_t> quest_fixed_pages(std::vector<int32_t> pages, int64_t batch,
+                                       int64_t touched_per_token) {
+  const int64_t fixed = batch * touched_per_token;
+  LONGCTX_CHECK(static_cast<int64_t>(pages.size()) <= 4 * fixed && pages.size() % 4 == 0,
+                ErrorCode::kInternal,
+                "quest: {} touched pages in a decode step of {} sequences (at most {} each)",
+                pages.size() / 4, batch, touched_per_token);
+  pages.resize(static_cast<size_t>(4 * fixed), 0);  // {0, 0, 0, 0}: rows 0, skipped
+  return pages;
+}
+
+QuestDecodeLayout quest_decode_layout(int64_t max_seqs, int64_t max_entries, int64_t max_touched) {
+  LONGCTX_CHECK(max_seqs >= 1 && max_entries >= max_seqs && max_touched >= max_seqs,
+                ErrorCode::kInvalidArgument,
+                "quest: a decode layout for {} sequences, {} table entries, {} touched pages",
+                max_seqs, max_entries, max_touched);
+  QuestDecodeLayout l;
+  l.max_seqs = max_seqs;
+  l.max_entries = max_entries;
+  l.max_touched = max_touched;
+  int64_t at = 0;
+  auto next = [&](int64_t words) {
+    const int64_t here = at;
+    at = (at + words + 3) / 4 * 4;
+    return here;
+  };
+  l.lens = next(max_seqs);
+  l.indptr = next(max_seqs + 1);
+  l.dec_indptr = next(max_seqs + 1);
+  l.dec_indices = next(max_seqs);
+  l.dec_last = next(max_seqs);
+  l.qo = next(max_seqs + 1);
+  l.pages = next(4 * max_touched);
+  l.tables = next(max_entries);
+  l.loc = next(max_entries);
+  l.total = at;
+  return l;
 }
 
 void quest_gather(const QuestGatherParams& p) {

@@ -37,4 +37,25 @@ std::vector<int32_t> quest_touched_pages(std::span<const int64_t> meta_slots,
 // Keys of a sequence's compact buffer: its selected pages, the last one partial.
 int quest_compact_len(int kv_len, const QuestBudget& budget);
 
+// CUDA graphs (attention/backends/quest_cuda.h): a graph-shaped decode step's touched pages
+// padded to the fixed count of batch * touched_per_token entries with fillers (rows 0, which
+// quest_meta_update and the kernels skip), so the metadata launch follows the batch size alone.
+// Throws Error(kInternal) when the step touched more.
+std::vector<int32_t> quest_fixed_pages(std::vector<int32_t> pages, int64_t batch,
+                                       int64_t touched_per_token);
+
+// Word offsets of a decode step's arrays in one int32 index buffer, the same for every step of a
+// run (a graph captured over one decode step reads the next's there): in this order, each
+// 16-byte aligned, sized for max_seqs sequences, max_entries block-table entries and max_touched
+// metadata entries (4 words each).
+struct QuestDecodeLayout {
+  int64_t lens = 0, indptr = 0;                           // [S], [S + 1]
+  int64_t dec_indptr = 0, dec_indices = 0, dec_last = 0;  // the compact decode's [S + 1], [S], [S]
+  int64_t qo = 0;                                         // [S + 1]
+  int64_t pages = 0, tables = 0, loc = 0;                 // [touched][4], [entries], [entries]
+  int64_t total = 0;                                      // words in all
+  int64_t max_seqs = 0, max_entries = 0, max_touched = 0;
+};
+QuestDecodeLayout quest_decode_layout(int64_t max_seqs, int64_t max_entries, int64_t max_touched);
+
 }  // namespace longctx::kernels::cpu

@@ -27,6 +27,7 @@ __global__ void meta_kernel(QuestMetaParams p) {
   const int32_t* pg = p.pages + 4 * e;
   const int64_t src_block = pg[0], meta_block = pg[1], page = pg[2];
   const int rows = pg[3];
+  if (rows <= 0) return;  // a filler entry (a graph-shaped step's fixed count)
   const int64_t row = int64_t(p.num_kv_heads) * d;
   const T* k = static_cast<const T*>(p.k_cache) + src_block * p.block_stride +
                page * p.page_tokens * row + int64_t(h) * d;
@@ -54,6 +55,7 @@ __global__ void meta_fp8_kernel(QuestMetaParams p) {
   const int32_t* pg = p.pages + 4 * e;
   const int64_t src_block = pg[0], meta_block = pg[1], page = pg[2];
   const int rows = pg[3];
+  if (rows <= 0) return;  // a filler entry (a graph-shaped step's fixed count)
   const int64_t row = int64_t(p.num_kv_heads) * d;
   const uint8_t* k = static_cast<const uint8_t*>(p.k_cache) + src_block * p.block_stride +
                      page * p.page_tokens * row + int64_t(h) * d;
