@@ -14,8 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -90,8 +90,7 @@ Tensor prompt_logits(std::shared_ptr<const Checkpoint> ck, bool packed, int64_t 
   r.max_num_seqs = 2;
   r.max_model_len = 1024;
   r.num_gpu_blocks = 128;
-  ExecutorSession session(make_gpu_executor(std::make_shared<GpuRunner>(std::move(model), r)),
-                          lim);
+  ExecutorSession session(make_gpu_executor(std::make_shared<GpuRunner>(std::move(model), r)), lim);
   return session.prompt_logits(ids);
 }
 
@@ -237,12 +236,17 @@ TEST(GpuQuantized, Fp8MoeExpertsStayPackedOnTheGpu) {
       const Tensor packed = prompt_logits(ck, true, chunk, in);
       ASSERT_EQ(packed.size(0), n);
       const VsCpu r = vs_cpu(packed);
+      // Against the dequantized model run in the same chunks: the delta rule's chunked and
+      // one-token paths round differently, and this random model carries that far (chunk 1
+      // against chunk 64 dequantized: KL 8.6e-2 in tiny-qwen3-next, H100).
+      const Tensor same_chunks = chunk == 64 ? dense : prompt_logits(ck, false, chunk, in);
       double kl_dense = 0;
       for (int64_t row = 0; row < n; ++row)
-        kl_dense += kl_logits(dense.data<float>() + row * v, packed.data<float>() + row * v, v);
+        kl_dense +=
+            kl_logits(same_chunks.data<float>() + row * v, packed.data<float>() + row * v, v);
       std::printf(
           "%s fp8 chunk %lld: packed on the GPU vs CPU mean KL %.2e, greedy %lld/%lld; vs "
-          "dequantized at load on the GPU mean KL %.2e\n",
+          "dequantized at load on the GPU (same chunks) mean KL %.2e\n",
           model, (long long)chunk, r.kl, (long long)r.agree, (long long)r.compared,
           kl_dense / double(n));
       EXPECT_LE(r.kl, 2 * base.kl + 1e-3) << model << " chunk " << chunk;
