@@ -1,14 +1,13 @@
 // The quantized decode GEMVs' schedule (kernels/quantized_gemv_params.h): host code, no CUDA.
 #include <algorithm>
 
+#include "core/ceil_div.h"
 #include "kernels/quantized_gemv_params.h"
 #include "longctx/core/error.h"
 
 namespace longctx::kernels {
 
 namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // CTAs the int4 kernels' split aims for per SM by default (a few resident at once hide each
 // other's prologue and tail).

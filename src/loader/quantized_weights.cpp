@@ -8,6 +8,7 @@
 #include <cstring>
 #include <set>
 
+#include "core/ceil_div.h"
 #include "longctx/core/error.h"
 #include "longctx/core/parallel.h"
 
@@ -19,8 +20,6 @@ namespace {
 constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 // ... so column 8p + c sits in nibble kAwqNibble[c].
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 

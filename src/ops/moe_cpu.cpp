@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/ceil_div.h"
 #include "longctx/core/parallel.h"
 #include "ops/moe.h"
 #include "ops/op_utils.h"
@@ -39,8 +40,6 @@ const float* expert_row_f32(const Tensor& w, const Tensor& scales, int64_t block
   for (int64_t c = 0; c < cols; ++c) buf[c] = fp8e4m3_to_f32(codes[c]) * s[c / block_in];
   return buf;
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 float dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;

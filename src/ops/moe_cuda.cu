@@ -80,18 +80,13 @@ __global__ void route_kernel(const TL* __restrict__ logits, int64_t tokens, int 
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= tokens) return;
   const TL* l = logits + t * experts;
-  float mx = -INFINITY;
-  for (int e = lane; e < experts; e += 32) mx = fmaxf(mx, to_f32(l[e]));
-  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0.f;
-  for (int e = lane; e < experts; e += 32) sum += expf(to_f32(l[e]) - mx);
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const RouteSoftmax sm = warp_route_softmax<0>(experts, [&](int, int e) { return to_f32(l[e]); });
   Pick prev{INFINITY, -1};
   float picked = 0.f;
   for (int j = 0; j < k; ++j) {
     Pick best{-1.f, experts};  // after every real pick
     for (int e = lane; e < experts; e += 32) {
-      const Pick c{expf(to_f32(l[e]) - mx) / sum, e};
+      const Pick c{sm.prob(to_f32(l[e])), e};
       if (before(prev, c) && before(c, best)) best = c;
     }
     for (int o = 16; o > 0; o /= 2) {

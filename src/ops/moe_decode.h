@@ -14,13 +14,7 @@ namespace longctx::ops {
 // ([T, E] router logits, moe_fused_route(E, k)) the gate/up kernel also routes (softmax,
 // top-k, renormalized when `renormalize`) and writes a.topk_ids / a.topk_weights; without, it
 // reads them.
-// With `logits`, E <= 256 and the prefetch on (set_moe_decode_prefetch), the down kernel's CTAs
-// route their token before they wait for gate/up and prefetch their experts' down rows into L2.
 void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logits, bool renormalize,
                         cudaStream_t stream);
-
-// Turns that prefetch (and gate/up's evict-first loads) on or off (the default: it measured
-// slower), for every later launch in the process: what a benchmark compares.
-void set_moe_decode_prefetch(bool on);
 
 }  // namespace longctx::ops

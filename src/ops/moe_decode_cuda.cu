@@ -25,16 +25,11 @@
 //   block). The fp32 result differs from the CPU twin's (which scales each weight, then dots) by
 //   rounding alone.
 // Both are launched with programmatic dependent launch and wait for the kernel before them
-// (kernels/cuda/pdl.cuh), so the block is router GEMV -> gate/up -> down. With the router logits
-// the down kernel's CTAs, which start while gate/up runs (it lets its dependents launch right
-// after its own wait, so the router GEMV has completed by then), route their token once more
-// before they wait and prefetch their experts' down rows into L2 (one bulk prefetch per slot):
-// the down weights stream from HBM during gate/up instead of after it, and gate/up's rows are
-// loaded with an L2 evict-first policy so that they do not push the prefetched rows out. The
-// routing there only picks what to prefetch; the slots' experts are read from ids after the wait.
+// first thing (kernels/cuda/pdl.cuh), so the block is router GEMV -> gate/up -> down. The down
+// kernel does not prefetch its rows into L2 before that wait (its CTAs routing their token
+// during gate/up, gate/up's loads evict-first): that measured slower on an H100, 48.0 against
+// 42.0 us a Qwen3-30B-A3B layer at one token (FP8 experts: 41.1 against 33.4).
 #include <cuda_runtime.h>
-
-#include <atomic>
 
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/pdl.cuh"
@@ -53,6 +48,16 @@ namespace {
 using namespace cuda_detail;
 
 constexpr int R = kMoeDecodeRowsPerWarp;
+
+// The L2 policy of the weight loads: evict-normal, what a plain load gets. The loads name it
+// (ld.global.nc.L2::cache_hint) rather than being plain __ldg loads for the register allocation
+// alone: with __ldg, ptxas (CUDA 13.0) spills 20 bytes in the FP8 gate/up kernel of bf16
+// activations at its 128-register bound, and none this way.
+__device__ __forceinline__ uint64_t l2_evict_normal() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
 
 // 16 bytes of weights at p (16-byte aligned) under the L2 cache policy `pol` (createpolicy).
 __device__ __forceinline__ uint4 load_hinted_raw(const void* p, uint64_t pol) {
@@ -85,17 +90,6 @@ __device__ __forceinline__ void load_hinted(const TW* p, uint64_t pol, float (&v
   }
 }
 
-// An L2 policy for loads: evict-first (streamed weights that must not displace prefetched
-// rows) or evict-normal (what a plain load gets).
-__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
-  uint64_t pol;
-  if (evict_first)
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  else
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-
 // Weights per 16-byte load: 8 of a 16-bit dtype (f32: two loads), 16 FP8 codes.
 template <typename TW>
 constexpr int kWeightsPerLoad = kIsFp8Weight<TW> ? 16 : kVec;
@@ -107,13 +101,12 @@ constexpr int kWeightsPerLoad = kIsFp8Weight<TW> ? 16 : kVec;
 // element per lane. FP8 codes: a load's 16 products are summed, then times the block's scale
 // (one multiply per 16 weights, as the dense FP8 GEMV; the fp32 sums differ from the CPU twin's
 // scaled-weight products by rounding only). Rows past n read row n - 1 (so the loads stay
-// branch-free). On return every lane holds the sums. pol: the L2 policy of the weight loads
-// with kVecLoads (l2_policy).
+// branch-free). On return every lane holds the sums.
 template <typename TA, typename TW, bool kGateUp, bool kVecLoads>
 __device__ __forceinline__ void gemv_rows(const TA* __restrict__ a, const TW* __restrict__ w,
                                           const MoeFp8Scales& fs, int64_t e, int64_t n, int64_t k,
-                                          int64_t row0, int lane, float (&s0)[R], float (&s1)[R],
-                                          uint64_t pol) {
+                                          int64_t row0, int lane, float (&s0)[R], float (&s1)[R]) {
+  const uint64_t pol = l2_evict_normal();  // the weight loads' (kVecLoads)
   const TW* wg[R];
   const TW* wu[R];
   const float* sg[R];  // FP8: the rows' scales
@@ -211,25 +204,8 @@ struct GateUpParams {
   float* act;      // [T * k, inter] f32
   int experts, top_k;
   int64_t inter, hidden;
-  bool evict_first;  // the weight rows' L2 policy (the down kernel prefetches its rows)
   MoeFp8Scales fp8;  // gate_up's block scales (FP8 experts)
 };
-
-// Token t's experts by rank from the router logits ([T, experts] of logits_dtype, experts <=
-// 32 kPerLane) into s_keys[0, k) (cta_route_topk: moe_route's kernel's picks); every thread of
-// the CTA calls it, and the picks are visible to all when it returns.
-template <int kPerLane>
-__device__ __forceinline__ void route_token(const void* logits, DType logits_dtype, int experts,
-                                            int k, int64_t t, uint64_t* s_keys) {
-  const int64_t base = t * experts;
-  cta_route_topk<kPerLane>(
-      experts, k, [&](int e) { return load_any(logits, logits_dtype, base + e); }, s_keys);
-}
-
-// The down kernel's early routing (the prefetch) holds half the gate/up kernel's logits per lane:
-// its registers bound the GEMV's occupancy (512 threads at top-16), and the prefetch is off by
-// default.
-constexpr int kPrefetchRouteMaxExperts = 256;
 
 // grid (moe_decode_blocks(inter), T * k), 32 * kMoeDecodeWarps threads.
 template <typename TA, typename TW, bool kVecLoads>
@@ -243,8 +219,11 @@ __global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpPar
   int e;
   if (p.logits) {
     const int j = static_cast<int>(slot % p.top_k);
-    route_token<kMoeFusedRouteMaxExperts / 32>(p.logits, p.logits_dtype, p.experts, p.top_k, t,
-                                               s_keys);
+    // token t's experts by rank into s_keys[0, k), moe_route's kernel's picks
+    const int64_t base = t * p.experts;
+    cta_route_topk<kMoeFusedRouteMaxExperts / 32>(
+        p.experts, p.top_k,
+        [&](int expert) { return load_any(p.logits, p.logits_dtype, base + expert); }, s_keys);
     e = moe_route_key_expert(s_keys[j]);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       p.ids[slot] = e;
@@ -263,8 +242,7 @@ __global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpPar
   const TW* w = static_cast<const TW*>(p.gate_up) + int64_t(e) * 2 * p.inter * p.hidden;
   const TA* a = static_cast<const TA*>(p.x) + t * p.hidden;
   float s0[R], s1[R];
-  gemv_rows<TA, TW, true, kVecLoads>(a, w, p.fp8, e, p.inter, p.hidden, row0, lane, s0, s1,
-                                     l2_policy(p.evict_first));
+  gemv_rows<TA, TW, true, kVecLoads>(a, w, p.fp8, e, p.inter, p.hidden, row0, lane, s0, s1);
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (lane == r && row0 + r < p.inter) out[row0 + r] = s0[r] / (1.0f + expf(-s0[r])) * s1[r];
@@ -282,33 +260,8 @@ struct DownParams {
   void* out;  // [T, hidden]
   int experts, top_k;
   int64_t hidden, inter;
-  const void* logits;  // [T, experts] router logits to prefetch by, or nullptr: no prefetch
-  DType logits_dtype;
   MoeFp8Scales fp8;  // down's block scales (FP8 experts)
 };
-
-// Before the down kernel waits: token t's experts from the logits (route_token), and one L2 bulk
-// prefetch per slot of the `rows` contiguous weight rows from row0 this CTA will read (16-byte
-// aligned, whole multiples of 16 bytes: the kVecLoads shapes).
-template <typename TW>
-__device__ __forceinline__ void prefetch_down_rows(const DownParams& p, int64_t t, int64_t row0,
-                                                   uint64_t* s_keys) {
-  route_token<kPrefetchRouteMaxExperts / 32>(p.logits, p.logits_dtype, p.experts, p.top_k, t,
-                                             s_keys);
-  const int j = threadIdx.x;
-  if (j >= p.top_k) return;
-  const int e = moe_route_key_expert(s_keys[j]);
-  if (e < 0 || e >= p.experts) return;
-  const int64_t rows = min(int64_t(R), p.hidden - row0);
-  const TW* w = static_cast<const TW*>(p.down) + (int64_t(e) * p.hidden + row0) * p.inter;
-  const uint32_t bytes = uint32_t(rows * p.inter * int64_t(sizeof(TW))) & ~15u;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(w), "r"(bytes) : "memory");
-#else
-  for (uint32_t b = 0; b < bytes; b += 128)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<const char*>(w) + b));
-#endif
-}
 
 // grid (moe_combine_blocks(hidden), T), 32 * moe_combine_warps(k) threads, k * R floats of
 // dynamic shared memory: slot j's rows at [j * R, j * R + R).
@@ -318,10 +271,6 @@ __global__ void __launch_bounds__(32 * kMoeCombineWarps) down_combine_kernel(Dow
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int64_t t = blockIdx.y;
   const int64_t row0 = int64_t(blockIdx.x) * R;
-  if (kVecLoads && p.logits != nullptr) {
-    __shared__ uint64_t s_keys[kPrefetchRouteMaxExperts];
-    prefetch_down_rows<TW>(p, t, row0, s_keys);
-  }
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   for (int j = warp; j < p.top_k; j += warps) {
@@ -331,7 +280,7 @@ __global__ void __launch_bounds__(32 * kMoeCombineWarps) down_combine_kernel(Dow
     if (e >= 0 && e < p.experts) {
       const TW* w = static_cast<const TW*>(p.down) + int64_t(e) * p.hidden * p.inter;
       gemv_rows<float, TW, false, kVecLoads>(p.act + slot * p.inter, w, p.fp8, e, p.hidden, p.inter,
-                                             row0, lane, s0, s1, l2_policy(false));
+                                             row0, lane, s0, s1);
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) s0[r] = 0.f;
@@ -355,13 +304,7 @@ __global__ void __launch_bounds__(32 * kMoeCombineWarps) down_combine_kernel(Dow
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Off by default: the whole MoE block measured slower with it (H100, Qwen3-30B-A3B's layer at one
-// token: 45.6 us with, 41.5 without; TPOT after 32K 6.058-6.075 ms with, 5.945-5.994 without).
-std::atomic<bool> g_prefetch{false};
-
 }  // namespace
-
-void set_moe_decode_prefetch(bool on) { g_prefetch.store(on, std::memory_order_relaxed); }
 
 void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logits, bool renormalize,
                         cudaStream_t stream) {
@@ -380,10 +323,6 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
                     aligned16(a.gate_up.data_ptr());
   const bool vec2 =
       s.inter % per_load == 0 && blocks_ok && aligned16(a.down.data_ptr());  // act: a fresh buffer
-  // The down kernel prefetches its rows where it routes by the logits (kPrefetchRouteMaxExperts)
-  // and loads 16 bytes at a time (whole, aligned prefetch ranges).
-  const bool prefetch = logits != nullptr && vec2 && s.experts <= kPrefetchRouteMaxExperts &&
-                        g_prefetch.load(std::memory_order_relaxed);
   GateUpParams g{a.x.data_ptr(),
                  a.gate_up.data_ptr(),
                  logits ? logits->data_ptr() : nullptr,
@@ -395,8 +334,7 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
                  static_cast<int>(s.experts),
                  static_cast<int>(s.top_k),
                  s.inter,
-                 s.hidden,
-                 prefetch};
+                 s.hidden};
   DownParams dn{act.data<float>(),
                 a.down.data_ptr(),
                 a.topk_ids.data<int32_t>(),
@@ -409,9 +347,7 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
                 static_cast<int>(s.experts),
                 static_cast<int>(s.top_k),
                 s.hidden,
-                s.inter,
-                prefetch ? logits->data_ptr() : nullptr,
-                logits ? logits->dtype() : DType::kF32};
+                s.inter};
   g.fp8 = moe_fp8_scales(a, s, true);
   dn.fp8 = moe_fp8_scales(a, s, false);
   const dim3 grid1(unsigned(moe_decode_blocks(s.inter)), unsigned(slots));

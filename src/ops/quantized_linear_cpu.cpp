@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/ceil_div.h"
 #include "kernels/cpu/fp8_act_quant_cpu.h"
 #include "kernels/fp8_act_quant.h"
 #include "loader/quantized_weights.h"
@@ -15,8 +16,6 @@
 namespace longctx::ops {
 
 namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void expect(const char* op, const Tensor& t, const char* name, const Shape& shape, bool dtype_ok,
             const char* dtypes, const std::string& why) {

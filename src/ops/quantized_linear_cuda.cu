@@ -13,6 +13,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/ceil_div.h"
 #include "core/stream_limits.h"
 #include "kernels/cuda/func_attributes.h"
 #include "kernels/cuda/quantized_gemv.h"
@@ -27,10 +28,6 @@ namespace longctx::ops {
 namespace {
 
 using namespace cuda_detail;
-
-__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Arguments.

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/ceil_div.h"
 #include "core/stream_limits.h"
 #include "kernels/cuda/fp8_act_quant.h"
 #include "kernels/fp8_act_quant.h"
@@ -39,8 +40,6 @@ using cublaslt::alignment;
 using cublaslt::cuda_type;
 using cublaslt::Plan;
 using cublaslt::set_desc;
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct Key {
   int64_t n, in, out, ldo;

@@ -203,14 +203,6 @@ void moe_decode_block_rows(const DecodeBlockModel& model) {
            router(i);
            ops::moe_forward(logits, true, layer_args(i));
          }},
-        // the same with the down kernel's early L2 prefetch (ops/moe_decode.h; off by default)
-        {"block: L2 prefetch",
-         [&](int i) {
-           ops::set_moe_decode_prefetch(true);
-           router(i);
-           ops::moe_forward(logits, true, layer_args(i));
-           ops::set_moe_decode_prefetch(false);
-         }},
         // the grouped GEMMs' row tiles forced (T > kMoeDecodeMaxTokens: moe_tc_rows picks)
         {"experts: 128-row tile", experts_tile(ops::MoeTcTile::kLarge)},
         {"experts: 32-row tile", experts_tile(ops::MoeTcTile::kSmall)},

@@ -2,8 +2,8 @@
 // it runs: moe_route_cuda's sort kernel against its per-pick kernel (one warp recomputing the
 // probabilities every pick) to the bit, and against the CPU twin moe_route_cpu within the softmax
 // tolerance of moe_test.cpp; and moe_forward_cuda's decode path, which routes inside the gate/up
-// kernel (and, with the prefetch on, inside the down kernel), against moe_route_cuda's per-pick
-// kernel + moe_experts_cuda: ids, weights and output bytes equal. Over E 8-1024 (powers of two
+// kernel, against moe_route_cuda's per-pick kernel + moe_experts_cuda: ids, weights and output
+// bytes equal. Over E 8-1024 (powers of two
 // and not), top-k 1-16, T 1-33, f32 and bf16 logits (bf16 ties many), renormalized or not, with
 // random, skewed and tied logits and with rows whose probabilities are NaN (a NaN logit, a +inf
 // one, all -inf: such a token ranks nothing, ids E and weights -1, or 1 / k renormalized).
@@ -18,7 +18,6 @@
 #include "gpu_ops/gpu_ops_util.h"
 #include "gpu_ops/moe_test_util.h"
 #include "ops/moe.h"
-#include "ops/moe_decode.h"
 #include "ops/moe_schedule.h"
 
 namespace longctx::gpu_ops_test {
@@ -129,9 +128,8 @@ TEST(MoeGpuRoute, SortEqualsPerPickAndCpu) {
 
 // moe_forward_cuda at decode (the CTA top-k inside the gate/up kernel up to
 // kMoeFusedRouteMaxExperts; above, the routing kernel first) against the per-pick routing kernel
-// + moe_experts_cuda: ids, weights and output bytes equal, with the down kernel's prefetch (which
-// routes once more) off and on. NaN rows route to no expert: their output is the shared expert's
-// alone, or 0.
+// + moe_experts_cuda: ids, weights and output bytes equal. NaN rows route to no expert: their
+// output is the shared expert's alone, or 0.
 TEST(MoeGpuRoute, FusedEqualsPerPickThenExperts) {
   TestStream stream;
   constexpr int64_t kHidden = 64, kInter = 32;
@@ -144,47 +142,43 @@ TEST(MoeGpuRoute, FusedEqualsPerPickThenExperts) {
     for (int64_t k : {1, 2, 4, 8, 10, 16}) {
       if (k > experts) continue;
       for (int64_t tokens : {1, 3, 4})
-        for (Logits kind : {Logits::kRandom, Logits::kTied, Logits::kNaNRows})
-          for (int prefetch = 0; prefetch < 2; ++prefetch) {
-            const bool renormalize = (k + tokens) % 2 == 1;
-            const bool shared = (k + int(kind)) % 2 == 0;
-            const uint32_t seed = uint32_t(experts * 17 + k * 5 + tokens + 100 * int(kind));
-            const Tensor d_l = route_logits(tokens, experts, kind, seed).to(kGpu);
-            ops::MoeArgs a[2] = {dv, dv};
-            const Tensor x = random_host({tokens, kHidden}, kBf, seed + 1, -1, 1).to(kGpu);
-            Tensor sh, sg;
-            if (shared) {
-              sh = random_host({tokens, kHidden}, kBf, seed + 4, -1, 1).to(kGpu);
-              sg = random_host({tokens, 1}, kF32, seed + 5, -2, 2).to(kGpu);
-            }
-            for (ops::MoeArgs& m : a) {
-              m.x = x;
-              m.shared = sh;
-              m.shared_gate = sg;
-              m.topk_ids = Tensor::empty({tokens, k}, DType::kI32, kGpu);
-              m.topk_weights = Tensor::empty({tokens, k}, kF32, kGpu);
-              m.out = Tensor::empty({tokens, kHidden}, kBf, kGpu);
-            }
-            ops::set_moe_decode_prefetch(prefetch == 1);
-            ops::moe_forward_cuda(d_l, renormalize, a[0]);
-            ops::moe_route_cuda(d_l, renormalize, a[1].topk_ids, a[1].topk_weights,
-                                ops::MoeRouteKernel::kPerPick);
-            ops::moe_experts_cuda(a[1]);
-            ops::set_moe_decode_prefetch(false);
-            stream.sync();
-            const std::string what = "E " + std::to_string(experts) + " k " + std::to_string(k) +
-                                     " T " + std::to_string(tokens) + " logits " +
-                                     std::to_string(int(kind)) + " prefetch " +
-                                     std::to_string(prefetch);
-            ASSERT_TRUE(host_bytes(a[0].topk_ids) == host_bytes(a[1].topk_ids)) << "ids, " << what;
-            ASSERT_TRUE(host_bytes(a[0].topk_weights) == host_bytes(a[1].topk_weights))
-                << "weights, " << what;
-            ASSERT_TRUE(host_bytes(a[0].out) == host_bytes(a[1].out)) << "output, " << what;
-            if (kind != Logits::kNaNRows || tokens < 2 || shared) continue;
-            const Tensor o = a[0].out.to(Device::cpu()).to_dtype(kF32);
-            for (int64_t c = 0; c < kHidden; ++c)
-              ASSERT_EQ(o.data<float>()[kHidden + c], 0.f) << what;  // row 1: a NaN logit
+        for (Logits kind : {Logits::kRandom, Logits::kTied, Logits::kNaNRows}) {
+          const bool renormalize = (k + tokens) % 2 == 1;
+          const bool shared = (k + int(kind)) % 2 == 0;
+          const uint32_t seed = uint32_t(experts * 17 + k * 5 + tokens + 100 * int(kind));
+          const Tensor d_l = route_logits(tokens, experts, kind, seed).to(kGpu);
+          ops::MoeArgs a[2] = {dv, dv};
+          const Tensor x = random_host({tokens, kHidden}, kBf, seed + 1, -1, 1).to(kGpu);
+          Tensor sh, sg;
+          if (shared) {
+            sh = random_host({tokens, kHidden}, kBf, seed + 4, -1, 1).to(kGpu);
+            sg = random_host({tokens, 1}, kF32, seed + 5, -2, 2).to(kGpu);
           }
+          for (ops::MoeArgs& m : a) {
+            m.x = x;
+            m.shared = sh;
+            m.shared_gate = sg;
+            m.topk_ids = Tensor::empty({tokens, k}, DType::kI32, kGpu);
+            m.topk_weights = Tensor::empty({tokens, k}, kF32, kGpu);
+            m.out = Tensor::empty({tokens, kHidden}, kBf, kGpu);
+          }
+          ops::moe_forward_cuda(d_l, renormalize, a[0]);
+          ops::moe_route_cuda(d_l, renormalize, a[1].topk_ids, a[1].topk_weights,
+                              ops::MoeRouteKernel::kPerPick);
+          ops::moe_experts_cuda(a[1]);
+          stream.sync();
+          const std::string what = "E " + std::to_string(experts) + " k " + std::to_string(k) +
+                                   " T " + std::to_string(tokens) + " logits " +
+                                   std::to_string(int(kind));
+          ASSERT_TRUE(host_bytes(a[0].topk_ids) == host_bytes(a[1].topk_ids)) << "ids, " << what;
+          ASSERT_TRUE(host_bytes(a[0].topk_weights) == host_bytes(a[1].topk_weights))
+              << "weights, " << what;
+          ASSERT_TRUE(host_bytes(a[0].out) == host_bytes(a[1].out)) << "output, " << what;
+          if (kind != Logits::kNaNRows || tokens < 2 || shared) continue;
+          const Tensor o = a[0].out.to(Device::cpu()).to_dtype(kF32);
+          for (int64_t c = 0; c < kHidden; ++c)
+            ASSERT_EQ(o.data<float>()[kHidden + c], 0.f) << what;  // row 1: a NaN logit
+        }
     }
   }
 }

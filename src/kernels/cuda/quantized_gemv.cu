@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/ceil_div.h"
 #include "kernels/cuda/arrival_device.cuh"
 #include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/func_attributes.h"
@@ -76,10 +77,6 @@ constexpr int awq_lane_bytes(int n) { return n >= 8 ? 128 : 64; }
 constexpr int kMmaWarps = 4;
 constexpr int kMmaTile = 128;
 constexpr int kRows = int(kQuantizedGemvPassRows);  // the B operand's 8 columns
-
-__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 
 // The finished output (+ bias) of row j, column o when there is one K slice, else the slice's
 // partial.
