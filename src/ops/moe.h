@@ -82,9 +82,7 @@ void moe_experts_cuda(const MoeArgs& args, MoeBackend backend = MoeBackend::kAut
 
 // The routed block from its router logits: moe_route(logits, renormalize, args.topk_ids,
 // args.topk_weights), then moe_experts(args), whose routing inputs it writes. logits: [T, E]
-// with E the experts of args.gate_up. The CPU twin is those two calls; the CUDA twin routes
-// inside the decode path's first kernel (moe_decode.h) and gives the same ids, weights and output
-// bytes as the two CUDA ops.
+// with E the experts of args.gate_up. Both twins are those two calls.
 void moe_forward(const Tensor& logits, bool renormalize, const MoeArgs& args);
 void moe_forward_cpu(const Tensor& logits, bool renormalize, const MoeArgs& args);
 void moe_forward_cuda(const Tensor& logits, bool renormalize, const MoeArgs& args);

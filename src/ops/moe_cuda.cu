@@ -39,9 +39,9 @@
 //   expert on average, eager only): moe_cublas_cuda.cu, then the same combine (FP8 experts:
 //   each expert dequantized into a one-expert scratch before its GEMMs).
 // moe_experts, decode (<= kMoeDecodeMaxTokens tokens): moe_decode_cuda.cu's two kernels, the
-//   gate/up GEMVs and the down GEMVs with the combine fused. moe_forward_cuda routes inside the
-//   first of them at decode (moe_fused_route: E <= kMoeFusedRouteMaxExperts); elsewhere it is
-//   moe_route_cuda then moe_experts_cuda.
+//   gate/up GEMVs and the down GEMVs with the combine fused.
+// moe_forward_cuda is moe_route_cuda then moe_experts_cuda (moe_decode_cuda.cu says why the
+//   decode kernels do not route themselves).
 // The decode-step kernels (route, the GEMVs, combine) are launched with programmatic dependent
 // launch (kernels/cuda/pdl.cuh): each waits for the kernel before it first thing.
 #include <cuda_runtime.h>
@@ -613,7 +613,7 @@ void moe_experts_cuda(const MoeArgs& a, MoeBackend backend, MoeTcTile tile) {
   Tensor y;              // [rows, hidden] f32 (cuBLASLt: 16-bit): each slot's expert output
   Tensor align_buffers;  // holds inv until the combine is enqueued
   if (path == MoePath::kDecode) {
-    moe_decode_experts(a, s, nullptr, false, stream);  // the combine is fused into down
+    moe_decode_experts(a, s, stream);  // the combine is fused into down
     return;
   }
   if (path == MoePath::kCublasLt) {
@@ -722,17 +722,6 @@ void moe_forward_cuda(const Tensor& logits, bool renormalize, const MoeArgs& a) 
   LONGCTX_CHECK(logits.size(0) == s.tokens && logits.size(1) == s.experts,
                 ErrorCode::kInvalidArgument, "moe_forward: logits {} must be [{}, {} experts]",
                 logits.str(), s.tokens, s.experts);
-  LONGCTX_CHECK(a.gate_up.dtype() == a.down.dtype(), ErrorCode::kUnsupported,
-                "moe_experts_cuda: gate_up ({}) and down ({}) must share a dtype",
-                dtype_name(a.gate_up.dtype()), dtype_name(a.down.dtype()));
-  const Device d = a.x.device();
-  DeviceGuard guard(d.index);
-  cudaStream_t stream = op_stream(d, "moe_forward");
-  if (s.tokens == 0) return;
-  if (s.tokens <= kMoeDecodeMaxTokens && moe_fused_route(s.experts, s.top_k)) {
-    moe_decode_experts(a, s, &logits, renormalize, stream);
-    return;
-  }
   moe_route_cuda(logits, renormalize, a.topk_ids, a.topk_weights);
   moe_experts_cuda(a);
 }

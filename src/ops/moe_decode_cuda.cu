@@ -3,17 +3,10 @@
 //
 // gate/up: each warp kMoeDecodeRowsPerWarp activation columns of one slot (token, j): the gate
 //   row and the up row of each streamed with 16-byte loads, silu(gate) * up written in fp32.
-//   Given the router logits (moe_forward_cuda, moe_fused_route: E <= kMoeFusedRouteMaxExperts),
-//   every CTA first routes its token itself with moe_route's kernel's CTA top-k
-//   (moe_route_device.cuh): the softmax in every warp in that kernel's order (the same
-//   probabilities to the bit), then a bitonic sort of the (probability, expert) keys in shared
-//   memory by all its threads (log2(n) (log2(n) + 1) / 2 steps over n = the power of two >= E:
-//   28 at 128 experts, 45 at 512), whose first k are the picks in rank order; the expert of rank j
-//   is the slot's. The CTAs of column block 0 write the slot's id and weight. So the routing costs
-//   no launch of its own, and its result is the routing kernel's. (A rank scan of all E
-//   probabilities by every thread, E^2 / 128 compares each, or warp 0's k serial warp argmax
-//   rounds while the other warps wait, cost ~5 us a layer at 128 experts and ~19 us at 512 over
-//   the router and the experts alone on an H100.)
+//   The slots' experts come from topk_ids: moe_forward_cuda routes first with moe_route's
+//   kernel (4.4 us at 128 experts, 10 us at 512 on an H100). Routing inside this kernel instead
+//   (every CTA sorting its token's probabilities before its loads) measured 1-2 us a layer slower
+//   at one token than the two launches (docs/benchmarks.md, sixteenth session).
 // down + combine: a CTA computes kMoeDecodeRowsPerWarp output rows of one token, one warp per
 //   slot; the slots' fp32 rows meet in shared memory and one thread per row sums
 //   weight[t, j] * row_j in slot order (+ sigmoid(shared_gate) * shared), as the combine kernel
@@ -37,7 +30,6 @@
 #include "ops/moe.h"
 #include "ops/moe_decode.h"
 #include "ops/moe_fp8_device.cuh"
-#include "ops/moe_route_device.cuh"
 #include "ops/moe_schedule.h"
 #include "ops/ops_device.cuh"
 
@@ -196,12 +188,8 @@ __device__ __forceinline__ void gemv_rows(const TA* __restrict__ a, const TW* __
 struct GateUpParams {
   const void* x;        // [T, hidden]
   const void* gate_up;  // [E, 2 inter, hidden]
-  const void* logits;   // [T, E] router logits, or nullptr: ids / weights are inputs
-  DType logits_dtype;
-  bool renormalize;
-  int32_t* ids;    // [T, k]
-  float* weights;  // [T, k]
-  float* act;      // [T * k, inter] f32
+  const int32_t* ids;   // [T, k]
+  float* act;           // [T * k, inter] f32
   int experts, top_k;
   int64_t inter, hidden;
   MoeFp8Scales fp8;  // gate_up's block scales (FP8 experts)
@@ -210,28 +198,12 @@ struct GateUpParams {
 // grid (moe_decode_blocks(inter), T * k), 32 * kMoeDecodeWarps threads.
 template <typename TA, typename TW, bool kVecLoads>
 __global__ void __launch_bounds__(32 * kMoeDecodeWarps) gate_up_kernel(GateUpParams p) {
-  __shared__ uint64_t s_keys[kMoeFusedRouteMaxExperts];
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t slot = blockIdx.y;
   const int64_t t = slot / p.top_k;
-  int e;
-  if (p.logits) {
-    const int j = static_cast<int>(slot % p.top_k);
-    // token t's experts by rank into s_keys[0, k), moe_route's kernel's picks
-    const int64_t base = t * p.experts;
-    cta_route_topk<kMoeFusedRouteMaxExperts / 32>(
-        p.experts, p.top_k,
-        [&](int expert) { return load_any(p.logits, p.logits_dtype, base + expert); }, s_keys);
-    e = moe_route_key_expert(s_keys[j]);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-      p.ids[slot] = e;
-      p.weights[slot] = moe_route_weight(s_keys, p.top_k, j, p.renormalize);
-    }
-  } else {
-    e = p.ids[slot];
-  }
+  const int e = p.ids[slot];
   const int64_t row0 = (int64_t(blockIdx.x) * kMoeDecodeWarps + threadIdx.x / 32) * R;
   if (row0 >= p.inter) return;
   float* out = p.act + slot * p.inter;
@@ -306,12 +278,9 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logits, bool renormalize,
-                        cudaStream_t stream) {
+void moe_decode_experts(const MoeArgs& a, const MoeShape& s, cudaStream_t stream) {
   LONGCTX_CHECK(s.top_k <= kMoeDecodeMaxTopK, ErrorCode::kUnsupported,
                 "moe_experts_cuda: top-{} at decode (at most {})", s.top_k, kMoeDecodeMaxTopK);
-  LONGCTX_CHECK(!logits || moe_fused_route(s.experts, s.top_k), ErrorCode::kInternal,
-                "moe_decode_experts: fused routing over {} experts, top-{}", s.experts, s.top_k);
   const Device d = a.x.device();
   const int64_t slots = s.tokens * s.top_k;
   Tensor act = Tensor::empty({slots, s.inter}, DType::kF32, d);  // [T * k, inter]
@@ -325,11 +294,7 @@ void moe_decode_experts(const MoeArgs& a, const MoeShape& s, const Tensor* logit
       s.inter % per_load == 0 && blocks_ok && aligned16(a.down.data_ptr());  // act: a fresh buffer
   GateUpParams g{a.x.data_ptr(),
                  a.gate_up.data_ptr(),
-                 logits ? logits->data_ptr() : nullptr,
-                 logits ? logits->dtype() : DType::kF32,
-                 renormalize,
                  a.topk_ids.data<int32_t>(),
-                 a.topk_weights.data<float>(),
                  act.data<float>(),
                  static_cast<int>(s.experts),
                  static_cast<int>(s.top_k),

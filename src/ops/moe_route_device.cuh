@@ -1,8 +1,7 @@
-// The routing softmax of one token by one warp, shared by every CUDA routing kernel; moe_route's
-// top-k of one token by one CTA, shared by moe_route's sort kernel (moe_cuda.cu) and the decode
-// gate/up kernel that routes inside (moe_decode_cuda.cu), so that both give the same ids and
-// weights to the bit; and the order of picks that moe_route's per-pick kernel (more experts than
-// a CTA sorts) ranks by. Included by CUDA translation units only.
+// The routing softmax of one token by one warp, shared by both CUDA routing kernels; moe_route's
+// top-k of one token by one CTA (its sort kernel, moe_cuda.cu); and the order of picks that the
+// per-pick kernel (more experts than a CTA sorts) ranks by, so that both kernels give the same ids
+// and weights to the bit. Included by CUDA translation units only.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -21,14 +21,6 @@ enum class MoePath {
 };
 
 constexpr int64_t kMoeDecodeMaxTokens = 4;
-// moe_forward_cuda routes inside the decode gate/up kernel up to this many experts: each CTA
-// sorts the token's (probability, expert) keys in shared memory (moe_route_device.cuh: 8 bytes
-// an expert, from E / 32 logits per lane in registers, so the GEMV kernel's registers bound it);
-// above, the routing kernel runs first. Any top-k <= E fits the sorted keys.
-constexpr int64_t kMoeFusedRouteMaxExperts = 512;
-inline bool moe_fused_route(int64_t experts, int64_t top_k) {
-  return experts <= kMoeFusedRouteMaxExperts && top_k <= experts;
-}
 // moe_route's kernel sorts a token's keys in one CTA, lane l holding logits l + 32 i for
 // i < moe_route_sort_per_lane(E) (a power of two from 4, so four instantiations), up to this
 // many experts; above, one warp per token recomputes the probabilities on every pick.

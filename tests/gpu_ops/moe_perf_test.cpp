@@ -78,8 +78,8 @@ double graph_ms_per_call(const TestStream& s, const std::function<void(int)>& op
 }
 
 // Qwen3-30B-A3B's MoE block at decode batches (T = 1, 8, 32): each op alone (router GEMV, routing,
-// the routed experts) and the whole block unfused (router, moe_route, moe_experts) and fused
-// (router, moe_forward), eagerly and as a graph of 48 calls (the model's layers). The calls cycle
+// the routed experts) and the whole block (router, moe_route, moe_experts: what moe_forward runs),
+// eagerly and as a graph of 48 calls (the model's layers). The calls cycle
 // over kLayers layers' own weights (1.2 GB of experts each), so a call's expert rows are not in
 // L2 from the call before. ms per call; x48 is the block's share of a decode step.
 // The MoE block's ops at decode batches, one model's shapes (bf16, hidden 2048), 4 layers' weights
@@ -198,11 +198,6 @@ void moe_decode_block_rows(const DecodeBlockModel& model) {
                                ops::MoeRouteKernel::kPerPick);
            experts(i);
          }},
-        {"block: moe_forward",
-         [&](int i) {
-           router(i);
-           ops::moe_forward(logits, true, layer_args(i));
-         }},
         // the grouped GEMMs' row tiles forced (T > kMoeDecodeMaxTokens: moe_tc_rows picks)
         {"experts: 128-row tile", experts_tile(ops::MoeTcTile::kLarge)},
         {"experts: 32-row tile", experts_tile(ops::MoeTcTile::kSmall)},
@@ -231,8 +226,8 @@ TEST(GpuOpsPerf, MoeDecodeBlock) {
   moe_decode_block_rows({"Qwen3-30B-A3B", 128, 8, 768, false});
 }
 
-// Qwen3-Next-80B-A3B's block: 512 experts (the most moe_forward routes inside the gate/up
-// kernel, a 45-step sort); top-10 (10 down warps); inter 512; a shared expert.
+// Qwen3-Next-80B-A3B's block: 512 experts (moe_route's CTA sort, 45 steps); top-10 (10 down
+// warps); inter 512; a shared expert.
 TEST(GpuOpsPerf, MoeDecodeBlockQwen3Next80B) {
   if (!perf_mode()) GTEST_SKIP() << "LONGCTX_PERF=1 only";
   moe_decode_block_rows({"Qwen3-Next-80B-A3B", 512, 10, 512, true});

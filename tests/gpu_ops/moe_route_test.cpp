@@ -1,10 +1,9 @@
 // The CUDA routing's CTA top-k (moe_route_device.cuh: a bitonic sort of each token's keys) where
 // it runs: moe_route_cuda's sort kernel against its per-pick kernel (one warp recomputing the
 // probabilities every pick) to the bit, and against the CPU twin moe_route_cpu within the softmax
-// tolerance of moe_test.cpp; and moe_forward_cuda's decode path, which routes inside the gate/up
-// kernel, against moe_route_cuda's per-pick kernel + moe_experts_cuda: ids, weights and output
-// bytes equal. Over E 8-1024 (powers of two
-// and not), top-k 1-16, T 1-33, f32 and bf16 logits (bf16 ties many), renormalized or not, with
+// tolerance of moe_test.cpp; and moe_forward_cuda at decode against moe_route_cuda's per-pick
+// kernel + moe_experts_cuda: ids, weights and output bytes equal. Over E 8-1024 (powers of two and
+// not), top-k 1-16, T 1-33, f32 and bf16 logits (bf16 ties many), renormalized or not, with
 // random, skewed and tied logits and with rows whose probabilities are NaN (a NaN logit, a +inf
 // one, all -inf: such a token ranks nothing, ids E and weights -1, or 1 / k renormalized).
 #include <gtest/gtest.h>
@@ -126,11 +125,11 @@ TEST(MoeGpuRoute, SortEqualsPerPickAndCpu) {
   stream.sync();
 }
 
-// moe_forward_cuda at decode (the CTA top-k inside the gate/up kernel up to
-// kMoeFusedRouteMaxExperts; above, the routing kernel first) against the per-pick routing kernel
-// + moe_experts_cuda: ids, weights and output bytes equal. NaN rows route to no expert: their
+// moe_forward_cuda at decode (moe_route's auto kernel: the CTA sort up to
+// kMoeRouteSortMaxExperts, then the decode GEMVs) against the per-pick routing kernel +
+// moe_experts_cuda: ids, weights and output bytes equal. NaN rows route to no expert: their
 // output is the shared expert's alone, or 0.
-TEST(MoeGpuRoute, FusedEqualsPerPickThenExperts) {
+TEST(MoeGpuRoute, ForwardEqualsPerPickThenExperts) {
   TestStream stream;
   constexpr int64_t kHidden = 64, kInter = 32;
   for (int64_t experts : {8, 60, 128, 256, 300, 512, 600}) {

@@ -212,13 +212,11 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{333, 60, 4, 130, 50, kBf, false, false},
         MoeCase{4096, 128, 8, 72, 40, kF32, false, false}));
 
-// moe_forward_cuda (routing fused into the decode gate/up kernel up to 512 experts: each CTA
-// sorts the token's keys; route then experts elsewhere) against
-// moe_route_cuda + moe_experts_cuda on the same logits: ids, weights and output bytes equal (the
-// fused routing repeats the routing kernel's softmax and order; the unfused ops are checked against
-// the CPU twins above), and against the CPU twin moe_forward_cpu within the tolerance of the header
-// (its ids may differ only at near ties, which these random logits do not hit). Each output sits
-// between guard rows of NaN bytes that must stay untouched.
+// moe_forward_cuda against moe_route_cuda + moe_experts_cuda on the same logits: ids, weights and
+// output bytes equal (the two ops are checked against the CPU twins above), and against the CPU
+// twin moe_forward_cpu within the tolerance of the header (its ids may differ only at near ties,
+// which these random logits do not hit). Each output sits between guard rows of NaN bytes that
+// must stay untouched.
 class MoeGpuForward : public ::testing::TestWithParam<MoeCase> {};
 
 TEST_P(MoeGpuForward, EqualsRouteThenExperts) {

@@ -161,20 +161,6 @@ TEST(MoeSchedule, TcTileChoice) {
     }
 }
 
-// The decode kernels route inside up to kMoeFusedRouteMaxExperts experts (the 80B's 512), any
-// top-k of them (the sorted keys hold every expert); above, moe_route's kernel runs first.
-TEST(MoeSchedule, FusedRouteChoice) {
-  EXPECT_TRUE(moe_fused_route(128, 8));   // Qwen3-30B-A3B
-  EXPECT_TRUE(moe_fused_route(512, 10));  // Qwen3-Next-80B-A3B
-  EXPECT_TRUE(moe_fused_route(kMoeFusedRouteMaxExperts, kMoeFusedRouteMaxExperts));
-  EXPECT_FALSE(moe_fused_route(kMoeFusedRouteMaxExperts + 1, 8));
-  EXPECT_FALSE(moe_fused_route(60, 61));
-  // the gate/up kernel's registers (E / 32 logits a lane) hold every expert it routes, and the
-  // routing kernel sorts at least as many
-  EXPECT_EQ(kMoeFusedRouteMaxExperts % 32, 0);
-  EXPECT_LE(kMoeFusedRouteMaxExperts, kMoeRouteSortMaxExperts);
-}
-
 // moe_route's logits per lane: the smallest power of two from 4 whose 32 lanes hold E experts,
 // up to kMoeRouteSortMaxExperts; above, 0 (the per-pick kernel). 32 per lane is the CTA's sort
 // size, so its shared keys hold the power of two >= E the sort runs over.
@@ -291,10 +277,8 @@ TEST(MoeSchedule, DecodeGridAndSharedMemory) {
   // Fewer slots than warps: one warp per slot; more: every slot taken by some warp.
   EXPECT_EQ(moe_combine_warps(1), 1);
   EXPECT_EQ(moe_combine_warps(kMoeDecodeMaxTopK), kMoeCombineWarps);
-  // The down kernel's partial rows of the largest top-k fit the opt-in shared memory; the fused
-  // routing's [E] 8-byte keys fit the static 48 KB.
+  // The down kernel's partial rows of the largest top-k fit the opt-in shared memory.
   EXPECT_LE(kMoeDecodeMaxTopK * kMoeDecodeRowsPerWarp * 4, 227 * 1024);
-  EXPECT_LE(kMoeFusedRouteMaxExperts * 8, 48 * 1024);
   // Two tensor-core CTAs per SM fit an H100/H200's 227 KB of shared memory (plus 1 KB static).
   EXPECT_LE(2 * (kMoeTcSmemBytes + kMoeTcRows * 8), 227 * 1024);
   EXPECT_EQ(moe_tc_smem_bytes(kMoeTcRows), kMoeTcSmemBytes);
