@@ -306,6 +306,18 @@ int64_t argmax_row(const Tensor& logits, int64_t row) {
   return std::max_element(x, x + logits.size(1)) - x;
 }
 
+// Quest of the graph tests: pages of 16, a 256-token budget (sink 16, window 32), so that prompts
+// of 250-1000 tokens select.
+SparseOptions graph_test_quest() {
+  SparseOptions quest;
+  quest.policy = SparsePolicyKind::kQuest;
+  quest.page_tokens = 16;
+  quest.budget_tokens = 256;
+  quest.sink_tokens = 16;
+  quest.window_tokens = 32;
+  return quest;
+}
+
 class QuestGraphVsEager : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(QuestGraphVsEager, ReplayEqualsEagerAndSelects) {
@@ -316,12 +328,7 @@ TEST_P(QuestGraphVsEager, ReplayEqualsEagerAndSelects) {
   const ModelConfig& c = model->config();
   const int64_t bs = 128;
   const int steps = 40;
-  SparseOptions quest;
-  quest.policy = SparsePolicyKind::kQuest;
-  quest.page_tokens = 16;
-  quest.budget_tokens = 256;
-  quest.sink_tokens = 16;
-  quest.window_tokens = 32;
+  const SparseOptions quest = graph_test_quest();
   const std::vector<int64_t> prompts = {630, 1000, 250};
   int64_t num_blocks = 2;
   for (int64_t len : prompts) num_blocks += (len + steps + bs - 1) / bs;
@@ -457,12 +464,7 @@ TEST_P(QuestOffloadGraphVsEager, ReplayEqualsEager) {
   const ModelConfig& c = model->config();
   const int64_t bs = 128;
   const int steps = 40;
-  SparseOptions quest;
-  quest.policy = SparsePolicyKind::kQuest;
-  quest.page_tokens = 16;
-  quest.budget_tokens = 256;
-  quest.sink_tokens = 16;
-  quest.window_tokens = 32;
+  const SparseOptions quest = graph_test_quest();
   const std::vector<int64_t> prompts = {630, 1000, 250};
   std::vector<Seq> es(prompts.size());
   int32_t next_block = 0;

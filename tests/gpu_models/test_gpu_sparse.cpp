@@ -279,35 +279,40 @@ TEST(GpuSparse, CoveringBudgetIsTheDenseOutput) {
   }
 }
 
+// The engine tests' quest over the needle model: pages of 8, a 384-token budget, 6 sequences of
+// chunks of 512; offloaded, a GPU cache of a step's blocks and `host_blocks` host blocks of 48 KiB
+// (the needle model's block of 32 tokens, every layer).
+EngineConfig quest_engine_config(bool offload, int64_t host_blocks) {
+  EngineConfig c;
+  c.model = longctx::testing::needle_v1_dir();
+  c.device = "cuda";
+  c.max_model_len = 4096;
+  c.block_size = 32;
+  c.max_num_batched_tokens = 512;
+  c.max_num_seqs = 6;
+  c.sparse.policy = SparsePolicyKind::kQuest;
+  c.sparse.page_tokens = 8;
+  c.sparse.budget_tokens = 384;
+  c.sparse.sink_tokens = 16;
+  c.sparse.window_tokens = 64;
+  c.kv_offload = offload;
+  if (offload) {
+    c.num_gpu_blocks = 512 / 32 + 2 * 6 + 4;
+    c.host_kv_budget = host_blocks * 49152;
+    c.offload_slots = 3;
+    c.offload_slot_tokens = 128;
+  } else {
+    c.num_gpu_blocks = 1024;
+  }
+  return c;
+}
+
 // The engine with quest (prefix caching, chunked prefill, preemption under a tight cache),
 // resident and offloaded: every request finishes; the offloaded tokens follow the resident ones
 // until a near tie (offload's prefill merges partial attentions in another order, so its keys
 // differ in the last bits).
 TEST(GpuSparse, EngineGeneratesWithQuestResidentAndOffloaded) {
-  auto config = [](bool offload) {
-    EngineConfig c;
-    c.model = longctx::testing::needle_v1_dir();
-    c.device = "cuda";
-    c.max_model_len = 4096;
-    c.block_size = 32;
-    c.max_num_batched_tokens = 512;
-    c.max_num_seqs = 6;
-    c.sparse.policy = SparsePolicyKind::kQuest;
-    c.sparse.page_tokens = 8;
-    c.sparse.budget_tokens = 384;
-    c.sparse.sink_tokens = 16;
-    c.sparse.window_tokens = 64;
-    c.kv_offload = offload;
-    if (offload) {
-      c.num_gpu_blocks = 512 / 32 + 2 * 6 + 4;
-      c.host_kv_budget = 300 * 49152;
-      c.offload_slots = 3;
-      c.offload_slot_tokens = 128;
-    } else {
-      c.num_gpu_blocks = 1024;
-    }
-    return c;
-  };
+  auto config = [](bool offload) { return quest_engine_config(offload, 300); };
   std::mt19937 rng(3);
   std::vector<Prompt> ps;
   std::vector<int32_t> shared(900);
@@ -349,29 +354,10 @@ TEST(GpuSparse, QuestDecodeGraphsGenerateTheEagerTokens) {
   for (bool offload : {false, true}) {
     for (bool fp8 : {false, true}) {
       auto config = [&](bool eager) {
-        EngineConfig c;
-        c.model = longctx::testing::needle_v1_dir();
-        c.device = "cuda";
-        c.max_model_len = 4096;
-        c.block_size = 32;
-        c.max_num_batched_tokens = 512;
-        c.max_num_seqs = 6;
-        c.sparse.policy = SparsePolicyKind::kQuest;
-        c.sparse.page_tokens = 8;
-        c.sparse.budget_tokens = 384;
-        c.sparse.sink_tokens = 16;
-        c.sparse.window_tokens = 64;
+        // 600 host blocks: no preemption, so both runs batch alike
+        EngineConfig c = quest_engine_config(offload, 600);
         c.enforce_eager = eager;
         c.kv_cache_dtype = fp8 ? KvCacheDtype::kFP8 : KvCacheDtype::kBF16;
-        c.kv_offload = offload;
-        if (offload) {
-          c.num_gpu_blocks = 512 / 32 + 2 * 6 + 4;
-          c.host_kv_budget = 600 * 49152;  // no preemption: both runs batch alike
-          c.offload_slots = 3;
-          c.offload_slot_tokens = 128;
-        } else {
-          c.num_gpu_blocks = 1024;
-        }
         return c;
       };
       std::mt19937 rng(5);
