@@ -5,13 +5,12 @@
 // moe_route: softmax in fp32 (expf), then the top k over the total order (probability
 // descending, expert index ascending). Up to kMoeRouteSortMaxExperts experts, one CTA per token
 // (moe_route_device.cuh): the softmax in every warp, then a bitonic sort of the experts'
-// (probability, expert) keys in shared memory by all 128 threads, whose first k are the picks;
-// the decode gate/up kernel routes with the same code. Above, one warp per token runs k rounds
-// of a warp argmax, each recomputing the probabilities from the logits and taking the first
-// expert after the previous pick (so nothing is marked). Both give the same ids and weights to
-// the bit. (A warp's k serial argmax rounds took 9.8 us at 128 experts and 30.1 us at 512,
-// top-8 / top-10, even with the probabilities in registers, on an H100: single-warp serial code
-// in the one routing launch of a decode step.)
+// (probability, expert) keys in shared memory by all 128 threads, whose first k are the picks.
+// Above, one warp per token runs k rounds of a warp argmax, each recomputing the probabilities
+// from the logits and taking the first expert after the previous pick (so nothing is marked).
+// Both give the same ids and weights to the bit. (A warp's k serial argmax rounds took 9.8 us at
+// 128 experts and 30.1 us at 512, top-8 / top-10, even with the probabilities in registers, on an
+// H100: single-warp serial code in the one routing launch of a decode step.)
 //
 // moe_experts, prefill (more than kMoeDecodeMaxTokens tokens):
 //   align:   one block counts the slots (token, j) per expert, pads each expert's run to whole
@@ -122,13 +121,9 @@ __global__ void __launch_bounds__(kRouteSortThreads)
   const TL* l = logits + t * experts;
   cta_route_topk<kPerLane>(
       experts, k, [&](int e) { return to_f32(l[e]); }, s_keys);
-  if (threadIdx.x >= k) return;
-  // the picks' sum once per thread, each from the same keys in the same order
-  const float picked = moe_route_picked(s_keys, k);
   for (int j = threadIdx.x; j < k; j += blockDim.x) {
-    const float pj = moe_route_key_prob(s_keys[j]);
     ids[t * k + j] = moe_route_key_expert(s_keys[j]);
-    weights[t * k + j] = renormalize ? pj / picked : pj;
+    weights[t * k + j] = moe_route_weight(s_keys, k, j, renormalize);
   }
 }
 
