@@ -74,14 +74,16 @@ inline int quest_max_selected(const QuestBudget& b) {
 }
 
 // Device bytes of Quest's GPU buffers: per KV block its pages' metadata (every layer), and the
-// fixed part (per sequence of a step: the scores, the lists and the compact K / V buffers).
+// fixed part (per sequence of a step: the scores, the lists and the compact K / V buffers; per
+// sequence that keeps its pages across decode steps, reuse_seqs, and layer: a kept slot's lists
+// and K / V rows, QuestKeepParams).
 struct QuestBytes {
   int64_t per_block = 0;
   int64_t fixed = 0;
 };
 inline QuestBytes quest_gpu_bytes(const QuestBudget& b, int64_t num_layers, int64_t block_size,
                                   int64_t num_kv_heads, int64_t head_dim, int64_t elem_size,
-                                  int64_t max_seqs, int64_t max_model_len) {
+                                  int64_t max_seqs, int64_t max_model_len, int64_t reuse_seqs = 0) {
   QuestBytes q;
   const int64_t p = b.page_tokens;
   q.per_block = num_layers * (block_size / p) * num_kv_heads * 2 * head_dim * elem_size;
@@ -89,6 +91,8 @@ inline QuestBytes quest_gpu_bytes(const QuestBudget& b, int64_t num_layers, int6
   const int64_t sel = quest_max_selected(b) < max_pages ? quest_max_selected(b) : max_pages;
   q.fixed = max_seqs * num_kv_heads * (max_pages + sel) * 4 +
             2 * max_seqs * sel * p * num_kv_heads * head_dim * elem_size;
+  q.fixed += reuse_seqs * num_layers *
+             (2 * num_kv_heads * sel * 4 + 2 * sel * p * num_kv_heads * head_dim * elem_size);
   return q;
 }
 
@@ -160,6 +164,63 @@ struct QuestGatherParams {
   const float* k_scale[2] = {nullptr, nullptr};  // FP8: per memory, as above
   const float* v_scale[2] = {nullptr, nullptr};
   int64_t scale_block_stride[2] = {0, 0};  // floats between blocks' scales
+  // Page reuse across decode steps (reuse_read set; QuestKeepParams keeps the slots): a page that
+  // sequence b's kept slot reuse_read[b] >= 0 lists for head h, with the block id its logical
+  // block has now (block_ids), is copied from the slot's kept rows instead of read from memory.
+  const int32_t* reuse_read = nullptr;   // [batch] kept slot, -1: none
+  const int32_t* block_ids = nullptr;    // per logical block its engine block id (as block_loc)
+  const int32_t* kept_pages = nullptr;   // as QuestKeepParams::kept_pages
+  const int32_t* kept_blocks = nullptr;  // as QuestKeepParams::kept_blocks
+  const void* kept_k = nullptr;          // as QuestKeepParams::kept_k
+  const void* kept_v = nullptr;
+  unsigned long long* reused_pages = nullptr;  // optional counter: += pages copied from a slot
 };
+
+// After a layer's decode: sequence b with reuse_write[b] >= 0 keeps, in slot reuse_write[b], its
+// selected pages of each KV head as the gather wrote them. kept_pages[slot][h][i] is page i of
+// (b, h) (INT32_MAX past its num_selected: the list stays ascending over max_selected entries);
+// kept_blocks[slot][h][i] the engine block id of that page's logical block when the page's rows
+// can no longer change (all page_tokens rows written; whole_blocks (an FP8 cache, where a later
+// row of the block may raise the block's scale and re-encode it): its whole block written), else
+// -1, never a hit; the rows of those pages are copied from the compact buffer to the slot's rows
+// [i * page_tokens, (i + 1) * page_tokens).
+struct QuestKeepParams {
+  const void* compact_k = nullptr;  // as QuestGatherParams::out_k
+  const void* compact_v = nullptr;
+  void* kept_k = nullptr;  // [slots][max_selected * page_tokens][Hkv][d]
+  void* kept_v = nullptr;
+  int32_t* kept_pages = nullptr;          // [slots][Hkv][max_selected]
+  int32_t* kept_blocks = nullptr;         // [slots][Hkv][max_selected]
+  const int32_t* reuse_write = nullptr;   // [batch] slot, -1: keeps nothing
+  const int32_t* selected = nullptr;      // as QuestSelectParams::selected
+  const int32_t* block_indptr = nullptr;  // [batch + 1] into block_ids
+  const int32_t* block_ids = nullptr;     // per logical block its engine block id
+  const int32_t* kv_lens = nullptr;       // [batch]
+  int batch = 0, num_kv_heads = 0, head_dim = 0, pages_per_block = 0, max_selected = 0;
+  QuestBudget budget;
+  DType dtype = DType::kBF16;  // of the compact and kept buffers
+  bool whole_blocks = false;
+};
+
+// Where page `page` is in a kept list of n ascending entries (-1: absent).
+LONGCTX_HD inline int quest_kept_index(const int32_t* list, int n, int page) {
+  int lo = 0, hi = n;  // the first entry >= page is in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (list[mid] < page)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < n && list[lo] == page ? lo : -1;
+}
+
+// Whether page `page` of a sequence of kv_len keys can no longer change (QuestKeepParams).
+LONGCTX_HD inline bool quest_page_settled(int page, int kv_len, int page_tokens,
+                                          int pages_per_block, bool whole_blocks) {
+  const int64_t end =
+      whole_blocks ? (int64_t(page / pages_per_block) + 1) * pages_per_block : int64_t(page) + 1;
+  return end * page_tokens <= kv_len;
+}
 
 }  // namespace longctx::kernels

@@ -35,6 +35,12 @@ struct SparseOptions {
   int64_t window_tokens = 256;   // the last tokens, always read
   bool per_head = true;          // per KV head page lists, else one list from head-averaged scores
   int64_t page_tokens = 16;      // the selection's page, dividing the KV block (CPU and GPU)
+  // quest: a decode step copies the pages a sequence selected and kept last step (settled, at the
+  // same block) from device memory instead of reading them again (the host pool with offload);
+  // the first quest_reuse_seqs sequences of a step keep their pages (GPU memory per sequence:
+  // layers x the budget's K and V rows). Outputs are those without reuse, bit for bit.
+  bool quest_reuse = false;
+  int64_t quest_reuse_seqs = 1;
   // xattention
   double threshold = 0.9;  // attention mass each query block keeps, in (0, 1]
   int64_t stride = 8;      // antidiagonal stride of the estimate

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "attention/backends/paged_backend.h"
+#include "attention/sparse/page_reuse.h"
 #include "kernels/cpu/attention_ref.h"
 #include "kernels/cpu/kv_store_cpu.h"
 #include "longctx/core/error.h"
@@ -143,6 +144,8 @@ void CpuPagedBackend::plan(const ForwardBatch& batch) {
                       states_ != nullptr ? states_->num_slots() : 0);
   reset_new_sequence_states(batch, groups_, states_);
   batch_ = &batch;
+  if (policy_ != nullptr && policy_->page_reuse() != nullptr)
+    policy_->page_reuse()->begin_step(batch);
 }
 
 LinearLayerStates CpuPagedBackend::linear_states(int64_t layer) {
@@ -256,17 +259,41 @@ void CpuPagedBackend::attend_selected(int64_t layer, const Tensor& q, int64_t s,
   const int64_t t = b.qo_indptr[s];
   const int32_t* table = b.block_tables.data() + b.block_table_indptr[s];
   const Tensor* kv[2] = {&pool_.k(layer), &pool_.v(layer)};
+  if (sparse::PageReuse* reuse = policy_->page_reuse()) {
+    // The pages gathered into a compact buffer (kept ones copied): page i of h at rows i * pt.
+    kernels::QuestGatherParams g;
+    g.k_base[0] = pool_.k(layer).data_ptr();
+    g.v_base[0] = pool_.v(layer).data_ptr();
+    g.block_stride[0] = bs * hkv * d;
+    g.block_loc = table;
+    if (pool_.config().fp8()) {
+      g.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+      g.k_scale[0] = pool_.k_scale(layer).data<float>();
+      g.v_scale[0] = pool_.v_scale(layer).data<float>();
+      g.scale_block_stride[0] = hkv;
+    }
+    const sparse::PageReuse::Compact c = reuse->gather(layer, s, sel, table, g);
+    const int64_t pt = sel.page_tokens;
+    attend_selected_pages(
+        q.data<float>() + t * hq * d, sel, b.kv_lens[s], hq, hkv, d, sm_scale_,
+        [&](int64_t h, int64_t i, int64_t j, int half) -> const float* {
+          return (half == 0 ? c.k : c.v) + ((i * pt + j % pt) * hkv + h) * d;
+        },
+        out.data<float>() + t * hq * d);
+    return;
+  }
   // FP8: key j's row dequantized into rows[half] (kept while the next call asks for the same j).
   std::vector<float> rows[2] = {std::vector<float>(hkv * d), std::vector<float>(hkv * d)};
   int64_t held[2] = {-1, -1};
   attend_selected_pages(
       q.data<float>() + t * hq * d, sel, b.kv_lens[s], hq, hkv, d, sm_scale_,
-      [&](int64_t j, int half) -> const float* {
-        if (!pool_.config().fp8()) return slot_row(*kv[half], int64_t(table[j / bs]) * bs + j % bs);
+      [&](int64_t h, int64_t, int64_t j, int half) -> const float* {
+        if (!pool_.config().fp8())
+          return slot_row(*kv[half], int64_t(table[j / bs]) * bs + j % bs) + h * d;
         if (held[half] != j)
           read_rows(pool_, layer, half, table[j / bs], j % bs, 1, rows[half].data());
         held[half] = j;
-        return rows[half].data();
+        return rows[half].data() + h * d;
       },
       out.data<float>() + t * hq * d);
 }

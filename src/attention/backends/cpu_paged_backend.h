@@ -68,8 +68,9 @@ class CpuPagedBackend final : public AttentionBackend {
 };
 
 // One decode row over the pages `sel` lists per KV head (online softmax in fp32, keys in order):
-// q [Hq, d], out [Hq, d]; row(j, half) is key j's K (half 0) or V (half 1) row [Hkv, d]. The
-// resident backend and the simulated offload's sparse reader share it, so their outputs are equal.
+// q [Hq, d], out [Hq, d]; row(h, i, j, half) is key j's K (half 0) or V (half 1) of KV head h
+// [d], key j being in page i of h's list. The resident backend and the simulated offload's sparse
+// reader share it, so their outputs are equal.
 template <typename RowFn>
 void attend_selected_pages(const float* q, const sparse::DecodeSelection& sel, int64_t kv_len,
                            int64_t hq, int64_t hkv, int64_t d, float sm_scale, RowFn&& row,
@@ -81,10 +82,11 @@ void attend_selected_pages(const float* q, const sparse::DecodeSelection& sel, i
       const float* qr = q + g * d;
       float mx = -INFINITY, sum = 0.f;
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int32_t page : sel.per_kv_head[h]) {
+      for (size_t i = 0; i < sel.per_kv_head[h].size(); ++i) {
+        const int64_t page = sel.per_kv_head[h][i];
         for (int64_t j = page * pt; j < std::min(kv_len, (page + 1) * pt); ++j) {
-          const float* k = row(j, 0) + h * d;
-          const float* v = row(j, 1) + h * d;
+          const float* k = row(h, int64_t(i), j, 0);
+          const float* v = row(h, int64_t(i), j, 1);
           float dot = 0.f;
           for (int64_t e = 0; e < d; ++e) dot += qr[e] * k[e];
           const float sc = dot * sm_scale, nmx = std::max(mx, sc);

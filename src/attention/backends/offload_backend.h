@@ -196,6 +196,8 @@ class OffloadAttentionBackend final : public AttentionBackend {
   int64_t sparse_host_bytes_read() const {
     return sparse_ != nullptr ? sparse_->host_bytes_read() : 0;
   }
+  // Quest's pages copied from kept ones instead of read (offload_sparse.h); synchronizes.
+  int64_t sparse_pages_reused() const { return sparse_ != nullptr ? sparse_->pages_reused() : 0; }
   SparsePrefillCounters sparse_prefill_counters() const override {
     return sparse_ != nullptr ? sparse_->prefill_counters() : SparsePrefillCounters{};
   }

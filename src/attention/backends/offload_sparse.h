@@ -46,6 +46,9 @@ class OffloadSparseReader {
   virtual Tensor attend(int64_t layer, const Tensor& q) = 0;
   // Host bytes read in place (or staged) so far, not through the ring (synchronizes).
   virtual int64_t host_bytes_read() const = 0;
+  // Quest's page reuse (SparseOptions::quest_reuse): (page, KV head) pairs copied from the pages a
+  // sequence kept last step instead of read, so far (synchronizes).
+  virtual int64_t pages_reused() const { return 0; }
   // A prefill policy's key blocks kept and causal so far (synchronizes).
   virtual SparsePrefillCounters prefill_counters() const { return {}; }
   // A measurement mode (phase_profile.h): the policy marks its phases there (null: off).

@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "attention/backends/cpu_paged_backend.h"
+#include "attention/sparse/page_reuse.h"
 #include "attention/sparse/sparse_policy.h"
 #include "kernels/cpu/attention_ref.h"
+#include "kernels/quest_params.h"
 #include "longctx/core/error.h"
 
 namespace longctx {
@@ -53,6 +55,8 @@ class CpuOffloadSparse final : public OffloadSparseReader {
     batch_ = &batch;
     plan_ = &plan;
     block_loc_.assign(block_loc.begin(), block_loc.end());
+    // Every step: a sequence keeps its pages only over consecutive decode rows read here.
+    if (sparse::PageReuse* reuse = policy_->page_reuse()) reuse->begin_step(batch);
     // Host pages are read in place: after write-backs of them still in flight.
     if (!block_loc.empty() && plan.load_wait_ticket) mem_.land_write_backs(plan.load_wait_ticket);
   }
@@ -92,6 +96,7 @@ class CpuOffloadSparse final : public OffloadSparseReader {
       const int32_t* loc = block_loc_.data() + b.block_table_indptr[s];
       const int64_t kv_len = b.kv_lens[s];
       sparse::DecodeSelection sel = policy_->select_decode(layer, qs, {table, kv_len, nullptr});
+      const bool policy_all = sel.all();
       if (sel.all()) {
         sel.page_tokens = bs;
         sel.per_kv_head.assign(c_.num_kv_heads, {});
@@ -102,20 +107,38 @@ class CpuOffloadSparse final : public OffloadSparseReader {
       const int64_t page_bytes = c_.fp8()
                                      ? 2 * (sel.page_tokens * c_.head_dim + int64_t(sizeof(float)))
                                      : 2 * sel.page_tokens * c_.head_dim * int64_t(sizeof(float));
+      sparse::PageReuse* reuse = policy_->page_reuse();
+      if (reuse != nullptr && !policy_all) {
+        // Through the compact buffer: kept pages copied, the others read where they are.
+        const int64_t before = reuse->memory1_pages(), pt = sel.page_tokens;
+        kernels::QuestGatherParams g = memory(layer);
+        g.block_loc = loc;
+        const sparse::PageReuse::Compact cb = reuse->gather(layer, s, sel, table, g);
+        host_bytes_read_ += (reuse->memory1_pages() - before) * page_bytes;
+        attend_selected_pages(
+            qs, sel, kv_len, c_.num_qo_heads, c_.num_kv_heads, c_.head_dim, c_.sm_scale,
+            [&](int64_t h, int64_t i, int64_t j, int half) -> const float* {
+              return (half == 0 ? cb.k : cb.v) +
+                     ((i * pt + j % pt) * c_.num_kv_heads + h) * c_.head_dim;
+            },
+            os);
+        continue;
+      }
       for (const auto& l : sel.per_kv_head)
         for (int32_t page : l)
           if (loc[page * sel.page_tokens / bs] < 0) host_bytes_read_ += page_bytes;
       int64_t held[2] = {-1, -1};  // FP8: the key whose row rows_[half] holds
       attend_selected_pages(
           qs, sel, kv_len, c_.num_qo_heads, c_.num_kv_heads, c_.head_dim, c_.sm_scale,
-          [&](int64_t j, int half) -> const float* {
-            if (!c_.fp8()) return block(layer, loc[j / bs]) + half * page_ + (j % bs) * row_;
+          [&](int64_t h, int64_t, int64_t j, int half) -> const float* {
+            const int64_t head = h * c_.head_dim;
+            if (!c_.fp8()) return block(layer, loc[j / bs]) + half * page_ + (j % bs) * row_ + head;
             if (held[half] != j)
               dequantize_fp8_rows(codes(layer, loc[j / bs], half) + (j % bs) * row_,
                                   scales(layer, loc[j / bs], half), 1, c_.num_kv_heads, c_.head_dim,
                                   rows_[half].data());
             held[half] = j;
-            return rows_[half].data();
+            return rows_[half].data() + head;
           },
           os);
     }
@@ -123,6 +146,10 @@ class CpuOffloadSparse final : public OffloadSparseReader {
   }
 
   int64_t host_bytes_read() const override { return host_bytes_read_; }
+  int64_t pages_reused() const override {
+    const sparse::PageReuse* reuse = policy_->page_reuse();
+    return reuse != nullptr ? reuse->reused_pages() : 0;
+  }
 
  private:
   // One sequence of a step with a prefill under a prefill policy: K of every block (what an
@@ -174,6 +201,30 @@ class CpuOffloadSparse final : public OffloadSparseReader {
     kernels::cpu::paged_prefill_ref(p);
   }
 
+  // The gather's two memories for `layer` (QuestGatherParams: the GPU cache, the host pool).
+  kernels::QuestGatherParams memory(int64_t layer) const {
+    kernels::QuestGatherParams g;
+    const int64_t blocks[2] = {g_.num_gpu_blocks, g_.num_host_blocks};
+    for (int m = 0; m < 2; ++m) {
+      const int64_t first = layer * blocks[m] * 2 * page_;  // elements (FP8: bytes)
+      const void* base = m == 0 ? mem_.gpu : mem_.host;
+      if (c_.fp8()) {
+        g.k_base[m] = static_cast<const uint8_t*>(base) + first;
+        g.v_base[m] = static_cast<const uint8_t*>(base) + first + page_;
+        const float* sc =
+            (m == 0 ? mem_.gpu_scales : mem_.host_scales) + layer * blocks[m] * 2 * c_.num_kv_heads;
+        g.k_scale[m] = sc;
+        g.v_scale[m] = sc + c_.num_kv_heads;
+        g.scale_block_stride[m] = 2 * c_.num_kv_heads;
+      } else {
+        g.k_base[m] = static_cast<const float*>(base) + first;
+        g.v_base[m] = static_cast<const float*>(base) + first + page_;
+      }
+      g.block_stride[m] = 2 * page_;
+    }
+    if (c_.fp8()) g.kv_format = kernels::KvCacheFormat::kFp8E4M3;
+    return g;
+  }
   // Block `loc` of `layer` (GPU block g >= 0, or host block h as -h - 1): its index among the
   // memory's [layers][blocks] blocks and that memory.
   int64_t index(int64_t layer, int32_t loc) const {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "attention/sparse/page_reuse.h"
 #include "attention/sparse/policies.h"
 #include "kernels/cpu/quest_cpu.h"
 #include "longctx/core/error.h"
@@ -38,7 +39,10 @@ class QuestPolicy final : public SparsePolicy {
     // Uninitialized: a page's metadata is written with its first row, so the pages of blocks
     // never used are never touched.
     meta_.reset(new float[static_cast<size_t>(n)]);
+    if (o.quest_reuse) reuse_ = std::make_unique<PageReuse>(s, budget_, o.quest_reuse_seqs);
   }
+
+  PageReuse* page_reuse() override { return reuse_.get(); }
 
   SparsePolicyKind kind() const override { return SparsePolicyKind::kQuest; }
 
@@ -121,6 +125,7 @@ class QuestPolicy final : public SparsePolicy {
   kernels::QuestBudget budget_;
   int64_t pages_per_block_ = 1;
   std::unique_ptr<float[]> meta_;  // see meta()
+  std::unique_ptr<PageReuse> reuse_;
 };
 
 void check_quest(const SparseOptions& o) {
@@ -129,6 +134,8 @@ void check_quest(const SparseOptions& o) {
                 o.window_tokens);
   LONGCTX_CHECK(o.page_tokens >= 1, ErrorCode::kInvalidArgument, "--sparse-page {} must be >= 1",
                 o.page_tokens);
+  LONGCTX_CHECK(o.quest_reuse_seqs >= 1, ErrorCode::kInvalidArgument,
+                "--quest-reuse-seqs {} must be at least 1", o.quest_reuse_seqs);
   LONGCTX_CHECK(o.budget_tokens > o.sink_tokens + o.window_tokens, ErrorCode::kInvalidArgument,
                 "--sparse-budget {} must be more than --sparse-sink {} + --sparse-window {} "
                 "(those are always read)",

@@ -24,6 +24,8 @@ namespace longctx::sparse {
 
 enum class Phase { kPrefill, kDecode };
 
+class PageReuse;  // page_reuse.h
+
 // What the policy sees of the KV cache.
 struct KvShape {
   int64_t num_layers = 0, num_blocks = 0, block_size = 0;
@@ -79,6 +81,9 @@ class SparsePolicy {
                                         const SeqKeys& /*keys*/) {
     return {};
   }
+  // Quest's page reuse across decode steps (page_reuse.h; null unless SparseOptions::quest_reuse):
+  // the backends gather the rows of the pages select_decode lists through it.
+  virtual PageReuse* page_reuse() { return nullptr; }
   // q [n, Hq, d] fp32: the chunk's queries, with row stride q_stride floats.
   virtual PrefillMask select_prefill(int64_t /*layer*/, const float* /*q*/, int64_t /*q_stride*/,
                                      int64_t /*n*/, const SeqKeys& /*keys*/) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -215,12 +216,29 @@ void quest_gather(const QuestGatherParams& p) {
       const int32_t* sel = p.selected + (int64_t(b) * hkv + h) * p.max_selected;
       for (int i = 0; i < c.num_selected; ++i) {
         const int page = sel[i];
+        const int64_t dst = (int64_t(b) * p.max_selected + i) * pt * row;
+        if (p.reuse_read != nullptr && p.reuse_read[b] >= 0) {  // kept last step, unchanged?
+          const int64_t list = (int64_t(p.reuse_read[b]) * hkv + h) * p.max_selected;
+          const int j = quest_kept_index(p.kept_pages + list, p.max_selected, page);
+          if (j >= 0 && p.kept_blocks[list + j] ==
+                            p.block_ids[p.block_indptr[b] + page / p.pages_per_block]) {
+            const int64_t src = (int64_t(p.reuse_read[b]) * p.max_selected + j) * pt * row;
+            for (int64_t r = 0; r < pt; ++r) {
+              const int64_t s = (src + r * row + h * d) * es, t = (dst + r * row + h * d) * es;
+              std::memcpy(static_cast<char*>(p.out_k) + t, static_cast<const char*>(p.kept_k) + s,
+                          d * es);
+              std::memcpy(static_cast<char*>(p.out_v) + t, static_cast<const char*>(p.kept_v) + s,
+                          d * es);
+            }
+            if (p.reused_pages != nullptr) ++*p.reused_pages;
+            continue;
+          }
+        }
         const int32_t loc = p.block_loc[p.block_indptr[b] + page / p.pages_per_block];
         const int mem = loc >= 0 ? 0 : 1;
         const int64_t block = loc >= 0 ? loc : -int64_t(loc) - 1;
         if (mem == 1 && p.memory1_pages != nullptr) ++*p.memory1_pages;
         const int64_t src = block * p.block_stride[mem] + (page % p.pages_per_block) * pt * row;
-        const int64_t dst = (int64_t(b) * p.max_selected + i) * pt * row;
         if (fp8) {  // code x the block's scale, in the output dtype
           const float ks = p.k_scale[mem][block * p.scale_block_stride[mem] + h];
           const float vs = p.v_scale[mem][block * p.scale_block_stride[mem] + h];
@@ -239,6 +257,44 @@ void quest_gather(const QuestGatherParams& p) {
           std::memcpy(static_cast<char*>(p.out_k) + t, static_cast<const char*>(p.k_base[mem]) + s,
                       d * es);
           std::memcpy(static_cast<char*>(p.out_v) + t, static_cast<const char*>(p.v_base[mem]) + s,
+                      d * es);
+        }
+      }
+    }
+  }
+}
+
+void quest_keep(const QuestKeepParams& p) {
+  const int64_t d = p.head_dim, hkv = p.num_kv_heads, row = hkv * d, pt = p.budget.page_tokens;
+  const size_t es = dtype_size(p.dtype);
+  for (int b = 0; b < p.batch; ++b) {
+    const int slot = p.reuse_write[b];
+    if (slot < 0) continue;
+    const QuestCount c = quest_count(p.kv_lens[b], p.budget);
+    for (int h = 0; h < hkv; ++h) {
+      const int32_t* sel = p.selected + (int64_t(b) * hkv + h) * p.max_selected;
+      const int64_t list = (int64_t(slot) * hkv + h) * p.max_selected;
+      for (int i = 0; i < p.max_selected; ++i) {
+        if (i >= c.num_selected) {
+          p.kept_pages[list + i] = std::numeric_limits<int32_t>::max();
+          p.kept_blocks[list + i] = -1;
+          continue;
+        }
+        const int page = sel[i];
+        p.kept_pages[list + i] = page;
+        if (!quest_page_settled(page, p.kv_lens[b], static_cast<int>(pt), p.pages_per_block,
+                                p.whole_blocks)) {
+          p.kept_blocks[list + i] = -1;  // rows may still change: never a hit, not copied
+          continue;
+        }
+        p.kept_blocks[list + i] = p.block_ids[p.block_indptr[b] + page / p.pages_per_block];
+        const int64_t src = (int64_t(b) * p.max_selected + i) * pt * row;
+        const int64_t dst = (int64_t(slot) * p.max_selected + i) * pt * row;
+        for (int64_t r = 0; r < pt; ++r) {
+          const int64_t s = (src + r * row + h * d) * es, t = (dst + r * row + h * d) * es;
+          std::memcpy(static_cast<char*>(p.kept_k) + t, static_cast<const char*>(p.compact_k) + s,
+                      d * es);
+          std::memcpy(static_cast<char*>(p.kept_v) + t, static_cast<const char*>(p.compact_v) + s,
                       d * es);
         }
       }

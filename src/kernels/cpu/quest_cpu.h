@@ -24,6 +24,7 @@ float quest_page_score(const QuestSelectParams& params, int b, int h, int page);
 void quest_select(const QuestSelectParams& params);
 
 void quest_gather(const QuestGatherParams& params);
+void quest_keep(const QuestKeepParams& params);
 
 // Host planning shared by the GPU path and the CPU offload simulation. The pages a step's new
 // tokens touch, as QuestMetaParams::pages entries (4 ints each): token t is at engine slot
