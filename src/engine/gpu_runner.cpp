@@ -270,6 +270,7 @@ GpuRunner::OffloadCounters GpuRunner::offload_counters() const {
   c.host_bytes_loaded = s.host_bytes_loaded;
   c.host_bytes_written = s.host_bytes_written;
   c.sparse_host_bytes_read = impl_->offload->sparse_host_bytes_read();
+  c.sparse_pages_reused = impl_->offload->sparse_pages_reused();
   return c;
 }
 

@@ -72,6 +72,26 @@ TEST(BenchCli, SparsePoliciesRunAndBadOnesAreClearErrors) {
               "--sparse-policy streaming --sparse-sink 2 --sparse-window 4 --sparse-page 1 "
               "--ids 1,2,3,4,5,6,7,8,9,10 --max-tokens 4");
   EXPECT_EQ(r.rc, 0) << r.err;
+  // Page reuse across decode steps is exact: the same tokens, two prompts of 80 and 70 tokens
+  // (past the 64-token budget) decoding side by side.
+  auto ids = [](int n, int seed) {
+    std::string list;
+    for (int i = 0; i < n; ++i) list += (i ? "," : "") + std::to_string((i * 7 + seed) % 50 + 1);
+    return list;
+  };
+  const std::string quest = "generate " + kModel +
+                            "--sparse-policy quest --sparse-budget 64 --sparse-sink 16 "
+                            "--sparse-window 16 --sparse-page 4 --temperature 0 --max-tokens 12 "
+                            "--ids " +
+                            ids(80, 3) + " --ids " + ids(70, 11);
+  r = run_cli(quest);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto reused = run_cli(quest + " --quest-reuse");
+  ASSERT_EQ(reused.rc, 0) << reused.err;
+  EXPECT_EQ(reused.out, r.out);
+  r = run_cli(quest + " --quest-reuse --quest-reuse-seqs 0");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--quest-reuse-seqs 0 must be at least 1"), std::string::npos) << r.err;
   r = run_cli("generate " + kModel + "--sparse-policy magic --prompt hi --max-tokens 2");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--sparse-policy 'magic' is unknown (known: full, quest, xattention, "

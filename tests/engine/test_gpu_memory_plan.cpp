@@ -113,6 +113,21 @@ TEST(GpuMemoryPlan, SparseBuffersAreReservedBeforeTheKvCache) {
   const GpuMemoryPlan q = plan_gpu_memory(c, o, 120 * kGiB);
   EXPECT_GT(q.sparse, 0);
   EXPECT_LT(q.num_kv_blocks, full.num_kv_blocks);
+  // Page reuse keeps, per sequence that keeps pages and layer, the lists (pages and block ids)
+  // and the K / V rows of the budget's 256 pages of 16 tokens (8 KV heads x 128, bf16); the
+  // metadata of the blocks it costs (32 layers x 8 pages of 16 x 8 KV heads x min / max x 128 x
+  // 2 bytes a block of 128) is saved.
+  const int64_t per_seq = 32ll * (2 * 8 * 256 * 4 + 2 * 256 * 16 * 8 * 128 * 2);
+  const int64_t meta_block = 32ll * (kDefaultBlockSize / 16) * 8 * 2 * 128 * 2;
+  o.sparse.quest_reuse = true;
+  o.sparse.quest_reuse_seqs = 2;
+  const GpuMemoryPlan r = plan_gpu_memory(c, o, 120 * kGiB);
+  EXPECT_LT(r.num_kv_blocks, q.num_kv_blocks);
+  EXPECT_EQ(r.sparse - q.sparse, 2 * per_seq - (q.num_kv_blocks - r.num_kv_blocks) * meta_block);
+  o.sparse.quest_reuse_seqs = 100;  // at most every sequence of a step (16)
+  const GpuMemoryPlan all = plan_gpu_memory(c, o, 120 * kGiB);
+  EXPECT_EQ(all.sparse - q.sparse,
+            16 * per_seq - (q.num_kv_blocks - all.num_kv_blocks) * meta_block);
 }
 
 // The staged FP8 prefill's pool at the default cap for Llama-3.1-8B's layer (8 KV heads x 128):

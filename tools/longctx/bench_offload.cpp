@@ -138,6 +138,9 @@ void run(const Options& o) {
           double(plan.kv_bytes()) / 1e9, double(plan.host_kv_bytes()) / 1e9, per_step_bytes / 1e9,
           per_step_bytes / mean / 1e9, bound_ms, bound_ms > 0 ? 1e3 * mean / bound_ms : 0.0);
     }
+    if (r.sparse.quest_reuse && r.kv_offload)
+      std::printf("; quest reuse: %.0f (page, KV head) pairs reused per decode step",
+                  double(c2.sparse_pages_reused - c1.sparse_pages_reused) / double(o.decode_steps));
     // A prefill policy that counts its kept blocks (xattention) reports its density.
     if (const auto sc = runner->sparse_counters(); sc.prefill_blocks_causal > 0) {
       std::printf("; prefill density %.3f (key blocks kept of causal, all prompts so far)",

@@ -181,6 +181,12 @@ void ModelOptions::add_to(CLI::App* cmd, unsigned sets) {
     cmd->add_option("--sparse-page", sparse.page_tokens,
                     "quest, streaming: tokens per selected page, dividing --block-size")
         ->capture_default_str();
+    cmd->add_flag("--quest-reuse", sparse.quest_reuse,
+                  "quest: decode steps copy the pages a sequence kept from its previous decode "
+                  "step instead of reading them again (exact; GPU memory per sequence)");
+    cmd->add_option("--quest-reuse-seqs", sparse.quest_reuse_seqs,
+                    "quest with --quest-reuse: the first N sequences of a step keep their pages")
+        ->capture_default_str();
     cmd->add_option("--xattn-threshold", sparse.threshold,
                     "xattention: attention mass each query block keeps")
         ->capture_default_str();

@@ -84,6 +84,8 @@ class GpuRunner {
     int64_t steps = 0, ring_blocks_loaded = 0, blocks_written_back = 0, blocks_reloaded = 0;
     int64_t host_bytes_loaded = 0, host_bytes_written = 0;
     int64_t sparse_host_bytes_read = 0;  // a sparse policy's reads of host pages in place
+    // Quest's page reuse (--quest-reuse): (page, KV head) pairs copied from kept pages, not read.
+    int64_t sparse_pages_reused = 0;
   };
   OffloadCounters offload_counters() const;
   // Sparse prefill (xattention): key blocks the masks kept and the blocks causal attention would

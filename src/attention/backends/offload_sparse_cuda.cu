@@ -126,6 +126,7 @@ class CudaOffloadSparse final : public OffloadSparseReader {
   int64_t host_bytes_read() const override {
     return (staged_ != nullptr ? staged_->host_bytes_read() : 0) + policy_->memory1_bytes_read();
   }
+  int64_t pages_reused() const override { return policy_->pages_reused(); }
   SparsePrefillCounters prefill_counters() const override {
     return staged_ != nullptr ? staged_->counters() : SparsePrefillCounters{};
   }

@@ -21,6 +21,10 @@
 
 namespace longctx::sparse {
 
+int64_t quest_reuse_seqs(const SparseOptions& o, const SparseGpuShape& s) {
+  return o.quest_reuse ? std::min(o.quest_reuse_seqs, s.max_seqs) : 0;
+}
+
 kernels::QuestBudget quest_budget(const SparseOptions& o) {
   auto clamp = [](int64_t v) { return static_cast<int>(std::clamp<int64_t>(v, 0, 1 << 30)); };
   return {clamp(o.page_tokens), clamp(o.budget_tokens), clamp(o.sink_tokens),
@@ -151,7 +155,7 @@ SparseGpuBytes gpu_bytes(const SparseOptions& o, const SparseGpuShape& s) {
   kernels::cpu::check_quest_budget(b, static_cast<int>(s.block_size));
   const kernels::QuestBytes q =
       kernels::quest_gpu_bytes(b, s.num_layers, s.block_size, s.num_kv_heads, s.head_dim,
-                               s.elem_size, s.max_seqs, s.max_model_len);
+                               s.elem_size, s.max_seqs, s.max_model_len, quest_reuse_seqs(o, s));
   return {q.per_block, q.fixed};
 }
 

@@ -93,6 +93,9 @@ class SparsePolicyCuda {
   virtual int64_t decode_grid() const { return 0; }
   // K and V bytes the decode gathers read from memory 1 (the host pool) so far; synchronizes.
   virtual int64_t memory1_bytes_read() const { return 0; }
+  // (page, KV head) pairs the decode gathers copied from kept pages instead of reading them
+  // (SparseOptions::quest_reuse) so far; synchronizes.
+  virtual int64_t pages_reused() const { return 0; }
   // Key blocks the prefill masks kept and causal attention would have read; synchronizes.
   virtual SparsePrefillCounters prefill_counters() const { return {}; }
   // A measurement mode (attention/backends/phase_profile.h): attend_decode marks its select,
