@@ -430,9 +430,9 @@ TEST(QuestReference, DecodeLayoutHoldsEveryArrayAtFixedOffsets) {
     const kernels::cpu::QuestDecodeLayout l =
         kernels::cpu::quest_decode_layout(seqs, entries, touched);
     const std::vector<std::pair<int64_t, int64_t>> regions = {
-        {l.lens, seqs},         {l.indptr, seqs + 1}, {l.dec_indptr, seqs + 1},
-        {l.dec_indices, seqs},  {l.dec_last, seqs},   {l.qo, seqs + 1},
-        {l.pages, 4 * touched}, {l.tables, entries},  {l.loc, entries}};
+        {l.lens, seqs},     {l.indptr, seqs + 1}, {l.dec_indptr, seqs + 1}, {l.dec_indices, seqs},
+        {l.dec_last, seqs}, {l.qo, seqs + 1},     {l.pages, 4 * touched},   {l.tables, entries},
+        {l.loc, entries},   {l.reuse_read, seqs}, {l.reuse_write, seqs}};
     int64_t end = 0;
     for (const auto& [at, words] : regions) {
       EXPECT_EQ(at % 4, 0) << at;
@@ -465,6 +465,44 @@ TEST(QuestReference, BadBudgetsAndPagesAreClearErrors) {
   EXPECT_NE(msg({16, 300, 64, 256}, 128).find("--sparse-budget 300 must be more than"),
             std::string::npos);
   EXPECT_EQ(msg({16, 4096, 64, 256}, 128), "");
+}
+
+// Page reuse's slots on the GPU: the first `slots` real sequences of a decode step keep pages; a
+// sequence that kept pages in the previous decode step reads and writes its slot, a new one
+// writes a free slot; leaving the batch, falling past the first ones or a step that is not a
+// decode step drops them.
+TEST(QuestReference, ReuseSlotsFollowTheSequencesOfConsecutiveDecodeSteps) {
+  kernels::cpu::QuestReuseSlots slots(2);
+  std::vector<int32_t> read, write;
+  auto step = [&](std::vector<uint64_t> ids, int64_t padding = 0) {
+    slots.decode_step(ids, static_cast<int64_t>(ids.size()), padding, read, write);
+  };
+  step({7, 8, 9});
+  EXPECT_EQ(read, (std::vector<int32_t>{-1, -1, -1}));
+  EXPECT_EQ(write, (std::vector<int32_t>{0, 1, -1}));
+  step({8, 9, 7});  // 8 keeps slot 1, 9 takes the free slot 0, 7 (third) keeps nothing
+  EXPECT_EQ(read, (std::vector<int32_t>{1, -1, -1}));
+  EXPECT_EQ(write, (std::vector<int32_t>{1, 0, -1}));
+  step({9, 7, 8});  // 8 (third) dropped its pages; 7 writes anew
+  EXPECT_EQ(read, (std::vector<int32_t>{0, -1, -1}));
+  EXPECT_EQ(write, (std::vector<int32_t>{0, 1, -1}));
+  step({9, 8, 7});
+  EXPECT_EQ(read, (std::vector<int32_t>{0, -1, -1}));
+  EXPECT_EQ(write, (std::vector<int32_t>{0, 1, -1}));
+  step({8}, 0);  // 9 left the batch
+  EXPECT_EQ(read, (std::vector<int32_t>{1}));
+  EXPECT_EQ(write, (std::vector<int32_t>{1}));
+  slots.other_step();  // a prefill step
+  step({8, 0, 0}, 2);  // padding keeps nothing
+  EXPECT_EQ(read, (std::vector<int32_t>{-1, -1, -1}));
+  EXPECT_EQ(write, (std::vector<int32_t>{0, -1, -1}));
+  slots.decode_step({}, 2, 0, read, write);  // a batch without ids keeps nothing
+  EXPECT_EQ(write, (std::vector<int32_t>{-1, -1}));
+  step({8});
+  EXPECT_EQ(read, (std::vector<int32_t>{-1}));
+  kernels::cpu::QuestReuseSlots none(0);
+  none.decode_step(std::vector<uint64_t>{1, 2}, 2, 0, read, write);
+  EXPECT_EQ(write, (std::vector<int32_t>{-1, -1}));
 }
 
 }  // namespace

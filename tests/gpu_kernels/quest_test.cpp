@@ -9,6 +9,8 @@
 //     kernel stages in shared memory); with Gaussian data the
 //     lists must be a top-k of the CPU scores up to 1e-4 relative;
 //   - gather: byte-equal, one source on the device and one in pinned host memory read in place;
+//   - page reuse: the gather's copies from kept slots and the keep kernel byte-equal over two
+//     decode steps, and equal to a gather without reuse;
 //   - FP8 caches (codes + power-of-two scales per block and KV head): the metadata and the
 //     gather (dequantized into bf16, exact) byte-equal to the references, the gather's 16-code
 //     loads (head_dim 128) and its one-code path (head_dim 40), device and pinned host sources.
@@ -316,6 +318,173 @@ TEST(QuestKernels, GatherReadsDeviceAndPinnedHostPages) {
   EXPECT_EQ(d_v.download<uint16_t>(), ref_v);
   EXPECT_TRUE(d_k.guards_intact() && d_v.guards_intact());
   LONGCTX_CUDA_CHECK(cudaFreeHost(host));
+}
+
+// Page reuse: two decode steps of two sequences (slots swapped: sequence 0 keeps slot 1). Step 1
+// gathers from memory and keeps (settled pages' rows and the lists); step 2 (one key more, new
+// lists overlapping the old, sequence 0's block 2 now another block with other keys) copies the
+// kept pages that are unchanged. The CUDA gather and keep equal the references byte for byte
+// (compact buffers, kept rows and lists, the reuse counter), and step 2's compact buffers equal a
+// gather without reuse: the kept bytes are the pages' bytes.
+TEST(QuestKernels, GatherCopiesKeptPagesAndKeepWritesTheSlots) {
+  std::mt19937 rng(5);
+  const int bs = 64, page = 16, ppb = 4, hkv = 4, d = 64, nb = 24, slots = 2;
+  const int64_t row = int64_t(hkv) * d, blk = int64_t(bs) * row;
+  std::vector<uint16_t> m0(2 * nb * blk);  // blocks of [K, V] adjacent
+  for (auto& x : m0) x = static_cast<uint16_t>(rng());
+  GuardedBuffer d_m0(m0.size() * 2);
+  d_m0.upload(m0.data());
+  const QuestBudget b{page, 160, 16, 32};
+  const int max_sel = kernels::quest_max_selected(b);
+  std::vector<int32_t> lens = {600, 333};
+  const std::vector<int32_t> indptr = {0, 10, 16};
+  std::vector<int32_t> ids = {3, 7, 1, 0, 9, 5, 11, 2, 13, 4, 6, 8, 10, 12, 14, 15};
+  auto select = [&](const std::vector<int32_t>* overlap) {
+    std::vector<int32_t> sel(2 * hkv * max_sel, -1);
+    for (int s = 0; s < 2; ++s) {
+      const QuestCount c = kernels::quest_count(lens[s], b);
+      for (int h = 0; h < hkv; ++h) {
+        std::vector<int32_t> pages(c.num_pages);
+        std::iota(pages.begin(), pages.end(), 0);
+        std::shuffle(pages.begin(), pages.end(), rng);
+        if (overlap != nullptr)  // half of the last lists first: reused if unchanged
+          for (int i = 0; i < c.num_selected / 2; ++i) {
+            const int32_t want = (*overlap)[(s * hkv + h) * max_sel + 2 * i];
+            if (want >= 0 && want < c.num_pages)
+              std::swap(pages[i], *std::find(pages.begin(), pages.end(), want));
+          }
+        pages.resize(c.num_selected);
+        std::sort(pages.begin(), pages.end());
+        std::copy(pages.begin(), pages.end(), sel.begin() + (s * hkv + h) * max_sel);
+      }
+    }
+    return sel;
+  };
+  const size_t out_elems = size_t(2) * max_sel * page * row;
+  const size_t kept_elems = size_t(slots) * max_sel * page * row;
+  const size_t list = size_t(slots) * hkv * max_sel;
+  const std::vector<int32_t> read0 = {-1, -1}, read1 = {1, 0}, write = {1, 0};
+  // The reference's and the device's state.
+  std::vector<uint16_t> kept_k(kept_elems, 0x1111), kept_v(kept_elems, 0x2222);
+  std::vector<int32_t> kept_pages(list, 0), kept_blocks(list, -1);
+  unsigned long long reused = 0;
+  GuardedBuffer d_kk(kept_elems * 2), d_kv(kept_elems * 2), d_kp(list * 4), d_kb(list * 4),
+      d_reused(8, 0);
+  d_kk.upload(kept_k.data());
+  d_kv.upload(kept_v.data());
+  d_kp.upload(kept_pages.data());
+  d_kb.upload(kept_blocks.data());
+  std::vector<int32_t> sel = select(nullptr);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(step);
+    if (step == 1) {
+      for (int32_t& len : lens) ++len;
+      sel = select(&sel);
+      ids[2] = 17;  // sequence 0's block 2: another block now
+    }
+    const std::vector<int32_t>& read = step == 0 ? read0 : read1;
+    kernels::QuestGatherParams g;
+    g.block_stride[0] = 2 * blk;
+    g.batch = 2;
+    g.num_kv_heads = hkv;
+    g.head_dim = d;
+    g.pages_per_block = ppb;
+    g.max_selected = max_sel;
+    g.budget = b;
+    g.dtype = DType::kBF16;
+    g.k_base[0] = m0.data();
+    g.v_base[0] = m0.data() + blk;
+    g.block_indptr = indptr.data();
+    g.block_loc = ids.data();  // resident: where a block is is its id
+    g.kv_lens = lens.data();
+    g.selected = sel.data();
+    std::vector<uint16_t> plain_k(out_elems, 0xAAAA), plain_v(out_elems, 0xAAAA);
+    g.out_k = plain_k.data();
+    g.out_v = plain_v.data();
+    kernels::cpu::quest_gather(g);  // without reuse
+    std::vector<uint16_t> ref_k(out_elems, 0xAAAA), ref_v(out_elems, 0xAAAA);
+    g.out_k = ref_k.data();
+    g.out_v = ref_v.data();
+    g.reuse_read = read.data();
+    g.block_ids = ids.data();
+    g.kept_pages = kept_pages.data();
+    g.kept_blocks = kept_blocks.data();
+    g.kept_k = kept_k.data();
+    g.kept_v = kept_v.data();
+    g.reused_pages = &reused;
+    kernels::cpu::quest_gather(g);
+    EXPECT_EQ(ref_k, plain_k);
+    EXPECT_EQ(ref_v, plain_v);
+    kernels::QuestKeepParams k;
+    k.compact_k = ref_k.data();
+    k.compact_v = ref_v.data();
+    k.kept_k = kept_k.data();
+    k.kept_v = kept_v.data();
+    k.kept_pages = kept_pages.data();
+    k.kept_blocks = kept_blocks.data();
+    k.reuse_write = write.data();
+    k.selected = sel.data();
+    k.block_indptr = indptr.data();
+    k.block_ids = ids.data();
+    k.kv_lens = lens.data();
+    k.batch = 2;
+    k.num_kv_heads = hkv;
+    k.head_dim = d;
+    k.pages_per_block = ppb;
+    k.max_selected = max_sel;
+    k.budget = b;
+    k.dtype = DType::kBF16;
+    kernels::cpu::quest_keep(k);
+
+    GuardedBuffer d_indptr(indptr.size() * 4), d_ids(ids.size() * 4), d_lens(lens.size() * 4),
+        d_sel(sel.size() * 4), d_read(8), d_write(8), d_k(out_elems * 2, 0xAA),
+        d_v(out_elems * 2, 0xAA);
+    d_indptr.upload(indptr.data());
+    d_ids.upload(ids.data());
+    d_lens.upload(lens.data());
+    d_sel.upload(sel.data());
+    d_read.upload(read.data());
+    d_write.upload(write.data());
+    g.k_base[0] = d_m0.data();
+    g.v_base[0] = static_cast<uint16_t*>(d_m0.data()) + blk;
+    g.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+    g.block_loc = static_cast<const int32_t*>(d_ids.data());
+    g.block_ids = static_cast<const int32_t*>(d_ids.data());
+    g.kv_lens = static_cast<const int32_t*>(d_lens.data());
+    g.selected = static_cast<const int32_t*>(d_sel.data());
+    g.reuse_read = static_cast<const int32_t*>(d_read.data());
+    g.kept_pages = static_cast<const int32_t*>(d_kp.data());
+    g.kept_blocks = static_cast<const int32_t*>(d_kb.data());
+    g.kept_k = d_kk.data();
+    g.kept_v = d_kv.data();
+    g.reused_pages = static_cast<unsigned long long*>(d_reused.data());
+    g.out_k = d_k.data();
+    g.out_v = d_v.data();
+    kernels::cuda::quest_gather_run(g, nullptr);
+    k.compact_k = d_k.data();
+    k.compact_v = d_v.data();
+    k.kept_k = d_kk.data();
+    k.kept_v = d_kv.data();
+    k.kept_pages = static_cast<int32_t*>(d_kp.data());
+    k.kept_blocks = static_cast<int32_t*>(d_kb.data());
+    k.reuse_write = static_cast<const int32_t*>(d_write.data());
+    k.selected = g.selected;
+    k.block_indptr = g.block_indptr;
+    k.block_ids = g.block_ids;
+    k.kv_lens = g.kv_lens;
+    kernels::cuda::quest_keep_run(k, nullptr);
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(d_k.download<uint16_t>(), ref_k);
+    EXPECT_EQ(d_v.download<uint16_t>(), ref_v);
+    EXPECT_EQ(d_kk.download<uint16_t>(), kept_k);
+    EXPECT_EQ(d_kv.download<uint16_t>(), kept_v);
+    EXPECT_EQ(d_kp.download<int32_t>(), kept_pages);
+    EXPECT_EQ(d_kb.download<int32_t>(), kept_blocks);
+    EXPECT_EQ(d_reused.download<unsigned long long>()[0], reused);
+    EXPECT_TRUE(d_k.guards_intact() && d_v.guards_intact() && d_kk.guards_intact() &&
+                d_kv.guards_intact() && d_kp.guards_intact() && d_kb.guards_intact());
+  }
+  EXPECT_GT(reused, 0u) << "step 2 copied no kept page";
 }
 
 TEST(QuestKernels, Fp8MetadataAndGatherEqualTheReference) {

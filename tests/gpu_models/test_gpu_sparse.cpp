@@ -396,5 +396,49 @@ TEST(GpuSparse, QuestDecodeGraphsGenerateTheEagerTokens) {
   }
 }
 
+// Quest's page reuse across decode steps in the engine (prefix caching, chunked prefill, decode
+// graphs; offloaded under a tight host pool: preemption and recompute): the tokens of the run
+// without reuse, every one of them (the outputs are bit for bit those without reuse).
+TEST(GpuSparse, QuestReuseGeneratesTheTokensWithoutReuse) {
+  for (bool offload : {false, true}) {
+    for (bool fp8 : {false, true}) {
+      auto config = [&](bool reuse) {
+        EngineConfig c = quest_engine_config(offload, 300);
+        c.kv_cache_dtype = fp8 ? KvCacheDtype::kFP8 : KvCacheDtype::kBF16;
+        c.sparse.quest_reuse = reuse;
+        c.sparse.quest_reuse_seqs = 3;
+        return c;
+      };
+      std::mt19937 rng(7);
+      std::vector<Prompt> ps;
+      std::vector<int32_t> shared(600);
+      for (auto& t : shared) t = static_cast<int32_t>(rng() % 2000);
+      for (int i = 0; i < 8; ++i) {
+        auto p = shared;
+        p.resize(200 + 100 * i);
+        for (int k = 0, n = 50 + rng() % 400; k < n; ++k)
+          p.push_back(static_cast<int32_t>(rng() % 2000));
+        ps.emplace_back(p);
+      }
+      SamplingParams sp;
+      sp.temperature = 0;
+      sp.max_tokens = 40;
+      sp.ignore_eos = true;
+      std::vector<RequestOutput> ref, got;
+      {
+        LLM plain(config(false));
+        ref = plain.generate(ps, sp, false);
+      }
+      {
+        LLM reuse(config(true));
+        got = reuse.generate(ps, sp, false);
+      }
+      for (size_t i = 0; i < ps.size(); ++i)
+        EXPECT_EQ(got[i].token_ids, ref[i].token_ids)
+            << (offload ? "offloaded" : "resident") << " fp8 " << fp8 << " prompt " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace longctx::testing

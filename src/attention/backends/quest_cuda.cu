@@ -40,7 +40,7 @@ Sizes sizes_of(const QuestCudaConfig& c) {
 int64_t quest_bytes(const QuestCudaConfig& c) {
   const kernels::QuestBytes b = kernels::quest_gpu_bytes(
       c.budget, c.num_layers, c.block_size, c.num_kv_heads, c.head_dim,
-      static_cast<int64_t>(dtype_size(c.dtype)), c.max_seqs, c.max_model_len);
+      static_cast<int64_t>(dtype_size(c.dtype)), c.max_seqs, c.max_model_len, c.reuse_seqs);
   return b.per_block * c.num_blocks + b.fixed;
 }
 
@@ -65,6 +65,8 @@ QuestCudaConfig quest_cuda_config(const sparse::SparseCudaConfig& c,
   q.max_seqs = c.max_seqs;
   q.max_model_len = c.max_seq_len;
   q.tuning = c.tuning;
+  q.reuse_seqs =
+      scored && c.options.quest_reuse ? std::min(c.options.quest_reuse_seqs, c.max_seqs) : 0;
   return q;
 }
 
@@ -98,6 +100,19 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
                             static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim)))},
                         DType::kU8, c.device);
     memory1_pages_ = Tensor::zeros({1}, DType::kI64, c.device);
+    reused_pages_ = Tensor::zeros({1}, DType::kI64, c.device);
+    if (c.reuse_seqs > 0) {
+      LONGCTX_CHECK(c.scored, ErrorCode::kInvalidArgument, "quest: page reuse without scores");
+      const int64_t slots = c.num_layers * c.reuse_seqs;
+      kept_k_ = Tensor::empty({slots * max_selected_ * page * c.num_kv_heads * c.head_dim}, c.dtype,
+                              c.device);
+      kept_v_ = Tensor::empty({kept_k_.numel()}, c.dtype, c.device);
+      kept_pages_ = Tensor::empty({slots * c.num_kv_heads * max_selected_}, DType::kI32, c.device);
+      // Block ids -1 (never a hit) until a slot is first kept.
+      kept_blocks_ = Tensor::empty({kept_pages_.numel()}, DType::kI32, c.device);
+      LONGCTX_CUDA_CHECK(cudaMemset(kept_blocks_.data_ptr(), 0xff, kept_blocks_.nbytes()));
+      reuse_slots_ = kernels::cpu::QuestReuseSlots(c.reuse_seqs);
+    }
     layout_ = kernels::cpu::quest_decode_layout(
         c.max_seqs, c.max_seqs * ((c.max_model_len + c.block_size - 1) / c.block_size),
         c.max_seqs * touched_per_token());
@@ -124,7 +139,8 @@ bool QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
   num_pages_ = static_cast<int64_t>(pages.size() / 4);
   decode_ = !block_loc.empty();
   batch_ = static_cast<int>(batch.num_seqs());
-  if (!decode_) {  // the metadata only
+  if (!decode_) {  // the metadata only (and no sequence keeps its pages over this step)
+    reuse_slots_.other_step();
     words_.begin();
     pages_at_ = words_.put(pages);
     words_.upload(stream);
@@ -173,6 +189,12 @@ bool QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
   pages_at_ = w.put_at(l.pages, pages);
   tables_at_ = w.put_at(l.tables, batch.block_tables);
   loc_at_ = w.put_at(l.loc, block_loc);
+  if (c_.reuse_seqs > 0) {
+    reuse_slots_.decode_step(batch.seq_ids, batch_, batch.num_padding_seqs, reuse_read_,
+                             reuse_write_);
+    reuse_read_at_ = w.put_at(l.reuse_read, reuse_read_);
+    reuse_write_at_ = w.put_at(l.reuse_write, reuse_write_);
+  }
   step_words_ = &w;
   if (!generic_) {
     // Padding sequences (a graph's) leave the real ones' split as a plan of them alone makes it.
@@ -190,6 +212,13 @@ bool QuestCuda::plan(const ForwardBatch& batch, std::span<const int64_t> cache_s
 
 int64_t QuestCuda::decode_grid() const {
   return decode_ && !generic_ ? kernels::cuda::decode_grid_ctas(decode_plan_) : 0;
+}
+
+int64_t QuestCuda::pages_reused() const {
+  int64_t pages = 0;
+  LONGCTX_CUDA_CHECK(
+      cudaMemcpy(&pages, reused_pages_.data_ptr(), sizeof(pages), cudaMemcpyDeviceToHost));
+  return pages;
 }
 
 int64_t QuestCuda::memory1_bytes_read() const {
@@ -290,7 +319,45 @@ void QuestCuda::attend_decode(int64_t layer, const void* q, void* o, float* o_f3
   g.max_selected = s.max_selected;
   g.budget = budget_;
   g.dtype = c_.dtype;
+  const int64_t kept_rows = c_.reuse_seqs * max_selected_ * budget_.page_tokens * c_.num_kv_heads *
+                            c_.head_dim;  // elements of a layer's slots
+  const int64_t kept_list = c_.reuse_seqs * c_.num_kv_heads * max_selected_;
+  const size_t es = dtype_size(c_.dtype);
+  if (c_.reuse_seqs > 0) {
+    g.reuse_read = dev(reuse_read_at_);
+    g.block_ids = dev(tables_at_);
+    g.kept_pages = kept_pages_.data<int32_t>() + layer * kept_list;
+    g.kept_blocks = kept_blocks_.data<int32_t>() + layer * kept_list;
+    g.kept_k = static_cast<const char*>(kept_k_.data_ptr()) + layer * kept_rows * es;
+    g.kept_v = static_cast<const char*>(kept_v_.data_ptr()) + layer * kept_rows * es;
+    g.reused_pages = reinterpret_cast<unsigned long long*>(reused_pages_.data_ptr());
+  }
   kernels::cuda::quest_gather_run(g, stream);
+  if (c_.reuse_seqs > 0) {
+    // Before the decode (whose launch is the layer's last, which the graphs' updates find): the
+    // gather above read the slots, this step's pages replace them.
+    kernels::QuestKeepParams k;
+    k.compact_k = compact_k_.data_ptr();
+    k.compact_v = compact_v_.data_ptr();
+    k.kept_k = static_cast<char*>(kept_k_.data_ptr()) + layer * kept_rows * es;
+    k.kept_v = static_cast<char*>(kept_v_.data_ptr()) + layer * kept_rows * es;
+    k.kept_pages = kept_pages_.data<int32_t>() + layer * kept_list;
+    k.kept_blocks = kept_blocks_.data<int32_t>() + layer * kept_list;
+    k.reuse_write = dev(reuse_write_at_);
+    k.selected = selected_.data<int32_t>();
+    k.block_indptr = dev(indptr_at_);
+    k.block_ids = dev(tables_at_);
+    k.kv_lens = dev(lens_at_);
+    k.batch = batch_;
+    k.num_kv_heads = s.num_kv_heads;
+    k.head_dim = s.head_dim;
+    k.pages_per_block = s.pages_per_block;
+    k.max_selected = s.max_selected;
+    k.budget = budget_;
+    k.dtype = c_.dtype;
+    k.whole_blocks = fp8();
+    kernels::cuda::quest_keep_run(k, stream);
+  }
   mark(AttentionPhase::kGather);
 
   const int page_size = static_cast<int>(max_selected_ * budget_.page_tokens);

@@ -6,11 +6,11 @@
 // block table twice: as metadata ids (the engine's block ids) and as where its keys are
 // (QuestGatherParams::block_loc). Per layer:
 //   on_keys_stored()  after the keys are stored: the touched pages' key min / max;
-//   attend_decode()   select (per KV head, or head-averaged) -> gather the chosen pages' K / V into
-//   a
-//                  compact buffer (host pages read in place over the link) -> the split-KV decode
-//                  kernel (head_dim 64 / 128; the generic kernel otherwise) over it, one page per
-//                  sequence.
+//   attend_decode()   select (per KV head, or head-averaged) -> gather the chosen pages' K / V
+//                     into a compact buffer (host pages read in place over the link; with page
+//                     reuse, pages the sequence kept last step from its kept slot, then this
+//                     step's kept) -> the split-KV decode kernel (head_dim 64 / 128; the generic
+//                     kernel otherwise) over it, one page per sequence.
 // Nothing after plan() reads host memory or synchronizes. How many pages each sequence reads
 // follows from its length alone (quest_count), so the decode plan is made on the host in plan().
 // CUDA graphs (engine/cuda_graphs.h): a decode step's arrays sit at word offsets fixed for the
@@ -57,6 +57,9 @@ struct QuestCudaConfig {
   Device device = Device::cuda();
   int64_t max_seqs = 0, max_model_len = 0;
   kernels::KernelTuning tuning;  // the decode's plan; attention kGeneric: the generic kernel
+  // Page reuse across decode steps (docs/sparse.md): how many of a decode step's sequences (the
+  // first ones) keep their pages in kept slots; 0: off.
+  int64_t reuse_seqs = 0;
 };
 
 // The config of a page-list decode policy's twin from the registry's.
@@ -94,6 +97,8 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
 
   // K and V bytes the gathers read from memory 1 (the host pool) so far; synchronizes.
   int64_t memory1_bytes_read() const override;
+  // (page, KV head) pairs the gathers copied from kept slots so far; synchronizes.
+  int64_t pages_reused() const override;
   void set_phase_recorder(PhaseRecorder* recorder) override { recorder_ = recorder; }
 
  private:
@@ -113,7 +118,13 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   Tensor compact_k_, compact_v_;  // [max_seqs][max_selected * page][Hkv][d] cache dtype
   Tensor decode_ws_;              // the compact decode's plan
   Tensor memory1_pages_;          // [1] u64: pages the gathers read from memory 1
-  StagedWords words_;             // other steps' touched pages
+  // Page reuse (reuse_seqs > 0): per layer the kept slots' rows and lists (QuestKeepParams).
+  Tensor kept_k_, kept_v_;           // [layers][reuse_seqs][max_selected * page][Hkv][d] dtype
+  Tensor kept_pages_, kept_blocks_;  // [layers][reuse_seqs][Hkv][max_selected] i32
+  Tensor reused_pages_;              // [1] u64: pages the gathers copied from kept slots
+  kernels::cpu::QuestReuseSlots reuse_slots_{0};
+  std::vector<int32_t> reuse_read_, reuse_write_;  // the step's slots ([S] each)
+  StagedWords words_;                              // other steps' touched pages
   kernels::cpu::QuestDecodeLayout layout_;
   // Decode steps' pages, tables and compact-decode arrays, at layout_'s offsets (fixed capacity:
   // the addresses a captured graph reads).
@@ -122,6 +133,7 @@ class QuestCuda final : public sparse::SparsePolicyCuda {
   int64_t pages_at_ = 0, num_pages_ = 0;     // the touched pages [num_pages_][4]
   int64_t indptr_at_ = 0, tables_at_ = 0, loc_at_ = 0, lens_at_ = 0;
   int64_t dec_indptr_at_ = 0, dec_indices_at_ = 0, dec_last_at_ = 0, qo_at_ = 0;
+  int64_t reuse_read_at_ = 0, reuse_write_at_ = 0;
   int batch_ = 0;
   bool decode_ = false;
   kernels::cuda::DecodePlan decode_plan_;

@@ -24,7 +24,11 @@ void PageReuse::begin_step(const ForwardBatch& batch) {
   const int64_t real = batch.num_seqs() - batch.num_padding_seqs;
   keeps_.assign(static_cast<size_t>(batch.num_seqs()), 0);
   std::unordered_map<uint64_t, Kept> carried;
-  for (int64_t s = 0; s < std::min(real, max_seqs_); ++s) {
+  // (A batch without sequence ids keeps nothing.)
+  const int64_t keeping = static_cast<int64_t>(batch.seq_ids.size()) == batch.num_seqs()
+                              ? std::min(real, max_seqs_)
+                              : 0;
+  for (int64_t s = 0; s < keeping; ++s) {
     if (batch.q_len(s) != 1) continue;
     keeps_[s] = 1;
     auto it = kept_.find(batch.seq_ids[s]);

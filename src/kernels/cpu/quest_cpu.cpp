@@ -202,8 +202,42 @@ QuestDecodeLayout quest_decode_layout(int64_t max_seqs, int64_t max_entries, int
   l.pages = next(4 * max_touched);
   l.tables = next(max_entries);
   l.loc = next(max_entries);
+  l.reuse_read = next(max_seqs);
+  l.reuse_write = next(max_seqs);
   l.total = at;
   return l;
+}
+
+QuestReuseSlots::QuestReuseSlots(int64_t slots) : slots_(slots) {
+  LONGCTX_CHECK(slots >= 0, ErrorCode::kInvalidArgument, "quest reuse: {} slots", slots);
+}
+
+void QuestReuseSlots::decode_step(std::span<const uint64_t> seq_ids, int64_t num_seqs,
+                                  int64_t num_padding, std::vector<int32_t>& read,
+                                  std::vector<int32_t>& write) {
+  const int64_t n = num_seqs;
+  const int64_t keeping =
+      static_cast<int64_t>(seq_ids.size()) == n ? std::min(n - num_padding, slots_) : 0;
+  read.assign(static_cast<size_t>(n), -1);
+  write.assign(static_cast<size_t>(n), -1);
+  std::unordered_map<uint64_t, int32_t> next;
+  std::vector<uint8_t> taken(static_cast<size_t>(slots_), 0);
+  for (int64_t s = 0; s < keeping; ++s) {
+    const auto it = slot_of_.find(seq_ids[s]);
+    if (it == slot_of_.end()) continue;
+    read[s] = write[s] = it->second;
+    taken[it->second] = 1;
+    next.emplace(seq_ids[s], it->second);
+  }
+  int32_t free_slot = 0;
+  for (int64_t s = 0; s < keeping; ++s) {
+    if (write[s] >= 0) continue;
+    while (taken[free_slot]) ++free_slot;
+    write[s] = free_slot;
+    taken[free_slot] = 1;
+    next.emplace(seq_ids[s], free_slot);
+  }
+  slot_of_ = std::move(next);
 }
 
 void quest_gather(const QuestGatherParams& p) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/quest_params.h"
@@ -54,9 +55,30 @@ struct QuestDecodeLayout {
   int64_t dec_indptr = 0, dec_indices = 0, dec_last = 0;  // the compact decode's [S + 1], [S], [S]
   int64_t qo = 0;                                         // [S + 1]
   int64_t pages = 0, tables = 0, loc = 0;                 // [touched][4], [entries], [entries]
+  int64_t reuse_read = 0, reuse_write = 0;                // [S], [S]: page reuse's slots
   int64_t total = 0;                                      // words in all
   int64_t max_seqs = 0, max_entries = 0, max_touched = 0;
 };
 QuestDecodeLayout quest_decode_layout(int64_t max_seqs, int64_t max_entries, int64_t max_touched);
+
+// Page reuse across decode steps on the GPU (docs/sparse.md): which of `slots` kept slots each
+// sequence of a decode step reads (QuestGatherParams::reuse_read) and writes
+// (QuestKeepParams::reuse_write). The step's first `slots` real sequences keep pages: one that
+// kept pages in the previous step (a decode step) reads and writes its slot, another writes a
+// slot no continuing sequence holds and reads none; the rest (padding included) -1, -1. A step
+// that is not a decode step drops every sequence's pages.
+class QuestReuseSlots {
+ public:
+  explicit QuestReuseSlots(int64_t slots);
+  // A step of num_seqs sequences, the last num_padding of them padding; seq_ids [num_seqs], or
+  // empty (a batch without ids: none keeps pages); read, write: resized to num_seqs.
+  void decode_step(std::span<const uint64_t> seq_ids, int64_t num_seqs, int64_t num_padding,
+                   std::vector<int32_t>& read, std::vector<int32_t>& write);
+  void other_step() { slot_of_.clear(); }
+
+ private:
+  int64_t slots_ = 0;
+  std::unordered_map<uint64_t, int32_t> slot_of_;  // the previous decode step's
+};
 
 }  // namespace longctx::kernels::cpu

@@ -298,6 +298,51 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(QuestSelectParam
 
 // ---- gather ----
 
+// Page reuse: where sequence b's kept slot holds page `page` of KV head h, unchanged (the same
+// block id now), or -1 (no slot read, not kept, or its block changed).
+__device__ __forceinline__ int kept_index(const QuestGatherParams& p, int b, int h, int page) {
+  if (p.reuse_read == nullptr || p.reuse_read[b] < 0) return -1;
+  const int64_t list = (int64_t(p.reuse_read[b]) * p.num_kv_heads + h) * p.max_selected;
+  const int j = quest_kept_index(p.kept_pages + list, p.max_selected, page);
+  if (j < 0 || p.kept_blocks[list + j] != p.block_ids[p.block_indptr[b] + page / p.pages_per_block])
+    return -1;
+  return j;
+}
+
+// Rows [0, pt) of KV head h of a page from `from` to `to` (K and V; vectors V of words per
+// head row, rows `row` vectors apart; offsets in vectors).
+template <typename V>
+__device__ __forceinline__ void copy_page(const void* from_k, const void* from_v, int64_t src,
+                                          void* to_k, void* to_v, int64_t dst, int pt, int words,
+                                          int64_t row) {
+  const V* k = static_cast<const V*>(from_k);
+  const V* v = static_cast<const V*>(from_v);
+  V* ok = static_cast<V*>(to_k);
+  V* ov = static_cast<V*>(to_v);
+  for (int w = threadIdx.x; w < pt * words; w += blockDim.x) {
+    const int r = w / words, col = w - r * words;
+    const V kx = k[src + r * row + col];
+    const V vx = v[src + r * row + col];
+    ok[dst + r * row + col] = kx;
+    ov[dst + r * row + col] = vx;
+  }
+}
+
+// A page the kept slot holds: its rows (the compact buffers' dtype, es bytes an element) from the
+// slot into the compact buffers at page index i; as V vectors when every row allows.
+template <typename V>
+__device__ __forceinline__ void copy_kept(const QuestGatherParams& p, int b, int h, int i, int j,
+                                          int es) {
+  constexpr int kv = sizeof(V);
+  const int64_t row = int64_t(p.num_kv_heads) * p.head_dim * es / kv;
+  const int words = p.head_dim * es / kv, pt = p.budget.page_tokens;
+  const int64_t src =
+      (int64_t(p.reuse_read[b]) * p.max_selected + j) * pt * row + int64_t(h) * words;
+  const int64_t dst = (int64_t(b) * p.max_selected + i) * pt * row + int64_t(h) * words;
+  copy_page<V>(p.kept_k, p.kept_v, src, p.out_k, p.out_v, dst, pt, words, row);
+  if (p.reused_pages != nullptr && threadIdx.x == 0) atomicAdd(p.reused_pages, 1ull);
+}
+
 template <typename V>
 __global__ void gather_kernel(QuestGatherParams p, int es) {
   const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -305,6 +350,7 @@ __global__ void gather_kernel(QuestGatherParams p, int es) {
   if (i >= c.num_selected) return;
   const int hkv = p.num_kv_heads, pt = p.budget.page_tokens;
   const int page = p.selected[(int64_t(b) * hkv + h) * p.max_selected + i];
+  if (const int j = kept_index(p, b, h, page); j >= 0) return copy_kept<V>(p, b, h, i, j, es);
   const int32_t loc = p.block_loc[p.block_indptr[b] + page / p.pages_per_block];
   const int mem = loc >= 0 ? 0 : 1;
   const int64_t block = loc >= 0 ? loc : -int64_t(loc) - 1;
@@ -315,17 +361,7 @@ __global__ void gather_kernel(QuestGatherParams p, int es) {
   const int64_t src = (block * p.block_stride[mem] * es) / kv +
                       int64_t(page % p.pages_per_block) * pt * row + int64_t(h) * words;
   const int64_t dst = (int64_t(b) * p.max_selected + i) * pt * row + int64_t(h) * words;
-  const V* k = static_cast<const V*>(p.k_base[mem]);
-  const V* v = static_cast<const V*>(p.v_base[mem]);
-  V* ok = static_cast<V*>(p.out_k);
-  V* ov = static_cast<V*>(p.out_v);
-  for (int w = threadIdx.x; w < pt * words; w += blockDim.x) {
-    const int r = w / words, col = w - r * words;
-    const V kx = k[src + r * row + col];
-    const V vx = v[src + r * row + col];
-    ok[dst + r * row + col] = kx;
-    ov[dst + r * row + col] = vx;
-  }
+  copy_page<V>(p.k_base[mem], p.v_base[mem], src, p.out_k, p.out_v, dst, pt, words, row);
 }
 
 // kCodes FP8 codes at `in` (16: one 16-byte load, aligned) -> their values times `scale` as T at
@@ -351,6 +387,7 @@ __device__ __forceinline__ void dequantize(const uint8_t* in, float scale, T* ou
 // The gather over an FP8 cache: the selected pages' codes (and their blocks' scales) read where
 // they are, written dequantized as T into the compact buffers (one CTA per (selected page, KV
 // head, sequence), kCodes codes a thread and load).
+// (A kept page is copied as it was written: dequantized T, 16-byte vectors with kCodes 16.)
 template <typename T, int kCodes>
 __global__ void gather_fp8_kernel(QuestGatherParams p) {
   const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -358,6 +395,12 @@ __global__ void gather_fp8_kernel(QuestGatherParams p) {
   if (i >= c.num_selected) return;
   const int hkv = p.num_kv_heads, pt = p.budget.page_tokens, d = p.head_dim;
   const int page = p.selected[(int64_t(b) * hkv + h) * p.max_selected + i];
+  if (const int j = kept_index(p, b, h, page); j >= 0) {
+    if constexpr (kCodes == 16)
+      return copy_kept<uint4>(p, b, h, i, j, int(sizeof(T)));
+    else
+      return copy_kept<T>(p, b, h, i, j, int(sizeof(T)));
+  }
   const int32_t loc = p.block_loc[p.block_indptr[b] + page / p.pages_per_block];
   const int mem = loc >= 0 ? 0 : 1;
   const int64_t block = loc >= 0 ? loc : -int64_t(loc) - 1;
@@ -378,6 +421,41 @@ __global__ void gather_fp8_kernel(QuestGatherParams p) {
     dequantize<T, kCodes>(k + src + r * row + col, ks, ok + dst + r * row + col);
     dequantize<T, kCodes>(v + src + r * row + col, vs, ov + dst + r * row + col);
   }
+}
+
+// ---- keep ----
+
+// One CTA per (selected page slot i, KV head, sequence): sequence b's kept list entry i of head h
+// and, for a settled page, its rows from the compact buffers into the slot (QuestKeepParams).
+template <typename V>
+__global__ void keep_kernel(QuestKeepParams p, int es) {
+  const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int slot = p.reuse_write[b];
+  if (slot < 0) return;
+  const int hkv = p.num_kv_heads, pt = p.budget.page_tokens;
+  const QuestCount c = quest_count(p.kv_lens[b], p.budget);
+  const int64_t entry = (int64_t(slot) * hkv + h) * p.max_selected + i;
+  if (i >= c.num_selected) {
+    if (threadIdx.x == 0) {
+      p.kept_pages[entry] = 0x7fffffff;  // past the count: the list stays ascending
+      p.kept_blocks[entry] = -1;
+    }
+    return;
+  }
+  const int page = p.selected[(int64_t(b) * hkv + h) * p.max_selected + i];
+  const bool settled =
+      quest_page_settled(page, p.kv_lens[b], pt, p.pages_per_block, p.whole_blocks);
+  if (threadIdx.x == 0) {
+    p.kept_pages[entry] = page;
+    p.kept_blocks[entry] = settled ? p.block_ids[p.block_indptr[b] + page / p.pages_per_block] : -1;
+  }
+  if (!settled) return;  // never a hit: its rows need not be kept
+  constexpr int kv = sizeof(V);
+  const int64_t row = int64_t(hkv) * p.head_dim * es / kv;
+  const int words = p.head_dim * es / kv;
+  const int64_t src = (int64_t(b) * p.max_selected + i) * pt * row + int64_t(h) * words;
+  const int64_t dst = (int64_t(slot) * p.max_selected + i) * pt * row + int64_t(h) * words;
+  copy_page<V>(p.compact_k, p.compact_v, src, p.kept_k, p.kept_v, dst, pt, words, row);
 }
 
 template <typename F>
@@ -452,8 +530,14 @@ void quest_select_run(const QuestSelectParams& p, cudaStream_t stream) {
 
 void quest_gather_run(const QuestGatherParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.max_selected == 0) return;
+  const bool reuse = p.reuse_read != nullptr;
+  LONGCTX_CHECK(!reuse || (p.block_ids != nullptr && p.kept_pages != nullptr &&
+                           p.kept_blocks != nullptr && p.kept_k != nullptr && p.kept_v != nullptr),
+                ErrorCode::kInvalidArgument, "quest gather: page reuse without its kept slots");
+  // Kept rows are copied as the compact buffers' rows are written: the same vectors.
+  const bool kept_aligned = !reuse || (aligned16(p.kept_k) && aligned16(p.kept_v));
   if (p.kv_format == KvCacheFormat::kFp8E4M3) {
-    bool vec = p.head_dim % 16 == 0 && aligned16(p.out_k) && aligned16(p.out_v);
+    bool vec = p.head_dim % 16 == 0 && aligned16(p.out_k) && aligned16(p.out_v) && kept_aligned;
     for (int m = 0; m < 2; ++m)
       if (p.k_base[m] != nullptr) {
         LONGCTX_CHECK(p.k_scale[m] != nullptr && p.v_scale[m] != nullptr,
@@ -476,7 +560,7 @@ void quest_gather_run(const QuestGatherParams& p, cudaStream_t stream) {
   LONGCTX_CHECK(es == 2 || es == 4, ErrorCode::kUnsupported, "quest gather: dtype {}",
                 dtype_name(p.dtype));
   const int64_t row_bytes = int64_t(p.head_dim) * es;
-  bool vec = row_bytes % 16 == 0 && aligned16(p.out_k) && aligned16(p.out_v);
+  bool vec = row_bytes % 16 == 0 && aligned16(p.out_k) && aligned16(p.out_v) && kept_aligned;
   for (int m = 0; m < 2; ++m)
     if (p.k_base[m] != nullptr)
       vec = vec && aligned16(p.k_base[m]) && aligned16(p.v_base[m]) &&
@@ -488,6 +572,23 @@ void quest_gather_run(const QuestGatherParams& p, cudaStream_t stream) {
     gather_kernel<uint16_t><<<grid, 128, 0, stream>>>(p, es);
   else
     gather_kernel<uint32_t><<<grid, 128, 0, stream>>>(p, es);
+  LONGCTX_CUDA_CHECK(cudaGetLastError());
+}
+
+void quest_keep_run(const QuestKeepParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.max_selected == 0) return;
+  const int es = static_cast<int>(dtype_size(p.dtype));
+  LONGCTX_CHECK(es == 2 || es == 4, ErrorCode::kUnsupported, "quest keep: dtype {}",
+                dtype_name(p.dtype));
+  const bool vec = (int64_t(p.head_dim) * es) % 16 == 0 && aligned16(p.compact_k) &&
+                   aligned16(p.compact_v) && aligned16(p.kept_k) && aligned16(p.kept_v);
+  const dim3 grid(p.max_selected, p.num_kv_heads, p.batch);
+  if (vec)
+    keep_kernel<uint4><<<grid, 128, 0, stream>>>(p, es);
+  else if (es == 2)
+    keep_kernel<uint16_t><<<grid, 128, 0, stream>>>(p, es);
+  else
+    keep_kernel<uint32_t><<<grid, 128, 0, stream>>>(p, es);
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 

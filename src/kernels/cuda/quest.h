@@ -13,7 +13,12 @@
 //                     pinned host memory is read in place (mapped, zero-copy), which the SMs keep
 //                     at ~92% of the link's rate even for 4 KB pages (docs/sparse.md). FP8:
 //                     the codes (16-byte loads of 16 where the rows allow) and their blocks'
-//                     scales, written dequantized in the compact buffers' 16-bit dtype.
+//                     scales, written dequantized in the compact buffers' 16-bit dtype. With
+//                     page reuse, a page its sequence's kept slot holds unchanged (a binary
+//                     search of the slot's list, the block id compared) is copied from there;
+//   quest_keep_run    one CTA per (selected page, KV head, sequence) of a sequence that keeps
+//                     its pages: the slot's list entry and a settled page's rows from the compact
+//                     buffers (device to device).
 // All read device memory only (no host sync): safe inside a CUDA graph.
 #pragma once
 
@@ -30,5 +35,6 @@ void quest_select_run(const QuestSelectParams& params, cudaStream_t stream);
 // The first of quest_select_run's two launches alone: the candidate pages' scores.
 void quest_score_run(const QuestSelectParams& params, cudaStream_t stream);
 void quest_gather_run(const QuestGatherParams& params, cudaStream_t stream);
+void quest_keep_run(const QuestKeepParams& params, cudaStream_t stream);
 
 }  // namespace longctx::kernels::cuda
