@@ -170,9 +170,13 @@ class LLM {
   const GpuMemoryPlan* memory_plan() const;
   int64_t max_model_len() const;
   // The fraction of causal key blocks a sparse prefill policy (xattention on the GPU) read so
-  // far, as {kept, causal} block counts; zeros without one.
+  // far, as {kept, causal} block counts, and a sparse policy's host reads with KV offload; zeros
+  // without one.
   struct SparseStats {
     int64_t prefill_blocks_kept = 0, prefill_blocks_causal = 0;
+    // With KV offload: host bytes a sparse policy read in place, and (quest with --quest-reuse)
+    // (page, KV head) pairs its decode steps copied from kept pages instead.
+    int64_t host_bytes_read = 0, pages_reused = 0;
   };
   SparseStats sparse_stats() const;
 

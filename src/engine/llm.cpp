@@ -294,7 +294,9 @@ Device LLM::device() const { return impl_->device; }
 LLM::SparseStats LLM::sparse_stats() const {
   if (!impl_->runner) return {};
   const GpuRunner::SparseCounters c = impl_->runner->sparse_counters();
-  return {c.prefill_blocks_kept, c.prefill_blocks_causal};
+  const GpuRunner::OffloadCounters o = impl_->runner->offload_counters();
+  return {c.prefill_blocks_kept, c.prefill_blocks_causal, o.sparse_host_bytes_read,
+          o.sparse_pages_reused};
 }
 
 const GpuMemoryPlan* LLM::memory_plan() const {

@@ -171,6 +171,12 @@ void run(Options& o) {
                  double(sparse.prefill_blocks_kept) / double(sparse.prefill_blocks_causal),
                  static_cast<long long>(sparse.prefill_blocks_kept),
                  static_cast<long long>(sparse.prefill_blocks_causal));
+  // (Counted with KV offload on the GPU.)
+  if (o.gen.model.sparse.quest_reuse && (sparse.pages_reused > 0 || sparse.host_bytes_read > 0))
+    std::fprintf(stdout,
+                 "quest reuse: %lld (page, KV head) pairs copied from kept pages; %.3f GB of host "
+                 "pages read in place\n",
+                 static_cast<long long>(sparse.pages_reused), double(sparse.host_bytes_read) / 1e9);
   std::fflush(stdout);
   if (!o.out.empty()) {
     std::ofstream f(o.out);
