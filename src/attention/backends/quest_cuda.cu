@@ -109,8 +109,9 @@ QuestCuda::QuestCuda(const QuestCudaConfig& c) : c_(c), words_(c.device) {
       kept_v_ = Tensor::empty({kept_k_.numel()}, c.dtype, c.device);
       kept_pages_ = Tensor::empty({slots * c.num_kv_heads * max_selected_}, DType::kI32, c.device);
       // Block ids -1 (never a hit) until a slot is first kept.
-      kept_blocks_ = Tensor::empty({kept_pages_.numel()}, DType::kI32, c.device);
-      LONGCTX_CUDA_CHECK(cudaMemset(kept_blocks_.data_ptr(), 0xff, kept_blocks_.nbytes()));
+      std::vector<int32_t> none(static_cast<size_t>(kept_pages_.numel()), -1);
+      kept_blocks_ =
+          Tensor::from_blob(none.data(), {kept_pages_.numel()}, DType::kI32).to(c.device);
       reuse_slots_ = kernels::cpu::QuestReuseSlots(c.reuse_seqs);
     }
     layout_ = kernels::cpu::quest_decode_layout(
