@@ -105,6 +105,10 @@ bool decode_graphs(const GpuRunnerOptions& o, const KvGroups& groups) {
   return decode_graphs(o) && (!o.kv_offload || groups.single_full());
 }
 
+int64_t decode_graph_max_seqs(const GpuRunnerOptions& o) {
+  return std::min(o.max_num_seqs, o.max_num_batched_tokens);
+}
+
 int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups) {
   return decode_graphs(o, groups) && groups.has_kind(KvGroupKind::kState) ? 1 : 0;
 }
@@ -291,8 +295,9 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& config, const GpuRunnerOptions&
   // layer, as before); state groups take max_num_seqs states up front; a sequence of
   // max_model_len holds blocks in each paged group (a sliding group only its window's).
   const KvGroups groups = KvGroups::from_config(config, options.kv_dtype);
-  p.graphs =
-      decode_graphs(options, groups) ? decode_graph_memory_bytes(config, options.max_num_seqs) : 0;
+  p.graphs = decode_graphs(options, groups)
+                 ? decode_graph_memory_bytes(config, decode_graph_max_seqs(options))
+                 : 0;
   p.kv_block_bytes = groups.block_bytes(p.block_size);
   // States (fp32, as the kernels keep them) of every sequence a step may run, and the prefix
   // cache's snapshots of them; with graphs, the padding sequences' scratch slot.

@@ -19,6 +19,10 @@ struct ModelConfig;
 bool decode_graphs(const GpuRunnerOptions& o);
 bool decode_graphs(const GpuRunnerOptions& o, const KvGroups& groups);
 
+// The decode graphs' largest batch: max_num_seqs, but no bucket past the step's token budget (a
+// decode step of S sequences is S tokens).
+int64_t decode_graph_max_seqs(const GpuRunnerOptions& o);
+
 // State slots beyond the sequences' and the snapshots': the graphs' padding sequences' one.
 int64_t scratch_state_slots(const GpuRunnerOptions& o, const KvGroups& groups);
 

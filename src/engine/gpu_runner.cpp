@@ -316,8 +316,7 @@ void GpuRunner::attach_engine() {
   m.sampler = std::make_unique<GpuSampler>(m.options.max_num_seqs, vocab_size(), m.model->device());
   if (decode_graphs(m.options, m.groups)) {
     DecodeGraphOptions g;
-    // A decode step of S sequences is S tokens: no bucket past the step's token budget.
-    g.max_num_seqs = std::min(m.options.max_num_seqs, m.options.max_num_batched_tokens);
+    g.max_num_seqs = decode_graph_max_seqs(m.options);
     if (m.pool != nullptr) {
       g.scratch_block = static_cast<int32_t>(m.pool->num_blocks() - 1);  // kept from the engine
       // The state pool's last slot, after the sequences' and the snapshots' (never handed out).

@@ -242,5 +242,20 @@ TEST(GpuMemoryPlan, GraphsUnderQuestResidentAndOffloaded) {
   EXPECT_TRUE(decode_graphs(o, several));
 }
 
+// The graphs' buckets stop at the step's token budget (the runner captures none larger), and so
+// does the memory the plan keeps for them.
+TEST(GpuMemoryPlan, GraphMemoryStopsAtTheTokenBudget) {
+  const ModelConfig c = dummy_preset_config("llama-3.1-8b");
+  GpuRunnerOptions o;
+  o.max_model_len = 8192;
+  o.max_num_seqs = 256;
+  o.max_num_batched_tokens = 8192;
+  EXPECT_EQ(decode_graph_max_seqs(o), 256);
+  EXPECT_EQ(plan_gpu_memory(c, o, 40 * kGiB).graphs, decode_graph_memory_bytes(c, 256));
+  o.max_num_batched_tokens = 16;
+  EXPECT_EQ(decode_graph_max_seqs(o), 16);
+  EXPECT_EQ(plan_gpu_memory(c, o, 40 * kGiB).graphs, decode_graph_memory_bytes(c, 16));
+}
+
 }  // namespace
 }  // namespace longctx
