@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,29 @@ inline ForwardBatch make_batch(std::vector<Seq>& seqs, const std::vector<size_t>
       b.slot_mapping.push_back(int64_t(s.blocks[j / bs]) * bs + j % bs);
   }
   return b;
+}
+
+// Sequences of random prompts of the given lengths (ids below `vocab`, drawn from `rng`, which the
+// caller goes on drawing from). With `block_size` > 0 each also gets fixed blocks, numbered from
+// 0 across the sequences, for its prompt and `steps` more tokens (the offload rigs' host blocks).
+inline std::vector<Seq> random_seqs(const std::vector<int64_t>& lens, int32_t vocab,
+                                    std::mt19937& rng, int64_t block_size = 0, int steps = 0) {
+  std::vector<Seq> seqs(lens.size());
+  int32_t next_block = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    for (int64_t j = 0; j < lens[i]; ++j) seqs[i].tokens.push_back(int32_t(rng() % vocab));
+    if (block_size > 0)
+      for (int64_t b = 0; b < (lens[i] + steps + block_size - 1) / block_size; ++b)
+        seqs[i].blocks.push_back(next_block++);
+  }
+  return seqs;
+}
+
+// The blocks `seqs` hold, counted as random_seqs numbers them.
+inline int64_t blocks_held(const std::vector<Seq>& seqs) {
+  int64_t n = 0;
+  for (const Seq& s : seqs) n += static_cast<int64_t>(s.blocks.size());
+  return n;
 }
 
 inline void advance(std::vector<Seq>& seqs, const std::vector<size_t>& idx) {

@@ -301,16 +301,10 @@ TEST_P(QuestOffloadGraphVsEager, ReplayEqualsEager) {
   const int steps = 40;
   const SparseOptions quest = graph_test_quest();
   const std::vector<int64_t> prompts = {630, 1000, 250};
-  std::vector<Seq> es(prompts.size());
-  int32_t next_block = 0;
   std::mt19937 rng(23);
   const int32_t vocab = static_cast<int32_t>(c.vocab_size);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    for (int64_t j = 0; j < prompts[i]; ++j) es[i].tokens.push_back(int32_t(rng() % vocab));
-    for (int64_t b = 0; b < (prompts[i] + steps + bs - 1) / bs; ++b)
-      es[i].blocks.push_back(next_block++);
-  }
-  const int64_t host_blocks = next_block + 1;  // the last: the graphs' scratch block
+  std::vector<Seq> es = random_seqs(prompts, vocab, rng, bs, steps);
+  const int64_t host_blocks = blocks_held(es) + 1;  // the last: the graphs' scratch block
   auto e = quest_offload(*model, quest, host_blocks, fp8);
   auto g = quest_offload(*model, quest, host_blocks, fp8);
   auto p = quest_offload(*model, quest, host_blocks, fp8);
