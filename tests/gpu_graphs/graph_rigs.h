@@ -209,4 +209,21 @@ inline ForwardBatch host_batch(const std::vector<Seq>& seqs, const std::vector<s
   return b;
 }
 
+// Prefills `seqs` one sequence at a time in chunks of `chunk` tokens through `be` over their
+// fixed host blocks (an offload rig's GPU cache holds one chunk's blocks, not a whole prompt's).
+inline void prefill_host_chunks(Model& model, AttentionBackend& be, std::vector<Seq>& seqs,
+                                int64_t bs, int64_t chunk = 512) {
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::vector<int32_t> all = seqs[i].tokens;
+    const int64_t len = static_cast<int64_t>(all.size());
+    seqs[i].tokens.clear();
+    for (int64_t done = 0; done < len;) {
+      const int64_t n = std::min<int64_t>(chunk, len - done);
+      seqs[i].tokens.insert(seqs[i].tokens.end(), all.begin() + done, all.begin() + done + n);
+      model.forward(host_batch(seqs, {i}, bs), be);
+      seqs[i].cached = done += n;
+    }
+  }
+}
+
 }  // namespace longctx::testing

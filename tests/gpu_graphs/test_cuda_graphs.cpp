@@ -319,19 +319,7 @@ TEST_P(QuestOffloadGraphVsEager, ReplayEqualsEager) {
   std::vector<Seq> gs = es, ps = es;
   const std::pair<AttentionBackend*, std::vector<Seq>*> rigs[] = {
       {e.get(), &es}, {g.get(), &gs}, {p.get(), &ps}};
-  for (auto [be, seqs] : rigs) {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      std::vector<int32_t> all = (*seqs)[i].tokens;
-      (*seqs)[i].tokens.clear();
-      for (int64_t done = 0; done < prompts[i];) {
-        const int64_t n = std::min<int64_t>(512, prompts[i] - done);
-        (*seqs)[i].tokens.insert((*seqs)[i].tokens.end(), all.begin() + done,
-                                 all.begin() + done + n);
-        model->forward(host_batch(*seqs, {i}, bs), *be);
-        (*seqs)[i].cached = done += n;
-      }
-    }
-  }
+  for (auto [be, seqs] : rigs) prefill_host_chunks(*model, *be, *seqs, bs);
   int64_t padded_steps = 0, not_bitwise = 0;
   std::vector<int32_t> next(prompts.size());
   for (auto& t : next) t = int32_t(rng() % vocab);

@@ -118,19 +118,7 @@ TEST_P(QuestReuseOffloadGraphVsEager, ReuseIsExactAndReadsLessFromTheHost) {
   std::vector<Seq> rs = es, gs = es, ps = es;
   const std::pair<OffloadAttentionBackend*, std::vector<Seq>*> rigs[] = {
       {e.get(), &es}, {r.get(), &rs}, {g.get(), &gs}, {p.get(), &ps}};
-  for (auto [be, seqs] : rigs) {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      std::vector<int32_t> all = (*seqs)[i].tokens;
-      (*seqs)[i].tokens.clear();
-      for (int64_t done = 0; done < prompts[i];) {
-        const int64_t n = std::min<int64_t>(512, prompts[i] - done);
-        (*seqs)[i].tokens.insert((*seqs)[i].tokens.end(), all.begin() + done,
-                                 all.begin() + done + n);
-        model->forward(host_batch(*seqs, {i}, bs), *be);
-        (*seqs)[i].cached = done += n;
-      }
-    }
-  }
+  for (auto [be, seqs] : rigs) prefill_host_chunks(*model, *be, *seqs, bs);
   const int64_t e_host = e->sparse_host_bytes_read(), r_host = r->sparse_host_bytes_read();
   std::vector<int32_t> next(prompts.size());
   for (auto& t : next) t = int32_t(rng() % vocab);
