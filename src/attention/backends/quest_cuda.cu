@@ -3,6 +3,7 @@
 
 #include "attention/backends/phase_profile.h"
 #include "attention/backends/quest_cuda.h"
+#include "attention/sparse/policies.h"
 #include "kernels/cpu/quest_cpu.h"
 #include "kernels/cuda/paged_generic.h"
 #include "kernels/cuda/quest.h"
@@ -44,6 +45,13 @@ int64_t quest_bytes(const QuestCudaConfig& c) {
   return b.per_block * c.num_blocks + b.fixed;
 }
 
+// A [1] u64 device counter's value (synchronizes).
+int64_t read_counter(const Tensor& counter) {
+  int64_t n = 0;
+  LONGCTX_CUDA_CHECK(cudaMemcpy(&n, counter.data_ptr(), sizeof(n), cudaMemcpyDeviceToHost));
+  return n;
+}
+
 }  // namespace
 
 QuestCudaConfig quest_cuda_config(const sparse::SparseCudaConfig& c,
@@ -65,8 +73,7 @@ QuestCudaConfig quest_cuda_config(const sparse::SparseCudaConfig& c,
   q.max_seqs = c.max_seqs;
   q.max_model_len = c.max_seq_len;
   q.tuning = c.tuning;
-  q.reuse_seqs =
-      scored && c.options.quest_reuse ? std::min(c.options.quest_reuse_seqs, c.max_seqs) : 0;
+  q.reuse_seqs = scored ? sparse::quest_reuse_seqs(c.options, c.max_seqs) : 0;
   return q;
 }
 
@@ -215,17 +222,10 @@ int64_t QuestCuda::decode_grid() const {
   return decode_ && !generic_ ? kernels::cuda::decode_grid_ctas(decode_plan_) : 0;
 }
 
-int64_t QuestCuda::pages_reused() const {
-  int64_t pages = 0;
-  LONGCTX_CUDA_CHECK(
-      cudaMemcpy(&pages, reused_pages_.data_ptr(), sizeof(pages), cudaMemcpyDeviceToHost));
-  return pages;
-}
+int64_t QuestCuda::pages_reused() const { return read_counter(reused_pages_); }
 
 int64_t QuestCuda::memory1_bytes_read() const {
-  int64_t pages = 0;
-  LONGCTX_CUDA_CHECK(
-      cudaMemcpy(&pages, memory1_pages_.data_ptr(), sizeof(pages), cudaMemcpyDeviceToHost));
+  const int64_t pages = read_counter(memory1_pages_);
   // FP8: a page's codes and its K and V scales (one float each per KV head).
   const int64_t page_bytes =
       fp8() ? 2 * (budget_.page_tokens * c_.head_dim + int64_t(sizeof(float)))

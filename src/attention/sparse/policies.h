@@ -12,7 +12,8 @@ extern const PolicyDef kFullPolicy, kQuestPolicy, kXAttentionPolicy, kStreamingP
 // A page-list decode policy's budget in the kernels' terms (kernels/quest_params.h): counts
 // clamped to int. Quest: its budget; streaming: sink + window, so nothing past the forced pages.
 kernels::QuestBudget quest_budget(const SparseOptions& options);
-// How many sequences keep their pages across decode steps (SparseOptions::quest_reuse; 0: off).
-int64_t quest_reuse_seqs(const SparseOptions& options, const SparseGpuShape& shape);
+// How many of a step's up to max_seqs sequences keep their pages across decode steps
+// (SparseOptions::quest_reuse; 0: off).
+int64_t quest_reuse_seqs(const SparseOptions& options, int64_t max_seqs);
 
 }  // namespace longctx::sparse

@@ -21,8 +21,8 @@
 
 namespace longctx::sparse {
 
-int64_t quest_reuse_seqs(const SparseOptions& o, const SparseGpuShape& s) {
-  return o.quest_reuse ? std::min(o.quest_reuse_seqs, s.max_seqs) : 0;
+int64_t quest_reuse_seqs(const SparseOptions& o, int64_t max_seqs) {
+  return o.quest_reuse ? std::min(o.quest_reuse_seqs, max_seqs) : 0;
 }
 
 kernels::QuestBudget quest_budget(const SparseOptions& o) {
@@ -153,9 +153,9 @@ std::unique_ptr<SparsePolicy> make_cpu(const SparseOptions& o, const KvShape& s)
 SparseGpuBytes gpu_bytes(const SparseOptions& o, const SparseGpuShape& s) {
   const kernels::QuestBudget b = quest_budget(o);
   kernels::cpu::check_quest_budget(b, static_cast<int>(s.block_size));
-  const kernels::QuestBytes q =
-      kernels::quest_gpu_bytes(b, s.num_layers, s.block_size, s.num_kv_heads, s.head_dim,
-                               s.elem_size, s.max_seqs, s.max_model_len, quest_reuse_seqs(o, s));
+  const kernels::QuestBytes q = kernels::quest_gpu_bytes(
+      b, s.num_layers, s.block_size, s.num_kv_heads, s.head_dim, s.elem_size, s.max_seqs,
+      s.max_model_len, quest_reuse_seqs(o, s.max_seqs));
   return {q.per_block, q.fixed};
 }
 
