@@ -183,6 +183,70 @@ ModelConfig qwen3_next_80b_a3b() {
   return parse_model_config(j, "preset qwen3-next-80b-a3b");
 }
 
+// Qwen3.5's text config as the Hub checkpoints nest it in their multimodal wrapper (the vision
+// tower's config left out: it is not run). Values from the published config.json files of
+// Qwen/Qwen3.5-27B and Qwen/Qwen3.5-35B-A3B (text_config; the model cards' tables agree): a
+// quarter of each 256-dim attention head rotated with theta 1e7 (the multimodal sections
+// [11, 11, 10] interleaved), 262144 positions, 3 Gated DeltaNet layers (16 key heads of 128)
+// to one gated attention layer.
+nlohmann::json qwen3_5_text_config(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
+                                   int64_t linear_value_heads) {
+  return {{"dtype", "bfloat16"},
+          {"vocab_size", 248320},
+          {"hidden_size", hidden},
+          {"num_hidden_layers", layers},
+          {"num_attention_heads", heads},
+          {"num_key_value_heads", kv_heads},
+          {"head_dim", 256},
+          {"max_position_embeddings", 262144},
+          {"rms_norm_eps", 1e-6},
+          {"rope_parameters",
+           {{"rope_type", "default"},
+            {"rope_theta", 10000000.0},
+            {"partial_rotary_factor", 0.25},
+            {"mrope_interleaved", true},
+            {"mrope_section", {11, 11, 10}}}},
+          {"full_attention_interval", 4},
+          {"linear_conv_kernel_dim", 4},
+          {"linear_key_head_dim", 128},
+          {"linear_num_key_heads", 16},
+          {"linear_num_value_heads", linear_value_heads},
+          {"linear_value_head_dim", 128},
+          {"attn_output_gate", true},
+          {"tie_word_embeddings", false},
+          {"bos_token_id", 248044},
+          {"eos_token_id", 248044}};
+}
+
+// Qwen3.5-27B: 64 layers of hidden 5120, 24 attention heads (4 KV), 48 value heads in the
+// Gated DeltaNet layers, dense MLPs of 17408.
+ModelConfig qwen3_5_27b() {
+  nlohmann::json text = qwen3_5_text_config(5120, 64, 24, 4, 48);
+  text["model_type"] = "qwen3_5_text";
+  text["intermediate_size"] = 17408;
+  const nlohmann::json j = {{"architectures", {"Qwen3_5ForConditionalGeneration"}},
+                            {"model_type", "qwen3_5"},
+                            {"tie_word_embeddings", false},
+                            {"text_config", text}};
+  return parse_model_config(j, "preset qwen3.5-27b");
+}
+
+// Qwen3.5-35B-A3B: 40 layers of hidden 2048, 16 attention heads (2 KV), 32 value heads; 256
+// experts of 512, top 8, and a shared expert of 512 on every layer.
+ModelConfig qwen3_5_35b_a3b() {
+  nlohmann::json text = qwen3_5_text_config(2048, 40, 16, 2, 32);
+  text["model_type"] = "qwen3_5_moe_text";
+  text["num_experts"] = 256;
+  text["num_experts_per_tok"] = 8;
+  text["moe_intermediate_size"] = 512;
+  text["shared_expert_intermediate_size"] = 512;
+  const nlohmann::json j = {{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
+                            {"model_type", "qwen3_5_moe"},
+                            {"tie_word_embeddings", false},
+                            {"text_config", text}};
+  return parse_model_config(j, "preset qwen3.5-35b-a3b");
+}
+
 ModelConfig tiny_llama() {
   ModelConfig c = llama31_8b();
   c.vocab_size = 512;
@@ -210,6 +274,8 @@ const std::map<std::string, ModelConfig (*)()>& presets() {
       {"qwen3-235b-a22b", [] { return qwen3_moe(4096, 1536, 94, 64); }},
       {"gemma-3-12b", gemma3_12b},
       {"qwen3-next-80b-a3b", qwen3_next_80b_a3b},
+      {"qwen3.5-27b", qwen3_5_27b},
+      {"qwen3.5-35b-a3b", qwen3_5_35b_a3b},
       {"mistral-7b-v0.1", mistral_7b_v01},
       {"tiny-llama", tiny_llama},
   };

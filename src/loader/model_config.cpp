@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "loader/text_config.h"
 #include "longctx/core/error.h"
 #include "longctx/core/json_limits.h"
 
@@ -18,11 +19,20 @@ using nlohmann::json;
 
 namespace {
 
-const char* const kSupported[] = {
-    "LlamaForCausalLM",    "MistralForCausalLM",  "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-    "Phi3ForCausalLM",     "Gemma3ForCausalLM",   "Gemma3ForConditionalGeneration",
-    "Qwen3NextForCausalLM"};
+const char* const kSupported[] = {"LlamaForCausalLM",
+                                  "MistralForCausalLM",
+                                  "Qwen2ForCausalLM",
+                                  "Qwen3ForCausalLM",
+                                  "Qwen2MoeForCausalLM",
+                                  "Qwen3MoeForCausalLM",
+                                  "Phi3ForCausalLM",
+                                  "Gemma3ForCausalLM",
+                                  "Gemma3ForConditionalGeneration",
+                                  "Qwen3NextForCausalLM",
+                                  "Qwen3_5ForCausalLM",
+                                  "Qwen3_5MoeForCausalLM",
+                                  "Qwen3_5ForConditionalGeneration",
+                                  "Qwen3_5MoeForConditionalGeneration"};
 
 // The Qwen configs that slide only with use_sliding_window, from max_window_layers on.
 bool qwen_window_rule(const std::string& a) {
@@ -296,10 +306,13 @@ LayerAttention parse_layer_type(const json& v, int64_t i, const std::string& src
                 src, i, t);
 }
 
-// Qwen3NextConfig's Gated DeltaNet sizes (its defaults: Qwen3-Next-80B-A3B's). The value heads
-// share key heads in groups, as transformers' repeat_interleave requires.
-LinearAttentionConfig parse_linear_attention(const json& j, const std::string& src) {
+// Qwen3NextConfig's Gated DeltaNet sizes (its defaults: Qwen3-Next-80B-A3B's, which Qwen3.5's
+// text configs share). The value heads share key heads in groups, as transformers'
+// repeat_interleave requires (Qwen3.5 too: value head h reads key head h / (Hv / Hk)).
+LinearAttentionConfig parse_linear_attention(const json& j, const std::string& arch,
+                                             const std::string& src) {
   LinearAttentionConfig l;
+  l.projections = is_qwen3_5(arch) ? LinearProjLayout::kSplit : LinearProjLayout::kGroupedByKeyHead;
   l.num_key_heads = opt_int(j, "linear_num_key_heads", 16, src);
   check_range(l.num_key_heads, "linear_num_key_heads", kMaxHeads, src);
   l.num_value_heads = opt_int(j, "linear_num_value_heads", 32, src);
@@ -333,9 +346,9 @@ void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
                   "{}: 'layer_types' must be a list of num_hidden_layers ({}) strings, got {}", src,
                   n, json_excerpt(lt));
     for (int64_t i = 0; i < n; ++i) c.layer_types[i] = parse_layer_type(lt[i], i, src);
-  } else if (a == "Qwen3NextForCausalLM") {
-    // Qwen3NextConfig's rule: full attention every full_attention_interval-th layer, linear
-    // attention between.
+  } else if (has_gated_deltanet(a)) {
+    // Qwen3NextConfig's (and Qwen3_5TextConfig's) rule: full attention every
+    // full_attention_interval-th layer, linear attention between.
     const int64_t interval = opt_int(j, "full_attention_interval", 4, src);
     check_range(interval, "full_attention_interval", kMaxLayers, src);
     for (int64_t i = 0; i < n; ++i)
@@ -371,13 +384,13 @@ void parse_layer_types(const json& j, const std::string& src, ModelConfig& c) {
                  LayerAttention::kFull);
     c.sliding_window = 0;
   }
-  // Only Qwen3-Next runs linear-attention layers: another architecture's are refused here, with
-  // the field, rather than run as full attention.
-  LONGCTX_CHECK(!linear || a == "Qwen3NextForCausalLM", ErrorCode::kUnsupported,
+  // Only Qwen3-Next and Qwen3.5 run linear-attention layers: another architecture's are refused
+  // here, with the field, rather than run as full attention.
+  LONGCTX_CHECK(!linear || has_gated_deltanet(a), ErrorCode::kUnsupported,
                 "{}: layer_types has linear_attention layers, which {} does not have (supported "
                 "layer types for it: full_attention, sliding_attention)",
                 src, a);
-  if (linear) c.linear = parse_linear_attention(j, src);
+  if (linear) c.linear = parse_linear_attention(j, a, src);
 }
 
 // Released MoE models have up to 512 routed experts (Qwen3-Next); DeepSeek-V3 256, Kimi K2 384.
@@ -388,7 +401,10 @@ constexpr int64_t kMaxExperts = 1024;
 MoeConfig parse_moe(const json& j, const std::string& src, const ModelConfig& c) {
   MoeConfig m;
   // Qwen3-Next's block is Qwen2-MoE's (a shared expert with its sigmoid gate); its defaults are
-  // Qwen3-Next-80B-A3B's.
+  // Qwen3-Next-80B-A3B's. Qwen3.5-MoE's is Qwen3-Next's, its defaults Qwen3.5-35B-A3B's; its
+  // config has no norm_topk_prob, decoder_sparse_step or mlp_only_layers (transformers deletes
+  // them: the router always renormalizes, every layer is sparse).
+  const bool qwen3_5 = is_qwen3_5_moe(c.architecture);
   const bool next = c.architecture == "Qwen3NextForCausalLM";
   const bool qwen2 = c.architecture == "Qwen2MoeForCausalLM";
   // Newer transformers store Qwen3MoeConfig.num_experts as Mixtral's num_local_experts
@@ -396,32 +412,38 @@ MoeConfig parse_moe(const json& j, const std::string& src, const ModelConfig& c)
   const char* experts_key = j.contains("num_experts") || !j.contains("num_local_experts")
                                 ? "num_experts"
                                 : "num_local_experts";
-  m.num_experts = opt_int(j, experts_key, next ? 512 : qwen2 ? 60 : 128, src);
+  m.num_experts = opt_int(j, experts_key, qwen3_5 ? 256 : next ? 512 : qwen2 ? 60 : 128, src);
   LONGCTX_CHECK(m.num_experts >= 0 && m.num_experts <= kMaxExperts, ErrorCode::kInvalidArgument,
                 "{}: field '{}' must be in [0, {}], got {}", src, experts_key, kMaxExperts,
                 m.num_experts);
   if (m.num_experts == 0) return m;  // every layer dense (transformers' rule too)
-  m.num_experts_per_tok = opt_int(j, "num_experts_per_tok", next ? 10 : qwen2 ? 4 : 8, src);
+  m.num_experts_per_tok = opt_int(j, "num_experts_per_tok",
+                                  qwen3_5 ? 8
+                                  : next  ? 10
+                                  : qwen2 ? 4
+                                          : 8,
+                                  src);
   LONGCTX_CHECK(m.num_experts_per_tok >= 1 && m.num_experts_per_tok <= m.num_experts,
                 ErrorCode::kInvalidArgument,
                 "{}: field 'num_experts_per_tok' must be in [1, num_experts {}], got {}", src,
                 m.num_experts, m.num_experts_per_tok);
   m.moe_intermediate_size = opt_int(j, "moe_intermediate_size",
-                                    next    ? 512
-                                    : qwen2 ? 1408
-                                            : 768,
+                                    next || qwen3_5 ? 512
+                                    : qwen2         ? 1408
+                                                    : 768,
                                     src);
   check_range(m.moe_intermediate_size, "moe_intermediate_size", kMaxIntermediate, src);
-  m.norm_topk_prob = opt_bool(j, "norm_topk_prob", next, src);
-  if (qwen2 || next) {
+  m.norm_topk_prob = qwen3_5 || opt_bool(j, "norm_topk_prob", next, src);
+  if (qwen2 || next || qwen3_5) {
     m.shared_expert_intermediate_size =
-        opt_int(j, "shared_expert_intermediate_size", next ? 512 : 5632, src);
+        opt_int(j, "shared_expert_intermediate_size", next || qwen3_5 ? 512 : 5632, src);
     LONGCTX_CHECK(m.shared_expert_intermediate_size >= 0 &&
                       m.shared_expert_intermediate_size <= kMaxIntermediate,
                   ErrorCode::kInvalidArgument,
                   "{}: field 'shared_expert_intermediate_size' must be in [0, {}], got {}", src,
                   kMaxIntermediate, m.shared_expert_intermediate_size);
   }
+  if (qwen3_5) return m;
   m.decoder_sparse_step = opt_int(j, "decoder_sparse_step", 1, src);
   check_range(m.decoder_sparse_step, "decoder_sparse_step", kMaxLayers, src);
   if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
@@ -440,58 +462,6 @@ MoeConfig parse_moe(const json& j, const std::string& src, const ModelConfig& c)
     }
   }
   return m;
-}
-
-bool is_gemma3(const std::string& arch) {
-  return arch == "Gemma3ForCausalLM" || arch == "Gemma3ForConditionalGeneration";
-}
-
-// Gemma3TextConfig's defaults (transformers' configuration_gemma3.py): Google's checkpoints leave
-// most of them out of config.json (gemma-3-12b-it's text_config names 8 fields), and some differ
-// from what the generic parse would derive (head_dim 256, not hidden / heads).
-json gemma3_text_defaults() {
-  return json{{"vocab_size", 262208},
-              {"hidden_size", 2304},
-              {"intermediate_size", 9216},
-              {"num_hidden_layers", 26},
-              {"num_attention_heads", 8},
-              {"num_key_value_heads", 4},
-              {"head_dim", 256},
-              {"hidden_activation", "gelu_pytorch_tanh"},
-              {"max_position_embeddings", 131072},
-              {"rms_norm_eps", 1e-6},
-              {"bos_token_id", 2},
-              {"eos_token_id", 1},
-              {"tie_word_embeddings", true},
-              {"rope_theta", 1000000.0},
-              {"rope_local_base_freq", 10000.0},
-              {"query_pre_attn_scalar", 256},
-              {"sliding_window", 4096},
-              {"sliding_window_pattern", 6}};
-}
-
-// The text model's config: Gemma3ForConditionalGeneration nests it under `text_config` (the
-// vision tower is not run); fields the top level sets for the whole model (dtype, token ids,
-// tie_word_embeddings) fill what the text config leaves out. Gemma3TextConfig's defaults under
-// both.
-json gemma3_text_config(const json& j, const std::string& arch, const std::string& src) {
-  json t = j;
-  if (arch == "Gemma3ForConditionalGeneration") {
-    LONGCTX_CHECK(j.contains("text_config") && j["text_config"].is_object(),
-                  ErrorCode::kInvalidArgument,
-                  "{}: Gemma3ForConditionalGeneration needs 'text_config' (an object)", src);
-    t = j["text_config"];
-    for (const char* key :
-         {"dtype", "torch_dtype", "bos_token_id", "eos_token_id", "tie_word_embeddings"})
-      if (!t.contains(key) && j.contains(key)) t[key] = j[key];
-  }
-  json out = gemma3_text_defaults();
-  for (auto it = t.begin(); it != t.end(); ++it)
-    if (!it->is_null() || !out.contains(it.key())) out[it.key()] = *it;
-  // transformers 5 writes layer_types; the pattern only stands in where they are absent.
-  if (t.contains("layer_types") && !t["layer_types"].is_null()) out.erase("sliding_window_pattern");
-  out["architectures"] = json::array({arch});
-  return out;
 }
 
 // Gemma 3's two ropes: full layers `rope` (rope_theta and rope_scaling: linear 8 on 4B-27B),
@@ -623,7 +593,10 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
   LONGCTX_CHECK(known, ErrorCode::kUnsupported, "{}: unsupported architecture '{}' (supported: {})",
                 src, c.architecture, supported_list());
   const bool gemma3 = is_gemma3(c.architecture);
-  const json j = gemma3 ? gemma3_text_config(file, c.architecture, src) : file;
+  const bool qwen3_5 = is_qwen3_5(c.architecture);
+  const json j = gemma3    ? gemma3_text_config(file, c.architecture, src)
+                 : qwen3_5 ? qwen3_5_text_config(file, c.architecture, src)
+                           : file;
   if (j.contains("model_type") && !j["model_type"].is_null()) {
     LONGCTX_CHECK(j["model_type"].is_string(), ErrorCode::kInvalidArgument,
                   "{}: field 'model_type' must be a string, got {}", src,
@@ -682,12 +655,22 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
   }
   if (a == "LlamaForCausalLM" || a == "MistralForCausalLM")
     c.mlp_bias = opt_bool(j, "mlp_bias", false, src);
-  const bool next = a == "Qwen3NextForCausalLM";
+  const bool next = has_gated_deltanet(a);  // Qwen3-Next, Qwen3.5
   c.qk_norm = a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || gemma3 || next;
-  // Qwen3-Next: zero-centred (1 + w) RMSNorms (Qwen3NextRMSNorm; its gated norm is not) and
-  // attention outputs gated by sigmoid(a second half of q_proj).
+  // Qwen3-Next and Qwen3.5: zero-centred (1 + w) RMSNorms (Qwen3NextRMSNorm; its gated norm is
+  // not) and attention outputs gated by sigmoid(a second half of q_proj) (Qwen3NextAttention,
+  // which Qwen3_5Attention is; Qwen3.5's configs also write "attn_output_gate": true).
   c.norm_plus_one = next;
   c.attn_output_gate = next;
+  // The multi-token-prediction head (mtp.*) and Qwen3.5's vision tower (model.visual.*, also in
+  // the text-only classes' _keys_to_ignore_on_load_unexpected): speculative decoding and images
+  // are not run.
+  if (next) c.unused_weight_prefixes = {"mtp."};
+  if (qwen3_5) c.unused_weight_prefixes.push_back("model.visual.");
+  // Gemma3ForConditionalGeneration's vision tower and projector.
+  if (a == "Gemma3ForConditionalGeneration")
+    c.unused_weight_prefixes = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                "model.multi_modal_projector."};
   c.hidden_act = gemma3 ? parse_hidden_act(j, "hidden_activation", "gelu_pytorch_tanh", src)
                         : parse_hidden_act(j, "hidden_act", "silu", src);
   if (gemma3) {
@@ -705,7 +688,9 @@ static ModelConfig parse_model_config_unguarded(const json& file, const std::str
                     "checkpoints set it null)",
                     src, key, json_excerpt(j[key]));
   }
-  if (a == "Qwen2MoeForCausalLM" || a == "Qwen3MoeForCausalLM" || next)
+  // (Qwen3.5's dense models: every MLP dense, whatever MoE fields a file might carry.)
+  if (a == "Qwen2MoeForCausalLM" || a == "Qwen3MoeForCausalLM" || a == "Qwen3NextForCausalLM" ||
+      is_qwen3_5_moe(a))
     c.moe = parse_moe(j, src, c);
 
   parse_layer_types(j, src, c);

@@ -31,14 +31,25 @@ std::map<std::string, Shape> expected_weights(const ModelConfig& c, ExpertLayout
     w[l + "input_layernorm.weight"] = {h};
     w[l + "post_attention_layernorm.weight"] = {h};
     if (c.layer_type(i) == LayerAttention::kLinear) {
-      // Qwen3NextGatedDeltaNet: in projections (q, k, v, z and b, a, interleaved per key head),
-      // the depthwise conv over q, k, v, the decay's A_log and dt_bias, the gated norm, out_proj.
+      // Qwen3NextGatedDeltaNet: in projections (q, k, v, z and b, a), the depthwise conv over
+      // q, k, v, the decay's A_log and dt_bias, the gated norm, out_proj. Qwen3-Next stores the
+      // projections in two, rows grouped per key head; Qwen3.5 in four, head-major.
       const LinearAttentionConfig& a = c.linear;
       const int64_t key_dim = a.num_key_heads * a.key_head_dim;
       const int64_t value_dim = a.num_value_heads * a.value_head_dim;
       const std::string p = l + "linear_attn.";
-      w[p + "in_proj_qkvz.weight"] = {2 * key_dim + 2 * value_dim, h};
-      w[p + "in_proj_ba.weight"] = {2 * a.num_value_heads, h};
+      switch (a.projections) {
+        case LinearProjLayout::kGroupedByKeyHead:
+          w[p + "in_proj_qkvz.weight"] = {2 * key_dim + 2 * value_dim, h};
+          w[p + "in_proj_ba.weight"] = {2 * a.num_value_heads, h};
+          break;
+        case LinearProjLayout::kSplit:
+          w[p + "in_proj_qkv.weight"] = {2 * key_dim + value_dim, h};
+          w[p + "in_proj_z.weight"] = {value_dim, h};
+          w[p + "in_proj_b.weight"] = {a.num_value_heads, h};
+          w[p + "in_proj_a.weight"] = {a.num_value_heads, h};
+          break;
+      }
       w[p + "conv1d.weight"] = {2 * key_dim + value_dim, 1, a.conv_kernel_dim};
       w[p + "A_log"] = {a.num_value_heads};
       w[p + "dt_bias"] = {a.num_value_heads};
@@ -104,14 +115,9 @@ std::map<std::string, Shape> expected_weights(const ModelConfig& c, ExpertLayout
 
 bool is_ignorable_weight(const std::string& name, const ModelConfig& c) {
   if (name.ends_with(".rotary_emb.inv_freq")) return true;
-  // Qwen3-Next's multi-token-prediction head (transformers ignores it too: speculative decoding
-  // is not run).
-  if (c.architecture == "Qwen3NextForCausalLM" && name.starts_with("mtp.")) return true;
-  // Gemma3ForConditionalGeneration's vision tower and projector: only the text model runs.
-  if (c.architecture == "Gemma3ForConditionalGeneration")
-    for (const char* p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                          "model.multi_modal_projector."})
-      if (name.starts_with(p)) return true;
+  // A multimodal wrapper's vision tower, a multi-token-prediction head: only the text model runs.
+  for (const std::string& p : c.unused_weight_prefixes)
+    if (name.starts_with(p)) return true;
   return c.tie_word_embeddings && name == "lm_head.weight";
 }
 

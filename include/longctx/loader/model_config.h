@@ -61,6 +61,12 @@ enum class LayerAttention {
   kLinear,   // "linear_attention": a fixed-size recurrent state (Qwen3-Next's Gated DeltaNet)
 };
 
+// How a checkpoint stores a Gated DeltaNet layer's input projections (set by the architecture).
+enum class LinearProjLayout {
+  kGroupedByKeyHead,  // Qwen3-Next: in_proj_qkvz, in_proj_ba, rows grouped per key head
+  kSplit,             // Qwen3.5: in_proj_qkv (q, k, v head-major), in_proj_z, in_proj_b, in_proj_a
+};
+
 // The sizes of a linear-attention layer's per-sequence state (Qwen3-Next's config names).
 struct LinearAttentionConfig {
   int64_t num_key_heads = 0;    // linear_num_key_heads
@@ -68,6 +74,7 @@ struct LinearAttentionConfig {
   int64_t key_head_dim = 0;     // linear_key_head_dim
   int64_t value_head_dim = 0;   // linear_value_head_dim
   int64_t conv_kernel_dim = 0;  // linear_conv_kernel_dim
+  LinearProjLayout projections = LinearProjLayout::kGroupedByKeyHead;
 };
 
 // A mixture-of-experts feed-forward (Qwen2-MoE / Qwen3-MoE config names). num_experts 0: dense.
@@ -133,6 +140,9 @@ struct ModelConfig {
   // quantization_config asks for an FP8 KV cache (ModelOpt's kv_cache_quant_algo "FP8",
   // compressed-tensors' kv_cache_scheme of 8-bit floats): what --kv-cache-dtype auto follows.
   bool kv_cache_fp8 = false;
+  // Name prefixes of checkpoint tensors the text model never reads (a multimodal wrapper's
+  // vision tower, a multi-token-prediction head): accepted by the loader and left unloaded.
+  std::vector<std::string> unused_weight_prefixes;
 
   // Whether layer i's MLP is the mixture of experts (Qwen2MoeDecoderLayer's rule), else the
   // dense MLP of intermediate_size.
