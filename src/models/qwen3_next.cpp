@@ -1,6 +1,11 @@
 // Qwen3NextForCausalLM, following transformers/models/qwen3_next/modeling_qwen3_next.py: three
 // Gated DeltaNet (linear attention) layers to one gated full-attention layer (config
 // layer_types), every MLP the MoE block with a shared expert (Qwen2-MoE's: sparse_moe_block).
+// Qwen3.5's text models (models/qwen3_5*: Qwen3_5[Moe]ForCausalLM, the text model of
+// Qwen3_5[Moe]ForConditionalGeneration) are this model: Qwen3_5GatedDeltaNet computes what
+// Qwen3NextGatedDeltaNet does from projections stored apart (LinearProjLayout::kSplit); the dense
+// models' MLPs are DecoderModel's dense MLP (config.moe.num_experts 0); the multimodal RoPE is
+// the plain partial RoPE on text positions (loader/model_config.cpp).
 // What differs from the decoders of decoder_common, each handled once:
 // - Qwen3NextRMSNorm scales by (1 + w) (config.norm_plus_one: loaded as 1 + w), the gated norm
 //   of the linear layers does not;
@@ -24,7 +29,7 @@ namespace longctx::models {
 
 namespace {
 
-// One Gated DeltaNet layer's weights, with the checkpoint's per-key-head interleaving undone at
+// One Gated DeltaNet layer's weights, with Qwen3-Next's per-key-head interleaving undone at
 // load time (see the constructor) so q, k, v, z and b, a are contiguous column ranges.
 struct LinearAttnWeights {
   Tensor in_proj_qkvz;  // [2 key_dim + 2 value_dim, hidden]: rows q, k, v, z (each head-major)
@@ -75,26 +80,41 @@ class Qwen3NextForCausalLM : public DecoderModel {
         return t;
       };
       LinearAttnWeights& lw = linear_[i];
-      // in_proj_qkvz rows are grouped by key head g: [q_g (dk), k_g (dk), v_g (r dv), z_g (r dv)]
-      // (fix_query_key_value_ordering); value head g r + j is the j-th of group g.
-      const int64_t group = 2 * dk + 2 * r * dv;
-      Tensor qkvz = get("in_proj_qkvz.weight", {hk * group, c.hidden_size});
-      std::vector<Tensor> parts;
-      for (int64_t part : {0, 1, 2, 3}) {
-        const int64_t off = part < 2 ? part * dk : 2 * dk + (part - 2) * r * dv;
-        const int64_t n = part < 2 ? dk : r * dv;
-        for (int64_t g = 0; g < hk; ++g)
-          parts.push_back(qkvz.slice(0, g * group + off, g * group + off + n));
-      }
-      lw.in_proj_qkvz = load.load_fused(parts);
-      // in_proj_ba rows per key head: [b_g (r), a_g (r)].
-      Tensor ba = get("in_proj_ba.weight", {2 * hv, c.hidden_size});
-      parts.clear();
-      for (int64_t part : {0, 1})
-        for (int64_t g = 0; g < hk; ++g)
-          parts.push_back(ba.slice(0, g * 2 * r + part * r, g * 2 * r + (part + 1) * r));
-      lw.in_proj_ba = load.load_fused(parts);
       const int64_t conv_dim = 2 * hk * dk + hv * dv;
+      switch (l.projections) {
+        case LinearProjLayout::kGroupedByKeyHead: {
+          // in_proj_qkvz rows are grouped by key head g: [q_g (dk), k_g (dk), v_g (r dv),
+          // z_g (r dv)] (fix_query_key_value_ordering); value head g r + j is the j-th of
+          // group g.
+          const int64_t group = 2 * dk + 2 * r * dv;
+          Tensor qkvz = get("in_proj_qkvz.weight", {hk * group, c.hidden_size});
+          std::vector<Tensor> parts;
+          for (int64_t part : {0, 1, 2, 3}) {
+            const int64_t off = part < 2 ? part * dk : 2 * dk + (part - 2) * r * dv;
+            const int64_t n = part < 2 ? dk : r * dv;
+            for (int64_t g = 0; g < hk; ++g)
+              parts.push_back(qkvz.slice(0, g * group + off, g * group + off + n));
+          }
+          lw.in_proj_qkvz = load.load_fused(parts);
+          // in_proj_ba rows per key head: [b_g (r), a_g (r)].
+          Tensor ba = get("in_proj_ba.weight", {2 * hv, c.hidden_size});
+          parts.clear();
+          for (int64_t part : {0, 1})
+            for (int64_t g = 0; g < hk; ++g)
+              parts.push_back(ba.slice(0, g * 2 * r + part * r, g * 2 * r + (part + 1) * r));
+          lw.in_proj_ba = load.load_fused(parts);
+          break;
+        }
+        case LinearProjLayout::kSplit:
+          // Qwen3_5GatedDeltaNet: in_proj_qkv rows q (every key head), k, v, each head-major, as
+          // the conv reads them; value head h reads key head h / r (repeat_interleave), the
+          // grouping above. Only the fusion with z and with a is left.
+          lw.in_proj_qkvz = load.load_fused({get("in_proj_qkv.weight", {conv_dim, c.hidden_size}),
+                                             get("in_proj_z.weight", {hv * dv, c.hidden_size})});
+          lw.in_proj_ba = load.load_fused({get("in_proj_b.weight", {hv, c.hidden_size}),
+                                           get("in_proj_a.weight", {hv, c.hidden_size})});
+          break;
+      }
       lw.conv1d = on_device(f32(get("conv1d.weight", {conv_dim, 1, l.conv_kernel_dim}))
                                 .view({conv_dim, l.conv_kernel_dim}));
       // g = -exp(A_log) * softplus(a + dt_bias), A_log.float().exp() as transformers computes it

@@ -24,6 +24,12 @@ const std::pair<const char*, Factory> kArchitectures[] = {
     {"Qwen2MoeForCausalLM", models::make_qwen2},              // + the MoE block of decoder_common
     {"Qwen3MoeForCausalLM", models::make_qwen3},
     {"Qwen3NextForCausalLM", models::make_qwen3_next},
+    // Qwen3.5: Qwen3-Next's model with the projections stored apart (config.linear), dense MLPs
+    // in Qwen3_5; the wrappers' text model
+    {"Qwen3_5ForCausalLM", models::make_qwen3_next},
+    {"Qwen3_5MoeForCausalLM", models::make_qwen3_next},
+    {"Qwen3_5ForConditionalGeneration", models::make_qwen3_next},
+    {"Qwen3_5MoeForConditionalGeneration", models::make_qwen3_next},
 };
 
 }  // namespace

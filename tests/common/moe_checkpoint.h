@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "longctx/core/error.h"
 #include "longctx/loader/checkpoint.h"
 
 namespace longctx::testing {
@@ -90,13 +91,16 @@ inline std::map<std::string, Tensor> per_expert_weights(
   return w;
 }
 
-// Writes f32 tensors as one safetensors file.
+// Writes f32 or bf16 tensors as one safetensors file.
 inline void write_safetensors_file(const std::filesystem::path& path,
                                    const std::vector<std::pair<std::string, Tensor>>& tensors) {
   nlohmann::json header = nlohmann::json::object();
   int64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", "F32"},
+    LONGCTX_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
+                  ErrorCode::kInvalidArgument, "write_safetensors_file: '{}' is not f32 or bf16",
+                  name);
+    header[name] = {{"dtype", t.dtype() == DType::kBF16 ? "BF16" : "F32"},
                     {"shape", t.shape()},
                     {"data_offsets", {offset, offset + static_cast<int64_t>(t.nbytes())}}};
     offset += static_cast<int64_t>(t.nbytes());
