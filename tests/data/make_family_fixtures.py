@@ -1,7 +1,7 @@
 """Reference fixtures for the model families of issues 44-46 (Gemma 3, Mistral sliding window,
-Qwen3-MoE, Qwen2-MoE's shared expert, Qwen3-Next), made with transformers + torch on a machine
-that has them (the GPU machine: no internet, so every config is built here and every weight is
-random). Same layout, weights and cases as make_rope_fixtures.py (whose helpers this reuses):
+Qwen3-MoE, Qwen2-MoE's shared expert, Qwen3-Next, Qwen3.5), made with transformers + torch on a
+machine that has them (the GPU machine: no internet, so every config is built here and every
+weight is random). Same layout, weights and cases as make_rope_fixtures.py (whose helpers this reuses):
 config.json, generation_config.json, model.safetensors (bf16), reference.json and logits_<n>.npy
 for prompts of 1, 7, 64, 515, 2048 tokens, greedy continuations at 7 and 515.
 
@@ -16,10 +16,21 @@ for prompts of 1, 7, 64, 515, 2048 tokens, greedy continuations at 7 and 515.
   tiny-qwen3-next     Qwen3NextForCausalLM: 3 Gated DeltaNet layers to 1 gated full-attention
                       layer, partial rope 0.25, MoE with a shared expert (transformers' torch
                       fallback for the delta rule when flash-linear-attention is not installed)
+  tiny-qwen3.5        Qwen3_5ForCausalLM (Qwen3_5TextConfig): tiny-qwen3-next's layers with the
+                      Gated DeltaNet projections stored apart (in_proj_qkv, _z, _b, _a) and a
+                      dense MLP on every layer; rope_parameters with Qwen3-VL's multimodal
+                      sections (mrope_section, mrope_interleaved: text positions on all axes)
+  tiny-qwen3.5-moe    Qwen3_5MoeForCausalLM (Qwen3_5MoeTextConfig): 8 experts top-2 (always
+                      renormalized) and a shared expert on every layer
+  tiny-qwen3.5-vl     Qwen3_5ForConditionalGeneration: tiny-qwen3.5's text model (under
+                      model.language_model.*) with a one-block vision tower (model.visual.*);
+                      the logits from text-only input_ids
 
 A family whose class this transformers lacks is reported and skipped; the log lists the Qwen3*
 classes it has. Usage (on the GPU machine, from the repository root):
   python3 tests/data/make_family_fixtures.py --out /tmp/family-fixtures
+  python3 tests/data/make_family_fixtures.py --out /tmp/ff --only tiny-qwen3.5 tiny-qwen3.5-moe \
+      tiny-qwen3.5-vl
 """
 
 import argparse
@@ -104,9 +115,63 @@ def qwen3_next():
     return mrf.make_config(Qwen3NextConfig, {"rope_type": "default"}, 1e4, partial=0.25, **kw)
 
 
-FAMILIES = [("tiny-gemma3", gemma3, 4501), ("tiny-mistral-sw", mistral_sw, 4502),
-            ("tiny-qwen3-moe", qwen3_moe, 4503), ("tiny-qwen2-moe", qwen2_moe, 4504),
-            ("tiny-qwen3-next", qwen3_next, 4505)]
+# Qwen3.5's text config: tiny-qwen3-next's sizes (4 layers: 3 linear, 1 full; head_dim 32 with a
+# quarter rotated: 4 frequencies, split 2 / 1 / 1 over the multimodal axes).
+QWEN3_5_TEXT = dict(COMMON, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=32, max_position_embeddings=4096, tie_word_embeddings=False,
+                    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                    linear_num_key_heads=2, linear_num_value_heads=4)
+MROPE = {"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+
+
+def qwen3_5_text_config(cls, **extra):
+    kw = dict(QWEN3_5_TEXT, **extra)
+    if takes(cls, "layer_types"):
+        kw["layer_types"] = ["linear_attention"] * 3 + ["full_attention"]
+    else:
+        kw["full_attention_interval"] = 4
+    return mrf.make_config(cls, MROPE, 1e4, partial=0.25, **kw)
+
+
+def qwen3_5():
+    from transformers import Qwen3_5TextConfig
+    return qwen3_5_text_config(Qwen3_5TextConfig, intermediate_size=96)
+
+
+def qwen3_5_moe():
+    # No intermediate_size, norm_topk_prob, decoder_sparse_step or mlp_only_layers: the class
+    # deletes them (every layer sparse, the top-k always renormalized).
+    from transformers import Qwen3_5MoeTextConfig
+    return qwen3_5_text_config(Qwen3_5MoeTextConfig, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=48, num_experts=8,
+                               num_experts_per_tok=2)
+
+
+def qwen3_5_vl():
+    # The vision tower at its smallest: one block of 32 wide (2 heads), patches of 4, a 4 x 4
+    # grid of position embeddings, merged 2 x 2 into the text model's width. Image token ids
+    # stay at their defaults, outside the 512-token vocabulary, so no prompt holds one.
+    from transformers import Qwen3_5Config, Qwen3_5TextConfig, Qwen3_5VisionConfig
+    text = qwen3_5()
+    vision = Qwen3_5VisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                 in_channels=3, patch_size=4, spatial_merge_size=2,
+                                 temporal_patch_size=2, out_hidden_size=text.hidden_size,
+                                 num_position_embeddings=16)
+    assert isinstance(text, Qwen3_5TextConfig)
+    return Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
+def model_class(name):
+    return getattr(transformers, name)
+
+
+# (name, config maker, seed, model class: None for AutoModelForCausalLM's)
+FAMILIES = [("tiny-gemma3", gemma3, 4501, None), ("tiny-mistral-sw", mistral_sw, 4502, None),
+            ("tiny-qwen3-moe", qwen3_moe, 4503, None), ("tiny-qwen2-moe", qwen2_moe, 4504, None),
+            ("tiny-qwen3-next", qwen3_next, 4505, None),
+            ("tiny-qwen3.5", qwen3_5, 4506, "Qwen3_5ForCausalLM"),
+            ("tiny-qwen3.5-moe", qwen3_5_moe, 4507, "Qwen3_5MoeForCausalLM"),
+            ("tiny-qwen3.5-vl", qwen3_5_vl, 4508, "Qwen3_5ForConditionalGeneration")]
 
 
 def main():
@@ -118,13 +183,19 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     print("transformers", transformers.__version__,
           "Qwen3*/Gemma3* classes:", [n for n in dir(transformers)
-                                     if n.startswith(("Qwen3", "Gemma3")) and n.endswith("ForCausalLM")])
+                                     if n.startswith(("Qwen3", "Gemma3"))
+                                     and n.endswith(("ForCausalLM", "ForConditionalGeneration"))])
+    names = [f[0] for f in FAMILIES]
+    unknown = [n for n in args.only or [] if n not in names]
+    if unknown:
+        ap.error(f"unknown --only names {unknown} (known: {names})")
     failed = []
-    for name, make, seed in FAMILIES:
+    for name, make, seed, cls in FAMILIES:
         if args.only and name not in args.only:
             continue
         try:
-            mrf.make_model(args.out, name, make(), None, seed, args.device)
+            mrf.make_model(args.out, name, make(), None, seed, args.device,
+                           model_class(cls) if cls else None)
         except Exception:  # report and go on: one missing class must not lose the others
             traceback.print_exc()
             failed.append(name)

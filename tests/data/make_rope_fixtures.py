@@ -82,20 +82,23 @@ def make_config(cls, rope: dict, theta: float, partial: float = None, **kw):
     return cls(rope_theta=theta, rope_scaling=scaling, **kw)
 
 
-def from_config(config):
+def from_config(config, model_cls=None):
+    """The model of `config`: AutoModelForCausalLM's, or `model_cls`'s (a class the causal-LM
+    auto mapping does not hold, e.g. a multimodal wrapper)."""
+    if model_cls is not None:
+        return model_cls(config).to(torch.float32)
     try:
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except TypeError:  # transformers 4.x
         return AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
 
 
-def from_pretrained(d):
+def from_pretrained(d, model_cls=None):
+    cls = model_cls or AutoModelForCausalLM
     try:
-        return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
-                                                    attn_implementation="eager")
+        return cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
     except TypeError:  # transformers 4.x
-        return AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32,
-                                                    attn_implementation="eager")
+        return cls.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager")
 
 
 def default_rope(config, device, seq_len=None):
@@ -223,18 +226,18 @@ def rope_record(model, config, rope_type, lengths):
     return rec
 
 
-def make_model(out_dir, name, config, rope_type, seed, device):
+def make_model(out_dir, name, config, rope_type, seed, device, model_cls=None):
     from safetensors.torch import load_file
     d = os.path.join(out_dir, name)
     os.makedirs(d, exist_ok=True)
     torch.manual_seed(seed)
     config._attn_implementation = "eager"
-    model = from_config(config)
+    model = from_config(config, model_cls)
     randomize(model, seed)
     model = model.to(torch.bfloat16)  # saved in bf16 (the values are already bf16)
     model.save_pretrained(d)  # safetensors, config.json, generation_config.json
     # What the engine loads: from disk, upcast to float32, inv_freq made in float32.
-    ref = from_pretrained(d).to(device).eval()
+    ref = from_pretrained(d, model_cls).to(device).eval()
     assert all(t.dtype == torch.bfloat16 for t in load_file(os.path.join(d, "model.safetensors")).values())
     rng = np.random.default_rng(seed)
     cases = []
@@ -256,7 +259,9 @@ def make_model(out_dir, name, config, rope_type, seed, device):
         json.dump(reference, fh)
     size = os.path.getsize(os.path.join(d, "model.safetensors"))
     keys = sorted(load_file(os.path.join(d, "model.safetensors")).keys())
-    print(f"{name}: {size / 1024:.0f} KB of weights, {len(cases)} cases, rope "
+    with open(os.path.join(d, "config.json")) as fh:
+        arch = json.load(fh).get("architectures")
+    print(f"{name} ({arch}): {size / 1024:.0f} KB of weights, {len(cases)} cases, rope "
           f"{reference['rope'] and reference['rope']['attention_scaling']}; tensors: {keys[:40]}")
 
 
