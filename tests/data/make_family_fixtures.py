@@ -1,9 +1,9 @@
 """Reference fixtures for the model families of issues 44-46 (Gemma 3, Mistral sliding window,
 Qwen3-MoE, Qwen2-MoE's shared expert, Qwen3-Next, Qwen3.5), made with transformers + torch on a
 machine that has them (the GPU machine: no internet, so every config is built here and every
-weight is random). Same layout, weights and cases as make_rope_fixtures.py (whose helpers this reuses):
-config.json, generation_config.json, model.safetensors (bf16), reference.json and logits_<n>.npy
-for prompts of 1, 7, 64, 515, 2048 tokens, greedy continuations at 7 and 515.
+weight is random). Same layout, weights and cases as make_rope_fixtures.py (whose helpers this
+reuses): config.json, generation_config.json, model.safetensors (bf16), reference.json and
+logits_<n>.npy for prompts of 1, 7, 64, 515, 2048 tokens, greedy continuations at 7 and 515.
 
   tiny-gemma3         Gemma3ForCausalLM: 6 layers, five sliding (window 48) to one global, as
                       Gemma 3's pattern; query_pre_attn_scalar 24 (not head_dim 32), local rope
