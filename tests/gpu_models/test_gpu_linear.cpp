@@ -16,16 +16,21 @@
 //     reference as transformers' own 16-bit forward is, and chunking adding nothing;
 //   - the device StatePool's reset and copy touch exactly their slot;
 //   - KV offload (the full-attention layer's KV through the host pool and the ring, the states
-//     resident) gives the resident engine's tokens, with preemption, prefix hits and Quest.
+//     resident) gives the resident engine's tokens, with preemption, prefix hits and Quest;
+//   - the same weights in Qwen3.5's layout and multimodal wrapper (common/qwen3_5_layout.h: the
+//     split projections fused at upload) give the same tokens and logprobs.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <vector>
 
 #include "common/engine_properties.h"
 #include "common/greedy_compare.h"
+#include "common/qwen3_5_layout.h"
 #include "gpu_models/gpu_executor.h"
 #include "kv/state_pool.h"
 #include "longctx/engine/executor_session.h"
@@ -436,6 +441,29 @@ TEST(GpuLinear, LlmWithKvOffloadGivesTheResidentTokens) {
   c.host_kv_budget = 256ll << 20;  // (the memory plan's, not the machine's half)
   const auto offloaded = LLM(c).generate(prompts, greedy(), false);
   expect_same_tokens_up_to_ties(resident, offloaded, kTieMargin, "offloaded vs resident (LLM)");
+}
+
+// Qwen3_5MoeForConditionalGeneration holding tiny-qwen3-next's weights in Qwen3.5's layout: the
+// GPU loader fuses in_proj_qkv with in_proj_z and in_proj_b with in_proj_a where Qwen3-Next's
+// are un-interleaved, into the same device tensors, so the engine computes the same logits (a
+// wrong order moves them by whole units: tests/models/test_qwen3_5_layout.cpp on the CPU).
+TEST(GpuLinear, Qwen3_5LayoutGivesTheSameTokens) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("longctx_gpu_qwen3_5_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  write_qwen3_5_checkpoint(dir, load_checkpoint(fixture_dir(kModel)), true);
+  EngineConfig c = engine_config("cuda");
+  const auto next = LLM(c).generate(mixed_prompts(), greedy(), false);
+  c.model = dir.string();
+  const auto qwen3_5 = LLM(c).generate(mixed_prompts(), greedy(), false);
+  fs::remove_all(dir);
+  for (size_t i = 0; i < next.size(); ++i) {
+    const double gap = max_logprob_gap(next[i], qwen3_5[i]);
+    std::printf("prompt %zu: max |logprob gap| Qwen3.5 layout vs Qwen3-Next %.2e\n", i, gap);
+    EXPECT_LT(gap, 1e-3) << "prompt " << i;
+  }
+  expect_same_tokens_up_to_ties(next, qwen3_5, kTieMargin, "Qwen3.5 layout vs Qwen3-Next");
 }
 
 }  // namespace
