@@ -1,11 +1,11 @@
 // Qwen3NextForCausalLM, following transformers/models/qwen3_next/modeling_qwen3_next.py: three
 // Gated DeltaNet (linear attention) layers to one gated full-attention layer (config
 // layer_types), every MLP the MoE block with a shared expert (Qwen2-MoE's: sparse_moe_block).
-// Qwen3.5's text models (models/qwen3_5*: Qwen3_5[Moe]ForCausalLM, the text model of
-// Qwen3_5[Moe]ForConditionalGeneration) are this model: Qwen3_5GatedDeltaNet computes what
-// Qwen3NextGatedDeltaNet does from projections stored apart (LinearProjLayout::kSplit); the dense
-// models' MLPs are DecoderModel's dense MLP (config.moe.num_experts 0); the multimodal RoPE is
-// the plain partial RoPE on text positions (loader/model_config.cpp).
+// Qwen3.5's text models (transformers/models/qwen3_5{,_moe}: Qwen3_5[Moe]ForCausalLM, the text
+// model of Qwen3_5[Moe]ForConditionalGeneration) are this model: Qwen3_5GatedDeltaNet computes
+// what Qwen3NextGatedDeltaNet does from projections stored apart (LinearProjLayout::kSplit); the
+// dense models' MLPs are DecoderModel's dense MLP (config.moe.num_experts 0); the multimodal
+// RoPE is the plain partial RoPE on text positions (loader/text_config.cpp).
 // What differs from the decoders of decoder_common, each handled once:
 // - Qwen3NextRMSNorm scales by (1 + w) (config.norm_plus_one: loaded as 1 + w), the gated norm
 //   of the linear layers does not;
@@ -29,8 +29,9 @@ namespace longctx::models {
 
 namespace {
 
-// One Gated DeltaNet layer's weights, with Qwen3-Next's per-key-head interleaving undone at
-// load time (see the constructor) so q, k, v, z and b, a are contiguous column ranges.
+// One Gated DeltaNet layer's weights, Qwen3-Next's per-key-head interleaving undone (Qwen3.5's
+// separate projections fused) at load time, see the constructor, so q, k, v, z and b, a are
+// contiguous column ranges.
 struct LinearAttnWeights {
   Tensor in_proj_qkvz;  // [2 key_dim + 2 value_dim, hidden]: rows q, k, v, z (each head-major)
   Tensor in_proj_ba;    // [2 Hv, hidden]: rows b, a
