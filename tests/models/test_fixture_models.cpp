@@ -68,6 +68,14 @@ void expect_incremental_matches_full(Model& model, const std::vector<int32_t>& i
   EXPECT_LE(m, split_tolerance(model)) << "n=" << n << " k=" << k;
 }
 
+// A fixture's name as a test name ("tiny-qwen3.5" -> "tiny_qwen3_5").
+std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  for (char& ch : s)
+    if (ch == '-' || ch == '.') ch = '_';
+  return s;
+}
+
 }  // namespace
 
 TEST_P(FixtureModel, LogitsMatchTransformersShortCases) {
@@ -115,11 +123,13 @@ TEST_P(FixtureModel, LastOnlyIsTheLastRow) {
     EXPECT_EQ(last.data<float>()[i], full.data<float>()[63 * full.size(1) + i]);
 }
 
-TEST(FixtureModelStates, Qwen3NextPrefillInChunksOfEverySizeEqualsOneForward) {
+class FixtureModelStates : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FixtureModelStates, PrefillInChunksOfEverySizeEqualsOneForward) {
   // Pieces of 1 (every step a decode row: the recurrent form), 5 and 17 (odd, across the chunked
   // form's chunks of 64), 64 and 100, each continuing the states the previous piece left.
-  auto model = load_fixture_model("tiny-qwen3-next");
-  std::vector<int32_t> ids = reference_case("tiny-qwen3-next", 515).input_ids;
+  auto model = load_fixture_model(GetParam());
+  std::vector<int32_t> ids = reference_case(GetParam(), 515).input_ids;
   ids.resize(160);
   const int64_t n = static_cast<int64_t>(ids.size());
   Tensor full = full_forward(*model, ids);
@@ -138,6 +148,9 @@ TEST(FixtureModelStates, Qwen3NextPrefillInChunksOfEverySizeEqualsOneForward) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Hybrid, FixtureModelStates, ::testing::Values("tiny-qwen3-next"),
+                         fixture_test_name);
+
 TEST(FixtureModelRope, ExactInvFreqIsNotWhatTheFixturesUsed) {
   // The fixtures were made by transformers from a model loaded at bf16 and upcast, so its rope
   // inv_freq was rounded to bf16. With exact float32 inv_freq the 515-token logits move by far
@@ -153,8 +166,4 @@ INSTANTIATE_TEST_SUITE_P(Tiny, FixtureModel,
                          ::testing::Values("tiny-llama3", "tiny-qwen3", "tiny-qwen2", "tiny-gemma3",
                                            "tiny-mistral-sw", "tiny-qwen3-moe", "tiny-qwen2-moe",
                                            "tiny-qwen3-yarn", "tiny-qwen3-next"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           return s;
-                         });
+                         fixture_test_name);
