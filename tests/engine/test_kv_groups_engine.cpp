@@ -200,6 +200,20 @@ TEST(KvGroupsEngine, Qwen3NextMatchesItsReference) {
   check_engine_matches_reference(model, 2e-3f, 20);
 }
 
+// tiny-qwen3.5 (Qwen3_5ForCausalLM: tiny-qwen3-next's layers, the projections stored apart, a
+// dense MLP on every layer) and tiny-qwen3.5-vl (the same text model in the multimodal wrapper),
+// the same way through the engine.
+TEST(KvGroupsEngine, Qwen3_5MatchesItsReference) {
+  for (const char* name : {"tiny-qwen3.5", "tiny-qwen3.5-vl"}) {
+    SCOPED_TRACE(name);
+    auto ck = std::make_shared<const Checkpoint>(
+        load_checkpoint(testing::test_data_dir() + "/fixtures/" + name));
+    std::shared_ptr<Model> model = create_model(ck);
+    ASSERT_EQ(KvGroups::from_config(model->config(), DType::kF32)[1].kind, KvGroupKind::kState);
+    check_engine_matches_reference(model, 2e-3f, 20);
+  }
+}
+
 TEST(KvGroupsEngine, MemoryPlanCountsEachGroup) {
   ModelConfig c = dummy_preset_config("llama-3.1-8b");
   GpuRunnerOptions o;

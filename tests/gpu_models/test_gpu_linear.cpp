@@ -18,7 +18,8 @@
 //   - KV offload (the full-attention layer's KV through the host pool and the ring, the states
 //     resident) gives the resident engine's tokens, with preemption, prefix hits and Quest;
 //   - the same weights in Qwen3.5's layout and multimodal wrapper (common/qwen3_5_layout.h: the
-//     split projections fused at upload) give the same tokens and logprobs.
+//     split projections fused at upload) give the same tokens and logprobs; transformers'
+//     Qwen3.5 fixtures' greedy tokens (tiny-qwen3.5, -moe, -vl) reproduced.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -51,9 +52,9 @@ constexpr double kF16StateTieMargin = 0.25;
 const char* const kModel = "tiny-qwen3-next";
 
 EngineConfig engine_config(const std::string& device, bool prefix_caching = false,
-                           bool enforce_eager = false) {
+                           bool enforce_eager = false, const std::string& model = kModel) {
   EngineConfig c;
-  c.model = fixture_dir(kModel);
+  c.model = fixture_dir(model);
   c.device = device;
   c.max_model_len = 1024;
   c.block_size = 16;
@@ -69,10 +70,11 @@ EngineConfig engine_config(const std::string& device, bool prefix_caching = fals
 
 SamplingParams greedy(int64_t tokens = 24) { return greedy_with_logprobs(tokens); }
 
-TEST(GpuLinear, FixtureGreedyTokensReproduced) {
-  LLM llm(engine_config("cuda"));
+// `model`'s fixture greedy tokens on the GPU engine, at 7 and 515 prompt tokens.
+void expect_fixture_greedy_tokens(const std::string& model) {
+  LLM llm(engine_config("cuda", false, false, model));
   for (int64_t len : {7, 515}) {
-    const ReferenceCase r = reference_case(kModel, len);
+    const ReferenceCase r = reference_case(model, len);
     ASSERT_EQ(r.greedy_new_tokens.size(), 24u) << len;
     auto out = llm.generate({Prompt(r.input_ids)}, greedy(), false);
     ASSERT_EQ(out.size(), 1u);
@@ -82,9 +84,21 @@ TEST(GpuLinear, FixtureGreedyTokensReproduced) {
     while (i < got.size() && got[i] == r.greedy_new_tokens[i]) ++i;
     if (i < got.size())
       EXPECT_LT(r.greedy_margins[i], kTieMargin)
-          << kModel << "[" << len << "]: token " << i << " differs (" << got[i] << " vs "
+          << model << "[" << len << "]: token " << i << " differs (" << got[i] << " vs "
           << r.greedy_new_tokens[i] << ", margin " << r.greedy_margins[i] << ")";
-    std::printf("%s[%lld]: %zu/%zu greedy tokens equal\n", kModel, (long long)len, i, got.size());
+    std::printf("%s[%lld]: %zu/%zu greedy tokens equal\n", model.c_str(), (long long)len, i,
+                got.size());
+  }
+}
+
+TEST(GpuLinear, FixtureGreedyTokensReproduced) { expect_fixture_greedy_tokens(kModel); }
+
+// Qwen3.5's fixtures (transformers' Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM and the text model
+// of Qwen3_5ForConditionalGeneration): the same on the GPU engine.
+TEST(GpuLinear, Qwen3_5FixtureGreedyTokensReproduced) {
+  for (const char* model : {"tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-qwen3.5-vl"}) {
+    SCOPED_TRACE(model);
+    expect_fixture_greedy_tokens(model);
   }
 }
 

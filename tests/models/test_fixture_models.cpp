@@ -5,7 +5,10 @@
 // norm_topk_prob, layer 1 dense, num_local_experts) and tiny-qwen2-moe (no renormalization, a
 // shared expert with its sigmoid gate); tiny-qwen3-yarn (yarn factor 4 over 64 positions);
 // tiny-qwen3-next (three Gated DeltaNet layers, their states carried by the KV cache across the
-// incremental and chunked cases, then a gated full-attention layer with partial RoPE).
+// incremental and chunked cases, then a gated full-attention layer with partial RoPE);
+// tiny-qwen3.5 (Qwen3_5ForCausalLM: those layers with the projections stored apart and dense
+// MLPs), tiny-qwen3.5-moe (Qwen3_5MoeForCausalLM) and tiny-qwen3.5-vl (the text model of
+// Qwen3_5ForConditionalGeneration, beside a vision tower).
 // (tiny-llama-dynamic and tiny-phi3-longrope: test_rope_fixtures.cpp.)
 #include <gtest/gtest.h>
 
@@ -165,5 +168,6 @@ TEST(FixtureModelRope, ExactInvFreqIsNotWhatTheFixturesUsed) {
 INSTANTIATE_TEST_SUITE_P(Tiny, FixtureModel,
                          ::testing::Values("tiny-llama3", "tiny-qwen3", "tiny-qwen2", "tiny-gemma3",
                                            "tiny-mistral-sw", "tiny-qwen3-moe", "tiny-qwen2-moe",
-                                           "tiny-qwen3-yarn", "tiny-qwen3-next"),
+                                           "tiny-qwen3-yarn", "tiny-qwen3-next", "tiny-qwen3.5",
+                                           "tiny-qwen3.5-moe", "tiny-qwen3.5-vl"),
                          fixture_test_name);
