@@ -189,7 +189,7 @@ ModelConfig qwen3_next_80b_a3b() {
 // quarter of each 256-dim attention head rotated with theta 1e7 (the multimodal sections
 // [11, 11, 10] interleaved), 262144 positions, 3 Gated DeltaNet layers (16 key heads of 128)
 // to one gated attention layer.
-nlohmann::json qwen3_5_text_config(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
+nlohmann::json qwen3_5_preset_text(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
                                    int64_t linear_value_heads) {
   return {{"dtype", "bfloat16"},
           {"vocab_size", 248320},
@@ -221,7 +221,7 @@ nlohmann::json qwen3_5_text_config(int64_t hidden, int64_t layers, int64_t heads
 // Qwen3.5-27B: 64 layers of hidden 5120, 24 attention heads (4 KV), 48 value heads in the
 // Gated DeltaNet layers, dense MLPs of 17408.
 ModelConfig qwen3_5_27b() {
-  nlohmann::json text = qwen3_5_text_config(5120, 64, 24, 4, 48);
+  nlohmann::json text = qwen3_5_preset_text(5120, 64, 24, 4, 48);
   text["model_type"] = "qwen3_5_text";
   text["intermediate_size"] = 17408;
   const nlohmann::json j = {{"architectures", {"Qwen3_5ForConditionalGeneration"}},
@@ -234,7 +234,7 @@ ModelConfig qwen3_5_27b() {
 // Qwen3.5-35B-A3B: 40 layers of hidden 2048, 16 attention heads (2 KV), 32 value heads; 256
 // experts of 512, top 8, and a shared expert of 512 on every layer.
 ModelConfig qwen3_5_35b_a3b() {
-  nlohmann::json text = qwen3_5_text_config(2048, 40, 16, 2, 32);
+  nlohmann::json text = qwen3_5_preset_text(2048, 40, 16, 2, 32);
   text["model_type"] = "qwen3_5_moe_text";
   text["num_experts"] = 256;
   text["num_experts_per_tok"] = 8;

@@ -151,7 +151,8 @@ TEST_P(FixtureModelStates, PrefillInChunksOfEverySizeEqualsOneForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Hybrid, FixtureModelStates, ::testing::Values("tiny-qwen3-next"),
+INSTANTIATE_TEST_SUITE_P(Hybrid, FixtureModelStates,
+                         ::testing::Values("tiny-qwen3-next", "tiny-qwen3.5", "tiny-qwen3.5-moe"),
                          fixture_test_name);
 
 TEST(FixtureModelRope, ExactInvFreqIsNotWhatTheFixturesUsed) {
