@@ -45,6 +45,7 @@ struct GpuRunner::Impl {
   std::unique_ptr<GpuSampler> sampler;    // from attach_engine() on
   std::unique_ptr<DecodeGraphs> graphs;   // from attach_engine() on, unless enforce_eager
   std::shared_ptr<PhaseRecorder> phases;  // profile_phases() (a measurement mode), else null
+  PagedPhaseHook paged_phases;            // the resident paged backend's (empty under offload)
   int64_t max_blocks = 0;                 // block-table entries per step (backend limit)
 
   // The state group's slots (the snapshots' copies are device copies on the current stream,
@@ -223,9 +224,9 @@ GpuRunner::GpuRunner(std::shared_ptr<Model> model, const GpuRunnerOptions& optio
       options.max_num_seqs * ((m.plan.max_model_len + m.plan.block_size - 1) / m.plan.block_size);
   limits.max_seq_len = m.plan.max_model_len;
   m.max_blocks = limits.max_blocks;
-  m.attention = make_paged_attention_backend(*m.pool, c.num_attention_heads,
-                                             m.model->attention_scale(), limits, options.sparse,
-                                             options.tuning, &m.groups, m.states.get());
+  m.attention = make_paged_attention_backend(
+      *m.pool, c.num_attention_heads, m.model->attention_scale(), limits, options.sparse,
+      options.tuning, &m.groups, m.states.get(), &m.paged_phases);
 }
 
 GpuRunner::~GpuRunner() = default;
@@ -343,8 +344,8 @@ void GpuRunner::profile_phases() {
   m.phases = std::make_shared<PhaseRecorder>(m.model->device());
   if (m.offload != nullptr)
     m.offload->set_phase_recorder(m.phases.get());
-  else
-    set_paged_phase_recorder(*m.attention, m.phases.get());
+  else if (m.paged_phases)
+    m.paged_phases(m.phases.get());
   // The offload backend (m.offload) and its window backend stay where they are, inside.
   m.attention = std::make_unique<PhaseProfilingBackend>(std::move(m.attention), m.phases);
 }

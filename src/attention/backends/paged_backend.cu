@@ -521,17 +521,17 @@ std::unique_ptr<GraphLaunches> PagedAttentionBackend::end_graph_capture() {
 
 }  // namespace
 
-void set_paged_phase_recorder(AttentionBackend& backend, PhaseRecorder* recorder) {
-  if (auto* paged = dynamic_cast<PagedAttentionBackend*>(&backend))
-    paged->set_phase_recorder(recorder);
-}
-
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
     const SparseOptions& sparse, const kernels::KernelTuning& tuning, const KvGroups* groups,
-    StatePool* states) {
-  return std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits, sparse,
-                                                 tuning, groups, states);
+    StatePool* states, PagedPhaseHook* phase_hook) {
+  auto backend = std::make_unique<PagedAttentionBackend>(pool, num_qo_heads, sm_scale, limits,
+                                                         sparse, tuning, groups, states);
+  if (phase_hook != nullptr) {
+    PagedAttentionBackend* paged = backend.get();
+    *phase_hook = [paged](PhaseRecorder* recorder) { paged->set_phase_recorder(recorder); };
+  }
+  return backend;
 }
 
 }  // namespace longctx

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -61,13 +62,15 @@ struct PagedBackendLimits {
 // pointers (and qo_indptr, with the index arrays) to device arrays whose addresses follow the
 // batch size alone, and linear_states() hands a layer views of them (LinearLayerStates' device
 // form): decode graphs of state models replay them like the page tables.
+// phase_hook, where given, is set to the backend's switch for a measurement mode
+// (phase_profile.h): hook(recorder) makes its sparse policy mark its phases on recorder (null:
+// off); valid while the backend lives.
+using PagedPhaseHook = std::function<void(PhaseRecorder*)>;
 std::unique_ptr<AttentionBackend> make_paged_attention_backend(
     const PagedKVPool& pool, int64_t num_qo_heads, float sm_scale, const PagedBackendLimits& limits,
     const SparseOptions& sparse = {}, const kernels::KernelTuning& tuning = {},
-    const KvGroups* groups = nullptr, StatePool* states = nullptr);
-// A measurement mode (phase_profile.h): a sparse policy of `backend` (one make_paged_attention_
-// backend made) marks its phases on `recorder` (null: off); nothing for another backend.
-void set_paged_phase_recorder(AttentionBackend& backend, PhaseRecorder* recorder);
+    const KvGroups* groups = nullptr, StatePool* states = nullptr,
+    PagedPhaseHook* phase_hook = nullptr);
 // The checks plan() makes on the host, exposed for tests: block ids inside the pool, each
 // sequence's table long enough for its kv_len, every new token's slot equal to the one its
 // table names, sizes within `limits` (keys per sequence too where max_seq_len > 0). Throws

@@ -5,17 +5,13 @@
 
 namespace longctx {
 
-std::unique_ptr<AttentionBackend> make_paged_attention_backend(const PagedKVPool&, int64_t, float,
-                                                               const PagedBackendLimits&,
-                                                               const SparseOptions&,
-                                                               const kernels::KernelTuning&,
-                                                               const KvGroups*, StatePool*) {
+std::unique_ptr<AttentionBackend> make_paged_attention_backend(
+    const PagedKVPool&, int64_t, float, const PagedBackendLimits&, const SparseOptions&,
+    const kernels::KernelTuning&, const KvGroups*, StatePool*, PagedPhaseHook*) {
   LONGCTX_THROW(ErrorCode::kUnsupported,
                 "paged GPU attention: this build of longctx has no CUDA backend (configure with "
                 "-DLONGCTX_CUDA=ON)");
 }
-
-void set_paged_phase_recorder(AttentionBackend&, PhaseRecorder*) {}
 
 }  // namespace longctx
 #endif
