@@ -8,6 +8,7 @@
 #include "kernels/cuda/convert_device.cuh"
 #include "kernels/cuda/fp8_device.cuh"
 #include "kernels/cuda/func_attributes.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quest.h"
 #include "longctx/core/cuda_check.h"
 #include "longctx/core/error.h"
@@ -166,6 +167,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_kernel(QuestSelectParams 
   const int h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5, d = p.head_dim, hkv = p.num_kv_heads;
   const int group = p.num_qo_heads / hkv;
+  pdl_wait();
   const QuestCount c = quest_count(p.kv_lens[b], p.budget);
   if (select_mode(c) != 2) return;
   const int ppw = pages_per_warp(p.per_head);
@@ -267,6 +269,7 @@ __global__ void __launch_bounds__(kVecThreads) score_head_kernel(QuestSelectPara
   extern __shared__ float q_s[];  // [group][kD]
   const int h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x, sub = tid % kPageLanes;
   const int hkv = p.num_kv_heads, group = p.num_qo_heads / hkv, ppb = p.pages_per_block;
+  pdl_wait();
   const QuestCount c = quest_count(p.kv_lens[b], p.budget);
   if (select_mode(c) != 2) return;
   const int cta_first = c.sink_pages + blockIdx.x * vec_cta_pages(kDpl, true);
@@ -322,6 +325,7 @@ __global__ void __launch_bounds__(kVecThreads) score_mean_kernel(QuestSelectPara
   extern __shared__ float q_s[];  // [Hq][kD]
   const int b = blockIdx.z, tid = threadIdx.x, sub = tid % kPageLanes;
   const int hkv = p.num_kv_heads, group = p.num_qo_heads / hkv, ppb = p.pages_per_block;
+  pdl_wait();
   const QuestCount c = quest_count(p.kv_lens[b], p.budget);
   if (select_mode(c) != 2) return;
   const int cta_first = c.sink_pages + blockIdx.x * vec_cta_pages(kDpl, false);
@@ -438,6 +442,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(QuestSelectParam
   __shared__ SelectShared s;
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
+  pdl_wait();  // launched to overlap the score kernel (launch_pdl): nothing read before
   const QuestCount c = quest_count(p.kv_lens[b], p.budget);
   int32_t* out = p.selected + (int64_t(b) * p.num_kv_heads + h) * p.max_selected;
   const int mode = select_mode(c);
@@ -836,15 +841,15 @@ void quest_score_run(const QuestSelectParams& p, cudaStream_t stream) {
         kernel != nullptr && aligned16(p.meta)) {
       const int dpl = p.head_dim / kPageLanes, cta_pages = vec_cta_pages(dpl, p.per_head);
       require_dynamic_smem(kernel, static_cast<int>(smem));
-      kernel<<<dim3((p.max_pages + cta_pages - 1) / cta_pages, heads, p.batch), kVecThreads, smem,
-               stream>>>(p);
+      launch_pdl(kernel, dim3((p.max_pages + cta_pages - 1) / cta_pages, heads, p.batch),
+                 dim3(kVecThreads), smem, stream, p);
       return;
     }
     const int pages_per_cta = kScoreWarps * pages_per_warp(p.per_head);
     auto kernel = score_kernel<T>;
     require_dynamic_smem(kernel, static_cast<int>(smem));
-    kernel<<<dim3((p.max_pages + pages_per_cta - 1) / pages_per_cta, heads, p.batch), kScoreThreads,
-             smem, stream>>>(p);
+    launch_pdl(kernel, dim3((p.max_pages + pages_per_cta - 1) / pages_per_cta, heads, p.batch),
+               dim3(kScoreThreads), smem, stream, p);
   });
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
@@ -854,7 +859,8 @@ void quest_select_lists_run(const QuestSelectParams& p, cudaStream_t stream) {
   const size_t keys_smem = size_t(std::min(p.max_pages, kMaxSharedPages)) * sizeof(uint32_t);
   // The static part is ~9 KB: any staged keys can pass the default 48 KB in all.
   require_dynamic_smem(select_kernel, static_cast<int>(keys_smem));
-  select_kernel<<<dim3(p.num_kv_heads, p.batch), kSelectThreads, keys_smem, stream>>>(p);
+  launch_pdl(select_kernel, dim3(p.num_kv_heads, p.batch), dim3(kSelectThreads), keys_smem, stream,
+             p);
   LONGCTX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -10,7 +10,9 @@
 //                     scores' ordered bits) by histograms of 2,048 bins over the keys' range
 //                     (shared atomics; the range narrows to the threshold's bin until one warp
 //                     can rank what is left) and compacts in one ordered pass (ties: the earlier
-//                     page), so the lists come out ascending with no sort;
+//                     page), so the lists come out ascending with no sort; both launches are
+//                     programmatic dependent launches (pdl.cuh: each waits first thing, so only
+//                     their launch latency overlaps the kernel before);
 //   quest_gather_run  one CTA per (selected page, KV head, sequence): the page's K and V rows
 //                     into the compact buffers, 16-byte loads where the rows allow; a source in
 //                     pinned host memory is read in place (mapped, zero-copy), which the SMs keep
