@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cuda/decode.h"
+#include "kernels/cuda/pdl.h"
 #include "kernels/cuda/quest.h"
 #include "longctx/core/cuda_check.h"
 
@@ -141,6 +142,10 @@ int main(int argc, char** argv) {
     }
   };
   print_select(s, "batch 1");
+  // The same without programmatic dependent launch (each kernel waits for the one before).
+  cuda::set_pdl_allowed(0, false);
+  print_select(s, "batch 1, no PDL");
+  cuda::set_pdl_allowed(0, true);
   {
     // Batch 8: eight sequences of `context` keys, each over its own copy of the metadata (no L2
     // reuse between them).
