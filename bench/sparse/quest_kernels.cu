@@ -1,8 +1,9 @@
 // Quest's decode-step kernels one by one, at Llama-3.1-8B shapes (32 q / 8 kv heads of 128,
 // pages of 16 in blocks of 128), batch 1, one layer: the selection (page scores, then the
-// radix select and compaction), the gather of the chosen pages (from the GPU, or from pinned
-// host memory read in place), and the split-KV decode over the compact buffer. Prints the
-// microseconds of each (mean of 200 runs, CUDA events), per layer.
+// threshold search and compaction: both, and each launch alone; at batch 1 and 8), the gather of
+// the chosen pages (from the GPU, or from pinned host memory read in place), and the split-KV
+// decode over the compact buffer. Prints the microseconds of each (mean of 200 runs, CUDA events),
+// per layer.
 //   bench_quest_kernels [CONTEXT=130000] [BUDGET=4096]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cuda/decode.h"
+#include "kernels/cuda/pdl.h"
 #include "kernels/cuda/quest.h"
 #include "longctx/core/cuda_check.h"
 
@@ -127,13 +129,52 @@ int main(int argc, char** argv) {
   std::printf(
       "quest kernels, one layer, batch 1: context %d, budget %d (%d of %d pages per KV head)\n",
       context, budget, quest_count(context, qb).num_selected, max_pages);
-  for (bool per_head : {true, false}) {
-    s.per_head = per_head;
-    const float score = time_us([&] { cuda::quest_score_run(s, nullptr); });
-    std::printf("  select (%s): %.1f us, of which the scores %.1f us\n",
-                per_head ? "per KV head" : "head-averaged",
-                time_us([&] { cuda::quest_select_run(s, nullptr); }), score);
+  // The selection's two launches apart: the scores, and the lists from scores already there
+  // (select_kernel alone); then both.
+  auto print_select = [&](QuestSelectParams& sp, const char* what) {
+    for (bool per_head : {true, false}) {
+      sp.per_head = per_head;
+      const float score = time_us([&] { cuda::quest_score_run(sp, nullptr); });
+      const float lists = time_us([&] { cuda::quest_select_lists_run(sp, nullptr); });
+      std::printf("  select (%s, %s): %.1f us, of which the scores %.1f us; lists alone %.1f us\n",
+                  per_head ? "per KV head" : "head-averaged", what,
+                  time_us([&] { cuda::quest_select_run(sp, nullptr); }), score, lists);
+    }
+  };
+  print_select(s, "batch 1");
+  // The same without programmatic dependent launch (each kernel waits for the one before).
+  cuda::set_pdl_allowed(0, false);
+  print_select(s, "batch 1, no PDL");
+  cuda::set_pdl_allowed(0, true);
+  {
+    // Batch 8: eight sequences of `context` keys, each over its own copy of the metadata (no L2
+    // reuse between them).
+    const int batch8 = 8;
+    const size_t meta_elems = size_t(blocks) * ppb * row * 2;
+    __nv_bfloat16* meta8 = nullptr;
+    LONGCTX_CUDA_CHECK(cudaMalloc(&meta8, batch8 * meta_elems * sizeof(__nv_bfloat16)));
+    std::vector<int32_t> table8(size_t(batch8) * blocks), indptr8(batch8 + 1), lens8(batch8);
+    for (int b = 0; b < batch8; ++b) {
+      LONGCTX_CUDA_CHECK(cudaMemcpy(meta8 + b * meta_elems, meta,
+                                    meta_elems * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice));
+      for (int k = 0; k < blocks; ++k) table8[size_t(b) * blocks + k] = b * blocks + k;
+      indptr8[b] = b * blocks;
+      lens8[b] = context;
+    }
+    indptr8[batch8] = batch8 * blocks;
+    QuestSelectParams s8 = s;
+    s8.batch = batch8;
+    s8.meta = meta8;
+    s8.block_tables = device_copy(table8);
+    s8.block_indptr = device_copy(indptr8);
+    s8.kv_lens = device_copy(lens8);
+    s8.q = device_copy(random_bf16(size_t(batch8) * hq * d));
+    LONGCTX_CUDA_CHECK(cudaMalloc(&s8.scores, size_t(batch8) * hkv * max_pages * 4));
+    LONGCTX_CUDA_CHECK(cudaMalloc(&s8.selected, size_t(batch8) * hkv * max_sel * 4));
+    print_select(s8, "batch 8");
+    LONGCTX_CUDA_CHECK(cudaFree(meta8));
   }
+  s.per_head = true;
   {
     QuestSelectParams all = s;  // no page beyond the sink and window: no scores, no radix select
     all.budget.budget_tokens = all.budget.sink_tokens + all.budget.window_tokens + 1;

@@ -7,7 +7,9 @@
 //     summation order, so the lists must be equal (ties are common: the earlier page wins), per
 //     KV head and head-averaged, batches of sequences from 1 key to 700K (past what the select
 //     kernel stages in shared memory); with Gaussian data the
-//     lists must be a top-k of the CPU scores up to 1e-4 relative;
+//     lists must be a top-k of the CPU scores up to 1e-4 relative; the edges of the select
+//     kernel (SelectionEqualsTheReferenceAtTheEdges): one / all but one / no free page, all
+//     scores equal, long runs of equal scores, 1M keys, NaN / Inf queries, repeated runs;
 //   - gather: byte-equal, one source on the device and one in pinned host memory read in place;
 //   - page reuse: the gather's copies from kept slots and the keep kernel byte-equal over two
 //     decode steps, and equal to a gather without reuse;
@@ -41,6 +43,12 @@ struct Shape {
   QuestBudget budget{16, 1024, 64, 256};
   bool per_head = true;
   bool integer = true;  // integer-valued keys and queries
+  int value_range = 4;  // integers in [-value_range, value_range]
+  // > 0: every key of page j is ((j / run_pages) % 3 + 1) in each dim, so the scores come in runs
+  // of run_pages equal values (long ties around the threshold; integer queries).
+  int run_pages = 0;
+  enum class Query { kRandom, kZero, kNaN, kInf } query = Query::kRandom;
+  int repeats = 1;  // selections on the same buffers (scratch scores poisoned between them)
   uint64_t seed = 1;
 };
 
@@ -52,7 +60,9 @@ void run_select_case(const Shape& s) {
   SCOPED_TRACE(::testing::Message()
                << "hq " << s.hq << " hkv " << s.hkv << " d " << s.d << " page " << s.page
                << " budget " << s.budget.budget_tokens << (s.per_head ? " per-head" : " averaged")
-               << (s.integer ? " integer" : " gaussian"));
+               << (s.integer ? " integer" : " gaussian") << " range " << s.value_range << " runs "
+               << s.run_pages << " query " << static_cast<int>(s.query) << " lens "
+               << ::testing::PrintToString(s.kv_lens));
   std::mt19937 rng(static_cast<uint32_t>(s.seed));
   const int bs = s.block_size, ppb = bs / s.page, batch = static_cast<int>(s.kv_lens.size());
   const int64_t row = int64_t(s.hkv) * s.d;
@@ -69,10 +79,27 @@ void run_select_case(const Shape& s) {
   table.assign(ids.begin(), ids.begin() + total_blocks);
 
   std::normal_distribution<float> n01(0.f, 1.f);
-  auto value = [&] { return s.integer ? float(int(rng() % 9) - 4) : n01(rng); };
+  const int span = 2 * s.value_range + 1;
+  auto value = [&] { return s.integer ? float(int(rng() % span) - s.value_range) : n01(rng); };
   std::vector<uint16_t> keys(size_t(num_blocks) * bs * row), q(size_t(batch) * s.hq * s.d);
   for (auto& x : keys) x = bf16(value());
   for (auto& x : q) x = bf16(value());
+  if (s.run_pages > 0)  // logical page j of every sequence: keys ((j / run_pages) % 3 + 1)
+    for (int b = 0; b < batch; ++b)
+      for (int t = 0; t < lens[b]; ++t) {
+        const int64_t at = (int64_t(table[indptr[b] + t / bs]) * bs + t % bs) * row;
+        const float v = float((t / s.page / s.run_pages) % 3 + 1);
+        std::fill(keys.begin() + at, keys.begin() + at + row, bf16(v));
+      }
+  // Special queries: all zero (every score 0: all tie), or one NaN / Inf element per q head
+  // (the lists are only checked to be well formed: the reference's sort has no order then).
+  const bool exact =
+      s.integer && (s.query == Shape::Query::kRandom || s.query == Shape::Query::kZero);
+  for (size_t i = 0; i < q.size(); ++i)
+    if (s.query == Shape::Query::kZero)
+      q[i] = bf16(0.f);
+    else if (i % s.d == 3 && s.query != Shape::Query::kRandom)
+      q[i] = bf16(s.query == Shape::Query::kNaN ? NAN : (i / s.d) % 2 ? INFINITY : -INFINITY);
 
   // Every page of every sequence, whole or partial.
   std::vector<int32_t> pages;
@@ -140,7 +167,6 @@ void run_select_case(const Shape& s) {
       cudaMemcpy(d_table.data(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   d_lens.upload(lens.data());
   std::vector<int32_t> minus(sel_ref.size(), -1);
-  d_sel.upload(minus.data());
   p.q = d_q.data();
   p.meta = d_meta.data();
   p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
@@ -148,10 +174,18 @@ void run_select_case(const Shape& s) {
   p.kv_lens = static_cast<const int32_t*>(d_lens.data());
   p.scores = static_cast<float*>(d_scores.data());
   p.selected = static_cast<int32_t*>(d_sel.data());
-  kernels::cuda::quest_select_run(p, nullptr);
-  LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<int32_t> got = d_sel.download<int32_t>();
-  ASSERT_TRUE(d_sel.guards_intact() && d_scores.guards_intact());
+  std::vector<int32_t> got;
+  for (int rep = 0; rep < s.repeats; ++rep) {
+    d_sel.upload(minus.data());
+    LONGCTX_CUDA_CHECK(
+        cudaMemset(d_scores.data(), rep % 2 ? 0xff : 0x7f, size_t(batch) * s.hkv * max_pages * 4));
+    kernels::cuda::quest_select_run(p, nullptr);
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int32_t> again = d_sel.download<int32_t>();
+    ASSERT_TRUE(d_sel.guards_intact() && d_scores.guards_intact());
+    if (rep > 0) ASSERT_EQ(again, got) << "selection " << rep << " on the same buffers";
+    got = again;
+  }
   p.q = q.data();  // back to host pointers for the scores
   p.meta = meta_ref.data();
   p.block_indptr = indptr.data();
@@ -169,6 +203,13 @@ void run_select_case(const Shape& s) {
           << "sequence " << b << " head " << h << ": not ascending";
       for (int i = c.num_selected; i < max_sel; ++i)
         ASSERT_EQ(got[at + i], -1) << "wrote past its " << c.num_selected << " pages";
+      ASSERT_TRUE(g.empty() || (g.front() >= 0 && g.back() < c.num_pages));
+      if (!c.all) {  // the sink and window pages, whatever the scores
+        for (int j = 0; j < c.sink_pages; ++j) ASSERT_EQ(g[j], j);
+        for (int j = std::max(c.window_first, c.sink_pages); j < c.num_pages; ++j)
+          ASSERT_EQ(g[c.num_selected - (c.num_pages - j)], j) << "window page " << j;
+      }
+      if (!exact && s.integer) continue;  // NaN / Inf queries: well formed is all
       if (s.integer) {
         ASSERT_EQ(g, r) << "sequence " << b << " (" << lens[b] << " keys) head " << h;
         continue;
@@ -235,6 +276,76 @@ TEST(QuestKernels, SelectionEqualsTheReference) {
     s.integer = false;
     s.seed = 7;
     run_select_case(s);
+  }
+}
+
+// The budget that leaves `free_pages` candidates to pick at kv_len keys.
+QuestBudget budget_for_free(QuestBudget b, int kv_len, int free_pages) {
+  b.budget_tokens = kv_len;  // pages the window and sink force, whatever the budget
+  QuestCount c = kernels::quest_count(kv_len, {b.page_tokens, 1, b.sink_tokens, b.window_tokens});
+  b.budget_tokens = (c.num_forced + free_pages) * b.page_tokens;
+  c = kernels::quest_count(kv_len, b);
+  EXPECT_EQ(c.num_free, free_pages);
+  EXPECT_FALSE(c.all);
+  return b;
+}
+
+// The cases the select kernel's histogram narrowing and ranking make risky, each per KV head and
+// head-averaged and run three times on the same buffers: every candidate but one, or one, picked;
+// none (only the sink and window); every score equal (a zero query); scores in long runs of equal
+// values (the threshold inside a run, across the ranges the histograms narrow to); integers spread
+// so that the threshold's bin is small but has ties; a batch of 8 lengths; 1,048,656 keys (65,541
+// pages, read from global memory on every pass); a NaN or an Inf in each q head (the kernel must
+// end and write well-formed lists: the NaN dims count 0 in a bound, an Inf makes bounds +-Inf or
+// NaN, and NaN scores are the largest keys).
+TEST(QuestKernels, SelectionEqualsTheReferenceAtTheEdges) {
+  std::vector<Shape> shapes;
+  const QuestBudget base{16, 4096, 64, 256};
+  for (int free_pages : {1, 8104, 0}) {  // 130,000 keys: 8,105 candidates
+    Shape s;
+    s.kv_lens = {130000};
+    s.budget = budget_for_free(base, 130000, free_pages);
+    shapes.push_back(s);
+  }
+  {
+    Shape s;
+    s.budget = base;
+    s.kv_lens = {4097, 130000};
+    s.query = Shape::Query::kZero;
+    shapes.push_back(s);
+    s.query = Shape::Query::kRandom;
+    for (int run : {50, 7, 1000}) {
+      s.run_pages = run;
+      shapes.push_back(s);
+    }
+    s.run_pages = 0;
+    s.value_range = 60;
+    shapes.push_back(s);
+    s.value_range = 4;
+    s.kv_lens = {130000, 1, 65000, 4097, 129999, 300, 100000, 8200};
+    shapes.push_back(s);
+    s.kv_lens = {130000, 5000};
+    s.query = Shape::Query::kNaN;
+    shapes.push_back(s);
+    s.query = Shape::Query::kInf;
+    shapes.push_back(s);
+  }
+  {
+    Shape s;  // 1M keys, one KV head of 32 dims (the reference's time)
+    s.hq = 4, s.hkv = 1, s.d = 32;
+    s.budget = base;
+    s.kv_lens = {1048656, 3000};
+    shapes.push_back(s);
+    s.run_pages = 300;
+    shapes.push_back(s);
+  }
+  for (Shape s : shapes) {
+    s.repeats = 3;
+    for (bool per_head : {true, false}) {
+      s.per_head = per_head;
+      run_select_case(s);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
   }
 }
 
