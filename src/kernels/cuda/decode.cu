@@ -818,27 +818,42 @@ struct Fp8RegShape {
   }
 };
 
-// Two E4M3 codes (the low 16 bits of `codes`) -> a pair of T: exact.
+// Four E4M3 codes -> two f16x2 (codes 0, 1 in lo; 2, 3 in hi): exact. The halves of `codes` go
+// to the conversions as 16-bit registers (no shift or mask per pair).
+__device__ __forceinline__ void fp8x4_to_half2x2(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n"
+      ".reg .b16 l, h;\n"
+      "mov.b32 {l, h}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(codes));
+#else
+  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes), __NV_E4M3);
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes >> 16), __NV_E4M3);
+  lo = uint32_t(l.x) | (uint32_t(l.y) << 16);
+  hi = uint32_t(h.x) | (uint32_t(h.y) << 16);
+#endif
+}
+
+// An f16x2 of exact E4M3 values as a pair of T (bf16: through f32, exact).
 template <typename T>
-__device__ __forceinline__ uint32_t fp8_pair(uint32_t codes) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes & 0xffffu), __NV_E4M3);
+__device__ __forceinline__ uint32_t half2_as(uint32_t h2) {
   if constexpr (std::is_same_v<T, __half>) {
-    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+    return h2;
   } else {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
     return Mma<T>::pack(f.x, f.y);
   }
 }
 
-// f16: two codes times their keys' V scales as an f16 pair; `fast`: both scales are 0 or f16
-// values (2^-24 .. 2^15), where one f16 multiply rounds the exact product once, as the f32 route
-// does.
-__device__ __forceinline__ uint32_t fp8_pair_scaled_f16(uint32_t codes, bool fast, uint32_t s2,
-                                                        float s0, float s1) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes & 0xffffu), __NV_E4M3);
-  const __half2 v = *reinterpret_cast<const __half2*>(&h);
+// f16: an f16x2 of codes times their keys' V scales; `fast`: both scales are 0 or f16 values
+// (2^-24 .. 2^15), where one f16 multiply rounds the exact product once, as the f32 route does.
+__device__ __forceinline__ uint32_t half2_scaled(uint32_t h2, bool fast, uint32_t s2, float s0,
+                                                 float s1) {
+  const __half2 v = *reinterpret_cast<const __half2*>(&h2);
   if (fast) {
     const __half2 r = __hmul2(v, *reinterpret_cast<const __half2*>(&s2));
     return *reinterpret_cast<const uint32_t*>(&r);
@@ -901,16 +916,17 @@ struct Fp8RegCompute {
                                      uint32_t s2, float s0, float s1) {
 #pragma unroll
     for (int wd = 0; wd < VB / 4; ++wd) {
-      const uint32_t lo = __byte_perm(va[wd], vc[wd], 0x5140);  // codes 4 wd, 4 wd + 1 of both
-      const uint32_t hi = __byte_perm(va[wd], vc[wd], 0x7362);  // codes 4 wd + 2, 4 wd + 3
-      const uint32_t pairs[4] = {lo, lo >> 16, hi, hi >> 16};
+      // Code j of keys 2t and 2t + 1 side by side: n-tiles 4 wd .. 4 wd + 3.
+      uint32_t h[4];
+      fp8x4_to_half2x2(__byte_perm(va[wd], vc[wd], 0x5140), h[0], h[1]);
+      fp8x4_to_half2x2(__byte_perm(va[wd], vc[wd], 0x7362), h[2], h[3]);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         uint32_t b;
         if constexpr (kF16)
-          b = fp8_pair_scaled_f16(pairs[i], kFast, s2, s0, s1);
+          b = half2_scaled(h[i], kFast, s2, s0, s1);
         else
-          b = fp8_pair<T>(pairs[i]);
+          b = half2_as<T>(h[i]);
         Mma<T>::k8(o[4 * wd + i], pa, 0u, b);
       }
     }
@@ -955,8 +971,10 @@ struct Fp8RegCompute {
       for (int i = 0; i < kChains; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
+        uint32_t b0, b1;
+        fp8x4_to_half2x2(kw[ks], b0, b1);
         const uint32_t a[4] = {qa[ks][0], 0u, qa[ks][1], 0u};
-        Mma<T>::k16(acc[ks % kChains], a, fp8_pair<T>(kw[ks]), fp8_pair<T>(kw[ks] >> 16));
+        Mma<T>::k16(acc[ks % kChains], a, half2_as<T>(b0), half2_as<T>(b1));
       }
       float s[2] = {acc[0][0], acc[0][1]};
 #pragma unroll
