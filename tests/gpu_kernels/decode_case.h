@@ -57,6 +57,7 @@ class DecodeCase : public OpCase {
        << s_.num_kv_heads << " d=" << s_.head_dim << " page=" << s_.page_size << " "
        << dtype_name(s_.dtype) << (fp8_ ? " fp8 kv" : "")
        << (fp8_ && tuning_.fp8_kernel == kernels::DecodeFp8Kernel::kConvertTile ? " (tile)" : "")
+       << (fp8_ && tuning_.fp8_kernel == kernels::DecodeFp8Kernel::kRegistersDeep ? " (deep)" : "")
        << (fp8_ && (k_scale_exp_ || v_scale_exp_)
                ? " scales x2^" + std::to_string(k_scale_exp_) + "/2^" + std::to_string(v_scale_exp_)
                : "")

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -521,20 +522,27 @@ TEST(DecodeFp8Gpu, ConvertTileKernelOverTheGrid) {
 // miss by O(|old|). Shapes: pages 1 / 7 / 16 / 128, head_dim 64 / 128, GQA 1, 2, 3, 8 and 16
 // (two head tiles per kv head), ragged batches, split (min chunk 64) and unsplit, windows, and f16
 // pages whose V scales straddle the bottom of f16's range (2^-19 x: some take the f32 route of the
-// V operands) or whose K scales are large (2^10 x: scores in the hundreds).
+// V operands) or whose K scales are large (2^10 x: scores in the hundreds). The deeper ring
+// (kRegistersDeep) runs each case too, under the same pinned wave-model slots (so the same
+// splits): only its ring depth differs from kRegisters, so its outputs must be bit for bit
+// kRegisters'.
 TEST(DecodeFp8Gpu, RegistersMatchConvertTile) {
   struct Pair {
-    std::unique_ptr<DecodeCase> tile, regs;
+    std::unique_ptr<DecodeCase> tile, regs, deep;
   };
   std::vector<Pair> pairs;
   auto add = [&](PagedCaseShape s, int min_chunk, bool nan_tail, int k_exp = 0, int v_exp = 0) {
     Pair p;
-    for (auto* c : {&p.tile, &p.regs}) {
+    for (auto* c : {&p.tile, &p.regs, &p.deep}) {
       *c = std::make_unique<DecodeCase>(s, false, min_chunk, 0, nan_tail, true);
       (*c)->set_fp8_scale_exponents(k_exp, v_exp);
     }
     p.tile->set_tuning(fp8_kernel_pin(kernels::DecodeFp8Kernel::kConvertTile));
-    p.regs->set_tuning(fp8_kernel_pin(kernels::DecodeFp8Kernel::kRegisters));
+    kernels::DecodeTuning regs = fp8_kernel_pin(kernels::DecodeFp8Kernel::kRegisters);
+    regs.slots = 2;
+    p.regs->set_tuning(regs);
+    regs.fp8_kernel = kernels::DecodeFp8Kernel::kRegistersDeep;
+    p.deep->set_tuning(regs);
     pairs.push_back(std::move(p));
   };
   uint64_t seed = 1100;
@@ -561,19 +569,26 @@ TEST(DecodeFp8Gpu, RegistersMatchConvertTile) {
   LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (Pair& p : pairs) {
     SCOPED_TRACE(p.regs->name());
-    std::vector<uint16_t> out[2];
-    std::vector<float> lse[2];
+    std::vector<uint16_t> out[3];
+    std::vector<float> lse[3];
     int i = 0;
-    for (DecodeCase* c : {p.tile.get(), p.regs.get()}) {
+    for (DecodeCase* c : {p.tile.get(), p.regs.get(), p.deep.get()}) {
       c->prepare(stream);
       c->launch(stream);
       LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
       const CaseResult r = c->check();
-      EXPECT_EQ(r.status, Status::kOk) << (i ? "registers: " : "tile: ") << r.detail;
+      EXPECT_EQ(r.status, Status::kOk) << (i == 0   ? "tile: "
+                                           : i == 1 ? "registers: "
+                                                    : "deep: ")
+                                       << r.detail;
       out[i] = c->output();
       lse[i] = c->output_lse();
       ++i;
     }
+    EXPECT_EQ(p.deep->plan().chunk_tokens, p.regs->plan().chunk_tokens);
+    EXPECT_TRUE(out[2] == out[1]) << "the deeper ring's outputs differ from kRegisters'";
+    EXPECT_EQ(std::memcmp(lse[2].data(), lse[1].data(), lse[1].size() * 4), 0)
+        << "the deeper ring's lse differs from kRegisters'";
     const DType dt = p.regs->dtype();
     double max_old = 0;
     for (uint16_t x : out[0])
@@ -601,18 +616,20 @@ TEST(DecodeFp8Gpu, RegistersMatchConvertTile) {
 
 // Timing only (LONGCTX_PERF=1): batch 1 and 8 at 32K and 128K keys, Llama-3.1-8B heads (32 / 8
 // x 128), pages of 16 and 128, bf16 KV, then FP8 KV on the converting-tile kernel ("(tile)") and
-// on the registers kernel (the default), in the same process (the same GPU).
+// on the registers kernel (the default) and its deeper ring ("(deep)"), in the same process (the
+// same GPU).
 TEST(DecodeFp8Gpu, PerfBf16VsFp8) {
   if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
   std::vector<std::unique_ptr<OpCase>> cases;
   for (int32_t kv : {32768, 131072})
     for (int batch : {1, 8})
       for (int page : {16, 128})
-        for (int kind : {0, 1, 2}) {  // bf16, FP8 tile, FP8 registers
+        for (int kind : {0, 1, 2, 3}) {  // bf16, FP8 tile, FP8 registers, FP8 deeper ring
           auto c = std::make_unique<DecodeCase>(
               dshape(std::vector<int32_t>(batch, kv), 32, 8, 128, page, DType::kBF16, true, 7),
               true, 256, 0, false, kind > 0);
           if (kind == 1) c->set_tuning(fp8_kernel_pin(kernels::DecodeFp8Kernel::kConvertTile));
+          if (kind == 3) c->set_tuning(fp8_kernel_pin(kernels::DecodeFp8Kernel::kRegistersDeep));
           cases.push_back(std::move(c));
         }
   const RunSummary s = run_cases(cases);

@@ -106,6 +106,8 @@ TEST(KernelTuning, FlagsSetEveryField) {
   EXPECT_FALSE(t.pdl);
   ASSERT_TRUE(set("prefill-split", "auto")) << err;
   EXPECT_EQ(t.prefill.split, PrefillSplitMode::kAuto);
+  ASSERT_TRUE(set("decode-fp8-kernel", "2")) << err;
+  EXPECT_EQ(t.decode.fp8_kernel, DecodeFp8Kernel::kRegistersDeep);
 }
 
 TEST(KernelTuning, FlagsRefuseUnknownNamesAndValues) {
@@ -118,6 +120,8 @@ TEST(KernelTuning, FlagsRefuseUnknownNamesAndValues) {
   EXPECT_FALSE(parse_kernel_tuning_flag("decode-overhead", "0", &t, &err));
   EXPECT_FALSE(parse_kernel_tuning_flag("decode-max-q", "0", &t, &err));
   EXPECT_FALSE(parse_kernel_tuning_flag("decode-max-q", "17", &t, &err));  // kDecodeMaxQLen
+  EXPECT_FALSE(parse_kernel_tuning_flag("decode-fp8-kernel", "3", &t, &err));
+  EXPECT_EQ(t.decode.fp8_kernel, DecodeFp8Kernel::kAuto);
   EXPECT_EQ(t.decode.max_q_len, 1);
   EXPECT_FALSE(parse_kernel_tuning_flag("no-such-flag", "1", &t, &err));
   EXPECT_FALSE(is_kernel_tuning_flag("no-such-flag"));

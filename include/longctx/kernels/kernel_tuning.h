@@ -64,8 +64,9 @@ enum class DecodeStageCopy : uint8_t { kAuto, kTmaBoxes, kCpAsync };
 // The split-KV decode's kernel over an FP8 cache: kConvertTile converts each landed tile of codes
 // into a 16-bit tile in shared memory that the 16-bit compute reads; kRegisters converts the codes
 // in registers right before the tensor-core fragments and folds the page scales into the scores
-// and the softmax weights. kAuto: kRegisters.
-enum class DecodeFp8Kernel : uint8_t { kAuto, kConvertTile, kRegisters };
+// and the softmax weights; kRegistersDeep the same with a deeper ring (more bytes in flight, 2
+// CTAs per SM instead of 3 at head_dim 128). kAuto: kRegisters.
+enum class DecodeFp8Kernel : uint8_t { kAuto, kConvertTile, kRegisters, kRegistersDeep };
 
 struct DecodeTuning {
   DecodeLoader loader = DecodeLoader::kAuto;

@@ -795,13 +795,17 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
 // cvt, plus for bf16 3 (two f16 -> f32, one pack) / for f16 V one HMUL2: ~215 (bf16) / ~140
 // (f16), against ~280 and a second barrier per tile for the converting tile (6 per code pair, 2
 // LDS + 4 STS per thread and tile, 8 ldmatrix) and ~80 for the 16-bit kernel over 4 KB.
-template <int D>
+// kDeep (DecodeFp8Kernel::kRegistersDeep): a deeper ring, 80 KB (head_dim 128) / 72 KB (64) of
+// codes in flight in 99 / 85 KB of shared memory, which leaves 2 CTAs per SM instead of 3: the
+// wave model runs 2 per SM at batch 1 anyway, where the deeper ring keeps more bytes in flight.
+template <int D, bool kDeep = false>
 struct Fp8RegShape {
   static constexpr int TILE = 64;                    // keys per stage (2 blocks of 8 per warp)
   static constexpr int LPT = D / 16;                 // 16-byte chunks (16 codes) per key row
   static constexpr int CPT = TILE * LPT / kThreads;  // chunks per thread per tensor
   static constexpr int TOK_STRIDE = kThreads / LPT;
-  static constexpr int kStages = D == 128 ? 4 : 7;  // 48 KB of codes in flight either way
+  // Default: 48 KB of codes in flight at either head_dim (3 CTAs per SM at 128).
+  static constexpr int kStages = kDeep ? (D == 128 ? 6 : 10) : (D == 128 ? 4 : 7);
   static constexpr int kCodeStage = 2 * TILE * D;   // K + V codes
   static constexpr int kScaleStage = 2 * TILE * 4;  // K, V scale of each key
   static constexpr int kStageBytes = kCodeStage + kScaleStage;
@@ -1034,9 +1038,9 @@ struct Fp8RegCompute {
   }
 };
 
-template <typename T, int D, int GT>
+template <typename T, int D, int GT, bool kDeep>
 __global__ void __launch_bounds__(kThreads) decode_fp8_reg_kernel(DecodeArgs a) {
-  using S = Fp8RegShape<D>;
+  using S = Fp8RegShape<D, kDeep>;
   using C = Fp8RegCompute<T, D, GT>;
   constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT, kRing = S::kStages;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1435,30 +1439,41 @@ int fp8_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
 }
 
 // The FP8 kernel that converts in registers: launch_or_count's contract.
-template <typename T, int D>
+template <typename T, int D, bool kDeep>
 int fp8_reg_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
   return with_group_tile(gt, [&](auto tile) {
-    return launch_or_count(decode_fp8_reg_kernel<T, D, decltype(tile)::value>,
-                           Fp8RegShape<D>::kSmemBytes, a, grid, stream);
+    return launch_or_count(decode_fp8_reg_kernel<T, D, decltype(tile)::value, kDeep>,
+                           Fp8RegShape<D, kDeep>::kSmemBytes, a, grid, stream);
   });
 }
 
-// The FP8 kernel of the plan (registers: decode_fp8_reg_kernel, else decode_fp8_kernel) at
-// head_dim 64 or 128: launch_or_count's contract.
-template <typename T>
-int fp8_launch_dim(int head_dim, bool registers, const DecodeArgs* a, dim3 grid, int gt,
-                   cudaStream_t stream) {
-  if (head_dim == 64)
-    return registers ? fp8_reg_launch<T, 64>(a, grid, gt, stream)
-                     : fp8_launch<T, 64>(a, grid, gt, stream);
-  return registers ? fp8_reg_launch<T, 128>(a, grid, gt, stream)
-                   : fp8_launch<T, 128>(a, grid, gt, stream);
+// The plan's FP8 kernel (DecodePlan::fp8_kernel: never kAuto) at head_dim D: launch_or_count's
+// contract.
+template <typename T, int D>
+int fp8_kernel_launch(DecodeFp8Kernel kernel, const DecodeArgs* a, dim3 grid, int gt,
+                      cudaStream_t stream) {
+  switch (kernel) {
+    case DecodeFp8Kernel::kConvertTile:
+      return fp8_launch<T, D>(a, grid, gt, stream);
+    case DecodeFp8Kernel::kRegistersDeep:
+      return fp8_reg_launch<T, D, true>(a, grid, gt, stream);
+    default:
+      return fp8_reg_launch<T, D, false>(a, grid, gt, stream);
+  }
 }
 
-int fp8_ctas_per_sm(int head_dim, int group, bool registers) {
+// fp8_kernel_launch at head_dim 64 or 128.
+template <typename T>
+int fp8_launch_dim(int head_dim, DecodeFp8Kernel kernel, const DecodeArgs* a, dim3 grid, int gt,
+                   cudaStream_t stream) {
+  return head_dim == 64 ? fp8_kernel_launch<T, 64>(kernel, a, grid, gt, stream)
+                        : fp8_kernel_launch<T, 128>(kernel, a, grid, gt, stream);
+}
+
+int fp8_ctas_per_sm(int head_dim, int group, DecodeFp8Kernel kernel) {
   const int gt = group_tile_of(group);
-  fp8_launch_dim<__half>(head_dim, registers, nullptr, dim3(), gt, nullptr);
-  return fp8_launch_dim<__nv_bfloat16>(head_dim, registers, nullptr, dim3(), gt, nullptr);
+  fp8_launch_dim<__half>(head_dim, kernel, nullptr, dim3(), gt, nullptr);
+  return fp8_launch_dim<__nv_bfloat16>(head_dim, kernel, nullptr, dim3(), gt, nullptr);
 }
 
 // Resident CTAs per SM for this shape (both dtypes are set up; bf16's count is returned).
@@ -1503,7 +1518,7 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
   LONGCTX_CHECK(ctas <= 0x7fffffff, ErrorCode::kInvalidArgument, "decode_run: {} CTAs", ctas);
   const dim3 grid(static_cast<unsigned>(ctas));
   if (plan.kv_format == KvCacheFormat::kFp8E4M3) {
-    fp8_launch_dim<T>(p.head_dim, plan.fp8_registers, &a, grid, gt, stream);
+    fp8_launch_dim<T>(p.head_dim, plan.fp8_kernel, &a, grid, gt, stream);
     return;
   }
   CUtensorMap maps[2];
@@ -1566,10 +1581,16 @@ void add_kernels(std::vector<const void*>& v) {
     v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 2>));
     v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 4>));
     v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 8>));
-    v.push_back(reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 1>));
-    v.push_back(reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 2>));
-    v.push_back(reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 4>));
-    v.push_back(reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 8>));
+    for (bool deep : {false, true}) {
+      v.push_back(deep ? reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 1, true>)
+                       : reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 1, false>));
+      v.push_back(deep ? reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 2, true>)
+                       : reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 2, false>));
+      v.push_back(deep ? reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 4, true>)
+                       : reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 4, false>));
+      v.push_back(deep ? reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 8, true>)
+                       : reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 8, false>));
+    }
   }
   add_kernels_w<T, D, 0>(v);
   if constexpr (D <= 128) add_kernels_w<T, D, 1>(v);
@@ -1618,12 +1639,14 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   const std::vector<int64_t> real_len(span.begin(), span.begin() + real);
   // FP8 caches take the FP8 kernels (cp.async rings of codes): loader 0.
   const bool fp8 = kv_format == KvCacheFormat::kFp8E4M3;
-  const bool fp8_registers = fp8 && tuning.fp8_kernel != DecodeFp8Kernel::kConvertTile;
+  // kAuto: the registers kernel with the default ring.
+  const DecodeFp8Kernel fp8_kernel =
+      tuning.fp8_kernel == DecodeFp8Kernel::kAuto ? DecodeFp8Kernel::kRegisters : tuning.fp8_kernel;
   LONGCTX_CHECK(!fp8 || head_dim <= 128, ErrorCode::kUnsupported,
                 "decode_plan: an FP8 KV cache at head_dim {} (the FP8 kernel takes 64 and 128)",
                 head_dim);
   const int loader = fp8 ? 0 : decode_loader(page_size, head_dim, tma_supported(), tuning);
-  const int resident = fp8 ? fp8_ctas_per_sm(head_dim, group, fp8_registers)
+  const int resident = fp8 ? fp8_ctas_per_sm(head_dim, group, fp8_kernel)
                            : ring_ctas_per_sm(head_dim, group, loader);
   const DecodeWaveModel model = decode_wave_model(tuning, num_sms, resident, min_chunk_tokens);
   const int64_t chunk = decode_chunk(real_len, max_work_items(real, num_kv_heads, group, num_sms),
@@ -1661,7 +1684,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.causal = queries.causal;
   plan.loader = loader;
   plan.kv_format = kv_format;
-  plan.fp8_registers = fp8_registers;
+  plan.fp8_kernel = fp8_kernel;
   plan.cp_async_stages = cp_async_stages;
   plan.num_work_items = int(items);
   plan.num_partials = work.num_partials;

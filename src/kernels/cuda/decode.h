@@ -71,8 +71,8 @@ struct DecodePlan {
   int max_q_len = 1;     // the most queries of a request (DecodeQueries)
   bool causal = true;    // DecodeQueries::causal
   int loader = 0;        // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
-  KvCacheFormat kv_format = KvCacheFormat::kDtype;  // the caches decode_run will read
-  bool fp8_registers = false;    // FP8: the kernel that converts in registers (DecodeFp8Kernel)
+  KvCacheFormat kv_format = KvCacheFormat::kDtype;           // the caches decode_run will read
+  DecodeFp8Kernel fp8_kernel = DecodeFp8Kernel::kRegisters;  // FP8 caches' kernel (not kAuto)
   bool cp_async_stages = false;  // loader >= 1: the stages are filled by every thread's cp.async
                                  // instead of TMA boxes (the faster over long splits)
   int num_work_items = 0;        // items of the grid (CTAs: items x kv heads x tiles)
