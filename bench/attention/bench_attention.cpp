@@ -21,10 +21,11 @@
 // loader and "c=0" / "c=1" its stage copy (as --decode-slots / -overhead / -loader / -copy),
 // "g=N" the fused merge's group size (DecodePlan::merge_group; g=1000: one level), "pf=N" the
 // keys each CTA prefetches into L2 before it waits for the launch before it (pf=0: none), "kv=fp8"
-// an FP8 cache, so wave-model settings, loaders and merges compare in the same process on the same
-// data; the "merge" column shows the first request's splits and groups), page size
-// (default 128) and, optionally, only the shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32,
-// 64:32768:4:1).
+// an FP8 cache ("kv=fp8/fk=0" on the converting-tile kernel, "fk=1" the registers one, "fk=2"
+// its deeper ring), so
+// wave-model settings, loaders and merges compare in the same process on the same data; the "merge"
+// column shows the first request's splits and groups), page size (default 128) and, optionally,
+// only the shapes "B:KV:HQ[:HK],..." (e.g. 1:32768:32, 64:32768:4:1).
 //
 // Kernel tuning flags, before any of the above (longctx/kernels/kernel_tuning.h; e.g.
 // --prefill-kernel fa2, --prefill-split 0, --decode-loader 0, --pdl 0) pin the plans' choices
@@ -283,12 +284,14 @@ struct DecodeVariant {
   int loader = -1;              // -1: the flags'; 0 the cp.async ring / 1 TMA tiles of one tile
   int copy = -1;                // -1: the flags'; 0 TMA boxes / 1 cp.async
   bool fp8 = false;             // "kv=fp8": an FP8 E4M3 cache (its kernel; GB/s of its bytes)
-  int merge_group = 0;          // "g=N": DecodePlan::merge_group (N >= the splits: one level)
-  int prefetch = -1;            // "pf=N": DecodePlan::prefetch_tokens (-1: the plan's)
+  int fp8_kernel = -1;  // "fk=0" / "fk=1" / "fk=2": DecodeFp8Kernel kConvertTile / kRegisters /
+                        // kRegistersDeep
+  int merge_group = 0;  // "g=N": DecodePlan::merge_group (N >= the splits: one level)
+  int prefetch = -1;    // "pf=N": DecodePlan::prefetch_tokens (-1: the plan's)
 };
 
-// "default", "s=N", "o=M", "l=0", "l=1", "kv=fp8", "g=N", "s=N/o=M/l=1", ... ; false on any other
-// field (a typo would otherwise time the default plan under another name).
+// "default", "s=N", "o=M", "l=0", "l=1", "kv=fp8", "fk=0", "g=N", "s=N/o=M/l=1", ... ; false on any
+// other field (a typo would otherwise time the default plan under another name).
 bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
   size_t at = 0;
   while (at <= list.size()) {
@@ -313,6 +316,8 @@ bool parse_variants(const std::string& list, std::vector<DecodeVariant>* out) {
         d.copy = field[2] - '0';
       } else if (field == "kv=fp8") {
         d.fp8 = true;
+      } else if (field == "fk=0" || field == "fk=1" || field == "fk=2") {
+        d.fp8_kernel = field[3] - '0';
       } else if (field.rfind("pf=", 0) == 0) {
         d.prefetch = std::atoi(field.c_str() + 3);
         if (d.prefetch < 0) return false;
@@ -347,6 +352,10 @@ kernels::DecodeTuning variant_tuning(const DecodeVariant& v) {
     t.loader = v.loader == 0 ? kernels::DecodeLoader::kCpAsync : kernels::DecodeLoader::kTmaTile;
   if (v.copy >= 0)
     t.copy = v.copy == 0 ? kernels::DecodeStageCopy::kTmaBoxes : kernels::DecodeStageCopy::kCpAsync;
+  if (v.fp8_kernel >= 0)
+    t.fp8_kernel = v.fp8_kernel == 0   ? kernels::DecodeFp8Kernel::kConvertTile
+                   : v.fp8_kernel == 1 ? kernels::DecodeFp8Kernel::kRegisters
+                                       : kernels::DecodeFp8Kernel::kRegistersDeep;
   return t;
 }
 

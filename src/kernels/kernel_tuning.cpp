@@ -107,6 +107,17 @@ const Flag kFlags[] = {
                                      {"1", DecodeStageCopy::kCpAsync}},
                                     &t->decode.copy);
      }},
+    {"decode-fp8-kernel", "auto|0|1|2",
+     "split-KV decode over FP8 KV: 0 a converted 16-bit tile, 1 conversion in registers, 2 the "
+     "same with a deeper ring (default auto: 1)",
+     [](std::string_view v, KernelTuning* t) {
+       return pick<DecodeFp8Kernel>(v,
+                                    {{"auto", DecodeFp8Kernel::kAuto},
+                                     {"0", DecodeFp8Kernel::kConvertTile},
+                                     {"1", DecodeFp8Kernel::kRegisters},
+                                     {"2", DecodeFp8Kernel::kRegistersDeep}},
+                                    &t->decode.fp8_kernel);
+     }},
     {"decode-slots", "N", "split-KV decode wave model CTAs per SM (default 0: its own)",
      [](std::string_view v, KernelTuning* t) {
        return positive_int(v, 0, 1 << 10, &t->decode.slots);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -54,8 +55,14 @@ class DecodeCase : public OpCase {
     for (size_t i = 0; i < s_.kv_lens.size() && i < 6; ++i) os << (i ? "," : "") << s_.kv_lens[i];
     os << (s_.kv_lens.size() > 6 ? ",...]" : "]") << " h=" << s_.num_qo_heads << "/"
        << s_.num_kv_heads << " d=" << s_.head_dim << " page=" << s_.page_size << " "
-       << dtype_name(s_.dtype) << (fp8_ ? " fp8 kv" : "") << (s_.with_lse ? " lse" : "")
-       << (q_pad_ ? " strided q" : "") << (nan_tail_ ? " nan tail" : "")
+       << dtype_name(s_.dtype) << (fp8_ ? " fp8 kv" : "")
+       << (fp8_ && tuning_.fp8_kernel == kernels::DecodeFp8Kernel::kConvertTile ? " (tile)" : "")
+       << (fp8_ && tuning_.fp8_kernel == kernels::DecodeFp8Kernel::kRegistersDeep ? " (deep)" : "")
+       << (fp8_ && (k_scale_exp_ || v_scale_exp_)
+               ? " scales x2^" + std::to_string(k_scale_exp_) + "/2^" + std::to_string(v_scale_exp_)
+               : "")
+       << (s_.with_lse ? " lse" : "") << (q_pad_ ? " strided q" : "")
+       << (nan_tail_ ? " nan tail" : "")
        << (s_.window > 0 ? " window=" + std::to_string(s_.window) : "") << ")";
     return os.str();
   }
@@ -75,7 +82,17 @@ class DecodeCase : public OpCase {
   void set_merge_group(int g) { merge_group_ = g; }
   // DecodePlan::prefetch_tokens pinned after planning (-1: the plan's).
   void set_prefetch_tokens(int n) { prefetch_tokens_ = n; }
+  // FP8: the page scales of K and V times 2^k_exp and 2^v_exp (still powers of two; the reference
+  // reads the same), e.g. to put them outside f16's range: before prepare().
+  void set_fp8_scale_exponents(int k_exp, int v_exp) {
+    k_scale_exp_ = k_exp;
+    v_scale_exp_ = v_exp;
+  }
+  // The outputs of the last launch (after a sync).
+  std::vector<uint16_t> output() const { return d_o_.download<uint16_t>(); }
+  std::vector<float> output_lse() const { return d_lse_.download<float>(); }
   const kernels::cuda::DecodePlan& plan() const { return plan_; }
+  DType dtype() const { return s_.dtype; }
 
   void prepare(cudaStream_t stream) override {
     host_ = std::make_unique<PagedCase>(s_);
@@ -91,6 +108,8 @@ class DecodeCase : public OpCase {
     }
     if (fp8_) {
       fp8_pages_ = make_fp8_pages(h, s_.seed);
+      for (float& x : fp8_pages_.k_scale) x = std::ldexp(x, k_scale_exp_);
+      for (float& x : fp8_pages_.v_scale) x = std::ldexp(x, v_scale_exp_);
       if (nan_tail_) {  // NaN codes in the slots past each request's last key
         const int64_t slot = int64_t(s_.num_kv_heads) * s_.head_dim;
         for (size_t b = 0; b + 1 < h.kv_indptr.size(); ++b) {
@@ -242,6 +261,7 @@ class DecodeCase : public OpCase {
   kernels::DecodeTuning tuning_;
   int merge_group_ = 0;
   int prefetch_tokens_ = -1;
+  int k_scale_exp_ = 0, v_scale_exp_ = 0;
   int q_pad_;
   bool nan_tail_;
   bool fp8_;

@@ -12,10 +12,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gpu_kernels/decode_case.h"
 #include "gpu_kernels/fp8_pages.h"
@@ -482,18 +486,152 @@ TEST(DecodeFp8Gpu, Small) {
   EXPECT_EQ(s.ok, 2);
 }
 
+kernels::DecodeTuning fp8_kernel_pin(kernels::DecodeFp8Kernel k) {
+  kernels::DecodeTuning t;
+  t.fp8_kernel = k;
+  return t;
+}
+
+// The converting-tile FP8 kernel (DecodeFp8Kernel::kConvertTile, still selectable) over the
+// mixed-batch grid and NaN tails.
+TEST(DecodeFp8Gpu, ConvertTileKernelOverTheGrid) {
+  std::vector<std::unique_ptr<OpCase>> cases;
+  uint64_t seed = 300;
+  for (int page : {1, 16, 128})
+    for (int group : {1, 4, 8})
+      for (int d : {64, 128}) {
+        const DType dt = seed % 2 ? DType::kBF16 : DType::kF16;
+        cases.push_back(std::make_unique<DecodeCase>(
+            dshape({0, 1, 7, 300, 1025, 4097}, 2 * group, 2, d, page, dt, seed % 3 != 0, seed),
+            false, 64, 0, page > 1, true));
+        ++seed;
+      }
+  set_tuning(cases, fp8_kernel_pin(kernels::DecodeFp8Kernel::kConvertTile));
+  const RunSummary s = run_cases(cases);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.ok, int(cases.size()));
+}
+
+// The FP8 kernels on the same pages, each against the CPU reference and against each other. The
+// registers kernel's k-steps hold other dims than the converting tile's (its fragment order,
+// decode.cu), so each score is the same fp32 sum in another order and a softmax weight may round
+// to the neighbouring bf16 / f16 value; the page scales multiply outside the mma (exact). So the
+// outputs agree to about an ulp of the output: |new - old| <= 2^-6 (|old| + max |old| / 16) per
+// element, far inside the reference tolerance and relative to the outputs' own size, which the
+// reference's absolute bound is not where the V scales are tiny. A wrong fragment layout would
+// miss by O(|old|). Shapes: pages 1 / 7 / 16 / 128, head_dim 64 / 128, GQA 1, 2, 3, 8 and 16
+// (two head tiles per kv head), ragged batches, split (min chunk 64) and unsplit, windows, and f16
+// pages whose V scales straddle the bottom of f16's range (2^-19 x: some take the f32 route of the
+// V operands) or whose K scales are large (2^10 x: scores in the hundreds). The deeper ring
+// (kRegistersDeep) runs each case too, under the same pinned wave-model slots (so the same
+// splits): only its ring depth differs from kRegisters, so its outputs must be bit for bit
+// kRegisters'.
+TEST(DecodeFp8Gpu, RegistersMatchConvertTile) {
+  struct Pair {
+    std::unique_ptr<DecodeCase> tile, regs, deep;
+  };
+  std::vector<Pair> pairs;
+  auto add = [&](PagedCaseShape s, int min_chunk, bool nan_tail, int k_exp = 0, int v_exp = 0) {
+    Pair p;
+    for (auto* c : {&p.tile, &p.regs, &p.deep}) {
+      *c = std::make_unique<DecodeCase>(s, false, min_chunk, 0, nan_tail, true);
+      (*c)->set_fp8_scale_exponents(k_exp, v_exp);
+    }
+    p.tile->set_tuning(fp8_kernel_pin(kernels::DecodeFp8Kernel::kConvertTile));
+    kernels::DecodeTuning regs = fp8_kernel_pin(kernels::DecodeFp8Kernel::kRegisters);
+    regs.slots = 2;
+    p.regs->set_tuning(regs);
+    regs.fp8_kernel = kernels::DecodeFp8Kernel::kRegistersDeep;
+    p.deep->set_tuning(regs);
+    pairs.push_back(std::move(p));
+  };
+  uint64_t seed = 1100;
+  const std::vector<int32_t> ragged = {1, 33, 64, 65, 700, 2049, 5000};
+  for (int page : {1, 7, 16, 128})
+    for (int d : {64, 128})
+      for (auto [hq, hk] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{6, 2}, std::pair{16, 2}}) {
+        const DType dt = seed % 2 ? DType::kBF16 : DType::kF16;
+        add(dshape(ragged, hq, hk, d, page, dt, true, seed), seed % 3 == 0 ? 64 : 256, page > 1);
+        ++seed;
+      }
+  add(dshape({40000}, 32, 8, 128, 128, DType::kBF16, true, seed++), 256, false);
+  add(dshape({32768, 9, 3000}, 32, 2, 128, 16, DType::kBF16, true, seed++), 256, true);
+  PagedCaseShape win = dshape({0, 1, 700, 9000}, 8, 2, 128, 16, DType::kBF16, true, seed++);
+  win.window = 65;
+  add(win, 64, false);
+  for (int d : {64, 128}) {
+    // V scales near 2^-24 (some pages above, some below: both V routes, key by key at page 1).
+    add(dshape({300, 4097}, 8, 2, d, 1, DType::kF16, true, seed++), 64, false, 0, -19);
+    add(dshape({300, 4097}, 8, 2, d, 7, DType::kF16, true, seed++), 64, true, 0, -19);
+    add(dshape({300, 4097}, 8, 2, d, 128, DType::kF16, true, seed++), 64, false, 10, 0);
+  }
+  cudaStream_t stream;
+  LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (Pair& p : pairs) {
+    SCOPED_TRACE(p.regs->name());
+    std::vector<uint16_t> out[3];
+    std::vector<float> lse[3];
+    int i = 0;
+    for (DecodeCase* c : {p.tile.get(), p.regs.get(), p.deep.get()}) {
+      c->prepare(stream);
+      c->launch(stream);
+      LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const CaseResult r = c->check();
+      EXPECT_EQ(r.status, Status::kOk) << (i == 0   ? "tile: "
+                                           : i == 1 ? "registers: "
+                                                    : "deep: ")
+                                       << r.detail;
+      out[i] = c->output();
+      lse[i] = c->output_lse();
+      ++i;
+    }
+    EXPECT_EQ(p.deep->plan().chunk_tokens, p.regs->plan().chunk_tokens);
+    EXPECT_TRUE(out[2] == out[1]) << "the deeper ring's outputs differ from kRegisters'";
+    EXPECT_EQ(std::memcmp(lse[2].data(), lse[1].data(), lse[1].size() * 4), 0)
+        << "the deeper ring's lse differs from kRegisters'";
+    const DType dt = p.regs->dtype();
+    double max_old = 0;
+    for (uint16_t x : out[0])
+      max_old = std::max(max_old, std::fabs(double(half_bits_to_f32(x, dt))));
+    // Plus two of f16's subnormal steps (2^-24): outputs of the tiny V scales are subnormal.
+    int64_t bad = 0;
+    double worst = 0;
+    for (size_t e = 0; e < out[0].size(); ++e) {
+      const double a = half_bits_to_f32(out[0][e], dt), b = half_bits_to_f32(out[1][e], dt);
+      const double diff = std::fabs(a - b);
+      if (!(diff <= 0x1p-6 * (std::fabs(a) + max_old / 16) + 0x1p-23)) ++bad;
+      if (!(diff <= worst)) worst = diff;
+    }
+    EXPECT_EQ(bad, 0) << "outputs apart by up to " << worst << " (max |output| " << max_old << ")";
+    int64_t lse_bad = 0;  // both unwritten (NaN: no lse), or both -inf (empty), or within 1e-4
+    for (size_t e = 0; e < lse[0].size(); ++e) {
+      const float a = lse[0][e], b = lse[1][e];
+      if (a == b || (std::isnan(a) && std::isnan(b))) continue;
+      if (!(std::fabs(double(a) - b) <= 1e-4)) ++lse_bad;
+    }
+    EXPECT_EQ(lse_bad, 0);
+  }
+  cudaStreamDestroy(stream);
+}
+
 // Timing only (LONGCTX_PERF=1): batch 1 and 8 at 32K and 128K keys, Llama-3.1-8B heads (32 / 8
-// x 128), pages of 16 and 128, bf16 KV then FP8 KV in the same process (the same GPU).
+// x 128), pages of 16 and 128, bf16 KV, then FP8 KV on the converting-tile kernel ("(tile)") and
+// on the registers kernel (the default) and its deeper ring ("(deep)"), in the same process (the
+// same GPU).
 TEST(DecodeFp8Gpu, PerfBf16VsFp8) {
   if (!perf_mode()) GTEST_SKIP() << "set LONGCTX_PERF=1";
   std::vector<std::unique_ptr<OpCase>> cases;
   for (int32_t kv : {32768, 131072})
     for (int batch : {1, 8})
       for (int page : {16, 128})
-        for (bool fp8 : {false, true})
-          cases.push_back(std::make_unique<DecodeCase>(
+        for (int kind : {0, 1, 2, 3}) {  // bf16, FP8 tile, FP8 registers, FP8 deeper ring
+          auto c = std::make_unique<DecodeCase>(
               dshape(std::vector<int32_t>(batch, kv), 32, 8, 128, page, DType::kBF16, true, 7),
-              true, 256, 0, false, fp8));
+              true, 256, 0, false, kind > 0);
+          if (kind == 1) c->set_tuning(fp8_kernel_pin(kernels::DecodeFp8Kernel::kConvertTile));
+          if (kind == 3) c->set_tuning(fp8_kernel_pin(kernels::DecodeFp8Kernel::kRegistersDeep));
+          cases.push_back(std::move(c));
+        }
   const RunSummary s = run_cases(cases);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.ok, int(cases.size()));

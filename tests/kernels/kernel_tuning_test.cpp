@@ -24,6 +24,7 @@ TEST(KernelTuning, DefaultsAreTheMeasuredChoices) {
   EXPECT_EQ(t.prefill.fp8_stage_mib, 512);  // 128K keys of an 8 x 128 layer, staged
   EXPECT_EQ(t.decode.loader, DecodeLoader::kAuto);
   EXPECT_EQ(t.decode.copy, DecodeStageCopy::kAuto);
+  EXPECT_EQ(t.decode.fp8_kernel, DecodeFp8Kernel::kAuto);
   EXPECT_EQ(t.decode.slots, 0);
   EXPECT_EQ(t.decode.overhead, 64);
   EXPECT_EQ(t.decode.max_q_len, 1);  // verify steps take the paged prefill (measured faster)
@@ -81,6 +82,7 @@ TEST(KernelTuning, FlagsSetEveryField) {
   ASSERT_TRUE(set("prefill-fp8-stage", "0")) << err;
   ASSERT_TRUE(set("decode-loader", "0")) << err;
   ASSERT_TRUE(set("decode-copy", "1")) << err;
+  ASSERT_TRUE(set("decode-fp8-kernel", "0")) << err;
   ASSERT_TRUE(set("decode-slots", "3")) << err;
   ASSERT_TRUE(set("decode-overhead", "96")) << err;
   ASSERT_TRUE(set("decode-max-q", "9")) << err;
@@ -96,6 +98,7 @@ TEST(KernelTuning, FlagsSetEveryField) {
   EXPECT_EQ(t.prefill.fp8_stage_mib, 0);
   EXPECT_EQ(t.decode.loader, DecodeLoader::kCpAsync);
   EXPECT_EQ(t.decode.copy, DecodeStageCopy::kCpAsync);
+  EXPECT_EQ(t.decode.fp8_kernel, DecodeFp8Kernel::kConvertTile);
   EXPECT_EQ(t.decode.slots, 3);
   EXPECT_EQ(t.decode.overhead, 96);
   EXPECT_EQ(t.decode.max_q_len, 9);
@@ -103,6 +106,8 @@ TEST(KernelTuning, FlagsSetEveryField) {
   EXPECT_FALSE(t.pdl);
   ASSERT_TRUE(set("prefill-split", "auto")) << err;
   EXPECT_EQ(t.prefill.split, PrefillSplitMode::kAuto);
+  ASSERT_TRUE(set("decode-fp8-kernel", "2")) << err;
+  EXPECT_EQ(t.decode.fp8_kernel, DecodeFp8Kernel::kRegistersDeep);
 }
 
 TEST(KernelTuning, FlagsRefuseUnknownNamesAndValues) {
@@ -115,6 +120,8 @@ TEST(KernelTuning, FlagsRefuseUnknownNamesAndValues) {
   EXPECT_FALSE(parse_kernel_tuning_flag("decode-overhead", "0", &t, &err));
   EXPECT_FALSE(parse_kernel_tuning_flag("decode-max-q", "0", &t, &err));
   EXPECT_FALSE(parse_kernel_tuning_flag("decode-max-q", "17", &t, &err));  // kDecodeMaxQLen
+  EXPECT_FALSE(parse_kernel_tuning_flag("decode-fp8-kernel", "3", &t, &err));
+  EXPECT_EQ(t.decode.fp8_kernel, DecodeFp8Kernel::kAuto);
   EXPECT_EQ(t.decode.max_q_len, 1);
   EXPECT_FALSE(parse_kernel_tuning_flag("no-such-flag", "1", &t, &err));
   EXPECT_FALSE(is_kernel_tuning_flag("no-such-flag"));

@@ -61,9 +61,17 @@ enum class DecodeLoader : uint8_t { kAuto, kCpAsync, kTmaTile };
 // pages that are not whole tiles take the TMA kernel too).
 enum class DecodeStageCopy : uint8_t { kAuto, kTmaBoxes, kCpAsync };
 
+// The split-KV decode's kernel over an FP8 cache: kConvertTile converts each landed tile of codes
+// into a 16-bit tile in shared memory that the 16-bit compute reads; kRegisters converts the codes
+// in registers right before the tensor-core fragments and folds the page scales into the scores
+// and the softmax weights; kRegistersDeep the same with a deeper ring (more bytes in flight, 2
+// CTAs per SM instead of 3 at head_dim 128). kAuto: kRegisters.
+enum class DecodeFp8Kernel : uint8_t { kAuto, kConvertTile, kRegisters, kRegistersDeep };
+
 struct DecodeTuning {
   DecodeLoader loader = DecodeLoader::kAuto;
   DecodeStageCopy copy = DecodeStageCopy::kAuto;
+  DecodeFp8Kernel fp8_kernel = DecodeFp8Kernel::kAuto;
   int slots = 0;      // the wave model's CTAs per SM; 0: its own (2 where one wave holds the grid,
                       // else the occupancy's)
   int overhead = 64;  // the wave model's fixed cost of a CTA, in keys

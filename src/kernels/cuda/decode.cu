@@ -770,6 +770,361 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
   finish_cta<T, D, GT, C::kSources, 8>(a, s_acc, e, w);
 }
 
+// FP8 K/V converted in registers (DecodeFp8Kernel::kRegisters): codes and page scales stream
+// through a cp.async ring as in decode_fp8_kernel, but no 16-bit tile is written: each warp loads
+// the codes of its fragments from the ring with 16-byte LDS and converts them right before the
+// mma (cvt.rn.f16x2.e4m3x2 per code pair; for bf16 on to f32 and a bf16x2 pack: every E4M3 value
+// is exact in both), so a tile costs one barrier, not two. ldmatrix cannot feed converted
+// fragments, so the fragments' element order is chosen to make every thread's codes contiguous:
+//   S = Q K^T: thread (g, t) of a warp holds key g of each 8-key block and, for k-step ks, the
+//     dims KB t + 4 ks + {0, 1} (mma k 2t, 2t+1) and + {2, 3} (k 2t+8, 2t+9), KB = D / 4: its
+//     KB codes of the key are one or two 16-byte loads. Q's A fragments take the same dims, so
+//     each score is the same sum over the head's dims (in another order: not bitwise the
+//     16-bit tile kernel's, whose k-steps hold dims 16 ks .. 16 ks + 15).
+//   O += P V: n-tile j, column g holds dim VB g + j (VB = D / 8), and the k rows 2t, 2t+1 (keys
+//     2t, 2t+1 of the block, S's columns) are two 16-byte (8-byte at D 64) loads of codes VB g ..
+//     VB g + VB - 1 of those keys; one byte permute pairs key 2t's and 2t+1's codes of two
+//     n-tiles. store() writes each dim at its place.
+// The page scales (powers of two) leave the operands: K's multiplies the key's fp32 score, V's the
+// softmax weight before it is rounded to bf16 (bf16(p) s == bf16(p s): exact), so the tensor
+// cores see the codes' exact values and every product is the 16-bit tile kernel's. f16 keeps V's
+// scale in the operand (an f16 weight times a small scale would fall into f16's subnormals): one
+// f16x2 multiply per code pair, the f32 route where a scale is not an f16 value.
+// Warp instructions per 8-key block at head_dim 128 (K + V: 2 KB of codes): 5 LDS (4 of codes, 1
+// of scales), 16 + 16 mma, ~44 softmax and scale multiplies, 8 PRMT, and per code pair (32) one
+// cvt, plus for bf16 3 (two f16 -> f32, one pack) / for f16 V one HMUL2: ~215 (bf16) / ~140
+// (f16), against ~280 and a second barrier per tile for the converting tile (6 per code pair, 2
+// LDS + 4 STS per thread and tile, 8 ldmatrix) and ~80 for the 16-bit kernel over 4 KB.
+// kDeep (DecodeFp8Kernel::kRegistersDeep): a deeper ring, 80 KB (head_dim 128) / 72 KB (64) of
+// codes in flight in 99 / 85 KB of shared memory, which leaves 2 CTAs per SM instead of 3: the
+// wave model runs 2 per SM at batch 1 anyway, where the deeper ring keeps more bytes in flight.
+template <int D, bool kDeep = false>
+struct Fp8RegShape {
+  static constexpr int TILE = 64;                    // keys per stage (2 blocks of 8 per warp)
+  static constexpr int LPT = D / 16;                 // 16-byte chunks (16 codes) per key row
+  static constexpr int CPT = TILE * LPT / kThreads;  // chunks per thread per tensor
+  static constexpr int TOK_STRIDE = kThreads / LPT;
+  // Default: 48 KB of codes in flight at either head_dim (3 CTAs per SM at 128).
+  static constexpr int kStages = kDeep ? (D == 128 ? 6 : 10) : (D == 128 ? 4 : 7);
+  static constexpr int kCodeStage = 2 * TILE * D;   // K + V codes
+  static constexpr int kScaleStage = 2 * TILE * 4;  // K, V scale of each key
+  static constexpr int kStageBytes = kCodeStage + kScaleStage;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(CPT * kThreads == TILE * LPT, "tile copies must divide over the threads");
+  static_assert(kStageBytes % 16 == 0, "stages start 16-byte aligned");
+  // Byte offset of 16-byte chunk c of key row `row` in a stage's [TILE][D] codes: chunks XOR-
+  // swizzled so that the fragment loads (8 lanes a phase: K rows g, g + 1 of chunks 2t, 2t + 1
+  // at D 128; V rows 2t, 2t + 1 of chunk g) hit distinct banks. D 64 (4 chunks a row): by
+  // (row / 2) % 4, leaving a 2-way conflict on V's 8-byte loads.
+  static __device__ __forceinline__ int offset(int row, int c) {
+    const int x = D == 128 ? (row & 7) : ((row >> 1) & 3);
+    return row * D + ((c ^ x) << 4);
+  }
+};
+
+// Four E4M3 codes -> two f16x2 (codes 0, 1 in lo; 2, 3 in hi): exact. The halves of `codes` go
+// to the conversions as 16-bit registers (no shift or mask per pair).
+__device__ __forceinline__ void fp8x4_to_half2x2(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n"
+      ".reg .b16 l, h;\n"
+      "mov.b32 {l, h}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(codes));
+#else
+  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes), __NV_E4M3);
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes >> 16), __NV_E4M3);
+  lo = uint32_t(l.x) | (uint32_t(l.y) << 16);
+  hi = uint32_t(h.x) | (uint32_t(h.y) << 16);
+#endif
+}
+
+// An f16x2 of exact E4M3 values as a pair of T (bf16: through f32, exact).
+template <typename T>
+__device__ __forceinline__ uint32_t half2_as(uint32_t h2) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return h2;
+  } else {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    return Mma<T>::pack(f.x, f.y);
+  }
+}
+
+// f16: an f16x2 of codes times their keys' V scales; `fast`: both scales are 0 or f16 values
+// (2^-24 .. 2^15), where one f16 multiply rounds the exact product once, as the f32 route does.
+__device__ __forceinline__ uint32_t half2_scaled(uint32_t h2, bool fast, uint32_t s2, float s0,
+                                                 float s1) {
+  const __half2 v = *reinterpret_cast<const __half2*>(&h2);
+  if (fast) {
+    const __half2 r = __hmul2(v, *reinterpret_cast<const __half2*>(&s2));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+  const float2 f = __half22float2(v);
+  return Mma<__half>::pack(f.x * s0, f.y * s1);
+}
+
+__device__ __forceinline__ bool f16_scale(float s) {
+  return s == 0.f || (s >= 0x1p-24f && s <= 0x1p15f);
+}
+
+// MmaCompute's online softmax over FP8 codes in a Fp8RegShape stage (the fragment order above).
+template <typename T, int D, int GT>
+struct Fp8RegCompute {
+  using S = Fp8RegShape<D>;
+  static constexpr int kChains = 2;  // MmaCompute's two independent mma chains of S
+  static constexpr int KS = D / 16;  // k-steps of S = Q K^T
+  static constexpr int NTL = D / 8;  // 8-dim n-tiles of O
+  static constexpr int KB = D / 4;   // K codes per thread and key
+  static constexpr int VB = D / 8;   // V codes per thread and key
+  static constexpr int SBW = S::TILE / 32;
+  static constexpr int kSources = kThreads / 32;
+  static constexpr bool kF16 = std::is_same_v<T, __half>;
+  int g, t4, warp;
+  uint32_t qa[KS][2];  // q row g: dims KB t + 4 ks + {0, 1} and + {2, 3}
+  float o[NTL][4];     // [j][0..1]: row g, dims VB 2t + j and VB (2t + 1) + j; [2..3] padding
+  float m_r, l_r;
+  int first_, end_;
+
+  __device__ __forceinline__ void init(const DecodeArgs& a, const CtaWork& w) {
+    const int lane = threadIdx.x & 31;
+    g = lane >> 2;
+    t4 = lane & 3;
+    warp = threadIdx.x >> 5;
+    int qi, h;
+    row_of(a, w, w.r0 + g, qi, h);
+    const T* q = static_cast<const T*>(a.q) + (int64_t(w.q_start) + qi) * a.q_stride + h * D;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      if (g < w.nr) {  // 4-byte loads: q rows are only 4-byte aligned (q_token_stride even)
+        qa[ks][0] = *reinterpret_cast<const uint32_t*>(q + KB * t4 + 4 * ks);
+        qa[ks][1] = *reinterpret_cast<const uint32_t*>(q + KB * t4 + 4 * ks + 2);
+      } else {
+        qa[ks][0] = qa[ks][1] = 0u;
+      }
+    }
+    const int row_end = w.causal ? w.kv_len - w.q_len + 1 + qi : w.kv_len;
+    end_ = min(w.kv_end, row_end);
+    first_ = a.window > 0 ? max(w.kv_begin, row_end - a.window) : w.kv_begin;
+#pragma unroll
+    for (int j = 0; j < NTL; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    m_r = -INFINITY;
+    l_r = 0.f;
+  }
+
+  // O += P V over one 8-key block: rows va (key 2t) and vc (key 2t + 1) of V codes VB g ..
+  template <bool kFast>
+  __device__ __forceinline__ void pv(const uint32_t* va, const uint32_t* vc, uint32_t pa,
+                                     uint32_t s2, float s0, float s1) {
+#pragma unroll
+    for (int wd = 0; wd < VB / 4; ++wd) {
+      // Code j of keys 2t and 2t + 1 side by side: n-tiles 4 wd .. 4 wd + 3.
+      uint32_t h[4];
+      fp8x4_to_half2x2(__byte_perm(va[wd], vc[wd], 0x5140), h[0], h[1]);
+      fp8x4_to_half2x2(__byte_perm(va[wd], vc[wd], 0x7362), h[2], h[3]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint32_t b;
+        if constexpr (kF16)
+          b = half2_scaled(h[i], kFast, s2, s0, s1);
+        else
+          b = half2_as<T>(h[i]);
+        Mma<T>::k8(o[4 * wd + i], pa, 0u, b);
+      }
+    }
+  }
+
+  // ck, cv: the stage's K and V codes; sc: its scales ([TILE][2]: K, V of each key); the first key
+  // is tbase.
+  __device__ __forceinline__ void tile(const uint8_t* ck, const uint8_t* cv, const float* sc,
+                                       int tbase, float scale_log2) {
+    const int kv_first = first_, kv_end = end_;
+#pragma unroll
+    for (int sb = 0; sb < SBW; ++sb) {
+      const int tok0 = (warp * SBW + sb) * 8;
+      uint32_t kw[KS];  // word ks: codes KB t + 4 ks .. + 3 of key g
+#pragma unroll
+      for (int i = 0; i < KB / 16; ++i) {
+        const uint4 x =
+            *reinterpret_cast<const uint4*>(ck + S::offset(tok0 + g, (KB / 16) * t4 + i));
+        kw[4 * i] = x.x;
+        kw[4 * i + 1] = x.y;
+        kw[4 * i + 2] = x.z;
+        kw[4 * i + 3] = x.w;
+      }
+      uint32_t va[VB / 4], vc[VB / 4];  // codes VB g .. of keys 2t and 2t + 1
+      if constexpr (D == 128) {
+        const uint4 x = *reinterpret_cast<const uint4*>(cv + S::offset(tok0 + 2 * t4, g));
+        const uint4 y = *reinterpret_cast<const uint4*>(cv + S::offset(tok0 + 2 * t4 + 1, g));
+        va[0] = x.x, va[1] = x.y, va[2] = x.z, va[3] = x.w;
+        vc[0] = y.x, vc[1] = y.y, vc[2] = y.z, vc[3] = y.w;
+      } else {
+        const uint2 x =
+            *reinterpret_cast<const uint2*>(cv + S::offset(tok0 + 2 * t4, g >> 1) + 8 * (g & 1));
+        const uint2 y = *reinterpret_cast<const uint2*>(cv + S::offset(tok0 + 2 * t4 + 1, g >> 1) +
+                                                        8 * (g & 1));
+        va[0] = x.x, va[1] = x.y;
+        vc[0] = y.x, vc[1] = y.y;
+      }
+      // K and V scales of keys 2t, 2t + 1.
+      const float4 ps = *reinterpret_cast<const float4*>(sc + 2 * (tok0 + 2 * t4));
+      float acc[kChains][4];
+#pragma unroll
+      for (int i = 0; i < kChains; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t b0, b1;
+        fp8x4_to_half2x2(kw[ks], b0, b1);
+        const uint32_t a[4] = {qa[ks][0], 0u, qa[ks][1], 0u};
+        Mma<T>::k16(acc[ks % kChains], a, half2_as<T>(b0), half2_as<T>(b1));
+      }
+      float s[2] = {acc[0][0], acc[0][1]};
+#pragma unroll
+      for (int i = 1; i < kChains; ++i) {
+        s[0] += acc[i][0];
+        s[1] += acc[i][1];
+      }
+      const int tk = tbase + tok0 + 2 * t4;
+      const float x0 = tk < kv_end && tk >= kv_first ? s[0] * ps.x * scale_log2 : -INFINITY;
+      const float x1 = tk + 1 < kv_end && tk + 1 >= kv_first ? s[1] * ps.z * scale_log2 : -INFINITY;
+      float mx = fmaxf(x0, x1);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_r, mx);
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      const float scale = exp2f(m_r - base);
+      const float p0 = exp2f(x0 - base), p1 = exp2f(x1 - base);
+      l_r = l_r * scale + p0 + p1;
+      m_r = m_new;
+      if (__any_sync(0xffffffffu, scale != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < NTL; ++j) {
+          o[j][0] *= scale;
+          o[j][1] *= scale;
+        }
+      }
+      if constexpr (kF16) {
+        const uint32_t pa = Mma<T>::pack(p0, p1);
+        const __half2 s2h = __floats2half2_rn(ps.y, ps.w);
+        const uint32_t s2 = *reinterpret_cast<const uint32_t*>(&s2h);
+        if (f16_scale(ps.y) && f16_scale(ps.w))
+          pv<true>(va, vc, pa, s2, ps.y, ps.w);
+        else
+          pv<false>(va, vc, pa, s2, ps.y, ps.w);
+      } else {
+        pv<true>(va, vc, Mma<T>::pack(p0 * ps.y, p1 * ps.w), 0u, 0.f, 0.f);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(float* s_acc, float (*s_m)[GT], float (*s_l)[GT]) {
+    float l = l_r;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < GT) {
+      if (t4 == 0) {
+        s_m[warp][g] = m_r;
+        s_l[warp][g] = l;
+      }
+      float* row = s_acc + (warp * GT + g) * D;
+#pragma unroll
+      for (int j = 0; j < NTL; ++j) {
+        row[VB * 2 * t4 + j] = o[j][0];
+        row[VB * (2 * t4 + 1) + j] = o[j][1];
+      }
+    }
+  }
+};
+
+template <typename T, int D, int GT, bool kDeep>
+__global__ void __launch_bounds__(kThreads) decode_fp8_reg_kernel(DecodeArgs a) {
+  using S = Fp8RegShape<D, kDeep>;
+  using C = Fp8RegCompute<T, D, GT>;
+  constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT, kRing = S::kStages;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ EpilogueSmem<GT> e;
+
+  const CtaWork w = cta_work<GT>(a);  // before pdl_wait: as the ring kernel
+  if (w.b < 0 || w.nr <= 0) return;   // padding item, or rows past the request's queries
+  prefetch_first_keys<D, 1>(a, w, a.prefetch_tokens);
+  pdl_wait();
+  pdl_launch_dependents();
+  const int kv_begin = w.kv_begin & ~63, kv_end = w.kv_end, kvh = w.kvh;
+  const uint8_t* kc = static_cast<const uint8_t*>(a.k);
+  const uint8_t* vc = static_cast<const uint8_t*>(a.v);
+  const int32_t* pages = a.kv_indices + w.page_base;
+  const int ps = a.page_size;
+  const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
+  // Stage st: K codes, V codes ([TILE][D] each, S::offset), then [TILE][2] scales (K, V).
+  auto codes_k = [&](int st) { return smem + st * S::kStageBytes; };
+  auto codes_v = [&](int st) { return codes_k(st) + TILE * D; };
+  auto scales = [&](int st) { return reinterpret_cast<float*>(codes_k(st) + S::kCodeStage); };
+  // decode_fp8_kernel's copy assignment: chunk cp_cc of keys cp_tok + j * TOK_STRIDE.
+  const int cp_tok = threadIdx.x / LPT, cp_cc = threadIdx.x % LPT;
+  int64_t row[CPT];
+  int page_id[CPT];
+  auto load_rows = [&](int t_idx) {
+    const int t0 = kv_begin + t_idx * TILE + cp_tok;
+    int pi = t0 / ps, sl = t0 - pi * ps;
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int t = t0 + j * S::TOK_STRIDE;
+      page_id[j] = t < kv_end ? __ldg(pages + pi) : 0;
+      row[j] = int64_t(page_id[j]) * ps + sl;
+      sl += S::TOK_STRIDE;
+      while (sl >= ps) sl -= ps, ++pi;
+    }
+  };
+  auto issue = [&](int t_idx) {
+    const int st = t_idx % kRing;
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int tt = cp_tok + j * S::TOK_STRIDE;
+      const int bytes = kv_begin + t_idx * TILE + tt < kv_end ? 16 : 0;  // 0: zero-fill
+      const int64_t off = (row[j] * a.num_kv_heads + kvh) * D + cp_cc * 16;
+      const int dst = S::offset(tt, cp_cc);
+      cp_async_16(smem_addr(codes_k(st) + dst), kc + off, bytes);
+      cp_async_16(smem_addr(codes_v(st) + dst), vc + off, bytes);
+      if (cp_cc == 0) {  // zero scales past kv_end: V's zero codes then weigh 0, not NaN
+        const int64_t si = int64_t(page_id[j]) * a.num_kv_heads + kvh;
+        cp_async_4(smem_addr(scales(st) + 2 * tt), a.k_scale + si, bytes ? 4 : 0);
+        cp_async_4(smem_addr(scales(st) + 2 * tt + 1), a.v_scale + si, bytes ? 4 : 0);
+      }
+    }
+  };
+
+#pragma unroll
+  for (int st = 0; st < kRing - 1; ++st) {
+    if (st < n_tiles) {
+      load_rows(st);
+      issue(st);
+    }
+    cp_async_commit();
+  }
+  if (kRing - 1 < n_tiles) load_rows(kRing - 1);
+
+  C c;
+  c.init(a, w);
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait<kRing - 2>();  // tile it has landed (this thread's copies) ...
+    __syncthreads();             // ... every thread's, and tile it - 1 is consumed
+    const int nx = it + kRing - 1;
+    if (nx < n_tiles) issue(nx);  // into the stage tile it - 1 used
+    cp_async_commit();
+    if (nx + 1 < n_tiles) load_rows(nx + 1);
+    const int st = it % kRing;
+    c.tile(codes_k(st), codes_v(st), scales(st), kv_begin + it * TILE, a.scale_log2);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  float* s_acc = reinterpret_cast<float*>(smem);  // [NSRC][GT][D] fp32 <= the stages' bytes
+  c.store(s_acc, e.m, e.l);
+  __syncthreads();
+  finish_cta<T, D, GT, C::kSources, 8>(a, s_acc, e, w);
+}
+
 // The same CTA with the K/V tiles brought by the TMA (the default on sm_90 when pages are a
 // multiple of the tile; DecodeLoader::kCpAsync turns it off): one thread issues, per tile, one 3-D
 // box copy of (64 dims, 1 kv head, TILE tokens) per 64 dims of K and of V, which land on the
@@ -1083,14 +1438,42 @@ int fp8_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
   });
 }
 
-int fp8_ctas_per_sm(int head_dim, int group) {
-  const int gt = group_tile_of(group);
-  if (head_dim == 64) {
-    fp8_launch<__half, 64>(nullptr, dim3(), gt, nullptr);
-    return fp8_launch<__nv_bfloat16, 64>(nullptr, dim3(), gt, nullptr);
+// The FP8 kernel that converts in registers: launch_or_count's contract.
+template <typename T, int D, bool kDeep>
+int fp8_reg_launch(const DecodeArgs* a, dim3 grid, int gt, cudaStream_t stream) {
+  return with_group_tile(gt, [&](auto tile) {
+    return launch_or_count(decode_fp8_reg_kernel<T, D, decltype(tile)::value, kDeep>,
+                           Fp8RegShape<D, kDeep>::kSmemBytes, a, grid, stream);
+  });
+}
+
+// The plan's FP8 kernel (DecodePlan::fp8_kernel: never kAuto) at head_dim D: launch_or_count's
+// contract.
+template <typename T, int D>
+int fp8_kernel_launch(DecodeFp8Kernel kernel, const DecodeArgs* a, dim3 grid, int gt,
+                      cudaStream_t stream) {
+  switch (kernel) {
+    case DecodeFp8Kernel::kConvertTile:
+      return fp8_launch<T, D>(a, grid, gt, stream);
+    case DecodeFp8Kernel::kRegistersDeep:
+      return fp8_reg_launch<T, D, true>(a, grid, gt, stream);
+    default:
+      return fp8_reg_launch<T, D, false>(a, grid, gt, stream);
   }
-  fp8_launch<__half, 128>(nullptr, dim3(), gt, nullptr);
-  return fp8_launch<__nv_bfloat16, 128>(nullptr, dim3(), gt, nullptr);
+}
+
+// fp8_kernel_launch at head_dim 64 or 128.
+template <typename T>
+int fp8_launch_dim(int head_dim, DecodeFp8Kernel kernel, const DecodeArgs* a, dim3 grid, int gt,
+                   cudaStream_t stream) {
+  return head_dim == 64 ? fp8_kernel_launch<T, 64>(kernel, a, grid, gt, stream)
+                        : fp8_kernel_launch<T, 128>(kernel, a, grid, gt, stream);
+}
+
+int fp8_ctas_per_sm(int head_dim, int group, DecodeFp8Kernel kernel) {
+  const int gt = group_tile_of(group);
+  fp8_launch_dim<__half>(head_dim, kernel, nullptr, dim3(), gt, nullptr);
+  return fp8_launch_dim<__nv_bfloat16>(head_dim, kernel, nullptr, dim3(), gt, nullptr);
 }
 
 // Resident CTAs per SM for this shape (both dtypes are set up; bf16's count is returned).
@@ -1135,10 +1518,7 @@ void run_typed(const DecodeParams& p, const DecodePlan& plan, cudaStream_t strea
   LONGCTX_CHECK(ctas <= 0x7fffffff, ErrorCode::kInvalidArgument, "decode_run: {} CTAs", ctas);
   const dim3 grid(static_cast<unsigned>(ctas));
   if (plan.kv_format == KvCacheFormat::kFp8E4M3) {
-    if (p.head_dim == 64)
-      fp8_launch<T, 64>(&a, grid, gt, stream);
-    else
-      fp8_launch<T, 128>(&a, grid, gt, stream);
+    fp8_launch_dim<T>(p.head_dim, plan.fp8_kernel, &a, grid, gt, stream);
     return;
   }
   CUtensorMap maps[2];
@@ -1196,11 +1576,21 @@ void add_kernels_w(std::vector<const void*>& v) {
 }
 template <typename T, int D>
 void add_kernels(std::vector<const void*>& v) {
-  if constexpr (D <= 128) {  // the FP8 kernel's head_dims
+  if constexpr (D <= 128) {  // the FP8 kernels' head_dims
     v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 1>));
     v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 2>));
     v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 4>));
     v.push_back(reinterpret_cast<const void*>(decode_fp8_kernel<T, D, 8>));
+    for (bool deep : {false, true}) {
+      v.push_back(deep ? reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 1, true>)
+                       : reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 1, false>));
+      v.push_back(deep ? reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 2, true>)
+                       : reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 2, false>));
+      v.push_back(deep ? reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 4, true>)
+                       : reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 4, false>));
+      v.push_back(deep ? reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 8, true>)
+                       : reinterpret_cast<const void*>(decode_fp8_reg_kernel<T, D, 8, false>));
+    }
   }
   add_kernels_w<T, D, 0>(v);
   if constexpr (D <= 128) add_kernels_w<T, D, 1>(v);
@@ -1247,14 +1637,17 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   // The chunk of the real requests alone: padding must not change how they are split.
   const int real = batch - graph.num_padding;
   const std::vector<int64_t> real_len(span.begin(), span.begin() + real);
-  // FP8 caches have one kernel (the converting cp.async ring): loader 0.
+  // FP8 caches take the FP8 kernels (cp.async rings of codes): loader 0.
   const bool fp8 = kv_format == KvCacheFormat::kFp8E4M3;
+  // kAuto: the registers kernel with the default ring.
+  const DecodeFp8Kernel fp8_kernel =
+      tuning.fp8_kernel == DecodeFp8Kernel::kAuto ? DecodeFp8Kernel::kRegisters : tuning.fp8_kernel;
   LONGCTX_CHECK(!fp8 || head_dim <= 128, ErrorCode::kUnsupported,
                 "decode_plan: an FP8 KV cache at head_dim {} (the FP8 kernel takes 64 and 128)",
                 head_dim);
   const int loader = fp8 ? 0 : decode_loader(page_size, head_dim, tma_supported(), tuning);
-  const int resident =
-      fp8 ? fp8_ctas_per_sm(head_dim, group) : ring_ctas_per_sm(head_dim, group, loader);
+  const int resident = fp8 ? fp8_ctas_per_sm(head_dim, group, fp8_kernel)
+                           : ring_ctas_per_sm(head_dim, group, loader);
   const DecodeWaveModel model = decode_wave_model(tuning, num_sms, resident, min_chunk_tokens);
   const int64_t chunk = decode_chunk(real_len, max_work_items(real, num_kv_heads, group, num_sms),
                                      ctas_per_item, model);
@@ -1291,6 +1684,7 @@ DecodePlan decode_plan(const int32_t* kv_indptr, const int32_t* last_page_len, i
   plan.causal = queries.causal;
   plan.loader = loader;
   plan.kv_format = kv_format;
+  plan.fp8_kernel = fp8_kernel;
   plan.cp_async_stages = cp_async_stages;
   plan.num_work_items = int(items);
   plan.num_partials = work.num_partials;

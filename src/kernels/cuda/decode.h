@@ -20,9 +20,11 @@
 // mma.sync m16 tile's live rows); every loader and the FP8 kernel serve them unchanged, each row
 // masking the keys past its own end. Partial states and the fused merge scale with the rows. A
 // plan of one query per request is today's plan: the same grid, work list and launches.
-// An FP8 cache (plan's kv_format kFp8E4M3; DecodeParams' k_scale / v_scale) is read by the
-// cp.async ring with a converting loader: codes and page scales land in shared memory, each tile
-// is dequantized to bf16 / f16 there, and the compute and its fp32 accumulation are unchanged.
+// An FP8 cache (plan's kv_format kFp8E4M3; DecodeParams' k_scale / v_scale) is read by a
+// cp.async ring of codes and page scales; by default (DecodeFp8Kernel::kRegisters) the codes are
+// converted in registers into the tensor-core fragments and the page scales multiply the scores
+// and the softmax weights (exact: powers of two), else each tile is dequantized into a 16-bit
+// tile in shared memory that the 16-bit compute reads. Accumulation is fp32 either way.
 //
 //   size_t ws = decode_workspace_bytes(max_batch, num_qo_heads, num_kv_heads, head_dim, num_sms);
 //   DecodePlan plan = decode_plan(kv_indptr_host, kv_last_page_len_host, batch, page_size,
@@ -69,7 +71,8 @@ struct DecodePlan {
   int max_q_len = 1;     // the most queries of a request (DecodeQueries)
   bool causal = true;    // DecodeQueries::causal
   int loader = 0;        // K/V tiles: 0 cp.async by every thread, 1 TMA, 2 TMA of doubled tiles
-  KvCacheFormat kv_format = KvCacheFormat::kDtype;  // the caches decode_run will read
+  KvCacheFormat kv_format = KvCacheFormat::kDtype;           // the caches decode_run will read
+  DecodeFp8Kernel fp8_kernel = DecodeFp8Kernel::kRegisters;  // FP8 caches' kernel (not kAuto)
   bool cp_async_stages = false;  // loader >= 1: the stages are filled by every thread's cp.async
                                  // instead of TMA boxes (the faster over long splits)
   int num_work_items = 0;        // items of the grid (CTAs: items x kv heads x tiles)
