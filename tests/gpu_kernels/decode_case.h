@@ -179,6 +179,7 @@ class DecodeCase : public OpCase {
   void reset_outputs() {
     LONGCTX_CUDA_CHECK(cudaMemset(d_o_.data(), 0xFF, d_o_.bytes()));
     LONGCTX_CUDA_CHECK(cudaMemset(d_lse_.data(), 0xFF, d_lse_.bytes()));
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());  // legacy stream: see GuardedBuffer
   }
 
   CaseResult check() override {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -569,6 +570,9 @@ TEST(DecodeFp8Gpu, RegistersMatchConvertTile) {
   LONGCTX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (Pair& p : pairs) {
     SCOPED_TRACE(p.regs->name());
+    // Before the launches, flushed: a kernel that never returns names its case.
+    std::printf("  %s\n", p.regs->name().c_str());
+    std::fflush(stdout);
     std::vector<uint16_t> out[3];
     std::vector<float> lse[3];
     int i = 0;

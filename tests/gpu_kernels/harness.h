@@ -49,6 +49,10 @@ class GuardedBuffer {
     LONGCTX_CUDA_CHECK(cudaMalloc(&base_, bytes_ + 2 * kGuardBytes));
     LONGCTX_CUDA_CHECK(cudaMemset(base_, kGuardPattern, bytes_ + 2 * kGuardBytes));
     LONGCTX_CUDA_CHECK(cudaMemset(data(), fill, bytes_));
+    // The fills run on the legacy stream, which the tests' non-blocking streams do not wait
+    // for: a plan's upload there (cudaMemcpyAsync into a fresh workspace) could land first and
+    // be overwritten by the fill (work items all (0, 0): only the first tile written).
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
   }
   GuardedBuffer(const GuardedBuffer&) = delete;
   GuardedBuffer& operator=(const GuardedBuffer&) = delete;
@@ -66,6 +70,8 @@ class GuardedBuffer {
   size_t bytes() const { return bytes_; }
   void upload(const void* src) {
     LONGCTX_CUDA_CHECK(cudaMemcpy(data(), src, bytes_, cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy returns once the source is staged, before the DMA lands.
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void download(void* dst) const {
     LONGCTX_CUDA_CHECK(cudaMemcpy(dst, data(), bytes_, cudaMemcpyDeviceToHost));
