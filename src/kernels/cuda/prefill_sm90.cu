@@ -1319,8 +1319,8 @@ void launch_head_dim(const PagedPrefillParams& p, const PrefillPlan& plan, cudaS
 }  // namespace
 
 bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
-  // FP8 caches at head_dim 256 keep the mma.sync kernel's path (paged_prefill_supported refuses
-  // them there): the code staging beside 192 KB of 16-bit tiles would not fit.
+  // Not FP8 caches at head_dim 256 (no prefill kernel takes them: paged_prefill_supported): here
+  // the code staging would not fit beside the 192 KB of 16-bit tiles.
   const bool d256 = p.head_dim == 256 && p.kv_format == KvCacheFormat::kDtype;
   if (p.head_dim != 64 && p.head_dim != 128 && !d256) return false;
   // The device must be sm_90 and this binary must carry the sm_90a kernel (not a JIT from PTX
