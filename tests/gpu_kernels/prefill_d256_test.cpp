@@ -5,6 +5,7 @@
 // Tolerances as prefill_test.cpp's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -157,12 +158,30 @@ TEST(PrefillD256, RepeatedLaunchesWriteTheSameBits) {
     const std::vector<uint16_t> first = c.out().download<uint16_t>();
     int differ = 0;
     constexpr int kLaunches = 40;
+    constexpr int kHeads = 16, kDim = 256;
     for (int i = 0; i < kLaunches; ++i) {
       c.reset_outputs();
       LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
       c.launch(stream);
       LONGCTX_CUDA_CHECK(cudaStreamSynchronize(stream));
-      if (c.out().download<uint16_t>() != first) ++differ;
+      const std::vector<uint16_t> now = c.out().download<uint16_t>();
+      if (now == first) continue;
+      ++differ;
+      // Where: the differing elements as (token, q head, dim) ranges, so a tile, a split piece or
+      // a column block stands out.
+      size_t n = 0, lo = now.size(), hi = 0;
+      int tok_lo = 1 << 30, tok_hi = -1, head_mask = 0, dim_lo = kDim, dim_hi = -1;
+      for (size_t e = 0; e < now.size(); ++e) {
+        if (now[e] == first[e]) continue;
+        ++n;
+        lo = std::min(lo, e), hi = std::max(hi, e);
+        const int tok = int(e / (kHeads * kDim)), h = int(e / kDim % kHeads), d = int(e % kDim);
+        tok_lo = std::min(tok_lo, tok), tok_hi = std::max(tok_hi, tok);
+        head_mask |= 1 << h;
+        dim_lo = std::min(dim_lo, d), dim_hi = std::max(dim_hi, d);
+      }
+      std::printf("  launch %d: %zu elements differ, tokens %d..%d, heads 0x%04x, dims %d..%d\n", i,
+                  n, tok_lo, tok_hi, head_mask, dim_lo, dim_hi);
     }
     std::printf("split %d lean %d (plan split_ctas %d): %d of %d launches differ from the first\n",
                 int(path.split), int(path.lean), c.plan().split_ctas, differ, kLaunches);
