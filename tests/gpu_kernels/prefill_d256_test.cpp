@@ -115,16 +115,28 @@ TEST(PrefillD256, Sm90PathAndStreamKSplit) {
   }
 }
 
-// The Hopper kernel takes head_dim 256 in its default variant only; the others are refused, not
-// run with a tiling that does not fit.
-TEST(PrefillD256, OtherVariantsAreRefused) {
+// The Hopper kernel's other variants at head_dim 256 run in the lean tiling without the TMA (the
+// repeat test's bisection) and are refused where that does not hold: block masks, TMA pages.
+TEST(PrefillD256, OtherVariantsLeanOnly) {
   if (!kernels::cuda::paged_prefill_sm90_path(256)) GTEST_SKIP() << "no sm_90a kernel here";
-  kernels::PrefillTuning tuning;
-  tuning.variant = kernels::PrefillSm90Variant::kPersistent;
-  PrefillCase c(shape({7}, {100}, 16, 2, 256, 16, DType::kBF16, MaskMode::kCausal), false, tuning);
-  c.prepare(nullptr);
-  EXPECT_THROW(c.launch(nullptr), Error);
-  LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+  for (const auto variant :
+       {kernels::PrefillSm90Variant::kPersistent, kernels::PrefillSm90Variant::kGrid}) {
+    kernels::PrefillTuning tuning;
+    tuning.variant = variant;
+    tuning.tma = false;
+    std::vector<std::unique_ptr<OpCase>> cases;
+    cases.push_back(std::make_unique<PrefillCase>(
+        shape({7, 130}, {100, 700}, 16, 2, 256, 16, DType::kBF16, MaskMode::kCausal, false, 9700),
+        false, tuning));
+    expect_no_failures(run_cases(cases), 1);
+    PagedCaseShape masked =
+        shape({130}, {700}, 16, 2, 256, 16, DType::kBF16, MaskMode::kCausal, true, 9701);
+    masked.sparse_keep = 0.5;
+    PrefillCase refused(masked, false, tuning);
+    refused.prepare(nullptr);
+    EXPECT_THROW(refused.launch(nullptr), Error);
+    LONGCTX_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 }
 
 // Graph capture at head_dim 256 (the Hopper kernel on sm_90): a replay writes the same bits.
@@ -138,16 +150,25 @@ TEST(PrefillD256, CudaGraphReplayMatchesDirectLaunch) {
 // not deterministic from a difference of the graph path). Per path: the default (split where the
 // plan takes it), no split, and the full tiling; the count of differing launches is printed.
 TEST(PrefillD256, RepeatedLaunchesWriteTheSameBits) {
+  using kernels::PrefillSm90Variant;
   struct Path {
     PrefillSplitMode split;
     PrefillLean lean;
+    PrefillSm90Variant variant;
   };
-  for (const Path path : {Path{PrefillSplitMode::kAuto, PrefillLean::kAuto},
-                          Path{PrefillSplitMode::kNever, PrefillLean::kAuto},
-                          Path{PrefillSplitMode::kAuto, PrefillLean::kFull}}) {
+  // The default, unsplit, the full tiling, then without the consumer warpgroups' turns
+  // (persistent) and without persistence (grid): which of them differ bisects the cause.
+  for (const Path path :
+       {Path{PrefillSplitMode::kAuto, PrefillLean::kAuto, PrefillSm90Variant::kPingpong},
+        Path{PrefillSplitMode::kNever, PrefillLean::kAuto, PrefillSm90Variant::kPingpong},
+        Path{PrefillSplitMode::kAuto, PrefillLean::kFull, PrefillSm90Variant::kPingpong},
+        Path{PrefillSplitMode::kAuto, PrefillLean::kAuto, PrefillSm90Variant::kPersistent},
+        Path{PrefillSplitMode::kNever, PrefillLean::kAuto, PrefillSm90Variant::kPersistent},
+        Path{PrefillSplitMode::kNever, PrefillLean::kAuto, PrefillSm90Variant::kGrid}}) {
     kernels::PrefillTuning tuning;
     tuning.split = path.split;
     tuning.lean = path.lean;
+    tuning.variant = path.variant;
     PrefillCase c(shape({100, 300}, {700, 300}, 16, 2, 256, 16, DType::kBF16, MaskMode::kCausal),
                   false, tuning);
     cudaStream_t stream;
@@ -183,8 +204,10 @@ TEST(PrefillD256, RepeatedLaunchesWriteTheSameBits) {
       std::printf("  launch %d: %zu elements differ, tokens %d..%d, heads 0x%04x, dims %d..%d\n", i,
                   n, tok_lo, tok_hi, head_mask, dim_lo, dim_hi);
     }
-    std::printf("split %d lean %d (plan split_ctas %d): %d of %d launches differ from the first\n",
-                int(path.split), int(path.lean), c.plan().split_ctas, differ, kLaunches);
+    std::printf(
+        "variant %d split %d lean %d (plan split_ctas %d): %d of %d launches differ from the "
+        "first\n",
+        int(path.variant), int(path.split), int(path.lean), c.plan().split_ctas, differ, kLaunches);
     EXPECT_EQ(differ, 0);
     const CaseResult r = c.check();
     EXPECT_EQ(r.status, Status::kOk) << r.detail;

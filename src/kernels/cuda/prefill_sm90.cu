@@ -1263,17 +1263,27 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
 }
 
 // Head_dim 256: 64-key tiles (kTileKeys), two K/V stages (a third passes the 227 KB), the lean
-// tiling or the full one (block masks), the TMA where the pages allow it. The default variant
-// only: the grid and persistent ones were measurements at head_dim 64 / 128 and are not built.
+// tiling or the full one (block masks), the TMA where the pages allow it. The persistent and grid
+// variants (no turns between the consumer warpgroups; one CTA per work item) are built in their
+// lean, cp.async-only form, so that a difference between runs can be bisected by variant
+// (PrefillD256.RepeatedLaunchesWriteTheSameBits); elsewhere they are refused.
 template <typename T>
 void launch_d256(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
   LONGCTX_CHECK(plan.tile_rows == kPrefillTileRows, ErrorCode::kInvalidArgument,
                 "paged prefill: a plan of {}-row tiles at head_dim 256", plan.tile_rows);
-  LONGCTX_CHECK(plan.tuning.variant == PrefillSm90Variant::kPingpong, ErrorCode::kUnsupported,
-                "paged prefill: head_dim 256 takes the pingpong variant of the Hopper kernel only");
   const bool tma = sm90_tma_pages(p) && plan.tuning.tma;
-  if (lean_stages(p, tma, plan.tuning.lean) > 0)
-    return launch_pingpong<T, 256, 2, 2, true>(p, plan, tma, stream);
+  const bool lean = lean_stages(p, tma, plan.tuning.lean) > 0;
+  const PrefillSm90Variant v = plan.tuning.variant;
+  if (v != PrefillSm90Variant::kPingpong) {
+    LONGCTX_CHECK(lean && !tma, ErrorCode::kUnsupported,
+                  "paged prefill: head_dim 256 takes the {} variant in the lean tiling without "
+                  "the TMA only (block masks or TMA pages: the pingpong variant)",
+                  v == PrefillSm90Variant::kGrid ? "grid" : "persistent");
+    if (v == PrefillSm90Variant::kGrid)
+      return launch<T, Sm90Tiling<256, 64, 2, false, false, false, 2, true>>(p, plan, stream);
+    return launch<T, Sm90Tiling<256, 64, 2, true, false, false, 2, true>>(p, plan, stream);
+  }
+  if (lean) return launch_pingpong<T, 256, 2, 2, true>(p, plan, tma, stream);
   launch_pingpong<T, 256, 2, 2, false>(p, plan, tma, stream);
 }
 
