@@ -4,7 +4,9 @@
 // Useful work = 4 * head_dim FLOPs per (q head, query, visible key): causal counts the visible
 // half, block-causal the attended blocks only.
 //
-// bench_attention --prefill HEAD_DIM:S[:PAGE] times one causal prefill (a profiler's target).
+// bench_attention --prefill HEAD_DIM:S[:PAGE[:HQ:HK]],... times causal prefills (a profiler's
+// target); --prefill-kernels with the same specs times each on the Hopper (sm90) kernel and then on
+// the mma.sync one, side by side.
 // bench_attention --block-causal times the two block-causal rows alone.
 // bench_attention --prefill-fp8 S,S,... times causal prefills with bf16 and FP8 K/V side by side
 // (Llama-3.1-8B's and the needle model's heads, pages of 16 and 128; prefill_fp8_table): FP8
@@ -534,6 +536,20 @@ void decode_table(const std::vector<DecodeVariant>& variants, const std::vector<
     }
 }
 
+// One --prefill spec: HEAD_DIM:S[:PAGE[:HQ:HK]] (causal, S queries over S keys).
+struct PrefillSpec {
+  int d = 0, n = 0, page = 16, hq = kHq, hk = kHk;
+};
+bool parse_prefill_spec(const std::string& text, PrefillSpec* sp) {
+  PrefillSpec s;
+  if (std::sscanf(text.c_str(), "%d:%d:%d:%d:%d", &s.d, &s.n, &s.page, &s.hq, &s.hk) < 2 ||
+      (s.d != 64 && s.d != 128 && s.d != 256) || s.n < 1 || s.page < 1 || s.page > 256 ||
+      s.hq < 1 || s.hk < 1 || s.hq % s.hk != 0)
+    return false;
+  *sp = s;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -597,25 +613,42 @@ int main(int argc, char** argv) {
     cudaStreamDestroy(stream);
     return 0;
   }
-  if (argc == 3 && std::strcmp(argv[1], "--prefill") == 0) {
-    int d = 0, n = 0, page = 16, hq = kHq, hk = kHk;
-    if (std::sscanf(argv[2], "%d:%d:%d:%d:%d", &d, &n, &page, &hq, &hk) < 2 ||
-        (d != 64 && d != 128 && d != 256) || n < 1 || page < 1 || page > 256 || hq < 1 || hk < 1 ||
-        hq % hk != 0) {
-      std::fprintf(
-          stderr,
-          "--prefill: want HEAD_DIM:S[:PAGE[:HQ:HK]] (64, 128 or 256, S >= 1, page 1..256, "
-          "HK divides HQ), got %s\n",
-          argv[2]);
-      return 2;
+  if (argc == 3 &&
+      (std::strcmp(argv[1], "--prefill") == 0 || std::strcmp(argv[1], "--prefill-kernels") == 0)) {
+    const bool both = std::strcmp(argv[1], "--prefill-kernels") == 0;
+    std::vector<PrefillSpec> specs;
+    std::stringstream ss(argv[2]);
+    for (std::string item; std::getline(ss, item, ',');) {
+      specs.emplace_back();
+      if (!parse_prefill_spec(item, &specs.back())) {
+        std::fprintf(stderr,
+                     "%s: want HEAD_DIM:S[:PAGE[:HQ:HK]],... (64, 128 or 256, S >= 1, page "
+                     "1..256, HK divides HQ), got %s\n",
+                     argv[1], item.c_str());
+        return 2;
+      }
     }
-    const std::string name = "prefill causal S=" + std::to_string(n) + " " + std::to_string(hq) +
-                             "/" + std::to_string(hk) + "x" + std::to_string(d) + " (page " +
-                             std::to_string(page) + ")";
-    BenchKv kv;
-    kv.hq = hq;
-    kv.hk = hk;
-    bench_prefill(name.c_str(), n, n, kernels::MaskMode::kCausal, false, page, stream, d, kv);
+    // --prefill-kernels: each spec on the Hopper kernel, then on the mma.sync one (the other
+    // tuning flags apply to both).
+    const kernels::PrefillTuning tuning = g_tuning.prefill;
+    for (const PrefillSpec& sp : specs) {
+      for (kernels::PrefillKernel kernel :
+           {kernels::PrefillKernel::kSm90, kernels::PrefillKernel::kFa2}) {
+        if (!both && kernel != tuning.kernel) continue;
+        g_tuning.prefill.kernel = kernel;
+        const bool sm90 = kernels::cuda::paged_prefill_sm90_path(sp.d, g_tuning.prefill);
+        const std::string name = "prefill causal S=" + std::to_string(sp.n) + " " +
+                                 std::to_string(sp.hq) + "/" + std::to_string(sp.hk) + "x" +
+                                 std::to_string(sp.d) + " (page " + std::to_string(sp.page) + ")" +
+                                 (both ? (sm90 ? " [sm90]" : " [mma.sync]") : "");
+        BenchKv kv;
+        kv.hq = sp.hq;
+        kv.hk = sp.hk;
+        bench_prefill(name.c_str(), sp.n, sp.n, kernels::MaskMode::kCausal, false, sp.page, stream,
+                      sp.d, kv);
+      }
+      g_tuning.prefill = tuning;
+    }
     cudaStreamDestroy(stream);
     return 0;
   }
@@ -681,7 +714,7 @@ int main(int argc, char** argv) {
         stderr,
         "usage: bench_attention [TUNING FLAGS (--help)] [--page-sizes 16,32,64,128,256 | --decode "
         "[default,s=N/o=M,..."
-        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill HEAD_DIM:S[:PAGE] |"
+        " [PAGES [B:KV:HQ[:HK],...]]] | --prefill[-kernels] HEAD_DIM:S[:PAGE[:HQ:HK]],... |"
         " --chunk HEAD_DIM:Q:KV[:PAGE] | --prefill-fp8 S,S,... | --block-causal | --read | "
         "--loaders "
         "KIND:TILE:STAGES:CTAS,...]\n");

@@ -245,7 +245,7 @@ int prefill_lean_stages(bool block_mask, int head_dim, bool tma, PrefillLean lea
     case PrefillLean::kLean2:
       return 2;
     case PrefillLean::kLean3:
-      return 3;
+      return head_dim == 256 ? 2 : 3;
     case PrefillLean::kAuto:
       break;
   }

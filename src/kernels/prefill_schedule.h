@@ -155,7 +155,12 @@ PrefillSchedule plan_prefill_schedule(const std::vector<PrefillWorkItem>& items,
 int prefill_tile_rows(int head_dim, bool sm90_path, const PrefillTuning& tuning);
 // K/V stages of the Hopper kernel's lean tiling for a call, 0 for the full one: block-sparse calls
 // need the full tiling's bitmaps; kAuto takes 3 stages at head_dim 128 under cp.async (no TMA),
-// else 2 (measurements: prefill_sm90.cu's lean_stages).
+// else 2 (measurements: prefill_sm90.cu's lean_stages). Head_dim 256 takes 2 whatever `lean` asks
+// (a third stage of 64 keys passes sm_90's 227 KB of shared memory).
 int prefill_lean_stages(bool block_mask, int head_dim, bool tma, PrefillLean lean);
+// Keys per K/V tile of the Hopper kernel, the unit of its plan's split (plan_prefill_schedule's
+// `keys`): 128, or 64 at head_dim 256 (its O accumulator leaves registers for 64-key scores only,
+// Sm90Tiling in prefill_sm90.cu).
+constexpr int prefill_sm90_tile_keys(int head_dim) { return head_dim == 256 ? 64 : 128; }
 
 }  // namespace longctx::kernels

@@ -55,6 +55,23 @@ TEST(KernelTuning, DefaultPrefillTiling) {
   EXPECT_EQ(prefill_lean_stages(false, 64, true, PrefillLean::kLean3), 3);
 }
 
+// Head_dim 256 on the Hopper kernel: 128-row tiles of 64-key K/V tiles, two stages whatever the
+// tuning asks (a third passes the 227 KB), the full tiling for block masks.
+TEST(KernelTuning, HeadDim256PrefillTiling) {
+  const PrefillTuning t;
+  EXPECT_EQ(prefill_tile_rows(256, /*sm90_path=*/true, t), 128);
+  EXPECT_EQ(prefill_sm90_tile_keys(256), 64);
+  EXPECT_EQ(prefill_sm90_tile_keys(128), 128);
+  EXPECT_EQ(prefill_sm90_tile_keys(64), 128);
+  for (bool tma : {false, true}) {
+    EXPECT_EQ(prefill_lean_stages(false, 256, tma, t.lean), 2);
+    EXPECT_EQ(prefill_lean_stages(false, 256, tma, PrefillLean::kLean3), 2);
+    EXPECT_EQ(prefill_lean_stages(false, 256, tma, PrefillLean::kLean2), 2);
+    EXPECT_EQ(prefill_lean_stages(false, 256, tma, PrefillLean::kFull), 0);
+    EXPECT_EQ(prefill_lean_stages(/*block_mask=*/true, 256, tma, t.lean), 0);
+  }
+}
+
 // The split-KV decode's loader and stage fill under the default tuning at the engine's pages.
 TEST(KernelTuning, DefaultDecodeLoader) {
   const DecodeTuning t;

@@ -427,5 +427,36 @@ TEST(PrefillSchedule, OneHeadPerBlockWhereTheKvOutgrowsL2) {
   EXPECT_EQ(s.unit_heads, 2);
 }
 
+// Head_dim 256 (Qwen3-Next-80B's gated attention: 16 q / 2 kv heads; Gemma 3 12B: 16 / 8): the
+// Hopper kernel's 64-key tiles are the split's unit, so every unit counts twice the tiles of a
+// 128-key plan (rounded up), and the splits of the shapes that leave SMs idle still cover every
+// 64-key tile exactly once and merge each cut unit's pieces.
+TEST(PrefillSchedule, HeadDim256CountsTilesOf64Keys) {
+  const int keys = prefill_sm90_tile_keys(256);
+  ASSERT_EQ(keys, 64);
+  const int32_t qo[] = {0, 300, 332};
+  const int32_t kv_len[] = {4133, 60001};
+  for (bool causal : {false, true}) {
+    // GQA 8: 300 tokens = 19 row tiles, 32 tokens = 2.
+    const std::vector<PrefillWorkItem> items =
+        prefill_work_items(qo, kv_len, 2, 8, 128, causal, 64, 1 << 22);
+    ASSERT_EQ(items.size(), 21u);
+    const std::vector<int32_t> t64 = prefill_unit_tiles(items, 2, keys, 2);
+    const std::vector<int32_t> t128 = prefill_unit_tiles(items, 2, 128, 2);
+    ASSERT_EQ(t64.size(), 42u);
+    for (size_t u = 0; u < t64.size(); ++u) {
+      EXPECT_EQ(t64[u], (items[u / 2].end + 63) / 64) << "unit " << u;
+      EXPECT_TRUE(t64[u] == 2 * t128[u] || t64[u] == 2 * t128[u] - 1) << "unit " << u;
+    }
+    // 42 units on 132 SMs, two of them 938 tiles long: split over every CTA.
+    const PrefillSchedule s = plan_prefill_schedule(items, 2, keys, int64_t(64133) * 2 * 256 * 4,
+                                                    h200_model(), PrefillSplitMode::kAuto);
+    ASSERT_FALSE(s.split.ctas.empty());
+    EXPECT_GT(check_split(s.split, prefill_unit_tiles(items, 2, keys, s.unit_heads), 132,
+                          h200_model().unit_overhead),
+              0);
+  }
+}
+
 }  // namespace
 }  // namespace longctx::kernels

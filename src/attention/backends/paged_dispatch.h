@@ -34,8 +34,8 @@ struct PagedShape {
 
 // Which planned kernels serve a shape; calls the planned kernels do not take run the generic one.
 struct PlannedKernels {
-  // The split-KV decode and the paged prefill (Hopper or mma.sync at head_dim 64 / 128, mma.sync
-  // at 256): both serve head_dim 64, 128 and 256 today (FP8 caches: 64 and 128).
+  // The split-KV decode and the paged prefill (Hopper or mma.sync): both serve head_dim 64, 128
+  // and 256 today (FP8 caches: 64 and 128).
   bool decode = false;
   bool prefill = false;
 };

@@ -12,14 +12,15 @@
 // bank conflicts. Causal: key tiles past the tile's last token are never visited. Block-sparse:
 // the CTA first ORs the mask bytes of its (head, query block) rows into a bitmap of needed key
 // blocks and skips the others; rows are then masked element-wise for exactness.
-// Plain mma.sync (no wgmma/TMA), so the same code runs on sm_80 and sm_90a; on sm_90 with
-// head_dim 64 or 128, paged_prefill_run() uses the wgmma kernel of prefill_sm90.cu instead (head
-// dim 256 always runs here).
+// Plain mma.sync (no wgmma/TMA), so the same code runs on sm_80 and sm_90a; on sm_90,
+// paged_prefill_run() uses the wgmma kernel of prefill_sm90.cu instead (head_dim 256 with an FP8
+// cache, or PrefillKernel::kFa2, still runs here).
 // FP8 caches (kv_format kFp8E4M3, head_dim 64 / 128) take the Hopper kernel where 16-bit ones do
-// (its producer converts, prefill_sm90.cu), else this kernel with a converting loader (kFp8): K/V codes (16 bytes = 16 codes per copy) and each key's page scales go by cp.async into
-// a double buffer of FP8 tiles, and when a tile has landed the CTA converts it into one 16-bit K/V
-// tile in the same swizzled layout (exact: code times a power-of-two scale), which the unchanged
-// mma.sync compute reads; the shared memory is the 16-bit kernel's plus 1 KB of scales.
+// (its producer converts, prefill_sm90.cu), else this kernel with a converting loader (kFp8): K/V
+// codes (16 bytes = 16 codes per copy) and each key's page scales go by cp.async into a double
+// buffer of FP8 tiles, and when a tile has landed the CTA converts it into one 16-bit K/V tile in
+// the same swizzled layout (exact: code times a power-of-two scale), which the unchanged mma.sync
+// compute reads; the shared memory is the 16-bit kernel's plus 1 KB of scales.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -516,9 +517,6 @@ bool use_sm90_path(const PagedPrefillParams& p, const PrefillTuning& tuning) {
   return tuning.kernel == PrefillKernel::kSm90 && paged_prefill_sm90_available(p);
 }
 
-// Key tiles of the Hopper kernel (the split's cost unit; its cost model:
-// hopper_prefill_schedule_model).
-constexpr int kSm90Keys = 128;
 // PrefillTuning::unit_heads = n forces the unit order (PrefillPlan::unit_heads) to the largest
 // divisor of num_kv_heads up to n, split or not (measurement); 0: the plan chooses.
 int forced_unit_heads(int num_kv_heads, int want_heads) {
@@ -607,8 +605,9 @@ PrefillPlan paged_prefill_plan(const int32_t* qo_indptr_host, const int32_t* kv_
   int64_t kv_tokens = 0;
   for (int b = 0; b < batch_size; ++b) kv_tokens += kv_len_host[b];
   const PrefillSchedule schedule =
-      plan_prefill_schedule(items, num_kv_heads, kSm90Keys, kv_tokens * num_kv_heads * head_dim * 4,
-                            model, mode, forced_unit_heads(num_kv_heads, tuning.unit_heads));
+      plan_prefill_schedule(items, num_kv_heads, prefill_sm90_tile_keys(head_dim),
+                            kv_tokens * num_kv_heads * head_dim * 4, model, mode,
+                            forced_unit_heads(num_kv_heads, tuning.unit_heads));
   plan.unit_heads = schedule.unit_heads;
   const PrefillSplit& split = schedule.split;
   if (split.ctas.empty()) return plan;

@@ -1,10 +1,10 @@
 // CUDA batch prefill over a paged KV cache, dense or block-sparse (see PagedPrefillParams in
-// kernels/attention_params.h). Two kernels behind one interface: on sm_90 (head_dim 64 / 128) a
-// Hopper kernel (prefill_sm90.cu: wgmma, warp-specialized cp.async page gathers, TMA boxes where
-// pages hold 64-token runs or kv_contiguous promises consecutive pages), elsewhere
-// FlashAttention-2 style mma.sync m16n8k16 with cp.async double-buffered K/V tiles (prefill.cu;
-// also head_dim 256 on sm_90). FP8 K/V (kv_format kFp8E4M3, head_dim 64 / 128) take the same
-// kernel as 16-bit K/V, each with a converting loader.
+// kernels/attention_params.h). Two kernels behind one interface: on sm_90 (head_dim 64 / 128 /
+// 256) a Hopper kernel (prefill_sm90.cu: wgmma, warp-specialized cp.async page gathers, TMA boxes
+// where pages hold 64-token runs or kv_contiguous promises consecutive pages), elsewhere
+// FlashAttention-2 style mma.sync m16n8k16 with cp.async double-buffered K/V tiles (prefill.cu).
+// FP8 K/V (kv_format kFp8E4M3, head_dim 64 / 128) take the same kernel as 16-bit K/V, each with a
+// converting loader.
 // PrefillTuning::kernel (longctx/kernels/kernel_tuning.h) picks one (sm90 only where available).
 //
 // Usage: plan once per batch shape (host; may synchronize), then run once per layer (no host

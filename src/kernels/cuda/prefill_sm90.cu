@@ -2,7 +2,7 @@
 // interface, work list and semantics as the mma.sync kernel of prefill.cu (see prefill.h);
 // paged_prefill_run() picks this path on sm_90 for head_dim 64 and 128 (prefill_sm90.h), with
 // 16-bit or FP8 E4M3 K/V (an FP8 cache's producer gathers codes and converts them into the
-// 16-bit stages: Sm90Tiling::kFp8).
+// 16-bit stages: Sm90Tiling::kFp8), and head_dim 256 with 16-bit K/V (64-key tiles).
 //
 // A CTA = 2 or 3 consumer warpgroups + 1 producer warpgroup; it processes work items (request,
 // row tile of 64 rows per consumer warpgroup, kv head): one per CTA, or (persistent variants, the
@@ -15,16 +15,16 @@
 //   the producer (the last warpgroup, 40 or 32 registers): for a block-sparse item first writes
 //     the bitmaps of the key blocks some / every row of the tile keeps (the consumers skip the
 //     blocks none keeps and mask per row only where the rows differ); loads each item's Q tile,
-//     then gathers its K and V tiles (128 keys) through the page table with cp.async row copies
-//     (any page size 1..256; with pages of a multiple of 64 tokens, or consecutive pages
-//     (kv_contiguous), the TMA brings the tile's whole 64-key halves instead, Sm90Tiling::kTma)
-//     into a ring of 2 or 3 stages; cp.async.mbarrier.arrive.noinc signals a buffer's "full"
-//     mbarrier when its copies land, and the producer waits on the buffer's "empty" mbarrier before
-//     reusing it. K, V and Q have separate barriers, so K of tile i+2 loads while P V of tile i
-//     still reads V, and the next item's Q and K/V load while the consumers finish the current
-//     item.
+//     then gathers its K and V tiles (128 keys; 64 at head_dim 256) through the page table with
+//     cp.async row copies (any page size 1..256; with pages of a multiple of 64 tokens, or
+//     consecutive pages (kv_contiguous), the TMA brings the tile's whole 64-key halves instead,
+//     Sm90Tiling::kTma) into a ring of 2 or 3 stages; cp.async.mbarrier.arrive.noinc signals a
+//     buffer's "full" mbarrier when its copies land, and the producer waits on the buffer's "empty"
+//     mbarrier before reusing it. K, V and Q have separate barriers, so K of tile i+2 loads while P
+//     V of tile i still reads V, and the next item's Q and K/V load while the consumers finish the
+//     current item.
 //   the consumers (2 x 232 registers for a 128-row tile; 3 x 160 for the 192-row tile at head_dim
-//     64): 64 packed rows each, S = Q K^T with wgmma m64n128k16 (Q and K from 128B-swizzled
+//     64): 64 packed rows each, S = Q K^T with wgmma m64n{keys}k16 (Q and K from 128B-swizzled
 //     shared memory, K-major), online softmax in fp32 on the accumulators (exp2, scale folded
 //     into the FFMA), then O += P V with wgmma m64n{head_dim}k16, P from registers (the S
 //     accumulator layout converted to A fragments) and V from shared memory as an MN-major
@@ -32,11 +32,11 @@
 //     the tensor cores; by default the consumer warpgroups take turns issuing their GEMMs
 //     (ping-pong, round robin), so one's softmax overlaps the others' GEMMs too.
 //
-// Shared-memory tiles are [2 column halves][rows][64 elements]: each 128-byte row holds 64
-// elements of one half, its 16-byte chunks XOR-swizzled by row % 8 (the wgmma 128B swizzle,
-// atoms of 8 rows = 1024 bytes, tile bases 1024-aligned). K-major operands (Q, K): 8-row groups
-// 1024 bytes apart (SBO), the k16 slice selected by a 32-byte start offset within the row. V as
-// the MN-major B of P V: keys are rows (8-key groups 1024 apart = SBO), the two 64-dim halves
+// Shared-memory tiles are [head_dim / 64 column blocks][rows][64 elements]: each 128-byte row
+// holds 64 elements of one block, its 16-byte chunks XOR-swizzled by row % 8 (the wgmma 128B
+// swizzle, atoms of 8 rows = 1024 bytes, tile bases 1024-aligned). K-major operands (Q, K): 8-row
+// groups 1024 bytes apart (SBO), the k16 slice selected by a 32-byte start offset within the row. V
+// as the MN-major B of P V: keys are rows (8-key groups 1024 apart = SBO), the 64-dim column blocks
 // are LBO = KEYS * 128 bytes apart.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -101,7 +101,7 @@ struct Sm90Tiling {
   static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                 kThreads * kLaunchRegs);
   static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && HEAD_DIM == 64));
-  // head_dim 64 or 128: one or two 64-element (128-byte) column halves per shared-memory row.
+  // head_dim 64, 128 or 256: 1, 2 or 4 column blocks of 64 elements (128-byte shared-memory rows).
   static constexpr int kD = HEAD_DIM;
   static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks of a row
   static constexpr int kKeys = KEYS, kStages = STAGES;
@@ -136,7 +136,9 @@ struct Sm90Tiling {
   // Ring of FP8 code slots (each one K or V tile's codes and scales): the gathers run
   // kCodeSlots - 1 slots ahead of the conversion (see the producer).
   static constexpr int kCodeSlots = FP8_SLOTS;
-  static constexpr bool kStageO = !LEAN && !FP8;
+  // Head_dim 256 stores from the accumulators in the full tiling too: a 64 KB staging tile beside
+  // its 192 KB of Q and K/V would pass the 227 KB.
+  static constexpr bool kStageO = !LEAN && !FP8 && HEAD_DIM <= 128;
   static constexpr int kQBytes = kRows * kD * 2;
   static constexpr int kKvBytes = KEYS * kD * 2;  // one K (or V) stage
   static constexpr int kKOff = kQBytes;
@@ -154,8 +156,13 @@ struct Sm90Tiling {
   // k_full, k_empty, v_full, v_empty per stage, q_full, q_empty; + 1024 bytes of slack to align
   // the base.
   static constexpr int kSmemBytes = kBarOff + (4 * STAGES + 2) * 8 + 1024;
-  static_assert(KEYS == 128);  // the S wgmma is m64n128k16
-  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128);
+  // The S wgmma is m64n{KEYS}k16. Head_dim 256 takes 64-key tiles (FA3's N there): its O
+  // accumulator is 128 registers a consumer thread, S at 128 keys 64 more and P 32 would pass the
+  // 232 a consumer has (at 64 keys: 32 and 16); and Q (64 KB) + 2 stages of K and V (32 KB each)
+  // make 192 KB, where 128-key stages (64 KB each) would need 320.
+  static_assert(KEYS == 128 || (KEYS == 64 && HEAD_DIM == 256));
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256);
+  static_assert(HEAD_DIM != 256 || (!FP8 && CONSUMERS == 2 && STAGES == 2));
   static_assert(!FP8 || (!TMA && PINGPONG && PERSISTENT && FP8_SLOTS >= 2));
   // sm_90's opt-in dynamic shared memory per block (227 KB): every instantiation must fit it.
   static_assert(kSmemBytes <= 227 * 1024, "the tiling's shared memory passes sm_90's 227 KB");
@@ -310,6 +317,42 @@ __device__ __forceinline__ void wgmma_rs_n64_f16(float* d, const uint32_t* a, ui
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
 }
+__device__ __forceinline__ void wgmma_ss_n64_bf16(float* d, uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_ss_n64_f16(float* d, uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_rs_n256_bf16(float* d, const uint32_t* a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+      "{%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+}
+__device__ __forceinline__ void wgmma_rs_n256_f16(float* d, const uint32_t* a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+      "{%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+}
 // clang-format on
 
 template <typename T, int N>
@@ -335,14 +378,32 @@ struct Wgmma<__half, 128> {
 
 template <>
 struct Wgmma<__nv_bfloat16, 64> {
+  static __device__ __forceinline__ void ss(float* d, uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n64_bf16(d, a, b, acc);
+  }
   static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b) {
     wgmma_rs_n64_bf16(d, a, b);
   }
 };
 template <>
 struct Wgmma<__half, 64> {
+  static __device__ __forceinline__ void ss(float* d, uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n64_f16(d, a, b, acc);
+  }
   static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b) {
     wgmma_rs_n64_f16(d, a, b);
+  }
+};
+template <>
+struct Wgmma<__nv_bfloat16, 256> {
+  static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b) {
+    wgmma_rs_n256_bf16(d, a, b);
+  }
+};
+template <>
+struct Wgmma<__half, 256> {
+  static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b) {
+    wgmma_rs_n256_f16(d, a, b);
   }
 };
 
@@ -1116,14 +1177,19 @@ void launch(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t s
   }
 }
 
+// Keys per K/V tile at head_dim D (the plan's split counts tiles of as many keys).
+template <int D>
+constexpr int kTileKeys = prefill_sm90_tile_keys(D);
+
 // The default (pingpong, persistent) kernel, with the TMA or without.
 template <typename T, int D, int STAGES, int CONSUMERS, bool LEAN>
 void launch_pingpong(const PagedPrefillParams& p, const PrefillPlan& plan, bool tma,
                      cudaStream_t stream) {
+  constexpr int K = kTileKeys<D>;
   if (tma)
-    launch<T, Sm90Tiling<D, 128, STAGES, true, true, true, CONSUMERS, LEAN>>(p, plan, stream);
+    launch<T, Sm90Tiling<D, K, STAGES, true, true, true, CONSUMERS, LEAN>>(p, plan, stream);
   else
-    launch<T, Sm90Tiling<D, 128, STAGES, true, true, false, CONSUMERS, LEAN>>(p, plan, stream);
+    launch<T, Sm90Tiling<D, K, STAGES, true, true, false, CONSUMERS, LEAN>>(p, plan, stream);
 }
 
 // K/V stages of the lean tiling for this call, 0 for the full one (block-sparse plans need its
@@ -1196,6 +1262,31 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
   launch_pingpong<T, D, 2, 2, false>(p, plan, tma, stream);
 }
 
+// Head_dim 256: 64-key tiles (kTileKeys), two K/V stages (a third passes the 227 KB), the lean
+// tiling or the full one (block masks), the TMA where the pages allow it. The persistent and grid
+// variants (no turns between the consumer warpgroups; one CTA per work item) are built in their
+// lean, cp.async-only form, so that a difference between runs can be bisected by variant
+// (PrefillD256.RepeatedLaunchesWriteTheSameBits); elsewhere they are refused.
+template <typename T>
+void launch_d256(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
+  LONGCTX_CHECK(plan.tile_rows == kPrefillTileRows, ErrorCode::kInvalidArgument,
+                "paged prefill: a plan of {}-row tiles at head_dim 256", plan.tile_rows);
+  const bool tma = sm90_tma_pages(p) && plan.tuning.tma;
+  const bool lean = lean_stages(p, tma, plan.tuning.lean) > 0;
+  const PrefillSm90Variant v = plan.tuning.variant;
+  if (v != PrefillSm90Variant::kPingpong) {
+    LONGCTX_CHECK(lean && !tma, ErrorCode::kUnsupported,
+                  "paged prefill: head_dim 256 takes the {} variant in the lean tiling without "
+                  "the TMA only (block masks or TMA pages: the pingpong variant)",
+                  v == PrefillSm90Variant::kGrid ? "grid" : "persistent");
+    if (v == PrefillSm90Variant::kGrid)
+      return launch<T, Sm90Tiling<256, 64, 2, false, false, false, 2, true>>(p, plan, stream);
+    return launch<T, Sm90Tiling<256, 64, 2, true, false, false, 2, true>>(p, plan, stream);
+  }
+  if (lean) return launch_pingpong<T, 256, 2, 2, true>(p, plan, tma, stream);
+  launch_pingpong<T, 256, 2, 2, false>(p, plan, tma, stream);
+}
+
 // FP8 caches: the default kernel (persistent, ping-pong; PrefillTuning::variant is not taken),
 // cp.async only (see Sm90Tiling::kFp8), two K/V stages (head_dim 128: a third beside the code
 // ring would pass the 227 KB), lean where no block mask is given, else the full tiling with a
@@ -1229,14 +1320,19 @@ void launch_head_dim(const PagedPrefillParams& p, const PrefillPlan& plan, cudaS
   }
   if (p.head_dim == 64)
     launch_variant<T, 64>(p, plan, stream);
-  else
+  else if (p.head_dim == 128)
     launch_variant<T, 128>(p, plan, stream);
+  else
+    launch_d256<T>(p, plan, stream);
 }
 
 }  // namespace
 
 bool paged_prefill_sm90_available(const PagedPrefillParams& p) {
-  if (p.head_dim != 64 && p.head_dim != 128) return false;
+  // Not FP8 caches at head_dim 256 (no prefill kernel takes them: paged_prefill_supported): here
+  // the code staging would not fit beside the 192 KB of 16-bit tiles.
+  const bool d256 = p.head_dim == 256 && p.kv_format == KvCacheFormat::kDtype;
+  if (p.head_dim != 64 && p.head_dim != 128 && !d256) return false;
   // The device must be sm_90 and this binary must carry the sm_90a kernel (not a JIT from PTX
   // of another target, where the body is empty).
   // Per device id: a process may drive GPUs of different models.

@@ -11,8 +11,8 @@
 namespace longctx::kernels::cuda {
 
 // True when the current device is sm_90, this binary carries the sm_90a kernel, and the params
-// fit it (head_dim 64 or 128, 16-bit or FP8 K/V; the rest of paged_prefill_supported() is
-// assumed to hold).
+// fit it (head_dim 64 or 128 with 16-bit or FP8 K/V, 256 with 16-bit K/V; the rest of
+// paged_prefill_supported() is assumed to hold).
 bool paged_prefill_sm90_available(const PagedPrefillParams& params);
 
 // Launches the Hopper kernel (no checks beyond paged_prefill_run's).
