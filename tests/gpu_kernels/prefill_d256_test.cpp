@@ -115,8 +115,9 @@ TEST(PrefillD256, Sm90PathAndStreamKSplit) {
   }
 }
 
-// The Hopper kernel's other variants at head_dim 256 run in the lean tiling without the TMA (the
-// repeat test's bisection) and are refused where that does not hold: block masks, TMA pages.
+// The Hopper kernel's other variants at head_dim 256 run in the lean tiling without the TMA (for
+// measurement, and so that the repeat test can hold every path to the same bits) and are refused
+// where that does not hold: block masks, TMA pages.
 TEST(PrefillD256, OtherVariantsLeanOnly) {
   if (!kernels::cuda::paged_prefill_sm90_path(256)) GTEST_SKIP() << "no sm_90a kernel here";
   for (const auto variant :
@@ -145,10 +146,12 @@ TEST(PrefillD256, CudaGraphReplayMatchesDirectLaunch) {
   expect_graph_replay_matches_direct_launch(c);
 }
 
-// Direct launches of the graph test's shape, again and again, must write the same bits (the
-// graph replay test failed now and then on an H100, 2026-12-07: this separates a kernel that is
-// not deterministic from a difference of the graph path). Per path: the default (split where the
-// plan takes it), no split, and the full tiling; the count of differing launches is printed.
+// Direct launches of the graph test's shape, again and again, must write the same bits: a kernel
+// that is not deterministic fails here, a difference of the graph path only in the replay test.
+// (The replay test failed now and then on an H100 until the harness waited for its buffers'
+// fills: a plan uploaded on a non-blocking stream could land before the workspace's zero fill.)
+// Per path: the default (split where the plan takes it), no split, and the full tiling; the count
+// of differing launches and where they differ are printed.
 TEST(PrefillD256, RepeatedLaunchesWriteTheSameBits) {
   using kernels::PrefillSm90Variant;
   struct Path {
@@ -157,7 +160,7 @@ TEST(PrefillD256, RepeatedLaunchesWriteTheSameBits) {
     PrefillSm90Variant variant;
   };
   // The default, unsplit, the full tiling, then without the consumer warpgroups' turns
-  // (persistent) and without persistence (grid): which of them differ bisects the cause.
+  // (persistent) and without persistence (grid): which of them differ locates a cause.
   for (const Path path :
        {Path{PrefillSplitMode::kAuto, PrefillLean::kAuto, PrefillSm90Variant::kPingpong},
         Path{PrefillSplitMode::kNever, PrefillLean::kAuto, PrefillSm90Variant::kPingpong},

@@ -233,6 +233,34 @@ __device__ __forceinline__ void row_of(const DecodeArgs& a, const CtaWork& w, in
   h = w.kvh * a.group + (r - qi * a.group);
 }
 
+// One online-softmax step of a row over a thread's two keys of an 8-key block (x0, x1: scores in
+// log2 units, -inf where masked; the row's 4 threads of a quad share its max): the running max
+// m_r and sum l_r move, O's row (the [.][0..1] halves) is rescaled where some row's max moved.
+// Returns the two keys' weights.
+template <int NTL>
+__device__ __forceinline__ float2 online_softmax_step(float x0, float x1, float& m_r, float& l_r,
+                                                      float (&o)[NTL][4]) {
+  float mx = fmaxf(x0, x1);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m_r, mx);
+  // -inf while this row has seen no token (all masked): keep exp2 away from NaN.
+  const float base = m_new == -INFINITY ? 0.f : m_new;
+  const float scale = exp2f(m_r - base);
+  const float p0 = exp2f(x0 - base), p1 = exp2f(x1 - base);
+  l_r = l_r * scale + p0 + p1;
+  m_r = m_new;
+  // The running max rarely moves after the first blocks: skip the O rescale then.
+  if (__any_sync(0xffffffffu, scale != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < NTL; ++j) {
+      o[j][0] *= scale;
+      o[j][1] *= scale;
+    }
+  }
+  return make_float2(p0, p1);
+}
+
 // Tensor-core compute: the CTA's q heads are the M rows of mma.sync tiles (rows >= GT are zero
 // padding: the tensor cores have ~50x the throughput this needs), each warp takes 8-token blocks
 // of the tile as the N (S = Q K^T, m16n8k16 over head_dim) and K (O += P V, m16n8k8) dimensions.
@@ -309,24 +337,8 @@ struct MmaCompute {
       const int tk = tbase + tok0 + 2 * t4;
       const float x0 = tk < kv_end && tk >= kv_first ? s[0] * scale_log2 : -INFINITY;
       const float x1 = tk + 1 < kv_end && tk + 1 >= kv_first ? s[1] * scale_log2 : -INFINITY;
-      float mx = fmaxf(x0, x1);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_r, mx);
-      // -inf while this row has seen no token (all masked): keep exp2 away from NaN.
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      const float scale = exp2f(m_r - base);
-      const float p0 = exp2f(x0 - base), p1 = exp2f(x1 - base);
-      l_r = l_r * scale + p0 + p1;
-      m_r = m_new;
-      // The running max rarely moves after the first blocks: skip the O rescale then.
-      if (__any_sync(0xffffffffu, scale != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < NTL; ++j) {
-          o[j][0] *= scale;
-          o[j][1] *= scale;
-        }
-      }
+      const float2 p = online_softmax_step(x0, x1, m_r, l_r, o);
+      const float p0 = p.x, p1 = p.y;
       const uint32_t pa = Mma<T>::pack(p0, p1);
 #pragma unroll
       for (int np = 0; np < NTL / 4; ++np) {  // 4 chunks = 4 n-tiles per ldmatrix.x4.trans
@@ -649,69 +661,64 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
 // at batch 1 and half the bytes is what it gains.
 constexpr int kFp8Stages = 7;  // 6 tiles of codes (48 KB of K + V) in flight
 
-template <int D>
-struct Fp8Shape {
-  static constexpr int TILE = RingShape<D>::TILE;
-  static constexpr int LPT = D / 16;                 // 16-byte chunks (16 codes) per token row
+// The FP8 kernels' cp.async ring: stage st holds a tile's K codes and V codes ([TILE][D] bytes
+// each, 16-byte chunks placed by Layout::offset(row, chunk)) and then each key's K and V page
+// scales ([TILE][2] fp32). Thread i copies chunk i % LPT of keys i / LPT + j * TOK_STRIDE
+// (j < CPT): 16 codes per copy, the scales by the thread of chunk 0. The page-table lookups of a
+// tile (load_rows) run a tile ahead of its copies (issue), so the __ldg latency stays off them.
+// Keys past kv_end are zero-filled, scales included: V's zero codes then weigh 0, not NaN.
+template <int D, int TILE, int kStages, typename Layout>
+struct Fp8CodeRing {
+  static constexpr int LPT = D / 16;                 // 16-byte chunks (16 codes) per key row
   static constexpr int CPT = TILE * LPT / kThreads;  // chunks per thread per tensor
   static constexpr int TOK_STRIDE = kThreads / LPT;
-  static constexpr int kCodeStage = 2 * TILE * D;      // K + V codes
-  static constexpr int kScaleStage = 2 * TILE * 4;     // K, V scale of each token
-  static constexpr int kTileBytes = 2 * TILE * D * 2;  // the converted 16-bit K + V tile
-  static constexpr int kSmemBytes = kFp8Stages * (kCodeStage + kScaleStage) + kTileBytes;
+  static constexpr int kCodeStage = 2 * TILE * D;  // K + V codes
+  static constexpr int kStageBytes = kCodeStage + 2 * TILE * 4;
   static_assert(CPT * kThreads == TILE * LPT, "tile copies must divide over the threads");
-};
 
-template <typename T, int D, int GT>
-__global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
-  using S = Fp8Shape<D>;
-  using C = MmaCompute<T, D, GT>;
-  using L = RingLayout<D>;
-  constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT;
-  extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ EpilogueSmem<GT> e;
+  __device__ __forceinline__ Fp8CodeRing(uint8_t* smem_, const DecodeArgs& a_, const CtaWork& w)
+      : a(a_),
+        smem(smem_),
+        kc(static_cast<const uint8_t*>(a_.k)),
+        vc(static_cast<const uint8_t*>(a_.v)),
+        pages(a_.kv_indices + w.page_base),
+        ps(a_.page_size),
+        kv_begin(w.kv_begin & ~63),
+        kv_end(w.kv_end),
+        kvh(w.kvh),
+        cp_tok(threadIdx.x / LPT),
+        cp_cc(threadIdx.x % LPT) {}
 
-  const CtaWork w = cta_work<GT>(a);  // before pdl_wait: as the ring kernel
-  if (w.b < 0 || w.nr <= 0) return;   // padding item, or rows past the request's queries
-  prefetch_first_keys<D, 1>(a, w, a.prefetch_tokens);
-  pdl_wait();
-  pdl_launch_dependents();
-  const int kv_begin = w.kv_begin & ~63, kv_end = w.kv_end, kvh = w.kvh;
-  const uint8_t* kc = static_cast<const uint8_t*>(a.k);
-  const uint8_t* vc = static_cast<const uint8_t*>(a.v);
-  const int32_t* pages = a.kv_indices + w.page_base;
-  const int ps = a.page_size;
-  const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
-  // Stage st: K codes [TILE][D], V codes [TILE][D], then [TILE][2] scales (K, V); the converted
-  // tile (K then V, [TILE][D] each in RingLayout) after the stages.
-  auto codes_k = [&](int st) { return smem + st * (S::kCodeStage + S::kScaleStage); };
-  auto codes_v = [&](int st) { return codes_k(st) + TILE * D; };
-  auto scales = [&](int st) { return reinterpret_cast<float*>(codes_k(st) + S::kCodeStage); };
-  uint8_t* tile_k = smem + kFp8Stages * (S::kCodeStage + S::kScaleStage);
-  uint8_t* tile_v = tile_k + TILE * D * 2;
-  const int cp_tok = threadIdx.x / LPT, cp_cc = threadIdx.x % LPT;
-  int64_t row[CPT];
-  int page_id[CPT];
-  auto load_rows = [&](int t_idx) {
+  __device__ __forceinline__ int num_tiles() const { return (kv_end - kv_begin + TILE - 1) / TILE; }
+  __device__ __forceinline__ uint8_t* codes_k(int st) const { return smem + st * kStageBytes; }
+  __device__ __forceinline__ uint8_t* codes_v(int st) const { return codes_k(st) + TILE * D; }
+  __device__ __forceinline__ float* scales(int st) const {
+    return reinterpret_cast<float*>(codes_k(st) + kCodeStage);
+  }
+
+  // Pages and slots of this thread's keys of tile t_idx.
+  __device__ __forceinline__ void load_rows(int t_idx) {
     const int t0 = kv_begin + t_idx * TILE + cp_tok;
     int pi = t0 / ps, sl = t0 - pi * ps;
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
-      const int t = t0 + j * S::TOK_STRIDE;
+      const int t = t0 + j * TOK_STRIDE;
       page_id[j] = t < kv_end ? __ldg(pages + pi) : 0;
       row[j] = int64_t(page_id[j]) * ps + sl;
-      sl += S::TOK_STRIDE;
+      sl += TOK_STRIDE;
       while (sl >= ps) sl -= ps, ++pi;
     }
-  };
-  auto issue = [&](int t_idx) {
-    const int st = t_idx % kFp8Stages;
+  }
+
+  // This thread's copies of tile t_idx (its rows loaded) into stage t_idx % kStages.
+  __device__ __forceinline__ void issue(int t_idx) {
+    const int st = t_idx % kStages;
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
-      const int tt = cp_tok + j * S::TOK_STRIDE;
+      const int tt = cp_tok + j * TOK_STRIDE;
       const int bytes = kv_begin + t_idx * TILE + tt < kv_end ? 16 : 0;  // 0: zero-fill
       const int64_t off = (row[j] * a.num_kv_heads + kvh) * D + cp_cc * 16;
-      const int dst = tt * D + cp_cc * 16;
+      const int dst = Layout::offset(tt, cp_cc);
       cp_async_16(smem_addr(codes_k(st) + dst), kc + off, bytes);
       cp_async_16(smem_addr(codes_v(st) + dst), vc + off, bytes);
       if (cp_cc == 0) {
@@ -720,47 +727,104 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
         cp_async_4(smem_addr(scales(st) + 2 * tt + 1), a.v_scale + si, bytes ? 4 : 0);
       }
     }
-  };
+  }
+
+  // The first kStages - 1 tiles in flight, the next one's rows loaded.
+  __device__ __forceinline__ void start(int n_tiles) {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < n_tiles) {
+        load_rows(st);
+        issue(st);
+      }
+      cp_async_commit();
+    }
+    if (kStages - 1 < n_tiles) load_rows(kStages - 1);
+  }
+
+  // Before tile `it` is read: it has landed (every thread's copies), tile it - 1 is consumed, and
+  // tile it + kStages - 1 goes into the stage that one used. Returns tile it's stage.
+  __device__ __forceinline__ int advance(int it, int n_tiles) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int nx = it + kStages - 1;
+    if (nx < n_tiles) issue(nx);
+    cp_async_commit();
+    if (nx + 1 < n_tiles) load_rows(nx + 1);
+    return it % kStages;
+  }
+
+  const DecodeArgs& a;  // the kernel's parameters (scales [pages, kv heads])
+  uint8_t* smem;
+  const uint8_t* kc;  // [slots, kv heads, D] codes
+  const uint8_t* vc;
+  const int32_t* pages;  // the request's page ids
+  int ps, kv_begin, kv_end, kvh, cp_tok, cp_cc;
+  int64_t row[CPT];  // this thread's keys' slots in the cache
+  int page_id[CPT];
+};
+
+// The converting tile's stage layout: rows of D codes, unswizzled (each thread reads back only
+// the chunks it copied).
+template <int D>
+struct Fp8PlainRows {
+  static __device__ __forceinline__ int offset(int row, int c) { return row * D + c * 16; }
+};
+
+template <int D>
+struct Fp8Shape {
+  static constexpr int TILE = RingShape<D>::TILE;
+  using Ring = Fp8CodeRing<D, TILE, kFp8Stages, Fp8PlainRows<D>>;
+  static constexpr int kTileBytes = 2 * TILE * D * 2;  // the converted 16-bit K + V tile
+  static constexpr int kSmemBytes = kFp8Stages * Ring::kStageBytes + kTileBytes;
+};
+
+template <typename T, int D, int GT>
+__global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
+  using S = Fp8Shape<D>;
+  using C = MmaCompute<T, D, GT>;
+  using L = RingLayout<D>;
+  using Ring = typename S::Ring;
+  constexpr int TILE = S::TILE;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ EpilogueSmem<GT> e;
+
+  const CtaWork w = cta_work<GT>(a);  // before pdl_wait: as the ring kernel
+  if (w.b < 0 || w.nr <= 0) return;   // padding item, or rows past the request's queries
+  prefetch_first_keys<D, 1>(a, w, a.prefetch_tokens);
+  pdl_wait();
+  pdl_launch_dependents();
+  // The code stages, then the converted tile (K then V, [TILE][D] each in RingLayout).
+  Ring ring(smem, a, w);
+  const int n_tiles = ring.num_tiles();
+  uint8_t* tile_k = smem + kFp8Stages * Ring::kStageBytes;
+  uint8_t* tile_v = tile_k + TILE * D * 2;
   // The chunks this thread copied into stage st, converted into the 16-bit tile.
   auto convert = [&](int st) {
     const uint32_t tk = smem_addr(tile_k), tv = smem_addr(tile_v);
 #pragma unroll
-    for (int j = 0; j < CPT; ++j) {
-      const int tt = cp_tok + j * S::TOK_STRIDE;
-      const int src = tt * D + cp_cc * 16;
-      const float sk = scales(st)[2 * tt], sv = scales(st)[2 * tt + 1];
+    for (int j = 0; j < Ring::CPT; ++j) {
+      const int tt = ring.cp_tok + j * Ring::TOK_STRIDE;
+      const int src = Fp8PlainRows<D>::offset(tt, ring.cp_cc);
+      const float sk = ring.scales(st)[2 * tt], sv = ring.scales(st)[2 * tt + 1];
       uint4 lo, hi;
-      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(codes_k(st) + src), sk, lo, hi);
-      *reinterpret_cast<uint4*>(tile_k + (L::addr(tk, tt, 2 * cp_cc) - tk)) = lo;
-      *reinterpret_cast<uint4*>(tile_k + (L::addr(tk, tt, 2 * cp_cc + 1) - tk)) = hi;
-      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(codes_v(st) + src), sv, lo, hi);
-      *reinterpret_cast<uint4*>(tile_v + (L::addr(tv, tt, 2 * cp_cc) - tv)) = lo;
-      *reinterpret_cast<uint4*>(tile_v + (L::addr(tv, tt, 2 * cp_cc + 1) - tv)) = hi;
+      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(ring.codes_k(st) + src), sk, lo, hi);
+      *reinterpret_cast<uint4*>(tile_k + (L::addr(tk, tt, 2 * ring.cp_cc) - tk)) = lo;
+      *reinterpret_cast<uint4*>(tile_k + (L::addr(tk, tt, 2 * ring.cp_cc + 1) - tk)) = hi;
+      fp8x16_to_elements<T>(*reinterpret_cast<const uint4*>(ring.codes_v(st) + src), sv, lo, hi);
+      *reinterpret_cast<uint4*>(tile_v + (L::addr(tv, tt, 2 * ring.cp_cc) - tv)) = lo;
+      *reinterpret_cast<uint4*>(tile_v + (L::addr(tv, tt, 2 * ring.cp_cc + 1) - tv)) = hi;
     }
   };
 
-#pragma unroll
-  for (int st = 0; st < kFp8Stages - 1; ++st) {
-    if (st < n_tiles) {
-      load_rows(st);
-      issue(st);
-    }
-    cp_async_commit();
-  }
-  if (kFp8Stages - 1 < n_tiles) load_rows(kFp8Stages - 1);
-
+  ring.start(n_tiles);
   C c;
   c.init(a, w);
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<kFp8Stages - 2>();  // tile it's codes and scales have landed (this thread's)
-    __syncthreads();  // ... every thread's (the scales), and the 16-bit tile is free again
-    const int nx = it + kFp8Stages - 1;
-    if (nx < n_tiles) issue(nx);  // into the stage tile it - 1 used
-    cp_async_commit();
-    if (nx + 1 < n_tiles) load_rows(nx + 1);
-    convert(it % kFp8Stages);
+    // Tile it's codes and scales have landed (every thread's), and the 16-bit tile is free again.
+    convert(ring.advance(it, n_tiles));
     __syncthreads();
-    c.tile(smem_addr(tile_k), smem_addr(tile_v), kv_begin + it * TILE, a.scale_log2);
+    c.tile(smem_addr(tile_k), smem_addr(tile_v), ring.kv_begin + it * TILE, a.scale_log2);
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -800,18 +864,12 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
 // wave model runs 2 per SM at batch 1 anyway, where the deeper ring keeps more bytes in flight.
 template <int D, bool kDeep = false>
 struct Fp8RegShape {
-  static constexpr int TILE = 64;                    // keys per stage (2 blocks of 8 per warp)
-  static constexpr int LPT = D / 16;                 // 16-byte chunks (16 codes) per key row
-  static constexpr int CPT = TILE * LPT / kThreads;  // chunks per thread per tensor
-  static constexpr int TOK_STRIDE = kThreads / LPT;
+  static constexpr int TILE = 64;  // keys per stage (2 blocks of 8 per warp)
   // Default: 48 KB of codes in flight at either head_dim (3 CTAs per SM at 128).
   static constexpr int kStages = kDeep ? (D == 128 ? 6 : 10) : (D == 128 ? 4 : 7);
-  static constexpr int kCodeStage = 2 * TILE * D;   // K + V codes
-  static constexpr int kScaleStage = 2 * TILE * 4;  // K, V scale of each key
-  static constexpr int kStageBytes = kCodeStage + kScaleStage;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
-  static_assert(CPT * kThreads == TILE * LPT, "tile copies must divide over the threads");
-  static_assert(kStageBytes % 16 == 0, "stages start 16-byte aligned");
+  using Ring = Fp8CodeRing<D, TILE, kStages, Fp8RegShape>;
+  static constexpr int kSmemBytes = kStages * Ring::kStageBytes;
+  static_assert(Ring::kStageBytes % 16 == 0, "stages start 16-byte aligned");
   // Byte offset of 16-byte chunk c of key row `row` in a stage's [TILE][D] codes: chunks XOR-
   // swizzled so that the fragment loads (8 lanes a phase: K rows g, g + 1 of chunks 2t, 2t + 1
   // at D 128; V rows 2t, 2t + 1 of chunk g) hit distinct banks. D 64 (4 chunks a row): by
@@ -989,22 +1047,8 @@ struct Fp8RegCompute {
       const int tk = tbase + tok0 + 2 * t4;
       const float x0 = tk < kv_end && tk >= kv_first ? s[0] * ps.x * scale_log2 : -INFINITY;
       const float x1 = tk + 1 < kv_end && tk + 1 >= kv_first ? s[1] * ps.z * scale_log2 : -INFINITY;
-      float mx = fmaxf(x0, x1);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_r, mx);
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      const float scale = exp2f(m_r - base);
-      const float p0 = exp2f(x0 - base), p1 = exp2f(x1 - base);
-      l_r = l_r * scale + p0 + p1;
-      m_r = m_new;
-      if (__any_sync(0xffffffffu, scale != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < NTL; ++j) {
-          o[j][0] *= scale;
-          o[j][1] *= scale;
-        }
-      }
+      const float2 p = online_softmax_step(x0, x1, m_r, l_r, o);
+      const float p0 = p.x, p1 = p.y;
       if constexpr (kF16) {
         const uint32_t pa = Mma<T>::pack(p0, p1);
         const __half2 s2h = __floats2half2_rn(ps.y, ps.w);
@@ -1042,7 +1086,7 @@ template <typename T, int D, int GT, bool kDeep>
 __global__ void __launch_bounds__(kThreads) decode_fp8_reg_kernel(DecodeArgs a) {
   using S = Fp8RegShape<D, kDeep>;
   using C = Fp8RegCompute<T, D, GT>;
-  constexpr int LPT = S::LPT, TILE = S::TILE, CPT = S::CPT, kRing = S::kStages;
+  using Ring = typename S::Ring;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ EpilogueSmem<GT> e;
 
@@ -1051,71 +1095,15 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_reg_kernel(DecodeArgs a) 
   prefetch_first_keys<D, 1>(a, w, a.prefetch_tokens);
   pdl_wait();
   pdl_launch_dependents();
-  const int kv_begin = w.kv_begin & ~63, kv_end = w.kv_end, kvh = w.kvh;
-  const uint8_t* kc = static_cast<const uint8_t*>(a.k);
-  const uint8_t* vc = static_cast<const uint8_t*>(a.v);
-  const int32_t* pages = a.kv_indices + w.page_base;
-  const int ps = a.page_size;
-  const int n_tiles = (kv_end - kv_begin + TILE - 1) / TILE;
-  // Stage st: K codes, V codes ([TILE][D] each, S::offset), then [TILE][2] scales (K, V).
-  auto codes_k = [&](int st) { return smem + st * S::kStageBytes; };
-  auto codes_v = [&](int st) { return codes_k(st) + TILE * D; };
-  auto scales = [&](int st) { return reinterpret_cast<float*>(codes_k(st) + S::kCodeStage); };
-  // decode_fp8_kernel's copy assignment: chunk cp_cc of keys cp_tok + j * TOK_STRIDE.
-  const int cp_tok = threadIdx.x / LPT, cp_cc = threadIdx.x % LPT;
-  int64_t row[CPT];
-  int page_id[CPT];
-  auto load_rows = [&](int t_idx) {
-    const int t0 = kv_begin + t_idx * TILE + cp_tok;
-    int pi = t0 / ps, sl = t0 - pi * ps;
-#pragma unroll
-    for (int j = 0; j < CPT; ++j) {
-      const int t = t0 + j * S::TOK_STRIDE;
-      page_id[j] = t < kv_end ? __ldg(pages + pi) : 0;
-      row[j] = int64_t(page_id[j]) * ps + sl;
-      sl += S::TOK_STRIDE;
-      while (sl >= ps) sl -= ps, ++pi;
-    }
-  };
-  auto issue = [&](int t_idx) {
-    const int st = t_idx % kRing;
-#pragma unroll
-    for (int j = 0; j < CPT; ++j) {
-      const int tt = cp_tok + j * S::TOK_STRIDE;
-      const int bytes = kv_begin + t_idx * TILE + tt < kv_end ? 16 : 0;  // 0: zero-fill
-      const int64_t off = (row[j] * a.num_kv_heads + kvh) * D + cp_cc * 16;
-      const int dst = S::offset(tt, cp_cc);
-      cp_async_16(smem_addr(codes_k(st) + dst), kc + off, bytes);
-      cp_async_16(smem_addr(codes_v(st) + dst), vc + off, bytes);
-      if (cp_cc == 0) {  // zero scales past kv_end: V's zero codes then weigh 0, not NaN
-        const int64_t si = int64_t(page_id[j]) * a.num_kv_heads + kvh;
-        cp_async_4(smem_addr(scales(st) + 2 * tt), a.k_scale + si, bytes ? 4 : 0);
-        cp_async_4(smem_addr(scales(st) + 2 * tt + 1), a.v_scale + si, bytes ? 4 : 0);
-      }
-    }
-  };
-
-#pragma unroll
-  for (int st = 0; st < kRing - 1; ++st) {
-    if (st < n_tiles) {
-      load_rows(st);
-      issue(st);
-    }
-    cp_async_commit();
-  }
-  if (kRing - 1 < n_tiles) load_rows(kRing - 1);
-
+  Ring ring(smem, a, w);  // stages of codes in S::offset's swizzle, then the scales
+  const int n_tiles = ring.num_tiles();
+  ring.start(n_tiles);
   C c;
   c.init(a, w);
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<kRing - 2>();  // tile it has landed (this thread's copies) ...
-    __syncthreads();             // ... every thread's, and tile it - 1 is consumed
-    const int nx = it + kRing - 1;
-    if (nx < n_tiles) issue(nx);  // into the stage tile it - 1 used
-    cp_async_commit();
-    if (nx + 1 < n_tiles) load_rows(nx + 1);
-    const int st = it % kRing;
-    c.tile(codes_k(st), codes_v(st), scales(st), kv_begin + it * TILE, a.scale_log2);
+    const int st = ring.advance(it, n_tiles);  // tile it landed, tile it - 1 consumed
+    c.tile(ring.codes_k(st), ring.codes_v(st), ring.scales(st), ring.kv_begin + it * S::TILE,
+           a.scale_log2);
   }
   cp_async_wait<0>();
   __syncthreads();

@@ -1265,7 +1265,7 @@ void launch_variant(const PagedPrefillParams& p, const PrefillPlan& plan, cudaSt
 // Head_dim 256: 64-key tiles (kTileKeys), two K/V stages (a third passes the 227 KB), the lean
 // tiling or the full one (block masks), the TMA where the pages allow it. The persistent and grid
 // variants (no turns between the consumer warpgroups; one CTA per work item) are built in their
-// lean, cp.async-only form, so that a difference between runs can be bisected by variant
+// lean, cp.async-only form, for measurement and so that every path can be held to the same bits
 // (PrefillD256.RepeatedLaunchesWriteTheSameBits); elsewhere they are refused.
 template <typename T>
 void launch_d256(const PagedPrefillParams& p, const PrefillPlan& plan, cudaStream_t stream) {
