@@ -545,6 +545,20 @@ __device__ __forceinline__ void finish_cta(const DecodeArgs& a, const float* s_a
   LONGCTX_TIMELINE_MARK(kMarkMerged);
 }
 
+// The end of a cp.async ring kernel: the ring drained (only empty groups can be left), its shared
+// memory then holds the warps' accumulators ([NSRC][GT][D] fp32 = D / 16 KB x GT, within every
+// ring's bytes) for finish_cta.
+template <typename T, int D, int GT, typename Compute>
+__device__ __forceinline__ void finish_ring_cta(const DecodeArgs& a, const CtaWork& w, Compute& c,
+                                                uint8_t* smem, EpilogueSmem<GT>& e) {
+  cp_async_wait<0>();
+  __syncthreads();
+  float* s_acc = reinterpret_cast<float*>(smem);
+  c.store(s_acc, e.m, e.l);
+  __syncthreads();
+  finish_cta<T, D, GT, Compute::kSources, 8>(a, s_acc, e, w);
+}
+
 // One CTA per (work item, kv head, head tile): the cp.async ring feeding MmaCompute, then
 // finish_cta.
 template <typename T, int D, int GT>
@@ -638,14 +652,7 @@ __global__ void __launch_bounds__(kThreads) decode_ring_kernel(DecodeArgs a) {
     c.tile(smem_addr(stage_k(st)), smem_addr(stage_v(st)), kv_begin + it * TILE, a.scale_log2);
   }
   LONGCTX_TIMELINE_MARK(kMarkRangeDone);
-  cp_async_wait<0>();  // only empty groups can be left, but the ring is reused below
-  __syncthreads();
-  // The ring's shared memory holds the warps' accumulators ([NSRC][GT][D] fp32 = D / 16 KB x GT,
-  // <= the ring's 64 / 96 KB).
-  float* s_acc = reinterpret_cast<float*>(smem);
-  c.store(s_acc, e.m, e.l);
-  __syncthreads();
-  finish_cta<T, D, GT, C::kSources, 8>(a, s_acc, e, w);
+  finish_ring_cta<T, D, GT>(a, w, c, smem, e);
 }
 
 // FP8 K/V (KvCacheFormat::kFp8E4M3): the ring kernel's CTA with a converting loader. The codes
@@ -826,12 +833,7 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_kernel(DecodeArgs a) {
     __syncthreads();
     c.tile(smem_addr(tile_k), smem_addr(tile_v), ring.kv_begin + it * TILE, a.scale_log2);
   }
-  cp_async_wait<0>();
-  __syncthreads();
-  float* s_acc = reinterpret_cast<float*>(smem);  // [NSRC][GT][D] fp32 <= the stages' bytes
-  c.store(s_acc, e.m, e.l);
-  __syncthreads();
-  finish_cta<T, D, GT, C::kSources, 8>(a, s_acc, e, w);
+  finish_ring_cta<T, D, GT>(a, w, c, smem, e);
 }
 
 // FP8 K/V converted in registers (DecodeFp8Kernel::kRegisters): codes and page scales stream
@@ -1105,12 +1107,7 @@ __global__ void __launch_bounds__(kThreads) decode_fp8_reg_kernel(DecodeArgs a) 
     c.tile(ring.codes_k(st), ring.codes_v(st), ring.scales(st), ring.kv_begin + it * S::TILE,
            a.scale_log2);
   }
-  cp_async_wait<0>();
-  __syncthreads();
-  float* s_acc = reinterpret_cast<float*>(smem);  // [NSRC][GT][D] fp32 <= the stages' bytes
-  c.store(s_acc, e.m, e.l);
-  __syncthreads();
-  finish_cta<T, D, GT, C::kSources, 8>(a, s_acc, e, w);
+  finish_ring_cta<T, D, GT>(a, w, c, smem, e);
 }
 
 // The same CTA with the K/V tiles brought by the TMA (the default on sm_90 when pages are a
